@@ -1,0 +1,1 @@
+"""boto3 implementations of the ports, plus the fake and local ACR adapters."""

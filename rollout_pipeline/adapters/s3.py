@@ -1,0 +1,67 @@
+"""S3 adapter (ObjectStore)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from rollout_pipeline.adapters.clients import client
+from rollout_pipeline.ports import ObjectInfo
+
+
+class S3ObjectStore:
+    def __init__(self, s3_client: Any | None = None) -> None:
+        self._client = s3_client
+
+    @property
+    def s3(self) -> Any:
+        if self._client is None:
+            self._client = client("s3")
+        return self._client
+
+    def head(self, bucket: str, key: str, version_id: str | None = None) -> ObjectInfo:
+        kwargs: dict[str, Any] = {"Bucket": bucket, "Key": key}
+        if version_id:
+            kwargs["VersionId"] = version_id
+        resp = self.s3.head_object(**kwargs)
+        return ObjectInfo(
+            bucket=bucket,
+            key=key,
+            size=int(resp["ContentLength"]),
+            version_id=resp.get("VersionId"),
+            etag=str(resp.get("ETag", "")).strip('"') or None,
+            metadata=dict(resp.get("Metadata") or {}),
+            last_modified=resp.get("LastModified"),
+        )
+
+    def iter_bytes(
+        self, bucket: str, key: str, version_id: str | None = None, chunk_size: int = 1 << 20
+    ) -> Iterator[bytes]:
+        kwargs: dict[str, Any] = {"Bucket": bucket, "Key": key}
+        if version_id:
+            kwargs["VersionId"] = version_id
+        body = self.s3.get_object(**kwargs)["Body"]
+        try:
+            yield from body.iter_chunks(chunk_size)
+        finally:
+            body.close()
+
+    def get_bytes(self, bucket: str, key: str, max_bytes: int) -> tuple[bytes, int]:
+        resp = self.s3.get_object(Bucket=bucket, Key=key, Range=f"bytes=0-{max_bytes}")
+        body = resp["Body"].read()
+        content_range = str(resp.get("ContentRange") or "")
+        total = int(content_range.rsplit("/", 1)[-1]) if "/" in content_range else len(body)
+        return body, total
+
+    def put_bytes(
+        self,
+        bucket: str,
+        key: str,
+        body: bytes,
+        content_type: str = "application/json",
+        metadata: Mapping[str, str] | None = None,
+    ) -> str | None:
+        resp = self.s3.put_object(
+            Bucket=bucket, Key=key, Body=body, ContentType=content_type, Metadata=dict(metadata or {})
+        )
+        return resp.get("VersionId")

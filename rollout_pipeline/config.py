@@ -1,0 +1,174 @@
+"""Experiment configuration: one source of truth for the stack, the Lambdas and local mode.
+
+The stack reads it from CDK context (`cdk.json` defaults, `-c key=value` overrides); the Lambdas receive it as JSON
+in their environment; local mode builds it from the same defaults plus CLI options.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+EXPERIMENT_NAME_PATTERN = r"^[a-z][a-z0-9-]{0,31}$"
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing or invalid; the message names the key and the reason."""
+
+
+class SamplingParams(BaseModel):
+    """Sampling parameters handed to the agent in `_rollout.sampling_params` (OpenAI-style names)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    temperature: float | None = Field(default=None, ge=0, le=10)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    max_tokens: int | None = Field(default=None, ge=1, le=1_000_000)
+
+
+class ExperimentConfig(BaseModel):
+    """Everything that differs between experiments. Validated; every field has a sane default but `name`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=EXPERIMENT_NAME_PATTERN, description="Experiment name; also the exp_id")
+    tps_limit: int = Field(
+        default=25, ge=1, le=10_000, description="InvokeAgentRuntime + StopRuntimeSession calls/s"
+    )
+    max_sessions: int = Field(default=100, ge=1, le=100_000, description="Rollouts in flight at once")
+    group_size: int = Field(default=8, ge=1, le=1024, description="Rollouts per dataset row (GRPO group)")
+    rollout_timeout_s: int = Field(default=900, ge=10, le=28_800, description="Deadline of one attempt")
+    max_attempts: int = Field(
+        default=2, ge=1, le=10, description="Attempts per rollout (timeouts are retried)"
+    )
+    model_base_url: str = Field(default="http://127.0.0.1:8000/v1", min_length=1)
+    model_id: str = Field(default="default", min_length=1)
+    sampling_params: SamplingParams = Field(default_factory=SamplingParams)
+    policy_version: str | None = Field(default=None, max_length=128)
+    results_retention: Literal["retain", "destroy"] = "retain"
+    results_expiration_days: int | None = Field(default=None, ge=1, le=3650)
+    idle_timeout_s: int = Field(default=900, ge=60, le=28_800, description="ACR idle session timeout")
+    max_lifetime_s: int = Field(default=28_800, ge=60, le=28_800, description="ACR max session lifetime")
+    dispatch_concurrency: int = Field(
+        default=5, ge=2, le=1000, description="Max concurrent dispatcher Lambdas"
+    )
+    result_max_bytes: int = Field(default=10 * 1024 * 1024, ge=1024, le=100 * 1024 * 1024)
+    ledger_ttl_days: int = Field(default=30, ge=1, le=3650)
+
+    @field_validator("model_base_url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError("must start with http:// or https://")
+        return value.rstrip("/")
+
+    @model_validator(mode="after")
+    def _lifetime_covers_timeout(self) -> ExperimentConfig:
+        if self.max_lifetime_s < self.rollout_timeout_s:
+            raise ValueError(
+                f"max_lifetime_s ({self.max_lifetime_s}) must be >= rollout_timeout_s ({self.rollout_timeout_s})"
+            )
+        return self
+
+    @property
+    def runtime_name(self) -> str:
+        """ACR runtime name: letters, digits and underscores, at most 48 characters."""
+        return f"rollouts_{self.name.replace('-', '_')}"[:48]
+
+    def to_env(self) -> str:
+        """Serialise for a Lambda environment variable."""
+        return self.model_dump_json(exclude_none=True)
+
+    @classmethod
+    def from_env(cls, raw: str) -> ExperimentConfig:
+        return cls.model_validate_json(raw)
+
+    @classmethod
+    def from_context(cls, context: Mapping[str, Any]) -> ExperimentConfig:
+        """Build from CDK context: `experiment` is the name, every other field by its own name.
+
+        Values given with `-c key=value` arrive as strings; numbers are coerced and `sampling_params` may be JSON.
+        Unknown keys are ignored (CDK context holds unrelated settings too).
+        """
+        name = context.get("experiment")
+        if not name:
+            raise ConfigError("missing experiment name: deploy with `-c experiment=NAME`")
+        values: dict[str, Any] = {"name": name}
+        for field_name in cls.model_fields:
+            if field_name == "name" or field_name not in context:
+                continue
+            value = context[field_name]
+            if field_name == "sampling_params" and isinstance(value, str):
+                try:
+                    value = json.loads(value) if value else {}
+                except json.JSONDecodeError as exc:
+                    raise ConfigError(f"sampling_params: not valid JSON ({exc.msg})") from exc
+            if field_name in ("policy_version", "results_expiration_days") and value in ("", "none", "None"):
+                value = None
+            values[field_name] = value
+        return validate_config(values)
+
+
+def validate_config(values: Mapping[str, Any]) -> ExperimentConfig:
+    """Validate raw values; raise `ConfigError` naming every bad key and why."""
+    try:
+        return ExperimentConfig.model_validate(dict(values))
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or 'config'}: {err['msg']} (got {err.get('input')!r})"
+            for err in exc.errors()
+        )
+        raise ConfigError(f"invalid experiment configuration: {problems}") from None
+
+
+class HandlerSettings(BaseModel):
+    """What every Lambda handler (and a local-mode consumer) needs: resource names plus the experiment config."""
+
+    model_config = ConfigDict(frozen=True)
+
+    table_name: str
+    input_bucket: str
+    results_bucket: str
+    rollout_queue_url: str
+    bus_name: str
+    runtime_arn: str = ""
+    experiment: ExperimentConfig
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> HandlerSettings:
+        env = os.environ if environ is None else environ
+        required = (
+            "TABLE_NAME",
+            "INPUT_BUCKET",
+            "RESULTS_BUCKET",
+            "ROLLOUT_QUEUE_URL",
+            "BUS_NAME",
+            "EXPERIMENT_CONFIG",
+        )
+        missing = [key for key in required if not env.get(key)]
+        if missing:
+            raise ConfigError(f"missing environment variables: {', '.join(missing)}")
+        return cls(
+            table_name=env["TABLE_NAME"],
+            input_bucket=env["INPUT_BUCKET"],
+            results_bucket=env["RESULTS_BUCKET"],
+            rollout_queue_url=env["ROLLOUT_QUEUE_URL"],
+            bus_name=env["BUS_NAME"],
+            runtime_arn=env.get("RUNTIME_ARN", ""),
+            experiment=ExperimentConfig.from_env(env["EXPERIMENT_CONFIG"]),
+        )
+
+    def to_environ(self) -> dict[str, str]:
+        return {
+            "TABLE_NAME": self.table_name,
+            "INPUT_BUCKET": self.input_bucket,
+            "RESULTS_BUCKET": self.results_bucket,
+            "ROLLOUT_QUEUE_URL": self.rollout_queue_url,
+            "BUS_NAME": self.bus_name,
+            "RUNTIME_ARN": self.runtime_arn,
+            "EXPERIMENT_CONFIG": self.experiment.to_env(),
+        }

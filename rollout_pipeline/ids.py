@@ -1,0 +1,161 @@
+"""Identifiers and the key scheme.
+
+Every id that reaches an S3 key, a DynamoDB key or an ACR session id is validated here. Session ids are
+deterministic per rollout attempt and can be parsed back (see docs/ARCHITECTURE.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+import uuid
+from dataclasses import dataclass
+from typing import Final
+
+EXP_ID_RE: Final = re.compile(r"^[a-z][a-z0-9-]{0,31}$")
+BATCH_ID_RE: Final = re.compile(r"^[a-z0-9][a-z0-9-]{0,47}$")
+INPUT_ID_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=+@:-]{0,127}$")
+SESSION_ID_MIN: Final = 33
+SESSION_ID_MAX: Final = 256
+_SESSION_HASH_LEN: Final = 16
+_SLUG_RE: Final = re.compile(r"[^a-z0-9]+")
+
+#: Namespace of every `event_id` (uuid5). Never change it: consumers de-duplicate on these ids.
+EVENT_NAMESPACE: Final = uuid.UUID("6f1c2d52-4b1e-5a8e-9d0a-3c7b1e2f9a41")
+
+
+class InvalidId(ValueError):
+    """An identifier is not safe to use; the message says which one and why."""
+
+
+def validate_exp_id(value: str) -> str:
+    if not isinstance(value, str) or not EXP_ID_RE.fullmatch(value):
+        raise InvalidId(f"exp_id {value!r} must match {EXP_ID_RE.pattern}")
+    return value
+
+
+def validate_batch_id(value: str) -> str:
+    if not isinstance(value, str) or not BATCH_ID_RE.fullmatch(value):
+        raise InvalidId(f"batch_id {value!r} must match {BATCH_ID_RE.pattern}")
+    return value
+
+
+def validate_input_id(value: object) -> str:
+    """Accept a string or an integer id; return it as a string safe for S3 keys and ledger keys."""
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise InvalidId(f"id must be a string or an integer, got {type(value).__name__}")
+    text = str(value)
+    if not INPUT_ID_RE.fullmatch(text):
+        shown = text if len(text) <= 40 else text[:40] + "..."
+        raise InvalidId(
+            f"id {shown!r} is not safe in an S3 key: use 1-128 characters from letters, digits and ._=+@:- "
+            "starting with a letter or digit"
+        )
+    if ".." in text:
+        raise InvalidId(f"id {text!r} must not contain '..'")
+    return text
+
+
+def derived_input_id(position: int) -> str:
+    """The input id of a row without `id`: its 1-based line (or array position)."""
+    return f"line-{position}"
+
+
+def slug(text: str, max_len: int = 24) -> str:
+    """Lower-case letters, digits and single hyphens; never empty."""
+    cleaned = _SLUG_RE.sub("-", text.lower()).strip("-")[:max_len].strip("-")
+    return cleaned or "batch"
+
+
+def _digest(*parts: object, length: int) -> str:
+    return hashlib.sha256("/".join(str(p) for p in parts).encode()).hexdigest()[:length]
+
+
+def batch_id_for_upload(bucket: str, key: str, version_id: str | None, etag: str | None = None) -> str:
+    """Deterministic batch id of one upload: the same upload (any number of events) -> the same id.
+
+    The input bucket is versioned, so a re-upload of the same key gets a new version id and a new batch.
+    `etag` is only a fallback for unversioned buckets.
+    """
+    stem = key.rsplit("/", 1)[-1].split(".", 1)[0]
+    return f"{slug(stem)}-{_digest(bucket, key, version_id or '', etag or '', length=12)}"
+
+
+def new_batch_id(name: str = "sdk") -> str:
+    """A fresh batch id for an SDK submission."""
+    return f"{slug(name)}-{secrets.token_hex(6)}"
+
+
+def rollout_id(input_id: str, index: int) -> str:
+    return f"{input_id}#{index}"
+
+
+def session_id(exp_id: str, batch_id: str, input_id: str, index: int, attempt: int) -> str:
+    """The ACR runtimeSessionId of one rollout attempt: deterministic, 33..256 chars of [a-z0-9-]."""
+    if index < 0 or attempt < 1:
+        raise InvalidId(f"index must be >= 0 and attempt >= 1, got index={index} attempt={attempt}")
+    digest = _digest(exp_id, batch_id, input_id, index, attempt, length=_SESSION_HASH_LEN)
+    value = f"{batch_id}-{index}-{attempt}-{digest}"
+    if not SESSION_ID_MIN <= len(value) <= SESSION_ID_MAX:  # pragma: no cover - guaranteed by the id patterns
+        raise InvalidId(f"session id length {len(value)} outside {SESSION_ID_MIN}..{SESSION_ID_MAX}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptRef:
+    """Which rollout attempt a result object belongs to."""
+
+    exp_id: str
+    batch_id: str
+    input_id: str
+    index: int
+    attempt: int
+    session_id: str
+
+    @property
+    def rollout_id(self) -> str:
+        return rollout_id(self.input_id, self.index)
+
+
+def result_key(exp_id: str, input_id: str, session_id_: str) -> str:
+    """ART's result key."""
+    return f"{exp_id}/{input_id}/{session_id_}.json"
+
+
+def parse_result_key(key: str) -> AttemptRef:
+    """Map a result object key back to its rollout attempt, or raise `InvalidId` saying why it is not ours."""
+    parts = key.split("/")
+    if len(parts) != 3 or not parts[2].endswith(".json"):
+        raise InvalidId(f"result key {key!r} is not of the form exp_id/input_id/session_id.json")
+    exp_id, input_id, file_name = parts
+    validate_exp_id(exp_id)
+    validate_input_id(input_id)
+    sid = file_name[: -len(".json")]
+    pieces = sid.rsplit("-", 3)
+    if len(pieces) != 4 or not pieces[1].isdigit() or not pieces[2].isdigit():
+        raise InvalidId(f"session id {sid!r} in {key!r} is not one of ours")
+    batch_id, index_text, attempt_text, digest = pieces
+    validate_batch_id(batch_id)
+    index, attempt = int(index_text), int(attempt_text)
+    if attempt < 1 or session_id(exp_id, batch_id, input_id, index, attempt) != sid:
+        raise InvalidId(f"session id {sid!r} does not belong to input {input_id!r} of experiment {exp_id!r}")
+    return AttemptRef(exp_id, batch_id, input_id, index, attempt, sid)
+
+
+def event_id(
+    detail_type: str, exp_id: str, batch_id: str, input_id: str = "", index: int | None = None
+) -> str:
+    """Stable id of an event: the same logical event always gets the same id, whoever publishes it."""
+    name = f"{detail_type}|{exp_id}|{batch_id}|{input_id}|{'' if index is None else index}"
+    return str(uuid.uuid5(EVENT_NAMESPACE, name))
+
+
+def claim_key(batch_id: str, input_id: str) -> str:
+    """Key (in the input bucket) of a payload too large to travel inline."""
+    return f"claims/{batch_id}/{input_id}.json"
+
+
+def errors_key(dataset_key: str) -> str:
+    """Key of the errors object written next to a dataset (its suffix is never ingested)."""
+    return f"{dataset_key}.errors.ndjson"

@@ -1,0 +1,69 @@
+"""Ledger item keys and attribute names (see docs/ARCHITECTURE.md, "Ledger").
+
+One table, string keys `pk`/`sk`; two sparse GSIs (`deadline`, `outbox`) and TTL on `expires_at`.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Final
+
+PK: Final = "pk"
+SK: Final = "sk"
+TTL_ATTRIBUTE: Final = "expires_at"
+
+BATCH_SK: Final = "BATCH"
+GROUP_PREFIX: Final = "G#"
+ROLLOUT_PREFIX: Final = "R#"
+LIMIT_PK: Final = "LIMIT"
+SESSIONS_SK: Final = "SESSIONS"
+TPS_PREFIX: Final = "TPS#"
+
+DEADLINE_INDEX: Final = "deadline"
+DEADLINE_PK: Final = "gsi_deadline_pk"
+DEADLINE_SK: Final = "gsi_deadline_sk"
+OUTBOX_INDEX: Final = "outbox"
+OUTBOX_PK: Final = "gsi_outbox_pk"
+OUTBOX_SK: Final = "gsi_outbox_sk"
+#: Shards of each sparse GSI partition key, so no single index partition gets every write.
+INDEX_SHARDS: Final = 4
+
+
+def batch_pk(batch_id: str) -> str:
+    return f"B#{batch_id}"
+
+
+def batch_key(batch_id: str) -> dict[str, dict[str, str]]:
+    return {PK: {"S": batch_pk(batch_id)}, SK: {"S": BATCH_SK}}
+
+
+def group_key(batch_id: str, input_id: str) -> dict[str, dict[str, str]]:
+    return {PK: {"S": batch_pk(batch_id)}, SK: {"S": f"{GROUP_PREFIX}{input_id}"}}
+
+
+def rollout_sk(input_id: str, index: int) -> str:
+    return f"{ROLLOUT_PREFIX}{input_id}#{index}"
+
+
+def rollout_key(batch_id: str, input_id: str, index: int) -> dict[str, dict[str, str]]:
+    return {PK: {"S": batch_pk(batch_id)}, SK: {"S": rollout_sk(input_id, index)}}
+
+
+def sessions_key() -> dict[str, dict[str, str]]:
+    return {PK: {"S": LIMIT_PK}, SK: {"S": SESSIONS_SK}}
+
+
+def tps_key(epoch_second: int) -> dict[str, dict[str, str]]:
+    return {PK: {"S": LIMIT_PK}, SK: {"S": f"{TPS_PREFIX}{epoch_second}"}}
+
+
+def shard_of(text: str) -> int:
+    return zlib.crc32(text.encode()) % INDEX_SHARDS
+
+
+def deadline_pk(batch_id: str, input_id: str, index: int) -> str:
+    return f"DL#{shard_of(f'{batch_id}/{input_id}/{index}')}"
+
+
+def outbox_pk(batch_id: str, input_id: str, index: int) -> str:
+    return f"OB#{shard_of(f'{batch_id}/{input_id}/{index}')}"

@@ -1,0 +1,116 @@
+"""Ports: the small interfaces the logic is written against.
+
+The boto3 adapters in `rollout_pipeline.adapters` implement them for AWS (and moto); `adapters.fake_acr` and
+`adapters.local_acr` implement `AgentRuntime` where moto has nothing. DynamoDB is not behind a port: the ledger's
+conditional transactions are its logic, tested against moto's real DynamoDB semantics.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Protocol
+
+from rollout_pipeline.contracts import utcnow
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    bucket: str
+    key: str
+    size: int
+    version_id: str | None = None
+    etag: str | None = None
+    metadata: Mapping[str, str] = field(default_factory=dict)
+    last_modified: datetime | None = None
+
+
+class ObjectStore(Protocol):
+    """S3 as the pipeline uses it."""
+
+    def head(self, bucket: str, key: str, version_id: str | None = None) -> ObjectInfo: ...
+
+    def iter_bytes(
+        self, bucket: str, key: str, version_id: str | None = None, chunk_size: int = 1 << 20
+    ) -> Iterator[bytes]:
+        """Stream the object in chunks; memory stays bounded by `chunk_size`."""
+        ...
+
+    def get_bytes(self, bucket: str, key: str, max_bytes: int) -> tuple[bytes, int]:
+        """Read at most `max_bytes` (+1 to detect overflow); return (body, full object size)."""
+        ...
+
+    def put_bytes(
+        self,
+        bucket: str,
+        key: str,
+        body: bytes,
+        content_type: str = "application/json",
+        metadata: Mapping[str, str] | None = None,
+    ) -> str | None:
+        """Write an object; return its version id if the bucket is versioned."""
+        ...
+
+
+class MessageQueue(Protocol):
+    """SQS as the pipeline uses it."""
+
+    def send_all(self, queue_url: str, bodies: Sequence[str], delay_seconds: int = 0) -> None:
+        """Send every body (batches of 10, partial failures retried); raise if any is still unsent."""
+        ...
+
+
+class EventPublisher(Protocol):
+    """The experiment's EventBridge bus."""
+
+    def publish(self, details: Sequence[Any]) -> None:
+        """Publish event details (contracts models); raise `PublishError` if any entry was not accepted."""
+        ...
+
+
+class PublishError(RuntimeError):
+    """Some events were not accepted by the bus; the caller keeps its outbox entry and retries later."""
+
+
+class RuntimeThrottled(RuntimeError):
+    """ACR refused for now (throttling, quota, retryable conflict, 5xx): retry later without losing work."""
+
+
+class RuntimeRejected(RuntimeError):
+    """ACR refused for good (validation, access denied, not found): the rollout fails with `invoke_rejected`."""
+
+
+class AgentRuntime(Protocol):
+    """Amazon Bedrock AgentCore Runtime: start a rollout in a session, stop a session."""
+
+    def invoke(self, session_id: str, payload: Mapping[str, Any]) -> None:
+        """InvokeAgentRuntime with `runtimeSessionId=session_id`. Raises RuntimeThrottled or RuntimeRejected."""
+        ...
+
+    def stop(self, session_id: str) -> None:
+        """StopRuntimeSession. A session that is already gone counts as stopped (no error)."""
+        ...
+
+
+class Clock(Protocol):
+    def now(self) -> datetime: ...
+
+    def monotonic(self) -> float: ...
+
+    def sleep(self, seconds: float) -> None: ...
+
+
+class SystemClock:
+    """Wall clock."""
+
+    def now(self) -> datetime:
+        return utcnow()
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def sleep(self, seconds: float) -> None:
+        if seconds > 0:
+            time.sleep(seconds)
