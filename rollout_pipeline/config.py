@@ -36,15 +36,11 @@ class ExperimentConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = Field(pattern=EXPERIMENT_NAME_PATTERN, description="Experiment name; also the exp_id")
-    tps_limit: int = Field(
-        default=25, ge=1, le=10_000, description="InvokeAgentRuntime + StopRuntimeSession calls/s"
-    )
+    tps_limit: int = Field(default=25, ge=1, le=10_000, description="InvokeAgentRuntime + StopRuntimeSession calls/s")
     max_sessions: int = Field(default=100, ge=1, le=100_000, description="Rollouts in flight at once")
     group_size: int = Field(default=8, ge=1, le=1024, description="Rollouts per dataset row (GRPO group)")
     rollout_timeout_s: int = Field(default=900, ge=10, le=28_800, description="Deadline of one attempt")
-    max_attempts: int = Field(
-        default=2, ge=1, le=10, description="Attempts per rollout (timeouts are retried)"
-    )
+    max_attempts: int = Field(default=2, ge=1, le=10, description="Attempts per rollout (timeouts are retried)")
     model_base_url: str = Field(default="http://127.0.0.1:8000/v1", min_length=1)
     model_id: str = Field(default="default", min_length=1)
     sampling_params: SamplingParams = Field(default_factory=SamplingParams)
@@ -53,9 +49,7 @@ class ExperimentConfig(BaseModel):
     results_expiration_days: int | None = Field(default=None, ge=1, le=3650)
     idle_timeout_s: int = Field(default=900, ge=60, le=28_800, description="ACR idle session timeout")
     max_lifetime_s: int = Field(default=28_800, ge=60, le=28_800, description="ACR max session lifetime")
-    dispatch_concurrency: int = Field(
-        default=5, ge=2, le=1000, description="Max concurrent dispatcher Lambdas"
-    )
+    dispatch_concurrency: int = Field(default=5, ge=2, le=1000, description="Max concurrent dispatcher Lambdas")
     result_max_bytes: int = Field(default=10 * 1024 * 1024, ge=1024, le=100 * 1024 * 1024)
     ledger_ttl_days: int = Field(default=30, ge=1, le=3650)
 

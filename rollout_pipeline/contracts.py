@@ -187,13 +187,9 @@ def parse_row(raw: str | bytes | Mapping[str, Any], position: int) -> DatasetRow
         except ValidationError as exc:
             err = exc.errors()[0]
             where = ".".join(str(p) for p in err["loc"])
-            raise RowError(
-                "invalid_rollout", f"_rollout.sampling_params {where}: {err['msg']}".rstrip()
-            ) from None
+            raise RowError("invalid_rollout", f"_rollout.sampling_params {where}: {err['msg']}".rstrip()) from None
     payload = {k: v for k, v in value.items() if k not in RESERVED_ROW_KEYS}
-    return DatasetRow(
-        position=position, input_id=input_id, payload=payload, rollout_overrides=dict(overrides)
-    )
+    return DatasetRow(position=position, input_id=input_id, payload=payload, rollout_overrides=dict(overrides))
 
 
 def _json_type(value: Any) -> str:

@@ -135,7 +135,7 @@ def parse_result_key(key: str) -> AttemptRef:
     pieces = sid.rsplit("-", 3)
     if len(pieces) != 4 or not pieces[1].isdigit() or not pieces[2].isdigit():
         raise InvalidId(f"session id {sid!r} in {key!r} is not one of ours")
-    batch_id, index_text, attempt_text, digest = pieces
+    batch_id, index_text, attempt_text, _digest_text = pieces
     validate_batch_id(batch_id)
     index, attempt = int(index_text), int(attempt_text)
     if attempt < 1 or session_id(exp_id, batch_id, input_id, index, attempt) != sid:
@@ -143,9 +143,7 @@ def parse_result_key(key: str) -> AttemptRef:
     return AttemptRef(exp_id, batch_id, input_id, index, attempt, sid)
 
 
-def event_id(
-    detail_type: str, exp_id: str, batch_id: str, input_id: str = "", index: int | None = None
-) -> str:
+def event_id(detail_type: str, exp_id: str, batch_id: str, input_id: str = "", index: int | None = None) -> str:
     """Stable id of an event: the same logical event always gets the same id, whoever publishes it."""
     name = f"{detail_type}|{exp_id}|{batch_id}|{input_id}|{'' if index is None else index}"
     return str(uuid.uuid5(EVENT_NAMESPACE, name))

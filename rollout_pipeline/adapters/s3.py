@@ -64,4 +64,5 @@ class S3ObjectStore:
         resp = self.s3.put_object(
             Bucket=bucket, Key=key, Body=body, ContentType=content_type, Metadata=dict(metadata or {})
         )
-        return resp.get("VersionId")
+        version: str | None = resp.get("VersionId")
+        return version
