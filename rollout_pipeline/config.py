@@ -130,6 +130,7 @@ class HandlerSettings(BaseModel):
     rollout_queue_url: str
     bus_name: str
     runtime_arn: str = ""
+    ingest_queue_url: str = ""
     experiment: ExperimentConfig
 
     @classmethod
@@ -153,6 +154,7 @@ class HandlerSettings(BaseModel):
             rollout_queue_url=env["ROLLOUT_QUEUE_URL"],
             bus_name=env["BUS_NAME"],
             runtime_arn=env.get("RUNTIME_ARN", ""),
+            ingest_queue_url=env.get("INGEST_QUEUE_URL", ""),
             experiment=ExperimentConfig.from_env(env["EXPERIMENT_CONFIG"]),
         )
 
@@ -164,5 +166,6 @@ class HandlerSettings(BaseModel):
             "ROLLOUT_QUEUE_URL": self.rollout_queue_url,
             "BUS_NAME": self.bus_name,
             "RUNTIME_ARN": self.runtime_arn,
+            "INGEST_QUEUE_URL": self.ingest_queue_url,
             "EXPERIMENT_CONFIG": self.experiment.to_env(),
         }
