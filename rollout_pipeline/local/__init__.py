@@ -1,0 +1,1 @@
+"""Local mode: the whole pipeline on one machine (moto server, local consumers, agent and model processes)."""

@@ -1,0 +1,153 @@
+"""Create an experiment's AWS resources against moto (local mode and tests), from the experiment config.
+
+Names derive from the config only; the same event patterns (`rollout_pipeline.routing`) and table schema
+(`rollout_pipeline.ledger.schema`) as the CDK stack. Idempotent: creating twice returns the same resources.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from rollout_pipeline import routing
+from rollout_pipeline.config import ExperimentConfig, HandlerSettings
+from rollout_pipeline.ledger.schema import create_table_kwargs
+
+LOCAL_ACCOUNT = "123456789012"
+DLQ_MAX_RECEIVE_COUNT = 5
+#: Visibility timeouts as in the stack (6x the function timeout, capped) so redelivery semantics match.
+VISIBILITY_TIMEOUTS = {"ingest": 900, "rollout": 720, "completion": 360, "trainer": 60}
+
+
+@dataclass(frozen=True)
+class ExperimentResources:
+    """Everything a handler, the SDK or a test needs to reach one experiment's resources."""
+
+    config: ExperimentConfig
+    region: str
+    input_bucket: str
+    results_bucket: str
+    table_name: str
+    bus_name: str
+    runtime_arn: str
+    queue_urls: dict[str, str]
+    dlq_urls: dict[str, str]
+
+    @property
+    def ingest_queue_url(self) -> str:
+        return self.queue_urls["ingest"]
+
+    @property
+    def rollout_queue_url(self) -> str:
+        return self.queue_urls["rollout"]
+
+    @property
+    def completion_queue_url(self) -> str:
+        return self.queue_urls["completion"]
+
+    @property
+    def trainer_queue_url(self) -> str:
+        return self.queue_urls["trainer"]
+
+    def settings(self) -> HandlerSettings:
+        return HandlerSettings(
+            table_name=self.table_name,
+            input_bucket=self.input_bucket,
+            results_bucket=self.results_bucket,
+            rollout_queue_url=self.rollout_queue_url,
+            bus_name=self.bus_name,
+            runtime_arn=self.runtime_arn,
+            ingest_queue_url=self.ingest_queue_url,
+            experiment=self.config,
+        )
+
+    def stack_outputs(self) -> dict[str, str]:
+        """The same outputs the CloudFormation stack exposes (the SDK attaches with these)."""
+        return {
+            "ExperimentName": self.config.name,
+            "InputBucketName": self.input_bucket,
+            "ResultsBucketName": self.results_bucket,
+            "RolloutQueueUrl": self.rollout_queue_url,
+            "TrainerQueueUrl": self.trainer_queue_url,
+            "IngestQueueUrl": self.ingest_queue_url,
+            "EventBusName": self.bus_name,
+            "LedgerTableName": self.table_name,
+            "AgentRuntimeArn": self.runtime_arn,
+            "ExperimentConfig": self.config.to_env(),
+        }
+
+
+def _base(config: ExperimentConfig) -> str:
+    return f"rollouts-{config.name}"
+
+
+def create_resources(config: ExperimentConfig, *, region: str, client: Any) -> ExperimentResources:
+    """Create buckets, table, bus, queues and rules. `client(service)` returns a boto3 client (moto)."""
+    base = _base(config)
+    s3, sqs, events, ddb = client("s3"), client("sqs"), client("events"), client("dynamodb")
+
+    input_bucket, results_bucket = f"{base}-input", f"{base}-results"
+    for bucket in (input_bucket, results_bucket):
+        kwargs: dict[str, Any] = {"Bucket": bucket}
+        if region != "us-east-1":
+            kwargs["CreateBucketConfiguration"] = {"LocationConstraint": region}
+        try:
+            s3.create_bucket(**kwargs)
+        except s3.exceptions.BucketAlreadyOwnedByYou:
+            pass
+        s3.put_bucket_notification_configuration(
+            Bucket=bucket, NotificationConfiguration={"EventBridgeConfiguration": {}}
+        )
+    s3.put_bucket_versioning(Bucket=input_bucket, VersioningConfiguration={"Status": "Enabled"})
+
+    table_name = f"{base}-ledger"
+    try:
+        ddb.create_table(**create_table_kwargs(table_name))
+    except ddb.exceptions.ResourceInUseException:
+        pass
+
+    queue_urls: dict[str, str] = {}
+    dlq_urls: dict[str, str] = {}
+    for name, visibility in VISIBILITY_TIMEOUTS.items():
+        dlq_url = sqs.create_queue(QueueName=f"{base}-{name}-dlq")["QueueUrl"]
+        dlq_arn = sqs.get_queue_attributes(QueueUrl=dlq_url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+        queue_urls[name] = sqs.create_queue(
+            QueueName=f"{base}-{name}",
+            Attributes={
+                "VisibilityTimeout": str(visibility),
+                "RedrivePolicy": json.dumps({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": DLQ_MAX_RECEIVE_COUNT}),
+            },
+        )["QueueUrl"]
+        dlq_urls[name] = dlq_url
+
+    def queue_arn(name: str) -> str:
+        attrs = sqs.get_queue_attributes(QueueUrl=queue_urls[name], AttributeNames=["QueueArn"])
+        return str(attrs["Attributes"]["QueueArn"])
+
+    bus_name = base
+    try:
+        events.create_event_bus(Name=bus_name)
+    except events.exceptions.ResourceAlreadyExistsException:
+        pass
+
+    rules = [
+        ("default", f"{base}-datasets", routing.dataset_event_pattern(input_bucket), "ingest"),
+        ("default", f"{base}-results", routing.result_event_pattern(results_bucket), "completion"),
+        (bus_name, f"{base}-trainer", routing.trainer_event_pattern(), "trainer"),
+    ]
+    for bus, rule_name, pattern, target in rules:
+        events.put_rule(Name=rule_name, EventBusName=bus, EventPattern=json.dumps(pattern), State="ENABLED")
+        events.put_targets(Rule=rule_name, EventBusName=bus, Targets=[{"Id": target, "Arn": queue_arn(target)}])
+
+    return ExperimentResources(
+        config=config,
+        region=region,
+        input_bucket=input_bucket,
+        results_bucket=results_bucket,
+        table_name=table_name,
+        bus_name=bus_name,
+        runtime_arn=f"arn:aws:bedrock-agentcore:{region}:{LOCAL_ACCOUNT}:runtime/{config.runtime_name}-local",
+        queue_urls=queue_urls,
+        dlq_urls=dlq_urls,
+    )

@@ -1,0 +1,44 @@
+"""Event routing shared by the CDK stack and local mode: which S3 objects trigger what, what the trainer gets.
+
+Patterns are plain EventBridge event patterns (dicts), so the stack, local mode and tests use the same ones.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from rollout_pipeline.contracts import EVENT_SOURCE
+
+DATASET_PREFIX: Final = "datasets/"
+#: Dataset file kinds the ingest stage accepts (a `.json` file holds one JSON array).
+DATASET_SUFFIXES: Final = (".jsonl", ".jsonl.gz", ".json")
+
+
+def dataset_event_pattern(input_bucket: str) -> dict[str, Any]:
+    """S3 "Object Created" of a dataset file under `datasets/` (wildcards: prefix AND suffix)."""
+    return {
+        "source": ["aws.s3"],
+        "detail-type": ["Object Created"],
+        "detail": {
+            "bucket": {"name": [input_bucket]},
+            "object": {"key": [{"wildcard": f"{DATASET_PREFIX}*{suffix}"} for suffix in DATASET_SUFFIXES]},
+        },
+    }
+
+
+def result_event_pattern(results_bucket: str) -> dict[str, Any]:
+    """S3 "Object Created" of a result object (`{exp_id}/{input_id}/{session_id}.json`)."""
+    return {
+        "source": ["aws.s3"],
+        "detail-type": ["Object Created"],
+        "detail": {"bucket": {"name": [results_bucket]}, "object": {"key": [{"suffix": ".json"}]}},
+    }
+
+
+def trainer_event_pattern() -> dict[str, Any]:
+    """Every pipeline event on the experiment bus goes to the trainer queue."""
+    return {"source": [EVENT_SOURCE]}
+
+
+def is_dataset_key(key: str) -> bool:
+    return key.startswith(DATASET_PREFIX) and key.endswith(DATASET_SUFFIXES) and ".errors." not in key

@@ -1,0 +1,69 @@
+"""Shared fixtures: an in-process moto account with one experiment's resources, and queue helpers.
+
+Nothing here reaches AWS: fake credentials, moto's `mock_aws`, and the boto3 client cache reset around each test.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from rollout_pipeline.adapters import clients
+from rollout_pipeline.config import ExperimentConfig
+from rollout_pipeline.local.resources import ExperimentResources, create_resources
+
+REGION = "us-east-1"
+
+
+@pytest.fixture
+def aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fake credentials and region; no endpoint override (in-process moto intercepts botocore)."""
+    for key, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_SESSION_TOKEN": "testing",
+        "AWS_DEFAULT_REGION": REGION,
+        "AWS_REGION": REGION,
+    }.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+
+
+@pytest.fixture
+def moto_aws(aws_env: None) -> Iterator[None]:
+    from moto import mock_aws
+
+    clients.reset()
+    with mock_aws():
+        yield
+    clients.reset()
+
+
+@pytest.fixture
+def experiment_config() -> ExperimentConfig:
+    return ExperimentConfig(name="test-exp", group_size=2, max_attempts=2, tps_limit=50, max_sessions=20)
+
+
+@pytest.fixture
+def resources(moto_aws: None, experiment_config: ExperimentConfig) -> ExperimentResources:
+    return create_resources(experiment_config, region=REGION, client=clients.client)
+
+
+def receive_all(queue_url: str, *, delete: bool = True, max_rounds: int = 50) -> list[dict[str, Any]]:
+    """Receive every visible message of a (shallow) queue; return the parsed bodies."""
+    sqs = clients.client("sqs")
+    bodies: list[dict[str, Any]] = []
+    for _ in range(max_rounds):
+        resp = sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=0)
+        messages = resp.get("Messages") or []
+        if not messages:
+            break
+        for message in messages:
+            bodies.append(json.loads(message["Body"]))
+            if delete:
+                sqs.delete_message(QueueUrl=queue_url, ReceiptHandle=message["ReceiptHandle"])
+    return bodies

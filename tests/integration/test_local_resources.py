@@ -1,0 +1,52 @@
+"""The local resources route events exactly as the stack does: S3 datasets -> ingest queue, results ->
+completion queue, pipeline events -> trainer queue."""
+
+from __future__ import annotations
+
+import json
+
+from rollout_pipeline.adapters import clients
+from rollout_pipeline.adapters.eventbridge import EventBridgePublisher
+from rollout_pipeline.config import ExperimentConfig
+from rollout_pipeline.contracts import BatchAccepted
+from rollout_pipeline.local.resources import ExperimentResources, create_resources
+from tests.conftest import REGION, receive_all
+
+
+def test_dataset_upload_reaches_ingest_queue_and_other_keys_do_not(resources: ExperimentResources) -> None:
+    s3 = clients.client("s3")
+    s3.put_object(Bucket=resources.input_bucket, Key="datasets/a.jsonl", Body=b"{}\n")
+    s3.put_object(Bucket=resources.input_bucket, Key="datasets/b.jsonl.gz", Body=b"")
+    s3.put_object(Bucket=resources.input_bucket, Key="datasets/c.csv", Body=b"")
+    s3.put_object(Bucket=resources.input_bucket, Key="other/d.jsonl", Body=b"")
+    events = receive_all(resources.ingest_queue_url)
+    keys = sorted(e["detail"]["object"]["key"] for e in events)
+    assert keys == ["datasets/a.jsonl", "datasets/b.jsonl.gz"]
+    assert all(e["detail"]["object"].get("version-id") for e in events), "input bucket must be versioned"
+
+
+def test_result_object_reaches_completion_queue(resources: ExperimentResources) -> None:
+    s3 = clients.client("s3")
+    s3.put_object(Bucket=resources.results_bucket, Key="test-exp/q1/s.json", Body=b"{}")
+    events = receive_all(resources.completion_queue_url)
+    assert [e["detail"]["object"]["key"] for e in events] == ["test-exp/q1/s.json"]
+    assert receive_all(resources.ingest_queue_url) == []
+
+
+def test_published_events_reach_trainer_queue(resources: ExperimentResources) -> None:
+    detail = BatchAccepted(
+        event_id="e1", exp_id="test-exp", batch_id="b-1", rows_accepted=1, rows_rejected=0,
+        rollouts_enqueued=2, group_size=2,
+    )
+    EventBridgePublisher(resources.bus_name).publish([detail])
+    events = receive_all(resources.trainer_queue_url)
+    assert len(events) == 1
+    assert events[0]["detail-type"] == "Batch Accepted"
+    assert events[0]["source"] == "rollout.pipeline"
+    assert BatchAccepted.model_validate(events[0]["detail"]) == detail
+
+
+def test_create_resources_is_idempotent(resources: ExperimentResources, experiment_config: ExperimentConfig) -> None:
+    again = create_resources(experiment_config, region=REGION, client=clients.client)
+    assert again == resources
+    assert json.loads(again.stack_outputs()["ExperimentConfig"])["name"] == "test-exp"
