@@ -6,6 +6,7 @@ Names derive from the config only; the same event patterns (`rollout_pipeline.ro
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -92,20 +93,16 @@ def create_resources(config: ExperimentConfig, *, region: str, client: Any) -> E
         kwargs: dict[str, Any] = {"Bucket": bucket}
         if region != "us-east-1":
             kwargs["CreateBucketConfiguration"] = {"LocationConstraint": region}
-        try:
+        with contextlib.suppress(s3.exceptions.BucketAlreadyOwnedByYou):
             s3.create_bucket(**kwargs)
-        except s3.exceptions.BucketAlreadyOwnedByYou:
-            pass
         s3.put_bucket_notification_configuration(
             Bucket=bucket, NotificationConfiguration={"EventBridgeConfiguration": {}}
         )
     s3.put_bucket_versioning(Bucket=input_bucket, VersioningConfiguration={"Status": "Enabled"})
 
     table_name = f"{base}-ledger"
-    try:
+    with contextlib.suppress(ddb.exceptions.ResourceInUseException):
         ddb.create_table(**create_table_kwargs(table_name))
-    except ddb.exceptions.ResourceInUseException:
-        pass
 
     queue_urls: dict[str, str] = {}
     dlq_urls: dict[str, str] = {}
@@ -126,10 +123,8 @@ def create_resources(config: ExperimentConfig, *, region: str, client: Any) -> E
         return str(attrs["Attributes"]["QueueArn"])
 
     bus_name = base
-    try:
+    with contextlib.suppress(events.exceptions.ResourceAlreadyExistsException):
         events.create_event_bus(Name=bus_name)
-    except events.exceptions.ResourceAlreadyExistsException:
-        pass
 
     rules = [
         ("default", f"{base}-datasets", routing.dataset_event_pattern(input_bucket), "ingest"),

@@ -35,8 +35,13 @@ def test_result_object_reaches_completion_queue(resources: ExperimentResources) 
 
 def test_published_events_reach_trainer_queue(resources: ExperimentResources) -> None:
     detail = BatchAccepted(
-        event_id="e1", exp_id="test-exp", batch_id="b-1", rows_accepted=1, rows_rejected=0,
-        rollouts_enqueued=2, group_size=2,
+        event_id="e1",
+        exp_id="test-exp",
+        batch_id="b-1",
+        rows_accepted=1,
+        rows_rejected=0,
+        rollouts_enqueued=2,
+        group_size=2,
     )
     EventBridgePublisher(resources.bus_name).publish([detail])
     events = receive_all(resources.trainer_queue_url)
