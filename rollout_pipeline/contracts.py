@@ -370,6 +370,8 @@ class DetailType(StrEnum):
 
 
 class _Detail(BaseModel):
+    """Fields every event detail carries."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     event_id: str = Field(description="Stable id: the same logical event always carries the same id")
@@ -379,6 +381,8 @@ class _Detail(BaseModel):
 
 
 class Timings(BaseModel):
+    """When the rollout was submitted, dispatched to ACR, finished (result written) and notified (event sent)."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     submitted_at: datetime | None = None
@@ -388,6 +392,8 @@ class Timings(BaseModel):
 
 
 class RolloutCompleted(_Detail):
+    """A rollout attempt succeeded: its result object had status_code 200 and valid rewards."""
+
     input_id: str
     index: int
     rollout_id: str
@@ -402,6 +408,8 @@ class RolloutCompleted(_Detail):
 
 
 class RolloutFailed(_Detail):
+    """A rollout ended without a usable reward. A failure is never reported as reward 0."""
+
     input_id: str
     index: int
     rollout_id: str
@@ -415,6 +423,8 @@ class RolloutFailed(_Detail):
 
 
 class GroupCompleted(_Detail):
+    """Every rollout of one input (a GRPO group) is terminal."""
+
     input_id: str
     group_size: int
     rewards: list[float | None] = Field(description="Reward by rollout index; null where the rollout failed")
@@ -427,6 +437,8 @@ class GroupCompleted(_Detail):
 
 
 class BatchAccepted(_Detail):
+    """A dataset file or SDK submission was ingested: its rollouts are queued."""
+
     source: str | None = Field(default=None, description="s3://bucket/key?versionId=... or 'sdk'")
     rows_accepted: int
     rows_rejected: int
@@ -438,6 +450,8 @@ class BatchAccepted(_Detail):
 
 
 class BatchCompleted(_Detail):
+    """Every rollout of a batch is terminal."""
+
     rollouts_total: int
     succeeded: int
     failed: int
