@@ -1,0 +1,54 @@
+"""Agent-side helpers for agents served by AgentCore Runtime in the rollout pipeline.
+
+- `context`: the rollout context on `contextvars` (`current_rollout()`, `run_in_thread`, `submit_with_context`);
+- `inference`: sampling params, token-capture headers, OpenAI clients wired for the current rollout;
+- `strands_model`: `RolloutOpenAIModel`, a Strands model safe to share between concurrent rollouts;
+- `app`: `RolloutApp` (ART's `AgentCoreRLApp` + the rollout context) and `serve()`;
+- `rewards`: the GSM8K reward; `testing`: a fake OpenAI-compatible model server.
+
+Importing this package imports only the standard library; `app`, `strands_model` need the `agent` extra.
+"""
+
+from rollout_pipeline.agent.context import (
+    NoRolloutContext,
+    RolloutContext,
+    clear_rollout_context,
+    current_rollout,
+    get_rollout,
+    rollout_context,
+    run_in_thread,
+    set_rollout_context,
+    submit_with_context,
+    with_rollout_context,
+)
+from rollout_pipeline.agent.inference import (
+    TokenCapture,
+    TokenCaptureError,
+    async_openai_client,
+    inference_headers,
+    inference_params,
+    model_id,
+    openai_client,
+    openai_client_kwargs,
+)
+
+__all__ = [
+    "NoRolloutContext",
+    "RolloutContext",
+    "TokenCapture",
+    "TokenCaptureError",
+    "async_openai_client",
+    "clear_rollout_context",
+    "current_rollout",
+    "get_rollout",
+    "inference_headers",
+    "inference_params",
+    "model_id",
+    "openai_client",
+    "openai_client_kwargs",
+    "rollout_context",
+    "run_in_thread",
+    "set_rollout_context",
+    "submit_with_context",
+    "with_rollout_context",
+]

@@ -1,0 +1,220 @@
+"""A fake OpenAI-compatible model server for tests and offline demos (standard library only).
+
+    with FakeModelServer(reply="The answer is #### 42") as model:
+        base_url = model.base_url           # http://127.0.0.1:<port>/v1
+        ...
+        model.requests                      # every request: path, headers, JSON body
+
+It answers `POST .../chat/completions` on any path prefix (so `/v1/...` and rllm's `/sessions/{id}/v1/...` both
+work), streaming (SSE) or not, and `GET .../models`. `reply` is a fixed text or a function of the request giving
+a text or a tool call (`ToolCall`). It listens on 127.0.0.1 only.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A reply that asks the agent to call a tool."""
+
+    name: str
+    arguments: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class RecordedRequest:
+    """One request the fake model received."""
+
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: dict[str, Any]
+    received_at: float = field(default_factory=time.monotonic)
+
+    def header(self, name: str) -> str | None:
+        """Header value by case-insensitive name."""
+        lowered = name.lower()
+        return next((v for k, v in self.headers.items() if k.lower() == lowered), None)
+
+
+Reply = str | ToolCall
+ReplyFunction = Callable[[RecordedRequest], Reply]
+
+
+class FakeModelServer:
+    """OpenAI-compatible chat completions on 127.0.0.1, recording what it receives. Use as a context manager."""
+
+    def __init__(self, reply: Reply | ReplyFunction = "#### 42", *, delay_s: float = 0.0, port: int = 0) -> None:
+        self._reply = reply
+        self.delay_s = delay_s
+        self._lock = threading.Lock()
+        self._requests: list[RecordedRequest] = []
+        self._server = ThreadingHTTPServer(("127.0.0.1", port), self._handler_class())
+        self._server.daemon_threads = True
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        return int(self._server.server_address[1])
+
+    @property
+    def root_url(self) -> str:
+        """`http://127.0.0.1:<port>` (a gateway root: rllm's session URLs hang below it)."""
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        """`http://127.0.0.1:<port>/v1`: the OpenAI base URL."""
+        return f"{self.root_url}/v1"
+
+    @property
+    def requests(self) -> list[RecordedRequest]:
+        """Chat-completion requests received so far (a copy)."""
+        with self._lock:
+            return list(self._requests)
+
+    def start(self) -> FakeModelServer:
+        self._thread = threading.Thread(target=self._server.serve_forever, name="fake-model", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> FakeModelServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _answer(self, request: RecordedRequest) -> Reply:
+        return self._reply(request) if callable(self._reply) else self._reply
+
+    def _record(self, request: RecordedRequest) -> None:
+        with self._lock:
+            self._requests.append(request)
+
+    def _handler_class(self) -> type[BaseHTTPRequestHandler]:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:  # noqa: ARG002 - silence access logs
+                return
+
+            def do_GET(self) -> None:
+                if self.path.rstrip("/").endswith("/models"):
+                    self._json(200, {"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
+                else:
+                    self._json(404, {"error": {"message": f"no route {self.path}"}})
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length) if length else b""
+                try:
+                    body = json.loads(raw or b"{}")
+                except json.JSONDecodeError:
+                    self._json(400, {"error": {"message": "invalid JSON"}})
+                    return
+                if not self.path.rstrip("/").endswith("/chat/completions"):
+                    self._json(404, {"error": {"message": f"no route {self.path}"}})
+                    return
+                request = RecordedRequest("POST", self.path, dict(self.headers.items()), body)
+                server._record(request)
+                if server.delay_s:
+                    time.sleep(server.delay_s)
+                reply = server._answer(request)
+                model = str(body.get("model") or "fake-model")
+                if body.get("stream"):
+                    self._stream(model, reply)
+                else:
+                    self._json(200, _completion(model, reply))
+
+            def _json(self, status: int, payload: dict[str, Any]) -> None:
+                data = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _stream(self, model: str, reply: Reply) -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                for chunk in _chunks(model, reply):
+                    self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                self.wfile.write(b"data: [DONE]\n\n")
+                self.wfile.flush()
+                self.close_connection = True
+
+        return Handler
+
+
+_USAGE = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
+
+
+def _completion(model: str, reply: Reply) -> dict[str, Any]:
+    if isinstance(reply, ToolCall):
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": f"call_{uuid.uuid4().hex[:12]}",
+                    "type": "function",
+                    "function": {"name": reply.name, "arguments": json.dumps(reply.arguments)},
+                }
+            ],
+        }
+        finish = "tool_calls"
+    else:
+        message = {"role": "assistant", "content": reply}
+        finish = "stop"
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex[:12]}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+        "usage": _USAGE,
+    }
+
+
+def _chunks(model: str, reply: Reply) -> list[dict[str, Any]]:
+    base = {"id": f"chatcmpl-{uuid.uuid4().hex[:12]}", "object": "chat.completion.chunk", "model": model}
+    if isinstance(reply, ToolCall):
+        delta: dict[str, Any] = {
+            "role": "assistant",
+            "tool_calls": [
+                {
+                    "index": 0,
+                    "id": f"call_{uuid.uuid4().hex[:12]}",
+                    "type": "function",
+                    "function": {"name": reply.name, "arguments": json.dumps(reply.arguments)},
+                }
+            ],
+        }
+        finish = "tool_calls"
+    else:
+        delta = {"role": "assistant", "content": reply}
+        finish = "stop"
+    return [
+        {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]},
+        {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]},
+        {**base, "choices": [], "usage": _USAGE},
+    ]
