@@ -1,0 +1,1 @@
+"""CDK infrastructure of the rollout pipeline: `ExperimentStack` composes one construct per concern."""

@@ -1,0 +1,95 @@
+"""The AgentCore Runtime that runs the agent image (linux/arm64), one microVM session per rollout attempt."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Final
+
+from aws_cdk import Duration, IgnoreMode
+from aws_cdk import aws_bedrockagentcore as agentcore
+from aws_cdk import aws_ecr_assets as ecr_assets
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_s3 as s3
+from constructs import Construct
+
+from rollout_pipeline.config import ExperimentConfig
+
+AGENT_DIR: Final = "agent_image"
+DOCKERFILE: Final = f"{AGENT_DIR}/Dockerfile"
+#: Used when agent_image/Dockerfile.dockerignore is missing; the build context is the repository root.
+DEFAULT_IMAGE_EXCLUDES: Final = ["**", f"!{AGENT_DIR}/**", "!rollout_pipeline/**", "**/__pycache__", "**/*.pyc"]
+#: ACR's DEFAULT endpoint: what InvokeAgentRuntime without a qualifier targets.
+DEFAULT_ENDPOINT: Final = "DEFAULT"
+STOP_SESSION_ACTION: Final = "bedrock-agentcore:StopRuntimeSession"
+
+
+def image_excludes(repo_root: Path) -> list[str]:
+    """The agent image's `.dockerignore` lines (the build context is the repository root)."""
+    ignore_file = repo_root / f"{DOCKERFILE}.dockerignore"
+    if not ignore_file.is_file():
+        return list(DEFAULT_IMAGE_EXCLUDES)
+    lines = (line.strip() for line in ignore_file.read_text().splitlines())
+    return [line for line in lines if line and not line.startswith("#")]
+
+
+class AgentRuntime(Construct):
+    """ACR runtime from `agent_image/` whose role may only put objects under `results/{exp_id}/`."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        config: ExperimentConfig,
+        repo_root: Path,
+        results_bucket: s3.IBucket,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        artifact = agentcore.AgentRuntimeArtifact.from_asset(
+            str(repo_root),
+            file=DOCKERFILE,
+            platform=ecr_assets.Platform.LINUX_ARM64,
+            exclude=image_excludes(repo_root),
+            ignore_mode=IgnoreMode.DOCKER,
+        )
+        self.runtime = agentcore.Runtime(
+            self,
+            "Runtime",
+            runtime_name=config.runtime_name,
+            description=f"Rollout agent of experiment {config.name}",
+            agent_runtime_artifact=artifact,
+            lifecycle_configuration=agentcore.LifecycleConfiguration(
+                idle_runtime_session_timeout=Duration.seconds(config.idle_timeout_s),
+                max_lifetime=Duration.seconds(config.max_lifetime_s),
+            ),
+            environment_variables={
+                "ROLLOUTS_EXPERIMENT": config.name,
+                "ROLLOUTS_RESULTS_BUCKET": results_bucket.bucket_name,
+                "MODEL_BASE_URL": config.model_base_url,
+                "MODEL_ID": config.model_id,
+            },
+        )
+        self.runtime.add_to_role_policy(
+            iam.PolicyStatement(
+                sid="WriteOwnResults",
+                actions=["s3:PutObject"],
+                resources=[results_bucket.arn_for_objects(f"{config.name}/*")],
+            )
+        )
+
+    @property
+    def arn(self) -> str:
+        return self.runtime.agent_runtime_arn
+
+    def session_resources(self) -> list[str]:
+        """The runtime and its DEFAULT endpoint: the only resources our sessions run on."""
+        return [self.arn, f"{self.arn}/runtime-endpoint/{DEFAULT_ENDPOINT}"]
+
+    def grant_invoke(self, grantee: iam.IGrantable) -> None:
+        """InvokeAgentRuntime on this runtime (the L2's grant: the runtime and its endpoints)."""
+        self.runtime.grant_invoke_runtime(grantee)
+
+    def grant_stop_session(self, grantee: iam.IGrantable) -> None:
+        iam.Grant.add_to_principal(
+            grantee=grantee, actions=[STOP_SESSION_ACTION], resource_arns=self.session_resources()
+        )

@@ -1,0 +1,233 @@
+"""One stack per experiment: storage, ledger, events, the agent runtime and the four pipeline Lambdas."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Final
+
+from aws_cdk import CfnOutput, Duration, RemovalPolicy, Stack
+from aws_cdk import aws_events as events
+from aws_cdk import aws_events_targets as targets
+from aws_cdk import aws_iam as iam
+from constructs import Construct
+
+from rollout_pipeline import routing
+from rollout_pipeline.config import ExperimentConfig, HandlerSettings
+from stacks import nag
+from stacks.agent_runtime import AgentRuntime
+from stacks.bundling import REPO_ROOT, lambda_code
+from stacks.events import EventRouting
+from stacks.functions import METRICS_NAMESPACE, RUNTIME, PipelineFunction
+from stacks.ledger import Ledger
+from stacks.queues import QueuedLambdaConsumer
+from stacks.storage import CLAIMS_PREFIX, Storage
+
+INGEST_TIMEOUT: Final = Duration.seconds(900)
+DISPATCH_TIMEOUT: Final = Duration.seconds(120)
+COMPLETION_TIMEOUT: Final = Duration.seconds(60)
+SWEEPER_TIMEOUT: Final = Duration.seconds(120)
+INGEST_CONCURRENCY: Final = 5
+COMPLETION_CONCURRENCY: Final = 10
+DEFAULT_ARCHIVE_RETENTION_DAYS: Final = 14
+#: Stack outputs the trainer SDK reads to attach to an experiment (logical ids are part of the contract).
+OUTPUT_NAMES: Final = (
+    "ExperimentName",
+    "ExperimentConfig",
+    "InputBucketName",
+    "ResultsBucketName",
+    "RolloutQueueUrl",
+    "TrainerQueueUrl",
+    "IngestQueueUrl",
+    "EventBusName",
+    "LedgerTableName",
+    "AgentRuntimeArn",
+)
+
+
+def stack_name(config: ExperimentConfig) -> str:
+    return f"Rollouts-{config.name}"
+
+
+class ExperimentStack(Stack):
+    """Everything one experiment needs; `cdk deploy -c experiment=NAME` creates it, `cdk destroy` removes it.
+
+    Buckets, table and logs are retained on destroy unless `results_retention=destroy`.
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        config: ExperimentConfig,
+        repo_root: Path = REPO_ROOT,
+        archive_retention_days: int = DEFAULT_ARCHIVE_RETENTION_DAYS,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(scope, construct_id, **kwargs)
+        self.config = config
+        removal = RemovalPolicy.DESTROY if config.results_retention == "destroy" else RemovalPolicy.RETAIN
+
+        self.storage = Storage(self, "Storage", config=config)
+        self.ledger = Ledger(self, "Ledger", config=config)
+        self.events = EventRouting(self, "Events", config=config, archive_retention_days=archive_retention_days)
+        self.agent = AgentRuntime(
+            self, "Agent", config=config, repo_root=repo_root, results_bucket=self.storage.results_bucket
+        )
+
+        code = lambda_code(RUNTIME, repo_root)
+
+        def function(name: str, description: str, timeout: Duration, memory_size: int) -> PipelineFunction:
+            return PipelineFunction(
+                self,
+                name.capitalize(),
+                code=code,
+                handler=f"{name}.handler",
+                description=f"{description} ({config.name})",
+                timeout=timeout,
+                memory_size=memory_size,
+                removal_policy=removal,
+            )
+
+        ingest = function("ingest", "Reads dataset files into rollout messages", INGEST_TIMEOUT, 1024)
+        dispatch = function("dispatch", "Starts rollouts on AgentCore within the limits", DISPATCH_TIMEOUT, 512)
+        completion = function("completion", "Records results, stops sessions, publishes", COMPLETION_TIMEOUT, 512)
+        sweeper = function("sweeper", "Times out overdue rollouts and drains the outbox", SWEEPER_TIMEOUT, 512)
+        self.functions = {"ingest": ingest, "dispatch": dispatch, "completion": completion, "sweeper": sweeper}
+
+        self.ingest = QueuedLambdaConsumer(
+            self,
+            "IngestConsumer",
+            function=ingest.function,
+            function_timeout=INGEST_TIMEOUT,
+            batch_size=1,
+            max_batching_window=Duration.seconds(0),
+            max_concurrency=INGEST_CONCURRENCY,
+        )
+        self.dispatch = QueuedLambdaConsumer(
+            self,
+            "DispatchConsumer",
+            function=dispatch.function,
+            function_timeout=DISPATCH_TIMEOUT,
+            batch_size=10,
+            max_batching_window=Duration.seconds(1),
+            max_concurrency=config.dispatch_concurrency,
+        )
+        self.completion = QueuedLambdaConsumer(
+            self,
+            "CompletionConsumer",
+            function=completion.function,
+            function_timeout=COMPLETION_TIMEOUT,
+            batch_size=10,
+            max_batching_window=Duration.seconds(1),
+            max_concurrency=COMPLETION_CONCURRENCY,
+        )
+        rollout_queue = self.dispatch.queue
+
+        EventRouting.s3_rule(
+            self,
+            "DatasetUploaded",
+            pattern=routing.dataset_event_pattern(self.storage.input_bucket.bucket_name),
+            queue=self.ingest.queue,
+            description="Dataset files created under datasets/ to the ingest queue",
+        )
+        EventRouting.s3_rule(
+            self,
+            "ResultWritten",
+            pattern=routing.result_event_pattern(self.storage.results_bucket.bucket_name),
+            queue=self.completion.queue,
+            description="Result objects written by the agent to the completion queue",
+        )
+        events.Rule(
+            self,
+            "SweepSchedule",
+            description="Runs the sweeper every minute",
+            schedule=events.Schedule.rate(Duration.minutes(1)),
+            targets=[targets.LambdaFunction(sweeper.function, retry_attempts=0, max_event_age=Duration.minutes(1))],
+        )
+
+        settings = HandlerSettings(
+            table_name=self.ledger.table.table_name,
+            input_bucket=self.storage.input_bucket.bucket_name,
+            results_bucket=self.storage.results_bucket.bucket_name,
+            rollout_queue_url=rollout_queue.queue_url,
+            bus_name=self.events.bus.event_bus_name,
+            runtime_arn=self.agent.arn,
+            ingest_queue_url=self.ingest.queue.queue_url,
+            experiment=config,
+        )
+        environment = {
+            **settings.to_environ(),
+            "POWERTOOLS_SERVICE_NAME": f"rollouts-{config.name}",
+            "POWERTOOLS_METRICS_NAMESPACE": METRICS_NAMESPACE,
+            "POWERTOOLS_LOG_LEVEL": "INFO",
+        }
+        for pipeline_function in self.functions.values():
+            for key, value in environment.items():
+                pipeline_function.function.add_environment(key, value)
+
+        self._grant(ingest, dispatch, completion, sweeper)
+        self._outputs(settings)
+        nag.acknowledge(self)
+
+    def _grant(
+        self,
+        ingest: PipelineFunction,
+        dispatch: PipelineFunction,
+        completion: PipelineFunction,
+        sweeper: PipelineFunction,
+    ) -> None:
+        input_bucket = self.storage.input_bucket
+        results_bucket = self.storage.results_bucket
+        rollout_queue = self.dispatch.queue
+        datasets = input_bucket.arn_for_objects(f"{routing.DATASET_PREFIX}*")
+        claims = input_bucket.arn_for_objects(f"{CLAIMS_PREFIX}*")
+
+        def allow(fn: PipelineFunction, actions: list[str], resources: list[str]) -> None:
+            fn.role.add_to_principal_policy(iam.PolicyStatement(actions=actions, resources=resources))
+
+        allow(ingest, ["s3:GetObject", "s3:GetObjectVersion"], [datasets])
+        allow(ingest, ["s3:PutObject"], [datasets, claims])
+        self.ledger.grant_read_write(ingest.role)
+        rollout_queue.grant_send_messages(ingest.role)
+        self.ingest.queue.grant_send_messages(ingest.role)
+        self.events.bus.grant_put_events_to(ingest.role)
+
+        allow(dispatch, ["s3:GetObject"], [claims])
+        self.ledger.grant_read_write(dispatch.role)
+        rollout_queue.grant_send_messages(dispatch.role)
+        self.agent.grant_invoke(dispatch.role)
+        self.agent.grant_stop_session(dispatch.role)
+        self.events.bus.grant_put_events_to(dispatch.role)
+
+        allow(completion, ["s3:GetObject"], [results_bucket.arn_for_objects(f"{self.config.name}/*")])
+        self.ledger.grant_read_write(completion.role)
+        rollout_queue.grant_send_messages(completion.role)
+        self.agent.grant_stop_session(completion.role)
+        self.events.bus.grant_put_events_to(completion.role)
+
+        self.ledger.grant_read_write(sweeper.role, query_indexes=True)
+        rollout_queue.grant_send_messages(sweeper.role)
+        self.agent.grant_stop_session(sweeper.role)
+        self.events.bus.grant_put_events_to(sweeper.role)
+
+    def _outputs(self, settings: HandlerSettings) -> None:
+        values = {
+            "ExperimentName": self.config.name,
+            "ExperimentConfig": self.config.to_env(),
+            "InputBucketName": settings.input_bucket,
+            "ResultsBucketName": settings.results_bucket,
+            "RolloutQueueUrl": settings.rollout_queue_url,
+            "TrainerQueueUrl": self.events.trainer_queue.queue_url,
+            "IngestQueueUrl": settings.ingest_queue_url,
+            "EventBusName": settings.bus_name,
+            "LedgerTableName": settings.table_name,
+            "AgentRuntimeArn": settings.runtime_arn,
+        }
+        descriptions = {
+            "RolloutQueueUrl": "Submit queue: the SDK sends rollout messages here",
+            "TrainerQueueUrl": "Every pipeline event; the trainer long-polls this queue",
+            "ExperimentConfig": "The experiment configuration (JSON) the Lambdas run with",
+        }
+        for name in OUTPUT_NAMES:
+            CfnOutput(self, name, value=values[name], description=descriptions.get(name))

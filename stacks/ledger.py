@@ -1,0 +1,72 @@
+"""The DynamoDB ledger table (schema in `rollout_pipeline.ledger.keys`) and its least-privilege grants."""
+
+from __future__ import annotations
+
+from typing import Final
+
+from aws_cdk import RemovalPolicy
+from aws_cdk import aws_dynamodb as dynamodb
+from aws_cdk import aws_iam as iam
+from constructs import Construct
+
+from rollout_pipeline.config import ExperimentConfig
+from rollout_pipeline.ledger import keys
+
+#: Item-level actions only: transactions are authorised per contained action; the ledger never scans.
+READ_WRITE_ACTIONS: Final = (
+    "dynamodb:GetItem",
+    "dynamodb:BatchGetItem",
+    "dynamodb:Query",
+    "dynamodb:PutItem",
+    "dynamodb:UpdateItem",
+    "dynamodb:DeleteItem",
+    "dynamodb:BatchWriteItem",
+    "dynamodb:ConditionCheckItem",
+)
+
+
+class Ledger(Construct):
+    """On-demand table with PITR, TTL on `expires_at` and the two sparse GSIs `deadline` and `outbox`."""
+
+    def __init__(self, scope: Construct, construct_id: str, *, config: ExperimentConfig) -> None:
+        super().__init__(scope, construct_id)
+        string, number = dynamodb.AttributeType.STRING, dynamodb.AttributeType.NUMBER
+        self.table = dynamodb.Table(
+            self,
+            "Table",
+            partition_key=dynamodb.Attribute(name=keys.PK, type=string),
+            sort_key=dynamodb.Attribute(name=keys.SK, type=string),
+            billing_mode=dynamodb.BillingMode.PAY_PER_REQUEST,
+            point_in_time_recovery_specification=dynamodb.PointInTimeRecoverySpecification(
+                point_in_time_recovery_enabled=True
+            ),
+            time_to_live_attribute=keys.TTL_ATTRIBUTE,
+            encryption=dynamodb.TableEncryption.AWS_MANAGED,
+            deletion_protection=config.results_retention == "retain",
+            removal_policy=RemovalPolicy.DESTROY if config.results_retention == "destroy" else RemovalPolicy.RETAIN,
+        )
+        for index, pk, sk in (
+            (keys.DEADLINE_INDEX, keys.DEADLINE_PK, keys.DEADLINE_SK),
+            (keys.OUTBOX_INDEX, keys.OUTBOX_PK, keys.OUTBOX_SK),
+        ):
+            self.table.add_global_secondary_index(
+                index_name=index,
+                partition_key=dynamodb.Attribute(name=pk, type=string),
+                sort_key=dynamodb.Attribute(name=sk, type=number),
+                projection_type=dynamodb.ProjectionType.ALL,
+            )
+
+    def index_arn(self, index_name: str) -> str:
+        return f"{self.table.table_arn}/index/{index_name}"
+
+    def grant_read_write(self, grantee: iam.IGrantable, *, query_indexes: bool = False) -> None:
+        """Item reads/writes on the table; with `query_indexes`, Query on the two named GSIs (no `index/*`)."""
+        iam.Grant.add_to_principal(
+            grantee=grantee, actions=list(READ_WRITE_ACTIONS), resource_arns=[self.table.table_arn]
+        )
+        if query_indexes:
+            iam.Grant.add_to_principal(
+                grantee=grantee,
+                actions=["dynamodb:Query"],
+                resource_arns=[self.index_arn(keys.DEADLINE_INDEX), self.index_arn(keys.OUTBOX_INDEX)],
+            )

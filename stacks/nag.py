@@ -1,0 +1,125 @@
+"""cdk-nag (AwsSolutions) on every synth, and the stack's acknowledged findings, each with its reason.
+
+Acknowledgments sit on the narrowest construct (the one policy or role) and name the exact IAM5 finding.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Final
+
+from aws_cdk import Acknowledgment, App, CfnElement, Stack, Token, Validations
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_s3 as s3
+from cdk_nag import AwsSolutionsChecks
+from constructs import IConstruct
+
+if TYPE_CHECKING:
+    from stacks.experiment_stack import ExperimentStack
+
+IAM4: Final = "AwsSolutions-IAM4"
+IAM5: Final = "AwsSolutions-IAM5"
+BASIC_EXECUTION_POLICY: Final = "Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/AWSLambdaBasicExecutionRole"
+
+
+def add_checks(app: App) -> None:
+    """Run the AwsSolutions pack on every synth; an unacknowledged finding fails the synth."""
+    Validations.of(app).add_plugins(AwsSolutionsChecks(app))
+
+
+def ack(scope: IConstruct, finding: str, reason: str) -> None:
+    Validations.of(scope).acknowledge(Acknowledgment(id=finding, reason=reason))
+
+
+def iam5(resource: str) -> str:
+    return f"{IAM5}[Resource::{resource}]"
+
+
+def logical_id(construct: IConstruct) -> str:
+    element = construct if isinstance(construct, CfnElement) else construct.node.default_child
+    assert isinstance(element, CfnElement)
+    return str(Stack.of(construct).resolve(Stack.of(construct).get_logical_id(element)))
+
+
+def bucket_prefix(bucket: s3.IBucket, prefix: str) -> str:
+    """How cdk-nag spells `bucket.arn_for_objects(prefix + "*")`."""
+    return f"<{logical_id(bucket)}.Arn>/{prefix}*"
+
+
+def account_arn(stack: Stack, service: str) -> str:
+    """`arn:partition:service:region:account` as cdk-nag prints it (pseudo parameters unless the env is known)."""
+
+    def show(value: str, pseudo: str) -> str:
+        return f"<AWS::{pseudo}>" if Token.is_unresolved(value) else value
+
+    partition = show(stack.partition, "Partition")
+    return f"arn:{partition}:{service}:{show(stack.region, 'Region')}:{show(stack.account, 'AccountId')}"
+
+
+def default_policy(role: iam.IRole) -> IConstruct:
+    return role.node.find_child("DefaultPolicy")
+
+
+def acknowledge(stack: ExperimentStack) -> None:
+    """Acknowledge the deliberate findings of an experiment stack."""
+    exp = stack.config.name
+    input_bucket, results_bucket = stack.storage.input_bucket, stack.storage.results_bucket
+    fns = stack.functions
+
+    ingest_policy = default_policy(fns["ingest"].role)
+    ack(
+        ingest_policy,
+        iam5(bucket_prefix(input_bucket, "datasets/")),
+        "Ingest reads any dataset file the user uploads under datasets/ and writes its errors object beside it.",
+    )
+    ack(
+        ingest_policy,
+        iam5(bucket_prefix(input_bucket, "claims/")),
+        "Ingest writes oversized row payloads under claims/, one object per row, keyed by batch and input id.",
+    )
+    ack(
+        default_policy(fns["dispatch"].role),
+        iam5(bucket_prefix(input_bucket, "claims/")),
+        "Dispatch reads the oversized row payloads ingest wrote under claims/ (keys known only at run time).",
+    )
+    ack(
+        default_policy(fns["dispatch"].role),
+        iam5(f"<{logical_id(stack.agent.runtime)}.AgentRuntimeArn>/*"),
+        "grant_invoke_runtime covers the endpoints of this one runtime only (runtime ARN + '/*').",
+    )
+    ack(
+        default_policy(fns["completion"].role),
+        iam5(bucket_prefix(results_bucket, f"{exp}/")),
+        "Completion reads the result objects the agent writes under this experiment's prefix (keys per session).",
+    )
+
+    agent_policy = default_policy(stack.agent.runtime.role)
+    logs_arn = f"{account_arn(stack, 'logs')}:log-group:"
+    agent_findings = {
+        iam5(bucket_prefix(results_bucket, f"{exp}/")): (
+            "The agent writes one result object per session under its experiment prefix, nothing else in the bucket."
+        ),
+        iam5(f"{logs_arn}/aws/bedrock-agentcore/runtimes/*"): (
+            "AgentCore Runtime L2 default: the runtime creates its log group under /aws/bedrock-agentcore/runtimes/."
+        ),
+        iam5(f"{logs_arn}/aws/bedrock-agentcore/runtimes/*:log-stream:*"): (
+            "AgentCore Runtime L2 default: one log stream per session under the runtime's log groups."
+        ),
+        iam5(f"{logs_arn}*"): "AgentCore Runtime L2 default: logs:DescribeLogGroups only works on log-group:*.",
+        iam5("*"): (
+            "AgentCore Runtime L2 default: X-Ray, ecr:GetAuthorizationToken and namespace-conditioned PutMetricData "
+            "do not support resource-level permissions."
+        ),
+        iam5(
+            f"{account_arn(stack, 'bedrock-agentcore')}:workload-identity-directory/default/workload-identity/*"
+        ): "AgentCore Runtime L2 default: the runtime's workload identity is created by the service at deploy time.",
+    }
+    for finding, reason in agent_findings.items():
+        ack(agent_policy, finding, reason)
+
+    for child in stack.node.children:
+        if child.node.id.startswith("BucketNotificationsHandler"):
+            ack(
+                child.node.find_child("Role"),
+                f"{IAM4}[{BASIC_EXECUTION_POLICY}]",
+                "CDK's singleton handler that turns on S3 EventBridge notifications only needs to write its logs.",
+            )

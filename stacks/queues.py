@@ -1,0 +1,105 @@
+"""SQS building blocks: an encrypted queue with its dead-letter queue and DLQ alarm, and a queue-fed Lambda."""
+
+from __future__ import annotations
+
+from typing import Final
+
+from aws_cdk import Duration
+from aws_cdk import aws_cloudwatch as cloudwatch
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_lambda_event_sources as sources
+from aws_cdk import aws_sqs as sqs
+from constructs import Construct
+
+DLQ_RETENTION: Final = Duration.days(14)
+DEFAULT_RETENTION: Final = Duration.days(4)
+DEFAULT_MAX_RECEIVE_COUNT: Final = 5
+#: AWS guidance for Lambda consumers: visibility timeout at least 6x the function timeout.
+VISIBILITY_TIMEOUT_FACTOR: Final = 6
+MAX_VISIBILITY_TIMEOUT_S: Final = 12 * 3600
+
+
+class QueueWithDlq(Construct):
+    """SSE-SQS, TLS-only queue whose poison messages go to a 14-day DLQ, with an alarm on a non-empty DLQ."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        visibility_timeout: Duration,
+        retention_period: Duration = DEFAULT_RETENTION,
+        max_receive_count: int = DEFAULT_MAX_RECEIVE_COUNT,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        self.dlq = sqs.Queue(
+            self,
+            "Dlq",
+            encryption=sqs.QueueEncryption.SQS_MANAGED,
+            enforce_ssl=True,
+            retention_period=DLQ_RETENTION,
+        )
+        self.queue = sqs.Queue(
+            self,
+            "Queue",
+            encryption=sqs.QueueEncryption.SQS_MANAGED,
+            enforce_ssl=True,
+            visibility_timeout=visibility_timeout,
+            retention_period=retention_period,
+            dead_letter_queue=sqs.DeadLetterQueue(queue=self.dlq, max_receive_count=max_receive_count),
+        )
+        self.dlq_alarm = cloudwatch.Alarm(
+            self,
+            "DlqNotEmpty",
+            alarm_description=f"Messages in the dead-letter queue of {self.node.path}: inspect and redrive them",
+            metric=self.dlq.metric_approximate_number_of_messages_visible(
+                period=Duration.minutes(1), statistic=cloudwatch.Stats.MAXIMUM
+            ),
+            threshold=0,
+            comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD,
+            evaluation_periods=1,
+            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+        )
+
+
+class QueuedLambdaConsumer(Construct):
+    """A Lambda fed by its own queue (+DLQ, alarm) with partial batch responses and bounded concurrency.
+
+    The queue's visibility timeout is 6x the function timeout, so a message is not redelivered while a retried
+    invocation of its batch may still run.
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        function: lambda_.Function,
+        function_timeout: Duration,
+        batch_size: int,
+        max_batching_window: Duration,
+        max_concurrency: int,
+        max_receive_count: int = DEFAULT_MAX_RECEIVE_COUNT,
+        retention_period: Duration = DEFAULT_RETENTION,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        visibility_s = min(function_timeout.to_seconds() * VISIBILITY_TIMEOUT_FACTOR, MAX_VISIBILITY_TIMEOUT_S)
+        self.queues = QueueWithDlq(
+            self,
+            "Queues",
+            visibility_timeout=Duration.seconds(visibility_s),
+            retention_period=retention_period,
+            max_receive_count=max_receive_count,
+        )
+        self.queue = self.queues.queue
+        self.dlq = self.queues.dlq
+        self.function = function
+        function.add_event_source(
+            sources.SqsEventSource(
+                self.queue,
+                batch_size=batch_size,
+                max_batching_window=max_batching_window,
+                report_batch_item_failures=True,
+                max_concurrency=max_concurrency,
+            )
+        )

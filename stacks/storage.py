@@ -1,0 +1,83 @@
+"""The experiment's S3 buckets: input (datasets, claims), results (agent output) and their access logs."""
+
+from __future__ import annotations
+
+from aws_cdk import Duration, RemovalPolicy
+from aws_cdk import aws_s3 as s3
+from constructs import Construct
+
+from rollout_pipeline.config import ExperimentConfig
+
+CLAIMS_PREFIX = "claims/"
+ACCESS_LOGS_EXPIRATION_DAYS = 90
+
+
+class Storage(Construct):
+    """Input and results buckets with a shared server-access-logs bucket.
+
+    Encryption is SSE-S3: every writer (the ACR agent, the Lambdas, the trainer's uploads) and every reader works
+    without KMS key grants, there is no per-request KMS cost or throttling on a results bucket that receives one
+    object per rollout, and EventBridge notifications need no key policy. Nothing here needs a customer-managed key.
+    """
+
+    def __init__(self, scope: Construct, construct_id: str, *, config: ExperimentConfig) -> None:
+        super().__init__(scope, construct_id)
+        destroy = config.results_retention == "destroy"
+        removal = RemovalPolicy.DESTROY if destroy else RemovalPolicy.RETAIN
+
+        self.access_logs = s3.Bucket(
+            self,
+            "AccessLogs",
+            encryption=s3.BucketEncryption.S3_MANAGED,
+            enforce_ssl=True,
+            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+            object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
+            lifecycle_rules=[s3.LifecycleRule(id="expire-logs", expiration=Duration.days(ACCESS_LOGS_EXPIRATION_DAYS))],
+            removal_policy=removal,
+            auto_delete_objects=destroy,
+        )
+
+        ttl = Duration.days(config.ledger_ttl_days)
+        self.input_bucket = s3.Bucket(
+            self,
+            "Input",
+            versioned=True,
+            event_bridge_enabled=True,
+            encryption=s3.BucketEncryption.S3_MANAGED,
+            enforce_ssl=True,
+            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+            object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
+            server_access_logs_bucket=self.access_logs,
+            server_access_logs_prefix="input/",
+            lifecycle_rules=[
+                s3.LifecycleRule(id="expire-claims", prefix=CLAIMS_PREFIX, expiration=ttl),
+                s3.LifecycleRule(
+                    id="expire-noncurrent", noncurrent_version_expiration=ttl, expired_object_delete_marker=True
+                ),
+                s3.LifecycleRule(id="abort-multipart", abort_incomplete_multipart_upload_after=Duration.days(7)),
+            ],
+            removal_policy=removal,
+            auto_delete_objects=destroy,
+        )
+
+        results_rules = [
+            s3.LifecycleRule(id="abort-multipart", abort_incomplete_multipart_upload_after=Duration.days(7))
+        ]
+        if config.results_expiration_days is not None:
+            results_rules.append(
+                s3.LifecycleRule(id="expire-results", expiration=Duration.days(config.results_expiration_days))
+            )
+        self.results_bucket = s3.Bucket(
+            self,
+            "Results",
+            event_bridge_enabled=True,
+            encryption=s3.BucketEncryption.S3_MANAGED,
+            enforce_ssl=True,
+            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+            object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
+            server_access_logs_bucket=self.access_logs,
+            server_access_logs_prefix="results/",
+            lifecycle_rules=results_rules,
+            removal_policy=removal,
+            auto_delete_objects=destroy,
+        )
