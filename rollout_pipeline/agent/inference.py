@@ -68,8 +68,10 @@ def resolve_style(style: TokenCapture | str | None = None, ctx: RolloutContext |
 
 def inference_params(ctx: RolloutContext | None = None, **defaults: Any) -> dict[str, Any]:
     """Sampling params of the current rollout (`_rollout.sampling_params`: temperature, top_p, max_tokens, ...)
-    over `defaults`; None values are dropped. Pass the result as keyword arguments of a chat completion."""
-    merged = {**defaults, **dict(_ctx(ctx).sampling_params)}
+    over `defaults`; None values are dropped (a None in the rollout keeps the default). Pass the result as
+    keyword arguments of a chat completion."""
+    given = {key: value for key, value in _ctx(ctx).sampling_params.items() if value is not None}
+    merged = {**defaults, **given}
     return {key: value for key, value in merged.items() if value is not None}
 
 
