@@ -1,0 +1,425 @@
+"""Wire compatibility with ART agents, end to end on loopback.
+
+An unmodified ART 0.2.0 agent (`AgentCoreRLApp` + `@app.rollout_entrypoint`) and the example math agent run as real
+processes, started and driven over HTTP by the local ACR adapter exactly as ACR would (`POST /invocations` with the
+session header, `/ping`). They receive the payload `contracts.build_agent_payload` makes, call a fake
+OpenAI-compatible model on loopback, and write their results to a moto S3 server; `contracts.parse_result` must
+read them as success / agent_error / per-turn rewards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+
+from rollout_pipeline import contracts, ids
+from rollout_pipeline.adapters.local_acr import LocalAgentRuntime
+from rollout_pipeline.agent.testing import FakeModelServer, RecordedRequest
+from rollout_pipeline.config import ExperimentConfig, SamplingParams
+from rollout_pipeline.local.moto_server import local_aws_environ, moto_server
+from rollout_pipeline.ports import RuntimeRejected, RuntimeThrottled
+
+pytestmark = pytest.mark.slow
+
+REGION = "us-east-1"
+BUCKET = "results"
+EXP = "compat-exp"
+BATCH = "gsm8k-0123456789ab"
+RESULT_WAIT_S = 30.0
+
+#: An ART agent written exactly as ART's README shows: nothing from this project is imported.
+ART_AGENT_SOURCE = textwrap.dedent(
+    """
+    import argparse
+
+    from agentcore_rl_toolkit import AgentCoreRLApp
+    from openai import OpenAI
+
+    app = AgentCoreRLApp()
+
+
+    @app.rollout_entrypoint
+    def invoke_agent(payload, context):
+        config = payload["_rollout"]
+        if payload.get("fail"):
+            raise RuntimeError("boom: " + payload["fail"])
+        client = OpenAI(base_url=config["base_url"], api_key=config.get("api_key") or "EMPTY")
+        response = client.chat.completions.create(
+            model=config["model_id"],
+            messages=[{"role": "user", "content": payload["question"]}],
+            **config.get("sampling_params", {}),
+        )
+        text = response.choices[0].message.content
+        turn_rewards = [0.0, 1.0 if "#### 42" in text else 0.0]
+        return {"rewards": turn_rewards if payload.get("per_turn") else turn_rewards[-1], "text": text}
+
+
+    if __name__ == "__main__":
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--host", default="127.0.0.1")
+        parser.add_argument("--port", type=int, default=8080)
+        args = parser.parse_args()
+        app.run(port=args.port, host=args.host)
+    """
+)
+
+_slow_release = threading.Event()
+
+
+def _model_reply(request: RecordedRequest) -> str:
+    """'#### 42' unless the question says otherwise; 'SLOW' questions wait (bounded) for the test to release."""
+    text = json.dumps(request.body.get("messages") or [])
+    if "SLOW" in text:
+        _slow_release.wait(timeout=5)
+    if "WRONG" in text:
+        return "I think it is\n#### 41"
+    return "Let me compute.\n#### 42"
+
+
+@pytest.fixture(scope="module")
+def aws_endpoint() -> Iterator[str]:
+    with moto_server() as endpoint:
+        s3 = boto3.client(
+            "s3",
+            endpoint_url=endpoint,
+            region_name=REGION,
+            aws_access_key_id="local",
+            aws_secret_access_key="local",
+        )
+        s3.create_bucket(Bucket=BUCKET)
+        yield endpoint
+
+
+@pytest.fixture(scope="module")
+def s3(aws_endpoint: str) -> Any:
+    return boto3.client(
+        "s3", endpoint_url=aws_endpoint, region_name=REGION, aws_access_key_id="local", aws_secret_access_key="local"
+    )
+
+
+@pytest.fixture(scope="module")
+def model() -> Iterator[FakeModelServer]:
+    with FakeModelServer(_model_reply) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def art_agent_path(tmp_path_factory: pytest.TempPathFactory) -> str:
+    folder = tmp_path_factory.mktemp("art_agent")
+    (folder / "plain_art_agent.py").write_text(ART_AGENT_SOURCE)
+    return str(folder)
+
+
+def _runtime(module: str, aws_endpoint: str, tmp: Path, extra_env: dict[str, str] | None = None, **kw: Any) -> Any:
+    env = {**local_aws_environ(aws_endpoint, REGION), **(extra_env or {})}
+    return LocalAgentRuntime(module, env=env, log_dir=tmp, startup_timeout_s=60, **kw)
+
+
+@pytest.fixture(scope="module")
+def art_runtime(
+    aws_endpoint: str, art_agent_path: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LocalAgentRuntime]:
+    runtime = _runtime(
+        "plain_art_agent",
+        aws_endpoint,
+        tmp_path_factory.mktemp("art_logs"),
+        {"PYTHONPATH": art_agent_path},
+        max_sessions=3,
+        warm_processes=1,
+    )
+    with runtime:
+        yield runtime
+
+
+@pytest.fixture(scope="module")
+def math_runtime(aws_endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalAgentRuntime]:
+    with _runtime(
+        "rollout_pipeline.agent.examples.math_agent",
+        aws_endpoint,
+        tmp_path_factory.mktemp("math_logs"),
+        max_sessions=3,
+        isolation="shared",
+    ) as runtime:
+        yield runtime
+
+
+def build_payload(
+    base_url: str, input_id: str, row: dict[str, Any], overrides: dict[str, Any] | None = None, index: int = 0
+) -> tuple[str, dict[str, Any]]:
+    """(session id, payload) exactly as the dispatcher makes them."""
+    config = ExperimentConfig(name=EXP, model_base_url=base_url, model_id="policy-model")
+    message = contracts.RolloutMessage(
+        exp_id=EXP,
+        batch_id=BATCH,
+        input_id=input_id,
+        index=index,
+        attempt=1,
+        group_size=4,
+        submitted_at=datetime.now(UTC),
+        payload=row,
+        rollout_overrides=overrides or {},
+    )
+    options = contracts.FileOptions(
+        group_size=4,
+        rollout_timeout_s=60,
+        max_attempts=2,
+        sampling_params=SamplingParams(temperature=0.6, max_tokens=128),
+        policy_version="step-7",
+    )
+    payload = contracts.build_agent_payload(
+        row_payload=row,
+        rollout_overrides=overrides or {},
+        message=message,
+        options=options,
+        config=config,
+        results_bucket=BUCKET,
+    )
+    return message.session_id, payload
+
+
+def wait_result(s3: Any, input_id: str, session_id: str, timeout_s: float = RESULT_WAIT_S) -> bytes:
+    key = ids.result_key(EXP, input_id, session_id)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            body: bytes = s3.get_object(Bucket=BUCKET, Key=key)["Body"].read()
+            return body
+        except s3.exceptions.NoSuchKey:
+            time.sleep(0.1)
+    raise AssertionError(f"no result at {key} after {timeout_s} s")
+
+
+def run_rollout(
+    runtime: LocalAgentRuntime,
+    s3: Any,
+    model: FakeModelServer,
+    input_id: str,
+    row: dict[str, Any],
+    overrides: dict[str, Any] | None = None,
+    index: int = 0,
+) -> tuple[contracts.ResultOutcome, str]:
+    session_id, payload = build_payload(model.base_url, input_id, row, overrides, index)
+    runtime.invoke(session_id, payload)
+    outcome = contracts.parse_result(wait_result(s3, input_id, session_id))
+    assert runtime.wait_idle(session_id, timeout_s=10)
+    runtime.stop(session_id)
+    return outcome, session_id
+
+
+def requests_of(model: FakeModelServer, marker: str) -> list[RecordedRequest]:
+    return [r for r in model.requests if marker in json.dumps(r.body.get("messages"))]
+
+
+# --------------------------------------------------------------------------------------- unmodified ART agent
+
+
+def test_unmodified_art_agent_success_is_read_by_parse_result(
+    art_runtime: LocalAgentRuntime, s3: Any, model: FakeModelServer
+) -> None:
+    outcome, session_id = run_rollout(art_runtime, s3, model, "art-ok", {"question": "What is 6*7? (art-ok)"})
+    assert outcome.success
+    assert outcome.rewards == 1.0
+    assert outcome.reward == 1.0
+    body = outcome.body or {}
+    assert body["status_code"] == 200
+    assert body["result_key"] == f"{EXP}/art-ok/{session_id}.json"
+    assert body["payload"]["_rollout"]["rollout_id"] == "art-ok#0"
+    (request,) = requests_of(model, "(art-ok)")
+    assert request.body["model"] == "policy-model"
+    assert request.body["temperature"] == 0.6
+    assert request.body["max_tokens"] == 128
+
+
+def test_unmodified_art_agent_per_turn_rewards(art_runtime: LocalAgentRuntime, s3: Any, model: FakeModelServer) -> None:
+    outcome, _ = run_rollout(art_runtime, s3, model, "art-turns", {"question": "q (art-turns)", "per_turn": True})
+    assert outcome.success
+    assert outcome.rewards == [0.0, 1.0]
+    assert outcome.reward == 1.0
+
+
+def test_unmodified_art_agent_exception_is_an_agent_error(
+    art_runtime: LocalAgentRuntime, s3: Any, model: FakeModelServer
+) -> None:
+    outcome, _ = run_rollout(art_runtime, s3, model, "art-fail", {"question": "q", "fail": "tool crashed"})
+    assert not outcome.success
+    assert outcome.reason is contracts.FailureReason.AGENT_ERROR
+    assert "boom: tool crashed" in (outcome.error or "")
+    assert "Traceback" in (outcome.body or {}).get("traceback", "")
+
+
+def test_art_answer_500_for_a_partial_rollout_config_is_rejected(art_runtime: LocalAgentRuntime) -> None:
+    session_id = "partial-config-session-" + "0" * 16
+    with pytest.raises(RuntimeRejected, match="Missing required rollout config field"):
+        art_runtime.invoke(session_id, {"question": "q", "_rollout": {"exp_id": EXP}})
+    assert session_id not in art_runtime.sessions()  # a rejected new session is not kept
+
+
+# ---------------------------------------------------------------------------------------- example math agent
+
+
+def test_math_agent_scores_correct_and_wrong_answers(
+    math_runtime: LocalAgentRuntime, s3: Any, model: FakeModelServer
+) -> None:
+    correct, _ = run_rollout(
+        math_runtime, s3, model, "math-ok", {"question": "6 times 7? (math-ok)", "answer": "#### 42"}
+    )
+    wrong, _ = run_rollout(
+        math_runtime, s3, model, "math-wrong", {"question": "6 times 7? WRONG (math-wrong)", "answer": "#### 42"}
+    )
+    assert correct.success
+    assert correct.rewards == 1.0
+    assert (correct.body or {})["predicted_answer"] == "42"
+    assert (correct.body or {})["policy_version"] == "step-7"
+    assert wrong.success  # a wrong answer is a success with reward 0, not a failure
+    assert wrong.rewards == 0.0
+
+
+def test_math_agent_uses_the_rollouts_model_params_and_token_capture(
+    math_runtime: LocalAgentRuntime, s3: Any, model: FakeModelServer
+) -> None:
+    overrides = {"sampling_params": {"temperature": 0.25}, "token_capture": "rllm-header", "per_turn_rewards": True}
+    outcome, session_id = run_rollout(
+        math_runtime, s3, model, "math-turns", {"question": "q (math-turns)", "answer": "#### 42"}, overrides
+    )
+    assert outcome.success
+    assert outcome.rewards == [1.0]
+    (request,) = requests_of(model, "(math-turns)")
+    assert request.header("X-RLLM-Session-Id") == session_id
+    assert request.body["model"] == "policy-model"
+    assert request.body["temperature"] == 0.25  # the row's override over the file's 0.6
+    assert request.body["max_tokens"] == 128
+
+
+def test_math_agent_malformed_payload_is_an_agent_error(
+    math_runtime: LocalAgentRuntime, s3: Any, model: FakeModelServer
+) -> None:
+    outcome, _ = run_rollout(math_runtime, s3, model, "math-bad", {"prompt": "no question key"})
+    assert not outcome.success
+    assert outcome.reason is contracts.FailureReason.AGENT_ERROR
+    assert "question" in (outcome.error or "")
+
+
+def test_one_agent_process_keeps_concurrent_rollouts_apart(
+    math_runtime: LocalAgentRuntime, s3: Any, aws_endpoint: str
+) -> None:
+    """Two rollouts in flight at once in ONE math agent process (shared Strands model): each model request carries
+    its own session header, model params and capture style."""
+    barrier = threading.Barrier(2, timeout=20)
+
+    def reply(request: RecordedRequest) -> str:
+        barrier.wait()  # both requests are at the model at the same time
+        return "#### 42"
+
+    with FakeModelServer(reply) as overlap_model:
+        rollouts = [
+            build_payload(
+                overlap_model.base_url,
+                "math-iso",
+                {"question": "q (iso)", "answer": "#### 42"},
+                {"sampling_params": {"temperature": temperature}, "token_capture": style},
+                index=index,
+            )
+            for index, (temperature, style) in enumerate([(0.1, "rllm-header"), (0.9, "art-gateway")])
+        ]
+        for session_id, payload in rollouts:
+            math_runtime.invoke(session_id, payload)
+        outcomes = [contracts.parse_result(wait_result(s3, "math-iso", sid)) for sid, _ in rollouts]
+        requests = overlap_model.requests
+    for session_id, _ in rollouts:
+        math_runtime.stop(session_id)
+    assert all(o.success and o.rewards == 1.0 for o in outcomes)
+    assert len(requests) == 2
+    (session_a, _), (session_b, _) = rollouts
+    by_session = {r.header("X-RLLM-Session-Id") or r.header("Authorization"): r for r in requests}
+    assert set(by_session) == {session_a, f"Bearer {session_b}"}
+    assert by_session[session_a].body["temperature"] == 0.1
+    assert by_session[session_a].header("Authorization") == "Bearer EMPTY"
+    assert by_session[f"Bearer {session_b}"].body["temperature"] == 0.9
+    assert by_session[f"Bearer {session_b}"].header("X-RLLM-Session-Id") is None
+
+
+# ------------------------------------------------------------------------------------- local ACR adapter itself
+
+
+@pytest.fixture
+def single_session_runtime(aws_endpoint: str, art_agent_path: str, tmp_path: Path) -> Iterator[LocalAgentRuntime]:
+    with _runtime(
+        "plain_art_agent", aws_endpoint, tmp_path, {"PYTHONPATH": art_agent_path}, max_sessions=1, warm_processes=0
+    ) as runtime:
+        yield runtime
+
+
+def test_ping_busy_then_stop_kills_the_session_and_nothing_is_written(
+    single_session_runtime: LocalAgentRuntime, s3: Any, model: FakeModelServer
+) -> None:
+    runtime = single_session_runtime
+    _slow_release.clear()
+    session_id, payload = build_payload(model.base_url, "slow", {"question": "SLOW (stopped)"})
+    runtime.invoke(session_id, payload)
+    process = runtime.process_of(session_id)
+    assert process is not None
+    assert process.is_alive()
+    deadline = time.monotonic() + 10
+    while runtime.ping(session_id) != "HealthyBusy" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert runtime.ping(session_id) == "HealthyBusy"
+
+    # The one slot is taken: a second session is throttled, not queued or dropped.
+    other_id, other_payload = build_payload(model.base_url, "other", {"question": "q"}, index=1)
+    with pytest.raises(RuntimeThrottled, match="ServiceQuotaExceeded"):
+        runtime.invoke(other_id, other_payload)
+
+    runtime.stop(session_id)
+    _slow_release.set()
+    assert not process.is_alive()
+    assert runtime.sessions() == []
+    runtime.stop(session_id)  # stopping a stopped session is fine
+    time.sleep(1.0)  # the model has answered by now; a live agent would have written its result
+    with pytest.raises(s3.exceptions.NoSuchKey):
+        s3.get_object(Bucket=BUCKET, Key=ids.result_key(EXP, "slow", session_id))
+
+    # The slot is free again.
+    runtime.invoke(other_id, other_payload)
+    assert contracts.parse_result(wait_result(s3, "other", other_id)).success
+    runtime.stop(other_id)
+
+
+def test_a_dead_agent_is_throttled_not_rejected(
+    single_session_runtime: LocalAgentRuntime, s3: Any, model: FakeModelServer
+) -> None:
+    runtime = single_session_runtime
+    session_id, payload = build_payload(model.base_url, "dead", {"question": "q"})
+    runtime.invoke(session_id, payload)
+    wait_result(s3, "dead", session_id)
+    process = runtime.process_of(session_id)
+    assert process is not None
+    assert process.pid is not None
+    # Invoking the same session again reaches the same process (ACR routes a session to its microVM).
+    runtime.invoke(session_id, payload)
+    assert runtime.process_of(session_id) is process
+    assert runtime.wait_idle(session_id, timeout_s=10)
+    os.kill(process.pid, signal.SIGKILL)
+    process.stop()  # reap
+    with pytest.raises(RuntimeThrottled, match="unreachable"):
+        runtime.invoke(session_id, payload)
+    runtime.stop(session_id)
+
+
+def test_invalid_requests_are_rejected_before_any_process_starts(single_session_runtime: LocalAgentRuntime) -> None:
+    runtime = single_session_runtime
+    with pytest.raises(RuntimeRejected, match="runtimeSessionId"):
+        runtime.invoke("too-short", {"question": "q"})
+    with pytest.raises(RuntimeRejected, match="JSON"):
+        runtime.invoke("x" * 40, {"bad": object()})
+    assert runtime.sessions() == []
