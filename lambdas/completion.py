@@ -1,0 +1,27 @@
+"""Completion Lambda: completion queue (S3 Object Created events of results) -> terminal state + events."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aws_lambda_powertools import Logger, Metrics
+
+from rollout_pipeline.lifecycle.completion import complete_records
+from rollout_pipeline.lifecycle.handlers import NAMESPACE, flush_metrics, get_deps
+
+logger = Logger(service="rollout-completion")
+metrics = Metrics(namespace=NAMESPACE, service="rollout-completion")
+
+
+@logger.inject_lambda_context(clear_state=True)
+@metrics.log_metrics(raise_on_empty_metrics=False)
+def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:  # noqa: ARG001
+    deps = get_deps()
+    records = event.get("Records") or []
+    result = complete_records(records, deps)
+    flush_metrics(deps.metrics, metrics, deps.config.name)
+    logger.info(
+        "completed batch",
+        extra={"records": len(records), "outcomes": dict(result.outcomes), "failures": result.failures},
+    )
+    return {"batchItemFailures": [{"itemIdentifier": message_id} for message_id in result.failures]}

@@ -1,0 +1,25 @@
+"""Sweeper Lambda (schedule): time out rollouts past their deadline (retry or fail) and drain the outbox."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from aws_lambda_powertools import Logger, Metrics
+
+from rollout_pipeline.lifecycle.handlers import NAMESPACE, flush_metrics, get_deps
+from rollout_pipeline.lifecycle.sweeper import sweep
+
+logger = Logger(service="rollout-sweeper")
+metrics = Metrics(namespace=NAMESPACE, service="rollout-sweeper")
+
+
+@logger.inject_lambda_context(clear_state=True)
+@metrics.log_metrics(raise_on_empty_metrics=False)
+def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:  # noqa: ARG001
+    deps = get_deps()
+    report = sweep(deps)
+    flush_metrics(deps.metrics, metrics, deps.config.name)
+    summary = asdict(report)
+    logger.info("sweep done", extra=summary)
+    return summary

@@ -1,0 +1,655 @@
+"""Rollout items, their conditional transitions, session slots and TPS windows (see docs/lifecycle.md).
+
+Every transition is one conditional write or one DynamoDB transaction keyed on the rollout's `(state, attempt)`:
+a duplicated or stale delivery fails the condition and changes nothing. The transactions that end a rollout also
+release its session slot (when it held one), bump the group and batch counters and set the outbox attributes, so
+the side effects (publish, stop session, enqueue the retry) can always be finished later by whoever finds them.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+from enum import StrEnum
+from typing import Any, Final
+
+from rollout_pipeline.adapters.clients import client
+from rollout_pipeline.ledger import keys
+
+QUEUED: Final = "queued"
+DISPATCHED: Final = "dispatched"
+SUCCEEDED: Final = "succeeded"
+FAILED: Final = "failed"
+TERMINAL_STATES: Final = frozenset({SUCCEEDED, FAILED})
+
+#: Outbox actions: side effects decided by a transition that still have to happen.
+OUTBOX_PUBLISH: Final = "publish"
+OUTBOX_STOP: Final = "stop"
+OUTBOX_ENQUEUE: Final = "enqueue"
+
+#: How many times a transaction is retried after a `TransactionConflict` (hot counter items) before giving up.
+CONFLICT_RETRIES: Final = 8
+
+
+class LedgerError(RuntimeError):
+    """The ledger could not complete an operation (after retries); the caller lets the message be redelivered."""
+
+
+class DispatchStart(StrEnum):
+    """Outcome of `begin_dispatch`."""
+
+    STARTED = "started"  # slot acquired and the rollout is dispatched(attempt n)
+    NO_SLOT = "no_slot"  # every session slot is taken: wait and try again
+    CANCELLED = "cancelled"  # the batch is cancelled (or unknown)
+    NOT_DISPATCHABLE = "not_dispatchable"  # the rollout is not queued for this attempt: read it and decide
+
+
+# ------------------------------------------------------------------------------------------- (de)serialisation
+
+
+def _to_av(value: Any) -> dict[str, Any]:
+    if value is None:
+        return {"NULL": True}
+    if isinstance(value, bool):
+        return {"BOOL": value}
+    if isinstance(value, str):
+        return {"S": value}
+    if isinstance(value, int | float | Decimal):
+        return {"N": _num(value)}
+    if isinstance(value, Mapping):
+        return {"M": {str(k): _to_av(v) for k, v in value.items()}}
+    if isinstance(value, frozenset | set):
+        return {"SS": sorted(str(v) for v in value)}
+    if isinstance(value, list | tuple):
+        return {"L": [_to_av(v) for v in value]}
+    raise TypeError(f"cannot store {type(value).__name__} in the ledger")
+
+
+def _num(value: float | int | Decimal) -> str:
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)
+
+
+def _from_av(av: Mapping[str, Any]) -> Any:
+    ((kind, value),) = av.items()
+    if kind == "S":
+        return value
+    if kind == "N":
+        text = str(value)
+        return int(text) if text.lstrip("-").isdigit() else float(Decimal(text))
+    if kind == "BOOL":
+        return bool(value)
+    if kind == "NULL":
+        return None
+    if kind == "M":
+        return {k: _from_av(v) for k, v in value.items()}
+    if kind == "L":
+        return [_from_av(v) for v in value]
+    if kind in ("SS", "NS"):
+        return set(value)
+    return value
+
+
+def from_item(item: Mapping[str, Any]) -> dict[str, Any]:
+    """A DynamoDB item (attribute values) as plain Python values (numbers: int when integral, else float)."""
+    return {k: _from_av(v) for k, v in item.items()}
+
+
+def _values(values: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: _to_av(v) for k, v in values.items()}
+
+
+# ------------------------------------------------------------------------------------------------- the record
+
+
+@dataclass(frozen=True)
+class RolloutRecord:
+    """A rollout item as the lifecycle reads it."""
+
+    batch_id: str
+    input_id: str
+    index: int
+    state: str
+    attempt: int
+    exp_id: str = ""
+    session_id: str | None = None
+    submitted_at: str | None = None
+    dispatched_at: str | None = None
+    invoked_at: str | None = None
+    finished_at: str | None = None
+    deadline: int | None = None
+    reason: str | None = None
+    error: str | None = None
+    reward: float | None = None
+    rewards: float | list[float] | None = None
+    result_uri: str | None = None
+    result_size: int | None = None
+    policy_version: str | None = None
+    outbox: frozenset[str] = field(default_factory=frozenset)
+    outbox_id: str | None = None
+    stop_session: str | None = None
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+    @classmethod
+    def from_item(cls, raw: Mapping[str, Any]) -> RolloutRecord:
+        item = from_item(raw)
+        rewards_json = item.get("rewards_json")
+        return cls(
+            batch_id=str(item["batch_id"]),
+            input_id=str(item["input_id"]),
+            index=int(item["index"]),
+            state=str(item["state"]),
+            attempt=int(item.get("attempt") or 0),
+            exp_id=str(item.get("exp_id") or ""),
+            session_id=item.get("session_id"),
+            submitted_at=item.get("submitted_at"),
+            dispatched_at=item.get("dispatched_at"),
+            invoked_at=item.get("invoked_at"),
+            finished_at=item.get("finished_at"),
+            deadline=item.get("deadline"),
+            reason=item.get("reason"),
+            error=item.get("error"),
+            reward=None if item.get("reward") is None else float(item["reward"]),
+            rewards=json.loads(rewards_json) if rewards_json else None,
+            result_uri=item.get("result_uri"),
+            result_size=item.get("result_size"),
+            policy_version=item.get("policy_version"),
+            outbox=frozenset(item.get("outbox") or ()),
+            outbox_id=item.get("outbox_id"),
+            stop_session=item.get("stop_session"),
+        )
+
+
+@dataclass(frozen=True)
+class Terminal:
+    """The terminal outcome to record."""
+
+    state: str  # SUCCEEDED or FAILED
+    finished_at: str
+    reason: str | None = None
+    error: str | None = None
+    reward: float | None = None
+    rewards: float | list[float] | None = None
+    result_uri: str | None = None
+    result_size: int | None = None
+
+
+# ------------------------------------------------------------------------------------------------- the ledger
+
+
+class RolloutLedger:
+    """DynamoDB operations on rollout items, session slots and TPS windows of one experiment's ledger table."""
+
+    def __init__(self, table_name: str, ddb_client: Any | None = None, ttl_days: int = 30) -> None:
+        self.table_name = table_name
+        self._client = ddb_client
+        self.ttl_s = ttl_days * 86_400
+
+    @property
+    def ddb(self) -> Any:
+        if self._client is None:
+            self._client = client("dynamodb")
+        return self._client
+
+    # ---------------------------------------------------------------------------------------------- reads
+
+    def get(self, key: Mapping[str, Any], consistent: bool = True) -> dict[str, Any] | None:
+        """Read one item (strongly consistent by default) as plain values, or None."""
+        resp = self.ddb.get_item(TableName=self.table_name, Key=dict(key), ConsistentRead=consistent)
+        item = resp.get("Item")
+        return from_item(item) if item else None
+
+    def get_rollout(self, batch_id: str, input_id: str, index: int) -> RolloutRecord | None:
+        resp = self.ddb.get_item(
+            TableName=self.table_name, Key=keys.rollout_key(batch_id, input_id, index), ConsistentRead=True
+        )
+        item = resp.get("Item")
+        return RolloutRecord.from_item(item) if item else None
+
+    def get_batch(self, batch_id: str) -> dict[str, Any] | None:
+        return self.get(keys.batch_key(batch_id))
+
+    def get_group(self, batch_id: str, input_id: str) -> dict[str, Any] | None:
+        return self.get(keys.group_key(batch_id, input_id))
+
+    def in_flight(self) -> int:
+        """The session-slot counter (strongly consistent)."""
+        item = self.get(keys.sessions_key())
+        return int((item or {}).get("in_flight") or 0)
+
+    def iter_prefix(self, batch_id: str, prefix: str, page_size: int = 100) -> Iterator[dict[str, Any]]:
+        """Raw items of one batch partition whose sort key starts with `prefix` (groups `G#`, rollouts `R#...`)."""
+        kwargs: dict[str, Any] = {
+            "TableName": self.table_name,
+            "KeyConditionExpression": "pk = :pk AND begins_with(sk, :prefix)",
+            "ExpressionAttributeValues": _values({":pk": keys.batch_pk(batch_id), ":prefix": prefix}),
+            "ConsistentRead": True,
+            "Limit": page_size,
+        }
+        while True:
+            resp = self.ddb.query(**kwargs)
+            yield from resp.get("Items") or []
+            last = resp.get("LastEvaluatedKey")
+            if not last:
+                return
+            kwargs["ExclusiveStartKey"] = last
+
+    def iter_groups(self, batch_id: str) -> Iterator[dict[str, Any]]:
+        """Every group item of a batch (paged, strongly consistent)."""
+        for item in self.iter_prefix(batch_id, keys.GROUP_PREFIX):
+            yield from_item(item)
+
+    def iter_rollouts(self, batch_id: str, input_id: str) -> Iterator[RolloutRecord]:
+        """Every rollout item of one group."""
+        for item in self.iter_prefix(batch_id, f"{keys.ROLLOUT_PREFIX}{input_id}#"):
+            yield RolloutRecord.from_item(item)
+
+    def query_due(
+        self, index_name: str, shard: int, before_epoch: int, *, limit: int = 50, max_pages: int = 4
+    ) -> list[RolloutRecord]:
+        """Rollouts in a sparse GSI shard whose sort key (epoch) is below `before_epoch`; bounded pages."""
+        pk_attr, sk_attr, prefix = (
+            (keys.DEADLINE_PK, keys.DEADLINE_SK, "DL#")
+            if index_name == keys.DEADLINE_INDEX
+            else (keys.OUTBOX_PK, keys.OUTBOX_SK, "OB#")
+        )
+        kwargs: dict[str, Any] = {
+            "TableName": self.table_name,
+            "IndexName": index_name,
+            "KeyConditionExpression": "#p = :p AND #s < :s",
+            "ExpressionAttributeNames": {"#p": pk_attr, "#s": sk_attr},
+            "ExpressionAttributeValues": _values({":p": f"{prefix}{shard}", ":s": before_epoch}),
+            "Limit": limit,
+        }
+        found: list[RolloutRecord] = []
+        for _ in range(max_pages):
+            resp = self.ddb.query(**kwargs)
+            found.extend(RolloutRecord.from_item(item) for item in resp.get("Items") or [])
+            last = resp.get("LastEvaluatedKey")
+            if not last:
+                break
+            kwargs["ExclusiveStartKey"] = last
+        return found
+
+    # --------------------------------------------------------------------------------------------- limits
+
+    def try_tps_token(self, epoch_second: int, limit: int) -> bool:
+        """Take one call from the fixed one-second window `epoch_second` if fewer than `limit` were taken."""
+        try:
+            self.ddb.update_item(
+                TableName=self.table_name,
+                Key=keys.tps_key(epoch_second),
+                UpdateExpression="ADD calls :one SET expires_at = :exp",
+                ConditionExpression="attribute_not_exists(calls) OR calls < :limit",
+                ExpressionAttributeValues=_values({":one": 1, ":limit": limit, ":exp": epoch_second + 120}),
+            )
+        except self.ddb.exceptions.ConditionalCheckFailedException:
+            return False
+        return True
+
+    # ---------------------------------------------------------------------------------------- transitions
+
+    def _transact(self, items: Sequence[Mapping[str, Any]]) -> list[str] | None:
+        """Run a transaction; None when it committed, else the cancellation reason codes (conflicts retried)."""
+        for attempt in range(CONFLICT_RETRIES):
+            try:
+                self.ddb.transact_write_items(TransactItems=list(items))
+            except self.ddb.exceptions.TransactionCanceledException as exc:
+                reasons = [str(r.get("Code") or "None") for r in exc.response.get("CancellationReasons") or []]
+                if "ConditionalCheckFailed" in reasons or not any(r == "TransactionConflict" for r in reasons):
+                    return reasons or ["Unknown"]
+            except self.ddb.exceptions.TransactionConflictException:
+                pass
+            else:
+                return None
+            time.sleep(0.02 * (attempt + 1) + secrets.randbelow(50) / 1000)
+        raise LedgerError(f"transaction kept conflicting after {CONFLICT_RETRIES} attempts")
+
+    def _update(
+        self,
+        key: Mapping[str, Any],
+        update: str,
+        condition: str | None,
+        values: Mapping[str, Any],
+        names: Mapping[str, str] | None = None,
+    ) -> dict[str, Any]:
+        op: dict[str, Any] = {
+            "TableName": self.table_name,
+            "Key": dict(key),
+            "UpdateExpression": update,
+        }
+        if condition:
+            op["ConditionExpression"] = condition
+        if values:
+            op["ExpressionAttributeValues"] = _values(values)
+        if names:
+            op["ExpressionAttributeNames"] = dict(names)
+        return op
+
+    def _slot_delta(self, delta: int, max_sessions: int | None = None) -> dict[str, Any]:
+        if max_sessions is None:
+            return {"Update": self._update(keys.sessions_key(), "ADD in_flight :d", None, {":d": delta})}
+        return {
+            "Update": self._update(
+                keys.sessions_key(),
+                "ADD in_flight :d",
+                "attribute_not_exists(in_flight) OR in_flight < :max",
+                {":d": delta, ":max": max_sessions},
+            )
+        }
+
+    def begin_dispatch(
+        self,
+        *,
+        exp_id: str,
+        batch_id: str,
+        input_id: str,
+        index: int,
+        attempt: int,
+        session_id: str,
+        submitted_at: str,
+        now_iso: str,
+        now_epoch: int,
+        deadline: int,
+        max_sessions: int,
+        policy_version: str | None,
+    ) -> DispatchStart:
+        """Acquire a session slot and move the rollout to dispatched(attempt), in one transaction.
+
+        Conditions: the batch exists and is not cancelled; a slot is free; the rollout has no item yet (attempt 1)
+        or is queued for exactly this attempt. So a redelivered message never starts a second session.
+        """
+        rollout_cond = "(#st = :queued AND attempt = :attempt)"
+        if attempt == 1:
+            rollout_cond = f"attribute_not_exists(pk) OR {rollout_cond}"
+        batch_check = {
+            "ConditionCheck": {
+                "TableName": self.table_name,
+                "Key": keys.batch_key(batch_id),
+                "ConditionExpression": "attribute_exists(pk) AND #status <> :cancelled",
+                "ExpressionAttributeNames": {"#status": "status"},
+                "ExpressionAttributeValues": _values({":cancelled": "cancelled"}),
+            }
+        }
+        rollout_update = self._update(
+            keys.rollout_key(batch_id, input_id, index),
+            "SET #st = :dispatched, attempt = :attempt, session_id = :sid, exp_id = :exp, batch_id = :batch, "
+            "input_id = :input, #ix = :index, submitted_at = if_not_exists(submitted_at, :submitted), "
+            "dispatched_at = :now, deadline = :deadline, #dlpk = :dlpk, #dlsk = :deadline, expires_at = :ttl, "
+            "policy_version = :pv REMOVE invoked_at",
+            rollout_cond,
+            {
+                ":queued": QUEUED,
+                ":dispatched": DISPATCHED,
+                ":attempt": attempt,
+                ":sid": session_id,
+                ":exp": exp_id,
+                ":batch": batch_id,
+                ":input": input_id,
+                ":index": index,
+                ":submitted": submitted_at,
+                ":now": now_iso,
+                ":deadline": deadline,
+                ":dlpk": keys.deadline_pk(batch_id, input_id, index),
+                ":ttl": now_epoch + self.ttl_s,
+                ":pv": policy_version,
+            },
+            {"#st": "state", "#ix": "index", "#dlpk": keys.DEADLINE_PK, "#dlsk": keys.DEADLINE_SK},
+        )
+        reasons = self._transact([batch_check, self._slot_delta(1, max_sessions), {"Update": rollout_update}])
+        if reasons is None:
+            return DispatchStart.STARTED
+        batch_r, slot_r, rollout_r = (reasons + ["None"] * 3)[:3]
+        if rollout_r == "ConditionalCheckFailed":
+            return DispatchStart.NOT_DISPATCHABLE
+        if batch_r == "ConditionalCheckFailed":
+            return DispatchStart.CANCELLED
+        if slot_r == "ConditionalCheckFailed":
+            return DispatchStart.NO_SLOT
+        raise LedgerError(f"dispatch transaction cancelled: {reasons}")
+
+    def mark_invoked(self, batch_id: str, input_id: str, index: int, attempt: int, now_iso: str) -> bool:
+        """Record that InvokeAgentRuntime succeeded; False if the attempt is no longer dispatched (cancel/late)."""
+        try:
+            self.ddb.update_item(
+                **self._update(
+                    keys.rollout_key(batch_id, input_id, index),
+                    "SET invoked_at = :now",
+                    "#st = :dispatched AND attempt = :attempt",
+                    {":now": now_iso, ":dispatched": DISPATCHED, ":attempt": attempt},
+                    {"#st": "state"},
+                )
+            )
+        except self.ddb.exceptions.ConditionalCheckFailedException:
+            return False
+        return True
+
+    def release_to_queue(self, batch_id: str, input_id: str, index: int, attempt: int) -> bool:
+        """Give the slot back after ACR kept throttling: dispatched(n) without invoke -> queued(n), in_flight -1."""
+        update = self._update(
+            keys.rollout_key(batch_id, input_id, index),
+            "SET #st = :queued REMOVE dispatched_at, deadline, #dlpk, #dlsk",
+            "#st = :dispatched AND attempt = :attempt AND attribute_not_exists(invoked_at)",
+            {":queued": QUEUED, ":dispatched": DISPATCHED, ":attempt": attempt},
+            {"#st": "state", "#dlpk": keys.DEADLINE_PK, "#dlsk": keys.DEADLINE_SK},
+        )
+        return self._transact([{"Update": update}, self._slot_delta(-1)]) is None
+
+    def _outbox_values(self, batch_id: str, input_id: str, index: int, now_epoch: int) -> dict[str, Any]:
+        return {
+            ":obpk": keys.outbox_pk(batch_id, input_id, index),
+            ":obsk": now_epoch,
+            ":obid": secrets.token_hex(8),
+        }
+
+    def finish(
+        self,
+        *,
+        exp_id: str,
+        batch_id: str,
+        input_id: str,
+        index: int,
+        attempt: int,
+        from_state: str | None,
+        outcome: Terminal,
+        outbox: frozenset[str],
+        now_epoch: int,
+        session_id: str | None = None,
+        policy_version: str | None = None,
+    ) -> bool:
+        """The one terminal transition of a rollout, with its counters, slot release and outbox, atomically.
+
+        `from_state`: DISPATCHED (releases the slot), QUEUED, or None (no item yet: cancel before dispatch).
+        Returns False when the condition failed (another delivery already moved the rollout).
+        """
+        names = {
+            "#st": "state",
+            "#ix": "index",
+            "#dlpk": keys.DEADLINE_PK,
+            "#dlsk": keys.DEADLINE_SK,
+            "#obpk": keys.OUTBOX_PK,
+            "#obsk": keys.OUTBOX_SK,
+        }
+        values: dict[str, Any] = {
+            ":state": outcome.state,
+            ":finished": outcome.finished_at,
+            ":exp": exp_id,
+            ":batch": batch_id,
+            ":input": input_id,
+            ":index": index,
+            ":attempt": attempt,
+            ":ttl": now_epoch + self.ttl_s,
+            ":outbox": set(outbox) | {OUTBOX_PUBLISH},
+            **self._outbox_values(batch_id, input_id, index, now_epoch),
+        }
+        sets = [
+            "#st = :state",
+            "finished_at = :finished",
+            "exp_id = :exp",
+            "batch_id = :batch",
+            "input_id = :input",
+            "#ix = :index",
+            "attempt = :attempt",
+            "expires_at = :ttl",
+            "outbox = :outbox",
+            "#obpk = :obpk",
+            "#obsk = :obsk",
+            "outbox_id = :obid",
+        ]
+        optional = {
+            "reason": outcome.reason,
+            "error": outcome.error,
+            "reward": outcome.reward,
+            "rewards_json": None if outcome.rewards is None else json.dumps(outcome.rewards),
+            "result_uri": outcome.result_uri,
+            "result_size": outcome.result_size,
+            "stop_session": session_id if OUTBOX_STOP in outbox else None,
+        }
+        if from_state is None:
+            optional["session_id"] = session_id
+            optional["policy_version"] = policy_version
+        for attr, value in optional.items():
+            if value is not None:
+                sets.append(f"{attr} = :{attr}")
+                values[f":{attr}"] = value
+        if from_state is None:
+            condition = "attribute_not_exists(pk)"
+        else:
+            condition = "#st = :from AND attempt = :attempt"
+            values[":from"] = from_state
+        rollout = self._update(
+            keys.rollout_key(batch_id, input_id, index),
+            f"SET {', '.join(sets)} REMOVE #dlpk, #dlsk",
+            condition,
+            values,
+            names,
+        )
+        succeeded = outcome.state == SUCCEEDED
+        group_values: dict[str, Any] = {":one": 1, ":v": outcome.reward if succeeded else outcome.reason}
+        group = self._update(
+            keys.group_key(batch_id, input_id),
+            f"ADD terminal :one SET {'rewards' if succeeded else 'failures'}.#i = :v",
+            "attribute_exists(pk)",
+            group_values,
+            {"#i": str(index)},
+        )
+        batch_adds: dict[str, float] = {"terminal": 1, "succeeded" if succeeded else "failed": 1}
+        if not succeeded:
+            batch_adds[f"failed_{outcome.reason}"] = 1
+        if succeeded and outcome.reward is not None:
+            batch_adds.update(
+                {"reward_sum": outcome.reward, "reward_sumsq": outcome.reward * outcome.reward, "reward_count": 1}
+            )
+        batch_names = {f"#a{i}": name for i, name in enumerate(batch_adds)}
+        batch_vals = {f":a{i}": value for i, value in enumerate(batch_adds.values())}
+        batch = self._update(
+            keys.batch_key(batch_id),
+            "ADD " + ", ".join(f"#a{i} :a{i}" for i in range(len(batch_adds))),
+            "attribute_exists(pk)",
+            batch_vals,
+            batch_names,
+        )
+        items: list[dict[str, Any]] = [{"Update": rollout}, {"Update": group}, {"Update": batch}]
+        if from_state == DISPATCHED:
+            items.append(self._slot_delta(-1))
+        reasons = self._transact(items)
+        if reasons is None:
+            return True
+        if reasons[0] == "ConditionalCheckFailed":
+            return False
+        raise LedgerError(f"terminal transaction for {batch_id}/{input_id}#{index} cancelled: {reasons}")
+
+    def requeue_for_retry(
+        self,
+        rec: RolloutRecord,
+        *,
+        next_session_id: str,
+        now_epoch: int,
+        stop_pending: bool,
+    ) -> bool:
+        """A timed-out attempt with attempts left: dispatched(n) -> queued(n+1), slot released, outbox enqueue."""
+        outbox = {OUTBOX_ENQUEUE} | ({OUTBOX_STOP} if stop_pending else set())
+        values: dict[str, Any] = {
+            ":queued": QUEUED,
+            ":dispatched": DISPATCHED,
+            ":attempt": rec.attempt,
+            ":next": rec.attempt + 1,
+            ":sid": next_session_id,
+            ":outbox": outbox,
+            ":prev": rec.session_id or "",
+            **self._outbox_values(rec.batch_id, rec.input_id, rec.index, now_epoch),
+        }
+        update = self._update(
+            keys.rollout_key(rec.batch_id, rec.input_id, rec.index),
+            "SET #st = :queued, attempt = :next, session_id = :sid, outbox = :outbox, stop_session = :prev, "
+            "#obpk = :obpk, #obsk = :obsk, outbox_id = :obid "
+            "REMOVE dispatched_at, invoked_at, deadline, #dlpk, #dlsk",
+            "#st = :dispatched AND attempt = :attempt",
+            values,
+            {
+                "#st": "state",
+                "#dlpk": keys.DEADLINE_PK,
+                "#dlsk": keys.DEADLINE_SK,
+                "#obpk": keys.OUTBOX_PK,
+                "#obsk": keys.OUTBOX_SK,
+            },
+        )
+        return self._transact([{"Update": update}, self._slot_delta(-1)]) is None
+
+    def clear_outbox(self, rec: RolloutRecord) -> bool:
+        """Remove the outbox entry once its side effects are done (only the entry that was read: `outbox_id`)."""
+        if rec.outbox_id is None:
+            return True
+        try:
+            self.ddb.update_item(
+                **self._update(
+                    keys.rollout_key(rec.batch_id, rec.input_id, rec.index),
+                    "REMOVE outbox, outbox_id, stop_session, #obpk, #obsk",
+                    "outbox_id = :obid",
+                    {":obid": rec.outbox_id},
+                    {"#obpk": keys.OUTBOX_PK, "#obsk": keys.OUTBOX_SK},
+                )
+            )
+        except self.ddb.exceptions.ConditionalCheckFailedException:
+            return False
+        return True
+
+    # -------------------------------------------------------------------------------------------- batches
+
+    def set_batch_cancelled(self, batch_id: str, now_iso: str) -> bool:
+        """Mark the batch cancelled (idempotent); False if the batch does not exist."""
+        try:
+            self.ddb.update_item(
+                **self._update(
+                    keys.batch_key(batch_id),
+                    "SET #status = :cancelled, cancelled_at = if_not_exists(cancelled_at, :now)",
+                    "attribute_exists(pk)",
+                    {":cancelled": "cancelled", ":now": now_iso},
+                    {"#status": "status"},
+                )
+            )
+        except self.ddb.exceptions.ConditionalCheckFailedException:
+            return False
+        return True
+
+    def stamp_batch_completed(self, batch_id: str, now_iso: str) -> dict[str, Any]:
+        """Set `completed_at` once (the first completer wins) and return the batch item (typed) as it now is."""
+        resp = self.ddb.update_item(
+            **self._update(
+                keys.batch_key(batch_id),
+                "SET completed_at = if_not_exists(completed_at, :now)",
+                "attribute_exists(pk)",
+                {":now": now_iso},
+            ),
+            ReturnValues="ALL_NEW",
+        )
+        attributes: dict[str, Any] = resp["Attributes"]
+        return attributes

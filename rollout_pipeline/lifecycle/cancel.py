@@ -1,0 +1,154 @@
+"""Cancel: a cancelled batch dispatches nothing more, stops what runs, and ends every rollout once as `cancelled`."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from rollout_pipeline import ids
+from rollout_pipeline.contracts import FailureReason
+from rollout_pipeline.ledger.rollouts import (
+    DISPATCHED,
+    FAILED,
+    OUTBOX_PUBLISH,
+    OUTBOX_STOP,
+    QUEUED,
+    LedgerError,
+    RolloutRecord,
+    Terminal,
+)
+from rollout_pipeline.lifecycle import publishing
+from rollout_pipeline.lifecycle.deps import LifecycleDeps
+from rollout_pipeline.lifecycle.metrics import CANCELLED, failed_metric
+from rollout_pipeline.lifecycle.metrics import FAILED as FAILED_METRIC
+from rollout_pipeline.ports import RuntimeThrottled
+
+log = logging.getLogger(__name__)
+
+_MAX_ROUNDS = 6
+
+
+@dataclass
+class CancelReport:
+    """What `cancel_batch` did (counts by what it found)."""
+
+    batch_id: str
+    found: bool = True
+    cancelled: int = 0
+    already_terminal: int = 0
+    sessions_stopped: int = 0
+    drain_errors: list[str] = field(default_factory=list)
+
+
+def cancel_rollout(
+    *,
+    exp_id: str,
+    batch_id: str,
+    input_id: str,
+    index: int,
+    deps: LifecycleDeps,
+    rec: RolloutRecord | None = None,
+    known: bool = False,
+    policy_version: str | None = None,
+) -> str:
+    """End one rollout as `Rollout Failed` (cancelled) whatever state it is in; idempotent.
+
+    Returns "cancelled" (this call ended it), "already_terminal", with side effects drained.
+    `known=True` means `rec` was just read (None = no item), saving a read.
+    """
+    for _ in range(_MAX_ROUNDS):
+        if not known:
+            rec = deps.ledger.get_rollout(batch_id, input_id, index)
+        known = False
+        now = deps.now()
+        if rec is not None and rec.terminal:
+            if rec.outbox:
+                publishing.drain(rec, deps)
+            return "already_terminal"
+        outbox = frozenset({OUTBOX_PUBLISH})
+        from_state: str | None = None
+        attempt = 0
+        session_id: str | None = None
+        if rec is not None:
+            from_state, attempt, session_id = rec.state, rec.attempt, rec.session_id
+            if rec.state == DISPATCHED and rec.session_id:
+                try:  # stop first: the session slot is released only once its session is gone
+                    deps.limited.stop(rec.session_id)
+                except RuntimeThrottled:
+                    outbox = outbox | {OUTBOX_STOP}
+            elif rec.state == QUEUED and OUTBOX_STOP in rec.outbox and rec.stop_session:
+                outbox = outbox | {OUTBOX_STOP}  # the previous attempt's stop is still pending
+                session_id = rec.stop_session
+        done = deps.ledger.finish(
+            exp_id=exp_id,
+            batch_id=batch_id,
+            input_id=input_id,
+            index=index,
+            attempt=attempt,
+            from_state=from_state,
+            outcome=Terminal(
+                state=FAILED,
+                finished_at=publishing.iso(now),
+                reason=FailureReason.CANCELLED.value,
+                error="the batch was cancelled",
+            ),
+            outbox=outbox,
+            now_epoch=int(now.timestamp()),
+            session_id=session_id,
+            policy_version=policy_version,
+        )
+        if not done:
+            continue
+        deps.metrics.count(CANCELLED)
+        deps.metrics.count(FAILED_METRIC)
+        deps.metrics.count(failed_metric(FailureReason.CANCELLED.value))
+        after = deps.ledger.get_rollout(batch_id, input_id, index)
+        if after is not None:
+            publishing.drain(after, deps)
+        return "cancelled"
+    raise LedgerError(f"could not cancel {ids.rollout_id(input_id, index)} of {batch_id}: it kept changing")
+
+
+def cancel_batch(batch_id: str, deps: LifecycleDeps) -> CancelReport:
+    """Cancel a batch: status `cancelled`, queued rollouts never dispatched, running sessions stopped, every
+    rollout (also those never dispatched: indices 0..group_size-1 of every group item) ended exactly once as
+    `Rollout Failed` reason `cancelled`, slots released, events published. Idempotent: call it again after a
+    crash or a side-effect error to finish the job."""
+    report = CancelReport(batch_id=batch_id)
+    if not deps.ledger.set_batch_cancelled(batch_id, publishing.iso(deps.now())):
+        report.found = False
+        return report
+    batch: dict[str, Any] = deps.ledger.get_batch(batch_id) or {}
+    options = publishing.batch_options(batch)
+    exp_id = str(batch.get("exp_id") or deps.config.name)
+    for group in deps.ledger.iter_groups(batch_id):
+        input_id = str(group["input_id"])
+        existing = {rec.index: rec for rec in deps.ledger.iter_rollouts(batch_id, input_id)}
+        for index in range(int(group.get("group_size") or 0)):
+            rec = existing.get(index)
+            if rec is not None and rec.terminal and not rec.outbox:
+                report.already_terminal += 1
+                continue
+            try:
+                outcome = cancel_rollout(
+                    exp_id=exp_id,
+                    batch_id=batch_id,
+                    input_id=input_id,
+                    index=index,
+                    deps=deps,
+                    rec=rec,
+                    known=True,
+                    policy_version=options.policy_version if options else None,
+                )
+            except Exception as exc:  # keep going: the sweeper drains outboxes, a second call finishes the rest
+                log.warning("cancel of %s/%s#%s incomplete: %s", batch_id, input_id, index, exc)
+                report.drain_errors.append(f"{input_id}#{index}: {exc}")
+                continue
+            if outcome == "cancelled":
+                report.cancelled += 1
+                if rec is not None and rec.state == DISPATCHED:
+                    report.sessions_stopped += 1
+            else:
+                report.already_terminal += 1
+    return report

@@ -1,0 +1,199 @@
+"""Completion: a result object in the results bucket -> exactly one terminal transition -> events.
+
+Input: the S3 "Object Created" EventBridge event (the completion queue's message body). The key names the attempt
+(`ids.parse_result_key`). If that attempt is dispatched: read the result (size-capped), stop the session (TPS
+token; the slot is only released once its session is stopped), then ONE transaction: rollout -> succeeded/failed,
+slot released, group and batch counters, outbox set. Then the side effects (`publishing.drain`). Anything else
+(unknown key, a late or duplicated result) changes nothing and counts `LateOrUnknownResult`, except that a
+redelivery finding its attempt terminal with the outbox still set finishes the side effects.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from rollout_pipeline import ids
+from rollout_pipeline.contracts import FailureReason, ResultOutcome, parse_result
+from rollout_pipeline.ledger.rollouts import (
+    DISPATCHED,
+    FAILED,
+    OUTBOX_PUBLISH,
+    OUTBOX_STOP,
+    SUCCEEDED,
+    Terminal,
+)
+from rollout_pipeline.lifecycle import publishing
+from rollout_pipeline.lifecycle.deps import LifecycleDeps
+from rollout_pipeline.lifecycle.metrics import (
+    FAILED as FAILED_METRIC,
+)
+from rollout_pipeline.lifecycle.metrics import (
+    LATE_OR_UNKNOWN,
+    failed_metric,
+)
+from rollout_pipeline.lifecycle.metrics import (
+    SUCCEEDED as SUCCEEDED_METRIC,
+)
+from rollout_pipeline.ports import RuntimeThrottled
+
+log = logging.getLogger(__name__)
+
+#: Rewards beyond this magnitude cannot be summed in DynamoDB numbers: the result counts as invalid.
+MAX_ABS_REWARD = 1e60
+
+
+class Completion(StrEnum):
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    RESUMED = "resumed"  # the attempt had already ended; its pending side effects were finished
+    LATE_OR_UNKNOWN = "late_or_unknown"
+
+
+@dataclass
+class CompletionResult:
+    outcomes: dict[str, Completion] = field(default_factory=dict)
+    failures: dict[str, str] = field(default_factory=dict)
+
+
+def complete_records(records: Sequence[Mapping[str, Any]], deps: LifecycleDeps) -> CompletionResult:
+    """Handle an SQS batch of completion-queue records (`messageId`, `body`); failed ids -> batchItemFailures."""
+    result = CompletionResult()
+    for record in records:
+        message_id = str(record["messageId"])
+        try:
+            event = json.loads(record["body"])
+            result.outcomes[message_id] = handle_result_event(event, deps)
+        except Exception as exc:
+            log.exception("completion of message %s failed", message_id)
+            result.failures[message_id] = f"{type(exc).__name__}: {exc}"
+    return result
+
+
+def _location(event: Mapping[str, Any]) -> tuple[str, str] | None:
+    detail = event.get("detail")
+    if isinstance(detail, Mapping):
+        bucket = (detail.get("bucket") or {}).get("name")
+        key = (detail.get("object") or {}).get("key")
+        if isinstance(bucket, str) and isinstance(key, str):
+            return bucket, key
+    return None
+
+
+def _late(deps: LifecycleDeps, why: str, key: str) -> Completion:
+    deps.metrics.count(LATE_OR_UNKNOWN)
+    log.info("result %s ignored: %s", key, why)
+    return Completion.LATE_OR_UNKNOWN
+
+
+def handle_result_event(event: Mapping[str, Any], deps: LifecycleDeps) -> Completion:
+    """Process one S3 Object Created event of the results bucket (see the module doc). Raises to be retried."""
+    location = _location(event)
+    if location is None:
+        return _late(deps, "not an S3 Object Created event", str(event)[:200])
+    bucket, key = location
+    if bucket != deps.settings.results_bucket:
+        return _late(deps, f"bucket {bucket} is not the results bucket", key)
+    try:
+        ref = ids.parse_result_key(key)
+    except ids.InvalidId as exc:
+        return _late(deps, str(exc), key)
+    if ref.exp_id != deps.config.name:
+        return _late(deps, f"experiment {ref.exp_id} is not {deps.config.name}", key)
+    rec = deps.ledger.get_rollout(ref.batch_id, ref.input_id, ref.index)
+    if rec is None:
+        return _late(deps, "no such rollout in the ledger", key)
+    if rec.attempt == ref.attempt and rec.terminal and rec.outbox:
+        publishing.drain(rec, deps)
+        return Completion.RESUMED
+    if rec.state != DISPATCHED or rec.attempt != ref.attempt:
+        return _late(deps, f"rollout is {rec.state} (attempt {rec.attempt}), result is of attempt {ref.attempt}", key)
+
+    try:
+        outcome, body_dict, size = _read_result(bucket, key, deps)
+    except Exception as exc:
+        code = str((getattr(exc, "response", None) or {}).get("Error", {}).get("Code", ""))
+        if code in ("NoSuchKey", "404", "NotFound"):
+            return _late(deps, "the result object is gone", key)
+        raise
+    written_at = publishing.parse_iso(event.get("time")) or deps.now()
+    outbox = frozenset({OUTBOX_PUBLISH})
+    try:  # stop first, so a released slot never has a live session behind it
+        deps.limited.stop(ref.session_id)
+    except RuntimeThrottled:
+        outbox = outbox | {OUTBOX_STOP}
+    succeeded = outcome.success
+    terminal = Terminal(
+        state=SUCCEEDED if succeeded else FAILED,
+        finished_at=publishing.iso(written_at),
+        reason=None if succeeded else (outcome.reason or FailureReason.INVALID_RESULT).value,
+        error=None if succeeded else outcome.error,
+        reward=outcome.reward,
+        rewards=outcome.rewards,
+        result_uri=f"s3://{bucket}/{key}",
+        result_size=size,
+    )
+    now = deps.now()
+    done = deps.ledger.finish(
+        exp_id=ref.exp_id,
+        batch_id=ref.batch_id,
+        input_id=ref.input_id,
+        index=ref.index,
+        attempt=ref.attempt,
+        from_state=DISPATCHED,
+        outcome=terminal,
+        outbox=outbox,
+        now_epoch=int(now.timestamp()),
+        session_id=ref.session_id,
+    )
+    if not done:
+        after = deps.ledger.get_rollout(ref.batch_id, ref.input_id, ref.index)
+        if after is not None and after.attempt == ref.attempt and after.terminal and after.outbox:
+            publishing.drain(after, deps)
+            return Completion.RESUMED
+        return _late(deps, "another delivery ended this attempt first", key)
+    if succeeded:
+        deps.metrics.count(SUCCEEDED_METRIC)
+    else:
+        deps.metrics.count(FAILED_METRIC)
+        deps.metrics.count(failed_metric(terminal.reason or "unknown"))
+    after = deps.ledger.get_rollout(ref.batch_id, ref.input_id, ref.index)
+    if after is not None:
+        publishing.drain(after, deps, result=body_dict)
+    return Completion.SUCCEEDED if succeeded else Completion.FAILED
+
+
+def _read_result(bucket: str, key: str, deps: LifecycleDeps) -> tuple[ResultOutcome, dict[str, Any] | None, int]:
+    """Read at most `result_max_bytes` of the result and parse it (ART format)."""
+    limit = deps.config.result_max_bytes
+    body, size = deps.store.get_bytes(bucket, key, limit)
+    if size > limit:
+        return (
+            ResultOutcome(
+                success=False,
+                reason=FailureReason.INVALID_RESULT,
+                error=f"result is {size} bytes; larger than the limit of {limit} bytes",
+            ),
+            None,
+            size,
+        )
+    outcome = parse_result(body, max_bytes=limit)
+    if (
+        outcome.success
+        and outcome.reward is not None
+        and any(
+            abs(v) > MAX_ABS_REWARD
+            for v in (outcome.rewards if isinstance(outcome.rewards, list) else [outcome.reward])
+        )
+    ):
+        outcome = ResultOutcome(
+            success=False,
+            reason=FailureReason.INVALID_RESULT,
+            error=f"rewards beyond +-{MAX_ABS_REWARD:g} are not supported",
+            body=outcome.body,
+        )
+    return outcome, outcome.body, size

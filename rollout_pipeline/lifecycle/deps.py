@@ -1,0 +1,75 @@
+"""The collaborators every lifecycle function takes: settings, ledger, ports, clock, metrics and limits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from rollout_pipeline.config import ExperimentConfig, HandlerSettings
+from rollout_pipeline.ledger.rollouts import RolloutLedger
+from rollout_pipeline.lifecycle.limits import LimitedRuntime, TpsLimiter
+from rollout_pipeline.lifecycle.metrics import MetricsRecorder
+from rollout_pipeline.ports import AgentRuntime, Clock, EventPublisher, MessageQueue, ObjectStore, SystemClock
+
+
+@dataclass
+class LifecycleDeps:
+    """Everything the lifecycle logic needs. Build it once per container (`from_settings`) and reuse it."""
+
+    settings: HandlerSettings
+    ledger: RolloutLedger
+    runtime: AgentRuntime
+    store: ObjectStore
+    queue: MessageQueue
+    publisher: EventPublisher
+    clock: Clock = field(default_factory=SystemClock)
+    metrics: MetricsRecorder = field(default_factory=MetricsRecorder)
+    #: A redelivered message finding its attempt dispatched but not invoked re-invokes only after this long
+    #: (the first delivery may still be working on it); SQS redelivery comes after the visibility timeout anyway.
+    reinvoke_grace_s: float = 60.0
+    #: The sweeper drains outbox entries older than this (younger ones are still being handled by their owner).
+    outbox_age_s: float = 30.0
+    #: Throttled invokes are retried this many times (each with a new TPS token) before the slot is released.
+    invoke_retries: int = 3
+    #: Dispatcher threads per SQS batch.
+    dispatch_threads: int = 10
+    limited: LimitedRuntime = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.limited = LimitedRuntime(
+            self.runtime, TpsLimiter(self.ledger, self.settings.experiment.tps_limit), self.metrics
+        )
+
+    @property
+    def config(self) -> ExperimentConfig:
+        return self.settings.experiment
+
+    def now(self) -> datetime:
+        return self.clock.now()
+
+    @classmethod
+    def from_settings(
+        cls,
+        settings: HandlerSettings,
+        runtime: AgentRuntime | None = None,
+        **overrides: object,
+    ) -> LifecycleDeps:
+        """boto3 adapters for every port (clients are created lazily). The agent runtime: `runtime`, else the one
+        installed for this process (`adapters.runtime.install_agent_runtime`, local mode), else boto3 ACR."""
+        from rollout_pipeline.adapters.eventbridge import EventBridgePublisher
+        from rollout_pipeline.adapters.s3 import S3ObjectStore
+        from rollout_pipeline.adapters.sqs import SqsQueue
+
+        if runtime is None:
+            from rollout_pipeline.adapters.runtime import agent_runtime
+
+            runtime = agent_runtime(settings)
+        return cls(
+            settings=settings,
+            ledger=RolloutLedger(settings.table_name, ttl_days=settings.experiment.ledger_ttl_days),
+            runtime=runtime,
+            store=S3ObjectStore(),
+            queue=SqsQueue(),
+            publisher=EventBridgePublisher(settings.bus_name),
+            **overrides,  # type: ignore[arg-type]
+        )

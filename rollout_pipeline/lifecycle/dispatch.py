@@ -1,0 +1,293 @@
+"""The dispatcher: rollout-queue messages -> one ACR session per rollout attempt, under the global limits.
+
+Per message: read the batch (options, cancel flag) -> one transaction takes a session slot and moves the rollout to
+dispatched(attempt) -> a TPS token -> InvokeAgentRuntime with the message's session id -> `invoked_at`.
+A redelivery finds the attempt already dispatched: with `invoked_at` it is acknowledged; without, after a grace
+period (the first delivery crashed between the transaction and the invoke), the SAME session id is invoked again.
+A full limit waits (polling, jittered) until the wait budget ends, then the message is re-sent fresh and
+acknowledged: never dropped, never dead-lettered because of a limit.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import timedelta
+from enum import StrEnum
+from typing import Any
+
+from rollout_pipeline.contracts import FailureReason, FileOptions, RolloutMessage, build_agent_payload
+from rollout_pipeline.ledger.rollouts import (
+    DISPATCHED,
+    FAILED,
+    OUTBOX_PUBLISH,
+    QUEUED,
+    DispatchStart,
+    LedgerError,
+    RolloutRecord,
+    Terminal,
+)
+from rollout_pipeline.lifecycle import publishing
+from rollout_pipeline.lifecycle.cancel import cancel_rollout
+from rollout_pipeline.lifecycle.deps import LifecycleDeps
+from rollout_pipeline.lifecycle.limits import jitter_poll_s
+from rollout_pipeline.lifecycle.metrics import (
+    DISPATCHED as DISPATCHED_METRIC,
+)
+from rollout_pipeline.lifecycle.metrics import (
+    FAILED as FAILED_METRIC,
+)
+from rollout_pipeline.lifecycle.metrics import (
+    IN_FLIGHT,
+    LIMIT_WAITS,
+    THROTTLED,
+    failed_metric,
+)
+from rollout_pipeline.ports import RuntimeRejected, RuntimeThrottled
+
+log = logging.getLogger(__name__)
+
+#: Payload claim checks bigger than this are refused (rows are capped at 1 MiB at ingestion).
+MAX_CLAIM_BYTES = 8 * 1024 * 1024
+
+
+class Dispatch(StrEnum):
+    """What happened to one message (every value but a raised exception acknowledges it)."""
+
+    INVOKED = "invoked"  # a new session was started
+    REINVOKED = "reinvoked"  # crash recovery: the same session id invoked again
+    DUPLICATE = "duplicate"  # this attempt is already running
+    STALE = "stale"  # the rollout has moved on (later attempt or terminal)
+    CANCELLED = "cancelled"  # the batch is cancelled: the rollout ended as cancelled
+    REJECTED = "rejected"  # ACR refused for good: Rollout Failed (invoke_rejected)
+    REQUEUED_LIMIT = "requeued_limit"  # still waiting for a limit at the end of the budget: re-sent fresh
+    REQUEUED_THROTTLED = "requeued_throttled"  # ACR kept throttling: slot released, re-sent fresh
+    STOPPED_LATE = "stopped_late"  # invoked, but the rollout was cancelled/ended meanwhile: session stopped
+
+
+@dataclass
+class DispatchResult:
+    """Outcome of one SQS batch: per message id, and the ids to report as `batchItemFailures`."""
+
+    outcomes: dict[str, Dispatch] = field(default_factory=dict)
+    failures: dict[str, str] = field(default_factory=dict)
+
+
+def dispatch_records(records: Sequence[Mapping[str, Any]], deps: LifecycleDeps, *, wait_until: float) -> DispatchResult:
+    """Dispatch an SQS batch concurrently (up to `deps.dispatch_threads`). `wait_until` (monotonic) bounds every
+    wait for a limit; records are SQS records (`messageId`, `body`). Failed ids go to the partial batch response."""
+    result = DispatchResult()
+    if not records:
+        return result
+    workers = max(1, min(deps.dispatch_threads, len(records)))
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dispatch") as pool:
+        futures = {
+            str(r["messageId"]): pool.submit(dispatch_body, str(r["body"]), deps, wait_until=wait_until)
+            for r in records
+        }
+        for message_id, future in futures.items():
+            try:
+                result.outcomes[message_id] = future.result()
+            except Exception as exc:
+                log.exception("dispatch of message %s failed", message_id)
+                result.failures[message_id] = f"{type(exc).__name__}: {exc}"
+    deps.metrics.sample(IN_FLIGHT, deps.ledger.in_flight())
+    return result
+
+
+def parse_message(body: str) -> RolloutMessage:
+    """A rollout-queue body; raises (ValueError) for a poison message, which is then retried and dead-lettered."""
+    return RolloutMessage.model_validate_json(body)
+
+
+def dispatch_body(body: str, deps: LifecycleDeps, *, wait_until: float) -> Dispatch:
+    """Dispatch one rollout-queue message body (see the module doc). Raises to have the message redelivered."""
+    message = parse_message(body)
+    batch = deps.ledger.get_batch(message.batch_id)
+    if batch is None:
+        raise LookupError(f"batch {message.batch_id} not found in the ledger")
+    options = publishing.batch_options(batch) or FileOptions.defaults(deps.config)
+    if batch.get("status") == "cancelled":
+        return _cancelled(message, deps, options)
+    row_payload = _row_payload(message, deps)
+    for _ in range(20):
+        now = deps.now()
+        start = deps.ledger.begin_dispatch(
+            exp_id=message.exp_id,
+            batch_id=message.batch_id,
+            input_id=message.input_id,
+            index=message.index,
+            attempt=message.attempt,
+            session_id=message.session_id,
+            submitted_at=publishing.iso(message.submitted_at),
+            now_iso=publishing.iso(now),
+            now_epoch=int(now.timestamp()),
+            deadline=int((now + timedelta(seconds=options.rollout_timeout_s)).timestamp()),
+            max_sessions=deps.config.max_sessions,
+            policy_version=options.policy_version,
+        )
+        if start is DispatchStart.STARTED:
+            return _invoke(message, deps, options, row_payload, wait_until=wait_until, reinvoke=False)
+        if start is DispatchStart.CANCELLED:
+            return _cancelled(message, deps, options)
+        if start is DispatchStart.NO_SLOT:
+            if not _wait_for_slot(deps, wait_until):
+                return _requeue(message, body, deps, Dispatch.REQUEUED_LIMIT)
+            continue
+        rec = deps.ledger.get_rollout(message.batch_id, message.input_id, message.index)
+        decided = _existing(message, rec, deps)
+        if decided is Dispatch.REINVOKED:
+            return _invoke(message, deps, options, row_payload, wait_until=wait_until, reinvoke=True)
+        if decided is not None:
+            return decided
+    raise LedgerError(f"rollout {message.rollout_id} of {message.batch_id}: dispatch kept racing")
+
+
+def _existing(message: RolloutMessage, rec: RolloutRecord | None, deps: LifecycleDeps) -> Dispatch | None:
+    """Decide about a message whose rollout is not queued for its attempt. None = try the transaction again;
+    REINVOKED = invoke the same session again (the first delivery crashed before recording the invoke)."""
+    if rec is None:
+        return None
+    if rec.terminal:
+        if rec.outbox:
+            publishing.drain(rec, deps)
+        return Dispatch.STALE
+    if rec.attempt != message.attempt:
+        return Dispatch.STALE
+    if rec.state == DISPATCHED:
+        if rec.invoked_at:
+            return Dispatch.DUPLICATE
+        dispatched = publishing.parse_iso(rec.dispatched_at)
+        if dispatched is None or (deps.now() - dispatched).total_seconds() >= deps.reinvoke_grace_s:
+            return Dispatch.REINVOKED
+        return Dispatch.DUPLICATE
+    if rec.state == QUEUED:
+        return None
+    return Dispatch.STALE
+
+
+def _row_payload(message: RolloutMessage, deps: LifecycleDeps) -> dict[str, Any]:
+    if message.payload is not None:
+        return dict(message.payload)
+    if not message.payload_ref:
+        return {}
+    if not message.payload_ref.startswith("s3://"):
+        raise ValueError(f"payload_ref {message.payload_ref!r} is not an s3:// URI")
+    bucket, _, key = message.payload_ref.removeprefix("s3://").partition("/")
+    body, size = deps.store.get_bytes(bucket, key, MAX_CLAIM_BYTES)
+    if size > MAX_CLAIM_BYTES:
+        raise ValueError(f"payload {message.payload_ref} is {size} bytes; the limit is {MAX_CLAIM_BYTES}")
+    payload = json.loads(body)
+    if not isinstance(payload, dict):
+        raise ValueError(f"payload {message.payload_ref} is not a JSON object")
+    return payload
+
+
+def _wait_for_slot(deps: LifecycleDeps, wait_until: float) -> bool:
+    """Poll the session counter (strongly consistent, jittered 0.2-1 s) until a slot looks free or time is up."""
+    while True:
+        pause = jitter_poll_s()
+        if deps.clock.monotonic() + pause > wait_until:
+            return False
+        deps.clock.sleep(pause)
+        if deps.ledger.in_flight() < deps.config.max_sessions:
+            return True
+
+
+def _requeue(message: RolloutMessage, body: str, deps: LifecycleDeps, why: Dispatch) -> Dispatch:
+    """Re-send the message as a fresh one (its receive count starts over) so the original can be acknowledged."""
+    deps.queue.send_all(deps.settings.rollout_queue_url, [body])
+    deps.metrics.count(LIMIT_WAITS)
+    log.info("rollout %s/%s attempt %s re-sent (%s)", message.batch_id, message.rollout_id, message.attempt, why)
+    return why
+
+
+def _cancelled(message: RolloutMessage, deps: LifecycleDeps, options: FileOptions) -> Dispatch:
+    cancel_rollout(
+        exp_id=message.exp_id,
+        batch_id=message.batch_id,
+        input_id=message.input_id,
+        index=message.index,
+        deps=deps,
+        policy_version=options.policy_version,
+    )
+    return Dispatch.CANCELLED
+
+
+def _invoke(
+    message: RolloutMessage,
+    deps: LifecycleDeps,
+    options: FileOptions,
+    row_payload: dict[str, Any],
+    *,
+    wait_until: float,
+    reinvoke: bool,
+) -> Dispatch:
+    """InvokeAgentRuntime for a dispatched attempt (slot held), with bounded retries on throttling."""
+    payload = build_agent_payload(
+        row_payload=row_payload,
+        rollout_overrides=message.rollout_overrides,
+        message=message,
+        options=options,
+        config=deps.config,
+        results_bucket=deps.settings.results_bucket,
+    )
+    session_id = message.session_id
+    for attempt in range(deps.invoke_retries + 1):
+        try:
+            deps.limited.invoke(session_id, payload, wait_until=wait_until)
+            break
+        except RuntimeThrottled as exc:
+            deps.metrics.count(THROTTLED)
+            backoff = min(0.25 * 2**attempt, 4.0) * random.uniform(0.5, 1.0)
+            if attempt == deps.invoke_retries or deps.clock.monotonic() + backoff > wait_until:
+                log.warning("ACR kept throttling %s: %s; releasing the slot", session_id, exc)
+                if deps.ledger.release_to_queue(message.batch_id, message.input_id, message.index, message.attempt):
+                    return _requeue(
+                        message, message.model_dump_json(exclude_none=True), deps, Dispatch.REQUEUED_THROTTLED
+                    )
+                return Dispatch.STALE  # the rollout moved on meanwhile (cancelled, invoked elsewhere)
+            deps.clock.sleep(backoff)
+        except RuntimeRejected as exc:
+            return _rejected(message, deps, str(exc))
+    now = deps.now()
+    if not deps.ledger.mark_invoked(
+        message.batch_id, message.input_id, message.index, message.attempt, publishing.iso(now)
+    ):
+        # Cancelled (or already ended) while we invoked: no session may outlive its rollout.
+        deps.limited.stop(session_id, wait_until=max(wait_until, deps.clock.monotonic() + 5))
+        return Dispatch.STOPPED_LATE
+    deps.metrics.count(DISPATCHED_METRIC)
+    return Dispatch.REINVOKED if reinvoke else Dispatch.INVOKED
+
+
+def _rejected(message: RolloutMessage, deps: LifecycleDeps, error: str) -> Dispatch:
+    now = deps.now()
+    done = deps.ledger.finish(
+        exp_id=message.exp_id,
+        batch_id=message.batch_id,
+        input_id=message.input_id,
+        index=message.index,
+        attempt=message.attempt,
+        from_state=DISPATCHED,
+        outcome=Terminal(
+            state=FAILED,
+            finished_at=publishing.iso(now),
+            reason=FailureReason.INVOKE_REJECTED.value,
+            error=f"InvokeAgentRuntime rejected session {message.session_id}: {error}"[:2000],
+        ),
+        outbox=frozenset({OUTBOX_PUBLISH}),
+        now_epoch=int(now.timestamp()),
+    )
+    if not done:
+        return Dispatch.STALE
+    deps.metrics.count(FAILED_METRIC)
+    deps.metrics.count(failed_metric(FailureReason.INVOKE_REJECTED.value))
+    rec = deps.ledger.get_rollout(message.batch_id, message.input_id, message.index)
+    if rec is not None:
+        publishing.drain(rec, deps)
+    return Dispatch.REJECTED

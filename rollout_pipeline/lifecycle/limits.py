@@ -1,0 +1,90 @@
+"""Global limits shared by every caller in every process: TPS windows for ACR calls, session slots.
+
+TPS: fixed one-second windows `LIMIT/TPS#{epoch second}` in the ledger; one conditional ADD per call. A caller
+never starts a call in the last `EDGE_S` of a window, so the call itself happens inside the window that paid for
+it (a call that straddles a boundary would otherwise be seen in the next window).
+Sessions: the `LIMIT/SESSIONS in_flight` counter, acquired in the dispatch transaction and released in the
+transaction that takes the rollout out of `dispatched` (see `ledger.rollouts`).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, Final
+
+from rollout_pipeline.ledger.rollouts import RolloutLedger
+from rollout_pipeline.lifecycle.metrics import THROTTLED, MetricsRecorder
+from rollout_pipeline.ports import AgentRuntime, RuntimeThrottled
+
+#: Do not start a call in the last EDGE_S seconds of a one-second window.
+EDGE_S: Final = 0.08
+#: How long a stop waits for a TPS token when the caller gives no deadline.
+DEFAULT_STOP_WAIT_S: Final = 15.0
+
+
+class TpsLimiter:
+    """Takes one token per ACR call from the shared one-second windows, waiting for the next window if full."""
+
+    def __init__(
+        self,
+        ledger: RolloutLedger,
+        limit: int,
+        *,
+        wall: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.ledger = ledger
+        self.limit = limit
+        self._wall = wall
+        self._monotonic = monotonic
+        self._sleep = sleep
+        self._full_until = 0  # a window this process already saw full: do not ask DynamoDB again
+
+    def acquire(self, wait_until: float | None = None) -> bool:
+        """Take a token; wait for later windows until `wait_until` (monotonic). False if none was had in time."""
+        while True:
+            now = self._wall()
+            second = int(now)
+            into = now - second
+            if into < 1.0 - EDGE_S and second >= self._full_until:
+                if self.ledger.try_tps_token(second, self.limit):
+                    return True
+                self._full_until = second + 1
+            pause = (1.0 - into) + random.uniform(0.0, 0.05)
+            if wait_until is not None and self._monotonic() + pause > wait_until:
+                return False
+            self._sleep(pause)
+
+
+class LimitedRuntime:
+    """An `AgentRuntime` whose every invoke and stop first takes a TPS token."""
+
+    def __init__(self, runtime: AgentRuntime, limiter: TpsLimiter, metrics: MetricsRecorder | None = None) -> None:
+        self.runtime = runtime
+        self.limiter = limiter
+        self.metrics = metrics
+
+    def _token(self, wait_until: float | None, what: str) -> None:
+        until = wait_until if wait_until is not None else time.monotonic() + DEFAULT_STOP_WAIT_S
+        if not self.limiter.acquire(until):
+            if self.metrics is not None:
+                self.metrics.count(THROTTLED)
+            raise RuntimeThrottled(f"no TPS token for {what} before the wait budget ran out")
+
+    def invoke(self, session_id: str, payload: Mapping[str, Any], wait_until: float | None = None) -> None:
+        """InvokeAgentRuntime after taking a TPS token. Raises RuntimeThrottled / RuntimeRejected."""
+        self._token(wait_until, "InvokeAgentRuntime")
+        self.runtime.invoke(session_id, payload)
+
+    def stop(self, session_id: str, wait_until: float | None = None) -> None:
+        """StopRuntimeSession after taking a TPS token (an unknown session counts as stopped)."""
+        self._token(wait_until, "StopRuntimeSession")
+        self.runtime.stop(session_id)
+
+
+def jitter_poll_s() -> float:
+    """Pause between two polls of the session counter: 0.2-1 s, jittered so waiters do not move in lockstep."""
+    return random.uniform(0.2, 1.0)

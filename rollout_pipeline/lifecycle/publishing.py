@@ -1,0 +1,195 @@
+"""Events built from the ledger, and the outbox: the side effects a transition decided, finished idempotently.
+
+A terminal transition sets `outbox` = {publish[, stop]} on the rollout item in the same transaction; a timed-out
+attempt with attempts left sets {enqueue[, stop]}. `drain` performs them (stop the old session, send the retry
+message, publish the rollout's event and, when they are complete, the group's and the batch's) and then clears the
+entry. Whoever finds an entry may drain it: the completion redelivery, the sweeper, cancel. Every side effect is
+idempotent: events carry stable `event_id`s, stopping a stopped session succeeds, a duplicated retry message is
+absorbed by the dispatch transaction.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from rollout_pipeline import ids
+from rollout_pipeline.contracts import (
+    INLINE_RESULT_BYTES,
+    DetailType,
+    FailureReason,
+    FileOptions,
+    RolloutCompleted,
+    RolloutFailed,
+    RolloutMessage,
+    Timings,
+)
+from rollout_pipeline.ledger.batches import batch_completion_detail, group_completion_detail
+from rollout_pipeline.ledger.rollouts import (
+    OUTBOX_ENQUEUE,
+    OUTBOX_PUBLISH,
+    OUTBOX_STOP,
+    SUCCEEDED,
+    RolloutRecord,
+    from_item,
+)
+from rollout_pipeline.lifecycle.deps import LifecycleDeps
+from rollout_pipeline.lifecycle.metrics import NOTIFICATION_LATENCY
+
+
+def iso(value: datetime) -> str:
+    """ISO-8601 in UTC, as stored in the ledger."""
+    return value.astimezone(UTC).isoformat()
+
+
+def parse_iso(value: Any) -> datetime | None:
+    if not value:
+        return None
+    try:
+        parsed = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def batch_options(batch: dict[str, Any] | None) -> FileOptions | None:
+    """The batch's effective options (`options`: FileOptions JSON), or None when absent/unreadable."""
+    raw = (batch or {}).get("options")
+    if not raw:
+        return None
+    try:
+        return FileOptions.model_validate_json(raw)
+    except ValueError:
+        return None
+
+
+# ------------------------------------------------------------------------------------------------------ events
+
+
+def rollout_event(
+    rec: RolloutRecord, *, notified_at: datetime, result: dict[str, Any] | None = None
+) -> RolloutCompleted | RolloutFailed:
+    """The terminal event of a rollout, from its (terminal) ledger item."""
+    timings = Timings(
+        submitted_at=parse_iso(rec.submitted_at),
+        dispatched_at=parse_iso(rec.dispatched_at),
+        finished_at=parse_iso(rec.finished_at),
+        notified_at=notified_at,
+    )
+    common: dict[str, Any] = {
+        "exp_id": rec.exp_id,
+        "batch_id": rec.batch_id,
+        "input_id": rec.input_id,
+        "index": rec.index,
+        "rollout_id": ids.rollout_id(rec.input_id, rec.index),
+        "policy_version": rec.policy_version,
+        "timings": timings,
+    }
+    if rec.state == SUCCEEDED:
+        rewards = rec.rewards if rec.rewards is not None else (rec.reward or 0.0)
+        return RolloutCompleted(
+            event_id=ids.event_id(DetailType.ROLLOUT_COMPLETED, rec.exp_id, rec.batch_id, rec.input_id, rec.index),
+            session_id=rec.session_id or "",
+            attempt=rec.attempt,
+            rewards=rewards,
+            reward=float(rec.reward if rec.reward is not None else 0.0),
+            result_uri=rec.result_uri or "",
+            result=result,
+            **common,
+        )
+    reason = FailureReason(rec.reason or FailureReason.AGENT_ERROR)
+    return RolloutFailed(
+        event_id=ids.event_id(DetailType.ROLLOUT_FAILED, rec.exp_id, rec.batch_id, rec.input_id, rec.index),
+        session_id=rec.session_id,
+        reason=reason,
+        error=rec.error or reason.value,
+        attempts_used=rec.attempt,
+        result_uri=rec.result_uri,
+        **common,
+    )
+
+
+# ------------------------------------------------------------------------------------------------------ outbox
+
+
+def retry_message(rec: RolloutRecord, deps: LifecycleDeps) -> RolloutMessage:
+    """The rollout-queue message of the rollout's current (queued) attempt, rebuilt from its group item."""
+    group = deps.ledger.get_group(rec.batch_id, rec.input_id)
+    if group is None:
+        raise LookupError(f"group {rec.batch_id}/{rec.input_id} not found for the retry of {rec.index}")
+    payload = group.get("payload")
+    return RolloutMessage(
+        exp_id=rec.exp_id or deps.config.name,
+        batch_id=rec.batch_id,
+        input_id=rec.input_id,
+        index=rec.index,
+        attempt=rec.attempt,
+        group_size=int(group["group_size"]),
+        submitted_at=parse_iso(rec.submitted_at) or deps.now(),
+        payload=json.loads(payload) if payload else None,
+        payload_ref=group.get("payload_ref"),
+        rollout_overrides=json.loads(group.get("overrides") or "{}"),
+    )
+
+
+def _inline_result(rec: RolloutRecord, deps: LifecycleDeps, result: dict[str, Any] | None) -> dict[str, Any] | None:
+    if rec.result_size is None or rec.result_size > INLINE_RESULT_BYTES or not rec.result_uri:
+        return None
+    if result is not None:
+        return result
+    bucket, _, key = rec.result_uri.removeprefix("s3://").partition("/")
+    try:
+        body, _size = deps.store.get_bytes(bucket, key, INLINE_RESULT_BYTES)
+        parsed = json.loads(body)
+    except Exception:  # the result is optional in the event; its URI is always there
+        return None
+    return parsed if isinstance(parsed, dict) else None
+
+
+def completion_details(rec: RolloutRecord, deps: LifecycleDeps) -> list[Any]:
+    """`Group Completed` / `Batch Completed` that are due after `rec` became terminal (strongly consistent reads)."""
+    details: list[Any] = []
+    batch = deps.ledger.get_batch(rec.batch_id)
+    options = batch_options(batch)
+    group = deps.ledger.get_group(rec.batch_id, rec.input_id)
+    if group is not None:
+        group_detail = group_completion_detail(group, options.policy_version if options else rec.policy_version)
+        if group_detail is not None:
+            details.append(group_detail)
+    if batch is not None and batch_completion_detail(batch) is not None:
+        stamped = deps.ledger.stamp_batch_completed(rec.batch_id, iso(deps.now()))
+        batch_detail = batch_completion_detail(from_item(stamped))
+        if batch_detail is not None:
+            details.append(batch_detail)
+    return details
+
+
+def drain(
+    rec: RolloutRecord,
+    deps: LifecycleDeps,
+    *,
+    result: dict[str, Any] | None = None,
+    wait_until: float | None = None,
+) -> None:
+    """Perform the rollout's pending side effects, then clear its outbox entry.
+
+    Raises (RuntimeThrottled, PublishError, AWS errors) when a side effect failed: the entry stays and is
+    drained again later by a redelivery or the sweeper.
+    """
+    if not rec.outbox:
+        return
+    if OUTBOX_STOP in rec.outbox and rec.stop_session:
+        deps.limited.stop(rec.stop_session, wait_until)
+    if OUTBOX_ENQUEUE in rec.outbox:
+        message = retry_message(rec, deps)
+        deps.queue.send_all(deps.settings.rollout_queue_url, [message.model_dump_json(exclude_none=True)])
+    if OUTBOX_PUBLISH in rec.outbox:
+        notified_at = deps.now()
+        details: list[Any] = [rollout_event(rec, notified_at=notified_at, result=_inline_result(rec, deps, result))]
+        details.extend(completion_details(rec, deps))
+        deps.publisher.publish(details)
+        finished = parse_iso(rec.finished_at)
+        if finished is not None and rec.result_uri:
+            deps.metrics.sample(NOTIFICATION_LATENCY, max(0.0, (notified_at - finished).total_seconds() * 1000))
+    deps.ledger.clear_outbox(rec)

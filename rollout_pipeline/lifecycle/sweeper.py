@@ -1,0 +1,163 @@
+"""The sweeper (scheduled): rollouts past their deadline, and outbox entries nobody finished.
+
+Deadlines: query each `deadline` GSI shard for `sk < now` (bounded pages, never a scan). For each dispatched
+attempt: stop its session, then one transaction: a new attempt (queued n+1, slot released, outbox `enqueue`) while
+attempts remain, else the terminal `Rollout Failed` (timeout). Then the outbox is drained (retry message sent,
+event published). Outbox: entries older than `deps.outbox_age_s` are drained. Every step is conditional on
+`(state, attempt)`, so repeated or concurrent sweeps change nothing twice.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from rollout_pipeline import ids
+from rollout_pipeline.contracts import FailureReason, FileOptions
+from rollout_pipeline.ledger import keys
+from rollout_pipeline.ledger.rollouts import (
+    DISPATCHED,
+    FAILED,
+    OUTBOX_PUBLISH,
+    OUTBOX_STOP,
+    RolloutRecord,
+    Terminal,
+)
+from rollout_pipeline.lifecycle import publishing
+from rollout_pipeline.lifecycle.cancel import cancel_rollout
+from rollout_pipeline.lifecycle.deps import LifecycleDeps
+from rollout_pipeline.lifecycle.metrics import (
+    FAILED as FAILED_METRIC,
+)
+from rollout_pipeline.lifecycle.metrics import (
+    IN_FLIGHT,
+    RETRIED,
+    TIMED_OUT,
+    failed_metric,
+)
+from rollout_pipeline.ports import RuntimeThrottled
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SweepReport:
+    """What one sweep did."""
+
+    expired_seen: int = 0
+    retried: int = 0
+    timed_out: int = 0
+    cancelled: int = 0
+    outbox_drained: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+def sweep(deps: LifecycleDeps, *, page_size: int = 50, max_pages: int = 4) -> SweepReport:
+    """One sweep over every shard of both sparse indexes (bounded: `page_size` x `max_pages` per shard)."""
+    report = SweepReport()
+    now = deps.now()
+    now_epoch = int(now.timestamp())
+    options_cache: dict[str, tuple[FileOptions, bool]] = {}
+    for shard in range(keys.INDEX_SHARDS):
+        for rec in deps.ledger.query_due(keys.DEADLINE_INDEX, shard, now_epoch, limit=page_size, max_pages=max_pages):
+            report.expired_seen += 1
+            try:
+                _expire(rec, deps, options_cache, report)
+            except Exception as exc:  # one bad item must not stop the sweep
+                log.exception("sweeping %s/%s failed", rec.batch_id, ids.rollout_id(rec.input_id, rec.index))
+                report.errors.append(f"{rec.batch_id}/{rec.input_id}#{rec.index}: {exc}")
+    cutoff = int(now.timestamp() - deps.outbox_age_s)
+    for shard in range(keys.INDEX_SHARDS):
+        for rec in deps.ledger.query_due(keys.OUTBOX_INDEX, shard, cutoff, limit=page_size, max_pages=max_pages):
+            fresh = deps.ledger.get_rollout(rec.batch_id, rec.input_id, rec.index)
+            if fresh is None or not fresh.outbox:
+                continue
+            try:
+                publishing.drain(fresh, deps)
+                report.outbox_drained += 1
+            except Exception as exc:
+                log.warning("outbox of %s/%s#%s not drained: %s", rec.batch_id, rec.input_id, rec.index, exc)
+                report.errors.append(f"outbox {rec.batch_id}/{rec.input_id}#{rec.index}: {exc}")
+    deps.metrics.sample(IN_FLIGHT, deps.ledger.in_flight())
+    return report
+
+
+def _options(
+    batch_id: str, deps: LifecycleDeps, cache: dict[str, tuple[FileOptions, bool]]
+) -> tuple[FileOptions, bool]:
+    if batch_id not in cache:
+        batch = deps.ledger.get_batch(batch_id)
+        options = publishing.batch_options(batch) or FileOptions.defaults(deps.config)
+        cache[batch_id] = (options, (batch or {}).get("status") == "cancelled")
+    return cache[batch_id]
+
+
+def _expire(
+    stale: RolloutRecord, deps: LifecycleDeps, cache: dict[str, tuple[FileOptions, bool]], report: SweepReport
+) -> None:
+    rec = deps.ledger.get_rollout(stale.batch_id, stale.input_id, stale.index)  # the index is eventually consistent
+    now = deps.now()
+    if rec is None or rec.state != DISPATCHED or rec.deadline is None or rec.deadline >= now.timestamp():
+        return
+    options, cancelled = _options(rec.batch_id, deps, cache)
+    if cancelled:
+        if (
+            cancel_rollout(
+                exp_id=rec.exp_id,
+                batch_id=rec.batch_id,
+                input_id=rec.input_id,
+                index=rec.index,
+                deps=deps,
+                rec=rec,
+                known=True,
+                policy_version=options.policy_version,
+            )
+            == "cancelled"
+        ):
+            report.cancelled += 1
+        return
+    stop_pending = False
+    try:
+        deps.limited.stop(rec.session_id or "")
+    except RuntimeThrottled:
+        stop_pending = True
+    if rec.attempt < options.max_attempts:
+        next_sid = ids.session_id(rec.exp_id, rec.batch_id, rec.input_id, rec.index, rec.attempt + 1)
+        if not deps.ledger.requeue_for_retry(
+            rec, next_session_id=next_sid, now_epoch=int(now.timestamp()), stop_pending=stop_pending
+        ):
+            return
+        report.retried += 1
+        deps.metrics.count(RETRIED)
+    else:
+        outbox = frozenset({OUTBOX_PUBLISH} | ({OUTBOX_STOP} if stop_pending else set()))
+        done = deps.ledger.finish(
+            exp_id=rec.exp_id,
+            batch_id=rec.batch_id,
+            input_id=rec.input_id,
+            index=rec.index,
+            attempt=rec.attempt,
+            from_state=DISPATCHED,
+            outcome=Terminal(
+                state=FAILED,
+                finished_at=publishing.iso(now),
+                reason=FailureReason.TIMEOUT.value,
+                error=f"no result within {options.rollout_timeout_s} s in any of {rec.attempt} attempt(s)",
+            ),
+            outbox=outbox,
+            now_epoch=int(now.timestamp()),
+            session_id=rec.session_id,
+        )
+        if not done:
+            return
+        report.timed_out += 1
+        deps.metrics.count(FAILED_METRIC)
+        deps.metrics.count(failed_metric(FailureReason.TIMEOUT.value))
+    deps.metrics.count(TIMED_OUT)
+    after = deps.ledger.get_rollout(rec.batch_id, rec.input_id, rec.index)
+    if after is not None and after.outbox:
+        try:
+            publishing.drain(after, deps)
+        except Exception as exc:  # the outbox keeps it; the next sweep drains it
+            log.warning("side effects of %s/%s#%s pending: %s", rec.batch_id, rec.input_id, rec.index, exc)
+            report.errors.append(f"drain {rec.batch_id}/{rec.input_id}#{rec.index}: {exc}")

@@ -1,0 +1,248 @@
+"""Helpers for the lifecycle tests: seed batch/group items (as ingestion writes them), drive the queues."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from rollout_pipeline.adapters import clients
+from rollout_pipeline.adapters.fake_acr import FakeAgentRuntime
+from rollout_pipeline.contracts import FileOptions, RolloutMessage
+from rollout_pipeline.ledger import keys
+from rollout_pipeline.lifecycle.completion import CompletionResult, complete_records
+from rollout_pipeline.lifecycle.deps import LifecycleDeps
+from rollout_pipeline.lifecycle.dispatch import DispatchResult, dispatch_records
+from rollout_pipeline.local.resources import ExperimentResources
+from rollout_pipeline.ports import SystemClock
+
+
+def _s(v: str) -> dict[str, str]:
+    return {"S": v}
+
+
+def _n(v: float) -> dict[str, str]:
+    return {"N": str(v)}
+
+
+def seed_batch(
+    resources: ExperimentResources,
+    *,
+    batch_id: str = "batch-1",
+    inputs: Mapping[str, Mapping[str, Any]] | None = None,
+    group_size: int = 2,
+    max_attempts: int | None = None,
+    rollout_timeout_s: int | None = None,
+    policy_version: str | None = "v7",
+    status: str = "accepted",
+    with_total: bool = True,
+    payload_refs: Mapping[str, str] | None = None,
+) -> list[RolloutMessage]:
+    """Write the batch item and group items ingestion would write (ARCHITECTURE.md attribute names); return the
+    rollout messages of attempt 1 (not sent)."""
+    config = resources.config
+    inputs = inputs if inputs is not None else {"q1": {"prompt": "one"}, "q2": {"prompt": "two"}}
+    options = FileOptions(
+        group_size=group_size,
+        rollout_timeout_s=rollout_timeout_s or config.rollout_timeout_s,
+        max_attempts=max_attempts or config.max_attempts,
+        policy_version=policy_version,
+    )
+    ddb = clients.client("dynamodb")
+    now = datetime.now(UTC)
+    batch: dict[str, Any] = {
+        **keys.batch_key(batch_id),
+        "exp_id": _s(config.name),
+        "batch_id": _s(batch_id),
+        "status": _s(status),
+        "options": _s(options.model_dump_json()),
+        "source": _s("sdk"),
+        "created_at": _s(now.isoformat()),
+        "rows_accepted": _n(len(inputs)),
+        "rows_rejected": _n(0),
+        "terminal": _n(0),
+        "succeeded": _n(0),
+        "failed": _n(0),
+        "reward_sum": _n(0),
+        "reward_sumsq": _n(0),
+        "reward_count": _n(0),
+    }
+    if with_total:
+        batch["rollouts_total"] = _n(len(inputs) * group_size)
+    ddb.put_item(TableName=resources.table_name, Item=batch)
+    messages: list[RolloutMessage] = []
+    for line, (input_id, payload) in enumerate(inputs.items(), start=1):
+        ref = (payload_refs or {}).get(input_id)
+        group: dict[str, Any] = {
+            **keys.group_key(batch_id, input_id),
+            "exp_id": _s(config.name),
+            "batch_id": _s(batch_id),
+            "input_id": _s(input_id),
+            "line": _n(line),
+            "group_size": _n(group_size),
+            "overrides": _s("{}"),
+            "terminal": _n(0),
+            "rewards": {"M": {}},
+            "failures": {"M": {}},
+            "created_at": _s(now.isoformat()),
+        }
+        if ref:
+            group["payload_ref"] = _s(ref)
+        else:
+            group["payload"] = _s(json.dumps(payload))
+        ddb.put_item(TableName=resources.table_name, Item=group)
+        for index in range(group_size):
+            messages.append(
+                RolloutMessage(
+                    exp_id=config.name,
+                    batch_id=batch_id,
+                    input_id=input_id,
+                    index=index,
+                    attempt=1,
+                    group_size=group_size,
+                    submitted_at=now,
+                    payload=None if ref else dict(payload),
+                    payload_ref=ref,
+                )
+            )
+    return messages
+
+
+def send(resources: ExperimentResources, messages: Sequence[RolloutMessage]) -> None:
+    sqs = clients.client("sqs")
+    for m in messages:
+        sqs.send_message(QueueUrl=resources.rollout_queue_url, MessageBody=m.model_dump_json(exclude_none=True))
+
+
+def receive_records(queue_url: str, max_messages: int = 10, visibility: int | None = None) -> list[dict[str, Any]]:
+    """Receive up to `max_messages` as Lambda-style SQS records (messageId, body, receiptHandle, attributes)."""
+    sqs = clients.client("sqs")
+    kwargs: dict[str, Any] = {
+        "QueueUrl": queue_url,
+        "MaxNumberOfMessages": min(10, max_messages),
+        "WaitTimeSeconds": 0,
+        "AttributeNames": ["ApproximateReceiveCount"],
+    }
+    if visibility is not None:
+        kwargs["VisibilityTimeout"] = visibility
+    resp = sqs.receive_message(**kwargs)
+    return [
+        {
+            "messageId": m["MessageId"],
+            "body": m["Body"],
+            "receiptHandle": m["ReceiptHandle"],
+            "attributes": m.get("Attributes") or {},
+        }
+        for m in resp.get("Messages") or []
+    ]
+
+
+def ack(queue_url: str, records: Sequence[Mapping[str, Any]], failures: Mapping[str, str] | Sequence[str]) -> None:
+    """Delete what the handler did not report as failed (Lambda's partial batch response semantics)."""
+    sqs = clients.client("sqs")
+    for record in records:
+        if record["messageId"] not in failures:
+            sqs.delete_message(QueueUrl=queue_url, ReceiptHandle=record["receiptHandle"])
+
+
+def release(queue_url: str, records: Sequence[Mapping[str, Any]]) -> None:
+    """Make received messages visible again at once (simulates the visibility timeout running out)."""
+    sqs = clients.client("sqs")
+    for record in records:
+        sqs.change_message_visibility(QueueUrl=queue_url, ReceiptHandle=record["receiptHandle"], VisibilityTimeout=0)
+
+
+def dispatch_once(resources: ExperimentResources, deps: LifecycleDeps, wait_s: float = 2.0) -> DispatchResult:
+    import time
+
+    records = receive_records(resources.rollout_queue_url)
+    result = dispatch_records(records, deps, wait_until=time.monotonic() + wait_s)
+    ack(resources.rollout_queue_url, records, result.failures)
+    return result
+
+
+def complete_once(resources: ExperimentResources, deps: LifecycleDeps) -> CompletionResult:
+    records = receive_records(resources.completion_queue_url)
+    result = complete_records(records, deps)
+    ack(resources.completion_queue_url, records, result.failures)
+    return result
+
+
+def drive(resources: ExperimentResources, deps: LifecycleDeps, *, rounds: int = 30, wait_s: float = 2.0) -> None:
+    """Run dispatcher and completion over the queues until both are empty."""
+    for _ in range(rounds):
+        d = dispatch_once(resources, deps, wait_s)
+        c = complete_once(resources, deps)
+        if not d.outcomes and not d.failures and not c.outcomes and not c.failures:
+            return
+
+
+def trainer_events(resources: ExperimentResources) -> list[dict[str, Any]]:
+    """Every event that reached the trainer queue (deleted)."""
+    from tests.conftest import receive_all
+
+    return receive_all(resources.trainer_queue_url)
+
+
+def by_type(events: Sequence[Mapping[str, Any]], detail_type: str) -> list[dict[str, Any]]:
+    return [dict(e["detail"]) for e in events if e["detail-type"] == detail_type]
+
+
+def rollout_item(resources: ExperimentResources, batch_id: str, input_id: str, index: int) -> dict[str, Any] | None:
+    from rollout_pipeline.ledger.rollouts import from_item
+
+    item = (
+        clients.client("dynamodb")
+        .get_item(TableName=resources.table_name, Key=keys.rollout_key(batch_id, input_id, index), ConsistentRead=True)
+        .get("Item")
+    )
+    return from_item(item) if item else None
+
+
+def ledger_item(resources: ExperimentResources, key: Mapping[str, Any]) -> dict[str, Any]:
+    from rollout_pipeline.ledger.rollouts import from_item
+
+    item = clients.client("dynamodb").get_item(TableName=resources.table_name, Key=dict(key), ConsistentRead=True)
+    return from_item(item.get("Item") or {})
+
+
+class ShiftedClock(SystemClock):
+    """The system clock moved forward by `offset` (to pass deadlines without waiting)."""
+
+    def __init__(self) -> None:
+        self.offset = timedelta()
+
+    def now(self) -> datetime:
+        return super().now() + self.offset
+
+    def advance(self, seconds: float) -> None:
+        self.offset += timedelta(seconds=seconds)
+
+
+def make_deps(
+    resources: ExperimentResources,
+    fake: FakeAgentRuntime,
+    *,
+    clock: ShiftedClock | None = None,
+    **overrides: Any,
+) -> LifecycleDeps:
+    from rollout_pipeline.adapters.eventbridge import EventBridgePublisher
+    from rollout_pipeline.adapters.s3 import S3ObjectStore
+    from rollout_pipeline.adapters.sqs import SqsQueue
+    from rollout_pipeline.ledger.rollouts import RolloutLedger
+
+    settings = resources.settings()
+    return LifecycleDeps(
+        settings=settings,
+        ledger=RolloutLedger(settings.table_name),
+        runtime=fake,
+        store=S3ObjectStore(),
+        queue=SqsQueue(),
+        publisher=EventBridgePublisher(settings.bus_name, sleep=lambda _s: None),
+        clock=clock or ShiftedClock(),
+        **overrides,
+    )
+
+
+Wrapper = Callable[..., Any]
