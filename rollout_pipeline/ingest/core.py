@@ -1,0 +1,541 @@
+"""Dataset ingestion: a dataset object (or an SDK submission) becomes validated rollout messages, accounted in
+the ledger.
+
+Plain Python over the ports (`ObjectStore`, `MessageQueue`, `EventPublisher`) and the ledger (`BatchLedger`);
+`lambdas/ingest.py` only wires the adapters. One file is processed in chunks of rows:
+
+1. read and validate the rows (`contracts.parse_row`); bad rows go to the errors log;
+2. create the chunk's group items in one DynamoDB transaction of conditional puts: a conflicting id with the
+   same line was written by an earlier attempt of this ingestion (resume: its messages are sent again, the
+   dispatcher de-duplicates through the ledger); any other conflict is a duplicate id and rejects the row;
+3. store claim checks for big payloads, send `group_size` rollout messages per accepted row;
+4. rewrite the errors object, then checkpoint the cursor and counters on the batch item (conditional on the
+   previous cursor and our lease), which also reveals a cancellation.
+
+When the Lambda runs low on time it checkpoints, releases its lease and enqueues a continuation message on the
+ingest queue. Every step is idempotent, so any redelivery or crash resumes from the last checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
+
+from rollout_pipeline import ids, routing
+from rollout_pipeline.config import HandlerSettings
+from rollout_pipeline.contracts import (
+    CLAIM_CHECK_BYTES,
+    MAX_ROW_BYTES,
+    DatasetRow,
+    FileOptions,
+    RolloutMessage,
+    RowError,
+    json_size,
+    parse_row,
+    utcnow,
+)
+from rollout_pipeline.ingest.errors import ErrorLog
+from rollout_pipeline.ingest.reader import DatasetFormatError, RawRecord, dataset_kind, read_records
+from rollout_pipeline.ledger.batches import (
+    STATUS_CANCELLED,
+    BatchLedger,
+    GroupSpec,
+    IngestProgress,
+    attr,
+    batch_accepted_detail,
+    batch_completion_detail,
+    batch_options,
+)
+from rollout_pipeline.ports import EventPublisher, MessageQueue, ObjectStore
+
+logger = logging.getLogger(__name__)
+
+CONTINUE_KEY: Final = "continue"
+NDJSON: Final = "application/x-ndjson"
+#: Reason of the errors-object entry written when the file itself breaks off (truncated gzip, broken array).
+INVALID_FILE_REASON: Final = "invalid_file"
+#: Reason of a file rejected as a whole because of its metadata.
+INVALID_METADATA_REASON: Final = "invalid_metadata"
+DUPLICATE_ID_REASON: Final = "duplicate_id"
+OVERSIZED_REASON: Final = "oversized"
+
+Outcome = Literal["accepted", "rejected", "cancelled", "continued", "already_done", "in_progress", "ignored"]
+
+
+class IngestMessageError(ValueError):
+    """An ingest-queue message is neither an S3 Object Created event nor a continuation."""
+
+
+@dataclass(frozen=True, slots=True)
+class IngestTuning:
+    """Knobs of the ingestion loop (defaults suit a Lambda with a 15-minute timeout)."""
+
+    chunk_rows: int = 100
+    lease_seconds: int = 900
+    #: Stop and continue in a new invocation when less than this is left.
+    min_remaining_ms: int = 90_000
+    max_error_entries: int = 1000
+    read_chunk_bytes: int = 1 << 20
+
+
+@dataclass(frozen=True)
+class IngestPorts:
+    """The collaborators of ingestion."""
+
+    store: ObjectStore
+    queue: MessageQueue
+    publisher: EventPublisher
+    ledger: BatchLedger
+    settings: HandlerSettings
+
+
+@dataclass(frozen=True, slots=True)
+class DatasetObject:
+    """The uploaded object an S3 event names."""
+
+    bucket: str
+    key: str
+    version_id: str | None = None
+    etag: str | None = None
+
+    @property
+    def batch_id(self) -> str:
+        return ids.batch_id_for_upload(self.bucket, self.key, self.version_id, self.etag)
+
+    @property
+    def source(self) -> str:
+        base = f"s3://{self.bucket}/{self.key}"
+        return f"{base}?versionId={self.version_id}" if self.version_id else base
+
+    def detail(self) -> dict[str, Any]:
+        """The S3 event detail subset that identifies the object (carried by continuation messages)."""
+        obj: dict[str, Any] = {"key": self.key}
+        if self.version_id:
+            obj["version-id"] = self.version_id
+        if self.etag:
+            obj["etag"] = self.etag
+        return {"bucket": {"name": self.bucket}, "object": obj}
+
+
+@dataclass(slots=True)
+class IngestResult:
+    """What one call did. Counters cover this invocation only; `progress` is the batch's total so far."""
+
+    outcome: Outcome
+    batch_id: str | None = None
+    rows_accepted: int = 0
+    rows_rejected: int = 0
+    rollouts_enqueued: int = 0
+    progress: IngestProgress = field(default_factory=IngestProgress)
+    published: list[str] = field(default_factory=list)
+    #: Rejected rows in detail (SDK submissions only: files get an errors object instead).
+    errors: list[dict[str, Any]] = field(default_factory=list)
+
+
+def parse_ingest_message(body: Mapping[str, Any]) -> DatasetObject:
+    """The dataset object of an ingest-queue body: an EventBridge S3 "Object Created" event, or a continuation
+    `{"continue": {"detail": <the same S3 detail>, ...}}`."""
+    detail: Any
+    if CONTINUE_KEY in body:
+        detail = (body.get(CONTINUE_KEY) or {}).get("detail")
+    elif body.get("source") == "aws.s3" and body.get("detail-type") == "Object Created":
+        detail = body.get("detail")
+    else:
+        raise IngestMessageError("not an S3 Object Created event nor an ingest continuation")
+    try:
+        bucket = str(detail["bucket"]["name"])
+        obj = detail["object"]
+        key = str(obj["key"])
+    except (KeyError, TypeError):
+        raise IngestMessageError("S3 event detail lacks bucket.name or object.key") from None
+    return DatasetObject(bucket=bucket, key=key, version_id=obj.get("version-id"), etag=obj.get("etag"))
+
+
+def continuation_body(obj: DatasetObject, batch_id: str, cursor: int) -> str:
+    """Ingest-queue body that resumes an ingestion in a fresh invocation."""
+    return json.dumps({CONTINUE_KEY: {"detail": obj.detail(), "batch_id": batch_id, "cursor": cursor}})
+
+
+class Ingestion:
+    """Ingests dataset objects and SDK submissions into one experiment."""
+
+    def __init__(self, ports: IngestPorts, tuning: IngestTuning | None = None) -> None:
+        self.ports = ports
+        self.tuning = tuning or IngestTuning()
+        self.settings = ports.settings
+        self.exp_id = ports.settings.experiment.name
+
+    # ----------------------------------------------------------------------------------------- entry points
+
+    def handle_message(
+        self, body: Mapping[str, Any], *, owner: str, remaining_ms: Callable[[], int] | None = None
+    ) -> IngestResult:
+        """Process one ingest-queue message body. `owner` names this worker (the Lambda request id);
+        `remaining_ms` reports the time left (None: unlimited, never continue)."""
+        return self.ingest_object(parse_ingest_message(body), owner=owner, remaining_ms=remaining_ms)
+
+    def ingest_object(
+        self, obj: DatasetObject, *, owner: str, remaining_ms: Callable[[], int] | None = None
+    ) -> IngestResult:
+        """Ingest one uploaded dataset object, or resume / acknowledge an ingestion already under way or done."""
+        if obj.bucket != self.settings.input_bucket or not routing.is_dataset_key(obj.key):
+            logger.info("ignoring object %s/%s: not a dataset of this experiment", obj.bucket, obj.key)
+            return IngestResult("ignored")
+        ledger = self.ports.ledger
+        batch_id = obj.batch_id
+        item = ledger.read_batch(batch_id)
+        if item is None:
+            info = self.ports.store.head(obj.bucket, obj.key, obj.version_id)
+            try:
+                options = FileOptions.from_metadata(self.settings.experiment, info.metadata)
+            except ValueError as exc:
+                return self._reject_file(obj, batch_id, str(exc))
+            item = ledger.create_batch(
+                exp_id=self.exp_id,
+                batch_id=batch_id,
+                options=options,
+                source=obj.source,
+                lease_owner=owner,
+                lease_seconds=self.tuning.lease_seconds,
+            )
+            if item is not None:
+                logger.info("batch %s created for %s", batch_id, obj.source)
+                return self._run(obj, item, owner=owner, remaining_ms=remaining_ms)
+            item = ledger.read_batch(batch_id)  # created concurrently by another worker
+            assert item is not None
+        if attr(item, "rollouts_total") is not None:
+            return self._republish(item, "already_done")
+        acquired = ledger.acquire_lease(batch_id, owner, self.tuning.lease_seconds)
+        if acquired is None:
+            logger.info("batch %s is being ingested by another worker; acknowledging", batch_id)
+            return IngestResult("in_progress", batch_id, progress=IngestProgress.of(item))
+        logger.info("resuming batch %s after line %s", batch_id, attr(acquired, "cursor"))
+        return self._run(obj, acquired, owner=owner, remaining_ms=remaining_ms)
+
+    def submit_rows(
+        self,
+        rows: Iterable[Mapping[str, Any]],
+        *,
+        name: str = "sdk",
+        options: FileOptions | None = None,
+        owner: str = "sdk",
+    ) -> IngestResult:
+        """Submit in-memory rows (each a dataset row: payload plus optional `id` / `_rollout`) as a new batch.
+
+        Same validation, ledger accounting, messages and events as a dataset file; positions are 1-based
+        indexes into `rows`; rejected rows are counted in the result and `Batch Accepted` (no errors object).
+        """
+        effective = options or FileOptions.defaults(self.settings.experiment)
+        batch_id = ids.new_batch_id(name)
+        item = self.ports.ledger.create_batch(
+            exp_id=self.exp_id,
+            batch_id=batch_id,
+            options=effective,
+            source="sdk",
+            lease_owner=owner,
+            lease_seconds=self.tuning.lease_seconds,
+        )
+        assert item is not None, "a fresh batch id cannot exist yet"
+        run = _Run(self, item, owner=owner, errors=ErrorLog(file="sdk", max_entries=self.tuning.max_error_entries))
+        for position, row in enumerate(rows, start=1):
+            run.add(_parse(row, position))
+        result = run.finish(errors_uri=None)
+        result.errors = list(run.errors.entries)
+        return result
+
+    # ------------------------------------------------------------------------------------------------ steps
+
+    def _reject_file(self, obj: DatasetObject, batch_id: str, error: str) -> IngestResult:
+        message = f"file rejected: {error}"
+        log = ErrorLog(file=obj.key, max_entries=1)
+        log.add(None, INVALID_METADATA_REASON, message)
+        errors_key = ids.errors_key(obj.key)
+        self.ports.store.put_bytes(obj.bucket, errors_key, log.render(final=True), content_type=NDJSON)
+        item = self.ports.ledger.create_rejected_batch(
+            exp_id=self.exp_id,
+            batch_id=batch_id,
+            options=None,
+            source=obj.source,
+            error=message,
+            errors_uri=f"s3://{obj.bucket}/{errors_key}",
+            group_size=self.settings.experiment.group_size,
+        )
+        logger.warning("batch %s: %s", batch_id, message)
+        return self._republish(item, "rejected")
+
+    def _republish(self, item: Mapping[str, Any], outcome: Outcome) -> IngestResult:
+        """Publish `Batch Accepted` (and `Batch Completed` when complete) of a batch whose ingestion ended."""
+        published = self.publish_batch_events(item)
+        return IngestResult(outcome, str(attr(item, "batch_id")), progress=IngestProgress.of(item), published=published)
+
+    def publish_batch_events(self, item: Mapping[str, Any]) -> list[str]:
+        """Publish the end-of-ingestion events of a batch item; return their detail types."""
+        details: list[Any] = [batch_accepted_detail(item)]
+        if batch_completion_detail(item) is not None:
+            stamped = self.ports.ledger.mark_completed(str(attr(item, "batch_id")))
+            details.append(batch_completion_detail(stamped))
+        self.ports.publisher.publish(details)
+        return [type(d).__name__ for d in details]
+
+    def _run(
+        self, obj: DatasetObject, item: Mapping[str, Any], *, owner: str, remaining_ms: Callable[[], int] | None
+    ) -> IngestResult:
+        store = self.ports.store
+        progress = IngestProgress.of(item)
+        errors_key = ids.errors_key(obj.key)
+        log = ErrorLog(file=obj.key, max_entries=self.tuning.max_error_entries)
+        if progress.errors_listed:
+            body, _size = store.get_bytes(obj.bucket, errors_key, 16 * 1024 * 1024)
+            log.restore(body, cursor=progress.cursor, total=progress.rows_rejected)
+        else:
+            log.total = progress.rows_rejected
+        run = _Run(self, item, owner=owner, errors=log, errors_target=(obj.bucket, errors_key))
+        errors_uri = f"s3://{obj.bucket}/{errors_key}"
+        if attr(item, "status") == STATUS_CANCELLED:
+            return run.finish(errors_uri=errors_uri if log.total else None)
+        chunks = store.iter_bytes(obj.bucket, obj.key, obj.version_id, chunk_size=self.tuning.read_chunk_bytes)
+        last_position = progress.cursor
+        try:
+            for record in read_records(chunks, dataset_kind(obj.key)):
+                last_position = record.position
+                if record.position <= progress.cursor:
+                    continue
+                if run.add(_parse_record(record)):
+                    if run.cancelled:
+                        break
+                    if self._time_is_short(remaining_ms):
+                        return run.continue_later(obj)
+        except DatasetFormatError as exc:
+            run.flush()
+            position = max(last_position + 1, run.progress.cursor + 1)
+            log.add(position, INVALID_FILE_REASON, f"file unreadable from here on: {exc}")
+            run.note_file_error(position)
+        return run.finish(errors_uri=errors_uri if log.total else None)
+
+    def _time_is_short(self, remaining_ms: Callable[[], int] | None) -> bool:
+        """True when the invocation should stop and continue in a new one (needs the ingest queue URL)."""
+        if remaining_ms is None or not self.settings.ingest_queue_url:
+            return False
+        return remaining_ms() < self.tuning.min_remaining_ms
+
+
+class _Run:
+    """One ingestion pass over rows: buffers a chunk, writes it, checkpoints, finishes."""
+
+    def __init__(
+        self,
+        ingestion: Ingestion,
+        item: Mapping[str, Any],
+        *,
+        owner: str,
+        errors: ErrorLog,
+        errors_target: tuple[str, str] | None = None,
+    ) -> None:
+        self.ingestion = ingestion
+        self.ports = ingestion.ports
+        self.tuning = ingestion.tuning
+        self.batch_id = str(attr(item, "batch_id"))
+        self.exp_id = str(attr(item, "exp_id"))
+        options = batch_options(item)
+        assert options is not None, "an ingesting batch always has its options"
+        self.options = options
+        self.owner = owner
+        self.errors = errors
+        self.errors_target = errors_target
+        self.progress = IngestProgress.of(item)
+        self.start = self.progress
+        self.pending: list[DatasetRow | tuple[int, RowError]] = []
+        self.cancelled = attr(item, "status") == STATUS_CANCELLED
+
+    def add(self, parsed: DatasetRow | tuple[int, RowError]) -> bool:
+        """Buffer one parsed row; write the chunk when full. True when a checkpoint was just taken."""
+        self.pending.append(parsed)
+        if len(self.pending) >= self.tuning.chunk_rows:
+            self.flush()
+            return True
+        return False
+
+    def flush(self) -> None:
+        """Write the buffered rows (groups, claims, messages), then checkpoint."""
+        if not self.pending:
+            return
+        chunk, self.pending = self.pending, []
+        accepted_rows, rejected_rows, enqueued = self._write_chunk(chunk)
+        last = chunk[-1]
+        cursor = last.position if isinstance(last, DatasetRow) else last[0]
+        self._checkpoint(
+            IngestProgress(
+                cursor=cursor,
+                rows_accepted=self.progress.rows_accepted + accepted_rows,
+                rows_rejected=self.progress.rows_rejected + rejected_rows,
+                rollouts_enqueued=self.progress.rollouts_enqueued + enqueued,
+                errors_listed=self.errors.listed,
+            )
+        )
+
+    def note_file_error(self, position: int) -> None:
+        """Account the entry of a file that broke off at `position` (one rejected record)."""
+        self._checkpoint(
+            IngestProgress(
+                cursor=max(self.progress.cursor, position),
+                rows_accepted=self.progress.rows_accepted,
+                rows_rejected=self.progress.rows_rejected + 1,
+                rollouts_enqueued=self.progress.rollouts_enqueued,
+                errors_listed=self.errors.listed,
+            )
+        )
+
+    def _write_chunk(self, chunk: list[DatasetRow | tuple[int, RowError]]) -> tuple[int, int, int]:
+        settings = self.ports.settings
+        rejections: list[tuple[int, str, str]] = []
+        groups: list[GroupSpec] = []
+        payloads: dict[str, tuple[DatasetRow, bytes]] = {}
+        for parsed in chunk:
+            if not isinstance(parsed, DatasetRow):
+                position, error = parsed
+                rejections.append((position, error.reason, str(error)))
+                continue
+            overrides_size = json_size(parsed.rollout_overrides)
+            if overrides_size > CLAIM_CHECK_BYTES:
+                rejections.append(
+                    (
+                        parsed.position,
+                        OVERSIZED_REASON,
+                        f"_rollout is {overrides_size} bytes; the limit is {CLAIM_CHECK_BYTES}",
+                    )
+                )
+                continue
+            payload_bytes = json.dumps(parsed.payload, ensure_ascii=False, separators=(",", ":")).encode()
+            overrides_json = json.dumps(parsed.rollout_overrides, ensure_ascii=False, separators=(",", ":"))
+            if len(payload_bytes) > CLAIM_CHECK_BYTES:
+                ref = f"s3://{settings.input_bucket}/{ids.claim_key(self.batch_id, parsed.input_id)}"
+                group = GroupSpec(parsed.input_id, parsed.position, self.options.group_size, None, ref, overrides_json)
+            else:
+                group = GroupSpec(
+                    parsed.input_id,
+                    parsed.position,
+                    self.options.group_size,
+                    payload_bytes.decode(),
+                    None,
+                    overrides_json,
+                )
+            groups.append(group)
+            payloads.setdefault(parsed.input_id, (parsed, payload_bytes))
+        written = self.ports.ledger.create_groups(exp_id=self.exp_id, batch_id=self.batch_id, groups=groups)
+        for group, holder_line in written.duplicates:
+            rejections.append(
+                (group.line, DUPLICATE_ID_REASON, f"id {group.input_id!r} is already used by line {holder_line}")
+            )
+        for line, reason, text in sorted(rejections, key=lambda rejection: rejection[0]):
+            self.errors.add(line, reason, text)
+        accepted = written.accepted
+        bodies: list[str] = []
+        submitted_at = utcnow()
+        for group in accepted:
+            row, payload_bytes = payloads[group.input_id]
+            if group.payload_ref is not None:
+                self.ports.store.put_bytes(
+                    settings.input_bucket, ids.claim_key(self.batch_id, group.input_id), payload_bytes
+                )
+            first = RolloutMessage(
+                exp_id=self.exp_id,
+                batch_id=self.batch_id,
+                input_id=group.input_id,
+                index=0,
+                attempt=1,
+                group_size=group.group_size,
+                submitted_at=submitted_at,
+                payload=row.payload if group.payload_ref is None else None,
+                payload_ref=group.payload_ref,
+                rollout_overrides=row.rollout_overrides,
+            )
+            bodies.append(first.model_dump_json())
+            bodies.extend(
+                first.model_copy(update={"index": index}).model_dump_json() for index in range(1, group.group_size)
+            )
+        if bodies:
+            self.ports.queue.send_all(settings.rollout_queue_url, bodies)
+        return len(accepted), len(rejections), len(bodies)
+
+    def _checkpoint(self, progress: IngestProgress, *, release: bool = False) -> None:
+        if self.errors_target is not None and self.errors.dirty:
+            bucket, key = self.errors_target
+            self.ports.store.put_bytes(bucket, key, self.errors.render(final=False), content_type=NDJSON)
+            self.errors.dirty = False
+        item = self.ports.ledger.checkpoint(
+            self.batch_id,
+            owner=self.owner,
+            previous_cursor=self.progress.cursor,
+            progress=progress,
+            lease_seconds=self.tuning.lease_seconds,
+            release=release,
+        )
+        self.progress = progress
+        if attr(item, "status") == STATUS_CANCELLED and not self.cancelled:
+            logger.info("batch %s was cancelled: stopping ingestion at line %s", self.batch_id, progress.cursor)
+            self.cancelled = True
+
+    def continue_later(self, obj: DatasetObject) -> IngestResult:
+        """Release the lease at the last checkpoint and enqueue a continuation on the ingest queue."""
+        self._checkpoint(self.progress, release=True)
+        body = continuation_body(obj, self.batch_id, self.progress.cursor)
+        self.ports.queue.send_all(self.ports.settings.ingest_queue_url, [body])
+        logger.info("batch %s: time is short, continuing after line %s", self.batch_id, self.progress.cursor)
+        return self._result("continued")
+
+    def finish(self, *, errors_uri: str | None) -> IngestResult:
+        """Flush, write the final errors object, mark the batch accepted (or keep it cancelled), publish."""
+        if not self.cancelled:
+            self.flush()
+        if self.errors_target is not None and (self.errors.dirty or self.errors.total > self.errors.listed):
+            bucket, key = self.errors_target
+            self.ports.store.put_bytes(bucket, key, self.errors.render(final=True), content_type=NDJSON)
+            self.errors.dirty = False
+        item = self.ports.ledger.finish_ingest(
+            self.batch_id,
+            owner=self.owner,
+            previous_cursor=self.progress.cursor,
+            progress=self.progress,
+            errors_uri=errors_uri,
+        )
+        published = self.ingestion.publish_batch_events(item)
+        outcome: Outcome = "cancelled" if attr(item, "status") == STATUS_CANCELLED else "accepted"
+        logger.info(
+            "batch %s %s: %d rows accepted, %d rejected, %d rollouts enqueued",
+            self.batch_id,
+            outcome,
+            self.progress.rows_accepted,
+            self.progress.rows_rejected,
+            self.progress.rollouts_enqueued,
+        )
+        result = self._result(outcome)
+        result.published = published
+        return result
+
+    def _result(self, outcome: Outcome) -> IngestResult:
+        return IngestResult(
+            outcome,
+            self.batch_id,
+            rows_accepted=self.progress.rows_accepted - self.start.rows_accepted,
+            rows_rejected=self.progress.rows_rejected - self.start.rows_rejected,
+            rollouts_enqueued=self.progress.rollouts_enqueued - self.start.rollouts_enqueued,
+            progress=self.progress,
+        )
+
+
+def _parse_record(record: RawRecord) -> DatasetRow | tuple[int, RowError]:
+    if record.oversized:
+        return record.position, RowError(
+            OVERSIZED_REASON, f"row is {record.oversized_bytes} bytes; the limit is {MAX_ROW_BYTES}"
+        )
+    return _parse(record.text, record.position)
+
+
+def _parse(raw: bytes | str | Mapping[str, Any], position: int) -> DatasetRow | tuple[int, RowError]:
+    try:
+        return parse_row(raw, position)
+    except RowError as exc:
+        return position, exc

@@ -1,0 +1,706 @@
+"""Batch and group items of the ledger: creation, the ingest lease and checkpoints, transactional group creation,
+acceptance, and the completion details other stages publish.
+
+Item shapes and attribute names follow docs/ARCHITECTURE.md ("Ledger"). Every item carries the TTL `expires_at`.
+Functions that read items accept either the low-level client's typed form (`{"N": "3"}`, as `GetItem` and
+`UpdateItem(ReturnValues=ALL_NEW)` return it) or plain Python values.
+
+Ingest bookkeeping on the batch item, beyond the documented counters: `cursor` (last fully processed line),
+`lease_owner`/`lease_expires` (epoch seconds), `rollouts_enqueued` (rollout messages sent so far; copied to
+`rollouts_total` when ingestion ends) and `errors_listed` (detailed entries in the errors object).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Final
+
+from rollout_pipeline import ids
+from rollout_pipeline.contracts import (
+    BatchAccepted,
+    BatchCompleted,
+    DetailType,
+    FailureReason,
+    FileOptions,
+    GroupCompleted,
+    reward_stats,
+    stats_from_sums,
+    utcnow,
+)
+from rollout_pipeline.ledger import keys
+
+STATUS_INGESTING: Final = "ingesting"
+STATUS_ACCEPTED: Final = "accepted"
+STATUS_REJECTED: Final = "rejected"
+STATUS_CANCELLED: Final = "cancelled"
+
+#: DynamoDB TransactWriteItems accepts at most 100 items and 4 MB; stay below both.
+TRANSACTION_MAX_ITEMS: Final = 100
+TRANSACTION_MAX_BYTES: Final = 3_500_000
+_TRANSIENT_CANCEL_CODES: Final = frozenset({"TransactionConflict", "ThrottlingError", "ProvisionedThroughputExceeded"})
+_TRANSACTION_ATTEMPTS: Final = 8
+
+#: Expression attribute names used by the updates below (several are DynamoDB reserved words).
+_NAMES: Final = {
+    "#status": "status",
+    "#cursor": "cursor",
+    "#owner": "lease_owner",
+    "#lease": "lease_expires",
+}
+
+
+class LedgerConflict(RuntimeError):
+    """A conditional write lost: another worker owns the ingest lease or moved the cursor."""
+
+
+@dataclass(frozen=True, slots=True)
+class IngestProgress:
+    """Counters of an ingestion up to `cursor` (the last fully processed line / position)."""
+
+    cursor: int = 0
+    rows_accepted: int = 0
+    rows_rejected: int = 0
+    rollouts_enqueued: int = 0
+    errors_listed: int = 0
+
+    @classmethod
+    def of(cls, batch_item: Mapping[str, Any]) -> IngestProgress:
+        """Read the checkpointed progress of a batch item."""
+        return cls(
+            cursor=int_attr(batch_item, "cursor"),
+            rows_accepted=int_attr(batch_item, "rows_accepted"),
+            rows_rejected=int_attr(batch_item, "rows_rejected"),
+            rollouts_enqueued=int_attr(batch_item, "rollouts_enqueued"),
+            errors_listed=int_attr(batch_item, "errors_listed"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSpec:
+    """A group item to create: one accepted row. Exactly one of `payload_json` and `payload_ref` is set."""
+
+    input_id: str
+    line: int
+    group_size: int
+    payload_json: str | None = None
+    payload_ref: str | None = None
+    overrides_json: str = "{}"
+
+
+@dataclass(slots=True)
+class GroupWriteResult:
+    """Outcome of `BatchLedger.create_groups`.
+
+    `created`: written now. `resumed`: already there with the same line, i.e. written by an earlier attempt of
+    this same ingestion (its messages must still be (re)sent). `duplicates`: the id is taken by another row;
+    each entry is (the rejected group, the line that holds the id).
+    """
+
+    created: list[GroupSpec] = field(default_factory=list)
+    resumed: list[GroupSpec] = field(default_factory=list)
+    duplicates: list[tuple[GroupSpec, int]] = field(default_factory=list)
+
+    @property
+    def accepted(self) -> list[GroupSpec]:
+        """Groups whose rollouts belong to this ingestion, in line order."""
+        return sorted([*self.created, *self.resumed], key=lambda g: g.line)
+
+
+# ---------------------------------------------------------------------------------------------- attribute access
+
+
+def attr(item: Mapping[str, Any], name: str, default: Any = None) -> Any:
+    """A plain Python value of one attribute, from a typed (`{"S": ...}`) or plain item."""
+    if name not in item:
+        return default
+    return plain(item[name])
+
+
+def plain(value: Any) -> Any:
+    """Convert one DynamoDB AttributeValue (typed) to Python; plain values pass through."""
+    if isinstance(value, Mapping) and len(value) == 1:
+        ((tag, inner),) = value.items()
+        if tag == "S":
+            return inner
+        if tag == "N":
+            number = float(inner)
+            return int(number) if number.is_integer() and "." not in inner and "e" not in inner.lower() else number
+        if tag == "BOOL":
+            return bool(inner)
+        if tag == "NULL":
+            return None
+        if tag == "M":
+            return {k: plain(v) for k, v in inner.items()}
+        if tag == "L":
+            return [plain(v) for v in inner]
+        if tag in ("SS", "NS"):
+            return [plain({tag[0]: v}) for v in inner]
+    return value
+
+
+def int_attr(item: Mapping[str, Any], name: str) -> int:
+    value = attr(item, name, 0)
+    return int(value) if value is not None else 0
+
+
+def float_attr(item: Mapping[str, Any], name: str) -> float:
+    value = attr(item, name, 0)
+    return float(value) if value is not None else 0.0
+
+
+def _n(value: int | float) -> dict[str, str]:
+    return {"N": str(value)}
+
+
+def _s(value: str) -> dict[str, str]:
+    return {"S": value}
+
+
+def _iso(moment: datetime) -> str:
+    return moment.isoformat()
+
+
+def _parse_iso(value: Any) -> datetime | None:
+    if not value:
+        return None
+    try:
+        return datetime.fromisoformat(str(value))
+    except ValueError:
+        return None
+
+
+# -------------------------------------------------------------------------------------------------- the ledger
+
+
+class BatchLedger:
+    """Batch and group items of one ledger table (low-level boto3 DynamoDB client, created lazily)."""
+
+    def __init__(
+        self,
+        table_name: str,
+        dynamodb_client: Any | None = None,
+        *,
+        ttl_days: int = 30,
+        now: Callable[[], datetime] = utcnow,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.table_name = table_name
+        self._client = dynamodb_client
+        self.ttl_days = ttl_days
+        self._now = now
+        self._sleep = sleep
+
+    @property
+    def ddb(self) -> Any:
+        if self._client is None:
+            from rollout_pipeline.adapters.clients import client
+
+            self._client = client("dynamodb")
+        return self._client
+
+    def _expires_at(self) -> int:
+        return int((self._now() + timedelta(days=self.ttl_days)).timestamp())
+
+    def _epoch(self) -> int:
+        return int(self._now().timestamp())
+
+    # ------------------------------------------------------------------------------------------------- reads
+
+    def read_batch(self, batch_id: str) -> dict[str, Any] | None:
+        """The batch item (typed, strongly consistent), or None."""
+        resp = self.ddb.get_item(TableName=self.table_name, Key=keys.batch_key(batch_id), ConsistentRead=True)
+        item: dict[str, Any] | None = resp.get("Item")
+        return item
+
+    def read_group(self, batch_id: str, input_id: str) -> dict[str, Any] | None:
+        """The group item (typed, strongly consistent), or None."""
+        resp = self.ddb.get_item(TableName=self.table_name, Key=keys.group_key(batch_id, input_id), ConsistentRead=True)
+        item: dict[str, Any] | None = resp.get("Item")
+        return item
+
+    def iter_groups(self, batch_id: str) -> Iterator[dict[str, Any]]:
+        """Every group item of a batch (typed), in input-id order (a Query, never a scan)."""
+        kwargs: dict[str, Any] = {
+            "TableName": self.table_name,
+            "KeyConditionExpression": "pk = :pk AND begins_with(sk, :g)",
+            "ExpressionAttributeValues": {":pk": _s(keys.batch_pk(batch_id)), ":g": _s(keys.GROUP_PREFIX)},
+            "ConsistentRead": True,
+        }
+        while True:
+            resp = self.ddb.query(**kwargs)
+            yield from resp.get("Items") or []
+            last = resp.get("LastEvaluatedKey")
+            if not last:
+                return
+            kwargs["ExclusiveStartKey"] = last
+
+    # ------------------------------------------------------------------------------------------------ batch
+
+    def create_batch(
+        self,
+        *,
+        exp_id: str,
+        batch_id: str,
+        options: FileOptions,
+        source: str,
+        lease_owner: str | None = None,
+        lease_seconds: int = 900,
+    ) -> dict[str, Any] | None:
+        """Create a batch in status `ingesting` (with the ingest lease when `lease_owner` is given).
+
+        Returns the new item, or None when the batch already exists (nothing is changed then).
+        """
+        item = self._new_batch_item(exp_id=exp_id, batch_id=batch_id, options=options, source=source)
+        item.update({"status": _s(STATUS_INGESTING), "cursor": _n(0)})
+        for counter in ("rows_accepted", "rows_rejected", "rollouts_enqueued", "errors_listed"):
+            item[counter] = _n(0)
+        if lease_owner is not None:
+            item["lease_owner"] = _s(lease_owner)
+            item["lease_expires"] = _n(self._epoch() + lease_seconds)
+        return item if self._put_new(item) else None
+
+    def create_rejected_batch(
+        self,
+        *,
+        exp_id: str,
+        batch_id: str,
+        options: FileOptions | None,
+        source: str,
+        error: str,
+        errors_uri: str | None,
+        group_size: int,
+    ) -> dict[str, Any]:
+        """Record a file rejected as a whole (e.g. bad metadata): status `rejected`, zero rows, complete at once.
+
+        Idempotent: if the batch already exists, the stored item is returned unchanged.
+        """
+        now = _iso(self._now())
+        item = self._new_batch_item(exp_id=exp_id, batch_id=batch_id, options=options, source=source)
+        item.update(
+            {
+                "status": _s(STATUS_REJECTED),
+                "error": _s(error),
+                "group_size": _n(group_size),
+                "accepted_at": _s(now),
+                "completed_at": _s(now),
+                "rollouts_total": _n(0),
+                "cursor": _n(0),
+            }
+        )
+        for counter in ("rows_accepted", "rows_rejected", "rollouts_enqueued", "errors_listed"):
+            item[counter] = _n(0)
+        if errors_uri:
+            item["errors_uri"] = _s(errors_uri)
+        if self._put_new(item):
+            return item
+        existing = self.read_batch(batch_id)
+        assert existing is not None  # the conditional put failed because it exists
+        return existing
+
+    def _new_batch_item(
+        self, *, exp_id: str, batch_id: str, options: FileOptions | None, source: str
+    ) -> dict[str, Any]:
+        item: dict[str, Any] = {
+            **keys.batch_key(batch_id),
+            "exp_id": _s(exp_id),
+            "batch_id": _s(batch_id),
+            "source": _s(source),
+            "created_at": _s(_iso(self._now())),
+            "terminal": _n(0),
+            "succeeded": _n(0),
+            "failed": _n(0),
+            "reward_sum": _n(0),
+            "reward_sumsq": _n(0),
+            "reward_count": _n(0),
+            keys.TTL_ATTRIBUTE: _n(self._expires_at()),
+        }
+        if options is not None:
+            item["options"] = _s(options.model_dump_json())
+        return item
+
+    def _put_new(self, item: dict[str, Any]) -> bool:
+        try:
+            self.ddb.put_item(TableName=self.table_name, Item=item, ConditionExpression="attribute_not_exists(pk)")
+        except self.ddb.exceptions.ConditionalCheckFailedException:
+            return False
+        return True
+
+    def acquire_lease(self, batch_id: str, owner: str, lease_seconds: int) -> dict[str, Any] | None:
+        """Take the ingest lease of an unfinished batch (`ingesting`, or `cancelled` before ingestion ended) when
+        the lease is free, expired or already ours.
+
+        Returns the updated item, or None when another worker holds an unexpired lease or ingestion has ended.
+        """
+        now = self._epoch()
+        try:
+            resp = self.ddb.update_item(
+                TableName=self.table_name,
+                Key=keys.batch_key(batch_id),
+                UpdateExpression="SET #owner = :me, #lease = :until",
+                ConditionExpression=(
+                    "#status IN (:ingesting, :cancelled) AND attribute_not_exists(rollouts_total)"
+                    " AND (attribute_not_exists(#owner) OR #owner = :me OR #lease < :now)"
+                ),
+                ExpressionAttributeNames={k: _NAMES[k] for k in ("#status", "#owner", "#lease")},
+                ExpressionAttributeValues={
+                    ":me": _s(owner),
+                    ":until": _n(now + lease_seconds),
+                    ":now": _n(now),
+                    ":ingesting": _s(STATUS_INGESTING),
+                    ":cancelled": _s(STATUS_CANCELLED),
+                },
+                ReturnValues="ALL_NEW",
+            )
+        except self.ddb.exceptions.ConditionalCheckFailedException:
+            return None
+        item: dict[str, Any] = resp["Attributes"]
+        return item
+
+    def checkpoint(
+        self,
+        batch_id: str,
+        *,
+        owner: str,
+        previous_cursor: int,
+        progress: IngestProgress,
+        lease_seconds: int,
+        release: bool = False,
+    ) -> dict[str, Any]:
+        """Record progress up to `progress.cursor`; conditional on our lease and the previous cursor.
+
+        Renews the lease (or releases it with `release=True`, so a continuation can take over at once).
+        Returns the updated item: its `status` tells whether someone cancelled the batch meanwhile.
+        Raises `LedgerConflict` when the lease or the cursor moved (another worker took over).
+        """
+        values = self._progress_values(progress)
+        values.update({":me": _s(owner), ":prev": _n(previous_cursor)})
+        values[":until"] = _n(0 if release else self._epoch() + lease_seconds)
+        try:
+            resp = self.ddb.update_item(
+                TableName=self.table_name,
+                Key=keys.batch_key(batch_id),
+                UpdateExpression=_PROGRESS_SET + ", #lease = :until",
+                ConditionExpression="#owner = :me AND #cursor = :prev",
+                ExpressionAttributeNames={k: _NAMES[k] for k in ("#cursor", "#owner", "#lease")},
+                ExpressionAttributeValues=values,
+                ReturnValues="ALL_NEW",
+            )
+        except self.ddb.exceptions.ConditionalCheckFailedException:
+            raise LedgerConflict(
+                f"batch {batch_id}: lease lost or cursor moved (expected cursor {previous_cursor})"
+            ) from None
+        item: dict[str, Any] = resp["Attributes"]
+        return item
+
+    def finish_ingest(
+        self,
+        batch_id: str,
+        *,
+        owner: str,
+        previous_cursor: int,
+        progress: IngestProgress,
+        errors_uri: str | None,
+    ) -> dict[str, Any]:
+        """End an ingestion: `rollouts_total` = rollouts enqueued, `accepted_at`, lease removed.
+
+        An `ingesting` batch becomes `accepted`; a `cancelled` one keeps its status (its completion accounting
+        still needs `rollouts_total`). Returns the updated item. Raises `LedgerConflict` if we lost the lease.
+        """
+        values = self._progress_values(progress)
+        values.update(
+            {
+                ":me": _s(owner),
+                ":prev": _n(previous_cursor),
+                ":total": _n(progress.rollouts_enqueued),
+                ":at": _s(_iso(self._now())),
+            }
+        )
+        update = _PROGRESS_SET + ", rollouts_total = :total, accepted_at = :at"
+        if errors_uri:
+            update += ", errors_uri = :errors"
+            values[":errors"] = _s(errors_uri)
+        base_condition = "#owner = :me AND #cursor = :prev AND attribute_not_exists(rollouts_total)"
+        names = {k: _NAMES[k] for k in ("#cursor", "#owner", "#lease", "#status")}
+        for status_now, status_after in ((STATUS_INGESTING, STATUS_ACCEPTED), (STATUS_CANCELLED, STATUS_CANCELLED)):
+            try:
+                resp = self.ddb.update_item(
+                    TableName=self.table_name,
+                    Key=keys.batch_key(batch_id),
+                    UpdateExpression=update + ", #status = :after REMOVE #owner, #lease",
+                    ConditionExpression=base_condition + " AND #status = :before",
+                    ExpressionAttributeNames=names,
+                    ExpressionAttributeValues={**values, ":before": _s(status_now), ":after": _s(status_after)},
+                    ReturnValues="ALL_NEW",
+                )
+            except self.ddb.exceptions.ConditionalCheckFailedException:
+                continue
+            item: dict[str, Any] = resp["Attributes"]
+            return item
+        raise LedgerConflict(f"batch {batch_id}: cannot finish ingestion (lease lost, cursor moved or finished)")
+
+    def mark_completed(self, batch_id: str) -> dict[str, Any]:
+        """Stamp `completed_at` once (first writer wins) and return the item; used before `Batch Completed`."""
+        resp = self.ddb.update_item(
+            TableName=self.table_name,
+            Key=keys.batch_key(batch_id),
+            UpdateExpression="SET completed_at = if_not_exists(completed_at, :at)",
+            ConditionExpression="attribute_exists(pk)",
+            ExpressionAttributeValues={":at": _s(_iso(self._now()))},
+            ReturnValues="ALL_NEW",
+        )
+        item: dict[str, Any] = resp["Attributes"]
+        return item
+
+    @staticmethod
+    def _progress_values(progress: IngestProgress) -> dict[str, Any]:
+        return {
+            ":cursor": _n(progress.cursor),
+            ":accepted": _n(progress.rows_accepted),
+            ":rejected": _n(progress.rows_rejected),
+            ":enqueued": _n(progress.rollouts_enqueued),
+            ":listed": _n(progress.errors_listed),
+        }
+
+    # ----------------------------------------------------------------------------------------------- groups
+
+    def group_item(self, *, exp_id: str, batch_id: str, group: GroupSpec) -> dict[str, Any]:
+        """The DynamoDB item of a new group (counters empty)."""
+        item: dict[str, Any] = {
+            **keys.group_key(batch_id, group.input_id),
+            "exp_id": _s(exp_id),
+            "batch_id": _s(batch_id),
+            "input_id": _s(group.input_id),
+            "line": _n(group.line),
+            "group_size": _n(group.group_size),
+            "overrides": _s(group.overrides_json),
+            "terminal": _n(0),
+            "rewards": {"M": {}},
+            "failures": {"M": {}},
+            "created_at": _s(_iso(self._now())),
+            keys.TTL_ATTRIBUTE: _n(self._expires_at()),
+        }
+        if group.payload_ref is not None:
+            item["payload_ref"] = _s(group.payload_ref)
+        else:
+            item["payload"] = _s(group.payload_json if group.payload_json is not None else "{}")
+        return item
+
+    def create_groups(self, *, exp_id: str, batch_id: str, groups: Sequence[GroupSpec]) -> GroupWriteResult:
+        """Create group items with conditional puts in transactions (<= 100 distinct items each).
+
+        Exact duplicate-id detection with bounded memory: the ledger itself is the set of ids seen. A conflict
+        whose stored `line` equals the new group's line is a resumed write of this same ingestion; any other
+        conflict (or a repeat within `groups`) is a duplicate id. Groups are expected in line order.
+        """
+        result = GroupWriteResult()
+        first_line: dict[str, int] = {}
+        distinct: list[GroupSpec] = []
+        for group in groups:
+            if group.input_id in first_line:
+                result.duplicates.append((group, first_line[group.input_id]))
+            else:
+                first_line[group.input_id] = group.line
+                distinct.append(group)
+        for chunk in self._transaction_chunks(exp_id, batch_id, distinct):
+            self._write_group_chunk(batch_id, chunk, result)
+        return result
+
+    def _transaction_chunks(
+        self, exp_id: str, batch_id: str, groups: Sequence[GroupSpec]
+    ) -> Iterator[list[tuple[GroupSpec, dict[str, Any]]]]:
+        chunk: list[tuple[GroupSpec, dict[str, Any]]] = []
+        size = 0
+        for group in groups:
+            item = self.group_item(exp_id=exp_id, batch_id=batch_id, group=group)
+            item_size = len(group.payload_json or "") + len(group.overrides_json) + 512
+            if chunk and (len(chunk) >= TRANSACTION_MAX_ITEMS or size + item_size > TRANSACTION_MAX_BYTES):
+                yield chunk
+                chunk, size = [], 0
+            chunk.append((group, item))
+            size += item_size
+        if chunk:
+            yield chunk
+
+    def _write_group_chunk(
+        self, batch_id: str, chunk: list[tuple[GroupSpec, dict[str, Any]]], result: GroupWriteResult
+    ) -> None:
+        pending = list(chunk)
+        for attempt in range(_TRANSACTION_ATTEMPTS):
+            if not pending:
+                return
+            try:
+                self.ddb.transact_write_items(
+                    TransactItems=[
+                        {
+                            "Put": {
+                                "TableName": self.table_name,
+                                "Item": item,
+                                "ConditionExpression": "attribute_not_exists(pk)",
+                                "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+                            }
+                        }
+                        for _, item in pending
+                    ]
+                )
+            except self.ddb.exceptions.TransactionCanceledException as exc:
+                reasons = exc.response.get("CancellationReasons") or []
+                conflicts = [
+                    (index, reason)
+                    for index, reason in enumerate(reasons)
+                    if reason.get("Code") == "ConditionalCheckFailed"
+                ]
+                if conflicts:
+                    pending = self._settle_conflicts(batch_id, pending, conflicts, result)
+                    continue
+                codes = {str(reason.get("Code")) for reason in reasons} - {"None"}
+                if codes and codes <= _TRANSIENT_CANCEL_CODES:
+                    self._sleep(min(0.05 * 2**attempt, 1.0))
+                    continue
+                raise
+            result.created.extend(group for group, _ in pending)
+            return
+        raise LedgerConflict(f"batch {batch_id}: group transaction still cancelled after {_TRANSACTION_ATTEMPTS} tries")
+
+    def _settle_conflicts(
+        self,
+        batch_id: str,
+        pending: list[tuple[GroupSpec, dict[str, Any]]],
+        conflicts: list[tuple[int, Mapping[str, Any]]],
+        result: GroupWriteResult,
+    ) -> list[tuple[GroupSpec, dict[str, Any]]]:
+        """Classify the conflicting puts (resumed or duplicate); return the puts still to write."""
+        settled: set[int] = set()
+        for index, reason in conflicts:
+            if index >= len(pending):
+                continue
+            group = pending[index][0]
+            existing = reason.get("Item") or self.read_group(batch_id, group.input_id) or {}
+            existing_line = int_attr(existing, "line")
+            if existing_line == group.line:
+                result.resumed.append(group)
+            else:
+                result.duplicates.append((group, existing_line))
+            settled.add(index)
+        return [entry for index, entry in enumerate(pending) if index not in settled]
+
+
+_PROGRESS_SET: Final = (
+    "SET #cursor = :cursor, rows_accepted = :accepted, rows_rejected = :rejected, "
+    "rollouts_enqueued = :enqueued, errors_listed = :listed"
+)
+
+
+# ------------------------------------------------------------------------------------------- event details
+
+
+def batch_options(batch_item: Mapping[str, Any]) -> FileOptions | None:
+    """The effective per-file options stored on a batch item (None for a file rejected before they were known)."""
+    raw = attr(batch_item, "options")
+    return FileOptions.model_validate_json(raw) if raw else None
+
+
+def batch_accepted_detail(batch_item: Mapping[str, Any]) -> BatchAccepted:
+    """`Batch Accepted` of a batch whose ingestion has ended (stable `event_id`)."""
+    exp_id, batch_id = str(attr(batch_item, "exp_id")), str(attr(batch_item, "batch_id"))
+    options = batch_options(batch_item)
+    group_size = options.group_size if options else int_attr(batch_item, "group_size")
+    return BatchAccepted(
+        event_id=ids.event_id(DetailType.BATCH_ACCEPTED, exp_id, batch_id),
+        exp_id=exp_id,
+        batch_id=batch_id,
+        source=attr(batch_item, "source"),
+        rows_accepted=int_attr(batch_item, "rows_accepted"),
+        rows_rejected=int_attr(batch_item, "rows_rejected"),
+        rollouts_enqueued=int_attr(batch_item, "rollouts_total"),
+        group_size=group_size,
+        errors_uri=attr(batch_item, "errors_uri"),
+        error=attr(batch_item, "error"),
+        policy_version=options.policy_version if options else None,
+    )
+
+
+def batch_completion_detail(batch_item: Mapping[str, Any], now: datetime | None = None) -> BatchCompleted | None:
+    """`Batch Completed` when every rollout of the batch is terminal, else None.
+
+    Complete = ingestion has ended (`rollouts_total` set, status not `ingesting`) and `terminal` >=
+    `rollouts_total`. Counts and reward statistics come from the batch counters. `completed_at` is the item's
+    (see `BatchLedger.mark_completed`) or `now`.
+    """
+    status = attr(batch_item, "status")
+    total = attr(batch_item, "rollouts_total")
+    if status == STATUS_INGESTING or total is None:
+        return None
+    terminal = int_attr(batch_item, "terminal")
+    if terminal < int(total):
+        return None
+    exp_id, batch_id = str(attr(batch_item, "exp_id")), str(attr(batch_item, "batch_id"))
+    reward_count = int_attr(batch_item, "reward_count")
+    mean, std = stats_from_sums(
+        reward_count, float_attr(batch_item, "reward_sum"), float_attr(batch_item, "reward_sumsq")
+    )
+    started = _parse_iso(attr(batch_item, "created_at"))
+    completed = _parse_iso(attr(batch_item, "completed_at")) or now or utcnow()
+    failed_by_reason = {
+        reason.value: int_attr(batch_item, f"failed_{reason.value}")
+        for reason in FailureReason
+        if int_attr(batch_item, f"failed_{reason.value}")
+    }
+    return BatchCompleted(
+        event_id=ids.event_id(DetailType.BATCH_COMPLETED, exp_id, batch_id),
+        exp_id=exp_id,
+        batch_id=batch_id,
+        rollouts_total=int(total),
+        succeeded=int_attr(batch_item, "succeeded"),
+        failed=int_attr(batch_item, "failed"),
+        failed_by_reason=failed_by_reason,
+        reward_mean=mean,
+        reward_std=std,
+        reward_count=reward_count,
+        started_at=started,
+        completed_at=completed,
+        duration_s=(completed - started).total_seconds() if started else None,
+    )
+
+
+def group_completion_detail(group_item: Mapping[str, Any], policy_version: str | None = None) -> GroupCompleted | None:
+    """`Group Completed` when all `group_size` rollouts of the group are terminal, else None.
+
+    `rewards` map (index -> reward) and `failures` map (index -> reason) give the per-index outcome; the mean and
+    population std are over the successful rewards.
+    """
+    group_size = int_attr(group_item, "group_size")
+    if group_size <= 0 or int_attr(group_item, "terminal") < group_size:
+        return None
+    rewards_map = {int(k): float(v) for k, v in (attr(group_item, "rewards") or {}).items()}
+    failures_map = {str(k): FailureReason(str(v)) for k, v in (attr(group_item, "failures") or {}).items()}
+    rewards: list[float | None] = [rewards_map.get(index) for index in range(group_size)]
+    mean, std = reward_stats([r for r in rewards if r is not None])
+    exp_id, batch_id = str(attr(group_item, "exp_id")), str(attr(group_item, "batch_id"))
+    input_id = str(attr(group_item, "input_id"))
+    return GroupCompleted(
+        event_id=ids.event_id(DetailType.GROUP_COMPLETED, exp_id, batch_id, input_id),
+        exp_id=exp_id,
+        batch_id=batch_id,
+        input_id=input_id,
+        group_size=group_size,
+        rewards=rewards,
+        failures=failures_map,
+        succeeded=len(rewards_map),
+        failed=len(failures_map),
+        reward_mean=mean,
+        reward_std=std,
+        policy_version=policy_version,
+    )
+
+
+def group_payload(group_item: Mapping[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
+    """The inline payload (parsed) or the claim-check URI of a group item."""
+    raw = attr(group_item, "payload")
+    if raw is not None:
+        parsed: dict[str, Any] = json.loads(raw)
+        return parsed, None
+    return None, attr(group_item, "payload_ref")
