@@ -1,0 +1,77 @@
+"""Synthesize the experiment stack once per test session (no bundling, no Docker, no AWS) and share the template.
+
+Synthesis runs cdk-nag: if any finding is unacknowledged, the fixture (and so every infra test) fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aws_cdk import cx_api
+from aws_cdk.assertions import Template
+
+from stacks.application import build_app
+from stacks.experiment_stack import ExperimentStack
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+EXPERIMENT = "test-exp"
+NO_BUNDLING: dict[str, list[str]] = {"aws:cdk:bundling-stacks": []}
+
+
+def cdk_json_context() -> dict[str, Any]:
+    context: dict[str, Any] = json.loads((REPO_ROOT / "cdk.json").read_text())["context"]
+    return context
+
+
+def stack_context(**overrides: Any) -> dict[str, Any]:
+    """cdk.json's context as the CLI would pass it, with `-c` style overrides and bundling off."""
+    return {**cdk_json_context(), "experiment": EXPERIMENT, **NO_BUNDLING, **overrides}
+
+
+@dataclass(frozen=True)
+class Synthesized:
+    """One synthesized experiment stack: the construct, its template (dict and assertions) and its artifact."""
+
+    stack: ExperimentStack
+    template: Template
+    resources: Mapping[str, Any]
+    outputs: Mapping[str, Any]
+    artifact: cx_api.CloudFormationStackArtifact
+
+    def of_type(self, resource_type: str) -> dict[str, Any]:
+        return {lid: res for lid, res in self.resources.items() if res["Type"] == resource_type}
+
+    def logical_id(self, construct: Any) -> str:
+        return str(self.stack.resolve(self.stack.get_logical_id(construct.node.default_child)))
+
+
+def synthesize(outdir: Path, **overrides: Any) -> Synthesized:
+    app, stack = build_app(stack_context(**overrides), outdir=str(outdir))
+    assembly = app.synth()
+    artifact = assembly.get_stack_artifact(stack.artifact_id)
+    template_json = artifact.template
+    return Synthesized(
+        stack=stack,
+        template=Template.from_json(template_json),
+        resources=template_json["Resources"],
+        outputs=template_json.get("Outputs", {}),
+        artifact=artifact,
+    )
+
+
+@pytest.fixture(scope="session")
+def synth(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Synthesized]:
+    """The default experiment stack (cdk.json defaults, retain), env-agnostic like a credential-less synth."""
+    saved = {key: os.environ.pop(key, None) for key in ("CDK_DEFAULT_ACCOUNT", "CDK_DEFAULT_REGION")}
+    try:
+        yield synthesize(tmp_path_factory.mktemp("cdk.out"))
+    finally:
+        for key, value in saved.items():
+            if value is not None:
+                os.environ[key] = value

@@ -1,0 +1,182 @@
+"""Least privilege: each role may do what its component does, on the resources it does it to, and nothing else."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from tests.infra.conftest import EXPERIMENT, Synthesized
+
+Statement = dict[str, Any]
+
+
+def statements(synth: Synthesized, role: Any) -> list[Statement]:
+    """Every Allow statement of the policies attached to `role` (actions normalised to lists)."""
+    role_id = synth.logical_id(role)
+    found: list[Statement] = []
+    for policy in synth.of_type("AWS::IAM::Policy").values():
+        if {"Ref": role_id} not in policy["Properties"]["Roles"]:
+            continue
+        for statement in policy["Properties"]["PolicyDocument"]["Statement"]:
+            actions = statement["Action"]
+            resources = statement["Resource"]
+            found.append(
+                {
+                    **statement,
+                    "Action": actions if isinstance(actions, list) else [actions],
+                    "Resource": resources if isinstance(resources, list) else [resources],
+                }
+            )
+    return found
+
+
+def actions_of(synth: Synthesized, role: Any) -> set[str]:
+    return {action for s in statements(synth, role) for action in s["Action"]}
+
+
+def resources_for(synth: Synthesized, role: Any, action: str) -> list[Any]:
+    return [r for s in statements(synth, role) if action in s["Action"] for r in s["Resource"]]
+
+
+def unordered(values: list[Any]) -> set[str]:
+    return {json.dumps(value, sort_keys=True) for value in values}
+
+
+def getatt(logical_id: str, attribute: str = "Arn") -> dict[str, list[str]]:
+    return {"Fn::GetAtt": [logical_id, attribute]}
+
+
+def join(*parts: Any) -> dict[str, list[Any]]:
+    return {"Fn::Join": ["", list(parts)]}
+
+
+FUNCTIONS = ("ingest", "dispatch", "completion", "sweeper")
+
+
+@pytest.mark.parametrize("name", FUNCTIONS)
+def test_lambda_roles_have_no_managed_policies_and_no_star(synth: Synthesized, name: str) -> None:
+    fn = synth.stack.functions[name]
+    role = synth.resources[synth.logical_id(fn.role)]["Properties"]
+    assert "ManagedPolicyArns" not in role
+    assert role["AssumeRolePolicyDocument"]["Statement"][0]["Principal"] == {"Service": "lambda.amazonaws.com"}
+    for statement in statements(synth, fn.role):
+        assert statement["Effect"] == "Allow"
+        assert "*" not in statement["Resource"]
+        assert not [a for a in statement["Action"] if "*" in a], statement
+    assert resources_for(synth, fn.role, "logs:PutLogEvents") == [getatt(synth.logical_id(fn.log_group))]
+
+
+@pytest.mark.parametrize("name", FUNCTIONS)
+def test_no_function_scans_or_deletes_the_table(synth: Synthesized, name: str) -> None:
+    actions = actions_of(synth, synth.stack.functions[name].role)
+    assert "dynamodb:Scan" not in actions
+    assert "dynamodb:DeleteTable" not in actions
+    assert {"dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:Query"} <= actions
+
+
+def test_only_the_sweeper_queries_the_indexes_and_by_name(synth: Synthesized) -> None:
+    table = synth.logical_id(synth.stack.ledger.table)
+    for name in FUNCTIONS:
+        resources = resources_for(synth, synth.stack.functions[name].role, "dynamodb:Query")
+        index_resources = [r for r in resources if r != getatt(table)]
+        if name == "sweeper":
+            assert unordered(index_resources) == unordered(
+                [join(getatt(table), "/index/deadline"), join(getatt(table), "/index/outbox")]
+            )
+        else:
+            assert index_resources == []
+
+
+def test_ingest_s3_access_is_limited_to_datasets_and_claims(synth: Synthesized) -> None:
+    role = synth.stack.functions["ingest"].role
+    bucket = synth.logical_id(synth.stack.storage.input_bucket)
+    s3_actions = {a for a in actions_of(synth, role) if a.startswith("s3:")}
+    assert s3_actions == {"s3:GetObject", "s3:GetObjectVersion", "s3:PutObject"}
+    assert resources_for(synth, role, "s3:GetObject") == [join(getatt(bucket), "/datasets/*")]
+    assert unordered(resources_for(synth, role, "s3:PutObject")) == unordered(
+        [join(getatt(bucket), "/datasets/*"), join(getatt(bucket), "/claims/*")]
+    )
+
+
+def test_dispatch_reads_claims_only(synth: Synthesized) -> None:
+    role = synth.stack.functions["dispatch"].role
+    bucket = synth.logical_id(synth.stack.storage.input_bucket)
+    assert {a for a in actions_of(synth, role) if a.startswith("s3:")} == {"s3:GetObject"}
+    assert resources_for(synth, role, "s3:GetObject") == [join(getatt(bucket), "/claims/*")]
+
+
+def test_completion_reads_this_experiments_results_only(synth: Synthesized) -> None:
+    role = synth.stack.functions["completion"].role
+    bucket = synth.logical_id(synth.stack.storage.results_bucket)
+    assert {a for a in actions_of(synth, role) if a.startswith("s3:")} == {"s3:GetObject"}
+    assert resources_for(synth, role, "s3:GetObject") == [join(getatt(bucket), f"/{EXPERIMENT}/*")]
+
+
+def test_sweeper_has_no_s3_access(synth: Synthesized) -> None:
+    assert not [a for a in actions_of(synth, synth.stack.functions["sweeper"].role) if a.startswith("s3:")]
+
+
+def test_only_dispatch_invokes_the_runtime(synth: Synthesized) -> None:
+    runtime = getatt(synth.logical_id(synth.stack.agent.runtime), "AgentRuntimeArn")
+    for name in FUNCTIONS:
+        resources = resources_for(synth, synth.stack.functions[name].role, "bedrock-agentcore:InvokeAgentRuntime")
+        if name == "dispatch":
+            assert unordered(resources) == unordered([runtime, join(runtime, "/*")])
+        else:
+            assert resources == []
+
+
+@pytest.mark.parametrize("name", ["dispatch", "completion", "sweeper"])
+def test_stop_session_scoped_to_this_runtime(synth: Synthesized, name: str) -> None:
+    runtime = getatt(synth.logical_id(synth.stack.agent.runtime), "AgentRuntimeArn")
+    role = synth.stack.functions[name].role
+    stop = [s for s in statements(synth, role) if "bedrock-agentcore:StopRuntimeSession" in s["Action"]]
+    assert len(stop) == 1
+    assert stop[0]["Action"] == ["bedrock-agentcore:StopRuntimeSession"]
+    assert unordered(stop[0]["Resource"]) == unordered([runtime, join(runtime, "/runtime-endpoint/DEFAULT")])
+    allowed = {"bedrock-agentcore:StopRuntimeSession", "bedrock-agentcore:InvokeAgentRuntime"}
+    assert {a for a in actions_of(synth, role) if a.startswith("bedrock-agentcore:")} <= allowed
+
+
+def test_ingest_cannot_touch_the_runtime(synth: Synthesized) -> None:
+    assert not [a for a in actions_of(synth, synth.stack.functions["ingest"].role) if a.startswith("bedrock")]
+
+
+@pytest.mark.parametrize("name", FUNCTIONS)
+def test_queue_sends_and_event_puts_are_scoped(synth: Synthesized, name: str) -> None:
+    stack = synth.stack
+    role = stack.functions[name].role
+    rollout = getatt(synth.logical_id(stack.dispatch.queue))
+    ingest = getatt(synth.logical_id(stack.ingest.queue))
+    sends = resources_for(synth, role, "sqs:SendMessage")
+    assert rollout in sends
+    assert (ingest in sends) == (name == "ingest")
+    assert unordered(sends) <= unordered([rollout, ingest])
+    assert resources_for(synth, role, "events:PutEvents") == [getatt(synth.logical_id(stack.events.bus))]
+
+
+def test_agent_role_writes_only_its_experiment_prefix(synth: Synthesized) -> None:
+    role = synth.stack.agent.runtime.role
+    bucket = synth.logical_id(synth.stack.storage.results_bucket)
+    s3_statements = [s for s in statements(synth, role) if any(a.startswith("s3:") for a in s["Action"])]
+    assert len(s3_statements) == 1
+    assert s3_statements[0]["Action"] == ["s3:PutObject"]
+    assert s3_statements[0]["Resource"] == [join(getatt(bucket), f"/{EXPERIMENT}/*")]
+    assert not [a for a in actions_of(synth, role) if a.startswith(("dynamodb:", "sqs:", "events:"))]
+
+
+def test_agent_role_trusts_only_agentcore_for_this_runtime(synth: Synthesized) -> None:
+    role = synth.resources[synth.logical_id(synth.stack.agent.runtime.role)]["Properties"]
+    (statement,) = role["AssumeRolePolicyDocument"]["Statement"]
+    assert statement["Principal"] == {"Service": "bedrock-agentcore.amazonaws.com"}
+    assert "aws:SourceAccount" in statement["Condition"]["StringEquals"]
+
+
+def test_no_bucket_or_queue_is_shared_with_another_account(synth: Synthesized) -> None:
+    for kind in ("AWS::S3::BucketPolicy", "AWS::SQS::QueuePolicy"):
+        for policy in synth.of_type(kind).values():
+            for statement in policy["Properties"]["PolicyDocument"]["Statement"]:
+                if statement["Effect"] == "Allow":
+                    assert "AWS" not in statement["Principal"], statement
