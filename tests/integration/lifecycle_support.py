@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
+
+import pytest
 
 from rollout_pipeline.adapters import clients
 from rollout_pipeline.adapters.fake_acr import FakeAgentRuntime
@@ -16,6 +19,22 @@ from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.dispatch import DispatchResult, dispatch_records
 from rollout_pipeline.local.resources import ExperimentResources
 from rollout_pipeline.ports import SystemClock
+
+
+@pytest.fixture
+def moto_lock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make every moto request atomic, as real AWS requests are: moto's backends are not thread-safe (two
+    concurrent ADDs to one DynamoDB counter can lose an update), and the lifecycle runs work in threads."""
+    from moto.core.responses import BaseResponse
+
+    lock = threading.RLock()
+    original = BaseResponse._dispatch
+
+    def locked(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with lock:
+            return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(BaseResponse, "_dispatch", locked)
 
 
 def _s(v: str) -> dict[str, str]:

@@ -30,12 +30,15 @@ from tests.integration.lifecycle_support import (
     drive,
     ledger_item,
     make_deps,
+    moto_lock,
     receive_records,
     rollout_item,
     seed_batch,
     send,
     trainer_events,
 )
+
+pytestmark = pytest.mark.usefixtures(moto_lock.__name__)
 
 B_HAPPY = ids.batch_id_for_upload("in", "datasets/happy.jsonl", "v1")
 B_CLAIM = ids.batch_id_for_upload("in", "datasets/claim.jsonl", "v1")
