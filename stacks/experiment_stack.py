@@ -182,6 +182,8 @@ class ExperimentStack(Stack):
         rollout_queue = self.dispatch.queue
         datasets = input_bucket.arn_for_objects(f"{routing.DATASET_PREFIX}*")
         claims = input_bucket.arn_for_objects(f"{CLAIMS_PREFIX}*")
+        # Whoever drains a rollout's outbox (dispatch, completion, sweeper) inlines a small result in its event.
+        results = results_bucket.arn_for_objects(f"{self.config.name}/*")
 
         def allow(fn: PipelineFunction, actions: list[str], resources: list[str]) -> None:
             fn.role.add_to_principal_policy(iam.PolicyStatement(actions=actions, resources=resources))
@@ -193,19 +195,20 @@ class ExperimentStack(Stack):
         self.ingest.queue.grant_send_messages(ingest.role)
         self.events.bus.grant_put_events_to(ingest.role)
 
-        allow(dispatch, ["s3:GetObject"], [claims])
+        allow(dispatch, ["s3:GetObject"], [claims, results])
         self.ledger.grant_read_write(dispatch.role)
         rollout_queue.grant_send_messages(dispatch.role)
         self.agent.grant_invoke(dispatch.role)
         self.agent.grant_stop_session(dispatch.role)
         self.events.bus.grant_put_events_to(dispatch.role)
 
-        allow(completion, ["s3:GetObject"], [results_bucket.arn_for_objects(f"{self.config.name}/*")])
+        allow(completion, ["s3:GetObject"], [results])
         self.ledger.grant_read_write(completion.role)
         rollout_queue.grant_send_messages(completion.role)
         self.agent.grant_stop_session(completion.role)
         self.events.bus.grant_put_events_to(completion.role)
 
+        allow(sweeper, ["s3:GetObject"], [results])
         self.ledger.grant_read_write(sweeper.role, query_indexes=True)
         rollout_queue.grant_send_messages(sweeper.role)
         self.agent.grant_stop_session(sweeper.role)

@@ -86,11 +86,12 @@ def acknowledge(stack: ExperimentStack) -> None:
         iam5(f"<{logical_id(stack.agent.runtime)}.AgentRuntimeArn>/*"),
         "grant_invoke_runtime covers the endpoints of this one runtime only (runtime ARN + '/*').",
     )
-    ack(
-        default_policy(fns["completion"].role),
-        iam5(bucket_prefix(results_bucket, f"{exp}/")),
-        "Completion reads the result objects the agent writes under this experiment's prefix (keys per session).",
-    )
+    for name in ("dispatch", "completion", "sweeper"):
+        ack(
+            default_policy(fns[name].role),
+            iam5(bucket_prefix(results_bucket, f"{exp}/")),
+            "Reads the result objects the agent writes under this experiment's prefix (one key per session).",
+        )
 
     agent_policy = default_policy(stack.agent.runtime.role)
     logs_arn = f"{account_arn(stack, 'logs')}:log-group:"

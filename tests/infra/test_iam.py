@@ -100,22 +100,22 @@ def test_ingest_s3_access_is_limited_to_datasets_and_claims(synth: Synthesized) 
     )
 
 
-def test_dispatch_reads_claims_only(synth: Synthesized) -> None:
+def test_dispatch_reads_claims_and_own_results_only(synth: Synthesized) -> None:
     role = synth.stack.functions["dispatch"].role
-    bucket = synth.logical_id(synth.stack.storage.input_bucket)
+    input_bucket = synth.logical_id(synth.stack.storage.input_bucket)
+    results_bucket = synth.logical_id(synth.stack.storage.results_bucket)
     assert {a for a in actions_of(synth, role) if a.startswith("s3:")} == {"s3:GetObject"}
-    assert resources_for(synth, role, "s3:GetObject") == [join(getatt(bucket), "/claims/*")]
+    assert unordered(resources_for(synth, role, "s3:GetObject")) == unordered(
+        [join(getatt(input_bucket), "/claims/*"), join(getatt(results_bucket), f"/{EXPERIMENT}/*")]
+    )
 
 
-def test_completion_reads_this_experiments_results_only(synth: Synthesized) -> None:
-    role = synth.stack.functions["completion"].role
+@pytest.mark.parametrize("name", ["completion", "sweeper"])
+def test_completion_and_sweeper_read_this_experiments_results_only(synth: Synthesized, name: str) -> None:
+    role = synth.stack.functions[name].role
     bucket = synth.logical_id(synth.stack.storage.results_bucket)
     assert {a for a in actions_of(synth, role) if a.startswith("s3:")} == {"s3:GetObject"}
     assert resources_for(synth, role, "s3:GetObject") == [join(getatt(bucket), f"/{EXPERIMENT}/*")]
-
-
-def test_sweeper_has_no_s3_access(synth: Synthesized) -> None:
-    assert not [a for a in actions_of(synth, synth.stack.functions["sweeper"].role) if a.startswith("s3:")]
 
 
 def test_only_dispatch_invokes_the_runtime(synth: Synthesized) -> None:
