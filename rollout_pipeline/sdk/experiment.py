@@ -1,0 +1,467 @@
+"""`Experiment`: one deployed (or local) experiment, attached by name, and everything a trainer does with it."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import IO, Any, Final
+
+from rollout_pipeline import ids
+from rollout_pipeline.config import ExperimentConfig, SamplingParams
+from rollout_pipeline.contracts import DetailType
+from rollout_pipeline.sdk import submission
+from rollout_pipeline.sdk._aws import AwsClients, aws_errors
+from rollout_pipeline.sdk.errors import AwsError, BatchNotFound, DatasetInvalid, ExperimentNotDeployed, SdkError
+from rollout_pipeline.sdk.events import (
+    DEFAULT_GROUP_GRACE_S,
+    DEFAULT_POLL_WAIT_S,
+    DEFAULT_SEEN_IDS,
+    GROUP_DETAIL_TYPES,
+    AsyncStream,
+    Event,
+    EventFilter,
+    EventStream,
+    GroupStream,
+    QueueReader,
+    SeenIds,
+)
+from rollout_pipeline.sdk.status import BatchStatus, batch_status, iter_rollout_items
+
+logger = logging.getLogger(__name__)
+
+STACK_PREFIX: Final = "Rollouts-"
+#: CloudFormation outputs the SDK needs (all of them are exported by the experiment stack).
+REQUIRED_OUTPUTS: Final = (
+    "ExperimentName",
+    "InputBucketName",
+    "ResultsBucketName",
+    "RolloutQueueUrl",
+    "TrainerQueueUrl",
+    "EventBusName",
+    "LedgerTableName",
+    "ExperimentConfig",
+)
+OPTIONAL_OUTPUTS: Final = ("AgentRuntimeArn", "IngestQueueUrl")
+
+
+def stack_name(experiment: str) -> str:
+    """The CloudFormation stack of an experiment."""
+    return f"{STACK_PREFIX}{experiment}"
+
+
+class Experiment:
+    """A handle on one experiment's resources (buckets, queues, bus, ledger), from its stack outputs.
+
+    Create it with `Experiment.attach(name)` (reads the CloudFormation outputs once), `Experiment.from_outputs(...)`
+    or `Experiment.local(endpoint_url, outputs=...)` (local mode: every client talks to that endpoint).
+    Region and credentials come from the usual boto3 chain unless a `session` / `region` is given.
+    Thread-safe: the dispatcher thread of a `RolloutClient` shares it with the caller.
+    """
+
+    def __init__(
+        self,
+        outputs: Mapping[str, str],
+        *,
+        session: Any | None = None,
+        region: str | None = None,
+        endpoint_url: str | None = None,
+        seen_ids: int = DEFAULT_SEEN_IDS,
+    ) -> None:
+        missing = [name for name in REQUIRED_OUTPUTS if not outputs.get(name)]
+        if missing:
+            raise SdkError(f"stack outputs are missing {', '.join(missing)} (is the stack up to date?)")
+        self.outputs: dict[str, str] = dict(outputs)
+        try:
+            self.config = ExperimentConfig.from_env(self.outputs["ExperimentConfig"])
+        except ValueError as exc:
+            raise SdkError(f"the ExperimentConfig output is not a valid experiment configuration: {exc}") from None
+        self.aws = AwsClients(session=session, region=region, endpoint_url=endpoint_url)
+        #: Event ids already handed to user code in this process (shared by every stream and the dispatcher).
+        self.seen = SeenIds(seen_ids)
+
+    # ---------------------------------------------------------------------------------------------- attach
+
+    @classmethod
+    def attach(
+        cls, name: str, region: str | None = None, session: Any | None = None, *, endpoint_url: str | None = None
+    ) -> Experiment:
+        """Attach to the deployed experiment `name`: one DescribeStacks of stack `Rollouts-{name}`.
+
+        Raises `ExperimentNotDeployed` when the stack does not exist, `NoCredentials` without AWS credentials.
+        """
+        try:
+            ids.validate_exp_id(name)
+        except ids.InvalidId as exc:
+            raise SdkError(f"invalid experiment name: {exc}") from None
+        aws = AwsClients(session=session, region=region, endpoint_url=endpoint_url)
+        stack = stack_name(name)
+        try:
+            with aws_errors(f"describe stack {stack}"):
+                resp = aws.client("cloudformation").describe_stacks(StackName=stack)
+        except AwsError as exc:
+            if "does not exist" in str(exc) or "ValidationError" in str(exc):
+                where = f" in {aws.region}" if aws.region else ""
+                raise ExperimentNotDeployed(
+                    f"experiment {name!r} is not deployed{where} (no stack {stack}); "
+                    f"deploy it with `cdk deploy -c experiment={name}` or check --region"
+                ) from None
+            raise
+        stacks = resp.get("Stacks") or []
+        if not stacks:
+            raise ExperimentNotDeployed(f"experiment {name!r} is not deployed (no stack {stack})")
+        status = str(stacks[0].get("StackStatus", ""))
+        if status.endswith("_FAILED") or status.startswith("DELETE") or status == "ROLLBACK_COMPLETE":
+            raise ExperimentNotDeployed(f"experiment {name!r}: stack {stack} is in state {status}")
+        outputs = {o["OutputKey"]: o["OutputValue"] for o in stacks[0].get("Outputs") or []}
+        return cls(outputs, session=aws.session, region=region, endpoint_url=endpoint_url)
+
+    @classmethod
+    def from_outputs(
+        cls,
+        outputs: Mapping[str, str],
+        region: str | None = None,
+        session: Any | None = None,
+        *,
+        endpoint_url: str | None = None,
+    ) -> Experiment:
+        """An experiment from its stack outputs (as `cdk deploy --outputs-file` writes them, or a dict)."""
+        return cls(outputs, session=session, region=region, endpoint_url=endpoint_url)
+
+    @classmethod
+    def local(
+        cls,
+        endpoint_url: str,
+        outputs: Mapping[str, str] | None = None,
+        *,
+        name: str | None = None,
+        region: str = "us-east-1",
+        session: Any | None = None,
+    ) -> Experiment:
+        """An experiment in local mode: every AWS call goes to `endpoint_url` (the loopback moto server).
+
+        Give the `outputs` local mode printed (`ExperimentResources.stack_outputs()`), or a `name` to read them
+        from a stack registered at that endpoint.
+        """
+        if outputs is not None:
+            return cls(outputs, session=session, region=region, endpoint_url=endpoint_url)
+        if name is None:
+            raise SdkError("Experiment.local needs the local experiment's outputs or its name")
+        return cls.attach(name, region=region, session=session, endpoint_url=endpoint_url)
+
+    # ------------------------------------------------------------------------------------------ properties
+
+    @property
+    def name(self) -> str:
+        return self.outputs["ExperimentName"]
+
+    @property
+    def input_bucket(self) -> str:
+        return self.outputs["InputBucketName"]
+
+    @property
+    def results_bucket(self) -> str:
+        return self.outputs["ResultsBucketName"]
+
+    @property
+    def rollout_queue_url(self) -> str:
+        return self.outputs["RolloutQueueUrl"]
+
+    @property
+    def trainer_queue_url(self) -> str:
+        return self.outputs["TrainerQueueUrl"]
+
+    @property
+    def bus_name(self) -> str:
+        return self.outputs["EventBusName"]
+
+    @property
+    def table_name(self) -> str:
+        return self.outputs["LedgerTableName"]
+
+    @property
+    def runtime_arn(self) -> str:
+        return self.outputs.get("AgentRuntimeArn", "")
+
+    def client(self, service: str) -> Any:
+        """The boto3 client of `service` this experiment uses (same session, region and endpoint)."""
+        return self.aws.client(service)
+
+    def __repr__(self) -> str:
+        return f"Experiment({self.name!r}, region={self.aws.region!r})"
+
+    def _ledger(self) -> Any:
+        from rollout_pipeline.ledger.batches import BatchLedger
+
+        return BatchLedger(self.table_name, self.client("dynamodb"), ttl_days=self.config.ledger_ttl_days)
+
+    # ---------------------------------------------------------------------------------------------- submit
+
+    def submit_file(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        group_size: int | None = None,
+        sampling_params: Mapping[str, Any] | SamplingParams | None = None,
+        timeout_s: int | None = None,
+        max_attempts: int | None = None,
+        policy_version: str | None = None,
+        key: str | None = None,
+        validate: bool = True,
+    ) -> str:
+        """Upload a dataset file (`.jsonl`, `.jsonl.gz`, `.json` array) to `datasets/` and return its batch id.
+
+        The file is validated locally first (same reader and row rules as ingestion): a bad row raises
+        `DatasetInvalid` naming the file, the line and the reason, before anything is uploaded. Options not given
+        default to the experiment's; they travel as S3 object metadata. The batch id is the one ingestion derives
+        from the upload's version id, so it is known at once.
+        """
+        options = self._options(group_size, sampling_params, timeout_s, max_attempts, policy_version)
+        if validate:
+            submission.validate_file(path)
+        elif not Path(path).is_file():
+            raise DatasetInvalid(str(path), [("", "no such file")])
+        object_key = submission.dataset_key(path, key)
+        with aws_errors(f"upload s3://{self.input_bucket}/{object_key}"), Path(path).open("rb") as body:
+            resp = self.client("s3").put_object(
+                Bucket=self.input_bucket,
+                Key=object_key,
+                Body=body,
+                ContentType=submission.content_type(object_key),
+                Metadata=options.to_metadata(),
+            )
+        version_id = resp.get("VersionId")
+        etag = str(resp.get("ETag", "")).strip('"') or None
+        batch_id = ids.batch_id_for_upload(self.input_bucket, object_key, version_id, None if version_id else etag)
+        logger.info("uploaded %s as s3://%s/%s (batch %s)", path, self.input_bucket, object_key, batch_id)
+        return batch_id
+
+    def submit(
+        self,
+        payloads: Iterable[Mapping[str, Any]],
+        *,
+        group_size: int | None = None,
+        sampling_params: Mapping[str, Any] | SamplingParams | None = None,
+        timeout_s: int | None = None,
+        max_attempts: int | None = None,
+        policy_version: str | None = None,
+        name: str = "sdk",
+        batch_id: str | None = None,
+    ) -> str:
+        """Submit in-memory payloads (dataset rows: `id` and `_rollout` keys allowed) straight to the rollout queue.
+
+        Creates the batch and its groups in the ledger (the ingestion stage's API), stores payloads bigger than
+        the inline limit in the input bucket (claim check), sends one rollout message per rollout and publishes
+        `Batch Accepted`. Returns the new batch id (`{name}-{12 hex}` unless `batch_id` is given).
+        Invalid payloads raise `DatasetInvalid` before anything is sent.
+        """
+        options = self._options(group_size, sampling_params, timeout_s, max_attempts, policy_version)
+        rows = submission.validate_payloads(payloads)
+        if batch_id is None:
+            batch_id = ids.new_batch_id(name)
+        else:
+            try:
+                ids.validate_batch_id(batch_id)
+            except ids.InvalidId as exc:
+                raise SdkError(str(exc)) from None
+        from rollout_pipeline.sdk import _ingest
+
+        with aws_errors(f"submit batch {batch_id}"):
+            _ingest.submit_rows(self, batch_id=batch_id, rows=rows, options=options)
+        return batch_id
+
+    def _options(
+        self,
+        group_size: int | None,
+        sampling_params: Mapping[str, Any] | SamplingParams | None,
+        timeout_s: int | None,
+        max_attempts: int | None,
+        policy_version: str | None,
+    ) -> Any:
+        try:
+            return submission.file_options(
+                self.config,
+                group_size=group_size,
+                sampling_params=sampling_params,
+                timeout_s=timeout_s,
+                max_attempts=max_attempts,
+                policy_version=policy_version,
+            )
+        except ValueError as exc:
+            raise SdkError(f"invalid option {exc}") from None
+
+    # ---------------------------------------------------------------------------------------------- events
+
+    def events(
+        self,
+        batch_id: str | Iterable[str] | None = None,
+        detail_types: Iterable[DetailType | str] | None = None,
+        timeout: float | None = None,
+        *,
+        max_events: int | None = None,
+        consume_others: bool = False,
+        poll_wait_s: float = DEFAULT_POLL_WAIT_S,
+        visibility_s: int | None = None,
+    ) -> EventStream:
+        """Iterate pipeline events from the trainer queue by long polling.
+
+        Each `event_id` is handed to user code once per process; a message is deleted only after the iterator
+        advanced past it (or the `with` block ended normally). Events that do not match `batch_id` /
+        `detail_types` are released for other consumers, or deleted with `consume_others=True`. Stops after
+        `timeout` seconds (None: never) or `max_events` events.
+        """
+        return EventStream(
+            QueueReader(self.aws, self.trainer_queue_url, visibility_s=visibility_s),
+            self.seen,
+            event_filter=EventFilter(batch_id, detail_types),
+            timeout=timeout,
+            max_events=max_events,
+            consume_others=consume_others,
+            poll_wait_s=poll_wait_s,
+        )
+
+    def aevents(
+        self,
+        batch_id: str | Iterable[str] | None = None,
+        detail_types: Iterable[DetailType | str] | None = None,
+        timeout: float | None = None,
+        **kwargs: Any,
+    ) -> AsyncStream:
+        """`events()` for asyncio: `async for event in experiment.aevents(...)` (receives run in a thread)."""
+        return AsyncStream(self.events(batch_id, detail_types, timeout, **kwargs))
+
+    def subscribe(
+        self,
+        handler: Callable[[Event], Any],
+        batch_id: str | Iterable[str] | None = None,
+        detail_types: Iterable[DetailType | str] | None = None,
+        timeout: float | None = None,
+        **kwargs: Any,
+    ) -> int:
+        """Call `handler(event)` for each event; a message is deleted only after the handler returned.
+
+        A handler that raises leaves its message for redelivery and the exception propagates. Returns the number
+        of events handled (when `timeout` / `max_events` ended the subscription).
+        """
+        stream = self.events(batch_id, detail_types, timeout, **kwargs)
+        with stream:
+            for event in stream:
+                handler(event)
+        return stream.handed
+
+    def groups(
+        self,
+        batch_id: str,
+        timeout: float | None = None,
+        *,
+        grace_s: float = DEFAULT_GROUP_GRACE_S,
+        stop_on_batch_completed: bool = True,
+        poll_wait_s: float = DEFAULT_POLL_WAIT_S,
+        consume_others: bool = False,
+    ) -> GroupStream:
+        """Complete GRPO groups of a batch as they complete (`Group Completed` + its per-rollout events).
+
+        Ends when `Batch Completed` for the batch arrives (unless `stop_on_batch_completed=False`) or after
+        `timeout` seconds.
+        """
+        stream = self.events(
+            batch_id, GROUP_DETAIL_TYPES, timeout, consume_others=consume_others, poll_wait_s=poll_wait_s
+        )
+        return GroupStream(stream, grace_s=grace_s, stop_on_batch_completed=stop_on_batch_completed)
+
+    def agroups(self, batch_id: str, timeout: float | None = None, **kwargs: Any) -> AsyncStream:
+        """`groups()` for asyncio: `async for group in experiment.agroups(batch_id)`."""
+        return AsyncStream(self.groups(batch_id, timeout, **kwargs))
+
+    # ---------------------------------------------------------------------------------------------- status
+
+    def status(self, batch_id: str) -> BatchStatus:
+        """Where a batch stands, from the ledger: queued, running, succeeded, failed by reason, reward mean/std."""
+        with aws_errors(f"read batch {batch_id}"):
+            item = self._ledger().read_batch(batch_id)
+            if item is None:
+                raise BatchNotFound(f"no batch {batch_id!r} in experiment {self.name!r}")
+            states: Counter[str] = Counter()
+            for rollout in iter_rollout_items(self.client("dynamodb"), self.table_name, batch_id, "#state"):
+                states[str(rollout.get("state", {}).get("S", ""))] += 1
+        return batch_status(item, states)
+
+    def cancel(self, batch_id: str) -> Any:
+        """Cancel a batch: queued rollouts are never started, running ones are stopped and fail as `cancelled`."""
+        from rollout_pipeline.sdk import _lifecycle
+
+        with aws_errors(f"cancel batch {batch_id}"):
+            if self._ledger().read_batch(batch_id) is None:
+                raise BatchNotFound(f"no batch {batch_id!r} in experiment {self.name!r}")
+            return _lifecycle.cancel_batch(self, batch_id)
+
+    # ---------------------------------------------------------------------------------------------- results
+
+    def fetch_result(self, result_uri: str, max_bytes: int | None = None) -> dict[str, Any]:
+        """Read a result object (`s3://bucket/key`) and return it parsed."""
+        bucket, key = parse_s3_uri(result_uri)
+        limit = max_bytes or self.config.result_max_bytes
+        with aws_errors(f"read {result_uri}"):
+            resp = self.client("s3").get_object(Bucket=bucket, Key=key)
+            body = resp["Body"].read(limit + 1)
+        if len(body) > limit:
+            raise SdkError(f"{result_uri} is larger than {limit} bytes")
+        value = json.loads(body)
+        if not isinstance(value, dict):
+            raise SdkError(f"{result_uri} does not hold a JSON object")
+        return value
+
+    def export(
+        self,
+        batch_id: str,
+        out: str | os.PathLike[str] | IO[str],
+        *,
+        include_results: bool = True,
+        include_payload: bool = False,
+    ) -> int:
+        """Write one JSON line per rollout of the batch (ledger state + result object); return the line count."""
+        from rollout_pipeline.sdk.export import export_rows, write_jsonl
+
+        def fetch(uri: str) -> dict[str, Any] | None:
+            try:
+                return self.fetch_result(uri)
+            except (SdkError, ValueError) as exc:
+                logger.warning("cannot read %s: %s", uri, exc)
+                return None
+
+        with aws_errors(f"export batch {batch_id}"):
+            ledger = self._ledger()
+            if ledger.read_batch(batch_id) is None:
+                raise BatchNotFound(f"no batch {batch_id!r} in experiment {self.name!r}")
+            rows = export_rows(
+                groups=ledger.iter_groups(batch_id),
+                rollouts=iter_rollout_items(self.client("dynamodb"), self.table_name, batch_id),
+                fetch_result=fetch if include_results else None,
+                include_payload=include_payload,
+            )
+            if isinstance(out, str | os.PathLike):
+                if str(out) == "-":
+                    return write_jsonl(rows, sys.stdout)
+                with Path(out).open("w", encoding="utf-8") as handle:
+                    return write_jsonl(rows, handle)
+            return write_jsonl(rows, out)
+
+    # ------------------------------------------------------------------------------------------ ART-style
+
+    def rollout_client(self, **defaults: Any) -> Any:
+        """An ART-style client (`invoke`, `run_batch`, futures) over this experiment; see `RolloutClient`."""
+        from rollout_pipeline.sdk.client import RolloutClient
+
+        return RolloutClient(self, **defaults)
+
+
+def parse_s3_uri(uri: str) -> tuple[str, str]:
+    """`s3://bucket/key` -> (bucket, key)."""
+    if not uri.startswith("s3://") or "/" not in uri[5:]:
+        raise SdkError(f"not an s3:// URI: {uri!r}")
+    bucket, key = uri[5:].split("/", 1)
+    return bucket, key

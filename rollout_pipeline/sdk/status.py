@@ -1,0 +1,136 @@
+"""Batch status from the ledger: counts by state, failures by reason, reward statistics."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from rollout_pipeline.contracts import FailureReason, stats_from_sums
+from rollout_pipeline.ledger import keys
+from rollout_pipeline.ledger.batches import attr, float_attr, int_attr
+
+#: Upper bound on ledger query pages read for one status (1 MB each): bounded work whatever the batch size.
+MAX_QUERY_PAGES: Final = 2_000
+TERMINAL_STATES: Final = frozenset({"succeeded", "failed"})
+
+
+@dataclass(frozen=True)
+class BatchStatus:
+    """Where a batch stands. `queued` = accepted rollouts not yet running (including retries waiting)."""
+
+    batch_id: str
+    status: str
+    source: str | None
+    rollouts_total: int | None
+    succeeded: int
+    failed: int
+    running: int
+    queued: int | None
+    failed_by_reason: dict[str, int] = field(default_factory=dict)
+    reward_mean: float | None = None
+    reward_std: float | None = None
+    reward_count: int = 0
+    rows_accepted: int = 0
+    rows_rejected: int = 0
+    created_at: str | None = None
+    completed_at: str | None = None
+    error: str | None = None
+    errors_uri: str | None = None
+
+    @property
+    def terminal(self) -> int:
+        return self.succeeded + self.failed
+
+    @property
+    def done(self) -> bool:
+        """Every rollout is terminal (ingestion finished and the counts add up)."""
+        return self.rollouts_total is not None and self.status != "ingesting" and self.terminal >= self.rollouts_total
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "batch_id": self.batch_id,
+            "status": self.status,
+            "done": self.done,
+            "source": self.source,
+            "rollouts_total": self.rollouts_total,
+            "queued": self.queued,
+            "running": self.running,
+            "succeeded": self.succeeded,
+            "failed": self.failed,
+            "failed_by_reason": self.failed_by_reason,
+            "reward_mean": self.reward_mean,
+            "reward_std": self.reward_std,
+            "reward_count": self.reward_count,
+            "rows_accepted": self.rows_accepted,
+            "rows_rejected": self.rows_rejected,
+            "created_at": self.created_at,
+            "completed_at": self.completed_at,
+            "error": self.error,
+            "errors_uri": self.errors_uri,
+        }
+
+
+def iter_rollout_items(ddb: Any, table_name: str, batch_id: str, projection: str | None = None) -> Iterator[Any]:
+    """Every rollout item of a batch (typed), by a Query on the batch partition (never a scan); bounded pages."""
+    kwargs: dict[str, Any] = {
+        "TableName": table_name,
+        "KeyConditionExpression": "pk = :pk AND begins_with(sk, :r)",
+        "ExpressionAttributeValues": {":pk": {"S": keys.batch_pk(batch_id)}, ":r": {"S": keys.ROLLOUT_PREFIX}},
+    }
+    if projection:
+        kwargs["ProjectionExpression"] = projection
+        kwargs["ExpressionAttributeNames"] = {"#state": "state"} if "#state" in projection else {}
+        if not kwargs["ExpressionAttributeNames"]:
+            del kwargs["ExpressionAttributeNames"]
+    for _ in range(MAX_QUERY_PAGES):
+        resp = ddb.query(**kwargs)
+        yield from resp.get("Items") or []
+        last = resp.get("LastEvaluatedKey")
+        if not last:
+            return
+        kwargs["ExclusiveStartKey"] = last
+
+
+def batch_status(batch_item: Mapping[str, Any], rollout_states: Counter[str]) -> BatchStatus:
+    """Combine the batch counters with the rollout items' states (running = dispatched, not yet terminal)."""
+    total_raw = attr(batch_item, "rollouts_total")
+    total = int(total_raw) if total_raw is not None else None
+    succeeded = int_attr(batch_item, "succeeded")
+    failed = int_attr(batch_item, "failed")
+    running = rollout_states.get("dispatched", 0)
+    if total is not None:
+        queued: int | None = max(0, total - succeeded - failed - running)
+    else:  # still ingesting: count what has been enqueued so far
+        enqueued = int_attr(batch_item, "rollouts_enqueued")
+        queued = max(0, enqueued - succeeded - failed - running) if enqueued else None
+    reward_count = int_attr(batch_item, "reward_count")
+    mean, std = stats_from_sums(
+        reward_count, float_attr(batch_item, "reward_sum"), float_attr(batch_item, "reward_sumsq")
+    )
+    by_reason = {
+        reason.value: int_attr(batch_item, f"failed_{reason.value}")
+        for reason in FailureReason
+        if int_attr(batch_item, f"failed_{reason.value}")
+    }
+    return BatchStatus(
+        batch_id=str(attr(batch_item, "batch_id")),
+        status=str(attr(batch_item, "status", "unknown")),
+        source=attr(batch_item, "source"),
+        rollouts_total=total,
+        succeeded=succeeded,
+        failed=failed,
+        running=running,
+        queued=queued,
+        failed_by_reason=by_reason,
+        reward_mean=mean,
+        reward_std=std,
+        reward_count=reward_count,
+        rows_accepted=int_attr(batch_item, "rows_accepted"),
+        rows_rejected=int_attr(batch_item, "rows_rejected"),
+        created_at=attr(batch_item, "created_at"),
+        completed_at=attr(batch_item, "completed_at"),
+        error=attr(batch_item, "error"),
+        errors_uri=attr(batch_item, "errors_uri"),
+    )
