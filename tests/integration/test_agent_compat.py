@@ -9,6 +9,7 @@ read them as success / agent_error / per-turn rewards.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -423,3 +424,91 @@ def test_invalid_requests_are_rejected_before_any_process_starts(single_session_
     with pytest.raises(RuntimeRejected, match="JSON"):
         runtime.invoke("x" * 40, {"bad": object()})
     assert runtime.sessions() == []
+
+
+# ------------------------------------------------------------------------- RolloutApp is wire-identical to ART
+
+
+def _served(app: Any, requests: list[tuple[dict[str, str], bytes]], keys: list[str]) -> tuple[list[Any], list[Any]]:
+    """Send `requests` to `app` in process; return the HTTP answers and the result objects at `keys`."""
+    from starlette.testclient import TestClient
+
+    s3_client = boto3.client("s3", region_name=REGION)
+    answers: list[Any] = []
+    results: list[Any] = []
+    with TestClient(app) as client:
+        for headers, body in requests:
+            response = client.post("/invocations", content=body, headers=headers)
+            answers.append((response.status_code, response.json()))
+        for key in keys:
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    results.append(json.loads(s3_client.get_object(Bucket=BUCKET, Key=key)["Body"].read()))
+                    s3_client.delete_object(Bucket=BUCKET, Key=key)
+                    break
+                except s3_client.exceptions.NoSuchKey:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.05)
+        ping = client.get("/ping").json()
+        answers.append(sorted(ping))
+    # Run the finalizers of the in-process apps' objects now: on CPython 3.11 a finalizer that runs inside a later
+    # `ast.parse` (pytest rewriting a lazily imported module) can raise "AST constructor recursion depth mismatch".
+    gc.collect()
+    return answers, results
+
+
+def test_rollout_app_is_wire_identical_to_art(moto_aws: None) -> None:
+    """The same functions served by ART's AgentCoreRLApp and by RolloutApp: same HTTP answers, same result objects
+    (success, error, partial config, invalid JSON), while RolloutApp's function also sees the rollout context."""
+    from agentcore_rl_toolkit import AgentCoreRLApp
+
+    from rollout_pipeline.agent.app import RolloutApp
+    from rollout_pipeline.agent.context import get_rollout
+
+    boto3.client("s3", region_name=REGION).create_bucket(Bucket=BUCKET)
+    seen_sessions: list[str | None] = []
+
+    def make(app_class: type) -> Any:
+        app = app_class()
+
+        @app.rollout_entrypoint
+        def rollout(payload: dict[str, Any]) -> dict[str, Any]:
+            ctx = get_rollout()
+            seen_sessions.append(None if ctx is None else ctx.session_id)
+            if payload.get("fail"):
+                raise ValueError("agent bug")
+            return {"rewards": [0.0, 1.0], "note": payload["question"]}
+
+        return app
+
+    session_id, payload = build_payload("http://127.0.0.1:9/v1", "wire", {"question": "q"})
+    _, failing = build_payload("http://127.0.0.1:9/v1", "wire-fail", {"question": "q", "fail": True})
+    header = {"X-Amzn-Bedrock-AgentCore-Runtime-Session-Id": session_id, "Content-Type": "application/json"}
+    requests = [
+        (header, json.dumps(payload).encode()),
+        (header, json.dumps(failing).encode()),
+        (header, json.dumps({"question": "q", "_rollout": {"exp_id": EXP}}).encode()),
+        (header, b"{not json"),
+    ]
+    keys = [ids.result_key(EXP, "wire", session_id), ids.result_key(EXP, "wire-fail", session_id)]
+
+    art_answers, art_results = _served(make(AgentCoreRLApp), requests, keys)
+    our_answers, our_results = _served(make(RolloutApp), requests, keys)
+
+    assert our_answers == art_answers
+    assert art_answers[0] == (200, {"status": "processing", "s3_bucket": BUCKET, "result_key": keys[0]})
+    assert art_answers[2][0] == 500
+    assert art_answers[3][0] == 400
+    assert our_results[0] == art_results[0]
+    assert contracts.parse_result(json.dumps(our_results[0]).encode()).rewards == [0.0, 1.0]
+    # Error results differ only in the traceback's frames (RolloutApp adds its wrapper's lines).
+    for ours, arts in zip(our_results[1:], art_results[1:], strict=True):
+        assert {k: v for k, v in ours.items() if k != "traceback"} == {
+            k: v for k, v in arts.items() if k != "traceback"
+        }
+        assert ours["traceback"].strip().splitlines()[-1] == arts["traceback"].strip().splitlines()[-1]
+    assert contracts.parse_result(json.dumps(our_results[1]).encode()).reason is contracts.FailureReason.AGENT_ERROR
+    # ART's functions ran without a context; RolloutApp's saw this rollout's session.
+    assert seen_sessions == [None, None, session_id, session_id]
