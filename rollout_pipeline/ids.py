@@ -95,8 +95,10 @@ def session_id(exp_id: str, batch_id: str, input_id: str, index: int, attempt: i
     """The ACR runtimeSessionId of one rollout attempt: deterministic, 33..256 chars of [a-z0-9-]."""
     if index < 0 or attempt < 1:
         raise InvalidId(f"index must be >= 0 and attempt >= 1, got index={index} attempt={attempt}")
-    digest = _digest(exp_id, batch_id, input_id, index, attempt, length=_SESSION_HASH_LEN)
-    value = f"{batch_id}-{index}-{attempt}-{digest}"
+    prefix = f"{batch_id}-{index}-{attempt}-"
+    # A short batch id gets a longer hash so the id still reaches ACR's minimum length (same id otherwise).
+    length = max(_SESSION_HASH_LEN, SESSION_ID_MIN - len(prefix))
+    value = prefix + _digest(exp_id, batch_id, input_id, index, attempt, length=length)
     if not SESSION_ID_MIN <= len(value) <= SESSION_ID_MAX:  # pragma: no cover - guaranteed by the id patterns
         raise InvalidId(f"session id length {len(value)} outside {SESSION_ID_MIN}..{SESSION_ID_MAX}")
     return value
