@@ -473,7 +473,7 @@ def test_rollout_app_is_wire_identical_to_art(moto_aws: None) -> None:
     def make(app_class: type) -> Any:
         app = app_class()
 
-        @app.rollout_entrypoint
+        @app.rollout_entrypoint  # type: ignore[untyped-decorator]
         def rollout(payload: dict[str, Any]) -> dict[str, Any]:
             ctx = get_rollout()
             seen_sessions.append(None if ctx is None else ctx.session_id)
