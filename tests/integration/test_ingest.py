@@ -21,12 +21,21 @@ from rollout_pipeline.contracts import (
     MAX_ROW_BYTES,
     BatchAccepted,
     BatchCompleted,
+    FailureReason,
     FileOptions,
     utcnow,
 )
 from rollout_pipeline.ingest import Ingestion, IngestPorts, IngestTuning
 from rollout_pipeline.ledger import keys
-from rollout_pipeline.ledger.batches import BatchLedger, attr, int_attr, plain
+from rollout_pipeline.ledger.batches import (
+    BatchLedger,
+    GroupSpec,
+    attr,
+    batch_completion_detail,
+    group_completion_detail,
+    int_attr,
+    plain,
+)
 from rollout_pipeline.local.resources import ExperimentResources
 from rollout_pipeline.ports import MessageQueue
 from tests.conftest import receive_all
@@ -595,3 +604,131 @@ def test_handler_reports_partial_batch_failures_and_emits_metrics(
     assert (metrics["RowsAccepted"], metrics["RowsRejected"], metrics["RolloutsEnqueued"]) == ([2.0], [1.0], [4.0])
     batch = batch_item(resources, batch_id_of(event))
     assert int_attr(batch, "rows_accepted") == 2
+
+
+# ------------------------------------------------------------------------------------------- ledger API
+
+
+class ReasonsWithoutItems:
+    """A DynamoDB client whose TransactionCanceledException lacks the old items (as some emulators answer),
+    and whose first transaction is cancelled by a transient TransactionConflict."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.exceptions = inner.exceptions
+        self.transactions = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def transact_write_items(self, **kwargs: Any) -> Any:
+        self.transactions += 1
+        if self.transactions == 1:
+            reasons = [{"Code": "TransactionConflict"} for _ in kwargs["TransactItems"]]
+            raise self.exceptions.TransactionCanceledException(
+                {
+                    "Error": {"Code": "TransactionCanceledException", "Message": "conflict"},
+                    "CancellationReasons": reasons,
+                },
+                "TransactWriteItems",
+            )
+        try:
+            return self.inner.transact_write_items(**kwargs)
+        except self.exceptions.TransactionCanceledException as exc:
+            for reason in exc.response.get("CancellationReasons") or []:
+                reason.pop("Item", None)
+            raise
+
+
+def test_create_groups_classifies_conflicts_by_line_even_without_returned_items(
+    resources: ExperimentResources,
+) -> None:
+    client = ReasonsWithoutItems(clients.client("dynamodb"))
+    ledger = BatchLedger(resources.table_name, client, sleep=lambda _s: None)
+    first = ledger.create_groups(
+        exp_id="test-exp", batch_id="b-1", groups=[GroupSpec("a", 1, 2, "{}"), GroupSpec("b", 2, 2, "{}")]
+    )
+    assert [g.input_id for g in first.created] == ["a", "b"]
+    assert client.transactions == 2, "the transient conflict was retried"
+    again = ledger.create_groups(
+        exp_id="test-exp",
+        batch_id="b-1",
+        groups=[GroupSpec("a", 1, 2, "{}"), GroupSpec("c", 3, 2, "{}"), GroupSpec("b", 4, 2, "{}")],
+    )
+    assert [g.input_id for g in again.resumed] == ["a"]
+    assert [g.input_id for g in again.created] == ["c"]
+    assert [(g.input_id, line) for g, line in again.duplicates] == [("b", 2)]
+    assert [g.input_id for g in again.accepted] == ["a", "c"]
+
+
+def test_create_groups_splits_transactions_at_one_hundred_items(resources: ExperimentResources) -> None:
+    client = ReasonsWithoutItems(clients.client("dynamodb"))
+    client.transactions = 1  # no injected conflict
+    ledger = BatchLedger(resources.table_name, client)
+    result = ledger.create_groups(
+        exp_id="test-exp", batch_id="b-2", groups=[GroupSpec(f"g{i}", i + 1, 1, "{}") for i in range(205)]
+    )
+    assert len(result.created) == 205
+    assert client.transactions == 1 + 3
+    assert len(list(ledger.iter_groups("b-2"))) == 205
+
+
+def test_group_completion_detail() -> None:
+    group: dict[str, Any] = {
+        "exp_id": {"S": "test-exp"},
+        "batch_id": {"S": "b-1"},
+        "input_id": {"S": "q1"},
+        "group_size": {"N": "3"},
+        "terminal": {"N": "2"},
+        "rewards": {"M": {"0": {"N": "1"}, "2": {"N": "0"}}},
+        "failures": {"M": {"1": {"S": "timeout"}}},
+    }
+    assert group_completion_detail(group) is None
+    group["terminal"] = {"N": "3"}
+    detail = group_completion_detail(group, policy_version="v1")
+    assert detail is not None
+    assert detail.rewards == [1.0, None, 0.0]
+    assert detail.failures == {"1": FailureReason.TIMEOUT}
+    assert (detail.succeeded, detail.failed, detail.reward_mean, detail.reward_std) == (2, 1, 0.5, 0.5)
+    assert detail.event_id == ids.event_id("Group Completed", "test-exp", "b-1", "q1")
+    assert detail.policy_version == "v1"
+    plain_group = {name: plain(value) for name, value in group.items()}
+    from_plain = group_completion_detail(plain_group, policy_version="v1")
+    assert from_plain is not None
+    assert from_plain.model_dump(exclude={"emitted_at"}) == detail.model_dump(exclude={"emitted_at"})
+
+
+def test_batch_completion_detail() -> None:
+    batch: dict[str, Any] = {
+        "exp_id": "test-exp",
+        "batch_id": "b-1",
+        "status": "ingesting",
+        "terminal": 4,
+        "created_at": "2026-01-01T00:00:00+00:00",
+    }
+    assert batch_completion_detail(batch) is None, "still ingesting: the total is not known"
+    batch.update({"status": "accepted", "rollouts_total": 5})
+    assert batch_completion_detail(batch) is None, "one rollout is not terminal yet"
+    batch.update(
+        {
+            "terminal": 5,
+            "succeeded": 3,
+            "failed": 2,
+            "failed_timeout": 1,
+            "failed_agent_error": 1,
+            "reward_sum": 3.0,
+            "reward_sumsq": 5.0,
+            "reward_count": 3,
+            "completed_at": "2026-01-01T00:01:40+00:00",
+        }
+    )
+    detail = batch_completion_detail(batch)
+    assert detail is not None
+    assert (detail.rollouts_total, detail.succeeded, detail.failed) == (5, 3, 2)
+    assert detail.failed_by_reason == {"timeout": 1, "agent_error": 1}
+    assert detail.reward_mean == 1.0
+    assert detail.reward_std == pytest.approx((5 / 3 - 1) ** 0.5)
+    assert (detail.reward_count, detail.duration_s) == (3, 100.0)
+    assert detail.event_id == ids.event_id("Batch Completed", "test-exp", "b-1")
+    batch["status"] = "cancelled"
+    assert batch_completion_detail(batch) is not None, "a cancelled batch still completes"
