@@ -31,6 +31,10 @@ OUTBOX_PUBLISH: Final = "publish"
 OUTBOX_STOP: Final = "stop"
 OUTBOX_ENQUEUE: Final = "enqueue"
 
+#: The drainer that made a transition owns its outbox entry this long; others claim it only after that (or once
+#: the owner gave it back after a failure), so concurrent duplicates do not publish the same events again.
+OUTBOX_LEASE_S: Final = 60
+
 #: How many times a transaction is retried after a `TransactionConflict` (hot counter items) before giving up.
 CONFLICT_RETRIES: Final = 8
 
@@ -448,6 +452,7 @@ class RolloutLedger:
             ":obpk": keys.outbox_pk(batch_id, input_id, index),
             ":obsk": now_epoch,
             ":obid": secrets.token_hex(8),
+            ":oblease": now_epoch + OUTBOX_LEASE_S,
         }
 
     def finish(
@@ -503,6 +508,7 @@ class RolloutLedger:
             "#obpk = :obpk",
             "#obsk = :obsk",
             "outbox_id = :obid",
+            "outbox_lease = :oblease",
         ]
         optional = {
             "reason": outcome.reason,
@@ -518,8 +524,9 @@ class RolloutLedger:
             optional["policy_version"] = policy_version
         for attr, value in optional.items():
             if value is not None:
-                sets.append(f"{attr} = :{attr}")
+                sets.append(f"#{attr} = :{attr}")
                 values[f":{attr}"] = value
+                names[f"#{attr}"] = attr
         if from_state is None:
             condition = "attribute_not_exists(pk)"
         else:
@@ -590,7 +597,7 @@ class RolloutLedger:
         update = self._update(
             keys.rollout_key(rec.batch_id, rec.input_id, rec.index),
             "SET #st = :queued, attempt = :next, session_id = :sid, outbox = :outbox, stop_session = :prev, "
-            "#obpk = :obpk, #obsk = :obsk, outbox_id = :obid "
+            "#obpk = :obpk, #obsk = :obsk, outbox_id = :obid, outbox_lease = :oblease "
             "REMOVE dispatched_at, invoked_at, deadline, #dlpk, #dlsk",
             "#st = :dispatched AND attempt = :attempt",
             values,
@@ -612,7 +619,7 @@ class RolloutLedger:
             self.ddb.update_item(
                 **self._update(
                     keys.rollout_key(rec.batch_id, rec.input_id, rec.index),
-                    "REMOVE outbox, outbox_id, stop_session, #obpk, #obsk",
+                    "REMOVE outbox, outbox_id, outbox_lease, stop_session, #obpk, #obsk",
                     "outbox_id = :obid",
                     {":obid": rec.outbox_id},
                     {"#obpk": keys.OUTBOX_PK, "#obsk": keys.OUTBOX_SK},
@@ -621,6 +628,39 @@ class RolloutLedger:
         except self.ddb.exceptions.ConditionalCheckFailedException:
             return False
         return True
+
+    def claim_outbox(self, rec: RolloutRecord, now_epoch: int, lease_s: int = OUTBOX_LEASE_S) -> bool:
+        """Take over an outbox entry nobody holds (lease absent or expired); False if someone else holds it."""
+        if rec.outbox_id is None:
+            return False
+        try:
+            self.ddb.update_item(
+                **self._update(
+                    keys.rollout_key(rec.batch_id, rec.input_id, rec.index),
+                    "SET outbox_lease = :until",
+                    "outbox_id = :obid AND (attribute_not_exists(outbox_lease) OR outbox_lease < :now)",
+                    {":obid": rec.outbox_id, ":until": now_epoch + lease_s, ":now": now_epoch},
+                )
+            )
+        except self.ddb.exceptions.ConditionalCheckFailedException:
+            return False
+        return True
+
+    def release_outbox(self, rec: RolloutRecord) -> None:
+        """Give an outbox entry back after a failed side effect, so a redelivery may drain it at once."""
+        if rec.outbox_id is None:
+            return
+        try:
+            self.ddb.update_item(
+                **self._update(
+                    keys.rollout_key(rec.batch_id, rec.input_id, rec.index),
+                    "REMOVE outbox_lease",
+                    "outbox_id = :obid",
+                    {":obid": rec.outbox_id},
+                )
+            )
+        except self.ddb.exceptions.ConditionalCheckFailedException:
+            return
 
     # -------------------------------------------------------------------------------------------- batches
 

@@ -105,7 +105,7 @@ def cancel_rollout(
         deps.metrics.count(failed_metric(FailureReason.CANCELLED.value))
         after = deps.ledger.get_rollout(batch_id, input_id, index)
         if after is not None:
-            publishing.drain(after, deps)
+            publishing.drain(after, deps, owner=True)
         return "cancelled"
     raise LedgerError(f"could not cancel {ids.rollout_id(input_id, index)} of {batch_id}: it kept changing")
 

@@ -108,8 +108,9 @@ def handle_result_event(event: Mapping[str, Any], deps: LifecycleDeps) -> Comple
     if rec is None:
         return _late(deps, "no such rollout in the ledger", key)
     if rec.attempt == ref.attempt and rec.terminal and rec.outbox:
-        publishing.drain(rec, deps)
-        return Completion.RESUMED
+        if publishing.drain(rec, deps):
+            return Completion.RESUMED
+        return _late(deps, "its side effects are being finished by another worker", key)
     if rec.state != DISPATCHED or rec.attempt != ref.attempt:
         return _late(deps, f"rollout is {rec.state} (attempt {rec.attempt}), result is of attempt {ref.attempt}", key)
 
@@ -153,8 +154,8 @@ def handle_result_event(event: Mapping[str, Any], deps: LifecycleDeps) -> Comple
     if not done:
         after = deps.ledger.get_rollout(ref.batch_id, ref.input_id, ref.index)
         if after is not None and after.attempt == ref.attempt and after.terminal and after.outbox:
-            publishing.drain(after, deps)
-            return Completion.RESUMED
+            if publishing.drain(after, deps):
+                return Completion.RESUMED
         return _late(deps, "another delivery ended this attempt first", key)
     if succeeded:
         deps.metrics.count(SUCCEEDED_METRIC)
@@ -163,7 +164,7 @@ def handle_result_event(event: Mapping[str, Any], deps: LifecycleDeps) -> Comple
         deps.metrics.count(failed_metric(terminal.reason or "unknown"))
     after = deps.ledger.get_rollout(ref.batch_id, ref.input_id, ref.index)
     if after is not None:
-        publishing.drain(after, deps, result=body_dict)
+        publishing.drain(after, deps, owner=True, result=body_dict)
     return Completion.SUCCEEDED if succeeded else Completion.FAILED
 
 

@@ -289,5 +289,5 @@ def _rejected(message: RolloutMessage, deps: LifecycleDeps, error: str) -> Dispa
     deps.metrics.count(failed_metric(FailureReason.INVOKE_REJECTED.value))
     rec = deps.ledger.get_rollout(message.batch_id, message.input_id, message.index)
     if rec is not None:
-        publishing.drain(rec, deps)
+        publishing.drain(rec, deps, owner=True)
     return Dispatch.REJECTED

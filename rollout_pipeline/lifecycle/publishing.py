@@ -169,27 +169,38 @@ def drain(
     rec: RolloutRecord,
     deps: LifecycleDeps,
     *,
+    owner: bool = False,
     result: dict[str, Any] | None = None,
     wait_until: float | None = None,
-) -> None:
+) -> bool:
     """Perform the rollout's pending side effects, then clear its outbox entry.
 
-    Raises (RuntimeThrottled, PublishError, AWS errors) when a side effect failed: the entry stays and is
-    drained again later by a redelivery or the sweeper.
+    `owner=True`: the caller made the transition that set the entry (it holds the entry's lease). Anyone else
+    first claims the entry; if another worker holds it, nothing is done and False is returned.
+    Raises (RuntimeThrottled, PublishError, AWS errors) when a side effect failed: the entry stays (its lease
+    given back) and is drained again by a redelivery or the sweeper.
     """
     if not rec.outbox:
-        return
-    if OUTBOX_STOP in rec.outbox and rec.stop_session:
-        deps.limited.stop(rec.stop_session, wait_until)
-    if OUTBOX_ENQUEUE in rec.outbox:
-        message = retry_message(rec, deps)
-        deps.queue.send_all(deps.settings.rollout_queue_url, [message.model_dump_json(exclude_none=True)])
-    if OUTBOX_PUBLISH in rec.outbox:
-        notified_at = deps.now()
-        details: list[Any] = [rollout_event(rec, notified_at=notified_at, result=_inline_result(rec, deps, result))]
-        details.extend(completion_details(rec, deps))
-        deps.publisher.publish(details)
-        finished = parse_iso(rec.finished_at)
-        if finished is not None and rec.result_uri:
-            deps.metrics.sample(NOTIFICATION_LATENCY, max(0.0, (notified_at - finished).total_seconds() * 1000))
-    deps.ledger.clear_outbox(rec)
+        return True
+    if not owner and not deps.ledger.claim_outbox(rec, int(deps.now().timestamp())):
+        return False
+    try:
+        if OUTBOX_STOP in rec.outbox and rec.stop_session:
+            deps.limited.stop(rec.stop_session, wait_until)
+        if OUTBOX_ENQUEUE in rec.outbox:
+            message = retry_message(rec, deps)
+            deps.queue.send_all(deps.settings.rollout_queue_url, [message.model_dump_json(exclude_none=True)])
+        if OUTBOX_PUBLISH in rec.outbox:
+            notified_at = deps.now()
+            inline = _inline_result(rec, deps, result)
+            details: list[Any] = [rollout_event(rec, notified_at=notified_at, result=inline)]
+            details.extend(completion_details(rec, deps))
+            deps.publisher.publish(details)
+            finished = parse_iso(rec.finished_at)
+            if finished is not None and rec.result_uri:
+                deps.metrics.sample(NOTIFICATION_LATENCY, max(0.0, (notified_at - finished).total_seconds() * 1000))
+        deps.ledger.clear_outbox(rec)
+    except BaseException:
+        deps.ledger.release_outbox(rec)
+        raise
+    return True

@@ -73,8 +73,8 @@ def sweep(deps: LifecycleDeps, *, page_size: int = 50, max_pages: int = 4) -> Sw
             if fresh is None or not fresh.outbox:
                 continue
             try:
-                publishing.drain(fresh, deps)
-                report.outbox_drained += 1
+                if publishing.drain(fresh, deps):
+                    report.outbox_drained += 1
             except Exception as exc:
                 log.warning("outbox of %s/%s#%s not drained: %s", rec.batch_id, rec.input_id, rec.index, exc)
                 report.errors.append(f"outbox {rec.batch_id}/{rec.input_id}#{rec.index}: {exc}")
@@ -157,7 +157,7 @@ def _expire(
     after = deps.ledger.get_rollout(rec.batch_id, rec.input_id, rec.index)
     if after is not None and after.outbox:
         try:
-            publishing.drain(after, deps)
+            publishing.drain(after, deps, owner=True)
         except Exception as exc:  # the outbox keeps it; the next sweep drains it
             log.warning("side effects of %s/%s#%s pending: %s", rec.batch_id, rec.input_id, rec.index, exc)
             report.errors.append(f"drain {rec.batch_id}/{rec.input_id}#{rec.index}: {exc}")
