@@ -153,9 +153,9 @@ def handle_result_event(event: Mapping[str, Any], deps: LifecycleDeps) -> Comple
     )
     if not done:
         after = deps.ledger.get_rollout(ref.batch_id, ref.input_id, ref.index)
-        if after is not None and after.attempt == ref.attempt and after.terminal and after.outbox:
-            if publishing.drain(after, deps):
-                return Completion.RESUMED
+        resumable = after is not None and after.attempt == ref.attempt and after.terminal and bool(after.outbox)
+        if after is not None and resumable and publishing.drain(after, deps):
+            return Completion.RESUMED
         return _late(deps, "another delivery ended this attempt first", key)
     if succeeded:
         deps.metrics.count(SUCCEEDED_METRIC)
