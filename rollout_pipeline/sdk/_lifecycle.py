@@ -1,39 +1,38 @@
-"""Cancel through the lifecycle stage's `cancel_batch` (FALLBACK until it lands: see `_fallback_cancel`)."""
+"""Cancel through the lifecycle stage (`lifecycle.cancel.cancel_batch`) with the experiment's own clients."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from rollout_pipeline.ledger import keys
-from rollout_pipeline.ledger.batches import STATUS_ACCEPTED, STATUS_CANCELLED, STATUS_INGESTING
+from rollout_pipeline.ports import AgentRuntime
 
 if TYPE_CHECKING:
+    from rollout_pipeline.lifecycle.cancel import CancelReport
     from rollout_pipeline.sdk.experiment import Experiment
 
 
-def cancel_batch(experiment: Experiment, batch_id: str) -> Any:
-    """Cancel a batch; returns what the lifecycle stage returns (or the fallback's updated batch item)."""
-    return _fallback_cancel(experiment, batch_id)
+def cancel_batch(experiment: Experiment, batch_id: str, runtime: AgentRuntime | None = None) -> CancelReport:
+    """Cancel a batch: nothing more is dispatched, running sessions are stopped (through `runtime`, by default
+    ACR with the experiment's session), every rollout ends once as `Rollout Failed` (cancelled)."""
+    from rollout_pipeline.adapters.eventbridge import EventBridgePublisher
+    from rollout_pipeline.adapters.s3 import S3ObjectStore
+    from rollout_pipeline.adapters.sqs import SqsQueue
+    from rollout_pipeline.ledger.rollouts import RolloutLedger
+    from rollout_pipeline.lifecycle.cancel import cancel_batch as lifecycle_cancel_batch
+    from rollout_pipeline.lifecycle.deps import LifecycleDeps
 
+    if runtime is None:
+        from rollout_pipeline.adapters.acr import AcrAgentRuntime
 
-def _fallback_cancel(experiment: Experiment, batch_id: str) -> Any:
-    """THIN FALLBACK: flag the batch `cancelled` (the dispatcher skips its queued rollouts). It does not stop
-    running sessions: that is the lifecycle stage's `cancel_batch`, which replaces this once it lands."""
-    ddb = experiment.client("dynamodb")
-    try:
-        resp = ddb.update_item(
-            TableName=experiment.table_name,
-            Key=keys.batch_key(batch_id),
-            UpdateExpression="SET #status = :cancelled",
-            ConditionExpression="#status IN (:ingesting, :accepted)",
-            ExpressionAttributeNames={"#status": "status"},
-            ExpressionAttributeValues={
-                ":cancelled": {"S": STATUS_CANCELLED},
-                ":ingesting": {"S": STATUS_INGESTING},
-                ":accepted": {"S": STATUS_ACCEPTED},
-            },
-            ReturnValues="ALL_NEW",
-        )
-    except ddb.exceptions.ConditionalCheckFailedException:
-        return None
-    return resp["Attributes"]
+        runtime = AcrAgentRuntime(experiment.runtime_arn, experiment.client("bedrock-agentcore"))
+    deps = LifecycleDeps(
+        settings=experiment.settings(),
+        ledger=RolloutLedger(
+            experiment.table_name, experiment.client("dynamodb"), ttl_days=experiment.config.ledger_ttl_days
+        ),
+        runtime=runtime,
+        store=S3ObjectStore(experiment.client("s3")),
+        queue=SqsQueue(experiment.client("sqs")),
+        publisher=EventBridgePublisher(experiment.bus_name, experiment.client("events")),
+    )
+    return lifecycle_cancel_batch(batch_id, deps)

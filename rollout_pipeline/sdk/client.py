@@ -374,20 +374,17 @@ class RolloutClient:
     def submit_many(
         self, rows: Sequence[Mapping[str, Any]], *, name: str = "run", owns_batch: bool = False
     ) -> list[RolloutFuture]:
-        """Submit rows as one batch (one rollout each); return a future per row, in order."""
-        from rollout_pipeline import ids
+        """Submit rows as one batch (one rollout each); return a future per row, in order.
+
+        Futures are registered right after the submission returns; an event that arrives earlier is released
+        by the dispatcher and delivered again (nothing is lost).
+        """
         from rollout_pipeline.sdk.submission import validate_payloads
 
-        batch_id = ids.new_batch_id(name)
         parsed = validate_payloads(rows)
+        batch_id = self.experiment.submit(rows, group_size=1, name=name, **self._submit_options)
         futures = [RolloutFuture(self, batch_id, row.input_id, 0, owns_batch=owns_batch) for row in parsed]
-        self._dispatcher.register(futures)  # before submitting: no event can arrive unrouted
-        try:
-            self.experiment.submit(rows, group_size=1, batch_id=batch_id, **self._submit_options)
-        except BaseException as exc:
-            for future in futures:
-                future._fail(exc)
-            raise
+        self._dispatcher.register(futures)
         return futures
 
     def invoke(

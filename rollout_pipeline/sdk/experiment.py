@@ -6,13 +6,15 @@ import json
 import logging
 import os
 import sys
+import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any, Final
+from typing import IO, TYPE_CHECKING, Any, Final
 
 from rollout_pipeline import ids
-from rollout_pipeline.config import ExperimentConfig, SamplingParams
+from rollout_pipeline.config import ExperimentConfig, HandlerSettings, SamplingParams
 from rollout_pipeline.contracts import DetailType
 from rollout_pipeline.sdk import submission
 from rollout_pipeline.sdk._aws import AwsClients, aws_errors
@@ -31,6 +33,10 @@ from rollout_pipeline.sdk.events import (
     SeenIds,
 )
 from rollout_pipeline.sdk.status import BatchStatus, batch_status, iter_rollout_items
+
+if TYPE_CHECKING:
+    from rollout_pipeline.lifecycle.cancel import CancelReport
+    from rollout_pipeline.ports import AgentRuntime
 
 logger = logging.getLogger(__name__)
 
@@ -234,9 +240,10 @@ class Experiment:
                 ContentType=submission.content_type(object_key),
                 Metadata=options.to_metadata(),
             )
+        # Ingestion derives the batch id from the S3 event's version id and etag: the same values PutObject returns.
         version_id = resp.get("VersionId")
         etag = str(resp.get("ETag", "")).strip('"') or None
-        batch_id = ids.batch_id_for_upload(self.input_bucket, object_key, version_id, None if version_id else etag)
+        batch_id = ids.batch_id_for_upload(self.input_bucket, object_key, version_id, etag)
         logger.info("uploaded %s as s3://%s/%s (batch %s)", path, self.input_bucket, object_key, batch_id)
         return batch_id
 
@@ -250,29 +257,40 @@ class Experiment:
         max_attempts: int | None = None,
         policy_version: str | None = None,
         name: str = "sdk",
-        batch_id: str | None = None,
     ) -> str:
         """Submit in-memory payloads (dataset rows: `id` and `_rollout` keys allowed) straight to the rollout queue.
 
-        Creates the batch and its groups in the ledger (the ingestion stage's API), stores payloads bigger than
-        the inline limit in the input bucket (claim check), sends one rollout message per rollout and publishes
-        `Batch Accepted`. Returns the new batch id (`{name}-{12 hex}` unless `batch_id` is given).
-        Invalid payloads raise `DatasetInvalid` before anything is sent.
+        Goes through the ingestion stage's own code: batch and group items in the ledger, claim checks for big
+        payloads, one rollout message per rollout, `Batch Accepted`. Returns the new batch id (`{name}-{12 hex}`).
+        Invalid payloads raise `DatasetInvalid` (index and reason) before anything is written.
         """
         options = self._options(group_size, sampling_params, timeout_s, max_attempts, policy_version)
-        rows = submission.validate_payloads(payloads)
-        if batch_id is None:
-            batch_id = ids.new_batch_id(name)
-        else:
-            try:
-                ids.validate_batch_id(batch_id)
-            except ids.InvalidId as exc:
-                raise SdkError(str(exc)) from None
+        rows = [dict(p) for p in payloads]
+        submission.validate_payloads(rows)
         from rollout_pipeline.sdk import _ingest
 
-        with aws_errors(f"submit batch {batch_id}"):
-            _ingest.submit_rows(self, batch_id=batch_id, rows=rows, options=options)
-        return batch_id
+        with aws_errors("submit payloads"):
+            result = _ingest.submit_rows(
+                self, rows=rows, options=options, name=name, owner=submission.new_lease_owner()
+            )
+        if result.batch_id is None:  # pragma: no cover - submit_rows always creates a batch
+            raise SdkError("the submission created no batch")
+        if result.rows_rejected:  # pragma: no cover - validated above with the same rules
+            logger.warning("batch %s: %d payload(s) rejected: %s", result.batch_id, result.rows_rejected, result.errors)
+        return result.batch_id
+
+    def settings(self) -> HandlerSettings:
+        """The handler settings of this experiment (what the pipeline's own stages are configured with)."""
+        return HandlerSettings(
+            table_name=self.table_name,
+            input_bucket=self.input_bucket,
+            results_bucket=self.results_bucket,
+            rollout_queue_url=self.rollout_queue_url,
+            bus_name=self.bus_name,
+            runtime_arn=self.runtime_arn,
+            ingest_queue_url=self.outputs.get("IngestQueueUrl", ""),
+            experiment=self.config,
+        )
 
     def _options(
         self,
@@ -334,6 +352,87 @@ class Experiment:
         """`events()` for asyncio: `async for event in experiment.aevents(...)` (receives run in a thread)."""
         return AsyncStream(self.events(batch_id, detail_types, timeout, **kwargs))
 
+    @contextmanager
+    def tap(
+        self,
+        batch_id: str | None = None,
+        detail_types: Iterable[DetailType | str] | None = None,
+        timeout: float | None = None,
+        *,
+        poll_wait_s: float = DEFAULT_POLL_WAIT_S,
+    ) -> Iterator[EventStream]:
+        """Observe events without taking them from the trainer: a private queue subscribed to the bus.
+
+        Creates an SQS queue and a rule on the experiment bus (matching `batch_id` if given) for the duration of
+        the `with` block, and deletes both afterwards. Only events published after it starts are seen. Needs
+        `sqs:CreateQueue`/`DeleteQueue`/`SetQueueAttributes` and `events:PutRule`/`PutTargets`/`RemoveTargets`/
+        `DeleteRule`. `rollouts watch` uses it so that watching never steals the trainer's events.
+        """
+        from rollout_pipeline.contracts import EVENT_SOURCE
+
+        name = f"{self.bus_name}-tap-{uuid.uuid4().hex[:8]}"[:64]
+        sqs, events = self.client("sqs"), self.client("events")
+        pattern: dict[str, Any] = {"source": [EVENT_SOURCE]}
+        if batch_id is not None:
+            pattern["detail"] = {"batch_id": [batch_id]}
+        queue_url: str | None = None
+        rule_made = False
+        try:
+            with aws_errors("create a tap queue on the event bus"):
+                queue_url = str(
+                    sqs.create_queue(QueueName=name, Attributes={"MessageRetentionPeriod": "3600"})["QueueUrl"]
+                )
+                queue_arn = sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["QueueArn"])["Attributes"][
+                    "QueueArn"
+                ]
+                rule_arn = events.put_rule(
+                    Name=name, EventBusName=self.bus_name, EventPattern=json.dumps(pattern), State="ENABLED"
+                )["RuleArn"]
+                rule_made = True
+                policy = {
+                    "Version": "2012-10-17",
+                    "Statement": [
+                        {
+                            "Effect": "Allow",
+                            "Principal": {"Service": "events.amazonaws.com"},
+                            "Action": "sqs:SendMessage",
+                            "Resource": queue_arn,
+                            "Condition": {"ArnEquals": {"aws:SourceArn": rule_arn}},
+                        }
+                    ],
+                }
+                sqs.set_queue_attributes(QueueUrl=queue_url, Attributes={"Policy": json.dumps(policy)})
+                events.put_targets(Rule=name, EventBusName=self.bus_name, Targets=[{"Id": "tap", "Arn": queue_arn}])
+            stream = EventStream(
+                QueueReader(self.aws, queue_url),
+                SeenIds(),
+                event_filter=EventFilter(batch_id, detail_types),
+                timeout=timeout,
+                consume_others=True,  # the queue is ours alone
+                poll_wait_s=poll_wait_s,
+            )
+            with stream:
+                yield stream
+        finally:
+            self._remove_tap(name, queue_url, rule_made)
+
+    def _remove_tap(self, name: str, queue_url: str | None, rule_made: bool) -> None:
+        events, sqs = self.client("events"), self.client("sqs")
+        steps: list[tuple[str, Callable[[], Any]]] = []
+        if rule_made:
+            steps.append(
+                ("remove tap target", lambda: events.remove_targets(Rule=name, EventBusName=self.bus_name, Ids=["tap"]))
+            )
+            steps.append(("delete tap rule", lambda: events.delete_rule(Name=name, EventBusName=self.bus_name)))
+        if queue_url is not None:
+            steps.append(("delete tap queue", lambda: sqs.delete_queue(QueueUrl=queue_url)))
+        for what, step in steps:
+            try:
+                with aws_errors(what):
+                    step()
+            except SdkError as exc:
+                logger.warning("%s %s failed (delete it by hand): %s", what, name, exc)
+
     def subscribe(
         self,
         handler: Callable[[Event], Any],
@@ -390,14 +489,16 @@ class Experiment:
                 states[str(rollout.get("state", {}).get("S", ""))] += 1
         return batch_status(item, states)
 
-    def cancel(self, batch_id: str) -> Any:
-        """Cancel a batch: queued rollouts are never started, running ones are stopped and fail as `cancelled`."""
+    def cancel(self, batch_id: str, runtime: AgentRuntime | None = None) -> CancelReport:
+        """Cancel a batch: queued rollouts are never started, running ones are stopped (through `runtime`, by
+        default ACR with this experiment's session) and every rollout ends once as `Rollout Failed` (cancelled).
+        Idempotent; returns the lifecycle stage's report (counts)."""
         from rollout_pipeline.sdk import _lifecycle
 
         with aws_errors(f"cancel batch {batch_id}"):
             if self._ledger().read_batch(batch_id) is None:
                 raise BatchNotFound(f"no batch {batch_id!r} in experiment {self.name!r}")
-            return _lifecycle.cancel_batch(self, batch_id)
+            return _lifecycle.cancel_batch(self, batch_id, runtime)
 
     # ---------------------------------------------------------------------------------------------- results
 

@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
@@ -13,13 +12,10 @@ from typing import Any, Final
 
 from rollout_pipeline.config import ExperimentConfig, SamplingParams
 from rollout_pipeline.contracts import (
-    CLAIM_CHECK_BYTES,
     DatasetRow,
     FileOptions,
-    RolloutMessage,
     RowError,
     parse_row,
-    utcnow,
 )
 from rollout_pipeline.sdk.errors import DatasetInvalid
 
@@ -163,46 +159,6 @@ def dataset_key(path: str | os.PathLike[str], key: str | None = None) -> str:
 
 def content_type(key: str) -> str:
     return "application/gzip" if key.endswith(".gz") else "application/json"
-
-
-# --------------------------------------------------------------------------------------- in-memory payloads
-
-
-def rollout_messages(
-    *,
-    exp_id: str,
-    batch_id: str,
-    input_id: str,
-    group_size: int,
-    payload: dict[str, Any] | None,
-    payload_ref: str | None,
-    overrides: Mapping[str, Any],
-) -> list[str]:
-    """The rollout-queue bodies of one group (attempt 1 of every index)."""
-    now = utcnow()
-    return [
-        RolloutMessage(
-            exp_id=exp_id,
-            batch_id=batch_id,
-            input_id=input_id,
-            index=index,
-            attempt=1,
-            group_size=group_size,
-            submitted_at=now,
-            payload=payload,
-            payload_ref=payload_ref,
-            rollout_overrides=dict(overrides),
-        ).model_dump_json()
-        for index in range(group_size)
-    ]
-
-
-def payload_json(payload: Mapping[str, Any]) -> str:
-    return json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
-
-
-def needs_claim_check(payload_text: str) -> bool:
-    return len(payload_text.encode()) > CLAIM_CHECK_BYTES
 
 
 def new_lease_owner() -> str:
