@@ -25,6 +25,7 @@ the same payload cannot succeed (real ACR reports it as RuntimeClientError).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import logging
@@ -38,6 +39,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -286,6 +288,7 @@ class LocalAgentRuntime:
         self._counter = 0
         self._closed = False
         self.stopped_sessions: list[str] = []
+        _open_runtimes.add(self)
 
     # ------------------------------------------------------------------------------------------------ lifecycle
 
@@ -514,6 +517,17 @@ class LocalAgentRuntime:
             session = self._sessions.pop(session_id, None)
         if session is not None and self.isolation == "process":
             session.process.stop()
+
+
+#: Runtimes not yet closed: their processes are stopped when the interpreter exits (a safety net for `close()`).
+_open_runtimes: weakref.WeakSet[LocalAgentRuntime] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_runtimes() -> None:
+    for runtime in list(_open_runtimes):
+        with contextlib.suppress(Exception):
+            runtime.close()
 
 
 def _validate_session_id(session_id: str) -> None:
