@@ -283,6 +283,7 @@ class LocalAgentRuntime:
         self._sessions: dict[str, _Session] = {}
         self._reserved = 0
         self._spares: list[AgentProcess] = []
+        self._launching: set[AgentProcess] = set()
         self._starting_spares = 0
         self._shared: AgentProcess | None = None
         self._counter = 0
@@ -304,7 +305,7 @@ class LocalAgentRuntime:
         """Stop every process (sessions, spares, the shared one). The runtime cannot be used after."""
         with self._lock:
             self._closed = True
-            processes = [s.process for s in self._sessions.values()] + self._spares
+            processes = [s.process for s in self._sessions.values()] + self._spares + list(self._launching)
             if self._shared is not None:
                 processes.append(self._shared)
             self._sessions.clear()
@@ -441,13 +442,21 @@ class LocalAgentRuntime:
             log_path=self.log_dir / f"agent-{number}.log",
             python=self._python,
             cwd=self._cwd,
-        ).start()
-        if wait:
-            try:
+        )
+        with self._lock:
+            if self._closed:
+                raise AgentStartError("local runtime is closed")
+            self._launching.add(process)  # so close() also stops processes still starting
+            process.start()
+        try:
+            if wait:
                 process.wait_ready(self.startup_timeout_s)
-            except AgentStartError:
-                process.stop()
-                raise
+        except AgentStartError:
+            process.stop()
+            raise
+        finally:
+            with self._lock:
+                self._launching.discard(process)
         return process
 
     def _shared_process(self) -> AgentProcess:
@@ -482,9 +491,11 @@ class LocalAgentRuntime:
         try:
             process = self._new_process(wait=True)
         except AgentStartError as exc:
-            logger.warning("could not start a spare agent process: %s", exc)
             with self._lock:
                 self._starting_spares -= 1
+                closed = self._closed
+            if not closed:
+                logger.warning("could not start a spare agent process: %s", exc)
             return
         with self._lock:
             self._starting_spares -= 1

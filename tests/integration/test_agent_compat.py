@@ -426,6 +426,21 @@ def test_invalid_requests_are_rejected_before_any_process_starts(single_session_
     assert runtime.sessions() == []
 
 
+def test_close_stops_processes_that_are_still_starting(tmp_path: Path) -> None:
+    runtime = LocalAgentRuntime(warm_processes=2, max_sessions=2, log_dir=tmp_path)
+    runtime._fill_spares(wait=False)
+    deadline = time.monotonic() + 10
+    while len(runtime._launching) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    pids = [p.pid for p in runtime._launching]
+    assert len(pids) == 2
+    runtime.close()
+    for pid in pids:
+        assert pid is not None
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
 # ------------------------------------------------------------------------- RolloutApp is wire-identical to ART
 
 
