@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Final
 
-from aws_cdk import Duration, IgnoreMode
+from aws_cdk import Annotations, Duration, IgnoreMode
 from aws_cdk import aws_bedrockagentcore as agentcore
 from aws_cdk import aws_ecr_assets as ecr_assets
 from aws_cdk import aws_iam as iam
@@ -68,6 +68,10 @@ class AgentRuntime(Construct):
                 "MODEL_BASE_URL": config.model_base_url,
                 "MODEL_ID": config.model_id,
             },
+        )
+        Annotations.of(self.runtime).acknowledge_info(
+            "aws-cdk-lib.aws-bedrockagentcore:containerUriValidationSkipped",
+            "The image URI is an asset published by cdk deploy; CloudFormation validates it.",
         )
         self.runtime.add_to_role_policy(
             iam.PolicyStatement(
