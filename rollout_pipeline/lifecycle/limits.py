@@ -18,8 +18,11 @@ from rollout_pipeline.ledger.rollouts import RolloutLedger
 from rollout_pipeline.lifecycle.metrics import THROTTLED, MetricsRecorder
 from rollout_pipeline.ports import AgentRuntime, RuntimeThrottled
 
-#: Do not start a call in the last EDGE_S seconds of a one-second window.
-EDGE_S: Final = 0.08
+#: Do not take a token in the last EDGE_S seconds of a one-second window...
+EDGE_S: Final = 0.1
+#: ...and drop a token (take a new one) if the call would start in the last LATE_S seconds of its window: a call
+#: must land in the window that paid for it, or a window could see more than `limit` calls.
+LATE_S: Final = 0.05
 #: How long a stop waits for a TPS token when the caller gives no deadline.
 DEFAULT_STOP_WAIT_S: Final = 15.0
 
@@ -43,20 +46,25 @@ class TpsLimiter:
         self._sleep = sleep
         self._full_until = 0  # a window this process already saw full: do not ask DynamoDB again
 
-    def acquire(self, wait_until: float | None = None) -> bool:
-        """Take a token; wait for later windows until `wait_until` (monotonic). False if none was had in time."""
+    def acquire(self, wait_until: float | None = None) -> int | None:
+        """Take a token; wait for later windows until `wait_until` (monotonic). Returns the window (epoch second)
+        the token belongs to, or None if none was had in time."""
         while True:
             now = self._wall()
             second = int(now)
             into = now - second
             if into < 1.0 - EDGE_S and second >= self._full_until:
                 if self.ledger.try_tps_token(second, self.limit):
-                    return True
+                    return second
                 self._full_until = second + 1
             pause = (1.0 - into) + random.uniform(0.0, 0.05)
             if wait_until is not None and self._monotonic() + pause > wait_until:
-                return False
+                return None
             self._sleep(pause)
+
+    def still_inside(self, window: int) -> bool:
+        """True while a call started now lands in `window` (with LATE_S to spare)."""
+        return self._wall() < window + 1.0 - LATE_S
 
 
 class LimitedRuntime:
@@ -69,10 +77,15 @@ class LimitedRuntime:
 
     def _token(self, wait_until: float | None, what: str) -> None:
         until = wait_until if wait_until is not None else time.monotonic() + DEFAULT_STOP_WAIT_S
-        if not self.limiter.acquire(until):
-            if self.metrics is not None:
-                self.metrics.count(THROTTLED)
-            raise RuntimeThrottled(f"no TPS token for {what} before the wait budget ran out")
+        while True:
+            window = self.limiter.acquire(until)
+            if window is None:
+                if self.metrics is not None:
+                    self.metrics.count(THROTTLED)
+                raise RuntimeThrottled(f"no TPS token for {what} before the wait budget ran out")
+            if self.limiter.still_inside(window):
+                return
+            # Too late in its window (this thread was descheduled): the token is spent, take a fresh one.
 
     def invoke(self, session_id: str, payload: Mapping[str, Any], wait_until: float | None = None) -> None:
         """InvokeAgentRuntime after taking a TPS token. Raises RuntimeThrottled / RuntimeRejected."""

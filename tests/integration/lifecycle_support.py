@@ -25,16 +25,16 @@ from rollout_pipeline.ports import SystemClock
 def moto_lock(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make every moto request atomic, as real AWS requests are: moto's backends are not thread-safe (two
     concurrent ADDs to one DynamoDB counter can lose an update), and the lifecycle runs work in threads."""
-    from moto.core.responses import BaseResponse
+    from moto.core.botocore_stubber import BotocoreStubber
 
     lock = threading.RLock()
-    original = BaseResponse._dispatch
+    original = BotocoreStubber.process_request
 
     def locked(self: Any, *args: Any, **kwargs: Any) -> Any:
         with lock:
             return original(self, *args, **kwargs)
 
-    monkeypatch.setattr(BaseResponse, "_dispatch", locked)
+    monkeypatch.setattr(BotocoreStubber, "process_request", locked)
 
 
 def _s(v: str) -> dict[str, str]:
@@ -244,14 +244,18 @@ def make_deps(
     fake: FakeAgentRuntime,
     *,
     clock: ShiftedClock | None = None,
+    limits: Mapping[str, Any] | None = None,
     **overrides: Any,
 ) -> LifecycleDeps:
+    """Deps over moto and the fake ACR; `limits` overrides experiment settings (tps_limit, max_sessions...)."""
     from rollout_pipeline.adapters.eventbridge import EventBridgePublisher
     from rollout_pipeline.adapters.s3 import S3ObjectStore
     from rollout_pipeline.adapters.sqs import SqsQueue
     from rollout_pipeline.ledger.rollouts import RolloutLedger
 
     settings = resources.settings()
+    if limits:
+        settings = settings.model_copy(update={"experiment": settings.experiment.model_copy(update=dict(limits))})
     return LifecycleDeps(
         settings=settings,
         ledger=RolloutLedger(settings.table_name),
