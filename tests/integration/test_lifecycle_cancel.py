@@ -1,0 +1,143 @@
+"""Cancel: queued rollouts are never dispatched, running ones are stopped, every rollout of the batch ends once
+as `Rollout Failed` (cancelled) with its events, slots are released; cancelling again changes nothing."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterator
+
+import pytest
+
+from rollout_pipeline import ids
+from rollout_pipeline.adapters.fake_acr import AgentBehaviour, FakeAgentRuntime, FakeInvocation
+from rollout_pipeline.contracts import BatchCompleted, RolloutFailed
+from rollout_pipeline.ledger import keys
+from rollout_pipeline.lifecycle.cancel import cancel_batch
+from rollout_pipeline.lifecycle.completion import Completion, complete_records
+from rollout_pipeline.lifecycle.deps import LifecycleDeps
+from rollout_pipeline.lifecycle.dispatch import Dispatch, dispatch_records
+from rollout_pipeline.local.resources import ExperimentResources
+from tests.integration.lifecycle_support import (
+    ShiftedClock,
+    ack,
+    by_type,
+    ledger_item,
+    make_deps,
+    moto_lock,
+    receive_records,
+    rollout_item,
+    seed_batch,
+    send,
+    trainer_events,
+)
+
+pytestmark = pytest.mark.usefixtures(moto_lock.__name__)
+
+BATCH = ids.batch_id_for_upload("in", "datasets/cancel.jsonl", "v1")
+
+
+@pytest.fixture
+def fake(resources: ExperimentResources) -> Iterator[FakeAgentRuntime]:
+    runtime = FakeAgentRuntime(behaviour=AgentBehaviour(kind="manual"))
+    yield runtime
+    runtime.close()
+
+
+@pytest.fixture
+def deps(resources: ExperimentResources, fake: FakeAgentRuntime) -> LifecycleDeps:
+    return make_deps(resources, fake, clock=ShiftedClock())
+
+
+def test_cancel_ends_every_rollout_once(
+    resources: ExperimentResources, fake: FakeAgentRuntime, deps: LifecycleDeps
+) -> None:
+    messages = seed_batch(resources, batch_id=BATCH, inputs={"run": {}, "queued": {}, "unsent": {}})
+    by_input: dict[str, list[object]] = {}
+    for m in messages:
+        by_input.setdefault(m.input_id, []).append(m)
+    send(resources, by_input["run"])  # type: ignore[arg-type]
+    records = receive_records(resources.rollout_queue_url)
+    assert set(dispatch_records(records, deps, wait_until=time.monotonic() + 2).outcomes.values()) == {Dispatch.INVOKED}
+    ack(resources.rollout_queue_url, records, [])
+    running = set(fake.running)
+    assert len(running) == 2
+    # One of them already finished before the cancel: it stays succeeded.
+    done_sid = ids.session_id("test-exp", BATCH, "run", 1, 1)
+    fake.finish(done_sid)
+    completions = receive_records(resources.completion_queue_url)
+    assert list(complete_records(completions, deps).outcomes.values()) == [Completion.SUCCEEDED]
+    ack(resources.completion_queue_url, completions, [])
+    send(resources, by_input["queued"])  # type: ignore[arg-type]  # on the queue, not yet dispatched
+    # "unsent": ingestion wrote the group but its messages are not out yet.
+
+    report = cancel_batch(BATCH, deps)
+    assert (report.found, report.cancelled, report.already_terminal, report.sessions_stopped) == (True, 5, 1, 1)
+    assert report.drain_errors == []
+    assert fake.running == set()
+    assert ids.session_id("test-exp", BATCH, "run", 0, 1) in fake.stopped
+    assert ledger_item(resources, keys.sessions_key())["in_flight"] == 0
+
+    events = trainer_events(resources)
+    failed = [RolloutFailed.model_validate(d) for d in by_type(events, "Rollout Failed")]
+    assert sorted((f.input_id, f.index) for f in failed) == [
+        ("queued", 0),
+        ("queued", 1),
+        ("run", 0),
+        ("unsent", 0),
+        ("unsent", 1),
+    ]
+    assert {f.reason for f in failed} == {"cancelled"}
+    assert {f.policy_version for f in failed} == {"v7"}
+    never_dispatched = next(f for f in failed if f.input_id == "unsent")
+    assert never_dispatched.attempts_used == 0
+    assert len(by_type(events, "Group Completed")) == 3
+    (batch_done,) = [BatchCompleted.model_validate(d) for d in by_type(events, "Batch Completed")]
+    assert (batch_done.succeeded, batch_done.failed, batch_done.failed_by_reason) == (1, 5, {"cancelled": 5})
+    assert max(Counter(e["detail"]["event_id"] for e in events).values()) == 1
+
+    # Queued messages reach the dispatcher: nothing is invoked, nothing changes.
+    queued = receive_records(resources.rollout_queue_url)
+    assert len(queued) == 2
+    assert set(dispatch_records(queued, deps, wait_until=time.monotonic() + 2).outcomes.values()) == {
+        Dispatch.CANCELLED
+    }
+    assert len(fake.invocations()) == 2
+    # Cancelling again and a late result of the stopped session change nothing.
+    again = cancel_batch(BATCH, deps)
+    assert (again.cancelled, again.already_terminal) == (0, 6)
+    fake.finish(ids.session_id("test-exp", BATCH, "run", 0, 1), AgentBehaviour(rewards=1.0))
+    late = receive_records(resources.completion_queue_url)
+    assert list(complete_records(late, deps).outcomes.values()) == [Completion.LATE_OR_UNKNOWN]
+    assert trainer_events(resources) == []
+    batch = ledger_item(resources, keys.batch_key(BATCH))
+    assert (batch["status"], batch["terminal"], batch["failed_cancelled"]) == ("cancelled", 6, 5)
+
+
+def test_cancel_during_invoke_stops_the_new_session(
+    resources: ExperimentResources, fake: FakeAgentRuntime, deps: LifecycleDeps
+) -> None:
+    """The batch is cancelled between the dispatch transaction and InvokeAgentRuntime: the session that starts
+    anyway is stopped at once, and the rollout ends once as cancelled."""
+
+    def cancel_meanwhile(inv: FakeInvocation) -> AgentBehaviour:
+        cancel_batch(BATCH, deps)
+        return AgentBehaviour(kind="manual")
+
+    fake.behaviour = cancel_meanwhile
+    send(resources, seed_batch(resources, batch_id=BATCH, inputs={"a": {}}, group_size=1))
+    result = dispatch_records(receive_records(resources.rollout_queue_url), deps, wait_until=time.monotonic() + 5)
+    assert list(result.outcomes.values()) == [Dispatch.STOPPED_LATE]
+    assert fake.running == set()
+    item = rollout_item(resources, BATCH, "a", 0)
+    assert item is not None
+    assert (item["state"], item["reason"]) == ("failed", "cancelled")
+    assert ledger_item(resources, keys.sessions_key())["in_flight"] == 0
+    events = trainer_events(resources)
+    assert [f["reason"] for f in by_type(events, "Rollout Failed")] == ["cancelled"]
+
+
+def test_cancel_of_unknown_batch(resources: ExperimentResources, deps: LifecycleDeps) -> None:
+    report = cancel_batch("no-such-batch-000000000000", deps)
+    assert report.found is False
+    assert report.cancelled == 0
