@@ -79,7 +79,10 @@ def batch_id_for_upload(bucket: str, key: str, version_id: str | None, etag: str
     `etag` is only a fallback for unversioned buckets.
     """
     stem = key.rsplit("/", 1)[-1].split(".", 1)[0]
-    return f"{slug(stem)}-{_digest(bucket, key, version_id or '', etag or '', length=12)}"
+    # With a version id the etag is ignored: S3 events spell it differently (moto: `eTag`), the uploader sees it
+    # quoted, and the version id alone already identifies the upload.
+    fallback = "" if version_id else (etag or "")
+    return f"{slug(stem)}-{_digest(bucket, key, version_id or '', fallback, length=12)}"
 
 
 def new_batch_id(name: str = "sdk") -> str:
