@@ -11,7 +11,8 @@ the rollout context (a context variable, private to each rollout's thread / task
   (`rllm-path` session URL, `art-gateway` session api key), on a client made for that one call;
 - token-capture headers (`sagemaker`, `rllm-header`) as per-request `extra_headers`.
 
-Outside a rollout it behaves exactly like `strands.models.openai.OpenAIModel`.
+Outside a rollout it behaves like `strands.models.openai.OpenAIModel`. In both cases text-only message content is
+sent as a plain string (llama.cpp's server and some chat templates reject Strands' list of text parts).
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ class RolloutOpenAIModel(OpenAIModel):
         token_capture: style for every call (`TokenCapture` or its value); None = `_rollout.token_capture`, then env
             `ROLLOUT_TOKEN_CAPTURE`, then none.
         client: a pre-built client (as for `OpenAIModel`); then only header styles can be applied.
+        flatten_text_content: send text-only message content as a plain string instead of Strands' list of
+            `{"type": "text"}` parts (llama.cpp's and some vLLM chat templates reject lists); default on.
         **model_config: `model_id` (optional: the rollout's `model_id` is used), `params`, `stream`, ...
     """
 
@@ -48,19 +51,23 @@ class RolloutOpenAIModel(OpenAIModel):
         *,
         token_capture: TokenCapture | str | None = None,
         client: Any | None = None,
+        flatten_text_content: bool = True,
         **model_config: Any,
     ) -> None:
         # The model id may come from each rollout instead; OpenAIModel needs the key to exist.
         model_config.setdefault("model_id", "")
         super().__init__(client=client, client_args=client_args, **model_config)
         self.token_capture = token_capture
+        self.flatten_text_content = flatten_text_content
 
     def format_request(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         """The OpenAI request of `OpenAIModel`, plus the rollout's model id, sampling params and headers."""
+        request = super().format_request(*args, **kwargs)
+        if self.flatten_text_content:
+            request["messages"] = [flatten_text_content(message) for message in request.get("messages") or []]
         rollout = get_rollout()
         if rollout is None:
-            return super().format_request(*args, **kwargs)
-        request = super().format_request(*args, **kwargs)
+            return request
         if rollout.model_id:
             request["model"] = rollout.model_id
         if not request.get("model"):
@@ -106,7 +113,20 @@ class RolloutOpenAIModel(OpenAIModel):
             yield event
 
 
-def wrap_model(model: OpenAIModel, token_capture: TokenCapture | str | None = None) -> RolloutOpenAIModel:
+def flatten_text_content(message: dict[str, Any]) -> dict[str, Any]:
+    """`{"content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}` -> `{"content": "ab"}`;
+    messages with any non-text part (images, ...) or string content are returned unchanged."""
+    content = message.get("content")
+    if not isinstance(content, list) or not content:
+        return message
+    if not all(isinstance(part, dict) and part.get("type") == "text" for part in content):
+        return message
+    return {**message, "content": "".join(str(part.get("text") or "") for part in content)}
+
+
+def wrap_model(
+    model: OpenAIModel, token_capture: TokenCapture | str | None = None, flatten: bool = True
+) -> RolloutOpenAIModel:
     """A `RolloutOpenAIModel` with the same configuration and client as `model` (which is left untouched)."""
     if isinstance(model, RolloutOpenAIModel) and token_capture is None:
         return model
@@ -114,6 +134,7 @@ def wrap_model(model: OpenAIModel, token_capture: TokenCapture | str | None = No
     return RolloutOpenAIModel(
         client_args=None if custom_client is not None else dict(model.client_args),
         token_capture=token_capture,
+        flatten_text_content=flatten,
         client=custom_client,
         **dict(model.config),
     )

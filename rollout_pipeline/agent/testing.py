@@ -7,7 +7,7 @@
 
 It answers `POST .../chat/completions` on any path prefix (so `/v1/...` and rllm's `/sessions/{id}/v1/...` both
 work), streaming (SSE) or not, and `GET .../models`. `reply` is a fixed text or a function of the request giving
-a text or a tool call (`ToolCall`). It listens on 127.0.0.1 only.
+a text, a tool call (`ToolCall`) or a truncated text (`Truncated`). It listens on 127.0.0.1 only.
 """
 
 from __future__ import annotations
@@ -31,6 +31,13 @@ class ToolCall:
 
 
 @dataclass(frozen=True)
+class Truncated:
+    """A text reply cut off by the token limit (`finish_reason: "length"`)."""
+
+    text: str
+
+
+@dataclass(frozen=True)
 class RecordedRequest:
     """One request the fake model received."""
 
@@ -46,7 +53,7 @@ class RecordedRequest:
         return next((v for k, v in self.headers.items() if k.lower() == lowered), None)
 
 
-Reply = str | ToolCall
+Reply = str | ToolCall | Truncated
 ReplyFunction = Callable[[RecordedRequest], Reply]
 
 
@@ -183,8 +190,8 @@ def _completion(model: str, reply: Reply) -> dict[str, Any]:
         }
         finish = "tool_calls"
     else:
-        message = {"role": "assistant", "content": reply}
-        finish = "stop"
+        text, finish = (reply.text, "length") if isinstance(reply, Truncated) else (reply, "stop")
+        message = {"role": "assistant", "content": text}
     return {
         "id": f"chatcmpl-{uuid.uuid4().hex[:12]}",
         "object": "chat.completion",
@@ -211,8 +218,8 @@ def _chunks(model: str, reply: Reply) -> list[dict[str, Any]]:
         }
         finish = "tool_calls"
     else:
-        delta = {"role": "assistant", "content": reply}
-        finish = "stop"
+        text, finish = (reply.text, "length") if isinstance(reply, Truncated) else (reply, "stop")
+        delta = {"role": "assistant", "content": text}
     return [
         {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]},
         {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]},

@@ -26,7 +26,7 @@ import pytest
 
 from rollout_pipeline import contracts, ids
 from rollout_pipeline.adapters.local_acr import LocalAgentRuntime
-from rollout_pipeline.agent.testing import FakeModelServer, RecordedRequest
+from rollout_pipeline.agent.testing import FakeModelServer, RecordedRequest, Truncated
 from rollout_pipeline.config import ExperimentConfig, SamplingParams
 from rollout_pipeline.local.moto_server import local_aws_environ, moto_server
 from rollout_pipeline.ports import RuntimeRejected, RuntimeThrottled
@@ -78,13 +78,15 @@ ART_AGENT_SOURCE = textwrap.dedent(
 _slow_release = threading.Event()
 
 
-def _model_reply(request: RecordedRequest) -> str:
+def _model_reply(request: RecordedRequest) -> str | Truncated:
     """'#### 42' unless the question says otherwise; 'SLOW' questions wait (bounded) for the test to release."""
     text = json.dumps(request.body.get("messages") or [])
     if "SLOW" in text:
         _slow_release.wait(timeout=5)
     if "WRONG" in text:
         return "I think it is\n#### 41"
+    if "TRUNCATE" in text:
+        return Truncated("Let me think step by step about the 6 boxes and")
     return "Let me compute.\n#### 42"
 
 
@@ -300,6 +302,28 @@ def test_math_agent_uses_the_rollouts_model_params_and_token_capture(
     assert request.body["model"] == "policy-model"
     assert request.body["temperature"] == 0.25  # the row's override over the file's 0.6
     assert request.body["max_tokens"] == 128
+
+
+def test_math_agent_scores_a_truncated_response_instead_of_failing(
+    math_runtime: LocalAgentRuntime, s3: Any, model: FakeModelServer
+) -> None:
+    outcome, _ = run_rollout(
+        math_runtime, s3, model, "math-cut", {"question": "TRUNCATE (math-cut)", "answer": "#### 6"}
+    )
+    assert outcome.success
+    assert outcome.rewards == 0.0  # strict mode: no '#### ' answer in the cut-off text
+    assert (outcome.body or {})["stop_reason"] == "max_tokens"
+
+
+def test_math_agent_sends_plain_string_content(
+    math_runtime: LocalAgentRuntime, s3: Any, model: FakeModelServer
+) -> None:
+    """llama.cpp's server rejects Strands' list-of-parts content; the math agent's requests carry strings."""
+    outcome, _ = run_rollout(math_runtime, s3, model, "math-str", {"question": "q (math-str)", "answer": "#### 42"})
+    assert outcome.success
+    requests = requests_of(model, "(math-str)")
+    assert len(requests) == 1
+    assert all(isinstance(m["content"], str) for r in requests for m in r.body["messages"])
 
 
 def test_math_agent_malformed_payload_is_an_agent_error(

@@ -453,6 +453,16 @@ def test_strands_model_outside_a_rollout_is_a_plain_openai_model() -> None:
     assert "temperature" not in request.body
 
 
+def test_text_only_content_is_flattened_to_a_string() -> None:
+    from rollout_pipeline.agent.strands_model import flatten_text_content
+
+    parts = {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}
+    assert flatten_text_content(parts) == {"role": "user", "content": "ab"}
+    image = {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image_url", "image_url": {}}]}
+    assert flatten_text_content(image) is image
+    assert flatten_text_content({"role": "assistant", "content": None, "tool_calls": []})["content"] is None
+
+
 def test_strands_tool_threads_see_their_own_rollout() -> None:
     """Sync Strands tools run in worker threads; each must see the rollout that called it, even concurrently."""
     from strands import Agent, tool

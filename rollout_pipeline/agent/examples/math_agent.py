@@ -7,6 +7,9 @@ The model endpoint and id come from `_rollout.base_url` / `_rollout.model_id`, s
 return one reward per assistant turn instead of a number) and `tools` (bool: offer a calculator tool; env
 MATH_AGENT_TOOLS=1; off by default because tiny models call tools badly).
 
+A response cut off by `max_tokens` is scored like any other (usually 0: no final answer) with
+`stop_reason: "max_tokens"`; it is not an agent error.
+
 Run it: `python -m rollout_pipeline.agent.examples.math_agent --host 127.0.0.1 --port 8080`.
 """
 
@@ -19,6 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 from strands import Agent, tool
+from strands.types.exceptions import MaxTokensReachedException
 
 from rollout_pipeline.agent.app import RolloutApp, serve
 from rollout_pipeline.agent.context import current_rollout
@@ -123,8 +127,13 @@ async def solve(payload: dict[str, Any]) -> dict[str, Any]:
         system_prompt=SYSTEM_PROMPT,
         callback_handler=None,
     )
-    result = await agent.invoke_async(question)
-    final_text = str(result)
+    try:
+        result = await agent.invoke_async(question)
+        final_text, stop_reason = str(result), str(getattr(result, "stop_reason", "end_turn"))
+    except MaxTokensReachedException:
+        # Truncation is an outcome of the policy, not an infrastructure failure: score what was written.
+        partial = assistant_texts(agent.messages)
+        final_text, stop_reason = (partial[-1] if partial else ""), "max_tokens"
     turns = assistant_texts(agent.messages) or [final_text]
     if _flag(ctx.raw.get("per_turn_rewards")):
         rewards: float | list[float] = per_turn_rewards(turns, ground_truth, mode)
@@ -137,7 +146,7 @@ async def solve(payload: dict[str, Any]) -> dict[str, Any]:
         "predicted_answer": None if answer is None else str(answer),
         "turns": len(turns),
         "policy_version": ctx.policy_version,
-        "stop_reason": str(getattr(result, "stop_reason", "end_turn")),
+        "stop_reason": stop_reason,
     }
 
 
