@@ -64,7 +64,7 @@ class RolloutOpenAIModel(OpenAIModel):
         """The OpenAI request of `OpenAIModel`, plus the rollout's model id, sampling params and headers."""
         request = super().format_request(*args, **kwargs)
         if self.flatten_text_content:
-            request["messages"] = [flatten_text_content(message) for message in request.get("messages") or []]
+            request["messages"] = [text_parts_to_string(message) for message in request.get("messages") or []]
         rollout = get_rollout()
         if rollout is None:
             return request
@@ -113,7 +113,7 @@ class RolloutOpenAIModel(OpenAIModel):
             yield event
 
 
-def flatten_text_content(message: dict[str, Any]) -> dict[str, Any]:
+def text_parts_to_string(message: dict[str, Any]) -> dict[str, Any]:
     """`{"content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}` -> `{"content": "ab"}`;
     messages with any non-text part (images, ...) or string content are returned unchanged."""
     content = message.get("content")

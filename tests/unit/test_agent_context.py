@@ -454,13 +454,31 @@ def test_strands_model_outside_a_rollout_is_a_plain_openai_model() -> None:
 
 
 def test_text_only_content_is_flattened_to_a_string() -> None:
-    from rollout_pipeline.agent.strands_model import flatten_text_content
+    from rollout_pipeline.agent.strands_model import text_parts_to_string
 
     parts = {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}
-    assert flatten_text_content(parts) == {"role": "user", "content": "ab"}
+    assert text_parts_to_string(parts) == {"role": "user", "content": "ab"}
     image = {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image_url", "image_url": {}}]}
-    assert flatten_text_content(image) is image
-    assert flatten_text_content({"role": "assistant", "content": None, "tool_calls": []})["content"] is None
+    assert text_parts_to_string(image) is image
+    assert text_parts_to_string({"role": "assistant", "content": None, "tool_calls": []})["content"] is None
+
+
+def test_an_injected_client_gets_header_styles_and_refuses_url_or_key_styles() -> None:
+    import openai
+    from strands import Agent
+
+    from rollout_pipeline.agent.inference import TokenCaptureError
+    from rollout_pipeline.agent.strands_model import RolloutOpenAIModel
+
+    with FakeModelServer("#### 1") as server:
+        model = RolloutOpenAIModel(client=openai.AsyncOpenAI(base_url=server.base_url, api_key="k"), stream=False)
+        with rollout_context(_rollout_ctx(server, SESSION_A, 0.5, "rllm-header")):
+            Agent(model=model, callback_handler=None)("hi")
+        with rollout_context(_rollout_ctx(server, SESSION_B, 0.5, "rllm-path")), pytest.raises(TokenCaptureError):
+            Agent(model=model, callback_handler=None)("hi")
+        (request,) = server.requests
+    assert request.header("X-RLLM-Session-Id") == SESSION_A
+    assert request.header("Authorization") == "Bearer k"
 
 
 def test_strands_tool_threads_see_their_own_rollout() -> None:
