@@ -40,6 +40,7 @@ import time
 import urllib.error
 import urllib.request
 import weakref
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -288,7 +289,8 @@ class LocalAgentRuntime:
         self._shared: AgentProcess | None = None
         self._counter = 0
         self._closed = False
-        self.stopped_sessions: list[str] = []
+        #: The most recently stopped session ids, oldest first (for tests and diagnostics).
+        self.stopped_sessions: deque[str] = deque(maxlen=10_000)
         _open_runtimes.add(self)
 
     # ------------------------------------------------------------------------------------------------ lifecycle
