@@ -3,7 +3,11 @@
 
 from __future__ import annotations
 
+import os
 import sys
+
+# jsii's Node runs the CDK; Node 20 works but prints an end-of-life banner on every synth.
+os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 
 from rollout_pipeline.config import ConfigError
 from stacks.application import build_app
