@@ -454,9 +454,13 @@ def test_close_stops_processes_that_are_still_starting(tmp_path: Path) -> None:
     runtime = LocalAgentRuntime(warm_processes=2, max_sessions=2, log_dir=tmp_path)
     runtime._fill_spares(wait=False)
     deadline = time.monotonic() + 10
-    while len(runtime._launching) < 2 and time.monotonic() < deadline:
+    pids: list[int | None] = []
+    while time.monotonic() < deadline:
+        with runtime._lock:  # processes are registered and started under the lock
+            pids = [p.pid for p in runtime._launching]
+        if len(pids) == 2:
+            break
         time.sleep(0.01)
-    pids = [p.pid for p in runtime._launching]
     assert len(pids) == 2
     runtime.close()
     for pid in pids:
