@@ -33,6 +33,8 @@ logger = logging.getLogger(__name__)
 
 #: Batches of this client remembered after their futures resolved, so late duplicates are still consumed.
 _RECENT_BATCHES: Final = 10_000
+#: Pause between empty receives when the client was made with `poll_wait_s` < 1 (short polling).
+_SHORT_POLL_PAUSE_S: Final = 0.2
 #: Consecutive dispatcher errors (e.g. expired credentials) after which pending futures fail with the error.
 _MAX_DISPATCH_ERRORS: Final = 5
 
@@ -156,7 +158,7 @@ class RolloutFuture:
         Returns False when the rollout was already terminal. Afterwards `result()` raises `CancelledError`.
         """
         with self._lock:
-            if not self._inner.cancel():
+            if self._inner.cancelled() or not self._inner.cancel():
                 return False
             self._finished = time.monotonic()
         if self._owns_batch:
@@ -289,6 +291,8 @@ class _Dispatcher:
                     continue
                 errors = 0
                 if delivery is None or delivery.event is None:
+                    if self._poll_wait_s < 1:  # short polling: pause instead of spinning
+                        self._stop.wait(_SHORT_POLL_PAUSE_S)
                     continue
                 self._route(delivery.event)
                 stream.ack(delivery)

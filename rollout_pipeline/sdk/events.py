@@ -52,6 +52,7 @@ DEFAULT_SEEN_IDS: Final = 100_000
 #: maxReceiveCount (its DLQ), so a filtering consumer must not spin on them.
 _IDLE_BACKOFF_MIN_S: Final = 0.5
 _IDLE_BACKOFF_MAX_S: Final = 5.0
+_SHORT_POLL_PAUSE_S: Final = 0.2
 
 
 @dataclass(frozen=True)
@@ -290,9 +291,12 @@ class EventStream(Iterator[Event]):
                     pause = min(self._backoff, left)
                     self._sleep(pause)
                     left -= pause
-                received = self._reader.receive(math.ceil(min(self._poll_wait_s, max(0.0, left))))
+                wait = math.ceil(min(self._poll_wait_s, max(0.0, left)))
+                received = self._reader.receive(wait)
                 polls += 1
                 self._buffer.extend(received)
+                if not received and wait == 0 and budget_s is not None and left > 0:
+                    self._sleep(min(_SHORT_POLL_PAUSE_S, left))  # short polling: pause instead of spinning
             return None
 
     def _pop_buffered(self) -> Delivery | None:
