@@ -36,8 +36,11 @@ def local_aws_environ(endpoint_url: str, region: str) -> dict[str, str]:
 @contextmanager
 def moto_server(port: int | None = None) -> Iterator[str]:
     """Start `moto.server.ThreadedMotoServer` on 127.0.0.1; yield its endpoint URL; stop it on exit."""
+    import logging
+
     from moto.server import ThreadedMotoServer
 
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one access-log line per AWS call otherwise
     server: Any = ThreadedMotoServer(ip_address=LOOPBACK, port=port or free_port(), verbose=False)
     server.start()
     try:

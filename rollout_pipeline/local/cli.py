@@ -1,0 +1,109 @@
+"""`rollouts local ...`: run the pipeline on this machine (registered into the `rollouts` parser by `cli.py`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+from rollout_pipeline.local.model_server import MODEL_ID
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+
+
+def _add_pipeline_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--experiment", default="local-demo", help="local experiment name (default: local-demo)")
+    parser.add_argument("--group-size", type=int, default=4, help="rollouts per row (default: 4)")
+    parser.add_argument(
+        "--model-url",
+        help="an OpenAI-compatible base URL to use instead of starting the local SmolLM2 model",
+    )
+    parser.add_argument("--model-id", default=MODEL_ID, help=f"model id sent to the agent (default: {MODEL_ID})")
+    parser.add_argument("--tps", type=int, default=20, help="ACR calls per second limit (default: 20)")
+    parser.add_argument("--max-sessions", type=int, default=4, help="rollouts in flight at once (default: 4)")
+    parser.add_argument("--timeout-s", type=int, default=300, help="deadline of one rollout attempt (default: 300)")
+    parser.add_argument("--max-tokens", type=int, default=256, help="sampling max_tokens (default: 256)")
+    parser.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (default: 0.7)")
+    parser.add_argument(
+        "--agent-module",
+        default="rollout_pipeline.agent.examples.math_agent",
+        help="agent module served as `python -m MODULE --host 127.0.0.1 --port N`",
+    )
+    parser.add_argument("--work-dir", type=Path, help="where logs go (default: a new temporary directory)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log what the pipeline does")
+
+
+def register(sub: Any, _common: argparse.ArgumentParser) -> None:
+    """Add the `local` command group to the `rollouts` parser."""
+    local = sub.add_parser(
+        "local",
+        help="run the whole pipeline locally (moto, real agent, real model)",
+        description="Run the whole pipeline on this machine: AWS resources in a loopback moto server, the Lambda "
+        "handlers as local queue consumers, the example agent as local processes and a real local model "
+        "(SmolLM2-135M through llama.cpp) unless --model-url is given. No AWS account needed.",
+    )
+    local_sub = local.add_subparsers(dest="local_command", metavar="LOCAL_COMMAND", required=True)
+
+    demo = local_sub.add_parser(
+        "demo",
+        help="run the sample dataset through the local pipeline and show the events",
+        description="Drop a dataset into the local input bucket, show a progress bar and the pushed events as they "
+        "arrive, then a summary. Exits non-zero unless the batch completed with every session stopped.",
+    )
+    _add_pipeline_options(demo)
+    demo.add_argument("--dataset", type=Path, help="a .jsonl dataset (default: the bundled GSM8K-style sample)")
+    demo.add_argument("--rows", type=int, default=6, help="use the first N rows of the dataset (default: 6; 0 = all)")
+    demo.add_argument("--wait-s", type=float, default=900, help="give up after this many seconds (default: 900)")
+    demo.set_defaults(handler=_cmd_demo)
+
+    up = local_sub.add_parser(
+        "up",
+        help="start the local pipeline and keep it running for the SDK/CLI (Ctrl-C stops it)",
+        description="Start the local pipeline and print its endpoint and outputs; point the SDK at it with "
+        "Experiment.local(endpoint_url, outputs=...) or the CLI with --endpoint-url and --outputs-file.",
+    )
+    _add_pipeline_options(up)
+    up.add_argument("--outputs-file", type=Path, help="also write the stack-style outputs JSON here")
+    up.set_defaults(handler=_cmd_up)
+
+
+def _settings(args: argparse.Namespace) -> Any:
+    from rollout_pipeline.local.pipeline import LocalSettings
+
+    return LocalSettings(
+        experiment=args.experiment,
+        group_size=args.group_size,
+        tps_limit=args.tps,
+        max_sessions=args.max_sessions,
+        rollout_timeout_s=args.timeout_s,
+        model_url=args.model_url,
+        model_id=args.model_id,
+        sampling_params={"temperature": args.temperature, "max_tokens": args.max_tokens},
+        agent_module=args.agent_module,
+        work_dir=args.work_dir,
+    )
+
+
+def _cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
+    from rollout_pipeline.local.demo import run_demo
+
+    report = run_demo(_settings(args), dataset=args.dataset, rows=args.rows or None, timeout_s=args.wait_s, out=out)
+    return EXIT_OK if report.ok else EXIT_FAILED
+
+
+def _cmd_up(args: argparse.Namespace, out: TextIO) -> int:
+    from rollout_pipeline.local.pipeline import LocalPipeline, interrupt_on_sigterm
+
+    with interrupt_on_sigterm(), LocalPipeline(_settings(args)) as pipeline:
+        assert pipeline.resources is not None
+        outputs = pipeline.resources.stack_outputs()
+        if args.outputs_file:
+            args.outputs_file.write_text(json.dumps({f"Rollouts-{args.experiment}": outputs}, indent=2))
+        print(f"local pipeline up: endpoint {pipeline.endpoint_url}, model {pipeline.model_url}", file=out)
+        print(json.dumps(outputs, indent=2), file=out, flush=True)
+        print("Ctrl-C to stop.", file=out, flush=True)
+        while True:
+            time.sleep(3600)

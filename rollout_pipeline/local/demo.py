@@ -1,0 +1,222 @@
+"""The demo: drop a dataset into the local pipeline's input bucket and show the pushed events as they arrive.
+
+Exit code 0 only when the batch completed, every rollout ended, no session was left running and no message was
+dead-lettered.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass, field
+from importlib import resources as package_resources
+from pathlib import Path
+from typing import Any, TextIO
+
+from rollout_pipeline.contracts import (
+    BatchAccepted,
+    BatchCompleted,
+    DetailType,
+    RolloutCompleted,
+    RolloutFailed,
+)
+from rollout_pipeline.local.pipeline import LocalPipeline, LocalSettings, interrupt_on_sigterm
+
+SAMPLE_DATASET = "gsm8k_sample.jsonl"
+
+
+def sample_dataset_path() -> Path:
+    """The sample GSM8K-style dataset shipped with the library."""
+    return Path(str(package_resources.files("rollout_pipeline.sample_data").joinpath(SAMPLE_DATASET)))
+
+
+def first_rows(source: Path, rows: int, directory: Path) -> Path:
+    """A copy of the first `rows` non-blank lines of a `.jsonl` file (same file name)."""
+    target = directory / source.name
+    kept = 0
+    with source.open("rb") as src, target.open("wb") as dst:
+        for line in src:
+            if kept >= rows:
+                break
+            if line.strip():
+                dst.write(line if line.endswith(b"\n") else line + b"\n")
+                kept += 1
+    return target
+
+
+@dataclass
+class DemoReport:
+    """What the demo saw."""
+
+    batch_id: str = ""
+    accepted: BatchAccepted | None = None
+    completed: BatchCompleted | None = None
+    rollouts_ok: int = 0
+    rollouts_failed: dict[str, int] = field(default_factory=dict)
+    groups: int = 0
+    notify_latencies_ms: list[float] = field(default_factory=list)
+    sessions_left: list[str] = field(default_factory=list)
+    dead_letters: dict[str, int] = field(default_factory=dict)
+    elapsed_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return (
+            self.completed is not None
+            and self.accepted is not None
+            and self.rollouts_ok + sum(self.rollouts_failed.values()) == self.accepted.rollouts_enqueued
+            and not self.sessions_left
+            and not any(self.dead_letters.values())
+        )
+
+
+class _Display:
+    """Progress bar plus one line per event, with rich when the output is a terminal, plain lines otherwise."""
+
+    def __init__(self, out: TextIO) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.console = Console(file=out, highlight=False, soft_wrap=True)
+        self.progress = Progress(
+            TextColumn("[bold]rollouts"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[summary]}"),
+            TimeElapsedColumn(),
+            console=self.console,
+            transient=False,
+            disable=not self.console.is_terminal,
+        )
+        self.task = self.progress.add_task("rollouts", total=None, summary="waiting for Batch Accepted")
+
+    def __enter__(self) -> _Display:
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.__exit__(None, None, None)
+
+    def line(self, text: str) -> None:
+        self.progress.console.print(text)
+
+    def update(self, report: DemoReport, running: int) -> None:
+        total = report.accepted.rollouts_enqueued if report.accepted else None
+        done = report.rollouts_ok + sum(report.rollouts_failed.values())
+        failed = sum(report.rollouts_failed.values())
+        queued = max(0, (total or 0) - done - running)
+        summary = f"ok {report.rollouts_ok} | failed {failed} | running {running} | queued {queued}"
+        self.progress.update(self.task, total=total, completed=done, summary=summary)
+
+
+def _latency_ms(detail: RolloutCompleted | RolloutFailed) -> float | None:
+    timings = detail.timings
+    if timings.finished_at and timings.notified_at:
+        return (timings.notified_at - timings.finished_at).total_seconds() * 1000
+    return None
+
+
+def watch_batch(pipeline: LocalPipeline, batch_id: str, report: DemoReport, out: TextIO, timeout_s: float) -> None:
+    """Consume the batch's events from the trainer queue (pushed, never polled from S3) until Batch Completed."""
+    with _Display(out) as display:
+        stream = pipeline.experiment.events(batch_id=batch_id, timeout=timeout_s)
+        for event in stream:
+            detail: Any = event.detail
+            if event.detail_type is DetailType.BATCH_ACCEPTED:
+                report.accepted = detail
+                display.line(
+                    f"Batch Accepted   {detail.rows_accepted} rows accepted, {detail.rows_rejected} rejected, "
+                    f"{detail.rollouts_enqueued} rollouts queued"
+                )
+            elif event.detail_type is DetailType.ROLLOUT_COMPLETED:
+                report.rollouts_ok += 1
+                display.line(
+                    f"Rollout Completed {detail.rollout_id:<14} reward {detail.reward:.2f} (attempt {detail.attempt})"
+                )
+            elif event.detail_type is DetailType.ROLLOUT_FAILED:
+                report.rollouts_failed[str(detail.reason)] = report.rollouts_failed.get(str(detail.reason), 0) + 1
+                display.line(f"Rollout Failed    {detail.rollout_id:<14} {detail.reason}: {detail.error[:80]}")
+            elif event.detail_type is DetailType.GROUP_COMPLETED:
+                report.groups += 1
+                rewards = ", ".join("-" if r is None else f"{r:.0f}" for r in detail.rewards)
+                mean = "n/a" if detail.reward_mean is None else f"{detail.reward_mean:.2f}"
+                display.line(f"Group Completed   {detail.input_id:<14} rewards [{rewards}] mean {mean}")
+            elif event.detail_type is DetailType.BATCH_COMPLETED:
+                report.completed = detail
+            if isinstance(detail, RolloutCompleted | RolloutFailed):
+                latency = _latency_ms(detail)
+                if latency is not None:
+                    report.notify_latencies_ms.append(latency)
+            display.update(report, running=len(pipeline.active_sessions()))
+            if report.completed is not None:
+                break
+
+
+def print_summary(report: DemoReport, out: TextIO) -> None:
+    done = report.completed
+    lines = [
+        "",
+        f"batch {report.batch_id}: {'COMPLETED' if done else 'NOT COMPLETED'} in {report.elapsed_s:.1f} s",
+    ]
+    if done is not None:
+        mean = "n/a" if done.reward_mean is None else f"{done.reward_mean:.3f}"
+        std = "n/a" if done.reward_std is None else f"{done.reward_std:.3f}"
+        lines.append(
+            f"  rollouts {done.rollouts_total}: {done.succeeded} succeeded, {done.failed} failed "
+            f"{dict(done.failed_by_reason) or ''}".rstrip()
+        )
+        lines.append(f"  reward mean {mean} (std {std}, over {done.reward_count} rollouts), groups {report.groups}")
+    if report.notify_latencies_ms:
+        values = sorted(report.notify_latencies_ms)
+        p95 = values[min(len(values) - 1, int(0.95 * len(values)))]
+        lines.append(
+            f"  result written -> event published: median {statistics.median(values):.0f} ms, p95 {p95:.0f} ms"
+        )
+    lines.append(f"  sessions left running: {len(report.sessions_left)}")
+    lines.append(f"  dead-lettered messages: {sum(report.dead_letters.values())}")
+    print("\n".join(lines), file=out, flush=True)
+
+
+def run_demo(
+    settings: LocalSettings,
+    *,
+    dataset: Path | None = None,
+    rows: int | None = 6,
+    timeout_s: float = 900.0,
+    out: TextIO,
+) -> DemoReport:
+    """Start the local pipeline, submit the dataset through the input bucket, watch it to the end, stop."""
+    report = DemoReport()
+    source = dataset or sample_dataset_path()
+    started = time.monotonic()
+    with interrupt_on_sigterm(), tempfile.TemporaryDirectory(prefix="rollouts-demo-") as tmp:
+        upload = first_rows(source, rows, Path(tmp)) if rows and source.suffix == ".jsonl" else source
+        print(f"starting the local pipeline (experiment {settings.experiment!r}) ...", file=out, flush=True)
+        with LocalPipeline(settings) as pipeline:
+            print(
+                f"  AWS (moto) {pipeline.endpoint_url} | model {pipeline.model_url} ({settings.model_id}) | "
+                f"agent {settings.agent_module} | logs {pipeline.work_dir}",
+                file=out,
+                flush=True,
+            )
+            report.batch_id = pipeline.experiment.submit_file(upload, group_size=settings.group_size)
+            print(f"uploaded {upload.name} to the input bucket: batch {report.batch_id}", file=out, flush=True)
+            try:
+                watch_batch(pipeline, report.batch_id, report, out, timeout_s)
+            finally:
+                report.elapsed_s = time.monotonic() - started
+                report.sessions_left = _sessions_after_grace(pipeline)
+                report.dead_letters = pipeline.dead_letters()
+    print_summary(report, out)
+    return report
+
+
+def _sessions_after_grace(pipeline: LocalPipeline, grace_s: float = 5.0) -> list[str]:
+    """Sessions still running a little after the last event (the stop call follows the event closely)."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        left = pipeline.active_sessions()
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.2)

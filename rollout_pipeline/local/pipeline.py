@@ -1,0 +1,256 @@
+"""The whole pipeline on one machine, no AWS account.
+
+`LocalPipeline` starts, in order: a moto server on loopback; the experiment's buckets, queues, bus, rules and
+ledger, created from the same `ExperimentConfig` the stack uses (`local.resources`); the real local model
+(SmolLM2 through llama.cpp) unless a model URL is given; the agent from `agent_image/` as local processes behind
+the local ACR adapter; and the very Lambda handler modules (`lambdas/*.py`) as consumers of the same queues with
+Lambda's SQS semantics, plus the sweeper on its schedule. The trainer side is the SDK, attached to the local
+experiment. Everything it started is stopped on exit, also on Ctrl-C and on failure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from rollout_pipeline.adapters import clients
+from rollout_pipeline.config import ExperimentConfig, SamplingParams
+from rollout_pipeline.local.lambda_runtime import QueueConsumer, Schedule
+from rollout_pipeline.local.model_server import MODEL_ID, LocalModelServer
+from rollout_pipeline.local.moto_server import local_aws_environ, moto_server, patched_environ
+from rollout_pipeline.local.resources import ExperimentResources, create_resources
+
+log = logging.getLogger(__name__)
+
+REGION = "us-east-1"
+DEFAULT_AGENT_MODULE = "rollout_pipeline.agent.examples.math_agent"
+
+
+@dataclass
+class LocalSettings:
+    """What a local run looks like. Limits and options mean what they mean in the deployed stack."""
+
+    experiment: str = "local-demo"
+    group_size: int = 4
+    tps_limit: int = 20
+    max_sessions: int = 4
+    rollout_timeout_s: int = 300
+    max_attempts: int = 2
+    #: An OpenAI-compatible base URL; None starts the real local model (SmolLM2-135M via llama.cpp).
+    model_url: str | None = None
+    model_id: str = MODEL_ID
+    sampling_params: dict[str, Any] = field(default_factory=lambda: {"temperature": 0.7, "max_tokens": 256})
+    agent_module: str = DEFAULT_AGENT_MODULE
+    #: "process": one agent process per session, stop kills it (ACR-faithful); "shared": one process.
+    isolation: str = "process"
+    warm_processes: int = 2
+    agent_env: dict[str, str] = field(default_factory=dict)
+    dispatch_concurrency: int = 2
+    sweep_interval_s: float = 10.0
+    work_dir: Path | None = None
+
+    def experiment_config(self, model_url: str) -> ExperimentConfig:
+        return ExperimentConfig(
+            name=self.experiment,
+            group_size=self.group_size,
+            tps_limit=self.tps_limit,
+            max_sessions=self.max_sessions,
+            rollout_timeout_s=self.rollout_timeout_s,
+            max_attempts=self.max_attempts,
+            model_base_url=model_url,
+            model_id=self.model_id,
+            sampling_params=SamplingParams.model_validate(self.sampling_params),
+            dispatch_concurrency=max(2, self.dispatch_concurrency),
+        )
+
+
+class LocalPipeline:
+    """Start with `with LocalPipeline(settings) as pipeline:`; `pipeline.experiment` is the SDK handle."""
+
+    def __init__(self, settings: LocalSettings | None = None) -> None:
+        self.settings = settings or LocalSettings()
+        self.work_dir = self.settings.work_dir or Path(tempfile.mkdtemp(prefix="rollouts-local-"))
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self.endpoint_url = ""
+        self.model_url = ""
+        self.resources: ExperimentResources | None = None
+        self.runtime: Any = None
+        self.experiment: Any = None
+        self.consumers: list[QueueConsumer] = []
+        self.sweeper: Schedule | None = None
+        self._stack = contextlib.ExitStack()
+
+    # ------------------------------------------------------------------------------------------- start / stop
+
+    def start(self) -> LocalPipeline:
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start(self) -> None:
+        stack = self._stack
+        started = time.monotonic()
+        self.endpoint_url = stack.enter_context(moto_server())
+        aws_env = local_aws_environ(self.endpoint_url, REGION)
+        stack.enter_context(patched_environ(aws_env))
+        clients.reset()
+        stack.callback(clients.reset)
+        log.info("moto server on %s", self.endpoint_url)
+
+        if self.settings.model_url:
+            self.model_url = self.settings.model_url.rstrip("/")
+        else:
+            model = LocalModelServer(log_path=self.work_dir / "model.log")
+            stack.callback(model.stop)
+            self.model_url = model.start()
+        log.info("model at %s", self.model_url)
+
+        config = self.settings.experiment_config(self.model_url)
+        self.resources = create_resources(config, region=REGION, client=clients.client)
+        handler_env = {
+            **self.resources.settings().to_environ(),
+            "POWERTOOLS_SERVICE_NAME": "rollouts-local",
+            "POWERTOOLS_METRICS_NAMESPACE": "RolloutPipeline",
+            "POWERTOOLS_METRICS_DISABLED": "true",
+            "POWERTOOLS_LOG_LEVEL": os.environ.get("POWERTOOLS_LOG_LEVEL", "WARNING"),
+        }
+        stack.enter_context(patched_environ(handler_env))
+
+        self.runtime = self._start_agents(aws_env)
+        self._install_handlers()
+        self._start_consumers()
+
+        from rollout_pipeline.sdk import Experiment
+
+        self.experiment = Experiment.local(self.endpoint_url, outputs=self.resources.stack_outputs(), region=REGION)
+        log.info("local pipeline up in %.1f s (work dir %s)", time.monotonic() - started, self.work_dir)
+
+    def _start_agents(self, aws_env: Mapping[str, str]) -> Any:
+        from rollout_pipeline.adapters.local_acr import LocalAgentRuntime
+
+        runtime = LocalAgentRuntime(
+            self.settings.agent_module,
+            env={**aws_env, **self.settings.agent_env},
+            # One more process than the experiment's session limit: the ledger's limit is the binding one.
+            max_sessions=self.settings.max_sessions + 1,
+            warm_processes=self.settings.warm_processes,
+            isolation="shared" if self.settings.isolation == "shared" else "process",
+            log_dir=self.work_dir / "agents",
+        )
+        self._stack.callback(runtime.close)
+        runtime.start()
+        return runtime
+
+    def _install_handlers(self) -> None:
+        """Point the handler modules at this run: the local ACR adapter and fresh per-container state."""
+        import lambdas.ingest
+        from rollout_pipeline.adapters.runtime import install_agent_runtime
+        from rollout_pipeline.lifecycle.handlers import set_deps
+
+        install_agent_runtime(self.runtime)
+        set_deps(None)
+        lambdas.ingest.reset()
+        self._stack.callback(lambdas.ingest.reset)
+        self._stack.callback(set_deps, None)
+        self._stack.callback(install_agent_runtime, None)
+
+    def _start_consumers(self) -> None:
+        import lambdas.completion
+        import lambdas.dispatch
+        import lambdas.ingest
+        import lambdas.sweeper
+
+        assert self.resources is not None
+        res = self.resources
+        # Same batch sizes, concurrency and timeouts as the stack's event source mappings and functions.
+        self.consumers = [
+            QueueConsumer(
+                "ingest",
+                res.ingest_queue_url,
+                lambdas.ingest.handler,
+                region=REGION,
+                batch_size=1,
+                max_concurrency=1,
+                timeout_s=900,
+            ),
+            QueueConsumer(
+                "dispatch",
+                res.rollout_queue_url,
+                lambdas.dispatch.handler,
+                region=REGION,
+                batch_size=10,
+                max_concurrency=max(2, self.settings.dispatch_concurrency),
+                timeout_s=120,
+            ),
+            QueueConsumer(
+                "completion",
+                res.completion_queue_url,
+                lambdas.completion.handler,
+                region=REGION,
+                batch_size=10,
+                max_concurrency=2,
+                timeout_s=60,
+            ),
+        ]
+        for consumer in self.consumers:
+            consumer.start()
+            self._stack.callback(consumer.stop)
+        self.sweeper = Schedule("sweeper", lambdas.sweeper.handler, interval_s=self.settings.sweep_interval_s)
+        self.sweeper.start()
+        self._stack.callback(self.sweeper.stop)
+
+    def stop(self) -> None:
+        """Stop everything that was started, in reverse order (idempotent)."""
+        self._stack.close()
+
+    def __enter__(self) -> LocalPipeline:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -------------------------------------------------------------------------------------------------- views
+
+    def active_sessions(self) -> list[str]:
+        """Agent sessions not stopped yet (each terminal rollout must have stopped its own)."""
+        return list(self.runtime.sessions()) if self.runtime is not None else []
+
+    def dead_letters(self) -> dict[str, int]:
+        """Messages in each dead-letter queue (a healthy run has none)."""
+        assert self.resources is not None
+        sqs = clients.client("sqs")
+        counts = {}
+        for name, url in self.resources.dlq_urls.items():
+            attrs = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["ApproximateNumberOfMessages"])
+            counts[name] = int(attrs["Attributes"]["ApproximateNumberOfMessages"])
+        return counts
+
+
+@contextlib.contextmanager
+def interrupt_on_sigterm() -> Iterator[None]:
+    """Turn SIGTERM into KeyboardInterrupt in the main thread, so `with LocalPipeline(...)` cleans up."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def raise_interrupt(_signum: int, _frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, raise_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
