@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
+import pytest
 from aws_cdk import ILocalBundling
 from aws_cdk import aws_lambda as lambda_
 
@@ -64,3 +66,31 @@ def test_asset_hash_ignores_everything_but_the_library_and_handlers() -> None:
     assert ASSET_EXCLUDES[0] == "*"
     reincluded = {pattern[1:] for pattern in ASSET_EXCLUDES if pattern.startswith("!")}
     assert reincluded == {"rollout_pipeline", "rollout_pipeline/**", "lambdas", "lambdas/*.py", "pyproject.toml"}
+
+
+def test_try_bundle_runs_pip_then_copies_sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[list[str]] = []
+
+    def fake_run(command: list[str], **_kwargs: object) -> subprocess.CompletedProcess[bytes]:
+        calls.append(command)
+        return subprocess.CompletedProcess(command, 0)
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    out = tmp_path / "asset"
+    out.mkdir()
+    bundler = LocalPipBundling(REPO_ROOT, "3.14", ["pydantic==2.14.3"])
+
+    assert bundler.try_bundle(str(out), image=None) is True
+
+    assert calls[-1] == bundler.pip_command(str(out))
+    assert (out / "rollout_pipeline" / "config.py").is_file()
+    for name in ("ingest", "dispatch", "completion", "sweeper"):
+        assert (out / f"{name}.py").is_file(), f"handler module {name}.py missing from the asset root"
+
+
+def test_try_bundle_declines_when_pip_is_unusable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken_run(command: list[str], **_kwargs: object) -> subprocess.CompletedProcess[bytes]:
+        raise subprocess.CalledProcessError(1, command)
+
+    monkeypatch.setattr(subprocess, "run", broken_run)
+    assert LocalPipBundling(REPO_ROOT, "3.14", []).try_bundle(str(tmp_path)) is False
