@@ -433,7 +433,9 @@ def _watch(experiment: Any, args: argparse.Namespace, out: TextIO) -> int:
         try:
             last_refresh = time.monotonic()
             while not progress.done:
-                delivery = stream.next_delivery(min(poll_wait, stream.remaining() or poll_wait))
+                budget = max(poll_wait, 0.5)
+                remaining = stream.remaining()
+                delivery = stream.next_delivery(budget if remaining is None else min(budget, remaining))
                 if delivery is not None and delivery.event is not None:
                     progress.apply(delivery.event.detail)
                     stream.ack(delivery)
@@ -528,7 +530,8 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help, usage errors
         return int(exc.code or 0) if isinstance(exc.code, int | None) else EXIT_USAGE
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
+    verbose = bool(getattr(args, "verbose", False))
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(message)s")
     stream = out if out is not None else sys.stdout
     try:
         code: int = args.handler(args, stream)

@@ -1,0 +1,287 @@
+"""The `rollouts` command through its entry point (`main([...])`) against moto: submit, status, cancel, export,
+watch (from pushed events, via a tap queue or the trainer queue), `--help`, the `local` group hook, and error paths
+(one clear line on stderr, non-zero exit, no traceback)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from rollout_pipeline.adapters import clients
+from rollout_pipeline.adapters.fake_acr import FakeAgentRuntime
+from rollout_pipeline.cli import EXIT_ERROR, EXIT_OK, EXIT_USAGE, main
+from rollout_pipeline.lifecycle.deps import LifecycleDeps
+from rollout_pipeline.local.resources import ExperimentResources
+from rollout_pipeline.sdk import Experiment
+from tests.conftest import REGION, receive_all
+from tests.integration.lifecycle_support import make_deps, moto_lock  # noqa: F401 - fixture
+from tests.integration.test_sdk_client import Pipeline
+from tests.integration.test_sdk_submit import _deploy_stack, write_jsonl
+
+E = ["-e", "test-exp", "--region", REGION]
+
+
+@pytest.fixture
+def deployed(resources: ExperimentResources) -> ExperimentResources:
+    _deploy_stack(resources.stack_outputs())
+    return resources
+
+
+@pytest.fixture
+def experiment(deployed: ExperimentResources) -> Experiment:
+    return Experiment.attach("test-exp", region=REGION)
+
+
+@pytest.fixture
+def fake(resources: ExperimentResources) -> Iterator[FakeAgentRuntime]:
+    runtime = FakeAgentRuntime()
+    yield runtime
+    runtime.close()
+
+
+@pytest.fixture
+def deps(resources: ExperimentResources, fake: FakeAgentRuntime) -> LifecycleDeps:
+    return make_deps(resources, fake)
+
+
+def one_error_line(err: str) -> str:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    assert lines[0].startswith("rollouts: error: ")
+    return lines[0]
+
+
+# ------------------------------------------------------------------------------------------------------ help
+
+
+def test_help_reads_well(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--help"]) == EXIT_OK
+    out = capsys.readouterr().out
+    for command in ("submit", "watch", "status", "cancel", "export"):
+        assert command in out
+    assert "examples:" in out
+    assert main(["submit", "--help"]) == EXIT_OK
+    sub = capsys.readouterr().out
+    assert "--group-size N" in sub
+    assert "--sampling-params JSON" in sub
+    assert "--experiment NAME" in sub
+
+
+def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([]) == EXIT_USAGE
+    assert main(["status", *E]) == EXIT_USAGE  # --batch is required
+    assert "--batch" in capsys.readouterr().err
+
+
+def test_local_group_is_registered_when_local_mode_provides_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    module = types.ModuleType("rollout_pipeline.local.cli")
+    calls: list[str] = []
+
+    def register(subparsers: object, common: object) -> None:
+        local = subparsers.add_parser("local", help="run the pipeline on this machine")  # type: ignore[attr-defined]
+
+        def handler(args: object, out: object) -> int:
+            calls.append("local")
+            return 0
+
+        local.set_defaults(handler=handler)
+
+    module.register = register  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "rollout_pipeline.local.cli", module)
+    assert main(["--help"]) == EXIT_OK
+    assert "run the pipeline on this machine" in capsys.readouterr().out
+    assert main(["local"]) == EXIT_OK
+    assert calls == ["local"]
+
+
+# ---------------------------------------------------------------------------------------------------- submit
+
+
+def test_submit_prints_the_batch_id(
+    deployed: ExperimentResources, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write_jsonl(tmp_path / "train.jsonl", [{"prompt": "a"}, {"prompt": "b"}])
+    code = main(["submit", str(path), *E, "--group-size", "4", "--sampling-params", '{"temperature": 0.2}'])
+    assert code == EXIT_OK
+    captured = capsys.readouterr()
+    batch_id = captured.out.strip()
+    assert batch_id.startswith("train-")
+    assert f"rollouts watch -e test-exp --batch {batch_id}" in captured.err
+    head = clients.client("s3").head_object(Bucket=deployed.input_bucket, Key="datasets/train.jsonl")
+    assert head["Metadata"]["group-size"] == "4"
+    assert json.loads(head["Metadata"]["sampling-params"]) == {"temperature": 0.2}
+    assert len(receive_all(deployed.ingest_queue_url)) == 1
+
+
+def test_submit_invalid_file_is_one_clear_line(
+    deployed: ExperimentResources, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write_jsonl(tmp_path / "bad.jsonl", ['{"prompt": "a"}', '{"prompt": '])
+    assert main(["submit", str(path), *E]) == EXIT_ERROR
+    line = one_error_line(capsys.readouterr().err)
+    assert f"{path}:2: invalid_json: invalid JSON" in line
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--sampling-params", "{oops"], "--sampling-params is not valid JSON"),
+        (["--sampling-params", "[1]"], "--sampling-params must be a JSON object"),
+        (["--group-size", "0"], "invalid option group_size"),
+    ],
+)
+def test_submit_bad_options(
+    deployed: ExperimentResources,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    argv: list[str],
+    expected: str,
+) -> None:
+    path = write_jsonl(tmp_path / "ok.jsonl", [{"prompt": "a"}])
+    assert main(["submit", str(path), *E, *argv]) == EXIT_ERROR
+    assert expected in one_error_line(capsys.readouterr().err)
+
+
+def test_experiment_not_deployed(resources: ExperimentResources, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["status", "-e", "other", "--region", REGION, "--batch", "b"]) == EXIT_ERROR
+    line = one_error_line(capsys.readouterr().err)
+    assert "experiment 'other' is not deployed in us-east-1" in line
+    assert "cdk deploy -c experiment=other" in line
+
+
+def test_no_experiment_given(
+    resources: ExperimentResources, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("ROLLOUTS_EXPERIMENT", raising=False)
+    assert main(["status", "--batch", "b"]) == EXIT_ERROR
+    assert "no experiment: pass --experiment NAME" in one_error_line(capsys.readouterr().err)
+
+
+def test_no_credentials(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for key in (
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+        "AWS_PROFILE",
+        "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+        "AWS_WEB_IDENTITY_TOKEN_FILE",
+    ):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    code = main(["status", *E, "--batch", "b", "--endpoint-url", "http://127.0.0.1:9"])
+    assert code == EXIT_ERROR
+    assert "no AWS credentials found" in one_error_line(capsys.readouterr().err)
+
+
+def test_outputs_file_instead_of_cloudformation(
+    resources: ExperimentResources, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    outputs = tmp_path / "outputs.json"
+    outputs.write_text(json.dumps({"Rollouts-test-exp": resources.stack_outputs()}))
+    batch_id = Experiment.from_outputs(resources.stack_outputs()).submit([{"id": "q1"}])
+    assert main(["status", "--outputs-file", str(outputs), "--batch", batch_id, "--json"]) == EXIT_OK
+    assert json.loads(capsys.readouterr().out)["rollouts_total"] == 2
+    outputs.write_text("{not json")
+    assert main(["status", "--outputs-file", str(outputs), "--batch", batch_id]) == EXIT_ERROR
+    assert "cannot read outputs file" in one_error_line(capsys.readouterr().err)
+
+
+# ------------------------------------------------------------------------------------ status, cancel, export
+
+
+def test_status_cancel_export(experiment: Experiment, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    batch_id = experiment.submit([{"id": "q1", "p": 1}, {"id": "q2", "p": 2}], group_size=2)
+    assert main(["status", *E, "--batch", batch_id]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert f"batch      {batch_id} (accepted)" in out
+    assert "4 total: 4 queued, 0 running, 0 succeeded, 0 failed" in out
+
+    assert main(["cancel", *E, "--batch", batch_id]) == EXIT_OK
+    assert "4 rollout(s) cancelled" in capsys.readouterr().out
+    assert main(["status", *E, "--batch", batch_id, "--json"]) == EXIT_OK
+    status = json.loads(capsys.readouterr().out)
+    assert (status["status"], status["done"], status["failed_by_reason"]) == ("cancelled", True, {"cancelled": 4})
+
+    target = tmp_path / "out.jsonl"
+    assert main(["export", *E, "--batch", batch_id, "-o", str(target), "--with-payload"]) == EXIT_OK
+    assert "exported 4 rollout(s)" in capsys.readouterr().err
+    rows = [json.loads(line) for line in target.read_text().splitlines()]
+    assert {(r["input_id"], r["index"], r["state"], r["reason"]) for r in rows} == {
+        (i, n, "failed", "cancelled") for i in ("q1", "q2") for n in (0, 1)
+    }
+    assert {r["input_id"]: r["payload"] for r in rows} == {"q1": {"p": 1}, "q2": {"p": 2}}
+
+    assert main(["export", *E, "--batch", batch_id, "--no-results"]) == EXIT_OK
+    assert len(capsys.readouterr().out.splitlines()) == 4
+
+
+def test_unknown_batch(deployed: ExperimentResources, capsys: pytest.CaptureFixture[str]) -> None:
+    for command in ("status", "cancel", "export"):
+        assert main([command, *E, "--batch", "nope-000000000000"]) == EXIT_ERROR
+        assert "no batch 'nope-000000000000'" in one_error_line(capsys.readouterr().err)
+
+
+# ----------------------------------------------------------------------------------------------------- watch
+
+
+@pytest.mark.usefixtures("moto_lock")
+@pytest.mark.parametrize("source", [[], ["--from-trainer-queue"]], ids=["tap", "trainer-queue"])
+def test_watch_follows_a_batch_to_completion_from_pushed_events(
+    experiment: Experiment,
+    deployed: ExperimentResources,
+    deps: LifecycleDeps,
+    capsys: pytest.CaptureFixture[str],
+    source: list[str],
+) -> None:
+    batch_id = experiment.submit([{"id": "q1"}, {"id": "q2"}], group_size=2)
+    argv = ["watch", *E, "--batch", batch_id, "--timeout", "60", "--poll-wait", "0", *source]
+    with Pipeline(deployed, deps):
+        code = main(argv)
+    assert code == EXIT_OK
+    out = capsys.readouterr().out
+    assert f"batch {batch_id}: 4/4 done: 4 succeeded, 0 failed, 0 running, 0 queued, reward mean 1.0000" in out
+    if not source:
+        names = clients.client("sqs").list_queues().get("QueueUrls", [])
+        assert not [n for n in names if "-tap-" in n], "the tap queue is removed afterwards"
+        rules = clients.client("events").list_rules(EventBusName=deployed.bus_name)["Rules"]
+        assert not [r for r in rules if "-tap-" in r["Name"]], "the tap rule is removed afterwards"
+
+
+def test_watch_times_out_with_non_zero_exit(experiment: Experiment, capsys: pytest.CaptureFixture[str]) -> None:
+    batch_id = experiment.submit([{"id": "q1"}], group_size=1)
+    assert main(["watch", *E, "--batch", batch_id, "--timeout", "1.5", "--poll-wait", "0"]) == EXIT_ERROR
+    assert f"batch {batch_id}: 0/1 done" in capsys.readouterr().out
+
+
+@pytest.mark.usefixtures("moto_lock")
+def test_watch_all_batches_logs_events(
+    experiment: Experiment, deployed: ExperimentResources, deps: LifecycleDeps, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import threading
+
+    def later() -> None:
+        batch_id = experiment.submit([{"id": "q1"}], group_size=2)
+        submitted.append(batch_id)
+
+    submitted: list[str] = []
+    timer = threading.Timer(1.0, later)
+    timer.start()
+    with Pipeline(deployed, deps):
+        assert main(["watch", *E, "--timeout", "8", "--poll-wait", "0"]) == EXIT_OK
+    timer.join()
+    out = capsys.readouterr().out
+    (batch_id,) = submitted
+    assert f"{batch_id} accepted: 1 rows (0 rejected), 2 rollouts" in out
+    assert f"{batch_id} group q1: 2/2 succeeded, reward mean 1.0000" in out
+    assert f"{batch_id} completed: 2 succeeded, 0 failed, reward mean 1.0000" in out
