@@ -472,11 +472,12 @@ def test_close_stops_processes_that_are_still_starting(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------- RolloutApp is wire-identical to ART
 
 
-def _served(app: Any, requests: list[tuple[dict[str, str], bytes]], keys: list[str]) -> tuple[list[Any], list[Any]]:
+def _served(
+    app: Any, s3_client: Any, requests: list[tuple[dict[str, str], bytes]], keys: list[str]
+) -> tuple[list[Any], list[Any]]:
     """Send `requests` to `app` in process; return the HTTP answers and the result objects at `keys`."""
     from starlette.testclient import TestClient
 
-    s3_client = boto3.client("s3", region_name=REGION)
     answers: list[Any] = []
     results: list[Any] = []
     with TestClient(app) as client:
@@ -502,7 +503,7 @@ def _served(app: Any, requests: list[tuple[dict[str, str], bytes]], keys: list[s
     return answers, results
 
 
-def test_rollout_app_is_wire_identical_to_art(moto_aws: None) -> None:
+def test_rollout_app_is_wire_identical_to_art(s3: Any, aws_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The same functions served by ART's AgentCoreRLApp and by RolloutApp: same HTTP answers, same result objects
     (success, error, partial config, invalid JSON), while RolloutApp's function also sees the rollout context."""
     from agentcore_rl_toolkit import AgentCoreRLApp
@@ -510,7 +511,8 @@ def test_rollout_app_is_wire_identical_to_art(moto_aws: None) -> None:
     from rollout_pipeline.agent.app import RolloutApp
     from rollout_pipeline.agent.context import get_rollout
 
-    boto3.client("s3", region_name=REGION).create_bucket(Bucket=BUCKET)
+    for key, value in local_aws_environ(aws_endpoint, REGION).items():
+        monkeypatch.setenv(key, value)  # ART makes its S3 client from the environment when the app is created
     seen_sessions: list[str | None] = []
 
     def make(app_class: type) -> Any:
@@ -537,8 +539,8 @@ def test_rollout_app_is_wire_identical_to_art(moto_aws: None) -> None:
     ]
     keys = [ids.result_key(EXP, "wire", session_id), ids.result_key(EXP, "wire-fail", session_id)]
 
-    art_answers, art_results = _served(make(AgentCoreRLApp), requests, keys)
-    our_answers, our_results = _served(make(RolloutApp), requests, keys)
+    art_answers, art_results = _served(make(AgentCoreRLApp), s3, requests, keys)
+    our_answers, our_results = _served(make(RolloutApp), s3, requests, keys)
 
     assert our_answers == art_answers
     assert art_answers[0] == (200, {"status": "processing", "s3_bucket": BUCKET, "result_key": keys[0]})
