@@ -5,12 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from aws_cdk import App, Stack, Validations
+from aws_cdk import App, Environment, Stack, Validations
 from aws_cdk import aws_sqs as sqs
 from aws_cdk.cx_api import CloudFormationStackArtifact
 
 from stacks import nag
-from tests.infra.conftest import Synthesized, synthesize
+from tests.infra.conftest import Synthesized, cdk_json_context, synthesize
 
 
 def errors(artifact: CloudFormationStackArtifact) -> list[str]:
@@ -61,3 +61,12 @@ def test_destroy_variant_also_passes_the_checks(tmp_path: Path) -> None:
     results = buckets[destroyed.logical_id(destroyed.stack.storage.results_bucket)]["Properties"]
     expiring = [r for r in results["LifecycleConfiguration"]["Rules"] if "ExpirationInDays" in r]
     assert [r["ExpirationInDays"] for r in expiring] == [30]
+
+
+def test_finding_ids_follow_the_stack_environment() -> None:
+    """cdk-nag prints literals once account/region are known (deploy with credentials) and pseudo parameters if not."""
+    app = App(context=cdk_json_context())
+    agnostic = Stack(app, "Agnostic")
+    known = Stack(app, "Known", env=Environment(account="123456789012", region="cn-north-1"))
+    assert nag.account_arn(agnostic, "logs") == "arn:<AWS::Partition>:logs:<AWS::Region>:<AWS::AccountId>"
+    assert nag.account_arn(known, "logs") == "arn:aws-cn:logs:cn-north-1:123456789012"
