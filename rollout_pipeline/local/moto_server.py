@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -33,21 +34,44 @@ def local_aws_environ(endpoint_url: str, region: str) -> dict[str, str]:
     }
 
 
+class SerializedDynamoDB:
+    """WSGI middleware running DynamoDB requests one at a time.
+
+    moto's TransactWriteItems snapshots every table and restores the snapshot when a condition fails, so a failing
+    transaction running concurrently with another request undoes that request's writes. Real DynamoDB never does;
+    serialising DynamoDB calls restores its atomicity. Other services stay concurrent (SQS long polls must not
+    hold a lock).
+    """
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.lock = threading.Lock()
+
+    def __call__(self, environ: dict[str, Any], start_response: Any) -> Any:
+        if str(environ.get("HTTP_X_AMZ_TARGET", "")).startswith("DynamoDB"):
+            with self.lock:
+                return list(self.app(environ, start_response))
+        return self.app(environ, start_response)
+
+
 @contextmanager
 def moto_server(port: int | None = None) -> Iterator[str]:
-    """Start `moto.server.ThreadedMotoServer` on 127.0.0.1; yield its endpoint URL; stop it on exit."""
+    """Start a moto server on 127.0.0.1 (threaded, DynamoDB serialised); yield its endpoint URL; stop it on exit."""
     import logging
 
-    from moto.server import ThreadedMotoServer
+    from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
+    from werkzeug.serving import make_server
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one access-log line per AWS call otherwise
-    server: Any = ThreadedMotoServer(ip_address=LOOPBACK, port=port or free_port(), verbose=False)
-    server.start()
+    app = SerializedDynamoDB(DomainDispatcherApplication(create_backend_app))
+    server = make_server(LOOPBACK, port or free_port(), app, threaded=True, request_handler=MotoRequestHandler)
+    thread = threading.Thread(target=server.serve_forever, name="moto-server", daemon=True)
+    thread.start()
     try:
-        host, bound_port = server.get_host_and_port()
-        yield f"http://{host}:{bound_port}"
+        yield f"http://{LOOPBACK}:{server.server_port}"
     finally:
-        server.stop()
+        server.shutdown()
+        thread.join(10)
 
 
 @contextmanager
