@@ -38,6 +38,17 @@ def client(service: str, **kwargs: Any) -> Any:
 _clients: dict[tuple[str, tuple[tuple[str, Any], ...]], Any] = {}
 
 
+def register_hook(event_name: str, handler: Any) -> None:
+    """Register a botocore event handler (e.g. "before-call") on every cached client and on clients made later.
+
+    Clients copy the session's event hooks when they are created, so both are needed.
+    """
+    with _lock:
+        _session().events.register(event_name, handler)
+        for cached in _clients.values():
+            cached.meta.events.register(event_name, handler)
+
+
 def reset() -> None:
     """Forget every cached client and the session (tests switch credentials and endpoints)."""
     with _lock:

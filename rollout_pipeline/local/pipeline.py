@@ -17,7 +17,7 @@ import signal
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -58,6 +58,9 @@ class LocalSettings:
     dispatch_concurrency: int = 2
     sweep_interval_s: float = 10.0
     work_dir: Path | None = None
+    #: Use this `ports.AgentRuntime` instead of agent processes (benchmarks, dry runs with the fake ACR). It is
+    #: built after the AWS resources exist: a callable taking the `ExperimentResources`.
+    runtime_factory: Callable[[ExperimentResources], Any] | None = None
 
     def experiment_config(self, model_url: str) -> ExperimentConfig:
         return ExperimentConfig(
@@ -129,7 +132,10 @@ class LocalPipeline:
         }
         stack.enter_context(patched_environ(handler_env))
 
-        self.runtime = self._start_agents(aws_env)
+        if self.settings.runtime_factory is not None:
+            self.runtime = self.settings.runtime_factory(self.resources)
+        else:
+            self.runtime = self._start_agents(aws_env)
         self._install_handlers()
         self._start_consumers()
 
@@ -226,7 +232,11 @@ class LocalPipeline:
 
     def active_sessions(self) -> list[str]:
         """Agent sessions not stopped yet (each terminal rollout must have stopped its own)."""
-        return list(self.runtime.sessions()) if self.runtime is not None else []
+        if self.runtime is None:
+            return []
+        if hasattr(self.runtime, "sessions"):
+            return list(self.runtime.sessions())
+        return sorted(getattr(self.runtime, "running", ()))
 
     def dead_letters(self) -> dict[str, int]:
         """Messages in each dead-letter queue (a healthy run has none)."""
