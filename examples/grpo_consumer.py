@@ -1,0 +1,64 @@
+"""A minimal GRPO-style consumer: submit a dataset, then turn each completed group into advantages.
+
+    python examples/grpo_consumer.py --experiment my-exp data/train.jsonl --group-size 8
+    python examples/grpo_consumer.py --outputs-file outputs.json --endpoint-url http://127.0.0.1:5000 data.jsonl
+
+For every `Group Completed` event the pipeline pushes, the group-relative advantage of rollout i is
+`(r_i - mean(r)) / (std(r) + eps)` over the group's successful rollouts; failed rollouts (never disguised as
+reward 0) get no advantage and would be left out of the policy update. A real trainer would join each rollout's
+`session_id` with its token traces (from the model gateway) and take a gradient step per batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+from rollout_pipeline.sdk import Experiment, Group
+
+EPS = 1e-6
+
+
+def advantages(rewards: list[float | None], eps: float = EPS) -> list[float | None]:
+    """GRPO advantages over the successful rollouts of one group (None for failed ones)."""
+    values = [r for r in rewards if r is not None]
+    if not values:
+        return [None] * len(rewards)
+    mean = sum(values) / len(values)
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
+    return [None if r is None else (r - mean) / (std + eps) for r in rewards]
+
+
+def describe(group: Group) -> str:
+    shown = ["  fail" if a is None else f"{a:+.3f}" for a in advantages(group.rewards)]
+    return f"{group.input_id:>16}  rewards={group.rewards}  advantages=[{', '.join(shown)}]"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("dataset", type=Path, help=".jsonl / .jsonl.gz / .json dataset")
+    parser.add_argument("--experiment", help="deployed experiment name (stack Rollouts-NAME)")
+    parser.add_argument("--outputs-file", type=Path, help="stack outputs JSON instead (e.g. local mode's)")
+    parser.add_argument("--endpoint-url", help="local mode endpoint")
+    parser.add_argument("--group-size", type=int, default=None)
+    parser.add_argument("--timeout", type=float, default=3600, help="give up after this many seconds")
+    args = parser.parse_args()
+
+    if args.outputs_file:
+        outputs = json.loads(args.outputs_file.read_text())
+        experiment = Experiment.from_outputs(outputs, endpoint_url=args.endpoint_url)
+    else:
+        experiment = Experiment.attach(args.experiment, endpoint_url=args.endpoint_url)
+
+    batch_id = experiment.submit_file(args.dataset, group_size=args.group_size)
+    print(f"batch {batch_id}: waiting for groups (pushed events, no polling)")
+    for group in experiment.groups(batch_id, timeout=args.timeout):
+        print(describe(group))
+    status = experiment.status(batch_id)
+    print(f"done: {status.succeeded} succeeded, {status.failed} failed, reward mean {status.reward_mean}")
+
+
+if __name__ == "__main__":
+    main()
