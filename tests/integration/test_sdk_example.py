@@ -8,6 +8,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -34,7 +35,7 @@ def moto_lock_but_sqs(monkeypatch: pytest.MonkeyPatch) -> None:
     lock = threading.RLock()
     original = BaseResponse._dispatch
 
-    def locked(self: object, *args: object, **kwargs: object) -> object:
+    def locked(self: Any, *args: Any, **kwargs: Any) -> Any:
         if type(self).__name__ == "SQSResponse":
             return original(self, *args, **kwargs)
         with lock:
