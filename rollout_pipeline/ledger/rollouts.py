@@ -680,16 +680,37 @@ class RolloutLedger:
             return False
         return True
 
-    def stamp_batch_completed(self, batch_id: str, now_iso: str) -> dict[str, Any]:
-        """Set `completed_at` once (the first completer wins) and return the batch item (typed) as it now is."""
-        resp = self.ddb.update_item(
-            **self._update(
-                keys.batch_key(batch_id),
-                "SET completed_at = if_not_exists(completed_at, :now)",
-                "attribute_exists(pk)",
-                {":now": now_iso},
-            ),
-            ReturnValues="ALL_NEW",
-        )
+    def claim_group_event(self, batch_id: str, input_id: str, claimant: str) -> bool:
+        """Let one rollout (`claimant`) publish `Group Completed`: the first claimer, or the same one again (its
+        outbox retried), gets True. The claimer's outbox entry stays until its publish succeeded, so the event is
+        not lost; concurrent last rollouts do not both publish it."""
+        try:
+            self.ddb.update_item(
+                **self._update(
+                    keys.group_key(batch_id, input_id),
+                    "SET completed_event_by = :me",
+                    "attribute_exists(pk) AND (attribute_not_exists(completed_event_by) OR completed_event_by = :me)",
+                    {":me": claimant},
+                )
+            )
+        except self.ddb.exceptions.ConditionalCheckFailedException:
+            return False
+        return True
+
+    def claim_batch_completed(self, batch_id: str, claimant: str, now_iso: str) -> dict[str, Any] | None:
+        """Like `claim_group_event` for `Batch Completed`; also stamps `completed_at` once. Returns the batch item
+        (typed) when `claimant` may publish, else None."""
+        try:
+            resp = self.ddb.update_item(
+                **self._update(
+                    keys.batch_key(batch_id),
+                    "SET completed_at = if_not_exists(completed_at, :now), completed_event_by = :me",
+                    "attribute_exists(pk) AND (attribute_not_exists(completed_event_by) OR completed_event_by = :me)",
+                    {":now": now_iso, ":me": claimant},
+                ),
+                ReturnValues="ALL_NEW",
+            )
+        except self.ddb.exceptions.ConditionalCheckFailedException:
+            return None
         attributes: dict[str, Any] = resp["Attributes"]
         return attributes

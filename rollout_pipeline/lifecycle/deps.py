@@ -7,7 +7,7 @@ from datetime import datetime
 
 from rollout_pipeline.config import ExperimentConfig, HandlerSettings
 from rollout_pipeline.ledger.rollouts import RolloutLedger
-from rollout_pipeline.lifecycle.limits import LimitedRuntime, TpsLimiter
+from rollout_pipeline.lifecycle.limits import LimitedRuntime, SlotGate, TpsLimiter
 from rollout_pipeline.lifecycle.metrics import MetricsRecorder
 from rollout_pipeline.ports import AgentRuntime, Clock, EventPublisher, MessageQueue, ObjectStore, SystemClock
 
@@ -34,10 +34,17 @@ class LifecycleDeps:
     #: Dispatcher threads per SQS batch.
     dispatch_threads: int = 10
     limited: LimitedRuntime = field(init=False)
+    slots: SlotGate = field(init=False)
 
     def __post_init__(self) -> None:
         self.limited = LimitedRuntime(
             self.runtime, TpsLimiter(self.ledger, self.settings.experiment.tps_limit), self.metrics
+        )
+        self.slots = SlotGate(
+            self.ledger.in_flight,
+            self.settings.experiment.max_sessions,
+            monotonic=self.clock.monotonic,
+            sleep=self.clock.sleep,
         )
 
     @property

@@ -34,7 +34,6 @@ from rollout_pipeline.ledger.rollouts import (
 from rollout_pipeline.lifecycle import publishing
 from rollout_pipeline.lifecycle.cancel import cancel_rollout
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
-from rollout_pipeline.lifecycle.limits import jitter_poll_s
 from rollout_pipeline.lifecycle.metrics import (
     DISPATCHED as DISPATCHED_METRIC,
 )
@@ -188,14 +187,8 @@ def _row_payload(message: RolloutMessage, deps: LifecycleDeps) -> dict[str, Any]
 
 
 def _wait_for_slot(deps: LifecycleDeps, wait_until: float) -> bool:
-    """Poll the session counter (strongly consistent, jittered 0.2-1 s) until a slot looks free or time is up."""
-    while True:
-        pause = jitter_poll_s()
-        if deps.clock.monotonic() + pause > wait_until:
-            return False
-        deps.clock.sleep(pause)
-        if deps.ledger.in_flight() < deps.config.max_sessions:
-            return True
+    """Wait (see `limits.SlotGate`: one poller per process, jittered 0.2-1 s) until a slot looks free."""
+    return deps.slots.wait(wait_until)
 
 
 def _requeue(message: RolloutMessage, body: str, deps: LifecycleDeps, why: Dispatch) -> Dispatch:

@@ -10,6 +10,7 @@ transaction that takes the rollout out of `dispatched` (see `ledger.rollouts`).
 from __future__ import annotations
 
 import random
+import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, Final
@@ -96,6 +97,71 @@ class LimitedRuntime:
         """StopRuntimeSession after taking a TPS token (an unknown session counts as stopped)."""
         self._token(wait_until, "StopRuntimeSession")
         self.runtime.stop(session_id)
+
+
+class SlotGate:
+    """Dispatcher threads of one process waiting for a session slot: ONE of them polls the shared counter
+    (strongly consistent GetItem, every 0.2-1 s, jittered) and, when it sees free slots, lets that many waiters
+    (itself included) try the dispatch transaction; the others sleep. The transaction stays the only arbiter, so
+    a waiter let through for nothing just waits again. Saves N-1 polls per process and the herd of transactions
+    that N independent pollers would start when one slot frees."""
+
+    def __init__(
+        self,
+        in_flight: Callable[[], int],
+        max_sessions: int,
+        *,
+        monotonic: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self._in_flight = in_flight
+        self.max_sessions = max_sessions
+        self._monotonic = monotonic
+        self._sleep = sleep
+        self._cond = threading.Condition()
+        self._tickets = 0
+        self._waiting = 0
+        self._polling = False
+        self.polls = 0
+
+    def wait(self, wait_until: float) -> bool:
+        """Block until a slot looks free (True) or `wait_until` (monotonic) passes (False)."""
+        with self._cond:
+            self._waiting += 1
+            try:
+                while True:
+                    if self._tickets > 0:
+                        self._tickets -= 1
+                        return True
+                    remaining = wait_until - self._monotonic()
+                    if remaining <= 0:
+                        return False
+                    if not self._polling:
+                        self._polling = True
+                        break
+                    self._cond.wait(timeout=min(remaining, 1.0))
+            finally:
+                self._waiting -= 1
+        try:
+            return self._poll(wait_until)
+        finally:
+            with self._cond:
+                self._polling = False
+                self._cond.notify()  # another waiter takes over the polling
+
+    def _poll(self, wait_until: float) -> bool:
+        while True:
+            pause = jitter_poll_s()
+            if self._monotonic() + pause > wait_until:
+                return False
+            self._sleep(pause)
+            self.polls += 1
+            free = self.max_sessions - self._in_flight()
+            if free > 0:
+                with self._cond:
+                    self._tickets = min(free - 1, self._waiting)
+                    self._cond.notify_all()
+                return True
 
 
 def jitter_poll_s() -> float:

@@ -148,18 +148,20 @@ def _inline_result(rec: RolloutRecord, deps: LifecycleDeps, result: dict[str, An
 
 
 def completion_details(rec: RolloutRecord, deps: LifecycleDeps) -> list[Any]:
-    """`Group Completed` / `Batch Completed` that are due after `rec` became terminal (strongly consistent reads)."""
+    """`Group Completed` / `Batch Completed` that are due after `rec` became terminal (strongly consistent reads),
+    each claimed for this rollout so that concurrent last rollouts do not both publish it."""
     details: list[Any] = []
+    claimant = ids.rollout_id(rec.input_id, rec.index)
     batch = deps.ledger.get_batch(rec.batch_id)
     options = batch_options(batch)
     group = deps.ledger.get_group(rec.batch_id, rec.input_id)
     if group is not None:
         group_detail = group_completion_detail(group, options.policy_version if options else rec.policy_version)
-        if group_detail is not None:
+        if group_detail is not None and deps.ledger.claim_group_event(rec.batch_id, rec.input_id, claimant):
             details.append(group_detail)
     if batch is not None and batch_completion_detail(batch) is not None:
-        stamped = deps.ledger.stamp_batch_completed(rec.batch_id, iso(deps.now()))
-        batch_detail = batch_completion_detail(from_item(stamped))
+        claimed = deps.ledger.claim_batch_completed(rec.batch_id, claimant, iso(deps.now()))
+        batch_detail = batch_completion_detail(from_item(claimed)) if claimed is not None else None
         if batch_detail is not None:
             details.append(batch_detail)
     return details
