@@ -246,6 +246,8 @@ class _Dispatcher:
             return batch_id in self._batches
 
     def register(self, futures: Sequence[RolloutFuture]) -> None:
+        if self._stop.is_set():
+            raise SdkError("this RolloutClient is closed: make a new one")
         with self._lock:
             for future in futures:
                 self._futures[(future.batch_id, future.input_id, future.index)] = future
@@ -256,6 +258,10 @@ class _Dispatcher:
             if self._thread is None and not self._stop.is_set():
                 self._thread = threading.Thread(target=self._run, name="rollouts-dispatcher", daemon=True)
                 self._thread.start()
+
+    @property
+    def closed(self) -> bool:
+        return self._stop.is_set()
 
     def pending(self) -> int:
         with self._lock:
@@ -385,6 +391,8 @@ class RolloutClient:
         """
         from rollout_pipeline.sdk.submission import validate_payloads
 
+        if self._dispatcher.closed:
+            raise SdkError("this RolloutClient is closed: make a new one")
         parsed = validate_payloads(rows)
         batch_id = self.experiment.submit(rows, group_size=1, name=name, **self._submit_options)
         futures = [RolloutFuture(self, batch_id, row.input_id, 0, owns_batch=owns_batch) for row in parsed]

@@ -37,6 +37,7 @@ from rollout_pipeline.sdk.status import BatchStatus, batch_status, iter_rollout_
 if TYPE_CHECKING:
     from rollout_pipeline.lifecycle.cancel import CancelReport
     from rollout_pipeline.ports import AgentRuntime
+    from rollout_pipeline.sdk.client import RolloutClient
 
 logger = logging.getLogger(__name__)
 
@@ -553,7 +554,7 @@ class Experiment:
 
     # ------------------------------------------------------------------------------------------ ART-style
 
-    def rollout_client(self, **defaults: Any) -> Any:
+    def rollout_client(self, **defaults: Any) -> RolloutClient:
         """An ART-style client (`invoke`, `run_batch`, futures) over this experiment; see `RolloutClient`."""
         from rollout_pipeline.sdk.client import RolloutClient
 

@@ -16,7 +16,7 @@ from rollout_pipeline.adapters.fake_acr import AgentBehaviour, FakeAgentRuntime,
 from rollout_pipeline.contracts import INLINE_RESULT_BYTES, RolloutCompleted, RolloutFailed
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.local.resources import ExperimentResources
-from rollout_pipeline.sdk import BatchItem, Experiment, RolloutClient, RolloutFailedError
+from rollout_pipeline.sdk import BatchItem, Experiment, RolloutClient, RolloutFailedError, SdkError
 from tests.conftest import REGION
 from tests.integration.lifecycle_support import drive, make_deps, moto_lock  # noqa: F401 - fixture
 
@@ -187,6 +187,8 @@ def test_close_cancels_pending_futures(resources: ExperimentResources) -> None:
     rollout_client.close()
     with pytest.raises(CancelledError):
         future.result(timeout=1)
+    with pytest.raises(SdkError, match="closed"):
+        rollout_client.invoke({"k": 1})
 
 
 # -------------------------------------------------------------------------------------------------- run_batch
