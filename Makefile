@@ -12,7 +12,7 @@ export CDK_DISABLE_CLI_TELEMETRY := 1
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: setup setup-model demo test unit integration infra e2e lint format synth bench schemas clean
+.PHONY: setup setup-model demo test unit integration infra e2e lint format synth diff deploy destroy bench schemas clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -61,13 +61,25 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
+CDK := PATH=$(CURDIR)/$(BIN):$$PATH npx cdk
+
 synth: setup ## Synthesize the stack of EXPERIMENT (no Docker, no AWS credentials needed)
-	PATH=$(CURDIR)/$(BIN):$$PATH npx cdk synth -c experiment=$(EXPERIMENT) --no-notices > /dev/null
+	$(CDK) synth -c experiment=$(EXPERIMENT) --no-notices -q
 	@echo "cdk.out/Rollouts-$(EXPERIMENT).template.json"
+
+diff: setup
+	$(CDK) diff -c experiment=$(EXPERIMENT) --no-notices
+
+deploy: setup ## Deploy EXPERIMENT (AWS credentials, a bootstrapped account and Docker/Finch for the arm64 image)
+	$(CDK) deploy -c experiment=$(EXPERIMENT) --no-notices
+
+destroy: setup
+	$(CDK) destroy -c experiment=$(EXPERIMENT) --no-notices
 
 bench: $(STAMP) ## Run the benchmarks (each prints its figures)
 	$(BIN)/python bench/bench_ingest.py
 	$(BIN)/python bench/bench_lifecycle.py
+	$(BIN)/python bench/bench_notify.py
 
 schemas: $(STAMP) ## Regenerate the event JSON Schemas from the models
 	$(BIN)/python -m rollout_pipeline.schemas
