@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -11,6 +12,8 @@ from rollout_pipeline.sdk.errors import AwsError, NoCredentials, SdkError
 
 #: Settings of every client the SDK makes: standard retries, enough connections for the dispatcher thread.
 _RETRIES = {"mode": "standard", "max_attempts": 5}
+#: Region of local mode when nothing else names one (moto accepts any).
+LOCAL_REGION = "us-east-1"
 
 
 class AwsClients:
@@ -33,7 +36,14 @@ class AwsClients:
 
     @property
     def region(self) -> str | None:
-        return self._region or self.session.region_name
+        """The region given, else boto3's (`AWS_DEFAULT_REGION`, profile), else `AWS_REGION`, else (local mode
+        only) `us-east-1`."""
+        if self._region:
+            return self._region
+        found = self.session.region_name or os.environ.get("AWS_REGION")
+        if not found and self.endpoint_url:
+            found = LOCAL_REGION
+        return str(found) if found else None
 
     def client(self, service: str) -> Any:
         """The cached client of `service`."""
@@ -44,8 +54,9 @@ class AwsClients:
 
                 config = Config(retries=_RETRIES, max_pool_connections=20, user_agent_extra="rollout-pipeline-sdk")
                 kwargs: dict[str, Any] = {"config": config}
-                if self._region:
-                    kwargs["region_name"] = self._region
+                region = self.region
+                if region:
+                    kwargs["region_name"] = region
                 if self.endpoint_url:
                     kwargs["endpoint_url"] = self.endpoint_url
                 with aws_errors(f"create {service} client"):
