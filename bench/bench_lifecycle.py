@@ -1,0 +1,423 @@
+"""Benchmark the rollout lifecycle: dispatcher + completion over moto with the fake ACR, under the global limits.
+
+What runs: in-process moto (every request made atomic with a lock, as AWS requests are) holds the ledger table,
+the queues, the buckets and the bus of one experiment. A feeder keeps the rollout queue shallow (moto SQS slows
+down with depth) the way ingestion would fill it; `--dispatchers` threads play dispatcher Lambdas (SQS batches of
+10, a wait budget) and `--completers` threads play completion Lambdas, all with the real lifecycle code and the
+real boto3 adapters. The fake ACR "agent" writes its result to S3 after a random delay (`--min-delay`..
+`--max-delay`), which reaches the completion queue through S3 -> EventBridge -> SQS.
+
+Printed:
+- ACR calls per second (InvokeAgentRuntime + StopRuntimeSession, as the fake saw them) vs the TPS limit: the
+  busiest second and the mean over the busy period;
+- max sessions in flight (the fake's running sessions, invoke -> stop) vs max_sessions;
+- slot refill delay: once the session limit is saturated, from a session's stop (its slot is released in the
+  same step) to the next InvokeAgentRuntime that took the slot (p50/p95/max);
+- notification latency (result written -> event published, ms);
+- AWS calls per rollout by service and operation (botocore `before-call` hooks; only the lifecycle's calls:
+  not the feeder's sends, nor the fake agent's result writes).
+moto answers in ~1-5 ms per call under one lock, so throughput is bounded by moto, not by the lifecycle: read the
+limits and the per-rollout call counts, not the absolute rollouts/s.
+
+Usage: python bench/bench_lifecycle.py [--rollouts 2000] [--tps 50] [--max-sessions 100] [--max-seconds 300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import threading
+import time
+from collections import Counter
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+COUNTERS = ("terminal", "succeeded", "failed", "reward_sum", "reward_sumsq", "reward_count")
+COUNTED_THREADS = ("dispatch", "lc-")  # lifecycle worker threads (ThreadPoolExecutor prefix, bench workers)
+
+
+def _fake_aws_env() -> None:
+    for key, value in {
+        "AWS_ACCESS_KEY_ID": "bench",
+        "AWS_SECRET_ACCESS_KEY": "bench",
+        "AWS_SESSION_TOKEN": "bench",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_REGION": "us-east-1",
+    }.items():
+        os.environ[key] = value
+    os.environ.pop("AWS_ENDPOINT_URL", None)
+    os.environ.pop("AWS_PROFILE", None)
+
+
+def _atomic_moto() -> None:
+    """moto's backends are not thread-safe; AWS requests are atomic. Serialise moto's request processing."""
+    from moto.core.botocore_stubber import BotocoreStubber
+
+    lock = threading.RLock()
+    original = BotocoreStubber.process_request
+
+    def locked(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with lock:
+            return original(self, *args, **kwargs)
+
+    BotocoreStubber.process_request = locked  # type: ignore[method-assign]
+
+
+def _cheap_moto_transactions() -> None:
+    """moto backs up the WHOLE table (deepcopy) for every item of every TransactWriteItems, so a transaction costs
+    O(table size) and the benchmark would measure moto. Check every condition first (as DynamoDB does, against the
+    state before the transaction) and run moto's own implementation only when all hold, without the backup it no
+    longer needs. Requests are serialised (`_atomic_moto`), so nothing changes in between."""
+    import copy
+
+    import moto.dynamodb.models as models
+    from moto.dynamodb.comparisons import get_filter_expression
+    from moto.dynamodb.exceptions import TransactionCanceledException
+    from moto.dynamodb.models.table import Table
+
+    original = models.DynamoDBBackend.transact_write_items
+
+    class _NoTableCopy:
+        @staticmethod
+        def deepcopy(value: Any, memo: Any = None) -> Any:
+            return value if isinstance(value, Table) else copy.deepcopy(value, memo)
+
+    def transact(self: Any, transact_items: list[dict[str, Any]]) -> None:
+        errors: list[tuple[Any, Any, Any]] = []
+        for item in transact_items:
+            op_type, op = next(iter(item.items()))
+            table = self.get_table(op["TableName"])
+            if op_type == "Put":
+                attrs = op["Item"]
+                key = {table.hash_key_attr: attrs[table.hash_key_attr]}
+                if table.range_key_attr is not None:
+                    key[table.range_key_attr] = attrs[table.range_key_attr]
+            else:
+                key = op["Key"]
+            condition = op.get("ConditionExpression")
+            holds = condition is None or get_filter_expression(
+                condition, op.get("ExpressionAttributeNames"), op.get("ExpressionAttributeValues")
+            ).expr(self.get_item(op["TableName"], key))
+            errors.append((None, None, None) if holds else ("ConditionalCheckFailed", "condition failed", None))
+        if any(code is not None for code, _, _ in errors):
+            raise TransactionCanceledException(errors)
+        setattr(models, "copy", _NoTableCopy)  # noqa: B010 - swapped only inside this serialised call
+        try:
+            original(self, transact_items)
+        finally:
+            setattr(models, "copy", copy)  # noqa: B010
+
+    models.DynamoDBBackend.transact_write_items = transact  # type: ignore[method-assign]
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def seed(resources: Any, batch_id: str, inputs: int, group_size: int) -> list[str]:
+    """Batch + group items as ingestion writes them; returns the rollout message bodies."""
+    from rollout_pipeline.adapters import clients
+    from rollout_pipeline.contracts import FileOptions, RolloutMessage
+    from rollout_pipeline.ledger import keys
+
+    config = resources.config
+    ddb = clients.client("dynamodb")
+    now = datetime.now(UTC)
+    options = FileOptions.defaults(config)
+    ddb.put_item(
+        TableName=resources.table_name,
+        Item={
+            **keys.batch_key(batch_id),
+            "exp_id": {"S": config.name},
+            "batch_id": {"S": batch_id},
+            "status": {"S": "accepted"},
+            "options": {"S": options.model_dump_json()},
+            "created_at": {"S": now.isoformat()},
+            "rollouts_total": {"N": str(inputs * group_size)},
+            **{
+                k: {"N": "0"} for k in ("terminal", "succeeded", "failed", "reward_sum", "reward_sumsq", "reward_count")
+            },
+        },
+    )
+    bodies: list[str] = []
+    for i in range(inputs):
+        input_id = f"row-{i}"
+        payload = {"question": f"What is {i} + {i}?", "answer": str(2 * i)}
+        ddb.put_item(
+            TableName=resources.table_name,
+            Item={
+                **keys.group_key(batch_id, input_id),
+                "exp_id": {"S": config.name},
+                "batch_id": {"S": batch_id},
+                "input_id": {"S": input_id},
+                "line": {"N": str(i + 1)},
+                "group_size": {"N": str(group_size)},
+                "payload": {"S": json.dumps(payload)},
+                "overrides": {"S": "{}"},
+                "terminal": {"N": "0"},
+                "rewards": {"M": {}},
+                "failures": {"M": {}},
+            },
+        )
+        for index in range(group_size):
+            message = RolloutMessage(
+                exp_id=config.name,
+                batch_id=batch_id,
+                input_id=input_id,
+                index=index,
+                attempt=1,
+                group_size=group_size,
+                submitted_at=now,
+                payload=payload,
+            )
+            bodies.append(message.model_dump_json(exclude_none=True))
+    return bodies
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rollouts", type=int, default=2000)
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--tps", type=int, default=50)
+    parser.add_argument("--max-sessions", type=int, default=100)
+    parser.add_argument("--dispatchers", type=int, default=4, help="concurrent dispatcher 'Lambdas'")
+    parser.add_argument("--completers", type=int, default=3, help="concurrent completion 'Lambdas'")
+    parser.add_argument("--min-delay", type=float, default=0.5, help="agent time before the result (s)")
+    parser.add_argument("--max-delay", type=float, default=3.0)
+    parser.add_argument("--max-seconds", type=float, default=300.0, help="stop after this long, whatever is left")
+    parser.add_argument("--queue-depth", type=int, default=150, help="keep at most this many queued messages")
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args(argv)
+    if args.rollouts < 1 or args.rollouts > 20_000:
+        parser.error("--rollouts must be within 1..20000")
+
+    _fake_aws_env()
+    from moto import mock_aws
+
+    _atomic_moto()
+    _cheap_moto_transactions()
+    with mock_aws():
+        return run(args)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rollout_pipeline.adapters import clients
+    from rollout_pipeline.adapters.eventbridge import EventBridgePublisher
+    from rollout_pipeline.adapters.fake_acr import AgentBehaviour, FakeAgentRuntime
+    from rollout_pipeline.adapters.s3 import S3ObjectStore
+    from rollout_pipeline.adapters.sqs import SqsQueue
+    from rollout_pipeline.config import ExperimentConfig
+    from rollout_pipeline.ledger import keys
+    from rollout_pipeline.ledger.rollouts import RolloutLedger
+    from rollout_pipeline.lifecycle.completion import complete_records
+    from rollout_pipeline.lifecycle.deps import LifecycleDeps
+    from rollout_pipeline.lifecycle.dispatch import dispatch_records
+    from rollout_pipeline.lifecycle.metrics import NOTIFICATION_LATENCY
+    from rollout_pipeline.local.resources import create_resources
+
+    clients.reset()
+    calls: Counter[str] = Counter()
+    calls_lock = threading.Lock()
+
+    def count_call(event_name: str = "", **_kwargs: Any) -> None:
+        if threading.current_thread().name.startswith(COUNTED_THREADS):
+            _, service, operation = event_name.split(".", 2)
+            with calls_lock:
+                calls[f"{service}.{operation}"] += 1
+
+    clients._session()._session.register("before-call", count_call)
+
+    group_size = args.group_size
+    inputs = max(1, args.rollouts // group_size)
+    total = inputs * group_size
+    config = ExperimentConfig(
+        name="bench",
+        tps_limit=args.tps,
+        max_sessions=args.max_sessions,
+        group_size=group_size,
+        rollout_timeout_s=900,
+    )
+    resources = create_resources(config, region="us-east-1", client=clients.client)
+    settings = resources.settings()
+    rng = random.Random(args.seed)
+    rng_lock = threading.Lock()
+
+    def behaviour(_inv: Any) -> AgentBehaviour:
+        with rng_lock:
+            return AgentBehaviour(rewards=rng.random(), delay_s=rng.uniform(args.min_delay, args.max_delay))
+
+    fake = FakeAgentRuntime(store=S3ObjectStore(), behaviour=behaviour)
+    deps = LifecycleDeps(
+        settings=settings,
+        ledger=RolloutLedger(settings.table_name),
+        runtime=fake,
+        store=S3ObjectStore(),
+        queue=SqsQueue(),
+        publisher=EventBridgePublisher(settings.bus_name),
+    )
+    batch_id = "bench-000000000001"
+    bodies = seed(resources, batch_id, inputs, group_size)
+    sqs = clients.client("sqs")
+    ledger = RolloutLedger(settings.table_name)
+    stop = threading.Event()
+    errors: list[str] = []
+    in_flight_samples: list[int] = []
+
+    def receive(queue_url: str, n: int = 10) -> list[dict[str, Any]]:
+        resp = sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=n, WaitTimeSeconds=0)
+        return [
+            {"messageId": m["MessageId"], "body": m["Body"], "receiptHandle": m["ReceiptHandle"]}
+            for m in resp.get("Messages") or []
+        ]
+
+    def ack(queue_url: str, records: list[dict[str, Any]], failures: dict[str, str]) -> None:
+        entries = [
+            {"Id": str(i), "ReceiptHandle": r["receiptHandle"]}
+            for i, r in enumerate(records)
+            if r["messageId"] not in failures
+        ]
+        if entries:
+            sqs.delete_message_batch(QueueUrl=queue_url, Entries=entries)
+
+    def feeder() -> None:
+        sent = 0
+        while sent < len(bodies) and not stop.is_set():
+            attrs = sqs.get_queue_attributes(
+                QueueUrl=resources.rollout_queue_url, AttributeNames=["ApproximateNumberOfMessages"]
+            )["Attributes"]
+            room = args.queue_depth - int(attrs["ApproximateNumberOfMessages"])
+            chunk = bodies[sent : sent + max(0, min(room, 100))]
+            for start in range(0, len(chunk), 10):
+                sqs.send_message_batch(
+                    QueueUrl=resources.rollout_queue_url,
+                    Entries=[{"Id": str(i), "MessageBody": b} for i, b in enumerate(chunk[start : start + 10])],
+                )
+            sent += len(chunk)
+            time.sleep(0.2)
+
+    def dispatcher() -> None:
+        while not stop.is_set():
+            try:
+                records = receive(resources.rollout_queue_url)
+                if not records:
+                    time.sleep(0.1)
+                    continue
+                result = dispatch_records(records, deps, wait_until=time.monotonic() + 5.0)
+                ack(resources.rollout_queue_url, records, result.failures)
+                errors.extend(result.failures.values())
+            except Exception as exc:
+                errors.append(f"dispatcher: {exc!r}")
+
+    def completer() -> None:
+        while not stop.is_set():
+            try:
+                records = receive(resources.completion_queue_url)
+                if not records:
+                    time.sleep(0.05)
+                    continue
+                result = complete_records(records, deps)
+                ack(resources.completion_queue_url, records, result.failures)
+                errors.extend(result.failures.values())
+            except Exception as exc:
+                errors.append(f"completer: {exc!r}")
+
+    def trainer_drain() -> None:  # the trainer's queue must stay shallow too
+        while not stop.is_set():
+            records = receive(resources.trainer_queue_url)
+            if records:
+                ack(resources.trainer_queue_url, records, {})
+            else:
+                time.sleep(0.2)
+
+    threads = [threading.Thread(target=feeder, name="bench-feeder", daemon=True)]
+    threads += [
+        threading.Thread(target=dispatcher, name=f"lc-dispatch-{i}", daemon=True) for i in range(args.dispatchers)
+    ]
+    threads += [
+        threading.Thread(target=completer, name=f"lc-complete-{i}", daemon=True) for i in range(args.completers)
+    ]
+    threads += [threading.Thread(target=trainer_drain, name="bench-trainer", daemon=True)]
+    print(
+        f"bench: {total} rollouts ({inputs} inputs x {group_size}), tps_limit={args.tps}, "
+        f"max_sessions={args.max_sessions}, agent delay {args.min_delay}-{args.max_delay} s, "
+        f"{args.dispatchers} dispatchers x 10 threads, {args.completers} completers",
+        flush=True,
+    )
+    started = time.monotonic()
+    for t in threads:
+        t.start()
+    terminal = 0
+    last_report = started
+    while time.monotonic() - started < args.max_seconds:
+        batch = ledger.get(keys.batch_key(batch_id)) or {}
+        terminal = int(batch.get("terminal") or 0)
+        in_flight_samples.append(ledger.in_flight())
+        if terminal >= total:
+            break
+        if time.monotonic() - last_report > 15:
+            last_report = time.monotonic()
+            print(f"  {time.monotonic() - started:6.1f} s: {terminal}/{total} terminal", flush=True)
+        time.sleep(0.5)
+    elapsed = time.monotonic() - started
+    stop.set()
+    for t in threads:
+        t.join(timeout=15)
+    fake.close()
+
+    # ------------------------------------------------------------------------------------------------ report
+    per_second = fake.calls_per_second()
+    busy = [per_second.get(s, 0) for s in range(min(per_second), max(per_second) + 1)] if per_second else []
+    invokes = sorted(c.at for c in fake.invocations("started"))
+    stops = sorted(c.at for c in fake.stops())
+    refill = [inv - st for st, inv in zip(stops, invokes[args.max_sessions :], strict=False) if inv >= st]
+    _, samples = deps.metrics.drain()
+    latency = samples.get(NOTIFICATION_LATENCY, [])
+    print()
+    print(f"terminal rollouts         {terminal}/{total} in {elapsed:.1f} s ({terminal / elapsed:.1f}/s)")
+    print(
+        f"ACR calls per second      max {max(busy) if busy else 0} / limit {args.tps}; "
+        f"mean {statistics.fmean(busy) if busy else 0:.1f} over {len(busy)} s "
+        f"({len(invokes)} invokes + {len(stops)} stops)"
+    )
+    print(
+        f"sessions in flight        max {fake.max_running} / limit {args.max_sessions} "
+        f"(ledger counter max {max(in_flight_samples, default=0)}, final {ledger.in_flight()})"
+    )
+    print(
+        f"slot refill delay         p50 {percentile(refill, 0.5) * 1000:.0f} ms, "
+        f"p95 {percentile(refill, 0.95) * 1000:.0f} ms, max {max(refill, default=float('nan')) * 1000:.0f} ms "
+        f"({len(refill)} refills at saturation)"
+    )
+    print(
+        f"notification latency      p50 {percentile(latency, 0.5):.0f} ms, p95 {percentile(latency, 0.95):.0f} ms "
+        "(result written -> event published)"
+    )
+    print(f"errors                    {len(errors)}" + (f" (first: {errors[0]})" if errors else ""))
+    print(f"AWS calls per rollout     (lifecycle only, {terminal} rollouts)")
+    by_service: Counter[str] = Counter()
+    for name, count in calls.items():
+        by_service[name.split(".")[0]] += count
+    denominator = max(terminal, 1)
+    for service, count in sorted(by_service.items()):
+        print(f"  {service:<12} {count / denominator:6.2f}")
+        for name, op_count in sorted(calls.items()):
+            if name.startswith(service + "."):
+                print(f"      {name.split('.', 1)[1]:<28} {op_count / denominator:6.2f}")
+    print(f"  {'total':<12} {sum(calls.values()) / denominator:6.2f}")
+    ok = terminal == total and fake.max_running <= args.max_sessions and (max(busy) if busy else 0) <= args.tps
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
