@@ -395,9 +395,7 @@ def test_ping_busy_then_stop_kills_the_session_and_nothing_is_written(
     process = runtime.process_of(session_id)
     assert process is not None
     assert process.is_alive()
-    deadline = time.monotonic() + 10
-    while runtime.ping(session_id) != "HealthyBusy" and time.monotonic() < deadline:
-        time.sleep(0.05)
+    # ART registers its background task before it reads the next request: busy as soon as invoke returns.
     assert runtime.ping(session_id) == "HealthyBusy"
 
     # The one slot is taken: a second session is throttled, not queued or dropped.
