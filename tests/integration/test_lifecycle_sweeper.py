@@ -1,0 +1,148 @@
+"""The sweeper: repeated and concurrent sweeps change nothing twice; the Lambda handlers' edges (poison messages,
+the sweeper handler)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from rollout_pipeline import ids
+from rollout_pipeline.adapters.fake_acr import AgentBehaviour, FakeAgentRuntime
+from rollout_pipeline.contracts import RolloutMessage
+from rollout_pipeline.ledger import keys
+from rollout_pipeline.lifecycle import handlers
+from rollout_pipeline.lifecycle.deps import LifecycleDeps
+from rollout_pipeline.lifecycle.dispatch import Dispatch, dispatch_records
+from rollout_pipeline.lifecycle.sweeper import SweepReport, sweep
+from rollout_pipeline.local.resources import ExperimentResources
+from tests.conftest import receive_all
+from tests.integration.lifecycle_support import (
+    ShiftedClock,
+    by_type,
+    dispatch_once,
+    ledger_item,
+    make_deps,
+    moto_lock,
+    receive_records,
+    seed_batch,
+    send,
+    trainer_events,
+)
+
+pytestmark = pytest.mark.usefixtures(moto_lock.__name__)
+
+BATCH = ids.batch_id_for_upload("in", "datasets/sweeper.jsonl", "v1")
+
+
+@pytest.fixture
+def fake(resources: ExperimentResources) -> Iterator[FakeAgentRuntime]:
+    runtime = FakeAgentRuntime(behaviour=AgentBehaviour(kind="hang"))
+    yield runtime
+    runtime.close()
+
+
+@pytest.fixture
+def clock() -> ShiftedClock:
+    return ShiftedClock()
+
+
+@pytest.fixture
+def deps(resources: ExperimentResources, fake: FakeAgentRuntime, clock: ShiftedClock) -> LifecycleDeps:
+    return make_deps(resources, fake, clock=clock)
+
+
+def concurrent_sweeps(deps: LifecycleDeps, n: int) -> list[SweepReport]:
+    reports: list[SweepReport] = []
+    barrier = threading.Barrier(n)
+
+    def run() -> None:
+        barrier.wait()
+        reports.append(sweep(deps))
+
+    threads = [threading.Thread(target=run) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return reports
+
+
+def test_concurrent_and_repeated_sweeps_retry_once_and_fail_once(
+    resources: ExperimentResources, fake: FakeAgentRuntime, deps: LifecycleDeps, clock: ShiftedClock
+) -> None:
+    send(resources, seed_batch(resources, batch_id=BATCH, inputs={"a": {}, "b": {}, "c": {}}, max_attempts=2))
+    assert Counter(dispatch_once(resources, deps).outcomes.values()) == {Dispatch.INVOKED: 6}
+    clock.advance(resources.config.rollout_timeout_s + 1)
+    reports = concurrent_sweeps(deps, 4)
+    assert sum(r.retried for r in reports) == 6
+    assert sum(r.timed_out for r in reports) == 0
+    assert all(r.errors == [] for r in reports)
+    retries = receive_records(resources.rollout_queue_url)
+    assert len(retries) == 6  # one retry message per rollout, whoever swept
+    assert {RolloutMessage.model_validate_json(r["body"]).attempt for r in retries} == {2}
+    assert ledger_item(resources, keys.sessions_key())["in_flight"] == 0
+    assert fake.running == set()
+    for _ in range(2):
+        assert sweep(deps).expired_seen == 0
+
+    result = dispatch_records(retries, deps, wait_until=time.monotonic() + 2)
+    assert Counter(result.outcomes.values()) == {Dispatch.INVOKED: 6}
+    clock.advance(resources.config.rollout_timeout_s + 1)
+    reports = concurrent_sweeps(deps, 4)
+    assert sum(r.timed_out for r in reports) == 6
+    for _ in range(2):
+        assert sweep(deps) == SweepReport()
+    events = trainer_events(resources)
+    failed = by_type(events, "Rollout Failed")
+    assert len(failed) == 6
+    assert {f["reason"] for f in failed} == {"timeout"}
+    assert {f["attempts_used"] for f in failed} == {2}
+    assert len(by_type(events, "Group Completed")) == 3
+    assert len(by_type(events, "Batch Completed")) == 1
+    assert max(Counter(e["detail"]["event_id"] for e in events).values()) == 1
+    assert fake.running == set()
+    assert len({c.session_id for c in fake.invocations()}) == 12  # a new session per attempt
+    assert ledger_item(resources, keys.sessions_key())["in_flight"] == 0
+
+
+def test_sweeper_handler(resources: ExperimentResources, deps: LifecycleDeps, clock: ShiftedClock) -> None:
+    from lambdas import sweeper as sweeper_lambda
+
+    send(resources, seed_batch(resources, batch_id=BATCH, inputs={"a": {}}, group_size=1, max_attempts=1))
+    dispatch_once(resources, deps)
+    clock.advance(resources.config.rollout_timeout_s + 1)
+    handlers.set_deps(deps)
+    try:
+        context = SimpleNamespace(
+            function_name="sweeper",
+            memory_limit_in_mb=256,
+            invoked_function_arn="arn:aws:lambda:us-east-1:123456789012:function:sweeper",
+            aws_request_id="r",
+        )
+        summary: dict[str, Any] = sweeper_lambda.handler({"source": "aws.scheduler"}, context)
+    finally:
+        handlers.set_deps(None)
+    assert summary["timed_out"] == 1
+    assert [f["reason"] for f in by_type(trainer_events(resources), "Rollout Failed")] == ["timeout"]
+
+
+def test_poison_message_fails_alone(
+    resources: ExperimentResources, fake: FakeAgentRuntime, deps: LifecycleDeps
+) -> None:
+    send(resources, seed_batch(resources, batch_id=BATCH, inputs={"a": {}}, group_size=1))
+    good = receive_records(resources.rollout_queue_url)
+    poison = [
+        {"messageId": "bad-json", "body": "{not json"},
+        {"messageId": "bad-shape", "body": '{"v": 1, "exp_id": "test-exp"}'},
+        {"messageId": "bad-id", "body": good[0]["body"].replace('"input_id":"a"', '"input_id":"../x"')},
+    ]
+    result = dispatch_records([*poison, *good], deps, wait_until=time.monotonic() + 2)
+    assert set(result.failures) == {"bad-json", "bad-shape", "bad-id"}
+    assert list(result.outcomes.values()) == [Dispatch.INVOKED]
+    assert receive_all(resources.dlq_urls["rollout"]) == []
