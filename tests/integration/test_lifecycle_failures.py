@@ -70,11 +70,11 @@ def assert_counted_once(resources: ExperimentResources, reason: str, events: lis
     assert batch[f"failed_{reason}"] == 1
     assert batch["succeeded"] == 0
     assert batch["reward_count"] == 0
-    (group,) = [GroupCompleted.model_validate(d) for d in by_type(events, "Group Completed")]  # type: ignore[arg-type]
+    (group,) = [GroupCompleted.model_validate(d) for d in by_type(events, "Group Completed")]
     assert group.rewards == [None]
     assert group.failures == {"0": reason}
     assert group.reward_mean is None
-    (done,) = by_type(events, "Batch Completed")  # type: ignore[arg-type]
+    (done,) = by_type(events, "Batch Completed")
     assert done["failed_by_reason"] == {reason: 1}
     assert ledger_item(resources, keys.sessions_key())["in_flight"] == 0
 
