@@ -258,6 +258,27 @@ def test_watch_follows_a_batch_to_completion_from_pushed_events(
         assert not [r for r in rules if "-tap-" in r["Name"]], "the tap rule is removed afterwards"
 
 
+@pytest.mark.usefixtures("moto_lock")
+def test_watch_draws_a_progress_bar_on_a_terminal(
+    experiment: Experiment,
+    deployed: ExperimentResources,
+    deps: LifecycleDeps,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("TTY_COMPATIBLE", "1")  # rich treats stderr as a terminal
+    monkeypatch.setenv("TTY_INTERACTIVE", "1")
+    batch_id = experiment.submit([{"id": "q1"}], group_size=2)
+    with Pipeline(deployed, deps):
+        code = main(["watch", *E, "--batch", batch_id, "--timeout", "60", "--poll-wait", "0"])
+    assert code == EXIT_OK
+    err = capsys.readouterr().err
+    assert batch_id in err
+    assert "2/2" in err
+    assert "2 ok" in err
+    assert "reward 1.000" in err
+
+
 def test_watch_times_out_with_non_zero_exit(experiment: Experiment, capsys: pytest.CaptureFixture[str]) -> None:
     batch_id = experiment.submit([{"id": "q1"}], group_size=1)
     assert main(["watch", *E, "--batch", batch_id, "--timeout", "1.5", "--poll-wait", "0"]) == EXIT_ERROR
