@@ -23,6 +23,8 @@ LIBRARY_PACKAGE: Final = "rollout_pipeline"
 HANDLERS_DIR: Final = "lambdas"
 #: Provided by the Lambda Python runtime; bundling them only grows the package.
 RUNTIME_PROVIDED: Final = frozenset({"boto3", "botocore", "s3transfer", "jmespath", "urllib3"})
+#: Library dependencies no handler imports (the CLI's terminal display): left out of the Lambda asset.
+CLI_ONLY: Final = frozenset({"rich"})
 #: Only these paths feed the asset hash, so unrelated edits (tests, docs, the agent) do not re-bundle.
 ASSET_EXCLUDES: Final = [
     "*",
@@ -45,7 +47,7 @@ def runtime_requirements(pyproject: Path = REPO_ROOT / "pyproject.toml") -> list
     kept = []
     for requirement in requirements:
         match = _REQUIREMENT_NAME.match(requirement)
-        if match and match.group(1).lower().replace("_", "-") not in RUNTIME_PROVIDED:
+        if match and match.group(1).lower().replace("_", "-") not in RUNTIME_PROVIDED | CLI_ONLY:
             kept.append(requirement)
     return kept
 

@@ -18,6 +18,7 @@ def test_runtime_requirements_are_pinned_and_leave_out_boto3() -> None:
     names = {r.split("==")[0].split("[")[0].lower() for r in requirements}
     assert {"pydantic", "aws-lambda-powertools"} <= names
     assert "boto3" not in names
+    assert "rich" not in names, "the CLI's display library is not bundled into the Lambdas"
     assert all("==" in r for r in requirements)
 
 
