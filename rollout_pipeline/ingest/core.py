@@ -310,9 +310,10 @@ class Ingestion:
                         return run.continue_later(obj)
         except DatasetFormatError as exc:
             run.flush()
-            position = max(last_position + 1, run.progress.cursor + 1)
-            log.add(position, INVALID_FILE_REASON, f"file unreadable from here on: {exc}")
-            run.note_file_error(position)
+            position = last_position + 1
+            if position > run.progress.cursor:  # else a resumed run: this error was recorded already
+                log.add(position, INVALID_FILE_REASON, f"file unreadable from here on: {exc}")
+                run.note_file_error(position)
         return run.finish(errors_uri=errors_uri if log.total else None)
 
     def _time_is_short(self, remaining_ms: Callable[[], int] | None) -> bool:
