@@ -382,6 +382,19 @@ def test_truncated_gzip_keeps_the_rows_before_and_reports_the_file_error(resourc
     assert len(rollout_messages(resources)) == 2 * result.rows_accepted
 
 
+def test_a_resumed_truncated_file_reports_its_file_error_once(resources: ExperimentResources) -> None:
+    data = gzip.compress(jsonl([{"id": f"t{i}", "pad": "x" * 50} for i in range(40)]))
+    event = upload(resources, "datasets/cut-twice.jsonl.gz", data[: len(data) // 2])
+    crashing = CrashAfterCheckpointLedger(resources.table_name, crash_on=2)  # 1: the rows, 2: the file error
+    with pytest.raises(Interrupted):
+        make_ingestion(resources, ledger=crashing).handle_message(event, owner="m")
+    result = make_ingestion(resources).handle_message(event, owner="m")
+    assert result.outcome == "accepted"
+    entries = errors_object(resources, "datasets/cut-twice.jsonl.gz")
+    assert [e["reason"] for e in entries] == ["invalid_file"]
+    assert batch_item(resources, batch_id_of(event))["rows_rejected"] == 1
+
+
 # ---------------------------------------------------------------------------------------- idempotency, resume
 
 
