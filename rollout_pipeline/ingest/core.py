@@ -151,7 +151,10 @@ def parse_ingest_message(body: Mapping[str, Any]) -> DatasetObject:
         key = str(obj["key"])
     except (KeyError, TypeError):
         raise IngestMessageError("S3 event detail lacks bucket.name or object.key") from None
-    return DatasetObject(bucket=bucket, key=key, version_id=obj.get("version-id"), etag=obj.get("etag"))
+    # S3's EventBridge events spell it `etag`; moto spells it `eTag`. The SDK derives the same batch id from
+    # PutObject's VersionId and ETag, so both spellings must be read.
+    etag = obj.get("etag") or obj.get("eTag")
+    return DatasetObject(bucket=bucket, key=key, version_id=obj.get("version-id"), etag=etag)
 
 
 def continuation_body(obj: DatasetObject, batch_id: str, cursor: int) -> str:

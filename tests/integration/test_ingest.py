@@ -40,6 +40,8 @@ from rollout_pipeline.local.resources import ExperimentResources
 from rollout_pipeline.ports import MessageQueue
 from tests.conftest import receive_all
 
+UPLOADED_BATCH_IDS: dict[str, str] = {}
+
 
 class Interrupted(RuntimeError):
     """Stands for a crash or Lambda timeout in the middle of an ingestion."""
@@ -96,10 +98,17 @@ def make_ingestion(
 def upload(
     resources: ExperimentResources, key: str, body: bytes, metadata: Mapping[str, str] | None = None
 ) -> dict[str, Any]:
-    """Put a dataset object and return the one S3 event the bucket routed to the ingest queue."""
-    clients.client("s3").put_object(Bucket=resources.input_bucket, Key=key, Body=body, Metadata=dict(metadata or {}))
+    """Put a dataset object and return the one S3 event the bucket routed to the ingest queue.
+
+    Remembers the batch id the SDK derives from the PutObject response, which ingestion must agree with.
+    """
+    put = clients.client("s3").put_object(
+        Bucket=resources.input_bucket, Key=key, Body=body, Metadata=dict(metadata or {})
+    )
     events = receive_all(resources.ingest_queue_url)
     assert len(events) == 1, events
+    etag = str(put["ETag"]).strip('"')
+    UPLOADED_BATCH_IDS[events[0]["id"]] = ids.batch_id_for_upload(resources.input_bucket, key, put["VersionId"], etag)
     return events[0]
 
 
@@ -145,8 +154,8 @@ def expected_pairs(input_ids: Sequence[str], group_size: int) -> list[tuple[str,
 
 
 def batch_id_of(event: Mapping[str, Any]) -> str:
-    obj = event["detail"]["object"]
-    return ids.batch_id_for_upload(event["detail"]["bucket"]["name"], obj["key"], obj.get("version-id"))
+    """The batch id of an uploaded object, as the SDK computes it at upload time."""
+    return UPLOADED_BATCH_IDS[event["id"]]
 
 
 # ------------------------------------------------------------------------------------------------- happy path
