@@ -254,6 +254,38 @@ def test_json_array_dataset_positions_are_element_indexes(resources: ExperimentR
     assert len(rollout_messages(resources)) == 6
 
 
+def test_a_chunk_is_sent_over_several_threads_and_a_failed_slice_fails_the_chunk(
+    resources: ExperimentResources,
+) -> None:
+    import threading
+
+    class RecordingQueue:
+        def __init__(self, fail: bool) -> None:
+            self.inner, self.fail = SqsQueue(), fail
+            self.threads: set[str] = set()
+            self.sizes: list[int] = []
+
+        def send_all(self, queue_url: str, bodies: Sequence[str], delay_seconds: int = 0) -> None:
+            self.threads.add(threading.current_thread().name)
+            self.sizes.append(len(bodies))
+            if self.fail and len(self.sizes) == 2:
+                raise Interrupted("one slice failed")
+            self.inner.send_all(queue_url, bodies, delay_seconds)
+
+    event = upload(resources, "datasets/threads.jsonl", jsonl([{"id": f"p{i}"} for i in range(30)]))
+    failing = RecordingQueue(fail=True)
+    with pytest.raises(Interrupted):
+        make_ingestion(resources, queue=failing, send_concurrency=4).handle_message(event, owner="m")
+    assert batch_item(resources, batch_id_of(event))["cursor"] == 0, "a chunk with a failed slice is not checkpointed"
+
+    queue = RecordingQueue(fail=False)
+    result = make_ingestion(resources, queue=queue, send_concurrency=4).handle_message(event, owner="m")
+    assert result.rows_accepted == 30
+    assert sorted(queue.sizes) == [20, 20, 20], "60 bodies = 6 SQS batches over 3 slices of whole batches"
+    assert all(name.startswith("ingest-send") for name in queue.threads)
+    assert sorted(set(pairs(rollout_messages(resources)))) == expected_pairs([f"p{i}" for i in range(30)], 2)
+
+
 def test_claim_check_for_a_big_payload(resources: ExperimentResources) -> None:
     big_text = "z" * (CLAIM_CHECK_BYTES + 100)
     event = upload(resources, "datasets/big.jsonl", jsonl([{"id": "big", "doc": big_text}, {"id": "small"}]))
