@@ -107,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--sampling-params", metavar="JSON", help='e.g. \'{"temperature": 0.7, "max_tokens": 512}\'')
     submit.add_argument("--key", help="object key under datasets/ (default: the file name)")
     submit.add_argument("--watch", action="store_true", help="then watch the batch until it completes")
+    submit.add_argument("--poll-wait", type=float, default=5.0, help=argparse.SUPPRESS)
     submit.set_defaults(handler=_cmd_submit)
 
     watch = sub.add_parser(
@@ -242,8 +243,10 @@ def _cmd_submit(args: argparse.Namespace, out: TextIO) -> int:
         file=sys.stderr,
     )
     if args.watch:
-        args.batch, args.from_trainer_queue = batch_id, getattr(args, "from_trainer_queue", False)
-        return _watch(experiment, args, out)
+        watch_args = argparse.Namespace(
+            batch=batch_id, timeout=None, from_trainer_queue=False, refresh=15.0, poll_wait=args.poll_wait
+        )
+        return _watch(experiment, watch_args, out)
     return EXIT_OK
 
 
@@ -339,9 +342,14 @@ class Progress:
     def baseline(self, experiment: Any) -> None:
         """Start from the ledger: totals and every rollout already terminal (so events are not counted twice)."""
         from rollout_pipeline.ledger.batches import attr
+        from rollout_pipeline.sdk.errors import BatchNotFound
         from rollout_pipeline.sdk.status import iter_rollout_items
 
-        status = experiment.status(self.batch_id)
+        try:
+            status = experiment.status(self.batch_id)
+        except BatchNotFound:  # just uploaded: ingestion has not created it yet; Batch Accepted will tell
+            print(f"batch {self.batch_id} is not in the ledger yet: waiting for its events", file=sys.stderr)
+            return
         self.total = status.rollouts_total
         if status.status in ("rejected",):
             self.done = True

@@ -33,6 +33,8 @@ logger = logging.getLogger(__name__)
 
 #: Batches of this client remembered after their futures resolved, so late duplicates are still consumed.
 _RECENT_BATCHES: Final = 10_000
+#: How long the dispatcher keeps consuming its batches' trailing events after the last future resolved.
+DEFAULT_LINGER_S: Final = 10.0
 #: Pause between empty receives when the client was made with `poll_wait_s` < 1 (short polling).
 _SHORT_POLL_PAUSE_S: Final = 0.2
 #: Consecutive dispatcher errors (e.g. expired credentials) after which pending futures fail with the error.
@@ -230,6 +232,7 @@ class _Dispatcher:
         poll_wait_s: float,
         visibility_s: int | None,
         consume_others: bool,
+        linger_s: float = DEFAULT_LINGER_S,
     ) -> None:
         self._experiment = experiment
         self._poll_wait_s = poll_wait_s
@@ -240,6 +243,7 @@ class _Dispatcher:
         self._batches: OrderedDict[str, None] = OrderedDict()
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self._linger_s = linger_s
 
     def serves(self, batch_id: str) -> bool:
         with self._lock:
@@ -276,11 +280,14 @@ class _Dispatcher:
             poll_wait_s=self._poll_wait_s,
         )
         errors = 0
+        last_event = time.monotonic()
         try:
             while not self._stop.is_set():
                 with self._lock:
                     self._futures = {k: f for k, f in self._futures.items() if not f.done()}
-                    if not self._futures:
+                    # Linger after the last future: the group/batch events of our batches follow their last
+                    # rollout event; consume them rather than leave them to other consumers (or the DLQ).
+                    if not self._futures and time.monotonic() - last_event >= self._linger_s:
                         self._thread = None
                         return
                 try:
@@ -302,6 +309,7 @@ class _Dispatcher:
                     continue
                 self._route(delivery.event)
                 stream.ack(delivery)
+                last_event = time.monotonic()
         finally:
             stream.close()
             with self._lock:
@@ -338,7 +346,9 @@ class RolloutClient:
     `defaults` are `_rollout` overrides added to every payload (ART's `**extra_config`, e.g. `base_url`,
     `model_id`, `temperature`); per-call keyword arguments win. Submission options (`group_size` is always 1
     here, as in ART) come from the experiment unless given: `sampling_params`, `timeout_s`, `max_attempts`,
-    `policy_version`. Use it as a context manager or call `close()` to stop the dispatcher thread.
+    `policy_version`. The dispatcher thread runs while futures are pending, then `linger_s` more seconds to
+    consume the trailing group/batch events of its own batches. Use the client as a context manager or call
+    `close()` to stop it.
     """
 
     def __init__(
@@ -352,6 +362,7 @@ class RolloutClient:
         poll_wait_s: float = DEFAULT_POLL_WAIT_S,
         visibility_s: int | None = None,
         consume_others: bool = False,
+        linger_s: float = DEFAULT_LINGER_S,
         **defaults: Any,
     ) -> None:
         self.experiment = experiment
@@ -367,7 +378,11 @@ class RolloutClient:
         }
         self._poll_wait_s = poll_wait_s
         self._dispatcher = _Dispatcher(
-            experiment, poll_wait_s=poll_wait_s, visibility_s=visibility_s, consume_others=consume_others
+            experiment,
+            poll_wait_s=poll_wait_s,
+            visibility_s=visibility_s,
+            consume_others=consume_others,
+            linger_s=linger_s,
         )
 
     # ------------------------------------------------------------------------------------------ invoke

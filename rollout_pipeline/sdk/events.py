@@ -131,6 +131,7 @@ class Delivery:
 
     receipt: str
     event: Event | None
+    message_id: str = ""
 
 
 class QueueReader:
@@ -160,15 +161,15 @@ class QueueReader:
             if event is not None:
                 count = int((message.get("Attributes") or {}).get("ApproximateReceiveCount", "1"))
                 event = Event(event.detail_type, event.detail, event.envelope, message.get("MessageId", ""), count)
-            deliveries.append(Delivery(message["ReceiptHandle"], event))
+            deliveries.append(Delivery(message["ReceiptHandle"], event, message.get("MessageId", "")))
         return deliveries
 
     def delete(self, delivery: Delivery) -> None:
         self._call("delete_message", delivery)
 
-    def release(self, delivery: Delivery) -> None:
-        """Make the message visible again at once (for another consumer, or a retry)."""
-        self._call("change_message_visibility", delivery, VisibilityTimeout=0)
+    def release(self, delivery: Delivery, after_s: int = 0) -> None:
+        """Make the message visible again at once (for another consumer, or a retry), or after `after_s`."""
+        self._call("change_message_visibility", delivery, VisibilityTimeout=after_s)
 
     def _call(self, operation: str, delivery: Delivery, **kwargs: Any) -> None:
         from botocore.exceptions import ClientError
@@ -287,10 +288,10 @@ class EventStream(Iterator[Event]):
                     left = budget_s - (self._clock() - start)
                     if left <= 0 and polls:
                         return None
-                if self._backoff and left > 0:
-                    pause = min(self._backoff, left)
+                if self._backoff and (left > 0 or budget_s is None):
+                    pause = self._backoff if budget_s is None else min(self._backoff, left)
                     self._sleep(pause)
-                    left -= pause
+                    left = max(0.0, left - pause)
                 wait = math.ceil(min(self._poll_wait_s, max(0.0, left)))
                 received = self._reader.receive(wait)
                 polls += 1
@@ -332,6 +333,7 @@ class EventStream(Iterator[Event]):
         if self._consume_others:
             self._reader.delete(delivery)
         else:
+            # Visibility is global in SQS: hiding it longer would hide it from its rightful consumer too.
             self._reader.release(delivery)
 
     def _ack_current(self) -> None:

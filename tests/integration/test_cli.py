@@ -121,6 +121,42 @@ def test_submit_prints_the_batch_id(
     assert len(receive_all(deployed.ingest_queue_url)) == 1
 
 
+@pytest.mark.usefixtures("moto_lock")
+def test_submit_and_watch(
+    deployed: ExperimentResources,
+    deps: LifecycleDeps,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import threading
+
+    from tests.integration.test_sdk_submit import ingest_pending
+
+    experiment = Experiment.attach("test-exp", region=REGION)
+    stop = threading.Event()
+
+    def ingest() -> None:
+        while not stop.wait(0.2):
+            ingest_pending(experiment)
+
+    worker = threading.Thread(target=ingest, daemon=True)
+    worker.start()
+    path = write_jsonl(tmp_path / "w.jsonl", [{"prompt": "a"}])
+    try:
+        with Pipeline(deployed, deps):
+            code = main(
+                ["submit", str(path), *E, "--group-size", "2", "--timeout", "60", "--watch", "--poll-wait", "0"]
+            )
+    finally:
+        stop.set()
+        worker.join(10)
+    assert code == EXIT_OK
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("w-")
+    assert out[-1] == f"batch {out[0]}: 2/2 done: 2 succeeded, 0 failed, 0 running, 0 queued, reward mean 1.0000"
+
+
 def test_submit_invalid_file_is_one_clear_line(
     deployed: ExperimentResources, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

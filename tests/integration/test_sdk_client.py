@@ -51,7 +51,7 @@ def deps(resources: ExperimentResources, fake: FakeAgentRuntime) -> LifecycleDep
 @pytest.fixture
 def client(resources: ExperimentResources) -> Iterator[RolloutClient]:
     experiment = Experiment.from_outputs(resources.stack_outputs(), region=REGION)
-    with experiment.rollout_client(poll_wait_s=WAIT) as rollout_client:
+    with experiment.rollout_client(poll_wait_s=WAIT, linger_s=1) as rollout_client:
         yield rollout_client
 
 
@@ -189,6 +189,41 @@ def test_close_cancels_pending_futures(resources: ExperimentResources) -> None:
         future.result(timeout=1)
     with pytest.raises(SdkError, match="closed"):
         rollout_client.invoke({"k": 1})
+
+
+def test_dispatcher_leaves_other_consumers_events_alone(
+    client: RolloutClient, resources: ExperimentResources, deps: LifecycleDeps
+) -> None:
+    from tests.conftest import receive_all
+    from tests.integration.test_sdk_events import B2, completed, publish
+
+    publish(resources, completed(B2, "other", 0, 0.0))
+    future = client.invoke({"k": 1})
+    drive(resources, deps)
+    assert future.result(timeout=15)["rewards"] == 1.0
+    deadline = time.monotonic() + 15
+    while client._dispatcher._thread is not None and time.monotonic() < deadline:
+        time.sleep(0.2)  # lingering: it consumes its own batch's trailing group/batch events
+    # Ours were consumed; the other batch's event was released, never deleted.
+    left = receive_all(resources.trainer_queue_url) + receive_all(resources.dlq_urls["trainer"])
+    assert [b["detail"]["batch_id"] for b in left] == [B2]
+
+
+def test_dispatcher_errors_fail_pending_futures(
+    client: RolloutClient, resources: ExperimentResources, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rollout_pipeline.sdk import AwsError
+    from rollout_pipeline.sdk import client as client_module
+    from rollout_pipeline.sdk.events import QueueReader
+
+    def broken(self: QueueReader, wait_s: float, max_messages: int = 10) -> list[Any]:
+        raise AwsError("receive from the trainer queue: AccessDenied: not allowed")
+
+    monkeypatch.setattr(QueueReader, "receive", broken)
+    monkeypatch.setattr(client_module, "_MAX_DISPATCH_ERRORS", 2)
+    future = client.invoke({"k": 1})
+    with pytest.raises(AwsError, match="AccessDenied"):
+        future.result(timeout=15)
 
 
 # -------------------------------------------------------------------------------------------------- run_batch

@@ -61,7 +61,7 @@ class MemoryQueue:
                 self.receipts += 1
                 handle = f"h{self.receipts}"
                 self.handles[handle] = mid
-                out.append(Delivery(handle, parse_envelope(msg["body"])[1]))
+                out.append(Delivery(handle, parse_envelope(msg["body"])[1], f"m{mid}"))
         return out
 
     def delete(self, delivery: Delivery) -> None:
@@ -70,10 +70,11 @@ class MemoryQueue:
             del self.messages[mid]
             self.deleted.append(mid)
 
-    def release(self, delivery: Delivery) -> None:
+    def release(self, delivery: Delivery, after_s: int = 0) -> None:
         mid = self.handles[delivery.receipt]
         if mid in self.messages:
-            self.messages[mid]["visible"] = True
+            self.messages[mid]["visible"] = after_s == 0
+            self.messages[mid]["hidden_for"] = after_s
 
     def timeout_all(self) -> None:
         """The visibility timeout runs out for every in-flight message."""
@@ -159,9 +160,9 @@ def test_filtered_out_messages_are_released_or_consumed() -> None:
     queue = MemoryQueue(bodies)
     got = list(stream_over(queue, timeout=3, event_filter=EventFilter(B1, [DetailType.BATCH_ACCEPTED])))
     assert [e.detail_type for e in got] == [DetailType.BATCH_ACCEPTED]
-    assert sorted(queue.messages) == [0, 2]
-    assert all(m["visible"] for m in queue.messages.values())
-    assert max(m["receives"] for m in queue.messages.values()) <= 4, "backs off instead of spinning"
+    assert sorted(queue.messages) == [0, 2], "released, never deleted"
+    assert all(m["visible"] for m in queue.messages.values()), "visible at once for their consumer"
+    assert max(m["receives"] for m in queue.messages.values()) <= 4, "backs off (0.5, 1, 2 s...) instead of spinning"
 
     queue = MemoryQueue(bodies)
     list(stream_over(queue, timeout=3, event_filter=EventFilter(B1), consume_others=True))
