@@ -169,7 +169,8 @@ def test_tps_limit_holds_across_concurrent_dispatchers(resources: ExperimentReso
     per_second = fake.calls_per_second()
     assert max(per_second.values()) <= 5, per_second
     assert max(per_second.values()) == 5  # the limit was binding
-    assert elapsed >= 2.5  # 20 calls at 5/s need at least 3 windows
+    assert len(per_second) >= 4  # 20 calls at 5/s need at least 4 one-second windows...
+    assert elapsed >= 2.0  # ...so at least 3 window boundaries pass
 
 
 def test_limits_hold_under_concurrency(resources: ExperimentResources, fake: FakeAgentRuntime) -> None:
