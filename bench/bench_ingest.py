@@ -125,14 +125,19 @@ class CountingQueue:
     """MessageQueue that receives the serialised bodies and counts them (SendMessageBatch calls it would make)."""
 
     def __init__(self) -> None:
+        import threading
+
         self.bodies = 0
         self.bytes = 0
         self.batch_calls = 0
+        self._lock = threading.Lock()  # ingestion sends a chunk's slices from several threads
 
     def send_all(self, queue_url: str, bodies: Any, delay_seconds: int = 0) -> None:
-        self.bodies += len(bodies)
-        self.bytes += sum(len(b) for b in bodies)
-        self.batch_calls += (len(bodies) + 9) // 10
+        size = sum(len(b) for b in bodies)
+        with self._lock:
+            self.bodies += len(bodies)
+            self.bytes += size
+            self.batch_calls += (len(bodies) + 9) // 10
 
 
 class NullPublisher:
