@@ -665,14 +665,14 @@ class RolloutLedger:
     # -------------------------------------------------------------------------------------------- batches
 
     def set_batch_cancelled(self, batch_id: str, now_iso: str) -> bool:
-        """Mark the batch cancelled (idempotent); False if the batch does not exist."""
+        """Mark the batch cancelled (idempotent); False if the batch does not exist or was rejected as a whole."""
         try:
             self.ddb.update_item(
                 **self._update(
                     keys.batch_key(batch_id),
                     "SET #status = :cancelled, cancelled_at = if_not_exists(cancelled_at, :now)",
-                    "attribute_exists(pk)",
-                    {":cancelled": "cancelled", ":now": now_iso},
+                    "attribute_exists(pk) AND #status <> :rejected",
+                    {":cancelled": "cancelled", ":now": now_iso, ":rejected": "rejected"},
                     {"#status": "status"},
                 )
             )

@@ -31,7 +31,7 @@ _MAX_ROUNDS = 6
 
 @dataclass
 class CancelReport:
-    """What `cancel_batch` did (counts by what it found)."""
+    """What `cancel_batch` did (counts by what it found). `found` is False for an unknown or rejected batch."""
 
     batch_id: str
     found: bool = True
