@@ -182,8 +182,12 @@ class Ingestion:
     def handle_message(
         self, body: Mapping[str, Any], *, owner: str, remaining_ms: Callable[[], int] | None = None
     ) -> IngestResult:
-        """Process one ingest-queue message body. `owner` names this worker (the Lambda request id);
-        `remaining_ms` reports the time left (None: unlimited, never continue)."""
+        """Process one ingest-queue message body.
+
+        `owner` owns the ingest lease: pass the SQS message id, so a redelivery of the same message (after a crash
+        or timeout) takes its own lease back at once while duplicates of the S3 event (other messages) acknowledge.
+        `remaining_ms` reports the invocation's time left (None: unlimited, never continue).
+        """
         return self.ingest_object(parse_ingest_message(body), owner=owner, remaining_ms=remaining_ms)
 
     def ingest_object(
