@@ -329,6 +329,10 @@ class EventStream(Iterator[Event]):
         """Not done: make the message visible again so it is delivered again."""
         self._reader.release(delivery)
 
+    def ack_duplicate(self, delivery: Delivery) -> None:
+        """Delete a second copy of an event whose first copy is still held (not yet confirmed)."""
+        self._reader.delete(delivery)
+
     def _skip(self, delivery: Delivery) -> None:
         if self._consume_others:
             self._reader.delete(delivery)
@@ -513,8 +517,14 @@ class GroupStream(Iterator[Group]):
             self._evict()
         elif isinstance(detail, GroupCompleted):
             key = (detail.batch_id, detail.input_id)
-            if key in self._parked:  # a duplicate of a parked group: keep the first
-                self._stream.release(delivery)
+            parked = self._parked.get(key)
+            if parked is not None:
+                held, held_detail, deadline = parked
+                if delivery.message_id and delivery.message_id == held.message_id:
+                    # The held message came back (its visibility ran out): only the new receipt is valid.
+                    self._parked[key] = (delivery, held_detail, deadline)
+                else:  # another copy of the same event: the held one stands for it
+                    self._stream.ack_duplicate(delivery)
                 return
             self._parked[key] = (delivery, detail, self._clock() + self._grace_s)
             self._drain_until = self._clock() + self._grace_s

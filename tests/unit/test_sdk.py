@@ -229,6 +229,16 @@ def test_groups_arrive_complete_in_any_order_and_stop_after_batch_completed() ->
     assert queue.messages == {}
 
 
+def test_duplicate_of_a_parked_group_is_dropped_not_spun_on() -> None:
+    done = group_done(B1, "q1", [1.0, 0.0])
+    queue, stream = group_stream([envelope(done), envelope(done), envelope(completed(B1, "q1", 0, 1.0))], grace_s=3)
+    group = next(stream)
+    assert group.missing == [1]
+    stream.close(ack_current=True)
+    assert queue.messages == {}
+    assert queue.receipts == 3, "each message received once"
+
+
 def test_group_is_yielded_after_grace_when_rollout_events_are_lost() -> None:
     queue, stream = group_stream([envelope(group_done(B1, "q1", [1.0, None]))], grace_s=2)
     group = next(stream)
