@@ -370,6 +370,10 @@ class RolloutClient:
         self.agent_runtime_arn = experiment.runtime_arn
         self.s3_bucket = experiment.results_bucket
         self.extra_config = dict(defaults)
+        #: ART's attributes: the model the agent is pointed at (per-client default, else the experiment's).
+        self.base_url: str = str(defaults.get("base_url") or experiment.config.model_base_url)
+        self.model_id: str = str(defaults.get("model_id") or experiment.config.model_id)
+        self.region: str | None = experiment.aws.region
         self._submit_options: dict[str, Any] = {
             "sampling_params": sampling_params,
             "timeout_s": timeout_s,

@@ -110,6 +110,8 @@ def test_invoke_returns_a_future_resolved_by_the_pushed_event(
     assert payload["_rollout"]["temperature"] == 0.3, "per-call overrides reach `_rollout`"
     assert payload["_rollout"]["input_id"] == "q1"
     assert client.pending == 0
+    assert (client.exp_id, client.s3_bucket, client.region) == ("test-exp", resources.results_bucket, REGION)
+    assert client.base_url == resources.config.model_base_url
 
 
 def test_failed_rollout_raises_with_reason(
