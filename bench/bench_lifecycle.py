@@ -19,7 +19,7 @@ Printed:
 moto answers in ~1-5 ms per call under one lock, so throughput is bounded by moto, not by the lifecycle: read the
 limits and the per-rollout call counts, not the absolute rollouts/s.
 
-Usage: python bench/bench_lifecycle.py [--rollouts 2000] [--tps 50] [--max-sessions 100] [--max-seconds 300]
+Usage: python bench/bench_lifecycle.py [--rollouts 1500] [--tps 50] [--max-sessions 100] [--max-seconds 360]
 """
 
 from __future__ import annotations
@@ -187,15 +187,15 @@ def seed(resources: Any, batch_id: str, inputs: int, group_size: int) -> list[st
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rollouts", type=int, default=2000)
+    parser.add_argument("--rollouts", type=int, default=1500)
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--tps", type=int, default=50)
     parser.add_argument("--max-sessions", type=int, default=100)
     parser.add_argument("--dispatchers", type=int, default=4, help="concurrent dispatcher 'Lambdas'")
-    parser.add_argument("--completers", type=int, default=3, help="concurrent completion 'Lambdas'")
+    parser.add_argument("--completers", type=int, default=6, help="concurrent completion 'Lambdas'")
     parser.add_argument("--min-delay", type=float, default=0.5, help="agent time before the result (s)")
     parser.add_argument("--max-delay", type=float, default=3.0)
-    parser.add_argument("--max-seconds", type=float, default=300.0, help="stop after this long, whatever is left")
+    parser.add_argument("--max-seconds", type=float, default=360.0, help="stop after this long, whatever is left")
     parser.add_argument("--queue-depth", type=int, default=150, help="keep at most this many queued messages")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
