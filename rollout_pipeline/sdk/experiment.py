@@ -497,9 +497,13 @@ class Experiment:
         from rollout_pipeline.sdk import _lifecycle
 
         with aws_errors(f"cancel batch {batch_id}"):
-            if self._ledger().read_batch(batch_id) is None:
+            item = self._ledger().read_batch(batch_id)
+            if item is None:
                 raise BatchNotFound(f"no batch {batch_id!r} in experiment {self.name!r}")
-            return _lifecycle.cancel_batch(self, batch_id, runtime)
+            report = _lifecycle.cancel_batch(self, batch_id, runtime)
+        if not report.found:
+            raise SdkError(f"batch {batch_id!r} cannot be cancelled: it was rejected as a whole (see `status`)")
+        return report
 
     # ---------------------------------------------------------------------------------------------- results
 

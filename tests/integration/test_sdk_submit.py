@@ -245,6 +245,21 @@ def test_cancel_ends_every_rollout_as_cancelled(
         experiment.cancel("nope-000000000000", runtime=fake)
 
 
+def test_a_rejected_file_cannot_be_cancelled(experiment: Experiment, fake: FakeAgentRuntime) -> None:
+    experiment._ledger().create_rejected_batch(  # what ingestion records for a file with bad metadata
+        exp_id="test-exp",
+        batch_id="r-000000000000",
+        options=None,
+        source="s3://in/datasets/r.jsonl",
+        error="file rejected: metadata group-size: bad",
+        errors_uri=None,
+        group_size=2,
+    )
+    with pytest.raises(SdkError, match="cannot be cancelled: it was rejected as a whole"):
+        experiment.cancel("r-000000000000", runtime=fake)
+    assert experiment.status("r-000000000000").error == "file rejected: metadata group-size: bad"
+
+
 def test_status_and_export_of_unknown_batch(experiment: Experiment, tmp_path: Path) -> None:
     with pytest.raises(BatchNotFound, match="no batch 'nope-1'"):
         experiment.status("nope-1")
