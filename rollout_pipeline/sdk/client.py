@@ -27,6 +27,7 @@ from rollout_pipeline.sdk.errors import RolloutFailedError, SdkError
 from rollout_pipeline.sdk.events import DEFAULT_POLL_WAIT_S, Event, EventFilter, EventStream, QueueReader
 
 if TYPE_CHECKING:
+    from rollout_pipeline.ports import AgentRuntime
     from rollout_pipeline.sdk.experiment import Experiment
 
 logger = logging.getLogger(__name__)
@@ -155,7 +156,8 @@ class RolloutFuture:
     # -------------------------------------------------------------------------------------------- cancel
 
     def cancel(self) -> bool:
-        """Stop waiting; a future from `invoke` also cancels its rollout in the pipeline (its own batch).
+        """Stop waiting and cancel the rollout in the pipeline (its session is stopped, it ends as `Rollout Failed`
+        / cancelled); a future from `invoke` cancels its one-rollout batch.
 
         Returns False when the rollout was already terminal. Afterwards `result()` raises `CancelledError`.
         """
@@ -163,11 +165,15 @@ class RolloutFuture:
             if self._inner.cancelled() or not self._inner.cancel():
                 return False
             self._finished = time.monotonic()
-        if self._owns_batch:
-            try:
-                self._client.experiment.cancel(self.batch_id)
-            except SdkError as exc:
-                logger.warning("could not cancel batch %s: %s", self.batch_id, exc)
+        # Best effort, as ART's stop: the pipeline's own deadline ends the rollout anyway.
+        experiment, runtime = self._client.experiment, self._client.runtime
+        try:
+            if self._owns_batch:
+                experiment.cancel(self.batch_id, runtime=runtime)
+            else:
+                experiment.cancel_rollout(self.batch_id, self.input_id, self.index, runtime=runtime)
+        except Exception as exc:
+            logger.warning("could not cancel %s/%s#%s: %s", self.batch_id, self.input_id, self.index, exc)
         return True
 
     async def cancel_async(self) -> bool:
@@ -363,9 +369,12 @@ class RolloutClient:
         visibility_s: int | None = None,
         consume_others: bool = False,
         linger_s: float = DEFAULT_LINGER_S,
+        runtime: AgentRuntime | None = None,
         **defaults: Any,
     ) -> None:
         self.experiment = experiment
+        #: Stops sessions when a future is cancelled (default: ACR with the experiment's session).
+        self.runtime = runtime
         self.exp_id = experiment.name
         self.agent_runtime_arn = experiment.runtime_arn
         self.s3_bucket = experiment.results_bucket

@@ -505,6 +505,14 @@ class Experiment:
             raise SdkError(f"batch {batch_id!r} cannot be cancelled: it was rejected as a whole (see `status`)")
         return report
 
+    def cancel_rollout(self, batch_id: str, input_id: str, index: int = 0, runtime: AgentRuntime | None = None) -> str:
+        """Cancel one rollout (stop its session, end it as `Rollout Failed` / cancelled); the rest of its batch goes
+        on. Returns "cancelled" or "already_terminal"."""
+        from rollout_pipeline.sdk import _lifecycle
+
+        with aws_errors(f"cancel rollout {input_id}#{index} of batch {batch_id}"):
+            return _lifecycle.cancel_rollout(self, batch_id, input_id, index, runtime)
+
     # ---------------------------------------------------------------------------------------------- results
 
     def fetch_result(self, result_uri: str, max_bytes: int | None = None) -> dict[str, Any]:

@@ -49,9 +49,9 @@ def deps(resources: ExperimentResources, fake: FakeAgentRuntime) -> LifecycleDep
 
 
 @pytest.fixture
-def client(resources: ExperimentResources) -> Iterator[RolloutClient]:
+def client(resources: ExperimentResources, fake: FakeAgentRuntime) -> Iterator[RolloutClient]:
     experiment = Experiment.from_outputs(resources.stack_outputs(), region=REGION)
-    with experiment.rollout_client(poll_wait_s=WAIT, linger_s=1) as rollout_client:
+    with experiment.rollout_client(poll_wait_s=WAIT, linger_s=1, runtime=fake) as rollout_client:
         yield rollout_client
 
 
@@ -275,7 +275,7 @@ def test_run_batch_yields_art_items_in_completion_order(
 
 
 def test_run_batch_timeout_yields_a_failed_item(
-    client: RolloutClient, resources: ExperimentResources, deps: LifecycleDeps
+    client: RolloutClient, resources: ExperimentResources, deps: LifecycleDeps, fake: FakeAgentRuntime
 ) -> None:
     with Pipeline(resources, deps):
         items = list(client.run_batch([{"hang": True}, {"k": 5}], timeout=3))
@@ -285,6 +285,10 @@ def test_run_batch_timeout_yields_a_failed_item(
     assert by_index[1].result["rewards"] == 5.0
     assert by_index[0].success is False
     assert by_index[0].error == "Timeout after 3s"
+    (hung,) = [sid for sid, p in fake.payloads.items() if p.get("hang")]
+    assert hung in fake.stopped, "a timed-out rollout is cancelled in the pipeline: its session is stopped"
+    batch_id = fake.payloads[hung]["_rollout"]["batch_id"]
+    assert client.experiment.status(batch_id).failed_by_reason == {"cancelled": 1}
     assert by_index[0].elapsed is not None
     assert by_index[0].elapsed >= 3
 
