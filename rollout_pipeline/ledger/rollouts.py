@@ -136,7 +136,7 @@ class RolloutRecord:
     policy_version: str | None = None
     outbox: frozenset[str] = field(default_factory=frozenset)
     outbox_id: str | None = None
-    stop_session: str | None = None
+    stop_sessions: frozenset[str] = field(default_factory=frozenset)
 
     @property
     def terminal(self) -> bool:
@@ -168,7 +168,7 @@ class RolloutRecord:
             policy_version=item.get("policy_version"),
             outbox=frozenset(item.get("outbox") or ()),
             outbox_id=item.get("outbox_id"),
-            stop_session=item.get("stop_session"),
+            stop_sessions=frozenset(item.get("stop_sessions") or ()),
         )
 
 
@@ -504,7 +504,6 @@ class RolloutLedger:
             "#ix = :index",
             "attempt = :attempt",
             "expires_at = :ttl",
-            "outbox = :outbox",
             "#obpk = :obpk",
             "#obsk = :obsk",
             "outbox_id = :obid",
@@ -517,7 +516,6 @@ class RolloutLedger:
             "rewards_json": None if outcome.rewards is None else json.dumps(outcome.rewards),
             "result_uri": outcome.result_uri,
             "result_size": outcome.result_size,
-            "stop_session": session_id if OUTBOX_STOP in outbox else None,
         }
         if from_state is None:
             optional["session_id"] = session_id
@@ -532,9 +530,15 @@ class RolloutLedger:
         else:
             condition = "#st = :from AND attempt = :attempt"
             values[":from"] = from_state
+        # ADD, not SET: side effects still pending from an earlier transition (a throttled stop of the previous
+        # attempt's session) are kept, not overwritten.
+        adds = ["outbox :outbox"]
+        if OUTBOX_STOP in outbox and session_id:
+            adds.append("stop_sessions :stops")
+            values[":stops"] = {session_id}
         rollout = self._update(
             keys.rollout_key(batch_id, input_id, index),
-            f"SET {', '.join(sets)} REMOVE #dlpk, #dlsk",
+            f"SET {', '.join(sets)} ADD {', '.join(adds)} REMOVE #dlpk, #dlsk",
             condition,
             values,
             names,
@@ -591,14 +595,17 @@ class RolloutLedger:
             ":next": rec.attempt + 1,
             ":sid": next_session_id,
             ":outbox": outbox,
-            ":prev": rec.session_id or "",
             **self._outbox_values(rec.batch_id, rec.input_id, rec.index, now_epoch),
         }
+        adds = "outbox :outbox"
+        if stop_pending and rec.session_id:
+            adds += ", stop_sessions :prev"
+            values[":prev"] = {rec.session_id}
         update = self._update(
             keys.rollout_key(rec.batch_id, rec.input_id, rec.index),
-            "SET #st = :queued, attempt = :next, session_id = :sid, outbox = :outbox, stop_session = :prev, "
+            "SET #st = :queued, attempt = :next, session_id = :sid, "
             "#obpk = :obpk, #obsk = :obsk, outbox_id = :obid, outbox_lease = :oblease "
-            "REMOVE dispatched_at, invoked_at, deadline, #dlpk, #dlsk",
+            f"ADD {adds} REMOVE dispatched_at, invoked_at, deadline, #dlpk, #dlsk",
             "#st = :dispatched AND attempt = :attempt",
             values,
             {
@@ -619,7 +626,7 @@ class RolloutLedger:
             self.ddb.update_item(
                 **self._update(
                     keys.rollout_key(rec.batch_id, rec.input_id, rec.index),
-                    "REMOVE outbox, outbox_id, outbox_lease, stop_session, #obpk, #obsk",
+                    "REMOVE outbox, outbox_id, outbox_lease, stop_sessions, #obpk, #obsk",
                     "outbox_id = :obid",
                     {":obid": rec.outbox_id},
                     {"#obpk": keys.OUTBOX_PK, "#obsk": keys.OUTBOX_SK},

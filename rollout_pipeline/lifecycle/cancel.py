@@ -13,7 +13,6 @@ from rollout_pipeline.ledger.rollouts import (
     FAILED,
     OUTBOX_PUBLISH,
     OUTBOX_STOP,
-    QUEUED,
     LedgerError,
     RolloutRecord,
     Terminal,
@@ -77,9 +76,7 @@ def cancel_rollout(
                     deps.limited.stop(rec.session_id)
                 except RuntimeThrottled:
                     outbox = outbox | {OUTBOX_STOP}
-            elif rec.state == QUEUED and OUTBOX_STOP in rec.outbox and rec.stop_session:
-                outbox = outbox | {OUTBOX_STOP}  # the previous attempt's stop is still pending
-                session_id = rec.stop_session
+            # queued with the previous attempt's stop still pending: the outbox keeps it (finish ADDs to it)
         done = deps.ledger.finish(
             exp_id=exp_id,
             batch_id=batch_id,

@@ -1,11 +1,12 @@
 """Events built from the ledger, and the outbox: the side effects a transition decided, finished idempotently.
 
 A terminal transition sets `outbox` = {publish[, stop]} on the rollout item in the same transaction; a timed-out
-attempt with attempts left sets {enqueue[, stop]}. `drain` performs them (stop the old session, send the retry
-message, publish the rollout's event and, when they are complete, the group's and the batch's) and then clears the
-entry. Whoever finds an entry may drain it: the completion redelivery, the sweeper, cancel. Every side effect is
-idempotent: events carry stable `event_id`s, stopping a stopped session succeeds, a duplicated retry message is
-absorbed by the dispatch transaction.
+attempt with attempts left sets {enqueue[, stop]} (`stop` only when the session's stop was throttled; the sessions
+are in `stop_sessions`, and later transitions ADD to both sets, so nothing pending is overwritten). `drain` performs
+them (send the retry message, publish the rollout's event and, when they are complete, the group's and the batch's,
+stop the sessions) and then clears the entry. Whoever finds an entry may drain it: the completion redelivery, the
+sweeper, cancel. Every side effect is idempotent: events carry stable `event_id`s, stopping a stopped session
+succeeds, a duplicated retry message is absorbed by the dispatch transaction.
 """
 
 from __future__ import annotations
@@ -187,9 +188,7 @@ def drain(
     if not owner and not deps.ledger.claim_outbox(rec, int(deps.now().timestamp())):
         return False
     try:
-        if OUTBOX_STOP in rec.outbox and rec.stop_session:
-            deps.limited.stop(rec.stop_session, wait_until)
-        if OUTBOX_ENQUEUE in rec.outbox:
+        if OUTBOX_ENQUEUE in rec.outbox and not rec.terminal:  # a rollout that ended meanwhile needs no retry
             message = retry_message(rec, deps)
             deps.queue.send_all(deps.settings.rollout_queue_url, [message.model_dump_json(exclude_none=True)])
         if OUTBOX_PUBLISH in rec.outbox:
@@ -201,6 +200,9 @@ def drain(
             finished = parse_iso(rec.finished_at)
             if finished is not None and rec.result_uri:
                 deps.metrics.sample(NOTIFICATION_LATENCY, max(0.0, (notified_at - finished).total_seconds() * 1000))
+        if OUTBOX_STOP in rec.outbox:  # last: a throttled stop must not hold up the retry or the events
+            for session_id in sorted(rec.stop_sessions):
+                deps.limited.stop(session_id, wait_until)
         deps.ledger.clear_outbox(rec)
     except BaseException:
         deps.ledger.release_outbox(rec)

@@ -146,3 +146,45 @@ def test_poison_message_fails_alone(
     assert set(result.failures) == {"bad-json", "bad-shape", "bad-id"}
     assert list(result.outcomes.values()) == [Dispatch.INVOKED]
     assert receive_all(resources.dlq_urls["rollout"]) == []
+
+
+def test_throttled_stop_stays_pending_across_the_retry_until_done(
+    resources: ExperimentResources,
+    fake: FakeAgentRuntime,
+    deps: LifecycleDeps,
+    clock: ShiftedClock,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from rollout_pipeline.ports import RuntimeThrottled
+
+    send(resources, seed_batch(resources, batch_id=BATCH, inputs={"a": {}}, group_size=1, max_attempts=2))
+    dispatch_once(resources, deps)
+    sid1 = ids.session_id("test-exp", BATCH, "a", 0, 1)
+
+    def throttled(session_id: str, wait_until: float | None = None) -> None:
+        raise RuntimeThrottled("StopRuntimeSession: ThrottlingException")
+
+    monkeypatch.setattr(deps.limited, "stop", throttled)
+    clock.advance(resources.config.rollout_timeout_s + 1)
+    report = sweep(deps)
+    assert report.retried == 1
+    assert len(report.errors) == 1  # the drain's stop failed: it stays in the outbox...
+    assert fake.running == {sid1}
+    retries = receive_records(resources.rollout_queue_url)
+    assert len(retries) == 1  # ...but the retry went out anyway
+    monkeypatch.undo()
+
+    fake.behaviour = AgentBehaviour(rewards=1.0)
+    assert list(dispatch_records(retries, deps, wait_until=time.monotonic() + 2).outcomes.values()) == [
+        Dispatch.INVOKED
+    ]
+    from tests.integration.lifecycle_support import complete_once
+
+    complete_once(resources, deps)
+    assert fake.running == set()  # the second attempt's terminal drain also stopped the first session
+    assert sid1 in fake.stopped
+    item = ledger_item(resources, keys.rollout_key(BATCH, "a", 0))
+    assert item["state"] == "succeeded"
+    assert "outbox" not in item
+    assert "stop_sessions" not in item
+    assert len(by_type(trainer_events(resources), "Rollout Completed")) == 1
