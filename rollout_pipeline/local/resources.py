@@ -52,16 +52,7 @@ class ExperimentResources:
         return self.queue_urls["trainer"]
 
     def settings(self) -> HandlerSettings:
-        return HandlerSettings(
-            table_name=self.table_name,
-            input_bucket=self.input_bucket,
-            results_bucket=self.results_bucket,
-            rollout_queue_url=self.rollout_queue_url,
-            bus_name=self.bus_name,
-            runtime_arn=self.runtime_arn,
-            ingest_queue_url=self.ingest_queue_url,
-            experiment=self.config,
-        )
+        return HandlerSettings.from_stack_outputs(self.stack_outputs())
 
     def stack_outputs(self) -> dict[str, str]:
         """The same outputs the CloudFormation stack exposes (the SDK attaches with these)."""

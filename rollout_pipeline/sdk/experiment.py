@@ -282,16 +282,7 @@ class Experiment:
 
     def settings(self) -> HandlerSettings:
         """The handler settings of this experiment (what the pipeline's own stages are configured with)."""
-        return HandlerSettings(
-            table_name=self.table_name,
-            input_bucket=self.input_bucket,
-            results_bucket=self.results_bucket,
-            rollout_queue_url=self.rollout_queue_url,
-            bus_name=self.bus_name,
-            runtime_arn=self.runtime_arn,
-            ingest_queue_url=self.outputs.get("IngestQueueUrl", ""),
-            experiment=self.config,
-        )
+        return HandlerSettings.from_stack_outputs(self.outputs)
 
     def _options(
         self,

@@ -55,3 +55,13 @@ def test_create_resources_is_idempotent(resources: ExperimentResources, experime
     again = create_resources(experiment_config, region=REGION, client=clients.client)
     assert again == resources
     assert json.loads(again.stack_outputs()["ExperimentConfig"])["name"] == "test-exp"
+
+
+def test_handler_settings_round_trip_through_the_stack_outputs(resources: ExperimentResources) -> None:
+    settings = resources.settings()
+    assert settings.table_name == resources.table_name
+    assert settings.rollout_queue_url == resources.rollout_queue_url
+    assert settings.ingest_queue_url == resources.ingest_queue_url
+    assert settings.runtime_arn == resources.runtime_arn
+    assert settings.experiment == resources.config
+    assert type(settings).from_environ(settings.to_environ()) == settings
