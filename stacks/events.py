@@ -12,11 +12,14 @@ from constructs import Construct
 
 from rollout_pipeline import routing
 from rollout_pipeline.config import ExperimentConfig
-from stacks.queues import QueueWithDlq
+from stacks.queues import DLQ_RETENTION, QueueWithDlq, not_empty_alarm
 
 #: The trainer may be offline for a while: keep its events as long as SQS allows.
 TRAINER_RETENTION: Final = Duration.days(14)
 TRAINER_VISIBILITY: Final = Duration.seconds(60)
+#: EventBridge retries a failed delivery to a target up to 185 times over 24 hours before dead-lettering it.
+TARGET_RETRY_ATTEMPTS: Final = 185
+TARGET_MAX_EVENT_AGE: Final = Duration.hours(24)
 
 
 def event_pattern(pattern: dict[str, Any]) -> events.EventPattern:
@@ -52,6 +55,20 @@ class EventRouting(Construct):
                 event_pattern=event_pattern(routing.trainer_event_pattern()),
                 retention=Duration.days(archive_retention_days),
             )
+        # Events EventBridge could not deliver to a rule's queue (after retries) land here instead of being dropped.
+        self.undelivered = sqs.Queue(
+            self,
+            "Undelivered",
+            encryption=sqs.QueueEncryption.SQS_MANAGED,
+            enforce_ssl=True,
+            retention_period=DLQ_RETENTION,
+        )
+        not_empty_alarm(
+            self,
+            "UndeliveredNotEmpty",
+            self.undelivered,
+            "Events EventBridge could not deliver to a pipeline queue: inspect them and re-send them to their queue",
+        )
         self.trainer = QueueWithDlq(
             self, "Trainer", visibility_timeout=TRAINER_VISIBILITY, retention_period=TRAINER_RETENTION
         )
@@ -62,12 +79,20 @@ class EventRouting(Construct):
             event_bus=self.bus,
             description="Every pipeline event to the trainer queue",
             event_pattern=event_pattern(routing.trainer_event_pattern()),
-            targets=[targets.SqsQueue(self.trainer_queue)],
+            targets=[self.queue_target(self.trainer_queue)],
         )
 
-    @staticmethod
+    def queue_target(self, queue: sqs.IQueue) -> targets.SqsQueue:
+        """A rule target delivering to `queue`, retried for a day, then kept in the undelivered-events queue."""
+        return targets.SqsQueue(
+            queue,
+            dead_letter_queue=self.undelivered,
+            retry_attempts=TARGET_RETRY_ATTEMPTS,
+            max_event_age=TARGET_MAX_EVENT_AGE,
+        )
+
     def s3_rule(
-        scope: Construct, construct_id: str, *, pattern: dict[str, Any], queue: sqs.IQueue, description: str
+        self, scope: Construct, construct_id: str, *, pattern: dict[str, Any], queue: sqs.IQueue, description: str
     ) -> events.Rule:
         """A default-bus rule (where S3 sends its events) delivering matching events to `queue`."""
         return events.Rule(
@@ -75,5 +100,5 @@ class EventRouting(Construct):
             construct_id,
             description=description,
             event_pattern=event_pattern(pattern),
-            targets=[targets.SqsQueue(queue)],
+            targets=[self.queue_target(queue)],
         )

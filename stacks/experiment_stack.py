@@ -124,14 +124,14 @@ class ExperimentStack(Stack):
         )
         rollout_queue = self.dispatch.queue
 
-        EventRouting.s3_rule(
+        self.events.s3_rule(
             self,
             "DatasetUploaded",
             pattern=routing.dataset_event_pattern(self.storage.input_bucket.bucket_name),
             queue=self.ingest.queue,
             description="Dataset files created under datasets/ to the ingest queue",
         )
-        EventRouting.s3_rule(
+        self.events.s3_rule(
             self,
             "ResultWritten",
             pattern=routing.result_event_pattern(self.storage.results_bucket.bucket_name),

@@ -65,6 +65,11 @@ def acknowledge(stack: ExperimentStack) -> None:
     input_bucket, results_bucket = stack.storage.input_bucket, stack.storage.results_bucket
     fns = stack.functions
 
+    ack(
+        stack.events.undelivered,
+        "AwsSolutions-SQS3",
+        "This queue is itself a dead-letter queue: EventBridge rule targets send it the events they cannot deliver.",
+    )
     ingest_policy = default_policy(fns["ingest"].role)
     ack(
         ingest_policy,

@@ -48,18 +48,28 @@ class QueueWithDlq(Construct):
             retention_period=retention_period,
             dead_letter_queue=sqs.DeadLetterQueue(queue=self.dlq, max_receive_count=max_receive_count),
         )
-        self.dlq_alarm = cloudwatch.Alarm(
+        self.dlq_alarm = not_empty_alarm(
             self,
             "DlqNotEmpty",
-            alarm_description=f"Messages in the dead-letter queue of {self.node.path}: inspect and redrive them",
-            metric=self.dlq.metric_approximate_number_of_messages_visible(
-                period=Duration.minutes(1), statistic=cloudwatch.Stats.MAXIMUM
-            ),
-            threshold=0,
-            comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD,
-            evaluation_periods=1,
-            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+            self.dlq,
+            f"Messages in the dead-letter queue of {self.node.path}: inspect and redrive them",
         )
+
+
+def not_empty_alarm(scope: Construct, construct_id: str, queue: sqs.IQueue, description: str) -> cloudwatch.Alarm:
+    """An alarm that fires as soon as `queue` holds a visible message (dead-letter queues must stay empty)."""
+    return cloudwatch.Alarm(
+        scope,
+        construct_id,
+        alarm_description=description,
+        metric=queue.metric_approximate_number_of_messages_visible(
+            period=Duration.minutes(1), statistic=cloudwatch.Stats.MAXIMUM
+        ),
+        threshold=0,
+        comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD,
+        evaluation_periods=1,
+        treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+    )
 
 
 class QueuedLambdaConsumer(Construct):

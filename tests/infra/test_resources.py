@@ -129,7 +129,7 @@ def test_ledger_table_schema_matches_ledger_keys(synth: Synthesized) -> None:
 
 def test_every_queue_encrypted_and_tls_only(synth: Synthesized) -> None:
     queues = synth.of_type("AWS::SQS::Queue")
-    assert len(queues) == 8  # ingest, rollout, completion, trainer + their DLQs
+    assert len(queues) == 9  # ingest, rollout, completion, trainer + their DLQs, undelivered events
     for queue in queues.values():
         assert queue["Properties"]["SqsManagedSseEnabled"] is True
     protected: set[str] = set()
@@ -140,6 +140,22 @@ def test_every_queue_encrypted_and_tls_only(synth: Synthesized) -> None:
         ):
             protected.update(q["Ref"] for q in policy["Properties"]["Queues"])
     assert protected == set(queues)
+
+
+def test_every_rule_to_a_queue_retries_then_dead_letters_undeliverable_events(synth: Synthesized) -> None:
+    undelivered = synth.stack.resolve(synth.stack.events.undelivered.queue_arn)
+    sqs_targets = [
+        target
+        for rule in synth.of_type("AWS::Events::Rule").values()
+        for target in rule["Properties"].get("Targets", [])
+        if "Sqs" in str(target["Arn"]) or "Queue" in str(target["Arn"])
+    ]
+    assert len(sqs_targets) == 3  # datasets -> ingest, results -> completion, bus -> trainer
+    for target in sqs_targets:
+        assert target["DeadLetterConfig"] == {"Arn": undelivered}
+        assert target["RetryPolicy"] == {"MaximumRetryAttempts": 185, "MaximumEventAgeInSeconds": 86400}
+    alarms = synth.of_type("AWS::CloudWatch::Alarm").values()
+    assert any("could not deliver" in a["Properties"].get("AlarmDescription", "") for a in alarms)
 
 
 def test_work_queues_redrive_to_14_day_dlqs_with_6x_visibility(synth: Synthesized) -> None:
@@ -167,6 +183,7 @@ def test_an_alarm_on_every_dlq(synth: Synthesized) -> None:
     stack = synth.stack
     dlqs = {synth.logical_id(q) for q in (stack.ingest.dlq, stack.dispatch.dlq, stack.completion.dlq)}
     dlqs.add(synth.logical_id(stack.events.trainer.dlq))
+    dlqs.add(synth.logical_id(stack.events.undelivered))
     alarmed: set[str] = set()
     for alarm in synth.of_type("AWS::CloudWatch::Alarm").values():
         props = alarm["Properties"]
@@ -264,7 +281,8 @@ def test_result_rule_feeds_completion_queue(synth: Synthesized) -> None:
 
 def test_eventbridge_may_send_to_the_queues_it_targets(synth: Synthesized) -> None:
     stack = synth.stack
-    targets = {stack.ingest.queue, stack.completion.queue, stack.events.trainer_queue}
+    # The three rule targets, and the queue where their undeliverable events go.
+    targets = {stack.ingest.queue, stack.completion.queue, stack.events.trainer_queue, stack.events.undelivered}
     allowed: set[str] = set()
     for policy in synth.of_type("AWS::SQS::QueuePolicy").values():
         for statement in policy["Properties"]["PolicyDocument"]["Statement"]:
