@@ -27,8 +27,12 @@ class ObjectInfo:
     last_modified: datetime | None = None
 
 
+class ObjectNotFound(LookupError):
+    """The object (or the requested version of it) does not exist."""
+
+
 class ObjectStore(Protocol):
-    """S3 as the pipeline uses it."""
+    """S3 as the pipeline uses it. Reads of a missing object raise `ObjectNotFound`."""
 
     def head(self, bucket: str, key: str, version_id: str | None = None) -> ObjectInfo: ...
 

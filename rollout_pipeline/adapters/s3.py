@@ -3,10 +3,26 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 from rollout_pipeline.adapters.clients import client
-from rollout_pipeline.ports import ObjectInfo
+from rollout_pipeline.ports import ObjectInfo, ObjectNotFound
+
+#: Error codes S3 answers for a missing key or version (HEAD has no body, so only its status code).
+_NOT_FOUND_CODES = frozenset({"404", "NoSuchKey", "NoSuchVersion", "NotFound"})
+
+
+@contextmanager
+def _not_found_as_port_error(bucket: str, key: str, version_id: str | None = None) -> Iterator[None]:
+    try:
+        yield
+    except Exception as exc:
+        code = str((getattr(exc, "response", None) or {}).get("Error", {}).get("Code", ""))
+        if code in _NOT_FOUND_CODES:
+            version = f" (version {version_id})" if version_id else ""
+            raise ObjectNotFound(f"s3://{bucket}/{key}{version} does not exist") from exc
+        raise
 
 
 class S3ObjectStore:
@@ -23,7 +39,8 @@ class S3ObjectStore:
         kwargs: dict[str, Any] = {"Bucket": bucket, "Key": key}
         if version_id:
             kwargs["VersionId"] = version_id
-        resp = self.s3.head_object(**kwargs)
+        with _not_found_as_port_error(bucket, key, version_id):
+            resp = self.s3.head_object(**kwargs)
         return ObjectInfo(
             bucket=bucket,
             key=key,
@@ -40,14 +57,16 @@ class S3ObjectStore:
         kwargs: dict[str, Any] = {"Bucket": bucket, "Key": key}
         if version_id:
             kwargs["VersionId"] = version_id
-        body = self.s3.get_object(**kwargs)["Body"]
+        with _not_found_as_port_error(bucket, key, version_id):
+            body = self.s3.get_object(**kwargs)["Body"]
         try:
             yield from body.iter_chunks(chunk_size)
         finally:
             body.close()
 
     def get_bytes(self, bucket: str, key: str, max_bytes: int) -> tuple[bytes, int]:
-        resp = self.s3.get_object(Bucket=bucket, Key=key, Range=f"bytes=0-{max_bytes}")
+        with _not_found_as_port_error(bucket, key):
+            resp = self.s3.get_object(Bucket=bucket, Key=key, Range=f"bytes=0-{max_bytes}")
         body = resp["Body"].read()
         content_range = str(resp.get("ContentRange") or "")
         total = int(content_range.rsplit("/", 1)[-1]) if "/" in content_range else len(body)

@@ -49,7 +49,7 @@ from rollout_pipeline.ledger.batches import (
     batch_completion_detail,
     batch_options,
 )
-from rollout_pipeline.ports import EventPublisher, MessageQueue, ObjectStore
+from rollout_pipeline.ports import EventPublisher, MessageQueue, ObjectNotFound, ObjectStore
 
 if TYPE_CHECKING:
     from concurrent.futures import ThreadPoolExecutor
@@ -62,6 +62,8 @@ NDJSON: Final = "application/x-ndjson"
 INVALID_FILE_REASON: Final = "invalid_file"
 #: Reason of a file rejected as a whole because of its metadata.
 INVALID_METADATA_REASON: Final = "invalid_metadata"
+#: Reason of a file rejected as a whole because the uploaded object (version) no longer exists.
+MISSING_OBJECT_REASON: Final = "missing_object"
 DUPLICATE_ID_REASON: Final = "duplicate_id"
 OVERSIZED_REASON: Final = "oversized"
 
@@ -201,7 +203,12 @@ class Ingestion:
         batch_id = obj.batch_id
         item = ledger.read_batch(batch_id)
         if item is None:
-            info = self.ports.store.head(obj.bucket, obj.key, obj.version_id)
+            try:
+                info = self.ports.store.head(obj.bucket, obj.key, obj.version_id)
+            except ObjectNotFound as exc:
+                return self._reject_file(
+                    obj, batch_id, f"{exc}: it was deleted before it could be ingested", reason=MISSING_OBJECT_REASON
+                )
             try:
                 options = FileOptions.from_metadata(self.settings.experiment, info.metadata)
             except ValueError as exc:
@@ -261,10 +268,12 @@ class Ingestion:
 
     # ------------------------------------------------------------------------------------------------ steps
 
-    def _reject_file(self, obj: DatasetObject, batch_id: str, error: str) -> IngestResult:
+    def _reject_file(
+        self, obj: DatasetObject, batch_id: str, error: str, *, reason: str = INVALID_METADATA_REASON
+    ) -> IngestResult:
         message = f"file rejected: {error}"
         log = ErrorLog(file=obj.key, max_entries=1)
-        log.add(None, INVALID_METADATA_REASON, message)
+        log.add(None, reason, message)
         errors_key = ids.errors_key(obj.key)
         self.ports.store.put_bytes(obj.bucket, errors_key, log.render(final=True), content_type=NDJSON)
         item = self.ports.ledger.create_rejected_batch(

@@ -39,7 +39,7 @@ from rollout_pipeline.lifecycle.metrics import (
 from rollout_pipeline.lifecycle.metrics import (
     SUCCEEDED as SUCCEEDED_METRIC,
 )
-from rollout_pipeline.ports import RuntimeThrottled
+from rollout_pipeline.ports import ObjectNotFound, RuntimeThrottled
 
 log = logging.getLogger(__name__)
 
@@ -116,11 +116,8 @@ def handle_result_event(event: Mapping[str, Any], deps: LifecycleDeps) -> Comple
 
     try:
         outcome, body_dict, size = _read_result(bucket, key, deps)
-    except Exception as exc:
-        code = str((getattr(exc, "response", None) or {}).get("Error", {}).get("Code", ""))
-        if code in ("NoSuchKey", "404", "NotFound"):
-            return _late(deps, "the result object is gone", key)
-        raise
+    except ObjectNotFound:
+        return _late(deps, "the result object is gone", key)
     written_at = publishing.parse_iso(event.get("time")) or deps.now()
     outbox = frozenset({OUTBOX_PUBLISH})
     try:  # stop first, so a released slot never has a live session behind it

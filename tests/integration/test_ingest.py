@@ -400,6 +400,24 @@ def test_bad_metadata_rejects_the_whole_file(resources: ExperimentResources) -> 
     assert [e["detail"]["event_id"] for e in replayed] == [e["detail"]["event_id"] for e in events]
 
 
+def test_a_dataset_deleted_before_ingestion_is_rejected_with_a_clear_error(resources: ExperimentResources) -> None:
+    event = upload(resources, "datasets/gone.jsonl", jsonl([{"id": "a"}]))
+    version = event["detail"]["object"]["version-id"]
+    clients.client("s3").delete_object(Bucket=resources.input_bucket, Key="datasets/gone.jsonl", VersionId=version)
+
+    result = make_ingestion(resources).handle_message(event, owner="m")  # no exception: no retry into the DLQ
+
+    assert result.outcome == "rejected"
+    batch = batch_item(resources, result.batch_id or "")
+    assert batch["status"] == "rejected"
+    assert "datasets/gone.jsonl" in batch["error"]
+    assert "deleted before it could be ingested" in batch["error"]
+    entries = errors_object(resources, "datasets/gone.jsonl")
+    assert [(e["line"], e["reason"]) for e in entries] == [(None, "missing_object")]
+    assert rollout_messages(resources) == []
+    assert [e["detail-type"] for e in trainer_events(resources)] == ["Batch Accepted", "Batch Completed"]
+
+
 def test_all_rows_rejected_completes_the_batch_at_acceptance(resources: ExperimentResources) -> None:
     event = upload(resources, "datasets/allbad.jsonl", b"nope\n[]\n")
     result = make_ingestion(resources).handle_message(event, owner="m")

@@ -65,3 +65,23 @@ def test_handler_settings_round_trip_through_the_stack_outputs(resources: Experi
     assert settings.runtime_arn == resources.runtime_arn
     assert settings.experiment == resources.config
     assert type(settings).from_environ(settings.to_environ()) == settings
+
+
+def test_s3_adapter_raises_object_not_found_for_missing_keys_and_versions(resources: ExperimentResources) -> None:
+    import pytest
+
+    from rollout_pipeline.adapters.s3 import S3ObjectStore
+    from rollout_pipeline.ports import ObjectNotFound
+
+    store = S3ObjectStore()
+    version = store.put_bytes(resources.input_bucket, "datasets/x.jsonl", b"{}\n")
+    assert store.head(resources.input_bucket, "datasets/x.jsonl", version).size == 3
+    with pytest.raises(ObjectNotFound, match=r"s3://.*/datasets/missing\.jsonl does not exist"):
+        store.head(resources.input_bucket, "datasets/missing.jsonl")
+    with pytest.raises(ObjectNotFound):
+        store.get_bytes(resources.results_bucket, "nope.json", 100)
+    with pytest.raises(ObjectNotFound):
+        list(store.iter_bytes(resources.input_bucket, "datasets/missing.jsonl"))
+    clients.client("s3").delete_object(Bucket=resources.input_bucket, Key="datasets/x.jsonl", VersionId=version)
+    with pytest.raises(ObjectNotFound, match=f"version {version}"):
+        store.head(resources.input_bucket, "datasets/x.jsonl", version)
