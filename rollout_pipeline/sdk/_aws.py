@@ -59,10 +59,21 @@ class AwsClients:
                     kwargs["region_name"] = region
                 if self.endpoint_url:
                     kwargs["endpoint_url"] = self.endpoint_url
+                    if is_loopback(self.endpoint_url) and self.session.get_credentials() is None:
+                        # Local mode's moto server accepts any credentials; a machine without AWS needs none.
+                        kwargs["aws_access_key_id"] = kwargs["aws_secret_access_key"] = "local"
                 with aws_errors(f"create {service} client"):
                     cached = self.session.client(service, **kwargs)
                 self._clients[service] = cached
             return cached
+
+
+def is_loopback(url: str) -> bool:
+    """True for an endpoint on this machine (local mode), e.g. `http://127.0.0.1:4566`."""
+    from urllib.parse import urlparse
+
+    host = (urlparse(url).hostname or "").lower()
+    return host == "localhost" or host.startswith("127.") or host == "::1"
 
 
 def error_code(exc: BaseException) -> str:
