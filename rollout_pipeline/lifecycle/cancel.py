@@ -141,6 +141,9 @@ def cancel_batch(batch_id: str, deps: LifecycleDeps) -> CancelReport:
             except Exception as exc:  # keep going: the sweeper drains outboxes, a second call finishes the rest
                 log.warning("cancel of %s/%s#%s incomplete: %s", batch_id, input_id, index, exc)
                 report.drain_errors.append(f"{input_id}#{index}: {exc}")
+                after = deps.ledger.get_rollout(batch_id, input_id, index)
+                if after is not None and after.terminal and after.reason == FailureReason.CANCELLED.value:
+                    report.cancelled += 1  # ended in the ledger; only its side effects (stop, events) are pending
                 continue
             if outcome == "cancelled":
                 report.cancelled += 1

@@ -18,6 +18,7 @@ from rollout_pipeline.lifecycle.completion import Completion, complete_records
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.dispatch import Dispatch, dispatch_records
 from rollout_pipeline.local.resources import ExperimentResources
+from rollout_pipeline.ports import RuntimeThrottled
 from tests.integration.lifecycle_support import (
     ShiftedClock,
     ack,
@@ -141,3 +142,39 @@ def test_cancel_of_unknown_batch(resources: ExperimentResources, deps: Lifecycle
     report = cancel_batch("no-such-batch-000000000000", deps)
     assert report.found is False
     assert report.cancelled == 0
+
+
+class _StopFails(FakeAgentRuntime):
+    """StopRuntimeSession is throttled at first (the rollout ends, its stop waits in the outbox), then fails with
+    an unexpected error when the outbox is drained (as seen cancelling from a machine that cannot reach ACR)."""
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.stop_calls: Counter[str] = Counter()
+
+    def stop(self, session_id: str) -> None:
+        self.stop_calls[session_id] += 1
+        if self.stop_calls[session_id] == 1:
+            raise RuntimeThrottled(f"ThrottlingException for {session_id}")
+        raise RuntimeError(f"StopRuntimeSession: 500 for {session_id}")
+
+
+def test_cancel_counts_rollouts_ended_in_the_ledger_even_when_stopping_their_session_fails(
+    resources: ExperimentResources,
+) -> None:
+    runtime = _StopFails(behaviour=AgentBehaviour(kind="manual"))
+    deps = make_deps(resources, runtime, clock=ShiftedClock())
+    messages = seed_batch(resources, batch_id=BATCH, inputs={"run": {}})
+    send(resources, messages)
+    records = receive_records(resources.rollout_queue_url)
+    assert set(dispatch_records(records, deps, wait_until=time.monotonic() + 2).outcomes.values()) == {Dispatch.INVOKED}
+    ack(resources.rollout_queue_url, records, [])
+
+    report = cancel_batch(BATCH, deps)
+
+    assert len(report.drain_errors) == 2, "the failed stops are reported, to be retried"
+    assert report.cancelled == 2, "both rollouts did end as cancelled in the ledger"
+    for index in (0, 1):
+        item = rollout_item(resources, BATCH, "run", index)
+        assert (item["state"], item["reason"]) == ("failed", "cancelled")
+    runtime.close()
