@@ -32,6 +32,7 @@ from rollout_pipeline.contracts import (
     utcnow,
 )
 from rollout_pipeline.ledger import keys
+from rollout_pipeline.ledger.attributes import TYPE_TAGS, from_attribute_value
 
 STATUS_INGESTING: Final = "ingesting"
 STATUS_ACCEPTED: Final = "accepted"
@@ -122,23 +123,8 @@ def attr(item: Mapping[str, Any], name: str, default: Any = None) -> Any:
 
 def plain(value: Any) -> Any:
     """Convert one DynamoDB AttributeValue (typed) to Python; plain values pass through."""
-    if isinstance(value, Mapping) and len(value) == 1:
-        ((tag, inner),) = value.items()
-        if tag == "S":
-            return inner
-        if tag == "N":
-            number = float(inner)
-            return int(number) if number.is_integer() and "." not in inner and "e" not in inner.lower() else number
-        if tag == "BOOL":
-            return bool(inner)
-        if tag == "NULL":
-            return None
-        if tag == "M":
-            return {k: plain(v) for k, v in inner.items()}
-        if tag == "L":
-            return [plain(v) for v in inner]
-        if tag in ("SS", "NS"):
-            return [plain({tag[0]: v}) for v in inner]
+    if isinstance(value, Mapping) and len(value) == 1 and next(iter(value)) in TYPE_TAGS:
+        return from_attribute_value(value)
     return value
 
 

@@ -13,12 +13,12 @@ import secrets
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from decimal import Decimal
 from enum import StrEnum
 from typing import Any, Final
 
 from rollout_pipeline.adapters.clients import client
 from rollout_pipeline.ledger import keys
+from rollout_pipeline.ledger.attributes import from_attribute_value, to_attribute_value
 
 QUEUED: Final = "queued"
 DISPATCHED: Final = "dispatched"
@@ -55,57 +55,13 @@ class DispatchStart(StrEnum):
 # ------------------------------------------------------------------------------------------- (de)serialisation
 
 
-def _to_av(value: Any) -> dict[str, Any]:
-    if value is None:
-        return {"NULL": True}
-    if isinstance(value, bool):
-        return {"BOOL": value}
-    if isinstance(value, str):
-        return {"S": value}
-    if isinstance(value, int | float | Decimal):
-        return {"N": _num(value)}
-    if isinstance(value, Mapping):
-        return {"M": {str(k): _to_av(v) for k, v in value.items()}}
-    if isinstance(value, frozenset | set):
-        return {"SS": sorted(str(v) for v in value)}
-    if isinstance(value, list | tuple):
-        return {"L": [_to_av(v) for v in value]}
-    raise TypeError(f"cannot store {type(value).__name__} in the ledger")
-
-
-def _num(value: float | int | Decimal) -> str:
-    if isinstance(value, float):
-        return repr(value)
-    return str(value)
-
-
-def _from_av(av: Mapping[str, Any]) -> Any:
-    ((kind, value),) = av.items()
-    if kind == "S":
-        return value
-    if kind == "N":
-        text = str(value)
-        return int(text) if text.lstrip("-").isdigit() else float(Decimal(text))
-    if kind == "BOOL":
-        return bool(value)
-    if kind == "NULL":
-        return None
-    if kind == "M":
-        return {k: _from_av(v) for k, v in value.items()}
-    if kind == "L":
-        return [_from_av(v) for v in value]
-    if kind in ("SS", "NS"):
-        return set(value)
-    return value
-
-
 def from_item(item: Mapping[str, Any]) -> dict[str, Any]:
     """A DynamoDB item (attribute values) as plain Python values (numbers: int when integral, else float)."""
-    return {k: _from_av(v) for k, v in item.items()}
+    return {k: from_attribute_value(v) for k, v in item.items()}
 
 
 def _values(values: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: _to_av(v) for k, v in values.items()}
+    return {k: to_attribute_value(v) for k, v in values.items()}
 
 
 # ------------------------------------------------------------------------------------------------- the record

@@ -215,7 +215,8 @@ def test_no_credentials(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys:
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    code = main(["status", *E, "--batch", "b", "--endpoint-url", "http://127.0.0.1:9"])
+    # A real (non-loopback) endpoint: loopback endpoints are local mode, which needs no credentials.
+    code = main(["status", *E, "--batch", "b", "--endpoint-url", "https://cloudformation.example.invalid"])
     assert code == EXIT_ERROR
     assert "no AWS credentials found" in one_error_line(capsys.readouterr().err)
 

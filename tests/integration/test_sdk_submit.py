@@ -326,8 +326,9 @@ def test_no_credentials_is_reported_without_reaching_aws(monkeypatch: pytest.Mon
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     with pytest.raises(NoCredentials, match="no AWS credentials found"):
-        # A closed loopback port: even if signing worked, nothing could leave the machine.
-        Experiment.attach("test-exp", region=REGION, endpoint_url="http://127.0.0.1:9")
+        # Signing fails before anything is sent, and `.invalid` never resolves: nothing can leave the machine.
+        # (Not a loopback endpoint: those are local mode, which needs no credentials.)
+        Experiment.attach("test-exp", region=REGION, endpoint_url="https://cloudformation.example.invalid")
 
 
 def test_fetch_result_checks_the_uri(experiment: Experiment, resources: ExperimentResources) -> None:
