@@ -10,17 +10,15 @@ from rollout_pipeline import ids
 from rollout_pipeline.contracts import FailureReason
 from rollout_pipeline.ledger.rollouts import (
     DISPATCHED,
-    FAILED,
     OUTBOX_PUBLISH,
     OUTBOX_STOP,
     LedgerError,
     RolloutRecord,
-    Terminal,
 )
 from rollout_pipeline.lifecycle import publishing
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
-from rollout_pipeline.lifecycle.metrics import CANCELLED, failed_metric
-from rollout_pipeline.lifecycle.metrics import FAILED as FAILED_METRIC
+from rollout_pipeline.lifecycle.failures import fail_rollout
+from rollout_pipeline.lifecycle.metrics import CANCELLED
 from rollout_pipeline.ports import RuntimeThrottled
 
 log = logging.getLogger(__name__)
@@ -60,7 +58,6 @@ def cancel_rollout(
         if not known:
             rec = deps.ledger.get_rollout(batch_id, input_id, index)
         known = False
-        now = deps.now()
         if rec is not None and rec.terminal:
             if rec.outbox:
                 publishing.drain(rec, deps)
@@ -77,32 +74,24 @@ def cancel_rollout(
                 except RuntimeThrottled:
                     outbox = outbox | {OUTBOX_STOP}
             # queued with the previous attempt's stop still pending: the outbox keeps it (finish ADDs to it)
-        done = deps.ledger.finish(
+        after = fail_rollout(
+            deps,
             exp_id=exp_id,
             batch_id=batch_id,
             input_id=input_id,
             index=index,
             attempt=attempt,
             from_state=from_state,
-            outcome=Terminal(
-                state=FAILED,
-                finished_at=publishing.iso(now),
-                reason=FailureReason.CANCELLED.value,
-                error="the batch was cancelled",
-            ),
+            reason=FailureReason.CANCELLED,
+            error="the batch was cancelled",
             outbox=outbox,
-            now_epoch=int(now.timestamp()),
             session_id=session_id,
             policy_version=policy_version,
         )
-        if not done:
+        if after is None:
             continue
         deps.metrics.count(CANCELLED)
-        deps.metrics.count(FAILED_METRIC)
-        deps.metrics.count(failed_metric(FailureReason.CANCELLED.value))
-        after = deps.ledger.get_rollout(batch_id, input_id, index)
-        if after is not None:
-            publishing.drain(after, deps, owner=True)
+        publishing.drain(after, deps, owner=True)
         return "cancelled"
     raise LedgerError(f"could not cancel {ids.rollout_id(input_id, index)} of {batch_id}: it kept changing")
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -23,28 +24,23 @@ from typing import Any
 from rollout_pipeline.contracts import FailureReason, FileOptions, RolloutMessage, build_agent_payload
 from rollout_pipeline.ledger.rollouts import (
     DISPATCHED,
-    FAILED,
     OUTBOX_PUBLISH,
     QUEUED,
     DispatchStart,
     LedgerError,
     RolloutRecord,
-    Terminal,
 )
 from rollout_pipeline.lifecycle import publishing
 from rollout_pipeline.lifecycle.cancel import cancel_rollout
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
+from rollout_pipeline.lifecycle.failures import fail_rollout
 from rollout_pipeline.lifecycle.metrics import (
     DISPATCHED as DISPATCHED_METRIC,
-)
-from rollout_pipeline.lifecycle.metrics import (
-    FAILED as FAILED_METRIC,
 )
 from rollout_pipeline.lifecycle.metrics import (
     IN_FLIGHT,
     LIMIT_WAITS,
     THROTTLED,
-    failed_metric,
 )
 from rollout_pipeline.ports import RuntimeRejected, RuntimeThrottled
 
@@ -83,9 +79,12 @@ def dispatch_records(records: Sequence[Mapping[str, Any]], deps: LifecycleDeps, 
     if not records:
         return result
     workers = max(1, min(deps.dispatch_threads, len(records)))
+    batches = BatchReads(deps)
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dispatch") as pool:
         futures = {
-            str(r["messageId"]): pool.submit(dispatch_body, str(r["body"]), deps, wait_until=wait_until)
+            str(r["messageId"]): pool.submit(
+                dispatch_body, str(r["body"]), deps, wait_until=wait_until, batches=batches
+            )
             for r in records
         }
         for message_id, future in futures.items():
@@ -103,10 +102,26 @@ def parse_message(body: str) -> RolloutMessage:
     return RolloutMessage.model_validate_json(body)
 
 
-def dispatch_body(body: str, deps: LifecycleDeps, *, wait_until: float) -> Dispatch:
+class BatchReads:
+    """Batch items read once per SQS batch, shared by its dispatcher threads (its messages are mostly of one
+    batch). A cancel after the read is still honoured: the dispatch transaction itself refuses a cancelled batch."""
+
+    def __init__(self, deps: LifecycleDeps) -> None:
+        self._deps = deps
+        self._items: dict[str, dict[str, Any] | None] = {}
+        self._lock = threading.Lock()
+
+    def get(self, batch_id: str) -> dict[str, Any] | None:
+        with self._lock:
+            if batch_id not in self._items:
+                self._items[batch_id] = self._deps.ledger.get_batch(batch_id)
+            return self._items[batch_id]
+
+
+def dispatch_body(body: str, deps: LifecycleDeps, *, wait_until: float, batches: BatchReads | None = None) -> Dispatch:
     """Dispatch one rollout-queue message body (see the module doc). Raises to have the message redelivered."""
     message = parse_message(body)
-    batch = deps.ledger.get_batch(message.batch_id)
+    batch = (batches or BatchReads(deps)).get(message.batch_id)
     if batch is None:
         raise LookupError(f"batch {message.batch_id} not found in the ledger")
     options = publishing.batch_options(batch) or FileOptions.defaults(deps.config)
@@ -259,28 +274,19 @@ def _invoke(
 
 
 def _rejected(message: RolloutMessage, deps: LifecycleDeps, error: str) -> Dispatch:
-    now = deps.now()
-    done = deps.ledger.finish(
+    rec = fail_rollout(
+        deps,
         exp_id=message.exp_id,
         batch_id=message.batch_id,
         input_id=message.input_id,
         index=message.index,
         attempt=message.attempt,
         from_state=DISPATCHED,
-        outcome=Terminal(
-            state=FAILED,
-            finished_at=publishing.iso(now),
-            reason=FailureReason.INVOKE_REJECTED.value,
-            error=f"InvokeAgentRuntime rejected session {message.session_id}: {error}"[:2000],
-        ),
+        reason=FailureReason.INVOKE_REJECTED,
+        error=f"InvokeAgentRuntime rejected session {message.session_id}: {error}",
         outbox=frozenset({OUTBOX_PUBLISH}),
-        now_epoch=int(now.timestamp()),
     )
-    if not done:
+    if rec is None:
         return Dispatch.STALE
-    deps.metrics.count(FAILED_METRIC)
-    deps.metrics.count(failed_metric(FailureReason.INVOKE_REJECTED.value))
-    rec = deps.ledger.get_rollout(message.batch_id, message.input_id, message.index)
-    if rec is not None:
-        publishing.drain(rec, deps, owner=True)
+    publishing.drain(rec, deps, owner=True)
     return Dispatch.REJECTED

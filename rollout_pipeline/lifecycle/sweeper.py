@@ -17,23 +17,18 @@ from rollout_pipeline.contracts import FailureReason, FileOptions
 from rollout_pipeline.ledger import keys
 from rollout_pipeline.ledger.rollouts import (
     DISPATCHED,
-    FAILED,
     OUTBOX_PUBLISH,
     OUTBOX_STOP,
     RolloutRecord,
-    Terminal,
 )
 from rollout_pipeline.lifecycle import publishing
 from rollout_pipeline.lifecycle.cancel import cancel_rollout
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
-from rollout_pipeline.lifecycle.metrics import (
-    FAILED as FAILED_METRIC,
-)
+from rollout_pipeline.lifecycle.failures import fail_rollout
 from rollout_pipeline.lifecycle.metrics import (
     IN_FLIGHT,
     RETRIED,
     TIMED_OUT,
-    failed_metric,
 )
 from rollout_pipeline.ports import RuntimeThrottled
 
@@ -129,32 +124,26 @@ def _expire(
             return
         report.retried += 1
         deps.metrics.count(RETRIED)
+        after = deps.ledger.get_rollout(rec.batch_id, rec.input_id, rec.index)
     else:
         outbox = frozenset({OUTBOX_PUBLISH} | ({OUTBOX_STOP} if stop_pending else set()))
-        done = deps.ledger.finish(
+        after = fail_rollout(
+            deps,
             exp_id=rec.exp_id,
             batch_id=rec.batch_id,
             input_id=rec.input_id,
             index=rec.index,
             attempt=rec.attempt,
             from_state=DISPATCHED,
-            outcome=Terminal(
-                state=FAILED,
-                finished_at=publishing.iso(now),
-                reason=FailureReason.TIMEOUT.value,
-                error=f"no result within {options.rollout_timeout_s} s in any of {rec.attempt} attempt(s)",
-            ),
+            reason=FailureReason.TIMEOUT,
+            error=f"no result within {options.rollout_timeout_s} s in any of {rec.attempt} attempt(s)",
             outbox=outbox,
-            now_epoch=int(now.timestamp()),
             session_id=rec.session_id,
         )
-        if not done:
+        if after is None:
             return
         report.timed_out += 1
-        deps.metrics.count(FAILED_METRIC)
-        deps.metrics.count(failed_metric(FailureReason.TIMEOUT.value))
     deps.metrics.count(TIMED_OUT)
-    after = deps.ledger.get_rollout(rec.batch_id, rec.input_id, rec.index)
     if after is not None and after.outbox:
         try:
             publishing.drain(after, deps, owner=True)
