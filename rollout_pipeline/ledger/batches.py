@@ -583,10 +583,16 @@ _PROGRESS_SET: Final = (
 # ------------------------------------------------------------------------------------------- event details
 
 
-def batch_options(batch_item: Mapping[str, Any]) -> FileOptions | None:
-    """The effective per-file options stored on a batch item (None for a file rejected before they were known)."""
-    raw = attr(batch_item, "options")
-    return FileOptions.model_validate_json(raw) if raw else None
+def batch_options(batch_item: Mapping[str, Any] | None) -> FileOptions | None:
+    """The effective per-file options stored on a batch item; None for no item, a file rejected before they
+    were known, or an unreadable value (callers then use the experiment's defaults)."""
+    raw = attr(batch_item, "options") if batch_item is not None else None
+    if not raw:
+        return None
+    try:
+        return FileOptions.model_validate_json(raw)
+    except ValueError:
+        return None
 
 
 def batch_accepted_detail(batch_item: Mapping[str, Any]) -> BatchAccepted:

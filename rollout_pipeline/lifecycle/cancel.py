@@ -8,6 +8,7 @@ from typing import Any
 
 from rollout_pipeline import ids
 from rollout_pipeline.contracts import FailureReason
+from rollout_pipeline.ledger.batches import batch_options
 from rollout_pipeline.ledger.rollouts import (
     DISPATCHED,
     OUTBOX_PUBLISH,
@@ -106,7 +107,7 @@ def cancel_batch(batch_id: str, deps: LifecycleDeps) -> CancelReport:
         report.found = False
         return report
     batch: dict[str, Any] = deps.ledger.get_batch(batch_id) or {}
-    options = publishing.batch_options(batch)
+    options = batch_options(batch)
     exp_id = str(batch.get("exp_id") or deps.config.name)
     for group in deps.ledger.iter_groups(batch_id):
         input_id = str(group["input_id"])

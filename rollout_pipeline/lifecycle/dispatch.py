@@ -22,6 +22,7 @@ from enum import StrEnum
 from typing import Any
 
 from rollout_pipeline.contracts import FailureReason, FileOptions, RolloutMessage, build_agent_payload
+from rollout_pipeline.ledger.batches import batch_options
 from rollout_pipeline.ledger.rollouts import (
     DISPATCHED,
     OUTBOX_PUBLISH,
@@ -124,7 +125,7 @@ def dispatch_body(body: str, deps: LifecycleDeps, *, wait_until: float, batches:
     batch = (batches or BatchReads(deps)).get(message.batch_id)
     if batch is None:
         raise LookupError(f"batch {message.batch_id} not found in the ledger")
-    options = publishing.batch_options(batch) or FileOptions.defaults(deps.config)
+    options = batch_options(batch) or FileOptions.defaults(deps.config)
     if batch.get("status") == "cancelled":
         return _cancelled(message, deps, options)
     row_payload = _row_payload(message, deps)

@@ -20,13 +20,12 @@ from rollout_pipeline.contracts import (
     INLINE_RESULT_BYTES,
     DetailType,
     FailureReason,
-    FileOptions,
     RolloutCompleted,
     RolloutFailed,
     RolloutMessage,
     Timings,
 )
-from rollout_pipeline.ledger.batches import batch_completion_detail, group_completion_detail
+from rollout_pipeline.ledger.batches import batch_completion_detail, batch_options, group_completion_detail
 from rollout_pipeline.ledger.rollouts import (
     OUTBOX_ENQUEUE,
     OUTBOX_PUBLISH,
@@ -52,17 +51,6 @@ def parse_iso(value: Any) -> datetime | None:
     except ValueError:
         return None
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
-
-
-def batch_options(batch: dict[str, Any] | None) -> FileOptions | None:
-    """The batch's effective options (`options`: FileOptions JSON), or None when absent/unreadable."""
-    raw = (batch or {}).get("options")
-    if not raw:
-        return None
-    try:
-        return FileOptions.model_validate_json(raw)
-    except ValueError:
-        return None
 
 
 # ------------------------------------------------------------------------------------------------------ events

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from rollout_pipeline import ids
 from rollout_pipeline.contracts import FailureReason, FileOptions
 from rollout_pipeline.ledger import keys
+from rollout_pipeline.ledger.batches import batch_options
 from rollout_pipeline.ledger.rollouts import (
     DISPATCHED,
     OUTBOX_PUBLISH,
@@ -82,7 +83,7 @@ def _options(
 ) -> tuple[FileOptions, bool]:
     if batch_id not in cache:
         batch = deps.ledger.get_batch(batch_id)
-        options = publishing.batch_options(batch) or FileOptions.defaults(deps.config)
+        options = batch_options(batch) or FileOptions.defaults(deps.config)
         cache[batch_id] = (options, (batch or {}).get("status") == "cancelled")
     return cache[batch_id]
 
