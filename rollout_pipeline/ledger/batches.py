@@ -27,6 +27,8 @@ from rollout_pipeline.contracts import (
     FailureReason,
     FileOptions,
     GroupCompleted,
+    iso,
+    parse_iso,
     reward_stats,
     stats_from_sums,
     utcnow,
@@ -146,19 +148,6 @@ def _s(value: str) -> dict[str, str]:
     return {"S": value}
 
 
-def _iso(moment: datetime) -> str:
-    return moment.isoformat()
-
-
-def _parse_iso(value: Any) -> datetime | None:
-    if not value:
-        return None
-    try:
-        return datetime.fromisoformat(str(value))
-    except ValueError:
-        return None
-
-
 # -------------------------------------------------------------------------------------------------- the ledger
 
 
@@ -264,7 +253,7 @@ class BatchLedger:
 
         Idempotent: if the batch already exists, the stored item is returned unchanged.
         """
-        now = _iso(self._now())
+        now = iso(self._now())
         item = self._new_batch_item(exp_id=exp_id, batch_id=batch_id, options=options, source=source)
         item.update(
             {
@@ -295,7 +284,7 @@ class BatchLedger:
             "exp_id": _s(exp_id),
             "batch_id": _s(batch_id),
             "source": _s(source),
-            "created_at": _s(_iso(self._now())),
+            "created_at": _s(iso(self._now())),
             "terminal": _n(0),
             "succeeded": _n(0),
             "failed": _n(0),
@@ -402,7 +391,7 @@ class BatchLedger:
                 ":me": _s(owner),
                 ":prev": _n(previous_cursor),
                 ":total": _n(progress.rollouts_enqueued),
-                ":at": _s(_iso(self._now())),
+                ":at": _s(iso(self._now())),
             }
         )
         update = _PROGRESS_SET + ", rollouts_total = :total, accepted_at = :at"
@@ -435,7 +424,7 @@ class BatchLedger:
             Key=keys.batch_key(batch_id),
             UpdateExpression="SET completed_at = if_not_exists(completed_at, :at)",
             ConditionExpression="attribute_exists(pk)",
-            ExpressionAttributeValues={":at": _s(_iso(self._now()))},
+            ExpressionAttributeValues={":at": _s(iso(self._now()))},
             ReturnValues="ALL_NEW",
         )
         item: dict[str, Any] = resp["Attributes"]
@@ -466,7 +455,7 @@ class BatchLedger:
             "terminal": _n(0),
             "rewards": {"M": {}},
             "failures": {"M": {}},
-            "created_at": _s(_iso(self._now())),
+            "created_at": _s(iso(self._now())),
             keys.TTL_ATTRIBUTE: _n(self._expires_at()),
         }
         if group.payload_ref is not None:
@@ -634,8 +623,8 @@ def batch_completion_detail(batch_item: Mapping[str, Any], now: datetime | None 
     mean, std = stats_from_sums(
         reward_count, float_attr(batch_item, "reward_sum"), float_attr(batch_item, "reward_sumsq")
     )
-    started = _parse_iso(attr(batch_item, "created_at"))
-    completed = _parse_iso(attr(batch_item, "completed_at")) or now or utcnow()
+    started = parse_iso(attr(batch_item, "created_at"))
+    completed = parse_iso(attr(batch_item, "completed_at")) or now or utcnow()
     failed_by_reason = {
         reason.value: int_attr(batch_item, f"failed_{reason.value}")
         for reason in FailureReason

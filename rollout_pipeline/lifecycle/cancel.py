@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rollout_pipeline import ids
-from rollout_pipeline.contracts import FailureReason
+from rollout_pipeline.contracts import FailureReason, iso
 from rollout_pipeline.ledger.batches import batch_options
 from rollout_pipeline.ledger.rollouts import (
     DISPATCHED,
@@ -103,7 +103,7 @@ def cancel_batch(batch_id: str, deps: LifecycleDeps) -> CancelReport:
     `Rollout Failed` reason `cancelled`, slots released, events published. Idempotent: call it again after a
     crash or a side-effect error to finish the job."""
     report = CancelReport(batch_id=batch_id)
-    if not deps.ledger.set_batch_cancelled(batch_id, publishing.iso(deps.now())):
+    if not deps.ledger.set_batch_cancelled(batch_id, iso(deps.now())):
         report.found = False
         return report
     batch: dict[str, Any] = deps.ledger.get_batch(batch_id) or {}

@@ -18,7 +18,7 @@ from enum import StrEnum
 from typing import Any
 
 from rollout_pipeline import ids
-from rollout_pipeline.contracts import FailureReason, ResultOutcome, parse_result
+from rollout_pipeline.contracts import FailureReason, ResultOutcome, iso, parse_iso, parse_result
 from rollout_pipeline.ledger.rollouts import (
     DISPATCHED,
     FAILED,
@@ -118,7 +118,7 @@ def handle_result_event(event: Mapping[str, Any], deps: LifecycleDeps) -> Comple
         outcome, body_dict, size = _read_result(bucket, key, deps)
     except ObjectNotFound:
         return _late(deps, "the result object is gone", key)
-    written_at = publishing.parse_iso(event.get("time")) or deps.now()
+    written_at = parse_iso(event.get("time")) or deps.now()
     outbox = frozenset({OUTBOX_PUBLISH})
     try:  # stop first, so a released slot never has a live session behind it
         deps.limited.stop(ref.session_id)
@@ -127,7 +127,7 @@ def handle_result_event(event: Mapping[str, Any], deps: LifecycleDeps) -> Comple
     succeeded = outcome.success
     terminal = Terminal(
         state=SUCCEEDED if succeeded else FAILED,
-        finished_at=publishing.iso(written_at),
+        finished_at=iso(written_at),
         reason=None if succeeded else (outcome.reason or FailureReason.INVALID_RESULT).value,
         error=None if succeeded else outcome.error,
         reward=outcome.reward,

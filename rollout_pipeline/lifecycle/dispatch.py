@@ -21,7 +21,7 @@ from datetime import timedelta
 from enum import StrEnum
 from typing import Any
 
-from rollout_pipeline.contracts import FailureReason, FileOptions, RolloutMessage, build_agent_payload
+from rollout_pipeline.contracts import FailureReason, FileOptions, RolloutMessage, build_agent_payload, iso, parse_iso
 from rollout_pipeline.ledger.batches import batch_options
 from rollout_pipeline.ledger.rollouts import (
     DISPATCHED,
@@ -138,8 +138,8 @@ def dispatch_body(body: str, deps: LifecycleDeps, *, wait_until: float, batches:
             index=message.index,
             attempt=message.attempt,
             session_id=message.session_id,
-            submitted_at=publishing.iso(message.submitted_at),
-            now_iso=publishing.iso(now),
+            submitted_at=iso(message.submitted_at),
+            now_iso=iso(now),
             now_epoch=int(now.timestamp()),
             deadline=int((now + timedelta(seconds=options.rollout_timeout_s)).timestamp()),
             max_sessions=deps.config.max_sessions,
@@ -176,7 +176,7 @@ def _existing(message: RolloutMessage, rec: RolloutRecord | None, deps: Lifecycl
     if rec.state == DISPATCHED:
         if rec.invoked_at:
             return Dispatch.DUPLICATE
-        dispatched = publishing.parse_iso(rec.dispatched_at)
+        dispatched = parse_iso(rec.dispatched_at)
         if dispatched is None or (deps.now() - dispatched).total_seconds() >= deps.reinvoke_grace_s:
             return Dispatch.REINVOKED
         return Dispatch.DUPLICATE
@@ -264,9 +264,7 @@ def _invoke(
         except RuntimeRejected as exc:
             return _rejected(message, deps, str(exc))
     now = deps.now()
-    if not deps.ledger.mark_invoked(
-        message.batch_id, message.input_id, message.index, message.attempt, publishing.iso(now)
-    ):
+    if not deps.ledger.mark_invoked(message.batch_id, message.input_id, message.index, message.attempt, iso(now)):
         # Cancelled (or already ended) while we invoked: no session may outlive its rollout.
         deps.limited.stop(session_id, wait_until=max(wait_until, deps.clock.monotonic() + 5))
         return Dispatch.STOPPED_LATE

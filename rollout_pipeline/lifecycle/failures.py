@@ -3,9 +3,8 @@ timeout, cancelled), with its metrics."""
 
 from __future__ import annotations
 
-from rollout_pipeline.contracts import FailureReason
+from rollout_pipeline.contracts import FailureReason, iso
 from rollout_pipeline.ledger.rollouts import FAILED, RolloutRecord, Terminal
-from rollout_pipeline.lifecycle import publishing
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.metrics import FAILED as FAILED_METRIC
 from rollout_pipeline.lifecycle.metrics import failed_metric
@@ -42,7 +41,7 @@ def fail_rollout(
         from_state=from_state,
         outcome=Terminal(
             state=FAILED,
-            finished_at=publishing.iso(now),
+            finished_at=iso(now),
             reason=reason.value,
             error=error[:MAX_ERROR_CHARS],
         ),

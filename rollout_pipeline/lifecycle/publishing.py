@@ -12,7 +12,7 @@ succeeds, a duplicated retry message is absorbed by the dispatch transaction.
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from rollout_pipeline import ids
@@ -24,6 +24,8 @@ from rollout_pipeline.contracts import (
     RolloutFailed,
     RolloutMessage,
     Timings,
+    iso,
+    parse_iso,
 )
 from rollout_pipeline.ledger.batches import batch_completion_detail, batch_options, group_completion_detail
 from rollout_pipeline.ledger.rollouts import (
@@ -36,22 +38,6 @@ from rollout_pipeline.ledger.rollouts import (
 )
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.metrics import NOTIFICATION_LATENCY
-
-
-def iso(value: datetime) -> str:
-    """ISO-8601 in UTC, as stored in the ledger."""
-    return value.astimezone(UTC).isoformat()
-
-
-def parse_iso(value: Any) -> datetime | None:
-    if not value:
-        return None
-    try:
-        parsed = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
-
 
 # ------------------------------------------------------------------------------------------------------ events
 
