@@ -154,6 +154,14 @@ def event_id(detail_type: str, exp_id: str, batch_id: str, input_id: str = "", i
     return str(uuid.uuid5(EVENT_NAMESPACE, name))
 
 
+def parse_s3_uri(uri: str) -> tuple[str, str]:
+    """`s3://bucket/key` -> (bucket, key); `InvalidId` for anything else."""
+    bucket, _, key = uri.removeprefix("s3://").partition("/")
+    if not uri.startswith("s3://") or not bucket or not key:
+        raise InvalidId(f"not an s3:// URI: {uri!r}")
+    return bucket, key
+
+
 def claim_key(batch_id: str, input_id: str) -> str:
     """Key (in the input bucket) of a payload too large to travel inline."""
     return f"claims/{batch_id}/{input_id}.json"

@@ -21,6 +21,7 @@ from datetime import timedelta
 from enum import StrEnum
 from typing import Any
 
+from rollout_pipeline import ids
 from rollout_pipeline.contracts import FailureReason, FileOptions, RolloutMessage, build_agent_payload, iso, parse_iso
 from rollout_pipeline.ledger.batches import batch_options
 from rollout_pipeline.ledger.rollouts import (
@@ -190,9 +191,7 @@ def _row_payload(message: RolloutMessage, deps: LifecycleDeps) -> dict[str, Any]
         return dict(message.payload)
     if not message.payload_ref:
         return {}
-    if not message.payload_ref.startswith("s3://"):
-        raise ValueError(f"payload_ref {message.payload_ref!r} is not an s3:// URI")
-    bucket, _, key = message.payload_ref.removeprefix("s3://").partition("/")
+    bucket, key = ids.parse_s3_uri(message.payload_ref)
     body, size = deps.store.get_bytes(bucket, key, MAX_CLAIM_BYTES)
     if size > MAX_CLAIM_BYTES:
         raise ValueError(f"payload {message.payload_ref} is {size} bytes; the limit is {MAX_CLAIM_BYTES}")

@@ -113,8 +113,8 @@ def _inline_result(rec: RolloutRecord, deps: LifecycleDeps, result: dict[str, An
         return None
     if result is not None:
         return result
-    bucket, _, key = rec.result_uri.removeprefix("s3://").partition("/")
     try:
+        bucket, key = ids.parse_s3_uri(rec.result_uri)
         body, _size = deps.store.get_bytes(bucket, key, INLINE_RESULT_BYTES)
         parsed = json.loads(body)
     except Exception:  # the result is optional in the event; its URI is always there

@@ -565,8 +565,8 @@ class Experiment:
 
 
 def parse_s3_uri(uri: str) -> tuple[str, str]:
-    """`s3://bucket/key` -> (bucket, key)."""
-    if not uri.startswith("s3://") or "/" not in uri[5:]:
-        raise SdkError(f"not an s3:// URI: {uri!r}")
-    bucket, key = uri[5:].split("/", 1)
-    return bucket, key
+    """`s3://bucket/key` -> (bucket, key); `SdkError` for anything else."""
+    try:
+        return ids.parse_s3_uri(uri)
+    except ids.InvalidId as exc:
+        raise SdkError(str(exc)) from None
