@@ -7,13 +7,11 @@ from __future__ import annotations
 import json
 import sys
 import types
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from rollout_pipeline.adapters import clients
-from rollout_pipeline.adapters.fake_acr import FakeAgentRuntime
 from rollout_pipeline.cli import EXIT_ERROR, EXIT_OK, EXIT_USAGE, main
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.local.resources import ExperimentResources
@@ -35,18 +33,6 @@ def deployed(resources: ExperimentResources) -> ExperimentResources:
 @pytest.fixture
 def experiment(deployed: ExperimentResources) -> Experiment:
     return Experiment.attach("test-exp", region=REGION)
-
-
-@pytest.fixture
-def fake(resources: ExperimentResources) -> Iterator[FakeAgentRuntime]:
-    runtime = FakeAgentRuntime()
-    yield runtime
-    runtime.close()
-
-
-@pytest.fixture
-def deps(resources: ExperimentResources, fake: FakeAgentRuntime) -> LifecycleDeps:
-    return make_deps(resources, fake)
 
 
 def one_error_line(err: str) -> str:
@@ -201,20 +187,8 @@ def test_no_experiment_given(
     assert "no experiment: pass --experiment NAME" in one_error_line(capsys.readouterr().err)
 
 
-def test_no_credentials(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    for key in (
-        "AWS_ACCESS_KEY_ID",
-        "AWS_SECRET_ACCESS_KEY",
-        "AWS_SESSION_TOKEN",
-        "AWS_PROFILE",
-        "AWS_CONTAINER_CREDENTIALS_FULL_URI",
-        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
-        "AWS_WEB_IDENTITY_TOKEN_FILE",
-    ):
-        monkeypatch.delenv(key, raising=False)
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+@pytest.mark.usefixtures("no_aws_credentials")
+def test_no_credentials(capsys: pytest.CaptureFixture[str]) -> None:
     # A real (non-loopback) endpoint: loopback endpoints are local mode, which needs no credentials.
     code = main(["status", *E, "--batch", "b", "--endpoint-url", "https://cloudformation.example.invalid"])
     assert code == EXIT_ERROR

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -29,7 +28,6 @@ from tests.integration.lifecycle_support import (
     by_type,
     drive,
     ledger_item,
-    make_deps,
     moto_lock,
     receive_records,
     rollout_item,
@@ -44,18 +42,6 @@ B_HAPPY = ids.batch_id_for_upload("in", "datasets/happy.jsonl", "v1")
 B_CLAIM = ids.batch_id_for_upload("in", "datasets/claim.jsonl", "v1")
 B_MODELS = ids.batch_id_for_upload("in", "datasets/models.jsonl", "v1")
 B_FAST = ids.batch_id_for_upload("in", "datasets/fast.jsonl", "v1")
-
-
-@pytest.fixture
-def fake(resources: ExperimentResources) -> Iterator[FakeAgentRuntime]:
-    runtime = FakeAgentRuntime()
-    yield runtime
-    runtime.close()
-
-
-@pytest.fixture
-def deps(resources: ExperimentResources, fake: FakeAgentRuntime) -> LifecycleDeps:
-    return make_deps(resources, fake)
 
 
 def lambda_context(remaining_ms: int = 60_000) -> Any:

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Iterator
 
 import pytest
 
 from rollout_pipeline import ids
-from rollout_pipeline.adapters.fake_acr import AgentBehaviour, FakeAgentRuntime, FakeInvocation
+from rollout_pipeline.adapters.fake_acr import AgentBehaviour, Behaviour, FakeAgentRuntime, FakeInvocation
 from rollout_pipeline.contracts import BatchCompleted, RolloutFailed
 from rollout_pipeline.ledger import keys
 from rollout_pipeline.lifecycle.cancel import cancel_batch
@@ -39,15 +38,8 @@ BATCH = ids.batch_id_for_upload("in", "datasets/cancel.jsonl", "v1")
 
 
 @pytest.fixture
-def fake(resources: ExperimentResources) -> Iterator[FakeAgentRuntime]:
-    runtime = FakeAgentRuntime(behaviour=AgentBehaviour(kind="manual"))
-    yield runtime
-    runtime.close()
-
-
-@pytest.fixture
-def deps(resources: ExperimentResources, fake: FakeAgentRuntime) -> LifecycleDeps:
-    return make_deps(resources, fake, clock=ShiftedClock())
+def fake_behaviour() -> Behaviour:
+    return AgentBehaviour(kind="manual")
 
 
 def test_cancel_ends_every_rollout_once(

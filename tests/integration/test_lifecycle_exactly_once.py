@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -41,18 +41,6 @@ pytestmark = pytest.mark.usefixtures(moto_lock.__name__)
 
 BATCH = ids.batch_id_for_upload("in", "datasets/once.jsonl", "v1")
 SID = ids.session_id("test-exp", BATCH, "a", 0, 1)
-
-
-@pytest.fixture
-def fake(resources: ExperimentResources) -> Iterator[FakeAgentRuntime]:
-    runtime = FakeAgentRuntime()
-    yield runtime
-    runtime.close()
-
-
-@pytest.fixture
-def clock() -> ShiftedClock:
-    return ShiftedClock()
 
 
 @pytest.fixture

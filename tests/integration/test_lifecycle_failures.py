@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from rollout_pipeline import ids
@@ -35,23 +33,6 @@ from tests.integration.lifecycle_support import (
 pytestmark = pytest.mark.usefixtures(moto_lock.__name__)
 
 BATCH = ids.batch_id_for_upload("in", "datasets/failures.jsonl", "v1")
-
-
-@pytest.fixture
-def fake(resources: ExperimentResources) -> Iterator[FakeAgentRuntime]:
-    runtime = FakeAgentRuntime()
-    yield runtime
-    runtime.close()
-
-
-@pytest.fixture
-def clock() -> ShiftedClock:
-    return ShiftedClock()
-
-
-@pytest.fixture
-def deps(resources: ExperimentResources, fake: FakeAgentRuntime, clock: ShiftedClock) -> LifecycleDeps:
-    return make_deps(resources, fake, clock=clock)
 
 
 def run_one(resources: ExperimentResources, deps: LifecycleDeps) -> tuple[RolloutFailed, list[dict[str, object]]]:

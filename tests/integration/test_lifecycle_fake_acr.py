@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -15,13 +14,6 @@ from rollout_pipeline.local.resources import ExperimentResources
 from rollout_pipeline.ports import RuntimeRejected, RuntimeThrottled
 
 SID = "batch-0123456789ab-0-1-0123456789abcdef"
-
-
-@pytest.fixture
-def fake(resources: ExperimentResources) -> Iterator[FakeAgentRuntime]:
-    runtime = FakeAgentRuntime()
-    yield runtime
-    runtime.close()
 
 
 def payload(resources: ExperimentResources) -> dict[str, object]:

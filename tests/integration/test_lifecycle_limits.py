@@ -6,7 +6,6 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -39,13 +38,6 @@ BATCH = ids.batch_id_for_upload("in", "datasets/limits.jsonl", "v1")
 
 def inputs(n: int) -> dict[str, dict[str, int]]:
     return {f"q{i}": {"i": i} for i in range(n)}
-
-
-@pytest.fixture
-def fake(resources: ExperimentResources) -> Iterator[FakeAgentRuntime]:
-    runtime = FakeAgentRuntime()
-    yield runtime
-    runtime.close()
 
 
 def assert_no_dead_letters(resources: ExperimentResources) -> None:

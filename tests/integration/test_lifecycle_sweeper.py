@@ -6,14 +6,13 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from rollout_pipeline import ids
-from rollout_pipeline.adapters.fake_acr import AgentBehaviour, FakeAgentRuntime
+from rollout_pipeline.adapters.fake_acr import AgentBehaviour, Behaviour, FakeAgentRuntime
 from rollout_pipeline.contracts import RolloutMessage
 from rollout_pipeline.ledger import keys
 from rollout_pipeline.lifecycle import handlers
@@ -27,7 +26,6 @@ from tests.integration.lifecycle_support import (
     by_type,
     dispatch_once,
     ledger_item,
-    make_deps,
     moto_lock,
     receive_records,
     seed_batch,
@@ -41,20 +39,8 @@ BATCH = ids.batch_id_for_upload("in", "datasets/sweeper.jsonl", "v1")
 
 
 @pytest.fixture
-def fake(resources: ExperimentResources) -> Iterator[FakeAgentRuntime]:
-    runtime = FakeAgentRuntime(behaviour=AgentBehaviour(kind="hang"))
-    yield runtime
-    runtime.close()
-
-
-@pytest.fixture
-def clock() -> ShiftedClock:
-    return ShiftedClock()
-
-
-@pytest.fixture
-def deps(resources: ExperimentResources, fake: FakeAgentRuntime, clock: ShiftedClock) -> LifecycleDeps:
-    return make_deps(resources, fake, clock=clock)
+def fake_behaviour() -> Behaviour:
+    return AgentBehaviour(kind="hang")
 
 
 def concurrent_sweeps(deps: LifecycleDeps, n: int) -> list[SweepReport]:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from rollout_pipeline.adapters.fake_acr import AgentBehaviour, FakeAgentRuntime, FakeInvocation
+from rollout_pipeline.adapters.fake_acr import AgentBehaviour, Behaviour, FakeAgentRuntime, FakeInvocation
 from rollout_pipeline.contracts import INLINE_RESULT_BYTES, RolloutCompleted, RolloutFailed
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.local.resources import ExperimentResources
@@ -37,15 +37,8 @@ def behaviour(inv: FakeInvocation) -> AgentBehaviour:
 
 
 @pytest.fixture
-def fake(resources: ExperimentResources) -> Iterator[FakeAgentRuntime]:
-    runtime = FakeAgentRuntime(behaviour=behaviour)
-    yield runtime
-    runtime.close()
-
-
-@pytest.fixture
-def deps(resources: ExperimentResources, fake: FakeAgentRuntime) -> LifecycleDeps:
-    return make_deps(resources, fake)
+def fake_behaviour() -> Behaviour:
+    return behaviour
 
 
 @pytest.fixture

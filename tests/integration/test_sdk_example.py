@@ -6,13 +6,12 @@ import json
 import runpy
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from rollout_pipeline.adapters.fake_acr import AgentBehaviour, FakeAgentRuntime, FakeInvocation
+from rollout_pipeline.adapters.fake_acr import AgentBehaviour, Behaviour, FakeAgentRuntime, FakeInvocation
 from rollout_pipeline.local.resources import ExperimentResources
 from rollout_pipeline.sdk import Experiment
 from tests.conftest import REGION
@@ -45,10 +44,8 @@ def moto_lock_but_sqs(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-def fake(resources: ExperimentResources) -> Iterator[FakeAgentRuntime]:
-    runtime = FakeAgentRuntime(behaviour=reward_by_index)
-    yield runtime
-    runtime.close()
+def fake_behaviour() -> Behaviour:
+    return reward_by_index
 
 
 @pytest.mark.usefixtures("moto_lock_but_sqs")

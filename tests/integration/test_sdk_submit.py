@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import gzip
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from rollout_pipeline.adapters import clients
-from rollout_pipeline.adapters.fake_acr import AgentBehaviour, FakeAgentRuntime, FakeInvocation
+from rollout_pipeline.adapters.fake_acr import AgentBehaviour, Behaviour, FakeAgentRuntime, FakeInvocation
 from rollout_pipeline.contracts import CLAIM_CHECK_BYTES, FileOptions, RolloutMessage
 from rollout_pipeline.ingest.core import parse_ingest_message
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
@@ -61,13 +60,6 @@ def ingest_pending(exp: Experiment) -> None:
         Ingestion(ports).handle_message(body, owner="test")
 
 
-@pytest.fixture
-def fake(resources: ExperimentResources) -> Iterator[FakeAgentRuntime]:
-    runtime = FakeAgentRuntime(behaviour=_reward_from_payload)
-    yield runtime
-    runtime.close()
-
-
 def _reward_from_payload(inv: FakeInvocation) -> AgentBehaviour:
     if inv.payload.get("fail"):
         return AgentBehaviour(kind="agent_error")
@@ -75,8 +67,8 @@ def _reward_from_payload(inv: FakeInvocation) -> AgentBehaviour:
 
 
 @pytest.fixture
-def deps(resources: ExperimentResources, fake: FakeAgentRuntime) -> LifecycleDeps:
-    return make_deps(resources, fake)
+def fake_behaviour() -> Behaviour:
+    return _reward_from_payload
 
 
 # ------------------------------------------------------------------------------------------------- files
@@ -311,20 +303,8 @@ def test_attach_errors_are_helpful(resources: ExperimentResources) -> None:
         Experiment.from_outputs({**resources.stack_outputs(), "ExperimentConfig": "{}"})
 
 
-def test_no_credentials_is_reported_without_reaching_aws(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    for key in (
-        "AWS_ACCESS_KEY_ID",
-        "AWS_SECRET_ACCESS_KEY",
-        "AWS_SESSION_TOKEN",
-        "AWS_PROFILE",
-        "AWS_CONTAINER_CREDENTIALS_FULL_URI",
-        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
-        "AWS_WEB_IDENTITY_TOKEN_FILE",
-    ):
-        monkeypatch.delenv(key, raising=False)
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+def test_no_credentials_is_reported_without_reaching_aws(no_aws_credentials: None) -> None:
+    # An argument, not a usefixtures mark: it must run after the module's `resources` (which sets fake credentials).
     with pytest.raises(NoCredentials, match="no AWS credentials found"):
         # Signing fails before anything is sent, and `.invalid` never resolves: nothing can leave the machine.
         # (Not a loopback endpoint: those are local mode, which needs no credentials.)

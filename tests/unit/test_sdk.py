@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -363,14 +362,10 @@ def test_cli_progress_counts_each_rollout_once() -> None:
     assert progress.done
 
 
-def test_local_endpoint_needs_no_aws_credentials(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+@pytest.mark.usefixtures("no_aws_credentials")
+def test_local_endpoint_needs_no_aws_credentials() -> None:
     from rollout_pipeline.sdk._aws import AwsClients, is_loopback
 
-    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
-        monkeypatch.delenv(key, raising=False)
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     assert is_loopback("http://127.0.0.1:4566")
     assert is_loopback("http://localhost:1")
     assert not is_loopback("https://sqs.us-east-1.amazonaws.com")
