@@ -134,6 +134,11 @@ class FakeAgentRuntime:
         if pending is not None and pending[1] is not None:
             pending[1].cancel()
 
+    def sessions(self) -> list[str]:
+        """Ids of the sessions running now (as `LocalAgentRuntime.sessions`)."""
+        with self._lock:
+            return sorted(self.running)
+
     # ------------------------------------------------------------------------------------------- test hooks
 
     def finish(self, session_id: str, behaviour: AgentBehaviour | None = None) -> str | None:

@@ -236,11 +236,7 @@ class LocalPipeline:
 
     def active_sessions(self) -> list[str]:
         """Agent sessions not stopped yet (each terminal rollout must have stopped its own)."""
-        if self.runtime is None:
-            return []
-        if hasattr(self.runtime, "sessions"):
-            return list(self.runtime.sessions())
-        return sorted(getattr(self.runtime, "running", ()))
+        return list(self.runtime.sessions()) if self.runtime is not None else []
 
     def dead_letters(self) -> dict[str, int]:
         """Messages in each dead-letter queue (a healthy run has none)."""

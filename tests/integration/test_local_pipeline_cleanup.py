@@ -36,6 +36,8 @@ def _crash_inside(settings: LocalSettings, seen: dict[str, Any]) -> None:
         seen["env_endpoint"] = os.environ.get("AWS_ENDPOINT_URL")
         seen["runtime_installed"] = _registry.installed is pipeline.runtime
         seen["threads_alive"] = all(t.is_alive() for t in seen["threads"])
+        pipeline.runtime.invoke("cleanup-session-0000000000000000000000001", {})
+        seen["sessions"] = pipeline.active_sessions()
         raise RuntimeError("trainer crashed")
 
 
@@ -56,6 +58,7 @@ def test_pipeline_stops_everything_it_started_when_the_run_fails(tmp_path: Path)
     assert seen["runtime_installed"]
     assert len(seen["threads"]) >= 4
     assert seen["threads_alive"]
+    assert seen["sessions"] == ["cleanup-session-0000000000000000000000001"], "sessions seen through the runtime"
     assert not _port_open(seen["endpoint"]), "the moto server is stopped"
     assert not any(t.is_alive() for t in seen["threads"]), "every consumer thread ended"
     assert os.environ.get("AWS_ENDPOINT_URL") == before_env, "the environment is restored"
