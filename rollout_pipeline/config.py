@@ -37,6 +37,13 @@ class ExperimentConfig(BaseModel):
 
     name: str = Field(pattern=EXPERIMENT_NAME_PATTERN, description="Experiment name; also the exp_id")
     tps_limit: int = Field(default=25, ge=1, le=10_000, description="InvokeAgentRuntime + StopRuntimeSession calls/s")
+    session_rate_limit: float = Field(
+        default=5.0,
+        gt=0,
+        le=1_000,
+        description="New ACR sessions per second per runtime endpoint (quota: 400/min per endpoint; 25% headroom)",
+    )
+    endpoints: int = Field(default=1, ge=1, le=20, description="Runtime endpoints new sessions are spread across")
     max_sessions: int = Field(default=100, ge=1, le=100_000, description="Rollouts in flight at once")
     group_size: int = Field(default=8, ge=1, le=1024, description="Rollouts per dataset row (GRPO group)")
     rollout_timeout_s: int = Field(default=900, ge=10, le=28_800, description="Deadline of one attempt")

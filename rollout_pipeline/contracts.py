@@ -304,6 +304,7 @@ class FailureReason(StrEnum):
     INVALID_RESULT = "invalid_result"
     INVOKE_REJECTED = "invoke_rejected"
     CANCELLED = "cancelled"
+    THROTTLED = "throttled"
 
 
 class ResultOutcome(BaseModel):

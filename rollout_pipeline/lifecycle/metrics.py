@@ -17,6 +17,12 @@ NOTIFICATION_LATENCY: Final = "NotificationLatency"
 LIMIT_WAITS: Final = "LimitWaitRequeued"
 RETRIED: Final = "Retried"
 CANCELLED: Final = "Cancelled"
+NEW_SESSIONS: Final = "NewSessions"
+COLD_START_RETRIED: Final = "ColdStartRetried"
+STOP_FAILED: Final = "StopFailed"
+STOPS_PENDING: Final = "StopsPending"
+SUBMITTED: Final = "Submitted"
+REWARD: Final = "Reward"
 
 
 def failed_metric(reason: str) -> str:
