@@ -12,7 +12,7 @@ export CDK_DISABLE_CLI_TELEMETRY := 1
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: setup setup-model lock demo test unit integration infra e2e lint format synth diff deploy destroy bench schemas clean
+.PHONY: setup setup-model demo test unit integration infra e2e lint format synth diff deploy destroy bench schemas clean
 
 # Exact versions: constraints.txt pins every package of the dev/test environment (pyproject.toml has ranges for the
 # library, so it installs beside trainers); `make lock` regenerates it and the shipped locks (stacks/locks.py).
@@ -40,6 +40,7 @@ setup-model: $(MODEL_STAMP)
 
 # Regenerate constraints.txt, lambdas/requirements.lock and agent_image/requirements.lock from the package registry:
 # keeps every version that still fits pyproject.toml; `make lock UPGRADE=1` moves each to the newest allowed.
+.PHONY: lock
 lock: $(STAMP)
 	$(BIN)/pip install -q -c $(CONSTRAINTS) -e ".[lock]"
 	$(BIN)/python -m stacks.locks $(if $(UPGRADE),--upgrade)

@@ -11,7 +11,8 @@ After: the bundle installs `lambdas/requirements.lock` (boto3/botocore the tests
    then the runtime's own packages (`/var/runtime`: precompiled, as the runtime ships them). Each handler is imported
    in a fresh `python -S -B` process (no site-packages), then boto3 is imported and the five clients the pipeline
    uses are created (what the first invocation adds, since handlers import boto3 lazily). Median of --runs.
-   A third variant ("after, precompiled") ships the bundle with bytecode for the runtime's Python.
+   A third variant ("after, precompiled") ships the bundle with bytecode for the runtime's Python. Wall times
+   (perf_counter) and the process's CPU time (process_time: less sensitive to other load on a shared machine).
 
 Run: `python bench/bench_lambda_bundle.py [--runs 7]` (about 2 minutes; needs the package registry for pip).
 Absolute times are this machine's (x86_64, its Python), not Lambda's arm64: compare the rows, not the numbers.
@@ -44,15 +45,15 @@ CLIENTS = ("s3", "sqs", "dynamodb", "events", "bedrock-agentcore")
 PROBE = """
 import json, sys, time
 sys.path[:0] = json.loads(sys.argv[1])
-t0 = time.perf_counter()
+c0, t0 = time.process_time(), time.perf_counter()
 __import__(sys.argv[2])
 t1 = time.perf_counter()
 import boto3
 session = boto3.session.Session(region_name="us-east-1")
 for name in json.loads(sys.argv[3]):
     session.client(name)
-t2 = time.perf_counter()
-print(json.dumps({"import": t1 - t0, "first_use": t2 - t1, "boto3": boto3.__file__}))
+t2, c2 = time.perf_counter(), time.process_time()
+print(json.dumps({"import": t1 - t0, "first_use": t2 - t1, "cpu": c2 - c0, "boto3": boto3.__file__}))
 """
 
 
@@ -161,7 +162,8 @@ def main() -> None:
         plain, compiled = (tree_size(layouts[name][0])[0] for name in ("after", "after, precompiled"))
         print(f"  bytecode adds {(compiled - plain) / 2**20:.1f} MiB unpacked (measured on this machine's Python)")
         print(f"Cold import (median of {args.runs}, Python {sys.version.split()[0]} on this machine), ms:")
-        print(f"  {'handler':10} {'variant':20} {'import handler':>15} {'+ boto3 + 5 clients':>20} {'total':>8}")
+        header = f"{'import handler':>15} {'+ boto3 + 5 clients':>20} {'total':>8} {'total CPU':>10}"
+        print(f"  {'handler':10} {'variant':20} {header}")
         for handler in HANDLERS:
             for variant, layout in layouts.items():
                 runs = [probe(layout, handler) for _ in range(args.runs)]
@@ -170,7 +172,8 @@ def main() -> None:
                 imp = statistics.median(float(r["import"]) for r in runs) * 1000
                 use = statistics.median(float(r["first_use"]) for r in runs) * 1000
                 tot = statistics.median(float(r["import"]) + float(r["first_use"]) for r in runs) * 1000
-                print(f"  {handler:10} {variant:20} {imp:15.0f} {use:20.0f} {tot:8.0f}")
+                cpu = statistics.median(float(r["cpu"]) for r in runs) * 1000
+                print(f"  {handler:10} {variant:20} {imp:15.0f} {use:20.0f} {tot:8.0f} {cpu:10.0f}")
 
 
 if __name__ == "__main__":
