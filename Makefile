@@ -14,10 +14,14 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: setup setup-model demo test unit integration infra e2e lint format synth diff deploy destroy bench schemas clean
 
-$(STAMP): pyproject.toml
+# Exact versions: constraints.txt pins every package of the dev/test environment (pyproject.toml has ranges for the
+# library, so it installs beside trainers); `make lock` regenerates it and the shipped locks (stacks/locks.py).
+CONSTRAINTS := constraints.txt
+
+$(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e ".[cdk,agent,local,dev]"
+	$(BIN)/pip install -q -c $(CONSTRAINTS) --upgrade pip
+	$(BIN)/pip install -q -c $(CONSTRAINTS) -e ".[cdk,agent,local,dev]"
 	touch $(STAMP)
 
 $(NODE_STAMP): package.json package-lock.json
@@ -29,10 +33,17 @@ setup: $(STAMP) $(NODE_STAMP) ## Install everything the tests and synth need
 # The real local model: llama-cpp-python builds from source (about 7 minutes on 2 cores, then cached by pip).
 $(MODEL_STAMP): $(STAMP)
 	@echo "Installing the local model server (llama-cpp-python builds from source: ~7 min on 2 cores, once)..."
-	$(BIN)/pip install -q -e ".[model]"
+	$(BIN)/pip install -q -c $(CONSTRAINTS) -e ".[model]"
 	touch $(MODEL_STAMP)
 
 setup-model: $(MODEL_STAMP)
+
+# Regenerate constraints.txt, lambdas/requirements.lock and agent_image/requirements.lock from the package registry:
+# keeps every version that still fits pyproject.toml; `make lock UPGRADE=1` moves each to the newest allowed.
+.PHONY: lock
+lock: $(STAMP)
+	$(BIN)/pip install -q -c $(CONSTRAINTS) -e ".[lock]"
+	$(BIN)/python -m stacks.locks $(if $(UPGRADE),--upgrade)
 
 demo: $(STAMP) $(MODEL_STAMP) ## Run the whole pipeline locally on the sample dataset with a real model
 	$(BIN)/rollouts local demo
@@ -80,6 +91,7 @@ bench: $(STAMP) ## Run the benchmarks (each prints its figures)
 	$(BIN)/python bench/bench_ingest.py
 	$(BIN)/python bench/bench_lifecycle.py
 	$(BIN)/python bench/bench_notify.py
+	$(BIN)/python bench/bench_lambda_bundle.py
 
 schemas: $(STAMP) ## Regenerate the event JSON Schemas from the models
 	$(BIN)/python -m rollout_pipeline.schemas

@@ -1,16 +1,15 @@
 """Lambda code asset built without Docker: pip installs aarch64 wheels locally, then the sources are copied in.
 
-One asset serves every function: the runtime dependencies of the library (from `pyproject.toml`, minus boto3 which
-the Lambda runtime provides), the `rollout_pipeline` package and the `lambdas/*.py` handler modules at the root.
+One asset serves every function: the exact dependency versions of `lambdas/requirements.lock` (boto3 and botocore
+included, so the Lambdas run the SDK the tests ran with, not whatever the runtime ships; see `stacks/locks.py`), the
+`rollout_pipeline` package and the `lambdas/*.py` handler modules at the root.
 """
 
 from __future__ import annotations
 
-import re
 import shutil
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 from typing import Final
 
@@ -18,13 +17,13 @@ import jsii
 from aws_cdk import BundlingOptions, IgnoreMode, ILocalBundling
 from aws_cdk import aws_lambda as lambda_
 
+from stacks.locks import LAMBDA_LOCK
+
 REPO_ROOT: Final = Path(__file__).resolve().parent.parent
 LIBRARY_PACKAGE: Final = "rollout_pipeline"
 HANDLERS_DIR: Final = "lambdas"
-#: Provided by the Lambda Python runtime; bundling them only grows the package.
-RUNTIME_PROVIDED: Final = frozenset({"boto3", "botocore", "s3transfer", "jmespath", "urllib3"})
-#: Library dependencies no handler imports (the CLI's terminal display): left out of the Lambda asset.
-CLI_ONLY: Final = frozenset({"rich"})
+#: The lock, relative to the asset source (it lives beside the handlers it ships with).
+LOCK_PATH: Final = f"{HANDLERS_DIR}/{LAMBDA_LOCK.name}"
 #: Only these paths feed the asset hash, so unrelated edits (tests, docs, the agent) do not re-bundle.
 ASSET_EXCLUDES: Final = [
     "*",
@@ -32,24 +31,21 @@ ASSET_EXCLUDES: Final = [
     f"!{LIBRARY_PACKAGE}/**",
     f"!{HANDLERS_DIR}",
     f"!{HANDLERS_DIR}/*.py",
-    "!pyproject.toml",
+    f"!{LOCK_PATH}",
     "**/__pycache__",
     "**/*.pyc",
 ]
+#: Bytecode that Lambda uses as is: /var/task is read-only and zip extraction does not keep source timestamps, so
+#: without it every cold start compiles the bundle (botocore included) from source.
+COMPILE_ARGS: Final = ["-m", "compileall", "-q", "-j", "0", "--invalidation-mode", "unchecked-hash"]
 _COPY_IGNORE: Final = shutil.ignore_patterns("__pycache__", "*.pyc", ".mypy_cache", ".pytest_cache")
-_REQUIREMENT_NAME: Final = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 
 
-def runtime_requirements(pyproject: Path = REPO_ROOT / "pyproject.toml") -> list[str]:
-    """The library's pinned runtime dependencies, without what the Lambda runtime already has."""
-    data = tomllib.loads(pyproject.read_text())
-    requirements: list[str] = data["project"]["dependencies"]
-    kept = []
-    for requirement in requirements:
-        match = _REQUIREMENT_NAME.match(requirement)
-        if match and match.group(1).lower().replace("_", "-") not in RUNTIME_PROVIDED | CLI_ONLY:
-            kept.append(requirement)
-    return kept
+def bytecode_compiler(python_version: str) -> str | None:
+    """An interpreter of the Lambda's Python version to precompile the bundle with (this one, or `pythonX.Y`)."""
+    if f"{sys.version_info.major}.{sys.version_info.minor}" == python_version:
+        return sys.executable
+    return shutil.which(f"python{python_version}")
 
 
 def copy_sources(source: Path, output: Path) -> None:
@@ -70,13 +66,15 @@ def copy_sources(source: Path, output: Path) -> None:
 class LocalPipBundling:
     """Bundle on this machine: `pip install --platform manylinux aarch64 --only-binary` then copy the sources.
 
+    Then precompiles everything with an interpreter of the Lambda's Python version if this machine has one (bytecode
+    of another version is useless there); without one the asset still works, with a slower first invocation.
     Returns False (so CDK falls back to the Docker image) only when pip itself is unusable here.
     """
 
-    def __init__(self, source: Path, python_version: str, requirements: list[str]) -> None:
+    def __init__(self, source: Path, python_version: str, lock: Path) -> None:
         self._source = source
         self._python_version = python_version
-        self._requirements = requirements
+        self._lock = lock
 
     def pip_command(self, output_dir: str) -> list[str]:
         return [
@@ -99,7 +97,11 @@ class LocalPipBundling:
             "--upgrade",
             "--target",
             output_dir,
-            *self._requirements,
+            # Exactly the lock: every package pinned and hash-checked, nothing resolved beyond it.
+            "--no-deps",
+            "--require-hashes",
+            "-r",
+            str(self._lock),
         ]
 
     def try_bundle(self, output_dir: str, *_args: object, **_kwargs: object) -> bool:
@@ -110,19 +112,28 @@ class LocalPipBundling:
         print(f"bundling Lambda code locally (pip, aarch64, Python {self._python_version})", file=sys.stderr)
         subprocess.run(self.pip_command(output_dir), check=True, stdout=sys.stderr)
         copy_sources(self._source, Path(output_dir))
+        compiler = bytecode_compiler(self._python_version)
+        if compiler is None:
+            print(
+                f"warning: no python{self._python_version} here to precompile the Lambda bundle: "
+                "its first invocations compile boto3/botocore from source (see docs/deploy.md)",
+                file=sys.stderr,
+            )
+        else:
+            subprocess.run([compiler, *COMPILE_ARGS, output_dir], check=True, stdout=sys.stderr)
         return True
 
 
 def lambda_code(runtime: lambda_.Runtime, source: Path = REPO_ROOT) -> lambda_.AssetCode:
     """The shared Lambda asset for `runtime` (a `python3.X` runtime on arm64)."""
     python_version = runtime.name.removeprefix("python")
-    requirements = runtime_requirements(source / "pyproject.toml")
     docker_command = (
-        f"pip install --no-compile --target /asset-output {' '.join(requirements)} && "
+        f"pip install --no-compile --no-deps --require-hashes --target /asset-output -r /asset-input/{LOCK_PATH} && "
         f"cp -r /asset-input/{LIBRARY_PACKAGE} /asset-output/ && "
         f"cp -r /asset-input/{HANDLERS_DIR} /asset-output/ && "
         f"find /asset-input/{HANDLERS_DIR} -maxdepth 1 -name '*.py' ! -name __init__.py "
-        "-exec cp {} /asset-output/ \\;"
+        "-exec cp {} /asset-output/ \\; && "
+        f"python {' '.join(COMPILE_ARGS)} /asset-output"
     )
     return lambda_.Code.from_asset(
         str(source),
@@ -132,6 +143,6 @@ def lambda_code(runtime: lambda_.Runtime, source: Path = REPO_ROOT) -> lambda_.A
             image=runtime.bundling_image,
             platform="linux/arm64",
             command=["bash", "-c", docker_command],
-            local=LocalPipBundling(source, python_version, requirements),
+            local=LocalPipBundling(source, python_version, source / LOCK_PATH),
         ),
     )

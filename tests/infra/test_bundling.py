@@ -3,27 +3,35 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from aws_cdk import ILocalBundling
 from aws_cdk import aws_lambda as lambda_
 
-from stacks.bundling import ASSET_EXCLUDES, LocalPipBundling, copy_sources, runtime_requirements
+from stacks import bundling
+from stacks.bundling import ASSET_EXCLUDES, LOCK_PATH, LocalPipBundling, copy_sources
+from stacks.locks import LAMBDA_LOCK, lambda_requirements
 from tests.infra.conftest import REPO_ROOT
 
 
-def test_runtime_requirements_are_pinned_and_leave_out_boto3() -> None:
-    requirements = runtime_requirements(REPO_ROOT / "pyproject.toml")
-    names = {r.split("==")[0].split("[")[0].lower() for r in requirements}
-    assert {"pydantic", "aws-lambda-powertools"} <= names
-    assert "boto3" not in names
+# Changed on purpose: the bundle now carries boto3/botocore (pinned in the lock) instead of the runtime's SDK.
+def test_lock_is_resolved_from_the_runtime_dependencies_boto3_included() -> None:
+    names = {r.split(">")[0].split("=")[0].split("<")[0].split("[")[0].lower() for r in lambda_requirements()}
+    assert {"boto3", "pydantic", "aws-lambda-powertools"} <= names
     assert "rich" not in names, "the CLI's display library is not bundled into the Lambdas"
-    assert all("==" in r for r in requirements)
+
+
+def test_pip_installs_exactly_the_hash_checked_lock() -> None:
+    command = LocalPipBundling(REPO_ROOT, "3.14", LAMBDA_LOCK).pip_command("/out")
+    assert command[-2:] == ["-r", str(LAMBDA_LOCK)]
+    assert {"--no-deps", "--require-hashes"} <= set(command)
+    assert REPO_ROOT / LOCK_PATH == LAMBDA_LOCK
 
 
 def test_pip_installs_only_aarch64_binary_wheels_for_the_lambda_python() -> None:
-    bundler = LocalPipBundling(REPO_ROOT, "3.14", ["pydantic==2.14.3"])
+    bundler = LocalPipBundling(REPO_ROOT, "3.14", LAMBDA_LOCK)
     command = bundler.pip_command("/out")
     joined = " ".join(command)
     assert "--platform manylinux2014_aarch64" in joined
@@ -31,7 +39,6 @@ def test_pip_installs_only_aarch64_binary_wheels_for_the_lambda_python() -> None
     assert "--python-version 3.14" in joined
     assert "--only-binary=:all:" in command
     assert command[command.index("--target") + 1] == "/out"
-    assert command[-1] == "pydantic==2.14.3"
     assert ILocalBundling in LocalPipBundling.__jsii_ifaces__  # type: ignore[attr-defined]
 
 
@@ -66,10 +73,13 @@ def test_sources_copied_to_the_asset_root(tmp_path: Path) -> None:
 def test_asset_hash_ignores_everything_but_the_library_and_handlers() -> None:
     assert ASSET_EXCLUDES[0] == "*"
     reincluded = {pattern[1:] for pattern in ASSET_EXCLUDES if pattern.startswith("!")}
-    assert reincluded == {"rollout_pipeline", "rollout_pipeline/**", "lambdas", "lambdas/*.py", "pyproject.toml"}
+    assert reincluded == {"rollout_pipeline", "rollout_pipeline/**", "lambdas", "lambdas/*.py", LOCK_PATH}
 
 
-def test_try_bundle_runs_pip_then_copies_sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("compiler", ["/usr/bin/python3.14", None])
+def test_try_bundle_runs_pip_copies_sources_then_precompiles(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], compiler: str | None
+) -> None:
     calls: list[list[str]] = []
 
     def fake_run(command: list[str], **_kwargs: object) -> subprocess.CompletedProcess[bytes]:
@@ -77,16 +87,29 @@ def test_try_bundle_runs_pip_then_copies_sources(tmp_path: Path, monkeypatch: py
         return subprocess.CompletedProcess(command, 0)
 
     monkeypatch.setattr(subprocess, "run", fake_run)
+    monkeypatch.setattr(bundling, "bytecode_compiler", lambda version: compiler if version == "3.14" else None)
     out = tmp_path / "asset"
     out.mkdir()
-    bundler = LocalPipBundling(REPO_ROOT, "3.14", ["pydantic==2.14.3"])
+    bundler = LocalPipBundling(REPO_ROOT, "3.14", LAMBDA_LOCK)
 
     assert bundler.try_bundle(str(out), image=None) is True
 
-    assert calls[-1] == bundler.pip_command(str(out))
+    pip_call = calls.index(bundler.pip_command(str(out)))
     assert (out / "rollout_pipeline" / "config.py").is_file()
     for name in ("ingest", "dispatch", "completion", "sweeper"):
         assert (out / f"{name}.py").is_file(), f"handler module {name}.py missing from the asset root"
+    if compiler is None:
+        assert calls[-1] == bundler.pip_command(str(out))
+        assert "no python3.14 here to precompile" in capsys.readouterr().err
+    else:
+        # Lambda runs the bytecode as is: compiled after pip and the sources, by the runtime's Python version.
+        assert calls[pip_call + 1 :] == [[compiler, *bundling.COMPILE_ARGS, str(out)]]
+        assert "unchecked-hash" in bundling.COMPILE_ARGS
+
+
+def test_bytecode_compiler_is_this_python_only_for_its_own_version() -> None:
+    assert bundling.bytecode_compiler(f"{sys.version_info.major}.{sys.version_info.minor}") == sys.executable
+    assert bundling.bytecode_compiler("2.9") is None
 
 
 def test_try_bundle_declines_when_pip_is_unusable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -94,4 +117,4 @@ def test_try_bundle_declines_when_pip_is_unusable(tmp_path: Path, monkeypatch: p
         raise subprocess.CalledProcessError(1, command)
 
     monkeypatch.setattr(subprocess, "run", broken_run)
-    assert LocalPipBundling(REPO_ROOT, "3.14", []).try_bundle(str(tmp_path)) is False
+    assert LocalPipBundling(REPO_ROOT, "3.14", LAMBDA_LOCK).try_bundle(str(tmp_path)) is False
