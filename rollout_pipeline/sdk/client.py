@@ -410,10 +410,16 @@ class RolloutClient:
         return row
 
     def submit_many(
-        self, rows: Sequence[Mapping[str, Any]], *, name: str = "run", owns_batch: bool = False
+        self,
+        rows: Sequence[Mapping[str, Any]],
+        *,
+        name: str = "run",
+        owns_batch: bool = False,
+        policy_version: str | None = None,
     ) -> list[RolloutFuture]:
         """Submit rows as one batch (one rollout each); return a future per row, in order.
 
+        `policy_version` overrides the client's for this batch (an async trainer's step at submission).
         Futures are registered right after the submission returns; an event that arrives earlier is released
         by the dispatcher and delivered again (nothing is lost).
         """
@@ -422,7 +428,10 @@ class RolloutClient:
         if self._dispatcher.closed:
             raise SdkError("this RolloutClient is closed: make a new one")
         parsed = validate_payloads(rows)
-        batch_id = self.experiment.submit(rows, group_size=1, name=name, **self._submit_options)
+        options = dict(self._submit_options)
+        if policy_version is not None:
+            options["policy_version"] = policy_version
+        batch_id = self.experiment.submit(rows, group_size=1, name=name, **options)
         futures = [RolloutFuture(self, batch_id, row.input_id, 0, owns_batch=owns_batch) for row in parsed]
         self._dispatcher.register(futures)
         return futures
