@@ -439,6 +439,21 @@ class RolloutFailed(_Detail):
     timings: Timings
 
 
+class GroupMember(BaseModel):
+    """One rollout of a completed group: its terminal status, and why it failed (a failure is never a reward)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    index: int
+    status: Literal["succeeded", "failed"]
+    reward: float | None = None
+    reason: FailureReason | None = None
+    error: str | None = None
+    attempt: int | None = None
+    session_id: str | None = None
+    policy_version: str | None = Field(default=None, description="The policy version the rollout was dispatched with")
+
+
 class GroupCompleted(_Detail):
     """Every rollout of one input (a GRPO group) is terminal."""
 
@@ -451,6 +466,9 @@ class GroupCompleted(_Detail):
     reward_mean: float | None
     reward_std: float | None
     policy_version: str | None = None
+    members: list[GroupMember] = Field(
+        default_factory=list, description="Each member's terminal status, failure reason and dispatched policy version"
+    )
 
 
 class BatchAccepted(_Detail):

@@ -15,7 +15,7 @@ from typing import IO, TYPE_CHECKING, Any, Final
 
 from rollout_pipeline import ids
 from rollout_pipeline.config import ExperimentConfig, HandlerSettings, SamplingParams
-from rollout_pipeline.contracts import DetailType
+from rollout_pipeline.contracts import DetailType, RolloutCompleted, parse_iso, utcnow
 from rollout_pipeline.sdk import submission
 from rollout_pipeline.sdk._aws import AwsClients, aws_errors
 from rollout_pipeline.sdk.errors import AwsError, BatchNotFound, DatasetInvalid, ExperimentNotDeployed, SdkError
@@ -28,6 +28,7 @@ from rollout_pipeline.sdk.events import (
     Event,
     EventFilter,
     EventStream,
+    Group,
     GroupStream,
     QueueReader,
     SeenIds,
@@ -554,6 +555,52 @@ class Experiment:
                 with Path(out).open("w", encoding="utf-8") as handle:
                     return write_jsonl(rows, handle)
             return write_jsonl(rows, out)
+
+    def completed_groups(
+        self,
+        batch_id: str,
+        *,
+        skip: Iterable[str] = (),
+        include_results: bool = True,
+    ) -> list[Group]:
+        """Resume after a trainer crash: every group of the batch whose rollouts are all terminal, in one call,
+        rebuilt from the ledger (and the results bucket), never by re-running a rollout.
+
+        Each `Group` holds the `Group Completed` detail (per-member status, failure reason, dispatched policy
+        version) and every member's `Rollout Completed` / `Rollout Failed` detail, with the same `event_id`s the
+        pipeline published, so a trainer that also re-attaches to the event stream can de-duplicate by id.
+        `skip`: input ids the trainer already handled (checkpointed). `include_results`: inline each successful
+        rollout's result object (one S3 GET per rollout). Raises `BatchNotFound` for an unknown batch.
+        """
+        from rollout_pipeline.ledger.batches import batch_options, group_completion_detail
+        from rollout_pipeline.ledger.rollouts import RolloutLedger
+        from rollout_pipeline.lifecycle.publishing import rollout_event, with_members
+
+        skipped = set(skip)
+        groups: list[Group] = []
+        with aws_errors(f"read the completed groups of batch {batch_id}"):
+            ledger = RolloutLedger(self.table_name, self.client("dynamodb"), ttl_days=self.config.ledger_ttl_days)
+            batch = ledger.get_batch(batch_id)
+            if batch is None:
+                raise BatchNotFound(f"no batch {batch_id!r} in experiment {self.name!r}")
+            options = batch_options(batch)
+            for group_item in ledger.iter_groups(batch_id):
+                input_id = str(group_item.get("input_id"))
+                if input_id in skipped:
+                    continue
+                detail = group_completion_detail(group_item, options.policy_version if options else None)
+                if detail is None:
+                    continue
+                records = [r for r in ledger.iter_rollouts(batch_id, input_id) if r.terminal]
+                group = Group(completed=with_members(detail, records))
+                for rec in records:
+                    notified = parse_iso(rec.finished_at) or utcnow()
+                    event = rollout_event(rec, notified_at=notified)
+                    if include_results and isinstance(event, RolloutCompleted) and event.result_uri:
+                        event = event.model_copy(update={"result": self.fetch_result(event.result_uri)})
+                    group.rollouts[rec.index] = event
+                groups.append(group)
+        return groups
 
     # ------------------------------------------------------------------------------------------ ART-style
 
