@@ -416,7 +416,8 @@ class RolloutCompleted(_Detail):
     rollout_id: str
     session_id: str
     attempt: int
-    policy_version: str | None = None
+    policy_version: str | None = Field(default=None, description="The policy version the rollout was dispatched with")
+    batch_policy_version: str | None = Field(default=None, description="The batch's, when it differs")
     rewards: float | list[float]
     reward: float = Field(description="Scalar reward: the number, or the last element of a per-turn list")
     result_uri: str
@@ -434,7 +435,8 @@ class RolloutFailed(_Detail):
     reason: FailureReason
     error: str
     attempts_used: int
-    policy_version: str | None = None
+    policy_version: str | None = Field(default=None, description="The policy version the rollout was dispatched with")
+    batch_policy_version: str | None = Field(default=None, description="The batch's, when it differs")
     result_uri: str | None = None
     timings: Timings
 

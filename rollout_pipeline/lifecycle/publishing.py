@@ -61,6 +61,7 @@ def rollout_event(
         "index": rec.index,
         "rollout_id": ids.rollout_id(rec.input_id, rec.index),
         "policy_version": rec.policy_version,
+        "batch_policy_version": rec.batch_policy_version,
         "timings": timings,
     }
     if rec.state == SUCCEEDED:

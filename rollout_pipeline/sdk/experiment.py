@@ -556,6 +556,19 @@ class Experiment:
                     return write_jsonl(rows, handle)
             return write_jsonl(rows, out)
 
+    def set_policy_version(self, version: str | None) -> None:
+        """Advance the experiment's current policy version (an async trainer, after each weight sync): rollouts
+        dispatched from now on are stamped with it (`policy_version` on their events; the batch's own version, when
+        different, as `batch_policy_version`), so stale rollouts can be dropped or corrected. None clears it."""
+        from rollout_pipeline.contracts import iso
+        from rollout_pipeline.ledger.rollouts import RolloutLedger
+
+        if version is not None and not 0 < len(version) <= 128:
+            raise SdkError("a policy version is 1-128 characters")
+        with aws_errors("set the current policy version"):
+            ledger = RolloutLedger(self.table_name, self.client("dynamodb"), ttl_days=self.config.ledger_ttl_days)
+            ledger.set_current_policy_version(version, iso(utcnow()))
+
     def completed_groups(
         self,
         batch_id: str,
