@@ -12,7 +12,7 @@ export CDK_DISABLE_CLI_TELEMETRY := 1
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: setup setup-model demo test art-test unit integration infra e2e lint format synth diff deploy destroy bench schemas clean
+.PHONY: setup setup-model demo test art-test art-bench unit integration infra e2e lint format synth diff deploy destroy bench schemas clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -54,6 +54,9 @@ $(ART_STAMP): pyproject.toml
 
 art-test: $(ART_STAMP) ## The ART rollout-session backend's tests, installed next to ART's rollout extra
 	$(ART_VENV)/bin/python -m pytest tests/art tests/unit/test_art_backend.py
+
+art-bench: $(ART_STAMP) ## ART's S3 polling vs the pipeline's backend, same groups, same local S3 (about a minute)
+	$(ART_VENV)/bin/python bench/bench_art.py
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest tests/unit

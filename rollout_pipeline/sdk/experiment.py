@@ -363,17 +363,40 @@ class Experiment:
         """
         from rollout_pipeline.contracts import EVENT_SOURCE
 
-        name = f"{self.bus_name}-tap-{uuid.uuid4().hex[:8]}"[:64]
-        sqs, events = self.client("sqs"), self.client("events")
         pattern: dict[str, Any] = {"source": [EVENT_SOURCE]}
         if batch_id is not None:
             pattern["detail"] = {"batch_id": [batch_id]}
+        name, queue_url = self.open_subscription(pattern, suffix=f"tap-{uuid.uuid4().hex[:8]}")
+        try:
+            stream = EventStream(
+                QueueReader(self.aws, queue_url),
+                SeenIds(),
+                event_filter=EventFilter(batch_id, detail_types),
+                timeout=timeout,
+                consume_others=True,  # the queue is ours alone
+                poll_wait_s=poll_wait_s,
+            )
+            with stream:
+                yield stream
+        finally:
+            self.close_subscription(name, queue_url)
+
+    def open_subscription(self, pattern: Mapping[str, Any], *, suffix: str, retention_s: int = 3600) -> tuple[str, str]:
+        """A private SQS queue subscribed to the experiment bus by a rule with `pattern`; returns (name, queue URL).
+
+        Close it with `close_subscription(name, queue_url)`. Needs `sqs:CreateQueue`/`DeleteQueue`/
+        `SetQueueAttributes` and `events:PutRule`/`PutTargets`/`RemoveTargets`/`DeleteRule`.
+        """
+        name = f"{self.bus_name}-{suffix}"[:64]
+        sqs, events = self.client("sqs"), self.client("events")
         queue_url: str | None = None
         rule_made = False
         try:
-            with aws_errors("create a tap queue on the event bus"):
+            with aws_errors("create a subscription queue on the event bus"):
                 queue_url = str(
-                    sqs.create_queue(QueueName=name, Attributes={"MessageRetentionPeriod": "3600"})["QueueUrl"]
+                    sqs.create_queue(QueueName=name, Attributes={"MessageRetentionPeriod": str(retention_s)})[
+                        "QueueUrl"
+                    ]
                 )
                 queue_arn = sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["QueueArn"])["Attributes"][
                     "QueueArn"
@@ -396,18 +419,14 @@ class Experiment:
                 }
                 sqs.set_queue_attributes(QueueUrl=queue_url, Attributes={"Policy": json.dumps(policy)})
                 events.put_targets(Rule=name, EventBusName=self.bus_name, Targets=[{"Id": "tap", "Arn": queue_arn}])
-            stream = EventStream(
-                QueueReader(self.aws, queue_url),
-                SeenIds(),
-                event_filter=EventFilter(batch_id, detail_types),
-                timeout=timeout,
-                consume_others=True,  # the queue is ours alone
-                poll_wait_s=poll_wait_s,
-            )
-            with stream:
-                yield stream
-        finally:
+        except BaseException:
             self._remove_tap(name, queue_url, rule_made)
+            raise
+        return name, queue_url
+
+    def close_subscription(self, name: str, queue_url: str) -> None:
+        """Remove a subscription made by `open_subscription` (best effort: failures are logged)."""
+        self._remove_tap(name, queue_url, rule_made=True)
 
     def _remove_tap(self, name: str, queue_url: str | None, rule_made: bool) -> None:
         events, sqs = self.client("events"), self.client("sqs")

@@ -17,18 +17,23 @@ pipeline under the trainer with no change to ART or to the trainer:
   (`rollout_pipeline.agent.openai_client_kwargs`) and an unmodified ART agent pick the model key. A key that is not
   this session's id could be a long-lived credential, which must never travel in a payload: it is refused.
 
-One event stream per experiment, shared by every instance in every worker process: each process holds one SDK
-`RolloutClient` per configuration (`_clients`), whose single dispatcher thread long-polls the trainer queue and
-resolves the waiting futures; events of other processes' rollouts are released to them, and each `event_id` is
-handed over once per process. See docs/trainers.md for how that scales and for the veRL / slime configuration.
+One event stream per experiment, shared by every instance in every worker process: the experiment's bus. Each
+process attaches once per configuration (`attached`): one SDK `RolloutClient` whose single dispatcher thread
+long-polls the process's own subscription queue (a bus rule matching only this process's batches, `art-{token}-*`)
+and resolves the waiting futures by (batch, input, index); each `event_id` is handed over once. No process ever
+receives another's events, so nothing is released and re-received, and nothing reaches a dead-letter queue for it.
+See docs/trainers.md for how that scales and for the veRL / slime configuration.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
+import secrets
 import threading
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final
@@ -55,6 +60,8 @@ BACKEND_PATH: Final = "rollout_pipeline.trainers.art.PipelineSession"
 BATCH_NAME: Final = "art"
 #: How long `shutdown` waits for a submission still in flight before cancelling what it created.
 SUBMIT_WAIT_S: Final = 30.0
+#: Retention of a process's private event queue (events of a process that died wait there this long).
+SUBSCRIPTION_RETENTION_S: Final = 4 * 24 * 3600
 
 
 class BackendConfig(BaseModel):
@@ -64,6 +71,8 @@ class BackendConfig(BaseModel):
     by `outputs_file` (a `cdk deploy --outputs-file` JSON, or local mode's outputs). `endpoint_url` points every
     AWS call at one endpoint (local mode's loopback moto server). `max_attempts` defaults to 1: the gateway keys
     captured tokens by ART's session id, so a retried attempt would mix two attempts' turns in one trajectory.
+    `private_queue` (default): each process reads its own events from its own subscription queue (see `attached`);
+    False reads the experiment's trainer queue (one trainer process only; no CreateQueue/PutRule permission needed).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -76,6 +85,7 @@ class BackendConfig(BaseModel):
     timeout_s: int | None = Field(default=None, ge=10, le=28_800)
     poll_wait_s: float = Field(default=20.0, ge=0, le=20)
     visibility_s: int | None = Field(default=None, ge=0, le=43_200)
+    private_queue: bool = True
 
     def key(self) -> str:
         return self.model_dump_json()
@@ -104,8 +114,18 @@ def parse_config(config: Mapping[str, Any]) -> BackendConfig:
 # ----------------------------------------------------------------------------------- one client per process
 
 
+@dataclass
+class _Attached:
+    """This process's link to one experiment: the SDK client (one dispatcher thread), the batch name its rollouts
+    are submitted under, and its private subscription (rule + queue), if any."""
+
+    client: RolloutClient
+    batch_name: str
+    subscription: tuple[str, str] | None
+
+
 _lock = threading.Lock()
-_clients: dict[str, RolloutClient] = {}
+_attached: dict[str, _Attached] = {}
 
 
 def _experiment(config: BackendConfig) -> Experiment:
@@ -123,37 +143,64 @@ def _experiment(config: BackendConfig) -> Experiment:
     return Experiment.attach(config.experiment, region=config.region, endpoint_url=config.endpoint_url)
 
 
-def shared_client(config: BackendConfig) -> RolloutClient:
-    """This process's `RolloutClient` for `config`, made on first use: one dispatcher (one consumer of the
-    experiment's trainer queue) serves every session of the process."""
+def attached(config: BackendConfig) -> _Attached:
+    """This process's attachment for `config`, made on first use.
+
+    With `private_queue` (the default), the process subscribes its own SQS queue to the experiment bus with a rule
+    matching only its batches (`art-{process token}-*`), so worker processes never receive, release and re-receive
+    each other's events (each receive counts toward the queue's redrive limit). Otherwise the experiment's trainer
+    queue is read, and other consumers' events are released to them (fine for one process).
+    """
     key = config.key()
     with _lock:
-        client = _clients.get(key)
-        if client is not None and not client._dispatcher.closed:
-            return client
+        found = _attached.get(key)
+        if found is not None and not found.client._dispatcher.closed:
+            return found
         from rollout_pipeline.adapters.runtime import installed_agent_runtime
+        from rollout_pipeline.contracts import EVENT_SOURCE
         from rollout_pipeline.sdk.client import RolloutClient
 
+        experiment = _experiment(config)
+        batch_name = f"{BATCH_NAME}-{secrets.token_hex(4)}"
+        subscription: tuple[str, str] | None = None
+        if config.private_queue:
+            pattern = {"source": [EVENT_SOURCE], "detail": {"batch_id": [{"prefix": f"{batch_name}-"}]}}
+            subscription = experiment.open_subscription(
+                pattern, suffix=batch_name, retention_s=SUBSCRIPTION_RETENTION_S
+            )
         client = RolloutClient(
-            _experiment(config),
+            experiment,
             timeout_s=config.timeout_s,
             max_attempts=config.max_attempts,
             poll_wait_s=config.poll_wait_s,
             visibility_s=config.visibility_s,
             # Local mode in this process: cancel stops sessions through the local runtime; otherwise ACR.
             runtime=installed_agent_runtime(),
+            queue_url=subscription[1] if subscription else None,
+            consume_others=subscription is not None,  # a private queue holds only this process's events
         )
-        _clients[key] = client
-        return client
+        found = _attached[key] = _Attached(client, batch_name, subscription)
+        return found
+
+
+def shared_client(config: BackendConfig) -> RolloutClient:
+    """This process's `RolloutClient` for `config` (one dispatcher: one event consumer per process)."""
+    return attached(config).client
 
 
 def reset_clients() -> None:
-    """Close and forget every shared client (tests; a trainer never needs it)."""
+    """Close every attachment of this process: stop the dispatchers, remove the private subscriptions. Runs at
+    interpreter exit; tests call it directly."""
     with _lock:
-        clients = list(_clients.values())
-        _clients.clear()
-    for client in clients:
-        client.close()
+        found = list(_attached.values())
+        _attached.clear()
+    for one in found:
+        one.client.close()
+        if one.subscription is not None:
+            one.client.experiment.close_subscription(*one.subscription)
+
+
+atexit.register(reset_clients)
 
 
 # ------------------------------------------------------------------------------------------------- the task
@@ -322,11 +369,11 @@ class PipelineSession:
             raise RolloutContractError("a PipelineSession runs one rollout; make a new session for the next")
         row = build_row(task, self.session_id)
         policy_version = policy_version_of(task)
-        client = await asyncio.to_thread(shared_client, self.config)
+        link = await asyncio.to_thread(attached, self.config)
         # Shielded: a run cancelled mid-submission must still leave `shutdown` the future to cancel.
         self._submission = asyncio.ensure_future(
             asyncio.to_thread(
-                client.submit_many, [row], name=BATCH_NAME, owns_batch=True, policy_version=policy_version
+                link.client.submit_many, [row], name=link.batch_name, owns_batch=True, policy_version=policy_version
             )
         )
         (future,) = await asyncio.shield(self._submission)
