@@ -223,6 +223,16 @@ def run(groups: int, group_size: int, max_length_s: float) -> dict[str, Any]:
         asyncio.run(main())
         wall_s = time.monotonic() - started
         art.reset_clients()
+        runtimes = {"poll": art_runtime, "push": pipeline.runtime}
+
+    def slowest(side: str) -> list[dict[str, float]]:
+        """The three slowest rollouts of a side: their length and latency (where the tail comes from)."""
+        rows = []
+        for key, t in returned[side]:
+            session = key.rsplit("/", 1)[1].removesuffix(".json")
+            length = float(runtimes[side].payloads[session]["length_s"])
+            rows.append({"length_s": length, "latency_ms": round((t - store.written_at[key]) * 1000, 1)})
+        return sorted(rows, key=lambda r: -r["latency_ms"])[:3]
 
     latencies = {side: [t - store.written_at[key] for key, t in rows] for side, rows in returned.items()}
     return {
@@ -234,11 +244,13 @@ def run(groups: int, group_size: int, max_length_s: float) -> dict[str, Any]:
             **summary(latencies["poll"]),
             "s3_requests_per_rollout": round(sum(art_s3.calls.values()) / n, 2),
             "s3_requests": dict(art_s3.calls),
+            "slowest": slowest("poll"),
         },
         "push": {
             **summary(latencies["push"]),
             "s3_requests_per_rollout": round(sum(sdk_s3.calls.values()) / n, 2),
             "s3_requests": dict(sdk_s3.calls),
+            "slowest": slowest("push"),
             # Without PutObject: those are the fake agents' result writes (both sides'), not the pipeline's requests.
             "pipeline_s3_requests_per_rollout": round(
                 sum(c for op, c in pipeline_s3.calls.items() if op != "PutObject") / n, 2
