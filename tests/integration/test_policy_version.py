@@ -31,10 +31,14 @@ def pipeline(tmp_path: Path) -> Iterator[LocalPipeline]:
 
 
 def _events(pipeline: LocalPipeline, batch_id: str) -> list[Any]:
+    """The batch's rollout, group and batch-completed events (the bus does not order them: wait for all)."""
     got = []
+    wanted = {DetailType.ROLLOUT_COMPLETED: 2, DetailType.GROUP_COMPLETED: 1, DetailType.BATCH_COMPLETED: 1}
     for event in pipeline.experiment.events(batch_id=batch_id, timeout=30, poll_wait_s=1):
         got.append(event.detail)
-        if event.detail_type is DetailType.BATCH_COMPLETED:
+        if event.detail_type in wanted:
+            wanted[event.detail_type] -= 1
+        if not any(wanted.values()):
             break
     return got
 
