@@ -12,7 +12,7 @@ export CDK_DISABLE_CLI_TELEMETRY := 1
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: setup setup-model demo test unit integration infra e2e lint format synth diff deploy destroy bench schemas clean
+.PHONY: setup setup-model demo test art-test art-bench unit integration infra e2e lint format synth diff deploy destroy bench schemas clean
 
 # Exact versions: constraints.txt pins every package of the dev/test environment (pyproject.toml has ranges for the
 # library, so it installs beside trainers); `make lock` regenerates it and the shipped locks (stacks/locks.py).
@@ -50,6 +50,24 @@ demo: $(STAMP) $(MODEL_STAMP) ## Run the whole pipeline locally on the sample da
 
 test: setup lint ## Lint, then every test (unit, integration, infra, e2e)
 	$(BIN)/python -m pytest
+
+# The ART backend next to what trainers install: a separate venv with agentcore-rl-toolkit[rollout]==0.2.0 and this
+# library (its dependency ranges must resolve together: `pip check`), running the backend's tests there.
+ART_VENV ?= .venv-art
+ART_STAMP := $(ART_VENV)/.installed
+
+$(ART_STAMP): pyproject.toml
+	test -x $(ART_VENV)/bin/python || $(PYTHON) -m venv $(ART_VENV)
+	$(ART_VENV)/bin/pip install -q --upgrade pip
+	$(ART_VENV)/bin/pip install -q "agentcore-rl-toolkit[rollout]==0.2.0" -e ".[dev,local]"
+	$(ART_VENV)/bin/pip check
+	touch $(ART_STAMP)
+
+art-test: $(ART_STAMP) ## The ART rollout-session backend's tests, installed next to ART's rollout extra
+	$(ART_VENV)/bin/python -m pytest tests/art tests/unit/test_art_backend.py
+
+art-bench: $(ART_STAMP) ## ART's S3 polling vs the pipeline's backend, same groups, same local S3 (about a minute)
+	$(ART_VENV)/bin/python bench/bench_art.py
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest tests/unit

@@ -416,7 +416,8 @@ class RolloutCompleted(_Detail):
     rollout_id: str
     session_id: str
     attempt: int
-    policy_version: str | None = None
+    policy_version: str | None = Field(default=None, description="The policy version the rollout was dispatched with")
+    batch_policy_version: str | None = Field(default=None, description="The batch's, when it differs")
     rewards: float | list[float]
     reward: float = Field(description="Scalar reward: the number, or the last element of a per-turn list")
     result_uri: str
@@ -434,9 +435,25 @@ class RolloutFailed(_Detail):
     reason: FailureReason
     error: str
     attempts_used: int
-    policy_version: str | None = None
+    policy_version: str | None = Field(default=None, description="The policy version the rollout was dispatched with")
+    batch_policy_version: str | None = Field(default=None, description="The batch's, when it differs")
     result_uri: str | None = None
     timings: Timings
+
+
+class GroupMember(BaseModel):
+    """One rollout of a completed group: its terminal status, and why it failed (a failure is never a reward)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    index: int
+    status: Literal["succeeded", "failed"]
+    reward: float | None = None
+    reason: FailureReason | None = None
+    error: str | None = None
+    attempt: int | None = None
+    session_id: str | None = None
+    policy_version: str | None = Field(default=None, description="The policy version the rollout was dispatched with")
 
 
 class GroupCompleted(_Detail):
@@ -451,6 +468,9 @@ class GroupCompleted(_Detail):
     reward_mean: float | None
     reward_std: float | None
     policy_version: str | None = None
+    members: list[GroupMember] = Field(
+        default_factory=list, description="Each member's terminal status, failure reason and dispatched policy version"
+    )
 
 
 class BatchAccepted(_Detail):

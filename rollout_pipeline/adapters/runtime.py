@@ -29,6 +29,12 @@ def install_agent_runtime(runtime: AgentRuntime | None) -> None:
         _registry.default = None
 
 
+def installed_agent_runtime() -> AgentRuntime | None:
+    """The runtime `install_agent_runtime` put in place in this process (local mode), or None (ACR)."""
+    with _registry.lock:
+        return _registry.installed
+
+
 def agent_runtime(settings: HandlerSettings) -> AgentRuntime:
     """The installed runtime, or the boto3 ACR adapter for `settings.runtime_arn` (created once)."""
     with _registry.lock:

@@ -17,6 +17,8 @@ GROUP_PREFIX: Final = "G#"
 ROLLOUT_PREFIX: Final = "R#"
 LIMIT_PK: Final = "LIMIT"
 SESSIONS_SK: Final = "SESSIONS"
+#: The experiment's current policy version (set by the trainer; stamped on each rollout at dispatch).
+POLICY_SK: Final = "POLICY"
 TPS_PREFIX: Final = "TPS#"
 
 DEADLINE_INDEX: Final = "deadline"
@@ -51,6 +53,10 @@ def rollout_key(batch_id: str, input_id: str, index: int) -> dict[str, dict[str,
 
 def sessions_key() -> dict[str, dict[str, str]]:
     return {PK: {"S": LIMIT_PK}, SK: {"S": SESSIONS_SK}}
+
+
+def policy_key() -> dict[str, dict[str, str]]:
+    return {PK: {"S": LIMIT_PK}, SK: {"S": POLICY_SK}}
 
 
 def tps_key(epoch_second: int) -> dict[str, dict[str, str]]:

@@ -90,6 +90,8 @@ class RolloutRecord:
     result_uri: str | None = None
     result_size: int | None = None
     policy_version: str | None = None
+    #: The batch's policy version, when the rollout was dispatched with another one (the experiment's current).
+    batch_policy_version: str | None = None
     outbox: frozenset[str] = field(default_factory=frozenset)
     outbox_id: str | None = None
     stop_sessions: frozenset[str] = field(default_factory=frozenset)
@@ -122,6 +124,7 @@ class RolloutRecord:
             result_uri=item.get("result_uri"),
             result_size=item.get("result_size"),
             policy_version=item.get("policy_version"),
+            batch_policy_version=item.get("batch_policy_version"),
             outbox=frozenset(item.get("outbox") or ()),
             outbox_id=item.get("outbox_id"),
             stop_sessions=frozenset(item.get("stop_sessions") or ()),
@@ -321,12 +324,16 @@ class RolloutLedger:
         deadline: int,
         max_sessions: int,
         policy_version: str | None,
+        batch_policy_version: str | None = None,
     ) -> DispatchStart:
         """Acquire a session slot and move the rollout to dispatched(attempt), in one transaction.
 
         Conditions: the batch exists and is not cancelled; a slot is free; the rollout has no item yet (attempt 1)
         or is queued for exactly this attempt. So a redelivered message never starts a second session.
+        `policy_version` is the version the rollout is dispatched with; `batch_policy_version`, the batch's, is
+        kept only when it differs.
         """
+        keep_batch_pv = batch_policy_version is not None and batch_policy_version != policy_version
         rollout_cond = "(#st = :queued AND attempt = :attempt)"
         if attempt == 1:
             rollout_cond = f"attribute_not_exists(pk) OR {rollout_cond}"
@@ -344,7 +351,12 @@ class RolloutLedger:
             "SET #st = :dispatched, attempt = :attempt, session_id = :sid, exp_id = :exp, batch_id = :batch, "
             "input_id = :input, #ix = :index, submitted_at = if_not_exists(submitted_at, :submitted), "
             "dispatched_at = :now, deadline = :deadline, #dlpk = :dlpk, #dlsk = :deadline, expires_at = :ttl, "
-            "policy_version = :pv REMOVE invoked_at",
+            "policy_version = :pv"
+            + (
+                ", batch_policy_version = :bpv REMOVE invoked_at"
+                if keep_batch_pv
+                else " REMOVE invoked_at, batch_policy_version"
+            ),
             rollout_cond,
             {
                 ":queued": QUEUED,
@@ -361,6 +373,7 @@ class RolloutLedger:
                 ":dlpk": keys.deadline_pk(batch_id, input_id, index),
                 ":ttl": now_epoch + self.ttl_s,
                 ":pv": policy_version,
+                **({":bpv": batch_policy_version} if keep_batch_pv else {}),
             },
             {"#st": "state", "#ix": "index", "#dlpk": keys.DEADLINE_PK, "#dlsk": keys.DEADLINE_SK},
         )
@@ -375,6 +388,22 @@ class RolloutLedger:
         if slot_r == "ConditionalCheckFailed":
             return DispatchStart.NO_SLOT
         raise LedgerError(f"dispatch transaction cancelled: {reasons}")
+
+    def current_policy_version(self) -> str | None:
+        """The experiment's current policy version (None until a trainer sets one)."""
+        item = self.get(keys.policy_key())
+        value = (item or {}).get("policy_version")
+        return None if value is None else str(value)
+
+    def set_current_policy_version(self, version: str | None, now_iso: str) -> None:
+        """Set (None: clear) the version that rollouts dispatched from now on are stamped with."""
+        if version is None:
+            self.ddb.delete_item(TableName=self.table_name, Key=keys.policy_key())
+            return
+        self.ddb.put_item(
+            TableName=self.table_name,
+            Item={**keys.policy_key(), "policy_version": {"S": version}, "updated_at": {"S": now_iso}},
+        )
 
     def mark_invoked(self, batch_id: str, input_id: str, index: int, attempt: int, now_iso: str) -> bool:
         """Record that InvokeAgentRuntime succeeded; False if the attempt is no longer dispatched (cancel/late)."""

@@ -112,6 +112,7 @@ class BatchReads:
         self._deps = deps
         self._items: dict[str, dict[str, Any] | None] = {}
         self._lock = threading.Lock()
+        self._policy: tuple[str | None] | None = None
 
     def get(self, batch_id: str) -> dict[str, Any] | None:
         with self._lock:
@@ -119,11 +120,19 @@ class BatchReads:
                 self._items[batch_id] = self._deps.ledger.get_batch(batch_id)
             return self._items[batch_id]
 
+    def policy_version(self, batch_default: str | None) -> str | None:
+        """The version to dispatch with: the experiment's current one (read once per SQS batch), else the batch's."""
+        with self._lock:
+            if self._policy is None:
+                self._policy = (self._deps.ledger.current_policy_version(),)
+            return self._policy[0] or batch_default
+
 
 def dispatch_body(body: str, deps: LifecycleDeps, *, wait_until: float, batches: BatchReads | None = None) -> Dispatch:
     """Dispatch one rollout-queue message body (see the module doc). Raises to have the message redelivered."""
     message = parse_message(body)
-    batch = (batches or BatchReads(deps)).get(message.batch_id)
+    batches = batches or BatchReads(deps)
+    batch = batches.get(message.batch_id)
     if batch is None:
         raise LookupError(f"batch {message.batch_id} not found in the ledger")
     options = batch_options(batch) or FileOptions.defaults(deps.config)
@@ -144,7 +153,8 @@ def dispatch_body(body: str, deps: LifecycleDeps, *, wait_until: float, batches:
             now_epoch=int(now.timestamp()),
             deadline=int((now + timedelta(seconds=options.rollout_timeout_s)).timestamp()),
             max_sessions=deps.config.max_sessions,
-            policy_version=options.policy_version,
+            policy_version=batches.policy_version(options.policy_version),
+            batch_policy_version=options.policy_version,
         )
         if start is DispatchStart.STARTED:
             return _invoke(message, deps, options, row_payload, wait_until=wait_until, reinvoke=False)

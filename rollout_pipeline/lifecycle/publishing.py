@@ -20,6 +20,8 @@ from rollout_pipeline.contracts import (
     INLINE_RESULT_BYTES,
     DetailType,
     FailureReason,
+    GroupCompleted,
+    GroupMember,
     RolloutCompleted,
     RolloutFailed,
     RolloutMessage,
@@ -59,6 +61,7 @@ def rollout_event(
         "index": rec.index,
         "rollout_id": ids.rollout_id(rec.input_id, rec.index),
         "policy_version": rec.policy_version,
+        "batch_policy_version": rec.batch_policy_version,
         "timings": timings,
     }
     if rec.state == SUCCEEDED:
@@ -83,6 +86,27 @@ def rollout_event(
         result_uri=rec.result_uri,
         **common,
     )
+
+
+def group_member(rec: RolloutRecord) -> GroupMember:
+    """A terminal rollout as a member of its `Group Completed`."""
+    succeeded = rec.state == SUCCEEDED
+    return GroupMember(
+        index=rec.index,
+        status="succeeded" if succeeded else "failed",
+        reward=rec.reward if succeeded else None,
+        reason=None if succeeded else FailureReason(rec.reason or FailureReason.AGENT_ERROR),
+        error=None if succeeded else (rec.error or rec.reason or FailureReason.AGENT_ERROR.value),
+        attempt=rec.attempt,
+        session_id=rec.session_id,
+        policy_version=rec.policy_version,
+    )
+
+
+def with_members(detail: GroupCompleted, records: list[RolloutRecord]) -> GroupCompleted:
+    """`detail` with each terminal member's status, failure reason and dispatched policy version."""
+    members = sorted((group_member(r) for r in records if r.terminal), key=lambda m: m.index)
+    return detail.model_copy(update={"members": members})
 
 
 # ------------------------------------------------------------------------------------------------------ outbox
@@ -133,7 +157,7 @@ def completion_details(rec: RolloutRecord, deps: LifecycleDeps) -> list[Any]:
     if group is not None:
         group_detail = group_completion_detail(group, options.policy_version if options else rec.policy_version)
         if group_detail is not None and deps.ledger.claim_group_event(rec.batch_id, rec.input_id, claimant):
-            details.append(group_detail)
+            details.append(with_members(group_detail, list(deps.ledger.iter_rollouts(rec.batch_id, rec.input_id))))
     if batch is not None and batch_completion_detail(batch) is not None:
         claimed = deps.ledger.claim_batch_completed(rec.batch_id, claimant, iso(deps.now()))
         batch_detail = batch_completion_detail(from_item(claimed)) if claimed is not None else None

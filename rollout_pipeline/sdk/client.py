@@ -239,8 +239,10 @@ class _Dispatcher:
         visibility_s: int | None,
         consume_others: bool,
         linger_s: float = DEFAULT_LINGER_S,
+        queue_url: str | None = None,
     ) -> None:
         self._experiment = experiment
+        self._queue_url = queue_url or experiment.trainer_queue_url
         self._poll_wait_s = poll_wait_s
         self._visibility_s = visibility_s
         self._consume_others = consume_others
@@ -279,7 +281,7 @@ class _Dispatcher:
 
     def _run(self) -> None:
         stream = EventStream(
-            QueueReader(self._experiment.aws, self._experiment.trainer_queue_url, visibility_s=self._visibility_s),
+            QueueReader(self._experiment.aws, self._queue_url, visibility_s=self._visibility_s),
             self._experiment.seen,
             event_filter=_LiveFilter(self),
             consume_others=self._consume_others,
@@ -354,7 +356,8 @@ class RolloutClient:
     here, as in ART) come from the experiment unless given: `sampling_params`, `timeout_s`, `max_attempts`,
     `policy_version`. The dispatcher thread runs while futures are pending, then `linger_s` more seconds to
     consume the trailing group/batch events of its own batches. Use the client as a context manager or call
-    `close()` to stop it.
+    `close()` to stop it. `queue_url`: read events from this queue (a private subscription, see
+    `Experiment.open_subscription`) instead of the experiment's trainer queue.
     """
 
     def __init__(
@@ -370,6 +373,7 @@ class RolloutClient:
         consume_others: bool = False,
         linger_s: float = DEFAULT_LINGER_S,
         runtime: AgentRuntime | None = None,
+        queue_url: str | None = None,
         **defaults: Any,
     ) -> None:
         self.experiment = experiment
@@ -396,6 +400,7 @@ class RolloutClient:
             visibility_s=visibility_s,
             consume_others=consume_others,
             linger_s=linger_s,
+            queue_url=queue_url,
         )
 
     # ------------------------------------------------------------------------------------------ invoke
@@ -410,10 +415,16 @@ class RolloutClient:
         return row
 
     def submit_many(
-        self, rows: Sequence[Mapping[str, Any]], *, name: str = "run", owns_batch: bool = False
+        self,
+        rows: Sequence[Mapping[str, Any]],
+        *,
+        name: str = "run",
+        owns_batch: bool = False,
+        policy_version: str | None = None,
     ) -> list[RolloutFuture]:
         """Submit rows as one batch (one rollout each); return a future per row, in order.
 
+        `policy_version` overrides the client's for this batch (an async trainer's step at submission).
         Futures are registered right after the submission returns; an event that arrives earlier is released
         by the dispatcher and delivered again (nothing is lost).
         """
@@ -422,7 +433,10 @@ class RolloutClient:
         if self._dispatcher.closed:
             raise SdkError("this RolloutClient is closed: make a new one")
         parsed = validate_payloads(rows)
-        batch_id = self.experiment.submit(rows, group_size=1, name=name, **self._submit_options)
+        options = dict(self._submit_options)
+        if policy_version is not None:
+            options["policy_version"] = policy_version
+        batch_id = self.experiment.submit(rows, group_size=1, name=name, **options)
         futures = [RolloutFuture(self, batch_id, row.input_id, 0, owns_batch=owns_batch) for row in parsed]
         self._dispatcher.register(futures)
         return futures

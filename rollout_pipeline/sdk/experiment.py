@@ -15,7 +15,7 @@ from typing import IO, TYPE_CHECKING, Any, Final
 
 from rollout_pipeline import ids
 from rollout_pipeline.config import ExperimentConfig, HandlerSettings, SamplingParams
-from rollout_pipeline.contracts import DetailType
+from rollout_pipeline.contracts import DetailType, RolloutCompleted, parse_iso, utcnow
 from rollout_pipeline.sdk import submission
 from rollout_pipeline.sdk._aws import AwsClients, aws_errors
 from rollout_pipeline.sdk.errors import AwsError, BatchNotFound, DatasetInvalid, ExperimentNotDeployed, SdkError
@@ -28,6 +28,7 @@ from rollout_pipeline.sdk.events import (
     Event,
     EventFilter,
     EventStream,
+    Group,
     GroupStream,
     QueueReader,
     SeenIds,
@@ -362,17 +363,40 @@ class Experiment:
         """
         from rollout_pipeline.contracts import EVENT_SOURCE
 
-        name = f"{self.bus_name}-tap-{uuid.uuid4().hex[:8]}"[:64]
-        sqs, events = self.client("sqs"), self.client("events")
         pattern: dict[str, Any] = {"source": [EVENT_SOURCE]}
         if batch_id is not None:
             pattern["detail"] = {"batch_id": [batch_id]}
+        name, queue_url = self.open_subscription(pattern, suffix=f"tap-{uuid.uuid4().hex[:8]}")
+        try:
+            stream = EventStream(
+                QueueReader(self.aws, queue_url),
+                SeenIds(),
+                event_filter=EventFilter(batch_id, detail_types),
+                timeout=timeout,
+                consume_others=True,  # the queue is ours alone
+                poll_wait_s=poll_wait_s,
+            )
+            with stream:
+                yield stream
+        finally:
+            self.close_subscription(name, queue_url)
+
+    def open_subscription(self, pattern: Mapping[str, Any], *, suffix: str, retention_s: int = 3600) -> tuple[str, str]:
+        """A private SQS queue subscribed to the experiment bus by a rule with `pattern`; returns (name, queue URL).
+
+        Close it with `close_subscription(name, queue_url)`. Needs `sqs:CreateQueue`/`DeleteQueue`/
+        `SetQueueAttributes` and `events:PutRule`/`PutTargets`/`RemoveTargets`/`DeleteRule`.
+        """
+        name = f"{self.bus_name}-{suffix}"[:64]
+        sqs, events = self.client("sqs"), self.client("events")
         queue_url: str | None = None
         rule_made = False
         try:
-            with aws_errors("create a tap queue on the event bus"):
+            with aws_errors("create a subscription queue on the event bus"):
                 queue_url = str(
-                    sqs.create_queue(QueueName=name, Attributes={"MessageRetentionPeriod": "3600"})["QueueUrl"]
+                    sqs.create_queue(QueueName=name, Attributes={"MessageRetentionPeriod": str(retention_s)})[
+                        "QueueUrl"
+                    ]
                 )
                 queue_arn = sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["QueueArn"])["Attributes"][
                     "QueueArn"
@@ -395,18 +419,14 @@ class Experiment:
                 }
                 sqs.set_queue_attributes(QueueUrl=queue_url, Attributes={"Policy": json.dumps(policy)})
                 events.put_targets(Rule=name, EventBusName=self.bus_name, Targets=[{"Id": "tap", "Arn": queue_arn}])
-            stream = EventStream(
-                QueueReader(self.aws, queue_url),
-                SeenIds(),
-                event_filter=EventFilter(batch_id, detail_types),
-                timeout=timeout,
-                consume_others=True,  # the queue is ours alone
-                poll_wait_s=poll_wait_s,
-            )
-            with stream:
-                yield stream
-        finally:
+        except BaseException:
             self._remove_tap(name, queue_url, rule_made)
+            raise
+        return name, queue_url
+
+    def close_subscription(self, name: str, queue_url: str) -> None:
+        """Remove a subscription made by `open_subscription` (best effort: failures are logged)."""
+        self._remove_tap(name, queue_url, rule_made=True)
 
     def _remove_tap(self, name: str, queue_url: str | None, rule_made: bool) -> None:
         events, sqs = self.client("events"), self.client("sqs")
@@ -554,6 +574,65 @@ class Experiment:
                 with Path(out).open("w", encoding="utf-8") as handle:
                     return write_jsonl(rows, handle)
             return write_jsonl(rows, out)
+
+    def set_policy_version(self, version: str | None) -> None:
+        """Advance the experiment's current policy version (an async trainer, after each weight sync): rollouts
+        dispatched from now on are stamped with it (`policy_version` on their events; the batch's own version, when
+        different, as `batch_policy_version`), so stale rollouts can be dropped or corrected. None clears it."""
+        from rollout_pipeline.contracts import iso
+        from rollout_pipeline.ledger.rollouts import RolloutLedger
+
+        if version is not None and not 0 < len(version) <= 128:
+            raise SdkError("a policy version is 1-128 characters")
+        with aws_errors("set the current policy version"):
+            ledger = RolloutLedger(self.table_name, self.client("dynamodb"), ttl_days=self.config.ledger_ttl_days)
+            ledger.set_current_policy_version(version, iso(utcnow()))
+
+    def completed_groups(
+        self,
+        batch_id: str,
+        *,
+        skip: Iterable[str] = (),
+        include_results: bool = True,
+    ) -> list[Group]:
+        """Resume after a trainer crash: every group of the batch whose rollouts are all terminal, in one call,
+        rebuilt from the ledger (and the results bucket), never by re-running a rollout.
+
+        Each `Group` holds the `Group Completed` detail (per-member status, failure reason, dispatched policy
+        version) and every member's `Rollout Completed` / `Rollout Failed` detail, with the same `event_id`s the
+        pipeline published, so a trainer that also re-attaches to the event stream can de-duplicate by id.
+        `skip`: input ids the trainer already handled (checkpointed). `include_results`: inline each successful
+        rollout's result object (one S3 GET per rollout). Raises `BatchNotFound` for an unknown batch.
+        """
+        from rollout_pipeline.ledger.batches import batch_options, group_completion_detail
+        from rollout_pipeline.ledger.rollouts import RolloutLedger
+        from rollout_pipeline.lifecycle.publishing import rollout_event, with_members
+
+        skipped = set(skip)
+        groups: list[Group] = []
+        with aws_errors(f"read the completed groups of batch {batch_id}"):
+            ledger = RolloutLedger(self.table_name, self.client("dynamodb"), ttl_days=self.config.ledger_ttl_days)
+            batch = ledger.get_batch(batch_id)
+            if batch is None:
+                raise BatchNotFound(f"no batch {batch_id!r} in experiment {self.name!r}")
+            options = batch_options(batch)
+            for group_item in ledger.iter_groups(batch_id):
+                input_id = str(group_item.get("input_id"))
+                if input_id in skipped:
+                    continue
+                detail = group_completion_detail(group_item, options.policy_version if options else None)
+                if detail is None:
+                    continue
+                records = [r for r in ledger.iter_rollouts(batch_id, input_id) if r.terminal]
+                group = Group(completed=with_members(detail, records))
+                for rec in records:
+                    notified = parse_iso(rec.finished_at) or utcnow()
+                    event = rollout_event(rec, notified_at=notified)
+                    if include_results and isinstance(event, RolloutCompleted) and event.result_uri:
+                        event = event.model_copy(update={"result": self.fetch_result(event.result_uri)})
+                    group.rollouts[rec.index] = event
+                groups.append(group)
+        return groups
 
     # ------------------------------------------------------------------------------------------ ART-style
 
