@@ -8,9 +8,10 @@ from aws_lambda_powertools import Logger, Metrics
 
 from rollout_pipeline.lifecycle.completion import complete_records
 from rollout_pipeline.lifecycle.handlers import NAMESPACE, flush_metrics, get_deps
+from rollout_pipeline.observability import SERVICES
 
-logger = Logger(service="rollout-completion")
-metrics = Metrics(namespace=NAMESPACE, service="rollout-completion")
+logger = Logger(service=SERVICES["completion"])
+metrics = Metrics(namespace=NAMESPACE, service=SERVICES["completion"])
 
 
 @logger.inject_lambda_context(clear_state=True)

@@ -9,9 +9,10 @@ from aws_lambda_powertools import Logger, Metrics
 
 from rollout_pipeline.lifecycle.dispatch import dispatch_records
 from rollout_pipeline.lifecycle.handlers import NAMESPACE, flush_metrics, get_deps, wait_budget_s
+from rollout_pipeline.observability import SERVICES
 
-logger = Logger(service="rollout-dispatcher")
-metrics = Metrics(namespace=NAMESPACE, service="rollout-dispatcher")
+logger = Logger(service=SERVICES["dispatch"])
+metrics = Metrics(namespace=NAMESPACE, service=SERVICES["dispatch"])
 
 
 @logger.inject_lambda_context(clear_state=True)

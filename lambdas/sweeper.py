@@ -9,9 +9,10 @@ from aws_lambda_powertools import Logger, Metrics
 
 from rollout_pipeline.lifecycle.handlers import NAMESPACE, flush_metrics, get_deps
 from rollout_pipeline.lifecycle.sweeper import sweep
+from rollout_pipeline.observability import SERVICES
 
-logger = Logger(service="rollout-sweeper")
-metrics = Metrics(namespace=NAMESPACE, service="rollout-sweeper")
+logger = Logger(service=SERVICES["sweeper"])
+metrics = Metrics(namespace=NAMESPACE, service=SERVICES["sweeper"])
 
 
 @logger.inject_lambda_context(clear_state=True)

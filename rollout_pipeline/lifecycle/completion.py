@@ -34,6 +34,7 @@ from rollout_pipeline.lifecycle.metrics import (
 )
 from rollout_pipeline.lifecycle.metrics import (
     LATE_OR_UNKNOWN,
+    REWARD,
     failed_metric,
 )
 from rollout_pipeline.lifecycle.metrics import (
@@ -156,6 +157,8 @@ def handle_result_event(event: Mapping[str, Any], deps: LifecycleDeps) -> Comple
         return _late(deps, "another delivery ended this attempt first", key)
     if succeeded:
         deps.metrics.count(SUCCEEDED_METRIC)
+        if terminal.reward is not None:
+            deps.metrics.sample(REWARD, float(terminal.reward))
     else:
         deps.metrics.count(FAILED_METRIC)
         deps.metrics.count(failed_metric(terminal.reason or "unknown"))
