@@ -15,13 +15,13 @@ from rollout_pipeline import routing
 from rollout_pipeline.config import ExperimentConfig, HandlerSettings
 from rollout_pipeline.deploy_settings import DeploySettings
 from stacks import nag
-from stacks.agent_runtime import AgentRuntime
+from stacks.agent_runtime import DEFAULT_ENDPOINT, AgentRuntime
 from stacks.bundling import REPO_ROOT, lambda_code
 from stacks.events import EventRouting
-from stacks.functions import METRICS_NAMESPACE, RUNTIME, PipelineFunction
+from stacks.functions import LOG_RETENTION_DAYS, METRICS_NAMESPACE, RUNTIME, PipelineFunction
 from stacks.image import AgentImage
 from stacks.ledger import Ledger
-from stacks.monitoring import Monitoring
+from stacks.monitoring import Monitoring, RuntimeLogRetention, expire_every_log_group
 from stacks.queues import QueuedLambdaConsumer
 from stacks.storage import CLAIMS_PREFIX, Storage
 
@@ -191,6 +191,15 @@ class ExperimentStack(Stack):
             active_session_quota=settings.active_session_quota,
         )
         self.monitoring.notify_every_alarm(self)
+        self.runtime_logs = RuntimeLogRetention(
+            self,
+            "RuntimeLogs",
+            runtime=self.agent.runtime,
+            endpoint=DEFAULT_ENDPOINT,
+            retention_days=LOG_RETENTION_DAYS,
+            retained=removal == RemovalPolicy.RETAIN,
+        )
+        expire_every_log_group(self, LOG_RETENTION_DAYS, removal)
         self._outputs(handler_settings)
         self._operator_outputs()
         nag.acknowledge(self)

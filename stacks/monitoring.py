@@ -10,18 +10,23 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Final
 
-from aws_cdk import Duration
+from aws_cdk import ArnFormat, Duration, RemovalPolicy, Stack
+from aws_cdk import aws_bedrockagentcore as agentcore
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_cloudwatch_actions as actions
+from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_logs as logs
 from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sns_subscriptions as subscriptions
 from aws_cdk import aws_sqs as sqs
+from aws_cdk import custom_resources as cr
 from constructs import Construct
 
 from rollout_pipeline.config import ExperimentConfig
 from rollout_pipeline.lifecycle import metrics as m
 from rollout_pipeline.observability import SERVICES
+from stacks import nag
 from stacks.functions import METRICS_NAMESPACE
 
 #: AgentCore's own namespace; `ActiveSessionCount` counts the account's live (and idle) sessions.
@@ -35,6 +40,9 @@ LIMIT_WAIT_MINUTES: Final = 10
 FAILURE_RATE: Final = 0.2
 MIN_FINISHED: Final = 10
 FAILURE_REASONS: Final = ("agent_error", "timeout", "invalid_result", "invoke_rejected", "cancelled", "throttled")
+RUNTIME_LOG_PREFIX: Final = "/aws/bedrock-agentcore/runtimes/"
+#: What CDK gives a log group it creates for a handler it manages (two years).
+DEFAULT_CDK_LOG_RETENTION_DAYS: Final = 731
 ONE_MINUTE: Final = Duration.minutes(1)
 FIVE_MINUTES: Final = Duration.minutes(5)
 
@@ -328,3 +336,103 @@ class Monitoring(Construct):
                 [capacity, alarms],
             ],
         )
+
+
+class RuntimeLogRetention(Construct):
+    """A retention on the AgentCore runtime's log group, which the service creates without one.
+
+    The service may create `/aws/bedrock-agentcore/runtimes/{id}-{endpoint}` itself (at creation or on the first
+    session), so a CloudFormation LogGroup could collide with it: a custom resource creates it if missing
+    (ignoring "already exists"), sets the retention, and deletes it on `cdk destroy` unless results are retained.
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        runtime: agentcore.Runtime,
+        endpoint: str,
+        retention_days: int,
+        retained: bool,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        self._runtime, self._endpoint = runtime, endpoint
+        self.log_group_name = f"{RUNTIME_LOG_PREFIX}{runtime.agent_runtime_id}-{endpoint}"
+        self.log_group_arn = Stack.of(self).format_arn(
+            service="logs",
+            resource="log-group",
+            resource_name=f"{self.log_group_name}:*",
+            arn_format=ArnFormat.COLON_RESOURCE_NAME,
+        )
+        create = cr.AwsSdkCall(
+            service="CloudWatchLogs",
+            action="createLogGroup",
+            parameters={"logGroupName": self.log_group_name},
+            physical_resource_id=cr.PhysicalResourceId.of(self.log_group_name),
+            ignore_error_codes_matching="ResourceAlreadyExistsException",
+        )
+        retention = cr.AwsSdkCall(
+            service="CloudWatchLogs",
+            action="putRetentionPolicy",
+            parameters={"logGroupName": self.log_group_name, "retentionInDays": retention_days},
+            physical_resource_id=cr.PhysicalResourceId.of(self.log_group_name),
+        )
+        delete = cr.AwsSdkCall(
+            service="CloudWatchLogs",
+            action="deleteLogGroup",
+            parameters={"logGroupName": self.log_group_name},
+            ignore_error_codes_matching="ResourceNotFoundException",
+        )
+        policy = cr.AwsCustomResourcePolicy.from_statements(
+            [
+                iam.PolicyStatement(
+                    actions=["logs:CreateLogGroup", "logs:PutRetentionPolicy", "logs:DeleteLogGroup"],
+                    resources=[self.log_group_arn],
+                )
+            ]
+        )
+        self.create = cr.AwsCustomResource(
+            self,
+            "Create",
+            on_create=create,
+            on_delete=None if retained else delete,
+            policy=policy,
+            install_latest_aws_sdk=False,
+        )
+        self.retention = cr.AwsCustomResource(
+            self, "Retention", on_create=retention, on_update=retention, policy=policy, install_latest_aws_sdk=False
+        )
+        self.retention.node.add_dependency(self.create)
+        self._acknowledge()
+
+    def _acknowledge(self) -> None:
+        stack = Stack.of(self)
+        runtime_arn = f"{nag.account_arn(stack, 'logs')}:log-group:{RUNTIME_LOG_PREFIX}"
+        for custom in (self.create, self.retention):
+            policy = custom.node.find_child("CustomResourcePolicy")
+            nag.ack(
+                policy,
+                nag.iam5(f"{runtime_arn}<{nag.logical_id(self._runtime)}.AgentRuntimeId>-{self._endpoint}:*"),
+                "The runtime's own log group (log-group ARNs end in ':*'); its name is known after the runtime exists.",
+            )
+        for child in stack.node.children:
+            if child.node.id.startswith("AWS679f53fac002430cb0da5b7982bd2287"):
+                nag.ack(
+                    child.node.find_child("ServiceRole"),
+                    f"{nag.IAM4}[{nag.BASIC_EXECUTION_POLICY}]",
+                    "CDK's AwsCustomResource handler (runtime log retention) only needs to write its logs.",
+                )
+
+
+def expire_every_log_group(scope: Construct, retention_days: int, removal: RemovalPolicy) -> None:
+    """Give every log group in `scope` a retention and the stack's removal policy.
+
+    CDK-managed log groups of library and framework handlers (the deploy-time build's, AwsCustomResource's)
+    default to two years and Retain; `cdk destroy` of a `results_retention=destroy` stack must not leave them.
+    """
+    for construct in scope.node.find_all():
+        if isinstance(construct, logs.CfnLogGroup):
+            if construct.retention_in_days in (None, DEFAULT_CDK_LOG_RETENTION_DAYS):
+                construct.retention_in_days = retention_days
+            construct.apply_removal_policy(removal)

@@ -119,6 +119,10 @@ def test_destroy_variant_empties_and_removes_the_repository(tmp_path: Path) -> N
     assert repo["DeletionPolicy"] == "Delete"
     assert repo["Properties"]["EmptyOnDelete"] is True
     assert destroyed.resources[destroyed.logical_id(destroyed.stack.image.build_logs)]["DeletionPolicy"] == "Delete"
+    # Nothing keeps billing: every log group goes, and the runtime's log group is deleted by its custom resource.
+    assert {g["DeletionPolicy"] for g in destroyed.of_type("AWS::Logs::LogGroup").values()} == {"Delete"}
+    deletes = [json.dumps(r["Properties"].get("Delete", "")) for r in destroyed.of_type("Custom::AWS").values()]
+    assert any("deleteLogGroup" in call for call in deletes)
 
 
 # --- the content tag: unchanged agent and library, same tag, no rebuild ----------------------------------------

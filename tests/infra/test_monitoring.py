@@ -161,3 +161,27 @@ def test_dashboard_reads_the_emitted_metrics_and_its_url_is_an_output(synth: Syn
     url = json.dumps(synth.outputs["DashboardUrl"]["Value"])
     assert "#dashboards/dashboard/" in url
     assert synth.logical_id(synth.stack.monitoring.dashboard) in url
+
+
+def test_every_log_group_expires_and_follows_the_retention_choice(synth: Synthesized) -> None:
+    groups = synth.of_type("AWS::Logs::LogGroup")
+    assert len(groups) >= 6  # four functions, the image build, the deploy-time build's handler
+    for group in groups.values():
+        assert group["Properties"]["RetentionInDays"] == 30
+        assert group["DeletionPolicy"] == "Retain"
+
+
+def test_runtime_log_group_gets_a_retention_after_the_runtime_exists(synth: Synthesized) -> None:
+    runtime_id = synth.logical_id(synth.stack.agent.runtime)
+    calls = {lid: r for lid, r in synth.of_type("Custom::AWS").items() if lid.startswith("RuntimeLogs")}
+    (create,) = [r for r in calls.values() if "createLogGroup" in json.dumps(r["Properties"]["Create"])]
+    (retention,) = [r for r in calls.values() if "putRetentionPolicy" in json.dumps(r["Properties"]["Create"])]
+    create_call = json.dumps(create["Properties"]["Create"])
+    assert "createLogGroup" in create_call
+    assert "ResourceAlreadyExistsException" in create_call
+    assert "/aws/bedrock-agentcore/runtimes/" in create_call
+    assert runtime_id in create_call  # the runtime's id: created after the runtime
+    assert "-DEFAULT" in create_call
+    assert "Delete" not in create["Properties"]  # retained with the results
+    assert "putRetentionPolicy" in json.dumps(retention["Properties"]["Create"])
+    assert '\\"retentionInDays\\":30' in json.dumps(retention["Properties"]["Create"])
