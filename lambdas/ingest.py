@@ -15,7 +15,7 @@ from aws_lambda_powertools.metrics import MetricUnit
 
 from rollout_pipeline.ingest.core import Ingestion
 from rollout_pipeline.lifecycle.metrics import SUBMITTED
-from rollout_pipeline.observability import SERVICES
+from rollout_pipeline.observability import SERVICES, install_log_ids
 
 logger = Logger(service=SERVICES["ingest"])
 metrics = Metrics(service=SERVICES["ingest"])  # namespace: POWERTOOLS_METRICS_NAMESPACE
@@ -58,7 +58,8 @@ def reset() -> None:
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     """SQS batch handler: one ingest message per record; a failed record is reported, the others are acked."""
     ingestion = _get_ingestion()
-    metrics.add_dimension(name="Experiment", value=ingestion.ports.settings.experiment.name)
+    metrics.add_dimension(name="Experiment", value=ingestion.exp_id)
+    install_log_ids(logger, ingestion.exp_id)
     failures: list[dict[str, str]] = []
     for record in event.get("Records") or []:
         message_id = record.get("messageId", "")

@@ -40,6 +40,7 @@ from rollout_pipeline.lifecycle.metrics import (
 from rollout_pipeline.lifecycle.metrics import (
     SUCCEEDED as SUCCEEDED_METRIC,
 )
+from rollout_pipeline.observability import bind_log_ids
 from rollout_pipeline.ports import ObjectNotFound, RuntimeThrottled
 
 log = logging.getLogger(__name__)
@@ -103,6 +104,7 @@ def handle_result_event(event: Mapping[str, Any], deps: LifecycleDeps) -> Comple
         ref = ids.parse_result_key(key)
     except ids.InvalidId as exc:
         return _late(deps, str(exc), key)
+    bind_log_ids(batch_id=ref.batch_id, rollout_id=ref.rollout_id, session_id=ref.session_id)
     if ref.exp_id != deps.config.name:
         return _late(deps, f"experiment {ref.exp_id} is not {deps.config.name}", key)
     rec = deps.ledger.get_rollout(ref.batch_id, ref.input_id, ref.index)
