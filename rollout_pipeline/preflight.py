@@ -100,14 +100,14 @@ def compare(name: str, setting: str, wanted: float, limit: float | None, unit: s
         return Check(
             name,
             "error",
-            f"{setting}={wanted:g} is above the account's quota {limit:g}{unit}: lower it or request an increase "
+            f"{setting}={wanted:g} is above the account's quota {limit:.4g}{unit}: lower it or request an increase "
             "in Service Quotas (bedrock-agentcore)",
         )
     if wanted > limit * QUOTA_HEADROOM:
         return Check(
-            name, "warning", f"{setting}={wanted:g} uses more than {QUOTA_HEADROOM:.0%} of the quota {limit:g}{unit}"
+            name, "warning", f"{setting}={wanted:g} uses more than {QUOTA_HEADROOM:.0%} of the quota {limit:.4g}{unit}"
         )
-    return Check(name, "ok", f"{setting}={wanted:g} within the quota {limit:g}{unit}")
+    return Check(name, "ok", f"{setting}={wanted:g} within the quota {limit:.4g}{unit}")
 
 
 def quota_checks(config: ExperimentConfig, client: Any) -> list[Check]:

@@ -119,7 +119,7 @@ def test_all_ok(clients: Clients) -> None:
     ]
     assert {c.level for c in checks} == {"ok"}, [c.line() for c in checks]
     assert preflight.worst(checks) == "ok"
-    assert by_name(checks)["new sessions"].message == "session_rate_limit x endpoints=5 within the quota 6.66667/s"
+    assert by_name(checks)["new sessions"].message == "session_rate_limit x endpoints=5 within the quota 6.667/s"
 
 
 def test_quota_below_the_settings_is_an_error_with_what_to_do(clients: Clients) -> None:
