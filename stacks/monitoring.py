@@ -257,7 +257,7 @@ class Monitoring(Construct):
                 total(m.SUCCEEDED, "succeeded"),
                 total(m.FAILED, "failed"),
             ],
-            right=[pipeline_metric(config, m.IN_FLIGHT, "sweeper", statistic="Maximum")],
+            right=[pipeline_metric(config, m.IN_FLIGHT, "sweeper", statistic="Maximum").with_(label="in flight")],
             right_y_axis=cloudwatch.YAxisProps(label="in flight", min=0),
             width=12,
         )
@@ -287,7 +287,7 @@ class Monitoring(Construct):
         latency = cloudwatch.GraphWidget(
             title="Result-to-event latency (ms)",
             left=[
-                pipeline_metric(config, m.NOTIFICATION_LATENCY, fn, statistic=stat)
+                pipeline_metric(config, m.NOTIFICATION_LATENCY, fn, statistic=stat).with_(label=f"{fn} {stat}")
                 for fn in EMITTERS[m.NOTIFICATION_LATENCY]
                 for stat in ("p50", "p99")
             ],
