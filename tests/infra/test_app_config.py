@@ -112,3 +112,13 @@ def test_cdk_json_default_model_url_needs_an_override_to_deploy() -> None:
     context = {**cdk_json_context(), "experiment": EXPERIMENT}
     with pytest.raises(ConfigError, match="-c model_base_url=https://"):
         build_app(context)
+
+
+def test_make_deploy_runs_the_preflight_first() -> None:
+    makefile = (REPO_ROOT / "Makefile").read_text()
+    (deploy,) = [line for line in makefile.splitlines() if line.startswith("deploy:")]
+    prerequisites = deploy.split(":", 1)[1].split("##")[0].split()
+    assert "preflight" in prerequisites
+    (preflight,) = [line for line in makefile.splitlines() if line.startswith("preflight:")]
+    assert preflight
+    assert "rollouts preflight -e $(EXPERIMENT) $(CDK_ARGS)" in makefile
