@@ -44,6 +44,8 @@ OUTPUT_NAMES: Final = (
     "LedgerTableName",
     "AgentRuntimeArn",
 )
+#: Outputs for the operator (not read by the SDK).
+OPERATOR_OUTPUT_NAMES: Final = ("AlarmTopicArn", "DashboardUrl", "AgentImageUri")
 
 
 def stack_name(config: ExperimentConfig) -> str:

@@ -211,7 +211,7 @@ class AgentImage(Construct):
         project_id = nag.logical_id(project)
         project_policy = nag.default_policy(project.role) if project.role else project
         nag.ack(
-            project,
+            project.node.default_child or project,
             "AwsSolutions-CB4",
             "The build produces no artifacts (NO_ARTIFACTS): it only pushes the image to the encrypted ECR repository.",
         )
@@ -245,7 +245,7 @@ class AgentImage(Construct):
         for finding, reason in findings.items():
             nag.ack(project_policy, finding, reason)
         nag.ack(
-            handler,
+            handler.node.default_child or handler,
             "AwsSolutions-L1",
             "cdklabs-deploy-time-build pins its custom-resource handler's Node.js runtime; it only starts the build.",
         )
