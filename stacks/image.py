@@ -61,8 +61,8 @@ def assets_bucket_arn(stack: Stack) -> str:
 def content_tag(repo_root: Path) -> str:
     """The image tag: a hash of the build context (`agent_image/` and the library, minus the dockerignored files).
 
-    The same fingerprint as the zipped context's asset hash, so an unchanged context keeps the tag and the custom
-    resource's properties, and CloudFormation does not run the build again.
+    A content fingerprint of the same files the zipped context holds: an unchanged context keeps the tag (and the
+    asset hash, so the custom resource's properties), and CloudFormation does not run the build again.
     """
     return FileSystem.fingerprint(
         str(repo_root), exclude=image_excludes(repo_root), ignore_mode=IgnoreMode.DOCKER, extra_hash=DOCKERFILE
