@@ -12,7 +12,7 @@ export CDK_DISABLE_CLI_TELEMETRY := 1
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: setup setup-model demo test art-test art-bench unit integration infra e2e lint format synth diff deploy destroy bench schemas clean
+.PHONY: setup setup-model demo test art-test art-bench unit integration infra e2e lint format synth diff preflight deploy destroy bench schemas clean
 
 # Exact versions: constraints.txt pins every package of the dev/test environment (pyproject.toml has ranges for the
 # library, so it installs beside trainers); `make lock` regenerates it and the shipped locks (stacks/locks.py).
@@ -92,18 +92,24 @@ format: $(STAMP)
 
 CDK := PATH=$(CURDIR)/$(BIN):$$PATH npx cdk
 
+# Extra context for synth/diff/deploy/preflight, e.g. CDK_ARGS="-c model_base_url=https://... -c alarm_email=me@x.org"
+CDK_ARGS ?=
+
 synth: setup ## Synthesize the stack of EXPERIMENT (no Docker, no AWS credentials needed)
-	$(CDK) synth -c experiment=$(EXPERIMENT) --no-notices -q
+	$(CDK) synth -c experiment=$(EXPERIMENT) $(CDK_ARGS) --no-notices -q
 	@echo "cdk.out/Rollouts-$(EXPERIMENT).template.json"
 
 diff: setup
-	$(CDK) diff -c experiment=$(EXPERIMENT) --no-notices
+	$(CDK) diff -c experiment=$(EXPERIMENT) $(CDK_ARGS) --no-notices
 
-deploy: setup ## Deploy EXPERIMENT (AWS credentials, a bootstrapped account and Docker/Finch for the arm64 image)
-	$(CDK) deploy -c experiment=$(EXPERIMENT) --no-notices
+preflight: $(STAMP) ## Check settings, quotas, region and bootstrap of EXPERIMENT (read calls only)
+	$(BIN)/rollouts preflight -e $(EXPERIMENT) $(CDK_ARGS)
+
+deploy: setup preflight ## Deploy EXPERIMENT (AWS credentials and a bootstrapped account; the image builds in CodeBuild)
+	$(CDK) deploy -c experiment=$(EXPERIMENT) $(CDK_ARGS) --no-notices
 
 destroy: setup
-	$(CDK) destroy -c experiment=$(EXPERIMENT) --no-notices
+	$(CDK) destroy -c experiment=$(EXPERIMENT) $(CDK_ARGS) --no-notices
 
 bench: $(STAMP) ## Run the benchmarks (each prints its figures)
 	$(BIN)/python bench/bench_ingest.py

@@ -14,9 +14,11 @@ from aws_lambda_powertools import Logger, Metrics
 from aws_lambda_powertools.metrics import MetricUnit
 
 from rollout_pipeline.ingest.core import Ingestion
+from rollout_pipeline.lifecycle.metrics import SUBMITTED
+from rollout_pipeline.observability import SERVICES, install_log_ids
 
-logger = Logger(service="ingest")
-metrics = Metrics()
+logger = Logger(service=SERVICES["ingest"])
+metrics = Metrics(service=SERVICES["ingest"])  # namespace: POWERTOOLS_METRICS_NAMESPACE
 
 _ingestion: Ingestion | None = None
 
@@ -56,6 +58,8 @@ def reset() -> None:
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     """SQS batch handler: one ingest message per record; a failed record is reported, the others are acked."""
     ingestion = _get_ingestion()
+    metrics.add_dimension(name="Experiment", value=ingestion.exp_id)
+    install_log_ids(logger, ingestion.exp_id)
     failures: list[dict[str, str]] = []
     for record in event.get("Records") or []:
         message_id = record.get("messageId", "")
@@ -86,4 +90,5 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
         metrics.add_metric(name="RowsAccepted", unit=MetricUnit.Count, value=result.rows_accepted)
         metrics.add_metric(name="RowsRejected", unit=MetricUnit.Count, value=result.rows_rejected)
         metrics.add_metric(name="RolloutsEnqueued", unit=MetricUnit.Count, value=result.rollouts_enqueued)
+        metrics.add_metric(name=SUBMITTED, unit=MetricUnit.Count, value=result.rollouts_enqueued)
     return {"batchItemFailures": failures}

@@ -166,6 +166,24 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--with-payload", action="store_true", help="add each row's payload")
     export.set_defaults(handler=_cmd_export)
 
+    preflight = sub.add_parser(
+        "preflight",
+        parents=[common],
+        help="check, with read calls only, that an experiment can be deployed (run by `make deploy`)",
+        description="Check the settings (cdk.json + -c overrides), the model URL, AgentCore in the region, the "
+        "account's AgentCore quotas against the limits, and the CDK bootstrap. One line per check; exit 1 on an error.",
+    )
+    preflight.add_argument(
+        "-c",
+        "--context",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a CDK context override, as given to `cdk deploy -c` (repeatable)",
+    )
+    preflight.add_argument("--cdk-dir", type=Path, default=Path(), metavar="DIR", help="where cdk.json is")
+    preflight.set_defaults(handler=_cmd_preflight)
+
     _register_local(sub, common)
     return parser
 
@@ -183,6 +201,33 @@ def _register_local(sub: Any, common: argparse.ArgumentParser) -> None:
 
 
 # -------------------------------------------------------------------------------------------------- commands
+
+
+def _cmd_preflight(args: argparse.Namespace, out: TextIO) -> int:
+    import boto3
+
+    from rollout_pipeline import preflight
+
+    if not args.experiment:
+        raise CliError("no experiment: pass --experiment NAME (or set ROLLOUTS_EXPERIMENT)")
+    overrides: dict[str, str] = {"experiment": args.experiment}
+    for item in args.context:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise CliError(f"-c {item!r}: expected KEY=VALUE")
+        overrides[key] = value
+    session = boto3.session.Session(region_name=args.region)
+    region = session.region_name
+    if not region:
+        raise CliError("no region: pass --region or set AWS_REGION")
+    checks = preflight.run(
+        preflight.load_context(args.cdk_dir, overrides),
+        client=lambda service: session.client(service, region_name=region),
+        region=region,
+    )
+    for check in checks:
+        print(check.line(), file=out)
+    return EXIT_ERROR if preflight.worst(checks) == "error" else EXIT_OK
 
 
 def attach(args: argparse.Namespace) -> Any:

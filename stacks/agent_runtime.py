@@ -2,38 +2,23 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Final
 
-from aws_cdk import Annotations, Duration, IgnoreMode
+from aws_cdk import Annotations, Duration
 from aws_cdk import aws_bedrockagentcore as agentcore
-from aws_cdk import aws_ecr_assets as ecr_assets
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from rollout_pipeline.config import ExperimentConfig
 
-AGENT_DIR: Final = "agent_image"
-DOCKERFILE: Final = f"{AGENT_DIR}/Dockerfile"
-#: Used when agent_image/Dockerfile.dockerignore is missing; the build context is the repository root.
-DEFAULT_IMAGE_EXCLUDES: Final = ["**", f"!{AGENT_DIR}/**", "!rollout_pipeline/**", "**/__pycache__", "**/*.pyc"]
 #: ACR's DEFAULT endpoint: what InvokeAgentRuntime without a qualifier targets.
 DEFAULT_ENDPOINT: Final = "DEFAULT"
 STOP_SESSION_ACTION: Final = "bedrock-agentcore:StopRuntimeSession"
 
 
-def image_excludes(repo_root: Path) -> list[str]:
-    """The agent image's `.dockerignore` lines (the build context is the repository root)."""
-    ignore_file = repo_root / f"{DOCKERFILE}.dockerignore"
-    if not ignore_file.is_file():
-        return list(DEFAULT_IMAGE_EXCLUDES)
-    lines = (line.strip() for line in ignore_file.read_text().splitlines())
-    return [line for line in lines if line and not line.startswith("#")]
-
-
 class AgentRuntime(Construct):
-    """ACR runtime from `agent_image/` whose role may only put objects under `results/{exp_id}/`."""
+    """ACR runtime of the agent image (`stacks.image`) whose role may only put objects under `results/{exp_id}/`."""
 
     def __init__(
         self,
@@ -41,17 +26,10 @@ class AgentRuntime(Construct):
         construct_id: str,
         *,
         config: ExperimentConfig,
-        repo_root: Path,
+        artifact: agentcore.AgentRuntimeArtifact,
         results_bucket: s3.IBucket,
     ) -> None:
         super().__init__(scope, construct_id)
-        artifact = agentcore.AgentRuntimeArtifact.from_asset(
-            str(repo_root),
-            file=DOCKERFILE,
-            platform=ecr_assets.Platform.LINUX_ARM64,
-            exclude=image_excludes(repo_root),
-            ignore_mode=IgnoreMode.DOCKER,
-        )
         self.runtime = agentcore.Runtime(
             self,
             "Runtime",
@@ -71,7 +49,7 @@ class AgentRuntime(Construct):
         )
         Annotations.of(self.runtime).acknowledge_info(
             "aws-cdk-lib.aws-bedrockagentcore:containerUriValidationSkipped",
-            "The image URI is an asset published by cdk deploy; CloudFormation validates it.",
+            "The image URI comes from the deploy (an image build or asset) or is given; CloudFormation validates it.",
         )
         self.runtime.add_to_role_policy(
             iam.PolicyStatement(

@@ -13,12 +13,15 @@ from constructs import Construct
 
 from rollout_pipeline import routing
 from rollout_pipeline.config import ExperimentConfig, HandlerSettings
+from rollout_pipeline.deploy_settings import DeploySettings
 from stacks import nag
-from stacks.agent_runtime import AgentRuntime
+from stacks.agent_runtime import DEFAULT_ENDPOINT, AgentRuntime
 from stacks.bundling import REPO_ROOT, lambda_code
 from stacks.events import EventRouting
-from stacks.functions import METRICS_NAMESPACE, RUNTIME, PipelineFunction
+from stacks.functions import LOG_RETENTION_DAYS, METRICS_NAMESPACE, RUNTIME, PipelineFunction
+from stacks.image import AgentImage
 from stacks.ledger import Ledger
+from stacks.monitoring import Monitoring, RuntimeLogRetention, expire_every_log_group
 from stacks.queues import QueuedLambdaConsumer
 from stacks.storage import CLAIMS_PREFIX, Storage
 
@@ -28,7 +31,6 @@ COMPLETION_TIMEOUT: Final = Duration.seconds(60)
 SWEEPER_TIMEOUT: Final = Duration.seconds(120)
 INGEST_CONCURRENCY: Final = 5
 COMPLETION_CONCURRENCY: Final = 10
-DEFAULT_ARCHIVE_RETENTION_DAYS: Final = 14
 #: Stack outputs the trainer SDK reads to attach to an experiment (logical ids are part of the contract).
 OUTPUT_NAMES: Final = (
     "ExperimentName",
@@ -42,6 +44,8 @@ OUTPUT_NAMES: Final = (
     "LedgerTableName",
     "AgentRuntimeArn",
 )
+#: Outputs for the operator (not read by the SDK).
+OPERATOR_OUTPUT_NAMES: Final = ("AlarmTopicArn", "DashboardUrl", "AgentImageUri")
 
 
 def stack_name(config: ExperimentConfig) -> str:
@@ -60,20 +64,26 @@ class ExperimentStack(Stack):
         construct_id: str,
         *,
         config: ExperimentConfig,
+        settings: DeploySettings | None = None,
         repo_root: Path = REPO_ROOT,
-        archive_retention_days: int = DEFAULT_ARCHIVE_RETENTION_DAYS,
         **kwargs: Any,
     ) -> None:
         super().__init__(scope, construct_id, **kwargs)
         self.config = config
+        self.settings = settings = settings or DeploySettings()
+        archive_retention_days = settings.archive_retention_days
         removal = RemovalPolicy.DESTROY if config.results_retention == "destroy" else RemovalPolicy.RETAIN
 
         self.storage = Storage(self, "Storage", config=config)
         self.ledger = Ledger(self, "Ledger", config=config)
         self.events = EventRouting(self, "Events", config=config, archive_retention_days=archive_retention_days)
+        self.image = AgentImage(self, "Image", config=config, settings=settings, repo_root=repo_root)
         self.agent = AgentRuntime(
-            self, "Agent", config=config, repo_root=repo_root, results_bucket=self.storage.results_bucket
+            self, "Agent", config=config, artifact=self.image.artifact, results_bucket=self.storage.results_bucket
         )
+        if self.image.dependable is not None:
+            self.agent.runtime.node.add_dependency(self.image.dependable)
+        self.image.grant_pull(self.agent.runtime.role)
 
         code = lambda_code(RUNTIME, repo_root)
 
@@ -146,7 +156,7 @@ class ExperimentStack(Stack):
             targets=[targets.LambdaFunction(sweeper.function, retry_attempts=0, max_event_age=Duration.minutes(1))],
         )
 
-        settings = HandlerSettings(
+        handler_settings = HandlerSettings(
             table_name=self.ledger.table.table_name,
             input_bucket=self.storage.input_bucket.bucket_name,
             results_bucket=self.storage.results_bucket.bucket_name,
@@ -157,7 +167,7 @@ class ExperimentStack(Stack):
             experiment=config,
         )
         environment = {
-            **settings.to_environ(),
+            **handler_settings.to_environ(),
             "POWERTOOLS_SERVICE_NAME": f"rollouts-{config.name}",
             "POWERTOOLS_METRICS_NAMESPACE": METRICS_NAMESPACE,
             "POWERTOOLS_LOG_LEVEL": "INFO",
@@ -167,7 +177,33 @@ class ExperimentStack(Stack):
                 pipeline_function.function.add_environment(key, value)
 
         self._grant(ingest, dispatch, completion, sweeper)
-        self._outputs(settings)
+        self.monitoring = Monitoring(
+            self,
+            "Monitoring",
+            config=config,
+            functions={name: fn.function for name, fn in self.functions.items()},
+            queues={
+                "ingest": self.ingest.queue,
+                "rollouts": rollout_queue,
+                "completion": self.completion.queue,
+                "trainer": self.events.trainer_queue,
+                "undelivered": self.events.undelivered,
+            },
+            alarm_email=settings.alarm_email,
+            active_session_quota=settings.active_session_quota,
+        )
+        self.monitoring.notify_every_alarm(self)
+        self.runtime_logs = RuntimeLogRetention(
+            self,
+            "RuntimeLogs",
+            runtime=self.agent.runtime,
+            endpoint=DEFAULT_ENDPOINT,
+            retention_days=LOG_RETENTION_DAYS,
+            retained=removal == RemovalPolicy.RETAIN,
+        )
+        expire_every_log_group(self, LOG_RETENTION_DAYS, removal)
+        self._outputs(handler_settings)
+        self._operator_outputs()
         nag.acknowledge(self)
 
     def _grant(
@@ -213,6 +249,20 @@ class ExperimentStack(Stack):
         rollout_queue.grant_send_messages(sweeper.role)
         self.agent.grant_stop_session(sweeper.role)
         self.events.bus.grant_put_events_to(sweeper.role)
+
+    def _operator_outputs(self) -> None:
+        """Where an operator looks: the alarm topic, the dashboard and the agent image."""
+        CfnOutput(self, "AlarmTopicArn", value=self.monitoring.topic.topic_arn, description="Every alarm notifies it")
+        CfnOutput(
+            self,
+            "DashboardUrl",
+            value=(
+                f"https://{self.region}.console.aws.amazon.com/cloudwatch/home?region={self.region}"
+                f"#dashboards/dashboard/{self.monitoring.dashboard.dashboard_name}"
+            ),
+            description="The experiment's CloudWatch dashboard",
+        )
+        CfnOutput(self, "AgentImageUri", value=self.image.image_uri, description="The image the runtime runs")
 
     def _outputs(self, settings: HandlerSettings) -> None:
         values = {

@@ -15,6 +15,8 @@ RUNTIME: Final = lambda_.Runtime.PYTHON_3_14
 ARCHITECTURE: Final = lambda_.Architecture.ARM_64
 METRICS_NAMESPACE: Final = "RolloutPipeline"
 LOG_RETENTION: Final = logs.RetentionDays.ONE_MONTH
+#: The same retention in days (for log groups the stack does not own, e.g. the AgentCore runtime's).
+LOG_RETENTION_DAYS: Final = 30
 
 
 class PipelineFunction(Construct):

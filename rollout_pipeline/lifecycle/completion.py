@@ -34,11 +34,13 @@ from rollout_pipeline.lifecycle.metrics import (
 )
 from rollout_pipeline.lifecycle.metrics import (
     LATE_OR_UNKNOWN,
+    REWARD,
     failed_metric,
 )
 from rollout_pipeline.lifecycle.metrics import (
     SUCCEEDED as SUCCEEDED_METRIC,
 )
+from rollout_pipeline.observability import bind_log_ids
 from rollout_pipeline.ports import ObjectNotFound, RuntimeThrottled
 
 log = logging.getLogger(__name__)
@@ -102,6 +104,7 @@ def handle_result_event(event: Mapping[str, Any], deps: LifecycleDeps) -> Comple
         ref = ids.parse_result_key(key)
     except ids.InvalidId as exc:
         return _late(deps, str(exc), key)
+    bind_log_ids(batch_id=ref.batch_id, rollout_id=ref.rollout_id, session_id=ref.session_id)
     if ref.exp_id != deps.config.name:
         return _late(deps, f"experiment {ref.exp_id} is not {deps.config.name}", key)
     rec = deps.ledger.get_rollout(ref.batch_id, ref.input_id, ref.index)
@@ -156,6 +159,8 @@ def handle_result_event(event: Mapping[str, Any], deps: LifecycleDeps) -> Comple
         return _late(deps, "another delivery ended this attempt first", key)
     if succeeded:
         deps.metrics.count(SUCCEEDED_METRIC)
+        if terminal.reward is not None:
+            deps.metrics.sample(REWARD, float(terminal.reward))
     else:
         deps.metrics.count(FAILED_METRIC)
         deps.metrics.count(failed_metric(terminal.reason or "unknown"))

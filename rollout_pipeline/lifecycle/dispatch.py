@@ -44,6 +44,7 @@ from rollout_pipeline.lifecycle.metrics import (
     LIMIT_WAITS,
     THROTTLED,
 )
+from rollout_pipeline.observability import bind_log_ids
 from rollout_pipeline.ports import RuntimeRejected, RuntimeThrottled
 
 log = logging.getLogger(__name__)
@@ -131,6 +132,7 @@ class BatchReads:
 def dispatch_body(body: str, deps: LifecycleDeps, *, wait_until: float, batches: BatchReads | None = None) -> Dispatch:
     """Dispatch one rollout-queue message body (see the module doc). Raises to have the message redelivered."""
     message = parse_message(body)
+    bind_log_ids(batch_id=message.batch_id, rollout_id=message.rollout_id, session_id=message.session_id)
     batches = batches or BatchReads(deps)
     batch = batches.get(message.batch_id)
     if batch is None:

@@ -31,6 +31,7 @@ from rollout_pipeline.lifecycle.metrics import (
     RETRIED,
     TIMED_OUT,
 )
+from rollout_pipeline.observability import bind_log_ids, clear_log_ids
 from rollout_pipeline.ports import RuntimeThrottled
 
 log = logging.getLogger(__name__)
@@ -57,6 +58,7 @@ def sweep(deps: LifecycleDeps, *, page_size: int = 50, max_pages: int = 4) -> Sw
     for shard in range(keys.INDEX_SHARDS):
         for rec in deps.ledger.query_due(keys.DEADLINE_INDEX, shard, now_epoch, limit=page_size, max_pages=max_pages):
             report.expired_seen += 1
+            bind_log_ids(batch_id=rec.batch_id, rollout_id=ids.rollout_id(rec.input_id, rec.index))
             try:
                 _expire(rec, deps, options_cache, report)
             except Exception as exc:  # one bad item must not stop the sweep
@@ -68,12 +70,14 @@ def sweep(deps: LifecycleDeps, *, page_size: int = 50, max_pages: int = 4) -> Sw
             fresh = deps.ledger.get_rollout(rec.batch_id, rec.input_id, rec.index)
             if fresh is None or not fresh.outbox:
                 continue
+            bind_log_ids(batch_id=rec.batch_id, rollout_id=ids.rollout_id(rec.input_id, rec.index))
             try:
                 if publishing.drain(fresh, deps):
                     report.outbox_drained += 1
             except Exception as exc:
                 log.warning("outbox of %s/%s#%s not drained: %s", rec.batch_id, rec.input_id, rec.index, exc)
                 report.errors.append(f"outbox {rec.batch_id}/{rec.input_id}#{rec.index}: {exc}")
+    clear_log_ids()
     deps.metrics.sample(IN_FLIGHT, deps.ledger.in_flight())
     return report
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,8 @@ from stacks.experiment_stack import ExperimentStack
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXPERIMENT = "test-exp"
 NO_BUNDLING: dict[str, list[str]] = {"aws:cdk:bundling-stacks": []}
+#: A deployed stack refuses a loopback model URL (cdk.json's default is local mode's server).
+PUBLIC_MODEL_URL = "https://models.example.com/v1"
 
 
 def cdk_json_context() -> dict[str, Any]:
@@ -34,7 +37,13 @@ def cdk_json_context() -> dict[str, Any]:
 
 def stack_context(**overrides: Any) -> dict[str, Any]:
     """cdk.json's context as the CLI would pass it, with `-c` style overrides and bundling off."""
-    return {**cdk_json_context(), "experiment": EXPERIMENT, **NO_BUNDLING, **overrides}
+    return {
+        **cdk_json_context(),
+        "experiment": EXPERIMENT,
+        "model_base_url": PUBLIC_MODEL_URL,
+        **NO_BUNDLING,
+        **overrides,
+    }
 
 
 @dataclass(frozen=True)
@@ -68,13 +77,42 @@ def synthesize(outdir: Path, **overrides: Any) -> Synthesized:
     )
 
 
-@pytest.fixture(scope="session")
-def synth(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Synthesized]:
-    """The default experiment stack (cdk.json defaults, retain), env-agnostic like a credential-less synth."""
+@contextmanager
+def credential_less() -> Iterator[None]:
+    """No account/region in the environment, like a synth on a laptop without AWS credentials."""
     saved = {key: os.environ.pop(key, None) for key in ("CDK_DEFAULT_ACCOUNT", "CDK_DEFAULT_REGION")}
     try:
-        yield synthesize(tmp_path_factory.mktemp("cdk.out"))
+        yield
     finally:
         for key, value in saved.items():
             if value is not None:
                 os.environ[key] = value
+
+
+@pytest.fixture(scope="session")
+def synth(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Synthesized]:
+    """The default experiment stack (cdk.json defaults, retain), env-agnostic like a credential-less synth."""
+    with credential_less():
+        yield synthesize(tmp_path_factory.mktemp("cdk.out"))
+
+
+ALARM_EMAIL = "ops@example.com"
+#: A prebuilt image in the user's own ECR repository (`-c image_uri=...`).
+PREBUILT_IMAGE = "123456789012.dkr.ecr.us-west-2.amazonaws.com/my-agents/math:v7"
+
+
+@pytest.fixture(scope="session")
+def synth_local_image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Synthesized]:
+    """`-c image_build=local`: the agent image as a CDK Docker image asset (staged only: synth needs no Docker).
+
+    Also subscribes an e-mail address to the alarm topic (one synth per image mode, other variants ride along).
+    """
+    with credential_less():
+        yield synthesize(tmp_path_factory.mktemp("cdk.out.local"), image_build="local", alarm_email=ALARM_EMAIL)
+
+
+@pytest.fixture(scope="session")
+def synth_prebuilt_image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Synthesized]:
+    """`-c image_uri=...`: a prebuilt image; nothing is built."""
+    with credential_less():
+        yield synthesize(tmp_path_factory.mktemp("cdk.out.uri"), image_uri=PREBUILT_IMAGE)

@@ -91,3 +91,34 @@ def test_app_py_exits_non_zero_with_the_reason() -> None:
     assert result.returncode == 2
     assert "tps_limit" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["http://127.0.0.1:8000/v1", "http://localhost:8000/v1", "http://10.0.3.7/v1", "http://[::1]:8000/v1"],
+)
+def test_a_deployed_stack_refuses_a_model_url_the_agent_cannot_reach(url: str) -> None:
+    with pytest.raises(ConfigError, match=r"model_base_url .*allow_private_model_url=true"):
+        build_app(stack_context(model_base_url=url))
+
+
+def test_a_private_model_url_is_deployed_when_explicitly_allowed() -> None:
+    _app, stack = build_app(stack_context(model_base_url="http://10.0.3.7/v1", allow_private_model_url="true"))
+    assert stack.config.model_base_url == "http://10.0.3.7/v1"
+
+
+def test_cdk_json_default_model_url_needs_an_override_to_deploy() -> None:
+    """cdk.json's default is local mode's loopback server: a synth without an override says what to set."""
+    context = {**cdk_json_context(), "experiment": EXPERIMENT}
+    with pytest.raises(ConfigError, match="-c model_base_url=https://"):
+        build_app(context)
+
+
+def test_make_deploy_runs_the_preflight_first() -> None:
+    makefile = (REPO_ROOT / "Makefile").read_text()
+    (deploy,) = [line for line in makefile.splitlines() if line.startswith("deploy:")]
+    prerequisites = deploy.split(":", 1)[1].split("##")[0].split()
+    assert "preflight" in prerequisites
+    (preflight,) = [line for line in makefile.splitlines() if line.startswith("preflight:")]
+    assert preflight
+    assert "rollouts preflight -e $(EXPERIMENT) $(CDK_ARGS)" in makefile

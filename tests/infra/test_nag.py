@@ -43,7 +43,8 @@ def test_acknowledgments_are_scoped_to_a_resource_and_give_a_reason(synth: Synth
         assert path.count("/") >= 2, f"acknowledgment broader than one resource: {path}"
         for finding, reason in findings.items():
             if "IAM5" in finding:
-                assert "[Resource::" in finding, f"IAM5 must name the finding: {finding}"
+                # A wildcard resource or (CDK's read grant to the image build, stacks/image.py) a wildcard action.
+                assert "[Resource::" in finding or "[Action::" in finding, f"IAM5 must name the finding: {finding}"
             assert len(reason) > 30, (path, finding, reason)
             assert reason.endswith("."), (path, finding, reason)
 

@@ -674,6 +674,10 @@ def test_handler_reports_partial_batch_failures_and_emits_metrics(
     metrics = emitted[0]
     assert metrics["_aws"]["CloudWatchMetrics"][0]["Namespace"] == "RolloutPipelineTest"
     assert (metrics["RowsAccepted"], metrics["RowsRejected"], metrics["RolloutsEnqueued"]) == ([2.0], [1.0], [4.0])
+    # What the dashboard reads: Submitted, with the same dimensions as the lifecycle functions' metrics.
+    assert metrics["Submitted"] == [4.0]
+    assert metrics["_aws"]["CloudWatchMetrics"][0]["Dimensions"] == [["Experiment", "service"]]
+    assert (metrics["Experiment"], metrics["service"]) == (resources.settings().experiment.name, "rollout-ingest")
     batch = batch_item(resources, batch_id_of(event))
     assert int_attr(batch, "rows_accepted") == 2
 
