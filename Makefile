@@ -17,7 +17,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e ".[cdk,agent,local,dev]"
+	$(BIN)/pip install -q -e ".[cdk,agent,local,dev,report]"
 	touch $(STAMP)
 
 $(NODE_STAMP): package.json package-lock.json
