@@ -57,6 +57,13 @@ def register(sub: Any, _common: argparse.ArgumentParser) -> None:
     demo.add_argument("--dataset", type=Path, help="a .jsonl dataset (default: the bundled GSM8K-style sample)")
     demo.add_argument("--rows", type=int, default=6, help="use the first N rows of the dataset (default: 6; 0 = all)")
     demo.add_argument("--wait-s", type=float, default=900, help="give up after this many seconds (default: 900)")
+    demo.add_argument(
+        "--report",
+        type=Path,
+        metavar="FILE",
+        help="write the batch's HTML report here (default: report-BATCH.html in the work directory)",
+    )
+    demo.add_argument("--no-report", action="store_true", help="do not write the HTML report")
     demo.set_defaults(handler=_cmd_demo)
 
     up = local_sub.add_parser(
@@ -90,7 +97,15 @@ def _settings(args: argparse.Namespace) -> Any:
 def _cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
     from rollout_pipeline.local.demo import run_demo
 
-    report = run_demo(_settings(args), dataset=args.dataset, rows=args.rows or None, timeout_s=args.wait_s, out=out)
+    report = run_demo(
+        _settings(args),
+        dataset=args.dataset,
+        rows=args.rows or None,
+        timeout_s=args.wait_s,
+        write_html_report=not args.no_report,
+        report_path=args.report,
+        out=out,
+    )
     return EXIT_OK if report.ok else EXIT_FAILED
 
 

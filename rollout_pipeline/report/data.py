@@ -21,6 +21,8 @@ from rollout_pipeline.contracts import DetailType, iso, parse_iso, reward_stats
 
 #: Result-object values longer than this are cut in the report's data (model outputs can be long).
 MAX_RESULT_TEXT: Final = 300
+#: Rewards closer than this count as equal (float noise in a mean of equal rewards is not a learning signal).
+SIGNAL_EPS: Final = 1e-9
 _ROLLOUT_EVENTS: Final = frozenset({DetailType.ROLLOUT_COMPLETED.value, DetailType.ROLLOUT_FAILED.value})
 
 
@@ -196,11 +198,16 @@ def rewards_by_group(data: ReportData) -> dict[str, list[float]]:
     return dict(sorted(groups.items()))
 
 
+def has_signal(rewards: Sequence[float | None]) -> bool:
+    """True when a group's rewards differ, so its GRPO advantages are not all zero (it carries gradient)."""
+    _, std = reward_stats([r for r in rewards if r is not None])
+    return std is not None and std > SIGNAL_EPS
+
+
 def groups_with_signal(groups: Mapping[str, Sequence[float]]) -> tuple[int, int]:
     """(groups whose rewards differ, i.e. non-zero GRPO advantages; groups with at least one reward)."""
     scored = [values for values in groups.values() if values]
-    varied = sum(1 for values in scored if (reward_stats(list(values))[1] or 0.0) > 0.0)
-    return varied, len(scored)
+    return sum(1 for values in scored if has_signal(values)), len(scored)
 
 
 def failures_by_reason(data: ReportData) -> dict[str, int]:

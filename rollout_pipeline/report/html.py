@@ -156,7 +156,7 @@ def _group_chart(data: ReportData) -> Chart:
             values = groups[name]
             if not values:
                 continue
-            spread = statistics.pstdev(values) > 0
+            spread = series.has_signal(values)
             color = PALETTE["accent"] if spread else PALETTE["queued"]
             ax.scatter([x + jitter.uniform(-0.15, 0.15) for _ in values], values, s=18, color=color, alpha=0.8)
             ax.hlines(statistics.fmean(values), x - 0.3, x + 0.3, color="#212529", linewidth=1.5)
