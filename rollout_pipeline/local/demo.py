@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from importlib import resources as package_resources
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Final, TextIO
 
 from rollout_pipeline.contracts import (
     BatchAccepted,
@@ -25,12 +25,27 @@ from rollout_pipeline.local.pipeline import LocalPipeline, LocalSettings, interr
 from rollout_pipeline.report.data import has_signal
 from rollout_pipeline.sdk.events import Group
 
-SAMPLE_DATASET = "gsm8k_sample.jsonl"
+#: Bundled datasets by name: file, and the sampling `max_tokens` their answers need. "arithmetic" (single-digit
+#: sums, answered with a number) is the one SmolLM2-135M gets right about half the time, so its GRPO groups carry
+#: signal; "gsm8k" (word problems) is kept for a real policy model (`--model-url`): the 135M model scores ~0 on it.
+BUNDLED_DATASETS: Final = {"arithmetic": ("arithmetic_sample.jsonl", 32), "gsm8k": ("gsm8k_sample.jsonl", 256)}
+DEFAULT_DATASET: Final = "arithmetic"
+#: `max_tokens` for a dataset that is not bundled.
+DEFAULT_MAX_TOKENS: Final = 256
 
 
-def sample_dataset_path() -> Path:
-    """The sample GSM8K-style dataset shipped with the library."""
-    return Path(str(package_resources.files("rollout_pipeline.sample_data").joinpath(SAMPLE_DATASET)))
+def sample_dataset_path(name: str = DEFAULT_DATASET) -> Path:
+    """A sample dataset shipped with the library (`BUNDLED_DATASETS`)."""
+    file_name, _ = BUNDLED_DATASETS[name]
+    return Path(str(package_resources.files("rollout_pipeline.sample_data").joinpath(file_name)))
+
+
+def resolve_dataset(value: str | Path | None) -> tuple[Path, int]:
+    """`--dataset`: a bundled name (default "arithmetic") or a path -> (file, default `max_tokens` for it)."""
+    name = str(value) if value is not None else DEFAULT_DATASET
+    if name in BUNDLED_DATASETS:
+        return sample_dataset_path(name), BUNDLED_DATASETS[name][1]
+    return Path(name), DEFAULT_MAX_TOKENS
 
 
 def first_rows(source: Path, rows: int, directory: Path) -> Path:
@@ -249,10 +264,12 @@ def _write_report(pipeline: LocalPipeline, report: DemoReport, path: Path) -> No
     from rollout_pipeline.report import ReportUnavailable, write_report
 
     try:
-        write_report(pipeline.experiment, report.batch_id, path, report.events)
+        data = write_report(pipeline.experiment, report.batch_id, path, report.events)
     except ReportUnavailable as exc:
         report.report_error = str(exc)
         return
+    # What the report was drawn from, to redraw it later (`render(ReportData.from_json(...))`) once moto is gone.
+    path.with_suffix(".json").write_text(data.to_json(), encoding="utf-8")
     report.report_path = path
 
 

@@ -21,6 +21,8 @@ from rollout_pipeline.report.data import ReportData
 
 PALETTE: Final = {"queued": "#9aa5b1", "in_flight": "#f0a202", "done": "#2b8a3e", "accent": "#3b5bdb", "bad": "#c92a2a"}
 _FIGSIZE: Final = (6.0, 2.8)
+#: Charts that span the page's width are drawn twice as wide, so their text renders at the same size.
+_WIDE: Final = (12.4, 3.0)
 _METADATA: Final = re.compile(r"<metadata>.*?</metadata>\s*", re.DOTALL)
 
 
@@ -91,7 +93,7 @@ def _timeline_chart(data: ReportData) -> Chart:
             ax.step(line.t, values, where="post", label=name, color=PALETTE[name.replace(" ", "_")], linewidth=1.6)
         ax.set_xlabel("seconds since the batch was created")
         ax.set_ylabel("rollouts")
-        ax.legend(loc="center right", frameon=False)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
 
     total = len(data.rows)
     return Chart(
@@ -99,7 +101,7 @@ def _timeline_chart(data: ReportData) -> Chart:
         "Rollouts over time",
         f"{total} rollouts: queued (submitted, not yet dispatched), in flight (dispatched, no result yet), done.",
         len(line.t),
-        _svg(draw) if line.t else "",
+        _svg(draw, _WIDE) if line.t else "",
     )
 
 
@@ -165,12 +167,12 @@ def _group_chart(data: ReportData) -> Chart:
         ax.set_ylabel("reward")
         ax.set_xlabel("group (input id); bar = mean, grey = every reward equal (no GRPO signal)")
 
-    width = max(6.0, min(12.0, 0.45 * len(names)))
+    width = max(_WIDE[0], 0.3 * len(names))
     caption = (
         f"{scored} groups; {varied} of them ({100 * varied / max(1, scored):.0f}%) have rewards that differ, so "
         "non-zero GRPO advantages."
     )
-    return Chart("groups", "Reward per group", caption, points, _svg(draw, (width, 3.0)))
+    return Chart("groups", "Reward per group", caption, points, _svg(draw, (width, _WIDE[1])))
 
 
 def _bar_chart(name: str, title: str, counts: dict[str, int], *, color: str, caption: str, empty: str) -> Chart:
@@ -297,7 +299,8 @@ def render(data: ReportData) -> str:
         )
     status = data.status
     subtitle = (
-        f"experiment {data.experiment} · status {status.get('status')} · created {status.get('created_at') or '?'}"
+        f"experiment {data.experiment} · status {status.get('status')}{', done' if status.get('done') else ''}"
+        f" · created {status.get('created_at') or '?'}"
         f" · completed {status.get('completed_at') or '-'} · source {status.get('source') or '-'}"
     )
     return (

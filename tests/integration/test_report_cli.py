@@ -46,7 +46,8 @@ def test_report_of_a_cancelled_batch(
     points = _points(page)
     assert points["failures"] == 4  # every rollout cancelled
     assert points["retries"] == 4
-    assert points["rewards"] == 0 and points["latency"] == 0
+    assert points["rewards"] == 0
+    assert points["latency"] == 0
     assert "cancelled" in page
 
 
@@ -55,5 +56,6 @@ def test_report_of_an_unknown_batch_is_one_error_line(
 ) -> None:
     assert main(["report", *E, "--batch", "nope-000000000000", "-o", str(tmp_path / "r.html")]) == EXIT_ERROR
     err = capsys.readouterr().err
-    assert "no batch 'nope-000000000000'" in err and "Traceback" not in err
+    assert "no batch 'nope-000000000000'" in err
+    assert "Traceback" not in err
     assert not (tmp_path / "r.html").exists()

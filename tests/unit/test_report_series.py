@@ -40,12 +40,16 @@ DATA = ReportData(
         row("c", 0, "queued"),
     ],
     events=[
-        {"detail-type": "Rollout Completed", "detail": {"event_id": "e1", "timings": {"finished_at": at(3),
-                                                                                         "notified_at": at(3.25)}}},
-        {"detail-type": "Rollout Completed", "detail": {"event_id": "e1", "timings": {"finished_at": at(3),
-                                                                                         "notified_at": at(3.25)}}},
+        {
+            "detail-type": "Rollout Completed",
+            "detail": {"event_id": "e1", "timings": {"finished_at": at(3), "notified_at": at(3.25)}},
+        },
+        {
+            "detail-type": "Rollout Completed",
+            "detail": {"event_id": "e1", "timings": {"finished_at": at(3), "notified_at": at(3.25)}},
+        },
         {"detail-type": "Group Completed", "detail": {"event_id": "g1"}},
-    ],  # fmt: skip
+    ],
     max_sessions=2,
 )
 
