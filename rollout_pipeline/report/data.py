@@ -57,6 +57,21 @@ def _trim(value: Any) -> Any:
     return value
 
 
+#: Event detail fields a report keeps (inline result objects and payload references are left out).
+EVENT_FIELDS: Final = frozenset(
+    {"event_id", "batch_id", "input_id", "index", "rollout_id", "attempt", "reason", "reward", "rewards", "timings"}
+)
+
+
+def _slim(event: Mapping[str, Any]) -> dict[str, Any]:
+    detail = event.get("detail") or {}
+    return {
+        "detail-type": event.get("detail-type"),
+        "time": event.get("time"),
+        "detail": {k: _trim(v) for k, v in detail.items() if k in EVENT_FIELDS},
+    }
+
+
 def collect(experiment: Any, batch_id: str, events: Iterable[Mapping[str, Any]] = ()) -> ReportData:
     """Read a batch through the SDK (`status`, `export`) and keep the events that belong to it.
 
@@ -67,7 +82,7 @@ def collect(experiment: Any, batch_id: str, events: Iterable[Mapping[str, Any]] 
     buffer = io.StringIO()
     experiment.export(batch_id, buffer, include_results=True)
     rows = [_trim(json.loads(line)) for line in buffer.getvalue().splitlines() if line.strip()]
-    kept = [dict(e) for e in events if (e.get("detail") or {}).get("batch_id") == batch_id]
+    kept = [_slim(e) for e in events if (e.get("detail") or {}).get("batch_id") == batch_id]
     config = getattr(experiment, "config", None)
     return ReportData(
         experiment=str(getattr(experiment, "name", "")),
@@ -217,8 +232,9 @@ def failures_by_reason(data: ReportData) -> dict[str, int]:
 
 
 def attempts(data: ReportData) -> dict[int, int]:
-    """How many rollouts ended on attempt 1, 2, ... (attempt > 1 = retried after a timeout)."""
-    counts = Counter(int(row.get("attempt") or 1) for row in data.rows if row.get("state") in {"succeeded", "failed"})
+    """How many rollouts ended on attempt 1, 2, ... (attempt > 1 = retried after a timeout; 0 = never started,
+    e.g. cancelled while queued)."""
+    counts = Counter(int(row.get("attempt") or 0) for row in data.rows if row.get("state") in {"succeeded", "failed"})
     return dict(sorted(counts.items()))
 
 

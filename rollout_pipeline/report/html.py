@@ -79,7 +79,8 @@ def _hist(values: Sequence[float], xlabel: str, color: str, bins: int | list[flo
         ax.set_ylabel("rollouts")
         median = statistics.median(values)
         ax.axvline(median, color="#212529", linestyle="--", linewidth=1)
-        ax.annotate(f"median {median:.3g}", (median, 1), xycoords=("data", "axes fraction"), xytext=(4, -10),
+        label = f"{median:,.0f}" if abs(median) >= 100 else f"{median:.3g}"
+        ax.annotate(f"median {label}", (median, 1), xycoords=("data", "axes fraction"), xytext=(4, -10),
                     textcoords="offset points", fontsize=8)  # fmt: skip
 
     return draw
@@ -205,7 +206,7 @@ def _failure_chart(data: ReportData) -> Chart:
 
 def _retry_chart(data: ReportData) -> Chart:
     by_attempt = series.attempts(data)
-    counts = {f"ended on attempt {k}": v for k, v in by_attempt.items()}
+    counts = {(f"ended on attempt {k}" if k else "never started"): v for k, v in by_attempt.items()}
     throttled = series.throttled(data)
     if throttled:
         counts["failed: ACR kept throttling"] = throttled

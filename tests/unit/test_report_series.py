@@ -36,7 +36,7 @@ DATA = ReportData(
         row("a", 0, "succeeded", dispatched_at=at(1), finished_at=at(4), reward=1.0, attempt=1),
         row("a", 1, "succeeded", dispatched_at=at(2), finished_at=at(3), reward=0.0, attempt=1),
         row("b", 0, "failed", dispatched_at=at(2), finished_at=at(9), reason="timeout", attempt=2),
-        row("b", 1, "failed", finished_at=at(5), reason="cancelled", attempt=1),  # cancelled while queued
+        row("b", 1, "failed", finished_at=at(5), reason="cancelled", attempt=0),  # cancelled while queued
         row("c", 0, "queued"),
     ],
     events=[
@@ -69,7 +69,7 @@ def test_durations_latencies_and_counts() -> None:
     assert notify_latencies_ms(DATA) == [250.0]  # the duplicate delivery counted once
     assert rewards_by_group(DATA) == {"a": [1.0, 0.0], "b": [], "c": []}
     assert failures_by_reason(DATA) == {"timeout": 1, "cancelled": 1}
-    assert attempts(DATA) == {1: 3, 2: 1}
+    assert attempts(DATA) == {0: 1, 1: 2, 2: 1}
     assert throttled(DATA) == 0
 
 
