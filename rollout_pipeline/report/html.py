@@ -72,11 +72,19 @@ def _svg(draw: Callable[[Any], None], figsize: tuple[float, float] = _FIGSIZE) -
     return _METADATA.sub("", text[text.index("<svg") :])
 
 
+def _integer_ticks(axis: Any) -> None:
+    """Counts get whole-number ticks (no "0.25 rollouts")."""
+    from matplotlib.ticker import MaxNLocator
+
+    axis.set_major_locator(MaxNLocator(integer=True))
+
+
 def _hist(values: Sequence[float], xlabel: str, color: str, bins: int | list[float] = 20) -> Callable[[Any], None]:
     def draw(ax: Any) -> None:
         ax.hist(values, bins=bins, color=color, edgecolor="white")
         ax.set_xlabel(xlabel)
         ax.set_ylabel("rollouts")
+        _integer_ticks(ax.yaxis)
         median = statistics.median(values)
         ax.axvline(median, color="#212529", linestyle="--", linewidth=1)
         label = f"{median:,.0f}" if abs(median) >= 100 else f"{median:.3g}"
@@ -94,6 +102,7 @@ def _timeline_chart(data: ReportData) -> Chart:
             ax.step(line.t, values, where="post", label=name, color=PALETTE[name.replace(" ", "_")], linewidth=1.6)
         ax.set_xlabel("seconds since the batch was created")
         ax.set_ylabel("rollouts")
+        _integer_ticks(ax.yaxis)
         ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
 
     total = len(data.rows)
@@ -185,6 +194,7 @@ def _bar_chart(name: str, title: str, counts: dict[str, int], *, color: str, cap
         bars = ax.barh(labels, [counts[k] for k in labels], color=color)
         ax.bar_label(bars, padding=3)
         ax.set_xlabel("rollouts")
+        _integer_ticks(ax.xaxis)
         ax.invert_yaxis()
 
     height = max(1.6, 0.45 * len(labels) + 0.9)
@@ -232,6 +242,7 @@ def _sessions_chart(data: ReportData) -> Chart:
         ax.set_ylim(0, max([*line.in_flight, limit or 0]) * 1.15 + 0.5)
         ax.set_xlabel("seconds since the batch was created")
         ax.set_ylabel("sessions")
+        _integer_ticks(ax.yaxis)
         ax.legend(loc="upper right", frameon=False)
 
     peak = max(line.in_flight, default=0)
