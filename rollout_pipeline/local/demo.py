@@ -26,7 +26,7 @@ from rollout_pipeline.report.data import has_signal
 from rollout_pipeline.sdk.events import Group
 
 #: Bundled datasets by name: file, and the sampling `max_tokens` their answers need. "arithmetic" (single-digit
-#: sums, answered with a number) is the one SmolLM2-135M gets right about half the time, so its GRPO groups carry
+#: sums, answered with a number) is one SmolLM2-135M gets right about 30% of the time (README), so its GRPO groups carry
 #: signal; "gsm8k" (word problems) is kept for a real policy model (`--model-url`): the 135M model scores ~0 on it.
 BUNDLED_DATASETS: Final = {"arithmetic": ("arithmetic_sample.jsonl", 32), "gsm8k": ("gsm8k_sample.jsonl", 256)}
 DEFAULT_DATASET: Final = "arithmetic"

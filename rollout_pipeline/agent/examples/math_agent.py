@@ -36,7 +36,7 @@ SYSTEM_PROMPT = (
     "You solve grade-school math word problems. Think step by step, then give the final answer on its own line "
     "in the form '#### <number>'."
 )
-#: The demo's task: SmolLM2-135M gets about half of these single-digit sums right at temperature 0.7 (README).
+#: The demo's task: SmolLM2-135M gets about 30% of these single-digit sums right at temperature 0.7 (README).
 ARITHMETIC_PROMPT = "You are a calculator. Reply with only the result, a single number."
 #: task -> (system prompt, default reward mode)
 TASKS: dict[str, tuple[str, Mode]] = {
