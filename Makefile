@@ -21,7 +21,7 @@ CONSTRAINTS := constraints.txt
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q -c $(CONSTRAINTS) --upgrade pip
-	$(BIN)/pip install -q -c $(CONSTRAINTS) -e ".[cdk,agent,local,dev]"
+	$(BIN)/pip install -q -c $(CONSTRAINTS) -e ".[cdk,agent,local,dev,report]"
 	touch $(STAMP)
 
 $(NODE_STAMP): package.json package-lock.json

@@ -43,6 +43,7 @@ examples:
   rollouts watch -e my-exp --batch train-3f2a9c1b7d4e
   rollouts status -e my-exp --batch train-3f2a9c1b7d4e --json
   rollouts export -e my-exp --batch train-3f2a9c1b7d4e -o results.jsonl
+  rollouts report -e my-exp --batch train-3f2a9c1b7d4e -o report.html
   rollouts cancel -e my-exp --batch train-3f2a9c1b7d4e
 """
 
@@ -183,6 +184,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     preflight.add_argument("--cdk-dir", type=Path, default=Path(), metavar="DIR", help="where cdk.json is")
     preflight.set_defaults(handler=_cmd_preflight)
+
+    report = sub.add_parser(
+        "report",
+        parents=[common],
+        help="write a batch's report: one self-contained HTML file of charts",
+        description="Read a batch from the ledger (status, export rows) and the results bucket, plus recorded "
+        "events (--events), and write one HTML file with inline SVG charts (no server, no network to view it). "
+        "Needs the `report` extra (matplotlib).",
+    )
+    report.add_argument("--batch", required=True, metavar="ID", help="batch id")
+    report.add_argument("-o", "--output", type=Path, metavar="FILE", help="HTML file (default: report-BATCH.html)")
+    report.add_argument(
+        "--events",
+        type=Path,
+        metavar="FILE",
+        help="JSON Lines of the batch's event envelopes (result-to-event latency)",
+    )
+    report.set_defaults(handler=_cmd_report)
 
     _register_local(sub, common)
     return parser
@@ -341,6 +360,24 @@ def _cmd_export(args: argparse.Namespace, out: TextIO) -> int:
     )
     where = "stdout" if args.output == "-" else args.output
     print(f"exported {count} rollout(s) of batch {args.batch} to {where}", file=sys.stderr)
+    return EXIT_OK
+
+
+def _cmd_report(args: argparse.Namespace, out: TextIO) -> int:
+    from rollout_pipeline.report import ReportUnavailable, read_events, write_report
+
+    events = []
+    if args.events is not None:
+        try:
+            events = read_events(args.events)
+        except OSError as exc:
+            raise CliError(f"cannot read events file {args.events}: {exc}") from None
+    output = args.output or Path(f"report-{args.batch}.html")
+    try:
+        data = write_report(attach(args), args.batch, output, events)
+    except ReportUnavailable as exc:
+        raise CliError(str(exc)) from None
+    print(f"report of batch {args.batch} ({len(data.rows)} rollouts) written to {output}", file=out)
     return EXIT_OK
 
 

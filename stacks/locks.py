@@ -32,7 +32,7 @@ DEV_CONSTRAINTS: Final = REPO_ROOT / "constraints.txt"
 LAMBDA_LOCK: Final = REPO_ROOT / "lambdas" / "requirements.lock"
 AGENT_LOCK: Final = REPO_ROOT / "agent_image" / "requirements.lock"
 #: The extras `make setup` / `make setup-model` / `make lock` install: the dev/test environment's closure.
-DEV_EXTRAS: Final = ("cdk", "agent", "local", "dev", "model", "lock")
+DEV_EXTRAS: Final = ("cdk", "agent", "local", "dev", "report", "model", "lock")
 #: Python of the Lambda runtime (`stacks.functions.RUNTIME`; a test keeps the two equal).
 LAMBDA_PYTHON: Final = "3.14"
 #: Python of the agent image's base (`FROM ... python:3.13-slim` in agent_image/Dockerfile; a test checks it).

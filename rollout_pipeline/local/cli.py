@@ -25,7 +25,9 @@ def _add_pipeline_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tps", type=int, default=20, help="ACR calls per second limit (default: 20)")
     parser.add_argument("--max-sessions", type=int, default=4, help="rollouts in flight at once (default: 4)")
     parser.add_argument("--timeout-s", type=int, default=300, help="deadline of one rollout attempt (default: 300)")
-    parser.add_argument("--max-tokens", type=int, default=256, help="sampling max_tokens (default: 256)")
+    parser.add_argument(
+        "--max-tokens", type=int, help="sampling max_tokens (default: 256; demo: what the dataset's task needs)"
+    )
     parser.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (default: 0.7)")
     parser.add_argument(
         "--agent-module",
@@ -54,9 +56,23 @@ def register(sub: Any, _common: argparse.ArgumentParser) -> None:
         "arrive, then a summary. Exits non-zero unless the batch completed with every session stopped.",
     )
     _add_pipeline_options(demo)
-    demo.add_argument("--dataset", type=Path, help="a .jsonl dataset (default: the bundled GSM8K-style sample)")
+    demo.add_argument(
+        "--dataset",
+        default="arithmetic",
+        metavar="NAME|FILE",
+        help="a bundled dataset, `arithmetic` (default: single-digit sums, max_tokens 32) or `gsm8k` (word problems, "
+        "max_tokens 256; SmolLM2-135M scores ~0 on them), or a .jsonl file",
+    )
     demo.add_argument("--rows", type=int, default=6, help="use the first N rows of the dataset (default: 6; 0 = all)")
     demo.add_argument("--wait-s", type=float, default=900, help="give up after this many seconds (default: 900)")
+    demo.add_argument(
+        "--report",
+        type=Path,
+        metavar="FILE",
+        help="write the batch's HTML report here, and the data it was drawn from next to it as .json (default: "
+        "report-BATCH.html in the work directory)",
+    )
+    demo.add_argument("--no-report", action="store_true", help="do not write the HTML report")
     demo.set_defaults(handler=_cmd_demo)
 
     up = local_sub.add_parser(
@@ -70,7 +86,7 @@ def register(sub: Any, _common: argparse.ArgumentParser) -> None:
     up.set_defaults(handler=_cmd_up)
 
 
-def _settings(args: argparse.Namespace) -> Any:
+def _settings(args: argparse.Namespace, max_tokens: int = 256) -> Any:
     from rollout_pipeline.local.pipeline import LocalSettings
 
     return LocalSettings(
@@ -81,16 +97,25 @@ def _settings(args: argparse.Namespace) -> Any:
         rollout_timeout_s=args.timeout_s,
         model_url=args.model_url,
         model_id=args.model_id,
-        sampling_params={"temperature": args.temperature, "max_tokens": args.max_tokens},
+        sampling_params={"temperature": args.temperature, "max_tokens": args.max_tokens or max_tokens},
         agent_module=args.agent_module,
         work_dir=args.work_dir,
     )
 
 
 def _cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
-    from rollout_pipeline.local.demo import run_demo
+    from rollout_pipeline.local.demo import resolve_dataset, run_demo
 
-    report = run_demo(_settings(args), dataset=args.dataset, rows=args.rows or None, timeout_s=args.wait_s, out=out)
+    dataset, max_tokens = resolve_dataset(args.dataset)
+    report = run_demo(
+        _settings(args, max_tokens),
+        dataset=dataset,
+        rows=args.rows or None,
+        timeout_s=args.wait_s,
+        write_html_report=not args.no_report,
+        report_path=args.report,
+        out=out,
+    )
     return EXIT_OK if report.ok else EXIT_FAILED
 
 

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from importlib import resources as package_resources
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Final, TextIO
 
 from rollout_pipeline.contracts import (
     BatchAccepted,
@@ -22,13 +22,30 @@ from rollout_pipeline.contracts import (
     RolloutFailed,
 )
 from rollout_pipeline.local.pipeline import LocalPipeline, LocalSettings, interrupt_on_sigterm
+from rollout_pipeline.report.data import has_signal
+from rollout_pipeline.sdk.events import Group
 
-SAMPLE_DATASET = "gsm8k_sample.jsonl"
+#: Bundled datasets by name: file, and the sampling `max_tokens` their answers need. "arithmetic" (single-digit
+#: sums, answered with a number) is one SmolLM2-135M gets right about 30% of the time (README), so its GRPO groups carry
+#: signal; "gsm8k" (word problems) is kept for a real policy model (`--model-url`): the 135M model scores ~0 on it.
+BUNDLED_DATASETS: Final = {"arithmetic": ("arithmetic_sample.jsonl", 32), "gsm8k": ("gsm8k_sample.jsonl", 256)}
+DEFAULT_DATASET: Final = "arithmetic"
+#: `max_tokens` for a dataset that is not bundled.
+DEFAULT_MAX_TOKENS: Final = 256
 
 
-def sample_dataset_path() -> Path:
-    """The sample GSM8K-style dataset shipped with the library."""
-    return Path(str(package_resources.files("rollout_pipeline.sample_data").joinpath(SAMPLE_DATASET)))
+def sample_dataset_path(name: str = DEFAULT_DATASET) -> Path:
+    """A sample dataset shipped with the library (`BUNDLED_DATASETS`)."""
+    file_name, _ = BUNDLED_DATASETS[name]
+    return Path(str(package_resources.files("rollout_pipeline.sample_data").joinpath(file_name)))
+
+
+def resolve_dataset(value: str | Path | None) -> tuple[Path, int]:
+    """`--dataset`: a bundled name (default "arithmetic") or a path -> (file, default `max_tokens` for it)."""
+    name = str(value) if value is not None else DEFAULT_DATASET
+    if name in BUNDLED_DATASETS:
+        return sample_dataset_path(name), BUNDLED_DATASETS[name][1]
+    return Path(name), DEFAULT_MAX_TOKENS
 
 
 def first_rows(source: Path, rows: int, directory: Path) -> Path:
@@ -55,6 +72,11 @@ class DemoReport:
     rollouts_ok: int = 0
     rollouts_failed: dict[str, int] = field(default_factory=dict)
     groups: int = 0
+    #: Groups whose rewards differ (non-zero GRPO advantages: the groups that carry gradient).
+    groups_with_signal: int = 0
+    events: list[dict[str, Any]] = field(default_factory=list, repr=False)
+    report_path: Path | None = None
+    report_error: str | None = None
     notify_latencies_ms: list[float] = field(default_factory=list)
     sessions_left: list[str] = field(default_factory=list)
     dead_letters: dict[str, int] = field(default_factory=dict)
@@ -110,6 +132,10 @@ class _Display:
         self.progress.update(self.task, total=total, completed=done, summary=summary)
 
 
+def _numbers(values: list[float | None], *, signed: bool = False) -> str:
+    return " ".join("  -  " if v is None else (f"{v:+.2f}" if signed else f"{v:.2f}") for v in values)
+
+
 def _latency_ms(detail: RolloutCompleted | RolloutFailed) -> float | None:
     timings = detail.timings
     if timings.finished_at and timings.notified_at:
@@ -123,6 +149,7 @@ def watch_batch(pipeline: LocalPipeline, batch_id: str, report: DemoReport, out:
         stream = pipeline.experiment.events(batch_id=batch_id, timeout=timeout_s)
         for event in stream:
             detail: Any = event.detail
+            report.events.append(event.envelope)
             if event.detail_type is DetailType.BATCH_ACCEPTED:
                 report.accepted = detail
                 display.line(
@@ -139,9 +166,13 @@ def watch_batch(pipeline: LocalPipeline, batch_id: str, report: DemoReport, out:
                 display.line(f"Rollout Failed    {detail.rollout_id:<14} {detail.reason}: {detail.error[:80]}")
             elif event.detail_type is DetailType.GROUP_COMPLETED:
                 report.groups += 1
-                rewards = ", ".join("-" if r is None else f"{r:.0f}" for r in detail.rewards)
-                mean = "n/a" if detail.reward_mean is None else f"{detail.reward_mean:.2f}"
-                display.line(f"Group Completed   {detail.input_id:<14} rewards [{rewards}] mean {mean}")
+                advantages = Group(completed=detail).advantages()
+                if has_signal(detail.rewards):
+                    report.groups_with_signal += 1
+                display.line(
+                    f"Group Completed   {detail.input_id:<14} rewards [{_numbers(detail.rewards)}] "
+                    f"advantages [{_numbers(advantages, signed=True)}]"
+                )
             elif event.detail_type is DetailType.BATCH_COMPLETED:
                 report.completed = detail
             if isinstance(detail, RolloutCompleted | RolloutFailed):
@@ -166,7 +197,13 @@ def print_summary(report: DemoReport, out: TextIO) -> None:
             f"  rollouts {done.rollouts_total}: {done.succeeded} succeeded, {done.failed} failed "
             f"{dict(done.failed_by_reason) or ''}".rstrip()
         )
-        lines.append(f"  reward mean {mean} (std {std}, over {done.reward_count} rollouts), groups {report.groups}")
+        lines.append(f"  reward mean {mean} (std {std}, over {done.reward_count} rollouts)")
+    if report.groups:
+        share = 100 * report.groups_with_signal / report.groups
+        lines.append(
+            f"  groups {report.groups}: {report.groups_with_signal} ({share:.0f}%) with rewards that differ "
+            "(non-zero GRPO advantages: the groups a trainer learns from)"
+        )
     if report.notify_latencies_ms:
         values = sorted(report.notify_latencies_ms)
         p95 = values[min(len(values) - 1, int(0.95 * len(values)))]
@@ -175,6 +212,10 @@ def print_summary(report: DemoReport, out: TextIO) -> None:
         )
     lines.append(f"  sessions left running: {len(report.sessions_left)}")
     lines.append(f"  dead-lettered messages: {sum(report.dead_letters.values())}")
+    if report.report_path is not None:
+        lines.append(f"  report: {report.report_path}")
+    elif report.report_error:
+        lines.append(f"  report not written: {report.report_error}")
     print("\n".join(lines), file=out, flush=True)
 
 
@@ -184,9 +225,14 @@ def run_demo(
     dataset: Path | None = None,
     rows: int | None = 6,
     timeout_s: float = 900.0,
+    write_html_report: bool = True,
+    report_path: Path | None = None,
     out: TextIO,
 ) -> DemoReport:
-    """Start the local pipeline, submit the dataset through the input bucket, watch it to the end, stop."""
+    """Start the local pipeline, submit the dataset through the input bucket, watch it to the end, stop.
+
+    With `write_html_report`, the batch's HTML report (as `rollouts report` writes it) goes to `report_path`
+    (default: `report-BATCH.html` in the run's work directory) once the batch completed."""
     report = DemoReport()
     source = dataset or sample_dataset_path()
     started = time.monotonic()
@@ -208,8 +254,23 @@ def run_demo(
                 report.elapsed_s = time.monotonic() - started
                 report.sessions_left = _sessions_after_grace(pipeline)
                 report.dead_letters = pipeline.dead_letters()
+            if write_html_report and report.completed is not None:
+                _write_report(pipeline, report, report_path or pipeline.work_dir / f"report-{report.batch_id}.html")
     print_summary(report, out)
     return report
+
+
+def _write_report(pipeline: LocalPipeline, report: DemoReport, path: Path) -> None:
+    from rollout_pipeline.report import ReportUnavailable, write_report
+
+    try:
+        data = write_report(pipeline.experiment, report.batch_id, path, report.events)
+    except ReportUnavailable as exc:
+        report.report_error = str(exc)
+        return
+    # What the report was drawn from, to redraw it later (`render(ReportData.from_json(...))`) once moto is gone.
+    path.with_suffix(".json").write_text(data.to_json(), encoding="utf-8")
+    report.report_path = path
 
 
 def _sessions_after_grace(pipeline: LocalPipeline, grace_s: float = 5.0) -> list[str]:

@@ -59,7 +59,8 @@ def wait_until_ready(base_url: str, timeout_s: float, process: subprocess.Popen[
 
 
 class LocalModelServer:
-    """`python -m llama_cpp.server` on 127.0.0.1 with SmolLM2; use as a context manager."""
+    """llama-cpp-python's server (`rollout_pipeline.local.llama_server`) on 127.0.0.1 with SmolLM2; use as a
+    context manager."""
 
     def __init__(self, port: int | None = None, n_ctx: int = 2048, threads: int = 2, log_path: Path | None = None):
         self.port = port or free_port()
@@ -81,7 +82,7 @@ class LocalModelServer:
             [
                 sys.executable,
                 "-m",
-                "llama_cpp.server",
+                "rollout_pipeline.local.llama_server",  # llama_cpp.server without AMX buffers (see there)
                 "--model",
                 str(model),
                 "--model_alias",

@@ -163,3 +163,9 @@ def test_demo_with_the_real_local_model(tmp_path: Path) -> None:
     assert report.ok, text
     assert "Group Completed" in text
     assert "COMPLETED" in text
+    assert text.count("advantages [") == 2  # one per group
+    assert f"groups 2: {report.groups_with_signal} (" in text
+    assert report.report_path is not None, report.report_error
+    page = report.report_path.read_text()
+    assert report.batch_id in page
+    assert 'id="chart-rewards" data-points="4"' in page  # the batch's 4 rollouts, every one scored

@@ -582,3 +582,41 @@ def test_math_agent_with_the_real_local_model(math_runtime: LocalAgentRuntime, s
     assert outcome.success, outcome.error
     assert outcome.rewards in (0.0, 1.0)
     assert (outcome.body or {})["stop_reason"] in ("end_turn", "max_tokens")
+
+
+def test_math_agent_arithmetic_task_uses_its_prompt_and_scores_the_last_number(
+    math_runtime: LocalAgentRuntime, s3: Any, model: FakeModelServer
+) -> None:
+    """The demo's task: `task: arithmetic` rows get the calculator prompt and flexible scoring (last number)."""
+    from rollout_pipeline.agent.examples.math_agent import ARITHMETIC_PROMPT, SYSTEM_PROMPT
+
+    right, _ = run_rollout(
+        math_runtime, s3, model, "arith-ok", {"task": "arithmetic", "question": "40 + 2 (arith-ok)", "answer": "42"}
+    )
+    wrong, _ = run_rollout(
+        math_runtime,
+        s3,
+        model,
+        "arith-no",
+        {"task": "arithmetic", "question": "40 + 2 WRONG (arith-no)", "answer": "42"},
+    )
+    assert right.success
+    assert right.rewards == 1.0
+    assert (right.body or {})["task"] == "arithmetic"
+    assert wrong.success
+    assert wrong.rewards == 0.0
+    (request,) = requests_of(model, "(arith-ok)")
+    system = [m["content"] for m in request.body["messages"] if m["role"] == "system"]
+    assert system == [ARITHMETIC_PROMPT]
+    run_rollout(math_runtime, s3, model, "gsm-plain", {"question": "6 * 7 (gsm-plain)", "answer": "#### 42"})
+    (plain,) = requests_of(model, "(gsm-plain)")  # a row without `task` keeps the GSM8K prompt
+    assert [m["content"] for m in plain.body["messages"] if m["role"] == "system"] == [SYSTEM_PROMPT]
+
+
+def test_math_agent_unknown_task_is_an_agent_error(
+    math_runtime: LocalAgentRuntime, s3: Any, model: FakeModelServer
+) -> None:
+    outcome, _ = run_rollout(math_runtime, s3, model, "task-bad", {"task": "chess", "question": "e4?", "answer": "1"})
+    assert not outcome.success
+    assert outcome.reason is contracts.FailureReason.AGENT_ERROR
+    assert "unknown task 'chess'" in (outcome.error or "")

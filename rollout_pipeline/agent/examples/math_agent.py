@@ -1,6 +1,9 @@
 """Example rollout agent: a Strands math agent scored with the GSM8K reward.
 
 Payload (a dataset row minus `id`, plus `_rollout`): `{"question": str, "answer": "#### N", "_rollout": {...}}`.
+An optional row field `task` picks the prompt and the answer format: `"gsm8k"` (default: word problems, answer
+written as `#### N`, strict scoring) or `"arithmetic"` (the demo's task: a short sum such as `"7 + 8"`, answered
+with just a number; the last number of the reply is the answer, so scoring is flexible; `answer` may be `"15"`).
 The model endpoint and id come from `_rollout.base_url` / `_rollout.model_id`, sampling params from
 `_rollout.sampling_params`, token capture from `_rollout.token_capture`. Optional `_rollout` keys read here:
 `reward_mode` ("strict" | "flexible", default strict, env MATH_AGENT_REWARD_MODE), `per_turn_rewards` (bool:
@@ -33,6 +36,13 @@ SYSTEM_PROMPT = (
     "You solve grade-school math word problems. Think step by step, then give the final answer on its own line "
     "in the form '#### <number>'."
 )
+#: The demo's task: SmolLM2-135M gets about 30% of these single-digit sums right at temperature 0.7 (README).
+ARITHMETIC_PROMPT = "You are a calculator. Reply with only the result, a single number."
+#: task -> (system prompt, default reward mode)
+TASKS: dict[str, tuple[str, Mode]] = {
+    "gsm8k": (SYSTEM_PROMPT, "strict"),
+    "arithmetic": (ARITHMETIC_PROMPT, "flexible"),
+}
 MAX_QUESTION_CHARS = 10_000
 
 _BINARY: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
@@ -117,14 +127,18 @@ async def solve(payload: dict[str, Any]) -> dict[str, Any]:
     if len(question) > MAX_QUESTION_CHARS:
         raise ValueError(f"question longer than {MAX_QUESTION_CHARS} characters")
     ground_truth = payload.get("answer")
+    task = payload.get("task") or "gsm8k"
+    if task not in TASKS:
+        raise ValueError(f"unknown task {task!r}: expected one of {', '.join(TASKS)}")
+    system_prompt, task_mode = TASKS[task]
     ctx = current_rollout()
-    mode = cast(Mode, str(ctx.raw.get("reward_mode") or os.environ.get("MATH_AGENT_REWARD_MODE") or "strict"))
+    mode = cast(Mode, str(ctx.raw.get("reward_mode") or os.environ.get("MATH_AGENT_REWARD_MODE") or task_mode))
     use_tools = _flag(ctx.raw.get("tools")) or _flag(os.environ.get("MATH_AGENT_TOOLS"))
 
     agent = Agent(
         model=MODEL,
         tools=[calculator] if use_tools else [],
-        system_prompt=SYSTEM_PROMPT,
+        system_prompt=system_prompt,
         callback_handler=None,
     )
     try:
@@ -147,6 +161,7 @@ async def solve(payload: dict[str, Any]) -> dict[str, Any]:
         "turns": len(turns),
         "policy_version": ctx.policy_version,
         "stop_reason": stop_reason,
+        "task": task,
     }
 
 

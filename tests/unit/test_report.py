@@ -1,0 +1,86 @@
+"""The batch report built from a recorded local batch (`tests/data/report_batch.json`: a real `rollouts local demo`
+run with SmolLM2, recorded once with `collect`). Every chart must be drawn from the batch's data."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from rollout_pipeline.report.data import ReportData
+
+pytest.importorskip("matplotlib")
+
+from rollout_pipeline.report import render
+
+RECORDED = Path(__file__).parent.parent / "data" / "report_batch.json"
+CHARTS = ("timeline", "sessions", "rewards", "groups", "duration", "latency", "failures", "retries")
+
+
+@pytest.fixture(scope="module")
+def data() -> ReportData:
+    return ReportData.from_json(RECORDED.read_text())
+
+
+@pytest.fixture(scope="module")
+def sections(data: ReportData) -> dict[str, tuple[int, str]]:
+    page = render(data)
+    pattern = r'<section class="chart[^"]*" id="chart-([a-z]+)" data-points="(\d+)">(.*?)</section>'
+    found = {m[1]: (int(m[2]), m[3]) for m in re.finditer(pattern, page, re.S)}
+    assert tuple(found) == CHARTS
+    return found
+
+
+def test_the_recording_is_a_real_finished_batch(data: ReportData) -> None:
+    assert data.status["done"] is True
+    assert len(data.rows) == data.status["rollouts_total"] > 0
+    assert any(e["detail-type"] == "Batch Completed" for e in data.events)
+
+
+def test_every_chart_is_drawn_from_the_batch(data: ReportData, sections: dict[str, tuple[int, str]]) -> None:
+    for name, (points, body) in sections.items():
+        assert points > 0, f"chart {name} is empty"
+        assert "<svg" in body, name
+    finished = [r for r in data.rows if r["state"] in {"succeeded", "failed"}]
+    succeeded = [r for r in data.rows if r["state"] == "succeeded"]
+    # each rollout enters, is dispatched and finishes: the timeline has a point per distinct change time
+    assert sections["timeline"][0] >= 2
+    assert sections["sessions"][0] == sections["timeline"][0]
+    assert f"limit ({data.max_sessions})" in sections["sessions"][1]
+    assert sections["rewards"][0] == sections["groups"][0] == len(succeeded)
+    assert sections["duration"][0] == len([r for r in finished if r.get("dispatched_at")])
+    rollout_events = {
+        e["detail"]["event_id"] for e in data.events if e["detail-type"] in {"Rollout Completed", "Rollout Failed"}
+    }
+    assert sections["latency"][0] == len(rollout_events)
+    assert sections["retries"][0] == len(finished)
+    for attempt, count in Counter(r["attempt"] for r in finished).items():
+        label = f"ended on attempt {attempt}" if attempt else "never started"
+        assert re.search(rf">{label}<.*?>{count}<", sections["retries"][1], re.S), (label, count)
+    failed = Counter(r["reason"] for r in data.rows if r["state"] == "failed")
+    assert sections["failures"][0] == sum(failed.values())
+    for reason in failed:
+        assert f">{reason}<" in sections["failures"][1]
+
+
+def test_every_group_is_on_the_group_chart(data: ReportData, sections: dict[str, tuple[int, str]]) -> None:
+    for input_id in {r["input_id"] for r in data.rows}:
+        assert f">{input_id}<" in sections["groups"][1]
+
+
+def test_the_page_is_self_contained_and_small(data: ReportData) -> None:
+    page = render(data)
+    assert not re.search(r"<script|<link|<img|(src|href)=\"https?:|url\((?!#)", page), "nothing to fetch"
+    assert data.batch_id in page
+    assert len(page) < 600_000
+
+
+def test_the_plotting_library_is_an_extra_never_in_the_lambda_bundle() -> None:
+    from stacks.bundling import runtime_requirements
+
+    pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    assert any(r.startswith("matplotlib") for r in pyproject["project"]["optional-dependencies"]["report"])
+    assert not any("matplotlib" in r for r in runtime_requirements())
