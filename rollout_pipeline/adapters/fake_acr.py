@@ -250,7 +250,8 @@ class FakeAgentRuntime:
 
     def _enforce_invoke(self, now: float, session_id: str, endpoint: int) -> None:
         """AgentCore's quotas and cold starts for one invoke (under the lock); raises what AgentCore raises."""
-        assert self._quota is not None and self.profile is not None
+        assert self._quota is not None
+        assert self.profile is not None
         if not self._quota.data_plane_call(now):
             self.calls.append(FakeCall(now, "invoke", session_id, "throttled", endpoint))
             raise RuntimeThrottled("ThrottlingException: data-plane rate exceeded")
@@ -312,16 +313,19 @@ class FakeAgentRuntime:
                 if not self._quota.data_plane_call(now):
                     self.calls.append(FakeCall(now, "stop", session_id, "throttled", endpoint))
                     raise RuntimeThrottled("ThrottlingException: data-plane rate exceeded")
-                if known and session_id not in self.stop_failed_running:
-                    if self._rng.random() < self.profile.stop_failure_share:
-                        self.stop_failed_running.add(session_id)
-                        kind = self._rng.choice(("not_found_running", "conflict", "throttled"))
-                        self.calls.append(FakeCall(now, "stop", session_id, kind, endpoint))
-                        if kind == "not_found_running":
-                            raise RuntimeSessionNotFound(f"ResourceNotFoundException: session {session_id}")
-                        if kind == "conflict":
-                            raise RuntimeThrottled(f"ConflictException: session {session_id} is busy")
-                        raise RuntimeThrottled("ThrottlingException: rate exceeded")
+                if (
+                    known
+                    and session_id not in self.stop_failed_running
+                    and self._rng.random() < self.profile.stop_failure_share
+                ):
+                    self.stop_failed_running.add(session_id)
+                    kind = self._rng.choice(("not_found_running", "conflict", "throttled"))
+                    self.calls.append(FakeCall(now, "stop", session_id, kind, endpoint))
+                    if kind == "not_found_running":
+                        raise RuntimeSessionNotFound(f"ResourceNotFoundException: session {session_id}")
+                    if kind == "conflict":
+                        raise RuntimeThrottled(f"ConflictException: session {session_id} is busy")
+                    raise RuntimeThrottled("ThrottlingException: rate exceeded")
                 if not known:
                     self.calls.append(FakeCall(now, "stop", session_id, "unknown", endpoint))
                     raise RuntimeSessionNotFound(f"ResourceNotFoundException: session {session_id} not found")

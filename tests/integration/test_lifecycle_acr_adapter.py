@@ -13,9 +13,9 @@ import pytest
 from botocore.response import StreamingBody
 from botocore.stub import Stubber
 
-from rollout_pipeline.adapters.acr import AcrAgentRuntime
 from rollout_pipeline import ids
 from rollout_pipeline.adapters import acr as acr_module
+from rollout_pipeline.adapters.acr import AcrAgentRuntime
 from rollout_pipeline.ports import (
     RuntimeColdStart,
     RuntimeOutcomeUnknown,
@@ -138,7 +138,6 @@ def test_unknown_errors_are_not_throttling_and_read_timeouts_are_never_resent(
 ) -> None:
     from botocore.exceptions import ConnectTimeoutError, ReadTimeoutError
 
-    runtime, stubber = acr
     assert isinstance(
         acr_module.classify_error(ConnectTimeoutError(endpoint_url="x"), "InvokeAgentRuntime"), RuntimeThrottled
     )

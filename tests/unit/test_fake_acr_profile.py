@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator, Mapping
+
+import pytest
 
 from rollout_pipeline import ids
 from rollout_pipeline.adapters.fake_acr import AcrProfile, AgentBehaviour, FakeAgentRuntime
@@ -58,11 +61,8 @@ def test_new_session_quota_per_endpoint_and_account() -> None:
     fake = make(clock, new_sessions_per_minute=120, account_new_sessions_per_s=100)  # 2/s per endpoint
     fake.invoke(sid(0), PAYLOAD)
     fake.invoke(sid(1), PAYLOAD)
-    try:
-        fake.invoke(sid(2), PAYLOAD)
-        raise AssertionError("a third new session within one second passed a 2/s quota")
-    except RuntimeThrottled as exc:
-        assert "ThrottlingException" in str(exc)
+    with pytest.raises(RuntimeThrottled, match="ThrottlingException"):
+        fake.invoke(sid(2), PAYLOAD)  # a third new session within one second of a 2/s quota
     fake.invoke(sid(0), PAYLOAD)  # an existing session: no new-session quota
     clock.t += 0.5
     fake.invoke(sid(3), PAYLOAD)  # the bucket refilled one token
@@ -117,11 +117,8 @@ def test_active_sessions_count_until_stopped_or_idle_timeout() -> None:
     fake.invoke(sid(1), PAYLOAD)
     fake.finish(sid(0))  # result written, never stopped: still counts
     clock.t += 10
-    try:
+    with pytest.raises(RuntimeThrottled, match="ServiceQuotaExceededException"):
         fake.invoke(sid(2), PAYLOAD)
-        raise AssertionError("active-session quota not enforced")
-    except RuntimeThrottled as exc:
-        assert "ServiceQuotaExceededException" in str(exc)
     clock.t += 51  # sid(0) idle for 61 s: AgentCore reaped it
     fake.invoke(sid(2), PAYLOAD)
     assert sid(0) in fake.reaped
@@ -156,10 +153,8 @@ def test_unreliable_stops_and_not_found() -> None:
     outcomes = set()
     for i in range(12):
         fake.invoke(sid(i), PAYLOAD)
-        try:
+        with contextlib.suppress(RuntimeThrottled, RuntimeSessionNotFound):
             fake.stop(sid(i))
-        except (RuntimeThrottled, RuntimeSessionNotFound):
-            pass
         assert sid(i) in fake.running  # a failed stop leaves it running (NotFound included)
         fake.stop(sid(i))  # the next stop works
         assert sid(i) not in fake.running
@@ -178,10 +173,8 @@ def test_seeded_faults_repeat() -> None:
             Clock(), cold_start_share=0.3, seed=11, new_sessions_per_minute=60_000, account_new_sessions_per_s=1000
         )
         for i in range(30):
-            try:
+            with contextlib.suppress(RuntimeColdStart):
                 fake.invoke(sid(i), PAYLOAD)
-            except RuntimeColdStart:
-                pass
         return [c.outcome for c in fake.invocations()]
 
     first = run()
