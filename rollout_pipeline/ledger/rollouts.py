@@ -1,4 +1,4 @@
-"""Rollout items, their conditional transitions, session slots and TPS windows (see docs/lifecycle.md).
+"""Rollout items, their conditional transitions, session slots and paced call budgets (see docs/lifecycle.md).
 
 Every transition is one conditional write or one DynamoDB transaction keyed on the rollout's `(state, attempt)`:
 a duplicated or stale delivery fails the condition and changes nothing. The transactions that end a rollout also
@@ -146,7 +146,7 @@ class Terminal:
 
 
 class RolloutLedger:
-    """DynamoDB operations on rollout items, session slots and TPS windows of one experiment's ledger table."""
+    """DynamoDB operations on rollout items, session slots and paced call budgets of one experiment's ledger table."""
 
     def __init__(self, table_name: str, ddb_client: Any | None = None, ttl_days: int = 30) -> None:
         self.table_name = table_name
@@ -241,19 +241,49 @@ class RolloutLedger:
 
     # --------------------------------------------------------------------------------------------- limits
 
-    def try_tps_token(self, epoch_second: int, limit: int) -> bool:
-        """Take one call from the fixed one-second window `epoch_second` if fewer than `limit` were taken."""
-        try:
-            self.ddb.update_item(
-                TableName=self.table_name,
-                Key=keys.tps_key(epoch_second),
-                UpdateExpression="ADD calls :one SET expires_at = :exp",
-                ConditionExpression="attribute_not_exists(calls) OR calls < :limit",
-                ExpressionAttributeValues=_values({":one": 1, ":limit": limit, ":exp": epoch_second + 120}),
-            )
-        except self.ddb.exceptions.ConditionalCheckFailedException:
-            return False
-        return True
+    def reserve_pace(
+        self, budget: str, *, not_before_us: int, latest_us: int, interval_us: int
+    ) -> tuple[int | None, int]:
+        """Reserve the next start time of a paced budget (GCRA: `tat` = the earliest time the next call may start,
+        in epoch microseconds) in [not_before_us, latest_us]. Returns (slot_us, tat_us): `slot_us` the reserved
+        start, or None when the schedule is already beyond `latest_us` (then `tat_us` says when it is free). Time
+        before `not_before_us` that nobody took stays unused. One conditional write per reservation; a read only
+        when the schedule is full."""
+        key = keys.pace_key(budget)
+        expires = not_before_us // 1_000_000 + 3600
+        for _ in range(6):
+            try:  # the budget is free at `not_before`
+                self.ddb.update_item(
+                    TableName=self.table_name,
+                    Key=key,
+                    UpdateExpression="SET tat = :next, expires_at = :exp",
+                    ConditionExpression="attribute_not_exists(tat) OR tat <= :nb",
+                    ExpressionAttributeValues=_values(
+                        {":next": not_before_us + interval_us, ":nb": not_before_us, ":exp": expires}
+                    ),
+                )
+                return not_before_us, not_before_us + interval_us
+            except self.ddb.exceptions.ConditionalCheckFailedException:
+                pass
+            try:  # busy: take the next free time, if it is early enough
+                resp = self.ddb.update_item(
+                    TableName=self.table_name,
+                    Key=key,
+                    UpdateExpression="ADD tat :interval SET expires_at = :exp",
+                    ConditionExpression="tat > :nb AND tat <= :latest",
+                    ExpressionAttributeValues=_values(
+                        {":interval": interval_us, ":nb": not_before_us, ":latest": latest_us, ":exp": expires}
+                    ),
+                    ReturnValues="UPDATED_NEW",
+                )
+                tat = int(from_attribute_value(resp["Attributes"]["tat"]))
+                return tat - interval_us, tat
+            except self.ddb.exceptions.ConditionalCheckFailedException:
+                pass
+            tat = int((self.get(key) or {}).get("tat") or 0)
+            if tat > latest_us:
+                return None, tat
+        raise LedgerError(f"pace budget {budget} kept changing under us")
 
     # ---------------------------------------------------------------------------------------- transitions
 

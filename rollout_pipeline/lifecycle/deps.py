@@ -7,7 +7,7 @@ from datetime import datetime
 
 from rollout_pipeline.config import ExperimentConfig, HandlerSettings
 from rollout_pipeline.ledger.rollouts import RolloutLedger
-from rollout_pipeline.lifecycle.limits import LimitedRuntime, SlotGate, TpsLimiter
+from rollout_pipeline.lifecycle.limits import LimitedRuntime, SlotGate, pacers
 from rollout_pipeline.lifecycle.metrics import MetricsRecorder
 from rollout_pipeline.ports import AgentRuntime, Clock, EventPublisher, MessageQueue, ObjectStore, SystemClock
 
@@ -37,9 +37,9 @@ class LifecycleDeps:
     slots: SlotGate = field(init=False)
 
     def __post_init__(self) -> None:
-        self.limited = LimitedRuntime(
-            self.runtime, TpsLimiter(self.ledger, self.settings.experiment.tps_limit), self.metrics
-        )
+        config = self.settings.experiment
+        tps, sessions = pacers(self.ledger, config.tps_limit, config.session_rate_limit, config.endpoints)
+        self.limited = LimitedRuntime(self.runtime, tps, sessions, self.metrics)
         self.slots = SlotGate(
             self.ledger.in_flight,
             self.settings.experiment.max_sessions,
