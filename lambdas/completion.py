@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from aws_lambda_powertools import Logger, Metrics
 
 from rollout_pipeline.lifecycle.completion import complete_records
-from rollout_pipeline.lifecycle.handlers import NAMESPACE, flush_metrics, get_deps
+from rollout_pipeline.lifecycle.handlers import NAMESPACE, flush_metrics, get_deps, wait_budget_s
 
 logger = Logger(service="rollout-completion")
 metrics = Metrics(namespace=NAMESPACE, service="rollout-completion")
@@ -15,10 +16,10 @@ metrics = Metrics(namespace=NAMESPACE, service="rollout-completion")
 
 @logger.inject_lambda_context(clear_state=True)
 @metrics.log_metrics(raise_on_empty_metrics=False)
-def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:  # noqa: ARG001
+def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     deps = get_deps()
     records = event.get("Records") or []
-    result = complete_records(records, deps)
+    result = complete_records(records, deps, wait_until=time.monotonic() + wait_budget_s(context, 30.0))
     flush_metrics(deps.metrics, metrics, deps.config.name)
     logger.info(
         "completed batch",

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict
 from typing import Any
 
 from aws_lambda_powertools import Logger, Metrics
 
-from rollout_pipeline.lifecycle.handlers import NAMESPACE, flush_metrics, get_deps
+from rollout_pipeline.lifecycle.handlers import NAMESPACE, flush_metrics, get_deps, wait_budget_s
 from rollout_pipeline.lifecycle.sweeper import sweep
 
 logger = Logger(service="rollout-sweeper")
@@ -18,7 +19,7 @@ metrics = Metrics(namespace=NAMESPACE, service="rollout-sweeper")
 @metrics.log_metrics(raise_on_empty_metrics=False)
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:  # noqa: ARG001
     deps = get_deps()
-    report = sweep(deps)
+    report = sweep(deps, wait_until=time.monotonic() + wait_budget_s(context, 30.0))
     flush_metrics(deps.metrics, metrics, deps.config.name)
     summary = asdict(report)
     logger.info("sweep done", extra=summary)

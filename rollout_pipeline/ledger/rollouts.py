@@ -93,6 +93,13 @@ class RolloutRecord:
     outbox: frozenset[str] = field(default_factory=frozenset)
     outbox_id: str | None = None
     stop_sessions: frozenset[str] = field(default_factory=frozenset)
+    #: Sessions whose slot is still held: their attempt ended but their stop is not confirmed yet.
+    held_slots: frozenset[str] = field(default_factory=frozenset)
+    #: When AgentCore reaps the held sessions anyway (idle timeout after the attempt ended): the slot is free then.
+    held_until: int | None = None
+    stop_tries: int = 0
+    #: Sessions whose stop answered ResourceNotFound once (a second NotFound confirms the stop).
+    stop_not_found: frozenset[str] = field(default_factory=frozenset)
 
     @property
     def terminal(self) -> bool:
@@ -125,6 +132,10 @@ class RolloutRecord:
             outbox=frozenset(item.get("outbox") or ()),
             outbox_id=item.get("outbox_id"),
             stop_sessions=frozenset(item.get("stop_sessions") or ()),
+            held_slots=frozenset(item.get("held_slots") or ()),
+            held_until=None if item.get("held_until") is None else int(item["held_until"]),
+            stop_tries=int(item.get("stop_tries") or 0),
+            stop_not_found=frozenset(item.get("stop_not_found") or ()),
         )
 
 
@@ -455,12 +466,18 @@ class RolloutLedger:
         now_epoch: int,
         session_id: str | None = None,
         policy_version: str | None = None,
+        hold_slot_until: int | None = None,
     ) -> bool:
         """The one terminal transition of a rollout, with its counters, slot release and outbox, atomically.
 
         `from_state`: DISPATCHED (releases the slot), QUEUED, or None (no item yet: cancel before dispatch).
+        `hold_slot_until` (with DISPATCHED and `session_id`): keep the slot for the session instead, and stop it
+        through the outbox; `release_stopped` frees the slot once the stop is confirmed, or after that epoch.
         Returns False when the condition failed (another delivery already moved the rollout).
         """
+        hold = hold_slot_until is not None and from_state == DISPATCHED and bool(session_id)
+        if hold:
+            outbox = outbox | {OUTBOX_STOP}
         names = {
             "#st": "state",
             "#ix": "index",
@@ -522,6 +539,10 @@ class RolloutLedger:
         if OUTBOX_STOP in outbox and session_id:
             adds.append("stop_sessions :stops")
             values[":stops"] = {session_id}
+        if hold:
+            adds.append("held_slots :stops")
+            sets.append("held_until = :held_until")
+            values[":held_until"] = hold_slot_until
         rollout = self._update(
             keys.rollout_key(batch_id, input_id, index),
             f"SET {', '.join(sets)} ADD {', '.join(adds)} REMOVE #dlpk, #dlsk",
@@ -555,7 +576,7 @@ class RolloutLedger:
             batch_names,
         )
         items: list[dict[str, Any]] = [{"Update": rollout}, {"Update": group}, {"Update": batch}]
-        if from_state == DISPATCHED:
+        if from_state == DISPATCHED and not hold:
             items.append(self._slot_delta(-1))
         reasons = self._transact(items)
         if reasons is None:
@@ -571,8 +592,12 @@ class RolloutLedger:
         next_session_id: str,
         now_epoch: int,
         stop_pending: bool,
+        hold_slot_until: int | None = None,
     ) -> bool:
-        """A timed-out attempt with attempts left: dispatched(n) -> queued(n+1), slot released, outbox enqueue."""
+        """A timed-out attempt with attempts left: dispatched(n) -> queued(n+1), slot released, outbox enqueue.
+        `hold_slot_until`: keep the slot for the old session until its stop is confirmed (see `finish`)."""
+        hold = hold_slot_until is not None and bool(rec.session_id)
+        stop_pending = stop_pending or hold
         outbox = {OUTBOX_ENQUEUE} | ({OUTBOX_STOP} if stop_pending else set())
         values: dict[str, Any] = {
             ":queued": QUEUED,
@@ -587,10 +612,15 @@ class RolloutLedger:
         if stop_pending and rec.session_id:
             adds += ", stop_sessions :prev"
             values[":prev"] = {rec.session_id}
+        held = ""
+        if hold:
+            adds += ", held_slots :prev"
+            held = ", held_until = :held_until"
+            values[":held_until"] = hold_slot_until
         update = self._update(
             keys.rollout_key(rec.batch_id, rec.input_id, rec.index),
             "SET #st = :queued, attempt = :next, session_id = :sid, "
-            "#obpk = :obpk, #obsk = :obsk, outbox_id = :obid, outbox_lease = :oblease "
+            f"#obpk = :obpk, #obsk = :obsk, outbox_id = :obid, outbox_lease = :oblease{held} "
             f"ADD {adds} REMOVE dispatched_at, invoked_at, deadline, #dlpk, #dlsk",
             "#st = :dispatched AND attempt = :attempt",
             values,
@@ -602,7 +632,66 @@ class RolloutLedger:
                 "#obsk": keys.OUTBOX_SK,
             },
         )
+        if hold:
+            return self._transact([{"Update": update}]) is None
         return self._transact([{"Update": update}, self._slot_delta(-1)]) is None
+
+    # ------------------------------------------------------------------------------------ stops and held slots
+
+    def release_stopped(self, rec: RolloutRecord, session_id: str) -> bool:
+        """A session's stop is confirmed (or AgentCore has reaped it): forget it and, if it still held a slot,
+        release the slot, atomically and once. False if someone else did it first."""
+        key = keys.rollout_key(rec.batch_id, rec.input_id, rec.index)
+        if session_id not in rec.held_slots:
+            self.ddb.update_item(
+                **self._update(key, "DELETE stop_sessions :s, stop_not_found :s", None, {":s": {session_id}})
+            )
+            return True
+        update = self._update(
+            key,
+            "DELETE held_slots :s, stop_sessions :s, stop_not_found :s",
+            "contains(held_slots, :sid)",
+            {":s": {session_id}, ":sid": session_id},
+        )
+        return self._transact([{"Update": update}, self._slot_delta(-1)]) is None
+
+    def note_stop_failed(self, rec: RolloutRecord, *, next_epoch: int, not_found: Sequence[str] = ()) -> None:
+        """Stops of this entry failed: count the try, remember first NotFound answers, and come back to the entry
+        at `next_epoch` (the outbox index sort key) with its lease given back."""
+        names = {"#obsk": keys.OUTBOX_SK}
+        values: dict[str, Any] = {":one": 1, ":next": next_epoch, ":obid": rec.outbox_id}
+        adds = "stop_tries :one"
+        if not_found:
+            adds += ", stop_not_found :nf"
+            values[":nf"] = set(not_found)
+        try:
+            self.ddb.update_item(
+                **self._update(
+                    keys.rollout_key(rec.batch_id, rec.input_id, rec.index),
+                    f"SET #obsk = :next ADD {adds} REMOVE outbox_lease",
+                    "outbox_id = :obid",
+                    values,
+                    names,
+                )
+            )
+        except self.ddb.exceptions.ConditionalCheckFailedException:
+            return
+
+    def outbox_done(self, rec: RolloutRecord, actions: frozenset[str]) -> None:
+        """Take finished actions (publish, enqueue) out of the outbox while others (stop) are still pending."""
+        if not actions or rec.outbox_id is None:
+            return
+        try:
+            self.ddb.update_item(
+                **self._update(
+                    keys.rollout_key(rec.batch_id, rec.input_id, rec.index),
+                    "DELETE outbox :done",
+                    "outbox_id = :obid",
+                    {":done": set(actions), ":obid": rec.outbox_id},
+                )
+            )
+        except self.ddb.exceptions.ConditionalCheckFailedException:
+            return
 
     def clear_outbox(self, rec: RolloutRecord) -> bool:
         """Remove the outbox entry once its side effects are done (only the entry that was read: `outbox_id`)."""
@@ -612,7 +701,7 @@ class RolloutLedger:
             self.ddb.update_item(
                 **self._update(
                     keys.rollout_key(rec.batch_id, rec.input_id, rec.index),
-                    "REMOVE outbox, outbox_id, outbox_lease, stop_sessions, #obpk, #obsk",
+                    "REMOVE outbox, outbox_id, outbox_lease, stop_sessions, stop_tries, stop_not_found, #obpk, #obsk",
                     "outbox_id = :obid",
                     {":obid": rec.outbox_id},
                     {"#obpk": keys.OUTBOX_PK, "#obsk": keys.OUTBOX_SK},
