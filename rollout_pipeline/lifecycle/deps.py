@@ -31,8 +31,11 @@ class LifecycleDeps:
     outbox_age_s: float = 30.0
     #: Throttled invokes are retried this many times (each with a new TPS token) before the slot is released.
     invoke_retries: int = 3
-    #: Dispatcher threads per SQS batch.
+    #: Dispatcher threads per SQS batch (also completion threads).
     dispatch_threads: int = 10
+    #: A cold-start RuntimeClientError (424) is retried on the same session this many times, this far apart.
+    cold_start_retries: int = 3
+    cold_start_wait_s: float = 2.0
     limited: LimitedRuntime = field(init=False)
     slots: SlotGate = field(init=False)
 
