@@ -26,7 +26,7 @@ from rollout_pipeline.lifecycle.metrics import THROTTLED, MetricsRecorder
 from rollout_pipeline.ports import AgentRuntime, RuntimeThrottled
 
 #: A call may start at most this long after its reserved slot; the spacing leaves room for it.
-LATENESS_S: Final = 0.1
+LATENESS_S: Final = 0.2
 #: How far ahead an invoke may reserve a `tps` slot (stops may reserve as far as they wait).
 INVOKE_AHEAD_S: Final = 0.25
 #: How long a stop waits for its slot when the caller gives no deadline.
@@ -53,13 +53,13 @@ class Pacer:
         self._wall = wall
         self._monotonic = monotonic
         self._sleep = sleep
-        #: Smoothed duration of one reservation (a ledger write): slots are reserved at least this far ahead
-        #: (3x it), so the caller is not already late when the answer arrives.
+        #: Recent slowest reservation (a ledger write; a decaying maximum): slots are reserved at least about this
+        #: far ahead, so the caller is not already late when the answer arrives.
         self.write_s = 0.01
 
     @property
     def lead_s(self) -> float:
-        return min(0.5, 3 * self.write_s + 0.01)
+        return min(1.0, 1.5 * self.write_s + 0.01)
 
     def reserve(self, wait_until: float, max_ahead_s: float | None = None, *, lead_s: float = 0.0) -> float | None:
         """Reserve a start time (wall clock, s) no later than `wait_until` (monotonic) and `max_ahead_s` from now;
@@ -88,7 +88,7 @@ class Pacer:
             latest_us=int(latest * 1e6),
             interval_us=max(1, int(self.interval_s * 1e6)),
         )
-        self.write_s = 0.8 * self.write_s + 0.2 * (self._monotonic() - started)
+        self.write_s = max(0.97 * self.write_s, self._monotonic() - started)
         return (None if slot_us is None else slot_us / 1e6), tat_us / 1e6
 
     def sleep_until(self, slot: float) -> bool:
