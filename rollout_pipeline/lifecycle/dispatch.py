@@ -91,6 +91,7 @@ def dispatch_records(records: Sequence[Mapping[str, Any]], deps: LifecycleDeps, 
         return result
     workers = max(1, min(deps.dispatch_threads, len(records)))
     batches = BatchReads(deps)
+    records = sorted(records, key=_record_order)  # group order: a group's rollouts start together
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dispatch") as pool:
         futures = {
             str(r["messageId"]): pool.submit(
@@ -106,6 +107,13 @@ def dispatch_records(records: Sequence[Mapping[str, Any]], deps: LifecycleDeps, 
                 result.failures[message_id] = f"{type(exc).__name__}: {exc}"
     deps.metrics.sample(IN_FLIGHT, deps.ledger.in_flight())
     return result
+
+
+def _record_order(record: Mapping[str, Any]) -> tuple[Any, ...]:
+    try:
+        return (0, *admission_key(parse_message(str(record["body"]))))
+    except Exception:  # a poison message keeps its place at the end; dispatch_body reports it
+        return (1,)
 
 
 def parse_message(body: str) -> RolloutMessage:
@@ -160,7 +168,7 @@ def dispatch_body(body: str, deps: LifecycleDeps, *, wait_until: float, batches:
         if start is DispatchStart.CANCELLED:
             return _cancelled(message, deps, options)
         if start is DispatchStart.NO_SLOT:
-            if not _wait_for_slot(deps, wait_until):
+            if not _wait_for_slot(deps, wait_until, message):
                 return _requeue(message, deps, Dispatch.REQUEUED_LIMIT)
             continue
         rec = deps.ledger.get_rollout(message.batch_id, message.input_id, message.index)
@@ -210,9 +218,15 @@ def _row_payload(message: RolloutMessage, deps: LifecycleDeps) -> dict[str, Any]
     return payload
 
 
-def _wait_for_slot(deps: LifecycleDeps, wait_until: float) -> bool:
-    """Wait (see `limits.SlotGate`: one poller per process, jittered 0.2-1 s) until a slot looks free."""
-    return deps.slots.wait(wait_until)
+def admission_key(message: RolloutMessage) -> tuple[Any, ...]:
+    """Group order: earlier batches first, a group's rollouts together (then by index)."""
+    return (message.submitted_at.timestamp(), message.batch_id, message.input_id, message.index)
+
+
+def _wait_for_slot(deps: LifecycleDeps, wait_until: float, message: RolloutMessage) -> bool:
+    """Wait (see `limits.SlotGate`: one poller per process, jittered 0.2-1 s, waiters in group order) until a
+    slot looks free for this rollout."""
+    return deps.slots.wait(wait_until, admission_key(message))
 
 
 def _requeue(message: RolloutMessage, deps: LifecycleDeps, why: Dispatch) -> Dispatch:

@@ -14,6 +14,7 @@ attempt's session is confirmed stopped or reaped by AgentCore (see `ledger.rollo
 
 from __future__ import annotations
 
+import bisect
 import random
 import threading
 import time
@@ -190,9 +191,10 @@ def pacers(
 class SlotGate:
     """Dispatcher threads of one process waiting for a session slot: ONE of them polls the shared counter
     (strongly consistent GetItem, every 0.2-1 s, jittered) and, when it sees free slots, lets that many waiters
-    (itself included) try the dispatch transaction; the others sleep. The transaction stays the only arbiter, so
-    a waiter let through for nothing just waits again. Saves N-1 polls per process and the herd of transactions
-    that N independent pollers would start when one slot frees."""
+    try the dispatch transaction: the waiters FIRST IN GROUP ORDER (`priority`: batch submission time, batch,
+    input, index), so a GRPO group's rollouts are admitted together and groups in submission order. The others
+    sleep. The transaction stays the only arbiter, so a waiter let through for nothing just waits again. Saves N-1
+    polls per process and the herd of transactions that N independent pollers would start when one slot frees."""
 
     def __init__(
         self,
@@ -208,48 +210,55 @@ class SlotGate:
         self._sleep = sleep
         self._cond = threading.Condition()
         self._tickets = 0
-        self._waiting = 0
+        self._queue: list[tuple[tuple[Any, ...], int]] = []  # waiting keys, sorted
+        self._seq = 0
         self._polling = False
         self.polls = 0
 
-    def wait(self, wait_until: float) -> bool:
-        """Block until a slot looks free (True) or `wait_until` (monotonic) passes (False)."""
+    def wait(self, wait_until: float, priority: tuple[Any, ...] = ()) -> bool:
+        """Block until a slot looks free for this waiter (True) or `wait_until` (monotonic) passes (False)."""
         with self._cond:
-            self._waiting += 1
+            self._seq += 1
+            key = (priority, self._seq)
+            bisect.insort(self._queue, key)
             try:
                 while True:
-                    if self._tickets > 0:
+                    if self._tickets > 0 and self._queue.index(key) < self._tickets:
                         self._tickets -= 1
                         return True
                     remaining = wait_until - self._monotonic()
                     if remaining <= 0:
                         return False
-                    if not self._polling:
-                        self._polling = True
-                        break
-                    self._cond.wait(timeout=min(remaining, 1.0))
+                    if self._polling:
+                        self._cond.wait(timeout=min(remaining, 1.0))
+                        continue
+                    self._polling = True
+                    self._cond.release()
+                    try:
+                        free = self._poll(wait_until)
+                    finally:
+                        self._cond.acquire()
+                        self._polling = False
+                    if free:
+                        self._tickets = min(free, len(self._queue))
+                        self._cond.notify_all()
+                    else:
+                        self._cond.notify()  # another waiter takes over the polling
             finally:
-                self._waiting -= 1
-        try:
-            return self._poll(wait_until)
-        finally:
-            with self._cond:
-                self._polling = False
-                self._cond.notify()  # another waiter takes over the polling
+                self._queue.remove(key)
+                self._tickets = min(self._tickets, len(self._queue))
 
-    def _poll(self, wait_until: float) -> bool:
+    def _poll(self, wait_until: float) -> int:
+        """Poll until some slots look free (their number) or `wait_until` passes (0)."""
         while True:
             pause = jitter_poll_s()
             if self._monotonic() + pause > wait_until:
-                return False
+                return 0
             self._sleep(pause)
             self.polls += 1
             free = self.max_sessions - self._in_flight()
             if free > 0:
-                with self._cond:
-                    self._tickets = min(free - 1, self._waiting)
-                    self._cond.notify_all()
-                return True
+                return free
 
 
 def jitter_poll_s() -> float:
