@@ -14,6 +14,7 @@ left?" path and its session is stopped. A read timeout after sending is never re
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import random
@@ -51,7 +52,13 @@ from rollout_pipeline.lifecycle.metrics import (
 from rollout_pipeline.lifecycle.metrics import (
     DISPATCHED as DISPATCHED_METRIC,
 )
-from rollout_pipeline.ports import RuntimeColdStart, RuntimeOutcomeUnknown, RuntimeRejected, RuntimeThrottled
+from rollout_pipeline.ports import (
+    RuntimeColdStart,
+    RuntimeOutcomeUnknown,
+    RuntimeRejected,
+    RuntimeSessionNotFound,
+    RuntimeThrottled,
+)
 
 log = logging.getLogger(__name__)
 
@@ -352,8 +359,13 @@ def _invoke(
             return _rejected(message, deps, str(exc))
     now = deps.now()
     if not deps.ledger.mark_invoked(message.batch_id, message.input_id, message.index, message.attempt, iso(now)):
-        # Cancelled (or already ended) while we invoked: no session may outlive its rollout.
-        deps.limited.stop(session_id, wait_until=max(wait_until, deps.clock.monotonic() + 5))
+        # Cancelled (or already ended) while we invoked: no session may outlive its rollout. The transition that
+        # ended it may have tried the stop before the session existed (NotFound): this stop confirms it.
+        with contextlib.suppress(RuntimeSessionNotFound):
+            deps.limited.stop(session_id, wait_until=max(wait_until, deps.clock.monotonic() + 5))
+        after = deps.ledger.get_rollout(message.batch_id, message.input_id, message.index)
+        if after is not None and session_id in after.held_slots:
+            deps.ledger.release_stopped(after, session_id)
         return Dispatch.STOPPED_LATE
     deps.metrics.count(DISPATCHED_METRIC)
     return Dispatch.REINVOKED if reinvoke else Dispatch.INVOKED
