@@ -60,7 +60,7 @@ class Pacer:
 
     @property
     def lead_s(self) -> float:
-        return min(1.0, 1.5 * self.write_s + 0.01)
+        return min(0.5, 1.5 * self.write_s + 0.01)
 
     def reserve(self, wait_until: float, max_ahead_s: float | None = None, *, lead_s: float = 0.0) -> float | None:
         """Reserve a start time (wall clock, s) no later than `wait_until` (monotonic) and `max_ahead_s` from now;
