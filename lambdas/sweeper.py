@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict
 from typing import Any
 
 from aws_lambda_powertools import Logger, Metrics
 
-from rollout_pipeline.lifecycle.handlers import NAMESPACE, flush_metrics, get_deps
+from rollout_pipeline.lifecycle.handlers import NAMESPACE, flush_metrics, get_deps, wait_budget_s
 from rollout_pipeline.lifecycle.sweeper import sweep
 from rollout_pipeline.observability import SERVICES, clear_log_ids, install_log_ids
 
@@ -20,7 +21,7 @@ metrics = Metrics(namespace=NAMESPACE, service=SERVICES["sweeper"])
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:  # noqa: ARG001
     deps = get_deps()
     install_log_ids(logger, deps.config.name)
-    report = sweep(deps)
+    report = sweep(deps, wait_until=time.monotonic() + wait_budget_s(context, 30.0))
     flush_metrics(deps.metrics, metrics, deps.config.name)
     clear_log_ids()
     summary = asdict(report)

@@ -16,6 +16,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 EXPERIMENT_NAME_PATTERN = r"^[a-z][a-z0-9-]{0,31}$"
 
 
+#: A session lives this much longer than one attempt's timeout (dispatch-to-invoke, result write, stop).
+LIFETIME_MARGIN_S = 600
+#: AgentCore's documented active sessions per account outside us-east-1/us-west-2 (5,000 there), Nov 2026.
+ACTIVE_SESSION_QUOTA = 2_500
+
+
 class ConfigError(ValueError):
     """A configuration value is missing or invalid; the message names the key and the reason."""
 
@@ -55,8 +61,26 @@ class ExperimentConfig(BaseModel):
     results_retention: Literal["retain", "destroy"] = "retain"
     results_expiration_days: int | None = Field(default=None, ge=1, le=3650)
     idle_timeout_s: int = Field(default=900, ge=60, le=28_800, description="ACR idle session timeout")
-    max_lifetime_s: int = Field(default=28_800, ge=60, le=28_800, description="ACR max session lifetime")
+    max_lifetime_s: int = Field(
+        default=28_800,
+        ge=60,
+        le=28_800,
+        description="ACR max session lifetime (default: rollout_timeout_s + LIFETIME_MARGIN_S, at most 8 h)",
+    )
+    active_session_quota: int = Field(
+        default=ACTIVE_SESSION_QUOTA,
+        ge=1,
+        le=1_000_000,
+        description="The account's AgentCore active-session quota (set it to yours if raised); max_sessions is "
+        "checked against it",
+    )
     dispatch_concurrency: int = Field(default=5, ge=2, le=1000, description="Max concurrent dispatcher Lambdas")
+    max_limit_requeues: int = Field(
+        default=200, ge=1, le=100_000, description="Re-sends because of limits/throttles before `throttled`"
+    )
+    max_limit_wait_s: int = Field(
+        default=6 * 3600, ge=60, le=7 * 86_400, description="Time waiting for limits before `throttled`"
+    )
     result_max_bytes: int = Field(default=10 * 1024 * 1024, ge=1024, le=100 * 1024 * 1024)
     ledger_ttl_days: int = Field(default=30, ge=1, le=3650)
 
@@ -66,6 +90,31 @@ class ExperimentConfig(BaseModel):
         if not value.startswith(("http://", "https://")):
             raise ValueError("must start with http:// or https://")
         return value.rstrip("/")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_lifetime(cls, data: Any) -> Any:
+        """No `max_lifetime_s` (or an empty one): what one attempt can need, not AgentCore's 8 h maximum (an
+        orphaned session would otherwise bill for up to 8 h)."""
+        if isinstance(data, Mapping) and data.get("max_lifetime_s") in (None, "", "none", "None"):
+            data = {k: v for k, v in data.items() if k != "max_lifetime_s"}
+            try:
+                timeout = int(data.get("rollout_timeout_s", 900))
+            except (TypeError, ValueError):
+                return data  # the field's own validation reports it
+            data["max_lifetime_s"] = max(60, min(28_800, timeout + LIFETIME_MARGIN_S))
+        return data
+
+    def warnings(self) -> list[str]:
+        """Settings that are valid but probably wrong (synth prints them)."""
+        found: list[str] = []
+        if self.max_sessions > self.active_session_quota:
+            found.append(
+                f"max_sessions ({self.max_sessions}) is above the AgentCore active-session quota "
+                f"({self.active_session_quota}): invokes beyond it fail with ServiceQuotaExceededException and wait. "
+                "Lower max_sessions, or set active_session_quota to your raised quota."
+            )
+        return found
 
     @model_validator(mode="after")
     def _lifetime_covers_timeout(self) -> ExperimentConfig:

@@ -233,6 +233,8 @@ class RolloutMessage(BaseModel):
     payload: dict[str, Any] | None = Field(default=None, description="The row minus reserved keys, when inline")
     payload_ref: str | None = Field(default=None, description="s3://bucket/key of the payload (claim check)")
     rollout_overrides: dict[str, Any] = Field(default_factory=dict, description="The row's own `_rollout` keys")
+    limit_requeues: int = Field(default=0, ge=0, description="Times re-sent because a limit or ACR throttled")
+    waiting_since: datetime | None = Field(default=None, description="First re-send because of a limit")
 
     @field_validator("exp_id")
     @classmethod

@@ -10,6 +10,7 @@ import hashlib
 import re
 import secrets
 import uuid
+import zlib
 from dataclasses import dataclass
 from typing import Final
 
@@ -170,3 +171,20 @@ def claim_key(batch_id: str, input_id: str) -> str:
 def errors_key(dataset_key: str) -> str:
     """Key of the errors object written next to a dataset (its suffix is never ingested)."""
     return f"{dataset_key}.errors.ndjson"
+
+
+#: ACR's endpoint an unqualified InvokeAgentRuntime targets; endpoints 1..N-1 are `rollouts_{i}`.
+DEFAULT_ENDPOINT_NAME: Final = "DEFAULT"
+
+
+def endpoint_index(session_id: str, endpoints: int) -> int:
+    """The runtime endpoint (0..endpoints-1) a session is opened on: a hash of its id, so the session's grant,
+    its invokes and its stop all follow the same endpoint without storing it anywhere."""
+    if endpoints <= 1:
+        return 0
+    return zlib.crc32(session_id.encode()) % endpoints
+
+
+def endpoint_name(index: int) -> str:
+    """The ACR qualifier (endpoint name) of endpoint `index`."""
+    return DEFAULT_ENDPOINT_NAME if index == 0 else f"rollouts_{index}"

@@ -86,6 +86,21 @@ class RuntimeRejected(RuntimeError):
     """ACR refused for good (validation, access denied, not found): the rollout fails with `invoke_rejected`."""
 
 
+class RuntimeColdStart(RuntimeError):
+    """InvokeAgentRuntime raced the session's container start-up (`RuntimeClientError`, HTTP 424). The session
+    exists anyway: retry the SAME session id after a short wait, and stop the session if you give up."""
+
+
+class RuntimeOutcomeUnknown(RuntimeError):
+    """InvokeAgentRuntime may or may not have reached the session (a read timeout after sending): never send the
+    payload again (a second rollout in one microVM); the attempt's deadline decides."""
+
+
+class RuntimeSessionNotFound(RuntimeError):
+    """StopRuntimeSession answered `ResourceNotFoundException`. Usually the session is gone, but AgentCore has
+    answered it while the container kept running: a stop confirmed only after a second NotFound is safer."""
+
+
 class AgentRuntime(Protocol):
     """Amazon Bedrock AgentCore Runtime: start a rollout in a session, stop a session."""
 
@@ -94,7 +109,8 @@ class AgentRuntime(Protocol):
         ...
 
     def stop(self, session_id: str) -> None:
-        """StopRuntimeSession. A session that is already gone counts as stopped (no error)."""
+        """StopRuntimeSession. Raises RuntimeThrottled (retry later), RuntimeRejected, or RuntimeSessionNotFound
+        (AgentCore's ResourceNotFound: an adapter that knows the session is gone may return instead)."""
         ...
 
 

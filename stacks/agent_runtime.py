@@ -10,15 +10,20 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
+from rollout_pipeline import ids
 from rollout_pipeline.config import ExperimentConfig
 
 #: ACR's DEFAULT endpoint: what InvokeAgentRuntime without a qualifier targets.
-DEFAULT_ENDPOINT: Final = "DEFAULT"
+DEFAULT_ENDPOINT: Final = ids.DEFAULT_ENDPOINT_NAME
 STOP_SESSION_ACTION: Final = "bedrock-agentcore:StopRuntimeSession"
 
 
 class AgentRuntime(Construct):
-    """ACR runtime of the agent image (`stacks.image`) whose role may only put objects under `results/{exp_id}/`."""
+    """ACR runtime of the agent image (`stacks.image`) whose role may only put objects under `results/{exp_id}/`.
+
+    `config.endpoints` = N provisions N endpoints (DEFAULT plus `rollouts_1`..`rollouts_{N-1}`, `ids.endpoint_name`):
+    the new-session quota is per endpoint, so the dispatcher spreads new sessions over them (`ids.endpoint_index`)
+    and opens sessions up to N times faster (up to the account's own new-session rate)."""
 
     def __init__(
         self,
@@ -47,6 +52,11 @@ class AgentRuntime(Construct):
                 "MODEL_ID": config.model_id,
             },
         )
+        self.endpoint_names = [ids.endpoint_name(i) for i in range(config.endpoints)]
+        for name in self.endpoint_names[1:]:
+            self.runtime.add_endpoint(name, description=f"New sessions of experiment {config.name} (spread)")
+        for warning in config.warnings():
+            Annotations.of(self).add_warning_v2("rollouts:config", warning)
         Annotations.of(self.runtime).acknowledge_info(
             "aws-cdk-lib.aws-bedrockagentcore:containerUriValidationSkipped",
             "The image URI comes from the deploy (an image build or asset) or is given; CloudFormation validates it.",
@@ -64,8 +74,8 @@ class AgentRuntime(Construct):
         return self.runtime.agent_runtime_arn
 
     def session_resources(self) -> list[str]:
-        """The runtime and its DEFAULT endpoint: the only resources our sessions run on."""
-        return [self.arn, f"{self.arn}/runtime-endpoint/{DEFAULT_ENDPOINT}"]
+        """The runtime and its endpoints: the only resources our sessions run on."""
+        return [self.arn, *(f"{self.arn}/runtime-endpoint/{name}" for name in self.endpoint_names)]
 
     def grant_invoke(self, grantee: iam.IGrantable) -> None:
         """InvokeAgentRuntime on this runtime (the L2's grant: the runtime and its endpoints)."""

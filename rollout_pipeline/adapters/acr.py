@@ -1,102 +1,176 @@
 """Amazon Bedrock AgentCore Runtime adapter (ports.AgentRuntime) over boto3 `bedrock-agentcore`.
 
-`invoke` = InvokeAgentRuntime(agentRuntimeArn, runtimeSessionId, payload=JSON bytes), the response stream read
-fully and closed; `stop` = StopRuntimeSession (an unknown session counts as stopped). Errors map to the ports'
-RuntimeThrottled (retry later) and RuntimeRejected (the rollout fails with `invoke_rejected`).
+`invoke` = InvokeAgentRuntime(agentRuntimeArn, runtimeSessionId, payload=JSON bytes, qualifier=the session's
+endpoint), the response stream read (at most `MAX_RESPONSE_BYTES`) and closed; `stop` = StopRuntimeSession on the
+same endpoint. The client has explicit connect/read timeouts and NO botocore retries: a retry of InvokeAgentRuntime
+re-sends the payload into the same session (a second rollout in one microVM) and bypasses the global limiter, so
+the application retries, inside the limiter. Errors map to the ports' kinds:
+
+- ThrottlingException, ServiceQuotaExceededException, (Retryable)ConflictException, 5xx, 429, and connection
+  failures before the request was sent -> `RuntimeThrottled` (retry later);
+- RuntimeClientError (424, cold start) -> `RuntimeColdStart` (retry the same session id after a short wait);
+- a read timeout after the request was sent -> `RuntimeOutcomeUnknown` (never re-sent: the deadline decides);
+- ResourceNotFoundException on stop -> `RuntimeSessionNotFound`;
+- Validation/AccessDenied/ResourceNotFound on invoke and other 4xx -> `RuntimeRejected`;
+- anything else is re-raised unchanged (an unknown error is not throttling).
 """
 
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Mapping
 from typing import Any, Final
 
-from rollout_pipeline.adapters.clients import client
-from rollout_pipeline.ports import RuntimeRejected, RuntimeThrottled
+from rollout_pipeline import ids
+from rollout_pipeline.ports import (
+    RuntimeColdStart,
+    RuntimeOutcomeUnknown,
+    RuntimeRejected,
+    RuntimeSessionNotFound,
+    RuntimeThrottled,
+)
 
 RETRYABLE_CODES: Final = frozenset(
     {
         "ThrottlingException",
         "ServiceQuotaExceededException",
         "RetryableConflictException",
+        "ConflictException",
         "InternalServerException",
         "ServiceUnavailableException",
         "TooManyRequestsException",
     }
 )
-REJECTED_CODES: Final = frozenset(
-    {"ValidationException", "AccessDeniedException", "ResourceNotFoundException", "RuntimeClientError"}
-)
+COLD_START_CODES: Final = frozenset({"RuntimeClientError"})
+REJECTED_CODES: Final = frozenset({"ValidationException", "AccessDeniedException", "ResourceNotFoundException"})
+#: botocore transport errors raised before the request reached AgentCore: safe to send again.
+NOT_SENT_ERRORS: Final = frozenset({"ConnectTimeoutError", "EndpointConnectionError", "ConnectionError"})
+#: ...and after it may have reached it: never re-sent.
+MAYBE_SENT_ERRORS: Final = frozenset({"ReadTimeoutError", "ConnectionClosedError", "ResponseStreamingError"})
+#: Client timeouts (s). ART agents answer `/invocations` at once, so a long read means something is wrong.
+CONNECT_TIMEOUT_S: Final = 5.0
+READ_TIMEOUT_S: Final = 60.0
+#: The invoke response is read up to this many bytes (an ART agent answers a few hundred).
+MAX_RESPONSE_BYTES: Final = 64 * 1024
+
+_client_lock = threading.Lock()
 
 
-def classify_error(exc: Exception, operation: str) -> RuntimeThrottled | RuntimeRejected:
-    """Map a botocore exception to the port's error kinds (unknown 5xx and transport errors are retryable)."""
+def classify_error(exc: Exception, operation: str) -> Exception:
+    """Map a botocore exception to the port's error kinds; anything unknown is returned unchanged."""
     response = getattr(exc, "response", None)
     if isinstance(response, Mapping):
         code = str((response.get("Error") or {}).get("Code") or "")
         status = int((response.get("ResponseMetadata") or {}).get("HTTPStatusCode") or 0)
         message = f"{operation}: {code or status}: {(response.get('Error') or {}).get('Message') or exc}"
-        if code in RETRYABLE_CODES or status == 429 or status >= 500:
+        if code in COLD_START_CODES or status == 424:
+            return RuntimeColdStart(message)
+        if code == "ResourceNotFoundException" and operation == "StopRuntimeSession":
+            return RuntimeSessionNotFound(message)
+        if code in RETRYABLE_CODES or status in (402, 409, 429) or status >= 500:
             return RuntimeThrottled(message)
-        return RuntimeRejected(message)
+        if code in REJECTED_CODES or 400 <= status < 500:
+            return RuntimeRejected(message)
+        return exc
     name = type(exc).__name__
     if name in ("ParamValidationError", "ValidationError"):
         return RuntimeRejected(f"{operation}: {exc}")
-    return RuntimeThrottled(f"{operation}: {name}: {exc}")  # connection/read timeouts: try again later
+    if name in NOT_SENT_ERRORS:
+        return RuntimeThrottled(f"{operation}: {name}: {exc}")
+    if name in MAYBE_SENT_ERRORS:
+        return RuntimeOutcomeUnknown(f"{operation}: {name}: {exc}")
+    return exc
+
+
+def acr_client() -> Any:
+    """A `bedrock-agentcore` client with explicit timeouts and botocore retries off (see the module doc)."""
+    with _client_lock:
+        global _cached  # noqa: PLW0603 - one client per container
+        if _cached is None:
+            from botocore.config import Config
+
+            from rollout_pipeline.adapters.clients import _session
+
+            config = Config(
+                connect_timeout=CONNECT_TIMEOUT_S,
+                read_timeout=READ_TIMEOUT_S,
+                retries={"mode": "standard", "total_max_attempts": 1},
+                max_pool_connections=50,
+            )
+            _cached = _session().client("bedrock-agentcore", config=config)
+        return _cached
+
+
+_cached: Any = None
 
 
 class AcrAgentRuntime:
-    """The real ACR runtime of one experiment (`runtime_arn`); the boto3 client is created on first use."""
+    """The real ACR runtime of one experiment (`runtime_arn`), its sessions spread over `endpoints` endpoints
+    (`ids.endpoint_index`; endpoint 0 is DEFAULT and sent without a qualifier). The client is created on first
+    use."""
 
-    def __init__(self, runtime_arn: str, acr_client: Any | None = None, qualifier: str | None = None) -> None:
+    def __init__(
+        self,
+        runtime_arn: str,
+        acr_client: Any | None = None,
+        qualifier: str | None = None,
+        endpoints: int = 1,
+    ) -> None:
         self.runtime_arn = runtime_arn
         self.qualifier = qualifier
+        self.endpoints = endpoints
         self._client = acr_client
 
     @property
     def acr(self) -> Any:
         if self._client is None:
-            self._client = client("bedrock-agentcore")
+            self._client = acr_client()
         return self._client
+
+    def _target(self, session_id: str) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"agentRuntimeArn": self.runtime_arn, "runtimeSessionId": session_id}
+        index = ids.endpoint_index(session_id, self.endpoints)
+        qualifier = self.qualifier if index == 0 else ids.endpoint_name(index)
+        if qualifier:
+            kwargs["qualifier"] = qualifier
+        return kwargs
 
     def invoke(self, session_id: str, payload: Mapping[str, Any]) -> None:
         """Start the rollout in session `session_id` (ART agents answer at once and work in the background)."""
-        kwargs: dict[str, Any] = {
-            "agentRuntimeArn": self.runtime_arn,
-            "runtimeSessionId": session_id,
-            "payload": json.dumps(payload, separators=(",", ":")).encode(),
-        }
-        if self.qualifier:
-            kwargs["qualifier"] = self.qualifier
+        kwargs = self._target(session_id)
+        kwargs["payload"] = json.dumps(payload, separators=(",", ":")).encode()
         try:
             resp = self.acr.invoke_agent_runtime(**kwargs)
         except Exception as exc:
-            raise classify_error(exc, "InvokeAgentRuntime") from exc
+            mapped = classify_error(exc, "InvokeAgentRuntime")
+            if mapped is exc:
+                raise
+            raise mapped from exc
         body = b""
         stream = resp.get("response")
         if stream is not None:
             try:
-                body = stream.read()
+                body = stream.read(MAX_RESPONSE_BYTES)
             finally:
                 stream.close()
         status = int(resp.get("statusCode") or 200)
         if status >= 500 or status == 429:
             raise RuntimeThrottled(f"InvokeAgentRuntime: agent answered {status}: {body[:300]!r}")
+        if status == 424:
+            raise RuntimeColdStart(f"InvokeAgentRuntime: agent answered {status}: {body[:300]!r}")
         if status >= 400:
             raise RuntimeRejected(f"InvokeAgentRuntime: agent answered {status}: {body[:300]!r}")
 
     def stop(self, session_id: str) -> None:
-        """StopRuntimeSession; a session ACR does not know (already gone) counts as stopped."""
-        kwargs: dict[str, Any] = {"agentRuntimeArn": self.runtime_arn, "runtimeSessionId": session_id}
-        if self.qualifier:
-            kwargs["qualifier"] = self.qualifier
+        """StopRuntimeSession on the session's endpoint (ResourceNotFound -> RuntimeSessionNotFound)."""
         try:
-            self.acr.stop_runtime_session(**kwargs)
+            self.acr.stop_runtime_session(**self._target(session_id))
         except Exception as exc:
-            code = str(((getattr(exc, "response", None) or {}).get("Error") or {}).get("Code") or "")
-            if code == "ResourceNotFoundException":
-                return
-            raise classify_error(exc, "StopRuntimeSession") from exc
+            mapped = classify_error(exc, "StopRuntimeSession")
+            if mapped is exc:
+                raise
+            raise mapped from exc
 
 
 #: Short alias.

@@ -7,19 +7,36 @@ does is decided by a behaviour: succeed (scalar or per-turn rewards), raise in t
 invalid result, hang (never write), wait for the test (`manual`), throttle or reject the invoke, answer slowly.
 Every call is recorded with its wall-clock time, and running/stopped sessions are tracked, so tests can check the
 TPS limit and the session limit.
+
+With an `AcrProfile` (`FakeAgentRuntime(profile=AcrProfile(...))`, or `AcrProfile.realistic()`) it also holds the
+pipeline to AgentCore's real behaviour (PEERS.md): a new-session quota per endpoint (token bucket, 400/min), a
+per-account new-session rate and a shared data-plane TPS (any sliding one-second window), active sessions per
+account where a session counts until stopped or idle for `idle_timeout_s` (a written but unstopped session keeps
+counting), ThrottlingException / ServiceQuotaExceededException when exceeded, cold-start `RuntimeClientError`
+(424) on a share of first invokes (the session exists anyway; the same id succeeds after `cold_start_ready_s`),
+stops answering ResourceNotFound (sometimes while the session keeps running), Conflict or throttling, and slow
+invoke responses. Seeded: the same seed gives the same faults.
 """
 
 from __future__ import annotations
 
 import json
+import random
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from rollout_pipeline.ports import ObjectStore, RuntimeRejected, RuntimeThrottled
+from rollout_pipeline import ids
+from rollout_pipeline.ports import (
+    ObjectStore,
+    RuntimeColdStart,
+    RuntimeRejected,
+    RuntimeSessionNotFound,
+    RuntimeThrottled,
+)
 
 BehaviourKind = Literal["success", "agent_error", "garbage", "invalid", "hang", "manual", "throttle", "reject"]
 
@@ -60,7 +77,88 @@ class FakeCall:
     at: float  # time.time() when the call reached the fake
     op: Literal["invoke", "stop"]
     session_id: str
-    outcome: str  # "started", "reinvoked", "throttled", "rejected", "stopped", "unknown"
+    #: invoke: "started", "reinvoked", "throttled", "quota_exceeded", "cold_start", "rejected";
+    #: stop: "stopped", "unknown", "throttled", "conflict", "not_found_running"
+    outcome: str
+    endpoint: int = 0
+
+
+@dataclass(frozen=True)
+class AcrProfile:
+    """AgentCore Runtime's quotas and failure modes, as the fake enforces them (defaults: PEERS.md, Nov 2026)."""
+
+    #: New sessions per minute per endpoint (token bucket refilled continuously, one second of burst).
+    new_sessions_per_minute: float = 400.0
+    #: New sessions per second per account, over any sliding one-second window.
+    account_new_sessions_per_s: float = 25.0
+    #: Data-plane calls (invoke + stop) per second per account, over any sliding one-second window.
+    data_plane_tps: float = 1000.0
+    #: Active sessions per account (a session counts until stopped or idle for `idle_timeout_s`).
+    max_active_sessions: int = 1000
+    idle_timeout_s: float = 900.0
+    #: Runtime endpoints sessions are spread over (`ids.endpoint_index`).
+    endpoints: int = 1
+    #: Share of first invokes of a session answered RuntimeClientError (424); the session exists anyway.
+    cold_start_share: float = 0.0
+    #: A cold session answers 424 until this long after its first invoke.
+    cold_start_ready_s: float = 1.0
+    #: Share of stops that fail: ResourceNotFound while the session keeps running, Conflict or throttling (in
+    #: equal parts). A failed stop leaves the session running; the next stop of it succeeds.
+    stop_failure_share: float = 0.0
+    #: The InvokeAgentRuntime response takes this long (uniform between the two).
+    invoke_latency_s: tuple[float, float] = (0.0, 0.0)
+    seed: int = 0
+
+    @classmethod
+    def realistic(cls, **overrides: Any) -> AcrProfile:
+        """The profile tests and benches use for "real AgentCore": 5% cold starts, 2% failing stops, 20-80 ms
+        invoke responses; override anything."""
+        values: dict[str, Any] = {
+            "cold_start_share": 0.05,
+            "stop_failure_share": 0.02,
+            "invoke_latency_s": (0.02, 0.08),
+        }
+        values.update(overrides)
+        return cls(**values)
+
+
+class _Quota:
+    """The fake's quota state (under the fake's lock)."""
+
+    def __init__(self, profile: AcrProfile) -> None:
+        self.profile = profile
+        rate = profile.new_sessions_per_minute / 60.0
+        self.bucket_rate = rate
+        self.tokens = [max(1.0, rate)] * profile.endpoints
+        self.refilled = [0.0] * profile.endpoints
+        self.new_sessions: deque[float] = deque()
+        self.data_plane: deque[float] = deque()
+
+    @staticmethod
+    def _window(calls: deque[float], now: float) -> int:
+        while calls and calls[0] <= now - 1.0:
+            calls.popleft()
+        return len(calls)
+
+    def data_plane_call(self, now: float) -> bool:
+        if self._window(self.data_plane, now) + 1 > self.profile.data_plane_tps:
+            return False
+        self.data_plane.append(now)
+        return True
+
+    def new_session(self, now: float, endpoint: int) -> bool:
+        burst = max(1.0, self.bucket_rate)
+        if self.refilled[endpoint] == 0.0:
+            self.refilled[endpoint] = now
+        self.tokens[endpoint] = min(burst, self.tokens[endpoint] + (now - self.refilled[endpoint]) * self.bucket_rate)
+        self.refilled[endpoint] = now
+        if self.tokens[endpoint] < 1.0:
+            return False
+        if self._window(self.new_sessions, now) + 1 > self.profile.account_new_sessions_per_s:
+            return False
+        self.tokens[endpoint] -= 1.0
+        self.new_sessions.append(now)
+        return True
 
 
 Behaviour = AgentBehaviour | Callable[[FakeInvocation], AgentBehaviour]
@@ -69,7 +167,14 @@ Behaviour = AgentBehaviour | Callable[[FakeInvocation], AgentBehaviour]
 class FakeAgentRuntime:
     """In-process fake ACR. Thread-safe. Call `close()` to cancel pending result writes."""
 
-    def __init__(self, store: ObjectStore | None = None, behaviour: Behaviour | None = None) -> None:
+    def __init__(
+        self,
+        store: ObjectStore | None = None,
+        behaviour: Behaviour | None = None,
+        *,
+        profile: AcrProfile | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         if store is None:
             from rollout_pipeline.adapters.s3 import S3ObjectStore
 
@@ -86,31 +191,49 @@ class FakeAgentRuntime:
         self.max_running = 0
         self._pending: dict[str, tuple[AgentBehaviour, threading.Timer | None]] = {}
         self.write_errors: list[str] = []
+        self.profile = profile
+        self._clock = clock
+        self._quota = _Quota(profile) if profile is not None else None
+        self._rng = random.Random(profile.seed if profile is not None else 0)
+        #: Profile state: when each live session was last busy (None = its agent is still working), when a cold
+        #: session becomes ready, sessions a failed stop left running, and the peak of active sessions.
+        self.last_active: dict[str, float | None] = {}
+        self.cold_until: dict[str, float] = {}
+        self.stop_failed_running: set[str] = set()
+        self.reaped: set[str] = set()
+        self.max_active = 0
 
     # ---------------------------------------------------------------------------------------------- the port
 
     def invoke(self, session_id: str, payload: Mapping[str, Any]) -> None:
         """InvokeAgentRuntime: record, decide by the behaviour, start the session, schedule the result."""
-        now = time.time()
+        now = self._clock()
         with self._lock:
             call_no = sum(1 for c in self.calls if c.op == "invoke")
             inv = FakeInvocation(call_no, session_id, payload, self.invoked[session_id])
         behaviour = self.behaviour(inv) if callable(self.behaviour) else self.behaviour
-        if behaviour.invoke_latency_s > 0:
-            time.sleep(behaviour.invoke_latency_s)
+        latency = behaviour.invoke_latency_s
+        if self.profile is not None:
+            with self._lock:
+                low, high = self.profile.invoke_latency_s
+                latency += self._rng.uniform(low, high) if high > 0 else 0.0
+        endpoint = ids.endpoint_index(session_id, self.profile.endpoints) if self.profile is not None else 0
         with self._lock:
+            if self.profile is not None:
+                self._enforce_invoke(now, session_id, endpoint)
             if behaviour.kind == "throttle":
-                self.calls.append(FakeCall(now, "invoke", session_id, "throttled"))
+                self.calls.append(FakeCall(now, "invoke", session_id, "throttled", endpoint))
                 raise RuntimeThrottled(f"ThrottlingException: rate exceeded for {session_id}")
             if behaviour.kind == "reject":
-                self.calls.append(FakeCall(now, "invoke", session_id, "rejected"))
+                self.calls.append(FakeCall(now, "invoke", session_id, "rejected", endpoint))
                 raise RuntimeRejected(f"ValidationException: session {session_id} rejected")
             outcome = "reinvoked" if self.invoked[session_id] else "started"
-            self.calls.append(FakeCall(now, "invoke", session_id, outcome))
+            self.calls.append(FakeCall(now, "invoke", session_id, outcome, endpoint))
             self.invoked[session_id] += 1
             self.payloads[session_id] = payload
             self.stopped.discard(session_id)
             self.running.add(session_id)
+            self.last_active[session_id] = None
             self.max_running = max(self.max_running, len(self.running))
             timer: threading.Timer | None = None
             if behaviour.kind not in ("hang", "manual") and behaviour.delay_s > 0:
@@ -118,18 +241,99 @@ class FakeAgentRuntime:
                 timer.daemon = True
             if behaviour.kind != "hang":
                 self._pending[session_id] = (behaviour, timer)
+        if latency > 0:  # the response is slow; the session is already working
+            time.sleep(latency)
         if timer is not None:
             timer.start()
         elif behaviour.kind not in ("hang", "manual"):
             self._write(session_id, behaviour)
 
+    def _enforce_invoke(self, now: float, session_id: str, endpoint: int) -> None:
+        """AgentCore's quotas and cold starts for one invoke (under the lock); raises what AgentCore raises."""
+        assert self._quota is not None
+        assert self.profile is not None
+        if not self._quota.data_plane_call(now):
+            self.calls.append(FakeCall(now, "invoke", session_id, "throttled", endpoint))
+            raise RuntimeThrottled("ThrottlingException: data-plane rate exceeded")
+        cold_until = self.cold_until.get(session_id)
+        if cold_until is not None:
+            if now < cold_until:
+                self.calls.append(FakeCall(now, "invoke", session_id, "cold_start", endpoint))
+                raise RuntimeColdStart(f"RuntimeClientError (424): session {session_id} is still starting")
+            del self.cold_until[session_id]
+            return
+        if session_id in self.running or self.invoked[session_id]:
+            return  # an existing session: no new-session quota
+        if self.active_sessions(now) >= self.profile.max_active_sessions:
+            self.calls.append(FakeCall(now, "invoke", session_id, "quota_exceeded", endpoint))
+            raise RuntimeThrottled(
+                f"ServiceQuotaExceededException: {self.profile.max_active_sessions} active sessions per account"
+            )
+        if not self._quota.new_session(now, endpoint):
+            self.calls.append(FakeCall(now, "invoke", session_id, "throttled", endpoint))
+            raise RuntimeThrottled(f"ThrottlingException: new-session rate exceeded on endpoint {endpoint}")
+        if self._rng.random() < self.profile.cold_start_share:
+            # The microVM exists (it counts and must be stopped) but the agent is not up yet.
+            self.calls.append(FakeCall(now, "invoke", session_id, "cold_start", endpoint))
+            self.invoked[session_id] += 1
+            self.running.add(session_id)
+            self.last_active[session_id] = now
+            self.max_running = max(self.max_running, len(self.running))
+            self.cold_until[session_id] = now + self.profile.cold_start_ready_s
+            self.max_active = max(self.max_active, self.active_sessions(now))
+            raise RuntimeColdStart(f"RuntimeClientError (424): session {session_id} is still starting")
+        self.max_active = max(self.max_active, self.active_sessions(now) + 1)
+
+    def active_sessions(self, now: float | None = None) -> int:
+        """Sessions counting against the active-session quota now: running and busy, or idle for less than
+        `idle_timeout_s` (AgentCore reaps them after that; a reaped session leaves `running` on the next call)."""
+        if self.profile is None:
+            return len(self.running)
+        now = self._clock() if now is None else now
+        idle_timeout = self.profile.idle_timeout_s
+        reaped = [
+            sid
+            for sid in self.running
+            if (last := self.last_active.get(sid)) is not None and now - last >= idle_timeout
+        ]
+        for sid in reaped:
+            self.running.discard(sid)
+            self.reaped.add(sid)
+        return len(self.running)
+
     def stop(self, session_id: str) -> None:
-        """StopRuntimeSession: the session ends; a result not yet written never will be."""
+        """StopRuntimeSession: the session ends; a result not yet written never will be. With a profile: the
+        data-plane rate applies, an unknown session answers ResourceNotFound, and a share of stops fail."""
+        now = self._clock()
+        endpoint = ids.endpoint_index(session_id, self.profile.endpoints) if self.profile is not None else 0
         with self._lock:
             known = session_id in self.running
-            self.calls.append(FakeCall(time.time(), "stop", session_id, "stopped" if known else "unknown"))
+            if self.profile is not None:
+                assert self._quota is not None
+                if not self._quota.data_plane_call(now):
+                    self.calls.append(FakeCall(now, "stop", session_id, "throttled", endpoint))
+                    raise RuntimeThrottled("ThrottlingException: data-plane rate exceeded")
+                if (
+                    known
+                    and session_id not in self.stop_failed_running
+                    and self._rng.random() < self.profile.stop_failure_share
+                ):
+                    self.stop_failed_running.add(session_id)
+                    kind = self._rng.choice(("not_found_running", "conflict", "throttled"))
+                    self.calls.append(FakeCall(now, "stop", session_id, kind, endpoint))
+                    if kind == "not_found_running":
+                        raise RuntimeSessionNotFound(f"ResourceNotFoundException: session {session_id}")
+                    if kind == "conflict":
+                        raise RuntimeThrottled(f"ConflictException: session {session_id} is busy")
+                    raise RuntimeThrottled("ThrottlingException: rate exceeded")
+                if not known:
+                    self.calls.append(FakeCall(now, "stop", session_id, "unknown", endpoint))
+                    raise RuntimeSessionNotFound(f"ResourceNotFoundException: session {session_id} not found")
+            self.calls.append(FakeCall(now, "stop", session_id, "stopped" if known else "unknown", endpoint))
             self.running.discard(session_id)
             self.stopped.add(session_id)
+            self.last_active.pop(session_id, None)
+            self.cold_until.pop(session_id, None)
             pending = self._pending.pop(session_id, None)
         if pending is not None and pending[1] is not None:
             pending[1].cancel()
@@ -214,4 +418,6 @@ class FakeAgentRuntime:
             return None
         with self._lock:
             self.written[session_id] = key
+            if session_id in self.running:
+                self.last_active[session_id] = self._clock()  # idle from now on: counts until stopped or reaped
         return key

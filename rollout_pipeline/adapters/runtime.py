@@ -43,5 +43,5 @@ def agent_runtime(settings: HandlerSettings) -> AgentRuntime:
         if _registry.default is None:
             from rollout_pipeline.adapters.acr import AcrAgentRuntime
 
-            _registry.default = AcrAgentRuntime(settings.runtime_arn)
+            _registry.default = AcrAgentRuntime(settings.runtime_arn, endpoints=settings.experiment.endpoints)
         return _registry.default

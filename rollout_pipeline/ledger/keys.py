@@ -63,6 +63,11 @@ def tps_key(epoch_second: int) -> dict[str, dict[str, str]]:
     return {PK: {"S": LIMIT_PK}, SK: {"S": f"{TPS_PREFIX}{epoch_second}"}}
 
 
+def pace_key(budget: str) -> dict[str, dict[str, str]]:
+    """The schedule item of one call budget (`lifecycle.limits.Pacer`): `tps`, `session#0`, `session#1`, ..."""
+    return {PK: {"S": LIMIT_PK}, SK: {"S": f"PACE#{budget}"}}
+
+
 def shard_of(text: str) -> int:
     return zlib.crc32(text.encode()) % INDEX_SHARDS
 

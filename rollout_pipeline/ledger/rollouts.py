@@ -1,4 +1,4 @@
-"""Rollout items, their conditional transitions, session slots and TPS windows (see docs/lifecycle.md).
+"""Rollout items, their conditional transitions, session slots and paced call budgets (see docs/lifecycle.md).
 
 Every transition is one conditional write or one DynamoDB transaction keyed on the rollout's `(state, attempt)`:
 a duplicated or stale delivery fails the condition and changes nothing. The transactions that end a rollout also
@@ -95,6 +95,13 @@ class RolloutRecord:
     outbox: frozenset[str] = field(default_factory=frozenset)
     outbox_id: str | None = None
     stop_sessions: frozenset[str] = field(default_factory=frozenset)
+    #: Sessions whose slot is still held: their attempt ended but their stop is not confirmed yet.
+    held_slots: frozenset[str] = field(default_factory=frozenset)
+    #: When AgentCore reaps the held sessions anyway (idle timeout after the attempt ended): the slot is free then.
+    held_until: int | None = None
+    stop_tries: int = 0
+    #: Sessions whose stop answered ResourceNotFound once (a second NotFound confirms the stop).
+    stop_not_found: frozenset[str] = field(default_factory=frozenset)
 
     @property
     def terminal(self) -> bool:
@@ -128,6 +135,10 @@ class RolloutRecord:
             outbox=frozenset(item.get("outbox") or ()),
             outbox_id=item.get("outbox_id"),
             stop_sessions=frozenset(item.get("stop_sessions") or ()),
+            held_slots=frozenset(item.get("held_slots") or ()),
+            held_until=None if item.get("held_until") is None else int(item["held_until"]),
+            stop_tries=int(item.get("stop_tries") or 0),
+            stop_not_found=frozenset(item.get("stop_not_found") or ()),
         )
 
 
@@ -149,7 +160,7 @@ class Terminal:
 
 
 class RolloutLedger:
-    """DynamoDB operations on rollout items, session slots and TPS windows of one experiment's ledger table."""
+    """DynamoDB operations on rollout items, session slots and paced call budgets of one experiment's ledger table."""
 
     def __init__(self, table_name: str, ddb_client: Any | None = None, ttl_days: int = 30) -> None:
         self.table_name = table_name
@@ -244,19 +255,49 @@ class RolloutLedger:
 
     # --------------------------------------------------------------------------------------------- limits
 
-    def try_tps_token(self, epoch_second: int, limit: int) -> bool:
-        """Take one call from the fixed one-second window `epoch_second` if fewer than `limit` were taken."""
-        try:
-            self.ddb.update_item(
-                TableName=self.table_name,
-                Key=keys.tps_key(epoch_second),
-                UpdateExpression="ADD calls :one SET expires_at = :exp",
-                ConditionExpression="attribute_not_exists(calls) OR calls < :limit",
-                ExpressionAttributeValues=_values({":one": 1, ":limit": limit, ":exp": epoch_second + 120}),
-            )
-        except self.ddb.exceptions.ConditionalCheckFailedException:
-            return False
-        return True
+    def reserve_pace(
+        self, budget: str, *, not_before_us: int, latest_us: int, interval_us: int
+    ) -> tuple[int | None, int]:
+        """Reserve the next start time of a paced budget (GCRA: `tat` = the earliest time the next call may start,
+        in epoch microseconds) in [not_before_us, latest_us]. Returns (slot_us, tat_us): `slot_us` the reserved
+        start, or None when the schedule is already beyond `latest_us` (then `tat_us` says when it is free). Time
+        before `not_before_us` that nobody took stays unused. One conditional write per reservation; a read only
+        when the schedule is full."""
+        key = keys.pace_key(budget)
+        expires = not_before_us // 1_000_000 + 3600
+        for _ in range(6):
+            try:  # the budget is free at `not_before`
+                self.ddb.update_item(
+                    TableName=self.table_name,
+                    Key=key,
+                    UpdateExpression="SET tat = :next, expires_at = :exp",
+                    ConditionExpression="attribute_not_exists(tat) OR tat <= :nb",
+                    ExpressionAttributeValues=_values(
+                        {":next": not_before_us + interval_us, ":nb": not_before_us, ":exp": expires}
+                    ),
+                )
+                return not_before_us, not_before_us + interval_us
+            except self.ddb.exceptions.ConditionalCheckFailedException:
+                pass
+            try:  # busy: take the next free time, if it is early enough
+                resp = self.ddb.update_item(
+                    TableName=self.table_name,
+                    Key=key,
+                    UpdateExpression="ADD tat :interval SET expires_at = :exp",
+                    ConditionExpression="tat > :nb AND tat <= :latest",
+                    ExpressionAttributeValues=_values(
+                        {":interval": interval_us, ":nb": not_before_us, ":latest": latest_us, ":exp": expires}
+                    ),
+                    ReturnValues="UPDATED_NEW",
+                )
+                tat = int(from_attribute_value(resp["Attributes"]["tat"]))
+                return tat - interval_us, tat
+            except self.ddb.exceptions.ConditionalCheckFailedException:
+                pass
+            tat = int((self.get(key) or {}).get("tat") or 0)
+            if tat > latest_us:
+                return None, tat
+        raise LedgerError(f"pace budget {budget} kept changing under us")
 
     # ---------------------------------------------------------------------------------------- transitions
 
@@ -454,12 +495,18 @@ class RolloutLedger:
         now_epoch: int,
         session_id: str | None = None,
         policy_version: str | None = None,
+        hold_slot_until: int | None = None,
     ) -> bool:
         """The one terminal transition of a rollout, with its counters, slot release and outbox, atomically.
 
         `from_state`: DISPATCHED (releases the slot), QUEUED, or None (no item yet: cancel before dispatch).
+        `hold_slot_until` (with DISPATCHED and `session_id`): keep the slot for the session instead, and stop it
+        through the outbox; `release_stopped` frees the slot once the stop is confirmed, or after that epoch.
         Returns False when the condition failed (another delivery already moved the rollout).
         """
+        hold = hold_slot_until is not None and from_state == DISPATCHED and bool(session_id)
+        if hold:
+            outbox = outbox | {OUTBOX_STOP}
         names = {
             "#st": "state",
             "#ix": "index",
@@ -521,6 +568,10 @@ class RolloutLedger:
         if OUTBOX_STOP in outbox and session_id:
             adds.append("stop_sessions :stops")
             values[":stops"] = {session_id}
+        if hold:
+            adds.append("held_slots :stops")
+            sets.append("held_until = :held_until")
+            values[":held_until"] = hold_slot_until
         rollout = self._update(
             keys.rollout_key(batch_id, input_id, index),
             f"SET {', '.join(sets)} ADD {', '.join(adds)} REMOVE #dlpk, #dlsk",
@@ -554,7 +605,7 @@ class RolloutLedger:
             batch_names,
         )
         items: list[dict[str, Any]] = [{"Update": rollout}, {"Update": group}, {"Update": batch}]
-        if from_state == DISPATCHED:
+        if from_state == DISPATCHED and not hold:
             items.append(self._slot_delta(-1))
         reasons = self._transact(items)
         if reasons is None:
@@ -570,8 +621,12 @@ class RolloutLedger:
         next_session_id: str,
         now_epoch: int,
         stop_pending: bool,
+        hold_slot_until: int | None = None,
     ) -> bool:
-        """A timed-out attempt with attempts left: dispatched(n) -> queued(n+1), slot released, outbox enqueue."""
+        """A timed-out attempt with attempts left: dispatched(n) -> queued(n+1), slot released, outbox enqueue.
+        `hold_slot_until`: keep the slot for the old session until its stop is confirmed (see `finish`)."""
+        hold = hold_slot_until is not None and bool(rec.session_id)
+        stop_pending = stop_pending or hold
         outbox = {OUTBOX_ENQUEUE} | ({OUTBOX_STOP} if stop_pending else set())
         values: dict[str, Any] = {
             ":queued": QUEUED,
@@ -586,10 +641,15 @@ class RolloutLedger:
         if stop_pending and rec.session_id:
             adds += ", stop_sessions :prev"
             values[":prev"] = {rec.session_id}
+        held = ""
+        if hold:
+            adds += ", held_slots :prev"
+            held = ", held_until = :held_until"
+            values[":held_until"] = hold_slot_until
         update = self._update(
             keys.rollout_key(rec.batch_id, rec.input_id, rec.index),
             "SET #st = :queued, attempt = :next, session_id = :sid, "
-            "#obpk = :obpk, #obsk = :obsk, outbox_id = :obid, outbox_lease = :oblease "
+            f"#obpk = :obpk, #obsk = :obsk, outbox_id = :obid, outbox_lease = :oblease{held} "
             f"ADD {adds} REMOVE dispatched_at, invoked_at, deadline, #dlpk, #dlsk",
             "#st = :dispatched AND attempt = :attempt",
             values,
@@ -601,7 +661,66 @@ class RolloutLedger:
                 "#obsk": keys.OUTBOX_SK,
             },
         )
+        if hold:
+            return self._transact([{"Update": update}]) is None
         return self._transact([{"Update": update}, self._slot_delta(-1)]) is None
+
+    # ------------------------------------------------------------------------------------ stops and held slots
+
+    def release_stopped(self, rec: RolloutRecord, session_id: str) -> bool:
+        """A session's stop is confirmed (or AgentCore has reaped it): forget it and, if it still held a slot,
+        release the slot, atomically and once. False if someone else did it first."""
+        key = keys.rollout_key(rec.batch_id, rec.input_id, rec.index)
+        if session_id not in rec.held_slots:
+            self.ddb.update_item(
+                **self._update(key, "DELETE stop_sessions :s, stop_not_found :s", None, {":s": {session_id}})
+            )
+            return True
+        update = self._update(
+            key,
+            "DELETE held_slots :s, stop_sessions :s, stop_not_found :s",
+            "contains(held_slots, :sid)",
+            {":s": {session_id}, ":sid": session_id},
+        )
+        return self._transact([{"Update": update}, self._slot_delta(-1)]) is None
+
+    def note_stop_failed(self, rec: RolloutRecord, *, next_epoch: int, not_found: Sequence[str] = ()) -> None:
+        """Stops of this entry failed: count the try, remember first NotFound answers, and come back to the entry
+        at `next_epoch` (the outbox index sort key) with its lease given back."""
+        names = {"#obsk": keys.OUTBOX_SK}
+        values: dict[str, Any] = {":one": 1, ":next": next_epoch, ":obid": rec.outbox_id}
+        adds = "stop_tries :one"
+        if not_found:
+            adds += ", stop_not_found :nf"
+            values[":nf"] = set(not_found)
+        try:
+            self.ddb.update_item(
+                **self._update(
+                    keys.rollout_key(rec.batch_id, rec.input_id, rec.index),
+                    f"SET #obsk = :next ADD {adds} REMOVE outbox_lease",
+                    "outbox_id = :obid",
+                    values,
+                    names,
+                )
+            )
+        except self.ddb.exceptions.ConditionalCheckFailedException:
+            return
+
+    def outbox_done(self, rec: RolloutRecord, actions: frozenset[str]) -> None:
+        """Take finished actions (publish, enqueue) out of the outbox while others (stop) are still pending."""
+        if not actions or rec.outbox_id is None:
+            return
+        try:
+            self.ddb.update_item(
+                **self._update(
+                    keys.rollout_key(rec.batch_id, rec.input_id, rec.index),
+                    "DELETE outbox :done",
+                    "outbox_id = :obid",
+                    {":done": set(actions), ":obid": rec.outbox_id},
+                )
+            )
+        except self.ddb.exceptions.ConditionalCheckFailedException:
+            return
 
     def clear_outbox(self, rec: RolloutRecord) -> bool:
         """Remove the outbox entry once its side effects are done (only the entry that was read: `outbox_id`)."""
@@ -611,7 +730,7 @@ class RolloutLedger:
             self.ddb.update_item(
                 **self._update(
                     keys.rollout_key(rec.batch_id, rec.input_id, rec.index),
-                    "REMOVE outbox, outbox_id, outbox_lease, stop_sessions, #obpk, #obsk",
+                    "REMOVE outbox, outbox_id, outbox_lease, stop_sessions, stop_tries, stop_not_found, #obpk, #obsk",
                     "outbox_id = :obid",
                     {":obid": rec.outbox_id},
                     {"#obpk": keys.OUTBOX_PK, "#obsk": keys.OUTBOX_SK},

@@ -12,15 +12,13 @@ from rollout_pipeline.ledger.batches import batch_options
 from rollout_pipeline.ledger.rollouts import (
     DISPATCHED,
     OUTBOX_PUBLISH,
-    OUTBOX_STOP,
     LedgerError,
     RolloutRecord,
 )
-from rollout_pipeline.lifecycle import publishing
+from rollout_pipeline.lifecycle import publishing, stops
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.failures import fail_rollout
 from rollout_pipeline.lifecycle.metrics import CANCELLED
-from rollout_pipeline.ports import RuntimeThrottled
 
 log = logging.getLogger(__name__)
 
@@ -68,13 +66,9 @@ def cancel_rollout(
         attempt = 0
         session_id: str | None = None
         if rec is not None:
+            # dispatched: the slot stays held until the session's stop (after the event) is confirmed; queued
+            # with the previous attempt's stop still pending: the outbox keeps it (finish ADDs to it)
             from_state, attempt, session_id = rec.state, rec.attempt, rec.session_id
-            if rec.state == DISPATCHED and rec.session_id:
-                try:  # stop first: the session slot is released only once its session is gone
-                    deps.limited.stop(rec.session_id)
-                except RuntimeThrottled:
-                    outbox = outbox | {OUTBOX_STOP}
-            # queued with the previous attempt's stop still pending: the outbox keeps it (finish ADDs to it)
         after = fail_rollout(
             deps,
             exp_id=exp_id,
@@ -88,6 +82,7 @@ def cancel_rollout(
             outbox=outbox,
             session_id=session_id,
             policy_version=policy_version,
+            hold_slot_until=stops.hold_until(deps),
         )
         if after is None:
             continue

@@ -1,9 +1,11 @@
 """Completion: a result object in the results bucket -> exactly one terminal transition -> events.
 
 Input: the S3 "Object Created" EventBridge event (the completion queue's message body). The key names the attempt
-(`ids.parse_result_key`). If that attempt is dispatched: read the result (size-capped), stop the session (TPS
-token; the slot is only released once its session is stopped), then ONE transaction: rollout -> succeeded/failed,
-slot released, group and batch counters, outbox set. Then the side effects (`publishing.drain`). Anything else
+(`ids.parse_result_key`). If that attempt is dispatched: read the result (size-capped), then ONE transaction:
+rollout -> succeeded/failed, group and batch counters, outbox {publish, stop}, the session's slot held. Then the
+events at once (`publishing.drain`), and only after every record of the SQS batch was published, the stops
+(`stops.finish_stops`: they release the slots; a failed stop stays in the outbox). The trainer hears of a result
+without waiting for any call budget. Anything else
 (unknown key, a late or duplicated result) changes nothing and counts `LateOrUnknownResult`, except that a
 redelivery finding its attempt terminal with the outbox still set finishes the side effects.
 """
@@ -12,7 +14,9 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -23,11 +27,11 @@ from rollout_pipeline.ledger.rollouts import (
     DISPATCHED,
     FAILED,
     OUTBOX_PUBLISH,
-    OUTBOX_STOP,
     SUCCEEDED,
+    RolloutRecord,
     Terminal,
 )
-from rollout_pipeline.lifecycle import publishing
+from rollout_pipeline.lifecycle import publishing, stops
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.metrics import (
     FAILED as FAILED_METRIC,
@@ -41,7 +45,7 @@ from rollout_pipeline.lifecycle.metrics import (
     SUCCEEDED as SUCCEEDED_METRIC,
 )
 from rollout_pipeline.observability import bind_log_ids
-from rollout_pipeline.ports import ObjectNotFound, RuntimeThrottled
+from rollout_pipeline.ports import ObjectNotFound
 
 log = logging.getLogger(__name__)
 
@@ -62,18 +66,47 @@ class CompletionResult:
     failures: dict[str, str] = field(default_factory=dict)
 
 
-def complete_records(records: Sequence[Mapping[str, Any]], deps: LifecycleDeps) -> CompletionResult:
-    """Handle an SQS batch of completion-queue records (`messageId`, `body`); failed ids -> batchItemFailures."""
+#: How long the stops after a completion batch may wait for call budget when the caller gives no deadline.
+DEFAULT_STOP_BUDGET_S = 30.0
+
+
+def complete_records(
+    records: Sequence[Mapping[str, Any]], deps: LifecycleDeps, *, wait_until: float | None = None
+) -> CompletionResult:
+    """Handle an SQS batch of completion-queue records (`messageId`, `body`); failed ids -> batchItemFailures.
+    Records are handled concurrently (up to `deps.dispatch_threads`): results recorded and published first, then
+    the sessions stopped, every wait bounded by `wait_until` (monotonic; the Lambda's remaining time)."""
     result = CompletionResult()
-    for record in records:
-        message_id = str(record["messageId"])
-        try:
-            event = json.loads(record["body"])
-            result.outcomes[message_id] = handle_result_event(event, deps)
-        except Exception as exc:
-            log.exception("completion of message %s failed", message_id)
-            result.failures[message_id] = f"{type(exc).__name__}: {exc}"
+    if not records:
+        return result
+    until = wait_until if wait_until is not None else time.monotonic() + DEFAULT_STOP_BUDGET_S
+    to_stop: list[RolloutRecord] = []
+
+    def one(record: Mapping[str, Any]) -> Completion:
+        event = json.loads(record["body"])
+        return handle_result_event(event, deps, stops_later=to_stop)
+
+    workers = max(1, min(deps.dispatch_threads, len(records)))
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="complete") as pool:
+        futures = {str(r["messageId"]): pool.submit(one, r) for r in records}
+        for message_id, future in futures.items():
+            try:
+                result.outcomes[message_id] = future.result()
+            except Exception as exc:
+                log.exception("completion of message %s failed", message_id)
+                result.failures[message_id] = f"{type(exc).__name__}: {exc}"
+    if to_stop:  # results are recorded and published; a failed stop stays in the outbox (sweeper)
+        with ThreadPoolExecutor(max_workers=min(workers, len(to_stop)), thread_name_prefix="stop") as pool:
+            list(pool.map(lambda rec: _stop_after(rec, deps, until), to_stop))
     return result
+
+
+def _stop_after(rec: RolloutRecord, deps: LifecycleDeps, wait_until: float) -> None:
+    try:
+        stops.finish_stops(rec, deps, wait_until)
+    except Exception:  # the outbox keeps the stop: the sweeper retries it
+        log.exception("stop of %s pending", rec.session_id)
+        deps.ledger.release_outbox(rec)
 
 
 def _location(event: Mapping[str, Any]) -> tuple[str, str] | None:
@@ -92,8 +125,11 @@ def _late(deps: LifecycleDeps, why: str, key: str) -> Completion:
     return Completion.LATE_OR_UNKNOWN
 
 
-def handle_result_event(event: Mapping[str, Any], deps: LifecycleDeps) -> Completion:
-    """Process one S3 Object Created event of the results bucket (see the module doc). Raises to be retried."""
+def handle_result_event(
+    event: Mapping[str, Any], deps: LifecycleDeps, *, stops_later: list[RolloutRecord] | None = None
+) -> Completion:
+    """Process one S3 Object Created event of the results bucket (see the module doc). Raises to be retried.
+    `stops_later`: collect the rollouts whose sessions still have to be stopped instead of stopping them here."""
     location = _location(event)
     if location is None:
         return _late(deps, "not an S3 Object Created event", str(event)[:200])
@@ -123,10 +159,6 @@ def handle_result_event(event: Mapping[str, Any], deps: LifecycleDeps) -> Comple
         return _late(deps, "the result object is gone", key)
     written_at = parse_iso(event.get("time")) or deps.now()
     outbox = frozenset({OUTBOX_PUBLISH})
-    try:  # stop first, so a released slot never has a live session behind it
-        deps.limited.stop(ref.session_id)
-    except RuntimeThrottled:
-        outbox = outbox | {OUTBOX_STOP}
     succeeded = outcome.success
     terminal = Terminal(
         state=SUCCEEDED if succeeded else FAILED,
@@ -150,6 +182,7 @@ def handle_result_event(event: Mapping[str, Any], deps: LifecycleDeps) -> Comple
         outbox=outbox,
         now_epoch=int(now.timestamp()),
         session_id=ref.session_id,
+        hold_slot_until=stops.hold_until(deps),
     )
     if not done:
         after = deps.ledger.get_rollout(ref.batch_id, ref.input_id, ref.index)
@@ -166,7 +199,10 @@ def handle_result_event(event: Mapping[str, Any], deps: LifecycleDeps) -> Comple
         deps.metrics.count(failed_metric(terminal.reason or "unknown"))
     after = deps.ledger.get_rollout(ref.batch_id, ref.input_id, ref.index)
     if after is not None:
-        publishing.drain(after, deps, owner=True, result=body_dict)
+        later = stops_later is not None
+        publishing.drain(after, deps, owner=True, result=body_dict, stops=not later)
+        if later and after.stop_sessions and stops_later is not None:
+            stops_later.append(after)
     return Completion.SUCCEEDED if succeeded else Completion.FAILED
 
 
@@ -200,3 +236,22 @@ def _read_result(bucket: str, key: str, deps: LifecycleDeps) -> tuple[ResultOutc
             body=outcome.body,
         )
     return outcome, outcome.body, size
+
+
+def complete_if_written(rec: RolloutRecord, deps: LifecycleDeps) -> Completion | None:
+    """The sweeper's check before expiring an attempt: if the attempt's result object exists (its event is late
+    or was lost), complete the attempt from it now. None when there is no result (the attempt may expire).
+    (A missing object answers 403 without s3:ListBucket; the S3 adapter maps what it knows to ObjectNotFound.)"""
+    if not rec.session_id or not rec.exp_id:
+        return None
+    bucket = deps.settings.results_bucket
+    key = ids.result_key(rec.exp_id, rec.input_id, rec.session_id)
+    try:
+        info = deps.store.head(bucket, key)
+    except ObjectNotFound:
+        return None
+    event = {
+        "detail": {"bucket": {"name": bucket}, "object": {"key": key}},
+        "time": iso(info.last_modified) if info.last_modified is not None else None,
+    }
+    return handle_result_event(event, deps)

@@ -7,7 +7,7 @@ from datetime import datetime
 
 from rollout_pipeline.config import ExperimentConfig, HandlerSettings
 from rollout_pipeline.ledger.rollouts import RolloutLedger
-from rollout_pipeline.lifecycle.limits import LimitedRuntime, SlotGate, TpsLimiter
+from rollout_pipeline.lifecycle.limits import LimitedRuntime, SlotGate, pacers
 from rollout_pipeline.lifecycle.metrics import MetricsRecorder
 from rollout_pipeline.ports import AgentRuntime, Clock, EventPublisher, MessageQueue, ObjectStore, SystemClock
 
@@ -31,15 +31,18 @@ class LifecycleDeps:
     outbox_age_s: float = 30.0
     #: Throttled invokes are retried this many times (each with a new TPS token) before the slot is released.
     invoke_retries: int = 3
-    #: Dispatcher threads per SQS batch.
+    #: Dispatcher threads per SQS batch (also completion threads).
     dispatch_threads: int = 10
+    #: A cold-start RuntimeClientError (424) is retried on the same session this many times, this far apart.
+    cold_start_retries: int = 3
+    cold_start_wait_s: float = 2.0
     limited: LimitedRuntime = field(init=False)
     slots: SlotGate = field(init=False)
 
     def __post_init__(self) -> None:
-        self.limited = LimitedRuntime(
-            self.runtime, TpsLimiter(self.ledger, self.settings.experiment.tps_limit), self.metrics
-        )
+        config = self.settings.experiment
+        tps, sessions = pacers(self.ledger, config.tps_limit, config.session_rate_limit, config.endpoints)
+        self.limited = LimitedRuntime(self.runtime, tps, sessions, self.metrics)
         self.slots = SlotGate(
             self.ledger.in_flight,
             self.settings.experiment.max_sessions,

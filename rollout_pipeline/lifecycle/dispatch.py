@@ -5,11 +5,16 @@ dispatched(attempt) -> a TPS token -> InvokeAgentRuntime with the message's sess
 A redelivery finds the attempt already dispatched: with `invoked_at` it is acknowledged; without, after a grace
 period (the first delivery crashed between the transaction and the invoke), the SAME session id is invoked again.
 A full limit waits (polling, jittered) until the wait budget ends, then the message is re-sent fresh and
-acknowledged: never dropped, never dead-lettered because of a limit.
+acknowledged: never dropped, never dead-lettered because of a limit; but a rollout re-sent more than
+`max_limit_requeues` times or waiting longer than `max_limit_wait_s` fails loudly (`Rollout Failed`, `throttled`).
+A cold start (RuntimeClientError 424) is retried on the SAME session id (`cold_start_retries` x
+`cold_start_wait_s`, tps budget only: the session exists); then the attempt ends through the normal "attempts
+left?" path and its session is stopped. A read timeout after sending is never re-sent (the deadline decides).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import random
@@ -32,20 +37,29 @@ from rollout_pipeline.ledger.rollouts import (
     LedgerError,
     RolloutRecord,
 )
-from rollout_pipeline.lifecycle import publishing
+from rollout_pipeline.lifecycle import publishing, stops
 from rollout_pipeline.lifecycle.cancel import cancel_rollout
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.failures import fail_rollout
 from rollout_pipeline.lifecycle.metrics import (
-    DISPATCHED as DISPATCHED_METRIC,
-)
-from rollout_pipeline.lifecycle.metrics import (
+    COLD_START_RETRIED,
     IN_FLIGHT,
     LIMIT_WAITS,
+    NEW_SESSIONS,
+    RETRIED,
     THROTTLED,
 )
+from rollout_pipeline.lifecycle.metrics import (
+    DISPATCHED as DISPATCHED_METRIC,
+)
 from rollout_pipeline.observability import bind_log_ids
-from rollout_pipeline.ports import RuntimeRejected, RuntimeThrottled
+from rollout_pipeline.ports import (
+    RuntimeColdStart,
+    RuntimeOutcomeUnknown,
+    RuntimeRejected,
+    RuntimeSessionNotFound,
+    RuntimeThrottled,
+)
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +79,8 @@ class Dispatch(StrEnum):
     REQUEUED_LIMIT = "requeued_limit"  # still waiting for a limit at the end of the budget: re-sent fresh
     REQUEUED_THROTTLED = "requeued_throttled"  # ACR kept throttling: slot released, re-sent fresh
     STOPPED_LATE = "stopped_late"  # invoked, but the rollout was cancelled/ended meanwhile: session stopped
+    THROTTLED = "throttled"  # waited for limits too often or too long: Rollout Failed (throttled)
+    COLD_START_FAILED = "cold_start_failed"  # kept answering 424: attempt ended (retried or failed), session stopped
 
 
 @dataclass
@@ -83,6 +99,7 @@ def dispatch_records(records: Sequence[Mapping[str, Any]], deps: LifecycleDeps, 
         return result
     workers = max(1, min(deps.dispatch_threads, len(records)))
     batches = BatchReads(deps)
+    records = sorted(records, key=_record_order)  # group order: a group's rollouts start together
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dispatch") as pool:
         futures = {
             str(r["messageId"]): pool.submit(
@@ -98,6 +115,13 @@ def dispatch_records(records: Sequence[Mapping[str, Any]], deps: LifecycleDeps, 
                 result.failures[message_id] = f"{type(exc).__name__}: {exc}"
     deps.metrics.sample(IN_FLIGHT, deps.ledger.in_flight())
     return result
+
+
+def _record_order(record: Mapping[str, Any]) -> tuple[Any, ...]:
+    try:
+        return (0, *admission_key(parse_message(str(record["body"]))))
+    except Exception:  # a poison message keeps its place at the end; dispatch_body reports it
+        return (1,)
 
 
 def parse_message(body: str) -> RolloutMessage:
@@ -163,8 +187,8 @@ def dispatch_body(body: str, deps: LifecycleDeps, *, wait_until: float, batches:
         if start is DispatchStart.CANCELLED:
             return _cancelled(message, deps, options)
         if start is DispatchStart.NO_SLOT:
-            if not _wait_for_slot(deps, wait_until):
-                return _requeue(message, body, deps, Dispatch.REQUEUED_LIMIT)
+            if not _wait_for_slot(deps, wait_until, message):
+                return _requeue(message, deps, Dispatch.REQUEUED_LIMIT)
             continue
         rec = deps.ledger.get_rollout(message.batch_id, message.input_id, message.index)
         decided = _existing(message, rec, deps)
@@ -213,17 +237,56 @@ def _row_payload(message: RolloutMessage, deps: LifecycleDeps) -> dict[str, Any]
     return payload
 
 
-def _wait_for_slot(deps: LifecycleDeps, wait_until: float) -> bool:
-    """Wait (see `limits.SlotGate`: one poller per process, jittered 0.2-1 s) until a slot looks free."""
-    return deps.slots.wait(wait_until)
+def admission_key(message: RolloutMessage) -> tuple[Any, ...]:
+    """Group order: earlier batches first, a group's rollouts together (then by index)."""
+    return (message.submitted_at.timestamp(), message.batch_id, message.input_id, message.index)
 
 
-def _requeue(message: RolloutMessage, body: str, deps: LifecycleDeps, why: Dispatch) -> Dispatch:
-    """Re-send the message as a fresh one (its receive count starts over) so the original can be acknowledged."""
-    deps.queue.send_all(deps.settings.rollout_queue_url, [body])
+def _wait_for_slot(deps: LifecycleDeps, wait_until: float, message: RolloutMessage) -> bool:
+    """Wait (see `limits.SlotGate`: one poller per process, jittered 0.2-1 s, waiters in group order) until a
+    slot looks free for this rollout."""
+    return deps.slots.wait(wait_until, admission_key(message))
+
+
+def _requeue(message: RolloutMessage, deps: LifecycleDeps, why: Dispatch) -> Dispatch:
+    """Re-send the message as a fresh one (its receive count starts over) so the original can be acknowledged;
+    counted in the message, and failed loudly (`throttled`) beyond `max_limit_requeues` or `max_limit_wait_s`."""
+    now = deps.now()
+    since = message.waiting_since or now
+    count = message.limit_requeues + 1
+    waited = (now - since).total_seconds()
+    if count > deps.config.max_limit_requeues or waited > deps.config.max_limit_wait_s:
+        return _throttled(message, deps, f"re-sent {count - 1} times over {waited:.0f} s waiting for limits ({why})")
+    fresh = message.model_copy(update={"limit_requeues": count, "waiting_since": since})
+    deps.queue.send_all(deps.settings.rollout_queue_url, [fresh.model_dump_json(exclude_none=True)])
     deps.metrics.count(LIMIT_WAITS)
     log.info("rollout %s/%s attempt %s re-sent (%s)", message.batch_id, message.rollout_id, message.attempt, why)
     return why
+
+
+def _throttled(message: RolloutMessage, deps: LifecycleDeps, error: str) -> Dispatch:
+    """The rollout could not start within the configured bounds: Rollout Failed (throttled), never a silent spin."""
+    rec = deps.ledger.get_rollout(message.batch_id, message.input_id, message.index)
+    if rec is not None and (rec.terminal or rec.attempt != message.attempt or rec.state != QUEUED):
+        return Dispatch.STALE
+    after = fail_rollout(
+        deps,
+        exp_id=message.exp_id,
+        batch_id=message.batch_id,
+        input_id=message.input_id,
+        index=message.index,
+        attempt=message.attempt,
+        from_state=None if rec is None else QUEUED,
+        reason=FailureReason.THROTTLED,
+        error=error,
+        outbox=frozenset({OUTBOX_PUBLISH}),
+        session_id=message.session_id if rec is None else None,
+    )
+    if after is None:
+        return Dispatch.STALE
+    log.warning("rollout %s/%s failed: %s", message.batch_id, message.rollout_id, error)
+    publishing.drain(after, deps, owner=True)
+    return Dispatch.THROTTLED
 
 
 def _cancelled(message: RolloutMessage, deps: LifecycleDeps, options: FileOptions) -> Dispatch:
@@ -257,30 +320,108 @@ def _invoke(
         results_bucket=deps.settings.results_bucket,
     )
     session_id = message.session_id
+    cold_starts = 0
+    new_session = not reinvoke
     for attempt in range(deps.invoke_retries + 1):
         try:
-            deps.limited.invoke(session_id, payload, wait_until=wait_until)
+            deps.limited.invoke(session_id, payload, wait_until=wait_until, new_session=new_session)
+            if new_session:
+                deps.metrics.count(NEW_SESSIONS)
+            break
+        except RuntimeColdStart as exc:
+            if new_session:
+                deps.metrics.count(NEW_SESSIONS)  # the microVM exists: it counts and must be stopped
+            new_session = False
+            while True:  # the same session id after a short wait; the budget of ACR throttles is not spent
+                cold_starts += 1
+                if (
+                    cold_starts > deps.cold_start_retries
+                    or deps.clock.monotonic() + deps.cold_start_wait_s > wait_until
+                ):
+                    return _cold_start_failed(message, deps, options, f"{exc} ({cold_starts} tries)", wait_until)
+                deps.metrics.count(COLD_START_RETRIED)
+                deps.clock.sleep(deps.cold_start_wait_s)
+                try:
+                    deps.limited.invoke(session_id, payload, wait_until=wait_until, new_session=False)
+                    break
+                except RuntimeColdStart as again:
+                    exc = again
+                except RuntimeOutcomeUnknown:
+                    break
+                except (RuntimeThrottled, RuntimeRejected) as other:
+                    return _cold_start_failed(message, deps, options, f"{exc}; then {other}", wait_until)
+            break
+        except RuntimeOutcomeUnknown as exc:  # it may be running: never re-sent; the deadline decides
+            log.warning("invoke of %s: outcome unknown (%s); the deadline decides", session_id, exc)
             break
         except RuntimeThrottled as exc:
             deps.metrics.count(THROTTLED)
             backoff = min(0.25 * 2**attempt, 4.0) * random.uniform(0.5, 1.0)
             if attempt == deps.invoke_retries or deps.clock.monotonic() + backoff > wait_until:
                 log.warning("ACR kept throttling %s: %s; releasing the slot", session_id, exc)
+                if not new_session:  # a session exists (cold-started): end the attempt, stop it
+                    return _cold_start_failed(message, deps, options, str(exc), wait_until)
                 if deps.ledger.release_to_queue(message.batch_id, message.input_id, message.index, message.attempt):
-                    return _requeue(
-                        message, message.model_dump_json(exclude_none=True), deps, Dispatch.REQUEUED_THROTTLED
-                    )
+                    return _requeue(message, deps, Dispatch.REQUEUED_THROTTLED)
                 return Dispatch.STALE  # the rollout moved on meanwhile (cancelled, invoked elsewhere)
             deps.clock.sleep(backoff)
         except RuntimeRejected as exc:
+            if not new_session:
+                return _cold_start_failed(message, deps, options, str(exc), wait_until)
             return _rejected(message, deps, str(exc))
     now = deps.now()
     if not deps.ledger.mark_invoked(message.batch_id, message.input_id, message.index, message.attempt, iso(now)):
-        # Cancelled (or already ended) while we invoked: no session may outlive its rollout.
-        deps.limited.stop(session_id, wait_until=max(wait_until, deps.clock.monotonic() + 5))
+        # Cancelled (or already ended) while we invoked: no session may outlive its rollout. The transition that
+        # ended it may have tried the stop before the session existed (NotFound): this stop confirms it.
+        with contextlib.suppress(RuntimeSessionNotFound):
+            deps.limited.stop(session_id, wait_until=max(wait_until, deps.clock.monotonic() + 5))
+        after = deps.ledger.get_rollout(message.batch_id, message.input_id, message.index)
+        if after is not None and session_id in after.held_slots:
+            deps.ledger.release_stopped(after, session_id)
         return Dispatch.STOPPED_LATE
     deps.metrics.count(DISPATCHED_METRIC)
     return Dispatch.REINVOKED if reinvoke else Dispatch.INVOKED
+
+
+def _cold_start_failed(
+    message: RolloutMessage, deps: LifecycleDeps, options: FileOptions, error: str, wait_until: float
+) -> Dispatch:
+    """The session kept failing to start: end this attempt through the normal path (a new attempt while attempts
+    remain, else Rollout Failed `invoke_rejected`), with its session's slot held until its stop is confirmed."""
+    rec = deps.ledger.get_rollout(message.batch_id, message.input_id, message.index)
+    if rec is None or rec.state != DISPATCHED or rec.attempt != message.attempt:
+        return Dispatch.STALE
+    hold = stops.hold_until(deps)
+    if rec.attempt < options.max_attempts:
+        next_sid = ids.session_id(rec.exp_id, rec.batch_id, rec.input_id, rec.index, rec.attempt + 1)
+        if not deps.ledger.requeue_for_retry(
+            rec,
+            next_session_id=next_sid,
+            now_epoch=int(deps.now().timestamp()),
+            stop_pending=True,
+            hold_slot_until=hold,
+        ):
+            return Dispatch.STALE
+        deps.metrics.count(RETRIED)
+        after = deps.ledger.get_rollout(rec.batch_id, rec.input_id, rec.index)
+    else:
+        after = fail_rollout(
+            deps,
+            exp_id=rec.exp_id,
+            batch_id=rec.batch_id,
+            input_id=rec.input_id,
+            index=rec.index,
+            attempt=rec.attempt,
+            from_state=DISPATCHED,
+            reason=FailureReason.INVOKE_REJECTED,
+            error=f"the session did not start (cold start) in any of {rec.attempt} attempt(s): {error}",
+            outbox=frozenset({OUTBOX_PUBLISH}),
+            session_id=rec.session_id,
+            hold_slot_until=hold,
+        )
+    if after is not None and after.outbox:
+        publishing.drain(after, deps, owner=True, wait_until=wait_until)
+    return Dispatch.COLD_START_FAILED
 
 
 def _rejected(message: RolloutMessage, deps: LifecycleDeps, error: str) -> Dispatch:

@@ -26,6 +26,7 @@ def fail_rollout(
     outbox: frozenset[str],
     session_id: str | None = None,
     policy_version: str | None = None,
+    hold_slot_until: int | None = None,
 ) -> RolloutRecord | None:
     """Move the rollout from `from_state` (at `attempt`) to failed(`reason`) with `outbox` side effects pending.
 
@@ -49,6 +50,7 @@ def fail_rollout(
         now_epoch=int(now.timestamp()),
         session_id=session_id,
         policy_version=policy_version,
+        hold_slot_until=hold_slot_until,
     )
     if not done:
         return None

@@ -1,110 +1,200 @@
-"""Global limits shared by every caller in every process: TPS windows for ACR calls, session slots.
+"""Global limits shared by every caller in every process: paced ACR call budgets and session slots.
 
-TPS: fixed one-second windows `LIMIT/TPS#{epoch second}` in the ledger; one conditional ADD per call. A caller
-never starts a call in the last `EDGE_S` of a window, so the call itself happens inside the window that paid for
-it (a call that straddles a boundary would otherwise be seen in the next window).
-Sessions: the `LIMIT/SESSIONS in_flight` counter, acquired in the dispatch transaction and released in the
-transaction that takes the rollout out of `dispatched` (see `ledger.rollouts`).
+Budgets (GCRA, one schedule item per budget in the ledger, `RolloutLedger.reserve_pace`): `tps` (every
+InvokeAgentRuntime and StopRuntimeSession, `tps_limit`) and `session#{endpoint}` (invokes that open a new session,
+`session_rate_limit` per endpoint). A caller reserves the budget's next start time, sleeps until then and calls.
+Calls are spaced `(1 + LATENESS_S) / limit` apart and a caller that wakes up more than `LATENESS_S` after its slot
+drops it, so ANY one-second window (aligned or sliding) holds at most `limit` calls of a budget, across every
+process, with no burst at a window boundary.
+Stops are never starved: an invoke only reserves a `tps` slot at most `INVOKE_AHEAD_S` ahead, a stop as far ahead
+as its wait allows, so a waiting stop is always served within about `INVOKE_AHEAD_S`.
+Sessions: the `LIMIT/SESSIONS in_flight` counter, acquired in the dispatch transaction and released only once the
+attempt's session is confirmed stopped or reaped by AgentCore (see `ledger.rollouts` and `lifecycle.stops`).
 """
 
 from __future__ import annotations
 
+import bisect
 import random
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
+from rollout_pipeline import ids
 from rollout_pipeline.ledger.rollouts import RolloutLedger
 from rollout_pipeline.lifecycle.metrics import THROTTLED, MetricsRecorder
 from rollout_pipeline.ports import AgentRuntime, RuntimeThrottled
 
-#: Do not take a token in the last EDGE_S seconds of a one-second window...
-EDGE_S: Final = 0.1
-#: ...and drop a token (take a new one) if the call would start in the last LATE_S seconds of its window: a call
-#: must land in the window that paid for it, or a window could see more than `limit` calls.
-LATE_S: Final = 0.05
-#: How long a stop waits for a TPS token when the caller gives no deadline.
+#: A call may start at most this long after its reserved slot; the spacing leaves room for it.
+LATENESS_S: Final = 0.2
+#: How far ahead an invoke may reserve a `tps` slot (stops may reserve as far as they wait).
+INVOKE_AHEAD_S: Final = 0.25
+#: How long a stop waits for its slot when the caller gives no deadline.
 DEFAULT_STOP_WAIT_S: Final = 15.0
 
 
-class TpsLimiter:
-    """Takes one token per ACR call from the shared one-second windows, waiting for the next window if full."""
+class Pacer:
+    """One paced call budget (`limit` calls per second), global through the ledger's schedule item."""
 
     def __init__(
         self,
         ledger: RolloutLedger,
-        limit: int,
+        budget: str,
+        limit: float,
         *,
         wall: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.ledger = ledger
+        self.budget = budget
         self.limit = limit
+        self.interval_s = (1.0 + LATENESS_S) / limit
         self._wall = wall
         self._monotonic = monotonic
         self._sleep = sleep
-        self._full_until = 0  # a window this process already saw full: do not ask DynamoDB again
+        #: Recent slowest reservation (a ledger write; a decaying maximum): slots are reserved at least about this
+        #: far ahead, so the caller is not already late when the answer arrives.
+        self.write_s = 0.01
 
-    def acquire(self, wait_until: float | None = None) -> int | None:
-        """Take a token; wait for later windows until `wait_until` (monotonic). Returns the window (epoch second)
-        the token belongs to, or None if none was had in time."""
+    @property
+    def lead_s(self) -> float:
+        return min(0.5, 1.5 * self.write_s + 0.01)
+
+    def reserve(self, wait_until: float, max_ahead_s: float | None = None, *, lead_s: float = 0.0) -> float | None:
+        """Reserve a start time (wall clock, s) no later than `wait_until` (monotonic) and `max_ahead_s` from now;
+        waits while the schedule is further ahead. None if no slot could be had in time. Does not sleep to it."""
         while True:
             now = self._wall()
-            second = int(now)
-            into = now - second
-            if into < 1.0 - EDGE_S and second >= self._full_until:
-                if self.ledger.try_tps_token(second, self.limit):
-                    return second
-                self._full_until = second + 1
-            pause = (1.0 - into) + random.uniform(0.0, 0.05)
-            if wait_until is not None and self._monotonic() + pause > wait_until:
+            budget_left = wait_until - self._monotonic()
+            if budget_left <= 0:
                 return None
-            self._sleep(pause)
+            ahead = budget_left if max_ahead_s is None else min(max_ahead_s, budget_left)
+            lead = lead_s or self.lead_s
+            slot, tat = self.reserve_at(now + lead, now + lead + ahead)
+            if slot is not None:
+                return slot
+            pause = tat - now - ahead + random.uniform(0.0, self.interval_s)
+            if self._monotonic() + pause >= wait_until:
+                return None
+            self._sleep(max(pause, 0.001))
 
-    def still_inside(self, window: int) -> bool:
-        """True while a call started now lands in `window` (with LATE_S to spare)."""
-        return self._wall() < window + 1.0 - LATE_S
+    def reserve_at(self, not_before: float, latest: float) -> tuple[float | None, float]:
+        """One reservation attempt for a start in [not_before, latest] (wall clock, s); returns (slot, tat)."""
+        started = self._monotonic()
+        slot_us, tat_us = self.ledger.reserve_pace(
+            self.budget,
+            not_before_us=int(not_before * 1e6),
+            latest_us=int(latest * 1e6),
+            interval_us=max(1, int(self.interval_s * 1e6)),
+        )
+        self.write_s = max(0.97 * self.write_s, self._monotonic() - started)
+        return (None if slot_us is None else slot_us / 1e6), tat_us / 1e6
+
+    def sleep_until(self, slot: float) -> bool:
+        """Sleep until `slot`; False if this caller is already more than LATENESS_S late (the slot is lost)."""
+        pause = slot - self._wall()
+        if pause > 0:
+            self._sleep(pause)
+        return self._wall() <= slot + LATENESS_S * 0.8
+
+    def acquire(self, wait_until: float, max_ahead_s: float | None = None) -> bool:
+        """Reserve a slot and sleep until it; True when the caller may call now."""
+        while True:
+            slot = self.reserve(wait_until, max_ahead_s)
+            if slot is None:
+                return False
+            if self.sleep_until(slot):
+                return True
 
 
 class LimitedRuntime:
-    """An `AgentRuntime` whose every invoke and stop first takes a TPS token."""
+    """An `AgentRuntime` whose calls first take their budgets: every call a `tps` slot, an invoke that opens a
+    session also a `session#{endpoint}` slot (the endpoint the session is opened on, `ids.endpoint_index`)."""
 
-    def __init__(self, runtime: AgentRuntime, limiter: TpsLimiter, metrics: MetricsRecorder | None = None) -> None:
+    def __init__(
+        self,
+        runtime: AgentRuntime,
+        tps: Pacer,
+        sessions: Sequence[Pacer],
+        metrics: MetricsRecorder | None = None,
+    ) -> None:
         self.runtime = runtime
-        self.limiter = limiter
+        self.tps = tps
+        self.sessions = list(sessions)
         self.metrics = metrics
 
-    def _token(self, wait_until: float | None, what: str) -> None:
-        until = wait_until if wait_until is not None else time.monotonic() + DEFAULT_STOP_WAIT_S
-        while True:
-            window = self.limiter.acquire(until)
-            if window is None:
-                if self.metrics is not None:
-                    self.metrics.count(THROTTLED)
-                raise RuntimeThrottled(f"no TPS token for {what} before the wait budget ran out")
-            if self.limiter.still_inside(window):
-                return
-            # Too late in its window (this thread was descheduled): the token is spent, take a fresh one.
+    def _throttled(self, what: str) -> RuntimeThrottled:
+        if self.metrics is not None:
+            self.metrics.count(THROTTLED)
+        return RuntimeThrottled(f"no call budget for {what} before the wait budget ran out")
 
-    def invoke(self, session_id: str, payload: Mapping[str, Any], wait_until: float | None = None) -> None:
-        """InvokeAgentRuntime after taking a TPS token. Raises RuntimeThrottled / RuntimeRejected."""
-        self._token(wait_until, "InvokeAgentRuntime")
-        self.runtime.invoke(session_id, payload)
+    def invoke(
+        self,
+        session_id: str,
+        payload: Mapping[str, Any],
+        wait_until: float | None = None,
+        *,
+        new_session: bool = True,
+    ) -> None:
+        """InvokeAgentRuntime once both budgets allow. Raises RuntimeThrottled (no budget in time) and whatever
+        the runtime raises. `new_session=False` for a call into an existing session (cold-start retry)."""
+        until = wait_until if wait_until is not None else time.monotonic() + DEFAULT_STOP_WAIT_S
+        if not new_session:
+            if not self.tps.acquire(until, INVOKE_AHEAD_S):
+                raise self._throttled("InvokeAgentRuntime")
+            self.runtime.invoke(session_id, payload)
+            return
+        pacer = self.sessions[ids.endpoint_index(session_id, len(self.sessions))]
+        while True:
+            slot = pacer.reserve(until, lead_s=pacer.lead_s + self.tps.lead_s)
+            if slot is None:
+                raise self._throttled("a new session")
+            # Just before it, the same start in the `tps` schedule (or at most LATENESS_S/2 later, else the session
+            # slot is lost). Reserving it only now keeps the `tps` schedule free for stops until then.
+            pause = slot - self.tps.lead_s - self.tps._wall()
+            if pause > 0:
+                self.tps._sleep(pause)
+            tps_slot, _tat = self.tps.reserve_at(slot, slot + LATENESS_S * 0.5)
+            if tps_slot is None:
+                self._lost_slot(slot)
+                continue
+            if not (self.tps.sleep_until(tps_slot) and pacer.sleep_until(slot)):
+                continue  # this thread woke up too late: both slots are lost
+            self.runtime.invoke(session_id, payload)
+            return
+
+    def _lost_slot(self, slot: float) -> None:
+        """A session slot the `tps` budget could not match (stops queued ahead): let its time pass, try again."""
+        pause = slot - self.tps._wall()
+        if pause > 0:
+            self.tps._sleep(pause)
 
     def stop(self, session_id: str, wait_until: float | None = None) -> None:
-        """StopRuntimeSession after taking a TPS token (an unknown session counts as stopped)."""
-        self._token(wait_until, "StopRuntimeSession")
+        """StopRuntimeSession once the `tps` budget allows (stops may queue ahead of invokes)."""
+        until = wait_until if wait_until is not None else time.monotonic() + DEFAULT_STOP_WAIT_S
+        if not self.tps.acquire(until):
+            raise self._throttled("StopRuntimeSession")
         self.runtime.stop(session_id)
+
+
+def pacers(
+    ledger: RolloutLedger, tps_limit: float, session_rate_limit: float, endpoints: int
+) -> tuple[Pacer, list[Pacer]]:
+    """The experiment's budgets: `tps` and one `session#{i}` per endpoint."""
+    return Pacer(ledger, "tps", tps_limit), [
+        Pacer(ledger, f"session#{i}", session_rate_limit) for i in range(endpoints)
+    ]
 
 
 class SlotGate:
     """Dispatcher threads of one process waiting for a session slot: ONE of them polls the shared counter
     (strongly consistent GetItem, every 0.2-1 s, jittered) and, when it sees free slots, lets that many waiters
-    (itself included) try the dispatch transaction; the others sleep. The transaction stays the only arbiter, so
-    a waiter let through for nothing just waits again. Saves N-1 polls per process and the herd of transactions
-    that N independent pollers would start when one slot frees."""
+    try the dispatch transaction: the waiters FIRST IN GROUP ORDER (`priority`: batch submission time, batch,
+    input, index), so a GRPO group's rollouts are admitted together and groups in submission order. The others
+    sleep. The transaction stays the only arbiter, so a waiter let through for nothing just waits again. Saves N-1
+    polls per process and the herd of transactions that N independent pollers would start when one slot frees."""
 
     def __init__(
         self,
@@ -120,48 +210,55 @@ class SlotGate:
         self._sleep = sleep
         self._cond = threading.Condition()
         self._tickets = 0
-        self._waiting = 0
+        self._queue: list[tuple[tuple[Any, ...], int]] = []  # waiting keys, sorted
+        self._seq = 0
         self._polling = False
         self.polls = 0
 
-    def wait(self, wait_until: float) -> bool:
-        """Block until a slot looks free (True) or `wait_until` (monotonic) passes (False)."""
+    def wait(self, wait_until: float, priority: tuple[Any, ...] = ()) -> bool:
+        """Block until a slot looks free for this waiter (True) or `wait_until` (monotonic) passes (False)."""
         with self._cond:
-            self._waiting += 1
+            self._seq += 1
+            key = (priority, self._seq)
+            bisect.insort(self._queue, key)
             try:
                 while True:
-                    if self._tickets > 0:
+                    if self._tickets > 0 and self._queue.index(key) < self._tickets:
                         self._tickets -= 1
                         return True
                     remaining = wait_until - self._monotonic()
                     if remaining <= 0:
                         return False
-                    if not self._polling:
-                        self._polling = True
-                        break
-                    self._cond.wait(timeout=min(remaining, 1.0))
+                    if self._polling:
+                        self._cond.wait(timeout=min(remaining, 1.0))
+                        continue
+                    self._polling = True
+                    self._cond.release()
+                    try:
+                        free = self._poll(wait_until)
+                    finally:
+                        self._cond.acquire()
+                        self._polling = False
+                    if free:
+                        self._tickets = min(free, len(self._queue))
+                        self._cond.notify_all()
+                    else:
+                        self._cond.notify()  # another waiter takes over the polling
             finally:
-                self._waiting -= 1
-        try:
-            return self._poll(wait_until)
-        finally:
-            with self._cond:
-                self._polling = False
-                self._cond.notify()  # another waiter takes over the polling
+                self._queue.remove(key)
+                self._tickets = min(self._tickets, len(self._queue))
 
-    def _poll(self, wait_until: float) -> bool:
+    def _poll(self, wait_until: float) -> int:
+        """Poll until some slots look free (their number) or `wait_until` passes (0)."""
         while True:
             pause = jitter_poll_s()
             if self._monotonic() + pause > wait_until:
-                return False
+                return 0
             self._sleep(pause)
             self.polls += 1
             free = self.max_sessions - self._in_flight()
             if free > 0:
-                with self._cond:
-                    self._tickets = min(free - 1, self._waiting)
-                    self._cond.notify_all()
-                return True
+                return free
 
 
 def jitter_poll_s() -> float:

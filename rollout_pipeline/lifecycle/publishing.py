@@ -1,12 +1,12 @@
 """Events built from the ledger, and the outbox: the side effects a transition decided, finished idempotently.
 
-A terminal transition sets `outbox` = {publish[, stop]} on the rollout item in the same transaction; a timed-out
-attempt with attempts left sets {enqueue[, stop]} (`stop` only when the session's stop was throttled; the sessions
-are in `stop_sessions`, and later transitions ADD to both sets, so nothing pending is overwritten). `drain` performs
-them (send the retry message, publish the rollout's event and, when they are complete, the group's and the batch's,
-stop the sessions) and then clears the entry. Whoever finds an entry may drain it: the completion redelivery, the
-sweeper, cancel. Every side effect is idempotent: events carry stable `event_id`s, stopping a stopped session
-succeeds, a duplicated retry message is absorbed by the dispatch transaction.
+A terminal transition sets `outbox` = {publish, stop} on the rollout item in the same transaction; a timed-out
+attempt with attempts left sets {enqueue, stop} (the sessions are in `stop_sessions`, their slots in `held_slots`;
+later transitions ADD to these sets, so nothing pending is overwritten). `drain` performs them (send the retry
+message, publish the rollout's event and, when they are complete, the group's and the batch's, then stop the
+sessions, `lifecycle.stops`) and then clears the entry. Whoever finds an entry may drain it: the completion
+redelivery, the sweeper, cancel. Every side effect is idempotent: events carry stable `event_id`s, stopping a
+stopped session succeeds, a duplicated retry message is absorbed by the dispatch transaction.
 """
 
 from __future__ import annotations
@@ -173,14 +173,19 @@ def drain(
     owner: bool = False,
     result: dict[str, Any] | None = None,
     wait_until: float | None = None,
+    stops: bool = True,
 ) -> bool:
     """Perform the rollout's pending side effects, then clear its outbox entry.
 
     `owner=True`: the caller made the transition that set the entry (it holds the entry's lease). Anyone else
     first claims the entry; if another worker holds it, nothing is done and False is returned.
-    Raises (RuntimeThrottled, PublishError, AWS errors) when a side effect failed: the entry stays (its lease
-    given back) and is drained again by a redelivery or the sweeper.
+    Order: the retry message, the events, and only then the stops (`lifecycle.stops`: best-effort, they never
+    hold up a result; with `stops=False` they are left for the caller's second pass, `stops.finish_stops`).
+    Raises (PublishError, AWS errors) when the retry or the events failed: the entry stays (its lease given back)
+    and is drained again by a redelivery or the sweeper.
     """
+    from rollout_pipeline.lifecycle import stops as stopping
+
     if not rec.outbox:
         return True
     if not owner and not deps.ledger.claim_outbox(rec, int(deps.now().timestamp())):
@@ -198,9 +203,11 @@ def drain(
             finished = parse_iso(rec.finished_at)
             if finished is not None and rec.result_uri:
                 deps.metrics.sample(NOTIFICATION_LATENCY, max(0.0, (notified_at - finished).total_seconds() * 1000))
-        if OUTBOX_STOP in rec.outbox:  # last: a throttled stop must not hold up the retry or the events
-            for session_id in sorted(rec.stop_sessions):
-                deps.limited.stop(session_id, wait_until)
+        if OUTBOX_STOP in rec.outbox and rec.stop_sessions:
+            deps.ledger.outbox_done(rec, rec.outbox & {OUTBOX_ENQUEUE, OUTBOX_PUBLISH})
+            if stops:
+                stopping.finish_stops(rec, deps, wait_until)
+            return True
         deps.ledger.clear_outbox(rec)
     except BaseException:
         deps.ledger.release_outbox(rec)

@@ -1,10 +1,12 @@
 """The sweeper (scheduled): rollouts past their deadline, and outbox entries nobody finished.
 
 Deadlines: query each `deadline` GSI shard for `sk < now` (bounded pages, never a scan). For each dispatched
-attempt: stop its session, then one transaction: a new attempt (queued n+1, slot released, outbox `enqueue`) while
-attempts remain, else the terminal `Rollout Failed` (timeout). Then the outbox is drained (retry message sent,
-event published). Outbox: entries older than `deps.outbox_age_s` are drained. Every step is conditional on
-`(state, attempt)`, so repeated or concurrent sweeps change nothing twice.
+attempt: first look for its result object (a late or lost event): if it is there, complete the attempt from it.
+Else one transaction: a new attempt (queued n+1, outbox `enqueue`) while attempts remain, else the terminal
+`Rollout Failed` (timeout); either way the old session's slot is held and its stop is in the outbox. Then the
+outbox is drained (retry message sent, event published, session stopped: `lifecycle.stops`). Outbox: entries
+older than `deps.outbox_age_s` are drained. Every step is conditional on `(state, attempt)`, so repeated or
+concurrent sweeps change nothing twice.
 """
 
 from __future__ import annotations
@@ -19,11 +21,11 @@ from rollout_pipeline.ledger.batches import batch_options
 from rollout_pipeline.ledger.rollouts import (
     DISPATCHED,
     OUTBOX_PUBLISH,
-    OUTBOX_STOP,
     RolloutRecord,
 )
-from rollout_pipeline.lifecycle import publishing
+from rollout_pipeline.lifecycle import publishing, stops
 from rollout_pipeline.lifecycle.cancel import cancel_rollout
+from rollout_pipeline.lifecycle.completion import complete_if_written
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.failures import fail_rollout
 from rollout_pipeline.lifecycle.metrics import (
@@ -32,7 +34,6 @@ from rollout_pipeline.lifecycle.metrics import (
     TIMED_OUT,
 )
 from rollout_pipeline.observability import bind_log_ids, clear_log_ids
-from rollout_pipeline.ports import RuntimeThrottled
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,7 @@ class SweepReport:
     """What one sweep did."""
 
     expired_seen: int = 0
+    completed_late: int = 0  # past the deadline, but the result object was there: completed, not expired
     retried: int = 0
     timed_out: int = 0
     cancelled: int = 0
@@ -49,8 +51,11 @@ class SweepReport:
     errors: list[str] = field(default_factory=list)
 
 
-def sweep(deps: LifecycleDeps, *, page_size: int = 50, max_pages: int = 4) -> SweepReport:
-    """One sweep over every shard of both sparse indexes (bounded: `page_size` x `max_pages` per shard)."""
+def sweep(
+    deps: LifecycleDeps, *, page_size: int = 50, max_pages: int = 4, wait_until: float | None = None
+) -> SweepReport:
+    """One sweep over every shard of both sparse indexes (bounded: `page_size` x `max_pages` per shard).
+    `wait_until` (monotonic) bounds every wait for call budget (the Lambda's remaining time)."""
     report = SweepReport()
     now = deps.now()
     now_epoch = int(now.timestamp())
@@ -60,7 +65,7 @@ def sweep(deps: LifecycleDeps, *, page_size: int = 50, max_pages: int = 4) -> Sw
             report.expired_seen += 1
             bind_log_ids(batch_id=rec.batch_id, rollout_id=ids.rollout_id(rec.input_id, rec.index))
             try:
-                _expire(rec, deps, options_cache, report)
+                _expire(rec, deps, options_cache, report, wait_until)
             except Exception as exc:  # one bad item must not stop the sweep
                 log.exception("sweeping %s/%s failed", rec.batch_id, ids.rollout_id(rec.input_id, rec.index))
                 report.errors.append(f"{rec.batch_id}/{rec.input_id}#{rec.index}: {exc}")
@@ -72,7 +77,7 @@ def sweep(deps: LifecycleDeps, *, page_size: int = 50, max_pages: int = 4) -> Sw
                 continue
             bind_log_ids(batch_id=rec.batch_id, rollout_id=ids.rollout_id(rec.input_id, rec.index))
             try:
-                if publishing.drain(fresh, deps):
+                if publishing.drain(fresh, deps, wait_until=wait_until):
                     report.outbox_drained += 1
             except Exception as exc:
                 log.warning("outbox of %s/%s#%s not drained: %s", rec.batch_id, rec.input_id, rec.index, exc)
@@ -93,7 +98,11 @@ def _options(
 
 
 def _expire(
-    stale: RolloutRecord, deps: LifecycleDeps, cache: dict[str, tuple[FileOptions, bool]], report: SweepReport
+    stale: RolloutRecord,
+    deps: LifecycleDeps,
+    cache: dict[str, tuple[FileOptions, bool]],
+    report: SweepReport,
+    wait_until: float | None = None,
 ) -> None:
     rec = deps.ledger.get_rollout(stale.batch_id, stale.input_id, stale.index)  # the index is eventually consistent
     now = deps.now()
@@ -116,22 +125,20 @@ def _expire(
         ):
             report.cancelled += 1
         return
-    stop_pending = False
-    try:
-        deps.limited.stop(rec.session_id or "")
-    except RuntimeThrottled:
-        stop_pending = True
+    if complete_if_written(rec, deps) is not None:  # written in time, its event late: never thrown away
+        report.completed_late += 1
+        return
+    hold = stops.hold_until(deps)
     if rec.attempt < options.max_attempts:
         next_sid = ids.session_id(rec.exp_id, rec.batch_id, rec.input_id, rec.index, rec.attempt + 1)
         if not deps.ledger.requeue_for_retry(
-            rec, next_session_id=next_sid, now_epoch=int(now.timestamp()), stop_pending=stop_pending
+            rec, next_session_id=next_sid, now_epoch=int(now.timestamp()), stop_pending=True, hold_slot_until=hold
         ):
             return
         report.retried += 1
         deps.metrics.count(RETRIED)
         after = deps.ledger.get_rollout(rec.batch_id, rec.input_id, rec.index)
     else:
-        outbox = frozenset({OUTBOX_PUBLISH} | ({OUTBOX_STOP} if stop_pending else set()))
         after = fail_rollout(
             deps,
             exp_id=rec.exp_id,
@@ -142,8 +149,9 @@ def _expire(
             from_state=DISPATCHED,
             reason=FailureReason.TIMEOUT,
             error=f"no result within {options.rollout_timeout_s} s in any of {rec.attempt} attempt(s)",
-            outbox=outbox,
+            outbox=frozenset({OUTBOX_PUBLISH}),
             session_id=rec.session_id,
+            hold_slot_until=hold,
         )
         if after is None:
             return
@@ -151,7 +159,7 @@ def _expire(
     deps.metrics.count(TIMED_OUT)
     if after is not None and after.outbox:
         try:
-            publishing.drain(after, deps, owner=True)
+            publishing.drain(after, deps, owner=True, wait_until=wait_until)
         except Exception as exc:  # the outbox keeps it; the next sweep drains it
             log.warning("side effects of %s/%s#%s pending: %s", rec.batch_id, rec.input_id, rec.index, exc)
             report.errors.append(f"drain {rec.batch_id}/{rec.input_id}#{rec.index}: {exc}")

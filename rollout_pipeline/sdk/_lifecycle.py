@@ -22,7 +22,9 @@ def _deps(experiment: Experiment, runtime: AgentRuntime | None) -> LifecycleDeps
     if runtime is None:
         from rollout_pipeline.adapters.acr import AcrAgentRuntime
 
-        runtime = AcrAgentRuntime(experiment.runtime_arn, experiment.client("bedrock-agentcore"))
+        runtime = AcrAgentRuntime(
+            experiment.runtime_arn, experiment.client("bedrock-agentcore"), endpoints=experiment.config.endpoints
+        )
     return LifecycleDeps(
         settings=experiment.settings(),
         ledger=RolloutLedger(

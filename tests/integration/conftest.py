@@ -1,15 +1,18 @@
 """Fixtures shared by the integration modules that drive the lifecycle: the fake ACR, a movable clock, deps.
 
 A module changes what the fake agent does by overriding `fake_behaviour` (module fixtures override these).
+`ROLLOUTS_FAKE_ACR=realistic` runs every lifecycle test against the fake's realistic AgentCore profile (quotas,
+cold starts, unreliable stops; `AcrProfile.realistic`), `ROLLOUTS_FAKE_ACR=quotas` with AgentCore's quotas only.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
 
-from rollout_pipeline.adapters.fake_acr import AgentBehaviour, Behaviour, FakeAgentRuntime
+from rollout_pipeline.adapters.fake_acr import AcrProfile, AgentBehaviour, Behaviour, FakeAgentRuntime
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.local.resources import ExperimentResources
 from tests.integration.lifecycle_support import ShiftedClock, make_deps
@@ -23,7 +26,9 @@ def fake_behaviour() -> Behaviour:
 
 @pytest.fixture
 def fake(resources: ExperimentResources, fake_behaviour: Behaviour) -> Iterator[FakeAgentRuntime]:
-    runtime = FakeAgentRuntime(behaviour=fake_behaviour)
+    mode = os.environ.get("ROLLOUTS_FAKE_ACR", "")
+    profile = {"realistic": AcrProfile.realistic(), "quotas": AcrProfile()}.get(mode)
+    runtime = FakeAgentRuntime(behaviour=fake_behaviour, profile=profile)
     yield runtime
     runtime.close()
 

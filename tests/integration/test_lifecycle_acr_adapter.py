@@ -13,8 +13,16 @@ import pytest
 from botocore.response import StreamingBody
 from botocore.stub import Stubber
 
+from rollout_pipeline import ids
+from rollout_pipeline.adapters import acr as acr_module
 from rollout_pipeline.adapters.acr import AcrAgentRuntime
-from rollout_pipeline.ports import RuntimeRejected, RuntimeThrottled
+from rollout_pipeline.ports import (
+    RuntimeColdStart,
+    RuntimeOutcomeUnknown,
+    RuntimeRejected,
+    RuntimeSessionNotFound,
+    RuntimeThrottled,
+)
 
 ARN = "arn:aws:bedrock-agentcore:us-east-1:123456789012:runtime/rollouts_test-abc"
 SID = "batch-0123456789ab-0-1-0123456789abcdef"
@@ -74,7 +82,8 @@ def test_invoke_sends_json_bytes_and_reads_the_stream(acr: tuple[AcrAgentRuntime
         ("ValidationException", 400, RuntimeRejected),
         ("AccessDeniedException", 403, RuntimeRejected),
         ("ResourceNotFoundException", 404, RuntimeRejected),
-        ("RuntimeClientError", 424, RuntimeRejected),
+        # A cold start (the session exists; the same id succeeds after ~2 s), no longer a rejection.
+        ("RuntimeClientError", 424, RuntimeColdStart),
     ],
 )
 def test_invoke_errors_map_to_port_errors(
@@ -102,18 +111,64 @@ def test_agent_error_status_in_the_response(acr: tuple[AcrAgentRuntime, Stubber]
         runtime.invoke(SID, {})
 
 
-def test_stop_of_unknown_session_is_success_other_errors_map(acr: tuple[AcrAgentRuntime, Stubber]) -> None:
+def test_stop_not_found_is_reported_other_errors_map(acr: tuple[AcrAgentRuntime, Stubber]) -> None:
     runtime, stubber = acr
     expected: dict[str, Any] = {"agentRuntimeArn": ARN, "runtimeSessionId": SID}
     stubber.add_response("stop_runtime_session", {"runtimeSessionId": SID, "statusCode": 200}, expected)
     runtime.stop(SID)
+    # AgentCore has answered NotFound while the container kept running: the caller decides (stops module).
     stubber.add_client_error(
         "stop_runtime_session", service_error_code="ResourceNotFoundException", http_status_code=404
     )
-    runtime.stop(SID)
+    with pytest.raises(RuntimeSessionNotFound):
+        runtime.stop(SID)
+    stubber.add_client_error("stop_runtime_session", service_error_code="ConflictException", http_status_code=409)
+    with pytest.raises(RuntimeThrottled):
+        runtime.stop(SID)
     stubber.add_client_error("stop_runtime_session", service_error_code="ThrottlingException", http_status_code=429)
     with pytest.raises(RuntimeThrottled):
         runtime.stop(SID)
     stubber.add_client_error("stop_runtime_session", service_error_code="AccessDeniedException", http_status_code=403)
     with pytest.raises(RuntimeRejected):
         runtime.stop(SID)
+
+
+def test_unknown_errors_are_not_throttling_and_read_timeouts_are_never_resent(
+    acr: tuple[AcrAgentRuntime, Stubber],
+) -> None:
+    from botocore.exceptions import ConnectTimeoutError, ReadTimeoutError
+
+    assert isinstance(
+        acr_module.classify_error(ConnectTimeoutError(endpoint_url="x"), "InvokeAgentRuntime"), RuntimeThrottled
+    )
+    assert isinstance(
+        acr_module.classify_error(ReadTimeoutError(endpoint_url="x"), "InvokeAgentRuntime"), RuntimeOutcomeUnknown
+    )
+    boom = KeyError("bug")
+    assert acr_module.classify_error(boom, "InvokeAgentRuntime") is boom
+
+
+def test_client_has_timeouts_and_no_sdk_retries(aws_env: None) -> None:
+    acr_module._cached = None
+    try:
+        config = acr_module.acr_client().meta.config
+        assert (config.connect_timeout, config.read_timeout) == (acr_module.CONNECT_TIMEOUT_S, 60.0)
+        assert config.retries["total_max_attempts"] == 1
+    finally:
+        acr_module._cached = None
+
+
+def test_sessions_follow_their_endpoint(aws_env: None) -> None:
+    client = boto3.client("bedrock-agentcore", region_name="us-east-1")
+    runtime = AcrAgentRuntime(ARN, acr_client=client, endpoints=2)
+    sids = [f"batch-0123456789ab-{i}-1-0123456789abcdef" for i in range(20)]
+    by_endpoint = {ids.endpoint_index(s, 2) for s in sids}
+    assert by_endpoint == {0, 1}  # spread
+    with Stubber(client) as stubber:
+        for sid in sids:
+            target: dict[str, Any] = {"agentRuntimeArn": ARN, "runtimeSessionId": sid}
+            if ids.endpoint_index(sid, 2) == 1:
+                target["qualifier"] = "rollouts_1"
+            stubber.add_response("stop_runtime_session", {"runtimeSessionId": sid, "statusCode": 200}, target)
+            runtime.stop(sid)
+        stubber.assert_no_pending_responses()

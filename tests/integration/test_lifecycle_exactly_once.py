@@ -228,7 +228,10 @@ def test_crash_between_state_change_and_publish_redelivery_publishes(
     item = rollout_item(resources, BATCH, "a", 0)
     assert item is not None
     assert item["state"] == "succeeded"
-    assert item["outbox"] == {"publish"}
+    # The stop comes after the event now (the result is recorded before it), holding the session's slot.
+    assert item["outbox"] == {"publish", "stop"}
+    assert item["held_slots"] == {item["session_id"]}
+    assert fake.stops() == []
     assert trainer_events(resources) == []
     second = complete_records(completions, deps)  # redelivery: publish fails again
     assert second.failures
@@ -242,6 +245,7 @@ def test_crash_between_state_change_and_publish_redelivery_publishes(
     assert "outbox" not in item
     assert keys.OUTBOX_PK not in item
     assert len(fake.stops()) == 1
+    assert ledger_item(resources, keys.sessions_key())["in_flight"] == 0
 
 
 def test_sweeper_drains_an_outbox_whose_message_was_lost(
@@ -264,7 +268,8 @@ def test_publish_succeeded_but_outbox_not_cleared_republishes_same_event_id(
     resources: ExperimentResources, fake: FakeAgentRuntime, deps: LifecycleDeps, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     one_rollout(resources)
-    monkeypatch.setattr(deps.ledger, "clear_outbox", lambda rec: (_ for _ in ()).throw(RuntimeError("crash")))
+    # The crash right after the publish: before the outbox records it (now `outbox_done`; the stop follows it).
+    monkeypatch.setattr(deps.ledger, "outbox_done", lambda rec, actions: (_ for _ in ()).throw(RuntimeError("crash")))
     records = receive_records(resources.rollout_queue_url)
     dispatch_records(records, deps, wait_until=time.monotonic() + 2)
     completions = receive_records(resources.completion_queue_url)

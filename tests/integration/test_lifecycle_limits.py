@@ -160,7 +160,12 @@ def test_tps_limit_holds_across_concurrent_dispatchers(resources: ExperimentReso
     assert len(fake.invocations("started")) == 20
     per_second = fake.calls_per_second()
     assert max(per_second.values()) <= 5, per_second
-    assert max(per_second.values()) == 5  # the limit was binding
+    # Any sliding second too, not just aligned ones (the paced budgets). Calls are spaced (1 + 0.2) / 5 s apart,
+    # so the limit binds as 4-5 per second (it was exactly 5 per aligned window with fixed windows, and up to 2x
+    # in a sliding second).
+    starts = sorted(c.at for c in fake.calls)
+    busiest = max(sum(1 for t in starts[i:] if t < start + 1.0) for i, start in enumerate(starts))
+    assert 4 <= busiest <= 5, busiest
     assert len(per_second) >= 4  # 20 calls at 5/s need at least 4 one-second windows...
     assert elapsed >= 2.0  # ...so at least 3 window boundaries pass
 

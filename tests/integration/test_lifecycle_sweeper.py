@@ -18,6 +18,7 @@ from rollout_pipeline.ledger import keys
 from rollout_pipeline.lifecycle import handlers
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.dispatch import Dispatch, dispatch_records
+from rollout_pipeline.lifecycle.metrics import STOP_FAILED
 from rollout_pipeline.lifecycle.sweeper import SweepReport, sweep
 from rollout_pipeline.local.resources import ExperimentResources
 from tests.conftest import receive_all
@@ -154,8 +155,12 @@ def test_throttled_stop_stays_pending_across_the_retry_until_done(
     clock.advance(resources.config.rollout_timeout_s + 1)
     report = sweep(deps)
     assert report.retried == 1
-    assert len(report.errors) == 1  # the drain's stop failed: it stays in the outbox...
+    # The drain's stop failed: not an error any more (stops are best-effort, counted), it stays in the outbox
+    # with the session's slot held...
+    assert report.errors == []
+    assert deps.metrics.drain()[0][STOP_FAILED] == 1
     assert fake.running == {sid1}
+    assert ledger_item(resources, keys.sessions_key())["in_flight"] == 1
     retries = receive_records(resources.rollout_queue_url)
     assert len(retries) == 1  # ...but the retry went out anyway
     monkeypatch.undo()
@@ -173,4 +178,6 @@ def test_throttled_stop_stays_pending_across_the_retry_until_done(
     assert item["state"] == "succeeded"
     assert "outbox" not in item
     assert "stop_sessions" not in item
+    assert "held_slots" not in item
+    assert ledger_item(resources, keys.sessions_key())["in_flight"] == 0
     assert len(by_type(trainer_events(resources), "Rollout Completed")) == 1

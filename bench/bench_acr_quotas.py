@@ -1,0 +1,353 @@
+"""Benchmark the lifecycle against AgentCore as it really behaves (the fake's realistic AcrProfile).
+
+What runs: as `bench_lifecycle.py` (in-process moto made atomic, the real lifecycle code and boto3 adapters, a
+feeder keeping the rollout queue shallow, dispatcher/completer threads playing Lambdas) plus a sweeper thread, and
+the fake ACR with AgentCore's quotas and failure modes: 400 new sessions/min per endpoint, 25 new sessions/s per
+account, a shared data-plane rate, active sessions counted until stopped or idle, `--cold-start` of first invokes
+answering RuntimeClientError (424) and `--stop-fail` of stops failing (NotFound while running, Conflict, throttle).
+
+Printed (the "Done when" of issue 10):
+- new sessions per second vs `session_rate_limit` x endpoints over every sliding one-second window (busiest, and
+  the mean over the busy period), per endpoint too; ACR throttles received (goal 0);
+- active sessions at peak vs `max_sessions` and the account quota; stops pending at the end and sessions never
+  stopped (goal 0 both); cold starts retried, failed stops retried;
+- result written -> event published (p50/p95): it must not depend on the call budget;
+- time to the first `Group Completed` and the mean group completion time vs an ideal group-ordered schedule
+  (groups admitted whole, in submission order, at the session rate, with the same agent delays).
+Run it with `--endpoints 2` to see the session rate double.
+
+Usage: python bench/bench_acr_quotas.py [--rollouts 2000] [--endpoints 1] [--session-rate 5] [--max-seconds 900]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from bench_lifecycle import _atomic_moto, _cheap_moto_transactions, _fake_aws_env, percentile, seed  # noqa: E402
+
+
+def busiest_window(times: list[float], width: float = 1.0) -> int:
+    """The most events in any window [t, t + width) (windows starting at events suffice)."""
+    ordered = sorted(times)
+    best, j = 0, 0
+    for i, start in enumerate(ordered):
+        j = max(j, i)
+        while j < len(ordered) and ordered[j] < start + width:
+            j += 1
+        best = max(best, j - i)
+    return best
+
+
+def ideal_group_schedule(delays: list[list[float]], rate: float, max_sessions: int) -> list[float]:
+    """Group completion times (s from start) if groups were admitted whole, in order, one new session every 1/rate
+    s, at most `max_sessions` at once (a slot frees when its rollout ends), with the given agent delays."""
+    ends: list[float] = []  # end times of running sessions
+    clock = 0.0
+    done: list[float] = []
+    for group in delays:
+        group_end = 0.0
+        for delay in group:
+            ends.sort()
+            if len(ends) >= max_sessions:
+                clock = max(clock, ends.pop(0))
+            end = clock + delay
+            ends.append(end)
+            group_end = max(group_end, end)
+            clock += 1.0 / rate
+        done.append(group_end)
+    return done
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rollouts", type=int, default=2000)
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--endpoints", type=int, default=1)
+    parser.add_argument("--session-rate", type=float, default=5.0, help="session_rate_limit (per endpoint)")
+    parser.add_argument("--tps", type=int, default=25)
+    parser.add_argument("--max-sessions", type=int, default=100)
+    parser.add_argument("--active-quota", type=int, default=1000, help="the fake account's active sessions")
+    parser.add_argument("--cold-start", type=float, default=0.05)
+    parser.add_argument("--stop-fail", type=float, default=0.02)
+    parser.add_argument("--dispatchers", type=int, default=2)
+    parser.add_argument("--completers", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=5, help="threads per dispatcher/completer 'Lambda'")
+    parser.add_argument("--wait", type=float, default=60.0, help="a dispatcher 'Lambda's wait budget (s)")
+    parser.add_argument("--min-delay", type=float, default=1.0, help="agent time before the result (s)")
+    parser.add_argument("--max-delay", type=float, default=4.0)
+    parser.add_argument("--max-seconds", type=float, default=900.0)
+    parser.add_argument("--queue-depth", type=int, default=150)
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args(argv)
+    _fake_aws_env()
+    from moto import mock_aws
+
+    _atomic_moto()
+    _cheap_moto_transactions()
+    with mock_aws():
+        return run(args)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rollout_pipeline import ids
+    from rollout_pipeline.adapters import clients
+    from rollout_pipeline.adapters.eventbridge import EventBridgePublisher
+    from rollout_pipeline.adapters.fake_acr import AcrProfile, AgentBehaviour, FakeAgentRuntime
+    from rollout_pipeline.adapters.s3 import S3ObjectStore
+    from rollout_pipeline.adapters.sqs import SqsQueue
+    from rollout_pipeline.config import ExperimentConfig
+    from rollout_pipeline.ledger import keys
+    from rollout_pipeline.ledger.rollouts import RolloutLedger
+    from rollout_pipeline.lifecycle.completion import complete_records
+    from rollout_pipeline.lifecycle.deps import LifecycleDeps
+    from rollout_pipeline.lifecycle.dispatch import dispatch_records
+    from rollout_pipeline.lifecycle.metrics import COLD_START_RETRIED, NOTIFICATION_LATENCY, STOP_FAILED
+    from rollout_pipeline.lifecycle.sweeper import sweep
+    from rollout_pipeline.local.resources import create_resources
+
+    clients.reset()
+    group_size = args.group_size
+    inputs = max(1, args.rollouts // group_size)
+    total = inputs * group_size
+    config = ExperimentConfig(
+        name="bench",
+        tps_limit=args.tps,
+        session_rate_limit=args.session_rate,
+        endpoints=args.endpoints,
+        max_sessions=args.max_sessions,
+        group_size=group_size,
+        rollout_timeout_s=900,
+    )
+    resources = create_resources(config, region="us-east-1", client=clients.client)
+    settings = resources.settings()
+    rng = random.Random(args.seed)
+    delays = [[rng.uniform(args.min_delay, args.max_delay) for _ in range(group_size)] for _ in range(inputs)]
+
+    def behaviour(inv: Any) -> AgentBehaviour:
+        rollout = inv.payload.get("_rollout") or {}
+        row = int(str(rollout.get("input_id", "row-0")).split("-")[-1])
+        return AgentBehaviour(rewards=1.0, delay_s=delays[row][int(rollout.get("index") or 0)])
+
+    profile = AcrProfile.realistic(
+        cold_start_share=args.cold_start,
+        stop_failure_share=args.stop_fail,
+        endpoints=args.endpoints,
+        max_active_sessions=args.active_quota,
+        seed=args.seed,
+    )
+    fake = FakeAgentRuntime(store=S3ObjectStore(), behaviour=behaviour, profile=profile)
+    deps = LifecycleDeps(
+        settings=settings,
+        ledger=RolloutLedger(settings.table_name),
+        runtime=fake,
+        store=S3ObjectStore(),
+        queue=SqsQueue(),
+        publisher=EventBridgePublisher(settings.bus_name),
+        outbox_age_s=2.0,
+        dispatch_threads=args.threads,
+    )
+    batch_id = "bench-000000000001"
+    bodies = seed(resources, batch_id, inputs, group_size)
+    sqs = clients.client("sqs")
+    ledger = RolloutLedger(settings.table_name)
+    stop = threading.Event()
+    stop_dispatch = threading.Event()  # the backlog window is over: finish what runs, start nothing new
+    errors: list[str] = []
+    group_done: dict[str, float] = {}
+
+    def receive(queue_url: str, n: int = 10) -> list[dict[str, Any]]:
+        resp = sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=n, WaitTimeSeconds=0)
+        return [
+            {"messageId": m["MessageId"], "body": m["Body"], "receiptHandle": m["ReceiptHandle"]}
+            for m in resp.get("Messages") or []
+        ]
+
+    def ack(queue_url: str, records: list[dict[str, Any]], failures: dict[str, str]) -> None:
+        entries = [
+            {"Id": str(i), "ReceiptHandle": r["receiptHandle"]}
+            for i, r in enumerate(records)
+            if r["messageId"] not in failures
+        ]
+        if entries:
+            sqs.delete_message_batch(QueueUrl=queue_url, Entries=entries)
+
+    def feeder() -> None:
+        sent = 0
+        while sent < len(bodies) and not stop.is_set():
+            attrs = sqs.get_queue_attributes(
+                QueueUrl=resources.rollout_queue_url, AttributeNames=["ApproximateNumberOfMessages"]
+            )["Attributes"]
+            room = args.queue_depth - int(attrs["ApproximateNumberOfMessages"])
+            chunk = bodies[sent : sent + max(0, min(room, 100))]
+            for start in range(0, len(chunk), 10):
+                sqs.send_message_batch(
+                    QueueUrl=resources.rollout_queue_url,
+                    Entries=[{"Id": str(i), "MessageBody": b} for i, b in enumerate(chunk[start : start + 10])],
+                )
+            sent += len(chunk)
+            time.sleep(0.2)
+
+    def loop(name: str, queue_url: str, handle: Any, idle: float) -> None:
+        done = stop_dispatch if name == "dispatcher" else stop
+        while not done.is_set():
+            try:
+                records = receive(queue_url)
+                if not records:
+                    time.sleep(idle)
+                    continue
+                result = handle(records)
+                ack(queue_url, records, result.failures)
+                errors.extend(result.failures.values())
+            except Exception as exc:
+                errors.append(f"{name}: {exc!r}")
+
+    def sweeper() -> None:
+        while not stop.is_set():
+            try:
+                sweep(deps, wait_until=time.monotonic() + 5)
+            except Exception as exc:
+                errors.append(f"sweeper: {exc!r}")
+            time.sleep(3.0)
+
+    started_wall = time.time()
+
+    def trainer() -> None:
+        import json
+
+        while not stop.is_set():
+            records = receive(resources.trainer_queue_url)
+            for r in records:
+                event = json.loads(r["body"])
+                if event.get("detail-type") == "Group Completed":
+                    group_done.setdefault(event["detail"]["input_id"], time.time() - started_wall)
+            if records:
+                ack(resources.trainer_queue_url, records, {})
+            else:
+                time.sleep(0.1)
+
+    threads = [threading.Thread(target=feeder, daemon=True), threading.Thread(target=trainer, daemon=True)]
+    threads += [
+        threading.Thread(
+            target=loop,
+            name=f"dispatcher-{i}",
+            args=(
+                "dispatcher",
+                resources.rollout_queue_url,
+                lambda rs: dispatch_records(rs, deps, wait_until=time.monotonic() + args.wait),
+                0.1,
+            ),
+            daemon=True,
+        )
+        for i in range(args.dispatchers)
+    ]
+    threads += [
+        threading.Thread(
+            target=loop,
+            args=(
+                "completer",
+                resources.completion_queue_url,
+                lambda rs: complete_records(rs, deps, wait_until=time.monotonic() + 30.0),
+                0.05,
+            ),
+            daemon=True,
+        )
+        for _ in range(args.completers)
+    ]
+    threads.append(threading.Thread(target=sweeper, daemon=True))
+    print(
+        f"bench: {total} rollouts ({inputs} groups x {group_size}), session_rate_limit={args.session_rate}/s x "
+        f"{args.endpoints} endpoint(s), tps_limit={args.tps}, max_sessions={args.max_sessions}, "
+        f"cold starts {args.cold_start:.0%}, failing stops {args.stop_fail:.0%}, agent {args.min_delay}-"
+        f"{args.max_delay} s",
+        flush=True,
+    )
+    started = time.monotonic()
+    for t in threads:
+        t.start()
+    terminal = 0
+    last = started
+    while time.monotonic() - started < args.max_seconds:
+        terminal = int((ledger.get(keys.batch_key(batch_id)) or {}).get("terminal") or 0)
+        if terminal >= total:
+            break
+        if time.monotonic() - last > 20:
+            last = time.monotonic()
+            print(f"  {time.monotonic() - started:6.1f} s: {terminal}/{total} terminal", flush=True)
+        time.sleep(0.5)
+    elapsed = time.monotonic() - started
+    stop_dispatch.set()
+    for t in threads:
+        if t.name.startswith("dispatcher"):
+            t.join(timeout=args.wait + 30)
+    settle = time.monotonic() + 150  # running rollouts finish; failed stops are retried (backoff 2, 4, 8... s)
+    while time.monotonic() < settle and ledger.in_flight() > 0:
+        time.sleep(1.0)
+    stop.set()
+    for t in threads:
+        t.join(timeout=15)
+    fake.close()
+
+    # ------------------------------------------------------------------------------------------------ report
+    calls = list(fake.calls)
+    new_sessions = [c for c in calls if c.op == "invoke" and c.outcome in ("started", "cold_start")]
+    new_sessions = list({c.session_id: c for c in reversed(new_sessions)}.values())  # first call per session
+    times = [c.at for c in new_sessions]
+    per_endpoint = {e: [c.at for c in new_sessions if c.endpoint == e] for e in range(args.endpoints)}
+    span = (max(times) - min(times)) if len(times) > 1 else 1.0
+    throttles = Counter(c.outcome for c in calls if c.outcome in ("throttled", "quota_exceeded") and c.op == "invoke")
+    stop_faults = Counter(c.outcome for c in calls if c.op == "stop" and c.outcome not in ("stopped", "unknown"))
+    invoked = {c.session_id for c in calls if c.op == "invoke" and c.outcome not in ("throttled", "quota_exceeded")}
+    never_stopped = sorted(invoked - fake.stopped)
+    pending = ledger.in_flight()
+    counts, samples = deps.metrics.drain()
+    latency = samples.get(NOTIFICATION_LATENCY, [])
+    actual = sorted(group_done.values())
+    # The ideal schedule of as many groups as completed: the first ones, admitted whole and in order.
+    ideal = ideal_group_schedule(delays[: max(1, len(actual))], args.session_rate * args.endpoints, args.max_sessions)
+    limit = args.session_rate * args.endpoints
+    print()
+    terminal = int((ledger.get(keys.batch_key(batch_id)) or {}).get("terminal") or 0)
+    print(f"terminal rollouts          {terminal}/{total} (backlog window {elapsed:.1f} s); errors {len(errors)}")
+    print(
+        f"new sessions per second    busiest sliding 1-s window {busiest_window(times)} / limit "
+        f"{limit:g} ({args.session_rate:g} x {args.endpoints}); mean {len(times) / span:.2f}/s over {span:.0f} s"
+    )
+    for endpoint, at in per_endpoint.items():
+        print(f"  endpoint {endpoint} ({ids.endpoint_name(endpoint)}) busiest {busiest_window(at)}, {len(at)} sessions")
+    print(f"ACR throttles received     {sum(throttles.values())} {dict(throttles)}")
+    print(
+        f"active sessions at peak    {fake.max_active} / max_sessions {args.max_sessions} / account quota "
+        f"{args.active_quota}"
+    )
+    print(
+        f"cold starts                {sum(1 for c in calls if c.outcome == 'cold_start')} answered 424, "
+        f"{counts.get(COLD_START_RETRIED, 0)} retries on the same session"
+    )
+    print(f"failed stops               {dict(stop_faults)}; StopFailed metric {counts.get(STOP_FAILED, 0)}")
+    print(f"stops pending at the end   {pending} (session slots still held)")
+    print(f"sessions never stopped     {len(never_stopped)}")
+    print(f"result -> event            p50 {percentile(latency, 0.5):.0f} ms, p95 {percentile(latency, 0.95):.0f} ms")
+    if actual:
+        print(
+            f"first Group Completed      {actual[0]:.1f} s (ideal group-ordered {min(ideal):.1f} s); "
+            f"mean group completion {statistics.fmean(actual):.1f} s (ideal {statistics.fmean(ideal):.1f} s); "
+            f"{len(actual)}/{inputs} groups"
+        )
+    ok = not never_stopped and pending == 0 and busiest_window(times) <= limit
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

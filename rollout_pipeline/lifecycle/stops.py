@@ -1,0 +1,76 @@
+"""Stopping sessions: best-effort, bounded, never blocking a recorded result, never leaking a session slot.
+
+A transition that ends an attempt with a live session keeps the attempt's session slot (`held_slots`) and puts the
+session in the outbox (`stop`, `stop_sessions`) instead of stopping it first. `finish_stops` then stops each
+session through the limiter:
+
+- a confirmed stop releases the slot (`RolloutLedger.release_stopped`, once);
+- ResourceNotFound is confirmed only by a second NotFound (AgentCore has answered it while a session kept running);
+- a throttled, conflicting or failed stop counts `StopFailed` and the entry comes back later (backoff; at most
+  `STOP_TRIES` tries), through the sweeper's outbox scan;
+- once `held_until` has passed (the idle timeout since the attempt ended), AgentCore has reaped the session
+  anyway: the slot is released without a stop.
+
+So every slot is freed by a confirmed stop or by the idle timeout, and nothing waits for a stop but the slot.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Final
+
+from rollout_pipeline.ledger.rollouts import RolloutRecord
+from rollout_pipeline.lifecycle.deps import LifecycleDeps
+from rollout_pipeline.lifecycle.metrics import STOP_FAILED, STOPS_PENDING
+from rollout_pipeline.ports import RuntimeRejected, RuntimeSessionNotFound, RuntimeThrottled
+
+log = logging.getLogger(__name__)
+
+#: Stop calls per outbox entry before it only waits for AgentCore's idle timeout.
+STOP_TRIES: Final = 6
+#: Backoff between tries of a failed stop: 2, 4, 8, 16, 32, 60 s.
+STOP_BACKOFF_S: Final = 2
+STOP_BACKOFF_MAX_S: Final = 60
+
+
+def hold_until(deps: LifecycleDeps) -> int:
+    """Epoch second until which an ended attempt's slot is held without a confirmed stop (AgentCore's idle
+    timeout from now, plus a minute)."""
+    return int(deps.now().timestamp()) + deps.config.idle_timeout_s + 60
+
+
+def finish_stops(rec: RolloutRecord, deps: LifecycleDeps, wait_until: float | None = None) -> bool:
+    """Stop every session in `rec.stop_sessions` (the caller holds the outbox entry). True when none is left
+    (the entry's stop part is done and, if nothing else is pending, the entry is cleared)."""
+    now = int(deps.now().timestamp())
+    reaped = rec.held_until is not None and now >= rec.held_until
+    not_found: list[str] = []
+    left = 0
+    for session_id in sorted(rec.stop_sessions):
+        confirmed = False
+        if not reaped and rec.stop_tries < STOP_TRIES:
+            try:
+                deps.limited.stop(session_id, wait_until)
+                confirmed = True
+            except RuntimeSessionNotFound:
+                confirmed = session_id in rec.stop_not_found
+                if not confirmed:
+                    not_found.append(session_id)
+            except (RuntimeThrottled, RuntimeRejected) as exc:
+                deps.metrics.count(STOP_FAILED)
+                log.info("stop of session %s failed (try %s): %s", session_id, rec.stop_tries + 1, exc)
+        given_up = rec.stop_tries >= STOP_TRIES and session_id not in rec.held_slots  # no slot waits for it
+        if confirmed or reaped or given_up:
+            deps.ledger.release_stopped(rec, session_id)
+        else:
+            left += 1
+    if left == 0:
+        return deps.ledger.clear_outbox(rec) or True
+    deps.metrics.sample(STOPS_PENDING, left)
+    if rec.stop_tries + 1 >= STOP_TRIES and rec.held_until is not None:
+        next_epoch = rec.held_until  # no more calls: AgentCore reaps the session at its idle timeout
+    else:
+        next_epoch = now + min(STOP_BACKOFF_S * 2**rec.stop_tries, STOP_BACKOFF_MAX_S)
+    # The sweeper drains entries older than `outbox_age_s`: file it so that it is due at `next_epoch`.
+    deps.ledger.note_stop_failed(rec, next_epoch=next_epoch - int(deps.outbox_age_s), not_found=not_found)
+    return False

@@ -1,0 +1,141 @@
+"""Paced call budgets across processes: ANY one-second window (aligned or sliding) stays within each budget, and
+stops are served ahead of a backlog of invokes. Real processes share a moto server on loopback (the ledger)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+from rollout_pipeline.config import ExperimentConfig
+from rollout_pipeline.ledger.rollouts import RolloutLedger
+from rollout_pipeline.lifecycle.limits import LimitedRuntime, Pacer
+from rollout_pipeline.local.moto_server import local_aws_environ, moto_server, patched_environ
+
+REGION = "us-east-1"
+ROOT = Path(__file__).resolve().parents[2]
+
+WORKER = """
+import json, sys, threading, time
+from rollout_pipeline.ledger.rollouts import RolloutLedger
+from rollout_pipeline.lifecycle.limits import Pacer
+table, budget, limit, threads, calls = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+ledger = RolloutLedger(table)
+pacer = Pacer(ledger, budget, limit)
+times, lock = [], threading.Lock()
+def work():
+    for _ in range(calls):
+        if pacer.acquire(time.monotonic() + 60):
+            with lock:
+                times.append(time.time())
+ts = [threading.Thread(target=work) for _ in range(threads)]
+[t.start() for t in ts]
+[t.join() for t in ts]
+print(json.dumps(times))
+"""
+
+
+def busiest_sliding_window(times: Sequence[float], width: float = 1.0) -> int:
+    """The most calls in any window [t, t + width) (it suffices to start windows at calls)."""
+    ordered = sorted(times)
+    best, j = 0, 0
+    for i, start in enumerate(ordered):
+        j = max(j, i)
+        while j < len(ordered) and ordered[j] < start + width:
+            j += 1
+        best = max(best, j - i)
+    return best
+
+
+@pytest.fixture
+def table(no_aws_credentials: None) -> Iterator[tuple[str, dict[str, str]]]:
+    from rollout_pipeline.adapters import clients
+    from rollout_pipeline.local.resources import create_resources
+
+    with moto_server() as url:
+        env = local_aws_environ(url, REGION)
+        with patched_environ(env):
+            clients.reset()
+            resources = create_resources(ExperimentConfig(name="pace"), region=REGION, client=clients.client)
+            yield resources.table_name, env
+        clients.reset()
+
+
+def test_busiest_sliding_window_helper() -> None:
+    assert busiest_sliding_window([0.0, 0.5, 0.99, 1.0, 1.6]) == 3
+    assert busiest_sliding_window([0.95, 1.0, 1.05, 1.9]) == 4  # aligned windows would say 1 and 3
+
+
+def test_two_processes_stay_within_the_limit_in_every_sliding_window(table: tuple[str, dict[str, str]]) -> None:
+    name, env = table
+    limit, threads, calls = 10, 3, 10
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", WORKER, name, "tps", str(limit), str(threads), str(calls)],
+            env={**os.environ, **env, "PYTHONPATH": str(ROOT)},
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    times: list[float] = []
+    for proc in procs:
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 0
+        times.extend(json.loads(out))
+    assert len(times) == 2 * threads * calls  # nothing was refused within the wait
+    busiest = busiest_sliding_window(times)
+    assert busiest <= limit, busiest
+    assert busiest >= limit // 2 + 1  # the limit was approached (paced at limit / (1 + LATENESS_S), minus lost slots)
+
+
+class RecordingRuntime:
+    def __init__(self) -> None:
+        self.calls: list[tuple[float, str, str]] = []
+        self.lock = threading.Lock()
+
+    def invoke(self, session_id: str, payload: object) -> None:
+        with self.lock:
+            self.calls.append((time.time(), "invoke", session_id))
+
+    def stop(self, session_id: str) -> None:
+        with self.lock:
+            self.calls.append((time.time(), "stop", session_id))
+
+
+def test_two_budgets_and_stops_are_not_starved(table: tuple[str, dict[str, str]]) -> None:
+    name, _env = table
+    ledger = RolloutLedger(name)
+    runtime = RecordingRuntime()
+    limited = LimitedRuntime(runtime, Pacer(ledger, "tps", 6), [Pacer(ledger, "session#0", 4)])
+    stop_waits: list[float] = []
+
+    def invoker(i: int) -> None:
+        for j in range(6):
+            limited.invoke(f"s-{i}-{j}", {}, time.monotonic() + 60)
+
+    def stopper() -> None:
+        time.sleep(1.0)  # a backlog of invokes is waiting by now
+        for j in range(6):
+            asked = time.monotonic()
+            limited.stop(f"x-{j}", time.monotonic() + 60)
+            stop_waits.append(time.monotonic() - asked)
+
+    workers = [threading.Thread(target=invoker, args=(i,)) for i in range(4)] + [threading.Thread(target=stopper)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    invokes = [at for at, op, _ in runtime.calls if op == "invoke"]
+    every = [at for at, _, _ in runtime.calls]
+    assert len(invokes) == 24
+    assert busiest_sliding_window(invokes) <= 4  # new sessions: session_rate_limit
+    assert busiest_sliding_window(every) <= 6  # invoke + stop: tps_limit
+    assert max(stop_waits) < 1.0, stop_waits  # a stop is served within about one interval, not after the backlog

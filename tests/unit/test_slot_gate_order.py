@@ -1,0 +1,38 @@
+"""Group-ordered admission: when slots free up, the waiting rollouts first in group order get them."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from rollout_pipeline.lifecycle.limits import SlotGate
+
+
+def test_freed_slots_go_to_waiters_in_group_order() -> None:
+    in_flight = {"n": 3}
+    gate = SlotGate(lambda: in_flight["n"], 3, sleep=lambda _s: time.sleep(0.01))
+    admitted: list[str] = []
+    lock = threading.Lock()
+
+    def waiter(name: str, key: tuple[object, ...]) -> None:
+        if gate.wait(time.monotonic() + 10, key):
+            with lock:
+                admitted.append(name)
+
+    # Arrival order is the reverse of group order (later groups' messages came first).
+    keys = {"g3#0": (1.0, "b", "g3", 0), "g2#1": (1.0, "b", "g2", 1), "g2#0": (1.0, "b", "g2", 0)}
+    threads = []
+    for name, key in keys.items():
+        threads.append(threading.Thread(target=waiter, args=(name, key)))
+        threads[-1].start()
+        time.sleep(0.05)
+    time.sleep(0.1)
+    in_flight["n"] = 1  # two slots free: group g2 goes, together
+    deadline = time.monotonic() + 5
+    while len(admitted) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sorted(admitted) == ["g2#0", "g2#1"]
+    in_flight["n"] = 2
+    for t in threads:
+        t.join(timeout=5)
+    assert admitted[-1] == "g3#0"
