@@ -193,14 +193,18 @@ class ExperimentStack(Stack):
             active_session_quota=settings.active_session_quota,
         )
         self.monitoring.notify_every_alarm(self)
-        self.runtime_logs = RuntimeLogRetention(
-            self,
-            "RuntimeLogs",
-            runtime=self.agent.runtime,
-            endpoint=DEFAULT_ENDPOINT,
-            retention_days=LOG_RETENTION_DAYS,
-            retained=removal == RemovalPolicy.RETAIN,
-        )
+        # The service creates one log group per endpoint (`{runtime id}-{endpoint}`), each with no retention.
+        self.runtime_logs = [
+            RuntimeLogRetention(
+                self,
+                "RuntimeLogs" if endpoint == DEFAULT_ENDPOINT else f"RuntimeLogs-{endpoint}",
+                runtime=self.agent.runtime,
+                endpoint=endpoint,
+                retention_days=LOG_RETENTION_DAYS,
+                retained=removal == RemovalPolicy.RETAIN,
+            )
+            for endpoint in self.agent.endpoint_names
+        ]
         expire_every_log_group(self, LOG_RETENTION_DAYS, removal)
         self._outputs(handler_settings)
         self._operator_outputs()

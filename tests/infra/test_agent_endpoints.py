@@ -3,6 +3,7 @@ quota warns at synth; max_lifetime_s defaults to what an attempt needs."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from aws_cdk.assertions import Annotations, Match
@@ -30,6 +31,14 @@ def test_two_endpoints_and_their_stop_grants_and_a_quota_warning(tmp_path: Path)
                 join(runtime, "/runtime-endpoint/rollouts_1"),
             ]
         )
+    retained = sorted(
+        json.dumps(r["Properties"]["Create"])
+        for r in synth.of_type("Custom::AWS").values()
+        if "putRetentionPolicy" in json.dumps(r["Properties"]["Create"])
+    )
+    assert len(retained) == 2, "each endpoint's runtime log group gets a retention"
+    assert any("-DEFAULT" in call for call in retained)
+    assert any("-rollouts_1" in call for call in retained)
     warnings = Annotations.from_stack(synth.stack).find_warning("*", Match.string_like_regexp("active-session quota"))
     assert len(warnings) == 1
     lifetime = next(iter(synth.of_type("AWS::BedrockAgentCore::Runtime").values()))["Properties"]
