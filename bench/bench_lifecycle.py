@@ -71,53 +71,6 @@ def _atomic_moto() -> None:
     BotocoreStubber.process_request = locked  # type: ignore[method-assign]
 
 
-def _cheap_moto_transactions() -> None:
-    """moto backs up the WHOLE table (deepcopy) for every item of every TransactWriteItems, so a transaction costs
-    O(table size) and the benchmark would measure moto. Check every condition first (as DynamoDB does, against the
-    state before the transaction) and run moto's own implementation only when all hold, without the backup it no
-    longer needs. Requests are serialised (`_atomic_moto`), so nothing changes in between."""
-    import copy
-
-    import moto.dynamodb.models as models
-    from moto.dynamodb.comparisons import get_filter_expression
-    from moto.dynamodb.exceptions import TransactionCanceledException
-    from moto.dynamodb.models.table import Table
-
-    original = models.DynamoDBBackend.transact_write_items
-
-    class _NoTableCopy:
-        @staticmethod
-        def deepcopy(value: Any, memo: Any = None) -> Any:
-            return value if isinstance(value, Table) else copy.deepcopy(value, memo)
-
-    def transact(self: Any, transact_items: list[dict[str, Any]]) -> None:
-        errors: list[tuple[Any, Any, Any]] = []
-        for item in transact_items:
-            op_type, op = next(iter(item.items()))
-            table = self.get_table(op["TableName"])
-            if op_type == "Put":
-                attrs = op["Item"]
-                key = {table.hash_key_attr: attrs[table.hash_key_attr]}
-                if table.range_key_attr is not None:
-                    key[table.range_key_attr] = attrs[table.range_key_attr]
-            else:
-                key = op["Key"]
-            condition = op.get("ConditionExpression")
-            holds = condition is None or get_filter_expression(
-                condition, op.get("ExpressionAttributeNames"), op.get("ExpressionAttributeValues")
-            ).expr(self.get_item(op["TableName"], key))
-            errors.append((None, None, None) if holds else ("ConditionalCheckFailed", "condition failed", None))
-        if any(code is not None for code, _, _ in errors):
-            raise TransactionCanceledException(errors)
-        setattr(models, "copy", _NoTableCopy)  # noqa: B010 - swapped only inside this serialised call
-        try:
-            original(self, transact_items)
-        finally:
-            setattr(models, "copy", copy)  # noqa: B010
-
-    models.DynamoDBBackend.transact_write_items = transact  # type: ignore[method-assign]
-
-
 def percentile(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -205,8 +158,10 @@ def main(argv: list[str] | None = None) -> int:
     _fake_aws_env()
     from moto import mock_aws
 
+    from rollout_pipeline.local.moto_server import cheap_moto_transactions
+
     _atomic_moto()
-    _cheap_moto_transactions()
+    cheap_moto_transactions()
     with mock_aws():
         return run(args)
 

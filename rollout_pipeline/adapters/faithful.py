@@ -6,8 +6,9 @@ session created in this process (`botocore.handlers.BUILTIN_HANDLERS`, like moto
 clients (`adapters.clients`), the SDK's and a test's own all see it. Behaviour (facts: PEERS.md, "What real AWS
 does that moto and the in-process fakes do not"):
 
-- DynamoDB transactions hold their items while in flight: from the start of `TransactWriteItems` until
-  `linger_ms` after it returned. A plain `PutItem`/`UpdateItem`/`DeleteItem` from another thread on a held item
+- DynamoDB transactions hold their items while in flight: for `hold_ms` from the start of `TransactWriteItems`
+  (about a real transaction's latency; moto's own duration, which grows with load, is not AWS's).
+  A plain `PutItem`/`UpdateItem`/`DeleteItem` from another thread on a held item
   fails with `TransactionConflictException`; another transaction touching it is cancelled with reason
   `TransactionConflict` at that item's index. A single process cannot reproduce the other Lambda invocations that
   keep a busy item permanently in some transaction on AWS, so items touched by at least `hot_threshold`
@@ -80,7 +81,7 @@ class FaithfulProfile:
     """Settings of the faithful profile (see the module docstring)."""
 
     seed: int = 0
-    linger_ms: float = 5.0
+    hold_ms: float = 15.0
     conflict_rate: float = 0.0
     hot_threshold: int = 3
     hot_window_s: float = 1.0
@@ -92,7 +93,7 @@ class FaithfulProfile:
     def __post_init__(self) -> None:
         self._rng = random.Random(self.seed)
         self._lock = threading.Lock()
-        # item -> (owner thread, held until monotonic seconds; inf while the transaction runs)
+        # item -> (owner thread, held until monotonic seconds)
         self._held: dict[tuple[str, str], tuple[int, float]] = {}
         self._touches: dict[tuple[str, str], deque[float]] = {}
         self._streak: dict[tuple[str, str], int] = {}
@@ -141,17 +142,11 @@ class FaithfulProfile:
                 if self._conflicts(item, now, me):
                     self.stats.transaction_conflicts += 1
                     return index
+            until = now + self.hold_ms / 1000
             for item in items:
-                self._held[item] = (me, float("inf"))
+                self._held[item] = (me, until)
                 self._touches.setdefault(item, deque()).append(now)
         return None
-
-    def end_transaction(self, items: list[tuple[str, str]]) -> None:
-        until, me = time.monotonic() + self.linger_ms / 1000, threading.get_ident()
-        with self._lock:
-            for item in items:
-                if self._held.get(item, (me, 0.0))[0] == me:
-                    self._held[item] = (me, until)
 
     # ------------------------------------------------------------------------------------------------------ S3
 
@@ -215,14 +210,16 @@ def acting_as(role: str) -> Iterator[None]:
 
 # ------------------------------------------------------------------------------------------ botocore hooks
 
-_active: FaithfulProfile | None = None
-_installed = False
-_install_lock = threading.Lock()
+
+class _State:
+    active: FaithfulProfile | None = None
+    installed = False
+    lock = threading.Lock()
 
 
 def active() -> FaithfulProfile | None:
     """The active profile, or None (plain moto)."""
-    return _active
+    return _State.active
 
 
 def _response(status: int, code: str, message: str, **extra: Any) -> tuple[Any, dict[str, Any]]:
@@ -238,12 +235,12 @@ def _response(status: int, code: str, message: str, **extra: Any) -> tuple[Any, 
 
 
 def _remember_params(params: dict[str, Any], context: dict[str, Any], **_: Any) -> None:
-    if _active is not None:
+    if _State.active is not None:
         context["faithful_params"] = params
 
 
 def _dynamodb_before_call(model: Any, context: dict[str, Any], **_: Any) -> Any:
-    profile = _active
+    profile = _State.active
     if profile is None:
         return None
     params = context.get("faithful_params") or {}
@@ -269,19 +266,11 @@ def _dynamodb_before_call(model: Any, context: dict[str, Any], **_: Any) -> Any:
                 f"[{', '.join(r['Code'] for r in reasons)}]",
                 CancellationReasons=reasons,
             )
-        context["faithful_items"] = items
     return None
 
 
-def _dynamodb_after_call(context: dict[str, Any], **_: Any) -> None:
-    profile = _active
-    items = context.pop("faithful_items", None)
-    if profile is not None and items is not None:
-        profile.end_transaction(items)
-
-
 def _s3_after_call(http_response: Any, parsed: dict[str, Any], context: dict[str, Any], **_: Any) -> None:
-    profile = _active
+    profile = _State.active
     if profile is None or http_response is None or http_response.status_code != 404:
         return
     params = context.get("faithful_params") or {}
@@ -311,7 +300,7 @@ def encode_s3_event_key(body: str) -> str | None:
 
 
 def _sqs_after_receive(parsed: dict[str, Any], **_: Any) -> None:
-    profile = _active
+    profile = _State.active
     if profile is None:
         return
     for message in parsed.get("Messages") or []:
@@ -326,7 +315,6 @@ _HANDLERS: Final = (
     ("before-parameter-build.s3.GetObject", _remember_params),
     ("before-parameter-build.s3.HeadObject", _remember_params),
     ("before-call.dynamodb", _dynamodb_before_call),
-    ("after-call.dynamodb.TransactWriteItems", _dynamodb_after_call),
     ("after-call.s3.GetObject", _s3_after_call),
     ("after-call.s3.HeadObject", _s3_after_call),
     ("after-call.sqs.ReceiveMessage", _sqs_after_receive),
@@ -335,9 +323,8 @@ _HANDLERS: Final = (
 
 def _install() -> None:
     """Register the handlers on every botocore session created from now on (inactive handlers do nothing)."""
-    global _installed
-    with _install_lock:
-        if _installed:
+    with _State.lock:
+        if _State.installed:
             return
         from botocore.handlers import BUILTIN_HANDLERS
 
@@ -345,27 +332,26 @@ def _install() -> None:
 
         BUILTIN_HANDLERS.extend(_HANDLERS)
         clients.reset()  # cached clients were made without the handlers
-        _installed = True
+        _State.installed = True
 
 
 @contextmanager
 def activate(profile: FaithfulProfile | None = None) -> Iterator[FaithfulProfile]:
     """Make `profile` (default settings when None) the active profile for the block."""
-    global _active
     _install()
-    previous = _active
-    _active = profile or FaithfulProfile()
+    previous = _State.active
+    current = _State.active = profile or FaithfulProfile()
     try:
-        yield _active
+        yield current
     finally:
-        _active = previous
+        _State.active = previous
 
 
 def note_buckets(exp: str, *, input_bucket: str, results_bucket: str) -> None:
     """Tell the active profile (if any) which buckets are the experiment's input and results buckets."""
-    if _active is not None:
-        _active.buckets[input_bucket] = ("input", exp)
-        _active.buckets[results_bucket] = ("results", exp)
+    if _State.active is not None:
+        _State.active.buckets[input_bucket] = ("input", exp)
+        _State.active.buckets[results_bucket] = ("results", exp)
 
 
 def profile_from_env(default: str = MOTO) -> str:

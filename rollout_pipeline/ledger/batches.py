@@ -35,6 +35,7 @@ from rollout_pipeline.contracts import (
 )
 from rollout_pipeline.ledger import keys
 from rollout_pipeline.ledger.attributes import TYPE_TAGS, from_attribute_value
+from rollout_pipeline.ledger.retry import backoff_s, note_transaction_retry, retry_conflicts
 
 STATUS_INGESTING: Final = "ingesting"
 STATUS_ACCEPTED: Final = "accepted"
@@ -299,7 +300,9 @@ class BatchLedger:
 
     def _put_new(self, item: dict[str, Any]) -> bool:
         try:
-            self.ddb.put_item(TableName=self.table_name, Item=item, ConditionExpression="attribute_not_exists(pk)")
+            retry_conflicts(
+                self.ddb.put_item, TableName=self.table_name, Item=item, ConditionExpression="attribute_not_exists(pk)"
+            )
         except self.ddb.exceptions.ConditionalCheckFailedException:
             return False
         return True
@@ -312,7 +315,8 @@ class BatchLedger:
         """
         now = self._epoch()
         try:
-            resp = self.ddb.update_item(
+            resp = retry_conflicts(
+                self.ddb.update_item,
                 TableName=self.table_name,
                 Key=keys.batch_key(batch_id),
                 UpdateExpression="SET #owner = :me, #lease = :until",
@@ -355,7 +359,8 @@ class BatchLedger:
         values.update({":me": _s(owner), ":prev": _n(previous_cursor)})
         values[":until"] = _n(0 if release else self._epoch() + lease_seconds)
         try:
-            resp = self.ddb.update_item(
+            resp = retry_conflicts(
+                self.ddb.update_item,
                 TableName=self.table_name,
                 Key=keys.batch_key(batch_id),
                 UpdateExpression=_PROGRESS_SET + ", #lease = :until",
@@ -402,7 +407,8 @@ class BatchLedger:
         names = {k: _NAMES[k] for k in ("#cursor", "#owner", "#lease", "#status")}
         for status_now, status_after in ((STATUS_INGESTING, STATUS_ACCEPTED), (STATUS_CANCELLED, STATUS_CANCELLED)):
             try:
-                resp = self.ddb.update_item(
+                resp = retry_conflicts(
+                    self.ddb.update_item,
                     TableName=self.table_name,
                     Key=keys.batch_key(batch_id),
                     UpdateExpression=update + ", #status = :after REMOVE #owner, #lease",
@@ -419,7 +425,8 @@ class BatchLedger:
 
     def mark_completed(self, batch_id: str) -> dict[str, Any]:
         """Stamp `completed_at` once (first writer wins) and return the item; used before `Batch Completed`."""
-        resp = self.ddb.update_item(
+        resp = retry_conflicts(
+            self.ddb.update_item,
             TableName=self.table_name,
             Key=keys.batch_key(batch_id),
             UpdateExpression="SET completed_at = if_not_exists(completed_at, :at)",
@@ -533,7 +540,8 @@ class BatchLedger:
                     continue
                 codes = {str(reason.get("Code")) for reason in reasons} - {"None"}
                 if codes and codes <= _TRANSIENT_CANCEL_CODES:
-                    self._sleep(min(0.05 * 2**attempt, 1.0))
+                    note_transaction_retry()
+                    self._sleep(backoff_s(attempt))
                     continue
                 raise
             result.created.extend(group for group, _ in pending)
