@@ -127,7 +127,7 @@ class FaithfulProfile:
 
     def before_plain_write(self, table: str, key: Mapping[str, Any]) -> bool:
         """True when this plain write must fail with TransactionConflictException."""
-        item = (table, _key_text(key))
+        item = (table, key_text(key))
         with self._lock:
             conflict = self._conflicts(item, time.monotonic(), threading.get_ident())
             if conflict:
@@ -162,7 +162,8 @@ class FaithfulProfile:
         return any(g.bucket == kind and key.startswith(g.resolve(exp)) for g in access.LIST_GRANTS.get(role, ()))
 
 
-def _key_text(key: Mapping[str, Any]) -> str:
+def key_text(key: Mapping[str, Any]) -> str:
+    """The identity of a ledger item as the profile tracks it (its `pk`/`sk`)."""
     return json.dumps({name: key.get(name) for name in _KEY_ATTRIBUTES}, sort_keys=True)
 
 
@@ -171,7 +172,7 @@ def _transaction_items(params: Mapping[str, Any]) -> list[tuple[str, str]]:
     for entry in params.get("TransactItems") or []:
         for op, body in entry.items():
             key = body.get("Item") if op == "Put" else body.get("Key")
-            items.append((str(body.get("TableName")), _key_text(key or {})))
+            items.append((str(body.get("TableName")), key_text(key or {})))
     return items
 
 

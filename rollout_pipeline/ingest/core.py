@@ -146,10 +146,12 @@ def parse_ingest_message(body: Mapping[str, Any]) -> DatasetObject:
     """The dataset object of an ingest-queue body: an EventBridge S3 "Object Created" event, or a continuation
     `{"continue": {"detail": <the same S3 detail>, ...}}`."""
     detail: Any
+    encoded = False
     if CONTINUE_KEY in body:
-        detail = (body.get(CONTINUE_KEY) or {}).get("detail")
+        detail = (body.get(CONTINUE_KEY) or {}).get("detail")  # written by us: the key is already decoded
     elif body.get("source") == "aws.s3" and body.get("detail-type") == "Object Created":
         detail = body.get("detail")
+        encoded = True
     else:
         raise IngestMessageError("not an S3 Object Created event nor an ingest continuation")
     try:
@@ -158,6 +160,8 @@ def parse_ingest_message(body: Mapping[str, Any]) -> DatasetObject:
         key = str(obj["key"])
     except (KeyError, TypeError):
         raise IngestMessageError("S3 event detail lacks bucket.name or object.key") from None
+    if encoded:
+        key = routing.event_object_key(key)
     # S3's EventBridge events spell it `etag`; moto spells it `eTag`. The SDK derives the same batch id from
     # PutObject's VersionId and ETag, so both spellings must be read.
     etag = obj.get("etag") or obj.get("eTag")
