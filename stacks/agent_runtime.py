@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Final
 
-from aws_cdk import Annotations, Duration, IgnoreMode
+from aws_cdk import Annotations, Arn, ArnComponents, Duration, IgnoreMode, Stack
 from aws_cdk import aws_bedrockagentcore as agentcore
 from aws_cdk import aws_ecr_assets as ecr_assets
 from aws_cdk import aws_iam as iam
@@ -73,6 +73,19 @@ class AgentRuntime(Construct):
             "aws-cdk-lib.aws-bedrockagentcore:containerUriValidationSkipped",
             "The image URI is an asset published by cdk deploy; CloudFormation validates it.",
         )
+        # The L2 trusts `runtime/{name}*`, which also matches every runtime whose name merely starts with ours
+        # (rollouts_a* matches rollouts_ab-...). A runtime id is `{name}-{suffix}` and names have no hyphen.
+        role_resource = self.runtime.role.node.default_child
+        if isinstance(role_resource, iam.CfnRole):
+            role_resource.add_property_override(
+                "AssumeRolePolicyDocument.Statement.0.Condition.ArnLike.aws:SourceArn",
+                Arn.format(
+                    ArnComponents(
+                        service="bedrock-agentcore", resource="runtime", resource_name=f"{config.runtime_name}-*"
+                    ),
+                    Stack.of(self),
+                ),
+            )
         self.runtime.add_to_role_policy(
             iam.PolicyStatement(
                 sid="WriteOwnResults",
