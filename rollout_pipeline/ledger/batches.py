@@ -423,6 +423,47 @@ class BatchLedger:
             return item
         raise LedgerConflict(f"batch {batch_id}: cannot finish ingestion (lease lost, cursor moved or finished)")
 
+    def reject_ingesting(
+        self, batch_id: str, *, owner: str, previous_cursor: int, error: str, errors_uri: str | None
+    ) -> dict[str, Any]:
+        """End an ingestion that found no row: status `rejected` with `error`, zero rollouts, complete at once.
+
+        Conditional on our lease and cursor, like `finish_ingest`. Raises `LedgerConflict` if we lost the lease."""
+        now = _s(iso(self._now()))
+        values: dict[str, Any] = {
+            ":me": _s(owner),
+            ":prev": _n(previous_cursor),
+            ":ingesting": _s(STATUS_INGESTING),
+            ":rejected": _s(STATUS_REJECTED),
+            ":error": _s(error),
+            ":zero": _n(0),
+            ":at": now,
+        }
+        update = "SET #status = :rejected, #err = :error, rollouts_total = :zero, accepted_at = :at, completed_at = :at"
+        if errors_uri:
+            update += ", errors_uri = :errors"
+            values[":errors"] = _s(errors_uri)
+        try:
+            resp = retry_conflicts(
+                self.ddb.update_item,
+                TableName=self.table_name,
+                Key=keys.batch_key(batch_id),
+                UpdateExpression=update + " REMOVE #owner, #lease",
+                ConditionExpression="#owner = :me AND #cursor = :prev AND #status = :ingesting",
+                ExpressionAttributeNames={
+                    **{k: _NAMES[k] for k in ("#cursor", "#owner", "#lease", "#status")},
+                    "#err": "error",
+                },
+                ExpressionAttributeValues=values,
+                ReturnValues="ALL_NEW",
+            )
+        except self.ddb.exceptions.ConditionalCheckFailedException:
+            raise LedgerConflict(
+                f"batch {batch_id}: cannot reject (lease lost, cursor moved or not ingesting)"
+            ) from None
+        item: dict[str, Any] = resp["Attributes"]
+        return item
+
     def mark_completed(self, batch_id: str) -> dict[str, Any]:
         """Stamp `completed_at` once (first writer wins) and return the item; used before `Batch Completed`."""
         resp = retry_conflicts(

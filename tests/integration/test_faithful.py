@@ -191,3 +191,31 @@ def test_a_result_whose_key_needs_encoding_completes(
     events = trainer_events(resources)
     assert len(by_type(events, "Rollout Completed")) == 1, [e["detail-type"] for e in events]
     assert by_type(events, "Rollout Completed")[0]["input_id"] == input_id
+
+
+# ------------------------------------------------------------------------------------------------- rewards
+
+
+@pytest.mark.parametrize("reward", [1e-06, -3.5e-09, 123456.789, -1e40, 1e60])
+def test_a_reward_of_any_magnitude_reaches_the_ledger_and_completes_the_batch(
+    resources: ExperimentResources, deps: LifecycleDeps, fake: FakeAgentRuntime, reward: float
+) -> None:
+    fake.behaviour = AgentBehaviour(rewards=reward)
+    send(resources, seed_batch(resources, batch_id="b1", inputs={"q": {"prompt": "p"}}, group_size=1))
+    drive(resources, deps)
+    events = trainer_events(resources)
+    (done,) = by_type(events, "Rollout Completed")
+    assert done["reward"] == reward
+    (batch,) = by_type(events, "Batch Completed")
+    assert batch["reward_mean"] == pytest.approx(reward)
+
+
+def test_a_reward_beyond_what_the_ledger_can_sum_fails_the_rollout_clearly(
+    resources: ExperimentResources, deps: LifecycleDeps, fake: FakeAgentRuntime
+) -> None:
+    fake.behaviour = AgentBehaviour(rewards=1e61)
+    send(resources, seed_batch(resources, batch_id="b1", inputs={"q": {"prompt": "p"}}, group_size=1))
+    drive(resources, deps)
+    (failed,) = by_type(trainer_events(resources), "Rollout Failed")
+    assert failed["reason"] == "invalid_result"
+    assert "magnitude" in failed["error"]
