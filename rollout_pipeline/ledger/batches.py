@@ -539,7 +539,8 @@ class BatchLedger:
         size = 0
         for group in groups:
             item = self.group_item(exp_id=exp_id, batch_id=batch_id, group=group)
-            item_size = len(group.payload_json or "") + len(group.overrides_json) + 512
+            # DynamoDB counts UTF-8 bytes (a non-ASCII character is 2-4 of them), not characters.
+            item_size = len((group.payload_json or "").encode()) + len(group.overrides_json.encode()) + 512
             if chunk and (len(chunk) >= TRANSACTION_MAX_ITEMS or size + item_size > TRANSACTION_MAX_BYTES):
                 yield chunk
                 chunk, size = [], 0
