@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -28,6 +28,10 @@ class SamplingParams(BaseModel):
     temperature: float | None = Field(default=None, ge=0, le=10)
     top_p: float | None = Field(default=None, gt=0, le=1)
     max_tokens: int | None = Field(default=None, ge=1, le=1_000_000)
+
+
+#: Environment variable naming the agent's model-key secret (Secrets Manager) in the runtime.
+MODEL_SECRET_ENV: Final = "ROLLOUTS_MODEL_SECRET"
 
 
 class ExperimentConfig(BaseModel):
@@ -50,6 +54,11 @@ class ExperimentConfig(BaseModel):
     max_attempts: int = Field(default=2, ge=1, le=10, description="Attempts per rollout (timeouts are retried)")
     model_base_url: str = Field(default="http://127.0.0.1:8000/v1", min_length=1)
     model_id: str = Field(default="default", min_length=1)
+    model_secret_name: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9/_+=.@-]{1,512}$",
+        description="Secrets Manager secret holding the model API key; the agent reads it at start (only it may)",
+    )
     sampling_params: SamplingParams = Field(default_factory=SamplingParams)
     policy_version: str | None = Field(default=None, max_length=128)
     results_retention: Literal["retain", "destroy"] = "retain"

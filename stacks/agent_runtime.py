@@ -5,14 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Final
 
-from aws_cdk import Annotations, Arn, ArnComponents, Duration, IgnoreMode, Stack
+from aws_cdk import Annotations, Arn, ArnComponents, ArnFormat, Duration, IgnoreMode, Stack
 from aws_cdk import aws_bedrockagentcore as agentcore
 from aws_cdk import aws_ecr_assets as ecr_assets
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
-from rollout_pipeline.config import ExperimentConfig
+from rollout_pipeline.config import MODEL_SECRET_ENV, ExperimentConfig
 
 AGENT_DIR: Final = "agent_image"
 DOCKERFILE: Final = f"{AGENT_DIR}/Dockerfile"
@@ -67,6 +67,7 @@ class AgentRuntime(Construct):
                 "ROLLOUTS_RESULTS_BUCKET": results_bucket.bucket_name,
                 "MODEL_BASE_URL": config.model_base_url,
                 "MODEL_ID": config.model_id,
+                **({MODEL_SECRET_ENV: config.model_secret_name} if config.model_secret_name else {}),
             },
         )
         Annotations.of(self.runtime).acknowledge_info(
@@ -85,6 +86,25 @@ class AgentRuntime(Construct):
                     ),
                     Stack.of(self),
                 ),
+            )
+        if config.model_secret_name:
+            # The model credential stays out of payloads: the agent reads this one secret at start, nothing else.
+            self.runtime.add_to_role_policy(
+                iam.PolicyStatement(
+                    sid="ReadModelSecret",
+                    actions=["secretsmanager:GetSecretValue"],
+                    resources=[
+                        Arn.format(
+                            ArnComponents(
+                                service="secretsmanager",
+                                resource="secret",
+                                resource_name=f"{config.model_secret_name}-??????",
+                                arn_format=ArnFormat.COLON_RESOURCE_NAME,
+                            ),
+                            Stack.of(self),
+                        )
+                    ],
+                )
             )
         self.runtime.add_to_role_policy(
             iam.PolicyStatement(

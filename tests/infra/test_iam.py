@@ -207,3 +207,22 @@ def test_no_bucket_or_queue_is_shared_with_another_account(synth: Synthesized) -
             for statement in policy["Properties"]["PolicyDocument"]["Statement"]:
                 if statement["Effect"] == "Allow":
                     assert "AWS" not in statement["Principal"], statement
+
+
+def test_the_agent_may_read_only_its_model_secret(tmp_path: Any) -> None:
+    from tests.infra.conftest import synthesize
+
+    synth = synthesize(tmp_path, model_secret_name="rollouts/model-key")
+    role = synth.stack.agent.runtime.role
+    reads = [s for s in statements(synth, role) if "secretsmanager:GetSecretValue" in s["Action"]]
+    assert len(reads) == 1
+    assert reads[0]["Action"] == ["secretsmanager:GetSecretValue"]
+    assert "secret:rollouts/model-key-??????" in json.dumps(reads[0]["Resource"])
+    runtime = synth.resources[synth.logical_id(synth.stack.agent.runtime)]["Properties"]
+    assert runtime["EnvironmentVariables"]["ROLLOUTS_MODEL_SECRET"] == "rollouts/model-key"
+    for name in FUNCTIONS:
+        assert not [a for a in actions_of(synth, synth.stack.functions[name].role) if a.startswith("secretsmanager")]
+
+
+def test_no_secret_is_readable_without_model_secret_name(synth: Synthesized) -> None:
+    assert not [a for a in actions_of(synth, synth.stack.agent.runtime.role) if a.startswith("secretsmanager")]

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from urllib.parse import quote_plus
 
@@ -219,3 +220,18 @@ def test_a_reward_beyond_what_the_ledger_can_sum_fails_the_rollout_clearly(
     (failed,) = by_type(trainer_events(resources), "Rollout Failed")
     assert failed["reason"] == "invalid_result"
     assert "magnitude" in failed["error"]
+
+
+# ------------------------------------------------------------------------------------------------- secrets
+
+
+def test_secret_fields_of_a_result_are_redacted_from_the_event(
+    resources: ExperimentResources, deps: LifecycleDeps, fake: FakeAgentRuntime
+) -> None:
+    fake.behaviour = AgentBehaviour(rewards=1.0, extra={"api_key": "sk-live-123", "answer": "42"})
+    send(resources, seed_batch(resources, batch_id="b1", inputs={"q": {"prompt": "p"}}, group_size=1))
+    drive(resources, deps)
+    (done,) = by_type(trainer_events(resources), "Rollout Completed")
+    assert done["result"]["answer"] == "42"
+    assert done["result"]["api_key"] == "[redacted]"
+    assert "sk-live-123" not in json.dumps(done)
