@@ -32,7 +32,7 @@ import random
 import sys
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -97,6 +97,9 @@ class FaithfulProfile:
         self._held: dict[tuple[str, str], tuple[int, float]] = {}
         self._touches: dict[tuple[str, str], deque[float]] = {}
         self._streak: dict[tuple[str, str], int] = {}
+        #: Writes that went through, per item: plain writes and transactional ones (which cost 2 WCU each).
+        self.plain_writes: Counter[str] = Counter()
+        self.transaction_writes: Counter[str] = Counter()
 
     # ---------------------------------------------------------------------------------------------- DynamoDB
 
@@ -132,6 +135,8 @@ class FaithfulProfile:
             conflict = self._conflicts(item, time.monotonic(), threading.get_ident())
             if conflict:
                 self.stats.plain_conflicts += 1
+            else:
+                self.plain_writes[item[1]] += 1
             return conflict
 
     def begin_transaction(self, items: list[tuple[str, str]]) -> int | None:
@@ -146,6 +151,7 @@ class FaithfulProfile:
             for item in items:
                 self._held[item] = (me, until)
                 self._touches.setdefault(item, deque()).append(now)
+                self.transaction_writes[item[1]] += 1
         return None
 
     # ------------------------------------------------------------------------------------------------------ S3
