@@ -35,7 +35,12 @@ from rollout_pipeline.contracts import (
 )
 from rollout_pipeline.ledger import keys
 from rollout_pipeline.ledger.attributes import TYPE_TAGS, from_attribute_value
-from rollout_pipeline.ledger.retry import backoff_s, note_transaction_retry, retry_conflicts
+from rollout_pipeline.ledger.retry import (
+    TRANSACTION_CONFLICT_ATTEMPTS,
+    backoff_s,
+    note_transaction_retry,
+    retry_conflicts,
+)
 
 STATUS_INGESTING: Final = "ingesting"
 STATUS_ACCEPTED: Final = "accepted"
@@ -46,7 +51,7 @@ STATUS_CANCELLED: Final = "cancelled"
 TRANSACTION_MAX_ITEMS: Final = 100
 TRANSACTION_MAX_BYTES: Final = 3_500_000
 _TRANSIENT_CANCEL_CODES: Final = frozenset({"TransactionConflict", "ThrottlingError", "ProvisionedThroughputExceeded"})
-_TRANSACTION_ATTEMPTS: Final = 8
+_TRANSACTION_ATTEMPTS: Final = TRANSACTION_CONFLICT_ATTEMPTS
 
 #: Expression attribute names used by the updates below (several are DynamoDB reserved words).
 _NAMES: Final = {

@@ -20,6 +20,9 @@ T = TypeVar("T")
 
 #: Attempts of one write (the first included) before the conflict is raised to the caller.
 CONFLICT_ATTEMPTS: Final = 8
+#: Attempts of one transaction on the experiment's shared items (session counter, batch counters): they meet far
+#: more concurrent transactions than a plain write does, and giving up costs a whole visibility timeout.
+TRANSACTION_CONFLICT_ATTEMPTS: Final = 14
 BACKOFF_BASE_S: Final = 0.01
 BACKOFF_CAP_S: Final = 0.5
 CONFLICT_EXCEPTION: Final = "TransactionConflictException"

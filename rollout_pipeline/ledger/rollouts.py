@@ -19,7 +19,12 @@ from typing import Any, Final
 from rollout_pipeline.adapters.clients import client
 from rollout_pipeline.ledger import keys
 from rollout_pipeline.ledger.attributes import from_attribute_value, to_attribute_value
-from rollout_pipeline.ledger.retry import backoff_s, note_transaction_retry, retry_conflicts
+from rollout_pipeline.ledger.retry import (
+    TRANSACTION_CONFLICT_ATTEMPTS,
+    backoff_s,
+    note_transaction_retry,
+    retry_conflicts,
+)
 
 QUEUED: Final = "queued"
 DISPATCHED: Final = "dispatched"
@@ -37,7 +42,7 @@ OUTBOX_ENQUEUE: Final = "enqueue"
 OUTBOX_LEASE_S: Final = 60
 
 #: How many times a transaction is retried after a `TransactionConflict` (hot counter items) before giving up.
-CONFLICT_RETRIES: Final = 8
+CONFLICT_RETRIES: Final = TRANSACTION_CONFLICT_ATTEMPTS
 
 
 class LedgerError(RuntimeError):
