@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+from typing import Any
 from urllib.parse import quote_plus
 
 import pytest
@@ -235,3 +236,49 @@ def test_secret_fields_of_a_result_are_redacted_from_the_event(
     assert done["result"]["answer"] == "42"
     assert done["result"]["api_key"] == "[redacted]"
     assert "sk-live-123" not in json.dumps(done)
+
+
+# ---------------------------------------------------------------------------- moto transactions stay atomic
+
+
+@pytest.mark.parametrize("failing", ["condition", "bad_update"])
+def test_a_cancelled_transaction_changes_nothing_with_the_cheap_moto_patch(
+    resources: ExperimentResources, failing: str
+) -> None:
+    """local/moto_server.cheap_moto_transactions snapshots only the touched items: a transaction that fails on its
+    last item must leave the earlier ones (an update and a new item) exactly as they were."""
+    ddb = clients.client("dynamodb")
+    seed_batch(resources, batch_id="b1")
+    before = ddb.get_item(TableName=resources.table_name, Key=keys.batch_key("b1"))["Item"]
+    last: dict[str, Any] = {
+        "TableName": resources.table_name,
+        "Key": keys.group_key("b1", "q1"),
+    }
+    if failing == "condition":
+        last = {"ConditionCheck": {**last, "ConditionExpression": "attribute_not_exists(pk)"}}
+    else:
+        last = {
+            "Update": {
+                **last,
+                "UpdateExpression": "ADD #p :one",
+                "ExpressionAttributeNames": {"#p": "payload"},
+                "ExpressionAttributeValues": {":one": {"N": "1"}},
+            }
+        }
+    with pytest.raises(ClientError):
+        ddb.transact_write_items(
+            TransactItems=[
+                {
+                    "Update": {
+                        "TableName": resources.table_name,
+                        "Key": keys.batch_key("b1"),
+                        "UpdateExpression": "ADD terminal :n",
+                        "ExpressionAttributeValues": {":n": {"N": "5"}},
+                    }
+                },
+                {"Put": {"TableName": resources.table_name, "Item": {**keys.group_key("b1", "new"), "x": {"S": "y"}}}},
+                last,
+            ]
+        )
+    assert ddb.get_item(TableName=resources.table_name, Key=keys.batch_key("b1"))["Item"] == before
+    assert "Item" not in ddb.get_item(TableName=resources.table_name, Key=keys.group_key("b1", "new"))
