@@ -220,7 +220,7 @@ def test_a_reward_beyond_what_the_ledger_can_sum_fails_the_rollout_clearly(
     drive(resources, deps)
     (failed,) = by_type(trainer_events(resources), "Rollout Failed")
     assert failed["reason"] == "invalid_result"
-    assert "magnitude" in failed["error"]
+    assert "beyond" in failed["error"]
 
 
 # ------------------------------------------------------------------------------------------------- secrets
