@@ -117,7 +117,11 @@ class ExperimentConfig(BaseModel):
                     value = json.loads(value) if value else {}
                 except json.JSONDecodeError as exc:
                     raise ConfigError(f"sampling_params: not valid JSON ({exc.msg})") from exc
-            if field_name in ("policy_version", "results_expiration_days") and value in ("", "none", "None"):
+            if field_name in ("policy_version", "results_expiration_days", "model_secret_name") and value in (
+                "",
+                "none",
+                "None",
+            ):
                 value = None
             values[field_name] = value
         return validate_config(values)
