@@ -71,53 +71,6 @@ def _atomic_moto() -> None:
     BotocoreStubber.process_request = locked  # type: ignore[method-assign]
 
 
-def _cheap_moto_transactions() -> None:
-    """moto backs up the WHOLE table (deepcopy) for every item of every TransactWriteItems, so a transaction costs
-    O(table size) and the benchmark would measure moto. Check every condition first (as DynamoDB does, against the
-    state before the transaction) and run moto's own implementation only when all hold, without the backup it no
-    longer needs. Requests are serialised (`_atomic_moto`), so nothing changes in between."""
-    import copy
-
-    import moto.dynamodb.models as models
-    from moto.dynamodb.comparisons import get_filter_expression
-    from moto.dynamodb.exceptions import TransactionCanceledException
-    from moto.dynamodb.models.table import Table
-
-    original = models.DynamoDBBackend.transact_write_items
-
-    class _NoTableCopy:
-        @staticmethod
-        def deepcopy(value: Any, memo: Any = None) -> Any:
-            return value if isinstance(value, Table) else copy.deepcopy(value, memo)
-
-    def transact(self: Any, transact_items: list[dict[str, Any]]) -> None:
-        errors: list[tuple[Any, Any, Any]] = []
-        for item in transact_items:
-            op_type, op = next(iter(item.items()))
-            table = self.get_table(op["TableName"])
-            if op_type == "Put":
-                attrs = op["Item"]
-                key = {table.hash_key_attr: attrs[table.hash_key_attr]}
-                if table.range_key_attr is not None:
-                    key[table.range_key_attr] = attrs[table.range_key_attr]
-            else:
-                key = op["Key"]
-            condition = op.get("ConditionExpression")
-            holds = condition is None or get_filter_expression(
-                condition, op.get("ExpressionAttributeNames"), op.get("ExpressionAttributeValues")
-            ).expr(self.get_item(op["TableName"], key))
-            errors.append((None, None, None) if holds else ("ConditionalCheckFailed", "condition failed", None))
-        if any(code is not None for code, _, _ in errors):
-            raise TransactionCanceledException(errors)
-        setattr(models, "copy", _NoTableCopy)  # noqa: B010 - swapped only inside this serialised call
-        try:
-            original(self, transact_items)
-        finally:
-            setattr(models, "copy", copy)  # noqa: B010
-
-    models.DynamoDBBackend.transact_write_items = transact  # type: ignore[method-assign]
-
-
 def percentile(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -198,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-seconds", type=float, default=360.0, help="stop after this long, whatever is left")
     parser.add_argument("--queue-depth", type=int, default=150, help="keep at most this many queued messages")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--aws-profile", choices=["faithful", "moto"], default="faithful")
+    parser.add_argument("--conflict-rate", type=float, default=0.0, help="faithful: hot-item conflict probability")
     args = parser.parse_args(argv)
     if args.rollouts < 1 or args.rollouts > 20_000:
         parser.error("--rollouts must be within 1..20000")
@@ -205,9 +160,16 @@ def main(argv: list[str] | None = None) -> int:
     _fake_aws_env()
     from moto import mock_aws
 
+    from rollout_pipeline.adapters import faithful
+    from rollout_pipeline.local.moto_server import cheap_moto_transactions
+
     _atomic_moto()
-    _cheap_moto_transactions()
-    with mock_aws():
+    cheap_moto_transactions()
+    if args.aws_profile == "moto":
+        with mock_aws():
+            return run(args)
+    profile = faithful.FaithfulProfile(seed=args.seed, conflict_rate=args.conflict_rate)
+    with faithful.activate(profile), mock_aws():
         return run(args)
 
 
@@ -415,8 +377,33 @@ def run(args: argparse.Namespace) -> int:
             if name.startswith(service + "."):
                 print(f"      {name.split('.', 1)[1]:<28} {op_count / denominator:6.2f}")
     print(f"  {'total':<12} {sum(calls.values()) / denominator:6.2f}")
+    print_conflicts_and_write_rates(terminal, elapsed)
     ok = terminal == total and fake.max_running <= args.max_sessions and (max(busy) if busy else 0) <= args.tps
     return 0 if ok else 1
+
+
+def print_conflicts_and_write_rates(terminal: int, elapsed: float) -> None:
+    """Conflict retries per 1,000 rollouts and the busiest ledger items' write rates (faithful profile only)."""
+    from rollout_pipeline.adapters import faithful
+    from rollout_pipeline.ledger import retry
+
+    profile = faithful.active()
+    if profile is None:
+        return
+    per_k = 1000 / max(terminal, 1)
+    stats = profile.stats
+    print(
+        f"conflict retries          {retry.stats.total * per_k:.1f} per 1,000 rollouts "
+        f"({retry.stats.plain} plain writes, {retry.stats.transactions} transactions; injected: "
+        f"{stats.plain_conflicts} TransactionConflictException, {stats.transaction_conflicts} TransactionConflict)"
+    )
+    items = profile.plain_writes + profile.transaction_writes
+    print("busiest ledger items      writes/s (WCU/s: transactional writes cost 2)")
+    for item, count in items.most_common(5):
+        key = json.loads(item)
+        label = f"{key['pk']['S'][:24]}/{key['sk']['S'][:28]}"
+        wcu = profile.plain_writes[item] + 2 * profile.transaction_writes[item]
+        print(f"  {label:<54} {count / elapsed:7.1f}  ({wcu / elapsed:.1f} WCU/s)")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -36,6 +36,10 @@ class SamplingParams(BaseModel):
     max_tokens: int | None = Field(default=None, ge=1, le=1_000_000)
 
 
+#: Environment variable naming the agent's model-key secret (Secrets Manager) in the runtime.
+MODEL_SECRET_ENV: Final = "ROLLOUTS_MODEL_SECRET"
+
+
 class ExperimentConfig(BaseModel):
     """Everything that differs between experiments. Validated; every field has a sane default but `name`."""
 
@@ -56,6 +60,11 @@ class ExperimentConfig(BaseModel):
     max_attempts: int = Field(default=2, ge=1, le=10, description="Attempts per rollout (timeouts are retried)")
     model_base_url: str = Field(default="http://127.0.0.1:8000/v1", min_length=1)
     model_id: str = Field(default="default", min_length=1)
+    model_secret_name: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9/_+=.@-]{1,512}$",
+        description="Secrets Manager secret holding the model API key; the agent reads it at start (only it may)",
+    )
     sampling_params: SamplingParams = Field(default_factory=SamplingParams)
     policy_version: str | None = Field(default=None, max_length=128)
     results_retention: Literal["retain", "destroy"] = "retain"
@@ -157,7 +166,11 @@ class ExperimentConfig(BaseModel):
                     value = json.loads(value) if value else {}
                 except json.JSONDecodeError as exc:
                     raise ConfigError(f"sampling_params: not valid JSON ({exc.msg})") from exc
-            if field_name in ("policy_version", "results_expiration_days") and value in ("", "none", "None"):
+            if field_name in ("policy_version", "results_expiration_days", "model_secret_name") and value in (
+                "",
+                "none",
+                "None",
+            ):
                 value = None
             values[field_name] = value
         return validate_config(values)

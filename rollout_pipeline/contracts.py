@@ -28,6 +28,30 @@ CLAIM_CHECK_BYTES: Final = 32 * 1024
 INLINE_RESULT_BYTES: Final = 64 * 1024
 
 RESERVED_ROW_KEYS: Final = frozenset({"id", "_rollout"})
+#: Field names of long-lived credentials. They never travel in rows, `_rollout`, the ledger, queues, result objects
+#: or events: the agent gets its model credential out of band (`ExperimentConfig.model_secret_name`, read by the
+#: agent at start; local mode: the agent's environment). Values under these names are redacted from anything the
+#: pipeline inlines into events (`redact_secrets`).
+SECRET_FIELDS: Final = frozenset(
+    {"api_key", "apikey", "openai_api_key", "aws_secret_access_key", "secret_access_key", "password", "client_secret"}
+)
+REDACTED: Final = "[redacted]"
+
+
+def is_secret_field(name: str) -> bool:
+    """True for a field name that holds a long-lived credential (case and `-`/`_` insensitive)."""
+    return name.lower().replace("-", "_") in SECRET_FIELDS
+
+
+def redact_secrets(value: Any) -> Any:
+    """A copy of `value` with the values of every secret field (at any depth) replaced by `REDACTED`."""
+    if isinstance(value, Mapping):
+        return {k: REDACTED if is_secret_field(str(k)) else redact_secrets(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [redact_secrets(v) for v in value]
+    return value
+
+
 #: `_rollout` keys the pipeline owns; a row may not set them.
 SYSTEM_ROLLOUT_KEYS: Final = frozenset(
     {
@@ -194,6 +218,13 @@ def parse_row(raw: str | bytes | Mapping[str, Any], position: int) -> DatasetRow
     overrides = value.get("_rollout") or {}
     if not isinstance(overrides, Mapping):
         raise RowError("invalid_rollout", f"_rollout must be an object, got {_json_type(overrides)}")
+    secrets_given = sorted(k for k in [*value.keys(), *overrides.keys()] if is_secret_field(str(k)))
+    if secrets_given:
+        raise RowError(
+            "secret_field",
+            f"rows may not carry credentials ({', '.join(secrets_given)}): they would be stored and sent in "
+            "plain text; give the agent its model key out of band (model_secret_name in the experiment config)",
+        )
     owned = sorted(SYSTEM_ROLLOUT_KEYS & overrides.keys())
     if owned:
         raise RowError("invalid_rollout", f"_rollout may not set {', '.join(owned)} (set by the pipeline)")

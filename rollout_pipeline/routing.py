@@ -6,6 +6,7 @@ Patterns are plain EventBridge event patterns (dicts), so the stack, local mode 
 from __future__ import annotations
 
 from typing import Any, Final
+from urllib.parse import unquote_plus
 
 from rollout_pipeline.contracts import EVENT_SOURCE
 
@@ -42,3 +43,9 @@ def trainer_event_pattern() -> dict[str, Any]:
 
 def is_dataset_key(key: str) -> bool:
     return key.startswith(DATASET_PREFIX) and key.endswith(DATASET_SUFFIXES) and ".errors." not in key
+
+
+def event_object_key(key: str) -> str:
+    """The object key of an S3 event's `detail.object.key`: S3 URL-encodes it (a space arrives as `+`), as AWS's own
+    Powertools assumes, so decode it with `unquote_plus`. Keys the pipeline generates survive this unchanged."""
+    return unquote_plus(key)

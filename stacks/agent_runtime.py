@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import Final
 
-from aws_cdk import Annotations, Duration
+from aws_cdk import Annotations, Arn, ArnComponents, ArnFormat, Duration, Stack
 from aws_cdk import aws_bedrockagentcore as agentcore
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from rollout_pipeline import ids
-from rollout_pipeline.config import ExperimentConfig
+from rollout_pipeline.config import MODEL_SECRET_ENV, ExperimentConfig
 
 #: ACR's DEFAULT endpoint: what InvokeAgentRuntime without a qualifier targets.
 DEFAULT_ENDPOINT: Final = ids.DEFAULT_ENDPOINT_NAME
@@ -50,6 +50,7 @@ class AgentRuntime(Construct):
                 "ROLLOUTS_RESULTS_BUCKET": results_bucket.bucket_name,
                 "MODEL_BASE_URL": config.model_base_url,
                 "MODEL_ID": config.model_id,
+                **({MODEL_SECRET_ENV: config.model_secret_name} if config.model_secret_name else {}),
             },
         )
         self.endpoint_names = [ids.endpoint_name(i) for i in range(config.endpoints)]
@@ -61,6 +62,38 @@ class AgentRuntime(Construct):
             "aws-cdk-lib.aws-bedrockagentcore:containerUriValidationSkipped",
             "The image URI comes from the deploy (an image build or asset) or is given; CloudFormation validates it.",
         )
+        # The L2 trusts `runtime/{name}*`, which also matches every runtime whose name merely starts with ours
+        # (rollouts_a* matches rollouts_ab-...). A runtime id is `{name}-{suffix}` and names have no hyphen.
+        role_resource = self.runtime.role.node.default_child
+        if isinstance(role_resource, iam.CfnRole):
+            role_resource.add_property_override(
+                "AssumeRolePolicyDocument.Statement.0.Condition.ArnLike.aws:SourceArn",
+                Arn.format(
+                    ArnComponents(
+                        service="bedrock-agentcore", resource="runtime", resource_name=f"{config.runtime_name}-*"
+                    ),
+                    Stack.of(self),
+                ),
+            )
+        if config.model_secret_name:
+            # The model credential stays out of payloads: the agent reads this one secret at start, nothing else.
+            self.runtime.add_to_role_policy(
+                iam.PolicyStatement(
+                    sid="ReadModelSecret",
+                    actions=["secretsmanager:GetSecretValue"],
+                    resources=[
+                        Arn.format(
+                            ArnComponents(
+                                service="secretsmanager",
+                                resource="secret",
+                                resource_name=f"{config.model_secret_name}-??????",
+                                arn_format=ArnFormat.COLON_RESOURCE_NAME,
+                            ),
+                            Stack.of(self),
+                        )
+                    ],
+                )
+            )
         self.runtime.add_to_role_policy(
             iam.PolicyStatement(
                 sid="WriteOwnResults",

@@ -11,7 +11,7 @@ from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_iam as iam
 from constructs import Construct
 
-from rollout_pipeline import routing
+from rollout_pipeline import access, routing
 from rollout_pipeline.config import ExperimentConfig, HandlerSettings
 from rollout_pipeline.deploy_settings import DeploySettings
 from stacks import nag
@@ -249,6 +249,24 @@ class ExperimentStack(Stack):
         self.events.bus.grant_put_events_to(completion.role)
 
         allow(sweeper, ["s3:GetObject"], [results])
+
+        # s3:ListBucket on exactly the prefixes a role must see as "gone" (404, not 403): rollout_pipeline/access.py.
+        roles = {
+            access.INGEST: ingest,
+            access.DISPATCH: dispatch,
+            access.COMPLETION: completion,
+            access.SWEEPER: sweeper,
+        }
+        buckets = {"input": input_bucket, "results": results_bucket}
+        for role_name, grants in access.LIST_GRANTS.items():
+            for grant in grants:
+                roles[role_name].role.add_to_principal_policy(
+                    iam.PolicyStatement(
+                        actions=["s3:ListBucket"],
+                        resources=[buckets[grant.bucket].bucket_arn],
+                        conditions={"StringLike": {"s3:prefix": [f"{grant.resolve(self.config.name)}*"]}},
+                    )
+                )
         self.ledger.grant_read_write(sweeper.role, query_indexes=True)
         rollout_queue.grant_send_messages(sweeper.role)
         self.agent.grant_stop_session(sweeper.role)

@@ -6,17 +6,35 @@ Nothing here reaches AWS: fake credentials, moto's `mock_aws`, and the boto3 cli
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from rollout_pipeline.adapters import clients
+from rollout_pipeline.adapters import clients, faithful
 from rollout_pipeline.config import ExperimentConfig
+from rollout_pipeline.local.moto_server import cheap_moto_transactions
 from rollout_pipeline.local.resources import ExperimentResources, create_resources
 
 REGION = "us-east-1"
+#: Suites that run under the faithful AWS profile by default (ROLLOUTS_AWS_PROFILE=moto switches it off).
+FAITHFUL_SUITES = ("integration", "e2e")
+
+
+@pytest.fixture(autouse=True)
+def aws_profile(request: pytest.FixtureRequest) -> Iterator[faithful.FaithfulProfile | None]:
+    """The faithful AWS profile (`adapters.faithful`) for every integration and e2e test, unless the test is
+    marked `plain_moto` or `ROLLOUTS_AWS_PROFILE=moto`. Yields the active profile (None: plain moto)."""
+    suite = request.node.path.parent.name
+    wanted = faithful.profile_from_env(faithful.FAITHFUL) == faithful.FAITHFUL
+    if suite not in FAITHFUL_SUITES or not wanted or request.node.get_closest_marker("plain_moto"):
+        yield None
+        return
+    seed = int(os.environ.get("ROLLOUTS_AWS_SEED", "0"))
+    with faithful.activate(faithful.FaithfulProfile(seed=seed)) as profile:
+        yield profile
 
 
 @pytest.fixture
@@ -57,6 +75,7 @@ def no_aws_credentials(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 def moto_aws(aws_env: None) -> Iterator[None]:
     from moto import mock_aws
 
+    cheap_moto_transactions()
     clients.reset()
     with mock_aws():
         yield

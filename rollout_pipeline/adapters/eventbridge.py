@@ -1,4 +1,4 @@
-"""EventBridge adapter (EventPublisher): PutEvents in batches of 10, failed entries retried."""
+"""EventBridge adapter (EventPublisher): PutEvents in batches of 10 entries and < 1 MB, failed entries retried."""
 
 from __future__ import annotations
 
@@ -12,6 +12,36 @@ from rollout_pipeline.ports import PublishError
 
 PUT_EVENTS_BATCH = 10
 PUBLISH_ATTEMPTS = 4
+#: PutEvents: "the total entry size must be less than 1MB" per call (botocore's current events model); entry size
+#: as EventBridge computes it (`entry_size`). Kept a little below the limit.
+PUT_EVENTS_MAX_BYTES = 1_000_000
+_TIME_BYTES = 14
+
+
+def entry_size(entry: dict[str, Any]) -> int:
+    """Size of one PutEvents entry as EventBridge counts it: UTF-8 bytes of Source, DetailType, Detail and each
+    resource, plus 14 for Time when set."""
+    size = _TIME_BYTES if entry.get("Time") is not None else 0
+    for name in ("Source", "DetailType", "Detail"):
+        size += len(str(entry.get(name) or "").encode())
+    return size + sum(len(str(r).encode()) for r in entry.get("Resources") or [])
+
+
+def put_events_batches(entries: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Split entries into PutEvents calls of at most 10 entries and `PUT_EVENTS_MAX_BYTES` in total, in order."""
+    batches: list[list[dict[str, Any]]] = []
+    current: list[dict[str, Any]] = []
+    size = 0
+    for entry in entries:
+        this = entry_size(entry)
+        if current and (len(current) >= PUT_EVENTS_BATCH or size + this > PUT_EVENTS_MAX_BYTES):
+            batches.append(current)
+            current, size = [], 0
+        current.append(entry)
+        size += this
+    if current:
+        batches.append(current)
+    return batches
 
 
 class EventBridgePublisher:
@@ -38,8 +68,8 @@ class EventBridgePublisher:
             }
             for d in details
         ]
-        for start in range(0, len(entries), PUT_EVENTS_BATCH):
-            self._put(entries[start : start + PUT_EVENTS_BATCH])
+        for batch in put_events_batches(entries):
+            self._put(batch)
 
     def _put(self, entries: list[dict[str, Any]]) -> None:
         pending = entries

@@ -106,4 +106,7 @@ def serve(app: AgentCoreRLApp, argv: Sequence[str] | None = None) -> None:
     """Run `app` with uvicorn on the host and port from `argv` / env (see `parse_serve_args`). Blocks."""
     args = parse_serve_args(argv)
     logger.info("serving agent on %s:%d", args.host, args.port)
+    from rollout_pipeline.agent.credentials import load_model_credential
+
+    load_model_credential()
     app.run(port=args.port, host=args.host)

@@ -66,6 +66,10 @@ INVALID_METADATA_REASON: Final = "invalid_metadata"
 MISSING_OBJECT_REASON: Final = "missing_object"
 DUPLICATE_ID_REASON: Final = "duplicate_id"
 OVERSIZED_REASON: Final = "oversized"
+#: Reason of a file rejected as a whole because it holds no row (empty, or only blank lines).
+EMPTY_FILE_REASON: Final = "empty_file"
+#: Blank lines read without a row in between before progress through them is checkpointed (and the time checked).
+BLANK_LINES_PER_CHECKPOINT: Final = 10_000
 
 Outcome = Literal["accepted", "rejected", "cancelled", "continued", "already_done", "in_progress", "ignored"]
 
@@ -146,10 +150,12 @@ def parse_ingest_message(body: Mapping[str, Any]) -> DatasetObject:
     """The dataset object of an ingest-queue body: an EventBridge S3 "Object Created" event, or a continuation
     `{"continue": {"detail": <the same S3 detail>, ...}}`."""
     detail: Any
+    encoded = False
     if CONTINUE_KEY in body:
-        detail = (body.get(CONTINUE_KEY) or {}).get("detail")
+        detail = (body.get(CONTINUE_KEY) or {}).get("detail")  # written by us: the key is already decoded
     elif body.get("source") == "aws.s3" and body.get("detail-type") == "Object Created":
         detail = body.get("detail")
+        encoded = True
     else:
         raise IngestMessageError("not an S3 Object Created event nor an ingest continuation")
     try:
@@ -158,6 +164,8 @@ def parse_ingest_message(body: Mapping[str, Any]) -> DatasetObject:
         key = str(obj["key"])
     except (KeyError, TypeError):
         raise IngestMessageError("S3 event detail lacks bucket.name or object.key") from None
+    if encoded:
+        key = routing.event_object_key(key)
     # S3's EventBridge events spell it `etag`; moto spells it `eTag`. The SDK derives the same batch id from
     # PutObject's VersionId and ETag, so both spellings must be read.
     etag = obj.get("etag") or obj.get("eTag")
@@ -317,15 +325,16 @@ class Ingestion:
         run = _Run(self, item, owner=owner, errors=log, errors_target=(obj.bucket, errors_key))
         errors_uri = f"s3://{obj.bucket}/{errors_key}"
         if attr(item, "status") == STATUS_CANCELLED:
-            return run.finish(errors_uri=errors_uri if log.total else None)
+            return run.finish(errors_uri=errors_uri)
         chunks = store.iter_bytes(obj.bucket, obj.key, obj.version_id, chunk_size=self.tuning.read_chunk_bytes)
         last_position = progress.cursor
         try:
-            for record in read_records(chunks, dataset_kind(obj.key)):
+            for record in read_records(chunks, dataset_kind(obj.key), blanks=True):
                 last_position = record.position
                 if record.position <= progress.cursor:
                     continue
-                if run.add(_parse_record(record)):
+                checkpointed = run.add_blank(record.position) if record.blank else run.add(_parse_record(record))
+                if checkpointed:
                     if run.cancelled:
                         break
                     if self._time_is_short(remaining_ms):
@@ -336,7 +345,9 @@ class Ingestion:
             if position > run.progress.cursor:  # else a resumed run: this error was recorded already
                 log.add(position, INVALID_FILE_REASON, f"file unreadable from here on: {exc}")
                 run.note_file_error(position)
-        return run.finish(errors_uri=errors_uri if log.total else None)
+        if not run.cancelled and run.has_no_rows():
+            return run.reject_empty(obj, errors_uri)
+        return run.finish(errors_uri=errors_uri)
 
     def send_rollouts(self, bodies: list[str]) -> None:
         """Send rollout messages, split over up to `send_concurrency` threads; raise if any slice failed."""
@@ -389,6 +400,9 @@ class _Run:
         self.progress = IngestProgress.of(item)
         self.start = self.progress
         self.pending: list[DatasetRow | tuple[int, RowError]] = []
+        #: Blank lines read since the last checkpoint, and the position of the last one.
+        self.blanks = 0
+        self.blank_cursor = 0
         self.cancelled = attr(item, "status") == STATUS_CANCELLED
 
     def add(self, parsed: DatasetRow | tuple[int, RowError]) -> bool:
@@ -399,14 +413,32 @@ class _Run:
             return True
         return False
 
+    def add_blank(self, position: int) -> bool:
+        """Count one blank line; checkpoint after many in a row (so a file of blank lines still makes progress
+        that survives a redelivery, and the time budget is checked). True when a checkpoint was just taken."""
+        self.blanks += 1
+        self.blank_cursor = position
+        if self.blanks >= BLANK_LINES_PER_CHECKPOINT:
+            self.flush()
+            return True
+        return False
+
+    def has_no_rows(self) -> bool:
+        """True when the whole file (this run and earlier ones) held no record at all."""
+        progress = self.progress
+        return not self.pending and progress.rows_accepted == 0 and progress.rows_rejected == 0
+
     def flush(self) -> None:
         """Write the buffered rows (groups, claims, messages), then checkpoint."""
-        if not self.pending:
+        if not self.pending and not self.blanks:
             return
         chunk, self.pending = self.pending, []
-        accepted_rows, rejected_rows, enqueued = self._write_chunk(chunk)
-        last = chunk[-1]
-        cursor = last.position if isinstance(last, DatasetRow) else last[0]
+        accepted_rows, rejected_rows, enqueued = self._write_chunk(chunk) if chunk else (0, 0, 0)
+        cursor = self.blank_cursor
+        if chunk:
+            last = chunk[-1]
+            cursor = max(cursor, last.position if isinstance(last, DatasetRow) else last[0])
+        self.blanks = 0
         self._checkpoint(
             IngestProgress(
                 cursor=cursor,
@@ -527,10 +559,29 @@ class _Run:
         logger.info("batch %s: time is short, continuing after line %s", self.batch_id, self.progress.cursor)
         return self._result("continued")
 
+    def reject_empty(self, obj: DatasetObject, errors_uri: str) -> IngestResult:
+        """Reject a file without any row as a whole: errors object, batch `rejected`, events published."""
+        message = "file rejected: it holds no rows (it is empty or has only blank lines)"
+        self.errors.add(None, EMPTY_FILE_REASON, message)
+        if self.errors_target is not None:
+            bucket, key = self.errors_target
+            self.ports.store.put_bytes(bucket, key, self.errors.render(final=True), content_type=NDJSON)
+        item = self.ports.ledger.reject_ingesting(
+            self.batch_id, owner=self.owner, previous_cursor=self.progress.cursor, error=message, errors_uri=errors_uri
+        )
+        logger.warning("batch %s (%s): %s", self.batch_id, obj.source, message)
+        result = self._result("rejected")
+        result.published = self.ingestion.publish_batch_events(item)
+        return result
+
     def finish(self, *, errors_uri: str | None) -> IngestResult:
-        """Flush, write the final errors object, mark the batch accepted (or keep it cancelled), publish."""
+        """Flush, write the final errors object, mark the batch accepted (or keep it cancelled), publish.
+
+        `errors_uri` is recorded only when the errors log has entries after the last flush."""
         if not self.cancelled:
             self.flush()
+        if not self.errors.total:
+            errors_uri = None
         if self.errors_target is not None and (self.errors.dirty or self.errors.total > self.errors.listed):
             bucket, key = self.errors_target
             self.ports.store.put_bytes(bucket, key, self.errors.render(final=True), content_type=NDJSON)

@@ -46,6 +46,8 @@ class RawRecord:
     position: int
     text: bytes | str
     oversized_bytes: int = 0
+    #: A blank line (yielded only with `blanks=True`): no record, but progress through the file.
+    blank: bool = False
 
     @property
     def oversized(self) -> bool:
@@ -64,13 +66,14 @@ def dataset_kind(key: str) -> DatasetKind:
 
 
 def read_records(
-    chunks: Iterable[bytes], kind: DatasetKind, *, max_record_bytes: int = MAX_ROW_BYTES
+    chunks: Iterable[bytes], kind: DatasetKind, *, max_record_bytes: int = MAX_ROW_BYTES, blanks: bool = False
 ) -> Iterator[RawRecord]:
-    """Yield the records of a dataset file given as byte chunks. Blank lines are skipped (not records)."""
+    """Yield the records of a dataset file given as byte chunks. Blank lines are not records: skipped, or with
+    `blanks=True` yielded as `RawRecord(blank=True)` so a reader can count progress through them."""
     if kind == "jsonl":
-        return iter_lines(chunks, max_record_bytes=max_record_bytes)
+        return iter_lines(chunks, max_record_bytes=max_record_bytes, blanks=blanks)
     if kind == "jsonl.gz":
-        return iter_lines(gunzip(chunks), max_record_bytes=max_record_bytes)
+        return iter_lines(gunzip(chunks), max_record_bytes=max_record_bytes, blanks=blanks)
     return iter_json_array(chunks, max_record_bytes=max_record_bytes)
 
 
@@ -102,8 +105,11 @@ def gunzip(chunks: Iterable[bytes]) -> Iterator[bytes]:
         raise DatasetFormatError("gzip stream is truncated: the file ends before the compressed data does")
 
 
-def iter_lines(chunks: Iterable[bytes], *, max_record_bytes: int = MAX_ROW_BYTES) -> Iterator[RawRecord]:
-    """Split bytes into lines (LF or CRLF); yield non-blank lines with their 1-based line numbers."""
+def iter_lines(
+    chunks: Iterable[bytes], *, max_record_bytes: int = MAX_ROW_BYTES, blanks: bool = False
+) -> Iterator[RawRecord]:
+    """Split bytes into lines (LF or CRLF); yield non-blank lines with their 1-based line numbers (and blank ones
+    as `blank` records when `blanks`)."""
     carry = b""
     line_no = 0
     skipping = 0  # > 0 while discarding the rest of an oversized line: its size so far
@@ -125,6 +131,8 @@ def iter_lines(chunks: Iterable[bytes], *, max_record_bytes: int = MAX_ROW_BYTES
                 record = _line_record(line_no, line, max_record_bytes)
                 if record is not None:
                     yield record
+                elif blanks:
+                    yield RawRecord(line_no, b"", blank=True)
             start = newline + 1
         rest = chunk[start:]
         if skipping:
@@ -140,6 +148,8 @@ def iter_lines(chunks: Iterable[bytes], *, max_record_bytes: int = MAX_ROW_BYTES
         record = _line_record(line_no + 1, carry, max_record_bytes)
         if record is not None:
             yield record
+        elif blanks:
+            yield RawRecord(line_no + 1, b"", blank=True)
 
 
 def _line_record(line_no: int, line: bytes, max_record_bytes: int) -> RawRecord | None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from decimal import Decimal
+from decimal import Context, Decimal
 from typing import Any, Final
 
 #: The type tags of a DynamoDB AttributeValue.
@@ -11,7 +11,7 @@ TYPE_TAGS: Final = frozenset({"S", "N", "B", "BOOL", "NULL", "M", "L", "SS", "NS
 
 
 def to_attribute_value(value: Any) -> dict[str, Any]:
-    """A plain value as an AttributeValue (sets become string sets; floats keep their repr)."""
+    """A plain value as an AttributeValue (sets become string sets; numbers as `number_text`)."""
     if value is None:
         return {"NULL": True}
     if isinstance(value, bool):
@@ -29,10 +29,31 @@ def to_attribute_value(value: Any) -> dict[str, Any]:
     raise TypeError(f"cannot store {type(value).__name__} in the ledger")
 
 
+#: DynamoDB numbers: at most 38 significant digits, magnitude between 1E-130 and 9.99...E+125.
+NUMBER_DIGITS: Final = 38
+_NUMBER_CONTEXT: Final = Context(prec=NUMBER_DIGITS)
+_MIN_MAGNITUDE: Final = Decimal("1E-130")
+_MAX_MAGNITUDE: Final = Decimal("1E+126")
+
+
+def number_text(value: float | int | Decimal) -> str:
+    """A number as DynamoDB's `N` text in positional notation (never `1e-06`: moto and DynamoDB Local reject
+    exponents in some expressions), rounded to 38 significant digits; magnitudes below 1E-130 become 0.
+    Raises ValueError for NaN, infinities and magnitudes DynamoDB cannot store."""
+    number = Decimal(repr(value)) if isinstance(value, float) else Decimal(value)
+    if not number.is_finite():
+        raise ValueError(f"{value!r} is not a finite number")
+    if number == 0 or abs(number) < _MIN_MAGNITUDE:
+        return "0"
+    if abs(number) >= _MAX_MAGNITUDE:
+        raise ValueError(f"{value!r} is beyond DynamoDB's number range (1E+126)")
+    return format(number.normalize(_NUMBER_CONTEXT), "f")
+
+
 def _num(value: float | int | Decimal) -> str:
-    if isinstance(value, float):
-        return repr(value)
-    return str(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    return number_text(value)
 
 
 def from_attribute_value(av: Mapping[str, Any]) -> Any:

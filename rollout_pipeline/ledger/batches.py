@@ -35,6 +35,12 @@ from rollout_pipeline.contracts import (
 )
 from rollout_pipeline.ledger import keys
 from rollout_pipeline.ledger.attributes import TYPE_TAGS, from_attribute_value
+from rollout_pipeline.ledger.retry import (
+    TRANSACTION_CONFLICT_ATTEMPTS,
+    backoff_s,
+    note_transaction_retry,
+    retry_conflicts,
+)
 
 STATUS_INGESTING: Final = "ingesting"
 STATUS_ACCEPTED: Final = "accepted"
@@ -45,7 +51,7 @@ STATUS_CANCELLED: Final = "cancelled"
 TRANSACTION_MAX_ITEMS: Final = 100
 TRANSACTION_MAX_BYTES: Final = 3_500_000
 _TRANSIENT_CANCEL_CODES: Final = frozenset({"TransactionConflict", "ThrottlingError", "ProvisionedThroughputExceeded"})
-_TRANSACTION_ATTEMPTS: Final = 8
+_TRANSACTION_ATTEMPTS: Final = TRANSACTION_CONFLICT_ATTEMPTS
 
 #: Expression attribute names used by the updates below (several are DynamoDB reserved words).
 _NAMES: Final = {
@@ -299,7 +305,9 @@ class BatchLedger:
 
     def _put_new(self, item: dict[str, Any]) -> bool:
         try:
-            self.ddb.put_item(TableName=self.table_name, Item=item, ConditionExpression="attribute_not_exists(pk)")
+            retry_conflicts(
+                self.ddb.put_item, TableName=self.table_name, Item=item, ConditionExpression="attribute_not_exists(pk)"
+            )
         except self.ddb.exceptions.ConditionalCheckFailedException:
             return False
         return True
@@ -312,7 +320,8 @@ class BatchLedger:
         """
         now = self._epoch()
         try:
-            resp = self.ddb.update_item(
+            resp = retry_conflicts(
+                self.ddb.update_item,
                 TableName=self.table_name,
                 Key=keys.batch_key(batch_id),
                 UpdateExpression="SET #owner = :me, #lease = :until",
@@ -355,7 +364,8 @@ class BatchLedger:
         values.update({":me": _s(owner), ":prev": _n(previous_cursor)})
         values[":until"] = _n(0 if release else self._epoch() + lease_seconds)
         try:
-            resp = self.ddb.update_item(
+            resp = retry_conflicts(
+                self.ddb.update_item,
                 TableName=self.table_name,
                 Key=keys.batch_key(batch_id),
                 UpdateExpression=_PROGRESS_SET + ", #lease = :until",
@@ -402,7 +412,8 @@ class BatchLedger:
         names = {k: _NAMES[k] for k in ("#cursor", "#owner", "#lease", "#status")}
         for status_now, status_after in ((STATUS_INGESTING, STATUS_ACCEPTED), (STATUS_CANCELLED, STATUS_CANCELLED)):
             try:
-                resp = self.ddb.update_item(
+                resp = retry_conflicts(
+                    self.ddb.update_item,
                     TableName=self.table_name,
                     Key=keys.batch_key(batch_id),
                     UpdateExpression=update + ", #status = :after REMOVE #owner, #lease",
@@ -417,9 +428,51 @@ class BatchLedger:
             return item
         raise LedgerConflict(f"batch {batch_id}: cannot finish ingestion (lease lost, cursor moved or finished)")
 
+    def reject_ingesting(
+        self, batch_id: str, *, owner: str, previous_cursor: int, error: str, errors_uri: str | None
+    ) -> dict[str, Any]:
+        """End an ingestion that found no row: status `rejected` with `error`, zero rollouts, complete at once.
+
+        Conditional on our lease and cursor, like `finish_ingest`. Raises `LedgerConflict` if we lost the lease."""
+        now = _s(iso(self._now()))
+        values: dict[str, Any] = {
+            ":me": _s(owner),
+            ":prev": _n(previous_cursor),
+            ":ingesting": _s(STATUS_INGESTING),
+            ":rejected": _s(STATUS_REJECTED),
+            ":error": _s(error),
+            ":zero": _n(0),
+            ":at": now,
+        }
+        update = "SET #status = :rejected, #err = :error, rollouts_total = :zero, accepted_at = :at, completed_at = :at"
+        if errors_uri:
+            update += ", errors_uri = :errors"
+            values[":errors"] = _s(errors_uri)
+        try:
+            resp = retry_conflicts(
+                self.ddb.update_item,
+                TableName=self.table_name,
+                Key=keys.batch_key(batch_id),
+                UpdateExpression=update + " REMOVE #owner, #lease",
+                ConditionExpression="#owner = :me AND #cursor = :prev AND #status = :ingesting",
+                ExpressionAttributeNames={
+                    **{k: _NAMES[k] for k in ("#cursor", "#owner", "#lease", "#status")},
+                    "#err": "error",
+                },
+                ExpressionAttributeValues=values,
+                ReturnValues="ALL_NEW",
+            )
+        except self.ddb.exceptions.ConditionalCheckFailedException:
+            raise LedgerConflict(
+                f"batch {batch_id}: cannot reject (lease lost, cursor moved or not ingesting)"
+            ) from None
+        item: dict[str, Any] = resp["Attributes"]
+        return item
+
     def mark_completed(self, batch_id: str) -> dict[str, Any]:
         """Stamp `completed_at` once (first writer wins) and return the item; used before `Batch Completed`."""
-        resp = self.ddb.update_item(
+        resp = retry_conflicts(
+            self.ddb.update_item,
             TableName=self.table_name,
             Key=keys.batch_key(batch_id),
             UpdateExpression="SET completed_at = if_not_exists(completed_at, :at)",
@@ -491,7 +544,8 @@ class BatchLedger:
         size = 0
         for group in groups:
             item = self.group_item(exp_id=exp_id, batch_id=batch_id, group=group)
-            item_size = len(group.payload_json or "") + len(group.overrides_json) + 512
+            # DynamoDB counts UTF-8 bytes (a non-ASCII character is 2-4 of them), not characters.
+            item_size = len((group.payload_json or "").encode()) + len(group.overrides_json.encode()) + 512
             if chunk and (len(chunk) >= TRANSACTION_MAX_ITEMS or size + item_size > TRANSACTION_MAX_BYTES):
                 yield chunk
                 chunk, size = [], 0
@@ -533,7 +587,8 @@ class BatchLedger:
                     continue
                 codes = {str(reason.get("Code")) for reason in reasons} - {"None"}
                 if codes and codes <= _TRANSIENT_CANCEL_CODES:
-                    self._sleep(min(0.05 * 2**attempt, 1.0))
+                    note_transaction_retry()
+                    self._sleep(backoff_s(attempt))
                     continue
                 raise
             result.created.extend(group for group, _ in pending)

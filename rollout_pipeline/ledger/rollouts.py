@@ -19,6 +19,12 @@ from typing import Any, Final
 from rollout_pipeline.adapters.clients import client
 from rollout_pipeline.ledger import keys
 from rollout_pipeline.ledger.attributes import from_attribute_value, to_attribute_value
+from rollout_pipeline.ledger.retry import (
+    TRANSACTION_CONFLICT_ATTEMPTS,
+    backoff_s,
+    note_transaction_retry,
+    retry_conflicts,
+)
 
 QUEUED: Final = "queued"
 DISPATCHED: Final = "dispatched"
@@ -36,7 +42,7 @@ OUTBOX_ENQUEUE: Final = "enqueue"
 OUTBOX_LEASE_S: Final = 60
 
 #: How many times a transaction is retried after a `TransactionConflict` (hot counter items) before giving up.
-CONFLICT_RETRIES: Final = 8
+CONFLICT_RETRIES: Final = TRANSACTION_CONFLICT_ATTEMPTS
 
 
 class LedgerError(RuntimeError):
@@ -314,7 +320,8 @@ class RolloutLedger:
                 pass
             else:
                 return None
-            time.sleep(0.02 * (attempt + 1) + secrets.randbelow(50) / 1000)
+            note_transaction_retry()
+            time.sleep(backoff_s(attempt))
         raise LedgerError(f"transaction kept conflicting after {CONFLICT_RETRIES} attempts")
 
     def _update(
@@ -449,14 +456,15 @@ class RolloutLedger:
     def mark_invoked(self, batch_id: str, input_id: str, index: int, attempt: int, now_iso: str) -> bool:
         """Record that InvokeAgentRuntime succeeded; False if the attempt is no longer dispatched (cancel/late)."""
         try:
-            self.ddb.update_item(
+            retry_conflicts(
+                self.ddb.update_item,
                 **self._update(
                     keys.rollout_key(batch_id, input_id, index),
                     "SET invoked_at = :now",
                     "#st = :dispatched AND attempt = :attempt",
                     {":now": now_iso, ":dispatched": DISPATCHED, ":attempt": attempt},
                     {"#st": "state"},
-                )
+                ),
             )
         except self.ddb.exceptions.ConditionalCheckFailedException:
             return False
@@ -727,14 +735,15 @@ class RolloutLedger:
         if rec.outbox_id is None:
             return True
         try:
-            self.ddb.update_item(
+            retry_conflicts(
+                self.ddb.update_item,
                 **self._update(
                     keys.rollout_key(rec.batch_id, rec.input_id, rec.index),
                     "REMOVE outbox, outbox_id, outbox_lease, stop_sessions, stop_tries, stop_not_found, #obpk, #obsk",
                     "outbox_id = :obid",
                     {":obid": rec.outbox_id},
                     {"#obpk": keys.OUTBOX_PK, "#obsk": keys.OUTBOX_SK},
-                )
+                ),
             )
         except self.ddb.exceptions.ConditionalCheckFailedException:
             return False
@@ -745,13 +754,14 @@ class RolloutLedger:
         if rec.outbox_id is None:
             return False
         try:
-            self.ddb.update_item(
+            retry_conflicts(
+                self.ddb.update_item,
                 **self._update(
                     keys.rollout_key(rec.batch_id, rec.input_id, rec.index),
                     "SET outbox_lease = :until",
                     "outbox_id = :obid AND (attribute_not_exists(outbox_lease) OR outbox_lease < :now)",
                     {":obid": rec.outbox_id, ":until": now_epoch + lease_s, ":now": now_epoch},
-                )
+                ),
             )
         except self.ddb.exceptions.ConditionalCheckFailedException:
             return False
@@ -762,13 +772,14 @@ class RolloutLedger:
         if rec.outbox_id is None:
             return
         try:
-            self.ddb.update_item(
+            retry_conflicts(
+                self.ddb.update_item,
                 **self._update(
                     keys.rollout_key(rec.batch_id, rec.input_id, rec.index),
                     "REMOVE outbox_lease",
                     "outbox_id = :obid",
                     {":obid": rec.outbox_id},
-                )
+                ),
             )
         except self.ddb.exceptions.ConditionalCheckFailedException:
             return
@@ -778,14 +789,15 @@ class RolloutLedger:
     def set_batch_cancelled(self, batch_id: str, now_iso: str) -> bool:
         """Mark the batch cancelled (idempotent); False if the batch does not exist or was rejected as a whole."""
         try:
-            self.ddb.update_item(
+            retry_conflicts(
+                self.ddb.update_item,
                 **self._update(
                     keys.batch_key(batch_id),
                     "SET #status = :cancelled, cancelled_at = if_not_exists(cancelled_at, :now)",
                     "attribute_exists(pk) AND #status <> :rejected",
                     {":cancelled": "cancelled", ":now": now_iso, ":rejected": "rejected"},
                     {"#status": "status"},
-                )
+                ),
             )
         except self.ddb.exceptions.ConditionalCheckFailedException:
             return False
@@ -796,13 +808,14 @@ class RolloutLedger:
         outbox retried), gets True. The claimer's outbox entry stays until its publish succeeded, so the event is
         not lost; concurrent last rollouts do not both publish it."""
         try:
-            self.ddb.update_item(
+            retry_conflicts(
+                self.ddb.update_item,
                 **self._update(
                     keys.group_key(batch_id, input_id),
                     "SET completed_event_by = :me",
                     "attribute_exists(pk) AND (attribute_not_exists(completed_event_by) OR completed_event_by = :me)",
                     {":me": claimant},
-                )
+                ),
             )
         except self.ddb.exceptions.ConditionalCheckFailedException:
             return False
@@ -812,7 +825,8 @@ class RolloutLedger:
         """Like `claim_group_event` for `Batch Completed`; also stamps `completed_at` once. Returns the batch item
         (typed) when `claimant` may publish, else None."""
         try:
-            resp = self.ddb.update_item(
+            resp = retry_conflicts(
+                self.ddb.update_item,
                 **self._update(
                     keys.batch_key(batch_id),
                     "SET completed_at = if_not_exists(completed_at, :now), completed_event_by = :me",

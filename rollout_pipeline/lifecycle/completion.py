@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from rollout_pipeline import ids
+from rollout_pipeline import ids, routing
 from rollout_pipeline.contracts import FailureReason, ResultOutcome, iso, parse_iso, parse_result
 from rollout_pipeline.ledger.rollouts import (
     DISPATCHED,
@@ -115,7 +115,7 @@ def _location(event: Mapping[str, Any]) -> tuple[str, str] | None:
         bucket = (detail.get("bucket") or {}).get("name")
         key = (detail.get("object") or {}).get("key")
         if isinstance(bucket, str) and isinstance(key, str):
-            return bucket, key
+            return bucket, routing.event_object_key(key)
     return None
 
 

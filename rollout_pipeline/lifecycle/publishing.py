@@ -28,6 +28,7 @@ from rollout_pipeline.contracts import (
     Timings,
     iso,
     parse_iso,
+    redact_secrets,
 )
 from rollout_pipeline.ledger.batches import batch_completion_detail, batch_options, group_completion_detail
 from rollout_pipeline.ledger.rollouts import (
@@ -133,6 +134,14 @@ def retry_message(rec: RolloutRecord, deps: LifecycleDeps) -> RolloutMessage:
 
 
 def _inline_result(rec: RolloutRecord, deps: LifecycleDeps, result: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The result object to inline into `Rollout Completed`, secret fields redacted (`contracts.redact_secrets`)."""
+    found = _read_inline_result(rec, deps, result)
+    return None if found is None else redact_secrets(found)
+
+
+def _read_inline_result(
+    rec: RolloutRecord, deps: LifecycleDeps, result: dict[str, Any] | None
+) -> dict[str, Any] | None:
     if rec.result_size is None or rec.result_size > INLINE_RESULT_BYTES or not rec.result_uri:
         return None
     if result is not None:

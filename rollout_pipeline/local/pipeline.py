@@ -23,7 +23,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from rollout_pipeline.adapters import clients
+from rollout_pipeline.adapters import clients, faithful
+from rollout_pipeline.agent.credentials import API_KEY_ENV
 from rollout_pipeline.config import ExperimentConfig, SamplingParams
 from rollout_pipeline.local.lambda_runtime import QueueConsumer, Schedule
 from rollout_pipeline.local.model_server import MODEL_ID, LocalModelServer
@@ -55,6 +56,13 @@ class LocalSettings:
     isolation: str = "process"
     warm_processes: int = 2
     agent_env: dict[str, str] = field(default_factory=dict)
+    #: The model API key, given to the agent processes through their environment (`OPENAI_API_KEY`), never in
+    #: payloads; the deployed stack reads it from Secrets Manager instead (`model_secret_name`).
+    model_api_key: str | None = None
+    #: "faithful": moto answers like real AWS where it differs (adapters/faithful.py); "moto": plain moto.
+    aws_profile: str = field(default_factory=faithful.profile_from_env)
+    #: Seed of the faithful profile's random choices (hot-item conflicts), so a run reproduces.
+    aws_profile_seed: int = 0
     dispatch_concurrency: int = 2
     sweep_interval_s: float = 10.0
     work_dir: Path | None = None
@@ -106,6 +114,8 @@ class LocalPipeline:
     def _start(self) -> None:
         stack = self._stack
         started = time.monotonic()
+        if self.settings.aws_profile == faithful.FAITHFUL:
+            stack.enter_context(faithful.activate(faithful.FaithfulProfile(seed=self.settings.aws_profile_seed)))
         self.endpoint_url = stack.enter_context(moto_server())
         aws_env = local_aws_environ(self.endpoint_url, REGION)
         stack.enter_context(patched_environ(aws_env))
@@ -149,7 +159,11 @@ class LocalPipeline:
 
         runtime = LocalAgentRuntime(
             self.settings.agent_module,
-            env={**aws_env, **self.settings.agent_env},
+            env={
+                **aws_env,
+                **self.settings.agent_env,
+                **({API_KEY_ENV: self.settings.model_api_key} if self.settings.model_api_key else {}),
+            },
             # One more process than the experiment's session limit: the ledger's limit is the binding one.
             max_sessions=self.settings.max_sessions + 1,
             warm_processes=self.settings.warm_processes,

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rollout_pipeline import routing
+from rollout_pipeline.adapters import faithful
 from rollout_pipeline.config import ExperimentConfig, HandlerSettings
 from rollout_pipeline.ledger.schema import create_table_kwargs
 
@@ -90,6 +91,8 @@ def create_resources(config: ExperimentConfig, *, region: str, client: Any) -> E
             Bucket=bucket, NotificationConfiguration={"EventBridgeConfiguration": {}}
         )
     s3.put_bucket_versioning(Bucket=input_bucket, VersioningConfiguration={"Status": "Enabled"})
+
+    faithful.note_buckets(config.name, input_bucket=input_bucket, results_bucket=results_bucket)
 
     table_name = f"{base}-ledger"
     with contextlib.suppress(ddb.exceptions.ResourceInUseException):

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from rollout_pipeline import access
 from tests.infra.conftest import EXPERIMENT, Synthesized
 
 Statement = dict[str, Any]
@@ -93,7 +94,7 @@ def test_ingest_s3_access_is_limited_to_datasets_and_claims(synth: Synthesized) 
     role = synth.stack.functions["ingest"].role
     bucket = synth.logical_id(synth.stack.storage.input_bucket)
     s3_actions = {a for a in actions_of(synth, role) if a.startswith("s3:")}
-    assert s3_actions == {"s3:GetObject", "s3:GetObjectVersion", "s3:PutObject"}
+    assert s3_actions == {"s3:GetObject", "s3:GetObjectVersion", "s3:PutObject", "s3:ListBucket"}
     assert resources_for(synth, role, "s3:GetObject") == [join(getatt(bucket), "/datasets/*")]
     assert unordered(resources_for(synth, role, "s3:PutObject")) == unordered(
         [join(getatt(bucket), "/datasets/*"), join(getatt(bucket), "/claims/*")]
@@ -104,7 +105,7 @@ def test_dispatch_reads_claims_and_own_results_only(synth: Synthesized) -> None:
     role = synth.stack.functions["dispatch"].role
     input_bucket = synth.logical_id(synth.stack.storage.input_bucket)
     results_bucket = synth.logical_id(synth.stack.storage.results_bucket)
-    assert {a for a in actions_of(synth, role) if a.startswith("s3:")} == {"s3:GetObject"}
+    assert {a for a in actions_of(synth, role) if a.startswith("s3:")} == {"s3:GetObject", "s3:ListBucket"}
     assert unordered(resources_for(synth, role, "s3:GetObject")) == unordered(
         [join(getatt(input_bucket), "/claims/*"), join(getatt(results_bucket), f"/{EXPERIMENT}/*")]
     )
@@ -114,8 +115,31 @@ def test_dispatch_reads_claims_and_own_results_only(synth: Synthesized) -> None:
 def test_completion_and_sweeper_read_this_experiments_results_only(synth: Synthesized, name: str) -> None:
     role = synth.stack.functions[name].role
     bucket = synth.logical_id(synth.stack.storage.results_bucket)
-    assert {a for a in actions_of(synth, role) if a.startswith("s3:")} == {"s3:GetObject"}
+    assert {a for a in actions_of(synth, role) if a.startswith("s3:")} == {"s3:GetObject", "s3:ListBucket"}
     assert resources_for(synth, role, "s3:GetObject") == [join(getatt(bucket), f"/{EXPERIMENT}/*")]
+
+
+@pytest.mark.parametrize("name", FUNCTIONS)
+def test_list_bucket_only_where_a_true_404_is_needed_and_only_under_its_prefix(synth: Synthesized, name: str) -> None:
+    """The faithful profile answers 403 for a missing key to any role without these grants
+    (rollout_pipeline/access.py), so a test fails if the stack stops granting them."""
+    buckets = {"input": synth.stack.storage.input_bucket, "results": synth.stack.storage.results_bucket}
+    listing = [s for s in statements(synth, synth.stack.functions[name].role) if "s3:ListBucket" in s["Action"]]
+    expected = access.LIST_GRANTS[name]
+    assert len(listing) == len(expected)
+    for statement, grant in zip(listing, expected, strict=True):
+        assert statement["Action"] == ["s3:ListBucket"]
+        assert statement["Resource"] == [getatt(synth.logical_id(buckets[grant.bucket]))]
+        assert statement["Condition"] == {"StringLike": {"s3:prefix": [f"{grant.resolve(EXPERIMENT)}*"]}}
+
+
+def test_list_grants_match_the_prefixes_the_handlers_read() -> None:
+    assert {
+        "ingest": (access.ListGrant("input", "datasets/"),),
+        "dispatch": (access.ListGrant("input", "claims/"),),
+        "completion": (access.ListGrant("results", "{exp}/"),),
+        "sweeper": (access.ListGrant("results", "{exp}/"),),
+    } == access.LIST_GRANTS
 
 
 def test_only_dispatch_invokes_the_runtime(synth: Synthesized) -> None:
@@ -172,6 +196,9 @@ def test_agent_role_trusts_only_agentcore_for_this_runtime(synth: Synthesized) -
     (statement,) = role["AssumeRolePolicyDocument"]["Statement"]
     assert statement["Principal"] == {"Service": "bedrock-agentcore.amazonaws.com"}
     assert "aws:SourceAccount" in statement["Condition"]["StringEquals"]
+    # runtime/{name}-*: a runtime whose name only starts with ours (rollouts_a vs rollouts_ab) cannot assume it.
+    source_arn = json.dumps(statement["Condition"]["ArnLike"]["aws:SourceArn"])
+    assert f":runtime/{synth.stack.config.runtime_name}-*" in source_arn
 
 
 def test_no_bucket_or_queue_is_shared_with_another_account(synth: Synthesized) -> None:
@@ -180,3 +207,22 @@ def test_no_bucket_or_queue_is_shared_with_another_account(synth: Synthesized) -
             for statement in policy["Properties"]["PolicyDocument"]["Statement"]:
                 if statement["Effect"] == "Allow":
                     assert "AWS" not in statement["Principal"], statement
+
+
+def test_the_agent_may_read_only_its_model_secret(tmp_path: Any) -> None:
+    from tests.infra.conftest import synthesize
+
+    synth = synthesize(tmp_path, model_secret_name="rollouts/model-key")
+    role = synth.stack.agent.runtime.role
+    reads = [s for s in statements(synth, role) if "secretsmanager:GetSecretValue" in s["Action"]]
+    assert len(reads) == 1
+    assert reads[0]["Action"] == ["secretsmanager:GetSecretValue"]
+    assert "secret:rollouts/model-key-??????" in json.dumps(reads[0]["Resource"])
+    runtime = synth.resources[synth.logical_id(synth.stack.agent.runtime)]["Properties"]
+    assert runtime["EnvironmentVariables"]["ROLLOUTS_MODEL_SECRET"] == "rollouts/model-key"
+    for name in FUNCTIONS:
+        assert not [a for a in actions_of(synth, synth.stack.functions[name].role) if a.startswith("secretsmanager")]
+
+
+def test_no_secret_is_readable_without_model_secret_name(synth: Synthesized) -> None:
+    assert not [a for a in actions_of(synth, synth.stack.agent.runtime.role) if a.startswith("secretsmanager")]

@@ -1,0 +1,132 @@
+"""Local mode under the faithful AWS profile with the fake ACR: throughput as the ledger fills, and big runs.
+
+What runs: `LocalPipeline` (moto server, the Lambda handlers as queue consumers, the sweeper) with
+`aws_profile="faithful"` and the fake ACR (no model, no agent processes). The ledger is padded with inert items
+of another batch partition up to each `--ledger-sizes` value, then a batch of `--rows` x `--group-size` rollouts
+is uploaded as a file and timed from upload to `Batch Completed`. Printed per size: rollouts/s, and at the end
+lost / dead-lettered counts, conflict retries per 1,000 rollouts and the busiest ledger items' write rates.
+
+Usage: python bench/bench_local.py [--ledger-sizes 1000,10000,50000] [--rows 100] [--group-size 4]
+       python bench/bench_local.py --ledger-sizes 0 --rows 100000 --group-size 1   # a 100k-row ingest
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+MAX_ROWS = 200_000
+
+
+def pad_ledger(table: str, current: int, target: int) -> int:
+    """Write inert items until the table holds about `target` items; return the new count."""
+    from rollout_pipeline.adapters import clients
+
+    ddb = clients.client("dynamodb")
+    while current < target:
+        n = min(25, target - current)
+        requests = [
+            {"PutRequest": {"Item": {"pk": {"S": "B#padding"}, "sk": {"S": f"R#pad#{current + i}"}, "x": {"N": "1"}}}}
+            for i in range(n)
+        ]
+        ddb.batch_write_item(RequestItems={table: requests})
+        current += n
+    return current
+
+
+def run_batch(pipeline: Any, rows: int, group_size: int, timeout_s: float, tag: str) -> tuple[float, dict[str, Any]]:
+    """Upload one dataset and wait for its `Batch Completed`; return (seconds, its detail)."""
+    from rollout_pipeline.contracts import DetailType
+
+    path = Path(tempfile.mkdtemp()) / f"bench-{tag}.jsonl"
+    path.write_text("".join(json.dumps({"id": f"{tag}-{i}", "q": i}) + "\n" for i in range(rows)))
+    started = time.monotonic()
+    batch_id = pipeline.experiment.submit_file(path, group_size=group_size)
+    for event in pipeline.experiment.events(batch_id=batch_id, timeout=timeout_s):
+        if event.detail_type is DetailType.BATCH_COMPLETED:
+            return time.monotonic() - started, event.detail.model_dump(mode="json")
+    raise TimeoutError(f"batch {batch_id} did not complete within {timeout_s} s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ledger-sizes", default="1000,10000,50000")
+    parser.add_argument("--rows", type=int, default=100)
+    parser.add_argument("--group-size", type=int, default=4)
+    parser.add_argument("--max-sessions", type=int, default=50)
+    parser.add_argument("--tps", type=int, default=200)
+    parser.add_argument("--timeout", type=float, default=1800.0)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    if not 1 <= args.rows * args.group_size <= MAX_ROWS:
+        parser.error(f"rows x group size must be within 1..{MAX_ROWS}")
+    sizes = [int(s) for s in args.ledger_sizes.split(",") if s.strip()]
+
+    from rollout_pipeline.adapters import faithful
+    from rollout_pipeline.adapters.fake_acr import AgentBehaviour, FakeAgentRuntime
+    from rollout_pipeline.ledger import retry
+    from rollout_pipeline.local.pipeline import LocalPipeline, LocalSettings
+
+    settings = LocalSettings(
+        experiment="bench-local",
+        group_size=args.group_size,
+        tps_limit=args.tps,
+        max_sessions=args.max_sessions,
+        model_url="http://127.0.0.1:9/v1",
+        runtime_factory=lambda _resources: FakeAgentRuntime(behaviour=AgentBehaviour(rewards=1.0)),
+        aws_profile=faithful.FAITHFUL,
+        aws_profile_seed=args.seed,
+        dispatch_concurrency=4,
+        sweep_interval_s=5.0,
+    )
+    failures = 0
+    total_rollouts = 0
+    total_s = 0.0
+    with LocalPipeline(settings) as pipeline:
+        assert pipeline.resources is not None
+        table = pipeline.resources.table_name
+        items = 0
+        print(f"local mode, faithful profile, fake ACR: {args.rows} rows x {args.group_size} per batch", flush=True)
+        for index, size in enumerate(sizes):
+            items = pad_ledger(table, items, size)
+            seconds, done = run_batch(pipeline, args.rows, args.group_size, args.timeout, f"s{index}")
+            n = done["rollouts_total"]
+            lost = n - done["succeeded"] - done["failed"]
+            failures += int(lost != 0 or done["failed"] != 0 or n != args.rows * args.group_size)
+            total_rollouts += n
+            total_s += seconds
+            print(
+                f"ledger ~{size:>6} items: {n} rollouts in {seconds:6.1f} s = {n / seconds:6.1f} rollouts/s "
+                f"(succeeded {done['succeeded']}, failed {done['failed']}, lost {lost})",
+                flush=True,
+            )
+        dead = pipeline.dead_letters()
+        print(f"dead-lettered              {dead}")
+        failures += int(any(dead.values()))
+        profile = faithful.active()
+        assert profile is not None
+        per_k = 1000 / max(total_rollouts, 1)
+        print(
+            f"conflict retries           {retry.stats.total * per_k:.1f} per 1,000 rollouts "
+            f"(injected: {profile.stats.plain_conflicts} plain, {profile.stats.transaction_conflicts} transaction; "
+            f"{profile.stats.keys_encoded} event keys encoded, {profile.stats.access_denied} 403s)"
+        )
+        writes = profile.plain_writes + profile.transaction_writes
+        print("busiest ledger items       writes/s over the timed batches (WCU/s)")
+        for item, count in writes.most_common(4):
+            key = json.loads(item)
+            wcu = profile.plain_writes[item] + 2 * profile.transaction_writes[item]
+            label = f"{key['pk']['S'][:30]}/{key['sk']['S'][:20]}"
+            print(f"  {label:<52} {count / total_s:7.1f}  ({wcu / total_s:.1f} WCU/s)")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
