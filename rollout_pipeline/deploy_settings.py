@@ -20,7 +20,6 @@ IMAGE_URI_KEY: Final = "image_uri"
 ALARM_EMAIL_KEY: Final = "alarm_email"
 ALLOW_PRIVATE_MODEL_URL_KEY: Final = "allow_private_model_url"
 ARCHIVE_DAYS_KEY: Final = "event_archive_days"
-SESSION_QUOTA_KEY: Final = "active_session_quota"
 #: Every context key that configures the stack but not the experiment (the Lambdas never see these).
 STACK_KEYS: Final = (
     IMAGE_BUILD_KEY,
@@ -28,10 +27,7 @@ STACK_KEYS: Final = (
     ALARM_EMAIL_KEY,
     ALLOW_PRIVATE_MODEL_URL_KEY,
     ARCHIVE_DAYS_KEY,
-    SESSION_QUOTA_KEY,
 )
-#: AgentCore's active-session quota outside us-east-1/us-west-2 (PEERS.md; the preflight reads the real one).
-DEFAULT_ACTIVE_SESSION_QUOTA: Final = 2500
 
 ImageBuild = Literal["codebuild", "local"]
 IMAGE_BUILDS: Final[tuple[ImageBuild, ...]] = ("codebuild", "local")
@@ -86,19 +82,6 @@ def _flag(context: Mapping[str, Any], key: str) -> bool:
     raise ConfigError(f"{key}: must be true or false (got {raw!r})")
 
 
-def _positive(context: Mapping[str, Any], key: str, default: int) -> int:
-    raw = context.get(key)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = int(raw)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{key}: must be a whole number (got {raw!r})") from None
-    if value < 1:
-        raise ConfigError(f"{key}: must be at least 1 (got {value})")
-    return value
-
-
 def _text(context: Mapping[str, Any], key: str) -> str:
     raw = context.get(key)
     return "" if raw is None else str(raw).strip()
@@ -113,7 +96,6 @@ class DeploySettings:
     alarm_email: str = ""
     allow_private_model_url: bool = False
     archive_retention_days: int = DEFAULT_ARCHIVE_RETENTION_DAYS
-    active_session_quota: int = DEFAULT_ACTIVE_SESSION_QUOTA
 
     @property
     def image_mode(self) -> Literal["codebuild", "local", "uri"]:
@@ -141,7 +123,6 @@ class DeploySettings:
             alarm_email=alarm_email,
             allow_private_model_url=_flag(context, ALLOW_PRIVATE_MODEL_URL_KEY),
             archive_retention_days=archive_retention_days(context.get(ARCHIVE_DAYS_KEY)),
-            active_session_quota=_positive(context, SESSION_QUOTA_KEY, DEFAULT_ACTIVE_SESSION_QUOTA),
         )
 
     def check_model_url(self, url: str) -> None:

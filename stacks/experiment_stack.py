@@ -190,7 +190,7 @@ class ExperimentStack(Stack):
                 "undelivered": self.events.undelivered,
             },
             alarm_email=settings.alarm_email,
-            active_session_quota=settings.active_session_quota,
+            active_session_quota=config.active_session_quota,
         )
         self.monitoring.notify_every_alarm(self)
         # The service creates one log group per endpoint (`{runtime id}-{endpoint}`), each with no retention.

@@ -133,7 +133,7 @@ def test_stops_failing_and_acr_throttles(synth: Synthesized) -> None:
 def test_active_sessions_near_quota(synth: Synthesized) -> None:
     props = alarm(synth, "ActiveSessionsNearQuota")
     assert (props["Namespace"], props["MetricName"]) == (AGENTCORE_NAMESPACE, "ActiveSessionCount")
-    quota = synth.stack.settings.active_session_quota
+    quota = synth.stack.config.active_session_quota
     assert props["Threshold"] == int(quota * SESSION_QUOTA_SHARE)
 
 
