@@ -394,9 +394,10 @@ class Experiment:
         try:
             with aws_errors("create a subscription queue on the event bus"):
                 queue_url = str(
-                    sqs.create_queue(QueueName=name, Attributes={"MessageRetentionPeriod": str(retention_s)})[
-                        "QueueUrl"
-                    ]
+                    sqs.create_queue(
+                        QueueName=name,
+                        Attributes={"MessageRetentionPeriod": str(retention_s), "SqsManagedSseEnabled": "true"},
+                    )["QueueUrl"]
                 )
                 queue_arn = sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["QueueArn"])["Attributes"][
                     "QueueArn"
@@ -414,7 +415,14 @@ class Experiment:
                             "Action": "sqs:SendMessage",
                             "Resource": queue_arn,
                             "Condition": {"ArnEquals": {"aws:SourceArn": rule_arn}},
-                        }
+                        },
+                        {
+                            "Effect": "Deny",
+                            "Principal": "*",
+                            "Action": "sqs:*",
+                            "Resource": queue_arn,
+                            "Condition": {"Bool": {"aws:SecureTransport": "false"}},
+                        },
                     ],
                 }
                 sqs.set_queue_attributes(QueueUrl=queue_url, Attributes={"Policy": json.dumps(policy)})

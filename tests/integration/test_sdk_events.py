@@ -4,6 +4,7 @@ deleted only after user code is done with it, filters, complete GRPO groups, asy
 from __future__ import annotations
 
 import asyncio
+import json
 from datetime import UTC, datetime
 from typing import Any
 
@@ -343,3 +344,24 @@ def test_async_events_and_groups(experiment: Experiment, resources: ExperimentRe
     kinds, inputs = asyncio.run(consume())
     assert kinds == ["Rollout Completed"]
     assert inputs == ["q1"]
+
+
+def test_a_private_subscription_queue_is_encrypted_and_tls_only(experiment: Experiment) -> None:
+    """The per-process queues the ART backend and `tap` create follow the stack's rules: SSE and TLS-only."""
+    name, queue_url = experiment.open_subscription({"source": ["rollout.pipeline"]}, suffix="test-private")
+    try:
+        attrs = experiment.client("sqs").get_queue_attributes(QueueUrl=queue_url, AttributeNames=["All"])["Attributes"]
+        assert attrs["SqsManagedSseEnabled"] == "true"
+        statements = json.loads(attrs["Policy"])["Statement"]
+        denies = [s for s in statements if s["Effect"] == "Deny"]
+        assert denies == [
+            {
+                "Effect": "Deny",
+                "Principal": "*",
+                "Action": "sqs:*",
+                "Resource": attrs["QueueArn"],
+                "Condition": {"Bool": {"aws:SecureTransport": "false"}},
+            }
+        ]
+    finally:
+        experiment.close_subscription(name, queue_url)
