@@ -65,7 +65,9 @@ def test_the_agent_reads_its_model_key_from_the_named_secret_at_start(
     monkeypatch: pytest.MonkeyPatch, stored: str
 ) -> None:
     monkeypatch.setenv(MODEL_SECRET_ENV, "rollouts/model-key")
-    monkeypatch.delenv(credentials.API_KEY_ENV, raising=False)
+    # setenv first so monkeypatch restores the variable's absence: the code under test sets it in os.environ.
+    monkeypatch.setenv(credentials.API_KEY_ENV, "")
+    monkeypatch.delenv(credentials.API_KEY_ENV)
     client = _Secrets(stored)
     assert credentials.load_model_credential(client)
     assert client.asked == ["rollouts/model-key"]

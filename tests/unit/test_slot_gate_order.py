@@ -10,13 +10,14 @@ from rollout_pipeline.lifecycle.limits import SlotGate
 
 def test_freed_slots_go_to_waiters_in_group_order() -> None:
     in_flight = {"n": 3}
-    gate = SlotGate(lambda: in_flight["n"], 3, sleep=lambda _s: time.sleep(0.01))
+    gate = SlotGate(lambda: in_flight["n"], 3, sleep=lambda _s: time.sleep(0.05))
     admitted: list[str] = []
     lock = threading.Lock()
 
     def waiter(name: str, key: tuple[object, ...]) -> None:
         if gate.wait(time.monotonic() + 10, key):
-            with lock:
+            with lock:  # an admitted waiter takes its slot, as the ledger's conditional ADD does
+                in_flight["n"] += 1
                 admitted.append(name)
 
     # Arrival order is the reverse of group order (later groups' messages came first).
@@ -27,12 +28,15 @@ def test_freed_slots_go_to_waiters_in_group_order() -> None:
         threads[-1].start()
         time.sleep(0.05)
     time.sleep(0.1)
-    in_flight["n"] = 1  # two slots free: group g2 goes, together
+    with lock:
+        in_flight["n"] = 1  # two slots free: group g2 goes, together
     deadline = time.monotonic() + 5
     while len(admitted) < 2 and time.monotonic() < deadline:
         time.sleep(0.01)
+    time.sleep(0.1)  # a third admission would show up now
     assert sorted(admitted) == ["g2#0", "g2#1"]
-    in_flight["n"] = 2
+    with lock:
+        in_flight["n"] = 2  # one slot frees: g3 goes
     for t in threads:
         t.join(timeout=5)
     assert admitted[-1] == "g3#0"
