@@ -20,6 +20,10 @@ from rollout_pipeline.lifecycle.dispatch import DispatchResult, dispatch_records
 from rollout_pipeline.local.resources import ExperimentResources
 from rollout_pipeline.ports import SystemClock
 
+#: A dispatch wait budget for tests that expect the dispatch to go through: the session budget is paced (a call
+#: whose thread wakes past its slot drops it), so a loaded 2-core machine needs more than a second or two.
+PACED_WAIT_S = 15.0
+
 
 @pytest.fixture
 def moto_lock(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -24,6 +24,7 @@ from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.metrics import NOTIFICATION_LATENCY
 from rollout_pipeline.local.resources import ExperimentResources
 from tests.integration.lifecycle_support import (
+    PACED_WAIT_S,
     ack,
     by_type,
     drive,
@@ -75,7 +76,7 @@ def test_happy_path_through_the_lambda_handlers(
         send(resources, seed_batch(resources, batch_id=B_HAPPY))
         records = receive_records(resources.rollout_queue_url)
         assert len(records) == 4
-        response = dispatch_lambda.handler({"Records": records}, lambda_context(3_000))
+        response = dispatch_lambda.handler({"Records": records}, lambda_context(int(PACED_WAIT_S * 1000)))
         assert response == {"batchItemFailures": []}
         ack(resources.rollout_queue_url, records, [])
 

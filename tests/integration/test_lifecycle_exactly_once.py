@@ -22,6 +22,7 @@ from rollout_pipeline.lifecycle.sweeper import sweep
 from rollout_pipeline.local.resources import ExperimentResources
 from rollout_pipeline.ports import PublishError
 from tests.integration.lifecycle_support import (
+    PACED_WAIT_S,
     ShiftedClock,
     ack,
     by_type,
@@ -195,17 +196,17 @@ def test_crash_after_invoke_before_ledger_update_reuses_the_session(
         return original(*args, **kwargs)
 
     monkeypatch.setattr(deps.ledger, "mark_invoked", crash_once)
-    assert dispatch_records(records, deps, wait_until=time.monotonic() + 2).failures
+    assert dispatch_records(records, deps, wait_until=time.monotonic() + PACED_WAIT_S).failures
     assert fake.running == {SID}
 
     # Within the grace period a concurrent duplicate leaves it alone...
     deps.reinvoke_grace_s = 3600
-    assert list(dispatch_records(records, deps, wait_until=time.monotonic() + 2).outcomes.values()) == [
+    assert list(dispatch_records(records, deps, wait_until=time.monotonic() + PACED_WAIT_S).outcomes.values()) == [
         Dispatch.DUPLICATE
     ]
     # ...the real redelivery comes after the visibility timeout (> grace) and re-invokes the same session.
     deps.reinvoke_grace_s = 0
-    result = dispatch_records(records, deps, wait_until=time.monotonic() + 2)
+    result = dispatch_records(records, deps, wait_until=time.monotonic() + PACED_WAIT_S)
     assert list(result.outcomes.values()) == [Dispatch.REINVOKED]
     assert fake.invoked == Counter({SID: 2})
     assert ledger_item(resources, keys.sessions_key())["in_flight"] == 1
