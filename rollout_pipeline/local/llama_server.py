@@ -11,6 +11,7 @@ SmolLM2-135M the repacked/AMX kernels make no measurable difference. Set ROLLOUT
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 
@@ -32,9 +33,11 @@ def main() -> None:
     """Run llama-cpp-python's server (arguments from the command line)."""
     if os.environ.get("ROLLOUTS_LLAMA_EXTRA_BUFTS") != "1":
         disable_extra_buffer_types()
-    from llama_cpp.server.__main__ import main as serve
+    from llama_cpp.server import __main__ as server
 
-    serve()  # type: ignore[no-untyped-call]
+    # Typed here: llama_cpp's own `main` has no annotations, and the package is absent where `make demo` never ran.
+    serve: Callable[[], None] = server.main
+    serve()
 
 
 if __name__ == "__main__":
