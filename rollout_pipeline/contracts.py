@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -36,6 +37,11 @@ SECRET_FIELDS: Final = frozenset(
     {"api_key", "apikey", "openai_api_key", "aws_secret_access_key", "secret_access_key", "password", "client_secret"}
 )
 REDACTED: Final = "[redacted]"
+#: `_rollout.capture_key`: a per-rollout trace key for a token-capture gateway (ART's gateway keys each rollout's
+#: tokens by its own per-rollout session id, sent as the OpenAI api key). It is an id, not a credential, so it may
+#: travel; the agent receives it as `_rollout.api_key`, which is where an unmodified ART agent reads its model key.
+CAPTURE_KEY: Final = "capture_key"
+CAPTURE_KEY_PATTERN: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,255}$")
 
 
 def is_secret_field(name: str) -> bool:
@@ -225,6 +231,12 @@ def parse_row(raw: str | bytes | Mapping[str, Any], position: int) -> DatasetRow
             f"rows may not carry credentials ({', '.join(secrets_given)}): they would be stored and sent in "
             "plain text; give the agent its model key out of band (model_secret_name in the experiment config)",
         )
+    capture_key = overrides.get(CAPTURE_KEY)
+    if capture_key is not None and not (isinstance(capture_key, str) and CAPTURE_KEY_PATTERN.match(capture_key)):
+        raise RowError(
+            "invalid_rollout",
+            f"_rollout.{CAPTURE_KEY} must be a per-rollout trace id: 1-256 letters, digits, '.', '_', ':' or '-'",
+        )
     owned = sorted(SYSTEM_ROLLOUT_KEYS & overrides.keys())
     if owned:
         raise RowError("invalid_rollout", f"_rollout may not set {', '.join(owned)} (set by the pipeline)")
@@ -313,7 +325,9 @@ def build_agent_payload(
         "model_id": config.model_id,
         "sampling_params": sampling,
     }
-    rollout.update({k: v for k, v in rollout_overrides.items() if k != "sampling_params"})
+    rollout.update({k: v for k, v in rollout_overrides.items() if k not in ("sampling_params", CAPTURE_KEY)})
+    if CAPTURE_KEY in rollout_overrides:
+        rollout["api_key"] = rollout_overrides[CAPTURE_KEY]
     rollout.update(
         {
             "batch_id": message.batch_id,

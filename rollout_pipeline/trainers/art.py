@@ -13,7 +13,8 @@ pipeline under the trainer with no change to ART or to the trainer:
 - `shutdown()` of a rollout that has not finished cancels it in the pipeline: its session is stopped server-side
   and it ends once as `Rollout Failed` / cancelled. Idempotent, safe before or after `run`.
 - The gateway's capture key (`llm.api_key`) is ART's per-rollout session id (both harnesses build it that way). It
-  travels as `_rollout.api_key` with `_rollout.token_capture = "none"`, which is how the agent helpers
+  travels as `_rollout.capture_key` (an id, validated as one), reaches the agent as `_rollout.api_key` with
+  `_rollout.token_capture = "none"`, which is how the agent helpers
   (`rollout_pipeline.agent.openai_client_kwargs`) and an unmodified ART agent pick the model key. A key that is not
   this session's id could be a long-lived credential, which must never travel in a payload: it is refused.
 
@@ -43,7 +44,7 @@ from agentcore_rl_toolkit.rollout_session.wire import RolloutDumpResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rollout_pipeline import ids
-from rollout_pipeline.contracts import RolloutCompleted, RolloutFailed
+from rollout_pipeline.contracts import CAPTURE_KEY, RolloutCompleted, RolloutFailed
 from rollout_pipeline.sdk.errors import RolloutFailedError
 
 if TYPE_CHECKING:
@@ -263,7 +264,13 @@ def build_row(task: Mapping[str, Any], session_id: str) -> dict[str, Any]:
     group_id = _require_group_id(task, session_id)
     llm = _require_llm(task, session_id)
     own = payload.pop("_rollout", None)
-    rollout = {**(own if isinstance(own, Mapping) else {}), **llm, "token_capture": "none"}
+    rollout = {
+        **(own if isinstance(own, Mapping) else {}),
+        "base_url": llm["base_url"],
+        "model_id": llm["model_id"],
+        CAPTURE_KEY: llm["api_key"],  # the agent receives it as `_rollout.api_key` (contracts.build_agent_payload)
+        "token_capture": "none",
+    }
     return {**payload, "id": group_id, "_rollout": rollout}
 
 

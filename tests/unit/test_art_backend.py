@@ -43,7 +43,7 @@ def test_verl_task_becomes_one_row_of_its_group() -> None:
         "_rollout": {
             "base_url": "http://gw:8000/v1",
             "model_id": "Qwen3-0.6B",
-            "api_key": SID,
+            "capture_key": SID,
             "token_capture": "none",
         },
     }

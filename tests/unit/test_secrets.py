@@ -4,6 +4,7 @@ the agent gets its model key out of band."""
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -33,6 +34,45 @@ def test_rows_carrying_a_credential_are_rejected_with_a_clear_error(row: dict[st
 def test_rows_without_credentials_still_pass() -> None:
     row = parse_row(json.dumps({"id": "a", "prompt": "p", "_rollout": {"temperature_hint": 1}}), 1)
     assert row.payload == {"prompt": "p"}
+
+
+def test_a_per_rollout_capture_key_travels_and_reaches_the_agent_as_its_api_key() -> None:
+    """ART's gateway keys each rollout's tokens by ART's per-rollout session id, sent as the api key: an id, not a
+    credential. It travels as `_rollout.capture_key` and the agent payload carries it where ART agents read it."""
+    from rollout_pipeline.config import ExperimentConfig
+    from rollout_pipeline.contracts import FileOptions, RolloutMessage, build_agent_payload
+
+    sid = "3f2b9a8e-7c41-4d2a-9a55-0c3e1f6b2d10"
+    row = parse_row(json.dumps({"id": "g", "q": "1+1", "_rollout": {"capture_key": sid}}), 1)
+    config = ExperimentConfig(name="exp")
+    message = RolloutMessage(
+        exp_id="exp",
+        batch_id="b-1",
+        input_id="g",
+        index=0,
+        attempt=1,
+        group_size=1,
+        submitted_at=datetime.now(UTC),
+        payload=row.payload,
+    )
+    payload = build_agent_payload(
+        row_payload=row.payload,
+        rollout_overrides=row.rollout_overrides,
+        message=message,
+        options=FileOptions.defaults(config),
+        config=config,
+        results_bucket="results",
+    )
+    assert payload["_rollout"]["api_key"] == sid
+    assert "capture_key" not in payload["_rollout"]
+
+
+@pytest.mark.parametrize("key", ["", "sk live with spaces", "x" * 300, 12345, "-leading-dash"])
+def test_a_capture_key_that_is_not_an_id_is_rejected(key: object) -> None:
+    with pytest.raises(RowError) as caught:
+        parse_row(json.dumps({"id": "a", "_rollout": {"capture_key": key}}), 1)
+    assert caught.value.reason == "invalid_rollout"
+    assert "capture_key" in str(caught.value)
 
 
 def test_redaction_reaches_every_depth_and_keeps_the_rest() -> None:
