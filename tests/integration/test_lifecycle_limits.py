@@ -174,7 +174,9 @@ def test_limits_hold_under_concurrency(resources: ExperimentResources, fake: Fak
     """Many workers, one limit: in-flight never above max_sessions, calls per second never above tps."""
     deps = make_deps(resources, fake, limits={"tps_limit": 10, "max_sessions": 4}, dispatch_threads=4)
     rng = random.Random(7)
-    fake.behaviour = lambda inv: AgentBehaviour(rewards=rng.random(), delay_s=rng.uniform(0.05, 0.3))
+    # Rollouts outlast the new-session spacing (session_rate_limit 5/s: one every 0.24 s), so 4 run at once and the
+    # session limit really binds (with 0.05-0.3 s rollouts concurrency could peak at 3).
+    fake.behaviour = lambda inv: AgentBehaviour(rewards=rng.random(), delay_s=rng.uniform(0.6, 1.2))
     send(resources, seed_batch(resources, batch_id=BATCH, inputs=inputs(12)))
     total = 24
     stop = threading.Event()
