@@ -28,13 +28,13 @@ class MemoryStore:
         return None
 
     def head(self, *a: object, **k: object) -> object:
-        raise NotImplementedError
+        raise AssertionError("the fake ACR only writes result objects; this test store is write-only")
 
     def iter_bytes(self, *a: object, **k: object) -> Iterator[bytes]:
-        raise NotImplementedError
+        raise AssertionError("the fake ACR only writes result objects; this test store is write-only")
 
     def get_bytes(self, *a: object, **k: object) -> tuple[bytes, int]:
-        raise NotImplementedError
+        raise AssertionError("the fake ACR only writes result objects; this test store is write-only")
 
 
 class Clock:
