@@ -11,12 +11,17 @@ NODE_STAMP := node_modules/.installed
 export CDK_DISABLE_CLI_TELEMETRY := 1
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
+# Bare `make` lists the targets (CI runs `make test` and `make art-test` by name, see .ci/run).
+.DEFAULT_GOAL := help
 
-.PHONY: setup setup-model demo test art-test art-bench unit integration infra e2e lint format synth diff preflight deploy destroy bench schemas clean
+.PHONY: help setup setup-model demo test art-test art-bench unit integration infra e2e lint format synth diff preflight deploy destroy bench schemas clean
 
 # Exact versions: constraints.txt pins every package of the dev/test environment (pyproject.toml has ranges for the
 # library, so it installs beside trainers); `make lock` regenerates it and the shipped locks (stacks/locks.py).
 CONSTRAINTS := constraints.txt
+
+help: ## List the targets (this text)
+	@awk 'BEGIN {FS = ":[^#]*## "} /^[a-zA-Z0-9_-]+:[^#]*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -36,12 +41,12 @@ $(MODEL_STAMP): $(STAMP)
 	$(BIN)/pip install -q -c $(CONSTRAINTS) -e ".[model]"
 	touch $(MODEL_STAMP)
 
-setup-model: $(MODEL_STAMP)
+setup-model: $(MODEL_STAMP) ## Install the local model server (llama-cpp-python, builds ~7 min once)
 
 # Regenerate constraints.txt, lambdas/requirements.lock and agent_image/requirements.lock from the package registry:
 # keeps every version that still fits pyproject.toml; `make lock UPGRADE=1` moves each to the newest allowed.
 .PHONY: lock
-lock: $(STAMP)
+lock: $(STAMP) ## Regenerate constraints.txt and the shipped locks (UPGRADE=1: newest allowed)
 	$(BIN)/pip install -q -c $(CONSTRAINTS) -e ".[lock]"
 	$(BIN)/python -m stacks.locks $(if $(UPGRADE),--upgrade)
 
@@ -69,24 +74,24 @@ art-test: $(ART_STAMP) ## The ART rollout-session backend's tests, installed nex
 art-bench: $(ART_STAMP) ## ART's S3 polling vs the pipeline's backend, same groups, same local S3 (about a minute)
 	$(ART_VENV)/bin/python bench/bench_art.py
 
-unit: $(STAMP)
+unit: $(STAMP) ## Unit tests
 	$(BIN)/python -m pytest tests/unit
 
-integration: $(STAMP)
+integration: $(STAMP) ## Integration tests (moto in process or on loopback)
 	$(BIN)/python -m pytest tests/integration
 
-infra: $(STAMP)
+infra: $(STAMP) ## Infrastructure tests (CDK assertions, cdk-nag)
 	$(BIN)/python -m pytest tests/infra
 
-e2e: $(STAMP)
+e2e: $(STAMP) ## End-to-end tests of the local pipeline
 	$(BIN)/python -m pytest tests/e2e
 
-lint: $(STAMP)
+lint: $(STAMP) ## ruff check, ruff format --check, mypy strict
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy rollout_pipeline lambdas stacks app.py
 
-format: $(STAMP)
+format: $(STAMP) ## Fix lint findings and format the code
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
@@ -99,7 +104,7 @@ synth: setup ## Synthesize the stack of EXPERIMENT (no Docker, no AWS credential
 	$(CDK) synth -c experiment=$(EXPERIMENT) $(CDK_ARGS) --no-notices -q
 	@echo "cdk.out/Rollouts-$(EXPERIMENT).template.json"
 
-diff: setup
+diff: setup ## cdk diff of EXPERIMENT
 	$(CDK) diff -c experiment=$(EXPERIMENT) $(CDK_ARGS) --no-notices
 
 preflight: $(STAMP) ## Check settings, quotas, region and bootstrap of EXPERIMENT (read calls only)
@@ -108,7 +113,7 @@ preflight: $(STAMP) ## Check settings, quotas, region and bootstrap of EXPERIMEN
 deploy: setup preflight ## Deploy EXPERIMENT (AWS credentials and a bootstrapped account; the image builds in CodeBuild)
 	$(CDK) deploy -c experiment=$(EXPERIMENT) $(CDK_ARGS) --no-notices
 
-destroy: setup
+destroy: setup ## Destroy EXPERIMENT's stack (results kept unless configured otherwise)
 	$(CDK) destroy -c experiment=$(EXPERIMENT) $(CDK_ARGS) --no-notices
 
 bench: $(STAMP) ## Run the benchmarks (each prints its figures)
@@ -120,5 +125,5 @@ bench: $(STAMP) ## Run the benchmarks (each prints its figures)
 schemas: $(STAMP) ## Regenerate the event JSON Schemas from the models
 	$(BIN)/python -m rollout_pipeline.schemas
 
-clean:
+clean: ## Remove build outputs and caches
 	rm -rf cdk.out build .pytest_cache .mypy_cache .ruff_cache

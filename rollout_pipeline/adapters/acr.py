@@ -43,7 +43,6 @@ RETRYABLE_CODES: Final = frozenset(
     }
 )
 COLD_START_CODES: Final = frozenset({"RuntimeClientError"})
-REJECTED_CODES: Final = frozenset({"ValidationException", "AccessDeniedException", "ResourceNotFoundException"})
 #: botocore transport errors raised before the request reached AgentCore: safe to send again.
 NOT_SENT_ERRORS: Final = frozenset({"ConnectTimeoutError", "EndpointConnectionError", "ConnectionError"})
 #: ...and after it may have reached it: never re-sent.
@@ -70,7 +69,7 @@ def classify_error(exc: Exception, operation: str) -> Exception:
             return RuntimeSessionNotFound(message)
         if code in RETRYABLE_CODES or status in (402, 409, 429) or status >= 500:
             return RuntimeThrottled(message)
-        if code in REJECTED_CODES or 400 <= status < 500:
+        if 400 <= status < 500:  # ValidationException 400, AccessDenied 403, ResourceNotFound 404 (botocore model)
             return RuntimeRejected(message)
         return exc
     name = type(exc).__name__
@@ -171,7 +170,3 @@ class AcrAgentRuntime:
             if mapped is exc:
                 raise
             raise mapped from exc
-
-
-#: Short alias.
-AcrRuntime = AcrAgentRuntime

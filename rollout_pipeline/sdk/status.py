@@ -13,7 +13,6 @@ from rollout_pipeline.ledger.batches import attr, float_attr, int_attr
 
 #: Upper bound on ledger query pages read for one status (1 MB each): bounded work whatever the batch size.
 MAX_QUERY_PAGES: Final = 2_000
-TERMINAL_STATES: Final = frozenset({"succeeded", "failed"})
 
 
 @dataclass(frozen=True)
