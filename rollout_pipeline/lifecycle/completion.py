@@ -22,7 +22,7 @@ from enum import StrEnum
 from typing import Any
 
 from rollout_pipeline import ids, routing
-from rollout_pipeline.contracts import FailureReason, ResultOutcome, iso, parse_iso, parse_result
+from rollout_pipeline.contracts import FailureReason, ResultOutcome, iso, parse_iso, read_result
 from rollout_pipeline.ledger.rollouts import (
     DISPATCHED,
     FAILED,
@@ -208,19 +208,8 @@ def handle_result_event(
 
 def _read_result(bucket: str, key: str, deps: LifecycleDeps) -> tuple[ResultOutcome, dict[str, Any] | None, int]:
     """Read at most `result_max_bytes` of the result and parse it (ART format)."""
-    limit = deps.config.result_max_bytes
-    body, size = deps.store.get_bytes(bucket, key, limit)
-    if size > limit:
-        return (
-            ResultOutcome(
-                success=False,
-                reason=FailureReason.INVALID_RESULT,
-                error=f"result is {size} bytes; larger than the limit of {limit} bytes",
-            ),
-            None,
-            size,
-        )
-    outcome = parse_result(body, max_bytes=limit)
+    read = read_result(deps.store, bucket, key, max_bytes=deps.config.result_max_bytes)
+    outcome = read.outcome
     if (
         outcome.success
         and outcome.reward is not None
@@ -235,7 +224,7 @@ def _read_result(bucket: str, key: str, deps: LifecycleDeps) -> tuple[ResultOutc
             error=f"rewards beyond +-{MAX_ABS_REWARD:g} are not supported",
             body=outcome.body,
         )
-    return outcome, outcome.body, size
+    return outcome, outcome.body, read.size
 
 
 def complete_if_written(rec: RolloutRecord, deps: LifecycleDeps) -> Completion | None:

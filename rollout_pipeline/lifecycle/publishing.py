@@ -28,6 +28,7 @@ from rollout_pipeline.contracts import (
     Timings,
     iso,
     parse_iso,
+    read_result,
     redact_secrets,
 )
 from rollout_pipeline.ledger.batches import batch_completion_detail, batch_options, group_completion_detail
@@ -148,11 +149,10 @@ def _read_inline_result(
         return result
     try:
         bucket, key = ids.parse_s3_uri(rec.result_uri)
-        body, _size = deps.store.get_bytes(bucket, key, INLINE_RESULT_BYTES)
-        parsed = json.loads(body)
+        read = read_result(deps.store, bucket, key, max_bytes=INLINE_RESULT_BYTES)
     except Exception:  # the result is optional in the event; its URI is always there
         return None
-    return parsed if isinstance(parsed, dict) else None
+    return read.outcome.body
 
 
 def completion_details(rec: RolloutRecord, deps: LifecycleDeps) -> list[Any]:

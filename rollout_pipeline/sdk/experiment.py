@@ -15,7 +15,7 @@ from typing import IO, TYPE_CHECKING, Any, Final
 
 from rollout_pipeline import ids
 from rollout_pipeline.config import ExperimentConfig, HandlerSettings, SamplingParams
-from rollout_pipeline.contracts import DetailType, RolloutCompleted, parse_iso, utcnow
+from rollout_pipeline.contracts import DetailType, RolloutCompleted, parse_iso, read_result, utcnow
 from rollout_pipeline.sdk import submission
 from rollout_pipeline.sdk._aws import AwsClients, aws_errors
 from rollout_pipeline.sdk.errors import AwsError, BatchNotFound, DatasetInvalid, ExperimentNotDeployed, SdkError
@@ -54,7 +54,6 @@ REQUIRED_OUTPUTS: Final = (
     "LedgerTableName",
     "ExperimentConfig",
 )
-OPTIONAL_OUTPUTS: Final = ("AgentRuntimeArn", "IngestQueueUrl")
 
 
 def stack_name(experiment: str) -> str:
@@ -535,18 +534,23 @@ class Experiment:
     # ---------------------------------------------------------------------------------------------- results
 
     def fetch_result(self, result_uri: str, max_bytes: int | None = None) -> dict[str, Any]:
-        """Read a result object (`s3://bucket/key`) and return it parsed."""
+        """Read a result object (`s3://bucket/key`) and return it parsed (`contracts.read_result`, as completion
+        reads it). `SdkError` when it is missing, larger than `max_bytes` or not a JSON object."""
+        from rollout_pipeline.adapters.s3 import S3ObjectStore
+        from rollout_pipeline.ports import ObjectNotFound
+
         bucket, key = parse_s3_uri(result_uri)
         limit = max_bytes or self.config.result_max_bytes
-        with aws_errors(f"read {result_uri}"):
-            resp = self.client("s3").get_object(Bucket=bucket, Key=key)
-            body = resp["Body"].read(limit + 1)
-        if len(body) > limit:
+        try:
+            with aws_errors(f"read {result_uri}"):
+                read = read_result(S3ObjectStore(self.client("s3")), bucket, key, max_bytes=limit)
+        except ObjectNotFound as exc:
+            raise AwsError(f"read {result_uri}: {exc}") from None
+        if read.too_large:
             raise SdkError(f"{result_uri} is larger than {limit} bytes")
-        value = json.loads(body)
-        if not isinstance(value, dict):
-            raise SdkError(f"{result_uri} does not hold a JSON object")
-        return value
+        if read.outcome.body is None:
+            raise SdkError(f"{result_uri} does not hold a JSON object ({read.outcome.error})")
+        return dict(read.outcome.body)
 
     def export(
         self,

@@ -322,3 +322,19 @@ def test_fetch_result_checks_the_uri(experiment: Experiment, resources: Experime
     )
     with pytest.raises(SdkError, match="larger than 10 bytes"):
         experiment.fetch_result(f"s3://{resources.results_bucket}/a/b/d.json", max_bytes=10)
+
+
+def test_fetch_result_reads_like_completion(experiment: Experiment, resources: ExperimentResources) -> None:
+    """The SDK reads result objects with `contracts.read_result`: unreadable JSON and a missing object are
+    `SdkError`s (not a JSONDecodeError or a raw botocore error), and an agent error's body is returned as written."""
+    s3 = clients.client("s3")
+    s3.put_object(Bucket=resources.results_bucket, Key="a/b/e.json", Body=b"{not json")
+    with pytest.raises(SdkError, match="does not hold a JSON object"):
+        experiment.fetch_result(f"s3://{resources.results_bucket}/a/b/e.json")
+    with pytest.raises(SdkError, match="does not exist"):
+        experiment.fetch_result(f"s3://{resources.results_bucket}/a/b/missing.json")
+    s3.put_object(Bucket=resources.results_bucket, Key="a/b/f.json", Body=b'{"status_code": 500, "stop_reason": "x"}')
+    assert experiment.fetch_result(f"s3://{resources.results_bucket}/a/b/f.json") == {
+        "status_code": 500,
+        "stop_reason": "x",
+    }

@@ -1,0 +1,95 @@
+"""Wire formats other people's code depends on, one module per audience:
+
+- `rows`: dataset authors and ingestion (dataset rows, per-file options as S3 object metadata);
+- `messages`: the dispatcher and agent authors (rollout-queue messages, the ART-compatible agent payload);
+- `results`: agent authors and completion (ART result objects, `read_result`);
+- `events`: subscribers (the five event details; JSON Schemas generated into `rollout_pipeline/schemas/`);
+- `secrets`: the credentials rule every audience follows; `common`: times and JSON helpers.
+
+Every name is re-exported here: `from rollout_pipeline.contracts import ...` is the stable import path.
+"""
+
+from rollout_pipeline.contracts.common import iso, json_size, json_type, parse_iso, utcnow
+from rollout_pipeline.contracts.events import (
+    DETAIL_MODELS,
+    EVENT_SOURCE,
+    INLINE_RESULT_BYTES,
+    BatchAccepted,
+    BatchCompleted,
+    DetailType,
+    GroupCompleted,
+    GroupMember,
+    RolloutCompleted,
+    RolloutFailed,
+    Timings,
+    detail_type_of,
+    parse_detail,
+    reward_stats,
+    stats_from_sums,
+)
+from rollout_pipeline.contracts.messages import CLAIM_CHECK_BYTES, RolloutMessage, build_agent_payload
+from rollout_pipeline.contracts.results import (
+    FailureReason,
+    ResultOutcome,
+    ResultRead,
+    parse_result,
+    read_result,
+    scalar_reward,
+)
+from rollout_pipeline.contracts.rows import (
+    CAPTURE_KEY,
+    CAPTURE_KEY_PATTERN,
+    MAX_ROW_BYTES,
+    RESERVED_ROW_KEYS,
+    SYSTEM_ROLLOUT_KEYS,
+    DatasetRow,
+    FileOptions,
+    RowError,
+    parse_row,
+)
+from rollout_pipeline.contracts.secrets import REDACTED, SECRET_FIELDS, is_secret_field, redact_secrets
+
+__all__ = [
+    "CAPTURE_KEY",
+    "CAPTURE_KEY_PATTERN",
+    "CLAIM_CHECK_BYTES",
+    "DETAIL_MODELS",
+    "EVENT_SOURCE",
+    "INLINE_RESULT_BYTES",
+    "MAX_ROW_BYTES",
+    "REDACTED",
+    "RESERVED_ROW_KEYS",
+    "SECRET_FIELDS",
+    "SYSTEM_ROLLOUT_KEYS",
+    "BatchAccepted",
+    "BatchCompleted",
+    "DatasetRow",
+    "DetailType",
+    "FailureReason",
+    "FileOptions",
+    "GroupCompleted",
+    "GroupMember",
+    "ResultOutcome",
+    "ResultRead",
+    "RolloutCompleted",
+    "RolloutFailed",
+    "RolloutMessage",
+    "RowError",
+    "Timings",
+    "build_agent_payload",
+    "detail_type_of",
+    "is_secret_field",
+    "iso",
+    "json_size",
+    "json_type",
+    "parse_detail",
+    "parse_iso",
+    "parse_result",
+    "parse_row",
+    "read_result",
+    "redact_secrets",
+    "reward_stats",
+    "scalar_reward",
+    "stats_from_sums",
+    "utcnow",
+]

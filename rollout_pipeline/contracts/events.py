@@ -1,0 +1,183 @@
+"""For subscribers (trainers, the SDK, any rule on the bus): the five event details. JSON Schemas are generated
+from these models into `rollout_pipeline/schemas/` (`python -m rollout_pipeline.schemas`); a test fails on drift."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from rollout_pipeline.contracts.common import utcnow
+from rollout_pipeline.contracts.results import FailureReason
+
+EVENT_SOURCE: Final = "rollout.pipeline"
+#: Results up to this size are inlined into `Rollout Completed` (EventBridge entries are capped at 256 KB).
+INLINE_RESULT_BYTES: Final = 64 * 1024
+
+
+class DetailType(StrEnum):
+    ROLLOUT_COMPLETED = "Rollout Completed"
+    ROLLOUT_FAILED = "Rollout Failed"
+    GROUP_COMPLETED = "Group Completed"
+    BATCH_ACCEPTED = "Batch Accepted"
+    BATCH_COMPLETED = "Batch Completed"
+
+
+class _Detail(BaseModel):
+    """Fields every event detail carries."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    event_id: str = Field(description="Stable id: the same logical event always carries the same id")
+    exp_id: str
+    batch_id: str
+    emitted_at: datetime = Field(default_factory=utcnow)
+
+
+class Timings(BaseModel):
+    """When the rollout was submitted, dispatched to ACR, finished (result written) and notified (event sent)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    submitted_at: datetime | None = None
+    dispatched_at: datetime | None = None
+    finished_at: datetime | None = None
+    notified_at: datetime | None = None
+
+
+class RolloutCompleted(_Detail):
+    """A rollout attempt succeeded: its result object had status_code 200 and valid rewards."""
+
+    input_id: str
+    index: int
+    rollout_id: str
+    session_id: str
+    attempt: int
+    policy_version: str | None = Field(default=None, description="The policy version the rollout was dispatched with")
+    batch_policy_version: str | None = Field(default=None, description="The batch's, when it differs")
+    rewards: float | list[float]
+    reward: float = Field(description="Scalar reward: the number, or the last element of a per-turn list")
+    result_uri: str
+    result: dict[str, Any] | None = Field(default=None, description="The result object when small enough")
+    timings: Timings
+
+
+class RolloutFailed(_Detail):
+    """A rollout ended without a usable reward. A failure is never reported as reward 0."""
+
+    input_id: str
+    index: int
+    rollout_id: str
+    session_id: str | None = None
+    reason: FailureReason
+    error: str
+    attempts_used: int
+    policy_version: str | None = Field(default=None, description="The policy version the rollout was dispatched with")
+    batch_policy_version: str | None = Field(default=None, description="The batch's, when it differs")
+    result_uri: str | None = None
+    timings: Timings
+
+
+class GroupMember(BaseModel):
+    """One rollout of a completed group: its terminal status, and why it failed (a failure is never a reward)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    index: int
+    status: Literal["succeeded", "failed"]
+    reward: float | None = None
+    reason: FailureReason | None = None
+    error: str | None = None
+    attempt: int | None = None
+    session_id: str | None = None
+    policy_version: str | None = Field(default=None, description="The policy version the rollout was dispatched with")
+
+
+class GroupCompleted(_Detail):
+    """Every rollout of one input (a GRPO group) is terminal."""
+
+    input_id: str
+    group_size: int
+    rewards: list[float | None] = Field(description="Reward by rollout index; null where the rollout failed")
+    failures: dict[str, FailureReason] = Field(default_factory=dict, description="Failure reason by index")
+    succeeded: int
+    failed: int
+    reward_mean: float | None
+    reward_std: float | None
+    policy_version: str | None = None
+    members: list[GroupMember] = Field(
+        default_factory=list, description="Each member's terminal status, failure reason and dispatched policy version"
+    )
+
+
+class BatchAccepted(_Detail):
+    """A dataset file or SDK submission was ingested: its rollouts are queued."""
+
+    source: str | None = Field(default=None, description="s3://bucket/key?versionId=... or 'sdk'")
+    rows_accepted: int
+    rows_rejected: int
+    rollouts_enqueued: int
+    group_size: int
+    errors_uri: str | None = None
+    error: str | None = Field(default=None, description="Why the whole file was rejected, if it was")
+    policy_version: str | None = None
+
+
+class BatchCompleted(_Detail):
+    """Every rollout of a batch is terminal."""
+
+    rollouts_total: int
+    succeeded: int
+    failed: int
+    failed_by_reason: dict[str, int]
+    reward_mean: float | None
+    reward_std: float | None
+    reward_count: int
+    started_at: datetime | None
+    completed_at: datetime
+    duration_s: float | None
+
+
+DETAIL_MODELS: Final[dict[DetailType, type[_Detail]]] = {
+    DetailType.ROLLOUT_COMPLETED: RolloutCompleted,
+    DetailType.ROLLOUT_FAILED: RolloutFailed,
+    DetailType.GROUP_COMPLETED: GroupCompleted,
+    DetailType.BATCH_ACCEPTED: BatchAccepted,
+    DetailType.BATCH_COMPLETED: BatchCompleted,
+}
+
+
+def detail_type_of(detail: _Detail) -> DetailType:
+    for detail_type, model in DETAIL_MODELS.items():
+        if type(detail) is model:
+            return detail_type
+    raise TypeError(f"not an event detail: {type(detail).__name__}")
+
+
+def parse_detail(detail_type: str, detail: Mapping[str, Any] | str) -> _Detail:
+    """Parse an event detail by its detail type (as received from EventBridge or the trainer queue)."""
+    model = DETAIL_MODELS[DetailType(detail_type)]
+    if isinstance(detail, str):
+        return model.model_validate_json(detail)
+    return model.model_validate(detail)
+
+
+def reward_stats(values: list[float]) -> tuple[float | None, float | None]:
+    """Mean and population standard deviation (GRPO normalisation), or (None, None) for no values."""
+    if not values:
+        return None, None
+    mean = sum(values) / len(values)
+    var = sum((v - mean) ** 2 for v in values) / len(values)
+    return mean, math.sqrt(var)
+
+
+def stats_from_sums(count: int, total: float, total_sq: float) -> tuple[float | None, float | None]:
+    if count <= 0:
+        return None, None
+    mean = total / count
+    var = max(total_sq / count - mean * mean, 0.0)
+    return mean, math.sqrt(var)

@@ -1,0 +1,122 @@
+"""For agent authors and the completion stage: ART result objects, what they say, and the one way to read one."""
+
+from __future__ import annotations
+
+import json
+import math
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict
+
+from rollout_pipeline.contracts.common import json_type
+
+if TYPE_CHECKING:
+    from rollout_pipeline.ports import ObjectStore
+
+
+class FailureReason(StrEnum):
+    AGENT_ERROR = "agent_error"
+    TIMEOUT = "timeout"
+    INVALID_RESULT = "invalid_result"
+    INVOKE_REJECTED = "invoke_rejected"
+    CANCELLED = "cancelled"
+    THROTTLED = "throttled"
+
+
+class ResultOutcome(BaseModel):
+    """What a result object says: success with rewards, or a failure with its reason and error text."""
+
+    model_config = ConfigDict(frozen=True)
+
+    success: bool
+    rewards: float | list[float] | None = None
+    reward: float | None = None
+    reason: FailureReason | None = None
+    error: str | None = None
+    body: dict[str, Any] | None = None
+
+
+def scalar_reward(rewards: float | list[float]) -> float:
+    """The scalar reward of a rollout: the number itself, or the last turn's reward of a list."""
+    return rewards[-1] if isinstance(rewards, list) else rewards
+
+
+def _valid_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def parse_result(body: bytes, *, max_bytes: int | None = None) -> ResultOutcome:
+    """Validate an ART result object. `status_code` 200 = success, which needs finite `rewards` (number or
+    non-empty list); anything else is an agent error. Unreadable content is an invalid result."""
+
+    def invalid(error: str, parsed: dict[str, Any] | None = None) -> ResultOutcome:
+        return ResultOutcome(success=False, reason=FailureReason.INVALID_RESULT, error=error, body=parsed)
+
+    if max_bytes is not None and len(body) > max_bytes:
+        return invalid(f"result is larger than {max_bytes} bytes")
+    try:
+        parsed = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return invalid("result is not valid JSON")
+    if not isinstance(parsed, dict):
+        return invalid(f"result must be a JSON object, got {json_type(parsed)}")
+    status = parsed.get("status_code", 200)
+    if not isinstance(status, int) or isinstance(status, bool):
+        return invalid(f"status_code must be an integer, got {status!r}", parsed)
+    if status != 200:
+        stop_reason = str(parsed.get("stop_reason") or "").strip()
+        traceback = str(parsed.get("traceback") or "").strip()
+        tail = traceback.splitlines()[-1] if traceback else ""
+        error = stop_reason or tail or f"agent returned status_code {status}"
+        if tail and tail not in error:
+            error = f"{error} ({tail})"
+        return ResultOutcome(
+            success=False,
+            reason=FailureReason.AGENT_ERROR,
+            error=f"status_code {status}: {error}"[:2000],
+            body=parsed,
+        )
+    if "rewards" not in parsed:
+        return invalid("result has status_code 200 but no 'rewards'", parsed)
+    rewards = parsed["rewards"]
+    if _valid_number(rewards):
+        value = float(rewards)
+        return ResultOutcome(success=True, rewards=value, reward=value, body=parsed)
+    if isinstance(rewards, list) and rewards and all(_valid_number(r) for r in rewards):
+        values = [float(r) for r in rewards]
+        return ResultOutcome(success=True, rewards=values, reward=values[-1], body=parsed)
+    return invalid(
+        f"rewards must be a finite number or a non-empty list of finite numbers, got {rewards!r}"[:500],
+        parsed,
+    )
+
+
+class ResultRead(BaseModel):
+    """One read of a result object: its full size, the limit it was read under and what it says (`outcome.body`
+    is the parsed object whenever it is a JSON object within the limit)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    size: int
+    limit: int
+    outcome: ResultOutcome
+
+    @property
+    def too_large(self) -> bool:
+        return self.size > self.limit
+
+
+def read_result(store: ObjectStore, bucket: str, key: str, *, max_bytes: int) -> ResultRead:
+    """Read at most `max_bytes` of a result object and parse it (`parse_result`): the one reader of result objects
+    (completion, the inline result of `Rollout Completed`, the SDK). `ObjectNotFound` when it does not exist."""
+    body, size = store.get_bytes(bucket, key, max_bytes)
+    if size > max_bytes:
+        outcome = ResultOutcome(
+            success=False,
+            reason=FailureReason.INVALID_RESULT,
+            error=f"result is {size} bytes; larger than the limit of {max_bytes} bytes",
+        )
+    else:
+        outcome = parse_result(body, max_bytes=max_bytes)
+    return ResultRead(size=size, limit=max_bytes, outcome=outcome)

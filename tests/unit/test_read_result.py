@@ -1,0 +1,66 @@
+"""`contracts.read_result`: the one reader of result objects (completion, inline results, the SDK)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+
+import pytest
+
+from rollout_pipeline.contracts import FailureReason, read_result
+from rollout_pipeline.ports import ObjectInfo, ObjectNotFound
+
+
+class Store:
+    """An object store holding a few bodies, read the way S3 ranges are (up to `max_bytes` + 1 bytes)."""
+
+    def __init__(self, objects: Mapping[str, bytes]) -> None:
+        self.objects = dict(objects)
+
+    def head(self, bucket: str, key: str, version_id: str | None = None) -> ObjectInfo:  # pragma: no cover
+        raise NotImplementedError
+
+    def iter_bytes(self, bucket: str, key: str, version_id: str | None = None) -> Iterator[bytes]:  # pragma: no cover
+        raise NotImplementedError
+
+    def get_bytes(self, bucket: str, key: str, max_bytes: int) -> tuple[bytes, int]:
+        if key not in self.objects:
+            raise ObjectNotFound(key)
+        body = self.objects[key]
+        return body[: max_bytes + 1], len(body)
+
+    def put_bytes(self, *args: object, **kwargs: object) -> str | None:  # pragma: no cover
+        raise NotImplementedError
+
+
+def test_a_success_is_parsed_with_its_body() -> None:
+    store = Store({"ok": json.dumps({"status_code": 200, "rewards": [0.5, 1.0]}).encode()})
+    read = read_result(store, "b", "ok", max_bytes=1024)
+    assert not read.too_large
+    assert read.outcome.success
+    assert read.outcome.reward == 1.0
+    assert read.outcome.body == {"status_code": 200, "rewards": [0.5, 1.0]}
+
+
+def test_an_oversized_result_is_invalid_and_names_its_size() -> None:
+    store = Store({"big": b'{"x": "' + b"y" * 100 + b'"}'})
+    read = read_result(store, "b", "big", max_bytes=10)
+    assert read.too_large
+    assert read.size == 109
+    assert read.limit == 10
+    assert read.outcome.reason is FailureReason.INVALID_RESULT
+    assert read.outcome.error == "result is 109 bytes; larger than the limit of 10 bytes"
+    assert read.outcome.body is None
+
+
+@pytest.mark.parametrize(("body", "error"), [(b"not json", "not valid JSON"), (b"[1]", "must be a JSON object")])
+def test_unreadable_results_have_no_body(body: bytes, error: str) -> None:
+    read = read_result(Store({"k": body}), "b", "k", max_bytes=1024)
+    assert read.outcome.reason is FailureReason.INVALID_RESULT
+    assert error in str(read.outcome.error)
+    assert read.outcome.body is None
+
+
+def test_a_missing_result_raises_object_not_found() -> None:
+    with pytest.raises(ObjectNotFound):
+        read_result(Store({}), "b", "gone", max_bytes=1024)
