@@ -245,13 +245,14 @@ class Ingestion:
 
     def submit_rows(
         self,
-        rows: Iterable[Mapping[str, Any]],
+        rows: Iterable[Mapping[str, Any] | DatasetRow],
         *,
         name: str = "sdk",
         options: FileOptions | None = None,
         owner: str = "sdk",
     ) -> IngestResult:
         """Submit in-memory rows (each a dataset row: payload plus optional `id` / `_rollout`) as a new batch.
+        A `DatasetRow` (already validated by the SDK) is taken as it is, not parsed again.
 
         Same validation, ledger accounting, messages and events as a dataset file; positions are 1-based
         indexes into `rows`; rejected rows are counted in the result and `Batch Accepted` (no errors object).
@@ -626,7 +627,9 @@ def _parse_record(record: RawRecord) -> DatasetRow | tuple[int, RowError]:
     return _parse(record.text, record.position)
 
 
-def _parse(raw: bytes | str | Mapping[str, Any], position: int) -> DatasetRow | tuple[int, RowError]:
+def _parse(raw: bytes | str | Mapping[str, Any] | DatasetRow, position: int) -> DatasetRow | tuple[int, RowError]:
+    if isinstance(raw, DatasetRow):
+        return raw
     try:
         return parse_row(raw, position)
     except RowError as exc:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from rollout_pipeline.contracts import FileOptions
+from rollout_pipeline.contracts import DatasetRow, FileOptions
 
 if TYPE_CHECKING:
     from rollout_pipeline.ingest.core import IngestResult
@@ -15,7 +15,12 @@ if TYPE_CHECKING:
 
 
 def submit_rows(
-    experiment: Experiment, *, rows: Sequence[Mapping[str, Any]], options: FileOptions, name: str, owner: str
+    experiment: Experiment,
+    *,
+    rows: Sequence[Mapping[str, Any] | DatasetRow],
+    options: FileOptions,
+    name: str,
+    owner: str,
 ) -> IngestResult:
     """Submit rows as a new batch; return ingestion's result (its `batch_id`, counts and row errors)."""
     from rollout_pipeline.adapters.eventbridge import EventBridgePublisher

@@ -23,8 +23,9 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final
 
 from rollout_pipeline.contracts import DetailType, RolloutCompleted, RolloutFailed
+from rollout_pipeline.sdk.delivery import DEFAULT_POLL_WAIT_S, EventFilter, EventStream
 from rollout_pipeline.sdk.errors import RolloutFailedError, SdkError
-from rollout_pipeline.sdk.events import DEFAULT_POLL_WAIT_S, Event, EventFilter, EventStream, QueueReader
+from rollout_pipeline.sdk.transport import Event, QueueReader
 
 if TYPE_CHECKING:
     from rollout_pipeline.ports import AgentRuntime
@@ -436,7 +437,10 @@ class RolloutClient:
         options = dict(self._submit_options)
         if policy_version is not None:
             options["policy_version"] = policy_version
-        batch_id = self.experiment.submit(rows, group_size=1, name=name, **options)
+        file_options = self.experiment._options(
+            1, options["sampling_params"], options["timeout_s"], options["max_attempts"], options["policy_version"]
+        )
+        batch_id = self.experiment._submit_rows(parsed, file_options, name)
         futures = [RolloutFuture(self, batch_id, row.input_id, 0, owns_batch=owns_batch) for row in parsed]
         self._dispatcher.register(futures)
         return futures

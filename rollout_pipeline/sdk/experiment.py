@@ -2,38 +2,34 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
-import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Final
 
 from rollout_pipeline import ids
 from rollout_pipeline.config import ExperimentConfig, HandlerSettings, SamplingParams
-from rollout_pipeline.contracts import DetailType, RolloutCompleted, parse_iso, read_result, utcnow
-from rollout_pipeline.sdk import submission
-from rollout_pipeline.sdk._aws import AwsClients, aws_errors
-from rollout_pipeline.sdk.errors import AwsError, BatchNotFound, DatasetInvalid, ExperimentNotDeployed, SdkError
-from rollout_pipeline.sdk.events import (
-    DEFAULT_GROUP_GRACE_S,
-    DEFAULT_POLL_WAIT_S,
-    DEFAULT_SEEN_IDS,
-    GROUP_DETAIL_TYPES,
-    AsyncStream,
-    Event,
-    EventFilter,
-    EventStream,
-    Group,
-    GroupStream,
-    QueueReader,
-    SeenIds,
+from rollout_pipeline.contracts import (
+    DatasetRow,
+    DetailType,
+    FileOptions,
+    RolloutCompleted,
+    parse_iso,
+    read_result,
+    utcnow,
 )
+from rollout_pipeline.sdk import submission, subscription
+from rollout_pipeline.sdk._aws import AwsClients, aws_errors
+from rollout_pipeline.sdk.aio import AsyncStream
+from rollout_pipeline.sdk.delivery import DEFAULT_POLL_WAIT_S, DEFAULT_SEEN_IDS, EventFilter, EventStream, SeenIds
+from rollout_pipeline.sdk.errors import AwsError, BatchNotFound, DatasetInvalid, ExperimentNotDeployed, SdkError
+from rollout_pipeline.sdk.groups import DEFAULT_GROUP_GRACE_S, GROUP_DETAIL_TYPES, Group, GroupStream
 from rollout_pipeline.sdk.status import BatchStatus, batch_status, iter_rollout_items
+from rollout_pipeline.sdk.transport import Event, QueueReader
 
 if TYPE_CHECKING:
     from rollout_pipeline.lifecycle.cancel import CancelReport
@@ -266,8 +262,10 @@ class Experiment:
         Invalid payloads raise `DatasetInvalid` (index and reason) before anything is written.
         """
         options = self._options(group_size, sampling_params, timeout_s, max_attempts, policy_version)
-        rows = [dict(p) for p in payloads]
-        submission.validate_payloads(rows)
+        return self._submit_rows(submission.validate_payloads(payloads), options, name)
+
+    def _submit_rows(self, rows: Sequence[DatasetRow], options: FileOptions, name: str) -> str:
+        """Submit rows validated once (`submission.validate_payloads`); ingestion takes them as they are."""
         from rollout_pipeline.sdk import _ingest
 
         with aws_errors("submit payloads"):
@@ -291,7 +289,7 @@ class Experiment:
         timeout_s: int | None,
         max_attempts: int | None,
         policy_version: str | None,
-    ) -> Any:
+    ) -> FileOptions:
         try:
             return submission.file_options(
                 self.config,
@@ -344,7 +342,6 @@ class Experiment:
         """`events()` for asyncio: `async for event in experiment.aevents(...)` (receives run in a thread)."""
         return AsyncStream(self.events(batch_id, detail_types, timeout, **kwargs))
 
-    @contextmanager
     def tap(
         self,
         batch_id: str | None = None,
@@ -352,7 +349,7 @@ class Experiment:
         timeout: float | None = None,
         *,
         poll_wait_s: float = DEFAULT_POLL_WAIT_S,
-    ) -> Iterator[EventStream]:
+    ) -> AbstractContextManager[EventStream]:
         """Observe events without taking them from the trainer: a private queue subscribed to the bus.
 
         Creates an SQS queue and a rule on the experiment bus (matching `batch_id` if given) for the duration of
@@ -360,25 +357,7 @@ class Experiment:
         `sqs:CreateQueue`/`DeleteQueue`/`SetQueueAttributes` and `events:PutRule`/`PutTargets`/`RemoveTargets`/
         `DeleteRule`. `rollouts watch` uses it so that watching never steals the trainer's events.
         """
-        from rollout_pipeline.contracts import EVENT_SOURCE
-
-        pattern: dict[str, Any] = {"source": [EVENT_SOURCE]}
-        if batch_id is not None:
-            pattern["detail"] = {"batch_id": [batch_id]}
-        name, queue_url = self.open_subscription(pattern, suffix=f"tap-{uuid.uuid4().hex[:8]}")
-        try:
-            stream = EventStream(
-                QueueReader(self.aws, queue_url),
-                SeenIds(),
-                event_filter=EventFilter(batch_id, detail_types),
-                timeout=timeout,
-                consume_others=True,  # the queue is ours alone
-                poll_wait_s=poll_wait_s,
-            )
-            with stream:
-                yield stream
-        finally:
-            self.close_subscription(name, queue_url)
+        return subscription.tap(self.aws, self.bus_name, batch_id, detail_types, timeout, poll_wait_s=poll_wait_s)
 
     def open_subscription(self, pattern: Mapping[str, Any], *, suffix: str, retention_s: int = 3600) -> tuple[str, str]:
         """A private SQS queue subscribed to the experiment bus by a rule with `pattern`; returns (name, queue URL).
@@ -386,71 +365,11 @@ class Experiment:
         Close it with `close_subscription(name, queue_url)`. Needs `sqs:CreateQueue`/`DeleteQueue`/
         `SetQueueAttributes` and `events:PutRule`/`PutTargets`/`RemoveTargets`/`DeleteRule`.
         """
-        name = f"{self.bus_name}-{suffix}"[:64]
-        sqs, events = self.client("sqs"), self.client("events")
-        queue_url: str | None = None
-        rule_made = False
-        try:
-            with aws_errors("create a subscription queue on the event bus"):
-                queue_url = str(
-                    sqs.create_queue(
-                        QueueName=name,
-                        Attributes={"MessageRetentionPeriod": str(retention_s), "SqsManagedSseEnabled": "true"},
-                    )["QueueUrl"]
-                )
-                queue_arn = sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["QueueArn"])["Attributes"][
-                    "QueueArn"
-                ]
-                rule_arn = events.put_rule(
-                    Name=name, EventBusName=self.bus_name, EventPattern=json.dumps(pattern), State="ENABLED"
-                )["RuleArn"]
-                rule_made = True
-                policy = {
-                    "Version": "2012-10-17",
-                    "Statement": [
-                        {
-                            "Effect": "Allow",
-                            "Principal": {"Service": "events.amazonaws.com"},
-                            "Action": "sqs:SendMessage",
-                            "Resource": queue_arn,
-                            "Condition": {"ArnEquals": {"aws:SourceArn": rule_arn}},
-                        },
-                        {
-                            "Effect": "Deny",
-                            "Principal": "*",
-                            "Action": "sqs:*",
-                            "Resource": queue_arn,
-                            "Condition": {"Bool": {"aws:SecureTransport": "false"}},
-                        },
-                    ],
-                }
-                sqs.set_queue_attributes(QueueUrl=queue_url, Attributes={"Policy": json.dumps(policy)})
-                events.put_targets(Rule=name, EventBusName=self.bus_name, Targets=[{"Id": "tap", "Arn": queue_arn}])
-        except BaseException:
-            self._remove_tap(name, queue_url, rule_made)
-            raise
-        return name, queue_url
+        return subscription.open_subscription(self.aws, self.bus_name, pattern, suffix=suffix, retention_s=retention_s)
 
     def close_subscription(self, name: str, queue_url: str) -> None:
         """Remove a subscription made by `open_subscription` (best effort: failures are logged)."""
-        self._remove_tap(name, queue_url, rule_made=True)
-
-    def _remove_tap(self, name: str, queue_url: str | None, rule_made: bool) -> None:
-        events, sqs = self.client("events"), self.client("sqs")
-        steps: list[tuple[str, Callable[[], Any]]] = []
-        if rule_made:
-            steps.append(
-                ("remove tap target", lambda: events.remove_targets(Rule=name, EventBusName=self.bus_name, Ids=["tap"]))
-            )
-            steps.append(("delete tap rule", lambda: events.delete_rule(Name=name, EventBusName=self.bus_name)))
-        if queue_url is not None:
-            steps.append(("delete tap queue", lambda: sqs.delete_queue(QueueUrl=queue_url)))
-        for what, step in steps:
-            try:
-                with aws_errors(what):
-                    step()
-            except SdkError as exc:
-                logger.warning("%s %s failed (delete it by hand): %s", what, name, exc)
+        subscription.close_subscription(self.aws, self.bus_name, name, queue_url)
 
     def subscribe(
         self,

@@ -338,3 +338,34 @@ def test_fetch_result_reads_like_completion(experiment: Experiment, resources: E
         "status_code": 500,
         "stop_reason": "x",
     }
+
+
+def test_submitted_rows_are_validated_once(
+    experiment: Experiment, resources: ExperimentResources, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An SDK submission parses each row once (`submission.validate_payloads`); ingestion takes the parsed rows, and
+    `RolloutClient.submit_many` does not validate again through `Experiment.submit`."""
+    from rollout_pipeline.contracts import rows as rows_module
+    from rollout_pipeline.ingest import core
+    from rollout_pipeline.sdk import submission
+
+    parsed: list[int] = []
+    real = rows_module.parse_row
+
+    def counting(raw: Any, position: int) -> Any:
+        parsed.append(position)
+        return real(raw, position)
+
+    monkeypatch.setattr(submission, "parse_row", counting)
+    monkeypatch.setattr(core, "parse_row", counting)
+    experiment.submit([{"id": "q1", "prompt": "a"}, {"id": "q2", "prompt": "b"}], group_size=1, name="once")
+    assert parsed == [1, 2]
+    parsed.clear()
+    client = experiment.rollout_client()
+    try:
+        futures = client.submit_many([{"id": "r1", "prompt": "a"}, {"prompt": "b"}], name="once")
+    finally:
+        client.close()
+    assert [f.input_id for f in futures] == ["r1", "line-2"]
+    assert parsed == [1, 2]
+    receive_all(resources.rollout_queue_url)
