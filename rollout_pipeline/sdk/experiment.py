@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Final
@@ -28,7 +29,7 @@ from rollout_pipeline.sdk.aio import AsyncStream
 from rollout_pipeline.sdk.delivery import DEFAULT_POLL_WAIT_S, DEFAULT_SEEN_IDS, EventFilter, EventStream, SeenIds
 from rollout_pipeline.sdk.errors import AwsError, BatchNotFound, DatasetInvalid, ExperimentNotDeployed, SdkError
 from rollout_pipeline.sdk.groups import DEFAULT_GROUP_GRACE_S, GROUP_DETAIL_TYPES, Group, GroupStream
-from rollout_pipeline.sdk.status import BatchStatus, batch_status, iter_rollout_items
+from rollout_pipeline.sdk.status import BatchStatus, RolloutState, batch_status, iter_rollout_items, rollout_states
 from rollout_pipeline.sdk.transport import Event, QueueReader
 
 if TYPE_CHECKING:
@@ -422,10 +423,14 @@ class Experiment:
             item = self._ledger().read_batch(batch_id)
             if item is None:
                 raise BatchNotFound(f"no batch {batch_id!r} in experiment {self.name!r}")
-            states: Counter[str] = Counter()
-            for rollout in iter_rollout_items(self.client("dynamodb"), self.table_name, batch_id, "#state"):
-                states[str(rollout.get("state", {}).get("S", ""))] += 1
+            states = Counter(r.state for r in self.rollout_states(batch_id, states_only=True))
         return batch_status(item, states)
+
+    def rollout_states(self, batch_id: str, *, states_only: bool = False) -> Iterator[RolloutState]:
+        """Each dispatched rollout of a batch as the ledger holds it: state, ids, reward, failure reason (with
+        `states_only`, the state alone: a smaller read). Rollouts not yet dispatched have no entry."""
+        with aws_errors(f"read the rollouts of batch {batch_id}"):
+            yield from rollout_states(self.client("dynamodb"), self.table_name, batch_id, states_only=states_only)
 
     def cancel(self, batch_id: str, runtime: AgentRuntime | None = None) -> CancelReport:
         """Cancel a batch: queued rollouts are never started, running ones are stopped (through `runtime`, by
@@ -572,6 +577,27 @@ class Experiment:
         from rollout_pipeline.sdk.client import RolloutClient
 
         return RolloutClient(self, **defaults)
+
+
+def read_outputs_file(path: str | os.PathLike[str], name: str | None = None) -> dict[str, str]:
+    """Stack outputs from a JSON file: a flat `{output: value}` object, or `cdk deploy --outputs-file`'s
+    `{stack: {output: value}}` (the stack of experiment `name`, or the only one). `SdkError` when unreadable."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise SdkError(f"cannot read outputs file {path}: {exc}") from None
+    if isinstance(data, dict) and "TrainerQueueUrl" not in data:  # cdk's {stack: {outputs}} form
+        stacks = {k: v for k, v in data.items() if isinstance(v, dict)}
+        wanted = stack_name(name) if name else None
+        if wanted and wanted in stacks:
+            data = stacks[wanted]
+        elif len(stacks) == 1:
+            data = next(iter(stacks.values()))
+        else:
+            raise SdkError(f"{path} holds several stacks ({', '.join(stacks)}): pass --experiment")
+    if not isinstance(data, dict):
+        raise SdkError(f"{path} is not a JSON object of stack outputs")
+    return {str(k): str(v) for k, v in data.items()}
 
 
 def parse_s3_uri(uri: str) -> tuple[str, str]:

@@ -133,3 +133,29 @@ def batch_status(batch_item: Mapping[str, Any], rollout_states: Counter[str]) ->
         error=attr(batch_item, "error"),
         errors_uri=attr(batch_item, "errors_uri"),
     )
+
+
+@dataclass(frozen=True)
+class RolloutState:
+    """One dispatched rollout as the ledger holds it (ids, reward and reason are None when only states were read)."""
+
+    state: str
+    input_id: str | None = None
+    index: int | None = None
+    reward: float | None = None
+    reason: str | None = None
+
+
+def rollout_states(ddb: Any, table_name: str, batch_id: str, *, states_only: bool = False) -> Iterator[RolloutState]:
+    """The rollout items of a batch (never-dispatched rollouts have none), read as `RolloutState`s."""
+    for item in iter_rollout_items(ddb, table_name, batch_id, "#state" if states_only else None):
+        reward = attr(item, "reward")
+        index = attr(item, "index")
+        input_id = attr(item, "input_id")
+        yield RolloutState(
+            state=str(attr(item, "state") or ""),
+            input_id=None if input_id is None else str(input_id),
+            index=None if index is None else int(index),
+            reward=None if reward is None else float(reward),
+            reason=attr(item, "reason"),
+        )

@@ -133,11 +133,12 @@ def _experiment(config: BackendConfig) -> Experiment:
     from rollout_pipeline.sdk.experiment import Experiment
 
     if config.outputs_file is not None:
-        from rollout_pipeline.cli import CliError, _read_outputs
+        from rollout_pipeline.sdk.errors import SdkError
+        from rollout_pipeline.sdk.experiment import read_outputs_file
 
         try:
-            outputs = _read_outputs(Path(config.outputs_file), config.experiment)
-        except CliError as exc:
+            outputs = read_outputs_file(Path(config.outputs_file), config.experiment)
+        except SdkError as exc:
             raise RolloutContractError(str(exc)) from None
         return Experiment.from_outputs(outputs, region=config.region, endpoint_url=config.endpoint_url)
     assert config.experiment is not None

@@ -1,0 +1,143 @@
+"""The commands: each takes the parsed arguments and the output stream, runs on the SDK, and returns an exit code."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import TextIO
+
+from rollout_pipeline.cli.base import EXIT_ERROR, EXIT_OK, CliError, attach
+from rollout_pipeline.cli.watch import watch
+
+
+def cmd_preflight(args: argparse.Namespace, out: TextIO) -> int:
+    import boto3
+
+    from rollout_pipeline import preflight
+
+    if not args.experiment:
+        raise CliError("no experiment: pass --experiment NAME (or set ROLLOUTS_EXPERIMENT)")
+    overrides: dict[str, str] = {"experiment": args.experiment}
+    for item in args.context:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise CliError(f"-c {item!r}: expected KEY=VALUE")
+        overrides[key] = value
+    session = boto3.session.Session(region_name=args.region)
+    region = session.region_name
+    if not region:
+        raise CliError("no region: pass --region or set AWS_REGION")
+    checks = preflight.run(
+        preflight.load_context(args.cdk_dir, overrides),
+        client=lambda service: session.client(service, region_name=region),
+        region=region,
+    )
+    for check in checks:
+        print(check.line(), file=out)
+    return EXIT_ERROR if preflight.worst(checks) == "error" else EXIT_OK
+
+
+def cmd_submit(args: argparse.Namespace, out: TextIO) -> int:
+    sampling = None
+    if args.sampling_params:
+        try:
+            sampling = json.loads(args.sampling_params)
+        except json.JSONDecodeError as exc:
+            raise CliError(f"--sampling-params is not valid JSON: {exc.msg}") from None
+        if not isinstance(sampling, dict):
+            raise CliError("--sampling-params must be a JSON object")
+    experiment = attach(args)
+    batch_id = experiment.submit_file(
+        args.file,
+        group_size=args.group_size,
+        sampling_params=sampling,
+        timeout_s=args.timeout,
+        max_attempts=args.max_attempts,
+        policy_version=args.policy_version,
+        key=args.key,
+    )
+    print(batch_id, file=out)
+    print(
+        f"submitted {args.file} to experiment {experiment.name} as batch {batch_id}; "
+        f"follow it with: rollouts watch -e {experiment.name} --batch {batch_id}",
+        file=sys.stderr,
+    )
+    if args.watch:
+        watch_args = argparse.Namespace(
+            batch=batch_id, timeout=None, from_trainer_queue=False, refresh=15.0, poll_wait=args.poll_wait
+        )
+        return watch(experiment, watch_args, out)
+    return EXIT_OK
+
+
+def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
+    status = attach(args).status(args.batch)
+    if args.json:
+        print(json.dumps(status.as_dict(), indent=2), file=out)
+        return EXIT_OK
+    total = "?" if status.rollouts_total is None else str(status.rollouts_total)
+    lines = [
+        f"batch      {status.batch_id} ({status.status}{', done' if status.done else ''})",
+        f"rollouts   {total} total: {status.queued if status.queued is not None else '?'} queued, "
+        f"{status.running} running, {status.succeeded} succeeded, {status.failed} failed",
+    ]
+    if status.failed_by_reason:
+        lines.append("failed     " + ", ".join(f"{k} {v}" for k, v in sorted(status.failed_by_reason.items())))
+    if status.reward_mean is not None:
+        lines.append(
+            f"reward     mean {status.reward_mean:.4f}, std {status.reward_std or 0:.4f} (n={status.reward_count})"
+        )
+    lines.append(f"rows       {status.rows_accepted} accepted, {status.rows_rejected} rejected")
+    if status.errors_uri:
+        lines.append(f"errors     {status.errors_uri}")
+    if status.error:
+        lines.append(f"error      {status.error}")
+    print("\n".join(lines), file=out)
+    return EXIT_OK
+
+
+def cmd_cancel(args: argparse.Namespace, out: TextIO) -> int:
+    report = attach(args).cancel(args.batch)
+    print(
+        f"batch {args.batch} cancelled: {report.cancelled} rollout(s) cancelled "
+        f"({report.sessions_stopped} running session(s) stopped), {report.already_terminal} already finished",
+        file=out,
+    )
+    if report.drain_errors:
+        print(f"{len(report.drain_errors)} side effect(s) left to retry: run cancel again", file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_export(args: argparse.Namespace, out: TextIO) -> int:
+    experiment = attach(args)
+    target = out if args.output == "-" else args.output
+    count = experiment.export(
+        args.batch, target, include_results=not args.no_results, include_payload=args.with_payload
+    )
+    where = "stdout" if args.output == "-" else args.output
+    print(f"exported {count} rollout(s) of batch {args.batch} to {where}", file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_report(args: argparse.Namespace, out: TextIO) -> int:
+    from rollout_pipeline.report import ReportUnavailable, read_events, write_report
+
+    events = []
+    if args.events is not None:
+        try:
+            events = read_events(args.events)
+        except OSError as exc:
+            raise CliError(f"cannot read events file {args.events}: {exc}") from None
+    output = args.output or Path(f"report-{args.batch}.html")
+    try:
+        data = write_report(attach(args), args.batch, output, events)
+    except ReportUnavailable as exc:
+        raise CliError(str(exc)) from None
+    print(f"report of batch {args.batch} ({len(data.rows)} rollouts) written to {output}", file=out)
+    return EXIT_OK
+
+
+def cmd_watch(args: argparse.Namespace, out: TextIO) -> int:
+    return watch(attach(args), args, out)

@@ -1,0 +1,193 @@
+"""The `rollouts` argument parser: shared experiment options, one subcommand per command, and the `local` group
+when local mode provides one (`rollout_pipeline.local.cli.register(subparsers, common)`)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+from pathlib import Path
+from typing import Any
+
+from rollout_pipeline.cli import commands
+
+_DESCRIPTION = """\
+Event-driven RL rollouts on Amazon Bedrock AgentCore Runtime.
+
+Submit a dataset, watch its rollouts complete from pushed events, check a batch's status, cancel it, or export
+its results as JSON Lines. Region and credentials come from the usual AWS chain (AWS_PROFILE, AWS_REGION, ...).
+"""
+
+_EPILOG = """\
+examples:
+  rollouts submit train.jsonl -e my-exp --group-size 8 --sampling-params '{"temperature": 0.7}'
+  rollouts watch -e my-exp --batch train-3f2a9c1b7d4e
+  rollouts status -e my-exp --batch train-3f2a9c1b7d4e --json
+  rollouts export -e my-exp --batch train-3f2a9c1b7d4e -o results.jsonl
+  rollouts report -e my-exp --batch train-3f2a9c1b7d4e -o report.html
+  rollouts cancel -e my-exp --batch train-3f2a9c1b7d4e
+"""
+
+
+def _common_options() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    group = common.add_argument_group("experiment")
+    group.add_argument(
+        "-e",
+        "--experiment",
+        metavar="NAME",
+        default=os.environ.get("ROLLOUTS_EXPERIMENT"),
+        help="experiment name (stack Rollouts-NAME); default: $ROLLOUTS_EXPERIMENT",
+    )
+    group.add_argument("--region", help="AWS region (default: the AWS configuration's)")
+    group.add_argument(
+        "--outputs-file",
+        type=Path,
+        metavar="FILE",
+        help="stack outputs JSON (`cdk deploy --outputs-file`) instead of reading CloudFormation",
+    )
+    group.add_argument(
+        "--endpoint-url",
+        default=os.environ.get("ROLLOUTS_ENDPOINT_URL"),
+        metavar="URL",
+        help="local mode: send every AWS call to this endpoint (default: $ROLLOUTS_ENDPOINT_URL)",
+    )
+    group.add_argument("-v", "--verbose", action="store_true", help="log what the SDK does")
+    return common
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `rollouts` argument parser (with the `local` group when local mode provides one)."""
+    parser = argparse.ArgumentParser(
+        prog="rollouts",
+        description=_DESCRIPTION,
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    common = _common_options()
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    submit = sub.add_parser(
+        "submit",
+        parents=[common],
+        help="validate a dataset file and upload it: one batch of rollouts",
+        description="Validate a dataset file locally (.jsonl, .jsonl.gz or a .json array), then upload it to the "
+        "experiment's input bucket under datasets/. Prints the batch id. Options default to the experiment's.",
+    )
+    submit.add_argument("file", type=Path, help="dataset file: one JSON object per row; `id` and `_rollout` reserved")
+    submit.add_argument("--group-size", type=int, metavar="N", help="rollouts per row (GRPO group size)")
+    submit.add_argument("--timeout", type=int, metavar="S", help="deadline of one rollout attempt, seconds")
+    submit.add_argument("--max-attempts", type=int, metavar="N", help="attempts per rollout (timeouts are retried)")
+    submit.add_argument("--policy-version", metavar="V", help="policy version recorded on every event")
+    submit.add_argument("--sampling-params", metavar="JSON", help='e.g. \'{"temperature": 0.7, "max_tokens": 512}\'')
+    submit.add_argument("--key", help="object key under datasets/ (default: the file name)")
+    submit.add_argument("--watch", action="store_true", help="then watch the batch until it completes")
+    submit.add_argument("--poll-wait", type=float, default=5.0, help=argparse.SUPPRESS)
+    submit.set_defaults(handler=commands.cmd_submit)
+
+    watch = sub.add_parser(
+        "watch",
+        parents=[common],
+        help="live progress of a batch (or of every batch) from pushed events",
+        description="Show progress from the events the pipeline pushes (never by polling S3). By default events are "
+        "read from a private queue subscribed to the event bus, so watching never takes events away from the "
+        "trainer; --from-trainer-queue consumes the trainer queue instead (when nobody else reads it).",
+    )
+    watch.add_argument("--batch", metavar="ID", help="the batch to follow (default: every batch, as a log)")
+    watch.add_argument("--timeout", type=float, metavar="S", help="stop after S seconds (default: until done)")
+    watch.add_argument(
+        "--from-trainer-queue", action="store_true", help="consume the trainer queue instead of a private tap"
+    )
+    watch.add_argument(
+        "--refresh",
+        type=float,
+        default=15.0,
+        metavar="S",
+        help="re-read the running/queued split from the ledger every S seconds (0: never; default 15)",
+    )
+    watch.add_argument("--poll-wait", type=float, default=5.0, help=argparse.SUPPRESS)
+    watch.set_defaults(handler=commands.cmd_watch)
+
+    status = sub.add_parser(
+        "status",
+        parents=[common],
+        help="where a batch stands: queued, running, succeeded, failed by reason, rewards",
+        description="Read a batch's counters from the ledger.",
+    )
+    status.add_argument("--batch", required=True, metavar="ID", help="batch id (printed by submit)")
+    status.add_argument("--json", action="store_true", help="print JSON")
+    status.set_defaults(handler=commands.cmd_status)
+
+    cancel = sub.add_parser(
+        "cancel",
+        parents=[common],
+        help="cancel a batch: nothing more starts, running sessions are stopped",
+        description="Cancel a batch: queued rollouts never start, running ones are stopped, every rollout not yet "
+        "finished ends as `Rollout Failed` with reason `cancelled`. Safe to repeat.",
+    )
+    cancel.add_argument("--batch", required=True, metavar="ID", help="batch id")
+    cancel.set_defaults(handler=commands.cmd_cancel)
+
+    export = sub.add_parser(
+        "export",
+        parents=[common],
+        help="write a batch's results as JSON Lines (one line per rollout)",
+        description="Export one line per rollout from the ledger (state, reward, reason, timings) with its result "
+        "object from the results bucket.",
+    )
+    export.add_argument("--batch", required=True, metavar="ID", help="batch id")
+    export.add_argument("-o", "--output", default="-", metavar="FILE", help="output file (default: stdout)")
+    export.add_argument("--no-results", action="store_true", help="leave out the result objects (ledger only)")
+    export.add_argument("--with-payload", action="store_true", help="add each row's payload")
+    export.set_defaults(handler=commands.cmd_export)
+
+    preflight = sub.add_parser(
+        "preflight",
+        parents=[common],
+        help="check, with read calls only, that an experiment can be deployed (run by `make deploy`)",
+        description="Check the settings (cdk.json + -c overrides), the model URL, AgentCore in the region, the "
+        "account's AgentCore quotas against the limits, and the CDK bootstrap. One line per check; exit 1 on an error.",
+    )
+    preflight.add_argument(
+        "-c",
+        "--context",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a CDK context override, as given to `cdk deploy -c` (repeatable)",
+    )
+    preflight.add_argument("--cdk-dir", type=Path, default=Path(), metavar="DIR", help="where cdk.json is")
+    preflight.set_defaults(handler=commands.cmd_preflight)
+
+    report = sub.add_parser(
+        "report",
+        parents=[common],
+        help="write a batch's report: one self-contained HTML file of charts",
+        description="Read a batch from the ledger (status, export rows) and the results bucket, plus recorded "
+        "events (--events), and write one HTML file with inline SVG charts (no server, no network to view it). "
+        "Needs the `report` extra (matplotlib).",
+    )
+    report.add_argument("--batch", required=True, metavar="ID", help="batch id")
+    report.add_argument("-o", "--output", type=Path, metavar="FILE", help="HTML file (default: report-BATCH.html)")
+    report.add_argument(
+        "--events",
+        type=Path,
+        metavar="FILE",
+        help="JSON Lines of the batch's event envelopes (result-to-event latency)",
+    )
+    report.set_defaults(handler=commands.cmd_report)
+
+    _register_local(sub, common)
+    return parser
+
+
+def _register_local(sub: Any, common: argparse.ArgumentParser) -> None:
+    try:
+        module = importlib.import_module("rollout_pipeline.local.cli")
+    except ModuleNotFoundError as exc:
+        if exc.name != "rollout_pipeline.local.cli":
+            raise
+        return
+    register = getattr(module, "register", None)
+    if callable(register):
+        register(sub, common)

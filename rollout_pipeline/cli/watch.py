@@ -1,0 +1,231 @@
+"""`rollouts watch`: live progress of a batch from pushed events, over a ledger baseline read through the SDK."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TextIO
+
+from rollout_pipeline.cli.base import EXIT_ERROR, EXIT_OK
+from rollout_pipeline.contracts import BatchAccepted, BatchCompleted, GroupCompleted, RolloutCompleted, RolloutFailed
+
+if TYPE_CHECKING:
+    from rollout_pipeline.sdk import Experiment
+
+
+class Progress:
+    """Counts of one batch, from a ledger baseline plus pushed events (each rollout counted once)."""
+
+    def __init__(self, batch_id: str) -> None:
+        self.batch_id = batch_id
+        self.total: int | None = None
+        self.succeeded = 0
+        self.failed = 0
+        self.failed_by_reason: Counter[str] = Counter()
+        self.running = 0
+        self.reward_sum = 0.0
+        self.reward_count = 0
+        self.done = False
+        self.counted: set[tuple[str, int]] = set()
+        self.summary: str | None = None
+
+    @property
+    def terminal(self) -> int:
+        return self.succeeded + self.failed
+
+    @property
+    def pending(self) -> int | None:
+        return None if self.total is None else max(0, self.total - self.terminal)
+
+    @property
+    def queued(self) -> int | None:
+        pending = self.pending
+        return None if pending is None else max(0, pending - self.running)
+
+    @property
+    def reward_mean(self) -> float | None:
+        return self.reward_sum / self.reward_count if self.reward_count else None
+
+    def baseline(self, experiment: Experiment) -> None:
+        """Start from the ledger: totals and every rollout already terminal (so events are not counted twice)."""
+        from rollout_pipeline.sdk.errors import BatchNotFound
+
+        try:
+            status = experiment.status(self.batch_id)
+        except BatchNotFound:  # just uploaded: ingestion has not created it yet; Batch Accepted will tell
+            print(f"batch {self.batch_id} is not in the ledger yet: waiting for its events", file=sys.stderr)
+            return
+        self.total = status.rollouts_total
+        if status.status in ("rejected",):
+            self.done = True
+        self.running = 0
+        for rollout in experiment.rollout_states(self.batch_id):
+            key = (str(rollout.input_id), rollout.index or 0)
+            if rollout.state == "dispatched":
+                self.running += 1
+            elif rollout.state in ("succeeded", "failed") and key not in self.counted:
+                self.counted.add(key)
+                if rollout.state == "succeeded":
+                    self.succeeded += 1
+                    if rollout.reward is not None:
+                        self.reward_sum += rollout.reward
+                        self.reward_count += 1
+                else:
+                    self.failed += 1
+                    self.failed_by_reason[rollout.reason or "unknown"] += 1
+        self._check_done(status.rollouts_total is not None and status.status != "ingesting")
+
+    def refresh_running(self, experiment: Experiment) -> None:
+        """Re-read how many rollouts are running (a states-only read of the batch's rollouts)."""
+        states = experiment.rollout_states(self.batch_id, states_only=True)
+        self.running = sum(1 for rollout in states if rollout.state == "dispatched")
+
+    def apply(self, detail: Any) -> None:
+        """Update from one event detail of this batch."""
+        if isinstance(detail, RolloutCompleted | RolloutFailed):
+            key = (detail.input_id, detail.index)
+            if key in self.counted:
+                return
+            self.counted.add(key)
+            self.running = max(0, self.running - 1)
+            if isinstance(detail, RolloutCompleted):
+                self.succeeded += 1
+                self.reward_sum += detail.reward
+                self.reward_count += 1
+            else:
+                self.failed += 1
+                self.failed_by_reason[detail.reason.value] += 1
+        elif isinstance(detail, BatchAccepted):
+            self.total = detail.rollouts_enqueued
+            if detail.error:
+                self.summary = f"batch {self.batch_id} rejected: {detail.error}"
+                self.done = True
+        elif isinstance(detail, BatchCompleted):
+            self.total = detail.rollouts_total
+            self.succeeded, self.failed = detail.succeeded, detail.failed
+            self.failed_by_reason = Counter(detail.failed_by_reason)
+            if detail.reward_mean is not None:
+                self.reward_sum, self.reward_count = detail.reward_mean * detail.reward_count, detail.reward_count
+            self.running = 0
+            self.done = True
+        self._check_done(False)
+
+    def _check_done(self, ingestion_ended: bool) -> None:
+        if ingestion_ended and self.total is not None and self.terminal >= self.total:
+            self.done = True
+
+    def line(self) -> str:
+        reasons = ", ".join(f"{k} {v}" for k, v in sorted(self.failed_by_reason.items()))
+        mean = "-" if self.reward_mean is None else f"{self.reward_mean:.4f}"
+        total = "?" if self.total is None else str(self.total)
+        queued = "?" if self.queued is None else str(self.queued)
+        return (
+            f"{self.terminal}/{total} done: {self.succeeded} succeeded, {self.failed} failed"
+            f"{f' ({reasons})' if reasons else ''}, {self.running} running, {queued} queued, reward mean {mean}"
+        )
+
+
+def watch(experiment: Experiment, args: argparse.Namespace, out: TextIO) -> int:
+    """Follow one batch (`args.batch`) to its end with a progress bar, or log every batch's events."""
+    timeout: float | None = args.timeout
+    poll_wait = float(getattr(args, "poll_wait", 5.0))
+    if args.from_trainer_queue:
+        stream_cm: Any = experiment.events(batch_id=args.batch, timeout=timeout, poll_wait_s=poll_wait)
+    else:
+        stream_cm = experiment.tap(batch_id=args.batch, timeout=timeout, poll_wait_s=poll_wait)
+    with stream_cm as stream:
+        if args.batch is None:
+            return _watch_all(stream, out)
+        progress = Progress(args.batch)
+        progress.baseline(experiment)  # after the tap exists: nothing falls between the two
+        refresh = float(getattr(args, "refresh", 15.0))
+        render = _renderer(progress)
+        try:
+            last_refresh = time.monotonic()
+            while not progress.done:
+                budget = max(poll_wait, 0.5)
+                remaining = stream.remaining()
+                delivery = stream.next_delivery(budget if remaining is None else min(budget, remaining))
+                if delivery is not None and delivery.event is not None:
+                    progress.apply(delivery.event.detail)
+                    stream.ack(delivery)
+                if refresh > 0 and time.monotonic() - last_refresh >= refresh and not progress.done:
+                    progress.refresh_running(experiment)
+                    last_refresh = time.monotonic()
+                render(False)
+                if stream.expired():
+                    break
+        finally:
+            render(True)
+    print(progress.summary or f"batch {args.batch}: {progress.line()}", file=out)
+    return EXIT_OK if progress.done else EXIT_ERROR
+
+
+def _renderer(progress: Progress) -> Callable[[bool], None]:
+    """A rich progress bar on a terminal (stderr); nothing otherwise (the summary line is printed at the end)."""
+    try:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+        from rich.progress import Progress as RichProgress
+    except ImportError:  # pragma: no cover - rich is a dependency of the CLI
+        return _no_render
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        return _no_render
+    bar = RichProgress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    )
+    task = bar.add_task(progress.batch_id, total=progress.total, info="")
+    bar.start()
+
+    def render(final: bool) -> None:
+        reasons = sum(progress.failed_by_reason.values())
+        mean = "-" if progress.reward_mean is None else f"{progress.reward_mean:.3f}"
+        info = (
+            f"[green]{progress.succeeded} ok[/] [red]{reasons or progress.failed} failed[/] "
+            f"[yellow]{progress.running} running[/] {progress.queued if progress.queued is not None else '?'} queued "
+            f"reward {mean}"
+        )
+        bar.update(task, total=progress.total, completed=progress.terminal, info=info)
+        if final:
+            bar.stop()
+
+    return render
+
+
+def _no_render(final: bool) -> None:
+    del final
+
+
+def _watch_all(stream: Any, out: TextIO) -> int:
+    """Every batch: one log line per batch-level event and per completed group."""
+    for event in stream:
+        detail = event.detail
+        if isinstance(detail, BatchAccepted):
+            text = (
+                f"accepted: {detail.rows_accepted} rows ({detail.rows_rejected} rejected), "
+                f"{detail.rollouts_enqueued} rollouts"
+            )
+            if detail.error:
+                text = f"rejected: {detail.error}"
+        elif isinstance(detail, GroupCompleted):
+            mean = "-" if detail.reward_mean is None else f"{detail.reward_mean:.4f}"
+            text = f"group {detail.input_id}: {detail.succeeded}/{detail.group_size} succeeded, reward mean {mean}"
+        elif isinstance(detail, BatchCompleted):
+            mean = "-" if detail.reward_mean is None else f"{detail.reward_mean:.4f}"
+            text = f"completed: {detail.succeeded} succeeded, {detail.failed} failed, reward mean {mean}"
+        elif isinstance(detail, RolloutFailed):
+            text = f"rollout {detail.rollout_id} failed: {detail.reason.value}: {detail.error[:200]}"
+        else:
+            continue
+        print(f"{detail.batch_id} {text}", file=out, flush=True)
+    return EXIT_OK
