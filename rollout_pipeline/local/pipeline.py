@@ -155,7 +155,7 @@ class LocalPipeline:
         log.info("local pipeline up in %.1f s (work dir %s)", time.monotonic() - started, self.work_dir)
 
     def _start_agents(self, aws_env: Mapping[str, str]) -> Any:
-        from rollout_pipeline.adapters.local_acr import LocalAgentRuntime
+        from rollout_pipeline.local.acr import LocalAgentRuntime
 
         runtime = LocalAgentRuntime(
             self.settings.agent_module,

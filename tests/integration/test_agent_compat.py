@@ -25,9 +25,9 @@ import boto3
 import pytest
 
 from rollout_pipeline import contracts, ids
-from rollout_pipeline.adapters.local_acr import LocalAgentRuntime
 from rollout_pipeline.agent.testing import FakeModelServer, RecordedRequest, Truncated
 from rollout_pipeline.config import ExperimentConfig, SamplingParams
+from rollout_pipeline.local.acr import LocalAgentRuntime
 from rollout_pipeline.local.moto_server import local_aws_environ, moto_server
 from rollout_pipeline.ports import RuntimeRejected, RuntimeThrottled
 

@@ -1,0 +1,574 @@
+"""A local stand-in for Amazon Bedrock AgentCore Runtime: agent processes on loopback, spoken to as ACR does.
+
+ACR gives every session its own microVM running the agent image's HTTP server, and sends it
+`POST /invocations` (session id in header `X-Amzn-Bedrock-AgentCore-Runtime-Session-Id`); `GET /ping` tells it
+whether the agent is busy (`HealthyBusy`) or idle (`Healthy`); `StopRuntimeSession` terminates the microVM.
+
+`LocalAgentRuntime` does the same with processes (`python -m <agent module> --host 127.0.0.1 --port N`):
+
+- isolation "process" (default, ACR-faithful): one agent process per session, started lazily, at most
+  `max_sessions` at once; `warm_processes` spares are kept started so an invoke does not wait for Python to import
+  the agent. A new session takes a spare (or starts a process), later invokes of the same session reach the same
+  process, and `stop(session)` kills that process (SIGKILL: like a stopped microVM it writes nothing more), so a
+  stopped session's work really ends. Processes are never reused across sessions.
+- isolation "shared": one process serves every session; `stop` is bookkeeping only (its work runs to the end).
+  Cheaper, for tests of everything but stop.
+
+At capacity, sessions whose agent has answered `Healthy` (idle) for longer than `idle_timeout_s` are stopped (ACR's
+idle timeout); if none is, `invoke` raises `RuntimeThrottled` (ACR: ServiceQuotaExceededException).
+
+HTTP answers map to the ports' errors: 2xx ok; 429, 402, 409, 502, 503, 504 and connection failures/timeouts
+-> `RuntimeThrottled` (retry later); 400, 401, 403, 404, 413, 415, 422 and 500 -> `RuntimeRejected`. A 500 is the
+agent's entrypoint failing before it starts work (e.g. ART's "Missing required rollout config field"): retrying
+the same payload cannot succeed (real ACR reports it as RuntimeClientError).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+import weakref
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final, Literal
+
+from rollout_pipeline.local.moto_server import LOOPBACK, free_port
+from rollout_pipeline.ports import RuntimeRejected, RuntimeThrottled
+
+logger = logging.getLogger(__name__)
+
+SESSION_HEADER: Final = "X-Amzn-Bedrock-AgentCore-Runtime-Session-Id"
+DEFAULT_AGENT_MODULE: Final = "rollout_pipeline.agent.examples.math_agent"
+#: ACR's limits on the session id (botocore rejects others before sending) and the payload.
+MIN_SESSION_ID_LENGTH: Final = 33
+MAX_SESSION_ID_LENGTH: Final = 256
+MAX_PAYLOAD_BYTES: Final = 100 * 1024 * 1024
+
+THROTTLE_STATUSES: Final = frozenset({402, 409, 429, 502, 503, 504})
+Isolation = Literal["process", "shared"]
+PingStatus = Literal["Healthy", "HealthyBusy"]
+
+
+class AgentStartError(RuntimeError):
+    """An agent process exited or did not answer `/ping` in time; the message carries its log's tail."""
+
+
+def _library_root() -> str:
+    import rollout_pipeline
+
+    return str(Path(rollout_pipeline.__file__).resolve().parents[1])
+
+
+def agent_command(
+    module: str = DEFAULT_AGENT_MODULE, port: int = 8080, host: str = LOOPBACK, python: str = sys.executable
+) -> list[str]:
+    """The command that serves an agent module: `python -m <module> --host <host> --port <port>`."""
+    return [python, "-m", module, "--host", host, "--port", str(port)]
+
+
+def agent_environ(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """This process's environment plus `extra`, with the library importable (PYTHONPATH) and unbuffered output."""
+    env = {**os.environ, **(extra or {})}
+    paths = [_library_root(), *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def _http_json(
+    method: str, url: str, body: bytes | None, headers: Mapping[str, str], timeout: float
+) -> tuple[int, Any]:
+    request = urllib.request.Request(url, data=body, method=method, headers=dict(headers))
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            status, raw = response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        status, raw = exc.code, exc.read()
+    try:
+        return status, json.loads(raw) if raw else None
+    except json.JSONDecodeError:
+        return status, raw.decode(errors="replace")[:500]
+
+
+class AgentProcess:
+    """One agent server process on 127.0.0.1: start it, wait for `/ping`, invoke it, stop it."""
+
+    def __init__(
+        self,
+        module: str = DEFAULT_AGENT_MODULE,
+        *,
+        env: Mapping[str, str] | None = None,
+        port: int | None = None,
+        log_path: Path | None = None,
+        python: str = sys.executable,
+        cwd: str | None = None,
+    ) -> None:
+        self.module = module
+        self.port = port or free_port()
+        self.log_path = log_path or Path(tempfile.mkstemp(prefix="agent-", suffix=".log")[1])
+        self._env = agent_environ(env)
+        self._python = python
+        self._cwd = cwd
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{LOOPBACK}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._process is None else self._process.pid
+
+    def is_alive(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def start(self) -> AgentProcess:
+        """Start the process (does not wait: see `wait_ready`)."""
+        if self._process is not None:
+            return self
+        with self.log_path.open("ab") as log:
+            self._process = subprocess.Popen(
+                agent_command(self.module, self.port, LOOPBACK, self._python),
+                env=self._env,
+                cwd=self._cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        return self
+
+    def ping(self, timeout: float = 2.0) -> PingStatus | None:
+        """`Healthy` / `HealthyBusy` from `/ping`, or None if it does not answer."""
+        try:
+            status, body = _http_json("GET", f"{self.base_url}/ping", None, {}, timeout)
+        except OSError:
+            return None
+        if status != 200 or not isinstance(body, dict):
+            return None
+        value = body.get("status")
+        return value if value in ("Healthy", "HealthyBusy") else None
+
+    def wait_ready(self, timeout_s: float = 60.0) -> None:
+        """Poll `/ping` until the agent answers (bounded); raise `AgentStartError` if it exits or times out."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._process is None or self._process.poll() is not None:
+                code = None if self._process is None else self._process.returncode
+                raise AgentStartError(f"agent {self.module} exited with code {code}: {self.log_tail()}")
+            if self.ping(timeout=1.0) is not None:
+                return
+            time.sleep(0.1)
+        raise AgentStartError(f"agent {self.module} on port {self.port} not ready after {timeout_s:.0f} s")
+
+    def invoke(self, session_id: str, payload: Mapping[str, Any] | bytes, timeout: float = 30.0) -> tuple[int, Any]:
+        """POST `/invocations` with the session header; return (HTTP status, decoded body). OSError if unreachable."""
+        body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+        headers = {"Content-Type": "application/json", SESSION_HEADER: session_id}
+        return _http_json("POST", f"{self.base_url}/invocations", body, headers, timeout)
+
+    def stop(self, grace_s: float = 0.0) -> None:
+        """End the process: SIGTERM with `grace_s` to exit, else SIGKILL (immediately when `grace_s` is 0)."""
+        process = self._process
+        if process is None or process.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            if grace_s > 0:
+                os.killpg(process.pid, signal.SIGTERM)
+                try:
+                    process.wait(timeout=grace_s)
+                    return
+                except subprocess.TimeoutExpired:
+                    pass
+            os.killpg(process.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=10)
+
+    def log_tail(self, max_chars: int = 2000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-max_chars:]
+        except OSError:
+            return ""
+
+    def __enter__(self) -> AgentProcess:
+        self.start()
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@dataclass
+class _Session:
+    process: AgentProcess
+    started_at: float
+    idle_since: float | None = None
+    invocations: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class LocalAgentRuntime:
+    """`ports.AgentRuntime` over local agent processes (see the module docstring for what `stop` means).
+
+    Args:
+        module: the agent module to serve (`python -m module --host 127.0.0.1 --port N`).
+        env: extra environment for the agent processes (e.g. `AWS_ENDPOINT_URL` of the moto server, fake
+            credentials, `AWS_DEFAULT_REGION`); the rest is inherited.
+        max_sessions: sessions (processes, in "process" isolation) alive at once.
+        warm_processes: started spares kept ready ("process" isolation).
+        isolation: "process" (one process per session) or "shared" (one process, stop is bookkeeping).
+        idle_timeout_s: at capacity, sessions idle (`Healthy`) longer than this are stopped.
+        startup_timeout_s / invoke_timeout_s: bounds on waiting for `/ping` and for `/invocations`.
+        log_dir: where agent logs go (a temporary directory by default).
+    """
+
+    def __init__(
+        self,
+        module: str = DEFAULT_AGENT_MODULE,
+        *,
+        env: Mapping[str, str] | None = None,
+        max_sessions: int = 4,
+        warm_processes: int = 1,
+        isolation: Isolation = "process",
+        idle_timeout_s: float = 900.0,
+        startup_timeout_s: float = 60.0,
+        invoke_timeout_s: float = 30.0,
+        log_dir: Path | None = None,
+        python: str = sys.executable,
+        cwd: str | None = None,
+    ) -> None:
+        if max_sessions < 1:
+            raise ValueError("max_sessions must be >= 1")
+        if isolation not in ("process", "shared"):
+            raise ValueError(f"isolation must be 'process' or 'shared', got {isolation!r}")
+        self.module = module
+        self.max_sessions = max_sessions
+        self.warm_processes = max(0, warm_processes) if isolation == "process" else 0
+        self.isolation: Isolation = isolation
+        self.idle_timeout_s = idle_timeout_s
+        self.startup_timeout_s = startup_timeout_s
+        self.invoke_timeout_s = invoke_timeout_s
+        self.log_dir = log_dir or Path(tempfile.mkdtemp(prefix="local-acr-"))
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self._env = dict(env or {})
+        self._python = python
+        self._cwd = cwd
+        self._lock = threading.Lock()
+        self._sessions: dict[str, _Session] = {}
+        self._reserved = 0
+        self._spares: list[AgentProcess] = []
+        self._launching: set[AgentProcess] = set()
+        self._starting_spares = 0
+        self._shared: AgentProcess | None = None
+        self._counter = 0
+        self._closed = False
+        #: The most recently stopped session ids, oldest first (for tests and diagnostics).
+        self.stopped_sessions: deque[str] = deque(maxlen=10_000)
+        _open_runtimes.add(self)
+
+    # ------------------------------------------------------------------------------------------------ lifecycle
+
+    def start(self) -> LocalAgentRuntime:
+        """Start the shared process or the warm spares now and wait for them (optional: invoke starts lazily)."""
+        if self.isolation == "shared":
+            self._shared_process()
+        else:
+            self._fill_spares(wait=True)
+        return self
+
+    def close(self) -> None:
+        """Stop every process (sessions, spares, the shared one). The runtime cannot be used after."""
+        with self._lock:
+            self._closed = True
+            processes = [s.process for s in self._sessions.values()] + self._spares + list(self._launching)
+            if self._shared is not None:
+                processes.append(self._shared)
+            self._sessions.clear()
+            self._spares.clear()
+            self._shared = None
+        for process in processes:
+            process.stop()
+
+    def __enter__(self) -> LocalAgentRuntime:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --------------------------------------------------------------------------------------------- AgentRuntime
+
+    def invoke(self, session_id: str, payload: Mapping[str, Any]) -> None:
+        """Start `payload` in session `session_id` (a new session gets its own agent process).
+
+        Raises `RuntimeThrottled` (no capacity, agent unreachable or answering 429/402/409/5xx) or `RuntimeRejected`
+        (bad session id or payload, agent answered 4xx/500)."""
+        _validate_session_id(session_id)
+        try:
+            body = json.dumps(payload).encode()
+        except (TypeError, ValueError) as exc:
+            raise RuntimeRejected(f"ValidationException: payload is not JSON-serialisable: {exc}") from None
+        if len(body) > MAX_PAYLOAD_BYTES:
+            raise RuntimeRejected(f"ValidationException: payload is {len(body)} bytes (max {MAX_PAYLOAD_BYTES})")
+        session, is_new = self._session_for(session_id)
+        try:
+            with session.lock:
+                session.invocations += 1
+                session.idle_since = None
+                status, answer = session.process.invoke(session_id, body, timeout=self.invoke_timeout_s)
+        except OSError as exc:
+            if is_new:
+                self._discard(session_id)
+            raise RuntimeThrottled(f"agent for session {session_id} unreachable: {exc}") from exc
+        if 200 <= status < 300:
+            return
+        if is_new:
+            self._discard(session_id)
+        detail = f"agent answered HTTP {status}: {answer}"[:1000]
+        if status in THROTTLE_STATUSES:
+            raise RuntimeThrottled(detail)
+        raise RuntimeRejected(detail)
+
+    def stop(self, session_id: str) -> None:
+        """StopRuntimeSession: end the session ("process": kill its process; "shared": forget it). Idempotent."""
+        with self._lock:
+            session = self._sessions.pop(session_id, None)
+            if session is not None:
+                self.stopped_sessions.append(session_id)
+        if session is not None and self.isolation == "process":
+            session.process.stop()
+
+    # ------------------------------------------------------------------------------------------------ inspection
+
+    def sessions(self) -> list[str]:
+        """Ids of the sessions alive now."""
+        with self._lock:
+            return list(self._sessions)
+
+    def process_of(self, session_id: str) -> AgentProcess | None:
+        """The process serving `session_id`, if the session is alive."""
+        with self._lock:
+            session = self._sessions.get(session_id)
+        return None if session is None else session.process
+
+    def ping(self, session_id: str) -> PingStatus | None:
+        """`/ping` of the session's agent (`Healthy` = idle, `HealthyBusy` = working), None if the session is gone.
+        In "shared" isolation the status is the whole process's."""
+        process = self.process_of(session_id)
+        return None if process is None else process.ping()
+
+    def wait_idle(self, session_id: str, timeout_s: float = 60.0, interval_s: float = 0.1) -> bool:
+        """Wait (bounded) until the session's agent answers `Healthy`; False on timeout or if the session is gone."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            status = self.ping(session_id)
+            if status is None:
+                return False
+            if status == "Healthy":
+                return True
+            time.sleep(interval_s)
+        return False
+
+    # ---------------------------------------------------------------------------------------------- internals
+
+    def _session_for(self, session_id: str) -> tuple[_Session, bool]:
+        with self._lock:
+            if self._closed:
+                raise RuntimeRejected("local runtime is closed")
+            existing = self._sessions.get(session_id)
+            if existing is not None:
+                return existing, False
+            at_capacity = len(self._sessions) + self._reserved >= self.max_sessions
+        if at_capacity:
+            self._reap_idle()
+        with self._lock:
+            if len(self._sessions) + self._reserved >= self.max_sessions:
+                raise RuntimeThrottled(f"ServiceQuotaExceededException: {self.max_sessions} local sessions are active")
+            self._reserved += 1
+            spare = self._spares.pop(0) if self._spares else None
+        try:
+            process = spare if spare is not None and spare.is_alive() else self._new_process(wait=True)
+        except AgentStartError as exc:
+            with self._lock:
+                self._reserved -= 1
+            raise RuntimeThrottled(str(exc)) from exc
+        session = _Session(process=process, started_at=time.monotonic())
+        with self._lock:
+            self._reserved -= 1
+            raced = self._sessions.get(session_id)
+            if raced is None:
+                self._sessions[session_id] = session
+        if raced is not None:  # two first invokes of one session at once: keep the first process
+            if self.isolation == "process":
+                process.stop()
+            return raced, False
+        if self.isolation == "process":
+            self._fill_spares(wait=False)
+        return session, True
+
+    def _new_process(self, wait: bool) -> AgentProcess:
+        if self.isolation == "shared":
+            return self._shared_process()
+        with self._lock:
+            self._counter += 1
+            number = self._counter
+        process = AgentProcess(
+            self.module,
+            env=self._env,
+            log_path=self.log_dir / f"agent-{number}.log",
+            python=self._python,
+            cwd=self._cwd,
+        )
+        with self._lock:
+            if self._closed:
+                raise AgentStartError("local runtime is closed")
+            self._launching.add(process)  # so close() also stops processes still starting
+            process.start()
+        try:
+            if wait:
+                process.wait_ready(self.startup_timeout_s)
+        except AgentStartError:
+            process.stop()
+            raise
+        finally:
+            with self._lock:
+                self._launching.discard(process)
+        return process
+
+    def _shared_process(self) -> AgentProcess:
+        with self._lock:
+            process = self._shared
+            if process is None:
+                process = AgentProcess(
+                    self.module,
+                    env=self._env,
+                    log_path=self.log_dir / "agent-shared.log",
+                    python=self._python,
+                    cwd=self._cwd,
+                ).start()
+                self._shared = process
+        process.wait_ready(self.startup_timeout_s)
+        return process
+
+    def _fill_spares(self, wait: bool) -> None:
+        with self._lock:
+            missing = self.warm_processes - len(self._spares) - self._starting_spares
+            capacity = self.max_sessions - len(self._sessions) - self._reserved - len(self._spares)
+            count = max(0, min(missing, capacity - self._starting_spares))
+            self._starting_spares += count
+        threads = [threading.Thread(target=self._start_spare, daemon=True) for _ in range(count)]
+        for thread in threads:
+            thread.start()
+        if wait:
+            for thread in threads:
+                thread.join(self.startup_timeout_s + 5)
+
+    def _start_spare(self) -> None:
+        try:
+            process = self._new_process(wait=True)
+        except AgentStartError as exc:
+            with self._lock:
+                self._starting_spares -= 1
+                closed = self._closed
+            if not closed:
+                logger.warning("could not start a spare agent process: %s", exc)
+            return
+        with self._lock:
+            self._starting_spares -= 1
+            keep = not self._closed
+            if keep:
+                self._spares.append(process)
+        if not keep:
+            process.stop()
+
+    def _reap_idle(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            candidates = list(self._sessions.items())
+        for session_id, session in candidates:
+            if session.lock.locked():
+                continue
+            status = session.process.ping(timeout=1.0)
+            if status == "Healthy":
+                session.idle_since = session.idle_since or now
+                if now - session.idle_since >= self.idle_timeout_s:
+                    logger.info("stopping idle session %s", session_id)
+                    self.stop(session_id)
+            elif status is None and not session.process.is_alive():
+                self.stop(session_id)
+            else:
+                session.idle_since = None
+
+    def _discard(self, session_id: str) -> None:
+        with self._lock:
+            session = self._sessions.pop(session_id, None)
+        if session is not None and self.isolation == "process":
+            session.process.stop()
+
+
+#: Runtimes not yet closed: their processes are stopped when the interpreter exits (a safety net for `close()`).
+_open_runtimes: weakref.WeakSet[LocalAgentRuntime] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_runtimes() -> None:
+    for runtime in list(_open_runtimes):
+        with contextlib.suppress(Exception):
+            runtime.close()
+
+
+def _validate_session_id(session_id: str) -> None:
+    if not isinstance(session_id, str) or not MIN_SESSION_ID_LENGTH <= len(session_id) <= MAX_SESSION_ID_LENGTH:
+        length = len(session_id) if isinstance(session_id, str) else "?"
+        raise RuntimeRejected(
+            f"ValidationException: runtimeSessionId must be {MIN_SESSION_ID_LENGTH}-{MAX_SESSION_ID_LENGTH} "
+            f"characters (got {length})"
+        )
+
+
+def start_agent(
+    module: str = DEFAULT_AGENT_MODULE,
+    *,
+    env: Mapping[str, str] | None = None,
+    port: int | None = None,
+    timeout_s: float = 60.0,
+    log_path: Path | None = None,
+) -> AgentProcess:
+    """Start one agent process on 127.0.0.1 and wait for its `/ping`. Stop it with `.stop()` (or use `with`)."""
+    process = AgentProcess(module, env=env, port=port, log_path=log_path).start()
+    try:
+        process.wait_ready(timeout_s)
+    except BaseException:
+        process.stop()
+        raise
+    return process
+
+
+__all__: Sequence[str] = (
+    "DEFAULT_AGENT_MODULE",
+    "SESSION_HEADER",
+    "AgentProcess",
+    "AgentStartError",
+    "LocalAgentRuntime",
+    "agent_command",
+    "agent_environ",
+    "free_port",
+    "start_agent",
+)
