@@ -1,0 +1,25 @@
+"""`make` with no target lists the targets (`make help`) and does nothing else; every documented target shows."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+
+
+def test_bare_make_is_help_and_lists_every_annotated_target() -> None:
+    makefile = (REPO / "Makefile").read_text(encoding="utf-8")
+    annotated = re.findall(r"^([A-Za-z0-9_-]+):[^#\n]*## ", makefile, flags=re.MULTILINE)
+    assert {"help", "demo", "test", "e2e", "lint", "art-test"} <= set(annotated)
+    dry = subprocess.run(["make", "-n", "-C", str(REPO)], capture_output=True, text=True, check=True, timeout=30)
+    assert "pip install" not in dry.stdout, "bare make must not install anything"
+    out = subprocess.run(["make", "-s", "-C", str(REPO)], capture_output=True, text=True, check=True, timeout=30)
+    listed = [line.split()[0] for line in out.stdout.splitlines() if line.strip()]
+    assert listed == annotated
