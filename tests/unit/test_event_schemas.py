@@ -27,7 +27,7 @@ NOW = datetime(2026, 11, 21, 12, 0, tzinfo=UTC)
 def test_committed_schema_matches_models(name: str) -> None:
     committed = (schemas.SCHEMA_DIR / name).read_text()
     assert committed == schemas.render(schemas.generate()[name]), (
-        f"{name} drifted from rollout_pipeline/contracts.py: run `python -m rollout_pipeline.schemas`"
+        f"{name} drifted from rollout_pipeline/contracts/events.py: run `python -m rollout_pipeline.schemas`"
     )
 
 
