@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Final, TextIO
 
+from rollout_pipeline import topology
 from rollout_pipeline.contracts import BatchAccepted, BatchCompleted, GroupCompleted, RolloutCompleted, RolloutFailed
 
 EXIT_OK: Final = 0
@@ -269,7 +270,7 @@ def _read_outputs(path: Path, name: str | None) -> dict[str, str]:
         raise CliError(f"cannot read outputs file {path}: {exc}") from None
     if isinstance(data, dict) and "TrainerQueueUrl" not in data:  # cdk's {stack: {outputs}} form
         stacks = {k: v for k, v in data.items() if isinstance(v, dict)}
-        wanted = f"Rollouts-{name}" if name else None
+        wanted = topology.stack_name(name) if name else None
         if wanted and wanted in stacks:
             data = stacks[wanted]
         elif len(stacks) == 1:

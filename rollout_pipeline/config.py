@@ -230,16 +230,9 @@ class HandlerSettings(BaseModel):
     @classmethod
     def from_stack_outputs(cls, outputs: Mapping[str, str]) -> HandlerSettings:
         """The settings the stack gives its functions, from the stack's outputs (local mode's too)."""
-        return cls(
-            table_name=outputs["LedgerTableName"],
-            input_bucket=outputs["InputBucketName"],
-            results_bucket=outputs["ResultsBucketName"],
-            rollout_queue_url=outputs["RolloutQueueUrl"],
-            bus_name=outputs["EventBusName"],
-            runtime_arn=outputs.get("AgentRuntimeArn", ""),
-            ingest_queue_url=outputs.get("IngestQueueUrl", ""),
-            experiment=ExperimentConfig.from_env(outputs["ExperimentConfig"]),
-        )
+        from rollout_pipeline.topology import StackOutputs
+
+        return StackOutputs.from_outputs(outputs).handler_settings()
 
     def to_environ(self) -> dict[str, str]:
         return {

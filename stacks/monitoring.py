@@ -23,6 +23,7 @@ from aws_cdk import aws_sqs as sqs
 from aws_cdk import custom_resources as cr
 from constructs import Construct
 
+from rollout_pipeline import topology
 from rollout_pipeline.config import ExperimentConfig
 from rollout_pipeline.lifecycle import metrics as m
 from rollout_pipeline.observability import SERVICES
@@ -326,7 +327,7 @@ class Monitoring(Construct):
         return cloudwatch.Dashboard(
             self,
             "Dashboard",
-            dashboard_name=f"Rollouts-{config.name}",
+            dashboard_name=topology.stack_name(config.name),
             default_interval=Duration.hours(3),
             widgets=[
                 [cloudwatch.TextWidget(markdown=f"# Rollouts: {config.name}", width=24, height=1)],

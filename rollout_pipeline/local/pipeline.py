@@ -18,11 +18,12 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from rollout_pipeline import topology
 from rollout_pipeline.adapters import clients, faithful
 from rollout_pipeline.agent.credentials import API_KEY_ENV
 from rollout_pipeline.config import ExperimentConfig, SamplingParams
@@ -64,6 +65,10 @@ class LocalSettings:
     #: Seed of the faithful profile's random choices (hot-item conflicts), so a run reproduces.
     aws_profile_seed: int = 0
     dispatch_concurrency: int = 2
+    #: Consumers per queue where local mode runs fewer than the stack's event source mappings (a small machine
+    #: runs the whole pipeline). Explicit, and logged at start; every other number is the stack's
+    #: (`topology.function_specs`). The dispatcher's is `dispatch_concurrency` (the experiment's, as deployed).
+    concurrency_overrides: dict[str, int] = field(default_factory=lambda: {"ingest": 1, "completion": 2})
     sweep_interval_s: float = 10.0
     work_dir: Path | None = None
     #: Use this `ports.AgentRuntime` instead of agent processes (benchmarks, dry runs with the fake ACR). It is
@@ -136,7 +141,7 @@ class LocalPipeline:
         handler_env = {
             **self.resources.settings().to_environ(),
             "POWERTOOLS_SERVICE_NAME": "rollouts-local",
-            "POWERTOOLS_METRICS_NAMESPACE": "RolloutPipeline",
+            "POWERTOOLS_METRICS_NAMESPACE": topology.METRICS_NAMESPACE,
             "POWERTOOLS_METRICS_DISABLED": "true",
             "POWERTOOLS_LOG_LEVEL": os.environ.get("POWERTOOLS_LOG_LEVEL", "WARNING"),
         }
@@ -195,35 +200,29 @@ class LocalPipeline:
 
         assert self.resources is not None
         res = self.resources
-        # Same batch sizes, concurrency and timeouts as the stack's event source mappings and functions.
+        specs = consumer_specs(res.config, self.settings.concurrency_overrides)
+        queues = {
+            "ingest": res.ingest_queue_url,
+            "dispatch": res.rollout_queue_url,
+            "completion": res.completion_queue_url,
+        }
+        handlers = {
+            "ingest": lambdas.ingest.handler,
+            "dispatch": lambdas.dispatch.handler,
+            "completion": lambdas.completion.handler,
+        }
+        # The stack's batch sizes and timeouts (topology); concurrency as the stack's unless overridden above.
         self.consumers = [
             QueueConsumer(
-                "ingest",
-                res.ingest_queue_url,
-                lambdas.ingest.handler,
+                name,
+                queues[name],
+                handlers[name],
                 region=REGION,
-                batch_size=1,
-                max_concurrency=1,
-                timeout_s=900,
-            ),
-            QueueConsumer(
-                "dispatch",
-                res.rollout_queue_url,
-                lambdas.dispatch.handler,
-                region=REGION,
-                batch_size=10,
-                max_concurrency=max(2, self.settings.dispatch_concurrency),
-                timeout_s=120,
-            ),
-            QueueConsumer(
-                "completion",
-                res.completion_queue_url,
-                lambdas.completion.handler,
-                region=REGION,
-                batch_size=10,
-                max_concurrency=2,
-                timeout_s=60,
-            ),
+                batch_size=spec.batch_size or 1,
+                max_concurrency=spec.max_concurrency or 1,
+                timeout_s=spec.timeout_s,
+            )
+            for name, spec in specs.items()
         ]
         for consumer in self.consumers:
             consumer.handler = _clearing_metrics(consumer.handler)
@@ -231,7 +230,10 @@ class LocalPipeline:
             self._stack.callback(consumer.stop)
         self._stack.callback(_clear_metrics)
         self.sweeper = Schedule(
-            "sweeper", _clearing_metrics(lambdas.sweeper.handler), interval_s=self.settings.sweep_interval_s
+            "sweeper",
+            _clearing_metrics(lambdas.sweeper.handler),
+            interval_s=self.settings.sweep_interval_s,
+            timeout_s=topology.FUNCTIONS["sweeper"].timeout_s,
         )
         self.sweeper.start()
         self._stack.callback(self.sweeper.stop)
@@ -261,6 +263,20 @@ class LocalPipeline:
             attrs = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["ApproximateNumberOfMessages"])
             counts[name] = int(attrs["Attributes"]["ApproximateNumberOfMessages"])
         return counts
+
+
+def consumer_specs(config: ExperimentConfig, overrides: Mapping[str, int]) -> dict[str, topology.FunctionSpec]:
+    """The queue consumers local mode runs: the stack's numbers (`topology.function_specs`), with the concurrency
+    of each function named in `overrides` replaced, and every override logged next to the stack's value."""
+    specs: dict[str, topology.FunctionSpec] = {}
+    for name, spec in topology.function_specs(config).items():
+        if not spec.queue_fed:
+            continue
+        specs[name] = spec
+        if name in overrides and overrides[name] != spec.max_concurrency:
+            log.info("local mode: %s runs %d consumer(s) (the stack: %s)", name, overrides[name], spec.max_concurrency)
+            specs[name] = replace(spec, max_concurrency=overrides[name])
+    return specs
 
 
 def _clear_metrics() -> None:

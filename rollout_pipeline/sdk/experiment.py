@@ -11,9 +11,9 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Final
+from typing import IO, TYPE_CHECKING, Any
 
-from rollout_pipeline import ids
+from rollout_pipeline import ids, topology
 from rollout_pipeline.config import ExperimentConfig, HandlerSettings, SamplingParams
 from rollout_pipeline.contracts import DetailType, RolloutCompleted, parse_iso, utcnow
 from rollout_pipeline.sdk import submission
@@ -42,24 +42,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-STACK_PREFIX: Final = "Rollouts-"
-#: CloudFormation outputs the SDK needs (all of them are exported by the experiment stack).
-REQUIRED_OUTPUTS: Final = (
-    "ExperimentName",
-    "InputBucketName",
-    "ResultsBucketName",
-    "RolloutQueueUrl",
-    "TrainerQueueUrl",
-    "EventBusName",
-    "LedgerTableName",
-    "ExperimentConfig",
-)
-OPTIONAL_OUTPUTS: Final = ("AgentRuntimeArn", "IngestQueueUrl")
-
-
-def stack_name(experiment: str) -> str:
-    """The CloudFormation stack of an experiment."""
-    return f"{STACK_PREFIX}{experiment}"
+#: The experiment's CloudFormation stack and its outputs: `rollout_pipeline.topology`.
+stack_name = topology.stack_name
 
 
 class Experiment:
@@ -80,7 +64,7 @@ class Experiment:
         endpoint_url: str | None = None,
         seen_ids: int = DEFAULT_SEEN_IDS,
     ) -> None:
-        missing = [name for name in REQUIRED_OUTPUTS if not outputs.get(name)]
+        missing = topology.StackOutputs.missing(outputs)
         if missing:
             raise SdkError(f"stack outputs are missing {', '.join(missing)} (is the stack up to date?)")
         self.outputs: dict[str, str] = dict(outputs)
