@@ -13,7 +13,7 @@ from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rollout_pipeline.config import ExperimentConfig, HandlerSettings
+from rollout_pipeline.config import ConfigError, ExperimentConfig, HandlerSettings
 
 #: CloudFormation stack of an experiment: `Rollouts-{name}`.
 STACK_PREFIX: Final = "Rollouts-"
@@ -173,6 +173,67 @@ class StackOutputs(BaseModel):
             ingest_queue_url=self.ingest_queue_url,
             experiment=self.config(),
         )
+
+
+class FunctionEnvironment(BaseModel):
+    """The environment the stack gives every pipeline Lambda (and local mode its consumers), declared once: each
+    field is named after its variable. A Lambda reads it once per container (`from_environ`)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    TABLE_NAME: str = Field(min_length=1)
+    INPUT_BUCKET: str = Field(min_length=1)
+    RESULTS_BUCKET: str = Field(min_length=1)
+    ROLLOUT_QUEUE_URL: str = Field(min_length=1)
+    BUS_NAME: str = Field(min_length=1)
+    EXPERIMENT_CONFIG: str = Field(min_length=1, description="ExperimentConfig as JSON")
+    RUNTIME_ARN: str = ""
+    INGEST_QUEUE_URL: str = ""
+    #: Read by Powertools itself (Logger, Metrics); declared so the stack and local mode set the same ones.
+    POWERTOOLS_SERVICE_NAME: str = "rollouts"
+    POWERTOOLS_METRICS_NAMESPACE: str = METRICS_NAMESPACE
+    POWERTOOLS_LOG_LEVEL: str = "INFO"
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str]) -> FunctionEnvironment:
+        """Validate the variables; raise `ConfigError` naming every missing or empty one."""
+        missing = [name for name, info in cls.model_fields.items() if info.is_required() and not environ.get(name)]
+        if missing:
+            raise ConfigError(f"missing environment variables: {', '.join(missing)}")
+        return cls.model_validate({name: environ[name] for name in cls.model_fields if name in environ})
+
+    @classmethod
+    def of(cls, settings: HandlerSettings, **powertools: str) -> FunctionEnvironment:
+        return cls(
+            TABLE_NAME=settings.table_name,
+            INPUT_BUCKET=settings.input_bucket,
+            RESULTS_BUCKET=settings.results_bucket,
+            ROLLOUT_QUEUE_URL=settings.rollout_queue_url,
+            BUS_NAME=settings.bus_name,
+            EXPERIMENT_CONFIG=settings.experiment.to_env(),
+            RUNTIME_ARN=settings.runtime_arn,
+            INGEST_QUEUE_URL=settings.ingest_queue_url,
+            **powertools,
+        )
+
+    def handler_settings(self) -> HandlerSettings:
+        return HandlerSettings(
+            table_name=self.TABLE_NAME,
+            input_bucket=self.INPUT_BUCKET,
+            results_bucket=self.RESULTS_BUCKET,
+            rollout_queue_url=self.ROLLOUT_QUEUE_URL,
+            bus_name=self.BUS_NAME,
+            runtime_arn=self.RUNTIME_ARN,
+            ingest_queue_url=self.INGEST_QUEUE_URL,
+            experiment=ExperimentConfig.from_env(self.EXPERIMENT_CONFIG),
+        )
+
+    def to_environ(self, *, powertools: bool = True) -> dict[str, str]:
+        """The variables; without `powertools`, only the pipeline's own."""
+        values = self.model_dump()
+        if not powertools:
+            values = {k: v for k, v in values.items() if not k.startswith("POWERTOOLS_")}
+        return values
 
 
 #: Outputs for the operator (the SDK does not read them).

@@ -131,12 +131,12 @@ class ExperimentStack(Stack):
             ingest_queue_url=self.ingest.queue.queue_url,
             experiment=config,
         )
-        environment = {
-            **handler_settings.to_environ(),
-            "POWERTOOLS_SERVICE_NAME": topology.resource_base(config.name),
-            "POWERTOOLS_METRICS_NAMESPACE": METRICS_NAMESPACE,
-            "POWERTOOLS_LOG_LEVEL": "INFO",
-        }
+        environment = topology.FunctionEnvironment.of(
+            handler_settings,
+            POWERTOOLS_SERVICE_NAME=topology.resource_base(config.name),
+            POWERTOOLS_METRICS_NAMESPACE=METRICS_NAMESPACE,
+            POWERTOOLS_LOG_LEVEL="INFO",
+        ).to_environ()
         for pipeline_function in self.functions.values():
             for key, value in environment.items():
                 pipeline_function.function.add_environment(key, value)

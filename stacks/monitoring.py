@@ -1,6 +1,6 @@
 """Operating an experiment: an SNS topic every alarm notifies, the pipeline's alarms, and a dashboard.
 
-Metrics are read exactly as the handlers flush them (`rollout_pipeline.lifecycle.handlers.flush_metrics`):
+Metrics are read exactly as the handlers flush them (`lambdas/glue.py` `flush_metrics`):
 namespace `RolloutPipeline`, dimensions `Experiment` = the experiment name and `service` = the Powertools service of
 the Lambda that emitted it (`SERVICES`). A metric several functions emit (e.g. `Failed`) is summed over them.
 """
