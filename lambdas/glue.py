@@ -14,16 +14,18 @@ import os
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
 
 from aws_lambda_powertools import Logger, Metrics
 
 from rollout_pipeline import topology
-from rollout_pipeline.lifecycle.deps import LifecycleDeps
-from rollout_pipeline.lifecycle.metrics import MetricsRecorder
 from rollout_pipeline.observability import SERVICES, clear_log_ids, install_log_ids
 from rollout_pipeline.sqs_batch import PartialBatch, batch_response
 from rollout_pipeline.wiring import Wiring
+
+if TYPE_CHECKING:
+    from rollout_pipeline.lifecycle.deps import LifecycleDeps
+    from rollout_pipeline.lifecycle.metrics import MetricsRecorder
 
 #: Time kept back from the Lambda's remaining time: re-sending waiting messages and returning must fit in it.
 SAFETY_S: Final = 20.0
