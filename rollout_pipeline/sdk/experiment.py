@@ -69,6 +69,7 @@ class Experiment:
         if missing:
             raise SdkError(f"stack outputs are missing {', '.join(missing)} (is the stack up to date?)")
         self.outputs: dict[str, str] = dict(outputs)
+        self.stack_outputs = topology.StackOutputs.from_outputs(outputs)
         try:
             self.config = ExperimentConfig.from_env(self.outputs["ExperimentConfig"])
         except ValueError as exc:
@@ -150,35 +151,35 @@ class Experiment:
 
     @property
     def name(self) -> str:
-        return self.outputs["ExperimentName"]
+        return self.stack_outputs.experiment_name
 
     @property
     def input_bucket(self) -> str:
-        return self.outputs["InputBucketName"]
+        return self.stack_outputs.input_bucket
 
     @property
     def results_bucket(self) -> str:
-        return self.outputs["ResultsBucketName"]
+        return self.stack_outputs.results_bucket
 
     @property
     def rollout_queue_url(self) -> str:
-        return self.outputs["RolloutQueueUrl"]
+        return self.stack_outputs.rollout_queue_url
 
     @property
     def trainer_queue_url(self) -> str:
-        return self.outputs["TrainerQueueUrl"]
+        return self.stack_outputs.trainer_queue_url
 
     @property
     def bus_name(self) -> str:
-        return self.outputs["EventBusName"]
+        return self.stack_outputs.bus_name
 
     @property
     def table_name(self) -> str:
-        return self.outputs["LedgerTableName"]
+        return self.stack_outputs.table_name
 
     @property
     def runtime_arn(self) -> str:
-        return self.outputs.get("AgentRuntimeArn", "")
+        return self.stack_outputs.runtime_arn
 
     def client(self, service: str) -> Any:
         """The boto3 client of `service` this experiment uses (same session, region and endpoint)."""
@@ -273,7 +274,7 @@ class Experiment:
 
     def settings(self) -> HandlerSettings:
         """The handler settings of this experiment (what the pipeline's own stages are configured with)."""
-        return topology.StackOutputs.from_outputs(self.outputs).handler_settings()
+        return self.stack_outputs.handler_settings()
 
     def _options(
         self,
