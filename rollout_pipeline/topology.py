@@ -105,6 +105,11 @@ def queue_visibility_timeouts(config: ExperimentConfig) -> dict[str, int]:
     return timeouts
 
 
+#: The resource names of `HandlerSettings` (all but the experiment): `StackOutputs` has fields of the same names,
+#: `FunctionEnvironment` variables of the same names in capitals.
+_RESOURCE_FIELDS: Final = tuple(name for name in HandlerSettings.model_fields if name != "experiment")
+
+
 class StackOutputs(BaseModel):
     """The outputs of an experiment stack that the SDK, the CLI and local mode read (their keys are the contract).
 
@@ -163,16 +168,7 @@ class StackOutputs(BaseModel):
 
     def handler_settings(self) -> HandlerSettings:
         """The settings the stack gives its functions (local mode's consumers and the SDK's stages use them)."""
-        return HandlerSettings(
-            table_name=self.table_name,
-            input_bucket=self.input_bucket,
-            results_bucket=self.results_bucket,
-            rollout_queue_url=self.rollout_queue_url,
-            bus_name=self.bus_name,
-            runtime_arn=self.runtime_arn,
-            ingest_queue_url=self.ingest_queue_url,
-            experiment=self.config(),
-        )
+        return HandlerSettings(**self.model_dump(include=set(_RESOURCE_FIELDS)), experiment=self.config())
 
 
 class FunctionEnvironment(BaseModel):
@@ -204,29 +200,13 @@ class FunctionEnvironment(BaseModel):
 
     @classmethod
     def of(cls, settings: HandlerSettings, **powertools: str) -> FunctionEnvironment:
-        return cls(
-            TABLE_NAME=settings.table_name,
-            INPUT_BUCKET=settings.input_bucket,
-            RESULTS_BUCKET=settings.results_bucket,
-            ROLLOUT_QUEUE_URL=settings.rollout_queue_url,
-            BUS_NAME=settings.bus_name,
-            EXPERIMENT_CONFIG=settings.experiment.to_env(),
-            RUNTIME_ARN=settings.runtime_arn,
-            INGEST_QUEUE_URL=settings.ingest_queue_url,
-            **powertools,
-        )
+        """The environment of `settings` (each resource field's variable is its name in capitals)."""
+        resources = {name.upper(): getattr(settings, name) for name in _RESOURCE_FIELDS}
+        return cls(**resources, EXPERIMENT_CONFIG=settings.experiment.to_env(), **powertools)
 
     def handler_settings(self) -> HandlerSettings:
-        return HandlerSettings(
-            table_name=self.TABLE_NAME,
-            input_bucket=self.INPUT_BUCKET,
-            results_bucket=self.RESULTS_BUCKET,
-            rollout_queue_url=self.ROLLOUT_QUEUE_URL,
-            bus_name=self.BUS_NAME,
-            runtime_arn=self.RUNTIME_ARN,
-            ingest_queue_url=self.INGEST_QUEUE_URL,
-            experiment=ExperimentConfig.from_env(self.EXPERIMENT_CONFIG),
-        )
+        resources = {name: getattr(self, name.upper()) for name in _RESOURCE_FIELDS}
+        return HandlerSettings(**resources, experiment=ExperimentConfig.from_env(self.EXPERIMENT_CONFIG))
 
     def to_environ(self, *, powertools: bool = True) -> dict[str, str]:
         """The variables; without `powertools`, only the pipeline's own."""
