@@ -178,7 +178,8 @@ def run(groups: int, group_size: int, max_length_s: float) -> dict[str, Any]:
         import boto3
 
         pipeline_s3 = S3Counter()
-        clients.register_hook("before-call", pipeline_s3)
+        for factory in (pipeline.clients, clients.default_factory()):  # the handlers'; the fake agent's
+            factory.register_hook("before-call", pipeline_s3)
         s3 = boto3.client("s3")  # AWS_ENDPOINT_URL points at the local moto server
         s3.create_bucket(Bucket=ART_BUCKET)
         art_s3 = S3Counter()

@@ -126,9 +126,10 @@ class CallCounter:
         session.events.register("before-call", self._before_call)
         session.events.register("after-call", self._after_call)
 
-    def attach_to_pipeline_clients(self) -> None:
-        clients.register_hook("before-call", self._before_call)
-        clients.register_hook("after-call", self._after_call)
+    def attach_to_pipeline_clients(self, pipeline: LocalPipeline) -> None:
+        for factory in (pipeline.clients, clients.default_factory()):  # the handlers'; the fake agent's
+            factory.register_hook("before-call", self._before_call)
+            factory.register_hook("after-call", self._after_call)
 
     def _after_call(self, model: Any, parsed: Mapping[str, Any], **_: Any) -> None:
         # Empty long polls are a per-hour cost of an idle consumer (Lambda's pollers make them too), not a
@@ -222,7 +223,7 @@ def run(lengths: list[float], per_length: int) -> dict[str, Any]:
     durations: defaultdict[str, list[float]] = defaultdict(list)
     received_at: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp, LocalPipeline(settings) as pipeline:
-        handler_counter.attach_to_pipeline_clients()  # the handlers' (and the fake agent's) boto3 clients
+        handler_counter.attach_to_pipeline_clients(pipeline)  # the handlers' (and the fake agent's) boto3 clients
         sdk_counter.attach(pipeline.experiment.aws.session)
         for consumer in pipeline.consumers:
             consumer.handler = _handler_timer(durations, consumer.name, consumer.handler)

@@ -5,28 +5,16 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from aws_lambda_powertools import Logger, Metrics
-
+from lambdas.glue import Outcome, lifecycle_function, records, wait_budget_s
+from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.dispatch import dispatch_records
-from rollout_pipeline.lifecycle.handlers import NAMESPACE, flush_metrics, get_deps, wait_budget_s
-from rollout_pipeline.observability import SERVICES, clear_log_ids, install_log_ids
-
-logger = Logger(service=SERVICES["dispatch"])
-metrics = Metrics(namespace=NAMESPACE, service=SERVICES["dispatch"])
 
 
-@logger.inject_lambda_context(clear_state=True)
-@metrics.log_metrics(raise_on_empty_metrics=False)
-def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    deps = get_deps()
-    install_log_ids(logger, deps.config.name)
-    wait_until = time.monotonic() + wait_budget_s(context)
-    records = event.get("Records") or []
-    result = dispatch_records(records, deps, wait_until=wait_until)
-    flush_metrics(deps.metrics, metrics, deps.config.name)
-    clear_log_ids()
-    logger.info(
-        "dispatched batch",
-        extra={"records": len(records), "outcomes": dict(result.outcomes), "failures": result.failures},
-    )
-    return {"batchItemFailures": [{"itemIdentifier": message_id} for message_id in result.failures]}
+def run(deps: LifecycleDeps, event: dict[str, Any], context: Any) -> Outcome:
+    batch = records(event)
+    result = dispatch_records(batch, deps, wait_until=time.monotonic() + wait_budget_s(context))
+    return Outcome.of_batch("dispatched batch", len(batch), result)
+
+
+function = lifecycle_function("dispatch", run)
+handler = function.handler

@@ -204,51 +204,20 @@ class HandlerSettings(BaseModel):
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> HandlerSettings:
-        env = os.environ if environ is None else environ
-        required = (
-            "TABLE_NAME",
-            "INPUT_BUCKET",
-            "RESULTS_BUCKET",
-            "ROLLOUT_QUEUE_URL",
-            "BUS_NAME",
-            "EXPERIMENT_CONFIG",
-        )
-        missing = [key for key in required if not env.get(key)]
-        if missing:
-            raise ConfigError(f"missing environment variables: {', '.join(missing)}")
-        return cls(
-            table_name=env["TABLE_NAME"],
-            input_bucket=env["INPUT_BUCKET"],
-            results_bucket=env["RESULTS_BUCKET"],
-            rollout_queue_url=env["ROLLOUT_QUEUE_URL"],
-            bus_name=env["BUS_NAME"],
-            runtime_arn=env.get("RUNTIME_ARN", ""),
-            ingest_queue_url=env.get("INGEST_QUEUE_URL", ""),
-            experiment=ExperimentConfig.from_env(env["EXPERIMENT_CONFIG"]),
-        )
+        """The settings of a Lambda, from its environment (`topology.FunctionEnvironment`)."""
+        from rollout_pipeline.topology import FunctionEnvironment
+
+        return FunctionEnvironment.from_environ(os.environ if environ is None else environ).handler_settings()
 
     @classmethod
     def from_stack_outputs(cls, outputs: Mapping[str, str]) -> HandlerSettings:
         """The settings the stack gives its functions, from the stack's outputs (local mode's too)."""
-        return cls(
-            table_name=outputs["LedgerTableName"],
-            input_bucket=outputs["InputBucketName"],
-            results_bucket=outputs["ResultsBucketName"],
-            rollout_queue_url=outputs["RolloutQueueUrl"],
-            bus_name=outputs["EventBusName"],
-            runtime_arn=outputs.get("AgentRuntimeArn", ""),
-            ingest_queue_url=outputs.get("IngestQueueUrl", ""),
-            experiment=ExperimentConfig.from_env(outputs["ExperimentConfig"]),
-        )
+        from rollout_pipeline.topology import StackOutputs
+
+        return StackOutputs.from_outputs(outputs).handler_settings()
 
     def to_environ(self) -> dict[str, str]:
-        return {
-            "TABLE_NAME": self.table_name,
-            "INPUT_BUCKET": self.input_bucket,
-            "RESULTS_BUCKET": self.results_bucket,
-            "ROLLOUT_QUEUE_URL": self.rollout_queue_url,
-            "BUS_NAME": self.bus_name,
-            "RUNTIME_ARN": self.runtime_arn,
-            "INGEST_QUEUE_URL": self.ingest_queue_url,
-            "EXPERIMENT_CONFIG": self.experiment.to_env(),
-        }
+        """The pipeline's own variables of `topology.FunctionEnvironment` (Powertools' are the stack's)."""
+        from rollout_pipeline.topology import FunctionEnvironment
+
+        return FunctionEnvironment.of(self).to_environ(powertools=False)

@@ -10,13 +10,13 @@ from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
-from rollout_pipeline import routing
+from rollout_pipeline import routing, topology
 from rollout_pipeline.config import ExperimentConfig
 from stacks.queues import DLQ_RETENTION, QueueWithDlq, not_empty_alarm
 
 #: The trainer may be offline for a while: keep its events as long as SQS allows.
 TRAINER_RETENTION: Final = Duration.days(14)
-TRAINER_VISIBILITY: Final = Duration.seconds(60)
+TRAINER_VISIBILITY: Final = Duration.seconds(topology.TRAINER_VISIBILITY_TIMEOUT_S)
 #: EventBridge retries a failed delivery to a target up to 185 times over 24 hours before dead-lettering it.
 TARGET_RETRY_ATTEMPTS: Final = 185
 TARGET_MAX_EVENT_AGE: Final = Duration.hours(24)
@@ -32,7 +32,7 @@ def event_pattern(pattern: dict[str, Any]) -> events.EventPattern:
 
 
 def bus_name(config: ExperimentConfig) -> str:
-    return f"rollouts-{config.name}"
+    return topology.bus_name(config.name)
 
 
 class EventRouting(Construct):

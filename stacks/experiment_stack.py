@@ -11,7 +11,7 @@ from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_iam as iam
 from constructs import Construct
 
-from rollout_pipeline import access, routing
+from rollout_pipeline import access, routing, topology
 from rollout_pipeline.config import ExperimentConfig, HandlerSettings
 from rollout_pipeline.deploy_settings import DeploySettings
 from stacks import nag
@@ -25,31 +25,14 @@ from stacks.monitoring import Monitoring, RuntimeLogRetention, expire_every_log_
 from stacks.queues import QueuedLambdaConsumer
 from stacks.storage import CLAIMS_PREFIX, Storage
 
-INGEST_TIMEOUT: Final = Duration.seconds(900)
-DISPATCH_TIMEOUT: Final = Duration.seconds(120)
-COMPLETION_TIMEOUT: Final = Duration.seconds(60)
-SWEEPER_TIMEOUT: Final = Duration.seconds(120)
-INGEST_CONCURRENCY: Final = 5
-COMPLETION_CONCURRENCY: Final = 10
 #: Stack outputs the trainer SDK reads to attach to an experiment (logical ids are part of the contract).
-OUTPUT_NAMES: Final = (
-    "ExperimentName",
-    "ExperimentConfig",
-    "InputBucketName",
-    "ResultsBucketName",
-    "RolloutQueueUrl",
-    "TrainerQueueUrl",
-    "IngestQueueUrl",
-    "EventBusName",
-    "LedgerTableName",
-    "AgentRuntimeArn",
-)
+OUTPUT_NAMES: Final = topology.StackOutputs.names()
 #: Outputs for the operator (not read by the SDK).
-OPERATOR_OUTPUT_NAMES: Final = ("AlarmTopicArn", "DashboardUrl", "AgentImageUri")
+OPERATOR_OUTPUT_NAMES: Final = topology.OPERATOR_OUTPUT_NAMES
 
 
 def stack_name(config: ExperimentConfig) -> str:
-    return f"Rollouts-{config.name}"
+    return topology.stack_name(config.name)
 
 
 class ExperimentStack(Stack):
@@ -87,50 +70,32 @@ class ExperimentStack(Stack):
 
         code = lambda_code(RUNTIME, repo_root)
 
-        def function(name: str, description: str, timeout: Duration, memory_size: int) -> PipelineFunction:
+        specs = topology.function_specs(config)
+
+        def function(name: topology.FunctionName, description: str) -> PipelineFunction:
             return PipelineFunction(
                 self,
                 name.capitalize(),
                 code=code,
                 handler=f"{name}.handler",
                 description=f"{description} ({config.name})",
-                timeout=timeout,
-                memory_size=memory_size,
+                timeout=Duration.seconds(specs[name].timeout_s),
+                memory_size=specs[name].memory_mb,
                 removal_policy=removal,
             )
 
-        ingest = function("ingest", "Reads dataset files into rollout messages", INGEST_TIMEOUT, 1024)
-        dispatch = function("dispatch", "Starts rollouts on AgentCore within the limits", DISPATCH_TIMEOUT, 512)
-        completion = function("completion", "Records results, stops sessions, publishes", COMPLETION_TIMEOUT, 512)
-        sweeper = function("sweeper", "Times out overdue rollouts and drains the outbox", SWEEPER_TIMEOUT, 512)
+        ingest = function("ingest", "Reads dataset files into rollout messages")
+        dispatch = function("dispatch", "Starts rollouts on AgentCore within the limits")
+        completion = function("completion", "Records results, stops sessions, publishes")
+        sweeper = function("sweeper", "Times out overdue rollouts and drains the outbox")
         self.functions = {"ingest": ingest, "dispatch": dispatch, "completion": completion, "sweeper": sweeper}
 
-        self.ingest = QueuedLambdaConsumer(
-            self,
-            "IngestConsumer",
-            function=ingest.function,
-            function_timeout=INGEST_TIMEOUT,
-            batch_size=1,
-            max_batching_window=Duration.seconds(0),
-            max_concurrency=INGEST_CONCURRENCY,
-        )
+        self.ingest = QueuedLambdaConsumer(self, "IngestConsumer", function=ingest.function, spec=specs["ingest"])
         self.dispatch = QueuedLambdaConsumer(
-            self,
-            "DispatchConsumer",
-            function=dispatch.function,
-            function_timeout=DISPATCH_TIMEOUT,
-            batch_size=10,
-            max_batching_window=Duration.seconds(1),
-            max_concurrency=config.dispatch_concurrency,
+            self, "DispatchConsumer", function=dispatch.function, spec=specs["dispatch"]
         )
         self.completion = QueuedLambdaConsumer(
-            self,
-            "CompletionConsumer",
-            function=completion.function,
-            function_timeout=COMPLETION_TIMEOUT,
-            batch_size=10,
-            max_batching_window=Duration.seconds(1),
-            max_concurrency=COMPLETION_CONCURRENCY,
+            self, "CompletionConsumer", function=completion.function, spec=specs["completion"]
         )
         rollout_queue = self.dispatch.queue
 
@@ -166,12 +131,12 @@ class ExperimentStack(Stack):
             ingest_queue_url=self.ingest.queue.queue_url,
             experiment=config,
         )
-        environment = {
-            **handler_settings.to_environ(),
-            "POWERTOOLS_SERVICE_NAME": f"rollouts-{config.name}",
-            "POWERTOOLS_METRICS_NAMESPACE": METRICS_NAMESPACE,
-            "POWERTOOLS_LOG_LEVEL": "INFO",
-        }
+        environment = topology.FunctionEnvironment.of(
+            handler_settings,
+            POWERTOOLS_SERVICE_NAME=topology.resource_base(config.name),
+            POWERTOOLS_METRICS_NAMESPACE=METRICS_NAMESPACE,
+            POWERTOOLS_LOG_LEVEL="INFO",
+        ).to_environ()
         for pipeline_function in self.functions.values():
             for key, value in environment.items():
                 pipeline_function.function.add_environment(key, value)
@@ -287,22 +252,18 @@ class ExperimentStack(Stack):
         CfnOutput(self, "AgentImageUri", value=self.image.image_uri, description="The image the runtime runs")
 
     def _outputs(self, settings: HandlerSettings) -> None:
-        values = {
-            "ExperimentName": self.config.name,
-            "ExperimentConfig": self.config.to_env(),
-            "InputBucketName": settings.input_bucket,
-            "ResultsBucketName": settings.results_bucket,
-            "RolloutQueueUrl": settings.rollout_queue_url,
-            "TrainerQueueUrl": self.events.trainer_queue.queue_url,
-            "IngestQueueUrl": settings.ingest_queue_url,
-            "EventBusName": settings.bus_name,
-            "LedgerTableName": settings.table_name,
-            "AgentRuntimeArn": settings.runtime_arn,
-        }
-        descriptions = {
-            "RolloutQueueUrl": "Submit queue: the SDK sends rollout messages here",
-            "TrainerQueueUrl": "Every pipeline event; the trainer long-polls this queue",
-            "ExperimentConfig": "The experiment configuration (JSON) the Lambdas run with",
-        }
-        for name in OUTPUT_NAMES:
-            CfnOutput(self, name, value=values[name], description=descriptions.get(name))
+        outputs = topology.StackOutputs(
+            experiment_name=self.config.name,
+            experiment_config=self.config.to_env(),
+            input_bucket=settings.input_bucket,
+            results_bucket=settings.results_bucket,
+            rollout_queue_url=settings.rollout_queue_url,
+            trainer_queue_url=self.events.trainer_queue.queue_url,
+            ingest_queue_url=settings.ingest_queue_url,
+            bus_name=settings.bus_name,
+            table_name=settings.table_name,
+            runtime_arn=settings.runtime_arn,
+        )
+        descriptions = topology.StackOutputs.descriptions()
+        for name, value in outputs.to_outputs().items():
+            CfnOutput(self, name, value=value, description=descriptions.get(name))

@@ -25,6 +25,7 @@ from aws_cdk import aws_logs as logs
 from cdklabs.deploy_time_build import ContainerImageBuild
 from constructs import Construct, IConstruct
 
+from rollout_pipeline import topology
 from rollout_pipeline.config import ExperimentConfig
 from rollout_pipeline.deploy_settings import ECR_IMAGE_URI, DeploySettings
 from stacks import nag
@@ -70,7 +71,7 @@ def content_tag(repo_root: Path) -> str:
 
 
 def repository_name(config: ExperimentConfig) -> str:
-    return f"rollouts-{config.name}-agent"
+    return f"{topology.resource_base(config.name)}-agent"
 
 
 class AgentImage(Construct):

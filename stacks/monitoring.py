@@ -1,6 +1,6 @@
 """Operating an experiment: an SNS topic every alarm notifies, the pipeline's alarms, and a dashboard.
 
-Metrics are read exactly as the handlers flush them (`rollout_pipeline.lifecycle.handlers.flush_metrics`):
+Metrics are read exactly as the handlers flush them (`lambdas/glue.py` `flush_metrics`):
 namespace `RolloutPipeline`, dimensions `Experiment` = the experiment name and `service` = the Powertools service of
 the Lambda that emitted it (`SERVICES`). A metric several functions emit (e.g. `Failed`) is summed over them.
 """
@@ -23,6 +23,7 @@ from aws_cdk import aws_sqs as sqs
 from aws_cdk import custom_resources as cr
 from constructs import Construct
 
+from rollout_pipeline import topology
 from rollout_pipeline.config import ExperimentConfig
 from rollout_pipeline.lifecycle import metrics as m
 from rollout_pipeline.observability import SERVICES
@@ -326,7 +327,7 @@ class Monitoring(Construct):
         return cloudwatch.Dashboard(
             self,
             "Dashboard",
-            dashboard_name=f"Rollouts-{config.name}",
+            dashboard_name=topology.stack_name(config.name),
             default_interval=Duration.hours(3),
             widgets=[
                 [cloudwatch.TextWidget(markdown=f"# Rollouts: {config.name}", width=24, height=1)],

@@ -13,6 +13,8 @@ from aws_cdk import aws_s3 as s3
 from cdk_nag import AwsSolutionsChecks
 from constructs import IConstruct
 
+from rollout_pipeline import topology
+
 if TYPE_CHECKING:
     from stacks.experiment_stack import ExperimentStack
 
@@ -91,7 +93,7 @@ def acknowledge(stack: ExperimentStack) -> None:
         iam5(f"<{logical_id(stack.agent.runtime)}.AgentRuntimeArn>/*"),
         "grant_invoke_runtime covers the endpoints of this one runtime only (runtime ARN + '/*').",
     )
-    for name in ("dispatch", "completion", "sweeper"):
+    for name in (n for n in topology.FUNCTION_NAMES if n != "ingest"):
         ack(
             default_policy(fns[name].role),
             iam5(bucket_prefix(results_bucket, f"{exp}/")),

@@ -11,12 +11,11 @@ from aws_cdk import aws_lambda_event_sources as sources
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
+from rollout_pipeline.topology import DLQ_MAX_RECEIVE_COUNT, FunctionSpec
+
 DLQ_RETENTION: Final = Duration.days(14)
 DEFAULT_RETENTION: Final = Duration.days(4)
-DEFAULT_MAX_RECEIVE_COUNT: Final = 5
-#: AWS guidance for Lambda consumers: visibility timeout at least 6x the function timeout.
-VISIBILITY_TIMEOUT_FACTOR: Final = 6
-MAX_VISIBILITY_TIMEOUT_S: Final = 12 * 3600
+DEFAULT_MAX_RECEIVE_COUNT: Final = DLQ_MAX_RECEIVE_COUNT
 
 
 class QueueWithDlq(Construct):
@@ -75,8 +74,8 @@ def not_empty_alarm(scope: Construct, construct_id: str, queue: sqs.IQueue, desc
 class QueuedLambdaConsumer(Construct):
     """A Lambda fed by its own queue (+DLQ, alarm) with partial batch responses and bounded concurrency.
 
-    The queue's visibility timeout is 6x the function timeout, so a message is not redelivered while a retried
-    invocation of its batch may still run.
+    Every number comes from the function's `topology.FunctionSpec`: batch size, batching window, maximum
+    concurrency, and the queue's visibility timeout derived from the function timeout.
     """
 
     def __init__(
@@ -85,19 +84,18 @@ class QueuedLambdaConsumer(Construct):
         construct_id: str,
         *,
         function: lambda_.Function,
-        function_timeout: Duration,
-        batch_size: int,
-        max_batching_window: Duration,
-        max_concurrency: int,
+        spec: FunctionSpec,
         max_receive_count: int = DEFAULT_MAX_RECEIVE_COUNT,
         retention_period: Duration = DEFAULT_RETENTION,
     ) -> None:
         super().__init__(scope, construct_id)
-        visibility_s = min(function_timeout.to_seconds() * VISIBILITY_TIMEOUT_FACTOR, MAX_VISIBILITY_TIMEOUT_S)
+        if spec.batch_size is None or spec.max_concurrency is None:
+            raise ValueError(f"{spec.name} is not a queue consumer in the topology")
+        self.spec = spec
         self.queues = QueueWithDlq(
             self,
             "Queues",
-            visibility_timeout=Duration.seconds(visibility_s),
+            visibility_timeout=Duration.seconds(spec.visibility_timeout_s),
             retention_period=retention_period,
             max_receive_count=max_receive_count,
         )
@@ -107,9 +105,9 @@ class QueuedLambdaConsumer(Construct):
         function.add_event_source(
             sources.SqsEventSource(
                 self.queue,
-                batch_size=batch_size,
-                max_batching_window=max_batching_window,
+                batch_size=spec.batch_size,
+                max_batching_window=Duration.seconds(spec.batching_window_s),
                 report_batch_item_failures=True,
-                max_concurrency=max_concurrency,
+                max_concurrency=spec.max_concurrency,
             )
         )

@@ -18,7 +18,6 @@ the application retries, inside the limiter. Errors map to the ports' kinds:
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -53,8 +52,6 @@ READ_TIMEOUT_S: Final = 60.0
 #: The invoke response is read up to this many bytes (an ART agent answers a few hundred).
 MAX_RESPONSE_BYTES: Final = 64 * 1024
 
-_client_lock = threading.Lock()
-
 
 def classify_error(exc: Exception, operation: str) -> Exception:
     """Map a botocore exception to the port's error kinds; anything unknown is returned unchanged."""
@@ -82,26 +79,24 @@ def classify_error(exc: Exception, operation: str) -> Exception:
     return exc
 
 
+def client_config(max_pool_connections: int = 50) -> Any:
+    """The botocore config of the `bedrock-agentcore` client: explicit timeouts, botocore retries off (see the
+    module doc). `clients.ClientFactory.acr()` makes the client with it."""
+    from botocore.config import Config
+
+    return Config(
+        connect_timeout=CONNECT_TIMEOUT_S,
+        read_timeout=READ_TIMEOUT_S,
+        retries={"mode": "standard", "total_max_attempts": 1},
+        max_pool_connections=max_pool_connections,
+    )
+
+
 def acr_client() -> Any:
-    """A `bedrock-agentcore` client with explicit timeouts and botocore retries off (see the module doc)."""
-    with _client_lock:
-        global _cached  # noqa: PLW0603 - one client per container
-        if _cached is None:
-            from botocore.config import Config
+    """The default client factory's `bedrock-agentcore` client (`clients.ClientFactory.acr`)."""
+    from rollout_pipeline.adapters.clients import default_factory
 
-            from rollout_pipeline.adapters.clients import _session
-
-            config = Config(
-                connect_timeout=CONNECT_TIMEOUT_S,
-                read_timeout=READ_TIMEOUT_S,
-                retries={"mode": "standard", "total_max_attempts": 1},
-                max_pool_connections=50,
-            )
-            _cached = _session().client("bedrock-agentcore", config=config)
-        return _cached
-
-
-_cached: Any = None
+    return default_factory().acr()
 
 
 class AcrAgentRuntime:

@@ -1,56 +1,193 @@
-"""Lazily created, cached boto3 clients.
+"""The one boto3 client factory: Lambdas (through `wiring.Wiring`), the SDK and local mode all make clients here.
 
-Handlers import this module, not boto3: the first call pays for `import boto3` (~180 ms) and the client, later
-calls in the same container reuse them. `AWS_ENDPOINT_URL` (honoured by boto3 itself) points everything at a local
-moto server in local mode.
+A `ClientFactory` holds one boto3 session, a region and (local mode) an endpoint URL, and creates each service's
+client on first use, then reuses it (boto3 clients are thread-safe). Nothing imports boto3 until a client is
+needed: `lazy(service)` hands out a stand-in that creates the real client on its first attribute access, so a
+Lambda wires every port at start and pays `import boto3` (~180 ms) and each client only when a call needs it.
+
+The agent runtime's client (`acr()`) is special: explicit connect/read timeouts and no botocore retries
+(`adapters/acr.py` says why).
+
+`client(service)` and `reset()` use the process's default factory (`AWS_ENDPOINT_URL` and the usual boto3 chain):
+tests and benchmarks reach moto through it.
 """
 
 from __future__ import annotations
 
+import os
 import threading
-from functools import cache
-from typing import Any
+from typing import Any, Final
+from urllib.parse import urlparse
 
-_lock = threading.Lock()
-
-
-@cache
-def _session() -> Any:
-    import boto3
-
-    return boto3.session.Session()
-
-
-def client(service: str, **kwargs: Any) -> Any:
-    """A cached boto3 client for `service` (thread-safe: boto3 clients may be shared across threads)."""
-    key = (service, tuple(sorted(kwargs.items())))
-    with _lock:
-        cached = _clients.get(key)
-        if cached is None:
-            from botocore.config import Config
-
-            config = Config(retries={"mode": "standard", "max_attempts": 5}, max_pool_connections=50)
-            cached = _session().client(service, config=config, **kwargs)
-            _clients[key] = cached
-        return cached
+#: Every client but the agent runtime's: standard retries, enough connections for the dispatcher's threads.
+RETRIES: Final = {"mode": "standard", "max_attempts": 5}
+MAX_POOL_CONNECTIONS: Final = 50
+#: Region of local mode when nothing else names one (moto accepts any).
+LOCAL_REGION: Final = "us-east-1"
+#: The service name of Amazon Bedrock AgentCore Runtime's data plane (InvokeAgentRuntime, StopRuntimeSession).
+ACR_SERVICE: Final = "bedrock-agentcore"
 
 
-_clients: dict[tuple[str, tuple[tuple[str, Any], ...]], Any] = {}
+def is_loopback(url: str) -> bool:
+    """True for an endpoint on this machine (local mode), e.g. `http://127.0.0.1:4566`."""
+    host = (urlparse(url).hostname or "").lower()
+    return host == "localhost" or host.startswith("127.") or host == "::1"
+
+
+class ClientFactory:
+    """Lazily created boto3 clients sharing one session, region and (local mode) endpoint URL. Thread-safe.
+
+    `session`, `region` and `endpoint_url` default to boto3's own resolution (`AWS_ENDPOINT_URL`, `AWS_REGION`,
+    profiles, instance roles). `user_agent_extra` tags every request (the SDK's say `rollout-pipeline-sdk`).
+    """
+
+    def __init__(
+        self,
+        *,
+        session: Any | None = None,
+        region: str | None = None,
+        endpoint_url: str | None = None,
+        user_agent_extra: str | None = None,
+        max_pool_connections: int = MAX_POOL_CONNECTIONS,
+    ) -> None:
+        self._given_session = self._session = session
+        self._region = region
+        self.endpoint_url = endpoint_url
+        self.user_agent_extra = user_agent_extra
+        self.max_pool_connections = max_pool_connections
+        self._clients: dict[str, Any] = {}
+        self._lock = threading.RLock()
+
+    @property
+    def session(self) -> Any:
+        with self._lock:
+            if self._session is None:
+                import boto3
+
+                self._session = boto3.session.Session(region_name=self._region)
+            return self._session
+
+    @property
+    def region(self) -> str | None:
+        """The region given, else boto3's (`AWS_DEFAULT_REGION`, profile), else `AWS_REGION`, else (an explicit
+        local endpoint only) `us-east-1`."""
+        if self._region:
+            return self._region
+        found = self.session.region_name or os.environ.get("AWS_REGION")
+        if not found and self.endpoint_url:
+            found = LOCAL_REGION
+        return str(found) if found else None
+
+    def client(self, service: str) -> Any:
+        """The cached client of `service` (created on the first call)."""
+        with self._lock:
+            cached = self._clients.get(service)
+            if cached is None:
+                cached = self._clients[service] = self._create(service)
+            return cached
+
+    def lazy(self, service: str) -> Any:
+        """A stand-in for `client(service)` that creates the real client on its first attribute access."""
+        return LazyClient(self, service)
+
+    def acr(self) -> Any:
+        """The agent runtime's client: explicit timeouts and no botocore retries (see `adapters/acr.py`)."""
+        return self.client(ACR_SERVICE)
+
+    def _create(self, service: str) -> Any:
+        from botocore.config import Config
+
+        if service == ACR_SERVICE:
+            from rollout_pipeline.adapters.acr import client_config
+
+            config = client_config(self.max_pool_connections)
+        else:
+            config = Config(retries=dict(RETRIES), max_pool_connections=self.max_pool_connections)
+        if self.user_agent_extra:
+            config = config.merge(Config(user_agent_extra=self.user_agent_extra))
+        kwargs: dict[str, Any] = {"config": config}
+        region = self.region
+        if region:
+            kwargs["region_name"] = region
+        if self.endpoint_url:
+            kwargs["endpoint_url"] = self.endpoint_url
+            if is_loopback(self.endpoint_url) and self.session.get_credentials() is None:
+                # Local mode's moto server accepts any credentials; a machine without AWS needs none.
+                kwargs["aws_access_key_id"] = kwargs["aws_secret_access_key"] = "local"
+        return self.session.client(service, **kwargs)
+
+    def register_hook(self, event_name: str, handler: Any) -> None:
+        """Register a botocore event handler (e.g. "before-call") on every client made so far and later.
+
+        Clients copy the session's event hooks when they are created, so both are needed.
+        """
+        with self._lock:
+            self.session.events.register(event_name, handler)
+            for cached in self._clients.values():
+                cached.meta.events.register(event_name, handler)
+
+    def reset(self) -> None:
+        """Forget every client and the session (the environment changed: credentials, endpoint)."""
+        with self._lock:
+            self._clients.clear()
+            self._session = self._given_session
+
+
+class LazyClient:
+    """Stands in for a boto3 client of `factory` and creates it on the first attribute access."""
+
+    __slots__ = ("_factory", "_service")
+
+    def __init__(self, factory: ClientFactory, service: str) -> None:
+        self._factory = factory
+        self._service = service
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._factory.client(self._service), name)
+
+    def __repr__(self) -> str:
+        return f"LazyClient({self._service!r})"
+
+
+class EnvironmentFactory(ClientFactory):
+    """The process's default factory: boto3's configuration from the environment. When `AWS_ENDPOINT_URL` changes
+    (a local pipeline points it at its moto server, and back), clients made for the old endpoint are dropped
+    instead of being reused against it."""
+
+    #: The variables that decide where a client goes.
+    WATCHED: Final = ("AWS_ENDPOINT_URL",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._seen: tuple[str | None, ...] | None = None
+
+    def client(self, service: str) -> Any:
+        current = tuple(os.environ.get(name) for name in self.WATCHED)
+        with self._lock:
+            if current != self._seen:
+                self.reset()
+                self._seen = current
+            return super().client(service)
+
+
+_default: ClientFactory = EnvironmentFactory()
+
+
+def default_factory() -> ClientFactory:
+    """The process's default factory (boto3's own configuration: `AWS_ENDPOINT_URL`, `AWS_REGION`, ...)."""
+    return _default
+
+
+def client(service: str) -> Any:
+    """The default factory's client of `service` (tests, benchmarks and ledger code given no client)."""
+    return _default.client(service)
 
 
 def register_hook(event_name: str, handler: Any) -> None:
-    """Register a botocore event handler (e.g. "before-call") on every cached client and on clients made later.
-
-    Clients copy the session's event hooks when they are created, so both are needed.
-    """
-    with _lock:
-        _session().events.register(event_name, handler)
-        for cached in _clients.values():
-            cached.meta.events.register(event_name, handler)
+    """`ClientFactory.register_hook` on the default factory."""
+    _default.register_hook(event_name, handler)
 
 
 def reset() -> None:
-    """Forget every cached client and the session (tests switch credentials and endpoints)."""
-    with _lock:
-        _clients.clear()
-        _session.cache_clear()
+    """Forget the default factory's clients and session (tests switch credentials and endpoints)."""
+    _default.reset()

@@ -1,47 +1,34 @@
-"""Which `AgentRuntime` the handlers use: boto3's ACR client by default, another one when installed.
+"""Local mode's agent runtimes, by the endpoint URL of the local AWS they serve.
 
-Lambda handlers call `agent_runtime(settings)`; local mode (and tests) call `install_agent_runtime(...)` first,
-so the very same handler code talks to a local agent process (or the fake) instead of ACR.
+In AWS, anyone holding an experiment's runtime ARN and a client reaches its ACR runtime. In local mode the
+"ACR" is a `LocalAgentRuntime` (or the fake) inside the `LocalPipeline`'s process, next to a moto server: the
+pipeline registers it here under that server's URL for as long as it runs, so an SDK experiment in the same process
+attached to that endpoint (the ART backend, `Experiment.cancel_batch`) stops sessions where they run. The pipeline's
+own handlers never look here: they get their runtime explicitly (`wiring.Wiring.runtime`).
 """
 
 from __future__ import annotations
 
 import threading
 
-from rollout_pipeline.config import HandlerSettings
 from rollout_pipeline.ports import AgentRuntime
 
-
-class _Registry:
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.installed: AgentRuntime | None = None
-        self.default: AgentRuntime | None = None
+_lock = threading.Lock()
+_by_endpoint: dict[str, AgentRuntime] = {}
 
 
-_registry = _Registry()
+def register_local_runtime(endpoint_url: str, runtime: AgentRuntime | None) -> None:
+    """Serve `endpoint_url`'s agent sessions with `runtime` (None: unregister)."""
+    with _lock:
+        if runtime is None:
+            _by_endpoint.pop(endpoint_url, None)
+        else:
+            _by_endpoint[endpoint_url] = runtime
 
 
-def install_agent_runtime(runtime: AgentRuntime | None) -> None:
-    """Use `runtime` for every handler in this process (None restores the ACR default)."""
-    with _registry.lock:
-        _registry.installed = runtime
-        _registry.default = None
-
-
-def installed_agent_runtime() -> AgentRuntime | None:
-    """The runtime `install_agent_runtime` put in place in this process (local mode), or None (ACR)."""
-    with _registry.lock:
-        return _registry.installed
-
-
-def agent_runtime(settings: HandlerSettings) -> AgentRuntime:
-    """The installed runtime, or the boto3 ACR adapter for `settings.runtime_arn` (created once)."""
-    with _registry.lock:
-        if _registry.installed is not None:
-            return _registry.installed
-        if _registry.default is None:
-            from rollout_pipeline.adapters.acr import AcrAgentRuntime
-
-            _registry.default = AcrAgentRuntime(settings.runtime_arn, endpoints=settings.experiment.endpoints)
-        return _registry.default
+def local_runtime(endpoint_url: str | None) -> AgentRuntime | None:
+    """The runtime a local pipeline of this process registered for `endpoint_url`, or None."""
+    if not endpoint_url:
+        return None
+    with _lock:
+        return _by_endpoint.get(endpoint_url)

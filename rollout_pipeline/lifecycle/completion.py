@@ -46,6 +46,7 @@ from rollout_pipeline.lifecycle.metrics import (
 )
 from rollout_pipeline.observability import bind_log_ids
 from rollout_pipeline.ports import ObjectNotFound
+from rollout_pipeline.sqs_batch import run_partial_batch
 
 log = logging.getLogger(__name__)
 
@@ -87,14 +88,7 @@ def complete_records(
         return handle_result_event(event, deps, stops_later=to_stop)
 
     workers = max(1, min(deps.dispatch_threads, len(records)))
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="complete") as pool:
-        futures = {str(r["messageId"]): pool.submit(one, r) for r in records}
-        for message_id, future in futures.items():
-            try:
-                result.outcomes[message_id] = future.result()
-            except Exception as exc:
-                log.exception("completion of message %s failed", message_id)
-                result.failures[message_id] = f"{type(exc).__name__}: {exc}"
+    run_partial_batch(records, one, result, workers=workers, what="complete", logger=log)
     if to_stop:  # results are recorded and published; a failed stop stays in the outbox (sweeper)
         with ThreadPoolExecutor(max_workers=min(workers, len(to_stop)), thread_name_prefix="stop") as pool:
             list(pool.map(lambda rec: _stop_after(rec, deps, until), to_stop))

@@ -14,7 +14,7 @@ from rollout_pipeline.ports import AgentRuntime, Clock, EventPublisher, MessageQ
 
 @dataclass
 class LifecycleDeps:
-    """Everything the lifecycle logic needs. Build it once per container (`from_settings`) and reuse it."""
+    """Everything the lifecycle logic needs. Build it once (`wiring.Wiring.lifecycle`) and reuse it."""
 
     settings: HandlerSettings
     ledger: RolloutLedger
@@ -56,30 +56,3 @@ class LifecycleDeps:
 
     def now(self) -> datetime:
         return self.clock.now()
-
-    @classmethod
-    def from_settings(
-        cls,
-        settings: HandlerSettings,
-        runtime: AgentRuntime | None = None,
-        **overrides: object,
-    ) -> LifecycleDeps:
-        """boto3 adapters for every port (clients are created lazily). The agent runtime: `runtime`, else the one
-        installed for this process (`adapters.runtime.install_agent_runtime`, local mode), else boto3 ACR."""
-        from rollout_pipeline.adapters.eventbridge import EventBridgePublisher
-        from rollout_pipeline.adapters.s3 import S3ObjectStore
-        from rollout_pipeline.adapters.sqs import SqsQueue
-
-        if runtime is None:
-            from rollout_pipeline.adapters.runtime import agent_runtime
-
-            runtime = agent_runtime(settings)
-        return cls(
-            settings=settings,
-            ledger=RolloutLedger(settings.table_name, ttl_days=settings.experiment.ledger_ttl_days),
-            runtime=runtime,
-            store=S3ObjectStore(),
-            queue=SqsQueue(),
-            publisher=EventBridgePublisher(settings.bus_name),
-            **overrides,  # type: ignore[arg-type]
-        )

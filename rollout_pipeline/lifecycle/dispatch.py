@@ -20,7 +20,6 @@ import logging
 import random
 import threading
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import timedelta
 from enum import StrEnum
@@ -60,6 +59,7 @@ from rollout_pipeline.ports import (
     RuntimeSessionNotFound,
     RuntimeThrottled,
 )
+from rollout_pipeline.sqs_batch import run_partial_batch
 
 log = logging.getLogger(__name__)
 
@@ -100,19 +100,14 @@ def dispatch_records(records: Sequence[Mapping[str, Any]], deps: LifecycleDeps, 
     workers = max(1, min(deps.dispatch_threads, len(records)))
     batches = BatchReads(deps)
     records = sorted(records, key=_record_order)  # group order: a group's rollouts start together
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dispatch") as pool:
-        futures = {
-            str(r["messageId"]): pool.submit(
-                dispatch_body, str(r["body"]), deps, wait_until=wait_until, batches=batches
-            )
-            for r in records
-        }
-        for message_id, future in futures.items():
-            try:
-                result.outcomes[message_id] = future.result()
-            except Exception as exc:
-                log.exception("dispatch of message %s failed", message_id)
-                result.failures[message_id] = f"{type(exc).__name__}: {exc}"
+    run_partial_batch(
+        records,
+        lambda r: dispatch_body(str(r["body"]), deps, wait_until=wait_until, batches=batches),
+        result,
+        workers=workers,
+        what="dispatch",
+        logger=log,
+    )
     deps.metrics.sample(IN_FLIGHT, deps.ledger.in_flight())
     return result
 

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
+from rollout_pipeline import topology
 from rollout_pipeline.local.model_server import MODEL_ID
 
 EXIT_OK = 0
@@ -126,7 +127,7 @@ def _cmd_up(args: argparse.Namespace, out: TextIO) -> int:
         assert pipeline.resources is not None
         outputs = pipeline.resources.stack_outputs()
         if args.outputs_file:
-            args.outputs_file.write_text(json.dumps({f"Rollouts-{args.experiment}": outputs}, indent=2))
+            args.outputs_file.write_text(json.dumps({topology.stack_name(args.experiment): outputs}, indent=2))
         print(f"local pipeline up: endpoint {pipeline.endpoint_url}, model {pipeline.model_url}", file=out)
         print(json.dumps(outputs, indent=2), file=out, flush=True)
         print("Ctrl-C to stop.", file=out, flush=True)

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollout_pipeline.adapters.clients import client
+from rollout_pipeline.adapters.clients import ClientFactory, default_factory
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +78,7 @@ class QueueConsumer:
         handler: Handler,
         *,
         region: str,
+        clients: ClientFactory | None = None,
         batch_size: int = 10,
         max_concurrency: int = 2,
         timeout_s: float = 60.0,
@@ -88,6 +89,7 @@ class QueueConsumer:
         self.queue_url = queue_url
         self.handler = handler
         self.region = region
+        self.clients = clients or default_factory()
         self.batch_size = batch_size
         self.max_concurrency = max_concurrency
         self.timeout_s = timeout_s
@@ -100,7 +102,7 @@ class QueueConsumer:
         self._queue_arn = ""
 
     def start(self) -> None:
-        sqs = client("sqs")
+        sqs = self.clients.client("sqs")
         attrs = sqs.get_queue_attributes(QueueUrl=self.queue_url, AttributeNames=["QueueArn"])
         self._queue_arn = attrs["Attributes"]["QueueArn"]
         for i in range(self.max_concurrency):
@@ -125,7 +127,7 @@ class QueueConsumer:
 
     def poll_once(self) -> int:
         """Receive one batch and run the handler on it; return how many messages were received."""
-        sqs = client("sqs")
+        sqs = self.clients.client("sqs")
         resp = sqs.receive_message(
             QueueUrl=self.queue_url,
             MaxNumberOfMessages=self.batch_size,

@@ -18,18 +18,22 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from rollout_pipeline.adapters import clients, faithful
+from rollout_pipeline import topology
+from rollout_pipeline.adapters import faithful
+from rollout_pipeline.adapters.clients import ClientFactory
+from rollout_pipeline.adapters.runtime import register_local_runtime
 from rollout_pipeline.agent.credentials import API_KEY_ENV
 from rollout_pipeline.config import ExperimentConfig, SamplingParams
 from rollout_pipeline.local.lambda_runtime import QueueConsumer, Schedule
 from rollout_pipeline.local.model_server import MODEL_ID, LocalModelServer
 from rollout_pipeline.local.moto_server import local_aws_environ, moto_server, patched_environ
 from rollout_pipeline.local.resources import ExperimentResources, create_resources
+from rollout_pipeline.wiring import Wiring
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +68,10 @@ class LocalSettings:
     #: Seed of the faithful profile's random choices (hot-item conflicts), so a run reproduces.
     aws_profile_seed: int = 0
     dispatch_concurrency: int = 2
+    #: Consumers per queue where local mode runs fewer than the stack's event source mappings (a small machine
+    #: runs the whole pipeline). Explicit, and logged at start; every other number is the stack's
+    #: (`topology.function_specs`). The dispatcher's is `dispatch_concurrency` (the experiment's, as deployed).
+    concurrency_overrides: dict[str, int] = field(default_factory=lambda: {"ingest": 1, "completion": 2})
     sweep_interval_s: float = 10.0
     work_dir: Path | None = None
     #: Use this `ports.AgentRuntime` instead of agent processes (benchmarks, dry runs with the fake ACR). It is
@@ -95,6 +103,8 @@ class LocalPipeline:
         self.endpoint_url = ""
         self.model_url = ""
         self.resources: ExperimentResources | None = None
+        self.clients = ClientFactory()
+        self.wiring: Wiring | None = None
         self.runtime: Any = None
         self.experiment: Any = None
         self.consumers: list[QueueConsumer] = []
@@ -118,9 +128,9 @@ class LocalPipeline:
             stack.enter_context(faithful.activate(faithful.FaithfulProfile(seed=self.settings.aws_profile_seed)))
         self.endpoint_url = stack.enter_context(moto_server())
         aws_env = local_aws_environ(self.endpoint_url, REGION)
+        # For code of this process given no client (adapters built by a `runtime_factory`): the default factory.
         stack.enter_context(patched_environ(aws_env))
-        clients.reset()
-        stack.callback(clients.reset)
+        self.clients = ClientFactory(endpoint_url=self.endpoint_url, region=REGION)
         log.info("moto server on %s", self.endpoint_url)
 
         if self.settings.model_url:
@@ -132,11 +142,10 @@ class LocalPipeline:
         log.info("model at %s", self.model_url)
 
         config = self.settings.experiment_config(self.model_url)
-        self.resources = create_resources(config, region=REGION, client=clients.client)
-        handler_env = {
-            **self.resources.settings().to_environ(),
+        self.resources = create_resources(config, region=REGION, client=self.clients.client)
+        handler_env = {  # Powertools reads its own; the handlers get everything else from the wiring
             "POWERTOOLS_SERVICE_NAME": "rollouts-local",
-            "POWERTOOLS_METRICS_NAMESPACE": "RolloutPipeline",
+            "POWERTOOLS_METRICS_NAMESPACE": topology.METRICS_NAMESPACE,
             "POWERTOOLS_METRICS_DISABLED": "true",
             "POWERTOOLS_LOG_LEVEL": os.environ.get("POWERTOOLS_LOG_LEVEL", "WARNING"),
         }
@@ -146,7 +155,10 @@ class LocalPipeline:
             self.runtime = self.settings.runtime_factory(self.resources)
         else:
             self.runtime = self._start_agents(aws_env)
-        self._install_handlers()
+        self.wiring = Wiring(self.resources.settings(), self.clients, runtime=self.runtime)
+        # An SDK experiment of this process attached to this endpoint (the ART backend) cancels through it too.
+        register_local_runtime(self.endpoint_url, self.runtime)
+        stack.callback(register_local_runtime, self.endpoint_url, None)
         self._start_consumers()
 
         from rollout_pipeline.sdk import Experiment
@@ -174,19 +186,6 @@ class LocalPipeline:
         runtime.start()
         return runtime
 
-    def _install_handlers(self) -> None:
-        """Point the handler modules at this run: the local ACR adapter and fresh per-container state."""
-        import lambdas.ingest
-        from rollout_pipeline.adapters.runtime import install_agent_runtime
-        from rollout_pipeline.lifecycle.handlers import set_deps
-
-        install_agent_runtime(self.runtime)
-        set_deps(None)
-        lambdas.ingest.reset()
-        self._stack.callback(lambdas.ingest.reset)
-        self._stack.callback(set_deps, None)
-        self._stack.callback(install_agent_runtime, None)
-
     def _start_consumers(self) -> None:
         import lambdas.completion
         import lambdas.dispatch
@@ -195,35 +194,33 @@ class LocalPipeline:
 
         assert self.resources is not None
         res = self.resources
-        # Same batch sizes, concurrency and timeouts as the stack's event source mappings and functions.
+        specs = consumer_specs(res.config, self.settings.concurrency_overrides)
+        queues = {
+            "ingest": res.ingest_queue_url,
+            "dispatch": res.rollout_queue_url,
+            "completion": res.completion_queue_url,
+        }
+        # The very handler code of the Lambdas, over this run's wiring (passed down, not installed process-wide).
+        assert self.wiring is not None
+        lifecycle = self.wiring.lifecycle()
+        handlers = {
+            "ingest": lambdas.ingest.function.bind(self.wiring.ingestion()),
+            "dispatch": lambdas.dispatch.function.bind(lifecycle),
+            "completion": lambdas.completion.function.bind(lifecycle),
+        }
+        # The stack's batch sizes and timeouts (topology); concurrency as the stack's unless overridden above.
         self.consumers = [
             QueueConsumer(
-                "ingest",
-                res.ingest_queue_url,
-                lambdas.ingest.handler,
+                name,
+                queues[name],
+                handlers[name],
                 region=REGION,
-                batch_size=1,
-                max_concurrency=1,
-                timeout_s=900,
-            ),
-            QueueConsumer(
-                "dispatch",
-                res.rollout_queue_url,
-                lambdas.dispatch.handler,
-                region=REGION,
-                batch_size=10,
-                max_concurrency=max(2, self.settings.dispatch_concurrency),
-                timeout_s=120,
-            ),
-            QueueConsumer(
-                "completion",
-                res.completion_queue_url,
-                lambdas.completion.handler,
-                region=REGION,
-                batch_size=10,
-                max_concurrency=2,
-                timeout_s=60,
-            ),
+                clients=self.clients,
+                batch_size=spec.batch_size or 1,
+                max_concurrency=spec.max_concurrency or 1,
+                timeout_s=spec.timeout_s,
+            )
+            for name, spec in specs.items()
         ]
         for consumer in self.consumers:
             consumer.handler = _clearing_metrics(consumer.handler)
@@ -231,7 +228,10 @@ class LocalPipeline:
             self._stack.callback(consumer.stop)
         self._stack.callback(_clear_metrics)
         self.sweeper = Schedule(
-            "sweeper", _clearing_metrics(lambdas.sweeper.handler), interval_s=self.settings.sweep_interval_s
+            "sweeper",
+            _clearing_metrics(lambdas.sweeper.function.bind(lifecycle)),
+            interval_s=self.settings.sweep_interval_s,
+            timeout_s=topology.FUNCTIONS["sweeper"].timeout_s,
         )
         self.sweeper.start()
         self._stack.callback(self.sweeper.stop)
@@ -255,12 +255,26 @@ class LocalPipeline:
     def dead_letters(self) -> dict[str, int]:
         """Messages in each dead-letter queue (a healthy run has none)."""
         assert self.resources is not None
-        sqs = clients.client("sqs")
+        sqs = self.clients.client("sqs")
         counts = {}
         for name, url in self.resources.dlq_urls.items():
             attrs = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["ApproximateNumberOfMessages"])
             counts[name] = int(attrs["Attributes"]["ApproximateNumberOfMessages"])
         return counts
+
+
+def consumer_specs(config: ExperimentConfig, overrides: Mapping[str, int]) -> dict[str, topology.FunctionSpec]:
+    """The queue consumers local mode runs: the stack's numbers (`topology.function_specs`), with the concurrency
+    of each function named in `overrides` replaced, and every override logged next to the stack's value."""
+    specs: dict[str, topology.FunctionSpec] = {}
+    for name, spec in topology.function_specs(config).items():
+        if not spec.queue_fed:
+            continue
+        specs[name] = spec
+        if name in overrides and overrides[name] != spec.max_concurrency:
+            log.info("local mode: %s runs %d consumer(s) (the stack: %s)", name, overrides[name], spec.max_concurrency)
+            specs[name] = replace(spec, max_concurrency=overrides[name])
+    return specs
 
 
 def _clear_metrics() -> None:

@@ -11,15 +11,13 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from rollout_pipeline import routing
+from rollout_pipeline import routing, topology
 from rollout_pipeline.adapters import faithful
 from rollout_pipeline.config import ExperimentConfig, HandlerSettings
 from rollout_pipeline.ledger.schema import create_table_kwargs
 
 LOCAL_ACCOUNT = "123456789012"
-DLQ_MAX_RECEIVE_COUNT = 5
-#: Visibility timeouts as in the stack (6x the function timeout, capped) so redelivery semantics match.
-VISIBILITY_TIMEOUTS = {"ingest": 900, "rollout": 720, "completion": 360, "trainer": 60}
+DLQ_MAX_RECEIVE_COUNT = topology.DLQ_MAX_RECEIVE_COUNT
 
 
 @dataclass(frozen=True)
@@ -57,22 +55,22 @@ class ExperimentResources:
 
     def stack_outputs(self) -> dict[str, str]:
         """The same outputs the CloudFormation stack exposes (the SDK attaches with these)."""
-        return {
-            "ExperimentName": self.config.name,
-            "InputBucketName": self.input_bucket,
-            "ResultsBucketName": self.results_bucket,
-            "RolloutQueueUrl": self.rollout_queue_url,
-            "TrainerQueueUrl": self.trainer_queue_url,
-            "IngestQueueUrl": self.ingest_queue_url,
-            "EventBusName": self.bus_name,
-            "LedgerTableName": self.table_name,
-            "AgentRuntimeArn": self.runtime_arn,
-            "ExperimentConfig": self.config.to_env(),
-        }
+        return topology.StackOutputs(
+            experiment_name=self.config.name,
+            experiment_config=self.config.to_env(),
+            input_bucket=self.input_bucket,
+            results_bucket=self.results_bucket,
+            rollout_queue_url=self.rollout_queue_url,
+            trainer_queue_url=self.trainer_queue_url,
+            ingest_queue_url=self.ingest_queue_url,
+            bus_name=self.bus_name,
+            table_name=self.table_name,
+            runtime_arn=self.runtime_arn,
+        ).to_outputs()
 
 
 def _base(config: ExperimentConfig) -> str:
-    return f"rollouts-{config.name}"
+    return topology.resource_base(config.name)
 
 
 def create_resources(config: ExperimentConfig, *, region: str, client: Any) -> ExperimentResources:
@@ -100,7 +98,8 @@ def create_resources(config: ExperimentConfig, *, region: str, client: Any) -> E
 
     queue_urls: dict[str, str] = {}
     dlq_urls: dict[str, str] = {}
-    for name, visibility in VISIBILITY_TIMEOUTS.items():
+    # Visibility timeouts as in the stack (derived from the function timeouts), so redelivery semantics match.
+    for name, visibility in topology.queue_visibility_timeouts(config).items():
         dlq_url = sqs.create_queue(QueueName=f"{base}-{name}-dlq")["QueueUrl"]
         dlq_arn = sqs.get_queue_attributes(QueueUrl=dlq_url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
         queue_urls[name] = sqs.create_queue(
@@ -116,7 +115,7 @@ def create_resources(config: ExperimentConfig, *, region: str, client: Any) -> E
         attrs = sqs.get_queue_attributes(QueueUrl=queue_urls[name], AttributeNames=["QueueArn"])
         return str(attrs["Attributes"]["QueueArn"])
 
-    bus_name = base
+    bus_name = topology.bus_name(config.name)
     with contextlib.suppress(events.exceptions.ResourceAlreadyExistsException):
         events.create_event_bus(Name=bus_name)
 

@@ -10,9 +10,9 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Final
+from typing import IO, TYPE_CHECKING, Any
 
-from rollout_pipeline import ids
+from rollout_pipeline import ids, topology
 from rollout_pipeline.config import ExperimentConfig, HandlerSettings, SamplingParams
 from rollout_pipeline.contracts import (
     DatasetRow,
@@ -36,26 +36,12 @@ if TYPE_CHECKING:
     from rollout_pipeline.lifecycle.cancel import CancelReport
     from rollout_pipeline.ports import AgentRuntime
     from rollout_pipeline.sdk.client import RolloutClient
+    from rollout_pipeline.wiring import Wiring
 
 logger = logging.getLogger(__name__)
 
-STACK_PREFIX: Final = "Rollouts-"
-#: CloudFormation outputs the SDK needs (all of them are exported by the experiment stack).
-REQUIRED_OUTPUTS: Final = (
-    "ExperimentName",
-    "InputBucketName",
-    "ResultsBucketName",
-    "RolloutQueueUrl",
-    "TrainerQueueUrl",
-    "EventBusName",
-    "LedgerTableName",
-    "ExperimentConfig",
-)
-
-
-def stack_name(experiment: str) -> str:
-    """The CloudFormation stack of an experiment."""
-    return f"{STACK_PREFIX}{experiment}"
+#: The experiment's CloudFormation stack and its outputs: `rollout_pipeline.topology`.
+stack_name = topology.stack_name
 
 
 class Experiment:
@@ -76,10 +62,11 @@ class Experiment:
         endpoint_url: str | None = None,
         seen_ids: int = DEFAULT_SEEN_IDS,
     ) -> None:
-        missing = [name for name in REQUIRED_OUTPUTS if not outputs.get(name)]
+        missing = topology.StackOutputs.missing(outputs)
         if missing:
             raise SdkError(f"stack outputs are missing {', '.join(missing)} (is the stack up to date?)")
         self.outputs: dict[str, str] = dict(outputs)
+        self.stack_outputs = topology.StackOutputs.from_outputs(outputs)
         try:
             self.config = ExperimentConfig.from_env(self.outputs["ExperimentConfig"])
         except ValueError as exc:
@@ -161,35 +148,35 @@ class Experiment:
 
     @property
     def name(self) -> str:
-        return self.outputs["ExperimentName"]
+        return self.stack_outputs.experiment_name
 
     @property
     def input_bucket(self) -> str:
-        return self.outputs["InputBucketName"]
+        return self.stack_outputs.input_bucket
 
     @property
     def results_bucket(self) -> str:
-        return self.outputs["ResultsBucketName"]
+        return self.stack_outputs.results_bucket
 
     @property
     def rollout_queue_url(self) -> str:
-        return self.outputs["RolloutQueueUrl"]
+        return self.stack_outputs.rollout_queue_url
 
     @property
     def trainer_queue_url(self) -> str:
-        return self.outputs["TrainerQueueUrl"]
+        return self.stack_outputs.trainer_queue_url
 
     @property
     def bus_name(self) -> str:
-        return self.outputs["EventBusName"]
+        return self.stack_outputs.bus_name
 
     @property
     def table_name(self) -> str:
-        return self.outputs["LedgerTableName"]
+        return self.stack_outputs.table_name
 
     @property
     def runtime_arn(self) -> str:
-        return self.outputs.get("AgentRuntimeArn", "")
+        return self.stack_outputs.runtime_arn
 
     def client(self, service: str) -> Any:
         """The boto3 client of `service` this experiment uses (same session, region and endpoint)."""
@@ -198,10 +185,15 @@ class Experiment:
     def __repr__(self) -> str:
         return f"Experiment({self.name!r}, region={self.aws.region!r})"
 
-    def _ledger(self) -> Any:
-        from rollout_pipeline.ledger.batches import BatchLedger
+    def wiring(self, runtime: AgentRuntime | None = None) -> Wiring:
+        """The pipeline's stages over this experiment's clients (the composition root, `rollout_pipeline.wiring`);
+        `runtime` for cancels (default: ACR, or the local pipeline's at this experiment's local endpoint)."""
+        from rollout_pipeline.wiring import Wiring
 
-        return BatchLedger(self.table_name, self.client("dynamodb"), ttl_days=self.config.ledger_ttl_days)
+        return Wiring(self.settings(), self.aws, runtime=runtime)
+
+    def _ledger(self) -> Any:
+        return self.wiring().batch_ledger()
 
     # ---------------------------------------------------------------------------------------------- submit
 
@@ -267,11 +259,11 @@ class Experiment:
 
     def _submit_rows(self, rows: Sequence[DatasetRow], options: FileOptions, name: str) -> str:
         """Submit rows validated once (`submission.validate_payloads`); ingestion takes them as they are."""
-        from rollout_pipeline.sdk import _ingest
-
         with aws_errors("submit payloads"):
-            result = _ingest.submit_rows(
-                self, rows=rows, options=options, name=name, owner=submission.new_lease_owner()
+            result = (
+                self.wiring()
+                .ingestion()
+                .submit_rows(rows, name=name, options=options, owner=submission.new_lease_owner())
             )
         if result.batch_id is None:  # pragma: no cover - submit_rows always creates a batch
             raise SdkError("the submission created no batch")
@@ -281,7 +273,7 @@ class Experiment:
 
     def settings(self) -> HandlerSettings:
         """The handler settings of this experiment (what the pipeline's own stages are configured with)."""
-        return HandlerSettings.from_stack_outputs(self.outputs)
+        return self.stack_outputs.handler_settings()
 
     def _options(
         self,
@@ -436,13 +428,13 @@ class Experiment:
         """Cancel a batch: queued rollouts are never started, running ones are stopped (through `runtime`, by
         default ACR with this experiment's session) and every rollout ends once as `Rollout Failed` (cancelled).
         Idempotent; returns the lifecycle stage's report (counts)."""
-        from rollout_pipeline.sdk import _lifecycle
+        from rollout_pipeline.lifecycle.cancel import cancel_batch
 
         with aws_errors(f"cancel batch {batch_id}"):
             item = self._ledger().read_batch(batch_id)
             if item is None:
                 raise BatchNotFound(f"no batch {batch_id!r} in experiment {self.name!r}")
-            report = _lifecycle.cancel_batch(self, batch_id, runtime)
+            report = cancel_batch(batch_id, self.wiring(runtime).lifecycle())
         if not report.found:
             raise SdkError(f"batch {batch_id!r} cannot be cancelled: it was rejected as a whole (see `status`)")
         return report
@@ -450,10 +442,11 @@ class Experiment:
     def cancel_rollout(self, batch_id: str, input_id: str, index: int = 0, runtime: AgentRuntime | None = None) -> str:
         """Cancel one rollout (stop its session, end it as `Rollout Failed` / cancelled); the rest of its batch goes
         on. Returns "cancelled" or "already_terminal"."""
-        from rollout_pipeline.sdk import _lifecycle
+        from rollout_pipeline.lifecycle.cancel import cancel_rollout
 
         with aws_errors(f"cancel rollout {input_id}#{index} of batch {batch_id}"):
-            return _lifecycle.cancel_rollout(self, batch_id, input_id, index, runtime)
+            deps = self.wiring(runtime).lifecycle()
+            return cancel_rollout(exp_id=self.name, batch_id=batch_id, input_id=input_id, index=index, deps=deps)
 
     # ---------------------------------------------------------------------------------------------- results
 
@@ -516,12 +509,11 @@ class Experiment:
         dispatched from now on are stamped with it (`policy_version` on their events; the batch's own version, when
         different, as `batch_policy_version`), so stale rollouts can be dropped or corrected. None clears it."""
         from rollout_pipeline.contracts import iso
-        from rollout_pipeline.ledger.rollouts import RolloutLedger
 
         if version is not None and not 0 < len(version) <= 128:
             raise SdkError("a policy version is 1-128 characters")
         with aws_errors("set the current policy version"):
-            ledger = RolloutLedger(self.table_name, self.client("dynamodb"), ttl_days=self.config.ledger_ttl_days)
+            ledger = self.wiring().rollout_ledger()
             ledger.set_current_policy_version(version, iso(utcnow()))
 
     def completed_groups(
@@ -541,13 +533,12 @@ class Experiment:
         rollout's result object (one S3 GET per rollout). Raises `BatchNotFound` for an unknown batch.
         """
         from rollout_pipeline.ledger.batches import batch_options, group_completion_detail
-        from rollout_pipeline.ledger.rollouts import RolloutLedger
         from rollout_pipeline.lifecycle.publishing import rollout_event, with_members
 
         skipped = set(skip)
         groups: list[Group] = []
         with aws_errors(f"read the completed groups of batch {batch_id}"):
-            ledger = RolloutLedger(self.table_name, self.client("dynamodb"), ttl_days=self.config.ledger_ttl_days)
+            ledger = self.wiring().rollout_ledger()
             batch = ledger.get_batch(batch_id)
             if batch is None:
                 raise BatchNotFound(f"no batch {batch_id!r} in experiment {self.name!r}")

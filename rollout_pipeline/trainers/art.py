@@ -158,7 +158,6 @@ def attached(config: BackendConfig) -> _Attached:
         found = _attached.get(key)
         if found is not None and not found.client._dispatcher.closed:
             return found
-        from rollout_pipeline.adapters.runtime import installed_agent_runtime
         from rollout_pipeline.contracts import EVENT_SOURCE
         from rollout_pipeline.sdk.client import RolloutClient
 
@@ -176,8 +175,6 @@ def attached(config: BackendConfig) -> _Attached:
             max_attempts=config.max_attempts,
             poll_wait_s=config.poll_wait_s,
             visibility_s=config.visibility_s,
-            # Local mode in this process: cancel stops sessions through the local runtime; otherwise ACR.
-            runtime=installed_agent_runtime(),
             queue_url=subscription[1] if subscription else None,
             consume_others=subscription is not None,  # a private queue holds only this process's events
         )

@@ -640,9 +640,8 @@ def handler_env(resources: ExperimentResources, monkeypatch: pytest.MonkeyPatch)
     for name, value in resources.settings().to_environ().items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("POWERTOOLS_METRICS_NAMESPACE", "RolloutPipelineTest")
-    ingest_lambda = importlib.reload(lambdas.ingest)  # Powertools reads its settings at import, as in Lambda
-    yield ingest_lambda
-    ingest_lambda.reset()
+    # Powertools reads its settings at import, and the stage is built from the environment once, as in Lambda.
+    return importlib.reload(lambdas.ingest)
 
 
 class FakeContext:

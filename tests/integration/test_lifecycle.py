@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from lambdas import glue
 from rollout_pipeline import ids
 from rollout_pipeline.adapters.fake_acr import AgentBehaviour, FakeAgentRuntime, FakeInvocation
 from rollout_pipeline.contracts import (
@@ -19,7 +20,6 @@ from rollout_pipeline.contracts import (
     parse_detail,
 )
 from rollout_pipeline.ledger import keys
-from rollout_pipeline.lifecycle import handlers
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.metrics import NOTIFICATION_LATENCY
 from rollout_pipeline.local.resources import ExperimentResources
@@ -70,24 +70,21 @@ def test_happy_path_through_the_lambda_handlers(
     from lambdas import dispatch as dispatch_lambda
 
     fake.behaviour = rewards_by_index
-    handlers.set_deps(deps)
-    monkeypatch.setattr(handlers, "SAFETY_S", 0.0)
-    try:
-        send(resources, seed_batch(resources, batch_id=B_HAPPY))
-        records = receive_records(resources.rollout_queue_url)
-        assert len(records) == 4
-        response = dispatch_lambda.handler({"Records": records}, lambda_context(int(PACED_WAIT_S * 1000)))
-        assert response == {"batchItemFailures": []}
-        ack(resources.rollout_queue_url, records, [])
+    monkeypatch.setattr(glue, "SAFETY_S", 0.0)
+    dispatch_handler, completion_handler = dispatch_lambda.function.bind(deps), completion_lambda.function.bind(deps)
+    send(resources, seed_batch(resources, batch_id=B_HAPPY))
+    records = receive_records(resources.rollout_queue_url)
+    assert len(records) == 4
+    response = dispatch_handler({"Records": records}, lambda_context(int(PACED_WAIT_S * 1000)))
+    assert response == {"batchItemFailures": []}
+    ack(resources.rollout_queue_url, records, [])
 
-        # The fake agent wrote 4 results; S3 -> EventBridge -> completion queue.
-        completions = receive_records(resources.completion_queue_url)
-        assert len(completions) == 4
-        response = completion_lambda.handler({"Records": completions}, lambda_context())
-        assert response == {"batchItemFailures": []}
-        ack(resources.completion_queue_url, completions, [])
-    finally:
-        handlers.set_deps(None)
+    # The fake agent wrote 4 results; S3 -> EventBridge -> completion queue.
+    completions = receive_records(resources.completion_queue_url)
+    assert len(completions) == 4
+    response = completion_handler({"Records": completions}, lambda_context())
+    assert response == {"batchItemFailures": []}
+    ack(resources.completion_queue_url, completions, [])
 
     events = trainer_events(resources)
     completed = [RolloutCompleted.model_validate(d) for d in by_type(events, "Rollout Completed")]

@@ -15,7 +15,6 @@ from rollout_pipeline import ids
 from rollout_pipeline.adapters.fake_acr import AgentBehaviour, Behaviour, FakeAgentRuntime
 from rollout_pipeline.contracts import RolloutMessage
 from rollout_pipeline.ledger import keys
-from rollout_pipeline.lifecycle import handlers
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.dispatch import Dispatch, dispatch_records
 from rollout_pipeline.lifecycle.metrics import STOP_FAILED
@@ -104,17 +103,13 @@ def test_sweeper_handler(resources: ExperimentResources, deps: LifecycleDeps, cl
     send(resources, seed_batch(resources, batch_id=BATCH, inputs={"a": {}}, group_size=1, max_attempts=1))
     dispatch_once(resources, deps)
     clock.advance(resources.config.rollout_timeout_s + 1)
-    handlers.set_deps(deps)
-    try:
-        context = SimpleNamespace(
-            function_name="sweeper",
-            memory_limit_in_mb=256,
-            invoked_function_arn="arn:aws:lambda:us-east-1:123456789012:function:sweeper",
-            aws_request_id="r",
-        )
-        summary: dict[str, Any] = sweeper_lambda.handler({"source": "aws.scheduler"}, context)
-    finally:
-        handlers.set_deps(None)
+    context = SimpleNamespace(
+        function_name="sweeper",
+        memory_limit_in_mb=256,
+        invoked_function_arn="arn:aws:lambda:us-east-1:123456789012:function:sweeper",
+        aws_request_id="r",
+    )
+    summary: dict[str, Any] = sweeper_lambda.function.bind(deps)({"source": "aws.scheduler"}, context)
     assert summary["timed_out"] == 1
     assert [f["reason"] for f in by_type(trainer_events(resources), "Rollout Failed")] == ["timeout"]
 

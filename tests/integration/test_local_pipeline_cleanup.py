@@ -14,7 +14,7 @@ from urllib.parse import urlparse
 import pytest
 
 from rollout_pipeline.adapters.fake_acr import FakeAgentRuntime
-from rollout_pipeline.adapters.runtime import _registry
+from rollout_pipeline.adapters.runtime import local_runtime
 from rollout_pipeline.local.pipeline import LocalPipeline, LocalSettings, interrupt_on_sigterm
 
 
@@ -34,7 +34,7 @@ def _crash_inside(settings: LocalSettings, seen: dict[str, Any]) -> None:
         seen["threads"] = [t for c in pipeline.consumers for t in c._threads]
         seen["port_open"] = _port_open(pipeline.endpoint_url)
         seen["env_endpoint"] = os.environ.get("AWS_ENDPOINT_URL")
-        seen["runtime_installed"] = _registry.installed is pipeline.runtime
+        seen["runtime_installed"] = local_runtime(pipeline.endpoint_url) is pipeline.runtime
         seen["threads_alive"] = all(t.is_alive() for t in seen["threads"])
         pipeline.runtime.invoke("cleanup-session-0000000000000000000000001", {})
         seen["sessions"] = pipeline.active_sessions()
@@ -63,7 +63,7 @@ def test_pipeline_stops_everything_it_started_when_the_run_fails(tmp_path: Path)
     assert not any(t.is_alive() for t in seen["threads"]), "every consumer thread ended"
     assert os.environ.get("AWS_ENDPOINT_URL") == before_env, "the environment is restored"
     assert os.environ.get("TABLE_NAME") != "rollouts-cleanup-ledger"
-    assert _registry.installed is None, "the handlers go back to the real ACR adapter"
+    assert local_runtime(seen["endpoint"]) is None, "the endpoint's runtime is unregistered"
 
 
 def _terminate_self_and_wait() -> None:

@@ -1,0 +1,220 @@
+"""The shape of one deployed experiment: names, stack outputs and the numbers of each pipeline function.
+
+One home for these facts. The CDK stack (`stacks/`), cdk-nag's acknowledgements, local mode (`local/`), the SDK and
+the CLI read them from here, and `tests/infra/test_topology.py` checks the synthesized stack against them, so local
+mode cannot drift from the stack again. Plain Python and pydantic only (no CDK, no boto3): Lambdas import it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from rollout_pipeline.config import ConfigError, ExperimentConfig, HandlerSettings
+
+#: CloudFormation stack of an experiment: `Rollouts-{name}`.
+STACK_PREFIX: Final = "Rollouts-"
+#: Physical names the stack and local mode give an experiment's resources: `rollouts-{name}[-suffix]`.
+RESOURCE_PREFIX: Final = "rollouts-"
+#: CloudWatch namespace of every pipeline metric (Powertools `POWERTOOLS_METRICS_NAMESPACE`).
+METRICS_NAMESPACE: Final = "RolloutPipeline"
+
+FunctionName = Literal["ingest", "dispatch", "completion", "sweeper"]
+#: The pipeline's Lambda functions; each has a module `lambdas/{name}.py` with a `handler`.
+FUNCTION_NAMES: Final[tuple[FunctionName, ...]] = ("ingest", "dispatch", "completion", "sweeper")
+#: AWS guidance for Lambda consumers of SQS: visibility timeout at least 6x the function timeout.
+VISIBILITY_TIMEOUT_FACTOR: Final = 6
+#: SQS's maximum visibility timeout.
+MAX_VISIBILITY_TIMEOUT_S: Final = 12 * 3600
+#: The trainer queue's visibility timeout: how long an event received by the SDK stays hidden from other readers.
+TRAINER_VISIBILITY_TIMEOUT_S: Final = 60
+#: Receives before a message of a work queue goes to its dead-letter queue.
+DLQ_MAX_RECEIVE_COUNT: Final = 5
+
+
+def stack_name(experiment: str) -> str:
+    """The CloudFormation stack of experiment `experiment`."""
+    return f"{STACK_PREFIX}{experiment}"
+
+
+def resource_base(experiment: str) -> str:
+    """The prefix of the experiment's physical resource names (also the event bus name)."""
+    return f"{RESOURCE_PREFIX}{experiment}"
+
+
+def bus_name(experiment: str) -> str:
+    """The experiment's custom event bus."""
+    return resource_base(experiment)
+
+
+@dataclass(frozen=True)
+class FunctionSpec:
+    """The numbers of one pipeline function and (for a queue consumer) its SQS event source mapping."""
+
+    name: FunctionName
+    timeout_s: int
+    memory_mb: int
+    #: None for the scheduled sweeper (no queue).
+    batch_size: int | None = None
+    batching_window_s: int = 0
+    max_concurrency: int | None = None
+
+    @property
+    def queue_fed(self) -> bool:
+        return self.batch_size is not None
+
+    @property
+    def visibility_timeout_s(self) -> int:
+        """The visibility timeout of the queue feeding it: 6x the function timeout (capped at SQS's 12 h), so a
+        message is not redelivered while a retried invocation of its batch may still run."""
+        return min(self.timeout_s * VISIBILITY_TIMEOUT_FACTOR, MAX_VISIBILITY_TIMEOUT_S)
+
+
+#: The table. Dispatch's concurrency is the experiment's `dispatch_concurrency` (see `function_specs`).
+FUNCTIONS: Final[Mapping[FunctionName, FunctionSpec]] = {
+    "ingest": FunctionSpec("ingest", timeout_s=900, memory_mb=1024, batch_size=1, max_concurrency=5),
+    "dispatch": FunctionSpec("dispatch", timeout_s=120, memory_mb=512, batch_size=10, batching_window_s=1),
+    "completion": FunctionSpec(
+        "completion", timeout_s=60, memory_mb=512, batch_size=10, batching_window_s=1, max_concurrency=10
+    ),
+    "sweeper": FunctionSpec("sweeper", timeout_s=120, memory_mb=512),
+}
+#: Queue of each queue-fed function, by the name local mode and the dashboard give it.
+FUNCTION_QUEUES: Final[Mapping[FunctionName, str]] = {
+    "ingest": "ingest",
+    "dispatch": "rollout",
+    "completion": "completion",
+}
+
+
+def function_specs(config: ExperimentConfig) -> dict[FunctionName, FunctionSpec]:
+    """Every function's numbers for this experiment (the dispatcher's concurrency is configurable)."""
+    specs = dict(FUNCTIONS)
+    specs["dispatch"] = replace(specs["dispatch"], max_concurrency=config.dispatch_concurrency)
+    return specs
+
+
+def queue_visibility_timeouts(config: ExperimentConfig) -> dict[str, int]:
+    """Visibility timeout of every queue of the experiment, by queue name (local mode creates them from this)."""
+    specs = function_specs(config)
+    timeouts = {queue: specs[function].visibility_timeout_s for function, queue in FUNCTION_QUEUES.items()}
+    timeouts["trainer"] = TRAINER_VISIBILITY_TIMEOUT_S
+    return timeouts
+
+
+#: The resource names of `HandlerSettings` (all but the experiment): `StackOutputs` has fields of the same names,
+#: `FunctionEnvironment` variables of the same names in capitals.
+_RESOURCE_FIELDS: Final = tuple(name for name in HandlerSettings.model_fields if name != "experiment")
+
+
+class StackOutputs(BaseModel):
+    """The outputs of an experiment stack that the SDK, the CLI and local mode read (their keys are the contract).
+
+    Each field's alias is the output's key (`ExperimentName`, ...): `from_outputs` validates a mapping such as
+    CloudFormation's, `cdk deploy --outputs-file`'s or local mode's; `to_outputs` writes one back.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="ignore", populate_by_name=True)
+
+    experiment_name: str = Field(alias="ExperimentName", min_length=1)
+    experiment_config: str = Field(
+        alias="ExperimentConfig", min_length=1, description="The experiment configuration (JSON) the Lambdas run with"
+    )
+    input_bucket: str = Field(alias="InputBucketName", min_length=1)
+    results_bucket: str = Field(alias="ResultsBucketName", min_length=1)
+    rollout_queue_url: str = Field(
+        alias="RolloutQueueUrl", min_length=1, description="Submit queue: the SDK sends rollout messages here"
+    )
+    trainer_queue_url: str = Field(
+        alias="TrainerQueueUrl", min_length=1, description="Every pipeline event; the trainer long-polls this queue"
+    )
+    bus_name: str = Field(alias="EventBusName", min_length=1)
+    table_name: str = Field(alias="LedgerTableName", min_length=1)
+    ingest_queue_url: str = Field(alias="IngestQueueUrl", default="")
+    runtime_arn: str = Field(alias="AgentRuntimeArn", default="")
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        """Every output the stack exports for the SDK (the logical ids of its CfnOutputs)."""
+        return tuple(str(info.alias) for info in cls.model_fields.values())
+
+    @classmethod
+    def required(cls) -> tuple[str, ...]:
+        """The outputs an attach cannot do without."""
+        return tuple(str(info.alias) for info in cls.model_fields.values() if info.is_required())
+
+    @classmethod
+    def descriptions(cls) -> dict[str, str]:
+        """Output key -> its description (for the CfnOutputs that have one)."""
+        return {str(info.alias): info.description for info in cls.model_fields.values() if info.description}
+
+    @classmethod
+    def missing(cls, outputs: Mapping[str, str]) -> list[str]:
+        """The required outputs absent (or empty) in `outputs`."""
+        return [name for name in cls.required() if not outputs.get(name)]
+
+    @classmethod
+    def from_outputs(cls, outputs: Mapping[str, str]) -> StackOutputs:
+        return cls.model_validate(dict(outputs))
+
+    def to_outputs(self) -> dict[str, str]:
+        return self.model_dump(by_alias=True)
+
+    def config(self) -> ExperimentConfig:
+        return ExperimentConfig.from_env(self.experiment_config)
+
+    def handler_settings(self) -> HandlerSettings:
+        """The settings the stack gives its functions (local mode's consumers and the SDK's stages use them)."""
+        return HandlerSettings(**self.model_dump(include=set(_RESOURCE_FIELDS)), experiment=self.config())
+
+
+class FunctionEnvironment(BaseModel):
+    """The environment the stack gives every pipeline Lambda (and local mode its consumers), declared once: each
+    field is named after its variable. A Lambda reads it once per container (`from_environ`)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    TABLE_NAME: str = Field(min_length=1)
+    INPUT_BUCKET: str = Field(min_length=1)
+    RESULTS_BUCKET: str = Field(min_length=1)
+    ROLLOUT_QUEUE_URL: str = Field(min_length=1)
+    BUS_NAME: str = Field(min_length=1)
+    EXPERIMENT_CONFIG: str = Field(min_length=1, description="ExperimentConfig as JSON")
+    RUNTIME_ARN: str = ""
+    INGEST_QUEUE_URL: str = ""
+    #: Read by Powertools itself (Logger, Metrics); declared so the stack and local mode set the same ones.
+    POWERTOOLS_SERVICE_NAME: str = "rollouts"
+    POWERTOOLS_METRICS_NAMESPACE: str = METRICS_NAMESPACE
+    POWERTOOLS_LOG_LEVEL: str = "INFO"
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str]) -> FunctionEnvironment:
+        """Validate the variables; raise `ConfigError` naming every missing or empty one."""
+        missing = [name for name, info in cls.model_fields.items() if info.is_required() and not environ.get(name)]
+        if missing:
+            raise ConfigError(f"missing environment variables: {', '.join(missing)}")
+        return cls.model_validate({name: environ[name] for name in cls.model_fields if name in environ})
+
+    @classmethod
+    def of(cls, settings: HandlerSettings, **powertools: str) -> FunctionEnvironment:
+        """The environment of `settings` (each resource field's variable is its name in capitals)."""
+        resources = {name.upper(): getattr(settings, name) for name in _RESOURCE_FIELDS}
+        return cls(**resources, EXPERIMENT_CONFIG=settings.experiment.to_env(), **powertools)
+
+    def handler_settings(self) -> HandlerSettings:
+        resources = {name: getattr(self, name.upper()) for name in _RESOURCE_FIELDS}
+        return HandlerSettings(**resources, experiment=ExperimentConfig.from_env(self.EXPERIMENT_CONFIG))
+
+    def to_environ(self, *, powertools: bool = True) -> dict[str, str]:
+        """The variables; without `powertools`, only the pipeline's own."""
+        values = self.model_dump()
+        if not powertools:
+            values = {k: v for k, v in values.items() if not k.startswith("POWERTOOLS_")}
+        return values
+
+
+#: Outputs for the operator (the SDK does not read them).
+OPERATOR_OUTPUT_NAMES: Final = ("AlarmTopicArn", "DashboardUrl", "AgentImageUri")

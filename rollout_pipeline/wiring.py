@@ -1,0 +1,131 @@
+"""The composition root: the one place that turns settings and a client factory into the stages' ports.
+
+Lambdas (`lambdas/glue.py`, once per container), the SDK (`Experiment.wiring`) and local mode (one per run,
+handed to the handlers explicitly) all build their ingestion and lifecycle collaborators here, from one
+`adapters.clients.ClientFactory`. Clients are lazy (`ClientFactory.lazy`): wiring costs no boto3 import, a
+Lambda pays for a client when its first call needs it. The agent runtime is ACR (the factory's `acr()` client:
+explicit timeouts, no botocore retries) unless one is given (local mode's agent processes, the fake in tests).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from rollout_pipeline.adapters.clients import ACR_SERVICE, ClientFactory
+from rollout_pipeline.config import HandlerSettings
+
+if TYPE_CHECKING:
+    from rollout_pipeline.adapters.eventbridge import EventBridgePublisher
+    from rollout_pipeline.adapters.s3 import S3ObjectStore
+    from rollout_pipeline.adapters.sqs import SqsQueue
+    from rollout_pipeline.ingest.core import Ingestion
+    from rollout_pipeline.ledger.batches import BatchLedger
+    from rollout_pipeline.ledger.rollouts import RolloutLedger
+    from rollout_pipeline.lifecycle.deps import LifecycleDeps
+    from rollout_pipeline.ports import AgentRuntime
+
+
+@dataclass
+class Wiring:
+    """One experiment's stages over one client factory. Build it once and reuse it (thread-safe)."""
+
+    settings: HandlerSettings
+    clients: ClientFactory = field(default_factory=ClientFactory)
+    #: The agent runtime; None: ACR through `clients`.
+    runtime: AgentRuntime | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    _ingestion: Ingestion | None = field(default=None, init=False, repr=False)
+    _lifecycle: LifecycleDeps | None = field(default=None, init=False, repr=False)
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None, **kwargs: Any) -> Wiring:
+        """A Lambda's wiring: settings from its environment (`topology.FunctionEnvironment`), boto3's clients."""
+        return cls(HandlerSettings.from_environ(environ), **kwargs)
+
+    # ------------------------------------------------------------------------------------------------ ports
+
+    def store(self) -> S3ObjectStore:
+        from rollout_pipeline.adapters.s3 import S3ObjectStore
+
+        return S3ObjectStore(self.clients.lazy("s3"))
+
+    def queue(self) -> SqsQueue:
+        from rollout_pipeline.adapters.sqs import SqsQueue
+
+        return SqsQueue(self.clients.lazy("sqs"))
+
+    def publisher(self) -> EventBridgePublisher:
+        from rollout_pipeline.adapters.eventbridge import EventBridgePublisher
+
+        return EventBridgePublisher(self.settings.bus_name, self.clients.lazy("events"))
+
+    def batch_ledger(self) -> BatchLedger:
+        from rollout_pipeline.ledger.batches import BatchLedger
+
+        ttl_days = self.settings.experiment.ledger_ttl_days
+        return BatchLedger(self.settings.table_name, self.clients.lazy("dynamodb"), ttl_days=ttl_days)
+
+    def rollout_ledger(self) -> RolloutLedger:
+        from rollout_pipeline.ledger.rollouts import RolloutLedger
+
+        ttl_days = self.settings.experiment.ledger_ttl_days
+        return RolloutLedger(self.settings.table_name, self.clients.lazy("dynamodb"), ttl_days=ttl_days)
+
+    def agent_runtime(self) -> AgentRuntime:
+        """The runtime given, else a local pipeline's at the factory's endpoint (`adapters.runtime`), else the ACR
+        adapter of the experiment's runtime (its client made on first use)."""
+        if self.runtime is not None:
+            return self.runtime
+        from rollout_pipeline.adapters.runtime import local_runtime
+
+        found = local_runtime(self.clients.endpoint_url)
+        if found is not None:
+            return found
+        from rollout_pipeline.adapters.acr import AcrAgentRuntime
+
+        return AcrAgentRuntime(
+            self.settings.runtime_arn, self.clients.lazy(ACR_SERVICE), endpoints=self.settings.experiment.endpoints
+        )
+
+    # ----------------------------------------------------------------------------------------------- stages
+
+    def ingestion(self) -> Ingestion:
+        """The ingestion stage (built once)."""
+        with self._lock:
+            if self._ingestion is None:
+                from rollout_pipeline.ingest.core import Ingestion, IngestPorts
+
+                self._ingestion = Ingestion(
+                    IngestPorts(
+                        store=self.store(),
+                        queue=self.queue(),
+                        publisher=self.publisher(),
+                        ledger=self.batch_ledger(),
+                        settings=self.settings,
+                    )
+                )
+            return self._ingestion
+
+    def lifecycle(self) -> LifecycleDeps:
+        """The lifecycle stage's collaborators (built once)."""
+        with self._lock:
+            if self._lifecycle is None:
+                self._lifecycle = self.new_lifecycle()
+            return self._lifecycle
+
+    def new_lifecycle(self, **overrides: Any) -> LifecycleDeps:
+        """Fresh lifecycle collaborators, with `overrides` of `LifecycleDeps` fields (clock, tuning) if given."""
+        from rollout_pipeline.lifecycle.deps import LifecycleDeps
+
+        return LifecycleDeps(
+            settings=self.settings,
+            ledger=self.rollout_ledger(),
+            runtime=self.agent_runtime(),
+            store=self.store(),
+            queue=self.queue(),
+            publisher=self.publisher(),
+            **overrides,
+        )

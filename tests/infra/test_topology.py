@@ -1,0 +1,89 @@
+"""The synthesized stack has exactly the numbers of `rollout_pipeline.topology` (functions, event source mappings,
+queue visibility), and local mode reads the same table (overriding only concurrency, explicitly)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from rollout_pipeline import topology
+from rollout_pipeline.config import ExperimentConfig
+from rollout_pipeline.local.pipeline import LocalSettings, consumer_specs
+from tests.infra.conftest import EXPERIMENT, PUBLIC_MODEL_URL, Synthesized
+
+DEFAULTS = ExperimentConfig(name=EXPERIMENT, model_base_url=PUBLIC_MODEL_URL)
+
+
+def _mappings(synth: Synthesized) -> dict[str, dict[str, Any]]:
+    """Event source mapping properties by the logical id of their queue."""
+    return {
+        m["Properties"]["EventSourceArn"]["Fn::GetAtt"][0]: m["Properties"]
+        for m in synth.of_type("AWS::Lambda::EventSourceMapping").values()
+    }
+
+
+def test_functions_have_the_topology_timeouts_and_memory(synth: Synthesized) -> None:
+    specs = topology.function_specs(DEFAULTS)
+    assert set(synth.stack.functions) == set(topology.FUNCTION_NAMES) == set(specs)
+    for name, spec in specs.items():
+        props = synth.resources[synth.logical_id(synth.stack.functions[name].function)]["Properties"]
+        assert (props["Timeout"], props["MemorySize"]) == (spec.timeout_s, spec.memory_mb), name
+
+
+def test_event_source_mappings_and_queues_equal_the_topology(synth: Synthesized) -> None:
+    specs = topology.function_specs(DEFAULTS)
+    consumers = {"ingest": synth.stack.ingest, "dispatch": synth.stack.dispatch, "completion": synth.stack.completion}
+    mappings = _mappings(synth)
+    assert len(mappings) == len(consumers) == sum(spec.queue_fed for spec in specs.values())
+    for name, consumer in consumers.items():
+        spec = specs[name]
+        queue_id = synth.logical_id(consumer.queue)
+        mapping = mappings[queue_id]
+        assert mapping["FunctionName"] == {"Ref": synth.logical_id(synth.stack.functions[name].function)}
+        assert mapping["BatchSize"] == spec.batch_size, name
+        assert mapping.get("MaximumBatchingWindowInSeconds", 0) == spec.batching_window_s, name
+        assert mapping["ScalingConfig"] == {"MaximumConcurrency": spec.max_concurrency}, name
+        queue = synth.resources[queue_id]["Properties"]
+        assert queue["VisibilityTimeout"] == spec.visibility_timeout_s == 6 * spec.timeout_s, name
+        assert queue["RedrivePolicy"]["maxReceiveCount"] == topology.DLQ_MAX_RECEIVE_COUNT
+    trainer = synth.resources[synth.logical_id(synth.stack.events.trainer_queue)]["Properties"]
+    assert trainer["VisibilityTimeout"] == topology.TRAINER_VISIBILITY_TIMEOUT_S
+    # Local mode creates its queues from the same derivation.
+    assert topology.queue_visibility_timeouts(DEFAULTS) == {
+        topology.FUNCTION_QUEUES[name]: specs[name].visibility_timeout_s for name in consumers
+    } | {"trainer": trainer["VisibilityTimeout"]}
+
+
+def test_outputs_and_names_come_from_the_topology(synth: Synthesized) -> None:
+    assert set(topology.StackOutputs.names()) <= set(synth.outputs)
+    assert synth.artifact.stack_name == topology.stack_name(EXPERIMENT)
+    synth.template.has_resource_properties("AWS::Events::EventBus", {"Name": topology.bus_name(EXPERIMENT)})
+
+
+def test_dispatch_concurrency_is_the_experiments() -> None:
+    config = DEFAULTS.model_copy(update={"dispatch_concurrency": 7})
+    assert topology.function_specs(config)["dispatch"].max_concurrency == 7
+
+
+@pytest.mark.parametrize("overrides", [{}, LocalSettings().concurrency_overrides])
+def test_local_consumers_are_the_stacks_but_for_explicit_concurrency_overrides(overrides: dict[str, int]) -> None:
+    stack = topology.function_specs(DEFAULTS)
+    local = consumer_specs(DEFAULTS, overrides)
+    assert set(local) == {name for name, spec in stack.items() if spec.queue_fed}
+    for name, spec in local.items():
+        expected = stack[name]
+        if name in overrides:
+            assert spec.max_concurrency == overrides[name]
+        assert (spec.timeout_s, spec.batch_size, spec.visibility_timeout_s) == (
+            expected.timeout_s,
+            expected.batch_size,
+            expected.visibility_timeout_s,
+        )
+        if name not in overrides:
+            assert spec == expected
+
+
+def test_visibility_is_derived_and_capped() -> None:
+    spec = topology.FunctionSpec("ingest", timeout_s=3 * 3600, memory_mb=128, batch_size=1, max_concurrency=1)
+    assert spec.visibility_timeout_s == topology.MAX_VISIBILITY_TIMEOUT_S
