@@ -30,6 +30,7 @@ from tests.integration.lifecycle_support import (
     ledger_item,
     make_deps,
     moto_lock,
+    paced_until,
     receive_records,
     rollout_item,
     seed_batch,
@@ -200,10 +201,12 @@ def test_waiting_for_limits_too_often_fails_loudly_as_throttled(
     resources: ExperimentResources, real: FakeAgentRuntime
 ) -> None:
     deps = make_deps(resources, real, limits={"max_sessions": 1, "max_limit_requeues": 2})
-    send(resources, seed_batch(resources, batch_id=BATCH, inputs={"a": {}, "b": {}}, group_size=1))
-    outcomes: list[Dispatch] = []
+    first, second = seed_batch(resources, batch_id=BATCH, inputs={"a": {}, "b": {}}, group_size=1)
+    send(resources, [first])
+    outcomes = list(dispatch_once(resources, deps).outcomes.values())  # takes the only slot (paced: may wait)
+    send(resources, [second])
     for _ in range(6):
-        result = dispatch_once(resources, deps, wait_s=0.3)
+        result = dispatch_once(resources, deps, wait_s=0.3)  # the slot stays taken: never reaches the pacing
         outcomes.extend(result.outcomes.values())
         if Dispatch.THROTTLED in outcomes:
             break
@@ -227,7 +230,7 @@ def test_unknown_invoke_errors_are_not_throttling(resources: ExperimentResources
     deps = make_deps(resources, fake)
     send(resources, seed_batch(resources, batch_id=BATCH, inputs={"a": {}}, group_size=1))
     records = receive_records(resources.rollout_queue_url)
-    result = dispatch_records(records, deps, wait_until=time.monotonic() + 2)
+    result = dispatch_records(records, deps, wait_until=paced_until())
     ack(resources.rollout_queue_url, records, result.failures)
     assert list(result.failures.values()) == ["KeyError: 'a bug, not a throttle'"]  # redelivered, then DLQ
     assert THROTTLED not in deps.metrics.drain()[0]

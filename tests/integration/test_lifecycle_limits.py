@@ -48,7 +48,8 @@ def assert_no_dead_letters(resources: ExperimentResources) -> None:
 def test_full_session_limit_requeues_fresh_and_never_dead_letters(
     resources: ExperimentResources, fake: FakeAgentRuntime
 ) -> None:
-    deps = make_deps(resources, fake, limits={"max_sessions": 2})
+    # The paced budgets are far from binding (the 1.5 s wait is for the session slot, not for pacing).
+    deps = make_deps(resources, fake, limits={"max_sessions": 2, "session_rate_limit": 100.0})
     fake.behaviour = AgentBehaviour(kind="manual")
     send(resources, seed_batch(resources, batch_id=BATCH, inputs=inputs(3)))
     records = receive_records(resources.rollout_queue_url)
