@@ -20,6 +20,7 @@ from rollout_pipeline.lifecycle import handlers
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.dispatch import Dispatch, dispatch_records
 from rollout_pipeline.lifecycle.metrics import STOP_FAILED
+from rollout_pipeline.lifecycle.stops import PROMPT_RETRY_S
 from rollout_pipeline.lifecycle.sweeper import SweepReport, sweep
 from rollout_pipeline.local.resources import ExperimentResources
 from tests.conftest import receive_all
@@ -160,7 +161,7 @@ def test_throttled_stop_stays_pending_across_the_retry_until_done(
     # The drain's stop failed: not an error any more (stops are best-effort, counted), it stays in the outbox
     # with the session's slot held...
     assert report.errors == []
-    assert deps.metrics.drain()[0][STOP_FAILED] == 1
+    assert deps.metrics.drain()[0][STOP_FAILED] == 1 + len(PROMPT_RETRY_S)  # tried again at once, then left
     assert fake.running == {sid1}
     assert ledger_item(resources, keys.sessions_key())["in_flight"] == 1
     retries = receive_records(resources.rollout_queue_url)
