@@ -35,7 +35,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from bench_lifecycle import _atomic_moto, _cheap_moto_transactions, _fake_aws_env, percentile, seed  # noqa: E402
+from bench_lifecycle import _atomic_moto, _fake_aws_env, percentile, seed  # noqa: E402
+
+from rollout_pipeline.local.moto_server import cheap_moto_transactions  # noqa: E402
 
 
 def busiest_window(times: list[float], width: float = 1.0) -> int:
@@ -70,6 +72,83 @@ def ideal_group_schedule(delays: list[list[float]], rate: float, max_sessions: i
     return done
 
 
+class StageTrace:
+    """Where result-to-event time goes, per session (wall clock, s): the agent's S3 PutObject started and returned
+    (moto delivers the S3 -> EventBridge -> SQS notification inside it), a completer took the record, the terminal
+    transaction committed, PutEvents of the rollout's event returned."""
+
+    STAGES = ("put_start", "written", "received", "recorded", "published")
+
+    def __init__(self) -> None:
+        self.at: dict[str, dict[str, float]] = {}
+        self._lock = threading.Lock()
+
+    def mark(self, session_id: str, stage: str) -> None:
+        now = time.time()
+        with self._lock:
+            self.at.setdefault(session_id, {}).setdefault(stage, now)
+
+    def install(self, fake: Any, deps: Any) -> None:
+        """Wrap the fake's store, the completion handler, the ledger's terminal transition and the publisher."""
+        from rollout_pipeline.lifecycle import completion
+
+        store, put = fake.store, fake.store.put_bytes
+
+        def put_bytes(bucket: str, key: str, body: bytes, *args: Any, **kwargs: Any) -> Any:
+            sid = key.rsplit("/", 1)[-1].removesuffix(".json")
+            self.mark(sid, "put_start")
+            try:
+                return put(bucket, key, body, *args, **kwargs)
+            finally:
+                self.mark(sid, "written")
+
+        store.put_bytes = put_bytes
+        handle = completion.handle_result_event
+
+        def handle_result_event(event: Any, *args: Any, **kwargs: Any) -> Any:
+            key = str(((event.get("detail") or {}).get("object") or {}).get("key") or "")
+            self.mark(key.rsplit("/", 1)[-1].removesuffix(".json"), "received")
+            return handle(event, *args, **kwargs)
+
+        completion.handle_result_event = handle_result_event  # type: ignore[assignment]
+        finish = deps.ledger.finish
+
+        def finished(*args: Any, **kwargs: Any) -> Any:
+            done = finish(*args, **kwargs)
+            if done and kwargs.get("session_id"):
+                self.mark(str(kwargs["session_id"]), "recorded")
+            return done
+
+        deps.ledger.finish = finished
+        publish = deps.publisher.publish
+
+        def published(details: Any) -> None:
+            publish(details)
+            for detail in details:
+                sid = getattr(detail, "session_id", None)
+                if sid and hasattr(detail, "rollout_id"):
+                    self.mark(str(sid), "published")
+
+        deps.publisher.publish = published
+
+    def report(self) -> list[str]:
+        """p50/p95 of each stage and of written -> published, over the sessions that went through them all."""
+        full = [t for t in self.at.values() if all(stage in t for stage in self.STAGES)]
+        lines = [f"result -> event stages     over {len(full)} results (p50 / p95, ms)"]
+        pairs = [*zip(self.STAGES, self.STAGES[1:], strict=False), ("written", "published")]
+        names = {
+            ("put_start", "written"): "S3 put (+ moto's S3 -> EB -> SQS)",
+            ("written", "received"): "completion queue wait",
+            ("received", "recorded"): "read result + terminal txn",
+            ("recorded", "published"): "events built + PutEvents",
+            ("written", "published"): "written -> published",
+        }
+        for a, b in pairs:
+            values = [(t[b] - t[a]) * 1000 for t in full]
+            lines.append(f"  {names[(a, b)]:34s} {percentile(values, 0.5):7.0f} / {percentile(values, 0.95):7.0f}")
+        return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rollouts", type=int, default=2000)
@@ -95,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     from moto import mock_aws
 
     _atomic_moto()
-    _cheap_moto_transactions()
+    cheap_moto_transactions()
     with mock_aws():
         return run(args)
 
@@ -158,6 +237,8 @@ def run(args: argparse.Namespace) -> int:
         outbox_age_s=2.0,
         dispatch_threads=args.threads,
     )
+    trace = StageTrace()
+    trace.install(fake, deps)
     batch_id = "bench-000000000001"
     bodies = seed(resources, batch_id, inputs, group_size)
     sqs = clients.client("sqs")
@@ -338,7 +419,12 @@ def run(args: argparse.Namespace) -> int:
     print(f"failed stops               {dict(stop_faults)}; StopFailed metric {counts.get(STOP_FAILED, 0)}")
     print(f"stops pending at the end   {pending} (session slots still held)")
     print(f"sessions never stopped     {len(never_stopped)}")
-    print(f"result -> event            p50 {percentile(latency, 0.5):.0f} ms, p95 {percentile(latency, 0.95):.0f} ms")
+    print(
+        f"result -> event            p50 {percentile(latency, 0.5):.0f} ms, p95 {percentile(latency, 0.95):.0f} ms "
+        "(the NotificationLatency metric: from the S3 event's time, which has one-second resolution)"
+    )
+    for line in trace.report():
+        print(line)
     if actual:
         print(
             f"first Group Completed      {actual[0]:.1f} s (ideal group-ordered {min(ideal):.1f} s); "
