@@ -680,8 +680,9 @@ class RolloutLedger:
         release the slot, atomically and once. False if someone else did it first."""
         key = keys.rollout_key(rec.batch_id, rec.input_id, rec.index)
         if session_id not in rec.held_slots:
-            self.ddb.update_item(
-                **self._update(key, "DELETE stop_sessions :s, stop_not_found :s", None, {":s": {session_id}})
+            retry_conflicts(
+                self.ddb.update_item,
+                **self._update(key, "DELETE stop_sessions :s, stop_not_found :s", None, {":s": {session_id}}),
             )
             return True
         update = self._update(
@@ -702,14 +703,15 @@ class RolloutLedger:
             adds += ", stop_not_found :nf"
             values[":nf"] = set(not_found)
         try:
-            self.ddb.update_item(
+            retry_conflicts(
+                self.ddb.update_item,
                 **self._update(
                     keys.rollout_key(rec.batch_id, rec.input_id, rec.index),
                     f"SET #obsk = :next ADD {adds} REMOVE outbox_lease",
                     "outbox_id = :obid",
                     values,
                     names,
-                )
+                ),
             )
         except self.ddb.exceptions.ConditionalCheckFailedException:
             return
@@ -719,13 +721,14 @@ class RolloutLedger:
         if not actions or rec.outbox_id is None:
             return
         try:
-            self.ddb.update_item(
+            retry_conflicts(
+                self.ddb.update_item,
                 **self._update(
                     keys.rollout_key(rec.batch_id, rec.input_id, rec.index),
                     "DELETE outbox :done",
                     "outbox_id = :obid",
                     {":done": set(actions), ":obid": rec.outbox_id},
-                )
+                ),
             )
         except self.ddb.exceptions.ConditionalCheckFailedException:
             return

@@ -6,8 +6,10 @@ session through the limiter:
 
 - a confirmed stop releases the slot (`RolloutLedger.release_stopped`, once);
 - ResourceNotFound is confirmed only by a second NotFound (AgentCore has answered it while a session kept running);
-- a throttled, conflicting or failed stop counts `StopFailed` and the entry comes back later (backoff; at most
-  `STOP_TRIES` tries), through the sweeper's outbox scan;
+- a throttled, conflicting or failed stop counts `StopFailed` and is tried again at once, a few times
+  (`PROMPT_RETRY_S`, within the caller's wait budget): AgentCore's failed stops are mostly transient, and a
+  session left running holds a slot and costs money. Only then does the entry come back later (backoff; at most
+  `STOP_TRIES` passes), through the sweeper's outbox scan;
 - once `held_until` has passed (the idle timeout since the attempt ended), AgentCore has reaped the session
   anyway: the slot is released without a stop.
 
@@ -28,7 +30,9 @@ log = logging.getLogger(__name__)
 
 #: Stop calls per outbox entry before it only waits for AgentCore's idle timeout.
 STOP_TRIES: Final = 6
-#: Backoff between tries of a failed stop: 2, 4, 8, 16, 32, 60 s.
+#: Pauses before the prompt re-tries of a failed stop within one pass (each pass: 1 + len(...) calls at most).
+PROMPT_RETRY_S: Final = (0.2, 0.5)
+#: Backoff between passes of a failed stop: 2, 4, 8, 16, 32, 60 s.
 STOP_BACKOFF_S: Final = 2
 STOP_BACKOFF_MAX_S: Final = 60
 
@@ -49,16 +53,9 @@ def finish_stops(rec: RolloutRecord, deps: LifecycleDeps, wait_until: float | No
     for session_id in sorted(rec.stop_sessions):
         confirmed = False
         if not reaped and rec.stop_tries < STOP_TRIES:
-            try:
-                deps.limited.stop(session_id, wait_until)
-                confirmed = True
-            except RuntimeSessionNotFound:
-                confirmed = session_id in rec.stop_not_found
-                if not confirmed:
-                    not_found.append(session_id)
-            except (RuntimeThrottled, RuntimeRejected) as exc:
-                deps.metrics.count(STOP_FAILED)
-                log.info("stop of session %s failed (try %s): %s", session_id, rec.stop_tries + 1, exc)
+            confirmed, seen_not_found = _stop(session_id, rec, deps, wait_until)
+            if seen_not_found and not confirmed:
+                not_found.append(session_id)
         given_up = rec.stop_tries >= STOP_TRIES and session_id not in rec.held_slots  # no slot waits for it
         if confirmed or reaped or given_up:
             deps.ledger.release_stopped(rec, session_id)
@@ -74,3 +71,25 @@ def finish_stops(rec: RolloutRecord, deps: LifecycleDeps, wait_until: float | No
     # The sweeper drains entries older than `outbox_age_s`: file it so that it is due at `next_epoch`.
     deps.ledger.note_stop_failed(rec, next_epoch=next_epoch - int(deps.outbox_age_s), not_found=not_found)
     return False
+
+
+def _stop(session_id: str, rec: RolloutRecord, deps: LifecycleDeps, wait_until: float | None) -> tuple[bool, bool]:
+    """One pass of stops of `session_id`: the first call and up to `len(PROMPT_RETRY_S)` prompt re-tries while
+    the wait budget allows. Returns (confirmed, answered NotFound at least once)."""
+    not_found = session_id in rec.stop_not_found
+    for pause in (0.0, *PROMPT_RETRY_S):
+        if pause:
+            if wait_until is not None and deps.clock.monotonic() + pause >= wait_until:
+                break
+            deps.clock.sleep(pause)
+        try:
+            deps.limited.stop(session_id, wait_until)
+            return True, not_found
+        except RuntimeSessionNotFound:
+            if not_found:  # a second NotFound, some time after the first: it is gone
+                return True, True
+            not_found = True
+        except (RuntimeThrottled, RuntimeRejected) as exc:
+            deps.metrics.count(STOP_FAILED)
+            log.info("stop of session %s failed (pass %s): %s", session_id, rec.stop_tries + 1, exc)
+    return False, not_found

@@ -25,6 +25,14 @@ from rollout_pipeline.ports import SystemClock
 PACED_WAIT_S = 15.0
 
 
+def paced_until() -> float:
+    """`wait_until` (monotonic) for a dispatch expected to go through: `PACED_WAIT_S` from now. A dispatch returns
+    as soon as its calls are done, so the generous bound costs nothing when the machine is idle."""
+    import time
+
+    return time.monotonic() + PACED_WAIT_S
+
+
 @pytest.fixture
 def moto_lock(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make every moto request atomic, as real AWS requests are: moto's backends are not thread-safe (two
@@ -176,7 +184,7 @@ def release(queue_url: str, records: Sequence[Mapping[str, Any]]) -> None:
         sqs.change_message_visibility(QueueUrl=queue_url, ReceiptHandle=record["receiptHandle"], VisibilityTimeout=0)
 
 
-def dispatch_once(resources: ExperimentResources, deps: LifecycleDeps, wait_s: float = 2.0) -> DispatchResult:
+def dispatch_once(resources: ExperimentResources, deps: LifecycleDeps, wait_s: float = PACED_WAIT_S) -> DispatchResult:
     import time
 
     records = receive_records(resources.rollout_queue_url)
@@ -192,7 +200,9 @@ def complete_once(resources: ExperimentResources, deps: LifecycleDeps) -> Comple
     return result
 
 
-def drive(resources: ExperimentResources, deps: LifecycleDeps, *, rounds: int = 30, wait_s: float = 2.0) -> None:
+def drive(
+    resources: ExperimentResources, deps: LifecycleDeps, *, rounds: int = 30, wait_s: float = PACED_WAIT_S
+) -> None:
     """Run dispatcher and completion over the queues until both are empty."""
     for _ in range(rounds):
         d = dispatch_once(resources, deps, wait_s)

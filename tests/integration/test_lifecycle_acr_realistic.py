@@ -5,6 +5,7 @@ the ledger is only read through its own items, the fake ACR is the only thing th
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,11 +17,13 @@ from rollout_pipeline.ledger import keys
 from rollout_pipeline.lifecycle.completion import complete_records
 from rollout_pipeline.lifecycle.dispatch import Dispatch, dispatch_records
 from rollout_pipeline.lifecycle.metrics import COLD_START_RETRIED, NEW_SESSIONS, STOP_FAILED, THROTTLED
+from rollout_pipeline.lifecycle.stops import PROMPT_RETRY_S, STOP_TRIES
 from rollout_pipeline.lifecycle.sweeper import sweep
 from rollout_pipeline.local.resources import ExperimentResources
 from rollout_pipeline.ports import RuntimeSessionNotFound, RuntimeThrottled
 from tests.conftest import receive_all
 from tests.integration.lifecycle_support import (
+    PACED_WAIT_S,
     ShiftedClock,
     ack,
     by_type,
@@ -30,6 +33,7 @@ from tests.integration.lifecycle_support import (
     ledger_item,
     make_deps,
     moto_lock,
+    paced_until,
     receive_records,
     rollout_item,
     seed_batch,
@@ -107,7 +111,7 @@ def test_result_is_published_before_the_stop_and_the_slot_waits_for_it(
     real.finish(sid)
     assert list(complete_once(resources, deps).outcomes.values()) == ["succeeded"]
     assert len(by_type(trainer_events(resources), "Rollout Completed")) == 1  # out, whatever the stop says
-    assert deps.metrics.drain()[0][STOP_FAILED] == 1
+    assert deps.metrics.drain()[0][STOP_FAILED] == 1 + len(PROMPT_RETRY_S)  # tried again at once, then left
     assert in_flight(resources) == 1  # the session still counts at AgentCore: so does its slot
     item = rollout_item(resources, BATCH, "a", 0)
     assert item is not None
@@ -138,10 +142,10 @@ def test_a_slot_whose_stop_never_works_is_freed_at_the_idle_timeout(
     monkeypatch.setattr(real, "stop", conflict)
     real.finish(sid)
     complete_once(resources, deps)
-    for _ in range(12):  # bounded tries (6 over about 2 min), then no more calls
+    for _ in range(12):  # bounded passes (6 over about 2 min, each with its prompt re-tries), then no more calls
         clock.advance(60)
         sweep(deps)
-    assert len(calls) == 6
+    assert len(calls) == STOP_TRIES * (1 + len(PROMPT_RETRY_S))
     assert in_flight(resources) == 1
     clock.advance(resources.config.idle_timeout_s + 120)  # AgentCore reaped it: the slot is free
     sweep(deps)
@@ -149,8 +153,9 @@ def test_a_slot_whose_stop_never_works_is_freed_at_the_idle_timeout(
     assert "outbox" not in (rollout_item(resources, BATCH, "a", 0) or {})
 
 
+@pytest.mark.parametrize("prompt_retry", [True, False], ids=["prompt-retry", "next-pass"])
 def test_stop_not_found_while_running_is_confirmed_only_by_a_second_answer(
-    resources: ExperimentResources, real: FakeAgentRuntime, monkeypatch: pytest.MonkeyPatch
+    resources: ExperimentResources, real: FakeAgentRuntime, monkeypatch: pytest.MonkeyPatch, prompt_retry: bool
 ) -> None:
     clock = ShiftedClock()
     deps = make_deps(resources, real, clock=clock)
@@ -168,13 +173,39 @@ def test_stop_not_found_while_running_is_confirmed_only_by_a_second_answer(
 
     monkeypatch.setattr(real, "stop", first_not_found)
     real.finish(sid)
-    complete_once(resources, deps)
-    assert sid in real.running
-    assert in_flight(resources) == 1
-    clock.advance(deps.outbox_age_s + 60)
-    sweep(deps)
+    # Without time for a prompt re-try (the wait budget), the entry waits for the sweeper's next pass.
+    wait_s = PACED_WAIT_S if prompt_retry else 0.1
+    records = receive_records(resources.completion_queue_url)
+    ack(
+        resources.completion_queue_url,
+        records,
+        complete_records(records, deps, wait_until=time.monotonic() + wait_s).failures,
+    )
+    if not prompt_retry:
+        assert sid in real.running  # a single NotFound confirms nothing
+        assert in_flight(resources) == 1
+        clock.advance(deps.outbox_age_s + 60)
+        sweep(deps)
     assert sid in real.stopped
     assert in_flight(resources) == 0
+
+
+def test_failed_stops_are_retried_at_once_not_left_for_the_sweeper(resources: ExperimentResources) -> None:
+    """Every session's first stop fails (NotFound while running, Conflict or throttled, as AgentCore answers): the
+    completion retries each at once, so no session outlives its rollout waiting for a sweep."""
+    fake = FakeAgentRuntime(behaviour=AgentBehaviour(rewards=1.0), profile=AcrProfile.realistic(stop_failure_share=1.0))
+    deps = make_deps(resources, fake)
+    send(resources, seed_batch(resources, batch_id=BATCH, inputs={f"q{i}": {} for i in range(3)}))
+    drive(resources, deps)
+    assert len(by_type(trainer_events(resources), "Rollout Completed")) == 6
+    assert fake.running == set()
+    assert len(fake.stopped) == 6
+    assert in_flight(resources) == 0
+    assert fake.stop_failed_running == fake.stopped  # each was refused once, then stopped
+    answers = Counter(c.outcome for c in fake.stops())
+    assert answers["not_found_running"] + answers["conflict"] + answers["throttled"] == 6
+    assert deps.metrics.drain()[0][STOP_FAILED] == answers["conflict"] + answers["throttled"]  # NotFound: no failure
+    fake.close()
 
 
 def test_sweeper_completes_an_expired_attempt_whose_result_exists(
@@ -200,10 +231,12 @@ def test_waiting_for_limits_too_often_fails_loudly_as_throttled(
     resources: ExperimentResources, real: FakeAgentRuntime
 ) -> None:
     deps = make_deps(resources, real, limits={"max_sessions": 1, "max_limit_requeues": 2})
-    send(resources, seed_batch(resources, batch_id=BATCH, inputs={"a": {}, "b": {}}, group_size=1))
-    outcomes: list[Dispatch] = []
+    first, second = seed_batch(resources, batch_id=BATCH, inputs={"a": {}, "b": {}}, group_size=1)
+    send(resources, [first])
+    outcomes = list(dispatch_once(resources, deps).outcomes.values())  # takes the only slot (paced: may wait)
+    send(resources, [second])
     for _ in range(6):
-        result = dispatch_once(resources, deps, wait_s=0.3)
+        result = dispatch_once(resources, deps, wait_s=0.3)  # the slot stays taken: never reaches the pacing
         outcomes.extend(result.outcomes.values())
         if Dispatch.THROTTLED in outcomes:
             break
@@ -227,7 +260,7 @@ def test_unknown_invoke_errors_are_not_throttling(resources: ExperimentResources
     deps = make_deps(resources, fake)
     send(resources, seed_batch(resources, batch_id=BATCH, inputs={"a": {}}, group_size=1))
     records = receive_records(resources.rollout_queue_url)
-    result = dispatch_records(records, deps, wait_until=time.monotonic() + 2)
+    result = dispatch_records(records, deps, wait_until=paced_until())
     ack(resources.rollout_queue_url, records, result.failures)
     assert list(result.failures.values()) == ["KeyError: 'a bug, not a throttle'"]  # redelivered, then DLQ
     assert THROTTLED not in deps.metrics.drain()[0]

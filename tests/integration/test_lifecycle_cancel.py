@@ -3,7 +3,6 @@ as `Rollout Failed` (cancelled) with its events, slots are released; cancelling 
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 
 import pytest
@@ -24,6 +23,7 @@ from tests.integration.lifecycle_support import (
     ledger_item,
     make_deps,
     moto_lock,
+    paced_until,
     receive_records,
     rollout_item,
     seed_batch,
@@ -50,7 +50,7 @@ def test_cancel_ends_every_rollout_once(
         by_input.setdefault(m.input_id, []).append(m)
     send(resources, by_input["run"])  # type: ignore[arg-type]
     records = receive_records(resources.rollout_queue_url)
-    assert set(dispatch_records(records, deps, wait_until=time.monotonic() + 2).outcomes.values()) == {Dispatch.INVOKED}
+    assert set(dispatch_records(records, deps, wait_until=paced_until()).outcomes.values()) == {Dispatch.INVOKED}
     ack(resources.rollout_queue_url, records, [])
     running = set(fake.running)
     assert len(running) == 2
@@ -91,9 +91,7 @@ def test_cancel_ends_every_rollout_once(
     # Queued messages reach the dispatcher: nothing is invoked, nothing changes.
     queued = receive_records(resources.rollout_queue_url)
     assert len(queued) == 2
-    assert set(dispatch_records(queued, deps, wait_until=time.monotonic() + 2).outcomes.values()) == {
-        Dispatch.CANCELLED
-    }
+    assert set(dispatch_records(queued, deps, wait_until=paced_until()).outcomes.values()) == {Dispatch.CANCELLED}
     assert len(fake.invocations()) == 2
     # Cancelling again and a late result of the stopped session change nothing.
     again = cancel_batch(BATCH, deps)
@@ -118,7 +116,7 @@ def test_cancel_during_invoke_stops_the_new_session(
 
     fake.behaviour = cancel_meanwhile
     send(resources, seed_batch(resources, batch_id=BATCH, inputs={"a": {}}, group_size=1))
-    result = dispatch_records(receive_records(resources.rollout_queue_url), deps, wait_until=time.monotonic() + 5)
+    result = dispatch_records(receive_records(resources.rollout_queue_url), deps, wait_until=paced_until())
     assert list(result.outcomes.values()) == [Dispatch.STOPPED_LATE]
     assert fake.running == set()
     item = rollout_item(resources, BATCH, "a", 0)
@@ -157,7 +155,7 @@ def test_cancel_counts_rollouts_ended_in_the_ledger_even_when_stopping_their_ses
     messages = seed_batch(resources, batch_id=BATCH, inputs={"run": {}})
     send(resources, messages)
     records = receive_records(resources.rollout_queue_url)
-    assert set(dispatch_records(records, deps, wait_until=time.monotonic() + 2).outcomes.values()) == {Dispatch.INVOKED}
+    assert set(dispatch_records(records, deps, wait_until=paced_until()).outcomes.values()) == {Dispatch.INVOKED}
     ack(resources.rollout_queue_url, records, [])
 
     report = cancel_batch(BATCH, deps)

@@ -17,6 +17,7 @@ from tests.integration.lifecycle_support import (
     ShiftedClock,
     make_deps,
     moto_lock,
+    paced_until,
     receive_records,
     seed_batch,
     send,
@@ -42,7 +43,7 @@ def test_one_batch_read_per_sqs_batch(resources: ExperimentResources) -> None:
     records = receive_records(resources.rollout_queue_url)
     assert len(records) == 4
 
-    outcomes = dispatch_records(records, deps, wait_until=time.monotonic() + 5).outcomes
+    outcomes = dispatch_records(records, deps, wait_until=paced_until()).outcomes
 
     assert set(outcomes.values()) == {Dispatch.INVOKED}
     assert reads == Counter({BATCH: 1})

@@ -30,6 +30,7 @@ from tests.integration.lifecycle_support import (
     ledger_item,
     make_deps,
     moto_lock,
+    paced_until,
     receive_records,
     release,
     rollout_item,
@@ -85,7 +86,7 @@ def test_duplicated_s3_events_end_the_rollout_once(
 ) -> None:
     one_rollout(resources)
     records = receive_records(resources.rollout_queue_url)
-    ack(resources.rollout_queue_url, records, dispatch_records(records, deps, wait_until=time.monotonic() + 2).failures)
+    ack(resources.rollout_queue_url, records, dispatch_records(records, deps, wait_until=paced_until()).failures)
     completions = receive_records(resources.completion_queue_url)
     assert len(completions) == 1
     # The same S3 event delivered three times (S3 and EventBridge are at-least-once), in one batch and later.
@@ -104,7 +105,7 @@ def test_concurrent_duplicate_completions(
 ) -> None:
     one_rollout(resources, group_size=1)
     records = receive_records(resources.rollout_queue_url)
-    dispatch_records(records, deps, wait_until=time.monotonic() + 2)
+    dispatch_records(records, deps, wait_until=paced_until())
     (completion,) = receive_records(resources.completion_queue_url)
     import json
 
@@ -134,17 +135,15 @@ def test_redelivered_rollout_message_never_starts_a_second_session(
     fake.behaviour = AgentBehaviour(kind="manual")
     one_rollout(resources)
     records = receive_records(resources.rollout_queue_url)
-    assert list(dispatch_records(records, deps, wait_until=time.monotonic() + 2).outcomes.values()) == [
-        Dispatch.INVOKED
-    ]
+    assert list(dispatch_records(records, deps, wait_until=paced_until()).outcomes.values()) == [Dispatch.INVOKED]
     # Redelivery (and a duplicate sent by someone else) while it runs: acknowledged, nothing invoked.
-    again = dispatch_records([*records, {**records[0], "messageId": "dup"}], deps, wait_until=time.monotonic() + 2)
+    again = dispatch_records([*records, {**records[0], "messageId": "dup"}], deps, wait_until=paced_until())
     assert list(again.outcomes.values()) == [Dispatch.DUPLICATE, Dispatch.DUPLICATE]
     assert fake.invoked == Counter({SID: 1})
     fake.finish(SID)
     drive(resources, deps)
     # After the end: a redelivery is stale.
-    late = dispatch_records(records, deps, wait_until=time.monotonic() + 2)
+    late = dispatch_records(records, deps, wait_until=paced_until())
     assert list(late.outcomes.values()) == [Dispatch.STALE]
     assert fake.invoked == Counter({SID: 1})
     assert_single_terminal(resources, trainer_events(resources))
@@ -160,7 +159,7 @@ def test_crash_after_dispatch_record_before_invoke_reinvokes_same_session(
         raise RuntimeError("Lambda killed")
 
     monkeypatch.setattr(deps.limited, "invoke", crash)
-    result = dispatch_records(records, deps, wait_until=time.monotonic() + 2)
+    result = dispatch_records(records, deps, wait_until=paced_until())
     assert list(result.failures) == [records[0]["messageId"]]  # not acknowledged: SQS redelivers it
     item = rollout_item(resources, BATCH, "a", 0)
     assert item is not None
@@ -170,7 +169,7 @@ def test_crash_after_dispatch_record_before_invoke_reinvokes_same_session(
     release(resources.rollout_queue_url, records)
     redelivered = receive_records(resources.rollout_queue_url)
     assert redelivered[0]["attributes"]["ApproximateReceiveCount"] == "2"
-    result = dispatch_records(redelivered, deps, wait_until=time.monotonic() + 2)
+    result = dispatch_records(redelivered, deps, wait_until=paced_until())
     assert list(result.outcomes.values()) == [Dispatch.REINVOKED]
     ack(resources.rollout_queue_url, redelivered, result.failures)
     assert set(fake.invoked) == {SID}
@@ -222,7 +221,7 @@ def test_crash_between_state_change_and_publish_redelivery_publishes(
     deps.publisher = FlakyPublisher(deps.publisher, failures=2)
     one_rollout(resources)
     records = receive_records(resources.rollout_queue_url)
-    dispatch_records(records, deps, wait_until=time.monotonic() + 2)
+    dispatch_records(records, deps, wait_until=paced_until())
     completions = receive_records(resources.completion_queue_url)
     first = complete_records(completions, deps)
     assert list(first.failures) == [completions[0]["messageId"]]  # state changed, event not out: not acked
@@ -272,7 +271,7 @@ def test_publish_succeeded_but_outbox_not_cleared_republishes_same_event_id(
     # The crash right after the publish: before the outbox records it (now `outbox_done`; the stop follows it).
     monkeypatch.setattr(deps.ledger, "outbox_done", lambda rec, actions: (_ for _ in ()).throw(RuntimeError("crash")))
     records = receive_records(resources.rollout_queue_url)
-    dispatch_records(records, deps, wait_until=time.monotonic() + 2)
+    dispatch_records(records, deps, wait_until=paced_until())
     completions = receive_records(resources.completion_queue_url)
     assert complete_records(completions, deps).failures
     monkeypatch.undo()

@@ -48,8 +48,9 @@ def test_agent_error_body(resources: ExperimentResources, fake: FakeAgentRuntime
     assert "Traceback" in body["traceback"]
 
 
-def test_stop_before_the_agent_finishes_means_no_result(resources: ExperimentResources, fake: FakeAgentRuntime) -> None:
-    fake.behaviour = AgentBehaviour(delay_s=0.3)
+def test_stop_before_the_agent_finishes_means_no_result(resources: ExperimentResources) -> None:
+    # The profile-less fake whatever ROLLOUTS_FAKE_ACR says: every stop works, an unknown session is no error.
+    fake = FakeAgentRuntime(behaviour=AgentBehaviour(delay_s=0.3))
     fake.invoke(SID, payload(resources))
     assert fake.running == {SID}
     fake.stop(SID)
@@ -59,6 +60,7 @@ def test_stop_before_the_agent_finishes_means_no_result(resources: ExperimentRes
     assert SID in fake.stopped
     fake.stop("never-started-session-000000000000000")
     assert [c.outcome for c in fake.stops()] == ["stopped", "unknown"]
+    fake.close()
 
 
 def test_slow_answer_throttle_reject_and_no_trio(resources: ExperimentResources, fake: FakeAgentRuntime) -> None:

@@ -24,6 +24,7 @@ from tests.integration.lifecycle_support import (
     ledger_item,
     make_deps,
     moto_lock,
+    paced_until,
     receive_records,
     rollout_item,
     seed_batch,
@@ -157,7 +158,8 @@ def test_tps_limit_holds_across_concurrent_dispatchers(resources: ExperimentReso
     for t in threads:
         t.join()
     elapsed = time.monotonic() - started
-    assert len(fake.invocations("started")) == 20
+    # 20 sessions opened (with the realistic profile a cold-started one answered 424 first, then ran)
+    assert len({c.session_id for c in fake.invocations() if c.outcome in ("started", "cold_start")}) == 20
     per_second = fake.calls_per_second()
     assert max(per_second.values()) <= 5, per_second
     # Any sliding second too, not just aligned ones (the paced budgets). Calls are spaced (1 + 0.2) / 5 s apart,
@@ -187,7 +189,9 @@ def test_limits_hold_under_concurrency(resources: ExperimentResources, fake: Fak
             while not stop.is_set():
                 records = receive_records(resources.rollout_queue_url, max_messages=3)
                 if records:
-                    result = dispatch_records(records, deps, wait_until=time.monotonic() + 1.0)
+                    # A Lambda's budget, not 1 s: a paced call reserves its slot up to ~1 s ahead when ledger
+                    # writes are slow (a loaded machine), so a 1 s budget could requeue every invoke forever.
+                    result = dispatch_records(records, deps, wait_until=paced_until())
                     ack(resources.rollout_queue_url, records, result.failures)
                 completions = receive_records(resources.completion_queue_url, max_messages=5)
                 if completions:
@@ -200,7 +204,7 @@ def test_limits_hold_under_concurrency(resources: ExperimentResources, fake: Fak
     workers = [threading.Thread(target=worker) for _ in range(6)]
     for w in workers:
         w.start()
-    deadline = time.monotonic() + 90
+    deadline = time.monotonic() + 240  # bounded; about 10 s on an idle machine
     while time.monotonic() < deadline:
         if int(ledger_item(resources, keys.batch_key(BATCH)).get("terminal") or 0) >= total:
             break

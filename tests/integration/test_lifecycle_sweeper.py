@@ -4,7 +4,6 @@ the sweeper handler)."""
 from __future__ import annotations
 
 import threading
-import time
 from collections import Counter
 from types import SimpleNamespace
 from typing import Any
@@ -12,12 +11,15 @@ from typing import Any
 import pytest
 
 from rollout_pipeline import ids
+from rollout_pipeline.adapters import faithful
 from rollout_pipeline.adapters.fake_acr import AgentBehaviour, Behaviour, FakeAgentRuntime
 from rollout_pipeline.contracts import RolloutMessage
 from rollout_pipeline.ledger import keys
+from rollout_pipeline.ledger.rollouts import OUTBOX_ENQUEUE, OUTBOX_STOP, RolloutRecord
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.dispatch import Dispatch, dispatch_records
 from rollout_pipeline.lifecycle.metrics import STOP_FAILED
+from rollout_pipeline.lifecycle.stops import PROMPT_RETRY_S
 from rollout_pipeline.lifecycle.sweeper import SweepReport, sweep
 from rollout_pipeline.local.resources import ExperimentResources
 from tests.conftest import receive_all
@@ -27,6 +29,7 @@ from tests.integration.lifecycle_support import (
     dispatch_once,
     ledger_item,
     moto_lock,
+    paced_until,
     receive_records,
     seed_batch,
     send,
@@ -68,7 +71,7 @@ def test_concurrent_and_repeated_sweeps_retry_once_and_fail_once(
     reports = concurrent_sweeps(deps, 4)
     assert sum(r.retried for r in reports) == 6
     assert sum(r.timed_out for r in reports) == 0
-    assert all(r.errors == [] for r in reports)
+    assert all(r.errors == [] for r in reports), [r.errors for r in reports]
     retries = receive_records(resources.rollout_queue_url)
     assert len(retries) == 6  # one retry message per rollout, whoever swept
     assert {RolloutMessage.model_validate_json(r["body"]).attempt for r in retries} == {2}
@@ -77,7 +80,7 @@ def test_concurrent_and_repeated_sweeps_retry_once_and_fail_once(
     for _ in range(2):
         assert sweep(deps).expired_seen == 0
 
-    result = dispatch_records(retries, deps, wait_until=time.monotonic() + 2)
+    result = dispatch_records(retries, deps, wait_until=paced_until())
     assert Counter(result.outcomes.values()) == {Dispatch.INVOKED: 6}
     clock.advance(resources.config.rollout_timeout_s + 1)
     reports = concurrent_sweeps(deps, 4)
@@ -124,7 +127,7 @@ def test_poison_message_fails_alone(
         {"messageId": "bad-shape", "body": '{"v": 1, "exp_id": "test-exp"}'},
         {"messageId": "bad-id", "body": good[0]["body"].replace('"input_id":"a"', '"input_id":"../x"')},
     ]
-    result = dispatch_records([*poison, *good], deps, wait_until=time.monotonic() + 2)
+    result = dispatch_records([*poison, *good], deps, wait_until=paced_until())
     assert set(result.failures) == {"bad-json", "bad-shape", "bad-id"}
     assert list(result.outcomes.values()) == [Dispatch.INVOKED]
     assert receive_all(resources.dlq_urls["rollout"]) == []
@@ -153,7 +156,7 @@ def test_throttled_stop_stays_pending_across_the_retry_until_done(
     # The drain's stop failed: not an error any more (stops are best-effort, counted), it stays in the outbox
     # with the session's slot held...
     assert report.errors == []
-    assert deps.metrics.drain()[0][STOP_FAILED] == 1
+    assert deps.metrics.drain()[0][STOP_FAILED] == 1 + len(PROMPT_RETRY_S)  # tried again at once, then left
     assert fake.running == {sid1}
     assert ledger_item(resources, keys.sessions_key())["in_flight"] == 1
     retries = receive_records(resources.rollout_queue_url)
@@ -161,9 +164,7 @@ def test_throttled_stop_stays_pending_across_the_retry_until_done(
     monkeypatch.undo()
 
     fake.behaviour = AgentBehaviour(rewards=1.0)
-    assert list(dispatch_records(retries, deps, wait_until=time.monotonic() + 2).outcomes.values()) == [
-        Dispatch.INVOKED
-    ]
+    assert list(dispatch_records(retries, deps, wait_until=paced_until()).outcomes.values()) == [Dispatch.INVOKED]
     from tests.integration.lifecycle_support import complete_once
 
     complete_once(resources, deps)
@@ -176,3 +177,44 @@ def test_throttled_stop_stays_pending_across_the_retry_until_done(
     assert "held_slots" not in item
     assert ledger_item(resources, keys.sessions_key())["in_flight"] == 0
     assert len(by_type(trainer_events(resources), "Rollout Completed")) == 1
+
+
+def test_stop_bookkeeping_retries_a_transaction_holding_the_rollout_item(
+    resources: ExperimentResources,
+    deps: LifecycleDeps,
+    clock: ShiftedClock,
+    aws_profile: faithful.FaithfulProfile | None,
+) -> None:
+    """On AWS a plain write on an item an in-flight transaction holds fails with TransactionConflictException: a
+    concurrent sweep's (cancelled) requeue transaction on the same rollout made the owner's drain fail (the flaky
+    concurrent-sweeps test). The outbox's stop bookkeeping writes retry such conflicts like every other write."""
+    if aws_profile is None:
+        pytest.skip("needs the faithful profile")
+    aws_profile.hot_threshold, aws_profile.hot_window_s, aws_profile.max_streak = 1, 600.0, 2
+    send(resources, seed_batch(resources, batch_id=BATCH, inputs={"a": {}}, group_size=1, max_attempts=2))
+    dispatch_once(resources, deps)
+    clock.advance(resources.config.rollout_timeout_s + 1)
+    stale = deps.ledger.get_rollout(BATCH, "a", 0)
+    assert stale is not None
+    assert stale.session_id
+    sid = stale.session_id
+    assert deps.ledger.requeue_for_retry(
+        stale, next_session_id="next", now_epoch=int(deps.now().timestamp()), stop_pending=True
+    )
+    rollout = (resources.table_name, faithful.key_text(keys.rollout_key(BATCH, "a", 0)))
+
+    def held() -> RolloutRecord:
+        rec = deps.ledger.get_rollout(BATCH, "a", 0)
+        assert rec is not None
+        aws_profile.conflict_rate = 0.0
+        assert aws_profile.begin_transaction([rollout]) is None
+        aws_profile.conflict_rate = 1.0  # the item is hot: the next two writes on it conflict
+        return rec
+
+    deps.ledger.outbox_done(held(), frozenset({OUTBOX_ENQUEUE}))
+    assert ledger_item(resources, keys.rollout_key(BATCH, "a", 0))["outbox"] == {OUTBOX_STOP}
+    deps.ledger.note_stop_failed(held(), next_epoch=1)
+    assert ledger_item(resources, keys.rollout_key(BATCH, "a", 0))["stop_tries"] == 1
+    assert deps.ledger.release_stopped(held(), sid)
+    assert "stop_sessions" not in ledger_item(resources, keys.rollout_key(BATCH, "a", 0))
+    assert aws_profile.stats.plain_conflicts >= 6
