@@ -316,12 +316,17 @@ def test_a_pipeline_run_writes_the_batch_item_in_no_transaction(
 ) -> None:
     assert aws_profile is not None
     fake.behaviour = AgentBehaviour(rewards=1.0)
-    send(resources, seed_batch(resources, batch_id="b1", inputs={f"q{i}": {"p": i} for i in range(4)}, group_size=2))
-    drive(resources, deps)
-    (done,) = by_type(trainer_events(resources), "Batch Completed")
-    assert (done["succeeded"], done["reward_count"]) == (8, 8)
+    send(resources, seed_batch(resources, batch_id="b1", inputs={f"q{i}": {"p": i} for i in range(3)}, group_size=2))
+    events: list[dict[str, Any]] = []
+    for _ in range(6):  # on a loaded machine a round may end while limit re-sends are still delayed
+        drive(resources, deps)
+        events += trainer_events(resources)
+        if by_type(events, "Batch Completed"):
+            break
+    (done,) = by_type(events, "Batch Completed")
+    assert (done["succeeded"], done["reward_count"]) == (6, 6)
     assert aws_profile.transaction_writes[faithful.key_text(keys.batch_key("b1"))] == 0
-    assert sum(n for k, n in aws_profile.transaction_writes.items() if keys.COUNT_PREFIX in k) == 8
+    assert sum(n for k, n in aws_profile.transaction_writes.items() if keys.COUNT_PREFIX in k) == 6
 
 
 # --------------------------------------------------------------------------------------------------- keys
