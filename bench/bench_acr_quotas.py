@@ -212,7 +212,6 @@ def run(args: argparse.Namespace) -> int:
     from rollout_pipeline.adapters.s3 import S3ObjectStore
     from rollout_pipeline.adapters.sqs import SqsQueue
     from rollout_pipeline.config import ExperimentConfig
-    from rollout_pipeline.ledger import keys
     from rollout_pipeline.ledger.rollouts import RolloutLedger
     from rollout_pipeline.lifecycle.completion import complete_records
     from rollout_pipeline.lifecycle.deps import LifecycleDeps
@@ -385,7 +384,7 @@ def run(args: argparse.Namespace) -> int:
     terminal = 0
     last = started
     while time.monotonic() - started < args.max_seconds:
-        terminal = int((ledger.get(keys.batch_key(batch_id)) or {}).get("terminal") or 0)
+        terminal = int((ledger.get_batch(batch_id) or {}).get("terminal") or 0)
         if terminal >= total:
             break
         if time.monotonic() - last > 20:
@@ -424,7 +423,7 @@ def run(args: argparse.Namespace) -> int:
     ideal = ideal_group_schedule(delays[: max(1, len(actual))], args.session_rate * args.endpoints, args.max_sessions)
     limit = args.session_rate * args.endpoints
     print()
-    terminal = int((ledger.get(keys.batch_key(batch_id)) or {}).get("terminal") or 0)
+    terminal = int((ledger.get_batch(batch_id) or {}).get("terminal") or 0)
     print(f"terminal rollouts          {terminal}/{total} (backlog window {elapsed:.1f} s); errors {len(errors)}")
     print(
         f"new sessions per second    busiest sliding 1-s window {busiest_window(times)} / limit "

@@ -98,9 +98,6 @@ def seed(resources: Any, batch_id: str, inputs: int, group_size: int) -> list[st
             "options": {"S": options.model_dump_json()},
             "created_at": {"S": now.isoformat()},
             "rollouts_total": {"N": str(inputs * group_size)},
-            **{
-                k: {"N": "0"} for k in ("terminal", "succeeded", "failed", "reward_sum", "reward_sumsq", "reward_count")
-            },
         },
     )
     bodies: list[str] = []
@@ -180,7 +177,6 @@ def run(args: argparse.Namespace) -> int:
     from rollout_pipeline.adapters.s3 import S3ObjectStore
     from rollout_pipeline.adapters.sqs import SqsQueue
     from rollout_pipeline.config import ExperimentConfig
-    from rollout_pipeline.ledger import keys
     from rollout_pipeline.ledger.rollouts import RolloutLedger
     from rollout_pipeline.lifecycle.completion import complete_records
     from rollout_pipeline.lifecycle.deps import LifecycleDeps
@@ -322,7 +318,7 @@ def run(args: argparse.Namespace) -> int:
     terminal = 0
     last_report = started
     while time.monotonic() - started < args.max_seconds:
-        batch = ledger.get(keys.batch_key(batch_id)) or {}
+        batch = ledger.get_batch(batch_id) or {}
         terminal = int(batch.get("terminal") or 0)
         in_flight_samples.append(ledger.in_flight())
         if terminal >= total:

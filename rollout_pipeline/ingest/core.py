@@ -40,14 +40,12 @@ from rollout_pipeline.contracts import (
 from rollout_pipeline.ingest.errors import ErrorLog
 from rollout_pipeline.ingest.reader import DatasetFormatError, RawRecord, dataset_kind, read_records
 from rollout_pipeline.ledger.batches import (
-    STATUS_CANCELLED,
     BatchLedger,
     GroupSpec,
     IngestProgress,
-    attr,
+    as_batch,
     batch_accepted_detail,
     batch_completion_detail,
-    batch_options,
 )
 from rollout_pipeline.ports import EventPublisher, MessageQueue, ObjectNotFound, ObjectStore
 
@@ -234,13 +232,13 @@ class Ingestion:
                 return self._run(obj, item, owner=owner, remaining_ms=remaining_ms)
             item = ledger.read_batch(batch_id)  # created concurrently by another worker
             assert item is not None
-        if attr(item, "rollouts_total") is not None:
+        if as_batch(item).rollouts_total is not None:
             return self._republish(item, "already_done")
         acquired = ledger.acquire_lease(batch_id, owner, self.tuning.lease_seconds)
         if acquired is None:
             logger.info("batch %s is being ingested by another worker; acknowledging", batch_id)
             return IngestResult("in_progress", batch_id, progress=IngestProgress.of(item))
-        logger.info("resuming batch %s after line %s", batch_id, attr(acquired, "cursor"))
+        logger.info("resuming batch %s after line %s", batch_id, as_batch(acquired).cursor)
         return self._run(obj, acquired, owner=owner, remaining_ms=remaining_ms)
 
     def submit_rows(
@@ -300,13 +298,13 @@ class Ingestion:
     def _republish(self, item: Mapping[str, Any], outcome: Outcome) -> IngestResult:
         """Publish `Batch Accepted` (and `Batch Completed` when complete) of a batch whose ingestion ended."""
         published = self.publish_batch_events(item)
-        return IngestResult(outcome, str(attr(item, "batch_id")), progress=IngestProgress.of(item), published=published)
+        return IngestResult(outcome, as_batch(item).batch_id, progress=IngestProgress.of(item), published=published)
 
     def publish_batch_events(self, item: Mapping[str, Any]) -> list[str]:
         """Publish the end-of-ingestion events of a batch item; return their detail types."""
         details: list[Any] = [batch_accepted_detail(item)]
         if batch_completion_detail(item) is not None:
-            stamped = self.ports.ledger.mark_completed(str(attr(item, "batch_id")))
+            stamped = self.ports.ledger.mark_completed(as_batch(item).batch_id)
             details.append(batch_completion_detail(stamped))
         self.ports.publisher.publish(details)
         return [type(d).__name__ for d in details]
@@ -325,7 +323,7 @@ class Ingestion:
             log.total = progress.rows_rejected
         run = _Run(self, item, owner=owner, errors=log, errors_target=(obj.bucket, errors_key))
         errors_uri = f"s3://{obj.bucket}/{errors_key}"
-        if attr(item, "status") == STATUS_CANCELLED:
+        if as_batch(item).cancelled:
             return run.finish(errors_uri=errors_uri)
         chunks = store.iter_bytes(obj.bucket, obj.key, obj.version_id, chunk_size=self.tuning.read_chunk_bytes)
         last_position = progress.cursor
@@ -390,21 +388,22 @@ class _Run:
         self.ingestion = ingestion
         self.ports = ingestion.ports
         self.tuning = ingestion.tuning
-        self.batch_id = str(attr(item, "batch_id"))
-        self.exp_id = str(attr(item, "exp_id"))
-        options = batch_options(item)
+        batch = as_batch(item)
+        self.batch_id = batch.batch_id
+        self.exp_id = batch.exp_id
+        options = batch.options
         assert options is not None, "an ingesting batch always has its options"
         self.options = options
         self.owner = owner
         self.errors = errors
         self.errors_target = errors_target
-        self.progress = IngestProgress.of(item)
+        self.progress = IngestProgress.of(batch)
         self.start = self.progress
         self.pending: list[DatasetRow | tuple[int, RowError]] = []
         #: Blank lines read since the last checkpoint, and the position of the last one.
         self.blanks = 0
         self.blank_cursor = 0
-        self.cancelled = attr(item, "status") == STATUS_CANCELLED
+        self.cancelled = batch.cancelled
 
     def add(self, parsed: DatasetRow | tuple[int, RowError]) -> bool:
         """Buffer one parsed row; write the chunk when full. True when a checkpoint was just taken."""
@@ -548,7 +547,7 @@ class _Run:
             release=release,
         )
         self.progress = progress
-        if attr(item, "status") == STATUS_CANCELLED and not self.cancelled:
+        if as_batch(item).cancelled and not self.cancelled:
             logger.info("batch %s was cancelled: stopping ingestion at line %s", self.batch_id, progress.cursor)
             self.cancelled = True
 
@@ -595,7 +594,7 @@ class _Run:
             errors_uri=errors_uri,
         )
         published = self.ingestion.publish_batch_events(item)
-        outcome: Outcome = "cancelled" if attr(item, "status") == STATUS_CANCELLED else "accepted"
+        outcome: Outcome = "cancelled" if as_batch(item).cancelled else "accepted"
         logger.info(
             "batch %s %s: %d rows accepted, %d rejected, %d rollouts enqueued",
             self.batch_id,

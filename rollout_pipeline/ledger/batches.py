@@ -5,18 +5,19 @@ Item shapes and attribute names follow docs/ARCHITECTURE.md ("Ledger"). Every it
 Functions that read items accept either the low-level client's typed form (`{"N": "3"}`, as `GetItem` and
 `UpdateItem(ReturnValues=ALL_NEW)` return it) or plain Python values.
 
-Ingest bookkeeping on the batch item, beyond the documented counters: `cursor` (last fully processed line),
-`lease_owner`/`lease_expires` (epoch seconds), `rollouts_enqueued` (rollout messages sent so far; copied to
-`rollouts_total` when ingestion ends) and `errors_listed` (detailed entries in the errors object).
+The batch's counters live on its `COUNT#` shards and its cancel flag on its control item (`keys.BATCH_SK`); readers
+get them merged into one batch view (`merge_batch_items`). Ingest bookkeeping on the batch item: `cursor` (last
+fully processed line), `lease_owner`/`lease_expires` (epoch seconds), `rollouts_enqueued` (rollout messages sent so
+far; copied to `rollouts_total` when ingestion ends) and `errors_listed` (detailed entries in the errors object).
 """
 
 from __future__ import annotations
 
-import json
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from decimal import Decimal
 from typing import Any, Final
 
 from rollout_pipeline import ids
@@ -24,23 +25,23 @@ from rollout_pipeline.contracts import (
     BatchAccepted,
     BatchCompleted,
     DetailType,
-    FailureReason,
     FileOptions,
     GroupCompleted,
     iso,
-    parse_iso,
     reward_stats,
     stats_from_sums,
     utcnow,
 )
 from rollout_pipeline.ledger import keys
-from rollout_pipeline.ledger.attributes import TYPE_TAGS, from_attribute_value
+from rollout_pipeline.ledger.attributes import TYPE_TAGS, from_attribute_value, number_text
+from rollout_pipeline.ledger.items import BatchItem, GroupItem
 from rollout_pipeline.ledger.retry import (
     TRANSACTION_CONFLICT_ATTEMPTS,
     backoff_s,
     note_transaction_retry,
     retry_conflicts,
 )
+from rollout_pipeline.ledger.table import LedgerError, query_items
 
 STATUS_INGESTING: Final = "ingesting"
 STATUS_ACCEPTED: Final = "accepted"
@@ -62,7 +63,7 @@ _NAMES: Final = {
 }
 
 
-class LedgerConflict(RuntimeError):
+class LedgerConflict(LedgerError):
     """A conditional write lost: another worker owns the ingest lease or moved the cursor."""
 
 
@@ -77,14 +78,15 @@ class IngestProgress:
     errors_listed: int = 0
 
     @classmethod
-    def of(cls, batch_item: Mapping[str, Any]) -> IngestProgress:
+    def of(cls, batch_item: BatchItem | Mapping[str, Any]) -> IngestProgress:
         """Read the checkpointed progress of a batch item."""
+        batch = as_batch(batch_item)
         return cls(
-            cursor=int_attr(batch_item, "cursor"),
-            rows_accepted=int_attr(batch_item, "rows_accepted"),
-            rows_rejected=int_attr(batch_item, "rows_rejected"),
-            rollouts_enqueued=int_attr(batch_item, "rollouts_enqueued"),
-            errors_listed=int_attr(batch_item, "errors_listed"),
+            cursor=batch.cursor,
+            rows_accepted=batch.rows_accepted,
+            rows_rejected=batch.rows_rejected,
+            rollouts_enqueued=batch.rollouts_enqueued,
+            errors_listed=batch.errors_listed,
         )
 
 
@@ -154,6 +156,59 @@ def _s(value: str) -> dict[str, str]:
     return {"S": value}
 
 
+# ------------------------------------------------------------------------------------------------ the batch view
+
+#: Counters of a batch. They live on its `COUNT#{shard}` items (`keys.COUNT_PREFIX`), with `failed_{reason}`;
+#: counts found on the batch item itself (written before the shards existed) are added too.
+COUNTERS: Final = ("terminal", "succeeded", "failed", "reward_sum", "reward_sumsq", "reward_count")
+FAILED_PREFIX: Final = "failed_"
+
+
+def _is_counter(name: str) -> bool:
+    return name in COUNTERS or name.startswith(FAILED_PREFIX)
+
+
+def merge_batch_items(items: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The batch as its readers see it, from the typed items of one `begins_with(sk, "BATCH")` query: the batch
+    item, `cancelled_at` from its control item, and every counter summed over its shards (exactly, as decimals;
+    0 when none counted yet). None when the batch item does not exist.
+
+    Counters only grow and each rollout's are ADDed to one shard in one transaction, so a view whose `terminal`
+    reaches `rollouts_total` holds every rollout's counts, although the query is not a snapshot."""
+    base: dict[str, Any] | None = None
+    control: Mapping[str, Any] = {}
+    sums: dict[str, Decimal] = dict.fromkeys(COUNTERS, Decimal(0))
+    for item in items:
+        sk = item[keys.SK]["S"]
+        if sk == keys.BATCH_SK:
+            base = dict(item)
+        elif sk == keys.CONTROL_SK:
+            control = item
+        elif not sk.startswith(keys.COUNT_PREFIX):
+            continue
+        for name, value in item.items():
+            if sk != keys.CONTROL_SK and _is_counter(name) and "N" in value:
+                sums[name] = sums.get(name, Decimal(0)) + Decimal(value["N"])
+    if base is None:
+        return None
+    for name, total in sums.items():
+        base[name] = {"N": number_text(total)}
+    if "cancelled_at" in control and "cancelled_at" not in base:
+        base["cancelled_at"] = control["cancelled_at"]
+    return base
+
+
+def query_batch_view(ddb: Any, table_name: str, batch_id: str) -> dict[str, Any] | None:
+    """Read the batch view (`merge_batch_items`, typed) with one strongly consistent Query."""
+    kwargs: dict[str, Any] = {
+        "TableName": table_name,
+        "KeyConditionExpression": "pk = :pk AND begins_with(sk, :b)",
+        "ExpressionAttributeValues": {":pk": _s(keys.batch_pk(batch_id)), ":b": _s(keys.BATCH_SK)},
+        "ConsistentRead": True,
+    }
+    return merge_batch_items(query_items(ddb, kwargs))
+
+
 # -------------------------------------------------------------------------------------------------- the ledger
 
 
@@ -192,10 +247,9 @@ class BatchLedger:
     # ------------------------------------------------------------------------------------------------- reads
 
     def read_batch(self, batch_id: str) -> dict[str, Any] | None:
-        """The batch item (typed, strongly consistent), or None."""
-        resp = self.ddb.get_item(TableName=self.table_name, Key=keys.batch_key(batch_id), ConsistentRead=True)
-        item: dict[str, Any] | None = resp.get("Item")
-        return item
+        """The batch view (`merge_batch_items`: the batch item with its counters summed; typed, strongly
+        consistent), or None."""
+        return query_batch_view(self.ddb, self.table_name, batch_id)
 
     def read_group(self, batch_id: str, input_id: str) -> dict[str, Any] | None:
         """The group item (typed, strongly consistent), or None."""
@@ -211,13 +265,7 @@ class BatchLedger:
             "ExpressionAttributeValues": {":pk": _s(keys.batch_pk(batch_id)), ":g": _s(keys.GROUP_PREFIX)},
             "ConsistentRead": True,
         }
-        while True:
-            resp = self.ddb.query(**kwargs)
-            yield from resp.get("Items") or []
-            last = resp.get("LastEvaluatedKey")
-            if not last:
-                return
-            kwargs["ExclusiveStartKey"] = last
+        yield from query_items(self.ddb, kwargs)
 
     # ------------------------------------------------------------------------------------------------ batch
 
@@ -291,12 +339,6 @@ class BatchLedger:
             "batch_id": _s(batch_id),
             "source": _s(source),
             "created_at": _s(iso(self._now())),
-            "terminal": _n(0),
-            "succeeded": _n(0),
-            "failed": _n(0),
-            "reward_sum": _n(0),
-            "reward_sumsq": _n(0),
-            "reward_count": _n(0),
             keys.TTL_ATTRIBUTE: _n(self._expires_at()),
         }
         if options is not None:
@@ -393,7 +435,8 @@ class BatchLedger:
         """End an ingestion: `rollouts_total` = rollouts enqueued, `accepted_at`, lease removed.
 
         An `ingesting` batch becomes `accepted`; a `cancelled` one keeps its status (its completion accounting
-        still needs `rollouts_total`). Returns the updated item. Raises `LedgerConflict` if we lost the lease.
+        still needs `rollouts_total`). Returns the batch view after the update (with its counters). Raises
+        `LedgerConflict` if we lost the lease.
         """
         values = self._progress_values(progress)
         values.update(
@@ -424,8 +467,8 @@ class BatchLedger:
                 )
             except self.ddb.exceptions.ConditionalCheckFailedException:
                 continue
-            item: dict[str, Any] = resp["Attributes"]
-            return item
+            view = self.read_batch(batch_id)  # with its counters: the batch may be complete already
+            return view if view is not None else resp["Attributes"]
         raise LedgerConflict(f"batch {batch_id}: cannot finish ingestion (lease lost, cursor moved or finished)")
 
     def reject_ingesting(
@@ -470,7 +513,7 @@ class BatchLedger:
         return item
 
     def mark_completed(self, batch_id: str) -> dict[str, Any]:
-        """Stamp `completed_at` once (first writer wins) and return the item; used before `Batch Completed`."""
+        """Stamp `completed_at` once (first writer wins) and return the batch view; used before `Batch Completed`."""
         resp = retry_conflicts(
             self.ddb.update_item,
             TableName=self.table_name,
@@ -480,8 +523,8 @@ class BatchLedger:
             ExpressionAttributeValues={":at": _s(iso(self._now()))},
             ReturnValues="ALL_NEW",
         )
-        item: dict[str, Any] = resp["Attributes"]
-        return item
+        view = self.read_batch(batch_id)
+        return view if view is not None else resp["Attributes"]
 
     @staticmethod
     def _progress_values(progress: IngestProgress) -> dict[str, Any]:
@@ -627,116 +670,105 @@ _PROGRESS_SET: Final = (
 # ------------------------------------------------------------------------------------------- event details
 
 
-def batch_options(batch_item: Mapping[str, Any] | None) -> FileOptions | None:
+def as_batch(batch: BatchItem | Mapping[str, Any]) -> BatchItem:
+    """A batch view as a `BatchItem` (raw views, typed or plain, are parsed)."""
+    return batch if isinstance(batch, BatchItem) else BatchItem.of(batch)
+
+
+def as_group(group: GroupItem | Mapping[str, Any]) -> GroupItem:
+    """A group as a `GroupItem` (raw items, typed or plain, are parsed)."""
+    return group if isinstance(group, GroupItem) else GroupItem.of(group)
+
+
+def batch_options(batch_item: BatchItem | Mapping[str, Any] | None) -> FileOptions | None:
     """The effective per-file options stored on a batch item; None for no item, a file rejected before they
     were known, or an unreadable value (callers then use the experiment's defaults)."""
-    raw = attr(batch_item, "options") if batch_item is not None else None
-    if not raw:
-        return None
-    try:
-        return FileOptions.model_validate_json(raw)
-    except ValueError:
-        return None
+    return as_batch(batch_item).options if batch_item is not None else None
 
 
-def batch_accepted_detail(batch_item: Mapping[str, Any]) -> BatchAccepted:
+def batch_accepted_detail(batch_item: BatchItem | Mapping[str, Any]) -> BatchAccepted:
     """`Batch Accepted` of a batch whose ingestion has ended (stable `event_id`)."""
-    exp_id, batch_id = str(attr(batch_item, "exp_id")), str(attr(batch_item, "batch_id"))
-    options = batch_options(batch_item)
-    group_size = options.group_size if options else int_attr(batch_item, "group_size")
+    batch = as_batch(batch_item)
+    options = batch.options
     return BatchAccepted(
-        event_id=ids.event_id(DetailType.BATCH_ACCEPTED, exp_id, batch_id),
-        exp_id=exp_id,
-        batch_id=batch_id,
-        source=attr(batch_item, "source"),
-        rows_accepted=int_attr(batch_item, "rows_accepted"),
-        rows_rejected=int_attr(batch_item, "rows_rejected"),
-        rollouts_enqueued=int_attr(batch_item, "rollouts_total"),
-        group_size=group_size,
-        errors_uri=attr(batch_item, "errors_uri"),
-        error=attr(batch_item, "error"),
+        event_id=ids.event_id(DetailType.BATCH_ACCEPTED, batch.exp_id, batch.batch_id),
+        exp_id=batch.exp_id,
+        batch_id=batch.batch_id,
+        source=batch.source,
+        rows_accepted=batch.rows_accepted,
+        rows_rejected=batch.rows_rejected,
+        rollouts_enqueued=batch.rollouts_total or 0,
+        group_size=options.group_size if options else batch.group_size or 0,
+        errors_uri=batch.errors_uri,
+        error=batch.error,
         policy_version=options.policy_version if options else None,
     )
 
 
-def batch_completion_detail(batch_item: Mapping[str, Any], now: datetime | None = None) -> BatchCompleted | None:
+def batch_completion_detail(
+    batch_item: BatchItem | Mapping[str, Any], now: datetime | None = None
+) -> BatchCompleted | None:
     """`Batch Completed` when every rollout of the batch is terminal, else None.
 
     Complete = ingestion has ended (`rollouts_total` set, status not `ingesting`) and `terminal` >=
     `rollouts_total`. Counts and reward statistics come from the batch counters. `completed_at` is the item's
     (see `BatchLedger.mark_completed`) or `now`.
     """
-    status = attr(batch_item, "status")
-    total = attr(batch_item, "rollouts_total")
-    if status == STATUS_INGESTING or total is None:
+    batch = as_batch(batch_item)
+    if not batch.complete or batch.rollouts_total is None:
         return None
-    terminal = int_attr(batch_item, "terminal")
-    if terminal < int(total):
-        return None
-    exp_id, batch_id = str(attr(batch_item, "exp_id")), str(attr(batch_item, "batch_id"))
-    reward_count = int_attr(batch_item, "reward_count")
-    mean, std = stats_from_sums(
-        reward_count, float_attr(batch_item, "reward_sum"), float_attr(batch_item, "reward_sumsq")
-    )
-    started = parse_iso(attr(batch_item, "created_at"))
-    completed = parse_iso(attr(batch_item, "completed_at")) or now or utcnow()
-    failed_by_reason = {
-        reason.value: int_attr(batch_item, f"failed_{reason.value}")
-        for reason in FailureReason
-        if int_attr(batch_item, f"failed_{reason.value}")
-    }
+    mean, std = stats_from_sums(batch.reward_count, batch.reward_sum, batch.reward_sumsq)
+    started = batch.created_at
+    completed = batch.completed_at or now or utcnow()
     return BatchCompleted(
-        event_id=ids.event_id(DetailType.BATCH_COMPLETED, exp_id, batch_id),
-        exp_id=exp_id,
-        batch_id=batch_id,
-        rollouts_total=int(total),
-        succeeded=int_attr(batch_item, "succeeded"),
-        failed=int_attr(batch_item, "failed"),
-        failed_by_reason=failed_by_reason,
+        event_id=ids.event_id(DetailType.BATCH_COMPLETED, batch.exp_id, batch.batch_id),
+        exp_id=batch.exp_id,
+        batch_id=batch.batch_id,
+        rollouts_total=batch.rollouts_total,
+        succeeded=batch.succeeded,
+        failed=batch.failed,
+        failed_by_reason=dict(batch.failed_by_reason),
         reward_mean=mean,
         reward_std=std,
-        reward_count=reward_count,
+        reward_count=batch.reward_count,
         started_at=started,
         completed_at=completed,
         duration_s=(completed - started).total_seconds() if started else None,
     )
 
 
-def group_completion_detail(group_item: Mapping[str, Any], policy_version: str | None = None) -> GroupCompleted | None:
+def group_completion_detail(
+    group_item: GroupItem | Mapping[str, Any], policy_version: str | None = None
+) -> GroupCompleted | None:
     """`Group Completed` when all `group_size` rollouts of the group are terminal, else None.
 
     `rewards` map (index -> reward) and `failures` map (index -> reason) give the per-index outcome; the mean and
     population std are over the successful rewards.
     """
-    group_size = int_attr(group_item, "group_size")
-    if group_size <= 0 or int_attr(group_item, "terminal") < group_size:
+    group = as_group(group_item)
+    if not group.complete:
         return None
-    rewards_map = {int(k): float(v) for k, v in (attr(group_item, "rewards") or {}).items()}
-    failures_map = {str(k): FailureReason(str(v)) for k, v in (attr(group_item, "failures") or {}).items()}
-    rewards: list[float | None] = [rewards_map.get(index) for index in range(group_size)]
+    rewards: list[float | None] = [group.rewards.get(index) for index in range(group.group_size)]
     mean, std = reward_stats([r for r in rewards if r is not None])
-    exp_id, batch_id = str(attr(group_item, "exp_id")), str(attr(group_item, "batch_id"))
-    input_id = str(attr(group_item, "input_id"))
     return GroupCompleted(
-        event_id=ids.event_id(DetailType.GROUP_COMPLETED, exp_id, batch_id, input_id),
-        exp_id=exp_id,
-        batch_id=batch_id,
-        input_id=input_id,
-        group_size=group_size,
+        event_id=ids.event_id(DetailType.GROUP_COMPLETED, group.exp_id, group.batch_id, group.input_id),
+        exp_id=group.exp_id,
+        batch_id=group.batch_id,
+        input_id=group.input_id,
+        group_size=group.group_size,
         rewards=rewards,
-        failures=failures_map,
-        succeeded=len(rewards_map),
-        failed=len(failures_map),
+        failures={str(index): reason for index, reason in group.failures.items()},
+        succeeded=len(group.rewards),
+        failed=len(group.failures),
         reward_mean=mean,
         reward_std=std,
         policy_version=policy_version,
     )
 
 
-def group_payload(group_item: Mapping[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
+def group_payload(group_item: GroupItem | Mapping[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
     """The inline payload (parsed) or the claim-check URI of a group item."""
-    raw = attr(group_item, "payload")
-    if raw is not None:
-        parsed: dict[str, Any] = json.loads(raw)
-        return parsed, None
-    return None, attr(group_item, "payload_ref")
+    group = as_group(group_item)
+    if group.payload is not None:
+        return dict(group.payload), None
+    return None, group.payload_ref

@@ -13,6 +13,14 @@ SK: Final = "sk"
 TTL_ATTRIBUTE: Final = "expires_at"
 
 BATCH_SK: Final = "BATCH"
+#: A batch's satellite items share the `BATCH` sort-key prefix, so one Query (`begins_with(sk, "BATCH")`) reads the
+#: batch item, its control item and its counter shards (and never a group `G#` or rollout `R#` item).
+#: CONTROL: the cancel flag the dispatch transaction checks (written at cancel only).
+CONTROL_SK: Final = "BATCH#CONTROL"
+#: COUNT#{shard}: terminal counters and reward sums, ADDed by the terminal transaction of each rollout.
+COUNT_PREFIX: Final = "BATCH#COUNT#"
+#: Counter shards per batch: each terminal transaction touches one, so a shard sees 1/16 of the batch's rate.
+COUNT_SHARDS: Final = 16
 GROUP_PREFIX: Final = "G#"
 ROLLOUT_PREFIX: Final = "R#"
 LIMIT_PK: Final = "LIMIT"
@@ -37,6 +45,21 @@ def batch_pk(batch_id: str) -> str:
 
 def batch_key(batch_id: str) -> dict[str, dict[str, str]]:
     return {PK: {"S": batch_pk(batch_id)}, SK: {"S": BATCH_SK}}
+
+
+def batch_control_key(batch_id: str) -> dict[str, dict[str, str]]:
+    """The batch's control item: `status`/`cancelled_at` once cancelled (see `BATCH_SK`)."""
+    return {PK: {"S": batch_pk(batch_id)}, SK: {"S": CONTROL_SK}}
+
+
+def count_shard(input_id: str) -> int:
+    """The counter shard of a group's rollouts (all rollouts of one group count on the same shard)."""
+    return zlib.crc32(input_id.encode()) % COUNT_SHARDS
+
+
+def batch_count_key(batch_id: str, shard: int) -> dict[str, dict[str, str]]:
+    """One counter shard of a batch (see `COUNT_PREFIX`)."""
+    return {PK: {"S": batch_pk(batch_id)}, SK: {"S": f"{COUNT_PREFIX}{shard:02d}"}}
 
 
 def group_key(batch_id: str, input_id: str) -> dict[str, dict[str, str]]:

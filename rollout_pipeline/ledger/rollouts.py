@@ -17,14 +17,17 @@ from enum import StrEnum
 from typing import Any, Final
 
 from rollout_pipeline.adapters.clients import client
-from rollout_pipeline.ledger import keys
+from rollout_pipeline.ledger import keys, table
 from rollout_pipeline.ledger.attributes import from_attribute_value, to_attribute_value
+from rollout_pipeline.ledger.batches import query_batch_view
+from rollout_pipeline.ledger.items import BatchItem, GroupItem
 from rollout_pipeline.ledger.retry import (
     TRANSACTION_CONFLICT_ATTEMPTS,
     backoff_s,
     note_transaction_retry,
     retry_conflicts,
 )
+from rollout_pipeline.ledger.table import query_items
 
 QUEUED: Final = "queued"
 DISPATCHED: Final = "dispatched"
@@ -45,8 +48,8 @@ OUTBOX_LEASE_S: Final = 60
 CONFLICT_RETRIES: Final = TRANSACTION_CONFLICT_ATTEMPTS
 
 
-class LedgerError(RuntimeError):
-    """The ledger could not complete an operation (after retries); the caller lets the message be redelivered."""
+#: The ledger's one error type (`ledger.table.LedgerError`), named here too: the stages import it from this module.
+LedgerError = table.LedgerError
 
 
 class DispatchStart(StrEnum):
@@ -195,7 +198,25 @@ class RolloutLedger:
         return RolloutRecord.from_item(item) if item else None
 
     def get_batch(self, batch_id: str) -> dict[str, Any] | None:
-        return self.get(keys.batch_key(batch_id))
+        """The batch view (`batches.merge_batch_items`: counters summed over the shards) as plain values."""
+        view = query_batch_view(self.ddb, self.table_name, batch_id)
+        return from_item(view) if view is not None else None
+
+    def batch(self, batch_id: str) -> BatchItem | None:
+        """The batch view, typed (`items.BatchItem`), or None."""
+        view = query_batch_view(self.ddb, self.table_name, batch_id)
+        return BatchItem.of(view) if view is not None else None
+
+    def group(self, batch_id: str, input_id: str) -> GroupItem | None:
+        """One group, typed (`items.GroupItem`), or None."""
+        resp = self.ddb.get_item(TableName=self.table_name, Key=keys.group_key(batch_id, input_id), ConsistentRead=True)
+        item = resp.get("Item")
+        return GroupItem.of(item) if item else None
+
+    def groups(self, batch_id: str) -> Iterator[GroupItem]:
+        """Every group of a batch, typed, in input-id order (paged, strongly consistent)."""
+        for item in self.iter_prefix(batch_id, keys.GROUP_PREFIX):
+            yield GroupItem.of(item)
 
     def get_group(self, batch_id: str, input_id: str) -> dict[str, Any] | None:
         return self.get(keys.group_key(batch_id, input_id))
@@ -214,13 +235,7 @@ class RolloutLedger:
             "ConsistentRead": True,
             "Limit": page_size,
         }
-        while True:
-            resp = self.ddb.query(**kwargs)
-            yield from resp.get("Items") or []
-            last = resp.get("LastEvaluatedKey")
-            if not last:
-                return
-            kwargs["ExclusiveStartKey"] = last
+        yield from query_items(self.ddb, kwargs)
 
     def iter_groups(self, batch_id: str) -> Iterator[dict[str, Any]]:
         """Every group item of a batch (paged, strongly consistent)."""
@@ -249,15 +264,7 @@ class RolloutLedger:
             "ExpressionAttributeValues": _values({":p": f"{prefix}{shard}", ":s": before_epoch}),
             "Limit": limit,
         }
-        found: list[RolloutRecord] = []
-        for _ in range(max_pages):
-            resp = self.ddb.query(**kwargs)
-            found.extend(RolloutRecord.from_item(item) for item in resp.get("Items") or [])
-            last = resp.get("LastEvaluatedKey")
-            if not last:
-                break
-            kwargs["ExclusiveStartKey"] = last
-        return found
+        return [RolloutRecord.from_item(item) for item in query_items(self.ddb, kwargs, max_pages=max_pages)]
 
     # --------------------------------------------------------------------------------------------- limits
 
@@ -376,8 +383,10 @@ class RolloutLedger:
     ) -> DispatchStart:
         """Acquire a session slot and move the rollout to dispatched(attempt), in one transaction.
 
-        Conditions: the batch exists and is not cancelled; a slot is free; the rollout has no item yet (attempt 1)
-        or is queued for exactly this attempt. So a redelivered message never starts a second session.
+        Conditions: the batch is not cancelled (its control item, `keys.batch_control_key`: the batch item itself
+        is in no per-rollout transaction); a slot is free; the rollout has no item yet (attempt 1) or is queued for
+        exactly this attempt. So a redelivered message never starts a second session. The caller has read the
+        batch (it needs its options), so the batch exists.
         `policy_version` is the version the rollout is dispatched with; `batch_policy_version`, the batch's, is
         kept only when it differs.
         """
@@ -388,10 +397,8 @@ class RolloutLedger:
         batch_check = {
             "ConditionCheck": {
                 "TableName": self.table_name,
-                "Key": keys.batch_key(batch_id),
-                "ConditionExpression": "attribute_exists(pk) AND #status <> :cancelled",
-                "ExpressionAttributeNames": {"#status": "status"},
-                "ExpressionAttributeValues": _values({":cancelled": "cancelled"}),
+                "Key": keys.batch_control_key(batch_id),
+                "ConditionExpression": "attribute_not_exists(cancelled_at)",
             }
         }
         rollout_update = self._update(
@@ -604,13 +611,15 @@ class RolloutLedger:
                 {"reward_sum": outcome.reward, "reward_sumsq": outcome.reward * outcome.reward, "reward_count": 1}
             )
         batch_names = {f"#a{i}": name for i, name in enumerate(batch_adds)}
-        batch_vals = {f":a{i}": value for i, value in enumerate(batch_adds.values())}
+        batch_vals: dict[str, Any] = {f":a{i}": value for i, value in enumerate(batch_adds.values())}
+        batch_vals[":ttl"] = now_epoch + self.ttl_s
+        # One counter shard of the batch (created by the first ADD); the group's condition proves the batch exists.
         batch = self._update(
-            keys.batch_key(batch_id),
-            "ADD " + ", ".join(f"#a{i} :a{i}" for i in range(len(batch_adds))),
-            "attribute_exists(pk)",
+            keys.batch_count_key(batch_id, keys.count_shard(input_id)),
+            f"ADD {', '.join(f'#a{i} :a{i}' for i in range(len(batch_adds)))} SET #ttl = if_not_exists(#ttl, :ttl)",
+            None,
             batch_vals,
-            batch_names,
+            {**batch_names, "#ttl": keys.TTL_ATTRIBUTE},
         )
         items: list[dict[str, Any]] = [{"Update": rollout}, {"Update": group}, {"Update": batch}]
         if from_state == DISPATCHED and not hold:
@@ -789,22 +798,31 @@ class RolloutLedger:
 
     # -------------------------------------------------------------------------------------------- batches
 
-    def set_batch_cancelled(self, batch_id: str, now_iso: str) -> bool:
-        """Mark the batch cancelled (idempotent); False if the batch does not exist or was rejected as a whole."""
-        try:
-            retry_conflicts(
-                self.ddb.update_item,
-                **self._update(
-                    keys.batch_key(batch_id),
-                    "SET #status = :cancelled, cancelled_at = if_not_exists(cancelled_at, :now)",
-                    "attribute_exists(pk) AND #status <> :rejected",
-                    {":cancelled": "cancelled", ":now": now_iso, ":rejected": "rejected"},
-                    {"#status": "status"},
-                ),
-            )
-        except self.ddb.exceptions.ConditionalCheckFailedException:
+    def set_batch_cancelled(self, batch_id: str, now_iso: str, now_epoch: int | None = None) -> bool:
+        """Mark the batch cancelled (idempotent): its status, and its control item that the dispatch transaction
+        checks, in one transaction. False if the batch does not exist or was rejected as a whole."""
+        values = {":cancelled": "cancelled", ":now": now_iso}
+        batch = self._update(
+            keys.batch_key(batch_id),
+            "SET #status = :cancelled, cancelled_at = if_not_exists(cancelled_at, :now)",
+            "attribute_exists(pk) AND #status <> :rejected",
+            {**values, ":rejected": "rejected"},
+            {"#status": "status"},
+        )
+        epoch = now_epoch if now_epoch is not None else int(time.time())
+        control = self._update(
+            keys.batch_control_key(batch_id),
+            "SET #status = :cancelled, cancelled_at = if_not_exists(cancelled_at, :now), #ttl = :ttl",
+            None,
+            {**values, ":ttl": epoch + self.ttl_s},
+            {"#status": "status", "#ttl": keys.TTL_ATTRIBUTE},
+        )
+        reasons = self._transact([{"Update": batch}, {"Update": control}])
+        if reasons is None:
+            return True
+        if reasons[0] == "ConditionalCheckFailed":
             return False
-        return True
+        raise LedgerError(f"cancel transaction of {batch_id} cancelled: {reasons}")
 
     def claim_group_event(self, batch_id: str, input_id: str, claimant: str) -> bool:
         """Let one rollout (`claimant`) publish `Group Completed`: the first claimer, or the same one again (its
@@ -825,8 +843,8 @@ class RolloutLedger:
         return True
 
     def claim_batch_completed(self, batch_id: str, claimant: str, now_iso: str) -> dict[str, Any] | None:
-        """Like `claim_group_event` for `Batch Completed`; also stamps `completed_at` once. Returns the batch item
-        (typed) when `claimant` may publish, else None."""
+        """Like `claim_group_event` for `Batch Completed`; also stamps `completed_at` once. Returns the batch view
+        (typed, `batches.merge_batch_items`) when `claimant` may publish, else None."""
         try:
             resp = retry_conflicts(
                 self.ddb.update_item,
@@ -840,5 +858,5 @@ class RolloutLedger:
             )
         except self.ddb.exceptions.ConditionalCheckFailedException:
             return None
-        attributes: dict[str, Any] = resp["Attributes"]
-        return attributes
+        view = query_batch_view(self.ddb, self.table_name, batch_id)
+        return view if view is not None else dict(resp["Attributes"])

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any
 
 from rollout_pipeline import ids
 from rollout_pipeline.contracts import FailureReason, iso
-from rollout_pipeline.ledger.batches import batch_options
 from rollout_pipeline.ledger.rollouts import (
     DISPATCHED,
     OUTBOX_PUBLISH,
@@ -98,16 +96,17 @@ def cancel_batch(batch_id: str, deps: LifecycleDeps) -> CancelReport:
     `Rollout Failed` reason `cancelled`, slots released, events published. Idempotent: call it again after a
     crash or a side-effect error to finish the job."""
     report = CancelReport(batch_id=batch_id)
-    if not deps.ledger.set_batch_cancelled(batch_id, iso(deps.now())):
+    now = deps.now()
+    if not deps.ledger.set_batch_cancelled(batch_id, iso(now), int(now.timestamp())):
         report.found = False
         return report
-    batch: dict[str, Any] = deps.ledger.get_batch(batch_id) or {}
-    options = batch_options(batch)
-    exp_id = str(batch.get("exp_id") or deps.config.name)
-    for group in deps.ledger.iter_groups(batch_id):
-        input_id = str(group["input_id"])
+    batch = deps.ledger.batch(batch_id)
+    options = batch.options if batch is not None else None
+    exp_id = batch.exp_id if batch is not None and batch.exp_id else deps.config.name
+    for group in deps.ledger.groups(batch_id):
+        input_id = group.input_id
         existing = {rec.index: rec for rec in deps.ledger.iter_rollouts(batch_id, input_id)}
-        for index in range(int(group.get("group_size") or 0)):
+        for index in range(group.group_size):
             rec = existing.get(index)
             if rec is not None and rec.terminal and not rec.outbox:
                 report.already_terminal += 1

@@ -12,7 +12,8 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import IO, Any, Final
 
 from rollout_pipeline import ids
-from rollout_pipeline.ledger.batches import attr, group_payload
+from rollout_pipeline.ledger.batches import as_group, group_payload
+from rollout_pipeline.ledger.items import GroupItem, plain_item
 
 #: Rollout item attributes copied into an export line (bookkeeping such as outbox and index keys is left out).
 ROLLOUT_FIELDS: Final = (
@@ -31,35 +32,35 @@ ROLLOUT_FIELDS: Final = (
 
 def export_rows(
     *,
-    groups: Iterator[Mapping[str, Any]],
+    groups: Iterator[GroupItem | Mapping[str, Any]],
     rollouts: Iterator[Mapping[str, Any]],
     fetch_result: Callable[[str], dict[str, Any] | None] | None,
     include_payload: bool = False,
 ) -> Iterator[dict[str, Any]]:
-    """Join group items and rollout items (typed ledger items) into export rows.
+    """Join groups and rollout items (raw ledger items, typed or plain) into export rows.
 
     A rollout without a rollout item was never dispatched: its state is `queued`. With `fetch_result`, each row
     with a `result_uri` gets the result object under `result` (None if it cannot be read).
     """
-    by_key: dict[tuple[str, int], Mapping[str, Any]] = {}
-    for item in rollouts:
-        by_key[(str(attr(item, "input_id")), int(attr(item, "index", 0)))] = item
-    for group in groups:
-        input_id = str(attr(group, "input_id"))
-        batch_id = str(attr(group, "batch_id"))
+    by_key: dict[tuple[str, int], dict[str, Any]] = {}
+    for raw in rollouts:
+        parsed = plain_item(raw)
+        by_key[(str(parsed.get("input_id")), int(parsed.get("index") or 0))] = parsed
+    for raw_group in groups:
+        group = as_group(raw_group)
         payload, payload_ref = group_payload(group) if include_payload else (None, None)
-        for index in range(int(attr(group, "group_size", 0))):
-            item = by_key.get((input_id, index), {})
+        for index in range(group.group_size):
+            item = by_key.get((group.input_id, index), {})
             row: dict[str, Any] = {
-                "exp_id": attr(group, "exp_id"),
-                "batch_id": batch_id,
-                "input_id": input_id,
+                "exp_id": group.exp_id,
+                "batch_id": group.batch_id,
+                "input_id": group.input_id,
                 "index": index,
-                "rollout_id": ids.rollout_id(input_id, index),
-                "line": attr(group, "line"),
+                "rollout_id": ids.rollout_id(group.input_id, index),
+                "line": group.line,
             }
             for name in ROLLOUT_FIELDS:
-                row[name] = attr(item, name)
+                row[name] = item.get(name)
             if row["state"] is None:
                 row["state"] = "queued"
             if include_payload:

@@ -7,9 +7,11 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from rollout_pipeline.contracts import FailureReason, stats_from_sums
+from rollout_pipeline.contracts import iso, stats_from_sums
 from rollout_pipeline.ledger import keys
-from rollout_pipeline.ledger.batches import attr, float_attr, int_attr
+from rollout_pipeline.ledger.batches import as_batch
+from rollout_pipeline.ledger.items import BatchItem, RolloutState
+from rollout_pipeline.ledger.table import query_items
 
 #: Upper bound on ledger query pages read for one status (1 MB each): bounded work whatever the batch size.
 MAX_QUERY_PAGES: Final = 2_000
@@ -83,55 +85,40 @@ def iter_rollout_items(ddb: Any, table_name: str, batch_id: str, projection: str
         kwargs["ExpressionAttributeNames"] = {"#state": "state"} if "#state" in projection else {}
         if not kwargs["ExpressionAttributeNames"]:
             del kwargs["ExpressionAttributeNames"]
-    for _ in range(MAX_QUERY_PAGES):
-        resp = ddb.query(**kwargs)
-        yield from resp.get("Items") or []
-        last = resp.get("LastEvaluatedKey")
-        if not last:
-            return
-        kwargs["ExclusiveStartKey"] = last
+    yield from query_items(ddb, kwargs, max_pages=MAX_QUERY_PAGES)
 
 
-def batch_status(batch_item: Mapping[str, Any], rollout_states: Counter[str]) -> BatchStatus:
+def batch_status(batch_item: BatchItem | Mapping[str, Any], rollout_states: Counter[str]) -> BatchStatus:
     """Combine the batch counters with the rollout items' states (running = dispatched, not yet terminal)."""
-    total_raw = attr(batch_item, "rollouts_total")
-    total = int(total_raw) if total_raw is not None else None
-    succeeded = int_attr(batch_item, "succeeded")
-    failed = int_attr(batch_item, "failed")
-    running = rollout_states.get("dispatched", 0)
+    batch = as_batch(batch_item)
+    total = batch.rollouts_total
+    succeeded, failed = batch.succeeded, batch.failed
+    running = rollout_states.get(RolloutState.DISPATCHED, 0)
     if total is not None:
         queued: int | None = max(0, total - succeeded - failed - running)
     else:  # still ingesting: count what has been enqueued so far
-        enqueued = int_attr(batch_item, "rollouts_enqueued")
+        enqueued = batch.rollouts_enqueued
         queued = max(0, enqueued - succeeded - failed - running) if enqueued else None
-    reward_count = int_attr(batch_item, "reward_count")
-    mean, std = stats_from_sums(
-        reward_count, float_attr(batch_item, "reward_sum"), float_attr(batch_item, "reward_sumsq")
-    )
-    by_reason = {
-        reason.value: int_attr(batch_item, f"failed_{reason.value}")
-        for reason in FailureReason
-        if int_attr(batch_item, f"failed_{reason.value}")
-    }
+    mean, std = stats_from_sums(batch.reward_count, batch.reward_sum, batch.reward_sumsq)
     return BatchStatus(
-        batch_id=str(attr(batch_item, "batch_id")),
-        status=str(attr(batch_item, "status", "unknown")),
-        source=attr(batch_item, "source"),
+        batch_id=batch.batch_id,
+        status=batch.status.value,
+        source=batch.source,
         rollouts_total=total,
         succeeded=succeeded,
         failed=failed,
         running=running,
         queued=queued,
-        failed_by_reason=by_reason,
+        failed_by_reason=dict(batch.failed_by_reason),
         reward_mean=mean,
         reward_std=std,
-        reward_count=reward_count,
-        rows_accepted=int_attr(batch_item, "rows_accepted"),
-        rows_rejected=int_attr(batch_item, "rows_rejected"),
-        created_at=attr(batch_item, "created_at"),
-        completed_at=attr(batch_item, "completed_at"),
-        error=attr(batch_item, "error"),
-        errors_uri=attr(batch_item, "errors_uri"),
+        reward_count=batch.reward_count,
+        rows_accepted=batch.rows_accepted,
+        rows_rejected=batch.rows_rejected,
+        created_at=iso(batch.created_at) if batch.created_at else None,
+        completed_at=iso(batch.completed_at) if batch.completed_at else None,
+        error=batch.error,
+        errors_uri=batch.errors_uri,
     )
 
 

@@ -92,12 +92,6 @@ def seed_batch(
         "created_at": _s(now.isoformat()),
         "rows_accepted": _n(len(inputs)),
         "rows_rejected": _n(0),
-        "terminal": _n(0),
-        "succeeded": _n(0),
-        "failed": _n(0),
-        "reward_sum": _n(0),
-        "reward_sumsq": _n(0),
-        "reward_count": _n(0),
     }
     if with_total:
         batch["rollouts_total"] = _n(len(inputs) * group_size)
@@ -238,6 +232,15 @@ def ledger_item(resources: ExperimentResources, key: Mapping[str, Any]) -> dict[
 
     item = clients.client("dynamodb").get_item(TableName=resources.table_name, Key=dict(key), ConsistentRead=True)
     return from_item(item.get("Item") or {})
+
+
+def batch_view(resources: ExperimentResources, batch_id: str) -> dict[str, Any]:
+    """The batch as readers see it: its item with the counters summed over its `COUNT#` shards (plain values)."""
+    from rollout_pipeline.ledger.rollouts import RolloutLedger
+
+    view = RolloutLedger(resources.table_name).get_batch(batch_id)
+    assert view is not None
+    return view
 
 
 class ShiftedClock(SystemClock):

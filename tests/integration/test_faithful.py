@@ -17,13 +17,21 @@ from rollout_pipeline.adapters.fake_acr import AgentBehaviour, FakeAgentRuntime
 from rollout_pipeline.adapters.s3 import S3ObjectStore
 from rollout_pipeline.contracts import FileOptions
 from rollout_pipeline.ledger import keys, retry
-from rollout_pipeline.ledger.batches import BatchLedger, IngestProgress
-from rollout_pipeline.ledger.rollouts import RolloutLedger
+from rollout_pipeline.ledger.batches import BatchLedger, IngestProgress, batch_completion_detail
+from rollout_pipeline.ledger.rollouts import FAILED, SUCCEEDED, DispatchStart, RolloutLedger, Terminal, from_item
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.local.resources import ExperimentResources
 from rollout_pipeline.ports import ObjectNotFound
 from tests.conftest import receive_all
-from tests.integration.lifecycle_support import by_type, drive, seed_batch, send, trainer_events
+from tests.integration.lifecycle_support import (
+    batch_view,
+    by_type,
+    drive,
+    ledger_item,
+    seed_batch,
+    send,
+    trainer_events,
+)
 from tests.integration.test_ingest import batch_item, jsonl, make_ingestion, upload
 
 
@@ -147,8 +155,178 @@ def test_cancel_and_ingest_checkpoints_retry_conflicts_on_the_batch_item(
     ledger.checkpoint("b1", owner="me", previous_cursor=0, progress=IngestProgress(cursor=5), lease_seconds=60)
     hot.begin_transaction([(resources.table_name, faithful.key_text(keys.batch_key("b1")))])
     assert RolloutLedger(resources.table_name).set_batch_cancelled("b1", "2026-01-01T00:00:00Z")
-    assert hot.stats.plain_conflicts >= 3
+    # the checkpoint is a plain write; cancel is a transaction (batch item + control item) since the hot-item split
+    assert hot.stats.plain_conflicts >= 2
+    assert hot.stats.transaction_conflicts >= 2
     assert retry.stats.total - before >= 3
+
+
+# ------------------------------------------------------------------------------- hot data off the batch item
+
+
+def _end(ledger: RolloutLedger, batch_id: str, input_id: str, index: int, reward: float | None = None) -> None:
+    """A terminal transaction as completion or cancel writes it (no item yet: no slot to release)."""
+    outcome = (
+        Terminal(state=SUCCEEDED, finished_at="t", reward=reward)
+        if reward is not None
+        else Terminal(state=FAILED, finished_at="t", reason="cancelled", error="cancelled")
+    )
+    assert ledger.finish(
+        exp_id="test-exp",
+        batch_id=batch_id,
+        input_id=input_id,
+        index=index,
+        attempt=0,
+        from_state=None,
+        outcome=outcome,
+        outbox=frozenset(),
+        now_epoch=1_800_000_000,
+    )
+
+
+def test_ingest_checkpoints_and_cancel_do_not_meet_dispatch_or_terminal_transactions(
+    resources: ExperimentResources, hot: faithful.FaithfulProfile
+) -> None:
+    """Every item a transaction touched meets a conflict on its next writes (`hot`): before the batch item lost its
+    counters and cancel flag, each checkpoint after a dispatch or terminal transaction, and a cancel after
+    terminal transactions, conflicted."""
+    seed_batch(resources, batch_id="b1", status="ingesting", with_total=False, group_size=2)
+    clients.client("dynamodb").update_item(
+        TableName=resources.table_name,
+        Key=keys.batch_key("b1"),
+        UpdateExpression="SET #c = :zero",
+        ExpressionAttributeNames={"#c": "cursor"},
+        ExpressionAttributeValues={":zero": {"N": "0"}},
+    )
+    batches = BatchLedger(resources.table_name, sleep=lambda _s: None)
+    rollouts = RolloutLedger(resources.table_name)
+    assert batches.acquire_lease("b1", "me", 60) is not None
+    plain, transactions = hot.stats.plain_conflicts, hot.stats.transaction_conflicts
+    started = rollouts.begin_dispatch(
+        exp_id="test-exp",
+        batch_id="b1",
+        input_id="q1",
+        index=0,
+        attempt=1,
+        session_id=ids.session_id("test-exp", "b1", "q1", 0, 1),
+        submitted_at="t",
+        now_iso="t",
+        now_epoch=1_800_000_000,
+        deadline=1_800_000_900,
+        max_sessions=4,
+        policy_version=None,
+    )
+    assert started is DispatchStart.STARTED
+    batches.checkpoint("b1", owner="me", previous_cursor=0, progress=IngestProgress(cursor=1), lease_seconds=60)
+    _end(rollouts, "b1", "q1", 1, reward=0.5)
+    _end(rollouts, "b1", "q2", 0)
+    batches.checkpoint("b1", owner="me", previous_cursor=1, progress=IngestProgress(cursor=2), lease_seconds=60)
+    assert (hot.stats.plain_conflicts, hot.stats.transaction_conflicts) == (plain, transactions)
+    # cancel after a storm of terminal transactions (of another batch: the control item that dispatch checks is
+    # the one item cancel shares with a per-rollout transaction, once per batch, and is retried then)
+    seed_batch(resources, batch_id="b2", group_size=2)
+    for input_id in ("q1", "q2"):
+        _end(rollouts, "b2", input_id, 0, reward=1.0)
+    assert rollouts.set_batch_cancelled("b2", "2026-01-01T00:00:00Z", 1_800_000_000)
+    assert (hot.stats.plain_conflicts, hot.stats.transaction_conflicts) == (plain, transactions)
+    assert rollouts.set_batch_cancelled("b1", "2026-01-01T00:00:00Z", 1_800_000_000)
+    # ...and the cancel flag moved where the dispatch transaction checks it
+    again = rollouts.begin_dispatch(
+        exp_id="test-exp",
+        batch_id="b1",
+        input_id="q2",
+        index=1,
+        attempt=1,
+        session_id=ids.session_id("test-exp", "b1", "q2", 1, 1),
+        submitted_at="t",
+        now_iso="t",
+        now_epoch=1_800_000_000,
+        deadline=1_800_000_900,
+        max_sessions=4,
+        policy_version=None,
+    )
+    assert again is DispatchStart.CANCELLED
+    view = batch_view(resources, "b1")
+    assert (view["status"], view["terminal"], view["succeeded"], view["failed_cancelled"]) == ("cancelled", 2, 1, 1)
+    assert view["cursor"] == 2
+
+
+@pytest.fixture
+def serialised_dynamodb(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In-process moto is not thread-safe (concurrent ADDs on one item can lose one): run its DynamoDB operations one
+    at a time, as local mode's server does (`local.moto_server.SerializedDynamoDB`). The faithful profile still
+    sees the calls overlap: it holds a transaction's items for `hold_ms` of wall time."""
+    from moto.dynamodb.models import DynamoDBBackend
+
+    lock = threading.RLock()
+    for name in ("transact_write_items", "update_item", "put_item", "get_item", "query"):
+        original = getattr(DynamoDBBackend, name)
+
+        def serialised(*args: Any, __original: Any = original, **kwargs: Any) -> Any:
+            with lock:
+                return __original(*args, **kwargs)
+
+        monkeypatch.setattr(DynamoDBBackend, name, serialised)
+
+
+@pytest.mark.usefixtures("serialised_dynamodb")
+def test_concurrent_completers_count_exactly_once_on_sharded_counters(resources: ExperimentResources) -> None:
+    """Many terminal transactions at once (faithful: each holds its items ~15 ms): the summed counters are exact,
+    spread over several COUNT# shards, and exactly one of the last rollouts may publish `Batch Completed`."""
+    inputs = {f"row-{i}": {"prompt": str(i)} for i in range(24)}
+    seed_batch(resources, batch_id="b1", inputs=inputs, group_size=2)
+    ledger = RolloutLedger(resources.table_name)
+    jobs = [(input_id, index) for input_id in inputs for index in range(2)]
+    errors: list[BaseException] = []
+
+    def work(part: list[tuple[str, int]]) -> None:
+        try:
+            for input_id, index in part:
+                _end(ledger, "b1", input_id, index, reward=0.1 if index == 0 else None)
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(jobs[i::8],)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    view = batch_view(resources, "b1")
+    assert (view["terminal"], view["succeeded"], view["failed"], view["failed_cancelled"]) == (48, 24, 24, 24)
+    assert (view["reward_count"], view["reward_sum"]) == (24, pytest.approx(2.4, abs=0))
+    shards = clients.client("dynamodb").query(
+        TableName=resources.table_name,
+        KeyConditionExpression="pk = :pk AND begins_with(sk, :c)",
+        ExpressionAttributeValues={":pk": {"S": keys.batch_pk("b1")}, ":c": {"S": keys.COUNT_PREFIX}},
+    )["Items"]
+    assert len(shards) > 4
+    assert "terminal" not in ledger_item(resources, keys.batch_key("b1"))
+    claims = [ledger.claim_batch_completed("b1", f"row-{i}#0", "2026-01-01T00:00:00Z") for i in range(24)]
+    winners = [claim for claim in claims if claim is not None]
+    assert len(winners) == 1
+    assert batch_completion_detail(from_item(winners[0])) is not None
+
+
+def test_a_pipeline_run_writes_the_batch_item_in_no_transaction(
+    resources: ExperimentResources,
+    deps: LifecycleDeps,
+    fake: FakeAgentRuntime,
+    aws_profile: faithful.FaithfulProfile | None,
+) -> None:
+    assert aws_profile is not None
+    fake.behaviour = AgentBehaviour(rewards=1.0)
+    send(resources, seed_batch(resources, batch_id="b1", inputs={f"q{i}": {"p": i} for i in range(3)}, group_size=2))
+    events: list[dict[str, Any]] = []
+    for _ in range(6):  # on a loaded machine a round may end while limit re-sends are still delayed
+        drive(resources, deps)
+        events += trainer_events(resources)
+        if by_type(events, "Batch Completed"):
+            break
+    (done,) = by_type(events, "Batch Completed")
+    assert (done["succeeded"], done["reward_count"]) == (6, 6)
+    assert aws_profile.transaction_writes[faithful.key_text(keys.batch_key("b1"))] == 0
+    assert sum(n for k, n in aws_profile.transaction_writes.items() if keys.COUNT_PREFIX in k) == 6
 
 
 # --------------------------------------------------------------------------------------------------- keys

@@ -19,6 +19,7 @@ from rollout_pipeline.local.resources import ExperimentResources
 from tests.integration.lifecycle_support import (
     ShiftedClock,
     ack,
+    batch_view,
     by_type,
     ledger_item,
     make_deps,
@@ -100,7 +101,7 @@ def test_cancel_ends_every_rollout_once(
     late = receive_records(resources.completion_queue_url)
     assert list(complete_records(late, deps).outcomes.values()) == [Completion.LATE_OR_UNKNOWN]
     assert trainer_events(resources) == []
-    batch = ledger_item(resources, keys.batch_key(BATCH))
+    batch = batch_view(resources, BATCH)
     assert (batch["status"], batch["terminal"], batch["failed_cancelled"]) == ("cancelled", 6, 5)
 
 

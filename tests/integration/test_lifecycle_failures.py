@@ -17,6 +17,7 @@ from rollout_pipeline.local.resources import ExperimentResources
 from tests.conftest import receive_all
 from tests.integration.lifecycle_support import (
     ShiftedClock,
+    batch_view,
     by_type,
     dispatch_once,
     drive,
@@ -45,7 +46,7 @@ def run_one(resources: ExperimentResources, deps: LifecycleDeps) -> tuple[Rollou
 
 
 def assert_counted_once(resources: ExperimentResources, reason: str, events: list[dict[str, object]]) -> None:
-    batch = ledger_item(resources, keys.batch_key(BATCH))
+    batch = batch_view(resources, BATCH)
     assert batch["terminal"] == 1
     assert batch["failed"] == 1
     assert batch[f"failed_{reason}"] == 1

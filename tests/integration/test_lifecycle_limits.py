@@ -19,6 +19,7 @@ from rollout_pipeline.local.resources import ExperimentResources
 from tests.conftest import receive_all
 from tests.integration.lifecycle_support import (
     ack,
+    batch_view,
     by_type,
     drive,
     ledger_item,
@@ -206,7 +207,7 @@ def test_limits_hold_under_concurrency(resources: ExperimentResources, fake: Fak
         w.start()
     deadline = time.monotonic() + 240  # bounded; about 10 s on an idle machine
     while time.monotonic() < deadline:
-        if int(ledger_item(resources, keys.batch_key(BATCH)).get("terminal") or 0) >= total:
+        if int(batch_view(resources, BATCH).get("terminal") or 0) >= total:
             break
         time.sleep(0.2)
     stop.set()

@@ -55,7 +55,6 @@ def make_machine(resources: ExperimentResources) -> type[RuleBasedStateMachine]:
                     "exp_id": {"S": exp},
                     "batch_id": {"S": self.batch},
                     "status": {"S": "accepted"},
-                    "terminal": {"N": "0"},
                 },
             )
             ddb.put_item(
@@ -203,7 +202,8 @@ def make_machine(resources: ExperimentResources) -> type[RuleBasedStateMachine]:
         def counted_once(self) -> None:
             assert self.terminal_transitions <= 1
             group = _item(table, keys.group_key(self.batch, INPUT))
-            batch = _item(table, keys.batch_key(self.batch))
+            batch = self.ledger.get_batch(self.batch)  # counters summed over the batch's COUNT# shards
+            assert batch is not None
             assert group["terminal"] == self.terminal_transitions
             assert batch["terminal"] == self.terminal_transitions
             assert len(group["rewards"]) + len(group["failures"]) == self.terminal_transitions

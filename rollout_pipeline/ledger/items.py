@@ -1,0 +1,205 @@
+"""Typed ledger items, parsed once at the table boundary (issue 13 item 1, first step).
+
+The stages, the SDK and the CLI read these instead of raw DynamoDB dicts: times are datetimes, states are enums,
+counters are ints and floats, JSON attributes are parsed. `BatchItem` is the batch view (the batch item with its
+control item and its counter shards merged, `batches.merge_batch_items`); `GroupItem` is a group. Rollouts are
+`rollouts.RolloutRecord`. Each `of(...)` accepts the low-level client's typed form (`{"N": "3"}`) or plain values.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from rollout_pipeline.contracts import FailureReason, FileOptions, parse_iso
+from rollout_pipeline.ledger.attributes import TYPE_TAGS, from_attribute_value
+
+
+class BatchState(StrEnum):
+    """A batch's `status`."""
+
+    INGESTING = "ingesting"
+    ACCEPTED = "accepted"
+    REJECTED = "rejected"
+    CANCELLED = "cancelled"
+
+
+class RolloutState(StrEnum):
+    """A rollout's `state`."""
+
+    QUEUED = "queued"
+    DISPATCHED = "dispatched"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+def plain_item(item: Mapping[str, Any]) -> dict[str, Any]:
+    """An item as plain Python values, whether it came typed (`{"S": ...}`) or plain."""
+    return {name: _plain(value) for name, value in item.items()}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Mapping) and len(value) == 1 and next(iter(value)) in TYPE_TAGS:
+        return from_attribute_value(value)
+    return value
+
+
+def _int(item: Mapping[str, Any], name: str) -> int:
+    value = item.get(name)
+    return int(value) if value is not None else 0
+
+
+def _float(item: Mapping[str, Any], name: str) -> float:
+    value = item.get(name)
+    return float(value) if value is not None else 0.0
+
+
+def _text(item: Mapping[str, Any], name: str) -> str | None:
+    value = item.get(name)
+    return None if value is None else str(value)
+
+
+def _options(raw: Any) -> FileOptions | None:
+    if not raw:
+        return None
+    try:
+        return FileOptions.model_validate_json(raw)
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class BatchItem:
+    """One batch as the ledger knows it (the batch view: counters summed over its shards)."""
+
+    exp_id: str
+    batch_id: str
+    status: BatchState
+    source: str | None = None
+    #: The effective per-file options; None for a file rejected before they were known (or an unreadable value).
+    options: FileOptions | None = None
+    created_at: datetime | None = None
+    accepted_at: datetime | None = None
+    completed_at: datetime | None = None
+    cancelled_at: datetime | None = None
+    rows_accepted: int = 0
+    rows_rejected: int = 0
+    #: Set when ingestion ends; until then the batch cannot complete.
+    rollouts_total: int | None = None
+    rollouts_enqueued: int = 0
+    errors_listed: int = 0
+    cursor: int = 0
+    errors_uri: str | None = None
+    error: str | None = None
+    #: Stored on a batch rejected as a whole (its options are unknown).
+    group_size: int | None = None
+    terminal: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    failed_by_reason: Mapping[str, int] = field(default_factory=dict)
+    reward_sum: float = 0.0
+    reward_sumsq: float = 0.0
+    reward_count: int = 0
+    completed_event_by: str | None = None
+
+    @property
+    def complete(self) -> bool:
+        """Ingestion has ended and every rollout is terminal."""
+        return (
+            self.status is not BatchState.INGESTING
+            and self.rollouts_total is not None
+            and self.terminal >= self.rollouts_total
+        )
+
+    @property
+    def cancelled(self) -> bool:
+        return self.status is BatchState.CANCELLED
+
+    @classmethod
+    def of(cls, raw: Mapping[str, Any]) -> BatchItem:
+        """Parse a batch view (typed or plain)."""
+        item = plain_item(raw)
+        total = item.get("rollouts_total")
+        group_size = item.get("group_size")
+        return cls(
+            exp_id=str(item.get("exp_id") or ""),
+            batch_id=str(item.get("batch_id") or ""),
+            status=BatchState(str(item.get("status") or BatchState.INGESTING)),
+            source=_text(item, "source"),
+            options=_options(item.get("options")),
+            created_at=parse_iso(item.get("created_at")),
+            accepted_at=parse_iso(item.get("accepted_at")),
+            completed_at=parse_iso(item.get("completed_at")),
+            cancelled_at=parse_iso(item.get("cancelled_at")),
+            rows_accepted=_int(item, "rows_accepted"),
+            rows_rejected=_int(item, "rows_rejected"),
+            rollouts_total=None if total is None else int(total),
+            rollouts_enqueued=_int(item, "rollouts_enqueued"),
+            errors_listed=_int(item, "errors_listed"),
+            cursor=_int(item, "cursor"),
+            errors_uri=_text(item, "errors_uri"),
+            error=_text(item, "error"),
+            group_size=None if group_size is None else int(group_size),
+            terminal=_int(item, "terminal"),
+            succeeded=_int(item, "succeeded"),
+            failed=_int(item, "failed"),
+            failed_by_reason={
+                reason.value: _int(item, f"failed_{reason.value}")
+                for reason in FailureReason
+                if _int(item, f"failed_{reason.value}")
+            },
+            reward_sum=_float(item, "reward_sum"),
+            reward_sumsq=_float(item, "reward_sumsq"),
+            reward_count=_int(item, "reward_count"),
+            completed_event_by=_text(item, "completed_event_by"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class GroupItem:
+    """One group (an accepted row) and the per-index outcomes of its rollouts."""
+
+    exp_id: str
+    batch_id: str
+    input_id: str
+    line: int
+    group_size: int
+    #: The inline payload (parsed), or None when it is stored aside (`payload_ref`).
+    payload: Mapping[str, Any] | None = None
+    payload_ref: str | None = None
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+    terminal: int = 0
+    rewards: Mapping[int, float] = field(default_factory=dict)
+    failures: Mapping[int, FailureReason] = field(default_factory=dict)
+    created_at: datetime | None = None
+    completed_event_by: str | None = None
+
+    @property
+    def complete(self) -> bool:
+        return self.group_size > 0 and self.terminal >= self.group_size
+
+    @classmethod
+    def of(cls, raw: Mapping[str, Any]) -> GroupItem:
+        """Parse a group item (typed or plain)."""
+        item = plain_item(raw)
+        payload = item.get("payload")
+        overrides = item.get("overrides")
+        return cls(
+            exp_id=str(item.get("exp_id") or ""),
+            batch_id=str(item.get("batch_id") or ""),
+            input_id=str(item.get("input_id") or ""),
+            line=_int(item, "line"),
+            group_size=_int(item, "group_size"),
+            payload=json.loads(payload) if payload is not None else None,
+            payload_ref=_text(item, "payload_ref"),
+            overrides=json.loads(overrides) if overrides else {},
+            terminal=_int(item, "terminal"),
+            rewards={int(k): float(v) for k, v in (item.get("rewards") or {}).items()},
+            failures={int(k): FailureReason(str(v)) for k, v in (item.get("failures") or {}).items()},
+            created_at=parse_iso(item.get("created_at")),
+            completed_event_by=_text(item, "completed_event_by"),
+        )

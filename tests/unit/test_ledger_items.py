@@ -1,0 +1,96 @@
+"""The batch view (batch item + control item + counter shards) and the typed items parsed at the table boundary."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from rollout_pipeline.contracts import FailureReason
+from rollout_pipeline.ledger import keys
+from rollout_pipeline.ledger.batches import batch_completion_detail, merge_batch_items
+from rollout_pipeline.ledger.items import BatchItem, BatchState, GroupItem, plain_item
+
+
+def _item(sk: str, **attrs: dict[str, str]) -> dict[str, Any]:
+    return {keys.PK: {"S": "B#b1"}, keys.SK: {"S": sk}, **attrs}
+
+
+def _shard(shard: int, **counts: str) -> dict[str, Any]:
+    return _item(f"{keys.COUNT_PREFIX}{shard:02d}", **{k: {"N": v} for k, v in counts.items()})
+
+
+BASE = _item(
+    keys.BATCH_SK,
+    exp_id={"S": "e"},
+    batch_id={"S": "b1"},
+    status={"S": "accepted"},
+    rollouts_total={"N": "3"},
+    created_at={"S": "2026-01-01T00:00:00+00:00"},
+)
+
+
+def test_the_view_sums_counter_shards_exactly() -> None:
+    view = merge_batch_items(
+        [
+            BASE,
+            _shard(0, terminal="1", succeeded="1", reward_sum="0.1", reward_sumsq="0.01", reward_count="1"),
+            _shard(7, terminal="1", succeeded="1", reward_sum="0.1", reward_sumsq="0.01", reward_count="1"),
+            _shard(15, terminal="1", succeeded="1", reward_sum="0.1", reward_sumsq="0.01", reward_count="1"),
+        ]
+    )
+    assert view is not None
+    assert view["terminal"] == {"N": "3"}
+    assert view["reward_sum"] == {"N": "0.3"}  # decimals, as DynamoDB's own ADD summed them (floats give 0.30...04)
+    assert view["failed"] == {"N": "0"}
+
+
+def test_the_view_takes_the_cancel_flag_from_the_control_item_and_ignores_other_items() -> None:
+    control = _item(keys.CONTROL_SK, status={"S": "cancelled"}, cancelled_at={"S": "2026-01-01T00:01:00+00:00"})
+    group = _item(f"{keys.GROUP_PREFIX}q1", terminal={"N": "9"})
+    view = merge_batch_items([BASE, control, _shard(3, terminal="2", failed="2", failed_cancelled="2"), group])
+    assert view is not None
+    assert view["cancelled_at"] == {"S": "2026-01-01T00:01:00+00:00"}
+    assert (view["terminal"], view["failed_cancelled"]) == ({"N": "2"}, {"N": "2"})
+    assert merge_batch_items([control, _shard(0, terminal="1")]) is None, "no batch item: no batch"
+
+
+def test_counters_on_a_batch_item_written_before_the_shards_still_count() -> None:
+    legacy = {**BASE, "terminal": {"N": "2"}, "succeeded": {"N": "2"}}
+    view = merge_batch_items([legacy, _shard(1, terminal="1", failed="1", failed_timeout="1")])
+    assert view is not None
+    batch = BatchItem.of(view)
+    assert (batch.terminal, batch.succeeded, batch.failed) == (3, 2, 1)
+    assert batch.complete
+    assert batch.failed_by_reason == {"timeout": 1}
+
+
+def test_batch_items_parse_once_typed_or_plain() -> None:
+    view = merge_batch_items([BASE, _shard(0, terminal="2")])
+    assert view is not None
+    typed, plain = BatchItem.of(view), BatchItem.of(plain_item(view))
+    assert typed == plain
+    assert typed.status is BatchState.ACCEPTED
+    assert typed.created_at == datetime(2026, 1, 1, tzinfo=UTC)
+    assert (typed.rollouts_total, typed.terminal, typed.complete) == (3, 2, False)
+    assert batch_completion_detail(typed) is None
+    assert BatchItem.of({**plain_item(view), "status": "ingesting", "terminal": 3}).complete is False
+
+
+def test_group_items_parse_payload_and_outcomes() -> None:
+    group = GroupItem.of(
+        {
+            "exp_id": {"S": "e"},
+            "batch_id": {"S": "b1"},
+            "input_id": {"S": "q1"},
+            "line": {"N": "4"},
+            "group_size": {"N": "2"},
+            "payload": {"S": '{"p": 1}'},
+            "overrides": {"S": "{}"},
+            "terminal": {"N": "2"},
+            "rewards": {"M": {"0": {"N": "0.5"}}},
+            "failures": {"M": {"1": {"S": "timeout"}}},
+        }
+    )
+    assert (group.line, group.group_size, group.complete) == (4, 2, True)
+    assert group.payload == {"p": 1}
+    assert (group.rewards, group.failures) == ({0: 0.5}, {1: FailureReason.TIMEOUT})
