@@ -29,7 +29,7 @@ from rollout_pipeline.sdk.aio import AsyncStream
 from rollout_pipeline.sdk.delivery import DEFAULT_POLL_WAIT_S, DEFAULT_SEEN_IDS, EventFilter, EventStream, SeenIds
 from rollout_pipeline.sdk.errors import AwsError, BatchNotFound, DatasetInvalid, ExperimentNotDeployed, SdkError
 from rollout_pipeline.sdk.groups import DEFAULT_GROUP_GRACE_S, GROUP_DETAIL_TYPES, Group, GroupStream
-from rollout_pipeline.sdk.status import BatchStatus, RolloutState, batch_status, iter_rollout_items, rollout_states
+from rollout_pipeline.sdk.status import BatchStatus, RolloutStatus, batch_status, iter_rollout_items, rollout_states
 from rollout_pipeline.sdk.transport import Event, QueueReader
 
 if TYPE_CHECKING:
@@ -418,7 +418,7 @@ class Experiment:
             states = Counter(r.state for r in self.rollout_states(batch_id, states_only=True))
         return batch_status(item, states)
 
-    def rollout_states(self, batch_id: str, *, states_only: bool = False) -> Iterator[RolloutState]:
+    def rollout_states(self, batch_id: str, *, states_only: bool = False) -> Iterator[RolloutStatus]:
         """Each dispatched rollout of a batch as the ledger holds it: state, ids, reward, failure reason (with
         `states_only`, the state alone: a smaller read). Rollouts not yet dispatched have no entry."""
         with aws_errors(f"read the rollouts of batch {batch_id}"):

@@ -9,7 +9,7 @@ from typing import Any, Final
 
 from rollout_pipeline.contracts import iso, stats_from_sums
 from rollout_pipeline.ledger import keys
-from rollout_pipeline.ledger.batches import as_batch
+from rollout_pipeline.ledger.batches import as_batch, attr
 from rollout_pipeline.ledger.items import BatchItem, RolloutState
 from rollout_pipeline.ledger.table import query_items
 
@@ -123,7 +123,7 @@ def batch_status(batch_item: BatchItem | Mapping[str, Any], rollout_states: Coun
 
 
 @dataclass(frozen=True)
-class RolloutState:
+class RolloutStatus:
     """One dispatched rollout as the ledger holds it (ids, reward and reason are None when only states were read)."""
 
     state: str
@@ -133,13 +133,13 @@ class RolloutState:
     reason: str | None = None
 
 
-def rollout_states(ddb: Any, table_name: str, batch_id: str, *, states_only: bool = False) -> Iterator[RolloutState]:
-    """The rollout items of a batch (never-dispatched rollouts have none), read as `RolloutState`s."""
+def rollout_states(ddb: Any, table_name: str, batch_id: str, *, states_only: bool = False) -> Iterator[RolloutStatus]:
+    """The rollout items of a batch (never-dispatched rollouts have none), read as `RolloutStatus`es."""
     for item in iter_rollout_items(ddb, table_name, batch_id, "#state" if states_only else None):
         reward = attr(item, "reward")
         index = attr(item, "index")
         input_id = attr(item, "input_id")
-        yield RolloutState(
+        yield RolloutStatus(
             state=str(attr(item, "state") or ""),
             input_id=None if input_id is None else str(input_id),
             index=None if index is None else int(index),
