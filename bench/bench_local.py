@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -49,7 +50,9 @@ def run_batch(pipeline: Any, rows: int, group_size: int, timeout_s: float, tag: 
     path.write_text("".join(json.dumps({"id": f"{tag}-{i}", "q": i}) + "\n" for i in range(rows)))
     started = time.monotonic()
     batch_id = pipeline.experiment.submit_file(path, group_size=group_size)
-    for event in pipeline.experiment.events(batch_id=batch_id, timeout=timeout_s):
+    # consume_others: events of an earlier batch that arrive after its `Batch Completed` are taken here, as a
+    # trainer reading every event would, instead of being released until the trainer queue dead-letters them.
+    for event in pipeline.experiment.events(batch_id=batch_id, timeout=timeout_s, consume_others=True):
         if event.detail_type is DetailType.BATCH_COMPLETED:
             return time.monotonic() - started, event.detail.model_dump(mode="json")
     raise TimeoutError(f"batch {batch_id} did not complete within {timeout_s} s")
@@ -104,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
             total_s += seconds
             print(
                 f"ledger ~{size:>6} items: {n} rollouts in {seconds:6.1f} s = {n / seconds:6.1f} rollouts/s "
-                f"(succeeded {done['succeeded']}, failed {done['failed']}, lost {lost})",
+                f"(succeeded {done['succeeded']}, failed {done['failed']}, lost {lost}; "
+                f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)",
                 flush=True,
             )
         dead = pipeline.dead_letters()
