@@ -8,12 +8,14 @@ lost / dead-lettered counts, conflict retries per 1,000 rollouts and the busiest
 
 Usage: python bench/bench_local.py [--ledger-sizes 1000,10000,50000] [--rows 100] [--group-size 4]
        python bench/bench_local.py --ledger-sizes 0 --rows 100000 --group-size 1   # a 100k-row ingest
+       python bench/bench_local.py --moto-ops 200   # only the moto server: median ms per ledger call, per size
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -41,6 +43,94 @@ def pad_ledger(table: str, current: int, target: int) -> int:
     return current
 
 
+def time_moto_ops(sizes: list[int], repeats: int) -> int:
+    """Median server time of the ledger's kinds of DynamoDB call on local mode's moto server, per ledger size.
+
+    No pipeline: one loopback moto server (as local mode starts it), the ledger table, a live batch partition of
+    500 rollout items (125 of them in each of 4 deadline-index shards) and the inert padding of `pad_ledger`.
+    """
+    import statistics
+
+    from rollout_pipeline.adapters import clients
+    from rollout_pipeline.ledger import keys
+    from rollout_pipeline.ledger.schema import create_table_kwargs
+    from rollout_pipeline.local.moto_server import local_aws_environ, moto_server, patched_environ
+
+    table = "bench-ledger"
+    with moto_server() as endpoint, patched_environ(local_aws_environ(endpoint, "us-east-1")):
+        clients.reset()
+        ddb = clients.client("dynamodb")
+        ddb.create_table(**create_table_kwargs(table))
+        live = [
+            {
+                **keys.rollout_key("live", f"q{i // 4}", i % 4),
+                keys.DEADLINE_PK: {"S": f"DL#{i % keys.INDEX_SHARDS}"},
+                keys.DEADLINE_SK: {"N": str(i)},
+                "state": {"S": "DISPATCHED"},
+            }
+            for i in range(500)
+        ]
+        for start in range(0, len(live), 25):
+            ddb.batch_write_item(RequestItems={table: [{"PutRequest": {"Item": i}} for i in live[start : start + 25]]})
+        counter = {**keys.batch_key("live")}
+        calls: dict[str, Any] = {
+            "GetItem": lambda: ddb.get_item(TableName=table, Key=counter, ConsistentRead=True),
+            "UpdateItem": lambda: ddb.update_item(
+                TableName=table,
+                Key=counter,
+                UpdateExpression="ADD n :one",
+                ExpressionAttributeValues={":one": {"N": "1"}},
+            ),
+            "Transact2": lambda: ddb.transact_write_items(
+                TransactItems=[
+                    {
+                        "Update": {
+                            "TableName": table,
+                            "Key": key,
+                            "UpdateExpression": "ADD n :one",
+                            "ExpressionAttributeValues": {":one": {"N": "1"}},
+                        }
+                    }
+                    for key in (counter, keys.sessions_key())
+                ]
+            ),
+            "QueryIndex": lambda: ddb.query(
+                TableName=table,
+                IndexName=keys.DEADLINE_INDEX,
+                KeyConditionExpression="#p = :p AND #s < :s",
+                ExpressionAttributeNames={"#p": keys.DEADLINE_PK, "#s": keys.DEADLINE_SK},
+                ExpressionAttributeValues={":p": {"S": "DL#0"}, ":s": {"N": "1000"}},
+                Limit=50,
+            ),
+            "QueryTable": lambda: ddb.query(
+                TableName=table,
+                KeyConditionExpression="pk = :p AND begins_with(sk, :r)",
+                ExpressionAttributeValues={":p": {"S": keys.batch_pk("live")}, ":r": {"S": keys.ROLLOUT_PREFIX}},
+                ConsistentRead=True,
+                Limit=100,
+            ),
+        }
+        items = 500
+        print(f"moto server ops, median ms of {repeats} calls (load average {os.getloadavg()[0]:.1f})", flush=True)
+        print(f"{'ledger items':>14}  " + "  ".join(f"{name:>12}" for name in calls))
+        for size in sizes:
+            items = pad_ledger(table, items, size)
+            medians = []
+            for call in calls.values():
+                took = []
+                for _ in range(repeats):
+                    started = time.perf_counter()
+                    call()
+                    took.append(time.perf_counter() - started)
+                medians.append(1000 * statistics.median(took))
+            print(f"{items:>14}  " + "  ".join(f"{m:>12.2f}" for m in medians), flush=True)
+        print(
+            "Transact2: TransactWriteItems of 2 updates; QueryIndex: a deadline-index shard as the sweeper reads it "
+            "(Limit 50); QueryTable: the live batch partition's first page of rollouts (Limit 100)"
+        )
+    return 0
+
+
 def run_batch(pipeline: Any, rows: int, group_size: int, timeout_s: float, tag: str) -> tuple[float, dict[str, Any]]:
     """Upload one dataset and wait for its `Batch Completed`; return (seconds, its detail)."""
     from rollout_pipeline.contracts import DetailType
@@ -49,7 +139,9 @@ def run_batch(pipeline: Any, rows: int, group_size: int, timeout_s: float, tag: 
     path.write_text("".join(json.dumps({"id": f"{tag}-{i}", "q": i}) + "\n" for i in range(rows)))
     started = time.monotonic()
     batch_id = pipeline.experiment.submit_file(path, group_size=group_size)
-    for event in pipeline.experiment.events(batch_id=batch_id, timeout=timeout_s):
+    # consume_others: events of an earlier batch that arrive after its `Batch Completed` are taken here, as a
+    # trainer reading every event would, instead of being released until the trainer queue dead-letters them.
+    for event in pipeline.experiment.events(batch_id=batch_id, timeout=timeout_s, consume_others=True):
         if event.detail_type is DetailType.BATCH_COMPLETED:
             return time.monotonic() - started, event.detail.model_dump(mode="json")
     raise TimeoutError(f"batch {batch_id} did not complete within {timeout_s} s")
@@ -64,10 +156,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tps", type=int, default=200)
     parser.add_argument("--timeout", type=float, default=1800.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--moto-ops", type=int, default=0, metavar="N", help="time N calls of each kind, no pipeline")
     args = parser.parse_args(argv)
     if not 1 <= args.rows * args.group_size <= MAX_ROWS:
         parser.error(f"rows x group size must be within 1..{MAX_ROWS}")
     sizes = [int(s) for s in args.ledger_sizes.split(",") if s.strip()]
+    if args.moto_ops:
+        return time_moto_ops(sizes, min(args.moto_ops, 2000))
 
     from rollout_pipeline.adapters import faithful
     from rollout_pipeline.adapters.fake_acr import AgentBehaviour, FakeAgentRuntime
@@ -104,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
             total_s += seconds
             print(
                 f"ledger ~{size:>6} items: {n} rollouts in {seconds:6.1f} s = {n / seconds:6.1f} rollouts/s "
-                f"(succeeded {done['succeeded']}, failed {done['failed']}, lost {lost})",
+                f"(succeeded {done['succeeded']}, failed {done['failed']}, lost {lost}; "
+                f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)",
                 flush=True,
             )
         dead = pipeline.dead_letters()

@@ -15,7 +15,7 @@ import pytest
 
 from rollout_pipeline.adapters import clients, faithful
 from rollout_pipeline.config import ExperimentConfig
-from rollout_pipeline.local.moto_server import cheap_moto_transactions
+from rollout_pipeline.local.moto_server import patch_moto
 from rollout_pipeline.local.resources import ExperimentResources, create_resources
 
 REGION = "us-east-1"
@@ -75,7 +75,7 @@ def no_aws_credentials(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 def moto_aws(aws_env: None) -> Iterator[None]:
     from moto import mock_aws
 
-    cheap_moto_transactions()
+    patch_moto()
     clients.reset()
     with mock_aws():
         yield

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import copy
+import inspect
 import os
 import socket
 import threading
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Final
 
 LOOPBACK = "127.0.0.1"
 LOCAL_CREDENTIALS = {
@@ -55,6 +57,52 @@ class SerializedDynamoDB:
         return self.app(environ, start_response)
 
 
+#: The moto release the patches below were written for (constraints.txt and pyproject pin it). They reach into
+#: moto's internals; under any other release `patch_moto` leaves moto as it is (correct, but slower as the ledger
+#: fills) and tests/unit/test_moto_patches.py fails until someone re-reads moto and updates this.
+PATCHED_MOTO_VERSION: Final = "5.2.5"
+
+#: The attribute of a moto `Table` holding `_Buckets` per indexed attribute name.
+_BUCKETS_ATTR: Final = "_rollouts_buckets"
+#: DynamoDB key attribute types: an index bucket is keyed by (type, value as moto compares it).
+_KEY_TYPES: Final = frozenset({"S", "N", "B"})
+
+_patch_lock = threading.Lock()
+_index_lock = threading.RLock()
+_unpatched_queries = threading.local()
+
+
+def moto_version() -> str:
+    """The installed moto release."""
+    import moto
+
+    return str(moto.__version__)
+
+
+def moto_patchable() -> bool:
+    """Whether the installed moto is the release the patches were written for."""
+    return moto_version() == PATCHED_MOTO_VERSION
+
+
+def _refuse_other_moto(patch: str) -> bool:
+    """True (and a warning) when the installed moto is not `PATCHED_MOTO_VERSION`: the patch must not apply."""
+    if moto_patchable():
+        return False
+    warnings.warn(
+        f"{patch}: written for moto {PATCHED_MOTO_VERSION}, found moto {moto_version()}; moto left unpatched "
+        "(correct, but local mode slows down as the ledger fills)",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+    return True
+
+
+def patch_moto() -> None:
+    """Make moto's DynamoDB cost independent of the table's size: transactions and queries (see each patch)."""
+    cheap_moto_transactions()
+    indexed_moto_queries()
+
+
 class _TablesNotCopied:
     """Stands in for the `copy` module inside moto's DynamoDB models: deep copies of anything but a whole table."""
 
@@ -65,9 +113,6 @@ class _TablesNotCopied:
         return value if isinstance(value, Table) else copy.deepcopy(value, memo)
 
 
-_patch_lock = threading.Lock()
-
-
 def cheap_moto_transactions() -> None:
     """Make moto's TransactWriteItems cost O(items in the transaction), not O(table size); keep it atomic.
 
@@ -75,13 +120,16 @@ def cheap_moto_transactions() -> None:
     local mode slowed down with every rollout it recorded. Instead, snapshot only the items the transaction touches
     and put exactly those back when it fails (conditions, validation errors, anything), so a cancelled transaction
     still changes nothing; moto's own implementation does the rest (its cancellation reasons included).
-    Idempotent; applies to in-process moto and to the moto server of this process.
+    Idempotent; applies to in-process moto and to the moto server of this process; a no-op (with a warning) on
+    another moto release than `PATCHED_MOTO_VERSION`.
     """
     from moto.dynamodb import models
     from moto.dynamodb.models.dynamo_type import DynamoType
 
     with _patch_lock:
         if getattr(models.DynamoDBBackend.transact_write_items, "rollouts_patched", False):
+            return
+        if _refuse_other_moto("cheap_moto_transactions"):
             return
 
         original = models.DynamoDBBackend.transact_write_items
@@ -106,6 +154,7 @@ def cheap_moto_transactions() -> None:
             except BaseException:
                 for table, hash_value, range_value, old in reversed(snapshot):
                     _restore(table, hash_value, range_value, old)
+                    _reindex(table, hash_value, range_value)
                 raise
 
         transact.rollouts_patched = True  # type: ignore[attr-defined]
@@ -128,6 +177,203 @@ def _restore(table: Any, hash_value: Any, range_value: Any, old: Any) -> None:
         table.items[hash_value][range_value] = old
 
 
+# ------------------------------------------------------------------------------------------ indexed queries
+
+
+class _Buckets:
+    """The primary keys of a moto table's items by the value of one attribute (an index's partition key)."""
+
+    def __init__(self, attr: str) -> None:
+        self.attr = attr
+        self.by_value: dict[tuple[str, Any], dict[tuple[Any, Any], None]] = {}
+        self.value_of: dict[tuple[Any, Any], tuple[str, Any]] = {}
+
+    def update(self, key: tuple[Any, Any], item: Any) -> None:
+        """Record the current `item` (None: gone) stored under primary `key`."""
+        old = self.value_of.pop(key, None)
+        if old is not None:
+            bucket = self.by_value[old]
+            del bucket[key]
+            if not bucket:
+                del self.by_value[old]
+        value = item.attrs.get(self.attr) if item is not None else None
+        if value is not None and value.type in _KEY_TYPES:
+            new = (value.type, value.cast_value)
+            self.by_value.setdefault(new, {})[key] = None
+            self.value_of[key] = new
+
+
+def _stored(table: Any, hash_value: Any, range_value: Any) -> Any:
+    """The item stored under a primary key, or None; never creates a partition (`table.items` is a defaultdict)."""
+    partition = table.items.get(hash_value)
+    if partition is None or table.range_key_attr is None:
+        return partition
+    return partition.get(range_value)
+
+
+def _reindex(table: Any, hash_value: Any, range_value: Any) -> None:
+    """Bring every bucket of `table` up to date with the item now stored under (hash_value, range_value)."""
+    buckets: dict[str, _Buckets] | None = getattr(table, _BUCKETS_ATTR, None)
+    if not buckets:
+        return
+    if table.range_key_attr is None:
+        range_value = None
+    with _index_lock:
+        item = _stored(table, hash_value, range_value)
+        for bucket in buckets.values():
+            bucket.update((hash_value, range_value), item)
+
+
+def _buckets_for(table: Any, attr: str) -> _Buckets:
+    """The buckets of `table` by `attr`, built from every item the first time they are asked for."""
+    with _index_lock:
+        buckets: dict[str, _Buckets] | None = table.__dict__.get(_BUCKETS_ATTR)
+        if buckets is None:
+            buckets = {}
+            setattr(table, _BUCKETS_ATTR, buckets)
+        found = buckets.get(attr)
+        if found is None:
+            found = buckets[attr] = _Buckets(attr)
+            for hash_value, partition in list(table.items.items()):
+                if table.range_key_attr is None:
+                    found.update((hash_value, None), partition)
+                else:
+                    for range_value, item in list(partition.items()):
+                        found.update((hash_value, range_value), item)
+        return found
+
+
+def _key_of(table: Any, attrs: Any) -> tuple[Any, Any] | None:
+    """The primary key (hash, range) of a wire-format item or key, or None when it does not name one."""
+    from moto.dynamodb.models.dynamo_type import DynamoType
+
+    try:
+        hash_value = DynamoType(attrs[table.hash_key_attr])
+        range_attr = table.range_key_attr
+        return hash_value, DynamoType(attrs[range_attr]) if range_attr else None
+    except (KeyError, TypeError, AttributeError):
+        return None
+
+
+class _Candidates:
+    """A moto table as its `query` sees it, but whose `all_items` are only the items that can match."""
+
+    def __init__(self, table: Any, items: list[Any]) -> None:
+        self._table = table
+        self._items = items
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._table, name)
+
+    def all_items(self) -> list[Any]:
+        return self._items
+
+
+def _query_candidates(
+    table: Any, hash_key: Any, index_name: str | None, hash_key_conditions: list[tuple[str, Any]] | None
+) -> list[Any] | None:
+    """Every item of `table` a query can return (a superset of moto's own selection), or None to let moto scan.
+
+    moto selects by reading and sorting every item of the table for each query (page), then keeping those whose
+    partition key (of the table or of the index) equals the query's; here that selection starts from the table's
+    partition, or from a bucket of items by the index's partition key value. moto's own code then does everything
+    else as before (sort key conditions, order, pages, filters, projections, counts).
+    """
+    if index_name is None:
+        attr, value = table.hash_key_attr, hash_key
+    elif hash_key_conditions and len(hash_key_conditions) == 1:
+        attr, value = hash_key_conditions[0]
+    else:
+        return None  # a multi-attribute index key: moto's own scan
+    if value is None or value.type not in _KEY_TYPES:
+        return None
+    if attr == table.hash_key_attr:
+        partition = table.items.get(value)
+        if partition is None:
+            return []
+        return [partition] if table.range_key_attr is None else list(partition.values())
+    with _index_lock:
+        keys = list(_buckets_for(table, attr).by_value.get((value.type, value.cast_value), ()))
+    items = (_stored(table, hash_value, range_value) for hash_value, range_value in keys)
+    return [item for item in items if item is not None]
+
+
+@contextmanager
+def unpatched_queries() -> Iterator[None]:
+    """Run moto's own Query (a scan of the table) in this thread for the block: the reference the tests compare to."""
+    _unpatched_queries.active = True
+    try:
+        yield
+    finally:
+        _unpatched_queries.active = False
+
+
+def indexed_moto_queries() -> None:
+    """Make moto's Query cost O(items in the partition queried), not O(table size), with the same answers.
+
+    moto 5.2.5 answers every Query (every page of it) by sorting all the table's items and keeping those of the
+    queried partition, so the sweeper's queries on the ledger's deadline and outbox indexes, and every query of a
+    batch partition, got slower with every item the ledger held. A table query now starts from its partition; an
+    index query from a bucket of the items whose value of the index's partition key matches, kept up to date on
+    every write moto makes (PutItem, UpdateItem, DeleteItem and the writes in transactions, batches and PartiQL
+    go through the hooked methods; a cancelled transaction's restored items are re-indexed) and built from the whole
+    table the first time an attribute is queried. Idempotent; a no-op (with a warning) on another moto release than
+    `PATCHED_MOTO_VERSION`.
+    """
+    from moto.dynamodb.models import DynamoDBBackend
+    from moto.dynamodb.models.table import Table
+
+    with _patch_lock:
+        if getattr(Table.query, "rollouts_patched", False):
+            return
+        if _refuse_other_moto("indexed_moto_queries"):
+            return
+        moto_query: Any = Table.query
+        moto_put = Table.put_item
+        moto_delete = Table.delete_item
+        moto_update = DynamoDBBackend.update_item
+        query_signature = inspect.signature(moto_query)
+
+        def query(self: Any, hash_key: Any, *args: Any, **kwargs: Any) -> Any:
+            if getattr(_unpatched_queries, "active", False):
+                return moto_query(self, hash_key, *args, **kwargs)
+            bound = query_signature.bind(self, hash_key, *args, **kwargs).arguments
+            candidates = _query_candidates(self, hash_key, bound.get("index_name"), bound.get("hash_key_conditions"))
+            if candidates is None:
+                return moto_query(self, hash_key, *args, **kwargs)
+            return moto_query(_Candidates(self, candidates), hash_key, *args, **kwargs)
+
+        def put_item(self: Any, item_attrs: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+            try:
+                return moto_put(self, item_attrs, *args, **kwargs)
+            finally:
+                key = _key_of(self, item_attrs)
+                if key is not None:
+                    _reindex(self, *key)
+
+        def delete_item(self: Any, hash_key: Any, range_key: Any) -> Any:
+            try:
+                return moto_delete(self, hash_key, range_key)
+            finally:
+                _reindex(self, hash_key, range_key)
+
+        def update_item(self: Any, table_name: str, key: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+            try:
+                return moto_update(self, table_name, key, *args, **kwargs)
+            finally:
+                table = self.tables.get(table_name)
+                found = _key_of(table, key) if table is not None else None
+                if found is not None:
+                    _reindex(table, *found)
+
+        for patched in (query, put_item, delete_item, update_item):
+            setattr(patched, "rollouts_patched", True)  # noqa: B010 (a function attribute mypy does not know)
+        Table.query = query  # type: ignore[method-assign]
+        Table.put_item = put_item  # type: ignore[method-assign]
+        Table.delete_item = delete_item  # type: ignore[method-assign]
+        DynamoDBBackend.update_item = update_item  # type: ignore[method-assign]
+
+
 @contextmanager
 def moto_server(port: int | None = None) -> Iterator[str]:
     """Start a moto server on 127.0.0.1 (threaded, DynamoDB serialised); yield its endpoint URL; stop it on exit."""
@@ -137,7 +383,7 @@ def moto_server(port: int | None = None) -> Iterator[str]:
     from werkzeug.serving import make_server
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one access-log line per AWS call otherwise
-    cheap_moto_transactions()
+    patch_moto()
     app = SerializedDynamoDB(DomainDispatcherApplication(create_backend_app))
     server = make_server(LOOPBACK, port or free_port(), app, threaded=True, request_handler=MotoRequestHandler)
     thread = threading.Thread(target=server.serve_forever, name="moto-server", daemon=True)
