@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 import types
 from pathlib import Path
 
@@ -302,16 +303,24 @@ def test_watch_all_batches_logs_events(
 ) -> None:
     import threading
 
+    def tap_subscribed() -> bool:
+        rules = clients.client("events").list_rules(EventBusName=deployed.bus_name)["Rules"]
+        return any("-tap-" in rule["Name"] for rule in rules)
+
     def later() -> None:
+        # Submit once the watch's tap is subscribed (a fixed delay raced the tap's set-up on a loaded machine).
+        deadline = time.monotonic() + 30
+        while not tap_subscribed() and time.monotonic() < deadline:
+            time.sleep(0.1)
         batch_id = experiment.submit([{"id": "q1"}], group_size=2)
         submitted.append(batch_id)
 
     submitted: list[str] = []
-    timer = threading.Timer(1.0, later)
-    timer.start()
+    submitter = threading.Thread(target=later)
+    submitter.start()
     with Pipeline(deployed, deps):
-        assert main(["watch", *E, "--timeout", "8", "--poll-wait", "0"]) == EXIT_OK
-    timer.join()
+        assert main(["watch", *E, "--timeout", "15", "--poll-wait", "0"]) == EXIT_OK
+    submitter.join()
     out = capsys.readouterr().out
     (batch_id,) = submitted
     assert f"{batch_id} accepted: 1 rows (0 rejected), 2 rollouts" in out
