@@ -471,6 +471,13 @@ def run(args: argparse.Namespace) -> int:
             f"mean group completion {statistics.fmean(actual):.1f} s (ideal {statistics.fmean(ideal):.1f} s); "
             f"{len(actual)}/{inputs} groups"
         )
+        # Order: each group's rank by completion time vs its line (0 = exactly in submission order).
+        ranks = sorted(group_done, key=lambda g: group_done[g])
+        shift = [abs(rank - int(g.rsplit("-", 1)[-1])) for rank, g in enumerate(ranks)]
+        print(
+            f"  completion order vs submission order: mean displacement {statistics.fmean(shift):.1f} places, "
+            f"max {max(shift)}"
+        )
         # The same ideal at the session rate this run achieved: what is left is ordering, not throughput.
         achieved = len(times) / span
         at_rate = ideal_group_schedule(delays[: len(actual)], max(achieved, 1e-3), args.max_sessions)
