@@ -129,6 +129,7 @@ def seed(resources: Any, batch_id: str, inputs: int, group_size: int) -> list[st
                 attempt=1,
                 group_size=group_size,
                 submitted_at=now,
+                line=i + 1,
                 payload=payload,
             )
             bodies.append(message.model_dump_json(exclude_none=True))

@@ -29,6 +29,9 @@ class RolloutMessage(BaseModel):
     attempt: int = Field(ge=1)
     group_size: int = Field(ge=1)
     submitted_at: datetime
+    line: int | None = Field(
+        default=None, ge=1, description="The group's line in its file: submission order within the batch"
+    )
     payload: dict[str, Any] | None = Field(default=None, description="The row minus reserved keys, when inline")
     payload_ref: str | None = Field(default=None, description="s3://bucket/key of the payload (claim check)")
     rollout_overrides: dict[str, Any] = Field(default_factory=dict, description="The row's own `_rollout` keys")

@@ -521,6 +521,7 @@ class _Run:
                 attempt=1,
                 group_size=group.group_size,
                 submitted_at=submitted_at,
+                line=group.line,
                 payload=row.payload if group.payload_ref is None else None,
                 payload_ref=group.payload_ref,
                 rollout_overrides=row.rollout_overrides,

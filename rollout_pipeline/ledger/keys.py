@@ -28,6 +28,8 @@ SESSIONS_SK: Final = "SESSIONS"
 #: The experiment's current policy version (set by the trainer; stamped on each rollout at dispatch).
 POLICY_SK: Final = "POLICY"
 TPS_PREFIX: Final = "TPS#"
+#: WAIT#{process}: the admission board, one item per dispatcher process with waiters (`lifecycle.limits.SlotGate`).
+WAIT_PREFIX: Final = "WAIT#"
 
 DEADLINE_INDEX: Final = "deadline"
 DEADLINE_PK: Final = "gsi_deadline_pk"
@@ -89,6 +91,11 @@ def tps_key(epoch_second: int) -> dict[str, dict[str, str]]:
 def pace_key(budget: str) -> dict[str, dict[str, str]]:
     """The schedule item of one call budget (`lifecycle.limits.Pacer`): `tps`, `session#0`, `session#1`, ..."""
     return {PK: {"S": LIMIT_PK}, SK: {"S": f"PACE#{budget}"}}
+
+
+def waiting_key(process: str) -> dict[str, dict[str, str]]:
+    """One dispatcher process's entry on the admission board (its waiting rollouts' admission keys)."""
+    return {PK: {"S": LIMIT_PK}, SK: {"S": f"{WAIT_PREFIX}{process}"}}
 
 
 def shard_of(text: str) -> int:

@@ -312,6 +312,42 @@ class RolloutLedger:
                 return None, tat
         raise LedgerError(f"pace budget {budget} kept changing under us")
 
+    def put_waiting(self, process: str, waiting: Sequence[str], *, now_us: int) -> None:
+        """Publish one dispatcher process's waiting admission keys on the admission board, stamped `now_us`."""
+        self.ddb.put_item(
+            TableName=self.table_name,
+            Item={
+                **keys.waiting_key(process),
+                "waiting": {"L": [{"S": k} for k in waiting]},
+                "heartbeat_us": {"N": str(now_us)},
+                keys.TTL_ATTRIBUTE: {"N": str(now_us // 1_000_000 + 3600)},
+            },
+        )
+
+    def clear_waiting(self, process: str) -> None:
+        """Take a process off the admission board (it has no waiters left)."""
+        self.ddb.delete_item(TableName=self.table_name, Key=keys.waiting_key(process))
+
+    def waiting_board(self) -> list[tuple[str, int, list[str]]]:
+        """The admission board: (process, heartbeat_us, waiting keys) per process (strongly consistent)."""
+        kwargs: dict[str, Any] = {
+            "TableName": self.table_name,
+            "KeyConditionExpression": "pk = :pk AND begins_with(sk, :prefix)",
+            "ExpressionAttributeValues": _values({":pk": keys.LIMIT_PK, ":prefix": keys.WAIT_PREFIX}),
+            "ConsistentRead": True,
+        }
+        board = []
+        for raw in query_items(self.ddb, kwargs, max_pages=10):
+            item = from_item(raw)
+            board.append(
+                (
+                    str(item["sk"]).removeprefix(keys.WAIT_PREFIX),
+                    int(item.get("heartbeat_us") or 0),
+                    [str(k) for k in item.get("waiting") or []],
+                )
+            )
+        return board
+
     # ---------------------------------------------------------------------------------------- transitions
 
     def _transact(self, items: Sequence[Mapping[str, Any]]) -> list[str] | None:

@@ -7,7 +7,7 @@ from datetime import datetime
 
 from rollout_pipeline.config import ExperimentConfig, HandlerSettings
 from rollout_pipeline.ledger.rollouts import RolloutLedger
-from rollout_pipeline.lifecycle.limits import LimitedRuntime, SlotGate, pacers
+from rollout_pipeline.lifecycle.limits import AdmissionBoard, LimitedRuntime, SlotGate, pacers
 from rollout_pipeline.lifecycle.metrics import MetricsRecorder
 from rollout_pipeline.ports import AgentRuntime, Clock, EventPublisher, MessageQueue, ObjectStore, SystemClock
 
@@ -36,6 +36,9 @@ class LifecycleDeps:
     #: A cold-start RuntimeClientError (424) is retried on the same session this many times, this far apart.
     cold_start_retries: int = 3
     cold_start_wait_s: float = 2.0
+    #: Waiters for a session slot are ordered across every dispatcher process (`limits.AdmissionBoard`); off, only
+    #: among one process's waiters (the benchmark compares both).
+    group_admission: bool = True
     limited: LimitedRuntime = field(init=False)
     slots: SlotGate = field(init=False)
 
@@ -46,6 +49,9 @@ class LifecycleDeps:
         self.slots = SlotGate(
             self.ledger.in_flight,
             self.settings.experiment.max_sessions,
+            board=AdmissionBoard(self.ledger, wall=lambda: self.clock.now().timestamp())
+            if self.group_admission
+            else None,
             monotonic=self.clock.monotonic,
             sleep=self.clock.sleep,
         )

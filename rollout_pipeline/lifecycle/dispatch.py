@@ -112,11 +112,11 @@ def dispatch_records(records: Sequence[Mapping[str, Any]], deps: LifecycleDeps, 
     return result
 
 
-def _record_order(record: Mapping[str, Any]) -> tuple[Any, ...]:
+def _record_order(record: Mapping[str, Any]) -> tuple[int, str]:
     try:
-        return (0, *admission_key(parse_message(str(record["body"]))))
+        return (0, admission_key(parse_message(str(record["body"]))))
     except Exception:  # a poison message keeps its place at the end; dispatch_body reports it
-        return (1,)
+        return (1, "")
 
 
 def parse_message(body: str) -> RolloutMessage:
@@ -160,6 +160,8 @@ def dispatch_body(body: str, deps: LifecycleDeps, *, wait_until: float, batches:
     if batch.get("status") == "cancelled":
         return _cancelled(message, deps, options)
     row_payload = _row_payload(message, deps)
+    if deps.slots.behind_others(admission_key(message)) and not _wait_for_slot(deps, wait_until, message):
+        return _requeue(message, deps, Dispatch.REQUEUED_LIMIT)  # earlier groups still wait: queue behind them
     for _ in range(20):
         now = deps.now()
         start = deps.ledger.begin_dispatch(
@@ -232,14 +234,16 @@ def _row_payload(message: RolloutMessage, deps: LifecycleDeps) -> dict[str, Any]
     return payload
 
 
-def admission_key(message: RolloutMessage) -> tuple[Any, ...]:
-    """Group order: earlier batches first, a group's rollouts together (then by index)."""
-    return (message.submitted_at.timestamp(), message.batch_id, message.input_id, message.index)
+def admission_key(message: RolloutMessage) -> str:
+    """Group order as a string that sorts the same in every process: earlier batches first, then the group's line
+    in its file (submission order; 0 for a message without one), a group's rollouts together (then by index)."""
+    submitted_us = int(message.submitted_at.timestamp() * 1e6)
+    return f"{submitted_us:017d}|{message.batch_id}|{message.line or 0:09d}|{message.input_id}|{message.index:05d}"
 
 
 def _wait_for_slot(deps: LifecycleDeps, wait_until: float, message: RolloutMessage) -> bool:
-    """Wait (see `limits.SlotGate`: one poller per process, jittered 0.2-1 s, waiters in group order) until a
-    slot looks free for this rollout."""
+    """Wait (see `limits.SlotGate`: one poller per process, jittered 0.2-1 s, waiters in group order across every
+    dispatcher through the admission board) until a slot looks free for this rollout."""
     return deps.slots.wait(wait_until, admission_key(message))
 
 

@@ -15,9 +15,12 @@ attempt's session is confirmed stopped or reaped by AgentCore (see `ledger.rollo
 from __future__ import annotations
 
 import bisect
+import contextlib
+import heapq
 import random
 import threading
 import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
@@ -188,11 +191,74 @@ def pacers(
     ]
 
 
+#: A process's entry on the admission board older than this is ignored (its process crashed or stalled), so a dead
+#: waiter holds the others back at most this long.
+BOARD_STALE_S: Final = 5.0
+#: A process re-publishes its waiters at least this often while it has any (its heartbeat).
+BOARD_HEARTBEAT_S: Final = 1.0
+#: A process reads the board for a newly received message at most this often (a cached view is used between).
+BOARD_READ_S: Final = 1.0
+#: At most this many waiting keys per process are published (a Lambda holds 10 messages at a time).
+BOARD_MAX_KEYS: Final = 32
+
+
+class AdmissionBoard:
+    """The waiting rollouts of EVERY dispatcher process, through the ledger (`LIMIT/WAIT#{process}` items: the
+    sorted admission keys of a process's waiters and a heartbeat). Entries older than `BOARD_STALE_S` are ignored."""
+
+    def __init__(
+        self,
+        ledger: RolloutLedger,
+        process: str | None = None,
+        *,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.ledger = ledger
+        self.process = process or uuid.uuid4().hex
+        self._wall = wall
+        self._published: list[str] | None = None
+        self._published_at = 0.0
+        self._lock = threading.Lock()
+        self._others: list[str] = []
+        self._read_at = -1e18
+
+    def publish(self, waiting: Sequence[str]) -> None:
+        """Publish this process's waiting keys if they changed or the heartbeat is due; clear when none."""
+        keys = sorted(waiting)[:BOARD_MAX_KEYS]
+        if not keys and not self._published:
+            return
+        now = self._wall()
+        if keys == self._published and (not keys or now - self._published_at < BOARD_HEARTBEAT_S):
+            return
+        if keys:
+            self.ledger.put_waiting(self.process, keys, now_us=int(now * 1e6))
+        else:
+            self.ledger.clear_waiting(self.process)
+        self._published, self._published_at = keys, now
+
+    def others(self, max_age_s: float = 0.0) -> list[str]:
+        """The live waiting keys of the OTHER processes, sorted; read again when the cached view is older than
+        `max_age_s` (0: always)."""
+        with self._lock:
+            now = self._wall()
+            if now - self._read_at >= max_age_s:
+                live = [
+                    key
+                    for process, heartbeat_us, keys in self.ledger.waiting_board()
+                    if process != self.process and now - heartbeat_us / 1e6 <= BOARD_STALE_S
+                    for key in keys
+                ]
+                self._others, self._read_at = sorted(live), now
+            return self._others
+
+
 class SlotGate:
     """Dispatcher threads of one process waiting for a session slot: ONE of them polls the shared counter
-    (strongly consistent GetItem, every 0.2-1 s, jittered) and, when it sees free slots, lets that many waiters
-    try the dispatch transaction: the waiters FIRST IN GROUP ORDER (`priority`: batch submission time, batch,
-    input, index), so a GRPO group's rollouts are admitted together and groups in submission order. The others
+    (strongly consistent GetItem, every 0.2-1 s, jittered) and, when it sees free slots, lets waiters try the
+    dispatch transaction: the waiters FIRST IN GROUP ORDER (`priority`: batch submission time, batch, the group's
+    line, index), so a GRPO group's rollouts are admitted together and groups in submission order. With a `board`
+    (`AdmissionBoard`) that order holds across every dispatcher process: the poller publishes its waiters' keys and
+    lets through only those of its waiters that rank among the first `free` keys of ALL live waiters. The others
     sleep. The transaction stays the only arbiter, so a waiter let through for nothing just waits again. Saves N-1
     polls per process and the herd of transactions that N independent pollers would start when one slot frees."""
 
@@ -201,22 +267,39 @@ class SlotGate:
         in_flight: Callable[[], int],
         max_sessions: int,
         *,
+        board: AdmissionBoard | None = None,
         monotonic: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self._in_flight = in_flight
         self.max_sessions = max_sessions
+        self.board = board
         self._monotonic = monotonic
         self._sleep = sleep
         self._cond = threading.Condition()
         self._tickets = 0
-        self._queue: list[tuple[tuple[Any, ...], int]] = []  # waiting keys, sorted
+        self._queue: list[tuple[Any, int]] = []  # waiting keys, sorted
         self._seq = 0
         self._polling = False
         self.polls = 0
 
-    def wait(self, wait_until: float, priority: tuple[Any, ...] = ()) -> bool:
-        """Block until a slot looks free for this waiter (True) or `wait_until` (monotonic) passes (False)."""
+    def behind_others(self, priority: str) -> bool:
+        """Whether a waiter anywhere (this process, or another on the board: a view at most `BOARD_READ_S` old)
+        comes before `priority`: then a newly received message queues behind it instead of taking a slot first."""
+        with self._cond:
+            if any(key[0] < priority for key in self._queue if isinstance(key[0], str)):
+                return True
+        if self.board is None:
+            return False
+        try:
+            others = self.board.others(BOARD_READ_S)
+        except Exception:  # no board view: the transaction decides, as without a board
+            return False
+        return bool(others) and others[0] < priority
+
+    def wait(self, wait_until: float, priority: Any = ()) -> bool:
+        """Block until a slot looks free for this waiter (True) or `wait_until` (monotonic) passes (False).
+        `priority` sorts waiters (lowest first); with a board it must be a `str` (an admission key)."""
         with self._cond:
             self._seq += 1
             key = (priority, self._seq)
@@ -247,18 +330,42 @@ class SlotGate:
             finally:
                 self._queue.remove(key)
                 self._tickets = min(self._tickets, len(self._queue))
+                if not self._queue and self.board is not None:
+                    self._publish()  # the last waiter takes the process off the board
+
+    def _waiting(self) -> list[str]:
+        with self._cond:  # reentrant: also called with the condition held
+            return [str(key[0]) for key in self._queue]
+
+    def _publish(self) -> None:
+        assert self.board is not None
+        with contextlib.suppress(Exception):  # the board only orders admission; the transaction decides
+            self.board.publish(self._waiting())
 
     def _poll(self, wait_until: float) -> int:
-        """Poll until some slots look free (their number) or `wait_until` passes (0)."""
+        """Poll until some slots look free for this process's waiters (their number) or `wait_until` passes."""
         while True:
             pause = jitter_poll_s()
             if self._monotonic() + pause > wait_until:
                 return 0
             self._sleep(pause)
             self.polls += 1
+            if self.board is not None:
+                self._publish()  # this process's waiters as they are now (changed, or the heartbeat)
             free = self.max_sessions - self._in_flight()
-            if free > 0:
+            if free <= 0:
+                continue
+            if self.board is None:
                 return free
+            mine = sorted(self._waiting())
+            try:
+                others = self.board.others()
+            except Exception:  # no board view: fall back to this process's own order
+                return free
+            ranked = heapq.nsmallest(free, [(k, 0) for k in mine] + [(k, 1) for k in others])
+            ours = sum(1 for _key, theirs in ranked if not theirs)
+            if ours:
+                return ours
 
 
 def jitter_poll_s() -> float:

@@ -128,6 +128,7 @@ def retry_message(rec: RolloutRecord, deps: LifecycleDeps) -> RolloutMessage:
         attempt=rec.attempt,
         group_size=int(group["group_size"]),
         submitted_at=parse_iso(rec.submitted_at) or deps.now(),
+        line=int(group["line"]) if group.get("line") else None,
         payload=json.loads(payload) if payload else None,
         payload_ref=group.get("payload_ref"),
         rollout_overrides=json.loads(group.get("overrides") or "{}"),

@@ -127,6 +127,7 @@ def seed_batch(
                     attempt=1,
                     group_size=group_size,
                     submitted_at=now,
+                    line=line,
                     payload=None if ref else dict(payload),
                     payload_ref=ref,
                 )

@@ -1,0 +1,127 @@
+"""Group-ordered admission ACROSS dispatchers: with a backlog and `max_sessions` binding, several dispatcher
+processes (each its own `LifecycleDeps`, so its own `SlotGate`) hand free session slots to the waiting rollouts
+first in submission order (batch, then the group's line), not to whichever process polls first, so groups are
+admitted, and complete, in submission order (docs/lifecycle.md, "Limits")."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from rollout_pipeline import ids
+from rollout_pipeline.adapters.fake_acr import AgentBehaviour, FakeAgentRuntime, FakeInvocation
+from rollout_pipeline.ledger import keys
+from rollout_pipeline.lifecycle.completion import complete_records
+from rollout_pipeline.lifecycle.dispatch import dispatch_records
+from rollout_pipeline.local.resources import ExperimentResources
+from tests.conftest import receive_all
+from tests.integration.lifecycle_support import (
+    ack,
+    batch_view,
+    by_type,
+    ledger_item,
+    make_deps,
+    moto_lock,
+    receive_records,
+    seed_batch,
+    send,
+    trainer_events,
+)
+
+pytestmark = pytest.mark.usefixtures(moto_lock.__name__)
+
+BATCH = ids.batch_id_for_upload("in", "datasets/groups.jsonl", "v1")
+GROUPS = 12
+GROUP_SIZE = 4
+MAX_SESSIONS = 4
+DISPATCHERS = 3
+
+
+def test_groups_are_admitted_in_submission_order_across_dispatchers(
+    resources: ExperimentResources, fake: FakeAgentRuntime
+) -> None:
+    # Ids whose text order is NOT the submission order ("g10" < "g2"): the line decides.
+    inputs = {f"g{i}": {"i": i} for i in range(GROUPS)}
+    lines = {f"g{i}": i for i in range(GROUPS)}
+    started: dict[tuple[str, int], float] = {}
+    lock = threading.Lock()
+
+    def behaviour(inv: FakeInvocation) -> AgentBehaviour:
+        rollout: dict[str, Any] = dict(inv.payload.get("_rollout") or {})
+        with lock:
+            started.setdefault((str(rollout.get("input_id")), int(rollout.get("index") or 0)), time.monotonic())
+        return AgentBehaviour(rewards=1.0, delay_s=0.6)
+
+    fake.behaviour = behaviour
+    # As ingestion sends them: a group's rollouts are consecutive messages, groups in line order.
+    send(resources, seed_batch(resources, batch_id=BATCH, inputs=inputs, group_size=GROUP_SIZE))
+    total = GROUPS * GROUP_SIZE
+    limits = {"max_sessions": MAX_SESSIONS, "tps_limit": 25, "session_rate_limit": 20}
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def dispatcher() -> None:  # one Lambda "process": its own deps, so its own SlotGate
+        deps = make_deps(resources, fake, limits=limits, dispatch_threads=10)
+        try:
+            while not stop.is_set():
+                records = receive_records(resources.rollout_queue_url, visibility=300)
+                if not records:
+                    time.sleep(0.05)
+                    continue
+                result = dispatch_records(records, deps, wait_until=time.monotonic() + 60)
+                ack(resources.rollout_queue_url, records, result.failures)
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    def completer() -> None:
+        deps = make_deps(resources, fake, limits=limits)
+        try:
+            while not stop.is_set():
+                records = receive_records(resources.completion_queue_url)
+                if records:
+                    ack(resources.completion_queue_url, records, complete_records(records, deps).failures)
+                else:
+                    time.sleep(0.05)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=dispatcher) for _ in range(DISPATCHERS)]
+    threads += [threading.Thread(target=completer) for _ in range(2)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 300  # bounded; about 15 s on an idle machine
+    while time.monotonic() < deadline:
+        if int(batch_view(resources, BATCH).get("terminal") or 0) >= total:
+            break
+        time.sleep(0.2)
+    stop.set()
+    for t in threads:
+        t.join()
+    assert errors == []
+    events = trainer_events(resources)
+    assert len({e["rollout_id"] for e in by_type(events, "Rollout Completed")}) == total
+    assert fake.max_running <= MAX_SESSIONS
+    assert ledger_item(resources, keys.sessions_key())["in_flight"] == 0
+    for name in ("rollout", "completion"):
+        assert receive_all(resources.dlq_urls[name]) == []
+
+    # A group is admitted when its last rollout starts: rank the groups by that and compare with their lines.
+    admitted = {g: max(started[(g, i)] for i in range(GROUP_SIZE)) for g in inputs}
+    order = sorted(inputs, key=lambda g: admitted[g])
+    displacement = [abs(rank - lines[g]) for rank, g in enumerate(order)]
+    # Tolerance: a group may swap with a neighbour (two rollouts admitted in the same poll), no more.
+    assert max(displacement) <= 1, order
+    # And a group's rollouts start together: once the backlog is known (after the first `MAX_SESSIONS` starts, which
+    # the dispatchers take at once from an empty cluster), no rollout of a group two or more lines later starts
+    # before a group is fully admitted.
+    fill = sorted(started.values())[MAX_SESSIONS - 1]
+    overtaken = [
+        (g, h, i)
+        for g in inputs
+        for (h, i), at in started.items()
+        if lines[h] >= lines[g] + 2 and fill < at < admitted[g]
+    ]
+    assert overtaken == [], (order, overtaken)
