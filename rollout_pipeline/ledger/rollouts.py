@@ -12,20 +12,22 @@ import json
 import secrets
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from enum import StrEnum
 from typing import Any, Final
 
+from rollout_pipeline.contracts import parse_iso
 from rollout_pipeline.ledger import keys, table
 from rollout_pipeline.ledger.attributes import from_attribute_value
 from rollout_pipeline.ledger.batches import query_batch_view
-from rollout_pipeline.ledger.items import BatchItem, GroupItem
+from rollout_pipeline.ledger.items import BatchItem, GroupItem, RolloutState
 from rollout_pipeline.ledger.retry import TRANSACTION_CONFLICT_ATTEMPTS
 from rollout_pipeline.ledger.table import LedgerTable, plain_values, reason_codes
 
-QUEUED: Final = "queued"
-DISPATCHED: Final = "dispatched"
-SUCCEEDED: Final = "succeeded"
-FAILED: Final = "failed"
+QUEUED: Final = RolloutState.QUEUED
+DISPATCHED: Final = RolloutState.DISPATCHED
+SUCCEEDED: Final = RolloutState.SUCCEEDED
+FAILED: Final = RolloutState.FAILED
 TERMINAL_STATES: Final = frozenset({SUCCEEDED, FAILED})
 
 #: Outbox actions: side effects decided by a transition that still have to happen.
@@ -70,19 +72,20 @@ _values = plain_values
 
 @dataclass(frozen=True)
 class RolloutRecord:
-    """A rollout item as the lifecycle reads it."""
+    """A rollout item, typed: parsed once at the table boundary (`from_item`); times are UTC datetimes (ISO-8601
+    text in the item), the state a `RolloutState`."""
 
     batch_id: str
     input_id: str
     index: int
-    state: str
+    state: RolloutState
     attempt: int
     exp_id: str = ""
     session_id: str | None = None
-    submitted_at: str | None = None
-    dispatched_at: str | None = None
-    invoked_at: str | None = None
-    finished_at: str | None = None
+    submitted_at: datetime | None = None
+    dispatched_at: datetime | None = None
+    invoked_at: datetime | None = None
+    finished_at: datetime | None = None
     deadline: int | None = None
     reason: str | None = None
     error: str | None = None
@@ -116,14 +119,14 @@ class RolloutRecord:
             batch_id=str(item["batch_id"]),
             input_id=str(item["input_id"]),
             index=int(item["index"]),
-            state=str(item["state"]),
+            state=RolloutState(item["state"]),
             attempt=int(item.get("attempt") or 0),
             exp_id=str(item.get("exp_id") or ""),
             session_id=item.get("session_id"),
-            submitted_at=item.get("submitted_at"),
-            dispatched_at=item.get("dispatched_at"),
-            invoked_at=item.get("invoked_at"),
-            finished_at=item.get("finished_at"),
+            submitted_at=parse_iso(item.get("submitted_at")),
+            dispatched_at=parse_iso(item.get("dispatched_at")),
+            invoked_at=parse_iso(item.get("invoked_at")),
+            finished_at=parse_iso(item.get("finished_at")),
             deadline=item.get("deadline"),
             reason=item.get("reason"),
             error=item.get("error"),
