@@ -117,3 +117,19 @@ def test_a_rollout_record_is_typed_at_the_table_boundary() -> None:
     assert rec.invoked_at is None
     assert rec.finished_at is None
     assert not rec.terminal
+
+
+def test_a_rollout_summary_reads_whole_and_projected_items() -> None:
+    from rollout_pipeline.ledger.items import RolloutState, RolloutSummary
+
+    whole = RolloutSummary.of(
+        {
+            "state": {"S": "failed"},
+            "input_id": {"S": "q1"},
+            "index": {"N": "3"},
+            "reason": {"S": FailureReason.TIMEOUT.value},
+        }
+    )
+    assert whole == RolloutSummary(RolloutState.FAILED, "q1", 3, None, FailureReason.TIMEOUT.value)
+    assert RolloutSummary.of({"state": {"S": "dispatched"}}) == RolloutSummary(RolloutState.DISPATCHED)
+    assert RolloutSummary.of({"reward": {"N": "0.5"}, "state": {"S": "succeeded"}}).reward == 0.5
