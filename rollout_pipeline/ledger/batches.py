@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from decimal import Decimal
 from typing import Any, Final
 
@@ -35,13 +35,7 @@ from rollout_pipeline.contracts import (
 from rollout_pipeline.ledger import keys
 from rollout_pipeline.ledger.attributes import TYPE_TAGS, from_attribute_value, number_text
 from rollout_pipeline.ledger.items import BatchItem, GroupItem
-from rollout_pipeline.ledger.retry import (
-    TRANSACTION_CONFLICT_ATTEMPTS,
-    backoff_s,
-    note_transaction_retry,
-    retry_conflicts,
-)
-from rollout_pipeline.ledger.table import LedgerError, query_items
+from rollout_pipeline.ledger.table import CONDITION_FAILED, LedgerError, LedgerTable, query_items
 
 STATUS_INGESTING: Final = "ingesting"
 STATUS_ACCEPTED: Final = "accepted"
@@ -51,8 +45,6 @@ STATUS_CANCELLED: Final = "cancelled"
 #: DynamoDB TransactWriteItems accepts at most 100 items and 4 MB; stay below both.
 TRANSACTION_MAX_ITEMS: Final = 100
 TRANSACTION_MAX_BYTES: Final = 3_500_000
-_TRANSIENT_CANCEL_CODES: Final = frozenset({"TransactionConflict", "ThrottlingError", "ProvisionedThroughputExceeded"})
-_TRANSACTION_ATTEMPTS: Final = TRANSACTION_CONFLICT_ATTEMPTS
 
 #: Expression attribute names used by the updates below (several are DynamoDB reserved words).
 _NAMES: Final = {
@@ -213,7 +205,7 @@ def query_batch_view(ddb: Any, table_name: str, batch_id: str) -> dict[str, Any]
 
 
 class BatchLedger:
-    """Batch and group items of one ledger table (low-level boto3 DynamoDB client, created lazily)."""
+    """Batch and group items of one ledger table, through its gateway (`table.LedgerTable`)."""
 
     def __init__(
         self,
@@ -224,25 +216,12 @@ class BatchLedger:
         now: Callable[[], datetime] = utcnow,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
+        self.table = LedgerTable(table_name, dynamodb_client, ttl_days=ttl_days, now=now, sleep=sleep)
         self.table_name = table_name
-        self._client = dynamodb_client
-        self.ttl_days = ttl_days
-        self._now = now
-        self._sleep = sleep
 
     @property
     def ddb(self) -> Any:
-        if self._client is None:
-            from rollout_pipeline.adapters.clients import client
-
-            self._client = client("dynamodb")
-        return self._client
-
-    def _expires_at(self) -> int:
-        return int((self._now() + timedelta(days=self.ttl_days)).timestamp())
-
-    def _epoch(self) -> int:
-        return int(self._now().timestamp())
+        return self.table.ddb
 
     # ------------------------------------------------------------------------------------------------- reads
 
@@ -253,19 +232,16 @@ class BatchLedger:
 
     def read_group(self, batch_id: str, input_id: str) -> dict[str, Any] | None:
         """The group item (typed, strongly consistent), or None."""
-        resp = self.ddb.get_item(TableName=self.table_name, Key=keys.group_key(batch_id, input_id), ConsistentRead=True)
-        item: dict[str, Any] | None = resp.get("Item")
-        return item
+        return self.table.get(keys.group_key(batch_id, input_id))
 
     def iter_groups(self, batch_id: str) -> Iterator[dict[str, Any]]:
         """Every group item of a batch (typed), in input-id order (a Query, never a scan)."""
-        kwargs: dict[str, Any] = {
-            "TableName": self.table_name,
+        request: dict[str, Any] = {
             "KeyConditionExpression": "pk = :pk AND begins_with(sk, :g)",
             "ExpressionAttributeValues": {":pk": _s(keys.batch_pk(batch_id)), ":g": _s(keys.GROUP_PREFIX)},
             "ConsistentRead": True,
         }
-        yield from query_items(self.ddb, kwargs)
+        yield from self.table.query(request)
 
     # ------------------------------------------------------------------------------------------------ batch
 
@@ -289,8 +265,8 @@ class BatchLedger:
             item[counter] = _n(0)
         if lease_owner is not None:
             item["lease_owner"] = _s(lease_owner)
-            item["lease_expires"] = _n(self._epoch() + lease_seconds)
-        return item if self._put_new(item) else None
+            item["lease_expires"] = _n(self.table.epoch() + lease_seconds)
+        return item if self.table.put_new(item) else None
 
     def create_rejected_batch(
         self,
@@ -307,7 +283,7 @@ class BatchLedger:
 
         Idempotent: if the batch already exists, the stored item is returned unchanged.
         """
-        now = iso(self._now())
+        now = iso(self.table.now())
         item = self._new_batch_item(exp_id=exp_id, batch_id=batch_id, options=options, source=source)
         item.update(
             {
@@ -324,7 +300,7 @@ class BatchLedger:
             item[counter] = _n(0)
         if errors_uri:
             item["errors_uri"] = _s(errors_uri)
-        if self._put_new(item):
+        if self.table.put_new(item):
             return item
         existing = self.read_batch(batch_id)
         assert existing is not None  # the conditional put failed because it exists
@@ -338,21 +314,12 @@ class BatchLedger:
             "exp_id": _s(exp_id),
             "batch_id": _s(batch_id),
             "source": _s(source),
-            "created_at": _s(iso(self._now())),
-            keys.TTL_ATTRIBUTE: _n(self._expires_at()),
+            "created_at": _s(iso(self.table.now())),
+            keys.TTL_ATTRIBUTE: _n(self.table.expires_at()),
         }
         if options is not None:
             item["options"] = _s(options.model_dump_json())
         return item
-
-    def _put_new(self, item: dict[str, Any]) -> bool:
-        try:
-            retry_conflicts(
-                self.ddb.put_item, TableName=self.table_name, Item=item, ConditionExpression="attribute_not_exists(pk)"
-            )
-        except self.ddb.exceptions.ConditionalCheckFailedException:
-            return False
-        return True
 
     def acquire_lease(self, batch_id: str, owner: str, lease_seconds: int) -> dict[str, Any] | None:
         """Take the ingest lease of an unfinished batch (`ingesting`, or `cancelled` before ingestion ended) when
@@ -360,31 +327,22 @@ class BatchLedger:
 
         Returns the updated item, or None when another worker holds an unexpired lease or ingestion has ended.
         """
-        now = self._epoch()
-        try:
-            resp = retry_conflicts(
-                self.ddb.update_item,
-                TableName=self.table_name,
-                Key=keys.batch_key(batch_id),
-                UpdateExpression="SET #owner = :me, #lease = :until",
-                ConditionExpression=(
-                    "#status IN (:ingesting, :cancelled) AND attribute_not_exists(rollouts_total)"
-                    " AND (attribute_not_exists(#owner) OR #owner = :me OR #lease < :now)"
-                ),
-                ExpressionAttributeNames={k: _NAMES[k] for k in ("#status", "#owner", "#lease")},
-                ExpressionAttributeValues={
-                    ":me": _s(owner),
-                    ":until": _n(now + lease_seconds),
-                    ":now": _n(now),
-                    ":ingesting": _s(STATUS_INGESTING),
-                    ":cancelled": _s(STATUS_CANCELLED),
-                },
-                ReturnValues="ALL_NEW",
-            )
-        except self.ddb.exceptions.ConditionalCheckFailedException:
-            return None
-        item: dict[str, Any] = resp["Attributes"]
-        return item
+        now = self.table.epoch()
+        return self.table.update(
+            keys.batch_key(batch_id),
+            "SET #owner = :me, #lease = :until",
+            "#status IN (:ingesting, :cancelled) AND attribute_not_exists(rollouts_total)"
+            " AND (attribute_not_exists(#owner) OR #owner = :me OR #lease < :now)",
+            {
+                ":me": owner,
+                ":until": now + lease_seconds,
+                ":now": now,
+                ":ingesting": STATUS_INGESTING,
+                ":cancelled": STATUS_CANCELLED,
+            },
+            {k: _NAMES[k] for k in ("#status", "#owner", "#lease")},
+            return_values="ALL_NEW",
+        )
 
     def checkpoint(
         self,
@@ -403,24 +361,18 @@ class BatchLedger:
         Raises `LedgerConflict` when the lease or the cursor moved (another worker took over).
         """
         values = self._progress_values(progress)
-        values.update({":me": _s(owner), ":prev": _n(previous_cursor)})
-        values[":until"] = _n(0 if release else self._epoch() + lease_seconds)
-        try:
-            resp = retry_conflicts(
-                self.ddb.update_item,
-                TableName=self.table_name,
-                Key=keys.batch_key(batch_id),
-                UpdateExpression=_PROGRESS_SET + ", #lease = :until",
-                ConditionExpression="#owner = :me AND #cursor = :prev",
-                ExpressionAttributeNames={k: _NAMES[k] for k in ("#cursor", "#owner", "#lease")},
-                ExpressionAttributeValues=values,
-                ReturnValues="ALL_NEW",
-            )
-        except self.ddb.exceptions.ConditionalCheckFailedException:
-            raise LedgerConflict(
-                f"batch {batch_id}: lease lost or cursor moved (expected cursor {previous_cursor})"
-            ) from None
-        item: dict[str, Any] = resp["Attributes"]
+        values.update({":me": owner, ":prev": previous_cursor})
+        values[":until"] = 0 if release else self.table.epoch() + lease_seconds
+        item = self.table.update(
+            keys.batch_key(batch_id),
+            _PROGRESS_SET + ", #lease = :until",
+            "#owner = :me AND #cursor = :prev",
+            values,
+            {k: _NAMES[k] for k in ("#cursor", "#owner", "#lease")},
+            return_values="ALL_NEW",
+        )
+        if item is None:
+            raise LedgerConflict(f"batch {batch_id}: lease lost or cursor moved (expected cursor {previous_cursor})")
         return item
 
     def finish_ingest(
@@ -441,34 +393,31 @@ class BatchLedger:
         values = self._progress_values(progress)
         values.update(
             {
-                ":me": _s(owner),
-                ":prev": _n(previous_cursor),
-                ":total": _n(progress.rollouts_enqueued),
-                ":at": _s(iso(self._now())),
+                ":me": owner,
+                ":prev": previous_cursor,
+                ":total": progress.rollouts_enqueued,
+                ":at": iso(self.table.now()),
             }
         )
         update = _PROGRESS_SET + ", rollouts_total = :total, accepted_at = :at"
         if errors_uri:
             update += ", errors_uri = :errors"
-            values[":errors"] = _s(errors_uri)
+            values[":errors"] = errors_uri
         base_condition = "#owner = :me AND #cursor = :prev AND attribute_not_exists(rollouts_total)"
         names = {k: _NAMES[k] for k in ("#cursor", "#owner", "#lease", "#status")}
         for status_now, status_after in ((STATUS_INGESTING, STATUS_ACCEPTED), (STATUS_CANCELLED, STATUS_CANCELLED)):
-            try:
-                resp = retry_conflicts(
-                    self.ddb.update_item,
-                    TableName=self.table_name,
-                    Key=keys.batch_key(batch_id),
-                    UpdateExpression=update + ", #status = :after REMOVE #owner, #lease",
-                    ConditionExpression=base_condition + " AND #status = :before",
-                    ExpressionAttributeNames=names,
-                    ExpressionAttributeValues={**values, ":before": _s(status_now), ":after": _s(status_after)},
-                    ReturnValues="ALL_NEW",
-                )
-            except self.ddb.exceptions.ConditionalCheckFailedException:
+            item = self.table.update(
+                keys.batch_key(batch_id),
+                update + ", #status = :after REMOVE #owner, #lease",
+                base_condition + " AND #status = :before",
+                {**values, ":before": status_now, ":after": status_after},
+                names,
+                return_values="ALL_NEW",
+            )
+            if item is None:
                 continue
             view = self.read_batch(batch_id)  # with its counters: the batch may be complete already
-            return view if view is not None else resp["Attributes"]
+            return view if view is not None else item
         raise LedgerConflict(f"batch {batch_id}: cannot finish ingestion (lease lost, cursor moved or finished)")
 
     def reject_ingesting(
@@ -477,63 +426,53 @@ class BatchLedger:
         """End an ingestion that found no row: status `rejected` with `error`, zero rollouts, complete at once.
 
         Conditional on our lease and cursor, like `finish_ingest`. Raises `LedgerConflict` if we lost the lease."""
-        now = _s(iso(self._now()))
         values: dict[str, Any] = {
-            ":me": _s(owner),
-            ":prev": _n(previous_cursor),
-            ":ingesting": _s(STATUS_INGESTING),
-            ":rejected": _s(STATUS_REJECTED),
-            ":error": _s(error),
-            ":zero": _n(0),
-            ":at": now,
+            ":me": owner,
+            ":prev": previous_cursor,
+            ":ingesting": STATUS_INGESTING,
+            ":rejected": STATUS_REJECTED,
+            ":error": error,
+            ":zero": 0,
+            ":at": iso(self.table.now()),
         }
         update = "SET #status = :rejected, #err = :error, rollouts_total = :zero, accepted_at = :at, completed_at = :at"
         if errors_uri:
             update += ", errors_uri = :errors"
-            values[":errors"] = _s(errors_uri)
-        try:
-            resp = retry_conflicts(
-                self.ddb.update_item,
-                TableName=self.table_name,
-                Key=keys.batch_key(batch_id),
-                UpdateExpression=update + " REMOVE #owner, #lease",
-                ConditionExpression="#owner = :me AND #cursor = :prev AND #status = :ingesting",
-                ExpressionAttributeNames={
-                    **{k: _NAMES[k] for k in ("#cursor", "#owner", "#lease", "#status")},
-                    "#err": "error",
-                },
-                ExpressionAttributeValues=values,
-                ReturnValues="ALL_NEW",
-            )
-        except self.ddb.exceptions.ConditionalCheckFailedException:
-            raise LedgerConflict(
-                f"batch {batch_id}: cannot reject (lease lost, cursor moved or not ingesting)"
-            ) from None
-        item: dict[str, Any] = resp["Attributes"]
+            values[":errors"] = errors_uri
+        item = self.table.update(
+            keys.batch_key(batch_id),
+            update + " REMOVE #owner, #lease",
+            "#owner = :me AND #cursor = :prev AND #status = :ingesting",
+            values,
+            {**{k: _NAMES[k] for k in ("#cursor", "#owner", "#lease", "#status")}, "#err": "error"},
+            return_values="ALL_NEW",
+        )
+        if item is None:
+            raise LedgerConflict(f"batch {batch_id}: cannot reject (lease lost, cursor moved or not ingesting)")
         return item
 
     def mark_completed(self, batch_id: str) -> dict[str, Any]:
         """Stamp `completed_at` once (first writer wins) and return the batch view; used before `Batch Completed`."""
-        resp = retry_conflicts(
-            self.ddb.update_item,
-            TableName=self.table_name,
-            Key=keys.batch_key(batch_id),
-            UpdateExpression="SET completed_at = if_not_exists(completed_at, :at)",
-            ConditionExpression="attribute_exists(pk)",
-            ExpressionAttributeValues={":at": _s(iso(self._now()))},
-            ReturnValues="ALL_NEW",
+        item = self.table.update(
+            keys.batch_key(batch_id),
+            "SET completed_at = if_not_exists(completed_at, :at)",
+            "attribute_exists(pk)",
+            {":at": iso(self.table.now())},
+            return_values="ALL_NEW",
         )
+        if item is None:
+            raise LedgerError(f"batch {batch_id} does not exist")
         view = self.read_batch(batch_id)
-        return view if view is not None else resp["Attributes"]
+        return view if view is not None else item
 
     @staticmethod
     def _progress_values(progress: IngestProgress) -> dict[str, Any]:
         return {
-            ":cursor": _n(progress.cursor),
-            ":accepted": _n(progress.rows_accepted),
-            ":rejected": _n(progress.rows_rejected),
-            ":enqueued": _n(progress.rollouts_enqueued),
-            ":listed": _n(progress.errors_listed),
+            ":cursor": progress.cursor,
+            ":accepted": progress.rows_accepted,
+            ":rejected": progress.rows_rejected,
+            ":enqueued": progress.rollouts_enqueued,
+            ":listed": progress.errors_listed,
         }
 
     # ----------------------------------------------------------------------------------------------- groups
@@ -551,8 +490,8 @@ class BatchLedger:
             "terminal": _n(0),
             "rewards": {"M": {}},
             "failures": {"M": {}},
-            "created_at": _s(iso(self._now())),
-            keys.TTL_ATTRIBUTE: _n(self._expires_at()),
+            "created_at": _s(iso(self.table.now())),
+            keys.TTL_ATTRIBUTE: _n(self.table.expires_at()),
         }
         if group.payload_ref is not None:
             item["payload_ref"] = _s(group.payload_ref)
@@ -600,49 +539,39 @@ class BatchLedger:
     def _write_group_chunk(
         self, batch_id: str, chunk: list[tuple[GroupSpec, dict[str, Any]]], result: GroupWriteResult
     ) -> None:
+        """Write one chunk; puts whose id is taken are settled (`_settle_conflicts`) and the rest written again.
+        Transient cancellations are retried by the table's policy (`LedgerTable.transact`)."""
         pending = list(chunk)
-        for attempt in range(_TRANSACTION_ATTEMPTS):
-            if not pending:
-                return
-            try:
-                self.ddb.transact_write_items(
-                    TransactItems=[
-                        {
-                            "Put": {
-                                "TableName": self.table_name,
-                                "Item": item,
-                                "ConditionExpression": "attribute_not_exists(pk)",
-                                "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
-                            }
+        while pending:
+            reasons = self.table.transact(
+                [
+                    {
+                        "Put": {
+                            "TableName": self.table_name,
+                            "Item": item,
+                            "ConditionExpression": "attribute_not_exists(pk)",
+                            "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
                         }
-                        for _, item in pending
-                    ]
-                )
-            except self.ddb.exceptions.TransactionCanceledException as exc:
-                reasons = exc.response.get("CancellationReasons") or []
-                conflicts = [
-                    (index, reason)
-                    for index, reason in enumerate(reasons)
-                    if reason.get("Code") == "ConditionalCheckFailed"
+                    }
+                    for _, item in pending
                 ]
-                if conflicts:
-                    pending = self._settle_conflicts(batch_id, pending, conflicts, result)
-                    continue
-                codes = {str(reason.get("Code")) for reason in reasons} - {"None"}
-                if codes and codes <= _TRANSIENT_CANCEL_CODES:
-                    note_transaction_retry()
-                    self._sleep(backoff_s(attempt))
-                    continue
-                raise
-            result.created.extend(group for group, _ in pending)
-            return
-        raise LedgerConflict(f"batch {batch_id}: group transaction still cancelled after {_TRANSACTION_ATTEMPTS} tries")
+            )
+            if reasons is None:
+                result.created.extend(group for group, _ in pending)
+                return
+            conflicts = [
+                (index, reason) for index, reason in enumerate(reasons) if reason.get("Code") == CONDITION_FAILED
+            ]
+            settled = self._settle_conflicts(batch_id, pending, conflicts, result) if conflicts else pending
+            if len(settled) == len(pending):
+                raise LedgerConflict(f"batch {batch_id}: group transaction cancelled: {reasons}")
+            pending = settled
 
     def _settle_conflicts(
         self,
         batch_id: str,
         pending: list[tuple[GroupSpec, dict[str, Any]]],
-        conflicts: list[tuple[int, Mapping[str, Any]]],
+        conflicts: Sequence[tuple[int, Mapping[str, Any]]],
         result: GroupWriteResult,
     ) -> list[tuple[GroupSpec, dict[str, Any]]]:
         """Classify the conflicting puts (resumed or duplicate); return the puts still to write."""

@@ -203,3 +203,27 @@ class GroupItem:
             created_at=parse_iso(item.get("created_at")),
             completed_event_by=_text(item, "completed_event_by"),
         )
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutSummary:
+    """What the SDK and the CLI read of one rollout item (any projection of it: attributes it lacks are None)."""
+
+    state: RolloutState | None
+    input_id: str | None = None
+    index: int | None = None
+    reward: float | None = None
+    reason: str | None = None
+
+    @classmethod
+    def of(cls, raw: Mapping[str, Any]) -> RolloutSummary:
+        """Parse a rollout item (typed or plain, whole or projected)."""
+        item = plain_item(raw)
+        state, index, reward = item.get("state"), item.get("index"), item.get("reward")
+        return cls(
+            state=RolloutState(state) if state else None,
+            input_id=_text(item, "input_id"),
+            index=None if index is None else int(index),
+            reward=None if reward is None else float(reward),
+            reason=_text(item, "reason"),
+        )

@@ -10,29 +10,24 @@ from __future__ import annotations
 
 import json
 import secrets
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from enum import StrEnum
 from typing import Any, Final
 
-from rollout_pipeline.adapters.clients import client
+from rollout_pipeline.contracts import parse_iso
 from rollout_pipeline.ledger import keys, table
-from rollout_pipeline.ledger.attributes import from_attribute_value, to_attribute_value
+from rollout_pipeline.ledger.attributes import from_attribute_value
 from rollout_pipeline.ledger.batches import query_batch_view
-from rollout_pipeline.ledger.items import BatchItem, GroupItem
-from rollout_pipeline.ledger.retry import (
-    TRANSACTION_CONFLICT_ATTEMPTS,
-    backoff_s,
-    note_transaction_retry,
-    retry_conflicts,
-)
-from rollout_pipeline.ledger.table import query_items
+from rollout_pipeline.ledger.items import BatchItem, GroupItem, RolloutState
+from rollout_pipeline.ledger.retry import TRANSACTION_CONFLICT_ATTEMPTS
+from rollout_pipeline.ledger.table import LedgerTable, plain_values, reason_codes
 
-QUEUED: Final = "queued"
-DISPATCHED: Final = "dispatched"
-SUCCEEDED: Final = "succeeded"
-FAILED: Final = "failed"
+QUEUED: Final = RolloutState.QUEUED
+DISPATCHED: Final = RolloutState.DISPATCHED
+SUCCEEDED: Final = RolloutState.SUCCEEDED
+FAILED: Final = RolloutState.FAILED
 TERMINAL_STATES: Final = frozenset({SUCCEEDED, FAILED})
 
 #: Outbox actions: side effects decided by a transition that still have to happen.
@@ -69,8 +64,7 @@ def from_item(item: Mapping[str, Any]) -> dict[str, Any]:
     return {k: from_attribute_value(v) for k, v in item.items()}
 
 
-def _values(values: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: to_attribute_value(v) for k, v in values.items()}
+_values = plain_values
 
 
 # ------------------------------------------------------------------------------------------------- the record
@@ -78,19 +72,20 @@ def _values(values: Mapping[str, Any]) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class RolloutRecord:
-    """A rollout item as the lifecycle reads it."""
+    """A rollout item, typed: parsed once at the table boundary (`from_item`); times are UTC datetimes (ISO-8601
+    text in the item), the state a `RolloutState`."""
 
     batch_id: str
     input_id: str
     index: int
-    state: str
+    state: RolloutState
     attempt: int
     exp_id: str = ""
     session_id: str | None = None
-    submitted_at: str | None = None
-    dispatched_at: str | None = None
-    invoked_at: str | None = None
-    finished_at: str | None = None
+    submitted_at: datetime | None = None
+    dispatched_at: datetime | None = None
+    invoked_at: datetime | None = None
+    finished_at: datetime | None = None
     deadline: int | None = None
     reason: str | None = None
     error: str | None = None
@@ -124,14 +119,14 @@ class RolloutRecord:
             batch_id=str(item["batch_id"]),
             input_id=str(item["input_id"]),
             index=int(item["index"]),
-            state=str(item["state"]),
+            state=RolloutState(item["state"]),
             attempt=int(item.get("attempt") or 0),
             exp_id=str(item.get("exp_id") or ""),
             session_id=item.get("session_id"),
-            submitted_at=item.get("submitted_at"),
-            dispatched_at=item.get("dispatched_at"),
-            invoked_at=item.get("invoked_at"),
-            finished_at=item.get("finished_at"),
+            submitted_at=parse_iso(item.get("submitted_at")),
+            dispatched_at=parse_iso(item.get("dispatched_at")),
+            invoked_at=parse_iso(item.get("invoked_at")),
+            finished_at=parse_iso(item.get("finished_at")),
             deadline=item.get("deadline"),
             reason=item.get("reason"),
             error=item.get("error"),
@@ -169,32 +164,26 @@ class Terminal:
 
 
 class RolloutLedger:
-    """DynamoDB operations on rollout items, session slots and paced call budgets of one experiment's ledger table."""
+    """DynamoDB operations on rollout items, session slots and paced call budgets of one experiment's ledger table,
+    through its gateway (`table.LedgerTable`)."""
 
     def __init__(self, table_name: str, ddb_client: Any | None = None, ttl_days: int = 30) -> None:
+        self.table = LedgerTable(table_name, ddb_client, ttl_days=ttl_days)
         self.table_name = table_name
-        self._client = ddb_client
-        self.ttl_s = ttl_days * 86_400
 
     @property
     def ddb(self) -> Any:
-        if self._client is None:
-            self._client = client("dynamodb")
-        return self._client
+        return self.table.ddb
 
     # ---------------------------------------------------------------------------------------------- reads
 
     def get(self, key: Mapping[str, Any], consistent: bool = True) -> dict[str, Any] | None:
         """Read one item (strongly consistent by default) as plain values, or None."""
-        resp = self.ddb.get_item(TableName=self.table_name, Key=dict(key), ConsistentRead=consistent)
-        item = resp.get("Item")
+        item = self.table.get(key, consistent=consistent)
         return from_item(item) if item else None
 
     def get_rollout(self, batch_id: str, input_id: str, index: int) -> RolloutRecord | None:
-        resp = self.ddb.get_item(
-            TableName=self.table_name, Key=keys.rollout_key(batch_id, input_id, index), ConsistentRead=True
-        )
-        item = resp.get("Item")
+        item = self.table.get(keys.rollout_key(batch_id, input_id, index))
         return RolloutRecord.from_item(item) if item else None
 
     def get_batch(self, batch_id: str) -> dict[str, Any] | None:
@@ -209,8 +198,7 @@ class RolloutLedger:
 
     def group(self, batch_id: str, input_id: str) -> GroupItem | None:
         """One group, typed (`items.GroupItem`), or None."""
-        resp = self.ddb.get_item(TableName=self.table_name, Key=keys.group_key(batch_id, input_id), ConsistentRead=True)
-        item = resp.get("Item")
+        item = self.table.get(keys.group_key(batch_id, input_id))
         return GroupItem.of(item) if item else None
 
     def groups(self, batch_id: str) -> Iterator[GroupItem]:
@@ -228,14 +216,13 @@ class RolloutLedger:
 
     def iter_prefix(self, batch_id: str, prefix: str, page_size: int = 100) -> Iterator[dict[str, Any]]:
         """Raw items of one batch partition whose sort key starts with `prefix` (groups `G#`, rollouts `R#...`)."""
-        kwargs: dict[str, Any] = {
-            "TableName": self.table_name,
+        request: dict[str, Any] = {
             "KeyConditionExpression": "pk = :pk AND begins_with(sk, :prefix)",
             "ExpressionAttributeValues": _values({":pk": keys.batch_pk(batch_id), ":prefix": prefix}),
             "ConsistentRead": True,
             "Limit": page_size,
         }
-        yield from query_items(self.ddb, kwargs)
+        yield from self.table.query(request)
 
     def iter_groups(self, batch_id: str) -> Iterator[dict[str, Any]]:
         """Every group item of a batch (paged, strongly consistent)."""
@@ -256,15 +243,14 @@ class RolloutLedger:
             if index_name == keys.DEADLINE_INDEX
             else (keys.OUTBOX_PK, keys.OUTBOX_SK, "OB#")
         )
-        kwargs: dict[str, Any] = {
-            "TableName": self.table_name,
+        request: dict[str, Any] = {
             "IndexName": index_name,
             "KeyConditionExpression": "#p = :p AND #s < :s",
             "ExpressionAttributeNames": {"#p": pk_attr, "#s": sk_attr},
             "ExpressionAttributeValues": _values({":p": f"{prefix}{shard}", ":s": before_epoch}),
             "Limit": limit,
         }
-        return [RolloutRecord.from_item(item) for item in query_items(self.ddb, kwargs, max_pages=max_pages)]
+        return [RolloutRecord.from_item(item) for item in self.table.query(request, max_pages=max_pages)]
 
     # --------------------------------------------------------------------------------------------- limits
 
@@ -279,34 +265,24 @@ class RolloutLedger:
         key = keys.pace_key(budget)
         expires = not_before_us // 1_000_000 + 3600
         for _ in range(6):
-            try:  # the budget is free at `not_before`
-                self.ddb.update_item(
-                    TableName=self.table_name,
-                    Key=key,
-                    UpdateExpression="SET tat = :next, expires_at = :exp",
-                    ConditionExpression="attribute_not_exists(tat) OR tat <= :nb",
-                    ExpressionAttributeValues=_values(
-                        {":next": not_before_us + interval_us, ":nb": not_before_us, ":exp": expires}
-                    ),
-                )
+            free = self.table.update(  # the budget is free at `not_before`
+                key,
+                "SET tat = :next, expires_at = :exp",
+                "attribute_not_exists(tat) OR tat <= :nb",
+                {":next": not_before_us + interval_us, ":nb": not_before_us, ":exp": expires},
+            )
+            if free is not None:
                 return not_before_us, not_before_us + interval_us
-            except self.ddb.exceptions.ConditionalCheckFailedException:
-                pass
-            try:  # busy: take the next free time, if it is early enough
-                resp = self.ddb.update_item(
-                    TableName=self.table_name,
-                    Key=key,
-                    UpdateExpression="ADD tat :interval SET expires_at = :exp",
-                    ConditionExpression="tat > :nb AND tat <= :latest",
-                    ExpressionAttributeValues=_values(
-                        {":interval": interval_us, ":nb": not_before_us, ":latest": latest_us, ":exp": expires}
-                    ),
-                    ReturnValues="UPDATED_NEW",
-                )
-                tat = int(from_attribute_value(resp["Attributes"]["tat"]))
+            busy = self.table.update(  # busy: take the next free time, if it is early enough
+                key,
+                "ADD tat :interval SET expires_at = :exp",
+                "tat > :nb AND tat <= :latest",
+                {":interval": interval_us, ":nb": not_before_us, ":latest": latest_us, ":exp": expires},
+                return_values="UPDATED_NEW",
+            )
+            if busy is not None:
+                tat = int(from_attribute_value(busy["tat"]))
                 return tat - interval_us, tat
-            except self.ddb.exceptions.ConditionalCheckFailedException:
-                pass
             tat = int((self.get(key) or {}).get("tat") or 0)
             if tat > latest_us:
                 return None, tat
@@ -337,7 +313,7 @@ class RolloutLedger:
             "ConsistentRead": True,
         }
         board = []
-        for raw in query_items(self.ddb, kwargs, max_pages=10):
+        for raw in self.table.query(kwargs, max_pages=10):
             item = from_item(raw)
             board.append(
                 (
@@ -351,21 +327,9 @@ class RolloutLedger:
     # ---------------------------------------------------------------------------------------- transitions
 
     def _transact(self, items: Sequence[Mapping[str, Any]]) -> list[str] | None:
-        """Run a transaction; None when it committed, else the cancellation reason codes (conflicts retried)."""
-        for attempt in range(CONFLICT_RETRIES):
-            try:
-                self.ddb.transact_write_items(TransactItems=list(items))
-            except self.ddb.exceptions.TransactionCanceledException as exc:
-                reasons = [str(r.get("Code") or "None") for r in exc.response.get("CancellationReasons") or []]
-                if "ConditionalCheckFailed" in reasons or not any(r == "TransactionConflict" for r in reasons):
-                    return reasons or ["Unknown"]
-            except self.ddb.exceptions.TransactionConflictException:
-                pass
-            else:
-                return None
-            note_transaction_retry()
-            time.sleep(backoff_s(attempt))
-        raise LedgerError(f"transaction kept conflicting after {CONFLICT_RETRIES} attempts")
+        """Run a transaction (`LedgerTable.transact`); None when it committed, else the cancellation reason codes."""
+        reasons = self.table.transact(items, attempts=CONFLICT_RETRIES)
+        return None if reasons is None else reason_codes(reasons)
 
     def _update(
         self,
@@ -375,18 +339,7 @@ class RolloutLedger:
         values: Mapping[str, Any],
         names: Mapping[str, str] | None = None,
     ) -> dict[str, Any]:
-        op: dict[str, Any] = {
-            "TableName": self.table_name,
-            "Key": dict(key),
-            "UpdateExpression": update,
-        }
-        if condition:
-            op["ConditionExpression"] = condition
-        if values:
-            op["ExpressionAttributeValues"] = _values(values)
-        if names:
-            op["ExpressionAttributeNames"] = dict(names)
-        return op
+        return self.table.update_op(key, update, condition, values, names)
 
     def _slot_delta(self, delta: int, max_sessions: int | None = None) -> dict[str, Any]:
         if max_sessions is None:
@@ -462,7 +415,7 @@ class RolloutLedger:
                 ":now": now_iso,
                 ":deadline": deadline,
                 ":dlpk": keys.deadline_pk(batch_id, input_id, index),
-                ":ttl": now_epoch + self.ttl_s,
+                ":ttl": self.table.expires_at(now_epoch),
                 ":pv": policy_version,
                 **({":bpv": batch_policy_version} if keep_batch_pv else {}),
             },
@@ -498,20 +451,16 @@ class RolloutLedger:
 
     def mark_invoked(self, batch_id: str, input_id: str, index: int, attempt: int, now_iso: str) -> bool:
         """Record that InvokeAgentRuntime succeeded; False if the attempt is no longer dispatched (cancel/late)."""
-        try:
-            retry_conflicts(
-                self.ddb.update_item,
-                **self._update(
-                    keys.rollout_key(batch_id, input_id, index),
-                    "SET invoked_at = :now",
-                    "#st = :dispatched AND attempt = :attempt",
-                    {":now": now_iso, ":dispatched": DISPATCHED, ":attempt": attempt},
-                    {"#st": "state"},
-                ),
+        return (
+            self.table.update(
+                keys.rollout_key(batch_id, input_id, index),
+                "SET invoked_at = :now",
+                "#st = :dispatched AND attempt = :attempt",
+                {":now": now_iso, ":dispatched": DISPATCHED, ":attempt": attempt},
+                {"#st": "state"},
             )
-        except self.ddb.exceptions.ConditionalCheckFailedException:
-            return False
-        return True
+            is not None
+        )
 
     def release_to_queue(self, batch_id: str, input_id: str, index: int, attempt: int) -> bool:
         """Give the slot back after ACR kept throttling: dispatched(n) without invoke -> queued(n), in_flight -1."""
@@ -574,7 +523,7 @@ class RolloutLedger:
             ":input": input_id,
             ":index": index,
             ":attempt": attempt,
-            ":ttl": now_epoch + self.ttl_s,
+            ":ttl": self.table.expires_at(now_epoch),
             ":outbox": set(outbox) | {OUTBOX_PUBLISH},
             **self._outbox_values(batch_id, input_id, index, now_epoch),
         }
@@ -648,7 +597,7 @@ class RolloutLedger:
             )
         batch_names = {f"#a{i}": name for i, name in enumerate(batch_adds)}
         batch_vals: dict[str, Any] = {f":a{i}": value for i, value in enumerate(batch_adds.values())}
-        batch_vals[":ttl"] = now_epoch + self.ttl_s
+        batch_vals[":ttl"] = self.table.expires_at(now_epoch)
         # One counter shard of the batch (created by the first ADD); the group's condition proves the batch exists.
         batch = self._update(
             keys.batch_count_key(batch_id, keys.count_shard(input_id)),
@@ -725,10 +674,7 @@ class RolloutLedger:
         release the slot, atomically and once. False if someone else did it first."""
         key = keys.rollout_key(rec.batch_id, rec.input_id, rec.index)
         if session_id not in rec.held_slots:
-            retry_conflicts(
-                self.ddb.update_item,
-                **self._update(key, "DELETE stop_sessions :s, stop_not_found :s", None, {":s": {session_id}}),
-            )
+            self.table.update(key, "DELETE stop_sessions :s, stop_not_found :s", None, {":s": {session_id}})
             return True
         update = self._update(
             key,
@@ -747,90 +693,64 @@ class RolloutLedger:
         if not_found:
             adds += ", stop_not_found :nf"
             values[":nf"] = set(not_found)
-        try:
-            retry_conflicts(
-                self.ddb.update_item,
-                **self._update(
-                    keys.rollout_key(rec.batch_id, rec.input_id, rec.index),
-                    f"SET #obsk = :next ADD {adds} REMOVE outbox_lease",
-                    "outbox_id = :obid",
-                    values,
-                    names,
-                ),
-            )
-        except self.ddb.exceptions.ConditionalCheckFailedException:
-            return
+        self.table.update(  # a failed condition: the entry has moved on, nothing to do
+            keys.rollout_key(rec.batch_id, rec.input_id, rec.index),
+            f"SET #obsk = :next ADD {adds} REMOVE outbox_lease",
+            "outbox_id = :obid",
+            values,
+            names,
+        )
 
     def outbox_done(self, rec: RolloutRecord, actions: frozenset[str]) -> None:
         """Take finished actions (publish, enqueue) out of the outbox while others (stop) are still pending."""
         if not actions or rec.outbox_id is None:
             return
-        try:
-            retry_conflicts(
-                self.ddb.update_item,
-                **self._update(
-                    keys.rollout_key(rec.batch_id, rec.input_id, rec.index),
-                    "DELETE outbox :done",
-                    "outbox_id = :obid",
-                    {":done": set(actions), ":obid": rec.outbox_id},
-                ),
-            )
-        except self.ddb.exceptions.ConditionalCheckFailedException:
-            return
+        self.table.update(  # a failed condition: the entry has moved on, nothing to do
+            keys.rollout_key(rec.batch_id, rec.input_id, rec.index),
+            "DELETE outbox :done",
+            "outbox_id = :obid",
+            {":done": set(actions), ":obid": rec.outbox_id},
+        )
 
     def clear_outbox(self, rec: RolloutRecord) -> bool:
         """Remove the outbox entry once its side effects are done (only the entry that was read: `outbox_id`)."""
         if rec.outbox_id is None:
             return True
-        try:
-            retry_conflicts(
-                self.ddb.update_item,
-                **self._update(
-                    keys.rollout_key(rec.batch_id, rec.input_id, rec.index),
-                    "REMOVE outbox, outbox_id, outbox_lease, stop_sessions, stop_tries, stop_not_found, #obpk, #obsk",
-                    "outbox_id = :obid",
-                    {":obid": rec.outbox_id},
-                    {"#obpk": keys.OUTBOX_PK, "#obsk": keys.OUTBOX_SK},
-                ),
+        return (
+            self.table.update(
+                keys.rollout_key(rec.batch_id, rec.input_id, rec.index),
+                "REMOVE outbox, outbox_id, outbox_lease, stop_sessions, stop_tries, stop_not_found, #obpk, #obsk",
+                "outbox_id = :obid",
+                {":obid": rec.outbox_id},
+                {"#obpk": keys.OUTBOX_PK, "#obsk": keys.OUTBOX_SK},
             )
-        except self.ddb.exceptions.ConditionalCheckFailedException:
-            return False
-        return True
+            is not None
+        )
 
     def claim_outbox(self, rec: RolloutRecord, now_epoch: int, lease_s: int = OUTBOX_LEASE_S) -> bool:
         """Take over an outbox entry nobody holds (lease absent or expired); False if someone else holds it."""
         if rec.outbox_id is None:
             return False
-        try:
-            retry_conflicts(
-                self.ddb.update_item,
-                **self._update(
-                    keys.rollout_key(rec.batch_id, rec.input_id, rec.index),
-                    "SET outbox_lease = :until",
-                    "outbox_id = :obid AND (attribute_not_exists(outbox_lease) OR outbox_lease < :now)",
-                    {":obid": rec.outbox_id, ":until": now_epoch + lease_s, ":now": now_epoch},
-                ),
+        return (
+            self.table.update(
+                keys.rollout_key(rec.batch_id, rec.input_id, rec.index),
+                "SET outbox_lease = :until",
+                "outbox_id = :obid AND (attribute_not_exists(outbox_lease) OR outbox_lease < :now)",
+                {":obid": rec.outbox_id, ":until": now_epoch + lease_s, ":now": now_epoch},
             )
-        except self.ddb.exceptions.ConditionalCheckFailedException:
-            return False
-        return True
+            is not None
+        )
 
     def release_outbox(self, rec: RolloutRecord) -> None:
         """Give an outbox entry back after a failed side effect, so a redelivery may drain it at once."""
         if rec.outbox_id is None:
             return
-        try:
-            retry_conflicts(
-                self.ddb.update_item,
-                **self._update(
-                    keys.rollout_key(rec.batch_id, rec.input_id, rec.index),
-                    "REMOVE outbox_lease",
-                    "outbox_id = :obid",
-                    {":obid": rec.outbox_id},
-                ),
-            )
-        except self.ddb.exceptions.ConditionalCheckFailedException:
-            return
+        self.table.update(  # a failed condition: the entry has moved on, nothing to do
+            keys.rollout_key(rec.batch_id, rec.input_id, rec.index),
+            "REMOVE outbox_lease",
+            "outbox_id = :obid",
+            {":obid": rec.outbox_id},
+        )
 
     # -------------------------------------------------------------------------------------------- batches
 
@@ -845,12 +765,12 @@ class RolloutLedger:
             {**values, ":rejected": "rejected"},
             {"#status": "status"},
         )
-        epoch = now_epoch if now_epoch is not None else int(time.time())
+        epoch = now_epoch if now_epoch is not None else self.table.epoch()
         control = self._update(
             keys.batch_control_key(batch_id),
             "SET #status = :cancelled, cancelled_at = if_not_exists(cancelled_at, :now), #ttl = :ttl",
             None,
-            {**values, ":ttl": epoch + self.ttl_s},
+            {**values, ":ttl": self.table.expires_at(epoch)},
             {"#status": "status", "#ttl": keys.TTL_ATTRIBUTE},
         )
         reasons = self._transact([{"Update": batch}, {"Update": control}])
@@ -864,35 +784,27 @@ class RolloutLedger:
         """Let one rollout (`claimant`) publish `Group Completed`: the first claimer, or the same one again (its
         outbox retried), gets True. The claimer's outbox entry stays until its publish succeeded, so the event is
         not lost; concurrent last rollouts do not both publish it."""
-        try:
-            retry_conflicts(
-                self.ddb.update_item,
-                **self._update(
-                    keys.group_key(batch_id, input_id),
-                    "SET completed_event_by = :me",
-                    "attribute_exists(pk) AND (attribute_not_exists(completed_event_by) OR completed_event_by = :me)",
-                    {":me": claimant},
-                ),
+        return (
+            self.table.update(
+                keys.group_key(batch_id, input_id),
+                "SET completed_event_by = :me",
+                "attribute_exists(pk) AND (attribute_not_exists(completed_event_by) OR completed_event_by = :me)",
+                {":me": claimant},
             )
-        except self.ddb.exceptions.ConditionalCheckFailedException:
-            return False
-        return True
+            is not None
+        )
 
     def claim_batch_completed(self, batch_id: str, claimant: str, now_iso: str) -> dict[str, Any] | None:
         """Like `claim_group_event` for `Batch Completed`; also stamps `completed_at` once. Returns the batch view
         (typed, `batches.merge_batch_items`) when `claimant` may publish, else None."""
-        try:
-            resp = retry_conflicts(
-                self.ddb.update_item,
-                **self._update(
-                    keys.batch_key(batch_id),
-                    "SET completed_at = if_not_exists(completed_at, :now), completed_event_by = :me",
-                    "attribute_exists(pk) AND (attribute_not_exists(completed_event_by) OR completed_event_by = :me)",
-                    {":now": now_iso, ":me": claimant},
-                ),
-                ReturnValues="ALL_NEW",
-            )
-        except self.ddb.exceptions.ConditionalCheckFailedException:
+        item = self.table.update(
+            keys.batch_key(batch_id),
+            "SET completed_at = if_not_exists(completed_at, :now), completed_event_by = :me",
+            "attribute_exists(pk) AND (attribute_not_exists(completed_event_by) OR completed_event_by = :me)",
+            {":now": now_iso, ":me": claimant},
+            return_values="ALL_NEW",
+        )
+        if item is None:
             return None
         view = query_batch_view(self.ddb, self.table_name, batch_id)
-        return view if view is not None else dict(resp["Attributes"])
+        return view if view is not None else item

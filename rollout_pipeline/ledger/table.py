@@ -1,9 +1,25 @@
-"""What every ledger module shares: the one error type and the one paginated Query."""
+"""The one gateway to the ledger table, shared by every ledger module: one client, one clock, one TTL rule, one
+conflict-retry policy (`ledger.retry`), one conditional-update helper, one paginated Query and one error type."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from typing import Any
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any, Final
+
+from rollout_pipeline.contracts import utcnow
+from rollout_pipeline.ledger.attributes import to_attribute_value
+from rollout_pipeline.ledger.retry import (
+    TRANSACTION_CONFLICT_ATTEMPTS,
+    backoff_s,
+    note_transaction_retry,
+    retry_conflicts,
+)
+
+#: Cancellation reasons of a transaction that are transient: the whole transaction is retried (bounded).
+TRANSIENT_CANCEL_CODES: Final = frozenset({"TransactionConflict", "ThrottlingError", "ProvisionedThroughputExceeded"})
+CONDITION_FAILED: Final = "ConditionalCheckFailed"
 
 
 class LedgerError(RuntimeError):
@@ -22,3 +38,155 @@ def query_items(ddb: Any, request: Mapping[str, Any], *, max_pages: int | None =
         if not last:
             return
         kwargs["ExclusiveStartKey"] = last
+
+
+def reason_codes(reasons: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The codes of a transaction's cancellation reasons, one per item (`"None"` for an item that did not fail)."""
+    return [str(reason.get("Code") or "None") for reason in reasons]
+
+
+def plain_values(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Expression attribute values from plain Python values (`attributes.to_attribute_value`)."""
+    return {name: to_attribute_value(value) for name, value in values.items()}
+
+
+class LedgerTable:
+    """One ledger table: its low-level boto3 DynamoDB client (created lazily), its clock and its TTL rule.
+
+    Every item a ledger module writes expires `ttl_days` after its write (`expires_at`, epoch seconds). Plain
+    writes and transactions meeting a transaction are retried by `ledger.retry`'s one policy.
+    """
+
+    def __init__(
+        self,
+        table_name: str,
+        dynamodb_client: Any | None = None,
+        *,
+        ttl_days: int = 30,
+        now: Callable[[], datetime] = utcnow,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.name = table_name
+        self._client = dynamodb_client
+        self.ttl_days = ttl_days
+        self.now = now
+        self.sleep = sleep
+
+    @property
+    def ddb(self) -> Any:
+        """The DynamoDB client (the shared one of `adapters.clients` unless one was given)."""
+        if self._client is None:
+            from rollout_pipeline.adapters.clients import client
+
+            self._client = client("dynamodb")
+        return self._client
+
+    # ------------------------------------------------------------------------------------------ clock and TTL
+
+    @property
+    def ttl_s(self) -> int:
+        """How long an item lives after its write, in seconds."""
+        return self.ttl_days * 86_400
+
+    def epoch(self) -> int:
+        """The clock, in epoch seconds."""
+        return int(self.now().timestamp())
+
+    def expires_at(self, now_epoch: int | None = None) -> int:
+        """The TTL (`expires_at`, epoch seconds) of an item written at `now_epoch` (default: the clock)."""
+        if now_epoch is None:
+            return int((self.now() + timedelta(days=self.ttl_days)).timestamp())
+        return now_epoch + self.ttl_s
+
+    # ------------------------------------------------------------------------------------------------ reads
+
+    def get(self, key: Mapping[str, Any], *, consistent: bool = True) -> dict[str, Any] | None:
+        """One item (typed; strongly consistent by default), or None."""
+        resp = self.ddb.get_item(TableName=self.name, Key=dict(key), ConsistentRead=consistent)
+        item: dict[str, Any] | None = resp.get("Item")
+        return item
+
+    def query(self, request: Mapping[str, Any], *, max_pages: int | None = None) -> Iterator[dict[str, Any]]:
+        """The items (typed) of a Query on this table (`query_items`)."""
+        return query_items(self.ddb, {"TableName": self.name, **request}, max_pages=max_pages)
+
+    # ----------------------------------------------------------------------------------------------- writes
+
+    def update_op(
+        self,
+        key: Mapping[str, Any],
+        update: str,
+        condition: str | None = None,
+        values: Mapping[str, Any] | None = None,
+        names: Mapping[str, str] | None = None,
+    ) -> dict[str, Any]:
+        """The parameters of one UpdateItem (also a transaction's `Update`); `values` are plain Python values."""
+        op: dict[str, Any] = {"TableName": self.name, "Key": dict(key), "UpdateExpression": update}
+        if condition:
+            op["ConditionExpression"] = condition
+        if values:
+            op["ExpressionAttributeValues"] = plain_values(values)
+        if names:
+            op["ExpressionAttributeNames"] = dict(names)
+        return op
+
+    def update(
+        self,
+        key: Mapping[str, Any],
+        update: str,
+        condition: str | None = None,
+        values: Mapping[str, Any] | None = None,
+        names: Mapping[str, str] | None = None,
+        *,
+        return_values: str | None = None,
+    ) -> dict[str, Any] | None:
+        """The one conditional update: UpdateItem, conflicts retried. Returns the returned attributes (typed; `{}`
+        without `return_values`), or None when `condition` failed."""
+        op = self.update_op(key, update, condition, values, names)
+        if return_values:
+            op["ReturnValues"] = return_values
+        try:
+            resp = retry_conflicts(self.ddb.update_item, sleep=self.sleep, **op)
+        except self.ddb.exceptions.ConditionalCheckFailedException:
+            return None
+        attributes: dict[str, Any] = resp.get("Attributes") or {}
+        return attributes
+
+    def put_new(self, item: Mapping[str, Any]) -> bool:
+        """Put a (typed) item that must not exist yet, conflicts retried; False when it exists."""
+        try:
+            retry_conflicts(
+                self.ddb.put_item,
+                sleep=self.sleep,
+                TableName=self.name,
+                Item=dict(item),
+                ConditionExpression="attribute_not_exists(pk)",
+            )
+        except self.ddb.exceptions.ConditionalCheckFailedException:
+            return False
+        return True
+
+    def transact(
+        self, items: Sequence[Mapping[str, Any]], *, attempts: int = TRANSACTION_CONFLICT_ATTEMPTS
+    ) -> list[dict[str, Any]] | None:
+        """Run a TransactWriteItems. None when it committed; else its cancellation reasons (one per item, with
+        `Item` when asked for `ALL_OLD`), once a condition failed or a reason is not transient.
+
+        A cancellation whose reasons are all transient (`TRANSIENT_CANCEL_CODES`) and a
+        `TransactionConflictException` are retried with `ledger.retry`'s backoff, `attempts` times in all; then
+        `LedgerError`."""
+        for attempt in range(attempts):
+            try:
+                self.ddb.transact_write_items(TransactItems=list(items))
+            except self.ddb.exceptions.TransactionCanceledException as exc:
+                reasons: list[dict[str, Any]] = list(exc.response.get("CancellationReasons") or [])
+                codes = set(reason_codes(reasons)) - {"None"}
+                if not codes or not codes <= TRANSIENT_CANCEL_CODES:
+                    return reasons or [{"Code": "Unknown"}]
+            except self.ddb.exceptions.TransactionConflictException:
+                pass
+            else:
+                return None
+            note_transaction_retry()
+            self.sleep(backoff_s(attempt))
+        raise LedgerError(f"transaction kept conflicting after {attempts} attempts")

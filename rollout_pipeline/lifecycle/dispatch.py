@@ -26,7 +26,7 @@ from enum import StrEnum
 from typing import Any
 
 from rollout_pipeline import ids
-from rollout_pipeline.contracts import FailureReason, FileOptions, RolloutMessage, build_agent_payload, iso, parse_iso
+from rollout_pipeline.contracts import FailureReason, FileOptions, RolloutMessage, build_agent_payload, iso
 from rollout_pipeline.ledger.batches import batch_options
 from rollout_pipeline.ledger.rollouts import (
     DISPATCHED,
@@ -210,7 +210,7 @@ def _existing(message: RolloutMessage, rec: RolloutRecord | None, deps: Lifecycl
     if rec.state == DISPATCHED:
         if rec.invoked_at:
             return Dispatch.DUPLICATE
-        dispatched = parse_iso(rec.dispatched_at)
+        dispatched = rec.dispatched_at
         if dispatched is None or (deps.now() - dispatched).total_seconds() >= deps.reinvoke_grace_s:
             return Dispatch.REINVOKED
         return Dispatch.DUPLICATE

@@ -27,7 +27,6 @@ from rollout_pipeline.contracts import (
     RolloutMessage,
     Timings,
     iso,
-    parse_iso,
     read_result,
     redact_secrets,
 )
@@ -51,9 +50,9 @@ def rollout_event(
 ) -> RolloutCompleted | RolloutFailed:
     """The terminal event of a rollout, from its (terminal) ledger item."""
     timings = Timings(
-        submitted_at=parse_iso(rec.submitted_at),
-        dispatched_at=parse_iso(rec.dispatched_at),
-        finished_at=parse_iso(rec.finished_at),
+        submitted_at=rec.submitted_at,
+        dispatched_at=rec.dispatched_at,
+        finished_at=rec.finished_at,
         notified_at=notified_at,
     )
     common: dict[str, Any] = {
@@ -127,7 +126,7 @@ def retry_message(rec: RolloutRecord, deps: LifecycleDeps) -> RolloutMessage:
         index=rec.index,
         attempt=rec.attempt,
         group_size=int(group["group_size"]),
-        submitted_at=parse_iso(rec.submitted_at) or deps.now(),
+        submitted_at=rec.submitted_at or deps.now(),
         line=int(group["line"]) if group.get("line") else None,
         payload=json.loads(payload) if payload else None,
         payload_ref=group.get("payload_ref"),
@@ -210,7 +209,7 @@ def drain(
             details: list[Any] = [rollout_event(rec, notified_at=notified_at, result=inline)]
             details.extend(completion_details(rec, deps))
             deps.publisher.publish(details)
-            finished = parse_iso(rec.finished_at)
+            finished = rec.finished_at
             if finished is not None and rec.result_uri:
                 deps.metrics.sample(NOTIFICATION_LATENCY, max(0.0, (notified_at - finished).total_seconds() * 1000))
         if OUTBOX_STOP in rec.outbox and rec.stop_sessions:

@@ -19,7 +19,6 @@ from rollout_pipeline.contracts import (
     DetailType,
     FileOptions,
     RolloutCompleted,
-    parse_iso,
     read_result,
     utcnow,
 )
@@ -553,7 +552,7 @@ class Experiment:
                 records = [r for r in ledger.iter_rollouts(batch_id, input_id) if r.terminal]
                 group = Group(completed=with_members(detail, records))
                 for rec in records:
-                    notified = parse_iso(rec.finished_at) or utcnow()
+                    notified = rec.finished_at or utcnow()
                     event = rollout_event(rec, notified_at=notified)
                     if include_results and isinstance(event, RolloutCompleted) and event.result_uri:
                         event = event.model_copy(update={"result": self.fetch_result(event.result_uri)})

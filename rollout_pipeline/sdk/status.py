@@ -9,8 +9,8 @@ from typing import Any, Final
 
 from rollout_pipeline.contracts import iso, stats_from_sums
 from rollout_pipeline.ledger import keys
-from rollout_pipeline.ledger.batches import as_batch, attr
-from rollout_pipeline.ledger.items import BatchItem, RolloutState
+from rollout_pipeline.ledger.batches import as_batch
+from rollout_pipeline.ledger.items import BatchItem, RolloutState, RolloutSummary
 from rollout_pipeline.ledger.table import query_items
 
 #: Upper bound on ledger query pages read for one status (1 MB each): bounded work whatever the batch size.
@@ -136,13 +136,11 @@ class RolloutStatus:
 def rollout_states(ddb: Any, table_name: str, batch_id: str, *, states_only: bool = False) -> Iterator[RolloutStatus]:
     """The rollout items of a batch (never-dispatched rollouts have none), read as `RolloutStatus`es."""
     for item in iter_rollout_items(ddb, table_name, batch_id, "#state" if states_only else None):
-        reward = attr(item, "reward")
-        index = attr(item, "index")
-        input_id = attr(item, "input_id")
+        rollout = RolloutSummary.of(item)
         yield RolloutStatus(
-            state=str(attr(item, "state") or ""),
-            input_id=None if input_id is None else str(input_id),
-            index=None if index is None else int(index),
-            reward=None if reward is None else float(reward),
-            reason=attr(item, "reason"),
+            state=rollout.state.value if rollout.state else "",
+            input_id=rollout.input_id,
+            index=rollout.index,
+            reward=rollout.reward,
+            reason=rollout.reason,
         )

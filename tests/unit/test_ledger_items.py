@@ -94,3 +94,42 @@ def test_group_items_parse_payload_and_outcomes() -> None:
     assert (group.line, group.group_size, group.complete) == (4, 2, True)
     assert group.payload == {"p": 1}
     assert (group.rewards, group.failures) == ({0: 0.5}, {1: FailureReason.TIMEOUT})
+
+
+def test_a_rollout_record_is_typed_at_the_table_boundary() -> None:
+    from rollout_pipeline.ledger.items import RolloutState
+    from rollout_pipeline.ledger.rollouts import RolloutRecord
+
+    rec = RolloutRecord.from_item(
+        {
+            "batch_id": {"S": "b1"},
+            "input_id": {"S": "i"},
+            "index": {"N": "2"},
+            "state": {"S": "dispatched"},
+            "attempt": {"N": "1"},
+            "submitted_at": {"S": "2026-01-01T00:00:00Z"},
+            "dispatched_at": {"S": "2026-01-01T00:00:05+00:00"},
+        }
+    )
+    assert rec.state is RolloutState.DISPATCHED
+    assert rec.submitted_at == datetime(2026, 1, 1, tzinfo=UTC)
+    assert rec.dispatched_at == datetime(2026, 1, 1, 0, 0, 5, tzinfo=UTC)
+    assert rec.invoked_at is None
+    assert rec.finished_at is None
+    assert not rec.terminal
+
+
+def test_a_rollout_summary_reads_whole_and_projected_items() -> None:
+    from rollout_pipeline.ledger.items import RolloutState, RolloutSummary
+
+    whole = RolloutSummary.of(
+        {
+            "state": {"S": "failed"},
+            "input_id": {"S": "q1"},
+            "index": {"N": "3"},
+            "reason": {"S": FailureReason.TIMEOUT.value},
+        }
+    )
+    assert whole == RolloutSummary(RolloutState.FAILED, "q1", 3, None, FailureReason.TIMEOUT.value)
+    assert RolloutSummary.of({"state": {"S": "dispatched"}}) == RolloutSummary(RolloutState.DISPATCHED)
+    assert RolloutSummary.of({"reward": {"N": "0.5"}, "state": {"S": "succeeded"}}).reward == 0.5
