@@ -251,25 +251,6 @@ def test_ingest_checkpoints_and_cancel_do_not_meet_dispatch_or_terminal_transact
     assert view["cursor"] == 2
 
 
-@pytest.fixture
-def serialised_dynamodb(monkeypatch: pytest.MonkeyPatch) -> None:
-    """In-process moto is not thread-safe (concurrent ADDs on one item can lose one): run its DynamoDB operations one
-    at a time, as local mode's server does (`local.moto_server.SerializedDynamoDB`). The faithful profile still
-    sees the calls overlap: it holds a transaction's items for `hold_ms` of wall time."""
-    from moto.dynamodb.models import DynamoDBBackend
-
-    lock = threading.RLock()
-    for name in ("transact_write_items", "update_item", "put_item", "get_item", "query"):
-        original = getattr(DynamoDBBackend, name)
-
-        def serialised(*args: Any, __original: Any = original, **kwargs: Any) -> Any:
-            with lock:
-                return __original(*args, **kwargs)
-
-        monkeypatch.setattr(DynamoDBBackend, name, serialised)
-
-
-@pytest.mark.usefixtures("serialised_dynamodb")
 def test_concurrent_completers_count_exactly_once_on_sharded_counters(resources: ExperimentResources) -> None:
     """Many terminal transactions at once (faithful: each holds its items ~15 ms): the summed counters are exact,
     spread over several COUNT# shards, and exactly one of the last rollouts may publish `Batch Completed`."""
