@@ -37,6 +37,7 @@ from rollout_pipeline.contracts import (
     parse_row,
     utcnow,
 )
+from rollout_pipeline.details import batch_accepted_detail, batch_completion_detail
 from rollout_pipeline.ingest.errors import ErrorLog
 from rollout_pipeline.ingest.reader import DatasetFormatError, RawRecord, dataset_kind, read_records
 from rollout_pipeline.ledger.batches import (
@@ -44,8 +45,6 @@ from rollout_pipeline.ledger.batches import (
     GroupSpec,
     IngestProgress,
     as_batch,
-    batch_accepted_detail,
-    batch_completion_detail,
 )
 from rollout_pipeline.ports import EventPublisher, MessageQueue, ObjectNotFound, ObjectStore
 

@@ -20,16 +20,9 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any, Final
 
-from rollout_pipeline import ids
 from rollout_pipeline.contracts import (
-    BatchAccepted,
-    BatchCompleted,
-    DetailType,
     FileOptions,
-    GroupCompleted,
     iso,
-    reward_stats,
-    stats_from_sums,
     utcnow,
 )
 from rollout_pipeline.ledger import keys
@@ -613,86 +606,6 @@ def batch_options(batch_item: BatchItem | Mapping[str, Any] | None) -> FileOptio
     """The effective per-file options stored on a batch item; None for no item, a file rejected before they
     were known, or an unreadable value (callers then use the experiment's defaults)."""
     return as_batch(batch_item).options if batch_item is not None else None
-
-
-def batch_accepted_detail(batch_item: BatchItem | Mapping[str, Any]) -> BatchAccepted:
-    """`Batch Accepted` of a batch whose ingestion has ended (stable `event_id`)."""
-    batch = as_batch(batch_item)
-    options = batch.options
-    return BatchAccepted(
-        event_id=ids.event_id(DetailType.BATCH_ACCEPTED, batch.exp_id, batch.batch_id),
-        exp_id=batch.exp_id,
-        batch_id=batch.batch_id,
-        source=batch.source,
-        rows_accepted=batch.rows_accepted,
-        rows_rejected=batch.rows_rejected,
-        rollouts_enqueued=batch.rollouts_total or 0,
-        group_size=options.group_size if options else batch.group_size or 0,
-        errors_uri=batch.errors_uri,
-        error=batch.error,
-        policy_version=options.policy_version if options else None,
-    )
-
-
-def batch_completion_detail(
-    batch_item: BatchItem | Mapping[str, Any], now: datetime | None = None
-) -> BatchCompleted | None:
-    """`Batch Completed` when every rollout of the batch is terminal, else None.
-
-    Complete = ingestion has ended (`rollouts_total` set, status not `ingesting`) and `terminal` >=
-    `rollouts_total`. Counts and reward statistics come from the batch counters. `completed_at` is the item's
-    (see `BatchLedger.mark_completed`) or `now`.
-    """
-    batch = as_batch(batch_item)
-    if not batch.complete or batch.rollouts_total is None:
-        return None
-    mean, std = stats_from_sums(batch.reward_count, batch.reward_sum, batch.reward_sumsq)
-    started = batch.created_at
-    completed = batch.completed_at or now or utcnow()
-    return BatchCompleted(
-        event_id=ids.event_id(DetailType.BATCH_COMPLETED, batch.exp_id, batch.batch_id),
-        exp_id=batch.exp_id,
-        batch_id=batch.batch_id,
-        rollouts_total=batch.rollouts_total,
-        succeeded=batch.succeeded,
-        failed=batch.failed,
-        failed_by_reason=dict(batch.failed_by_reason),
-        reward_mean=mean,
-        reward_std=std,
-        reward_count=batch.reward_count,
-        started_at=started,
-        completed_at=completed,
-        duration_s=(completed - started).total_seconds() if started else None,
-    )
-
-
-def group_completion_detail(
-    group_item: GroupItem | Mapping[str, Any], policy_version: str | None = None
-) -> GroupCompleted | None:
-    """`Group Completed` when all `group_size` rollouts of the group are terminal, else None.
-
-    `rewards` map (index -> reward) and `failures` map (index -> reason) give the per-index outcome; the mean and
-    population std are over the successful rewards.
-    """
-    group = as_group(group_item)
-    if not group.complete:
-        return None
-    rewards: list[float | None] = [group.rewards.get(index) for index in range(group.group_size)]
-    mean, std = reward_stats([r for r in rewards if r is not None])
-    return GroupCompleted(
-        event_id=ids.event_id(DetailType.GROUP_COMPLETED, group.exp_id, group.batch_id, group.input_id),
-        exp_id=group.exp_id,
-        batch_id=group.batch_id,
-        input_id=group.input_id,
-        group_size=group.group_size,
-        rewards=rewards,
-        failures={str(index): reason for index, reason in group.failures.items()},
-        succeeded=len(group.rewards),
-        failed=len(group.failures),
-        reward_mean=mean,
-        reward_std=std,
-        policy_version=policy_version,
-    )
 
 
 def group_payload(group_item: GroupItem | Mapping[str, Any]) -> tuple[dict[str, Any] | None, str | None]:

@@ -12,30 +12,22 @@ stopped session succeeds, a duplicated retry message is absorbed by the dispatch
 from __future__ import annotations
 
 import json
-from datetime import datetime
 from typing import Any
 
 from rollout_pipeline import ids
 from rollout_pipeline.contracts import (
     INLINE_RESULT_BYTES,
-    DetailType,
-    FailureReason,
-    GroupCompleted,
-    GroupMember,
-    RolloutCompleted,
-    RolloutFailed,
     RolloutMessage,
-    Timings,
     iso,
     read_result,
     redact_secrets,
 )
-from rollout_pipeline.ledger.batches import batch_completion_detail, batch_options, group_completion_detail
+from rollout_pipeline.details import batch_completion_detail, group_completion_detail, rollout_event, with_members
+from rollout_pipeline.ledger.batches import batch_options
 from rollout_pipeline.ledger.rollouts import (
     OUTBOX_ENQUEUE,
     OUTBOX_PUBLISH,
     OUTBOX_STOP,
-    SUCCEEDED,
     RolloutRecord,
     from_item,
 )
@@ -43,71 +35,6 @@ from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.metrics import NOTIFICATION_LATENCY
 
 # ------------------------------------------------------------------------------------------------------ events
-
-
-def rollout_event(
-    rec: RolloutRecord, *, notified_at: datetime, result: dict[str, Any] | None = None
-) -> RolloutCompleted | RolloutFailed:
-    """The terminal event of a rollout, from its (terminal) ledger item."""
-    timings = Timings(
-        submitted_at=rec.submitted_at,
-        dispatched_at=rec.dispatched_at,
-        finished_at=rec.finished_at,
-        notified_at=notified_at,
-    )
-    common: dict[str, Any] = {
-        "exp_id": rec.exp_id,
-        "batch_id": rec.batch_id,
-        "input_id": rec.input_id,
-        "index": rec.index,
-        "rollout_id": ids.rollout_id(rec.input_id, rec.index),
-        "policy_version": rec.policy_version,
-        "batch_policy_version": rec.batch_policy_version,
-        "timings": timings,
-    }
-    if rec.state == SUCCEEDED:
-        rewards = rec.rewards if rec.rewards is not None else (rec.reward or 0.0)
-        return RolloutCompleted(
-            event_id=ids.event_id(DetailType.ROLLOUT_COMPLETED, rec.exp_id, rec.batch_id, rec.input_id, rec.index),
-            session_id=rec.session_id or "",
-            attempt=rec.attempt,
-            rewards=rewards,
-            reward=float(rec.reward if rec.reward is not None else 0.0),
-            result_uri=rec.result_uri or "",
-            result=result,
-            **common,
-        )
-    reason = FailureReason(rec.reason or FailureReason.AGENT_ERROR)
-    return RolloutFailed(
-        event_id=ids.event_id(DetailType.ROLLOUT_FAILED, rec.exp_id, rec.batch_id, rec.input_id, rec.index),
-        session_id=rec.session_id,
-        reason=reason,
-        error=rec.error or reason.value,
-        attempts_used=rec.attempt,
-        result_uri=rec.result_uri,
-        **common,
-    )
-
-
-def group_member(rec: RolloutRecord) -> GroupMember:
-    """A terminal rollout as a member of its `Group Completed`."""
-    succeeded = rec.state == SUCCEEDED
-    return GroupMember(
-        index=rec.index,
-        status="succeeded" if succeeded else "failed",
-        reward=rec.reward if succeeded else None,
-        reason=None if succeeded else FailureReason(rec.reason or FailureReason.AGENT_ERROR),
-        error=None if succeeded else (rec.error or rec.reason or FailureReason.AGENT_ERROR.value),
-        attempt=rec.attempt,
-        session_id=rec.session_id,
-        policy_version=rec.policy_version,
-    )
-
-
-def with_members(detail: GroupCompleted, records: list[RolloutRecord]) -> GroupCompleted:
-    """`detail` with each terminal member's status, failure reason and dispatched policy version."""
-    members = sorted((group_member(r) for r in records if r.terminal), key=lambda m: m.index)
-    return detail.model_copy(update={"members": members})
 
 
 # ------------------------------------------------------------------------------------------------------ outbox

@@ -531,8 +531,8 @@ class Experiment:
         `skip`: input ids the trainer already handled (checkpointed). `include_results`: inline each successful
         rollout's result object (one S3 GET per rollout). Raises `BatchNotFound` for an unknown batch.
         """
-        from rollout_pipeline.ledger.batches import batch_options, group_completion_detail
-        from rollout_pipeline.lifecycle.publishing import rollout_event, with_members
+        from rollout_pipeline.details import group_completion_detail, rollout_event, with_members
+        from rollout_pipeline.ledger.batches import batch_options
 
         skipped = set(skip)
         groups: list[Group] = []

@@ -16,8 +16,9 @@ from rollout_pipeline.adapters import clients, faithful
 from rollout_pipeline.adapters.fake_acr import AgentBehaviour, FakeAgentRuntime
 from rollout_pipeline.adapters.s3 import S3ObjectStore
 from rollout_pipeline.contracts import FileOptions
+from rollout_pipeline.details import batch_completion_detail
 from rollout_pipeline.ledger import keys, retry
-from rollout_pipeline.ledger.batches import BatchLedger, IngestProgress, batch_completion_detail
+from rollout_pipeline.ledger.batches import BatchLedger, IngestProgress
 from rollout_pipeline.ledger.rollouts import FAILED, SUCCEEDED, DispatchStart, RolloutLedger, Terminal, from_item
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.local.resources import ExperimentResources

@@ -25,14 +25,13 @@ from rollout_pipeline.contracts import (
     FileOptions,
     utcnow,
 )
+from rollout_pipeline.details import batch_completion_detail, group_completion_detail
 from rollout_pipeline.ingest import Ingestion, IngestPorts, IngestTuning
 from rollout_pipeline.ledger import keys
 from rollout_pipeline.ledger.batches import (
     BatchLedger,
     GroupSpec,
     attr,
-    batch_completion_detail,
-    group_completion_detail,
     int_attr,
     plain,
 )

@@ -16,14 +16,18 @@ PACKAGE = "rollout_pipeline"
 BASE = ("contracts", "config", "ids", "ports")
 #: Library areas and what each may never import (areas are the first name under `rollout_pipeline`).
 FORBIDDEN: dict[str, tuple[str, ...]] = {
-    **dict.fromkeys(BASE, ("adapters", "ledger", "ingest", "lifecycle", "sdk", "cli", "local", "trainers", "report")),
+    **dict.fromkeys(
+        BASE, ("adapters", "ledger", "details", "ingest", "lifecycle", "sdk", "cli", "local", "trainers", "report")
+    ),
     "adapters": ("ledger", "ingest", "lifecycle", "sdk", "cli", "trainers"),  # `local`: see COMPAT_ALIASES
-    "ledger": ("ingest", "lifecycle", "sdk", "cli", "local", "trainers"),
+    "ledger": ("details", "ingest", "lifecycle", "sdk", "cli", "local", "trainers"),
+    # Event details sit between the ledger (typed items) and the stages that publish them.
+    "details": ("adapters", "ingest", "lifecycle", "sdk", "cli", "local", "trainers"),
     "ingest": ("lifecycle", "sdk", "cli", "local", "trainers"),
     "lifecycle": ("ingest", "sdk", "cli", "local", "trainers"),
     "sdk": ("cli", "local", "trainers"),
     # The CLI runs on the SDK only: no ledger items, adapters or stages of its own.
-    "cli": ("ledger", "adapters", "ingest", "lifecycle", "local", "trainers"),
+    "cli": ("ledger", "details", "adapters", "ingest", "lifecycle", "local", "trainers"),
     "trainers": ("cli", "local", "ledger", "ingest", "lifecycle"),
 }
 

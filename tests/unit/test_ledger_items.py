@@ -6,8 +6,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from rollout_pipeline.contracts import FailureReason
+from rollout_pipeline.details import batch_completion_detail
 from rollout_pipeline.ledger import keys
-from rollout_pipeline.ledger.batches import batch_completion_detail, merge_batch_items
+from rollout_pipeline.ledger.batches import merge_batch_items
 from rollout_pipeline.ledger.items import BatchItem, BatchState, GroupItem, plain_item
 
 

@@ -1,0 +1,176 @@
+"""Event details built from typed ledger items: the one module between the ledger and the stages that publish.
+
+Ingestion publishes `Batch Accepted` (and `Batch Completed` for a batch with nothing to run); the outbox
+(`lifecycle.publishing`) publishes a rollout's terminal event, its group's and its batch's; the SDK rebuilds the same
+details when a trainer resumes. Each detail carries a stable `event_id`, so a re-publication is a duplicate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from rollout_pipeline import ids
+from rollout_pipeline.contracts import (
+    BatchAccepted,
+    BatchCompleted,
+    DetailType,
+    FailureReason,
+    GroupCompleted,
+    GroupMember,
+    RolloutCompleted,
+    RolloutFailed,
+    Timings,
+    reward_stats,
+    stats_from_sums,
+    utcnow,
+)
+from rollout_pipeline.ledger.batches import as_batch, as_group
+from rollout_pipeline.ledger.items import BatchItem, GroupItem
+from rollout_pipeline.ledger.rollouts import SUCCEEDED, RolloutRecord
+
+
+def batch_accepted_detail(batch_item: BatchItem | Mapping[str, Any]) -> BatchAccepted:
+    """`Batch Accepted` of a batch whose ingestion has ended (stable `event_id`)."""
+    batch = as_batch(batch_item)
+    options = batch.options
+    return BatchAccepted(
+        event_id=ids.event_id(DetailType.BATCH_ACCEPTED, batch.exp_id, batch.batch_id),
+        exp_id=batch.exp_id,
+        batch_id=batch.batch_id,
+        source=batch.source,
+        rows_accepted=batch.rows_accepted,
+        rows_rejected=batch.rows_rejected,
+        rollouts_enqueued=batch.rollouts_total or 0,
+        group_size=options.group_size if options else batch.group_size or 0,
+        errors_uri=batch.errors_uri,
+        error=batch.error,
+        policy_version=options.policy_version if options else None,
+    )
+
+
+def batch_completion_detail(
+    batch_item: BatchItem | Mapping[str, Any], now: datetime | None = None
+) -> BatchCompleted | None:
+    """`Batch Completed` when every rollout of the batch is terminal, else None.
+
+    Complete = ingestion has ended (`rollouts_total` set, status not `ingesting`) and `terminal` >=
+    `rollouts_total`. Counts and reward statistics come from the batch counters. `completed_at` is the item's
+    (see `BatchLedger.mark_completed`) or `now`.
+    """
+    batch = as_batch(batch_item)
+    if not batch.complete or batch.rollouts_total is None:
+        return None
+    mean, std = stats_from_sums(batch.reward_count, batch.reward_sum, batch.reward_sumsq)
+    started = batch.created_at
+    completed = batch.completed_at or now or utcnow()
+    return BatchCompleted(
+        event_id=ids.event_id(DetailType.BATCH_COMPLETED, batch.exp_id, batch.batch_id),
+        exp_id=batch.exp_id,
+        batch_id=batch.batch_id,
+        rollouts_total=batch.rollouts_total,
+        succeeded=batch.succeeded,
+        failed=batch.failed,
+        failed_by_reason=dict(batch.failed_by_reason),
+        reward_mean=mean,
+        reward_std=std,
+        reward_count=batch.reward_count,
+        started_at=started,
+        completed_at=completed,
+        duration_s=(completed - started).total_seconds() if started else None,
+    )
+
+
+def group_completion_detail(
+    group_item: GroupItem | Mapping[str, Any], policy_version: str | None = None
+) -> GroupCompleted | None:
+    """`Group Completed` when all `group_size` rollouts of the group are terminal, else None.
+
+    `rewards` map (index -> reward) and `failures` map (index -> reason) give the per-index outcome; the mean and
+    population std are over the successful rewards.
+    """
+    group = as_group(group_item)
+    if not group.complete:
+        return None
+    rewards: list[float | None] = [group.rewards.get(index) for index in range(group.group_size)]
+    mean, std = reward_stats([r for r in rewards if r is not None])
+    return GroupCompleted(
+        event_id=ids.event_id(DetailType.GROUP_COMPLETED, group.exp_id, group.batch_id, group.input_id),
+        exp_id=group.exp_id,
+        batch_id=group.batch_id,
+        input_id=group.input_id,
+        group_size=group.group_size,
+        rewards=rewards,
+        failures={str(index): reason for index, reason in group.failures.items()},
+        succeeded=len(group.rewards),
+        failed=len(group.failures),
+        reward_mean=mean,
+        reward_std=std,
+        policy_version=policy_version,
+    )
+
+
+def rollout_event(
+    rec: RolloutRecord, *, notified_at: datetime, result: dict[str, Any] | None = None
+) -> RolloutCompleted | RolloutFailed:
+    """The terminal event of a rollout, from its (terminal) ledger item."""
+    timings = Timings(
+        submitted_at=rec.submitted_at,
+        dispatched_at=rec.dispatched_at,
+        finished_at=rec.finished_at,
+        notified_at=notified_at,
+    )
+    common: dict[str, Any] = {
+        "exp_id": rec.exp_id,
+        "batch_id": rec.batch_id,
+        "input_id": rec.input_id,
+        "index": rec.index,
+        "rollout_id": ids.rollout_id(rec.input_id, rec.index),
+        "policy_version": rec.policy_version,
+        "batch_policy_version": rec.batch_policy_version,
+        "timings": timings,
+    }
+    if rec.state == SUCCEEDED:
+        rewards = rec.rewards if rec.rewards is not None else (rec.reward or 0.0)
+        return RolloutCompleted(
+            event_id=ids.event_id(DetailType.ROLLOUT_COMPLETED, rec.exp_id, rec.batch_id, rec.input_id, rec.index),
+            session_id=rec.session_id or "",
+            attempt=rec.attempt,
+            rewards=rewards,
+            reward=float(rec.reward if rec.reward is not None else 0.0),
+            result_uri=rec.result_uri or "",
+            result=result,
+            **common,
+        )
+    reason = FailureReason(rec.reason or FailureReason.AGENT_ERROR)
+    return RolloutFailed(
+        event_id=ids.event_id(DetailType.ROLLOUT_FAILED, rec.exp_id, rec.batch_id, rec.input_id, rec.index),
+        session_id=rec.session_id,
+        reason=reason,
+        error=rec.error or reason.value,
+        attempts_used=rec.attempt,
+        result_uri=rec.result_uri,
+        **common,
+    )
+
+
+def group_member(rec: RolloutRecord) -> GroupMember:
+    """A terminal rollout as a member of its `Group Completed`."""
+    succeeded = rec.state == SUCCEEDED
+    return GroupMember(
+        index=rec.index,
+        status="succeeded" if succeeded else "failed",
+        reward=rec.reward if succeeded else None,
+        reason=None if succeeded else FailureReason(rec.reason or FailureReason.AGENT_ERROR),
+        error=None if succeeded else (rec.error or rec.reason or FailureReason.AGENT_ERROR.value),
+        attempt=rec.attempt,
+        session_id=rec.session_id,
+        policy_version=rec.policy_version,
+    )
+
+
+def with_members(detail: GroupCompleted, records: list[RolloutRecord]) -> GroupCompleted:
+    """`detail` with each terminal member's status, failure reason and dispatched policy version."""
+    members = sorted((group_member(r) for r in records if r.terminal), key=lambda m: m.index)
+    return detail.model_copy(update={"members": members})
