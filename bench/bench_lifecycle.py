@@ -195,7 +195,7 @@ def run(args: argparse.Namespace) -> int:
             with calls_lock:
                 calls[f"{service}.{operation}"] += 1
 
-    clients._session()._session.register("before-call", count_call)
+    clients.register_hook("before-call", count_call)
 
     group_size = args.group_size
     inputs = max(1, args.rollouts // group_size)

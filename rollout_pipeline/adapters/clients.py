@@ -56,6 +56,7 @@ class ClientFactory:
         self.user_agent_extra = user_agent_extra
         self.max_pool_connections = max_pool_connections
         self._clients: dict[str, Any] = {}
+        self._hooks: list[tuple[str, Any]] = []
         self._lock = threading.RLock()
 
     @property
@@ -65,6 +66,8 @@ class ClientFactory:
                 import boto3
 
                 self._session = boto3.session.Session(region_name=self._region)
+                for event_name, handler in self._hooks:
+                    self._session.events.register(event_name, handler)
             return self._session
 
     @property
@@ -119,9 +122,11 @@ class ClientFactory:
     def register_hook(self, event_name: str, handler: Any) -> None:
         """Register a botocore event handler (e.g. "before-call") on every client made so far and later.
 
-        Clients copy the session's event hooks when they are created, so both are needed.
+        Clients copy the session's event hooks when they are created, so both are needed; a session made after a
+        `reset` gets them again.
         """
         with self._lock:
+            self._hooks.append((event_name, handler))
             self.session.events.register(event_name, handler)
             for cached in self._clients.values():
                 cached.meta.events.register(event_name, handler)
