@@ -31,7 +31,15 @@ class ObjectNotFound(LookupError):
     """The object (or the requested version of it) does not exist."""
 
 
-class ObjectStore(Protocol):
+class ObjectReader(Protocol):
+    """The bounded read of one object (what reading a result needs). A missing object raises `ObjectNotFound`."""
+
+    def get_bytes(self, bucket: str, key: str, max_bytes: int) -> tuple[bytes, int]:
+        """Read at most `max_bytes` (+1 to detect overflow); return (body, full object size)."""
+        ...
+
+
+class ObjectStore(ObjectReader, Protocol):
     """S3 as the pipeline uses it. Reads of a missing object raise `ObjectNotFound`."""
 
     def head(self, bucket: str, key: str, version_id: str | None = None) -> ObjectInfo: ...
@@ -40,10 +48,6 @@ class ObjectStore(Protocol):
         self, bucket: str, key: str, version_id: str | None = None, chunk_size: int = 1 << 20
     ) -> Iterator[bytes]:
         """Stream the object in chunks; memory stays bounded by `chunk_size`."""
-        ...
-
-    def get_bytes(self, bucket: str, key: str, max_bytes: int) -> tuple[bytes, int]:
-        """Read at most `max_bytes` (+1 to detect overflow); return (body, full object size)."""
         ...
 
     def put_bytes(

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict
 from rollout_pipeline.contracts.common import json_type
 
 if TYPE_CHECKING:
-    from rollout_pipeline.ports import ObjectStore
+    from rollout_pipeline.ports import ObjectReader
 
 
 class FailureReason(StrEnum):
@@ -107,7 +107,7 @@ class ResultRead(BaseModel):
         return self.size > self.limit
 
 
-def read_result(store: ObjectStore, bucket: str, key: str, *, max_bytes: int) -> ResultRead:
+def read_result(store: ObjectReader, bucket: str, key: str, *, max_bytes: int) -> ResultRead:
     """Read at most `max_bytes` of a result object and parse it (`parse_result`): the one reader of result objects
     (completion, the inline result of `Rollout Completed`, the SDK). `ObjectNotFound` when it does not exist."""
     body, size = store.get_bytes(bucket, key, max_bytes)

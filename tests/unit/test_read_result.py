@@ -3,34 +3,25 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 
 import pytest
 
 from rollout_pipeline.contracts import FailureReason, read_result
-from rollout_pipeline.ports import ObjectInfo, ObjectNotFound
+from rollout_pipeline.ports import ObjectNotFound
 
 
 class Store:
-    """An object store holding a few bodies, read the way S3 ranges are (up to `max_bytes` + 1 bytes)."""
+    """An `ObjectReader` holding a few bodies, read the way S3 ranges are (up to `max_bytes` + 1 bytes)."""
 
     def __init__(self, objects: Mapping[str, bytes]) -> None:
         self.objects = dict(objects)
-
-    def head(self, bucket: str, key: str, version_id: str | None = None) -> ObjectInfo:  # pragma: no cover
-        raise NotImplementedError
-
-    def iter_bytes(self, bucket: str, key: str, version_id: str | None = None) -> Iterator[bytes]:  # pragma: no cover
-        raise NotImplementedError
 
     def get_bytes(self, bucket: str, key: str, max_bytes: int) -> tuple[bytes, int]:
         if key not in self.objects:
             raise ObjectNotFound(key)
         body = self.objects[key]
         return body[: max_bytes + 1], len(body)
-
-    def put_bytes(self, *args: object, **kwargs: object) -> str | None:  # pragma: no cover
-        raise NotImplementedError
 
 
 def test_a_success_is_parsed_with_its_body() -> None:
