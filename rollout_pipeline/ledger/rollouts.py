@@ -20,7 +20,7 @@ from rollout_pipeline.contracts import parse_iso
 from rollout_pipeline.ledger import keys, table
 from rollout_pipeline.ledger.attributes import from_attribute_value
 from rollout_pipeline.ledger.batches import query_batch_view
-from rollout_pipeline.ledger.items import BatchItem, GroupItem, RolloutState
+from rollout_pipeline.ledger.items import BatchItem, GroupItem, RolloutState, RolloutSummary
 from rollout_pipeline.ledger.retry import TRANSACTION_CONFLICT_ATTEMPTS
 from rollout_pipeline.ledger.table import LedgerTable, plain_values, reason_codes
 
@@ -41,6 +41,8 @@ OUTBOX_LEASE_S: Final = 60
 
 #: How many times a transaction is retried after a `TransactionConflict` (hot counter items) before giving up.
 CONFLICT_RETRIES: Final = TRANSACTION_CONFLICT_ATTEMPTS
+#: Upper bound on the (1 MB) pages of one read of a batch's rollouts for the SDK and the CLI (bounded work).
+MAX_READ_PAGES: Final = 2_000
 
 
 #: The ledger's one error type (`ledger.table.LedgerError`), named here too: the stages import it from this module.
@@ -214,15 +216,40 @@ class RolloutLedger:
         item = self.get(keys.sessions_key())
         return int((item or {}).get("in_flight") or 0)
 
-    def iter_prefix(self, batch_id: str, prefix: str, page_size: int = 100) -> Iterator[dict[str, Any]]:
-        """Raw items of one batch partition whose sort key starts with `prefix` (groups `G#`, rollouts `R#...`)."""
+    def iter_prefix(
+        self,
+        batch_id: str,
+        prefix: str,
+        page_size: int | None = 100,
+        *,
+        attributes: Sequence[str] = (),
+        max_pages: int | None = None,
+    ) -> Iterator[dict[str, Any]]:
+        """Raw items of one batch partition whose sort key starts with `prefix` (groups `G#`, rollouts `R#...`);
+        only `attributes` when given; `page_size` items a page (None: DynamoDB's 1 MB pages), at most `max_pages`
+        pages when given."""
         request: dict[str, Any] = {
             "KeyConditionExpression": "pk = :pk AND begins_with(sk, :prefix)",
             "ExpressionAttributeValues": _values({":pk": keys.batch_pk(batch_id), ":prefix": prefix}),
             "ConsistentRead": True,
-            "Limit": page_size,
         }
-        yield from self.table.query(request)
+        if page_size is not None:
+            request["Limit"] = page_size
+        if attributes:  # names, not values: several attribute names are DynamoDB reserved words (`state`)
+            names = {f"#p{i}": name for i, name in enumerate(attributes)}
+            request["ProjectionExpression"] = ", ".join(names)
+            request["ExpressionAttributeNames"] = names
+        yield from self.table.query(request, max_pages=max_pages)
+
+    def iter_rollout_items(self, batch_id: str, *, attributes: Sequence[str] = ()) -> Iterator[dict[str, Any]]:
+        """Every rollout item of a batch (raw; never-dispatched rollouts have none), at most `MAX_READ_PAGES` pages
+        of 1 MB: bounded work whatever the batch size."""
+        return self.iter_prefix(batch_id, keys.ROLLOUT_PREFIX, None, attributes=attributes, max_pages=MAX_READ_PAGES)
+
+    def rollout_summaries(self, batch_id: str, *, states_only: bool = False) -> Iterator[RolloutSummary]:
+        """Every dispatched rollout of a batch, typed (`items.RolloutSummary`); `states_only` reads the state alone."""
+        for item in self.iter_rollout_items(batch_id, attributes=("state",) if states_only else ()):
+            yield RolloutSummary.of(item)
 
     def iter_groups(self, batch_id: str) -> Iterator[dict[str, Any]]:
         """Every group item of a batch (paged, strongly consistent)."""
@@ -306,14 +333,13 @@ class RolloutLedger:
 
     def waiting_board(self) -> list[tuple[str, int, list[str]]]:
         """The admission board: (process, heartbeat_us, waiting keys) per process (strongly consistent)."""
-        kwargs: dict[str, Any] = {
-            "TableName": self.table_name,
+        request: dict[str, Any] = {
             "KeyConditionExpression": "pk = :pk AND begins_with(sk, :prefix)",
             "ExpressionAttributeValues": _values({":pk": keys.LIMIT_PK, ":prefix": keys.WAIT_PREFIX}),
             "ConsistentRead": True,
         }
         board = []
-        for raw in self.table.query(kwargs, max_pages=10):
+        for raw in self.table.query(request, max_pages=10):
             item = from_item(raw)
             board.append(
                 (

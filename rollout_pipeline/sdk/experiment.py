@@ -28,10 +28,11 @@ from rollout_pipeline.sdk.aio import AsyncStream
 from rollout_pipeline.sdk.delivery import DEFAULT_POLL_WAIT_S, DEFAULT_SEEN_IDS, EventFilter, EventStream, SeenIds
 from rollout_pipeline.sdk.errors import AwsError, BatchNotFound, DatasetInvalid, ExperimentNotDeployed, SdkError
 from rollout_pipeline.sdk.groups import DEFAULT_GROUP_GRACE_S, GROUP_DETAIL_TYPES, Group, GroupStream
-from rollout_pipeline.sdk.status import BatchStatus, RolloutStatus, batch_status, iter_rollout_items, rollout_states
+from rollout_pipeline.sdk.status import BatchStatus, batch_status
 from rollout_pipeline.sdk.transport import Event, QueueReader
 
 if TYPE_CHECKING:
+    from rollout_pipeline.ledger.items import RolloutSummary
     from rollout_pipeline.lifecycle.cancel import CancelReport
     from rollout_pipeline.ports import AgentRuntime
     from rollout_pipeline.sdk.client import RolloutClient
@@ -417,11 +418,11 @@ class Experiment:
             states = Counter(r.state for r in self.rollout_states(batch_id, states_only=True))
         return batch_status(item, states)
 
-    def rollout_states(self, batch_id: str, *, states_only: bool = False) -> Iterator[RolloutStatus]:
+    def rollout_states(self, batch_id: str, *, states_only: bool = False) -> Iterator[RolloutSummary]:
         """Each dispatched rollout of a batch as the ledger holds it: state, ids, reward, failure reason (with
         `states_only`, the state alone: a smaller read). Rollouts not yet dispatched have no entry."""
         with aws_errors(f"read the rollouts of batch {batch_id}"):
-            yield from rollout_states(self.client("dynamodb"), self.table_name, batch_id, states_only=states_only)
+            yield from self.wiring().rollout_ledger().rollout_summaries(batch_id, states_only=states_only)
 
     def cancel(self, batch_id: str, runtime: AgentRuntime | None = None) -> CancelReport:
         """Cancel a batch: queued rollouts are never started, running ones are stopped (through `runtime`, by
@@ -492,7 +493,7 @@ class Experiment:
                 raise BatchNotFound(f"no batch {batch_id!r} in experiment {self.name!r}")
             rows = export_rows(
                 groups=ledger.iter_groups(batch_id),
-                rollouts=iter_rollout_items(self.client("dynamodb"), self.table_name, batch_id),
+                rollouts=self.wiring().rollout_ledger().iter_rollout_items(batch_id),
                 fetch_result=fetch if include_results else None,
                 include_payload=include_payload,
             )

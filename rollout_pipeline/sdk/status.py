@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any
 
 from rollout_pipeline.contracts import iso, stats_from_sums
-from rollout_pipeline.ledger import keys
 from rollout_pipeline.ledger.batches import as_batch
-from rollout_pipeline.ledger.items import BatchItem, RolloutState, RolloutSummary
-from rollout_pipeline.ledger.table import query_items
-
-#: Upper bound on ledger query pages read for one status (1 MB each): bounded work whatever the batch size.
-MAX_QUERY_PAGES: Final = 2_000
+from rollout_pipeline.ledger.items import BatchItem, RolloutState
 
 
 @dataclass(frozen=True)
@@ -73,22 +67,7 @@ class BatchStatus:
         }
 
 
-def iter_rollout_items(ddb: Any, table_name: str, batch_id: str, projection: str | None = None) -> Iterator[Any]:
-    """Every rollout item of a batch (typed), by a Query on the batch partition (never a scan); bounded pages."""
-    kwargs: dict[str, Any] = {
-        "TableName": table_name,
-        "KeyConditionExpression": "pk = :pk AND begins_with(sk, :r)",
-        "ExpressionAttributeValues": {":pk": {"S": keys.batch_pk(batch_id)}, ":r": {"S": keys.ROLLOUT_PREFIX}},
-    }
-    if projection:
-        kwargs["ProjectionExpression"] = projection
-        kwargs["ExpressionAttributeNames"] = {"#state": "state"} if "#state" in projection else {}
-        if not kwargs["ExpressionAttributeNames"]:
-            del kwargs["ExpressionAttributeNames"]
-    yield from query_items(ddb, kwargs, max_pages=MAX_QUERY_PAGES)
-
-
-def batch_status(batch_item: BatchItem | Mapping[str, Any], rollout_states: Counter[str]) -> BatchStatus:
+def batch_status(batch_item: BatchItem | Mapping[str, Any], rollout_states: Mapping[Any, int]) -> BatchStatus:
     """Combine the batch counters with the rollout items' states (running = dispatched, not yet terminal)."""
     batch = as_batch(batch_item)
     total = batch.rollouts_total
@@ -120,27 +99,3 @@ def batch_status(batch_item: BatchItem | Mapping[str, Any], rollout_states: Coun
         error=batch.error,
         errors_uri=batch.errors_uri,
     )
-
-
-@dataclass(frozen=True)
-class RolloutStatus:
-    """One dispatched rollout as the ledger holds it (ids, reward and reason are None when only states were read)."""
-
-    state: str
-    input_id: str | None = None
-    index: int | None = None
-    reward: float | None = None
-    reason: str | None = None
-
-
-def rollout_states(ddb: Any, table_name: str, batch_id: str, *, states_only: bool = False) -> Iterator[RolloutStatus]:
-    """The rollout items of a batch (never-dispatched rollouts have none), read as `RolloutStatus`es."""
-    for item in iter_rollout_items(ddb, table_name, batch_id, "#state" if states_only else None):
-        rollout = RolloutSummary.of(item)
-        yield RolloutStatus(
-            state=rollout.state.value if rollout.state else "",
-            input_id=rollout.input_id,
-            index=rollout.index,
-            reward=rollout.reward,
-            reason=rollout.reason,
-        )
