@@ -13,6 +13,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Generic, Protocol, TypeVar
 
 T = TypeVar("T")
@@ -61,7 +62,7 @@ def run_partial_batch(
     workers = max(1, min(workers, len(records)))
     if workers == 1:
         for record in records:
-            settle(message_id(record), lambda record=record: handle(record))  # type: ignore[misc]
+            settle(message_id(record), partial(handle, record))
         return
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix=what) as pool:
         futures = {message_id(r): pool.submit(handle, r) for r in records}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any, Final
 
 from rollout_pipeline.contracts import utcnow
@@ -94,9 +94,7 @@ class LedgerTable:
 
     def expires_at(self, now_epoch: int | None = None) -> int:
         """The TTL (`expires_at`, epoch seconds) of an item written at `now_epoch` (default: the clock)."""
-        if now_epoch is None:
-            return int((self.now() + timedelta(days=self.ttl_days)).timestamp())
-        return now_epoch + self.ttl_s
+        return (self.epoch() if now_epoch is None else now_epoch) + self.ttl_s
 
     # ------------------------------------------------------------------------------------------------ reads
 

@@ -278,7 +278,7 @@ class SlotGate:
         self._sleep = sleep
         self._cond = threading.Condition()
         self._tickets = 0
-        self._queue: list[tuple[Any, int]] = []  # waiting keys, sorted
+        self._queue: list[tuple[str, int]] = []  # (admission key, arrival), sorted
         self._seq = 0
         self._polling = False
         self.polls = 0
@@ -287,7 +287,7 @@ class SlotGate:
         """Whether a waiter anywhere (this process, or another on the board: a view at most `BOARD_READ_S` old)
         comes before `priority`: then a newly received message queues behind it instead of taking a slot first."""
         with self._cond:
-            if any(key[0] < priority for key in self._queue if isinstance(key[0], str)):
+            if self._queue and self._queue[0][0] < priority:  # the queue is sorted: its head is the earliest
                 return True
         if self.board is None:
             return False
@@ -297,9 +297,9 @@ class SlotGate:
             return False
         return bool(others) and others[0] < priority
 
-    def wait(self, wait_until: float, priority: Any = ()) -> bool:
+    def wait(self, wait_until: float, priority: str = "") -> bool:
         """Block until a slot looks free for this waiter (True) or `wait_until` (monotonic) passes (False).
-        `priority` sorts waiters (lowest first); with a board it must be a `str` (an admission key)."""
+        `priority` (an admission key, `dispatch.admission_key`) sorts waiters, lowest first."""
         with self._cond:
             self._seq += 1
             key = (priority, self._seq)
@@ -335,7 +335,7 @@ class SlotGate:
 
     def _waiting(self) -> list[str]:
         with self._cond:  # reentrant: also called with the condition held
-            return [str(key[0]) for key in self._queue]
+            return [key for key, _arrival in self._queue]
 
     def _publish(self) -> None:
         assert self.board is not None
@@ -357,7 +357,7 @@ class SlotGate:
                 continue
             if self.board is None:
                 return free
-            mine = sorted(self._waiting())
+            mine = self._waiting()  # sorted, as the queue is
             try:
                 others = self.board.others()
             except Exception:  # no board view: fall back to this process's own order

@@ -185,6 +185,24 @@ def _end(ledger: RolloutLedger, batch_id: str, input_id: str, index: int, reward
     )
 
 
+def _begin(rollouts: RolloutLedger, input_id: str, index: int) -> DispatchStart:
+    """Dispatch attempt 1 of one rollout of batch `b1` (4 session slots)."""
+    return rollouts.begin_dispatch(
+        exp_id="test-exp",
+        batch_id="b1",
+        input_id=input_id,
+        index=index,
+        attempt=1,
+        session_id=ids.session_id("test-exp", "b1", input_id, index, 1),
+        submitted_at="t",
+        now_iso="t",
+        now_epoch=1_800_000_000,
+        deadline=1_800_000_900,
+        max_sessions=4,
+        policy_version=None,
+    )
+
+
 def test_ingest_checkpoints_and_cancel_do_not_meet_dispatch_or_terminal_transactions(
     resources: ExperimentResources, hot: faithful.FaithfulProfile
 ) -> None:
@@ -203,20 +221,7 @@ def test_ingest_checkpoints_and_cancel_do_not_meet_dispatch_or_terminal_transact
     rollouts = RolloutLedger(resources.table_name)
     assert batches.acquire_lease("b1", "me", 60) is not None
     plain, transactions = hot.stats.plain_conflicts, hot.stats.transaction_conflicts
-    started = rollouts.begin_dispatch(
-        exp_id="test-exp",
-        batch_id="b1",
-        input_id="q1",
-        index=0,
-        attempt=1,
-        session_id=ids.session_id("test-exp", "b1", "q1", 0, 1),
-        submitted_at="t",
-        now_iso="t",
-        now_epoch=1_800_000_000,
-        deadline=1_800_000_900,
-        max_sessions=4,
-        policy_version=None,
-    )
+    started = _begin(rollouts, "q1", 0)
     assert started is DispatchStart.STARTED
     batches.checkpoint("b1", owner="me", previous_cursor=0, progress=IngestProgress(cursor=1), lease_seconds=60)
     _end(rollouts, "b1", "q1", 1, reward=0.5)
@@ -232,20 +237,7 @@ def test_ingest_checkpoints_and_cancel_do_not_meet_dispatch_or_terminal_transact
     assert (hot.stats.plain_conflicts, hot.stats.transaction_conflicts) == (plain, transactions)
     assert rollouts.set_batch_cancelled("b1", "2026-01-01T00:00:00Z", 1_800_000_000)
     # ...and the cancel flag moved where the dispatch transaction checks it
-    again = rollouts.begin_dispatch(
-        exp_id="test-exp",
-        batch_id="b1",
-        input_id="q2",
-        index=1,
-        attempt=1,
-        session_id=ids.session_id("test-exp", "b1", "q2", 1, 1),
-        submitted_at="t",
-        now_iso="t",
-        now_epoch=1_800_000_000,
-        deadline=1_800_000_900,
-        max_sessions=4,
-        policy_version=None,
-    )
+    again = _begin(rollouts, "q2", 1)
     assert again is DispatchStart.CANCELLED
     view = batch_view(resources, "b1")
     assert (view["status"], view["terminal"], view["succeeded"], view["failed_cancelled"]) == ("cancelled", 2, 1, 1)

@@ -14,14 +14,14 @@ def test_freed_slots_go_to_waiters_in_group_order() -> None:
     admitted: list[str] = []
     lock = threading.Lock()
 
-    def waiter(name: str, key: tuple[object, ...]) -> None:
+    def waiter(name: str, key: str) -> None:
         if gate.wait(time.monotonic() + 10, key):
             with lock:  # an admitted waiter takes its slot, as the ledger's conditional ADD does
                 in_flight["n"] += 1
                 admitted.append(name)
 
     # Arrival order is the reverse of group order (later groups' messages came first).
-    keys = {"g3#0": (1.0, "b", "g3", 0), "g2#1": (1.0, "b", "g2", 1), "g2#0": (1.0, "b", "g2", 0)}
+    keys = {"g3#0": "1|b|g3|0", "g2#1": "1|b|g2|1", "g2#0": "1|b|g2|0"}  # admission keys: submission, batch, group
     threads = []
     for name, key in keys.items():
         threads.append(threading.Thread(target=waiter, args=(name, key)))
