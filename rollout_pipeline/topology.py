@@ -166,9 +166,12 @@ class StackOutputs(BaseModel):
     def config(self) -> ExperimentConfig:
         return ExperimentConfig.from_env(self.experiment_config)
 
-    def handler_settings(self) -> HandlerSettings:
-        """The settings the stack gives its functions (local mode's consumers and the SDK's stages use them)."""
-        return HandlerSettings(**self.model_dump(include=set(_RESOURCE_FIELDS)), experiment=self.config())
+    def handler_settings(self, config: ExperimentConfig | None = None) -> HandlerSettings:
+        """The settings the stack gives its functions (local mode's consumers and the SDK's stages use them);
+        `config`: the experiment configuration when already parsed (`config()`)."""
+        return HandlerSettings(
+            **self.model_dump(include=set(_RESOURCE_FIELDS)), experiment=config if config is not None else self.config()
+        )
 
 
 class FunctionEnvironment(BaseModel):

@@ -32,6 +32,7 @@ from rollout_pipeline.sdk.status import BatchStatus, batch_status
 from rollout_pipeline.sdk.transport import Event, QueueReader
 
 if TYPE_CHECKING:
+    from rollout_pipeline.ledger.batches import BatchLedger
     from rollout_pipeline.ledger.items import RolloutSummary
     from rollout_pipeline.lifecycle.cancel import CancelReport
     from rollout_pipeline.ports import AgentRuntime
@@ -74,6 +75,8 @@ class Experiment:
         self.aws = AwsClients(session=session, region=region, endpoint_url=endpoint_url)
         #: Event ids already handed to user code in this process (shared by every stream and the dispatcher).
         self.seen = SeenIds(seen_ids)
+        self._settings = self.stack_outputs.handler_settings(self.config)
+        self._wiring: Wiring | None = None
 
     # ---------------------------------------------------------------------------------------------- attach
 
@@ -190,9 +193,13 @@ class Experiment:
         `runtime` for cancels (default: ACR, or the local pipeline's at this experiment's local endpoint)."""
         from rollout_pipeline.wiring import Wiring
 
-        return Wiring(self.settings(), self.aws, runtime=runtime)
+        if runtime is not None:
+            return Wiring(self._settings, self.aws, runtime=runtime)
+        if self._wiring is None:  # built once: its stages are reused by every call (a race builds an equal one)
+            self._wiring = Wiring(self._settings, self.aws)
+        return self._wiring
 
-    def _ledger(self) -> Any:
+    def _ledger(self) -> BatchLedger:
         return self.wiring().batch_ledger()
 
     # ---------------------------------------------------------------------------------------------- submit
@@ -273,7 +280,7 @@ class Experiment:
 
     def settings(self) -> HandlerSettings:
         """The handler settings of this experiment (what the pipeline's own stages are configured with)."""
-        return self.stack_outputs.handler_settings()
+        return self._settings
 
     def _options(
         self,
