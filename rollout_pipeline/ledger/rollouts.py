@@ -208,9 +208,6 @@ class RolloutLedger:
         for item in self.iter_prefix(batch_id, keys.GROUP_PREFIX):
             yield GroupItem.of(item)
 
-    def get_group(self, batch_id: str, input_id: str) -> dict[str, Any] | None:
-        return self.get(keys.group_key(batch_id, input_id))
-
     def in_flight(self) -> int:
         """The session-slot counter (strongly consistent)."""
         item = self.get(keys.sessions_key())

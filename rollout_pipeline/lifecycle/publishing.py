@@ -11,7 +11,6 @@ stopped session succeeds, a duplicated retry message is absorbed by the dispatch
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from rollout_pipeline import ids
@@ -23,7 +22,6 @@ from rollout_pipeline.contracts import (
     redact_secrets,
 )
 from rollout_pipeline.details import batch_completion_detail, group_completion_detail, rollout_event, with_members
-from rollout_pipeline.ledger.batches import batch_options
 from rollout_pipeline.ledger.rollouts import (
     OUTBOX_ENQUEUE,
     OUTBOX_PUBLISH,
@@ -42,22 +40,21 @@ from rollout_pipeline.lifecycle.metrics import NOTIFICATION_LATENCY
 
 def retry_message(rec: RolloutRecord, deps: LifecycleDeps) -> RolloutMessage:
     """The rollout-queue message of the rollout's current (queued) attempt, rebuilt from its group item."""
-    group = deps.ledger.get_group(rec.batch_id, rec.input_id)
+    group = deps.ledger.group(rec.batch_id, rec.input_id)
     if group is None:
         raise LookupError(f"group {rec.batch_id}/{rec.input_id} not found for the retry of {rec.index}")
-    payload = group.get("payload")
     return RolloutMessage(
         exp_id=rec.exp_id or deps.config.name,
         batch_id=rec.batch_id,
         input_id=rec.input_id,
         index=rec.index,
         attempt=rec.attempt,
-        group_size=int(group["group_size"]),
+        group_size=group.group_size,
         submitted_at=rec.submitted_at or deps.now(),
-        line=int(group["line"]) if group.get("line") else None,
-        payload=json.loads(payload) if payload else None,
-        payload_ref=group.get("payload_ref"),
-        rollout_overrides=json.loads(group.get("overrides") or "{}"),
+        line=group.line or None,
+        payload=dict(group.payload) if group.payload is not None else None,
+        payload_ref=group.payload_ref,
+        rollout_overrides=dict(group.overrides),
     )
 
 
@@ -87,9 +84,9 @@ def completion_details(rec: RolloutRecord, deps: LifecycleDeps) -> list[Any]:
     each claimed for this rollout so that concurrent last rollouts do not both publish it."""
     details: list[Any] = []
     claimant = ids.rollout_id(rec.input_id, rec.index)
-    batch = deps.ledger.get_batch(rec.batch_id)
-    options = batch_options(batch)
-    group = deps.ledger.get_group(rec.batch_id, rec.input_id)
+    batch = deps.ledger.batch(rec.batch_id)
+    options = batch.options if batch is not None else None
+    group = deps.ledger.group(rec.batch_id, rec.input_id)
     if group is not None:
         group_detail = group_completion_detail(group, options.policy_version if options else rec.policy_version)
         if group_detail is not None and deps.ledger.claim_group_event(rec.batch_id, rec.input_id, claimant):
