@@ -312,6 +312,11 @@ class RolloutLedger:
                 return None, tat
         raise LedgerError(f"pace budget {budget} kept changing under us")
 
+    def pace_tat(self, budget: str) -> int:
+        """A paced budget's schedule (`tat`, epoch microseconds: the earliest time its next call may start); 0 when
+        it was never used. Strongly consistent."""
+        return int((self.get(keys.pace_key(budget)) or {}).get("tat") or 0)
+
     def put_waiting(self, process: str, waiting: Sequence[str], *, now_us: int) -> None:
         """Publish one dispatcher process's waiting admission keys on the admission board, stamped `now_us`."""
         self.ddb.put_item(

@@ -7,7 +7,7 @@ from datetime import datetime
 
 from rollout_pipeline.config import ExperimentConfig, HandlerSettings
 from rollout_pipeline.ledger.rollouts import RolloutLedger
-from rollout_pipeline.lifecycle.limits import AdmissionBoard, LimitedRuntime, SlotGate, pacers
+from rollout_pipeline.lifecycle.limits import AdmissionBoard, LimitedRuntime, SessionRoom, SlotGate, pacers
 from rollout_pipeline.lifecycle.metrics import MetricsRecorder
 from rollout_pipeline.ports import AgentRuntime, Clock, EventPublisher, MessageQueue, ObjectStore, SystemClock
 
@@ -52,6 +52,7 @@ class LifecycleDeps:
             board=AdmissionBoard(self.ledger, wall=lambda: self.clock.now().timestamp())
             if self.group_admission
             else None,
+            room=SessionRoom(sessions),
             monotonic=self.clock.monotonic,
             sleep=self.clock.sleep,
         )

@@ -160,8 +160,8 @@ def dispatch_body(body: str, deps: LifecycleDeps, *, wait_until: float, batches:
     if batch.get("status") == "cancelled":
         return _cancelled(message, deps, options)
     row_payload = _row_payload(message, deps)
-    if deps.slots.behind_others(admission_key(message)) and not _wait_for_slot(deps, wait_until, message):
-        return _requeue(message, deps, Dispatch.REQUEUED_LIMIT)  # earlier groups still wait: queue behind them
+    if deps.slots.must_queue(admission_key(message)) and not _wait_for_slot(deps, wait_until, message):
+        return _requeue(message, deps, Dispatch.REQUEUED_LIMIT)  # earlier groups wait, or the session rate binds
     for _ in range(20):
         now = deps.now()
         start = deps.ledger.begin_dispatch(

@@ -17,6 +17,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import heapq
+import math
 import random
 import threading
 import time
@@ -57,6 +58,8 @@ class Pacer:
         self._wall = wall
         self._monotonic = monotonic
         self._sleep = sleep
+        #: The latest schedule (`tat`, wall clock s) this process has seen or promised: it only moves forward.
+        self.tat = 0.0
         #: Recent slowest reservation (a ledger write; a decaying maximum): slots are reserved at least about this
         #: far ahead, so the caller is not already late when the answer arrives.
         self.write_s = 0.01
@@ -93,7 +96,29 @@ class Pacer:
             interval_us=max(1, int(self.interval_s * 1e6)),
         )
         self.write_s = max(0.97 * self.write_s, self._monotonic() - started)
+        self.tat = max(self.tat, tat_us / 1e6)
         return (None if slot_us is None else slot_us / 1e6), tat_us / 1e6
+
+    def read_tat(self) -> float:
+        """Read the budget's schedule (one strongly consistent GetItem); returns the latest known `tat`."""
+        self.tat = max(self.tat, self.ledger.pace_tat(self.budget) / 1e6)
+        return self.tat
+
+    def room(self, ahead_s: float) -> int:
+        """Calls that could still start within `ahead_s` (at least one interval) from now, by the latest known
+        schedule (no read)."""
+        now = self._wall()
+        ahead = max(ahead_s, self.interval_s)
+        return max(0, math.floor((now + ahead - max(self.tat, now)) / self.interval_s))
+
+    def next_room_s(self, ahead_s: float) -> float:
+        """Seconds until `room(ahead_s)` is at least one, by the latest known schedule."""
+        return max(0.0, self.tat - max(ahead_s, self.interval_s) + self.interval_s - self._wall())
+
+    def promise(self, calls: int) -> None:
+        """Count `calls` about to be reserved by this process in the known schedule (until a read shows them)."""
+        if calls > 0:
+            self.tat = max(self.tat, self._wall()) + calls * self.interval_s
 
     def sleep_until(self, slot: float) -> bool:
         """Sleep until `slot`; False if this caller is already more than LATENESS_S late (the slot is lost)."""
@@ -191,6 +216,57 @@ def pacers(
     ]
 
 
+#: A new rollout is admitted (takes a slot, then reserves its session start) only while the session budgets still
+#: have room within this horizon; beyond it, rollouts wait in the ordered `SlotGate`, so the budget's own queue
+#: stays short and admission order, not first-come reservations, decides which group's sessions start first.
+ADMIT_AHEAD_S: Final = 2.0
+
+
+class SessionRoom:
+    """Room for new sessions in the `session#{endpoint}` budgets within `ahead_s` (summed over endpoints), as this
+    process knows it: its reads of the schedules, its own reservations, and the sessions it let through since."""
+
+    def __init__(self, sessions: Sequence[Pacer], ahead_s: float = ADMIT_AHEAD_S) -> None:
+        self.sessions = list(sessions)
+        self.ahead_s = ahead_s
+        self._lock = threading.Lock()
+
+    def claim(self) -> bool:
+        """For a newly received rollout: True (and the room counted as taken) if a session budget is idle (its next
+        start is not ahead of now; one read of the schedules). A busy budget sends the rollout to the
+        ordered gate, which admits up to `ahead_s`: so processes that start at once let through one rollout each,
+        not a horizon's worth each in no particular order."""
+        with self._lock:
+            self._read()
+            if sum(p.room(0.0) for p in self.sessions) <= 0:
+                return False
+            self._promise(1)
+            return True
+
+    def read(self) -> int:
+        """Room now (reads every endpoint's schedule)."""
+        with self._lock:
+            self._read()
+            return sum(p.room(self.ahead_s) for p in self.sessions)
+
+    def _read(self) -> None:
+        for pacer in self.sessions:
+            pacer.read_tat()
+
+    def promise(self, sessions: int) -> None:
+        """`sessions` waiters were let through: count them in the known schedules."""
+        with self._lock:
+            self._promise(sessions)
+
+    def _promise(self, sessions: int) -> None:
+        for _ in range(sessions):  # spread over the endpoints (a session's endpoint is its id's hash)
+            min(self.sessions, key=lambda p: p.tat).promise(1)
+
+    def next_room_s(self) -> float:
+        """Seconds until the known schedules have room for one more session."""
+        return min(p.next_room_s(self.ahead_s) for p in self.sessions)
+
+
 #: A process's entry on the admission board older than this is ignored (its process crashed or stalled), so a dead
 #: waiter holds the others back at most this long.
 BOARD_STALE_S: Final = 5.0
@@ -260,7 +336,9 @@ class SlotGate:
     (`AdmissionBoard`) that order holds across every dispatcher process: the poller publishes its waiters' keys and
     lets through only those of its waiters that rank among the first `free` keys of ALL live waiters. The others
     sleep. The transaction stays the only arbiter, so a waiter let through for nothing just waits again. Saves N-1
-    polls per process and the herd of transactions that N independent pollers would start when one slot frees."""
+    polls per process and the herd of transactions that N independent pollers would start when one slot frees.
+    With a `room` (`SessionRoom`), `free` is also bounded by the session budgets' room within `ADMIT_AHEAD_S`, so the
+    same order holds when the new-session RATE binds rather than `max_sessions`."""
 
     def __init__(
         self,
@@ -268,12 +346,14 @@ class SlotGate:
         max_sessions: int,
         *,
         board: AdmissionBoard | None = None,
+        room: SessionRoom | None = None,
         monotonic: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self._in_flight = in_flight
         self.max_sessions = max_sessions
         self.board = board
+        self.room = room
         self._monotonic = monotonic
         self._sleep = sleep
         self._cond = threading.Condition()
@@ -283,19 +363,24 @@ class SlotGate:
         self._polling = False
         self.polls = 0
 
-    def behind_others(self, priority: str) -> bool:
-        """Whether a waiter anywhere (this process, or another on the board: a view at most `BOARD_READ_S` old)
-        comes before `priority`: then a newly received message queues behind it instead of taking a slot first."""
+    def must_queue(self, priority: str) -> bool:
+        """Whether a newly received rollout must wait in the gate instead of taking a slot at once: the session
+        budgets are booked beyond `ADMIT_AHEAD_S` (as far as this process knows), or a waiter anywhere (this
+        process, or another on the board: a view at most `BOARD_READ_S` old) comes before `priority`."""
         with self._cond:
             if self._queue and self._queue[0][0] < priority:  # the queue is sorted: its head is the earliest
                 return True
-        if self.board is None:
-            return False
+        if self.board is not None:
+            try:
+                others = self.board.others(BOARD_READ_S)
+            except Exception:  # no board view: the transaction decides, as without a board
+                others = []
+            if others and others[0] < priority:
+                return True
         try:
-            others = self.board.others(BOARD_READ_S)
-        except Exception:  # no board view: the transaction decides, as without a board
+            return self.room is not None and not self.room.claim()
+        except Exception:  # no view of the budgets: the pacer still holds the rate
             return False
-        return bool(others) and others[0] < priority
 
     def wait(self, wait_until: float, priority: str = "") -> bool:
         """Block until a slot looks free for this waiter (True) or `wait_until` (monotonic) passes (False).
@@ -323,7 +408,10 @@ class SlotGate:
                         self._cond.acquire()
                         self._polling = False
                     if free:
-                        self._tickets = min(free, len(self._queue))
+                        granted = min(free, len(self._queue))
+                        if self.room is not None:
+                            self.room.promise(granted - min(self._tickets, granted))
+                        self._tickets = granted
                         self._cond.notify_all()
                     else:
                         self._cond.notify()  # another waiter takes over the polling
@@ -344,15 +432,24 @@ class SlotGate:
 
     def _poll(self, wait_until: float) -> int:
         """Poll until some slots look free for this process's waiters (their number) or `wait_until` passes."""
+        pause = jitter_poll_s()
+        if self.room is not None:  # the rate may be what binds: look as soon as the budgets have room
+            pause = self._room_pause(pause)
+        if self.board is not None:
+            self._publish()  # waiters let through by the last poll leave the board now, not a poll later
         while True:
-            pause = jitter_poll_s()
             if self._monotonic() + pause > wait_until:
                 return 0
             self._sleep(pause)
+            pause = jitter_poll_s()
             self.polls += 1
             if self.board is not None:
                 self._publish()  # this process's waiters as they are now (changed, or the heartbeat)
             free = self.max_sessions - self._in_flight()
+            if free > 0 and self.room is not None:
+                free = min(free, self.room.read())
+                if free <= 0:
+                    pause = self._room_pause(pause)
             if free <= 0:
                 continue
             if self.board is None:
@@ -366,6 +463,12 @@ class SlotGate:
             ours = sum(1 for _key, theirs in ranked if not theirs)
             if ours:
                 return ours
+            pause = min(pause, random.uniform(0.1, 0.25))  # room others go first for: look again soon
+
+    def _room_pause(self, pause: float) -> float:
+        """Poll again when the session budgets will have room (at most `pause`, at least 0.1 s, jittered)."""
+        assert self.room is not None
+        return min(pause, max(0.1, self.room.next_room_s()) + random.uniform(0.0, 0.05))
 
 
 def jitter_poll_s() -> float:

@@ -5,6 +5,7 @@ admitted, and complete, in submission order (docs/lifecycle.md, "Limits")."""
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from typing import Any
@@ -16,6 +17,7 @@ from rollout_pipeline.adapters.fake_acr import AgentBehaviour, FakeAgentRuntime,
 from rollout_pipeline.ledger import keys
 from rollout_pipeline.lifecycle.completion import complete_records
 from rollout_pipeline.lifecycle.dispatch import dispatch_records
+from rollout_pipeline.lifecycle.limits import ADMIT_AHEAD_S, LATENESS_S
 from rollout_pipeline.local.resources import ExperimentResources
 from tests.conftest import receive_all
 from tests.integration.lifecycle_support import (
@@ -40,8 +42,17 @@ MAX_SESSIONS = 4
 DISPATCHERS = 3
 
 
+#: The two limits that can bind: the session slots (`max_sessions`), or the new-session RATE with free slots (then
+#: the ordered gate admits only what the session budget can start within `limits.ADMIT_AHEAD_S`).
+BINDING = {
+    "slots": {"max_sessions": MAX_SESSIONS, "tps_limit": 25, "session_rate_limit": 20},
+    "session_rate": {"max_sessions": 100, "tps_limit": 25, "session_rate_limit": 4},
+}
+
+
+@pytest.mark.parametrize("binding", list(BINDING))
 def test_groups_are_admitted_in_submission_order_across_dispatchers(
-    resources: ExperimentResources, fake: FakeAgentRuntime
+    resources: ExperimentResources, fake: FakeAgentRuntime, binding: str
 ) -> None:
     # Ids whose text order is NOT the submission order ("g10" < "g2"): the line decides.
     inputs = {f"g{i}": {"i": i} for i in range(GROUPS)}
@@ -59,7 +70,7 @@ def test_groups_are_admitted_in_submission_order_across_dispatchers(
     # As ingestion sends them: a group's rollouts are consecutive messages, groups in line order.
     send(resources, seed_batch(resources, batch_id=BATCH, inputs=inputs, group_size=GROUP_SIZE))
     total = GROUPS * GROUP_SIZE
-    limits = {"max_sessions": MAX_SESSIONS, "tps_limit": 25, "session_rate_limit": 20}
+    limits = BINDING[binding]
     stop = threading.Event()
     errors: list[BaseException] = []
 
@@ -103,7 +114,7 @@ def test_groups_are_admitted_in_submission_order_across_dispatchers(
     assert errors == []
     events = trainer_events(resources)
     assert len({e["rollout_id"] for e in by_type(events, "Rollout Completed")}) == total
-    assert fake.max_running <= MAX_SESSIONS
+    assert fake.max_running <= limits["max_sessions"]
     assert ledger_item(resources, keys.sessions_key())["in_flight"] == 0
     for name in ("rollout", "completion"):
         assert receive_all(resources.dlq_urls[name]) == []
@@ -114,14 +125,22 @@ def test_groups_are_admitted_in_submission_order_across_dispatchers(
     displacement = [abs(rank - lines[g]) for rank, g in enumerate(order)]
     # Tolerance: a group may swap with a neighbour (two rollouts admitted in the same poll), no more.
     assert max(displacement) <= 1, order
-    # And a group's rollouts start together: once the backlog is known (after the first `MAX_SESSIONS` starts, which
-    # the dispatchers take at once from an empty cluster), no rollout of a group two or more lines later starts
-    # before a group is fully admitted.
-    fill = sorted(started.values())[MAX_SESSIONS - 1]
+    # And a group's rollouts start together: once the backlog is known (after the starts the dispatchers take at once
+    # from an idle cluster: the first `max_sessions`, or one per dispatcher while the session budget is idle; and once
+    # the first group is received at all: until then a later group has nothing to wait for), no
+    # rollout of a group `reach` or more lines later starts before a group is fully admitted. The gate lets through
+    # a poll's free slots, or the session budget's room within `ADMIT_AHEAD_S`, whose rollouts then race.
+    if binding == "slots":
+        first, reach = MAX_SESSIONS, 2
+    else:
+        room = math.floor(ADMIT_AHEAD_S * limits["session_rate_limit"] / (1 + LATENESS_S))
+        first, reach = DISPATCHERS, 1 + math.ceil(room / GROUP_SIZE)
+    starts = sorted(started.values())
+    fill = max(starts[first - 1], min(at for (h, _i), at in started.items() if lines[h] == 0))
     overtaken = [
         (g, h, i)
         for g in inputs
         for (h, i), at in started.items()
-        if lines[h] >= lines[g] + 2 and fill < at < admitted[g]
+        if lines[h] >= lines[g] + reach and fill < at < admitted[g]
     ]
     assert overtaken == [], (order, overtaken)

@@ -56,8 +56,8 @@ def test_free_slots_go_to_the_lowest_keys_of_every_process() -> None:
         t.start()
         time.sleep(0.05)
     time.sleep(0.3)  # every poller has published its waiters
-    assert gates["b"].behind_others("k4#0")
-    assert not gates["b"].behind_others("k0#0")
+    assert gates["b"].must_queue("k4#0")
+    assert not gates["b"].must_queue("k0#0")
     with lock:
         in_flight["n"] = 0  # two slots free: group k1 (process a) gets both
     deadline = time.monotonic() + 5

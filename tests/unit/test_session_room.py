@@ -1,0 +1,101 @@
+"""The session budgets' room (`limits.SessionRoom`): when the new-session RATE binds (free slots), new rollouts wait
+in the ordered gate and it lets through only what the budgets can start within `ADMIT_AHEAD_S`, lowest keys first."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from rollout_pipeline.lifecycle.limits import ADMIT_AHEAD_S, LATENESS_S, Pacer, SessionRoom, SlotGate
+
+
+class FakeSchedules:
+    """The ledger's `pace_tat` read, in memory (the schedule of each paced budget, epoch microseconds)."""
+
+    def __init__(self) -> None:
+        self.tat_us: dict[str, int] = {}
+        self.reads = 0
+
+    def pace_tat(self, budget: str) -> int:
+        self.reads += 1
+        return self.tat_us.get(budget, 0)
+
+
+def _room(schedules: FakeSchedules, rate: float, now: list[float], endpoints: int = 1) -> SessionRoom:
+    pacers = [Pacer(schedules, f"session#{i}", rate, wall=lambda: now[0]) for i in range(endpoints)]  # type: ignore[arg-type]
+    return SessionRoom(pacers)
+
+
+def test_room_is_what_the_schedule_can_start_within_the_horizon() -> None:
+    schedules, now = FakeSchedules(), [1000.0]
+    room = _room(schedules, 5.0, now)
+    interval = (1 + LATENESS_S) / 5.0
+    assert room.read() == int(ADMIT_AHEAD_S / interval)  # idle: a horizon's worth
+    schedules.tat_us["session#0"] = int((now[0] + ADMIT_AHEAD_S) * 1e6)  # booked to the horizon
+    assert room.read() == 0
+    now[0] += 3 * interval  # time passes: three starts' worth of room again
+    assert room.read() == 3
+
+
+def test_a_slow_budget_still_has_room_for_one_when_idle() -> None:
+    schedules, now = FakeSchedules(), [1000.0]
+    room = _room(schedules, 0.2, now)  # one start every 6 s: longer than the horizon
+    assert room.read() == 1
+
+
+def test_a_new_rollout_claims_only_an_idle_budget_and_counts_its_claim() -> None:
+    schedules, now = FakeSchedules(), [1000.0]
+    room = _room(schedules, 5.0, now)
+    assert room.claim()  # idle: straight to its slot
+    assert not room.claim()  # the first claim booked the next start: the second rollout queues in the gate
+    assert schedules.reads == 2  # each claim reads the schedule (another process may have booked it)
+    now[0] += 1.0
+    assert room.claim()
+    now[0] += 1.0
+    schedules.tat_us["session#0"] = int((now[0] + 0.5) * 1e6)  # another process booked ahead
+    assert not room.claim()
+
+
+def test_promises_spread_over_endpoints() -> None:
+    schedules, now = FakeSchedules(), [1000.0]
+    room = _room(schedules, 5.0, now, endpoints=2)
+    per_endpoint = int(ADMIT_AHEAD_S / ((1 + LATENESS_S) / 5.0))
+    assert room.read() == 2 * per_endpoint
+    room.promise(per_endpoint)
+    assert [p.room(ADMIT_AHEAD_S) for p in room.sessions] == [per_endpoint // 2, per_endpoint - per_endpoint // 2]
+
+
+def test_the_gate_lets_through_only_the_room_lowest_keys_first() -> None:
+    schedules, now = FakeSchedules(), [time.time()]
+    room = _room(schedules, 5.0, now)
+    # Booked to the horizon: no room until the test moves the schedule.
+    schedules.tat_us["session#0"] = int((now[0] + 10) * 1e6)
+    gate = SlotGate(lambda: 50, 100, room=room, sleep=lambda _s: time.sleep(0.02))
+    admitted: list[str] = []
+    lock = threading.Lock()
+
+    def waiter(key: str) -> None:
+        if gate.wait(time.monotonic() + 10, key):
+            with lock:
+                admitted.append(key)
+
+    keys = [f"k{n}" for n in (5, 3, 4, 1, 2)]  # arrival order is not key order
+    threads = [threading.Thread(target=waiter, args=(k,)) for k in keys]
+    for t in threads:
+        t.start()
+        time.sleep(0.02)
+    time.sleep(0.2)
+    assert admitted == []  # 50 slots are free, but the session budget has no room
+    assert gate.must_queue("k0")  # and a newly received rollout queues too (the budget is busy)
+    interval = (1 + LATENESS_S) / 5.0
+    with lock:  # time passes: the schedule has room for two starts
+        now[0] += 10 - ADMIT_AHEAD_S + 2 * interval + 0.01
+    deadline = time.monotonic() + 5
+    while len(admitted) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)  # a third admission would show up now (the gate counted its two as booked)
+    assert sorted(admitted) == ["k1", "k2"]
+    now[0] += 10  # everything drains
+    for t in threads:
+        t.join(timeout=5)
+    assert sorted(admitted) == ["k1", "k2", "k3", "k4", "k5"]
