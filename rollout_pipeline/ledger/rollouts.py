@@ -279,34 +279,46 @@ class RolloutLedger:
     # --------------------------------------------------------------------------------------------- limits
 
     def reserve_pace(
-        self, budget: str, *, not_before_us: int, latest_us: int, interval_us: int
+        self, budget: str, *, not_before_us: int, latest_us: int, interval_us: int, busy_first: bool = False
     ) -> tuple[int | None, int]:
         """Reserve the next start time of a paced budget (GCRA: `tat` = the earliest time the next call may start,
         in epoch microseconds) in [not_before_us, latest_us]. Returns (slot_us, tat_us): `slot_us` the reserved
         start, or None when the schedule is already beyond `latest_us` (then `tat_us` says when it is free). Time
-        before `not_before_us` that nobody took stays unused. One conditional write per reservation; a read only
-        when the schedule is full."""
+        before `not_before_us` that nobody took stays unused. Two conditional writes, one per case (free at
+        `not_before`, or busy: the next free time); the one the caller expects (`busy_first`: it last saw the
+        schedule ahead of `not_before`) goes first, so a reservation costs one write when the guess is right. A read
+        only when the schedule is full."""
         key = keys.pace_key(budget)
         expires = not_before_us // 1_000_000 + 3600
-        for _ in range(6):
-            free = self.table.update(  # the budget is free at `not_before`
+
+        def take_free() -> tuple[int, int] | None:
+            free = self.table.update(
                 key,
                 "SET tat = :next, expires_at = :exp",
                 "attribute_not_exists(tat) OR tat <= :nb",
                 {":next": not_before_us + interval_us, ":nb": not_before_us, ":exp": expires},
             )
-            if free is not None:
-                return not_before_us, not_before_us + interval_us
-            busy = self.table.update(  # busy: take the next free time, if it is early enough
+            return None if free is None else (not_before_us, not_before_us + interval_us)
+
+        def take_next() -> tuple[int, int] | None:
+            busy = self.table.update(
                 key,
                 "ADD tat :interval SET expires_at = :exp",
                 "tat > :nb AND tat <= :latest",
                 {":interval": interval_us, ":nb": not_before_us, ":latest": latest_us, ":exp": expires},
                 return_values="UPDATED_NEW",
             )
-            if busy is not None:
-                tat = int(from_attribute_value(busy["tat"]))
-                return tat - interval_us, tat
+            if busy is None:
+                return None
+            tat = int(from_attribute_value(busy["tat"]))
+            return tat - interval_us, tat
+
+        attempts = (take_next, take_free) if busy_first else (take_free, take_next)
+        for _ in range(6):
+            for attempt in attempts:
+                reserved = attempt()
+                if reserved is not None:
+                    return reserved
             tat = int((self.get(key) or {}).get("tat") or 0)
             if tat > latest_us:
                 return None, tat

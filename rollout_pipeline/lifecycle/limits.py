@@ -94,6 +94,7 @@ class Pacer:
             not_before_us=int(not_before * 1e6),
             latest_us=int(latest * 1e6),
             interval_us=max(1, int(self.interval_s * 1e6)),
+            busy_first=self.tat > not_before,
         )
         self.write_s = max(0.97 * self.write_s, self._monotonic() - started)
         self.tat = max(self.tat, tat_us / 1e6)

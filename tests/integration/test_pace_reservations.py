@@ -1,0 +1,63 @@
+"""A paced budget's reservation (`RolloutLedger.reserve_pace`, GCRA on one item): the slot it gives in each case,
+and the writes it costs. Under saturation the schedule is always ahead, so a caller that last saw it ahead tries
+the "next free time" write first: one conditional write per reservation instead of a failed one and a second."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rollout_pipeline.ledger.rollouts import RolloutLedger
+from rollout_pipeline.local.resources import ExperimentResources
+
+INTERVAL_US = 240_000
+NOW_US = 1_800_000_000_000_000
+
+
+def _counting(ledger: RolloutLedger) -> list[str]:
+    writes: list[str] = []
+    update = ledger.table.update
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        writes.append("update")
+        return update(*args, **kwargs)
+
+    ledger.table.update = counted  # type: ignore[method-assign]
+    return writes
+
+
+def _reserve(ledger: RolloutLedger, now_us: int, *, busy_first: bool, ahead_us: int = 5_000_000) -> Any:
+    return ledger.reserve_pace(
+        "session#0", not_before_us=now_us, latest_us=now_us + ahead_us, interval_us=INTERVAL_US, busy_first=busy_first
+    )
+
+
+def test_either_order_gives_the_same_slots(resources: ExperimentResources) -> None:
+    for busy_first in (False, True):
+        ledger = RolloutLedger(resources.table_name)
+        budget_now = NOW_US + (10_000_000 if busy_first else 0)  # a fresh schedule for each order
+        assert _reserve(ledger, budget_now, busy_first=busy_first) == (budget_now, budget_now + INTERVAL_US)
+        second = _reserve(ledger, budget_now, busy_first=busy_first)  # busy now: the next free time
+        assert second == (budget_now + INTERVAL_US, budget_now + 2 * INTERVAL_US)
+        later = budget_now + 3 * INTERVAL_US  # free again at a later time
+        assert _reserve(ledger, later, busy_first=busy_first) == (later, later + INTERVAL_US)
+
+
+def test_a_busy_schedule_costs_one_write_when_expected(resources: ExperimentResources) -> None:
+    ledger = RolloutLedger(resources.table_name)
+    writes = _counting(ledger)
+    _reserve(ledger, NOW_US, busy_first=False)  # the schedule now runs ahead of NOW_US
+    writes.clear()
+    _reserve(ledger, NOW_US, busy_first=False)
+    assert len(writes) == 2  # "free at now" fails, then "next free time"
+    writes.clear()
+    _reserve(ledger, NOW_US, busy_first=True)
+    assert len(writes) == 1
+
+
+def test_a_full_schedule_gives_no_slot_and_says_when_it_frees(resources: ExperimentResources) -> None:
+    ledger = RolloutLedger(resources.table_name)
+    for _ in range(3):
+        _reserve(ledger, NOW_US, busy_first=True)
+    slot, tat = _reserve(ledger, NOW_US, busy_first=True, ahead_us=INTERVAL_US)
+    assert slot is None
+    assert tat == NOW_US + 3 * INTERVAL_US
