@@ -8,7 +8,8 @@ answering RuntimeClientError (424) and `--stop-fail` of stops failing (NotFound 
 
 Printed (the "Done when" of issue 10):
 - new sessions per second vs `session_rate_limit` x endpoints over every sliding one-second window (busiest, and
-  the mean over the busy period), per endpoint too; ACR throttles received (goal 0);
+  the mean over the busy period), per endpoint too; ACR calls per second vs `tps_limit` (how saturated the call
+  budget was); ACR throttles received (goal 0);
 - active sessions at peak vs `max_sessions` and the account quota; stops pending at the end and sessions never
   stopped (goal 0 both); cold starts retried, failed stops retried;
 - result written -> event published (p50/p95): it must not depend on the call budget;
@@ -38,6 +39,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from bench_lifecycle import _atomic_moto, _fake_aws_env, percentile, seed  # noqa: E402
 
+from rollout_pipeline.lifecycle.limits import LATENESS_S  # noqa: E402
 from rollout_pipeline.local.moto_server import cheap_moto_transactions  # noqa: E402
 
 
@@ -171,6 +173,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--queue-depth", type=int, default=150)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument(
+        "--one-lock",
+        action="store_true",
+        help="serialise EVERY moto request under one lock (the earlier harness) instead of DynamoDB's only, as local "
+        "mode's server does (AWS services are independent: SQS, S3 and EventBridge do not queue behind DynamoDB)",
+    )
+    parser.add_argument(
         "--no-group-admission",
         action="store_true",
         help="order slot waiters only within each dispatcher process (no admission board): the before figure",
@@ -180,7 +188,10 @@ def main(argv: list[str] | None = None) -> int:
     from moto import mock_aws
 
     _time_moto("inner")
-    _atomic_moto()
+    if args.one_lock:
+        _atomic_moto()
+    else:
+        _serialise_dynamodb()
     _time_moto("outer")
     cheap_moto_transactions()
     with mock_aws():
@@ -188,8 +199,31 @@ def main(argv: list[str] | None = None) -> int:
 
 
 #: moto request time (s) and count: "inner" = moto's own processing, "outer" = with the wait for the lock that
-#: serialises moto's backends (the difference is queueing for the one in-process "AWS").
-MOTO_TIME: dict[str, list[float]] = {"inner": [0.0, 0], "outer": [0.0, 0]}
+#: serialises moto's backends (the difference is queueing for the one in-process "AWS"); "dynamodb" = DynamoDB's
+#: requests' own processing (the serialised part unless `--one-lock`).
+MOTO_TIME: dict[str, list[float]] = {"inner": [0.0, 0], "outer": [0.0, 0], "dynamodb": [0.0, 0]}
+
+
+def _is_dynamodb(request: Any) -> bool:
+    target = request.headers.get("X-Amz-Target") or b""
+    return (target.decode() if isinstance(target, bytes) else str(target)).startswith("DynamoDB")
+
+
+def _serialise_dynamodb() -> None:
+    """As local mode's server (`local.moto_server.SerializedDynamoDB`): DynamoDB requests one at a time (moto's
+    transactions are not atomic otherwise), other services concurrent."""
+    from moto.core.botocore_stubber import BotocoreStubber
+
+    lock = threading.RLock()
+    original = BotocoreStubber.process_request
+
+    def serialised(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+        if not _is_dynamodb(request):
+            return original(self, request, *args, **kwargs)
+        with lock:
+            return original(self, request, *args, **kwargs)
+
+    BotocoreStubber.process_request = serialised  # type: ignore[method-assign]
 
 
 def _time_moto(which: str) -> None:
@@ -198,14 +232,18 @@ def _time_moto(which: str) -> None:
     original = BotocoreStubber.process_request
     lock = threading.Lock()
 
-    def timed(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def timed(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
         started = time.perf_counter()
         try:
-            return original(self, *args, **kwargs)
+            return original(self, request, *args, **kwargs)
         finally:
+            took = time.perf_counter() - started
             with lock:
-                MOTO_TIME[which][0] += time.perf_counter() - started
+                MOTO_TIME[which][0] += took
                 MOTO_TIME[which][1] += 1
+                if which == "inner" and _is_dynamodb(request):
+                    MOTO_TIME["dynamodb"][0] += took
+                    MOTO_TIME["dynamodb"][1] += 1
 
     BotocoreStubber.process_request = timed  # type: ignore[method-assign]
 
@@ -441,6 +479,13 @@ def run(args: argparse.Namespace) -> int:
     )
     for endpoint, at in per_endpoint.items():
         print(f"  endpoint {endpoint} ({ids.endpoint_name(endpoint)}) busiest {busiest_window(at)}, {len(at)} sessions")
+    # The `tps` budget's use: how saturated the call budget was (a pacer starts at most limit / (1 + LATENESS_S)).
+    data_plane = [c.at for c in calls if c.op in ("invoke", "stop")]
+    paced_max = args.tps / (1 + LATENESS_S)
+    print(
+        f"ACR calls per second       busiest sliding 1-s window {busiest_window(data_plane)} / tps_limit {args.tps}; "
+        f"mean {len(data_plane) / span:.2f}/s = {len(data_plane) / span / paced_max:.0%} of the paced maximum"
+    )
     print(f"ACR throttles received     {sum(throttles.values())} {dict(throttles)}")
     print(
         f"active sessions at peak    {fake.max_active} / max_sessions {args.max_sessions} / account quota "
@@ -460,10 +505,13 @@ def run(args: argparse.Namespace) -> int:
     for line in trace.report():
         print(line)
     (inner_s, n), (outer_s, _n) = MOTO_TIME["inner"], MOTO_TIME["outer"]
+    ddb_s, ddb_n = MOTO_TIME["dynamodb"]
     wall = time.monotonic() - started
+    serialised = ("every request under one lock", inner_s) if args.one_lock else ("DynamoDB serialised", ddb_s)
     print(
-        f"moto (the one in-process AWS) {n} requests: processing {1000 * inner_s / max(n, 1):.1f} ms each, "
-        f"{1000 * outer_s / max(n, 1):.1f} ms with the wait for its lock; busy {inner_s / wall:.0%} of {wall:.0f} s"
+        f"moto (the in-process AWS) {n} requests ({ddb_n} DynamoDB), {serialised[0]}: processing "
+        f"{1000 * inner_s / max(n, 1):.1f} ms each, {1000 * outer_s / max(n, 1):.1f} ms with the wait for the lock; "
+        f"the lock busy {serialised[1] / wall:.0%} of {wall:.0f} s"
     )
     if actual:
         print(
