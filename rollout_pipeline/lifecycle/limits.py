@@ -109,12 +109,14 @@ class Pacer:
         """Calls that could still start within `ahead_s` (at least one interval) from now, by the latest known
         schedule (no read)."""
         now = self._wall()
-        ahead = max(ahead_s, self.interval_s)
-        return max(0, math.floor((now + ahead - max(self.tat, now)) / self.interval_s))
+        return max(0, math.floor((now + self._horizon(ahead_s) - max(self.tat, now)) / self.interval_s))
 
     def next_room_s(self, ahead_s: float) -> float:
         """Seconds until `room(ahead_s)` is at least one, by the latest known schedule."""
-        return max(0.0, self.tat - max(ahead_s, self.interval_s) + self.interval_s - self._wall())
+        return max(0.0, self.tat - self._horizon(ahead_s) + self.interval_s - self._wall())
+
+    def _horizon(self, ahead_s: float) -> float:
+        return max(ahead_s, self.interval_s)
 
     def promise(self, calls: int) -> None:
         """Count `calls` about to be reserved by this process in the known schedule (until a read shows them)."""
@@ -224,48 +226,40 @@ ADMIT_AHEAD_S: Final = 2.0
 
 
 class SessionRoom:
-    """Room for new sessions in the `session#{endpoint}` budgets within `ahead_s` (summed over endpoints), as this
-    process knows it: its reads of the schedules, its own reservations, and the sessions it let through since."""
+    """Room for new sessions in one `session#{endpoint}` budget within `ahead_s`, as this process knows it: its
+    reads of the schedule, its own reservations, and the sessions it let through since."""
 
-    def __init__(self, sessions: Sequence[Pacer], ahead_s: float = ADMIT_AHEAD_S) -> None:
-        self.sessions = list(sessions)
+    def __init__(self, session: Pacer, ahead_s: float = ADMIT_AHEAD_S) -> None:
+        self.session = session
         self.ahead_s = ahead_s
         self._lock = threading.Lock()
 
     def claim(self) -> bool:
-        """For a newly received rollout: True (and the room counted as taken) if a session budget is idle (its next
-        start is not ahead of now; one read of the schedules). A busy budget sends the rollout to the
-        ordered gate, which admits up to `ahead_s`: so processes that start at once let through one rollout each,
-        not a horizon's worth each in no particular order."""
+        """For a newly received rollout: True (and the room counted as taken) if the session budget is idle (its
+        next start is not ahead of now; one read of the schedule). A busy budget sends the rollout to the ordered
+        gate, which admits up to `ahead_s`: so processes that start at once let through one rollout each, not a
+        horizon's worth each in no particular order."""
         with self._lock:
-            self._read()
-            if sum(p.room(0.0) for p in self.sessions) <= 0:
+            self.session.read_tat()
+            if self.session.room(0.0) <= 0:
                 return False
-            self._promise(1)
+            self.session.promise(1)
             return True
 
     def read(self) -> int:
-        """Room now (reads every endpoint's schedule)."""
+        """Room now (reads the schedule)."""
         with self._lock:
-            self._read()
-            return sum(p.room(self.ahead_s) for p in self.sessions)
-
-    def _read(self) -> None:
-        for pacer in self.sessions:
-            pacer.read_tat()
+            self.session.read_tat()
+            return self.session.room(self.ahead_s)
 
     def promise(self, sessions: int) -> None:
-        """`sessions` waiters were let through: count them in the known schedules."""
+        """`sessions` waiters were let through: count them in the known schedule."""
         with self._lock:
-            self._promise(sessions)
-
-    def _promise(self, sessions: int) -> None:
-        for _ in range(sessions):  # spread over the endpoints (a session's endpoint is its id's hash)
-            min(self.sessions, key=lambda p: p.tat).promise(1)
+            self.session.promise(sessions)
 
     def next_room_s(self) -> float:
-        """Seconds until the known schedules have room for one more session."""
-        return min(p.next_room_s(self.ahead_s) for p in self.sessions)
+        """Seconds until the known schedule has room for one more session."""
+        return self.session.next_room_s(self.ahead_s)
 
 
 #: A process's entry on the admission board older than this is ignored (its process crashed or stalled), so a dead
@@ -365,9 +359,9 @@ class SlotGate:
         self.polls = 0
 
     def must_queue(self, priority: str) -> bool:
-        """Whether a newly received rollout must wait in the gate instead of taking a slot at once: the session
-        budgets are booked beyond `ADMIT_AHEAD_S` (as far as this process knows), or a waiter anywhere (this
-        process, or another on the board: a view at most `BOARD_READ_S` old) comes before `priority`."""
+        """Whether a newly received rollout must wait in the gate instead of taking a slot at once: a waiter
+        anywhere (this process, or another on the board: a view at most `BOARD_READ_S` old) comes before
+        `priority`, or (with a `room`) the session budget is busy (`SessionRoom.claim`)."""
         with self._cond:
             if self._queue and self._queue[0][0] < priority:  # the queue is sorted: its head is the earliest
                 return True

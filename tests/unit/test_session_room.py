@@ -21,9 +21,8 @@ class FakeSchedules:
         return self.tat_us.get(budget, 0)
 
 
-def _room(schedules: FakeSchedules, rate: float, now: list[float], endpoints: int = 1) -> SessionRoom:
-    pacers = [Pacer(schedules, f"session#{i}", rate, wall=lambda: now[0]) for i in range(endpoints)]  # type: ignore[arg-type]
-    return SessionRoom(pacers)
+def _room(schedules: FakeSchedules, rate: float, now: list[float]) -> SessionRoom:
+    return SessionRoom(Pacer(schedules, "session#0", rate, wall=lambda: now[0]))  # type: ignore[arg-type]
 
 
 def test_room_is_what_the_schedule_can_start_within_the_horizon() -> None:
@@ -56,13 +55,14 @@ def test_a_new_rollout_claims_only_an_idle_budget_and_counts_its_claim() -> None
     assert not room.claim()
 
 
-def test_promises_spread_over_endpoints() -> None:
+def test_let_through_sessions_count_as_booked() -> None:
     schedules, now = FakeSchedules(), [1000.0]
-    room = _room(schedules, 5.0, now, endpoints=2)
-    per_endpoint = int(ADMIT_AHEAD_S / ((1 + LATENESS_S) / 5.0))
-    assert room.read() == 2 * per_endpoint
-    room.promise(per_endpoint)
-    assert [p.room(ADMIT_AHEAD_S) for p in room.sessions] == [per_endpoint // 2, per_endpoint - per_endpoint // 2]
+    room = _room(schedules, 5.0, now)
+    per_horizon = int(ADMIT_AHEAD_S / ((1 + LATENESS_S) / 5.0))
+    assert room.read() == per_horizon
+    room.promise(per_horizon - 2)
+    assert room.session.room(ADMIT_AHEAD_S) == 2  # no read: what this process let through is booked
+    assert room.read() == 2  # and a read of the (still empty) schedule does not undo it
 
 
 def test_the_gate_lets_through_only_the_room_lowest_keys_first() -> None:
