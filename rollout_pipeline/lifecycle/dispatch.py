@@ -40,6 +40,7 @@ from rollout_pipeline.lifecycle import publishing, stops
 from rollout_pipeline.lifecycle.cancel import cancel_rollout
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.failures import fail_rollout
+from rollout_pipeline.lifecycle.limits import Held
 from rollout_pipeline.lifecycle.metrics import (
     COLD_START_RETRIED,
     IN_FLIGHT,
@@ -59,7 +60,7 @@ from rollout_pipeline.ports import (
     RuntimeSessionNotFound,
     RuntimeThrottled,
 )
-from rollout_pipeline.sqs_batch import run_partial_batch
+from rollout_pipeline.sqs_batch import message_id, run_partial_batch
 
 log = logging.getLogger(__name__)
 
@@ -99,15 +100,20 @@ def dispatch_records(records: Sequence[Mapping[str, Any]], deps: LifecycleDeps, 
         return result
     workers = max(1, min(deps.dispatch_threads, len(records)))
     batches = BatchReads(deps)
-    records = sorted(records, key=_record_order)  # group order: a group's rollouts start together
-    run_partial_batch(
-        records,
-        lambda r: dispatch_body(str(r["body"]), deps, wait_until=wait_until, batches=batches),
-        result,
-        workers=workers,
-        what="dispatch",
-        logger=log,
-    )
+    ordered = sorted(((_record_order(r), r) for r in records), key=lambda pair: pair[0])  # a group's together
+    parsed = [(message_id(r), key) for (poison, key), r in ordered if not poison]
+    # On the admission board from receipt on, so other dispatchers rank these before deciding (a burst's start).
+    holds = dict(zip([mid for mid, _key in parsed], deps.slots.hold([key for _mid, key in parsed]), strict=True))
+
+    def handle(record: Mapping[str, Any]) -> Dispatch:
+        held = holds.get(message_id(record))
+        try:
+            return dispatch_body(str(record["body"]), deps, wait_until=wait_until, batches=batches, held=held)
+        finally:
+            if held is not None:
+                held.release()
+
+    run_partial_batch([r for _o, r in ordered], handle, result, workers=workers, what="dispatch", logger=log)
     deps.metrics.sample(IN_FLIGHT, deps.ledger.in_flight())
     return result
 
@@ -148,8 +154,16 @@ class BatchReads:
             return self._policy[0] or batch_default
 
 
-def dispatch_body(body: str, deps: LifecycleDeps, *, wait_until: float, batches: BatchReads | None = None) -> Dispatch:
-    """Dispatch one rollout-queue message body (see the module doc). Raises to have the message redelivered."""
+def dispatch_body(
+    body: str,
+    deps: LifecycleDeps,
+    *,
+    wait_until: float,
+    batches: BatchReads | None = None,
+    held: Held | None = None,
+) -> Dispatch:
+    """Dispatch one rollout-queue message body (see the module doc). Raises to have the message redelivered.
+    `held`: the message's place on the admission board since receipt (`SlotGate.hold`), released once past the gate."""
     message = parse_message(body)
     bind_log_ids(batch_id=message.batch_id, rollout_id=message.rollout_id, session_id=message.session_id)
     batches = batches or BatchReads(deps)
@@ -160,8 +174,12 @@ def dispatch_body(body: str, deps: LifecycleDeps, *, wait_until: float, batches:
     if batch.get("status") == "cancelled":
         return _cancelled(message, deps, options)
     row_payload = _row_payload(message, deps)
-    if deps.slots.must_queue(admission_key(message)) and not _wait_for_slot(deps, wait_until, message):
-        return _requeue(message, deps, Dispatch.REQUEUED_LIMIT)  # earlier groups wait, or the session rate binds
+    try:
+        if deps.slots.must_queue(admission_key(message)) and not _wait_for_slot(deps, wait_until, message):
+            return _requeue(message, deps, Dispatch.REQUEUED_LIMIT)  # earlier groups wait, or the session rate binds
+    finally:
+        if held is not None:
+            held.release()
     for _ in range(20):
         now = deps.now()
         start = deps.ledger.begin_dispatch(

@@ -22,6 +22,7 @@ import random
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
@@ -271,6 +272,10 @@ BOARD_HEARTBEAT_S: Final = 1.0
 BOARD_READ_S: Final = 1.0
 #: At most this many waiting keys per process are published (a Lambda holds 10 messages at a time).
 BOARD_MAX_KEYS: Final = 32
+#: A burst's start: a process that had no rollout in hand for `BOARD_STALE_S` (or never had one) takes no slot for
+#: this long after it receives, so the dispatchers that received the same burst at about the same time have put
+#: their rollouts on the board before anyone decides; the first decision then sees every one of them.
+BOARD_SETTLE_S: Final = 1.0
 
 
 class AdmissionBoard:
@@ -357,11 +362,58 @@ class SlotGate:
         self._seq = 0
         self._polling = False
         self.polls = 0
+        #: Keys of rollouts received and not yet past the gate (`hold`): on the board from receipt on.
+        self._held: Counter[str] = Counter()
+        #: When the current burst began (monotonic; None: nothing held yet) and when the last one ended.
+        self._burst_since: float | None = None
+        self._empty_since: float | None = None
+
+    def hold(self, keys: Sequence[str]) -> list[Held]:
+        """Rollouts just received (their admission keys), before any of them is decided: they go on the board at
+        once (one write), so a process deciding meanwhile ranks them. The first hold after `BOARD_STALE_S` with
+        nothing in hand starts a burst: for `BOARD_SETTLE_S` this process lets nothing through (`settle_s`).
+        Release each returned `Held` once its rollout is past the gate (or never reaches it)."""
+        if not keys:
+            return []
+        with self._cond:
+            now = self._monotonic()
+            if not self._in_hand() and (self._empty_since is None or now - self._empty_since > BOARD_STALE_S):
+                self._burst_since = now
+            self._held.update(keys)
+        if self.board is not None:
+            self._publish()
+        return [Held(self, key) for key in keys]
+
+    def _release(self, key: str) -> None:
+        with self._cond:
+            self._held[key] -= 1
+            if self._held[key] <= 0:
+                del self._held[key]
+            self._note_empty()
+            cleared = not self._in_hand()
+        if cleared and self.board is not None:
+            self._publish()  # the last rollout in hand takes the process off the board
+
+    def _in_hand(self) -> bool:
+        return bool(self._queue or self._held)
+
+    def _note_empty(self) -> None:
+        if not self._in_hand():
+            self._empty_since = self._monotonic()
+
+    def settle_s(self) -> float:
+        """Seconds left of the current burst's settling time (0 without a board: there is no one to wait for)."""
+        if self.board is None or self._burst_since is None:
+            return 0.0
+        return max(0.0, self._burst_since + BOARD_SETTLE_S - self._monotonic())
 
     def must_queue(self, priority: str) -> bool:
         """Whether a newly received rollout must wait in the gate instead of taking a slot at once: a waiter
         anywhere (this process, or another on the board: a view at most `BOARD_READ_S` old) comes before
-        `priority`, or (with a `room`) the session budget is busy (`SessionRoom.claim`)."""
+        `priority`, a burst is still settling (`settle_s`), or (with a `room`) the session budget is busy
+        (`SessionRoom.claim`)."""
+        if self.settle_s() > 0:
+            return True
         with self._cond:
             if self._queue and self._queue[0][0] < priority:  # the queue is sorted: its head is the earliest
                 return True
@@ -413,12 +465,19 @@ class SlotGate:
             finally:
                 self._queue.remove(key)
                 self._tickets = min(self._tickets, len(self._queue))
+                self._note_empty()
                 if not self._queue and self.board is not None:
                     self._publish()  # the last waiter takes the process off the board
 
-    def _waiting(self) -> list[str]:
-        with self._cond:  # reentrant: also called with the condition held
+    def queued(self) -> list[str]:
+        """The admission keys of this process's waiters, in the order they will be let through."""
+        with self._cond:
             return [key for key, _arrival in self._queue]
+
+    def _waiting(self) -> list[str]:
+        """Every key this process has in hand, sorted: its waiters and what it received but has not decided yet."""
+        with self._cond:  # reentrant: also called with the condition held
+            return sorted({key for key, _arrival in self._queue} | set(self._held))
 
     def _publish(self) -> None:
         assert self.board is not None
@@ -430,6 +489,7 @@ class SlotGate:
         pause = jitter_poll_s()
         if self.room is not None:  # the rate may be what binds: look as soon as the budgets have room
             pause = self._room_pause(pause)
+        pause = max(pause, self.settle_s())  # a burst's first decision waits for the others' rollouts
         if self.board is not None:
             self._publish()  # waiters let through by the last poll leave the board now, not a poll later
         while True:
@@ -449,7 +509,7 @@ class SlotGate:
                 continue
             if self.board is None:
                 return free
-            mine = self._waiting()  # sorted, as the queue is
+            mine = self.queued()
             try:
                 others = self.board.others()
             except Exception:  # no board view: fall back to this process's own order
@@ -464,6 +524,20 @@ class SlotGate:
         """Poll again when the session budgets will have room (at most `pause`, at least 0.1 s, jittered)."""
         assert self.room is not None
         return min(pause, max(0.1, self.room.next_room_s()) + random.uniform(0.0, 0.05))
+
+
+class Held:
+    """One received rollout's place on the board until it is past the gate; `release` is idempotent."""
+
+    def __init__(self, gate: SlotGate, key: str) -> None:
+        self.gate = gate
+        self.key = key
+        self._released = False
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self.gate._release(self.key)
 
 
 def jitter_poll_s() -> float:

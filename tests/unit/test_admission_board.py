@@ -8,7 +8,12 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from rollout_pipeline.lifecycle.limits import BOARD_STALE_S, AdmissionBoard, SlotGate
+import pytest
+
+from rollout_pipeline.lifecycle.limits import BOARD_READ_S, BOARD_SETTLE_S, BOARD_STALE_S, AdmissionBoard, SlotGate
+from tests.conftest import wait_for
+
+pytestmark = pytest.mark.timing
 
 
 class FakeBoardLedger:
@@ -54,16 +59,16 @@ def test_free_slots_go_to_the_lowest_keys_of_every_process() -> None:
     threads = [threading.Thread(target=waiter, args=p) for p in plan]
     for t in threads:
         t.start()
-        time.sleep(0.05)
-    time.sleep(0.3)  # every poller has published its waiters
+    wait_for(  # every process has published its waiters
+        lambda: sorted(k for _p, _at, keys in ledger.waiting_board() for k in keys) == sorted(k for _g, k in plan),
+        what="both processes' waiters on the board",
+    )
     assert gates["b"].must_queue("k4#0")
     assert not gates["b"].must_queue("k0#0")
     with lock:
         in_flight["n"] = 0  # two slots free: group k1 (process a) gets both
-    deadline = time.monotonic() + 5
-    while len(admitted) < 2 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    time.sleep(0.2)  # a third admission would show up now
+    wait_for(lambda: len(admitted) >= 2, what="two admissions")
+    time.sleep(0.2)  # a third admission would show up now (none may: only two slots are free)
     assert sorted(admitted) == ["k1#0", "k1#1"]
     with lock:
         in_flight["n"] = 0
@@ -82,8 +87,47 @@ def test_a_crashed_process_blocks_the_others_only_until_its_entry_is_stale() -> 
     got: list[bool] = []
     t = threading.Thread(target=lambda: got.append(gate.wait(time.monotonic() + 10, "k5#0")))
     t.start()
-    time.sleep(0.5)
+    wait_for(lambda: gate.polls >= 3, what="three polls")  # each saw the free slot and the dead entry ranked first
     assert got == []  # the dead entry ranks first: one free slot is not for us
     shift["s"] = BOARD_STALE_S + 1  # time passes: the entry is stale
     t.join(timeout=5)
     assert got == [True]
+
+
+def test_a_burst_is_on_the_board_from_receipt_and_its_first_decision_waits_for_the_others() -> None:
+    """Start-up: dispatchers that receive one burst at about the same time put what they received on the board at
+    once, and none lets anything through for `BOARD_SETTLE_S`, so the first decisions rank every one of them."""
+    ledger = FakeBoardLedger()
+    clock = {"t": 100.0}
+    wall = {"t": time.time()}
+
+    def gate(name: str) -> SlotGate:
+        board = AdmissionBoard(ledger, name, wall=lambda: wall["t"])
+        return SlotGate(lambda: 0, 10, board=board, monotonic=lambda: clock["t"], sleep=lambda _s: None)
+
+    early, late = gate("early"), gate("late")
+    late_holds = late.hold(["k5#0", "k5#1"])  # the later group's dispatcher received first
+    assert [k for _p, _at, keys in ledger.waiting_board() for k in keys] == ["k5#0", "k5#1"]
+    assert late.must_queue("k5#0")  # settling: nothing goes through yet, even with every slot free
+    early_holds = early.hold(["k1#0"])
+    assert early.must_queue("k1#0")
+    clock["t"] += BOARD_SETTLE_S  # settled: the earlier group goes first, the later one waits for it
+    assert not early.must_queue("k1#0")
+    assert late.must_queue("k5#0")
+    for held in early_holds:
+        held.release()  # past the gate: off the board
+    wall["t"] += BOARD_READ_S  # the late dispatcher's cached view of the board expires
+    assert not late.must_queue("k5#0")
+    for held in late_holds:
+        held.release()
+        held.release()  # idempotent
+    assert ledger.items == {}
+    # A process that kept rollouts in hand (gaps under BOARD_STALE_S) does not settle again; one idle longer does.
+    clock["t"] += 1.0
+    again = late.hold(["k7#0"])
+    assert not late.must_queue("k7#0")
+    again[0].release()
+    clock["t"] += BOARD_STALE_S + 0.1
+    after_idle = late.hold(["k8#0"])
+    assert late.must_queue("k8#0")
+    after_idle[0].release()
