@@ -14,7 +14,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 # Bare `make` lists the targets (CI runs `make test` and `make art-test` by name, see .ci/run).
 .DEFAULT_GOAL := help
 
-.PHONY: help setup setup-model demo test art-test art-bench unit integration infra e2e lint format synth diff preflight deploy destroy bench schemas clean
+.PHONY: help setup setup-model demo test test-stress art-test art-bench unit integration infra e2e lint format synth diff preflight deploy destroy bench schemas clean
 
 # Exact versions: constraints.txt pins every package of the dev/test environment (pyproject.toml has ranges for the
 # library, so it installs beside trainers); `make lock` regenerates it and the shipped locks (stacks/locks.py).
@@ -55,6 +55,13 @@ demo: $(STAMP) $(MODEL_STAMP) ## Run the whole pipeline locally on the sample da
 
 test: setup lint ## Lint, then every test (unit, integration, infra, e2e)
 	$(BIN)/python -m pytest
+
+# The timing-sensitive tests (marker `timing`: threads, pacing, deadlines) ROUNDS times while BURNERS busy processes
+# load the cores: check a change against a machine as loaded as CI's can be (tests/stress.py).
+ROUNDS ?= 10
+BURNERS ?= 2
+test-stress: $(STAMP) ## The timing-sensitive tests ROUNDS times (10) under CPU load (BURNERS busy processes, 2)
+	$(BIN)/python -m tests.stress --rounds $(ROUNDS) --burners $(BURNERS)
 
 # The ART backend next to what trainers install: a separate venv with agentcore-rl-toolkit[rollout]==0.2.0 and this
 # library (its dependency ranges must resolve together: `pip check`), running the backend's tests there.

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,20 @@ from rollout_pipeline.local.moto_server import patch_moto
 from rollout_pipeline.local.resources import ExperimentResources, create_resources
 
 REGION = "us-east-1"
+
+
+def wait_for(condition: Callable[[], object], timeout_s: float = 30.0, what: str = "the condition") -> None:
+    """Wait until `condition()` is truthy, checking every 10 ms; fail the test after `timeout_s` (a bound, not a
+    timing: on a fast machine it returns at once)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(0.01)
+
+
 #: Suites that run under the faithful AWS profile by default (ROLLOUTS_AWS_PROFILE=moto switches it off).
 FAITHFUL_SUITES = ("integration", "e2e")
 

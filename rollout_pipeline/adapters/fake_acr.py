@@ -365,6 +365,11 @@ class FakeAgentRuntime:
             if timer is not None:
                 timer.cancel()
 
+    def running_sessions(self) -> set[str]:
+        """A snapshot of the sessions running now (safe while other threads invoke and stop)."""
+        with self._lock:
+            return set(self.running)
+
     def invocations(self, outcome: str | None = None) -> list[FakeCall]:
         with self._lock:
             return [c for c in self.calls if c.op == "invoke" and (outcome is None or c.outcome == outcome)]

@@ -108,6 +108,7 @@ def test_submit_prints_the_batch_id(
     assert len(receive_all(deployed.ingest_queue_url)) == 1
 
 
+@pytest.mark.timing
 @pytest.mark.usefixtures("moto_lock")
 def test_submit_and_watch(
     deployed: ExperimentResources,
@@ -247,6 +248,7 @@ def test_unknown_batch(deployed: ExperimentResources, capsys: pytest.CaptureFixt
 # ----------------------------------------------------------------------------------------------------- watch
 
 
+@pytest.mark.timing
 @pytest.mark.usefixtures("moto_lock")
 @pytest.mark.parametrize("source", [[], ["--from-trainer-queue"]], ids=["tap", "trainer-queue"])
 def test_watch_follows_a_batch_to_completion_from_pushed_events(
@@ -297,6 +299,7 @@ def test_watch_times_out_with_non_zero_exit(experiment: Experiment, capsys: pyte
     assert f"batch {batch_id}: 0/1 done" in capsys.readouterr().out
 
 
+@pytest.mark.timing
 @pytest.mark.usefixtures("moto_lock")
 def test_watch_all_batches_logs_events(
     experiment: Experiment, deployed: ExperimentResources, deps: LifecycleDeps, capsys: pytest.CaptureFixture[str]

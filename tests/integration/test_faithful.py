@@ -35,6 +35,8 @@ from tests.integration.lifecycle_support import (
 )
 from tests.integration.test_ingest import batch_item, jsonl, make_ingestion, upload
 
+pytestmark = pytest.mark.timing
+
 
 def _transact_batch(resources: ExperimentResources, batch_id: str) -> None:
     """A transaction touching the batch item (as every terminal transition does)."""

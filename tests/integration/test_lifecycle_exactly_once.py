@@ -40,7 +40,7 @@ from tests.integration.lifecycle_support import (
     trainer_events,
 )
 
-pytestmark = pytest.mark.usefixtures(moto_lock.__name__)
+pytestmark = [pytest.mark.usefixtures(moto_lock.__name__), pytest.mark.timing]
 
 BATCH = ids.batch_id_for_upload("in", "datasets/once.jsonl", "v1")
 SID = ids.session_id("test-exp", BATCH, "a", 0, 1)

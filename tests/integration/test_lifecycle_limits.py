@@ -33,7 +33,7 @@ from tests.integration.lifecycle_support import (
     trainer_events,
 )
 
-pytestmark = pytest.mark.usefixtures(moto_lock.__name__)
+pytestmark = [pytest.mark.usefixtures(moto_lock.__name__), pytest.mark.timing]
 
 BATCH = ids.batch_id_for_upload("in", "datasets/limits.jsonl", "v1")
 
@@ -55,14 +55,17 @@ def test_full_session_limit_requeues_fresh_and_never_dead_letters(
     send(resources, seed_batch(resources, batch_id=BATCH, inputs=inputs(3)))
     records = receive_records(resources.rollout_queue_url)
     assert len(records) == 6
+    budget_s = 3.0
     started = time.monotonic()
-    result = dispatch_records(records, deps, wait_until=time.monotonic() + 1.5)
+    result = dispatch_records(records, deps, wait_until=time.monotonic() + budget_s)
     elapsed = time.monotonic() - started
     ack(resources.rollout_queue_url, records, result.failures)
     outcomes = sorted(result.outcomes.values())
     assert outcomes.count(Dispatch.INVOKED) == 2
     assert outcomes.count(Dispatch.REQUEUED_LIMIT) == 4
-    assert 0.5 <= elapsed < 5  # it waited (bounded by the budget) before giving the work back
+    # It waited before giving the work back: a waiter gives up once its next poll (at most 1 s away) would end
+    # after the budget, never earlier.
+    assert elapsed >= budget_s - 1.0
     assert deps.metrics.drain()[0][LIMIT_WAITS] == 4
     assert ledger_item(resources, keys.sessions_key())["in_flight"] == 2
     assert fake.max_running == 2
@@ -74,7 +77,10 @@ def test_full_session_limit_requeues_fresh_and_never_dead_letters(
     assert_no_dead_letters(resources)
 
     # They wait again; as sessions finish, each waiting message is dispatched promptly.
-    waiter = threading.Thread(target=lambda: dispatch_records(fresh, deps, wait_until=time.monotonic() + 30))
+    refill: list[dict[str, Dispatch]] = []
+    waiter = threading.Thread(
+        target=lambda: refill.append(dispatch_records(fresh, deps, wait_until=paced_until()).outcomes)
+    )
     waiter.start()
     deadline = time.monotonic() + 40
     while time.monotonic() < deadline:
@@ -95,13 +101,13 @@ def test_full_session_limit_requeues_fresh_and_never_dead_letters(
     assert ledger_item(resources, keys.sessions_key())["in_flight"] == 0
     assert_no_dead_letters(resources)
 
-    # Slot refill: every invoke after the first two follows a stop (slot release) within ~1 s of polling.
+    # Slot refill: every waiting message was dispatched within its budget as slots freed (none re-sent again), and
+    # every invoke after the first two follows a stop (a slot release).
+    assert [sorted(outcomes.values()) for outcomes in refill] == [[Dispatch.INVOKED] * 4]
     invokes = [c.at for c in fake.invocations()][2:]
     stops = sorted(c.at for c in fake.stops())
     for at in invokes:
-        previous = [s for s in stops if s <= at]
-        assert previous, "an invoke beyond the limit happened before any session ended"
-        assert at - previous[-1] < 2.5
+        assert any(s <= at for s in stops), "an invoke beyond the limit happened before any session ended"
 
 
 def test_throttled_invoke_is_retried(resources: ExperimentResources, fake: FakeAgentRuntime) -> None:
@@ -166,9 +172,10 @@ def test_tps_limit_holds_across_concurrent_dispatchers(resources: ExperimentReso
     # Any sliding second too, not just aligned ones (the paced budgets). Calls are spaced (1 + 0.2) / 5 s apart,
     # so the limit binds as 4-5 per second (it was exactly 5 per aligned window with fixed windows, and up to 2x
     # in a sliding second).
+    # (How close to the limit the pace comes is a rate: bench/bench_acr_quotas.py measures it.)
     starts = sorted(c.at for c in fake.calls)
     busiest = max(sum(1 for t in starts[i:] if t < start + 1.0) for i, start in enumerate(starts))
-    assert 4 <= busiest <= 5, busiest
+    assert busiest <= 5, busiest
     assert len(per_second) >= 4  # 20 calls at 5/s need at least 4 one-second windows...
     assert elapsed >= 2.0  # ...so at least 3 window boundaries pass
 
@@ -177,9 +184,9 @@ def test_limits_hold_under_concurrency(resources: ExperimentResources, fake: Fak
     """Many workers, one limit: in-flight never above max_sessions, calls per second never above tps."""
     deps = make_deps(resources, fake, limits={"tps_limit": 10, "max_sessions": 4}, dispatch_threads=4)
     rng = random.Random(7)
-    # Rollouts outlast the new-session spacing (session_rate_limit 5/s: one every 0.24 s), so 4 run at once and the
-    # session limit really binds (with 0.05-0.3 s rollouts concurrency could peak at 3).
-    fake.behaviour = lambda inv: AgentBehaviour(rewards=rng.random(), delay_s=rng.uniform(0.6, 1.2))
+    # The test ends sessions itself, one at a time and only while the session limit is reached (or nothing is left
+    # to start), so the limit really binds whatever the machine's speed.
+    fake.behaviour = AgentBehaviour(kind="manual")
     send(resources, seed_batch(resources, batch_id=BATCH, inputs=inputs(12)))
     total = 24
     stop = threading.Event()
@@ -205,11 +212,18 @@ def test_limits_hold_under_concurrency(resources: ExperimentResources, fake: Fak
     workers = [threading.Thread(target=worker) for _ in range(6)]
     for w in workers:
         w.start()
+    finished: set[str] = set()
     deadline = time.monotonic() + 240  # bounded; about 10 s on an idle machine
     while time.monotonic() < deadline:
         if int(batch_view(resources, BATCH).get("terminal") or 0) >= total:
             break
-        time.sleep(0.2)
+        running = fake.running_sessions()
+        working = sorted(running - finished)
+        if working and (len(running) >= 4 or len({c.session_id for c in fake.invocations()}) >= total):
+            session = rng.choice(working)
+            fake.finish(session, AgentBehaviour(rewards=rng.random()))
+            finished.add(session)
+        time.sleep(0.05)
     stop.set()
     for w in workers:
         w.join()
@@ -220,7 +234,7 @@ def test_limits_hold_under_concurrency(resources: ExperimentResources, fake: Fak
     assert len(completed) == total
     assert len(by_type(events, "Batch Completed")) == 1
     assert fake.max_running <= 4
-    assert fake.max_running == 4  # the limit was reached, so the check above means something
+    assert fake.max_running == 4  # the limit was reached, so the check above means something (by construction)
     assert fake.max_calls_per_second() <= 10, fake.calls_per_second()
     assert ledger_item(resources, keys.sessions_key())["in_flight"] == 0
     assert fake.running == set()

@@ -26,6 +26,8 @@ WORKER = """
 import json, sys, threading, time
 from rollout_pipeline.ledger.rollouts import RolloutLedger
 from rollout_pipeline.lifecycle.limits import Pacer
+
+pytestmark = pytest.mark.timing
 table, budget, limit, threads, calls = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 ledger = RolloutLedger(table)
 pacer = Pacer(ledger, budget, limit)
@@ -92,8 +94,7 @@ def test_two_processes_stay_within_the_limit_in_every_sliding_window(table: tupl
         times.extend(json.loads(out))
     assert len(times) == 2 * threads * calls  # nothing was refused within the wait
     busiest = busiest_sliding_window(times)
-    assert busiest <= limit, busiest
-    assert busiest >= limit // 2 + 1  # the limit was approached (paced at limit / (1 + LATENESS_S), minus lost slots)
+    assert busiest <= limit, busiest  # how close the pace comes to the limit is a rate: bench/bench_acr_quotas.py
 
 
 class RecordingRuntime:
@@ -115,18 +116,17 @@ def test_two_budgets_and_stops_are_not_starved(table: tuple[str, dict[str, str]]
     ledger = RolloutLedger(name)
     runtime = RecordingRuntime()
     limited = LimitedRuntime(runtime, Pacer(ledger, "tps", 6), [Pacer(ledger, "session#0", 4)])
-    stop_waits: list[float] = []
 
     def invoker(i: int) -> None:
         for j in range(6):
             limited.invoke(f"s-{i}-{j}", {}, time.monotonic() + 60)
 
     def stopper() -> None:
-        time.sleep(1.0)  # a backlog of invokes is waiting by now
+        deadline = time.monotonic() + 60
+        while len(runtime.calls) < 2 and time.monotonic() < deadline:  # the invokes' backlog has started
+            time.sleep(0.01)
         for j in range(6):
-            asked = time.monotonic()
             limited.stop(f"x-{j}", time.monotonic() + 60)
-            stop_waits.append(time.monotonic() - asked)
 
     workers = [threading.Thread(target=invoker, args=(i,)) for i in range(4)] + [threading.Thread(target=stopper)]
     for w in workers:
@@ -138,4 +138,9 @@ def test_two_budgets_and_stops_are_not_starved(table: tuple[str, dict[str, str]]
     assert len(invokes) == 24
     assert busiest_sliding_window(invokes) <= 4  # new sessions: session_rate_limit
     assert busiest_sliding_window(every) <= 6  # invoke + stop: tps_limit
-    assert max(stop_waits) < 1.0, stop_waits  # a stop is served within about one interval, not after the backlog
+    # Stops are served ahead of the backlog, not after it: all six while a quarter of the invokes are still to come
+    # (at most one invoke per stop gets in between, whatever the machine's speed: an invoke books its `tps` slot
+    # only just before its session slot).
+    stops = [at for at, op, _ in runtime.calls if op == "stop"]
+    assert len(stops) == 6
+    assert sum(1 for at in invokes if at > max(stops)) >= 6, runtime.calls

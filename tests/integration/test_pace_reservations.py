@@ -6,8 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from rollout_pipeline.ledger.rollouts import RolloutLedger
 from rollout_pipeline.local.resources import ExperimentResources
+
+pytestmark = pytest.mark.timing
 
 INTERVAL_US = 240_000
 NOW_US = 1_800_000_000_000_000

@@ -23,3 +23,14 @@ def test_bare_make_is_help_and_lists_every_annotated_target() -> None:
     out = subprocess.run(["make", "-s", "-C", str(REPO)], capture_output=True, text=True, check=True, timeout=30)
     listed = [line.split()[0] for line in out.stdout.splitlines() if line.strip()]
     assert listed == annotated
+
+
+def test_ci_runs_the_readme_test_command_once_with_no_retry() -> None:
+    """A test that fails, fails CI: `.ci/run` calls `make test` (the README's test command) once, and nothing re-runs
+    failed tests or skips them."""
+    ci = (REPO / ".ci" / "run").read_text(encoding="utf-8")
+    commands = [line.strip() for line in ci.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    assert "make test" in commands
+    assert "make test" in (REPO / "README.md").read_text(encoding="utf-8")
+    for retry in ("--last-failed", "--lf", "rerun", "--reruns", "|| true", "if ! make"):
+        assert not any(retry in command for command in commands), retry

@@ -6,7 +6,12 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from rollout_pipeline.lifecycle.limits import ADMIT_AHEAD_S, LATENESS_S, Pacer, SessionRoom, SlotGate
+from tests.conftest import wait_for
+
+pytestmark = pytest.mark.timing
 
 
 class FakeSchedules:
@@ -83,16 +88,13 @@ def test_the_gate_lets_through_only_the_room_lowest_keys_first() -> None:
     threads = [threading.Thread(target=waiter, args=(k,)) for k in keys]
     for t in threads:
         t.start()
-        time.sleep(0.02)
-    time.sleep(0.2)
+    wait_for(lambda: len(gate.queued()) == len(keys) and gate.polls >= 2, what="every waiter queued, two polls")
     assert admitted == []  # 50 slots are free, but the session budget has no room
     assert gate.must_queue("k0")  # and a newly received rollout queues too (the budget is busy)
     interval = (1 + LATENESS_S) / 5.0
     with lock:  # time passes: the schedule has room for two starts
         now[0] += 10 - ADMIT_AHEAD_S + 2 * interval + 0.01
-    deadline = time.monotonic() + 5
-    while len(admitted) < 2 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_for(lambda: len(admitted) >= 2, what="two admissions")
     time.sleep(0.2)  # a third admission would show up now (the gate counted its two as booked)
     assert sorted(admitted) == ["k1", "k2"]
     now[0] += 10  # everything drains

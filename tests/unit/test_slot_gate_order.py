@@ -5,7 +5,12 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from rollout_pipeline.lifecycle.limits import SlotGate
+from tests.conftest import wait_for
+
+pytestmark = pytest.mark.timing
 
 
 def test_freed_slots_go_to_waiters_in_group_order() -> None:
@@ -26,14 +31,11 @@ def test_freed_slots_go_to_waiters_in_group_order() -> None:
     for name, key in keys.items():
         threads.append(threading.Thread(target=waiter, args=(name, key)))
         threads[-1].start()
-        time.sleep(0.05)
-    time.sleep(0.1)
+        wait_for(lambda key=key: key in gate.queued(), what=f"{name} waiting")  # arrival order as planned
     with lock:
         in_flight["n"] = 1  # two slots free: group g2 goes, together
-    deadline = time.monotonic() + 5
-    while len(admitted) < 2 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    time.sleep(0.1)  # a third admission would show up now
+    wait_for(lambda: len(admitted) >= 2, what="two admissions")
+    time.sleep(0.1)  # a third admission would show up now (none may: only two slots are free)
     assert sorted(admitted) == ["g2#0", "g2#1"]
     with lock:
         in_flight["n"] = 2  # one slot frees: g3 goes
