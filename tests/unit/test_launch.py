@@ -135,7 +135,8 @@ def test_deploy_creates_the_stack_with_the_settings_as_context_and_returns_the_a
     assert call["telemetry"] == "1"
     assert questions == [], "told not to ask"
     assert isinstance(experiment, Experiment)
-    assert experiment.name == "t1" and experiment.config.group_size == 4
+    assert experiment.name == "t1"
+    assert experiment.config.group_size == 4
     assert experiment.results_bucket == "rollouts-t1-results"
     assert "creating Rollouts-t1: done" in out.getvalue()
     session.stub.assert_no_pending_responses()
@@ -305,7 +306,8 @@ def test_the_preflight_runs_on_the_settings_before_the_stack_is_read(
     deploy.checks = checks
     with pytest.raises(SdkError, match="preflight cdk bootstrap: not bootstrapped"):
         deploy.deploy(yes=True)
-    assert seen[0]["group_size"] == "3" and seen[0]["experiment"] == "t1"
+    assert seen[0]["group_size"] == "3"
+    assert seen[0]["experiment"] == "t1"
     assert seen[0]["tps_limit"] == 25, "cdk.json's context underneath"
     assert project.calls() == []
 
@@ -332,7 +334,8 @@ def test_progress_counts_finished_resources_and_shows_the_image_build() -> None:
         },
     ]
     progress = cdk_module.progress_of(events, 40)
-    assert progress.done == 1 and progress.total == 40
+    assert progress.done == 1
+    assert progress.total == 40
     assert progress.line() == "1/40 resources, image build create in progress, in progress: Build"
 
 
@@ -363,7 +366,8 @@ def test_cli_deploy_reports_a_bad_setting_as_one_line(
     argv = ["deploy", "-e", "t1", "-c", "group_size=0", "--project-dir", str(project.root), "--region", REGION]
     assert main(argv) == EXIT_ERROR
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "group_size" in err[0]
+    assert len(err) == 1
+    assert "group_size" in err[0]
     assert project.calls() == []
 
 
