@@ -108,11 +108,28 @@ class CdkCli:
     """The CDK CLI of one project directory. `runner` runs a command line (default: a subprocess); tests inject one
     or put a stand-in `node_modules/.bin/cdk` in a project directory of their own."""
 
-    def __init__(self, project_dir: Path, *, runner: Runner | None = None, log_dir: Path | None = None) -> None:
+    def __init__(
+        self,
+        project_dir: Path,
+        *,
+        runner: Runner | None = None,
+        log_dir: Path | None = None,
+        output_dir: Path | None = None,
+    ) -> None:
         self.project_dir = project_dir
         self.executable = project_dir / CDK_BIN
         self.runner = runner or subprocess_runner
-        self.log_dir = log_dir or project_dir / "cdk.out" / "rollouts-logs"
+        #: Where the CLI writes the cloud assembly (`--output`; default: the project's cdk.out).
+        self.output_dir = output_dir
+        self.log_dir = log_dir or self.assembly_dir / "rollouts-logs"
+
+    @property
+    def assembly_dir(self) -> Path:
+        return self.output_dir or self.project_dir / "cdk.out"
+
+    def template(self, experiment: str) -> Path:
+        """The synthesized template of the experiment's stack."""
+        return self.assembly_dir / f"{topology.stack_name(experiment)}.template.json"
 
     def check_installed(self) -> None:
         if not os.access(self.executable, os.X_OK):
@@ -124,6 +141,8 @@ class CdkCli:
         for key in sorted(context):
             if key != "experiment":
                 argv += ["-c", f"{key}={context_value(context[key])}"]
+        if self.output_dir is not None:
+            argv += ["--output", str(self.output_dir)]
         return [*argv, "--no-notices", *options]
 
     def environment(self) -> dict[str, str]:
@@ -281,11 +300,10 @@ def progress_of(events: Iterable[Mapping[str, Any]], total: int | None) -> Stack
     return StackProgress(done, total, current, image, failed)
 
 
-def template_resources(project_dir: Path, experiment: str) -> int | None:
-    """Resources in the synthesized template (cdk.out), the progress bar's total; None before synth wrote it."""
-    path = project_dir / "cdk.out" / f"{topology.stack_name(experiment)}.template.json"
+def template_resources(template: Path) -> int | None:
+    """Resources in the synthesized template, the progress bar's total; None before synth wrote it."""
     try:
-        resources = json.loads(path.read_text(encoding="utf-8")).get("Resources") or {}
+        resources = json.loads(template.read_text(encoding="utf-8")).get("Resources") or {}
     except (OSError, ValueError):
         return None
     return sum(1 for r in resources.values() if r.get("Type") != "AWS::CDK::Metadata")

@@ -202,7 +202,9 @@ class Deployment:
         run = self.cli.run(self.cli.command("synth", self.name, planned.context, "-q"), echo=self._echo())
         if run.returncode != 0:
             raise SdkError(f"synth of {topology.stack_name(self.name)} failed: {run.last_error()} (see {run.log_path})")
-        template = self.project_dir / "cdk.out" / f"{topology.stack_name(self.name)}.template.json"
+        template = self.cli.template(self.name)
+        if not template.is_file():
+            raise SdkError(f"synth of {topology.stack_name(self.name)} wrote no template (see {run.log_path})")
         self._say(f"synthesized {topology.stack_name(self.name)}: {template}")
         return template
 
@@ -280,7 +282,7 @@ class Deployment:
             self.name,
             started,
             line,
-            total=lambda: cdk.template_resources(self.project_dir, self.name),
+            total=lambda: cdk.template_resources(self.cli.template(self.name)),
             interval_s=self.poll_s,
         )
         with watcher:
