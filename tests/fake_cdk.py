@@ -1,7 +1,7 @@
 """A stand-in CDK CLI for tests: a project directory whose `node_modules/.bin/cdk` is a small Python script.
 
 The script records each invocation (argv and the telemetry variable) as a JSON line in `calls.jsonl`, prints the
-lines `script.json` gives for its verb, writes the outputs file `cdk deploy --outputs-file` asks for, and exits
+lines `script.json` gives for its verb, writes the outputs file `cdk deploy --outputs-file` asks for (and an empty template on synth), and exits
 with the status given for the verb. Nothing reaches AWS.
 """
 
@@ -28,6 +28,10 @@ for line in plan.get("lines", []):
     print(line, flush=True)
 if "--outputs-file" in argv and plan.get("outputs") is not None:
     Path(argv[argv.index("--outputs-file") + 1]).write_text(json.dumps(plan["outputs"]))
+if argv[0] == "synth" and plan.get("exit", 0) == 0:
+    out = Path(argv[argv.index("--output") + 1]) if "--output" in argv else here / "cdk.out"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / (argv[1] + ".template.json")).write_text(json.dumps({{"Resources": {{}}}}))
 sys.exit(plan.get("exit", 0))
 """
 

@@ -340,7 +340,6 @@ def test_progress_counts_finished_resources_and_shows_the_image_build() -> None:
 
 
 def test_dry_run_synthesizes_only(project: FakeCdkProject) -> None:
-    (project.root / "cdk.out").mkdir()
     assert (
         main(
             ["deploy", "-e", "t1", "-c", f"model_base_url={MODEL_URL}", "--dry-run", "--project-dir", str(project.root)]
