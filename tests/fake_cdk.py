@@ -1,8 +1,8 @@
 """A stand-in CDK CLI for tests: a project directory whose `node_modules/.bin/cdk` is a small Python script.
 
 The script records each invocation (argv and the telemetry variable) as a JSON line in `calls.jsonl`, prints the
-lines `script.json` gives for its verb, writes the outputs file `cdk deploy --outputs-file` asks for (and an empty template on synth), and exits
-with the status given for the verb. Nothing reaches AWS.
+lines `script.json` gives for its verb, writes the outputs file `cdk deploy --outputs-file` asks for (and an
+empty template on synth), and exits with the status given for the verb. Nothing reaches AWS.
 """
 
 from __future__ import annotations
