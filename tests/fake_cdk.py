@@ -1,8 +1,9 @@
 """A stand-in CDK CLI for tests: a project directory whose `node_modules/.bin/cdk` is a small Python script.
 
-The script records each invocation (argv and the telemetry variable) as a JSON line in `calls.jsonl`, prints the
-lines `script.json` gives for its verb, writes the outputs file `cdk deploy --outputs-file` asks for (and an
-empty template on synth), and exits with the status given for the verb. Nothing reaches AWS.
+The script records each invocation (argv, the telemetry variable, the region and credential variables) as a JSON
+line in `calls.jsonl`, prints the lines `script.json` gives for its verb, writes the outputs file
+`cdk deploy --outputs-file` asks for (and an empty template on synth), and exits with the status given for the
+verb. Nothing reaches AWS.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ from pathlib import Path
 here = Path(__file__).resolve().parents[2]
 argv = sys.argv[1:]
 with (here / "calls.jsonl").open("a") as calls:
-    calls.write(json.dumps({{"argv": argv, "telemetry": os.environ.get("CDK_DISABLE_CLI_TELEMETRY")}}) + "\\n")
+    env = {{key: os.environ.get(key) for key in ("AWS_REGION", "AWS_PROFILE", "AWS_ACCESS_KEY_ID")}}
+    seen = {{"argv": argv, "telemetry": os.environ.get("CDK_DISABLE_CLI_TELEMETRY"), "env": env}}
+    calls.write(json.dumps(seen) + "\\n")
 plan = json.loads((here / "script.json").read_text()).get(argv[0], {{}})
 for line in plan.get("lines", []):
     print(line, flush=True)

@@ -130,10 +130,19 @@ def cmd_deploy(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_destroy(args: argparse.Namespace, out: TextIO) -> int:
-    from rollout_pipeline.sdk import Experiment
+    from rollout_pipeline.sdk import Experiment, ExperimentNotDeployed
+    from rollout_pipeline.sdk.launch import Deployment
 
     name = _name(args)
-    experiment = Experiment.attach(name, region=args.region)
+    try:
+        experiment = Experiment.attach(name, region=args.region)
+    except ExperimentNotDeployed:  # no stack, or one that cannot be attached: a failed create is deleted as it is
+        deployment = Deployment(
+            name, project_dir=args.project_dir, region=args.region, out=sys.stderr, verbose=args.verbose
+        )
+        status = deployment.remove_failed_stack(yes=args.yes)
+        print(f"failed stack of experiment {name} ({status}) destroyed", file=out)
+        return EXIT_OK
     experiment.destroy(
         keep_results=not args.delete_results, force=args.force, yes=args.yes, project_dir=args.project_dir
     )

@@ -122,6 +122,8 @@ class CdkCli:
         #: Where the CLI writes the cloud assembly (`--output`; default: the project's cdk.out).
         self.output_dir = output_dir
         self.log_dir = log_dir or self.assembly_dir / "rollouts-logs"
+        #: Variables the CLI runs with on top of this process's (the region and credentials the SDK uses).
+        self.env_overrides: dict[str, str] = {}
 
     @property
     def assembly_dir(self) -> Path:
@@ -150,6 +152,7 @@ class CdkCli:
         env["CDK_DISABLE_CLI_TELEMETRY"] = "1"
         env.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
         env.setdefault("CI", "true")  # no interactive prompts or colour codes from the CLI: this module asks
+        env.update(self.env_overrides)
         return env
 
     def run(self, argv: Sequence[str], *, echo: Callable[[str], None] | None = None, keep: int = 40) -> CliRun:

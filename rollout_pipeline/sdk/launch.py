@@ -183,9 +183,30 @@ class Deployment:
         self.confirm = confirm or (lambda question: ask(question, stream=self.out))
         self.poll_s = poll_s
         self.verbose = verbose
+        self._session_given = session is not None
 
     def plan(self) -> Plan:
         return plan(self.name, self.settings, self.project_dir)
+
+    def _cli_account(self) -> None:
+        """The CLI deploys where the preflight looked: this region, and a given session's profile or credentials
+        (in the child process's environment only)."""
+        env: dict[str, str] = {}
+        region = self.aws.region
+        if region:
+            env["AWS_REGION"] = env["AWS_DEFAULT_REGION"] = region
+        if self._session_given:
+            session = self.aws.session
+            profile = getattr(session, "profile_name", None)
+            credentials = session.get_credentials()
+            if profile and profile != "default":
+                env["AWS_PROFILE"] = str(profile)
+            elif credentials is not None:
+                frozen = credentials.get_frozen_credentials()
+                env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"] = frozen.access_key, frozen.secret_key
+                if frozen.token:
+                    env["AWS_SESSION_TOKEN"] = frozen.token
+        self.cli.env_overrides.update(env)
 
     def _say(self, text: str) -> None:
         self.out.write(text + "\n")
@@ -216,6 +237,7 @@ class Deployment:
         self.cli.check_installed()
         if self.aws.region is None:
             raise SdkError("no AWS region configured: pass region=... (--region), or set AWS_REGION")
+        self._cli_account()
         checks = self.checks(planned, self.aws)
         for check in checks:
             if check.level == "warning":
@@ -229,8 +251,8 @@ class Deployment:
         status = cdk.stack_status(cloudformation, self.name)
         if status in cdk.FAILED_STATES:
             raise SdkError(
-                f"stack {stack} is in state {status}: delete it first (`rollouts destroy -e {self.name} --force` "
-                "or Experiment.attach(...).destroy(force=True)), then deploy again"
+                f"stack {stack} is in state {status}: delete it first (`rollouts destroy -e {self.name}`, or "
+                "Deployment(name).remove_failed_stack()), then deploy again"
             )
         if status is not None and status.endswith("_IN_PROGRESS"):
             raise SdkError(f"stack {stack} is busy ({status}): wait until it finishes, then deploy again")
@@ -303,6 +325,37 @@ class Deployment:
 
     # ------------------------------------------------------------------------------------------------ destroy
 
+    def remove_failed_stack(self, *, yes: bool = False) -> str:
+        """Delete a stack that cannot be attached (a failed create: `ROLLBACK_COMPLETE`, `*_FAILED`) with
+        `cdk destroy`; what it retained stays. Returns the state it was in."""
+        self.cli.check_installed()
+        if self.aws.region is None:
+            raise SdkError("no AWS region configured: pass region=... (--region), or set AWS_REGION")
+        self._cli_account()
+        cloudformation = self.aws.client("cloudformation")
+        stack = topology.stack_name(self.name)
+        status = cdk.stack_status(cloudformation, self.name)
+        if status is None:
+            raise SdkError(f"there is no stack {stack} in {self.aws.region}: nothing to destroy")
+        if status not in cdk.FAILED_STATES:
+            raise SdkError(f"stack {stack} is in state {status}, not a failed one: destroy the attached experiment")
+        if not yes and not self.confirm(f"Delete the failed stack {stack} ({status})?"):
+            raise SdkError(f"destroy of {stack} cancelled: nothing changed")
+        self._run_destroy(cloudformation, _failed_stack_context(cdk.stack_outputs(cloudformation, self.name)))
+        return status
+
+    def _run_destroy(self, cloudformation: Any, context: Mapping[str, str]) -> None:
+        stack = topology.stack_name(self.name)
+        line = cdk.LiveLine(self.out, f"destroying {stack}")
+        started = cdk.operation_start()
+        watcher = cdk.StackWatcher(cloudformation, self.name, started, line, interval_s=self.poll_s)
+        with watcher:
+            run = self.cli.run(self.cli.command("destroy", self.name, context, "--force"), echo=self._echo())
+        if run.returncode != 0:
+            line.end("failed")
+            raise cdk.failure_error(self.name, cdk.events_since(cloudformation, self.name, started), run)
+        line.end("done")
+
     def destroy(
         self, experiment: Experiment, *, keep_results: bool = True, force: bool = False, yes: bool = False
     ) -> None:
@@ -334,23 +387,25 @@ class Deployment:
             removed = empty_bucket(experiment.client("s3"), experiment.results_bucket)
             self._say(f"deleted {removed} object version(s) of {experiment.results_bucket}")
 
-        cloudformation = self.aws.client("cloudformation")
-        context = destroy_context(experiment.config)
-        line = cdk.LiveLine(self.out, f"destroying {stack}")
-        started = cdk.operation_start()
-        watcher = cdk.StackWatcher(cloudformation, self.name, started, line, interval_s=self.poll_s)
-        with watcher:
-            run = self.cli.run(self.cli.command("destroy", self.name, context, "--force"), echo=self._echo())
-        if run.returncode != 0:
-            line.end("failed")
-            raise cdk.failure_error(self.name, cdk.events_since(cloudformation, self.name, started), run)
-        line.end("done")
+        self._cli_account()
+        self._run_destroy(self.aws.client("cloudformation"), destroy_context(experiment.config))
         if not keep_results and retained:
             with aws_errors(f"delete bucket {experiment.results_bucket}"):
                 experiment.client("s3").delete_bucket(Bucket=experiment.results_bucket)
         if retained:
             kept = [experiment.table_name, experiment.input_bucket] + ([experiment.results_bucket] * keep_results)
             self._say(f"kept (results_retention=retain): {', '.join(kept)}")
+
+
+def _failed_stack_context(outputs: Mapping[str, str]) -> dict[str, str]:
+    raw = outputs.get("ExperimentConfig")
+    if raw:
+        try:
+            return destroy_context(ExperimentConfig.from_env(raw))
+        except ValueError:
+            pass
+    # No settings to read back: any model URL lets synth pass (the template is only used to name the stack).
+    return {"allow_private_model_url": "true"}
 
 
 def destroy_context(config: ExperimentConfig) -> dict[str, str]:
@@ -369,7 +424,7 @@ def _run_preflight(planned: Plan, aws: AwsClients) -> list[preflight.Check]:
 
 
 def in_flight(experiment: Experiment) -> int:
-    """Rollouts holding a session slot plus messages waiting in the rollout queue (two cheap reads)."""
+    """Rollouts holding a session slot plus messages waiting in the rollout and ingest queues (cheap reads)."""
     with aws_errors(f"read what is in flight in {experiment.name}"):
         sessions = experiment.wiring().rollout_ledger().in_flight()
         attrs = experiment.client("sqs").get_queue_attributes(
@@ -380,7 +435,15 @@ def in_flight(experiment: Experiment) -> int:
                 "ApproximateNumberOfMessagesDelayed",
             ],
         )["Attributes"]
-    return sessions + sum(int(value) for value in attrs.values())
+        waiting = [attrs]
+        if experiment.stack_outputs.ingest_queue_url:  # rows still being ingested become rollouts
+            waiting.append(
+                experiment.client("sqs").get_queue_attributes(
+                    QueueUrl=experiment.stack_outputs.ingest_queue_url,
+                    AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
+                )["Attributes"]
+            )
+    return sessions + sum(int(value) for found in waiting for value in found.values())
 
 
 def unfinished_batches(experiment: Experiment) -> list[str]:

@@ -53,6 +53,7 @@ class StubbedSession:
         self.stub = Stubber(self.cloudformation)
         self.stub.activate()
         self.region_name = REGION
+        self.profile_name = "research"
 
     def client(self, service: str, **_kwargs: Any) -> Any:
         assert service == "cloudformation", f"unexpected {service} client"
@@ -133,6 +134,8 @@ def test_deploy_creates_the_stack_with_the_settings_as_context_and_returns_the_a
     assert argv[10:15] == ["--no-notices", "--require-approval", "never", "--outputs-file", argv[14]]
     assert argv[14].endswith("outputs-t1.json")
     assert call["telemetry"] == "1"
+    assert call["env"]["AWS_REGION"] == REGION, "the CLI deploys where the SDK looked"
+    assert call["env"]["AWS_PROFILE"] == "research", "with the given session's profile"
     assert questions == [], "told not to ask"
     assert isinstance(experiment, Experiment)
     assert experiment.name == "t1"
@@ -242,8 +245,38 @@ def test_a_failed_deploy_names_the_first_failed_resource_and_its_reason(
 def test_a_stack_in_a_failed_state_must_be_deleted_first(project: FakeCdkProject, session: StubbedSession) -> None:
     session.stack("ROLLBACK_COMPLETE")
     deploy, _out, _questions = deployment(project, session)
-    with pytest.raises(SdkError, match=r"ROLLBACK_COMPLETE: delete it first \(`rollouts destroy -e t1 --force`"):
+    with pytest.raises(SdkError, match=r"ROLLBACK_COMPLETE: delete it first \(`rollouts destroy -e t1`"):
         deploy.deploy(yes=True)
+    assert project.calls() == []
+
+
+def test_a_failed_stack_is_removed_with_cdk_destroy(project: FakeCdkProject, session: StubbedSession) -> None:
+    session.stack("ROLLBACK_COMPLETE")
+    session.stack("ROLLBACK_COMPLETE")  # no outputs: a failed create
+    deploy, out, _questions = deployment(project, session)
+
+    assert deploy.remove_failed_stack(yes=True) == "ROLLBACK_COMPLETE"
+
+    (call,) = project.calls()
+    assert call["argv"] == [
+        "destroy",
+        STACK,
+        "-c",
+        "experiment=t1",
+        "-c",
+        "allow_private_model_url=true",
+        "--no-notices",
+        "--force",
+    ]
+    assert "destroying Rollouts-t1: done" in out.getvalue()
+    session.stub.assert_no_pending_responses()
+
+
+def test_only_a_failed_stack_is_removed_that_way(project: FakeCdkProject, session: StubbedSession) -> None:
+    session.stack("CREATE_COMPLETE")
+    deploy, _out, _questions = deployment(project, session)
+    with pytest.raises(SdkError, match="not a failed one: destroy the attached experiment"):
+        deploy.remove_failed_stack(yes=True)
     assert project.calls() == []
 
 
