@@ -15,7 +15,7 @@ import json
 import os
 import subprocess
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -201,8 +201,16 @@ def stack_outputs(cloudformation: Any, experiment: str) -> dict[str, str]:
     return {o["OutputKey"]: o["OutputValue"] for o in (stacks[0].get("Outputs") or [])} if stacks else {}
 
 
-def events_since(cloudformation: Any, experiment: str, since: datetime, *, max_pages: int = 10) -> list[dict[str, Any]]:
-    """The stack's events at or after `since`, oldest first (DescribeStackEvents pages newest first; bounded)."""
+def events_since(
+    cloudformation: Any,
+    experiment: str,
+    since: datetime,
+    *,
+    known: Collection[str] = frozenset(),
+    max_pages: int = 10,
+) -> list[dict[str, Any]]:
+    """The stack's events at or after `since` and newer than any event id in `known`, oldest first
+    (DescribeStackEvents pages newest first: paging stops at the first old or known event; bounded)."""
     stack = topology.stack_name(experiment)
     found: list[dict[str, Any]] = []
     kwargs: dict[str, Any] = {"StackName": stack}
@@ -216,7 +224,7 @@ def events_since(cloudformation: Any, experiment: str, since: datetime, *, max_p
             raise
         older = False
         for event in page.get("StackEvents") or []:
-            if event["Timestamp"] < since:
+            if event["Timestamp"] < since or event.get("EventId") in known:
                 older = True
                 break
             found.append(event)
@@ -334,6 +342,8 @@ class StackWatcher:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"stack-events-{experiment}", daemon=True)
         self.last: StackProgress | None = None
+        self._events: list[dict[str, Any]] = []
+        self._ids: set[str] = set()
 
     def __enter__(self) -> StackWatcher:
         self._thread.start()
@@ -348,8 +358,11 @@ class StackWatcher:
             self._thread.join(timeout=self.interval_s + 30)
 
     def poll(self) -> None:
-        events = events_since(self.cloudformation, self.experiment, self.since)
-        progress = progress_of(events, self.total())
+        """Read the events new since the last poll and report the progress if it moved."""
+        new = events_since(self.cloudformation, self.experiment, self.since, known=self._ids)
+        self._events.extend(new)
+        self._ids.update(str(e.get("EventId")) for e in new)
+        progress = progress_of(self._events, self.total())
         if progress != self.last:
             self.last = progress
             self.report(progress)

@@ -418,3 +418,75 @@ def test_settings_travel_as_cdk_context_text() -> None:
     assert cdk_module.context_value(None) == ""
     assert cdk_module.context_value({"b": 1, "a": 0.5}) == '{"a":0.5,"b":1}'
     assert json.loads(cdk_module.context_value(ExperimentConfig(name="x").sampling_params)) == {}
+
+
+class EventsSoFar:
+    """A CloudFormation stand-in for the watcher: DescribeStackEvents answers with the events added so far,
+    newest first, in pages of two (so paging and the stop at known events are exercised)."""
+
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+        self.calls = 0
+
+    def add(self, logical: str, kind: str, status: str) -> None:
+        self.events.append(
+            {
+                "EventId": f"{logical}-{status}-{len(self.events)}",
+                "LogicalResourceId": logical,
+                "ResourceType": kind,
+                "ResourceStatus": status,
+                "Timestamp": datetime.now(UTC),
+            }
+        )
+
+    def describe_stack_events(self, StackName: str, NextToken: str | None = None) -> dict[str, Any]:
+        self.calls += 1
+        newest_first = list(reversed(self.events))
+        start = int(NextToken or 0)
+        page: dict[str, Any] = {"StackEvents": newest_first[start : start + 2]}
+        if start + 2 < len(newest_first):
+            page["NextToken"] = str(start + 2)
+        return page
+
+
+def test_the_watcher_reports_progress_from_new_events_only() -> None:
+    cloudformation = EventsSoFar()
+    reports: list[str] = []
+    watcher = cdk_module.StackWatcher(
+        cloudformation,
+        "t1",
+        datetime.now(UTC) - timedelta(seconds=5),
+        lambda p: reports.append(p.line()),
+        total=lambda: 3,
+    )
+    cloudformation.add(STACK, "AWS::CloudFormation::Stack", "CREATE_IN_PROGRESS")
+    cloudformation.add("Table", "AWS::DynamoDB::Table", "CREATE_IN_PROGRESS")
+    cloudformation.add("Build", cdk_module.IMAGE_BUILD_TYPE, "CREATE_IN_PROGRESS")
+    watcher.poll()
+    cloudformation.add("Table", "AWS::DynamoDB::Table", "CREATE_COMPLETE")
+    calls_before = cloudformation.calls
+    watcher.poll()
+    assert cloudformation.calls - calls_before == 1, "one page: paging stops at the first known event"
+    watcher.poll()  # nothing new: nothing reported
+    cloudformation.add("Build", cdk_module.IMAGE_BUILD_TYPE, "CREATE_COMPLETE")
+    watcher.poll()
+
+    assert reports == [
+        "0/3 resources, image build create in progress, in progress: Table, Build",
+        "1/3 resources, image build create in progress, in progress: Build",
+        "2/3 resources, image build create complete",
+    ]
+
+
+def test_the_live_line_rewrites_itself_on_a_terminal() -> None:
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    stream = Terminal()
+    line = cdk_module.LiveLine(stream, "creating Rollouts-t1")
+    line(cdk_module.StackProgress(1, 10))
+    line(cdk_module.StackProgress(2, 10))
+    line.end("done")
+    assert stream.getvalue().startswith("\rcreating Rollouts-t1: 1/10 resources\rcreating Rollouts-t1: 2/10 resources")
+    assert stream.getvalue().endswith("creating Rollouts-t1: done\n")
