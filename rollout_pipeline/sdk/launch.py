@@ -198,7 +198,8 @@ class Deployment:
         if self._session_given:
             session = self.aws.session
             profile = getattr(session, "profile_name", None)
-            credentials = session.get_credentials()
+            with aws_errors("read the session's credentials"):
+                credentials = session.get_credentials()
             if profile and profile != "default":
                 env["AWS_PROFILE"] = str(profile)
             elif credentials is not None:
