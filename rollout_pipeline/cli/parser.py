@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from rollout_pipeline.cli import commands
+from rollout_pipeline.cli import stack as stack_commands
 
 _DESCRIPTION = """\
 Event-driven RL rollouts on Amazon Bedrock AgentCore Runtime.
@@ -177,6 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     report.set_defaults(handler=commands.cmd_report)
 
+    stack_commands.register(sub)  # deploy, destroy
     _register_local(sub, common)
     return parser
 

@@ -77,19 +77,24 @@ class LocalSettings:
     #: Use this `ports.AgentRuntime` instead of agent processes (benchmarks, dry runs with the fake ACR). It is
     #: built after the AWS resources exist: a callable taking the `ExperimentResources`.
     runtime_factory: Callable[[ExperimentResources], Any] | None = None
+    #: Other `ExperimentConfig` fields, as the deployed stack would take them (`Experiment.launch(mode="local")`).
+    experiment_settings: dict[str, Any] = field(default_factory=dict)
 
     def experiment_config(self, model_url: str) -> ExperimentConfig:
-        return ExperimentConfig(
-            name=self.experiment,
-            group_size=self.group_size,
-            tps_limit=self.tps_limit,
-            max_sessions=self.max_sessions,
-            rollout_timeout_s=self.rollout_timeout_s,
-            max_attempts=self.max_attempts,
-            model_base_url=model_url,
-            model_id=self.model_id,
-            sampling_params=SamplingParams.model_validate(self.sampling_params),
-            dispatch_concurrency=max(2, self.dispatch_concurrency),
+        return ExperimentConfig.model_validate(
+            {
+                **self.experiment_settings,
+                "name": self.experiment,
+                "group_size": self.group_size,
+                "tps_limit": self.tps_limit,
+                "max_sessions": self.max_sessions,
+                "rollout_timeout_s": self.rollout_timeout_s,
+                "max_attempts": self.max_attempts,
+                "model_base_url": model_url,
+                "model_id": self.model_id,
+                "sampling_params": SamplingParams.model_validate(self.sampling_params),
+                "dispatch_concurrency": max(2, self.dispatch_concurrency),
+            }
         )
 
 

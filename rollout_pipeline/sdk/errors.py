@@ -50,3 +50,16 @@ class RolloutFailedError(SdkError):
         super().__init__(message)
         self.event = event
         self.reason = reason
+
+
+class DeployFailed(SdkError):
+    """`cdk deploy` (or destroy) failed: the message names the first resource that failed and CloudFormation's
+    reason (`resource`, `resource_type`, `reason`), or the CLI's own last error when no resource failed."""
+
+    def __init__(
+        self, message: str, *, resource: str | None = None, resource_type: str | None = None, reason: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.resource = resource
+        self.resource_type = resource_type
+        self.reason = reason

@@ -77,6 +77,8 @@ class Experiment:
         self.seen = SeenIds(seen_ids)
         self._settings = self.stack_outputs.handler_settings(self.config)
         self._wiring: Wiring | None = None
+        #: Stops what a launcher started for this experiment (local mode); None for a deployed stack.
+        self._teardown: Callable[[], None] | None = None
 
     # ---------------------------------------------------------------------------------------------- attach
 
@@ -102,7 +104,7 @@ class Experiment:
                 where = f" in {aws.region}" if aws.region else ""
                 raise ExperimentNotDeployed(
                     f"experiment {name!r} is not deployed{where} (no stack {stack}); "
-                    f"deploy it with `cdk deploy -c experiment={name}` or check --region"
+                    f"deploy it with `rollouts deploy -e {name}` (Experiment.deploy) or check --region"
                 ) from None
             raise
         stacks = resp.get("Stacks") or []
@@ -146,6 +148,91 @@ class Experiment:
         if name is None:
             raise SdkError("Experiment.local needs the local experiment's outputs or its name")
         return cls.attach(name, region=region, session=session, endpoint_url=endpoint_url)
+
+    # ---------------------------------------------------------------------------------------------- launch
+
+    @classmethod
+    def launch(
+        cls,
+        name: str,
+        mode: str = "deployed",
+        *,
+        yes: bool = False,
+        region: str | None = None,
+        session: Any | None = None,
+        project_dir: str | os.PathLike[str] | None = None,
+        local_options: Mapping[str, Any] | None = None,
+        out: IO[str] | None = None,
+        **settings: Any,
+    ) -> Experiment:
+        """Start experiment `name` with `settings` (`ExperimentConfig`'s fields and the stack's own keys, as
+        `cdk deploy -c key=value` takes them) and return it attached, in either mode, so the same trainer code
+        runs against both:
+
+        - `mode="deployed"`: validate the settings, run the preflight, deploy the project's CDK app through its
+          CDK CLI (`node_modules/.bin/cdk`, installed by `make setup`) with live progress. Nothing happens when
+          the stack is up to date; changes are shown (`cdk diff`) and confirmed unless `yes=True`.
+        - `mode="local"`: start the local pipeline in this process (moto on loopback, the Lambda handlers as
+          consumers, agent processes); it stops at `destroy()`, at the end of a `with` block or at exit.
+          `local_options`: local mode's own settings (`LocalSettings` fields: `agent_module`, `work_dir`, ...).
+
+        Raises `SdkError` (one line, what to do) for a bad setting, missing credentials or bootstrap, a stack in
+        a failed state, a missing CLI, and `DeployFailed` naming the first resource that failed.
+        """
+        from rollout_pipeline.sdk.launch import MODES, Deployment, launcher, plan
+
+        if mode not in MODES:
+            raise SdkError(f"mode must be one of {', '.join(MODES)} (got {mode!r})")
+        if mode == "local":
+            config = plan(name, settings, None, check_model_url=False).config
+            return launcher("local")(config, frozenset(settings), dict(local_options or {}))
+        deployment = Deployment(
+            name, settings, project_dir=project_dir, region=region, session=session, out=out or sys.stderr
+        )
+        return deployment.deploy(yes=yes)
+
+    @classmethod
+    def deploy(cls, name: str, *, local: bool = False, yes: bool = False, **kwargs: Any) -> Experiment:
+        """`Experiment.launch(name, mode="local" if local else "deployed", yes=yes, **kwargs)`."""
+        return cls.launch(name, "local" if local else "deployed", yes=yes, **kwargs)
+
+    def destroy(
+        self,
+        keep_results: bool = True,
+        force: bool = False,
+        *,
+        yes: bool = True,
+        project_dir: str | os.PathLike[str] | None = None,
+        out: IO[str] | None = None,
+    ) -> None:
+        """Tear the experiment down. Local mode: stop the local pipeline. Deployed: refuse while rollouts are in
+        flight or queued unless `force` (then cancel their batches first), remove the SDK's subscriptions from
+        the bus, empty and delete the results bucket unless `keep_results`, then `cdk destroy` the stack. Resources
+        the stack retains (`results_retention=retain`: ledger table, buckets) stay. `yes=False` asks first."""
+        if self._teardown is not None:
+            self._teardown()
+            return
+        from rollout_pipeline.sdk.launch import Deployment
+
+        deployment = Deployment(
+            self.name,
+            project_dir=project_dir,
+            region=self.aws.region,
+            session=self.aws.session,
+            out=out or sys.stderr,
+        )
+        deployment.destroy(self, keep_results=keep_results, force=force, yes=yes)
+
+    def close(self) -> None:
+        """Stop what `launch` started for this experiment in this process (local mode); a deployed stack stays."""
+        if self._teardown is not None:
+            self._teardown()
+
+    def __enter__(self) -> Experiment:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # ------------------------------------------------------------------------------------------ properties
 

@@ -178,7 +178,7 @@ def test_experiment_not_deployed(resources: ExperimentResources, capsys: pytest.
     assert main(["status", "-e", "other", "--region", REGION, "--batch", "b"]) == EXIT_ERROR
     line = one_error_line(capsys.readouterr().err)
     assert "experiment 'other' is not deployed in us-east-1" in line
-    assert "cdk deploy -c experiment=other" in line
+    assert "rollouts deploy -e other" in line
 
 
 def test_no_experiment_given(

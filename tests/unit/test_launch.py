@@ -1,0 +1,492 @@
+"""`Experiment.deploy` / `rollouts deploy` without AWS: a stand-in CDK CLI (tests/fake_cdk.py) and botocore's
+Stubber for the CloudFormation reads. What is checked: the CLI invocation built from the settings, the outputs
+parsed into the attached experiment, idempotence, the diff shown and confirmed, and one clear error per problem."""
+
+from __future__ import annotations
+
+import io
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from botocore.stub import Stubber
+
+from rollout_pipeline import preflight
+from rollout_pipeline.cli import EXIT_ERROR, EXIT_OK, main
+from rollout_pipeline.config import ExperimentConfig
+from rollout_pipeline.sdk import Experiment, NoCredentials, SdkError
+from rollout_pipeline.sdk import cdk as cdk_module
+from rollout_pipeline.sdk.errors import DeployFailed
+from rollout_pipeline.sdk.launch import Deployment, changed_settings, preflight_problem
+from tests.fake_cdk import FakeCdkProject
+
+REGION = "us-east-1"
+MODEL_URL = "https://models.example.org/v1"
+STACK = "Rollouts-t1"
+NOW = datetime(2026, 11, 24, 1, 0, tzinfo=UTC)
+
+
+def outputs(name: str = "t1", **config: Any) -> dict[str, str]:
+    base = f"rollouts-{name}"
+    return {
+        "ExperimentName": name,
+        "ExperimentConfig": ExperimentConfig(name=name, model_base_url=MODEL_URL, **config).to_env(),
+        "InputBucketName": f"{base}-input",
+        "ResultsBucketName": f"{base}-results",
+        "RolloutQueueUrl": f"https://sqs.{REGION}.amazonaws.com/123456789012/{base}-rollouts",
+        "TrainerQueueUrl": f"https://sqs.{REGION}.amazonaws.com/123456789012/{base}-trainer",
+        "EventBusName": base,
+        "LedgerTableName": f"{base}-ledger",
+    }
+
+
+class StubbedSession:
+    """A boto3 session stand-in whose clients are real botocore clients under a Stubber (no network)."""
+
+    def __init__(self) -> None:
+        self.cloudformation = boto3.client(
+            "cloudformation", region_name=REGION, aws_access_key_id="k", aws_secret_access_key="s"
+        )
+        self.stub = Stubber(self.cloudformation)
+        self.stub.activate()
+        self.region_name = REGION
+        self.profile_name = "research"
+
+    def client(self, service: str, **_kwargs: Any) -> Any:
+        assert service == "cloudformation", f"unexpected {service} client"
+        return self.cloudformation
+
+    def get_credentials(self) -> Any:
+        return None
+
+    def no_stack(self) -> None:
+        self.stub.add_client_error(
+            "describe_stacks", "ValidationError", f"Stack with id {STACK} does not exist", 400, {"StackName": STACK}
+        )
+
+    def stack(self, status: str, outputs_: dict[str, str] | None = None) -> None:
+        stack: dict[str, Any] = {"StackName": STACK, "StackStatus": status, "CreationTime": NOW}
+        if outputs_ is not None:
+            stack["Outputs"] = [{"OutputKey": k, "OutputValue": v} for k, v in outputs_.items()]
+        self.stub.add_response("describe_stacks", {"Stacks": [stack]}, {"StackName": STACK})
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> FakeCdkProject:
+    return FakeCdkProject(tmp_path / "project")
+
+
+@pytest.fixture
+def session() -> StubbedSession:
+    return StubbedSession()
+
+
+def deployment(
+    project: FakeCdkProject, session: StubbedSession, answers: list[bool] | None = None, **settings: Any
+) -> tuple[Deployment, io.StringIO, list[str]]:
+    out = io.StringIO()
+    questions: list[str] = []
+
+    def confirm(question: str) -> bool:
+        questions.append(question)
+        return (answers or [False]).pop(0)
+
+    return (
+        Deployment(
+            "t1",
+            {"model_base_url": MODEL_URL, **settings},
+            project_dir=project.root,
+            region=REGION,
+            session=session,
+            checks=lambda _plan, _aws: [],
+            confirm=confirm,
+            out=out,
+            poll_s=3600,  # the stand-in CLI ends at once: no event polls during a test
+        ),
+        out,
+        questions,
+    )
+
+
+def test_deploy_creates_the_stack_with_the_settings_as_context_and_returns_the_attached_experiment(
+    project: FakeCdkProject, session: StubbedSession
+) -> None:
+    session.no_stack()
+    project.script({"deploy": {"outputs": {STACK: outputs(group_size=4)}, "lines": ["Rollouts-t1: deploying..."]}})
+    deploy, out, questions = deployment(project, session, group_size=4, sampling_params={"temperature": 0.5})
+
+    experiment = deploy.deploy(yes=True)
+
+    (call,) = project.calls()
+    argv = call["argv"]
+    assert argv[:5] == ["deploy", STACK, "-c", "experiment=t1", "-c"]
+    assert argv[4:10] == [
+        "-c",
+        "group_size=4",
+        "-c",
+        f"model_base_url={MODEL_URL}",
+        "-c",
+        'sampling_params={"temperature":0.5}',
+    ]
+    assert argv[10:15] == ["--no-notices", "--require-approval", "never", "--outputs-file", argv[14]]
+    assert argv[14].endswith("outputs-t1.json")
+    assert call["telemetry"] == "1"
+    assert call["env"]["AWS_REGION"] == REGION, "the CLI deploys where the SDK looked"
+    assert call["env"]["AWS_PROFILE"] == "research", "with the given session's profile"
+    assert questions == [], "told not to ask"
+    assert isinstance(experiment, Experiment)
+    assert experiment.name == "t1"
+    assert experiment.config.group_size == 4
+    assert experiment.results_bucket == "rollouts-t1-results"
+    assert "creating Rollouts-t1: done" in out.getvalue()
+    session.stub.assert_no_pending_responses()
+
+
+def test_deploying_the_same_settings_changes_nothing(project: FakeCdkProject, session: StubbedSession) -> None:
+    session.stack("CREATE_COMPLETE")
+    session.stack("CREATE_COMPLETE", outputs())  # the attach
+    project.script(
+        {
+            "diff": {
+                "exit": 0,
+                "lines": [
+                    "Stack Rollouts-t1",
+                    "There were no differences",
+                    "",
+                    "✨  Number of stacks with differences: 0",
+                ],
+            }
+        }
+    )
+    deploy, out, questions = deployment(project, session)
+
+    experiment = deploy.deploy()
+
+    assert project.verbs() == ["diff"], "no deploy when cdk diff finds nothing"
+    assert "--fail" in project.calls()[0]["argv"]
+    assert questions == []
+    assert experiment.name == "t1"
+    assert "Rollouts-t1 is up to date: nothing to deploy" in out.getvalue()
+    session.stub.assert_no_pending_responses()
+
+
+def test_other_settings_show_what_changes_and_ask_first(project: FakeCdkProject, session: StubbedSession) -> None:
+    session.stack("UPDATE_COMPLETE")
+    session.stack("UPDATE_COMPLETE", outputs(group_size=8))  # the settings the stack runs with
+    diff_lines = [
+        "Stack Rollouts-t1",
+        "Resources",
+        "[~] AWS::Lambda::Function Dispatch",
+        "✨  Number of stacks with differences: 1",
+    ]
+    project.script({"diff": {"exit": 1, "lines": diff_lines}})
+    deploy, out, questions = deployment(project, session, answers=[False], group_size=4)
+
+    with pytest.raises(SdkError, match="deploy of Rollouts-t1 cancelled: nothing changed"):
+        deploy.deploy()
+
+    assert project.verbs() == ["diff"]
+    assert questions == ["Deploy these changes to Rollouts-t1?"]
+    shown = out.getvalue()
+    assert "group_size: 8 -> 4" in shown
+    assert "[~] AWS::Lambda::Function Dispatch" in shown
+
+
+def test_a_failed_deploy_names_the_first_failed_resource_and_its_reason(
+    project: FakeCdkProject, session: StubbedSession
+) -> None:
+    session.no_stack()
+    project.script({"deploy": {"exit": 1, "lines": [f"wall of output line {i}" for i in range(200)]}})
+
+    def event(logical: str, kind: str, status: str, reason: str = "", seconds: int = 0) -> dict[str, Any]:
+        return {
+            "StackId": "arn:aws:cloudformation:us-east-1:123456789012:stack/Rollouts-t1/x",
+            "EventId": f"{logical}-{status}",
+            "StackName": STACK,
+            "LogicalResourceId": logical,
+            "ResourceType": kind,
+            "ResourceStatus": status,
+            "ResourceStatusReason": reason,
+            "Timestamp": datetime.now(UTC) + timedelta(seconds=seconds),
+        }
+
+    newest_first = [
+        event(
+            STACK,
+            "AWS::CloudFormation::Stack",
+            "ROLLBACK_IN_PROGRESS",
+            "The following resource(s) failed to create: [Runtime, Queue]. ",
+            6,
+        ),
+        event("Queue", "AWS::SQS::Queue", "CREATE_FAILED", "Resource creation cancelled", 5),
+        event("Runtime", "AWS::BedrockAgentCore::Runtime", "CREATE_FAILED", "Access denied for\n ecr:BatchGetImage", 4),
+        event("Table", "AWS::DynamoDB::Table", "CREATE_COMPLETE", "", 3),
+        event(STACK, "AWS::CloudFormation::Stack", "CREATE_IN_PROGRESS", "User Initiated", 1),
+    ]
+    session.stub.add_response("describe_stack_events", {"StackEvents": newest_first}, {"StackName": STACK})
+    deploy, _out, _questions = deployment(project, session)
+
+    with pytest.raises(DeployFailed) as failed:
+        deploy.deploy(yes=True)
+
+    message = str(failed.value)
+    assert "\n" not in message
+    assert message.startswith(
+        "deploy of Rollouts-t1 failed at Runtime (AWS::BedrockAgentCore::Runtime) CREATE_FAILED: "
+        "Access denied for ecr:BatchGetImage"
+    )
+    assert failed.value.resource == "Runtime"
+    assert "wall of output" not in message
+
+
+def test_a_stack_in_a_failed_state_must_be_deleted_first(project: FakeCdkProject, session: StubbedSession) -> None:
+    session.stack("ROLLBACK_COMPLETE")
+    deploy, _out, _questions = deployment(project, session)
+    with pytest.raises(SdkError, match=r"ROLLBACK_COMPLETE: delete it first \(`rollouts destroy -e t1`"):
+        deploy.deploy(yes=True)
+    assert project.calls() == []
+
+
+def test_a_failed_stack_is_removed_with_cdk_destroy(project: FakeCdkProject, session: StubbedSession) -> None:
+    session.stack("ROLLBACK_COMPLETE")
+    session.stack("ROLLBACK_COMPLETE")  # no outputs: a failed create
+    deploy, out, _questions = deployment(project, session)
+
+    assert deploy.remove_failed_stack(yes=True) == "ROLLBACK_COMPLETE"
+
+    (call,) = project.calls()
+    assert call["argv"] == [
+        "destroy",
+        STACK,
+        "-c",
+        "experiment=t1",
+        "-c",
+        "allow_private_model_url=true",
+        "--no-notices",
+        "--force",
+    ]
+    assert "destroying Rollouts-t1: done" in out.getvalue()
+    session.stub.assert_no_pending_responses()
+
+
+def test_only_a_failed_stack_is_removed_that_way(project: FakeCdkProject, session: StubbedSession) -> None:
+    session.stack("CREATE_COMPLETE")
+    deploy, _out, _questions = deployment(project, session)
+    with pytest.raises(SdkError, match="not a failed one: destroy the attached experiment"):
+        deploy.remove_failed_stack(yes=True)
+    assert project.calls() == []
+
+
+@pytest.mark.parametrize(
+    ("settings", "expected"),
+    [
+        ({"group_size": 0}, "group_size: Input should be greater than or equal to 1"),
+        ({"max_sessions": "many"}, "max_sessions: Input should be a valid integer"),
+        ({"model_base_url": "http://127.0.0.1:8000/v1"}, "a loopback address"),
+        ({"no_such_setting": 1}, "unknown setting(s) no_such_setting"),
+        ({"image_uri": "docker.io/me/agent:1"}, "AgentCore runs images from Amazon ECR only"),
+    ],
+)
+def test_a_bad_setting_is_refused_before_anything_runs(
+    project: FakeCdkProject, session: StubbedSession, settings: dict[str, Any], expected: str
+) -> None:
+    deploy, _out, _questions = deployment(project, session, **settings)
+    with pytest.raises(SdkError) as error:
+        deploy.deploy(yes=True)
+    assert expected in str(error.value)
+    assert project.calls() == []
+    session.stub.assert_no_pending_responses()
+
+
+def test_a_missing_cli_says_to_run_make_setup(project: FakeCdkProject, session: StubbedSession) -> None:
+    (project.root / "node_modules" / ".bin" / "cdk").unlink()
+    deploy, _out, _questions = deployment(project, session)
+    with pytest.raises(SdkError, match=r"the CDK CLI is not installed .*: run `make setup` first"):
+        deploy.deploy(yes=True)
+
+
+def test_preflight_errors_become_one_actionable_error() -> None:
+    no_credentials = [
+        preflight.Check("credentials", "error", "no usable AWS credentials (Unable to locate credentials)")
+    ]
+    problem = preflight_problem(no_credentials)
+    assert isinstance(problem, NoCredentials)
+    assert "aws configure" in str(problem)
+    not_bootstrapped = [
+        preflight.Check("settings", "ok", "experiment t1"),
+        preflight.Check("quotas", "warning", "cannot read"),
+        preflight.Check("cdk bootstrap", "error", "not bootstrapped: run `npx cdk bootstrap aws://1/us-east-1`"),
+    ]
+    assert str(preflight_problem(not_bootstrapped)) == (
+        "preflight cdk bootstrap: not bootstrapped: run `npx cdk bootstrap aws://1/us-east-1`"
+    )
+    assert preflight_problem(not_bootstrapped[:2]) is None
+
+
+def test_the_preflight_runs_on_the_settings_before_the_stack_is_read(
+    project: FakeCdkProject, session: StubbedSession
+) -> None:
+    seen: list[Any] = []
+
+    def checks(plan: Any, _aws: Any) -> list[preflight.Check]:
+        seen.append(plan.merged)
+        return [preflight.Check("cdk bootstrap", "error", "not bootstrapped: run `npx cdk bootstrap`")]
+
+    deploy, _out, _q = deployment(project, session, group_size=3)
+    deploy.checks = checks
+    with pytest.raises(SdkError, match="preflight cdk bootstrap: not bootstrapped"):
+        deploy.deploy(yes=True)
+    assert seen[0]["group_size"] == "3"
+    assert seen[0]["experiment"] == "t1"
+    assert seen[0]["tps_limit"] == 25, "cdk.json's context underneath"
+    assert project.calls() == []
+
+
+def test_changed_settings_lists_each_difference() -> None:
+    deployed = outputs(group_size=8, max_sessions=100)
+    wanted = ExperimentConfig(name="t1", model_base_url=MODEL_URL, group_size=4, max_sessions=100)
+    assert changed_settings(deployed, wanted) == ["group_size: 8 -> 4"]
+
+
+def test_progress_counts_finished_resources_and_shows_the_image_build() -> None:
+    events = [
+        {
+            "LogicalResourceId": STACK,
+            "ResourceType": "AWS::CloudFormation::Stack",
+            "ResourceStatus": "CREATE_IN_PROGRESS",
+        },
+        {"LogicalResourceId": "Table", "ResourceType": "AWS::DynamoDB::Table", "ResourceStatus": "CREATE_IN_PROGRESS"},
+        {"LogicalResourceId": "Table", "ResourceType": "AWS::DynamoDB::Table", "ResourceStatus": "CREATE_COMPLETE"},
+        {
+            "LogicalResourceId": "Build",
+            "ResourceType": cdk_module.IMAGE_BUILD_TYPE,
+            "ResourceStatus": "CREATE_IN_PROGRESS",
+        },
+    ]
+    progress = cdk_module.progress_of(events, 40)
+    assert progress.done == 1
+    assert progress.total == 40
+    assert progress.line() == "1/40 resources, image build create in progress, in progress: Build"
+
+
+def test_dry_run_synthesizes_only(project: FakeCdkProject) -> None:
+    assert (
+        main(
+            ["deploy", "-e", "t1", "-c", f"model_base_url={MODEL_URL}", "--dry-run", "--project-dir", str(project.root)]
+        )
+        == EXIT_OK
+    )
+    (call,) = project.calls()
+    assert call["argv"] == [
+        "synth",
+        STACK,
+        "-c",
+        "experiment=t1",
+        "-c",
+        f"model_base_url={MODEL_URL}",
+        "--no-notices",
+        "-q",
+    ]
+
+
+def test_cli_deploy_reports_a_bad_setting_as_one_line(
+    project: FakeCdkProject, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["deploy", "-e", "t1", "-c", "group_size=0", "--project-dir", str(project.root), "--region", REGION]
+    assert main(argv) == EXIT_ERROR
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert "group_size" in err[0]
+    assert project.calls() == []
+
+
+@pytest.mark.parametrize("command", ["deploy", "destroy"])
+def test_help_documents_every_option(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([command, "--help"]) == EXIT_OK
+    text = capsys.readouterr().out
+    options = ["--experiment", "--region", "--project-dir", "--yes", "--verbose"]
+    options += ["--context", "--dry-run"] if command == "deploy" else ["--force", "--delete-results"]
+    for option in options:
+        assert option in text
+
+
+def test_settings_travel_as_cdk_context_text() -> None:
+    assert cdk_module.context_value(True) == "true"
+    assert cdk_module.context_value(None) == ""
+    assert cdk_module.context_value({"b": 1, "a": 0.5}) == '{"a":0.5,"b":1}'
+    assert json.loads(cdk_module.context_value(ExperimentConfig(name="x").sampling_params)) == {}
+
+
+class EventsSoFar:
+    """A CloudFormation stand-in for the watcher: DescribeStackEvents answers with the events added so far,
+    newest first, in pages of two (so paging and the stop at known events are exercised)."""
+
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+        self.calls = 0
+
+    def add(self, logical: str, kind: str, status: str) -> None:
+        self.events.append(
+            {
+                "EventId": f"{logical}-{status}-{len(self.events)}",
+                "LogicalResourceId": logical,
+                "ResourceType": kind,
+                "ResourceStatus": status,
+                "Timestamp": datetime.now(UTC),
+            }
+        )
+
+    def describe_stack_events(self, StackName: str, NextToken: str | None = None) -> dict[str, Any]:
+        self.calls += 1
+        newest_first = list(reversed(self.events))
+        start = int(NextToken or 0)
+        page: dict[str, Any] = {"StackEvents": newest_first[start : start + 2]}
+        if start + 2 < len(newest_first):
+            page["NextToken"] = str(start + 2)
+        return page
+
+
+def test_the_watcher_reports_progress_from_new_events_only() -> None:
+    cloudformation = EventsSoFar()
+    reports: list[str] = []
+    watcher = cdk_module.StackWatcher(
+        cloudformation,
+        "t1",
+        datetime.now(UTC) - timedelta(seconds=5),
+        lambda p: reports.append(p.line()),
+        total=lambda: 3,
+    )
+    cloudformation.add(STACK, "AWS::CloudFormation::Stack", "CREATE_IN_PROGRESS")
+    cloudformation.add("Table", "AWS::DynamoDB::Table", "CREATE_IN_PROGRESS")
+    cloudformation.add("Build", cdk_module.IMAGE_BUILD_TYPE, "CREATE_IN_PROGRESS")
+    watcher.poll()
+    cloudformation.add("Table", "AWS::DynamoDB::Table", "CREATE_COMPLETE")
+    calls_before = cloudformation.calls
+    watcher.poll()
+    assert cloudformation.calls - calls_before == 1, "one page: paging stops at the first known event"
+    watcher.poll()  # nothing new: nothing reported
+    cloudformation.add("Build", cdk_module.IMAGE_BUILD_TYPE, "CREATE_COMPLETE")
+    watcher.poll()
+
+    assert reports == [
+        "0/3 resources, image build create in progress, in progress: Table, Build",
+        "1/3 resources, image build create in progress, in progress: Build",
+        "2/3 resources, image build create complete",
+    ]
+
+
+def test_the_live_line_rewrites_itself_on_a_terminal() -> None:
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    stream = Terminal()
+    line = cdk_module.LiveLine(stream, "creating Rollouts-t1")
+    line(cdk_module.StackProgress(1, 10))
+    line(cdk_module.StackProgress(2, 10))
+    line.end("done")
+    assert stream.getvalue().startswith("\rcreating Rollouts-t1: 1/10 resources\rcreating Rollouts-t1: 2/10 resources")
+    assert stream.getvalue().endswith("creating Rollouts-t1: done\n")
