@@ -24,6 +24,7 @@ from rollout_pipeline.local.resources import ExperimentResources
 from tests.conftest import receive_all
 from tests.integration.lifecycle_support import (
     ShiftedClock,
+    batch_view,
     by_type,
     complete_once,
     dispatch_once,
@@ -90,7 +91,7 @@ def test_a_batch_completes_with_cold_starts_and_failing_stops(
     while time.monotonic() < deadline:
         dispatch_once(resources, deps)
         complete_once(resources, deps)
-        if int(ledger_item(resources, keys.batch_key(BATCH)).get("terminal") or 0) >= groups * size:
+        if int(batch_view(resources, BATCH).get("terminal") or 0) >= groups * size:
             break
     for _ in range(20):  # the last results of the agents that were still running
         if not complete_once(resources, deps).outcomes:
