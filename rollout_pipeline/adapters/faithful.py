@@ -3,8 +3,8 @@
 Switched on with `activate(FaithfulProfile(...))` (a context manager), `aws_profile="faithful"` in local mode, or
 `ROLLOUTS_AWS_PROFILE=faithful`. It sits at the boto3 boundary as botocore event handlers registered on every
 session created in this process (`botocore.handlers.BUILTIN_HANDLERS`, like moto itself), so the pipeline's
-clients (`adapters.clients`), the SDK's and a test's own all see it. Behaviour (facts: PEERS.md, "What real AWS
-does that moto and the in-process fakes do not"):
+clients (`adapters.clients`), the SDK's and a test's own all see it. Behaviour (the facts and their public sources:
+docs/aws-facts.md):
 
 - DynamoDB transactions hold their items while in flight: for `hold_ms` from the start of `TransactWriteItems`
   (about a real transaction's latency; moto's own duration, which grows with load, is not AWS's).

@@ -9,7 +9,7 @@ Every call is recorded with its wall-clock time, and running/stopped sessions ar
 TPS limit and the session limit.
 
 With an `AcrProfile` (`FakeAgentRuntime(profile=AcrProfile(...))`, or `AcrProfile.realistic()`) it also holds the
-pipeline to AgentCore's real behaviour (PEERS.md): a new-session quota per endpoint (token bucket, 400/min), a
+pipeline to AgentCore's real behaviour (docs/aws-facts.md): a new-session quota per endpoint (token bucket, 400/min), a
 per-account new-session rate and a shared data-plane TPS (any sliding one-second window), active sessions per
 account where a session counts until stopped or idle for `idle_timeout_s` (a written but unstopped session keeps
 counting), ThrottlingException / ServiceQuotaExceededException when exceeded, cold-start `RuntimeClientError`
@@ -85,7 +85,7 @@ class FakeCall:
 
 @dataclass(frozen=True)
 class AcrProfile:
-    """AgentCore Runtime's quotas and failure modes, as the fake enforces them (defaults: PEERS.md, Nov 2026)."""
+    """AgentCore Runtime's quotas and failure modes, as the fake enforces them (defaults: docs/aws-facts.md, Nov 2026)."""
 
     #: New sessions per minute per endpoint (token bucket refilled continuously, one second of burst).
     new_sessions_per_minute: float = 400.0
