@@ -176,7 +176,7 @@ def handle_result_event(
         outbox=outbox,
         now_epoch=int(now.timestamp()),
         session_id=ref.session_id,
-        hold_slot_until=stops.hold_until(deps),
+        hold_slot_until=stops.hold_until(deps, rec),
     )
     if not done:
         after = deps.ledger.get_rollout(ref.batch_id, ref.input_id, ref.index)

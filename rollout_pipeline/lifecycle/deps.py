@@ -39,10 +39,16 @@ class LifecycleDeps:
     #: Waiters for a session slot are ordered across every dispatcher process (`limits.AdmissionBoard`); off, only
     #: among one process's waiters (the benchmark compares both).
     group_admission: bool = True
+    #: The longest one InvokeAgentRuntime can take: an invoke is started only if it can end before the caller's
+    #: `wait_until`. None: the runtime's `max_invoke_s` if it declares one (the ACR adapter: its connect + read
+    #: timeouts), else 0 (in-process runtimes answer at once).
+    invoke_time_s: float | None = None
     limited: LimitedRuntime = field(init=False)
     slots: SlotGate = field(init=False)
 
     def __post_init__(self) -> None:
+        if self.invoke_time_s is None:
+            self.invoke_time_s = float(getattr(self.runtime, "max_invoke_s", 0.0))
         config = self.settings.experiment
         tps, sessions = pacers(self.ledger, config.tps_limit, config.session_rate_limit, config.endpoints)
         self.limited = LimitedRuntime(self.runtime, tps, sessions, self.metrics)
@@ -59,6 +65,10 @@ class LifecycleDeps:
             monotonic=self.clock.monotonic,
             sleep=self.clock.sleep,
         )
+
+    def invoke_start_by(self, wait_until: float) -> float:
+        """The latest moment (monotonic) an invoke may start so that it ends by `wait_until`."""
+        return wait_until - (self.invoke_time_s or 0.0)
 
     @property
     def config(self) -> ExperimentConfig:

@@ -127,7 +127,16 @@ def test_stops_failing_and_acr_throttles(synth: Synthesized) -> None:
         SERVICES[f] for f in ("dispatch", "completion", "sweeper")
     }
     throttles = metrics_of(alarm(synth, "AgentCoreThrottles"))
-    assert list(throttles.values()) == [{**emitted(m.THROTTLED, "dispatch"), "stat": "Sum"}]
+    assert {v["name"] for v in throttles.values()} == {m.ACR_THROTTLED}  # AgentCore's answers, not the backlog
+    assert {v["dimensions"]["service"] for v in throttles.values()} == {
+        SERVICES[f] for f in ("dispatch", "completion", "sweeper")
+    }
+
+
+def test_sweep_errors_alarm(synth: Synthesized) -> None:
+    props = alarm(synth, "SweepErrors")
+    assert list(metrics_of(props).values()) == [{**emitted(m.SWEEP_ERRORS, "sweeper"), "stat": "Sum"}]
+    assert (props["Threshold"], props["EvaluationPeriods"]) == (0, 3)
 
 
 def test_active_sessions_near_quota(synth: Synthesized) -> None:

@@ -163,7 +163,7 @@ def test_work_queues_redrive_to_14_day_dlqs_with_6x_visibility(synth: Synthesize
     stack = synth.stack
     expected_visibility = {
         stack.ingest: 6 * 900,
-        stack.dispatch: 6 * 120,
+        stack.dispatch: 6 * 180,
         stack.completion: 6 * 60,
     }
     for consumer, visibility in expected_visibility.items():
@@ -317,7 +317,7 @@ def test_sweeper_runs_every_minute(synth: Synthesized) -> None:
 def test_pipeline_functions_runtime_handlers_and_sizes(synth: Synthesized) -> None:
     expected = {
         "ingest": (900, 1024),
-        "dispatch": (120, 512),
+        "dispatch": (180, 512),
         "completion": (60, 512),
         "sweeper": (120, 512),
     }
