@@ -51,7 +51,7 @@ class RolloutMessage(BaseModel):
     @field_validator("input_id")
     @classmethod
     def _input(cls, v: str) -> str:
-        return ids.validate_input_id(v)
+        return ids.validate_input_id(v, accept_plus=True)  # accepted before '+' was refused: still in flight
 
     @property
     def rollout_id(self) -> str:

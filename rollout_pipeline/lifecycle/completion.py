@@ -104,12 +104,13 @@ def _stop_after(rec: RolloutRecord, deps: LifecycleDeps, wait_until: float) -> N
 
 
 def _location(event: Mapping[str, Any]) -> tuple[str, str] | None:
+    """The bucket and the object key as the event carries it (maybe URL-encoded)."""
     detail = event.get("detail")
     if isinstance(detail, Mapping):
         bucket = (detail.get("bucket") or {}).get("name")
         key = (detail.get("object") or {}).get("key")
         if isinstance(bucket, str) and isinstance(key, str):
-            return bucket, routing.event_object_key(key)
+            return bucket, key
     return None
 
 
@@ -123,17 +124,43 @@ def handle_result_event(
     event: Mapping[str, Any], deps: LifecycleDeps, *, stops_later: list[RolloutRecord] | None = None
 ) -> Completion:
     """Process one S3 Object Created event of the results bucket (see the module doc). Raises to be retried.
-    `stops_later`: collect the rollouts whose sessions still have to be stopped instead of stopping them here."""
+    `stops_later`: collect the rollouts whose sessions still have to be stopped instead of stopping them here.
+    The key is read decoded, and as the event carried it when that differs and the decoded key does not parse or
+    is not found (`routing.event_key_candidates`: whichever way S3's events encode keys)."""
     location = _location(event)
     if location is None:
         return _late(deps, "not an S3 Object Created event", str(event)[:200])
-    bucket, key = location
+    bucket, carried = location
     if bucket != deps.settings.results_bucket:
-        return _late(deps, f"bucket {bucket} is not the results bucket", key)
-    try:
-        ref = ids.parse_result_key(key)
-    except ids.InvalidId as exc:
-        return _late(deps, str(exc), key)
+        return _late(deps, f"bucket {bucket} is not the results bucket", carried)
+    parsed: list[tuple[str, ids.AttemptRef]] = []
+    why = ""
+    for key in routing.event_key_candidates(carried):
+        try:
+            parsed.append((key, ids.parse_result_key(key)))
+        except ids.InvalidId as exc:
+            why = why or str(exc)
+    if not parsed:
+        return _late(deps, why, carried)
+    for position, (key, ref) in enumerate(parsed):
+        done = _handle_result(bucket, key, ref, event, deps, stops_later=stops_later, last=position == len(parsed) - 1)
+        if done is not None:
+            return done
+    return _late(deps, "the result object is gone", carried)
+
+
+def _handle_result(
+    bucket: str,
+    key: str,
+    ref: ids.AttemptRef,
+    event: Mapping[str, Any],
+    deps: LifecycleDeps,
+    *,
+    stops_later: list[RolloutRecord] | None,
+    last: bool,
+) -> Completion | None:
+    """`handle_result_event` for one reading of the key; None when its object is not found and another reading
+    is left to try."""
     bind_log_ids(batch_id=ref.batch_id, rollout_id=ref.rollout_id, session_id=ref.session_id)
     if ref.exp_id != deps.config.name:
         return _late(deps, f"experiment {ref.exp_id} is not {deps.config.name}", key)
@@ -150,7 +177,7 @@ def handle_result_event(
     try:
         outcome, body_dict, size = _read_result(bucket, key, deps)
     except ObjectNotFound:
-        return _late(deps, "the result object is gone", key)
+        return _late(deps, "the result object is gone", key) if last else None
     written_at = parse_iso(event.get("time")) or deps.now()
     outbox = frozenset({OUTBOX_PUBLISH})
     succeeded = outcome.success
