@@ -174,6 +174,11 @@ class StackOutputs(BaseModel):
         )
 
 
+#: The variable naming the attempt-token key's secret (`adapters.attempt_key`): given only to the functions that
+#: issue or check attempt tokens (dispatch, completion, sweeper), so it is not part of `FunctionEnvironment`.
+ATTEMPT_KEY_ENV: Final = "ATTEMPT_KEY_SECRET_ARN"
+
+
 class FunctionEnvironment(BaseModel):
     """The environment the stack gives every pipeline Lambda (and local mode its consumers), declared once: each
     field is named after its variable. A Lambda reads it once per container (`from_environ`)."""

@@ -6,8 +6,9 @@ rollout -> succeeded/failed, group and batch counters, outbox {publish, stop}, t
 events at once (`publishing.drain`), and only after every record of the SQS batch was published, the stops
 (`stops.finish_stops`: they release the slots; a failed stop stays in the outbox). The trainer hears of a result
 without waiting for any call budget. Anything else
-(unknown key, a late or duplicated result) changes nothing and counts `LateOrUnknownResult`, except that a
-redelivery finding its attempt terminal with the outbox still set finishes the side effects.
+(unknown key, a late or duplicated result, a result without its attempt's token: `contracts.attempts`) changes
+nothing and counts `LateOrUnknownResult`, except that a redelivery finding its attempt terminal with the outbox
+still set finishes the side effects.
 """
 
 from __future__ import annotations
@@ -22,7 +23,14 @@ from enum import StrEnum
 from typing import Any
 
 from rollout_pipeline import ids, routing
-from rollout_pipeline.contracts import FailureReason, ResultOutcome, iso, parse_iso, read_result
+from rollout_pipeline.contracts import (
+    FailureReason,
+    ResultOutcome,
+    carries_attempt_token,
+    iso,
+    parse_iso,
+    read_result,
+)
 from rollout_pipeline.ledger.rollouts import (
     DISPATCHED,
     FAILED,
@@ -59,6 +67,7 @@ class Completion(StrEnum):
     FAILED = "failed"
     RESUMED = "resumed"  # the attempt had already ended; its pending side effects were finished
     LATE_OR_UNKNOWN = "late_or_unknown"
+    FOREIGN = "foreign"  # without its attempt's token: not written by the attempt's session; changes nothing
 
 
 @dataclass
@@ -178,6 +187,18 @@ def _handle_result(
         outcome, body_dict, size = _read_result(bucket, key, deps)
     except ObjectNotFound:
         return _late(deps, "the result object is gone", key) if last else None
+    if deps.attempt_key is not None and not carries_attempt_token(
+        body_dict, deps.attempt_key(), ref.exp_id, ref.session_id
+    ):
+        deps.metrics.count(LATE_OR_UNKNOWN)
+        unreadable = f" ({outcome.error})" if body_dict is None else ""
+        log.warning(
+            "result %s ignored: it does not carry its attempt's token%s: written by another session, unreadable, "
+            "or by an agent that copies neither the request (`payload`) nor `_rollout.attempt_token` into it",
+            key,
+            unreadable,
+        )
+        return Completion.FOREIGN
     written_at = parse_iso(event.get("time")) or deps.now()
     outbox = frozenset({OUTBOX_PUBLISH})
     succeeded = outcome.success
@@ -264,4 +285,5 @@ def complete_if_written(rec: RolloutRecord, deps: LifecycleDeps) -> Completion |
         "detail": {"bucket": {"name": bucket}, "object": {"key": key}},
         "time": iso(info.last_modified) if info.last_modified is not None else None,
     }
-    return handle_result_event(event, deps)
+    done = handle_result_event(event, deps)
+    return None if done is Completion.FOREIGN else done  # not the attempt's result: it may expire

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
 from rollout_pipeline.config import ExperimentConfig, HandlerSettings
+from rollout_pipeline.contracts.attempts import attempt_token
 from rollout_pipeline.ledger.rollouts import RolloutLedger
 from rollout_pipeline.lifecycle.limits import AdmissionBoard, LimitedRuntime, SessionRoom, SlotGate, pacers
 from rollout_pipeline.lifecycle.metrics import MetricsRecorder
@@ -43,6 +45,9 @@ class LifecycleDeps:
     #: `wait_until`. None: the runtime's `max_invoke_s` if it declares one (the ACR adapter: its connect + read
     #: timeouts), else 0 (in-process runtimes answer at once).
     invoke_time_s: float | None = None
+    #: The key of attempt tokens (`contracts.attempts`): the dispatcher puts the attempt's token into every request
+    #: and completion accepts only results that carry it. None: neither (tests of other things, old deployments).
+    attempt_key: Callable[[], bytes] | None = None
     limited: LimitedRuntime = field(init=False)
     slots: SlotGate = field(init=False)
 
@@ -69,6 +74,12 @@ class LifecycleDeps:
     def invoke_start_by(self, wait_until: float) -> float:
         """The latest moment (monotonic) an invoke may start so that it ends by `wait_until`."""
         return wait_until - (self.invoke_time_s or 0.0)
+
+    def attempt_token(self, exp_id: str, session_id: str) -> str | None:
+        """The token of the attempt of `session_id` (None without a key)."""
+        if self.attempt_key is None:
+            return None
+        return attempt_token(self.attempt_key(), exp_id, session_id)
 
     @property
     def config(self) -> ExperimentConfig:

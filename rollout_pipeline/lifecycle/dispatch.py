@@ -325,6 +325,7 @@ def _invoke(
         options=options,
         config=deps.config,
         results_bucket=deps.settings.results_bucket,
+        attempt_token=deps.attempt_token(message.exp_id, message.session_id),
     )
     session_id = message.session_id
     start_by = deps.invoke_start_by(wait_until)
