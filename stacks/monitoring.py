@@ -293,6 +293,9 @@ class Monitoring(Construct):
                     value=config.session_rate_limit * config.endpoints, label="session_rate_limit x endpoints"
                 )
             ],
+            # AgentCore's refusals apart from the pipeline's own backlog (calls that found no budget in time).
+            right=[total(m.ACR_THROTTLED, "AgentCore throttled"), total(m.LIMIT_BACKLOG, "budget backlog")],
+            right_y_axis=cloudwatch.YAxisProps(label="calls per minute", min=0),
             width=12,
         )
         latency = cloudwatch.GraphWidget(

@@ -161,7 +161,8 @@ def test_dashboard_reads_the_emitted_metrics_and_its_url_is_an_output(synth: Syn
     (dashboard,) = synth.of_type("AWS::CloudWatch::Dashboard").values()
     assert dashboard["Properties"]["DashboardName"] == f"Rollouts-{EXPERIMENT}"
     body = json.dumps(dashboard["Properties"]["DashboardBody"])
-    for name in (m.SUBMITTED, m.SUCCEEDED, m.FAILED, m.IN_FLIGHT, m.NEW_SESSIONS, m.NOTIFICATION_LATENCY, m.REWARD):
+    shown = (m.SUBMITTED, m.SUCCEEDED, m.FAILED, m.IN_FLIGHT, m.NEW_SESSIONS, m.NOTIFICATION_LATENCY, m.REWARD)
+    for name in (*shown, m.ACR_THROTTLED, m.LIMIT_BACKLOG):
         assert f'\\"{name}\\"' in body, name
     for reason in ("agent_error", "timeout", "throttled"):
         assert m.failed_metric(reason) in body
