@@ -290,18 +290,22 @@ class Ingestion:
 
     def _found_key(self, obj: DatasetObject) -> DatasetObject:
         """The object under the key that exists: the decoded one, else (once) the key as the event carried it
-        (whichever way S3's events encode keys); the decoded one when neither is found (it is then missing)."""
+        (whichever way S3's events encode keys); the decoded one when neither is found (it is then missing).
+        The probes are best effort: an error other than "not found" on either leaves the decoded key, whose own
+        reads then report it."""
         if obj.carried_key is None:
             return obj
-        try:
-            self.ports.store.head(obj.bucket, obj.key, obj.version_id)
-            return replace(obj, carried_key=None)
-        except ObjectNotFound:
-            carried = replace(obj, key=obj.carried_key, carried_key=None)
+        decoded = replace(obj, carried_key=None)
+        carried = replace(obj, key=obj.carried_key, carried_key=None)
+        try:  # with the event's version id: another object under the decoded key is not this upload
+            self.ports.store.head(decoded.bucket, decoded.key, decoded.version_id)
+            return decoded
+        except Exception as exc:  # not found; or S3 refusing the version id of another key (400)
+            logger.info("dataset key %r as decoded: %s", decoded.key, exc)
         try:
             self.ports.store.head(carried.bucket, carried.key, carried.version_id)
-        except ObjectNotFound:
-            return replace(obj, carried_key=None)
+        except Exception:
+            return decoded
         logger.info("dataset key %r not found; the key as the event carried it, %r, is", obj.key, carried.key)
         return carried
 
