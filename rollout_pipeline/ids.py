@@ -21,6 +21,10 @@ SESSION_ID_MIN: Final = 33
 SESSION_ID_MAX: Final = 256
 _SESSION_HASH_LEN: Final = 16
 _SLUG_RE: Final = re.compile(r"[^a-z0-9]+")
+#: Characters an S3 event's object key may carry either URL-encoded or not (`+` is also an encoded space, `%`
+#: starts an escape): refused in new input ids and dataset keys, so a key reads the same whether or not the event
+#: encoded it.
+EVENT_AMBIGUOUS_CHARS: Final = {"+": "'+'", "%": "'%'", " ": "a space"}
 
 #: Namespace of every `event_id` (uuid5). Never change it: consumers de-duplicate on these ids.
 EVENT_NAMESPACE: Final = uuid.UUID("6f1c2d52-4b1e-5a8e-9d0a-3c7b1e2f9a41")
@@ -42,20 +46,39 @@ def validate_batch_id(value: str) -> str:
     return value
 
 
-def validate_input_id(value: object) -> str:
-    """Accept a string or an integer id; return it as a string safe for S3 keys and ledger keys."""
+def validate_input_id(value: object, *, accept_plus: bool = False) -> str:
+    """Accept a string or an integer id; return it as a string safe for S3 keys and ledger keys.
+    A `+` is refused in new ids (see `EVENT_AMBIGUOUS_CHARS`); `accept_plus` for ids read back from messages and
+    result keys, which may have been accepted before."""
     if isinstance(value, bool) or not isinstance(value, str | int):
         raise InvalidId(f"id must be a string or an integer, got {type(value).__name__}")
     text = str(value)
     if not INPUT_ID_RE.fullmatch(text):
         shown = text if len(text) <= 40 else text[:40] + "..."
         raise InvalidId(
-            f"id {shown!r} is not safe in an S3 key: use 1-128 characters from letters, digits and ._=+@:- "
+            f"id {shown!r} is not safe in an S3 key: use 1-128 characters from letters, digits and ._=@:- "
             "starting with a letter or digit"
         )
     if ".." in text:
         raise InvalidId(f"id {text!r} must not contain '..'")
+    if not accept_plus and "+" in text:
+        raise InvalidId(
+            f"id {text!r} must not contain '+': S3 event notifications may carry a key's '+' as it is or encoded, "
+            "and an encoded space is a '+' too"
+        )
     return text
+
+
+def validate_dataset_key(key: str) -> str:
+    """A dataset object key whose S3 events read the same whether or not they URL-encode it: no `+`, `%` or
+    space (`InvalidId` names the key and the characters)."""
+    found = [name for char, name in EVENT_AMBIGUOUS_CHARS.items() if char in key]
+    if found:
+        raise InvalidId(
+            f"dataset key {key!r} contains {', '.join(found)}: S3 event notifications may carry such a key "
+            "URL-encoded or not, so it cannot be read back reliably; rename the file (letters, digits, . _ - = @ :)"
+        )
+    return key
 
 
 def derived_input_id(position: int) -> str:
@@ -136,7 +159,7 @@ def parse_result_key(key: str) -> AttemptRef:
         raise InvalidId(f"result key {key!r} is not of the form exp_id/input_id/session_id.json")
     exp_id, input_id, file_name = parts
     validate_exp_id(exp_id)
-    validate_input_id(input_id)
+    validate_input_id(input_id, accept_plus=True)
     sid = file_name[: -len(".json")]
     pieces = sid.rsplit("-", 3)
     if len(pieces) != 4 or not pieces[1].isdigit() or not pieces[2].isdigit():

@@ -45,6 +45,15 @@ def is_dataset_key(key: str) -> bool:
     return key.startswith(DATASET_PREFIX) and key.endswith(DATASET_SUFFIXES) and ".errors." not in key
 
 
+def event_key_candidates(key: str) -> tuple[str, ...]:
+    """The object keys an S3 event's `detail.object.key` may stand for, most likely first: decoded
+    (`event_object_key`), then as the event carried it when that differs. Keys the pipeline accepts (no `+`, `%` or
+    space) read the same either way; a reader of another key that is not found (or not parsed) under the first
+    tries the second, once, so it holds whether or not S3's EventBridge events encode keys."""
+    decoded = event_object_key(key)
+    return (decoded,) if decoded == key else (decoded, key)
+
+
 def event_object_key(key: str) -> str:
     """The object key of an S3 event's `detail.object.key`: S3 URL-encodes it (a space arrives as `+`), as AWS's own
     Powertools assumes, so decode it with `unquote_plus`. Keys the pipeline generates survive this unchanged."""

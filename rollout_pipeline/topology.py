@@ -76,7 +76,7 @@ class FunctionSpec:
 #: The table. Dispatch's concurrency is the experiment's `dispatch_concurrency` (see `function_specs`).
 FUNCTIONS: Final[Mapping[FunctionName, FunctionSpec]] = {
     "ingest": FunctionSpec("ingest", timeout_s=900, memory_mb=1024, batch_size=1, max_concurrency=5),
-    "dispatch": FunctionSpec("dispatch", timeout_s=120, memory_mb=512, batch_size=10, batching_window_s=1),
+    "dispatch": FunctionSpec("dispatch", timeout_s=180, memory_mb=512, batch_size=10, batching_window_s=1),
     "completion": FunctionSpec(
         "completion", timeout_s=60, memory_mb=512, batch_size=10, batching_window_s=1, max_concurrency=10
     ),
@@ -172,6 +172,11 @@ class StackOutputs(BaseModel):
         return HandlerSettings(
             **self.model_dump(include=set(_RESOURCE_FIELDS)), experiment=config if config is not None else self.config()
         )
+
+
+#: The variable naming the attempt-token key's secret (`adapters.attempt_key`): given only to the functions that
+#: issue or check attempt tokens (dispatch, completion, sweeper), so it is not part of `FunctionEnvironment`.
+ATTEMPT_KEY_ENV: Final = "ATTEMPT_KEY_SECRET_ARN"
 
 
 class FunctionEnvironment(BaseModel):

@@ -9,8 +9,9 @@ explicit timeouts, no botocore retries) unless one is given (local mode's agent 
 
 from __future__ import annotations
 
+import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -36,14 +37,26 @@ class Wiring:
     clients: ClientFactory = field(default_factory=ClientFactory)
     #: The agent runtime; None: ACR through `clients`.
     runtime: AgentRuntime | None = None
+    #: The attempt-token key (`contracts.attempts`); None: tokens are neither issued nor checked.
+    attempt_key: Callable[[], bytes] | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
     _ingestion: Ingestion | None = field(default=None, init=False, repr=False)
     _lifecycle: LifecycleDeps | None = field(default=None, init=False, repr=False)
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None, **kwargs: Any) -> Wiring:
-        """A Lambda's wiring: settings from its environment (`topology.FunctionEnvironment`), boto3's clients."""
-        return cls(HandlerSettings.from_environ(environ), **kwargs)
+        """A Lambda's wiring: settings from its environment (`topology.FunctionEnvironment`), boto3's clients, and
+        the attempt-token key from the secret `topology.ATTEMPT_KEY_ENV` names (when the function is given one)."""
+        from rollout_pipeline.topology import ATTEMPT_KEY_ENV
+
+        environ = os.environ if environ is None else environ
+        wiring = cls(HandlerSettings.from_environ(environ), **kwargs)
+        secret = environ.get(ATTEMPT_KEY_ENV)
+        if secret and wiring.attempt_key is None:
+            from rollout_pipeline.adapters.attempt_key import SecretAttemptKey
+
+            wiring.attempt_key = SecretAttemptKey(secret, wiring.clients.lazy("secretsmanager"))
+        return wiring
 
     # ------------------------------------------------------------------------------------------------ ports
 
@@ -127,5 +140,5 @@ class Wiring:
             store=self.store(),
             queue=self.queue(),
             publisher=self.publisher(),
-            **overrides,
+            **{"attempt_key": self.attempt_key, **overrides},
         )

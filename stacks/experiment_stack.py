@@ -16,6 +16,7 @@ from rollout_pipeline.config import ExperimentConfig, HandlerSettings
 from rollout_pipeline.deploy_settings import DeploySettings
 from stacks import nag
 from stacks.agent_runtime import DEFAULT_ENDPOINT, AgentRuntime
+from stacks.attempt_key import AttemptKey
 from stacks.bundling import REPO_ROOT, lambda_code
 from stacks.events import EventRouting
 from stacks.functions import LOG_RETENTION_DAYS, METRICS_NAMESPACE, RUNTIME, PipelineFunction
@@ -142,6 +143,8 @@ class ExperimentStack(Stack):
                 pipeline_function.function.add_environment(key, value)
 
         self._grant(ingest, dispatch, completion, sweeper)
+        self.attempt_key = AttemptKey(self, "AttemptKey")
+        self.attempt_key.grant(dispatch, completion, sweeper)
         self.monitoring = Monitoring(
             self,
             "Monitoring",

@@ -81,7 +81,9 @@ EMITTERS: Final[Mapping[str, tuple[str, ...]]] = {
     m.FAILED: ("dispatch", "completion", "sweeper"),
     m.SUCCEEDED: ("completion",),
     m.STOP_FAILED: ("dispatch", "completion", "sweeper"),
-    m.THROTTLED: ("dispatch",),
+    m.ACR_THROTTLED: ("dispatch", "completion", "sweeper"),
+    m.LIMIT_BACKLOG: ("dispatch", "completion", "sweeper"),
+    m.SWEEP_ERRORS: ("sweeper",),
     m.LIMIT_WAITS: ("dispatch",),
     m.NEW_SESSIONS: ("dispatch",),
     m.DISPATCHED: ("dispatch",),
@@ -216,9 +218,17 @@ class Monitoring(Construct):
             "AgentCoreThrottles",
             "AgentCore answered ThrottlingException for 10 minutes: the limits are above the account's quotas "
             "(run `rollouts preflight`)",
-            summed(config, m.THROTTLED, EMITTERS[m.THROTTLED], FIVE_MINUTES),
+            summed(config, m.ACR_THROTTLED, EMITTERS[m.ACR_THROTTLED], FIVE_MINUTES),
             threshold=0,
             evaluation_periods=2,
+        )
+        self._alarm(
+            "SweepErrors",
+            "The sweeper failed on rollouts or outbox entries in three 5-minute periods in a row: their timeouts, "
+            "retries or stops are not handled; read the sweeper's log group",
+            summed(config, m.SWEEP_ERRORS, EMITTERS[m.SWEEP_ERRORS], FIVE_MINUTES),
+            threshold=0,
+            evaluation_periods=3,
         )
         self._alarm(
             "ActiveSessionsNearQuota",
@@ -283,6 +293,9 @@ class Monitoring(Construct):
                     value=config.session_rate_limit * config.endpoints, label="session_rate_limit x endpoints"
                 )
             ],
+            # AgentCore's refusals apart from the pipeline's own backlog (calls that found no budget in time).
+            right=[total(m.ACR_THROTTLED, "AgentCore throttled"), total(m.LIMIT_BACKLOG, "budget backlog")],
+            right_y_axis=cloudwatch.YAxisProps(label="calls per minute", min=0),
             width=12,
         )
         latency = cloudwatch.GraphWidget(

@@ -49,6 +49,8 @@ MAYBE_SENT_ERRORS: Final = frozenset({"ReadTimeoutError", "ConnectionClosedError
 #: Client timeouts (s). ART agents answer `/invocations` at once, so a long read means something is wrong.
 CONNECT_TIMEOUT_S: Final = 5.0
 READ_TIMEOUT_S: Final = 60.0
+#: The longest one call can take (connect, then read): a caller starts an invoke only if it can end in its time.
+MAX_CALL_S: Final = CONNECT_TIMEOUT_S + READ_TIMEOUT_S
 #: The invoke response is read up to this many bytes (an ART agent answers a few hundred).
 MAX_RESPONSE_BYTES: Final = 64 * 1024
 
@@ -103,6 +105,9 @@ class AcrAgentRuntime:
     """The real ACR runtime of one experiment (`runtime_arn`), its sessions spread over `endpoints` endpoints
     (`ids.endpoint_index`; endpoint 0 is DEFAULT and sent without a qualifier). The client is created on first
     use."""
+
+    #: The longest an invoke can take (`lifecycle.deps.LifecycleDeps.invoke_time_s` reads it).
+    max_invoke_s: float = MAX_CALL_S
 
     def __init__(
         self,

@@ -85,7 +85,7 @@ class FakeCall:
 
 @dataclass(frozen=True)
 class AcrProfile:
-    """AgentCore Runtime's quotas and failure modes, as the fake enforces them (defaults: docs/aws-facts.md, Nov 2026)."""
+    """AgentCore Runtime's quotas and failure modes, as the fake enforces them (defaults: docs/aws-facts.md)."""
 
     #: New sessions per minute per endpoint (token bucket refilled continuously, one second of burst).
     new_sessions_per_minute: float = 400.0

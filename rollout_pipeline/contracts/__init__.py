@@ -3,12 +3,19 @@
 - `rows`: dataset authors and ingestion (dataset rows, per-file options as S3 object metadata);
 - `messages`: the dispatcher and agent authors (rollout-queue messages, the ART-compatible agent payload);
 - `results`: agent authors and completion (ART result objects, `read_result`);
+- `attempts`: agent authors and completion (the attempt token a result must carry);
 - `events`: subscribers (the five event details; JSON Schemas generated into `rollout_pipeline/schemas/`);
 - `secrets`: the credentials rule every audience follows; `common`: times and JSON helpers.
 
 Every name is re-exported here: `from rollout_pipeline.contracts import ...` is the stable import path.
 """
 
+from rollout_pipeline.contracts.attempts import (
+    ATTEMPT_TOKEN_KEY,
+    attempt_token,
+    carries_attempt_token,
+    result_attempt_token,
+)
 from rollout_pipeline.contracts.common import iso, json_size, json_type, parse_iso, utcnow
 from rollout_pipeline.contracts.events import (
     DETAIL_MODELS,
@@ -50,6 +57,7 @@ from rollout_pipeline.contracts.rows import (
 from rollout_pipeline.contracts.secrets import REDACTED, SECRET_FIELDS, is_secret_field, redact_secrets
 
 __all__ = [
+    "ATTEMPT_TOKEN_KEY",
     "CAPTURE_KEY",
     "CAPTURE_KEY_PATTERN",
     "CLAIM_CHECK_BYTES",
@@ -76,7 +84,9 @@ __all__ = [
     "RolloutMessage",
     "RowError",
     "Timings",
+    "attempt_token",
     "build_agent_payload",
+    "carries_attempt_token",
     "detail_type_of",
     "is_secret_field",
     "iso",
@@ -88,6 +98,7 @@ __all__ = [
     "parse_row",
     "read_result",
     "redact_secrets",
+    "result_attempt_token",
     "reward_stats",
     "scalar_reward",
     "stats_from_sums",

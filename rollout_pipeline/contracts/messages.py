@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from rollout_pipeline import ids
 from rollout_pipeline.config import ExperimentConfig
+from rollout_pipeline.contracts.attempts import ATTEMPT_TOKEN_KEY
 from rollout_pipeline.contracts.rows import CAPTURE_KEY, FileOptions
 
 #: Payloads bigger than this travel by reference (claim check in S3) instead of inline.
@@ -51,7 +52,7 @@ class RolloutMessage(BaseModel):
     @field_validator("input_id")
     @classmethod
     def _input(cls, v: str) -> str:
-        return ids.validate_input_id(v)
+        return ids.validate_input_id(v, accept_plus=True)  # accepted before '+' was refused: still in flight
 
     @property
     def rollout_id(self) -> str:
@@ -70,8 +71,10 @@ def build_agent_payload(
     options: FileOptions,
     config: ExperimentConfig,
     results_bucket: str,
+    attempt_token: str | None = None,
 ) -> dict[str, Any]:
-    """The ART-compatible request body: the row plus `_rollout` (ART's keys first, then ours)."""
+    """The ART-compatible request body: the row plus `_rollout` (ART's keys first, then ours; `attempt_token`
+    when given, see `contracts.attempts`)."""
     sampling = {
         **options.sampling_params.model_dump(exclude_none=True),
         **dict(rollout_overrides.get("sampling_params") or {}),
@@ -98,4 +101,6 @@ def build_agent_payload(
             "policy_version": options.policy_version,
         }
     )
+    if attempt_token is not None:
+        rollout[ATTEMPT_TOKEN_KEY] = attempt_token
     return {**row_payload, "_rollout": rollout}

@@ -31,6 +31,7 @@ SYSTEM_ROLLOUT_KEYS: Final = frozenset(
         "group_size",
         "session_id",
         "policy_version",
+        "attempt_token",
     }
 )
 #: `_rollout.capture_key`: a per-rollout trace key for a token-capture gateway (ART's gateway keys each rollout's

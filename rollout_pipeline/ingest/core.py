@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 from rollout_pipeline import ids, routing
@@ -59,6 +59,8 @@ NDJSON: Final = "application/x-ndjson"
 INVALID_FILE_REASON: Final = "invalid_file"
 #: Reason of a file rejected as a whole because of its metadata.
 INVALID_METADATA_REASON: Final = "invalid_metadata"
+#: Reason of a file rejected as a whole because its key has `+`, `%` or a space (`ids.validate_dataset_key`).
+INVALID_KEY_REASON: Final = "invalid_key"
 #: Reason of a file rejected as a whole because the uploaded object (version) no longer exists.
 MISSING_OBJECT_REASON: Final = "missing_object"
 DUPLICATE_ID_REASON: Final = "duplicate_id"
@@ -108,6 +110,8 @@ class DatasetObject:
     key: str
     version_id: str | None = None
     etag: str | None = None
+    #: The key exactly as the S3 event carried it, when decoding changed it: tried once if `key` is not found.
+    carried_key: str | None = None
 
     @property
     def batch_id(self) -> str:
@@ -161,12 +165,14 @@ def parse_ingest_message(body: Mapping[str, Any]) -> DatasetObject:
         key = str(obj["key"])
     except (KeyError, TypeError):
         raise IngestMessageError("S3 event detail lacks bucket.name or object.key") from None
+    carried_key = None
     if encoded:
-        key = routing.event_object_key(key)
+        key, *others = routing.event_key_candidates(key)
+        carried_key = others[0] if others else None
     # S3's EventBridge events spell it `etag`; moto spells it `eTag`. The SDK derives the same batch id from
     # PutObject's VersionId and ETag, so both spellings must be read.
     etag = obj.get("etag") or obj.get("eTag")
-    return DatasetObject(bucket=bucket, key=key, version_id=obj.get("version-id"), etag=etag)
+    return DatasetObject(bucket=bucket, key=key, version_id=obj.get("version-id"), etag=etag, carried_key=carried_key)
 
 
 def continuation_body(obj: DatasetObject, batch_id: str, cursor: int) -> str:
@@ -201,13 +207,21 @@ class Ingestion:
         self, obj: DatasetObject, *, owner: str, remaining_ms: Callable[[], int] | None = None
     ) -> IngestResult:
         """Ingest one uploaded dataset object, or resume / acknowledge an ingestion already under way or done."""
-        if obj.bucket != self.settings.input_bucket or not routing.is_dataset_key(obj.key):
+        if obj.bucket != self.settings.input_bucket:
+            logger.info("ignoring object %s/%s: not a dataset of this experiment", obj.bucket, obj.key)
+            return IngestResult("ignored")
+        obj = self._found_key(obj)
+        if not routing.is_dataset_key(obj.key):
             logger.info("ignoring object %s/%s: not a dataset of this experiment", obj.bucket, obj.key)
             return IngestResult("ignored")
         ledger = self.ports.ledger
         batch_id = obj.batch_id
         item = ledger.read_batch(batch_id)
         if item is None:
+            try:
+                ids.validate_dataset_key(obj.key)
+            except ids.InvalidId as exc:
+                return self._reject_file(obj, batch_id, str(exc), reason=INVALID_KEY_REASON)
             try:
                 info = self.ports.store.head(obj.bucket, obj.key, obj.version_id)
             except ObjectNotFound as exc:
@@ -273,6 +287,27 @@ class Ingestion:
         return result
 
     # ------------------------------------------------------------------------------------------------ steps
+
+    def _found_key(self, obj: DatasetObject) -> DatasetObject:
+        """The object under the key that exists: the decoded one, else (once) the key as the event carried it
+        (whichever way S3's events encode keys); the decoded one when neither is found (it is then missing).
+        The probes are best effort: an error other than "not found" on either leaves the decoded key, whose own
+        reads then report it."""
+        if obj.carried_key is None:
+            return obj
+        decoded = replace(obj, carried_key=None)
+        carried = replace(obj, key=obj.carried_key, carried_key=None)
+        try:  # with the event's version id: another object under the decoded key is not this upload
+            self.ports.store.head(decoded.bucket, decoded.key, decoded.version_id)
+            return decoded
+        except Exception as exc:  # not found; or S3 refusing the version id of another key (400)
+            logger.info("dataset key %r as decoded: %s", decoded.key, exc)
+        try:
+            self.ports.store.head(carried.bucket, carried.key, carried.version_id)
+        except Exception:
+            return decoded
+        logger.info("dataset key %r not found; the key as the event carried it, %r, is", obj.key, carried.key)
+        return carried
 
     def _reject_file(
         self, obj: DatasetObject, batch_id: str, error: str, *, reason: str = INVALID_METADATA_REASON

@@ -103,7 +103,8 @@ class RolloutRecord:
     stop_sessions: frozenset[str] = field(default_factory=frozenset)
     #: Sessions whose slot is still held: their attempt ended but their stop is not confirmed yet.
     held_slots: frozenset[str] = field(default_factory=frozenset)
-    #: When AgentCore reaps the held sessions anyway (idle timeout after the attempt ended): the slot is free then.
+    #: When AgentCore has ended the held sessions anyway (their maximum lifetime since they started): the slot is
+    #: free then.
     held_until: int | None = None
     stop_tries: int = 0
     #: Sessions whose stop answered ResourceNotFound once (a second NotFound confirms the stop).

@@ -80,7 +80,7 @@ def cancel_rollout(
             outbox=outbox,
             session_id=session_id,
             policy_version=policy_version,
-            hold_slot_until=stops.hold_until(deps),
+            hold_slot_until=stops.hold_until(deps, rec),
         )
         if after is None:
             continue

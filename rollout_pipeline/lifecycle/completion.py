@@ -6,8 +6,9 @@ rollout -> succeeded/failed, group and batch counters, outbox {publish, stop}, t
 events at once (`publishing.drain`), and only after every record of the SQS batch was published, the stops
 (`stops.finish_stops`: they release the slots; a failed stop stays in the outbox). The trainer hears of a result
 without waiting for any call budget. Anything else
-(unknown key, a late or duplicated result) changes nothing and counts `LateOrUnknownResult`, except that a
-redelivery finding its attempt terminal with the outbox still set finishes the side effects.
+(unknown key, a late or duplicated result, a result without its attempt's token: `contracts.attempts`) changes
+nothing and counts `LateOrUnknownResult`, except that a redelivery finding its attempt terminal with the outbox
+still set finishes the side effects.
 """
 
 from __future__ import annotations
@@ -22,7 +23,14 @@ from enum import StrEnum
 from typing import Any
 
 from rollout_pipeline import ids, routing
-from rollout_pipeline.contracts import FailureReason, ResultOutcome, iso, parse_iso, read_result
+from rollout_pipeline.contracts import (
+    FailureReason,
+    ResultOutcome,
+    carries_attempt_token,
+    iso,
+    parse_iso,
+    read_result,
+)
 from rollout_pipeline.ledger.rollouts import (
     DISPATCHED,
     FAILED,
@@ -59,6 +67,7 @@ class Completion(StrEnum):
     FAILED = "failed"
     RESUMED = "resumed"  # the attempt had already ended; its pending side effects were finished
     LATE_OR_UNKNOWN = "late_or_unknown"
+    FOREIGN = "foreign"  # without its attempt's token: not written by the attempt's session; changes nothing
 
 
 @dataclass
@@ -104,12 +113,13 @@ def _stop_after(rec: RolloutRecord, deps: LifecycleDeps, wait_until: float) -> N
 
 
 def _location(event: Mapping[str, Any]) -> tuple[str, str] | None:
+    """The bucket and the object key as the event carries it (maybe URL-encoded)."""
     detail = event.get("detail")
     if isinstance(detail, Mapping):
         bucket = (detail.get("bucket") or {}).get("name")
         key = (detail.get("object") or {}).get("key")
         if isinstance(bucket, str) and isinstance(key, str):
-            return bucket, routing.event_object_key(key)
+            return bucket, key
     return None
 
 
@@ -123,17 +133,43 @@ def handle_result_event(
     event: Mapping[str, Any], deps: LifecycleDeps, *, stops_later: list[RolloutRecord] | None = None
 ) -> Completion:
     """Process one S3 Object Created event of the results bucket (see the module doc). Raises to be retried.
-    `stops_later`: collect the rollouts whose sessions still have to be stopped instead of stopping them here."""
+    `stops_later`: collect the rollouts whose sessions still have to be stopped instead of stopping them here.
+    The key is read decoded, and as the event carried it when that differs and the decoded key does not parse or
+    is not found (`routing.event_key_candidates`: whichever way S3's events encode keys)."""
     location = _location(event)
     if location is None:
         return _late(deps, "not an S3 Object Created event", str(event)[:200])
-    bucket, key = location
+    bucket, carried = location
     if bucket != deps.settings.results_bucket:
-        return _late(deps, f"bucket {bucket} is not the results bucket", key)
-    try:
-        ref = ids.parse_result_key(key)
-    except ids.InvalidId as exc:
-        return _late(deps, str(exc), key)
+        return _late(deps, f"bucket {bucket} is not the results bucket", carried)
+    parsed: list[tuple[str, ids.AttemptRef]] = []
+    why = ""
+    for key in routing.event_key_candidates(carried):
+        try:
+            parsed.append((key, ids.parse_result_key(key)))
+        except ids.InvalidId as exc:
+            why = why or str(exc)
+    if not parsed:
+        return _late(deps, why, carried)
+    for position, (key, ref) in enumerate(parsed):
+        done = _handle_result(bucket, key, ref, event, deps, stops_later=stops_later, last=position == len(parsed) - 1)
+        if done is not None:
+            return done
+    return _late(deps, "the result object is gone", carried)
+
+
+def _handle_result(
+    bucket: str,
+    key: str,
+    ref: ids.AttemptRef,
+    event: Mapping[str, Any],
+    deps: LifecycleDeps,
+    *,
+    stops_later: list[RolloutRecord] | None,
+    last: bool,
+) -> Completion | None:
+    """`handle_result_event` for one reading of the key; None when its object is not found and another reading
+    is left to try."""
     bind_log_ids(batch_id=ref.batch_id, rollout_id=ref.rollout_id, session_id=ref.session_id)
     if ref.exp_id != deps.config.name:
         return _late(deps, f"experiment {ref.exp_id} is not {deps.config.name}", key)
@@ -150,7 +186,19 @@ def handle_result_event(
     try:
         outcome, body_dict, size = _read_result(bucket, key, deps)
     except ObjectNotFound:
-        return _late(deps, "the result object is gone", key)
+        return _late(deps, "the result object is gone", key) if last else None
+    if deps.attempt_key is not None and not carries_attempt_token(
+        body_dict, deps.attempt_key(), ref.exp_id, ref.session_id
+    ):
+        deps.metrics.count(LATE_OR_UNKNOWN)
+        unreadable = f" ({outcome.error})" if body_dict is None else ""
+        log.warning(
+            "result %s ignored: it does not carry its attempt's token%s: written by another session, unreadable, "
+            "or by an agent that copies neither the request (`payload`) nor `_rollout.attempt_token` into it",
+            key,
+            unreadable,
+        )
+        return Completion.FOREIGN
     written_at = parse_iso(event.get("time")) or deps.now()
     outbox = frozenset({OUTBOX_PUBLISH})
     succeeded = outcome.success
@@ -176,7 +224,7 @@ def handle_result_event(
         outbox=outbox,
         now_epoch=int(now.timestamp()),
         session_id=ref.session_id,
-        hold_slot_until=stops.hold_until(deps),
+        hold_slot_until=stops.hold_until(deps, rec),
     )
     if not done:
         after = deps.ledger.get_rollout(ref.batch_id, ref.input_id, ref.index)
@@ -237,4 +285,5 @@ def complete_if_written(rec: RolloutRecord, deps: LifecycleDeps) -> Completion |
         "detail": {"bucket": {"name": bucket}, "object": {"key": key}},
         "time": iso(info.last_modified) if info.last_modified is not None else None,
     }
-    return handle_result_event(event, deps)
+    done = handle_result_event(event, deps)
+    return None if done is Completion.FOREIGN else done  # not the attempt's result: it may expire

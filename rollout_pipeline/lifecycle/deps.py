@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
 from rollout_pipeline.config import ExperimentConfig, HandlerSettings
+from rollout_pipeline.contracts.attempts import attempt_token
 from rollout_pipeline.ledger.rollouts import RolloutLedger
 from rollout_pipeline.lifecycle.limits import AdmissionBoard, LimitedRuntime, SessionRoom, SlotGate, pacers
 from rollout_pipeline.lifecycle.metrics import MetricsRecorder
@@ -39,10 +41,19 @@ class LifecycleDeps:
     #: Waiters for a session slot are ordered across every dispatcher process (`limits.AdmissionBoard`); off, only
     #: among one process's waiters (the benchmark compares both).
     group_admission: bool = True
+    #: The longest one InvokeAgentRuntime can take: an invoke is started only if it can end before the caller's
+    #: `wait_until`. None: the runtime's `max_invoke_s` if it declares one (the ACR adapter: its connect + read
+    #: timeouts), else 0 (in-process runtimes answer at once).
+    invoke_time_s: float | None = None
+    #: The key of attempt tokens (`contracts.attempts`): the dispatcher puts the attempt's token into every request
+    #: and completion accepts only results that carry it. None: neither (tests of other things, old deployments).
+    attempt_key: Callable[[], bytes] | None = None
     limited: LimitedRuntime = field(init=False)
     slots: SlotGate = field(init=False)
 
     def __post_init__(self) -> None:
+        if self.invoke_time_s is None:
+            self.invoke_time_s = float(getattr(self.runtime, "max_invoke_s", 0.0))
         config = self.settings.experiment
         tps, sessions = pacers(self.ledger, config.tps_limit, config.session_rate_limit, config.endpoints)
         self.limited = LimitedRuntime(self.runtime, tps, sessions, self.metrics)
@@ -59,6 +70,16 @@ class LifecycleDeps:
             monotonic=self.clock.monotonic,
             sleep=self.clock.sleep,
         )
+
+    def invoke_start_by(self, wait_until: float) -> float:
+        """The latest moment (monotonic) an invoke may start so that it ends by `wait_until`."""
+        return wait_until - (self.invoke_time_s or 0.0)
+
+    def attempt_token(self, exp_id: str, session_id: str) -> str | None:
+        """The token of the attempt of `session_id` (None without a key)."""
+        if self.attempt_key is None:
+            return None
+        return attempt_token(self.attempt_key(), exp_id, session_id)
 
     @property
     def config(self) -> ExperimentConfig:

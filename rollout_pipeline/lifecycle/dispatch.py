@@ -10,6 +10,9 @@ acknowledged: never dropped, never dead-lettered because of a limit; but a rollo
 A cold start (RuntimeClientError 424) is retried on the SAME session id (`cold_start_retries` x
 `cold_start_wait_s`, tps budget only: the session exists); then the attempt ends through the normal "attempts
 left?" path and its session is stopped. A read timeout after sending is never re-sent (the deadline decides).
+An invoke is started only if it can end inside the invocation (`wait_until` minus the runtime's longest call,
+`LifecycleDeps.invoke_time_s`): waits for a slot or a budget end that much earlier, and a message left without
+that time is re-sent fresh (counted as a limit wait), never dropped.
 """
 
 from __future__ import annotations
@@ -40,14 +43,13 @@ from rollout_pipeline.lifecycle import publishing, stops
 from rollout_pipeline.lifecycle.cancel import cancel_rollout
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.failures import fail_rollout
-from rollout_pipeline.lifecycle.limits import Held
+from rollout_pipeline.lifecycle.limits import Held, NoCallBudget
 from rollout_pipeline.lifecycle.metrics import (
     COLD_START_RETRIED,
     IN_FLIGHT,
     LIMIT_WAITS,
     NEW_SESSIONS,
     RETRIED,
-    THROTTLED,
 )
 from rollout_pipeline.lifecycle.metrics import (
     DISPATCHED as DISPATCHED_METRIC,
@@ -79,6 +81,7 @@ class Dispatch(StrEnum):
     REJECTED = "rejected"  # ACR refused for good: Rollout Failed (invoke_rejected)
     REQUEUED_LIMIT = "requeued_limit"  # still waiting for a limit at the end of the budget: re-sent fresh
     REQUEUED_THROTTLED = "requeued_throttled"  # ACR kept throttling: slot released, re-sent fresh
+    REQUEUED_NO_TIME = "requeued_no_time"  # too little time left for an invoke to end in it: re-sent fresh
     STOPPED_LATE = "stopped_late"  # invoked, but the rollout was cancelled/ended meanwhile: session stopped
     THROTTLED = "throttled"  # waited for limits too often or too long: Rollout Failed (throttled)
     COLD_START_FAILED = "cold_start_failed"  # kept answering 424: attempt ended (retried or failed), session stopped
@@ -174,8 +177,11 @@ def dispatch_body(
     if batch.get("status") == "cancelled":
         return _cancelled(message, deps, options)
     row_payload = _row_payload(message, deps)
+    start_by = deps.invoke_start_by(wait_until)  # every wait before an invoke ends by then
     try:
-        if deps.slots.must_queue(admission_key(message)) and not _wait_for_slot(deps, wait_until, message):
+        if deps.clock.monotonic() >= start_by:
+            return _requeue(message, deps, Dispatch.REQUEUED_NO_TIME)
+        if deps.slots.must_queue(admission_key(message)) and not _wait_for_slot(deps, start_by, message):
             return _requeue(message, deps, Dispatch.REQUEUED_LIMIT)  # earlier groups wait, or the session rate binds
     finally:
         if held is not None:
@@ -202,7 +208,7 @@ def dispatch_body(
         if start is DispatchStart.CANCELLED:
             return _cancelled(message, deps, options)
         if start is DispatchStart.NO_SLOT:
-            if not _wait_for_slot(deps, wait_until, message):
+            if not _wait_for_slot(deps, start_by, message):
                 return _requeue(message, deps, Dispatch.REQUEUED_LIMIT)
             continue
         rec = deps.ledger.get_rollout(message.batch_id, message.input_id, message.index)
@@ -327,7 +333,8 @@ def _invoke(
     wait_until: float,
     reinvoke: bool,
 ) -> Dispatch:
-    """InvokeAgentRuntime for a dispatched attempt (slot held), with bounded retries on throttling."""
+    """InvokeAgentRuntime for a dispatched attempt (slot held), with bounded retries on throttling. Every invoke
+    starts by `deps.invoke_start_by(wait_until)`, so it ends inside the invocation."""
     payload = build_agent_payload(
         row_payload=row_payload,
         rollout_overrides=message.rollout_overrides,
@@ -335,13 +342,15 @@ def _invoke(
         options=options,
         config=deps.config,
         results_bucket=deps.settings.results_bucket,
+        attempt_token=deps.attempt_token(message.exp_id, message.session_id),
     )
     session_id = message.session_id
+    start_by = deps.invoke_start_by(wait_until)
     cold_starts = 0
     new_session = not reinvoke
     for attempt in range(deps.invoke_retries + 1):
         try:
-            deps.limited.invoke(session_id, payload, wait_until=wait_until, new_session=new_session)
+            deps.limited.invoke(session_id, payload, wait_until=start_by, new_session=new_session)
             if new_session:
                 deps.metrics.count(NEW_SESSIONS)
             break
@@ -351,15 +360,12 @@ def _invoke(
             new_session = False
             while True:  # the same session id after a short wait; the budget of ACR throttles is not spent
                 cold_starts += 1
-                if (
-                    cold_starts > deps.cold_start_retries
-                    or deps.clock.monotonic() + deps.cold_start_wait_s > wait_until
-                ):
+                if cold_starts > deps.cold_start_retries or deps.clock.monotonic() + deps.cold_start_wait_s > start_by:
                     return _cold_start_failed(message, deps, options, f"{exc} ({cold_starts} tries)", wait_until)
                 deps.metrics.count(COLD_START_RETRIED)
                 deps.clock.sleep(deps.cold_start_wait_s)
                 try:
-                    deps.limited.invoke(session_id, payload, wait_until=wait_until, new_session=False)
+                    deps.limited.invoke(session_id, payload, wait_until=start_by, new_session=False)
                     break
                 except RuntimeColdStart as again:
                     exc = again
@@ -371,10 +377,15 @@ def _invoke(
         except RuntimeOutcomeUnknown as exc:  # it may be running: never re-sent; the deadline decides
             log.warning("invoke of %s: outcome unknown (%s); the deadline decides", session_id, exc)
             break
+        except NoCallBudget:  # no call was made: our own budgets had no slot before the invoke had to start
+            if not new_session:  # the attempt stays dispatched: the re-sent message invokes the same session
+                return _requeue(message, deps, Dispatch.REQUEUED_NO_TIME)
+            if deps.ledger.release_to_queue(message.batch_id, message.input_id, message.index, message.attempt):
+                return _requeue(message, deps, Dispatch.REQUEUED_LIMIT)
+            return Dispatch.STALE
         except RuntimeThrottled as exc:
-            deps.metrics.count(THROTTLED)
             backoff = min(0.25 * 2**attempt, 4.0) * random.uniform(0.5, 1.0)
-            if attempt == deps.invoke_retries or deps.clock.monotonic() + backoff > wait_until:
+            if attempt == deps.invoke_retries or deps.clock.monotonic() + backoff > start_by:
                 log.warning("ACR kept throttling %s: %s; releasing the slot", session_id, exc)
                 if not new_session:  # a session exists (cold-started): end the attempt, stop it
                     return _cold_start_failed(message, deps, options, str(exc), wait_until)
@@ -408,7 +419,7 @@ def _cold_start_failed(
     rec = deps.ledger.get_rollout(message.batch_id, message.input_id, message.index)
     if rec is None or rec.state != DISPATCHED or rec.attempt != message.attempt:
         return Dispatch.STALE
-    hold = stops.hold_until(deps)
+    hold = stops.hold_until(deps, rec)
     if rec.attempt < options.max_attempts:
         next_sid = ids.session_id(rec.exp_id, rec.batch_id, rec.input_id, rec.index, rec.attempt + 1)
         if not deps.ledger.requeue_for_retry(

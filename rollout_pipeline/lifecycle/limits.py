@@ -28,7 +28,7 @@ from typing import Any, Final
 
 from rollout_pipeline import ids
 from rollout_pipeline.ledger.rollouts import RolloutLedger
-from rollout_pipeline.lifecycle.metrics import THROTTLED, MetricsRecorder
+from rollout_pipeline.lifecycle.metrics import ACR_THROTTLED, LIMIT_BACKLOG, MetricsRecorder
 from rollout_pipeline.ports import AgentRuntime, RuntimeThrottled
 
 #: A call may start at most this long after its reserved slot; the spacing leaves room for it.
@@ -141,6 +141,11 @@ class Pacer:
                 return True
 
 
+class NoCallBudget(RuntimeThrottled):
+    """No slot of a call budget could be had before the caller's wait ended: the pipeline's own backlog (the call
+    was not made), not an answer of AgentCore."""
+
+
 class LimitedRuntime:
     """An `AgentRuntime` whose calls first take their budgets: every call a `tps` slot, an invoke that opens a
     session also a `session#{endpoint}` slot (the endpoint the session is opened on, `ids.endpoint_index`)."""
@@ -157,10 +162,19 @@ class LimitedRuntime:
         self.sessions = list(sessions)
         self.metrics = metrics
 
-    def _throttled(self, what: str) -> RuntimeThrottled:
+    def _throttled(self, what: str) -> NoCallBudget:
         if self.metrics is not None:
-            self.metrics.count(THROTTLED)
-        return RuntimeThrottled(f"no call budget for {what} before the wait budget ran out")
+            self.metrics.count(LIMIT_BACKLOG)
+        return NoCallBudget(f"no call budget for {what} before the wait budget ran out")
+
+    def _call(self, call: Callable[[], None]) -> None:
+        """Make the runtime call; an answer of AgentCore that refuses it for now counts `AcrThrottled` (once)."""
+        try:
+            call()
+        except RuntimeThrottled:
+            if self.metrics is not None:
+                self.metrics.count(ACR_THROTTLED)
+            raise
 
     def invoke(
         self,
@@ -170,13 +184,13 @@ class LimitedRuntime:
         *,
         new_session: bool = True,
     ) -> None:
-        """InvokeAgentRuntime once both budgets allow. Raises RuntimeThrottled (no budget in time) and whatever
+        """InvokeAgentRuntime once both budgets allow. Raises NoCallBudget (no budget in time) and whatever
         the runtime raises. `new_session=False` for a call into an existing session (cold-start retry)."""
         until = wait_until if wait_until is not None else time.monotonic() + DEFAULT_STOP_WAIT_S
         if not new_session:
             if not self.tps.acquire(until, INVOKE_AHEAD_S):
                 raise self._throttled("InvokeAgentRuntime")
-            self.runtime.invoke(session_id, payload)
+            self._call(lambda: self.runtime.invoke(session_id, payload))
             return
         pacer = self.sessions[ids.endpoint_index(session_id, len(self.sessions))]
         while True:
@@ -194,7 +208,7 @@ class LimitedRuntime:
                 continue
             if not (self.tps.sleep_until(tps_slot) and pacer.sleep_until(slot)):
                 continue  # this thread woke up too late: both slots are lost
-            self.runtime.invoke(session_id, payload)
+            self._call(lambda: self.runtime.invoke(session_id, payload))
             return
 
     def _lost_slot(self, slot: float) -> None:
@@ -208,7 +222,7 @@ class LimitedRuntime:
         until = wait_until if wait_until is not None else time.monotonic() + DEFAULT_STOP_WAIT_S
         if not self.tps.acquire(until):
             raise self._throttled("StopRuntimeSession")
-        self.runtime.stop(session_id)
+        self._call(lambda: self.runtime.stop(session_id))
 
 
 def pacers(

@@ -7,7 +7,14 @@ from collections import Counter
 from typing import Final
 
 DISPATCHED: Final = "Dispatched"
-THROTTLED: Final = "Throttled"
+#: AgentCore refused a call for now (ThrottlingException, ServiceQuotaExceeded, a conflict, 429/5xx, not
+#: reachable): counted once per answer, by `limits.LimitedRuntime`.
+ACR_THROTTLED: Final = "AcrThrottled"
+#: The pipeline's own backlog: a call found no slot of its `tps`/session budget before its wait ended (no call was
+#: made; AgentCore was not asked). Counted once per such call, by `limits.LimitedRuntime`.
+LIMIT_BACKLOG: Final = "LimitBacklog"
+#: A rollout or outbox entry the sweeper could not handle (an exception; it is tried again on the next sweep).
+SWEEP_ERRORS: Final = "SweepErrors"
 SUCCEEDED: Final = "Succeeded"
 FAILED: Final = "Failed"
 TIMED_OUT: Final = "TimedOut"

@@ -10,10 +10,12 @@ session through the limiter:
   (`PROMPT_RETRY_S`, within the caller's wait budget): AgentCore's failed stops are mostly transient, and a
   session left running holds a slot and costs money. Only then does the entry come back later (backoff; at most
   `STOP_TRIES` passes), through the sweeper's outbox scan;
-- once `held_until` has passed (the idle timeout since the attempt ended), AgentCore has reaped the session
-  anyway: the slot is released without a stop.
+- once `held_until` has passed (the session's `max_lifetime_s` since it was started, plus a minute), AgentCore
+  has ended the session anyway: the slot is released without a stop. Not the idle timeout: a session whose agent
+  is still busy (a rollout past its deadline keeps working) is not idle, and lives until its maximum lifetime.
 
-So every slot is freed by a confirmed stop or by the idle timeout, and nothing waits for a stop but the slot.
+So every slot is freed by a confirmed stop or by the session's maximum lifetime, and nothing waits for a stop but
+the slot.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from rollout_pipeline.ports import RuntimeRejected, RuntimeSessionNotFound, Runt
 
 log = logging.getLogger(__name__)
 
-#: Stop calls per outbox entry before it only waits for AgentCore's idle timeout.
+#: Stop calls per outbox entry before it only waits for the session's end (`held_until`).
 STOP_TRIES: Final = 6
 #: Pauses before the prompt re-tries of a failed stop within one pass (each pass: 1 + len(...) calls at most).
 PROMPT_RETRY_S: Final = (0.2, 0.5)
@@ -37,10 +39,17 @@ STOP_BACKOFF_S: Final = 2
 STOP_BACKOFF_MAX_S: Final = 60
 
 
-def hold_until(deps: LifecycleDeps) -> int:
-    """Epoch second until which an ended attempt's slot is held without a confirmed stop (AgentCore's idle
-    timeout from now, plus a minute)."""
-    return int(deps.now().timestamp()) + deps.config.idle_timeout_s + 60
+#: Kept beyond AgentCore's maximum session lifetime before a slot is released without a confirmed stop.
+HOLD_MARGIN_S: Final = 60
+
+
+def hold_until(deps: LifecycleDeps, rec: RolloutRecord | None = None) -> int:
+    """Epoch second until which an ended attempt's slot is held without a confirmed stop: the latest moment its
+    session can still run. AgentCore ends a session at `max_lifetime_s` after its start whether it is busy or
+    idle (an idle one earlier, at the idle timeout), so: the session's start (`rec.invoked_at`, recorded just
+    after the invoke; now when unknown: the session, if any, started before now) + `max_lifetime_s` + a minute."""
+    started = rec.invoked_at if rec is not None and rec.invoked_at is not None else deps.now()
+    return int(started.timestamp()) + deps.config.max_lifetime_s + HOLD_MARGIN_S
 
 
 def finish_stops(rec: RolloutRecord, deps: LifecycleDeps, wait_until: float | None = None) -> bool:
@@ -65,7 +74,7 @@ def finish_stops(rec: RolloutRecord, deps: LifecycleDeps, wait_until: float | No
         return deps.ledger.clear_outbox(rec) or True
     deps.metrics.sample(STOPS_PENDING, left)
     if rec.stop_tries + 1 >= STOP_TRIES and rec.held_until is not None:
-        next_epoch = rec.held_until  # no more calls: AgentCore reaps the session at its idle timeout
+        next_epoch = rec.held_until  # no more calls: AgentCore ends the session by then
     else:
         next_epoch = now + min(STOP_BACKOFF_S * 2**rec.stop_tries, STOP_BACKOFF_MAX_S)
     # The sweeper drains entries older than `outbox_age_s`: file it so that it is due at `next_epoch`.

@@ -31,6 +31,7 @@ from rollout_pipeline.lifecycle.failures import fail_rollout
 from rollout_pipeline.lifecycle.metrics import (
     IN_FLIGHT,
     RETRIED,
+    SWEEP_ERRORS,
     TIMED_OUT,
 )
 from rollout_pipeline.observability import bind_log_ids, clear_log_ids
@@ -69,6 +70,7 @@ def sweep(
             except Exception as exc:  # one bad item must not stop the sweep
                 log.exception("sweeping %s/%s failed", rec.batch_id, ids.rollout_id(rec.input_id, rec.index))
                 report.errors.append(f"{rec.batch_id}/{rec.input_id}#{rec.index}: {exc}")
+                deps.metrics.count(SWEEP_ERRORS)
     cutoff = int(now.timestamp() - deps.outbox_age_s)
     for shard in range(keys.INDEX_SHARDS):
         for rec in deps.ledger.query_due(keys.OUTBOX_INDEX, shard, cutoff, limit=page_size, max_pages=max_pages):
@@ -82,6 +84,7 @@ def sweep(
             except Exception as exc:
                 log.warning("outbox of %s/%s#%s not drained: %s", rec.batch_id, rec.input_id, rec.index, exc)
                 report.errors.append(f"outbox {rec.batch_id}/{rec.input_id}#{rec.index}: {exc}")
+                deps.metrics.count(SWEEP_ERRORS)
     clear_log_ids()
     deps.metrics.sample(IN_FLIGHT, deps.ledger.in_flight())
     return report
@@ -128,7 +131,7 @@ def _expire(
     if complete_if_written(rec, deps) is not None:  # written in time, its event late: never thrown away
         report.completed_late += 1
         return
-    hold = stops.hold_until(deps)
+    hold = stops.hold_until(deps, rec)
     if rec.attempt < options.max_attempts:
         next_sid = ids.session_id(rec.exp_id, rec.batch_id, rec.input_id, rec.index, rec.attempt + 1)
         if not deps.ledger.requeue_for_retry(

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import secrets
 import signal
 import tempfile
 import threading
@@ -160,7 +161,11 @@ class LocalPipeline:
             self.runtime = self.settings.runtime_factory(self.resources)
         else:
             self.runtime = self._start_agents(aws_env)
-        self.wiring = Wiring(self.resources.settings(), self.clients, runtime=self.runtime)
+        # The attempt-token key: random per run (the stack's is a generated secret), in this process only.
+        attempt_key = secrets.token_bytes(32)
+        self.wiring = Wiring(
+            self.resources.settings(), self.clients, runtime=self.runtime, attempt_key=lambda: attempt_key
+        )
         # An SDK experiment of this process attached to this endpoint (the ART backend) cancels through it too.
         register_local_runtime(self.endpoint_url, self.runtime)
         stack.callback(register_local_runtime, self.endpoint_url, None)

@@ -305,17 +305,21 @@ class Experiment:
     ) -> str:
         """Upload a dataset file (`.jsonl`, `.jsonl.gz`, `.json` array) to `datasets/` and return its batch id.
 
-        The file is validated locally first (same reader and row rules as ingestion): a bad row raises
-        `DatasetInvalid` naming the file, the line and the reason, before anything is uploaded. Options not given
+        The file is validated locally first (same reader and row rules as ingestion): a bad row, or a key with
+        `+`, `%` or a space, raises `DatasetInvalid` naming the file, the line and the reason, before anything is
+        uploaded. Options not given
         default to the experiment's; they travel as S3 object metadata. The batch id is the one ingestion derives
         from the upload's version id, so it is known at once.
         """
         options = self._options(group_size, sampling_params, timeout_s, max_attempts, policy_version)
+        try:
+            object_key = submission.dataset_key(path, key)
+        except ids.InvalidId as exc:
+            raise DatasetInvalid(str(path), [("", f"invalid_key: {exc}")]) from None
         if validate:
             submission.validate_file(path)
         elif not Path(path).is_file():
             raise DatasetInvalid(str(path), [("", "no such file")])
-        object_key = submission.dataset_key(path, key)
         with aws_errors(f"upload s3://{self.input_bucket}/{object_key}"), Path(path).open("rb") as body:
             resp = self.client("s3").put_object(
                 Bucket=self.input_bucket,

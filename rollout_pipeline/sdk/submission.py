@@ -10,6 +10,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Final
 
+from rollout_pipeline import ids
 from rollout_pipeline.config import ExperimentConfig, SamplingParams
 from rollout_pipeline.contracts import (
     DatasetRow,
@@ -149,12 +150,13 @@ def validate_payloads(payloads: Iterable[Mapping[str, Any]], *, source: str = "p
 
 
 def dataset_key(path: str | os.PathLike[str], key: str | None = None) -> str:
-    """The input-bucket key of an uploaded dataset: `datasets/{file name}` unless given."""
+    """The input-bucket key of an uploaded dataset: `datasets/{file name}` unless given. `ids.InvalidId` for a key
+    with `+`, `%` or a space (`ids.validate_dataset_key`)."""
     if key is None:
-        return f"datasets/{Path(path).name}"
-    if not key.startswith("datasets/"):
+        key = f"datasets/{Path(path).name}"
+    elif not key.startswith("datasets/"):
         key = f"datasets/{key.lstrip('/')}"
-    return key
+    return ids.validate_dataset_key(key)
 
 
 def content_type(key: str) -> str:

@@ -220,9 +220,31 @@ def test_the_agent_may_read_only_its_model_secret(tmp_path: Any) -> None:
     assert "secret:rollouts/model-key-??????" in json.dumps(reads[0]["Resource"])
     runtime = synth.resources[synth.logical_id(synth.stack.agent.runtime)]["Properties"]
     assert runtime["EnvironmentVariables"]["ROLLOUTS_MODEL_SECRET"] == "rollouts/model-key"
-    for name in FUNCTIONS:
-        assert not [a for a in actions_of(synth, synth.stack.functions[name].role) if a.startswith("secretsmanager")]
+    model_secret = "secret:rollouts/model-key"
+    for name in FUNCTIONS:  # the functions read the attempt key only (its own test), never the model's secret
+        assert model_secret not in json.dumps(statements(synth, synth.stack.functions[name].role))
 
 
 def test_no_secret_is_readable_without_model_secret_name(synth: Synthesized) -> None:
     assert not [a for a in actions_of(synth, synth.stack.agent.runtime.role) if a.startswith("secretsmanager")]
+
+
+def test_only_the_functions_that_issue_or_check_attempt_tokens_read_the_attempt_key(synth: Synthesized) -> None:
+    from rollout_pipeline.topology import ATTEMPT_KEY_ENV
+
+    secret_id = synth.logical_id(synth.stack.attempt_key.secret)
+    (secret,) = synth.of_type("AWS::SecretsManager::Secret").values()
+    assert "Name" not in secret["Properties"]  # CloudFormation names it: a redeploy never collides
+    assert secret["Properties"]["GenerateSecretString"]["PasswordLength"] >= 32
+    for name in FUNCTIONS:
+        fn = synth.stack.functions[name]
+        readable = resources_for(synth, fn.role, "secretsmanager:GetSecretValue")
+        env = synth.resources[synth.logical_id(fn.function)]["Properties"]["Environment"]["Variables"]
+        if name == "ingest":
+            assert readable == []
+            assert ATTEMPT_KEY_ENV not in env
+        else:
+            assert readable == [{"Ref": secret_id}]  # this one secret, no wildcard
+            assert env[ATTEMPT_KEY_ENV] == {"Ref": secret_id}
+    agent_reads = resources_for(synth, synth.stack.agent.runtime.role, "secretsmanager:GetSecretValue")
+    assert {"Ref": secret_id} not in agent_reads  # never the agent's: a compromised agent cannot mint tokens

@@ -127,7 +127,16 @@ def test_stops_failing_and_acr_throttles(synth: Synthesized) -> None:
         SERVICES[f] for f in ("dispatch", "completion", "sweeper")
     }
     throttles = metrics_of(alarm(synth, "AgentCoreThrottles"))
-    assert list(throttles.values()) == [{**emitted(m.THROTTLED, "dispatch"), "stat": "Sum"}]
+    assert {v["name"] for v in throttles.values()} == {m.ACR_THROTTLED}  # AgentCore's answers, not the backlog
+    assert {v["dimensions"]["service"] for v in throttles.values()} == {
+        SERVICES[f] for f in ("dispatch", "completion", "sweeper")
+    }
+
+
+def test_sweep_errors_alarm(synth: Synthesized) -> None:
+    props = alarm(synth, "SweepErrors")
+    assert list(metrics_of(props).values()) == [{**emitted(m.SWEEP_ERRORS, "sweeper"), "stat": "Sum"}]
+    assert (props["Threshold"], props["EvaluationPeriods"]) == (0, 3)
 
 
 def test_active_sessions_near_quota(synth: Synthesized) -> None:
@@ -152,7 +161,8 @@ def test_dashboard_reads_the_emitted_metrics_and_its_url_is_an_output(synth: Syn
     (dashboard,) = synth.of_type("AWS::CloudWatch::Dashboard").values()
     assert dashboard["Properties"]["DashboardName"] == f"Rollouts-{EXPERIMENT}"
     body = json.dumps(dashboard["Properties"]["DashboardBody"])
-    for name in (m.SUBMITTED, m.SUCCEEDED, m.FAILED, m.IN_FLIGHT, m.NEW_SESSIONS, m.NOTIFICATION_LATENCY, m.REWARD):
+    shown = (m.SUBMITTED, m.SUCCEEDED, m.FAILED, m.IN_FLIGHT, m.NEW_SESSIONS, m.NOTIFICATION_LATENCY, m.REWARD)
+    for name in (*shown, m.ACR_THROTTLED, m.LIMIT_BACKLOG):
         assert f'\\"{name}\\"' in body, name
     for reason in ("agent_error", "timeout", "throttled"):
         assert m.failed_metric(reason) in body

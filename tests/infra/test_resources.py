@@ -8,6 +8,7 @@ from typing import Any
 
 from aws_cdk.assertions import Match
 
+from rollout_pipeline import topology
 from rollout_pipeline.config import ExperimentConfig, HandlerSettings
 from rollout_pipeline.ledger import keys
 from stacks.experiment_stack import OPERATOR_OUTPUT_NAMES, OUTPUT_NAMES
@@ -163,7 +164,7 @@ def test_work_queues_redrive_to_14_day_dlqs_with_6x_visibility(synth: Synthesize
     stack = synth.stack
     expected_visibility = {
         stack.ingest: 6 * 900,
-        stack.dispatch: 6 * 120,
+        stack.dispatch: 6 * 180,
         stack.completion: 6 * 60,
     }
     for consumer, visibility in expected_visibility.items():
@@ -317,7 +318,7 @@ def test_sweeper_runs_every_minute(synth: Synthesized) -> None:
 def test_pipeline_functions_runtime_handlers_and_sizes(synth: Synthesized) -> None:
     expected = {
         "ingest": (900, 1024),
-        "dispatch": (120, 512),
+        "dispatch": (180, 512),
         "completion": (60, 512),
         "sweeper": (120, 512),
     }
@@ -348,8 +349,10 @@ def test_pipeline_functions_share_one_code_asset(synth: Synthesized) -> None:
 
 def test_function_environment_is_handler_settings_plus_powertools(synth: Synthesized) -> None:
     stack = synth.stack
-    for fn in stack.functions.values():
+    for name, fn in stack.functions.items():
         env = synth.resources[synth.logical_id(fn.function)]["Properties"]["Environment"]["Variables"]
+        if name != "ingest":  # the functions that issue or check attempt tokens also learn where the key is
+            assert env.pop(topology.ATTEMPT_KEY_ENV) == ref(synth.logical_id(stack.attempt_key.secret))
         assert set(env) == {
             "TABLE_NAME",
             "INPUT_BUCKET",

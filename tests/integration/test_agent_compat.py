@@ -38,6 +38,8 @@ BUCKET = "results"
 EXP = "compat-exp"
 BATCH = "gsm8k-0123456789ab"
 RESULT_WAIT_S = 30.0
+#: The attempt-token key the "dispatcher" of these tests signs with (the stack's is a generated secret).
+ATTEMPT_KEY = b"compat-attempt-key-0123456789abcdef"
 
 #: An ART agent written exactly as ART's README shows: nothing from this project is imported.
 ART_AGENT_SOURCE = textwrap.dedent(
@@ -187,8 +189,14 @@ def build_payload(
         options=options,
         config=config,
         results_bucket=BUCKET,
+        attempt_token=contracts.attempt_token(ATTEMPT_KEY, EXP, message.session_id),
     )
     return message.session_id, payload
+
+
+def is_the_attempts_own(outcome: contracts.ResultOutcome, session_id: str) -> bool:
+    """Completion's check: the result carries the token of the attempt its key names."""
+    return contracts.carries_attempt_token(outcome.body, ATTEMPT_KEY, EXP, session_id)
 
 
 def wait_result(s3: Any, input_id: str, session_id: str, timeout_s: float = RESULT_WAIT_S) -> bytes:
@@ -238,6 +246,7 @@ def test_unmodified_art_agent_success_is_read_by_parse_result(
     assert body["status_code"] == 200
     assert body["result_key"] == f"{EXP}/art-ok/{session_id}.json"
     assert body["payload"]["_rollout"]["rollout_id"] == "art-ok#0"
+    assert is_the_attempts_own(outcome, session_id)  # unmodified ART copies the token with the request
     (request,) = requests_of(model, "(art-ok)")
     assert request.body["model"] == "policy-model"
     assert request.body["temperature"] == 0.6
@@ -254,7 +263,8 @@ def test_unmodified_art_agent_per_turn_rewards(art_runtime: LocalAgentRuntime, s
 def test_unmodified_art_agent_exception_is_an_agent_error(
     art_runtime: LocalAgentRuntime, s3: Any, model: FakeModelServer
 ) -> None:
-    outcome, _ = run_rollout(art_runtime, s3, model, "art-fail", {"question": "q", "fail": "tool crashed"})
+    outcome, session_id = run_rollout(art_runtime, s3, model, "art-fail", {"question": "q", "fail": "tool crashed"})
+    assert is_the_attempts_own(outcome, session_id)  # an agent error is recorded too, not ignored
     assert not outcome.success
     assert outcome.reason is contracts.FailureReason.AGENT_ERROR
     assert "boom: tool crashed" in (outcome.error or "")
@@ -274,9 +284,10 @@ def test_art_answer_500_for_a_partial_rollout_config_is_rejected(art_runtime: Lo
 def test_math_agent_scores_correct_and_wrong_answers(
     math_runtime: LocalAgentRuntime, s3: Any, model: FakeModelServer
 ) -> None:
-    correct, _ = run_rollout(
+    correct, correct_session = run_rollout(
         math_runtime, s3, model, "math-ok", {"question": "6 times 7? (math-ok)", "answer": "#### 42"}
     )
+    assert is_the_attempts_own(correct, correct_session)  # the repo's own agent app carries it too
     wrong, _ = run_rollout(
         math_runtime, s3, model, "math-wrong", {"question": "6 times 7? WRONG (math-wrong)", "answer": "#### 42"}
     )

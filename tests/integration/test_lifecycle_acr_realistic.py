@@ -16,7 +16,13 @@ from rollout_pipeline.adapters.fake_acr import AcrProfile, AgentBehaviour, FakeA
 from rollout_pipeline.ledger import keys
 from rollout_pipeline.lifecycle.completion import complete_records
 from rollout_pipeline.lifecycle.dispatch import Dispatch, dispatch_records
-from rollout_pipeline.lifecycle.metrics import COLD_START_RETRIED, NEW_SESSIONS, STOP_FAILED, THROTTLED
+from rollout_pipeline.lifecycle.metrics import (
+    ACR_THROTTLED,
+    COLD_START_RETRIED,
+    LIMIT_BACKLOG,
+    NEW_SESSIONS,
+    STOP_FAILED,
+)
 from rollout_pipeline.lifecycle.stops import PROMPT_RETRY_S, STOP_TRIES
 from rollout_pipeline.lifecycle.sweeper import sweep
 from rollout_pipeline.local.resources import ExperimentResources
@@ -125,10 +131,15 @@ def test_result_is_published_before_the_stop_and_the_slot_waits_for_it(
     assert "outbox" not in (rollout_item(resources, BATCH, "a", 0) or {})
 
 
-def test_a_slot_whose_stop_never_works_is_freed_at_the_idle_timeout(
+def test_a_slot_whose_stop_never_works_is_held_until_the_sessions_maximum_lifetime(
     resources: ExperimentResources, real: FakeAgentRuntime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The idle timeout reaps only an idle session; a busy one runs until `max_lifetime_s` after its start, so
+    its slot is held that long (the idle timeout alone would let `max_sessions` be exceeded at AgentCore)."""
+    config = resources.config
+    assert config.max_lifetime_s > config.idle_timeout_s + 300
     clock = ShiftedClock()
+    started = clock.now().timestamp()
     deps = make_deps(resources, real, clock=clock)
     send(resources, seed_batch(resources, batch_id=BATCH, inputs={"a": {}}, group_size=1))
     dispatch_once(resources, deps)
@@ -147,8 +158,11 @@ def test_a_slot_whose_stop_never_works_is_freed_at_the_idle_timeout(
         sweep(deps)
     assert len(calls) == STOP_TRIES * (1 + len(PROMPT_RETRY_S))
     assert in_flight(resources) == 1
-    clock.advance(resources.config.idle_timeout_s + 120)  # AgentCore reaped it: the slot is free
+    clock.advance(started + config.idle_timeout_s + 120 - clock.now().timestamp())
     sweep(deps)
+    assert in_flight(resources) == 1  # past the idle timeout, but the session may still be busy
+    clock.advance(started + config.max_lifetime_s + 120 - clock.now().timestamp())
+    sweep(deps)  # past its maximum lifetime: AgentCore ended it, the slot is free
     assert in_flight(resources) == 0
     assert "outbox" not in (rollout_item(resources, BATCH, "a", 0) or {})
 
@@ -263,7 +277,9 @@ def test_unknown_invoke_errors_are_not_throttling(resources: ExperimentResources
     result = dispatch_records(records, deps, wait_until=paced_until())
     ack(resources.rollout_queue_url, records, result.failures)
     assert list(result.failures.values()) == ["KeyError: 'a bug, not a throttle'"]  # redelivered, then DLQ
-    assert THROTTLED not in deps.metrics.drain()[0]
+    counts = deps.metrics.drain()[0]
+    assert ACR_THROTTLED not in counts
+    assert LIMIT_BACKLOG not in counts
 
 
 def test_completion_batch_is_recorded_and_published_before_any_stop(

@@ -14,7 +14,7 @@ from rollout_pipeline.adapters.fake_acr import AgentBehaviour, FakeAgentRuntime,
 from rollout_pipeline.ledger import keys
 from rollout_pipeline.lifecycle.completion import complete_records
 from rollout_pipeline.lifecycle.dispatch import Dispatch, dispatch_records
-from rollout_pipeline.lifecycle.metrics import LIMIT_WAITS, THROTTLED
+from rollout_pipeline.lifecycle.metrics import ACR_THROTTLED, LIMIT_BACKLOG, LIMIT_WAITS
 from rollout_pipeline.local.resources import ExperimentResources
 from tests.conftest import receive_all
 from tests.integration.lifecycle_support import (
@@ -121,9 +121,31 @@ def test_throttled_invoke_is_retried(resources: ExperimentResources, fake: FakeA
     result = dispatch_records(receive_records(resources.rollout_queue_url), deps, wait_until=time.monotonic() + 10)
     assert list(result.outcomes.values()) == [Dispatch.INVOKED]
     assert [c.outcome for c in fake.invocations()] == ["throttled", "throttled", "started"]
-    assert deps.metrics.drain()[0][THROTTLED] == 2
+    counts = deps.metrics.drain()[0]
+    assert counts[ACR_THROTTLED] == 2  # once per answer of AgentCore, not again by the dispatcher
+    assert LIMIT_BACKLOG not in counts
     drive(resources, deps)
     assert len(by_type(trainer_events(resources), "Rollout Completed")) == 1
+
+
+def test_no_budget_in_time_is_the_pipelines_backlog_counted_once_not_acr_throttling(
+    resources: ExperimentResources, fake: FakeAgentRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    deps = make_deps(resources, fake)
+    for pacer in deps.limited.sessions:  # the session budget is booked beyond the wait: no slot in time
+        monkeypatch.setattr(pacer, "reserve", lambda *_args, **_kwargs: None)
+    send(resources, seed_batch(resources, batch_id=BATCH, inputs=inputs(1), group_size=1))
+    records = receive_records(resources.rollout_queue_url)
+    result = dispatch_records(records, deps, wait_until=time.monotonic() + 10)
+    ack(resources.rollout_queue_url, records, result.failures)
+    assert list(result.outcomes.values()) == [Dispatch.REQUEUED_LIMIT]  # no retry: the time is up
+    assert fake.invocations() == []  # AgentCore was never asked
+    counts = deps.metrics.drain()[0]
+    assert counts[LIMIT_BACKLOG] == 1
+    assert ACR_THROTTLED not in counts
+    assert ledger_item(resources, keys.sessions_key())["in_flight"] == 0
+    assert len(receive_records(resources.rollout_queue_url)) == 1  # re-sent, not dropped
+    assert_no_dead_letters(resources)
 
 
 def test_persistent_throttling_gives_the_slot_back_and_requeues(

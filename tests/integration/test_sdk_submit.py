@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -118,6 +119,7 @@ def test_gzip_and_json_array_files_are_validated_too(experiment: Experiment, tmp
         (["[1, 2]"], r"bad\.jsonl:1: not_an_object"),
         (['{"_rollout": {"exp_id": "x"}}'], r"bad\.jsonl:1: invalid_rollout: _rollout may not set exp_id"),
         (["", "  "], r"bad\.jsonl: the file has no rows"),
+        (['{"id": "a+b"}'], r"bad\.jsonl:1: invalid_id: id 'a\+b' must not contain '\+'"),
     ],
 )
 def test_invalid_file_is_refused_before_upload(
@@ -126,6 +128,25 @@ def test_invalid_file_is_refused_before_upload(
     path = write_jsonl(tmp_path / "bad.jsonl", rows)
     with pytest.raises(DatasetInvalid, match=expected):
         experiment.submit_file(path)
+    assert "Contents" not in clients.client("s3").list_objects_v2(Bucket=resources.input_bucket)
+
+
+@pytest.mark.parametrize(
+    ("file_name", "key", "named"),
+    [("with space.jsonl", None, "a space"), ("ok.jsonl", "a+b.jsonl", "'+'"), ("ok.jsonl", "p%41.jsonl", "'%'")],
+)
+def test_a_dataset_key_with_plus_percent_or_space_is_refused_before_upload(
+    experiment: Experiment,
+    resources: ExperimentResources,
+    tmp_path: Path,
+    file_name: str,
+    key: str | None,
+    named: str,
+) -> None:
+    path = write_jsonl(tmp_path / file_name, ['{"prompt": "a"}'])
+    with pytest.raises(DatasetInvalid, match=f"invalid_key: dataset key .* contains {re.escape(named)}") as info:
+        experiment.submit_file(path, key=key)
+    assert str(path) in str(info.value)
     assert "Contents" not in clients.client("s3").list_objects_v2(Bucket=resources.input_bucket)
 
 

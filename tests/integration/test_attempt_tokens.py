@@ -1,0 +1,121 @@
+"""A result counts only when it carries its attempt's token (`contracts.attempts`): an agent (compromised, or
+simply wrong) cannot end another rollout by writing to its result key, while agents that copy the request into
+their result, as ART does, keep working unchanged."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from rollout_pipeline import contracts, ids
+from rollout_pipeline.adapters import clients
+from rollout_pipeline.adapters.fake_acr import AcrProfile, AgentBehaviour, FakeAgentRuntime
+from rollout_pipeline.lifecycle.completion import Completion
+from rollout_pipeline.lifecycle.metrics import LATE_OR_UNKNOWN
+from rollout_pipeline.lifecycle.sweeper import sweep
+from rollout_pipeline.local.resources import ExperimentResources
+from tests.integration.lifecycle_support import (
+    ShiftedClock,
+    by_type,
+    complete_once,
+    dispatch_once,
+    make_deps,
+    moto_lock,
+    rollout_item,
+    seed_batch,
+    send,
+    trainer_events,
+)
+
+pytestmark = pytest.mark.usefixtures(moto_lock.__name__)
+
+BATCH = ids.batch_id_for_upload("in", "datasets/tokens.jsonl", "v1")
+KEY = b"k" * 32
+
+
+@pytest.fixture
+def agents() -> Iterator[FakeAgentRuntime]:
+    runtime = FakeAgentRuntime(behaviour=AgentBehaviour(kind="manual"), profile=AcrProfile())
+    yield runtime
+    runtime.close()
+
+
+def sid(input_id: str, attempt: int = 1) -> str:
+    return ids.session_id("test-exp", BATCH, input_id, 0, attempt)
+
+
+def write_result(resources: ExperimentResources, input_id: str, session_id: str, body: dict[str, Any]) -> None:
+    clients.client("s3").put_object(
+        Bucket=resources.results_bucket,
+        Key=ids.result_key("test-exp", input_id, session_id),
+        Body=json.dumps(body).encode(),
+    )
+
+
+def test_the_dispatcher_sends_each_attempt_its_own_token(
+    resources: ExperimentResources, agents: FakeAgentRuntime
+) -> None:
+    deps = make_deps(resources, agents, attempt_key=lambda: KEY)
+    send(resources, seed_batch(resources, batch_id=BATCH, inputs={"a": {}, "b": {}}, group_size=1))
+    dispatch_once(resources, deps)
+    tokens = {s: agents.payloads[s]["_rollout"]["attempt_token"] for s in (sid("a"), sid("b"))}
+    assert tokens == {s: contracts.attempt_token(KEY, "test-exp", s) for s in tokens}
+    assert len(set(tokens.values())) == 2
+
+
+def test_a_result_written_for_another_rollout_is_not_accepted(
+    resources: ExperimentResources, agents: FakeAgentRuntime
+) -> None:
+    deps = make_deps(resources, agents, attempt_key=lambda: KEY)
+    send(resources, seed_batch(resources, batch_id=BATCH, inputs={"a": {}, "b": {}}, group_size=1))
+    dispatch_once(resources, deps)
+    own_request = dict(agents.payloads[sid("a")])  # what the agent of rollout a knows: its own request
+    forged = {"rewards": 1.0, "status_code": 200, "stop_reason": "end_turn"}
+    guessed = {**own_request, "_rollout": {**own_request["_rollout"], "attempt_token": "0" * 64}}
+    for body in (
+        {**forged, "payload": own_request},  # a's own token, on b's key
+        forged,  # no token at all
+        {**forged, "payload": guessed, "attempt_token": "0" * 64},  # a guessed one
+    ):
+        write_result(resources, "b", sid("b"), body)
+        assert list(complete_once(resources, deps).outcomes.values()) == [Completion.FOREIGN]
+    assert deps.metrics.drain()[0][LATE_OR_UNKNOWN] == 3
+    item = rollout_item(resources, BATCH, "b", 0)
+    assert item is not None
+    assert item["state"] == "dispatched"  # nothing changed: rollout b still waits for its own agent
+    assert by_type(trainer_events(resources), "Rollout Completed") == []
+    agents.finish(sid("b"), AgentBehaviour(rewards=0.5))  # b's own agent (ART's result format) completes it
+    agents.finish(sid("a"), AgentBehaviour(rewards=1.0))
+    assert sorted(complete_once(resources, deps).outcomes.values()) == [Completion.SUCCEEDED] * 2
+    completed = {e["input_id"]: e["reward"] for e in by_type(trainer_events(resources), "Rollout Completed")}
+    assert completed == {"a": 1.0, "b": 0.5}
+
+
+def test_an_agent_writing_its_result_itself_passes_the_token_at_the_top_level(
+    resources: ExperimentResources, agents: FakeAgentRuntime
+) -> None:
+    deps = make_deps(resources, agents, attempt_key=lambda: KEY)
+    send(resources, seed_batch(resources, batch_id=BATCH, inputs={"a": {}}, group_size=1))
+    dispatch_once(resources, deps)
+    token = agents.payloads[sid("a")]["_rollout"]["attempt_token"]
+    write_result(resources, "a", sid("a"), {"rewards": 0.25, "attempt_token": token})
+    assert list(complete_once(resources, deps).outcomes.values()) == [Completion.SUCCEEDED]
+
+
+def test_a_foreign_result_does_not_keep_an_attempt_from_expiring(
+    resources: ExperimentResources, agents: FakeAgentRuntime
+) -> None:
+    clock = ShiftedClock()
+    deps = make_deps(resources, agents, clock=clock, attempt_key=lambda: KEY)
+    send(resources, seed_batch(resources, batch_id=BATCH, inputs={"a": {}}, group_size=1, max_attempts=2))
+    dispatch_once(resources, deps)
+    write_result(resources, "a", sid("a"), {"rewards": 1.0})  # no token; its event is lost
+    clock.advance(resources.config.rollout_timeout_s + 60)
+    report = sweep(deps)
+    assert (report.completed_late, report.retried) == (0, 1)  # not taken for the attempt's own late result
+    item = rollout_item(resources, BATCH, "a", 0)
+    assert item is not None
+    assert (item["state"], item["attempt"]) == ("queued", 2)
