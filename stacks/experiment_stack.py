@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Final
 
-from aws_cdk import CfnOutput, Duration, RemovalPolicy, Stack
+from aws_cdk import CfnOutput, Duration, Stack
 from aws_cdk import aws_events as events
 from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_iam as iam
@@ -23,6 +23,7 @@ from stacks.image import AgentImage
 from stacks.ledger import Ledger
 from stacks.monitoring import Monitoring, RuntimeLogRetention, expire_every_log_group
 from stacks.queues import QueuedLambdaConsumer
+from stacks.retention import is_retained, removal_policy
 from stacks.storage import CLAIMS_PREFIX, Storage
 
 #: Stack outputs the trainer SDK reads to attach to an experiment (logical ids are part of the contract).
@@ -55,7 +56,7 @@ class ExperimentStack(Stack):
         self.config = config
         self.settings = settings = settings or DeploySettings()
         archive_retention_days = settings.archive_retention_days
-        removal = RemovalPolicy.DESTROY if config.results_retention == "destroy" else RemovalPolicy.RETAIN
+        removal = removal_policy(config)
 
         self.storage = Storage(self, "Storage", config=config)
         self.ledger = Ledger(self, "Ledger", config=config)
@@ -166,7 +167,7 @@ class ExperimentStack(Stack):
                 runtime=self.agent.runtime,
                 endpoint=endpoint,
                 retention_days=LOG_RETENTION_DAYS,
-                retained=removal == RemovalPolicy.RETAIN,
+                retained=is_retained(removal),
             )
             for endpoint in self.agent.endpoint_names
         ]

@@ -25,10 +25,10 @@ from aws_cdk import aws_logs as logs
 from cdklabs.deploy_time_build import ContainerImageBuild
 from constructs import Construct, IConstruct
 
-from rollout_pipeline import topology
 from rollout_pipeline.config import ExperimentConfig
 from rollout_pipeline.deploy_settings import ECR_IMAGE_URI, DeploySettings
 from stacks import nag
+from stacks.retention import is_retained, removal_policy
 
 AGENT_DIR: Final = "agent_image"
 DOCKERFILE: Final = f"{AGENT_DIR}/Dockerfile"
@@ -68,10 +68,6 @@ def content_tag(repo_root: Path) -> str:
     return FileSystem.fingerprint(
         str(repo_root), exclude=image_excludes(repo_root), ignore_mode=IgnoreMode.DOCKER, extra_hash=DOCKERFILE
     )
-
-
-def repository_name(config: ExperimentConfig) -> str:
-    return f"{topology.resource_base(config.name)}-agent"
 
 
 class AgentImage(Construct):
@@ -123,20 +119,21 @@ class AgentImage(Construct):
             self.image_uri = asset.image_uri
             return
 
-        retained = config.results_retention == "retain"
+        removal = removal_policy(config)
+        # No fixed name: CloudFormation names it, so a retained repository (after `cdk destroy`) never blocks the
+        # next create of the same experiment with "already exists".
         self.repository = ecr.Repository(
             self,
             "Repository",
-            repository_name=repository_name(config),
             image_scan_on_push=True,
             encryption=ecr.RepositoryEncryption.AES_256,
-            # Mutable: a stack re-created next to a retained repository pushes the same content-hash tag again.
+            # Mutable: a build that CloudFormation runs again for the same content-hash tag may push it again.
             image_tag_mutability=ecr.TagMutability.MUTABLE,
             lifecycle_rules=[
                 ecr.LifecycleRule(description=f"Keep the last {KEEP_IMAGES} agent images", max_image_count=KEEP_IMAGES)
             ],
-            removal_policy=RemovalPolicy.RETAIN if retained else RemovalPolicy.DESTROY,
-            empty_on_delete=not retained,
+            removal_policy=removal,
+            empty_on_delete=not is_retained(removal),
         )
         # ECR encrypts every repository at rest; say so in the template (CDK omits its default AES256).
         cfn_repository = self.repository.node.default_child
@@ -157,7 +154,7 @@ class AgentImage(Construct):
         )
         self.artifact = agentcore.AgentRuntimeArtifact.from_ecr_repository(self.repository, self.build.image_tag)
         self.image_uri = f"{self.repository.repository_uri}:{self.build.image_tag}"
-        self._own_build_logs(retained)
+        self._own_build_logs(removal)
         self._acknowledge()
 
     @property
@@ -188,13 +185,12 @@ class AgentImage(Construct):
             raise RuntimeError("cdklabs-deploy-time-build's layout changed: expected one project and one handler")
         return projects[0], handlers[0]
 
-    def _own_build_logs(self, retained: bool) -> None:
+    def _own_build_logs(self, removal: RemovalPolicy) -> None:
         """Create the build's log group with a retention (CodeBuild would create one that never expires).
 
         The custom-resource handler's log group is already CDK-managed (`@aws-cdk/aws-lambda:useCdkManagedLogGroup`).
         """
         project, _handler = self._singletons()
-        removal = RemovalPolicy.RETAIN if retained else RemovalPolicy.DESTROY
         self.build_logs = logs.LogGroup(
             self,
             "BuildLogs",

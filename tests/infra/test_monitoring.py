@@ -168,7 +168,7 @@ def test_every_log_group_expires_and_follows_the_retention_choice(synth: Synthes
     assert len(groups) >= 6  # four functions, the image build, the deploy-time build's handler
     for group in groups.values():
         assert group["Properties"]["RetentionInDays"] == 30
-        assert group["DeletionPolicy"] == "Retain"
+        assert group["DeletionPolicy"] == "RetainExceptOnCreate"
 
 
 def test_runtime_log_group_gets_a_retention_after_the_runtime_exists(synth: Synthesized) -> None:
