@@ -90,6 +90,8 @@ EMITTERS: Final[Mapping[str, tuple[str, ...]]] = {
     m.NOTIFICATION_LATENCY: ("dispatch", "completion", "sweeper"),
     m.IN_FLIGHT: ("sweeper",),
 }
+#: Both sample the ledger's in-flight count (the dispatcher on each batch, the sweeper every minute).
+IN_FLIGHT_EMITTERS: Final = ("dispatch", "sweeper")
 
 
 class Monitoring(Construct):
@@ -220,12 +222,22 @@ class Monitoring(Construct):
             threshold=0,
             evaluation_periods=2,
         )
+        # On the pipeline's own in-flight count, not AgentCore's ActiveSessionCount: an alarm matches one exact
+        # dimension set, AgentCore's are not pinned yet, and its metrics need Transaction Search (the dashboard
+        # shows it). In-flight rollouts are this experiment's sessions only; other experiments share the quota.
         self._alarm(
             "ActiveSessionsNearQuota",
-            f"AgentCore active sessions reached {SESSION_QUOTA_SHARE:.0%} of the quota ({active_session_quota}): "
-            "new sessions will be refused; idle sessions count until stopped",
-            cloudwatch.Metric(
-                namespace=AGENTCORE_NAMESPACE, metric_name=ACTIVE_SESSIONS, statistic="Maximum", period=ONE_MINUTE
+            f"This experiment's in-flight rollouts (each holds an AgentCore session) reached "
+            f"{SESSION_QUOTA_SHARE:.0%} of the active-session quota ({active_session_quota}): new sessions will be "
+            "refused soon (other experiments in the account count too); idle sessions count until stopped",
+            cloudwatch.MathExpression(
+                expression=f"MAX([{', '.join(f'FILL(inflight_{fn}, 0)' for fn in IN_FLIGHT_EMITTERS)}])",
+                using_metrics={
+                    f"inflight_{fn}": pipeline_metric(config, m.IN_FLIGHT, fn, statistic="Maximum")
+                    for fn in IN_FLIGHT_EMITTERS
+                },
+                label="Rollouts in flight",
+                period=ONE_MINUTE,
             ),
             threshold=int(active_session_quota * SESSION_QUOTA_SHARE),
             evaluation_periods=3,
@@ -233,11 +245,29 @@ class Monitoring(Construct):
         )
 
     def notify_every_alarm(self, scope: Construct) -> None:
-        """Point every alarm under `scope` (the whole stack: DLQ alarms too) at the topic."""
+        """Point every alarm under `scope` (the whole stack: DLQ alarms too) at the topic, and let them publish.
+
+        The topic policy `enforce_ssl` writes REPLACES SNS's default policy, so nothing else may publish: CloudWatch
+        may, for exactly these alarms (`aws:SourceArn`) of this account (`aws:SourceAccount`). The alarms refer to
+        the topic and the topic policy to the alarms: no cycle (the policy is its own resource).
+        https://docs.aws.amazon.com/sns/latest/dg/sns-access-policy-use-cases.html (CloudWatch alarms publishing)
+        """
         action = actions.SnsAction(self.topic)
-        for construct in scope.node.find_all():
-            if isinstance(construct, cloudwatch.Alarm):
-                construct.add_alarm_action(action)
+        alarms = [construct for construct in scope.node.find_all() if isinstance(construct, cloudwatch.Alarm)]
+        for alarm in alarms:
+            alarm.add_alarm_action(action)
+        self.topic.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid="CloudWatchAlarmsPublish",
+                principals=[iam.ServicePrincipal("cloudwatch.amazonaws.com")],
+                actions=["sns:Publish"],
+                resources=[self.topic.topic_arn],
+                conditions={
+                    "StringEquals": {"aws:SourceAccount": Stack.of(self).account},
+                    "ArnEquals": {"aws:SourceArn": [alarm.alarm_arn for alarm in alarms]},
+                },
+            )
+        )
 
     # --- dashboard ---------------------------------------------------------------------------------------------
 

@@ -132,7 +132,6 @@ def test_stops_failing_and_acr_throttles(synth: Synthesized) -> None:
 
 def test_active_sessions_near_quota(synth: Synthesized) -> None:
     props = alarm(synth, "ActiveSessionsNearQuota")
-    assert (props["Namespace"], props["MetricName"]) == (AGENTCORE_NAMESPACE, "ActiveSessionCount")
     quota = synth.stack.config.active_session_quota
     assert props["Threshold"] == int(quota * SESSION_QUOTA_SHARE)
 
@@ -185,3 +184,39 @@ def test_runtime_log_group_gets_a_retention_after_the_runtime_exists(synth: Synt
     assert "Delete" not in create["Properties"]  # retained with the results
     assert "putRetentionPolicy" in json.dumps(retention["Properties"]["Create"])
     assert '\\"retentionInDays\\":30' in json.dumps(retention["Properties"]["Create"])
+
+
+def _alarm_publish_statements(synthesized: Synthesized) -> list[dict[str, Any]]:
+    (policy,) = synthesized.of_type("AWS::SNS::TopicPolicy").values()
+    return [
+        s
+        for s in policy["Properties"]["PolicyDocument"]["Statement"]
+        if s["Effect"] == "Allow" and s.get("Principal") == {"Service": "cloudwatch.amazonaws.com"}
+    ]
+
+
+def test_cloudwatch_may_publish_this_stacks_alarms_only(synth: Synthesized) -> None:
+    """The enforce_ssl policy replaces SNS's default one: without this statement no alarm notification arrives."""
+    topic_id = synth.logical_id(synth.stack.monitoring.topic)
+    (statement,) = _alarm_publish_statements(synth)
+    assert statement["Action"] == "sns:Publish"
+    assert statement["Resource"] == {"Ref": topic_id}
+    assert statement["Condition"]["StringEquals"] == {"aws:SourceAccount": {"Ref": "AWS::AccountId"}}
+    source_arns = statement["Condition"]["ArnEquals"]["aws:SourceArn"]
+    alarm_ids = set(synth.of_type("AWS::CloudWatch::Alarm"))
+    assert all(list(arn) == ["Fn::GetAtt"] and arn["Fn::GetAtt"][1] == "Arn" for arn in source_arns)
+    assert {arn["Fn::GetAtt"][0] for arn in source_arns} == alarm_ids, "every alarm that notifies may publish"
+
+
+def test_the_near_quota_alarm_watches_the_pipelines_own_in_flight_count(synth: Synthesized) -> None:
+    """AgentCore's ActiveSessionCount dimensions are unverified (an alarm matches one exact set): dashboard only."""
+    props = alarm(synth, "ActiveSessionsNearQuota")
+    assert "Namespace" not in props
+    assert list(metrics_of(props).values()) == [
+        {**emitted(m.IN_FLIGHT, "dispatch"), "stat": "Maximum"},
+        {**emitted(m.IN_FLIGHT, "sweeper"), "stat": "Maximum"},
+    ]
+    assert expression(props) == "MAX([FILL(inflight_dispatch, 0), FILL(inflight_sweeper, 0)])"
+    body = json.dumps(synth.resources[synth.logical_id(synth.stack.monitoring.dashboard)]["Properties"])
+    assert AGENTCORE_NAMESPACE in body
+    assert "ActiveSessionCount" in body
