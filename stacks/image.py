@@ -11,10 +11,11 @@ Three modes (`rollout_pipeline.deploy_settings.DeploySettings.image_mode`):
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Final
 
-from aws_cdk import FileSystem, IgnoreMode, RemovalPolicy, Stack, Token
+from aws_cdk import CfnResource, FileSystem, IgnoreMode, RemovalPolicy, Stack, Token
 from aws_cdk import aws_bedrockagentcore as agentcore
 from aws_cdk import aws_codebuild as codebuild
 from aws_cdk import aws_ecr as ecr
@@ -38,6 +39,21 @@ DEFAULT_IMAGE_EXCLUDES: Final = ["**", f"!{AGENT_DIR}/**", "!rollout_pipeline/**
 KEEP_IMAGES: Final = 10
 BUILD_LOG_RETENTION: Final = logs.RetentionDays.ONE_MONTH
 ECR_PULL_ACTIONS: Final = ["ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer"]
+#: CodeBuild's limits for the image build (its defaults: 60 minutes building, 8 hours queued).
+BUILD_TIMEOUT_MINUTES: Final = 20
+QUEUED_TIMEOUT_MINUTES: Final = 10
+#: How long CloudFormation waits for the build's answer (its default: 3,600 s). A build that times out, or dies
+#: before its buildspec runs, never answers; this bounds the wait to the build's own limits plus a margin for the
+#: handler and the post_build callback.
+BUILD_MARGIN_MINUTES: Final = 5
+SERVICE_TIMEOUT_S: Final = (QUEUED_TIMEOUT_MINUTES + BUILD_TIMEOUT_MINUTES + BUILD_MARGIN_MINUTES) * 60
+#: The library's build phase must hold these, the push last (the skip-if-tagged wrapper runs them unchanged).
+LIBRARY_BUILD_COMMANDS: Final = ('eval "$buildCommand"', "docker push $repositoryUri:$imageTag")
+#: Runs first in the build phase: an image already pushed under this content-hash tag is not built again.
+TAG_EXISTS_CHECK: Final = (
+    'aws ecr describe-images --region "$repositoryRegion" --repository-name "${repositoryUri#*/}" '
+    '--image-ids imageTag="$imageTag" > /dev/null 2>&1'
+)
 
 
 def image_excludes(repo_root: Path) -> list[str]:
@@ -57,6 +73,13 @@ def assets_bucket_arn(stack: Stack) -> str:
 
     account, region = show(stack.account, "AccountId"), show(stack.region, "Region")
     return f"arn:{show(stack.partition, 'Partition')}:s3:::cdk-hnb659fds-assets-{account}-{region}"
+
+
+def skip_if_tagged(commands: list[str]) -> str:
+    """One build command: the library's `commands` in order (stopping at the first failure, as CodeBuild does)
+    unless the repository already holds `$imageTag`. A failed check (not found, or no permission) builds."""
+    build = " && ".join(f"{{ {command}; }}" for command in commands)
+    return f'if {TAG_EXISTS_CHECK}; then echo "$repositoryUri:$imageTag exists: nothing to build"; else {build}; fi'
 
 
 def content_tag(repo_root: Path) -> str:
@@ -155,6 +178,8 @@ class AgentImage(Construct):
         self.artifact = agentcore.AgentRuntimeArtifact.from_ecr_repository(self.repository, self.build.image_tag)
         self.image_uri = f"{self.repository.repository_uri}:{self.build.image_tag}"
         self._own_build_logs(removal)
+        self._bound_build_time()
+        self._skip_existing_tag()
         self._acknowledge()
 
     @property
@@ -201,6 +226,39 @@ class AgentImage(Construct):
         assert self.build is not None
         # Exists before the first build writes to it, so CodeBuild does not create it without a retention.
         self.build.node.add_dependency(self.build_logs)
+
+    def _bound_build_time(self) -> None:
+        """CodeBuild's build and queue timeouts, and CloudFormation's wait for the custom resource's answer."""
+        project, _handler = self._singletons()
+        cfn_project = project.node.default_child
+        assert isinstance(cfn_project, codebuild.CfnProject)
+        cfn_project.timeout_in_minutes = BUILD_TIMEOUT_MINUTES
+        cfn_project.queued_timeout_in_minutes = QUEUED_TIMEOUT_MINUTES
+        assert self.build is not None
+        # The library's CustomResource takes no serviceTimeout; ServiceTimeout is a property of its CfnResource.
+        custom = self.build.node.find_child("Resource").node.default_child
+        assert isinstance(custom, CfnResource)
+        custom.add_property_override("ServiceTimeout", SERVICE_TIMEOUT_S)
+
+    def _skip_existing_tag(self) -> None:
+        """Wrap the library's build phase: when the content-hash tag is already in the repository, push nothing.
+
+        The tag is a hash of the whole build context (`content_tag`), so an image under it is this build's image.
+        A rollback (CloudFormation updates the resource back to the old tag, still among the last `KEEP_IMAGES`)
+        or a re-run then answers in seconds instead of rebuilding from scratch. The library offers no option for
+        it, so this rewrites its project's buildspec and refuses a layout it does not know.
+        """
+        project, _handler = self._singletons()
+        cfn_project = project.node.default_child
+        assert isinstance(cfn_project, codebuild.CfnProject)
+        stack = Stack.of(self)
+        source = stack.resolve(cfn_project.source)
+        spec = json.loads(source["buildSpec"])
+        commands = spec["phases"]["build"]["commands"]
+        if not set(LIBRARY_BUILD_COMMANDS) <= set(commands) or commands[-1] != LIBRARY_BUILD_COMMANDS[-1]:
+            raise RuntimeError("cdklabs-deploy-time-build's buildspec changed: review AgentImage._skip_existing_tag")
+        spec["phases"]["build"]["commands"] = [skip_if_tagged(commands)]
+        cfn_project.add_property_override("Source.BuildSpec", json.dumps(spec, indent=2))
 
     def _acknowledge(self) -> None:
         project, handler = self._singletons()
