@@ -390,12 +390,17 @@ class RuntimeLogRetention(Construct):
         super().__init__(scope, construct_id)
         self._runtime, self._endpoint = runtime, endpoint
         self.log_group_name = f"{RUNTIME_LOG_PREFIX}{runtime.agent_runtime_id}-{endpoint}"
-        self.log_group_arn = Stack.of(self).format_arn(
-            service="logs",
-            resource="log-group",
-            resource_name=f"{self.log_group_name}:*",
-            arn_format=ArnFormat.COLON_RESOURCE_NAME,
-        )
+        # Both ARN forms: CloudWatch Logs authorizes some calls on `log-group:NAME` and others on `log-group:NAME:*`
+        # (https://docs.aws.amazon.com/AmazonCloudWatch/latest/logs/iam-access-control-overview-cwl.html).
+        self.log_group_arns = [
+            Stack.of(self).format_arn(
+                service="logs",
+                resource="log-group",
+                resource_name=name,
+                arn_format=ArnFormat.COLON_RESOURCE_NAME,
+            )
+            for name in (self.log_group_name, f"{self.log_group_name}:*")
+        ]
         create = cr.AwsSdkCall(
             service="CloudWatchLogs",
             action="createLogGroup",
@@ -419,7 +424,7 @@ class RuntimeLogRetention(Construct):
             [
                 iam.PolicyStatement(
                     actions=["logs:CreateLogGroup", "logs:PutRetentionPolicy", "logs:DeleteLogGroup"],
-                    resources=[self.log_group_arn],
+                    resources=self.log_group_arns,
                 )
             ]
         )

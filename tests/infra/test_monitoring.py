@@ -220,3 +220,15 @@ def test_the_near_quota_alarm_watches_the_pipelines_own_in_flight_count(synth: S
     body = json.dumps(synth.resources[synth.logical_id(synth.stack.monitoring.dashboard)]["Properties"])
     assert AGENTCORE_NAMESPACE in body
     assert "ActiveSessionCount" in body
+
+
+def test_runtime_log_group_calls_are_granted_on_both_log_group_arn_forms(synth: Synthesized) -> None:
+    """CloudWatch Logs authorizes some calls on `log-group:NAME`, others on `log-group:NAME:*`: grant both."""
+    policies = {lid: p for lid, p in synth.of_type("AWS::IAM::Policy").items() if lid.startswith("RuntimeLogs")}
+    assert len(policies) == 2  # the create and the retention custom resources
+    for policy in policies.values():
+        (statement,) = policy["Properties"]["PolicyDocument"]["Statement"]
+        resources = [json.dumps(resource) for resource in statement["Resource"]]
+        assert len(resources) == 2
+        assert sum(resource.endswith('-DEFAULT"]]}') for resource in resources) == 1, resources
+        assert sum(resource.endswith('-DEFAULT:*"]]}') for resource in resources) == 1, resources
