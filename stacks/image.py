@@ -12,10 +12,12 @@ Three modes (`rollout_pipeline.deploy_settings.DeploySettings.image_mode`):
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
-from aws_cdk import CfnResource, FileSystem, IgnoreMode, RemovalPolicy, Stack, Token
+import jsii
+from aws_cdk import Aspects, CfnResource, FileSystem, IAspect, IgnoreMode, RemovalPolicy, Stack
 from aws_cdk import aws_bedrockagentcore as agentcore
 from aws_cdk import aws_codebuild as codebuild
 from aws_cdk import aws_ecr as ecr
@@ -23,6 +25,7 @@ from aws_cdk import aws_ecr_assets as ecr_assets
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
+from aws_cdk import aws_s3_assets as s3_assets
 from cdklabs.deploy_time_build import ContainerImageBuild
 from constructs import Construct, IConstruct
 
@@ -65,14 +68,25 @@ def image_excludes(repo_root: Path) -> list[str]:
     return [line for line in lines if line and not line.startswith("#")]
 
 
-def assets_bucket_arn(stack: Stack) -> str:
-    """The CDK bootstrap assets bucket's ARN as cdk-nag prints it (pseudo parameters unless the env is known)."""
+@jsii.implements(IAspect)
+class _AtSynth:
+    """Runs `action` on one construct when CDK prepares the app (after every construct has been added)."""
 
-    def show(value: str, pseudo: str) -> str:
-        return f"<AWS::{pseudo}>" if Token.is_unresolved(value) else value
+    def __init__(self, target: IConstruct, action: Callable[[], None]) -> None:
+        self._target, self._action = target, action
 
-    account, region = show(stack.account, "AccountId"), show(stack.region, "Region")
-    return f"arn:{show(stack.partition, 'Partition')}:s3:::cdk-hnb659fds-assets-{account}-{region}"
+    def visit(self, node: IConstruct) -> None:
+        if node.node.path == self._target.node.path:
+            self._action()
+
+
+def as_list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]
+
+
+def sorted_list(value: Any) -> list[str]:
+    """A statement's Resource (one or a list, strings or intrinsics) in a comparable order."""
+    return sorted(json.dumps(item, sort_keys=True) for item in as_list(value))
 
 
 def skip_if_tagged(commands: list[str]) -> str:
@@ -180,6 +194,7 @@ class AgentImage(Construct):
         self._own_build_logs(removal)
         self._bound_build_time()
         self._skip_existing_tag()
+        self._scope_context_read()
         self._acknowledge()
 
     @property
@@ -260,6 +275,42 @@ class AgentImage(Construct):
         spec["phases"]["build"]["commands"] = [skip_if_tagged(commands)]
         cfn_project.add_property_override("Source.BuildSpec", json.dumps(spec, indent=2))
 
+    def _scope_context_read(self) -> None:
+        """The build reads its one context zip, not the whole CDK assets bucket.
+
+        The library grants `Asset.grantRead`, i.e. `s3:GetObject*`, `s3:GetBucket*`, `s3:List*` on the bootstrap
+        bucket and every object in it (other stacks' assets included). The project's policy document is rewritten
+        at synth (lazily, so every statement added before then is kept) with `s3:GetObject` on the asset's key.
+        """
+        project, _handler = self._singletons()
+        assert self.build is not None
+        assert project.role is not None
+        asset = self.build.node.find_child("Source")
+        assert isinstance(asset, s3_assets.Asset)
+        policy = nag.default_policy(project.role).node.default_child
+        assert isinstance(policy, iam.CfnPolicy)
+        stack = Stack.of(self)
+        bucket_arns = [asset.bucket.bucket_arn, asset.bucket.arn_for_objects("*")]
+        object_arn = asset.bucket.arn_for_objects(asset.s3_object_key)
+
+        def scope() -> None:
+            document: dict[str, Any] = stack.resolve(policy.policy_document)
+            bucket_read = stack.resolve(bucket_arns)
+            statements = document["Statement"]
+            matches = [
+                i for i, s in enumerate(statements) if sorted_list(s.get("Resource")) == sorted_list(bucket_read)
+            ]
+            if len(matches) != 1 or not all(a.startswith("s3:") for a in as_list(statements[matches[0]]["Action"])):
+                raise RuntimeError("cdklabs-deploy-time-build's asset read grant changed: review _scope_context_read")
+            statements[matches[0]] = {
+                "Action": "s3:GetObject",
+                "Effect": "Allow",
+                "Resource": stack.resolve(object_arn),
+            }
+            policy.policy_document = document
+
+        Aspects.of(policy).add(_AtSynth(policy, scope))
+
     def _acknowledge(self) -> None:
         project, handler = self._singletons()
         stack = Stack.of(self)
@@ -284,18 +335,6 @@ class AgentImage(Construct):
                 "CodeBuild's default report groups of this one project (named after it)."
             ),
             nag.iam5("*"): "ecr:GetAuthorizationToken and ecr-public:GetAuthorizationToken have no resource scope.",
-            "AwsSolutions-IAM5[Action::s3:GetObject*]": (
-                "Read the zipped build context from the CDK assets bucket (CDK's read grant: GetObject*, GetBucket*)."
-            ),
-            "AwsSolutions-IAM5[Action::s3:GetBucket*]": (
-                "Read the zipped build context from the CDK assets bucket (CDK's read grant: GetObject*, GetBucket*)."
-            ),
-            "AwsSolutions-IAM5[Action::s3:List*]": (
-                "CDK's read grant on the assets bucket lists the one asset key the build downloads."
-            ),
-            nag.iam5(f"{assets_bucket_arn(stack)}/*"): (
-                "The build context zip is a CDK file asset in the bootstrap assets bucket; its key is a content hash."
-            ),
         }
         for finding, reason in findings.items():
             nag.ack(project_policy, finding, reason)

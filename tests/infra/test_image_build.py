@@ -103,3 +103,26 @@ def test_an_existing_tag_is_not_built_again(synth: Synthesized, tmp_path: Path, 
     else:
         assert any(call.startswith("docker buildx build") for call in calls)
         assert pushes == ["docker push 123456789012.dkr.ecr.us-west-2.amazonaws.com/rollouts-x-imagerepo-abc:0123abcd"]
+
+
+def test_the_build_reads_its_own_context_zip_only(synth: Synthesized) -> None:
+    """Not the whole CDK assets bucket (other stacks' assets): s3:GetObject on the one asset key."""
+    project, _handler = synth.stack.image._singletons()
+    assert project.role is not None
+    role_id = synth.logical_id(project.role)
+    statements = [
+        statement
+        for policy in synth.of_type("AWS::IAM::Policy").values()
+        if {"Ref": role_id} in policy["Properties"]["Roles"]
+        for statement in policy["Properties"]["PolicyDocument"]["Statement"]
+    ]
+    s3 = [
+        s
+        for s in statements
+        if any(a.startswith("s3:") for a in ([s["Action"]] if isinstance(s["Action"], str) else s["Action"]))
+    ]
+    (statement,) = s3
+    assert statement["Action"] == "s3:GetObject"
+    (build,) = synth.of_type("Custom::CDKContainerImageBuild").values()
+    key = build["Properties"]["sourceS3Url"]["Fn::Sub"].rsplit("/", 1)[1]
+    assert json.dumps(statement["Resource"]).endswith(f'"/{key}"]]}}')
