@@ -63,7 +63,12 @@ class ExperimentStack(Stack):
         self.events = EventRouting(self, "Events", config=config, archive_retention_days=archive_retention_days)
         self.image = AgentImage(self, "Image", config=config, settings=settings, repo_root=repo_root)
         self.agent = AgentRuntime(
-            self, "Agent", config=config, artifact=self.image.artifact, results_bucket=self.storage.results_bucket
+            self,
+            "Agent",
+            config=config,
+            artifact=self.image.artifact,
+            results_bucket=self.storage.results_bucket,
+            model_secret_kms_key_arn=settings.model_secret_kms_key_arn,
         )
         if self.image.dependable is not None:
             self.agent.runtime.node.add_dependency(self.image.dependable)
