@@ -17,6 +17,7 @@ from rollout_pipeline.deploy_settings import DeploySettings
 from stacks import nag
 from stacks.agent_runtime import DEFAULT_ENDPOINT, AgentRuntime
 from stacks.bundling import REPO_ROOT, lambda_code
+from stacks.environment_size import check_environment_size
 from stacks.events import EventRouting
 from stacks.functions import LOG_RETENTION_DAYS, METRICS_NAMESPACE, RUNTIME, PipelineFunction
 from stacks.image import AgentImage
@@ -143,6 +144,7 @@ class ExperimentStack(Stack):
             POWERTOOLS_METRICS_NAMESPACE=METRICS_NAMESPACE,
             POWERTOOLS_LOG_LEVEL="INFO",
         ).to_environ()
+        check_environment_size(environment)
         for pipeline_function in self.functions.values():
             for key, value in environment.items():
                 pipeline_function.function.add_environment(key, value)
