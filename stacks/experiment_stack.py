@@ -26,6 +26,7 @@ from stacks.monitoring import Monitoring, RuntimeLogRetention, expire_every_log_
 from stacks.queues import QueuedLambdaConsumer
 from stacks.retention import is_retained, removal_policy
 from stacks.storage import CLAIMS_PREFIX, Storage
+from stacks.trainer_policy import TrainerPolicy
 
 #: Stack outputs the trainer SDK reads to attach to an experiment (logical ids are part of the contract).
 OUTPUT_NAMES: Final = topology.StackOutputs.names()
@@ -179,6 +180,18 @@ class ExperimentStack(Stack):
             for endpoint in self.agent.endpoint_names
         ]
         expire_every_log_group(self, LOG_RETENTION_DAYS, removal)
+        self.trainer_policy = TrainerPolicy(
+            self,
+            "Trainer",
+            config=config,
+            input_bucket=self.storage.input_bucket,
+            results_bucket=self.storage.results_bucket,
+            rollout_queue=rollout_queue,
+            trainer_queue=self.events.trainer_queue,
+            table=self.ledger.table,
+            bus=self.events.bus,
+            runtime_resources=self.agent.session_resources(),
+        )
         self._outputs(handler_settings)
         self._operator_outputs()
         nag.acknowledge(self)
@@ -258,6 +271,12 @@ class ExperimentStack(Stack):
             description="The experiment's CloudWatch dashboard",
         )
         CfnOutput(self, "AgentImageUri", value=self.image.image_uri, description="The image the runtime runs")
+        CfnOutput(
+            self,
+            "TrainerPolicyArn",
+            value=self.trainer_policy.policy.managed_policy_arn,
+            description="What the trainer SDK and the ART backend call: attach this managed policy to the trainer role",
+        )
 
     def _outputs(self, settings: HandlerSettings) -> None:
         outputs = topology.StackOutputs(
