@@ -293,7 +293,12 @@ class AgentImage(Construct):
         bucket_arns = [asset.bucket.bucket_arn, asset.bucket.arn_for_objects("*")]
         object_arn = asset.bucket.arn_for_objects(asset.s3_object_key)
 
+        scoped: list[bool] = []
+
         def scope() -> None:
+            if scoped:  # a later synth of the same app (e.g. assertions) prepares it again
+                return
+            scoped.append(True)
             document: dict[str, Any] = stack.resolve(policy.policy_document)
             bucket_read = stack.resolve(bucket_arns)
             statements = document["Statement"]
