@@ -7,6 +7,7 @@ this experiment's own resources only. The stack outputs its ARN as `TrainerPolic
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Final
 
 from aws_cdk import ArnFormat, Stack
 from aws_cdk import aws_dynamodb as dynamodb
@@ -21,6 +22,9 @@ from rollout_pipeline.config import ExperimentConfig
 from rollout_pipeline.sdk.permissions import SUBSCRIPTION_PREFIXES, TRAINER_ACTIONS, ResourceKind
 from stacks import nag
 from stacks.storage import CLAIMS_PREFIX
+
+#: Scoped by `events:TargetArn` to the subscription queues.
+PUT_TARGETS: Final = "events:PutTargets"
 
 
 class TrainerPolicy(Construct):
@@ -71,14 +75,21 @@ class TrainerPolicy(Construct):
         }
         statements = []
         for kind, actions in TRAINER_ACTIONS.items():
+            sid = "".join(part.capitalize() for part in kind.split("_"))
             conditions = {"StringLike": {"s3:prefix": [f"{exp_prefix}*"]}} if kind == "results_listing" else None
-            statements.append(
-                iam.PolicyStatement(
-                    sid="".join(part.capitalize() for part in kind.split("_")),
-                    actions=list(actions),
-                    resources=self.resources[kind],
-                    conditions=conditions,
+            granted = [action for action in actions if action != PUT_TARGETS]
+            if len(granted) < len(actions):
+                # A subscription rule may only deliver to a subscription queue (not to any target the caller names).
+                statements.append(
+                    iam.PolicyStatement(
+                        sid=f"{sid}Targets",
+                        actions=[PUT_TARGETS],
+                        resources=self.resources[kind],
+                        conditions={"ArnLike": {"events:TargetArn": self.resources["subscription_queues"]}},
+                    )
                 )
+            statements.append(
+                iam.PolicyStatement(sid=sid, actions=granted, resources=self.resources[kind], conditions=conditions)
             )
         self.policy = iam.ManagedPolicy(
             self,

@@ -54,3 +54,12 @@ def test_results_listing_is_limited_to_the_experiment_prefix(synth: Synthesized)
     statements = policy(synth)[1]["PolicyDocument"]["Statement"]
     (listing,) = [s for s in statements if "s3:ListBucket" in as_list(s["Action"])]
     assert listing["Condition"] == {"StringLike": {"s3:prefix": [f"{EXPERIMENT}/*"]}}
+
+
+def test_subscription_rules_may_only_target_subscription_queues(synth: Synthesized) -> None:
+    statements = policy(synth)[1]["PolicyDocument"]["Statement"]
+    (put_targets,) = [s for s in statements if "events:PutTargets" in as_list(s["Action"])]
+    assert as_list(put_targets["Action"]) == ["events:PutTargets"]
+    targets = json.dumps(put_targets["Condition"]["ArnLike"]["events:TargetArn"])
+    for prefix in SUBSCRIPTION_PREFIXES:
+        assert f":rollouts-{EXPERIMENT}-{prefix}*" in targets
