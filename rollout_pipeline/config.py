@@ -14,10 +14,14 @@ from typing import Any, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 EXPERIMENT_NAME_PATTERN = r"^[a-z][a-z0-9-]{0,31}$"
+#: Context values that mean "not set: derive the default" (`-c key=` and cdk.json's "").
+_UNSET: Final = (None, "", "none", "None")
 
 
 #: A session lives this much longer than one attempt's timeout (dispatch-to-invoke, result write, stop).
 LIFETIME_MARGIN_S = 600
+#: The idle session timeout when none is set (capped at `max_lifetime_s`: AgentCore requires idle <= lifetime).
+DEFAULT_IDLE_TIMEOUT_S = 900
 #: AgentCore's documented active sessions per account outside us-east-1/us-west-2 (5,000 there), Nov 2026.
 ACTIVE_SESSION_QUOTA = 2_500
 
@@ -69,7 +73,12 @@ class ExperimentConfig(BaseModel):
     policy_version: str | None = Field(default=None, max_length=128)
     results_retention: Literal["retain", "destroy"] = "retain"
     results_expiration_days: int | None = Field(default=None, ge=1, le=3650)
-    idle_timeout_s: int = Field(default=900, ge=60, le=28_800, description="ACR idle session timeout")
+    idle_timeout_s: int = Field(
+        default=DEFAULT_IDLE_TIMEOUT_S,
+        ge=60,
+        le=28_800,
+        description="ACR idle session timeout, <= max_lifetime_s (default: 900 s, at most max_lifetime_s)",
+    )
     max_lifetime_s: int = Field(
         default=28_800,
         ge=60,
@@ -102,16 +111,32 @@ class ExperimentConfig(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _default_lifetime(cls, data: Any) -> Any:
-        """No `max_lifetime_s` (or an empty one): what one attempt can need, not AgentCore's 8 h maximum (an
-        orphaned session would otherwise bill for up to 8 h)."""
-        if isinstance(data, Mapping) and data.get("max_lifetime_s") in (None, "", "none", "None"):
-            data = {k: v for k, v in data.items() if k != "max_lifetime_s"}
+    def _derive_defaults(cls, data: Any) -> Any:
+        """Derive the session lifetimes that are not set (absent or empty), in this order:
+
+        - `max_lifetime_s`: what one attempt can need (`rollout_timeout_s` + `LIFETIME_MARGIN_S`), not AgentCore's
+          8 h maximum (an orphaned session would otherwise bill for up to 8 h);
+        - `idle_timeout_s`: 900 s, but never above `max_lifetime_s` (AgentCore rejects a runtime whose idle timeout
+          exceeds its max lifetime, and a short `rollout_timeout_s` derives a short lifetime).
+        A value that is not a number is left for the field's own validation to report.
+        """
+        if not isinstance(data, Mapping):
+            return data
+        data = dict(data)
+        if data.get("max_lifetime_s") in _UNSET:
+            data.pop("max_lifetime_s", None)
             try:
                 timeout = int(data.get("rollout_timeout_s", 900))
             except (TypeError, ValueError):
-                return data  # the field's own validation reports it
+                return data
             data["max_lifetime_s"] = max(60, min(28_800, timeout + LIFETIME_MARGIN_S))
+        if data.get("idle_timeout_s") in _UNSET:
+            data.pop("idle_timeout_s", None)
+            try:
+                lifetime = int(data["max_lifetime_s"])
+            except (TypeError, ValueError):
+                return data
+            data["idle_timeout_s"] = max(60, min(DEFAULT_IDLE_TIMEOUT_S, lifetime))
         return data
 
     def warnings(self) -> list[str]:
@@ -130,6 +155,12 @@ class ExperimentConfig(BaseModel):
         if self.max_lifetime_s < self.rollout_timeout_s:
             raise ValueError(
                 f"max_lifetime_s ({self.max_lifetime_s}) must be >= rollout_timeout_s ({self.rollout_timeout_s})"
+            )
+        if self.idle_timeout_s > self.max_lifetime_s:
+            raise ValueError(
+                f"idle_timeout_s ({self.idle_timeout_s}) must be <= max_lifetime_s ({self.max_lifetime_s}): AgentCore "
+                "rejects a runtime whose idle session timeout exceeds its max lifetime; lower idle_timeout_s or leave "
+                "it empty (it then defaults to at most max_lifetime_s)"
             )
         return self
 

@@ -20,6 +20,7 @@ IMAGE_URI_KEY: Final = "image_uri"
 ALARM_EMAIL_KEY: Final = "alarm_email"
 ALLOW_PRIVATE_MODEL_URL_KEY: Final = "allow_private_model_url"
 ARCHIVE_DAYS_KEY: Final = "event_archive_days"
+MODEL_SECRET_KMS_KEY: Final = "model_secret_kms_key_arn"
 #: Every context key that configures the stack but not the experiment (the Lambdas never see these).
 STACK_KEYS: Final = (
     IMAGE_BUILD_KEY,
@@ -27,6 +28,7 @@ STACK_KEYS: Final = (
     ALARM_EMAIL_KEY,
     ALLOW_PRIVATE_MODEL_URL_KEY,
     ARCHIVE_DAYS_KEY,
+    MODEL_SECRET_KMS_KEY,
 )
 
 ImageBuild = Literal["codebuild", "local"]
@@ -37,6 +39,8 @@ ECR_IMAGE_URI: Final = re.compile(
     r"^(?P<account>\d{12})\.dkr\.ecr\.(?P<region>[a-z0-9-]+)\.amazonaws\.com(?:\.cn)?/"
     r"(?P<repository>[a-z0-9][a-z0-9._/-]{1,255})(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})|@(?P<digest>sha256:[0-9a-f]{64}))$"
 )
+#: A KMS key ARN (not an alias: an alias ARN does not authorize the use of its key in an IAM policy).
+KMS_KEY_ARN: Final = re.compile(r"^arn:aws[a-z-]*:kms:[a-z0-9-]+:\d{12}:key/[A-Za-z0-9-]{1,128}$")
 EMAIL: Final = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
 _TRUE: Final = frozenset({"true", "1", "yes"})
 _FALSE: Final = frozenset({"false", "0", "no", ""})
@@ -96,6 +100,9 @@ class DeploySettings:
     alarm_email: str = ""
     allow_private_model_url: bool = False
     archive_retention_days: int = DEFAULT_ARCHIVE_RETENTION_DAYS
+    #: The customer-managed KMS key of the model secret, if any: the agent role may decrypt with it (via Secrets
+    #: Manager only). Secrets under the AWS-managed key need nothing.
+    model_secret_kms_key_arn: str = ""
 
     @property
     def image_mode(self) -> Literal["codebuild", "local", "uri"]:
@@ -117,13 +124,28 @@ class DeploySettings:
         alarm_email = _text(context, ALARM_EMAIL_KEY)
         if alarm_email and not EMAIL.match(alarm_email):
             raise ConfigError(f"{ALARM_EMAIL_KEY}: not an e-mail address (got {alarm_email!r})")
+        kms_key_arn = _text(context, MODEL_SECRET_KMS_KEY)
+        if kms_key_arn and not KMS_KEY_ARN.match(kms_key_arn):
+            raise ConfigError(
+                f"{MODEL_SECRET_KMS_KEY}: a KMS key ARN, arn:aws:kms:REGION:ACCOUNT:key/KEY-ID, not an alias "
+                f"(got {kms_key_arn!r})"
+            )
         return cls(
             image_build=image_build,
+            model_secret_kms_key_arn=kms_key_arn,
             image_uri=image_uri,
             alarm_email=alarm_email,
             allow_private_model_url=_flag(context, ALLOW_PRIVATE_MODEL_URL_KEY),
             archive_retention_days=archive_retention_days(context.get(ARCHIVE_DAYS_KEY)),
         )
+
+    def check_model_secret_key(self, model_secret_name: str | None) -> None:
+        """Refuse a model-secret KMS key without a model secret (the grant would serve nothing)."""
+        if self.model_secret_kms_key_arn and not model_secret_name:
+            raise ConfigError(
+                f"{MODEL_SECRET_KMS_KEY} is set but model_secret_name is not: set -c model_secret_name=NAME "
+                f"(the secret encrypted with that key) or leave {MODEL_SECRET_KMS_KEY} empty"
+            )
 
     def check_model_url(self, url: str) -> None:
         """Refuse a model URL a deployed agent cannot reach, unless `allow_private_model_url` is set."""

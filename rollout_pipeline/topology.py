@@ -225,4 +225,4 @@ class FunctionEnvironment(BaseModel):
 
 
 #: Outputs for the operator (the SDK does not read them).
-OPERATOR_OUTPUT_NAMES: Final = ("AlarmTopicArn", "DashboardUrl", "AgentImageUri")
+OPERATOR_OUTPUT_NAMES: Final = ("AlarmTopicArn", "DashboardUrl", "AgentImageUri", "TrainerPolicyArn")

@@ -33,6 +33,7 @@ class AgentRuntime(Construct):
         config: ExperimentConfig,
         artifact: agentcore.AgentRuntimeArtifact,
         results_bucket: s3.IBucket,
+        model_secret_kms_key_arn: str = "",
     ) -> None:
         super().__init__(scope, construct_id)
         self.runtime = agentcore.Runtime(
@@ -92,6 +93,19 @@ class AgentRuntime(Construct):
                             Stack.of(self),
                         )
                     ],
+                )
+            )
+        if config.model_secret_name and model_secret_kms_key_arn:
+            # A secret under a customer-managed key: GetSecretValue also needs kms:Decrypt, only through Secrets
+            # Manager (https://docs.aws.amazon.com/secretsmanager/latest/userguide/security-encryption.html).
+            self.runtime.add_to_role_policy(
+                iam.PolicyStatement(
+                    sid="DecryptModelSecret",
+                    actions=["kms:Decrypt"],
+                    resources=[model_secret_kms_key_arn],
+                    conditions={
+                        "StringEquals": {"kms:ViaService": f"secretsmanager.{Stack.of(self).region}.amazonaws.com"}
+                    },
                 )
             )
         self.runtime.add_to_role_policy(

@@ -33,6 +33,7 @@ def build_app(context: Mapping[str, Any] | None = None, outdir: str | None = Non
     config = ExperimentConfig.from_context(config_context(app))
     settings = DeploySettings.from_context(stack_context(app))
     settings.check_model_url(config.model_base_url)
+    settings.check_model_secret_key(config.model_secret_name)
     env = Environment(account=os.environ.get("CDK_DEFAULT_ACCOUNT"), region=os.environ.get("CDK_DEFAULT_REGION"))
     stack = ExperimentStack(
         app,

@@ -41,11 +41,36 @@ COMPILE_ARGS: Final = ["-m", "compileall", "-q", "-j", "0", "--invalidation-mode
 _COPY_IGNORE: Final = shutil.ignore_patterns("__pycache__", "*.pyc", ".mypy_cache", ".pytest_cache")
 
 
+#: How long `uv python find` may take (it only looks: it never downloads).
+UV_FIND_TIMEOUT_S: Final = 30
+
+
 def bytecode_compiler(python_version: str) -> str | None:
-    """An interpreter of the Lambda's Python version to precompile the bundle with (this one, or `pythonX.Y`)."""
+    """An interpreter of the Lambda's Python version to precompile the bundle with: this one, `pythonX.Y` on PATH,
+    or one uv knows of (`uv python install X.Y` installs one once, next to any system Python)."""
     if f"{sys.version_info.major}.{sys.version_info.minor}" == python_version:
         return sys.executable
-    return shutil.which(f"python{python_version}")
+    return shutil.which(f"python{python_version}") or uv_python(python_version)
+
+
+def uv_python(python_version: str) -> str | None:
+    """The path of a Python `python_version` that `uv python find` reports, if uv is installed (PATH or this venv)."""
+    beside = Path(sys.executable).with_name("uv")
+    uv = shutil.which("uv") or (str(beside) if beside.is_file() else None)
+    if uv is None:
+        return None
+    try:
+        found = subprocess.run(
+            [uv, "python", "find", python_version],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=UV_FIND_TIMEOUT_S,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    path = found.stdout.strip().splitlines()[-1] if found.stdout.strip() else ""
+    return path if path and Path(path).is_file() else None
 
 
 def copy_sources(source: Path, output: Path) -> None:
@@ -115,8 +140,9 @@ class LocalPipBundling:
         compiler = bytecode_compiler(self._python_version)
         if compiler is None:
             print(
-                f"warning: no python{self._python_version} here to precompile the Lambda bundle: "
-                "its first invocations compile boto3/botocore from source (see docs/deploy.md)",
+                f"warning: no python{self._python_version} here to precompile the Lambda bundle: every cold start "
+                f"compiles boto3/botocore from source. Install one once (`uv python install {self._python_version}`, "
+                f"or python{self._python_version} on PATH) and synth again (see docs/deploy.md)",
                 file=sys.stderr,
             )
         else:

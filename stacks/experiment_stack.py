@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Final
 
-from aws_cdk import CfnOutput, Duration, RemovalPolicy, Stack
+from aws_cdk import CfnOutput, Duration, Stack
 from aws_cdk import aws_events as events
 from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_iam as iam
@@ -18,13 +18,16 @@ from stacks import nag
 from stacks.agent_runtime import DEFAULT_ENDPOINT, AgentRuntime
 from stacks.attempt_key import AttemptKey
 from stacks.bundling import REPO_ROOT, lambda_code
+from stacks.environment_size import check_environment_size
 from stacks.events import EventRouting
 from stacks.functions import LOG_RETENTION_DAYS, METRICS_NAMESPACE, RUNTIME, PipelineFunction
 from stacks.image import AgentImage
 from stacks.ledger import Ledger
 from stacks.monitoring import Monitoring, RuntimeLogRetention, expire_every_log_group
 from stacks.queues import QueuedLambdaConsumer
+from stacks.retention import is_retained, removal_policy
 from stacks.storage import CLAIMS_PREFIX, Storage
+from stacks.trainer_policy import TrainerPolicy
 
 #: Stack outputs the trainer SDK reads to attach to an experiment (logical ids are part of the contract).
 OUTPUT_NAMES: Final = topology.StackOutputs.names()
@@ -56,14 +59,19 @@ class ExperimentStack(Stack):
         self.config = config
         self.settings = settings = settings or DeploySettings()
         archive_retention_days = settings.archive_retention_days
-        removal = RemovalPolicy.DESTROY if config.results_retention == "destroy" else RemovalPolicy.RETAIN
+        removal = removal_policy(config)
 
         self.storage = Storage(self, "Storage", config=config)
         self.ledger = Ledger(self, "Ledger", config=config)
         self.events = EventRouting(self, "Events", config=config, archive_retention_days=archive_retention_days)
         self.image = AgentImage(self, "Image", config=config, settings=settings, repo_root=repo_root)
         self.agent = AgentRuntime(
-            self, "Agent", config=config, artifact=self.image.artifact, results_bucket=self.storage.results_bucket
+            self,
+            "Agent",
+            config=config,
+            artifact=self.image.artifact,
+            results_bucket=self.storage.results_bucket,
+            model_secret_kms_key_arn=settings.model_secret_kms_key_arn,
         )
         if self.image.dependable is not None:
             self.agent.runtime.node.add_dependency(self.image.dependable)
@@ -138,6 +146,7 @@ class ExperimentStack(Stack):
             POWERTOOLS_METRICS_NAMESPACE=METRICS_NAMESPACE,
             POWERTOOLS_LOG_LEVEL="INFO",
         ).to_environ()
+        check_environment_size(environment)
         for pipeline_function in self.functions.values():
             for key, value in environment.items():
                 pipeline_function.function.add_environment(key, value)
@@ -169,11 +178,23 @@ class ExperimentStack(Stack):
                 runtime=self.agent.runtime,
                 endpoint=endpoint,
                 retention_days=LOG_RETENTION_DAYS,
-                retained=removal == RemovalPolicy.RETAIN,
+                retained=is_retained(removal),
             )
             for endpoint in self.agent.endpoint_names
         ]
         expire_every_log_group(self, LOG_RETENTION_DAYS, removal)
+        self.trainer_policy = TrainerPolicy(
+            self,
+            "Trainer",
+            config=config,
+            input_bucket=self.storage.input_bucket,
+            results_bucket=self.storage.results_bucket,
+            rollout_queue=rollout_queue,
+            trainer_queue=self.events.trainer_queue,
+            table=self.ledger.table,
+            bus=self.events.bus,
+            runtime_resources=self.agent.session_resources(),
+        )
         self._outputs(handler_settings)
         self._operator_outputs()
         nag.acknowledge(self)
@@ -253,6 +274,12 @@ class ExperimentStack(Stack):
             description="The experiment's CloudWatch dashboard",
         )
         CfnOutput(self, "AgentImageUri", value=self.image.image_uri, description="The image the runtime runs")
+        CfnOutput(
+            self,
+            "TrainerPolicyArn",
+            value=self.trainer_policy.policy.managed_policy_arn,
+            description="What the trainer SDK and the ART backend call: attach this managed policy to the trainer role",
+        )
 
     def _outputs(self, settings: HandlerSettings) -> None:
         outputs = topology.StackOutputs(

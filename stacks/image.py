@@ -11,10 +11,13 @@ Three modes (`rollout_pipeline.deploy_settings.DeploySettings.image_mode`):
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
-from aws_cdk import FileSystem, IgnoreMode, RemovalPolicy, Stack, Token
+import jsii
+from aws_cdk import Aspects, CfnResource, FileSystem, IAspect, IgnoreMode, RemovalPolicy, Stack
 from aws_cdk import aws_bedrockagentcore as agentcore
 from aws_cdk import aws_codebuild as codebuild
 from aws_cdk import aws_ecr as ecr
@@ -22,13 +25,14 @@ from aws_cdk import aws_ecr_assets as ecr_assets
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
+from aws_cdk import aws_s3_assets as s3_assets
 from cdklabs.deploy_time_build import ContainerImageBuild
 from constructs import Construct, IConstruct
 
-from rollout_pipeline import topology
 from rollout_pipeline.config import ExperimentConfig
 from rollout_pipeline.deploy_settings import ECR_IMAGE_URI, DeploySettings
 from stacks import nag
+from stacks.retention import is_retained, removal_policy
 
 AGENT_DIR: Final = "agent_image"
 DOCKERFILE: Final = f"{AGENT_DIR}/Dockerfile"
@@ -38,6 +42,21 @@ DEFAULT_IMAGE_EXCLUDES: Final = ["**", f"!{AGENT_DIR}/**", "!rollout_pipeline/**
 KEEP_IMAGES: Final = 10
 BUILD_LOG_RETENTION: Final = logs.RetentionDays.ONE_MONTH
 ECR_PULL_ACTIONS: Final = ["ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer"]
+#: CodeBuild's limits for the image build (its defaults: 60 minutes building, 8 hours queued).
+BUILD_TIMEOUT_MINUTES: Final = 20
+QUEUED_TIMEOUT_MINUTES: Final = 10
+#: How long CloudFormation waits for the build's answer (its default: 3,600 s). A build that times out, or dies
+#: before its buildspec runs, never answers; this bounds the wait to the build's own limits plus a margin for the
+#: handler and the post_build callback.
+BUILD_MARGIN_MINUTES: Final = 5
+SERVICE_TIMEOUT_S: Final = (QUEUED_TIMEOUT_MINUTES + BUILD_TIMEOUT_MINUTES + BUILD_MARGIN_MINUTES) * 60
+#: The library's build phase must hold these, the push last (the skip-if-tagged wrapper runs them unchanged).
+LIBRARY_BUILD_COMMANDS: Final = ('eval "$buildCommand"', "docker push $repositoryUri:$imageTag")
+#: Runs first in the build phase: an image already pushed under this content-hash tag is not built again.
+TAG_EXISTS_CHECK: Final = (
+    'aws ecr describe-images --region "$repositoryRegion" --repository-name "${repositoryUri#*/}" '
+    '--image-ids imageTag="$imageTag" > /dev/null 2>&1'
+)
 
 
 def image_excludes(repo_root: Path) -> list[str]:
@@ -49,14 +68,32 @@ def image_excludes(repo_root: Path) -> list[str]:
     return [line for line in lines if line and not line.startswith("#")]
 
 
-def assets_bucket_arn(stack: Stack) -> str:
-    """The CDK bootstrap assets bucket's ARN as cdk-nag prints it (pseudo parameters unless the env is known)."""
+@jsii.implements(IAspect)
+class _AtSynth:
+    """Runs `action` on one construct when CDK prepares the app (after every construct has been added)."""
 
-    def show(value: str, pseudo: str) -> str:
-        return f"<AWS::{pseudo}>" if Token.is_unresolved(value) else value
+    def __init__(self, target: IConstruct, action: Callable[[], None]) -> None:
+        self._target, self._action = target, action
 
-    account, region = show(stack.account, "AccountId"), show(stack.region, "Region")
-    return f"arn:{show(stack.partition, 'Partition')}:s3:::cdk-hnb659fds-assets-{account}-{region}"
+    def visit(self, node: IConstruct) -> None:
+        if node.node.path == self._target.node.path:
+            self._action()
+
+
+def as_list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]
+
+
+def sorted_list(value: Any) -> list[str]:
+    """A statement's Resource (one or a list, strings or intrinsics) in a comparable order."""
+    return sorted(json.dumps(item, sort_keys=True) for item in as_list(value))
+
+
+def skip_if_tagged(commands: list[str]) -> str:
+    """One build command: the library's `commands` in order (stopping at the first failure, as CodeBuild does)
+    unless the repository already holds `$imageTag`. A failed check (not found, or no permission) builds."""
+    build = " && ".join(f"{{ {command}; }}" for command in commands)
+    return f'if {TAG_EXISTS_CHECK}; then echo "$repositoryUri:$imageTag exists: nothing to build"; else {build}; fi'
 
 
 def content_tag(repo_root: Path) -> str:
@@ -68,10 +105,6 @@ def content_tag(repo_root: Path) -> str:
     return FileSystem.fingerprint(
         str(repo_root), exclude=image_excludes(repo_root), ignore_mode=IgnoreMode.DOCKER, extra_hash=DOCKERFILE
     )
-
-
-def repository_name(config: ExperimentConfig) -> str:
-    return f"{topology.resource_base(config.name)}-agent"
 
 
 class AgentImage(Construct):
@@ -123,20 +156,21 @@ class AgentImage(Construct):
             self.image_uri = asset.image_uri
             return
 
-        retained = config.results_retention == "retain"
+        removal = removal_policy(config)
+        # No fixed name: CloudFormation names it, so a retained repository (after `cdk destroy`) never blocks the
+        # next create of the same experiment with "already exists".
         self.repository = ecr.Repository(
             self,
             "Repository",
-            repository_name=repository_name(config),
             image_scan_on_push=True,
             encryption=ecr.RepositoryEncryption.AES_256,
-            # Mutable: a stack re-created next to a retained repository pushes the same content-hash tag again.
+            # Mutable: a build that CloudFormation runs again for the same content-hash tag may push it again.
             image_tag_mutability=ecr.TagMutability.MUTABLE,
             lifecycle_rules=[
                 ecr.LifecycleRule(description=f"Keep the last {KEEP_IMAGES} agent images", max_image_count=KEEP_IMAGES)
             ],
-            removal_policy=RemovalPolicy.RETAIN if retained else RemovalPolicy.DESTROY,
-            empty_on_delete=not retained,
+            removal_policy=removal,
+            empty_on_delete=not is_retained(removal),
         )
         # ECR encrypts every repository at rest; say so in the template (CDK omits its default AES256).
         cfn_repository = self.repository.node.default_child
@@ -157,7 +191,10 @@ class AgentImage(Construct):
         )
         self.artifact = agentcore.AgentRuntimeArtifact.from_ecr_repository(self.repository, self.build.image_tag)
         self.image_uri = f"{self.repository.repository_uri}:{self.build.image_tag}"
-        self._own_build_logs(retained)
+        self._own_build_logs(removal)
+        self._bound_build_time()
+        self._skip_existing_tag()
+        self._scope_context_read()
         self._acknowledge()
 
     @property
@@ -188,13 +225,12 @@ class AgentImage(Construct):
             raise RuntimeError("cdklabs-deploy-time-build's layout changed: expected one project and one handler")
         return projects[0], handlers[0]
 
-    def _own_build_logs(self, retained: bool) -> None:
+    def _own_build_logs(self, removal: RemovalPolicy) -> None:
         """Create the build's log group with a retention (CodeBuild would create one that never expires).
 
         The custom-resource handler's log group is already CDK-managed (`@aws-cdk/aws-lambda:useCdkManagedLogGroup`).
         """
         project, _handler = self._singletons()
-        removal = RemovalPolicy.RETAIN if retained else RemovalPolicy.DESTROY
         self.build_logs = logs.LogGroup(
             self,
             "BuildLogs",
@@ -205,6 +241,80 @@ class AgentImage(Construct):
         assert self.build is not None
         # Exists before the first build writes to it, so CodeBuild does not create it without a retention.
         self.build.node.add_dependency(self.build_logs)
+
+    def _bound_build_time(self) -> None:
+        """CodeBuild's build and queue timeouts, and CloudFormation's wait for the custom resource's answer."""
+        project, _handler = self._singletons()
+        cfn_project = project.node.default_child
+        assert isinstance(cfn_project, codebuild.CfnProject)
+        cfn_project.timeout_in_minutes = BUILD_TIMEOUT_MINUTES
+        cfn_project.queued_timeout_in_minutes = QUEUED_TIMEOUT_MINUTES
+        assert self.build is not None
+        # The library's CustomResource takes no serviceTimeout; ServiceTimeout is a property of its CfnResource.
+        custom = self.build.node.find_child("Resource").node.default_child
+        assert isinstance(custom, CfnResource)
+        custom.add_property_override("ServiceTimeout", SERVICE_TIMEOUT_S)
+
+    def _skip_existing_tag(self) -> None:
+        """Wrap the library's build phase: when the content-hash tag is already in the repository, push nothing.
+
+        The tag is a hash of the whole build context (`content_tag`), so an image under it is this build's image.
+        A rollback (CloudFormation updates the resource back to the old tag, still among the last `KEEP_IMAGES`)
+        or a re-run then answers in seconds instead of rebuilding from scratch. The library offers no option for
+        it, so this rewrites its project's buildspec and refuses a layout it does not know.
+        """
+        project, _handler = self._singletons()
+        cfn_project = project.node.default_child
+        assert isinstance(cfn_project, codebuild.CfnProject)
+        stack = Stack.of(self)
+        source = stack.resolve(cfn_project.source)
+        spec = json.loads(source["buildSpec"])
+        commands = spec["phases"]["build"]["commands"]
+        if not set(LIBRARY_BUILD_COMMANDS) <= set(commands) or commands[-1] != LIBRARY_BUILD_COMMANDS[-1]:
+            raise RuntimeError("cdklabs-deploy-time-build's buildspec changed: review AgentImage._skip_existing_tag")
+        spec["phases"]["build"]["commands"] = [skip_if_tagged(commands)]
+        cfn_project.add_property_override("Source.BuildSpec", json.dumps(spec, indent=2))
+
+    def _scope_context_read(self) -> None:
+        """The build reads its one context zip, not the whole CDK assets bucket.
+
+        The library grants `Asset.grantRead`, i.e. `s3:GetObject*`, `s3:GetBucket*`, `s3:List*` on the bootstrap
+        bucket and every object in it (other stacks' assets included). The project's policy document is rewritten
+        at synth (lazily, so every statement added before then is kept) with `s3:GetObject` on the asset's key.
+        """
+        project, _handler = self._singletons()
+        assert self.build is not None
+        assert project.role is not None
+        asset = self.build.node.find_child("Source")
+        assert isinstance(asset, s3_assets.Asset)
+        policy = nag.default_policy(project.role).node.default_child
+        assert isinstance(policy, iam.CfnPolicy)
+        stack = Stack.of(self)
+        bucket_arns = [asset.bucket.bucket_arn, asset.bucket.arn_for_objects("*")]
+        object_arn = asset.bucket.arn_for_objects(asset.s3_object_key)
+
+        scoped: list[bool] = []
+
+        def scope() -> None:
+            if scoped:  # a later synth of the same app (e.g. assertions) prepares it again
+                return
+            scoped.append(True)
+            document: dict[str, Any] = stack.resolve(policy.policy_document)
+            bucket_read = stack.resolve(bucket_arns)
+            statements = document["Statement"]
+            matches = [
+                i for i, s in enumerate(statements) if sorted_list(s.get("Resource")) == sorted_list(bucket_read)
+            ]
+            if len(matches) != 1 or not all(a.startswith("s3:") for a in as_list(statements[matches[0]]["Action"])):
+                raise RuntimeError("cdklabs-deploy-time-build's asset read grant changed: review _scope_context_read")
+            statements[matches[0]] = {
+                "Action": "s3:GetObject",
+                "Effect": "Allow",
+                "Resource": stack.resolve(object_arn),
+            }
+            policy.policy_document = document
+
+        Aspects.of(policy).add(_AtSynth(policy, scope))
 
     def _acknowledge(self) -> None:
         project, handler = self._singletons()
@@ -230,18 +340,6 @@ class AgentImage(Construct):
                 "CodeBuild's default report groups of this one project (named after it)."
             ),
             nag.iam5("*"): "ecr:GetAuthorizationToken and ecr-public:GetAuthorizationToken have no resource scope.",
-            "AwsSolutions-IAM5[Action::s3:GetObject*]": (
-                "Read the zipped build context from the CDK assets bucket (CDK's read grant: GetObject*, GetBucket*)."
-            ),
-            "AwsSolutions-IAM5[Action::s3:GetBucket*]": (
-                "Read the zipped build context from the CDK assets bucket (CDK's read grant: GetObject*, GetBucket*)."
-            ),
-            "AwsSolutions-IAM5[Action::s3:List*]": (
-                "CDK's read grant on the assets bucket lists the one asset key the build downloads."
-            ),
-            nag.iam5(f"{assets_bucket_arn(stack)}/*"): (
-                "The build context zip is a CDK file asset in the bootstrap assets bucket; its key is a content hash."
-            ),
         }
         for finding, reason in findings.items():
             nag.ack(project_policy, finding, reason)

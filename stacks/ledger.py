@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Final
 
-from aws_cdk import RemovalPolicy
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_iam as iam
 from constructs import Construct
 
 from rollout_pipeline.config import ExperimentConfig
 from rollout_pipeline.ledger import keys
+from stacks.retention import removal_policy
 
 #: Item-level actions only: transactions are authorised per contained action; the ledger never scans.
 READ_WRITE_ACTIONS: Final = (
@@ -43,7 +43,7 @@ class Ledger(Construct):
             time_to_live_attribute=keys.TTL_ATTRIBUTE,
             encryption=dynamodb.TableEncryption.AWS_MANAGED,
             deletion_protection=config.results_retention == "retain",
-            removal_policy=RemovalPolicy.DESTROY if config.results_retention == "destroy" else RemovalPolicy.RETAIN,
+            removal_policy=removal_policy(config),
         )
         for index, pk, sk in (
             (keys.DEADLINE_INDEX, keys.DEADLINE_PK, keys.DEADLINE_SK),

@@ -92,6 +92,8 @@ EMITTERS: Final[Mapping[str, tuple[str, ...]]] = {
     m.NOTIFICATION_LATENCY: ("dispatch", "completion", "sweeper"),
     m.IN_FLIGHT: ("sweeper",),
 }
+#: Both sample the ledger's in-flight count (the dispatcher on each batch, the sweeper every minute).
+IN_FLIGHT_EMITTERS: Final = ("dispatch", "sweeper")
 
 
 class Monitoring(Construct):
@@ -222,6 +224,9 @@ class Monitoring(Construct):
             threshold=0,
             evaluation_periods=2,
         )
+        # On the pipeline's own in-flight count, not AgentCore's ActiveSessionCount: an alarm matches one exact
+        # dimension set, AgentCore's are not pinned yet, and its metrics need Transaction Search (the dashboard
+        # shows it). In-flight rollouts are this experiment's sessions only; other experiments share the quota.
         self._alarm(
             "SweepErrors",
             "The sweeper failed on rollouts or outbox entries in three 5-minute periods in a row: their timeouts, "
@@ -232,10 +237,17 @@ class Monitoring(Construct):
         )
         self._alarm(
             "ActiveSessionsNearQuota",
-            f"AgentCore active sessions reached {SESSION_QUOTA_SHARE:.0%} of the quota ({active_session_quota}): "
-            "new sessions will be refused; idle sessions count until stopped",
-            cloudwatch.Metric(
-                namespace=AGENTCORE_NAMESPACE, metric_name=ACTIVE_SESSIONS, statistic="Maximum", period=ONE_MINUTE
+            f"This experiment's in-flight rollouts (each holds an AgentCore session) reached "
+            f"{SESSION_QUOTA_SHARE:.0%} of the active-session quota ({active_session_quota}): new sessions will be "
+            "refused soon (other experiments in the account count too); idle sessions count until stopped",
+            cloudwatch.MathExpression(
+                expression=f"MAX([{', '.join(f'FILL(inflight_{fn}, 0)' for fn in IN_FLIGHT_EMITTERS)}])",
+                using_metrics={
+                    f"inflight_{fn}": pipeline_metric(config, m.IN_FLIGHT, fn, statistic="Maximum")
+                    for fn in IN_FLIGHT_EMITTERS
+                },
+                label="Rollouts in flight",
+                period=ONE_MINUTE,
             ),
             threshold=int(active_session_quota * SESSION_QUOTA_SHARE),
             evaluation_periods=3,
@@ -243,11 +255,29 @@ class Monitoring(Construct):
         )
 
     def notify_every_alarm(self, scope: Construct) -> None:
-        """Point every alarm under `scope` (the whole stack: DLQ alarms too) at the topic."""
+        """Point every alarm under `scope` (the whole stack: DLQ alarms too) at the topic, and let them publish.
+
+        The topic policy `enforce_ssl` writes REPLACES SNS's default policy, so nothing else may publish: CloudWatch
+        may, for exactly these alarms (`aws:SourceArn`) of this account (`aws:SourceAccount`). The alarms refer to
+        the topic and the topic policy to the alarms: no cycle (the policy is its own resource).
+        https://docs.aws.amazon.com/sns/latest/dg/sns-access-policy-use-cases.html (CloudWatch alarms publishing)
+        """
         action = actions.SnsAction(self.topic)
-        for construct in scope.node.find_all():
-            if isinstance(construct, cloudwatch.Alarm):
-                construct.add_alarm_action(action)
+        alarms = [construct for construct in scope.node.find_all() if isinstance(construct, cloudwatch.Alarm)]
+        for alarm in alarms:
+            alarm.add_alarm_action(action)
+        self.topic.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid="CloudWatchAlarmsPublish",
+                principals=[iam.ServicePrincipal("cloudwatch.amazonaws.com")],
+                actions=["sns:Publish"],
+                resources=[self.topic.topic_arn],
+                conditions={
+                    "StringEquals": {"aws:SourceAccount": Stack.of(self).account},
+                    "ArnEquals": {"aws:SourceArn": [alarm.alarm_arn for alarm in alarms]},
+                },
+            )
+        )
 
     # --- dashboard ---------------------------------------------------------------------------------------------
 
@@ -373,12 +403,17 @@ class RuntimeLogRetention(Construct):
         super().__init__(scope, construct_id)
         self._runtime, self._endpoint = runtime, endpoint
         self.log_group_name = f"{RUNTIME_LOG_PREFIX}{runtime.agent_runtime_id}-{endpoint}"
-        self.log_group_arn = Stack.of(self).format_arn(
-            service="logs",
-            resource="log-group",
-            resource_name=f"{self.log_group_name}:*",
-            arn_format=ArnFormat.COLON_RESOURCE_NAME,
-        )
+        # Both ARN forms: CloudWatch Logs authorizes some calls on `log-group:NAME` and others on `log-group:NAME:*`
+        # (https://docs.aws.amazon.com/AmazonCloudWatch/latest/logs/iam-access-control-overview-cwl.html).
+        self.log_group_arns = [
+            Stack.of(self).format_arn(
+                service="logs",
+                resource="log-group",
+                resource_name=name,
+                arn_format=ArnFormat.COLON_RESOURCE_NAME,
+            )
+            for name in (self.log_group_name, f"{self.log_group_name}:*")
+        ]
         create = cr.AwsSdkCall(
             service="CloudWatchLogs",
             action="createLogGroup",
@@ -402,7 +437,7 @@ class RuntimeLogRetention(Construct):
             [
                 iam.PolicyStatement(
                     actions=["logs:CreateLogGroup", "logs:PutRetentionPolicy", "logs:DeleteLogGroup"],
-                    resources=[self.log_group_arn],
+                    resources=self.log_group_arns,
                 )
             ]
         )

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from aws_cdk import Duration, RemovalPolicy
+from aws_cdk import Duration
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from rollout_pipeline.config import ExperimentConfig
+from stacks.retention import removal_policy
 
 CLAIMS_PREFIX = "claims/"
 ACCESS_LOGS_EXPIRATION_DAYS = 90
@@ -23,7 +24,7 @@ class Storage(Construct):
     def __init__(self, scope: Construct, construct_id: str, *, config: ExperimentConfig) -> None:
         super().__init__(scope, construct_id)
         destroy = config.results_retention == "destroy"
-        removal = RemovalPolicy.DESTROY if destroy else RemovalPolicy.RETAIN
+        removal = removal_policy(config)
 
         self.access_logs = s3.Bucket(
             self,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -118,3 +119,18 @@ def test_try_bundle_declines_when_pip_is_unusable(tmp_path: Path, monkeypatch: p
 
     monkeypatch.setattr(subprocess, "run", broken_run)
     assert LocalPipBundling(REPO_ROOT, "3.14", LAMBDA_LOCK).try_bundle(str(tmp_path)) is False
+
+
+def test_bytecode_compiler_finds_a_python_uv_knows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No pythonX.Y on PATH: `uv python find X.Y` (e.g. after `uv python install X.Y`) supplies the compiler."""
+    interpreter = tmp_path / "cpython-9.98" / "bin" / "python9.98"
+    interpreter.parent.mkdir(parents=True)
+    interpreter.write_text("")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    uv = bin_dir / "uv"
+    uv.write_text(f'#!/bin/sh\n[ "$1 $2 $3" = "python find 9.98" ] && echo {interpreter} && exit 0\nexit 2\n')
+    uv.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}/usr/bin{os.pathsep}/bin")
+    assert bundling.bytecode_compiler("9.98") == str(interpreter)
+    assert bundling.bytecode_compiler("9.97") is None  # uv finds none: the bundle ships without bytecode

@@ -11,7 +11,7 @@ import pytest
 
 from rollout_pipeline.config import ConfigError
 from rollout_pipeline.deploy_settings import DeploySettings
-from stacks.image import KEEP_IMAGES, content_tag, repository_name
+from stacks.image import KEEP_IMAGES, content_tag
 from tests.infra.conftest import PREBUILT_IMAGE, REPO_ROOT, Synthesized, stack_context
 
 ARM_BUILD_IMAGE_PREFIX = "aws/codebuild/amazonlinux2-aarch64-standard"
@@ -51,7 +51,7 @@ def test_dedicated_repository_scanned_encrypted_expiring_and_retained(synth: Syn
     (repo_id, repo), *others = synth.of_type("AWS::ECR::Repository").items()
     assert not others
     props = repo["Properties"]
-    assert props["RepositoryName"] == repository_name(synth.stack.config)
+    assert "RepositoryName" not in props  # CloudFormation names it: a retained one never blocks the next create
     assert props["ImageScanningConfiguration"] == {"ScanOnPush": True}
     assert props["EncryptionConfiguration"] == {"EncryptionType": "AES256"}
     policy = json.loads(props["LifecyclePolicy"]["LifecyclePolicyText"])
@@ -59,7 +59,7 @@ def test_dedicated_repository_scanned_encrypted_expiring_and_retained(synth: Syn
     assert rule["selection"]["countType"] == "imageCountMoreThan"
     assert rule["selection"]["countNumber"] == KEEP_IMAGES
     assert rule["action"] == {"type": "expire"}
-    assert repo["DeletionPolicy"] == "Retain"
+    assert repo["DeletionPolicy"] == "RetainExceptOnCreate"
     assert synth.logical_id(synth.stack.image.repository) == repo_id
 
 

@@ -141,7 +141,6 @@ def test_sweep_errors_alarm(synth: Synthesized) -> None:
 
 def test_active_sessions_near_quota(synth: Synthesized) -> None:
     props = alarm(synth, "ActiveSessionsNearQuota")
-    assert (props["Namespace"], props["MetricName"]) == (AGENTCORE_NAMESPACE, "ActiveSessionCount")
     quota = synth.stack.config.active_session_quota
     assert props["Threshold"] == int(quota * SESSION_QUOTA_SHARE)
 
@@ -178,7 +177,7 @@ def test_every_log_group_expires_and_follows_the_retention_choice(synth: Synthes
     assert len(groups) >= 6  # four functions, the image build, the deploy-time build's handler
     for group in groups.values():
         assert group["Properties"]["RetentionInDays"] == 30
-        assert group["DeletionPolicy"] == "Retain"
+        assert group["DeletionPolicy"] == "RetainExceptOnCreate"
 
 
 def test_runtime_log_group_gets_a_retention_after_the_runtime_exists(synth: Synthesized) -> None:
@@ -195,3 +194,51 @@ def test_runtime_log_group_gets_a_retention_after_the_runtime_exists(synth: Synt
     assert "Delete" not in create["Properties"]  # retained with the results
     assert "putRetentionPolicy" in json.dumps(retention["Properties"]["Create"])
     assert '\\"retentionInDays\\":30' in json.dumps(retention["Properties"]["Create"])
+
+
+def _alarm_publish_statements(synthesized: Synthesized) -> list[dict[str, Any]]:
+    (policy,) = synthesized.of_type("AWS::SNS::TopicPolicy").values()
+    return [
+        s
+        for s in policy["Properties"]["PolicyDocument"]["Statement"]
+        if s["Effect"] == "Allow" and s.get("Principal") == {"Service": "cloudwatch.amazonaws.com"}
+    ]
+
+
+def test_cloudwatch_may_publish_this_stacks_alarms_only(synth: Synthesized) -> None:
+    """The enforce_ssl policy replaces SNS's default one: without this statement no alarm notification arrives."""
+    topic_id = synth.logical_id(synth.stack.monitoring.topic)
+    (statement,) = _alarm_publish_statements(synth)
+    assert statement["Action"] == "sns:Publish"
+    assert statement["Resource"] == {"Ref": topic_id}
+    assert statement["Condition"]["StringEquals"] == {"aws:SourceAccount": {"Ref": "AWS::AccountId"}}
+    source_arns = statement["Condition"]["ArnEquals"]["aws:SourceArn"]
+    alarm_ids = set(synth.of_type("AWS::CloudWatch::Alarm"))
+    assert all(list(arn) == ["Fn::GetAtt"] and arn["Fn::GetAtt"][1] == "Arn" for arn in source_arns)
+    assert {arn["Fn::GetAtt"][0] for arn in source_arns} == alarm_ids, "every alarm that notifies may publish"
+
+
+def test_the_near_quota_alarm_watches_the_pipelines_own_in_flight_count(synth: Synthesized) -> None:
+    """AgentCore's ActiveSessionCount dimensions are unverified (an alarm matches one exact set): dashboard only."""
+    props = alarm(synth, "ActiveSessionsNearQuota")
+    assert "Namespace" not in props
+    assert list(metrics_of(props).values()) == [
+        {**emitted(m.IN_FLIGHT, "dispatch"), "stat": "Maximum"},
+        {**emitted(m.IN_FLIGHT, "sweeper"), "stat": "Maximum"},
+    ]
+    assert expression(props) == "MAX([FILL(inflight_dispatch, 0), FILL(inflight_sweeper, 0)])"
+    body = json.dumps(synth.resources[synth.logical_id(synth.stack.monitoring.dashboard)]["Properties"])
+    assert AGENTCORE_NAMESPACE in body
+    assert "ActiveSessionCount" in body
+
+
+def test_runtime_log_group_calls_are_granted_on_both_log_group_arn_forms(synth: Synthesized) -> None:
+    """CloudWatch Logs authorizes some calls on `log-group:NAME`, others on `log-group:NAME:*`: grant both."""
+    policies = {lid: p for lid, p in synth.of_type("AWS::IAM::Policy").items() if lid.startswith("RuntimeLogs")}
+    assert len(policies) == 2  # the create and the retention custom resources
+    for policy in policies.values():
+        (statement,) = policy["Properties"]["PolicyDocument"]["Statement"]
+        resources = [json.dumps(resource) for resource in statement["Resource"]]
+        assert len(resources) == 2
+        assert sum(resource.endswith('-DEFAULT"]]}') for resource in resources) == 1, resources
+        assert sum(resource.endswith('-DEFAULT:*"]]}') for resource in resources) == 1, resources

@@ -43,7 +43,7 @@ def test_three_buckets_encrypted_private_and_retained(synth: Synthesized) -> Non
             "IgnorePublicAcls": True,
             "RestrictPublicBuckets": True,
         }
-        assert bucket["DeletionPolicy"] == "Retain"
+        assert bucket["DeletionPolicy"] == "RetainExceptOnCreate"
         assert bucket["UpdateReplacePolicy"] == "Retain"
 
 
@@ -96,7 +96,7 @@ def test_ledger_table_schema_matches_ledger_keys(synth: Synthesized) -> None:
     synth.template.has_resource(
         "AWS::DynamoDB::Table",
         {
-            "DeletionPolicy": "Retain",
+            "DeletionPolicy": "RetainExceptOnCreate",
             "Properties": {
                 "KeySchema": [
                     {"AttributeName": keys.PK, "KeyType": "HASH"},

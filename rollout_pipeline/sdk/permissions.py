@@ -1,0 +1,99 @@
+"""What a trainer's IAM principal needs: every AWS call of the SDK, as IAM actions on the experiment's resources.
+
+The ART backend (`rollout_pipeline.trainers.art`) calls AWS only through the SDK, so this covers it too. The stack
+turns it into a customer-managed policy (output `TrainerPolicyArn`, `stacks/trainer_policy.py`) to attach to the
+trainer's role; `tests/integration/test_trainer_permissions.py` records the SDK's calls under moto (its requests
+carry the `rollout-pipeline-sdk` user agent) and fails if one is not allowed here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final, Literal
+
+ResourceKind = Literal[
+    "stack",
+    "datasets",
+    "claims",
+    "results",
+    "results_listing",
+    "rollout_queue",
+    "trainer_queue",
+    "ledger",
+    "bus",
+    "runtime",
+    "subscription_queues",
+    "subscription_rules",
+]
+
+#: IAM actions per resource of the experiment (what `stacks/trainer_policy.py` grants, and on what).
+TRAINER_ACTIONS: Final[Mapping[ResourceKind, tuple[str, ...]]] = {
+    "stack": ("cloudformation:DescribeStacks",),  # Experiment.attach reads the stack outputs
+    "datasets": ("s3:PutObject",),  # submit_file uploads under datasets/
+    "claims": ("s3:PutObject",),  # submit writes claim checks of big payloads under claims/
+    "results": ("s3:GetObject",),  # results too big to travel inline in their event
+    "results_listing": ("s3:ListBucket",),  # so a missing result answers 404, not 403 (prefix {exp}/ only)
+    "rollout_queue": ("sqs:SendMessage",),  # submit; SendMessageBatch is authorized as SendMessage
+    "trainer_queue": (
+        "sqs:ReceiveMessage",
+        "sqs:DeleteMessage",
+        "sqs:ChangeMessageVisibility",
+        "sqs:GetQueueAttributes",
+    ),
+    # Item-level only: DynamoDB authorizes TransactWriteItems per contained action (no Transact* IAM action).
+    "ledger": (
+        "dynamodb:GetItem",
+        "dynamodb:BatchGetItem",
+        "dynamodb:Query",
+        "dynamodb:PutItem",
+        "dynamodb:UpdateItem",
+        "dynamodb:DeleteItem",
+        "dynamodb:ConditionCheckItem",
+    ),
+    "bus": ("events:PutEvents",),  # submit publishes Batch Accepted; cancel publishes the failures
+    "runtime": ("bedrock-agentcore:StopRuntimeSession",),  # cancel stops running sessions
+    # Private subscriptions (`Experiment.tap`, the ART backend's per-process queue): `{bus}-tap-*`, `{bus}-art-*`.
+    "subscription_queues": (
+        "sqs:CreateQueue",
+        "sqs:DeleteQueue",
+        "sqs:GetQueueAttributes",
+        "sqs:SetQueueAttributes",
+        "sqs:ReceiveMessage",
+        "sqs:DeleteMessage",
+        "sqs:ChangeMessageVisibility",
+    ),
+    "subscription_rules": ("events:PutRule", "events:PutTargets", "events:RemoveTargets", "events:DeleteRule"),
+}
+#: Name prefixes (after `{bus name}-`) of the SDK's private subscription queues and rules.
+SUBSCRIPTION_PREFIXES: Final = ("tap-", "art-")
+
+#: API operations authorized by an action of another name.
+_RENAMED: Final[Mapping[tuple[str, str], str]] = {
+    ("sqs", "SendMessageBatch"): "sqs:SendMessage",
+    ("sqs", "DeleteMessageBatch"): "sqs:DeleteMessage",
+    ("sqs", "ChangeMessageVisibilityBatch"): "sqs:ChangeMessageVisibility",
+    ("s3", "HeadObject"): "s3:GetObject",
+    ("s3", "ListObjectsV2"): "s3:ListBucket",
+    ("s3", "CreateMultipartUpload"): "s3:PutObject",
+    ("s3", "UploadPart"): "s3:PutObject",
+    ("s3", "CompleteMultipartUpload"): "s3:PutObject",
+    ("dynamodb", "TransactGetItems"): "dynamodb:GetItem",
+}
+_TRANSACT_WRITE_ACTIONS: Final = {
+    "Put": "dynamodb:PutItem",
+    "Update": "dynamodb:UpdateItem",
+    "Delete": "dynamodb:DeleteItem",
+    "ConditionCheck": "dynamodb:ConditionCheckItem",
+}
+
+
+def iam_actions(service: str, operation: str, params: Mapping[str, Any]) -> tuple[str, ...]:
+    """The IAM actions that authorize one API call (`service` as botocore names it, e.g. `sqs`, `SendMessage`).
+
+    https://docs.aws.amazon.com/service-authorization/latest/reference/reference_policies_actions-resources-contextkeys.html
+    """
+    if (service, operation) == ("dynamodb", "TransactWriteItems"):
+        kinds = {kind for item in params.get("TransactItems", []) for kind in item}
+        return tuple(sorted(_TRANSACT_WRITE_ACTIONS[kind] for kind in kinds))
+    renamed = _RENAMED.get((service, operation))
+    return (renamed,) if renamed else (f"{service}:{operation}",)
