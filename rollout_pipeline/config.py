@@ -38,6 +38,18 @@ class SamplingParams(BaseModel):
 
 #: Environment variable naming the agent's model-key secret (Secrets Manager) in the runtime.
 MODEL_SECRET_ENV: Final = "ROLLOUTS_MODEL_SECRET"
+#: Environment variables of the agent image's start command (`rollout_pipeline.agent.start`): the agent module it
+#: serves and how (`art`: `python -m MODULE`; `rft`: through the RFT host, `rollout_pipeline.agent.rft_host`).
+AGENT_MODULE_ENV: Final = "ROLLOUTS_AGENT_MODULE"
+AGENT_KIND_ENV: Final = "ROLLOUTS_AGENT_KIND"
+#: The SageMaker RFT job ARN agents send as `X-Amzn-SageMaker-Job-Arn` when `_rollout.job_arn` is not set.
+JOB_ARN_ENV: Final = "SAGEMAKER_JOB_ARN"
+AgentKind = Literal["art", "rft"]
+#: The example agent of each kind (what the image serves when `agent_module` is not set).
+DEFAULT_AGENT_MODULES: Final[dict[str, str]] = {
+    "art": "rollout_pipeline.agent.examples.math_agent",
+    "rft": "rollout_pipeline.agent.examples.rft_math_agent",
+}
 
 
 class ExperimentConfig(BaseModel):
@@ -66,6 +78,19 @@ class ExperimentConfig(BaseModel):
         description="Secrets Manager secret holding the model API key; the agent reads it at start (only it may)",
     )
     sampling_params: SamplingParams = Field(default_factory=SamplingParams)
+    agent_kind: AgentKind = Field(
+        default="art", description="How the image serves the agent: art (python -m MODULE) or rft (the RFT host)"
+    )
+    agent_module: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*(:[A-Za-z_][A-Za-z0-9_]*)?$",
+        description="The agent module the image serves (default: the example agent of agent_kind)",
+    )
+    rft_job_arn: str | None = Field(
+        default=None,
+        pattern=r"^arn:aws[a-z-]*:sagemaker:[a-z0-9-]+:\d{12}:[A-Za-z0-9/_+=.@:-]{1,1024}$",
+        description="SageMaker RFT job ARN the agents send with their model calls and feedback (if any)",
+    )
     policy_version: str | None = Field(default=None, max_length=128)
     results_retention: Literal["retain", "destroy"] = "retain"
     results_expiration_days: int | None = Field(default=None, ge=1, le=3650)
@@ -134,6 +159,11 @@ class ExperimentConfig(BaseModel):
         return self
 
     @property
+    def served_agent_module(self) -> str:
+        """The module the agent image serves: `agent_module`, else the example agent of `agent_kind`."""
+        return self.agent_module or DEFAULT_AGENT_MODULES[self.agent_kind]
+
+    @property
     def runtime_name(self) -> str:
         """ACR runtime name: letters, digits and underscores, at most 48 characters."""
         return f"rollouts_{self.name.replace('-', '_')}"[:48]
@@ -166,7 +196,13 @@ class ExperimentConfig(BaseModel):
                     value = json.loads(value) if value else {}
                 except json.JSONDecodeError as exc:
                     raise ConfigError(f"sampling_params: not valid JSON ({exc.msg})") from exc
-            if field_name in ("policy_version", "results_expiration_days", "model_secret_name") and value in (
+            if field_name in (
+                "policy_version",
+                "results_expiration_days",
+                "model_secret_name",
+                "agent_module",
+                "rft_job_arn",
+            ) and value in (
                 "",
                 "none",
                 "None",
