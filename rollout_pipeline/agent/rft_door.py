@@ -210,7 +210,7 @@ class FrontDoor:
 
     def start(self) -> FrontDoor:
         if self._thread is None:
-            self._thread = threading.Thread(target=self._server.serve_forever, name="rft-front-door", daemon=True)
+            self._thread = threading.Thread(target=self._server.serve_forever, args=(0.1,), name="rft-front-door", daemon=True)
             self._thread.start()
         return self
 
@@ -411,15 +411,10 @@ class FrontDoor:
             try:
                 connection.request(method, target or "/", body=payload or None, headers=headers)
                 response = connection.getresponse()
-            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as exc:
+            except (http.client.HTTPException, OSError) as exc:
                 connection.close()
                 if reused and attempt == 0:
                     continue  # a keep-alive connection the server had closed: one fresh try
-                self._count_model_call(record, ok=False)
-                _send_json(handler, 502, {"error": {"message": f"model endpoint unreachable: {exc}"}})
-                return
-            except OSError as exc:
-                connection.close()
                 self._count_model_call(record, ok=False)
                 _send_json(handler, 502, {"error": {"message": f"model endpoint unreachable: {exc}"}})
                 return
@@ -465,6 +460,7 @@ def _relay(handler: BaseHTTPRequestHandler, method: str, response: http.client.H
         while chunk := response.read1(_CHUNK):
             handler.wfile.write(chunk)
         handler.wfile.flush()
+        response.read()  # marks the response done, so its connection can carry the next call
         return
     handler.send_header("Transfer-Encoding", "chunked")
     handler.end_headers()
