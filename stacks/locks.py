@@ -133,9 +133,7 @@ def shipped_targets(pyproject: Path = PYPROJECT) -> list[LockTarget]:
 
 def rft_target(pyproject: Path = PYPROJECT) -> LockTarget:
     """The RFT agent image's lock (resolved under `rft-constraints.txt`, not the dev constraints)."""
-    return LockTarget(
-        RFT_AGENT_LOCK, tuple(rft_agent_requirements(pyproject)), AGENT_PYTHON, "aarch64-manylinux_2_36"
-    )
+    return LockTarget(RFT_AGENT_LOCK, tuple(rft_agent_requirements(pyproject)), AGENT_PYTHON, "aarch64-manylinux_2_36")
 
 
 def _uv(*args: str) -> None:
@@ -154,7 +152,9 @@ def compile_all(upgrade: bool = False) -> None:
     if not RFT_CONSTRAINTS.exists():
         RFT_CONSTRAINTS.write_text(DEV_CONSTRAINTS.read_text())  # start from the dev versions (uv keeps what fits)
     rft_extras = [arg for extra in RFT_EXTRAS for arg in ("--extra", extra)]
-    _uv(PYPROJECT.name, *rft_extras, "--universal", "--python-version", dev_python, "-o", rft_constraints, *upgrade_args)
+    _uv(
+        PYPROJECT.name, *rft_extras, "--universal", "--python-version", dev_python, "-o", rft_constraints, *upgrade_args
+    )
     targets = [(target, constraints) for target in shipped_targets()] + [(rft_target(), rft_constraints)]
     for target, target_constraints in targets:
         with tempfile.NamedTemporaryFile("w", suffix=".in", prefix=f"{target.path.parent.name}-") as source:

@@ -24,7 +24,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from rollout_pipeline.agent.context import RolloutContext, current_rollout
-from rollout_pipeline.config import JOB_ARN_ENV as JOB_ARN_ENV  # env fallback of `_rollout.job_arn`
+from rollout_pipeline.config import JOB_ARN_ENV  # env fallback of `_rollout.job_arn`
 
 if TYPE_CHECKING:
     import openai

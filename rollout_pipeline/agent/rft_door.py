@@ -210,7 +210,9 @@ class FrontDoor:
 
     def start(self) -> FrontDoor:
         if self._thread is None:
-            self._thread = threading.Thread(target=self._server.serve_forever, args=(0.1,), name="rft-front-door", daemon=True)
+            self._thread = threading.Thread(
+                target=self._server.serve_forever, args=(0.1,), name="rft-front-door", daemon=True
+            )
             self._thread.start()
         return self
 
@@ -297,6 +299,8 @@ class FrontDoor:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            #: Headers and body chunks leave at once (no Nagle wait on the agent's delayed ACK: ~40 ms a call).
+            disable_nagle_algorithm = True
 
             def log_message(self, format: str, *args: Any) -> None:
                 if door._log_requests:
@@ -326,7 +330,14 @@ class FrontDoor:
                         self._feedback(path, scoped, body)
                     elif path == MODEL_PATH_PREFIX or path.startswith(MODEL_PATH_PREFIX + "/"):
                         named = scoped or self.headers.get(SAGEMAKER_TRAJECTORY_HEADER)
-                        door._forward(self, method, door._resolve(named), path, split.query, body)
+                        door._forward(
+                            self,
+                            method=method,
+                            record=door._resolve(named),
+                            path=path,
+                            query=split.query,
+                            body=body,
+                        )
                     else:
                         self._json(404, {"message": f"no route {method} {path}"})
                 except UnknownTrajectory as exc:
@@ -334,7 +345,7 @@ class FrontDoor:
 
             def _read_body(self) -> bytes:
                 if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
-                    parts = []
+                    parts: list[bytes] = []
                     while True:
                         size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
                         if size == 0:
@@ -383,6 +394,7 @@ class FrontDoor:
     def _forward(
         self,
         handler: BaseHTTPRequestHandler,
+        *,
         method: str,
         record: TrajectoryRecord,
         path: str,
@@ -469,4 +481,3 @@ def _relay(handler: BaseHTTPRequestHandler, method: str, response: http.client.H
         handler.wfile.flush()
     handler.wfile.write(b"0\r\n\r\n")
     handler.wfile.flush()
-

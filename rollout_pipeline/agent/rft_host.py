@@ -44,9 +44,8 @@ from types import ModuleType
 from typing import Any, Final, Literal
 
 from rollout_pipeline.agent.context import current_rollout
-from rollout_pipeline.agent.inference import JOB_ARN_ENV
 from rollout_pipeline.agent.rft_door import FAILED, FrontDoor, TrajectoryRecord
-from rollout_pipeline.config import AGENT_MODULE_ENV
+from rollout_pipeline.config import AGENT_MODULE_ENV, JOB_ARN_ENV
 
 logger = logging.getLogger(__name__)
 

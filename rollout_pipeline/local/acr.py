@@ -80,9 +80,7 @@ def agent_command(
     return [python, "-m", module, "--host", host, "--port", str(port)]
 
 
-def served_agent(
-    module: str, kind: str = "auto", env: Mapping[str, str] | None = None
-) -> tuple[str, dict[str, str]]:
+def served_agent(module: str, kind: str = "auto", env: Mapping[str, str] | None = None) -> tuple[str, dict[str, str]]:
     """The module to start and its extra environment for an agent module of `kind` ("auto", "art" or "rft").
 
     ART agents are started as they are (`python -m MODULE`); RFT agents (detected from the module's source on the

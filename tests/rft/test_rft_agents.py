@@ -10,6 +10,7 @@ Results are read back from a loopback moto S3 with `contracts.parse_result`, as 
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 import time
 from collections.abc import Iterator
@@ -180,3 +181,33 @@ def test_an_agent_reporting_by_hand_is_a_success(s3_endpoint: str, agents_dir: P
     assert outcome.rewards == 0.75
     assert outcome.body is not None
     assert outcome.body["response"] == "done"
+
+
+def test_the_images_start_command_serves_the_rft_example_with_the_rft_setting(s3_endpoint: str) -> None:
+    """What the deployed runtime runs: the Dockerfile's CMD module with the environment the stack sets for
+    `-c agent_kind=rft` (tests/infra/test_agent_kind.py checks the synthesized values)."""
+    dockerfile = (Path(__file__).resolve().parents[2] / "agent_image" / "Dockerfile").read_text()
+    (cmd,) = re.findall(r"^CMD (\[.*\])$", dockerfile, re.MULTILINE)
+    start_module = json.loads(cmd)[2]
+    env = {**local_aws_environ(s3_endpoint, REGION), "ROLLOUTS_AGENT_KIND": "rft", "SAGEMAKER_JOB_ARN": JOB}
+    env.pop("ROLLOUTS_AGENT_MODULE", None)
+    with FakeModelServer("It is 15") as model, AgentProcess(start_module, env=env) as agent:
+        session = "start-command-".ljust(40, "x")
+        payload = {
+            "question": "7 + 8",
+            "answer": "15",
+            "_rollout": {
+                "exp_id": "rft",
+                "input_id": "start",
+                "s3_bucket": BUCKET,
+                "base_url": model.base_url,
+                "model_id": "fake-model",
+                "session_id": session,
+            },
+        }
+        status, answer = agent.invoke(session, payload)
+        assert status == 200
+        outcome = _result(s3_endpoint, answer["result_key"])
+        assert model.requests[0].header("X-Amzn-SageMaker-Job-Arn") == JOB
+    assert outcome.success
+    assert outcome.rewards == 1.0

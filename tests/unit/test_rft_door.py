@@ -72,7 +72,9 @@ def test_feedback_on_the_rollouts_own_path_and_its_checks(door: FrontDoor) -> No
 
     assert _request(door, "POST", endpoint + "/update-reward", {"Rewards": [1]})[0] == 200
     assert record.rewards == [1.0]
-    assert _request(door, "POST", endpoint + "/complete-rollout", {"TrajectoryId": "other", "Status": "ready"})[0] == 400
+    assert (
+        _request(door, "POST", endpoint + "/complete-rollout", {"TrajectoryId": "other", "Status": "ready"})[0] == 400
+    )
     assert _request(door, "POST", endpoint + "/complete-rollout", {"Status": "done"})[0] == 400
     for bad in ([], [float("nan")], ["1"], [True], 1.0):
         assert _request(door, "POST", endpoint + "/update-reward", {"Rewards": bad})[0] == 400, bad

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-import textwrap
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -50,7 +49,9 @@ def test_request_carries_metadata_in_both_casings_params_in_camel_case_and_the_r
         "answer": "15",
         "_rollout": {"session_id": SESSION, "sampling_params": {"temperature": 0.7, "max_tokens": 32, "top_p": 0.9}},
     }
-    request = rft_request(payload, trajectory_id=SESSION, job_arn=JOB, endpoint="http://127.0.0.1:1/r", region="eu-west-1")
+    request = rft_request(
+        payload, trajectory_id=SESSION, job_arn=JOB, endpoint="http://127.0.0.1:1/r", region="eu-west-1"
+    )
 
     assert request["question"] == "7 + 8"
     assert request["instance"] == {"question": "7 + 8", "answer": "15"}
@@ -362,6 +363,4 @@ def test_an_agentcore_runtime_app_entrypoint_is_served_unchanged(agent_dir: Path
 def load_entrypoint_stub(handler: Any) -> Any:
     from rollout_pipeline.agent.rft_host import Entrypoint
 
-    return Entrypoint(
-        module="test", app_name="app", app=None, handler=handler, is_rft=False, is_art_rollout_app=False
-    )
+    return Entrypoint(module="test", app_name="app", app=None, handler=handler, is_rft=False, is_art_rollout_app=False)

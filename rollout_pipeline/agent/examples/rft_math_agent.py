@@ -56,7 +56,11 @@ def invoke_agent(payload: dict[str, Any]) -> dict[str, Any]:
         default_headers=make_inference_headers(metadata),
     )
     question = payload.get("question") or payload.get("prompt") or payload["instance"]["question"]
-    sampling = {"temperature": params.get("temperature"), "max_tokens": params.get("maxTokens"), "top_p": params.get("topP")}
+    sampling = {
+        "temperature": params.get("temperature"),
+        "max_tokens": params.get("maxTokens"),
+        "top_p": params.get("topP"),
+    }
     response = client.chat.completions.create(
         model="default",
         messages=[{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": str(question)}],
