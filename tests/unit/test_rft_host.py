@@ -364,3 +364,35 @@ def load_entrypoint_stub(handler: Any) -> Any:
     from rollout_pipeline.agent.rft_host import Entrypoint
 
     return Entrypoint(module="test", app_name="app", app=None, handler=handler, is_rft=False, is_art_rollout_app=False)
+
+
+# --- local mode picks the host for RFT modules ------------------------------------------------------------------------
+
+
+def test_local_mode_serves_rft_modules_through_the_host_and_art_modules_as_they_are(tmp_path: Path) -> None:
+    from rollout_pipeline.local.acr import DEFAULT_AGENT_MODULE, RFT_HOST_MODULE, served_agent
+
+    (tmp_path / "elsewhere_rft_agent.py").write_text(RFT_SOURCE)
+    env = {"PYTHONPATH": str(tmp_path)}
+    assert served_agent(DEFAULT_AGENT_MODULE) == (DEFAULT_AGENT_MODULE, {})
+    assert served_agent("elsewhere_rft_agent", "auto", env) == (
+        RFT_HOST_MODULE,
+        {**env, "ROLLOUTS_AGENT_MODULE": "elsewhere_rft_agent"},
+    )
+    assert served_agent("elsewhere_rft_agent", "art", env) == ("elsewhere_rft_agent", env)
+    assert served_agent(DEFAULT_AGENT_MODULE, "rft")[0] == RFT_HOST_MODULE
+    with pytest.raises(ValueError, match="agent kind"):
+        served_agent(DEFAULT_AGENT_MODULE, "sagemaker")
+
+
+def test_the_local_cli_takes_the_agent_kind() -> None:
+    import argparse
+
+    from rollout_pipeline.local import cli
+
+    parser = argparse.ArgumentParser()
+    cli._add_pipeline_options(parser)
+    args = parser.parse_args(["--agent-module", "my_agent", "--agent-kind", "rft", "--model-url", "http://m/v1"])
+    settings = cli._settings(args)
+    assert (settings.agent_module, settings.agent_kind) == ("my_agent", "rft")
+    assert parser.parse_args([]).agent_kind == "auto"
