@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import urllib.request
 from collections.abc import Iterator
@@ -396,3 +397,23 @@ def test_the_local_cli_takes_the_agent_kind() -> None:
     settings = cli._settings(args)
     assert (settings.agent_module, settings.agent_kind) == ("my_agent", "rft")
     assert parser.parse_args([]).agent_kind == "auto"
+
+
+def test_starting_the_host_points_the_sdks_default_endpoint_at_the_front_door(
+    agent_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rollout_pipeline.agent.app import RolloutApp
+    from rollout_pipeline.agent.rft_host import RFT_RUNTIME_ENDPOINT_ENV, start_host
+
+    monkeypatch.setenv(RFT_RUNTIME_ENDPOINT_ENV, "https://job-runtime.sagemaker.us-east-1.api.aws")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    app, door, entry = start_host("runtime_agent_src", environ={"SAGEMAKER_JOB_ARN": JOB})
+    try:
+        assert isinstance(app, RolloutApp)
+        assert "main" in app.handlers
+        assert entry.module == "runtime_agent_src"
+        assert door.root_url.startswith("http://127.0.0.1:")
+        assert door.port not in (80, 443, 8080)
+        assert os.environ[RFT_RUNTIME_ENDPOINT_ENV] == door.root_url
+    finally:
+        door.stop()
