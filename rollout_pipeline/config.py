@@ -151,6 +151,12 @@ class ExperimentConfig(BaseModel):
         return found
 
     @model_validator(mode="after")
+    def _app_named_for_the_host_only(self) -> ExperimentConfig:
+        if self.agent_kind == "art" and self.agent_module and ":" in self.agent_module:
+            raise ValueError("agent_module MODULE:APP names an app, which only agent_kind=rft serves")
+        return self
+
+    @model_validator(mode="after")
     def _lifetime_covers_timeout(self) -> ExperimentConfig:
         if self.max_lifetime_s < self.rollout_timeout_s:
             raise ValueError(

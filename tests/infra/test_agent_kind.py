@@ -73,3 +73,5 @@ def test_agent_settings_are_validated() -> None:
     for bad in ({"agent_kind": "sagemaker"}, {"agent_module": "x; rm -rf /"}, {"rft_job_arn": "arn:aws:s3:::b"}):
         with pytest.raises(ConfigError, match=next(iter(bad))):
             ExperimentConfig.from_context(stack_context(**bad))
+    with pytest.raises(ConfigError, match="only agent_kind=rft"):
+        ExperimentConfig.from_context(stack_context(agent_module="my_agents.solver:app"))
