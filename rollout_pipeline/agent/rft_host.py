@@ -131,8 +131,8 @@ def _reward_shape(value: Any) -> bool:
 def rft_result(returned: Any, report: TrajectoryRecord) -> dict[str, Any]:
     """The result object's body for what an RFT entrypoint returned and reported (it did not raise).
 
-    - `{"status": "error", "error": msg}` returned, or `failed` reported -> `status_code` 500 with the agent's
-      message (`agent_error`), never a reward of 0;
+    - `{"status": "error", "error": msg}` (or ART's `status_code` other than 200) returned, or `failed` reported
+      -> `status_code` 500 with the agent's message (`agent_error`), never a reward of 0;
     - a reward reported (`/update-reward`) -> `rewards` = it: one reported value as a number, several as the per-turn
       list (a returned `reward` of the same values keeps its own shape). The first terminal report wins: when the
       returned `reward` differs from the reported one, the reported one (what SageMaker would train on) is used;
@@ -178,6 +178,9 @@ def rft_result(returned: Any, report: TrajectoryRecord) -> dict[str, Any]:
 def _agent_error(returned: Any, report: TrajectoryRecord) -> str | None:
     if isinstance(returned, Mapping) and returned.get("status") == "error":
         return f"agent returned status 'error': {returned.get('error') or 'unknown error'}"[:2000]
+    status_code = returned.get("status_code") if isinstance(returned, Mapping) else None
+    if isinstance(status_code, int) and not isinstance(status_code, bool) and status_code != 200:
+        return f"agent returned status_code {status_code}: {returned.get('stop_reason') or ''}".strip()[:2000]
     if report.status == FAILED:
         return "agent reported the rollout failed (complete-rollout status 'failed')"
     return None

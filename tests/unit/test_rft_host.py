@@ -125,6 +125,13 @@ def test_status_error_is_an_agent_error_with_its_message_not_a_zero_reward() -> 
     assert "tool crashed" in outcome.error
 
 
+def test_an_art_style_error_status_code_is_an_agent_error() -> None:
+    outcome = _outcome({"status_code": 503, "stop_reason": "sandbox gone", "rewards": 1.0}, _record())
+    assert outcome.reason is FailureReason.AGENT_ERROR
+    assert outcome.error is not None
+    assert "sandbox gone" in outcome.error
+
+
 def test_a_failed_report_is_an_agent_error() -> None:
     outcome = _outcome({"reward": 1.0}, _record("failed", [0.0]))
     assert outcome.reason is FailureReason.AGENT_ERROR
