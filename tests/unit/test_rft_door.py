@@ -204,7 +204,10 @@ def test_a_stream_is_relayed_byte_for_byte_as_it_arrives(door: FrontDoor, chunke
             piece = response.read1(1024)
             assert piece, "the stream ended before the held chunk was released"
             early += piece
-        # The first two chunks arrived while the upstream still holds the last one: nothing is buffered.
+        # The first two chunks arrived while the upstream still holds the last one: nothing is buffered (a
+        # buffering door would deliver nothing until the upstream gives up waiting and ends, then all three).
+        assert early == _GatedStream.CHUNKS[0] + _GatedStream.CHUNKS[1]
+        assert not upstream.release.is_set()
         upstream.release.set()
         rest = response.read()
         connection.close()
