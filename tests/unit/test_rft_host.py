@@ -424,3 +424,34 @@ def test_starting_the_host_points_the_sdks_default_endpoint_at_the_front_door(
         assert os.environ[RFT_RUNTIME_ENDPOINT_ENV] == door.root_url
     finally:
         door.stop()
+
+
+def test_concurrent_rollouts_of_one_process_keep_their_own_reports(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One process serving several sessions (local mode's shared isolation): each trajectory gets its own reward."""
+    monkeypatch.setenv("OPENAI_API_KEY", "our-model-key")
+    sessions = [f"batch-0123456789ab-{n}-1-" + "c" * 20 for n in range(6)]
+
+    def reply(request: Any) -> str:
+        return "15" if "RIGHT" in json.dumps(request.body) else "0"
+
+    async def one(host: RftHost, model: FakeModelServer, session: str, right: bool) -> dict[str, Any]:
+        payload = _payload(model, question=("RIGHT " if right else "") + "7 + 8")
+        payload["_rollout"]["session_id"] = session
+
+        class Context:
+            session_id = session
+
+        with rollout_context(RolloutContext.from_payload(payload, session)):
+            return await host.rollout(payload, Context())
+
+    with FakeModelServer(reply) as model, FrontDoor() as door:
+        host = RftHost(load_entrypoint_stub(_sdk_like), door)
+
+        async def all_of_them() -> list[dict[str, Any]]:
+            return await asyncio.gather(*(one(host, model, s, n % 2 == 0) for n, s in enumerate(sessions)))
+
+        bodies = asyncio.run(all_of_them())
+        calls = {call.header("X-Amzn-SageMaker-Trajectory-Id") for call in model.requests}
+    assert [body["rewards"] for body in bodies] == [1.0, 0.0] * 3
+    assert [body["rft"]["trajectory_id"] for body in bodies] == sessions
+    assert calls == set(sessions)
