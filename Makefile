@@ -11,10 +11,10 @@ NODE_STAMP := node_modules/.installed
 export CDK_DISABLE_CLI_TELEMETRY := 1
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
-# Bare `make` lists the targets (CI runs `make test` and `make art-test` by name, see .ci/run).
+# Bare `make` lists the targets (CI runs `make test`, `make art-test` and `make rft-test` by name, see .ci/run).
 .DEFAULT_GOAL := help
 
-.PHONY: help setup setup-model demo test test-stress art-test art-bench unit integration infra e2e lint format synth diff preflight deploy destroy bench schemas clean
+.PHONY: help setup setup-model demo test test-stress art-test art-bench rft-test rft-bench unit integration infra e2e lint format synth diff preflight deploy destroy bench schemas clean
 
 # Exact versions: constraints.txt pins every package of the dev/test environment (pyproject.toml has ranges for the
 # library, so it installs beside trainers); `make lock` regenerates it and the shipped locks (stacks/locks.py).
@@ -80,6 +80,25 @@ art-test: $(ART_STAMP) ## The ART rollout-session backend's tests, installed nex
 
 art-bench: $(ART_STAMP) ## ART's S3 polling vs the pipeline's backend, same groups, same local S3 (about a minute)
 	$(ART_VENV)/bin/python bench/bench_art.py
+
+# SageMaker RFT SDK agents (the RFT host): a separate venv with the `rft` extra (sagemaker-train 1.27.0), pinned by
+# rft-constraints.txt (`make lock`): the SDK does not resolve under the dev constraints.txt.
+RFT_VENV ?= .venv-rft
+RFT_STAMP := $(RFT_VENV)/.installed
+RFT_CONSTRAINTS := rft-constraints.txt
+
+$(RFT_STAMP): pyproject.toml $(RFT_CONSTRAINTS)
+	test -x $(RFT_VENV)/bin/python || $(PYTHON) -m venv $(RFT_VENV)
+	$(RFT_VENV)/bin/pip install -q -c $(RFT_CONSTRAINTS) --upgrade pip
+	$(RFT_VENV)/bin/pip install -q -c $(RFT_CONSTRAINTS) -e ".[agent,local,dev,rft]"
+	$(RFT_VENV)/bin/pip check
+	touch $(RFT_STAMP)
+
+rft-test: $(RFT_STAMP) ## The RFT host's tests with the real SageMaker RFT SDK, in its own venv (.venv-rft)
+	$(RFT_VENV)/bin/python -m pytest tests/rft tests/unit/test_rft_host.py tests/unit/test_rft_door.py
+
+rft-bench: $(RFT_STAMP) ## The RFT host's overhead vs the plain ART app (latency per rollout and model call, cold start)
+	$(RFT_VENV)/bin/python bench/bench_rft_host.py
 
 unit: $(STAMP) ## Unit tests
 	$(BIN)/python -m pytest tests/unit

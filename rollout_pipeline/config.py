@@ -42,6 +42,18 @@ class SamplingParams(BaseModel):
 
 #: Environment variable naming the agent's model-key secret (Secrets Manager) in the runtime.
 MODEL_SECRET_ENV: Final = "ROLLOUTS_MODEL_SECRET"
+#: Environment variables of the agent image's start command (`rollout_pipeline.agent.start`): the agent module it
+#: serves and how (`art`: `python -m MODULE`; `rft`: through the RFT host, `rollout_pipeline.agent.rft_host`).
+AGENT_MODULE_ENV: Final = "ROLLOUTS_AGENT_MODULE"
+AGENT_KIND_ENV: Final = "ROLLOUTS_AGENT_KIND"
+#: The SageMaker RFT job ARN agents send as `X-Amzn-SageMaker-Job-Arn` when `_rollout.job_arn` is not set.
+JOB_ARN_ENV: Final = "SAGEMAKER_JOB_ARN"
+AgentKind = Literal["art", "rft"]
+#: The example agent of each kind (what the image serves when `agent_module` is not set).
+DEFAULT_AGENT_MODULES: Final[dict[str, str]] = {
+    "art": "rollout_pipeline.agent.examples.math_agent",
+    "rft": "rollout_pipeline.agent.examples.rft_math_agent",
+}
 
 
 class ExperimentConfig(BaseModel):
@@ -70,6 +82,19 @@ class ExperimentConfig(BaseModel):
         description="Secrets Manager secret holding the model API key; the agent reads it at start (only it may)",
     )
     sampling_params: SamplingParams = Field(default_factory=SamplingParams)
+    agent_kind: AgentKind = Field(
+        default="art", description="How the image serves the agent: art (python -m MODULE) or rft (the RFT host)"
+    )
+    agent_module: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*(:[A-Za-z_][A-Za-z0-9_]*)?$",
+        description="The agent module the image serves (default: the example agent of agent_kind)",
+    )
+    rft_job_arn: str | None = Field(
+        default=None,
+        pattern=r"^arn:aws[a-z-]*:sagemaker:[a-z0-9-]+:\d{12}:[A-Za-z0-9/_+=.@:-]{1,1024}$",
+        description="SageMaker RFT job ARN the agents send with their model calls and feedback (if any)",
+    )
     policy_version: str | None = Field(default=None, max_length=128)
     results_retention: Literal["retain", "destroy"] = "retain"
     results_expiration_days: int | None = Field(default=None, ge=1, le=3650)
@@ -151,6 +176,12 @@ class ExperimentConfig(BaseModel):
         return found
 
     @model_validator(mode="after")
+    def _app_named_for_the_host_only(self) -> ExperimentConfig:
+        if self.agent_kind == "art" and self.agent_module and ":" in self.agent_module:
+            raise ValueError("agent_module MODULE:APP names an app, which only agent_kind=rft serves")
+        return self
+
+    @model_validator(mode="after")
     def _lifetime_covers_timeout(self) -> ExperimentConfig:
         if self.max_lifetime_s < self.rollout_timeout_s:
             raise ValueError(
@@ -163,6 +194,11 @@ class ExperimentConfig(BaseModel):
                 "it empty (it then defaults to at most max_lifetime_s)"
             )
         return self
+
+    @property
+    def served_agent_module(self) -> str:
+        """The module the agent image serves: `agent_module`, else the example agent of `agent_kind`."""
+        return self.agent_module or DEFAULT_AGENT_MODULES[self.agent_kind]
 
     @property
     def runtime_name(self) -> str:
@@ -197,7 +233,13 @@ class ExperimentConfig(BaseModel):
                     value = json.loads(value) if value else {}
                 except json.JSONDecodeError as exc:
                     raise ConfigError(f"sampling_params: not valid JSON ({exc.msg})") from exc
-            if field_name in ("policy_version", "results_expiration_days", "model_secret_name") and value in (
+            if field_name in (
+                "policy_version",
+                "results_expiration_days",
+                "model_secret_name",
+                "agent_module",
+                "rft_job_arn",
+            ) and value in (
                 "",
                 "none",
                 "None",

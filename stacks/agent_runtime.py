@@ -11,7 +11,7 @@ from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from rollout_pipeline import ids
-from rollout_pipeline.config import MODEL_SECRET_ENV, ExperimentConfig
+from rollout_pipeline.config import AGENT_KIND_ENV, AGENT_MODULE_ENV, JOB_ARN_ENV, MODEL_SECRET_ENV, ExperimentConfig
 
 #: ACR's DEFAULT endpoint: what InvokeAgentRuntime without a qualifier targets.
 DEFAULT_ENDPOINT: Final = ids.DEFAULT_ENDPOINT_NAME
@@ -52,6 +52,9 @@ class AgentRuntime(Construct):
                 "MODEL_BASE_URL": config.model_base_url,
                 "MODEL_ID": config.model_id,
                 **({MODEL_SECRET_ENV: config.model_secret_name} if config.model_secret_name else {}),
+                AGENT_KIND_ENV: config.agent_kind,
+                AGENT_MODULE_ENV: config.served_agent_module,
+                **({JOB_ARN_ENV: config.rft_job_arn} if config.rft_job_arn else {}),
             },
         )
         self.endpoint_names = [ids.endpoint_name(i) for i in range(config.endpoints)]

@@ -96,14 +96,21 @@ def skip_if_tagged(commands: list[str]) -> str:
     return f'if {TAG_EXISTS_CHECK}; then echo "$repositoryUri:$imageTag exists: nothing to build"; else {build}; fi'
 
 
-def content_tag(repo_root: Path) -> str:
-    """The image tag: a hash of the build context (`agent_image/` and the library, minus the dockerignored files).
+def build_args(config: ExperimentConfig) -> dict[str, str]:
+    """The Dockerfile's build arguments: `AGENT_EXTRAS=rft` adds the SageMaker RFT SDK for `agent_kind=rft`."""
+    return {"AGENT_EXTRAS": "rft"} if config.agent_kind == "rft" else {}
+
+
+def content_tag(repo_root: Path, args: dict[str, str] | None = None) -> str:
+    """The image tag: a hash of the build context (`agent_image/` and the library, minus the dockerignored files)
+    and the build arguments.
 
     A content fingerprint of the same files the zipped context holds: an unchanged context keeps the tag (and the
     asset hash, so the custom resource's properties), and CloudFormation does not run the build again.
     """
+    extra = DOCKERFILE + "".join(f"|{key}={value}" for key, value in sorted((args or {}).items()))
     return FileSystem.fingerprint(
-        str(repo_root), exclude=image_excludes(repo_root), ignore_mode=IgnoreMode.DOCKER, extra_hash=DOCKERFILE
+        str(repo_root), exclude=image_excludes(repo_root), ignore_mode=IgnoreMode.DOCKER, extra_hash=extra
     )
 
 
@@ -142,12 +149,14 @@ class AgentImage(Construct):
             )
             self.artifact = agentcore.AgentRuntimeArtifact.from_image_uri(settings.image_uri)
             return
+        args = build_args(config)
         if self.mode == "local":
             asset = ecr_assets.DockerImageAsset(
                 self,
                 "Asset",
                 directory=str(repo_root),
                 file=DOCKERFILE,
+                build_args=args or None,
                 platform=ecr_assets.Platform.LINUX_ARM64,
                 exclude=image_excludes(repo_root),
                 ignore_mode=IgnoreMode.DOCKER,
@@ -187,7 +196,8 @@ class AgentImage(Construct):
             exclude=image_excludes(repo_root),
             ignore_mode=IgnoreMode.DOCKER,
             repository=self.repository,
-            tag=content_tag(repo_root),
+            tag=content_tag(repo_root, args),
+            build_args=args or None,
         )
         self.artifact = agentcore.AgentRuntimeArtifact.from_ecr_repository(self.repository, self.build.image_tag)
         self.image_uri = f"{self.repository.repository_uri}:{self.build.image_tag}"

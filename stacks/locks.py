@@ -10,7 +10,13 @@ is pinned exactly, to the versions the tests ran with:
 - `constraints.txt`: every package of the dev/test environment (`make setup` installs with `-c constraints.txt`).
   The two shipped locks are resolved under it, so they carry the versions the tests ran with.
 
-`make lock` (`python -m stacks.locks [--upgrade]`) regenerates all three with `uv pip compile`; without `--upgrade`
+The SageMaker RFT SDK (pyproject's `rft` extra) does not resolve under `constraints.txt`, so it has its own pair:
+
+- `rft-constraints.txt`: the RFT test environment (`make rft-test`, .venv-rft: the `agent`, `local`, `dev` and
+  `rft` extras), resolved starting from `constraints.txt`'s versions so only what the SDK forces moves;
+- `agent_image/requirements-rft.lock`: the agent image with the `rft` extra (`-c agent_kind=rft`), under it.
+
+`make lock` (`python -m stacks.locks [--upgrade]`) regenerates all five with `uv pip compile`; without `--upgrade`
 it keeps every version that still fits and only fills in what changed. No CDK import here: `make lock` stays fast.
 """
 
@@ -31,6 +37,10 @@ PYPROJECT: Final = REPO_ROOT / "pyproject.toml"
 DEV_CONSTRAINTS: Final = REPO_ROOT / "constraints.txt"
 LAMBDA_LOCK: Final = REPO_ROOT / "lambdas" / "requirements.lock"
 AGENT_LOCK: Final = REPO_ROOT / "agent_image" / "requirements.lock"
+RFT_CONSTRAINTS: Final = REPO_ROOT / "rft-constraints.txt"
+RFT_AGENT_LOCK: Final = REPO_ROOT / "agent_image" / "requirements-rft.lock"
+#: The extras of the RFT test environment (`make rft-test`).
+RFT_EXTRAS: Final = ("agent", "local", "dev", "rft")
 #: The extras `make setup` / `make setup-model` / `make lock` install: the dev/test environment's closure.
 DEV_EXTRAS: Final = ("cdk", "agent", "local", "dev", "report", "model", "lock")
 #: Python of the Lambda runtime (`stacks.functions.RUNTIME`; a test keeps the two equal).
@@ -78,6 +88,11 @@ def agent_requirements(pyproject: Path = PYPROJECT) -> list[str]:
     return pyproject_requirements("agent", pyproject)
 
 
+def rft_agent_requirements(pyproject: Path = PYPROJECT) -> list[str]:
+    """What the RFT agent image's lock is resolved from: pyproject's `agent` and `rft` extras."""
+    return [*pyproject_requirements("agent", pyproject), *pyproject_requirements("rft", pyproject)]
+
+
 @dataclass(frozen=True)
 class Pin:
     """One `name==version` line of a lock or constraints file (with its environment marker, if any)."""
@@ -116,6 +131,11 @@ def shipped_targets(pyproject: Path = PYPROJECT) -> list[LockTarget]:
     ]
 
 
+def rft_target(pyproject: Path = PYPROJECT) -> LockTarget:
+    """The RFT agent image's lock (resolved under `rft-constraints.txt`, not the dev constraints)."""
+    return LockTarget(RFT_AGENT_LOCK, tuple(rft_agent_requirements(pyproject)), AGENT_PYTHON, "aarch64-manylinux_2_36")
+
+
 def _uv(*args: str) -> None:
     command = [sys.executable, "-m", "uv", "pip", "compile", "--quiet", "--custom-compile-command", COMPILE_COMMAND]
     subprocess.run([*command, *args], check=True, cwd=REPO_ROOT)
@@ -128,7 +148,15 @@ def compile_all(upgrade: bool = False) -> None:
     dev_python = "3.11"  # the oldest Python pyproject accepts: universal markers cover newer ones
     constraints = str(DEV_CONSTRAINTS.relative_to(REPO_ROOT))
     _uv(PYPROJECT.name, *extras, "--universal", "--python-version", dev_python, "-o", constraints, *upgrade_args)
-    for target in shipped_targets():
+    rft_constraints = str(RFT_CONSTRAINTS.relative_to(REPO_ROOT))
+    if not RFT_CONSTRAINTS.exists():
+        RFT_CONSTRAINTS.write_text(DEV_CONSTRAINTS.read_text())  # start from the dev versions (uv keeps what fits)
+    rft_extras = [arg for extra in RFT_EXTRAS for arg in ("--extra", extra)]
+    _uv(
+        PYPROJECT.name, *rft_extras, "--universal", "--python-version", dev_python, "-o", rft_constraints, *upgrade_args
+    )
+    targets = [(target, constraints) for target in shipped_targets()] + [(rft_target(), rft_constraints)]
+    for target, target_constraints in targets:
         with tempfile.NamedTemporaryFile("w", suffix=".in", prefix=f"{target.path.parent.name}-") as source:
             source.write("\n".join(target.requirements) + "\n")
             source.flush()
@@ -143,7 +171,7 @@ def compile_all(upgrade: bool = False) -> None:
                 "--generate-hashes",
                 "--no-annotate",
                 "-c",
-                constraints,
+                target_constraints,
                 "-o",
                 str(target.path.relative_to(REPO_ROOT)),
                 *upgrade_args,
@@ -151,7 +179,7 @@ def compile_all(upgrade: bool = False) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m stacks.locks [--upgrade]`: regenerate the constraints and both locks from the registries."""
+    """`python -m stacks.locks [--upgrade]`: regenerate the constraints and the locks from the registries."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--upgrade", action="store_true", help="move every package to the newest version allowed")
     args = parser.parse_args(argv)

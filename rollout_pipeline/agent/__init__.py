@@ -4,9 +4,11 @@
 - `inference`: sampling params, token-capture headers, OpenAI clients wired for the current rollout;
 - `strands_model`: `RolloutOpenAIModel`, a Strands model safe to share between concurrent rollouts;
 - `app`: `RolloutApp` (ART's `AgentCoreRLApp` + the rollout context) and `serve()`;
+- `rft_host` / `rft_door`: serve a SageMaker RFT SDK agent unchanged (the RFT host and its loopback front door);
 - `rewards`: the GSM8K reward; `testing`: a fake OpenAI-compatible model server.
 
-Importing this package imports only the standard library; `app`, `strands_model` need the `agent` extra.
+Importing this package imports the standard library and `rollout_pipeline.config` (pydantic); `app`,
+`strands_model` and `rft_host` need the `agent` extra.
 """
 
 from rollout_pipeline.agent.context import (

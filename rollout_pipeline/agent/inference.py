@@ -24,6 +24,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from rollout_pipeline.agent.context import RolloutContext, current_rollout
+from rollout_pipeline.config import JOB_ARN_ENV  # env fallback of `_rollout.job_arn`
 
 if TYPE_CHECKING:
     import openai
@@ -33,7 +34,6 @@ SAGEMAKER_TRAJECTORY_HEADER = "X-Amzn-SageMaker-Trajectory-Id"
 RLLM_SESSION_HEADER = "X-RLLM-Session-Id"
 #: Env fallbacks for values the payload may not carry.
 TOKEN_CAPTURE_ENV = "ROLLOUT_TOKEN_CAPTURE"
-JOB_ARN_ENV = "SAGEMAKER_JOB_ARN"
 #: OpenAI clients refuse an empty key; local OpenAI-compatible servers accept anything.
 PLACEHOLDER_API_KEY = "EMPTY"
 

@@ -52,6 +52,7 @@ logger = logging.getLogger(__name__)
 
 SESSION_HEADER: Final = "X-Amzn-Bedrock-AgentCore-Runtime-Session-Id"
 DEFAULT_AGENT_MODULE: Final = "rollout_pipeline.agent.examples.math_agent"
+RFT_HOST_MODULE: Final = "rollout_pipeline.agent.rft_host"
 #: ACR's limits on the session id (botocore rejects others before sending) and the payload.
 MIN_SESSION_ID_LENGTH: Final = 33
 MAX_SESSION_ID_LENGTH: Final = 256
@@ -77,6 +78,25 @@ def agent_command(
 ) -> list[str]:
     """The command that serves an agent module: `python -m <module> --host <host> --port <port>`."""
     return [python, "-m", module, "--host", host, "--port", str(port)]
+
+
+def served_agent(module: str, kind: str = "auto", env: Mapping[str, str] | None = None) -> tuple[str, dict[str, str]]:
+    """The module to start and its extra environment for an agent module of `kind` ("auto", "art" or "rft").
+
+    ART agents are started as they are (`python -m MODULE`); RFT agents (detected from the module's source on the
+    agent's PYTHONPATH when `kind` is "auto") through the RFT host, which imports MODULE itself."""
+    from rollout_pipeline.agent.rft_host import agent_kind_of
+    from rollout_pipeline.config import AGENT_MODULE_ENV
+
+    extra = dict(env or {})
+    if kind not in ("auto", "art", "rft"):
+        raise ValueError(f"agent kind must be auto, art or rft, got {kind!r}")
+    if kind == "auto":
+        search = [p for p in agent_environ(extra).get("PYTHONPATH", "").split(os.pathsep) if p] + sys.path
+        kind = agent_kind_of(module, search)
+    if kind == "rft":
+        return RFT_HOST_MODULE, {**extra, AGENT_MODULE_ENV: module}
+    return module, extra
 
 
 def agent_environ(extra: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -563,6 +583,7 @@ def start_agent(
 
 __all__: Sequence[str] = (
     "DEFAULT_AGENT_MODULE",
+    "RFT_HOST_MODULE",
     "SESSION_HEADER",
     "AgentProcess",
     "AgentStartError",
@@ -570,5 +591,6 @@ __all__: Sequence[str] = (
     "agent_command",
     "agent_environ",
     "free_port",
+    "served_agent",
     "start_agent",
 )

@@ -33,7 +33,15 @@ def _add_pipeline_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--agent-module",
         default="rollout_pipeline.agent.examples.math_agent",
-        help="agent module served as `python -m MODULE --host 127.0.0.1 --port N`",
+        help="agent module served as `python -m MODULE --host 127.0.0.1 --port N` (ART), or through the RFT host "
+        "(SageMaker RFT SDK agents, detected: see --agent-kind)",
+    )
+    parser.add_argument(
+        "--agent-kind",
+        choices=("auto", "art", "rft"),
+        default="auto",
+        help="auto (default: detected from the module's source), art, or rft (serve its @app.entrypoint unchanged "
+        "through the RFT host)",
     )
     parser.add_argument("--work-dir", type=Path, help="where logs go (default: a new temporary directory)")
     parser.add_argument("-v", "--verbose", action="store_true", help="log what the pipeline does")
@@ -100,6 +108,7 @@ def _settings(args: argparse.Namespace, max_tokens: int = 256) -> Any:
         model_id=args.model_id,
         sampling_params={"temperature": args.temperature, "max_tokens": args.max_tokens or max_tokens},
         agent_module=args.agent_module,
+        agent_kind=args.agent_kind,
         work_dir=args.work_dir,
     )
 

@@ -242,7 +242,7 @@ def run_demo(
         with LocalPipeline(settings) as pipeline:
             print(
                 f"  AWS (moto) {pipeline.endpoint_url} | model {pipeline.model_url} ({settings.model_id}) | "
-                f"agent {settings.agent_module} | logs {pipeline.work_dir}",
+                f"agent {settings.agent_module} ({settings.agent_kind}) | logs {pipeline.work_dir}",
                 file=out,
                 flush=True,
             )

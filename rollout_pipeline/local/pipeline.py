@@ -57,6 +57,9 @@ class LocalSettings:
     model_id: str = MODEL_ID
     sampling_params: dict[str, Any] = field(default_factory=lambda: {"temperature": 0.7, "max_tokens": 256})
     agent_module: str = DEFAULT_AGENT_MODULE
+    #: "auto" (read the module's source: SageMaker RFT SDK / `@app.entrypoint` agents -> "rft"), "art" (served as
+    #: `python -m MODULE`) or "rft" (served unchanged by the RFT host, `rollout_pipeline.agent.rft_host`).
+    agent_kind: str = "auto"
     #: "process": one agent process per session, stop kills it (ACR-faithful); "shared": one process.
     isolation: str = "process"
     warm_processes: int = 2
@@ -177,13 +180,15 @@ class LocalPipeline:
         log.info("local pipeline up in %.1f s (work dir %s)", time.monotonic() - started, self.work_dir)
 
     def _start_agents(self, aws_env: Mapping[str, str]) -> Any:
-        from rollout_pipeline.local.acr import LocalAgentRuntime
+        from rollout_pipeline.local.acr import LocalAgentRuntime, served_agent
 
+        module, agent_env = served_agent(self.settings.agent_module, self.settings.agent_kind, self.settings.agent_env)
+        log.info("agent %s served as %s", self.settings.agent_module, module)
         runtime = LocalAgentRuntime(
-            self.settings.agent_module,
+            module,
             env={
                 **aws_env,
-                **self.settings.agent_env,
+                **agent_env,
                 **({API_KEY_ENV: self.settings.model_api_key} if self.settings.model_api_key else {}),
             },
             # One more process than the experiment's session limit: the ledger's limit is the binding one.

@@ -120,7 +120,7 @@ def test_what_ships_is_what_the_tests_ran_with(lock: Path, python: str) -> None:
     assert version_drift(applicable(locks.read_pins(lock), python), tested) == []
 
 
-@pytest.mark.parametrize("lock", [locks.LAMBDA_LOCK, locks.AGENT_LOCK])
+@pytest.mark.parametrize("lock", [locks.LAMBDA_LOCK, locks.AGENT_LOCK, locks.RFT_AGENT_LOCK])
 def test_shipped_locks_are_hash_checked(lock: Path) -> None:
     blocks = re.split(r"\n(?=[A-Za-z0-9])", lock.read_text())
     pinned = [block for block in blocks if "==" in block.split("\n")[0] and not block.startswith("#")]
@@ -142,10 +142,33 @@ def test_make_installs_the_dev_environment_under_the_constraints() -> None:
     # The ART venv (`make art-test`) resolves the library's ranges beside agentcore-rl-toolkit[rollout] on purpose:
     # it proves a trainer can install both, which the dev pins (newer botocore) would hide.
     installs = [
-        line for line in makefile.splitlines() if re.search(r"pip install ", line) and "$(ART_VENV)" not in line
+        line
+        for line in makefile.splitlines()
+        if re.search(r"pip install ", line) and "$(ART_VENV)" not in line and "$(RFT_VENV)" not in line
     ]
     assert len(installs) >= 3  # pip itself, setup and setup-model at least
     assert all("-c $(CONSTRAINTS)" in line for line in installs), installs
+    # The RFT venv (`make rft-test`) has its own pins: the SageMaker SDK does not resolve under constraints.txt.
+    assert re.search(rf"^RFT_CONSTRAINTS := {re.escape(locks.RFT_CONSTRAINTS.name)}$", makefile, re.MULTILINE)
+    rft_installs = [line for line in makefile.splitlines() if "$(RFT_VENV)/bin/pip install" in line]
+    assert len(rft_installs) == 2
+    assert all("-c $(RFT_CONSTRAINTS)" in line for line in rft_installs), rft_installs
+
+
+def test_the_rft_pins_cover_the_rft_environment_and_the_rft_image_moves_no_image_pin() -> None:
+    requirements = locks.pyproject_requirements()
+    for extra in locks.RFT_EXTRAS:
+        requirements += locks.pyproject_requirements(extra)
+    assert range_disagreements(requirements, locks.read_pins(locks.RFT_CONSTRAINTS)) == []
+    rft_image = applicable(locks.read_pins(locks.RFT_AGENT_LOCK), locks.AGENT_PYTHON)
+    assert rft_image["sagemaker-train"] == "1.27.0"
+    assert range_disagreements(locks.rft_agent_requirements(), locks.read_pins(locks.RFT_AGENT_LOCK)) == []
+    # The RFT image is the default image plus the SDK: every package of the default image at the same version.
+    base_image = applicable(locks.read_pins(locks.AGENT_LOCK), locks.AGENT_PYTHON)
+    assert version_drift(base_image, rft_image) == []
+    assert set(base_image) <= set(rft_image)
+    rft_tested = applicable(locks.read_pins(locks.RFT_CONSTRAINTS), locks.AGENT_PYTHON)
+    assert version_drift(rft_image, rft_tested) == []
 
 
 # --- the checks themselves can fail --------------------------------------------------------------------------------

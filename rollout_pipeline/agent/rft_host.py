@@ -1,0 +1,413 @@
+"""The RFT host: serves an agent written for the SageMaker RFT SDK, unchanged, as a rollout-pipeline agent.
+
+Such an agent (PyPI `sagemaker-train` 1.27.0, `sagemaker.train.rft`) is a `BedrockAgentCoreApp` whose
+`@app.entrypoint` is decorated with `@sagemaker_rft_handler`. Run as it is, it answers `/invocations` only when the
+rollout ends, sends its reward to SageMaker's job runtime and writes no result object, so the pipeline would time
+out every rollout. The host instead:
+
+1. imports the author's module (its `__main__` block does not run) and takes the function its app registered with
+   `@app.entrypoint` (`app.handlers["main"]`, the RFT decorator inside);
+2. serves it through `RolloutApp` (ART's `AgentCoreRLApp` plus the rollout context): `/invocations` answers at
+   once, `/ping` says `HealthyBusy` while it runs, the result object `{exp_id}/{input_id}/{session_id}.json` is
+   written as for any ART agent;
+3. runs the front door (`rft_door.FrontDoor`) on 127.0.0.1 and points `RFT_RUNTIME_ENDPOINT` and every request's
+   `metadata["endpoint"]` at it: feedback is recorded per trajectory, model calls go to the rollout's model;
+4. builds the RFT request from the pipeline's unchanged payload (`rft_request`) and maps what the agent did to the
+   result object (`rft_result`): reward reported or returned -> success; a raise or `{"status": "error"}` ->
+   `agent_error` with the agent's message; no reward -> a result without `rewards` (`invalid_result`).
+
+The same host serves any `BedrockAgentCoreApp` entrypoint, including ART's `AgentCoreRuntimeApp` (its user function
+is `handlers["main"]` too); an ART `AgentCoreRLApp` found in the module is served as it is.
+
+    python -m rollout_pipeline.agent.rft_host --agent-module my_rft_agent [--host 0.0.0.0 --port 8080]
+
+This module does not import `sagemaker`: only the author's module does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import asyncio
+import importlib
+import importlib.machinery
+import inspect
+import json
+import logging
+import os
+import sys
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Final, Literal
+
+from rollout_pipeline.agent.context import current_rollout
+from rollout_pipeline.agent.rft_door import FAILED, FrontDoor, TrajectoryRecord
+from rollout_pipeline.config import AGENT_MODULE_ENV, JOB_ARN_ENV
+
+logger = logging.getLogger(__name__)
+
+#: Where the SDK's `RolloutFeedbackClient` sends feedback when the metadata names no endpoint.
+RFT_RUNTIME_ENDPOINT_ENV: Final = "RFT_RUNTIME_ENDPOINT"
+#: The SDK's decorator lives here; a handler whose code comes from it is an RFT entrypoint.
+RFT_SDK_MODULE: Final = "sagemaker.train.rft"
+DEFAULT_REGION: Final = "us-east-1"
+#: `_rollout.sampling_params` key -> the camel-case name of RFT's `inferenceParams`.
+CAMEL_CASE: Final = {"max_tokens": "maxTokens", "top_p": "topP", "temperature": "temperature"}
+MAX_RESPONSE_CHARS: Final = 10_000
+
+AgentKind = Literal["art", "rft"]
+
+
+# ------------------------------------------------------------------------------------------------ the request
+
+
+def inference_params_of(sampling: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """RFT's `inferenceParams` (camel case: `temperature`, `maxTokens`, `topP`, other keys as they are) and
+    `inference_params` (snake case, as `_rollout.sampling_params` has them) from the rollout's sampling params."""
+    snake = {key: value for key, value in sampling.items() if value is not None}
+    camel = {CAMEL_CASE.get(key, key): value for key, value in snake.items()}
+    return camel, snake
+
+
+def rft_request(
+    payload: Mapping[str, Any], *, trajectory_id: str, job_arn: str, endpoint: str, region: str
+) -> dict[str, Any]:
+    """The request an RFT entrypoint gets, from the pipeline's payload (the row's fields plus `_rollout`).
+
+    - the row's top-level fields, as they are (public RFT agents read `prompt`, `question`, ...);
+    - `instance`: the row's own `instance` if it has one, else the row's fields (without `_rollout`);
+    - `metadata`: job ARN, trajectory id (= the ACR session id), endpoint (the front door) and region, in both
+      casings the SDK reads (`jobArn`/`job_arn`, `trajectoryId`/`trajectory_id`/`rolloutId`), over the row's own
+      `metadata` keys if it has any;
+    - `inferenceParams` (camel case) and `inference_params` (snake case) from `_rollout.sampling_params`;
+    - `_rollout` unchanged.
+    """
+    row = {key: value for key, value in payload.items() if key != "_rollout"}
+    rollout = payload.get("_rollout")
+    rollout = rollout if isinstance(rollout, Mapping) else {}
+    sampling = rollout.get("sampling_params")
+    camel, snake = inference_params_of(sampling if isinstance(sampling, Mapping) else {})
+    own_metadata = row.get("metadata")
+    metadata = {
+        **(own_metadata if isinstance(own_metadata, Mapping) else {}),
+        "jobArn": job_arn,
+        "job_arn": job_arn,
+        "trajectoryId": trajectory_id,
+        "trajectory_id": trajectory_id,
+        "rolloutId": trajectory_id,
+        "endpoint": endpoint,
+        "region": region,
+    }
+    instance = row["instance"] if isinstance(row.get("instance"), Mapping) else dict(row)
+    return {
+        **row,
+        "instance": instance,
+        "metadata": metadata,
+        "inferenceParams": camel,
+        "inference_params": snake,
+        "_rollout": dict(rollout),
+    }
+
+
+# ------------------------------------------------------------------------------------------------ the outcome
+
+
+def _json_safe(value: Any) -> Any:
+    """`value` as JSON data (anything JSON cannot hold becomes its `str`), so a metric never fails the save."""
+    return json.loads(json.dumps(value, default=str, allow_nan=True))
+
+
+def _reward_shape(value: Any) -> bool:
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int | float):
+        return True
+    return isinstance(value, list) and bool(value)
+
+
+def rft_result(returned: Any, report: TrajectoryRecord) -> dict[str, Any]:
+    """The result object's body for what an RFT entrypoint returned and reported (it did not raise).
+
+    - `{"status": "error", "error": msg}` (or ART's `status_code` other than 200) returned, or `failed` reported
+      -> `status_code` 500 with the agent's message (`agent_error`), never a reward of 0;
+    - a reward reported (`/update-reward`) -> `rewards` = it: one reported value as a number, several as the per-turn
+      list (a returned `reward` of the same values keeps its own shape). The first terminal report wins: when the
+      returned `reward` differs from the reported one, the reported one (what SageMaker would train on) is used;
+    - else a returned `reward` (number or list), else a returned ART-style `rewards`;
+    - else no reward: `status_code` 200 without `rewards`, which the completion stage reads as `invalid_result`.
+
+    The pipeline's scalar reward of a list is its last element (`contracts.results.scalar_reward`), as for ART.
+    The agent's returned dict is kept (metrics); `rft` says what was reported through the front door.
+    """
+    body: dict[str, Any]
+    if isinstance(returned, Mapping):
+        body = _json_safe(dict(returned))
+    elif returned is None:
+        body = {}
+    else:
+        body = {"response": str(returned)[:MAX_RESPONSE_CHARS]}
+    body["rft"] = report.snapshot()
+    error = _agent_error(returned, report)
+    if error is not None:
+        body.update({"status_code": 500, "stop_reason": error})
+        return body
+    returned_reward = returned.get("reward") if isinstance(returned, Mapping) else None
+    rewards: Any = None
+    if report.rewards is not None:
+        rewards = report.rewards[0] if len(report.rewards) == 1 else list(report.rewards)
+        as_list = returned_reward if isinstance(returned_reward, list) else [returned_reward]
+        if _reward_shape(returned_reward) and as_list == report.rewards:
+            rewards = returned_reward
+    elif _reward_shape(returned_reward):
+        rewards = returned_reward
+    elif isinstance(returned, Mapping) and "rewards" in returned:
+        rewards = body["rewards"]
+    body["status_code"] = 200
+    body.setdefault("stop_reason", "end_turn")
+    if rewards is None:
+        body.pop("rewards", None)
+        body["rft"]["outcome"] = "no reward reported or returned"
+    else:
+        body["rewards"] = _json_safe(rewards)
+    return body
+
+
+def _agent_error(returned: Any, report: TrajectoryRecord) -> str | None:
+    if isinstance(returned, Mapping) and returned.get("status") == "error":
+        return f"agent returned status 'error': {returned.get('error') or 'unknown error'}"[:2000]
+    status_code = returned.get("status_code") if isinstance(returned, Mapping) else None
+    if isinstance(status_code, int) and not isinstance(status_code, bool) and status_code != 200:
+        return f"agent returned status_code {status_code}: {returned.get('stop_reason') or ''}".strip()[:2000]
+    if report.status == FAILED:
+        return "agent reported the rollout failed (complete-rollout status 'failed')"
+    return None
+
+
+# ------------------------------------------------------------------------------------------------ the module
+
+
+@dataclass(frozen=True)
+class Entrypoint:
+    """What the author's module registered: its app, the entry function and whether the RFT decorator wraps it."""
+
+    module: str
+    app_name: str
+    app: Any
+    handler: Callable[..., Any]
+    is_rft: bool
+    is_art_rollout_app: bool
+
+
+def _is_agentcore_app(value: Any) -> bool:
+    handlers = getattr(value, "handlers", None)
+    return isinstance(handlers, dict) and callable(getattr(value, "run", None))
+
+
+def _is_art_rollout_app(app: Any) -> bool:
+    try:
+        from agentcore_rl_toolkit.app import AgentCoreRLApp
+    except ImportError:  # pragma: no cover - the agent extra is installed wherever the host runs
+        return False
+    return isinstance(app, AgentCoreRLApp)
+
+
+def is_rft_handler(handler: Callable[..., Any]) -> bool:
+    """True when `handler` is the SDK's `sagemaker_rft_handler` wrapper (its code lives in the SDK's module)."""
+    code = getattr(handler, "__code__", None)
+    filename = str(getattr(code, "co_filename", ""))
+    return filename.replace(os.sep, "/").endswith("sagemaker/train/rft/decorators.py")
+
+
+def load_entrypoint(spec: str) -> Entrypoint:
+    """Import `module` (or `module:app`) and return the entrypoint its `BedrockAgentCoreApp` registered.
+
+    The module is imported by name, so its `if __name__ == "__main__":` block (usually `app.run()`) does not run.
+    """
+    module_name, _, app_name = spec.partition(":")
+    module: ModuleType = importlib.import_module(module_name)
+    if app_name:
+        apps = {app_name: getattr(module, app_name)}
+    else:
+        apps = {}
+        for name, value in vars(module).items():
+            if _is_agentcore_app(value) and all(value is not seen for seen in apps.values()):
+                apps[name] = value
+    apps = {name: app for name, app in apps.items() if _is_agentcore_app(app) and "main" in app.handlers}
+    if not apps:
+        raise LookupError(f"{module_name} defines no BedrockAgentCoreApp with an @app.entrypoint")
+    if len(apps) > 1:
+        raise LookupError(f"{module_name} defines several apps ({', '.join(sorted(apps))}): name one as MODULE:APP")
+    name, app = next(iter(apps.items()))
+    handler = app.handlers["main"]
+    return Entrypoint(
+        module=module_name,
+        app_name=name,
+        app=app,
+        handler=handler,
+        is_rft=is_rft_handler(handler),
+        is_art_rollout_app=_is_art_rollout_app(app),
+    )
+
+
+def _module_source(module: str, search_path: Sequence[str]) -> Path | None:
+    """The source file of `module`, found on `search_path` without importing anything."""
+    locations: list[str] | None = list(search_path)
+    spec = None
+    for part in module.split("."):
+        spec = importlib.machinery.PathFinder.find_spec(part, locations)
+        if spec is None:
+            return None
+        locations = list(spec.submodule_search_locations or [])
+    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        return None
+    return Path(spec.origin)
+
+
+def agent_kind_of(module: str, search_path: Sequence[str] | None = None) -> AgentKind:
+    """`rft` when the module's source (read, not imported) uses the SageMaker RFT SDK, ART's `AgentCoreRuntimeApp`
+    or a plain `@app.entrypoint` and no ART `rollout_entrypoint`; else `art` (served as `python -m MODULE`)."""
+    source = _module_source(module.partition(":")[0], search_path if search_path is not None else sys.path)
+    if source is None:
+        return "art"
+    try:
+        tree = ast.parse(source.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError):
+        return "art"
+    imported: set[str] = set()
+    attributes: set[str] = set()
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            imported.add(node.module)
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.Attribute):
+            attributes.add(node.attr)
+        elif isinstance(node, ast.Name):
+            names.add(node.id)
+    if "rollout_entrypoint" in attributes:
+        return "art"
+    uses_rft = any(name == RFT_SDK_MODULE or name.startswith(RFT_SDK_MODULE + ".") for name in imported)
+    if uses_rft or "AgentCoreRuntimeApp" in names or "entrypoint" in attributes:
+        return "rft"
+    return "art"
+
+
+# ------------------------------------------------------------------------------------------------ serving
+
+
+async def call_entrypoint(handler: Callable[..., Any], request: dict[str, Any], context: Any) -> Any:
+    """Call the author's entry function as `BedrockAgentCoreApp` would: `(payload)` or `(payload, context)`,
+    awaited when async, in a worker thread (with this context's variables) when sync."""
+    try:
+        parameters = list(inspect.signature(handler).parameters)
+    except (TypeError, ValueError):
+        parameters = []
+    args = (request, context) if len(parameters) >= 2 and parameters[1] == "context" else (request,)
+    if inspect.iscoroutinefunction(handler):
+        result = await handler(*args)
+    else:
+        result = await asyncio.to_thread(handler, *args)
+        if inspect.isawaitable(result):
+            result = await result
+    if inspect.isgenerator(result) or inspect.isasyncgen(result):
+        raise TypeError("the entrypoint streams (a generator): the RFT host needs a function that returns its result")
+    return result
+
+
+class RftHost:
+    """One agent process: the author's entrypoint, the front door and the settings every rollout shares."""
+
+    def __init__(self, entry: Entrypoint, door: FrontDoor, *, job_arn: str = "", region: str = DEFAULT_REGION) -> None:
+        self.entry = entry
+        self.door = door
+        self.job_arn = job_arn
+        self.region = region
+
+    async def rollout(self, payload: dict[str, Any], context: Any) -> dict[str, Any]:
+        """One rollout (registered with `RolloutApp.rollout_entrypoint`, which sets the rollout context)."""
+        ctx = current_rollout()
+        trajectory_id = ctx.session_id or str(uuid.uuid4())
+        job_arn = ctx.job_arn or self.job_arn
+        self.door.register(trajectory_id, ctx, job_arn)
+        request = rft_request(
+            payload,
+            trajectory_id=trajectory_id,
+            job_arn=job_arn,
+            endpoint=self.door.endpoint_for(trajectory_id),
+            region=self.region,
+        )
+        try:
+            returned = await call_entrypoint(self.entry.handler, request, context)
+        finally:
+            report = self.door.unregister(trajectory_id)
+        assert report is not None
+        return rft_result(returned, report)
+
+    def app(self) -> Any:
+        """A `RolloutApp` serving `rollout` at `/invocations`."""
+        from rollout_pipeline.agent.app import RolloutApp
+
+        app = RolloutApp()
+
+        async def rollout(payload: dict[str, Any], context: Any) -> dict[str, Any]:
+            return await self.rollout(payload, context)
+
+        rollout.__name__ = f"rft_{getattr(self.entry.handler, '__name__', 'entrypoint')}"
+        app.rollout_entrypoint(rollout)
+        return app
+
+
+def region_of(environ: Mapping[str, str]) -> str:
+    return environ.get("AWS_REGION") or environ.get("AWS_DEFAULT_REGION") or DEFAULT_REGION
+
+
+def start_host(spec: str, *, environ: Mapping[str, str] | None = None) -> tuple[Any, FrontDoor, Entrypoint]:
+    """Start the front door, point `RFT_RUNTIME_ENDPOINT` at it, import the author's module and build the app.
+
+    Returns (app to run, door, entrypoint); an ART `AgentCoreRLApp` module gets its own app back, unwrapped."""
+    env = os.environ if environ is None else environ
+    door = FrontDoor().start()
+    os.environ[RFT_RUNTIME_ENDPOINT_ENV] = door.root_url
+    entry = load_entrypoint(spec)
+    if entry.is_art_rollout_app:
+        logger.info("%s serves an ART AgentCoreRLApp: served as it is", spec)
+        return entry.app, door, entry
+    host = RftHost(entry, door, job_arn=env.get(JOB_ARN_ENV, ""), region=region_of(env))
+    logger.info(
+        "RFT host: %s:%s (%s), front door %s",
+        entry.module,
+        entry.app_name,
+        "sagemaker_rft_handler" if entry.is_rft else "plain entrypoint",
+        door.root_url,
+    )
+    return host.app(), door, entry
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """`python -m rollout_pipeline.agent.rft_host --agent-module MODULE [--host H] [--port P]` (module also from env
+    `ROLLOUTS_AGENT_MODULE`; host/port as `rollout_pipeline.agent.app.serve`)."""
+    from rollout_pipeline.agent.app import parse_serve_args
+    from rollout_pipeline.agent.credentials import load_model_credential
+
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--agent-module", default=os.environ.get(AGENT_MODULE_ENV))
+    known, rest = parser.parse_known_args(argv)
+    if not known.agent_module:
+        raise SystemExit(f"rft_host: give --agent-module MODULE (or env {AGENT_MODULE_ENV})")
+    args = parse_serve_args(rest)
+    logging.basicConfig(level=logging.INFO)
+    load_model_credential()
+    app, door, _entry = start_host(known.agent_module)
+    try:
+        app.run(port=args.port, host=args.host)
+    finally:
+        door.stop()
+
+
+if __name__ == "__main__":
+    main()
