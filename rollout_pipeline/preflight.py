@@ -98,6 +98,14 @@ CODEBUILD_ARM_SMALL: Final = QuotaRef(
     "codebuild", "L-5ED1D25B", "Concurrently running builds for ARM/Small environment"
 )
 LAMBDA_CONCURRENCY: Final = QuotaRef("lambda", "L-B99A9384", "Concurrent executions")
+#: The AgentCore Runtime quotas the preflight compares (`rollouts smoke` prints which of them an account lists).
+AGENTCORE_QUOTAS: Final = (
+    ACTIVE_SESSIONS,
+    NEW_SESSION_RATE,
+    CONTAINER_SESSION_RATE,
+    DATA_PLANE_RATE,
+    ENDPOINTS_PER_AGENT,
+)
 QUOTAS: Final = (
     ACTIVE_SESSIONS,
     NEW_SESSION_RATE,
@@ -154,14 +162,19 @@ class QuotaReader:
         """The quota `ref` (applied value, else the default), or None when neither list holds it.
 
         Raises botocore's ClientError when Service Quotas cannot be read (e.g. AccessDeniedException)."""
+        return self.find_with_source(ref)[0]
+
+    def find_with_source(self, ref: QuotaRef) -> tuple[dict[str, Any] | None, Literal["applied", "default", ""]]:
+        """`find`, and which list held the quota: "applied", "default" or "" (neither)."""
         if ref.service not in self._applied:
             self._applied[ref.service] = self._list("list_service_quotas", ref.service)
         found = match(self._applied[ref.service], ref)
         if found is not None:
-            return found
+            return found, "applied"
         if ref.service not in self._defaults:
             self._defaults[ref.service] = self._list("list_aws_default_service_quotas", ref.service)
-        return match(self._defaults[ref.service], ref)
+        found = match(self._defaults[ref.service], ref)
+        return found, "default" if found is not None else ""
 
 
 def match(quotas: Iterable[Mapping[str, Any]], ref: QuotaRef) -> dict[str, Any] | None:

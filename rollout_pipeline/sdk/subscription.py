@@ -117,15 +117,16 @@ def open_subscription(
     retention_s: int = 3600,
     kind: str | None = None,
     owner: str | None = None,
+    name: str | None = None,
 ) -> tuple[str, str]:
     """A private SQS queue subscribed to the event bus `bus_name` by a rule with `pattern`; returns (name, queue URL).
 
     Both are tagged with `kind` (default: the suffix's first word), `owner` (default: `user@host:pid`) and the
-    creation time, so a subscription left behind by a killed process can be found and pruned. Close it with
-    `close_subscription`. Needs `sqs:CreateQueue`/`TagQueue`/`DeleteQueue`/`SetQueueAttributes` and
+    creation time, so a subscription left behind by a killed process can be found and pruned. `name` (rule and
+    queue) defaults to `{bus_name}-{suffix}`. Close it with `close_subscription`. Needs `sqs:CreateQueue`/`TagQueue`/`DeleteQueue`/`SetQueueAttributes` and
     `events:PutRule`/`TagResource`/`PutTargets`/`RemoveTargets`/`DeleteRule`.
     """
-    name = f"{bus_name}-{suffix}"[:64]
+    name = (name or f"{bus_name}-{suffix}")[:64]
     tags = subscription_tags(kind or suffix.split("-", maxsplit=1)[0], owner)
     sqs, events = aws.client("sqs"), aws.client("events")
     queue_url: str | None = None
