@@ -656,14 +656,15 @@ class Smoke:
                 by_name = (
                     "" if quota.get("QuotaCode") == ref.code else f" (by name; listed as {quota.get('QuotaCode')})"
                 )
-                listed.append(f"{ref.code} {quota.get('QuotaName')!r} = {quota.get('Value')} {source}{by_name}")
+                value = float(quota.get("Value", 0))
+                listed.append(f"{ref.code} {quota.get('QuotaName')!r} = {value:g} {source}{by_name}")
         except ClientError as exc:
             self.emit("quota codes", "skipped", f"cannot read Service Quotas ({error_code(exc)})")
             return
         required = [ref for ref in missing if ref != CONTAINER_SESSION_RATE]
         text = "; ".join(listed) or "none"
         if missing:
-            text += "; not listed: " + ", ".join(f"{r.code} {r.name!r}".rstrip(" '") for r in missing)
+            text += "; not listed: " + ", ".join(f"{r.code} {r.name!r}" if r.name else r.code for r in missing)
         if required:
             self.emit(
                 "quota codes",
