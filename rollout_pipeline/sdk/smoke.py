@@ -677,6 +677,7 @@ class Smoke:
 
 
 def _subscription(name: str, queue_url: str) -> subscription.Subscription:
+    """The smoke run's S3-event subscription on the default bus, for `remove_subscription`."""
     return subscription.Subscription(
         name=name,
         kind="smoke",
@@ -685,6 +686,7 @@ def _subscription(name: str, queue_url: str) -> subscription.Subscription:
         queue_url=queue_url,
         last_seen=None,
         target_ids=("tap",),
+        rule_bus="default",
     )
 
 

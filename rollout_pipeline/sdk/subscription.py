@@ -123,8 +123,9 @@ def open_subscription(
 
     Both are tagged with `kind` (default: the suffix's first word), `owner` (default: `user@host:pid`) and the
     creation time, so a subscription left behind by a killed process can be found and pruned. `name` (rule and
-    queue) defaults to `{bus_name}-{suffix}`. Close it with `close_subscription`. Needs `sqs:CreateQueue`/`TagQueue`/`DeleteQueue`/`SetQueueAttributes` and
-    `events:PutRule`/`TagResource`/`PutTargets`/`RemoveTargets`/`DeleteRule`.
+    queue) defaults to `{bus_name}-{suffix}`. Close it with `close_subscription`. Needs `sqs:CreateQueue`/
+    `TagQueue`/`DeleteQueue`/`SetQueueAttributes` and `events:PutRule`/`TagResource`/`PutTargets`/`RemoveTargets`/
+    `DeleteRule`.
     """
     name = (name or f"{bus_name}-{suffix}")[:64]
     tags = subscription_tags(kind or suffix.split("-", maxsplit=1)[0], owner)
@@ -226,14 +227,15 @@ class Subscription:
     queue_url: str | None
     last_seen: float | None
     target_ids: tuple[str, ...] = ()
+    #: The bus of the rule, when not the experiment's (the smoke run's S3-event rule is on the default bus).
+    rule_bus: str | None = None
 
     def age_s(self, now: float) -> float | None:
         return None if self.last_seen is None else max(0.0, now - self.last_seen)
 
     def stale(self, older_than_s: float, now: float) -> bool:
-        """Not seen for `older_than_s`, or half gone (a rule without its queue, a queue without its rule)."""
-        if self.rule_arn is None or self.queue_url is None:
-            return True
+        """Not seen for `older_than_s` (or of unknown age). A half-removed one (a queue whose rule is gone) ages
+        like any other: a run in progress may be between creating its queue and its rule, or own a queue alone."""
         age = self.age_s(now)
         return age is None or age >= older_than_s
 
@@ -308,14 +310,14 @@ def list_subscriptions(aws: AwsClients, bus_name: str) -> list[Subscription]:
     prefix = f"{bus_name}-"
     found: dict[str, Subscription] = {}
     with aws_errors(f"list the subscriptions on bus {bus_name}"):
-        for page in events.get_paginator("list_rules").paginate(EventBusName=bus_name, NamePrefix=prefix):
+        for bus, page in _rule_pages(events, bus_name, prefix):
             for rule in page.get("Rules", []):
                 name, arn = str(rule["Name"]), str(rule["Arn"])
                 rule_tags = {t["Key"]: t["Value"] for t in events.list_tags_for_resource(ResourceARN=arn)["Tags"]}
-                kind = rule_tags.get(TAG_KIND) or _legacy_kind(bus_name, name)
+                kind = rule_tags.get(TAG_KIND) or (_legacy_kind(bus_name, name) if bus == bus_name else None)
                 if not kind:
                     continue  # the stack's rules and the user's own
-                targets = events.list_targets_by_rule(Rule=name, EventBusName=bus_name).get("Targets", [])
+                targets = events.list_targets_by_rule(Rule=name, EventBusName=bus).get("Targets", [])
                 queue_arns = [str(t["Arn"]) for t in targets if ":sqs:" in str(t["Arn"])]
                 queue_url = _queue_url_of(sqs, queue_arns[0]) if queue_arns else None
                 facts = _queue_facts(sqs, queue_url) if queue_url else None
@@ -335,6 +337,7 @@ def list_subscriptions(aws: AwsClients, bus_name: str) -> list[Subscription]:
                     )
                     or queue_created,
                     target_ids=tuple(str(t["Id"]) for t in targets),
+                    rule_bus=None if bus == bus_name else bus,
                 )
         for page in sqs.get_paginator("list_queues").paginate(QueueNamePrefix=prefix):
             for queue_url in page.get("QueueUrls", []):
@@ -360,12 +363,20 @@ def list_subscriptions(aws: AwsClients, bus_name: str) -> list[Subscription]:
     return sorted(found.values(), key=lambda sub: sub.name)
 
 
+def _rule_pages(events: Any, bus_name: str, prefix: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Pages of the rules named `prefix*` on the experiment bus, then on the default bus (a smoke run's S3 rule)."""
+    for bus in (bus_name, "default"):
+        for page in events.get_paginator("list_rules").paginate(EventBusName=bus, NamePrefix=prefix):
+            yield bus, page
+
+
 def remove_subscription(aws: AwsClients, bus_name: str, subscription: Subscription) -> None:
     """Remove one subscription: the rule's targets first, then the rule, then the queue. Parts already gone are
     skipped; any other failure raises `SdkError` (what was removed stays removed)."""
     from botocore.exceptions import ClientError
 
     events, sqs = aws.client("events"), aws.client("sqs")
+    bus_name = subscription.rule_bus or bus_name
     steps: list[tuple[str, Callable[[], Any]]] = []
     if subscription.rule_arn is not None:
         if subscription.target_ids:

@@ -82,18 +82,23 @@ def test_prune_removes_the_stale_and_keeps_the_fresh_and_the_stack(experiment: E
     events = experiment.client("events")
     events.remove_targets(Rule=half[0], EventBusName=experiment.bus_name, Ids=["tap"])
     events.delete_rule(Name=half[0], EventBusName=experiment.bus_name)
+    then = subs.iso_now(time.time() - 2 * DAY)
+    experiment.client("sqs").tag_queue(QueueUrl=half[1], Tags={subs.TAG_CREATED: then, subs.TAG_SEEN: then})
+    alone = experiment.open_subscription(PATTERN, suffix="smoke-alarm-1")  # a run in progress owning a queue alone
+    events.remove_targets(Rule=alone[0], EventBusName=experiment.bus_name, Ids=["tap"])
+    events.delete_rule(Name=alone[0], EventBusName=experiment.bus_name)
 
     dry = {r.subscription.name: r.action for r in experiment.prune_subscriptions(DAY, dry_run=True)}
-    assert dry == {fresh[0]: "kept", stale[0]: "would remove", half[0]: "would remove"}
-    assert len(experiment.list_subscriptions()) == 3
+    assert dry == {fresh[0]: "kept", stale[0]: "would remove", half[0]: "would remove", alone[0]: "kept"}
+    assert len(experiment.list_subscriptions()) == 4
 
     done = {r.subscription.name: r.action for r in experiment.prune_subscriptions(DAY)}
-    assert done == {fresh[0]: "kept", stale[0]: "removed", half[0]: "removed"}
+    assert done == {fresh[0]: "kept", stale[0]: "removed", half[0]: "removed", alone[0]: "kept"}
     assert rule_names(experiment) == sorted([*stack_rules, fresh[0]])
-    assert queue_names(experiment) == sorted([*stack_queues, fresh[0]])
+    assert queue_names(experiment) == sorted([*stack_queues, fresh[0], alone[0]])
 
     experiment.touch_subscription(fresh[1])
-    assert [r.action for r in experiment.prune_subscriptions(0)] == ["removed"]
+    assert [r.action for r in experiment.prune_subscriptions(0)] == ["removed", "removed"]
     assert (rule_names(experiment), queue_names(experiment)) == (stack_rules, stack_queues)
 
 
@@ -176,3 +181,14 @@ def test_cli_prunes_with_a_dry_run_first(
     assert fresh[0] in listed
     assert stale[0] not in listed
     assert main(["subscriptions", "prune", *common, "--older-than", "soon"]) != EXIT_OK
+
+
+def test_a_smoke_runs_rule_on_the_default_bus_is_found_and_pruned(experiment: Experiment) -> None:
+    name = f"{experiment.bus_name}-smoke-s3-abcd1234"
+    subs.open_subscription(experiment.aws, "default", PATTERN, suffix="smoke", kind="smoke", name=name)
+    (found,) = experiment.list_subscriptions()
+    assert (found.name, found.kind, found.rule_bus) == (name, "smoke", "default")
+    assert [r.action for r in experiment.prune_subscriptions(0)] == ["removed"]
+    default_rules = experiment.client("events").list_rules(EventBusName="default")["Rules"]
+    assert name not in [r["Name"] for r in default_rules]
+    assert name not in queue_names(experiment)
