@@ -43,6 +43,7 @@ TOUCH_INTERVAL_S: Final = 3600.0
 _LEGACY_SUFFIX: Final = re.compile(r"^(?P<kind>tap|art)-[0-9a-f]{8}$")
 #: Characters EventBridge and SQS accept in tag values (others become `_`).
 _TAG_VALUE_UNSAFE: Final = re.compile(r"[^A-Za-z0-9 _.:/=+@-]")
+_ACCESS_DENIED: Final = frozenset({"AccessDenied", "AccessDeniedException"})
 _GONE: Final = frozenset(
     {"ResourceNotFoundException", "AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist", "NonExistentQueue"}
 )
@@ -134,23 +135,29 @@ def open_subscription(
     rule_made = False
     try:
         with aws_errors("create a subscription queue on the event bus"):
+            attributes = {"MessageRetentionPeriod": str(retention_s), "SqsManagedSseEnabled": "true"}
             queue_url = str(
-                sqs.create_queue(
-                    QueueName=name,
-                    Attributes={"MessageRetentionPeriod": str(retention_s), "SqsManagedSseEnabled": "true"},
-                    tags=tags,
+                _tagged(
+                    "sqs:TagQueue",
+                    lambda: sqs.create_queue(QueueName=name, Attributes=attributes, tags=tags),
+                    lambda: sqs.create_queue(QueueName=name, Attributes=attributes),
                 )["QueueUrl"]
             )
             queue_arn = sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["QueueArn"])["Attributes"][
                 "QueueArn"
             ]
-            rule_arn = events.put_rule(
-                Name=name,
-                EventBusName=bus_name,
-                EventPattern=json.dumps(pattern),
-                State="ENABLED",
-                Description=f"rollouts {tags[TAG_KIND]} subscription of {tags[TAG_OWNER]}",
-                Tags=[{"Key": key, "Value": value} for key, value in tags.items() if key != TAG_SEEN],
+            rule = {
+                "Name": name,
+                "EventBusName": bus_name,
+                "EventPattern": json.dumps(pattern),
+                "State": "ENABLED",
+                "Description": f"rollouts {tags[TAG_KIND]} subscription of {tags[TAG_OWNER]}",
+            }
+            rule_tags = [{"Key": key, "Value": value} for key, value in tags.items() if key != TAG_SEEN]
+            rule_arn = _tagged(
+                "events:TagResource",
+                lambda: events.put_rule(**rule, Tags=rule_tags),
+                lambda: events.put_rule(**rule),
             )["RuleArn"]
             rule_made = True
             policy = {
@@ -178,6 +185,20 @@ def open_subscription(
         _remove(aws, bus_name, name, queue_url, rule_made)
         raise
     return name, queue_url
+
+
+def _tagged(permission: str, with_tags: Callable[[], Any], without: Callable[[], Any]) -> Any:
+    """Create with tags; without them when the caller may not tag (the subscription then ages by its queue's
+    creation time and is found by its name's form)."""
+    from botocore.exceptions import ClientError
+
+    try:
+        return with_tags()
+    except ClientError as exc:
+        if error_code(exc) not in _ACCESS_DENIED:
+            raise
+        logger.warning("no %s permission: the subscription is made untagged (%s)", permission, exc)
+        return without()
 
 
 def close_subscription(aws: AwsClients, bus_name: str, name: str, queue_url: str) -> None:

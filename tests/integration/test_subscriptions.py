@@ -192,3 +192,22 @@ def test_a_smoke_runs_rule_on_the_default_bus_is_found_and_pruned(experiment: Ex
     default_rules = experiment.client("events").list_rules(EventBusName="default")["Rules"]
     assert name not in [r["Name"] for r in default_rules]
     assert name not in queue_names(experiment)
+
+
+def test_without_tagging_permissions_the_subscription_is_made_untagged(experiment: Experiment) -> None:
+    """A trainer role without `sqs:TagQueue` / `events:TagResource` still subscribes; prune finds the subscription by
+    its name's form and ages it by its queue's creation time."""
+    from botocore.exceptions import ClientError
+
+    def deny_tags(params: dict[str, Any], **_kwargs: Any) -> None:
+        if "tags" in params or "Tags" in params:
+            raise ClientError({"Error": {"Code": "AccessDenied", "Message": "no tagging"}}, "Create")
+
+    experiment.client("sqs").meta.events.register("before-parameter-build.sqs.CreateQueue", deny_tags)
+    experiment.client("events").meta.events.register("before-parameter-build.events.PutRule", deny_tags)
+    name, queue_url = experiment.open_subscription(PATTERN, suffix="art-abcdef12")
+    assert experiment.client("sqs").list_queue_tags(QueueUrl=queue_url).get("Tags", {}) == {}
+    (found,) = experiment.list_subscriptions()
+    assert (found.name, found.kind, found.owner) == (name, "art", "unknown")
+    assert found.last_seen is not None
+    experiment.close_subscription(name, queue_url)
