@@ -3,8 +3,10 @@
 
 It checks against the deployed stack what only a real account can show:
 
-- `batch`: a tiny batch (a few rows of the bundled arithmetic sample) uploaded straight to S3 under a key with `+` and
-  a space, from upload to `Batch Completed`, every rollout succeeded;
+- `special key`: a tiny batch (a few rows of the bundled arithmetic sample) uploaded straight to S3 under a key with
+  `+` and a space goes through (a refusal by the pipeline's own key rule is recorded, a misread key is a fail);
+- `batch`: that batch (or, after a refusal, the same rows under a plain key) from upload to `Batch Completed`, every
+  rollout succeeded;
 - `sessions stopped`: every rollout's AgentCore session stop confirmed in the ledger;
 - `dead letters`: no new message in any dead-letter queue of the stack;
 - `event key`: the object key as the S3 event on EventBridge carried it (raw or URL-encoded: the encoding bet the
@@ -190,7 +192,7 @@ class Smoke:
         experiment = self.experiment
         aws = experiment.aws
         prefix = f"datasets/smoke-{self.token}/"
-        batch.key = f"{prefix}smoke a+b {self.token}.jsonl"  # `+` and a space: the S3 event encoding bet
+        special_key = f"{prefix}smoke a+b {self.token}.jsonl"  # `+` and a space: the S3 event encoding bet
         with aws_errors("read the dead-letter queues"):
             dlqs = self._dead_letter_queues()
             before = self._dead_letters(dlqs)
@@ -217,30 +219,16 @@ class Smoke:
         tap = stack.enter_context(
             subscription.tap(aws, experiment.bus_name, None, None, None, poll_wait_s=self.poll_wait_s)
         )
-        options = experiment._options(1, None, None, 1, f"smoke-{self.token}")
-        s3 = experiment.client("s3")
-        try:
-            with aws_errors(f"upload s3://{experiment.input_bucket}/{batch.key}"):
-                response = s3.put_object(
-                    Bucket=experiment.input_bucket,
-                    Key=batch.key,
-                    Body=self._rows(),
-                    ContentType="application/x-ndjson",
-                    Metadata=options.to_metadata(),
-                )
-        except SdkError as exc:
-            self.emit("batch", "fail", f"the upload was refused ({exc}): check the input bucket's policy")
-            return
-        version = response.get("VersionId")
         stack.enter_context(self._cleanup("delete the smoke dataset", lambda: self._delete_dataset(prefix)))
-        etag = str(response.get("ETag", "")).strip('"') or None
-        batch.batch_id = ids.batch_id_for_upload(experiment.input_bucket, batch.key, version, etag)
-        for read in {unquote_plus(batch.key), unquote(batch.key)} - {batch.key}:
-            batch.misread[read] = ids.batch_id_for_upload(experiment.input_bucket, read, version, etag)
         started = self.clock()
-        self._wait_for_completion(tap, batch, started + self.timeout_s)
-        elapsed = self.clock() - started
-        self._batch_line(batch, elapsed)
+        if not self._upload_and_wait(tap, batch, special_key):
+            return
+        self._special_key_line(batch)
+        if batch.rejected:  # the key was refused or misread: the rest of the pipeline still gets its batch
+            batch = _Batch()
+            if not self._upload_and_wait(tap, batch, f"{prefix}smoke-{self.token}.jsonl"):
+                return
+        self._batch_line(batch, self.clock() - started)
         if batch.completed is not None:
             self._sessions_stopped(batch.batch_id)
         else:
@@ -261,7 +249,53 @@ class Smoke:
             )
         else:
             self.emit("dead letters", "pass", f"none new in the {len(dlqs)} dead-letter queue(s)")
-        self._event_key(key_queue, batch.key)
+        self._event_key(key_queue, special_key)
+
+    def _upload_and_wait(self, tap: Any, batch: _Batch, key: str) -> bool:
+        """Upload the rows under `key` (straight to S3: the SDK refuses some keys) and wait for the batch's end;
+        False (a `batch` fail line emitted) when the upload itself was refused."""
+        experiment = self.experiment
+        batch.key = key
+        options = experiment._options(1, None, None, 1, f"smoke-{self.token}")
+        try:
+            with aws_errors(f"upload s3://{experiment.input_bucket}/{key}"):
+                response = experiment.client("s3").put_object(
+                    Bucket=experiment.input_bucket,
+                    Key=key,
+                    Body=self._rows(),
+                    ContentType="application/x-ndjson",
+                    Metadata=options.to_metadata(),
+                )
+        except SdkError as exc:
+            self.emit("batch", "fail", f"the upload was refused ({exc}): check the input bucket's policy")
+            return False
+        version = response.get("VersionId")
+        etag = str(response.get("ETag", "")).strip('"') or None
+        batch.batch_id = ids.batch_id_for_upload(experiment.input_bucket, key, version, etag)
+        for read in {unquote_plus(key), unquote(key)} - {key}:
+            batch.misread[read] = ids.batch_id_for_upload(experiment.input_bucket, read, version, etag)
+        self._wait_for_completion(tap, batch, self.clock() + self.timeout_s)
+        return True
+
+    def _special_key_line(self, batch: _Batch) -> None:
+        if batch.read_as:
+            self.emit(
+                "special key",
+                "fail",
+                f"the ingest stage read the key {batch.key!r} as {batch.read_as!r} (batch {batch.rejected}): it "
+                "decoded a key the event carried raw (see the `event key` line); upgrade the pipeline",
+            )
+        elif batch.rejected:
+            self.emit(
+                "special key",
+                "skipped",
+                f"the pipeline refused the key {batch.key!r} ({batch.rejected}): recorded; the batch runs under a "
+                "plain key instead",
+            )
+        elif batch.completed is not None:
+            self.emit("special key", "pass", f"the key {batch.key!r} (with `+` and a space) went through")
+        else:
+            self.emit("special key", "skipped", "the batch did not complete (see the `batch` line)")
 
     def _delete_dataset(self, prefix: str) -> None:
         """Every object version (and delete marker) under the smoke run's prefix: the dataset and what the pipeline
@@ -310,19 +344,12 @@ class Smoke:
 
     def _batch_line(self, batch: _Batch, elapsed: float) -> None:
         done = batch.completed
-        if batch.read_as:
+        if batch.rejected:
             self.emit(
                 "batch",
                 "fail",
-                f"the ingest stage read the key {batch.key!r} as {batch.read_as!r} (batch {batch.rejected}): it "
-                "decoded a key the event carried raw (see the `event key` line); upgrade the pipeline",
-            )
-        elif batch.rejected:
-            self.emit(
-                "batch",
-                "fail",
-                f"the ingest stage rejected {batch.key!r} ({batch.rejected}): see the `event key` line; keys with "
-                "`+`, `%` or spaces are refused by the SDK for this reason",
+                f"the ingest stage rejected {batch.key!r} ({batch.rejected}): see `rollouts status -e "
+                f"{self.experiment.name} --batch {batch.batch_id}` and the ingest logs",
             )
         elif done is None:
             self.emit(
