@@ -146,7 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[common],
         help="check, with read calls only, that an experiment can be deployed (run by `make deploy`)",
         description="Check the settings (cdk.json + -c overrides), the model URL, AgentCore in the region, the "
-        "account's AgentCore quotas against the limits, and the CDK bootstrap. One line per check; exit 1 on an error.",
+        "account's AgentCore quotas against the limits (by quota code), the CodeBuild ARM build (region, concurrent "
+        "builds), Lambda concurrency, and the CDK bootstrap. One line per check with what to do; exit 1 on an error.",
     )
     preflight.add_argument(
         "-c",
