@@ -152,10 +152,24 @@ def test_the_art_backend_prunes_stale_art_subscriptions_at_attach(
     outputs = tmp_path / "outputs.json"
     outputs.write_text(json.dumps(resources.stack_outputs()))
     try:
-        link = art.attached(art.parse_config({"outputs_file": str(outputs), "region": REGION}))
+        config = art.parse_config({"outputs_file": str(outputs), "region": REGION})
+        link = art.attached(config)
         names = {sub.name for sub in experiment.list_subscriptions()}
         assert link.subscription is not None
         assert names == {recent[0], watcher[0], link.subscription[0]}
+        # A live process refreshes its own seen-at (at most hourly) each time it is used.
+        own = link.subscription[0]
+
+        def own_age() -> float:
+            (mine,) = [sub for sub in experiment.list_subscriptions() if sub.name == own]
+            return mine.age_s(time.time()) or 0.0
+
+        age(experiment, *link.subscription, 2 * DAY)
+        assert art.attached(config) is link
+        assert own_age() > DAY  # used again within the hour: not refreshed yet
+        link.touched -= subs.TOUCH_INTERVAL_S
+        art.attached(config)
+        assert own_age() < 60
     finally:
         art.reset_clients()
     assert {sub.name for sub in experiment.list_subscriptions()} == {recent[0], watcher[0]}
