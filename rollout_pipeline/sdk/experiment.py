@@ -387,12 +387,20 @@ class Experiment:
         return subscription.list_subscriptions(self.aws, self.bus_name)
 
     def prune_subscriptions(
-        self, older_than_s: float, *, dry_run: bool = False, kinds: Iterable[str] | None = None
+        self,
+        older_than_s: float,
+        *,
+        dry_run: bool = False,
+        kinds: Iterable[str] | None = None,
+        skip_recent: bool = False,
     ) -> list[subscription.PruneResult]:
         """Remove the private subscriptions not seen for `older_than_s` seconds (left by killed trainers and
         watchers: they count toward the bus's 300 rules and block `cdk destroy`), rule targets first, then the rule,
-        then the queue. `dry_run`: only report. `kinds`: only these kinds (`tap`, `art`, `smoke`)."""
-        return subscription.prune_subscriptions(self.aws, self.bus_name, older_than_s, dry_run=dry_run, kinds=kinds)
+        then the queue. `dry_run`: only report. `kinds`: only these kinds (`tap`, `art`, `smoke`). `skip_recent`:
+        do not even look at rules created less than `older_than_s` ago (one ListRules call for them)."""
+        return subscription.prune_subscriptions(
+            self.aws, self.bus_name, older_than_s, dry_run=dry_run, kinds=kinds, skip_recent=skip_recent
+        )
 
     def subscribe(
         self,

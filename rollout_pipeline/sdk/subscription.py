@@ -43,6 +43,7 @@ TOUCH_INTERVAL_S: Final = 3600.0
 _LEGACY_SUFFIX: Final = re.compile(r"^(?P<kind>tap|art)-[0-9a-f]{8}$")
 #: Characters EventBridge and SQS accept in tag values (others become `_`).
 _TAG_VALUE_UNSAFE: Final = re.compile(r"[^A-Za-z0-9 _.:/=+@-]")
+_CREATED_IN_DESCRIPTION: Final = re.compile(r"created (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)$")
 _ACCESS_DENIED: Final = frozenset({"AccessDenied", "AccessDeniedException"})
 _GONE: Final = frozenset(
     {"ResourceNotFoundException", "AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist", "NonExistentQueue"}
@@ -151,7 +152,8 @@ def open_subscription(
                 "EventBusName": bus_name,
                 "EventPattern": json.dumps(pattern),
                 "State": "ENABLED",
-                "Description": f"rollouts {tags[TAG_KIND]} subscription of {tags[TAG_OWNER]}",
+                "Description": f"rollouts {tags[TAG_KIND]} subscription of {tags[TAG_OWNER]}, created "
+                f"{tags[TAG_CREATED]}",
             }
             rule_tags = [{"Key": key, "Value": value} for key, value in tags.items() if key != TAG_SEEN]
             rule_arn = _tagged(
@@ -321,19 +323,35 @@ def _newest(*times: float | None) -> float | None:
     return max(known) if known else None
 
 
-def list_subscriptions(aws: AwsClients, bus_name: str) -> list[Subscription]:
+def list_subscriptions(
+    aws: AwsClients,
+    bus_name: str,
+    *,
+    kinds: Iterable[str] | None = None,
+    created_after: float | None = None,
+) -> list[Subscription]:
     """Every private subscription on the bus: rules tagged `rollouts:subscription` (or named as untagged ones were),
     with their queues, plus tagged queues whose rule is gone. The stack's own rules and queues are never listed.
+
+    `kinds` lists only those (by name prefix, `{bus_name}-{kind}-`). `created_after` (epoch seconds) leaves out the
+    rules whose description says they were created later, with one ListRules call and nothing more for them: they
+    cannot be stale for an age up to now - `created_after` (what the ART backend's prune at attach uses, so that
+    many worker processes starting together stay cheap).
 
     Needs `events:ListRules`/`ListTagsForResource`/`ListTargetsByRule` and `sqs:ListQueues`/`ListQueueTags`/
     `GetQueueUrl`/`GetQueueAttributes`."""
     events, sqs = aws.client("events"), aws.client("sqs")
-    prefix = f"{bus_name}-"
+    prefixes = [f"{bus_name}-{kind}-" for kind in sorted(set(kinds))] if kinds is not None else [f"{bus_name}-"]
     found: dict[str, Subscription] = {}
+    young: set[str] = set()
     with aws_errors(f"list the subscriptions on bus {bus_name}"):
-        for bus, page in _rule_pages(events, bus_name, prefix):
+        for bus, page in _rule_pages(events, bus_name, prefixes):
             for rule in page.get("Rules", []):
                 name, arn = str(rule["Name"]), str(rule["Arn"])
+                created = _description_time(str(rule.get("Description") or ""))
+                if created_after is not None and created is not None and created > created_after:
+                    young.add(name)
+                    continue
                 rule_tags = {t["Key"]: t["Value"] for t in events.list_tags_for_resource(ResourceARN=arn)["Tags"]}
                 kind = rule_tags.get(TAG_KIND) or (_legacy_kind(bus_name, name) if bus == bus_name else None)
                 if not kind:
@@ -360,10 +378,13 @@ def list_subscriptions(aws: AwsClients, bus_name: str) -> list[Subscription]:
                     target_ids=tuple(str(t["Id"]) for t in targets),
                     rule_bus=None if bus == bus_name else bus,
                 )
-        for page in sqs.get_paginator("list_queues").paginate(QueueNamePrefix=prefix):
+        queue_pages = (
+            page for prefix in prefixes for page in sqs.get_paginator("list_queues").paginate(QueueNamePrefix=prefix)
+        )
+        for page in queue_pages:
             for queue_url in page.get("QueueUrls", []):
                 name = str(queue_url).rstrip("/").rsplit("/", 1)[-1]
-                if name in found:
+                if name in found or name in young:
                     continue
                 facts = _queue_facts(sqs, queue_url)
                 if facts is None:
@@ -384,11 +405,17 @@ def list_subscriptions(aws: AwsClients, bus_name: str) -> list[Subscription]:
     return sorted(found.values(), key=lambda sub: sub.name)
 
 
-def _rule_pages(events: Any, bus_name: str, prefix: str) -> Iterator[tuple[str, dict[str, Any]]]:
+def _rule_pages(events: Any, bus_name: str, prefixes: Iterable[str]) -> Iterator[tuple[str, dict[str, Any]]]:
     """Pages of the rules named `prefix*` on the experiment bus, then on the default bus (a smoke run's S3 rule)."""
     for bus in (bus_name, "default"):
-        for page in events.get_paginator("list_rules").paginate(EventBusName=bus, NamePrefix=prefix):
-            yield bus, page
+        for prefix in prefixes:
+            for page in events.get_paginator("list_rules").paginate(EventBusName=bus, NamePrefix=prefix):
+                yield bus, page
+
+
+def _description_time(description: str) -> float | None:
+    found = _CREATED_IN_DESCRIPTION.search(description)
+    return _parse_time(found.group(1)) if found else None
 
 
 def remove_subscription(aws: AwsClients, bus_name: str, subscription: Subscription) -> None:
@@ -430,13 +457,18 @@ def prune_subscriptions(
     dry_run: bool = False,
     kinds: Iterable[str] | None = None,
     now: float | None = None,
+    skip_recent: bool = False,
 ) -> list[PruneResult]:
-    """Remove the subscriptions on the bus not seen for `older_than_s` seconds (and every half-removed one); with
-    `dry_run`, only say which. `kinds` limits it (e.g. `("art",)`). Returns one result per subscription found."""
+    """Remove the subscriptions on the bus not seen for `older_than_s` seconds; with `dry_run`, only say which.
+    `kinds` limits it (e.g. `("art",)`). `skip_recent`: leave out (unlisted, no result) the rules created less than
+    `older_than_s` ago, at the cost of one ListRules call. Returns one result per subscription examined."""
     moment = time.time() if now is None else now
     wanted = None if kinds is None else set(kinds)
     results: list[PruneResult] = []
-    for subscription in list_subscriptions(aws, bus_name):
+    listed = list_subscriptions(
+        aws, bus_name, kinds=wanted, created_after=moment - older_than_s if skip_recent else None
+    )
+    for subscription in listed:
         if wanted is not None and subscription.kind not in wanted:
             continue
         if not subscription.stale(older_than_s, moment):

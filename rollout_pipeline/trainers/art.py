@@ -143,7 +143,7 @@ def prune_stale(experiment: Experiment) -> None:
     from rollout_pipeline.sdk.errors import SdkError
 
     try:
-        results = experiment.prune_subscriptions(STALE_SUBSCRIPTION_S, kinds=(BATCH_NAME,))
+        results = experiment.prune_subscriptions(STALE_SUBSCRIPTION_S, kinds=(BATCH_NAME,), skip_recent=True)
     except SdkError as exc:
         logger.warning("could not prune stale ART subscriptions: %s", exc)
         return

@@ -42,8 +42,12 @@ def age(experiment: Experiment, name: str, queue_url: str, seconds: float) -> No
     then = subs.iso_now(time.time() - seconds)
     experiment.client("sqs").tag_queue(QueueUrl=queue_url, Tags={subs.TAG_CREATED: then, subs.TAG_SEEN: then})
     events = experiment.client("events")
-    arn = events.describe_rule(Name=name, EventBusName=experiment.bus_name)["Arn"]
-    events.tag_resource(ResourceARN=arn, Tags=[{"Key": subs.TAG_CREATED, "Value": then}])
+    rule = events.describe_rule(Name=name, EventBusName=experiment.bus_name)
+    events.tag_resource(ResourceARN=rule["Arn"], Tags=[{"Key": subs.TAG_CREATED, "Value": then}])
+    description = rule["Description"].rsplit(" created ", 1)[0] + f" created {then}"
+    events.put_rule(
+        Name=name, EventBusName=experiment.bus_name, EventPattern=rule["EventPattern"], Description=description
+    )
 
 
 def test_rule_and_queue_are_tagged_with_kind_owner_and_time(experiment: Experiment) -> None:
@@ -225,3 +229,23 @@ def test_without_tagging_permissions_the_subscription_is_made_untagged(experimen
     assert (found.name, found.kind, found.owner) == (name, "art", "unknown")
     assert found.last_seen is not None
     experiment.close_subscription(name, queue_url)
+
+
+def test_a_prune_that_skips_recent_rules_reads_nothing_more_of_them(experiment: Experiment) -> None:
+    """The ART backend prunes at every attach: rules younger than the threshold (their description says when they
+    were made) cost one ListRules call, nothing more, so many workers starting together stay cheap."""
+    young = [experiment.open_subscription(PATTERN, suffix=f"art-{n:08x}") for n in range(3)]
+    old = experiment.open_subscription(PATTERN, suffix="art-000000ff")
+    age(experiment, *old, 5 * DAY)
+    calls: list[str] = []
+
+    def record(event_name: str, **_kwargs: Any) -> None:
+        calls.append(event_name.rsplit(".", 1)[-1])
+
+    for service in ("events", "sqs"):
+        experiment.client(service).meta.events.register("before-call", record)
+    results = experiment.prune_subscriptions(4 * DAY, kinds=("art",), skip_recent=True)
+    assert [(r.subscription.name, r.action) for r in results] == [(old[0], "removed")]
+    assert calls.count("ListTagsForResource") == 1  # the old rule's only
+    assert calls.count("ListQueueTags") == 1
+    assert {sub.name for sub in experiment.list_subscriptions()} == {name for name, _url in young}
