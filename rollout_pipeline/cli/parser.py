@@ -223,7 +223,9 @@ def _add_operations(sub: Any, common: argparse.ArgumentParser) -> None:
         "account lists. One line per check (pass, fail or skipped, with what to do); everything it creates is "
         "removed. In local mode (--endpoint-url) the account-only checks are skipped.",
     )
-    smoke.add_argument("--timeout", type=float, default=600.0, metavar="S", help="give up a batch after S seconds (default: 600)")
+    smoke.add_argument(
+        "--timeout", type=float, default=600.0, metavar="S", help="give up a batch after S seconds (default: 600)"
+    )
     smoke.add_argument("--rows", type=int, default=3, metavar="N", help="rows of the tiny batch (default: 3)")
     smoke.add_argument("--poll-wait", type=float, default=5.0, help=argparse.SUPPRESS)
     smoke.set_defaults(handler=commands.cmd_smoke)
