@@ -2,8 +2,14 @@
 
 Each check prints one line, `ok`, `warning` or `error`, with what to do. The checks read: the settings (`cdk.json`
 context plus `-c key=value` overrides, validated by the same code as `cdk synth`), the caller's account (STS), the
-AgentCore control plane of the region (is the service offered there), the account's AgentCore quotas (Service
-Quotas) against `session_rate_limit`, `tps_limit` and `max_sessions`, and the CDK bootstrap version (SSM).
+AgentCore control plane of the region (is the service offered there), the account's quotas (Service Quotas, matched
+by quota code; ListServiceQuotas lists only quotas with an applied value, so the defaults of
+ListAWSDefaultServiceQuotas fill in the rest) against `max_sessions`, `session_rate_limit` (per endpoint), `tps_limit`
+and `endpoints`, where the agent image is built (CodeBuild ARM: offered in the region, concurrent builds allowed),
+Lambda concurrency (GetAccountSettings) against what the event sources ask, and the CDK bootstrap version (SSM).
+
+Quota codes are not in AWS's documentation; `QUOTAS` names each with the exact name it is listed under (a code that
+is not found falls back to that name, the full string) and docs/deploy.md says where each was found.
 """
 
 from __future__ import annotations
@@ -69,30 +75,138 @@ def settings_checks(context: Mapping[str, Any]) -> tuple[list[Check], Experiment
     return checks, config
 
 
-def _quotas(client: Any) -> list[dict[str, Any]]:
-    quotas: list[dict[str, Any]] = []
-    for page in client.get_paginator("list_service_quotas").paginate(ServiceCode=AGENTCORE_QUOTAS_SERVICE):
-        quotas.extend(page.get("Quotas", []))
-    return quotas
+@dataclass(frozen=True)
+class QuotaRef:
+    """One Service Quotas quota: its service code, quota code and the exact name it is listed under."""
+
+    service: str
+    code: str
+    name: str
 
 
-def _find(quotas: Iterable[dict[str, Any]], *words: str) -> dict[str, Any] | None:
-    for quota in quotas:
-        name = str(quota.get("QuotaName", "")).lower()
-        if all(word in name for word in words):
-            return quota
+#: AgentCore Runtime quotas. Codes as ListServiceQuotas returns them (see docs/deploy.md for the sources).
+ACTIVE_SESSIONS: Final = QuotaRef(AGENTCORE_QUOTAS_SERVICE, "L-3E5722B2", "Active Session Workloads per Account")
+NEW_SESSION_RATE: Final = QuotaRef(AGENTCORE_QUOTAS_SERVICE, "L-8EE2AEA2", "Rate of new Runtime session creation")
+#: The container-deployment session rate, reported per minute and per endpoint (one public listing; its name is not
+#: published, so it is matched by code only).
+CONTAINER_SESSION_RATE: Final = QuotaRef(AGENTCORE_QUOTAS_SERVICE, "L-0B3AF7ED", "")
+#: Every Runtime data-plane call (InvokeAgentRuntime, StopRuntimeSession, ...) per second, per account.
+DATA_PLANE_RATE: Final = QuotaRef(AGENTCORE_QUOTAS_SERVICE, "L-46ED137C", "Rate of Runtime data plane APIs")
+ENDPOINTS_PER_AGENT: Final = QuotaRef(AGENTCORE_QUOTAS_SERVICE, "L-9B442722", "Endpoints per Agent")
+#: `cdklabs-deploy-time-build` builds the agent image on ARM_CONTAINER with compute type SMALL.
+CODEBUILD_ARM_SMALL: Final = QuotaRef(
+    "codebuild", "L-5ED1D25B", "Concurrently running builds for ARM/Small environment"
+)
+LAMBDA_CONCURRENCY: Final = QuotaRef("lambda", "L-B99A9384", "Concurrent executions")
+#: The AgentCore Runtime quotas the preflight compares (`rollouts smoke` prints which of them an account lists).
+AGENTCORE_QUOTAS: Final = (
+    ACTIVE_SESSIONS,
+    NEW_SESSION_RATE,
+    CONTAINER_SESSION_RATE,
+    DATA_PLANE_RATE,
+    ENDPOINTS_PER_AGENT,
+)
+QUOTAS: Final = (
+    ACTIVE_SESSIONS,
+    NEW_SESSION_RATE,
+    CONTAINER_SESSION_RATE,
+    DATA_PLANE_RATE,
+    ENDPOINTS_PER_AGENT,
+    CODEBUILD_ARM_SMALL,
+    LAMBDA_CONCURRENCY,
+)
+#: AgentCore's documented InvokeAgentRuntime rate per agent (no quota code is published for it), Nov 2026.
+DOCUMENTED_INVOKE_RATE_PER_AGENT: Final = 200.0
+#: Regions where CodeBuild offers ARM_CONTAINER (CodeBuild user guide, "Build environment compute types").
+ARM_CODEBUILD_REGIONS: Final = frozenset(
+    {
+        "us-east-1",
+        "us-east-2",
+        "us-west-2",
+        "eu-west-1",
+        "eu-central-1",
+        "ap-south-1",
+        "ap-northeast-1",
+        "ap-southeast-1",
+        "ap-southeast-2",
+        "sa-east-1",
+    }
+)
+#: Concurrent executions of Lambdas the stack adds besides the pipeline's (custom-resource handlers, at deploy).
+HELPER_LAMBDA_CONCURRENCY: Final = 1
+_PERIOD_SECONDS: Final = {"SECOND": 1.0, "MINUTE": 60.0, "HOUR": 3600.0, "DAY": 86_400.0, "WEEK": 604_800.0}
+
+
+class QuotaReader:
+    """A service's quotas as the account sees them: applied values (ListServiceQuotas) first, then the defaults
+    (ListAWSDefaultServiceQuotas) for every quota without an applied value. Read once per service, on first use."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self._applied: dict[str, list[dict[str, Any]]] = {}
+        self._defaults: dict[str, list[dict[str, Any]]] = {}
+
+    def _list(self, operation: str, service: str) -> list[dict[str, Any]]:
+        from botocore.exceptions import ClientError
+
+        quotas: list[dict[str, Any]] = []
+        try:
+            for page in self._client.get_paginator(operation).paginate(ServiceCode=service):
+                quotas.extend(page.get("Quotas", []))
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") != "NoSuchResourceException":
+                raise
+        return quotas
+
+    def find(self, ref: QuotaRef) -> dict[str, Any] | None:
+        """The quota `ref` (applied value, else the default), or None when neither list holds it.
+
+        Raises botocore's ClientError when Service Quotas cannot be read (e.g. AccessDeniedException)."""
+        return self.find_with_source(ref)[0]
+
+    def find_with_source(self, ref: QuotaRef) -> tuple[dict[str, Any] | None, Literal["applied", "default", ""]]:
+        """`find`, and which list held the quota: "applied", "default" or "" (neither)."""
+        if ref.service not in self._applied:
+            self._applied[ref.service] = self._list("list_service_quotas", ref.service)
+        found = match(self._applied[ref.service], ref)
+        if found is not None:
+            return found, "applied"
+        if ref.service not in self._defaults:
+            self._defaults[ref.service] = self._list("list_aws_default_service_quotas", ref.service)
+        found = match(self._defaults[ref.service], ref)
+        return found, "default" if found is not None else ""
+
+
+def match(quotas: Iterable[Mapping[str, Any]], ref: QuotaRef) -> dict[str, Any] | None:
+    """The quota with `ref`'s code, else the one listed under exactly `ref`'s name (the whole name, any case)."""
+    listed = list(quotas)
+    for quota in listed:
+        if quota.get("QuotaCode") == ref.code:
+            return dict(quota)
+    if ref.name:
+        wanted = ref.name.strip().casefold()
+        for quota in listed:
+            if str(quota.get("QuotaName", "")).strip().casefold() == wanted:
+                return dict(quota)
     return None
 
 
-def _per_second(quota: Mapping[str, Any]) -> float:
-    """A rate quota in per-second units (Service Quotas states some per minute)."""
+def per_second(quota: Mapping[str, Any]) -> float:
+    """A rate quota in per-second units, from its `Period` (Service Quotas states some per minute)."""
     value = float(quota["Value"])
-    unit = str(quota.get("Unit", "")).lower()
+    period = quota.get("Period") or {}
+    unit = str(period.get("PeriodUnit", "")).upper()
+    if unit in _PERIOD_SECONDS:
+        return value / (_PERIOD_SECONDS[unit] * float(period.get("PeriodValue") or 1))
     name = str(quota.get("QuotaName", "")).lower()
-    return value / 60.0 if "minute" in unit or "per minute" in name else value
+    return value / 60.0 if "per minute" in name else value
 
 
-def compare(name: str, setting: str, wanted: float, limit: float | None, unit: str) -> Check:
+def _label(quota: Mapping[str, Any]) -> str:
+    return f"{quota.get('QuotaCode', '?')} {quota.get('QuotaName', '')}".strip()
+
+
+def compare(name: str, setting: str, wanted: float, limit: float | None, unit: str, *, fix: str = "") -> Check:
     """A setting against its quota: error above it, warning above QUOTA_HEADROOM of it."""
     if limit is None:
         return Check(name, "warning", f"quota not found in Service Quotas; check {setting}={wanted:g} by hand")
@@ -101,7 +215,7 @@ def compare(name: str, setting: str, wanted: float, limit: float | None, unit: s
             name,
             "error",
             f"{setting}={wanted:g} is above the account's quota {limit:.4g}{unit}: lower it or request an increase "
-            "in Service Quotas (bedrock-agentcore)",
+            f"in Service Quotas ({fix or AGENTCORE_QUOTAS_SERVICE})",
         )
     if wanted > limit * QUOTA_HEADROOM:
         return Check(
@@ -110,31 +224,174 @@ def compare(name: str, setting: str, wanted: float, limit: float | None, unit: s
     return Check(name, "ok", f"{setting}={wanted:g} within the quota {limit:.4g}{unit}")
 
 
+def _request(ref: QuotaRef) -> str:
+    return f"{ref.service} {ref.code}"
+
+
+def new_session_check(config: ExperimentConfig, reader: QuotaReader) -> Check:
+    """`session_rate_limit` is per endpoint, as the new-session quota: compare the two. The strictest of the
+    new-session quotas found binds. Whether the quota is per endpoint or per account is not documented for every
+    deployment type, so a total over all endpoints above it is a warning (never an error)."""
+    found = [q for q in (reader.find(NEW_SESSION_RATE), reader.find(CONTAINER_SESSION_RATE)) if q is not None]
+    if not found:
+        return compare("new sessions", "session_rate_limit", config.session_rate_limit, None, "/s")
+    binding = min(found, key=per_second)
+    limit = per_second(binding)
+    check = compare(
+        "new sessions",
+        "session_rate_limit",
+        config.session_rate_limit,
+        limit,
+        "/s per endpoint",
+        fix=_request(NEW_SESSION_RATE),
+    )
+    total = config.session_rate_limit * config.endpoints
+    if check.level == "ok" and config.endpoints > 1 and total > limit:
+        return Check(
+            "new sessions",
+            "warning",
+            f"session_rate_limit={config.session_rate_limit:g} per endpoint is within {_label(binding)} "
+            f"({limit:.4g}/s), but {config.endpoints} endpoints make {total:g}/s: if the quota is per account, "
+            "lower session_rate_limit or request an increase",
+        )
+    return check
+
+
+def invoke_rate_check(config: ExperimentConfig, reader: QuotaReader) -> Check:
+    """`tps_limit` (InvokeAgentRuntime + StopRuntimeSession calls/s, all endpoints) against the account's data-plane
+    rate, and against the documented InvokeAgentRuntime rate per agent (no quota code is published for it)."""
+    quota = reader.find(DATA_PLANE_RATE)
+    check = compare(
+        "invoke rate",
+        "tps_limit",
+        config.tps_limit,
+        per_second(quota) if quota else None,
+        "/s",
+        fix=_request(DATA_PLANE_RATE),
+    )
+    if check.level == "ok" and config.tps_limit > DOCUMENTED_INVOKE_RATE_PER_AGENT:
+        return Check(
+            "invoke rate",
+            "warning",
+            f"tps_limit={config.tps_limit} is above AgentCore's documented InvokeAgentRuntime rate of "
+            f"{DOCUMENTED_INVOKE_RATE_PER_AGENT:g}/s per agent: check the agent's rate in Service Quotas",
+        )
+    return check
+
+
 def quota_checks(config: ExperimentConfig, client: Any) -> list[Check]:
-    """The experiment's limits against the account's AgentCore quotas in this region."""
+    """The experiment's limits against the account's AgentCore quotas in this region, matched by quota code."""
     from botocore.exceptions import ClientError
 
+    reader = QuotaReader(client)
     try:
-        quotas = _quotas(client)
+        sessions = reader.find(ACTIVE_SESSIONS)
+        endpoints = reader.find(ENDPOINTS_PER_AGENT)
+        return [
+            compare(
+                "active sessions",
+                "max_sessions",
+                config.max_sessions,
+                float(sessions["Value"]) if sessions else None,
+                "",
+                fix=_request(ACTIVE_SESSIONS),
+            ),
+            new_session_check(config, reader),
+            invoke_rate_check(config, reader),
+            compare(
+                "endpoints",
+                "endpoints",
+                config.endpoints,
+                float(endpoints["Value"]) if endpoints else None,
+                " per agent",
+                fix=_request(ENDPOINTS_PER_AGENT),
+            ),
+        ]
     except ClientError as exc:
         code = exc.response.get("Error", {}).get("Code", "")
         return [Check("quotas", "warning", f"cannot read Service Quotas ({code}): compare the limits by hand")]
-    sessions = _find(quotas, "active session")
-    rate = _find(quotas, "session", "rate") or _find(quotas, "new session") or _find(quotas, "session creation")
-    tps = _find(quotas, "invokeagentruntime") or _find(quotas, "invoke", "agent", "runtime")
-    return [
-        compare(
-            "active sessions", "max_sessions", config.max_sessions, float(sessions["Value"]) if sessions else None, ""
-        ),
-        compare(
-            "new sessions",
-            "session_rate_limit x endpoints",
-            config.session_rate_limit * config.endpoints,
-            _per_second(rate) if rate else None,
-            "/s",
-        ),
-        compare("invoke rate", "tps_limit", config.tps_limit, _per_second(tps) if tps else None, "/s"),
-    ]
+
+
+def codebuild_checks(region: str, reader: QuotaReader) -> list[Check]:
+    """The default image build (CodeBuild, ARM_CONTAINER, SMALL): offered in the region, and builds allowed."""
+    from botocore.exceptions import ClientError
+
+    other_modes = (
+        "-c image_build=local (Docker on this machine) or -c image_uri=ACCOUNT.dkr.ecr.REGION.amazonaws.com/REPO:TAG"
+    )
+    if region not in ARM_CODEBUILD_REGIONS:
+        return [
+            Check(
+                "image build",
+                "error",
+                f"CodeBuild offers no ARM builds (ARM_CONTAINER) in {region}: deploy with {other_modes}",
+            )
+        ]
+    try:
+        quota = reader.find(CODEBUILD_ARM_SMALL)
+    except ClientError as exc:
+        code = exc.response.get("Error", {}).get("Code", "")
+        return [Check("image build", "warning", f"cannot read the CodeBuild build quota ({code}): check it by hand")]
+    if quota is None:
+        return [
+            Check(
+                "image build",
+                "warning",
+                f"quota {_request(CODEBUILD_ARM_SMALL)} not found: check that the account may run an ARM/Small build",
+            )
+        ]
+    allowed = float(quota["Value"])
+    if allowed < 1:
+        return [
+            Check(
+                "image build",
+                "error",
+                f"the account may run {allowed:g} concurrent ARM/Small CodeBuild builds ({_label(quota)}): request "
+                f"an increase in Service Quotas ({_request(CODEBUILD_ARM_SMALL)}) or deploy with {other_modes}",
+            )
+        ]
+    return [Check("image build", "ok", f"CodeBuild ARM in {region}, {allowed:g} concurrent build(s) allowed")]
+
+
+def lambda_asks(config: ExperimentConfig) -> int:
+    """Concurrent executions the stack's functions may use at once: each event source's MaximumConcurrency, one
+    sweeper, and the custom-resource handlers (no function reserves concurrency)."""
+    from rollout_pipeline.topology import function_specs
+
+    specs = function_specs(config).values()
+    return sum(spec.max_concurrency or 1 for spec in specs) + HELPER_LAMBDA_CONCURRENCY
+
+
+def lambda_check(config: ExperimentConfig, client: Any) -> Check:
+    """What the account lets the stack's Lambdas run at once (GetAccountSettings) against what they ask."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    asked = lambda_asks(config)
+    try:
+        limit = client.get_account_settings()["AccountLimit"]
+    except (BotoCoreError, ClientError) as exc:
+        return Check("lambda concurrency", "warning", f"cannot read the Lambda account settings ({exc})")
+    total = int(limit.get("ConcurrentExecutions", 0))
+    unreserved = int(limit.get("UnreservedConcurrentExecutions", total))
+    fix = (
+        f"request a Lambda concurrency increase to at least {asked + 10} in Service Quotas "
+        f"({_request(LAMBDA_CONCURRENCY)}); throttled queue consumers send rollouts to the dead-letter queues"
+    )
+    if unreserved < asked:
+        return Check(
+            "lambda concurrency",
+            "error",
+            f"the stack's functions may run {asked} at once, the account leaves {unreserved} unreserved "
+            f"(of {total}): {fix}",
+        )
+    if asked > unreserved * QUOTA_HEADROOM:
+        return Check(
+            "lambda concurrency",
+            "warning",
+            f"the stack's functions may use {asked} of the {unreserved} unreserved executions: other functions of "
+            f"the account share them; {fix}",
+        )
+    return Check("lambda concurrency", "ok", f"{asked} asked, {unreserved} unreserved of {total}")
 
 
 def service_check(client: Any, region: str) -> Check:
@@ -188,7 +445,11 @@ def run(
     checks.append(Check("credentials", "ok", f"account {account}, region {region}"))
     checks.append(service_check(client("bedrock-agentcore-control"), region))
     if config is not None:
-        checks.extend(quota_checks(config, client("service-quotas")))
+        service_quotas = client("service-quotas")
+        checks.extend(quota_checks(config, service_quotas))
+        if DeploySettings.from_context(context).image_mode == "codebuild":
+            checks.extend(codebuild_checks(region, QuotaReader(service_quotas)))
+        checks.append(lambda_check(config, client("lambda")))
     checks.append(bootstrap_check(client("ssm"), account, region))
     return checks
 

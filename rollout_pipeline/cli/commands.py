@@ -141,3 +141,66 @@ def cmd_report(args: argparse.Namespace, out: TextIO) -> int:
 
 def cmd_watch(args: argparse.Namespace, out: TextIO) -> int:
     return watch(attach(args), args, out)
+
+
+_DURATION_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86_400.0}
+
+
+def duration(text: str) -> float:
+    """`90m`, `24h`, `7d`, `30s` or plain seconds, as seconds (argparse type)."""
+    raw = text.strip().lower()
+    unit = _DURATION_UNITS.get(raw[-1:]) if raw else None
+    number = raw[:-1] if unit is not None else raw
+    try:
+        value = float(number) * (unit or 1.0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration such as 90m, 24h, 7d or seconds") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a duration cannot be negative")
+    return value
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "age unknown"
+    for unit, size in (("d", 86_400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f}{unit}"
+    return f"{seconds:.0f}s"
+
+
+def cmd_subscriptions_list(args: argparse.Namespace, out: TextIO) -> int:
+    import time
+
+    now = time.time()
+    found = attach(args).list_subscriptions()
+    for sub in found:
+        missing = " (rule gone)" if sub.rule_arn is None else " (queue gone)" if sub.queue_url is None else ""
+        print(f"{sub.name}  {sub.kind}  {sub.owner}  last seen {_age(sub.age_s(now))} ago{missing}", file=out)
+    print(f"{len(found)} subscription(s)", file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_subscriptions_prune(args: argparse.Namespace, out: TextIO) -> int:
+    import time
+
+    now = time.time()
+    results = attach(args).prune_subscriptions(args.older_than, dry_run=args.dry_run, kinds=args.kind)
+    failed = 0
+    for result in results:
+        sub = result.subscription
+        failed += result.action.startswith("failed")
+        print(
+            f"{result.action:<12} {sub.name}  {sub.kind}  {sub.owner}  last seen {_age(sub.age_s(now))} ago", file=out
+        )
+    removed = sum(r.action in ("removed", "would remove") for r in results)
+    verb = "would remove" if args.dry_run else "removed"
+    print(f"{verb} {removed} of {len(results)} subscription(s)", file=sys.stderr)
+    return EXIT_ERROR if failed else EXIT_OK
+
+
+def cmd_smoke(args: argparse.Namespace, out: TextIO) -> int:
+    from rollout_pipeline.sdk.smoke import run_smoke
+
+    checks = run_smoke(attach(args), rows=args.rows, timeout_s=args.timeout, poll_wait_s=args.poll_wait, out=out)
+    return EXIT_ERROR if any(check.status == "fail" for check in checks) else EXIT_OK

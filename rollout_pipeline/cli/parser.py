@@ -147,7 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[common],
         help="check, with read calls only, that an experiment can be deployed (run by `make deploy`)",
         description="Check the settings (cdk.json + -c overrides), the model URL, AgentCore in the region, the "
-        "account's AgentCore quotas against the limits, and the CDK bootstrap. One line per check; exit 1 on an error.",
+        "account's AgentCore quotas against the limits (by quota code), the CodeBuild ARM build (region, concurrent "
+        "builds), Lambda concurrency, and the CDK bootstrap. One line per check with what to do; exit 1 on an error.",
     )
     preflight.add_argument(
         "-c",
@@ -179,8 +180,57 @@ def build_parser() -> argparse.ArgumentParser:
     report.set_defaults(handler=commands.cmd_report)
 
     stack_commands.register(sub)  # deploy, destroy
+    _add_operations(sub, common)
     _register_local(sub, common)
     return parser
+
+
+def _add_operations(sub: Any, common: argparse.ArgumentParser) -> None:
+    """`subscriptions list|prune` and `smoke`: operating a deployed experiment."""
+    subscriptions = sub.add_parser(
+        "subscriptions",
+        help="list or prune the private event subscriptions (tap, ART) on the experiment bus",
+        description="Private subscriptions (a rule on the experiment bus + an SQS queue) are made by `rollouts "
+        "watch` and by each ART trainer process, and removed when they exit. A killed process leaves its own behind: "
+        "it counts toward the bus's 300 rules and blocks `cdk destroy`. Prune them before destroying.",
+    )
+    actions = subscriptions.add_subparsers(dest="subscriptions_command", metavar="ACTION", required=True)
+    listing = actions.add_parser("list", parents=[common], help="list them with owner and last-seen age")
+    listing.set_defaults(handler=commands.cmd_subscriptions_list)
+    prune = actions.add_parser(
+        "prune",
+        parents=[common],
+        help="remove the stale ones (rule targets, rule, queue)",
+        description="Remove the subscriptions not seen for --older-than (their owner refreshes them while it runs), "
+        "and every half-removed one; rule targets first, then the rule, then the queue.",
+    )
+    prune.add_argument(
+        "--older-than",
+        type=commands.duration,
+        default=commands.duration("24h"),
+        metavar="AGE",
+        help="e.g. 90m, 24h, 7d, or seconds (default: 24h; 0: every subscription, also live ones)",
+    )
+    prune.add_argument("--dry-run", action="store_true", help="only say what would be removed")
+    prune.add_argument("--kind", action="append", choices=["tap", "art", "smoke"], help="only this kind (repeatable)")
+    prune.set_defaults(handler=commands.cmd_subscriptions_prune)
+
+    smoke = sub.add_parser(
+        "smoke",
+        parents=[common],
+        help="check a fresh deployment end to end: what only a real account can show (run after the first deploy)",
+        description="Run a tiny batch from upload to `Batch Completed` and check, against the deployed stack, what "
+        "only a real account shows: the S3 event's key encoding, a missing dataset key read as the ingest role (404, "
+        "not 403), alarm delivery through the alarm topic, the AgentCore metric dimensions, the quota codes the "
+        "account lists. One line per check (pass, fail or skipped, with what to do); everything it creates is "
+        "removed. In local mode (--endpoint-url) the account-only checks are skipped.",
+    )
+    smoke.add_argument(
+        "--timeout", type=float, default=600.0, metavar="S", help="give up a batch after S seconds (default: 600)"
+    )
+    smoke.add_argument("--rows", type=int, default=3, metavar="N", help="rows of the tiny batch (default: 3)")
+    smoke.add_argument("--poll-wait", type=float, default=5.0, help=argparse.SUPPRESS)
+    smoke.set_defaults(handler=commands.cmd_smoke)
 
 
 def _register_local(sub: Any, common: argparse.ArgumentParser) -> None:

@@ -450,17 +450,48 @@ class Experiment:
         """
         return subscription.tap(self.aws, self.bus_name, batch_id, detail_types, timeout, poll_wait_s=poll_wait_s)
 
-    def open_subscription(self, pattern: Mapping[str, Any], *, suffix: str, retention_s: int = 3600) -> tuple[str, str]:
+    def open_subscription(
+        self, pattern: Mapping[str, Any], *, suffix: str, retention_s: int = 3600, kind: str | None = None
+    ) -> tuple[str, str]:
         """A private SQS queue subscribed to the experiment bus by a rule with `pattern`; returns (name, queue URL).
 
-        Close it with `close_subscription(name, queue_url)`. Needs `sqs:CreateQueue`/`DeleteQueue`/
-        `SetQueueAttributes` and `events:PutRule`/`PutTargets`/`RemoveTargets`/`DeleteRule`.
+        Rule and queue are tagged with `kind` (default: the suffix's first word), this process as owner and the
+        creation time (`prune_subscriptions` finds them by these). Close it with `close_subscription(name,
+        queue_url)`. Needs `sqs:CreateQueue`/`TagQueue`/`DeleteQueue`/`SetQueueAttributes` and `events:PutRule`/
+        `TagResource`/`PutTargets`/`RemoveTargets`/`DeleteRule`.
         """
-        return subscription.open_subscription(self.aws, self.bus_name, pattern, suffix=suffix, retention_s=retention_s)
+        return subscription.open_subscription(
+            self.aws, self.bus_name, pattern, suffix=suffix, retention_s=retention_s, kind=kind
+        )
 
     def close_subscription(self, name: str, queue_url: str) -> None:
         """Remove a subscription made by `open_subscription` (best effort: failures are logged)."""
         subscription.close_subscription(self.aws, self.bus_name, name, queue_url)
+
+    def touch_subscription(self, queue_url: str) -> None:
+        """Mark a subscription of this process as alive (its queue's `rollouts:seen-at` tag), so that a prune with
+        `older_than_s` shorter than its life does not remove it."""
+        subscription.touch_subscription(self.aws, queue_url)
+
+    def list_subscriptions(self) -> list[subscription.Subscription]:
+        """The private subscriptions (tap, ART, smoke) on the experiment bus, with owner and last-seen time."""
+        return subscription.list_subscriptions(self.aws, self.bus_name)
+
+    def prune_subscriptions(
+        self,
+        older_than_s: float,
+        *,
+        dry_run: bool = False,
+        kinds: Iterable[str] | None = None,
+        skip_recent: bool = False,
+    ) -> list[subscription.PruneResult]:
+        """Remove the private subscriptions not seen for `older_than_s` seconds (left by killed trainers and
+        watchers: they count toward the bus's 300 rules and block `cdk destroy`), rule targets first, then the rule,
+        then the queue. `dry_run`: only report. `kinds`: only these kinds (`tap`, `art`, `smoke`). `skip_recent`:
+        do not even look at rules created less than `older_than_s` ago (one ListRules call for them)."""
+        return subscription.prune_subscriptions(
+            self.aws, self.bus_name, older_than_s, dry_run=dry_run, kinds=kinds, skip_recent=skip_recent
+        )
 
     def subscribe(
         self,

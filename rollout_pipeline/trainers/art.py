@@ -33,6 +33,7 @@ import atexit
 import logging
 import secrets
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,6 +64,9 @@ BATCH_NAME: Final = "art"
 SUBMIT_WAIT_S: Final = 30.0
 #: Retention of a process's private event queue (events of a process that died wait there this long).
 SUBSCRIPTION_RETENTION_S: Final = 4 * 24 * 3600
+#: At attach, ART subscriptions not seen for this long are pruned: their process is gone (a live one refreshes its
+#: `seen-at` at least hourly while it runs rollouts), and their queue has dropped every event it held anyway.
+STALE_SUBSCRIPTION_S: Final = SUBSCRIPTION_RETENTION_S
 
 
 class BackendConfig(BaseModel):
@@ -123,6 +127,31 @@ class _Attached:
     client: RolloutClient
     batch_name: str
     subscription: tuple[str, str] | None
+    touched: float = 0.0
+
+    def touch(self, now: float) -> None:
+        """Refresh the subscription's `seen-at` tag, at most once per `TOUCH_INTERVAL_S`."""
+        from rollout_pipeline.sdk.subscription import TOUCH_INTERVAL_S
+
+        if self.subscription is not None and now - self.touched >= TOUCH_INTERVAL_S:
+            self.touched = now
+            self.client.experiment.touch_subscription(self.subscription[1])
+
+
+def prune_stale(experiment: Experiment) -> None:
+    """Remove ART subscriptions left by killed processes (best effort: a failure is logged, never raised)."""
+    from rollout_pipeline.sdk.errors import SdkError
+
+    try:
+        results = experiment.prune_subscriptions(STALE_SUBSCRIPTION_S, kinds=(BATCH_NAME,), skip_recent=True)
+    except SdkError as exc:
+        logger.warning("could not prune stale ART subscriptions: %s", exc)
+        return
+    for result in results:
+        if result.action != "kept":
+            logger.info(
+                "stale ART subscription %s (%s): %s", result.subscription.name, result.subscription.owner, result.action
+            )
 
 
 _lock = threading.Lock()
@@ -157,6 +186,7 @@ def attached(config: BackendConfig) -> _Attached:
     with _lock:
         found = _attached.get(key)
         if found is not None and not found.client._dispatcher.closed:
+            found.touch(time.monotonic())
             return found
         from rollout_pipeline.contracts import EVENT_SOURCE
         from rollout_pipeline.sdk.client import RolloutClient
@@ -165,9 +195,10 @@ def attached(config: BackendConfig) -> _Attached:
         batch_name = f"{BATCH_NAME}-{secrets.token_hex(4)}"
         subscription: tuple[str, str] | None = None
         if config.private_queue:
+            prune_stale(experiment)
             pattern = {"source": [EVENT_SOURCE], "detail": {"batch_id": [{"prefix": f"{batch_name}-"}]}}
             subscription = experiment.open_subscription(
-                pattern, suffix=batch_name, retention_s=SUBSCRIPTION_RETENTION_S
+                pattern, suffix=batch_name, retention_s=SUBSCRIPTION_RETENTION_S, kind=BATCH_NAME
             )
         client = RolloutClient(
             experiment,
@@ -178,7 +209,7 @@ def attached(config: BackendConfig) -> _Attached:
             queue_url=subscription[1] if subscription else None,
             consume_others=subscription is not None,  # a private queue holds only this process's events
         )
-        found = _attached[key] = _Attached(client, batch_name, subscription)
+        found = _attached[key] = _Attached(client, batch_name, subscription, touched=time.monotonic())
         return found
 
 

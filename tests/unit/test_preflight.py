@@ -1,4 +1,8 @@
-"""`rollouts preflight`: each check against botocore's Stubber on the real service models (no network)."""
+"""`rollouts preflight`: each check against botocore's Stubber on the real service models (no network).
+
+Quota listings use the codes and names Service Quotas lists (docs/deploy.md says where each was found); the
+distractors (StopRuntimeSession, browser and code-interpreter session rates) carry placeholder codes `L-0000000N`:
+only their names matter, which share words with the new-session rate."""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ import pytest
 from botocore.stub import Stubber
 
 from rollout_pipeline import cli, preflight
+from rollout_pipeline.config import ExperimentConfig
 from rollout_pipeline.preflight import BOOTSTRAP_VERSION_PARAMETER, Check
 
 REGION = "us-west-2"
@@ -29,7 +34,7 @@ class Clients:
         )
         self.clients: dict[str, Any] = {}
         self.stubs: dict[str, Stubber] = {}
-        for service in ("sts", "bedrock-agentcore-control", "service-quotas", "ssm"):
+        for service in ("sts", "bedrock-agentcore-control", "service-quotas", "ssm", "lambda"):
             client = session.client(service)  # type: ignore[call-overload]
             self.clients[service] = client
             self.stubs[service] = Stubber(client)
@@ -48,22 +53,34 @@ class Clients:
             "list_agent_runtimes", {"agentRuntimes": []}, {"maxResults": 1}
         )
 
-    def quotas(self, *quotas: tuple[str, float, str]) -> None:
+    def listing(self, operation: str, service: str, quotas: list[dict[str, Any]]) -> None:
         self.stubs["service-quotas"].add_response(
-            "list_service_quotas",
+            operation, {"Quotas": [{"ServiceCode": service, **q} for q in quotas]}, {"ServiceCode": service}
+        )
+
+    def quotas(self, applied: list[dict[str, Any]], defaults: list[dict[str, Any]] | None = None) -> None:
+        """The AgentCore listings: applied values, then (when given) the defaults the preflight falls back to."""
+        self.listing("list_service_quotas", AGENTCORE, applied)
+        if defaults is not None:
+            self.listing("list_aws_default_service_quotas", AGENTCORE, defaults)
+
+    def codebuild(self, arm_small: float | None = 1.0) -> None:
+        """No applied CodeBuild quota (the usual case), the ARM/Small build default."""
+        self.listing("list_service_quotas", "codebuild", [])
+        self.listing(
+            "list_aws_default_service_quotas", "codebuild", [] if arm_small is None else [ARM_SMALL(arm_small)]
+        )
+
+    def lambda_settings(self, total: int = 1000, unreserved: int | None = None) -> None:
+        self.stubs["lambda"].add_response(
+            "get_account_settings",
             {
-                "Quotas": [
-                    {
-                        "ServiceCode": "bedrock-agentcore",
-                        "QuotaName": name,
-                        "QuotaCode": f"L-{i:08d}",
-                        "Value": value,
-                        "Unit": unit,
-                    }
-                    for i, (name, value, unit) in enumerate(quotas)
-                ]
+                "AccountLimit": {
+                    "ConcurrentExecutions": total,
+                    "UnreservedConcurrentExecutions": total if unreserved is None else unreserved,
+                }
             },
-            {"ServiceCode": "bedrock-agentcore"},
+            {},
         )
 
     def bootstrap(self, version: str | None) -> None:
@@ -83,11 +100,46 @@ class Clients:
             stub.assert_no_pending_responses()
 
 
-GOOD_QUOTAS = (
-    ("Active session workloads per account", 5000.0, "None"),
-    ("New sessions rate per endpoint per minute", 400.0, "None"),
-    ("InvokeAgentRuntime requests per second", 200.0, "None"),
-)
+AGENTCORE = "bedrock-agentcore"
+PER_SECOND = {"PeriodValue": 1, "PeriodUnit": "SECOND"}
+PER_MINUTE = {"PeriodValue": 1, "PeriodUnit": "MINUTE"}
+
+
+def quota(code: str, name: str, value: float, period: dict[str, Any] | None = None) -> dict[str, Any]:
+    item: dict[str, Any] = {"QuotaCode": code, "QuotaName": name, "Value": value, "Unit": "None", "Adjustable": True}
+    if period is not None:
+        item["Period"] = period
+    return item
+
+
+def ACTIVE(value: float = 5000) -> dict[str, Any]:
+    return quota("L-3E5722B2", "Active Session Workloads per Account", value)
+
+
+def NEW_SESSIONS(value: float = 25) -> dict[str, Any]:
+    return quota("L-8EE2AEA2", "Rate of new Runtime session creation", value, PER_SECOND)
+
+
+def DATA_PLANE(value: float = 1000) -> dict[str, Any]:
+    return quota("L-46ED137C", "Rate of Runtime data plane APIs", value, PER_SECOND)
+
+
+def ENDPOINTS(value: float = 10) -> dict[str, Any]:
+    return quota("L-9B442722", "Endpoints per Agent", value)
+
+
+def ARM_SMALL(value: float = 1) -> dict[str, Any]:
+    return quota("L-5ED1D25B", "Concurrently running builds for ARM/Small environment", value)
+
+
+#: Quotas whose names share words with the new-session rate ("session", "rate") and come first in a listing.
+DISTRACTORS = [
+    quota("L-00000001", "Rate of StopRuntimeSession requests", 1, PER_SECOND),
+    quota("L-00000002", "Rate of StartBrowserSession requests", 2, PER_SECOND),
+    quota("L-00000003", "Rate of StartCodeInterpreterSession requests", 2, PER_SECOND),
+    quota("L-00000004", "Active browser sessions per account", 3),
+]
+DEFAULTS = [*DISTRACTORS, ACTIVE(), NEW_SESSIONS(), DATA_PLANE(), ENDPOINTS()]
 
 
 @pytest.fixture
@@ -101,11 +153,17 @@ def by_name(checks: list[Check]) -> dict[str, Check]:
     return {check.name: check for check in checks}
 
 
-def test_all_ok(clients: Clients) -> None:
+def stub_all_ok(clients: Clients, *, bootstrap: str | None = "30") -> None:
     clients.identity()
     clients.agentcore()
-    clients.quotas(*GOOD_QUOTAS)
-    clients.bootstrap("30")
+    clients.quotas(DISTRACTORS, DEFAULTS)  # only distractors have applied values: the rest are defaults
+    clients.codebuild()
+    clients.lambda_settings()
+    clients.bootstrap(bootstrap)
+
+
+def test_all_ok(clients: Clients) -> None:
+    stub_all_ok(clients)
     checks = preflight.run(preflight.load_context(REPO_ROOT, PUBLIC), client=clients, region=REGION)
     assert [c.name for c in checks] == [
         "settings",
@@ -115,30 +173,122 @@ def test_all_ok(clients: Clients) -> None:
         "active sessions",
         "new sessions",
         "invoke rate",
+        "endpoints",
+        "image build",
+        "lambda concurrency",
         "cdk bootstrap",
     ]
     assert {c.level for c in checks} == {"ok"}, [c.line() for c in checks]
     assert preflight.worst(checks) == "ok"
-    assert by_name(checks)["new sessions"].message == "session_rate_limit x endpoints=5 within the quota 6.667/s"
+    assert by_name(checks)["new sessions"].message == "session_rate_limit=5 within the quota 25/s per endpoint"
+    assert by_name(checks)["active sessions"].message == "max_sessions=100 within the quota 5000"
+
+
+def test_quotas_are_matched_by_code_not_by_words(clients: Clients) -> None:
+    """The StopRuntimeSession rate (1/s) and browser session rates come first and share the words; matching by
+    words took the first as the new-session quota and called a valid config an error."""
+    clients.quotas([*DISTRACTORS, NEW_SESSIONS(), ACTIVE(), DATA_PLANE(), ENDPOINTS()], DISTRACTORS)
+    checks = by_name(preflight.quota_checks(ExperimentConfig(name="exp"), clients("service-quotas")))
+    assert checks["new sessions"].level == "ok", checks["new sessions"].line()
+    assert checks["active sessions"].message == "max_sessions=100 within the quota 5000"
+
+
+def test_the_new_session_quota_is_compared_per_endpoint(clients: Clients) -> None:
+    """`session_rate_limit` is per endpoint, as the quota: two endpoints at 5/s each within a 400/min-per-endpoint
+    quota are valid (the total was compared before, so `endpoints=2` was an error and `make deploy` refused)."""
+    per_endpoint_container = quota("L-0B3AF7ED", "", 400, PER_MINUTE)
+    clients.quotas([per_endpoint_container, *DISTRACTORS], DEFAULTS)
+    config = ExperimentConfig(name="exp", endpoints=2)
+    check = by_name(preflight.quota_checks(config, clients("service-quotas")))["new sessions"]
+    assert check.level == "warning", check.line()  # the strictest (400/min = 6.67/s) binds; 10/s in total
+    assert "within L-0B3AF7ED" in check.message
+    assert "2 endpoints make 10/s" in check.message
+    one = by_name(preflight.quota_checks(ExperimentConfig(name="exp"), _reader_of(DEFAULTS)))["new sessions"]
+    assert one.level == "ok"
+
+
+def _reader_of(quotas: list[dict[str, Any]]) -> Any:
+    """A Service Quotas client whose applied listing is empty and whose defaults are `quotas`."""
+    stubbed = Clients()
+    stubbed.quotas([], quotas)
+    return stubbed("service-quotas")
+
+
+def test_defaults_fill_in_quotas_without_an_applied_value(clients: Clients) -> None:
+    clients.quotas([], DEFAULTS)
+    checks = preflight.quota_checks(ExperimentConfig(name="exp"), clients("service-quotas"))
+    assert {c.level for c in checks} == {"ok"}, [c.line() for c in checks]
+
+
+def test_an_exact_name_matches_when_the_code_is_not_listed() -> None:
+    renamed = {**NEW_SESSIONS(), "QuotaCode": "L-FFFFFFFF"}
+    assert preflight.match([renamed], preflight.NEW_SESSION_RATE) == renamed
+    assert (
+        preflight.match(
+            [{**renamed, "QuotaName": "Rate of new Runtime session creation per agent"}], preflight.NEW_SESSION_RATE
+        )
+        is None
+    )  # the whole name, not words
 
 
 def test_quota_below_the_settings_is_an_error_with_what_to_do(clients: Clients) -> None:
     clients.identity()
     clients.agentcore()
-    clients.quotas(
-        ("Active session workloads per account", 50.0, "None"),
-        ("New sessions rate per endpoint per minute", 100.0, "None"),
-        ("InvokeAgentRuntime requests per second", 30.0, "None"),
-    )
+    clients.quotas([ACTIVE(50), NEW_SESSIONS(2), DATA_PLANE(30), ENDPOINTS(10)], [])
+    clients.codebuild(arm_small=0)
+    clients.lambda_settings(total=10)
     clients.bootstrap(None)
-    checks = by_name(preflight.run(preflight.load_context(REPO_ROOT, PUBLIC), client=clients, region=REGION))
+    context = preflight.load_context(REPO_ROOT, {**PUBLIC, "endpoints": "12"})
+    checks = by_name(preflight.run(context, client=clients, region=REGION))
     assert checks["active sessions"].level == "error"
-    assert "request an increase" in checks["active sessions"].message
-    assert checks["new sessions"].level == "error"  # 100/min = 1.67/s < 5/s
+    assert "request an increase in Service Quotas (bedrock-agentcore L-3E5722B2)" in checks["active sessions"].message
+    assert checks["new sessions"].level == "error"  # 5/s per endpoint > 2/s
+    assert "L-8EE2AEA2" in checks["new sessions"].message
     assert checks["invoke rate"].level == "warning"  # 25 of 30/s: above 80%
     assert "more than 80%" in checks["invoke rate"].message
+    assert checks["endpoints"].level == "error"
+    assert "L-9B442722" in checks["endpoints"].message
+    assert checks["image build"].level == "error"
+    assert "request an increase in Service Quotas (codebuild L-5ED1D25B)" in checks["image build"].message
+    assert "-c image_uri=" in checks["image build"].message
+    assert checks["lambda concurrency"].level == "error"
+    assert "lambda L-B99A9384" in checks["lambda concurrency"].message
     assert checks["cdk bootstrap"].level == "error"
     assert f"npx cdk bootstrap aws://{ACCOUNT}/{REGION}" in checks["cdk bootstrap"].message
+
+
+def test_arm_codebuild_is_not_offered_everywhere() -> None:
+    (check,) = preflight.codebuild_checks("eu-west-2", preflight.QuotaReader(object()))
+    assert check.level == "error"
+    assert "-c image_build=local" in check.message
+    assert "-c image_uri=" in check.message
+
+
+def test_no_codebuild_check_when_the_image_is_not_built_there(clients: Clients) -> None:
+    clients.identity()
+    clients.agentcore()
+    clients.quotas([], DEFAULTS)
+    clients.lambda_settings()
+    clients.bootstrap("30")
+    context = preflight.load_context(REPO_ROOT, {**PUBLIC, "image_build": "local"})
+    checks = preflight.run(context, client=clients, region="eu-west-2")
+    assert "image build" not in by_name(checks)
+
+
+def test_lambda_concurrency_the_stack_asks() -> None:
+    config = ExperimentConfig(name="exp", dispatch_concurrency=5)
+    # ingest 5 + dispatch 5 + completion 10 (event-source MaximumConcurrency), the sweeper, a custom resource
+    assert preflight.lambda_asks(config) == 22
+    stubbed = Clients()
+    stubbed.lambda_settings(total=1000, unreserved=25)
+    check = preflight.lambda_check(config, stubbed("lambda"))
+    assert check.level == "warning"  # 22 of 25 unreserved
+
+
+def test_unreadable_quotas_are_one_warning(clients: Clients) -> None:
+    clients.stubs["service-quotas"].add_client_error("list_service_quotas", "AccessDeniedException")
+    checks = preflight.quota_checks(ExperimentConfig(name="exp"), clients("service-quotas"))
+    assert [(c.name, c.level) for c in checks] == [("quotas", "warning")]
 
 
 def test_loopback_model_url_is_an_error_unless_allowed() -> None:
@@ -168,10 +318,7 @@ def test_agentcore_not_offered(clients: Clients) -> None:
 
 def test_cli_prints_one_line_per_check_and_exits_1_on_error(monkeypatch: pytest.MonkeyPatch) -> None:
     stubbed = Clients()
-    stubbed.identity()
-    stubbed.agentcore()
-    stubbed.quotas(*GOOD_QUOTAS)
-    stubbed.bootstrap(None)
+    stub_all_ok(stubbed, bootstrap=None)
     monkeypatch.setattr(boto3.session.Session, "client", lambda _self, service, **_kw: stubbed(service))
     out = io.StringIO()
     code = cli.main(
@@ -190,6 +337,6 @@ def test_cli_prints_one_line_per_check_and_exits_1_on_error(monkeypatch: pytest.
     )
     lines = out.getvalue().splitlines()
     assert code == cli.EXIT_ERROR
-    assert len(lines) == 8
+    assert len(lines) == 11
     assert lines[-1].startswith("error   cdk bootstrap: not bootstrapped")
     stubbed.verify()
