@@ -72,6 +72,7 @@ class TrainerPolicy(Construct):
                 )
                 for prefix in SUBSCRIPTION_PREFIXES
             ],
+            "listing": ["*"],
         }
         statements = []
         for kind, actions in TRAINER_ACTIONS.items():
@@ -120,5 +121,9 @@ class TrainerPolicy(Construct):
             findings[nag.iam5(f"{nag.account_arn(stack, 'events')}:rule/{bus_name}/{bus_name}-{prefix}*")] = (
                 "The rules of those private subscriptions, on this experiment's bus only."
             )
+        findings[nag.iam5("*")] = (
+            "events:ListRules and sqs:ListQueues support no resource-level permissions; the SDK lists only by this "
+            "experiment's name prefix to find and prune its own stale subscriptions."
+        )
         for finding, reason in findings.items():
             nag.ack(self.policy, finding, reason)

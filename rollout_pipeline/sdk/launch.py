@@ -474,35 +474,17 @@ def cancel_unfinished(experiment: Experiment) -> list[str]:
 
 
 def prune_subscriptions(experiment: Experiment) -> list[str]:
-    """Remove the private subscriptions (`sdk/subscription.py`: a rule `{bus}-{suffix}` with one target `tap`, and
-    its queue) left on the experiment's bus, so the stack can delete the bus. Returns the names removed."""
-    from rollout_pipeline.sdk.subscription import close_subscription
-
-    events, sqs = experiment.client("events"), experiment.client("sqs")
-    bus = experiment.bus_name
-    removed: list[str] = []
-    with aws_errors(f"list the subscriptions of bus {bus}"):
-        rules = [
-            str(rule["Name"])
-            for page in events.get_paginator("list_rules").paginate(EventBusName=bus, NamePrefix=f"{bus}-")
-            for rule in page.get("Rules") or []
-        ]
-        for name in rules:
-            targets = events.list_targets_by_rule(Rule=name, EventBusName=bus).get("Targets") or []
-            if not targets or any(t.get("Id") != "tap" for t in targets):
-                continue  # not one of the SDK's subscriptions
-            queue_name = str(targets[0]["Arn"]).rsplit(":", 1)[-1]
-            try:
-                queue_url = str(sqs.get_queue_url(QueueName=queue_name)["QueueUrl"])
-            except sqs.exceptions.QueueDoesNotExist:
-                queue_url = None
-            if queue_url is None:
-                events.remove_targets(Rule=name, EventBusName=bus, Ids=["tap"])
-                events.delete_rule(Name=name, EventBusName=bus)
-            else:
-                close_subscription(experiment.aws, bus, name, queue_url)
-            removed.append(name)
-    return removed
+    """Remove every private subscription (tap, ART, smoke: `sdk/subscription.py`) of the experiment, whatever its
+    age, so the stack can delete the bus. Returns the names removed; one that could not be removed raises."""
+    results = experiment.prune_subscriptions(0.0)
+    failed = [r for r in results if r.action.startswith("failed")]
+    if failed:
+        raise SdkError(
+            "could not remove subscription(s) "
+            + ", ".join(f"{r.subscription.name} ({r.action})" for r in failed)
+            + f": run `rollouts subscriptions prune -e {experiment.name} --older-than 0` again"
+        )
+    return [r.subscription.name for r in results if r.action == "removed"]
 
 
 def empty_bucket(s3: Any, bucket: str) -> int:

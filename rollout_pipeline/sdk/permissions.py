@@ -24,6 +24,7 @@ ResourceKind = Literal[
     "runtime",
     "subscription_queues",
     "subscription_rules",
+    "listing",
 ]
 
 #: IAM actions per resource of the experiment (what `stacks/trainer_policy.py` grants, and on what).
@@ -61,8 +62,22 @@ TRAINER_ACTIONS: Final[Mapping[ResourceKind, tuple[str, ...]]] = {
         "sqs:ReceiveMessage",
         "sqs:DeleteMessage",
         "sqs:ChangeMessageVisibility",
+        "sqs:TagQueue",  # owner and times, so `subscriptions prune` can tell a stale subscription
+        "sqs:ListQueueTags",
+        "sqs:GetQueueUrl",
     ),
-    "subscription_rules": ("events:PutRule", "events:PutTargets", "events:RemoveTargets", "events:DeleteRule"),
+    "subscription_rules": (
+        "events:PutRule",
+        "events:PutTargets",
+        "events:RemoveTargets",
+        "events:DeleteRule",
+        "events:TagResource",
+        "events:ListTagsForResource",
+        "events:ListTargetsByRule",
+    ),
+    # Finding this experiment's subscriptions by name prefix (prune): these List actions have no resource-level
+    # permissions, so IAM needs "*" (Service Authorization Reference, EventBridge and SQS).
+    "listing": ("events:ListRules", "sqs:ListQueues"),
 }
 #: Name prefixes (after `{bus name}-`) of the SDK's private subscription queues and rules.
 SUBSCRIPTION_PREFIXES: Final = ("tap-", "art-")

@@ -321,6 +321,7 @@ class Smoke:
                     and isinstance(event.detail, BatchCompleted)
                 ):
                     batch.completed = event.detail
+                    self._rejected(batch)  # a file refused as a whole also ends in `Batch Completed` (0 rollouts)
                     return
             if self.clock() >= next_status:
                 next_status = self.clock() + 10.0
@@ -328,8 +329,8 @@ class Smoke:
                     return
 
     def _rejected(self, batch: _Batch) -> bool:
-        """A rejected file publishes no event: look for its batch in the ledger, under the batch id of the key as
-        uploaded and of the key decoded once more (what the ingest stage reads if the event carried it raw)."""
+        """Whether the file was rejected: look for its batch in the ledger, under the batch id of the key as uploaded
+        and of the key decoded once more (what the ingest stage reads if the event carried it raw)."""
         for read, batch_id in [(batch.key, batch.batch_id), *batch.misread.items()]:
             try:
                 status = self.experiment.status(batch_id)

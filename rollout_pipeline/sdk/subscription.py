@@ -41,6 +41,8 @@ TAG_SEEN: Final = "rollouts:seen-at"
 TOUCH_INTERVAL_S: Final = 3600.0
 #: Subscriptions made before tagging: `{bus}-{tap|art}-{8 hex}`.
 _LEGACY_SUFFIX: Final = re.compile(r"^(?P<kind>tap|art)-[0-9a-f]{8}$")
+#: Rule names (after `{bus}-`) of the private subscriptions: only these are looked at by `list_subscriptions`.
+_SUBSCRIPTION_NAME_KINDS: Final = ("tap-", "art-", "smoke-")
 #: Characters EventBridge and SQS accept in tag values (others become `_`).
 _TAG_VALUE_UNSAFE: Final = re.compile(r"[^A-Za-z0-9 _.:/=+@-]")
 _CREATED_IN_DESCRIPTION: Final = re.compile(r"created (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)$")
@@ -340,6 +342,8 @@ def list_subscriptions(
 
     Needs `events:ListRules`/`ListTagsForResource`/`ListTargetsByRule` and `sqs:ListQueues`/`ListQueueTags`/
     `GetQueueUrl`/`GetQueueAttributes`."""
+    from botocore.exceptions import ClientError
+
     events, sqs = aws.client("events"), aws.client("sqs")
     prefixes = [f"{bus_name}-{kind}-" for kind in sorted(set(kinds))] if kinds is not None else [f"{bus_name}-"]
     found: dict[str, Subscription] = {}
@@ -352,7 +356,14 @@ def list_subscriptions(
                 if created_after is not None and created is not None and created > created_after:
                     young.add(name)
                     continue
-                rule_tags = {t["Key"]: t["Value"] for t in events.list_tags_for_resource(ResourceARN=arn)["Tags"]}
+                if not name[len(bus_name) + 1 :].startswith(_SUBSCRIPTION_NAME_KINDS):
+                    continue  # the stack's rules (`{bus}-trainer`...) and the user's own: never read, never touched
+                try:
+                    rule_tags = {t["Key"]: t["Value"] for t in events.list_tags_for_resource(ResourceARN=arn)["Tags"]}
+                except ClientError as exc:
+                    if error_code(exc) not in _ACCESS_DENIED:
+                        raise
+                    continue  # not ours to read (a trainer's policy covers its experiment bus's subscriptions only)
                 kind = rule_tags.get(TAG_KIND) or (_legacy_kind(bus_name, name) if bus == bus_name else None)
                 if not kind:
                     continue  # the stack's rules and the user's own
@@ -384,8 +395,8 @@ def list_subscriptions(
         for page in queue_pages:
             for queue_url in page.get("QueueUrls", []):
                 name = str(queue_url).rstrip("/").rsplit("/", 1)[-1]
-                if name in found or name in young:
-                    continue
+                if name in found or name in young or not name[len(bus_name) + 1 :].startswith(_SUBSCRIPTION_NAME_KINDS):
+                    continue  # listed already, too young, or the stack's own queue (`{bus}-ingest-dlq`...)
                 facts = _queue_facts(sqs, queue_url)
                 if facts is None:
                     continue

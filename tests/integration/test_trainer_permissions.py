@@ -60,6 +60,10 @@ def resource_kind(outputs: Mapping[str, str], service: str, operation: str, para
     """Which of the experiment's resources a call acts on (as `stacks/trainer_policy.py` names them)."""
     bus = outputs["EventBusName"]
     private = tuple(f"{bus}-{prefix}" for prefix in SUBSCRIPTION_PREFIXES)
+    if operation in ("ListRules", "ListQueues"):  # by this experiment's name prefix; no resource-level permission
+        prefix = str(params.get("NamePrefix", params.get("QueueNamePrefix", "")))
+        assert prefix.startswith(bus), prefix
+        return "listing"
     if service == "sqs":
         url = str(params.get("QueueUrl", ""))
         if url == outputs["RolloutQueueUrl"]:
@@ -87,6 +91,9 @@ def resource_kind(outputs: Mapping[str, str], service: str, operation: str, para
         if operation == "PutEvents":
             assert {entry["EventBusName"] for entry in params["Entries"]} == {bus}
             return "bus"
+        if "ResourceARN" in params:  # tags of a rule: arn:...:rule/{bus}/{name}
+            assert str(params["ResourceARN"]).rsplit("/", 1)[-1].startswith(private), params
+            return "subscription_rules"
         assert params["EventBusName"] == bus
         assert str(params.get("Name", params.get("Rule"))).startswith(private)
         return "subscription_rules"
@@ -124,6 +131,10 @@ def test_every_sdk_call_is_allowed_by_the_trainer_policy(
         experiment.cancel(batch, runtime=fake)
         with experiment.tap(timeout=0.1):
             pass
+        orphan = experiment.open_subscription({"source": ["rollout.pipeline"]}, suffix="art-4567cdef")
+        assert experiment.list_subscriptions()
+        assert experiment.prune_subscriptions(0.0)  # removes the orphan (targets, rule, queue)
+        assert orphan
 
     recorded = {(service, operation) for service, operation, _ in calls}
     assert {("sqs", "CreateQueue"), ("s3", "GetObject"), ("dynamodb", "TransactWriteItems")} <= recorded
