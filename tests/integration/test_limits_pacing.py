@@ -19,6 +19,8 @@ from rollout_pipeline.ledger.rollouts import RolloutLedger
 from rollout_pipeline.lifecycle.limits import LimitedRuntime, Pacer
 from rollout_pipeline.local.moto_server import local_aws_environ, moto_server, patched_environ
 
+pytestmark = pytest.mark.timing
+
 REGION = "us-east-1"
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -26,8 +28,6 @@ WORKER = """
 import json, sys, threading, time
 from rollout_pipeline.ledger.rollouts import RolloutLedger
 from rollout_pipeline.lifecycle.limits import Pacer
-
-pytestmark = pytest.mark.timing
 table, budget, limit, threads, calls = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 ledger = RolloutLedger(table)
 pacer = Pacer(ledger, budget, limit)
