@@ -449,6 +449,18 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
     profile.plain_writes.clear()
     profile.transaction_writes.clear()
     profile.stats.plain_conflicts = profile.stats.transaction_conflicts = 0
+    tx_times: dict[str, list[float]] = {}  # item -> times of its transactions that went through (virtual s)
+    begin = profile.begin_transaction
+
+    def begin_transaction(touched: list[tuple[str, str]]) -> int | None:
+        conflict = begin(touched)
+        if conflict is None:
+            now = time.monotonic()
+            for _table, item in touched:
+                tx_times.setdefault(item, []).append(now)
+        return conflict
+
+    profile.begin_transaction = begin_transaction
 
     def receive(queue_url: str, n: int = 10) -> list[dict[str, Any]]:
         counters.harness.on = True  # the Lambda service's poller, not the pipeline
@@ -599,9 +611,10 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
         _REAL_SLEEP(1.0)
     backlog_virtual = time.monotonic() - started
     stop_dispatch.set()
+    joined_by = _REAL_MONOTONIC() + min(clock.wall_s(args.wait), 120.0) + 10  # bounded whatever k is
     for t in threads:
         if t.name.startswith("lc-dispatcher"):
-            t.join(timeout=clock.wall_s(args.wait) + 30)
+            t.join(timeout=max(0.0, joined_by - _REAL_MONOTONIC()))
     settle = _REAL_MONOTONIC() + 60  # running rollouts finish, stops are retried (bounded)
     counters.harness.on = True
     while _REAL_MONOTONIC() < settle and ledger.in_flight() > 0:
@@ -623,9 +636,28 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
     firsts = list({c.session_id: c for c in reversed(firsts)}.values())
     times = [c.at for c in firsts]
     configured = args.session_rate * args.endpoints
+    # What the slots allow: max_sessions sessions each busy for an agent delay (mean), if that binds before the rate.
+    slot_bound = args.max_sessions / statistics.fmean(d for group in delays for d in group)
+    bound = min(configured, slot_bound)
     per_endpoint = {e: sliding_max([c.at for c in firsts if c.endpoint == e]) for e in range(args.endpoints)}
-    throttles = Counter(c.outcome for c in calls if c.outcome in ("throttled", "quota_exceeded"))
+    throttles = Counter(c.outcome for c in calls if c.op == "invoke" and c.outcome in ("throttled", "quota_exceeded"))
+    # The realistic profile's failing stops (NotFound, Conflict, throttling in equal parts) are injected faults.
+    stop_faults = Counter(c.outcome for c in calls if c.op == "stop" and c.outcome not in ("stopped", "unknown"))
     data_plane = [c.at for c in calls if c.op in ("invoke", "stop")]
+    # Each refused invoke with what its endpoint had started in the second before (is it the pipeline or the fake?).
+    refused = [
+        {
+            "at_s": c.at - min(times, default=c.at),
+            "outcome": c.outcome,
+            "endpoint": c.endpoint,
+            "endpoint_sessions_in_previous_s": sum(
+                1 for f in firsts if f.endpoint == c.endpoint and 0 <= c.at - f.at < 1
+            ),
+            "data_plane_calls_in_previous_s": sum(1 for at in data_plane if 0 <= c.at - at < 1),
+        }
+        for c in calls
+        if c.op == "invoke" and c.outcome in ("throttled", "quota_exceeded")
+    ][:10]
     invoked = {c.session_id for c in calls if c.op == "invoke" and c.outcome not in ("throttled", "quota_exceeded")}
     never_stopped = len(invoked - fake.stopped)
     n = max(terminal, 1)
@@ -641,6 +673,7 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
                 "transactions_per_s": tx / busy_s,
                 "plain_writes_per_s": profile.plain_writes[item] / busy_s,
                 "hold_fraction": min(1.0, tx * args.hold_ms / 1000 / busy_s),
+                "busiest_second_transactions": sliding_max(tx_times.get(item, [])),
             }
         )
     plain_hot = [
@@ -707,6 +740,8 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
             "sessions": len(times),
             "steady_sessions_per_s": steady,
             "steady_vs_configured": steady / configured if steady == steady else float("nan"),
+            "bound_sessions_per_s": bound,
+            "steady_vs_bound": steady / bound if steady == steady else float("nan"),
             "mean_sessions_per_s": len(times) / busy_s,
             "busiest_sliding_second": sliding_max(times),
             "busiest_sliding_second_per_endpoint": per_endpoint,
@@ -714,6 +749,8 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
             and sliding_max(times) <= configured,
             "busiest_acr_calls_second": sliding_max(data_plane),
             "acr_throttles": dict(throttles),
+            "injected_stop_faults": dict(stop_faults),
+            "refused_invokes": refused,
             "peak_running": fake.max_running,
             "peak_active": fake.max_active,
             "max_sessions": args.max_sessions,
@@ -771,8 +808,14 @@ def print_report(r: dict[str, Any]) -> None:
         f"second {t['busiest_sliding_second']} (per endpoint {t['busiest_sliding_second_per_endpoint']}, budget "
         f"{c['session_rate']:g}); within budget: {t['every_second_within_budget']}"
     )
+    if "bound_sessions_per_s" in t and t["bound_sessions_per_s"] < c["configured_sessions_per_s"]:
+        print(
+            f"  max_sessions binds: at most {t['bound_sessions_per_s']:.2f}/s (slots / mean agent delay); steady is "
+            f"{t['steady_vs_bound']:.0%} of it"
+        )
     print(
-        f"ACR                        throttles {t['acr_throttles'] or 0}; busiest second "
+        f"ACR                        invoke throttles {t['acr_throttles'] or 0} (injected stop faults "
+        f"{t.get('injected_stop_faults') or 0}); busiest second "
         f"{t['busiest_acr_calls_second']} calls / tps {c['tps']}; peak running {t['peak_running']} "
         f"(active {t['peak_active']}) / max_sessions "
         f"{t['max_sessions']}; stops pending {t['stops_pending']}, never stopped {t['never_stopped']}"
@@ -786,11 +829,13 @@ def print_report(r: dict[str, Any]) -> None:
         f"{h['retried_transactions']} transactions); injected conflicts/rollout "
         f"{h['injected_conflicts_per_rollout']:.2f}"
     )
-    print("busiest ledger items       transactions/s, plain writes/s, hold fraction (virtual seconds)")
+    print(
+        "busiest ledger items       transactions/s, plain writes/s, hold fraction, transactions in the busiest second"
+    )
     for item in h["busiest_items"]:
         print(
             f"  {item['item']:<46} {item['transactions_per_s']:6.2f} {item['plain_writes_per_s']:6.2f} "
-            f"{item['hold_fraction']:6.1%}"
+            f"{item['hold_fraction']:6.1%} {item.get('busiest_second_transactions', '')}"
         )
     print(
         "  plain writes: " + ", ".join(f"{i['item']} {i['writes_per_s']:.2f}/s" for i in h["busiest_plain_write_items"])
