@@ -307,7 +307,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--shuffle", action="store_true", help="the rollout queue delivers in a shuffled order")
     parser.add_argument("--shuffle-window", type=int, default=0, help="shuffle within windows of N (0: the whole)")
-    parser.add_argument("--dispatchers", type=int, default=4)
+    parser.add_argument(
+        "--dispatchers", type=int, default=5, help="dispatcher 'Lambdas' (the stack: dispatch_concurrency 5)"
+    )
     parser.add_argument("--completers", type=int, default=3)
     parser.add_argument("--threads", type=int, default=10, help="threads per dispatcher/completer 'Lambda'")
     parser.add_argument("--wait", type=float, default=60.0, help="a dispatcher 'Lambda's wait budget (virtual s)")
