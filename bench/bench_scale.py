@@ -32,7 +32,7 @@ fraction; first / mean group completion vs the ideal group-ordered schedule; the
 lateness, which say how far to trust the run.
 
 Usage: python bench/bench_scale.py [--dilation 10] [--endpoints 4] [--session-rate 6] [--rollouts 480]
-       [--max-sessions 200] [--shuffle] [--max-seconds 240] [--json]
+       [--max-sessions 200] [--shuffle] [--max-seconds 600] [--json]
 """
 
 from __future__ import annotations
@@ -321,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--conflict-rate", type=float, default=0.0, help="faithful: hot-item conflict probability")
     parser.add_argument("--no-latency", action="store_true", help="inject no DynamoDB latency")
     parser.add_argument("--queue-depth", type=int, default=150)
-    parser.add_argument("--max-seconds", type=float, default=240.0, help="WALL seconds for the backlog (bounded)")
+    parser.add_argument("--max-seconds", type=float, default=600.0, help="WALL seconds for the backlog (bounded)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the text report")
     args = parser.parse_args(argv)
