@@ -206,8 +206,8 @@ def test_limits_hold_under_concurrency(resources: ExperimentResources, fake: Fak
     """Many workers, one limit: in-flight never above max_sessions, calls per second never above tps."""
     deps = make_deps(resources, fake, limits={"tps_limit": 10, "max_sessions": 4}, dispatch_threads=4)
     rng = random.Random(7)
-    # The test ends sessions itself, one at a time and only while the session limit is reached (or nothing is left
-    # to start), so the limit really binds whatever the machine's speed.
+    # The test ends sessions itself, and only once the session limit is reached (or nothing is left to start), so
+    # the limit really binds whatever the machine's speed.
     fake.behaviour = AgentBehaviour(kind="manual")
     send(resources, seed_batch(resources, batch_id=BATCH, inputs=inputs(12)))
     total = 24
@@ -242,9 +242,9 @@ def test_limits_hold_under_concurrency(resources: ExperimentResources, fake: Fak
         running = fake.running_sessions()
         working = sorted(running - finished)
         if working and (len(running) >= 4 or len({c.session_id for c in fake.invocations()}) >= total):
-            session = rng.choice(working)
-            fake.finish(session, AgentBehaviour(rewards=rng.random()))
-            finished.add(session)
+            for session in working:  # the limit is reached (or nothing is left to start): they all end
+                fake.finish(session, AgentBehaviour(rewards=rng.random()))
+                finished.add(session)
         time.sleep(0.05)
     stop.set()
     for w in workers:
