@@ -204,15 +204,11 @@ def stage_of(thread_name: str) -> str:
 
 
 def sliding_max(times: list[float], width: float = 1.0) -> int:
-    """The most events in any window [t, t + width)."""
-    ordered = sorted(times)
-    best, j = 0, 0
-    for i, start in enumerate(ordered):
-        j = max(j, i)
-        while j < len(ordered) and ordered[j] < start + width:
-            j += 1
-        best = max(best, j - i)
-    return best
+    """The most events in any window [t, t + width) (`bench_acr_quotas.busiest_window`, imported only once the
+    virtual clock is installed, as every pipeline import here)."""
+    from bench_acr_quotas import busiest_window
+
+    return busiest_window(times, width)
 
 
 def steady_rate(times: list[float], trim: float = 0.1) -> float:
