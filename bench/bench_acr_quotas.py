@@ -445,7 +445,7 @@ def run(args: argparse.Namespace) -> int:
         if t.name.startswith("dispatcher"):
             t.join(timeout=args.wait + 30)
     settle = time.monotonic() + 150  # running rollouts finish; failed stops are retried (backoff 2, 4, 8... s)
-    while time.monotonic() < settle and ledger.in_flight() > 0:
+    while time.monotonic() < settle and ledger.limits.in_flight() > 0:
         time.sleep(1.0)
     stop.set()
     for t in threads:
@@ -463,7 +463,7 @@ def run(args: argparse.Namespace) -> int:
     stop_faults = Counter(c.outcome for c in calls if c.op == "stop" and c.outcome not in ("stopped", "unknown"))
     invoked = {c.session_id for c in calls if c.op == "invoke" and c.outcome not in ("throttled", "quota_exceeded")}
     never_stopped = sorted(invoked - fake.stopped)
-    pending = ledger.in_flight()
+    pending = ledger.limits.in_flight()
     counts, samples = deps.metrics.drain()
     latency = samples.get(NOTIFICATION_LATENCY, [])
     actual = sorted(group_done.values())

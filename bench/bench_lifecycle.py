@@ -321,7 +321,7 @@ def run(args: argparse.Namespace) -> int:
     while time.monotonic() - started < args.max_seconds:
         batch = ledger.get_batch(batch_id) or {}
         terminal = int(batch.get("terminal") or 0)
-        in_flight_samples.append(ledger.in_flight())
+        in_flight_samples.append(ledger.limits.in_flight())
         if terminal >= total:
             break
         if time.monotonic() - last_report > 15:
@@ -351,7 +351,7 @@ def run(args: argparse.Namespace) -> int:
     )
     print(
         f"sessions in flight        max {fake.max_running} / limit {args.max_sessions} "
-        f"(ledger counter max {max(in_flight_samples, default=0)}, final {ledger.in_flight()})"
+        f"(ledger counter max {max(in_flight_samples, default=0)}, final {ledger.limits.in_flight()})"
     )
     print(
         f"slot refill delay         p50 {percentile(refill, 0.5) * 1000:.0f} ms, "

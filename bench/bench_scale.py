@@ -615,10 +615,10 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
             t.join(timeout=max(0.0, joined_by - _REAL_MONOTONIC()))
     settle = _REAL_MONOTONIC() + 60  # running rollouts finish, stops are retried (bounded)
     counters.harness.on = True
-    while _REAL_MONOTONIC() < settle and ledger.in_flight() > 0:
+    while _REAL_MONOTONIC() < settle and ledger.limits.in_flight() > 0:
         _REAL_SLEEP(1.0)
     terminal = int((ledger.get_batch(batch_id) or {}).get("terminal") or 0)
-    pending = ledger.in_flight()
+    pending = ledger.limits.in_flight()
     counters.harness.on = False
     stop.set()
     probe.stop.set()

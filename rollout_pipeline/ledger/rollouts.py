@@ -21,6 +21,7 @@ from rollout_pipeline.ledger import keys, table
 from rollout_pipeline.ledger.attributes import from_attribute_value
 from rollout_pipeline.ledger.batches import query_batch_view
 from rollout_pipeline.ledger.items import BatchItem, GroupItem, RolloutState, RolloutSummary
+from rollout_pipeline.ledger.limits import LimitLedger
 from rollout_pipeline.ledger.retry import TRANSACTION_CONFLICT_ATTEMPTS
 from rollout_pipeline.ledger.table import LedgerTable, plain_values, reason_codes
 
@@ -173,6 +174,8 @@ class RolloutLedger:
     def __init__(self, table_name: str, ddb_client: Any | None = None, ttl_days: int = 30) -> None:
         self.table = LedgerTable(table_name, ddb_client, ttl_days=ttl_days)
         self.table_name = table_name
+        #: Session slots, paced call budgets, the admission board and the policy version (`ledger.limits`).
+        self.limits = LimitLedger(self.table)
 
     @property
     def ddb(self) -> Any:
@@ -208,11 +211,6 @@ class RolloutLedger:
         """Every group of a batch, typed, in input-id order (paged, strongly consistent)."""
         for item in self.iter_prefix(batch_id, keys.GROUP_PREFIX):
             yield GroupItem.of(item)
-
-    def in_flight(self) -> int:
-        """The session-slot counter (strongly consistent)."""
-        item = self.get(keys.sessions_key())
-        return int((item or {}).get("in_flight") or 0)
 
     def iter_prefix(
         self,
@@ -277,94 +275,6 @@ class RolloutLedger:
         }
         return [RolloutRecord.from_item(item) for item in self.table.query(request, max_pages=max_pages)]
 
-    # --------------------------------------------------------------------------------------------- limits
-
-    def reserve_pace(
-        self, budget: str, *, not_before_us: int, latest_us: int, interval_us: int, busy_first: bool = False
-    ) -> tuple[int | None, int]:
-        """Reserve the next start time of a paced budget (GCRA: `tat` = the earliest time the next call may start,
-        in epoch microseconds) in [not_before_us, latest_us]. Returns (slot_us, tat_us): `slot_us` the reserved
-        start, or None when the schedule is already beyond `latest_us` (then `tat_us` says when it is free). Time
-        before `not_before_us` that nobody took stays unused. Two conditional writes, one per case (free at
-        `not_before`, or busy: the next free time); the one the caller expects (`busy_first`: it last saw the
-        schedule ahead of `not_before`) goes first, so a reservation costs one write when the guess is right. A read
-        only when the schedule is full."""
-        key = keys.pace_key(budget)
-        expires = not_before_us // 1_000_000 + 3600
-
-        def take_free() -> tuple[int, int] | None:
-            free = self.table.update(
-                key,
-                "SET tat = :next, expires_at = :exp",
-                "attribute_not_exists(tat) OR tat <= :nb",
-                {":next": not_before_us + interval_us, ":nb": not_before_us, ":exp": expires},
-            )
-            return None if free is None else (not_before_us, not_before_us + interval_us)
-
-        def take_next() -> tuple[int, int] | None:
-            busy = self.table.update(
-                key,
-                "ADD tat :interval SET expires_at = :exp",
-                "tat > :nb AND tat <= :latest",
-                {":interval": interval_us, ":nb": not_before_us, ":latest": latest_us, ":exp": expires},
-                return_values="UPDATED_NEW",
-            )
-            if busy is None:
-                return None
-            tat = int(from_attribute_value(busy["tat"]))
-            return tat - interval_us, tat
-
-        attempts = (take_next, take_free) if busy_first else (take_free, take_next)
-        for _ in range(6):
-            for attempt in attempts:
-                reserved = attempt()
-                if reserved is not None:
-                    return reserved
-            tat = int((self.get(key) or {}).get("tat") or 0)
-            if tat > latest_us:
-                return None, tat
-        raise LedgerError(f"pace budget {budget} kept changing under us")
-
-    def pace_tat(self, budget: str) -> int:
-        """A paced budget's schedule (`tat`, epoch microseconds: the earliest time its next call may start); 0 when
-        it was never used. Strongly consistent."""
-        return int((self.get(keys.pace_key(budget)) or {}).get("tat") or 0)
-
-    def put_waiting(self, process: str, waiting: Sequence[str], *, now_us: int) -> None:
-        """Publish one dispatcher process's waiting admission keys on the admission board, stamped `now_us`."""
-        self.ddb.put_item(
-            TableName=self.table_name,
-            Item={
-                **keys.waiting_key(process),
-                "waiting": {"L": [{"S": k} for k in waiting]},
-                "heartbeat_us": {"N": str(now_us)},
-                keys.TTL_ATTRIBUTE: {"N": str(now_us // 1_000_000 + 3600)},
-            },
-        )
-
-    def clear_waiting(self, process: str) -> None:
-        """Take a process off the admission board (it has no waiters left)."""
-        self.ddb.delete_item(TableName=self.table_name, Key=keys.waiting_key(process))
-
-    def waiting_board(self) -> list[tuple[str, int, list[str]]]:
-        """The admission board: (process, heartbeat_us, waiting keys) per process (strongly consistent)."""
-        request: dict[str, Any] = {
-            "KeyConditionExpression": "pk = :pk AND begins_with(sk, :prefix)",
-            "ExpressionAttributeValues": _values({":pk": keys.LIMIT_PK, ":prefix": keys.WAIT_PREFIX}),
-            "ConsistentRead": True,
-        }
-        board = []
-        for raw in self.table.query(request, max_pages=10):
-            item = from_item(raw)
-            board.append(
-                (
-                    str(item["sk"]).removeprefix(keys.WAIT_PREFIX),
-                    int(item.get("heartbeat_us") or 0),
-                    [str(k) for k in item.get("waiting") or []],
-                )
-            )
-        return board
-
     # ---------------------------------------------------------------------------------------- transitions
 
     def _transact(self, items: Sequence[Mapping[str, Any]]) -> list[str] | None:
@@ -381,18 +291,6 @@ class RolloutLedger:
         names: Mapping[str, str] | None = None,
     ) -> dict[str, Any]:
         return self.table.update_op(key, update, condition, values, names)
-
-    def _slot_delta(self, delta: int, max_sessions: int | None = None) -> dict[str, Any]:
-        if max_sessions is None:
-            return {"Update": self._update(keys.sessions_key(), "ADD in_flight :d", None, {":d": delta})}
-        return {
-            "Update": self._update(
-                keys.sessions_key(),
-                "ADD in_flight :d",
-                "attribute_not_exists(in_flight) OR in_flight < :max",
-                {":d": delta, ":max": max_sessions},
-            )
-        }
 
     def begin_dispatch(
         self,
@@ -462,7 +360,7 @@ class RolloutLedger:
             },
             {"#st": "state", "#ix": "index", "#dlpk": keys.DEADLINE_PK, "#dlsk": keys.DEADLINE_SK},
         )
-        reasons = self._transact([batch_check, self._slot_delta(1, max_sessions), {"Update": rollout_update}])
+        reasons = self._transact([batch_check, self.limits.take_slot(max_sessions), {"Update": rollout_update}])
         if reasons is None:
             return DispatchStart.STARTED
         batch_r, slot_r, rollout_r = (reasons + ["None"] * 3)[:3]
@@ -473,22 +371,6 @@ class RolloutLedger:
         if slot_r == "ConditionalCheckFailed":
             return DispatchStart.NO_SLOT
         raise LedgerError(f"dispatch transaction cancelled: {reasons}")
-
-    def current_policy_version(self) -> str | None:
-        """The experiment's current policy version (None until a trainer sets one)."""
-        item = self.get(keys.policy_key())
-        value = (item or {}).get("policy_version")
-        return None if value is None else str(value)
-
-    def set_current_policy_version(self, version: str | None, now_iso: str) -> None:
-        """Set (None: clear) the version that rollouts dispatched from now on are stamped with."""
-        if version is None:
-            self.ddb.delete_item(TableName=self.table_name, Key=keys.policy_key())
-            return
-        self.ddb.put_item(
-            TableName=self.table_name,
-            Item={**keys.policy_key(), "policy_version": {"S": version}, "updated_at": {"S": now_iso}},
-        )
 
     def mark_invoked(self, batch_id: str, input_id: str, index: int, attempt: int, now_iso: str) -> bool:
         """Record that InvokeAgentRuntime succeeded; False if the attempt is no longer dispatched (cancel/late)."""
@@ -512,7 +394,7 @@ class RolloutLedger:
             {":queued": QUEUED, ":dispatched": DISPATCHED, ":attempt": attempt},
             {"#st": "state", "#dlpk": keys.DEADLINE_PK, "#dlsk": keys.DEADLINE_SK},
         )
-        return self._transact([{"Update": update}, self._slot_delta(-1)]) is None
+        return self._transact([{"Update": update}, self.limits.release_slot()]) is None
 
     def _outbox_values(self, batch_id: str, input_id: str, index: int, now_epoch: int) -> dict[str, Any]:
         return {
@@ -649,7 +531,7 @@ class RolloutLedger:
         )
         items: list[dict[str, Any]] = [{"Update": rollout}, {"Update": group}, {"Update": batch}]
         if from_state == DISPATCHED and not hold:
-            items.append(self._slot_delta(-1))
+            items.append(self.limits.release_slot())
         reasons = self._transact(items)
         if reasons is None:
             return True
@@ -706,7 +588,7 @@ class RolloutLedger:
         )
         if hold:
             return self._transact([{"Update": update}]) is None
-        return self._transact([{"Update": update}, self._slot_delta(-1)]) is None
+        return self._transact([{"Update": update}, self.limits.release_slot()]) is None
 
     # ------------------------------------------------------------------------------------ stops and held slots
 
@@ -723,7 +605,7 @@ class RolloutLedger:
             "contains(held_slots, :sid)",
             {":s": {session_id}, ":sid": session_id},
         )
-        return self._transact([{"Update": update}, self._slot_delta(-1)]) is None
+        return self._transact([{"Update": update}, self.limits.release_slot()]) is None
 
     def note_stop_failed(self, rec: RolloutRecord, *, next_epoch: int, not_found: Sequence[str] = ()) -> None:
         """Stops of this entry failed: count the try, remember first NotFound answers, and come back to the entry

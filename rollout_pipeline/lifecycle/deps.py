@@ -55,12 +55,12 @@ class LifecycleDeps:
         if self.invoke_time_s is None:
             self.invoke_time_s = float(getattr(self.runtime, "max_invoke_s", 0.0))
         config = self.settings.experiment
-        tps, sessions = pacers(self.ledger, config.tps_limit, config.session_rate_limit, config.endpoints)
+        tps, sessions = pacers(self.ledger.limits, config.tps_limit, config.session_rate_limit, config.endpoints)
         self.limited = LimitedRuntime(self.runtime, tps, sessions, self.metrics)
         self.slots = SlotGate(
-            self.ledger.in_flight,
+            self.ledger.limits.in_flight,
             self.settings.experiment.max_sessions,
-            board=AdmissionBoard(self.ledger, wall=lambda: self.clock.now().timestamp())
+            board=AdmissionBoard(self.ledger.limits, wall=lambda: self.clock.now().timestamp())
             if self.group_admission
             else None,
             # One endpoint only: a session's endpoint is its id's hash, so room summed over endpoints let rollouts

@@ -117,7 +117,7 @@ def dispatch_records(records: Sequence[Mapping[str, Any]], deps: LifecycleDeps, 
                 held.release()
 
     run_partial_batch([r for _o, r in ordered], handle, result, workers=workers, what="dispatch", logger=log)
-    deps.metrics.sample(IN_FLIGHT, deps.ledger.in_flight())
+    deps.metrics.sample(IN_FLIGHT, deps.ledger.limits.in_flight())
     return result
 
 
@@ -153,7 +153,7 @@ class BatchReads:
         """The version to dispatch with: the experiment's current one (read once per SQS batch), else the batch's."""
         with self._lock:
             if self._policy is None:
-                self._policy = (self._deps.ledger.current_policy_version(),)
+                self._policy = (self._deps.ledger.limits.current_policy_version(),)
             return self._policy[0] or batch_default
 
 

@@ -1,6 +1,6 @@
 """Global limits shared by every caller in every process: paced ACR call budgets and session slots.
 
-Budgets (GCRA, one schedule item per budget in the ledger, `RolloutLedger.reserve_pace`): `tps` (every
+Budgets (GCRA, one schedule item per budget in the ledger, `LimitLedger.reserve_pace`): `tps` (every
 InvokeAgentRuntime and StopRuntimeSession, `tps_limit`) and `session#{endpoint}` (invokes that open a new session,
 `session_rate_limit` per endpoint). A caller reserves the budget's next start time, sleeps until then and calls.
 Calls are spaced `(1 + LATENESS_S) / limit` apart and a caller that wakes up more than `LATENESS_S` after its slot
@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 from rollout_pipeline import ids
-from rollout_pipeline.ledger.rollouts import RolloutLedger
+from rollout_pipeline.ledger.limits import LimitLedger
 from rollout_pipeline.lifecycle.metrics import ACR_THROTTLED, LIMIT_BACKLOG, MetricsRecorder
 from rollout_pipeline.ports import AgentRuntime, RuntimeThrottled
 
@@ -44,7 +44,7 @@ class Pacer:
 
     def __init__(
         self,
-        ledger: RolloutLedger,
+        ledger: LimitLedger,
         budget: str,
         limit: float,
         *,
@@ -226,7 +226,7 @@ class LimitedRuntime:
 
 
 def pacers(
-    ledger: RolloutLedger, tps_limit: float, session_rate_limit: float, endpoints: int
+    ledger: LimitLedger, tps_limit: float, session_rate_limit: float, endpoints: int
 ) -> tuple[Pacer, list[Pacer]]:
     """The experiment's budgets: `tps` and one `session#{i}` per endpoint."""
     return Pacer(ledger, "tps", tps_limit), [
@@ -298,7 +298,7 @@ class AdmissionBoard:
 
     def __init__(
         self,
-        ledger: RolloutLedger,
+        ledger: LimitLedger,
         process: str | None = None,
         *,
         wall: Callable[[], float] = time.time,

@@ -86,7 +86,7 @@ def sweep(
                 report.errors.append(f"outbox {rec.batch_id}/{rec.input_id}#{rec.index}: {exc}")
                 deps.metrics.count(SWEEP_ERRORS)
     clear_log_ids()
-    deps.metrics.sample(IN_FLIGHT, deps.ledger.in_flight())
+    deps.metrics.sample(IN_FLIGHT, deps.ledger.limits.in_flight())
     return report
 
 

@@ -643,7 +643,7 @@ class Experiment:
             raise SdkError("a policy version is 1-128 characters")
         with aws_errors("set the current policy version"):
             ledger = self.wiring().rollout_ledger()
-            ledger.set_current_policy_version(version, iso(utcnow()))
+            ledger.limits.set_current_policy_version(version, iso(utcnow()))
 
     def completed_groups(
         self,

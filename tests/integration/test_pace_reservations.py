@@ -1,4 +1,4 @@
-"""A paced budget's reservation (`RolloutLedger.reserve_pace`, GCRA on one item): the slot it gives in each case,
+"""A paced budget's reservation (`LimitLedger.reserve_pace`, GCRA on one item): the slot it gives in each case,
 and the writes it costs. Under saturation the schedule is always ahead, so a caller that last saw it ahead tries
 the "next free time" write first: one conditional write per reservation instead of a failed one and a second."""
 
@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from rollout_pipeline.ledger.limits import LimitLedger
 from rollout_pipeline.ledger.rollouts import RolloutLedger
 from rollout_pipeline.local.resources import ExperimentResources
 
@@ -17,7 +18,7 @@ INTERVAL_US = 240_000
 NOW_US = 1_800_000_000_000_000
 
 
-def _counting(ledger: RolloutLedger) -> list[str]:
+def _counting(ledger: LimitLedger) -> list[str]:
     writes: list[str] = []
     update = ledger.table.update
 
@@ -29,7 +30,7 @@ def _counting(ledger: RolloutLedger) -> list[str]:
     return writes
 
 
-def _reserve(ledger: RolloutLedger, now_us: int, *, busy_first: bool, ahead_us: int = 5_000_000) -> Any:
+def _reserve(ledger: LimitLedger, now_us: int, *, busy_first: bool, ahead_us: int = 5_000_000) -> Any:
     return ledger.reserve_pace(
         "session#0", not_before_us=now_us, latest_us=now_us + ahead_us, interval_us=INTERVAL_US, busy_first=busy_first
     )
@@ -37,7 +38,7 @@ def _reserve(ledger: RolloutLedger, now_us: int, *, busy_first: bool, ahead_us: 
 
 def test_either_order_gives_the_same_slots(resources: ExperimentResources) -> None:
     for busy_first in (False, True):
-        ledger = RolloutLedger(resources.table_name)
+        ledger = RolloutLedger(resources.table_name).limits
         budget_now = NOW_US + (10_000_000 if busy_first else 0)  # a fresh schedule for each order
         assert _reserve(ledger, budget_now, busy_first=busy_first) == (budget_now, budget_now + INTERVAL_US)
         second = _reserve(ledger, budget_now, busy_first=busy_first)  # busy now: the next free time
@@ -47,7 +48,7 @@ def test_either_order_gives_the_same_slots(resources: ExperimentResources) -> No
 
 
 def test_a_busy_schedule_costs_one_write_when_expected(resources: ExperimentResources) -> None:
-    ledger = RolloutLedger(resources.table_name)
+    ledger = RolloutLedger(resources.table_name).limits
     writes = _counting(ledger)
     _reserve(ledger, NOW_US, busy_first=False)  # the schedule now runs ahead of NOW_US
     writes.clear()
@@ -59,7 +60,7 @@ def test_a_busy_schedule_costs_one_write_when_expected(resources: ExperimentReso
 
 
 def test_a_full_schedule_gives_no_slot_and_says_when_it_frees(resources: ExperimentResources) -> None:
-    ledger = RolloutLedger(resources.table_name)
+    ledger = RolloutLedger(resources.table_name).limits
     for _ in range(3):
         _reserve(ledger, NOW_US, busy_first=True)
     slot, tat = _reserve(ledger, NOW_US, busy_first=True, ahead_us=INTERVAL_US)

@@ -70,7 +70,7 @@ def make_machine(resources: ExperimentResources) -> type[RuleBasedStateMachine]:
                     "failures": {"M": {}},
                 },
             )
-            self.base_in_flight = self.ledger.in_flight()
+            self.base_in_flight = self.ledger.limits.in_flight()
             # the model
             self.state: str | None = None
             self.attempt = 0
@@ -196,7 +196,7 @@ def make_machine(resources: ExperimentResources) -> type[RuleBasedStateMachine]:
 
         @invariant()
         def slot_held_iff_dispatched(self) -> None:
-            assert self.ledger.in_flight() - self.base_in_flight == (1 if self.state == DISPATCHED else 0)
+            assert self.ledger.limits.in_flight() - self.base_in_flight == (1 if self.state == DISPATCHED else 0)
 
         @invariant()
         def counted_once(self) -> None:

@@ -1,0 +1,152 @@
+"""The experiment-wide `LIMIT` items: session slots, paced call budgets, the admission board, the policy version.
+
+Every dispatcher and completer in every process shares them (docs/ARCHITECTURE.md, "Ledger" and "Limits"); the
+lifecycle's `limits` module keeps the rules, this module the reads and writes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rollout_pipeline.ledger import keys
+from rollout_pipeline.ledger.attributes import from_attribute_value
+from rollout_pipeline.ledger.table import LedgerError, LedgerTable, plain_values
+
+
+class LimitLedger:
+    """Reads and conditional writes of the `LIMIT` partition, through the table's gateway."""
+
+    def __init__(self, table: LedgerTable) -> None:
+        self.table = table
+
+    def _get(self, key: Mapping[str, Any]) -> dict[str, Any] | None:
+        item = self.table.get(key)
+        return {name: from_attribute_value(value) for name, value in item.items()} if item else None
+
+    def take_slot(self, max_sessions: int) -> dict[str, Any]:
+        """A transaction item that takes one session slot if fewer than `max_sessions` are taken."""
+        return self._slot_delta(1, max_sessions)
+
+    def release_slot(self) -> dict[str, Any]:
+        """A transaction item that gives one session slot back."""
+        return self._slot_delta(-1)
+
+    def in_flight(self) -> int:
+        """The session-slot counter (strongly consistent)."""
+        item = self._get(keys.sessions_key())
+        return int((item or {}).get("in_flight") or 0)
+
+    def reserve_pace(
+        self, budget: str, *, not_before_us: int, latest_us: int, interval_us: int, busy_first: bool = False
+    ) -> tuple[int | None, int]:
+        """Reserve the next start time of a paced budget (GCRA: `tat` = the earliest time the next call may start,
+        in epoch microseconds) in [not_before_us, latest_us]. Returns (slot_us, tat_us): `slot_us` the reserved
+        start, or None when the schedule is already beyond `latest_us` (then `tat_us` says when it is free). Time
+        before `not_before_us` that nobody took stays unused. Two conditional writes, one per case (free at
+        `not_before`, or busy: the next free time); the one the caller expects (`busy_first`: it last saw the
+        schedule ahead of `not_before`) goes first, so a reservation costs one write when the guess is right. A read
+        only when the schedule is full."""
+        key = keys.pace_key(budget)
+        expires = not_before_us // 1_000_000 + 3600
+
+        def take_free() -> tuple[int, int] | None:
+            free = self.table.update(
+                key,
+                "SET tat = :next, expires_at = :exp",
+                "attribute_not_exists(tat) OR tat <= :nb",
+                {":next": not_before_us + interval_us, ":nb": not_before_us, ":exp": expires},
+            )
+            return None if free is None else (not_before_us, not_before_us + interval_us)
+
+        def take_next() -> tuple[int, int] | None:
+            busy = self.table.update(
+                key,
+                "ADD tat :interval SET expires_at = :exp",
+                "tat > :nb AND tat <= :latest",
+                {":interval": interval_us, ":nb": not_before_us, ":latest": latest_us, ":exp": expires},
+                return_values="UPDATED_NEW",
+            )
+            if busy is None:
+                return None
+            tat = int(from_attribute_value(busy["tat"]))
+            return tat - interval_us, tat
+
+        attempts = (take_next, take_free) if busy_first else (take_free, take_next)
+        for _ in range(6):
+            for attempt in attempts:
+                reserved = attempt()
+                if reserved is not None:
+                    return reserved
+            tat = int((self._get(key) or {}).get("tat") or 0)
+            if tat > latest_us:
+                return None, tat
+        raise LedgerError(f"pace budget {budget} kept changing under us")
+
+    def pace_tat(self, budget: str) -> int:
+        """A paced budget's schedule (`tat`, epoch microseconds: the earliest time its next call may start); 0 when
+        it was never used. Strongly consistent."""
+        return int((self._get(keys.pace_key(budget)) or {}).get("tat") or 0)
+
+    def put_waiting(self, process: str, waiting: Sequence[str], *, now_us: int) -> None:
+        """Publish one dispatcher process's waiting admission keys on the admission board, stamped `now_us`."""
+        self.table.ddb.put_item(
+            TableName=self.table.name,
+            Item={
+                **keys.waiting_key(process),
+                "waiting": {"L": [{"S": k} for k in waiting]},
+                "heartbeat_us": {"N": str(now_us)},
+                keys.TTL_ATTRIBUTE: {"N": str(now_us // 1_000_000 + 3600)},
+            },
+        )
+
+    def clear_waiting(self, process: str) -> None:
+        """Take a process off the admission board (it has no waiters left)."""
+        self.table.ddb.delete_item(TableName=self.table.name, Key=keys.waiting_key(process))
+
+    def waiting_board(self) -> list[tuple[str, int, list[str]]]:
+        """The admission board: (process, heartbeat_us, waiting keys) per process (strongly consistent)."""
+        request: dict[str, Any] = {
+            "KeyConditionExpression": "pk = :pk AND begins_with(sk, :prefix)",
+            "ExpressionAttributeValues": plain_values({":pk": keys.LIMIT_PK, ":prefix": keys.WAIT_PREFIX}),
+            "ConsistentRead": True,
+        }
+        board = []
+        for raw in self.table.query(request, max_pages=10):
+            item = {name: from_attribute_value(value) for name, value in raw.items()}
+            board.append(
+                (
+                    str(item["sk"]).removeprefix(keys.WAIT_PREFIX),
+                    int(item.get("heartbeat_us") or 0),
+                    [str(k) for k in item.get("waiting") or []],
+                )
+            )
+        return board
+
+    def _slot_delta(self, delta: int, max_sessions: int | None = None) -> dict[str, Any]:
+        if max_sessions is None:
+            return {"Update": self.table.update_op(keys.sessions_key(), "ADD in_flight :d", None, {":d": delta})}
+        return {
+            "Update": self.table.update_op(
+                keys.sessions_key(),
+                "ADD in_flight :d",
+                "attribute_not_exists(in_flight) OR in_flight < :max",
+                {":d": delta, ":max": max_sessions},
+            )
+        }
+
+    def current_policy_version(self) -> str | None:
+        """The experiment's current policy version (None until a trainer sets one)."""
+        item = self._get(keys.policy_key())
+        value = (item or {}).get("policy_version")
+        return None if value is None else str(value)
+
+    def set_current_policy_version(self, version: str | None, now_iso: str) -> None:
+        """Set (None: clear) the version that rollouts dispatched from now on are stamped with."""
+        if version is None:
+            self.table.ddb.delete_item(TableName=self.table.name, Key=keys.policy_key())
+            return
+        self.table.ddb.put_item(
+            TableName=self.table.name,
+            Item={**keys.policy_key(), "policy_version": {"S": version}, "updated_at": {"S": now_iso}},
+        )
