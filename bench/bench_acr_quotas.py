@@ -432,7 +432,7 @@ def run(args: argparse.Namespace) -> int:
     terminal = 0
     last = started
     while time.monotonic() - started < args.max_seconds:
-        terminal = int((ledger.get_batch(batch_id) or {}).get("terminal") or 0)
+        terminal = view.terminal if (view := ledger.batch(batch_id)) is not None else 0
         if terminal >= total:
             break
         if time.monotonic() - last > 20:
@@ -471,7 +471,7 @@ def run(args: argparse.Namespace) -> int:
     ideal = ideal_group_schedule(delays[: max(1, len(actual))], args.session_rate * args.endpoints, args.max_sessions)
     limit = args.session_rate * args.endpoints
     print()
-    terminal = int((ledger.get_batch(batch_id) or {}).get("terminal") or 0)
+    terminal = view.terminal if (view := ledger.batch(batch_id)) is not None else 0
     print(f"terminal rollouts          {terminal}/{total} (backlog window {elapsed:.1f} s); errors {len(errors)}")
     print(
         f"new sessions per second    busiest sliding 1-s window {busiest_window(times)} / limit "

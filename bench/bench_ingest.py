@@ -259,7 +259,7 @@ def bench_moto(rows: int, group_size: int, directory: Path) -> dict[str, Any]:
         from rollout_pipeline.adapters.sqs import SqsQueue
         from rollout_pipeline.config import ExperimentConfig
         from rollout_pipeline.ingest import Ingestion, IngestPorts
-        from rollout_pipeline.ledger.batches import BatchLedger, int_attr
+        from rollout_pipeline.ledger.batches import BatchLedger
         from rollout_pipeline.local.resources import create_resources
 
         clients.reset()
@@ -282,16 +282,16 @@ def bench_moto(rows: int, group_size: int, directory: Path) -> dict[str, Any]:
         started = time.perf_counter()
         result = ingestion.handle_message(json.loads(message["Body"]), owner="bench")
         elapsed = time.perf_counter() - started
-        batch = ledger.read_batch(result.batch_id or "") or {}
+        batch = ledger.read_batch(result.batch_id or "")
         depth = clients.client("sqs").get_queue_attributes(
             QueueUrl=resources.rollout_queue_url, AttributeNames=["ApproximateNumberOfMessages"]
         )["Attributes"]["ApproximateNumberOfMessages"]
-        groups = sum(1 for _ in ledger.iter_groups(result.batch_id or ""))
+        groups = sum(1 for _ in ledger.groups(result.batch_id or ""))
         clients.reset()
     return {
         "outcome": result.outcome,
-        "rows": int_attr(batch, "rows_accepted"),
-        "rollouts": int_attr(batch, "rollouts_total"),
+        "rows": batch.rows_accepted if batch is not None else 0,
+        "rollouts": (batch.rollouts_total or 0) if batch is not None else 0,
         "groups": groups,
         "queue_depth": int(depth),
         "sqs_calls": queue.calls,

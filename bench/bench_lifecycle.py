@@ -319,8 +319,8 @@ def run(args: argparse.Namespace) -> int:
     terminal = 0
     last_report = started
     while time.monotonic() - started < args.max_seconds:
-        batch = ledger.get_batch(batch_id) or {}
-        terminal = int(batch.get("terminal") or 0)
+        batch = ledger.batch(batch_id)
+        terminal = batch.terminal if batch is not None else 0
         in_flight_samples.append(ledger.limits.in_flight())
         if terminal >= total:
             break

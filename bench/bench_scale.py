@@ -599,7 +599,7 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
     terminal, last = 0, started_wall
     while _REAL_MONOTONIC() - started_wall < args.max_seconds:
         counters.harness.on = True
-        terminal = int((ledger.get_batch(batch_id) or {}).get("terminal") or 0)
+        terminal = view.terminal if (view := ledger.batch(batch_id)) is not None else 0
         counters.harness.on = False
         if terminal >= total:
             break
@@ -617,7 +617,7 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
     counters.harness.on = True
     while _REAL_MONOTONIC() < settle and ledger.limits.in_flight() > 0:
         _REAL_SLEEP(1.0)
-    terminal = int((ledger.get_batch(batch_id) or {}).get("terminal") or 0)
+    terminal = view.terminal if (view := ledger.batch(batch_id)) is not None else 0
     pending = ledger.limits.in_flight()
     counters.harness.on = False
     stop.set()

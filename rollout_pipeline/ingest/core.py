@@ -44,8 +44,8 @@ from rollout_pipeline.ledger.batches import (
     BatchLedger,
     GroupSpec,
     IngestProgress,
-    as_batch,
 )
+from rollout_pipeline.ledger.items import BatchView
 from rollout_pipeline.ports import EventPublisher, MessageQueue, ObjectNotFound, ObjectStore
 
 if TYPE_CHECKING:
@@ -245,13 +245,13 @@ class Ingestion:
                 return self._run(obj, item, owner=owner, remaining_ms=remaining_ms)
             item = ledger.read_batch(batch_id)  # created concurrently by another worker
             assert item is not None
-        if as_batch(item).rollouts_total is not None:
+        if item.rollouts_total is not None:
             return self._republish(item, "already_done")
         acquired = ledger.acquire_lease(batch_id, owner, self.tuning.lease_seconds)
         if acquired is None:
             logger.info("batch %s is being ingested by another worker; acknowledging", batch_id)
             return IngestResult("in_progress", batch_id, progress=IngestProgress.of(item))
-        logger.info("resuming batch %s after line %s", batch_id, as_batch(acquired).cursor)
+        logger.info("resuming batch %s after line %s", batch_id, acquired.cursor)
         return self._run(obj, acquired, owner=owner, remaining_ms=remaining_ms)
 
     def submit_rows(
@@ -329,22 +329,22 @@ class Ingestion:
         logger.warning("batch %s: %s", batch_id, message)
         return self._republish(item, "rejected")
 
-    def _republish(self, item: Mapping[str, Any], outcome: Outcome) -> IngestResult:
+    def _republish(self, item: BatchView, outcome: Outcome) -> IngestResult:
         """Publish `Batch Accepted` (and `Batch Completed` when complete) of a batch whose ingestion ended."""
         published = self.publish_batch_events(item)
-        return IngestResult(outcome, as_batch(item).batch_id, progress=IngestProgress.of(item), published=published)
+        return IngestResult(outcome, item.batch_id, progress=IngestProgress.of(item), published=published)
 
-    def publish_batch_events(self, item: Mapping[str, Any]) -> list[str]:
-        """Publish the end-of-ingestion events of a batch item; return their detail types."""
+    def publish_batch_events(self, item: BatchView) -> list[str]:
+        """Publish the end-of-ingestion events of a batch; return their detail types."""
         details: list[Any] = [batch_accepted_detail(item)]
         if batch_completion_detail(item) is not None:
-            stamped = self.ports.ledger.mark_completed(as_batch(item).batch_id)
+            stamped = self.ports.ledger.mark_completed(item.batch_id)
             details.append(batch_completion_detail(stamped))
         self.ports.publisher.publish(details)
         return [type(d).__name__ for d in details]
 
     def _run(
-        self, obj: DatasetObject, item: Mapping[str, Any], *, owner: str, remaining_ms: Callable[[], int] | None
+        self, obj: DatasetObject, item: BatchView, *, owner: str, remaining_ms: Callable[[], int] | None
     ) -> IngestResult:
         store = self.ports.store
         progress = IngestProgress.of(item)
@@ -357,7 +357,7 @@ class Ingestion:
             log.total = progress.rows_rejected
         run = _Run(self, item, owner=owner, errors=log, errors_target=(obj.bucket, errors_key))
         errors_uri = f"s3://{obj.bucket}/{errors_key}"
-        if as_batch(item).cancelled:
+        if item.cancelled:
             return run.finish(errors_uri=errors_uri)
         chunks = store.iter_bytes(obj.bucket, obj.key, obj.version_id, chunk_size=self.tuning.read_chunk_bytes)
         last_position = progress.cursor
@@ -413,7 +413,7 @@ class _Run:
     def __init__(
         self,
         ingestion: Ingestion,
-        item: Mapping[str, Any],
+        batch: BatchView,
         *,
         owner: str,
         errors: ErrorLog,
@@ -422,7 +422,6 @@ class _Run:
         self.ingestion = ingestion
         self.ports = ingestion.ports
         self.tuning = ingestion.tuning
-        batch = as_batch(item)
         self.batch_id = batch.batch_id
         self.exp_id = batch.exp_id
         options = batch.options
@@ -582,7 +581,7 @@ class _Run:
             release=release,
         )
         self.progress = progress
-        if as_batch(item).cancelled and not self.cancelled:
+        if item.cancelled and not self.cancelled:
             logger.info("batch %s was cancelled: stopping ingestion at line %s", self.batch_id, progress.cursor)
             self.cancelled = True
 
@@ -629,7 +628,7 @@ class _Run:
             errors_uri=errors_uri,
         )
         published = self.ingestion.publish_batch_events(item)
-        outcome: Outcome = "cancelled" if as_batch(item).cancelled else "accepted"
+        outcome: Outcome = "cancelled" if item.cancelled else "accepted"
         logger.info(
             "batch %s %s: %d rows accepted, %d rejected, %d rollouts enqueued",
             self.batch_id,

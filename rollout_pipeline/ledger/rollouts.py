@@ -11,16 +11,19 @@ from __future__ import annotations
 import json
 import secrets
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from datetime import datetime
 from enum import StrEnum
 from typing import Any, Final
 
-from rollout_pipeline.contracts import parse_iso
 from rollout_pipeline.ledger import keys, table
-from rollout_pipeline.ledger.attributes import from_attribute_value
 from rollout_pipeline.ledger.batches import query_batch_view
-from rollout_pipeline.ledger.items import BatchItem, GroupItem, RolloutState, RolloutSummary
+from rollout_pipeline.ledger.items import (
+    BatchView,
+    GroupItem,
+    RolloutRecord,
+    RolloutState,
+    RolloutSummary,
+    Terminal,
+)
 from rollout_pipeline.ledger.limits import LimitLedger
 from rollout_pipeline.ledger.retry import TRANSACTION_CONFLICT_ATTEMPTS
 from rollout_pipeline.ledger.table import LedgerTable, plain_values, reason_codes
@@ -29,7 +32,6 @@ QUEUED: Final = RolloutState.QUEUED
 DISPATCHED: Final = RolloutState.DISPATCHED
 SUCCEEDED: Final = RolloutState.SUCCEEDED
 FAILED: Final = RolloutState.FAILED
-TERMINAL_STATES: Final = frozenset({SUCCEEDED, FAILED})
 
 #: Outbox actions: side effects decided by a transition that still have to happen.
 OUTBOX_PUBLISH: Final = "publish"
@@ -59,109 +61,7 @@ class DispatchStart(StrEnum):
     NOT_DISPATCHABLE = "not_dispatchable"  # the rollout is not queued for this attempt: read it and decide
 
 
-# ------------------------------------------------------------------------------------------- (de)serialisation
-
-
-def from_item(item: Mapping[str, Any]) -> dict[str, Any]:
-    """A DynamoDB item (attribute values) as plain Python values (numbers: int when integral, else float)."""
-    return {k: from_attribute_value(v) for k, v in item.items()}
-
-
 _values = plain_values
-
-
-# ------------------------------------------------------------------------------------------------- the record
-
-
-@dataclass(frozen=True)
-class RolloutRecord:
-    """A rollout item, typed: parsed once at the table boundary (`from_item`); times are UTC datetimes (ISO-8601
-    text in the item), the state a `RolloutState`."""
-
-    batch_id: str
-    input_id: str
-    index: int
-    state: RolloutState
-    attempt: int
-    exp_id: str = ""
-    session_id: str | None = None
-    submitted_at: datetime | None = None
-    dispatched_at: datetime | None = None
-    invoked_at: datetime | None = None
-    finished_at: datetime | None = None
-    deadline: int | None = None
-    reason: str | None = None
-    error: str | None = None
-    reward: float | None = None
-    rewards: float | list[float] | None = None
-    result_uri: str | None = None
-    result_size: int | None = None
-    policy_version: str | None = None
-    #: The batch's policy version, when the rollout was dispatched with another one (the experiment's current).
-    batch_policy_version: str | None = None
-    outbox: frozenset[str] = field(default_factory=frozenset)
-    outbox_id: str | None = None
-    stop_sessions: frozenset[str] = field(default_factory=frozenset)
-    #: Sessions whose slot is still held: their attempt ended but their stop is not confirmed yet.
-    held_slots: frozenset[str] = field(default_factory=frozenset)
-    #: When AgentCore has ended the held sessions anyway (their maximum lifetime since they started): the slot is
-    #: free then.
-    held_until: int | None = None
-    stop_tries: int = 0
-    #: Sessions whose stop answered ResourceNotFound once (a second NotFound confirms the stop).
-    stop_not_found: frozenset[str] = field(default_factory=frozenset)
-
-    @property
-    def terminal(self) -> bool:
-        return self.state in TERMINAL_STATES
-
-    @classmethod
-    def from_item(cls, raw: Mapping[str, Any]) -> RolloutRecord:
-        item = from_item(raw)
-        rewards_json = item.get("rewards_json")
-        return cls(
-            batch_id=str(item["batch_id"]),
-            input_id=str(item["input_id"]),
-            index=int(item["index"]),
-            state=RolloutState(item["state"]),
-            attempt=int(item.get("attempt") or 0),
-            exp_id=str(item.get("exp_id") or ""),
-            session_id=item.get("session_id"),
-            submitted_at=parse_iso(item.get("submitted_at")),
-            dispatched_at=parse_iso(item.get("dispatched_at")),
-            invoked_at=parse_iso(item.get("invoked_at")),
-            finished_at=parse_iso(item.get("finished_at")),
-            deadline=item.get("deadline"),
-            reason=item.get("reason"),
-            error=item.get("error"),
-            reward=None if item.get("reward") is None else float(item["reward"]),
-            rewards=json.loads(rewards_json) if rewards_json else None,
-            result_uri=item.get("result_uri"),
-            result_size=item.get("result_size"),
-            policy_version=item.get("policy_version"),
-            batch_policy_version=item.get("batch_policy_version"),
-            outbox=frozenset(item.get("outbox") or ()),
-            outbox_id=item.get("outbox_id"),
-            stop_sessions=frozenset(item.get("stop_sessions") or ()),
-            held_slots=frozenset(item.get("held_slots") or ()),
-            held_until=None if item.get("held_until") is None else int(item["held_until"]),
-            stop_tries=int(item.get("stop_tries") or 0),
-            stop_not_found=frozenset(item.get("stop_not_found") or ()),
-        )
-
-
-@dataclass(frozen=True)
-class Terminal:
-    """The terminal outcome to record."""
-
-    state: str  # SUCCEEDED or FAILED
-    finished_at: str
-    reason: str | None = None
-    error: str | None = None
-    reward: float | None = None
-    rewards: float | list[float] | None = None
-    result_uri: str | None = None
-    result_size: int | None = None
 
 
 # ------------------------------------------------------------------------------------------------- the ledger
@@ -183,24 +83,13 @@ class RolloutLedger:
 
     # ---------------------------------------------------------------------------------------------- reads
 
-    def get(self, key: Mapping[str, Any], consistent: bool = True) -> dict[str, Any] | None:
-        """Read one item (strongly consistent by default) as plain values, or None."""
-        item = self.table.get(key, consistent=consistent)
-        return from_item(item) if item else None
-
     def get_rollout(self, batch_id: str, input_id: str, index: int) -> RolloutRecord | None:
         item = self.table.get(keys.rollout_key(batch_id, input_id, index))
-        return RolloutRecord.from_item(item) if item else None
+        return RolloutRecord.of(item) if item else None
 
-    def get_batch(self, batch_id: str) -> dict[str, Any] | None:
-        """The batch view (`batches.merge_batch_items`: counters summed over the shards) as plain values."""
-        view = query_batch_view(self.ddb, self.table_name, batch_id)
-        return from_item(view) if view is not None else None
-
-    def batch(self, batch_id: str) -> BatchItem | None:
-        """The batch view, typed (`items.BatchItem`), or None."""
-        view = query_batch_view(self.ddb, self.table_name, batch_id)
-        return BatchItem.of(view) if view is not None else None
+    def batch(self, batch_id: str) -> BatchView | None:
+        """The batch view, typed (`items.BatchView`), or None."""
+        return query_batch_view(self.ddb, self.table_name, batch_id)
 
     def group(self, batch_id: str, input_id: str) -> GroupItem | None:
         """One group, typed (`items.GroupItem`), or None."""
@@ -209,10 +98,10 @@ class RolloutLedger:
 
     def groups(self, batch_id: str) -> Iterator[GroupItem]:
         """Every group of a batch, typed, in input-id order (paged, strongly consistent)."""
-        for item in self.iter_prefix(batch_id, keys.GROUP_PREFIX):
+        for item in self._iter_prefix(batch_id, keys.GROUP_PREFIX):
             yield GroupItem.of(item)
 
-    def iter_prefix(
+    def _iter_prefix(
         self,
         batch_id: str,
         prefix: str,
@@ -237,25 +126,25 @@ class RolloutLedger:
             request["ExpressionAttributeNames"] = names
         yield from self.table.query(request, max_pages=max_pages)
 
-    def iter_rollout_items(self, batch_id: str, *, attributes: Sequence[str] = ()) -> Iterator[dict[str, Any]]:
-        """Every rollout item of a batch (raw; never-dispatched rollouts have none), at most `MAX_READ_PAGES` pages
-        of 1 MB: bounded work whatever the batch size."""
-        return self.iter_prefix(batch_id, keys.ROLLOUT_PREFIX, None, attributes=attributes, max_pages=MAX_READ_PAGES)
+    def _batch_rollout_items(self, batch_id: str, *, attributes: Sequence[str] = ()) -> Iterator[dict[str, Any]]:
+        """Every rollout item of a batch (never-dispatched rollouts have none), at most `MAX_READ_PAGES` pages of
+        1 MB: bounded work whatever the batch size."""
+        return self._iter_prefix(batch_id, keys.ROLLOUT_PREFIX, None, attributes=attributes, max_pages=MAX_READ_PAGES)
+
+    def batch_rollouts(self, batch_id: str) -> Iterator[RolloutRecord]:
+        """Every dispatched rollout of a batch, whole and typed (bounded work: `MAX_READ_PAGES`)."""
+        for item in self._batch_rollout_items(batch_id):
+            yield RolloutRecord.of(item)
 
     def rollout_summaries(self, batch_id: str, *, states_only: bool = False) -> Iterator[RolloutSummary]:
         """Every dispatched rollout of a batch, typed (`items.RolloutSummary`); `states_only` reads the state alone."""
-        for item in self.iter_rollout_items(batch_id, attributes=("state",) if states_only else ()):
+        for item in self._batch_rollout_items(batch_id, attributes=("state",) if states_only else ()):
             yield RolloutSummary.of(item)
-
-    def iter_groups(self, batch_id: str) -> Iterator[dict[str, Any]]:
-        """Every group item of a batch (paged, strongly consistent)."""
-        for item in self.iter_prefix(batch_id, keys.GROUP_PREFIX):
-            yield from_item(item)
 
     def iter_rollouts(self, batch_id: str, input_id: str) -> Iterator[RolloutRecord]:
         """Every rollout item of one group."""
-        for item in self.iter_prefix(batch_id, f"{keys.ROLLOUT_PREFIX}{input_id}#"):
-            yield RolloutRecord.from_item(item)
+        for item in self._iter_prefix(batch_id, f"{keys.ROLLOUT_PREFIX}{input_id}#"):
+            yield RolloutRecord.of(item)
 
     def query_due(
         self, index_name: str, shard: int, before_epoch: int, *, limit: int = 50, max_pages: int = 4
@@ -273,7 +162,7 @@ class RolloutLedger:
             "ExpressionAttributeValues": _values({":p": f"{prefix}{shard}", ":s": before_epoch}),
             "Limit": limit,
         }
-        return [RolloutRecord.from_item(item) for item in self.table.query(request, max_pages=max_pages)]
+        return [RolloutRecord.of(item) for item in self.table.query(request, max_pages=max_pages)]
 
     # ---------------------------------------------------------------------------------------- transitions
 
@@ -717,9 +606,9 @@ class RolloutLedger:
             is not None
         )
 
-    def claim_batch_completed(self, batch_id: str, claimant: str, now_iso: str) -> dict[str, Any] | None:
+    def claim_batch_completed(self, batch_id: str, claimant: str, now_iso: str) -> BatchView | None:
         """Like `claim_group_event` for `Batch Completed`; also stamps `completed_at` once. Returns the batch view
-        (typed, `batches.merge_batch_items`) when `claimant` may publish, else None."""
+        (`batches.merge_batch_items`) when `claimant` may publish, else None."""
         item = self.table.update(
             keys.batch_key(batch_id),
             "SET completed_at = if_not_exists(completed_at, :now), completed_event_by = :me",
@@ -730,4 +619,4 @@ class RolloutLedger:
         if item is None:
             return None
         view = query_batch_view(self.ddb, self.table_name, batch_id)
-        return view if view is not None else item
+        return view if view is not None else BatchView.of(item)

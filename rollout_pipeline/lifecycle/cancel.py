@@ -7,11 +7,11 @@ from dataclasses import dataclass, field
 
 from rollout_pipeline import ids
 from rollout_pipeline.contracts import FailureReason, iso
+from rollout_pipeline.ledger.items import RolloutRecord
 from rollout_pipeline.ledger.rollouts import (
     DISPATCHED,
     OUTBOX_PUBLISH,
     LedgerError,
-    RolloutRecord,
 )
 from rollout_pipeline.lifecycle import publishing, stops
 from rollout_pipeline.lifecycle.deps import LifecycleDeps

@@ -31,13 +31,12 @@ from rollout_pipeline.contracts import (
     parse_iso,
     read_result,
 )
+from rollout_pipeline.ledger.items import RolloutRecord, Terminal
 from rollout_pipeline.ledger.rollouts import (
     DISPATCHED,
     FAILED,
     OUTBOX_PUBLISH,
     SUCCEEDED,
-    RolloutRecord,
-    Terminal,
 )
 from rollout_pipeline.lifecycle import publishing, stops
 from rollout_pipeline.lifecycle.deps import LifecycleDeps

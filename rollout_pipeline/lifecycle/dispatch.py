@@ -31,13 +31,13 @@ from typing import Any
 from rollout_pipeline import ids
 from rollout_pipeline.contracts import FailureReason, FileOptions, RolloutMessage, build_agent_payload, iso
 from rollout_pipeline.ledger.batches import batch_options
+from rollout_pipeline.ledger.items import BatchView, RolloutRecord
 from rollout_pipeline.ledger.rollouts import (
     DISPATCHED,
     OUTBOX_PUBLISH,
     QUEUED,
     DispatchStart,
     LedgerError,
-    RolloutRecord,
 )
 from rollout_pipeline.lifecycle import publishing, stops
 from rollout_pipeline.lifecycle.cancel import cancel_rollout
@@ -139,14 +139,14 @@ class BatchReads:
 
     def __init__(self, deps: LifecycleDeps) -> None:
         self._deps = deps
-        self._items: dict[str, dict[str, Any] | None] = {}
+        self._items: dict[str, BatchView | None] = {}
         self._lock = threading.Lock()
         self._policy: tuple[str | None] | None = None
 
-    def get(self, batch_id: str) -> dict[str, Any] | None:
+    def get(self, batch_id: str) -> BatchView | None:
         with self._lock:
             if batch_id not in self._items:
-                self._items[batch_id] = self._deps.ledger.get_batch(batch_id)
+                self._items[batch_id] = self._deps.ledger.batch(batch_id)
             return self._items[batch_id]
 
     def policy_version(self, batch_default: str | None) -> str | None:
@@ -174,7 +174,7 @@ def dispatch_body(
     if batch is None:
         raise LookupError(f"batch {message.batch_id} not found in the ledger")
     options = batch_options(batch) or FileOptions.defaults(deps.config)
-    if batch.get("status") == "cancelled":
+    if batch.cancelled:
         return _cancelled(message, deps, options)
     row_payload = _row_payload(message, deps)
     start_by = deps.invoke_start_by(wait_until)  # every wait before an invoke ends by then

@@ -4,7 +4,8 @@ timeout, cancelled), with its metrics."""
 from __future__ import annotations
 
 from rollout_pipeline.contracts import FailureReason, iso
-from rollout_pipeline.ledger.rollouts import FAILED, RolloutRecord, Terminal
+from rollout_pipeline.ledger.items import RolloutRecord, Terminal
+from rollout_pipeline.ledger.rollouts import FAILED
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.metrics import FAILED as FAILED_METRIC
 from rollout_pipeline.lifecycle.metrics import failed_metric

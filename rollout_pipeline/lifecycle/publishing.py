@@ -22,12 +22,11 @@ from rollout_pipeline.contracts import (
     redact_secrets,
 )
 from rollout_pipeline.details import batch_completion_detail, group_completion_detail, rollout_event, with_members
+from rollout_pipeline.ledger.items import RolloutRecord
 from rollout_pipeline.ledger.rollouts import (
     OUTBOX_ENQUEUE,
     OUTBOX_PUBLISH,
     OUTBOX_STOP,
-    RolloutRecord,
-    from_item,
 )
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.metrics import NOTIFICATION_LATENCY
@@ -93,7 +92,7 @@ def completion_details(rec: RolloutRecord, deps: LifecycleDeps) -> list[Any]:
             details.append(with_members(group_detail, list(deps.ledger.iter_rollouts(rec.batch_id, rec.input_id))))
     if batch is not None and batch_completion_detail(batch) is not None:
         claimed = deps.ledger.claim_batch_completed(rec.batch_id, claimant, iso(deps.now()))
-        batch_detail = batch_completion_detail(from_item(claimed)) if claimed is not None else None
+        batch_detail = batch_completion_detail(claimed) if claimed is not None else None
         if batch_detail is not None:
             details.append(batch_detail)
     return details

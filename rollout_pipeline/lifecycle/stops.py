@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 from typing import Final
 
-from rollout_pipeline.ledger.rollouts import RolloutRecord
+from rollout_pipeline.ledger.items import RolloutRecord
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.metrics import STOP_FAILED, STOPS_PENDING
 from rollout_pipeline.ports import RuntimeRejected, RuntimeSessionNotFound, RuntimeThrottled

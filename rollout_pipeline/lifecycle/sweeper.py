@@ -18,10 +18,10 @@ from rollout_pipeline import ids
 from rollout_pipeline.contracts import FailureReason, FileOptions
 from rollout_pipeline.ledger import keys
 from rollout_pipeline.ledger.batches import batch_options
+from rollout_pipeline.ledger.items import RolloutRecord
 from rollout_pipeline.ledger.rollouts import (
     DISPATCHED,
     OUTBOX_PUBLISH,
-    RolloutRecord,
 )
 from rollout_pipeline.lifecycle import publishing, stops
 from rollout_pipeline.lifecycle.cancel import cancel_rollout
@@ -94,9 +94,9 @@ def _options(
     batch_id: str, deps: LifecycleDeps, cache: dict[str, tuple[FileOptions, bool]]
 ) -> tuple[FileOptions, bool]:
     if batch_id not in cache:
-        batch = deps.ledger.get_batch(batch_id)
+        batch = deps.ledger.batch(batch_id)
         options = batch_options(batch) or FileOptions.defaults(deps.config)
-        cache[batch_id] = (options, (batch or {}).get("status") == "cancelled")
+        cache[batch_id] = (options, batch is not None and batch.cancelled)
     return cache[batch_id]
 
 

@@ -621,8 +621,8 @@ class Experiment:
             if ledger.read_batch(batch_id) is None:
                 raise BatchNotFound(f"no batch {batch_id!r} in experiment {self.name!r}")
             rows = export_rows(
-                groups=ledger.iter_groups(batch_id),
-                rollouts=self.wiring().rollout_ledger().iter_rollout_items(batch_id),
+                groups=ledger.groups(batch_id),
+                rollouts=self.wiring().rollout_ledger().batch_rollouts(batch_id),
                 fetch_result=fetch if include_results else None,
                 include_payload=include_payload,
             )
@@ -668,12 +668,12 @@ class Experiment:
         groups: list[Group] = []
         with aws_errors(f"read the completed groups of batch {batch_id}"):
             ledger = self.wiring().rollout_ledger()
-            batch = ledger.get_batch(batch_id)
+            batch = ledger.batch(batch_id)
             if batch is None:
                 raise BatchNotFound(f"no batch {batch_id!r} in experiment {self.name!r}")
             options = batch_options(batch)
-            for group_item in ledger.iter_groups(batch_id):
-                input_id = str(group_item.get("input_id"))
+            for group_item in ledger.groups(batch_id):
+                input_id = group_item.input_id
                 if input_id in skipped:
                     continue
                 detail = group_completion_detail(group_item, options.policy_version if options else None)

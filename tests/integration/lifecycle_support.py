@@ -14,6 +14,7 @@ from rollout_pipeline.adapters import clients
 from rollout_pipeline.adapters.fake_acr import FakeAgentRuntime
 from rollout_pipeline.contracts import FileOptions, RolloutMessage
 from rollout_pipeline.ledger import keys
+from rollout_pipeline.ledger.items import BatchView
 from rollout_pipeline.lifecycle.completion import CompletionResult, complete_records
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.dispatch import DispatchResult, dispatch_records
@@ -218,28 +219,28 @@ def by_type(events: Sequence[Mapping[str, Any]], detail_type: str) -> list[dict[
 
 
 def rollout_item(resources: ExperimentResources, batch_id: str, input_id: str, index: int) -> dict[str, Any] | None:
-    from rollout_pipeline.ledger.rollouts import from_item
+    from rollout_pipeline.ledger.attributes import item_values
 
     item = (
         clients.client("dynamodb")
         .get_item(TableName=resources.table_name, Key=keys.rollout_key(batch_id, input_id, index), ConsistentRead=True)
         .get("Item")
     )
-    return from_item(item) if item else None
+    return item_values(item) if item else None
 
 
 def ledger_item(resources: ExperimentResources, key: Mapping[str, Any]) -> dict[str, Any]:
-    from rollout_pipeline.ledger.rollouts import from_item
+    from rollout_pipeline.ledger.attributes import item_values
 
     item = clients.client("dynamodb").get_item(TableName=resources.table_name, Key=dict(key), ConsistentRead=True)
-    return from_item(item.get("Item") or {})
+    return item_values(item.get("Item") or {})
 
 
-def batch_view(resources: ExperimentResources, batch_id: str) -> dict[str, Any]:
-    """The batch as readers see it: its item with the counters summed over its `COUNT#` shards (plain values)."""
-    from rollout_pipeline.ledger.rollouts import RolloutLedger
+def batch_view(resources: ExperimentResources, batch_id: str) -> BatchView:
+    """The batch as readers see it: its item with the counters summed over its `COUNT#` shards."""
+    from rollout_pipeline.ledger.batches import query_batch_view
 
-    view = RolloutLedger(resources.table_name).get_batch(batch_id)
+    view = query_batch_view(clients.client("dynamodb"), resources.table_name, batch_id)
     assert view is not None
     return view
 

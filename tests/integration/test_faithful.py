@@ -19,7 +19,8 @@ from rollout_pipeline.contracts import FileOptions
 from rollout_pipeline.details import batch_completion_detail
 from rollout_pipeline.ledger import keys, retry
 from rollout_pipeline.ledger.batches import BatchLedger, IngestProgress
-from rollout_pipeline.ledger.rollouts import FAILED, SUCCEEDED, DispatchStart, RolloutLedger, Terminal, from_item
+from rollout_pipeline.ledger.items import Terminal
+from rollout_pipeline.ledger.rollouts import FAILED, SUCCEEDED, DispatchStart, RolloutLedger
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.local.resources import ExperimentResources
 from rollout_pipeline.ports import ObjectNotFound
@@ -242,8 +243,8 @@ def test_ingest_checkpoints_and_cancel_do_not_meet_dispatch_or_terminal_transact
     again = _begin(rollouts, "q2", 1)
     assert again is DispatchStart.CANCELLED
     view = batch_view(resources, "b1")
-    assert (view["status"], view["terminal"], view["succeeded"], view["failed_cancelled"]) == ("cancelled", 2, 1, 1)
-    assert view["cursor"] == 2
+    assert (view.status, view.terminal, view.succeeded, view.failed_by_reason) == ("cancelled", 2, 1, {"cancelled": 1})
+    assert view.cursor == 2
 
 
 def test_concurrent_completers_count_exactly_once_on_sharded_counters(resources: ExperimentResources) -> None:
@@ -269,8 +270,8 @@ def test_concurrent_completers_count_exactly_once_on_sharded_counters(resources:
         thread.join()
     assert errors == []
     view = batch_view(resources, "b1")
-    assert (view["terminal"], view["succeeded"], view["failed"], view["failed_cancelled"]) == (48, 24, 24, 24)
-    assert (view["reward_count"], view["reward_sum"]) == (24, pytest.approx(2.4, abs=0))
+    assert (view.terminal, view.succeeded, view.failed, view.failed_by_reason) == (48, 24, 24, {"cancelled": 24})
+    assert (view.reward_count, view.reward_sum) == (24, pytest.approx(2.4, abs=0))
     shards = clients.client("dynamodb").query(
         TableName=resources.table_name,
         KeyConditionExpression="pk = :pk AND begins_with(sk, :c)",
@@ -281,7 +282,7 @@ def test_concurrent_completers_count_exactly_once_on_sharded_counters(resources:
     claims = [ledger.claim_batch_completed("b1", f"row-{i}#0", "2026-01-01T00:00:00Z") for i in range(24)]
     winners = [claim for claim in claims if claim is not None]
     assert len(winners) == 1
-    assert batch_completion_detail(from_item(winners[0])) is not None
+    assert batch_completion_detail(winners[0]) is not None
 
 
 def test_a_pipeline_run_writes_the_batch_item_in_no_transaction(

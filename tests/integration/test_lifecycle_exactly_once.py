@@ -77,8 +77,7 @@ def assert_single_terminal(resources: ExperimentResources, events: list[dict[str
     types = Counter(e["detail-type"] for e in events)
     assert types["Rollout Completed"] + types["Rollout Failed"] == total
     assert max(event_ids(events).values()) == 1
-    batch = batch_view(resources, BATCH)
-    assert batch["terminal"] == total
+    assert batch_view(resources, BATCH).terminal == total
     assert ledger_item(resources, keys.sessions_key())["in_flight"] == 0
 
 
@@ -280,5 +279,5 @@ def test_publish_succeeded_but_outbox_not_cleared_republishes_same_event_id(
     events = trainer_events(resources)
     ids_seen = event_ids([e for e in events if e["detail-type"] == "Rollout Completed"])
     assert list(ids_seen.values()) == [2]  # delivered twice, with one event_id: the SDK de-duplicates
-    assert batch_view(resources, BATCH)["terminal"] == 1
+    assert batch_view(resources, BATCH).terminal == 1
     assert len(by_type(events, "Group Completed")) == 2

@@ -14,6 +14,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from rollout_pipeline import ids
 from rollout_pipeline.adapters import clients
 from rollout_pipeline.ledger import keys
+from rollout_pipeline.ledger.attributes import item_values
+from rollout_pipeline.ledger.items import RolloutRecord, Terminal
 from rollout_pipeline.ledger.rollouts import (
     DISPATCHED,
     FAILED,
@@ -22,9 +24,6 @@ from rollout_pipeline.ledger.rollouts import (
     SUCCEEDED,
     DispatchStart,
     RolloutLedger,
-    RolloutRecord,
-    Terminal,
-    from_item,
 )
 from rollout_pipeline.local.resources import ExperimentResources
 
@@ -35,7 +34,7 @@ attempts = st.integers(min_value=1, max_value=3)
 
 def _item(table: str, key: dict[str, Any]) -> dict[str, Any]:
     raw = clients.client("dynamodb").get_item(TableName=table, Key=key, ConsistentRead=True).get("Item")
-    return from_item(raw) if raw else {}
+    return item_values(raw) if raw else {}
 
 
 def make_machine(resources: ExperimentResources) -> type[RuleBasedStateMachine]:
@@ -202,14 +201,14 @@ def make_machine(resources: ExperimentResources) -> type[RuleBasedStateMachine]:
         def counted_once(self) -> None:
             assert self.terminal_transitions <= 1
             group = _item(table, keys.group_key(self.batch, INPUT))
-            batch = self.ledger.get_batch(self.batch)  # counters summed over the batch's COUNT# shards
+            batch = self.ledger.batch(self.batch)  # counters summed over the batch's COUNT# shards
             assert batch is not None
             assert group["terminal"] == self.terminal_transitions
-            assert batch["terminal"] == self.terminal_transitions
+            assert batch.terminal == self.terminal_transitions
             assert len(group["rewards"]) + len(group["failures"]) == self.terminal_transitions
             if self.state == SUCCEEDED:
-                assert batch["succeeded"] == 1
-                assert batch["reward_count"] == 1
+                assert batch.succeeded == 1
+                assert batch.reward_count == 1
 
     return RolloutMachine
 
