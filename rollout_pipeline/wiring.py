@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from rollout_pipeline.adapters.clients import ACR_SERVICE, ClientFactory
 from rollout_pipeline.config import HandlerSettings
+from rollout_pipeline.ports import Clock, SystemClock
 
 if TYPE_CHECKING:
     from rollout_pipeline.adapters.eventbridge import EventBridgePublisher
@@ -39,6 +40,8 @@ class Wiring:
     runtime: AgentRuntime | None = None
     #: The attempt-token key (`contracts.attempts`); None: tokens are neither issued nor checked.
     attempt_key: Callable[[], bytes] | None = None
+    #: The one clock of the ledger and the lifecycle (the ledger stamps times and TTLs with it).
+    clock: Clock = field(default_factory=SystemClock)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
     _ingestion: Ingestion | None = field(default=None, init=False, repr=False)
     _lifecycle: LifecycleDeps | None = field(default=None, init=False, repr=False)
@@ -79,13 +82,15 @@ class Wiring:
         from rollout_pipeline.ledger.batches import BatchLedger
 
         ttl_days = self.settings.experiment.ledger_ttl_days
-        return BatchLedger(self.settings.table_name, self.clients.lazy("dynamodb"), ttl_days=ttl_days)
+        return BatchLedger(self.settings.table_name, self.clients.lazy("dynamodb"), ttl_days=ttl_days, clock=self.clock)
 
-    def rollout_ledger(self) -> RolloutLedger:
+    def rollout_ledger(self, clock: Clock | None = None) -> RolloutLedger:
         from rollout_pipeline.ledger.rollouts import RolloutLedger
 
         ttl_days = self.settings.experiment.ledger_ttl_days
-        return RolloutLedger(self.settings.table_name, self.clients.lazy("dynamodb"), ttl_days=ttl_days)
+        return RolloutLedger(
+            self.settings.table_name, self.clients.lazy("dynamodb"), ttl_days=ttl_days, clock=clock or self.clock
+        )
 
     def agent_runtime(self) -> AgentRuntime:
         """The runtime given, else a local pipeline's at the factory's endpoint (`adapters.runtime`), else the ACR
@@ -130,12 +135,15 @@ class Wiring:
             return self._lifecycle
 
     def new_lifecycle(self, **overrides: Any) -> LifecycleDeps:
-        """Fresh lifecycle collaborators, with `overrides` of `LifecycleDeps` fields (clock, tuning) if given."""
+        """Fresh lifecycle collaborators, with `overrides` of `LifecycleDeps` fields (clock, tuning) if given; the
+        ledger keeps the lifecycle's clock."""
         from rollout_pipeline.lifecycle.deps import LifecycleDeps
 
+        clock = overrides.pop("clock", self.clock)
         return LifecycleDeps(
             settings=self.settings,
-            ledger=self.rollout_ledger(),
+            ledger=self.rollout_ledger(clock),
+            clock=clock,
             runtime=self.agent_runtime(),
             store=self.store(),
             queue=self.queue(),

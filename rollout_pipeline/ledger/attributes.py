@@ -78,6 +78,11 @@ def from_attribute_value(av: Mapping[str, Any]) -> Any:
     return value
 
 
+def plain_values(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Plain Python values as AttributeValues (`to_attribute_value`), by name: an expression's values, an item."""
+    return {name: to_attribute_value(value) for name, value in values.items()}
+
+
 def item_values(item: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     """A typed item (as GetItem, Query and UpdateItem return it) as plain Python values (`from_attribute_value`):
     the one converter from the table's form to the views' input."""

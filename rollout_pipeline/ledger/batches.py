@@ -16,19 +16,17 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 from decimal import Decimal
 from typing import Any, Final
 
 from rollout_pipeline.contracts import (
     FileOptions,
-    iso,
-    utcnow,
 )
 from rollout_pipeline.ledger import keys
 from rollout_pipeline.ledger.attributes import number_text
 from rollout_pipeline.ledger.items import BatchView, GroupItem
 from rollout_pipeline.ledger.table import CONDITION_FAILED, LedgerError, LedgerTable, query_items
+from rollout_pipeline.ports import Clock
 
 STATUS_INGESTING: Final = "ingesting"
 STATUS_ACCEPTED: Final = "accepted"
@@ -178,10 +176,10 @@ class BatchLedger:
         dynamodb_client: Any | None = None,
         *,
         ttl_days: int = 30,
-        now: Callable[[], datetime] = utcnow,
+        clock: Clock | None = None,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        self.table = LedgerTable(table_name, dynamodb_client, ttl_days=ttl_days, now=now, sleep=sleep)
+        self.table = LedgerTable(table_name, dynamodb_client, ttl_days=ttl_days, clock=clock, sleep=sleep)
         self.table_name = table_name
 
     @property
@@ -250,7 +248,7 @@ class BatchLedger:
 
         Idempotent: if the batch already exists, the stored item is returned unchanged.
         """
-        now = iso(self.table.now())
+        now = self.table.now_iso()
         item = self._new_batch_item(exp_id=exp_id, batch_id=batch_id, options=options, source=source)
         item.update(
             {
@@ -281,7 +279,7 @@ class BatchLedger:
             "exp_id": _s(exp_id),
             "batch_id": _s(batch_id),
             "source": _s(source),
-            "created_at": _s(iso(self.table.now())),
+            "created_at": _s(self.table.now_iso()),
             keys.TTL_ATTRIBUTE: _n(self.table.expires_at()),
         }
         if options is not None:
@@ -365,7 +363,7 @@ class BatchLedger:
                 ":me": owner,
                 ":prev": previous_cursor,
                 ":total": progress.rollouts_enqueued,
-                ":at": iso(self.table.now()),
+                ":at": self.table.now_iso(),
             }
         )
         update = _PROGRESS_SET + ", rollouts_total = :total, accepted_at = :at"
@@ -402,7 +400,7 @@ class BatchLedger:
             ":rejected": STATUS_REJECTED,
             ":error": error,
             ":zero": 0,
-            ":at": iso(self.table.now()),
+            ":at": self.table.now_iso(),
         }
         update = "SET #status = :rejected, #err = :error, rollouts_total = :zero, accepted_at = :at, completed_at = :at"
         if errors_uri:
@@ -426,7 +424,7 @@ class BatchLedger:
             keys.batch_key(batch_id),
             "SET completed_at = if_not_exists(completed_at, :at)",
             "attribute_exists(pk)",
-            {":at": iso(self.table.now())},
+            {":at": self.table.now_iso()},
             return_values="ALL_NEW",
         )
         if item is None:
@@ -459,7 +457,7 @@ class BatchLedger:
             "terminal": _n(0),
             "rewards": {"M": {}},
             "failures": {"M": {}},
-            "created_at": _s(iso(self.table.now())),
+            "created_at": _s(self.table.now_iso()),
             keys.TTL_ATTRIBUTE: _n(self.table.expires_at()),
         }
         if group.payload_ref is not None:

@@ -4,9 +4,8 @@ The ledger parses each item once, at the table boundary (`of`: the low-level cli
 through `attributes.item_values`); the stages, the SDK and the CLI never see a raw DynamoDB dict. Times are
 datetimes, states enums, counters ints and floats, JSON attributes parsed. `BatchView` is a batch as its readers
 see it (the batch item with its control item and its counter shards merged, `batches.merge_batch_items`);
-`GroupItem` a group; `RolloutRecord` a rollout item and `RolloutSummary` any projection of it; `AttemptRef` names
-one attempt of one rollout (the key of every rollout transition); `Terminal` is the outcome a terminal transition
-records.
+`GroupItem` a group; `RolloutRecord` a rollout item and `RolloutSummary` any projection of it; `Terminal` is the
+outcome a terminal transition records. Rollout transitions are keyed by value: `ids.AttemptRef`.
 """
 
 from __future__ import annotations
@@ -19,6 +18,7 @@ from enum import StrEnum
 from typing import Any, Final
 
 from rollout_pipeline.contracts import FailureReason, FileOptions, parse_iso
+from rollout_pipeline.ids import AttemptRef
 from rollout_pipeline.ledger.attributes import item_values
 
 
@@ -247,6 +247,7 @@ class RolloutRecord:
     rewards: float | list[float] | None = None
     result_uri: str | None = None
     result_size: int | None = None
+
     policy_version: str | None = None
     #: The batch's policy version, when the rollout was dispatched with another one (the experiment's current).
     batch_policy_version: str | None = None
@@ -265,6 +266,11 @@ class RolloutRecord:
     @property
     def terminal(self) -> bool:
         return self.state in TERMINAL_STATES
+
+    @property
+    def ref(self) -> AttemptRef:
+        """The attempt this item is at."""
+        return AttemptRef(self.batch_id, self.input_id, self.index, self.attempt)
 
     @classmethod
     def of(cls, raw: Mapping[str, Any]) -> RolloutRecord:
@@ -307,10 +313,21 @@ class Terminal:
     """The terminal outcome to record."""
 
     state: str  # SUCCEEDED or FAILED
-    finished_at: str
+    finished_at: datetime
     reason: str | None = None
     error: str | None = None
     reward: float | None = None
     rewards: float | list[float] | None = None
     result_uri: str | None = None
     result_size: int | None = None
+
+    def attributes(self) -> dict[str, object]:
+        """The outcome's optional attributes, as the rollout item stores them (None: not stored)."""
+        return {
+            "reason": self.reason,
+            "error": self.error,
+            "reward": self.reward,
+            "rewards_json": None if self.rewards is None else json.dumps(self.rewards),
+            "result_uri": self.result_uri,
+            "result_size": self.result_size,
+        }

@@ -8,13 +8,15 @@ the side effects (publish, stop session, enqueue the retry) can always be finish
 
 from __future__ import annotations
 
-import json
 import secrets
 from collections.abc import Iterator, Mapping, Sequence
 from enum import StrEnum
 from typing import Any, Final
 
+from rollout_pipeline.contracts import iso
+from rollout_pipeline.ids import AttemptRef
 from rollout_pipeline.ledger import keys, table
+from rollout_pipeline.ledger.attributes import plain_values
 from rollout_pipeline.ledger.batches import query_batch_view
 from rollout_pipeline.ledger.items import (
     BatchView,
@@ -26,7 +28,8 @@ from rollout_pipeline.ledger.items import (
 )
 from rollout_pipeline.ledger.limits import LimitLedger
 from rollout_pipeline.ledger.retry import TRANSACTION_CONFLICT_ATTEMPTS
-from rollout_pipeline.ledger.table import LedgerTable, plain_values, reason_codes
+from rollout_pipeline.ledger.table import LedgerTable, reason_codes
+from rollout_pipeline.ports import Clock
 
 QUEUED: Final = RolloutState.QUEUED
 DISPATCHED: Final = RolloutState.DISPATCHED
@@ -64,6 +67,10 @@ class DispatchStart(StrEnum):
 _values = plain_values
 
 
+def _rollout_key(ref: AttemptRef) -> dict[str, dict[str, str]]:
+    return keys.rollout_key(ref.batch_id, ref.input_id, ref.index)
+
+
 # ------------------------------------------------------------------------------------------------- the ledger
 
 
@@ -71,8 +78,10 @@ class RolloutLedger:
     """DynamoDB operations on rollout items, session slots and paced call budgets of one experiment's ledger table,
     through its gateway (`table.LedgerTable`)."""
 
-    def __init__(self, table_name: str, ddb_client: Any | None = None, ttl_days: int = 30) -> None:
-        self.table = LedgerTable(table_name, ddb_client, ttl_days=ttl_days)
+    def __init__(
+        self, table_name: str, ddb_client: Any | None = None, ttl_days: int = 30, *, clock: Clock | None = None
+    ) -> None:
+        self.table = LedgerTable(table_name, ddb_client, ttl_days=ttl_days, clock=clock)
         self.table_name = table_name
         #: Session slots, paced call budgets, the admission board and the policy version (`ledger.limits`).
         self.limits = LimitLedger(self.table)
@@ -191,8 +200,6 @@ class RolloutLedger:
         attempt: int,
         session_id: str,
         submitted_at: str,
-        now_iso: str,
-        now_epoch: int,
         deadline: int,
         max_sessions: int,
         policy_version: str | None,
@@ -240,10 +247,10 @@ class RolloutLedger:
                 ":input": input_id,
                 ":index": index,
                 ":submitted": submitted_at,
-                ":now": now_iso,
+                ":now": self.table.now_iso(),
                 ":deadline": deadline,
                 ":dlpk": keys.deadline_pk(batch_id, input_id, index),
-                ":ttl": self.table.expires_at(now_epoch),
+                ":ttl": self.table.expires_at(),
                 ":pv": policy_version,
                 **({":bpv": batch_policy_version} if keep_batch_pv else {}),
             },
@@ -261,50 +268,48 @@ class RolloutLedger:
             return DispatchStart.NO_SLOT
         raise LedgerError(f"dispatch transaction cancelled: {reasons}")
 
-    def mark_invoked(self, batch_id: str, input_id: str, index: int, attempt: int, now_iso: str) -> bool:
+    def mark_invoked(self, ref: AttemptRef) -> bool:
         """Record that InvokeAgentRuntime succeeded; False if the attempt is no longer dispatched (cancel/late)."""
         return (
             self.table.update(
-                keys.rollout_key(batch_id, input_id, index),
+                _rollout_key(ref),
                 "SET invoked_at = :now",
                 "#st = :dispatched AND attempt = :attempt",
-                {":now": now_iso, ":dispatched": DISPATCHED, ":attempt": attempt},
+                {":now": self.table.now_iso(), ":dispatched": DISPATCHED, ":attempt": ref.attempt},
                 {"#st": "state"},
             )
             is not None
         )
 
-    def release_to_queue(self, batch_id: str, input_id: str, index: int, attempt: int) -> bool:
+    def release_to_queue(self, ref: AttemptRef) -> bool:
         """Give the slot back after ACR kept throttling: dispatched(n) without invoke -> queued(n), in_flight -1."""
         update = self._update(
-            keys.rollout_key(batch_id, input_id, index),
+            _rollout_key(ref),
             "SET #st = :queued REMOVE dispatched_at, deadline, #dlpk, #dlsk",
             "#st = :dispatched AND attempt = :attempt AND attribute_not_exists(invoked_at)",
-            {":queued": QUEUED, ":dispatched": DISPATCHED, ":attempt": attempt},
+            {":queued": QUEUED, ":dispatched": DISPATCHED, ":attempt": ref.attempt},
             {"#st": "state", "#dlpk": keys.DEADLINE_PK, "#dlsk": keys.DEADLINE_SK},
         )
         return self._transact([{"Update": update}, self.limits.release_slot()]) is None
 
-    def _outbox_values(self, batch_id: str, input_id: str, index: int, now_epoch: int) -> dict[str, Any]:
+    def _outbox_values(self, ref: AttemptRef) -> dict[str, Any]:
+        """A new outbox entry (its index key, id and the writer's lease), stamped now."""
+        now = self.table.epoch()
         return {
-            ":obpk": keys.outbox_pk(batch_id, input_id, index),
-            ":obsk": now_epoch,
+            ":obpk": keys.outbox_pk(ref.batch_id, ref.input_id, ref.index),
+            ":obsk": now,
             ":obid": secrets.token_hex(8),
-            ":oblease": now_epoch + OUTBOX_LEASE_S,
+            ":oblease": now + OUTBOX_LEASE_S,
         }
 
     def finish(
         self,
+        ref: AttemptRef,
         *,
         exp_id: str,
-        batch_id: str,
-        input_id: str,
-        index: int,
-        attempt: int,
         from_state: str | None,
         outcome: Terminal,
         outbox: frozenset[str],
-        now_epoch: int,
         session_id: str | None = None,
         policy_version: str | None = None,
         hold_slot_until: int | None = None,
@@ -317,61 +322,71 @@ class RolloutLedger:
         Returns False when the condition failed (another delivery already moved the rollout).
         """
         hold = hold_slot_until is not None and from_state == DISPATCHED and bool(session_id)
-        if hold:
-            outbox = outbox | {OUTBOX_STOP}
-        names = {
-            "#st": "state",
-            "#ix": "index",
-            "#dlpk": keys.DEADLINE_PK,
-            "#dlsk": keys.DEADLINE_SK,
-            "#obpk": keys.OUTBOX_PK,
-            "#obsk": keys.OUTBOX_SK,
-        }
+        rollout = self._terminal_update(
+            ref,
+            exp_id=exp_id,
+            from_state=from_state,
+            outcome=outcome,
+            outbox=outbox | {OUTBOX_STOP} if hold else outbox,
+            session_id=session_id,
+            policy_version=policy_version,
+            hold_slot_until=hold_slot_until if hold else None,
+        )
+        items: list[dict[str, Any]] = [
+            {"Update": rollout},
+            {"Update": self._group_outcome(ref, outcome)},
+            {"Update": self._batch_counts(ref, outcome)},
+        ]
+        if from_state == DISPATCHED and not hold:
+            items.append(self.limits.release_slot())
+        reasons = self._transact(items)
+        if reasons is None:
+            return True
+        if reasons[0] == "ConditionalCheckFailed":
+            return False
+        raise LedgerError(f"terminal transaction for {ref.batch_id}/{ref.rollout_id} cancelled: {reasons}")
+
+    def _terminal_update(
+        self,
+        ref: AttemptRef,
+        *,
+        exp_id: str,
+        from_state: str | None,
+        outcome: Terminal,
+        outbox: frozenset[str],
+        session_id: str | None,
+        policy_version: str | None,
+        hold_slot_until: int | None,
+    ) -> dict[str, Any]:
+        """The rollout item's part of `finish`: terminal state and outcome, deadline index left, outbox entry set
+        (`hold_slot_until`: the session keeps its slot until its stop is confirmed)."""
+        names = {"#st": "state", "#ix": "index", "#dlpk": keys.DEADLINE_PK, "#dlsk": keys.DEADLINE_SK}
+        names |= {"#obpk": keys.OUTBOX_PK, "#obsk": keys.OUTBOX_SK}
         values: dict[str, Any] = {
             ":state": outcome.state,
-            ":finished": outcome.finished_at,
+            ":finished": iso(outcome.finished_at),
             ":exp": exp_id,
-            ":batch": batch_id,
-            ":input": input_id,
-            ":index": index,
-            ":attempt": attempt,
-            ":ttl": self.table.expires_at(now_epoch),
+            ":batch": ref.batch_id,
+            ":input": ref.input_id,
+            ":index": ref.index,
+            ":attempt": ref.attempt,
+            ":ttl": self.table.expires_at(),
             ":outbox": set(outbox) | {OUTBOX_PUBLISH},
-            **self._outbox_values(batch_id, input_id, index, now_epoch),
+            **self._outbox_values(ref),
         }
-        sets = [
-            "#st = :state",
-            "finished_at = :finished",
-            "exp_id = :exp",
-            "batch_id = :batch",
-            "input_id = :input",
-            "#ix = :index",
-            "attempt = :attempt",
-            "expires_at = :ttl",
-            "#obpk = :obpk",
-            "#obsk = :obsk",
-            "outbox_id = :obid",
-            "outbox_lease = :oblease",
-        ]
-        optional = {
-            "reason": outcome.reason,
-            "error": outcome.error,
-            "reward": outcome.reward,
-            "rewards_json": None if outcome.rewards is None else json.dumps(outcome.rewards),
-            "result_uri": outcome.result_uri,
-            "result_size": outcome.result_size,
-        }
+        sets = ["#st = :state", "finished_at = :finished", "exp_id = :exp", "batch_id = :batch"]
+        sets += ["input_id = :input", "#ix = :index", "attempt = :attempt", "expires_at = :ttl"]
+        sets += ["#obpk = :obpk", "#obsk = :obsk", "outbox_id = :obid", "outbox_lease = :oblease"]
+        optional = outcome.attributes()
         if from_state is None:
-            optional["session_id"] = session_id
-            optional["policy_version"] = policy_version
+            optional |= {"session_id": session_id, "policy_version": policy_version}
         for attr, value in optional.items():
             if value is not None:
                 sets.append(f"#{attr} = :{attr}")
                 values[f":{attr}"] = value
                 names[f"#{attr}"] = attr
-        if from_state is None:
-            condition = "attribute_not_exists(pk)"
-        else:
+        condition = "attribute_not_exists(pk)"
+        if from_state is not None:
             condition = "#st = :from AND attempt = :attempt"
             values[":from"] = from_state
         # ADD, not SET: side effects still pending from an earlier transition (a throttled stop of the previous
@@ -380,60 +395,49 @@ class RolloutLedger:
         if OUTBOX_STOP in outbox and session_id:
             adds.append("stop_sessions :stops")
             values[":stops"] = {session_id}
-        if hold:
+        if hold_slot_until is not None:
             adds.append("held_slots :stops")
             sets.append("held_until = :held_until")
             values[":held_until"] = hold_slot_until
-        rollout = self._update(
-            keys.rollout_key(batch_id, input_id, index),
-            f"SET {', '.join(sets)} ADD {', '.join(adds)} REMOVE #dlpk, #dlsk",
-            condition,
+        update = f"SET {', '.join(sets)} ADD {', '.join(adds)} REMOVE #dlpk, #dlsk"
+        return self._update(_rollout_key(ref), update, condition, values, names)
+
+    def _group_outcome(self, ref: AttemptRef, outcome: Terminal) -> dict[str, Any]:
+        """The group item's part of `finish`: one more terminal rollout, its reward or failure reason by index."""
+        succeeded = outcome.state == SUCCEEDED
+        return self._update(
+            keys.group_key(ref.batch_id, ref.input_id),
+            f"ADD terminal :one SET {'rewards' if succeeded else 'failures'}.#i = :v",
+            "attribute_exists(pk)",
+            {":one": 1, ":v": outcome.reward if succeeded else outcome.reason},
+            {"#i": str(ref.index)},
+        )
+
+    def _batch_counts(self, ref: AttemptRef, outcome: Terminal) -> dict[str, Any]:
+        """The batch's part of `finish`: its counters ADDed on one counter shard (created by the first ADD; the
+        group's condition proves the batch exists)."""
+        succeeded = outcome.state == SUCCEEDED
+        adds: dict[str, float] = {"terminal": 1, "succeeded" if succeeded else "failed": 1}
+        if not succeeded:
+            adds[f"failed_{outcome.reason}"] = 1
+        if succeeded and outcome.reward is not None:
+            adds |= {"reward_sum": outcome.reward, "reward_sumsq": outcome.reward * outcome.reward, "reward_count": 1}
+        names = {f"#a{i}": name for i, name in enumerate(adds)} | {"#ttl": keys.TTL_ATTRIBUTE}
+        values: dict[str, Any] = {f":a{i}": value for i, value in enumerate(adds.values())}
+        values[":ttl"] = self.table.expires_at()
+        return self._update(
+            keys.batch_count_key(ref.batch_id, keys.count_shard(ref.input_id)),
+            f"ADD {', '.join(f'#a{i} :a{i}' for i in range(len(adds)))} SET #ttl = if_not_exists(#ttl, :ttl)",
+            None,
             values,
             names,
         )
-        succeeded = outcome.state == SUCCEEDED
-        group_values: dict[str, Any] = {":one": 1, ":v": outcome.reward if succeeded else outcome.reason}
-        group = self._update(
-            keys.group_key(batch_id, input_id),
-            f"ADD terminal :one SET {'rewards' if succeeded else 'failures'}.#i = :v",
-            "attribute_exists(pk)",
-            group_values,
-            {"#i": str(index)},
-        )
-        batch_adds: dict[str, float] = {"terminal": 1, "succeeded" if succeeded else "failed": 1}
-        if not succeeded:
-            batch_adds[f"failed_{outcome.reason}"] = 1
-        if succeeded and outcome.reward is not None:
-            batch_adds.update(
-                {"reward_sum": outcome.reward, "reward_sumsq": outcome.reward * outcome.reward, "reward_count": 1}
-            )
-        batch_names = {f"#a{i}": name for i, name in enumerate(batch_adds)}
-        batch_vals: dict[str, Any] = {f":a{i}": value for i, value in enumerate(batch_adds.values())}
-        batch_vals[":ttl"] = self.table.expires_at(now_epoch)
-        # One counter shard of the batch (created by the first ADD); the group's condition proves the batch exists.
-        batch = self._update(
-            keys.batch_count_key(batch_id, keys.count_shard(input_id)),
-            f"ADD {', '.join(f'#a{i} :a{i}' for i in range(len(batch_adds)))} SET #ttl = if_not_exists(#ttl, :ttl)",
-            None,
-            batch_vals,
-            {**batch_names, "#ttl": keys.TTL_ATTRIBUTE},
-        )
-        items: list[dict[str, Any]] = [{"Update": rollout}, {"Update": group}, {"Update": batch}]
-        if from_state == DISPATCHED and not hold:
-            items.append(self.limits.release_slot())
-        reasons = self._transact(items)
-        if reasons is None:
-            return True
-        if reasons[0] == "ConditionalCheckFailed":
-            return False
-        raise LedgerError(f"terminal transaction for {batch_id}/{input_id}#{index} cancelled: {reasons}")
 
     def requeue_for_retry(
         self,
         rec: RolloutRecord,
         *,
         next_session_id: str,
-        now_epoch: int,
         stop_pending: bool,
         hold_slot_until: int | None = None,
     ) -> bool:
@@ -449,7 +453,7 @@ class RolloutLedger:
             ":next": rec.attempt + 1,
             ":sid": next_session_id,
             ":outbox": outbox,
-            **self._outbox_values(rec.batch_id, rec.input_id, rec.index, now_epoch),
+            **self._outbox_values(rec.ref),
         }
         adds = "outbox :outbox"
         if stop_pending and rec.session_id:
@@ -461,7 +465,7 @@ class RolloutLedger:
             held = ", held_until = :held_until"
             values[":held_until"] = hold_slot_until
         update = self._update(
-            keys.rollout_key(rec.batch_id, rec.input_id, rec.index),
+            _rollout_key(rec.ref),
             "SET #st = :queued, attempt = :next, session_id = :sid, "
             f"#obpk = :obpk, #obsk = :obsk, outbox_id = :obid, outbox_lease = :oblease{held} "
             f"ADD {adds} REMOVE dispatched_at, invoked_at, deadline, #dlpk, #dlsk",
@@ -539,10 +543,11 @@ class RolloutLedger:
             is not None
         )
 
-    def claim_outbox(self, rec: RolloutRecord, now_epoch: int, lease_s: int = OUTBOX_LEASE_S) -> bool:
+    def claim_outbox(self, rec: RolloutRecord, lease_s: int = OUTBOX_LEASE_S) -> bool:
         """Take over an outbox entry nobody holds (lease absent or expired); False if someone else holds it."""
         if rec.outbox_id is None:
             return False
+        now_epoch = self.table.epoch()
         return (
             self.table.update(
                 keys.rollout_key(rec.batch_id, rec.input_id, rec.index),
@@ -566,10 +571,10 @@ class RolloutLedger:
 
     # -------------------------------------------------------------------------------------------- batches
 
-    def set_batch_cancelled(self, batch_id: str, now_iso: str, now_epoch: int | None = None) -> bool:
+    def set_batch_cancelled(self, batch_id: str) -> bool:
         """Mark the batch cancelled (idempotent): its status, and its control item that the dispatch transaction
         checks, in one transaction. False if the batch does not exist or was rejected as a whole."""
-        values = {":cancelled": "cancelled", ":now": now_iso}
+        values = {":cancelled": "cancelled", ":now": self.table.now_iso()}
         batch = self._update(
             keys.batch_key(batch_id),
             "SET #status = :cancelled, cancelled_at = if_not_exists(cancelled_at, :now)",
@@ -577,12 +582,11 @@ class RolloutLedger:
             {**values, ":rejected": "rejected"},
             {"#status": "status"},
         )
-        epoch = now_epoch if now_epoch is not None else self.table.epoch()
         control = self._update(
             keys.batch_control_key(batch_id),
             "SET #status = :cancelled, cancelled_at = if_not_exists(cancelled_at, :now), #ttl = :ttl",
             None,
-            {**values, ":ttl": self.table.expires_at(epoch)},
+            {**values, ":ttl": self.table.expires_at()},
             {"#status": "status", "#ttl": keys.TTL_ATTRIBUTE},
         )
         reasons = self._transact([{"Update": batch}, {"Update": control}])
@@ -606,14 +610,14 @@ class RolloutLedger:
             is not None
         )
 
-    def claim_batch_completed(self, batch_id: str, claimant: str, now_iso: str) -> BatchView | None:
+    def claim_batch_completed(self, batch_id: str, claimant: str) -> BatchView | None:
         """Like `claim_group_event` for `Batch Completed`; also stamps `completed_at` once. Returns the batch view
         (`batches.merge_batch_items`) when `claimant` may publish, else None."""
         item = self.table.update(
             keys.batch_key(batch_id),
             "SET completed_at = if_not_exists(completed_at, :now), completed_event_by = :me",
             "attribute_exists(pk) AND (attribute_not_exists(completed_event_by) OR completed_event_by = :me)",
-            {":now": now_iso, ":me": claimant},
+            {":now": self.table.now_iso(), ":me": claimant},
             return_values="ALL_NEW",
         )
         if item is None:

@@ -6,7 +6,7 @@ import logging
 from dataclasses import dataclass, field
 
 from rollout_pipeline import ids
-from rollout_pipeline.contracts import FailureReason, iso
+from rollout_pipeline.contracts import FailureReason
 from rollout_pipeline.ledger.items import RolloutRecord
 from rollout_pipeline.ledger.rollouts import (
     DISPATCHED,
@@ -69,11 +69,8 @@ def cancel_rollout(
             from_state, attempt, session_id = rec.state, rec.attempt, rec.session_id
         after = fail_rollout(
             deps,
+            ids.AttemptRef(batch_id, input_id, index, attempt),
             exp_id=exp_id,
-            batch_id=batch_id,
-            input_id=input_id,
-            index=index,
-            attempt=attempt,
             from_state=from_state,
             reason=FailureReason.CANCELLED,
             error="the batch was cancelled",
@@ -96,8 +93,7 @@ def cancel_batch(batch_id: str, deps: LifecycleDeps) -> CancelReport:
     `Rollout Failed` reason `cancelled`, slots released, events published. Idempotent: call it again after a
     crash or a side-effect error to finish the job."""
     report = CancelReport(batch_id=batch_id)
-    now = deps.now()
-    if not deps.ledger.set_batch_cancelled(batch_id, iso(now), int(now.timestamp())):
+    if not deps.ledger.set_batch_cancelled(batch_id):
         report.found = False
         return report
     batch = deps.ledger.batch(batch_id)

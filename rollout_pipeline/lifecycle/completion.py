@@ -141,7 +141,7 @@ def handle_result_event(
     bucket, carried = location
     if bucket != deps.settings.results_bucket:
         return _late(deps, f"bucket {bucket} is not the results bucket", carried)
-    parsed: list[tuple[str, ids.AttemptRef]] = []
+    parsed: list[tuple[str, ids.ResultRef]] = []
     why = ""
     for key in routing.event_key_candidates(carried):
         try:
@@ -160,7 +160,7 @@ def handle_result_event(
 def _handle_result(
     bucket: str,
     key: str,
-    ref: ids.AttemptRef,
+    ref: ids.ResultRef,
     event: Mapping[str, Any],
     deps: LifecycleDeps,
     *,
@@ -203,7 +203,7 @@ def _handle_result(
     succeeded = outcome.success
     terminal = Terminal(
         state=SUCCEEDED if succeeded else FAILED,
-        finished_at=iso(written_at),
+        finished_at=written_at,
         reason=None if succeeded else (outcome.reason or FailureReason.INVALID_RESULT).value,
         error=None if succeeded else outcome.error,
         reward=outcome.reward,
@@ -211,17 +211,12 @@ def _handle_result(
         result_uri=f"s3://{bucket}/{key}",
         result_size=size,
     )
-    now = deps.now()
     done = deps.ledger.finish(
+        ref,
         exp_id=ref.exp_id,
-        batch_id=ref.batch_id,
-        input_id=ref.input_id,
-        index=ref.index,
-        attempt=ref.attempt,
         from_state=DISPATCHED,
         outcome=terminal,
         outbox=outbox,
-        now_epoch=int(now.timestamp()),
         session_id=ref.session_id,
         hold_slot_until=stops.hold_until(deps, rec),
     )

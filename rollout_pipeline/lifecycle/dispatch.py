@@ -187,7 +187,6 @@ def dispatch_body(
         if held is not None:
             held.release()
     for _ in range(20):
-        now = deps.now()
         start = deps.ledger.begin_dispatch(
             exp_id=message.exp_id,
             batch_id=message.batch_id,
@@ -196,9 +195,7 @@ def dispatch_body(
             attempt=message.attempt,
             session_id=message.session_id,
             submitted_at=iso(message.submitted_at),
-            now_iso=iso(now),
-            now_epoch=int(now.timestamp()),
-            deadline=int((now + timedelta(seconds=options.rollout_timeout_s)).timestamp()),
+            deadline=int((deps.now() + timedelta(seconds=options.rollout_timeout_s)).timestamp()),
             max_sessions=deps.config.max_sessions,
             policy_version=batches.policy_version(options.policy_version),
             batch_policy_version=options.policy_version,
@@ -294,11 +291,8 @@ def _throttled(message: RolloutMessage, deps: LifecycleDeps, error: str) -> Disp
         return Dispatch.STALE
     after = fail_rollout(
         deps,
+        message.ref,
         exp_id=message.exp_id,
-        batch_id=message.batch_id,
-        input_id=message.input_id,
-        index=message.index,
-        attempt=message.attempt,
         from_state=None if rec is None else QUEUED,
         reason=FailureReason.THROTTLED,
         error=error,
@@ -380,7 +374,7 @@ def _invoke(
         except NoCallBudget:  # no call was made: our own budgets had no slot before the invoke had to start
             if not new_session:  # the attempt stays dispatched: the re-sent message invokes the same session
                 return _requeue(message, deps, Dispatch.REQUEUED_NO_TIME)
-            if deps.ledger.release_to_queue(message.batch_id, message.input_id, message.index, message.attempt):
+            if deps.ledger.release_to_queue(message.ref):
                 return _requeue(message, deps, Dispatch.REQUEUED_LIMIT)
             return Dispatch.STALE
         except RuntimeThrottled as exc:
@@ -389,7 +383,7 @@ def _invoke(
                 log.warning("ACR kept throttling %s: %s; releasing the slot", session_id, exc)
                 if not new_session:  # a session exists (cold-started): end the attempt, stop it
                     return _cold_start_failed(message, deps, options, str(exc), wait_until)
-                if deps.ledger.release_to_queue(message.batch_id, message.input_id, message.index, message.attempt):
+                if deps.ledger.release_to_queue(message.ref):
                     return _requeue(message, deps, Dispatch.REQUEUED_THROTTLED)
                 return Dispatch.STALE  # the rollout moved on meanwhile (cancelled, invoked elsewhere)
             deps.clock.sleep(backoff)
@@ -397,8 +391,7 @@ def _invoke(
             if not new_session:
                 return _cold_start_failed(message, deps, options, str(exc), wait_until)
             return _rejected(message, deps, str(exc))
-    now = deps.now()
-    if not deps.ledger.mark_invoked(message.batch_id, message.input_id, message.index, message.attempt, iso(now)):
+    if not deps.ledger.mark_invoked(message.ref):
         # Cancelled (or already ended) while we invoked: no session may outlive its rollout. The transition that
         # ended it may have tried the stop before the session existed (NotFound): this stop confirms it.
         with contextlib.suppress(RuntimeSessionNotFound):
@@ -425,7 +418,6 @@ def _cold_start_failed(
         if not deps.ledger.requeue_for_retry(
             rec,
             next_session_id=next_sid,
-            now_epoch=int(deps.now().timestamp()),
             stop_pending=True,
             hold_slot_until=hold,
         ):
@@ -435,11 +427,8 @@ def _cold_start_failed(
     else:
         after = fail_rollout(
             deps,
+            rec.ref,
             exp_id=rec.exp_id,
-            batch_id=rec.batch_id,
-            input_id=rec.input_id,
-            index=rec.index,
-            attempt=rec.attempt,
             from_state=DISPATCHED,
             reason=FailureReason.INVOKE_REJECTED,
             error=f"the session did not start (cold start) in any of {rec.attempt} attempt(s): {error}",
@@ -455,11 +444,8 @@ def _cold_start_failed(
 def _rejected(message: RolloutMessage, deps: LifecycleDeps, error: str) -> Dispatch:
     rec = fail_rollout(
         deps,
+        message.ref,
         exp_id=message.exp_id,
-        batch_id=message.batch_id,
-        input_id=message.input_id,
-        index=message.index,
-        attempt=message.attempt,
         from_state=DISPATCHED,
         reason=FailureReason.INVOKE_REJECTED,
         error=f"InvokeAgentRuntime rejected session {message.session_id}: {error}",

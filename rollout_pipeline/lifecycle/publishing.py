@@ -17,7 +17,6 @@ from rollout_pipeline import ids
 from rollout_pipeline.contracts import (
     INLINE_RESULT_BYTES,
     RolloutMessage,
-    iso,
     read_result,
     redact_secrets,
 )
@@ -91,7 +90,7 @@ def completion_details(rec: RolloutRecord, deps: LifecycleDeps) -> list[Any]:
         if group_detail is not None and deps.ledger.claim_group_event(rec.batch_id, rec.input_id, claimant):
             details.append(with_members(group_detail, list(deps.ledger.iter_rollouts(rec.batch_id, rec.input_id))))
     if batch is not None and batch_completion_detail(batch) is not None:
-        claimed = deps.ledger.claim_batch_completed(rec.batch_id, claimant, iso(deps.now()))
+        claimed = deps.ledger.claim_batch_completed(rec.batch_id, claimant)
         batch_detail = batch_completion_detail(claimed) if claimed is not None else None
         if batch_detail is not None:
             details.append(batch_detail)
@@ -120,7 +119,7 @@ def drain(
 
     if not rec.outbox:
         return True
-    if not owner and not deps.ledger.claim_outbox(rec, int(deps.now().timestamp())):
+    if not owner and not deps.ledger.claim_outbox(rec):
         return False
     try:
         if OUTBOX_ENQUEUE in rec.outbox and not rec.terminal:  # a rollout that ended meanwhile needs no retry

@@ -134,9 +134,7 @@ def _expire(
     hold = stops.hold_until(deps, rec)
     if rec.attempt < options.max_attempts:
         next_sid = ids.session_id(rec.exp_id, rec.batch_id, rec.input_id, rec.index, rec.attempt + 1)
-        if not deps.ledger.requeue_for_retry(
-            rec, next_session_id=next_sid, now_epoch=int(now.timestamp()), stop_pending=True, hold_slot_until=hold
-        ):
+        if not deps.ledger.requeue_for_retry(rec, next_session_id=next_sid, stop_pending=True, hold_slot_until=hold):
             return
         report.retried += 1
         deps.metrics.count(RETRIED)
@@ -144,11 +142,8 @@ def _expire(
     else:
         after = fail_rollout(
             deps,
+            rec.ref,
             exp_id=rec.exp_id,
-            batch_id=rec.batch_id,
-            input_id=rec.input_id,
-            index=rec.index,
-            attempt=rec.attempt,
             from_state=DISPATCHED,
             reason=FailureReason.TIMEOUT,
             error=f"no result within {options.rollout_timeout_s} s in any of {rec.attempt} attempt(s)",

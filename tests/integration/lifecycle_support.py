@@ -275,14 +275,15 @@ def make_deps(
     settings = resources.settings()
     if limits:
         settings = settings.model_copy(update={"experiment": settings.experiment.model_copy(update=dict(limits))})
+    clock = clock or ShiftedClock()
     return LifecycleDeps(
         settings=settings,
-        ledger=RolloutLedger(settings.table_name),
+        ledger=RolloutLedger(settings.table_name, clock=clock),
         runtime=fake,
         store=S3ObjectStore(),
         queue=SqsQueue(),
         publisher=EventBridgePublisher(settings.bus_name, sleep=lambda _s: None),
-        clock=clock or ShiftedClock(),
+        clock=clock,
         **overrides,
     )
 

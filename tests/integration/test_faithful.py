@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote_plus
 
@@ -158,7 +159,7 @@ def test_cancel_and_ingest_checkpoints_retry_conflicts_on_the_batch_item(
     hot.begin_transaction([(resources.table_name, faithful.key_text(keys.batch_key("b1")))])
     ledger.checkpoint("b1", owner="me", previous_cursor=0, progress=IngestProgress(cursor=5), lease_seconds=60)
     hot.begin_transaction([(resources.table_name, faithful.key_text(keys.batch_key("b1")))])
-    assert RolloutLedger(resources.table_name).set_batch_cancelled("b1", "2026-01-01T00:00:00Z")
+    assert RolloutLedger(resources.table_name).set_batch_cancelled("b1")
     # the checkpoint is a plain write; cancel is a transaction (batch item + control item) since the hot-item split
     assert hot.stats.plain_conflicts >= 2
     assert hot.stats.transaction_conflicts >= 2
@@ -171,20 +172,16 @@ def test_cancel_and_ingest_checkpoints_retry_conflicts_on_the_batch_item(
 def _end(ledger: RolloutLedger, batch_id: str, input_id: str, index: int, reward: float | None = None) -> None:
     """A terminal transaction as completion or cancel writes it (no item yet: no slot to release)."""
     outcome = (
-        Terminal(state=SUCCEEDED, finished_at="t", reward=reward)
+        Terminal(state=SUCCEEDED, finished_at=datetime(2026, 1, 1, tzinfo=UTC), reward=reward)
         if reward is not None
-        else Terminal(state=FAILED, finished_at="t", reason="cancelled", error="cancelled")
+        else Terminal(state=FAILED, finished_at=datetime(2026, 1, 1, tzinfo=UTC), reason="cancelled", error="cancelled")
     )
     assert ledger.finish(
+        ids.AttemptRef(batch_id, input_id, index, 0),
         exp_id="test-exp",
-        batch_id=batch_id,
-        input_id=input_id,
-        index=index,
-        attempt=0,
         from_state=None,
         outcome=outcome,
         outbox=frozenset(),
-        now_epoch=1_800_000_000,
     )
 
 
@@ -198,8 +195,6 @@ def _begin(rollouts: RolloutLedger, input_id: str, index: int) -> DispatchStart:
         attempt=1,
         session_id=ids.session_id("test-exp", "b1", input_id, index, 1),
         submitted_at="t",
-        now_iso="t",
-        now_epoch=1_800_000_000,
         deadline=1_800_000_900,
         max_sessions=4,
         policy_version=None,
@@ -236,9 +231,9 @@ def test_ingest_checkpoints_and_cancel_do_not_meet_dispatch_or_terminal_transact
     seed_batch(resources, batch_id="b2", group_size=2)
     for input_id in ("q1", "q2"):
         _end(rollouts, "b2", input_id, 0, reward=1.0)
-    assert rollouts.set_batch_cancelled("b2", "2026-01-01T00:00:00Z", 1_800_000_000)
+    assert rollouts.set_batch_cancelled("b2")
     assert (hot.stats.plain_conflicts, hot.stats.transaction_conflicts) == (plain, transactions)
-    assert rollouts.set_batch_cancelled("b1", "2026-01-01T00:00:00Z", 1_800_000_000)
+    assert rollouts.set_batch_cancelled("b1")
     # ...and the cancel flag moved where the dispatch transaction checks it
     again = _begin(rollouts, "q2", 1)
     assert again is DispatchStart.CANCELLED
@@ -279,7 +274,7 @@ def test_concurrent_completers_count_exactly_once_on_sharded_counters(resources:
     )["Items"]
     assert len(shards) > 4
     assert "terminal" not in ledger_item(resources, keys.batch_key("b1"))
-    claims = [ledger.claim_batch_completed("b1", f"row-{i}#0", "2026-01-01T00:00:00Z") for i in range(24)]
+    claims = [ledger.claim_batch_completed("b1", f"row-{i}#0") for i in range(24)]
     winners = [claim for claim in claims if claim is not None]
     assert len(winners) == 1
     assert batch_completion_detail(winners[0]) is not None

@@ -6,7 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 from collections.abc import Mapping, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -32,7 +32,7 @@ from rollout_pipeline.ledger.attributes import item_values, to_attribute_value
 from rollout_pipeline.ledger.batches import BatchLedger, GroupSpec, query_batch_view
 from rollout_pipeline.ledger.items import BatchView, GroupItem
 from rollout_pipeline.local.resources import ExperimentResources
-from rollout_pipeline.ports import MessageQueue
+from rollout_pipeline.ports import MessageQueue, SystemClock
 from tests.conftest import receive_all
 
 UPLOADED_BATCH_IDS: dict[str, str] = {}
@@ -148,6 +148,13 @@ def group_items(resources: ExperimentResources, batch_id: str) -> dict[str, dict
         ConsistentRead=True,
     )["Items"]
     return {str(group["input_id"]): group for group in map(item_values, found)}
+
+
+class LaterClock(SystemClock):
+    """The system clock 1000 s ahead: the worker that resumes after a lease ran out."""
+
+    def now(self) -> datetime:
+        return super().now() + timedelta(seconds=1000)
 
 
 def typed(plain_item: Mapping[str, Any]) -> dict[str, Any]:
@@ -539,7 +546,7 @@ def test_resume_after_a_crash_after_sending_resends_only_the_unfinished_chunk(re
     with pytest.raises(Interrupted):
         make_ingestion(resources, ledger=crashing, chunk_rows=5).handle_message(event, owner="msg-1")
     # Chunk 2 was checkpointed but the worker died; its lease (another owner) expires after the lease time.
-    later = BatchLedger(resources.table_name, now=lambda: utcnow() + timedelta(seconds=1000))
+    later = BatchLedger(resources.table_name, clock=LaterClock())
     result = make_ingestion(resources, ledger=later, chunk_rows=5).handle_message(event, owner="msg-2")
 
     assert result.outcome == "accepted"

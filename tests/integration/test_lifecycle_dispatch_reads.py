@@ -56,7 +56,7 @@ def test_a_cancel_after_the_batch_read_is_still_honoured(resources: ExperimentRe
     messages = seed_batch(resources, batch_id=BATCH, inputs={"a": {}})
     reads = BatchReads(deps)
     assert reads.get(BATCH) is not None  # read while the batch is still live
-    assert deps.ledger.set_batch_cancelled(BATCH, "2026-11-21T00:00:00+00:00")
+    assert deps.ledger.set_batch_cancelled(BATCH)
 
     outcome = dispatch_body(messages[0].model_dump_json(), deps, wait_until=time.monotonic() + 2, batches=reads)
 

@@ -198,9 +198,7 @@ def test_stop_bookkeeping_retries_a_transaction_holding_the_rollout_item(
     assert stale is not None
     assert stale.session_id
     sid = stale.session_id
-    assert deps.ledger.requeue_for_retry(
-        stale, next_session_id="next", now_epoch=int(deps.now().timestamp()), stop_pending=True
-    )
+    assert deps.ledger.requeue_for_retry(stale, next_session_id="next", stop_pending=True)
     rollout = (resources.table_name, faithful.key_text(keys.rollout_key(BATCH, "a", 0)))
 
     def held() -> RolloutRecord:

@@ -5,6 +5,7 @@ ledger consistent with a simple model: one terminal transition at most, counters
 from __future__ import annotations
 
 import uuid
+from datetime import UTC, datetime
 from typing import Any
 
 from hypothesis import settings
@@ -28,6 +29,7 @@ from rollout_pipeline.ledger.rollouts import (
 from rollout_pipeline.local.resources import ExperimentResources
 
 INPUT = "q"
+FINISHED = datetime(2026, 1, 1, tzinfo=UTC)
 INDEX = 0
 attempts = st.integers(min_value=1, max_value=3)
 
@@ -86,15 +88,11 @@ def make_machine(resources: ExperimentResources) -> type[RuleBasedStateMachine]:
 
         def finish(self, attempt: int, from_state: str | None, outcome: Terminal) -> bool:
             return self.ledger.finish(
+                ids.AttemptRef(self.batch, INPUT, INDEX, attempt),
                 exp_id=exp,
-                batch_id=self.batch,
-                input_id=INPUT,
-                index=INDEX,
-                attempt=attempt,
                 from_state=from_state,
                 outcome=outcome,
                 outbox=frozenset({OUTBOX_PUBLISH}),
-                now_epoch=self.now(),
             )
 
         # -------------------------------------------------------------------------------------------- rules
@@ -109,8 +107,6 @@ def make_machine(resources: ExperimentResources) -> type[RuleBasedStateMachine]:
                 attempt=attempt,
                 session_id=ids.session_id(exp, self.batch, INPUT, INDEX, attempt),
                 submitted_at="2026-01-01T00:00:00+00:00",
-                now_iso="2026-01-01T00:00:01+00:00",
-                now_epoch=self.now(),
                 deadline=self.now() + 60,
                 max_sessions=10_000,
                 policy_version=None,
@@ -124,7 +120,7 @@ def make_machine(resources: ExperimentResources) -> type[RuleBasedStateMachine]:
 
         @rule(attempt=attempts)
         def mark_invoked(self, attempt: int) -> None:
-            ok = self.ledger.mark_invoked(self.batch, INPUT, INDEX, attempt, "2026-01-01T00:00:02+00:00")
+            ok = self.ledger.mark_invoked(ids.AttemptRef(self.batch, INPUT, INDEX, attempt))
             expected = self.state == DISPATCHED and self.attempt == attempt
             assert ok == expected
             if ok:
@@ -132,7 +128,7 @@ def make_machine(resources: ExperimentResources) -> type[RuleBasedStateMachine]:
 
         @rule(attempt=attempts)
         def release_after_throttling(self, attempt: int) -> None:
-            ok = self.ledger.release_to_queue(self.batch, INPUT, INDEX, attempt)
+            ok = self.ledger.release_to_queue(ids.AttemptRef(self.batch, INPUT, INDEX, attempt))
             expected = self.state == DISPATCHED and self.attempt == attempt and not self.invoked
             assert ok == expected
             if ok:
@@ -141,9 +137,9 @@ def make_machine(resources: ExperimentResources) -> type[RuleBasedStateMachine]:
         @rule(attempt=attempts, success=st.booleans(), reward=st.floats(-10, 10, allow_nan=False))
         def result(self, attempt: int, success: bool, reward: float) -> None:
             outcome = (
-                Terminal(state=SUCCEEDED, finished_at="t", reward=reward, rewards=reward)
+                Terminal(state=SUCCEEDED, finished_at=FINISHED, reward=reward, rewards=reward)
                 if success
-                else Terminal(state=FAILED, finished_at="t", reason="agent_error", error="boom")
+                else Terminal(state=FAILED, finished_at=FINISHED, reason="agent_error", error="boom")
             )
             ok = self.finish(attempt, DISPATCHED, outcome)
             expected = self.state == DISPATCHED and self.attempt == attempt
@@ -160,14 +156,14 @@ def make_machine(resources: ExperimentResources) -> type[RuleBasedStateMachine]:
             if stale:  # a sweeper holding an older read
                 rec = RolloutRecord(**{**rec.__dict__, "attempt": rec.attempt - 1})
             next_sid = ids.session_id(exp, self.batch, INPUT, INDEX, rec.attempt + 1)
-            ok = self.ledger.requeue_for_retry(rec, next_session_id=next_sid, now_epoch=self.now(), stop_pending=False)
+            ok = self.ledger.requeue_for_retry(rec, next_session_id=next_sid, stop_pending=False)
             assert ok == (not stale)
             if ok:
                 self.state, self.attempt, self.invoked = QUEUED, self.attempt + 1, False
 
         @rule(attempt=st.integers(min_value=0, max_value=3), from_state=st.sampled_from([None, QUEUED, DISPATCHED]))
         def cancel(self, attempt: int, from_state: str | None) -> None:
-            outcome = Terminal(state=FAILED, finished_at="t", reason="cancelled", error="cancelled")
+            outcome = Terminal(state=FAILED, finished_at=FINISHED, reason="cancelled", error="cancelled")
             ok = self.finish(attempt, from_state, outcome)
             expected = (self.state is None and from_state is None) or (
                 self.state == from_state and self.attempt == attempt and from_state is not None
