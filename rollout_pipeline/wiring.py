@@ -24,8 +24,7 @@ if TYPE_CHECKING:
     from rollout_pipeline.adapters.s3 import S3ObjectStore
     from rollout_pipeline.adapters.sqs import SqsQueue
     from rollout_pipeline.ingest.core import Ingestion
-    from rollout_pipeline.ledger.batches import BatchLedger
-    from rollout_pipeline.ledger.rollouts import RolloutLedger
+    from rollout_pipeline.ledger.ledger import Ledger
     from rollout_pipeline.lifecycle.deps import LifecycleDeps
     from rollout_pipeline.ports import AgentRuntime
 
@@ -78,19 +77,14 @@ class Wiring:
 
         return EventBridgePublisher(self.settings.bus_name, self.clients.lazy("events"))
 
-    def batch_ledger(self) -> BatchLedger:
-        from rollout_pipeline.ledger.batches import BatchLedger
+    def ledger(self, clock: Clock | None = None) -> Ledger:
+        """The experiment's ledger (`ledger.ledger.Ledger`: batches, rollouts, limits over one table), on the
+        wiring's clock unless another is given."""
+        from rollout_pipeline.ledger.ledger import Ledger
 
         ttl_days = self.settings.experiment.ledger_ttl_days
-        return BatchLedger(self.settings.table_name, self.clients.lazy("dynamodb"), ttl_days=ttl_days, clock=self.clock)
-
-    def rollout_ledger(self, clock: Clock | None = None) -> RolloutLedger:
-        from rollout_pipeline.ledger.rollouts import RolloutLedger
-
-        ttl_days = self.settings.experiment.ledger_ttl_days
-        return RolloutLedger(
-            self.settings.table_name, self.clients.lazy("dynamodb"), ttl_days=ttl_days, clock=clock or self.clock
-        )
+        client = self.clients.lazy("dynamodb")
+        return Ledger.open(self.settings.table_name, client, ttl_days=ttl_days, clock=clock or self.clock)
 
     def agent_runtime(self) -> AgentRuntime:
         """The runtime given, else a local pipeline's at the factory's endpoint (`adapters.runtime`), else the ACR
@@ -121,7 +115,7 @@ class Wiring:
                         store=self.store(),
                         queue=self.queue(),
                         publisher=self.publisher(),
-                        ledger=self.batch_ledger(),
+                        ledger=self.ledger(),
                         settings=self.settings,
                     )
                 )
@@ -142,7 +136,7 @@ class Wiring:
         clock = overrides.pop("clock", self.clock)
         return LifecycleDeps(
             settings=self.settings,
-            ledger=self.rollout_ledger(clock),
+            ledger=self.ledger(clock),
             clock=clock,
             runtime=self.agent_runtime(),
             store=self.store(),

@@ -1,7 +1,7 @@
 """Dataset ingestion: a dataset object (or an SDK submission) becomes validated rollout messages, accounted in
 the ledger.
 
-Plain Python over the ports (`ObjectStore`, `MessageQueue`, `EventPublisher`) and the ledger (`BatchLedger`);
+Plain Python over the ports (`ObjectStore`, `MessageQueue`, `EventPublisher`) and the ledger (its `batches`);
 `lambdas/ingest.py` only wires the adapters. One file is processed in chunks of rows:
 
 1. read and validate the rows (`contracts.parse_row`); bad rows go to the errors log;
@@ -40,12 +40,9 @@ from rollout_pipeline.contracts import (
 from rollout_pipeline.details import batch_accepted_detail, batch_completion_detail
 from rollout_pipeline.ingest.errors import ErrorLog
 from rollout_pipeline.ingest.reader import DatasetFormatError, RawRecord, dataset_kind, read_records
-from rollout_pipeline.ledger.batches import (
-    BatchLedger,
-    GroupSpec,
-    IngestProgress,
-)
+from rollout_pipeline.ledger.batches import GroupSpec, IngestProgress
 from rollout_pipeline.ledger.items import BatchView
+from rollout_pipeline.ledger.ledger import Ledger
 from rollout_pipeline.ports import EventPublisher, MessageQueue, ObjectNotFound, ObjectStore
 
 if TYPE_CHECKING:
@@ -98,7 +95,7 @@ class IngestPorts:
     store: ObjectStore
     queue: MessageQueue
     publisher: EventPublisher
-    ledger: BatchLedger
+    ledger: Ledger
     settings: HandlerSettings
 
 
@@ -214,7 +211,7 @@ class Ingestion:
         if not routing.is_dataset_key(obj.key):
             logger.info("ignoring object %s/%s: not a dataset of this experiment", obj.bucket, obj.key)
             return IngestResult("ignored")
-        ledger = self.ports.ledger
+        ledger = self.ports.ledger.batches
         batch_id = obj.batch_id
         item = ledger.read_batch(batch_id)
         if item is None:
@@ -270,7 +267,7 @@ class Ingestion:
         """
         effective = options or FileOptions.defaults(self.settings.experiment)
         batch_id = ids.new_batch_id(name)
-        item = self.ports.ledger.create_batch(
+        item = self.ports.ledger.batches.create_batch(
             exp_id=self.exp_id,
             batch_id=batch_id,
             options=effective,
@@ -317,7 +314,7 @@ class Ingestion:
         log.add(None, reason, message)
         errors_key = ids.errors_key(obj.key)
         self.ports.store.put_bytes(obj.bucket, errors_key, log.render(final=True), content_type=NDJSON)
-        item = self.ports.ledger.create_rejected_batch(
+        item = self.ports.ledger.batches.create_rejected_batch(
             exp_id=self.exp_id,
             batch_id=batch_id,
             options=None,
@@ -338,7 +335,7 @@ class Ingestion:
         """Publish the end-of-ingestion events of a batch; return their detail types."""
         details: list[Any] = [batch_accepted_detail(item)]
         if batch_completion_detail(item) is not None:
-            stamped = self.ports.ledger.mark_completed(item.batch_id)
+            stamped = self.ports.ledger.batches.mark_completed(item.batch_id)
             details.append(batch_completion_detail(stamped))
         self.ports.publisher.publish(details)
         return [type(d).__name__ for d in details]
@@ -530,7 +527,7 @@ class _Run:
                 )
             groups.append(group)
             payloads.setdefault(parsed.input_id, (parsed, payload_bytes))
-        written = self.ports.ledger.create_groups(exp_id=self.exp_id, batch_id=self.batch_id, groups=groups)
+        written = self.ports.ledger.batches.create_groups(exp_id=self.exp_id, batch_id=self.batch_id, groups=groups)
         for group, holder_line in written.duplicates:
             rejections.append(
                 (group.line, DUPLICATE_ID_REASON, f"id {group.input_id!r} is already used by line {holder_line}")
@@ -572,7 +569,7 @@ class _Run:
             bucket, key = self.errors_target
             self.ports.store.put_bytes(bucket, key, self.errors.render(final=False), content_type=NDJSON)
             self.errors.dirty = False
-        item = self.ports.ledger.checkpoint(
+        item = self.ports.ledger.batches.checkpoint(
             self.batch_id,
             owner=self.owner,
             previous_cursor=self.progress.cursor,
@@ -600,7 +597,7 @@ class _Run:
         if self.errors_target is not None:
             bucket, key = self.errors_target
             self.ports.store.put_bytes(bucket, key, self.errors.render(final=True), content_type=NDJSON)
-        item = self.ports.ledger.reject_ingesting(
+        item = self.ports.ledger.batches.reject_ingesting(
             self.batch_id, owner=self.owner, previous_cursor=self.progress.cursor, error=message, errors_uri=errors_uri
         )
         logger.warning("batch %s (%s): %s", self.batch_id, obj.source, message)
@@ -620,7 +617,7 @@ class _Run:
             bucket, key = self.errors_target
             self.ports.store.put_bytes(bucket, key, self.errors.render(final=True), content_type=NDJSON)
             self.errors.dirty = False
-        item = self.ports.ledger.finish_ingest(
+        item = self.ports.ledger.batches.finish_ingest(
             self.batch_id,
             owner=self.owner,
             previous_cursor=self.progress.cursor,

@@ -13,8 +13,7 @@ far; copied to `rollouts_total` when ingestion ends) and `errors_listed` (detail
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Final
@@ -25,8 +24,7 @@ from rollout_pipeline.contracts import (
 from rollout_pipeline.ledger import keys
 from rollout_pipeline.ledger.attributes import number_text
 from rollout_pipeline.ledger.items import BatchView, GroupItem
-from rollout_pipeline.ledger.table import CONDITION_FAILED, LedgerError, LedgerTable, query_items
-from rollout_pipeline.ports import Clock
+from rollout_pipeline.ledger.table import CONDITION_FAILED, LedgerError, LedgerTable, query_items, reason_codes
 
 STATUS_INGESTING: Final = "ingesting"
 STATUS_ACCEPTED: Final = "accepted"
@@ -168,19 +166,12 @@ def query_batch_view(ddb: Any, table_name: str, batch_id: str) -> BatchView | No
 
 
 class BatchLedger:
-    """Batch and group items of one ledger table, through its gateway (`table.LedgerTable`)."""
+    """Batch and group items of one ledger table, through its gateway (`table.LedgerTable`): creation, the ingest
+    lease and checkpoints, transactional group creation, acceptance, cancel and the completion-event claims."""
 
-    def __init__(
-        self,
-        table_name: str,
-        dynamodb_client: Any | None = None,
-        *,
-        ttl_days: int = 30,
-        clock: Clock | None = None,
-        sleep: Callable[[float], None] = time.sleep,
-    ) -> None:
-        self.table = LedgerTable(table_name, dynamodb_client, ttl_days=ttl_days, clock=clock, sleep=sleep)
-        self.table_name = table_name
+    def __init__(self, table: LedgerTable) -> None:
+        self.table = table
+        self.table_name = table.name
 
     @property
     def ddb(self) -> Any:
@@ -556,6 +547,62 @@ class BatchLedger:
                 result.duplicates.append((group, existing_line))
             settled.add(index)
         return [entry for index, entry in enumerate(pending) if index not in settled]
+
+    # ------------------------------------------------------------------------------- cancel and completion claims
+
+    def cancel(self, batch_id: str) -> bool:
+        """Mark the batch cancelled (idempotent): its status, and its control item that the dispatch transaction
+        checks, in one transaction. False if the batch does not exist or was rejected as a whole."""
+        values = {":cancelled": "cancelled", ":now": self.table.now_iso()}
+        batch = self.table.update_op(
+            keys.batch_key(batch_id),
+            "SET #status = :cancelled, cancelled_at = if_not_exists(cancelled_at, :now)",
+            "attribute_exists(pk) AND #status <> :rejected",
+            {**values, ":rejected": "rejected"},
+            {"#status": "status"},
+        )
+        control = self.table.update_op(
+            keys.batch_control_key(batch_id),
+            "SET #status = :cancelled, cancelled_at = if_not_exists(cancelled_at, :now), #ttl = :ttl",
+            None,
+            {**values, ":ttl": self.table.expires_at()},
+            {"#status": "status", "#ttl": keys.TTL_ATTRIBUTE},
+        )
+        reasons = self.table.transact([{"Update": batch}, {"Update": control}])
+        if reasons is None:
+            return True
+        if reason_codes(reasons)[0] == CONDITION_FAILED:
+            return False
+        raise LedgerError(f"cancel transaction of {batch_id} cancelled: {reasons}")
+
+    def claim_group_event(self, batch_id: str, input_id: str, claimant: str) -> bool:
+        """Let one rollout (`claimant`) publish `Group Completed`: the first claimer, or the same one again (its
+        outbox retried), gets True. The claimer's outbox entry stays until its publish succeeded, so the event is
+        not lost; concurrent last rollouts do not both publish it."""
+        return (
+            self.table.update(
+                keys.group_key(batch_id, input_id),
+                "SET completed_event_by = :me",
+                "attribute_exists(pk) AND (attribute_not_exists(completed_event_by) OR completed_event_by = :me)",
+                {":me": claimant},
+            )
+            is not None
+        )
+
+    def claim_batch_completed(self, batch_id: str, claimant: str) -> BatchView | None:
+        """Like `claim_group_event` for `Batch Completed`; also stamps `completed_at` once. Returns the batch view
+        (`batches.merge_batch_items`) when `claimant` may publish, else None."""
+        item = self.table.update(
+            keys.batch_key(batch_id),
+            "SET completed_at = if_not_exists(completed_at, :now), completed_event_by = :me",
+            "attribute_exists(pk) AND (attribute_not_exists(completed_event_by) OR completed_event_by = :me)",
+            {":now": self.table.now_iso(), ":me": claimant},
+            return_values="ALL_NEW",
+        )
+        if item is None:
+            return None
+        view = query_batch_view(self.ddb, self.table_name, batch_id)
+        return view if view is not None else BatchView.of(item)
 
 
 _PROGRESS_SET: Final = (

@@ -1,4 +1,4 @@
-"""Rollout items, their conditional transitions, session slots and paced call budgets (see docs/lifecycle.md).
+"""The rollout state machine: rollout items, their conditional transitions and their outbox (see docs/lifecycle.md).
 
 Every transition is one conditional write or one DynamoDB transaction keyed on the rollout's `(state, attempt)`:
 a duplicated or stale delivery fails the condition and changes nothing. The transactions that end a rollout also
@@ -17,10 +17,7 @@ from rollout_pipeline.contracts import iso
 from rollout_pipeline.ids import AttemptRef
 from rollout_pipeline.ledger import keys, table
 from rollout_pipeline.ledger.attributes import plain_values
-from rollout_pipeline.ledger.batches import query_batch_view
 from rollout_pipeline.ledger.items import (
-    BatchView,
-    GroupItem,
     RolloutRecord,
     RolloutState,
     RolloutSummary,
@@ -29,7 +26,6 @@ from rollout_pipeline.ledger.items import (
 from rollout_pipeline.ledger.limits import LimitLedger
 from rollout_pipeline.ledger.retry import TRANSACTION_CONFLICT_ATTEMPTS
 from rollout_pipeline.ledger.table import LedgerTable, reason_codes
-from rollout_pipeline.ports import Clock
 
 QUEUED: Final = RolloutState.QUEUED
 DISPATCHED: Final = RolloutState.DISPATCHED
@@ -75,16 +71,14 @@ def _rollout_key(ref: AttemptRef) -> dict[str, dict[str, str]]:
 
 
 class RolloutLedger:
-    """DynamoDB operations on rollout items, session slots and paced call budgets of one experiment's ledger table,
-    through its gateway (`table.LedgerTable`)."""
+    """The rollout state machine and its outbox: the rollout items of one ledger table and their conditional
+    transitions, through the table's gateway (`table.LedgerTable`). The transitions that take or give back a
+    session slot put `limits`' slot items into their transactions."""
 
-    def __init__(
-        self, table_name: str, ddb_client: Any | None = None, ttl_days: int = 30, *, clock: Clock | None = None
-    ) -> None:
-        self.table = LedgerTable(table_name, ddb_client, ttl_days=ttl_days, clock=clock)
-        self.table_name = table_name
-        #: Session slots, paced call budgets, the admission board and the policy version (`ledger.limits`).
-        self.limits = LimitLedger(self.table)
+    def __init__(self, table: LedgerTable, limits: LimitLedger) -> None:
+        self.table = table
+        self.table_name = table.name
+        self.limits = limits
 
     @property
     def ddb(self) -> Any:
@@ -95,20 +89,6 @@ class RolloutLedger:
     def get_rollout(self, batch_id: str, input_id: str, index: int) -> RolloutRecord | None:
         item = self.table.get(keys.rollout_key(batch_id, input_id, index))
         return RolloutRecord.of(item) if item else None
-
-    def batch(self, batch_id: str) -> BatchView | None:
-        """The batch view, typed (`items.BatchView`), or None."""
-        return query_batch_view(self.ddb, self.table_name, batch_id)
-
-    def group(self, batch_id: str, input_id: str) -> GroupItem | None:
-        """One group, typed (`items.GroupItem`), or None."""
-        item = self.table.get(keys.group_key(batch_id, input_id))
-        return GroupItem.of(item) if item else None
-
-    def groups(self, batch_id: str) -> Iterator[GroupItem]:
-        """Every group of a batch, typed, in input-id order (paged, strongly consistent)."""
-        for item in self._iter_prefix(batch_id, keys.GROUP_PREFIX):
-            yield GroupItem.of(item)
 
     def _iter_prefix(
         self,
@@ -568,59 +548,3 @@ class RolloutLedger:
             "outbox_id = :obid",
             {":obid": rec.outbox_id},
         )
-
-    # -------------------------------------------------------------------------------------------- batches
-
-    def set_batch_cancelled(self, batch_id: str) -> bool:
-        """Mark the batch cancelled (idempotent): its status, and its control item that the dispatch transaction
-        checks, in one transaction. False if the batch does not exist or was rejected as a whole."""
-        values = {":cancelled": "cancelled", ":now": self.table.now_iso()}
-        batch = self._update(
-            keys.batch_key(batch_id),
-            "SET #status = :cancelled, cancelled_at = if_not_exists(cancelled_at, :now)",
-            "attribute_exists(pk) AND #status <> :rejected",
-            {**values, ":rejected": "rejected"},
-            {"#status": "status"},
-        )
-        control = self._update(
-            keys.batch_control_key(batch_id),
-            "SET #status = :cancelled, cancelled_at = if_not_exists(cancelled_at, :now), #ttl = :ttl",
-            None,
-            {**values, ":ttl": self.table.expires_at()},
-            {"#status": "status", "#ttl": keys.TTL_ATTRIBUTE},
-        )
-        reasons = self._transact([{"Update": batch}, {"Update": control}])
-        if reasons is None:
-            return True
-        if reasons[0] == "ConditionalCheckFailed":
-            return False
-        raise LedgerError(f"cancel transaction of {batch_id} cancelled: {reasons}")
-
-    def claim_group_event(self, batch_id: str, input_id: str, claimant: str) -> bool:
-        """Let one rollout (`claimant`) publish `Group Completed`: the first claimer, or the same one again (its
-        outbox retried), gets True. The claimer's outbox entry stays until its publish succeeded, so the event is
-        not lost; concurrent last rollouts do not both publish it."""
-        return (
-            self.table.update(
-                keys.group_key(batch_id, input_id),
-                "SET completed_event_by = :me",
-                "attribute_exists(pk) AND (attribute_not_exists(completed_event_by) OR completed_event_by = :me)",
-                {":me": claimant},
-            )
-            is not None
-        )
-
-    def claim_batch_completed(self, batch_id: str, claimant: str) -> BatchView | None:
-        """Like `claim_group_event` for `Batch Completed`; also stamps `completed_at` once. Returns the batch view
-        (`batches.merge_batch_items`) when `claimant` may publish, else None."""
-        item = self.table.update(
-            keys.batch_key(batch_id),
-            "SET completed_at = if_not_exists(completed_at, :now), completed_event_by = :me",
-            "attribute_exists(pk) AND (attribute_not_exists(completed_event_by) OR completed_event_by = :me)",
-            {":now": self.table.now_iso(), ":me": claimant},
-            return_values="ALL_NEW",
-        )
-        if item is None:
-            return None
-        view = query_batch_view(self.ddb, self.table_name, batch_id)
-        return view if view is not None else BatchView.of(item)

@@ -146,7 +146,7 @@ class BatchReads:
     def get(self, batch_id: str) -> BatchView | None:
         with self._lock:
             if batch_id not in self._items:
-                self._items[batch_id] = self._deps.ledger.batch(batch_id)
+                self._items[batch_id] = self._deps.ledger.batches.read_batch(batch_id)
             return self._items[batch_id]
 
     def policy_version(self, batch_default: str | None) -> str | None:
@@ -187,7 +187,7 @@ def dispatch_body(
         if held is not None:
             held.release()
     for _ in range(20):
-        start = deps.ledger.begin_dispatch(
+        start = deps.ledger.rollouts.begin_dispatch(
             exp_id=message.exp_id,
             batch_id=message.batch_id,
             input_id=message.input_id,
@@ -208,7 +208,7 @@ def dispatch_body(
             if not _wait_for_slot(deps, start_by, message):
                 return _requeue(message, deps, Dispatch.REQUEUED_LIMIT)
             continue
-        rec = deps.ledger.get_rollout(message.batch_id, message.input_id, message.index)
+        rec = deps.ledger.rollouts.get_rollout(message.batch_id, message.input_id, message.index)
         decided = _existing(message, rec, deps)
         if decided is Dispatch.REINVOKED:
             return _invoke(message, deps, options, row_payload, wait_until=wait_until, reinvoke=True)
@@ -286,7 +286,7 @@ def _requeue(message: RolloutMessage, deps: LifecycleDeps, why: Dispatch) -> Dis
 
 def _throttled(message: RolloutMessage, deps: LifecycleDeps, error: str) -> Dispatch:
     """The rollout could not start within the configured bounds: Rollout Failed (throttled), never a silent spin."""
-    rec = deps.ledger.get_rollout(message.batch_id, message.input_id, message.index)
+    rec = deps.ledger.rollouts.get_rollout(message.batch_id, message.input_id, message.index)
     if rec is not None and (rec.terminal or rec.attempt != message.attempt or rec.state != QUEUED):
         return Dispatch.STALE
     after = fail_rollout(
@@ -374,7 +374,7 @@ def _invoke(
         except NoCallBudget:  # no call was made: our own budgets had no slot before the invoke had to start
             if not new_session:  # the attempt stays dispatched: the re-sent message invokes the same session
                 return _requeue(message, deps, Dispatch.REQUEUED_NO_TIME)
-            if deps.ledger.release_to_queue(message.ref):
+            if deps.ledger.rollouts.release_to_queue(message.ref):
                 return _requeue(message, deps, Dispatch.REQUEUED_LIMIT)
             return Dispatch.STALE
         except RuntimeThrottled as exc:
@@ -383,7 +383,7 @@ def _invoke(
                 log.warning("ACR kept throttling %s: %s; releasing the slot", session_id, exc)
                 if not new_session:  # a session exists (cold-started): end the attempt, stop it
                     return _cold_start_failed(message, deps, options, str(exc), wait_until)
-                if deps.ledger.release_to_queue(message.ref):
+                if deps.ledger.rollouts.release_to_queue(message.ref):
                     return _requeue(message, deps, Dispatch.REQUEUED_THROTTLED)
                 return Dispatch.STALE  # the rollout moved on meanwhile (cancelled, invoked elsewhere)
             deps.clock.sleep(backoff)
@@ -391,14 +391,14 @@ def _invoke(
             if not new_session:
                 return _cold_start_failed(message, deps, options, str(exc), wait_until)
             return _rejected(message, deps, str(exc))
-    if not deps.ledger.mark_invoked(message.ref):
+    if not deps.ledger.rollouts.mark_invoked(message.ref):
         # Cancelled (or already ended) while we invoked: no session may outlive its rollout. The transition that
         # ended it may have tried the stop before the session existed (NotFound): this stop confirms it.
         with contextlib.suppress(RuntimeSessionNotFound):
             deps.limited.stop(session_id, wait_until=max(wait_until, deps.clock.monotonic() + 5))
-        after = deps.ledger.get_rollout(message.batch_id, message.input_id, message.index)
+        after = deps.ledger.rollouts.get_rollout(message.batch_id, message.input_id, message.index)
         if after is not None and session_id in after.held_slots:
-            deps.ledger.release_stopped(after, session_id)
+            deps.ledger.rollouts.release_stopped(after, session_id)
         return Dispatch.STOPPED_LATE
     deps.metrics.count(DISPATCHED_METRIC)
     return Dispatch.REINVOKED if reinvoke else Dispatch.INVOKED
@@ -409,13 +409,13 @@ def _cold_start_failed(
 ) -> Dispatch:
     """The session kept failing to start: end this attempt through the normal path (a new attempt while attempts
     remain, else Rollout Failed `invoke_rejected`), with its session's slot held until its stop is confirmed."""
-    rec = deps.ledger.get_rollout(message.batch_id, message.input_id, message.index)
+    rec = deps.ledger.rollouts.get_rollout(message.batch_id, message.input_id, message.index)
     if rec is None or rec.state != DISPATCHED or rec.attempt != message.attempt:
         return Dispatch.STALE
     hold = stops.hold_until(deps, rec)
     if rec.attempt < options.max_attempts:
         next_sid = ids.session_id(rec.exp_id, rec.batch_id, rec.input_id, rec.index, rec.attempt + 1)
-        if not deps.ledger.requeue_for_retry(
+        if not deps.ledger.rollouts.requeue_for_retry(
             rec,
             next_session_id=next_sid,
             stop_pending=True,
@@ -423,7 +423,7 @@ def _cold_start_failed(
         ):
             return Dispatch.STALE
         deps.metrics.count(RETRIED)
-        after = deps.ledger.get_rollout(rec.batch_id, rec.input_id, rec.index)
+        after = deps.ledger.rollouts.get_rollout(rec.batch_id, rec.input_id, rec.index)
     else:
         after = fail_rollout(
             deps,

@@ -32,7 +32,7 @@ def fail_rollout(
 
     Returns the rollout as it is now, for the caller to drain its outbox, or None when the condition failed
     (another delivery or worker already moved it: nothing changed)."""
-    done = deps.ledger.finish(
+    done = deps.ledger.rollouts.finish(
         ref,
         exp_id=exp_id,
         from_state=from_state,
@@ -46,4 +46,4 @@ def fail_rollout(
         return None
     deps.metrics.count(FAILED_METRIC)
     deps.metrics.count(failed_metric(reason.value))
-    return deps.ledger.get_rollout(ref.batch_id, ref.input_id, ref.index)
+    return deps.ledger.rollouts.get_rollout(ref.batch_id, ref.input_id, ref.index)

@@ -381,7 +381,7 @@ class Smoke:
         pending: list[str] = []
         while True:
             with aws_errors(f"read the rollouts of batch {batch_id}"):
-                records = list(self.experiment.wiring().rollout_ledger().batch_rollouts(batch_id))
+                records = list(self.experiment.wiring().ledger().rollouts.batch_rollouts(batch_id))
             pending = [
                 f"{r.input_id}#{r.index}"
                 for r in records

@@ -270,7 +270,7 @@ def make_deps(
     from rollout_pipeline.adapters.eventbridge import EventBridgePublisher
     from rollout_pipeline.adapters.s3 import S3ObjectStore
     from rollout_pipeline.adapters.sqs import SqsQueue
-    from rollout_pipeline.ledger.rollouts import RolloutLedger
+    from rollout_pipeline.ledger.ledger import Ledger
 
     settings = resources.settings()
     if limits:
@@ -278,7 +278,7 @@ def make_deps(
     clock = clock or ShiftedClock()
     return LifecycleDeps(
         settings=settings,
-        ledger=RolloutLedger(settings.table_name, clock=clock),
+        ledger=Ledger.open(settings.table_name, clock=clock),
         runtime=fake,
         store=S3ObjectStore(),
         queue=SqsQueue(),

@@ -3,6 +3,7 @@ rollout messages and pipeline events on the trainer queue. Datasets stay small (
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 from collections.abc import Mapping, Sequence
@@ -31,6 +32,7 @@ from rollout_pipeline.ledger import keys
 from rollout_pipeline.ledger.attributes import item_values, to_attribute_value
 from rollout_pipeline.ledger.batches import BatchLedger, GroupSpec, query_batch_view
 from rollout_pipeline.ledger.items import BatchView, GroupItem
+from rollout_pipeline.ledger.ledger import Ledger
 from rollout_pipeline.local.resources import ExperimentResources
 from rollout_pipeline.ports import MessageQueue, SystemClock
 from tests.conftest import receive_all
@@ -58,11 +60,11 @@ class FlakyQueue:
 class CrashAfterCheckpointLedger(BatchLedger):
     """A ledger whose `crash_on`-th checkpoint is written and then the worker dies (reply lost)."""
 
-    def __init__(self, table_name: str, crash_on: int, **kwargs: Any) -> None:
-        super().__init__(table_name, **kwargs)
+    def __init__(self, table_name: str, crash_on: int) -> None:
+        super().__init__(Ledger.open(table_name).table)
         self.crash_on, self.checkpoints = crash_on, 0
 
-    def checkpoint(self, batch_id: str, **kwargs: Any) -> dict[str, Any]:
+    def checkpoint(self, batch_id: str, **kwargs: Any) -> BatchView:
         self.checkpoints += 1
         item = super().checkpoint(batch_id, **kwargs)
         if self.checkpoints == self.crash_on:
@@ -77,13 +79,15 @@ def make_ingestion(
     ledger: BatchLedger | None = None,
     **tuning: Any,
 ) -> Ingestion:
+    """Ingestion over moto; `ledger`: its batch part (the rest of the ledger is the table's own)."""
     settings = resources.settings()
+    whole = Ledger.open(settings.table_name)
     return Ingestion(
         IngestPorts(
             store=S3ObjectStore(),
             queue=queue or SqsQueue(),
             publisher=EventBridgePublisher(settings.bus_name),
-            ledger=ledger or BatchLedger(settings.table_name),
+            ledger=dataclasses.replace(whole, batches=ledger) if ledger is not None else whole,
             settings=settings,
         ),
         IngestTuning(**tuning),
@@ -501,7 +505,7 @@ def test_a_new_upload_of_the_same_key_is_a_new_batch(resources: ExperimentResour
 def test_another_worker_holding_the_lease_means_ack_without_enqueuing(resources: ExperimentResources) -> None:
     event = upload(resources, "datasets/busy.jsonl", jsonl([{"id": "a"}, {"id": "b"}]))
     batch_id = batch_id_of(event)
-    ledger = BatchLedger(resources.table_name)
+    ledger = Ledger.open(resources.table_name).batches
     ledger.create_batch(
         exp_id="test-exp",
         batch_id=batch_id,
@@ -546,7 +550,7 @@ def test_resume_after_a_crash_after_sending_resends_only_the_unfinished_chunk(re
     with pytest.raises(Interrupted):
         make_ingestion(resources, ledger=crashing, chunk_rows=5).handle_message(event, owner="msg-1")
     # Chunk 2 was checkpointed but the worker died; its lease (another owner) expires after the lease time.
-    later = BatchLedger(resources.table_name, clock=LaterClock())
+    later = Ledger.open(resources.table_name, clock=LaterClock()).batches
     result = make_ingestion(resources, ledger=later, chunk_rows=5).handle_message(event, owner="msg-2")
 
     assert result.outcome == "accepted"
@@ -736,7 +740,7 @@ def test_create_groups_classifies_conflicts_by_line_even_without_returned_items(
     resources: ExperimentResources,
 ) -> None:
     client = ReasonsWithoutItems(clients.client("dynamodb"))
-    ledger = BatchLedger(resources.table_name, client, sleep=lambda _s: None)
+    ledger = Ledger.open(resources.table_name, client, sleep=lambda _s: None).batches
     first = ledger.create_groups(
         exp_id="test-exp", batch_id="b-1", groups=[GroupSpec("a", 1, 2, "{}"), GroupSpec("b", 2, 2, "{}")]
     )
@@ -756,7 +760,7 @@ def test_create_groups_classifies_conflicts_by_line_even_without_returned_items(
 def test_create_groups_splits_transactions_at_one_hundred_items(resources: ExperimentResources) -> None:
     client = ReasonsWithoutItems(clients.client("dynamodb"))
     client.transactions = 1  # no injected conflict
-    ledger = BatchLedger(resources.table_name, client)
+    ledger = Ledger.open(resources.table_name, client).batches
     result = ledger.create_groups(
         exp_id="test-exp", batch_id="b-2", groups=[GroupSpec(f"g{i}", i + 1, 1, "{}") for i in range(205)]
     )

@@ -17,6 +17,7 @@ from rollout_pipeline.adapters import clients
 from rollout_pipeline.ledger import keys
 from rollout_pipeline.ledger.attributes import item_values
 from rollout_pipeline.ledger.items import RolloutRecord, Terminal
+from rollout_pipeline.ledger.ledger import Ledger
 from rollout_pipeline.ledger.rollouts import (
     DISPATCHED,
     FAILED,
@@ -24,7 +25,6 @@ from rollout_pipeline.ledger.rollouts import (
     QUEUED,
     SUCCEEDED,
     DispatchStart,
-    RolloutLedger,
 )
 from rollout_pipeline.local.resources import ExperimentResources
 
@@ -46,7 +46,8 @@ def make_machine(resources: ExperimentResources) -> type[RuleBasedStateMachine]:
     class RolloutMachine(RuleBasedStateMachine):
         def __init__(self) -> None:
             super().__init__()
-            self.ledger = RolloutLedger(table)
+            self.whole = Ledger.open(table)
+            self.ledger = self.whole.rollouts
             self.batch = f"sm-{uuid.uuid4().hex[:12]}"
             ddb = clients.client("dynamodb")
             ddb.put_item(
@@ -71,7 +72,7 @@ def make_machine(resources: ExperimentResources) -> type[RuleBasedStateMachine]:
                     "failures": {"M": {}},
                 },
             )
-            self.base_in_flight = self.ledger.limits.in_flight()
+            self.base_in_flight = self.whole.limits.in_flight()
             # the model
             self.state: str | None = None
             self.attempt = 0
@@ -191,13 +192,13 @@ def make_machine(resources: ExperimentResources) -> type[RuleBasedStateMachine]:
 
         @invariant()
         def slot_held_iff_dispatched(self) -> None:
-            assert self.ledger.limits.in_flight() - self.base_in_flight == (1 if self.state == DISPATCHED else 0)
+            assert self.whole.limits.in_flight() - self.base_in_flight == (1 if self.state == DISPATCHED else 0)
 
         @invariant()
         def counted_once(self) -> None:
             assert self.terminal_transitions <= 1
             group = _item(table, keys.group_key(self.batch, INPUT))
-            batch = self.ledger.batch(self.batch)  # counters summed over the batch's COUNT# shards
+            batch = self.whole.batches.read_batch(self.batch)  # counters summed over the batch's COUNT# shards
             assert batch is not None
             assert group["terminal"] == self.terminal_transitions
             assert batch.terminal == self.terminal_transitions
