@@ -24,7 +24,7 @@ from rollout_pipeline.contracts import (
 from rollout_pipeline.ledger import keys
 from rollout_pipeline.ledger.attributes import number_text
 from rollout_pipeline.ledger.items import BatchView, GroupItem
-from rollout_pipeline.ledger.table import CONDITION_FAILED, LedgerError, LedgerTable, query_items, reason_codes
+from rollout_pipeline.ledger.table import CONDITION_FAILED, LedgerError, LedgerTable, reason_codes
 
 STATUS_INGESTING: Final = "ingesting"
 STATUS_ACCEPTED: Final = "accepted"
@@ -151,17 +151,6 @@ def merge_batch_items(items: Iterable[Mapping[str, Any]]) -> BatchView | None:
     return BatchView.of(base)
 
 
-def query_batch_view(ddb: Any, table_name: str, batch_id: str) -> BatchView | None:
-    """Read the batch view (`merge_batch_items`) with one strongly consistent Query."""
-    kwargs: dict[str, Any] = {
-        "TableName": table_name,
-        "KeyConditionExpression": "pk = :pk AND begins_with(sk, :b)",
-        "ExpressionAttributeValues": {":pk": _s(keys.batch_pk(batch_id)), ":b": _s(keys.BATCH_SK)},
-        "ConsistentRead": True,
-    }
-    return merge_batch_items(query_items(ddb, kwargs))
-
-
 # -------------------------------------------------------------------------------------------------- the ledger
 
 
@@ -173,16 +162,17 @@ class BatchLedger:
         self.table = table
         self.table_name = table.name
 
-    @property
-    def ddb(self) -> Any:
-        return self.table.ddb
-
     # ------------------------------------------------------------------------------------------------- reads
 
     def read_batch(self, batch_id: str) -> BatchView | None:
-        """The batch view (`merge_batch_items`: the batch item with its counters summed; strongly consistent), or
-        None."""
-        return query_batch_view(self.ddb, self.table_name, batch_id)
+        """The batch view (`merge_batch_items`: the batch item with its counters summed), with one strongly
+        consistent Query, or None."""
+        request: dict[str, Any] = {
+            "KeyConditionExpression": "pk = :pk AND begins_with(sk, :b)",
+            "ExpressionAttributeValues": {":pk": _s(keys.batch_pk(batch_id)), ":b": _s(keys.BATCH_SK)},
+            "ConsistentRead": True,
+        }
+        return merge_batch_items(self.table.query(request))
 
     def read_group(self, batch_id: str, input_id: str) -> GroupItem | None:
         """The group (strongly consistent), or None."""
@@ -601,7 +591,7 @@ class BatchLedger:
         )
         if item is None:
             return None
-        view = query_batch_view(self.ddb, self.table_name, batch_id)
+        view = self.read_batch(batch_id)
         return view if view is not None else BatchView.of(item)
 
 

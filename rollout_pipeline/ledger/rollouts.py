@@ -63,10 +63,6 @@ class DispatchStart(StrEnum):
 _values = plain_values
 
 
-def _rollout_key(ref: AttemptRef) -> dict[str, dict[str, str]]:
-    return keys.rollout_key(ref.batch_id, ref.input_id, ref.index)
-
-
 # ------------------------------------------------------------------------------------------------- the ledger
 
 
@@ -79,10 +75,6 @@ class RolloutLedger:
         self.table = table
         self.table_name = table.name
         self.limits = limits
-
-    @property
-    def ddb(self) -> Any:
-        return self.table.ddb
 
     # ---------------------------------------------------------------------------------------------- reads
 
@@ -160,16 +152,6 @@ class RolloutLedger:
         reasons = self.table.transact(items, attempts=CONFLICT_RETRIES)
         return None if reasons is None else reason_codes(reasons)
 
-    def _update(
-        self,
-        key: Mapping[str, Any],
-        update: str,
-        condition: str | None,
-        values: Mapping[str, Any],
-        names: Mapping[str, str] | None = None,
-    ) -> dict[str, Any]:
-        return self.table.update_op(key, update, condition, values, names)
-
     def begin_dispatch(
         self,
         *,
@@ -205,7 +187,7 @@ class RolloutLedger:
                 "ConditionExpression": "attribute_not_exists(cancelled_at)",
             }
         }
-        rollout_update = self._update(
+        rollout_update = self.table.update_op(
             keys.rollout_key(batch_id, input_id, index),
             "SET #st = :dispatched, attempt = :attempt, session_id = :sid, exp_id = :exp, batch_id = :batch, "
             "input_id = :input, #ix = :index, submitted_at = if_not_exists(submitted_at, :submitted), "
@@ -252,7 +234,7 @@ class RolloutLedger:
         """Record that InvokeAgentRuntime succeeded; False if the attempt is no longer dispatched (cancel/late)."""
         return (
             self.table.update(
-                _rollout_key(ref),
+                keys.rollout_key(ref.batch_id, ref.input_id, ref.index),
                 "SET invoked_at = :now",
                 "#st = :dispatched AND attempt = :attempt",
                 {":now": self.table.now_iso(), ":dispatched": DISPATCHED, ":attempt": ref.attempt},
@@ -263,8 +245,8 @@ class RolloutLedger:
 
     def release_to_queue(self, ref: AttemptRef) -> bool:
         """Give the slot back after ACR kept throttling: dispatched(n) without invoke -> queued(n), in_flight -1."""
-        update = self._update(
-            _rollout_key(ref),
+        update = self.table.update_op(
+            keys.rollout_key(ref.batch_id, ref.input_id, ref.index),
             "SET #st = :queued REMOVE dispatched_at, deadline, #dlpk, #dlsk",
             "#st = :dispatched AND attempt = :attempt AND attribute_not_exists(invoked_at)",
             {":queued": QUEUED, ":dispatched": DISPATCHED, ":attempt": ref.attempt},
@@ -380,12 +362,14 @@ class RolloutLedger:
             sets.append("held_until = :held_until")
             values[":held_until"] = hold_slot_until
         update = f"SET {', '.join(sets)} ADD {', '.join(adds)} REMOVE #dlpk, #dlsk"
-        return self._update(_rollout_key(ref), update, condition, values, names)
+        return self.table.update_op(
+            keys.rollout_key(ref.batch_id, ref.input_id, ref.index), update, condition, values, names
+        )
 
     def _group_outcome(self, ref: AttemptRef, outcome: Terminal) -> dict[str, Any]:
         """The group item's part of `finish`: one more terminal rollout, its reward or failure reason by index."""
         succeeded = outcome.state == SUCCEEDED
-        return self._update(
+        return self.table.update_op(
             keys.group_key(ref.batch_id, ref.input_id),
             f"ADD terminal :one SET {'rewards' if succeeded else 'failures'}.#i = :v",
             "attribute_exists(pk)",
@@ -405,7 +389,7 @@ class RolloutLedger:
         names = {f"#a{i}": name for i, name in enumerate(adds)} | {"#ttl": keys.TTL_ATTRIBUTE}
         values: dict[str, Any] = {f":a{i}": value for i, value in enumerate(adds.values())}
         values[":ttl"] = self.table.expires_at()
-        return self._update(
+        return self.table.update_op(
             keys.batch_count_key(ref.batch_id, keys.count_shard(ref.input_id)),
             f"ADD {', '.join(f'#a{i} :a{i}' for i in range(len(adds)))} SET #ttl = if_not_exists(#ttl, :ttl)",
             None,
@@ -444,8 +428,8 @@ class RolloutLedger:
             adds += ", held_slots :prev"
             held = ", held_until = :held_until"
             values[":held_until"] = hold_slot_until
-        update = self._update(
-            _rollout_key(rec.ref),
+        update = self.table.update_op(
+            keys.rollout_key(rec.batch_id, rec.input_id, rec.index),
             "SET #st = :queued, attempt = :next, session_id = :sid, "
             f"#obpk = :obpk, #obsk = :obsk, outbox_id = :obid, outbox_lease = :oblease{held} "
             f"ADD {adds} REMOVE dispatched_at, invoked_at, deadline, #dlpk, #dlsk",
@@ -472,7 +456,7 @@ class RolloutLedger:
         if session_id not in rec.held_slots:
             self.table.update(key, "DELETE stop_sessions :s, stop_not_found :s", None, {":s": {session_id}})
             return True
-        update = self._update(
+        update = self.table.update_op(
             key,
             "DELETE held_slots :s, stop_sessions :s, stop_not_found :s",
             "contains(held_slots, :sid)",

@@ -112,7 +112,7 @@ class LedgerTable:
 
     def query(self, request: Mapping[str, Any], *, max_pages: int | None = None) -> Iterator[dict[str, Any]]:
         """The items (typed) of a Query on this table (`query_items`)."""
-        return query_items(self.ddb, {"TableName": self.name, **request}, max_pages=max_pages)
+        yield from query_items(self.ddb, {"TableName": self.name, **request}, max_pages=max_pages)
 
     # ----------------------------------------------------------------------------------------------- writes
 

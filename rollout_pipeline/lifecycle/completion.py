@@ -206,7 +206,13 @@ def _handle_result(
         if after is not None and resumable and publishing.drain(after, deps):
             return Completion.RESUMED
         return _late(deps, "another delivery ended this attempt first", key)
-    _count(deps, terminal)
+    if terminal.state == SUCCEEDED:
+        deps.metrics.count(SUCCEEDED_METRIC)
+        if terminal.reward is not None:
+            deps.metrics.sample(REWARD, float(terminal.reward))
+    else:
+        deps.metrics.count(FAILED_METRIC)
+        deps.metrics.count(failed_metric(terminal.reason or "unknown"))
     after = deps.ledger.rollouts.get_rollout(ref.batch_id, ref.input_id, ref.index)
     if after is not None:
         later = stops_later is not None
@@ -246,17 +252,6 @@ def _terminal(outcome: ResultOutcome, written_at: datetime, result_uri: str, siz
         result_uri=result_uri,
         result_size=size,
     )
-
-
-def _count(deps: LifecycleDeps, terminal: Terminal) -> None:
-    """The metrics of a recorded result."""
-    if terminal.state == SUCCEEDED:
-        deps.metrics.count(SUCCEEDED_METRIC)
-        if terminal.reward is not None:
-            deps.metrics.sample(REWARD, float(terminal.reward))
-    else:
-        deps.metrics.count(FAILED_METRIC)
-        deps.metrics.count(failed_metric(terminal.reason or "unknown"))
 
 
 def _read_result(bucket: str, key: str, deps: LifecycleDeps) -> tuple[ResultOutcome, dict[str, Any] | None, int]:

@@ -238,9 +238,9 @@ def ledger_item(resources: ExperimentResources, key: Mapping[str, Any]) -> dict[
 
 def batch_view(resources: ExperimentResources, batch_id: str) -> BatchView:
     """The batch as readers see it: its item with the counters summed over its `COUNT#` shards."""
-    from rollout_pipeline.ledger.batches import query_batch_view
+    from rollout_pipeline.ledger.ledger import Ledger
 
-    view = query_batch_view(clients.client("dynamodb"), resources.table_name, batch_id)
+    view = Ledger.open(resources.table_name).batches.read_batch(batch_id)
     assert view is not None
     return view
 

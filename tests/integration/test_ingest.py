@@ -30,7 +30,7 @@ from rollout_pipeline.details import batch_completion_detail, group_completion_d
 from rollout_pipeline.ingest import Ingestion, IngestPorts, IngestTuning
 from rollout_pipeline.ledger import keys
 from rollout_pipeline.ledger.attributes import item_values, to_attribute_value
-from rollout_pipeline.ledger.batches import BatchLedger, GroupSpec, query_batch_view
+from rollout_pipeline.ledger.batches import BatchLedger, GroupSpec
 from rollout_pipeline.ledger.items import BatchView, GroupItem
 from rollout_pipeline.ledger.ledger import Ledger
 from rollout_pipeline.local.resources import ExperimentResources
@@ -136,7 +136,7 @@ def has_errors_object(resources: ExperimentResources, dataset_key: str) -> bool:
 def batch_item(resources: ExperimentResources, batch_id: str) -> dict[str, Any]:
     """The stored batch item as plain values (the attribute names ingestion writes), with its `terminal` counter
     summed over its shards."""
-    view = query_batch_view(clients.client("dynamodb"), resources.table_name, batch_id)
+    view = Ledger.open(resources.table_name).batches.read_batch(batch_id)
     assert view is not None
     key = keys.batch_key(batch_id)
     stored = clients.client("dynamodb").get_item(TableName=resources.table_name, Key=key, ConsistentRead=True)
