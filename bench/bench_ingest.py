@@ -171,6 +171,11 @@ class InMemoryBatchTable:
         self.batch = dict(kwargs["Item"])
         return {}
 
+    def query(self, **kwargs: Any) -> dict[str, Any]:
+        """The batch view's Query (`begins_with(sk, "BATCH")`): the batch item, no control item, no counters."""
+        wants_batch = kwargs["ExpressionAttributeValues"].get(":b") == {"S": "BATCH"}
+        return {"Items": [self.batch] if self.batch and wants_batch else []}
+
     def update_item(self, **kwargs: Any) -> dict[str, Any]:
         assert self.batch is not None
         self.updates += 1
