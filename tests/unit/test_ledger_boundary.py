@@ -1,6 +1,9 @@
 """No raw ledger dict crosses the ledger's boundary: every public read and conditional write of
 `rollout_pipeline.ledger` returns a typed view (`ledger.items`), and nothing outside the ledger imports the raw
-layer underneath (the table gateway and the attribute codec)."""
+layer underneath (the table gateway and the attribute codec) or a ledger function that takes or returns a raw item.
+
+Both checks fail on the tree before the ledger was typed at its boundary (22 public reads returning dicts; the
+stages importing `batches.as_batch`/`int_attr`, `items.plain_item`, `rollouts.from_item`)."""
 
 from __future__ import annotations
 
@@ -26,10 +29,9 @@ ALLOWED: dict[str, str] = {
 #: The raw layer under the views: the table gateway and the attribute codec. Their functions take and return
 #: DynamoDB's typed form by design; only the ledger's modules may use them.
 RAW_LAYER = ("table", "attributes")
-#: Modules outside the ledger that may import a raw-layer name, each with why.
-RAW_IMPORTERS: dict[str, str] = {
-    "rollout_pipeline.wiring": "the composition root builds the one LedgerTable the ledger's parts share",
-}
+#: Modules outside the ledger that may import a raw-layer name, each with why (none: the composition root builds
+#: the ledger with `Ledger.open`).
+RAW_IMPORTERS: dict[str, str] = {}
 #: Where a module outside the ledger could import from it (tests inspect stored items, and may).
 OUTSIDE = ("rollout_pipeline", "lambdas", "stacks", "bench")
 
@@ -70,6 +72,22 @@ def raw_layer_names() -> set[str]:
     return names
 
 
+def raw_accessors() -> set[str]:
+    """Every public module-level ledger function that takes or returns an untyped item (a raw accessor: it reads
+    attributes off a dict, or parses either form), except the allowed ones."""
+    names: set[str] = set()
+    for path in sorted(LEDGER.glob("*.py")):
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if not isinstance(node, ast.FunctionDef) or node.name.startswith("_"):
+                continue
+            if f"{path.stem}.{node.name}" in ALLOWED:
+                continue
+            annotations = [arg.annotation for arg in node.args.args + node.args.kwonlyargs] + [node.returns]
+            if any(a is not None and RAW.search(ast.unparse(a)) for a in annotations):
+                names.add(f"rollout_pipeline.ledger.{path.stem}.{node.name}")
+    return names
+
+
 def imports_outside_the_ledger() -> Iterator[tuple[str, str]]:
     """(importing module, imported name) for every import of a ledger name by a module outside the ledger."""
     for top in OUTSIDE:
@@ -100,8 +118,8 @@ def test_the_allow_list_names_only_functions_that_exist_and_need_it() -> None:
     assert set(ALLOWED) <= set(raw_returns())
 
 
-def test_the_raw_layer_stays_inside_the_ledger() -> None:
-    raw = raw_layer_names()
+def test_the_raw_layer_and_raw_accessors_stay_inside_the_ledger() -> None:
+    raw = raw_layer_names() | raw_accessors()
     modules = {f"rollout_pipeline.ledger.{module}" for module in RAW_LAYER}
     bad = [
         (module, name)
@@ -118,3 +136,4 @@ def test_the_boundary_check_sees_a_raw_read(tmp_path: Path) -> None:
     assert not RAW.search("BatchView | None")
     assert "rollout_pipeline.ledger.attributes.item_values" in raw_layer_names()
     assert "rollout_pipeline.ledger.table.LedgerTable" in raw_layer_names()
+    assert "rollout_pipeline.ledger.batches.merge_batch_items" in raw_accessors(), "it takes the typed items"
