@@ -60,9 +60,6 @@ class DispatchStart(StrEnum):
     NOT_DISPATCHABLE = "not_dispatchable"  # the rollout is not queued for this attempt: read it and decide
 
 
-_values = plain_values
-
-
 # ------------------------------------------------------------------------------------------------- the ledger
 
 
@@ -79,6 +76,7 @@ class RolloutLedger:
     # ---------------------------------------------------------------------------------------------- reads
 
     def get_rollout(self, batch_id: str, input_id: str, index: int) -> RolloutRecord | None:
+        """The rollout item, typed (strongly consistent), or None (never dispatched nor ended)."""
         item = self.table.get(keys.rollout_key(batch_id, input_id, index))
         return RolloutRecord.of(item) if item else None
 
@@ -91,12 +89,12 @@ class RolloutLedger:
         attributes: Sequence[str] = (),
         max_pages: int | None = None,
     ) -> Iterator[dict[str, Any]]:
-        """Raw items of one batch partition whose sort key starts with `prefix` (groups `G#`, rollouts `R#...`);
-        only `attributes` when given; `page_size` items a page (None: DynamoDB's 1 MB pages), at most `max_pages`
+        """The (typed) rollout items of one batch partition whose sort key starts with `prefix` (`R#...`); only
+        `attributes` when given; `page_size` items a page (None: DynamoDB's 1 MB pages), at most `max_pages`
         pages when given."""
         request: dict[str, Any] = {
             "KeyConditionExpression": "pk = :pk AND begins_with(sk, :prefix)",
-            "ExpressionAttributeValues": _values({":pk": keys.batch_pk(batch_id), ":prefix": prefix}),
+            "ExpressionAttributeValues": plain_values({":pk": keys.batch_pk(batch_id), ":prefix": prefix}),
             "ConsistentRead": True,
         }
         if page_size is not None:
@@ -140,7 +138,7 @@ class RolloutLedger:
             "IndexName": index_name,
             "KeyConditionExpression": "#p = :p AND #s < :s",
             "ExpressionAttributeNames": {"#p": pk_attr, "#s": sk_attr},
-            "ExpressionAttributeValues": _values({":p": f"{prefix}{shard}", ":s": before_epoch}),
+            "ExpressionAttributeValues": plain_values({":p": f"{prefix}{shard}", ":s": before_epoch}),
             "Limit": limit,
         }
         return [RolloutRecord.of(item) for item in self.table.query(request, max_pages=max_pages)]
