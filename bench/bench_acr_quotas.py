@@ -114,7 +114,7 @@ class StageTrace:
             return handle(event, *args, **kwargs)
 
         completion.handle_result_event = handle_result_event  # type: ignore[assignment]
-        finish = deps.ledger.finish
+        finish = deps.ledger.rollouts.finish
 
         def finished(*args: Any, **kwargs: Any) -> Any:
             done = finish(*args, **kwargs)
@@ -122,7 +122,7 @@ class StageTrace:
                 self.mark(str(kwargs["session_id"]), "recorded")
             return done
 
-        deps.ledger.finish = finished
+        deps.ledger.rollouts.finish = finished
         publish = deps.publisher.publish
 
         def published(details: Any) -> None:
@@ -256,7 +256,7 @@ def run(args: argparse.Namespace) -> int:
     from rollout_pipeline.adapters.s3 import S3ObjectStore
     from rollout_pipeline.adapters.sqs import SqsQueue
     from rollout_pipeline.config import ExperimentConfig
-    from rollout_pipeline.ledger.rollouts import RolloutLedger
+    from rollout_pipeline.ledger.ledger import Ledger
     from rollout_pipeline.lifecycle.completion import complete_records
     from rollout_pipeline.lifecycle.deps import LifecycleDeps
     from rollout_pipeline.lifecycle.dispatch import dispatch_records
@@ -297,7 +297,7 @@ def run(args: argparse.Namespace) -> int:
     fake = FakeAgentRuntime(store=S3ObjectStore(), behaviour=behaviour, profile=profile)
     deps = LifecycleDeps(
         settings=settings,
-        ledger=RolloutLedger(settings.table_name),
+        ledger=Ledger.open(settings.table_name),
         runtime=fake,
         store=S3ObjectStore(),
         queue=SqsQueue(),
@@ -314,7 +314,7 @@ def run(args: argparse.Namespace) -> int:
     batch_id = "bench-000000000001"
     bodies = seed(resources, batch_id, inputs, group_size)
     sqs = clients.client("sqs")
-    ledger = RolloutLedger(settings.table_name)
+    ledger = Ledger.open(settings.table_name)
     stop = threading.Event()
     stop_dispatch = threading.Event()  # the backlog window is over: finish what runs, start nothing new
     errors: list[str] = []
@@ -432,7 +432,7 @@ def run(args: argparse.Namespace) -> int:
     terminal = 0
     last = started
     while time.monotonic() - started < args.max_seconds:
-        terminal = int((ledger.get_batch(batch_id) or {}).get("terminal") or 0)
+        terminal = view.terminal if (view := ledger.batches.read_batch(batch_id)) is not None else 0
         if terminal >= total:
             break
         if time.monotonic() - last > 20:
@@ -471,7 +471,7 @@ def run(args: argparse.Namespace) -> int:
     ideal = ideal_group_schedule(delays[: max(1, len(actual))], args.session_rate * args.endpoints, args.max_sessions)
     limit = args.session_rate * args.endpoints
     print()
-    terminal = int((ledger.get_batch(batch_id) or {}).get("terminal") or 0)
+    terminal = view.terminal if (view := ledger.batches.read_batch(batch_id)) is not None else 0
     print(f"terminal rollouts          {terminal}/{total} (backlog window {elapsed:.1f} s); errors {len(errors)}")
     print(
         f"new sessions per second    busiest sliding 1-s window {busiest_window(times)} / limit "

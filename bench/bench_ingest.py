@@ -8,7 +8,7 @@ Three measurements, reported separately so it is clear what each number covers:
 2. logic: the real ingestion (`Ingestion.handle_message`: reader, validation, group specs, claim decisions,
    `RolloutMessage` bodies, checkpoints, errors log, events) over the whole file, with in-memory stand-ins for the
    AWS side: the object store reads the local file, the queue serialises and counts bodies, the ledger is a
-   `BatchLedger` whose DynamoDB calls are replaced by an in-memory stand-in that keeps only the batch item (every
+   `Ledger` whose DynamoDB calls are replaced by an in-memory stand-in that keeps only the batch item (every
    group is accepted and not stored, so its memory does not grow with the file). Peak memory: tracemalloc.
    Why not moto here: moto's TransactWriteItems deep-copies the whole table on every call (quadratic in the
    number of group items) and its SQS costs ~70 ms per SendMessageBatch in server mode.
@@ -171,6 +171,11 @@ class InMemoryBatchTable:
         self.batch = dict(kwargs["Item"])
         return {}
 
+    def query(self, **kwargs: Any) -> dict[str, Any]:
+        """The batch view's Query (`begins_with(sk, "BATCH")`): the batch item, no control item, no counters."""
+        wants_batch = kwargs["ExpressionAttributeValues"].get(":b") == {"S": "BATCH"}
+        return {"Items": [self.batch] if self.batch and wants_batch else []}
+
     def update_item(self, **kwargs: Any) -> dict[str, Any]:
         assert self.batch is not None
         self.updates += 1
@@ -198,7 +203,7 @@ def bench_logic(path: Path, key: str, group_size: int, *, traced: bool) -> dict[
     """The whole ingestion logic over the file with in-memory stand-ins for AWS (see the module docstring)."""
     from rollout_pipeline.config import ExperimentConfig, HandlerSettings
     from rollout_pipeline.ingest import Ingestion, IngestPorts
-    from rollout_pipeline.ledger.batches import BatchLedger
+    from rollout_pipeline.ledger.ledger import Ledger
 
     settings = HandlerSettings(
         table_name="ledger",
@@ -214,7 +219,7 @@ def bench_logic(path: Path, key: str, group_size: int, *, traced: bool) -> dict[
             store=FileStore({key: path}),
             queue=queue,
             publisher=publisher,
-            ledger=BatchLedger("ledger", table),
+            ledger=Ledger.open("ledger", table),
             settings=settings,
         )
     )
@@ -259,7 +264,7 @@ def bench_moto(rows: int, group_size: int, directory: Path) -> dict[str, Any]:
         from rollout_pipeline.adapters.sqs import SqsQueue
         from rollout_pipeline.config import ExperimentConfig
         from rollout_pipeline.ingest import Ingestion, IngestPorts
-        from rollout_pipeline.ledger.batches import BatchLedger, int_attr
+        from rollout_pipeline.ledger.ledger import Ledger
         from rollout_pipeline.local.resources import create_resources
 
         clients.reset()
@@ -269,7 +274,7 @@ def bench_moto(rows: int, group_size: int, directory: Path) -> dict[str, Any]:
         clients.client("s3").upload_file(str(paths["jsonl.gz"]), resources.input_bucket, "datasets/bench.jsonl.gz")
         message = clients.client("sqs").receive_message(QueueUrl=resources.ingest_queue_url)["Messages"][0]
         settings = resources.settings()
-        queue, ledger = SqsQueue(), BatchLedger(settings.table_name)
+        queue, ledger = SqsQueue(), Ledger.open(settings.table_name)
         ingestion = Ingestion(
             IngestPorts(
                 store=S3ObjectStore(),
@@ -282,16 +287,16 @@ def bench_moto(rows: int, group_size: int, directory: Path) -> dict[str, Any]:
         started = time.perf_counter()
         result = ingestion.handle_message(json.loads(message["Body"]), owner="bench")
         elapsed = time.perf_counter() - started
-        batch = ledger.read_batch(result.batch_id or "") or {}
+        batch = ledger.batches.read_batch(result.batch_id or "")
         depth = clients.client("sqs").get_queue_attributes(
             QueueUrl=resources.rollout_queue_url, AttributeNames=["ApproximateNumberOfMessages"]
         )["Attributes"]["ApproximateNumberOfMessages"]
-        groups = sum(1 for _ in ledger.iter_groups(result.batch_id or ""))
+        groups = sum(1 for _ in ledger.batches.groups(result.batch_id or ""))
         clients.reset()
     return {
         "outcome": result.outcome,
-        "rows": int_attr(batch, "rows_accepted"),
-        "rollouts": int_attr(batch, "rollouts_total"),
+        "rows": batch.rows_accepted if batch is not None else 0,
+        "rollouts": (batch.rollouts_total or 0) if batch is not None else 0,
         "groups": groups,
         "queue_depth": int(depth),
         "sqs_calls": queue.calls,

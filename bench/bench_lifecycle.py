@@ -178,7 +178,7 @@ def run(args: argparse.Namespace) -> int:
     from rollout_pipeline.adapters.s3 import S3ObjectStore
     from rollout_pipeline.adapters.sqs import SqsQueue
     from rollout_pipeline.config import ExperimentConfig
-    from rollout_pipeline.ledger.rollouts import RolloutLedger
+    from rollout_pipeline.ledger.ledger import Ledger
     from rollout_pipeline.lifecycle.completion import complete_records
     from rollout_pipeline.lifecycle.deps import LifecycleDeps
     from rollout_pipeline.lifecycle.dispatch import dispatch_records
@@ -219,7 +219,7 @@ def run(args: argparse.Namespace) -> int:
     fake = FakeAgentRuntime(store=S3ObjectStore(), behaviour=behaviour)
     deps = LifecycleDeps(
         settings=settings,
-        ledger=RolloutLedger(settings.table_name),
+        ledger=Ledger.open(settings.table_name),
         runtime=fake,
         store=S3ObjectStore(),
         queue=SqsQueue(),
@@ -228,7 +228,7 @@ def run(args: argparse.Namespace) -> int:
     batch_id = "bench-000000000001"
     bodies = seed(resources, batch_id, inputs, group_size)
     sqs = clients.client("sqs")
-    ledger = RolloutLedger(settings.table_name)
+    ledger = Ledger.open(settings.table_name)
     stop = threading.Event()
     errors: list[str] = []
     in_flight_samples: list[int] = []
@@ -319,8 +319,8 @@ def run(args: argparse.Namespace) -> int:
     terminal = 0
     last_report = started
     while time.monotonic() - started < args.max_seconds:
-        batch = ledger.get_batch(batch_id) or {}
-        terminal = int(batch.get("terminal") or 0)
+        batch = ledger.batches.read_batch(batch_id)
+        terminal = batch.terminal if batch is not None else 0
         in_flight_samples.append(ledger.limits.in_flight())
         if terminal >= total:
             break

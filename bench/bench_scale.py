@@ -361,7 +361,7 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
     from rollout_pipeline.adapters.sqs import SqsQueue
     from rollout_pipeline.config import ExperimentConfig
     from rollout_pipeline.ledger import retry
-    from rollout_pipeline.ledger.rollouts import RolloutLedger
+    from rollout_pipeline.ledger.ledger import Ledger
     from rollout_pipeline.lifecycle.completion import complete_records
     from rollout_pipeline.lifecycle.deps import LifecycleDeps
     from rollout_pipeline.lifecycle.dispatch import dispatch_records
@@ -408,7 +408,7 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
     fake = FakeAgentRuntime(store=S3ObjectStore(), behaviour=behaviour, profile=acr)
     deps = LifecycleDeps(
         settings=settings,
-        ledger=RolloutLedger(settings.table_name),
+        ledger=Ledger.open(settings.table_name),
         runtime=fake,
         store=S3ObjectStore(),
         queue=SqsQueue(),
@@ -430,7 +430,7 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
             shuffler.shuffle(part)
             bodies[start : start + window] = part
     sqs = clients.client("sqs")
-    ledger = RolloutLedger(settings.table_name)
+    ledger = Ledger.open(settings.table_name)
     visibility = {
         url: int(
             sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["VisibilityTimeout"])["Attributes"][
@@ -599,7 +599,7 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
     terminal, last = 0, started_wall
     while _REAL_MONOTONIC() - started_wall < args.max_seconds:
         counters.harness.on = True
-        terminal = int((ledger.get_batch(batch_id) or {}).get("terminal") or 0)
+        terminal = view.terminal if (view := ledger.batches.read_batch(batch_id)) is not None else 0
         counters.harness.on = False
         if terminal >= total:
             break
@@ -617,7 +617,7 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
     counters.harness.on = True
     while _REAL_MONOTONIC() < settle and ledger.limits.in_flight() > 0:
         _REAL_SLEEP(1.0)
-    terminal = int((ledger.get_batch(batch_id) or {}).get("terminal") or 0)
+    terminal = view.terminal if (view := ledger.batches.read_batch(batch_id)) is not None else 0
     pending = ledger.limits.in_flight()
     counters.harness.on = False
     stop.set()

@@ -7,7 +7,6 @@ details when a trainer resumes. Each detail carries a stable `event_id`, so a re
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
@@ -26,14 +25,11 @@ from rollout_pipeline.contracts import (
     stats_from_sums,
     utcnow,
 )
-from rollout_pipeline.ledger.batches import as_batch, as_group
-from rollout_pipeline.ledger.items import BatchItem, GroupItem
-from rollout_pipeline.ledger.rollouts import SUCCEEDED, RolloutRecord
+from rollout_pipeline.ledger.items import BatchView, GroupItem, RolloutRecord, RolloutState
 
 
-def batch_accepted_detail(batch_item: BatchItem | Mapping[str, Any]) -> BatchAccepted:
+def batch_accepted_detail(batch: BatchView) -> BatchAccepted:
     """`Batch Accepted` of a batch whose ingestion has ended (stable `event_id`)."""
-    batch = as_batch(batch_item)
     options = batch.options
     return BatchAccepted(
         event_id=ids.event_id(DetailType.BATCH_ACCEPTED, batch.exp_id, batch.batch_id),
@@ -50,16 +46,13 @@ def batch_accepted_detail(batch_item: BatchItem | Mapping[str, Any]) -> BatchAcc
     )
 
 
-def batch_completion_detail(
-    batch_item: BatchItem | Mapping[str, Any], now: datetime | None = None
-) -> BatchCompleted | None:
+def batch_completion_detail(batch: BatchView, now: datetime | None = None) -> BatchCompleted | None:
     """`Batch Completed` when every rollout of the batch is terminal, else None.
 
     Complete = ingestion has ended (`rollouts_total` set, status not `ingesting`) and `terminal` >=
     `rollouts_total`. Counts and reward statistics come from the batch counters. `completed_at` is the item's
     (see `BatchLedger.mark_completed`) or `now`.
     """
-    batch = as_batch(batch_item)
     if not batch.complete or batch.rollouts_total is None:
         return None
     mean, std = stats_from_sums(batch.reward_count, batch.reward_sum, batch.reward_sumsq)
@@ -82,15 +75,12 @@ def batch_completion_detail(
     )
 
 
-def group_completion_detail(
-    group_item: GroupItem | Mapping[str, Any], policy_version: str | None = None
-) -> GroupCompleted | None:
+def group_completion_detail(group: GroupItem, policy_version: str | None = None) -> GroupCompleted | None:
     """`Group Completed` when all `group_size` rollouts of the group are terminal, else None.
 
     `rewards` map (index -> reward) and `failures` map (index -> reason) give the per-index outcome; the mean and
     population std are over the successful rewards.
     """
-    group = as_group(group_item)
     if not group.complete:
         return None
     rewards: list[float | None] = [group.rewards.get(index) for index in range(group.group_size)]
@@ -131,7 +121,7 @@ def rollout_event(
         "batch_policy_version": rec.batch_policy_version,
         "timings": timings,
     }
-    if rec.state == SUCCEEDED:
+    if rec.state is RolloutState.SUCCEEDED:
         rewards = rec.rewards if rec.rewards is not None else (rec.reward or 0.0)
         return RolloutCompleted(
             event_id=ids.event_id(DetailType.ROLLOUT_COMPLETED, rec.exp_id, rec.batch_id, rec.input_id, rec.index),
@@ -157,7 +147,7 @@ def rollout_event(
 
 def group_member(rec: RolloutRecord) -> GroupMember:
     """A terminal rollout as a member of its `Group Completed`."""
-    succeeded = rec.state == SUCCEEDED
+    succeeded = rec.state is RolloutState.SUCCEEDED
     return GroupMember(
         index=rec.index,
         status="succeeded" if succeeded else "failed",

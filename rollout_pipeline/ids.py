@@ -133,18 +133,25 @@ def session_id(exp_id: str, batch_id: str, input_id: str, index: int, attempt: i
 
 @dataclass(frozen=True, slots=True)
 class AttemptRef:
-    """Which rollout attempt a result object belongs to."""
+    """One attempt of one rollout, by value: the key of every rollout transition in the ledger. Attempt 0 names a
+    rollout that has no attempt yet (cancelled before its first dispatch)."""
 
-    exp_id: str
     batch_id: str
     input_id: str
     index: int
     attempt: int
-    session_id: str
 
     @property
     def rollout_id(self) -> str:
         return rollout_id(self.input_id, self.index)
+
+
+@dataclass(frozen=True, slots=True)
+class ResultRef(AttemptRef):
+    """The attempt a result object belongs to, with the experiment and session its key names."""
+
+    exp_id: str
+    session_id: str
 
 
 def result_key(exp_id: str, input_id: str, session_id_: str) -> str:
@@ -152,7 +159,7 @@ def result_key(exp_id: str, input_id: str, session_id_: str) -> str:
     return f"{exp_id}/{input_id}/{session_id_}.json"
 
 
-def parse_result_key(key: str) -> AttemptRef:
+def parse_result_key(key: str) -> ResultRef:
     """Map a result object key back to its rollout attempt, or raise `InvalidId` saying why it is not ours."""
     parts = key.split("/")
     if len(parts) != 3 or not parts[2].endswith(".json"):
@@ -169,7 +176,7 @@ def parse_result_key(key: str) -> AttemptRef:
     index, attempt = int(index_text), int(attempt_text)
     if attempt < 1 or session_id(exp_id, batch_id, input_id, index, attempt) != sid:
         raise InvalidId(f"session id {sid!r} does not belong to input {input_id!r} of experiment {exp_id!r}")
-    return AttemptRef(exp_id, batch_id, input_id, index, attempt, sid)
+    return ResultRef(batch_id=batch_id, input_id=input_id, index=index, attempt=attempt, exp_id=exp_id, session_id=sid)
 
 
 def event_id(detail_type: str, exp_id: str, batch_id: str, input_id: str = "", index: int | None = None) -> str:

@@ -10,10 +10,8 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Protocol
-
-from rollout_pipeline.contracts import utcnow
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +128,7 @@ class SystemClock:
     """Wall clock."""
 
     def now(self) -> datetime:
-        return utcnow()
+        return datetime.now(UTC)
 
     def monotonic(self) -> float:
         return time.monotonic()

@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING, Any
 
 from rollout_pipeline.adapters.clients import ACR_SERVICE, ClientFactory
 from rollout_pipeline.config import HandlerSettings
+from rollout_pipeline.ports import Clock, SystemClock
 
 if TYPE_CHECKING:
     from rollout_pipeline.adapters.eventbridge import EventBridgePublisher
     from rollout_pipeline.adapters.s3 import S3ObjectStore
     from rollout_pipeline.adapters.sqs import SqsQueue
     from rollout_pipeline.ingest.core import Ingestion
-    from rollout_pipeline.ledger.batches import BatchLedger
-    from rollout_pipeline.ledger.rollouts import RolloutLedger
+    from rollout_pipeline.ledger.ledger import Ledger
     from rollout_pipeline.lifecycle.deps import LifecycleDeps
     from rollout_pipeline.ports import AgentRuntime
 
@@ -39,6 +39,8 @@ class Wiring:
     runtime: AgentRuntime | None = None
     #: The attempt-token key (`contracts.attempts`); None: tokens are neither issued nor checked.
     attempt_key: Callable[[], bytes] | None = None
+    #: The one clock of the ledger and the lifecycle (the ledger stamps times and TTLs with it).
+    clock: Clock = field(default_factory=SystemClock)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
     _ingestion: Ingestion | None = field(default=None, init=False, repr=False)
     _lifecycle: LifecycleDeps | None = field(default=None, init=False, repr=False)
@@ -75,17 +77,14 @@ class Wiring:
 
         return EventBridgePublisher(self.settings.bus_name, self.clients.lazy("events"))
 
-    def batch_ledger(self) -> BatchLedger:
-        from rollout_pipeline.ledger.batches import BatchLedger
+    def ledger(self, clock: Clock | None = None) -> Ledger:
+        """The experiment's ledger (`ledger.ledger.Ledger`: batches, rollouts, limits over one table), on the
+        wiring's clock unless another is given."""
+        from rollout_pipeline.ledger.ledger import Ledger
 
         ttl_days = self.settings.experiment.ledger_ttl_days
-        return BatchLedger(self.settings.table_name, self.clients.lazy("dynamodb"), ttl_days=ttl_days)
-
-    def rollout_ledger(self) -> RolloutLedger:
-        from rollout_pipeline.ledger.rollouts import RolloutLedger
-
-        ttl_days = self.settings.experiment.ledger_ttl_days
-        return RolloutLedger(self.settings.table_name, self.clients.lazy("dynamodb"), ttl_days=ttl_days)
+        client = self.clients.lazy("dynamodb")
+        return Ledger.open(self.settings.table_name, client, ttl_days=ttl_days, clock=clock or self.clock)
 
     def agent_runtime(self) -> AgentRuntime:
         """The runtime given, else a local pipeline's at the factory's endpoint (`adapters.runtime`), else the ACR
@@ -116,7 +115,7 @@ class Wiring:
                         store=self.store(),
                         queue=self.queue(),
                         publisher=self.publisher(),
-                        ledger=self.batch_ledger(),
+                        ledger=self.ledger(),
                         settings=self.settings,
                     )
                 )
@@ -130,12 +129,15 @@ class Wiring:
             return self._lifecycle
 
     def new_lifecycle(self, **overrides: Any) -> LifecycleDeps:
-        """Fresh lifecycle collaborators, with `overrides` of `LifecycleDeps` fields (clock, tuning) if given."""
+        """Fresh lifecycle collaborators, with `overrides` of `LifecycleDeps` fields (clock, tuning) if given; the
+        ledger keeps the lifecycle's clock."""
         from rollout_pipeline.lifecycle.deps import LifecycleDeps
 
+        clock = overrides.pop("clock", self.clock)
         return LifecycleDeps(
             settings=self.settings,
-            ledger=self.rollout_ledger(),
+            ledger=self.ledger(clock),
+            clock=clock,
             runtime=self.agent_runtime(),
             store=self.store(),
             queue=self.queue(),

@@ -62,6 +62,11 @@ class RolloutMessage(BaseModel):
     def session_id(self) -> str:
         return ids.session_id(self.exp_id, self.batch_id, self.input_id, self.index, self.attempt)
 
+    @property
+    def ref(self) -> ids.AttemptRef:
+        """The attempt this message starts."""
+        return ids.AttemptRef(self.batch_id, self.input_id, self.index, self.attempt)
+
 
 def build_agent_payload(
     *,

@@ -1,7 +1,7 @@
 """Dataset ingestion: a dataset object (or an SDK submission) becomes validated rollout messages, accounted in
 the ledger.
 
-Plain Python over the ports (`ObjectStore`, `MessageQueue`, `EventPublisher`) and the ledger (`BatchLedger`);
+Plain Python over the ports (`ObjectStore`, `MessageQueue`, `EventPublisher`) and the ledger (its `batches`);
 `lambdas/ingest.py` only wires the adapters. One file is processed in chunks of rows:
 
 1. read and validate the rows (`contracts.parse_row`); bad rows go to the errors log;
@@ -40,12 +40,9 @@ from rollout_pipeline.contracts import (
 from rollout_pipeline.details import batch_accepted_detail, batch_completion_detail
 from rollout_pipeline.ingest.errors import ErrorLog
 from rollout_pipeline.ingest.reader import DatasetFormatError, RawRecord, dataset_kind, read_records
-from rollout_pipeline.ledger.batches import (
-    BatchLedger,
-    GroupSpec,
-    IngestProgress,
-    as_batch,
-)
+from rollout_pipeline.ledger.batches import GroupSpec, IngestProgress
+from rollout_pipeline.ledger.items import BatchView
+from rollout_pipeline.ledger.ledger import Ledger
 from rollout_pipeline.ports import EventPublisher, MessageQueue, ObjectNotFound, ObjectStore
 
 if TYPE_CHECKING:
@@ -98,7 +95,7 @@ class IngestPorts:
     store: ObjectStore
     queue: MessageQueue
     publisher: EventPublisher
-    ledger: BatchLedger
+    ledger: Ledger
     settings: HandlerSettings
 
 
@@ -214,7 +211,7 @@ class Ingestion:
         if not routing.is_dataset_key(obj.key):
             logger.info("ignoring object %s/%s: not a dataset of this experiment", obj.bucket, obj.key)
             return IngestResult("ignored")
-        ledger = self.ports.ledger
+        ledger = self.ports.ledger.batches
         batch_id = obj.batch_id
         item = ledger.read_batch(batch_id)
         if item is None:
@@ -245,13 +242,13 @@ class Ingestion:
                 return self._run(obj, item, owner=owner, remaining_ms=remaining_ms)
             item = ledger.read_batch(batch_id)  # created concurrently by another worker
             assert item is not None
-        if as_batch(item).rollouts_total is not None:
+        if item.rollouts_total is not None:
             return self._republish(item, "already_done")
         acquired = ledger.acquire_lease(batch_id, owner, self.tuning.lease_seconds)
         if acquired is None:
             logger.info("batch %s is being ingested by another worker; acknowledging", batch_id)
             return IngestResult("in_progress", batch_id, progress=IngestProgress.of(item))
-        logger.info("resuming batch %s after line %s", batch_id, as_batch(acquired).cursor)
+        logger.info("resuming batch %s after line %s", batch_id, acquired.cursor)
         return self._run(obj, acquired, owner=owner, remaining_ms=remaining_ms)
 
     def submit_rows(
@@ -270,7 +267,7 @@ class Ingestion:
         """
         effective = options or FileOptions.defaults(self.settings.experiment)
         batch_id = ids.new_batch_id(name)
-        item = self.ports.ledger.create_batch(
+        item = self.ports.ledger.batches.create_batch(
             exp_id=self.exp_id,
             batch_id=batch_id,
             options=effective,
@@ -317,7 +314,7 @@ class Ingestion:
         log.add(None, reason, message)
         errors_key = ids.errors_key(obj.key)
         self.ports.store.put_bytes(obj.bucket, errors_key, log.render(final=True), content_type=NDJSON)
-        item = self.ports.ledger.create_rejected_batch(
+        item = self.ports.ledger.batches.create_rejected_batch(
             exp_id=self.exp_id,
             batch_id=batch_id,
             options=None,
@@ -329,22 +326,22 @@ class Ingestion:
         logger.warning("batch %s: %s", batch_id, message)
         return self._republish(item, "rejected")
 
-    def _republish(self, item: Mapping[str, Any], outcome: Outcome) -> IngestResult:
+    def _republish(self, item: BatchView, outcome: Outcome) -> IngestResult:
         """Publish `Batch Accepted` (and `Batch Completed` when complete) of a batch whose ingestion ended."""
         published = self.publish_batch_events(item)
-        return IngestResult(outcome, as_batch(item).batch_id, progress=IngestProgress.of(item), published=published)
+        return IngestResult(outcome, item.batch_id, progress=IngestProgress.of(item), published=published)
 
-    def publish_batch_events(self, item: Mapping[str, Any]) -> list[str]:
-        """Publish the end-of-ingestion events of a batch item; return their detail types."""
+    def publish_batch_events(self, item: BatchView) -> list[str]:
+        """Publish the end-of-ingestion events of a batch; return their detail types."""
         details: list[Any] = [batch_accepted_detail(item)]
         if batch_completion_detail(item) is not None:
-            stamped = self.ports.ledger.mark_completed(as_batch(item).batch_id)
+            stamped = self.ports.ledger.batches.mark_completed(item.batch_id)
             details.append(batch_completion_detail(stamped))
         self.ports.publisher.publish(details)
         return [type(d).__name__ for d in details]
 
     def _run(
-        self, obj: DatasetObject, item: Mapping[str, Any], *, owner: str, remaining_ms: Callable[[], int] | None
+        self, obj: DatasetObject, item: BatchView, *, owner: str, remaining_ms: Callable[[], int] | None
     ) -> IngestResult:
         store = self.ports.store
         progress = IngestProgress.of(item)
@@ -357,7 +354,7 @@ class Ingestion:
             log.total = progress.rows_rejected
         run = _Run(self, item, owner=owner, errors=log, errors_target=(obj.bucket, errors_key))
         errors_uri = f"s3://{obj.bucket}/{errors_key}"
-        if as_batch(item).cancelled:
+        if item.cancelled:
             return run.finish(errors_uri=errors_uri)
         chunks = store.iter_bytes(obj.bucket, obj.key, obj.version_id, chunk_size=self.tuning.read_chunk_bytes)
         last_position = progress.cursor
@@ -413,7 +410,7 @@ class _Run:
     def __init__(
         self,
         ingestion: Ingestion,
-        item: Mapping[str, Any],
+        batch: BatchView,
         *,
         owner: str,
         errors: ErrorLog,
@@ -422,7 +419,6 @@ class _Run:
         self.ingestion = ingestion
         self.ports = ingestion.ports
         self.tuning = ingestion.tuning
-        batch = as_batch(item)
         self.batch_id = batch.batch_id
         self.exp_id = batch.exp_id
         options = batch.options
@@ -531,7 +527,7 @@ class _Run:
                 )
             groups.append(group)
             payloads.setdefault(parsed.input_id, (parsed, payload_bytes))
-        written = self.ports.ledger.create_groups(exp_id=self.exp_id, batch_id=self.batch_id, groups=groups)
+        written = self.ports.ledger.batches.create_groups(exp_id=self.exp_id, batch_id=self.batch_id, groups=groups)
         for group, holder_line in written.duplicates:
             rejections.append(
                 (group.line, DUPLICATE_ID_REASON, f"id {group.input_id!r} is already used by line {holder_line}")
@@ -573,7 +569,7 @@ class _Run:
             bucket, key = self.errors_target
             self.ports.store.put_bytes(bucket, key, self.errors.render(final=False), content_type=NDJSON)
             self.errors.dirty = False
-        item = self.ports.ledger.checkpoint(
+        item = self.ports.ledger.batches.checkpoint(
             self.batch_id,
             owner=self.owner,
             previous_cursor=self.progress.cursor,
@@ -582,7 +578,7 @@ class _Run:
             release=release,
         )
         self.progress = progress
-        if as_batch(item).cancelled and not self.cancelled:
+        if item.cancelled and not self.cancelled:
             logger.info("batch %s was cancelled: stopping ingestion at line %s", self.batch_id, progress.cursor)
             self.cancelled = True
 
@@ -601,7 +597,7 @@ class _Run:
         if self.errors_target is not None:
             bucket, key = self.errors_target
             self.ports.store.put_bytes(bucket, key, self.errors.render(final=True), content_type=NDJSON)
-        item = self.ports.ledger.reject_ingesting(
+        item = self.ports.ledger.batches.reject_ingesting(
             self.batch_id, owner=self.owner, previous_cursor=self.progress.cursor, error=message, errors_uri=errors_uri
         )
         logger.warning("batch %s (%s): %s", self.batch_id, obj.source, message)
@@ -621,7 +617,7 @@ class _Run:
             bucket, key = self.errors_target
             self.ports.store.put_bytes(bucket, key, self.errors.render(final=True), content_type=NDJSON)
             self.errors.dirty = False
-        item = self.ports.ledger.finish_ingest(
+        item = self.ports.ledger.batches.finish_ingest(
             self.batch_id,
             owner=self.owner,
             previous_cursor=self.progress.cursor,
@@ -629,7 +625,7 @@ class _Run:
             errors_uri=errors_uri,
         )
         published = self.ingestion.publish_batch_events(item)
-        outcome: Outcome = "cancelled" if as_batch(item).cancelled else "accepted"
+        outcome: Outcome = "cancelled" if item.cancelled else "accepted"
         logger.info(
             "batch %s %s: %d rows accepted, %d rejected, %d rollouts enqueued",
             self.batch_id,

@@ -1,13 +1,14 @@
-"""DynamoDB AttributeValues to and from plain Python values: the one codec every ledger module uses."""
+"""DynamoDB AttributeValues to and from plain Python values: the one codec every ledger module uses.
+
+The table gateway (`ledger.table`) hands the ledger modules items as the low-level client returns them (typed:
+`{"N": "3"}`); each module parses them once, with `item_values`, into its typed views (`ledger.items`). Nothing
+outside the ledger sees a raw item."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from decimal import Context, Decimal
 from typing import Any, Final
-
-#: The type tags of a DynamoDB AttributeValue.
-TYPE_TAGS: Final = frozenset({"S", "N", "B", "BOOL", "NULL", "M", "L", "SS", "NS", "BS"})
 
 
 def to_attribute_value(value: Any) -> dict[str, Any]:
@@ -75,3 +76,14 @@ def from_attribute_value(av: Mapping[str, Any]) -> Any:
     if kind in ("SS", "NS"):
         return set(value)
     return value
+
+
+def plain_values(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Plain Python values as AttributeValues (`to_attribute_value`), by name: an expression's values, an item."""
+    return {name: to_attribute_value(value) for name, value in values.items()}
+
+
+def item_values(item: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """A typed item (as GetItem, Query and UpdateItem return it) as plain Python values (`from_attribute_value`):
+    the one converter from the table's form to the views' input."""
+    return {name: from_attribute_value(value) for name, value in item.items()}

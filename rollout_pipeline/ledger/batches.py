@@ -2,8 +2,8 @@
 acceptance, and the completion details other stages publish.
 
 Item shapes and attribute names follow docs/ARCHITECTURE.md ("Ledger"). Every item carries the TTL `expires_at`.
-Functions that read items accept either the low-level client's typed form (`{"N": "3"}`, as `GetItem` and
-`UpdateItem(ReturnValues=ALL_NEW)` return it) or plain Python values.
+Every read and conditional write returns a typed view (`items.BatchView`, `items.GroupItem`), parsed here from the
+low-level client's typed form.
 
 The batch's counters live on its `COUNT#` shards and its cancel flag on its control item (`keys.BATCH_SK`); readers
 get them merged into one batch view (`merge_batch_items`). Ingest bookkeeping on the batch item: `cursor` (last
@@ -13,22 +13,18 @@ far; copied to `rollouts_total` when ingestion ends) and `errors_listed` (detail
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 from decimal import Decimal
 from typing import Any, Final
 
 from rollout_pipeline.contracts import (
     FileOptions,
-    iso,
-    utcnow,
 )
 from rollout_pipeline.ledger import keys
-from rollout_pipeline.ledger.attributes import TYPE_TAGS, from_attribute_value, number_text
-from rollout_pipeline.ledger.items import BatchItem, GroupItem
-from rollout_pipeline.ledger.table import CONDITION_FAILED, LedgerError, LedgerTable, query_items
+from rollout_pipeline.ledger.attributes import number_text
+from rollout_pipeline.ledger.items import BatchView, GroupItem
+from rollout_pipeline.ledger.table import CONDITION_FAILED, LedgerError, LedgerTable, reason_codes
 
 STATUS_INGESTING: Final = "ingesting"
 STATUS_ACCEPTED: Final = "accepted"
@@ -63,9 +59,8 @@ class IngestProgress:
     errors_listed: int = 0
 
     @classmethod
-    def of(cls, batch_item: BatchItem | Mapping[str, Any]) -> IngestProgress:
-        """Read the checkpointed progress of a batch item."""
-        batch = as_batch(batch_item)
+    def of(cls, batch: BatchView) -> IngestProgress:
+        """Read the checkpointed progress of a batch."""
         return cls(
             cursor=batch.cursor,
             rows_accepted=batch.rows_accepted,
@@ -106,33 +101,6 @@ class GroupWriteResult:
         return sorted([*self.created, *self.resumed], key=lambda g: g.line)
 
 
-# ---------------------------------------------------------------------------------------------- attribute access
-
-
-def attr(item: Mapping[str, Any], name: str, default: Any = None) -> Any:
-    """A plain Python value of one attribute, from a typed (`{"S": ...}`) or plain item."""
-    if name not in item:
-        return default
-    return plain(item[name])
-
-
-def plain(value: Any) -> Any:
-    """Convert one DynamoDB AttributeValue (typed) to Python; plain values pass through."""
-    if isinstance(value, Mapping) and len(value) == 1 and next(iter(value)) in TYPE_TAGS:
-        return from_attribute_value(value)
-    return value
-
-
-def int_attr(item: Mapping[str, Any], name: str) -> int:
-    value = attr(item, name, 0)
-    return int(value) if value is not None else 0
-
-
-def float_attr(item: Mapping[str, Any], name: str) -> float:
-    value = attr(item, name, 0)
-    return float(value) if value is not None else 0.0
-
-
 def _n(value: int | float) -> dict[str, str]:
     return {"N": str(value)}
 
@@ -153,7 +121,7 @@ def _is_counter(name: str) -> bool:
     return name in COUNTERS or name.startswith(FAILED_PREFIX)
 
 
-def merge_batch_items(items: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None:
+def merge_batch_items(items: Iterable[Mapping[str, Any]]) -> BatchView | None:
     """The batch as its readers see it, from the typed items of one `begins_with(sk, "BATCH")` query: the batch
     item, `cancelled_at` from its control item, and every counter summed over its shards (exactly, as decimals;
     0 when none counted yet). None when the batch item does not exist.
@@ -180,61 +148,46 @@ def merge_batch_items(items: Iterable[Mapping[str, Any]]) -> dict[str, Any] | No
         base[name] = {"N": number_text(total)}
     if "cancelled_at" in control and "cancelled_at" not in base:
         base["cancelled_at"] = control["cancelled_at"]
-    return base
-
-
-def query_batch_view(ddb: Any, table_name: str, batch_id: str) -> dict[str, Any] | None:
-    """Read the batch view (`merge_batch_items`, typed) with one strongly consistent Query."""
-    kwargs: dict[str, Any] = {
-        "TableName": table_name,
-        "KeyConditionExpression": "pk = :pk AND begins_with(sk, :b)",
-        "ExpressionAttributeValues": {":pk": _s(keys.batch_pk(batch_id)), ":b": _s(keys.BATCH_SK)},
-        "ConsistentRead": True,
-    }
-    return merge_batch_items(query_items(ddb, kwargs))
+    return BatchView.of(base)
 
 
 # -------------------------------------------------------------------------------------------------- the ledger
 
 
 class BatchLedger:
-    """Batch and group items of one ledger table, through its gateway (`table.LedgerTable`)."""
+    """Batch and group items of one ledger table, through its gateway (`table.LedgerTable`): creation, the ingest
+    lease and checkpoints, transactional group creation, acceptance, cancel and the completion-event claims."""
 
-    def __init__(
-        self,
-        table_name: str,
-        dynamodb_client: Any | None = None,
-        *,
-        ttl_days: int = 30,
-        now: Callable[[], datetime] = utcnow,
-        sleep: Callable[[float], None] = time.sleep,
-    ) -> None:
-        self.table = LedgerTable(table_name, dynamodb_client, ttl_days=ttl_days, now=now, sleep=sleep)
-        self.table_name = table_name
-
-    @property
-    def ddb(self) -> Any:
-        return self.table.ddb
+    def __init__(self, table: LedgerTable) -> None:
+        self.table = table
+        self.table_name = table.name
 
     # ------------------------------------------------------------------------------------------------- reads
 
-    def read_batch(self, batch_id: str) -> dict[str, Any] | None:
-        """The batch view (`merge_batch_items`: the batch item with its counters summed; typed, strongly
-        consistent), or None."""
-        return query_batch_view(self.ddb, self.table_name, batch_id)
+    def read_batch(self, batch_id: str) -> BatchView | None:
+        """The batch view (`merge_batch_items`: the batch item with its counters summed), with one strongly
+        consistent Query, or None."""
+        request: dict[str, Any] = {
+            "KeyConditionExpression": "pk = :pk AND begins_with(sk, :b)",
+            "ExpressionAttributeValues": {":pk": _s(keys.batch_pk(batch_id)), ":b": _s(keys.BATCH_SK)},
+            "ConsistentRead": True,
+        }
+        return merge_batch_items(self.table.query(request))
 
-    def read_group(self, batch_id: str, input_id: str) -> dict[str, Any] | None:
-        """The group item (typed, strongly consistent), or None."""
-        return self.table.get(keys.group_key(batch_id, input_id))
+    def read_group(self, batch_id: str, input_id: str) -> GroupItem | None:
+        """The group (strongly consistent), or None."""
+        item = self.table.get(keys.group_key(batch_id, input_id))
+        return GroupItem.of(item) if item else None
 
-    def iter_groups(self, batch_id: str) -> Iterator[dict[str, Any]]:
-        """Every group item of a batch (typed), in input-id order (a Query, never a scan)."""
+    def groups(self, batch_id: str) -> Iterator[GroupItem]:
+        """Every group of a batch, in input-id order (a paged Query, never a scan; strongly consistent)."""
         request: dict[str, Any] = {
             "KeyConditionExpression": "pk = :pk AND begins_with(sk, :g)",
             "ExpressionAttributeValues": {":pk": _s(keys.batch_pk(batch_id)), ":g": _s(keys.GROUP_PREFIX)},
             "ConsistentRead": True,
         }
-        yield from self.table.query(request)
+        for item in self.table.query(request):
+            yield GroupItem.of(item)
 
     # ------------------------------------------------------------------------------------------------ batch
 
@@ -247,7 +200,7 @@ class BatchLedger:
         source: str,
         lease_owner: str | None = None,
         lease_seconds: int = 900,
-    ) -> dict[str, Any] | None:
+    ) -> BatchView | None:
         """Create a batch in status `ingesting` (with the ingest lease when `lease_owner` is given).
 
         Returns the new item, or None when the batch already exists (nothing is changed then).
@@ -259,7 +212,7 @@ class BatchLedger:
         if lease_owner is not None:
             item["lease_owner"] = _s(lease_owner)
             item["lease_expires"] = _n(self.table.epoch() + lease_seconds)
-        return item if self.table.put_new(item) else None
+        return BatchView.of(item) if self.table.put_new(item) else None
 
     def create_rejected_batch(
         self,
@@ -271,12 +224,12 @@ class BatchLedger:
         error: str,
         errors_uri: str | None,
         group_size: int,
-    ) -> dict[str, Any]:
+    ) -> BatchView:
         """Record a file rejected as a whole (e.g. bad metadata): status `rejected`, zero rows, complete at once.
 
         Idempotent: if the batch already exists, the stored item is returned unchanged.
         """
-        now = iso(self.table.now())
+        now = self.table.now_iso()
         item = self._new_batch_item(exp_id=exp_id, batch_id=batch_id, options=options, source=source)
         item.update(
             {
@@ -294,7 +247,7 @@ class BatchLedger:
         if errors_uri:
             item["errors_uri"] = _s(errors_uri)
         if self.table.put_new(item):
-            return item
+            return BatchView.of(item)
         existing = self.read_batch(batch_id)
         assert existing is not None  # the conditional put failed because it exists
         return existing
@@ -307,21 +260,21 @@ class BatchLedger:
             "exp_id": _s(exp_id),
             "batch_id": _s(batch_id),
             "source": _s(source),
-            "created_at": _s(iso(self.table.now())),
+            "created_at": _s(self.table.now_iso()),
             keys.TTL_ATTRIBUTE: _n(self.table.expires_at()),
         }
         if options is not None:
             item["options"] = _s(options.model_dump_json())
         return item
 
-    def acquire_lease(self, batch_id: str, owner: str, lease_seconds: int) -> dict[str, Any] | None:
+    def acquire_lease(self, batch_id: str, owner: str, lease_seconds: int) -> BatchView | None:
         """Take the ingest lease of an unfinished batch (`ingesting`, or `cancelled` before ingestion ended) when
         the lease is free, expired or already ours.
 
         Returns the updated item, or None when another worker holds an unexpired lease or ingestion has ended.
         """
         now = self.table.epoch()
-        return self.table.update(
+        item = self.table.update(
             keys.batch_key(batch_id),
             "SET #owner = :me, #lease = :until",
             "#status IN (:ingesting, :cancelled) AND attribute_not_exists(rollouts_total)"
@@ -336,6 +289,7 @@ class BatchLedger:
             {k: _NAMES[k] for k in ("#status", "#owner", "#lease")},
             return_values="ALL_NEW",
         )
+        return BatchView.of(item) if item is not None else None
 
     def checkpoint(
         self,
@@ -346,11 +300,12 @@ class BatchLedger:
         progress: IngestProgress,
         lease_seconds: int,
         release: bool = False,
-    ) -> dict[str, Any]:
+    ) -> BatchView:
         """Record progress up to `progress.cursor`; conditional on our lease and the previous cursor.
 
         Renews the lease (or releases it with `release=True`, so a continuation can take over at once).
-        Returns the updated item: its `status` tells whether someone cancelled the batch meanwhile.
+        Returns the updated batch item (without its counters): its `status` tells whether someone cancelled the
+        batch meanwhile.
         Raises `LedgerConflict` when the lease or the cursor moved (another worker took over).
         """
         values = self._progress_values(progress)
@@ -366,7 +321,7 @@ class BatchLedger:
         )
         if item is None:
             raise LedgerConflict(f"batch {batch_id}: lease lost or cursor moved (expected cursor {previous_cursor})")
-        return item
+        return BatchView.of(item)
 
     def finish_ingest(
         self,
@@ -376,7 +331,7 @@ class BatchLedger:
         previous_cursor: int,
         progress: IngestProgress,
         errors_uri: str | None,
-    ) -> dict[str, Any]:
+    ) -> BatchView:
         """End an ingestion: `rollouts_total` = rollouts enqueued, `accepted_at`, lease removed.
 
         An `ingesting` batch becomes `accepted`; a `cancelled` one keeps its status (its completion accounting
@@ -389,7 +344,7 @@ class BatchLedger:
                 ":me": owner,
                 ":prev": previous_cursor,
                 ":total": progress.rollouts_enqueued,
-                ":at": iso(self.table.now()),
+                ":at": self.table.now_iso(),
             }
         )
         update = _PROGRESS_SET + ", rollouts_total = :total, accepted_at = :at"
@@ -410,12 +365,12 @@ class BatchLedger:
             if item is None:
                 continue
             view = self.read_batch(batch_id)  # with its counters: the batch may be complete already
-            return view if view is not None else item
+            return view if view is not None else BatchView.of(item)
         raise LedgerConflict(f"batch {batch_id}: cannot finish ingestion (lease lost, cursor moved or finished)")
 
     def reject_ingesting(
         self, batch_id: str, *, owner: str, previous_cursor: int, error: str, errors_uri: str | None
-    ) -> dict[str, Any]:
+    ) -> BatchView:
         """End an ingestion that found no row: status `rejected` with `error`, zero rollouts, complete at once.
 
         Conditional on our lease and cursor, like `finish_ingest`. Raises `LedgerConflict` if we lost the lease."""
@@ -426,7 +381,7 @@ class BatchLedger:
             ":rejected": STATUS_REJECTED,
             ":error": error,
             ":zero": 0,
-            ":at": iso(self.table.now()),
+            ":at": self.table.now_iso(),
         }
         update = "SET #status = :rejected, #err = :error, rollouts_total = :zero, accepted_at = :at, completed_at = :at"
         if errors_uri:
@@ -442,21 +397,21 @@ class BatchLedger:
         )
         if item is None:
             raise LedgerConflict(f"batch {batch_id}: cannot reject (lease lost, cursor moved or not ingesting)")
-        return item
+        return BatchView.of(item)
 
-    def mark_completed(self, batch_id: str) -> dict[str, Any]:
+    def mark_completed(self, batch_id: str) -> BatchView:
         """Stamp `completed_at` once (first writer wins) and return the batch view; used before `Batch Completed`."""
         item = self.table.update(
             keys.batch_key(batch_id),
             "SET completed_at = if_not_exists(completed_at, :at)",
             "attribute_exists(pk)",
-            {":at": iso(self.table.now())},
+            {":at": self.table.now_iso()},
             return_values="ALL_NEW",
         )
         if item is None:
             raise LedgerError(f"batch {batch_id} does not exist")
         view = self.read_batch(batch_id)
-        return view if view is not None else item
+        return view if view is not None else BatchView.of(item)
 
     @staticmethod
     def _progress_values(progress: IngestProgress) -> dict[str, Any]:
@@ -470,7 +425,7 @@ class BatchLedger:
 
     # ----------------------------------------------------------------------------------------------- groups
 
-    def group_item(self, *, exp_id: str, batch_id: str, group: GroupSpec) -> dict[str, Any]:
+    def _group_item(self, *, exp_id: str, batch_id: str, group: GroupSpec) -> dict[str, Any]:
         """The DynamoDB item of a new group (counters empty)."""
         item: dict[str, Any] = {
             **keys.group_key(batch_id, group.input_id),
@@ -483,7 +438,7 @@ class BatchLedger:
             "terminal": _n(0),
             "rewards": {"M": {}},
             "failures": {"M": {}},
-            "created_at": _s(iso(self.table.now())),
+            "created_at": _s(self.table.now_iso()),
             keys.TTL_ATTRIBUTE: _n(self.table.expires_at()),
         }
         if group.payload_ref is not None:
@@ -518,7 +473,7 @@ class BatchLedger:
         chunk: list[tuple[GroupSpec, dict[str, Any]]] = []
         size = 0
         for group in groups:
-            item = self.group_item(exp_id=exp_id, batch_id=batch_id, group=group)
+            item = self._group_item(exp_id=exp_id, batch_id=batch_id, group=group)
             # DynamoDB counts UTF-8 bytes (a non-ASCII character is 2-4 of them), not characters.
             item_size = len((group.payload_json or "").encode()) + len(group.overrides_json.encode()) + 512
             if chunk and (len(chunk) >= TRANSACTION_MAX_ITEMS or size + item_size > TRANSACTION_MAX_BYTES):
@@ -573,14 +528,71 @@ class BatchLedger:
             if index >= len(pending):
                 continue
             group = pending[index][0]
-            existing = reason.get("Item") or self.read_group(batch_id, group.input_id) or {}
-            existing_line = int_attr(existing, "line")
+            returned = reason.get("Item")
+            existing = GroupItem.of(returned) if returned else self.read_group(batch_id, group.input_id)
+            existing_line = existing.line if existing is not None else 0
             if existing_line == group.line:
                 result.resumed.append(group)
             else:
                 result.duplicates.append((group, existing_line))
             settled.add(index)
         return [entry for index, entry in enumerate(pending) if index not in settled]
+
+    # ------------------------------------------------------------------------------- cancel and completion claims
+
+    def cancel(self, batch_id: str) -> bool:
+        """Mark the batch cancelled (idempotent): its status, and its control item that the dispatch transaction
+        checks, in one transaction. False if the batch does not exist or was rejected as a whole."""
+        values = {":cancelled": "cancelled", ":now": self.table.now_iso()}
+        batch = self.table.update_op(
+            keys.batch_key(batch_id),
+            "SET #status = :cancelled, cancelled_at = if_not_exists(cancelled_at, :now)",
+            "attribute_exists(pk) AND #status <> :rejected",
+            {**values, ":rejected": "rejected"},
+            {"#status": "status"},
+        )
+        control = self.table.update_op(
+            keys.batch_control_key(batch_id),
+            "SET #status = :cancelled, cancelled_at = if_not_exists(cancelled_at, :now), #ttl = :ttl",
+            None,
+            {**values, ":ttl": self.table.expires_at()},
+            {"#status": "status", "#ttl": keys.TTL_ATTRIBUTE},
+        )
+        reasons = self.table.transact([{"Update": batch}, {"Update": control}])
+        if reasons is None:
+            return True
+        if reason_codes(reasons)[0] == CONDITION_FAILED:
+            return False
+        raise LedgerError(f"cancel transaction of {batch_id} cancelled: {reasons}")
+
+    def claim_group_event(self, batch_id: str, input_id: str, claimant: str) -> bool:
+        """Let one rollout (`claimant`) publish `Group Completed`: the first claimer, or the same one again (its
+        outbox retried), gets True. The claimer's outbox entry stays until its publish succeeded, so the event is
+        not lost; concurrent last rollouts do not both publish it."""
+        return (
+            self.table.update(
+                keys.group_key(batch_id, input_id),
+                "SET completed_event_by = :me",
+                "attribute_exists(pk) AND (attribute_not_exists(completed_event_by) OR completed_event_by = :me)",
+                {":me": claimant},
+            )
+            is not None
+        )
+
+    def claim_batch_completed(self, batch_id: str, claimant: str) -> BatchView | None:
+        """Like `claim_group_event` for `Batch Completed`; also stamps `completed_at` once. Returns the batch view
+        (`batches.merge_batch_items`) when `claimant` may publish, else None."""
+        item = self.table.update(
+            keys.batch_key(batch_id),
+            "SET completed_at = if_not_exists(completed_at, :now), completed_event_by = :me",
+            "attribute_exists(pk) AND (attribute_not_exists(completed_event_by) OR completed_event_by = :me)",
+            {":now": self.table.now_iso(), ":me": claimant},
+            return_values="ALL_NEW",
+        )
+        if item is None:
+            return None
+        view = self.read_batch(batch_id)
+        return view if view is not None else BatchView.of(item)
 
 
 _PROGRESS_SET: Final = (
@@ -592,25 +604,7 @@ _PROGRESS_SET: Final = (
 # ------------------------------------------------------------------------------------------- event details
 
 
-def as_batch(batch: BatchItem | Mapping[str, Any]) -> BatchItem:
-    """A batch view as a `BatchItem` (raw views, typed or plain, are parsed)."""
-    return batch if isinstance(batch, BatchItem) else BatchItem.of(batch)
-
-
-def as_group(group: GroupItem | Mapping[str, Any]) -> GroupItem:
-    """A group as a `GroupItem` (raw items, typed or plain, are parsed)."""
-    return group if isinstance(group, GroupItem) else GroupItem.of(group)
-
-
-def batch_options(batch_item: BatchItem | Mapping[str, Any] | None) -> FileOptions | None:
-    """The effective per-file options stored on a batch item; None for no item, a file rejected before they
-    were known, or an unreadable value (callers then use the experiment's defaults)."""
-    return as_batch(batch_item).options if batch_item is not None else None
-
-
-def group_payload(group_item: GroupItem | Mapping[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
-    """The inline payload (parsed) or the claim-check URI of a group item."""
-    group = as_group(group_item)
-    if group.payload is not None:
-        return dict(group.payload), None
-    return None, group.payload_ref
+def batch_options(batch: BatchView | None) -> FileOptions | None:
+    """The effective per-file options stored on a batch; None for no batch, a file rejected before they were
+    known, or an unreadable value (callers then use the experiment's defaults)."""
+    return batch.options if batch is not None else None

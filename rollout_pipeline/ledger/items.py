@@ -1,9 +1,11 @@
-"""Typed ledger items, parsed once at the table boundary (issue 13 item 1, first step).
+"""Every item type of the ledger, typed: what its reads and conditional writes return.
 
-The stages, the SDK and the CLI read these instead of raw DynamoDB dicts: times are datetimes, states are enums,
-counters are ints and floats, JSON attributes are parsed. `BatchItem` is the batch view (the batch item with its
-control item and its counter shards merged, `batches.merge_batch_items`); `GroupItem` is a group. Rollouts are
-`rollouts.RolloutRecord`. Each `of(...)` accepts the low-level client's typed form (`{"N": "3"}`) or plain values.
+The ledger parses each item once, at the table boundary (`of`: the low-level client's typed form, `{"N": "3"}`,
+through `attributes.item_values`); the stages, the SDK and the CLI never see a raw DynamoDB dict. Times are
+datetimes, states enums, counters ints and floats, JSON attributes parsed. `BatchView` is a batch as its readers
+see it (the batch item with its control item and its counter shards merged, `batches.merge_batch_items`);
+`GroupItem` a group; `RolloutRecord` a rollout item and `RolloutSummary` any projection of it; `Terminal` is the
+outcome a terminal transition records. Rollout transitions are keyed by value: `ids.AttemptRef`.
 """
 
 from __future__ import annotations
@@ -13,10 +15,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, Final
 
 from rollout_pipeline.contracts import FailureReason, FileOptions, parse_iso
-from rollout_pipeline.ledger.attributes import TYPE_TAGS, from_attribute_value
+from rollout_pipeline.ids import AttemptRef
+from rollout_pipeline.ledger.attributes import item_values
 
 
 class BatchState(StrEnum):
@@ -37,15 +40,7 @@ class RolloutState(StrEnum):
     FAILED = "failed"
 
 
-def plain_item(item: Mapping[str, Any]) -> dict[str, Any]:
-    """An item as plain Python values, whether it came typed (`{"S": ...}`) or plain."""
-    return {name: _plain(value) for name, value in item.items()}
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, Mapping) and len(value) == 1 and next(iter(value)) in TYPE_TAGS:
-        return from_attribute_value(value)
-    return value
+TERMINAL_STATES: Final = frozenset({RolloutState.SUCCEEDED, RolloutState.FAILED})
 
 
 def _int(item: Mapping[str, Any], name: str) -> int:
@@ -73,7 +68,7 @@ def _options(raw: Any) -> FileOptions | None:
 
 
 @dataclass(frozen=True, slots=True)
-class BatchItem:
+class BatchView:
     """One batch as the ledger knows it (the batch view: counters summed over its shards)."""
 
     exp_id: str
@@ -120,9 +115,9 @@ class BatchItem:
         return self.status is BatchState.CANCELLED
 
     @classmethod
-    def of(cls, raw: Mapping[str, Any]) -> BatchItem:
-        """Parse a batch view (typed or plain)."""
-        item = plain_item(raw)
+    def of(cls, raw: Mapping[str, Any]) -> BatchView:
+        """Parse a batch view (typed: `batches.merge_batch_items`, or the batch item an update returned)."""
+        item = item_values(raw)
         total = item.get("rollouts_total")
         group_size = item.get("group_size")
         return cls(
@@ -184,8 +179,8 @@ class GroupItem:
 
     @classmethod
     def of(cls, raw: Mapping[str, Any]) -> GroupItem:
-        """Parse a group item (typed or plain)."""
-        item = plain_item(raw)
+        """Parse a group item (typed)."""
+        item = item_values(raw)
         payload = item.get("payload")
         overrides = item.get("overrides")
         return cls(
@@ -217,8 +212,8 @@ class RolloutSummary:
 
     @classmethod
     def of(cls, raw: Mapping[str, Any]) -> RolloutSummary:
-        """Parse a rollout item (typed or plain, whole or projected)."""
-        item = plain_item(raw)
+        """Parse a rollout item (typed, whole or projected)."""
+        item = item_values(raw)
         state, index, reward = item.get("state"), item.get("index"), item.get("reward")
         return cls(
             state=RolloutState(state) if state else None,
@@ -227,3 +222,112 @@ class RolloutSummary:
             reward=None if reward is None else float(reward),
             reason=_text(item, "reason"),
         )
+
+
+@dataclass(frozen=True)
+class RolloutRecord:
+    """A rollout item, typed: parsed once at the table boundary (`of`); times are UTC datetimes (ISO-8601 text in
+    the item), the state a `RolloutState`."""
+
+    batch_id: str
+    input_id: str
+    index: int
+    state: RolloutState
+    attempt: int
+    exp_id: str = ""
+    session_id: str | None = None
+    submitted_at: datetime | None = None
+    dispatched_at: datetime | None = None
+    invoked_at: datetime | None = None
+    finished_at: datetime | None = None
+    deadline: int | None = None
+    reason: str | None = None
+    error: str | None = None
+    reward: float | None = None
+    rewards: float | list[float] | None = None
+    result_uri: str | None = None
+    result_size: int | None = None
+
+    policy_version: str | None = None
+    #: The batch's policy version, when the rollout was dispatched with another one (the experiment's current).
+    batch_policy_version: str | None = None
+    outbox: frozenset[str] = field(default_factory=frozenset)
+    outbox_id: str | None = None
+    stop_sessions: frozenset[str] = field(default_factory=frozenset)
+    #: Sessions whose slot is still held: their attempt ended but their stop is not confirmed yet.
+    held_slots: frozenset[str] = field(default_factory=frozenset)
+    #: When AgentCore has ended the held sessions anyway (their maximum lifetime since they started): the slot is
+    #: free then.
+    held_until: int | None = None
+    stop_tries: int = 0
+    #: Sessions whose stop answered ResourceNotFound once (a second NotFound confirms the stop).
+    stop_not_found: frozenset[str] = field(default_factory=frozenset)
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+    @property
+    def ref(self) -> AttemptRef:
+        """The attempt this item is at."""
+        return AttemptRef(self.batch_id, self.input_id, self.index, self.attempt)
+
+    @classmethod
+    def of(cls, raw: Mapping[str, Any]) -> RolloutRecord:
+        """Parse a whole rollout item (typed)."""
+        item = item_values(raw)
+        rewards_json = item.get("rewards_json")
+        return cls(
+            batch_id=str(item["batch_id"]),
+            input_id=str(item["input_id"]),
+            index=int(item["index"]),
+            state=RolloutState(item["state"]),
+            attempt=int(item.get("attempt") or 0),
+            exp_id=str(item.get("exp_id") or ""),
+            session_id=item.get("session_id"),
+            submitted_at=parse_iso(item.get("submitted_at")),
+            dispatched_at=parse_iso(item.get("dispatched_at")),
+            invoked_at=parse_iso(item.get("invoked_at")),
+            finished_at=parse_iso(item.get("finished_at")),
+            deadline=item.get("deadline"),
+            reason=item.get("reason"),
+            error=item.get("error"),
+            reward=None if item.get("reward") is None else float(item["reward"]),
+            rewards=json.loads(rewards_json) if rewards_json else None,
+            result_uri=item.get("result_uri"),
+            result_size=item.get("result_size"),
+            policy_version=item.get("policy_version"),
+            batch_policy_version=item.get("batch_policy_version"),
+            outbox=frozenset(item.get("outbox") or ()),
+            outbox_id=item.get("outbox_id"),
+            stop_sessions=frozenset(item.get("stop_sessions") or ()),
+            held_slots=frozenset(item.get("held_slots") or ()),
+            held_until=None if item.get("held_until") is None else int(item["held_until"]),
+            stop_tries=int(item.get("stop_tries") or 0),
+            stop_not_found=frozenset(item.get("stop_not_found") or ()),
+        )
+
+
+@dataclass(frozen=True)
+class Terminal:
+    """The terminal outcome to record."""
+
+    state: str  # SUCCEEDED or FAILED
+    finished_at: datetime
+    reason: str | None = None
+    error: str | None = None
+    reward: float | None = None
+    rewards: float | list[float] | None = None
+    result_uri: str | None = None
+    result_size: int | None = None
+
+    def attributes(self) -> dict[str, object]:
+        """The outcome's optional attributes, as the rollout item stores them (None: not stored)."""
+        return {
+            "reason": self.reason,
+            "error": self.error,
+            "reward": self.reward,
+            "rewards_json": None if self.rewards is None else json.dumps(self.rewards),
+            "result_uri": self.result_uri,
+            "result_size": self.result_size,
+        }

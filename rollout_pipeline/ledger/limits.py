@@ -10,8 +10,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rollout_pipeline.ledger import keys
-from rollout_pipeline.ledger.attributes import from_attribute_value
-from rollout_pipeline.ledger.table import LedgerError, LedgerTable, plain_values
+from rollout_pipeline.ledger.attributes import from_attribute_value, plain_values
+from rollout_pipeline.ledger.table import LedgerError, LedgerTable
 
 
 class LimitLedger:

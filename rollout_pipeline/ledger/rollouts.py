@@ -1,4 +1,4 @@
-"""Rollout items, their conditional transitions, session slots and paced call budgets (see docs/lifecycle.md).
+"""The rollout state machine: rollout items, their conditional transitions and their outbox (see docs/lifecycle.md).
 
 Every transition is one conditional write or one DynamoDB transaction keyed on the rollout's `(state, attempt)`:
 a duplicated or stale delivery fails the condition and changes nothing. The transactions that end a rollout also
@@ -8,28 +8,29 @@ the side effects (publish, stop session, enqueue the retry) can always be finish
 
 from __future__ import annotations
 
-import json
 import secrets
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from datetime import datetime
 from enum import StrEnum
 from typing import Any, Final
 
-from rollout_pipeline.contracts import parse_iso
+from rollout_pipeline.contracts import iso
+from rollout_pipeline.ids import AttemptRef
 from rollout_pipeline.ledger import keys, table
-from rollout_pipeline.ledger.attributes import from_attribute_value
-from rollout_pipeline.ledger.batches import query_batch_view
-from rollout_pipeline.ledger.items import BatchItem, GroupItem, RolloutState, RolloutSummary
+from rollout_pipeline.ledger.attributes import plain_values
+from rollout_pipeline.ledger.items import (
+    RolloutRecord,
+    RolloutState,
+    RolloutSummary,
+    Terminal,
+)
 from rollout_pipeline.ledger.limits import LimitLedger
 from rollout_pipeline.ledger.retry import TRANSACTION_CONFLICT_ATTEMPTS
-from rollout_pipeline.ledger.table import LedgerTable, plain_values, reason_codes
+from rollout_pipeline.ledger.table import LedgerTable, reason_codes
 
 QUEUED: Final = RolloutState.QUEUED
 DISPATCHED: Final = RolloutState.DISPATCHED
 SUCCEEDED: Final = RolloutState.SUCCEEDED
 FAILED: Final = RolloutState.FAILED
-TERMINAL_STATES: Final = frozenset({SUCCEEDED, FAILED})
 
 #: Outbox actions: side effects decided by a transition that still have to happen.
 OUTBOX_PUBLISH: Final = "publish"
@@ -59,160 +60,27 @@ class DispatchStart(StrEnum):
     NOT_DISPATCHABLE = "not_dispatchable"  # the rollout is not queued for this attempt: read it and decide
 
 
-# ------------------------------------------------------------------------------------------- (de)serialisation
-
-
-def from_item(item: Mapping[str, Any]) -> dict[str, Any]:
-    """A DynamoDB item (attribute values) as plain Python values (numbers: int when integral, else float)."""
-    return {k: from_attribute_value(v) for k, v in item.items()}
-
-
-_values = plain_values
-
-
-# ------------------------------------------------------------------------------------------------- the record
-
-
-@dataclass(frozen=True)
-class RolloutRecord:
-    """A rollout item, typed: parsed once at the table boundary (`from_item`); times are UTC datetimes (ISO-8601
-    text in the item), the state a `RolloutState`."""
-
-    batch_id: str
-    input_id: str
-    index: int
-    state: RolloutState
-    attempt: int
-    exp_id: str = ""
-    session_id: str | None = None
-    submitted_at: datetime | None = None
-    dispatched_at: datetime | None = None
-    invoked_at: datetime | None = None
-    finished_at: datetime | None = None
-    deadline: int | None = None
-    reason: str | None = None
-    error: str | None = None
-    reward: float | None = None
-    rewards: float | list[float] | None = None
-    result_uri: str | None = None
-    result_size: int | None = None
-    policy_version: str | None = None
-    #: The batch's policy version, when the rollout was dispatched with another one (the experiment's current).
-    batch_policy_version: str | None = None
-    outbox: frozenset[str] = field(default_factory=frozenset)
-    outbox_id: str | None = None
-    stop_sessions: frozenset[str] = field(default_factory=frozenset)
-    #: Sessions whose slot is still held: their attempt ended but their stop is not confirmed yet.
-    held_slots: frozenset[str] = field(default_factory=frozenset)
-    #: When AgentCore has ended the held sessions anyway (their maximum lifetime since they started): the slot is
-    #: free then.
-    held_until: int | None = None
-    stop_tries: int = 0
-    #: Sessions whose stop answered ResourceNotFound once (a second NotFound confirms the stop).
-    stop_not_found: frozenset[str] = field(default_factory=frozenset)
-
-    @property
-    def terminal(self) -> bool:
-        return self.state in TERMINAL_STATES
-
-    @classmethod
-    def from_item(cls, raw: Mapping[str, Any]) -> RolloutRecord:
-        item = from_item(raw)
-        rewards_json = item.get("rewards_json")
-        return cls(
-            batch_id=str(item["batch_id"]),
-            input_id=str(item["input_id"]),
-            index=int(item["index"]),
-            state=RolloutState(item["state"]),
-            attempt=int(item.get("attempt") or 0),
-            exp_id=str(item.get("exp_id") or ""),
-            session_id=item.get("session_id"),
-            submitted_at=parse_iso(item.get("submitted_at")),
-            dispatched_at=parse_iso(item.get("dispatched_at")),
-            invoked_at=parse_iso(item.get("invoked_at")),
-            finished_at=parse_iso(item.get("finished_at")),
-            deadline=item.get("deadline"),
-            reason=item.get("reason"),
-            error=item.get("error"),
-            reward=None if item.get("reward") is None else float(item["reward"]),
-            rewards=json.loads(rewards_json) if rewards_json else None,
-            result_uri=item.get("result_uri"),
-            result_size=item.get("result_size"),
-            policy_version=item.get("policy_version"),
-            batch_policy_version=item.get("batch_policy_version"),
-            outbox=frozenset(item.get("outbox") or ()),
-            outbox_id=item.get("outbox_id"),
-            stop_sessions=frozenset(item.get("stop_sessions") or ()),
-            held_slots=frozenset(item.get("held_slots") or ()),
-            held_until=None if item.get("held_until") is None else int(item["held_until"]),
-            stop_tries=int(item.get("stop_tries") or 0),
-            stop_not_found=frozenset(item.get("stop_not_found") or ()),
-        )
-
-
-@dataclass(frozen=True)
-class Terminal:
-    """The terminal outcome to record."""
-
-    state: str  # SUCCEEDED or FAILED
-    finished_at: str
-    reason: str | None = None
-    error: str | None = None
-    reward: float | None = None
-    rewards: float | list[float] | None = None
-    result_uri: str | None = None
-    result_size: int | None = None
-
-
 # ------------------------------------------------------------------------------------------------- the ledger
 
 
 class RolloutLedger:
-    """DynamoDB operations on rollout items, session slots and paced call budgets of one experiment's ledger table,
-    through its gateway (`table.LedgerTable`)."""
+    """The rollout state machine and its outbox: the rollout items of one ledger table and their conditional
+    transitions, through the table's gateway (`table.LedgerTable`). The transitions that take or give back a
+    session slot put `limits`' slot items into their transactions."""
 
-    def __init__(self, table_name: str, ddb_client: Any | None = None, ttl_days: int = 30) -> None:
-        self.table = LedgerTable(table_name, ddb_client, ttl_days=ttl_days)
-        self.table_name = table_name
-        #: Session slots, paced call budgets, the admission board and the policy version (`ledger.limits`).
-        self.limits = LimitLedger(self.table)
-
-    @property
-    def ddb(self) -> Any:
-        return self.table.ddb
+    def __init__(self, table: LedgerTable, limits: LimitLedger) -> None:
+        self.table = table
+        self.table_name = table.name
+        self.limits = limits
 
     # ---------------------------------------------------------------------------------------------- reads
 
-    def get(self, key: Mapping[str, Any], consistent: bool = True) -> dict[str, Any] | None:
-        """Read one item (strongly consistent by default) as plain values, or None."""
-        item = self.table.get(key, consistent=consistent)
-        return from_item(item) if item else None
-
     def get_rollout(self, batch_id: str, input_id: str, index: int) -> RolloutRecord | None:
+        """The rollout item, typed (strongly consistent), or None (never dispatched nor ended)."""
         item = self.table.get(keys.rollout_key(batch_id, input_id, index))
-        return RolloutRecord.from_item(item) if item else None
+        return RolloutRecord.of(item) if item else None
 
-    def get_batch(self, batch_id: str) -> dict[str, Any] | None:
-        """The batch view (`batches.merge_batch_items`: counters summed over the shards) as plain values."""
-        view = query_batch_view(self.ddb, self.table_name, batch_id)
-        return from_item(view) if view is not None else None
-
-    def batch(self, batch_id: str) -> BatchItem | None:
-        """The batch view, typed (`items.BatchItem`), or None."""
-        view = query_batch_view(self.ddb, self.table_name, batch_id)
-        return BatchItem.of(view) if view is not None else None
-
-    def group(self, batch_id: str, input_id: str) -> GroupItem | None:
-        """One group, typed (`items.GroupItem`), or None."""
-        item = self.table.get(keys.group_key(batch_id, input_id))
-        return GroupItem.of(item) if item else None
-
-    def groups(self, batch_id: str) -> Iterator[GroupItem]:
-        """Every group of a batch, typed, in input-id order (paged, strongly consistent)."""
-        for item in self.iter_prefix(batch_id, keys.GROUP_PREFIX):
-            yield GroupItem.of(item)
-
-    def iter_prefix(
+    def _iter_prefix(
         self,
         batch_id: str,
         prefix: str,
@@ -221,12 +89,12 @@ class RolloutLedger:
         attributes: Sequence[str] = (),
         max_pages: int | None = None,
     ) -> Iterator[dict[str, Any]]:
-        """Raw items of one batch partition whose sort key starts with `prefix` (groups `G#`, rollouts `R#...`);
-        only `attributes` when given; `page_size` items a page (None: DynamoDB's 1 MB pages), at most `max_pages`
+        """The (typed) rollout items of one batch partition whose sort key starts with `prefix` (`R#...`); only
+        `attributes` when given; `page_size` items a page (None: DynamoDB's 1 MB pages), at most `max_pages`
         pages when given."""
         request: dict[str, Any] = {
             "KeyConditionExpression": "pk = :pk AND begins_with(sk, :prefix)",
-            "ExpressionAttributeValues": _values({":pk": keys.batch_pk(batch_id), ":prefix": prefix}),
+            "ExpressionAttributeValues": plain_values({":pk": keys.batch_pk(batch_id), ":prefix": prefix}),
             "ConsistentRead": True,
         }
         if page_size is not None:
@@ -237,25 +105,25 @@ class RolloutLedger:
             request["ExpressionAttributeNames"] = names
         yield from self.table.query(request, max_pages=max_pages)
 
-    def iter_rollout_items(self, batch_id: str, *, attributes: Sequence[str] = ()) -> Iterator[dict[str, Any]]:
-        """Every rollout item of a batch (raw; never-dispatched rollouts have none), at most `MAX_READ_PAGES` pages
-        of 1 MB: bounded work whatever the batch size."""
-        return self.iter_prefix(batch_id, keys.ROLLOUT_PREFIX, None, attributes=attributes, max_pages=MAX_READ_PAGES)
+    def _batch_rollout_items(self, batch_id: str, *, attributes: Sequence[str] = ()) -> Iterator[dict[str, Any]]:
+        """Every rollout item of a batch (never-dispatched rollouts have none), at most `MAX_READ_PAGES` pages of
+        1 MB: bounded work whatever the batch size."""
+        return self._iter_prefix(batch_id, keys.ROLLOUT_PREFIX, None, attributes=attributes, max_pages=MAX_READ_PAGES)
+
+    def batch_rollouts(self, batch_id: str) -> Iterator[RolloutRecord]:
+        """Every dispatched rollout of a batch, whole and typed (bounded work: `MAX_READ_PAGES`)."""
+        for item in self._batch_rollout_items(batch_id):
+            yield RolloutRecord.of(item)
 
     def rollout_summaries(self, batch_id: str, *, states_only: bool = False) -> Iterator[RolloutSummary]:
         """Every dispatched rollout of a batch, typed (`items.RolloutSummary`); `states_only` reads the state alone."""
-        for item in self.iter_rollout_items(batch_id, attributes=("state",) if states_only else ()):
+        for item in self._batch_rollout_items(batch_id, attributes=("state",) if states_only else ()):
             yield RolloutSummary.of(item)
-
-    def iter_groups(self, batch_id: str) -> Iterator[dict[str, Any]]:
-        """Every group item of a batch (paged, strongly consistent)."""
-        for item in self.iter_prefix(batch_id, keys.GROUP_PREFIX):
-            yield from_item(item)
 
     def iter_rollouts(self, batch_id: str, input_id: str) -> Iterator[RolloutRecord]:
         """Every rollout item of one group."""
-        for item in self.iter_prefix(batch_id, f"{keys.ROLLOUT_PREFIX}{input_id}#"):
-            yield RolloutRecord.from_item(item)
+        for item in self._iter_prefix(batch_id, f"{keys.ROLLOUT_PREFIX}{input_id}#"):
+            yield RolloutRecord.of(item)
 
     def query_due(
         self, index_name: str, shard: int, before_epoch: int, *, limit: int = 50, max_pages: int = 4
@@ -270,10 +138,10 @@ class RolloutLedger:
             "IndexName": index_name,
             "KeyConditionExpression": "#p = :p AND #s < :s",
             "ExpressionAttributeNames": {"#p": pk_attr, "#s": sk_attr},
-            "ExpressionAttributeValues": _values({":p": f"{prefix}{shard}", ":s": before_epoch}),
+            "ExpressionAttributeValues": plain_values({":p": f"{prefix}{shard}", ":s": before_epoch}),
             "Limit": limit,
         }
-        return [RolloutRecord.from_item(item) for item in self.table.query(request, max_pages=max_pages)]
+        return [RolloutRecord.of(item) for item in self.table.query(request, max_pages=max_pages)]
 
     # ---------------------------------------------------------------------------------------- transitions
 
@@ -281,16 +149,6 @@ class RolloutLedger:
         """Run a transaction (`LedgerTable.transact`); None when it committed, else the cancellation reason codes."""
         reasons = self.table.transact(items, attempts=CONFLICT_RETRIES)
         return None if reasons is None else reason_codes(reasons)
-
-    def _update(
-        self,
-        key: Mapping[str, Any],
-        update: str,
-        condition: str | None,
-        values: Mapping[str, Any],
-        names: Mapping[str, str] | None = None,
-    ) -> dict[str, Any]:
-        return self.table.update_op(key, update, condition, values, names)
 
     def begin_dispatch(
         self,
@@ -302,8 +160,6 @@ class RolloutLedger:
         attempt: int,
         session_id: str,
         submitted_at: str,
-        now_iso: str,
-        now_epoch: int,
         deadline: int,
         max_sessions: int,
         policy_version: str | None,
@@ -329,7 +185,7 @@ class RolloutLedger:
                 "ConditionExpression": "attribute_not_exists(cancelled_at)",
             }
         }
-        rollout_update = self._update(
+        rollout_update = self.table.update_op(
             keys.rollout_key(batch_id, input_id, index),
             "SET #st = :dispatched, attempt = :attempt, session_id = :sid, exp_id = :exp, batch_id = :batch, "
             "input_id = :input, #ix = :index, submitted_at = if_not_exists(submitted_at, :submitted), "
@@ -351,10 +207,10 @@ class RolloutLedger:
                 ":input": input_id,
                 ":index": index,
                 ":submitted": submitted_at,
-                ":now": now_iso,
+                ":now": self.table.now_iso(),
                 ":deadline": deadline,
                 ":dlpk": keys.deadline_pk(batch_id, input_id, index),
-                ":ttl": self.table.expires_at(now_epoch),
+                ":ttl": self.table.expires_at(),
                 ":pv": policy_version,
                 **({":bpv": batch_policy_version} if keep_batch_pv else {}),
             },
@@ -372,50 +228,48 @@ class RolloutLedger:
             return DispatchStart.NO_SLOT
         raise LedgerError(f"dispatch transaction cancelled: {reasons}")
 
-    def mark_invoked(self, batch_id: str, input_id: str, index: int, attempt: int, now_iso: str) -> bool:
+    def mark_invoked(self, ref: AttemptRef) -> bool:
         """Record that InvokeAgentRuntime succeeded; False if the attempt is no longer dispatched (cancel/late)."""
         return (
             self.table.update(
-                keys.rollout_key(batch_id, input_id, index),
+                keys.rollout_key(ref.batch_id, ref.input_id, ref.index),
                 "SET invoked_at = :now",
                 "#st = :dispatched AND attempt = :attempt",
-                {":now": now_iso, ":dispatched": DISPATCHED, ":attempt": attempt},
+                {":now": self.table.now_iso(), ":dispatched": DISPATCHED, ":attempt": ref.attempt},
                 {"#st": "state"},
             )
             is not None
         )
 
-    def release_to_queue(self, batch_id: str, input_id: str, index: int, attempt: int) -> bool:
+    def release_to_queue(self, ref: AttemptRef) -> bool:
         """Give the slot back after ACR kept throttling: dispatched(n) without invoke -> queued(n), in_flight -1."""
-        update = self._update(
-            keys.rollout_key(batch_id, input_id, index),
+        update = self.table.update_op(
+            keys.rollout_key(ref.batch_id, ref.input_id, ref.index),
             "SET #st = :queued REMOVE dispatched_at, deadline, #dlpk, #dlsk",
             "#st = :dispatched AND attempt = :attempt AND attribute_not_exists(invoked_at)",
-            {":queued": QUEUED, ":dispatched": DISPATCHED, ":attempt": attempt},
+            {":queued": QUEUED, ":dispatched": DISPATCHED, ":attempt": ref.attempt},
             {"#st": "state", "#dlpk": keys.DEADLINE_PK, "#dlsk": keys.DEADLINE_SK},
         )
         return self._transact([{"Update": update}, self.limits.release_slot()]) is None
 
-    def _outbox_values(self, batch_id: str, input_id: str, index: int, now_epoch: int) -> dict[str, Any]:
+    def _outbox_values(self, ref: AttemptRef) -> dict[str, Any]:
+        """A new outbox entry (its index key, id and the writer's lease), stamped now."""
+        now = self.table.epoch()
         return {
-            ":obpk": keys.outbox_pk(batch_id, input_id, index),
-            ":obsk": now_epoch,
+            ":obpk": keys.outbox_pk(ref.batch_id, ref.input_id, ref.index),
+            ":obsk": now,
             ":obid": secrets.token_hex(8),
-            ":oblease": now_epoch + OUTBOX_LEASE_S,
+            ":oblease": now + OUTBOX_LEASE_S,
         }
 
     def finish(
         self,
+        ref: AttemptRef,
         *,
         exp_id: str,
-        batch_id: str,
-        input_id: str,
-        index: int,
-        attempt: int,
         from_state: str | None,
         outcome: Terminal,
         outbox: frozenset[str],
-        now_epoch: int,
         session_id: str | None = None,
         policy_version: str | None = None,
         hold_slot_until: int | None = None,
@@ -428,61 +282,71 @@ class RolloutLedger:
         Returns False when the condition failed (another delivery already moved the rollout).
         """
         hold = hold_slot_until is not None and from_state == DISPATCHED and bool(session_id)
-        if hold:
-            outbox = outbox | {OUTBOX_STOP}
-        names = {
-            "#st": "state",
-            "#ix": "index",
-            "#dlpk": keys.DEADLINE_PK,
-            "#dlsk": keys.DEADLINE_SK,
-            "#obpk": keys.OUTBOX_PK,
-            "#obsk": keys.OUTBOX_SK,
-        }
+        rollout = self._terminal_update(
+            ref,
+            exp_id=exp_id,
+            from_state=from_state,
+            outcome=outcome,
+            outbox=outbox | {OUTBOX_STOP} if hold else outbox,
+            session_id=session_id,
+            policy_version=policy_version,
+            hold_slot_until=hold_slot_until if hold else None,
+        )
+        items: list[dict[str, Any]] = [
+            {"Update": rollout},
+            {"Update": self._group_outcome(ref, outcome)},
+            {"Update": self._batch_counts(ref, outcome)},
+        ]
+        if from_state == DISPATCHED and not hold:
+            items.append(self.limits.release_slot())
+        reasons = self._transact(items)
+        if reasons is None:
+            return True
+        if reasons[0] == "ConditionalCheckFailed":
+            return False
+        raise LedgerError(f"terminal transaction for {ref.batch_id}/{ref.rollout_id} cancelled: {reasons}")
+
+    def _terminal_update(
+        self,
+        ref: AttemptRef,
+        *,
+        exp_id: str,
+        from_state: str | None,
+        outcome: Terminal,
+        outbox: frozenset[str],
+        session_id: str | None,
+        policy_version: str | None,
+        hold_slot_until: int | None,
+    ) -> dict[str, Any]:
+        """The rollout item's part of `finish`: terminal state and outcome, deadline index left, outbox entry set
+        (`hold_slot_until`: the session keeps its slot until its stop is confirmed)."""
+        names = {"#st": "state", "#ix": "index", "#dlpk": keys.DEADLINE_PK, "#dlsk": keys.DEADLINE_SK}
+        names |= {"#obpk": keys.OUTBOX_PK, "#obsk": keys.OUTBOX_SK}
         values: dict[str, Any] = {
             ":state": outcome.state,
-            ":finished": outcome.finished_at,
+            ":finished": iso(outcome.finished_at),
             ":exp": exp_id,
-            ":batch": batch_id,
-            ":input": input_id,
-            ":index": index,
-            ":attempt": attempt,
-            ":ttl": self.table.expires_at(now_epoch),
+            ":batch": ref.batch_id,
+            ":input": ref.input_id,
+            ":index": ref.index,
+            ":attempt": ref.attempt,
+            ":ttl": self.table.expires_at(),
             ":outbox": set(outbox) | {OUTBOX_PUBLISH},
-            **self._outbox_values(batch_id, input_id, index, now_epoch),
+            **self._outbox_values(ref),
         }
-        sets = [
-            "#st = :state",
-            "finished_at = :finished",
-            "exp_id = :exp",
-            "batch_id = :batch",
-            "input_id = :input",
-            "#ix = :index",
-            "attempt = :attempt",
-            "expires_at = :ttl",
-            "#obpk = :obpk",
-            "#obsk = :obsk",
-            "outbox_id = :obid",
-            "outbox_lease = :oblease",
-        ]
-        optional = {
-            "reason": outcome.reason,
-            "error": outcome.error,
-            "reward": outcome.reward,
-            "rewards_json": None if outcome.rewards is None else json.dumps(outcome.rewards),
-            "result_uri": outcome.result_uri,
-            "result_size": outcome.result_size,
-        }
+        sets = ["#st = :state", "finished_at = :finished", "exp_id = :exp", "batch_id = :batch"]
+        sets += ["input_id = :input", "#ix = :index", "attempt = :attempt", "expires_at = :ttl"]
+        sets += ["#obpk = :obpk", "#obsk = :obsk", "outbox_id = :obid", "outbox_lease = :oblease"]
+        optional = outcome.attributes()
         if from_state is None:
-            optional["session_id"] = session_id
-            optional["policy_version"] = policy_version
+            optional |= {"session_id": session_id, "policy_version": policy_version}
         for attr, value in optional.items():
             if value is not None:
                 sets.append(f"#{attr} = :{attr}")
                 values[f":{attr}"] = value
                 names[f"#{attr}"] = attr
-        if from_state is None:
-            condition = "attribute_not_exists(pk)"
-        else:
+        condition = "attribute_not_exists(pk)"
+        if from_state is not None:
             condition = "#st = :from AND attempt = :attempt"
             values[":from"] = from_state
         # ADD, not SET: side effects still pending from an earlier transition (a throttled stop of the previous
@@ -491,60 +355,51 @@ class RolloutLedger:
         if OUTBOX_STOP in outbox and session_id:
             adds.append("stop_sessions :stops")
             values[":stops"] = {session_id}
-        if hold:
+        if hold_slot_until is not None:
             adds.append("held_slots :stops")
             sets.append("held_until = :held_until")
             values[":held_until"] = hold_slot_until
-        rollout = self._update(
-            keys.rollout_key(batch_id, input_id, index),
-            f"SET {', '.join(sets)} ADD {', '.join(adds)} REMOVE #dlpk, #dlsk",
-            condition,
+        update = f"SET {', '.join(sets)} ADD {', '.join(adds)} REMOVE #dlpk, #dlsk"
+        return self.table.update_op(
+            keys.rollout_key(ref.batch_id, ref.input_id, ref.index), update, condition, values, names
+        )
+
+    def _group_outcome(self, ref: AttemptRef, outcome: Terminal) -> dict[str, Any]:
+        """The group item's part of `finish`: one more terminal rollout, its reward or failure reason by index."""
+        succeeded = outcome.state == SUCCEEDED
+        return self.table.update_op(
+            keys.group_key(ref.batch_id, ref.input_id),
+            f"ADD terminal :one SET {'rewards' if succeeded else 'failures'}.#i = :v",
+            "attribute_exists(pk)",
+            {":one": 1, ":v": outcome.reward if succeeded else outcome.reason},
+            {"#i": str(ref.index)},
+        )
+
+    def _batch_counts(self, ref: AttemptRef, outcome: Terminal) -> dict[str, Any]:
+        """The batch's part of `finish`: its counters ADDed on one counter shard (created by the first ADD; the
+        group's condition proves the batch exists)."""
+        succeeded = outcome.state == SUCCEEDED
+        adds: dict[str, float] = {"terminal": 1, "succeeded" if succeeded else "failed": 1}
+        if not succeeded:
+            adds[f"failed_{outcome.reason}"] = 1
+        if succeeded and outcome.reward is not None:
+            adds |= {"reward_sum": outcome.reward, "reward_sumsq": outcome.reward * outcome.reward, "reward_count": 1}
+        names = {f"#a{i}": name for i, name in enumerate(adds)} | {"#ttl": keys.TTL_ATTRIBUTE}
+        values: dict[str, Any] = {f":a{i}": value for i, value in enumerate(adds.values())}
+        values[":ttl"] = self.table.expires_at()
+        return self.table.update_op(
+            keys.batch_count_key(ref.batch_id, keys.count_shard(ref.input_id)),
+            f"ADD {', '.join(f'#a{i} :a{i}' for i in range(len(adds)))} SET #ttl = if_not_exists(#ttl, :ttl)",
+            None,
             values,
             names,
         )
-        succeeded = outcome.state == SUCCEEDED
-        group_values: dict[str, Any] = {":one": 1, ":v": outcome.reward if succeeded else outcome.reason}
-        group = self._update(
-            keys.group_key(batch_id, input_id),
-            f"ADD terminal :one SET {'rewards' if succeeded else 'failures'}.#i = :v",
-            "attribute_exists(pk)",
-            group_values,
-            {"#i": str(index)},
-        )
-        batch_adds: dict[str, float] = {"terminal": 1, "succeeded" if succeeded else "failed": 1}
-        if not succeeded:
-            batch_adds[f"failed_{outcome.reason}"] = 1
-        if succeeded and outcome.reward is not None:
-            batch_adds.update(
-                {"reward_sum": outcome.reward, "reward_sumsq": outcome.reward * outcome.reward, "reward_count": 1}
-            )
-        batch_names = {f"#a{i}": name for i, name in enumerate(batch_adds)}
-        batch_vals: dict[str, Any] = {f":a{i}": value for i, value in enumerate(batch_adds.values())}
-        batch_vals[":ttl"] = self.table.expires_at(now_epoch)
-        # One counter shard of the batch (created by the first ADD); the group's condition proves the batch exists.
-        batch = self._update(
-            keys.batch_count_key(batch_id, keys.count_shard(input_id)),
-            f"ADD {', '.join(f'#a{i} :a{i}' for i in range(len(batch_adds)))} SET #ttl = if_not_exists(#ttl, :ttl)",
-            None,
-            batch_vals,
-            {**batch_names, "#ttl": keys.TTL_ATTRIBUTE},
-        )
-        items: list[dict[str, Any]] = [{"Update": rollout}, {"Update": group}, {"Update": batch}]
-        if from_state == DISPATCHED and not hold:
-            items.append(self.limits.release_slot())
-        reasons = self._transact(items)
-        if reasons is None:
-            return True
-        if reasons[0] == "ConditionalCheckFailed":
-            return False
-        raise LedgerError(f"terminal transaction for {batch_id}/{input_id}#{index} cancelled: {reasons}")
 
     def requeue_for_retry(
         self,
         rec: RolloutRecord,
         *,
         next_session_id: str,
-        now_epoch: int,
         stop_pending: bool,
         hold_slot_until: int | None = None,
     ) -> bool:
@@ -560,7 +415,7 @@ class RolloutLedger:
             ":next": rec.attempt + 1,
             ":sid": next_session_id,
             ":outbox": outbox,
-            **self._outbox_values(rec.batch_id, rec.input_id, rec.index, now_epoch),
+            **self._outbox_values(rec.ref),
         }
         adds = "outbox :outbox"
         if stop_pending and rec.session_id:
@@ -571,7 +426,7 @@ class RolloutLedger:
             adds += ", held_slots :prev"
             held = ", held_until = :held_until"
             values[":held_until"] = hold_slot_until
-        update = self._update(
+        update = self.table.update_op(
             keys.rollout_key(rec.batch_id, rec.input_id, rec.index),
             "SET #st = :queued, attempt = :next, session_id = :sid, "
             f"#obpk = :obpk, #obsk = :obsk, outbox_id = :obid, outbox_lease = :oblease{held} "
@@ -599,7 +454,7 @@ class RolloutLedger:
         if session_id not in rec.held_slots:
             self.table.update(key, "DELETE stop_sessions :s, stop_not_found :s", None, {":s": {session_id}})
             return True
-        update = self._update(
+        update = self.table.update_op(
             key,
             "DELETE held_slots :s, stop_sessions :s, stop_not_found :s",
             "contains(held_slots, :sid)",
@@ -650,10 +505,11 @@ class RolloutLedger:
             is not None
         )
 
-    def claim_outbox(self, rec: RolloutRecord, now_epoch: int, lease_s: int = OUTBOX_LEASE_S) -> bool:
+    def claim_outbox(self, rec: RolloutRecord, lease_s: int = OUTBOX_LEASE_S) -> bool:
         """Take over an outbox entry nobody holds (lease absent or expired); False if someone else holds it."""
         if rec.outbox_id is None:
             return False
+        now_epoch = self.table.epoch()
         return (
             self.table.update(
                 keys.rollout_key(rec.batch_id, rec.input_id, rec.index),
@@ -674,60 +530,3 @@ class RolloutLedger:
             "outbox_id = :obid",
             {":obid": rec.outbox_id},
         )
-
-    # -------------------------------------------------------------------------------------------- batches
-
-    def set_batch_cancelled(self, batch_id: str, now_iso: str, now_epoch: int | None = None) -> bool:
-        """Mark the batch cancelled (idempotent): its status, and its control item that the dispatch transaction
-        checks, in one transaction. False if the batch does not exist or was rejected as a whole."""
-        values = {":cancelled": "cancelled", ":now": now_iso}
-        batch = self._update(
-            keys.batch_key(batch_id),
-            "SET #status = :cancelled, cancelled_at = if_not_exists(cancelled_at, :now)",
-            "attribute_exists(pk) AND #status <> :rejected",
-            {**values, ":rejected": "rejected"},
-            {"#status": "status"},
-        )
-        epoch = now_epoch if now_epoch is not None else self.table.epoch()
-        control = self._update(
-            keys.batch_control_key(batch_id),
-            "SET #status = :cancelled, cancelled_at = if_not_exists(cancelled_at, :now), #ttl = :ttl",
-            None,
-            {**values, ":ttl": self.table.expires_at(epoch)},
-            {"#status": "status", "#ttl": keys.TTL_ATTRIBUTE},
-        )
-        reasons = self._transact([{"Update": batch}, {"Update": control}])
-        if reasons is None:
-            return True
-        if reasons[0] == "ConditionalCheckFailed":
-            return False
-        raise LedgerError(f"cancel transaction of {batch_id} cancelled: {reasons}")
-
-    def claim_group_event(self, batch_id: str, input_id: str, claimant: str) -> bool:
-        """Let one rollout (`claimant`) publish `Group Completed`: the first claimer, or the same one again (its
-        outbox retried), gets True. The claimer's outbox entry stays until its publish succeeded, so the event is
-        not lost; concurrent last rollouts do not both publish it."""
-        return (
-            self.table.update(
-                keys.group_key(batch_id, input_id),
-                "SET completed_event_by = :me",
-                "attribute_exists(pk) AND (attribute_not_exists(completed_event_by) OR completed_event_by = :me)",
-                {":me": claimant},
-            )
-            is not None
-        )
-
-    def claim_batch_completed(self, batch_id: str, claimant: str, now_iso: str) -> dict[str, Any] | None:
-        """Like `claim_group_event` for `Batch Completed`; also stamps `completed_at` once. Returns the batch view
-        (typed, `batches.merge_batch_items`) when `claimant` may publish, else None."""
-        item = self.table.update(
-            keys.batch_key(batch_id),
-            "SET completed_at = if_not_exists(completed_at, :now), completed_event_by = :me",
-            "attribute_exists(pk) AND (attribute_not_exists(completed_event_by) OR completed_event_by = :me)",
-            {":now": now_iso, ":me": claimant},
-            return_values="ALL_NEW",
-        )
-        if item is None:
-            return None
-        view = query_batch_view(self.ddb, self.table_name, batch_id)
-        return view if view is not None else item

@@ -8,14 +8,15 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Final
 
-from rollout_pipeline.contracts import utcnow
-from rollout_pipeline.ledger.attributes import to_attribute_value
+from rollout_pipeline.contracts import iso
+from rollout_pipeline.ledger.attributes import plain_values
 from rollout_pipeline.ledger.retry import (
     TRANSACTION_CONFLICT_ATTEMPTS,
     backoff_s,
     note_transaction_retry,
     retry_conflicts,
 )
+from rollout_pipeline.ports import Clock, SystemClock
 
 #: Cancellation reasons of a transaction that are transient: the whole transaction is retried (bounded).
 TRANSIENT_CANCEL_CODES: Final = frozenset({"TransactionConflict", "ThrottlingError", "ProvisionedThroughputExceeded"})
@@ -45,13 +46,9 @@ def reason_codes(reasons: Sequence[Mapping[str, Any]]) -> list[str]:
     return [str(reason.get("Code") or "None") for reason in reasons]
 
 
-def plain_values(values: Mapping[str, Any]) -> dict[str, Any]:
-    """Expression attribute values from plain Python values (`attributes.to_attribute_value`)."""
-    return {name: to_attribute_value(value) for name, value in values.items()}
-
-
 class LedgerTable:
-    """One ledger table: its low-level boto3 DynamoDB client (created lazily), its clock and its TTL rule.
+    """One ledger table: its low-level boto3 DynamoDB client (created lazily), its clock (the lifecycle's own, so
+    the ledger and the stages never disagree on the time) and its TTL rule.
 
     Every item a ledger module writes expires `ttl_days` after its write (`expires_at`, epoch seconds). Plain
     writes and transactions meeting a transaction are retried by `ledger.retry`'s one policy.
@@ -63,13 +60,14 @@ class LedgerTable:
         dynamodb_client: Any | None = None,
         *,
         ttl_days: int = 30,
-        now: Callable[[], datetime] = utcnow,
+        clock: Clock | None = None,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.name = table_name
         self._client = dynamodb_client
         self.ttl_days = ttl_days
-        self.now = now
+        self.clock: Clock = clock if clock is not None else SystemClock()
+        #: The backoff of conflict retries: real time, whatever the clock.
         self.sleep = sleep
 
     @property
@@ -88,13 +86,21 @@ class LedgerTable:
         """How long an item lives after its write, in seconds."""
         return self.ttl_days * 86_400
 
+    def now(self) -> datetime:
+        """The clock."""
+        return self.clock.now()
+
+    def now_iso(self) -> str:
+        """The clock, as the ledger stores times (`contracts.iso`)."""
+        return iso(self.clock.now())
+
     def epoch(self) -> int:
         """The clock, in epoch seconds."""
-        return int(self.now().timestamp())
+        return int(self.clock.now().timestamp())
 
-    def expires_at(self, now_epoch: int | None = None) -> int:
-        """The TTL (`expires_at`, epoch seconds) of an item written at `now_epoch` (default: the clock)."""
-        return (self.epoch() if now_epoch is None else now_epoch) + self.ttl_s
+    def expires_at(self) -> int:
+        """The TTL (`expires_at`, epoch seconds) of an item written now."""
+        return self.epoch() + self.ttl_s
 
     # ------------------------------------------------------------------------------------------------ reads
 
@@ -106,7 +112,7 @@ class LedgerTable:
 
     def query(self, request: Mapping[str, Any], *, max_pages: int | None = None) -> Iterator[dict[str, Any]]:
         """The items (typed) of a Query on this table (`query_items`)."""
-        return query_items(self.ddb, {"TableName": self.name, **request}, max_pages=max_pages)
+        yield from query_items(self.ddb, {"TableName": self.name, **request}, max_pages=max_pages)
 
     # ----------------------------------------------------------------------------------------------- writes
 

@@ -6,12 +6,12 @@ import logging
 from dataclasses import dataclass, field
 
 from rollout_pipeline import ids
-from rollout_pipeline.contracts import FailureReason, iso
+from rollout_pipeline.contracts import FailureReason
+from rollout_pipeline.ledger.items import RolloutRecord
 from rollout_pipeline.ledger.rollouts import (
     DISPATCHED,
     OUTBOX_PUBLISH,
     LedgerError,
-    RolloutRecord,
 )
 from rollout_pipeline.lifecycle import publishing, stops
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
@@ -53,7 +53,7 @@ def cancel_rollout(
     """
     for _ in range(_MAX_ROUNDS):
         if not known:
-            rec = deps.ledger.get_rollout(batch_id, input_id, index)
+            rec = deps.ledger.rollouts.get_rollout(batch_id, input_id, index)
         known = False
         if rec is not None and rec.terminal:
             if rec.outbox:
@@ -69,11 +69,8 @@ def cancel_rollout(
             from_state, attempt, session_id = rec.state, rec.attempt, rec.session_id
         after = fail_rollout(
             deps,
+            ids.AttemptRef(batch_id, input_id, index, attempt),
             exp_id=exp_id,
-            batch_id=batch_id,
-            input_id=input_id,
-            index=index,
-            attempt=attempt,
             from_state=from_state,
             reason=FailureReason.CANCELLED,
             error="the batch was cancelled",
@@ -96,16 +93,15 @@ def cancel_batch(batch_id: str, deps: LifecycleDeps) -> CancelReport:
     `Rollout Failed` reason `cancelled`, slots released, events published. Idempotent: call it again after a
     crash or a side-effect error to finish the job."""
     report = CancelReport(batch_id=batch_id)
-    now = deps.now()
-    if not deps.ledger.set_batch_cancelled(batch_id, iso(now), int(now.timestamp())):
+    if not deps.ledger.batches.cancel(batch_id):
         report.found = False
         return report
-    batch = deps.ledger.batch(batch_id)
+    batch = deps.ledger.batches.read_batch(batch_id)
     options = batch.options if batch is not None else None
     exp_id = batch.exp_id if batch is not None and batch.exp_id else deps.config.name
-    for group in deps.ledger.groups(batch_id):
+    for group in deps.ledger.batches.groups(batch_id):
         input_id = group.input_id
-        existing = {rec.index: rec for rec in deps.ledger.iter_rollouts(batch_id, input_id)}
+        existing = {rec.index: rec for rec in deps.ledger.rollouts.iter_rollouts(batch_id, input_id)}
         for index in range(group.group_size):
             rec = existing.get(index)
             if rec is not None and rec.terminal and not rec.outbox:
@@ -125,7 +121,7 @@ def cancel_batch(batch_id: str, deps: LifecycleDeps) -> CancelReport:
             except Exception as exc:  # keep going: the sweeper drains outboxes, a second call finishes the rest
                 log.warning("cancel of %s/%s#%s incomplete: %s", batch_id, input_id, index, exc)
                 report.drain_errors.append(f"{input_id}#{index}: {exc}")
-                after = deps.ledger.get_rollout(batch_id, input_id, index)
+                after = deps.ledger.rollouts.get_rollout(batch_id, input_id, index)
                 if after is not None and after.terminal and after.reason == FailureReason.CANCELLED.value:
                     report.cancelled += 1  # ended in the ledger; only its side effects (stop, events) are pending
                 continue

@@ -19,6 +19,7 @@ import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
@@ -31,13 +32,12 @@ from rollout_pipeline.contracts import (
     parse_iso,
     read_result,
 )
+from rollout_pipeline.ledger.items import RolloutRecord, Terminal
 from rollout_pipeline.ledger.rollouts import (
     DISPATCHED,
     FAILED,
     OUTBOX_PUBLISH,
     SUCCEEDED,
-    RolloutRecord,
-    Terminal,
 )
 from rollout_pipeline.lifecycle import publishing, stops
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
@@ -109,7 +109,7 @@ def _stop_after(rec: RolloutRecord, deps: LifecycleDeps, wait_until: float) -> N
         stops.finish_stops(rec, deps, wait_until)
     except Exception:  # the outbox keeps the stop: the sweeper retries it
         log.exception("stop of %s pending", rec.session_id)
-        deps.ledger.release_outbox(rec)
+        deps.ledger.rollouts.release_outbox(rec)
 
 
 def _location(event: Mapping[str, Any]) -> tuple[str, str] | None:
@@ -142,7 +142,7 @@ def handle_result_event(
     bucket, carried = location
     if bucket != deps.settings.results_bucket:
         return _late(deps, f"bucket {bucket} is not the results bucket", carried)
-    parsed: list[tuple[str, ids.AttemptRef]] = []
+    parsed: list[tuple[str, ids.ResultRef]] = []
     why = ""
     for key in routing.event_key_candidates(carried):
         try:
@@ -161,7 +161,7 @@ def handle_result_event(
 def _handle_result(
     bucket: str,
     key: str,
-    ref: ids.AttemptRef,
+    ref: ids.ResultRef,
     event: Mapping[str, Any],
     deps: LifecycleDeps,
     *,
@@ -173,7 +173,7 @@ def _handle_result(
     bind_log_ids(batch_id=ref.batch_id, rollout_id=ref.rollout_id, session_id=ref.session_id)
     if ref.exp_id != deps.config.name:
         return _late(deps, f"experiment {ref.exp_id} is not {deps.config.name}", key)
-    rec = deps.ledger.get_rollout(ref.batch_id, ref.input_id, ref.index)
+    rec = deps.ledger.rollouts.get_rollout(ref.batch_id, ref.input_id, ref.index)
     if rec is None:
         return _late(deps, "no such rollout in the ledger", key)
     if rec.attempt == ref.attempt and rec.terminal and rec.outbox:
@@ -187,65 +187,71 @@ def _handle_result(
         outcome, body_dict, size = _read_result(bucket, key, deps)
     except ObjectNotFound:
         return _late(deps, "the result object is gone", key) if last else None
-    if deps.attempt_key is not None and not carries_attempt_token(
-        body_dict, deps.attempt_key(), ref.exp_id, ref.session_id
-    ):
-        deps.metrics.count(LATE_OR_UNKNOWN)
-        unreadable = f" ({outcome.error})" if body_dict is None else ""
-        log.warning(
-            "result %s ignored: it does not carry its attempt's token%s: written by another session, unreadable, "
-            "or by an agent that copies neither the request (`payload`) nor `_rollout.attempt_token` into it",
-            key,
-            unreadable,
-        )
+    if _foreign(body_dict, ref, deps, key, outcome):
         return Completion.FOREIGN
     written_at = parse_iso(event.get("time")) or deps.now()
-    outbox = frozenset({OUTBOX_PUBLISH})
-    succeeded = outcome.success
-    terminal = Terminal(
-        state=SUCCEEDED if succeeded else FAILED,
-        finished_at=iso(written_at),
-        reason=None if succeeded else (outcome.reason or FailureReason.INVALID_RESULT).value,
-        error=None if succeeded else outcome.error,
-        reward=outcome.reward,
-        rewards=outcome.rewards,
-        result_uri=f"s3://{bucket}/{key}",
-        result_size=size,
-    )
-    now = deps.now()
-    done = deps.ledger.finish(
+    terminal = _terminal(outcome, written_at, f"s3://{bucket}/{key}", size)
+    done = deps.ledger.rollouts.finish(
+        ref,
         exp_id=ref.exp_id,
-        batch_id=ref.batch_id,
-        input_id=ref.input_id,
-        index=ref.index,
-        attempt=ref.attempt,
         from_state=DISPATCHED,
         outcome=terminal,
-        outbox=outbox,
-        now_epoch=int(now.timestamp()),
+        outbox=frozenset({OUTBOX_PUBLISH}),
         session_id=ref.session_id,
         hold_slot_until=stops.hold_until(deps, rec),
     )
     if not done:
-        after = deps.ledger.get_rollout(ref.batch_id, ref.input_id, ref.index)
+        after = deps.ledger.rollouts.get_rollout(ref.batch_id, ref.input_id, ref.index)
         resumable = after is not None and after.attempt == ref.attempt and after.terminal and bool(after.outbox)
         if after is not None and resumable and publishing.drain(after, deps):
             return Completion.RESUMED
         return _late(deps, "another delivery ended this attempt first", key)
-    if succeeded:
+    if terminal.state == SUCCEEDED:
         deps.metrics.count(SUCCEEDED_METRIC)
         if terminal.reward is not None:
             deps.metrics.sample(REWARD, float(terminal.reward))
     else:
         deps.metrics.count(FAILED_METRIC)
         deps.metrics.count(failed_metric(terminal.reason or "unknown"))
-    after = deps.ledger.get_rollout(ref.batch_id, ref.input_id, ref.index)
+    after = deps.ledger.rollouts.get_rollout(ref.batch_id, ref.input_id, ref.index)
     if after is not None:
         later = stops_later is not None
         publishing.drain(after, deps, owner=True, result=body_dict, stops=not later)
         if later and after.stop_sessions and stops_later is not None:
             stops_later.append(after)
-    return Completion.SUCCEEDED if succeeded else Completion.FAILED
+    return Completion.SUCCEEDED if outcome.success else Completion.FAILED
+
+
+def _foreign(
+    body: dict[str, Any] | None, ref: ids.ResultRef, deps: LifecycleDeps, key: str, outcome: ResultOutcome
+) -> bool:
+    """The result does not carry its attempt's token (when tokens are checked): counted and logged."""
+    if deps.attempt_key is None or carries_attempt_token(body, deps.attempt_key(), ref.exp_id, ref.session_id):
+        return False
+    deps.metrics.count(LATE_OR_UNKNOWN)
+    unreadable = f" ({outcome.error})" if body is None else ""
+    log.warning(
+        "result %s ignored: it does not carry its attempt's token%s: written by another session, unreadable, "
+        "or by an agent that copies neither the request (`payload`) nor `_rollout.attempt_token` into it",
+        key,
+        unreadable,
+    )
+    return True
+
+
+def _terminal(outcome: ResultOutcome, written_at: datetime, result_uri: str, size: int) -> Terminal:
+    """The terminal outcome a result records."""
+    succeeded = outcome.success
+    return Terminal(
+        state=SUCCEEDED if succeeded else FAILED,
+        finished_at=written_at,
+        reason=None if succeeded else (outcome.reason or FailureReason.INVALID_RESULT).value,
+        error=None if succeeded else outcome.error,
+        reward=outcome.reward,
+        rewards=outcome.rewards,
+        result_uri=result_uri,
+        result_size=size,
+    )
 
 
 def _read_result(bucket: str, key: str, deps: LifecycleDeps) -> tuple[ResultOutcome, dict[str, Any] | None, int]:

@@ -8,7 +8,7 @@ from datetime import datetime
 
 from rollout_pipeline.config import ExperimentConfig, HandlerSettings
 from rollout_pipeline.contracts.attempts import attempt_token
-from rollout_pipeline.ledger.rollouts import RolloutLedger
+from rollout_pipeline.ledger.ledger import Ledger
 from rollout_pipeline.lifecycle.limits import AdmissionBoard, LimitedRuntime, SessionRoom, SlotGate, pacers
 from rollout_pipeline.lifecycle.metrics import MetricsRecorder
 from rollout_pipeline.ports import AgentRuntime, Clock, EventPublisher, MessageQueue, ObjectStore, SystemClock
@@ -19,7 +19,7 @@ class LifecycleDeps:
     """Everything the lifecycle logic needs. Build it once (`wiring.Wiring.lifecycle`) and reuse it."""
 
     settings: HandlerSettings
-    ledger: RolloutLedger
+    ledger: Ledger
     runtime: AgentRuntime
     store: ObjectStore
     queue: MessageQueue

@@ -31,13 +31,13 @@ from typing import Any
 from rollout_pipeline import ids
 from rollout_pipeline.contracts import FailureReason, FileOptions, RolloutMessage, build_agent_payload, iso
 from rollout_pipeline.ledger.batches import batch_options
+from rollout_pipeline.ledger.items import BatchView, RolloutRecord
 from rollout_pipeline.ledger.rollouts import (
     DISPATCHED,
     OUTBOX_PUBLISH,
     QUEUED,
     DispatchStart,
     LedgerError,
-    RolloutRecord,
 )
 from rollout_pipeline.lifecycle import publishing, stops
 from rollout_pipeline.lifecycle.cancel import cancel_rollout
@@ -139,14 +139,14 @@ class BatchReads:
 
     def __init__(self, deps: LifecycleDeps) -> None:
         self._deps = deps
-        self._items: dict[str, dict[str, Any] | None] = {}
+        self._items: dict[str, BatchView | None] = {}
         self._lock = threading.Lock()
         self._policy: tuple[str | None] | None = None
 
-    def get(self, batch_id: str) -> dict[str, Any] | None:
+    def get(self, batch_id: str) -> BatchView | None:
         with self._lock:
             if batch_id not in self._items:
-                self._items[batch_id] = self._deps.ledger.get_batch(batch_id)
+                self._items[batch_id] = self._deps.ledger.batches.read_batch(batch_id)
             return self._items[batch_id]
 
     def policy_version(self, batch_default: str | None) -> str | None:
@@ -174,7 +174,7 @@ def dispatch_body(
     if batch is None:
         raise LookupError(f"batch {message.batch_id} not found in the ledger")
     options = batch_options(batch) or FileOptions.defaults(deps.config)
-    if batch.get("status") == "cancelled":
+    if batch.cancelled:
         return _cancelled(message, deps, options)
     row_payload = _row_payload(message, deps)
     start_by = deps.invoke_start_by(wait_until)  # every wait before an invoke ends by then
@@ -187,8 +187,7 @@ def dispatch_body(
         if held is not None:
             held.release()
     for _ in range(20):
-        now = deps.now()
-        start = deps.ledger.begin_dispatch(
+        start = deps.ledger.rollouts.begin_dispatch(
             exp_id=message.exp_id,
             batch_id=message.batch_id,
             input_id=message.input_id,
@@ -196,9 +195,7 @@ def dispatch_body(
             attempt=message.attempt,
             session_id=message.session_id,
             submitted_at=iso(message.submitted_at),
-            now_iso=iso(now),
-            now_epoch=int(now.timestamp()),
-            deadline=int((now + timedelta(seconds=options.rollout_timeout_s)).timestamp()),
+            deadline=int((deps.now() + timedelta(seconds=options.rollout_timeout_s)).timestamp()),
             max_sessions=deps.config.max_sessions,
             policy_version=batches.policy_version(options.policy_version),
             batch_policy_version=options.policy_version,
@@ -211,7 +208,7 @@ def dispatch_body(
             if not _wait_for_slot(deps, start_by, message):
                 return _requeue(message, deps, Dispatch.REQUEUED_LIMIT)
             continue
-        rec = deps.ledger.get_rollout(message.batch_id, message.input_id, message.index)
+        rec = deps.ledger.rollouts.get_rollout(message.batch_id, message.input_id, message.index)
         decided = _existing(message, rec, deps)
         if decided is Dispatch.REINVOKED:
             return _invoke(message, deps, options, row_payload, wait_until=wait_until, reinvoke=True)
@@ -289,16 +286,13 @@ def _requeue(message: RolloutMessage, deps: LifecycleDeps, why: Dispatch) -> Dis
 
 def _throttled(message: RolloutMessage, deps: LifecycleDeps, error: str) -> Dispatch:
     """The rollout could not start within the configured bounds: Rollout Failed (throttled), never a silent spin."""
-    rec = deps.ledger.get_rollout(message.batch_id, message.input_id, message.index)
+    rec = deps.ledger.rollouts.get_rollout(message.batch_id, message.input_id, message.index)
     if rec is not None and (rec.terminal or rec.attempt != message.attempt or rec.state != QUEUED):
         return Dispatch.STALE
     after = fail_rollout(
         deps,
+        message.ref,
         exp_id=message.exp_id,
-        batch_id=message.batch_id,
-        input_id=message.input_id,
-        index=message.index,
-        attempt=message.attempt,
         from_state=None if rec is None else QUEUED,
         reason=FailureReason.THROTTLED,
         error=error,
@@ -380,7 +374,7 @@ def _invoke(
         except NoCallBudget:  # no call was made: our own budgets had no slot before the invoke had to start
             if not new_session:  # the attempt stays dispatched: the re-sent message invokes the same session
                 return _requeue(message, deps, Dispatch.REQUEUED_NO_TIME)
-            if deps.ledger.release_to_queue(message.batch_id, message.input_id, message.index, message.attempt):
+            if deps.ledger.rollouts.release_to_queue(message.ref):
                 return _requeue(message, deps, Dispatch.REQUEUED_LIMIT)
             return Dispatch.STALE
         except RuntimeThrottled as exc:
@@ -389,7 +383,7 @@ def _invoke(
                 log.warning("ACR kept throttling %s: %s; releasing the slot", session_id, exc)
                 if not new_session:  # a session exists (cold-started): end the attempt, stop it
                     return _cold_start_failed(message, deps, options, str(exc), wait_until)
-                if deps.ledger.release_to_queue(message.batch_id, message.input_id, message.index, message.attempt):
+                if deps.ledger.rollouts.release_to_queue(message.ref):
                     return _requeue(message, deps, Dispatch.REQUEUED_THROTTLED)
                 return Dispatch.STALE  # the rollout moved on meanwhile (cancelled, invoked elsewhere)
             deps.clock.sleep(backoff)
@@ -397,15 +391,14 @@ def _invoke(
             if not new_session:
                 return _cold_start_failed(message, deps, options, str(exc), wait_until)
             return _rejected(message, deps, str(exc))
-    now = deps.now()
-    if not deps.ledger.mark_invoked(message.batch_id, message.input_id, message.index, message.attempt, iso(now)):
+    if not deps.ledger.rollouts.mark_invoked(message.ref):
         # Cancelled (or already ended) while we invoked: no session may outlive its rollout. The transition that
         # ended it may have tried the stop before the session existed (NotFound): this stop confirms it.
         with contextlib.suppress(RuntimeSessionNotFound):
             deps.limited.stop(session_id, wait_until=max(wait_until, deps.clock.monotonic() + 5))
-        after = deps.ledger.get_rollout(message.batch_id, message.input_id, message.index)
+        after = deps.ledger.rollouts.get_rollout(message.batch_id, message.input_id, message.index)
         if after is not None and session_id in after.held_slots:
-            deps.ledger.release_stopped(after, session_id)
+            deps.ledger.rollouts.release_stopped(after, session_id)
         return Dispatch.STOPPED_LATE
     deps.metrics.count(DISPATCHED_METRIC)
     return Dispatch.REINVOKED if reinvoke else Dispatch.INVOKED
@@ -416,30 +409,26 @@ def _cold_start_failed(
 ) -> Dispatch:
     """The session kept failing to start: end this attempt through the normal path (a new attempt while attempts
     remain, else Rollout Failed `invoke_rejected`), with its session's slot held until its stop is confirmed."""
-    rec = deps.ledger.get_rollout(message.batch_id, message.input_id, message.index)
+    rec = deps.ledger.rollouts.get_rollout(message.batch_id, message.input_id, message.index)
     if rec is None or rec.state != DISPATCHED or rec.attempt != message.attempt:
         return Dispatch.STALE
     hold = stops.hold_until(deps, rec)
     if rec.attempt < options.max_attempts:
         next_sid = ids.session_id(rec.exp_id, rec.batch_id, rec.input_id, rec.index, rec.attempt + 1)
-        if not deps.ledger.requeue_for_retry(
+        if not deps.ledger.rollouts.requeue_for_retry(
             rec,
             next_session_id=next_sid,
-            now_epoch=int(deps.now().timestamp()),
             stop_pending=True,
             hold_slot_until=hold,
         ):
             return Dispatch.STALE
         deps.metrics.count(RETRIED)
-        after = deps.ledger.get_rollout(rec.batch_id, rec.input_id, rec.index)
+        after = deps.ledger.rollouts.get_rollout(rec.batch_id, rec.input_id, rec.index)
     else:
         after = fail_rollout(
             deps,
+            rec.ref,
             exp_id=rec.exp_id,
-            batch_id=rec.batch_id,
-            input_id=rec.input_id,
-            index=rec.index,
-            attempt=rec.attempt,
             from_state=DISPATCHED,
             reason=FailureReason.INVOKE_REJECTED,
             error=f"the session did not start (cold start) in any of {rec.attempt} attempt(s): {error}",
@@ -455,11 +444,8 @@ def _cold_start_failed(
 def _rejected(message: RolloutMessage, deps: LifecycleDeps, error: str) -> Dispatch:
     rec = fail_rollout(
         deps,
+        message.ref,
         exp_id=message.exp_id,
-        batch_id=message.batch_id,
-        input_id=message.input_id,
-        index=message.index,
-        attempt=message.attempt,
         from_state=DISPATCHED,
         reason=FailureReason.INVOKE_REJECTED,
         error=f"InvokeAgentRuntime rejected session {message.session_id}: {error}",

@@ -3,8 +3,10 @@ timeout, cancelled), with its metrics."""
 
 from __future__ import annotations
 
-from rollout_pipeline.contracts import FailureReason, iso
-from rollout_pipeline.ledger.rollouts import FAILED, RolloutRecord, Terminal
+from rollout_pipeline.contracts import FailureReason
+from rollout_pipeline.ids import AttemptRef
+from rollout_pipeline.ledger.items import RolloutRecord, Terminal
+from rollout_pipeline.ledger.rollouts import FAILED
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.metrics import FAILED as FAILED_METRIC
 from rollout_pipeline.lifecycle.metrics import failed_metric
@@ -14,12 +16,9 @@ MAX_ERROR_CHARS = 2000
 
 def fail_rollout(
     deps: LifecycleDeps,
+    ref: AttemptRef,
     *,
     exp_id: str,
-    batch_id: str,
-    input_id: str,
-    index: int,
-    attempt: int,
     from_state: str | None,
     reason: FailureReason,
     error: str,
@@ -28,26 +27,17 @@ def fail_rollout(
     policy_version: str | None = None,
     hold_slot_until: int | None = None,
 ) -> RolloutRecord | None:
-    """Move the rollout from `from_state` (at `attempt`) to failed(`reason`) with `outbox` side effects pending.
+    """Move the rollout from `from_state` (at `ref`'s attempt) to failed(`reason`) with `outbox` side effects
+    pending.
 
     Returns the rollout as it is now, for the caller to drain its outbox, or None when the condition failed
     (another delivery or worker already moved it: nothing changed)."""
-    now = deps.now()
-    done = deps.ledger.finish(
+    done = deps.ledger.rollouts.finish(
+        ref,
         exp_id=exp_id,
-        batch_id=batch_id,
-        input_id=input_id,
-        index=index,
-        attempt=attempt,
         from_state=from_state,
-        outcome=Terminal(
-            state=FAILED,
-            finished_at=iso(now),
-            reason=reason.value,
-            error=error[:MAX_ERROR_CHARS],
-        ),
+        outcome=Terminal(state=FAILED, finished_at=deps.now(), reason=reason.value, error=error[:MAX_ERROR_CHARS]),
         outbox=outbox,
-        now_epoch=int(now.timestamp()),
         session_id=session_id,
         policy_version=policy_version,
         hold_slot_until=hold_slot_until,
@@ -56,4 +46,4 @@ def fail_rollout(
         return None
     deps.metrics.count(FAILED_METRIC)
     deps.metrics.count(failed_metric(reason.value))
-    return deps.ledger.get_rollout(batch_id, input_id, index)
+    return deps.ledger.rollouts.get_rollout(ref.batch_id, ref.input_id, ref.index)

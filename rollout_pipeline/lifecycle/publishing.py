@@ -17,17 +17,15 @@ from rollout_pipeline import ids
 from rollout_pipeline.contracts import (
     INLINE_RESULT_BYTES,
     RolloutMessage,
-    iso,
     read_result,
     redact_secrets,
 )
 from rollout_pipeline.details import batch_completion_detail, group_completion_detail, rollout_event, with_members
+from rollout_pipeline.ledger.items import RolloutRecord
 from rollout_pipeline.ledger.rollouts import (
     OUTBOX_ENQUEUE,
     OUTBOX_PUBLISH,
     OUTBOX_STOP,
-    RolloutRecord,
-    from_item,
 )
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.metrics import NOTIFICATION_LATENCY
@@ -40,7 +38,7 @@ from rollout_pipeline.lifecycle.metrics import NOTIFICATION_LATENCY
 
 def retry_message(rec: RolloutRecord, deps: LifecycleDeps) -> RolloutMessage:
     """The rollout-queue message of the rollout's current (queued) attempt, rebuilt from its group item."""
-    group = deps.ledger.group(rec.batch_id, rec.input_id)
+    group = deps.ledger.batches.read_group(rec.batch_id, rec.input_id)
     if group is None:
         raise LookupError(f"group {rec.batch_id}/{rec.input_id} not found for the retry of {rec.index}")
     return RolloutMessage(
@@ -84,16 +82,18 @@ def completion_details(rec: RolloutRecord, deps: LifecycleDeps) -> list[Any]:
     each claimed for this rollout so that concurrent last rollouts do not both publish it."""
     details: list[Any] = []
     claimant = ids.rollout_id(rec.input_id, rec.index)
-    batch = deps.ledger.batch(rec.batch_id)
+    batch = deps.ledger.batches.read_batch(rec.batch_id)
     options = batch.options if batch is not None else None
-    group = deps.ledger.group(rec.batch_id, rec.input_id)
+    group = deps.ledger.batches.read_group(rec.batch_id, rec.input_id)
     if group is not None:
         group_detail = group_completion_detail(group, options.policy_version if options else rec.policy_version)
-        if group_detail is not None and deps.ledger.claim_group_event(rec.batch_id, rec.input_id, claimant):
-            details.append(with_members(group_detail, list(deps.ledger.iter_rollouts(rec.batch_id, rec.input_id))))
+        if group_detail is not None and deps.ledger.batches.claim_group_event(rec.batch_id, rec.input_id, claimant):
+            details.append(
+                with_members(group_detail, list(deps.ledger.rollouts.iter_rollouts(rec.batch_id, rec.input_id)))
+            )
     if batch is not None and batch_completion_detail(batch) is not None:
-        claimed = deps.ledger.claim_batch_completed(rec.batch_id, claimant, iso(deps.now()))
-        batch_detail = batch_completion_detail(from_item(claimed)) if claimed is not None else None
+        claimed = deps.ledger.batches.claim_batch_completed(rec.batch_id, claimant)
+        batch_detail = batch_completion_detail(claimed) if claimed is not None else None
         if batch_detail is not None:
             details.append(batch_detail)
     return details
@@ -121,7 +121,7 @@ def drain(
 
     if not rec.outbox:
         return True
-    if not owner and not deps.ledger.claim_outbox(rec, int(deps.now().timestamp())):
+    if not owner and not deps.ledger.rollouts.claim_outbox(rec):
         return False
     try:
         if OUTBOX_ENQUEUE in rec.outbox and not rec.terminal:  # a rollout that ended meanwhile needs no retry
@@ -137,12 +137,12 @@ def drain(
             if finished is not None and rec.result_uri:
                 deps.metrics.sample(NOTIFICATION_LATENCY, max(0.0, (notified_at - finished).total_seconds() * 1000))
         if OUTBOX_STOP in rec.outbox and rec.stop_sessions:
-            deps.ledger.outbox_done(rec, rec.outbox & {OUTBOX_ENQUEUE, OUTBOX_PUBLISH})
+            deps.ledger.rollouts.outbox_done(rec, rec.outbox & {OUTBOX_ENQUEUE, OUTBOX_PUBLISH})
             if stops:
                 stopping.finish_stops(rec, deps, wait_until)
             return True
-        deps.ledger.clear_outbox(rec)
+        deps.ledger.rollouts.clear_outbox(rec)
     except BaseException:
-        deps.ledger.release_outbox(rec)
+        deps.ledger.rollouts.release_outbox(rec)
         raise
     return True

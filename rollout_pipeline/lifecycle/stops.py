@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 from typing import Final
 
-from rollout_pipeline.ledger.rollouts import RolloutRecord
+from rollout_pipeline.ledger.items import RolloutRecord
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.metrics import STOP_FAILED, STOPS_PENDING
 from rollout_pipeline.ports import RuntimeRejected, RuntimeSessionNotFound, RuntimeThrottled
@@ -67,18 +67,18 @@ def finish_stops(rec: RolloutRecord, deps: LifecycleDeps, wait_until: float | No
                 not_found.append(session_id)
         given_up = rec.stop_tries >= STOP_TRIES and session_id not in rec.held_slots  # no slot waits for it
         if confirmed or reaped or given_up:
-            deps.ledger.release_stopped(rec, session_id)
+            deps.ledger.rollouts.release_stopped(rec, session_id)
         else:
             left += 1
     if left == 0:
-        return deps.ledger.clear_outbox(rec) or True
+        return deps.ledger.rollouts.clear_outbox(rec) or True
     deps.metrics.sample(STOPS_PENDING, left)
     if rec.stop_tries + 1 >= STOP_TRIES and rec.held_until is not None:
         next_epoch = rec.held_until  # no more calls: AgentCore ends the session by then
     else:
         next_epoch = now + min(STOP_BACKOFF_S * 2**rec.stop_tries, STOP_BACKOFF_MAX_S)
     # The sweeper drains entries older than `outbox_age_s`: file it so that it is due at `next_epoch`.
-    deps.ledger.note_stop_failed(rec, next_epoch=next_epoch - int(deps.outbox_age_s), not_found=not_found)
+    deps.ledger.rollouts.note_stop_failed(rec, next_epoch=next_epoch - int(deps.outbox_age_s), not_found=not_found)
     return False
 
 

@@ -18,10 +18,10 @@ from rollout_pipeline import ids
 from rollout_pipeline.contracts import FailureReason, FileOptions
 from rollout_pipeline.ledger import keys
 from rollout_pipeline.ledger.batches import batch_options
+from rollout_pipeline.ledger.items import RolloutRecord
 from rollout_pipeline.ledger.rollouts import (
     DISPATCHED,
     OUTBOX_PUBLISH,
-    RolloutRecord,
 )
 from rollout_pipeline.lifecycle import publishing, stops
 from rollout_pipeline.lifecycle.cancel import cancel_rollout
@@ -62,7 +62,9 @@ def sweep(
     now_epoch = int(now.timestamp())
     options_cache: dict[str, tuple[FileOptions, bool]] = {}
     for shard in range(keys.INDEX_SHARDS):
-        for rec in deps.ledger.query_due(keys.DEADLINE_INDEX, shard, now_epoch, limit=page_size, max_pages=max_pages):
+        for rec in deps.ledger.rollouts.query_due(
+            keys.DEADLINE_INDEX, shard, now_epoch, limit=page_size, max_pages=max_pages
+        ):
             report.expired_seen += 1
             bind_log_ids(batch_id=rec.batch_id, rollout_id=ids.rollout_id(rec.input_id, rec.index))
             try:
@@ -73,8 +75,10 @@ def sweep(
                 deps.metrics.count(SWEEP_ERRORS)
     cutoff = int(now.timestamp() - deps.outbox_age_s)
     for shard in range(keys.INDEX_SHARDS):
-        for rec in deps.ledger.query_due(keys.OUTBOX_INDEX, shard, cutoff, limit=page_size, max_pages=max_pages):
-            fresh = deps.ledger.get_rollout(rec.batch_id, rec.input_id, rec.index)
+        for rec in deps.ledger.rollouts.query_due(
+            keys.OUTBOX_INDEX, shard, cutoff, limit=page_size, max_pages=max_pages
+        ):
+            fresh = deps.ledger.rollouts.get_rollout(rec.batch_id, rec.input_id, rec.index)
             if fresh is None or not fresh.outbox:
                 continue
             bind_log_ids(batch_id=rec.batch_id, rollout_id=ids.rollout_id(rec.input_id, rec.index))
@@ -94,9 +98,9 @@ def _options(
     batch_id: str, deps: LifecycleDeps, cache: dict[str, tuple[FileOptions, bool]]
 ) -> tuple[FileOptions, bool]:
     if batch_id not in cache:
-        batch = deps.ledger.get_batch(batch_id)
+        batch = deps.ledger.batches.read_batch(batch_id)
         options = batch_options(batch) or FileOptions.defaults(deps.config)
-        cache[batch_id] = (options, (batch or {}).get("status") == "cancelled")
+        cache[batch_id] = (options, batch is not None and batch.cancelled)
     return cache[batch_id]
 
 
@@ -107,7 +111,7 @@ def _expire(
     report: SweepReport,
     wait_until: float | None = None,
 ) -> None:
-    rec = deps.ledger.get_rollout(stale.batch_id, stale.input_id, stale.index)  # the index is eventually consistent
+    rec = deps.ledger.rollouts.get_rollout(stale.batch_id, stale.input_id, stale.index)  # the index may lag
     now = deps.now()
     if rec is None or rec.state != DISPATCHED or rec.deadline is None or rec.deadline >= now.timestamp():
         return
@@ -134,21 +138,18 @@ def _expire(
     hold = stops.hold_until(deps, rec)
     if rec.attempt < options.max_attempts:
         next_sid = ids.session_id(rec.exp_id, rec.batch_id, rec.input_id, rec.index, rec.attempt + 1)
-        if not deps.ledger.requeue_for_retry(
-            rec, next_session_id=next_sid, now_epoch=int(now.timestamp()), stop_pending=True, hold_slot_until=hold
+        if not deps.ledger.rollouts.requeue_for_retry(
+            rec, next_session_id=next_sid, stop_pending=True, hold_slot_until=hold
         ):
             return
         report.retried += 1
         deps.metrics.count(RETRIED)
-        after = deps.ledger.get_rollout(rec.batch_id, rec.input_id, rec.index)
+        after = deps.ledger.rollouts.get_rollout(rec.batch_id, rec.input_id, rec.index)
     else:
         after = fail_rollout(
             deps,
+            rec.ref,
             exp_id=rec.exp_id,
-            batch_id=rec.batch_id,
-            input_id=rec.input_id,
-            index=rec.index,
-            attempt=rec.attempt,
             from_state=DISPATCHED,
             reason=FailureReason.TIMEOUT,
             error=f"no result within {options.rollout_timeout_s} s in any of {rec.attempt} attempt(s)",

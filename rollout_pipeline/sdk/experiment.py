@@ -32,8 +32,8 @@ from rollout_pipeline.sdk.status import BatchStatus, batch_status
 from rollout_pipeline.sdk.transport import Event, QueueReader
 
 if TYPE_CHECKING:
-    from rollout_pipeline.ledger.batches import BatchLedger
     from rollout_pipeline.ledger.items import RolloutSummary
+    from rollout_pipeline.ledger.ledger import Ledger
     from rollout_pipeline.lifecycle.cancel import CancelReport
     from rollout_pipeline.ports import AgentRuntime
     from rollout_pipeline.sdk.client import RolloutClient
@@ -286,8 +286,8 @@ class Experiment:
             self._wiring = Wiring(self._settings, self.aws)
         return self._wiring
 
-    def _ledger(self) -> BatchLedger:
-        return self.wiring().batch_ledger()
+    def _ledger(self) -> Ledger:
+        return self.wiring().ledger()
 
     # ---------------------------------------------------------------------------------------------- submit
 
@@ -541,7 +541,7 @@ class Experiment:
     def status(self, batch_id: str) -> BatchStatus:
         """Where a batch stands, from the ledger: queued, running, succeeded, failed by reason, reward mean/std."""
         with aws_errors(f"read batch {batch_id}"):
-            item = self._ledger().read_batch(batch_id)
+            item = self._ledger().batches.read_batch(batch_id)
             if item is None:
                 raise BatchNotFound(f"no batch {batch_id!r} in experiment {self.name!r}")
             states = Counter(r.state for r in self.rollout_states(batch_id, states_only=True))
@@ -551,7 +551,7 @@ class Experiment:
         """Each dispatched rollout of a batch as the ledger holds it: state, ids, reward, failure reason (with
         `states_only`, the state alone: a smaller read). Rollouts not yet dispatched have no entry."""
         with aws_errors(f"read the rollouts of batch {batch_id}"):
-            yield from self.wiring().rollout_ledger().rollout_summaries(batch_id, states_only=states_only)
+            yield from self._ledger().rollouts.rollout_summaries(batch_id, states_only=states_only)
 
     def cancel(self, batch_id: str, runtime: AgentRuntime | None = None) -> CancelReport:
         """Cancel a batch: queued rollouts are never started, running ones are stopped (through `runtime`, by
@@ -560,7 +560,7 @@ class Experiment:
         from rollout_pipeline.lifecycle.cancel import cancel_batch
 
         with aws_errors(f"cancel batch {batch_id}"):
-            item = self._ledger().read_batch(batch_id)
+            item = self._ledger().batches.read_batch(batch_id)
             if item is None:
                 raise BatchNotFound(f"no batch {batch_id!r} in experiment {self.name!r}")
             report = cancel_batch(batch_id, self.wiring(runtime).lifecycle())
@@ -618,11 +618,11 @@ class Experiment:
 
         with aws_errors(f"export batch {batch_id}"):
             ledger = self._ledger()
-            if ledger.read_batch(batch_id) is None:
+            if ledger.batches.read_batch(batch_id) is None:
                 raise BatchNotFound(f"no batch {batch_id!r} in experiment {self.name!r}")
             rows = export_rows(
-                groups=ledger.iter_groups(batch_id),
-                rollouts=self.wiring().rollout_ledger().iter_rollout_items(batch_id),
+                groups=ledger.batches.groups(batch_id),
+                rollouts=ledger.rollouts.batch_rollouts(batch_id),
                 fetch_result=fetch if include_results else None,
                 include_payload=include_payload,
             )
@@ -642,8 +642,7 @@ class Experiment:
         if version is not None and not 0 < len(version) <= 128:
             raise SdkError("a policy version is 1-128 characters")
         with aws_errors("set the current policy version"):
-            ledger = self.wiring().rollout_ledger()
-            ledger.limits.set_current_policy_version(version, iso(utcnow()))
+            self._ledger().limits.set_current_policy_version(version, iso(utcnow()))
 
     def completed_groups(
         self,
@@ -667,19 +666,19 @@ class Experiment:
         skipped = set(skip)
         groups: list[Group] = []
         with aws_errors(f"read the completed groups of batch {batch_id}"):
-            ledger = self.wiring().rollout_ledger()
-            batch = ledger.get_batch(batch_id)
+            ledger = self._ledger()
+            batch = ledger.batches.read_batch(batch_id)
             if batch is None:
                 raise BatchNotFound(f"no batch {batch_id!r} in experiment {self.name!r}")
             options = batch_options(batch)
-            for group_item in ledger.iter_groups(batch_id):
-                input_id = str(group_item.get("input_id"))
+            for group_item in ledger.batches.groups(batch_id):
+                input_id = group_item.input_id
                 if input_id in skipped:
                     continue
                 detail = group_completion_detail(group_item, options.policy_version if options else None)
                 if detail is None:
                     continue
-                records = [r for r in ledger.iter_rollouts(batch_id, input_id) if r.terminal]
+                records = [r for r in ledger.rollouts.iter_rollouts(batch_id, input_id) if r.terminal]
                 group = Group(completed=with_members(detail, records))
                 for rec in records:
                     notified = rec.finished_at or utcnow()

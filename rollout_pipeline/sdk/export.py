@@ -8,15 +8,40 @@ repeatable from any machine. One line per rollout, groups in input-id order, ind
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Mapping
-from typing import IO, Any, Final
+from collections.abc import Callable, Iterable, Iterator
+from datetime import datetime
+from typing import IO, Any
 
 from rollout_pipeline import ids
-from rollout_pipeline.ledger.batches import as_group, group_payload
-from rollout_pipeline.ledger.items import GroupItem, plain_item
+from rollout_pipeline.contracts import iso
+from rollout_pipeline.ledger.items import GroupItem, RolloutRecord
 
-#: Rollout item attributes copied into an export line (bookkeeping such as outbox and index keys is left out).
-ROLLOUT_FIELDS: Final = (
+
+def rollout_fields(rec: RolloutRecord | None) -> dict[str, Any]:
+    """What an export line carries of a rollout item (bookkeeping such as outbox and index keys is left out); a
+    rollout without an item was never dispatched: `queued`."""
+
+    def at(value: datetime | None) -> str | None:
+        return iso(value) if value is not None else None
+
+    if rec is None:
+        return dict.fromkeys(ROLLOUT_FIELDS) | {"state": "queued"}
+    return {
+        "state": rec.state.value,
+        "attempt": rec.attempt,
+        "session_id": rec.session_id,
+        "reward": rec.reward,
+        "reason": rec.reason,
+        "error": rec.error,
+        "result_uri": rec.result_uri,
+        "submitted_at": at(rec.submitted_at),
+        "dispatched_at": at(rec.dispatched_at),
+        "finished_at": at(rec.finished_at),
+    }
+
+
+#: The rollout fields of an export line, in order.
+ROLLOUT_FIELDS = (
     "state",
     "attempt",
     "session_id",
@@ -32,25 +57,19 @@ ROLLOUT_FIELDS: Final = (
 
 def export_rows(
     *,
-    groups: Iterator[GroupItem | Mapping[str, Any]],
-    rollouts: Iterator[Mapping[str, Any]],
+    groups: Iterable[GroupItem],
+    rollouts: Iterable[RolloutRecord],
     fetch_result: Callable[[str], dict[str, Any] | None] | None,
     include_payload: bool = False,
 ) -> Iterator[dict[str, Any]]:
-    """Join groups and rollout items (raw ledger items, typed or plain) into export rows.
+    """Join groups and rollout items into export rows.
 
     A rollout without a rollout item was never dispatched: its state is `queued`. With `fetch_result`, each row
     with a `result_uri` gets the result object under `result` (None if it cannot be read).
     """
-    by_key: dict[tuple[str, int], dict[str, Any]] = {}
-    for raw in rollouts:
-        parsed = plain_item(raw)
-        by_key[(str(parsed.get("input_id")), int(parsed.get("index") or 0))] = parsed
-    for raw_group in groups:
-        group = as_group(raw_group)
-        payload, payload_ref = group_payload(group) if include_payload else (None, None)
+    by_key = {(rec.input_id, rec.index): rec for rec in rollouts}
+    for group in groups:
         for index in range(group.group_size):
-            item = by_key.get((group.input_id, index), {})
             row: dict[str, Any] = {
                 "exp_id": group.exp_id,
                 "batch_id": group.batch_id,
@@ -59,14 +78,11 @@ def export_rows(
                 "rollout_id": ids.rollout_id(group.input_id, index),
                 "line": group.line,
             }
-            for name in ROLLOUT_FIELDS:
-                row[name] = item.get(name)
-            if row["state"] is None:
-                row["state"] = "queued"
+            row.update(rollout_fields(by_key.get((group.input_id, index))))
             if include_payload:
-                row["payload"] = payload
-                if payload_ref:
-                    row["payload_ref"] = payload_ref
+                row["payload"] = dict(group.payload) if group.payload is not None else None
+                if group.payload_ref:
+                    row["payload_ref"] = group.payload_ref
             if fetch_result is not None:
                 uri = row.get("result_uri")
                 row["result"] = fetch_result(str(uri)) if uri else None

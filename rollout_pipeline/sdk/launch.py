@@ -427,7 +427,7 @@ def _run_preflight(planned: Plan, aws: AwsClients) -> list[preflight.Check]:
 def in_flight(experiment: Experiment) -> int:
     """Rollouts holding a session slot plus messages waiting in the rollout and ingest queues (cheap reads)."""
     with aws_errors(f"read what is in flight in {experiment.name}"):
-        sessions = experiment.wiring().rollout_ledger().limits.in_flight()
+        sessions = experiment.wiring().ledger().limits.in_flight()
         attrs = experiment.client("sqs").get_queue_attributes(
             QueueUrl=experiment.rollout_queue_url,
             AttributeNames=[

@@ -375,16 +375,13 @@ class Smoke:
             )
 
     def _sessions_stopped(self, batch_id: str) -> None:
-        from rollout_pipeline.ledger.rollouts import OUTBOX_STOP, RolloutRecord
+        from rollout_pipeline.ledger.rollouts import OUTBOX_STOP
 
         deadline = self.clock() + STOP_GRACE_S
         pending: list[str] = []
         while True:
             with aws_errors(f"read the rollouts of batch {batch_id}"):
-                records = [
-                    RolloutRecord.from_item(item)
-                    for item in self.experiment.wiring().rollout_ledger().iter_rollout_items(batch_id)
-                ]
+                records = list(self.experiment.wiring().ledger().rollouts.batch_rollouts(batch_id))
             pending = [
                 f"{r.input_id}#{r.index}"
                 for r in records

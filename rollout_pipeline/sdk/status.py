@@ -7,8 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rollout_pipeline.contracts import iso, stats_from_sums
-from rollout_pipeline.ledger.batches import as_batch
-from rollout_pipeline.ledger.items import BatchItem, RolloutState
+from rollout_pipeline.ledger.items import BatchView, RolloutState
 
 
 @dataclass(frozen=True)
@@ -67,9 +66,8 @@ class BatchStatus:
         }
 
 
-def batch_status(batch_item: BatchItem | Mapping[str, Any], rollout_states: Mapping[Any, int]) -> BatchStatus:
+def batch_status(batch: BatchView, rollout_states: Mapping[Any, int]) -> BatchStatus:
     """Combine the batch counters with the rollout items' states (running = dispatched, not yet terminal)."""
-    batch = as_batch(batch_item)
     total = batch.rollouts_total
     succeeded, failed = batch.succeeded, batch.failed
     running = rollout_states.get(RolloutState.DISPATCHED, 0)

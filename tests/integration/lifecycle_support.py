@@ -14,6 +14,7 @@ from rollout_pipeline.adapters import clients
 from rollout_pipeline.adapters.fake_acr import FakeAgentRuntime
 from rollout_pipeline.contracts import FileOptions, RolloutMessage
 from rollout_pipeline.ledger import keys
+from rollout_pipeline.ledger.items import BatchView
 from rollout_pipeline.lifecycle.completion import CompletionResult, complete_records
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.dispatch import DispatchResult, dispatch_records
@@ -218,28 +219,28 @@ def by_type(events: Sequence[Mapping[str, Any]], detail_type: str) -> list[dict[
 
 
 def rollout_item(resources: ExperimentResources, batch_id: str, input_id: str, index: int) -> dict[str, Any] | None:
-    from rollout_pipeline.ledger.rollouts import from_item
+    from rollout_pipeline.ledger.attributes import item_values
 
     item = (
         clients.client("dynamodb")
         .get_item(TableName=resources.table_name, Key=keys.rollout_key(batch_id, input_id, index), ConsistentRead=True)
         .get("Item")
     )
-    return from_item(item) if item else None
+    return item_values(item) if item else None
 
 
 def ledger_item(resources: ExperimentResources, key: Mapping[str, Any]) -> dict[str, Any]:
-    from rollout_pipeline.ledger.rollouts import from_item
+    from rollout_pipeline.ledger.attributes import item_values
 
     item = clients.client("dynamodb").get_item(TableName=resources.table_name, Key=dict(key), ConsistentRead=True)
-    return from_item(item.get("Item") or {})
+    return item_values(item.get("Item") or {})
 
 
-def batch_view(resources: ExperimentResources, batch_id: str) -> dict[str, Any]:
-    """The batch as readers see it: its item with the counters summed over its `COUNT#` shards (plain values)."""
-    from rollout_pipeline.ledger.rollouts import RolloutLedger
+def batch_view(resources: ExperimentResources, batch_id: str) -> BatchView:
+    """The batch as readers see it: its item with the counters summed over its `COUNT#` shards."""
+    from rollout_pipeline.ledger.ledger import Ledger
 
-    view = RolloutLedger(resources.table_name).get_batch(batch_id)
+    view = Ledger.open(resources.table_name).batches.read_batch(batch_id)
     assert view is not None
     return view
 
@@ -269,19 +270,20 @@ def make_deps(
     from rollout_pipeline.adapters.eventbridge import EventBridgePublisher
     from rollout_pipeline.adapters.s3 import S3ObjectStore
     from rollout_pipeline.adapters.sqs import SqsQueue
-    from rollout_pipeline.ledger.rollouts import RolloutLedger
+    from rollout_pipeline.ledger.ledger import Ledger
 
     settings = resources.settings()
     if limits:
         settings = settings.model_copy(update={"experiment": settings.experiment.model_copy(update=dict(limits))})
+    clock = clock or ShiftedClock()
     return LifecycleDeps(
         settings=settings,
-        ledger=RolloutLedger(settings.table_name),
+        ledger=Ledger.open(settings.table_name, clock=clock),
         runtime=fake,
         store=S3ObjectStore(),
         queue=SqsQueue(),
         publisher=EventBridgePublisher(settings.bus_name, sleep=lambda _s: None),
-        clock=clock or ShiftedClock(),
+        clock=clock,
         **overrides,
     )
 

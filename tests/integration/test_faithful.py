@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote_plus
 
@@ -18,8 +19,10 @@ from rollout_pipeline.adapters.s3 import S3ObjectStore
 from rollout_pipeline.contracts import FileOptions
 from rollout_pipeline.details import batch_completion_detail
 from rollout_pipeline.ledger import keys, retry
-from rollout_pipeline.ledger.batches import BatchLedger, IngestProgress
-from rollout_pipeline.ledger.rollouts import FAILED, SUCCEEDED, DispatchStart, RolloutLedger, Terminal, from_item
+from rollout_pipeline.ledger.batches import IngestProgress
+from rollout_pipeline.ledger.items import Terminal
+from rollout_pipeline.ledger.ledger import Ledger
+from rollout_pipeline.ledger.rollouts import FAILED, SUCCEEDED, DispatchStart, RolloutLedger
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.local.resources import ExperimentResources
 from rollout_pipeline.ports import ObjectNotFound
@@ -149,7 +152,7 @@ def hot(aws_profile: faithful.FaithfulProfile | None) -> faithful.FaithfulProfil
 def test_cancel_and_ingest_checkpoints_retry_conflicts_on_the_batch_item(
     resources: ExperimentResources, hot: faithful.FaithfulProfile
 ) -> None:
-    ledger = BatchLedger(resources.table_name, sleep=lambda _s: None)
+    ledger = Ledger.open(resources.table_name, sleep=lambda _s: None).batches
     options = FileOptions.defaults(resources.config)
     ledger.create_batch(exp_id=resources.config.name, batch_id="b1", options=options, source="s3://x/y")
     before = retry.stats.total
@@ -157,7 +160,7 @@ def test_cancel_and_ingest_checkpoints_retry_conflicts_on_the_batch_item(
     hot.begin_transaction([(resources.table_name, faithful.key_text(keys.batch_key("b1")))])
     ledger.checkpoint("b1", owner="me", previous_cursor=0, progress=IngestProgress(cursor=5), lease_seconds=60)
     hot.begin_transaction([(resources.table_name, faithful.key_text(keys.batch_key("b1")))])
-    assert RolloutLedger(resources.table_name).set_batch_cancelled("b1", "2026-01-01T00:00:00Z")
+    assert ledger.cancel("b1")
     # the checkpoint is a plain write; cancel is a transaction (batch item + control item) since the hot-item split
     assert hot.stats.plain_conflicts >= 2
     assert hot.stats.transaction_conflicts >= 2
@@ -170,20 +173,16 @@ def test_cancel_and_ingest_checkpoints_retry_conflicts_on_the_batch_item(
 def _end(ledger: RolloutLedger, batch_id: str, input_id: str, index: int, reward: float | None = None) -> None:
     """A terminal transaction as completion or cancel writes it (no item yet: no slot to release)."""
     outcome = (
-        Terminal(state=SUCCEEDED, finished_at="t", reward=reward)
+        Terminal(state=SUCCEEDED, finished_at=datetime(2026, 1, 1, tzinfo=UTC), reward=reward)
         if reward is not None
-        else Terminal(state=FAILED, finished_at="t", reason="cancelled", error="cancelled")
+        else Terminal(state=FAILED, finished_at=datetime(2026, 1, 1, tzinfo=UTC), reason="cancelled", error="cancelled")
     )
     assert ledger.finish(
+        ids.AttemptRef(batch_id, input_id, index, 0),
         exp_id="test-exp",
-        batch_id=batch_id,
-        input_id=input_id,
-        index=index,
-        attempt=0,
         from_state=None,
         outcome=outcome,
         outbox=frozenset(),
-        now_epoch=1_800_000_000,
     )
 
 
@@ -197,8 +196,6 @@ def _begin(rollouts: RolloutLedger, input_id: str, index: int) -> DispatchStart:
         attempt=1,
         session_id=ids.session_id("test-exp", "b1", input_id, index, 1),
         submitted_at="t",
-        now_iso="t",
-        now_epoch=1_800_000_000,
         deadline=1_800_000_900,
         max_sessions=4,
         policy_version=None,
@@ -219,8 +216,8 @@ def test_ingest_checkpoints_and_cancel_do_not_meet_dispatch_or_terminal_transact
         ExpressionAttributeNames={"#c": "cursor"},
         ExpressionAttributeValues={":zero": {"N": "0"}},
     )
-    batches = BatchLedger(resources.table_name, sleep=lambda _s: None)
-    rollouts = RolloutLedger(resources.table_name)
+    whole = Ledger.open(resources.table_name, sleep=lambda _s: None)
+    batches, rollouts = whole.batches, whole.rollouts
     assert batches.acquire_lease("b1", "me", 60) is not None
     plain, transactions = hot.stats.plain_conflicts, hot.stats.transaction_conflicts
     started = _begin(rollouts, "q1", 0)
@@ -235,15 +232,15 @@ def test_ingest_checkpoints_and_cancel_do_not_meet_dispatch_or_terminal_transact
     seed_batch(resources, batch_id="b2", group_size=2)
     for input_id in ("q1", "q2"):
         _end(rollouts, "b2", input_id, 0, reward=1.0)
-    assert rollouts.set_batch_cancelled("b2", "2026-01-01T00:00:00Z", 1_800_000_000)
+    assert batches.cancel("b2")
     assert (hot.stats.plain_conflicts, hot.stats.transaction_conflicts) == (plain, transactions)
-    assert rollouts.set_batch_cancelled("b1", "2026-01-01T00:00:00Z", 1_800_000_000)
+    assert batches.cancel("b1")
     # ...and the cancel flag moved where the dispatch transaction checks it
     again = _begin(rollouts, "q2", 1)
     assert again is DispatchStart.CANCELLED
     view = batch_view(resources, "b1")
-    assert (view["status"], view["terminal"], view["succeeded"], view["failed_cancelled"]) == ("cancelled", 2, 1, 1)
-    assert view["cursor"] == 2
+    assert (view.status, view.terminal, view.succeeded, view.failed_by_reason) == ("cancelled", 2, 1, {"cancelled": 1})
+    assert view.cursor == 2
 
 
 def test_concurrent_completers_count_exactly_once_on_sharded_counters(resources: ExperimentResources) -> None:
@@ -251,14 +248,14 @@ def test_concurrent_completers_count_exactly_once_on_sharded_counters(resources:
     spread over several COUNT# shards, and exactly one of the last rollouts may publish `Batch Completed`."""
     inputs = {f"row-{i}": {"prompt": str(i)} for i in range(24)}
     seed_batch(resources, batch_id="b1", inputs=inputs, group_size=2)
-    ledger = RolloutLedger(resources.table_name)
+    ledger = Ledger.open(resources.table_name)
     jobs = [(input_id, index) for input_id in inputs for index in range(2)]
     errors: list[BaseException] = []
 
     def work(part: list[tuple[str, int]]) -> None:
         try:
             for input_id, index in part:
-                _end(ledger, "b1", input_id, index, reward=0.1 if index == 0 else None)
+                _end(ledger.rollouts, "b1", input_id, index, reward=0.1 if index == 0 else None)
         except BaseException as exc:  # surfaced below
             errors.append(exc)
 
@@ -269,8 +266,8 @@ def test_concurrent_completers_count_exactly_once_on_sharded_counters(resources:
         thread.join()
     assert errors == []
     view = batch_view(resources, "b1")
-    assert (view["terminal"], view["succeeded"], view["failed"], view["failed_cancelled"]) == (48, 24, 24, 24)
-    assert (view["reward_count"], view["reward_sum"]) == (24, pytest.approx(2.4, abs=0))
+    assert (view.terminal, view.succeeded, view.failed, view.failed_by_reason) == (48, 24, 24, {"cancelled": 24})
+    assert (view.reward_count, view.reward_sum) == (24, pytest.approx(2.4, abs=0))
     shards = clients.client("dynamodb").query(
         TableName=resources.table_name,
         KeyConditionExpression="pk = :pk AND begins_with(sk, :c)",
@@ -278,10 +275,10 @@ def test_concurrent_completers_count_exactly_once_on_sharded_counters(resources:
     )["Items"]
     assert len(shards) > 4
     assert "terminal" not in ledger_item(resources, keys.batch_key("b1"))
-    claims = [ledger.claim_batch_completed("b1", f"row-{i}#0", "2026-01-01T00:00:00Z") for i in range(24)]
+    claims = [ledger.batches.claim_batch_completed("b1", f"row-{i}#0") for i in range(24)]
     winners = [claim for claim in claims if claim is not None]
     assert len(winners) == 1
-    assert batch_completion_detail(from_item(winners[0])) is not None
+    assert batch_completion_detail(winners[0]) is not None
 
 
 def test_a_pipeline_run_writes_the_batch_item_in_no_transaction(

@@ -105,7 +105,7 @@ def test_groups_are_admitted_in_submission_order_across_dispatchers(
         t.start()
     deadline = time.monotonic() + 300  # bounded; about 15 s on an idle machine
     while time.monotonic() < deadline:
-        if int(batch_view(resources, BATCH).get("terminal") or 0) >= total:
+        if batch_view(resources, BATCH).terminal >= total:
             break
         time.sleep(0.2)
     stop.set()

@@ -3,10 +3,11 @@ rollout messages and pipeline events on the trainer queue. Datasets stay small (
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 from collections.abc import Mapping, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -28,15 +29,12 @@ from rollout_pipeline.contracts import (
 from rollout_pipeline.details import batch_completion_detail, group_completion_detail
 from rollout_pipeline.ingest import Ingestion, IngestPorts, IngestTuning
 from rollout_pipeline.ledger import keys
-from rollout_pipeline.ledger.batches import (
-    BatchLedger,
-    GroupSpec,
-    attr,
-    int_attr,
-    plain,
-)
+from rollout_pipeline.ledger.attributes import item_values, to_attribute_value
+from rollout_pipeline.ledger.batches import BatchLedger, GroupSpec
+from rollout_pipeline.ledger.items import BatchView, GroupItem
+from rollout_pipeline.ledger.ledger import Ledger
 from rollout_pipeline.local.resources import ExperimentResources
-from rollout_pipeline.ports import MessageQueue
+from rollout_pipeline.ports import MessageQueue, SystemClock
 from tests.conftest import receive_all
 
 UPLOADED_BATCH_IDS: dict[str, str] = {}
@@ -62,11 +60,11 @@ class FlakyQueue:
 class CrashAfterCheckpointLedger(BatchLedger):
     """A ledger whose `crash_on`-th checkpoint is written and then the worker dies (reply lost)."""
 
-    def __init__(self, table_name: str, crash_on: int, **kwargs: Any) -> None:
-        super().__init__(table_name, **kwargs)
+    def __init__(self, table_name: str, crash_on: int) -> None:
+        super().__init__(Ledger.open(table_name).table)
         self.crash_on, self.checkpoints = crash_on, 0
 
-    def checkpoint(self, batch_id: str, **kwargs: Any) -> dict[str, Any]:
+    def checkpoint(self, batch_id: str, **kwargs: Any) -> BatchView:
         self.checkpoints += 1
         item = super().checkpoint(batch_id, **kwargs)
         if self.checkpoints == self.crash_on:
@@ -81,13 +79,15 @@ def make_ingestion(
     ledger: BatchLedger | None = None,
     **tuning: Any,
 ) -> Ingestion:
+    """Ingestion over moto; `ledger`: its batch part (the rest of the ledger is the table's own)."""
     settings = resources.settings()
+    whole = Ledger.open(settings.table_name)
     return Ingestion(
         IngestPorts(
             store=S3ObjectStore(),
             queue=queue or SqsQueue(),
             publisher=EventBridgePublisher(settings.bus_name),
-            ledger=ledger or BatchLedger(settings.table_name),
+            ledger=dataclasses.replace(whole, batches=ledger) if ledger is not None else whole,
             settings=settings,
         ),
         IngestTuning(**tuning),
@@ -134,14 +134,36 @@ def has_errors_object(resources: ExperimentResources, dataset_key: str) -> bool:
 
 
 def batch_item(resources: ExperimentResources, batch_id: str) -> dict[str, Any]:
-    item = BatchLedger(resources.table_name).read_batch(batch_id)
-    assert item is not None
-    return {name: plain(value) for name, value in item.items()}
+    """The stored batch item as plain values (the attribute names ingestion writes), with its `terminal` counter
+    summed over its shards."""
+    view = Ledger.open(resources.table_name).batches.read_batch(batch_id)
+    assert view is not None
+    key = keys.batch_key(batch_id)
+    stored = clients.client("dynamodb").get_item(TableName=resources.table_name, Key=key, ConsistentRead=True)
+    return item_values(stored["Item"]) | {"terminal": view.terminal}
 
 
 def group_items(resources: ExperimentResources, batch_id: str) -> dict[str, dict[str, Any]]:
-    groups = BatchLedger(resources.table_name).iter_groups(batch_id)
-    return {str(attr(g, "input_id")): {n: plain(v) for n, v in g.items()} for g in groups}
+    """The stored group items of a batch, as plain values, by input id."""
+    found = clients.client("dynamodb").query(
+        TableName=resources.table_name,
+        KeyConditionExpression="pk = :pk AND begins_with(sk, :g)",
+        ExpressionAttributeValues={":pk": {"S": keys.batch_pk(batch_id)}, ":g": {"S": keys.GROUP_PREFIX}},
+        ConsistentRead=True,
+    )["Items"]
+    return {str(group["input_id"]): group for group in map(item_values, found)}
+
+
+class LaterClock(SystemClock):
+    """The system clock 1000 s ahead: the worker that resumes after a lease ran out."""
+
+    def now(self) -> datetime:
+        return super().now() + timedelta(seconds=1000)
+
+
+def typed(plain_item: Mapping[str, Any]) -> dict[str, Any]:
+    """An item as the low-level client returns it, from plain values."""
+    return {name: to_attribute_value(value) for name, value in plain_item.items()}
 
 
 def pairs(messages: list[dict[str, Any]]) -> list[tuple[str, int]]:
@@ -483,7 +505,7 @@ def test_a_new_upload_of_the_same_key_is_a_new_batch(resources: ExperimentResour
 def test_another_worker_holding_the_lease_means_ack_without_enqueuing(resources: ExperimentResources) -> None:
     event = upload(resources, "datasets/busy.jsonl", jsonl([{"id": "a"}, {"id": "b"}]))
     batch_id = batch_id_of(event)
-    ledger = BatchLedger(resources.table_name)
+    ledger = Ledger.open(resources.table_name).batches
     ledger.create_batch(
         exp_id="test-exp",
         batch_id=batch_id,
@@ -528,7 +550,7 @@ def test_resume_after_a_crash_after_sending_resends_only_the_unfinished_chunk(re
     with pytest.raises(Interrupted):
         make_ingestion(resources, ledger=crashing, chunk_rows=5).handle_message(event, owner="msg-1")
     # Chunk 2 was checkpointed but the worker died; its lease (another owner) expires after the lease time.
-    later = BatchLedger(resources.table_name, now=lambda: utcnow() + timedelta(seconds=1000))
+    later = Ledger.open(resources.table_name, clock=LaterClock()).batches
     result = make_ingestion(resources, ledger=later, chunk_rows=5).handle_message(event, owner="msg-2")
 
     assert result.outcome == "accepted"
@@ -677,7 +699,7 @@ def test_handler_reports_partial_batch_failures_and_emits_metrics(
     assert metrics["_aws"]["CloudWatchMetrics"][0]["Dimensions"] == [["Experiment", "service"]]
     assert (metrics["Experiment"], metrics["service"]) == (resources.settings().experiment.name, "rollout-ingest")
     batch = batch_item(resources, batch_id_of(event))
-    assert int_attr(batch, "rows_accepted") == 2
+    assert batch["rows_accepted"] == 2
 
 
 # ------------------------------------------------------------------------------------------- ledger API
@@ -718,7 +740,7 @@ def test_create_groups_classifies_conflicts_by_line_even_without_returned_items(
     resources: ExperimentResources,
 ) -> None:
     client = ReasonsWithoutItems(clients.client("dynamodb"))
-    ledger = BatchLedger(resources.table_name, client, sleep=lambda _s: None)
+    ledger = Ledger.open(resources.table_name, client, sleep=lambda _s: None).batches
     first = ledger.create_groups(
         exp_id="test-exp", batch_id="b-1", groups=[GroupSpec("a", 1, 2, "{}"), GroupSpec("b", 2, 2, "{}")]
     )
@@ -738,13 +760,13 @@ def test_create_groups_classifies_conflicts_by_line_even_without_returned_items(
 def test_create_groups_splits_transactions_at_one_hundred_items(resources: ExperimentResources) -> None:
     client = ReasonsWithoutItems(clients.client("dynamodb"))
     client.transactions = 1  # no injected conflict
-    ledger = BatchLedger(resources.table_name, client)
+    ledger = Ledger.open(resources.table_name, client).batches
     result = ledger.create_groups(
         exp_id="test-exp", batch_id="b-2", groups=[GroupSpec(f"g{i}", i + 1, 1, "{}") for i in range(205)]
     )
     assert len(result.created) == 205
     assert client.transactions == 1 + 3
-    assert len(list(ledger.iter_groups("b-2"))) == 205
+    assert len(list(ledger.groups("b-2"))) == 205
 
 
 def test_group_completion_detail() -> None:
@@ -757,19 +779,15 @@ def test_group_completion_detail() -> None:
         "rewards": {"M": {"0": {"N": "1"}, "2": {"N": "0"}}},
         "failures": {"M": {"1": {"S": "timeout"}}},
     }
-    assert group_completion_detail(group) is None
+    assert group_completion_detail(GroupItem.of(group)) is None
     group["terminal"] = {"N": "3"}
-    detail = group_completion_detail(group, policy_version="v1")
+    detail = group_completion_detail(GroupItem.of(group), policy_version="v1")
     assert detail is not None
     assert detail.rewards == [1.0, None, 0.0]
     assert detail.failures == {"1": FailureReason.TIMEOUT}
     assert (detail.succeeded, detail.failed, detail.reward_mean, detail.reward_std) == (2, 1, 0.5, 0.5)
     assert detail.event_id == ids.event_id("Group Completed", "test-exp", "b-1", "q1")
     assert detail.policy_version == "v1"
-    plain_group = {name: plain(value) for name, value in group.items()}
-    from_plain = group_completion_detail(plain_group, policy_version="v1")
-    assert from_plain is not None
-    assert from_plain.model_dump(exclude={"emitted_at"}) == detail.model_dump(exclude={"emitted_at"})
 
 
 def test_batch_completion_detail() -> None:
@@ -780,9 +798,9 @@ def test_batch_completion_detail() -> None:
         "terminal": 4,
         "created_at": "2026-01-01T00:00:00+00:00",
     }
-    assert batch_completion_detail(batch) is None, "still ingesting: the total is not known"
+    assert batch_completion_detail(BatchView.of(typed(batch))) is None, "still ingesting: the total is not known"
     batch.update({"status": "accepted", "rollouts_total": 5})
-    assert batch_completion_detail(batch) is None, "one rollout is not terminal yet"
+    assert batch_completion_detail(BatchView.of(typed(batch))) is None, "one rollout is not terminal yet"
     batch.update(
         {
             "terminal": 5,
@@ -796,7 +814,7 @@ def test_batch_completion_detail() -> None:
             "completed_at": "2026-01-01T00:01:40+00:00",
         }
     )
-    detail = batch_completion_detail(batch)
+    detail = batch_completion_detail(BatchView.of(typed(batch)))
     assert detail is not None
     assert (detail.rollouts_total, detail.succeeded, detail.failed) == (5, 3, 2)
     assert detail.failed_by_reason == {"timeout": 1, "agent_error": 1}
@@ -805,4 +823,4 @@ def test_batch_completion_detail() -> None:
     assert (detail.reward_count, detail.duration_s) == (3, 100.0)
     assert detail.event_id == ids.event_id("Batch Completed", "test-exp", "b-1")
     batch["status"] = "cancelled"
-    assert batch_completion_detail(batch) is not None, "a cancelled batch still completes"
+    assert batch_completion_detail(BatchView.of(typed(batch))) is not None, "a cancelled batch still completes"

@@ -102,7 +102,7 @@ def test_cancel_ends_every_rollout_once(
     assert list(complete_records(late, deps).outcomes.values()) == [Completion.LATE_OR_UNKNOWN]
     assert trainer_events(resources) == []
     batch = batch_view(resources, BATCH)
-    assert (batch["status"], batch["terminal"], batch["failed_cancelled"]) == ("cancelled", 6, 5)
+    assert (batch.status, batch.terminal, batch.failed_by_reason) == ("cancelled", 6, {"cancelled": 5})
 
 
 def test_cancel_during_invoke_stops_the_new_session(

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from typing import Any
 
 import pytest
 
 from rollout_pipeline import ids
 from rollout_pipeline.adapters.fake_acr import AgentBehaviour, FakeAgentRuntime
+from rollout_pipeline.ledger.items import BatchView
 from rollout_pipeline.lifecycle.dispatch import BatchReads, Dispatch, dispatch_body, dispatch_records
 from rollout_pipeline.local.resources import ExperimentResources
 from tests.integration.lifecycle_support import (
@@ -32,13 +32,13 @@ def test_one_batch_read_per_sqs_batch(resources: ExperimentResources) -> None:
     runtime = FakeAgentRuntime(behaviour=AgentBehaviour(kind="manual"))
     deps = make_deps(resources, runtime, clock=ShiftedClock())
     reads: Counter[str] = Counter()
-    original = deps.ledger.get_batch
+    original = deps.ledger.batches.read_batch
 
-    def counted(batch_id: str) -> dict[str, Any] | None:
+    def counted(batch_id: str) -> BatchView | None:
         reads[batch_id] += 1
         return original(batch_id)
 
-    deps.ledger.get_batch = counted  # type: ignore[method-assign]
+    deps.ledger.batches.read_batch = counted  # type: ignore[method-assign]
     send(resources, seed_batch(resources, batch_id=BATCH, inputs={"a": {}, "b": {}}))
     records = receive_records(resources.rollout_queue_url)
     assert len(records) == 4
@@ -56,7 +56,7 @@ def test_a_cancel_after_the_batch_read_is_still_honoured(resources: ExperimentRe
     messages = seed_batch(resources, batch_id=BATCH, inputs={"a": {}})
     reads = BatchReads(deps)
     assert reads.get(BATCH) is not None  # read while the batch is still live
-    assert deps.ledger.set_batch_cancelled(BATCH, "2026-11-21T00:00:00+00:00")
+    assert deps.ledger.batches.cancel(BATCH)
 
     outcome = dispatch_body(messages[0].model_dump_json(), deps, wait_until=time.monotonic() + 2, batches=reads)
 

@@ -77,8 +77,7 @@ def assert_single_terminal(resources: ExperimentResources, events: list[dict[str
     types = Counter(e["detail-type"] for e in events)
     assert types["Rollout Completed"] + types["Rollout Failed"] == total
     assert max(event_ids(events).values()) == 1
-    batch = batch_view(resources, BATCH)
-    assert batch["terminal"] == total
+    assert batch_view(resources, BATCH).terminal == total
     assert ledger_item(resources, keys.sessions_key())["in_flight"] == 0
 
 
@@ -186,7 +185,7 @@ def test_crash_after_invoke_before_ledger_update_reuses_the_session(
     fake.behaviour = AgentBehaviour(kind="manual")
     one_rollout(resources)
     records = receive_records(resources.rollout_queue_url)
-    original = deps.ledger.mark_invoked
+    original = deps.ledger.rollouts.mark_invoked
     calls = {"n": 0}
 
     def crash_once(*args: Any, **kwargs: Any) -> bool:
@@ -195,7 +194,7 @@ def test_crash_after_invoke_before_ledger_update_reuses_the_session(
             raise RuntimeError("Lambda killed after InvokeAgentRuntime")
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(deps.ledger, "mark_invoked", crash_once)
+    monkeypatch.setattr(deps.ledger.rollouts, "mark_invoked", crash_once)
     assert dispatch_records(records, deps, wait_until=time.monotonic() + PACED_WAIT_S).failures
     assert fake.running == {SID}
 
@@ -270,7 +269,8 @@ def test_publish_succeeded_but_outbox_not_cleared_republishes_same_event_id(
 ) -> None:
     one_rollout(resources)
     # The crash right after the publish: before the outbox records it (now `outbox_done`; the stop follows it).
-    monkeypatch.setattr(deps.ledger, "outbox_done", lambda rec, actions: (_ for _ in ()).throw(RuntimeError("crash")))
+    crash = lambda rec, actions: (_ for _ in ()).throw(RuntimeError("crash"))  # noqa: E731
+    monkeypatch.setattr(deps.ledger.rollouts, "outbox_done", crash)
     records = receive_records(resources.rollout_queue_url)
     dispatch_records(records, deps, wait_until=paced_until())
     completions = receive_records(resources.completion_queue_url)
@@ -280,5 +280,5 @@ def test_publish_succeeded_but_outbox_not_cleared_republishes_same_event_id(
     events = trainer_events(resources)
     ids_seen = event_ids([e for e in events if e["detail-type"] == "Rollout Completed"])
     assert list(ids_seen.values()) == [2]  # delivered twice, with one event_id: the SDK de-duplicates
-    assert batch_view(resources, BATCH)["terminal"] == 1
+    assert batch_view(resources, BATCH).terminal == 1
     assert len(by_type(events, "Group Completed")) == 2

@@ -47,11 +47,8 @@ def run_one(resources: ExperimentResources, deps: LifecycleDeps) -> tuple[Rollou
 
 def assert_counted_once(resources: ExperimentResources, reason: str, events: list[dict[str, object]]) -> None:
     batch = batch_view(resources, BATCH)
-    assert batch["terminal"] == 1
-    assert batch["failed"] == 1
-    assert batch[f"failed_{reason}"] == 1
-    assert batch["succeeded"] == 0
-    assert batch["reward_count"] == 0
+    assert (batch.terminal, batch.failed, batch.succeeded, batch.reward_count) == (1, 1, 0, 0)
+    assert batch.failed_by_reason == {reason: 1}
     (group,) = [GroupCompleted.model_validate(d) for d in by_type(events, "Group Completed")]
     assert group.rewards == [None]
     assert group.failures == {"0": reason}

@@ -237,7 +237,7 @@ def test_limits_hold_under_concurrency(resources: ExperimentResources, fake: Fak
     finished: set[str] = set()
     deadline = time.monotonic() + 240  # bounded; about 10 s on an idle machine
     while time.monotonic() < deadline:
-        if int(batch_view(resources, BATCH).get("terminal") or 0) >= total:
+        if batch_view(resources, BATCH).terminal >= total:
             break
         running = fake.running_sessions()
         working = sorted(running - finished)

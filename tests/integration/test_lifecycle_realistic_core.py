@@ -91,7 +91,7 @@ def test_a_batch_completes_with_cold_starts_and_failing_stops(
     while time.monotonic() < deadline:
         dispatch_once(resources, deps)
         complete_once(resources, deps)
-        if int(batch_view(resources, BATCH).get("terminal") or 0) >= groups * size:
+        if batch_view(resources, BATCH).terminal >= groups * size:
             break
     for _ in range(20):  # the last results of the agents that were still running
         if not complete_once(resources, deps).outcomes:

@@ -194,27 +194,25 @@ def test_stop_bookkeeping_retries_a_transaction_holding_the_rollout_item(
     send(resources, seed_batch(resources, batch_id=BATCH, inputs={"a": {}}, group_size=1, max_attempts=2))
     dispatch_once(resources, deps)
     clock.advance(resources.config.rollout_timeout_s + 1)
-    stale = deps.ledger.get_rollout(BATCH, "a", 0)
+    stale = deps.ledger.rollouts.get_rollout(BATCH, "a", 0)
     assert stale is not None
     assert stale.session_id
     sid = stale.session_id
-    assert deps.ledger.requeue_for_retry(
-        stale, next_session_id="next", now_epoch=int(deps.now().timestamp()), stop_pending=True
-    )
+    assert deps.ledger.rollouts.requeue_for_retry(stale, next_session_id="next", stop_pending=True)
     rollout = (resources.table_name, faithful.key_text(keys.rollout_key(BATCH, "a", 0)))
 
     def held() -> RolloutRecord:
-        rec = deps.ledger.get_rollout(BATCH, "a", 0)
+        rec = deps.ledger.rollouts.get_rollout(BATCH, "a", 0)
         assert rec is not None
         aws_profile.conflict_rate = 0.0
         assert aws_profile.begin_transaction([rollout]) is None
         aws_profile.conflict_rate = 1.0  # the item is hot: the next two writes on it conflict
         return rec
 
-    deps.ledger.outbox_done(held(), frozenset({OUTBOX_ENQUEUE}))
+    deps.ledger.rollouts.outbox_done(held(), frozenset({OUTBOX_ENQUEUE}))
     assert ledger_item(resources, keys.rollout_key(BATCH, "a", 0))["outbox"] == {OUTBOX_STOP}
-    deps.ledger.note_stop_failed(held(), next_epoch=1)
+    deps.ledger.rollouts.note_stop_failed(held(), next_epoch=1)
     assert ledger_item(resources, keys.rollout_key(BATCH, "a", 0))["stop_tries"] == 1
-    assert deps.ledger.release_stopped(held(), sid)
+    assert deps.ledger.rollouts.release_stopped(held(), sid)
     assert "stop_sessions" not in ledger_item(resources, keys.rollout_key(BATCH, "a", 0))
     assert aws_profile.stats.plain_conflicts >= 6

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from rollout_pipeline.config import ExperimentConfig
-from rollout_pipeline.ledger.rollouts import RolloutLedger
+from rollout_pipeline.ledger.ledger import Ledger
 from rollout_pipeline.lifecycle.limits import LimitedRuntime, Pacer
 from rollout_pipeline.local.moto_server import local_aws_environ, moto_server, patched_environ
 
@@ -26,10 +26,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 WORKER = """
 import json, sys, threading, time
-from rollout_pipeline.ledger.rollouts import RolloutLedger
+from rollout_pipeline.ledger.ledger import Ledger
 from rollout_pipeline.lifecycle.limits import Pacer
 table, budget, limit, threads, calls = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-ledger = RolloutLedger(table).limits
+ledger = Ledger.open(table).limits
 pacer = Pacer(ledger, budget, limit)
 times, lock = [], threading.Lock()
 def work():
@@ -113,7 +113,7 @@ class RecordingRuntime:
 
 def test_two_budgets_and_stops_are_not_starved(table: tuple[str, dict[str, str]]) -> None:
     name, _env = table
-    ledger = RolloutLedger(name).limits
+    ledger = Ledger.open(name).limits
     runtime = RecordingRuntime()
     limited = LimitedRuntime(runtime, Pacer(ledger, "tps", 6), [Pacer(ledger, "session#0", 4)])
 

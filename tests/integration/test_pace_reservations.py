@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
+from rollout_pipeline.ledger.ledger import Ledger
 from rollout_pipeline.ledger.limits import LimitLedger
-from rollout_pipeline.ledger.rollouts import RolloutLedger
 from rollout_pipeline.local.resources import ExperimentResources
 
 pytestmark = pytest.mark.timing
@@ -38,7 +38,7 @@ def _reserve(ledger: LimitLedger, now_us: int, *, busy_first: bool, ahead_us: in
 
 def test_either_order_gives_the_same_slots(resources: ExperimentResources) -> None:
     for busy_first in (False, True):
-        ledger = RolloutLedger(resources.table_name).limits
+        ledger = Ledger.open(resources.table_name).limits
         budget_now = NOW_US + (10_000_000 if busy_first else 0)  # a fresh schedule for each order
         assert _reserve(ledger, budget_now, busy_first=busy_first) == (budget_now, budget_now + INTERVAL_US)
         second = _reserve(ledger, budget_now, busy_first=busy_first)  # busy now: the next free time
@@ -48,7 +48,7 @@ def test_either_order_gives_the_same_slots(resources: ExperimentResources) -> No
 
 
 def test_a_busy_schedule_costs_one_write_when_expected(resources: ExperimentResources) -> None:
-    ledger = RolloutLedger(resources.table_name).limits
+    ledger = Ledger.open(resources.table_name).limits
     writes = _counting(ledger)
     _reserve(ledger, NOW_US, busy_first=False)  # the schedule now runs ahead of NOW_US
     writes.clear()
@@ -60,7 +60,7 @@ def test_a_busy_schedule_costs_one_write_when_expected(resources: ExperimentReso
 
 
 def test_a_full_schedule_gives_no_slot_and_says_when_it_frees(resources: ExperimentResources) -> None:
-    ledger = RolloutLedger(resources.table_name).limits
+    ledger = Ledger.open(resources.table_name).limits
     for _ in range(3):
         _reserve(ledger, NOW_US, busy_first=True)
     slot, tat = _reserve(ledger, NOW_US, busy_first=True, ahead_us=INTERVAL_US)

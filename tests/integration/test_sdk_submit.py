@@ -259,7 +259,7 @@ def test_cancel_ends_every_rollout_as_cancelled(
 
 
 def test_a_rejected_file_cannot_be_cancelled(experiment: Experiment, fake: FakeAgentRuntime) -> None:
-    experiment._ledger().create_rejected_batch(  # what ingestion records for a file with bad metadata
+    experiment._ledger().batches.create_rejected_batch(  # what ingestion records for a file with bad metadata
         exp_id="test-exp",
         batch_id="r-000000000000",
         options=None,

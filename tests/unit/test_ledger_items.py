@@ -9,7 +9,7 @@ from rollout_pipeline.contracts import FailureReason
 from rollout_pipeline.details import batch_completion_detail
 from rollout_pipeline.ledger import keys
 from rollout_pipeline.ledger.batches import merge_batch_items
-from rollout_pipeline.ledger.items import BatchItem, BatchState, GroupItem, plain_item
+from rollout_pipeline.ledger.items import BatchState, BatchView, GroupItem
 
 
 def _item(sk: str, **attrs: dict[str, str]) -> dict[str, Any]:
@@ -40,9 +40,9 @@ def test_the_view_sums_counter_shards_exactly() -> None:
         ]
     )
     assert view is not None
-    assert view["terminal"] == {"N": "3"}
-    assert view["reward_sum"] == {"N": "0.3"}  # decimals, as DynamoDB's own ADD summed them (floats give 0.30...04)
-    assert view["failed"] == {"N": "0"}
+    assert view.terminal == 3
+    assert view.reward_sum == 0.3  # summed as decimals, as DynamoDB's own ADD does (floats give 0.30...04)
+    assert view.failed == 0
 
 
 def test_the_view_takes_the_cancel_flag_from_the_control_item_and_ignores_other_items() -> None:
@@ -50,31 +50,28 @@ def test_the_view_takes_the_cancel_flag_from_the_control_item_and_ignores_other_
     group = _item(f"{keys.GROUP_PREFIX}q1", terminal={"N": "9"})
     view = merge_batch_items([BASE, control, _shard(3, terminal="2", failed="2", failed_cancelled="2"), group])
     assert view is not None
-    assert view["cancelled_at"] == {"S": "2026-01-01T00:01:00+00:00"}
-    assert (view["terminal"], view["failed_cancelled"]) == ({"N": "2"}, {"N": "2"})
+    assert view.cancelled_at == datetime(2026, 1, 1, 0, 1, tzinfo=UTC)
+    assert (view.terminal, view.failed_by_reason) == (2, {"cancelled": 2})
     assert merge_batch_items([control, _shard(0, terminal="1")]) is None, "no batch item: no batch"
 
 
 def test_counters_on_a_batch_item_written_before_the_shards_still_count() -> None:
     legacy = {**BASE, "terminal": {"N": "2"}, "succeeded": {"N": "2"}}
-    view = merge_batch_items([legacy, _shard(1, terminal="1", failed="1", failed_timeout="1")])
-    assert view is not None
-    batch = BatchItem.of(view)
+    batch = merge_batch_items([legacy, _shard(1, terminal="1", failed="1", failed_timeout="1")])
+    assert batch is not None
     assert (batch.terminal, batch.succeeded, batch.failed) == (3, 2, 1)
     assert batch.complete
     assert batch.failed_by_reason == {"timeout": 1}
 
 
-def test_batch_items_parse_once_typed_or_plain() -> None:
-    view = merge_batch_items([BASE, _shard(0, terminal="2")])
-    assert view is not None
-    typed, plain = BatchItem.of(view), BatchItem.of(plain_item(view))
-    assert typed == plain
+def test_a_batch_view_is_parsed_once_from_the_typed_items() -> None:
+    typed = merge_batch_items([BASE, _shard(0, terminal="2")])
+    assert typed is not None
     assert typed.status is BatchState.ACCEPTED
     assert typed.created_at == datetime(2026, 1, 1, tzinfo=UTC)
     assert (typed.rollouts_total, typed.terminal, typed.complete) == (3, 2, False)
     assert batch_completion_detail(typed) is None
-    assert BatchItem.of({**plain_item(view), "status": "ingesting", "terminal": 3}).complete is False
+    assert BatchView.of({**BASE, "status": {"S": "ingesting"}, "terminal": {"N": "3"}}).complete is False
 
 
 def test_group_items_parse_payload_and_outcomes() -> None:
@@ -98,10 +95,9 @@ def test_group_items_parse_payload_and_outcomes() -> None:
 
 
 def test_a_rollout_record_is_typed_at_the_table_boundary() -> None:
-    from rollout_pipeline.ledger.items import RolloutState
-    from rollout_pipeline.ledger.rollouts import RolloutRecord
+    from rollout_pipeline.ledger.items import RolloutRecord, RolloutState
 
-    rec = RolloutRecord.from_item(
+    rec = RolloutRecord.of(
         {
             "batch_id": {"S": "b1"},
             "input_id": {"S": "i"},

@@ -5,6 +5,7 @@ ledger consistent with a simple model: one terminal transition at most, counters
 from __future__ import annotations
 
 import uuid
+from datetime import UTC, datetime
 from typing import Any
 
 from hypothesis import settings
@@ -14,6 +15,9 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from rollout_pipeline import ids
 from rollout_pipeline.adapters import clients
 from rollout_pipeline.ledger import keys
+from rollout_pipeline.ledger.attributes import item_values
+from rollout_pipeline.ledger.items import RolloutRecord, Terminal
+from rollout_pipeline.ledger.ledger import Ledger
 from rollout_pipeline.ledger.rollouts import (
     DISPATCHED,
     FAILED,
@@ -21,21 +25,18 @@ from rollout_pipeline.ledger.rollouts import (
     QUEUED,
     SUCCEEDED,
     DispatchStart,
-    RolloutLedger,
-    RolloutRecord,
-    Terminal,
-    from_item,
 )
 from rollout_pipeline.local.resources import ExperimentResources
 
 INPUT = "q"
+FINISHED = datetime(2026, 1, 1, tzinfo=UTC)
 INDEX = 0
 attempts = st.integers(min_value=1, max_value=3)
 
 
 def _item(table: str, key: dict[str, Any]) -> dict[str, Any]:
     raw = clients.client("dynamodb").get_item(TableName=table, Key=key, ConsistentRead=True).get("Item")
-    return from_item(raw) if raw else {}
+    return item_values(raw) if raw else {}
 
 
 def make_machine(resources: ExperimentResources) -> type[RuleBasedStateMachine]:
@@ -45,7 +46,8 @@ def make_machine(resources: ExperimentResources) -> type[RuleBasedStateMachine]:
     class RolloutMachine(RuleBasedStateMachine):
         def __init__(self) -> None:
             super().__init__()
-            self.ledger = RolloutLedger(table)
+            self.whole = Ledger.open(table)
+            self.ledger = self.whole.rollouts
             self.batch = f"sm-{uuid.uuid4().hex[:12]}"
             ddb = clients.client("dynamodb")
             ddb.put_item(
@@ -70,7 +72,7 @@ def make_machine(resources: ExperimentResources) -> type[RuleBasedStateMachine]:
                     "failures": {"M": {}},
                 },
             )
-            self.base_in_flight = self.ledger.limits.in_flight()
+            self.base_in_flight = self.whole.limits.in_flight()
             # the model
             self.state: str | None = None
             self.attempt = 0
@@ -87,15 +89,11 @@ def make_machine(resources: ExperimentResources) -> type[RuleBasedStateMachine]:
 
         def finish(self, attempt: int, from_state: str | None, outcome: Terminal) -> bool:
             return self.ledger.finish(
+                ids.AttemptRef(self.batch, INPUT, INDEX, attempt),
                 exp_id=exp,
-                batch_id=self.batch,
-                input_id=INPUT,
-                index=INDEX,
-                attempt=attempt,
                 from_state=from_state,
                 outcome=outcome,
                 outbox=frozenset({OUTBOX_PUBLISH}),
-                now_epoch=self.now(),
             )
 
         # -------------------------------------------------------------------------------------------- rules
@@ -110,8 +108,6 @@ def make_machine(resources: ExperimentResources) -> type[RuleBasedStateMachine]:
                 attempt=attempt,
                 session_id=ids.session_id(exp, self.batch, INPUT, INDEX, attempt),
                 submitted_at="2026-01-01T00:00:00+00:00",
-                now_iso="2026-01-01T00:00:01+00:00",
-                now_epoch=self.now(),
                 deadline=self.now() + 60,
                 max_sessions=10_000,
                 policy_version=None,
@@ -125,7 +121,7 @@ def make_machine(resources: ExperimentResources) -> type[RuleBasedStateMachine]:
 
         @rule(attempt=attempts)
         def mark_invoked(self, attempt: int) -> None:
-            ok = self.ledger.mark_invoked(self.batch, INPUT, INDEX, attempt, "2026-01-01T00:00:02+00:00")
+            ok = self.ledger.mark_invoked(ids.AttemptRef(self.batch, INPUT, INDEX, attempt))
             expected = self.state == DISPATCHED and self.attempt == attempt
             assert ok == expected
             if ok:
@@ -133,7 +129,7 @@ def make_machine(resources: ExperimentResources) -> type[RuleBasedStateMachine]:
 
         @rule(attempt=attempts)
         def release_after_throttling(self, attempt: int) -> None:
-            ok = self.ledger.release_to_queue(self.batch, INPUT, INDEX, attempt)
+            ok = self.ledger.release_to_queue(ids.AttemptRef(self.batch, INPUT, INDEX, attempt))
             expected = self.state == DISPATCHED and self.attempt == attempt and not self.invoked
             assert ok == expected
             if ok:
@@ -142,9 +138,9 @@ def make_machine(resources: ExperimentResources) -> type[RuleBasedStateMachine]:
         @rule(attempt=attempts, success=st.booleans(), reward=st.floats(-10, 10, allow_nan=False))
         def result(self, attempt: int, success: bool, reward: float) -> None:
             outcome = (
-                Terminal(state=SUCCEEDED, finished_at="t", reward=reward, rewards=reward)
+                Terminal(state=SUCCEEDED, finished_at=FINISHED, reward=reward, rewards=reward)
                 if success
-                else Terminal(state=FAILED, finished_at="t", reason="agent_error", error="boom")
+                else Terminal(state=FAILED, finished_at=FINISHED, reason="agent_error", error="boom")
             )
             ok = self.finish(attempt, DISPATCHED, outcome)
             expected = self.state == DISPATCHED and self.attempt == attempt
@@ -161,14 +157,14 @@ def make_machine(resources: ExperimentResources) -> type[RuleBasedStateMachine]:
             if stale:  # a sweeper holding an older read
                 rec = RolloutRecord(**{**rec.__dict__, "attempt": rec.attempt - 1})
             next_sid = ids.session_id(exp, self.batch, INPUT, INDEX, rec.attempt + 1)
-            ok = self.ledger.requeue_for_retry(rec, next_session_id=next_sid, now_epoch=self.now(), stop_pending=False)
+            ok = self.ledger.requeue_for_retry(rec, next_session_id=next_sid, stop_pending=False)
             assert ok == (not stale)
             if ok:
                 self.state, self.attempt, self.invoked = QUEUED, self.attempt + 1, False
 
         @rule(attempt=st.integers(min_value=0, max_value=3), from_state=st.sampled_from([None, QUEUED, DISPATCHED]))
         def cancel(self, attempt: int, from_state: str | None) -> None:
-            outcome = Terminal(state=FAILED, finished_at="t", reason="cancelled", error="cancelled")
+            outcome = Terminal(state=FAILED, finished_at=FINISHED, reason="cancelled", error="cancelled")
             ok = self.finish(attempt, from_state, outcome)
             expected = (self.state is None and from_state is None) or (
                 self.state == from_state and self.attempt == attempt and from_state is not None
@@ -196,20 +192,20 @@ def make_machine(resources: ExperimentResources) -> type[RuleBasedStateMachine]:
 
         @invariant()
         def slot_held_iff_dispatched(self) -> None:
-            assert self.ledger.limits.in_flight() - self.base_in_flight == (1 if self.state == DISPATCHED else 0)
+            assert self.whole.limits.in_flight() - self.base_in_flight == (1 if self.state == DISPATCHED else 0)
 
         @invariant()
         def counted_once(self) -> None:
             assert self.terminal_transitions <= 1
             group = _item(table, keys.group_key(self.batch, INPUT))
-            batch = self.ledger.get_batch(self.batch)  # counters summed over the batch's COUNT# shards
+            batch = self.whole.batches.read_batch(self.batch)  # counters summed over the batch's COUNT# shards
             assert batch is not None
             assert group["terminal"] == self.terminal_transitions
-            assert batch["terminal"] == self.terminal_transitions
+            assert batch.terminal == self.terminal_transitions
             assert len(group["rewards"]) + len(group["failures"]) == self.terminal_transitions
             if self.state == SUCCEEDED:
-                assert batch["succeeded"] == 1
-                assert batch["reward_count"] == 1
+                assert batch.succeeded == 1
+                assert batch.reward_count == 1
 
     return RolloutMachine
 

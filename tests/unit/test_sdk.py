@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ from hypothesis import strategies as st
 from rollout_pipeline.cli import Progress
 from rollout_pipeline.config import ExperimentConfig
 from rollout_pipeline.contracts import EVENT_SOURCE, DetailType, detail_type_of
+from rollout_pipeline.ledger.items import BatchView, GroupItem, RolloutRecord, RolloutState
 from rollout_pipeline.sdk.errors import DatasetInvalid
 from rollout_pipeline.sdk.events import (
     Delivery,
@@ -306,31 +308,29 @@ def test_batch_status_arithmetic() -> None:
         "reward_sumsq": {"N": "2"},
         "reward_count": {"N": "4"},
     }
-    status = batch_status(item, Counter({"dispatched": 3, "succeeded": 4, "failed": 2}))
+    status = batch_status(BatchView.of(item), Counter({"dispatched": 3, "succeeded": 4, "failed": 2}))
     assert (status.queued, status.running, status.terminal, status.done) == (1, 3, 6, False)
     assert status.failed_by_reason == {"timeout": 1, "agent_error": 1}
     assert status.reward_mean == pytest.approx(0.5)
     assert status.reward_std == pytest.approx(0.5)
-    ingesting = batch_status({"batch_id": {"S": B1}, "status": {"S": "ingesting"}}, Counter())
+    ingesting = batch_status(BatchView.of({"batch_id": {"S": B1}, "status": {"S": "ingesting"}}), Counter())
     assert (ingesting.rollouts_total, ingesting.queued, ingesting.done) == (None, None, False)
 
 
 def test_export_rows_join_groups_and_rollouts() -> None:
-    groups = iter(
-        [
-            {
-                "exp_id": "e",
-                "batch_id": B1,
-                "input_id": "q1",
-                "group_size": 2,
-                "line": 3,
-                "payload": json.dumps({"p": 1}),
-            }
-        ]
-    )
-    rollouts = iter(
-        [{"input_id": "q1", "index": 1, "state": "succeeded", "reward": 0.5, "result_uri": "s3://b/k", "attempt": 2}]
-    )
+    groups = [GroupItem(exp_id="e", batch_id=B1, input_id="q1", line=3, group_size=2, payload={"p": 1})]
+    rollouts = [
+        RolloutRecord(
+            batch_id=B1,
+            input_id="q1",
+            index=1,
+            state=RolloutState.SUCCEEDED,
+            attempt=2,
+            reward=0.5,
+            result_uri="s3://b/k",
+            finished_at=datetime(2026, 1, 1, tzinfo=UTC),
+        )
+    ]
     rows = list(
         export_rows(groups=groups, rollouts=rollouts, fetch_result=lambda uri: {"uri": uri}, include_payload=True)
     )
@@ -339,6 +339,7 @@ def test_export_rows_join_groups_and_rollouts() -> None:
         ("q1#1", "succeeded", 0.5, {"uri": "s3://b/k"}),
     ]
     assert rows[1]["attempt"] == 2
+    assert rows[1]["finished_at"] == "2026-01-01T00:00:00+00:00", "times as the ledger stores them"
     assert rows[0]["payload"] == {"p": 1}
 
 

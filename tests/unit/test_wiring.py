@@ -15,6 +15,8 @@ from rollout_pipeline.adapters import acr as acr_module
 from rollout_pipeline.adapters.clients import ACR_SERVICE, ClientFactory, LazyClient
 from rollout_pipeline.adapters.fake_acr import FakeAgentRuntime
 from rollout_pipeline.config import ConfigError, ExperimentConfig, HandlerSettings
+from rollout_pipeline.ledger.ledger import Ledger
+from rollout_pipeline.ports import SystemClock
 from rollout_pipeline.sqs_batch import BatchOutcome, batch_response, run_partial_batch
 from rollout_pipeline.wiring import Wiring
 
@@ -37,9 +39,20 @@ def test_wiring_builds_every_stage_without_creating_a_client() -> None:
     assert wiring.lifecycle() is deps
     assert wiring.ingestion() is ingestion
     assert factory._clients == {}, "wiring must not create boto3 clients (Lambda cold start)"
-    assert isinstance(deps.ledger.ddb, LazyClient)
-    assert isinstance(ingestion.ports.ledger.ddb, LazyClient)
+    assert isinstance(deps.ledger.table.ddb, LazyClient)
+    assert isinstance(ingestion.ports.ledger.table.ddb, LazyClient)
     assert deps.settings is ingestion.settings is SETTINGS
+
+
+def test_one_ledger_type_and_one_clock_for_ingestion_and_the_lifecycle() -> None:
+    wiring = Wiring(SETTINGS, ClientFactory(region="us-east-1"))
+    deps, ports = wiring.lifecycle(), wiring.ingestion().ports
+    assert type(deps.ledger) is type(ports.ledger) is Ledger
+    parts = (deps.ledger.batches, deps.ledger.rollouts, deps.ledger.limits)
+    assert {id(part.table) for part in parts} == {id(deps.ledger.table)}, "one table gateway under the three parts"
+    assert deps.ledger.table.clock is deps.clock is ports.ledger.table.clock is wiring.clock
+    other = SystemClock()
+    assert wiring.new_lifecycle(clock=other).ledger.table.clock is other, "an overridden clock reaches the ledger"
 
 
 @pytest.mark.usefixtures("aws_env")

@@ -1,0 +1,50 @@
+"""The ledger of one experiment: its three parts, cut by item, over one table.
+
+`batches` (batch and group items), `rollouts` (the rollout state machine and its outbox) and `limits` (the `LIMIT`
+partition: session slots, paced call budgets, the admission board, the policy version) share one `LedgerTable`:
+one client, one clock, one TTL rule, one conflict-retry policy. Ingestion, the lifecycle and the SDK all hold a
+`Ledger` (built by `wiring.Wiring.ledger`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from rollout_pipeline.ledger.batches import BatchLedger
+from rollout_pipeline.ledger.limits import LimitLedger
+from rollout_pipeline.ledger.rollouts import RolloutLedger
+from rollout_pipeline.ledger.table import LedgerTable
+from rollout_pipeline.ports import Clock
+
+
+@dataclass(frozen=True)
+class Ledger:
+    """One experiment's ledger table, by item: batches and groups, rollouts, limits."""
+
+    batches: BatchLedger
+    rollouts: RolloutLedger
+    limits: LimitLedger
+
+    @property
+    def table(self) -> LedgerTable:
+        """The gateway the three parts share."""
+        return self.batches.table
+
+    @classmethod
+    def open(
+        cls,
+        table_name: str,
+        dynamodb_client: Any | None = None,
+        *,
+        ttl_days: int = 30,
+        clock: Clock | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> Ledger:
+        """The ledger of table `table_name` (the shared boto3 client unless one is given; `clock`: the one the
+        lifecycle uses, so both agree on the time; `sleep`: the conflict-retry backoff)."""
+        table = LedgerTable(table_name, dynamodb_client, ttl_days=ttl_days, clock=clock, sleep=sleep)
+        limits = LimitLedger(table)
+        return cls(batches=BatchLedger(table), rollouts=RolloutLedger(table, limits), limits=limits)
