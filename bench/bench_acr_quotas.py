@@ -6,7 +6,7 @@ the fake ACR with AgentCore's quotas and failure modes: 400 new sessions/min per
 account, a shared data-plane rate, active sessions counted until stopped or idle, `--cold-start` of first invokes
 answering RuntimeClientError (424) and `--stop-fail` of stops failing (NotFound while running, Conflict, throttle).
 
-Printed (the "Done when" of issue 10):
+Printed:
 - new sessions per second vs `session_rate_limit` x endpoints over every sliding one-second window (busiest, and
   the mean over the busy period), per endpoint too; ACR calls per second vs `tps_limit` (how saturated the call
   budget was); ACR throttles received (goal 0);

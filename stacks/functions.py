@@ -21,7 +21,7 @@ LOG_RETENTION: Final = logs.RetentionDays.ONE_MONTH
 LOG_RETENTION_DAYS: Final = 30
 
 
-class PipelineFunction(Construct):
+class PipelineFunctionConstruct(Construct):
     """A Python arm64 Lambda with JSON logs in its own log group and a role that can only write those logs.
 
     Every other permission is granted explicitly by the stack, so each role states exactly what its handler does.

@@ -14,15 +14,15 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rollout_pipeline.adapters.clients import ClientFactory, default_factory
 
-log = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from lambdas.glue import Handler
 
-Handler = Callable[[dict[str, Any], Any], Any]
+log = logging.getLogger(__name__)
 
 
 @dataclass

@@ -34,7 +34,7 @@ from rollout_pipeline.sdk.transport import Event, QueueReader
 if TYPE_CHECKING:
     from rollout_pipeline.ledger.batches import BatchLedger
     from rollout_pipeline.ledger.items import RolloutSummary
-    from rollout_pipeline.lifecycle.cancel import CancelReport
+    from rollout_pipeline.lifecycle.cancel import CancelResult
     from rollout_pipeline.ports import AgentRuntime
     from rollout_pipeline.sdk.client import RolloutClient
     from rollout_pipeline.wiring import Wiring
@@ -553,7 +553,7 @@ class Experiment:
         with aws_errors(f"read the rollouts of batch {batch_id}"):
             yield from self.wiring().rollout_ledger().rollout_summaries(batch_id, states_only=states_only)
 
-    def cancel(self, batch_id: str, runtime: AgentRuntime | None = None) -> CancelReport:
+    def cancel(self, batch_id: str, runtime: AgentRuntime | None = None) -> CancelResult:
         """Cancel a batch: queued rollouts are never started, running ones are stopped (through `runtime`, by
         default ACR with this experiment's session) and every rollout ends once as `Rollout Failed` (cancelled).
         Idempotent; returns the lifecycle stage's report (counts)."""

@@ -19,7 +19,7 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     **dict.fromkeys(
         BASE, ("adapters", "ledger", "details", "ingest", "lifecycle", "sdk", "cli", "local", "trainers", "report")
     ),
-    "adapters": ("ledger", "ingest", "lifecycle", "sdk", "cli", "trainers"),  # `local`: see COMPAT_ALIASES
+    "adapters": ("ledger", "ingest", "lifecycle", "sdk", "cli", "local", "trainers"),
     "ledger": ("details", "ingest", "lifecycle", "sdk", "cli", "local", "trainers"),
     # Event details sit between the ledger (typed items) and the stages that publish them.
     "details": ("adapters", "ingest", "lifecycle", "sdk", "cli", "local", "trainers"),
@@ -71,13 +71,9 @@ def test_only_local_mode_imports_the_lambda_entry_points() -> None:
     assert bad == []
 
 
-#: Former import paths kept for users, each a re-export of what moved into local mode.
-COMPAT_ALIASES: frozenset[str] = frozenset({"rollout_pipeline.adapters.local_acr"})
-
-
 def test_nothing_but_local_mode_imports_local_mode() -> None:
     for top in (PACKAGE, "lambdas", "stacks"):
-        bad = [(m, i) for m, i in imports(top) if area(i) == "local" and area(m) != "local" and m not in COMPAT_ALIASES]
+        bad = [(m, i) for m, i in imports(top) if area(i) == "local" and area(m) != "local"]
         assert bad == [], top
 
 

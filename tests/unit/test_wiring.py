@@ -150,13 +150,13 @@ def test_every_function_has_one_shape() -> None:
 
 
 def test_bound_handler_runs_over_the_given_stage(monkeypatch: pytest.MonkeyPatch) -> None:
-    from lambdas.glue import Outcome, PipelineFunction
+    from lambdas.glue import PipelineFunction, RunResult
 
     seen: list[Any] = []
 
-    def run(stage: str, event: dict[str, Any], context: Any) -> Outcome:
+    def run(stage: str, event: dict[str, Any], context: Any) -> RunResult:
         seen.append(stage)
-        return Outcome({"batchItemFailures": []}, "ran", counts={"Things": 2})
+        return RunResult({"batchItemFailures": []}, "ran", counts={"Things": 2})
 
     def build(_wiring: Wiring) -> str:
         raise AssertionError("a bound handler never builds its stage from the environment")
