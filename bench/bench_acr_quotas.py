@@ -252,17 +252,17 @@ def run(args: argparse.Namespace) -> int:
     from rollout_pipeline import ids
     from rollout_pipeline.adapters import clients
     from rollout_pipeline.adapters.eventbridge import EventBridgePublisher
-    from rollout_pipeline.adapters.fake_acr import AcrProfile, AgentBehaviour, FakeAgentRuntime
     from rollout_pipeline.adapters.s3 import S3ObjectStore
     from rollout_pipeline.adapters.sqs import SqsQueue
     from rollout_pipeline.config import ExperimentConfig
+    from rollout_pipeline.fakes.acr import AcrProfile, AgentBehaviour, FakeAgentRuntime
     from rollout_pipeline.ledger.rollouts import RolloutLedger
     from rollout_pipeline.lifecycle.completion import complete_records
     from rollout_pipeline.lifecycle.deps import LifecycleDeps
     from rollout_pipeline.lifecycle.dispatch import dispatch_records
-    from rollout_pipeline.lifecycle.metrics import COLD_START_RETRIED, NOTIFICATION_LATENCY, STOP_FAILED
     from rollout_pipeline.lifecycle.sweeper import sweep
     from rollout_pipeline.local.resources import create_resources
+    from rollout_pipeline.metric_names import COLD_START_RETRIED, NOTIFICATION_LATENCY, STOP_FAILED
 
     clients.reset()
     group_size = args.group_size

@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     _fake_aws_env()
     from moto import mock_aws
 
-    from rollout_pipeline.adapters import faithful
+    from rollout_pipeline.fakes import faithful
     from rollout_pipeline.local.moto_server import cheap_moto_transactions
 
     _atomic_moto()
@@ -174,16 +174,16 @@ def main(argv: list[str] | None = None) -> int:
 def run(args: argparse.Namespace) -> int:
     from rollout_pipeline.adapters import clients
     from rollout_pipeline.adapters.eventbridge import EventBridgePublisher
-    from rollout_pipeline.adapters.fake_acr import AgentBehaviour, FakeAgentRuntime
     from rollout_pipeline.adapters.s3 import S3ObjectStore
     from rollout_pipeline.adapters.sqs import SqsQueue
     from rollout_pipeline.config import ExperimentConfig
+    from rollout_pipeline.fakes.acr import AgentBehaviour, FakeAgentRuntime
     from rollout_pipeline.ledger.rollouts import RolloutLedger
     from rollout_pipeline.lifecycle.completion import complete_records
     from rollout_pipeline.lifecycle.deps import LifecycleDeps
     from rollout_pipeline.lifecycle.dispatch import dispatch_records
-    from rollout_pipeline.lifecycle.metrics import NOTIFICATION_LATENCY
     from rollout_pipeline.local.resources import create_resources
+    from rollout_pipeline.metric_names import NOTIFICATION_LATENCY
 
     clients.reset()
     calls: Counter[str] = Counter()
@@ -381,7 +381,7 @@ def run(args: argparse.Namespace) -> int:
 
 def print_conflicts_and_write_rates(terminal: int, elapsed: float) -> None:
     """Conflict retries per 1,000 rollouts and the busiest ledger items' write rates (faithful profile only)."""
-    from rollout_pipeline.adapters import faithful
+    from rollout_pipeline.fakes import faithful
     from rollout_pipeline.ledger import retry
 
     profile = faithful.active()

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
 
 from aws_lambda_powertools import Logger, Metrics
 
-from rollout_pipeline import topology
+from rollout_pipeline import metric_names, topology
 from rollout_pipeline.observability import SERVICES, clear_log_ids, install_log_ids
 from rollout_pipeline.sqs_batch import PartialBatch, batch_response
 from rollout_pipeline.wiring import Wiring
@@ -64,7 +64,7 @@ class PipelineFunction(Generic[Stage]):
     ) -> None:
         self.name = name
         self.logger = Logger(service=SERVICES[name])
-        namespace = os.environ.get("POWERTOOLS_METRICS_NAMESPACE") or topology.METRICS_NAMESPACE
+        namespace = os.environ.get("POWERTOOLS_METRICS_NAMESPACE") or metric_names.METRICS_NAMESPACE
         self.metrics = Metrics(namespace=namespace, service=SERVICES[name])
         self._build = build
         self._run = run

@@ -7,7 +7,7 @@ from typing import Any
 
 from lambdas.glue import PipelineFunction, RunResult, records
 from rollout_pipeline.ingest.core import Ingestion, IngestResult
-from rollout_pipeline.lifecycle.metrics import SUBMITTED
+from rollout_pipeline.metric_names import SUBMITTED
 from rollout_pipeline.sqs_batch import BatchOutcome, SqsRecord, run_partial_batch
 from rollout_pipeline.wiring import Wiring
 

@@ -5,7 +5,7 @@ On AWS, `GetObject`/`HeadObject` of a missing key answers 404 only when the call
 dataset, an expired claim check, a result that was never written) therefore get `s3:ListBucket` on their bucket,
 narrowed with an `s3:prefix` condition to the prefix they read. The stack grants exactly these
 (`stacks/experiment_stack.py`, checked by `tests/infra/test_iam.py`), and the faithful AWS profile
-(`adapters/faithful.py`) answers 403 to every other role, so a missing grant fails a test.
+(`fakes/faithful.py`) answers 403 to every other role, so a missing grant fails a test.
 """
 
 from __future__ import annotations

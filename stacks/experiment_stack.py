@@ -12,15 +12,16 @@ from aws_cdk import aws_iam as iam
 from constructs import Construct
 
 from rollout_pipeline import access, routing, topology
-from rollout_pipeline.config import ExperimentConfig, HandlerSettings
+from rollout_pipeline.config import ExperimentConfig, FunctionEnvironment, HandlerSettings
 from rollout_pipeline.deploy_settings import DeploySettings
+from rollout_pipeline.metric_names import METRICS_NAMESPACE
 from stacks import nag
 from stacks.agent_runtime import DEFAULT_ENDPOINT, AgentRuntimeConstruct
 from stacks.attempt_key import AttemptKey
 from stacks.bundling import REPO_ROOT, lambda_code
 from stacks.environment_size import check_environment_size
 from stacks.events import EventRouting
-from stacks.functions import LOG_RETENTION_DAYS, METRICS_NAMESPACE, RUNTIME, PipelineFunctionConstruct
+from stacks.functions import LOG_RETENTION_DAYS, RUNTIME, PipelineFunctionConstruct
 from stacks.image import AgentImage
 from stacks.ledger import Ledger
 from stacks.monitoring import Monitoring, RuntimeLogRetention, expire_every_log_group
@@ -140,7 +141,7 @@ class ExperimentStack(Stack):
             ingest_queue_url=self.ingest.queue.queue_url,
             experiment=config,
         )
-        environment = topology.FunctionEnvironment.of(
+        environment = FunctionEnvironment.of(
             handler_settings,
             POWERTOOLS_SERVICE_NAME=topology.resource_base(config.name),
             POWERTOOLS_METRICS_NAMESPACE=METRICS_NAMESPACE,

@@ -23,12 +23,13 @@ from aws_cdk import aws_sqs as sqs
 from aws_cdk import custom_resources as cr
 from constructs import Construct
 
+from rollout_pipeline import metric_names as m
 from rollout_pipeline import topology
 from rollout_pipeline.config import ExperimentConfig
-from rollout_pipeline.lifecycle import metrics as m
+from rollout_pipeline.contracts import FailureReason
+from rollout_pipeline.metric_names import METRICS_NAMESPACE
 from rollout_pipeline.observability import SERVICES
 from stacks import nag
-from stacks.functions import METRICS_NAMESPACE
 
 #: AgentCore's own namespace; `ActiveSessionCount` counts the account's live (and idle) sessions.
 AGENTCORE_NAMESPACE: Final = "AWS/Bedrock-AgentCore"
@@ -40,7 +41,8 @@ LIMIT_WAIT_MINUTES: Final = 10
 #: Failure share of finished rollouts (over 15 minutes, at least `MIN_FINISHED` of them) that alarms.
 FAILURE_RATE: Final = 0.2
 MIN_FINISHED: Final = 10
-FAILURE_REASONS: Final = ("agent_error", "timeout", "invalid_result", "invoke_rejected", "cancelled", "throttled")
+#: One series per failure reason: the contract's enum, so a new reason shows up without an edit here.
+FAILURE_REASONS: Final = tuple(reason.value for reason in FailureReason)
 RUNTIME_LOG_PREFIX: Final = "/aws/bedrock-agentcore/runtimes/"
 #: What CDK gives a log group it creates for a handler it manages (two years).
 DEFAULT_CDK_LOG_RETENTION_DAYS: Final = 731

@@ -1,16 +1,19 @@
-"""The `rollouts` argument parser: shared experiment options, one subcommand per command, and the `local` group
-when local mode provides one (`rollout_pipeline.local.cli.register(subparsers, common)`)."""
+"""The `rollouts` argument parser: shared experiment options, one subcommand per command, and the command groups
+of other modes registered under the `rollout_pipeline.cli` entry points (local mode's `rollouts local ...`:
+`rollout_pipeline.local.cli.register(subparsers, common)`)."""
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from rollout_pipeline.cli import commands
 from rollout_pipeline.cli import stack as stack_commands
+
+#: The entry-point group of command groups (`register(subparsers, common)`), like `sdk.launch.LAUNCHERS_GROUP`.
+COMMAND_GROUPS: Final = "rollout_pipeline.cli"
 
 _DESCRIPTION = """\
 Event-driven RL rollouts on Amazon Bedrock AgentCore Runtime.
@@ -181,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     stack_commands.register(sub)  # deploy, destroy
     _add_operations(sub, common)
-    _register_local(sub, common)
+    _register_modes(sub, common)
     return parser
 
 
@@ -233,13 +236,9 @@ def _add_operations(sub: Any, common: argparse.ArgumentParser) -> None:
     smoke.set_defaults(handler=commands.cmd_smoke)
 
 
-def _register_local(sub: Any, common: argparse.ArgumentParser) -> None:
-    try:
-        module = importlib.import_module("rollout_pipeline.local.cli")
-    except ModuleNotFoundError as exc:
-        if exc.name != "rollout_pipeline.local.cli":
-            raise
-        return
-    register = getattr(module, "register", None)
-    if callable(register):
-        register(sub, common)
+def _register_modes(sub: Any, common: argparse.ArgumentParser) -> None:
+    """The command groups of other modes (local mode's `rollouts local ...`), from their entry points."""
+    from importlib.metadata import entry_points
+
+    for entry in entry_points(group=COMMAND_GROUPS):
+        entry.load()(sub, common)

@@ -256,7 +256,7 @@ class Smoke:
         False (a `batch` fail line emitted) when the upload itself was refused."""
         experiment = self.experiment
         batch.key = key
-        options = experiment._options(1, None, None, 1, f"smoke-{self.token}")
+        options = experiment.file_options(1, None, None, 1, f"smoke-{self.token}")
         try:
             with aws_errors(f"upload s3://{experiment.input_bucket}/{key}"):
                 response = experiment.client("s3").put_object(

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from rollout_pipeline.adapters.fake_acr import AcrProfile, AgentBehaviour, Behaviour, FakeAgentRuntime
+from rollout_pipeline.fakes.acr import AcrProfile, AgentBehaviour, Behaviour, FakeAgentRuntime
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.local.resources import ExperimentResources
 from tests.integration.lifecycle_support import ShiftedClock, make_deps

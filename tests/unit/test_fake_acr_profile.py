@@ -8,7 +8,7 @@ from collections.abc import Iterator, Mapping
 import pytest
 
 from rollout_pipeline import ids
-from rollout_pipeline.adapters.fake_acr import AcrProfile, AgentBehaviour, FakeAgentRuntime
+from rollout_pipeline.fakes.acr import AcrProfile, AgentBehaviour, FakeAgentRuntime
 from rollout_pipeline.ports import RuntimeColdStart, RuntimeSessionNotFound, RuntimeThrottled
 
 

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 
 import pytest
 
-from rollout_pipeline.contracts import FailureReason, read_result
+from rollout_pipeline.contracts import MAX_ABS_REWARD, FailureReason, parse_result, read_result
 from rollout_pipeline.ports import ObjectNotFound
 
 
@@ -55,3 +55,11 @@ def test_unreadable_results_have_no_body(body: bytes, error: str) -> None:
 def test_a_missing_result_raises_object_not_found() -> None:
     with pytest.raises(ObjectNotFound):
         read_result(Store({}), "b", "gone", max_bytes=1024)
+
+
+@pytest.mark.parametrize("rewards", [1e61, -2e60, [0.5, 1e61]])
+def test_rewards_beyond_the_ledgers_range_are_invalid_wherever_a_result_is_read(rewards: object) -> None:
+    outcome = parse_result(json.dumps({"rewards": rewards}).encode())
+    assert (outcome.success, outcome.reason) == (False, FailureReason.INVALID_RESULT)
+    assert outcome.error == f"rewards beyond +-{MAX_ABS_REWARD:g} are not supported"
+    assert parse_result(json.dumps({"rewards": MAX_ABS_REWARD}).encode()).success

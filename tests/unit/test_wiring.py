@@ -13,8 +13,8 @@ import pytest
 from rollout_pipeline import topology
 from rollout_pipeline.adapters import acr as acr_module
 from rollout_pipeline.adapters.clients import ACR_SERVICE, ClientFactory, LazyClient
-from rollout_pipeline.adapters.fake_acr import FakeAgentRuntime
-from rollout_pipeline.config import ConfigError, ExperimentConfig, HandlerSettings
+from rollout_pipeline.config import ConfigError, ExperimentConfig, FunctionEnvironment, HandlerSettings
+from rollout_pipeline.fakes.acr import FakeAgentRuntime
 from rollout_pipeline.sqs_batch import BatchOutcome, batch_response, run_partial_batch
 from rollout_pipeline.wiring import Wiring
 
@@ -76,14 +76,12 @@ def test_a_given_runtime_wins_and_a_local_one_serves_its_endpoint() -> None:
 
 
 def test_function_environment_is_declared_once() -> None:
-    env = topology.FunctionEnvironment.of(SETTINGS).to_environ()
-    assert set(env) == set(topology.FunctionEnvironment.model_fields)
+    env = FunctionEnvironment.of(SETTINGS).to_environ()
+    assert set(env) == set(FunctionEnvironment.model_fields)
     assert HandlerSettings.from_environ(env) == SETTINGS
     assert set(SETTINGS.to_environ()) == {k for k in env if not k.startswith("POWERTOOLS_")}
     with pytest.raises(ConfigError, match="missing environment variables: TABLE_NAME, EXPERIMENT_CONFIG"):
-        topology.FunctionEnvironment.from_environ(
-            {k: v for k, v in env.items() if k not in ("TABLE_NAME", "EXPERIMENT_CONFIG")}
-        )
+        FunctionEnvironment.from_environ({k: v for k, v in env.items() if k not in ("TABLE_NAME", "EXPERIMENT_CONFIG")})
 
 
 # --------------------------------------------------------------------------------------- partial batches
@@ -177,7 +175,7 @@ def test_a_cold_start_imports_no_boto3_until_a_call_needs_it(name: str) -> None:
     from pathlib import Path
 
     env = {
-        **topology.FunctionEnvironment.of(SETTINGS).to_environ(),
+        **FunctionEnvironment.of(SETTINGS).to_environ(),
         "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
         "AWS_DEFAULT_REGION": "us-east-1",
     }
