@@ -2,10 +2,11 @@
 
 What runs: in-process moto (every request made atomic with a lock, as AWS requests are) holds the ledger table,
 the queues, the buckets and the bus of one experiment. A feeder keeps the rollout queue shallow (moto SQS slows
-down with depth) the way ingestion would fill it; `--dispatchers` threads play dispatcher Lambdas (SQS batches of
-10, a wait budget) and `--completers` threads play completion Lambdas, all with the real lifecycle code and the
-real boto3 adapters. The fake ACR "agent" writes its result to S3 after a random delay (`--min-delay`..
-`--max-delay`), which reaches the completion queue through S3 -> EventBridge -> SQS.
+down with depth) the way ingestion would fill it; local mode's queue consumers (`local.lambda_runtime.QueueConsumer`,
+SQS batches of 10) run the Lambdas' own handlers: `--dispatchers` dispatcher workers (a wait budget of
+`WAIT_BUDGET_S`) and `--completers` completion workers, with the real lifecycle code and boto3 adapters. The
+fake ACR "agent" writes its result to S3 after a random delay (`--min-delay`..`--max-delay`), which reaches the
+completion queue through S3 -> EventBridge -> SQS.
 
 Printed:
 - ACR calls per second (InvokeAgentRuntime + StopRuntimeSession, as the fake saw them) vs the TPS limit: the
@@ -41,7 +42,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 COUNTERS = ("terminal", "succeeded", "failed", "reward_sum", "reward_sumsq", "reward_count")
-COUNTED_THREADS = ("dispatch", "lc-")  # lifecycle worker threads (ThreadPoolExecutor prefix, bench workers)
+COUNTED_THREADS = ("dispatch", "lc-")  # lifecycle worker threads (ThreadPoolExecutor prefix, bench consumers)
+#: How long a dispatcher invocation may wait for limits (the Lambda's remaining time minus the glue's margin).
+WAIT_BUDGET_S = 5.0
 
 
 def _fake_aws_env() -> None:
@@ -179,11 +182,45 @@ def run(args: argparse.Namespace) -> int:
     from rollout_pipeline.config import ExperimentConfig
     from rollout_pipeline.fakes.acr import AgentBehaviour, FakeAgentRuntime
     from rollout_pipeline.ledger.rollouts import RolloutLedger
-    from rollout_pipeline.lifecycle.completion import complete_records
     from rollout_pipeline.lifecycle.deps import LifecycleDeps
-    from rollout_pipeline.lifecycle.dispatch import dispatch_records
+    from rollout_pipeline.lifecycle.metrics import MetricsRecorder
+    from rollout_pipeline.local.lambda_runtime import QueueConsumer
     from rollout_pipeline.local.resources import create_resources
     from rollout_pipeline.metric_names import NOTIFICATION_LATENCY
+
+    # The handlers log warnings only; they emit no EMF lines (their samples are kept by `KeptSamples` below).
+    os.environ.update({"POWERTOOLS_LOG_LEVEL": "WARNING"})
+    import lambdas.completion
+    import lambdas.dispatch
+    from lambdas.glue import SAFETY_S
+
+    class NoMetrics:
+        """Powertools `Metrics` that publishes nothing (its overflow flush prints even when disabled)."""
+
+        def log_metrics(self, **_options: Any) -> Any:
+            return lambda handler: handler
+
+        def add_dimension(self, **_dimension: Any) -> None:
+            pass
+
+        def add_metric(self, **_metric: Any) -> None:
+            pass
+
+    for function in (lambdas.dispatch.function, lambdas.completion.function):
+        function.metrics = NoMetrics()  # type: ignore[assignment]
+
+    class KeptSamples(MetricsRecorder):
+        """The handlers drain the recorder after each invocation: keep every sample for the report."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.kept: dict[str, list[float]] = {}
+
+        def drain(self) -> tuple[dict[str, int], dict[str, list[float]]]:
+            counts, samples = super().drain()
+            for name, values in samples.items():
+                self.kept.setdefault(name, []).extend(values)
+            return counts, samples
 
     clients.reset()
     calls: Counter[str] = Counter()
@@ -217,6 +254,7 @@ def run(args: argparse.Namespace) -> int:
             return AgentBehaviour(rewards=rng.random(), delay_s=rng.uniform(args.min_delay, args.max_delay))
 
     fake = FakeAgentRuntime(store=S3ObjectStore(), behaviour=behaviour)
+    recorder = KeptSamples()
     deps = LifecycleDeps(
         settings=settings,
         ledger=RolloutLedger(settings.table_name),
@@ -224,30 +262,14 @@ def run(args: argparse.Namespace) -> int:
         store=S3ObjectStore(),
         queue=SqsQueue(),
         publisher=EventBridgePublisher(settings.bus_name),
+        metrics=recorder,
     )
     batch_id = "bench-000000000001"
     bodies = seed(resources, batch_id, inputs, group_size)
     sqs = clients.client("sqs")
     ledger = RolloutLedger(settings.table_name)
     stop = threading.Event()
-    errors: list[str] = []
     in_flight_samples: list[int] = []
-
-    def receive(queue_url: str, n: int = 10) -> list[dict[str, Any]]:
-        resp = sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=n, WaitTimeSeconds=0)
-        return [
-            {"messageId": m["MessageId"], "body": m["Body"], "receiptHandle": m["ReceiptHandle"]}
-            for m in resp.get("Messages") or []
-        ]
-
-    def ack(queue_url: str, records: list[dict[str, Any]], failures: dict[str, str]) -> None:
-        entries = [
-            {"Id": str(i), "ReceiptHandle": r["receiptHandle"]}
-            for i, r in enumerate(records)
-            if r["messageId"] not in failures
-        ]
-        if entries:
-            sqs.delete_message_batch(QueueUrl=queue_url, Entries=entries)
 
     def feeder() -> None:
         sent = 0
@@ -265,57 +287,38 @@ def run(args: argparse.Namespace) -> int:
             sent += len(chunk)
             time.sleep(0.2)
 
-    def dispatcher() -> None:
-        while not stop.is_set():
-            try:
-                records = receive(resources.rollout_queue_url)
-                if not records:
-                    time.sleep(0.1)
-                    continue
-                result = dispatch_records(records, deps, wait_until=time.monotonic() + 5.0)
-                ack(resources.rollout_queue_url, records, result.failures)
-                errors.extend(result.failures.values())
-            except Exception as exc:
-                errors.append(f"dispatcher: {exc!r}")
+    def consumer(name: str, queue_url: str, handler: Any, workers: int) -> QueueConsumer:
+        return QueueConsumer(
+            name,
+            queue_url,
+            handler,
+            region="us-east-1",
+            max_concurrency=workers,
+            timeout_s=SAFETY_S + WAIT_BUDGET_S,
+            # Short polls: a long poll would hold the lock every moto request takes (see `_atomic_moto`).
+            wait_time_s=0,
+            idle_s=0.1,
+        )
 
-    def completer() -> None:
-        while not stop.is_set():
-            try:
-                records = receive(resources.completion_queue_url)
-                if not records:
-                    time.sleep(0.05)
-                    continue
-                result = complete_records(records, deps)
-                ack(resources.completion_queue_url, records, result.failures)
-                errors.extend(result.failures.values())
-            except Exception as exc:
-                errors.append(f"completer: {exc!r}")
-
-    def trainer_drain() -> None:  # the trainer's queue must stay shallow too
-        while not stop.is_set():
-            records = receive(resources.trainer_queue_url)
-            if records:
-                ack(resources.trainer_queue_url, records, {})
-            else:
-                time.sleep(0.2)
-
-    threads = [threading.Thread(target=feeder, name="bench-feeder", daemon=True)]
-    threads += [
-        threading.Thread(target=dispatcher, name=f"lc-dispatch-{i}", daemon=True) for i in range(args.dispatchers)
+    consumers = [
+        consumer("lc-dispatch", resources.rollout_queue_url, lambdas.dispatch.function.bind(deps), args.dispatchers),
+        consumer(
+            "lc-complete", resources.completion_queue_url, lambdas.completion.function.bind(deps), args.completers
+        ),
+        # The trainer's queue must stay shallow too: a consumer that takes every event.
+        consumer("bench-trainer", resources.trainer_queue_url, lambda _event, _context: {}, 1),
     ]
-    threads += [
-        threading.Thread(target=completer, name=f"lc-complete-{i}", daemon=True) for i in range(args.completers)
-    ]
-    threads += [threading.Thread(target=trainer_drain, name="bench-trainer", daemon=True)]
+    feeder_thread = threading.Thread(target=feeder, name="bench-feeder", daemon=True)
     print(
         f"bench: {total} rollouts ({inputs} inputs x {group_size}), tps_limit={args.tps}, "
         f"max_sessions={args.max_sessions}, agent delay {args.min_delay}-{args.max_delay} s, "
-        f"{args.dispatchers} dispatchers x 10 threads, {args.completers} completers",
+        f"{args.dispatchers} dispatcher workers x 10 threads, {args.completers} completion workers",
         flush=True,
     )
     started = time.monotonic()
-    for t in threads:
-        t.start()
+    feeder_thread.start()
+    for running in consumers:
+        running.start()
     terminal = 0
     last_report = started
     while time.monotonic() - started < args.max_seconds:
@@ -330,8 +333,9 @@ def run(args: argparse.Namespace) -> int:
         time.sleep(0.5)
     elapsed = time.monotonic() - started
     stop.set()
-    for t in threads:
-        t.join(timeout=15)
+    feeder_thread.join(timeout=15)
+    for running in consumers:
+        running.stop(timeout=15)
     fake.close()
 
     # ------------------------------------------------------------------------------------------------ report
@@ -340,8 +344,10 @@ def run(args: argparse.Namespace) -> int:
     invokes = sorted(c.at for c in fake.invocations("started"))
     stops = sorted(c.at for c in fake.stops())
     refill = [inv - st for st, inv in zip(stops, invokes[args.max_sessions :], strict=False) if inv >= st]
-    _, samples = deps.metrics.drain()
-    latency = samples.get(NOTIFICATION_LATENCY, [])
+    recorder.drain()
+    latency = recorder.kept.get(NOTIFICATION_LATENCY, [])
+    failed_messages = sum(c.stats.failed for c in consumers[:2])
+    handler_errors = sum(c.stats.handler_errors for c in consumers[:2])
     print()
     print(f"terminal rollouts         {terminal}/{total} in {elapsed:.1f} s ({terminal / elapsed:.1f}/s)")
     print(
@@ -362,7 +368,7 @@ def run(args: argparse.Namespace) -> int:
         f"notification latency      p50 {percentile(latency, 0.5):.0f} ms, p95 {percentile(latency, 0.95):.0f} ms "
         "(result written -> event published)"
     )
-    print(f"errors                    {len(errors)}" + (f" (first: {errors[0]})" if errors else ""))
+    print(f"errors                    {failed_messages} messages failed, {handler_errors} invocations raised")
     print(f"AWS calls per rollout     (lifecycle only, {terminal} rollouts)")
     by_service: Counter[str] = Counter()
     for name, count in calls.items():
