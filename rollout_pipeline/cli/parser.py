@@ -70,7 +70,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     common = _common_options()
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    _add_submission(sub, common)
+    _add_batch_commands(sub, common)
+    _add_preflight(sub, common)
+    _add_report(sub, common)
+    stack_commands.register(sub)  # deploy, destroy
+    _add_operations(sub, common)
+    _register_modes(sub, common)
+    return parser
 
+
+def _batch_argument(parser: argparse.ArgumentParser, help_text: str = "batch id") -> None:
+    """The `--batch ID` every command on one batch takes."""
+    parser.add_argument("--batch", required=True, metavar="ID", help=help_text)
+
+
+def _add_submission(sub: Any, common: argparse.ArgumentParser) -> None:
+    """`submit` and `watch`: sending a batch and following it."""
     submit = sub.add_parser(
         "submit",
         parents=[common],
@@ -112,13 +128,16 @@ def build_parser() -> argparse.ArgumentParser:
     watch.add_argument("--poll-wait", type=float, default=5.0, help=argparse.SUPPRESS)
     watch.set_defaults(handler=commands.cmd_watch)
 
+
+def _add_batch_commands(sub: Any, common: argparse.ArgumentParser) -> None:
+    """`status`, `cancel`, `export`: one batch, read from the ledger (or cancelled)."""
     status = sub.add_parser(
         "status",
         parents=[common],
         help="where a batch stands: queued, running, succeeded, failed by reason, rewards",
         description="Read a batch's counters from the ledger.",
     )
-    status.add_argument("--batch", required=True, metavar="ID", help="batch id (printed by submit)")
+    _batch_argument(status, "batch id (printed by submit)")
     status.add_argument("--json", action="store_true", help="print JSON")
     status.set_defaults(handler=commands.cmd_status)
 
@@ -129,7 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Cancel a batch: queued rollouts never start, running ones are stopped, every rollout not yet "
         "finished ends as `Rollout Failed` with reason `cancelled`. Safe to repeat.",
     )
-    cancel.add_argument("--batch", required=True, metavar="ID", help="batch id")
+    _batch_argument(cancel)
     cancel.set_defaults(handler=commands.cmd_cancel)
 
     export = sub.add_parser(
@@ -139,12 +158,15 @@ def build_parser() -> argparse.ArgumentParser:
         description="Export one line per rollout from the ledger (state, reward, reason, timings) with its result "
         "object from the results bucket.",
     )
-    export.add_argument("--batch", required=True, metavar="ID", help="batch id")
+    _batch_argument(export)
     export.add_argument("-o", "--output", default="-", metavar="FILE", help="output file (default: stdout)")
     export.add_argument("--no-results", action="store_true", help="leave out the result objects (ledger only)")
     export.add_argument("--with-payload", action="store_true", help="add each row's payload")
     export.set_defaults(handler=commands.cmd_export)
 
+
+def _add_preflight(sub: Any, common: argparse.ArgumentParser) -> None:
+    """`preflight`: read-only checks before a deploy."""
     preflight = sub.add_parser(
         "preflight",
         parents=[common],
@@ -164,6 +186,9 @@ def build_parser() -> argparse.ArgumentParser:
     preflight.add_argument("--cdk-dir", type=Path, default=Path(), metavar="DIR", help="where cdk.json is")
     preflight.set_defaults(handler=commands.cmd_preflight)
 
+
+def _add_report(sub: Any, common: argparse.ArgumentParser) -> None:
+    """`report`: one batch as a self-contained HTML file."""
     report = sub.add_parser(
         "report",
         parents=[common],
@@ -172,7 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
         "events (--events), and write one HTML file with inline SVG charts (no server, no network to view it). "
         "Needs the `report` extra (matplotlib).",
     )
-    report.add_argument("--batch", required=True, metavar="ID", help="batch id")
+    _batch_argument(report)
     report.add_argument("-o", "--output", type=Path, metavar="FILE", help="HTML file (default: report-BATCH.html)")
     report.add_argument(
         "--events",
@@ -181,11 +206,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="JSON Lines of the batch's event envelopes (result-to-event latency)",
     )
     report.set_defaults(handler=commands.cmd_report)
-
-    stack_commands.register(sub)  # deploy, destroy
-    _add_operations(sub, common)
-    _register_modes(sub, common)
-    return parser
 
 
 def _add_operations(sub: Any, common: argparse.ArgumentParser) -> None:
