@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Final, Literal
 
 from rollout_pipeline import routing
+from rollout_pipeline.ids import CLAIMS_PREFIX
 
 #: Roles of the deployed stack as the faithful profile names them. The trainer (SDK, CLI) runs with the user's
 #: own credentials, which can list its experiment's buckets.
@@ -40,8 +41,18 @@ class ListGrant:
         return self.prefix.format(exp=exp)
 
 
-#: Claim checks live under this prefix of the input bucket (`ids.claim_key`).
-CLAIMS_PREFIX: Final = "claims/"
+#: What every role of the ledger table may do on its items (the pipeline's functions and the trainer alike): item
+#: reads and writes only, no Scan. DynamoDB authorises a TransactWriteItems per contained action, so there is no
+#: transaction action to grant (https://docs.aws.amazon.com/amazondynamodb/latest/developerguide/transaction-apis-iam.html).
+LEDGER_ITEM_ACTIONS: Final = (
+    "dynamodb:GetItem",
+    "dynamodb:BatchGetItem",
+    "dynamodb:Query",
+    "dynamodb:PutItem",
+    "dynamodb:UpdateItem",
+    "dynamodb:DeleteItem",
+    "dynamodb:ConditionCheckItem",
+)
 
 LIST_GRANTS: Final[Mapping[str, tuple[ListGrant, ...]]] = {
     INGEST: (ListGrant("input", routing.DATASET_PREFIX),),

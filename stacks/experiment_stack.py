@@ -14,6 +14,7 @@ from constructs import Construct
 from rollout_pipeline import access, routing, topology
 from rollout_pipeline.config import ExperimentConfig, FunctionEnvironment, HandlerSettings
 from rollout_pipeline.deploy_settings import DeploySettings
+from rollout_pipeline.ids import CLAIMS_PREFIX
 from rollout_pipeline.metric_names import METRICS_NAMESPACE
 from stacks import nag
 from stacks.agent_runtime import DEFAULT_ENDPOINT, AgentRuntimeConstruct
@@ -27,7 +28,7 @@ from stacks.ledger import Ledger
 from stacks.monitoring import Monitoring, RuntimeLogRetention, expire_every_log_group
 from stacks.queues import QueuedLambdaConsumer
 from stacks.retention import is_retained, removal_policy
-from stacks.storage import CLAIMS_PREFIX, Storage
+from stacks.storage import Storage
 from stacks.trainer_policy import TrainerPolicy
 
 #: Stack outputs the trainer SDK reads to attach to an experiment (logical ids are part of the contract).

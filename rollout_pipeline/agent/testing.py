@@ -134,23 +134,21 @@ class FakeModelServer(LoopbackServer):
 _USAGE = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
 
 
-def _completion(model: str, reply: Reply) -> dict[str, Any]:
+def _message(reply: Reply) -> tuple[dict[str, Any], str]:
+    """The assistant message of `reply` and its finish reason (`tool_calls`, `length` or `stop`)."""
     if isinstance(reply, ToolCall):
-        message: dict[str, Any] = {
-            "role": "assistant",
-            "content": None,
-            "tool_calls": [
-                {
-                    "id": f"call_{uuid.uuid4().hex[:12]}",
-                    "type": "function",
-                    "function": {"name": reply.name, "arguments": json.dumps(reply.arguments)},
-                }
-            ],
+        call = {
+            "id": f"call_{uuid.uuid4().hex[:12]}",
+            "type": "function",
+            "function": {"name": reply.name, "arguments": json.dumps(reply.arguments)},
         }
-        finish = "tool_calls"
-    else:
-        text, finish = (reply.text, "length") if isinstance(reply, Truncated) else (reply, "stop")
-        message = {"role": "assistant", "content": text}
+        return {"role": "assistant", "content": None, "tool_calls": [call]}, "tool_calls"
+    text, finish = (reply.text, "length") if isinstance(reply, Truncated) else (reply, "stop")
+    return {"role": "assistant", "content": text}, finish
+
+
+def _completion(model: str, reply: Reply) -> dict[str, Any]:
+    message, finish = _message(reply)
     return {
         "id": f"chatcmpl-{uuid.uuid4().hex[:12]}",
         "object": "chat.completion",
@@ -163,22 +161,11 @@ def _completion(model: str, reply: Reply) -> dict[str, Any]:
 
 def _chunks(model: str, reply: Reply) -> list[dict[str, Any]]:
     base = {"id": f"chatcmpl-{uuid.uuid4().hex[:12]}", "object": "chat.completion.chunk", "model": model}
-    if isinstance(reply, ToolCall):
-        delta: dict[str, Any] = {
-            "role": "assistant",
-            "tool_calls": [
-                {
-                    "index": 0,
-                    "id": f"call_{uuid.uuid4().hex[:12]}",
-                    "type": "function",
-                    "function": {"name": reply.name, "arguments": json.dumps(reply.arguments)},
-                }
-            ],
-        }
-        finish = "tool_calls"
-    else:
-        text, finish = (reply.text, "length") if isinstance(reply, Truncated) else (reply, "stop")
-        delta = {"role": "assistant", "content": text}
+    message, finish = _message(reply)
+    # A streamed tool call carries its index; a streamed text has no `content: None` to send.
+    delta = {key: value for key, value in message.items() if value is not None}
+    if "tool_calls" in delta:
+        delta["tool_calls"] = [{"index": 0, **call} for call in delta["tool_calls"]]
     return [
         {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]},
         {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]},
