@@ -175,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    from lambda_consumers import KeptMetrics, lambda_consumer, quiet_handlers
+
     from rollout_pipeline.adapters import clients
     from rollout_pipeline.adapters.eventbridge import EventBridgePublisher
     from rollout_pipeline.adapters.s3 import S3ObjectStore
@@ -183,44 +185,12 @@ def run(args: argparse.Namespace) -> int:
     from rollout_pipeline.fakes.acr import AgentBehaviour, FakeAgentRuntime
     from rollout_pipeline.ledger.rollouts import RolloutLedger
     from rollout_pipeline.lifecycle.deps import LifecycleDeps
-    from rollout_pipeline.lifecycle.metrics import MetricsRecorder
-    from rollout_pipeline.local.lambda_runtime import QueueConsumer
     from rollout_pipeline.local.resources import create_resources
     from rollout_pipeline.metric_names import NOTIFICATION_LATENCY
 
-    # The handlers log warnings only; they emit no EMF lines (their samples are kept by `KeptSamples` below).
-    os.environ.update({"POWERTOOLS_LOG_LEVEL": "WARNING"})
+    quiet_handlers()
     import lambdas.completion
     import lambdas.dispatch
-    from lambdas.glue import SAFETY_S
-
-    class NoMetrics:
-        """Powertools `Metrics` that publishes nothing (its overflow flush prints even when disabled)."""
-
-        def log_metrics(self, **_options: Any) -> Any:
-            return lambda handler: handler
-
-        def add_dimension(self, **_dimension: Any) -> None:
-            pass
-
-        def add_metric(self, **_metric: Any) -> None:
-            pass
-
-    for function in (lambdas.dispatch.function, lambdas.completion.function):
-        function.metrics = NoMetrics()  # type: ignore[assignment]
-
-    class KeptSamples(MetricsRecorder):
-        """The handlers drain the recorder after each invocation: keep every sample for the report."""
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.kept: dict[str, list[float]] = {}
-
-        def drain(self) -> tuple[dict[str, int], dict[str, list[float]]]:
-            counts, samples = super().drain()
-            for name, values in samples.items():
-                self.kept.setdefault(name, []).extend(values)
-            return counts, samples
 
     clients.reset()
     calls: Counter[str] = Counter()
@@ -254,7 +224,7 @@ def run(args: argparse.Namespace) -> int:
             return AgentBehaviour(rewards=rng.random(), delay_s=rng.uniform(args.min_delay, args.max_delay))
 
     fake = FakeAgentRuntime(store=S3ObjectStore(), behaviour=behaviour)
-    recorder = KeptSamples()
+    recorder = KeptMetrics()
     deps = LifecycleDeps(
         settings=settings,
         ledger=RolloutLedger(settings.table_name),
@@ -287,26 +257,26 @@ def run(args: argparse.Namespace) -> int:
             sent += len(chunk)
             time.sleep(0.2)
 
-    def consumer(name: str, queue_url: str, handler: Any, workers: int) -> QueueConsumer:
-        return QueueConsumer(
-            name,
-            queue_url,
-            handler,
-            region="us-east-1",
-            max_concurrency=workers,
-            timeout_s=SAFETY_S + WAIT_BUDGET_S,
-            # Short polls: a long poll would hold the lock every moto request takes (see `_atomic_moto`).
-            wait_time_s=0,
-            idle_s=0.1,
-        )
-
     consumers = [
-        consumer("lc-dispatch", resources.rollout_queue_url, lambdas.dispatch.function.bind(deps), args.dispatchers),
-        consumer(
-            "lc-complete", resources.completion_queue_url, lambdas.completion.function.bind(deps), args.completers
+        lambda_consumer(
+            "lc-dispatch",
+            resources.rollout_queue_url,
+            lambdas.dispatch.function.bind(deps),
+            workers=args.dispatchers,
+            wait_budget_s=WAIT_BUDGET_S,
+        ),
+        lambda_consumer(
+            "lc-complete",
+            resources.completion_queue_url,
+            lambdas.completion.function.bind(deps),
+            workers=args.completers,
+            wait_budget_s=WAIT_BUDGET_S,
+            idle_s=0.05,
         ),
         # The trainer's queue must stay shallow too: a consumer that takes every event.
-        consumer("bench-trainer", resources.trainer_queue_url, lambda _event, _context: {}, 1),
+        lambda_consumer(
+            "bench-trainer", resources.trainer_queue_url, lambda _event, _context: {}, workers=1, wait_budget_s=1
+        ),
     ]
     feeder_thread = threading.Thread(target=feeder, name="bench-feeder", daemon=True)
     print(
@@ -345,7 +315,7 @@ def run(args: argparse.Namespace) -> int:
     stops = sorted(c.at for c in fake.stops())
     refill = [inv - st for st, inv in zip(stops, invokes[args.max_sessions :], strict=False) if inv >= st]
     recorder.drain()
-    latency = recorder.kept.get(NOTIFICATION_LATENCY, [])
+    latency = recorder.kept_samples.get(NOTIFICATION_LATENCY, [])
     failed_messages = sum(c.stats.failed for c in consumers[:2])
     handler_errors = sum(c.stats.handler_errors for c in consumers[:2])
     print()
