@@ -168,3 +168,11 @@ def test_no_module_of_ours_is_imported_by_name() -> None:
                 ):
                     bad.append(f"{path.relative_to(REPO)}:{node.lineno}")
     assert bad == []
+
+
+def test_the_stacks_read_the_librarys_facts_not_its_stages() -> None:
+    """The stack takes names, numbers and grants from the base and the root modules (metric names from
+    `metric_names`, not the lifecycle); it never imports a stage, an adapter, local mode or the CLI."""
+    never = ("ingest", "lifecycle", "adapters", "fakes", "local", "cli", "wiring", "trainers", "agent")
+    bad = [(m, i) for top in ("stacks", "app") for m, i in imports(top) if area(i) in never]
+    assert bad == []
