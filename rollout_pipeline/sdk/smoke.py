@@ -37,6 +37,7 @@ from urllib.parse import quote, quote_plus, unquote, unquote_plus
 
 from rollout_pipeline import ids, topology
 from rollout_pipeline.contracts import BatchCompleted, DetailType
+from rollout_pipeline.preflight import check_line
 from rollout_pipeline.sdk import subscription
 from rollout_pipeline.sdk._aws import aws_errors, error_code, is_loopback
 from rollout_pipeline.sdk.errors import BatchNotFound, SdkError
@@ -65,7 +66,7 @@ class SmokeCheck:
     message: str
 
     def line(self) -> str:
-        return f"{self.status:<7} {self.name}: {self.message}"
+        return check_line(self.status, self.name, self.message)
 
 
 @dataclass
