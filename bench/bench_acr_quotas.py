@@ -1,12 +1,13 @@
 """Benchmark the lifecycle against AgentCore as it really behaves (the fake's realistic AcrProfile).
 
 What runs: as `bench_lifecycle.py` (in-process moto made atomic, the real lifecycle code and boto3 adapters, a
-feeder keeping the rollout queue shallow, dispatcher/completer threads playing Lambdas) plus a sweeper thread, and
-the fake ACR with AgentCore's quotas and failure modes: 400 new sessions/min per endpoint, 25 new sessions/s per
-account, a shared data-plane rate, active sessions counted until stopped or idle, `--cold-start` of first invokes
-answering RuntimeClientError (424) and `--stop-fail` of stops failing (NotFound while running, Conflict, throttle).
+feeder keeping the rollout queue shallow, the Lambdas' own handlers behind local mode's queue consumers: one per
+dispatcher "Lambda", a pool of completers) plus the sweeper's handler on a 3 s schedule, and the fake ACR with
+AgentCore's quotas and failure modes: 400 new sessions/min per endpoint, 25 new sessions/s per account, a shared
+data-plane rate, active sessions counted until stopped or idle, `--cold-start` of first invokes answering
+RuntimeClientError (424) and `--stop-fail` of stops failing (NotFound while running, Conflict, throttle).
 
-Printed (the "Done when" of issue 10):
+Printed:
 - new sessions per second vs `session_rate_limit` x endpoints over every sliding one-second window (busiest, and
   the mean over the busy period), per endpoint too; ACR calls per second vs `tps_limit` (how saturated the call
   budget was); ACR throttles received (goal 0);
@@ -249,20 +250,25 @@ def _time_moto(which: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from lambda_consumers import KeptMetrics, lambda_consumer, quiet_handlers
+
     from rollout_pipeline import ids
     from rollout_pipeline.adapters import clients
     from rollout_pipeline.adapters.eventbridge import EventBridgePublisher
-    from rollout_pipeline.adapters.fake_acr import AcrProfile, AgentBehaviour, FakeAgentRuntime
     from rollout_pipeline.adapters.s3 import S3ObjectStore
     from rollout_pipeline.adapters.sqs import SqsQueue
     from rollout_pipeline.config import ExperimentConfig
+    from rollout_pipeline.fakes.acr import AcrProfile, AgentBehaviour, FakeAgentRuntime
     from rollout_pipeline.ledger.ledger import Ledger
-    from rollout_pipeline.lifecycle.completion import complete_records
     from rollout_pipeline.lifecycle.deps import LifecycleDeps
-    from rollout_pipeline.lifecycle.dispatch import dispatch_records
-    from rollout_pipeline.lifecycle.metrics import COLD_START_RETRIED, NOTIFICATION_LATENCY, STOP_FAILED
-    from rollout_pipeline.lifecycle.sweeper import sweep
+    from rollout_pipeline.local.lambda_runtime import Schedule
     from rollout_pipeline.local.resources import create_resources
+    from rollout_pipeline.metric_names import COLD_START_RETRIED, NOTIFICATION_LATENCY, STOP_FAILED
+
+    quiet_handlers()
+    import lambdas.completion
+    import lambdas.dispatch
+    import lambdas.sweeper
 
     clients.reset()
     group_size = args.group_size
@@ -305,6 +311,7 @@ def run(args: argparse.Namespace) -> int:
         outbox_age_s=2.0,
         dispatch_threads=args.threads,
         group_admission=not args.no_group_admission,
+        metrics=KeptMetrics(),
     )
     trace = StageTrace()
     trace.install(fake, deps)
@@ -316,25 +323,7 @@ def run(args: argparse.Namespace) -> int:
     sqs = clients.client("sqs")
     ledger = Ledger.open(settings.table_name)
     stop = threading.Event()
-    stop_dispatch = threading.Event()  # the backlog window is over: finish what runs, start nothing new
-    errors: list[str] = []
     group_done: dict[str, float] = {}
-
-    def receive(queue_url: str, n: int = 10) -> list[dict[str, Any]]:
-        resp = sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=n, WaitTimeSeconds=0)
-        return [
-            {"messageId": m["MessageId"], "body": m["Body"], "receiptHandle": m["ReceiptHandle"]}
-            for m in resp.get("Messages") or []
-        ]
-
-    def ack(queue_url: str, records: list[dict[str, Any]], failures: dict[str, str]) -> None:
-        entries = [
-            {"Id": str(i), "ReceiptHandle": r["receiptHandle"]}
-            for i, r in enumerate(records)
-            if r["messageId"] not in failures
-        ]
-        if entries:
-            sqs.delete_message_batch(QueueUrl=queue_url, Entries=entries)
 
     def feeder() -> None:
         sent = 0
@@ -352,73 +341,41 @@ def run(args: argparse.Namespace) -> int:
             sent += len(chunk)
             time.sleep(0.2)
 
-    def loop(name: str, queue_url: str, handle: Any, idle: float) -> None:
-        done = stop_dispatch if name == "dispatcher" else stop
-        while not done.is_set():
-            try:
-                records = receive(queue_url)
-                if not records:
-                    time.sleep(idle)
-                    continue
-                result = handle(records)
-                ack(queue_url, records, result.failures)
-                errors.extend(result.failures.values())
-            except Exception as exc:
-                errors.append(f"{name}: {exc!r}")
-
-    def sweeper() -> None:
-        while not stop.is_set():
-            try:
-                sweep(deps, wait_until=time.monotonic() + 5)
-            except Exception as exc:
-                errors.append(f"sweeper: {exc!r}")
-            time.sleep(3.0)
-
     started_wall = time.time()
 
-    def trainer() -> None:
+    def trainer(event: dict[str, Any], _context: Any) -> dict[str, Any]:
         import json
 
-        while not stop.is_set():
-            records = receive(resources.trainer_queue_url)
-            for r in records:
-                event = json.loads(r["body"])
-                if event.get("detail-type") == "Group Completed":
-                    group_done.setdefault(event["detail"]["input_id"], time.time() - started_wall)
-            if records:
-                ack(resources.trainer_queue_url, records, {})
-            else:
-                time.sleep(0.1)
+        for record in event.get("Records") or []:
+            detail = json.loads(record["body"])
+            if detail.get("detail-type") == "Group Completed":
+                group_done.setdefault(detail["detail"]["input_id"], time.time() - started_wall)
+        return {}
 
-    threads = [threading.Thread(target=feeder, daemon=True), threading.Thread(target=trainer, daemon=True)]
-    threads += [
-        threading.Thread(
-            target=loop,
-            name=f"dispatcher-{i}",
-            args=(
-                "dispatcher",
-                resources.rollout_queue_url,
-                lambda rs, d=d: dispatch_records(rs, d, wait_until=time.monotonic() + args.wait),
-                0.1,
-            ),
-            daemon=True,
+    # Each dispatcher "Lambda" is its own process (its own deps: slot gate, admission board entry): one poller each.
+    dispatchers = [
+        lambda_consumer(
+            f"dispatcher-{i}",
+            resources.rollout_queue_url,
+            lambdas.dispatch.function.bind(d),
+            workers=1,
+            wait_budget_s=args.wait,
         )
         for i, d in enumerate(dispatch_deps)
     ]
-    threads += [
-        threading.Thread(
-            target=loop,
-            args=(
-                "completer",
-                resources.completion_queue_url,
-                lambda rs: complete_records(rs, deps, wait_until=time.monotonic() + 30.0),
-                0.05,
-            ),
-            daemon=True,
-        )
-        for _ in range(args.completers)
+    others = [
+        lambda_consumer(
+            "completer",
+            resources.completion_queue_url,
+            lambdas.completion.function.bind(deps),
+            workers=args.completers,
+            wait_budget_s=30.0,
+            idle_s=0.05,
+        ),
+        lambda_consumer("trainer", resources.trainer_queue_url, trainer, workers=1, wait_budget_s=1.0),
     ]
-    threads.append(threading.Thread(target=sweeper, daemon=True))
+    sweeper = Schedule("sweeper", lambdas.sweeper.function.bind(deps), interval_s=3.0, timeout_s=25.0)
+    feeder_thread = threading.Thread(target=feeder, daemon=True)
     print(
         f"bench: {total} rollouts ({inputs} groups x {group_size}), session_rate_limit={args.session_rate}/s x "
         f"{args.endpoints} endpoint(s), tps_limit={args.tps}, max_sessions={args.max_sessions}, "
@@ -427,8 +384,10 @@ def run(args: argparse.Namespace) -> int:
         flush=True,
     )
     started = time.monotonic()
-    for t in threads:
-        t.start()
+    feeder_thread.start()
+    for consumer in (*dispatchers, *others):
+        consumer.start()
+    sweeper.start()
     terminal = 0
     last = started
     while time.monotonic() - started < args.max_seconds:
@@ -440,16 +399,16 @@ def run(args: argparse.Namespace) -> int:
             print(f"  {time.monotonic() - started:6.1f} s: {terminal}/{total} terminal", flush=True)
         time.sleep(0.5)
     elapsed = time.monotonic() - started
-    stop_dispatch.set()
-    for t in threads:
-        if t.name.startswith("dispatcher"):
-            t.join(timeout=args.wait + 30)
+    for consumer in dispatchers:  # the backlog window is over: finish what runs, start nothing new
+        consumer.stop(timeout=args.wait + 30)
     settle = time.monotonic() + 150  # running rollouts finish; failed stops are retried (backoff 2, 4, 8... s)
     while time.monotonic() < settle and ledger.limits.in_flight() > 0:
         time.sleep(1.0)
     stop.set()
-    for t in threads:
-        t.join(timeout=15)
+    feeder_thread.join(timeout=15)
+    for consumer in others:
+        consumer.stop(timeout=15)
+    sweeper.stop(timeout=15)
     fake.close()
 
     # ------------------------------------------------------------------------------------------------ report
@@ -464,7 +423,9 @@ def run(args: argparse.Namespace) -> int:
     invoked = {c.session_id for c in calls if c.op == "invoke" and c.outcome not in ("throttled", "quota_exceeded")}
     never_stopped = sorted(invoked - fake.stopped)
     pending = ledger.limits.in_flight()
-    counts, samples = deps.metrics.drain()
+    deps.metrics.drain()
+    assert isinstance(deps.metrics, KeptMetrics)
+    counts, samples = deps.metrics.kept_counts, deps.metrics.kept_samples
     latency = samples.get(NOTIFICATION_LATENCY, [])
     actual = sorted(group_done.values())
     # The ideal schedule of as many groups as completed: the first ones, admitted whole and in order.
@@ -472,7 +433,8 @@ def run(args: argparse.Namespace) -> int:
     limit = args.session_rate * args.endpoints
     print()
     terminal = view.terminal if (view := ledger.batches.read_batch(batch_id)) is not None else 0
-    print(f"terminal rollouts          {terminal}/{total} (backlog window {elapsed:.1f} s); errors {len(errors)}")
+    failed = sum(c.stats.failed + c.stats.handler_errors for c in (*dispatchers, *others))
+    print(f"terminal rollouts          {terminal}/{total} (backlog window {elapsed:.1f} s); errors {failed}")
     print(
         f"new sessions per second    busiest sliding 1-s window {busiest_window(times)} / limit "
         f"{limit:g} ({args.session_rate:g} x {args.endpoints}); mean {len(times) / span:.2f}/s over {span:.0f} s"

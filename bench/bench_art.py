@@ -45,8 +45,8 @@ from agentcore_rl_toolkit.rollout_session.lifecycle import (  # noqa: E402
 from agentcore_rl_toolkit.rollout_session.wire import RolloutDumpResponse  # noqa: E402
 
 from rollout_pipeline.adapters import clients  # noqa: E402
-from rollout_pipeline.adapters.fake_acr import AgentBehaviour, FakeAgentRuntime, FakeInvocation  # noqa: E402
 from rollout_pipeline.adapters.s3 import S3ObjectStore  # noqa: E402
+from rollout_pipeline.fakes.acr import AgentBehaviour, FakeAgentRuntime, FakeInvocation  # noqa: E402
 from rollout_pipeline.local.pipeline import LocalPipeline, LocalSettings  # noqa: E402
 from rollout_pipeline.trainers import art  # noqa: E402
 

@@ -2,10 +2,11 @@
 
 What runs: in-process moto (every request made atomic with a lock, as AWS requests are) holds the ledger table,
 the queues, the buckets and the bus of one experiment. A feeder keeps the rollout queue shallow (moto SQS slows
-down with depth) the way ingestion would fill it; `--dispatchers` threads play dispatcher Lambdas (SQS batches of
-10, a wait budget) and `--completers` threads play completion Lambdas, all with the real lifecycle code and the
-real boto3 adapters. The fake ACR "agent" writes its result to S3 after a random delay (`--min-delay`..
-`--max-delay`), which reaches the completion queue through S3 -> EventBridge -> SQS.
+down with depth) the way ingestion would fill it; local mode's queue consumers (`local.lambda_runtime.QueueConsumer`,
+SQS batches of 10) run the Lambdas' own handlers: `--dispatchers` dispatcher workers (a wait budget of
+`WAIT_BUDGET_S`) and `--completers` completion workers, with the real lifecycle code and boto3 adapters. The
+fake ACR "agent" writes its result to S3 after a random delay (`--min-delay`..`--max-delay`), which reaches the
+completion queue through S3 -> EventBridge -> SQS.
 
 Printed:
 - ACR calls per second (InvokeAgentRuntime + StopRuntimeSession, as the fake saw them) vs the TPS limit: the
@@ -41,7 +42,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 COUNTERS = ("terminal", "succeeded", "failed", "reward_sum", "reward_sumsq", "reward_count")
-COUNTED_THREADS = ("dispatch", "lc-")  # lifecycle worker threads (ThreadPoolExecutor prefix, bench workers)
+COUNTED_THREADS = ("dispatch", "lc-")  # lifecycle worker threads (ThreadPoolExecutor prefix, bench consumers)
+#: How long a dispatcher invocation may wait for limits (the Lambda's remaining time minus the glue's margin).
+WAIT_BUDGET_S = 5.0
 
 
 def _fake_aws_env() -> None:
@@ -158,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     _fake_aws_env()
     from moto import mock_aws
 
-    from rollout_pipeline.adapters import faithful
+    from rollout_pipeline.fakes import faithful
     from rollout_pipeline.local.moto_server import cheap_moto_transactions
 
     _atomic_moto()
@@ -172,18 +175,22 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    from lambda_consumers import KeptMetrics, lambda_consumer, quiet_handlers
+
     from rollout_pipeline.adapters import clients
     from rollout_pipeline.adapters.eventbridge import EventBridgePublisher
-    from rollout_pipeline.adapters.fake_acr import AgentBehaviour, FakeAgentRuntime
     from rollout_pipeline.adapters.s3 import S3ObjectStore
     from rollout_pipeline.adapters.sqs import SqsQueue
     from rollout_pipeline.config import ExperimentConfig
+    from rollout_pipeline.fakes.acr import AgentBehaviour, FakeAgentRuntime
     from rollout_pipeline.ledger.ledger import Ledger
-    from rollout_pipeline.lifecycle.completion import complete_records
     from rollout_pipeline.lifecycle.deps import LifecycleDeps
-    from rollout_pipeline.lifecycle.dispatch import dispatch_records
-    from rollout_pipeline.lifecycle.metrics import NOTIFICATION_LATENCY
     from rollout_pipeline.local.resources import create_resources
+    from rollout_pipeline.metric_names import NOTIFICATION_LATENCY
+
+    quiet_handlers()
+    import lambdas.completion
+    import lambdas.dispatch
 
     clients.reset()
     calls: Counter[str] = Counter()
@@ -217,6 +224,7 @@ def run(args: argparse.Namespace) -> int:
             return AgentBehaviour(rewards=rng.random(), delay_s=rng.uniform(args.min_delay, args.max_delay))
 
     fake = FakeAgentRuntime(store=S3ObjectStore(), behaviour=behaviour)
+    recorder = KeptMetrics()
     deps = LifecycleDeps(
         settings=settings,
         ledger=Ledger.open(settings.table_name),
@@ -224,30 +232,14 @@ def run(args: argparse.Namespace) -> int:
         store=S3ObjectStore(),
         queue=SqsQueue(),
         publisher=EventBridgePublisher(settings.bus_name),
+        metrics=recorder,
     )
     batch_id = "bench-000000000001"
     bodies = seed(resources, batch_id, inputs, group_size)
     sqs = clients.client("sqs")
     ledger = Ledger.open(settings.table_name)
     stop = threading.Event()
-    errors: list[str] = []
     in_flight_samples: list[int] = []
-
-    def receive(queue_url: str, n: int = 10) -> list[dict[str, Any]]:
-        resp = sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=n, WaitTimeSeconds=0)
-        return [
-            {"messageId": m["MessageId"], "body": m["Body"], "receiptHandle": m["ReceiptHandle"]}
-            for m in resp.get("Messages") or []
-        ]
-
-    def ack(queue_url: str, records: list[dict[str, Any]], failures: dict[str, str]) -> None:
-        entries = [
-            {"Id": str(i), "ReceiptHandle": r["receiptHandle"]}
-            for i, r in enumerate(records)
-            if r["messageId"] not in failures
-        ]
-        if entries:
-            sqs.delete_message_batch(QueueUrl=queue_url, Entries=entries)
 
     def feeder() -> None:
         sent = 0
@@ -265,57 +257,38 @@ def run(args: argparse.Namespace) -> int:
             sent += len(chunk)
             time.sleep(0.2)
 
-    def dispatcher() -> None:
-        while not stop.is_set():
-            try:
-                records = receive(resources.rollout_queue_url)
-                if not records:
-                    time.sleep(0.1)
-                    continue
-                result = dispatch_records(records, deps, wait_until=time.monotonic() + 5.0)
-                ack(resources.rollout_queue_url, records, result.failures)
-                errors.extend(result.failures.values())
-            except Exception as exc:
-                errors.append(f"dispatcher: {exc!r}")
-
-    def completer() -> None:
-        while not stop.is_set():
-            try:
-                records = receive(resources.completion_queue_url)
-                if not records:
-                    time.sleep(0.05)
-                    continue
-                result = complete_records(records, deps)
-                ack(resources.completion_queue_url, records, result.failures)
-                errors.extend(result.failures.values())
-            except Exception as exc:
-                errors.append(f"completer: {exc!r}")
-
-    def trainer_drain() -> None:  # the trainer's queue must stay shallow too
-        while not stop.is_set():
-            records = receive(resources.trainer_queue_url)
-            if records:
-                ack(resources.trainer_queue_url, records, {})
-            else:
-                time.sleep(0.2)
-
-    threads = [threading.Thread(target=feeder, name="bench-feeder", daemon=True)]
-    threads += [
-        threading.Thread(target=dispatcher, name=f"lc-dispatch-{i}", daemon=True) for i in range(args.dispatchers)
+    consumers = [
+        lambda_consumer(
+            "lc-dispatch",
+            resources.rollout_queue_url,
+            lambdas.dispatch.function.bind(deps),
+            workers=args.dispatchers,
+            wait_budget_s=WAIT_BUDGET_S,
+        ),
+        lambda_consumer(
+            "lc-complete",
+            resources.completion_queue_url,
+            lambdas.completion.function.bind(deps),
+            workers=args.completers,
+            wait_budget_s=WAIT_BUDGET_S,
+            idle_s=0.05,
+        ),
+        # The trainer's queue must stay shallow too: a consumer that takes every event.
+        lambda_consumer(
+            "bench-trainer", resources.trainer_queue_url, lambda _event, _context: {}, workers=1, wait_budget_s=1
+        ),
     ]
-    threads += [
-        threading.Thread(target=completer, name=f"lc-complete-{i}", daemon=True) for i in range(args.completers)
-    ]
-    threads += [threading.Thread(target=trainer_drain, name="bench-trainer", daemon=True)]
+    feeder_thread = threading.Thread(target=feeder, name="bench-feeder", daemon=True)
     print(
         f"bench: {total} rollouts ({inputs} inputs x {group_size}), tps_limit={args.tps}, "
         f"max_sessions={args.max_sessions}, agent delay {args.min_delay}-{args.max_delay} s, "
-        f"{args.dispatchers} dispatchers x 10 threads, {args.completers} completers",
+        f"{args.dispatchers} dispatcher workers x 10 threads, {args.completers} completion workers",
         flush=True,
     )
     started = time.monotonic()
-    for t in threads:
-        t.start()
+    feeder_thread.start()
+    for running in consumers:
+        running.start()
     terminal = 0
     last_report = started
     while time.monotonic() - started < args.max_seconds:
@@ -330,8 +303,9 @@ def run(args: argparse.Namespace) -> int:
         time.sleep(0.5)
     elapsed = time.monotonic() - started
     stop.set()
-    for t in threads:
-        t.join(timeout=15)
+    feeder_thread.join(timeout=15)
+    for running in consumers:
+        running.stop(timeout=15)
     fake.close()
 
     # ------------------------------------------------------------------------------------------------ report
@@ -340,8 +314,10 @@ def run(args: argparse.Namespace) -> int:
     invokes = sorted(c.at for c in fake.invocations("started"))
     stops = sorted(c.at for c in fake.stops())
     refill = [inv - st for st, inv in zip(stops, invokes[args.max_sessions :], strict=False) if inv >= st]
-    _, samples = deps.metrics.drain()
-    latency = samples.get(NOTIFICATION_LATENCY, [])
+    recorder.drain()
+    latency = recorder.kept_samples.get(NOTIFICATION_LATENCY, [])
+    failed_messages = sum(c.stats.failed for c in consumers[:2])
+    handler_errors = sum(c.stats.handler_errors for c in consumers[:2])
     print()
     print(f"terminal rollouts         {terminal}/{total} in {elapsed:.1f} s ({terminal / elapsed:.1f}/s)")
     print(
@@ -362,7 +338,7 @@ def run(args: argparse.Namespace) -> int:
         f"notification latency      p50 {percentile(latency, 0.5):.0f} ms, p95 {percentile(latency, 0.95):.0f} ms "
         "(result written -> event published)"
     )
-    print(f"errors                    {len(errors)}" + (f" (first: {errors[0]})" if errors else ""))
+    print(f"errors                    {failed_messages} messages failed, {handler_errors} invocations raised")
     print(f"AWS calls per rollout     (lifecycle only, {terminal} rollouts)")
     by_service: Counter[str] = Counter()
     for name, count in calls.items():
@@ -381,7 +357,7 @@ def run(args: argparse.Namespace) -> int:
 
 def print_conflicts_and_write_rates(terminal: int, elapsed: float) -> None:
     """Conflict retries per 1,000 rollouts and the busiest ledger items' write rates (faithful profile only)."""
-    from rollout_pipeline.adapters import faithful
+    from rollout_pipeline.fakes import faithful
     from rollout_pipeline.ledger import retry
 
     profile = faithful.active()

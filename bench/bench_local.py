@@ -164,8 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.moto_ops:
         return time_moto_ops(sizes, min(args.moto_ops, 2000))
 
-    from rollout_pipeline.adapters import faithful
-    from rollout_pipeline.adapters.fake_acr import AgentBehaviour, FakeAgentRuntime
+    from rollout_pipeline.fakes import faithful
+    from rollout_pipeline.fakes.acr import AgentBehaviour, FakeAgentRuntime
     from rollout_pipeline.ledger import retry
     from rollout_pipeline.local.pipeline import LocalPipeline, LocalSettings
 

@@ -34,9 +34,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from rollout_pipeline.adapters import clients  # noqa: E402
-from rollout_pipeline.adapters.fake_acr import AgentBehaviour, FakeAgentRuntime, FakeInvocation  # noqa: E402
 from rollout_pipeline.adapters.s3 import S3ObjectStore  # noqa: E402
 from rollout_pipeline.contracts import DetailType  # noqa: E402
+from rollout_pipeline.fakes.acr import AgentBehaviour, FakeAgentRuntime, FakeInvocation  # noqa: E402
 from rollout_pipeline.local.pipeline import LocalPipeline, LocalSettings  # noqa: E402
 from rollout_pipeline.local.resources import ExperimentResources  # noqa: E402
 

@@ -333,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     from bench_lifecycle import _fake_aws_env
     from moto import mock_aws
 
-    from rollout_pipeline.adapters import faithful
+    from rollout_pipeline.fakes import faithful
     from rollout_pipeline.local.moto_server import cheap_moto_transactions
 
     _fake_aws_env()
@@ -356,10 +356,10 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
 
     from rollout_pipeline.adapters import clients
     from rollout_pipeline.adapters.eventbridge import EventBridgePublisher
-    from rollout_pipeline.adapters.fake_acr import AcrProfile, AgentBehaviour, FakeAgentRuntime
     from rollout_pipeline.adapters.s3 import S3ObjectStore
     from rollout_pipeline.adapters.sqs import SqsQueue
     from rollout_pipeline.config import ExperimentConfig
+    from rollout_pipeline.fakes.acr import AcrProfile, AgentBehaviour, FakeAgentRuntime
     from rollout_pipeline.ledger import retry
     from rollout_pipeline.ledger.ledger import Ledger
     from rollout_pipeline.lifecycle.completion import complete_records

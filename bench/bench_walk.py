@@ -39,7 +39,7 @@ sys.path.insert(0, str(REPO))
 
 LIBRARY = REPO / "rollout_pipeline"
 #: Library modules that stand in for AWS in this run (not part of what a reader walks through).
-SCAFFOLDING = ("local/", "adapters/fake_acr.py", "adapters/faithful.py")
+SCAFFOLDING = ("local/", "fakes/")
 
 Event = tuple[int, str, str, str]  # thread, "call"/"return", file, function
 
@@ -150,8 +150,8 @@ def main() -> None:
     from moto import mock_aws
 
     from rollout_pipeline.adapters import clients
-    from rollout_pipeline.adapters.fake_acr import FakeAgentRuntime
     from rollout_pipeline.config import ExperimentConfig
+    from rollout_pipeline.fakes.acr import FakeAgentRuntime
     from rollout_pipeline.lifecycle.completion import complete_records
     from rollout_pipeline.lifecycle.dispatch import dispatch_records
     from rollout_pipeline.local.moto_server import patch_moto

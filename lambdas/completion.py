@@ -5,15 +5,15 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from lambdas.glue import Outcome, lifecycle_function, records, wait_budget_s
+from lambdas.glue import RunResult, lifecycle_function, records, wait_budget_s
 from rollout_pipeline.lifecycle.completion import complete_records
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 
 
-def run(deps: LifecycleDeps, event: dict[str, Any], context: Any) -> Outcome:
+def run(deps: LifecycleDeps, event: dict[str, Any], context: Any) -> RunResult:
     batch = records(event)
     result = complete_records(batch, deps, wait_until=time.monotonic() + wait_budget_s(context, 30.0))
-    return Outcome.of_batch("completed batch", len(batch), result)
+    return RunResult.of_batch("completed batch", len(batch), result)
 
 
 function = lifecycle_function("completion", run)

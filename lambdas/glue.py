@@ -2,7 +2,7 @@
 
 A function module (`lambdas/{name}.py`) declares `function = PipelineFunction(name, build, run)`: `build` picks
 its stage from the `Wiring` (made once per container from the environment, lazily), `run` turns one event into
-an `Outcome` (the response, a log line, metric counts). The shape around it is the same for all four: Powertools
+a `RunResult` (the response, a log line, metric counts). The shape around it is the same for all four: Powertools
 logger and metrics (service per `observability.SERVICES`, namespace from the environment), the experiment id on
 every log line, the stage's recorded metrics flushed, one summary line logged. Local mode and tests call
 `function.bind(stage)` to run the very same code over a stage they built (no process-wide switch).
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
 
 from aws_lambda_powertools import Logger, Metrics
 
-from rollout_pipeline import topology
+from rollout_pipeline import metric_names, topology
 from rollout_pipeline.observability import SERVICES, clear_log_ids, install_log_ids
 from rollout_pipeline.sqs_batch import PartialBatch, batch_response
 from rollout_pipeline.wiring import Wiring
@@ -35,7 +35,7 @@ Handler = Callable[[dict[str, Any], Any], dict[str, Any]]
 
 
 @dataclass(frozen=True)
-class Outcome:
+class RunResult:
     """What one invocation did: the response to return, and what to log and count about it."""
 
     response: dict[str, Any]
@@ -44,7 +44,7 @@ class Outcome:
     counts: Mapping[str, int] = field(default_factory=dict)
 
     @classmethod
-    def of_batch(cls, message: str, records: int, batch: PartialBatch[Any], **counts: int) -> Outcome:
+    def of_batch(cls, message: str, records: int, batch: PartialBatch[Any], **counts: int) -> RunResult:
         """The partial batch response of an SQS batch, and a log line with its outcomes and failures."""
         extra = {"records": records, "outcomes": dict(batch.outcomes), "failures": dict(batch.failures)}
         return cls(batch_response(batch.failures), message, extra, counts)
@@ -57,14 +57,14 @@ class PipelineFunction(Generic[Stage]):
         self,
         name: topology.FunctionName,
         build: Callable[[Wiring], Stage],
-        run: Callable[[Stage, dict[str, Any], Any], Outcome],
+        run: Callable[[Stage, dict[str, Any], Any], RunResult],
         *,
         experiment: Callable[[Stage], str],
         recorder: Callable[[Stage], MetricsRecorder | None] = lambda _stage: None,
     ) -> None:
         self.name = name
         self.logger = Logger(service=SERVICES[name])
-        namespace = os.environ.get("POWERTOOLS_METRICS_NAMESPACE") or topology.METRICS_NAMESPACE
+        namespace = os.environ.get("POWERTOOLS_METRICS_NAMESPACE") or metric_names.METRICS_NAMESPACE
         self.metrics = Metrics(namespace=namespace, service=SERVICES[name])
         self._build = build
         self._run = run
@@ -105,7 +105,7 @@ class PipelineFunction(Generic[Stage]):
 
 
 def lifecycle_function(
-    name: topology.FunctionName, run: Callable[[LifecycleDeps, dict[str, Any], Any], Outcome]
+    name: topology.FunctionName, run: Callable[[LifecycleDeps, dict[str, Any], Any], RunResult]
 ) -> PipelineFunction[LifecycleDeps]:
     """A function of the lifecycle stage (dispatch, completion, sweeper): the wiring's `LifecycleDeps`, whose
     recorded metrics are flushed after each invocation."""

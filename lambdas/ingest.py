@@ -5,14 +5,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from lambdas.glue import Outcome, PipelineFunction, records
+from lambdas.glue import PipelineFunction, RunResult, records
 from rollout_pipeline.ingest.core import Ingestion, IngestResult
-from rollout_pipeline.lifecycle.metrics import SUBMITTED
+from rollout_pipeline.metric_names import SUBMITTED
 from rollout_pipeline.sqs_batch import BatchOutcome, SqsRecord, run_partial_batch
 from rollout_pipeline.wiring import Wiring
 
 
-def run(ingestion: Ingestion, event: dict[str, Any], context: Any) -> Outcome:
+def run(ingestion: Ingestion, event: dict[str, Any], context: Any) -> RunResult:
     def one(record: SqsRecord) -> IngestResult:
         # The lease owner is the message: a redelivery of this same message (after a crash or timeout) takes its
         # own lease back at once; duplicates of the S3 event are other messages and ack.
@@ -32,7 +32,7 @@ def run(ingestion: Ingestion, event: dict[str, Any], context: Any) -> Outcome:
         SUBMITTED: enqueued,
     }
     described = BatchOutcome({mid: f"{r.batch_id}: {r.outcome}" for mid, r in result.outcomes.items()}, result.failures)
-    return Outcome.of_batch("ingested batch", len(batch), described, **counts)
+    return RunResult.of_batch("ingested batch", len(batch), described, **counts)
 
 
 function = PipelineFunction("ingest", Wiring.ingestion, run, experiment=lambda ingestion: ingestion.exp_id)

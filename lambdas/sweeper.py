@@ -6,14 +6,14 @@ import time
 from dataclasses import asdict
 from typing import Any
 
-from lambdas.glue import Outcome, lifecycle_function, wait_budget_s
+from lambdas.glue import RunResult, lifecycle_function, wait_budget_s
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.sweeper import sweep
 
 
-def run(deps: LifecycleDeps, event: dict[str, Any], context: Any) -> Outcome:  # noqa: ARG001
+def run(deps: LifecycleDeps, event: dict[str, Any], context: Any) -> RunResult:  # noqa: ARG001
     summary = asdict(sweep(deps, wait_until=time.monotonic() + wait_budget_s(context, 30.0)))
-    return Outcome(summary, "sweep done", summary)
+    return RunResult(summary, "sweep done", summary)
 
 
 function = lifecycle_function("sweeper", run)

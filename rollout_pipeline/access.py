@@ -5,7 +5,7 @@ On AWS, `GetObject`/`HeadObject` of a missing key answers 404 only when the call
 dataset, an expired claim check, a result that was never written) therefore get `s3:ListBucket` on their bucket,
 narrowed with an `s3:prefix` condition to the prefix they read. The stack grants exactly these
 (`stacks/experiment_stack.py`, checked by `tests/infra/test_iam.py`), and the faithful AWS profile
-(`adapters/faithful.py`) answers 403 to every other role, so a missing grant fails a test.
+(`fakes/faithful.py`) answers 403 to every other role, so a missing grant fails a test.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Final, Literal
 
 from rollout_pipeline import routing
+from rollout_pipeline.ids import CLAIMS_PREFIX
 
 #: Roles of the deployed stack as the faithful profile names them. The trainer (SDK, CLI) runs with the user's
 #: own credentials, which can list its experiment's buckets.
@@ -40,8 +41,18 @@ class ListGrant:
         return self.prefix.format(exp=exp)
 
 
-#: Claim checks live under this prefix of the input bucket (`ids.claim_key`).
-CLAIMS_PREFIX: Final = "claims/"
+#: What every role of the ledger table may do on its items (the pipeline's functions and the trainer alike): item
+#: reads and writes only, no Scan. DynamoDB authorises a TransactWriteItems per contained action, so there is no
+#: transaction action to grant (https://docs.aws.amazon.com/amazondynamodb/latest/developerguide/transaction-apis-iam.html).
+LEDGER_ITEM_ACTIONS: Final = (
+    "dynamodb:GetItem",
+    "dynamodb:BatchGetItem",
+    "dynamodb:Query",
+    "dynamodb:PutItem",
+    "dynamodb:UpdateItem",
+    "dynamodb:DeleteItem",
+    "dynamodb:ConditionCheckItem",
+)
 
 LIST_GRANTS: Final[Mapping[str, tuple[ListGrant, ...]]] = {
     INGEST: (ListGrant("input", routing.DATASET_PREFIX),),

@@ -1,7 +1,8 @@
 """Experiment configuration: one source of truth for the stack, the Lambdas and local mode.
 
 The stack reads it from CDK context (`cdk.json` defaults, `-c key=value` overrides); the Lambdas receive it as JSON
-in their environment; local mode builds it from the same defaults plus CLI options.
+in their environment (`FunctionEnvironment`, read back into `HandlerSettings`); local mode builds it from the same
+defaults plus CLI options.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from collections.abc import Mapping
 from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from rollout_pipeline.metric_names import METRICS_NAMESPACE
 
 EXPERIMENT_NAME_PATTERN = r"^[a-z][a-z0-9-]{0,31}$"
 #: Context values that mean "not set: derive the default" (`-c key=` and cdk.json's "").
@@ -277,20 +280,59 @@ class HandlerSettings(BaseModel):
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> HandlerSettings:
-        """The settings of a Lambda, from its environment (`topology.FunctionEnvironment`)."""
-        from rollout_pipeline.topology import FunctionEnvironment
-
+        """The settings of a Lambda, from its environment (`FunctionEnvironment`)."""
         return FunctionEnvironment.from_environ(os.environ if environ is None else environ).handler_settings()
 
-    @classmethod
-    def from_stack_outputs(cls, outputs: Mapping[str, str]) -> HandlerSettings:
-        """The settings the stack gives its functions, from the stack's outputs (local mode's too)."""
-        from rollout_pipeline.topology import StackOutputs
-
-        return StackOutputs.from_outputs(outputs).handler_settings()
-
     def to_environ(self) -> dict[str, str]:
-        """The pipeline's own variables of `topology.FunctionEnvironment` (Powertools' are the stack's)."""
-        from rollout_pipeline.topology import FunctionEnvironment
-
+        """The pipeline's own variables of `FunctionEnvironment` (Powertools' are the stack's)."""
         return FunctionEnvironment.of(self).to_environ(powertools=False)
+
+
+#: The resource names of `HandlerSettings` (all but the experiment): `StackOutputs` has fields of the same names,
+#: `FunctionEnvironment` variables of the same names in capitals.
+RESOURCE_FIELDS: Final = tuple(name for name in HandlerSettings.model_fields if name != "experiment")
+
+
+class FunctionEnvironment(BaseModel):
+    """The environment the stack gives every pipeline Lambda (and local mode its consumers), declared once: each
+    field is named after its variable. A Lambda reads it once per container (`from_environ`)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    TABLE_NAME: str = Field(min_length=1)
+    INPUT_BUCKET: str = Field(min_length=1)
+    RESULTS_BUCKET: str = Field(min_length=1)
+    ROLLOUT_QUEUE_URL: str = Field(min_length=1)
+    BUS_NAME: str = Field(min_length=1)
+    EXPERIMENT_CONFIG: str = Field(min_length=1, description="ExperimentConfig as JSON")
+    RUNTIME_ARN: str = ""
+    INGEST_QUEUE_URL: str = ""
+    #: Read by Powertools itself (Logger, Metrics); declared so the stack and local mode set the same ones.
+    POWERTOOLS_SERVICE_NAME: str = "rollouts"
+    POWERTOOLS_METRICS_NAMESPACE: str = METRICS_NAMESPACE
+    POWERTOOLS_LOG_LEVEL: str = "INFO"
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str]) -> FunctionEnvironment:
+        """Validate the variables; raise `ConfigError` naming every missing or empty one."""
+        missing = [name for name, info in cls.model_fields.items() if info.is_required() and not environ.get(name)]
+        if missing:
+            raise ConfigError(f"missing environment variables: {', '.join(missing)}")
+        return cls.model_validate({name: environ[name] for name in cls.model_fields if name in environ})
+
+    @classmethod
+    def of(cls, settings: HandlerSettings, **powertools: str) -> FunctionEnvironment:
+        """The environment of `settings` (each resource field's variable is its name in capitals)."""
+        resources = {name.upper(): getattr(settings, name) for name in RESOURCE_FIELDS}
+        return cls(**resources, EXPERIMENT_CONFIG=settings.experiment.to_env(), **powertools)
+
+    def handler_settings(self) -> HandlerSettings:
+        resources = {name: getattr(self, name.upper()) for name in RESOURCE_FIELDS}
+        return HandlerSettings(**resources, experiment=ExperimentConfig.from_env(self.EXPERIMENT_CONFIG))
+
+    def to_environ(self, *, powertools: bool = True) -> dict[str, str]:
+        """The variables; without `powertools`, only the pipeline's own."""
+        values = self.model_dump()
+        if not powertools:
+            values = {k: v for k, v in values.items() if not k.startswith("POWERTOOLS_")}
+        return values

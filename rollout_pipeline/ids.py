@@ -193,9 +193,13 @@ def parse_s3_uri(uri: str) -> tuple[str, str]:
     return bucket, key
 
 
+#: Claim checks (payloads too large to travel inline) live under this prefix of the input bucket.
+CLAIMS_PREFIX: Final = "claims/"
+
+
 def claim_key(batch_id: str, input_id: str) -> str:
     """Key (in the input bucket) of a payload too large to travel inline."""
-    return f"claims/{batch_id}/{input_id}.json"
+    return f"{CLAIMS_PREFIX}{batch_id}/{input_id}.json"
 
 
 def errors_key(dataset_key: str) -> str:

@@ -1,6 +1,6 @@
 """Ports: the small interfaces the logic is written against.
 
-The boto3 adapters in `rollout_pipeline.adapters` implement them for AWS (and moto); `adapters.fake_acr` and local
+The boto3 adapters in `rollout_pipeline.adapters` implement them for AWS (and moto); `fakes.acr` and local
 mode's `local.acr` implement `AgentRuntime` where moto has nothing. DynamoDB is not behind a port: the ledger's
 conditional transactions are its logic, tested against moto's real DynamoDB semantics.
 """

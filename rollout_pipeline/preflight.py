@@ -32,6 +32,11 @@ MIN_BOOTSTRAP_VERSION: Final = 6
 QUOTA_HEADROOM: Final = 0.8
 
 
+def check_line(outcome: str, name: str, message: str) -> str:
+    """One line of a check report (`rollouts preflight`, `rollouts smoke`): outcome, check, what to do."""
+    return f"{outcome:<7} {name}: {message}"
+
+
 @dataclass(frozen=True)
 class Check:
     """One line of the preflight: what was checked, how it went, and what to do about it."""
@@ -41,7 +46,7 @@ class Check:
     message: str
 
     def line(self) -> str:
-        return f"{self.level:<7} {self.name}: {self.message}"
+        return check_line(self.level, self.name, self.message)
 
 
 def load_context(repo_root: Path, overrides: Mapping[str, str]) -> dict[str, Any]:

@@ -13,14 +13,12 @@ from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rollout_pipeline.config import ConfigError, ExperimentConfig, HandlerSettings
+from rollout_pipeline.config import RESOURCE_FIELDS, ExperimentConfig, HandlerSettings
 
 #: CloudFormation stack of an experiment: `Rollouts-{name}`.
 STACK_PREFIX: Final = "Rollouts-"
 #: Physical names the stack and local mode give an experiment's resources: `rollouts-{name}[-suffix]`.
 RESOURCE_PREFIX: Final = "rollouts-"
-#: CloudWatch namespace of every pipeline metric (Powertools `POWERTOOLS_METRICS_NAMESPACE`).
-METRICS_NAMESPACE: Final = "RolloutPipeline"
 
 FunctionName = Literal["ingest", "dispatch", "completion", "sweeper"]
 #: The pipeline's Lambda functions; each has a module `lambdas/{name}.py` with a `handler`.
@@ -105,11 +103,6 @@ def queue_visibility_timeouts(config: ExperimentConfig) -> dict[str, int]:
     return timeouts
 
 
-#: The resource names of `HandlerSettings` (all but the experiment): `StackOutputs` has fields of the same names,
-#: `FunctionEnvironment` variables of the same names in capitals.
-_RESOURCE_FIELDS: Final = tuple(name for name in HandlerSettings.model_fields if name != "experiment")
-
-
 class StackOutputs(BaseModel):
     """The outputs of an experiment stack that the SDK, the CLI and local mode read (their keys are the contract).
 
@@ -170,58 +163,13 @@ class StackOutputs(BaseModel):
         """The settings the stack gives its functions (local mode's consumers and the SDK's stages use them);
         `config`: the experiment configuration when already parsed (`config()`)."""
         return HandlerSettings(
-            **self.model_dump(include=set(_RESOURCE_FIELDS)), experiment=config if config is not None else self.config()
+            **self.model_dump(include=set(RESOURCE_FIELDS)), experiment=config if config is not None else self.config()
         )
 
 
 #: The variable naming the attempt-token key's secret (`adapters.attempt_key`): given only to the functions that
 #: issue or check attempt tokens (dispatch, completion, sweeper), so it is not part of `FunctionEnvironment`.
 ATTEMPT_KEY_ENV: Final = "ATTEMPT_KEY_SECRET_ARN"
-
-
-class FunctionEnvironment(BaseModel):
-    """The environment the stack gives every pipeline Lambda (and local mode its consumers), declared once: each
-    field is named after its variable. A Lambda reads it once per container (`from_environ`)."""
-
-    model_config = ConfigDict(frozen=True, extra="ignore")
-
-    TABLE_NAME: str = Field(min_length=1)
-    INPUT_BUCKET: str = Field(min_length=1)
-    RESULTS_BUCKET: str = Field(min_length=1)
-    ROLLOUT_QUEUE_URL: str = Field(min_length=1)
-    BUS_NAME: str = Field(min_length=1)
-    EXPERIMENT_CONFIG: str = Field(min_length=1, description="ExperimentConfig as JSON")
-    RUNTIME_ARN: str = ""
-    INGEST_QUEUE_URL: str = ""
-    #: Read by Powertools itself (Logger, Metrics); declared so the stack and local mode set the same ones.
-    POWERTOOLS_SERVICE_NAME: str = "rollouts"
-    POWERTOOLS_METRICS_NAMESPACE: str = METRICS_NAMESPACE
-    POWERTOOLS_LOG_LEVEL: str = "INFO"
-
-    @classmethod
-    def from_environ(cls, environ: Mapping[str, str]) -> FunctionEnvironment:
-        """Validate the variables; raise `ConfigError` naming every missing or empty one."""
-        missing = [name for name, info in cls.model_fields.items() if info.is_required() and not environ.get(name)]
-        if missing:
-            raise ConfigError(f"missing environment variables: {', '.join(missing)}")
-        return cls.model_validate({name: environ[name] for name in cls.model_fields if name in environ})
-
-    @classmethod
-    def of(cls, settings: HandlerSettings, **powertools: str) -> FunctionEnvironment:
-        """The environment of `settings` (each resource field's variable is its name in capitals)."""
-        resources = {name.upper(): getattr(settings, name) for name in _RESOURCE_FIELDS}
-        return cls(**resources, EXPERIMENT_CONFIG=settings.experiment.to_env(), **powertools)
-
-    def handler_settings(self) -> HandlerSettings:
-        resources = {name: getattr(self, name.upper()) for name in _RESOURCE_FIELDS}
-        return HandlerSettings(**resources, experiment=ExperimentConfig.from_env(self.EXPERIMENT_CONFIG))
-
-    def to_environ(self, *, powertools: bool = True) -> dict[str, str]:
-        """The variables; without `powertools`, only the pipeline's own."""
-        values = self.model_dump()
-        if not powertools:
-            values = {k: v for k, v in values.items() if not k.startswith("POWERTOOLS_")}
-        return values
 
 
 #: Outputs for the operator (the SDK does not read them).

@@ -18,7 +18,7 @@ DEFAULT_ENDPOINT: Final = ids.DEFAULT_ENDPOINT_NAME
 STOP_SESSION_ACTION: Final = "bedrock-agentcore:StopRuntimeSession"
 
 
-class AgentRuntime(Construct):
+class AgentRuntimeConstruct(Construct):
     """ACR runtime of the agent image (`stacks.image`) whose role may only put objects under `results/{exp_id}/`.
 
     `config.endpoints` = N provisions N endpoints (DEFAULT plus `rollouts_1`..`rollouts_{N-1}`, `ids.endpoint_name`):

@@ -13,7 +13,7 @@ from constructs import Construct
 
 from rollout_pipeline.topology import ATTEMPT_KEY_ENV
 from stacks import nag
-from stacks.functions import PipelineFunction
+from stacks.functions import PipelineFunctionConstruct
 
 #: Characters of the generated key (letters and digits: about 380 bits).
 KEY_LENGTH = 64
@@ -41,7 +41,7 @@ class AttemptKey(Construct):
             "attempt; rotating it would only reject the results of attempts in flight.",
         )
 
-    def grant(self, *functions: PipelineFunction) -> None:
+    def grant(self, *functions: PipelineFunctionConstruct) -> None:
         """Let `functions` read the key (GetSecretValue on this secret only) and tell them where it is."""
         for pipeline_function in functions:
             self.secret.grant_read(pipeline_function.role)

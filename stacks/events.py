@@ -12,7 +12,7 @@ from constructs import Construct
 
 from rollout_pipeline import routing, topology
 from rollout_pipeline.config import ExperimentConfig
-from stacks.queues import DLQ_RETENTION, QueueWithDlq, not_empty_alarm
+from stacks.queues import DLQ_RETENTION, QueueWithDlq, not_empty_alarm, private_queue
 
 #: The trainer may be offline for a while: keep its events as long as SQS allows.
 TRAINER_RETENTION: Final = Duration.days(14)
@@ -56,13 +56,7 @@ class EventRouting(Construct):
                 retention=Duration.days(archive_retention_days),
             )
         # Events EventBridge could not deliver to a rule's queue (after retries) land here instead of being dropped.
-        self.undelivered = sqs.Queue(
-            self,
-            "Undelivered",
-            encryption=sqs.QueueEncryption.SQS_MANAGED,
-            enforce_ssl=True,
-            retention_period=DLQ_RETENTION,
-        )
+        self.undelivered = private_queue(self, "Undelivered", retention_period=DLQ_RETENTION)
         not_empty_alarm(
             self,
             "UndeliveredNotEmpty",

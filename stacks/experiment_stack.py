@@ -12,21 +12,23 @@ from aws_cdk import aws_iam as iam
 from constructs import Construct
 
 from rollout_pipeline import access, routing, topology
-from rollout_pipeline.config import ExperimentConfig, HandlerSettings
+from rollout_pipeline.config import ExperimentConfig, FunctionEnvironment, HandlerSettings
 from rollout_pipeline.deploy_settings import DeploySettings
+from rollout_pipeline.ids import CLAIMS_PREFIX
+from rollout_pipeline.metric_names import METRICS_NAMESPACE
 from stacks import nag
-from stacks.agent_runtime import DEFAULT_ENDPOINT, AgentRuntime
+from stacks.agent_runtime import DEFAULT_ENDPOINT, AgentRuntimeConstruct
 from stacks.attempt_key import AttemptKey
 from stacks.bundling import REPO_ROOT, lambda_code
 from stacks.environment_size import check_environment_size
 from stacks.events import EventRouting
-from stacks.functions import LOG_RETENTION_DAYS, METRICS_NAMESPACE, RUNTIME, PipelineFunction
+from stacks.functions import LOG_RETENTION_DAYS, RUNTIME, PipelineFunctionConstruct
 from stacks.image import AgentImage
 from stacks.ledger import Ledger
 from stacks.monitoring import Monitoring, RuntimeLogRetention, expire_every_log_group
 from stacks.queues import QueuedLambdaConsumer
 from stacks.retention import is_retained, removal_policy
-from stacks.storage import CLAIMS_PREFIX, Storage
+from stacks.storage import Storage
 from stacks.trainer_policy import TrainerPolicy
 
 #: Stack outputs the trainer SDK reads to attach to an experiment (logical ids are part of the contract).
@@ -65,7 +67,7 @@ class ExperimentStack(Stack):
         self.ledger = Ledger(self, "Ledger", config=config)
         self.events = EventRouting(self, "Events", config=config, archive_retention_days=archive_retention_days)
         self.image = AgentImage(self, "Image", config=config, settings=settings, repo_root=repo_root)
-        self.agent = AgentRuntime(
+        self.agent = AgentRuntimeConstruct(
             self,
             "Agent",
             config=config,
@@ -81,8 +83,8 @@ class ExperimentStack(Stack):
 
         specs = topology.function_specs(config)
 
-        def function(name: topology.FunctionName, description: str) -> PipelineFunction:
-            return PipelineFunction(
+        def function(name: topology.FunctionName, description: str) -> PipelineFunctionConstruct:
+            return PipelineFunctionConstruct(
                 self,
                 name.capitalize(),
                 code=code,
@@ -140,7 +142,7 @@ class ExperimentStack(Stack):
             ingest_queue_url=self.ingest.queue.queue_url,
             experiment=config,
         )
-        environment = topology.FunctionEnvironment.of(
+        environment = FunctionEnvironment.of(
             handler_settings,
             POWERTOOLS_SERVICE_NAME=topology.resource_base(config.name),
             POWERTOOLS_METRICS_NAMESPACE=METRICS_NAMESPACE,
@@ -201,10 +203,10 @@ class ExperimentStack(Stack):
 
     def _grant(
         self,
-        ingest: PipelineFunction,
-        dispatch: PipelineFunction,
-        completion: PipelineFunction,
-        sweeper: PipelineFunction,
+        ingest: PipelineFunctionConstruct,
+        dispatch: PipelineFunctionConstruct,
+        completion: PipelineFunctionConstruct,
+        sweeper: PipelineFunctionConstruct,
     ) -> None:
         input_bucket = self.storage.input_bucket
         results_bucket = self.storage.results_bucket
@@ -214,7 +216,7 @@ class ExperimentStack(Stack):
         # Whoever drains a rollout's outbox (dispatch, completion, sweeper) inlines a small result in its event.
         results = results_bucket.arn_for_objects(f"{self.config.name}/*")
 
-        def allow(fn: PipelineFunction, actions: list[str], resources: list[str]) -> None:
+        def allow(fn: PipelineFunctionConstruct, actions: list[str], resources: list[str]) -> None:
             fn.role.add_to_principal_policy(iam.PolicyStatement(actions=actions, resources=resources))
 
         allow(ingest, ["s3:GetObject", "s3:GetObjectVersion"], [datasets])

@@ -10,18 +10,15 @@ from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
-from rollout_pipeline import topology
-
 #: The newest Python runtime Lambda offers in this aws-cdk-lib (the agent image uses 3.13; the library supports both).
 RUNTIME: Final = lambda_.Runtime.PYTHON_3_14
 ARCHITECTURE: Final = lambda_.Architecture.ARM_64
-METRICS_NAMESPACE: Final = topology.METRICS_NAMESPACE
 LOG_RETENTION: Final = logs.RetentionDays.ONE_MONTH
 #: The same retention in days (for log groups the stack does not own, e.g. the AgentCore runtime's).
 LOG_RETENTION_DAYS: Final = 30
 
 
-class PipelineFunction(Construct):
+class PipelineFunctionConstruct(Construct):
     """A Python arm64 Lambda with JSON logs in its own log group and a role that can only write those logs.
 
     Every other permission is granted explicitly by the stack, so each role states exactly what its handler does.

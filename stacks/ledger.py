@@ -8,21 +8,13 @@ from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_iam as iam
 from constructs import Construct
 
+from rollout_pipeline import access
 from rollout_pipeline.config import ExperimentConfig
 from rollout_pipeline.ledger import keys
 from stacks.retention import removal_policy
 
-#: Item-level actions only: transactions are authorised per contained action; the ledger never scans.
-READ_WRITE_ACTIONS: Final = (
-    "dynamodb:GetItem",
-    "dynamodb:BatchGetItem",
-    "dynamodb:Query",
-    "dynamodb:PutItem",
-    "dynamodb:UpdateItem",
-    "dynamodb:DeleteItem",
-    "dynamodb:BatchWriteItem",
-    "dynamodb:ConditionCheckItem",
-)
+#: The functions' actions on the ledger: item reads and writes (no code of theirs calls BatchWriteItem or Scan).
+READ_WRITE_ACTIONS: Final = access.LEDGER_ITEM_ACTIONS
 
 
 class Ledger(Construct):

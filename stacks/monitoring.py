@@ -23,12 +23,13 @@ from aws_cdk import aws_sqs as sqs
 from aws_cdk import custom_resources as cr
 from constructs import Construct
 
+from rollout_pipeline import metric_names as m
 from rollout_pipeline import topology
 from rollout_pipeline.config import ExperimentConfig
-from rollout_pipeline.lifecycle import metrics as m
+from rollout_pipeline.contracts import FailureReason
+from rollout_pipeline.metric_names import METRICS_NAMESPACE
 from rollout_pipeline.observability import SERVICES
 from stacks import nag
-from stacks.functions import METRICS_NAMESPACE
 
 #: AgentCore's own namespace; `ActiveSessionCount` counts the account's live (and idle) sessions.
 AGENTCORE_NAMESPACE: Final = "AWS/Bedrock-AgentCore"
@@ -40,7 +41,8 @@ LIMIT_WAIT_MINUTES: Final = 10
 #: Failure share of finished rollouts (over 15 minutes, at least `MIN_FINISHED` of them) that alarms.
 FAILURE_RATE: Final = 0.2
 MIN_FINISHED: Final = 10
-FAILURE_REASONS: Final = ("agent_error", "timeout", "invalid_result", "invoke_rejected", "cancelled", "throttled")
+#: One series per failure reason: the contract's enum, so a new reason shows up without an edit here.
+FAILURE_REASONS: Final = tuple(reason.value for reason in FailureReason)
 RUNTIME_LOG_PREFIX: Final = "/aws/bedrock-agentcore/runtimes/"
 #: What CDK gives a log group it creates for a handler it manages (two years).
 DEFAULT_CDK_LOG_RETENTION_DAYS: Final = 731
@@ -208,33 +210,30 @@ class Monitoring(Construct):
             ),
             threshold=FAILURE_RATE,
         )
-        self._alarm(
+        self._any_in_a_row(
             "StopsFailing",
             "StopRuntimeSession failed for 15 minutes in a row: sessions may keep running (and billing) until "
             "their idle timeout; the outbox keeps retrying",
-            summed(config, m.STOP_FAILED, EMITTERS[m.STOP_FAILED], FIVE_MINUTES),
-            threshold=0,
-            evaluation_periods=3,
+            m.STOP_FAILED,
+            periods=3,
         )
-        self._alarm(
+        self._any_in_a_row(
             "AgentCoreThrottles",
             "AgentCore answered ThrottlingException for 10 minutes: the limits are above the account's quotas "
             "(run `rollouts preflight`)",
-            summed(config, m.ACR_THROTTLED, EMITTERS[m.ACR_THROTTLED], FIVE_MINUTES),
-            threshold=0,
-            evaluation_periods=2,
+            m.ACR_THROTTLED,
+            periods=2,
+        )
+        self._any_in_a_row(
+            "SweepErrors",
+            "The sweeper failed on rollouts or outbox entries in three 5-minute periods in a row: their timeouts, "
+            "retries or stops are not handled; read the sweeper's log group",
+            m.SWEEP_ERRORS,
+            periods=3,
         )
         # On the pipeline's own in-flight count, not AgentCore's ActiveSessionCount: an alarm matches one exact
         # dimension set, AgentCore's are not pinned yet, and its metrics need Transaction Search (the dashboard
         # shows it). In-flight rollouts are this experiment's sessions only; other experiments share the quota.
-        self._alarm(
-            "SweepErrors",
-            "The sweeper failed on rollouts or outbox entries in three 5-minute periods in a row: their timeouts, "
-            "retries or stops are not handled; read the sweeper's log group",
-            summed(config, m.SWEEP_ERRORS, EMITTERS[m.SWEEP_ERRORS], FIVE_MINUTES),
-            threshold=0,
-            evaluation_periods=3,
-        )
         self._alarm(
             "ActiveSessionsNearQuota",
             f"This experiment's in-flight rollouts (each holds an AgentCore session) reached "
@@ -252,6 +251,16 @@ class Monitoring(Construct):
             threshold=int(active_session_quota * SESSION_QUOTA_SHARE),
             evaluation_periods=3,
             comparison=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+        )
+
+    def _any_in_a_row(self, name: str, description: str, metric: str, *, periods: int) -> None:
+        """An alarm when `metric` (summed over its emitters) is above 0 in `periods` 5-minute periods in a row."""
+        self._alarm(
+            name,
+            description,
+            summed(self.config, metric, EMITTERS[metric], FIVE_MINUTES),
+            threshold=0,
+            evaluation_periods=periods,
         )
 
     def notify_every_alarm(self, scope: Construct) -> None:

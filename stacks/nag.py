@@ -14,6 +14,7 @@ from cdk_nag import AwsSolutionsChecks
 from constructs import IConstruct
 
 from rollout_pipeline import topology
+from rollout_pipeline.ids import CLAIMS_PREFIX
 
 if TYPE_CHECKING:
     from stacks.experiment_stack import ExperimentStack
@@ -80,12 +81,12 @@ def acknowledge(stack: ExperimentStack) -> None:
     )
     ack(
         ingest_policy,
-        iam5(bucket_prefix(input_bucket, "claims/")),
+        iam5(bucket_prefix(input_bucket, CLAIMS_PREFIX)),
         "Ingest writes oversized row payloads under claims/, one object per row, keyed by batch and input id.",
     )
     ack(
         default_policy(fns["dispatch"].role),
-        iam5(bucket_prefix(input_bucket, "claims/")),
+        iam5(bucket_prefix(input_bucket, CLAIMS_PREFIX)),
         "Dispatch reads the oversized row payloads ingest wrote under claims/ (keys known only at run time).",
     )
     ack(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Any, Final
 
 from aws_cdk import Duration
 from aws_cdk import aws_cloudwatch as cloudwatch
@@ -18,6 +18,11 @@ DEFAULT_RETENTION: Final = Duration.days(4)
 DEFAULT_MAX_RECEIVE_COUNT: Final = DLQ_MAX_RECEIVE_COUNT
 
 
+def private_queue(scope: Construct, construct_id: str, **props: Any) -> sqs.Queue:
+    """A queue of the experiment: SQS-managed encryption at rest, TLS only (a policy denies plain HTTP)."""
+    return sqs.Queue(scope, construct_id, encryption=sqs.QueueEncryption.SQS_MANAGED, enforce_ssl=True, **props)
+
+
 class QueueWithDlq(Construct):
     """SSE-SQS, TLS-only queue whose poison messages go to a 14-day DLQ, with an alarm on a non-empty DLQ."""
 
@@ -31,18 +36,10 @@ class QueueWithDlq(Construct):
         max_receive_count: int = DEFAULT_MAX_RECEIVE_COUNT,
     ) -> None:
         super().__init__(scope, construct_id)
-        self.dlq = sqs.Queue(
-            self,
-            "Dlq",
-            encryption=sqs.QueueEncryption.SQS_MANAGED,
-            enforce_ssl=True,
-            retention_period=DLQ_RETENTION,
-        )
-        self.queue = sqs.Queue(
+        self.dlq = private_queue(self, "Dlq", retention_period=DLQ_RETENTION)
+        self.queue = private_queue(
             self,
             "Queue",
-            encryption=sqs.QueueEncryption.SQS_MANAGED,
-            enforce_ssl=True,
             visibility_timeout=visibility_timeout,
             retention_period=retention_period,
             dead_letter_queue=sqs.DeadLetterQueue(queue=self.dlq, max_receive_count=max_receive_count),

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from aws_cdk import Duration
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from rollout_pipeline.config import ExperimentConfig
+from rollout_pipeline.ids import CLAIMS_PREFIX
 from stacks.retention import removal_policy
 
-CLAIMS_PREFIX = "claims/"
 ACCESS_LOGS_EXPIRATION_DAYS = 90
 
 
@@ -23,31 +25,19 @@ class Storage(Construct):
 
     def __init__(self, scope: Construct, construct_id: str, *, config: ExperimentConfig) -> None:
         super().__init__(scope, construct_id)
-        destroy = config.results_retention == "destroy"
-        removal = removal_policy(config)
+        self._destroy = config.results_retention == "destroy"
+        self._removal = removal_policy(config)
 
-        self.access_logs = s3.Bucket(
-            self,
+        self.access_logs = self._bucket(
             "AccessLogs",
-            encryption=s3.BucketEncryption.S3_MANAGED,
-            enforce_ssl=True,
-            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
-            object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
             lifecycle_rules=[s3.LifecycleRule(id="expire-logs", expiration=Duration.days(ACCESS_LOGS_EXPIRATION_DAYS))],
-            removal_policy=removal,
-            auto_delete_objects=destroy,
         )
 
         ttl = Duration.days(config.ledger_ttl_days)
-        self.input_bucket = s3.Bucket(
-            self,
+        self.input_bucket = self._bucket(
             "Input",
             versioned=True,
             event_bridge_enabled=True,
-            encryption=s3.BucketEncryption.S3_MANAGED,
-            enforce_ssl=True,
-            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
-            object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
             server_access_logs_bucket=self.access_logs,
             server_access_logs_prefix="input/",
             lifecycle_rules=[
@@ -57,8 +47,6 @@ class Storage(Construct):
                 ),
                 s3.LifecycleRule(id="abort-multipart", abort_incomplete_multipart_upload_after=Duration.days(7)),
             ],
-            removal_policy=removal,
-            auto_delete_objects=destroy,
         )
 
         results_rules = [
@@ -68,17 +56,25 @@ class Storage(Construct):
             results_rules.append(
                 s3.LifecycleRule(id="expire-results", expiration=Duration.days(config.results_expiration_days))
             )
-        self.results_bucket = s3.Bucket(
-            self,
+        self.results_bucket = self._bucket(
             "Results",
             event_bridge_enabled=True,
+            server_access_logs_bucket=self.access_logs,
+            server_access_logs_prefix="results/",
+            lifecycle_rules=results_rules,
+        )
+
+    def _bucket(self, construct_id: str, **props: Any) -> s3.Bucket:
+        """A private bucket of the experiment: SSE-S3, TLS only, no public access, ACLs off, removed (emptied) with
+        the stack only when results are not retained."""
+        return s3.Bucket(
+            self,
+            construct_id,
             encryption=s3.BucketEncryption.S3_MANAGED,
             enforce_ssl=True,
             block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
             object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
-            server_access_logs_bucket=self.access_logs,
-            server_access_logs_prefix="results/",
-            lifecycle_rules=results_rules,
-            removal_policy=removal,
-            auto_delete_objects=destroy,
+            removal_policy=self._removal,
+            auto_delete_objects=self._destroy,
+            **props,
         )

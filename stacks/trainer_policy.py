@@ -19,9 +19,9 @@ from constructs import Construct
 
 from rollout_pipeline import routing, topology
 from rollout_pipeline.config import ExperimentConfig
+from rollout_pipeline.ids import CLAIMS_PREFIX
 from rollout_pipeline.sdk.permissions import SUBSCRIPTION_PREFIXES, TRAINER_ACTIONS, ResourceKind
 from stacks import nag
-from stacks.storage import CLAIMS_PREFIX
 
 #: Scoped by `events:TargetArn` to the subscription queues.
 PUT_TARGETS: Final = "events:PutTargets"

@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 
-from rollout_pipeline.adapters import clients, faithful
+from rollout_pipeline.adapters import clients
 from rollout_pipeline.config import ExperimentConfig
+from rollout_pipeline.fakes import faithful
 from rollout_pipeline.local.moto_server import patch_moto
 from rollout_pipeline.local.resources import ExperimentResources, create_resources
 
@@ -40,7 +41,7 @@ FAITHFUL_SUITES = ("integration", "e2e")
 
 @pytest.fixture(autouse=True)
 def aws_profile(request: pytest.FixtureRequest) -> Iterator[faithful.FaithfulProfile | None]:
-    """The faithful AWS profile (`adapters.faithful`) for every integration and e2e test, unless the test is
+    """The faithful AWS profile (`fakes.faithful`) for every integration and e2e test, unless the test is
     marked `plain_moto` or `ROLLOUTS_AWS_PROFILE=moto`. Yields the active profile (None: plain moto)."""
     suite = request.node.path.parent.name
     wanted = faithful.profile_from_env(faithful.FAITHFUL) == faithful.FAITHFUL

@@ -29,16 +29,16 @@ import math
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any, Final
 from urllib.parse import quote, unquote, urlsplit
 
 from rollout_pipeline.agent.context import RolloutContext
 from rollout_pipeline.agent.inference import SAGEMAKER_TRAJECTORY_HEADER, TokenCaptureError, openai_client_kwargs
+from rollout_pipeline.agent.loopback import LOOPBACK, JsonRequestHandler, LoopbackServer
 
 logger = logging.getLogger(__name__)
 
-LOOPBACK: Final = "127.0.0.1"
 ROLLOUT_PATH_PREFIX: Final = "/rollouts/"
 COMPLETE_PATH: Final = "/complete-rollout"
 REWARD_PATH: Final = "/update-reward"
@@ -180,7 +180,7 @@ def rewrite_model(body: bytes, model_id: str | None) -> bytes:
     return json.dumps(parsed).encode()
 
 
-class FrontDoor:
+class FrontDoor(LoopbackServer):
     """The loopback front door of one session (see the module docstring). `start()` it, `register` each rollout
     before its agent runs, `unregister` it after; `endpoint_for(trajectory)` is the agent's `metadata.endpoint`."""
 
@@ -191,44 +191,15 @@ class FrontDoor:
         self._records: dict[str, TrajectoryRecord] = {}
         self._pool = _UpstreamPool(upstream_timeout_s)
         self._log_requests = log_requests
-        self._server = ThreadingHTTPServer((LOOPBACK, port), self._handler_class())
-        self._server.daemon_threads = True
-        self._thread: threading.Thread | None = None
-
-    @property
-    def port(self) -> int:
-        return int(self._server.server_address[1])
-
-    @property
-    def root_url(self) -> str:
-        """`http://127.0.0.1:<port>`: the value of `RFT_RUNTIME_ENDPOINT`."""
-        return f"http://{LOOPBACK}:{self.port}"
+        super().__init__(self._handler_class(), port=port, thread_name="rft-front-door")
 
     def endpoint_for(self, trajectory_id: str) -> str:
         """The endpoint one rollout's agent gets as `metadata["endpoint"]` (its own path under the root)."""
         return f"{self.root_url}{ROLLOUT_PATH_PREFIX}{quote(trajectory_id, safe='')}"
 
-    def start(self) -> FrontDoor:
-        if self._thread is None:
-            self._thread = threading.Thread(
-                target=self._server.serve_forever, args=(0.1,), name="rft-front-door", daemon=True
-            )
-            self._thread.start()
-        return self
-
     def stop(self) -> None:
-        if self._thread is not None:
-            self._server.shutdown()
-            self._thread.join(timeout=5)
-            self._thread = None
-        self._server.server_close()
+        super().stop()
         self._pool.close()
-
-    def __enter__(self) -> FrontDoor:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     # ------------------------------------------------------------------------------------------ trajectories
 
@@ -294,11 +265,30 @@ class FrontDoor:
 
     # ------------------------------------------------------------------------------------------ HTTP
 
+    def feedback(self, path: str, scoped: str | None, body: bytes) -> tuple[int, dict[str, Any]]:
+        """Answer a `complete`/`reward` call (`scoped`: the trajectory of the rollout's own endpoint, if used)."""
+        if len(body) > MAX_FEEDBACK_BYTES:
+            return 413, {"message": "feedback body too large"}
+        try:
+            report = json.loads(body or b"{}")
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return 400, {"message": "body is not JSON"}
+        if not isinstance(report, dict):
+            return 400, {"message": "body must be a JSON object"}
+        named = report.get("TrajectoryId") or scoped
+        if scoped and named != scoped:
+            return 400, {"message": f"TrajectoryId {named} does not match the endpoint's {scoped}"}
+        record = self._resolve(str(named) if named else None)
+        if report.get("JobArn") and report.get("JobArn") != record.job_arn:
+            logger.warning("trajectory %s: JobArn %s differs", record.trajectory_id, report.get("JobArn"))
+        if path == COMPLETE_PATH:
+            return self.complete(record.trajectory_id, report.get("Status"))
+        return self.reward(record.trajectory_id, report.get("Rewards"))
+
     def _handler_class(self) -> type[BaseHTTPRequestHandler]:
         door = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
+        class Handler(JsonRequestHandler):
             #: Headers and body chunks leave at once (no Nagle wait on the agent's delayed ACK: ~40 ms a call).
             disable_nagle_algorithm = True
 
@@ -324,76 +314,25 @@ class FrontDoor:
                 if path.startswith(ROLLOUT_PATH_PREFIX):
                     scoped, _, rest = path[len(ROLLOUT_PATH_PREFIX) :].partition("/")
                     scoped, path = unquote(scoped), "/" + rest
-                body = self._read_body()
+                body = self.read_body()
                 try:
                     if method == "POST" and path in (COMPLETE_PATH, REWARD_PATH):
-                        self._feedback(path, scoped, body)
+                        self.send_json(*door.feedback(path, scoped, body))
                     elif path == MODEL_PATH_PREFIX or path.startswith(MODEL_PATH_PREFIX + "/"):
                         named = scoped or self.headers.get(SAGEMAKER_TRAJECTORY_HEADER)
                         door._forward(
-                            self,
-                            method=method,
-                            record=door._resolve(named),
-                            path=path,
-                            query=split.query,
-                            body=body,
+                            self, method=method, record=door._resolve(named), path=path, query=split.query, body=body
                         )
                     else:
-                        self._json(404, {"message": f"no route {method} {path}"})
+                        self.send_json(404, {"message": f"no route {method} {path}"})
                 except UnknownTrajectory as exc:
-                    self._json(404, {"message": str(exc)})
-
-            def _read_body(self) -> bytes:
-                if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
-                    parts: list[bytes] = []
-                    while True:
-                        size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
-                        if size == 0:
-                            self.rfile.readline()
-                            return b"".join(parts)
-                        parts.append(self.rfile.read(size))
-                        self.rfile.readline()
-                length = int(self.headers.get("Content-Length") or 0)
-                return self.rfile.read(length) if length else b""
-
-            def _feedback(self, path: str, scoped: str | None, body: bytes) -> None:
-                if len(body) > MAX_FEEDBACK_BYTES:
-                    self._json(413, {"message": "feedback body too large"})
-                    return
-                try:
-                    report = json.loads(body or b"{}")
-                except (json.JSONDecodeError, UnicodeDecodeError):
-                    self._json(400, {"message": "body is not JSON"})
-                    return
-                if not isinstance(report, dict):
-                    self._json(400, {"message": "body must be a JSON object"})
-                    return
-                named = report.get("TrajectoryId") or scoped
-                if scoped and named != scoped:
-                    self._json(400, {"message": f"TrajectoryId {named} does not match the endpoint's {scoped}"})
-                    return
-                record = door._resolve(str(named) if named else None)
-                if report.get("JobArn") and report.get("JobArn") != record.job_arn:
-                    logger.warning("trajectory %s: JobArn %s differs", record.trajectory_id, report.get("JobArn"))
-                if path == COMPLETE_PATH:
-                    status, answer = door.complete(record.trajectory_id, report.get("Status"))
-                else:
-                    status, answer = door.reward(record.trajectory_id, report.get("Rewards"))
-                self._json(status, answer)
-
-            def _json(self, status: int, payload: dict[str, Any]) -> None:
-                data = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                    self.send_json(404, {"message": str(exc)})
 
         return Handler
 
     def _forward(
         self,
-        handler: BaseHTTPRequestHandler,
+        handler: JsonRequestHandler,
         *,
         method: str,
         record: TrajectoryRecord,
@@ -406,7 +345,7 @@ class FrontDoor:
             wired = openai_client_kwargs(ctx=record.rollout)
         except TokenCaptureError as exc:
             self._count_model_call(record, ok=False)
-            _send_json(handler, 502, {"error": {"message": f"rollout front door: {exc}"}})
+            handler.send_json(502, {"error": {"message": f"rollout front door: {exc}"}})
             return
         base = urlsplit(str(wired["base_url"]).rstrip("/"))
         target = base.path + path[len(MODEL_PATH_PREFIX) :] + (f"?{query}" if query else "")
@@ -428,7 +367,7 @@ class FrontDoor:
                 if reused and attempt == 0:
                     continue  # a keep-alive connection the server had closed: one fresh try
                 self._count_model_call(record, ok=False)
-                _send_json(handler, 502, {"error": {"message": f"model endpoint unreachable: {exc}"}})
+                handler.send_json(502, {"error": {"message": f"model endpoint unreachable: {exc}"}})
                 return
             break
         self._count_model_call(record, ok=response.status < 400)
@@ -442,15 +381,6 @@ class FrontDoor:
             connection.close()
         else:
             self._pool.give_back(scheme, host, port, connection)
-
-
-def _send_json(handler: BaseHTTPRequestHandler, status: int, payload: dict[str, Any]) -> None:
-    data = json.dumps(payload).encode()
-    handler.send_response(status)
-    handler.send_header("Content-Type", "application/json")
-    handler.send_header("Content-Length", str(len(data)))
-    handler.end_headers()
-    handler.wfile.write(data)
 
 
 def _relay(handler: BaseHTTPRequestHandler, method: str, response: http.client.HTTPResponse) -> None:

@@ -41,11 +41,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 from rollout_pipeline.agent.context import current_rollout
 from rollout_pipeline.agent.rft_door import FAILED, FrontDoor, TrajectoryRecord
-from rollout_pipeline.config import AGENT_MODULE_ENV, JOB_ARN_ENV
+from rollout_pipeline.config import AGENT_MODULE_ENV, JOB_ARN_ENV, AgentKind
 
 logger = logging.getLogger(__name__)
 
@@ -57,8 +57,6 @@ DEFAULT_REGION: Final = "us-east-1"
 #: `_rollout.sampling_params` key -> the camel-case name of RFT's `inferenceParams`.
 CAMEL_CASE: Final = {"max_tokens": "maxTokens", "top_p": "topP", "temperature": "temperature"}
 MAX_RESPONSE_CHARS: Final = 10_000
-
-AgentKind = Literal["art", "rft"]
 
 
 # ------------------------------------------------------------------------------------------------ the request

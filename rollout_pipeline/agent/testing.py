@@ -18,8 +18,10 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
+
+from rollout_pipeline.agent.loopback import JsonRequestHandler, LoopbackServer
 
 
 @dataclass(frozen=True)
@@ -57,7 +59,7 @@ Reply = str | ToolCall | Truncated
 ReplyFunction = Callable[[RecordedRequest], Reply]
 
 
-class FakeModelServer:
+class FakeModelServer(LoopbackServer):
     """OpenAI-compatible chat completions on 127.0.0.1, recording what it receives. Use as a context manager."""
 
     def __init__(self, reply: Reply | ReplyFunction = "#### 42", *, delay_s: float = 0.0, port: int = 0) -> None:
@@ -65,18 +67,7 @@ class FakeModelServer:
         self.delay_s = delay_s
         self._lock = threading.Lock()
         self._requests: list[RecordedRequest] = []
-        self._server = ThreadingHTTPServer(("127.0.0.1", port), self._handler_class())
-        self._server.daemon_threads = True
-        self._thread: threading.Thread | None = None
-
-    @property
-    def port(self) -> int:
-        return int(self._server.server_address[1])
-
-    @property
-    def root_url(self) -> str:
-        """`http://127.0.0.1:<port>` (a gateway root: rllm's session URLs hang below it)."""
-        return f"http://127.0.0.1:{self.port}"
+        super().__init__(self._handler_class(), port=port, thread_name="fake-model")
 
     @property
     def base_url(self) -> str:
@@ -89,23 +80,6 @@ class FakeModelServer:
         with self._lock:
             return list(self._requests)
 
-    def start(self) -> FakeModelServer:
-        self._thread = threading.Thread(target=self._server.serve_forever, name="fake-model", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-
-    def __enter__(self) -> FakeModelServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
     def _answer(self, request: RecordedRequest) -> Reply:
         return self._reply(request) if callable(self._reply) else self._reply
 
@@ -116,28 +90,21 @@ class FakeModelServer:
     def _handler_class(self) -> type[BaseHTTPRequestHandler]:
         server = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, format: str, *args: Any) -> None:  # noqa: ARG002 - silence access logs
-                return
-
+        class Handler(JsonRequestHandler):
             def do_GET(self) -> None:
                 if self.path.rstrip("/").endswith("/models"):
-                    self._json(200, {"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
+                    self.send_json(200, {"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
                 else:
-                    self._json(404, {"error": {"message": f"no route {self.path}"}})
+                    self.send_json(404, {"error": {"message": f"no route {self.path}"}})
 
             def do_POST(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                raw = self.rfile.read(length) if length else b""
                 try:
-                    body = json.loads(raw or b"{}")
+                    body = json.loads(self.read_body() or b"{}")
                 except json.JSONDecodeError:
-                    self._json(400, {"error": {"message": "invalid JSON"}})
+                    self.send_json(400, {"error": {"message": "invalid JSON"}})
                     return
                 if not self.path.rstrip("/").endswith("/chat/completions"):
-                    self._json(404, {"error": {"message": f"no route {self.path}"}})
+                    self.send_json(404, {"error": {"message": f"no route {self.path}"}})
                     return
                 request = RecordedRequest("POST", self.path, dict(self.headers.items()), body)
                 server._record(request)
@@ -148,15 +115,7 @@ class FakeModelServer:
                 if body.get("stream"):
                     self._stream(model, reply)
                 else:
-                    self._json(200, _completion(model, reply))
-
-            def _json(self, status: int, payload: dict[str, Any]) -> None:
-                data = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                    self.send_json(200, _completion(model, reply))
 
             def _stream(self, model: str, reply: Reply) -> None:
                 self.send_response(200)
@@ -175,23 +134,21 @@ class FakeModelServer:
 _USAGE = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
 
 
-def _completion(model: str, reply: Reply) -> dict[str, Any]:
+def _message(reply: Reply) -> tuple[dict[str, Any], str]:
+    """The assistant message of `reply` and its finish reason (`tool_calls`, `length` or `stop`)."""
     if isinstance(reply, ToolCall):
-        message: dict[str, Any] = {
-            "role": "assistant",
-            "content": None,
-            "tool_calls": [
-                {
-                    "id": f"call_{uuid.uuid4().hex[:12]}",
-                    "type": "function",
-                    "function": {"name": reply.name, "arguments": json.dumps(reply.arguments)},
-                }
-            ],
+        call = {
+            "id": f"call_{uuid.uuid4().hex[:12]}",
+            "type": "function",
+            "function": {"name": reply.name, "arguments": json.dumps(reply.arguments)},
         }
-        finish = "tool_calls"
-    else:
-        text, finish = (reply.text, "length") if isinstance(reply, Truncated) else (reply, "stop")
-        message = {"role": "assistant", "content": text}
+        return {"role": "assistant", "content": None, "tool_calls": [call]}, "tool_calls"
+    text, finish = (reply.text, "length") if isinstance(reply, Truncated) else (reply, "stop")
+    return {"role": "assistant", "content": text}, finish
+
+
+def _completion(model: str, reply: Reply) -> dict[str, Any]:
+    message, finish = _message(reply)
     return {
         "id": f"chatcmpl-{uuid.uuid4().hex[:12]}",
         "object": "chat.completion",
@@ -204,22 +161,11 @@ def _completion(model: str, reply: Reply) -> dict[str, Any]:
 
 def _chunks(model: str, reply: Reply) -> list[dict[str, Any]]:
     base = {"id": f"chatcmpl-{uuid.uuid4().hex[:12]}", "object": "chat.completion.chunk", "model": model}
-    if isinstance(reply, ToolCall):
-        delta: dict[str, Any] = {
-            "role": "assistant",
-            "tool_calls": [
-                {
-                    "index": 0,
-                    "id": f"call_{uuid.uuid4().hex[:12]}",
-                    "type": "function",
-                    "function": {"name": reply.name, "arguments": json.dumps(reply.arguments)},
-                }
-            ],
-        }
-        finish = "tool_calls"
-    else:
-        text, finish = (reply.text, "length") if isinstance(reply, Truncated) else (reply, "stop")
-        delta = {"role": "assistant", "content": text}
+    message, finish = _message(reply)
+    # A streamed tool call carries its index; a streamed text has no `content: None` to send.
+    delta = {key: value for key, value in message.items() if value is not None}
+    if "tool_calls" in delta:
+        delta["tool_calls"] = [{"index": 0, **call} for call in delta["tool_calls"]]
     return [
         {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]},
         {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]},

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING, Final
+import os
+from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
     from rollout_pipeline.sdk import Experiment
@@ -12,6 +13,23 @@ EXIT_OK: Final = 0
 EXIT_ERROR: Final = 1
 EXIT_USAGE: Final = 2
 EXIT_INTERRUPTED: Final = 130
+
+
+def add_experiment_arguments(parser: Any) -> None:
+    """`-e/--experiment` (default `$ROLLOUTS_EXPERIMENT`) and `--region`, on a parser or an argument group."""
+    parser.add_argument(
+        "-e",
+        "--experiment",
+        metavar="NAME",
+        default=os.environ.get("ROLLOUTS_EXPERIMENT"),
+        help="experiment name (stack Rollouts-NAME); default: $ROLLOUTS_EXPERIMENT",
+    )
+    parser.add_argument("--region", help="AWS region (default: the AWS configuration's)")
+
+
+def add_context_argument(parser: argparse.ArgumentParser, help_text: str) -> None:
+    """`-c/--context KEY=VALUE`, repeatable, as `cdk deploy -c` takes it."""
+    parser.add_argument("-c", "--context", action="append", default=[], metavar="KEY=VALUE", help=help_text)
 
 
 class CliError(Exception):

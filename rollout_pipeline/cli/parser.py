@@ -1,16 +1,20 @@
-"""The `rollouts` argument parser: shared experiment options, one subcommand per command, and the `local` group
-when local mode provides one (`rollout_pipeline.local.cli.register(subparsers, common)`)."""
+"""The `rollouts` argument parser: shared experiment options, one subcommand per command, and the command groups
+of other modes registered under the `rollout_pipeline.cli` entry points (local mode's `rollouts local ...`:
+`rollout_pipeline.local.cli.register(subparsers, common)`)."""
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from rollout_pipeline.cli import commands
 from rollout_pipeline.cli import stack as stack_commands
+from rollout_pipeline.cli.base import add_context_argument, add_experiment_arguments
+
+#: The entry-point group of command groups (`register(subparsers, common)`), like `sdk.launch.LAUNCHERS_GROUP`.
+COMMAND_GROUPS: Final = "rollout_pipeline.cli"
 
 _DESCRIPTION = """\
 Event-driven RL rollouts on Amazon Bedrock AgentCore Runtime.
@@ -33,14 +37,7 @@ examples:
 def _common_options() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     group = common.add_argument_group("experiment")
-    group.add_argument(
-        "-e",
-        "--experiment",
-        metavar="NAME",
-        default=os.environ.get("ROLLOUTS_EXPERIMENT"),
-        help="experiment name (stack Rollouts-NAME); default: $ROLLOUTS_EXPERIMENT",
-    )
-    group.add_argument("--region", help="AWS region (default: the AWS configuration's)")
+    add_experiment_arguments(group)
     group.add_argument(
         "--outputs-file",
         type=Path,
@@ -67,10 +64,37 @@ def build_parser() -> argparse.ArgumentParser:
     )
     common = _common_options()
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    _add_submission(sub, common)
+    _add_batch_commands(sub, common)
+    _add_preflight(sub, common)
+    _add_report(sub, common)
+    stack_commands.register(sub)  # deploy, destroy
+    _add_operations(sub, common)
+    _register_modes(sub, common)
+    return parser
 
-    submit = sub.add_parser(
+
+def _command(
+    sub: Any, common: argparse.ArgumentParser, name: str, handler: Any, **texts: str
+) -> argparse.ArgumentParser:
+    """A subcommand with the shared experiment options whose `handler` runs it (`help`, `description`: argparse's)."""
+    parser: argparse.ArgumentParser = sub.add_parser(name, parents=[common], **texts)
+    parser.set_defaults(handler=handler)
+    return parser
+
+
+def _batch_argument(parser: argparse.ArgumentParser, help_text: str = "batch id") -> None:
+    """The `--batch ID` every command on one batch takes."""
+    parser.add_argument("--batch", required=True, metavar="ID", help=help_text)
+
+
+def _add_submission(sub: Any, common: argparse.ArgumentParser) -> None:
+    """`submit` and `watch`: sending a batch and following it."""
+    submit = _command(
+        sub,
+        common,
         "submit",
-        parents=[common],
+        commands.cmd_submit,
         help="validate a dataset file and upload it: one batch of rollouts",
         description="Validate a dataset file locally (.jsonl, .jsonl.gz or a .json array), then upload it to the "
         "experiment's input bucket under datasets/. Prints the batch id. Options default to the experiment's.",
@@ -84,11 +108,12 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--key", help="object key under datasets/ (default: the file name)")
     submit.add_argument("--watch", action="store_true", help="then watch the batch until it completes")
     submit.add_argument("--poll-wait", type=float, default=5.0, help=argparse.SUPPRESS)
-    submit.set_defaults(handler=commands.cmd_submit)
 
-    watch = sub.add_parser(
+    watch = _command(
+        sub,
+        common,
         "watch",
-        parents=[common],
+        commands.cmd_watch,
         help="live progress of a batch (or of every batch) from pushed events",
         description="Show progress from the events the pipeline pushes (never by polling S3). By default events are "
         "read from a private queue subscribed to the event bus, so watching never takes events away from the "
@@ -107,69 +132,76 @@ def build_parser() -> argparse.ArgumentParser:
         help="re-read the running/queued split from the ledger every S seconds (0: never; default 15)",
     )
     watch.add_argument("--poll-wait", type=float, default=5.0, help=argparse.SUPPRESS)
-    watch.set_defaults(handler=commands.cmd_watch)
 
-    status = sub.add_parser(
+
+def _add_batch_commands(sub: Any, common: argparse.ArgumentParser) -> None:
+    """`status`, `cancel`, `export`: one batch, read from the ledger (or cancelled)."""
+    status = _command(
+        sub,
+        common,
         "status",
-        parents=[common],
+        commands.cmd_status,
         help="where a batch stands: queued, running, succeeded, failed by reason, rewards",
         description="Read a batch's counters from the ledger.",
     )
-    status.add_argument("--batch", required=True, metavar="ID", help="batch id (printed by submit)")
+    _batch_argument(status, "batch id (printed by submit)")
     status.add_argument("--json", action="store_true", help="print JSON")
-    status.set_defaults(handler=commands.cmd_status)
 
-    cancel = sub.add_parser(
+    cancel = _command(
+        sub,
+        common,
         "cancel",
-        parents=[common],
+        commands.cmd_cancel,
         help="cancel a batch: nothing more starts, running sessions are stopped",
         description="Cancel a batch: queued rollouts never start, running ones are stopped, every rollout not yet "
         "finished ends as `Rollout Failed` with reason `cancelled`. Safe to repeat.",
     )
-    cancel.add_argument("--batch", required=True, metavar="ID", help="batch id")
-    cancel.set_defaults(handler=commands.cmd_cancel)
+    _batch_argument(cancel)
 
-    export = sub.add_parser(
+    export = _command(
+        sub,
+        common,
         "export",
-        parents=[common],
+        commands.cmd_export,
         help="write a batch's results as JSON Lines (one line per rollout)",
         description="Export one line per rollout from the ledger (state, reward, reason, timings) with its result "
         "object from the results bucket.",
     )
-    export.add_argument("--batch", required=True, metavar="ID", help="batch id")
+    _batch_argument(export)
     export.add_argument("-o", "--output", default="-", metavar="FILE", help="output file (default: stdout)")
     export.add_argument("--no-results", action="store_true", help="leave out the result objects (ledger only)")
     export.add_argument("--with-payload", action="store_true", help="add each row's payload")
-    export.set_defaults(handler=commands.cmd_export)
 
-    preflight = sub.add_parser(
+
+def _add_preflight(sub: Any, common: argparse.ArgumentParser) -> None:
+    """`preflight`: read-only checks before a deploy."""
+    preflight = _command(
+        sub,
+        common,
         "preflight",
-        parents=[common],
+        commands.cmd_preflight,
         help="check, with read calls only, that an experiment can be deployed (run by `make deploy`)",
         description="Check the settings (cdk.json + -c overrides), the model URL, AgentCore in the region, the "
         "account's AgentCore quotas against the limits (by quota code), the CodeBuild ARM build (region, concurrent "
         "builds), Lambda concurrency, and the CDK bootstrap. One line per check with what to do; exit 1 on an error.",
     )
-    preflight.add_argument(
-        "-c",
-        "--context",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="a CDK context override, as given to `cdk deploy -c` (repeatable)",
-    )
+    add_context_argument(preflight, "a CDK context override, as given to `cdk deploy -c` (repeatable)")
     preflight.add_argument("--cdk-dir", type=Path, default=Path(), metavar="DIR", help="where cdk.json is")
-    preflight.set_defaults(handler=commands.cmd_preflight)
 
-    report = sub.add_parser(
+
+def _add_report(sub: Any, common: argparse.ArgumentParser) -> None:
+    """`report`: one batch as a self-contained HTML file."""
+    report = _command(
+        sub,
+        common,
         "report",
-        parents=[common],
+        commands.cmd_report,
         help="write a batch's report: one self-contained HTML file of charts",
         description="Read a batch from the ledger (status, export rows) and the results bucket, plus recorded "
         "events (--events), and write one HTML file with inline SVG charts (no server, no network to view it). "
         "Needs the `report` extra (matplotlib).",
     )
-    report.add_argument("--batch", required=True, metavar="ID", help="batch id")
+    _batch_argument(report)
     report.add_argument("-o", "--output", type=Path, metavar="FILE", help="HTML file (default: report-BATCH.html)")
     report.add_argument(
         "--events",
@@ -177,12 +209,6 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="JSON Lines of the batch's event envelopes (result-to-event latency)",
     )
-    report.set_defaults(handler=commands.cmd_report)
-
-    stack_commands.register(sub)  # deploy, destroy
-    _add_operations(sub, common)
-    _register_local(sub, common)
-    return parser
 
 
 def _add_operations(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -197,9 +223,11 @@ def _add_operations(sub: Any, common: argparse.ArgumentParser) -> None:
     actions = subscriptions.add_subparsers(dest="subscriptions_command", metavar="ACTION", required=True)
     listing = actions.add_parser("list", parents=[common], help="list them with owner and last-seen age")
     listing.set_defaults(handler=commands.cmd_subscriptions_list)
-    prune = actions.add_parser(
+    prune = _command(
+        actions,
+        common,
         "prune",
-        parents=[common],
+        commands.cmd_subscriptions_prune,
         help="remove the stale ones (rule targets, rule, queue)",
         description="Remove the subscriptions not seen for --older-than (their owner refreshes them while it runs), "
         "and every half-removed one; rule targets first, then the rule, then the queue.",
@@ -213,11 +241,12 @@ def _add_operations(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     prune.add_argument("--dry-run", action="store_true", help="only say what would be removed")
     prune.add_argument("--kind", action="append", choices=["tap", "art", "smoke"], help="only this kind (repeatable)")
-    prune.set_defaults(handler=commands.cmd_subscriptions_prune)
 
-    smoke = sub.add_parser(
+    smoke = _command(
+        sub,
+        common,
         "smoke",
-        parents=[common],
+        commands.cmd_smoke,
         help="check a fresh deployment end to end: what only a real account can show (run after the first deploy)",
         description="Run a tiny batch from upload to `Batch Completed` and check, against the deployed stack, what "
         "only a real account shows: the S3 event's key encoding, a missing dataset key read as the ingest role (404, "
@@ -230,16 +259,11 @@ def _add_operations(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     smoke.add_argument("--rows", type=int, default=3, metavar="N", help="rows of the tiny batch (default: 3)")
     smoke.add_argument("--poll-wait", type=float, default=5.0, help=argparse.SUPPRESS)
-    smoke.set_defaults(handler=commands.cmd_smoke)
 
 
-def _register_local(sub: Any, common: argparse.ArgumentParser) -> None:
-    try:
-        module = importlib.import_module("rollout_pipeline.local.cli")
-    except ModuleNotFoundError as exc:
-        if exc.name != "rollout_pipeline.local.cli":
-            raise
-        return
-    register = getattr(module, "register", None)
-    if callable(register):
-        register(sub, common)
+def _register_modes(sub: Any, common: argparse.ArgumentParser) -> None:
+    """The command groups of other modes (local mode's `rollouts local ...`), from their entry points."""
+    from importlib.metadata import entry_points
+
+    for entry in entry_points(group=COMMAND_GROUPS):
+        entry.load()(sub, common)

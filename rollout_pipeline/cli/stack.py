@@ -4,12 +4,11 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 from typing import Any, TextIO
 
-from rollout_pipeline.cli.base import EXIT_OK, CliError
+from rollout_pipeline.cli.base import EXIT_OK, CliError, add_context_argument, add_experiment_arguments
 
 _DEPLOY_DESCRIPTION = """\
 Create or update the stack Rollouts-NAME from the project's CDK app, through the CDK CLI `make setup` installs
@@ -29,14 +28,7 @@ object version in it, then the bucket); with results_retention=retain the ledger
 
 
 def _experiment_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "-e",
-        "--experiment",
-        metavar="NAME",
-        default=os.environ.get("ROLLOUTS_EXPERIMENT"),
-        help="experiment name (stack Rollouts-NAME); default: $ROLLOUTS_EXPERIMENT",
-    )
-    parser.add_argument("--region", help="AWS region (default: the AWS configuration's)")
+    add_experiment_arguments(parser)
     parser.add_argument(
         "--project-dir",
         type=Path,
@@ -58,13 +50,9 @@ def register(sub: Any) -> None:
         epilog="example: rollouts deploy -e my-exp -c model_base_url=https://models.example.org/v1 -c group_size=8",
     )
     _experiment_options(deploy)
-    deploy.add_argument(
-        "-c",
-        "--context",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="a setting, as `cdk deploy -c` takes it (repeatable): an ExperimentConfig field (group_size, "
+    add_context_argument(
+        deploy,
+        "a setting, as `cdk deploy -c` takes it (repeatable): an ExperimentConfig field (group_size, "
         "model_base_url, max_sessions, ...) or a stack key (image_build, image_uri, alarm_email, ...)",
     )
     deploy.add_argument(

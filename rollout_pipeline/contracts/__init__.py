@@ -36,6 +36,7 @@ from rollout_pipeline.contracts.events import (
 )
 from rollout_pipeline.contracts.messages import CLAIM_CHECK_BYTES, RolloutMessage, build_agent_payload
 from rollout_pipeline.contracts.results import (
+    MAX_ABS_REWARD,
     FailureReason,
     ResultOutcome,
     ResultRead,
@@ -64,6 +65,7 @@ __all__ = [
     "DETAIL_MODELS",
     "EVENT_SOURCE",
     "INLINE_RESULT_BYTES",
+    "MAX_ABS_REWARD",
     "MAX_ROW_BYTES",
     "REDACTED",
     "RESERVED_ROW_KEYS",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from pydantic import BaseModel, ConfigDict
 
@@ -13,6 +13,11 @@ from rollout_pipeline.contracts.common import json_type
 
 if TYPE_CHECKING:
     from rollout_pipeline.ports import ObjectReader
+
+#: Rewards beyond this magnitude cannot be summed (with their squares) in DynamoDB numbers, whose magnitude stops
+#: below 1e126 (https://docs.aws.amazon.com/amazondynamodb/latest/developerguide/HowItWorks.NamingRulesDataTypes.html):
+#: such a result is invalid.
+MAX_ABS_REWARD: Final = 1e60
 
 
 class FailureReason(StrEnum):
@@ -48,7 +53,8 @@ def _valid_number(value: Any) -> bool:
 
 def parse_result(body: bytes, *, max_bytes: int | None = None) -> ResultOutcome:
     """Validate an ART result object. `status_code` 200 = success, which needs finite `rewards` (number or
-    non-empty list); anything else is an agent error. Unreadable content is an invalid result."""
+    non-empty list) within +-`MAX_ABS_REWARD`; anything else is an agent error. Unreadable content is an invalid
+    result."""
 
     def invalid(error: str, parsed: dict[str, Any] | None = None) -> ResultOutcome:
         return ResultOutcome(success=False, reason=FailureReason.INVALID_RESULT, error=error, body=parsed)
@@ -80,16 +86,18 @@ def parse_result(body: bytes, *, max_bytes: int | None = None) -> ResultOutcome:
     if "rewards" not in parsed:
         return invalid("result has status_code 200 but no 'rewards'", parsed)
     rewards = parsed["rewards"]
-    if _valid_number(rewards):
-        value = float(rewards)
-        return ResultOutcome(success=True, rewards=value, reward=value, body=parsed)
-    if isinstance(rewards, list) and rewards and all(_valid_number(r) for r in rewards):
-        values = [float(r) for r in rewards]
-        return ResultOutcome(success=True, rewards=values, reward=values[-1], body=parsed)
-    return invalid(
-        f"rewards must be a finite number or a non-empty list of finite numbers, got {rewards!r}"[:500],
-        parsed,
-    )
+    values = [rewards] if _valid_number(rewards) else rewards if isinstance(rewards, list) else []
+    if not values or not all(_valid_number(r) for r in values):
+        return invalid(
+            f"rewards must be a finite number or a non-empty list of finite numbers, got {rewards!r}"[:500],
+            parsed,
+        )
+    if any(abs(r) > MAX_ABS_REWARD for r in values):
+        return invalid(f"rewards beyond +-{MAX_ABS_REWARD:g} are not supported", parsed)
+    if isinstance(rewards, list):
+        floats = [float(r) for r in rewards]
+        return ResultOutcome(success=True, rewards=floats, reward=floats[-1], body=parsed)
+    return ResultOutcome(success=True, rewards=float(rewards), reward=float(rewards), body=parsed)
 
 
 class ResultRead(BaseModel):

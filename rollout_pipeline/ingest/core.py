@@ -44,6 +44,7 @@ from rollout_pipeline.ledger.batches import GroupSpec, IngestProgress
 from rollout_pipeline.ledger.items import BatchView
 from rollout_pipeline.ledger.ledger import Ledger
 from rollout_pipeline.ports import EventPublisher, MessageQueue, ObjectNotFound, ObjectStore
+from rollout_pipeline.topology import FUNCTIONS
 
 if TYPE_CHECKING:
     from concurrent.futures import ThreadPoolExecutor
@@ -79,7 +80,8 @@ class IngestTuning:
     """Knobs of the ingestion loop (defaults suit a Lambda with a 15-minute timeout)."""
 
     chunk_rows: int = 100
-    lease_seconds: int = 900
+    #: The ingest function's timeout: a lease outlives the invocation that holds it, and no longer.
+    lease_seconds: int = FUNCTIONS["ingest"].timeout_s
     #: Stop and continue in a new invocation when less than this is left.
     min_remaining_ms: int = 90_000
     max_error_entries: int = 1000

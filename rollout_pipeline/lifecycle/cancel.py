@@ -24,7 +24,7 @@ _MAX_ROUNDS = 6
 
 
 @dataclass
-class CancelReport:
+class CancelResult:
     """What `cancel_batch` did (counts by what it found). `found` is False for an unknown or rejected batch."""
 
     batch_id: str
@@ -87,12 +87,12 @@ def cancel_rollout(
     raise LedgerError(f"could not cancel {ids.rollout_id(input_id, index)} of {batch_id}: it kept changing")
 
 
-def cancel_batch(batch_id: str, deps: LifecycleDeps) -> CancelReport:
+def cancel_batch(batch_id: str, deps: LifecycleDeps) -> CancelResult:
     """Cancel a batch: status `cancelled`, queued rollouts never dispatched, running sessions stopped, every
     rollout (also those never dispatched: indices 0..group_size-1 of every group item) ended exactly once as
     `Rollout Failed` reason `cancelled`, slots released, events published. Idempotent: call it again after a
     crash or a side-effect error to finish the job."""
-    report = CancelReport(batch_id=batch_id)
+    report = CancelResult(batch_id=batch_id)
     if not deps.ledger.batches.cancel(batch_id):
         report.found = False
         return report

@@ -58,9 +58,6 @@ from rollout_pipeline.sqs_batch import run_partial_batch
 
 log = logging.getLogger(__name__)
 
-#: Rewards beyond this magnitude cannot be summed in DynamoDB numbers: the result counts as invalid.
-MAX_ABS_REWARD = 1e60
-
 
 class Completion(StrEnum):
     SUCCEEDED = "succeeded"
@@ -258,20 +255,6 @@ def _read_result(bucket: str, key: str, deps: LifecycleDeps) -> tuple[ResultOutc
     """Read at most `result_max_bytes` of the result and parse it (ART format)."""
     read = read_result(deps.store, bucket, key, max_bytes=deps.config.result_max_bytes)
     outcome = read.outcome
-    if (
-        outcome.success
-        and outcome.reward is not None
-        and any(
-            abs(v) > MAX_ABS_REWARD
-            for v in (outcome.rewards if isinstance(outcome.rewards, list) else [outcome.reward])
-        )
-    ):
-        outcome = ResultOutcome(
-            success=False,
-            reason=FailureReason.INVALID_RESULT,
-            error=f"rewards beyond +-{MAX_ABS_REWARD:g} are not supported",
-            body=outcome.body,
-        )
     return outcome, outcome.body, read.size
 
 

@@ -1,40 +1,57 @@
-"""Metric names and a thread-safe counter sink the logic writes to; handlers flush it to Powertools Metrics."""
+"""A thread-safe counter sink the logic writes to; handlers flush it to Powertools Metrics. The names are
+`rollout_pipeline.metric_names`' (re-exported here for the stages)."""
 
 from __future__ import annotations
 
 import threading
 from collections import Counter
-from typing import Final
 
-DISPATCHED: Final = "Dispatched"
-#: AgentCore refused a call for now (ThrottlingException, ServiceQuotaExceeded, a conflict, 429/5xx, not
-#: reachable): counted once per answer, by `limits.LimitedRuntime`.
-ACR_THROTTLED: Final = "AcrThrottled"
-#: The pipeline's own backlog: a call found no slot of its `tps`/session budget before its wait ended (no call was
-#: made; AgentCore was not asked). Counted once per such call, by `limits.LimitedRuntime`.
-LIMIT_BACKLOG: Final = "LimitBacklog"
-#: A rollout or outbox entry the sweeper could not handle (an exception; it is tried again on the next sweep).
-SWEEP_ERRORS: Final = "SweepErrors"
-SUCCEEDED: Final = "Succeeded"
-FAILED: Final = "Failed"
-TIMED_OUT: Final = "TimedOut"
-LATE_OR_UNKNOWN: Final = "LateOrUnknownResult"
-IN_FLIGHT: Final = "InFlight"
-NOTIFICATION_LATENCY: Final = "NotificationLatency"
-LIMIT_WAITS: Final = "LimitWaitRequeued"
-RETRIED: Final = "Retried"
-CANCELLED: Final = "Cancelled"
-NEW_SESSIONS: Final = "NewSessions"
-COLD_START_RETRIED: Final = "ColdStartRetried"
-STOP_FAILED: Final = "StopFailed"
-STOPS_PENDING: Final = "StopsPending"
-SUBMITTED: Final = "Submitted"
-REWARD: Final = "Reward"
+from rollout_pipeline.metric_names import (
+    ACR_THROTTLED,
+    CANCELLED,
+    COLD_START_RETRIED,
+    DISPATCHED,
+    FAILED,
+    IN_FLIGHT,
+    LATE_OR_UNKNOWN,
+    LIMIT_BACKLOG,
+    LIMIT_WAITS,
+    NEW_SESSIONS,
+    NOTIFICATION_LATENCY,
+    RETRIED,
+    REWARD,
+    STOP_FAILED,
+    STOPS_PENDING,
+    SUBMITTED,
+    SUCCEEDED,
+    SWEEP_ERRORS,
+    TIMED_OUT,
+    failed_metric,
+)
 
-
-def failed_metric(reason: str) -> str:
-    """The per-reason failure metric, e.g. `Failed_timeout` (alongside the total `Failed`)."""
-    return f"{FAILED}_{reason}"
+__all__ = [
+    "ACR_THROTTLED",
+    "CANCELLED",
+    "COLD_START_RETRIED",
+    "DISPATCHED",
+    "FAILED",
+    "IN_FLIGHT",
+    "LATE_OR_UNKNOWN",
+    "LIMIT_BACKLOG",
+    "LIMIT_WAITS",
+    "NEW_SESSIONS",
+    "NOTIFICATION_LATENCY",
+    "RETRIED",
+    "REWARD",
+    "STOPS_PENDING",
+    "STOP_FAILED",
+    "SUBMITTED",
+    "SUCCEEDED",
+    "SWEEP_ERRORS",
+    "TIMED_OUT",
+    "MetricsRecorder",
+    "failed_metric",
+]
 
 
 class MetricsRecorder:

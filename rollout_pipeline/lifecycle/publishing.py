@@ -30,9 +30,6 @@ from rollout_pipeline.ledger.rollouts import (
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.metrics import NOTIFICATION_LATENCY
 
-# ------------------------------------------------------------------------------------------------------ events
-
-
 # ------------------------------------------------------------------------------------------------------ outbox
 
 

@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class SweepReport:
+class SweepResult:
     """What one sweep did."""
 
     expired_seen: int = 0
@@ -54,10 +54,10 @@ class SweepReport:
 
 def sweep(
     deps: LifecycleDeps, *, page_size: int = 50, max_pages: int = 4, wait_until: float | None = None
-) -> SweepReport:
+) -> SweepResult:
     """One sweep over every shard of both sparse indexes (bounded: `page_size` x `max_pages` per shard).
     `wait_until` (monotonic) bounds every wait for call budget (the Lambda's remaining time)."""
-    report = SweepReport()
+    report = SweepResult()
     now = deps.now()
     now_epoch = int(now.timestamp())
     options_cache: dict[str, tuple[FileOptions, bool]] = {}
@@ -108,7 +108,7 @@ def _expire(
     stale: RolloutRecord,
     deps: LifecycleDeps,
     cache: dict[str, tuple[FileOptions, bool]],
-    report: SweepReport,
+    report: SweepResult,
     wait_until: float | None = None,
 ) -> None:
     rec = deps.ledger.rollouts.get_rollout(stale.batch_id, stale.input_id, stale.index)  # the index may lag

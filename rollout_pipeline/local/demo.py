@@ -63,7 +63,7 @@ def first_rows(source: Path, rows: int, directory: Path) -> Path:
 
 
 @dataclass
-class DemoReport:
+class DemoResult:
     """What the demo saw."""
 
     batch_id: str = ""
@@ -123,7 +123,7 @@ class _Display:
     def line(self, text: str) -> None:
         self.progress.console.print(text)
 
-    def update(self, report: DemoReport, running: int) -> None:
+    def update(self, report: DemoResult, running: int) -> None:
         total = report.accepted.rollouts_enqueued if report.accepted else None
         done = report.rollouts_ok + sum(report.rollouts_failed.values())
         failed = sum(report.rollouts_failed.values())
@@ -143,7 +143,7 @@ def _latency_ms(detail: RolloutCompleted | RolloutFailed) -> float | None:
     return None
 
 
-def watch_batch(pipeline: LocalPipeline, batch_id: str, report: DemoReport, out: TextIO, timeout_s: float) -> None:
+def watch_batch(pipeline: LocalPipeline, batch_id: str, report: DemoResult, out: TextIO, timeout_s: float) -> None:
     """Consume the batch's events from the trainer queue (pushed, never polled from S3) until Batch Completed."""
     with _Display(out) as display:
         stream = pipeline.experiment.events(batch_id=batch_id, timeout=timeout_s)
@@ -184,7 +184,7 @@ def watch_batch(pipeline: LocalPipeline, batch_id: str, report: DemoReport, out:
                 break
 
 
-def print_summary(report: DemoReport, out: TextIO) -> None:
+def print_summary(report: DemoResult, out: TextIO) -> None:
     done = report.completed
     lines = [
         "",
@@ -228,12 +228,12 @@ def run_demo(
     write_html_report: bool = True,
     report_path: Path | None = None,
     out: TextIO,
-) -> DemoReport:
+) -> DemoResult:
     """Start the local pipeline, submit the dataset through the input bucket, watch it to the end, stop.
 
     With `write_html_report`, the batch's HTML report (as `rollouts report` writes it) goes to `report_path`
     (default: `report-BATCH.html` in the run's work directory) once the batch completed."""
-    report = DemoReport()
+    report = DemoResult()
     source = dataset or sample_dataset_path()
     started = time.monotonic()
     with interrupt_on_sigterm(), tempfile.TemporaryDirectory(prefix="rollouts-demo-") as tmp:
@@ -260,7 +260,7 @@ def run_demo(
     return report
 
 
-def _write_report(pipeline: LocalPipeline, report: DemoReport, path: Path) -> None:
+def _write_report(pipeline: LocalPipeline, report: DemoResult, path: Path) -> None:
     from rollout_pipeline.report import ReportUnavailable, write_report
 
     try:

@@ -14,15 +14,15 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rollout_pipeline.adapters.clients import ClientFactory, default_factory
 
-log = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from lambdas.glue import Handler
 
-Handler = Callable[[dict[str, Any], Any], Any]
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -84,6 +84,7 @@ class QueueConsumer:
         timeout_s: float = 60.0,
         wait_time_s: int = 1,
         retry_delay_s: int = 2,
+        idle_s: float = 0.0,
     ) -> None:
         self.name = name
         self.queue_url = queue_url
@@ -95,6 +96,8 @@ class QueueConsumer:
         self.timeout_s = timeout_s
         self.wait_time_s = wait_time_s
         self.retry_delay_s = retry_delay_s
+        #: A pause after an empty receive (for short polls, `wait_time_s=0`: a long poll already waits).
+        self.idle_s = idle_s
         self.stats = ConsumerStats()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -120,7 +123,8 @@ class QueueConsumer:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                self.poll_once()
+                if not self.poll_once() and self.idle_s > 0:
+                    self._stop.wait(self.idle_s)
             except Exception:  # a consumer must outlive any single failure, as Lambda's poller does
                 log.exception("consumer %s: poll failed", self.name)
                 self._stop.wait(1.0)

@@ -71,6 +71,6 @@ def launch(config: ExperimentConfig, given: frozenset[str], options: Mapping[str
     stop = _Stop(pipeline)
     atexit.register(stop)
     experiment: Experiment = pipeline.experiment
-    experiment._teardown = stop
+    experiment.on_destroy(stop)
     log.info("local experiment %s up at %s", config.name, pipeline.endpoint_url)
     return experiment

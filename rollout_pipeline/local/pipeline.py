@@ -24,12 +24,12 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from rollout_pipeline import topology
-from rollout_pipeline.adapters import faithful
+from rollout_pipeline import metric_names, topology
 from rollout_pipeline.adapters.clients import ClientFactory
 from rollout_pipeline.adapters.runtime import register_local_runtime
 from rollout_pipeline.agent.credentials import API_KEY_ENV
 from rollout_pipeline.config import ExperimentConfig, SamplingParams
+from rollout_pipeline.fakes import faithful
 from rollout_pipeline.local.lambda_runtime import QueueConsumer, Schedule
 from rollout_pipeline.local.model_server import MODEL_ID, LocalModelServer
 from rollout_pipeline.local.moto_server import local_aws_environ, moto_server, patched_environ
@@ -67,7 +67,7 @@ class LocalSettings:
     #: The model API key, given to the agent processes through their environment (`OPENAI_API_KEY`), never in
     #: payloads; the deployed stack reads it from Secrets Manager instead (`model_secret_name`).
     model_api_key: str | None = None
-    #: "faithful": moto answers like real AWS where it differs (adapters/faithful.py); "moto": plain moto.
+    #: "faithful": moto answers like real AWS where it differs (fakes/faithful.py); "moto": plain moto.
     aws_profile: str = field(default_factory=faithful.profile_from_env)
     #: Seed of the faithful profile's random choices (hot-item conflicts), so a run reproduces.
     aws_profile_seed: int = 0
@@ -154,7 +154,7 @@ class LocalPipeline:
         self.resources = create_resources(config, region=REGION, client=self.clients.client)
         handler_env = {  # Powertools reads its own; the handlers get everything else from the wiring
             "POWERTOOLS_SERVICE_NAME": "rollouts-local",
-            "POWERTOOLS_METRICS_NAMESPACE": topology.METRICS_NAMESPACE,
+            "POWERTOOLS_METRICS_NAMESPACE": metric_names.METRICS_NAMESPACE,
             "POWERTOOLS_METRICS_DISABLED": "true",
             "POWERTOOLS_LOG_LEVEL": os.environ.get("POWERTOOLS_LOG_LEVEL", "WARNING"),
         }

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from rollout_pipeline import routing, topology
-from rollout_pipeline.adapters import faithful
 from rollout_pipeline.config import ExperimentConfig, HandlerSettings
+from rollout_pipeline.fakes import faithful
 from rollout_pipeline.ledger.schema import create_table_kwargs
 
 LOCAL_ACCOUNT = "123456789012"
@@ -51,7 +51,7 @@ class ExperimentResources:
         return self.queue_urls["trainer"]
 
     def settings(self) -> HandlerSettings:
-        return HandlerSettings.from_stack_outputs(self.stack_outputs())
+        return topology.StackOutputs.from_outputs(self.stack_outputs()).handler_settings()
 
     def stack_outputs(self) -> dict[str, str]:
         """The same outputs the CloudFormation stack exposes (the SDK attaches with these)."""

@@ -437,10 +437,10 @@ class RolloutClient:
         options = dict(self._submit_options)
         if policy_version is not None:
             options["policy_version"] = policy_version
-        file_options = self.experiment._options(
+        file_options = self.experiment.file_options(
             1, options["sampling_params"], options["timeout_s"], options["max_attempts"], options["policy_version"]
         )
-        batch_id = self.experiment._submit_rows(parsed, file_options, name)
+        batch_id = self.experiment.submit_rows(parsed, file_options, name)
         futures = [RolloutFuture(self, batch_id, row.input_id, 0, owns_batch=owns_batch) for row in parsed]
         self._dispatcher.register(futures)
         return futures
@@ -518,6 +518,11 @@ class RolloutClient:
     def pending(self) -> int:
         """Futures still waiting for their event."""
         return self._dispatcher.pending()
+
+    @property
+    def closed(self) -> bool:
+        """True once `close()` ran: the client takes no more submissions."""
+        return self._dispatcher.closed
 
     def close(self) -> None:
         """Stop the dispatcher thread; futures still pending fail with `CancelledError` (rollouts go on)."""

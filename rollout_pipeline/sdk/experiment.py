@@ -34,7 +34,7 @@ from rollout_pipeline.sdk.transport import Event, QueueReader
 if TYPE_CHECKING:
     from rollout_pipeline.ledger.items import RolloutSummary
     from rollout_pipeline.ledger.ledger import Ledger
-    from rollout_pipeline.lifecycle.cancel import CancelReport
+    from rollout_pipeline.lifecycle.cancel import CancelResult
     from rollout_pipeline.ports import AgentRuntime
     from rollout_pipeline.sdk.client import RolloutClient
     from rollout_pipeline.wiring import Wiring
@@ -228,6 +228,11 @@ class Experiment:
         if self._teardown is not None:
             self._teardown()
 
+    def on_destroy(self, teardown: Callable[[], None]) -> None:
+        """Run `teardown` on `destroy()` and `close()` instead of destroying a stack (a launcher's mode, e.g. local
+        mode stopping its processes)."""
+        self._teardown = teardown
+
     def __enter__(self) -> Experiment:
         return self
 
@@ -311,7 +316,7 @@ class Experiment:
         default to the experiment's; they travel as S3 object metadata. The batch id is the one ingestion derives
         from the upload's version id, so it is known at once.
         """
-        options = self._options(group_size, sampling_params, timeout_s, max_attempts, policy_version)
+        options = self.file_options(group_size, sampling_params, timeout_s, max_attempts, policy_version)
         try:
             object_key = submission.dataset_key(path, key)
         except ids.InvalidId as exc:
@@ -352,11 +357,12 @@ class Experiment:
         payloads, one rollout message per rollout, `Batch Accepted`. Returns the new batch id (`{name}-{12 hex}`).
         Invalid payloads raise `DatasetInvalid` (index and reason) before anything is written.
         """
-        options = self._options(group_size, sampling_params, timeout_s, max_attempts, policy_version)
-        return self._submit_rows(submission.validate_payloads(payloads), options, name)
+        options = self.file_options(group_size, sampling_params, timeout_s, max_attempts, policy_version)
+        return self.submit_rows(submission.validate_payloads(payloads), options, name)
 
-    def _submit_rows(self, rows: Sequence[DatasetRow], options: FileOptions, name: str) -> str:
-        """Submit rows validated once (`submission.validate_payloads`); ingestion takes them as they are."""
+    def submit_rows(self, rows: Sequence[DatasetRow], options: FileOptions, name: str) -> str:
+        """Submit rows validated once (`submission.validate_payloads`) as batch `name-...` with `options`
+        (`file_options`); ingestion takes them as they are. Returns the batch id."""
         with aws_errors("submit payloads"):
             result = (
                 self.wiring()
@@ -373,7 +379,7 @@ class Experiment:
         """The handler settings of this experiment (what the pipeline's own stages are configured with)."""
         return self._settings
 
-    def _options(
+    def file_options(
         self,
         group_size: int | None,
         sampling_params: Mapping[str, Any] | SamplingParams | None,
@@ -381,6 +387,8 @@ class Experiment:
         max_attempts: int | None,
         policy_version: str | None,
     ) -> FileOptions:
+        """The options of one batch: those given, the experiment's defaults for the rest (`SdkError` naming a bad
+        one)."""
         try:
             return submission.file_options(
                 self.config,
@@ -553,7 +561,7 @@ class Experiment:
         with aws_errors(f"read the rollouts of batch {batch_id}"):
             yield from self._ledger().rollouts.rollout_summaries(batch_id, states_only=states_only)
 
-    def cancel(self, batch_id: str, runtime: AgentRuntime | None = None) -> CancelReport:
+    def cancel(self, batch_id: str, runtime: AgentRuntime | None = None) -> CancelResult:
         """Cancel a batch: queued rollouts are never started, running ones are stopped (through `runtime`, by
         default ACR with this experiment's session) and every rollout ends once as `Rollout Failed` (cancelled).
         Idempotent; returns the lifecycle stage's report (counts)."""

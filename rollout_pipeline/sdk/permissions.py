@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final, Literal
 
+from rollout_pipeline import access
+
 ResourceKind = Literal[
     "stack",
     "datasets",
@@ -41,16 +43,7 @@ TRAINER_ACTIONS: Final[Mapping[ResourceKind, tuple[str, ...]]] = {
         "sqs:ChangeMessageVisibility",
         "sqs:GetQueueAttributes",
     ),
-    # Item-level only: DynamoDB authorizes TransactWriteItems per contained action (no Transact* IAM action).
-    "ledger": (
-        "dynamodb:GetItem",
-        "dynamodb:BatchGetItem",
-        "dynamodb:Query",
-        "dynamodb:PutItem",
-        "dynamodb:UpdateItem",
-        "dynamodb:DeleteItem",
-        "dynamodb:ConditionCheckItem",
-    ),
+    "ledger": access.LEDGER_ITEM_ACTIONS,
     "bus": ("events:PutEvents",),  # submit publishes Batch Accepted; cancel publishes the failures
     "runtime": ("bedrock-agentcore:StopRuntimeSession",),  # cancel stops running sessions
     # Private subscriptions (`Experiment.tap`, the ART backend's per-process queue): `{bus}-tap-*`, `{bus}-art-*`.

@@ -37,6 +37,7 @@ from urllib.parse import quote, quote_plus, unquote, unquote_plus
 
 from rollout_pipeline import ids, topology
 from rollout_pipeline.contracts import BatchCompleted, DetailType
+from rollout_pipeline.preflight import check_line
 from rollout_pipeline.sdk import subscription
 from rollout_pipeline.sdk._aws import aws_errors, error_code, is_loopback
 from rollout_pipeline.sdk.errors import BatchNotFound, SdkError
@@ -65,7 +66,7 @@ class SmokeCheck:
     message: str
 
     def line(self) -> str:
-        return f"{self.status:<7} {self.name}: {self.message}"
+        return check_line(self.status, self.name, self.message)
 
 
 @dataclass
@@ -256,7 +257,7 @@ class Smoke:
         False (a `batch` fail line emitted) when the upload itself was refused."""
         experiment = self.experiment
         batch.key = key
-        options = experiment._options(1, None, None, 1, f"smoke-{self.token}")
+        options = experiment.file_options(1, None, None, 1, f"smoke-{self.token}")
         try:
             with aws_errors(f"upload s3://{experiment.input_bucket}/{key}"):
                 response = experiment.client("s3").put_object(
@@ -549,7 +550,7 @@ class Smoke:
         if not topic_arn:
             self.emit("alarm delivery", "fail", "the stack has no AlarmTopicArn output: redeploy it")
             return
-        cloudwatch, sns, sqs = (self.experiment.client(s) for s in ("cloudwatch", "sns", "sqs"))
+        cloudwatch = self.experiment.client("cloudwatch")
         with aws_errors("find the stack's alarms"):
             alarms = [
                 alarm
@@ -563,6 +564,38 @@ class Smoke:
             self.emit("alarm delivery", "fail", f"no alarm notifies {topic_arn} in a non-ALARM state to test with")
             return
         alarm_name = str(quiet[0]["AlarmName"])
+        queue_url = self._alarm_test_queue(stack, topic_arn)
+        with aws_errors(f"set alarm {alarm_name} to ALARM"):
+            cloudwatch.set_alarm_state(
+                AlarmName=alarm_name, StateValue="ALARM", StateReason="rollouts smoke: alarm delivery test"
+            )
+        stack.enter_context(
+            self._cleanup(
+                f"set alarm {alarm_name} back to OK",
+                lambda: cloudwatch.set_alarm_state(
+                    AlarmName=alarm_name, StateValue="OK", StateReason="rollouts smoke: test over (re-evaluated next)"
+                ),
+            )
+        )
+        started = self.clock()
+        if self._alarm_notified(queue_url, alarm_name, deadline=started + ALARM_WAIT_S):
+            self.emit(
+                "alarm delivery",
+                "pass",
+                f"{alarm_name} reached {topic_arn} in {self.clock() - started:.0f} s (you get its ALARM and OK e-mails "
+                "too)",
+            )
+            return
+        self.emit(
+            "alarm delivery",
+            "fail",
+            f"no notification of {alarm_name} on {topic_arn} within {ALARM_WAIT_S:g} s: the topic policy must allow "
+            "cloudwatch.amazonaws.com sns:Publish (and a KMS-encrypted topic's key must let CloudWatch use it)",
+        )
+
+    def _alarm_test_queue(self, stack: contextlib.ExitStack, topic_arn: str) -> str:
+        """A queue subscribed to the alarm topic for this run (removed by `stack`); its URL."""
+        sns, sqs = self.experiment.client("sns"), self.experiment.client("sqs")
         name = f"{self.experiment.bus_name}-smoke-alarm-{self.token}"[:80]
         with aws_errors("create the alarm test queue"):
             queue_url = str(
@@ -577,18 +610,7 @@ class Smoke:
             queue_arn = sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["QueueArn"])["Attributes"][
                 "QueueArn"
             ]
-            policy = {
-                "Version": "2012-10-17",
-                "Statement": [
-                    {
-                        "Effect": "Allow",
-                        "Principal": {"Service": "sns.amazonaws.com"},
-                        "Action": "sqs:SendMessage",
-                        "Resource": queue_arn,
-                        "Condition": {"ArnEquals": {"aws:SourceArn": topic_arn}},
-                    }
-                ],
-            }
+            policy = subscription.delivery_policy(queue_arn, "sns.amazonaws.com", topic_arn)
             sqs.set_queue_attributes(QueueUrl=queue_url, Attributes={"Policy": json.dumps(policy)})
             subscription_arn = sns.subscribe(
                 TopicArn=topic_arn, Protocol="sqs", Endpoint=queue_arn, ReturnSubscriptionArn=True
@@ -596,20 +618,11 @@ class Smoke:
         stack.enter_context(
             self._cleanup("unsubscribe the test queue", lambda: sns.unsubscribe(SubscriptionArn=subscription_arn))
         )
-        with aws_errors(f"set alarm {alarm_name} to ALARM"):
-            cloudwatch.set_alarm_state(
-                AlarmName=alarm_name, StateValue="ALARM", StateReason="rollouts smoke: alarm delivery test"
-            )
-        stack.enter_context(
-            self._cleanup(
-                f"set alarm {alarm_name} back to OK",
-                lambda: cloudwatch.set_alarm_state(
-                    AlarmName=alarm_name, StateValue="OK", StateReason="rollouts smoke: test over (re-evaluated next)"
-                ),
-            )
-        )
-        started = self.clock()
-        deadline = started + ALARM_WAIT_S
+        return queue_url
+
+    def _alarm_notified(self, queue_url: str, alarm_name: str, *, deadline: float) -> bool:
+        """Whether `alarm_name`'s ALARM notification reaches the test queue by `deadline`."""
+        sqs = self.experiment.client("sqs")
         while self.clock() < deadline:
             with aws_errors("read the alarm test queue"):
                 wait = int(max(0, min(20.0, deadline - self.clock())))
@@ -618,19 +631,8 @@ class Smoke:
                 with contextlib.suppress(ValueError, KeyError, TypeError):
                     alarm = json.loads(json.loads(message["Body"])["Message"])
                     if alarm.get("AlarmName") == alarm_name and alarm.get("NewStateValue") == "ALARM":
-                        self.emit(
-                            "alarm delivery",
-                            "pass",
-                            f"{alarm_name} reached {topic_arn} in {self.clock() - started:.0f} s (you get its ALARM "
-                            "and OK e-mails too)",
-                        )
-                        return
-        self.emit(
-            "alarm delivery",
-            "fail",
-            f"no notification of {alarm_name} on {topic_arn} within {ALARM_WAIT_S:g} s: the topic policy must allow "
-            "cloudwatch.amazonaws.com sns:Publish (and a KMS-encrypted topic's key must let CloudWatch use it)",
-        )
+                        return True
+        return False
 
     # ------------------------------------------------------------------------------------ metrics, quotas
 

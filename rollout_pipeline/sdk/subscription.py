@@ -164,31 +164,37 @@ def open_subscription(
                 lambda: events.put_rule(**rule),
             )["RuleArn"]
             rule_made = True
-            policy = {
-                "Version": "2012-10-17",
-                "Statement": [
-                    {
-                        "Effect": "Allow",
-                        "Principal": {"Service": "events.amazonaws.com"},
-                        "Action": "sqs:SendMessage",
-                        "Resource": queue_arn,
-                        "Condition": {"ArnEquals": {"aws:SourceArn": rule_arn}},
-                    },
-                    {
-                        "Effect": "Deny",
-                        "Principal": "*",
-                        "Action": "sqs:*",
-                        "Resource": queue_arn,
-                        "Condition": {"Bool": {"aws:SecureTransport": "false"}},
-                    },
-                ],
-            }
+            policy = delivery_policy(queue_arn, "events.amazonaws.com", rule_arn)
             sqs.set_queue_attributes(QueueUrl=queue_url, Attributes={"Policy": json.dumps(policy)})
             events.put_targets(Rule=name, EventBusName=bus_name, Targets=[{"Id": "tap", "Arn": queue_arn}])
     except BaseException:
         _remove(aws, bus_name, name, queue_url, rule_made)
         raise
     return name, queue_url
+
+
+def delivery_policy(queue_arn: str, service: str, source_arn: str) -> dict[str, Any]:
+    """The policy of a private queue that `service` (EventBridge, SNS) delivers to for `source_arn` (a rule, a
+    topic) only, over TLS only."""
+    return {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Effect": "Allow",
+                "Principal": {"Service": service},
+                "Action": "sqs:SendMessage",
+                "Resource": queue_arn,
+                "Condition": {"ArnEquals": {"aws:SourceArn": source_arn}},
+            },
+            {
+                "Effect": "Deny",
+                "Principal": "*",
+                "Action": "sqs:*",
+                "Resource": queue_arn,
+                "Condition": {"Bool": {"aws:SecureTransport": "false"}},
+            },
+        ],
+    }
 
 
 def _tagged(permission: str, with_tags: Callable[[], Any], without: Callable[[], Any]) -> Any:
@@ -342,8 +348,6 @@ def list_subscriptions(
 
     Needs `events:ListRules`/`ListTagsForResource`/`ListTargetsByRule` and `sqs:ListQueues`/`ListQueueTags`/
     `GetQueueUrl`/`GetQueueAttributes`."""
-    from botocore.exceptions import ClientError
-
     events, sqs = aws.client("events"), aws.client("sqs")
     prefixes = [f"{bus_name}-{kind}-" for kind in sorted(set(kinds))] if kinds is not None else [f"{bus_name}-"]
     found: dict[str, Subscription] = {}
@@ -351,44 +355,14 @@ def list_subscriptions(
     with aws_errors(f"list the subscriptions on bus {bus_name}"):
         for bus, page in _rule_pages(events, bus_name, prefixes):
             for rule in page.get("Rules", []):
-                name, arn = str(rule["Name"]), str(rule["Arn"])
+                name = str(rule["Name"])
                 created = _description_time(str(rule.get("Description") or ""))
                 if created_after is not None and created is not None and created > created_after:
                     young.add(name)
                     continue
-                if not name[len(bus_name) + 1 :].startswith(_SUBSCRIPTION_NAME_KINDS):
-                    continue  # the stack's rules (`{bus}-trainer`...) and the user's own: never read, never touched
-                try:
-                    rule_tags = {t["Key"]: t["Value"] for t in events.list_tags_for_resource(ResourceARN=arn)["Tags"]}
-                except ClientError as exc:
-                    if error_code(exc) not in _ACCESS_DENIED:
-                        raise
-                    continue  # not ours to read (a trainer's policy covers its experiment bus's subscriptions only)
-                kind = rule_tags.get(TAG_KIND) or (_legacy_kind(bus_name, name) if bus == bus_name else None)
-                if not kind:
-                    continue  # the stack's rules and the user's own
-                targets = events.list_targets_by_rule(Rule=name, EventBusName=bus).get("Targets", [])
-                queue_arns = [str(t["Arn"]) for t in targets if ":sqs:" in str(t["Arn"])]
-                queue_url = _queue_url_of(sqs, queue_arns[0]) if queue_arns else None
-                facts = _queue_facts(sqs, queue_url) if queue_url else None
-                if facts is None:
-                    queue_url = None
-                queue_tags, queue_created = facts if facts else ({}, None)
-                found[name] = Subscription(
-                    name=name,
-                    kind=kind,
-                    owner=rule_tags.get(TAG_OWNER) or queue_tags.get(TAG_OWNER, "unknown"),
-                    rule_arn=arn,
-                    queue_url=queue_url,
-                    last_seen=_newest(
-                        _parse_time(queue_tags.get(TAG_SEEN)),
-                        _parse_time(queue_tags.get(TAG_CREATED)),
-                        _parse_time(rule_tags.get(TAG_CREATED)),
-                    )
-                    or queue_created,
-                    target_ids=tuple(str(t["Id"]) for t in targets),
-                    rule_bus=None if bus == bus_name else bus,
-                )
+                subscription = _rule_subscription(events, sqs, bus_name, bus, rule)
+                if subscription is not None:
+                    found[name] = subscription
         queue_pages = (
             page for prefix in prefixes for page in sqs.get_paginator("list_queues").paginate(QueueNamePrefix=prefix)
         )
@@ -397,23 +371,72 @@ def list_subscriptions(
                 name = str(queue_url).rstrip("/").rsplit("/", 1)[-1]
                 if name in found or name in young or not name[len(bus_name) + 1 :].startswith(_SUBSCRIPTION_NAME_KINDS):
                     continue  # listed already, too young, or the stack's own queue (`{bus}-ingest-dlq`...)
-                facts = _queue_facts(sqs, queue_url)
-                if facts is None:
-                    continue
-                queue_tags, queue_created = facts
-                kind = queue_tags.get(TAG_KIND) or _legacy_kind(bus_name, name)
-                if not kind:
-                    continue
-                found[name] = Subscription(
-                    name=name,
-                    kind=kind,
-                    owner=queue_tags.get(TAG_OWNER, "unknown"),
-                    rule_arn=None,
-                    queue_url=str(queue_url),
-                    last_seen=_newest(_parse_time(queue_tags.get(TAG_SEEN)), _parse_time(queue_tags.get(TAG_CREATED)))
-                    or queue_created,
-                )
+                subscription = _queue_subscription(sqs, bus_name, str(queue_url))
+                if subscription is not None:
+                    found[name] = subscription
     return sorted(found.values(), key=lambda sub: sub.name)
+
+
+def _rule_subscription(events: Any, sqs: Any, bus_name: str, bus: str, rule: Mapping[str, Any]) -> Subscription | None:
+    """The subscription of one listed rule on `bus`, with its queue; None for a rule that is not one of ours (or
+    that we may not read)."""
+    from botocore.exceptions import ClientError
+
+    name, arn = str(rule["Name"]), str(rule["Arn"])
+    if not name[len(bus_name) + 1 :].startswith(_SUBSCRIPTION_NAME_KINDS):
+        return None  # the stack's rules (`{bus}-trainer`...) and the user's own: never read, never touched
+    try:
+        rule_tags = {t["Key"]: t["Value"] for t in events.list_tags_for_resource(ResourceARN=arn)["Tags"]}
+    except ClientError as exc:
+        if error_code(exc) not in _ACCESS_DENIED:
+            raise
+        return None  # not ours to read (a trainer's policy covers its experiment bus's subscriptions only)
+    kind = rule_tags.get(TAG_KIND) or (_legacy_kind(bus_name, name) if bus == bus_name else None)
+    if not kind:
+        return None  # the stack's rules and the user's own
+    targets = events.list_targets_by_rule(Rule=name, EventBusName=bus).get("Targets", [])
+    queue_arns = [str(t["Arn"]) for t in targets if ":sqs:" in str(t["Arn"])]
+    queue_url = _queue_url_of(sqs, queue_arns[0]) if queue_arns else None
+    facts = _queue_facts(sqs, queue_url) if queue_url else None
+    if facts is None:
+        queue_url = None
+    queue_tags, queue_created = facts if facts else ({}, None)
+    return Subscription(
+        name=name,
+        kind=kind,
+        owner=rule_tags.get(TAG_OWNER) or queue_tags.get(TAG_OWNER, "unknown"),
+        rule_arn=arn,
+        queue_url=queue_url,
+        last_seen=_newest(
+            _parse_time(queue_tags.get(TAG_SEEN)),
+            _parse_time(queue_tags.get(TAG_CREATED)),
+            _parse_time(rule_tags.get(TAG_CREATED)),
+        )
+        or queue_created,
+        target_ids=tuple(str(t["Id"]) for t in targets),
+        rule_bus=None if bus == bus_name else bus,
+    )
+
+
+def _queue_subscription(sqs: Any, bus_name: str, queue_url: str) -> Subscription | None:
+    """A tagged (or subscription-named) queue whose rule is gone; None when it is not one of ours or is gone."""
+    facts = _queue_facts(sqs, queue_url)
+    if facts is None:
+        return None
+    queue_tags, queue_created = facts
+    name = queue_url.rstrip("/").rsplit("/", 1)[-1]
+    kind = queue_tags.get(TAG_KIND) or _legacy_kind(bus_name, name)
+    if not kind:
+        return None
+    return Subscription(
+        name=name,
+        kind=kind,
+        owner=queue_tags.get(TAG_OWNER, "unknown"),
+        rule_arn=None,
+        queue_url=queue_url,
+        last_seen=_newest(_parse_time(queue_tags.get(TAG_SEEN)), _parse_time(queue_tags.get(TAG_CREATED)))
+        or queue_created,
+    )
 
 
 def _rule_pages(events: Any, bus_name: str, prefixes: Iterable[str]) -> Iterator[tuple[str, dict[str, Any]]]:

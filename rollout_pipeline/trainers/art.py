@@ -185,7 +185,7 @@ def attached(config: BackendConfig) -> _Attached:
     key = config.key()
     with _lock:
         found = _attached.get(key)
-        if found is not None and not found.client._dispatcher.closed:
+        if found is not None and not found.client.closed:
             found.touch(time.monotonic())
             return found
         from rollout_pipeline.contracts import EVENT_SOURCE

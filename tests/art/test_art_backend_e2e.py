@@ -22,8 +22,8 @@ from agentcore_rl_toolkit.rollout_session.factory import make_session
 from agentcore_rl_toolkit.rollout_session.lifecycle import RolloutSessionBounds, run_rollout_with_bounds
 from agentcore_rl_toolkit.rollout_session.wire import RolloutDumpResponse
 
-from rollout_pipeline.adapters.fake_acr import AgentBehaviour, FakeAgentRuntime, FakeInvocation
 from rollout_pipeline.adapters.s3 import S3ObjectStore
+from rollout_pipeline.fakes.acr import AgentBehaviour, FakeAgentRuntime, FakeInvocation
 from rollout_pipeline.local.pipeline import LocalPipeline, LocalSettings
 from rollout_pipeline.trainers import art
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import boto3
 import pytest
 
-from rollout_pipeline.adapters.fake_acr import AgentBehaviour, FakeAgentRuntime, FakeInvocation
 from rollout_pipeline.adapters.s3 import S3ObjectStore
+from rollout_pipeline.fakes.acr import AgentBehaviour, FakeAgentRuntime, FakeInvocation
 from rollout_pipeline.local.pipeline import REGION, LocalPipeline, LocalSettings
 
 ROOT = Path(__file__).resolve().parents[2]

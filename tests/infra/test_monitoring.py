@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from rollout_pipeline.lifecycle import metrics as m
+from rollout_pipeline import metric_names as m
+from rollout_pipeline.contracts import FailureReason
+from rollout_pipeline.metric_names import METRICS_NAMESPACE
 from rollout_pipeline.observability import SERVICES
-from stacks.functions import METRICS_NAMESPACE
 from stacks.monitoring import AGENTCORE_NAMESPACE, FAILURE_RATE, LIMIT_WAIT_MINUTES, SESSION_QUOTA_SHARE
 from tests.infra.conftest import ALARM_EMAIL, EXPERIMENT, Synthesized
 
@@ -163,8 +164,8 @@ def test_dashboard_reads_the_emitted_metrics_and_its_url_is_an_output(synth: Syn
     shown = (m.SUBMITTED, m.SUCCEEDED, m.FAILED, m.IN_FLIGHT, m.NEW_SESSIONS, m.NOTIFICATION_LATENCY, m.REWARD)
     for name in (*shown, m.ACR_THROTTLED, m.LIMIT_BACKLOG):
         assert f'\\"{name}\\"' in body, name
-    for reason in ("agent_error", "timeout", "throttled"):
-        assert m.failed_metric(reason) in body
+    for reason in FailureReason:
+        assert f'\\"{m.failed_metric(reason.value)}\\"' in body, f"the dashboard forgets {reason.value}"
     assert "ApproximateNumberOfMessagesVisible" in body
     assert "session_rate_limit" in body
     url = json.dumps(synth.outputs["DashboardUrl"]["Value"])

@@ -9,13 +9,21 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
-from rollout_pipeline.adapters.fake_acr import AcrProfile, AgentBehaviour, Behaviour, FakeAgentRuntime
+from rollout_pipeline.adapters import clients
+from rollout_pipeline.adapters.eventbridge import EventBridgePublisher
+from rollout_pipeline.fakes.acr import AcrProfile, AgentBehaviour, Behaviour, FakeAgentRuntime
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.local.resources import ExperimentResources
+from rollout_pipeline.sdk import Experiment
+from tests.conftest import REGION
 from tests.integration.lifecycle_support import ShiftedClock, make_deps
+
+#: Seconds per long poll of the trainer queue in the SDK's tests.
+WAIT = 1
 
 
 @pytest.fixture
@@ -41,3 +49,22 @@ def clock() -> ShiftedClock:
 @pytest.fixture
 def deps(resources: ExperimentResources, fake: FakeAgentRuntime, clock: ShiftedClock) -> LifecycleDeps:
     return make_deps(resources, fake, clock=clock)
+
+
+@pytest.fixture
+def experiment(resources: ExperimentResources) -> Experiment:
+    """The SDK attached to the test's experiment (its stack outputs, no DescribeStacks)."""
+    return Experiment.from_outputs(resources.stack_outputs(), region=REGION)
+
+
+def publish(resources: ExperimentResources, *details: Any) -> None:
+    """Publish event details on the experiment's bus, as the pipeline does."""
+    EventBridgePublisher(resources.bus_name).publish(list(details))
+
+
+def queue_depth(queue_url: str) -> int:
+    """Messages in a queue, visible or in flight."""
+    attrs = clients.client("sqs").get_queue_attributes(
+        QueueUrl=queue_url, AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"]
+    )["Attributes"]
+    return int(attrs["ApproximateNumberOfMessages"]) + int(attrs["ApproximateNumberOfMessagesNotVisible"])

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from rollout_pipeline.adapters import clients
-from rollout_pipeline.adapters.fake_acr import FakeAgentRuntime
 from rollout_pipeline.contracts import FileOptions, RolloutMessage
+from rollout_pipeline.fakes.acr import FakeAgentRuntime
 from rollout_pipeline.ledger import keys
 from rollout_pipeline.ledger.items import BatchView
 from rollout_pipeline.lifecycle.completion import CompletionResult, complete_records

@@ -12,11 +12,11 @@ import pytest
 
 from rollout_pipeline import contracts, ids
 from rollout_pipeline.adapters import clients
-from rollout_pipeline.adapters.fake_acr import AcrProfile, AgentBehaviour, FakeAgentRuntime
+from rollout_pipeline.fakes.acr import AcrProfile, AgentBehaviour, FakeAgentRuntime
 from rollout_pipeline.lifecycle.completion import Completion
-from rollout_pipeline.lifecycle.metrics import LATE_OR_UNKNOWN
 from rollout_pipeline.lifecycle.sweeper import sweep
 from rollout_pipeline.local.resources import ExperimentResources
+from rollout_pipeline.metric_names import LATE_OR_UNKNOWN
 from tests.integration.lifecycle_support import (
     ShiftedClock,
     by_type,

@@ -12,7 +12,7 @@ from lambdas import dispatch as dispatch_lambda
 from lambdas.glue import SAFETY_S
 from rollout_pipeline import ids, topology
 from rollout_pipeline.adapters import acr
-from rollout_pipeline.adapters.fake_acr import FakeAgentRuntime
+from rollout_pipeline.fakes.acr import FakeAgentRuntime
 from rollout_pipeline.ledger import keys
 from rollout_pipeline.local.resources import ExperimentResources
 from tests.conftest import receive_all
@@ -76,6 +76,6 @@ def test_an_invoke_that_could_not_end_in_the_remaining_time_is_not_started(resou
 
 
 def test_the_dispatcher_timeout_leaves_time_to_wait_for_limits() -> None:
-    """The dispatcher's timeout keeps its former wait budget (about 100 s) after reserving the longest invoke."""
+    """The dispatcher's timeout leaves a wait budget of at least 90 s after reserving the longest invoke."""
     waits_s = topology.FUNCTIONS["dispatch"].timeout_s - SAFETY_S - acr.MAX_CALL_S
     assert waits_s >= 90

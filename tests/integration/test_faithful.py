@@ -1,4 +1,4 @@
-"""The faithful AWS profile (adapters/faithful.py) and the defects it exposes: transaction conflicts on plain writes,
+"""The faithful AWS profile (fakes/faithful.py) and the defects it exposes: transaction conflicts on plain writes,
 403 for a missing key without s3:ListBucket, URL-encoded keys in S3 events."""
 
 from __future__ import annotations
@@ -13,11 +13,12 @@ import pytest
 from botocore.exceptions import ClientError
 
 from rollout_pipeline import access, ids
-from rollout_pipeline.adapters import clients, faithful
-from rollout_pipeline.adapters.fake_acr import AgentBehaviour, FakeAgentRuntime
+from rollout_pipeline.adapters import clients
 from rollout_pipeline.adapters.s3 import S3ObjectStore
 from rollout_pipeline.contracts import FileOptions
 from rollout_pipeline.details import batch_completion_detail
+from rollout_pipeline.fakes import faithful
+from rollout_pipeline.fakes.acr import AgentBehaviour, FakeAgentRuntime
 from rollout_pipeline.ledger import keys, retry
 from rollout_pipeline.ledger.batches import IngestProgress
 from rollout_pipeline.ledger.items import Terminal

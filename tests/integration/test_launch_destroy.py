@@ -25,11 +25,6 @@ def project(tmp_path: Path) -> FakeCdkProject:
     return FakeCdkProject(tmp_path / "project")
 
 
-@pytest.fixture
-def experiment(resources: ExperimentResources) -> Experiment:
-    return Experiment.from_outputs(resources.stack_outputs(), region=REGION)
-
-
 def _rules(experiment: Experiment) -> list[str]:
     found = clients.client("events").list_rules(EventBusName=experiment.bus_name)["Rules"]
     return sorted(rule["Name"] for rule in found)

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from rollout_pipeline.adapters.fake_acr import AgentBehaviour, FakeAgentRuntime
 from rollout_pipeline.adapters.s3 import S3ObjectStore
+from rollout_pipeline.fakes.acr import AgentBehaviour, FakeAgentRuntime
 from rollout_pipeline.sdk import Experiment, SdkError
 from rollout_pipeline.sdk.launch import launcher
 

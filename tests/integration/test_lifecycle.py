@@ -12,17 +12,17 @@ import pytest
 
 from lambdas import glue
 from rollout_pipeline import ids
-from rollout_pipeline.adapters.fake_acr import AgentBehaviour, FakeAgentRuntime, FakeInvocation
 from rollout_pipeline.contracts import (
     BatchCompleted,
     GroupCompleted,
     RolloutCompleted,
     parse_detail,
 )
+from rollout_pipeline.fakes.acr import AgentBehaviour, FakeAgentRuntime, FakeInvocation
 from rollout_pipeline.ledger import keys
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
-from rollout_pipeline.lifecycle.metrics import NOTIFICATION_LATENCY
 from rollout_pipeline.local.resources import ExperimentResources
+from rollout_pipeline.metric_names import NOTIFICATION_LATENCY
 from tests.integration.lifecycle_support import (
     PACED_WAIT_S,
     ack,

@@ -82,7 +82,7 @@ def test_invoke_sends_json_bytes_and_reads_the_stream(acr: tuple[AcrAgentRuntime
         ("ValidationException", 400, RuntimeRejected),
         ("AccessDeniedException", 403, RuntimeRejected),
         ("ResourceNotFoundException", 404, RuntimeRejected),
-        # A cold start (the session exists; the same id succeeds after ~2 s), no longer a rejection.
+        # A cold start (the session exists; the same id succeeds after ~2 s): retried, not a rejection.
         ("RuntimeClientError", 424, RuntimeColdStart),
     ],
 )

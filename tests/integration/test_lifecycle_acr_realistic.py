@@ -12,20 +12,20 @@ from typing import Any
 import pytest
 
 from rollout_pipeline import ids
-from rollout_pipeline.adapters.fake_acr import AcrProfile, AgentBehaviour, FakeAgentRuntime
+from rollout_pipeline.fakes.acr import AcrProfile, AgentBehaviour, FakeAgentRuntime
 from rollout_pipeline.ledger import keys
 from rollout_pipeline.lifecycle.completion import complete_records
 from rollout_pipeline.lifecycle.dispatch import Dispatch, dispatch_records
-from rollout_pipeline.lifecycle.metrics import (
+from rollout_pipeline.lifecycle.stops import PROMPT_RETRY_S, STOP_TRIES
+from rollout_pipeline.lifecycle.sweeper import sweep
+from rollout_pipeline.local.resources import ExperimentResources
+from rollout_pipeline.metric_names import (
     ACR_THROTTLED,
     COLD_START_RETRIED,
     LIMIT_BACKLOG,
     NEW_SESSIONS,
     STOP_FAILED,
 )
-from rollout_pipeline.lifecycle.stops import PROMPT_RETRY_S, STOP_TRIES
-from rollout_pipeline.lifecycle.sweeper import sweep
-from rollout_pipeline.local.resources import ExperimentResources
 from rollout_pipeline.ports import RuntimeSessionNotFound, RuntimeThrottled
 from tests.conftest import receive_all
 from tests.integration.lifecycle_support import (

@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 
 from rollout_pipeline import ids
-from rollout_pipeline.adapters.fake_acr import AgentBehaviour, FakeAgentRuntime
+from rollout_pipeline.fakes.acr import AgentBehaviour, FakeAgentRuntime
 from rollout_pipeline.ledger.items import BatchView
 from rollout_pipeline.lifecycle.dispatch import BatchReads, Dispatch, dispatch_body, dispatch_records
 from rollout_pipeline.local.resources import ExperimentResources

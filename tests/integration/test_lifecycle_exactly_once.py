@@ -12,14 +12,14 @@ from typing import Any
 import pytest
 
 from rollout_pipeline import ids
-from rollout_pipeline.adapters.fake_acr import AgentBehaviour, FakeAgentRuntime
+from rollout_pipeline.fakes.acr import AgentBehaviour, FakeAgentRuntime
 from rollout_pipeline.ledger import keys
 from rollout_pipeline.lifecycle.completion import Completion, complete_records, handle_result_event
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.dispatch import Dispatch, dispatch_records
-from rollout_pipeline.lifecycle.metrics import LATE_OR_UNKNOWN
 from rollout_pipeline.lifecycle.sweeper import sweep
 from rollout_pipeline.local.resources import ExperimentResources
+from rollout_pipeline.metric_names import LATE_OR_UNKNOWN
 from rollout_pipeline.ports import PublishError
 from tests.integration.lifecycle_support import (
     PACED_WAIT_S,

@@ -5,15 +5,15 @@ from __future__ import annotations
 import pytest
 
 from rollout_pipeline import ids
-from rollout_pipeline.adapters.fake_acr import AgentBehaviour, FakeAgentRuntime
 from rollout_pipeline.contracts import GroupCompleted, RolloutFailed
+from rollout_pipeline.fakes.acr import AgentBehaviour, FakeAgentRuntime
 from rollout_pipeline.ledger import keys
 from rollout_pipeline.lifecycle.completion import Completion, complete_records
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.dispatch import Dispatch
-from rollout_pipeline.lifecycle.metrics import LATE_OR_UNKNOWN, TIMED_OUT
 from rollout_pipeline.lifecycle.sweeper import sweep
 from rollout_pipeline.local.resources import ExperimentResources
+from rollout_pipeline.metric_names import LATE_OR_UNKNOWN, TIMED_OUT
 from tests.conftest import receive_all
 from tests.integration.lifecycle_support import (
     ShiftedClock,

@@ -8,8 +8,8 @@ import time
 import pytest
 
 from rollout_pipeline.adapters import clients
-from rollout_pipeline.adapters.fake_acr import AgentBehaviour, FakeAgentRuntime
 from rollout_pipeline.contracts import parse_result
+from rollout_pipeline.fakes.acr import AgentBehaviour, FakeAgentRuntime
 from rollout_pipeline.local.resources import ExperimentResources
 from rollout_pipeline.ports import RuntimeRejected, RuntimeThrottled
 

@@ -10,12 +10,12 @@ import time
 import pytest
 
 from rollout_pipeline import ids
-from rollout_pipeline.adapters.fake_acr import AgentBehaviour, FakeAgentRuntime, FakeInvocation
+from rollout_pipeline.fakes.acr import AgentBehaviour, FakeAgentRuntime, FakeInvocation
 from rollout_pipeline.ledger import keys
 from rollout_pipeline.lifecycle.completion import complete_records
 from rollout_pipeline.lifecycle.dispatch import Dispatch, dispatch_records
-from rollout_pipeline.lifecycle.metrics import ACR_THROTTLED, LIMIT_BACKLOG, LIMIT_WAITS
 from rollout_pipeline.local.resources import ExperimentResources
+from rollout_pipeline.metric_names import ACR_THROTTLED, LIMIT_BACKLOG, LIMIT_WAITS
 from tests.conftest import receive_all
 from tests.integration.lifecycle_support import (
     ack,

@@ -14,13 +14,13 @@ from typing import Any
 import pytest
 
 from rollout_pipeline import ids
-from rollout_pipeline.adapters.fake_acr import AcrProfile, AgentBehaviour, FakeAgentRuntime, FakeInvocation
+from rollout_pipeline.fakes.acr import AcrProfile, AgentBehaviour, FakeAgentRuntime, FakeInvocation
 from rollout_pipeline.ledger import keys
 from rollout_pipeline.lifecycle.cancel import cancel_batch
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
-from rollout_pipeline.lifecycle.metrics import COLD_START_RETRIED
 from rollout_pipeline.lifecycle.sweeper import sweep
 from rollout_pipeline.local.resources import ExperimentResources
+from rollout_pipeline.metric_names import COLD_START_RETRIED
 from tests.conftest import receive_all
 from tests.integration.lifecycle_support import (
     ShiftedClock,

@@ -11,17 +11,17 @@ from typing import Any
 import pytest
 
 from rollout_pipeline import ids
-from rollout_pipeline.adapters import faithful
-from rollout_pipeline.adapters.fake_acr import AgentBehaviour, Behaviour, FakeAgentRuntime
 from rollout_pipeline.contracts import RolloutMessage
+from rollout_pipeline.fakes import faithful
+from rollout_pipeline.fakes.acr import AgentBehaviour, Behaviour, FakeAgentRuntime
 from rollout_pipeline.ledger import keys
 from rollout_pipeline.ledger.rollouts import OUTBOX_ENQUEUE, OUTBOX_STOP, RolloutRecord
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.dispatch import Dispatch, dispatch_records
-from rollout_pipeline.lifecycle.metrics import STOP_FAILED
 from rollout_pipeline.lifecycle.stops import PROMPT_RETRY_S
-from rollout_pipeline.lifecycle.sweeper import SweepReport, sweep
+from rollout_pipeline.lifecycle.sweeper import SweepResult, sweep
 from rollout_pipeline.local.resources import ExperimentResources
+from rollout_pipeline.metric_names import STOP_FAILED
 from tests.conftest import receive_all
 from tests.integration.lifecycle_support import (
     ShiftedClock,
@@ -46,8 +46,8 @@ def fake_behaviour() -> Behaviour:
     return AgentBehaviour(kind="hang")
 
 
-def concurrent_sweeps(deps: LifecycleDeps, n: int) -> list[SweepReport]:
-    reports: list[SweepReport] = []
+def concurrent_sweeps(deps: LifecycleDeps, n: int) -> list[SweepResult]:
+    reports: list[SweepResult] = []
     barrier = threading.Barrier(n)
 
     def run() -> None:
@@ -86,7 +86,7 @@ def test_concurrent_and_repeated_sweeps_retry_once_and_fail_once(
     reports = concurrent_sweeps(deps, 4)
     assert sum(r.timed_out for r in reports) == 6
     for _ in range(2):
-        assert sweep(deps) == SweepReport()
+        assert sweep(deps) == SweepResult()
     events = trainer_events(resources)
     failed = by_type(events, "Rollout Failed")
     assert len(failed) == 6

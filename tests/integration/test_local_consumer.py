@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from typing import Any
 
 from rollout_pipeline.adapters import clients
@@ -84,3 +85,43 @@ def test_schedule_passes_a_scheduled_event() -> None:
     schedule.run_once()
     assert events[0]["detail-type"] == "Scheduled Event"
     assert schedule.runs == 1
+
+
+class _EmptyQueue:
+    """An SQS client with nothing to receive: the consumer is told to stop at the `stop_after`th poll."""
+
+    def __init__(self, consumer: QueueConsumer, stop_after: int) -> None:
+        self.consumer, self.stop_after, self.polls = consumer, stop_after, 0
+
+    def client(self, _service: str) -> _EmptyQueue:
+        return self
+
+    def receive_message(self, **_request: Any) -> dict[str, Any]:
+        self.polls += 1
+        if self.polls >= self.stop_after:
+            self.consumer._stop.set()
+        return {}
+
+
+class _RecordedWaits(threading.Event):
+    def __init__(self) -> None:
+        super().__init__()
+        self.waits: list[float | None] = []
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waits.append(timeout)
+        return self.is_set()
+
+
+def _pauses_after_empty_polls(idle_s: float) -> tuple[int, list[float | None]]:
+    consumer = QueueConsumer("idle", "https://queue", lambda _e, _c: {}, region=REGION, wait_time_s=0, idle_s=idle_s)
+    queue = _EmptyQueue(consumer, stop_after=3)
+    consumer.clients = queue  # type: ignore[assignment]
+    consumer._stop = waits = _RecordedWaits()
+    consumer._run()
+    return queue.polls, waits.waits
+
+
+def test_short_polls_pause_between_empty_receives_only_when_asked() -> None:
+    assert _pauses_after_empty_polls(0.25) == (3, [0.25, 0.25, 0.25])
+    assert _pauses_after_empty_polls(0.0) == (3, [])

@@ -13,8 +13,8 @@ from urllib.parse import urlparse
 
 import pytest
 
-from rollout_pipeline.adapters.fake_acr import FakeAgentRuntime
 from rollout_pipeline.adapters.runtime import local_runtime
+from rollout_pipeline.fakes.acr import FakeAgentRuntime
 from rollout_pipeline.local.pipeline import LocalPipeline, LocalSettings, interrupt_on_sigterm
 
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from rollout_pipeline.adapters.fake_acr import AgentBehaviour, Behaviour
+from rollout_pipeline.fakes.acr import AgentBehaviour, Behaviour
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
-from rollout_pipeline.lifecycle.metrics import REWARD, SUCCEEDED
 from rollout_pipeline.local.resources import ExperimentResources
+from rollout_pipeline.metric_names import REWARD, SUCCEEDED
 from tests.integration.lifecycle_support import complete_once, dispatch_once, moto_lock, seed_batch, send
 
 pytestmark = pytest.mark.usefixtures(moto_lock.__name__)

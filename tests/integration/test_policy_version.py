@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from rollout_pipeline.adapters.fake_acr import AgentBehaviour, FakeAgentRuntime
 from rollout_pipeline.adapters.s3 import S3ObjectStore
 from rollout_pipeline.contracts import DetailType, GroupCompleted, RolloutCompleted
+from rollout_pipeline.fakes.acr import AgentBehaviour, FakeAgentRuntime
 from rollout_pipeline.local.pipeline import LocalPipeline, LocalSettings
 
 

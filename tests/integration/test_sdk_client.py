@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from rollout_pipeline.adapters.fake_acr import AgentBehaviour, Behaviour, FakeAgentRuntime, FakeInvocation
 from rollout_pipeline.contracts import INLINE_RESULT_BYTES, RolloutCompleted, RolloutFailed
+from rollout_pipeline.fakes.acr import AgentBehaviour, Behaviour, FakeAgentRuntime, FakeInvocation
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.local.resources import ExperimentResources
 from rollout_pipeline.sdk import BatchItem, Experiment, RolloutClient, RolloutFailedError, SdkError
@@ -190,7 +190,8 @@ def test_dispatcher_leaves_other_consumers_events_alone(
     client: RolloutClient, resources: ExperimentResources, deps: LifecycleDeps
 ) -> None:
     from tests.conftest import receive_all
-    from tests.integration.test_sdk_events import B2, completed, publish
+    from tests.integration.conftest import publish
+    from tests.sdk_events import B2, completed
 
     publish(resources, completed(B2, "other", 0, 0.0))
     future = client.invoke({"k": 1})

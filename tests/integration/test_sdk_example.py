@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from rollout_pipeline.adapters.fake_acr import AgentBehaviour, Behaviour, FakeAgentRuntime, FakeInvocation
+from rollout_pipeline.fakes.acr import AgentBehaviour, Behaviour, FakeAgentRuntime, FakeInvocation
 from rollout_pipeline.local.resources import ExperimentResources
 from rollout_pipeline.sdk import Experiment
 from tests.conftest import REGION

@@ -17,7 +17,7 @@ from rollout_pipeline.contracts import DetailType
 from rollout_pipeline.local.moto_server import moto_server
 from rollout_pipeline.local.resources import ExperimentResources, create_resources
 from rollout_pipeline.sdk import Experiment
-from tests.integration.test_sdk_events import completed
+from tests.sdk_events import completed
 
 REGION = "us-east-1"
 

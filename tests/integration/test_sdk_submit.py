@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from rollout_pipeline.adapters import clients
-from rollout_pipeline.adapters.fake_acr import AgentBehaviour, Behaviour, FakeAgentRuntime, FakeInvocation
 from rollout_pipeline.contracts import CLAIM_CHECK_BYTES, FileOptions, RolloutMessage
+from rollout_pipeline.fakes.acr import AgentBehaviour, Behaviour, FakeAgentRuntime, FakeInvocation
 from rollout_pipeline.ingest.core import parse_ingest_message
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.local.resources import ExperimentResources
@@ -27,15 +27,10 @@ from rollout_pipeline.sdk import (
     SdkError,
 )
 from tests.conftest import REGION, receive_all
+from tests.integration.conftest import WAIT
 from tests.integration.lifecycle_support import drive, make_deps, moto_lock  # noqa: F401 - fixture
-from tests.integration.test_sdk_events import WAIT
 
 pytestmark = pytest.mark.usefixtures("resources")
-
-
-@pytest.fixture
-def experiment(resources: ExperimentResources) -> Experiment:
-    return Experiment.from_outputs(resources.stack_outputs(), region=REGION)
 
 
 def write_jsonl(path: Path, rows: list[Any]) -> Path:

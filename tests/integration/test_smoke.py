@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from rollout_pipeline.adapters.fake_acr import AgentBehaviour, FakeAgentRuntime
 from rollout_pipeline.adapters.s3 import S3ObjectStore
 from rollout_pipeline.cli import EXIT_OK, main
+from rollout_pipeline.fakes.acr import AgentBehaviour, FakeAgentRuntime
 from rollout_pipeline.local.pipeline import REGION, LocalPipeline, LocalSettings
 from rollout_pipeline.sdk.smoke import SmokeCheck, run_smoke
 

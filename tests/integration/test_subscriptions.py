@@ -22,11 +22,6 @@ PATTERN = {"source": ["rollout.pipeline"]}
 DAY = 86_400.0
 
 
-@pytest.fixture
-def experiment(resources: ExperimentResources) -> Experiment:
-    return Experiment.from_outputs(resources.stack_outputs(), region=REGION)
-
-
 def rule_names(experiment: Experiment) -> list[str]:
     rules = experiment.client("events").list_rules(EventBusName=experiment.bus_name)["Rules"]
     return sorted(r["Name"] for r in rules)

@@ -15,8 +15,8 @@ from typing import Any
 import botocore.client
 import pytest
 
-from rollout_pipeline.adapters.fake_acr import AgentBehaviour, Behaviour, FakeAgentRuntime, FakeInvocation
 from rollout_pipeline.contracts import CLAIM_CHECK_BYTES, INLINE_RESULT_BYTES
+from rollout_pipeline.fakes.acr import AgentBehaviour, Behaviour, FakeAgentRuntime, FakeInvocation
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.local.resources import ExperimentResources
 from rollout_pipeline.routing import DATASET_PREFIX

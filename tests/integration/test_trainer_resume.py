@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from rollout_pipeline import ids
-from rollout_pipeline.adapters.fake_acr import AgentBehaviour, FakeAgentRuntime, FakeInvocation
 from rollout_pipeline.adapters.s3 import S3ObjectStore
 from rollout_pipeline.contracts import DetailType, RolloutCompleted
+from rollout_pipeline.fakes.acr import AgentBehaviour, FakeAgentRuntime, FakeInvocation
 from rollout_pipeline.local.pipeline import LocalPipeline, LocalSettings
 
 pytestmark = pytest.mark.slow

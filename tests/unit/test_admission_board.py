@@ -5,35 +5,15 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
 from typing import Any
 
 import pytest
 
 from rollout_pipeline.lifecycle.limits import BOARD_READ_S, BOARD_SETTLE_S, BOARD_STALE_S, AdmissionBoard, SlotGate
 from tests.conftest import wait_for
+from tests.doubles import FakeBoardLedger
 
 pytestmark = pytest.mark.timing
-
-
-class FakeBoardLedger:
-    """The ledger's three board operations, in memory (one shared 'table' for every process)."""
-
-    def __init__(self) -> None:
-        self.items: dict[str, tuple[int, list[str]]] = {}
-        self.lock = threading.Lock()
-
-    def put_waiting(self, process: str, waiting: Sequence[str], *, now_us: int) -> None:
-        with self.lock:
-            self.items[process] = (now_us, list(waiting))
-
-    def clear_waiting(self, process: str) -> None:
-        with self.lock:
-            self.items.pop(process, None)
-
-    def waiting_board(self) -> list[tuple[str, int, list[str]]]:
-        with self.lock:
-            return [(p, at, list(keys)) for p, (at, keys) in self.items.items()]
 
 
 def _gate(ledger: Any, in_flight: dict[str, int], name: str, wall: Any = time.time) -> SlotGate:

@@ -3,47 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
 
 import pytest
 
 from rollout_pipeline import ids
-from rollout_pipeline.adapters.fake_acr import AcrProfile, AgentBehaviour, FakeAgentRuntime
+from rollout_pipeline.fakes.acr import AcrProfile, AgentBehaviour, FakeAgentRuntime
 from rollout_pipeline.ports import RuntimeColdStart, RuntimeSessionNotFound, RuntimeThrottled
-
-
-class MemoryStore:
-    def __init__(self) -> None:
-        self.objects: dict[tuple[str, str], bytes] = {}
-
-    def put_bytes(
-        self,
-        bucket: str,
-        key: str,
-        body: bytes,
-        content_type: str = "application/json",
-        metadata: Mapping[str, str] | None = None,
-    ) -> str | None:
-        self.objects[(bucket, key)] = body
-        return None
-
-    def head(self, *a: object, **k: object) -> object:
-        raise AssertionError("the fake ACR only writes result objects; this test store is write-only")
-
-    def iter_bytes(self, *a: object, **k: object) -> Iterator[bytes]:
-        raise AssertionError("the fake ACR only writes result objects; this test store is write-only")
-
-    def get_bytes(self, *a: object, **k: object) -> tuple[bytes, int]:
-        raise AssertionError("the fake ACR only writes result objects; this test store is write-only")
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1_000.0
-
-    def __call__(self) -> float:
-        return self.t
-
+from tests.doubles import ManualClock, MemoryStore
 
 PAYLOAD = {"_rollout": {"exp_id": "e", "input_id": "q", "s3_bucket": "b"}}
 
@@ -52,12 +18,12 @@ def sid(i: int) -> str:
     return f"batch-0123456789ab-{i}-1-0123456789abcdef"
 
 
-def make(clock: Clock, **profile: object) -> FakeAgentRuntime:
+def make(clock: ManualClock, **profile: object) -> FakeAgentRuntime:
     return FakeAgentRuntime(MemoryStore(), AgentBehaviour(kind="manual"), profile=AcrProfile(**profile), clock=clock)  # type: ignore[arg-type]
 
 
 def test_new_session_quota_per_endpoint_and_account() -> None:
-    clock = Clock()
+    clock = ManualClock(1_000.0)
     fake = make(clock, new_sessions_per_minute=120, account_new_sessions_per_s=100)  # 2/s per endpoint
     fake.invoke(sid(0), PAYLOAD)
     fake.invoke(sid(1), PAYLOAD)
@@ -67,7 +33,7 @@ def test_new_session_quota_per_endpoint_and_account() -> None:
     clock.t += 0.5
     fake.invoke(sid(3), PAYLOAD)  # the bucket refilled one token
     # Account rate over a sliding window: 3/s across two endpoints.
-    fake2 = make(Clock(), new_sessions_per_minute=6000, account_new_sessions_per_s=3, endpoints=2)
+    fake2 = make(ManualClock(1_000.0), new_sessions_per_minute=6000, account_new_sessions_per_s=3, endpoints=2)
     for i in range(3):
         fake2.invoke(sid(i), PAYLOAD)
     try:
@@ -79,7 +45,7 @@ def test_new_session_quota_per_endpoint_and_account() -> None:
 
 
 def test_endpoints_have_their_own_quota() -> None:
-    clock = Clock()
+    clock = ManualClock(1_000.0)
     fake = make(clock, new_sessions_per_minute=60, endpoints=2)  # 1/s per endpoint
     by_endpoint: dict[int, list[str]] = {0: [], 1: []}
     for i in range(40):
@@ -95,7 +61,7 @@ def test_endpoints_have_their_own_quota() -> None:
 
 
 def test_data_plane_tps_is_shared_by_invoke_and_stop_over_sliding_windows() -> None:
-    clock = Clock()
+    clock = ManualClock(1_000.0)
     fake = make(clock, data_plane_tps=3)
     fake.invoke(sid(0), PAYLOAD)
     clock.t += 0.6
@@ -111,7 +77,7 @@ def test_data_plane_tps_is_shared_by_invoke_and_stop_over_sliding_windows() -> N
 
 
 def test_active_sessions_count_until_stopped_or_idle_timeout() -> None:
-    clock = Clock()
+    clock = ManualClock(1_000.0)
     fake = make(clock, max_active_sessions=2, idle_timeout_s=60)
     fake.invoke(sid(0), PAYLOAD)
     fake.invoke(sid(1), PAYLOAD)
@@ -128,7 +94,7 @@ def test_active_sessions_count_until_stopped_or_idle_timeout() -> None:
 
 
 def test_cold_start_424_then_same_session_succeeds() -> None:
-    clock = Clock()
+    clock = ManualClock(1_000.0)
     fake = make(clock, cold_start_share=1.0, cold_start_ready_s=2.0)
     try:
         fake.invoke(sid(0), PAYLOAD)
@@ -148,7 +114,7 @@ def test_cold_start_424_then_same_session_succeeds() -> None:
 
 
 def test_unreliable_stops_and_not_found() -> None:
-    clock = Clock()
+    clock = ManualClock(1_000.0)
     fake = make(clock, stop_failure_share=1.0, seed=3, new_sessions_per_minute=60_000)
     outcomes = set()
     for i in range(12):
@@ -170,7 +136,11 @@ def test_unreliable_stops_and_not_found() -> None:
 def test_seeded_faults_repeat() -> None:
     def run() -> list[str]:
         fake = make(
-            Clock(), cold_start_share=0.3, seed=11, new_sessions_per_minute=60_000, account_new_sessions_per_s=1000
+            ManualClock(1_000.0),
+            cold_start_share=0.3,
+            seed=11,
+            new_sessions_per_minute=60_000,
+            account_new_sessions_per_s=1000,
         )
         for i in range(30):
             with contextlib.suppress(RuntimeColdStart):

@@ -13,22 +13,39 @@ REPO = Path(__file__).resolve().parents[2]
 PACKAGE = "rollout_pipeline"
 
 #: The base every layer may use; it imports nothing above it.
-BASE = ("contracts", "config", "ids", "ports")
+BASE = ("contracts", "config", "ids", "ports", "metric_names")
+#: What only tests, benchmarks and local mode run on.
+TEST_ONLY = ("fakes",)
 #: Library areas and what each may never import (areas are the first name under `rollout_pipeline`).
 FORBIDDEN: dict[str, tuple[str, ...]] = {
-    **dict.fromkeys(
-        BASE, ("adapters", "ledger", "details", "ingest", "lifecycle", "sdk", "cli", "local", "trainers", "report")
-    ),
-    "adapters": ("ledger", "ingest", "lifecycle", "sdk", "cli", "trainers"),  # `local`: see COMPAT_ALIASES
-    "ledger": ("details", "ingest", "lifecycle", "sdk", "cli", "local", "trainers"),
+    "adapters": ("ledger", "ingest", "lifecycle", "sdk", "cli", "local", "trainers", "wiring", *TEST_ONLY),
+    "ledger": ("details", "ingest", "lifecycle", "sdk", "cli", "local", "trainers", "wiring", *TEST_ONLY),
     # Event details sit between the ledger (typed items) and the stages that publish them.
-    "details": ("adapters", "ingest", "lifecycle", "sdk", "cli", "local", "trainers"),
-    "ingest": ("lifecycle", "sdk", "cli", "local", "trainers"),
-    "lifecycle": ("ingest", "sdk", "cli", "local", "trainers"),
-    "sdk": ("cli", "local", "trainers"),
+    "details": ("adapters", "ingest", "lifecycle", "sdk", "cli", "local", "trainers", "wiring", *TEST_ONLY),
+    "ingest": ("lifecycle", "sdk", "cli", "local", "trainers", "wiring", *TEST_ONLY),
+    "lifecycle": ("ingest", "sdk", "cli", "local", "trainers", "wiring", *TEST_ONLY),
+    "fakes": ("ledger", "details", "ingest", "lifecycle", "sdk", "cli", "local", "trainers", "wiring", "report"),
+    "sdk": ("cli", "local", "trainers", *TEST_ONLY),
     # The CLI runs on the SDK only: no ledger items, adapters or stages of its own.
-    "cli": ("ledger", "details", "adapters", "ingest", "lifecycle", "local", "trainers"),
-    "trainers": ("cli", "local", "ledger", "ingest", "lifecycle"),
+    "cli": ("ledger", "details", "adapters", "ingest", "lifecycle", "local", "trainers", "wiring", *TEST_ONLY),
+    "trainers": ("cli", "local", "ledger", "ingest", "lifecycle", *TEST_ONLY),
+}
+#: The modules at the package's root, and all each may import of ours (its own area aside): the base imports only
+#: the base, their neighbours the base and each other, the composition root (`wiring`) what it composes.
+ROOT_MAY_IMPORT: dict[str, frozenset[str]] = {
+    "metric_names": frozenset(),
+    "ids": frozenset(),
+    "config": frozenset({"metric_names"}),
+    "ports": frozenset({"contracts"}),
+    "contracts": frozenset({"config", "ids", "ports"}),
+    "topology": frozenset(BASE),
+    "deploy_settings": frozenset(BASE),
+    "routing": frozenset(BASE),
+    "access": frozenset({*BASE, "routing"}),
+    "observability": frozenset(BASE),
+    "sqs_batch": frozenset(BASE),
+    "preflight": frozenset({*BASE, "topology", "deploy_settings"}),
+    "wiring": frozenset({*BASE, "topology", "adapters", "ledger", "ingest", "lifecycle"}),
 }
 
 
@@ -71,13 +88,9 @@ def test_only_local_mode_imports_the_lambda_entry_points() -> None:
     assert bad == []
 
 
-#: Former import paths kept for users, each a re-export of what moved into local mode.
-COMPAT_ALIASES: frozenset[str] = frozenset({"rollout_pipeline.adapters.local_acr"})
-
-
 def test_nothing_but_local_mode_imports_local_mode() -> None:
     for top in (PACKAGE, "lambdas", "stacks"):
-        bad = [(m, i) for m, i in imports(top) if area(i) == "local" and area(m) != "local" and m not in COMPAT_ALIASES]
+        bad = [(m, i) for m, i in imports(top) if area(i) == "local" and area(m) != "local"]
         assert bad == [], top
 
 
@@ -94,11 +107,72 @@ def test_the_agent_package_stands_apart() -> None:
 
 
 def test_lambdas_are_thin_and_never_use_the_trainer_side() -> None:
-    bad = [(m, i) for m, i in imports("lambdas") if area(i) in ("sdk", "cli", "local", "trainers", "report")]
+    bad = [
+        (m, i) for m, i in imports("lambdas") if area(i) in ("sdk", "cli", "local", "trainers", "report", *TEST_ONLY)
+    ]
     assert bad == []
+
+
+def test_every_root_module_has_a_rule() -> None:
+    roots = {path.stem for path in (REPO / PACKAGE).glob("*.py") if path.stem != "__init__"}
+    assert roots - {"details"} == set(ROOT_MAY_IMPORT) - {"contracts"}
+
+
+@pytest.mark.parametrize("module", sorted(ROOT_MAY_IMPORT))
+def test_root_modules_import_only_what_their_rule_allows(module: str) -> None:
+    top = f"{PACKAGE}/{module}"
+    bad = [
+        (m, i)
+        for m, i in imports(top)
+        if i.split(".")[0] == PACKAGE and area(i) not in (module, None, *ROOT_MAY_IMPORT[module])
+    ]
+    assert bad == [], f"{module} may import only {sorted(ROOT_MAY_IMPORT[module])}"
+
+
+def test_no_loop_between_areas_hides_behind_a_lazy_import() -> None:
+    """The areas' import graph (imports inside functions included) has no cycle but the base's own
+    (`contracts` types its reader with `ports.ObjectReader`, `ports` stamps times with `contracts.utcnow`)."""
+    graph: dict[str, set[str]] = {}
+    for m, i in imports(PACKAGE):
+        source, target = area(m), area(i)
+        if source and target and source != target and not {source, target} <= set(BASE):
+            graph.setdefault(source, set()).add(target)
+
+    def reaches(start: str, goal: str, seen: set[str]) -> bool:
+        return any(nxt == goal or reaches(nxt, goal, seen | {nxt}) for nxt in graph.get(start, set()) - seen)
+
+    loops = sorted(a for a in graph if reaches(a, a, set()))
+    assert loops == []
 
 
 @pytest.mark.parametrize("layer", sorted(FORBIDDEN))
 def test_layers_import_only_downwards(layer: str) -> None:
     bad = [(m, i) for m, i in imports(f"{PACKAGE}/{layer}") if area(i) in FORBIDDEN[layer]]
     assert bad == [], f"{layer} may not import {FORBIDDEN[layer]}"
+
+
+def test_no_module_of_ours_is_imported_by_name() -> None:
+    """`importlib.import_module("rollout_pipeline...")` is an import the rules above cannot see: a mode the
+    library does not import directly is reached through an entry point (`rollout_pipeline.launchers`,
+    `rollout_pipeline.cli`)."""
+    bad = []
+    for top in (PACKAGE, "lambdas", "stacks"):
+        for path in sorted((REPO / top).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if (
+                    isinstance(node, ast.Call)
+                    and getattr(node.func, "attr", getattr(node.func, "id", None)) in ("import_module", "__import__")
+                    and node.args
+                    and isinstance(node.args[0], ast.Constant)
+                    and str(node.args[0].value).split(".")[0] in (PACKAGE, "lambdas", "stacks")
+                ):
+                    bad.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert bad == []
+
+
+def test_the_stacks_read_the_librarys_facts_not_its_stages() -> None:
+    """The stack takes names, numbers and grants from the base and the root modules (metric names from
+    `metric_names`, not the lifecycle); it never imports a stage, an adapter, local mode or the CLI."""
+    never = ("ingest", "lifecycle", "adapters", "fakes", "local", "cli", "wiring", "trainers", "agent")
+    bad = [(m, i) for top in ("stacks", "app") for m, i in imports(top) if area(i) in never]
+    assert bad == []

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from rollout_pipeline.contracts import MAX_ABS_REWARD as MAX_REWARD_MAGNITUDE
 from rollout_pipeline.ledger.attributes import from_attribute_value, number_text, to_attribute_value
-from rollout_pipeline.lifecycle.completion import MAX_ABS_REWARD as MAX_REWARD_MAGNITUDE
 
 REWARDS = st.floats(
     allow_nan=False, allow_infinity=False, min_value=-MAX_REWARD_MAGNITUDE, max_value=MAX_REWARD_MAGNITUDE

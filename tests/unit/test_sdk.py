@@ -30,7 +30,8 @@ from rollout_pipeline.sdk.events import (
 from rollout_pipeline.sdk.export import export_rows
 from rollout_pipeline.sdk.status import batch_status
 from rollout_pipeline.sdk.submission import file_options, validate_payloads
-from tests.integration.test_sdk_events import B1, B2, accepted, batch_done, completed, failed, group_done
+from tests.doubles import ManualClock, MemoryEventQueue
+from tests.sdk_events import B1, B2, accepted, batch_done, completed, failed, group_done
 
 
 def envelope(detail: Any) -> str:
@@ -43,60 +44,8 @@ def envelope(detail: Any) -> str:
     )
 
 
-class MemoryQueue:
-    """An in-memory queue with SQS's delivery semantics (at-least-once, visibility, receive counts)."""
-
-    def __init__(self, bodies: list[str]) -> None:
-        self.messages: dict[int, dict[str, Any]] = {
-            i: {"body": b, "visible": True, "receives": 0} for i, b in enumerate(bodies)
-        }
-        self.receipts = 0
-        self.handles: dict[str, int] = {}
-        self.deleted: list[int] = []
-
-    def receive(self, wait_s: float, max_messages: int = 10) -> list[Delivery]:
-        out: list[Delivery] = []
-        for mid, msg in self.messages.items():
-            if msg["visible"] and len(out) < max_messages:
-                msg["visible"] = False
-                msg["receives"] += 1
-                self.receipts += 1
-                handle = f"h{self.receipts}"
-                self.handles[handle] = mid
-                out.append(Delivery(handle, parse_envelope(msg["body"])[1], f"m{mid}"))
-        return out
-
-    def delete(self, delivery: Delivery) -> None:
-        mid = self.handles[delivery.receipt]
-        if mid in self.messages:
-            del self.messages[mid]
-            self.deleted.append(mid)
-
-    def release(self, delivery: Delivery, after_s: int = 0) -> None:
-        mid = self.handles[delivery.receipt]
-        if mid in self.messages:
-            self.messages[mid]["visible"] = after_s == 0
-            self.messages[mid]["hidden_for"] = after_s
-
-    def timeout_all(self) -> None:
-        """The visibility timeout runs out for every in-flight message."""
-        for msg in self.messages.values():
-            msg["visible"] = True
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
-
-    def sleep(self, seconds: float) -> None:
-        self.t += max(seconds, 0.0)
-
-
-def stream_over(queue: MemoryQueue, seen: SeenIds | None = None, **kwargs: Any) -> EventStream:
-    clock = FakeClock()
+def stream_over(queue: MemoryEventQueue, seen: SeenIds | None = None, **kwargs: Any) -> EventStream:
+    clock = ManualClock()
     original = queue.receive
 
     def receive(wait_s: float, max_messages: int = 10) -> list[Delivery]:
@@ -127,7 +76,7 @@ def stream_over(queue: MemoryQueue, seen: SeenIds | None = None, **kwargs: Any) 
 def test_each_event_is_handed_once_and_every_message_ends_deleted(copies: list[int], crash_after: int) -> None:
     details = [completed(B1, f"q{i}", 0, float(i)) for i in range(len(copies))]
     bodies = [envelope(d) for d, n in zip(details, copies, strict=True) for _ in range(n)]
-    queue = MemoryQueue(bodies)
+    queue = MemoryEventQueue(bodies)
     seen = SeenIds()
     handed: list[str] = []
 
@@ -147,7 +96,7 @@ def test_each_event_is_handed_once_and_every_message_ends_deleted(copies: list[i
 
 
 def test_release_on_close_and_ack_on_advance() -> None:
-    queue = MemoryQueue([envelope(completed(B1, "q1", 0, 1.0)), envelope(completed(B1, "q2", 0, 1.0))])
+    queue = MemoryEventQueue([envelope(completed(B1, "q1", 0, 1.0)), envelope(completed(B1, "q2", 0, 1.0))])
     stream = stream_over(queue, timeout=5)
     next(stream)
     assert queue.deleted == []
@@ -159,23 +108,23 @@ def test_release_on_close_and_ack_on_advance() -> None:
 
 def test_filtered_out_messages_are_released_or_consumed() -> None:
     bodies = [envelope(completed(B2, "q1", 0, 1.0)), envelope(accepted(B1)), "garbage"]
-    queue = MemoryQueue(bodies)
+    queue = MemoryEventQueue(bodies)
     got = list(stream_over(queue, timeout=3, event_filter=EventFilter(B1, [DetailType.BATCH_ACCEPTED])))
     assert [e.detail_type for e in got] == [DetailType.BATCH_ACCEPTED]
     assert sorted(queue.messages) == [0, 2], "released, never deleted"
     assert all(m["visible"] for m in queue.messages.values()), "visible at once for their consumer"
     assert max(m["receives"] for m in queue.messages.values()) <= 4, "backs off (0.5, 1, 2 s...) instead of spinning"
 
-    queue = MemoryQueue(bodies)
+    queue = MemoryEventQueue(bodies)
     list(stream_over(queue, timeout=3, event_filter=EventFilter(B1), consume_others=True))
     assert queue.messages == {}
 
 
 def test_max_events_and_timeout_bound_the_stream() -> None:
-    queue = MemoryQueue([envelope(completed(B1, f"q{i}", 0, 1.0)) for i in range(5)])
+    queue = MemoryEventQueue([envelope(completed(B1, f"q{i}", 0, 1.0)) for i in range(5)])
     assert len(list(stream_over(queue, timeout=10, max_events=2))) == 2
     assert len(queue.messages) == 3
-    empty = stream_over(MemoryQueue([]), timeout=2.5)
+    empty = stream_over(MemoryEventQueue([]), timeout=2.5)
     assert list(empty) == []
     assert empty.expired()
 
@@ -208,8 +157,8 @@ def test_parse_envelope_rejects_what_is_not_a_pipeline_event() -> None:
 # -------------------------------------------------------------------------------------------------- groups
 
 
-def group_stream(bodies: list[str], **kwargs: Any) -> tuple[MemoryQueue, GroupStream]:
-    queue = MemoryQueue(bodies)
+def group_stream(bodies: list[str], **kwargs: Any) -> tuple[MemoryEventQueue, GroupStream]:
+    queue = MemoryEventQueue(bodies)
     stream = stream_over(queue, timeout=30, event_filter=EventFilter(B1))
     return queue, GroupStream(stream, clock=stream._clock, **kwargs)
 

@@ -10,20 +10,9 @@ import pytest
 
 from rollout_pipeline.lifecycle.limits import ADMIT_AHEAD_S, LATENESS_S, Pacer, SessionRoom, SlotGate
 from tests.conftest import wait_for
+from tests.doubles import FakeSchedules
 
 pytestmark = pytest.mark.timing
-
-
-class FakeSchedules:
-    """The ledger's `pace_tat` read, in memory (the schedule of each paced budget, epoch microseconds)."""
-
-    def __init__(self) -> None:
-        self.tat_us: dict[str, int] = {}
-        self.reads = 0
-
-    def pace_tat(self, budget: str) -> int:
-        self.reads += 1
-        return self.tat_us.get(budget, 0)
 
 
 def _room(schedules: FakeSchedules, rate: float, now: list[float]) -> SessionRoom:

@@ -13,8 +13,8 @@ import pytest
 from rollout_pipeline import topology
 from rollout_pipeline.adapters import acr as acr_module
 from rollout_pipeline.adapters.clients import ACR_SERVICE, ClientFactory, LazyClient
-from rollout_pipeline.adapters.fake_acr import FakeAgentRuntime
-from rollout_pipeline.config import ConfigError, ExperimentConfig, HandlerSettings
+from rollout_pipeline.config import ConfigError, ExperimentConfig, FunctionEnvironment, HandlerSettings
+from rollout_pipeline.fakes.acr import FakeAgentRuntime
 from rollout_pipeline.ledger.ledger import Ledger
 from rollout_pipeline.ports import SystemClock
 from rollout_pipeline.sqs_batch import BatchOutcome, batch_response, run_partial_batch
@@ -89,14 +89,12 @@ def test_a_given_runtime_wins_and_a_local_one_serves_its_endpoint() -> None:
 
 
 def test_function_environment_is_declared_once() -> None:
-    env = topology.FunctionEnvironment.of(SETTINGS).to_environ()
-    assert set(env) == set(topology.FunctionEnvironment.model_fields)
+    env = FunctionEnvironment.of(SETTINGS).to_environ()
+    assert set(env) == set(FunctionEnvironment.model_fields)
     assert HandlerSettings.from_environ(env) == SETTINGS
     assert set(SETTINGS.to_environ()) == {k for k in env if not k.startswith("POWERTOOLS_")}
     with pytest.raises(ConfigError, match="missing environment variables: TABLE_NAME, EXPERIMENT_CONFIG"):
-        topology.FunctionEnvironment.from_environ(
-            {k: v for k, v in env.items() if k not in ("TABLE_NAME", "EXPERIMENT_CONFIG")}
-        )
+        FunctionEnvironment.from_environ({k: v for k, v in env.items() if k not in ("TABLE_NAME", "EXPERIMENT_CONFIG")})
 
 
 # --------------------------------------------------------------------------------------- partial batches
@@ -163,13 +161,13 @@ def test_every_function_has_one_shape() -> None:
 
 
 def test_bound_handler_runs_over_the_given_stage(monkeypatch: pytest.MonkeyPatch) -> None:
-    from lambdas.glue import Outcome, PipelineFunction
+    from lambdas.glue import PipelineFunction, RunResult
 
     seen: list[Any] = []
 
-    def run(stage: str, event: dict[str, Any], context: Any) -> Outcome:
+    def run(stage: str, event: dict[str, Any], context: Any) -> RunResult:
         seen.append(stage)
-        return Outcome({"batchItemFailures": []}, "ran", counts={"Things": 2})
+        return RunResult({"batchItemFailures": []}, "ran", counts={"Things": 2})
 
     def build(_wiring: Wiring) -> str:
         raise AssertionError("a bound handler never builds its stage from the environment")
@@ -190,7 +188,7 @@ def test_a_cold_start_imports_no_boto3_until_a_call_needs_it(name: str) -> None:
     from pathlib import Path
 
     env = {
-        **topology.FunctionEnvironment.of(SETTINGS).to_environ(),
+        **FunctionEnvironment.of(SETTINGS).to_environ(),
         "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
         "AWS_DEFAULT_REGION": "us-east-1",
     }

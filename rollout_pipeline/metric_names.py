@@ -1,0 +1,39 @@
+"""The pipeline's metric names: what the handlers emit (`lambdas/glue.flush_metrics`) and the stack's alarms and
+dashboard read (`stacks/monitoring.py`). One home for both sides: a name changed here changes on both."""
+
+from __future__ import annotations
+
+from typing import Final
+
+#: CloudWatch namespace of every pipeline metric (Powertools `POWERTOOLS_METRICS_NAMESPACE`).
+METRICS_NAMESPACE: Final = "RolloutPipeline"
+
+DISPATCHED: Final = "Dispatched"
+#: AgentCore refused a call for now (ThrottlingException, ServiceQuotaExceeded, a conflict, 429/5xx, not
+#: reachable): counted once per answer, by `limits.LimitedRuntime`.
+ACR_THROTTLED: Final = "AcrThrottled"
+#: The pipeline's own backlog: a call found no slot of its `tps`/session budget before its wait ended (no call was
+#: made; AgentCore was not asked). Counted once per such call, by `limits.LimitedRuntime`.
+LIMIT_BACKLOG: Final = "LimitBacklog"
+#: A rollout or outbox entry the sweeper could not handle (an exception; it is tried again on the next sweep).
+SWEEP_ERRORS: Final = "SweepErrors"
+SUCCEEDED: Final = "Succeeded"
+FAILED: Final = "Failed"
+TIMED_OUT: Final = "TimedOut"
+LATE_OR_UNKNOWN: Final = "LateOrUnknownResult"
+IN_FLIGHT: Final = "InFlight"
+NOTIFICATION_LATENCY: Final = "NotificationLatency"
+LIMIT_WAITS: Final = "LimitWaitRequeued"
+RETRIED: Final = "Retried"
+CANCELLED: Final = "Cancelled"
+NEW_SESSIONS: Final = "NewSessions"
+COLD_START_RETRIED: Final = "ColdStartRetried"
+STOP_FAILED: Final = "StopFailed"
+STOPS_PENDING: Final = "StopsPending"
+SUBMITTED: Final = "Submitted"
+REWARD: Final = "Reward"
+
+
+def failed_metric(reason: str) -> str:
+    """The per-reason failure metric, e.g. `Failed_timeout` (alongside the total `Failed`)."""
+    return f"{FAILED}_{reason}"
