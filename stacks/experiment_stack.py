@@ -24,7 +24,7 @@ from stacks.environment_size import check_environment_size
 from stacks.events import EventRouting
 from stacks.functions import LOG_RETENTION_DAYS, RUNTIME, PipelineFunctionConstruct
 from stacks.image import AgentImage
-from stacks.ledger import Ledger
+from stacks.ledger import LedgerTableConstruct
 from stacks.monitoring import Monitoring, RuntimeLogRetention, expire_every_log_group
 from stacks.queues import QueuedLambdaConsumer
 from stacks.retention import is_retained, removal_policy
@@ -64,7 +64,7 @@ class ExperimentStack(Stack):
         removal = removal_policy(config)
 
         self.storage = Storage(self, "Storage", config=config)
-        self.ledger = Ledger(self, "Ledger", config=config)
+        self.ledger = LedgerTableConstruct(self, "Ledger", config=config)
         self.events = EventRouting(self, "Events", config=config, archive_retention_days=archive_retention_days)
         self.image = AgentImage(self, "Image", config=config, settings=settings, repo_root=repo_root)
         self.agent = AgentRuntimeConstruct(

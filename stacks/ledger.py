@@ -17,7 +17,7 @@ from stacks.retention import removal_policy
 READ_WRITE_ACTIONS: Final = access.LEDGER_ITEM_ACTIONS
 
 
-class Ledger(Construct):
+class LedgerTableConstruct(Construct):
     """On-demand table with PITR, TTL on `expires_at` and the two sparse GSIs `deadline` and `outbox`."""
 
     def __init__(self, scope: Construct, construct_id: str, *, config: ExperimentConfig) -> None:
