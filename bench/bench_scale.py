@@ -140,7 +140,7 @@ class DilatedClock:
 def item_category(pk: str, sk: str) -> str:
     """A ledger item's kind for the request counts: LIMIT/SESSIONS, LIMIT/PACE#tps, LIMIT/WAIT#*, BATCH, ..."""
     if pk == "LIMIT":
-        for prefix in ("WAIT#", "TPS#"):
+        for prefix in ("WAIT#", "TPS#", "SESSIONS#"):
             if sk.startswith(prefix):
                 return f"LIMIT/{prefix}*"
         return f"LIMIT/{sk}"
@@ -149,6 +149,8 @@ def item_category(pk: str, sk: str) -> str:
             return "BATCH#COUNT#*"
         if sk in ("BATCH", "BATCH#CONTROL"):
             return sk
+        if sk.startswith("BATCH#CONTROL#"):
+            return "BATCH#CONTROL#*"
         if sk.startswith("G#"):
             return "group G#*"
         if sk.startswith("R#"):

@@ -17,6 +17,10 @@ BATCH_SK: Final = "BATCH"
 #: batch item, its control item and its counter shards (and never a group `G#` or rollout `R#` item).
 #: CONTROL: the cancel flag the dispatch transaction checks (written at cancel only).
 CONTROL_SK: Final = "BATCH#CONTROL"
+#: CONTROL#{shard}: copies of the cancel flag (written at cancel, in the same transaction); each dispatch transaction
+#: checks its group's copy, so no one item is in every dispatch transaction of a batch.
+CONTROL_SHARD_PREFIX: Final = "BATCH#CONTROL#"
+CONTROL_SHARDS: Final = 16
 #: COUNT#{shard}: terminal counters and reward sums, ADDed by the terminal transaction of each rollout.
 COUNT_PREFIX: Final = "BATCH#COUNT#"
 #: Counter shards per batch: each terminal transaction touches one, so a shard sees 1/16 of the batch's rate.
@@ -25,6 +29,9 @@ GROUP_PREFIX: Final = "G#"
 ROLLOUT_PREFIX: Final = "R#"
 LIMIT_PK: Final = "LIMIT"
 SESSIONS_SK: Final = "SESSIONS"
+#: SESSIONS#{shard}: the session-slot counters (`ledger.limits`: their caps sum to `max_sessions`).
+SESSIONS_SHARD_PREFIX: Final = "SESSIONS#"
+SESSION_SHARDS: Final = 16
 #: The experiment's current policy version (set by the trainer; stamped on each rollout at dispatch).
 POLICY_SK: Final = "POLICY"
 TPS_PREFIX: Final = "TPS#"
@@ -54,6 +61,15 @@ def batch_control_key(batch_id: str) -> dict[str, dict[str, str]]:
     return {PK: {"S": batch_pk(batch_id)}, SK: {"S": CONTROL_SK}}
 
 
+def control_shard_key(batch_id: str, input_id: str) -> dict[str, dict[str, str]]:
+    """The copy of the batch's cancel flag that the dispatch transactions of a group's rollouts check."""
+    return {PK: {"S": batch_pk(batch_id)}, SK: {"S": control_shard_sk(zlib.crc32(input_id.encode()) % CONTROL_SHARDS)}}
+
+
+def control_shard_sk(shard: int) -> str:
+    return f"{CONTROL_SHARD_PREFIX}{shard:02d}"
+
+
 def count_shard(input_id: str) -> int:
     """The counter shard of a group's rollouts (all rollouts of one group count on the same shard)."""
     return zlib.crc32(input_id.encode()) % COUNT_SHARDS
@@ -77,7 +93,13 @@ def rollout_key(batch_id: str, input_id: str, index: int) -> dict[str, dict[str,
 
 
 def sessions_key() -> dict[str, dict[str, str]]:
+    """The single session-slot counter of releases before the counters were sharded (`session_shard_key`)."""
     return {PK: {"S": LIMIT_PK}, SK: {"S": SESSIONS_SK}}
+
+
+def session_shard_key(shard: int) -> dict[str, dict[str, str]]:
+    """One session-slot counter (`SESSIONS#{shard}`)."""
+    return {PK: {"S": LIMIT_PK}, SK: {"S": f"{SESSIONS_SHARD_PREFIX}{shard:02d}"}}
 
 
 def policy_key() -> dict[str, dict[str, str]]:

@@ -62,6 +62,11 @@ class DispatchStart(StrEnum):
 # ------------------------------------------------------------------------------------------- (de)serialisation
 
 
+def slot_holder(batch_id: str, input_id: str, index: int, attempt: int) -> str:
+    """The name a rollout attempt's session slot is given back under (`LimitLedger.release_slot`)."""
+    return f"{batch_id}/{input_id}#{index}@{attempt}"
+
+
 def from_item(item: Mapping[str, Any]) -> dict[str, Any]:
     """A DynamoDB item (attribute values) as plain Python values (numbers: int when integral, else float)."""
     return {k: from_attribute_value(v) for k, v in item.items()}
@@ -308,11 +313,13 @@ class RolloutLedger:
         max_sessions: int,
         policy_version: str | None,
         batch_policy_version: str | None = None,
+        slot_shard: int = 0,
     ) -> DispatchStart:
         """Acquire a session slot and move the rollout to dispatched(attempt), in one transaction.
 
-        Conditions: the batch is not cancelled (its control item, `keys.batch_control_key`: the batch item itself
-        is in no per-rollout transaction); a slot is free; the rollout has no item yet (attempt 1) or is queued for
+        Conditions: the batch is not cancelled (the group's copy of its cancel flag, `keys.control_shard_key`: the
+        batch item itself is in no per-rollout transaction); session-slot counter `slot_shard` is below its cap
+        (`LimitLedger.take_slot`); the rollout has no item yet (attempt 1) or is queued for
         exactly this attempt. So a redelivered message never starts a second session. The caller has read the
         batch (it needs its options), so the batch exists.
         `policy_version` is the version the rollout is dispatched with; `batch_policy_version`, the batch's, is
@@ -325,7 +332,7 @@ class RolloutLedger:
         batch_check = {
             "ConditionCheck": {
                 "TableName": self.table_name,
-                "Key": keys.batch_control_key(batch_id),
+                "Key": keys.control_shard_key(batch_id, input_id),
                 "ConditionExpression": "attribute_not_exists(cancelled_at)",
             }
         }
@@ -360,7 +367,9 @@ class RolloutLedger:
             },
             {"#st": "state", "#ix": "index", "#dlpk": keys.DEADLINE_PK, "#dlsk": keys.DEADLINE_SK},
         )
-        reasons = self._transact([batch_check, self.limits.take_slot(max_sessions), {"Update": rollout_update}])
+        reasons = self._transact(
+            [batch_check, self.limits.take_slot(max_sessions, slot_shard), {"Update": rollout_update}]
+        )
         if reasons is None:
             return DispatchStart.STARTED
         batch_r, slot_r, rollout_r = (reasons + ["None"] * 3)[:3]
@@ -394,7 +403,12 @@ class RolloutLedger:
             {":queued": QUEUED, ":dispatched": DISPATCHED, ":attempt": attempt},
             {"#st": "state", "#dlpk": keys.DEADLINE_PK, "#dlsk": keys.DEADLINE_SK},
         )
-        return self._transact([{"Update": update}, self.limits.release_slot()]) is None
+        return (
+            self._transact(
+                [{"Update": update}, self.limits.release_slot(slot_holder(batch_id, input_id, index, attempt))]
+            )
+            is None
+        )
 
     def _outbox_values(self, batch_id: str, input_id: str, index: int, now_epoch: int) -> dict[str, Any]:
         return {
@@ -531,7 +545,7 @@ class RolloutLedger:
         )
         items: list[dict[str, Any]] = [{"Update": rollout}, {"Update": group}, {"Update": batch}]
         if from_state == DISPATCHED and not hold:
-            items.append(self.limits.release_slot())
+            items.append(self.limits.release_slot(slot_holder(batch_id, input_id, index, attempt)))
         reasons = self._transact(items)
         if reasons is None:
             return True
@@ -588,7 +602,8 @@ class RolloutLedger:
         )
         if hold:
             return self._transact([{"Update": update}]) is None
-        return self._transact([{"Update": update}, self.limits.release_slot()]) is None
+        holder = slot_holder(rec.batch_id, rec.input_id, rec.index, rec.attempt)
+        return self._transact([{"Update": update}, self.limits.release_slot(holder)]) is None
 
     # ------------------------------------------------------------------------------------ stops and held slots
 
@@ -605,7 +620,7 @@ class RolloutLedger:
             "contains(held_slots, :sid)",
             {":s": {session_id}, ":sid": session_id},
         )
-        return self._transact([{"Update": update}, self.limits.release_slot()]) is None
+        return self._transact([{"Update": update}, self.limits.release_slot(session_id)]) is None
 
     def note_stop_failed(self, rec: RolloutRecord, *, next_epoch: int, not_found: Sequence[str] = ()) -> None:
         """Stops of this entry failed: count the try, remember first NotFound answers, and come back to the entry
@@ -689,14 +704,23 @@ class RolloutLedger:
             {"#status": "status"},
         )
         epoch = now_epoch if now_epoch is not None else self.table.epoch()
-        control = self._update(
-            keys.batch_control_key(batch_id),
+        control_write: tuple[str, None, dict[str, Any], dict[str, str]] = (
             "SET #status = :cancelled, cancelled_at = if_not_exists(cancelled_at, :now), #ttl = :ttl",
             None,
             {**values, ":ttl": self.table.expires_at(epoch)},
             {"#status": "status", "#ttl": keys.TTL_ATTRIBUTE},
         )
-        reasons = self._transact([{"Update": batch}, {"Update": control}])
+        # The control item (the batch view's `cancelled_at`) and every copy the dispatch transactions check.
+        control = self._update(keys.batch_control_key(batch_id), *control_write)
+        shards = [
+            {
+                "Update": self._update(
+                    {keys.PK: {"S": keys.batch_pk(batch_id)}, keys.SK: {"S": keys.control_shard_sk(i)}}, *control_write
+                )
+            }
+            for i in range(keys.CONTROL_SHARDS)
+        ]
+        reasons = self._transact([{"Update": batch}, {"Update": control}, *shards])
         if reasons is None:
             return True
         if reasons[0] == "ConditionalCheckFailed":

@@ -9,7 +9,14 @@ from datetime import datetime
 from rollout_pipeline.config import ExperimentConfig, HandlerSettings
 from rollout_pipeline.contracts.attempts import attempt_token
 from rollout_pipeline.ledger.rollouts import RolloutLedger
-from rollout_pipeline.lifecycle.limits import AdmissionBoard, LimitedRuntime, SessionRoom, SlotGate, pacers
+from rollout_pipeline.lifecycle.limits import (
+    AdmissionBoard,
+    LimitedRuntime,
+    SessionRoom,
+    SlotGate,
+    SlotShards,
+    pacers,
+)
 from rollout_pipeline.lifecycle.metrics import MetricsRecorder
 from rollout_pipeline.ports import AgentRuntime, Clock, EventPublisher, MessageQueue, ObjectStore, SystemClock
 
@@ -50,6 +57,7 @@ class LifecycleDeps:
     attempt_key: Callable[[], bytes] | None = None
     limited: LimitedRuntime = field(init=False)
     slots: SlotGate = field(init=False)
+    slot_shards: SlotShards = field(init=False)
 
     def __post_init__(self) -> None:
         if self.invoke_time_s is None:
@@ -57,8 +65,9 @@ class LifecycleDeps:
         config = self.settings.experiment
         tps, sessions = pacers(self.ledger.limits, config.tps_limit, config.session_rate_limit, config.endpoints)
         self.limited = LimitedRuntime(self.runtime, tps, sessions, self.metrics)
+        self.slot_shards = SlotShards(self.ledger.limits, config.max_sessions)
         self.slots = SlotGate(
-            self.ledger.limits.in_flight,
+            self.slot_shards.in_flight,
             self.settings.experiment.max_sessions,
             board=AdmissionBoard(self.ledger.limits, wall=lambda: self.clock.now().timestamp())
             if self.group_admission

@@ -117,7 +117,7 @@ def dispatch_records(records: Sequence[Mapping[str, Any]], deps: LifecycleDeps, 
                 held.release()
 
     run_partial_batch([r for _o, r in ordered], handle, result, workers=workers, what="dispatch", logger=log)
-    deps.metrics.sample(IN_FLIGHT, deps.ledger.limits.in_flight())
+    deps.metrics.sample(IN_FLIGHT, deps.slot_shards.in_flight())
     return result
 
 
@@ -188,6 +188,7 @@ def dispatch_body(
             held.release()
     for _ in range(20):
         now = deps.now()
+        shard = deps.slot_shards.choose()
         start = deps.ledger.begin_dispatch(
             exp_id=message.exp_id,
             batch_id=message.batch_id,
@@ -202,12 +203,17 @@ def dispatch_body(
             max_sessions=deps.config.max_sessions,
             policy_version=batches.policy_version(options.policy_version),
             batch_policy_version=options.policy_version,
+            slot_shard=shard,
         )
         if start is DispatchStart.STARTED:
+            deps.slot_shards.taken(shard)
             return _invoke(message, deps, options, row_payload, wait_until=wait_until, reinvoke=False)
         if start is DispatchStart.CANCELLED:
             return _cancelled(message, deps, options)
         if start is DispatchStart.NO_SLOT:
+            deps.slot_shards.full(shard)
+            if deps.slot_shards.room() > 0:
+                continue  # another counter has room by this process's view
             if not _wait_for_slot(deps, start_by, message):
                 return _requeue(message, deps, Dispatch.REQUEUED_LIMIT)
             continue

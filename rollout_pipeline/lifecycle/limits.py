@@ -8,8 +8,10 @@ drops it, so ANY one-second window (aligned or sliding) holds at most `limit` ca
 process, with no burst at a window boundary.
 Stops are never starved: an invoke only reserves a `tps` slot at most `INVOKE_AHEAD_S` ahead, a stop as far ahead
 as its wait allows, so a waiting stop is always served within about `INVOKE_AHEAD_S`.
-Sessions: the `LIMIT/SESSIONS in_flight` counter, acquired in the dispatch transaction and released only once the
-attempt's session is confirmed stopped or reaped by AgentCore (see `ledger.rollouts` and `lifecycle.stops`).
+Sessions: `keys.SESSION_SHARDS` counters `LIMIT/SESSIONS#{i}` whose caps sum to `max_sessions` (`SlotShards`); a
+slot is taken on a counter with room in the dispatch transaction and given back (on any counter: the sum stays
+exact) only once the attempt's session is confirmed stopped or reaped by AgentCore (see `ledger.rollouts` and
+`lifecycle.stops`). Each counter sees 1/16 of the slot transactions, so none is a hot item.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 from rollout_pipeline import ids
-from rollout_pipeline.ledger.limits import LimitLedger
+from rollout_pipeline.ledger import keys
+from rollout_pipeline.ledger.limits import LimitLedger, shard_cap
 from rollout_pipeline.lifecycle.metrics import ACR_THROTTLED, LIMIT_BACKLOG, MetricsRecorder
 from rollout_pipeline.ports import AgentRuntime, RuntimeThrottled
 
@@ -139,6 +142,51 @@ class Pacer:
                 return False
             if self.sleep_until(slot):
                 return True
+
+
+class SlotShards:
+    """Which session-slot counter a dispatch takes its slot on: a process's view of every counter's room (cap minus
+    count: `LimitLedger.slot_counts`, refreshed by each read of the sessions in flight, with this process's own
+    takes and failures since), a counter chosen at random weighted by its room, so concurrent dispatchers spread
+    over the counters. The transaction stays the arbiter: a counter found full is marked so and another is chosen."""
+
+    def __init__(self, ledger: LimitLedger, max_sessions: int, *, rng: random.Random | None = None) -> None:
+        self.ledger = ledger
+        self.max_sessions = max_sessions
+        self._caps = [shard_cap(max_sessions, i) for i in range(keys.SESSION_SHARDS)]
+        self._room = list(self._caps)  # until the first read: every counter empty
+        self._rng = rng or random.Random()
+        self._lock = threading.Lock()
+
+    def in_flight(self) -> int:
+        """Read every counter (one Query): the sessions in flight; refreshes the view."""
+        counts = self.ledger.slot_counts()
+        with self._lock:
+            self._room = [cap - count for cap, count in zip(self._caps, counts, strict=True)]
+        return sum(counts)
+
+    def choose(self) -> int:
+        """A counter with room by the view (weighted by its room); any counter with a cap when none has room."""
+        with self._lock:
+            weights = [max(0, room) for room in self._room]
+            if not any(weights):
+                weights = [1 if cap > 0 else 0 for cap in self._caps]
+            return self._rng.choices(range(keys.SESSION_SHARDS), weights=weights)[0]
+
+    def taken(self, shard: int) -> None:
+        """This process took a slot on `shard`."""
+        with self._lock:
+            self._room[shard] -= 1
+
+    def full(self, shard: int) -> None:
+        """A take on `shard` failed its cap: no room there until the next read."""
+        with self._lock:
+            self._room[shard] = 0
+
+    def room(self) -> int:
+        """Free slots by the view (no read)."""
+        with self._lock:
+            return sum(max(0, room) for room in self._room)
 
 
 class NoCallBudget(RuntimeThrottled):

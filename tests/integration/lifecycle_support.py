@@ -228,6 +228,13 @@ def rollout_item(resources: ExperimentResources, batch_id: str, input_id: str, i
     return from_item(item) if item else None
 
 
+def slots_in_flight(resources: ExperimentResources) -> int:
+    """The sessions holding a slot: the sum of the session-slot counters (`LimitLedger.in_flight`)."""
+    from rollout_pipeline.ledger.rollouts import RolloutLedger
+
+    return RolloutLedger(resources.table_name, clients.client("dynamodb")).limits.in_flight()
+
+
 def ledger_item(resources: ExperimentResources, key: Mapping[str, Any]) -> dict[str, Any]:
     from rollout_pipeline.ledger.rollouts import from_item
 
