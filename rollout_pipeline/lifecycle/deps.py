@@ -15,6 +15,7 @@ from rollout_pipeline.lifecycle.limits import (
     SessionRoom,
     SlotGate,
     SlotShards,
+    dedicated_session_share,
     pacers,
 )
 from rollout_pipeline.lifecycle.metrics import MetricsRecorder
@@ -64,7 +65,8 @@ class LifecycleDeps:
             self.invoke_time_s = float(getattr(self.runtime, "max_invoke_s", 0.0))
         config = self.settings.experiment
         tps, sessions = pacers(self.ledger.limits, config.tps_limit, config.session_rate_limit, config.endpoints)
-        self.limited = LimitedRuntime(self.runtime, tps, sessions, self.metrics)
+        apart = dedicated_session_share(config.tps_limit, config.session_rate_limit, config.endpoints)
+        self.limited = LimitedRuntime(self.runtime, tps, sessions, self.metrics, sessions_apart=apart)
         self.slot_shards = SlotShards(self.ledger.limits, config.max_sessions)
         self.slots = SlotGate(
             self.slot_shards.in_flight,

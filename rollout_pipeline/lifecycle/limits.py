@@ -5,7 +5,11 @@ InvokeAgentRuntime and StopRuntimeSession, `tps_limit`) and `session#{endpoint}`
 `session_rate_limit` per endpoint). A caller reserves the budget's next start time, sleeps until then and calls.
 Calls are spaced `(1 + LATENESS_S) / limit` apart and a caller that wakes up more than `LATENESS_S` after its slot
 drops it, so ANY one-second window (aligned or sliding) holds at most `limit` calls of a budget, across every
-process, with no burst at a window boundary.
+process, with no burst at a window boundary (`limit + 1` calls span at least `(1 + LATENESS_S) - LATENESS_S`).
+When `tps_limit` leaves room for a stop per new session (`dedicated_session_share`), invokes that open a session
+take only their `session#{endpoint}` slot: their share of `tps_limit` (the sum of the session budgets) is set
+apart and the `tps` schedule paces the rest (stops, calls into existing sessions) at `tps_limit` minus that share;
+else a new session also takes a `tps` slot at its start.
 Stops are never starved: an invoke only reserves a `tps` slot at most `INVOKE_AHEAD_S` ahead, a stop as far ahead
 as its wait allows, so a waiting stop is always served within about `INVOKE_AHEAD_S`.
 Sessions: `keys.SESSION_SHARDS` counters `LIMIT/SESSIONS#{i}` whose caps sum to `max_sessions` (`SlotShards`); a
@@ -35,7 +39,7 @@ from rollout_pipeline.lifecycle.metrics import ACR_THROTTLED, LIMIT_BACKLOG, Met
 from rollout_pipeline.ports import AgentRuntime, RuntimeThrottled
 
 #: A call may start at most this long after its reserved slot; the spacing leaves room for it.
-LATENESS_S: Final = 0.2
+LATENESS_S: Final = 0.05
 #: How far ahead an invoke may reserve a `tps` slot (stops may reserve as far as they wait).
 INVOKE_AHEAD_S: Final = 0.25
 #: How long a stop waits for its slot when the caller gives no deadline.
@@ -113,7 +117,7 @@ class Pacer:
         """Calls that could still start within `ahead_s` (at least one interval) from now, by the latest known
         schedule (no read)."""
         now = self._wall()
-        return max(0, math.floor((now + self._horizon(ahead_s) - max(self.tat, now)) / self.interval_s))
+        return max(0, math.floor((now + self._horizon(ahead_s) - max(self.tat, now)) / self.interval_s + 1e-9))
 
     def next_room_s(self, ahead_s: float) -> float:
         """Seconds until `room(ahead_s)` is at least one, by the latest known schedule."""
@@ -204,11 +208,15 @@ class LimitedRuntime:
         tps: Pacer,
         sessions: Sequence[Pacer],
         metrics: MetricsRecorder | None = None,
+        *,
+        sessions_apart: bool = False,
     ) -> None:
         self.runtime = runtime
         self.tps = tps
         self.sessions = list(sessions)
         self.metrics = metrics
+        #: New sessions' calls are in a share of `tps_limit` set apart (`pacers`): they take no `tps` slot.
+        self.sessions_apart = sessions_apart
 
     def _throttled(self, what: str) -> NoCallBudget:
         if self.metrics is not None:
@@ -242,9 +250,14 @@ class LimitedRuntime:
             return
         pacer = self.sessions[ids.endpoint_index(session_id, len(self.sessions))]
         while True:
-            slot = pacer.reserve(until, lead_s=pacer.lead_s + self.tps.lead_s)
+            slot = pacer.reserve(until, lead_s=pacer.lead_s + (0.0 if self.sessions_apart else self.tps.lead_s))
             if slot is None:
                 raise self._throttled("a new session")
+            if self.sessions_apart:
+                if pacer.sleep_until(slot):
+                    self._call(lambda: self.runtime.invoke(session_id, payload))
+                    return
+                continue  # this thread woke up too late: the slot is lost
             # Just before it, the same start in the `tps` schedule (or at most LATENESS_S/2 later, else the session
             # slot is lost). Reserving it only now keeps the `tps` schedule free for stops until then.
             pause = slot - self.tps.lead_s - self.tps._wall()
@@ -273,11 +286,19 @@ class LimitedRuntime:
         self._call(lambda: self.runtime.stop(session_id))
 
 
+def dedicated_session_share(tps_limit: float, session_rate_limit: float, endpoints: int) -> bool:
+    """Whether new sessions get a share of `tps_limit` of their own (the sum of the session budgets): only when what
+    is left still has room for a stop per new session."""
+    return tps_limit >= 2 * session_rate_limit * endpoints
+
+
 def pacers(
     ledger: LimitLedger, tps_limit: float, session_rate_limit: float, endpoints: int
 ) -> tuple[Pacer, list[Pacer]]:
-    """The experiment's budgets: `tps` and one `session#{i}` per endpoint."""
-    return Pacer(ledger, "tps", tps_limit), [
+    """The experiment's budgets: `tps` (less the new sessions' share when `dedicated_session_share`) and one
+    `session#{i}` per endpoint."""
+    share = session_rate_limit * endpoints if dedicated_session_share(tps_limit, session_rate_limit, endpoints) else 0
+    return Pacer(ledger, "tps", tps_limit - share), [
         Pacer(ledger, f"session#{i}", session_rate_limit) for i in range(endpoints)
     ]
 
