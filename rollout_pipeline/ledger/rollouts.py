@@ -332,7 +332,7 @@ class RolloutLedger:
         batch_check = {
             "ConditionCheck": {
                 "TableName": self.table_name,
-                "Key": keys.control_shard_key(batch_id, input_id),
+                "Key": keys.control_shard_key(batch_id, input_id, index),
                 "ConditionExpression": "attribute_not_exists(cancelled_at)",
             }
         }
