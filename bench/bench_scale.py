@@ -301,6 +301,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--session-rate", type=float, default=6.0, help="session_rate_limit per endpoint (virtual)")
     parser.add_argument("--tps", type=int, default=50, help="tps_limit (virtual)")
     parser.add_argument("--max-sessions", type=int, default=200)
+    parser.add_argument(
+        "--account-quota", type=float, default=25.0, help="the fake's new sessions/s per account (raise: ceiling runs)"
+    )
     parser.add_argument("--rollouts", type=int, default=480)
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--shuffle", action="store_true", help="the rollout queue delivers in a shuffled order")
@@ -405,6 +408,7 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
         stop_failure_share=args.stop_fail,
         endpoints=args.endpoints,
         max_active_sessions=max(1000, 2 * args.max_sessions),
+        account_new_sessions_per_s=args.account_quota,
         seed=args.seed,
     )
     fake = FakeAgentRuntime(store=S3ObjectStore(), behaviour=behaviour, profile=acr)

@@ -303,6 +303,31 @@ def pacers(
     ]
 
 
+#: New sessions/s (all endpoints together) at which the ledger's own contention passes 0.5 conflict retries per
+#: rollout (measured: bench/bench_scale.py, docs/benchmarks.md "Scale"; what sets it: docs/ARCHITECTURE.md).
+LEDGER_CEILING_SESSIONS_S: Final = 48.0
+
+
+def ceiling_warnings(tps_limit: float, session_rate_limit: float, endpoints: int) -> list[str]:
+    """Warnings for a config that promises more than the ledger's measured ceiling: more new sessions/s than
+    `LEDGER_CEILING_SESSIONS_S`, or a `tps_limit` above the calls such a rate needs (an invoke and a stop each)."""
+    found: list[str] = []
+    promised = session_rate_limit * endpoints
+    if promised > LEDGER_CEILING_SESSIONS_S:
+        found.append(
+            f"endpoints x session_rate_limit = {promised:g} new sessions/s is above the ledger's measured ceiling "
+            f"({LEDGER_CEILING_SESSIONS_S:g}/s, docs/ARCHITECTURE.md): beyond it dispatch and terminal transactions "
+            "conflict more than 0.5 times per rollout and cost more requests; the rate may not be reached."
+        )
+    if tps_limit > 2 * LEDGER_CEILING_SESSIONS_S:
+        found.append(
+            f"tps_limit {tps_limit:g} is above what the ledger's measured ceiling of {LEDGER_CEILING_SESSIONS_S:g} "
+            f"new sessions/s needs ({2 * LEDGER_CEILING_SESSIONS_S:g} calls/s: an invoke and a stop each; "
+            "docs/ARCHITECTURE.md): the pipeline will not use all of it."
+        )
+    return found
+
+
 #: A new rollout is admitted (takes a slot, then reserves its session start) only while the session budgets still
 #: have room within this horizon; beyond it, rollouts wait in the ordered `SlotGate`, so the budget's own queue
 #: stays short and admission order, not first-come reservations, decides which group's sessions start first.
