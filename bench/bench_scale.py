@@ -158,6 +158,12 @@ def item_category(pk: str, sk: str) -> str:
     return f"{pk.split('#', 1)[0]}/{sk.split('#', 1)[0]}"
 
 
+def _category_of_item(text: str) -> str:
+    """The kind of an item as the faithful profile names it (`faithful.key_text`)."""
+    key = json.loads(text)
+    return item_category(str((key.get("pk") or {}).get("S", "")), str((key.get("sk") or {}).get("S", "")))
+
+
 def _key_of(key: Any) -> tuple[str, str]:
     key = key or {}
     return str((key.get("pk") or {}).get("S", "")), str((key.get("sk") or {}).get("S", ""))
@@ -456,12 +462,16 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
     tx_times: dict[str, list[float]] = {}  # item -> times of its transactions that went through (virtual s)
     begin = profile.begin_transaction
 
+    conflicts_by_item: Counter[str] = Counter()  # the item a cancelled transaction met a held one on
+
     def begin_transaction(touched: list[tuple[str, str]]) -> int | None:
         conflict = begin(touched)
         if conflict is None:
             now = time.monotonic()
             for _table, item in touched:
                 tx_times.setdefault(item, []).append(now)
+        else:
+            conflicts_by_item[_category_of_item(touched[conflict][1])] += 1
         return conflict
 
     profile.begin_transaction = begin_transaction
@@ -772,6 +782,7 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
             "conflict_retries_per_rollout": retry.stats.total / n,
             "retried_plain": retry.stats.plain,
             "retried_transactions": retry.stats.transactions,
+            "conflicts_by_item": dict(conflicts_by_item.most_common()),
             "injected_plain_conflicts": profile.stats.plain_conflicts,
             "injected_transaction_conflicts": profile.stats.transaction_conflicts,
             "injected_conflicts_per_rollout": (profile.stats.plain_conflicts + profile.stats.transaction_conflicts) / n,
