@@ -20,7 +20,7 @@ CONTROL_SK: Final = "BATCH#CONTROL"
 #: CONTROL#{shard}: copies of the cancel flag (written at cancel, in the same transaction); each dispatch transaction
 #: checks its group's copy, so no one item is in every dispatch transaction of a batch.
 CONTROL_SHARD_PREFIX: Final = "BATCH#CONTROL#"
-CONTROL_SHARDS: Final = 16
+CONTROL_SHARDS: Final = 32
 #: COUNT#{shard}: terminal counters and reward sums, ADDed by the terminal transaction of each rollout.
 COUNT_PREFIX: Final = "BATCH#COUNT#"
 #: Counter shards per batch: each terminal transaction touches one, so a shard sees 1/16 of the batch's rate.

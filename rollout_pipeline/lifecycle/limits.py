@@ -71,6 +71,10 @@ class Pacer:
         #: Recent slowest reservation (a ledger write; a decaying maximum): slots are reserved at least about this
         #: far ahead, so the caller is not already late when the answer arrives.
         self.write_s = 0.01
+        #: The last reservation found the schedule busy (ahead of its start): under a backlog shared by several
+        #: processes it stays busy, although this process's own `tat` lags behind the others' reservations, so the
+        #: next reservation tries the busy case first (one conditional write instead of two).
+        self.busy = False
 
     @property
     def lead_s(self) -> float:
@@ -102,8 +106,9 @@ class Pacer:
             not_before_us=int(not_before * 1e6),
             latest_us=int(latest * 1e6),
             interval_us=max(1, int(self.interval_s * 1e6)),
-            busy_first=self.tat > not_before,
+            busy_first=self.tat > not_before or self.busy,
         )
+        self.busy = slot_us is None or slot_us > int(not_before * 1e6)
         self.write_s = max(0.97 * self.write_s, self._monotonic() - started)
         self.tat = max(self.tat, tat_us / 1e6)
         return (None if slot_us is None else slot_us / 1e6), tat_us / 1e6
