@@ -31,7 +31,7 @@ LIMIT_PK: Final = "LIMIT"
 SESSIONS_SK: Final = "SESSIONS"
 #: SESSIONS#{shard}: the session-slot counters (`ledger.limits`: their caps sum to `max_sessions`).
 SESSIONS_SHARD_PREFIX: Final = "SESSIONS#"
-SESSION_SHARDS: Final = 16
+SESSION_SHARDS: Final = 32
 #: The experiment's current policy version (set by the trainer; stamped on each rollout at dispatch).
 POLICY_SK: Final = "POLICY"
 TPS_PREFIX: Final = "TPS#"

@@ -15,7 +15,7 @@ as its wait allows, so a waiting stop is always served within about `INVOKE_AHEA
 Sessions: `keys.SESSION_SHARDS` counters `LIMIT/SESSIONS#{i}` whose caps sum to `max_sessions` (`SlotShards`); a
 slot is taken on a counter with room in the dispatch transaction and given back (on any counter: the sum stays
 exact) only once the attempt's session is confirmed stopped or reaped by AgentCore (see `ledger.rollouts` and
-`lifecycle.stops`). Each counter sees 1/16 of the slot transactions, so none is a hot item.
+`lifecycle.stops`). Each counter sees 1/32 of the slot transactions, so none is a hot item.
 """
 
 from __future__ import annotations
@@ -58,6 +58,7 @@ class Pacer:
         wall: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        guess_busy: bool = False,
     ) -> None:
         self.ledger = ledger
         self.budget = budget
@@ -75,6 +76,9 @@ class Pacer:
         #: processes it stays busy, although this process's own `tat` lags behind the others' reservations, so the
         #: next reservation tries the busy case first (one conditional write instead of two).
         self.busy = False
+        #: Whether to use `busy` (the session budgets, which waiting rollouts book ahead); the `tps` schedule, near
+        #: idle between stops, is guessed by its `tat` alone (measured: 1.3 writes per stop with it, 1.8 without).
+        self.guess_busy = guess_busy
 
     @property
     def lead_s(self) -> float:
@@ -106,7 +110,7 @@ class Pacer:
             not_before_us=int(not_before * 1e6),
             latest_us=int(latest * 1e6),
             interval_us=max(1, int(self.interval_s * 1e6)),
-            busy_first=self.tat > not_before or self.busy,
+            busy_first=self.tat > not_before or (self.guess_busy and self.busy),
         )
         self.busy = slot_us is None or slot_us > int(not_before * 1e6)
         self.write_s = max(0.97 * self.write_s, self._monotonic() - started)
@@ -309,7 +313,7 @@ def pacers(
     `session#{i}` per endpoint."""
     share = session_rate_limit * endpoints if dedicated_session_share(tps_limit, session_rate_limit, endpoints) else 0
     return Pacer(ledger, "tps", tps_limit - share), [
-        Pacer(ledger, f"session#{i}", session_rate_limit) for i in range(endpoints)
+        Pacer(ledger, f"session#{i}", session_rate_limit, guess_busy=True) for i in range(endpoints)
     ]
 
 
