@@ -183,10 +183,10 @@ class SlotShards:
     def choose(self) -> int:
         """The next counter with room by the view in this process's rotation; the next with a cap when none has."""
         with self._lock:
-            for usable in (lambda i: self._room[i] > 0, lambda i: self._caps[i] > 0):
+            for usable in (self._room, self._caps):
                 for step in range(keys.SESSION_SHARDS):
                     shard = (self._cursor + step) % keys.SESSION_SHARDS
-                    if usable(shard):
+                    if usable[shard] > 0:
                         self._cursor = shard + 1
                         return shard
             return 0
