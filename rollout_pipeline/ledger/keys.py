@@ -96,7 +96,7 @@ def rollout_key(batch_id: str, input_id: str, index: int) -> dict[str, dict[str,
 
 
 def sessions_key() -> dict[str, dict[str, str]]:
-    """The single session-slot counter of releases before the counters were sharded (`session_shard_key`)."""
+    """The single session-slot counter used before the counters were sharded (`session_shard_key`); unused now."""
     return {PK: {"S": LIMIT_PK}, SK: {"S": SESSIONS_SK}}
 
 
