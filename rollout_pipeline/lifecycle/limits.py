@@ -319,7 +319,7 @@ def pacers(
 
 #: New sessions/s (all endpoints together) at which the ledger's own contention passes 0.5 conflict retries per
 #: rollout (measured: bench/bench_scale.py, docs/benchmarks.md "Scale"; what sets it: docs/ARCHITECTURE.md).
-LEDGER_CEILING_SESSIONS_S: Final = 48.0
+LEDGER_CEILING_SESSIONS_S: Final = 36.0
 
 
 def ceiling_warnings(tps_limit: float, session_rate_limit: float, endpoints: int) -> list[str]:
