@@ -317,7 +317,7 @@ class RolloutLedger:
     ) -> DispatchStart:
         """Acquire a session slot and move the rollout to dispatched(attempt), in one transaction.
 
-        Conditions: the batch is not cancelled (the group's copy of its cancel flag, `keys.control_shard_key`: the
+        Conditions: the batch is not cancelled (the rollout's copy of its cancel flag, `keys.control_shard_key`: the
         batch item itself is in no per-rollout transaction); session-slot counter `slot_shard` is below its cap
         (`LimitLedger.take_slot`); the rollout has no item yet (attempt 1) or is queued for
         exactly this attempt. So a redelivered message never starts a second session. The caller has read the
@@ -403,12 +403,8 @@ class RolloutLedger:
             {":queued": QUEUED, ":dispatched": DISPATCHED, ":attempt": attempt},
             {"#st": "state", "#dlpk": keys.DEADLINE_PK, "#dlsk": keys.DEADLINE_SK},
         )
-        return (
-            self._transact(
-                [{"Update": update}, self.limits.release_slot(slot_holder(batch_id, input_id, index, attempt))]
-            )
-            is None
-        )
+        holder = slot_holder(batch_id, input_id, index, attempt)
+        return self._transact([{"Update": update}, self.limits.release_slot(holder)]) is None
 
     def _outbox_values(self, batch_id: str, input_id: str, index: int, now_epoch: int) -> dict[str, Any]:
         return {
