@@ -61,7 +61,9 @@ class AgentRuntime(Construct):
         self.endpoint_names = [ids.endpoint_name(i) for i in range(config.endpoints)]
         for name in self.endpoint_names[1:]:
             self.runtime.add_endpoint(name, description=f"New sessions of experiment {config.name} (spread)")
-        ceiling = ceiling_warnings(config.tps_limit, config.session_rate_limit, config.endpoints)
+        ceiling = ceiling_warnings(
+            config.tps_limit, config.session_rate_limit, config.endpoints, config.dispatch_concurrency
+        )
         for warning in [*config.warnings(), *ceiling]:
             Annotations.of(self).add_warning_v2("rollouts:config", warning)
         Annotations.of(self.runtime).acknowledge_info(

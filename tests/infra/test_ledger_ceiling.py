@@ -24,3 +24,11 @@ def test_a_session_rate_above_the_ceiling_warns() -> None:
 def test_a_tps_limit_above_what_the_ceiling_needs_warns() -> None:
     (warning,) = ceiling_warnings(2 * LEDGER_CEILING_SESSIONS_S + 1, 5, 1)
     assert warning.startswith("tps_limit")
+
+
+def test_too_few_dispatchers_for_several_endpoints_warn() -> None:
+    assert ceiling_warnings(50, 6, 4, dispatch_concurrency=15) == []  # measured: 0.9 of 24/s
+    (warning,) = ceiling_warnings(50, 6, 4, dispatch_concurrency=5)  # measured: 0.79
+    assert warning.startswith("dispatch_concurrency 5")
+    assert "about 15" in warning
+    assert ceiling_warnings(25, 5, 1, dispatch_concurrency=5) == []  # one endpoint: its budget has every rollout
