@@ -844,6 +844,7 @@ def print_report(r: dict[str, Any]) -> None:
         f"{h['retried_transactions']} transactions); injected conflicts/rollout "
         f"{h['injected_conflicts_per_rollout']:.2f}"
     )
+    print("  met on       " + ", ".join(f"{k} {v}" for k, v in h["conflicts_by_item"].items()))
     print(
         "busiest ledger items       transactions/s, plain writes/s, hold fraction, transactions in the busiest second"
     )
