@@ -91,7 +91,7 @@ def time_moto_ops(sizes: list[int], repeats: int) -> int:
                             "ExpressionAttributeValues": {":one": {"N": "1"}},
                         }
                     }
-                    for key in (counter, keys.sessions_key())
+                    for key in (counter, keys.session_shard_key(0))
                 ]
             ),
             "QueryIndex": lambda: ddb.query(

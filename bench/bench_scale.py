@@ -140,7 +140,7 @@ class DilatedClock:
 def item_category(pk: str, sk: str) -> str:
     """A ledger item's kind for the request counts: LIMIT/SESSIONS, LIMIT/PACE#tps, LIMIT/WAIT#*, BATCH, ..."""
     if pk == "LIMIT":
-        for prefix in ("WAIT#", "TPS#"):
+        for prefix in ("WAIT#", "TPS#", "SESSIONS#"):
             if sk.startswith(prefix):
                 return f"LIMIT/{prefix}*"
         return f"LIMIT/{sk}"
@@ -149,11 +149,19 @@ def item_category(pk: str, sk: str) -> str:
             return "BATCH#COUNT#*"
         if sk in ("BATCH", "BATCH#CONTROL"):
             return sk
+        if sk.startswith("BATCH#CONTROL#"):
+            return "BATCH#CONTROL#*"
         if sk.startswith("G#"):
             return "group G#*"
         if sk.startswith("R#"):
             return "rollout R#*"
     return f"{pk.split('#', 1)[0]}/{sk.split('#', 1)[0]}"
+
+
+def _category_of_item(text: str) -> str:
+    """The kind of an item as the faithful profile names it (`faithful.key_text`)."""
+    key = json.loads(text)
+    return item_category(str((key.get("pk") or {}).get("S", "")), str((key.get("sk") or {}).get("S", "")))
 
 
 def _key_of(key: Any) -> tuple[str, str]:
@@ -299,6 +307,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--session-rate", type=float, default=6.0, help="session_rate_limit per endpoint (virtual)")
     parser.add_argument("--tps", type=int, default=50, help="tps_limit (virtual)")
     parser.add_argument("--max-sessions", type=int, default=200)
+    parser.add_argument(
+        "--account-quota", type=float, default=25.0, help="the fake's new sessions/s per account (raise: ceiling runs)"
+    )
     parser.add_argument("--rollouts", type=int, default=480)
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--shuffle", action="store_true", help="the rollout queue delivers in a shuffled order")
@@ -403,6 +414,7 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
         stop_failure_share=args.stop_fail,
         endpoints=args.endpoints,
         max_active_sessions=max(1000, 2 * args.max_sessions),
+        account_new_sessions_per_s=args.account_quota,
         seed=args.seed,
     )
     fake = FakeAgentRuntime(store=S3ObjectStore(), behaviour=behaviour, profile=acr)
@@ -450,12 +462,16 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
     tx_times: dict[str, list[float]] = {}  # item -> times of its transactions that went through (virtual s)
     begin = profile.begin_transaction
 
+    conflicts_by_item: Counter[str] = Counter()  # the item a cancelled transaction met a held one on
+
     def begin_transaction(touched: list[tuple[str, str]]) -> int | None:
         conflict = begin(touched)
         if conflict is None:
             now = time.monotonic()
             for _table, item in touched:
                 tx_times.setdefault(item, []).append(now)
+        else:
+            conflicts_by_item[_category_of_item(touched[conflict][1])] += 1
         return conflict
 
     profile.begin_transaction = begin_transaction
@@ -766,6 +782,7 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
             "conflict_retries_per_rollout": retry.stats.total / n,
             "retried_plain": retry.stats.plain,
             "retried_transactions": retry.stats.transactions,
+            "conflicts_by_item": dict(conflicts_by_item.most_common()),
             "injected_plain_conflicts": profile.stats.plain_conflicts,
             "injected_transaction_conflicts": profile.stats.transaction_conflicts,
             "injected_conflicts_per_rollout": (profile.stats.plain_conflicts + profile.stats.transaction_conflicts) / n,
@@ -827,6 +844,7 @@ def print_report(r: dict[str, Any]) -> None:
         f"{h['retried_transactions']} transactions); injected conflicts/rollout "
         f"{h['injected_conflicts_per_rollout']:.2f}"
     )
+    print("  met on       " + ", ".join(f"{k} {v}" for k, v in h["conflicts_by_item"].items()))
     print(
         "busiest ledger items       transactions/s, plain writes/s, hold fraction, transactions in the busiest second"
     )

@@ -12,6 +12,7 @@ from constructs import Construct
 
 from rollout_pipeline import ids
 from rollout_pipeline.config import AGENT_KIND_ENV, AGENT_MODULE_ENV, JOB_ARN_ENV, MODEL_SECRET_ENV, ExperimentConfig
+from rollout_pipeline.lifecycle.limits import ceiling_warnings
 
 #: ACR's DEFAULT endpoint: what InvokeAgentRuntime without a qualifier targets.
 DEFAULT_ENDPOINT: Final = ids.DEFAULT_ENDPOINT_NAME
@@ -60,7 +61,10 @@ class AgentRuntimeConstruct(Construct):
         self.endpoint_names = [ids.endpoint_name(i) for i in range(config.endpoints)]
         for name in self.endpoint_names[1:]:
             self.runtime.add_endpoint(name, description=f"New sessions of experiment {config.name} (spread)")
-        for warning in config.warnings():
+        ceiling = ceiling_warnings(
+            config.tps_limit, config.session_rate_limit, config.endpoints, config.dispatch_concurrency
+        )
+        for warning in [*config.warnings(), *ceiling]:
             Annotations.of(self).add_warning_v2("rollouts:config", warning)
         Annotations.of(self.runtime).acknowledge_info(
             "aws-cdk-lib.aws-bedrockagentcore:containerUriValidationSkipped",

@@ -17,6 +17,10 @@ BATCH_SK: Final = "BATCH"
 #: batch item, its control item and its counter shards (and never a group `G#` or rollout `R#` item).
 #: CONTROL: the cancel flag the dispatch transaction checks (written at cancel only).
 CONTROL_SK: Final = "BATCH#CONTROL"
+#: CONTROL#{shard}: copies of the cancel flag (written at cancel, in the same transaction); each dispatch transaction
+#: checks its group's copy, so no one item is in every dispatch transaction of a batch.
+CONTROL_SHARD_PREFIX: Final = "BATCH#CONTROL#"
+CONTROL_SHARDS: Final = 32
 #: COUNT#{shard}: terminal counters and reward sums, ADDed by the terminal transaction of each rollout.
 COUNT_PREFIX: Final = "BATCH#COUNT#"
 #: Counter shards per batch: each terminal transaction touches one, so a shard sees 1/16 of the batch's rate.
@@ -24,7 +28,9 @@ COUNT_SHARDS: Final = 16
 GROUP_PREFIX: Final = "G#"
 ROLLOUT_PREFIX: Final = "R#"
 LIMIT_PK: Final = "LIMIT"
-SESSIONS_SK: Final = "SESSIONS"
+#: SESSIONS#{shard}: the session-slot counters (`ledger.limits`: their caps sum to `max_sessions`).
+SESSIONS_SHARD_PREFIX: Final = "SESSIONS#"
+SESSION_SHARDS: Final = 32
 #: The experiment's current policy version (set by the trainer; stamped on each rollout at dispatch).
 POLICY_SK: Final = "POLICY"
 TPS_PREFIX: Final = "TPS#"
@@ -54,6 +60,22 @@ def batch_control_key(batch_id: str) -> dict[str, dict[str, str]]:
     return {PK: {"S": batch_pk(batch_id)}, SK: {"S": CONTROL_SK}}
 
 
+def control_shard_key(batch_id: str, input_id: str, index: int) -> dict[str, dict[str, str]]:
+    """The copy of the batch's cancel flag that one rollout's dispatch transaction checks: a group's rollouts, which
+    are dispatched together, on consecutive copies (by group they met on one copy: 1.8 conflict retries per rollout
+    at 24 sessions/s; hashed by rollout, 2 of 8 met on one copy on average)."""
+    return control_shard_key_of(batch_id, (zlib.crc32(input_id.encode()) + index) % CONTROL_SHARDS)
+
+
+def control_shard_key_of(batch_id: str, shard: int) -> dict[str, dict[str, str]]:
+    """Copy `shard` of the batch's cancel flag (cancel writes every copy)."""
+    return {PK: {"S": batch_pk(batch_id)}, SK: {"S": control_shard_sk(shard)}}
+
+
+def control_shard_sk(shard: int) -> str:
+    return f"{CONTROL_SHARD_PREFIX}{shard:02d}"
+
+
 def count_shard(input_id: str) -> int:
     """The counter shard of a group's rollouts (all rollouts of one group count on the same shard)."""
     return zlib.crc32(input_id.encode()) % COUNT_SHARDS
@@ -76,8 +98,9 @@ def rollout_key(batch_id: str, input_id: str, index: int) -> dict[str, dict[str,
     return {PK: {"S": batch_pk(batch_id)}, SK: {"S": rollout_sk(input_id, index)}}
 
 
-def sessions_key() -> dict[str, dict[str, str]]:
-    return {PK: {"S": LIMIT_PK}, SK: {"S": SESSIONS_SK}}
+def session_shard_key(shard: int) -> dict[str, dict[str, str]]:
+    """One session-slot counter (`SESSIONS#{shard}`)."""
+    return {PK: {"S": LIMIT_PK}, SK: {"S": f"{SESSIONS_SHARD_PREFIX}{shard:02d}"}}
 
 
 def policy_key() -> dict[str, dict[str, str]]:

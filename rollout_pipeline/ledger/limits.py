@@ -6,12 +6,25 @@ lifecycle's `limits` module keeps the rules, this module the reads and writes.
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rollout_pipeline.ledger import keys
 from rollout_pipeline.ledger.attributes import from_attribute_value, plain_values
 from rollout_pipeline.ledger.table import LedgerError, LedgerTable
+
+
+def shard_cap(max_sessions: int, shard: int) -> int:
+    """The cap of session-slot counter `shard`: `max_sessions` spread over `keys.SESSION_SHARDS` counters (the
+    first `max_sessions % SESSION_SHARDS` get one more; with fewer sessions than counters, some get none)."""
+    base, extra = divmod(max_sessions, keys.SESSION_SHARDS)
+    return base + (1 if shard < extra else 0)
+
+
+def release_shard(holder: str) -> int:
+    """The counter a slot is given back on: spread by its holder's name, so releases spread like takes."""
+    return zlib.crc32(holder.encode()) % keys.SESSION_SHARDS
 
 
 class LimitLedger:
@@ -24,18 +37,43 @@ class LimitLedger:
         item = self.table.get(key)
         return {name: from_attribute_value(value) for name, value in item.items()} if item else None
 
-    def take_slot(self, max_sessions: int) -> dict[str, Any]:
-        """A transaction item that takes one session slot if fewer than `max_sessions` are taken."""
-        return self._slot_delta(1, max_sessions)
+    def take_slot(self, max_sessions: int, shard: int) -> dict[str, Any]:
+        """A transaction item that takes one session slot on counter `shard` if it is below its cap
+        (`shard_cap`): the caps sum to `max_sessions` and no counter ever exceeds its cap, so the sum of the
+        counters (the sessions in flight) never exceeds `max_sessions`."""
+        return {
+            "Update": self.table.update_op(
+                keys.session_shard_key(shard),
+                "ADD in_flight :d",
+                "attribute_not_exists(in_flight) OR in_flight < :cap",
+                {":d": 1, ":cap": shard_cap(max_sessions, shard)},
+            )
+        }
 
-    def release_slot(self) -> dict[str, Any]:
-        """A transaction item that gives one session slot back."""
-        return self._slot_delta(-1)
+    def release_slot(self, holder: str) -> dict[str, Any]:
+        """A transaction item that gives one session slot back, on the counter `release_shard(holder)` (`holder`:
+        any text naming the slot's holder, e.g. its session id). A slot may be given back on any counter: a
+        counter then below zero only lets more takes through up to its cap, so the sum stays exact and bounded."""
+        key = keys.session_shard_key(release_shard(holder))
+        return {"Update": self.table.update_op(key, "ADD in_flight :d", None, {":d": -1})}
+
+    def slot_counts(self) -> list[int]:
+        """Every session-slot counter's value, by shard (one strongly consistent Query)."""
+        request: dict[str, Any] = {
+            "KeyConditionExpression": "pk = :pk AND begins_with(sk, :prefix)",
+            "ExpressionAttributeValues": plain_values({":pk": keys.LIMIT_PK, ":prefix": keys.SESSIONS_SHARD_PREFIX}),
+            "ConsistentRead": True,
+        }
+        counts = [0] * keys.SESSION_SHARDS
+        for raw in self.table.query(request, max_pages=2):
+            shard = int(str(from_attribute_value(raw["sk"])).removeprefix(keys.SESSIONS_SHARD_PREFIX))
+            if 0 <= shard < keys.SESSION_SHARDS:
+                counts[shard] = int(from_attribute_value(raw.get("in_flight", {"N": "0"})) or 0)
+        return counts
 
     def in_flight(self) -> int:
-        """The session-slot counter (strongly consistent)."""
-        item = self._get(keys.sessions_key())
-        return int((item or {}).get("in_flight") or 0)
+        """Sessions holding a slot: the sum of the counters (strongly consistent)."""
+        return sum(self.slot_counts())
 
     def reserve_pace(
         self, budget: str, *, not_before_us: int, latest_us: int, interval_us: int, busy_first: bool = False
@@ -122,18 +160,6 @@ class LimitLedger:
                 )
             )
         return board
-
-    def _slot_delta(self, delta: int, max_sessions: int | None = None) -> dict[str, Any]:
-        if max_sessions is None:
-            return {"Update": self.table.update_op(keys.sessions_key(), "ADD in_flight :d", None, {":d": delta})}
-        return {
-            "Update": self.table.update_op(
-                keys.sessions_key(),
-                "ADD in_flight :d",
-                "attribute_not_exists(in_flight) OR in_flight < :max",
-                {":d": delta, ":max": max_sessions},
-            )
-        }
 
     def current_policy_version(self) -> str | None:
         """The experiment's current policy version (None until a trainer sets one)."""

@@ -51,6 +51,12 @@ MAX_READ_PAGES: Final = 2_000
 LedgerError = table.LedgerError
 
 
+def slot_holder(ref: AttemptRef) -> str:
+    """The name a rollout attempt's session slot is given back under (`LimitLedger.release_slot` spreads the
+    releases over the slot counters by it)."""
+    return f"{ref.batch_id}/{ref.input_id}#{ref.index}@{ref.attempt}"
+
+
 class DispatchStart(StrEnum):
     """Outcome of `begin_dispatch`."""
 
@@ -164,11 +170,13 @@ class RolloutLedger:
         max_sessions: int,
         policy_version: str | None,
         batch_policy_version: str | None = None,
+        slot_shard: int = 0,
     ) -> DispatchStart:
         """Acquire a session slot and move the rollout to dispatched(attempt), in one transaction.
 
-        Conditions: the batch is not cancelled (its control item, `keys.batch_control_key`: the batch item itself
-        is in no per-rollout transaction); a slot is free; the rollout has no item yet (attempt 1) or is queued for
+        Conditions: the batch is not cancelled (the rollout's copy of its cancel flag, `keys.control_shard_key`: the
+        batch item itself is in no per-rollout transaction); session-slot counter `slot_shard` is below its cap
+        (`LimitLedger.take_slot`); the rollout has no item yet (attempt 1) or is queued for
         exactly this attempt. So a redelivered message never starts a second session. The caller has read the
         batch (it needs its options), so the batch exists.
         `policy_version` is the version the rollout is dispatched with; `batch_policy_version`, the batch's, is
@@ -181,7 +189,7 @@ class RolloutLedger:
         batch_check = {
             "ConditionCheck": {
                 "TableName": self.table_name,
-                "Key": keys.batch_control_key(batch_id),
+                "Key": keys.control_shard_key(batch_id, input_id, index),
                 "ConditionExpression": "attribute_not_exists(cancelled_at)",
             }
         }
@@ -216,7 +224,9 @@ class RolloutLedger:
             },
             {"#st": "state", "#ix": "index", "#dlpk": keys.DEADLINE_PK, "#dlsk": keys.DEADLINE_SK},
         )
-        reasons = self._transact([batch_check, self.limits.take_slot(max_sessions), {"Update": rollout_update}])
+        reasons = self._transact(
+            [batch_check, self.limits.take_slot(max_sessions, slot_shard), {"Update": rollout_update}]
+        )
         if reasons is None:
             return DispatchStart.STARTED
         batch_r, slot_r, rollout_r = (reasons + ["None"] * 3)[:3]
@@ -250,7 +260,7 @@ class RolloutLedger:
             {":queued": QUEUED, ":dispatched": DISPATCHED, ":attempt": ref.attempt},
             {"#st": "state", "#dlpk": keys.DEADLINE_PK, "#dlsk": keys.DEADLINE_SK},
         )
-        return self._transact([{"Update": update}, self.limits.release_slot()]) is None
+        return self._transact([{"Update": update}, self.limits.release_slot(slot_holder(ref))]) is None
 
     def _outbox_values(self, ref: AttemptRef) -> dict[str, Any]:
         """A new outbox entry (its index key, id and the writer's lease), stamped now."""
@@ -298,7 +308,7 @@ class RolloutLedger:
             {"Update": self._batch_counts(ref, outcome)},
         ]
         if from_state == DISPATCHED and not hold:
-            items.append(self.limits.release_slot())
+            items.append(self.limits.release_slot(slot_holder(ref)))
         reasons = self._transact(items)
         if reasons is None:
             return True
@@ -443,7 +453,7 @@ class RolloutLedger:
         )
         if hold:
             return self._transact([{"Update": update}]) is None
-        return self._transact([{"Update": update}, self.limits.release_slot()]) is None
+        return self._transact([{"Update": update}, self.limits.release_slot(slot_holder(rec.ref))]) is None
 
     # ------------------------------------------------------------------------------------ stops and held slots
 
@@ -460,7 +470,7 @@ class RolloutLedger:
             "contains(held_slots, :sid)",
             {":s": {session_id}, ":sid": session_id},
         )
-        return self._transact([{"Update": update}, self.limits.release_slot()]) is None
+        return self._transact([{"Update": update}, self.limits.release_slot(session_id)]) is None
 
     def note_stop_failed(self, rec: RolloutRecord, *, next_epoch: int, not_found: Sequence[str] = ()) -> None:
         """Stops of this entry failed: count the try, remember first NotFound answers, and come back to the entry

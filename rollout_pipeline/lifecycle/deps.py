@@ -9,7 +9,15 @@ from datetime import datetime
 from rollout_pipeline.config import ExperimentConfig, HandlerSettings
 from rollout_pipeline.contracts.attempts import attempt_token
 from rollout_pipeline.ledger.ledger import Ledger
-from rollout_pipeline.lifecycle.limits import AdmissionBoard, LimitedRuntime, SessionRoom, SlotGate, pacers
+from rollout_pipeline.lifecycle.limits import (
+    AdmissionBoard,
+    LimitedRuntime,
+    SessionRoom,
+    SlotGate,
+    SlotShards,
+    dedicated_session_share,
+    pacers,
+)
 from rollout_pipeline.lifecycle.metrics import MetricsRecorder
 from rollout_pipeline.ports import AgentRuntime, Clock, EventPublisher, MessageQueue, ObjectStore, SystemClock
 
@@ -50,15 +58,18 @@ class LifecycleDeps:
     attempt_key: Callable[[], bytes] | None = None
     limited: LimitedRuntime = field(init=False)
     slots: SlotGate = field(init=False)
+    slot_shards: SlotShards = field(init=False)
 
     def __post_init__(self) -> None:
         if self.invoke_time_s is None:
             self.invoke_time_s = float(getattr(self.runtime, "max_invoke_s", 0.0))
         config = self.settings.experiment
         tps, sessions = pacers(self.ledger.limits, config.tps_limit, config.session_rate_limit, config.endpoints)
-        self.limited = LimitedRuntime(self.runtime, tps, sessions, self.metrics)
+        apart = dedicated_session_share(config.tps_limit, config.session_rate_limit, config.endpoints)
+        self.limited = LimitedRuntime(self.runtime, tps, sessions, self.metrics, sessions_apart=apart)
+        self.slot_shards = SlotShards(self.ledger.limits, config.max_sessions)
         self.slots = SlotGate(
-            self.ledger.limits.in_flight,
+            self.slot_shards.in_flight,
             self.settings.experiment.max_sessions,
             board=AdmissionBoard(self.ledger.limits, wall=lambda: self.clock.now().timestamp())
             if self.group_admission

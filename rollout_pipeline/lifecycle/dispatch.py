@@ -117,7 +117,7 @@ def dispatch_records(records: Sequence[Mapping[str, Any]], deps: LifecycleDeps, 
                 held.release()
 
     run_partial_batch([r for _o, r in ordered], handle, result, workers=workers, what="dispatch", logger=log)
-    deps.metrics.sample(IN_FLIGHT, deps.ledger.limits.in_flight())
+    deps.metrics.sample(IN_FLIGHT, deps.slot_shards.in_flight())
     return result
 
 
@@ -187,6 +187,7 @@ def dispatch_body(
         if held is not None:
             held.release()
     for _ in range(20):
+        shard = deps.slot_shards.choose()
         start = deps.ledger.rollouts.begin_dispatch(
             exp_id=message.exp_id,
             batch_id=message.batch_id,
@@ -199,12 +200,17 @@ def dispatch_body(
             max_sessions=deps.config.max_sessions,
             policy_version=batches.policy_version(options.policy_version),
             batch_policy_version=options.policy_version,
+            slot_shard=shard,
         )
         if start is DispatchStart.STARTED:
+            deps.slot_shards.taken(shard)
             return _invoke(message, deps, options, row_payload, wait_until=wait_until, reinvoke=False)
         if start is DispatchStart.CANCELLED:
             return _cancelled(message, deps, options)
         if start is DispatchStart.NO_SLOT:
+            deps.slot_shards.full(shard)
+            if deps.slot_shards.room() > 0:
+                continue  # another counter has room by this process's view
             if not _wait_for_slot(deps, start_by, message):
                 return _requeue(message, deps, Dispatch.REQUEUED_LIMIT)
             continue
@@ -340,7 +346,6 @@ def _invoke(
     )
     session_id = message.session_id
     start_by = deps.invoke_start_by(wait_until)
-    cold_starts = 0
     new_session = not reinvoke
     for attempt in range(deps.invoke_retries + 1):
         try:
@@ -351,22 +356,9 @@ def _invoke(
         except RuntimeColdStart as exc:
             if new_session:
                 deps.metrics.count(NEW_SESSIONS)  # the microVM exists: it counts and must be stopped
-            new_session = False
-            while True:  # the same session id after a short wait; the budget of ACR throttles is not spent
-                cold_starts += 1
-                if cold_starts > deps.cold_start_retries or deps.clock.monotonic() + deps.cold_start_wait_s > start_by:
-                    return _cold_start_failed(message, deps, options, f"{exc} ({cold_starts} tries)", wait_until)
-                deps.metrics.count(COLD_START_RETRIED)
-                deps.clock.sleep(deps.cold_start_wait_s)
-                try:
-                    deps.limited.invoke(session_id, payload, wait_until=start_by, new_session=False)
-                    break
-                except RuntimeColdStart as again:
-                    exc = again
-                except RuntimeOutcomeUnknown:
-                    break
-                except (RuntimeThrottled, RuntimeRejected) as other:
-                    return _cold_start_failed(message, deps, options, f"{exc}; then {other}", wait_until)
+            failed = _retry_cold_start(message, deps, options, payload, exc, wait_until=wait_until)
+            if failed is not None:
+                return failed
             break
         except RuntimeOutcomeUnknown as exc:  # it may be running: never re-sent; the deadline decides
             log.warning("invoke of %s: outcome unknown (%s); the deadline decides", session_id, exc)
@@ -402,6 +394,36 @@ def _invoke(
         return Dispatch.STOPPED_LATE
     deps.metrics.count(DISPATCHED_METRIC)
     return Dispatch.REINVOKED if reinvoke else Dispatch.INVOKED
+
+
+def _retry_cold_start(
+    message: RolloutMessage,
+    deps: LifecycleDeps,
+    options: FileOptions,
+    payload: Mapping[str, Any],
+    exc: RuntimeColdStart,
+    *,
+    wait_until: float,
+) -> Dispatch | None:
+    """Invoke the cold-started session again (same id, after `cold_start_wait_s`; the budget of ACR throttles is
+    not spent) up to `cold_start_retries` times. None once it answered (or may have); else the attempt's end."""
+    start_by = deps.invoke_start_by(wait_until)
+    cold_starts = 0
+    while True:
+        cold_starts += 1
+        if cold_starts > deps.cold_start_retries or deps.clock.monotonic() + deps.cold_start_wait_s > start_by:
+            return _cold_start_failed(message, deps, options, f"{exc} ({cold_starts} tries)", wait_until)
+        deps.metrics.count(COLD_START_RETRIED)
+        deps.clock.sleep(deps.cold_start_wait_s)
+        try:
+            deps.limited.invoke(message.session_id, payload, wait_until=start_by, new_session=False)
+            return None
+        except RuntimeColdStart as again:
+            exc = again
+        except RuntimeOutcomeUnknown:
+            return None
+        except (RuntimeThrottled, RuntimeRejected) as other:
+            return _cold_start_failed(message, deps, options, f"{exc}; then {other}", wait_until)
 
 
 def _cold_start_failed(

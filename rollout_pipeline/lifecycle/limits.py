@@ -5,11 +5,17 @@ InvokeAgentRuntime and StopRuntimeSession, `tps_limit`) and `session#{endpoint}`
 `session_rate_limit` per endpoint). A caller reserves the budget's next start time, sleeps until then and calls.
 Calls are spaced `(1 + LATENESS_S) / limit` apart and a caller that wakes up more than `LATENESS_S` after its slot
 drops it, so ANY one-second window (aligned or sliding) holds at most `limit` calls of a budget, across every
-process, with no burst at a window boundary.
+process, with no burst at a window boundary (`limit + 1` calls span at least `(1 + LATENESS_S) - LATENESS_S`).
+When `tps_limit` leaves room for a stop per new session (`dedicated_session_share`), invokes that open a session
+take only their `session#{endpoint}` slot: their share of `tps_limit` (the sum of the session budgets) is set
+apart and the `tps` schedule paces the rest (stops, calls into existing sessions) at `tps_limit` minus that share;
+else a new session also takes a `tps` slot at its start.
 Stops are never starved: an invoke only reserves a `tps` slot at most `INVOKE_AHEAD_S` ahead, a stop as far ahead
 as its wait allows, so a waiting stop is always served within about `INVOKE_AHEAD_S`.
-Sessions: the `LIMIT/SESSIONS in_flight` counter, acquired in the dispatch transaction and released only once the
-attempt's session is confirmed stopped or reaped by AgentCore (see `ledger.rollouts` and `lifecycle.stops`).
+Sessions: `keys.SESSION_SHARDS` counters `LIMIT/SESSIONS#{i}` whose caps sum to `max_sessions` (`SlotShards`); a
+slot is taken on a counter with room in the dispatch transaction and given back (on any counter: the sum stays
+exact) only once the attempt's session is confirmed stopped or reaped by AgentCore (see `ledger.rollouts` and
+`lifecycle.stops`). Each counter sees 1/32 of the slot transactions, so none is a hot item.
 """
 
 from __future__ import annotations
@@ -27,12 +33,13 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 from rollout_pipeline import ids
-from rollout_pipeline.ledger.limits import LimitLedger
+from rollout_pipeline.ledger import keys
+from rollout_pipeline.ledger.limits import LimitLedger, shard_cap
 from rollout_pipeline.lifecycle.metrics import ACR_THROTTLED, LIMIT_BACKLOG, MetricsRecorder
 from rollout_pipeline.ports import AgentRuntime, RuntimeThrottled
 
 #: A call may start at most this long after its reserved slot; the spacing leaves room for it.
-LATENESS_S: Final = 0.2
+LATENESS_S: Final = 0.05
 #: How far ahead an invoke may reserve a `tps` slot (stops may reserve as far as they wait).
 INVOKE_AHEAD_S: Final = 0.25
 #: How long a stop waits for its slot when the caller gives no deadline.
@@ -51,6 +58,7 @@ class Pacer:
         wall: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        guess_busy: bool = False,
     ) -> None:
         self.ledger = ledger
         self.budget = budget
@@ -64,6 +72,13 @@ class Pacer:
         #: Recent slowest reservation (a ledger write; a decaying maximum): slots are reserved at least about this
         #: far ahead, so the caller is not already late when the answer arrives.
         self.write_s = 0.01
+        #: The last reservation found the schedule busy (ahead of its start): under a backlog shared by several
+        #: processes it stays busy, although this process's own `tat` lags behind the others' reservations, so the
+        #: next reservation tries the busy case first (one conditional write instead of two).
+        self.busy = False
+        #: Whether to use `busy` (the session budgets, which waiting rollouts book ahead); the `tps` schedule, near
+        #: idle between stops, is guessed by its `tat` alone (measured: 1.3 writes per stop with it, 1.8 without).
+        self.guess_busy = guess_busy
 
     @property
     def lead_s(self) -> float:
@@ -95,8 +110,9 @@ class Pacer:
             not_before_us=int(not_before * 1e6),
             latest_us=int(latest * 1e6),
             interval_us=max(1, int(self.interval_s * 1e6)),
-            busy_first=self.tat > not_before,
+            busy_first=self.tat > not_before or (self.guess_busy and self.busy),
         )
+        self.busy = slot_us is None or slot_us > int(not_before * 1e6)
         self.write_s = max(0.97 * self.write_s, self._monotonic() - started)
         self.tat = max(self.tat, tat_us / 1e6)
         return (None if slot_us is None else slot_us / 1e6), tat_us / 1e6
@@ -110,7 +126,7 @@ class Pacer:
         """Calls that could still start within `ahead_s` (at least one interval) from now, by the latest known
         schedule (no read)."""
         now = self._wall()
-        return max(0, math.floor((now + self._horizon(ahead_s) - max(self.tat, now)) / self.interval_s))
+        return max(0, math.floor((now + self._horizon(ahead_s) - max(self.tat, now)) / self.interval_s + 1e-9))
 
     def next_room_s(self, ahead_s: float) -> float:
         """Seconds until `room(ahead_s)` is at least one, by the latest known schedule."""
@@ -141,6 +157,56 @@ class Pacer:
                 return True
 
 
+class SlotShards:
+    """Which session-slot counter a dispatch takes its slot on: a process's view of every counter's room (cap minus
+    count: `LimitLedger.slot_counts`, refreshed by each read of the sessions in flight, with this process's own
+    takes and failures since), and the next counter with room in a rotation that starts at random in each process,
+    so the dispatches a process starts at once (an SQS batch's) take distinct counters (chosen at random, 10
+    dispatches over 16 counters met on one ~3 times per batch). The transaction stays the arbiter: a counter found
+    full is marked so and another is chosen."""
+
+    def __init__(self, ledger: LimitLedger, max_sessions: int, *, rng: random.Random | None = None) -> None:
+        self.ledger = ledger
+        self.max_sessions = max_sessions
+        self._caps = [shard_cap(max_sessions, i) for i in range(keys.SESSION_SHARDS)]
+        self._room = list(self._caps)  # until the first read: every counter empty
+        self._cursor = (rng or random).randrange(keys.SESSION_SHARDS)
+        self._lock = threading.Lock()
+
+    def in_flight(self) -> int:
+        """Read every counter (one Query): the sessions in flight; refreshes the view."""
+        counts = self.ledger.slot_counts()
+        with self._lock:
+            self._room = [cap - count for cap, count in zip(self._caps, counts, strict=True)]
+        return sum(counts)
+
+    def choose(self) -> int:
+        """The next counter with room by the view in this process's rotation; the next with a cap when none has."""
+        with self._lock:
+            for usable in (self._room, self._caps):
+                for step in range(keys.SESSION_SHARDS):
+                    shard = (self._cursor + step) % keys.SESSION_SHARDS
+                    if usable[shard] > 0:
+                        self._cursor = shard + 1
+                        return shard
+            return 0
+
+    def taken(self, shard: int) -> None:
+        """This process took a slot on `shard`."""
+        with self._lock:
+            self._room[shard] -= 1
+
+    def full(self, shard: int) -> None:
+        """A take on `shard` failed its cap: no room there until the next read."""
+        with self._lock:
+            self._room[shard] = 0
+
+    def room(self) -> int:
+        """Free slots by the view (no read)."""
+        with self._lock:
+            return sum(max(0, room) for room in self._room)
+
+
 class NoCallBudget(RuntimeThrottled):
     """No slot of a call budget could be had before the caller's wait ended: the pipeline's own backlog (the call
     was not made), not an answer of AgentCore."""
@@ -156,11 +222,15 @@ class LimitedRuntime:
         tps: Pacer,
         sessions: Sequence[Pacer],
         metrics: MetricsRecorder | None = None,
+        *,
+        sessions_apart: bool = False,
     ) -> None:
         self.runtime = runtime
         self.tps = tps
         self.sessions = list(sessions)
         self.metrics = metrics
+        #: New sessions' calls are in a share of `tps_limit` set apart (`pacers`): they take no `tps` slot.
+        self.sessions_apart = sessions_apart
 
     def _throttled(self, what: str) -> NoCallBudget:
         if self.metrics is not None:
@@ -194,9 +264,14 @@ class LimitedRuntime:
             return
         pacer = self.sessions[ids.endpoint_index(session_id, len(self.sessions))]
         while True:
-            slot = pacer.reserve(until, lead_s=pacer.lead_s + self.tps.lead_s)
+            slot = pacer.reserve(until, lead_s=pacer.lead_s + (0.0 if self.sessions_apart else self.tps.lead_s))
             if slot is None:
                 raise self._throttled("a new session")
+            if self.sessions_apart:
+                if pacer.sleep_until(slot):
+                    self._call(lambda: self.runtime.invoke(session_id, payload))
+                    return
+                continue  # this thread woke up too late: the slot is lost
             # Just before it, the same start in the `tps` schedule (or at most LATENESS_S/2 later, else the session
             # slot is lost). Reserving it only now keeps the `tps` schedule free for stops until then.
             pause = slot - self.tps.lead_s - self.tps._wall()
@@ -225,13 +300,62 @@ class LimitedRuntime:
         self._call(lambda: self.runtime.stop(session_id))
 
 
+def dedicated_session_share(tps_limit: float, session_rate_limit: float, endpoints: int) -> bool:
+    """Whether new sessions get a share of `tps_limit` of their own (the sum of the session budgets): only when what
+    is left still has room for a stop per new session."""
+    return tps_limit >= 2 * session_rate_limit * endpoints
+
+
 def pacers(
     ledger: LimitLedger, tps_limit: float, session_rate_limit: float, endpoints: int
 ) -> tuple[Pacer, list[Pacer]]:
-    """The experiment's budgets: `tps` and one `session#{i}` per endpoint."""
-    return Pacer(ledger, "tps", tps_limit), [
-        Pacer(ledger, f"session#{i}", session_rate_limit) for i in range(endpoints)
+    """The experiment's budgets: `tps` (less the new sessions' share when `dedicated_session_share`) and one
+    `session#{i}` per endpoint."""
+    share = session_rate_limit * endpoints if dedicated_session_share(tps_limit, session_rate_limit, endpoints) else 0
+    return Pacer(ledger, "tps", tps_limit - share), [
+        Pacer(ledger, f"session#{i}", session_rate_limit, guess_busy=True) for i in range(endpoints)
     ]
+
+
+#: New sessions/s (all endpoints together) at which the ledger's own contention passes 0.5 conflict retries per
+#: rollout (measured: bench/bench_scale.py, docs/benchmarks.md "Scale"; what sets it: docs/ARCHITECTURE.md).
+LEDGER_CEILING_SESSIONS_S: Final = 36.0
+
+
+#: Rollouts a dispatcher Lambda holds at once (its SQS batch), and how many per new session/s the dispatchers must
+#: hold together to sustain 0.9 of the rate over several endpoints (measured: 150 for 24/s, docs/benchmarks.md).
+DISPATCH_BATCH: Final = 10
+IN_HAND_PER_SESSION_S: Final = 6.0
+
+
+def ceiling_warnings(
+    tps_limit: float, session_rate_limit: float, endpoints: int, dispatch_concurrency: int | None = None
+) -> list[str]:
+    """Warnings for a config that promises more than the ledger's measured ceiling: more new sessions/s than
+    `LEDGER_CEILING_SESSIONS_S`, or a `tps_limit` above the calls such a rate needs (an invoke and a stop each); and
+    (given `dispatch_concurrency`) too few dispatchers to keep every endpoint's budget busy."""
+    found: list[str] = []
+    promised = session_rate_limit * endpoints
+    needed = math.ceil(IN_HAND_PER_SESSION_S * promised / DISPATCH_BATCH)
+    if dispatch_concurrency is not None and endpoints > 1 and dispatch_concurrency < needed:
+        found.append(
+            f"dispatch_concurrency {dispatch_concurrency} holds too few rollouts to keep {endpoints} endpoints x "
+            f"{session_rate_limit:g} new sessions/s busy (a dispatcher returns once its whole SQS batch has started): "
+            f"measured, about {needed} sustain 0.9 of the rate (docs/benchmarks.md, 'Scale')."
+        )
+    if promised > LEDGER_CEILING_SESSIONS_S:
+        found.append(
+            f"endpoints x session_rate_limit = {promised:g} new sessions/s is above the ledger's measured ceiling "
+            f"({LEDGER_CEILING_SESSIONS_S:g}/s, docs/ARCHITECTURE.md): beyond it dispatch and terminal transactions "
+            "conflict more than 0.5 times per rollout and cost more requests; the rate may not be reached."
+        )
+    if tps_limit > 2 * LEDGER_CEILING_SESSIONS_S:
+        found.append(
+            f"tps_limit {tps_limit:g} is above what the ledger's measured ceiling of {LEDGER_CEILING_SESSIONS_S:g} "
+            f"new sessions/s needs ({2 * LEDGER_CEILING_SESSIONS_S:g} calls/s: an invoke and a stop each; "
+            "docs/ARCHITECTURE.md): the pipeline will not use all of it."
+        )
+    return found
 
 
 #: A new rollout is admitted (takes a slot, then reserves its session start) only while the session budgets still

@@ -15,6 +15,7 @@ from rollout_pipeline.contracts import FileOptions, RolloutMessage
 from rollout_pipeline.fakes.acr import FakeAgentRuntime
 from rollout_pipeline.ledger import keys
 from rollout_pipeline.ledger.items import BatchView
+from rollout_pipeline.ledger.ledger import Ledger
 from rollout_pipeline.lifecycle.completion import CompletionResult, complete_records
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.dispatch import DispatchResult, dispatch_records
@@ -227,6 +228,12 @@ def rollout_item(resources: ExperimentResources, batch_id: str, input_id: str, i
         .get("Item")
     )
     return item_values(item) if item else None
+
+
+def slots_in_flight(resources: ExperimentResources) -> int:
+    """The sessions holding a slot: the sum of the session-slot counters (`LimitLedger.in_flight`)."""
+
+    return Ledger.open(resources.table_name, clients.client("dynamodb")).limits.in_flight()
 
 
 def ledger_item(resources: ExperimentResources, key: Mapping[str, Any]) -> dict[str, Any]:

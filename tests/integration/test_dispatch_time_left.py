@@ -13,18 +13,17 @@ from lambdas.glue import SAFETY_S
 from rollout_pipeline import ids, topology
 from rollout_pipeline.adapters import acr
 from rollout_pipeline.fakes.acr import FakeAgentRuntime
-from rollout_pipeline.ledger import keys
 from rollout_pipeline.local.resources import ExperimentResources
 from tests.conftest import receive_all
 from tests.integration.lifecycle_support import (
     ack,
-    ledger_item,
     make_deps,
     moto_lock,
     receive_records,
     rollout_item,
     seed_batch,
     send,
+    slots_in_flight,
 )
 
 pytestmark = pytest.mark.usefixtures(moto_lock.__name__)
@@ -66,7 +65,7 @@ def test_an_invoke_that_could_not_end_in_the_remaining_time_is_not_started(resou
     assert fake.invocations() == []
     item = rollout_item(resources, BATCH, "a", 0)
     assert item is None or item["state"] == "queued"  # never dispatched
-    assert int(ledger_item(resources, keys.sessions_key()).get("in_flight") or 0) == 0  # no slot taken
+    assert slots_in_flight(resources) == 0  # no slot taken
     assert receive_all(resources.dlq_urls["rollout"]) == []
     # the re-sent message dispatches once an invocation has the time
     enough = int((SAFETY_S + acr.MAX_CALL_S + 10) * 1000)

@@ -14,7 +14,6 @@ import pytest
 
 from rollout_pipeline import ids
 from rollout_pipeline.fakes.acr import AgentBehaviour, FakeAgentRuntime, FakeInvocation
-from rollout_pipeline.ledger import keys
 from rollout_pipeline.lifecycle.completion import complete_records
 from rollout_pipeline.lifecycle.dispatch import dispatch_records
 from rollout_pipeline.lifecycle.limits import ADMIT_AHEAD_S, LATENESS_S
@@ -24,12 +23,12 @@ from tests.integration.lifecycle_support import (
     ack,
     batch_view,
     by_type,
-    ledger_item,
     make_deps,
     moto_lock,
     receive_records,
     seed_batch,
     send,
+    slots_in_flight,
     trainer_events,
 )
 
@@ -115,7 +114,7 @@ def test_groups_are_admitted_in_submission_order_across_dispatchers(
     events = trainer_events(resources)
     assert len({e["rollout_id"] for e in by_type(events, "Rollout Completed")}) == total
     assert fake.max_running <= limits["max_sessions"]
-    assert ledger_item(resources, keys.sessions_key())["in_flight"] == 0
+    assert slots_in_flight(resources) == 0
     for name in ("rollout", "completion"):
         assert receive_all(resources.dlq_urls[name]) == []
 

@@ -28,12 +28,12 @@ from tests.integration.lifecycle_support import (
     ack,
     by_type,
     drive,
-    ledger_item,
     moto_lock,
     receive_records,
     rollout_item,
     seed_batch,
     send,
+    slots_in_flight,
     trainer_events,
 )
 
@@ -138,7 +138,7 @@ def test_happy_path_through_the_lambda_handlers(
     assert rollout["policy_version"] == "v7"
     assert fake.running == set()
     assert len(fake.stopped) == 4
-    assert ledger_item(resources, keys.sessions_key())["in_flight"] == 0
+    assert slots_in_flight(resources) == 0
     item = rollout_item(resources, B_HAPPY, "q1", 1)
     assert item is not None
     assert item["state"] == "succeeded"

@@ -13,7 +13,6 @@ import pytest
 
 from rollout_pipeline import ids
 from rollout_pipeline.fakes.acr import AcrProfile, AgentBehaviour, FakeAgentRuntime
-from rollout_pipeline.ledger import keys
 from rollout_pipeline.lifecycle.completion import complete_records
 from rollout_pipeline.lifecycle.dispatch import Dispatch, dispatch_records
 from rollout_pipeline.lifecycle.stops import PROMPT_RETRY_S, STOP_TRIES
@@ -36,7 +35,6 @@ from tests.integration.lifecycle_support import (
     complete_once,
     dispatch_once,
     drive,
-    ledger_item,
     make_deps,
     moto_lock,
     paced_until,
@@ -44,6 +42,7 @@ from tests.integration.lifecycle_support import (
     rollout_item,
     seed_batch,
     send,
+    slots_in_flight,
     trainer_events,
 )
 
@@ -53,7 +52,7 @@ BATCH = ids.batch_id_for_upload("in", "datasets/real.jsonl", "v1")
 
 
 def in_flight(resources: ExperimentResources) -> int:
-    return int(ledger_item(resources, keys.sessions_key()).get("in_flight") or 0)
+    return slots_in_flight(resources)
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ import pytest
 from rollout_pipeline import ids
 from rollout_pipeline.contracts import BatchCompleted, RolloutFailed
 from rollout_pipeline.fakes.acr import AgentBehaviour, Behaviour, FakeAgentRuntime, FakeInvocation
-from rollout_pipeline.ledger import keys
 from rollout_pipeline.lifecycle.cancel import cancel_batch
 from rollout_pipeline.lifecycle.completion import Completion, complete_records
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
@@ -21,7 +20,6 @@ from tests.integration.lifecycle_support import (
     ack,
     batch_view,
     by_type,
-    ledger_item,
     make_deps,
     moto_lock,
     paced_until,
@@ -29,6 +27,7 @@ from tests.integration.lifecycle_support import (
     rollout_item,
     seed_batch,
     send,
+    slots_in_flight,
     trainer_events,
 )
 
@@ -69,7 +68,7 @@ def test_cancel_ends_every_rollout_once(
     assert report.drain_errors == []
     assert fake.running == set()
     assert ids.session_id("test-exp", BATCH, "run", 0, 1) in fake.stopped
-    assert ledger_item(resources, keys.sessions_key())["in_flight"] == 0
+    assert slots_in_flight(resources) == 0
 
     events = trainer_events(resources)
     failed = [RolloutFailed.model_validate(d) for d in by_type(events, "Rollout Failed")]
@@ -123,7 +122,7 @@ def test_cancel_during_invoke_stops_the_new_session(
     item = rollout_item(resources, BATCH, "a", 0)
     assert item is not None
     assert (item["state"], item["reason"]) == ("failed", "cancelled")
-    assert ledger_item(resources, keys.sessions_key())["in_flight"] == 0
+    assert slots_in_flight(resources) == 0
     events = trainer_events(resources)
     assert [f["reason"] for f in by_type(events, "Rollout Failed")] == ["cancelled"]
 

@@ -37,6 +37,7 @@ from tests.integration.lifecycle_support import (
     rollout_item,
     seed_batch,
     send,
+    slots_in_flight,
     trainer_events,
 )
 
@@ -78,7 +79,7 @@ def assert_single_terminal(resources: ExperimentResources, events: list[dict[str
     assert types["Rollout Completed"] + types["Rollout Failed"] == total
     assert max(event_ids(events).values()) == 1
     assert batch_view(resources, BATCH).terminal == total
-    assert ledger_item(resources, keys.sessions_key())["in_flight"] == 0
+    assert slots_in_flight(resources) == 0
 
 
 def test_duplicated_s3_events_end_the_rollout_once(
@@ -173,7 +174,7 @@ def test_crash_after_dispatch_record_before_invoke_reinvokes_same_session(
     assert list(result.outcomes.values()) == [Dispatch.REINVOKED]
     ack(resources.rollout_queue_url, redelivered, result.failures)
     assert set(fake.invoked) == {SID}
-    assert ledger_item(resources, keys.sessions_key())["in_flight"] in (0, 1)
+    assert slots_in_flight(resources) in (0, 1)
     drive(resources, deps)
     assert_single_terminal(resources, trainer_events(resources))
 
@@ -208,7 +209,7 @@ def test_crash_after_invoke_before_ledger_update_reuses_the_session(
     result = dispatch_records(records, deps, wait_until=time.monotonic() + PACED_WAIT_S)
     assert list(result.outcomes.values()) == [Dispatch.REINVOKED]
     assert fake.invoked == Counter({SID: 2})
-    assert ledger_item(resources, keys.sessions_key())["in_flight"] == 1
+    assert slots_in_flight(resources) == 1
     fake.finish(SID)
     fake.finish(SID)  # both invocations of the session write the same key: two S3 events, one terminal
     drive(resources, deps)
@@ -245,7 +246,7 @@ def test_crash_between_state_change_and_publish_redelivery_publishes(
     assert "outbox" not in item
     assert keys.OUTBOX_PK not in item
     assert len(fake.stops()) == 1
-    assert ledger_item(resources, keys.sessions_key())["in_flight"] == 0
+    assert slots_in_flight(resources) == 0
 
 
 def test_sweeper_drains_an_outbox_whose_message_was_lost(

@@ -7,7 +7,6 @@ import pytest
 from rollout_pipeline import ids
 from rollout_pipeline.contracts import GroupCompleted, RolloutFailed
 from rollout_pipeline.fakes.acr import AgentBehaviour, FakeAgentRuntime
-from rollout_pipeline.ledger import keys
 from rollout_pipeline.lifecycle.completion import Completion, complete_records
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.dispatch import Dispatch
@@ -21,13 +20,13 @@ from tests.integration.lifecycle_support import (
     by_type,
     dispatch_once,
     drive,
-    ledger_item,
     make_deps,
     moto_lock,
     receive_records,
     rollout_item,
     seed_batch,
     send,
+    slots_in_flight,
     trainer_events,
 )
 
@@ -55,7 +54,7 @@ def assert_counted_once(resources: ExperimentResources, reason: str, events: lis
     assert group.reward_mean is None
     (done,) = by_type(events, "Batch Completed")
     assert done["failed_by_reason"] == {reason: 1}
-    assert ledger_item(resources, keys.sessions_key())["in_flight"] == 0
+    assert slots_in_flight(resources) == 0
 
 
 @pytest.mark.parametrize(
@@ -141,7 +140,7 @@ def test_timeout_retries_with_a_new_session_then_fails(
     item = rollout_item(resources, BATCH, "a", 0)
     assert item is not None
     assert (item["state"], item["attempt"]) == ("queued", 2)
-    assert ledger_item(resources, keys.sessions_key())["in_flight"] == 0
+    assert slots_in_flight(resources) == 0
     assert sweep(deps).expired_seen == 0  # repeated sweep: nothing due, nothing resent
 
     # The retry message (attempt 2) is on the rollout queue, exactly once.

@@ -11,7 +11,6 @@ import pytest
 
 from rollout_pipeline import ids
 from rollout_pipeline.fakes.acr import AgentBehaviour, FakeAgentRuntime, FakeInvocation
-from rollout_pipeline.ledger import keys
 from rollout_pipeline.lifecycle.completion import complete_records
 from rollout_pipeline.lifecycle.dispatch import Dispatch, dispatch_records
 from rollout_pipeline.local.resources import ExperimentResources
@@ -22,7 +21,6 @@ from tests.integration.lifecycle_support import (
     batch_view,
     by_type,
     drive,
-    ledger_item,
     make_deps,
     moto_lock,
     paced_until,
@@ -30,6 +28,7 @@ from tests.integration.lifecycle_support import (
     rollout_item,
     seed_batch,
     send,
+    slots_in_flight,
     trainer_events,
 )
 
@@ -67,7 +66,7 @@ def test_full_session_limit_requeues_fresh_and_never_dead_letters(
     # after the budget, never earlier.
     assert elapsed >= budget_s - 1.0
     assert deps.metrics.drain()[0][LIMIT_WAITS] == 4
-    assert ledger_item(resources, keys.sessions_key())["in_flight"] == 2
+    assert slots_in_flight(resources) == 2
     assert fake.max_running == 2
 
     # The waiting work is back on the queue as fresh messages: receive count 1, nothing dead-lettered.
@@ -98,7 +97,7 @@ def test_full_session_limit_requeues_fresh_and_never_dead_letters(
     assert len(by_type(events, "Rollout Completed")) == 6
     assert len(by_type(events, "Batch Completed")) == 1
     assert fake.max_running == 2
-    assert ledger_item(resources, keys.sessions_key())["in_flight"] == 0
+    assert slots_in_flight(resources) == 0
     assert_no_dead_letters(resources)
 
     # Slot refill: every waiting message was dispatched within its budget as slots freed (none re-sent again), and
@@ -143,7 +142,7 @@ def test_no_budget_in_time_is_the_pipelines_backlog_counted_once_not_acr_throttl
     counts = deps.metrics.drain()[0]
     assert counts[LIMIT_BACKLOG] == 1
     assert ACR_THROTTLED not in counts
-    assert ledger_item(resources, keys.sessions_key())["in_flight"] == 0
+    assert slots_in_flight(resources) == 0
     assert len(receive_records(resources.rollout_queue_url)) == 1  # re-sent, not dropped
     assert_no_dead_letters(resources)
 
@@ -161,7 +160,7 @@ def test_persistent_throttling_gives_the_slot_back_and_requeues(
     item = rollout_item(resources, BATCH, "q0", 0)
     assert item is not None
     assert (item["state"], item["attempt"]) == ("queued", 1)
-    assert ledger_item(resources, keys.sessions_key())["in_flight"] == 0
+    assert slots_in_flight(resources) == 0
     assert_no_dead_letters(resources)
     fake.behaviour = AgentBehaviour(rewards=1.0)  # ACR recovers: the re-sent message dispatches the same attempt
     drive(resources, deps)
@@ -258,6 +257,6 @@ def test_limits_hold_under_concurrency(resources: ExperimentResources, fake: Fak
     assert fake.max_running <= 4
     assert fake.max_running == 4  # the limit was reached, so the check above means something (by construction)
     assert fake.max_calls_per_second() <= 10, fake.calls_per_second()
-    assert ledger_item(resources, keys.sessions_key())["in_flight"] == 0
+    assert slots_in_flight(resources) == 0
     assert fake.running == set()
     assert_no_dead_letters(resources)

@@ -15,7 +15,6 @@ import pytest
 
 from rollout_pipeline import ids
 from rollout_pipeline.fakes.acr import AcrProfile, AgentBehaviour, FakeAgentRuntime, FakeInvocation
-from rollout_pipeline.ledger import keys
 from rollout_pipeline.lifecycle.cancel import cancel_batch
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.sweeper import sweep
@@ -28,12 +27,12 @@ from tests.integration.lifecycle_support import (
     by_type,
     complete_once,
     dispatch_once,
-    ledger_item,
     make_deps,
     moto_lock,
     rollout_item,
     seed_batch,
     send,
+    slots_in_flight,
     trainer_events,
 )
 
@@ -72,7 +71,7 @@ def assert_all_stopped(resources: ExperimentResources, fake: FakeAgentRuntime) -
     opened = {c.session_id for c in fake.invocations() if c.outcome in ("started", "cold_start")}
     assert fake.running == set()
     assert opened <= fake.stopped
-    assert int(ledger_item(resources, keys.sessions_key()).get("in_flight") or 0) == 0
+    assert slots_in_flight(resources) == 0
     for name in ("rollout", "completion"):
         assert receive_all(resources.dlq_urls[name]) == []
 

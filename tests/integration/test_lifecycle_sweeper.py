@@ -33,6 +33,7 @@ from tests.integration.lifecycle_support import (
     receive_records,
     seed_batch,
     send,
+    slots_in_flight,
     trainer_events,
 )
 
@@ -75,7 +76,7 @@ def test_concurrent_and_repeated_sweeps_retry_once_and_fail_once(
     retries = receive_records(resources.rollout_queue_url)
     assert len(retries) == 6  # one retry message per rollout, whoever swept
     assert {RolloutMessage.model_validate_json(r["body"]).attempt for r in retries} == {2}
-    assert ledger_item(resources, keys.sessions_key())["in_flight"] == 0
+    assert slots_in_flight(resources) == 0
     assert fake.running == set()
     for _ in range(2):
         assert sweep(deps).expired_seen == 0
@@ -97,7 +98,7 @@ def test_concurrent_and_repeated_sweeps_retry_once_and_fail_once(
     assert max(Counter(e["detail"]["event_id"] for e in events).values()) == 1
     assert fake.running == set()
     assert len({c.session_id for c in fake.invocations()}) == 12  # a new session per attempt
-    assert ledger_item(resources, keys.sessions_key())["in_flight"] == 0
+    assert slots_in_flight(resources) == 0
 
 
 def test_sweeper_handler(resources: ExperimentResources, deps: LifecycleDeps, clock: ShiftedClock) -> None:
@@ -158,7 +159,7 @@ def test_throttled_stop_stays_pending_across_the_retry_until_done(
     assert report.errors == []
     assert deps.metrics.drain()[0][STOP_FAILED] == 1 + len(PROMPT_RETRY_S)  # tried again at once, then left
     assert fake.running == {sid1}
-    assert ledger_item(resources, keys.sessions_key())["in_flight"] == 1
+    assert slots_in_flight(resources) == 1
     retries = receive_records(resources.rollout_queue_url)
     assert len(retries) == 1  # ...but the retry went out anyway
     monkeypatch.undo()
@@ -175,7 +176,7 @@ def test_throttled_stop_stays_pending_across_the_retry_until_done(
     assert "outbox" not in item
     assert "stop_sessions" not in item
     assert "held_slots" not in item
-    assert ledger_item(resources, keys.sessions_key())["in_flight"] == 0
+    assert slots_in_flight(resources) == 0
     assert len(by_type(trainer_events(resources), "Rollout Completed")) == 1
 
 

@@ -11,12 +11,13 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from rollout_pipeline.config import ExperimentConfig
 from rollout_pipeline.ledger.ledger import Ledger
-from rollout_pipeline.lifecycle.limits import LimitedRuntime, Pacer
+from rollout_pipeline.lifecycle.limits import LimitedRuntime, Pacer, dedicated_session_share, pacers
 from rollout_pipeline.local.moto_server import local_aws_environ, moto_server, patched_environ
 
 pytestmark = pytest.mark.timing
@@ -144,3 +145,44 @@ def test_two_budgets_and_stops_are_not_starved(table: tuple[str, dict[str, str]]
     stops = [at for at, op, _ in runtime.calls if op == "stop"]
     assert len(stops) == 6
     assert sum(1 for at in invokes if at > max(stops)) >= 6, runtime.calls
+
+
+def test_new_sessions_in_a_share_of_their_own_take_no_tps_slot(table: tuple[str, dict[str, str]]) -> None:
+    """With `tps_limit` at least twice the session budgets, new sessions' share of it is set apart: their invokes
+    reserve only their session slot (one ledger write, no `tps` reservation to miss), and every call together
+    stays within `tps_limit` (4 new sessions/s + the `tps` schedule's 6/s = 10)."""
+    name, _env = table
+    ledger = Ledger.open(name).limits
+    assert dedicated_session_share(10, 4, 1)
+    assert not dedicated_session_share(7, 4, 1)
+    reserved: list[str] = []
+    reserve_pace = ledger.reserve_pace
+
+    def counted(budget: str, **kwargs: Any) -> tuple[int | None, int]:
+        reserved.append(budget)
+        return reserve_pace(budget, **kwargs)
+
+    ledger.reserve_pace = counted  # type: ignore[method-assign]
+    tps, sessions = pacers(ledger, 10, 4, 1)
+    assert tps.limit == 6
+    runtime = RecordingRuntime()
+    limited = LimitedRuntime(runtime, tps, sessions, sessions_apart=True)
+
+    def invoker(i: int) -> None:
+        for j in range(4):
+            limited.invoke(f"s-{i}-{j}", {}, time.monotonic() + 60)
+
+    workers = [threading.Thread(target=invoker, args=(i,)) for i in range(3)]
+    for w in workers:
+        w.start()
+    for j in range(6):
+        limited.stop(f"x-{j}", time.monotonic() + 60)
+    for w in workers:
+        w.join()
+    invokes = [at for at, op, _ in runtime.calls if op == "invoke"]
+    assert len(invokes) == 12
+    assert len(runtime.calls) == 18
+    assert busiest_sliding_window(invokes) <= 4
+    assert busiest_sliding_window([at for at, _, _ in runtime.calls]) <= 10
+    assert reserved.count("tps") == 6  # the stops' only: no new session reserved a `tps` slot
+    assert reserved.count("session#0") >= 12
