@@ -11,8 +11,8 @@ from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from rollout_pipeline import ids
+from rollout_pipeline.capacity import ceiling_warnings
 from rollout_pipeline.config import AGENT_KIND_ENV, AGENT_MODULE_ENV, JOB_ARN_ENV, MODEL_SECRET_ENV, ExperimentConfig
-from rollout_pipeline.lifecycle.limits import ceiling_warnings
 
 #: ACR's DEFAULT endpoint: what InvokeAgentRuntime without a qualifier targets.
 DEFAULT_ENDPOINT: Final = ids.DEFAULT_ENDPOINT_NAME

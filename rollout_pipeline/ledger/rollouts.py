@@ -174,13 +174,10 @@ class RolloutLedger:
     ) -> DispatchStart:
         """Acquire a session slot and move the rollout to dispatched(attempt), in one transaction.
 
-        Conditions: the batch is not cancelled (the rollout's copy of its cancel flag, `keys.control_shard_key`: the
-        batch item itself is in no per-rollout transaction); session-slot counter `slot_shard` is below its cap
-        (`LimitLedger.take_slot`); the rollout has no item yet (attempt 1) or is queued for
-        exactly this attempt. So a redelivered message never starts a second session. The caller has read the
-        batch (it needs its options), so the batch exists.
-        `policy_version` is the version the rollout is dispatched with; `batch_policy_version`, the batch's, is
-        kept only when it differs.
+        Conditions: the batch is not cancelled (the rollout's copy of its cancel flag, `keys.control_shard_key`);
+        slot counter `slot_shard` is below its cap (`LimitLedger.take_slot`); the rollout has no item yet (attempt
+        1) or is queued for exactly this attempt, so a redelivered message never starts a second session.
+        `batch_policy_version` (the batch's) is kept only when it differs from `policy_version`.
         """
         keep_batch_pv = batch_policy_version is not None and batch_policy_version != policy_version
         rollout_cond = "(#st = :queued AND attempt = :attempt)"

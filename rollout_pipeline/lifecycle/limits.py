@@ -317,47 +317,6 @@ def pacers(
     ]
 
 
-#: New sessions/s (all endpoints together) at which the ledger's own contention passes 0.5 conflict retries per
-#: rollout (measured: bench/bench_scale.py, docs/benchmarks.md "Scale"; what sets it: docs/ARCHITECTURE.md).
-LEDGER_CEILING_SESSIONS_S: Final = 36.0
-
-
-#: Rollouts a dispatcher Lambda holds at once (its SQS batch), and how many per new session/s the dispatchers must
-#: hold together to sustain 0.9 of the rate over several endpoints (measured: 150 for 24/s, docs/benchmarks.md).
-DISPATCH_BATCH: Final = 10
-IN_HAND_PER_SESSION_S: Final = 6.0
-
-
-def ceiling_warnings(
-    tps_limit: float, session_rate_limit: float, endpoints: int, dispatch_concurrency: int | None = None
-) -> list[str]:
-    """Warnings for a config that promises more than the ledger's measured ceiling: more new sessions/s than
-    `LEDGER_CEILING_SESSIONS_S`, or a `tps_limit` above the calls such a rate needs (an invoke and a stop each); and
-    (given `dispatch_concurrency`) too few dispatchers to keep every endpoint's budget busy."""
-    found: list[str] = []
-    promised = session_rate_limit * endpoints
-    needed = math.ceil(IN_HAND_PER_SESSION_S * promised / DISPATCH_BATCH)
-    if dispatch_concurrency is not None and endpoints > 1 and dispatch_concurrency < needed:
-        found.append(
-            f"dispatch_concurrency {dispatch_concurrency} holds too few rollouts to keep {endpoints} endpoints x "
-            f"{session_rate_limit:g} new sessions/s busy (a dispatcher returns once its whole SQS batch has started): "
-            f"measured, about {needed} sustain 0.9 of the rate (docs/benchmarks.md, 'Scale')."
-        )
-    if promised > LEDGER_CEILING_SESSIONS_S:
-        found.append(
-            f"endpoints x session_rate_limit = {promised:g} new sessions/s is above the ledger's measured ceiling "
-            f"({LEDGER_CEILING_SESSIONS_S:g}/s, docs/ARCHITECTURE.md): beyond it dispatch and terminal transactions "
-            "conflict more than 0.5 times per rollout and cost more requests; the rate may not be reached."
-        )
-    if tps_limit > 2 * LEDGER_CEILING_SESSIONS_S:
-        found.append(
-            f"tps_limit {tps_limit:g} is above what the ledger's measured ceiling of {LEDGER_CEILING_SESSIONS_S:g} "
-            f"new sessions/s needs ({2 * LEDGER_CEILING_SESSIONS_S:g} calls/s: an invoke and a stop each; "
-            "docs/ARCHITECTURE.md): the pipeline will not use all of it."
-        )
-    return found
-
-
 #: A new rollout is admitted (takes a slot, then reserves its session start) only while the session budgets still
 #: have room within this horizon; beyond it, rollouts wait in the ordered `SlotGate`, so the budget's own queue
 #: stays short and admission order, not first-come reservations, decides which group's sessions start first.

@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
+from rollout_pipeline.capacity import LEDGER_CEILING_SESSIONS_S, ceiling_warnings
 from rollout_pipeline.config import ExperimentConfig
-from rollout_pipeline.lifecycle.limits import LEDGER_CEILING_SESSIONS_S, ceiling_warnings
 
 
 def test_the_defaults_and_the_account_quota_are_within_the_ceiling() -> None:

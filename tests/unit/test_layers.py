@@ -45,6 +45,7 @@ ROOT_MAY_IMPORT: dict[str, frozenset[str]] = {
     "observability": frozenset(BASE),
     "sqs_batch": frozenset(BASE),
     "preflight": frozenset({*BASE, "topology", "deploy_settings"}),
+    "capacity": frozenset({*BASE, "topology"}),
     "wiring": frozenset({*BASE, "topology", "adapters", "ledger", "ingest", "lifecycle"}),
 }
 
