@@ -21,6 +21,10 @@ CONTROL_SK: Final = "BATCH#CONTROL"
 COUNT_PREFIX: Final = "BATCH#COUNT#"
 #: Counter shards per batch: each terminal transaction touches one, so a shard sees 1/16 of the batch's rate.
 COUNT_SHARDS: Final = 16
+#: RELEASE: the release window's cursor (`ledger.release`): rollouts released to the queue so far, in line order.
+RELEASE_SK: Final = "BATCH#RELEASE"
+#: P#{first line}: one ingest chunk's accepted groups in line order, waiting for release (`ledger.release`).
+PENDING_PREFIX: Final = "P#"
 GROUP_PREFIX: Final = "G#"
 ROLLOUT_PREFIX: Final = "R#"
 LIMIT_PK: Final = "LIMIT"
@@ -52,6 +56,11 @@ def batch_key(batch_id: str) -> dict[str, dict[str, str]]:
 def batch_control_key(batch_id: str) -> dict[str, dict[str, str]]:
     """The batch's control item: `status`/`cancelled_at` once cancelled (see `BATCH_SK`)."""
     return {PK: {"S": batch_pk(batch_id)}, SK: {"S": CONTROL_SK}}
+
+
+def release_key(batch_id: str) -> dict[str, dict[str, str]]:
+    """The batch's release cursor (see `RELEASE_SK`)."""
+    return {PK: {"S": batch_pk(batch_id)}, SK: {"S": RELEASE_SK}}
 
 
 def count_shard(input_id: str) -> int:
