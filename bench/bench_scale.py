@@ -32,7 +32,7 @@ fraction; first / mean group completion vs the ideal group-ordered schedule; the
 lateness, which say how far to trust the run.
 
 Usage: python bench/bench_scale.py [--dilation 10] [--endpoints 4] [--session-rate 6] [--rollouts 480]
-       [--max-sessions 200] [--shuffle] [--max-seconds 600] [--json]
+       [--max-sessions 200] [--shuffle] [--window N] [--max-seconds 600] [--json]
 """
 
 from __future__ import annotations
@@ -316,7 +316,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hold-ms", type=float, default=15.0, help="faithful: a transaction holds its items (ms)")
     parser.add_argument("--conflict-rate", type=float, default=0.0, help="faithful: hot-item conflict probability")
     parser.add_argument("--no-latency", action="store_true", help="inject no DynamoDB latency")
-    parser.add_argument("--queue-depth", type=int, default=150)
+    parser.add_argument("--queue-depth", type=int, default=150, help="messages the feeder keeps in the queue at most")
+    parser.add_argument(
+        "--window",
+        type=int,
+        default=None,
+        help="release window (rollouts released and not yet terminal; default 2 x max_sessions); 0: every message "
+        "at once (before the window)",
+    )
     parser.add_argument("--max-seconds", type=float, default=600.0, help="WALL seconds for the backlog (bounded)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the text report")
@@ -362,6 +369,7 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
     from rollout_pipeline.config import ExperimentConfig
     from rollout_pipeline.ledger import retry
     from rollout_pipeline.ledger.rollouts import RolloutLedger
+    from rollout_pipeline.ledger.window import release_window
     from rollout_pipeline.lifecycle.completion import complete_records
     from rollout_pipeline.lifecycle.deps import LifecycleDeps
     from rollout_pipeline.lifecycle.dispatch import dispatch_records
@@ -386,9 +394,13 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
         max_sessions=args.max_sessions,
         group_size=group_size,
         rollout_timeout_s=900,
+        release_window=args.window,
     )
     resources = create_resources(config, region="us-east-1", client=clients.client)
-    settings = resources.settings()
+    # The pipeline sends to a staging queue; the feeder moves its messages to the rollout queue in the order SQS
+    # might deliver them (`--shuffle`: a random one of every message not yet delivered), keeping the queue shallow.
+    staging_url = clients.client("sqs").create_queue(QueueName="bench-staging")["QueueUrl"]
+    settings = resources.settings().model_copy(update={"rollout_queue_url": staging_url})
     rng = random.Random(args.seed)
     delays = [[rng.uniform(args.min_delay, args.max_delay) for _ in range(group_size)] for _ in range(inputs)]
 
@@ -422,13 +434,15 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
     counters.harness.on = True
     bodies = seed(resources, batch_id, inputs, group_size)
     counters.harness.on = False
-    if args.shuffle:
-        window = args.shuffle_window or len(bodies)
-        shuffler = random.Random(args.seed + 1)
-        for start in range(0, len(bodies), window):
-            part = bodies[start : start + window]
+    window = release_window(config)
+    if window:
+        bodies = []  # released by the window, as ingestion does (`ingest.core`): pending groups, then a release
+    shuffler = random.Random(args.seed + 1)
+    if args.shuffle and args.shuffle_window:
+        for start in range(0, len(bodies), args.shuffle_window):
+            part = bodies[start : start + args.shuffle_window]
             shuffler.shuffle(part)
-            bodies[start : start + window] = part
+            bodies[start : start + args.shuffle_window] = part
     sqs = clients.client("sqs")
     ledger = RolloutLedger(settings.table_name)
     visibility = {
@@ -489,22 +503,46 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
             finally:
                 counters.harness.on = False
 
+    def ingest() -> None:
+        from rollout_pipeline.ledger.items import BatchItem
+        from rollout_pipeline.ledger.release import PendingGroup, ReleaseLedger
+        from rollout_pipeline.ledger.window import Releaser
+
+        releases = ReleaseLedger(settings.table_name)
+        groups = [PendingGroup(f"row-{i}", i + 1, group_size) for i in range(inputs)]
+        for start in range(0, len(groups), 100):  # ingestion's chunks of 100 rows
+            releases.add_pending(batch_id, groups[start : start + 100], window=window)
+        view = ledger.get_batch(batch_id)
+        assert view is not None
+        Releaser(releases, SqsQueue(), staging_url).release(BatchItem.of(view))
+
+    pool: list[str] = list(bodies)  # messages sent and not yet in the rollout queue (before: every one at once)
+
     def feeder() -> None:
-        sent = 0
+        shuffled = args.shuffle and not args.shuffle_window
         for _ in range(1_000_000):
-            if sent >= len(bodies) or stop.is_set():
+            if stop.is_set():
                 return
+            for _round in range(100):  # what the pipeline sent (releases, retries, limit re-sends)
+                got = sqs.receive_message(QueueUrl=staging_url, MaxNumberOfMessages=10, WaitTimeSeconds=0)
+                messages = got.get("Messages") or []
+                if not messages:
+                    break
+                pool.extend(m["Body"] for m in messages)
+                sqs.delete_message_batch(
+                    QueueUrl=staging_url,
+                    Entries=[{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(messages)],
+                )
             attrs = sqs.get_queue_attributes(
                 QueueUrl=resources.rollout_queue_url, AttributeNames=["ApproximateNumberOfMessages"]
             )["Attributes"]
-            room = args.queue_depth - int(attrs["ApproximateNumberOfMessages"])
-            chunk = bodies[sent : sent + max(0, min(room, 100))]
+            room = min(len(pool), max(0, args.queue_depth - int(attrs["ApproximateNumberOfMessages"])), 100)
+            chunk = [pool.pop(shuffler.randrange(len(pool)) if shuffled else 0) for _ in range(room)]
             for start in range(0, len(chunk), 10):
                 sqs.send_message_batch(
                     QueueUrl=resources.rollout_queue_url,
                     Entries=[{"Id": str(i), "MessageBody": b} for i, b in enumerate(chunk[start : start + 10])],
                 )
-            sent += len(chunk)
             time.sleep(0.2)
 
     def loop(name: str, queue_url: str, handle: Callable[[list[dict[str, Any]]], Any], idle: float) -> None:
@@ -550,6 +588,7 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
 
     probe = LatenessProbe()
     threads = [
+        threading.Thread(target=ingest, name="ingest", daemon=True),
         threading.Thread(target=feeder, name="bench-feeder", daemon=True),
         threading.Thread(target=trainer, name="bench-trainer", daemon=True),
         threading.Thread(target=probe.run, name="bench-probe", daemon=True),
@@ -586,7 +625,7 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
     if not args.json:
         print(
             f"bench_scale: k={args.dilation:g}, {total} rollouts ({inputs} groups x {group_size}"
-            f"{', shuffled' if args.shuffle else ''}), {args.endpoints} endpoint(s) x {args.session_rate:g} "
+            f"{', shuffled' if args.shuffle else ''}; release window {window or 'off'}), {args.endpoints} endpoint(s) x {args.session_rate:g} "
             f"sessions/s, tps {args.tps}, max_sessions {args.max_sessions}, agent {args.min_delay}-{args.max_delay} "
             f"s, {args.dispatchers} dispatchers x {args.threads} threads; load {load_start[0]:.1f}",
             flush=True,

@@ -99,6 +99,10 @@ class ReleaseLedger:
             self.table_name, self.dynamodb_client, ttl_days=self.ttl_days, now=self.now, sleep=self.sleep
         )
 
+    def epoch(self) -> int:
+        """The ledger's clock, in epoch seconds."""
+        return self.table.epoch()
+
     # ------------------------------------------------------------------------------------------- ingestion
 
     def add_pending(self, batch_id: str, groups: Sequence[PendingGroup], *, window: int) -> None:

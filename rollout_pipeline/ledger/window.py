@@ -121,7 +121,7 @@ class Releaser:
             return Released(closed=closed)
         recovered = 0
         if cursor.sending:
-            if cursor.lease_until >= self.ledger.table.epoch():
+            if cursor.lease_until >= self.ledger.epoch():
                 return Released()  # another releaser is sending: its confirmation is the next step
             retaken = self.ledger.retake(batch.batch_id, cursor, lease_s=self.lease_s)
             if retaken is None:
