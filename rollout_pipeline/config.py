@@ -243,6 +243,7 @@ class ExperimentConfig(BaseModel):
             if field_name in (
                 "policy_version",
                 "results_expiration_days",
+                "release_window",
                 "model_secret_name",
                 "agent_module",
                 "rft_job_arn",
