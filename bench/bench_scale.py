@@ -325,6 +325,14 @@ def main(argv: list[str] | None = None) -> int:
         "at once (before the window)",
     )
     parser.add_argument("--max-seconds", type=float, default=600.0, help="WALL seconds for the backlog (bounded)")
+    parser.add_argument(
+        "--poll-s",
+        default="",
+        help="LO:HI: the slot gate's poll interval (jittered, virtual s; default the pipeline's 0.2:1.0)",
+    )
+    parser.add_argument(
+        "--settle-s", type=float, default=None, help="the board's burst settle time (virtual s; default the pipeline's 1)"
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the text report")
     args = parser.parse_args(argv)
@@ -376,6 +384,15 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
     from rollout_pipeline.lifecycle.sweeper import sweep
     from rollout_pipeline.local.resources import create_resources
 
+    if args.poll_s:
+        from rollout_pipeline.lifecycle import limits
+
+        lo, hi = (float(x) for x in args.poll_s.split(":"))
+        limits.jitter_poll_s = lambda: random.uniform(lo, hi)  # type: ignore[assignment]
+    if args.settle_s is not None:
+        from rollout_pipeline.lifecycle import limits
+
+        limits.BOARD_SETTLE_S = args.settle_s  # type: ignore[misc]
     load_start = os.getloadavg()
     clients.reset()
     counters = Counters()
