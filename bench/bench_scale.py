@@ -331,7 +331,10 @@ def main(argv: list[str] | None = None) -> int:
         help="LO:HI: the slot gate's poll interval (jittered, virtual s; default the pipeline's 0.2:1.0)",
     )
     parser.add_argument(
-        "--settle-s", type=float, default=None, help="the board's burst settle time (virtual s; default the pipeline's 1)"
+        "--settle-s",
+        type=float,
+        default=None,
+        help="the board's burst settle time (virtual s; default the pipeline's 1)",
     )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the text report")
@@ -642,7 +645,8 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
     if not args.json:
         print(
             f"bench_scale: k={args.dilation:g}, {total} rollouts ({inputs} groups x {group_size}"
-            f"{', shuffled' if args.shuffle else ''}; release window {window or 'off'}), {args.endpoints} endpoint(s) x {args.session_rate:g} "
+            f"{', shuffled' if args.shuffle else ''}; release window {window or 'off'}), {args.endpoints} endpoint(s) "
+            f"x {args.session_rate:g} "
             f"sessions/s, tps {args.tps}, max_sessions {args.max_sessions}, agent {args.min_delay}-{args.max_delay} "
             f"s, {args.dispatchers} dispatchers x {args.threads} threads; load {load_start[0]:.1f}",
             flush=True,

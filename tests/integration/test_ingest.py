@@ -283,7 +283,9 @@ def test_a_chunk_is_sent_over_several_threads_and_a_failed_slice_fails_the_chunk
     assert batch_item(resources, batch_id_of(event))["cursor"] == 0, "a chunk with a failed slice is not checkpointed"
 
     queue = RecordingQueue(fail=False)
-    result = make_ingestion(resources, queue=queue, send_concurrency=4, release_window=0).handle_message(event, owner="m")
+    result = make_ingestion(resources, queue=queue, send_concurrency=4, release_window=0).handle_message(
+        event, owner="m"
+    )
     assert result.rows_accepted == 30
     assert sorted(queue.sizes) == [20, 20, 20], "60 bodies = 6 SQS batches over 3 slices of whole batches"
     assert all(name.startswith("ingest-send") for name in queue.threads)

@@ -187,4 +187,5 @@ def test_cancel_stops_the_release_and_ends_the_unreleased_rollouts(
     assert view["terminal"] == ROWS * GROUP_SIZE
     assert keys.DEADLINE_PK not in ledger_item(resources, keys.release_key(batch_id)), "the cursor is closed"
     failed = by_type(trainer_events(resources), "Rollout Failed")
-    assert len(failed) == ROWS * GROUP_SIZE and {e["reason"] for e in failed} == {"cancelled"}
+    assert len(failed) == ROWS * GROUP_SIZE
+    assert {e["reason"] for e in failed} == {"cancelled"}

@@ -160,7 +160,8 @@ def test_whole_groups_in_line_order_never_more_than_the_window_in_flight() -> No
         terminal = min(40, terminal + 4)
         releaser.release(batch(terminal, total=40))
     assert queue.rollouts() == rollouts([f"g{i}" for i in range(10)]), "every rollout once, in line order"
-    assert ledger.cursor_item is not None and not ledger.cursor_item.open, "closed once everything was released"
+    assert ledger.cursor_item is not None
+    assert not ledger.cursor_item.open, "closed once everything was released"
 
 
 def test_a_group_larger_than_the_window_goes_alone_when_nothing_is_in_flight() -> None:
@@ -187,7 +188,9 @@ def test_a_crashed_releaser_is_recovered_once_its_lease_has_expired() -> None:
     queue.fail_next = True
     with pytest.raises(ConnectionError):
         releaser.release(batch(0))
-    assert queue.sent == [] and ledger.cursor_item is not None and ledger.cursor_item.sending == ("g0", "g1")
+    assert queue.sent == []
+    assert ledger.cursor_item is not None
+    assert ledger.cursor_item.sending == ("g0", "g1")
     assert releaser.release(batch(0)).recovered == 0, "the lease still holds: its owner may be sending"
     ledger.now += RELEASE_LEASE_S + 1
     done = Releaser(ledger, queue, "q").release(batch(0))  # type: ignore[arg-type]
