@@ -321,8 +321,8 @@ def main(argv: list[str] | None = None) -> int:
         "--window",
         type=int,
         default=None,
-        help="release window (rollouts released and not yet terminal; default 2 x max_sessions); 0: every message "
-        "at once (before the window)",
+        help="release window (rollouts released and not yet terminal; default max_sessions + 10 x dispatchers); "
+        "0: every message at once (before the window)",
     )
     parser.add_argument("--max-seconds", type=float, default=600.0, help="WALL seconds for the backlog (bounded)")
     parser.add_argument(
@@ -415,6 +415,7 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
         group_size=group_size,
         rollout_timeout_s=900,
         release_window=args.window,
+        dispatch_concurrency=max(2, args.dispatchers),
     )
     resources = create_resources(config, region="us-east-1", client=clients.client)
     # The pipeline sends to a staging queue; the feeder moves its messages to the rollout queue in the order SQS

@@ -6,8 +6,8 @@ then releases; completion releases after a terminal rollout (`after_terminal`), 
 (`ReleaseLedger.due`). One release (`Releaser.release`):
 
 1. room = window - (released - terminal): rollouts of the batch in the queue, waiting or running. Nothing happens
-   while the room is below a quarter of the window (one release per chunk of groups, never per rollout), unless
-   nothing released is left in flight;
+   while the room is below `min_release` (a quarter of the window, at most 16: one release per chunk of groups,
+   never per rollout), unless nothing released is left in flight;
 2. the next whole groups in line order that fit in the room (at least one when nothing is in flight, however big);
 3. one conditional write moves the cursor past them and records them as being sent (with a lease);
 4. their messages are sent (attempt 1; `submitted_at` the batch's creation, so they rank as the batch's in the
@@ -34,9 +34,12 @@ from rollout_pipeline.contracts import RolloutMessage
 from rollout_pipeline.ledger.items import BatchItem, GroupItem
 from rollout_pipeline.ledger.release import PendingGroup, ReleaseCursor, ReleaseLedger
 from rollout_pipeline.ports import MessageQueue
+from rollout_pipeline.topology import FUNCTIONS
 
 #: An unconfirmed release is re-sent by someone else after this long (its releaser crashed or stalled).
 RELEASE_LEASE_S: Final = 60
+#: A release waits for at most this much room (a bigger window releases as often, in chunks this big).
+MAX_MIN_RELEASE: Final = 16
 #: At most this many groups per release.
 MAX_GROUPS_PER_RELEASE: Final = 500
 #: Batches whose last cursor a releaser remembers.
@@ -44,17 +47,19 @@ _KNOWN_MAX: Final = 1024
 
 
 def release_window(config: ExperimentConfig) -> int:
-    """The experiment's window (rollouts released and not yet terminal, per batch): `release_window`, else twice
-    `max_sessions` (when the new-session rate binds rather than the slots, `max_sessions` already covers the rate
-    times a rollout's duration); 0: no window (every rollout sent at ingestion)."""
+    """The experiment's window (rollouts of a batch released and not yet terminal): `release_window`, else
+    `max_sessions` plus what the dispatchers hold at once (`dispatch_concurrency` x their SQS batch size). So the
+    window never holds back the slots, and when they bind, what waits behind the running rollouts fits in the
+    dispatchers' hands, where the admission board orders it. 0: no window (every rollout sent at ingestion)."""
     if config.release_window is not None:
         return config.release_window
-    return 2 * config.max_sessions
+    batch_size = FUNCTIONS["dispatch"].batch_size or 10
+    return config.max_sessions + config.dispatch_concurrency * batch_size
 
 
 def min_release(window: int) -> int:
-    """The smallest room worth a release: a quarter of the window (at least one rollout)."""
-    return max(1, window // 4)
+    """The smallest room worth a release: a quarter of the window, at most `MAX_MIN_RELEASE` (at least one)."""
+    return max(1, min(window // 4, MAX_MIN_RELEASE))
 
 
 @dataclass(frozen=True, slots=True)
