@@ -761,6 +761,7 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
             "first_ratio_at_achieved_rate": done_at[0] / min(at_rate),
             "mean_ratio_at_achieved_rate": statistics.fmean(done_at) / statistics.fmean(at_rate),
             "mean_displacement": statistics.fmean(shift),
+            "first_session_s": min(times) - started_at if times else float("nan"),
         }
     ddb_total = sum(counters.ops.values())
     sqs_requests = sum(v for k, v in counters.other.items() if k.startswith("sqs."))
@@ -906,7 +907,8 @@ def print_report(r: dict[str, Any]) -> None:
             f"({o['first_ratio']:.2f}x); mean {o['mean_s']:.1f} s vs {o['mean_ideal_s']:.1f} s "
             f"({o['mean_ratio']:.2f}x); at the achieved rate {o['first_ratio_at_achieved_rate']:.2f}x / "
             f"{o['mean_ratio_at_achieved_rate']:.2f}x; {o['groups_completed']}/{o['groups']} groups, mean "
-            f"displacement {o['mean_displacement']:.1f}"
+            f"displacement {o['mean_displacement']:.1f}; first session at "
+            f"{o.get('first_session_s', float('nan')):.1f} s"
         )
     cost = r["cost_per_million_rollouts_usd"]
     print("cost per million rollouts  " + ", ".join(f"{k} ${v:.2f}" for k, v in cost.items()))
