@@ -527,7 +527,7 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
     def ingest() -> None:
         from rollout_pipeline.ledger.items import BatchItem
         from rollout_pipeline.ledger.release import PendingGroup, ReleaseLedger
-        from rollout_pipeline.ledger.window import Releaser
+        from rollout_pipeline.ledger.window import Releaser, max_release
 
         releases = ReleaseLedger(settings.table_name)
         groups = [PendingGroup(f"row-{i}", i + 1, group_size) for i in range(inputs)]
@@ -535,7 +535,7 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
             releases.add_pending(batch_id, groups[start : start + 100], window=window)
         view = ledger.get_batch(batch_id)
         assert view is not None
-        Releaser(releases, SqsQueue(), staging_url).release(BatchItem.of(view))
+        Releaser(releases, SqsQueue(), staging_url, most=max_release(config)).release(BatchItem.of(view))
 
     pool: list[str] = list(bodies)  # messages sent and not yet in the rollout queue (before: every one at once)
 

@@ -47,7 +47,7 @@ from rollout_pipeline.ledger.batches import (
     as_batch,
 )
 from rollout_pipeline.ledger.release import PendingGroup, ReleaseLedger
-from rollout_pipeline.ledger.window import Releaser, release_window
+from rollout_pipeline.ledger.window import Releaser, max_release, release_window
 from rollout_pipeline.ports import EventPublisher, MessageQueue, ObjectNotFound, ObjectStore
 
 if TYPE_CHECKING:
@@ -418,7 +418,8 @@ class Ingestion:
         try:
             view = ledger.read_batch(batch_id)
             if view is not None:
-                releaser = Releaser(releases, self.ports.queue, self.settings.rollout_queue_url)
+                url, most = self.settings.rollout_queue_url, max_release(self.settings.experiment)
+                releaser = Releaser(releases, self.ports.queue, url, most=most)
                 releaser.release(as_batch(view), known=firsts)
         except Exception:  # recorded as pending (or as being sent): completion or the sweeper releases them
             logger.exception("batch %s: release deferred", batch_id)

@@ -8,7 +8,9 @@ then releases; completion releases after a terminal rollout (`after_terminal`), 
 1. room = window - (released - terminal): rollouts of the batch in the queue, waiting or running. Nothing happens
    while the room is below `min_release` (a quarter of the window, at most 16: one release per chunk of groups,
    never per rollout), unless nothing released is left in flight;
-2. the next whole groups in line order that fit in the room (at least one when nothing is in flight, however big);
+2. the next whole groups in line order that fit in the room and in what the dispatchers hold at once
+   (`max_release`: a release at the batch's start, when every slot is free, is held and ordered as a whole; at
+   least one group when nothing is in flight, however big);
 3. one conditional write moves the cursor past them and records them as being sent (with a lease);
 4. their messages are sent (attempt 1; `submitted_at` the batch's creation, so they rank as the batch's in the
    admission order) and a second conditional write confirms them.
@@ -53,8 +55,13 @@ def release_window(config: ExperimentConfig) -> int:
     dispatchers' hands, where the admission board orders it. 0: no window (every rollout sent at ingestion)."""
     if config.release_window is not None:
         return config.release_window
-    batch_size = FUNCTIONS["dispatch"].batch_size or 10
-    return config.max_sessions + config.dispatch_concurrency * batch_size
+    return config.max_sessions + max_release(config)
+
+
+def max_release(config: ExperimentConfig) -> int:
+    """The most one release sends: what the dispatchers hold at once (`dispatch_concurrency` x their SQS batch
+    size), so a release that finds the slots free (the batch's start) is held, and ordered, as a whole."""
+    return config.dispatch_concurrency * (FUNCTIONS["dispatch"].batch_size or 10)
 
 
 def min_release(window: int) -> int:
@@ -75,8 +82,18 @@ class Released:
 class Releaser:
     """Releases a batch's pending groups to the rollout queue (see the module doc)."""
 
-    def __init__(self, ledger: ReleaseLedger, queue: MessageQueue, queue_url: str, *, lease_s: int = RELEASE_LEASE_S):
+    def __init__(
+        self,
+        ledger: ReleaseLedger,
+        queue: MessageQueue,
+        queue_url: str,
+        *,
+        lease_s: int = RELEASE_LEASE_S,
+        most: int | None = None,
+    ) -> None:
+        """`most`: rollouts one release sends at most (`max_release`; None: the room)."""
         self.ledger = ledger
+        self.most = most
         self.queue = queue
         self.queue_url = queue_url
         self.lease_s = lease_s
@@ -140,6 +157,8 @@ class Releaser:
         room = cursor.window - in_flight
         if in_flight > 0 and room < min_release(cursor.window):
             return Released(recovered=recovered)
+        if self.most is not None:
+            room = min(room, max(self.most, 1))
         chosen: list[PendingGroup] = []
         chunk_sk = cursor.chunk_sk
         size = 0

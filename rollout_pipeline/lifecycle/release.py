@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from rollout_pipeline.ledger.items import BatchItem
 from rollout_pipeline.ledger.release import ReleaseLedger
 from rollout_pipeline.ledger.rollouts import RolloutLedger
-from rollout_pipeline.ledger.window import Releaser
+from rollout_pipeline.ledger.window import Releaser, max_release
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 
 log = logging.getLogger(__name__)
@@ -42,7 +42,7 @@ def _new_releaser(deps: LifecycleDeps) -> Releaser:
         now=deps.now,
         sleep=deps.clock.sleep,
     )
-    return Releaser(ledger, deps.queue, deps.settings.rollout_queue_url)
+    return Releaser(ledger, deps.queue, deps.settings.rollout_queue_url, most=max_release(deps.config))
 
 
 def after_terminal(deps: LifecycleDeps, batch: BatchItem | None) -> None:

@@ -217,3 +217,11 @@ def test_no_window_no_cursor_nothing_released() -> None:
     releaser = Releaser(ledger, queue, "q")  # type: ignore[arg-type]
     assert releaser.release(batch(1)).rollouts == 0
     assert releaser.no_room_known(batch(1)), "a batch without a cursor once a rollout ended: never read again"
+
+
+def test_one_release_sends_at_most_what_the_dispatchers_hold() -> None:
+    ledger, queue = setup(window=16)
+    releaser = Releaser(ledger, queue, "q", most=8)  # type: ignore[arg-type]
+    assert releaser.release(batch(0)).rollouts == 8, "the batch's start: what the dispatchers hold, not the window"
+    assert releaser.release(batch(4)).rollouts == 8, "the window has room for 12: one release sends 8 of them"
+    assert queue.rollouts() == rollouts(["g0", "g1", "g2", "g3"])
