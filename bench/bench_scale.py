@@ -147,8 +147,10 @@ def item_category(pk: str, sk: str) -> str:
     if pk.startswith("B#"):
         if sk.startswith("BATCH#COUNT#"):
             return "BATCH#COUNT#*"
-        if sk in ("BATCH", "BATCH#CONTROL"):
+        if sk in ("BATCH", "BATCH#CONTROL", "BATCH#RELEASE"):
             return sk
+        if sk.startswith("P#"):
+            return "pending P#*"
         if sk.startswith("G#"):
             return "group G#*"
         if sk.startswith("R#"):
@@ -179,6 +181,8 @@ def request_items(operation: str, params: dict[str, Any]) -> list[str]:
         if params.get("IndexName"):
             return [f"index {params['IndexName']}"]
         values = params.get("ExpressionAttributeValues") or {}
+        if ":to" in values:  # the release window's look ahead over the pending groups (`ledger.release`)
+            return ["query pending P#*"]
         pks = [str(v.get("S", "")) for v in values.values() if isinstance(v, dict)]
         return [f"query {pks[0].split('#', 1)[0] if pks else '?'}"]
     if operation in ("BatchGetItem", "BatchWriteItem"):
