@@ -73,7 +73,13 @@ def sweep_releases(deps: LifecycleDeps, *, age_s: int = SWEEP_AGE_S) -> SweptRel
     """Release for every batch whose cursor is still open and was last written more than `age_s` ago."""
     report = SweptReleases()
     rel = releaser(deps)
-    for batch_id in rel.ledger.due(int(deps.now().timestamp()) - age_s):
+    try:
+        due = rel.ledger.due(int(deps.now().timestamp()) - age_s)
+    except Exception:  # the next sweep looks again
+        log.exception("sweeper: the release cursors could not be read")
+        report.errors += 1
+        return report
+    for batch_id in due:
         report.batches += 1
         try:
             batch = deps.ledger.batch(batch_id)
