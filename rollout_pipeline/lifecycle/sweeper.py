@@ -6,7 +6,7 @@ Else one transaction: a new attempt (queued n+1, outbox `enqueue`) while attempt
 `Rollout Failed` (timeout); either way the old session's slot is held and its stop is in the outbox. Then the
 outbox is drained (retry message sent, event published, session stopped: `lifecycle.stops`). Outbox: entries
 older than `deps.outbox_age_s` are drained. Every step is conditional on `(state, attempt)`, so repeated or
-concurrent sweeps change nothing twice.
+concurrent sweeps change nothing twice. Last, the release window's backstop (`lifecycle.release.sweep_releases`).
 """
 
 from __future__ import annotations
