@@ -32,6 +32,8 @@ from rollout_pipeline.ledger.table import LedgerTable
 RELEASE_INDEX_PK: Final = "REL"
 #: The last pending item's sort key is below this one (lines are zero-padded digits).
 _PENDING_END: Final = f"{keys.PENDING_PREFIX}~"
+#: Groups per pending item at most (an input id is at most 128 characters: ~150 bytes a group, 400 KB an item).
+PENDING_ITEM_GROUPS: Final = 1000
 #: BatchGetItem reads at most 100 keys per call.
 _BATCH_GET_MAX: Final = 100
 _BATCH_GET_ROUNDS: Final = 8
@@ -111,15 +113,17 @@ class ReleaseLedger:
             return
         now = self.table.epoch()
         ordered = sorted(groups, key=lambda g: g.line)
-        self.table.ddb.put_item(
-            TableName=self.table_name,
-            Item={
-                keys.PK: {"S": keys.batch_pk(batch_id)},
-                keys.SK: {"S": pending_sk(ordered[0].line)},
-                "groups": {"S": json.dumps([[g.input_id, g.line, g.group_size] for g in ordered])},
-                keys.TTL_ATTRIBUTE: {"N": str(self.table.expires_at(now))},
-            },
-        )
+        for start in range(0, len(ordered), PENDING_ITEM_GROUPS):  # well under DynamoDB's 400 KB per item
+            part = ordered[start : start + PENDING_ITEM_GROUPS]
+            self.table.ddb.put_item(
+                TableName=self.table_name,
+                Item={
+                    keys.PK: {"S": keys.batch_pk(batch_id)},
+                    keys.SK: {"S": pending_sk(part[0].line)},
+                    "groups": {"S": json.dumps([[g.input_id, g.line, g.group_size] for g in part])},
+                    keys.TTL_ATTRIBUTE: {"N": str(self.table.expires_at(now))},
+                },
+            )
         self.table.update(
             keys.release_key(batch_id),
             "SET #w = if_not_exists(#w, :w), released = if_not_exists(released, :zero), "
