@@ -32,7 +32,7 @@ fraction; first / mean group completion vs the ideal group-ordered schedule; the
 lateness, which say how far to trust the run.
 
 Usage: python bench/bench_scale.py [--dilation 10] [--endpoints 4] [--session-rate 6] [--rollouts 480]
-       [--max-sessions 200] [--shuffle] [--max-seconds 600] [--json]
+       [--max-sessions 200] [--shuffle] [--window N] [--max-seconds 600] [--json]
 """
 
 from __future__ import annotations
@@ -147,10 +147,12 @@ def item_category(pk: str, sk: str) -> str:
     if pk.startswith("B#"):
         if sk.startswith("BATCH#COUNT#"):
             return "BATCH#COUNT#*"
-        if sk in ("BATCH", "BATCH#CONTROL"):
+        if sk in ("BATCH", "BATCH#CONTROL", "BATCH#RELEASE"):
             return sk
         if sk.startswith("BATCH#CONTROL#"):
             return "BATCH#CONTROL#*"
+        if sk.startswith("P#"):
+            return "pending P#*"
         if sk.startswith("G#"):
             return "group G#*"
         if sk.startswith("R#"):
@@ -187,6 +189,8 @@ def request_items(operation: str, params: dict[str, Any]) -> list[str]:
         if params.get("IndexName"):
             return [f"index {params['IndexName']}"]
         values = params.get("ExpressionAttributeValues") or {}
+        if ":to" in values:  # the release window's look ahead over the pending groups (`ledger.release`)
+            return ["query pending P#*"]
         pks = [str(v.get("S", "")) for v in values.values() if isinstance(v, dict)]
         return [f"query {pks[0].split('#', 1)[0] if pks else '?'}"]
     if operation in ("BatchGetItem", "BatchWriteItem"):
@@ -327,8 +331,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hold-ms", type=float, default=15.0, help="faithful: a transaction holds its items (ms)")
     parser.add_argument("--conflict-rate", type=float, default=0.0, help="faithful: hot-item conflict probability")
     parser.add_argument("--no-latency", action="store_true", help="inject no DynamoDB latency")
-    parser.add_argument("--queue-depth", type=int, default=150)
+    parser.add_argument("--queue-depth", type=int, default=150, help="messages the feeder keeps in the queue at most")
+    parser.add_argument(
+        "--window",
+        type=int,
+        default=None,
+        help="release window (rollouts released and not yet terminal; default max_sessions + 10 x dispatchers); "
+        "0: every message at once (before the window)",
+    )
     parser.add_argument("--max-seconds", type=float, default=600.0, help="WALL seconds for the backlog (bounded)")
+    parser.add_argument(
+        "--poll-s",
+        default="",
+        help="LO:HI: the slot gate's poll interval (jittered, virtual s; default the pipeline's 0.2:1.0)",
+    )
+    parser.add_argument(
+        "--settle-s",
+        type=float,
+        default=None,
+        help="the board's burst settle time (virtual s; default the pipeline's 1)",
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the text report")
     args = parser.parse_args(argv)
@@ -373,12 +395,22 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
     from rollout_pipeline.fakes.acr import AcrProfile, AgentBehaviour, FakeAgentRuntime
     from rollout_pipeline.ledger import retry
     from rollout_pipeline.ledger.ledger import Ledger
+    from rollout_pipeline.ledger.window import release_window
     from rollout_pipeline.lifecycle.completion import complete_records
     from rollout_pipeline.lifecycle.deps import LifecycleDeps
     from rollout_pipeline.lifecycle.dispatch import dispatch_records
     from rollout_pipeline.lifecycle.sweeper import sweep
     from rollout_pipeline.local.resources import create_resources
 
+    if args.poll_s:
+        from rollout_pipeline.lifecycle import limits
+
+        lo, hi = (float(x) for x in args.poll_s.split(":"))
+        limits.jitter_poll_s = lambda: random.uniform(lo, hi)  # type: ignore[assignment]
+    if args.settle_s is not None:
+        from rollout_pipeline.lifecycle import limits
+
+        limits.BOARD_SETTLE_S = args.settle_s  # type: ignore[misc]
     load_start = os.getloadavg()
     clients.reset()
     counters = Counters()
@@ -397,9 +429,14 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
         max_sessions=args.max_sessions,
         group_size=group_size,
         rollout_timeout_s=900,
+        release_window=args.window,
+        dispatch_concurrency=max(2, args.dispatchers),
     )
     resources = create_resources(config, region="us-east-1", client=clients.client)
-    settings = resources.settings()
+    # The pipeline sends to a staging queue; the feeder moves its messages to the rollout queue in the order SQS
+    # might deliver them (`--shuffle`: a random one of every message not yet delivered), keeping the queue shallow.
+    staging_url = clients.client("sqs").create_queue(QueueName="bench-staging")["QueueUrl"]
+    settings = resources.settings().model_copy(update={"rollout_queue_url": staging_url})
     rng = random.Random(args.seed)
     delays = [[rng.uniform(args.min_delay, args.max_delay) for _ in range(group_size)] for _ in range(inputs)]
 
@@ -434,13 +471,15 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
     counters.harness.on = True
     bodies = seed(resources, batch_id, inputs, group_size)
     counters.harness.on = False
-    if args.shuffle:
-        window = args.shuffle_window or len(bodies)
-        shuffler = random.Random(args.seed + 1)
-        for start in range(0, len(bodies), window):
-            part = bodies[start : start + window]
+    window = release_window(config)
+    if window:
+        bodies = []  # released by the window, as ingestion does (`ingest.core`): pending groups, then a release
+    shuffler = random.Random(args.seed + 1)
+    if args.shuffle and args.shuffle_window:
+        for start in range(0, len(bodies), args.shuffle_window):
+            part = bodies[start : start + args.shuffle_window]
             shuffler.shuffle(part)
-            bodies[start : start + window] = part
+            bodies[start : start + args.shuffle_window] = part
     sqs = clients.client("sqs")
     ledger = Ledger.open(settings.table_name)
     visibility = {
@@ -505,22 +544,45 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
             finally:
                 counters.harness.on = False
 
+    def ingest() -> None:
+        from rollout_pipeline.ledger.release import PendingGroup
+        from rollout_pipeline.ledger.window import Releaser, max_release
+
+        releases = ledger.release
+        groups = [PendingGroup(f"row-{i}", i + 1, group_size) for i in range(inputs)]
+        for start in range(0, len(groups), 100):  # ingestion's chunks of 100 rows
+            releases.add_pending(batch_id, groups[start : start + 100], window=window)
+        view = ledger.batches.read_batch(batch_id)
+        assert view is not None
+        Releaser(releases, SqsQueue(), staging_url, most=max_release(config)).release(view)
+
+    pool: list[str] = list(bodies)  # messages sent and not yet in the rollout queue (before: every one at once)
+
     def feeder() -> None:
-        sent = 0
+        shuffled = args.shuffle and not args.shuffle_window
         for _ in range(1_000_000):
-            if sent >= len(bodies) or stop.is_set():
+            if stop.is_set():
                 return
+            for _round in range(100):  # what the pipeline sent (releases, retries, limit re-sends)
+                got = sqs.receive_message(QueueUrl=staging_url, MaxNumberOfMessages=10, WaitTimeSeconds=0)
+                messages = got.get("Messages") or []
+                if not messages:
+                    break
+                pool.extend(m["Body"] for m in messages)
+                sqs.delete_message_batch(
+                    QueueUrl=staging_url,
+                    Entries=[{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(messages)],
+                )
             attrs = sqs.get_queue_attributes(
                 QueueUrl=resources.rollout_queue_url, AttributeNames=["ApproximateNumberOfMessages"]
             )["Attributes"]
-            room = args.queue_depth - int(attrs["ApproximateNumberOfMessages"])
-            chunk = bodies[sent : sent + max(0, min(room, 100))]
+            room = min(len(pool), max(0, args.queue_depth - int(attrs["ApproximateNumberOfMessages"])), 100)
+            chunk = [pool.pop(shuffler.randrange(len(pool)) if shuffled else 0) for _ in range(room)]
             for start in range(0, len(chunk), 10):
                 sqs.send_message_batch(
                     QueueUrl=resources.rollout_queue_url,
                     Entries=[{"Id": str(i), "MessageBody": b} for i, b in enumerate(chunk[start : start + 10])],
                 )
-            sent += len(chunk)
             time.sleep(0.2)
 
     def loop(name: str, queue_url: str, handle: Callable[[list[dict[str, Any]]], Any], idle: float) -> None:
@@ -566,6 +628,7 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
 
     probe = LatenessProbe()
     threads = [
+        threading.Thread(target=ingest, name="ingest", daemon=True),
         threading.Thread(target=feeder, name="bench-feeder", daemon=True),
         threading.Thread(target=trainer, name="bench-trainer", daemon=True),
         threading.Thread(target=probe.run, name="bench-probe", daemon=True),
@@ -602,7 +665,8 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
     if not args.json:
         print(
             f"bench_scale: k={args.dilation:g}, {total} rollouts ({inputs} groups x {group_size}"
-            f"{', shuffled' if args.shuffle else ''}), {args.endpoints} endpoint(s) x {args.session_rate:g} "
+            f"{', shuffled' if args.shuffle else ''}; release window {window or 'off'}), {args.endpoints} endpoint(s) "
+            f"x {args.session_rate:g} "
             f"sessions/s, tps {args.tps}, max_sessions {args.max_sessions}, agent {args.min_delay}-{args.max_delay} "
             f"s, {args.dispatchers} dispatchers x {args.threads} threads; load {load_start[0]:.1f}",
             flush=True,
@@ -716,6 +780,7 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
             "first_ratio_at_achieved_rate": done_at[0] / min(at_rate),
             "mean_ratio_at_achieved_rate": statistics.fmean(done_at) / statistics.fmean(at_rate),
             "mean_displacement": statistics.fmean(shift),
+            "first_session_s": min(times) - started_at if times else float("nan"),
         }
     ddb_total = sum(counters.ops.values())
     sqs_requests = sum(v for k, v in counters.other.items() if k.startswith("sqs."))
@@ -863,7 +928,8 @@ def print_report(r: dict[str, Any]) -> None:
             f"({o['first_ratio']:.2f}x); mean {o['mean_s']:.1f} s vs {o['mean_ideal_s']:.1f} s "
             f"({o['mean_ratio']:.2f}x); at the achieved rate {o['first_ratio_at_achieved_rate']:.2f}x / "
             f"{o['mean_ratio_at_achieved_rate']:.2f}x; {o['groups_completed']}/{o['groups']} groups, mean "
-            f"displacement {o['mean_displacement']:.1f}"
+            f"displacement {o['mean_displacement']:.1f}; first session at "
+            f"{o.get('first_session_s', float('nan')):.1f} s"
         )
     cost = r["cost_per_million_rollouts_usd"]
     print("cost per million rollouts  " + ", ".join(f"{k} ${v:.2f}" for k, v in cost.items()))

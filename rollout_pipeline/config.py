@@ -75,6 +75,13 @@ class ExperimentConfig(BaseModel):
     endpoints: int = Field(default=1, ge=1, le=20, description="Runtime endpoints new sessions are spread across")
     max_sessions: int = Field(default=100, ge=1, le=100_000, description="Rollouts in flight at once")
     group_size: int = Field(default=8, ge=1, le=1024, description="Rollouts per dataset row (GRPO group)")
+    release_window: int | None = Field(
+        default=None,
+        ge=0,
+        le=1_000_000,
+        description="Rollouts of a batch released to the rollout queue and not yet ended, at most (group order "
+        "through the queue); default max_sessions + dispatch_concurrency x 10; 0: every rollout at once",
+    )
     rollout_timeout_s: int = Field(default=900, ge=10, le=28_800, description="Deadline of one attempt")
     max_attempts: int = Field(default=2, ge=1, le=10, description="Attempts per rollout (timeouts are retried)")
     model_base_url: str = Field(default="http://127.0.0.1:8000/v1", min_length=1)
@@ -239,6 +246,7 @@ class ExperimentConfig(BaseModel):
             if field_name in (
                 "policy_version",
                 "results_expiration_days",
+                "release_window",
                 "model_secret_name",
                 "agent_module",
                 "rft_job_arn",

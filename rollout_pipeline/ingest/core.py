@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Final, Literal
 
@@ -43,6 +43,8 @@ from rollout_pipeline.ingest.reader import DatasetFormatError, RawRecord, datase
 from rollout_pipeline.ledger.batches import GroupSpec, IngestProgress
 from rollout_pipeline.ledger.items import BatchView
 from rollout_pipeline.ledger.ledger import Ledger
+from rollout_pipeline.ledger.release import PendingGroup
+from rollout_pipeline.ledger.window import Releaser, max_release, release_window
 from rollout_pipeline.ports import EventPublisher, MessageQueue, ObjectNotFound, ObjectStore
 from rollout_pipeline.topology import FUNCTIONS
 
@@ -399,6 +401,26 @@ class Ingestion:
         for future in futures:
             future.result()
 
+    def release(
+        self,
+        batch_id: str,
+        groups: Sequence[tuple[str, int, int]] = (),
+        firsts: Mapping[str, RolloutMessage] | None = None,
+        window: int = 0,
+    ) -> None:
+        """Record accepted groups (input id, line, group size) as pending for the release window, then release what
+        fits (`ledger.window`); without groups, only release (ingestion ended: the window may have room)."""
+        ledger = self.ports.ledger
+        if groups:
+            ledger.release.add_pending(batch_id, [PendingGroup(*g) for g in groups], window=window)
+        try:
+            view = ledger.batches.read_batch(batch_id)
+            if view is not None:
+                url, most = self.settings.rollout_queue_url, max_release(self.settings.experiment)
+                Releaser(ledger.release, self.ports.queue, url, most=most).release(view, known=firsts)
+        except Exception:  # recorded as pending (or as being sent): completion or the sweeper releases them
+            logger.exception("batch %s: release deferred", batch_id)
+
     def _time_is_short(self, remaining_ms: Callable[[], int] | None) -> bool:
         """True when the invocation should stop and continue in a new one (needs the ingest queue URL)."""
         if remaining_ms is None or not self.settings.ingest_queue_url:
@@ -538,6 +560,8 @@ class _Run:
             self.errors.add(line, reason, text)
         accepted = written.accepted
         bodies: list[str] = []
+        firsts: dict[str, RolloutMessage] = {}
+        window = release_window(settings.experiment)
         submitted_at = utcnow()
         for group in accepted:
             row, payload_bytes = payloads[group.input_id]
@@ -558,13 +582,20 @@ class _Run:
                 payload_ref=group.payload_ref,
                 rollout_overrides=row.rollout_overrides,
             )
+            if window:  # sent by the release window, in line order (`ledger.window`)
+                firsts[group.input_id] = first
+                continue
             bodies.append(first.model_dump_json())
             bodies.extend(
                 first.model_copy(update={"index": index}).model_dump_json() for index in range(1, group.group_size)
             )
         if bodies:
             self.ingestion.send_rollouts(bodies)
-        return len(accepted), len(rejections), len(bodies)
+        if firsts:
+            self.ingestion.release(
+                self.batch_id, [(g.input_id, g.line, g.group_size) for g in accepted], firsts, window
+            )
+        return len(accepted), len(rejections), len(bodies) + sum(g.group_size for g in accepted if window)
 
     def _checkpoint(self, progress: IngestProgress, *, release: bool = False) -> None:
         if self.errors_target is not None and self.errors.dirty:
@@ -626,6 +657,8 @@ class _Run:
             progress=self.progress,
             errors_uri=errors_uri,
         )
+        if not item.cancelled and release_window(self.ports.settings.experiment):
+            self.ingestion.release(self.batch_id)
         published = self.ingestion.publish_batch_events(item)
         outcome: Outcome = "cancelled" if item.cancelled else "accepted"
         logger.info(

@@ -1,7 +1,8 @@
-"""The ledger of one experiment: its three parts, cut by item, over one table.
+"""The ledger of one experiment: its parts, cut by item, over one table.
 
-`batches` (batch and group items), `rollouts` (the rollout state machine and its outbox) and `limits` (the `LIMIT`
-partition: session slots, paced call budgets, the admission board, the policy version) share one `LedgerTable`:
+`batches` (batch and group items), `rollouts` (the rollout state machine and its outbox), `limits` (the `LIMIT`
+partition: session slots, paced call budgets, the admission board, the policy version) and `release` (the release
+window's cursor and pending groups) share one `LedgerTable`:
 one client, one clock, one TTL rule, one conflict-retry policy. Ingestion, the lifecycle and the SDK all hold a
 `Ledger` (built by `wiring.Wiring.ledger`).
 """
@@ -15,6 +16,7 @@ from typing import Any
 
 from rollout_pipeline.ledger.batches import BatchLedger
 from rollout_pipeline.ledger.limits import LimitLedger
+from rollout_pipeline.ledger.release import ReleaseLedger
 from rollout_pipeline.ledger.rollouts import RolloutLedger
 from rollout_pipeline.ledger.table import LedgerTable
 from rollout_pipeline.ports import Clock
@@ -22,11 +24,12 @@ from rollout_pipeline.ports import Clock
 
 @dataclass(frozen=True)
 class Ledger:
-    """One experiment's ledger table, by item: batches and groups, rollouts, limits."""
+    """One experiment's ledger table, by item: batches and groups, rollouts, limits, the release window."""
 
     batches: BatchLedger
     rollouts: RolloutLedger
     limits: LimitLedger
+    release: ReleaseLedger
 
     @property
     def table(self) -> LedgerTable:
@@ -47,4 +50,9 @@ class Ledger:
         lifecycle uses, so both agree on the time; `sleep`: the conflict-retry backoff)."""
         table = LedgerTable(table_name, dynamodb_client, ttl_days=ttl_days, clock=clock, sleep=sleep)
         limits = LimitLedger(table)
-        return cls(batches=BatchLedger(table), rollouts=RolloutLedger(table, limits), limits=limits)
+        return cls(
+            batches=BatchLedger(table),
+            rollouts=RolloutLedger(table, limits),
+            limits=limits,
+            release=ReleaseLedger(table),
+        )

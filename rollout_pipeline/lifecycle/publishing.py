@@ -27,6 +27,7 @@ from rollout_pipeline.ledger.rollouts import (
     OUTBOX_PUBLISH,
     OUTBOX_STOP,
 )
+from rollout_pipeline.lifecycle import release
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.metrics import NOTIFICATION_LATENCY
 
@@ -93,6 +94,7 @@ def completion_details(rec: RolloutRecord, deps: LifecycleDeps) -> list[Any]:
         batch_detail = batch_completion_detail(claimed) if claimed is not None else None
         if batch_detail is not None:
             details.append(batch_detail)
+    release.after_terminal(deps, batch)  # the release window may have room now (`ledger.window`)
     return details
 
 

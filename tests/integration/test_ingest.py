@@ -77,10 +77,15 @@ def make_ingestion(
     *,
     queue: MessageQueue | None = None,
     ledger: BatchLedger | None = None,
+    release_window: int | None = None,
     **tuning: Any,
 ) -> Ingestion:
-    """Ingestion over moto; `ledger`: its batch part (the rest of the ledger is the table's own)."""
+    """Ingestion over moto; `ledger`: its batch part (the rest of the ledger is the table's own);
+    `release_window=0`: ingestion itself sends every rollout message (no window)."""
     settings = resources.settings()
+    if release_window is not None:
+        experiment = settings.experiment.model_copy(update={"release_window": release_window})
+        settings = settings.model_copy(update={"experiment": experiment})
     whole = Ledger.open(settings.table_name)
     return Ingestion(
         IngestPorts(
@@ -296,11 +301,13 @@ def test_a_chunk_is_sent_over_several_threads_and_a_failed_slice_fails_the_chunk
     event = upload(resources, "datasets/threads.jsonl", jsonl([{"id": f"p{i}"} for i in range(30)]))
     failing = RecordingQueue(fail=True)
     with pytest.raises(Interrupted):
-        make_ingestion(resources, queue=failing, send_concurrency=4).handle_message(event, owner="m")
+        make_ingestion(resources, queue=failing, send_concurrency=4, release_window=0).handle_message(event, owner="m")
     assert batch_item(resources, batch_id_of(event))["cursor"] == 0, "a chunk with a failed slice is not checkpointed"
 
     queue = RecordingQueue(fail=False)
-    result = make_ingestion(resources, queue=queue, send_concurrency=4).handle_message(event, owner="m")
+    result = make_ingestion(resources, queue=queue, send_concurrency=4, release_window=0).handle_message(
+        event, owner="m"
+    )
     assert result.rows_accepted == 30
     assert sorted(queue.sizes) == [20, 20, 20], "60 bodies = 6 SQS batches over 3 slices of whole batches"
     assert all(name.startswith("ingest-send") for name in queue.threads)
@@ -525,12 +532,12 @@ def test_resume_after_a_crash_before_sending_loses_and_duplicates_nothing(resour
     event = upload(resources, "datasets/resume.jsonl", b"oops\n" + jsonl(rows))
     flaky = FlakyQueue(SqsQueue(), fail_on=3)
     with pytest.raises(Interrupted):
-        make_ingestion(resources, queue=flaky, chunk_rows=5).handle_message(event, owner="msg-1")
+        make_ingestion(resources, queue=flaky, chunk_rows=5, release_window=0).handle_message(event, owner="msg-1")
     batch = batch_item(resources, batch_id_of(event))
     assert (batch["status"], batch["cursor"], batch["rows_accepted"], batch["rows_rejected"]) == ("ingesting", 10, 9, 1)
 
     # The same SQS message is redelivered after the visibility timeout: its own lease is taken back at once.
-    result = make_ingestion(resources, chunk_rows=5).handle_message(event, owner="msg-1")
+    result = make_ingestion(resources, chunk_rows=5, release_window=0).handle_message(event, owner="msg-1")
 
     assert result.outcome == "accepted"
     batch = batch_item(resources, batch_id_of(event))
@@ -565,9 +572,9 @@ def test_resume_of_a_chunk_whose_groups_were_written_resends_its_messages(resour
     event = upload(resources, "datasets/groups-written.jsonl", jsonl([{"id": f"w{i}"} for i in range(8)]))
     flaky = FlakyQueue(SqsQueue(), fail_on=2)  # chunk 2's groups are in the ledger, its messages are not sent
     with pytest.raises(Interrupted):
-        make_ingestion(resources, queue=flaky, chunk_rows=4).handle_message(event, owner="m")
+        make_ingestion(resources, queue=flaky, chunk_rows=4, release_window=0).handle_message(event, owner="m")
     assert len(group_items(resources, batch_id_of(event))) == 8
-    result = make_ingestion(resources, chunk_rows=4).handle_message(event, owner="m")
+    result = make_ingestion(resources, chunk_rows=4, release_window=0).handle_message(event, owner="m")
     assert (result.rows_accepted, result.rows_rejected) == (4, 0), "groups of the same line are resumed, not dupes"
     assert pairs(rollout_messages(resources)) == expected_pairs([f"w{i}" for i in range(8)], 2)
     assert not has_errors_object(resources, "datasets/groups-written.jsonl")
