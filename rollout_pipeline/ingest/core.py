@@ -515,7 +515,11 @@ class _Run:
             )
         )
 
-    def _write_chunk(self, chunk: list[DatasetRow | tuple[int, RowError]]) -> tuple[int, int, int]:
+    def _groups_of(
+        self, chunk: list[DatasetRow | tuple[int, RowError]]
+    ) -> tuple[list[GroupSpec], dict[str, tuple[DatasetRow, bytes]], list[tuple[int, str, str]]]:
+        """The chunk's rows as groups to write (payloads over the claim-check size by reference), each row's
+        payload bytes by input id, and the rows rejected (line, reason, text)."""
         settings = self.ports.settings
         rejections: list[tuple[int, str, str]] = []
         groups: list[GroupSpec] = []
@@ -551,6 +555,11 @@ class _Run:
                 )
             groups.append(group)
             payloads.setdefault(parsed.input_id, (parsed, payload_bytes))
+        return groups, payloads, rejections
+
+    def _write_chunk(self, chunk: list[DatasetRow | tuple[int, RowError]]) -> tuple[int, int, int]:
+        settings = self.ports.settings
+        groups, payloads, rejections = self._groups_of(chunk)
         written = self.ports.ledger.batches.create_groups(exp_id=self.exp_id, batch_id=self.batch_id, groups=groups)
         for group, holder_line in written.duplicates:
             rejections.append(

@@ -124,7 +124,7 @@ def test_a_batch_larger_than_the_window_completes_each_rollout_once_in_group_ord
     batch_id = ingest(resources, queue)
     assert queue.released() == [(1, 0), (1, 1), (2, 0), (2, 1)], "ingestion released only the window"
     view = batch_view(resources, batch_id)
-    assert view["rollouts_total"] == ROWS * GROUP_SIZE, "every accepted rollout counts, released or pending"
+    assert view.rollouts_total == ROWS * GROUP_SIZE, "every accepted rollout counts, released or pending"
 
     deps = lifecycle(resources, fake, queue)
     run_until_quiet(resources, deps, queue)
@@ -168,7 +168,7 @@ def test_a_releaser_crashed_before_sending_is_recovered_by_the_sweeper(
         sweep(deps)
         run_until_quiet(resources, deps, queue)
     assert Counter(queue.released()) == Counter({(line, i): 1 for line in range(1, ROWS + 1) for i in range(2)})
-    assert batch_view(resources, batch_id)["terminal"] == ROWS * GROUP_SIZE
+    assert batch_view(resources, batch_id).terminal == ROWS * GROUP_SIZE
 
 
 def test_cancel_stops_the_release_and_ends_the_unreleased_rollouts(
@@ -184,7 +184,7 @@ def test_cancel_stops_the_release_and_ends_the_unreleased_rollouts(
     sweep(deps)
     assert queue.released() == [(1, 0), (1, 1), (2, 0), (2, 1)], "nothing released after the cancel"
     view = batch_view(resources, batch_id)
-    assert view["terminal"] == ROWS * GROUP_SIZE
+    assert view.terminal == ROWS * GROUP_SIZE
     assert keys.DEADLINE_PK not in ledger_item(resources, keys.release_key(batch_id)), "the cursor is closed"
     failed = by_type(trainer_events(resources), "Rollout Failed")
     assert len(failed) == ROWS * GROUP_SIZE
