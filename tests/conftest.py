@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings as hypothesis_settings
 
 from rollout_pipeline.adapters import clients
 from rollout_pipeline.config import ExperimentConfig
@@ -21,6 +22,13 @@ from rollout_pipeline.local.moto_server import patch_moto
 from rollout_pipeline.local.resources import ExperimentResources, create_resources
 
 REGION = "us-east-1"
+
+#: Hypothesis runs the same examples on every machine and every run (a failure in CI fails again locally, and
+#: prints the blob that replays it); `HYPOTHESIS_PROFILE=explore` searches at random, saving failures in
+#: .hypothesis/ to replay them first.
+hypothesis_settings.register_profile("deterministic", derandomize=True, database=None, print_blob=True)
+hypothesis_settings.register_profile("explore", derandomize=False, print_blob=True)
+hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or "deterministic")
 
 
 def wait_for(condition: Callable[[], object], timeout_s: float = 30.0, what: str = "the condition") -> None:

@@ -264,7 +264,7 @@ class FakeAgentRuntime:
             return
         if session_id in self.running or self.invoked[session_id]:
             return  # an existing session: no new-session quota
-        if self.active_sessions(now) >= self.profile.max_active_sessions:
+        if self._active_sessions(now) >= self.profile.max_active_sessions:
             self.calls.append(FakeCall(now, "invoke", session_id, "quota_exceeded", endpoint))
             raise RuntimeThrottled(
                 f"ServiceQuotaExceededException: {self.profile.max_active_sessions} active sessions per account"
@@ -280,16 +280,21 @@ class FakeAgentRuntime:
             self.last_active[session_id] = now
             self.max_running = max(self.max_running, len(self.running))
             self.cold_until[session_id] = now + self.profile.cold_start_ready_s
-            self.max_active = max(self.max_active, self.active_sessions(now))
+            self.max_active = max(self.max_active, self._active_sessions(now))
             raise RuntimeColdStart(f"RuntimeClientError (424): session {session_id} is still starting")
-        self.max_active = max(self.max_active, self.active_sessions(now) + 1)
+        self.max_active = max(self.max_active, self._active_sessions(now) + 1)
 
     def active_sessions(self, now: float | None = None) -> int:
         """Sessions counting against the active-session quota now: running and busy, or idle for less than
         `idle_timeout_s` (AgentCore reaps them after that; a reaped session leaves `running` on the next call)."""
+        now = self._clock() if now is None else now
+        with self._lock:
+            return self._active_sessions(now)
+
+    def _active_sessions(self, now: float) -> int:
+        """`active_sessions` under the lock (it walks `running` and reaps idle sessions from it)."""
         if self.profile is None:
             return len(self.running)
-        now = self._clock() if now is None else now
         idle_timeout = self.profile.idle_timeout_s
         reaped = [
             sid
