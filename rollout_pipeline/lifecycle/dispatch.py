@@ -39,17 +39,16 @@ from rollout_pipeline.ledger.rollouts import (
     DispatchStart,
     LedgerError,
 )
-from rollout_pipeline.lifecycle import publishing, stops
+from rollout_pipeline.lifecycle import publishing
 from rollout_pipeline.lifecycle.cancel import cancel_rollout
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
-from rollout_pipeline.lifecycle.failures import fail_rollout
+from rollout_pipeline.lifecycle.failures import end_attempt, fail_rollout
 from rollout_pipeline.lifecycle.limits import Held, NoCallBudget
 from rollout_pipeline.lifecycle.metrics import (
     COLD_START_RETRIED,
     IN_FLIGHT,
     LIMIT_WAITS,
     NEW_SESSIONS,
-    RETRIED,
 )
 from rollout_pipeline.lifecycle.metrics import (
     DISPATCHED as DISPATCHED_METRIC,
@@ -434,30 +433,15 @@ def _cold_start_failed(
     rec = deps.ledger.rollouts.get_rollout(message.batch_id, message.input_id, message.index)
     if rec is None or rec.state != DISPATCHED or rec.attempt != message.attempt:
         return Dispatch.STALE
-    hold = stops.hold_until(deps, rec)
-    if rec.attempt < options.max_attempts:
-        next_sid = ids.session_id(rec.exp_id, rec.batch_id, rec.input_id, rec.index, rec.attempt + 1)
-        if not deps.ledger.rollouts.requeue_for_retry(
-            rec,
-            next_session_id=next_sid,
-            stop_pending=True,
-            hold_slot_until=hold,
-        ):
-            return Dispatch.STALE
-        deps.metrics.count(RETRIED)
-        after = deps.ledger.rollouts.get_rollout(rec.batch_id, rec.input_id, rec.index)
-    else:
-        after = fail_rollout(
-            deps,
-            rec.ref,
-            exp_id=rec.exp_id,
-            from_state=DISPATCHED,
-            reason=FailureReason.INVOKE_REJECTED,
-            error=f"the session did not start (cold start) in any of {rec.attempt} attempt(s): {error}",
-            outbox=frozenset({OUTBOX_PUBLISH}),
-            session_id=rec.session_id,
-            hold_slot_until=hold,
-        )
+    retried, after = end_attempt(
+        deps,
+        rec,
+        options.max_attempts,
+        reason=FailureReason.INVOKE_REJECTED,
+        error=f"the session did not start (cold start) in any of {rec.attempt} attempt(s): {error}",
+    )
+    if retried and after is None:
+        return Dispatch.STALE
     if after is not None and after.outbox:
         publishing.drain(after, deps, owner=True, wait_until=wait_until)
     return Dispatch.COLD_START_FAILED

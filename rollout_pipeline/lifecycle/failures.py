@@ -1,15 +1,18 @@
 """Ending a rollout as failed: the one conditional transition every failure path shares (invoke rejected,
-timeout, cancelled), with its metrics."""
+timeout, cancelled), with its metrics; and the one rule for an attempt that will bring no result (retry while
+attempts remain, else fail)."""
 
 from __future__ import annotations
 
+from rollout_pipeline import ids
 from rollout_pipeline.contracts import FailureReason
 from rollout_pipeline.ids import AttemptRef
 from rollout_pipeline.ledger.items import RolloutRecord, Terminal
-from rollout_pipeline.ledger.rollouts import FAILED
+from rollout_pipeline.ledger.rollouts import DISPATCHED, FAILED, OUTBOX_PUBLISH
+from rollout_pipeline.lifecycle import stops
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.metrics import FAILED as FAILED_METRIC
-from rollout_pipeline.lifecycle.metrics import failed_metric
+from rollout_pipeline.lifecycle.metrics import RETRIED, failed_metric
 
 MAX_ERROR_CHARS = 2000
 
@@ -47,3 +50,33 @@ def fail_rollout(
     deps.metrics.count(FAILED_METRIC)
     deps.metrics.count(failed_metric(reason.value))
     return deps.ledger.rollouts.get_rollout(ref.batch_id, ref.input_id, ref.index)
+
+
+def end_attempt(
+    deps: LifecycleDeps, rec: RolloutRecord, max_attempts: int, *, reason: FailureReason, error: str
+) -> tuple[bool, RolloutRecord | None]:
+    """End dispatched attempt `rec`, which will bring no result (its deadline passed, its session never started):
+    a new attempt while attempts remain, else `Rollout Failed` with `reason`. Either way the attempt's session keeps
+    its slot until its stop is confirmed (`stops.hold_until`). Returns (retried, the rollout after the transition),
+    the rollout None when another caller moved it first."""
+    hold = stops.hold_until(deps, rec)
+    if rec.attempt < max_attempts:
+        next_sid = ids.session_id(rec.exp_id, rec.batch_id, rec.input_id, rec.index, rec.attempt + 1)
+        if not deps.ledger.rollouts.requeue_for_retry(
+            rec, next_session_id=next_sid, stop_pending=True, hold_slot_until=hold
+        ):
+            return True, None
+        deps.metrics.count(RETRIED)
+        return True, deps.ledger.rollouts.get_rollout(rec.batch_id, rec.input_id, rec.index)
+    after = fail_rollout(
+        deps,
+        rec.ref,
+        exp_id=rec.exp_id,
+        from_state=DISPATCHED,
+        reason=reason,
+        error=error,
+        outbox=frozenset({OUTBOX_PUBLISH}),
+        session_id=rec.session_id,
+        hold_slot_until=hold,
+    )
+    return False, after

@@ -21,16 +21,14 @@ from rollout_pipeline.ledger.batches import batch_options
 from rollout_pipeline.ledger.items import RolloutRecord
 from rollout_pipeline.ledger.rollouts import (
     DISPATCHED,
-    OUTBOX_PUBLISH,
 )
-from rollout_pipeline.lifecycle import publishing, release, stops
+from rollout_pipeline.lifecycle import publishing, release
 from rollout_pipeline.lifecycle.cancel import cancel_rollout
 from rollout_pipeline.lifecycle.completion import complete_if_written
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
-from rollout_pipeline.lifecycle.failures import fail_rollout
+from rollout_pipeline.lifecycle.failures import end_attempt
 from rollout_pipeline.lifecycle.metrics import (
     IN_FLIGHT,
-    RETRIED,
     SWEEP_ERRORS,
     TIMED_OUT,
 )
@@ -139,30 +137,18 @@ def _expire(
     if complete_if_written(rec, deps) is not None:  # written in time, its event late: never thrown away
         report.completed_late += 1
         return
-    hold = stops.hold_until(deps, rec)
-    if rec.attempt < options.max_attempts:
-        next_sid = ids.session_id(rec.exp_id, rec.batch_id, rec.input_id, rec.index, rec.attempt + 1)
-        if not deps.ledger.rollouts.requeue_for_retry(
-            rec, next_session_id=next_sid, stop_pending=True, hold_slot_until=hold
-        ):
-            return
+    retried, after = end_attempt(
+        deps,
+        rec,
+        options.max_attempts,
+        reason=FailureReason.TIMEOUT,
+        error=f"no result within {options.rollout_timeout_s} s in any of {rec.attempt} attempt(s)",
+    )
+    if after is None:
+        return
+    if retried:
         report.retried += 1
-        deps.metrics.count(RETRIED)
-        after = deps.ledger.rollouts.get_rollout(rec.batch_id, rec.input_id, rec.index)
     else:
-        after = fail_rollout(
-            deps,
-            rec.ref,
-            exp_id=rec.exp_id,
-            from_state=DISPATCHED,
-            reason=FailureReason.TIMEOUT,
-            error=f"no result within {options.rollout_timeout_s} s in any of {rec.attempt} attempt(s)",
-            outbox=frozenset({OUTBOX_PUBLISH}),
-            session_id=rec.session_id,
-            hold_slot_until=hold,
-        )
-        if after is None:
-            return
         report.timed_out += 1
     deps.metrics.count(TIMED_OUT)
     if after is not None and after.outbox:
