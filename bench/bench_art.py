@@ -25,7 +25,6 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -45,33 +44,15 @@ from agentcore_rl_toolkit.rollout_session.lifecycle import (  # noqa: E402
 from agentcore_rl_toolkit.rollout_session.wire import RolloutDumpResponse  # noqa: E402
 
 from rollout_pipeline.adapters import clients  # noqa: E402
-from rollout_pipeline.adapters.s3 import S3ObjectStore  # noqa: E402
 from rollout_pipeline.fakes.acr import AgentBehaviour, FakeAgentRuntime, FakeInvocation  # noqa: E402
 from rollout_pipeline.local.pipeline import LocalPipeline, LocalSettings  # noqa: E402
 from rollout_pipeline.trainers import art  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_notify import TimedStore  # noqa: E402
+
 ART_BUCKET = "art-poll-results"
 ART_EXP = "art-bench"
-
-
-class TimedStore(S3ObjectStore):
-    """The fake agents' S3: when each result object was written (after PutObject returned)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.written_at: dict[str, float] = {}
-
-    def put_bytes(
-        self,
-        bucket: str,
-        key: str,
-        body: bytes,
-        content_type: str = "application/json",
-        metadata: Mapping[str, str] | None = None,
-    ) -> str | None:
-        version = super().put_bytes(bucket, key, body, content_type, metadata)
-        self.written_at[key] = time.time()
-        return version
 
 
 class S3Counter:

@@ -39,20 +39,10 @@ from rollout_pipeline.contracts import DetailType  # noqa: E402
 from rollout_pipeline.fakes.acr import AgentBehaviour, FakeAgentRuntime, FakeInvocation  # noqa: E402
 from rollout_pipeline.local.pipeline import LocalPipeline, LocalSettings  # noqa: E402
 from rollout_pipeline.local.resources import ExperimentResources  # noqa: E402
+from rollout_pipeline.topology import FUNCTIONS  # noqa: E402
 
-#: us-east-1 list prices (USD), November 2026 public pricing pages.
-PRICES = {
-    "lambda_request": 0.20 / 1e6,
-    "lambda_gb_s_arm": 0.0000133334,
-    "sqs_request": 0.40 / 1e6,
-    "dynamodb_wru": 0.625 / 1e6,
-    "dynamodb_rru": 0.125 / 1e6,
-    "eventbridge_custom_event": 1.00 / 1e6,
-    "s3_put": 0.005 / 1000,
-    "s3_get": 0.0004 / 1000,
-}
-#: Memory of each function in the stack (MB), for GB-seconds.
-FUNCTION_MEMORY_MB = {"ingest": 1024, "dispatch": 512, "completion": 512}
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from prices import PRICES  # noqa: E402
 
 
 class TimedStore(S3ObjectStore):
@@ -337,7 +327,7 @@ def report(result: dict[str, Any]) -> None:
     }
     durations: dict[str, list[float]] = result["durations"]
     invocations = sum(len(v) for v in durations.values())
-    gb_s = sum(sum(v) * FUNCTION_MEMORY_MB.get(name, 512) / 1024 for name, v in durations.items())
+    gb_s = sum(sum(v) * FUNCTIONS[name].memory_mb / 1024 for name, v in durations.items())
     per_rollout["Lambda requests"] = invocations / n * PRICES["lambda_request"]
     per_rollout["Lambda compute (arm64)"] = gb_s / n * PRICES["lambda_gb_s_arm"]
     print("\nCost per million rollouts (us-east-1 list prices; AWS-side only: ACR compute and the model excluded)\n")

@@ -55,6 +55,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
+from prices import PRICES  # noqa: E402
 
 _REAL_TIME: Callable[[], float] = time.time
 _REAL_MONOTONIC: Callable[[], float] = time.monotonic
@@ -79,11 +80,18 @@ DYNAMODB_LATENCY_S: dict[str, float] = {
 }
 LATENCY_SIGMA = 0.35
 
-#: us-east-1 on-demand list prices (USD per million): DynamoDB write / read request units
-#: (https://aws.amazon.com/dynamodb/pricing/on-demand/), SQS standard requests (https://aws.amazon.com/sqs/pricing/),
-#: S3 Standard GET / PUT (https://aws.amazon.com/s3/pricing/), EventBridge custom events
-#: (https://aws.amazon.com/eventbridge/pricing/).
-PRICE_PER_MILLION = {"WRU": 0.625, "RRU": 0.125, "sqs": 0.40, "s3_get": 0.40, "s3_put": 5.0, "event": 1.0}
+#: USD per million of each counted request or unit (`prices.py`: us-east-1 list prices, with their sources).
+PRICE_PER_MILLION = {
+    name: PRICES[key] * 1e6
+    for name, key in {
+        "WRU": "dynamodb_wru",
+        "RRU": "dynamodb_rru",
+        "sqs": "sqs_request",
+        "s3_get": "s3_get",
+        "s3_put": "s3_put",
+        "event": "eventbridge_custom_event",
+    }.items()
+}
 
 
 class DilatedClock:
