@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Final
 
-from rollout_pipeline.topology import FUNCTIONS
+from rollout_pipeline.topology import DISPATCH_BATCH
 
 #: New sessions/s (all endpoints together) at which the ledger's own contention passes 0.5 conflict retries per
 #: rollout (measured: bench/bench_scale.py, docs/benchmarks.md "Scale"; what sets it: docs/ARCHITECTURE.md).
@@ -17,9 +17,8 @@ LEDGER_CEILING_SESSIONS_S: Final = 36.0
 
 
 #: Rollouts the dispatchers must hold together per new session/s to sustain 0.9 of the rate over several endpoints
-#: (measured: 150 for 24/s, docs/benchmarks.md); a dispatcher holds its SQS batch (`topology.FUNCTIONS`).
+#: (measured: 150 for 24/s, docs/benchmarks.md); a dispatcher holds its SQS batch (`topology.DISPATCH_BATCH`).
 IN_HAND_PER_SESSION_S: Final = 6.0
-DISPATCH_BATCH: Final = FUNCTIONS["dispatch"].batch_size or 1
 
 
 def ceiling_warnings(

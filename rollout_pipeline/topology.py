@@ -80,6 +80,8 @@ FUNCTIONS: Final[Mapping[FunctionName, FunctionSpec]] = {
     ),
     "sweeper": FunctionSpec("sweeper", timeout_s=120, memory_mb=512),
 }
+#: Rollouts one dispatcher Lambda holds at once: its SQS batch.
+DISPATCH_BATCH: Final = FUNCTIONS["dispatch"].batch_size or 1
 #: Queue of each queue-fed function, by the name local mode and the dashboard give it.
 FUNCTION_QUEUES: Final[Mapping[FunctionName, str]] = {
     "ingest": "ingest",
@@ -93,6 +95,11 @@ def function_specs(config: ExperimentConfig) -> dict[FunctionName, FunctionSpec]
     specs = dict(FUNCTIONS)
     specs["dispatch"] = replace(specs["dispatch"], max_concurrency=config.dispatch_concurrency)
     return specs
+
+
+def dispatchers_hold(config: ExperimentConfig) -> int:
+    """Rollouts the experiment's dispatchers hold at once: `dispatch_concurrency` x `DISPATCH_BATCH`."""
+    return config.dispatch_concurrency * DISPATCH_BATCH
 
 
 def queue_visibility_timeouts(config: ExperimentConfig) -> dict[str, int]:

@@ -189,6 +189,19 @@ class BatchLedger:
         for item in self.table.query(request):
             yield GroupItem.of(item)
 
+    def batch_ids(self) -> Iterator[str]:
+        """Every batch's id: a paged Scan of the batch items, only for tearing an experiment down (the stages never
+        scan the ledger)."""
+        pages = self.table.ddb.get_paginator("scan").paginate(
+            TableName=self.table.name,
+            FilterExpression="sk = :batch",
+            ExpressionAttributeValues={":batch": _s(keys.BATCH_SK)},
+            ProjectionExpression="pk",
+        )
+        for page in pages:
+            for item in page.get("Items") or []:
+                yield keys.batch_id_of(str(item[keys.PK]["S"]))
+
     # ------------------------------------------------------------------------------------------------ batch
 
     def create_batch(

@@ -51,8 +51,17 @@ OUTBOX_SK: Final = "gsi_outbox_sk"
 INDEX_SHARDS: Final = 4
 
 
+#: A batch's partition key is this prefix and its id.
+BATCH_PK_PREFIX: Final = "B#"
+
+
 def batch_pk(batch_id: str) -> str:
-    return f"B#{batch_id}"
+    return f"{BATCH_PK_PREFIX}{batch_id}"
+
+
+def batch_id_of(pk: str) -> str:
+    """The batch id of a batch partition key (`batch_pk`'s inverse)."""
+    return pk.removeprefix(BATCH_PK_PREFIX)
 
 
 def batch_key(batch_id: str) -> dict[str, dict[str, str]]:

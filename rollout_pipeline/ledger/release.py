@@ -196,7 +196,7 @@ class ReleaseLedger:
             "Limit": limit,
         }
         return [
-            item[keys.PK]["S"].removeprefix("B#")
+            keys.batch_id_of(item[keys.PK]["S"])
             for item in self.table.query(request, max_pages=max_pages)
             if item[keys.SK]["S"] == keys.RELEASE_SK
         ]

@@ -36,7 +36,7 @@ from rollout_pipeline.contracts import RolloutMessage
 from rollout_pipeline.ledger.items import BatchView, GroupItem
 from rollout_pipeline.ledger.release import PendingGroup, ReleaseCursor, ReleaseLedger
 from rollout_pipeline.ports import MessageQueue
-from rollout_pipeline.topology import FUNCTIONS
+from rollout_pipeline.topology import dispatchers_hold
 
 #: An unconfirmed release is re-sent by someone else after this long (its releaser crashed or stalled).
 RELEASE_LEASE_S: Final = 60
@@ -61,7 +61,7 @@ def release_window(config: ExperimentConfig) -> int:
 def max_release(config: ExperimentConfig) -> int:
     """The most one release sends: what the dispatchers hold at once (`dispatch_concurrency` x their SQS batch
     size), so a release that finds the slots free (the batch's start) is held, and ordered, as a whole."""
-    return config.dispatch_concurrency * (FUNCTIONS["dispatch"].batch_size or 10)
+    return dispatchers_hold(config)
 
 
 def min_release(window: int) -> int:

@@ -167,7 +167,6 @@ class SlotShards:
 
     def __init__(self, ledger: LimitLedger, max_sessions: int, *, rng: random.Random | None = None) -> None:
         self.ledger = ledger
-        self.max_sessions = max_sessions
         self._caps = [shard_cap(max_sessions, i) for i in range(keys.SESSION_SHARDS)]
         self._room = list(self._caps)  # until the first read: every counter empty
         self._cursor = (rng or random).randrange(keys.SESSION_SHARDS)

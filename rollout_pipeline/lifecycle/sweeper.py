@@ -151,7 +151,7 @@ def _expire(
     else:
         report.timed_out += 1
     deps.metrics.count(TIMED_OUT)
-    if after is not None and after.outbox:
+    if after.outbox:
         try:
             publishing.drain(after, deps, owner=True, wait_until=wait_until)
         except Exception as exc:  # the outbox keeps it; the next sweep drains it

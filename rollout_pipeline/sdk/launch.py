@@ -449,19 +449,11 @@ def in_flight(experiment: Experiment) -> int:
 
 def unfinished_batches(experiment: Experiment) -> list[str]:
     """Batches not done (a Scan of the ledger's batch items, paged: destroy is rare and the table about to go)."""
-    ddb = experiment.client("dynamodb")
     found: list[str] = []
     with aws_errors(f"list the batches of {experiment.name}"):
-        for page in ddb.get_paginator("scan").paginate(
-            TableName=experiment.table_name,
-            FilterExpression="sk = :batch",
-            ExpressionAttributeValues={":batch": {"S": "BATCH"}},
-            ProjectionExpression="pk",
-        ):
-            for item in page.get("Items") or []:
-                batch_id = str(item["pk"]["S"]).removeprefix("B#")
-                if not experiment.status(batch_id).done:
-                    found.append(batch_id)
+        for batch_id in experiment.wiring().ledger().batches.batch_ids():
+            if not experiment.status(batch_id).done:
+                found.append(batch_id)
     return sorted(found)
 
 
