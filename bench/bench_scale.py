@@ -252,6 +252,8 @@ class Counters:
         self.other: Counter[str] = Counter()
         self.wru = 0.0
         self.rru = 0.0
+        self.wru_items: Counter[str] = Counter()  # WRU by item kind (a transaction's 2 per item, to each item)
+        self.capacity_callers: Counter[str] = Counter()  # WRU + RRU by the ledger method that made the request
         self.harness = threading.local()
 
     def before_build(self, params: dict[str, Any], model: Any, **_: Any) -> None:
@@ -269,18 +271,53 @@ class Counters:
             self.stages[stage_of(threading.current_thread().name)] += 1
             for category in set(touched):
                 self.items[category] += 1
-            if operation in ("PutItem", "UpdateItem", "DeleteItem"):
-                self.wru += 1
-            elif operation == "TransactWriteItems":
-                self.wru += 2 * len(touched)
-            elif operation == "BatchWriteItem":
-                self.wru += len(touched)
-            elif operation == "TransactGetItems":
-                self.rru += 2 * len(touched)
-            elif operation == "BatchGetItem":
-                self.rru += len(touched)
-            else:
-                self.rru += 1  # GetItem (strongly consistent, < 4 KB) and Query (one page, < 4 KB): 1 RRU
+            wru, rru = capacity_units(operation, touched)
+            self.wru += wru
+            self.rru += rru
+            per_item = 2 if operation == "TransactWriteItems" else 1
+            if wru:
+                for category in touched:
+                    self.wru_items[category] += per_item
+            self.capacity_callers[f"{ledger_caller()} {operation}"] += wru + rru
+
+
+def capacity_units(operation: str, touched: list[str]) -> tuple[float, float]:
+    """(WRU, RRU) of one request, items under 1 KB: 1 WRU per plain write, 2 per item of a transaction (cancelled
+    ones included), 1 RRU per strongly consistent GetItem / Query page (under 4 KB), 2 per item of TransactGet."""
+    if operation in ("PutItem", "UpdateItem", "DeleteItem"):
+        return 1.0, 0.0
+    if operation == "TransactWriteItems":
+        return 2.0 * len(touched), 0.0
+    if operation == "BatchWriteItem":
+        return float(len(touched)), 0.0
+    if operation == "TransactGetItems":
+        return 0.0, 2.0 * len(touched)
+    if operation == "BatchGetItem":
+        return 0.0, float(len(touched))
+    return 0.0, 1.0
+
+
+def ledger_caller() -> str:
+    """Who made the request now being built: the innermost pipeline frame on this thread's stack that is not the
+    table gateway or the retry loop (a ledger method), and the first frame outside `ledger/` that called it."""
+
+    def name(frame: Any) -> str:
+        module = frame.f_code.co_filename.rsplit("rollout_pipeline/", 1)[-1].removesuffix(".py").replace("/", ".")
+        return f"{module}.{frame.f_code.co_name}"
+
+    frame = sys._getframe(2)
+    inner = ""
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if "rollout_pipeline/" in path and path.rsplit("/", 1)[-1] not in ("table.py", "retry.py", "attributes.py"):
+            if not inner:
+                inner = name(frame)
+                if "rollout_pipeline/ledger/" not in path:
+                    return inner
+            elif "rollout_pipeline/ledger/" not in path:
+                return f"{inner}<-{name(frame)}"
+        frame = frame.f_back
+    return inner or "?"
 
 
 def install_latency(clients: Any, rng: random.Random) -> None:
@@ -851,6 +888,12 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
             "by_stage": {k: v / n for k, v in counters.stages.most_common()},
             "other_services": {k: v / n for k, v in counters.other.most_common()},
         },
+        "capacity_per_rollout": {
+            "wru": counters.wru / n,
+            "rru": counters.rru / n,
+            "wru_by_item": {k: v / n for k, v in counters.wru_items.most_common()},
+            "units_by_caller": {k: v / n for k, v in counters.capacity_callers.most_common()},
+        },
         "contention": {
             "conflict_retries_per_rollout": retry.stats.total / n,
             "retried_plain": retry.stats.plain,
@@ -912,6 +955,11 @@ def print_report(r: dict[str, Any]) -> None:
     for title, table in (("by operation", "by_operation"), ("by item", "by_item"), ("by stage", "by_stage")):
         print(f"  {title:<12} " + ", ".join(f"{k} {v:.2f}" for k, v in q[table].items()))
     print("  other AWS    " + ", ".join(f"{k} {v:.2f}" for k, v in q["other_services"].items()))
+    u = r.get("capacity_per_rollout")
+    if u:
+        print(f"capacity units/rollout     WRU {u['wru']:.2f}, RRU {u['rru']:.2f}")
+        print("  WRU by item  " + ", ".join(f"{k} {v:.2f}" for k, v in u["wru_by_item"].items()))
+        print("  by caller    " + ", ".join(f"{k} {v:.2f}" for k, v in u["units_by_caller"].items() if v >= 0.01))
     print(
         f"conflict retries/rollout   {h['conflict_retries_per_rollout']:.2f} ({h['retried_plain']} plain, "
         f"{h['retried_transactions']} transactions); injected conflicts/rollout "

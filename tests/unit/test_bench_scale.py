@@ -97,3 +97,11 @@ def test_threads_map_to_stages(bench: ModuleType) -> None:
     assert bench.stage_of("stop_0") == "completion"
     assert bench.stage_of("lc-sweeper") == "sweeper"
     assert bench.stage_of("Thread-7") == "other"
+
+
+def test_capacity_units_follow_the_cost_method(bench: ModuleType) -> None:
+    assert bench.capacity_units("UpdateItem", ["rollout R#*"]) == (1.0, 0.0)
+    assert bench.capacity_units("TransactWriteItems", ["rollout R#*", "LIMIT/SESSIONS#*"]) == (4.0, 0.0)
+    assert bench.capacity_units("GetItem", ["rollout R#*"]) == (0.0, 1.0)
+    assert bench.capacity_units("Query", ["query B"]) == (0.0, 1.0)
+    assert bench.capacity_units("BatchGetItem", ["group G#*", "group G#*"]) == (0.0, 2.0)
