@@ -41,6 +41,9 @@ OUTBOX_ENQUEUE: Final = "enqueue"
 #: the owner gave it back after a failure), so concurrent duplicates do not publish the same events again.
 OUTBOX_LEASE_S: Final = 60
 
+#: The attributes of an outbox entry (`clear_outbox` removes them all; `#obpk`/`#obsk`: the outbox index keys).
+_OUTBOX_ATTRIBUTES: Final = "outbox, outbox_id, outbox_lease, stop_sessions, stop_tries, stop_not_found, #obpk, #obsk"
+
 #: How many times a transaction is retried after a `TransactionConflict` (hot counter items) before giving up.
 CONFLICT_RETRIES: Final = TRANSACTION_CONFLICT_ATTEMPTS
 #: Upper bound on the (1 MB) pages of one read of a batch's rollouts for the SDK and the CLI (bounded work).
@@ -454,33 +457,73 @@ class RolloutLedger:
 
     # ------------------------------------------------------------------------------------ stops and held slots
 
-    def release_stopped(self, rec: RolloutRecord, session_id: str) -> bool:
+    def release_stopped(self, rec: RolloutRecord, session_id: str, *, clear_entry: bool = False) -> bool:
         """A session's stop is confirmed (or AgentCore has reaped it): forget it and, if it still held a slot,
-        release the slot, atomically and once. False if someone else did it first."""
+        release the slot, atomically and once. False if someone else did it first.
+
+        `clear_entry`: this was the entry's last pending action (the caller holds the entry and has done the
+        others): the same write also removes the entry (`clear_outbox`), conditional on `outbox_id`. If the entry
+        has moved on meanwhile (a later transition set a new one) or the slot was released already, the session is
+        forgotten, its slot released and the entry cleared as by separate writes (the newer entry stays)."""
+        if clear_entry and rec.outbox_id is not None and self._release_and_clear(rec, session_id):
+            return True
         key = keys.rollout_key(rec.batch_id, rec.input_id, rec.index)
         if session_id not in rec.held_slots:
             self.table.update(key, "DELETE stop_sessions :s, stop_not_found :s", None, {":s": {session_id}})
+            released = True
+        else:
+            update = self.table.update_op(
+                key,
+                "DELETE held_slots :s, stop_sessions :s, stop_not_found :s",
+                "contains(held_slots, :sid)",
+                {":s": {session_id}, ":sid": session_id},
+            )
+            released = self._transact([{"Update": update}, self.limits.release_slot(session_id)]) is None
+        if clear_entry:  # the combined write's condition failed: clear the entry if it is still the one read
+            self.clear_outbox(rec)
+        return released
+
+    def _release_and_clear(self, rec: RolloutRecord, session_id: str) -> bool:
+        """`release_stopped` and `clear_outbox` in one write: False (nothing written) when the entry is not the
+        one read or, with a held slot, the slot is no longer held."""
+        key = keys.rollout_key(rec.batch_id, rec.input_id, rec.index)
+        held = session_id in rec.held_slots
+        values: dict[str, Any] = {":obid": rec.outbox_id}
+        condition = "outbox_id = :obid"
+        update = f"REMOVE {_OUTBOX_ATTRIBUTES}"
+        if held:
+            update = f"DELETE held_slots :s {update}"
+            condition += " AND contains(held_slots, :sid)"
+            values |= {":s": {session_id}, ":sid": session_id}
+        names = {"#obpk": keys.OUTBOX_PK, "#obsk": keys.OUTBOX_SK}
+        if not held:
+            return self.table.update(key, update, condition, values, names) is not None
+        op = self.table.update_op(key, update, condition, values, names)
+        reasons = self._transact([{"Update": op}, self.limits.release_slot(session_id)])
+        if reasons is None:
             return True
-        update = self.table.update_op(
-            key,
-            "DELETE held_slots :s, stop_sessions :s, stop_not_found :s",
-            "contains(held_slots, :sid)",
-            {":s": {session_id}, ":sid": session_id},
-        )
-        return self._transact([{"Update": update}, self.limits.release_slot(session_id)]) is None
+        if reasons[0] == "ConditionalCheckFailed":
+            return False
+        raise LedgerError(f"slot release for {session_id} cancelled: {reasons}")
 
     def note_stop_failed(self, rec: RolloutRecord, *, next_epoch: int, not_found: Sequence[str] = ()) -> None:
-        """Stops of this entry failed: count the try, remember first NotFound answers, and come back to the entry
-        at `next_epoch` (the outbox index sort key) with its lease given back."""
+        """Stops of this entry failed: count the try, remember first NotFound answers, take the entry's finished
+        actions out of it (every action but `stop`: the caller did them before the stops), and come back to the
+        entry at `next_epoch` (the outbox index sort key) with its lease given back."""
         names = {"#obsk": keys.OUTBOX_SK}
         values: dict[str, Any] = {":one": 1, ":next": next_epoch, ":obid": rec.outbox_id}
         adds = "stop_tries :one"
         if not_found:
             adds += ", stop_not_found :nf"
             values[":nf"] = set(not_found)
+        update = f"SET #obsk = :next ADD {adds} REMOVE outbox_lease"
+        finished = rec.outbox - {OUTBOX_STOP}
+        if finished:
+            update += " DELETE outbox :done"
+            values[":done"] = set(finished)
         self.table.update(  # a failed condition: the entry has moved on, nothing to do
             keys.rollout_key(rec.batch_id, rec.input_id, rec.index),
-            f"SET #obsk = :next ADD {adds} REMOVE outbox_lease",
+            update,
             "outbox_id = :obid",
             values,
             names,
@@ -504,7 +547,7 @@ class RolloutLedger:
         return (
             self.table.update(
                 keys.rollout_key(rec.batch_id, rec.input_id, rec.index),
-                "REMOVE outbox, outbox_id, outbox_lease, stop_sessions, stop_tries, stop_not_found, #obpk, #obsk",
+                f"REMOVE {_OUTBOX_ATTRIBUTES}",
                 "outbox_id = :obid",
                 {":obid": rec.outbox_id},
                 {"#obpk": keys.OUTBOX_PK, "#obsk": keys.OUTBOX_SK},
@@ -527,13 +570,19 @@ class RolloutLedger:
             is not None
         )
 
-    def release_outbox(self, rec: RolloutRecord) -> None:
-        """Give an outbox entry back after a failed side effect, so a redelivery may drain it at once."""
+    def release_outbox(self, rec: RolloutRecord, done: frozenset[str] = frozenset()) -> None:
+        """Give an outbox entry back after a failed side effect, so a redelivery may drain it at once; `done`: the
+        entry's actions that were performed before the failure, taken out of it in the same write."""
         if rec.outbox_id is None:
             return
+        values: dict[str, Any] = {":obid": rec.outbox_id}
+        update = "REMOVE outbox_lease"
+        if done & rec.outbox:
+            update += " DELETE outbox :done"
+            values[":done"] = set(done & rec.outbox)
         self.table.update(  # a failed condition: the entry has moved on, nothing to do
             keys.rollout_key(rec.batch_id, rec.input_id, rec.index),
-            "REMOVE outbox_lease",
+            update,
             "outbox_id = :obid",
-            {":obid": rec.outbox_id},
+            values,
         )

@@ -37,6 +37,7 @@ from rollout_pipeline.ledger.rollouts import (
     DISPATCHED,
     FAILED,
     OUTBOX_PUBLISH,
+    OUTBOX_STOP,
     SUCCEEDED,
 )
 from rollout_pipeline.lifecycle import publishing, stops
@@ -106,7 +107,7 @@ def _stop_after(rec: RolloutRecord, deps: LifecycleDeps, wait_until: float) -> N
         stops.finish_stops(rec, deps, wait_until)
     except Exception:  # the outbox keeps the stop: the sweeper retries it
         log.exception("stop of %s pending", rec.session_id)
-        deps.ledger.rollouts.release_outbox(rec)
+        deps.ledger.rollouts.release_outbox(rec, rec.outbox - {OUTBOX_STOP})  # the rest was drained
 
 
 def _location(event: Mapping[str, Any]) -> tuple[str, str] | None:

@@ -113,6 +113,8 @@ def drain(
     first claims the entry; if another worker holds it, nothing is done and False is returned.
     Order: the retry message, the events, and only then the stops (`lifecycle.stops`: best-effort, they never
     hold up a result; with `stops=False` they are left for the caller's second pass, `stops.finish_stops`).
+    A sent retry message is recorded in the entry before the stops; a publish only by the stops' own writes
+    (no write of its own), so a crash after the publish and before them publishes again, same `event_id`s.
     Raises (PublishError, AWS errors) when the retry or the events failed: the entry stays (its lease given back)
     and is drained again by a redelivery or the sweeper.
     """
@@ -122,10 +124,12 @@ def drain(
         return True
     if not owner and not deps.ledger.rollouts.claim_outbox(rec):
         return False
+    done: frozenset[str] = frozenset()
     try:
         if OUTBOX_ENQUEUE in rec.outbox and not rec.terminal:  # a rollout that ended meanwhile needs no retry
             message = retry_message(rec, deps)
             deps.queue.send_all(deps.settings.rollout_queue_url, [message.model_dump_json(exclude_none=True)])
+        done = rec.outbox & {OUTBOX_ENQUEUE}
         if OUTBOX_PUBLISH in rec.outbox:
             notified_at = deps.now()
             inline = _inline_result(rec, deps, result)
@@ -135,13 +139,17 @@ def drain(
             finished = rec.finished_at
             if finished is not None and rec.result_uri:
                 deps.metrics.sample(NOTIFICATION_LATENCY, max(0.0, (notified_at - finished).total_seconds() * 1000))
+        done = rec.outbox & {OUTBOX_ENQUEUE, OUTBOX_PUBLISH}
         if OUTBOX_STOP in rec.outbox and rec.stop_sessions:
-            deps.ledger.rollouts.outbox_done(rec, rec.outbox & {OUTBOX_ENQUEUE, OUTBOX_PUBLISH})
+            if OUTBOX_ENQUEUE in done:  # recorded at once: a retry message sent again could invoke again
+                deps.ledger.rollouts.outbox_done(rec, done)
+            # A publish is recorded by the stops' own write (`finish_stops`: the slot's release, or the failed
+            # stop's re-filing), or by `release_outbox` if they raise.
             if stops:
                 stopping.finish_stops(rec, deps, wait_until)
             return True
         deps.ledger.rollouts.clear_outbox(rec)
     except BaseException:
-        deps.ledger.rollouts.release_outbox(rec)
+        deps.ledger.rollouts.release_outbox(rec, done)
         raise
     return True

@@ -53,13 +53,17 @@ def hold_until(deps: LifecycleDeps, rec: RolloutRecord | None = None) -> int:
 
 
 def finish_stops(rec: RolloutRecord, deps: LifecycleDeps, wait_until: float | None = None) -> bool:
-    """Stop every session in `rec.stop_sessions` (the caller holds the outbox entry). True when none is left
-    (the entry's stop part is done and, if nothing else is pending, the entry is cleared)."""
+    """Stop every session in `rec.stop_sessions` (the caller holds the outbox entry and has done its other
+    actions). True when none is left: the entry is cleared by the last slot's release itself
+    (`release_stopped(clear_entry=True)`). Else the entry is re-filed for a later pass, its other actions taken
+    out of it in the same write (`note_stop_failed`)."""
     now = int(deps.now().timestamp())
     reaped = rec.held_until is not None and now >= rec.held_until
     not_found: list[str] = []
     left = 0
-    for session_id in sorted(rec.stop_sessions):
+    sessions = sorted(rec.stop_sessions)
+    cleared = False
+    for position, session_id in enumerate(sessions):
         confirmed = False
         if not reaped and rec.stop_tries < STOP_TRIES:
             confirmed, seen_not_found = _stop(session_id, rec, deps, wait_until)
@@ -67,11 +71,13 @@ def finish_stops(rec: RolloutRecord, deps: LifecycleDeps, wait_until: float | No
                 not_found.append(session_id)
         given_up = rec.stop_tries >= STOP_TRIES and session_id not in rec.held_slots  # no slot waits for it
         if confirmed or reaped or given_up:
-            deps.ledger.rollouts.release_stopped(rec, session_id)
+            last = left == 0 and position == len(sessions) - 1  # nothing else pending: the entry goes too
+            deps.ledger.rollouts.release_stopped(rec, session_id, clear_entry=last)
+            cleared = last
         else:
             left += 1
     if left == 0:
-        return deps.ledger.rollouts.clear_outbox(rec) or True
+        return cleared or deps.ledger.rollouts.clear_outbox(rec) or True
     deps.metrics.sample(STOPS_PENDING, left)
     if rec.stop_tries + 1 >= STOP_TRIES and rec.held_until is not None:
         next_epoch = rec.held_until  # no more calls: AgentCore ends the session by then

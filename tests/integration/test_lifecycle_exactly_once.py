@@ -14,6 +14,8 @@ import pytest
 from rollout_pipeline import ids
 from rollout_pipeline.fakes.acr import AgentBehaviour, FakeAgentRuntime
 from rollout_pipeline.ledger import keys
+from rollout_pipeline.ledger.rollouts import OUTBOX_LEASE_S
+from rollout_pipeline.lifecycle import stops
 from rollout_pipeline.lifecycle.completion import Completion, complete_records, handle_result_event
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.dispatch import Dispatch, dispatch_records
@@ -266,20 +268,39 @@ def test_sweeper_drains_an_outbox_whose_message_was_lost(
 
 
 def test_publish_succeeded_but_outbox_not_cleared_republishes_same_event_id(
-    resources: ExperimentResources, fake: FakeAgentRuntime, deps: LifecycleDeps, monkeypatch: pytest.MonkeyPatch
+    resources: ExperimentResources,
+    fake: FakeAgentRuntime,
+    deps: LifecycleDeps,
+    clock: ShiftedClock,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     one_rollout(resources)
-    # The crash right after the publish: before the outbox records it (now `outbox_done`; the stop follows it).
-    crash = lambda rec, actions: (_ for _ in ()).throw(RuntimeError("crash"))  # noqa: E731
-    monkeypatch.setattr(deps.ledger.rollouts, "outbox_done", crash)
+    # The process dies right after the publish: before the stop and its write, which records the publish too (no
+    # write of its own), and before anything can give the entry back.
+    crash = lambda *args, **kwargs: (_ for _ in ()).throw(RuntimeError("crash"))  # noqa: E731
+    monkeypatch.setattr(stops, "finish_stops", crash)
+    monkeypatch.setattr(deps.ledger.rollouts, "release_outbox", crash)
     records = receive_records(resources.rollout_queue_url)
     dispatch_records(records, deps, wait_until=paced_until())
     completions = receive_records(resources.completion_queue_url)
-    assert complete_records(completions, deps).failures
+    with pytest.raises(RuntimeError, match="crash"):
+        complete_records(completions, deps)
     monkeypatch.undo()
-    assert list(complete_records(completions, deps).outcomes.values()) == [Completion.RESUMED]
-    events = trainer_events(resources)
+    published = trainer_events(resources)
+    assert len(by_type(published, "Rollout Completed")) == 1
+    # A redelivery while the dead owner's lease runs changes nothing; the sweeper takes the entry over after it.
+    assert list(complete_records(completions, deps).outcomes.values()) == [Completion.LATE_OR_UNKNOWN]
+    assert slots_in_flight(resources) == 1
+    clock.advance(OUTBOX_LEASE_S + deps.outbox_age_s + 1)
+    assert sweep(deps).outbox_drained == 1
+    events = published + trainer_events(resources)
     ids_seen = event_ids([e for e in events if e["detail-type"] == "Rollout Completed"])
     assert list(ids_seen.values()) == [2]  # delivered twice, with one event_id: the SDK de-duplicates
     assert batch_view(resources, BATCH).terminal == 1
     assert len(by_type(events, "Group Completed")) == 2
+    assert len(fake.stops()) == 1
+    assert slots_in_flight(resources) == 0
+    item = rollout_item(resources, BATCH, "a", 0)
+    assert item is not None
+    assert "outbox" not in item
+    assert "held_slots" not in item

@@ -1,0 +1,188 @@
+"""The outbox's writes: a completed rollout's publish and its entry are recorded by the writes the stops make
+anyway (the slot's release, a failed stop's re-filing), and every guarantee holds under the faithful profile: one
+terminal state, one event (again only after a crash), every session stopped, its slot held until then."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pytest
+
+from rollout_pipeline import ids
+from rollout_pipeline.contracts import iso
+from rollout_pipeline.fakes.acr import FakeAgentRuntime
+from rollout_pipeline.ledger import keys
+from rollout_pipeline.ledger.items import Terminal
+from rollout_pipeline.ledger.rollouts import DISPATCHED, OUTBOX_PUBLISH, OUTBOX_STOP, DispatchStart
+from rollout_pipeline.lifecycle.deps import LifecycleDeps
+from rollout_pipeline.lifecycle.stops import hold_until
+from rollout_pipeline.lifecycle.sweeper import sweep
+from rollout_pipeline.local.resources import ExperimentResources
+from rollout_pipeline.ports import RuntimeThrottled
+from tests.integration.lifecycle_support import (
+    ShiftedClock,
+    by_type,
+    complete_once,
+    dispatch_once,
+    ledger_item,
+    moto_lock,
+    seed_batch,
+    send,
+    slots_in_flight,
+    trainer_events,
+)
+
+pytestmark = [pytest.mark.usefixtures(moto_lock.__name__), pytest.mark.timing]
+
+BATCH = ids.batch_id_for_upload("in", "datasets/outbox.jsonl", "v1")
+ROLLOUT_KEY = keys.rollout_key(BATCH, "a", 0)
+
+
+def one_rollout(resources: ExperimentResources, **options: Any) -> None:
+    send(resources, seed_batch(resources, batch_id=BATCH, inputs={"a": {"q": 1}}, group_size=1, **options))
+
+
+def count_rollout_writes(deps: LifecycleDeps, monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
+    """Writes (plain updates and transactions, conflicts retried inside each) that touch the rollout's item."""
+    writes: Counter[str] = Counter()
+    table = deps.ledger.rollouts.table
+    update, transact = table.update, table.transact
+
+    def counted_update(key: Mapping[str, Any], *args: Any, **kwargs: Any) -> Any:
+        if dict(key) == ROLLOUT_KEY:
+            writes["update"] += 1
+        return update(key, *args, **kwargs)
+
+    def counted_transact(items: Sequence[Mapping[str, Any]], **kwargs: Any) -> Any:
+        if any(body.get("Key") == ROLLOUT_KEY for entry in items for body in entry.values()):
+            writes["transaction"] += 1
+        return transact(items, **kwargs)
+
+    monkeypatch.setattr(table, "update", counted_update)
+    monkeypatch.setattr(table, "transact", counted_transact)
+    return writes
+
+
+def test_a_completion_writes_the_rollout_item_twice(
+    resources: ExperimentResources, fake: FakeAgentRuntime, deps: LifecycleDeps, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    one_rollout(resources)
+    dispatch_once(resources, deps)
+    writes = count_rollout_writes(deps, monkeypatch)
+
+    complete_once(resources, deps)
+
+    # The terminal transaction, then the slot's release with the entry's clear: no write for the publish, no
+    # separate clear (before: 4 writes, `outbox_done` and `clear_outbox` on their own).
+    assert writes == Counter({"transaction": 2})
+    item = ledger_item(resources, ROLLOUT_KEY)
+    assert item["state"] == "succeeded"
+    for gone in ("outbox", "outbox_id", "outbox_lease", "stop_sessions", "held_slots", keys.OUTBOX_PK):
+        assert gone not in item
+    assert len(fake.stops()) == 1
+    assert slots_in_flight(resources) == 0
+    assert len(by_type(trainer_events(resources), "Rollout Completed")) == 1
+
+
+@pytest.mark.parametrize("failure", ["throttled", "unexpected"])
+def test_a_failed_stop_keeps_the_slot_and_the_publish_is_not_repeated(
+    resources: ExperimentResources,
+    fake: FakeAgentRuntime,
+    deps: LifecycleDeps,
+    clock: ShiftedClock,
+    monkeypatch: pytest.MonkeyPatch,
+    failure: str,
+) -> None:
+    """A stop that fails (throttled: re-filed by `note_stop_failed`; an unexpected error: the entry given back by
+    `release_outbox`) takes the publish out of the entry in that same write: the sweeper's later pass stops the
+    session and releases its slot, and publishes nothing again."""
+    one_rollout(resources)
+    dispatch_once(resources, deps)
+    error = RuntimeThrottled("StopRuntimeSession: ThrottlingException") if failure == "throttled" else OSError("x")
+
+    def failing_stop(session_id: str, wait_until: float | None = None) -> None:
+        raise error
+
+    monkeypatch.setattr(deps.limited, "stop", failing_stop)
+    assert not complete_once(resources, deps).failures
+    monkeypatch.undo()
+
+    published = trainer_events(resources)
+    assert len(by_type(published, "Rollout Completed")) == 1  # the trainer did not wait for the stop
+    item = ledger_item(resources, ROLLOUT_KEY)
+    assert item["outbox"] == {OUTBOX_STOP}
+    assert "outbox_lease" not in item
+    assert item["held_slots"] == item["stop_sessions"] == {item["session_id"]}
+    assert slots_in_flight(resources) == 1  # held until the stop is confirmed
+    assert fake.running == {item["session_id"]}
+
+    clock.advance(120 + deps.outbox_age_s)  # past the re-filed entry's backoff
+    assert sweep(deps).outbox_drained == 1
+
+    assert trainer_events(resources) == []  # nothing published again
+    assert fake.running == set()
+    assert slots_in_flight(resources) == 0
+    item = ledger_item(resources, ROLLOUT_KEY)
+    for gone in ("outbox", "outbox_id", "stop_sessions", "held_slots", keys.OUTBOX_PK):
+        assert gone not in item
+    assert sweep(deps).outbox_drained == 0
+
+
+def test_a_slot_release_meant_to_clear_the_entry_leaves_a_newer_entry(
+    resources: ExperimentResources, fake: FakeAgentRuntime, deps: LifecycleDeps, clock: ShiftedClock
+) -> None:
+    """`release_stopped(clear_entry=True)` on an entry that moved on (a later attempt ended meanwhile, adding its
+    own publish and stop) releases the stopped session's slot once and keeps the newer entry's actions."""
+    one_rollout(resources, max_attempts=2)
+    dispatch_once(resources, deps)
+    first = deps.ledger.rollouts.get_rollout(BATCH, "a", 0)
+    assert first is not None
+    assert first.session_id
+    sid1 = first.session_id
+    sid2 = ids.session_id("test-exp", BATCH, "a", 0, 2)
+    rollouts = deps.ledger.rollouts
+    assert rollouts.requeue_for_retry(
+        first, next_session_id=sid2, stop_pending=True, hold_slot_until=hold_until(deps, first)
+    )
+    old_entry = rollouts.get_rollout(BATCH, "a", 0)  # what the retry's drainer read: {enqueue, stop}, sid1
+    assert old_entry is not None
+    assert old_entry.outbox_id
+    for shard in range(keys.SESSION_SHARDS):  # the first counter with room
+        start = rollouts.begin_dispatch(
+            exp_id="test-exp",
+            batch_id=BATCH,
+            input_id="a",
+            index=0,
+            attempt=2,
+            session_id=sid2,
+            submitted_at=iso(deps.now()),
+            deadline=int(deps.now().timestamp()) + 600,
+            max_sessions=resources.config.max_sessions,
+            policy_version=None,
+            slot_shard=shard,
+        )
+        if start is not DispatchStart.NO_SLOT:
+            break
+    assert start is DispatchStart.STARTED
+    outcome = Terminal(state="succeeded", finished_at=deps.now(), reward=1.0)
+    assert rollouts.finish(
+        ids.AttemptRef(BATCH, "a", 0, 2),
+        exp_id="test-exp",
+        from_state=DISPATCHED,
+        outcome=outcome,
+        outbox=frozenset({OUTBOX_PUBLISH}),
+        session_id=sid2,
+        hold_slot_until=hold_until(deps),
+    )
+    assert slots_in_flight(resources) == 2
+
+    assert rollouts.release_stopped(old_entry, sid1, clear_entry=True)
+    assert not rollouts.release_stopped(old_entry, sid1, clear_entry=True)  # once
+
+    assert slots_in_flight(resources) == 1
+    item = ledger_item(resources, ROLLOUT_KEY)
+    assert item["outbox_id"] != old_entry.outbox_id
+    assert {OUTBOX_PUBLISH, OUTBOX_STOP} <= set(item["outbox"])
+    assert item["stop_sessions"] == item["held_slots"] == {sid2}
