@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import replace
 from enum import StrEnum
 from typing import Any, Final
 
-from rollout_pipeline.contracts import iso
+from rollout_pipeline.contracts import iso, parse_iso
 from rollout_pipeline.ids import AttemptRef
 from rollout_pipeline.ledger import keys, table
 from rollout_pipeline.ledger.attributes import plain_values
@@ -291,9 +292,81 @@ class RolloutLedger:
         through the outbox; `release_stopped` frees the slot once the stop is confirmed, or after that epoch.
         Returns False when the condition failed (another delivery already moved the rollout).
         """
+        entry = self._outbox_values(ref)
+        return self._finish(
+            ref,
+            entry,
+            exp_id=exp_id,
+            from_state=from_state,
+            outcome=outcome,
+            outbox=outbox,
+            session_id=session_id,
+            policy_version=policy_version,
+            hold_slot_until=hold_slot_until,
+        )
+
+    def finish_dispatched(
+        self, rec: RolloutRecord, *, outcome: Terminal, outbox: frozenset[str], hold_slot_until: int | None = None
+    ) -> RolloutRecord | None:
+        """`finish` from the dispatched attempt `rec` (the item as just read) is at, its session `rec.session_id`.
+        Returns the rollout as the transaction left it, or None when the condition failed. Read again only when
+        `rec` had an entry or stops of its own pending (whose writers may have changed them since); else the
+        transaction wrote every attribute that differs from `rec` but the attempt's `invoked_at`, which nothing
+        after the attempt's end reads (`stops.hold_until` is computed before)."""
+        ref = rec.ref
+        entry = self._outbox_values(ref)
+        hold = hold_slot_until is not None and bool(rec.session_id)
+        finished = self._finish(
+            ref,
+            entry,
+            exp_id=rec.exp_id,
+            from_state=DISPATCHED,
+            outcome=outcome,
+            outbox=outbox,
+            session_id=rec.session_id,
+            hold_slot_until=hold_slot_until,
+        )
+        if not finished:
+            return None
+        if rec.outbox or rec.outbox_id or rec.stop_sessions or rec.held_slots:
+            return self.get_rollout(rec.batch_id, rec.input_id, rec.index)
+        entry_outbox = outbox | {OUTBOX_PUBLISH} | ({OUTBOX_STOP} if hold else set())
+        session = frozenset({rec.session_id}) if rec.session_id else frozenset[str]()
+        return replace(  # what the outcome does not have, `_terminal_update` leaves as it was
+            rec,
+            state=RolloutState(outcome.state),
+            finished_at=parse_iso(iso(outcome.finished_at)),
+            reason=rec.reason if outcome.reason is None else outcome.reason,
+            error=rec.error if outcome.error is None else outcome.error,
+            reward=rec.reward if outcome.reward is None else outcome.reward,
+            rewards=rec.rewards if outcome.rewards is None else outcome.rewards,
+            result_uri=rec.result_uri if outcome.result_uri is None else outcome.result_uri,
+            result_size=rec.result_size if outcome.result_size is None else outcome.result_size,
+            outbox=frozenset(entry_outbox),
+            outbox_id=str(entry[":obid"]),
+            stop_sessions=session if OUTBOX_STOP in entry_outbox else frozenset(),
+            held_slots=session if hold else frozenset(),
+            held_until=hold_slot_until if hold else None,
+        )
+
+    def _finish(
+        self,
+        ref: AttemptRef,
+        entry: Mapping[str, Any],
+        *,
+        exp_id: str,
+        from_state: str | None,
+        outcome: Terminal,
+        outbox: frozenset[str],
+        session_id: str | None = None,
+        policy_version: str | None = None,
+        hold_slot_until: int | None = None,
+    ) -> bool:
+        """`finish` with the new outbox entry's values (`_outbox_values`) given."""
         hold = hold_slot_until is not None and from_state == DISPATCHED and bool(session_id)
         rollout = self._terminal_update(
             ref,
+            entry,
             exp_id=exp_id,
             from_state=from_state,
             outcome=outcome,
@@ -319,6 +392,7 @@ class RolloutLedger:
     def _terminal_update(
         self,
         ref: AttemptRef,
+        entry: Mapping[str, Any],
         *,
         exp_id: str,
         from_state: str | None,
@@ -342,7 +416,7 @@ class RolloutLedger:
             ":attempt": ref.attempt,
             ":ttl": self.table.expires_at(),
             ":outbox": set(outbox) | {OUTBOX_PUBLISH},
-            **self._outbox_values(ref),
+            **entry,
         }
         sets = ["#st = :state", "finished_at = :finished", "exp_id = :exp", "batch_id = :batch"]
         sets += ["input_id = :input", "#ix = :index", "attempt = :attempt", "expires_at = :ttl"]

@@ -189,16 +189,13 @@ def _handle_result(
         return Completion.FOREIGN
     written_at = parse_iso(event.get("time")) or deps.now()
     terminal = _terminal(outcome, written_at, f"s3://{bucket}/{key}", size)
-    done = deps.ledger.rollouts.finish(
-        ref,
-        exp_id=ref.exp_id,
-        from_state=DISPATCHED,
+    after = deps.ledger.rollouts.finish_dispatched(
+        rec,
         outcome=terminal,
         outbox=frozenset({OUTBOX_PUBLISH}),
-        session_id=ref.session_id,
         hold_slot_until=stops.hold_until(deps, rec),
     )
-    if not done:
+    if after is None:
         after = deps.ledger.rollouts.get_rollout(ref.batch_id, ref.input_id, ref.index)
         resumable = after is not None and after.attempt == ref.attempt and after.terminal and bool(after.outbox)
         if after is not None and resumable and publishing.drain(after, deps):
@@ -211,12 +208,10 @@ def _handle_result(
     else:
         deps.metrics.count(FAILED_METRIC)
         deps.metrics.count(failed_metric(terminal.reason or "unknown"))
-    after = deps.ledger.rollouts.get_rollout(ref.batch_id, ref.input_id, ref.index)
-    if after is not None:
-        later = stops_later is not None
-        publishing.drain(after, deps, owner=True, result=body_dict, stops=not later)
-        if later and after.stop_sessions and stops_later is not None:
-            stops_later.append(after)
+    later = stops_later is not None
+    publishing.drain(after, deps, owner=True, result=body_dict, stops=not later)
+    if later and after.stop_sessions and stops_later is not None:
+        stops_later.append(after)
     return Completion.SUCCEEDED if outcome.success else Completion.FAILED
 
 

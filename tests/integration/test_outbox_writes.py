@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -44,11 +45,16 @@ def one_rollout(resources: ExperimentResources, **options: Any) -> None:
     send(resources, seed_batch(resources, batch_id=BATCH, inputs={"a": {"q": 1}}, group_size=1, **options))
 
 
-def count_rollout_writes(deps: LifecycleDeps, monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
-    """Writes (plain updates and transactions, conflicts retried inside each) that touch the rollout's item."""
+def count_rollout_requests(deps: LifecycleDeps, monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
+    """Reads and writes (plain updates and transactions, conflicts retried inside each) of the rollout's item."""
     writes: Counter[str] = Counter()
     table = deps.ledger.rollouts.table
-    update, transact = table.update, table.transact
+    get, update, transact = table.get, table.update, table.transact
+
+    def counted_get(key: Mapping[str, Any]) -> Any:
+        if dict(key) == ROLLOUT_KEY:
+            writes["read"] += 1
+        return get(key)
 
     def counted_update(key: Mapping[str, Any], *args: Any, **kwargs: Any) -> Any:
         if dict(key) == ROLLOUT_KEY:
@@ -60,23 +66,25 @@ def count_rollout_writes(deps: LifecycleDeps, monkeypatch: pytest.MonkeyPatch) -
             writes["transaction"] += 1
         return transact(items, **kwargs)
 
+    monkeypatch.setattr(table, "get", counted_get)
     monkeypatch.setattr(table, "update", counted_update)
     monkeypatch.setattr(table, "transact", counted_transact)
     return writes
 
 
-def test_a_completion_writes_the_rollout_item_twice(
+def test_a_completion_reads_the_rollout_item_once_and_writes_it_twice(
     resources: ExperimentResources, fake: FakeAgentRuntime, deps: LifecycleDeps, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     one_rollout(resources)
     dispatch_once(resources, deps)
-    writes = count_rollout_writes(deps, monkeypatch)
+    requests = count_rollout_requests(deps, monkeypatch)
 
     complete_once(resources, deps)
 
-    # The terminal transaction, then the slot's release with the entry's clear: no write for the publish, no
-    # separate clear (before: 4 writes, `outbox_done` and `clear_outbox` on their own).
-    assert writes == Counter({"transaction": 2})
+    # One read (not a second one after the terminal transaction: `finish_dispatched`), the terminal transaction,
+    # then the slot's release with the entry's clear: no write for the publish, no separate clear (before: 2
+    # reads and 4 writes, `outbox_done` and `clear_outbox` on their own).
+    assert requests == Counter({"read": 1, "transaction": 2})
     item = ledger_item(resources, ROLLOUT_KEY)
     assert item["state"] == "succeeded"
     for gone in ("outbox", "outbox_id", "outbox_lease", "stop_sessions", "held_slots", keys.OUTBOX_PK):
@@ -186,3 +194,48 @@ def test_a_slot_release_meant_to_clear_the_entry_leaves_a_newer_entry(
     assert item["outbox_id"] != old_entry.outbox_id
     assert {OUTBOX_PUBLISH, OUTBOX_STOP} <= set(item["outbox"])
     assert item["stop_sessions"] == item["held_slots"] == {sid2}
+
+
+@pytest.mark.parametrize(
+    "outcome",
+    [
+        Terminal(state="succeeded", finished_at=datetime(2026, 11, 24, 6, 30, 1, 123456, UTC), reward=0.5),
+        Terminal(state="failed", finished_at=datetime(2026, 11, 24, 6, 30, 2, tzinfo=UTC), reason="x", error="y"),
+        Terminal(
+            state="succeeded",
+            finished_at=datetime(2026, 11, 24, 6, 30, 3, tzinfo=UTC),
+            reward=1.0,
+            rewards=[1.0, 0.25],
+            result_uri="s3://results/k.json",
+            result_size=123,
+        ),
+    ],
+)
+def test_the_rollout_a_completion_drains_is_the_item_as_written(
+    resources: ExperimentResources,
+    fake: FakeAgentRuntime,
+    deps: LifecycleDeps,
+    monkeypatch: pytest.MonkeyPatch,
+    outcome: Terminal,
+) -> None:
+    """`finish_dispatched` returns the rollout as its transaction left it without reading it again (one read
+    per completion, not two): the same record a strongly consistent read gives."""
+    one_rollout(resources)
+    dispatch_once(resources, deps)
+    rec = deps.ledger.rollouts.get_rollout(BATCH, "a", 0)
+    assert rec is not None
+    assert rec.invoked_at is not None
+    reads: list[Any] = []
+    get = deps.ledger.rollouts.table.get
+    monkeypatch.setattr(deps.ledger.rollouts.table, "get", lambda key: reads.append(key) or get(key))
+
+    after = deps.ledger.rollouts.finish_dispatched(
+        rec, outcome=outcome, outbox=frozenset({OUTBOX_PUBLISH}), hold_slot_until=hold_until(deps, rec)
+    )
+
+    assert reads == []
+    assert after is not None
+    assert after == deps.ledger.rollouts.get_rollout(BATCH, "a", 0)
+    assert after.outbox == {OUTBOX_PUBLISH, OUTBOX_STOP}
+    assert after.held_slots == after.stop_sessions == {rec.session_id}
+    assert deps.ledger.rollouts.finish_dispatched(rec, outcome=outcome, outbox=frozenset({OUTBOX_PUBLISH})) is None
