@@ -407,9 +407,10 @@ class Ingestion:
         groups: Sequence[tuple[str, int, int]] = (),
         firsts: Mapping[str, RolloutMessage] | None = None,
         window: int = 0,
-    ) -> None:
+    ) -> bool:
         """Record accepted groups (input id, line, group size) as pending for the release window, then release what
-        fits (`ledger.window`); without groups, only release (ingestion ended: the window may have room)."""
+        fits (`ledger.window`); without groups, only release (ingestion ended: the window may have room). True
+        when the release left no pending group (`Released.drained`)."""
         ledger = self.ports.ledger
         if groups:
             ledger.release.add_pending(batch_id, [PendingGroup(*g) for g in groups], window=window)
@@ -417,9 +418,10 @@ class Ingestion:
             view = ledger.batches.read_batch(batch_id)
             if view is not None:
                 url, most = self.settings.rollout_queue_url, max_release(self.settings.experiment)
-                Releaser(ledger.release, self.ports.queue, url, most=most).release(view, known=firsts)
+                return Releaser(ledger.release, self.ports.queue, url, most=most).release(view, known=firsts).drained
         except Exception:  # recorded as pending (or as being sent): completion or the sweeper releases them
             logger.exception("batch %s: release deferred", batch_id)
+        return False
 
     def _time_is_short(self, remaining_ms: Callable[[], int] | None) -> bool:
         """True when the invocation should stop and continue in a new one (needs the ingest queue URL)."""
@@ -458,6 +460,8 @@ class _Run:
         self.blanks = 0
         self.blank_cursor = 0
         self.cancelled = batch.cancelled
+        #: The last chunk's release left no pending group (`Ingestion.release`).
+        self.drained = False
 
     def add(self, parsed: DatasetRow | tuple[int, RowError]) -> bool:
         """Buffer one parsed row; write the chunk when full. True when a checkpoint was just taken."""
@@ -601,7 +605,7 @@ class _Run:
         if bodies:
             self.ingestion.send_rollouts(bodies)
         if firsts:
-            self.ingestion.release(
+            self.drained = self.ingestion.release(
                 self.batch_id, [(g.input_id, g.line, g.group_size) for g in accepted], firsts, window
             )
         return len(accepted), len(rejections), len(bodies) + sum(g.group_size for g in accepted if window)
@@ -666,7 +670,9 @@ class _Run:
             progress=self.progress,
             errors_uri=errors_uri,
         )
-        if not item.cancelled and release_window(self.ports.settings.experiment):
+        # The release at the end closes the cursor, or releases what a chunk's release left pending; when that left
+        # nothing, the next release (a terminal rollout's, or the sweeper's) closes it instead.
+        if not item.cancelled and release_window(self.ports.settings.experiment) and not self.drained:
             self.ingestion.release(self.batch_id)
         published = self.ingestion.publish_batch_events(item)
         outcome: Outcome = "cancelled" if item.cancelled else "accepted"

@@ -77,6 +77,8 @@ class Released:
     groups: int = 0
     recovered: int = 0
     closed: bool = False
+    #: The release found no pending group left after it (so far: ingestion may still add some).
+    drained: bool = False
 
 
 class Releaser:
@@ -176,15 +178,16 @@ class Releaser:
                 closed = self.ledger.close(batch.batch_id, cursor)
                 if closed:
                     self._note(batch.batch_id, None)
-                return Released(recovered=recovered, closed=closed)
-            return Released(recovered=recovered)
+                return Released(recovered=recovered, closed=closed, drained=True)
+            return Released(recovered=recovered, drained=not more)
         advanced = self.ledger.advance(batch.batch_id, cursor, chosen, chunk_sk=chunk_sk, lease_s=self.lease_s)
         if advanced is None:
             return Released(recovered=recovered)
         self._send(batch, advanced.sending, known)
-        if self.ledger.confirm(batch.batch_id, advanced):
+        confirmed = self.ledger.confirm(batch.batch_id, advanced)
+        if confirmed:
             self._note(batch.batch_id, replace(advanced, sending=(), lease_until=0))
-        return Released(rollouts=size, groups=len(chosen), recovered=recovered)
+        return Released(rollouts=size, groups=len(chosen), recovered=recovered, drained=confirmed and not more)
 
     def _send(self, batch: BatchView, input_ids: Sequence[str], known: Mapping[str, RolloutMessage] | None) -> None:
         known = known or {}

@@ -18,9 +18,10 @@ from rollout_pipeline.adapters.sqs import SqsQueue
 from rollout_pipeline.config import ExperimentConfig
 from rollout_pipeline.fakes.acr import FakeAgentRuntime
 from rollout_pipeline.ingest.core import Ingestion, IngestPorts
-from rollout_pipeline.ledger import keys
+from rollout_pipeline.ledger import keys, window
 from rollout_pipeline.ledger.ledger import Ledger
 from rollout_pipeline.ledger.window import RELEASE_LEASE_S
+from rollout_pipeline.lifecycle import release
 from rollout_pipeline.lifecycle.cancel import cancel_batch
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.release import SWEEP_AGE_S
@@ -75,7 +76,7 @@ class RecordingQueue:
         return [(m["line"], m["index"]) for m in self.sent if m["attempt"] == 1]
 
 
-def ingest(resources: ExperimentResources, queue: RecordingQueue) -> str:
+def ingest(resources: ExperimentResources, queue: RecordingQueue, rows_accepted: int = ROWS) -> str:
     settings = resources.settings()
     ingestion = Ingestion(
         IngestPorts(
@@ -86,9 +87,9 @@ def ingest(resources: ExperimentResources, queue: RecordingQueue) -> str:
             settings=settings,
         )
     )
-    rows = [{"id": f"row-{i}", "q": i} for i in range(ROWS)] + [{"id": "row-0"}, {"_rollout": "not an object"}]
+    rows = [{"id": f"row-{i}", "q": i} for i in range(rows_accepted)] + [{"id": "row-0"}, {"_rollout": "not an object"}]
     result = ingestion.submit_rows(rows, name="window")
-    assert (result.outcome, result.rows_accepted, result.rows_rejected) == ("accepted", ROWS, 2)
+    assert (result.outcome, result.rows_accepted, result.rows_rejected) == ("accepted", rows_accepted, 2)
     assert result.batch_id is not None
     return result.batch_id
 
@@ -189,3 +190,49 @@ def test_cancel_stops_the_release_and_ends_the_unreleased_rollouts(
     failed = by_type(trainer_events(resources), "Rollout Failed")
     assert len(failed) == ROWS * GROUP_SIZE
     assert {e["reason"] for e in failed} == {"cancelled"}
+
+
+def test_a_file_its_first_release_sends_whole_is_not_released_again_at_its_end(
+    resources: ExperimentResources, fake: FakeAgentRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file within the window: its chunk's release leaves nothing pending, so ingestion does not release again at
+    its end only to close the cursor; the first terminal rollout's release closes it (or the sweeper's, below)."""
+    releases: list[str] = []
+    original = window.Releaser.release
+
+    def counted(self: window.Releaser, batch: Any, **kwargs: Any) -> window.Released:
+        releases.append(batch.batch_id)
+        return original(self, batch, **kwargs)
+
+    monkeypatch.setattr(window.Releaser, "release", counted)
+    queue = RecordingQueue(resources.rollout_queue_url)
+    batch_id = ingest(resources, queue, rows_accepted=2)
+    assert queue.released() == [(1, 0), (1, 1), (2, 0), (2, 1)]
+    assert releases == [batch_id], "one release: the chunk's (before: a second one at the end)"
+    assert keys.DEADLINE_PK in ledger_item(resources, keys.release_key(batch_id)), "still open"
+
+    deps = lifecycle(resources, fake, queue)
+    run_until_quiet(resources, deps, queue)
+    assert keys.DEADLINE_PK not in ledger_item(resources, keys.release_key(batch_id)), "closed by a terminal rollout"
+    assert Counter(queue.released()) == Counter({(line, i): 1 for line in (1, 2) for i in range(2)})
+    assert len(by_type(trainer_events(resources), "Batch Completed")) == 1
+
+
+def test_a_cursor_left_open_by_a_drained_ingestion_is_closed_by_the_sweeper(
+    resources: ExperimentResources, fake: FakeAgentRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """If no terminal rollout's release closes the cursor (each one failed, or they all ended before ingestion
+    recorded the batch's total), the sweeper's backstop does."""
+    queue = RecordingQueue(resources.rollout_queue_url)
+    batch_id = ingest(resources, queue, rows_accepted=2)
+    deps = lifecycle(resources, fake, queue)
+    monkeypatch.setattr(release, "after_terminal", lambda _deps, _batch: None)
+    run_until_quiet(resources, deps, queue)
+    monkeypatch.undo()
+    assert batch_view(resources, batch_id).terminal == 4
+    assert keys.DEADLINE_PK in ledger_item(resources, keys.release_key(batch_id)), "still open"
+    assert isinstance(deps.clock, ShiftedClock)
+    deps.clock.advance(SWEEP_AGE_S + 1)
+    sweep(deps)
+    assert keys.DEADLINE_PK not in ledger_item(resources, keys.release_key(batch_id)), "closed by the sweeper"
+    assert queue.released() == [(1, 0), (1, 1), (2, 0), (2, 1)], "nothing released twice"
