@@ -306,9 +306,16 @@ class RolloutLedger:
         )
 
     def finish_dispatched(
-        self, rec: RolloutRecord, *, outcome: Terminal, outbox: frozenset[str], hold_slot_until: int | None = None
+        self,
+        rec: RolloutRecord,
+        *,
+        outcome: Terminal,
+        outbox: frozenset[str],
+        hold_slot_until: int | None = None,
+        exp_id: str | None = None,
     ) -> RolloutRecord | None:
-        """`finish` from the dispatched attempt `rec` (the item as just read) is at, its session `rec.session_id`.
+        """`finish` from the dispatched attempt `rec` (the item as just read) is at, its session `rec.session_id`
+        (`exp_id`: the experiment to record, `rec.exp_id` when not given).
         Returns the rollout as the transaction left it, or None when the condition failed. Read again only when
         `rec` had an entry or stops of its own pending (whose writers may have changed them since); else the
         transaction wrote every attribute that differs from `rec` but the attempt's `invoked_at`, which nothing
@@ -316,10 +323,11 @@ class RolloutLedger:
         ref = rec.ref
         entry = self._outbox_values(ref)
         hold = hold_slot_until is not None and bool(rec.session_id)
+        exp_id = exp_id or rec.exp_id
         finished = self._finish(
             ref,
             entry,
-            exp_id=rec.exp_id,
+            exp_id=exp_id,
             from_state=DISPATCHED,
             outcome=outcome,
             outbox=outbox,
@@ -335,6 +343,7 @@ class RolloutLedger:
         return replace(  # what the outcome does not have, `_terminal_update` leaves as it was
             rec,
             state=RolloutState(outcome.state),
+            exp_id=exp_id,
             finished_at=parse_iso(iso(outcome.finished_at)),
             reason=rec.reason if outcome.reason is None else outcome.reason,
             error=rec.error if outcome.error is None else outcome.error,

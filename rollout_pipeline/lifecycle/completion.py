@@ -191,6 +191,7 @@ def _handle_result(
     terminal = _terminal(outcome, written_at, f"s3://{bucket}/{key}", size)
     after = deps.ledger.rollouts.finish_dispatched(
         rec,
+        exp_id=ref.exp_id,
         outcome=terminal,
         outbox=frozenset({OUTBOX_PUBLISH}),
         hold_slot_until=stops.hold_until(deps, rec),
