@@ -387,7 +387,9 @@ LEAD_RANKS: Final = 1
 LEAD_POLL_S: Final = (0.05, 0.25)
 #: A burst's start: a process that had no rollout in hand for `BOARD_STALE_S` (or never had one) takes no slot for
 #: this long after it receives, so the dispatchers that received the same burst at about the same time have put
-#: their rollouts on the board before anyone decides; the first decision then sees every one of them.
+#: their rollouts on the board before anyone decides; the first decision then sees every one of them. It covers the
+#: dispatch function's SQS batching window (1 s, `topology.FUNCTIONS`): Lambda may invoke one dispatcher that long
+#: after another received part of the same burst, so a shorter settle would let the first one decide without it.
 BOARD_SETTLE_S: Final = 1.0
 
 

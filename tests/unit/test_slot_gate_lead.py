@@ -9,6 +9,7 @@ import pytest
 
 from rollout_pipeline.lifecycle import limits
 from rollout_pipeline.lifecycle.limits import LEAD_POLL_S, AdmissionBoard, BoardEntry, SlotGate
+from rollout_pipeline.topology import FUNCTIONS
 from tests.doubles import FakeBoardLedger
 
 MAX_SESSIONS = 4
@@ -108,3 +109,9 @@ def test_a_free_slot_ranked_for_another_process_is_left_to_it() -> None:
     assert gate.wait(clock.t + 60, "k2#0")
     assert len(polls) == 6  # let through only once the earlier key was gone
     assert ledger.board_reads == 0
+
+
+def test_the_burst_settle_covers_the_dispatchers_batching_window() -> None:
+    """A dispatcher Lambda may receive up to its event source's batching window after another received the same
+    burst: the settle that lets the first decision see both must last at least that long."""
+    assert FUNCTIONS["dispatch"].batching_window_s <= limits.BOARD_SETTLE_S
