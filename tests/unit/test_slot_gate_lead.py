@@ -65,11 +65,12 @@ def _gate(ledger: CountingBoardLedger, clock: FakeClock, in_flight: Callable[[in
 
 def test_the_process_next_in_line_polls_fast_and_the_others_slowly() -> None:
     ledger, clock = CountingBoardLedger(), FakeClock()
-    ledger.put_waiting("b", ["k1#0"], now_us=int(clock.t * 1e6))  # another process holds the earlier group
+    earlier = [f"k1#{i}" for i in range(limits.LEAD_RANKS)]
+    ledger.put_waiting("b", earlier, now_us=int(clock.t * 1e6))  # another process holds the earlier group
     state = {"b_admitted_at": 0}
 
     def in_flight(poll: int) -> int:
-        if poll == 4:  # b's waiter got its slot: it leaves the board, and "a" is next in line
+        if poll == 4:  # b's waiters got their slots: they leave the board, and "a" is next in line
             ledger.clear_waiting("b")
             state["b_admitted_at"] = len(clock.pauses)
         return MAX_SESSIONS - 1 if poll == 9 else MAX_SESSIONS  # a slot frees at the 9th poll
