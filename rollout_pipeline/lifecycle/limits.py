@@ -469,9 +469,9 @@ class SlotGate:
     polls per process and the herd of transactions that N independent pollers would start when one slot frees.
     With a `room` (`SessionRoom`), `free` is also bounded by the session budgets' room within `ADMIT_AHEAD_S`, so the
     same order holds when the new-session RATE binds rather than `max_sessions`.
-    With `in_flight_and_board` (the counters and the board in one read), every poll also refreshes the board's view,
-    and a poller whose waiters lead the board (`LEAD_RANKS`) polls every `LEAD_POLL_S`: the next free slot is seen
-    sooner by the one process it goes to, while the others keep the slow pace."""
+    With a `board` and `in_flight_and_board` (the counters and the board in one read), every poll also refreshes the
+    board's view, and a poller whose waiters lead the board (`LEAD_RANKS`) polls every `LEAD_POLL_S`: the next free
+    slots are seen sooner by the processes they go to, while the others keep the slow pace."""
 
     def __init__(
         self,
