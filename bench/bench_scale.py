@@ -396,6 +396,15 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="the board's burst settle time (virtual s; default the pipeline's 1)",
     )
+    parser.add_argument(
+        "--lead-poll-s",
+        default="",
+        help="LO:HI: the slot gate's poll interval while its waiters lead the board (virtual s; default the "
+        "pipeline's `limits.LEAD_POLL_S`)",
+    )
+    parser.add_argument(
+        "--lead-ranks", type=int, default=None, help="`limits.LEAD_RANKS` (0: no lead pace, every poll 0.2-1 s)"
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the text report")
     args = parser.parse_args(argv)
@@ -456,6 +465,13 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
         from rollout_pipeline.lifecycle import limits
 
         limits.BOARD_SETTLE_S = args.settle_s  # type: ignore[misc]
+    if args.lead_poll_s or args.lead_ranks is not None:
+        from rollout_pipeline.lifecycle import limits
+
+        if args.lead_poll_s:
+            limits.LEAD_POLL_S = tuple(float(x) for x in args.lead_poll_s.split(":"))  # type: ignore[misc]
+        if args.lead_ranks is not None:
+            limits.LEAD_RANKS = args.lead_ranks  # type: ignore[misc]
     load_start = os.getloadavg()
     clients.reset()
     counters = Counters()
@@ -485,11 +501,14 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
     rng = random.Random(args.seed)
     delays = [[rng.uniform(args.min_delay, args.max_delay) for _ in range(group_size)] for _ in range(inputs)]
 
+    session_delay: dict[str, float] = {}  # session -> its agent delay (virtual s): where slot turnover goes
+
     def behaviour(inv: Any) -> AgentBehaviour:
         rollout = inv.payload.get("_rollout") or {}
         row = int(str(rollout.get("input_id", "row-0")).split("-")[-1])
+        session_delay[inv.session_id] = delays[row][int(rollout.get("index") or 0)]
         # threading.Timer runs on the wall clock: the virtual delay lasts k times longer in wall time.
-        return AgentBehaviour(rewards=1.0, delay_s=clock.wall_s(delays[row][int(rollout.get("index") or 0)]))
+        return AgentBehaviour(rewards=1.0, delay_s=clock.wall_s(session_delay[inv.session_id]))
 
     acr = AcrProfile.realistic(
         cold_start_share=args.cold_start,
@@ -826,6 +845,9 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
             "mean_ratio_at_achieved_rate": statistics.fmean(done_at) / statistics.fmean(at_rate),
             "mean_displacement": statistics.fmean(shift),
             "first_session_s": min(times) - started_at if times else float("nan"),
+            **slot_turnover(calls, session_delay, args.max_sessions),
+            "gate_polls": sum(d.slots.polls for d in dispatch_deps),
+            "gate_lead_pace_polls": sum(getattr(d.slots, "lead_polls", 0) for d in dispatch_deps),
         }
     ddb_total = sum(counters.ops.values())
     sqs_requests = sum(v for k, v in counters.other.items() if k.startswith("sqs."))
@@ -916,6 +938,32 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
     return result
 
 
+def slot_turnover(calls: list[Any], session_delay: dict[str, float], max_sessions: int) -> dict[str, float]:
+    """Where a slot's turnover goes beyond the agent's own time (medians, virtual s): from the agent's end (its
+    answered invoke + its delay) to the session's first successful stop (the completion path; the slot is given back
+    right after it), and, once every slot has been taken, from the n-th such stop to the (n + max_sessions)-th new
+    session (the slot gate's poll, the dispatch transaction and the session pacer)."""
+    answered: dict[str, float] = {}
+    stopped: dict[str, float] = {}
+    firsts: dict[str, float] = {}
+    for c in calls:
+        if c.op == "invoke" and c.outcome in ("started", "cold_start"):
+            firsts.setdefault(c.session_id, c.at)
+        if c.op == "invoke" and c.outcome in ("started", "reinvoked"):
+            answered.setdefault(c.session_id, c.at)
+        if c.op == "stop" and c.outcome == "stopped":
+            stopped.setdefault(c.session_id, c.at)
+    to_stop = [stopped[s] - answered[s] - session_delay[s] for s in stopped if s in answered and s in session_delay]
+    starts, stops = sorted(firsts.values()), sorted(stopped.values())
+    gaps = [
+        starts[i] - stops[i - max_sessions] for i in range(max_sessions, min(len(starts), len(stops) + max_sessions))
+    ]
+    return {
+        "agent_end_to_stop_s_median": statistics.median(to_stop) if to_stop else float("nan"),
+        "stop_to_next_session_s_median": statistics.median(gaps) if gaps else float("nan"),
+    }
+
+
 def _pct(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -985,7 +1033,10 @@ def print_report(r: dict[str, Any]) -> None:
             f"({o['mean_ratio']:.2f}x); at the achieved rate {o['first_ratio_at_achieved_rate']:.2f}x / "
             f"{o['mean_ratio_at_achieved_rate']:.2f}x; {o['groups_completed']}/{o['groups']} groups, mean "
             f"displacement {o['mean_displacement']:.1f}; first session at "
-            f"{o.get('first_session_s', float('nan')):.1f} s"
+            f"{o.get('first_session_s', float('nan')):.1f} s; slot turnover (medians): agent end -> stop "
+            f"{o.get('agent_end_to_stop_s_median', float('nan')):.2f} s, stop -> next session "
+            f"{o.get('stop_to_next_session_s_median', float('nan')):.2f} s; slot gate polls {o.get('gate_polls')} "
+            f"(at the lead pace {o.get('gate_lead_pace_polls')})"
         )
     cost = r["cost_per_million_rollouts_usd"]
     print("cost per million rollouts  " + ", ".join(f"{k} ${v:.2f}" for k, v in cost.items()))

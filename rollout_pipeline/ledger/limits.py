@@ -66,10 +66,33 @@ class LimitLedger:
         }
         counts = [0] * keys.SESSION_SHARDS
         for raw in self.table.query(request, max_pages=2):
-            shard = int(str(from_attribute_value(raw["sk"])).removeprefix(keys.SESSIONS_SHARD_PREFIX))
-            if 0 <= shard < keys.SESSION_SHARDS:
-                counts[shard] = int(from_attribute_value(raw.get("in_flight", {"N": "0"})) or 0)
+            _count_slot(counts, raw)
         return counts
+
+    def slots_and_board(self) -> tuple[list[int], list[tuple[str, int, list[str]]]]:
+        """The session-slot counters (`slot_counts`) AND the admission board (`waiting_board`) in ONE strongly
+        consistent Query: both live in the `LIMIT` partition, the counters' sort keys (`SESSIONS#`) just before
+        the board's (`WAIT#`), so a slot gate's poll that needs both costs one request, not two."""
+        request: dict[str, Any] = {
+            "KeyConditionExpression": "pk = :pk AND sk BETWEEN :from AND :to",
+            "ExpressionAttributeValues": plain_values(
+                {
+                    ":pk": keys.LIMIT_PK,
+                    ":from": keys.SESSIONS_SHARD_PREFIX,
+                    ":to": keys.WAIT_PREFIX[:-1] + chr(ord(keys.WAIT_PREFIX[-1]) + 1),  # past every WAIT#...
+                }
+            ),
+            "ConsistentRead": True,
+        }
+        counts = [0] * keys.SESSION_SHARDS
+        board = []
+        for raw in self.table.query(request, max_pages=10):
+            sk = str(from_attribute_value(raw["sk"]))
+            if sk.startswith(keys.SESSIONS_SHARD_PREFIX):
+                _count_slot(counts, raw)
+            elif sk.startswith(keys.WAIT_PREFIX):
+                board.append(_board_entry(raw))
+        return counts, board
 
     def in_flight(self) -> int:
         """Sessions holding a slot: the sum of the counters (strongly consistent)."""
@@ -149,17 +172,7 @@ class LimitLedger:
             "ExpressionAttributeValues": plain_values({":pk": keys.LIMIT_PK, ":prefix": keys.WAIT_PREFIX}),
             "ConsistentRead": True,
         }
-        board = []
-        for raw in self.table.query(request, max_pages=10):
-            item = {name: from_attribute_value(value) for name, value in raw.items()}
-            board.append(
-                (
-                    str(item["sk"]).removeprefix(keys.WAIT_PREFIX),
-                    int(item.get("heartbeat_us") or 0),
-                    [str(k) for k in item.get("waiting") or []],
-                )
-            )
-        return board
+        return [_board_entry(raw) for raw in self.table.query(request, max_pages=10)]
 
     def current_policy_version(self) -> str | None:
         """The experiment's current policy version (None until a trainer sets one)."""
@@ -176,3 +189,20 @@ class LimitLedger:
             TableName=self.table.name,
             Item={**keys.policy_key(), "policy_version": {"S": version}, "updated_at": {"S": now_iso}},
         )
+
+
+def _count_slot(counts: list[int], raw: Mapping[str, Any]) -> None:
+    """Put one session-slot counter item's value (raw attribute values) into `counts`, by its shard."""
+    shard = int(str(from_attribute_value(raw["sk"])).removeprefix(keys.SESSIONS_SHARD_PREFIX))
+    if 0 <= shard < keys.SESSION_SHARDS:
+        counts[shard] = int(from_attribute_value(raw.get("in_flight", {"N": "0"})) or 0)
+
+
+def _board_entry(raw: Mapping[str, Any]) -> tuple[str, int, list[str]]:
+    """One admission-board item (raw attribute values) as (process, heartbeat_us, waiting keys)."""
+    item = {name: from_attribute_value(value) for name, value in raw.items()}
+    return (
+        str(item["sk"]).removeprefix(keys.WAIT_PREFIX),
+        int(item.get("heartbeat_us") or 0),
+        [str(k) for k in item.get("waiting") or []],
+    )

@@ -43,9 +43,10 @@ class LifecycleDeps:
     invoke_retries: int = 3
     #: Dispatcher threads per SQS batch (also completion threads).
     dispatch_threads: int = 10
-    #: A cold-start RuntimeClientError (424) is retried on the same session this many times, this far apart.
-    cold_start_retries: int = 3
-    cold_start_wait_s: float = 2.0
+    #: A cold-start RuntimeClientError (424) is retried on the same session this many times, this far apart: 6 s
+    #: in all, in steps short enough that a session is used at most 0.5 s after it is up (a retry is one `tps` call).
+    cold_start_retries: int = 12
+    cold_start_wait_s: float = 0.5
     #: Waiters for a session slot are ordered across every dispatcher process (`limits.AdmissionBoard`); off, only
     #: among one process's waiters (the benchmark compares both).
     group_admission: bool = True
@@ -78,6 +79,7 @@ class LifecycleDeps:
             # book the endpoint without room (measured: 14% fewer sessions/s with 2). Ordering per endpoint needs
             # each waiter's endpoint on the board (docs/lifecycle.md, "Limits").
             room=SessionRoom(sessions[0]) if len(sessions) == 1 else None,
+            in_flight_and_board=self.slot_shards.in_flight_and_board,
             monotonic=self.clock.monotonic,
             sleep=self.clock.sleep,
         )

@@ -45,6 +45,9 @@ INVOKE_AHEAD_S: Final = 0.25
 #: How long a stop waits for its slot when the caller gives no deadline.
 DEFAULT_STOP_WAIT_S: Final = 15.0
 
+#: One process's entry on the admission board: (process, heartbeat in epoch microseconds, its waiting keys).
+BoardEntry = tuple[str, int, list[str]]
+
 
 class Pacer:
     """One paced call budget (`limit` calls per second), global through the ledger's schedule item."""
@@ -174,7 +177,15 @@ class SlotShards:
 
     def in_flight(self) -> int:
         """Read every counter (one Query): the sessions in flight; refreshes the view."""
-        counts = self.ledger.slot_counts()
+        return self._absorb(self.ledger.slot_counts())
+
+    def in_flight_and_board(self) -> tuple[int, list[BoardEntry]]:
+        """The sessions in flight and the admission board, in one Query (`LimitLedger.slots_and_board`); refreshes
+        the view."""
+        counts, board = self.ledger.slots_and_board()
+        return self._absorb(counts), board
+
+    def _absorb(self, counts: Sequence[int]) -> int:
         with self._lock:
             self._room = [cap - count for cap, count in zip(self._caps, counts, strict=True)]
         return sum(counts)
@@ -368,9 +379,18 @@ BOARD_HEARTBEAT_S: Final = 1.0
 BOARD_READ_S: Final = 1.0
 #: At most this many waiting keys per process are published (a Lambda holds 10 messages at a time).
 BOARD_MAX_KEYS: Final = 32
+#: The slot gate's poller polls every `LEAD_POLL_S` (jittered) while one of its waiters ranks among the first
+#: `LEAD_RANKS` keys of every live waiter (by its latest view of the board): the next slots to free are theirs, and
+#: seeing one ~0.25 s sooner is ~0.25 s more of that slot's time used. The others poll every 0.2-1 s. At most
+#: `LEAD_RANKS` processes lead by one view of the board, so the fast polls are bounded per second, not per waiter
+#: (measured in docs/benchmarks.md, "Group order through the release window": 1 and 2 ranks).
+LEAD_RANKS: Final = 2
+LEAD_POLL_S: Final = (0.05, 0.25)
 #: A burst's start: a process that had no rollout in hand for `BOARD_STALE_S` (or never had one) takes no slot for
 #: this long after it receives, so the dispatchers that received the same burst at about the same time have put
-#: their rollouts on the board before anyone decides; the first decision then sees every one of them.
+#: their rollouts on the board before anyone decides; the first decision then sees every one of them. It covers the
+#: dispatch function's SQS batching window (1 s, `topology.FUNCTIONS`): Lambda may invoke one dispatcher that long
+#: after another received part of the same burst, so a shorter settle would let the first one decide without it.
 BOARD_SETTLE_S: Final = 1.0
 
 
@@ -414,14 +434,28 @@ class AdmissionBoard:
         with self._lock:
             now = self._wall()
             if now - self._read_at >= max_age_s:
-                live = [
-                    key
-                    for process, heartbeat_us, keys in self.ledger.waiting_board()
-                    if process != self.process and now - heartbeat_us / 1e6 <= BOARD_STALE_S
-                    for key in keys
-                ]
-                self._others, self._read_at = sorted(live), now
+                self._absorb(self.ledger.waiting_board(), now)
             return self._others
+
+    def absorb(self, board: Sequence[BoardEntry]) -> None:
+        """Take `board`, read just now with something else (`LimitLedger.slots_and_board`), as the cached view."""
+        with self._lock:
+            self._absorb(board, self._wall())
+
+    def cached(self, max_age_s: float) -> list[str] | None:
+        """The live waiting keys of the other processes by the latest view (no read), sorted; None when that view
+        is older than `max_age_s`."""
+        with self._lock:
+            return self._others if self._wall() - self._read_at <= max_age_s else None
+
+    def _absorb(self, board: Sequence[BoardEntry], now: float) -> None:
+        live = [
+            key
+            for process, heartbeat_us, keys in board
+            if process != self.process and now - heartbeat_us / 1e6 <= BOARD_STALE_S
+            for key in keys
+        ]
+        self._others, self._read_at = sorted(live), now
 
 
 class SlotGate:
@@ -434,7 +468,10 @@ class SlotGate:
     sleep. The transaction stays the only arbiter, so a waiter let through for nothing just waits again. Saves N-1
     polls per process and the herd of transactions that N independent pollers would start when one slot frees.
     With a `room` (`SessionRoom`), `free` is also bounded by the session budgets' room within `ADMIT_AHEAD_S`, so the
-    same order holds when the new-session RATE binds rather than `max_sessions`."""
+    same order holds when the new-session RATE binds rather than `max_sessions`.
+    With a `board` and `in_flight_and_board` (the counters and the board in one read), every poll also refreshes the
+    board's view, and a poller whose waiters lead the board (`LEAD_RANKS`) polls every `LEAD_POLL_S`: the next free
+    slots are seen sooner by the processes they go to, while the others keep the slow pace."""
 
     def __init__(
         self,
@@ -443,10 +480,12 @@ class SlotGate:
         *,
         board: AdmissionBoard | None = None,
         room: SessionRoom | None = None,
+        in_flight_and_board: Callable[[], tuple[int, list[BoardEntry]]] | None = None,
         monotonic: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self._in_flight = in_flight
+        self._in_flight_and_board = in_flight_and_board if board is not None else None
         self.max_sessions = max_sessions
         self.board = board
         self.room = room
@@ -458,6 +497,8 @@ class SlotGate:
         self._seq = 0
         self._polling = False
         self.polls = 0
+        #: Pauses between polls taken at the lead pace (`LEAD_POLL_S`).
+        self.lead_polls = 0
         #: Keys of rollouts received and not yet past the gate (`hold`): on the board from receipt on.
         self._held: Counter[str] = Counter()
         #: When the current burst began (monotonic; None: nothing held yet) and when the last one ended.
@@ -580,9 +621,35 @@ class SlotGate:
         with contextlib.suppress(Exception):  # the board only orders admission; the transaction decides
             self.board.publish(self._waiting())
 
+    def leads(self) -> bool:
+        """Whether this process's first waiter ranks among the first `LEAD_RANKS` keys of every live waiter, by the
+        latest view of the board (no read; a view older than two slow polls tells nothing). Only with a board read
+        at each poll (`in_flight_and_board`): without it the view may be too old to tell, and every process keeps
+        the slow pace."""
+        if self.board is None or self._in_flight_and_board is None:
+            return False
+        mine, others = self.queued(), self.board.cached(2 * BOARD_READ_S)
+        return bool(mine) and others is not None and bisect.bisect_left(others, mine[0]) < LEAD_RANKS
+
+    def _pace(self) -> tuple[float, bool]:
+        """The pause before the next poll, and whether it is the lead pace: `LEAD_POLL_S` while this process leads
+        the board, else 0.2-1 s."""
+        if self.leads():
+            return random.uniform(*LEAD_POLL_S), True
+        return jitter_poll_s(), False
+
+    def _read(self) -> tuple[int, float]:
+        """Sessions in flight, and how old a board view the decision may use (the board read with it: fresh)."""
+        if self._in_flight_and_board is None:
+            return self._in_flight(), 0.0
+        assert self.board is not None
+        in_flight, board = self._in_flight_and_board()
+        self.board.absorb(board)
+        return in_flight, BOARD_READ_S
+
     def _poll(self, wait_until: float) -> int:
         """Poll until some slots look free for this process's waiters (their number) or `wait_until` passes."""
-        pause = jitter_poll_s()
+        pause, lead = self._pace()
         if self.room is not None:  # the rate may be what binds: look as soon as the budgets have room
             pause = self._room_pause(pause)
         pause = max(pause, self.settle_s())  # a burst's first decision waits for the others' rollouts
@@ -592,11 +659,13 @@ class SlotGate:
             if self._monotonic() + pause > wait_until:
                 return 0
             self._sleep(pause)
-            pause = jitter_poll_s()
             self.polls += 1
+            self.lead_polls += lead
             if self.board is not None:
                 self._publish()  # this process's waiters as they are now (changed, or the heartbeat)
-            free = self.max_sessions - self._in_flight()
+            in_flight, board_age_s = self._read()
+            pause, lead = self._pace()
+            free = self.max_sessions - in_flight
             if free > 0 and self.room is not None:
                 free = min(free, self.room.read())
                 if free <= 0:
@@ -607,14 +676,14 @@ class SlotGate:
                 return free
             mine = self.queued()
             try:
-                others = self.board.others()
+                others = self.board.others(board_age_s)
             except Exception:  # no board view: fall back to this process's own order
                 return free
             ranked = heapq.nsmallest(free, [(k, 0) for k in mine] + [(k, 1) for k in others])
             ours = sum(1 for _key, theirs in ranked if not theirs)
             if ours:
                 return ours
-            pause = min(pause, random.uniform(0.1, 0.25))  # room others go first for: look again soon
+            pause, lead = min(pause, random.uniform(0.1, 0.25)), False  # room others go first for: look again soon
 
     def _room_pause(self, pause: float) -> float:
         """Poll again when the session budgets will have room (at most `pause`, at least 0.1 s, jittered)."""

@@ -55,3 +55,25 @@ def test_releases_spread_over_the_counters() -> None:
         counts[release_shard(f"b/q{i}#0@1")] += 1
     assert min(counts) > 0.6 * expected
     assert max(counts) < 1.4 * expected
+
+
+def test_one_query_reads_the_counters_and_the_admission_board(resources: ExperimentResources) -> None:
+    limits = Ledger.open(resources.table_name).limits
+    for shard in (0, 5, 5, 31):
+        assert _take(limits, 200, shard)
+    limits.put_waiting("proc-a", ["k1#0", "k1#1"], now_us=1_000)
+    limits.put_waiting("proc-b", ["k2#0"], now_us=2_000)
+    limits.reserve_pace("session#0", not_before_us=0, latest_us=10, interval_us=5)  # PACE#: outside the range
+    limits.set_current_policy_version("v1", "2026-01-01T00:00:00Z")  # POLICY: outside the range
+    queries = []
+    query = limits.table.query
+    limits.table.query = lambda request, **kw: queries.append(request) or query(request, **kw)  # type: ignore[method-assign]
+    counts, board = limits.slots_and_board()
+    assert len(queries) == 1
+    assert counts == limits.slot_counts()
+    assert (sum(counts), counts[5]) == (4, 2)
+    expected = [("proc-a", 1_000, ["k1#0", "k1#1"]), ("proc-b", 2_000, ["k2#0"])]
+    assert sorted(board) == sorted(limits.waiting_board()) == expected
+    shards = SlotShards(limits, 200)
+    assert shards.in_flight_and_board() == (4, board)
+    assert shards.room() == 200 - 4
