@@ -90,6 +90,8 @@ PRICE_PER_MILLION = {
         "s3_get": "s3_get",
         "s3_put": "s3_put",
         "event": "eventbridge_custom_event",
+        "lambda_request": "lambda_request",
+        "lambda_gb_s": "lambda_gb_s_arm",
     }.items()
 }
 
@@ -255,6 +257,20 @@ class Counters:
         self.wru_items: Counter[str] = Counter()  # WRU by item kind (a transaction's 2 per item, to each item)
         self.capacity_callers: Counter[str] = Counter()  # WRU + RRU by the ledger method that made the request
         self.harness = threading.local()
+        # Billed outside the pipeline's own calls (the all-in cost): SQS requests of Lambda's pollers and the
+        # trainer (receives that return messages, delete batches; empty polls are a per-hour cost, not a rollout's),
+        # messages EventBridge rules deliver into SQS, and each "Lambda"'s invocations and virtual seconds.
+        self.poller_sqs = 0
+        self.event_entries = 0
+        self.delivered: Counter[str] = Counter()
+        self.lambda_calls: Counter[str] = Counter()
+        self.lambda_s: Counter[str] = Counter()
+
+    def invoked(self, function: str, started: float) -> None:
+        """One invocation of `function` (a `topology.FUNCTIONS` name) that began at `started` (monotonic)."""
+        with self.lock:
+            self.lambda_calls[function] += 1
+            self.lambda_s[function] += time.monotonic() - started
 
     def before_build(self, params: dict[str, Any], model: Any, **_: Any) -> None:
         if getattr(self.harness, "on", False) or threading.current_thread().name.startswith(("bench-", "Main")):
@@ -264,6 +280,8 @@ class Counters:
         if service != "dynamodb":
             with self.lock:
                 self.other[f"{service}.{operation}"] += 1
+                if operation == "PutEvents":  # EventBridge bills each entry, not each call
+                    self.event_entries += len(params.get("Entries") or [])
             return
         touched = request_items(operation, params)
         with self.lock:
@@ -590,10 +608,13 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
             )
         finally:
             counters.harness.on = False
-        return [
-            {"messageId": m["MessageId"], "body": m["Body"], "receiptHandle": m["ReceiptHandle"]}
-            for m in resp.get("Messages") or []
-        ]
+        messages = resp.get("Messages") or []
+        if messages:
+            with counters.lock:
+                counters.poller_sqs += 1
+                if queue_url != resources.rollout_queue_url:  # the pipeline itself sends to the rollout queue
+                    counters.delivered[queue_url] += len(messages)
+        return [{"messageId": m["MessageId"], "body": m["Body"], "receiptHandle": m["ReceiptHandle"]} for m in messages]
 
     def ack(queue_url: str, records: list[dict[str, Any]], failures: dict[str, str]) -> None:
         entries = [
@@ -603,6 +624,8 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
         ]
         if entries:
             counters.harness.on = True
+            with counters.lock:
+                counters.poller_sqs += 1
             try:
                 sqs.delete_message_batch(QueueUrl=queue_url, Entries=entries)
             finally:
@@ -659,7 +682,11 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
                 if not records:
                     time.sleep(idle)
                     continue
-                result = handle(records)
+                started = time.monotonic()
+                try:
+                    result = handle(records)
+                finally:
+                    counters.invoked("dispatch" if name == "dispatcher" else "completion", started)
                 ack(queue_url, records, result.failures)
                 errors.extend(result.failures.values())
             except Exception as exc:
@@ -671,10 +698,13 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
             if stop.wait(clock.wall_s(pause)):
                 return
             pause = 60.0
+            started = time.monotonic()
             try:
                 sweep(deps, wait_until=time.monotonic() + 30)
             except Exception as exc:
                 errors.append(f"sweeper: {exc!r}")
+            finally:
+                counters.invoked("sweeper", started)
 
     def trainer() -> None:
         for _ in range(10_000_000):
@@ -852,13 +882,13 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
     ddb_total = sum(counters.ops.values())
     sqs_requests = sum(v for k, v in counters.other.items() if k.startswith("sqs."))
     s3_get = sum(v for k, v in counters.other.items() if k in ("s3.GetObject", "s3.HeadObject"))
-    events = counters.other.get("events.PutEvents", 0)
     cost = {
         "dynamodb": (counters.wru * PRICE_PER_MILLION["WRU"] + counters.rru * PRICE_PER_MILLION["RRU"]) / n,
         "sqs_sends_by_pipeline": sqs_requests * PRICE_PER_MILLION["sqs"] / n,
         "s3_reads": s3_get * PRICE_PER_MILLION["s3_get"] / n,
-        "eventbridge_put_events_calls": events * PRICE_PER_MILLION["event"] / n,
+        "eventbridge_events": counters.event_entries * PRICE_PER_MILLION["event"] / n,
     }
+    cost |= all_in_extras(counters, n)
     moto_ddb_s = MOTO_TIME["dynamodb"][0]
     steady = steady_rate(times)
     result: dict[str, Any] = {
@@ -928,7 +958,7 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
             "busiest_plain_write_items": plain_hot,
         },
         "order": order,
-        "cost_per_million_rollouts_usd": {**cost, "total_counted": sum(cost.values())},
+        "cost_per_million_rollouts_usd": {**cost, "total_aws_side": sum(cost.values())},
     }
     result["ok"] = bool(
         terminal == total
@@ -936,6 +966,24 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
         and fake.max_running <= args.max_sessions
     )
     return result
+
+
+def all_in_extras(counters: Counters, n: int) -> dict[str, float]:
+    """The rest of the AWS-side cost per million rollouts (ACR compute and the model excluded), beside the
+    pipeline's own counted requests: the agents' result PUTs (counted: `s3.PutObject`), the SQS requests of
+    Lambda's pollers and the trainer (counted), one SQS SendMessage per message an EventBridge rule delivers into
+    the completion and trainer queues (counted as received), and Lambda requests and arm64 GB-s at each function's
+    memory (`topology.FUNCTIONS`), timed on the virtual clock: a dispatcher's wait for a budget is billed time."""
+    from rollout_pipeline.topology import FUNCTIONS
+
+    gb_s = sum(s * FUNCTIONS[name].memory_mb / 1024 for name, s in counters.lambda_s.items())
+    return {
+        "s3_result_puts": counters.other.get("s3.PutObject", 0) * PRICE_PER_MILLION["s3_put"] / n,
+        "sqs_pollers_and_trainer": counters.poller_sqs * PRICE_PER_MILLION["sqs"] / n,
+        "sqs_eventbridge_deliveries": sum(counters.delivered.values()) * PRICE_PER_MILLION["sqs"] / n,
+        "lambda_requests": sum(counters.lambda_calls.values()) * PRICE_PER_MILLION["lambda_request"] / n,
+        "lambda_compute_arm64": gb_s * PRICE_PER_MILLION["lambda_gb_s"] / n,
+    }
 
 
 def slot_turnover(calls: list[Any], session_delay: dict[str, float], max_sessions: int) -> dict[str, float]:

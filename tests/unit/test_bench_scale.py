@@ -105,3 +105,18 @@ def test_capacity_units_follow_the_cost_method(bench: ModuleType) -> None:
     assert bench.capacity_units("GetItem", ["rollout R#*"]) == (0.0, 1.0)
     assert bench.capacity_units("Query", ["query B"]) == (0.0, 1.0)
     assert bench.capacity_units("BatchGetItem", ["group G#*", "group G#*"]) == (0.0, 2.0)
+
+
+def test_all_in_cost_prices_what_the_pipeline_does_not_call_itself(bench: ModuleType) -> None:
+    counters = bench.Counters()
+    counters.other["s3.PutObject"] = 10  # the agents' result objects
+    counters.poller_sqs = 4
+    counters.delivered["completion"] = 10
+    counters.delivered["trainer"] = 12
+    counters.invoked("dispatch", bench.time.monotonic() - 2.0)  # 2 s at 512 MB: 1 GB-s
+    extras = bench.all_in_extras(counters, 10)
+    assert extras["s3_result_puts"] == pytest.approx(5.0)  # $0.005 per 1,000 PUTs
+    assert extras["sqs_pollers_and_trainer"] == pytest.approx(0.16)
+    assert extras["sqs_eventbridge_deliveries"] == pytest.approx(22 * 0.4 / 10)
+    assert extras["lambda_requests"] == pytest.approx(0.02)
+    assert extras["lambda_compute_arm64"] == pytest.approx(1.33334, rel=0.01)
