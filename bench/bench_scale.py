@@ -603,11 +603,18 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
 
         releases = ledger.release
         groups = [PendingGroup(f"row-{i}", i + 1, group_size) for i in range(inputs)]
-        for start in range(0, len(groups), 100):  # ingestion's chunks of 100 rows
+
+        def release() -> None:
+            view = ledger.batches.read_batch(batch_id)
+            assert view is not None
+            Releaser(releases, SqsQueue(), staging_url, most=max_release(config)).release(view)
+
+        # As `ingest.core`: each chunk of 100 rows recorded as pending and released, then one more release once
+        # ingestion ended.
+        for start in range(0, len(groups), 100):
             releases.add_pending(batch_id, groups[start : start + 100], window=window)
-        view = ledger.batches.read_batch(batch_id)
-        assert view is not None
-        Releaser(releases, SqsQueue(), staging_url, most=max_release(config)).release(view)
+            release()
+        release()
 
     pool: list[str] = list(bodies)  # messages sent and not yet in the rollout queue (before: every one at once)
 
