@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _datetime
+import itertools
 import json
 import math
 import os
@@ -282,6 +283,47 @@ class Counters:
                 self.rru += len(touched)
             else:
                 self.rru += 1  # GetItem (strongly consistent, < 4 KB) and Query (one page, < 4 KB): 1 RRU
+
+
+def slot_phase(calls: list[Any], max_sessions: int, share: float = 0.95) -> dict[str, float]:
+    """The sessions running over time, replayed from the fake's calls (a first invoke starts a session, a
+    successful stop ends it), once they first reach `share` x `max_sessions`: new sessions/s and the running
+    sessions' time-weighted mean and minimum from then to the last new session. {} if they never do."""
+    ordered = sorted(calls, key=lambda c: c.at)
+    running: set[str] = set()
+    started: set[str] = set()
+    phase_start: float | None = None
+    last_start = 0.0
+    trace: list[tuple[float, int]] = []  # (time, running after the call) from the phase's start on
+    new_in_phase = 0
+    for call in ordered:
+        if call.op == "invoke" and call.outcome in ("started", "cold_start", "reinvoked"):
+            if call.session_id not in started:
+                started.add(call.session_id)
+                last_start = call.at
+                new_in_phase += phase_start is not None
+            running.add(call.session_id)
+        elif call.op == "stop" and call.outcome == "stopped":
+            running.discard(call.session_id)
+        if phase_start is None and len(running) >= share * max_sessions:
+            phase_start = call.at
+        if phase_start is not None:
+            trace.append((call.at, len(running)))
+    if phase_start is None or last_start <= phase_start:
+        return {}
+    span = last_start - phase_start
+    weighted = sum(
+        count * (min(nxt, last_start) - at) for (at, count), (nxt, _n) in itertools.pairwise(trace) if at < last_start
+    )
+    in_phase = [count for at, count in trace if at <= last_start]
+    return {
+        "from_s": phase_start - ordered[0].at,
+        "to_s": last_start - ordered[0].at,
+        "new_sessions_per_s": new_in_phase / span,
+        "mean_running": weighted / span,
+        "mean_running_vs_max_sessions": weighted / span / max_sessions,
+        "min_running": min(in_phase),
+    }
 
 
 def install_latency(clients: Any, rng: random.Random) -> None:
@@ -783,6 +825,7 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
     # What the slots allow: max_sessions sessions each busy for an agent delay (mean), if that binds before the rate.
     slot_bound = args.max_sessions / statistics.fmean(d for group in delays for d in group)
     bound = min(configured, slot_bound)
+    binding = slot_phase(calls, args.max_sessions)
     per_endpoint = {e: sliding_max([c.at for c in firsts if c.endpoint == e]) for e in range(args.endpoints)}
     throttles = Counter(c.outcome for c in calls if c.op == "invoke" and c.outcome in ("throttled", "quota_exceeded"))
     # The realistic profile's failing stops (NotFound, Conflict, throttling in equal parts) are injected faults.
@@ -901,6 +944,7 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
             "refused_invokes": refused,
             "peak_running": fake.max_running,
             "peak_active": fake.max_active,
+            "slots_binding": binding,
             "max_sessions": args.max_sessions,
             "stops_pending": pending,
             "never_stopped": never_stopped,
@@ -963,6 +1007,13 @@ def print_report(r: dict[str, Any]) -> None:
         print(
             f"  max_sessions binds: at most {t['bound_sessions_per_s']:.2f}/s (slots / mean agent delay); steady is "
             f"{t['steady_vs_bound']:.0%} of it"
+        )
+    b = t.get("slots_binding") or {}
+    if b:
+        print(
+            f"  once the slots bind      from {b['from_s']:.1f} s (running >= 95% of max_sessions) to the last new "
+            f"session at {b['to_s']:.1f} s: {b['new_sessions_per_s']:.2f} new sessions/s; running mean "
+            f"{b['mean_running']:.0f} ({b['mean_running_vs_max_sessions']:.1%} of max_sessions), min {b['min_running']}"
         )
     print(
         f"ACR                        invoke throttles {t['acr_throttles'] or 0} (injected stop faults "
