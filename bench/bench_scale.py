@@ -339,46 +339,6 @@ def install_latency(clients: Any, rng: random.Random) -> None:
     clients.register_hook("after-call.dynamodb", after_call)
 
 
-def fast_moto_queries() -> None:
-    """Make moto's base-table Query cost O(the partition), not O(the table): moto sorts EVERY item of the table
-    (`Table.all_items`) and then keeps one partition, so at 3,000 rollouts a Query of the 40 `LIMIT` items cost
-    ~40 ms of wall time (10 ms at 500): the harness, not the ledger, set the pace. Here a base-table Query sees
-    only its partition's items that pass the key condition (checked with moto's own comparison); moto's query
-    does the rest (ordering, paging, projections, filters) as before. DynamoDB requests run one at a time here
-    (`_serialise_dynamodb`), so the per-call override of `all_items` is never seen by another request.
-    Index queries (the sweeper's, once a minute) keep moto's table walk."""
-    from moto.dynamodb.comparisons import get_comparison_func
-    from moto.dynamodb.models.table import Table
-
-    if getattr(Table.query, "bench_scale_fast", False):
-        return
-    original = Table.query
-
-    def query(
-        self: Any, hash_key: Any, range_comparison: Any, range_objs: Any, *args: Any, **kwargs: Any
-    ) -> Any:  # moto's `DynamoDBBackend.query` passes index_name as the 8th positional argument
-        index_name = args[4] if len(args) > 4 else kwargs.get("index_name")
-        if index_name or hash_key is None or not self.range_key_attr:
-            return original(self, hash_key, range_comparison, range_objs, *args, **kwargs)
-        candidates = list((self.items.get(hash_key) or {}).values())
-        if range_comparison:
-            matches = get_comparison_func(range_comparison)
-            bounds = [obj.cast_value for obj in range_objs]
-            candidates = [
-                item
-                for item in candidates
-                if item.range_key is not None and matches(item.range_key.cast_value, *bounds)
-            ]
-        self.all_items = lambda: candidates
-        try:
-            return original(self, hash_key, range_comparison, range_objs, *args, **kwargs)
-        finally:
-            del self.all_items
-
-    query.bench_scale_fast = True  # type: ignore[attr-defined]
-    Table.query = query  # type: ignore[method-assign]
-
-
 class LatenessProbe:
     """How late the (virtual) clock wakes a sleeping thread: the machine's load seen in virtual time."""
 
@@ -459,13 +419,12 @@ def main(argv: list[str] | None = None) -> int:
     from moto import mock_aws
 
     from rollout_pipeline.fakes import faithful
-    from rollout_pipeline.local.moto_server import cheap_moto_transactions
+    from rollout_pipeline.local.moto_server import patch_moto
 
     _fake_aws_env()
     _time_moto("inner")
     _serialise_dynamodb()
-    fast_moto_queries()
-    cheap_moto_transactions()
+    patch_moto()  # transactions and queries cost O(the items they touch), not O(the table): flat at any size
     profile = faithful.FaithfulProfile(seed=args.seed, hold_ms=args.hold_ms, conflict_rate=args.conflict_rate)
     with faithful.activate(profile), mock_aws():
         result = run(args, clock, profile)
