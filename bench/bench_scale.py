@@ -39,10 +39,12 @@ from __future__ import annotations
 
 import argparse
 import datetime as _datetime
+import itertools
 import json
 import math
 import os
 import random
+import resource
 import statistics
 import sys
 import threading
@@ -338,6 +340,47 @@ def ledger_caller() -> str:
     return inner or "?"
 
 
+def slot_phase(calls: list[Any], max_sessions: int, share: float = 0.95) -> dict[str, float]:
+    """The sessions running over time, replayed from the fake's calls (a first invoke starts a session, a
+    successful stop ends it), once they first reach `share` x `max_sessions`: new sessions/s and the running
+    sessions' time-weighted mean and minimum from then to the last new session. {} if they never do."""
+    ordered = sorted(calls, key=lambda c: c.at)
+    running: set[str] = set()
+    started: set[str] = set()
+    phase_start: float | None = None
+    last_start = 0.0
+    trace: list[tuple[float, int]] = []  # (time, running after the call) from the phase's start on
+    new_in_phase = 0
+    for call in ordered:
+        if call.op == "invoke" and call.outcome in ("started", "cold_start", "reinvoked"):
+            if call.session_id not in started:
+                started.add(call.session_id)
+                last_start = call.at
+                new_in_phase += phase_start is not None
+            running.add(call.session_id)
+        elif call.op == "stop" and call.outcome == "stopped":
+            running.discard(call.session_id)
+        if phase_start is None and len(running) >= share * max_sessions:
+            phase_start = call.at
+        if phase_start is not None:
+            trace.append((call.at, len(running)))
+    if phase_start is None or last_start <= phase_start:
+        return {}
+    span = last_start - phase_start
+    weighted = sum(
+        count * (min(nxt, last_start) - at) for (at, count), (nxt, _n) in itertools.pairwise(trace) if at < last_start
+    )
+    in_phase = [count for at, count in trace if at <= last_start]
+    return {
+        "from_s": phase_start - ordered[0].at,
+        "to_s": last_start - ordered[0].at,
+        "new_sessions_per_s": new_in_phase / span,
+        "mean_running": weighted / span,
+        "mean_running_vs_max_sessions": weighted / span / max_sessions,
+        "min_running": min(in_phase),
+    }
+
+
 def install_latency(clients: Any, rng: random.Random) -> None:
     """Sleep a sampled DynamoDB latency (virtual seconds) after every DynamoDB call, conflicts included."""
     lock = threading.Lock()
@@ -425,11 +468,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the text report")
+    parser.add_argument("--json-out", default="", help="also write the JSON object to this file (long runs)")
     args = parser.parse_args(argv)
     if not 1 <= args.rollouts <= 20_000:
         parser.error("--rollouts must be within 1..20000")
-    if not 1 <= args.dilation <= 100 or args.max_seconds > 3600:
-        parser.error("--dilation within 1..100 and --max-seconds at most 3600")
+    if not 1 <= args.dilation <= 100 or args.max_seconds > 7200:
+        parser.error("--dilation within 1..100 and --max-seconds at most 7200")
 
     clock = DilatedClock(args.dilation)
     clock.install()  # before anything imports the pipeline
@@ -439,15 +483,17 @@ def main(argv: list[str] | None = None) -> int:
     from moto import mock_aws
 
     from rollout_pipeline.fakes import faithful
-    from rollout_pipeline.local.moto_server import cheap_moto_transactions
+    from rollout_pipeline.local.moto_server import patch_moto
 
     _fake_aws_env()
     _time_moto("inner")
     _serialise_dynamodb()
-    cheap_moto_transactions()
+    patch_moto()  # transactions and queries cost O(the items they touch), not O(the table): flat at any size
     profile = faithful.FaithfulProfile(seed=args.seed, hold_ms=args.hold_ms, conflict_rate=args.conflict_rate)
     with faithful.activate(profile), mock_aws():
         result = run(args, clock, profile)
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(result, indent=1, sort_keys=True))
     if args.json:
         print(json.dumps(result, indent=1, sort_keys=True))
     else:
@@ -637,11 +683,18 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
 
         releases = ledger.release
         groups = [PendingGroup(f"row-{i}", i + 1, group_size) for i in range(inputs)]
-        for start in range(0, len(groups), 100):  # ingestion's chunks of 100 rows
+
+        def release() -> None:
+            view = ledger.batches.read_batch(batch_id)
+            assert view is not None
+            Releaser(releases, SqsQueue(), staging_url, most=max_release(config)).release(view)
+
+        # As `ingest.core`: each chunk of 100 rows recorded as pending and released, then one more release once
+        # ingestion ended.
+        for start in range(0, len(groups), 100):
             releases.add_pending(batch_id, groups[start : start + 100], window=window)
-        view = ledger.batches.read_batch(batch_id)
-        assert view is not None
-        Releaser(releases, SqsQueue(), staging_url, most=max_release(config)).release(view)
+            release()
+        release()
 
     pool: list[str] = list(bodies)  # messages sent and not yet in the rollout queue (before: every one at once)
 
@@ -771,7 +824,9 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
     for t in threads:
         t.start()
     terminal, last = 0, started_wall
+    peak_threads, peak_load = threading.active_count(), load_start[0]  # what grows with the run's size
     while _REAL_MONOTONIC() - started_wall < args.max_seconds:
+        peak_threads, peak_load = max(peak_threads, threading.active_count()), max(peak_load, os.getloadavg()[0])
         counters.harness.on = True
         terminal = view.terminal if (view := ledger.batches.read_batch(batch_id)) is not None else 0
         counters.harness.on = False
@@ -779,7 +834,11 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
             break
         if _REAL_MONOTONIC() - last > 30 and not args.json:
             last = _REAL_MONOTONIC()
-            print(f"  {_REAL_MONOTONIC() - started_wall:6.0f} s wall: {terminal}/{total} terminal", flush=True)
+            print(
+                f"  {_REAL_MONOTONIC() - started_wall:6.0f} s wall: {terminal}/{total} terminal, "
+                f"{len(fake.running)} sessions running, {threading.active_count()} threads",
+                flush=True,
+            )
         _REAL_SLEEP(1.0)
     backlog_virtual = time.monotonic() - started
     stop_dispatch.set()
@@ -811,6 +870,7 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
     # What the slots allow: max_sessions sessions each busy for an agent delay (mean), if that binds before the rate.
     slot_bound = args.max_sessions / statistics.fmean(d for group in delays for d in group)
     bound = min(configured, slot_bound)
+    binding = slot_phase(calls, args.max_sessions)
     per_endpoint = {e: sliding_max([c.at for c in firsts if c.endpoint == e]) for e in range(args.endpoints)}
     throttles = Counter(c.outcome for c in calls if c.op == "invoke" and c.outcome in ("throttled", "quota_exceeded"))
     # The realistic profile's failing stops (NotFound, Conflict, throttling in equal parts) are injected faults.
@@ -893,13 +953,16 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
     steady = steady_rate(times)
     result: dict[str, Any] = {
         "config": {
-            **{k: v for k, v in vars(args).items() if k != "json"},
+            **{k: v for k, v in vars(args).items() if k not in ("json", "json_out")},
             "configured_sessions_per_s": configured,
             "total": total,
         },
         "machine": {
             "load_start": load_start,
             "load_end": os.getloadavg(),
+            "load_peak": peak_load,
+            "peak_threads": peak_threads,
+            "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "cpus": os.cpu_count(),
             "wall_s": wall_s,
             "virtual_s": virtual_s,
@@ -929,6 +992,7 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
             "refused_invokes": refused,
             "peak_running": fake.max_running,
             "peak_active": fake.max_active,
+            "slots_binding": binding,
             "max_sessions": args.max_sessions,
             "stops_pending": pending,
             "never_stopped": never_stopped,
@@ -1023,7 +1087,9 @@ def print_report(r: dict[str, Any]) -> None:
     c, m, t, q, h = r["config"], r["machine"], r["throughput"], r["requests_per_rollout"], r["contention"]
     print()
     print(
-        f"machine                    load {m['load_start'][0]:.1f} -> {m['load_end'][0]:.1f} on {m['cpus']} CPUs; "
+        f"machine                    load {m['load_start'][0]:.1f} -> {m['load_end'][0]:.1f} (peak "
+        f"{m.get('load_peak', float('nan')):.1f}) on {m['cpus']} CPUs; {m.get('peak_threads', 0)} threads at "
+        f"most, {m.get('max_rss_mb', 0):.0f} MB RSS; "
         f"{m['wall_s']:.0f} s wall = {m['virtual_s']:.1f} s virtual (k={c['dilation']:g}); clock lateness p50 "
         f"{m['clock_lateness_ms_p50']:.1f} / p95 {m['clock_lateness_ms_p95']:.1f} ms virtual; moto DynamoDB lock "
         f"busy {m['moto_dynamodb_lock_busy']:.0%} ({m['moto_dynamodb_ms_per_request_wall']:.1f} ms wall/request)"
@@ -1039,6 +1105,13 @@ def print_report(r: dict[str, Any]) -> None:
         print(
             f"  max_sessions binds: at most {t['bound_sessions_per_s']:.2f}/s (slots / mean agent delay); steady is "
             f"{t['steady_vs_bound']:.0%} of it"
+        )
+    b = t.get("slots_binding") or {}
+    if b:
+        print(
+            f"  once the slots bind      from {b['from_s']:.1f} s (running >= 95% of max_sessions) to the last new "
+            f"session at {b['to_s']:.1f} s: {b['new_sessions_per_s']:.2f} new sessions/s; running mean "
+            f"{b['mean_running']:.0f} ({b['mean_running_vs_max_sessions']:.1%} of max_sessions), min {b['min_running']}"
         )
     print(
         f"ACR                        invoke throttles {t['acr_throttles'] or 0} (injected stop faults "

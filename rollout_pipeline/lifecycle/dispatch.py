@@ -39,7 +39,7 @@ from rollout_pipeline.ledger.rollouts import (
     DispatchStart,
     LedgerError,
 )
-from rollout_pipeline.lifecycle import publishing
+from rollout_pipeline.lifecycle import publishing, release
 from rollout_pipeline.lifecycle.cancel import cancel_rollout
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.failures import end_attempt, fail_rollout
@@ -116,6 +116,8 @@ def dispatch_records(records: Sequence[Mapping[str, Any]], deps: LifecycleDeps, 
                 held.release()
 
     run_partial_batch([r for _o, r in ordered], handle, result, workers=workers, what="dispatch", logger=log)
+    for view in batches.views():
+        release.after_dispatch(deps, view)  # the queue drained: the release window may have room
     deps.metrics.sample(IN_FLIGHT, deps.slot_shards.in_flight())
     return result
 
@@ -147,6 +149,11 @@ class BatchReads:
             if batch_id not in self._items:
                 self._items[batch_id] = self._deps.ledger.batches.read_batch(batch_id)
             return self._items[batch_id]
+
+    def views(self) -> list[BatchView]:
+        """The batch views read so far (as read: their counters may be behind)."""
+        with self._lock:
+            return [view for view in self._items.values() if view is not None]
 
     def policy_version(self, batch_default: str | None) -> str | None:
         """The version to dispatch with: the experiment's current one (read once per SQS batch), else the batch's."""

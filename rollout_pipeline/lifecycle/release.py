@@ -1,6 +1,7 @@
-"""Where the release window advances in the lifecycle (`ledger.window`): after a terminal rollout, and in the
-sweep as a backstop (a crashed or failed releaser never stalls a batch). Both are best effort: a failure is logged
-and the next terminal rollout or sweep releases instead."""
+"""Where the release window advances in the lifecycle (`ledger.window`): after a terminal rollout, after a
+dispatcher's SQS batch (the queue drained), and in the sweep as a backstop (a crashed or failed releaser never stalls
+a batch). Each is best effort: a failure is logged and the next terminal rollout, dispatch or sweep releases
+instead."""
 
 from __future__ import annotations
 
@@ -49,6 +50,14 @@ def after_terminal(deps: LifecycleDeps, batch: BatchView | None) -> None:
         rel.release(batch)
     except Exception:  # the next terminal rollout, or the sweeper, releases instead
         log.exception("release of batch %s deferred", batch.batch_id)
+
+
+def after_dispatch(deps: LifecycleDeps, batch: BatchView | None) -> None:
+    """Rollouts of `batch` were taken from the queue: release if there is room. One release sends at most what
+    the dispatchers hold, so when rollouts last longer than it takes to start that many, the window has room long
+    before any of them ends; without this the dispatchers would wait for the first terminal rollout or the sweep.
+    `batch` may be a view read before the dispatches: its `terminal` can only be behind, which only hides room."""
+    after_terminal(deps, batch)
 
 
 @dataclass

@@ -390,3 +390,31 @@ def test_queries_do_not_read_the_rest_of_the_table(ddb: Any, monkeypatch: pytest
     for target in ("table", keys.DEADLINE_INDEX, keys.OUTBOX_INDEX):
         pages = _pages(ddb, _query_request(table, {**base, "target": target}))
         assert sum(page["Count"] for page in pages) == 1
+
+
+def test_a_partition_query_sorts_only_the_items_its_sort_key_condition_selects(
+    ddb: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """moto sorts its candidates before applying the sort key condition: a batch partition holds every rollout, so a
+    `begins_with` Query of its few counters must not hand moto the whole partition to sort (only what the condition
+    selects, and the nearest item on each side: moto's LastEvaluatedKey depends on them)."""
+    from rollout_pipeline.local import moto_server
+
+    table = new_table(ddb)
+    for i in range(30):
+        ddb.put_item(TableName=table, Item=_wire("B#a", f"R#{i}#0", None, None, None, None, 0))
+    ddb.put_item(TableName=table, Item=_wire("B#a", "G#1", None, None, None, None, 0))
+    handed: list[int] = []
+    moto_candidates = moto_server._Candidates.all_items
+
+    def recorded(self: Any) -> list[Any]:
+        items = moto_candidates(self)
+        handed.append(len(items))
+        return items
+
+    monkeypatch.setattr(moto_server._Candidates, "all_items", recorded)
+    base = {"limit": None, "forward": True, "filter": None, "select_count": False, "partition": 0, "target": "table"}
+    pages = _pages(ddb, _query_request(table, {**base, "range": "between"}))  # sort keys G#2 .. R#2#0
+    selected = [sk for sk in [f"R#{i}#0" for i in range(30)] + ["G#1"] if "G#2" <= sk <= "R#2#0"]
+    assert [item[keys.SK]["S"] for page in pages for item in page["Items"]] == sorted(selected)
+    assert handed == [len(selected) + 2], "moto was handed what the condition selects and its neighbours only"
