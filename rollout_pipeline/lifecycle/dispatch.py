@@ -393,8 +393,9 @@ def _invoke(
         # NotFound is no proof (AgentCore has answered it while the session kept running), and a Conflict or a
         # throttle is tried again: `stops.stop_session`, as every other stop.
         confirmed, _ = stops.stop_session(session_id, deps, max(wait_until, deps.clock.monotonic() + 5))
-        if not confirmed:
-            log.warning("session %s invoked after its rollout ended: its stop is not confirmed", session_id)
+        if not confirmed:  # the sweeper's outbox scan stops it later
+            log.warning("session %s invoked after its rollout ended: its stop is filed in the outbox", session_id)
+            deps.ledger.rollouts.file_stop(message.ref, session_id)
         after = deps.ledger.rollouts.get_rollout(message.batch_id, message.input_id, message.index)
         if after is not None and session_id in after.held_slots:
             deps.ledger.rollouts.release_stopped(after, session_id)
