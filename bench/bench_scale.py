@@ -892,6 +892,9 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
     ][:10]
     invoked = {c.session_id for c in calls if c.op == "invoke" and c.outcome not in ("throttled", "quota_exceeded")}
     never_stopped = len(invoked - fake.stopped)
+    counters.harness.on = True
+    unstopped = explain_unstopped(sorted(invoked - fake.stopped), calls, ledger, batch_id, fake, min(times, default=0))
+    counters.harness.on = False
     n = max(terminal, 1)
     # Hot items: transactions and plain writes per virtual second over the busy period, hold fraction.
     busy_s = (max(times) - min(times)) if len(times) > 1 else max(backlog_virtual, 1e-9)
@@ -996,6 +999,7 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
             "max_sessions": args.max_sessions,
             "stops_pending": pending,
             "never_stopped": never_stopped,
+            "never_stopped_sessions": unstopped,
         },
         "requests_per_rollout": {
             "dynamodb": ddb_total / n,
@@ -1030,6 +1034,52 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
         and fake.max_running <= args.max_sessions
     )
     return result
+
+
+def explain_unstopped(
+    sessions: list[str], calls: list[Any], ledger: Any, batch_id: str, fake: Any, t0: float
+) -> list[dict[str, Any]]:
+    """Each session the fake saw invoked and never stopped, with what the ledger says of its rollout (state,
+    attempt, outbox, held slots, stop tries) and the fake's calls for it (virtual s since the first session, op,
+    outcome): a run explains its own never-stopped sessions."""
+    from rollout_pipeline import ids
+
+    if not sessions:
+        return []
+    wanted = set(sessions)
+    owner: dict[str, Any] = {}
+    for rec in ledger.rollouts.batch_rollouts(batch_id):
+        for attempt in range(1, rec.attempt + 2):
+            sid = ids.session_id(rec.exp_id, batch_id, rec.input_id, rec.index, attempt)
+            if sid in wanted:
+                owner[sid] = (rec, attempt)
+    out = []
+    for sid in sessions:
+        rec, attempt = owner.get(sid, (None, None))
+        out.append(
+            {
+                "session_id": sid,
+                "session_attempt": attempt,
+                "reaped_by_idle_timeout": sid in fake.reaped,
+                "running_in_fake": sid in fake.running,
+                "ledger": None
+                if rec is None
+                else {
+                    "rollout": f"{rec.input_id}#{rec.index}",
+                    "state": str(rec.state),
+                    "attempt": rec.attempt,
+                    "session_id": rec.session_id,
+                    "reason": rec.reason,
+                    "outbox": sorted(rec.outbox),
+                    "stop_sessions": sorted(rec.stop_sessions),
+                    "held_slots": sorted(rec.held_slots),
+                    "stop_tries": rec.stop_tries,
+                    "stop_not_found": sorted(rec.stop_not_found),
+                },
+                "calls": [(round(c.at - t0, 3), c.op, c.outcome) for c in calls if c.session_id == sid],
+            }
+        )
+    return out
 
 
 def all_in_extras(counters: Counters, n: int) -> dict[str, float]:
@@ -1120,6 +1170,9 @@ def print_report(r: dict[str, Any]) -> None:
         f"(active {t['peak_active']}) / max_sessions "
         f"{t['max_sessions']}; stops pending {t['stops_pending']}, never stopped {t['never_stopped']}"
     )
+    for u in t.get("never_stopped_sessions") or []:
+        print(f"  never stopped {u['session_id']} (attempt {u['session_attempt']}): ledger {u['ledger']}")
+        print(f"    calls {u['calls']}")
     print(f"DynamoDB requests/rollout  {q['dynamodb']:.1f}")
     for title, table in (("by operation", "by_operation"), ("by item", "by_item"), ("by stage", "by_stage")):
         print(f"  {title:<12} " + ", ".join(f"{k} {v:.2f}" for k, v in q[table].items()))

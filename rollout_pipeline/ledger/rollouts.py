@@ -612,6 +612,21 @@ class RolloutLedger:
             names,
         )
 
+    def file_stop(self, ref: AttemptRef, session_id: str) -> None:
+        """Put a session whose stop is not confirmed into the rollout's outbox (`stop`, `stop_sessions`), whatever
+        state the rollout is in, so the sweeper's outbox scan stops it (`stops.finish_stops`). A new entry id: a
+        worker draining an older entry cannot clear this session with it."""
+        entry = self._outbox_values(ref)
+        self.table.update(
+            keys.rollout_key(ref.batch_id, ref.input_id, ref.index),
+            "SET #obpk = :obpk, #obsk = :obsk, outbox_id = :obid REMOVE outbox_lease "
+            "ADD outbox :stop, stop_sessions :s",
+            "attribute_exists(pk)",
+            {":obpk": entry[":obpk"], ":obsk": entry[":obsk"], ":obid": entry[":obid"], ":stop": {OUTBOX_STOP}}
+            | {":s": {session_id}},
+            {"#obpk": keys.OUTBOX_PK, "#obsk": keys.OUTBOX_SK},
+        )
+
     def outbox_done(self, rec: RolloutRecord, actions: frozenset[str]) -> None:
         """Take finished actions (publish, enqueue) out of the outbox while others (stop) are still pending."""
         if not actions or rec.outbox_id is None:

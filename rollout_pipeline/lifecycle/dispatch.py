@@ -17,7 +17,6 @@ that time is re-sent fresh (counted as a limit wait), never dropped.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import random
@@ -39,7 +38,7 @@ from rollout_pipeline.ledger.rollouts import (
     DispatchStart,
     LedgerError,
 )
-from rollout_pipeline.lifecycle import publishing, release
+from rollout_pipeline.lifecycle import publishing, release, stops
 from rollout_pipeline.lifecycle.cancel import cancel_rollout
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.failures import end_attempt, fail_rollout
@@ -58,7 +57,6 @@ from rollout_pipeline.ports import (
     RuntimeColdStart,
     RuntimeOutcomeUnknown,
     RuntimeRejected,
-    RuntimeSessionNotFound,
     RuntimeThrottled,
 )
 from rollout_pipeline.sqs_batch import message_id, run_partial_batch
@@ -391,9 +389,13 @@ def _invoke(
             return _rejected(message, deps, str(exc))
     if not deps.ledger.rollouts.mark_invoked(message.ref):
         # Cancelled (or already ended) while we invoked: no session may outlive its rollout. The transition that
-        # ended it may have tried the stop before the session existed (NotFound): this stop confirms it.
-        with contextlib.suppress(RuntimeSessionNotFound):
-            deps.limited.stop(session_id, wait_until=max(wait_until, deps.clock.monotonic() + 5))
+        # ended it may have tried the stop before the session existed (NotFound): this stop confirms it. One
+        # NotFound is no proof (AgentCore has answered it while the session kept running), and a Conflict or a
+        # throttle is tried again: `stops.stop_session`, as every other stop.
+        confirmed, _ = stops.stop_session(session_id, deps, max(wait_until, deps.clock.monotonic() + 5))
+        if not confirmed:  # the sweeper's outbox scan stops it later
+            log.warning("session %s invoked after its rollout ended: its stop is filed in the outbox", session_id)
+            deps.ledger.rollouts.file_stop(message.ref, session_id)
         after = deps.ledger.rollouts.get_rollout(message.batch_id, message.input_id, message.index)
         if after is not None and session_id in after.held_slots:
             deps.ledger.rollouts.release_stopped(after, session_id)

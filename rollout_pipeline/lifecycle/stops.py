@@ -89,9 +89,19 @@ def finish_stops(rec: RolloutRecord, deps: LifecycleDeps, wait_until: float | No
 
 
 def _stop(session_id: str, rec: RolloutRecord, deps: LifecycleDeps, wait_until: float | None) -> tuple[bool, bool]:
+    """One pass of stops of `session_id` for outbox entry `rec` (`stop_session`, its earlier NotFound kept)."""
+    return stop_session(
+        session_id, deps, wait_until, not_found_before=session_id in rec.stop_not_found, tries=rec.stop_tries + 1
+    )
+
+
+def stop_session(
+    session_id: str, deps: LifecycleDeps, wait_until: float | None, *, not_found_before: bool = False, tries: int = 1
+) -> tuple[bool, bool]:
     """One pass of stops of `session_id`: the first call and up to `len(PROMPT_RETRY_S)` prompt re-tries while
-    the wait budget allows. Returns (confirmed, answered NotFound at least once)."""
-    not_found = session_id in rec.stop_not_found
+    the wait budget allows; a NotFound confirms the stop only after an earlier one (`not_found_before` or in this
+    pass). Returns (confirmed, answered NotFound at least once)."""
+    not_found = not_found_before
     for pause in (0.0, *PROMPT_RETRY_S):
         if pause:
             if wait_until is not None and deps.clock.monotonic() + pause >= wait_until:
@@ -106,5 +116,5 @@ def _stop(session_id: str, rec: RolloutRecord, deps: LifecycleDeps, wait_until: 
             not_found = True
         except (RuntimeThrottled, RuntimeRejected) as exc:
             deps.metrics.count(STOP_FAILED)
-            log.info("stop of session %s failed (pass %s): %s", session_id, rec.stop_tries + 1, exc)
+            log.info("stop of session %s failed (pass %s): %s", session_id, tries, exc)
     return False, not_found
