@@ -396,6 +396,7 @@ def _invoke(
         if not confirmed:  # the sweeper's outbox scan stops it later
             log.warning("session %s invoked after its rollout ended: its stop is filed in the outbox", session_id)
             deps.ledger.rollouts.file_stop(message.ref, session_id)
+            return Dispatch.STOPPED_LATE  # its slot, if held, is released with the confirmed stop
         after = deps.ledger.rollouts.get_rollout(message.batch_id, message.input_id, message.index)
         if after is not None and session_id in after.held_slots:
             deps.ledger.rollouts.release_stopped(after, session_id)
