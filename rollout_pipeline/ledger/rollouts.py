@@ -160,6 +160,16 @@ class RolloutLedger:
         reasons = self.table.transact(items, attempts=CONFLICT_RETRIES)
         return None if reasons is None else reason_codes(reasons)
 
+    def _transact_guarded(self, items: Sequence[Mapping[str, Any]], what: str) -> bool:
+        """Run a transaction whose first item carries the condition that decides it: True when it committed, False
+        when that condition failed (someone else did it first); any other cancellation raises `LedgerError`."""
+        reasons = self._transact(items)
+        if reasons is None:
+            return True
+        if reasons[0] == "ConditionalCheckFailed":
+            return False
+        raise LedgerError(f"{what} cancelled: {reasons}")
+
     def begin_dispatch(
         self,
         *,
@@ -391,12 +401,7 @@ class RolloutLedger:
         ]
         if from_state == DISPATCHED and not hold:
             items.append(self.limits.release_slot(slot_holder(ref)))
-        reasons = self._transact(items)
-        if reasons is None:
-            return True
-        if reasons[0] == "ConditionalCheckFailed":
-            return False
-        raise LedgerError(f"terminal transaction for {ref.batch_id}/{ref.rollout_id} cancelled: {reasons}")
+        return self._transact_guarded(items, f"terminal transaction for {ref.batch_id}/{ref.rollout_id}")
 
     def _terminal_update(
         self,
@@ -582,12 +587,9 @@ class RolloutLedger:
         if not held:
             return self.table.update(key, update, condition, values, names) is not None
         op = self.table.update_op(key, update, condition, values, names)
-        reasons = self._transact([{"Update": op}, self.limits.release_slot(session_id)])
-        if reasons is None:
-            return True
-        if reasons[0] == "ConditionalCheckFailed":
-            return False
-        raise LedgerError(f"slot release for {session_id} cancelled: {reasons}")
+        return self._transact_guarded(
+            [{"Update": op}, self.limits.release_slot(session_id)], f"slot release for {session_id}"
+        )
 
     def note_stop_failed(self, rec: RolloutRecord, *, next_epoch: int, not_found: Sequence[str] = ()) -> None:
         """Stops of this entry failed: count the try, remember first NotFound answers, take the entry's finished

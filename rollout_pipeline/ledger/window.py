@@ -2,8 +2,9 @@
 released and not yet terminal, so whatever order the queue delivers in, its reordering stays within the window.
 
 Ingestion records each chunk's accepted groups as pending (`ReleaseLedger.add_pending`) instead of sending them,
-then releases; completion releases after a terminal rollout (`after_terminal`), and the sweeper as a backstop
-(`ReleaseLedger.due`). One release (`Releaser.release`):
+then releases; completion releases after a terminal rollout and a dispatcher after its SQS batch
+(`lifecycle.release.release_if_room`), and the sweeper as a backstop (`ReleaseLedger.due`).
+One release (`Releaser.release`):
 
 1. room = window - (released - terminal): rollouts of the batch in the queue, waiting or running. Nothing happens
    while the room is below `min_release` (a quarter of the window, at most 16: one release per chunk of groups,

@@ -115,7 +115,7 @@ def dispatch_records(records: Sequence[Mapping[str, Any]], deps: LifecycleDeps, 
 
     run_partial_batch([r for _o, r in ordered], handle, result, workers=workers, what="dispatch", logger=log)
     for view in batches.views():
-        release.after_dispatch(deps, view)  # the queue drained: the release window may have room
+        release.release_if_room(deps, view)  # the queue drained: the release window may have room
     deps.metrics.sample(IN_FLIGHT, deps.slot_shards.in_flight())
     return result
 

@@ -94,7 +94,7 @@ def completion_details(rec: RolloutRecord, deps: LifecycleDeps) -> list[Any]:
         batch_detail = batch_completion_detail(claimed) if claimed is not None else None
         if batch_detail is not None:
             details.append(batch_detail)
-    release.after_terminal(deps, batch)  # the release window may have room now (`ledger.window`)
+    release.release_if_room(deps, batch)  # the release window may have room now (`ledger.window`)
     return details
 
 

@@ -38,9 +38,12 @@ def _new_releaser(deps: LifecycleDeps) -> Releaser:
     return Releaser(deps.ledger.release, deps.queue, deps.settings.rollout_queue_url, most=max_release(deps.config))
 
 
-def after_terminal(deps: LifecycleDeps, batch: BatchView | None) -> None:
-    """A rollout of `batch` (its view, read after the rollout became terminal) ended: release if there is room.
-    No read at all when this process's last view of the cursor already shows there is none."""
+def release_if_room(deps: LifecycleDeps, batch: BatchView | None) -> None:
+    """Release rollouts of `batch` if the window has room: after one of them ended (its view read after), and after
+    a dispatcher's SQS batch (a view read before its dispatches: its `terminal` can only be behind, which only hides
+    room; one release sends at most what the dispatchers hold, so rollouts longer than it takes to start that many
+    would otherwise wait for the first terminal rollout or the sweep). No read at all when this process's last view
+    of the cursor already shows there is none."""
     if batch is None:
         return
     rel = releaser(deps)
@@ -50,14 +53,6 @@ def after_terminal(deps: LifecycleDeps, batch: BatchView | None) -> None:
         rel.release(batch)
     except Exception:  # the next terminal rollout, or the sweeper, releases instead
         log.exception("release of batch %s deferred", batch.batch_id)
-
-
-def after_dispatch(deps: LifecycleDeps, batch: BatchView | None) -> None:
-    """Rollouts of `batch` were taken from the queue: release if there is room. One release sends at most what
-    the dispatchers hold, so when rollouts last longer than it takes to start that many, the window has room long
-    before any of them ends; without this the dispatchers would wait for the first terminal rollout or the sweep.
-    `batch` may be a view read before the dispatches: its `terminal` can only be behind, which only hides room."""
-    after_terminal(deps, batch)
 
 
 @dataclass

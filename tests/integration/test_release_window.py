@@ -226,7 +226,7 @@ def test_a_cursor_left_open_by_a_drained_ingestion_is_closed_by_the_sweeper(
     queue = RecordingQueue(resources.rollout_queue_url)
     batch_id = ingest(resources, queue, rows_accepted=2)
     deps = lifecycle(resources, fake, queue)
-    monkeypatch.setattr(release, "after_terminal", lambda _deps, _batch: None)
+    monkeypatch.setattr(release, "release_if_room", lambda _deps, _batch: None)
     run_until_quiet(resources, deps, queue)
     monkeypatch.undo()
     assert batch_view(resources, batch_id).terminal == 4
