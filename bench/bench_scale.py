@@ -521,16 +521,16 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
     from rollout_pipeline.local.resources import create_resources
 
     if args.poll_s:
-        from rollout_pipeline.lifecycle import limits
+        from rollout_pipeline.lifecycle.limits import admission as limits
 
         lo, hi = (float(x) for x in args.poll_s.split(":"))
         limits.jitter_poll_s = lambda: random.uniform(lo, hi)  # type: ignore[assignment]
     if args.settle_s is not None:
-        from rollout_pipeline.lifecycle import limits
+        from rollout_pipeline.lifecycle.limits import admission as limits
 
         limits.BOARD_SETTLE_S = args.settle_s  # type: ignore[misc]
     if args.lead_poll_s or args.lead_ranks is not None:
-        from rollout_pipeline.lifecycle import limits
+        from rollout_pipeline.lifecycle.limits import admission as limits
 
         if args.lead_poll_s:
             limits.LEAD_POLL_S = tuple(float(x) for x in args.lead_poll_s.split(":"))  # type: ignore[misc]

@@ -38,7 +38,7 @@ SESSION_SHARDS: Final = 32
 #: The experiment's current policy version (set by the trainer; stamped on each rollout at dispatch).
 POLICY_SK: Final = "POLICY"
 TPS_PREFIX: Final = "TPS#"
-#: WAIT#{process}: the admission board, one item per dispatcher process with waiters (`lifecycle.limits.SlotGate`).
+#: WAIT#{process}: the admission board, one item per dispatcher process with waiters (`lifecycle.limits.admission.SlotGate`).
 WAIT_PREFIX: Final = "WAIT#"
 
 DEADLINE_INDEX: Final = "deadline"
@@ -130,7 +130,7 @@ def tps_key(epoch_second: int) -> dict[str, dict[str, str]]:
 
 
 def pace_key(budget: str) -> dict[str, dict[str, str]]:
-    """The schedule item of one call budget (`lifecycle.limits.Pacer`): `tps`, `session#0`, `session#1`, ..."""
+    """The schedule item of one call budget (`lifecycle.limits.pacing.Pacer`): `tps`, `session#0`, `session#1`, ..."""
     return {PK: {"S": LIMIT_PK}, SK: {"S": f"PACE#{budget}"}}
 
 

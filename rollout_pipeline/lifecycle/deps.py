@@ -9,15 +9,9 @@ from datetime import datetime
 from rollout_pipeline.config import ExperimentConfig, HandlerSettings
 from rollout_pipeline.contracts.attempts import attempt_token
 from rollout_pipeline.ledger.ledger import Ledger
-from rollout_pipeline.lifecycle.limits import (
-    AdmissionBoard,
-    LimitedRuntime,
-    SessionRoom,
-    SlotGate,
-    SlotShards,
-    dedicated_session_share,
-    pacers,
-)
+from rollout_pipeline.lifecycle.limits.admission import AdmissionBoard, SessionRoom, SlotGate
+from rollout_pipeline.lifecycle.limits.pacing import LimitedRuntime, dedicated_session_share, pacers
+from rollout_pipeline.lifecycle.limits.slots import SlotShards
 from rollout_pipeline.lifecycle.metrics import MetricsRecorder
 from rollout_pipeline.ports import AgentRuntime, Clock, EventPublisher, MessageQueue, ObjectStore, SystemClock
 

@@ -42,7 +42,8 @@ from rollout_pipeline.lifecycle import publishing, release, stops
 from rollout_pipeline.lifecycle.cancel import cancel_rollout
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.failures import end_attempt, fail_rollout
-from rollout_pipeline.lifecycle.limits import Held, NoCallBudget
+from rollout_pipeline.lifecycle.limits.admission import Held
+from rollout_pipeline.lifecycle.limits.pacing import NoCallBudget
 from rollout_pipeline.lifecycle.metrics import (
     COLD_START_RETRIED,
     IN_FLIGHT,

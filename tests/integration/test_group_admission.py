@@ -16,7 +16,8 @@ from rollout_pipeline import ids
 from rollout_pipeline.fakes.acr import AgentBehaviour, FakeAgentRuntime, FakeInvocation
 from rollout_pipeline.lifecycle.completion import complete_records
 from rollout_pipeline.lifecycle.dispatch import dispatch_records
-from rollout_pipeline.lifecycle.limits import ADMIT_AHEAD_S, LATENESS_S
+from rollout_pipeline.lifecycle.limits.admission import ADMIT_AHEAD_S
+from rollout_pipeline.lifecycle.limits.pacing import LATENESS_S
 from rollout_pipeline.local.resources import ExperimentResources
 from tests.conftest import receive_all
 from tests.integration.lifecycle_support import (

@@ -17,7 +17,7 @@ import pytest
 
 from rollout_pipeline.config import ExperimentConfig
 from rollout_pipeline.ledger.ledger import Ledger
-from rollout_pipeline.lifecycle.limits import LimitedRuntime, Pacer, dedicated_session_share, pacers
+from rollout_pipeline.lifecycle.limits.pacing import LimitedRuntime, Pacer, dedicated_session_share, pacers
 from rollout_pipeline.local.moto_server import local_aws_environ, moto_server, patched_environ
 
 pytestmark = pytest.mark.timing
@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 WORKER = """
 import json, sys, threading, time
 from rollout_pipeline.ledger.ledger import Ledger
-from rollout_pipeline.lifecycle.limits import Pacer
+from rollout_pipeline.lifecycle.limits.pacing import Pacer
 table, budget, limit, threads, calls = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 ledger = Ledger.open(table).limits
 pacer = Pacer(ledger, budget, limit)
