@@ -38,7 +38,8 @@ SESSION_SHARDS: Final = 32
 #: The experiment's current policy version (set by the trainer; stamped on each rollout at dispatch).
 POLICY_SK: Final = "POLICY"
 TPS_PREFIX: Final = "TPS#"
-#: WAIT#{process}: the admission board, one item per dispatcher process with waiters (`lifecycle.limits.admission.SlotGate`).
+#: WAIT#{process}: the admission board, one item per dispatcher process with waiters
+#: (`lifecycle.limits.admission.SlotGate`).
 WAIT_PREFIX: Final = "WAIT#"
 
 DEADLINE_INDEX: Final = "deadline"

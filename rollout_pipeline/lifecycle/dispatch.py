@@ -202,7 +202,7 @@ def dispatch_body(
             session_id=message.session_id,
             submitted_at=iso(message.submitted_at),
             deadline=int((deps.now() + timedelta(seconds=options.rollout_timeout_s)).timestamp()),
-            max_sessions=deps.config.max_sessions,
+            max_sessions=deps.max_sessions(),
             policy_version=batches.policy_version(options.policy_version),
             batch_policy_version=options.policy_version,
             slot_shard=shard,

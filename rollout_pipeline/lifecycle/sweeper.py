@@ -6,7 +6,8 @@ Else one transaction: a new attempt (queued n+1, outbox `enqueue`) while attempt
 `Rollout Failed` (timeout); either way the old session's slot is held and its stop is in the outbox. Then the
 outbox is drained (retry message sent, event published, session stopped: `lifecycle.stops`). Outbox: entries
 older than `deps.outbox_age_s` are drained. Every step is conditional on `(state, attempt)`, so repeated or
-concurrent sweeps change nothing twice. Last, the release window's backstop (`lifecycle.release.sweep_releases`).
+concurrent sweeps change nothing twice. Then the release window's backstop (`lifecycle.release.sweep_releases`),
+and last a heartbeat to the account pool with the sessions in flight (`limits.pool.CapacityLease.heartbeat`).
 """
 
 from __future__ import annotations
@@ -92,8 +93,23 @@ def sweep(
     clear_log_ids()
     swept = release.sweep_releases(deps)
     report.released = swept.rollouts + swept.recovered
-    deps.metrics.sample(IN_FLIGHT, deps.ledger.limits.in_flight())
+    in_flight = deps.slot_shards.in_flight()
+    deps.metrics.sample(IN_FLIGHT, in_flight)
+    _heartbeat(deps, report)
     return report
+
+
+def _heartbeat(deps: LifecycleDeps, report: SweepResult) -> None:
+    """Tell the account pool this experiment is alive, with its sessions in flight (just read): they keep counting
+    against the account's active sessions while nothing else of the experiment runs."""
+    if deps.lease is None:
+        return
+    try:
+        deps.lease.heartbeat()
+    except Exception as exc:  # the pool's heartbeat must not fail the sweep
+        log.warning("account pool heartbeat failed: %s", exc)
+        report.errors.append(f"pool heartbeat: {exc}")
+        deps.metrics.count(SWEEP_ERRORS)
 
 
 def _options(

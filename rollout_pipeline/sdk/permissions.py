@@ -22,6 +22,7 @@ ResourceKind = Literal[
     "rollout_queue",
     "trainer_queue",
     "ledger",
+    "pool",
     "bus",
     "runtime",
     "subscription_queues",
@@ -44,6 +45,8 @@ TRAINER_ACTIONS: Final[Mapping[ResourceKind, tuple[str, ...]]] = {
         "sqs:GetQueueAttributes",
     ),
     "ledger": access.LEDGER_ITEM_ACTIONS,
+    # The account pool's one item: `Experiment.capacity` reads it, a cancel's stops renew the experiment's lease.
+    "pool": access.POOL_ITEM_ACTIONS,
     "bus": ("events:PutEvents",),  # submit publishes Batch Accepted; cancel publishes the failures
     "runtime": ("bedrock-agentcore:StopRuntimeSession",),  # cancel stops running sessions
     # Private subscriptions (`Experiment.tap`, the ART backend's per-process queue): `{bus}-tap-*`, `{bus}-art-*`.

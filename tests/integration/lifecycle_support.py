@@ -278,11 +278,14 @@ def make_deps(
     from rollout_pipeline.adapters.s3 import S3ObjectStore
     from rollout_pipeline.adapters.sqs import SqsQueue
     from rollout_pipeline.ledger.ledger import Ledger
+    from rollout_pipeline.ledger.pool import PoolLedger
 
     settings = resources.settings()
     if limits:
         settings = settings.model_copy(update={"experiment": settings.experiment.model_copy(update=dict(limits))})
     clock = clock or ShiftedClock()
+    if "pool" not in overrides and settings.pool_table_name:  # the account pool, as a deployed stack has
+        overrides["pool"] = PoolLedger.open(settings.pool_table_name, clock=clock, region=resources.region)
     return LifecycleDeps(
         settings=settings,
         ledger=Ledger.open(settings.table_name, clock=clock),

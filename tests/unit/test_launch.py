@@ -341,7 +341,7 @@ def test_the_preflight_runs_on_the_settings_before_the_stack_is_read(
         deploy.deploy(yes=True)
     assert seen[0]["group_size"] == "3"
     assert seen[0]["experiment"] == "t1"
-    assert seen[0]["tps_limit"] == 25, "cdk.json's context underneath"
+    assert seen[0]["max_sessions"] == 100, "cdk.json's context underneath"
     assert project.calls() == []
 
 

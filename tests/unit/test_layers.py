@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parents[2]
 PACKAGE = "rollout_pipeline"
 
 #: The base every layer may use; it imports nothing above it.
-BASE = ("contracts", "config", "ids", "ports", "metric_names")
+BASE = ("contracts", "config", "ids", "ports", "metric_names", "quotas")
 #: What only tests, benchmarks and local mode run on.
 TEST_ONLY = ("fakes",)
 #: Library areas and what each may never import (areas are the first name under `rollout_pipeline`).
@@ -35,7 +35,8 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
 ROOT_MAY_IMPORT: dict[str, frozenset[str]] = {
     "metric_names": frozenset(),
     "ids": frozenset(),
-    "config": frozenset({"metric_names"}),
+    "quotas": frozenset(),
+    "config": frozenset({"metric_names", "quotas"}),
     "ports": frozenset({"contracts"}),
     "contracts": frozenset({"config", "ids", "ports"}),
     "topology": frozenset(BASE),

@@ -32,13 +32,19 @@ ADMIT_AHEAD_S: Final = 2.0
 
 
 class SessionRoom:
-    """Room for new sessions in one `session#{endpoint}` budget within `ahead_s`, as this process knows it: its
-    reads of the schedule, its own reservations, and the sessions it let through since."""
+    """Room for new sessions in the session budget within `ahead_s`, as this process knows it: its reads of the
+    schedule, its own reservations, and the sessions it let through since. `session`: the budget, or a function
+    giving the one that applies now (`LimitedRuntime.room_pacer`: None when no single budget does, i.e. several
+    endpoints each with their own; then the room never holds anything back)."""
 
-    def __init__(self, session: Pacer, ahead_s: float = ADMIT_AHEAD_S) -> None:
-        self.session = session
+    def __init__(self, session: Pacer | Callable[[], Pacer | None], ahead_s: float = ADMIT_AHEAD_S) -> None:
+        self._session = session
         self.ahead_s = ahead_s
         self._lock = threading.Lock()
+
+    @property
+    def session(self) -> Pacer | None:
+        return self._session if isinstance(self._session, Pacer) else self._session()
 
     def claim(self) -> bool:
         """For a newly received rollout: True (and the room counted as taken) if the session budget is idle (its
@@ -46,26 +52,49 @@ class SessionRoom:
         gate, which admits up to `ahead_s`: so processes that start at once let through one rollout each, not a
         horizon's worth each in no particular order."""
         with self._lock:
-            self.session.read_tat()
-            if self.session.room(0.0) <= 0:
+            session = self.session
+            if session is None:
+                return True
+            session.read_tat()
+            if session.room(0.0) <= 0:
+                _note_backlog(session)
                 return False
-            self.session.promise(1)
+            session.promise(1)
             return True
 
     def read(self) -> int:
         """Room now (reads the schedule)."""
         with self._lock:
-            self.session.read_tat()
-            return self.session.room(self.ahead_s)
+            session = self.session
+            if session is None:
+                return UNBOUNDED_ROOM
+            session.read_tat()
+            room = session.room(self.ahead_s)
+            if room <= 0:
+                _note_backlog(session)
+            return room
 
     def promise(self, sessions: int) -> None:
         """`sessions` waiters were let through: count them in the known schedule."""
         with self._lock:
-            self.session.promise(sessions)
+            session = self.session
+            if session is not None:
+                session.promise(sessions)
 
     def next_room_s(self) -> float:
         """Seconds until the known schedule has room for one more session."""
-        return self.session.next_room_s(self.ahead_s)
+        session = self.session
+        return 0.0 if session is None else session.next_room_s(self.ahead_s)
+
+
+#: The room of no single budget (several endpoints each with its own): it holds nothing back.
+UNBOUNDED_ROOM: Final = 1_000_000
+
+
+def _note_backlog(session: Pacer) -> None:
+    """Rollouts wait for the session budget's room: a leased budget asks for all it can get at its next renewal."""
+    if session.lease is not None:
+        session.lease.note_backlog()
 
 
 #: A process's entry on the admission board older than this is ignored (its process crashed or stalled), so a dead
@@ -174,7 +203,7 @@ class SlotGate:
     def __init__(
         self,
         in_flight: Callable[[], int],
-        max_sessions: int,
+        max_sessions: int | Callable[[], int],
         *,
         board: AdmissionBoard | None = None,
         room: SessionRoom | None = None,
@@ -184,7 +213,8 @@ class SlotGate:
     ) -> None:
         self._in_flight = in_flight
         self._in_flight_and_board = in_flight_and_board if board is not None else None
-        self.max_sessions = max_sessions
+        #: `max_sessions`, or a function giving it now (the account pool's grant of active sessions).
+        self._max_sessions = max_sessions
         self.board = board
         self.room = room
         self._monotonic = monotonic
@@ -202,6 +232,10 @@ class SlotGate:
         #: When the current burst began (monotonic; None: nothing held yet) and when the last one ended.
         self._burst_since: float | None = None
         self._empty_since: float | None = None
+
+    def max_sessions(self) -> int:
+        value = self._max_sessions
+        return value if isinstance(value, int) else value()
 
     def hold(self, keys: Sequence[str]) -> list[Held]:
         """Rollouts just received (their admission keys), before any of them is decided: they go on the board at
@@ -363,7 +397,7 @@ class SlotGate:
                 self._publish()  # this process's waiters as they are now (changed, or the heartbeat)
             in_flight, board_age_s = self._read()
             pause, lead = self._pace()
-            free = self.max_sessions - in_flight
+            free = self.max_sessions() - in_flight
             if free > 0 and self.room is not None:
                 free = min(free, self.room.read())
                 if free <= 0:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from rollout_pipeline.ledger import keys
 from rollout_pipeline.ledger.limits import LimitLedger, shard_cap
@@ -25,12 +25,32 @@ class SlotShards:
     dispatches over 16 counters met on one ~3 times per batch). The transaction stays the arbiter: a counter found
     full is marked so and another is chosen."""
 
-    def __init__(self, ledger: LimitLedger, max_sessions: int, *, rng: random.Random | None = None) -> None:
+    def __init__(
+        self, ledger: LimitLedger, max_sessions: int | Callable[[], int], *, rng: random.Random | None = None
+    ) -> None:
         self.ledger = ledger
-        self._caps = [shard_cap(max_sessions, i) for i in range(keys.SESSION_SHARDS)]
+        #: `max_sessions`, or a function giving it now (the account pool's grant of active sessions can change).
+        self._max_sessions = max_sessions
+        self._sized = self.max_sessions()
+        self._caps = caps(self._sized)
         self._room = list(self._caps)  # until the first read: every counter empty
         self._cursor = (rng or random).randrange(keys.SESSION_SHARDS)
         self._lock = threading.Lock()
+        #: The sessions in flight by the latest read (the account pool's heartbeat reports it).
+        self.last_in_flight = 0
+
+    def max_sessions(self) -> int:
+        """Sessions the experiment may hold now: the caps sum to it."""
+        value = self._max_sessions
+        return value if isinstance(value, int) else value()
+
+    def _resize(self) -> None:
+        """New caps when `max_sessions()` changed (under the lock): the rooms follow them."""
+        sized = self.max_sessions()
+        if sized != self._sized:
+            new = caps(sized)
+            self._room = [room + new_cap - cap for room, new_cap, cap in zip(self._room, new, self._caps, strict=True)]
+            self._caps, self._sized = new, sized
 
     def in_flight(self) -> int:
         """Read every counter (one Query): the sessions in flight; refreshes the view."""
@@ -44,12 +64,15 @@ class SlotShards:
 
     def _absorb(self, counts: Sequence[int]) -> int:
         with self._lock:
+            self._resize()
             self._room = [cap - count for cap, count in zip(self._caps, counts, strict=True)]
+            self.last_in_flight = sum(counts)
         return sum(counts)
 
     def choose(self) -> int:
         """The next counter with room by the view in this process's rotation; the next with a cap when none has."""
         with self._lock:
+            self._resize()
             for usable in (self._room, self._caps):
                 for step in range(keys.SESSION_SHARDS):
                     shard = (self._cursor + step) % keys.SESSION_SHARDS
@@ -72,3 +95,8 @@ class SlotShards:
         """Free slots by the view (no read)."""
         with self._lock:
             return sum(max(0, room) for room in self._room)
+
+
+def caps(max_sessions: int) -> list[int]:
+    """Every counter's cap for `max_sessions` (`ledger.limits.shard_cap`: they sum to it)."""
+    return [shard_cap(max_sessions, i) for i in range(keys.SESSION_SHARDS)]
