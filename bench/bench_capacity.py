@@ -222,12 +222,41 @@ def run(
     if pooled:
         _count_pool_writes(pool_writes)
     probe = LatenessProbe()
+    grants: list[tuple[float, dict[str, tuple[float, float]]]] = []
+    if pooled:
+        pool_reader = PoolLedger.open(topology_pool_table())
+
+        def sample_grants() -> None:
+            for _ in range(100_000):
+                if stop.is_set():
+                    return
+                counters.harness.on = True
+                try:
+                    state = pool_reader.read()
+                finally:
+                    counters.harness.on = False
+                now = time.time()
+                grants.append(
+                    (
+                        now - started_at,
+                        {
+                            n: (
+                                m.lease("sessions").rate if m.lease("sessions").until > now else 0.0,
+                                m.lease("sessions").demand,
+                            )
+                            for n, m in state.members.items()
+                        },
+                    )
+                )
+                time.sleep(1.0)
 
     def releasing(rig: Rig, batch: str) -> Any:
         return lambda: rig.release(batch, inputs, group_size)
 
     threads = [t for name, rig in rigs.items() for t in rig.threads(releasing=releasing(rig, batch_of(name)))]
     threads.append(threading.Thread(target=probe.run, name="bench-probe", daemon=True))
+    if pooled:
+        threads.append(threading.Thread(target=sample_grants, name="bench-grants", daemon=True))
     ideal_s = len(names) * inputs * group_size / (QUOTA_SESSIONS * (1 - args.reserve))
     events: dict[str, float] = {}
     outside = Outside(fake, args.outside_rate)
@@ -322,9 +351,16 @@ def run(
             "moto_dynamodb_lock_busy": MOTO_TIME["dynamodb"][0] / max(wall_s, 1e-9),
         },
         retries=retry.stats.total,
+        grants=grants,
         pooled=pooled,
         budget=settings.budget("sessions"),
     )
+
+
+def topology_pool_table() -> str:
+    from rollout_pipeline.topology import POOL_TABLE_NAME
+
+    return POOL_TABLE_NAME
 
 
 def _terminal(rig: Rig, batch_id: str) -> int:
@@ -444,6 +480,10 @@ def figures(**kw: Any) -> dict[str, Any]:
         "throttles_pipeline_by_kind": dict(throttled),
         "share_error_max": max(share_errors) if share_errors else float("nan"),
         "share_windows": len(share_errors) // max(1, len(rigs)),
+        "rates_backlogged": {
+            e: sum(1 for s in ts if lo <= s < hi) / max(1e-9, hi - lo) for e, ts in by_exp.items()
+        },
+        "backlogged_window_s": [lo, hi],
         "shares": {e: len(ts) for e, ts in by_exp.items()},
         "pool_use": steady / budget,
         "pipeline_sessions_per_s": steady,
@@ -455,7 +495,11 @@ def figures(**kw: Any) -> dict[str, Any]:
         "busiest_data_plane_second": sliding_max([c.at for c in calls if c.op in ("invoke", "stop")]),
         "peak_active": fake.max_active,
         "requests_per_rollout": sum(kw["counters"].ops.values()) / n,
-        "requests_by_item": {k: v / n for k, v in kw["counters"].items.most_common(12)},
+        "requests_by_item": {k: v / n for k, v in kw["counters"].items.most_common(14)},
+        "requests_by_operation": {k: v / n for k, v in kw["counters"].ops.most_common()},
+        "capacity_units_by_caller": {
+            k: v / n for k, v in kw["counters"].capacity_callers.most_common(16) if v / n >= 0.05
+        },
         "conflict_retries_per_rollout": kw["retries"] / n,
         "conflicts_by_item": dict(kw["log"].conflicts_by_item.most_common()),
         "sessions_never_stopped": len(
@@ -463,9 +507,16 @@ def figures(**kw: Any) -> dict[str, Any]:
             - fake.stopped
         ),
         "pool_writes_per_s": _busiest_rate(kw["pool_writes"]),
+        "lease_renewals": dict(
+            sum(
+                (d.lease.stats for r in rigs.values() for d in (r.deps, *r.dispatch_deps) if d.lease is not None),
+                Counter(),
+            )
+        ),
         "busiest_items": _busiest_items(kw["profile"], kw["log"], all_starts),
         "machine": kw["machine"],
         "events_s": {k: v - t0 for k, v in events.items()},
+        "grants_sampled": [(round(at, 1), {n: (round(r, 2), d) for n, (r, d) in g.items()}) for at, g in kw["grants"]],
     }
     out.update(_rebalance(by_exp, events, t0, steady, weights))
     out.update(_backoff(all_starts, kw["outside"], events, t0, steady))
@@ -603,9 +654,11 @@ def print_report(mode: str, r: dict[str, Any]) -> None:
             f"({r['throttles_outside_after_backoff_share']:.1%}); pipeline meanwhile "
             f"{r['pipeline_sessions_per_s_with_outside']:.2f}/s; climb back {r['climb_back_s']:.2f} s"
         )
-    print(f"pool item writes         {r['pool_writes_per_s']}")
+    print(f"pool item writes         {r['pool_writes_per_s']}; lease renewals {r.get('lease_renewals')}")
     print("busiest items            " + "; ".join(str(i) for i in r["busiest_items"]))
     print("requests by item         " + ", ".join(f"{k} {v:.2f}" for k, v in r["requests_by_item"].items()))
+    print("  by operation           " + ", ".join(f"{k} {v:.2f}" for k, v in r["requests_by_operation"].items()))
+    print("  units by caller        " + ", ".join(f"{k} {v:.2f}" for k, v in r["capacity_units_by_caller"].items()))
     print(f"ok                       {r['ok']}")
 
 

@@ -32,6 +32,8 @@ class PaceView:
     lease_until_us: int = 0
     lease_version: int = 0
     booked: int = 0
+    #: The active sessions granted with the lease (the data-plane schedule carries it), 0 when none was.
+    active: int = 0
 
     @classmethod
     def of(cls, item: Mapping[str, Any] | None) -> PaceView:
@@ -43,6 +45,7 @@ class PaceView:
             lease_until_us=int(item.get("lease_until") or 0),
             lease_version=int(item.get("lease_version") or 0),
             booked=int(item.get("n") or 0),
+            active=int(item.get("active") or 0),
         )
 
 
@@ -253,7 +256,14 @@ class LimitLedger:
         return out
 
     def set_pace_lease(
-        self, budget: str, *, interval_us: int, lease_until_us: int, version: int, booked_until_us: int
+        self,
+        budget: str,
+        *,
+        interval_us: int,
+        lease_until_us: int,
+        version: int,
+        booked_until_us: int,
+        active: int | None = None,
     ) -> bool:
         """Give a paced budget the spacing and lease the pool granted at `version`: only if no later grant was
         written (`lease_version`) and no start was booked after `booked_until_us` (the pool counted the old grant
@@ -261,7 +271,8 @@ class LimitLedger:
         return (
             self.table.update(
                 keys.pace_key(budget),
-                "SET interval_us = :iv, lease_until = :lu, lease_version = :v, expires_at = :exp",
+                "SET interval_us = :iv, lease_until = :lu, lease_version = :v, expires_at = :exp"
+                + ("" if active is None else ", active = :active"),
                 "(attribute_not_exists(lease_version) OR lease_version < :v) "
                 "AND (attribute_not_exists(last_start) OR last_start <= :booked)",
                 {
@@ -270,6 +281,7 @@ class LimitLedger:
                     ":v": version,
                     ":booked": booked_until_us,
                     ":exp": lease_until_us // 1_000_000 + PACE_TTL_S,
+                    **({} if active is None else {":active": active}),
                 },
             )
             is not None

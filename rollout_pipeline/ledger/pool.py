@@ -73,6 +73,8 @@ class Member:
     counted_at: float = 0.0
     #: Throttles AgentCore answered it (rate exceeded), in all.
     throttles: int = 0
+    #: When a renewal last saw it with a backlog (epoch s): it keeps asking for all it can get a little while.
+    backlog_at: float = 0.0
     #: The pool version its entry was written at (its schedule items carry it: `LimitLedger.set_pace_lease`).
     version: int = 0
 
@@ -227,6 +229,7 @@ def _member_values(member: Member, *, version: int) -> dict[str, Any]:
         "calls": member.calls,
         "counted_at": member.counted_at,
         "throttles": member.throttles,
+        "backlog_at": member.backlog_at,
         "version": version,
     }
 
@@ -286,6 +289,7 @@ def _member(name: str, raw: Mapping[str, Any]) -> Member:
         calls=int(raw.get("calls", 0)),
         counted_at=float(raw.get("counted_at", 0.0)),
         throttles=int(raw.get("throttles", 0)),
+        backlog_at=float(raw.get("backlog_at", 0.0)),
         version=int(raw.get("version", 0)),
     )
 

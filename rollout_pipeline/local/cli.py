@@ -16,7 +16,20 @@ EXIT_FAILED = 1
 
 
 def _add_pipeline_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--experiment", default="local-demo", help="local experiment name (default: local-demo)")
+    parser.add_argument(
+        "--experiment",
+        action="append",
+        metavar="NAME",
+        help="local experiment name (default: local-demo); `up` takes it more than once: several experiments on one "
+        "local account (one moto endpoint, one account pool, one local AgentCore with the account's quotas)",
+    )
+    parser.add_argument(
+        "--account-quota",
+        type=float,
+        metavar="N",
+        help="the local account's AgentCore new-session quota, sessions/s for every experiment together (default: "
+        "AgentCore's documented 25); the local AgentCore refuses beyond it as AgentCore does",
+    )
     parser.add_argument("--group-size", type=int, default=4, help="rollouts per row (default: 4)")
     parser.add_argument(
         "--model-url",
@@ -98,8 +111,11 @@ def register(sub: Any, _common: argparse.ArgumentParser) -> None:
 def _settings(args: argparse.Namespace, max_tokens: int = 256) -> Any:
     from rollout_pipeline.local.pipeline import LocalSettings
 
+    names = args.experiment or ["local-demo"]
     return LocalSettings(
-        experiment=args.experiment,
+        experiment=names[0],
+        also=tuple(names[1:]),
+        account_new_sessions_per_s=args.account_quota,
         group_size=args.group_size,
         tps_limit=args.tps,
         max_sessions=args.max_sessions,
@@ -133,12 +149,19 @@ def _cmd_up(args: argparse.Namespace, out: TextIO) -> int:
     from rollout_pipeline.local.pipeline import LocalPipeline, interrupt_on_sigterm
 
     with interrupt_on_sigterm(), LocalPipeline(_settings(args)) as pipeline:
-        assert pipeline.resources is not None
-        outputs = pipeline.resources.stack_outputs()
+        outputs = {
+            topology.stack_name(name): local.resources.stack_outputs() for name, local in pipeline.experiments.items()
+        }
         if args.outputs_file:
-            args.outputs_file.write_text(json.dumps({topology.stack_name(args.experiment): outputs}, indent=2))
-        print(f"local pipeline up: endpoint {pipeline.endpoint_url}, model {pipeline.model_url}", file=out)
-        print(json.dumps(outputs, indent=2), file=out, flush=True)
+            args.outputs_file.write_text(json.dumps(outputs, indent=2))
+        names = ", ".join(pipeline.experiments)
+        print(
+            f"local pipeline up: endpoint {pipeline.endpoint_url}, model {pipeline.model_url}, experiments {names} "
+            "on one local account",
+            file=out,
+        )
+        only = next(iter(outputs.values())) if len(outputs) == 1 else outputs
+        print(json.dumps(only, indent=2), file=out, flush=True)
         print("Ctrl-C to stop.", file=out, flush=True)
         while True:
             time.sleep(3600)

@@ -21,9 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Final, Protocol
 
-from rollout_pipeline import ids, preflight, topology
+from rollout_pipeline import ids, preflight, quotas, topology
 from rollout_pipeline.config import ConfigError, ExperimentConfig
 from rollout_pipeline.deploy_settings import STACK_KEYS, DeploySettings
+from rollout_pipeline.quotas import AccountQuotas
 from rollout_pipeline.sdk import cdk
 from rollout_pipeline.sdk._aws import AwsClients, aws_errors
 from rollout_pipeline.sdk.errors import NoCredentials, SdkError
@@ -233,12 +234,16 @@ class Deployment:
     # ------------------------------------------------------------------------------------------------- deploy
 
     def deploy(self, *, yes: bool = False) -> Experiment:
-        """Create or update the stack (nothing when it is up to date) and return the attached experiment."""
+        """Create or update the stack (nothing when it is up to date) and return the attached experiment. An
+        account without the account pool gets it first (`bootstrap_pool`: once per account and region)."""
         planned = self.plan()
         self.cli.check_installed()
         if self.aws.region is None:
             raise SdkError("no AWS region configured: pass region=... (--region), or set AWS_REGION")
         self._cli_account()
+        if not pool_exists(self.aws):
+            self._say(f"no account pool in {self.aws.region} yet: creating it first (`rollouts bootstrap`)")
+            bootstrap_pool(self.aws, self.cli, {}, out=self.out, yes=yes, confirm=self.confirm)
         checks = self.checks(planned, self.aws)
         for check in checks:
             if check.level == "warning":
@@ -497,3 +502,68 @@ def empty_bucket(s3: Any, bucket: str) -> int:
                     raise SdkError(f"cannot delete s3://{bucket}/{first.get('Key')}: {first.get('Message')}")
                 count += len(chunk)
     return count
+
+
+# ---------------------------------------------------------------------------------------------- the account pool
+
+
+def pool_exists(aws: AwsClients) -> bool:
+    """Whether the account pool's table exists in the region (DescribeTable)."""
+    from rollout_pipeline.sdk._aws import error_code
+
+    try:
+        aws.client("dynamodb").describe_table(TableName=topology.POOL_TABLE_NAME)
+    except Exception as exc:
+        if error_code(exc) == "ResourceNotFoundException":
+            return False
+        raise
+    return True
+
+
+def pool_context(aws: AwsClients, overrides: Mapping[str, Any], out: IO[str]) -> dict[str, Any]:
+    """The pool stack's settings: the account's AgentCore quotas read from Service Quotas by code (their documented
+    defaults where it lists none, or when it cannot be read), then `overrides` (`quotas.POOL_CONTEXT_KEYS`, the
+    reserve)."""
+    region = aws.region or ""
+    try:
+        account = preflight.read_account_quotas(preflight.QuotaReader(aws.client("service-quotas")), region)
+    except Exception as exc:  # no Service Quotas access: the documented values, said so
+        out.write(f"warning: cannot read Service Quotas ({exc}): the documented quotas are used\n")
+        account = AccountQuotas.defaults(region)
+    context: dict[str, Any] = {
+        "new_session_quota": account.new_sessions_per_s,
+        "data_plane_quota": account.data_plane_per_s,
+        "active_session_quota": account.active_sessions,
+        quotas.SOURCE_KEY: account.source,
+    }
+    given = {key: value for key, value in overrides.items() if value not in (None, "")}
+    if any(key in quotas.POOL_CONTEXT_KEYS for key in given):
+        context[quotas.SOURCE_KEY] = f"{account.source}+override"
+    return {**context, **given}
+
+
+def bootstrap_pool(
+    aws: AwsClients,
+    cli: cdk.CdkCli,
+    overrides: Mapping[str, Any],
+    *,
+    out: IO[str],
+    yes: bool = False,
+    confirm: Confirm | None = None,
+) -> dict[str, Any]:
+    """Create or update the account pool's stack (`rollouts bootstrap`): one per account and region, shared by every
+    experiment there. Returns the settings it was deployed with."""
+    context = pool_context(aws, overrides, out)
+    try:
+        quotas.pool_settings(context, aws.region)
+    except quotas.PoolSettingsError as exc:
+        raise SdkError(str(exc)) from None
+    summary = ", ".join(f"{key}={value}" for key, value in sorted(context.items()))
+    out.write(f"account pool {topology.POOL_STACK_NAME} in {aws.region}: {summary}\n")
+    if not yes and not (confirm or (lambda q: ask(q, stream=out)))(f"Deploy {topology.POOL_STACK_NAME}?"):
+        raise SdkError("bootstrap cancelled: nothing changed")
+    run = cli.run(cli.pool_command("deploy", context, "--require-approval", "never"))
+    if run.returncode != 0:
+        raise SdkError(f"deploy of {topology.POOL_STACK_NAME} failed: {run.last_error()} (see {run.log_path})")
+    out.write(f"account pool ready ({run.log_path})\n")
+    return context

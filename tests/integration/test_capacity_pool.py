@@ -208,3 +208,24 @@ def test_a_renewal_costs_a_few_requests(resources: ExperimentResources) -> None:
     lease.renew()
     assert time.monotonic() - started < 30
     assert sorted(calls) == ["BatchGetItem", "GetItem", "UpdateItem", "UpdateItem", "UpdateItem"]
+
+
+def test_capacity_shows_the_quotas_and_every_experiments_share(resources: ExperimentResources) -> None:
+    from rollout_pipeline.sdk import Experiment
+
+    wall = Wall(time.time())
+    b = second_experiment("exp-b")
+    for lease in (lease_of(resources, wall), lease_of(b, wall, capacity_weight=3.0)):
+        lease.config = lease.config.model_copy(update={"capacity_weight": lease.config.capacity_weight})
+        lease.note_backlog()
+        lease.renew()
+    view = Experiment.from_outputs(resources.stack_outputs(), region=REGION).capacity()
+    assert view.settings.quotas.new_sessions_per_s == 25.0
+    assert [m.name for m in view.members] == ["exp-b", resources.config.name]
+    weights = {m.name: m.weight for m in view.members}
+    assert weights == {"exp-b": 3.0, resources.config.name: 1.0}
+    shares = {m.name: m.share["sessions"] for m in view.members}
+    assert math.isclose(shares["exp-b"], 3 * shares[resources.config.name])
+    text = "\n".join(view.lines())
+    assert "new sessions 25/s per account" in text
+    assert "reserve 10%" in text

@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rollout_pipeline.ledger.pool import Backoff, Lease, Member, PoolState
+from rollout_pipeline.lifecycle.limits.pacing import LATE_START_S, LATENESS_S
 from rollout_pipeline.lifecycle.limits.shares import (
     DECREASE,
     DECREASE_HOLD_S,
@@ -22,6 +23,7 @@ from rollout_pipeline.lifecycle.limits.shares import (
     fair_shares,
     grant,
     in_use,
+    usable,
     water_fill,
 )
 from rollout_pipeline.quotas import AccountQuotas, PoolSettings
@@ -172,6 +174,37 @@ def test_a_shrink_counts_the_old_grant_only_until_its_last_booked_start() -> Non
     a = state.members["a"].lease("sessions")
     assert math.isclose(a.rate, BUDGET / 2)
     assert all(math.isclose(rate, BUDGET / 2) for rate, _until in a.held)  # the big grant is gone
+
+
+@given(
+    st.lists(st.floats(min_value=0.05, max_value=1.0), min_size=1, max_size=6),
+    st.lists(st.floats(min_value=0.0, max_value=1.0), min_size=6, max_size=6),
+    st.sampled_from([4.0, 6.0, 25.0]),
+    st.integers(min_value=0, max_value=2**31),
+)
+def test_members_paced_within_the_usable_budget_keep_every_second_within_the_quota(
+    parts: list[float], phases: list[float], quota: float, seed: int
+) -> None:
+    """Members each pacing their own starts evenly (spacing (1 + LATENESS_S) / rate, each start up to LATE_START_S
+    late), at rates summing to what `usable` allows: whatever their phases, no sliding second holds more starts
+    than the account's quota."""
+    import random
+
+    settings = PoolSettings(AccountQuotas(new_sessions_per_s=quota), reserve=0.1)
+    parts = parts[: int(quota)]  # no more members than the quota starts in a second (`usable`'s limit)
+    n = len(parts)
+    members = {f"m{i}": Member(f"m{i}", leases={"sessions": Lease(rate=1.0, until=1e9)}) for i in range(n - 1)}
+    state = PoolState(settings=settings, members=members)
+    total = usable(state, "sessions", 0.0, besides="me")
+    rates = [total * part / sum(parts) for part in parts]
+    rng = random.Random(seed)
+    starts = []
+    for rate, phase in zip(rates, phases, strict=False):
+        spacing = (1 + LATENESS_S) / rate
+        starts += [phase * spacing + k * spacing + rng.uniform(0, LATE_START_S) for k in range(int(20 * rate) + 1)]
+    starts.sort()
+    busiest = max(sum(1 for s in starts[i:] if s < start + 1.0) for i, start in enumerate(starts))
+    assert busiest <= math.floor(quota)
 
 
 def test_backoff_state_is_plain_data() -> None:

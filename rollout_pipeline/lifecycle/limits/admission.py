@@ -382,7 +382,7 @@ class SlotGate:
     def _poll(self, wait_until: float) -> int:
         """Poll until some slots look free for this process's waiters (their number) or `wait_until` passes."""
         pause, lead = self._pace()
-        if self.room is not None:  # the rate may be what binds: look as soon as the budgets have room
+        if self.room is not None and self._may_chase():  # the rate may be what binds: look as soon as it has room
             pause = self._room_pause(pause)
         pause = max(pause, self.settle_s())  # a burst's first decision waits for the others' rollouts
         if self.board is not None:
@@ -400,7 +400,7 @@ class SlotGate:
             free = self.max_sessions() - in_flight
             if free > 0 and self.room is not None:
                 free = min(free, self.room.read())
-                if free <= 0:
+                if free <= 0 and self._may_chase():
                     pause = self._room_pause(pause)
             if free <= 0:
                 continue
@@ -415,7 +415,14 @@ class SlotGate:
             ours = sum(1 for _key, theirs in ranked if not theirs)
             if ours:
                 return ours
-            pause, lead = min(pause, random.uniform(0.1, 0.25)), False  # room others go first for: look again soon
+            if self._may_chase():  # room others go first for: look again soon (the next in line only)
+                pause, lead = min(pause, random.uniform(0.1, 0.25)), False
+
+    def _may_chase(self) -> bool:
+        """Whether this process polls as soon as the session budget has room: with no board, or while its waiters
+        lead the board (the room is theirs first; the others keep the slow pace, so the polls per second are
+        bounded by the leaders, not by every dispatcher of the experiment)."""
+        return self.board is None or self._in_flight_and_board is None or self.leads()
 
     def _room_pause(self, pause: float) -> float:
         """Poll again when the session budgets will have room (at most `pause`, at least 0.1 s, jittered)."""

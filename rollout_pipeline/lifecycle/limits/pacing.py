@@ -37,6 +37,8 @@ from rollout_pipeline.quotas import Budget, NewSessionScope
 
 #: A call may start at most this long after its reserved slot; the spacing leaves room for it.
 LATENESS_S: Final = 0.05
+#: A caller that wakes up later than this after its slot drops it (the margin covers the call's own latency).
+LATE_START_S: Final = LATENESS_S * 0.8
 #: How far ahead an invoke may reserve a `tps` slot (stops may reserve as far as they wait).
 INVOKE_AHEAD_S: Final = 0.25
 #: How long a stop waits for its slot when the caller gives no deadline.
@@ -59,6 +61,9 @@ class Lessee(Protocol):
 
     def throttled(self, budget: Budget) -> None:
         """AgentCore answered a rate exceeded: back the pool off."""
+
+    def observe(self, budget: str, pace: PaceView) -> None:
+        """A read or reservation of the leased schedule `budget` showed `pace` (a renewal by another process)."""
 
     def scope(self) -> NewSessionScope:
         """Whether new sessions are paced per account (one budget) or per endpoint."""
@@ -170,18 +175,20 @@ class Pacer:
         if pace.interval_us:
             self.interval_s = pace.interval_us / 1e6
         self.lease_until = pace.lease_until_us / 1e6
+        if self.lease is not None:
+            self.lease.observe(self.budget, pace)
 
     def _lacks_lease(self, start: float) -> bool:
         return self.lease_until < max(start, self.tat)
 
     def read_tat(self) -> float:
-        """Read the budget's schedule (one strongly consistent GetItem; a leased one renewed first if due);
-        returns the latest known `tat`."""
+        """Read the budget's schedule (one strongly consistent GetItem; a leased one renewed after if due: the read
+        shows a renewal by another process, which then needs none); returns the latest known `tat`."""
         if self.lease is not None:
-            self.lease.ensure()
             pace = self.ledger.pace(self.budget)
             self.absorb(pace)
             self.tat = max(self.tat, pace.tat_us / 1e6)
+            self.lease.ensure()
             return self.tat
         self.tat = max(self.tat, self.ledger.pace_tat(self.budget) / 1e6)
         return self.tat
@@ -215,7 +222,7 @@ class Pacer:
         pause = slot - self._wall()
         if pause > 0:
             self._sleep(pause)
-        return self._wall() <= slot + LATENESS_S * 0.8
+        return self._wall() <= slot + LATE_START_S
 
     def acquire(self, wait_until: float, max_ahead_s: float | None = None) -> bool:
         """Reserve a slot and sleep until it; True when the caller may call now."""

@@ -29,8 +29,9 @@ import math
 import random
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Final
 
 from rollout_pipeline.config import ExperimentConfig
@@ -57,6 +58,9 @@ CALLS_PACE: Final = "tps"
 BACKLOG_AHEAD_S: Final = 0.25
 #: A rollout of this process that found no room in the session budget marks a backlog for this long.
 BACKLOG_HOLD_S: Final = 2.0
+#: A backlog seen by any renewal keeps the experiment asking for all it can get this long (a renewal by a process
+#: that sees none, a completer's, does not drop its share while its dispatchers still wait).
+BACKLOG_KEEP_S: Final = 2.0
 #: Without a backlog an experiment asks for what it used last period times this, plus `MIN_*` (room to grow).
 HEADROOM: Final = 1.5
 MIN_SESSIONS_DEMAND: Final = 1.0
@@ -65,6 +69,10 @@ MIN_CALLS_DEMAND: Final = 20.0
 CALLS_PER_SESSION: Final = 3.0
 #: A grant below this is none: no start is booked under it (its spacing would be hours).
 MIN_RATE: Final = 1e-3
+#: Attempts of one renewal (each a read and a conditional write of the pool item), with jittered backoff.
+RENEW_ATTEMPTS: Final = 12
+#: A lease another process renewed this recently is adopted before its schedules carry it (they will at once).
+ADOPT_UNCARRIED_S: Final = 1.0
 #: A lease with less than this left is renewed by the caller itself (else in the background: `ensure`): a little
 #: more than the admission gate's horizon (`admission.ADMIT_AHEAD_S`).
 URGENT_S: Final = 2.1
@@ -128,7 +136,7 @@ class CapacityLease:
         self.state: PoolState | None = None
         #: A process renews at a jittered point of the lease's last second, so several processes of one experiment
         #: seldom renew together (the second one adopts the first's grant, or its pool write fails and it reads).
-        self._renew_ahead = RENEW_AHEAD_S * self._rng.uniform(1.0, 1.1)
+        self._renew_ahead = RENEW_AHEAD_S * self._rng.uniform(0.85, 1.15)
         self._backlog_until = 0.0
         self._throttled_at: dict[Budget, float] = {}
         self._throttles = 0
@@ -137,14 +145,17 @@ class CapacityLease:
         self._behind_lock = threading.Lock()
         #: Set by a budget that pauses dispatch: the experiment asks for no new sessions.
         self.paused: Callable[[], bool] = lambda: False
-        self.renewals = 0
+        #: What this process's renewals did: written to the pool, adopted (another process had just renewed), forced
+        #: (no lease for a start it needed), and pool writes that lost to another writer (read again).
+        self.stats: Counter[str] = Counter()
 
     # ------------------------------------------------------------------------------------------------ views
 
     def ensure(self) -> Grant:
         """The current grant. When it ends within the renewal margin it is renewed: in the background while it
         still reaches `URGENT_S` ahead (the caller, about to book a start in admission order, does not wait for the
-        pool's writes), else before returning."""
+        pool's writes), else before returning. A renewal by another process of the experiment is seen through the
+        schedules (`observe`), without reading the pool."""
         current = self.grant
         if current is not None:
             left = current.until - self._wall()
@@ -168,6 +179,18 @@ class CapacityLease:
             self.renew()
         except Exception:  # the next caller renews in its own thread (and sees the error)
             log.warning("background renewal of the pool lease failed", exc_info=True)
+
+    def observe(self, budget: str, pace: PaceView) -> None:
+        """A schedule read or reservation showed `pace`: a later lease on it (another process renewed) extends this
+        process's grant, with the spacing and active sessions the renewal wrote there."""
+        current = self.grant
+        until = pace.lease_until_us / 1e6
+        if current is None or until <= current.until or not pace.interval_us:
+            return
+        if budget == CALLS_PACE:  # the data-plane schedule is leased in either scope: its lease is the grant's
+            self.grant = replace(current, until=until, active=pace.active or current.active)
+        elif budget == SESSION_PACE:  # one renewal writes both schedules with the same lease
+            self.grant = replace(current, until=until, sessions_per_s=(1.0 + LATENESS_S) / (pace.interval_us / 1e6))
 
     def max_sessions(self) -> int:
         """Sessions this experiment may hold at once: `max_sessions`, or less when the account's active-session
@@ -193,33 +216,44 @@ class CapacityLease:
                 return current
             if force:
                 self._forced_at = now
+                self.stats["forced"] += 1
             paces = self.limits.paces([SESSION_PACE, CALLS_PACE])
-            for _attempt in range(8):
+            for budget, pace in paces.items():
+                self.observe(budget, pace)
+            current = self.grant
+            if not force and current is not None and current.until - now > self._renew_ahead:
+                self.stats["seen"] += 1  # another process renewed: its schedules say so
+                return current
+            for attempt in range(RENEW_ATTEMPTS):
                 state = self.pool.read()
                 self.state = state
                 now = self._wall()
                 adopted = None if force else self._adopt(state, paces, now)
                 if adopted is not None:
+                    self.stats["adopted"] += 1
                     self.grant = adopted
                     return adopted
                 written = self._write(state, paces, now)
                 if written is not None:
-                    self.renewals += 1
+                    self.stats["written"] += 1
                     self.grant = written
                     return written
-                self._sleep(self._rng.uniform(0.005, 0.03))
+                self.stats["lost"] += 1
+                self._sleep(self._rng.uniform(0.0, min(0.25, 0.01 * 2**attempt)))  # full jitter: writers spread
                 paces = self.limits.paces([SESSION_PACE, CALLS_PACE])
             raise RuntimeError(f"the account pool kept changing while {self.config.name} renewed its lease")
 
     def _adopt(self, state: PoolState, paces: Mapping[str, PaceView], now: float) -> Grant | None:
         """The lease another process of this experiment just renewed, if it has enough left and its schedules
-        carry it (their `lease_version` reached the entry's)."""
+        carry it (their `lease_version` reached the entry's), or will any moment (written under a second ago: its
+        renewer is writing them; one that died meanwhile leaves them to the next renewal)."""
         me = state.members.get(self.config.name)
         if me is None:
             return None
         if me.lease("calls").until - now <= self._renew_ahead:
             return None
-        if state.settings.quotas.new_session_scope == "account" and paces[SESSION_PACE].lease_version < me.version:
+        carried = paces[CALLS_PACE].lease_version >= me.version
+        if not carried and now - me.heartbeat > ADOPT_UNCARRIED_S:
             return None
         return self._grant_of(state, me)
 
@@ -245,8 +279,10 @@ class CapacityLease:
             calls=paces[CALLS_PACE].booked,
             counted_at=now,
             throttles=(me.throttles if me is not None else 0) + self._take_throttles(),
+            backlog_at=now if self.backlog_seen(paces[SESSION_PACE], now) else (me.backlog_at if me else 0.0),
         )
         if not self.pool.write_member(member, version=state.version, forget=forgotten(state, name, now)):
+            self.stats["lost_pool"] += 1
             return None
         version = state.version + 1
         booked = {budget: booked_until(me.lease(budget) if me else Lease(), ask) for budget, ask in asks.items()}
@@ -261,8 +297,10 @@ class CapacityLease:
                 lease_until_us=int((until if rate > MIN_RATE else now) * 1e6),
                 version=version,
                 booked_until_us=int(max(last_booked, now + BOOKING_SLACK_S) * 1e6),
+                active=int(leases["active"].rate + 1e-9) if pace == CALLS_PACE else None,
             )
             if not ok and self.limits.pace(pace).lease_version < version:
+                self.stats[f"lost_{pace}"] += 1
                 return None  # booked beyond what the pool counted: read the schedules and grant again
         written = Member(**{**member.__dict__, "version": version})
         return self._grant_of(state, written)
@@ -276,7 +314,8 @@ class CapacityLease:
             return max(0.0, (counted - before) / elapsed) if elapsed > 0 else 0.0
 
         session_pace, calls_pace = paces[SESSION_PACE], paces[CALLS_PACE]
-        backlogged = self._backlog_until > now or session_pace.tat_us / 1e6 > now + BACKLOG_AHEAD_S
+        kept = me is not None and now - me.backlog_at < BACKLOG_KEEP_S  # a renewal of another process saw one
+        backlogged = self.backlog_seen(session_pace, now) or kept
         if self.paused():
             sessions_demand = 0.0
         elif backlogged:
@@ -297,6 +336,11 @@ class CapacityLease:
         if state.settings.quotas.new_session_scope == "account":
             asks["sessions"] = Ask(sessions_demand, sessions_cap(config), booked_until=session_pace.last_start_us / 1e6)
         return asks
+
+    def backlog_seen(self, session_pace: PaceView, now: float) -> bool:
+        """Whether this process sees a backlog of new sessions: a rollout of its own waiting for room, or the
+        schedule booked ahead (every start the budget has is taken)."""
+        return self._backlog_until > now or session_pace.tat_us / 1e6 > now + BACKLOG_AHEAD_S
 
     def _tps_rate(self, leases: Mapping[Budget, Lease], state: PoolState) -> float:
         """The `tps` schedule's rate: the calls granted less the new sessions' own (their invokes take no `tps`)."""

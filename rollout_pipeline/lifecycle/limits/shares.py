@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from rollout_pipeline.ledger.pool import Backoff, Lease, Member, PoolState
+from rollout_pipeline.lifecycle.limits.pacing import LATE_START_S, LATENESS_S
 from rollout_pipeline.quotas import BUDGETS, Budget
 
 #: A member's grant lasts this long; it renews when less than `RENEW_AHEAD_S` is left (about once a second), so its
@@ -51,9 +52,12 @@ MIN_FACTOR: Final = 0.2
 INCREASE_PER_S: Final = 0.02
 #: The budgets the backoff applies to (the rates AgentCore throttles).
 RATE_BUDGETS: Final[tuple[Budget, ...]] = ("sessions", "calls")
+#: Of a member's rate r, at most ceil(WINDOW_SHARE x r) starts fall in any one second: its starts are spaced
+#: (1 + LATENESS_S) / r apart and each is at most `LATE_START_S` late (`pacing.Pacer.sleep_until`).
+WINDOW_SHARE: Final = (1.0 + LATE_START_S) / (1.0 + LATENESS_S)
 #: Starts booked under the old grant may still be made this long after the renewal read when they were (the writes
 #: of a renewal take a few ms; `ledger.limits.LimitLedger.set_pace_lease` refuses a schedule booked further).
-BOOKING_SLACK_S: Final = 0.25
+BOOKING_SLACK_S: Final = 0.75
 
 
 def live(lease: Lease, now: float) -> bool:
@@ -103,6 +107,23 @@ def pool_factor(state: PoolState, budget: Budget, now: float) -> float:
 def fair_budget(state: PoolState, budget: Budget, now: float) -> float:
     """What fair shares split of `budget` now: the budget less the reserve, times the backoff."""
     return state.settings.budget(budget) * pool_factor(state, budget, now)
+
+
+def usable(state: PoolState, budget: Budget, now: float, *, besides: str) -> float:
+    """What the members' grants may sum to: the budget (quota less the reserve), and for a rate no more than keeps
+    every sliding second within the QUOTA. Each member paces its own starts evenly (`pacing.Pacer`), so in a
+    second it starts at most ceil(`WINDOW_SHARE` x its rate): with n members the union holds at most
+    ceil(WINDOW_SHARE x sum) + n - 1, which the quota bounds when the sum is at most
+    (floor(quota) - n + 1) / `WINDOW_SHARE`. With AgentCore's 25/s and a 10% reserve that binds from a fourth
+    member on (22.2/s instead of 22.5); with a small quota it binds sooner (4/s, two members: 3.03/s)."""
+    budget_s = state.settings.budget(budget)
+    if budget not in RATE_BUDGETS:
+        return budget_s
+    quota = state.settings.quotas.new_sessions_per_s if budget == "sessions" else state.settings.quotas.data_plane_per_s
+    members = 1 + sum(1 for name, m in state.members.items() if name != besides and counted(m, budget, now) > 0)
+    # More members than the quota starts in a second cannot all be kept within it by pacing each on its own (each
+    # may start one in any second): then a second may exceed the quota by the members beyond it.
+    return min(budget_s, max(1.0, math.floor(quota) - members + 1) / WINDOW_SHARE)
 
 
 def in_use(state: PoolState, budget: Budget, now: float, *, besides: str | None = None) -> float:
@@ -167,7 +188,7 @@ def grant(
         if ask is None:
             continue
         fair = fair_shares(state, budget, now, **{name: (weight, ask.want)})[name]
-        free = state.settings.budget(budget) - in_use(state, budget, now, besides=name)
+        free = usable(state, budget, now, besides=name) - in_use(state, budget, now, besides=name)
         old = me.lease(budget)
         out[budget] = Lease(
             rate=max(0.0, min(fair, free)),
