@@ -480,9 +480,7 @@ def figures(**kw: Any) -> dict[str, Any]:
         "throttles_pipeline_by_kind": dict(throttled),
         "share_error_max": max(share_errors) if share_errors else float("nan"),
         "share_windows": len(share_errors) // max(1, len(rigs)),
-        "rates_backlogged": {
-            e: sum(1 for s in ts if lo <= s < hi) / max(1e-9, hi - lo) for e, ts in by_exp.items()
-        },
+        "rates_backlogged": {e: sum(1 for s in ts if lo <= s < hi) / max(1e-9, hi - lo) for e, ts in by_exp.items()},
         "backlogged_window_s": [lo, hi],
         "shares": {e: len(ts) for e, ts in by_exp.items()},
         "pool_use": steady / budget,
