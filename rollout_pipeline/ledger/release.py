@@ -23,7 +23,6 @@ from typing import Any, Final
 
 from rollout_pipeline.ledger import keys
 from rollout_pipeline.ledger.attributes import item_values
-from rollout_pipeline.ledger.items import GroupItem
 from rollout_pipeline.ledger.table import LedgerTable
 
 #: The `deadline` index partition of cursors with groups still to release (`keys.DEADLINE_PK`).
@@ -32,9 +31,6 @@ RELEASE_INDEX_PK: Final = "REL"
 _PENDING_END: Final = f"{keys.PENDING_PREFIX}~"
 #: Groups per pending item at most (an input id is at most 128 characters: ~150 bytes a group, 400 KB an item).
 PENDING_ITEM_GROUPS: Final = 1000
-#: BatchGetItem reads at most 100 keys per call.
-_BATCH_GET_MAX: Final = 100
-_BATCH_GET_ROUNDS: Final = 8
 #: Pages (of two pending items, up to 100 groups each) one look ahead reads at most.
 _PENDING_PAGES: Final = 8
 
@@ -89,7 +85,6 @@ class ReleaseLedger:
     def __init__(self, table: LedgerTable) -> None:
         self.table = table
         self.table_name = table.name
-        self.sleep = table.sleep
 
     def epoch(self) -> int:
         """The ledger's clock, in epoch seconds."""
@@ -163,28 +158,6 @@ class ReleaseLedger:
                 given += 1
                 if given >= max_groups:
                     return
-
-    def groups(self, batch_id: str, input_ids: Sequence[str]) -> dict[str, GroupItem]:
-        """The group items of `input_ids` (BatchGetItem, strongly consistent; unprocessed keys retried, bounded)."""
-        found: dict[str, GroupItem] = {}
-        wanted = list(dict.fromkeys(input_ids))
-        for start in range(0, len(wanted), _BATCH_GET_MAX):
-            request: dict[str, Any] = {
-                self.table_name: {
-                    "Keys": [keys.group_key(batch_id, i) for i in wanted[start : start + _BATCH_GET_MAX]],
-                    "ConsistentRead": True,
-                }
-            }
-            for attempt in range(_BATCH_GET_ROUNDS):
-                resp = self.table.ddb.batch_get_item(RequestItems=request)
-                for raw in (resp.get("Responses") or {}).get(self.table_name, []):
-                    group = GroupItem.of(raw)
-                    found[group.input_id] = group
-                request = resp.get("UnprocessedKeys") or {}
-                if not request:
-                    break
-                self.sleep(min(1.0, 0.05 * 2**attempt))
-        return found
 
     def due(self, before_epoch: int, *, limit: int = 50, max_pages: int = 4) -> list[str]:
         """Batch ids whose cursor is open and was last written before `before_epoch` (the sweeper's backstop)."""

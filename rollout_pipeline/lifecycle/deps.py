@@ -8,6 +8,7 @@ from datetime import datetime
 
 from rollout_pipeline.config import ExperimentConfig, HandlerSettings
 from rollout_pipeline.contracts.attempts import attempt_token
+from rollout_pipeline.feed.feed import Feed
 from rollout_pipeline.ledger.ledger import Ledger
 from rollout_pipeline.lifecycle.limits import (
     AdmissionBoard,
@@ -32,6 +33,8 @@ class LifecycleDeps:
     store: ObjectStore
     queue: MessageQueue
     publisher: EventPublisher
+    #: Work into the rollout queue (`wiring.Wiring.feed`: one per process, shared with ingestion).
+    feed: Feed
     clock: Clock = field(default_factory=SystemClock)
     metrics: MetricsRecorder = field(default_factory=MetricsRecorder)
     #: A redelivered message finding its attempt dispatched but not invoked re-invokes only after this long

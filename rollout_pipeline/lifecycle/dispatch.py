@@ -38,7 +38,7 @@ from rollout_pipeline.ledger.rollouts import (
     DispatchStart,
     LedgerError,
 )
-from rollout_pipeline.lifecycle import publishing, release, stops
+from rollout_pipeline.lifecycle import publishing, stops
 from rollout_pipeline.lifecycle.cancel import cancel_rollout
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.failures import end_attempt, fail_rollout
@@ -114,8 +114,7 @@ def dispatch_records(records: Sequence[Mapping[str, Any]], deps: LifecycleDeps, 
                 held.release()
 
     run_partial_batch([r for _o, r in ordered], handle, result, workers=workers, what="dispatch", logger=log)
-    for view in batches.views():
-        release.release_if_room(deps, view)  # the queue drained: the release window may have room
+    deps.feed.after_dispatch(batches.views())  # the queue drained: the release window may have room
     deps.metrics.sample(IN_FLIGHT, deps.slot_shards.in_flight())
     return result
 

@@ -273,23 +273,28 @@ def make_deps(
     limits: Mapping[str, Any] | None = None,
     **overrides: Any,
 ) -> LifecycleDeps:
-    """Deps over moto and the fake ACR; `limits` overrides experiment settings (tps_limit, max_sessions...)."""
+    """Deps over moto and the fake ACR; `limits` overrides experiment settings (tps_limit, max_sessions...);
+    `overrides`: fields of `LifecycleDeps` (the feed is built over the ledger and queue given)."""
     from rollout_pipeline.adapters.eventbridge import EventBridgePublisher
     from rollout_pipeline.adapters.s3 import S3ObjectStore
     from rollout_pipeline.adapters.sqs import SqsQueue
+    from rollout_pipeline.feed.feed import Feed
     from rollout_pipeline.ledger.ledger import Ledger
 
     settings = resources.settings()
     if limits:
         settings = settings.model_copy(update={"experiment": settings.experiment.model_copy(update=dict(limits))})
     clock = clock or ShiftedClock()
+    ledger = overrides.pop("ledger", None) or Ledger.open(settings.table_name, clock=clock)
+    queue = overrides.pop("queue", None) or SqsQueue()
     return LifecycleDeps(
         settings=settings,
-        ledger=Ledger.open(settings.table_name, clock=clock),
+        ledger=ledger,
         runtime=fake,
         store=S3ObjectStore(),
-        queue=SqsQueue(),
+        queue=queue,
         publisher=EventBridgePublisher(settings.bus_name, sleep=lambda _s: None),
+        feed=overrides.pop("feed", None) or Feed(ledger, queue, settings),
         clock=clock,
         **overrides,
     )

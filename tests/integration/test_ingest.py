@@ -27,6 +27,7 @@ from rollout_pipeline.contracts import (
     utcnow,
 )
 from rollout_pipeline.details import batch_completion_detail, group_completion_detail
+from rollout_pipeline.feed.feed import Feed
 from rollout_pipeline.ingest import Ingestion, IngestPorts, IngestTuning
 from rollout_pipeline.ledger import keys
 from rollout_pipeline.ledger.attributes import item_values, to_attribute_value
@@ -87,13 +88,17 @@ def make_ingestion(
         experiment = settings.experiment.model_copy(update={"release_window": release_window})
         settings = settings.model_copy(update={"experiment": experiment})
     whole = Ledger.open(settings.table_name)
+    parts = dataclasses.replace(whole, batches=ledger) if ledger is not None else whole
+    queue = queue or SqsQueue()
+    send_threads = tuning.pop("send_threads", 4)
     return Ingestion(
         IngestPorts(
             store=S3ObjectStore(),
-            queue=queue or SqsQueue(),
+            queue=queue,
             publisher=EventBridgePublisher(settings.bus_name),
-            ledger=dataclasses.replace(whole, batches=ledger) if ledger is not None else whole,
+            ledger=parts,
             settings=settings,
+            feed=Feed(parts, queue, settings, send_threads=send_threads),
         ),
         IngestTuning(**tuning),
     )
@@ -301,16 +306,14 @@ def test_a_chunk_is_sent_over_several_threads_and_a_failed_slice_fails_the_chunk
     event = upload(resources, "datasets/threads.jsonl", jsonl([{"id": f"p{i}"} for i in range(30)]))
     failing = RecordingQueue(fail=True)
     with pytest.raises(Interrupted):
-        make_ingestion(resources, queue=failing, send_concurrency=4, release_window=0).handle_message(event, owner="m")
+        make_ingestion(resources, queue=failing, send_threads=4, release_window=0).handle_message(event, owner="m")
     assert batch_item(resources, batch_id_of(event))["cursor"] == 0, "a chunk with a failed slice is not checkpointed"
 
     queue = RecordingQueue(fail=False)
-    result = make_ingestion(resources, queue=queue, send_concurrency=4, release_window=0).handle_message(
-        event, owner="m"
-    )
+    result = make_ingestion(resources, queue=queue, send_threads=4, release_window=0).handle_message(event, owner="m")
     assert result.rows_accepted == 30
     assert sorted(queue.sizes) == [20, 20, 20], "60 bodies = 6 SQS batches over 3 slices of whole batches"
-    assert all(name.startswith("ingest-send") for name in queue.threads)
+    assert all(name.startswith("feed-send") for name in queue.threads)
     assert sorted(set(pairs(rollout_messages(resources)))) == expected_pairs([f"p{i}" for i in range(30)], 2)
 
 

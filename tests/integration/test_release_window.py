@@ -4,7 +4,6 @@ window in flight; a releaser that crashed before sending is recovered by the swe
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections import Counter
 from collections.abc import Sequence
@@ -17,14 +16,14 @@ from rollout_pipeline.adapters.s3 import S3ObjectStore
 from rollout_pipeline.adapters.sqs import SqsQueue
 from rollout_pipeline.config import ExperimentConfig
 from rollout_pipeline.fakes.acr import FakeAgentRuntime
+from rollout_pipeline.feed import window
+from rollout_pipeline.feed.feed import SWEEP_AGE_S, Feed
+from rollout_pipeline.feed.window import RELEASE_LEASE_S
 from rollout_pipeline.ingest.core import Ingestion, IngestPorts
-from rollout_pipeline.ledger import keys, window
+from rollout_pipeline.ledger import keys
 from rollout_pipeline.ledger.ledger import Ledger
-from rollout_pipeline.ledger.window import RELEASE_LEASE_S
-from rollout_pipeline.lifecycle import release
 from rollout_pipeline.lifecycle.cancel import cancel_batch
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
-from rollout_pipeline.lifecycle.release import SWEEP_AGE_S
 from rollout_pipeline.lifecycle.sweeper import sweep
 from rollout_pipeline.local.resources import ExperimentResources
 from tests.integration.lifecycle_support import (
@@ -78,13 +77,15 @@ class RecordingQueue:
 
 def ingest(resources: ExperimentResources, queue: RecordingQueue, rows_accepted: int = ROWS) -> str:
     settings = resources.settings()
+    ledger = Ledger.open(settings.table_name)
     ingestion = Ingestion(
         IngestPorts(
             store=S3ObjectStore(),
             queue=queue,
             publisher=EventBridgePublisher(settings.bus_name, sleep=lambda _s: None),
-            ledger=Ledger.open(settings.table_name),
+            ledger=ledger,
             settings=settings,
+            feed=Feed(ledger, queue, settings),
         )
     )
     rows = [{"id": f"row-{i}", "q": i} for i in range(rows_accepted)] + [{"id": "row-0"}, {"_rollout": "not an object"}]
@@ -95,7 +96,7 @@ def ingest(resources: ExperimentResources, queue: RecordingQueue, rows_accepted:
 
 
 def lifecycle(resources: ExperimentResources, fake: FakeAgentRuntime, queue: RecordingQueue) -> LifecycleDeps:
-    return dataclasses.replace(make_deps(resources, fake, clock=ShiftedClock()), queue=queue)
+    return make_deps(resources, fake, clock=ShiftedClock(), queue=queue)
 
 
 def run_until_quiet(resources: ExperimentResources, deps: LifecycleDeps, queue: RecordingQueue) -> None:
@@ -198,13 +199,13 @@ def test_a_file_its_first_release_sends_whole_is_not_released_again_at_its_end(
     """A file within the window: its chunk's release leaves nothing pending, so ingestion does not release again at
     its end only to close the cursor; the first terminal rollout's release closes it (or the sweeper's, below)."""
     releases: list[str] = []
-    original = window.Releaser.release
+    original = window.ReleaseWindow.release
 
-    def counted(self: window.Releaser, batch: Any, **kwargs: Any) -> window.Released:
+    def counted(self: window.ReleaseWindow, batch: Any, **kwargs: Any) -> window.ReleaseResult:
         releases.append(batch.batch_id)
         return original(self, batch, **kwargs)
 
-    monkeypatch.setattr(window.Releaser, "release", counted)
+    monkeypatch.setattr(window.ReleaseWindow, "release", counted)
     queue = RecordingQueue(resources.rollout_queue_url)
     batch_id = ingest(resources, queue, rows_accepted=2)
     assert queue.released() == [(1, 0), (1, 1), (2, 0), (2, 1)]
@@ -226,7 +227,8 @@ def test_a_cursor_left_open_by_a_drained_ingestion_is_closed_by_the_sweeper(
     queue = RecordingQueue(resources.rollout_queue_url)
     batch_id = ingest(resources, queue, rows_accepted=2)
     deps = lifecycle(resources, fake, queue)
-    monkeypatch.setattr(release, "release_if_room", lambda _deps, _batch: None)
+    monkeypatch.setattr(deps.feed, "after_terminal", lambda _batch: None)
+    monkeypatch.setattr(deps.feed, "after_dispatch", lambda _batches: None)
     run_until_quiet(resources, deps, queue)
     monkeypatch.undo()
     assert batch_view(resources, batch_id).terminal == 4

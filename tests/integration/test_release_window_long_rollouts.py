@@ -10,9 +10,10 @@ from rollout_pipeline.adapters.eventbridge import EventBridgePublisher
 from rollout_pipeline.adapters.s3 import S3ObjectStore
 from rollout_pipeline.config import ExperimentConfig
 from rollout_pipeline.fakes.acr import AgentBehaviour, Behaviour, FakeAgentRuntime
+from rollout_pipeline.feed.feed import Feed
+from rollout_pipeline.feed.window import max_release
 from rollout_pipeline.ingest.core import Ingestion, IngestPorts
 from rollout_pipeline.ledger.ledger import Ledger
-from rollout_pipeline.ledger.window import max_release
 from rollout_pipeline.local.resources import ExperimentResources
 from tests.integration.lifecycle_support import batch_view, dispatch_once, moto_lock
 from tests.integration.test_release_window import RecordingQueue, lifecycle
@@ -48,13 +49,15 @@ def test_the_dispatchers_release_once_they_drained_the_queue_before_any_rollout_
 ) -> None:
     queue = RecordingQueue(resources.rollout_queue_url)
     settings = resources.settings()
+    ledger = Ledger.open(settings.table_name)
     ingestion = Ingestion(
         IngestPorts(
             store=S3ObjectStore(),
             queue=queue,
             publisher=EventBridgePublisher(settings.bus_name, sleep=lambda _s: None),
-            ledger=Ledger.open(settings.table_name),
+            ledger=ledger,
             settings=settings,
+            feed=Feed(ledger, queue, settings),
         )
     )
     result = ingestion.submit_rows([{"id": f"row-{i}"} for i in range(ROWS)], name="long")

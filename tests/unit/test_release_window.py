@@ -1,4 +1,4 @@
-"""The release window's rule (`ledger.window.Releaser`) on an in-memory ledger with an injected clock: whole groups
+"""The release window's rule (`feed.window.ReleaseWindow`) on an in-memory ledger with an injected clock: whole groups
 in line order, at most `window` rollouts released and not yet terminal, one conditional advance per release, a
 crashed releaser's groups re-sent once its lease has expired, nothing released for a cancelled batch."""
 
@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
+from rollout_pipeline.feed.window import RELEASE_LEASE_S, ReleaseWindow, min_release
 from rollout_pipeline.ledger.items import BatchState, BatchView, GroupItem
 from rollout_pipeline.ledger.release import PendingGroup, ReleaseCursor, pending_sk
-from rollout_pipeline.ledger.window import RELEASE_LEASE_S, Releaser, min_release
 
 CREATED = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -127,6 +127,13 @@ def batch(terminal: int = 0, *, total: int | None = None, cancelled: bool = Fals
     )
 
 
+def releaser_of(ledger: MemoryReleaseLedger, queue: RecordingQueue, most: int | None = None) -> ReleaseWindow:
+    def send(bodies: list[str]) -> None:
+        queue.send_all("q", bodies)
+
+    return ReleaseWindow(ledger, ledger.groups, send, most=most)  # type: ignore[arg-type]
+
+
 def setup(groups: int = 10, group_size: int = 4, window: int = 8) -> tuple[MemoryReleaseLedger, RecordingQueue]:
     ledger = MemoryReleaseLedger(window)
     specs = [PendingGroup(f"g{i}", i + 1, group_size) for i in range(groups)]
@@ -141,7 +148,7 @@ def rollouts(input_ids: Sequence[str], group_size: int = 4) -> list[tuple[str, i
 
 def test_whole_groups_in_line_order_never_more_than_the_window_in_flight() -> None:
     ledger, queue = setup()
-    releaser = Releaser(ledger, queue, "q")  # type: ignore[arg-type]
+    releaser = releaser_of(ledger, queue)
     assert releaser.release(batch(0)).rollouts == 8
     assert queue.rollouts() == rollouts(["g0", "g1"])
     assert {m["submitted_at"][:10] for m in queue.sent} == {"2026-01-01"}, "the batch's time: one admission rank"
@@ -166,7 +173,7 @@ def test_whole_groups_in_line_order_never_more_than_the_window_in_flight() -> No
 
 def test_a_group_larger_than_the_window_goes_alone_when_nothing_is_in_flight() -> None:
     ledger, queue = setup(groups=3, group_size=6, window=4)
-    releaser = Releaser(ledger, queue, "q")  # type: ignore[arg-type]
+    releaser = releaser_of(ledger, queue)
     assert releaser.release(batch(0)).groups == 1
     assert releaser.release(batch(5)).groups == 0, "one rollout of it still in flight"
     assert releaser.release(batch(6)).groups == 1
@@ -175,7 +182,7 @@ def test_a_group_larger_than_the_window_goes_alone_when_nothing_is_in_flight() -
 
 def test_concurrent_releasers_advance_the_cursor_once() -> None:
     ledger, queue = setup()
-    first, second = Releaser(ledger, queue, "q"), Releaser(ledger, queue, "q")  # type: ignore[arg-type]
+    first, second = releaser_of(ledger, queue), releaser_of(ledger, queue)
     stale = ledger.cursor("batch-1")
     assert first.release(batch(0)).rollouts == 8
     assert second.release(batch(0), cursor=stale).rollouts == 0, "its conditional advance lost"
@@ -184,7 +191,7 @@ def test_concurrent_releasers_advance_the_cursor_once() -> None:
 
 def test_a_crashed_releaser_is_recovered_once_its_lease_has_expired() -> None:
     ledger, queue = setup()
-    releaser = Releaser(ledger, queue, "q")  # type: ignore[arg-type]
+    releaser = releaser_of(ledger, queue)
     queue.fail_next = True
     with pytest.raises(ConnectionError):
         releaser.release(batch(0))
@@ -193,17 +200,17 @@ def test_a_crashed_releaser_is_recovered_once_its_lease_has_expired() -> None:
     assert ledger.cursor_item.sending == ("g0", "g1")
     assert releaser.release(batch(0)).recovered == 0, "the lease still holds: its owner may be sending"
     ledger.now += RELEASE_LEASE_S + 1
-    done = Releaser(ledger, queue, "q").release(batch(0))  # type: ignore[arg-type]
+    done = releaser_of(ledger, queue).release(batch(0))  # type: ignore[arg-type]
     assert (done.recovered, done.rollouts) == (2, 0)
     assert queue.rollouts() == rollouts(["g0", "g1"]), "re-sent once, nothing beyond the window"
     assert ledger.cursor_item.sending == ()
-    assert Releaser(ledger, queue, "q").release(batch(4)).rollouts == 4  # type: ignore[arg-type]
+    assert releaser_of(ledger, queue).release(batch(4)).rollouts == 4  # type: ignore[arg-type]
     assert queue.rollouts() == rollouts(["g0", "g1", "g2"])
 
 
 def test_a_cancelled_batch_releases_nothing_more() -> None:
     ledger, queue = setup()
-    releaser = Releaser(ledger, queue, "q")  # type: ignore[arg-type]
+    releaser = releaser_of(ledger, queue)
     releaser.release(batch(0))
     done = releaser.release(batch(8, cancelled=True))
     assert (done.rollouts, done.closed) == (0, True)
@@ -214,14 +221,14 @@ def test_a_cancelled_batch_releases_nothing_more() -> None:
 def test_no_window_no_cursor_nothing_released() -> None:
     ledger = MemoryReleaseLedger(0)
     queue = RecordingQueue()
-    releaser = Releaser(ledger, queue, "q")  # type: ignore[arg-type]
+    releaser = releaser_of(ledger, queue)
     assert releaser.release(batch(1)).rollouts == 0
     assert releaser.no_room_known(batch(1)), "a batch without a cursor once a rollout ended: never read again"
 
 
 def test_one_release_sends_at_most_what_the_dispatchers_hold() -> None:
     ledger, queue = setup(window=16)
-    releaser = Releaser(ledger, queue, "q", most=8)  # type: ignore[arg-type]
+    releaser = releaser_of(ledger, queue, most=8)
     assert releaser.release(batch(0)).rollouts == 8, "the batch's start: what the dispatchers hold, not the window"
     assert releaser.release(batch(4)).rollouts == 8, "the window has room for 12: one release sends 8 of them"
     assert queue.rollouts() == rollouts(["g0", "g1", "g2", "g3"])
