@@ -1,41 +1,42 @@
 """The feed: the one way work reaches the rollout queue, with one verb per caller.
 
 - `submit` (ingestion, per chunk of accepted groups, and once more when ingestion ends): sends the groups' messages
-  at once when the window is off, else records them as pending and releases what fits (`feed.window`);
+  at once when the window is off, else hands them to the release window (`feed.window`), which releases what fits
+  and keeps the rest pending;
 - `after_terminal` (the outbox drain, after it published a terminal rollout): a rollout ended, the window may have
   room;
 - `after_dispatch` (the dispatcher, after its SQS batch): the queue drained, the window may have room;
-- `sweep` (the sweeper's backstop): releases for every batch whose cursor has not moved for a while, so a crashed
-  or failed release never stalls a batch.
+- `sweep` (the sweeper's backstop): counts every batch in the window again, re-sends a release whose sender
+  crashed, and releases what has room, so nothing stalls the window for longer than a sweep.
 
 Each caller hands over the batch view it already holds; the feed reads a batch only in the sweep, or when the view
 a chunk came with is too old to show the room its rollouts made (ingestion's views carry no counters). Every
 release but ingestion's is best effort: a failure is logged and the next terminal rollout, dispatch or sweep
-releases instead. `wiring.Wiring.feed` builds one per process, so its memory of each batch's cursor (which spares a
-read per terminal rollout, `ReleaseWindow.no_room_known`) is shared by every stage there.
+releases instead. `wiring.Wiring.feed` builds one per process, so its memory of the window (which spares a read
+per terminal rollout, `ReleaseWindow.no_room_known`) is shared by every stage there.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final
 
-from rollout_pipeline.config import HandlerSettings
+from rollout_pipeline.config import ExperimentConfig, HandlerSettings
 from rollout_pipeline.feed.messages import QueuedGroup, bodies_of
-from rollout_pipeline.feed.window import ReleaseResult, ReleaseWindow, max_release, window_size
+from rollout_pipeline.feed.window import ReleaseWindow, max_release, window_size
 from rollout_pipeline.ledger.items import BatchView
 from rollout_pipeline.ledger.ledger import Ledger
-from rollout_pipeline.ledger.release import PendingGroup
 from rollout_pipeline.ports import MessageQueue
 
 log = logging.getLogger(__name__)
 
-#: The sweep releases for batches whose cursor was last written longer ago than this (others are moving).
-SWEEP_AGE_S: Final = 30
+#: Batches of the window one sweep counts again at most (a Query each), oldest first.
+SWEEP_BATCHES: Final = 100
 #: SendMessageBatch carries at most this many messages.
 _SQS_BATCH: Final = 10
 
@@ -44,7 +45,7 @@ _SQS_BATCH: Final = 10
 class SubmitResult:
     """What one `Feed.submit` did."""
 
-    #: Rollouts of the chunk taken in: sent at once (no window) or recorded as pending.
+    #: Rollouts of the chunk taken in: sent at once (no window) or handed to the window.
     rollouts: int = 0
     #: Rollouts sent to the queue by this call (the chunk's at once, or what its release sent).
     sent: int = 0
@@ -66,20 +67,21 @@ class Feed:
     """Work into the rollout queue (see the module doc). Build one per process (`wiring.Wiring.feed`)."""
 
     def __init__(
-        self,
-        ledger: Ledger,
-        queue: MessageQueue,
-        settings: HandlerSettings,
-        *,
-        send_threads: int = 4,
+        self, ledger: Ledger, queue: MessageQueue, settings: HandlerSettings, *, send_threads: int = 4
     ) -> None:
         self.ledger = ledger
         self.queue = queue
         self.queue_url = settings.rollout_queue_url
+        self.config = settings.experiment
         self.window = window_size(settings.experiment)
         self.send_threads = send_threads
         self.releases = ReleaseWindow(
-            ledger.release, ledger.batches.read_groups, self._send_in_order, most=max_release(settings.experiment)
+            ledger.release,
+            ledger.batches.read_groups,
+            self._send_in_order,
+            size=self.window,
+            most=max_release(settings.experiment),
+            slots=settings.experiment.max_sessions,
         )
         self._executor: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
@@ -88,73 +90,79 @@ class Feed:
 
     def submit(self, batch: BatchView, groups: Sequence[QueuedGroup] = ()) -> SubmitResult:
         """Ingestion's chunk of accepted groups (line order) of `batch` (the view ingestion holds): sent at once
-        without a window, else recorded as pending and released as far as the window has room. Without groups
-        (ingestion ended, `batch` its final view): release what is left, or close the window's cursor. Raises
-        when the messages or the pending groups could not be written (the chunk is then not checkpointed)."""
+        without a window, else handed to the window, which releases what fits and keeps the rest pending. Without
+        groups (ingestion ended, `batch` its final view): the window learns the batch's total and releases what
+        has room. Raises when the chunk could not be recorded (it is then not checkpointed, and handed over again
+        by the redelivery)."""
         rollouts = sum(group.group_size for group in groups)
         if not self.window:
             bodies = bodies_of(groups)
             self._send_at_once(bodies)
             return SubmitResult(rollouts=rollouts, sent=len(bodies), drained=True)
-        if groups:
-            pending = [PendingGroup(g.input_id, g.line or 0, g.group_size) for g in groups]
-            self.ledger.release.add_pending(batch.batch_id, pending, window=self.window)
-        try:
-            done = self.releases.release(batch, known={group.input_id: group for group in groups})
-            if done.short_of_room and batch.rollouts_total is None:  # the view may not show the room made since
+        done = self.releases.release(submitted=batch, chunk=groups)
+        if done.refused:
+            log.warning("batch %s: the release window holds too many batches; sent at once", batch.batch_id)
+            bodies = bodies_of(groups)
+            self._send_at_once(bodies)
+            return SubmitResult(rollouts=rollouts, sent=len(bodies), drained=True)
+        if done.short_of_room and batch.rollouts_total is None:  # the view may not show the room made since
+            try:
                 fresh = self.ledger.batches.read_batch(batch.batch_id)
                 if fresh is not None and fresh.terminal > batch.terminal:
-                    done = self.releases.release(fresh, known={group.input_id: group for group in groups})
-        except Exception:  # recorded as pending (or as being sent): a terminal rollout or the sweep releases them
-            log.exception("batch %s: release deferred", batch.batch_id)
-            return SubmitResult(rollouts=rollouts)
+                    done = replace(self.releases.release([fresh]), drained=done.drained)
+            except Exception:  # handed over: a terminal rollout or the sweep releases it
+                log.exception("batch %s: release deferred", batch.batch_id)
         return SubmitResult(rollouts=rollouts, sent=done.rollouts, drained=done.drained)
 
     def after_terminal(self, batch: BatchView | None) -> None:
         """A rollout of `batch` ended (its view, read after the terminal transaction): release if there is room.
-        No read at all when this process's last view of the cursor already shows there is none."""
+        No read at all when this process's last view of the window already shows there is none."""
         if batch is not None:
-            self._release_if_room(batch)
+            self._release_if_room([batch])
 
     def after_dispatch(self, batches: Iterable[BatchView]) -> None:
         """A dispatcher handled an SQS batch of these batches' rollouts (views read before its dispatches: their
         `terminal` can only be behind, which only hides room): release if there is room. One release sends at most
         what the dispatchers hold, so rollouts longer than it takes to start that many would otherwise wait for
         the first terminal rollout or the sweep."""
-        for batch in batches:
-            self._release_if_room(batch)
+        self._release_if_room(list(batches))
 
-    def sweep(self, *, age_s: int = SWEEP_AGE_S) -> FeedSweepResult:
-        """Release for every batch whose cursor is still open and was last written more than `age_s` ago."""
+    def sweep(self) -> FeedSweepResult:
+        """The backstop: count every batch in the window again from its view (at most `SWEEP_BATCHES`, oldest
+        first), forget batches that no longer exist, re-send a release whose sender crashed, and release what has
+        room. A crashed or failed release, or a count that fell behind, never stalls the window for longer."""
         result = FeedSweepResult()
+        if not self.window:
+            return result
         try:
-            due = self.ledger.release.due(self.ledger.release.epoch() - age_s)
+            state = self.ledger.release.read_window()
+            views: list[BatchView] = []
+            gone: list[str] = []
+            for batch_id, _entry in state.in_order()[:SWEEP_BATCHES]:
+                view = self.ledger.batches.read_batch(batch_id)
+                if view is None:
+                    gone.append(batch_id)
+                else:
+                    views.append(view)
+            done = self.releases.release(views, forget=gone, recount=True)
         except Exception:  # the next sweep looks again
-            log.exception("feed sweep: the release cursors could not be read")
+            log.exception("feed sweep: the release window could not be swept")
             result.errors += 1
             return result
-        for batch_id in due:
-            result.batches += 1
-            try:
-                batch = self.ledger.batches.read_batch(batch_id)
-                done = self.releases.release(batch) if batch is not None else ReleaseResult()
-            except Exception:
-                log.exception("feed sweep: release of batch %s failed", batch_id)
-                result.errors += 1
-                continue
-            result.rollouts += done.rollouts
-            result.recovered += done.recovered
+        result.batches = len(state.entries)
+        result.rollouts = done.rollouts
+        result.recovered = done.recovered
         return result
 
     # -------------------------------------------------------------------------------------------- internals
 
-    def _release_if_room(self, batch: BatchView) -> None:
-        if self.releases.no_room_known(batch):
+    def _release_if_room(self, batches: list[BatchView]) -> None:
+        if not self.window or not batches or self.releases.no_room_known(batches):
             return
         try:
-            self.releases.release(batch)
+            self.releases.release(batches)
         except Exception:  # the next terminal rollout, or the sweep, releases instead
-            log.exception("release of batch %s deferred", batch.batch_id)
+            log.exception("release after %s deferred", ", ".join(b.batch_id for b in batches))
 
     def _send_in_order(self, bodies: list[str]) -> None:
         """Send a release's message bodies, in order (one SQS batch after the other)."""
@@ -179,3 +187,34 @@ class Feed:
         futures = [executor.submit(self.queue.send_all, self.queue_url, part) for part in slices]
         for future in futures:
             future.result()
+
+
+def start_warnings(config: ExperimentConfig, rollouts: int) -> tuple[str, ...]:
+    """Why some of a batch's `rollouts` may wait longer than `max_limit_wait_s` for a session once in the queue,
+    and so fail `throttled`, if every running rollout ran to `rollout_timeout_s`: with the window, what the window
+    lets wait beyond `max_sessions` (work beyond the window waits as pending, which no limit counts); without it,
+    the batch's own rollouts beyond `max_sessions` (other batches' queued work comes on top)."""
+    if rollouts <= 0:
+        return ()
+    window, slots = window_size(config), config.max_sessions
+    waiting = max(0, min(window, rollouts) - slots) if window else max(0, rollouts - slots)
+    waits_s = math.ceil(waiting / slots) * config.rollout_timeout_s
+    if waits_s <= config.max_limit_wait_s:
+        return ()
+    if window:
+        why = (
+            f"the release window ({window}) lets {waiting} rollouts wait beyond max_sessions ({slots}): with "
+            f"rollouts running up to rollout_timeout_s ({config.rollout_timeout_s} s), one may wait {waits_s} s"
+        )
+        fix = "lower release_window (or raise max_limit_wait_s)"
+    else:
+        why = (
+            f"without a release window all {rollouts} rollouts are queued at once for max_sessions "
+            f"({slots}): with rollouts running up to rollout_timeout_s ({config.rollout_timeout_s} s), the last may "
+            f"wait {waits_s} s"
+        )
+        fix = "turn the release window on (release_window unset) or raise max_limit_wait_s"
+    return (
+        f"rollouts may not start within max_limit_wait_s ({config.max_limit_wait_s} s) and then fail throttled: "
+        f"{why}; {fix}",
+    )

@@ -38,7 +38,7 @@ from rollout_pipeline.contracts import (
     utcnow,
 )
 from rollout_pipeline.details import batch_accepted_detail, batch_completion_detail
-from rollout_pipeline.feed.feed import Feed
+from rollout_pipeline.feed.feed import Feed, start_warnings
 from rollout_pipeline.feed.messages import QueuedGroup
 from rollout_pipeline.ingest.errors import ErrorLog
 from rollout_pipeline.ingest.reader import DatasetFormatError, RawRecord, dataset_kind, read_records
@@ -143,6 +143,8 @@ class IngestResult:
     published: list[str] = field(default_factory=list)
     #: Rejected rows in detail (SDK submissions only: files get an errors object instead).
     errors: list[dict[str, Any]] = field(default_factory=list)
+    #: Why some rollouts may wait too long for a session and fail `throttled` (also in `Batch Accepted`).
+    warnings: list[str] = field(default_factory=list)
 
 
 def parse_ingest_message(body: Mapping[str, Any]) -> DatasetObject:
@@ -334,12 +336,16 @@ class Ingestion:
 
     def publish_batch_events(self, item: BatchView) -> list[str]:
         """Publish the end-of-ingestion events of a batch; return their detail types."""
-        details: list[Any] = [batch_accepted_detail(item)]
+        details: list[Any] = [batch_accepted_detail(item, self.start_warnings(item))]
         if batch_completion_detail(item) is not None:
             stamped = self.ports.ledger.batches.mark_completed(item.batch_id)
             details.append(batch_completion_detail(stamped))
         self.ports.publisher.publish(details)
         return [type(d).__name__ for d in details]
+
+    def start_warnings(self, item: BatchView) -> list[str]:
+        """Why rollouts of a batch whose ingestion ended may wait too long for a session (`feed.start_warnings`)."""
+        return list(start_warnings(self.settings.experiment, item.rollouts_total or 0))
 
     def _run(
         self, obj: DatasetObject, item: BatchView, *, owner: str, remaining_ms: Callable[[], int] | None
@@ -634,6 +640,9 @@ class _Run:
         )
         result = self._result(outcome)
         result.published = published
+        result.warnings = self.ingestion.start_warnings(item)
+        for warning in result.warnings:
+            logger.warning("batch %s: %s", self.batch_id, warning)
         return result
 
     def _result(self, outcome: Outcome) -> IngestResult:

@@ -269,7 +269,7 @@ def test_metadata_overrides_group_size_and_policy_version(resources: ExperimentR
 def test_gzip_dataset(resources: ExperimentResources) -> None:
     rows = [{"id": f"g{i}", "x": i} for i in range(12)]
     event = upload(resources, "datasets/zipped.jsonl.gz", gzip.compress(jsonl(rows)))
-    result = make_ingestion(resources, chunk_rows=5).handle_message(event, owner="m")
+    result = make_ingestion(resources, chunk_rows=5, release_window=0).handle_message(event, owner="m")
     assert (result.outcome, result.rows_accepted, result.rollouts_enqueued) == ("accepted", 12, 24)
     assert pairs(rollout_messages(resources)) == expected_pairs([f"g{i}" for i in range(12)], 2)
 
@@ -558,10 +558,12 @@ def test_resume_after_a_crash_after_sending_resends_only_the_unfinished_chunk(re
     event = upload(resources, "datasets/crash.jsonl", jsonl(rows) + b"bad\n")
     crashing = CrashAfterCheckpointLedger(resources.table_name, crash_on=2)
     with pytest.raises(Interrupted):
-        make_ingestion(resources, ledger=crashing, chunk_rows=5).handle_message(event, owner="msg-1")
+        make_ingestion(resources, ledger=crashing, chunk_rows=5, release_window=0).handle_message(event, owner="msg-1")
     # Chunk 2 was checkpointed but the worker died; its lease (another owner) expires after the lease time.
     later = Ledger.open(resources.table_name, clock=LaterClock()).batches
-    result = make_ingestion(resources, ledger=later, chunk_rows=5).handle_message(event, owner="msg-2")
+    result = make_ingestion(resources, ledger=later, chunk_rows=5, release_window=0).handle_message(
+        event, owner="msg-2"
+    )
 
     assert result.outcome == "accepted"
     messages = rollout_messages(resources)

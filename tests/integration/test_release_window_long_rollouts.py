@@ -16,7 +16,7 @@ from rollout_pipeline.ingest.core import Ingestion, IngestPorts
 from rollout_pipeline.ledger.ledger import Ledger
 from rollout_pipeline.local.resources import ExperimentResources
 from tests.integration.lifecycle_support import batch_view, dispatch_once, moto_lock
-from tests.integration.test_release_window import RecordingQueue, lifecycle
+from tests.integration.test_release_window import lifecycle, recording_queue
 
 pytestmark = pytest.mark.usefixtures(moto_lock.__name__)
 
@@ -47,7 +47,7 @@ def fake_behaviour() -> Behaviour:
 def test_the_dispatchers_release_once_they_drained_the_queue_before_any_rollout_ended(
     resources: ExperimentResources, fake: FakeAgentRuntime, experiment_config: ExperimentConfig
 ) -> None:
-    queue = RecordingQueue(resources.rollout_queue_url)
+    queue = recording_queue(resources)
     settings = resources.settings()
     ledger = Ledger.open(settings.table_name)
     ingestion = Ingestion(
