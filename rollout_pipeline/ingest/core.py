@@ -13,7 +13,7 @@ Plain Python over the ports (`ObjectStore`, `MessageQueue`, `EventPublisher`) an
 4. rewrite the errors object, then checkpoint the cursor and counters on the batch item (conditional on the
    previous cursor and our lease), which also reveals a cancellation.
 
-When the Lambda runs low on time it checkpoints, releases its lease and enqueues a continuation message on the
+When the Lambda runs low on time it checkpoints, gives up its lease and enqueues a continuation message on the
 ingest queue. Every step is idempotent, so any redelivery or crash resumes from the last checkpoint.
 """
 
@@ -332,7 +332,13 @@ class Ingestion:
     def _republish(self, item: BatchView, outcome: Outcome) -> IngestResult:
         """Publish `Batch Accepted` (and `Batch Completed` when complete) of a batch whose ingestion ended."""
         published = self.publish_batch_events(item)
-        return IngestResult(outcome, item.batch_id, progress=IngestProgress.of(item), published=published)
+        return IngestResult(
+            outcome,
+            item.batch_id,
+            progress=IngestProgress.of(item),
+            published=published,
+            warnings=self.start_warnings(item),
+        )
 
     def publish_batch_events(self, item: BatchView) -> list[str]:
         """Publish the end-of-ingestion events of a batch; return their detail types."""
@@ -563,7 +569,7 @@ class _Run:
         self.drained = submitted.drained
         return len(queued), len(rejections), submitted.rollouts
 
-    def _checkpoint(self, progress: IngestProgress, *, release: bool = False) -> None:
+    def _checkpoint(self, progress: IngestProgress, *, give_up_lease: bool = False) -> None:
         if self.errors_target is not None and self.errors.dirty:
             bucket, key = self.errors_target
             self.ports.store.put_bytes(bucket, key, self.errors.render(final=False), content_type=NDJSON)
@@ -574,7 +580,7 @@ class _Run:
             previous_cursor=self.progress.cursor,
             progress=progress,
             lease_seconds=self.tuning.lease_seconds,
-            release=release,
+            give_up_lease=give_up_lease,
         )
         self.progress = progress
         self.view = item
@@ -583,8 +589,8 @@ class _Run:
             self.cancelled = True
 
     def continue_later(self, obj: DatasetObject) -> IngestResult:
-        """Release the lease at the last checkpoint and enqueue a continuation on the ingest queue."""
-        self._checkpoint(self.progress, release=True)
+        """Give up the lease at the last checkpoint and enqueue a continuation on the ingest queue."""
+        self._checkpoint(self.progress, give_up_lease=True)
         body = continuation_body(obj, self.batch_id, self.progress.cursor)
         self.ports.queue.send_all(self.ports.settings.ingest_queue_url, [body])
         logger.info("batch %s: time is short, continuing after line %s", self.batch_id, self.progress.cursor)
@@ -624,8 +630,8 @@ class _Run:
             progress=self.progress,
             errors_uri=errors_uri,
         )
-        # The submission at the end closes the window's cursor, or releases what a chunk's left pending; when that
-        # left nothing, the next release (a terminal rollout's, or the sweep's) closes it instead.
+        # The submission at the end gives the window the batch's total and releases what a chunk left pending; when
+        # the chunks left nothing pending, the next release (a terminal rollout's, or the sweep's) learns the total.
         if not item.cancelled and not self.drained:
             self.ingestion.feed.submit(item)
         published = self.ingestion.publish_batch_events(item)

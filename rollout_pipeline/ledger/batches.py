@@ -337,18 +337,18 @@ class BatchLedger:
         previous_cursor: int,
         progress: IngestProgress,
         lease_seconds: int,
-        release: bool = False,
+        give_up_lease: bool = False,
     ) -> BatchView:
         """Record progress up to `progress.cursor`; conditional on our lease and the previous cursor.
 
-        Renews the lease (or releases it with `release=True`, so a continuation can take over at once).
+        Renews the lease (or gives it up with `give_up_lease=True`, so a continuation can take over at once).
         Returns the updated batch item (without its counters): its `status` tells whether someone cancelled the
         batch meanwhile.
         Raises `LedgerConflict` when the lease or the cursor moved (another worker took over).
         """
         values = self._progress_values(progress)
         values.update({":me": owner, ":prev": previous_cursor})
-        values[":until"] = 0 if release else self.table.epoch() + lease_seconds
+        values[":until"] = 0 if give_up_lease else self.table.epoch() + lease_seconds
         item = self.table.update(
             keys.batch_key(batch_id),
             _PROGRESS_SET + ", #lease = :until",

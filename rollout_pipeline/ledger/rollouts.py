@@ -2,7 +2,7 @@
 
 Every transition is one conditional write or one DynamoDB transaction keyed on the rollout's `(state, attempt)`:
 a duplicated or stale delivery fails the condition and changes nothing. The transactions that end a rollout also
-release its session slot (when it held one), bump the group and batch counters and set the outbox attributes, so
+free its session slot (when it held one), bump the group and batch counters and set the outbox attributes, so
 the side effects (publish, stop session, enqueue the retry) can always be finished later by whoever finds them.
 """
 
@@ -56,8 +56,8 @@ LedgerError = table.LedgerError
 
 
 def slot_holder(ref: AttemptRef) -> str:
-    """The name a rollout attempt's session slot is given back under (`LimitLedger.release_slot` spreads the
-    releases over the slot counters by it)."""
+    """The name a rollout attempt's session slot is given back under (`LimitLedger.free_slot` spreads the
+    slots it gives back over the counters by it)."""
     return f"{ref.batch_id}/{ref.input_id}#{ref.index}@{ref.attempt}"
 
 
@@ -262,7 +262,7 @@ class RolloutLedger:
             is not None
         )
 
-    def release_to_queue(self, ref: AttemptRef) -> bool:
+    def undo_dispatch(self, ref: AttemptRef) -> bool:
         """Give the slot back after ACR kept throttling: dispatched(n) without invoke -> queued(n), in_flight -1."""
         update = self.table.update_op(
             keys.rollout_key(ref.batch_id, ref.input_id, ref.index),
@@ -271,7 +271,7 @@ class RolloutLedger:
             {":queued": QUEUED, ":dispatched": DISPATCHED, ":attempt": ref.attempt},
             {"#st": "state", "#dlpk": keys.DEADLINE_PK, "#dlsk": keys.DEADLINE_SK},
         )
-        return self._transact([{"Update": update}, self.limits.release_slot(slot_holder(ref))]) is None
+        return self._transact([{"Update": update}, self.limits.free_slot(slot_holder(ref))]) is None
 
     def _outbox_values(self, ref: AttemptRef) -> dict[str, Any]:
         """A new outbox entry (its index key, id and the writer's lease), stamped now."""
@@ -295,11 +295,11 @@ class RolloutLedger:
         policy_version: str | None = None,
         hold_slot_until: int | None = None,
     ) -> bool:
-        """The one terminal transition of a rollout, with its counters, slot release and outbox, atomically.
+        """The one terminal transition of a rollout, with its counters, freed slot and outbox, atomically.
 
-        `from_state`: DISPATCHED (releases the slot), QUEUED, or None (no item yet: cancel before dispatch).
+        `from_state`: DISPATCHED (frees the slot), QUEUED, or None (no item yet: cancel before dispatch).
         `hold_slot_until` (with DISPATCHED and `session_id`): keep the slot for the session instead, and stop it
-        through the outbox; `release_stopped` frees the slot once the stop is confirmed, or after that epoch.
+        through the outbox; `free_stopped` frees the slot once the stop is confirmed, or after that epoch.
         Returns False when the condition failed (another delivery already moved the rollout).
         """
         entry = self._outbox_values(ref)
@@ -400,7 +400,7 @@ class RolloutLedger:
             {"Update": self._batch_counts(ref, outcome)},
         ]
         if from_state == DISPATCHED and not hold:
-            items.append(self.limits.release_slot(slot_holder(ref)))
+            items.append(self.limits.free_slot(slot_holder(ref)))
         return self._transact_guarded(items, f"terminal transaction for {ref.batch_id}/{ref.rollout_id}")
 
     def _terminal_update(
@@ -501,7 +501,7 @@ class RolloutLedger:
         stop_pending: bool,
         hold_slot_until: int | None = None,
     ) -> bool:
-        """A timed-out attempt with attempts left: dispatched(n) -> queued(n+1), slot released, outbox enqueue.
+        """A timed-out attempt with attempts left: dispatched(n) -> queued(n+1), slot freed, outbox enqueue.
         `hold_slot_until`: keep the slot for the old session until its stop is confirmed (see `finish`)."""
         hold = hold_slot_until is not None and bool(rec.session_id)
         stop_pending = stop_pending or hold
@@ -541,24 +541,24 @@ class RolloutLedger:
         )
         if hold:
             return self._transact([{"Update": update}]) is None
-        return self._transact([{"Update": update}, self.limits.release_slot(slot_holder(rec.ref))]) is None
+        return self._transact([{"Update": update}, self.limits.free_slot(slot_holder(rec.ref))]) is None
 
     # ------------------------------------------------------------------------------------ stops and held slots
 
-    def release_stopped(self, rec: RolloutRecord, session_id: str, *, clear_entry: bool = False) -> bool:
+    def free_stopped(self, rec: RolloutRecord, session_id: str, *, clear_entry: bool = False) -> bool:
         """A session's stop is confirmed (or AgentCore has reaped it): forget it and, if it still held a slot,
-        release the slot, atomically and once. False if someone else did it first.
+        free the slot, atomically and once. False if someone else did it first.
 
         `clear_entry`: this was the entry's last pending action (the caller holds the entry and has done the
         others): the same write also removes the entry (`clear_outbox`), conditional on `outbox_id`. If the entry
-        has moved on meanwhile (a later transition set a new one) or the slot was released already, the session is
-        forgotten, its slot released and the entry cleared as by separate writes (the newer entry stays)."""
-        if clear_entry and rec.outbox_id is not None and self._release_and_clear(rec, session_id):
+        has moved on meanwhile (a later transition set a new one) or the slot was freed already, the session is
+        forgotten, its slot freed and the entry cleared as by separate writes (the newer entry stays)."""
+        if clear_entry and rec.outbox_id is not None and self._free_and_clear(rec, session_id):
             return True
         key = keys.rollout_key(rec.batch_id, rec.input_id, rec.index)
         if session_id not in rec.held_slots:
             self.table.update(key, "DELETE stop_sessions :s, stop_not_found :s", None, {":s": {session_id}})
-            released = True
+            freed = True
         else:
             update = self.table.update_op(
                 key,
@@ -566,13 +566,13 @@ class RolloutLedger:
                 "contains(held_slots, :sid)",
                 {":s": {session_id}, ":sid": session_id},
             )
-            released = self._transact([{"Update": update}, self.limits.release_slot(session_id)]) is None
+            freed = self._transact([{"Update": update}, self.limits.free_slot(session_id)]) is None
         if clear_entry:  # the combined write's condition failed: clear the entry if it is still the one read
             self.clear_outbox(rec)
-        return released
+        return freed
 
-    def _release_and_clear(self, rec: RolloutRecord, session_id: str) -> bool:
-        """`release_stopped` and `clear_outbox` in one write: False (nothing written) when the entry is not the
+    def _free_and_clear(self, rec: RolloutRecord, session_id: str) -> bool:
+        """`free_stopped` and `clear_outbox` in one write: False (nothing written) when the entry is not the
         one read or, with a held slot, the slot is no longer held."""
         key = keys.rollout_key(rec.batch_id, rec.input_id, rec.index)
         held = session_id in rec.held_slots
@@ -588,7 +588,7 @@ class RolloutLedger:
             return self.table.update(key, update, condition, values, names) is not None
         op = self.table.update_op(key, update, condition, values, names)
         return self._transact_guarded(
-            [{"Update": op}, self.limits.release_slot(session_id)], f"slot release for {session_id}"
+            [{"Update": op}, self.limits.free_slot(session_id)], f"freeing the slot of {session_id}"
         )
 
     def note_stop_failed(self, rec: RolloutRecord, *, next_epoch: int, not_found: Sequence[str] = ()) -> None:
@@ -670,7 +670,7 @@ class RolloutLedger:
             is not None
         )
 
-    def release_outbox(self, rec: RolloutRecord, done: frozenset[str] = frozenset()) -> None:
+    def return_outbox(self, rec: RolloutRecord, done: frozenset[str] = frozenset()) -> None:
         """Give an outbox entry back after a failed side effect, so a redelivery may drain it at once; `done`: the
         entry's actions that were performed before the failure, taken out of it in the same write."""
         if rec.outbox_id is None:

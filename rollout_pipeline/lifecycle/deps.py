@@ -42,7 +42,7 @@ class LifecycleDeps:
     reinvoke_grace_s: float = 60.0
     #: The sweeper drains outbox entries older than this (younger ones are still being handled by their owner).
     outbox_age_s: float = 30.0
-    #: Throttled invokes are retried this many times (each with a new TPS token) before the slot is released.
+    #: Throttled invokes are retried this many times (each with a new TPS token) before the slot is freed.
     invoke_retries: int = 3
     #: Dispatcher threads per SQS batch (also completion threads).
     dispatch_threads: int = 10

@@ -77,7 +77,7 @@ class Dispatch(StrEnum):
     CANCELLED = "cancelled"  # the batch is cancelled: the rollout ended as cancelled
     REJECTED = "rejected"  # ACR refused for good: Rollout Failed (invoke_rejected)
     REQUEUED_LIMIT = "requeued_limit"  # still waiting for a limit at the end of the budget: re-sent fresh
-    REQUEUED_THROTTLED = "requeued_throttled"  # ACR kept throttling: slot released, re-sent fresh
+    REQUEUED_THROTTLED = "requeued_throttled"  # ACR kept throttling: slot freed, re-sent fresh
     REQUEUED_NO_TIME = "requeued_no_time"  # too little time left for an invoke to end in it: re-sent fresh
     STOPPED_LATE = "stopped_late"  # invoked, but the rollout was cancelled/ended meanwhile: session stopped
     THROTTLED = "throttled"  # waited for limits too often or too long: Rollout Failed (throttled)
@@ -369,16 +369,16 @@ def _invoke(
         except NoCallBudget:  # no call was made: our own budgets had no slot before the invoke had to start
             if not new_session:  # the attempt stays dispatched: the re-sent message invokes the same session
                 return _requeue(message, deps, Dispatch.REQUEUED_NO_TIME)
-            if deps.ledger.rollouts.release_to_queue(message.ref):
+            if deps.ledger.rollouts.undo_dispatch(message.ref):
                 return _requeue(message, deps, Dispatch.REQUEUED_LIMIT)
             return Dispatch.STALE
         except RuntimeThrottled as exc:
             backoff = min(0.25 * 2**attempt, 4.0) * random.uniform(0.5, 1.0)
             if attempt == deps.invoke_retries or deps.clock.monotonic() + backoff > start_by:
-                log.warning("ACR kept throttling %s: %s; releasing the slot", session_id, exc)
+                log.warning("ACR kept throttling %s: %s; freeing the slot", session_id, exc)
                 if not new_session:  # a session exists (cold-started): end the attempt, stop it
                     return _cold_start_failed(message, deps, options, str(exc), wait_until)
-                if deps.ledger.rollouts.release_to_queue(message.ref):
+                if deps.ledger.rollouts.undo_dispatch(message.ref):
                     return _requeue(message, deps, Dispatch.REQUEUED_THROTTLED)
                 return Dispatch.STALE  # the rollout moved on meanwhile (cancelled, invoked elsewhere)
             deps.clock.sleep(backoff)
@@ -395,10 +395,10 @@ def _invoke(
         if not confirmed:  # the sweeper's outbox scan stops it later
             log.warning("session %s invoked after its rollout ended: its stop is filed in the outbox", session_id)
             deps.ledger.rollouts.file_stop(message.ref, session_id)
-            return Dispatch.STOPPED_LATE  # its slot, if held, is released with the confirmed stop
+            return Dispatch.STOPPED_LATE  # its slot, if held, is freed with the confirmed stop
         after = deps.ledger.rollouts.get_rollout(message.batch_id, message.input_id, message.index)
         if after is not None and session_id in after.held_slots:
-            deps.ledger.rollouts.release_stopped(after, session_id)
+            deps.ledger.rollouts.free_stopped(after, session_id)
         return Dispatch.STOPPED_LATE
     deps.metrics.count(DISPATCHED_METRIC)
     return Dispatch.REINVOKED if reinvoke else Dispatch.INVOKED

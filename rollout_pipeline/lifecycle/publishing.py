@@ -129,13 +129,13 @@ def drain(
         if OUTBOX_STOP in rec.outbox and rec.stop_sessions:
             if OUTBOX_ENQUEUE in done:  # recorded at once: a retry message sent again could invoke again
                 deps.ledger.rollouts.outbox_done(rec, done)
-            # A publish is recorded by the stops' own write (`finish_stops`: the slot's release, or the failed
-            # stop's re-filing), or by `release_outbox` if they raise.
+            # A publish is recorded by the stops' own write (`finish_stops`: the write that frees the slot, or the
+            # failed stop's re-filing), or by `return_outbox` if they raise.
             if stops:
                 stopping.finish_stops(rec, deps, wait_until)
             return True
         deps.ledger.rollouts.clear_outbox(rec)
     except BaseException:
-        deps.ledger.rollouts.release_outbox(rec, done)
+        deps.ledger.rollouts.return_outbox(rec, done)
         raise
     return True

@@ -79,14 +79,15 @@ def make_ingestion(
     queue: MessageQueue | None = None,
     ledger: BatchLedger | None = None,
     release_window: int | None = None,
+    experiment: Mapping[str, Any] | None = None,
     **tuning: Any,
 ) -> Ingestion:
     """Ingestion over moto; `ledger`: its batch part (the rest of the ledger is the table's own);
-    `release_window=0`: ingestion itself sends every rollout message (no window)."""
+    `release_window=0`: ingestion itself sends every rollout message (no window); `experiment`: other settings."""
     settings = resources.settings()
-    if release_window is not None:
-        experiment = settings.experiment.model_copy(update={"release_window": release_window})
-        settings = settings.model_copy(update={"experiment": experiment})
+    changes = dict(experiment or {}) | ({} if release_window is None else {"release_window": release_window})
+    if changes:
+        settings = settings.model_copy(update={"experiment": settings.experiment.model_copy(update=changes)})
     whole = Ledger.open(settings.table_name)
     parts = dataclasses.replace(whole, batches=ledger) if ledger is not None else whole
     queue = queue or SqsQueue()
@@ -836,3 +837,19 @@ def test_batch_completion_detail() -> None:
     assert detail.event_id == ids.event_id("Batch Completed", "test-exp", "b-1")
     batch["status"] = "cancelled"
     assert batch_completion_detail(BatchView.of(typed(batch))) is not None, "a cancelled batch still completes"
+
+
+def test_a_batch_whose_rollouts_may_wait_past_the_limit_is_accepted_with_a_warning(
+    resources: ExperimentResources,
+) -> None:
+    """Without the window, 30 groups x 2 for 20 sessions queue 40 behind the running ones: with rollouts of up to
+    900 s, two rounds (1800 s) exceed a max_limit_wait_s of 1200 s. `Batch Accepted` and the result say so."""
+    event = upload(resources, "datasets/long.jsonl", jsonl([{"id": f"w{i}"} for i in range(30)]))
+    ingestion = make_ingestion(resources, release_window=0, experiment={"max_limit_wait_s": 1200})
+    result = ingestion.handle_message(event, owner="m")
+    (warning,) = result.warnings
+    assert "all 60 rollouts are queued at once for max_sessions (20)" in warning
+    (accepted,) = trainer_events(resources)
+    assert accepted["detail"]["warnings"] == [warning]
+    again = ingestion.handle_message(event, owner="m")
+    assert (again.outcome, again.warnings) == ("already_done", [warning]), "a duplicate event says it again"

@@ -229,3 +229,21 @@ def test_the_window_never_holds_more_than_its_size_whatever_the_order_of_events(
         (g.input_id, i) for b in totals for g in chunks[b] for i in range(g.group_size)
     ), "every rollout of every batch exactly once"
     assert h.ledger.state.entries == {}
+
+
+def test_a_batch_whose_rollouts_may_wait_past_max_limit_wait_s_is_warned_about() -> None:
+    from rollout_pipeline.config import ExperimentConfig
+    from rollout_pipeline.feed.feed import start_warnings
+
+    config = ExperimentConfig(name="exp", max_sessions=100, rollout_timeout_s=3600, max_limit_wait_s=7200)
+    assert start_warnings(config, 10_000) == (), "the window lets 50 wait for 100 sessions: one hour at most"
+    wide = config.model_copy(update={"release_window": 400})
+    (warning,) = start_warnings(wide, 10_000)
+    assert "the release window (400) lets 300 rollouts wait" in warning
+    assert "10800 s" in warning, "3 rounds of 100 sessions, each up to an hour"
+    assert start_warnings(wide, 150) == (), "what the batch lets wait: 50"
+    off = config.model_copy(update={"release_window": 0})
+    (warning,) = start_warnings(off, 400)
+    assert "all 400 rollouts are queued at once" in warning
+    assert "release_window unset" in warning
+    assert start_warnings(off, 200) == ()
