@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal
 
@@ -45,7 +45,9 @@ from rollout_pipeline.ingest.reader import DatasetFormatError, RawRecord, datase
 from rollout_pipeline.ledger.batches import GroupSpec, IngestProgress
 from rollout_pipeline.ledger.items import BatchView
 from rollout_pipeline.ledger.ledger import Ledger
+from rollout_pipeline.metric_names import ROLLOUTS_ENQUEUED, ROWS_ACCEPTED, ROWS_REJECTED, SUBMITTED
 from rollout_pipeline.ports import EventPublisher, MessageQueue, ObjectNotFound, ObjectStore
+from rollout_pipeline.sqs_batch import BatchOutcome, SqsRecord, run_partial_batch
 from rollout_pipeline.topology import FUNCTIONS
 
 logger = logging.getLogger(__name__)
@@ -147,6 +149,27 @@ class IngestResult:
     warnings: list[str] = field(default_factory=list)
 
 
+@dataclass
+class IngestRecordsResult(BatchOutcome[IngestResult]):
+    """What one SQS batch of ingest messages did: each message's `IngestResult`, and the failed ones (reported as
+    `batchItemFailures`)."""
+
+    def counts(self) -> dict[str, int]:
+        """The invocation's metric counts (`metric_names`)."""
+        done = list(self.outcomes.values())
+        enqueued = sum(r.rollouts_enqueued for r in done)
+        return {
+            ROWS_ACCEPTED: sum(r.rows_accepted for r in done),
+            ROWS_REJECTED: sum(r.rows_rejected for r in done),
+            ROLLOUTS_ENQUEUED: enqueued,
+            SUBMITTED: enqueued,
+        }
+
+    def summaries(self) -> BatchOutcome[str]:
+        """Each message's batch and outcome, as the summary line shows them."""
+        return BatchOutcome({mid: f"{r.batch_id}: {r.outcome}" for mid, r in self.outcomes.items()}, self.failures)
+
+
 def parse_ingest_message(body: Mapping[str, Any]) -> DatasetObject:
     """The dataset object of an ingest-queue body: an EventBridge S3 "Object Created" event, or a continuation
     `{"continue": {"detail": <the same S3 detail>, ...}}`."""
@@ -202,6 +225,26 @@ class Ingestion:
         `remaining_ms` reports the invocation's time left (None: unlimited, never continue).
         """
         return self.ingest_object(parse_ingest_message(body), owner=owner, remaining_ms=remaining_ms)
+
+    def handle_records(
+        self,
+        records: Sequence[SqsRecord],
+        *,
+        request_id: str = "",
+        remaining_ms: Callable[[], int] | None = None,
+    ) -> IngestRecordsResult:
+        """Process an SQS batch of ingest-queue records (`messageId`, `body`), one after the other. Each message owns
+        its ingest lease (a redelivery of this same message, after a crash or timeout, takes its own lease back at
+        once; duplicates of the S3 event are other messages and acknowledge); `request_id` for a record without an
+        id. A record that raises is a failure (redelivered)."""
+
+        def one(record: SqsRecord) -> IngestResult:
+            owner = str(record.get("messageId") or request_id)
+            return self.handle_message(json.loads(record["body"]), owner=owner, remaining_ms=remaining_ms)
+
+        result = IngestRecordsResult()
+        run_partial_batch(records, one, result, what="ingest message")
+        return result
 
     def ingest_object(
         self, obj: DatasetObject, *, owner: str, remaining_ms: Callable[[], int] | None = None
