@@ -249,7 +249,7 @@ def _time_moto(which: str) -> None:
     BotocoreStubber.process_request = timed  # type: ignore[method-assign]
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:  # noqa: C901 (one run's harness: its threads share the run's state through closures)
     from lambda_consumers import KeptMetrics, lambda_consumer, quiet_handlers
 
     from rollout_pipeline import ids

@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         return run(args)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:  # noqa: C901 (one run's harness: its threads share the run's state through closures)
     from lambda_consumers import KeptMetrics, lambda_consumer, quiet_handlers
 
     from rollout_pipeline.adapters import clients

@@ -501,7 +501,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if result["ok"] else 1
 
 
-def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str, Any]:
+def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str, Any]:  # noqa: C901 (one run's harness: its threads share the run's state through closures)
     from bench_acr_quotas import MOTO_TIME, ideal_group_schedule
     from bench_lifecycle import seed_groups
 

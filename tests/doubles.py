@@ -1,8 +1,8 @@
-"""In-memory doubles the unit tests share: a clock moved by hand, an object store, a queue that records what is
-sent to it, the release window's items and group items, the ledger's board and pace reads, and a queue with SQS's
-delivery semantics. Real AWS stand-ins
-(moto, the fake ACR, the faithful profile)
-live in `rollout_pipeline.fakes`; a double only one test needs stays in that test."""
+"""The doubles the tests share, one per idea: a clock moved by hand (`ManualClock`; `ShiftedClock` is the system
+clock moved forward, where real time must pass too), an object store, a queue that records what is sent to it, the
+release window's items and group items, the ledger's board and pace reads, and a queue with SQS's delivery
+semantics. Real AWS stand-ins (moto, the fake ACR, the faithful profile) live in `rollout_pipeline.fakes`; a double
+only one test needs stays in that test."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ import json
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 from rollout_pipeline.feed.messages import QueuedGroup
 from rollout_pipeline.ledger.items import GroupItem
 from rollout_pipeline.ledger.release import PendingGroup, Sending, WindowEntry, WindowState, pending_sk
-from rollout_pipeline.ports import MessageQueue, ObjectNotFound
+from rollout_pipeline.ports import MessageQueue, ObjectNotFound, SystemClock
 from rollout_pipeline.sdk.delivery import Delivery
 from rollout_pipeline.sdk.transport import parse_envelope
 
@@ -24,7 +24,8 @@ EPOCH: Final = datetime.fromtimestamp(0, UTC)
 
 
 class ManualClock:
-    """Time that moves only when told: `clock()` or `clock.time()` read it, `sleep` advances it (and is logged)."""
+    """Time that moves only when told: `clock()`, `time()` and `monotonic()` read it (epoch seconds), `now()` as a UTC
+    datetime (a `ports.Clock`), `sleep` advances it (and is logged in `slept`), `advance` moves it unlogged."""
 
     def __init__(self, start: float = 0.0) -> None:
         self.t = start
@@ -36,9 +37,32 @@ class ManualClock:
     def time(self) -> float:
         return self.t
 
+    def monotonic(self) -> float:
+        return self.t
+
+    def now(self) -> datetime:
+        return datetime.fromtimestamp(self.t, UTC)
+
     def sleep(self, seconds: float) -> None:
         self.slept.append(seconds)
         self.t += max(seconds, 0.0)
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
+
+
+class ShiftedClock(SystemClock):
+    """The system clock moved forward by `offset` (to pass deadlines without waiting, where real time must also
+    pass: threads, moto)."""
+
+    def __init__(self, offset_s: float = 0.0) -> None:
+        self.offset = timedelta(seconds=offset_s)
+
+    def now(self) -> datetime:
+        return super().now() + self.offset
+
+    def advance(self, seconds: float) -> None:
+        self.offset += timedelta(seconds=seconds)
 
 
 class MemoryStore:
@@ -73,25 +97,47 @@ class MemoryStore:
 
 
 class RecordingQueue:
-    """A `MessageQueue` that records every body sent (parsed, in sending order); with `inner`, also sends through
-    it, and with `only`, records the sends to that queue URL alone. `fail_next`: the next recorded send raises before
-    anything is sent (a sender crashing between its ledger write and its messages)."""
+    """A `MessageQueue` that records every body sent (parsed, in sending order) and every send call (its thread and
+    size); with `inner`, also sends through it, and with `only`, records the sends to that queue URL alone. The
+    `fail_on`-th recorded send (or the next one, `fail_next = True`) raises `error` before anything is sent: a sender
+    crashing between its ledger write and its messages."""
 
-    def __init__(self, inner: MessageQueue | None = None, only: str | None = None) -> None:
+    def __init__(
+        self,
+        inner: MessageQueue | None = None,
+        only: str | None = None,
+        *,
+        fail_on: int | None = None,
+        error: type[Exception] = ConnectionError,
+    ) -> None:
         self.inner = inner
         self.only = only
+        self.fail_on = fail_on
+        self.error = error
         self.sent: list[dict[str, Any]] = []
-        self.fail_next = False
+        self.calls: list[tuple[str, int]] = []
+        self._lock = threading.Lock()
+
+    @property
+    def fail_next(self) -> bool:
+        return self.fail_on is not None and self.fail_on > len(self.calls)
+
+    @fail_next.setter
+    def fail_next(self, value: bool) -> None:
+        self.fail_on = len(self.calls) + 1 if value else None
 
     def send_all(self, queue_url: str, bodies: Sequence[str], delay_seconds: int = 0) -> None:
         recorded = self.only is None or queue_url == self.only
-        if recorded and self.fail_next:
-            self.fail_next = False
-            raise ConnectionError("crashed before sending")
+        if recorded:
+            with self._lock:
+                self.calls.append((threading.current_thread().name, len(bodies)))
+                if self.fail_on == len(self.calls):
+                    raise self.error(f"send #{len(self.calls)} crashed before sending")
         if self.inner is not None:
             self.inner.send_all(queue_url, bodies, delay_seconds)
         if recorded:
-            self.sent.extend(json.loads(body) for body in bodies)
+            with self._lock:
+                self.sent.extend(json.loads(body) for body in bodies)
 
     def rollouts(self) -> list[tuple[str, int]]:
         """(input id, index) of every message sent, in order."""

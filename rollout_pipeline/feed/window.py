@@ -167,6 +167,7 @@ class ReleaseWindow:
         #: The window as this process last read or wrote it; see `no_room_known`.
         self._seen: WindowState | None = None
         self._lock = threading.Lock()
+        self._releasing = threading.Lock()
 
     # --------------------------------------------------------------------------------------------- public
 
@@ -219,6 +220,21 @@ class ReleaseWindow:
         given = {view.batch_id: view for view in views}
         if submitted is not None:
             given[submitted.batch_id] = submitted
+        with self._releasing:  # this process's releases one at a time: they would only meet on the window's version
+            quiet = submitted is None and not forget and not recount
+            if quiet and self.no_room_known(given.values()):
+                return ReleaseResult()  # the release that held the lock did what these views asked for
+            return self._release(given, submitted, chunk, forget, recount=recount)
+
+    def _release(
+        self,
+        given: Mapping[str, BatchView],
+        submitted: BatchView | None,
+        chunk: Sequence[QueuedGroup],
+        forget: Iterable[str],
+        *,
+        recount: bool,
+    ) -> ReleaseResult:
         recovered = 0
         for _ in range(WRITE_TRIES):
             read = self.ledger.read_window()

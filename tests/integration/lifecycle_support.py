@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -20,7 +20,7 @@ from rollout_pipeline.lifecycle.completion import CompletionResult, complete_rec
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.dispatch import DispatchResult, dispatch_records
 from rollout_pipeline.local.resources import ExperimentResources
-from rollout_pipeline.ports import SystemClock
+from tests.doubles import ShiftedClock
 
 #: A dispatch wait budget for tests that expect the dispatch to go through: the session budget is paced (a call
 #: whose thread wakes past its slot drops it), so a loaded 2-core machine needs more than a second or two.
@@ -250,19 +250,6 @@ def batch_view(resources: ExperimentResources, batch_id: str) -> BatchView:
     view = Ledger.open(resources.table_name).batches.read_batch(batch_id)
     assert view is not None
     return view
-
-
-class ShiftedClock(SystemClock):
-    """The system clock moved forward by `offset` (to pass deadlines without waiting)."""
-
-    def __init__(self) -> None:
-        self.offset = timedelta()
-
-    def now(self) -> datetime:
-        return super().now() + self.offset
-
-    def advance(self, seconds: float) -> None:
-        self.offset += timedelta(seconds=seconds)
 
 
 def make_deps(

@@ -7,7 +7,6 @@ import dataclasses
 import gzip
 import json
 from collections.abc import Mapping, Sequence
-from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -35,27 +34,15 @@ from rollout_pipeline.ledger.batches import BatchLedger, GroupSpec
 from rollout_pipeline.ledger.items import BatchView, GroupItem
 from rollout_pipeline.ledger.ledger import Ledger
 from rollout_pipeline.local.resources import ExperimentResources
-from rollout_pipeline.ports import MessageQueue, SystemClock
+from rollout_pipeline.ports import MessageQueue
 from tests.conftest import receive_all
+from tests.doubles import RecordingQueue, ShiftedClock
 
 UPLOADED_BATCH_IDS: dict[str, str] = {}
 
 
 class Interrupted(RuntimeError):
     """Stands for a crash or Lambda timeout in the middle of an ingestion."""
-
-
-class FlakyQueue:
-    """A MessageQueue whose `fail_on`-th send to the rollout queue raises (before sending anything)."""
-
-    def __init__(self, inner: MessageQueue, fail_on: int) -> None:
-        self.inner, self.fail_on, self.sends = inner, fail_on, 0
-
-    def send_all(self, queue_url: str, bodies: Sequence[str], delay_seconds: int = 0) -> None:
-        self.sends += 1
-        if self.sends == self.fail_on:
-            raise Interrupted(f"send #{self.sends}")
-        self.inner.send_all(queue_url, bodies, delay_seconds)
 
 
 class CrashAfterCheckpointLedger(BatchLedger):
@@ -163,13 +150,6 @@ def group_items(resources: ExperimentResources, batch_id: str) -> dict[str, dict
         ConsistentRead=True,
     )["Items"]
     return {str(group["input_id"]): group for group in map(item_values, found)}
-
-
-class LaterClock(SystemClock):
-    """The system clock 1000 s ahead: the worker that resumes after a lease ran out."""
-
-    def now(self) -> datetime:
-        return super().now() + timedelta(seconds=1000)
 
 
 def typed(plain_item: Mapping[str, Any]) -> dict[str, Any]:
@@ -289,32 +269,18 @@ def test_json_array_dataset_positions_are_element_indexes(resources: ExperimentR
 def test_a_chunk_is_sent_over_several_threads_and_a_failed_slice_fails_the_chunk(
     resources: ExperimentResources,
 ) -> None:
-    import threading
-
-    class RecordingQueue:
-        def __init__(self, fail: bool) -> None:
-            self.inner, self.fail = SqsQueue(), fail
-            self.threads: set[str] = set()
-            self.sizes: list[int] = []
-
-        def send_all(self, queue_url: str, bodies: Sequence[str], delay_seconds: int = 0) -> None:
-            self.threads.add(threading.current_thread().name)
-            self.sizes.append(len(bodies))
-            if self.fail and len(self.sizes) == 2:
-                raise Interrupted("one slice failed")
-            self.inner.send_all(queue_url, bodies, delay_seconds)
 
     event = upload(resources, "datasets/threads.jsonl", jsonl([{"id": f"p{i}"} for i in range(30)]))
-    failing = RecordingQueue(fail=True)
+    failing = RecordingQueue(SqsQueue(), fail_on=2, error=Interrupted)
     with pytest.raises(Interrupted):
         make_ingestion(resources, queue=failing, send_threads=4, release_window=0).handle_message(event, owner="m")
     assert batch_item(resources, batch_id_of(event))["cursor"] == 0, "a chunk with a failed slice is not checkpointed"
 
-    queue = RecordingQueue(fail=False)
+    queue = RecordingQueue(SqsQueue())
     result = make_ingestion(resources, queue=queue, send_threads=4, release_window=0).handle_message(event, owner="m")
     assert result.rows_accepted == 30
-    assert sorted(queue.sizes) == [20, 20, 20], "60 bodies = 6 SQS batches over 3 slices of whole batches"
-    assert all(name.startswith("feed-send") for name in queue.threads)
+    assert sorted(size for _thread, size in queue.calls) == [20, 20, 20], "60 bodies: 3 slices of whole SQS batches"
+    assert all(thread.startswith("feed-send") for thread, _size in queue.calls)
     assert sorted(set(pairs(rollout_messages(resources)))) == expected_pairs([f"p{i}" for i in range(30)], 2)
 
 
@@ -534,7 +500,7 @@ def test_another_worker_holding_the_lease_means_ack_without_enqueuing(resources:
 def test_resume_after_a_crash_before_sending_loses_and_duplicates_nothing(resources: ExperimentResources) -> None:
     rows = [{"id": f"r{i}"} for i in range(23)] + [{"id": "r3"}]  # + a duplicate id in the last chunk
     event = upload(resources, "datasets/resume.jsonl", b"oops\n" + jsonl(rows))
-    flaky = FlakyQueue(SqsQueue(), fail_on=3)
+    flaky = RecordingQueue(SqsQueue(), fail_on=3, error=Interrupted)
     with pytest.raises(Interrupted):
         make_ingestion(resources, queue=flaky, chunk_rows=5, release_window=0).handle_message(event, owner="msg-1")
     batch = batch_item(resources, batch_id_of(event))
@@ -561,7 +527,7 @@ def test_resume_after_a_crash_after_sending_resends_only_the_unfinished_chunk(re
     with pytest.raises(Interrupted):
         make_ingestion(resources, ledger=crashing, chunk_rows=5, release_window=0).handle_message(event, owner="msg-1")
     # Chunk 2 was checkpointed but the worker died; its lease (another owner) expires after the lease time.
-    later = Ledger.open(resources.table_name, clock=LaterClock()).batches
+    later = Ledger.open(resources.table_name, clock=ShiftedClock(1000)).batches  # a worker after the lease ran out
     result = make_ingestion(resources, ledger=later, chunk_rows=5, release_window=0).handle_message(
         event, owner="msg-2"
     )
@@ -576,7 +542,9 @@ def test_resume_after_a_crash_after_sending_resends_only_the_unfinished_chunk(re
 
 def test_resume_of_a_chunk_whose_groups_were_written_resends_its_messages(resources: ExperimentResources) -> None:
     event = upload(resources, "datasets/groups-written.jsonl", jsonl([{"id": f"w{i}"} for i in range(8)]))
-    flaky = FlakyQueue(SqsQueue(), fail_on=2)  # chunk 2's groups are in the ledger, its messages are not sent
+    flaky = RecordingQueue(
+        SqsQueue(), fail_on=2, error=Interrupted
+    )  # chunk 2's groups are in the ledger, its messages are not sent
     with pytest.raises(Interrupted):
         make_ingestion(resources, queue=flaky, chunk_rows=4, release_window=0).handle_message(event, owner="m")
     assert len(group_items(resources, batch_id_of(event))) == 8
