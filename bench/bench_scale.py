@@ -159,7 +159,7 @@ def item_category(pk: str, sk: str) -> str:
     if pk.startswith("B#"):
         if sk.startswith("BATCH#COUNT#"):
             return "BATCH#COUNT#*"
-        if sk in ("BATCH", "BATCH#CONTROL", "BATCH#RELEASE"):
+        if sk in ("BATCH", "BATCH#CONTROL"):
             return sk
         if sk.startswith("BATCH#CONTROL#"):
             return "BATCH#CONTROL#*"
@@ -607,7 +607,7 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
     counters.harness.on = False
     window = window_size(config)
     if window:
-        bodies = []  # released by the window, as ingestion does (`ingest.core`): pending groups, then a release
+        bodies = []  # released by the window, as ingestion does (`ingest.core`: through `Feed.submit`)
     shuffler = random.Random(args.seed + 1)
     if args.shuffle and args.shuffle_window:
         for start in range(0, len(bodies), args.shuffle_window):
@@ -688,8 +688,8 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
             return  # every message is in the pool already
         feed = Feed(ledger, SqsQueue(), settings)
         assert view is not None
-        # As `ingest.core`: each chunk of 100 rows submitted to the feed (recorded as pending and released), then
-        # one more submission once ingestion ended.
+        # As `ingest.core`: each chunk of 100 rows submitted to the feed (released as far as the window has room,
+        # the rest pending), then one more submission once ingestion ended.
         for start in range(0, len(groups), 100):
             feed.submit(view, groups[start : start + 100])
         feed.submit(view)
