@@ -49,7 +49,7 @@ class Wiring:
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None, **kwargs: Any) -> Wiring:
-        """A Lambda's wiring: settings from its environment (`topology.FunctionEnvironment`), boto3's clients, and
+        """A Lambda's wiring: settings from its environment (`config.FunctionEnvironment`), boto3's clients, and
         the attempt-token key from the secret `topology.ATTEMPT_KEY_ENV` names (when the function is given one)."""
         from rollout_pipeline.topology import ATTEMPT_KEY_ENV
 

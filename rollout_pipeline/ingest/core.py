@@ -393,7 +393,8 @@ class Ingestion:
         return [type(d).__name__ for d in details]
 
     def start_warnings(self, item: BatchView) -> list[str]:
-        """Why rollouts of a batch whose ingestion ended may wait too long for a session (`feed.start_warnings`)."""
+        """Why rollouts of a batch whose ingestion ended may wait too long for a session
+        (`feed.feed.start_warnings`)."""
         return list(start_warnings(self.settings.experiment, item.rollouts_total or 0))
 
     def _run(

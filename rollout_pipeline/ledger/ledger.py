@@ -33,7 +33,7 @@ class Ledger:
 
     @property
     def table(self) -> LedgerTable:
-        """The gateway the three parts share."""
+        """The gateway the four parts share."""
         return self.batches.table
 
     @classmethod

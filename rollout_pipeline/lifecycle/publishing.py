@@ -1,4 +1,6 @@
 """Events built from the ledger, and the outbox: the side effects a transition decided, finished idempotently.
+After a terminal rollout's events are published, the feed hears of it (`feed.feed.Feed.after_terminal`: the release
+window may have room).
 
 A terminal transition sets `outbox` = {publish, stop} on the rollout item in the same transaction; a timed-out
 attempt with attempts left sets {enqueue, stop} (the sessions are in `stop_sessions`, their slots in `held_slots`;
