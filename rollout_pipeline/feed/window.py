@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -56,6 +57,9 @@ MAX_BATCHES_PER_RELEASE: Final = 8
 #: The window holds at most this many batches at once (each a ~150-byte attribute of the window item, 400 KB at
 #: most); a batch submitted beyond them is sent at once, as without a window.
 MAX_WINDOW_BATCHES: Final = 1000
+#: A process's last view of the window showing nothing pending is trusted this long (s): a batch another process
+#: hands over meanwhile waits at most this much for the first terminal rollout or dispatch that looks again.
+NOTHING_PENDING_TRUST_S: Final = 5.0
 #: A conflicting write (another release wrote the window first) is tried again on a fresh read this many times.
 WRITE_TRIES: Final = 4
 _EPOCH: Final = datetime.fromtimestamp(0, UTC)
@@ -154,9 +158,11 @@ class ReleaseWindow:
         most: int | None = None,
         slots: int | None = None,
         lease_s: int = RELEASE_LEASE_S,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         """`size`: the window; `most`: rollouts one release sends at most (None: the room); `slots`: the sessions
-        the experiment runs at once (`max_sessions`; None: no burst rule)."""
+        the experiment runs at once (`max_sessions`; None: no burst rule); `monotonic`: how old a view of the
+        window is (`NOTHING_PENDING_TRUST_S`)."""
         self.ledger = ledger
         self.read_groups = read_groups
         self.send = send
@@ -164,8 +170,10 @@ class ReleaseWindow:
         self.most = most
         self.slots = slots
         self.lease_s = lease_s
-        #: The window as this process last read or wrote it; see `no_room_known`.
+        #: The window as this process last read or wrote it, and when; see `no_room_known`.
         self._seen: WindowState | None = None
+        self._seen_at = 0.0
+        self.monotonic = monotonic
         self._lock = threading.Lock()
         self._releasing = threading.Lock()
 
@@ -181,8 +189,10 @@ class ReleaseWindow:
         views would do nothing: no pending group anywhere, or too little room, and nothing of these batches to
         record (a batch leaving, its total, a terminal count that has moved by a release's worth). A view that is
         behind can only hide room (`released` only grows; another process's count of terminal rollouts
-        only grows): the next release, or the sweep, finds it."""
-        seen = self.seen()
+        only grows): the next release, or the sweep, finds it. "Nothing pending" is trusted for
+        `NOTHING_PENDING_TRUST_S` only: another process (ingestion) may have handed over a batch since."""
+        with self._lock:
+            seen, age = self._seen, self.monotonic() - self._seen_at
         if seen is None or seen.sending:
             return False
         entries = dict(seen.entries)
@@ -199,7 +209,7 @@ class ReleaseWindow:
                 return False
             entries[view.batch_id] = fresh
         if not pending:
-            return True
+            return age < NOTHING_PENDING_TRUST_S
         in_flight = sum(entry.in_flight for entry in entries.values())
         return in_flight > 0 and self.size - in_flight < min_release(self.size)
 
@@ -483,7 +493,7 @@ class ReleaseWindow:
     def _note(self, state: WindowState) -> None:
         with self._lock:
             if self._seen is None or state.version >= self._seen.version:
-                self._seen = state
+                self._seen, self._seen_at = state, self.monotonic()
 
 
 def _pending(group: QueuedGroup) -> PendingGroup:

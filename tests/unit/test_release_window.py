@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from rollout_pipeline.feed.messages import QueuedGroup
-from rollout_pipeline.feed.window import RELEASE_LEASE_S, ReleaseWindow, min_release
+from rollout_pipeline.feed.window import NOTHING_PENDING_TRUST_S, RELEASE_LEASE_S, ReleaseWindow, min_release
 from rollout_pipeline.ledger.items import BatchState, BatchView
-from tests.doubles import MemoryGroups, MemoryReleaseLedger, RecordingQueue
+from tests.doubles import ManualClock, MemoryGroups, MemoryReleaseLedger, RecordingQueue
 
 CREATED = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -247,3 +247,24 @@ def test_a_batch_whose_rollouts_may_wait_past_max_limit_wait_s_is_warned_about()
     assert "all 400 rollouts are queued at once" in warning
     assert "release_window unset" in warning
     assert start_warnings(off, 200) == ()
+
+
+def test_a_batch_another_process_hands_over_is_released_within_seconds_by_this_one() -> None:
+    """A process whose last view showed nothing pending looks again once that view is a few seconds old: a batch
+    ingestion handed over meanwhile (no room then) is released by this process's next terminal rollout."""
+    h = Harness(window=8)
+    clock = ManualClock(100.0)
+    lifecycle = h.new_window(8)
+    lifecycle.monotonic = clock.monotonic
+    h.window.release(submitted=view(batch_id="batch-a"), chunk=h.chunk("batch-a", range(1, 3)))
+    lifecycle.release([view(0, batch_id="batch-a")])
+    h.window.release(submitted=view(batch_id="batch-b", age=5), chunk=h.chunk("batch-b", range(1, 3)))
+    assert len(h.queue.sent) == 8, "the window is full: batch b waits"
+    ended = view(8, batch_id="batch-a", total=8)
+    assert not lifecycle.no_room_known([ended]), "batch a's end is to be recorded"
+    assert lifecycle.release([ended]).closed == 1
+    assert h.queue.rollouts()[8:] == rollouts(["bg1", "bg2"]), "the release that recorded a's end released b"
+    h.window.release(submitted=view(batch_id="batch-c", age=9), chunk=h.chunk("batch-c", range(1, 2)))
+    assert lifecycle.no_room_known([view(1, batch_id="batch-b")]), "its view: nothing pending, and fresh"
+    clock.advance(NOTHING_PENDING_TRUST_S + 1)
+    assert not lifecycle.no_room_known([view(1, batch_id="batch-b")]), "too old to trust: look again"
