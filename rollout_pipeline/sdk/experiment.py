@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
@@ -22,7 +21,7 @@ from rollout_pipeline.contracts import (
     read_result,
     utcnow,
 )
-from rollout_pipeline.sdk import submission, subscription
+from rollout_pipeline.sdk import route, submission, subscription
 from rollout_pipeline.sdk._aws import AwsClients, aws_errors
 from rollout_pipeline.sdk.aio import AsyncStream
 from rollout_pipeline.sdk.delivery import DEFAULT_POLL_WAIT_S, DEFAULT_SEEN_IDS, EventFilter, EventStream, SeenIds
@@ -43,13 +42,15 @@ logger = logging.getLogger(__name__)
 
 #: The experiment's CloudFormation stack and its outputs: `rollout_pipeline.topology`.
 stack_name = topology.stack_name
+#: Stack outputs from a JSON file (`cdk deploy --outputs-file`, `rollouts local up --write-outputs`).
+read_outputs_file = route.read_outputs_file
 
 
 class Experiment:
     """A handle on one experiment's resources (buckets, queues, bus, ledger), from its stack outputs.
 
     Create it with `Experiment.attach(name)` (reads the CloudFormation outputs once), `Experiment.from_outputs(...)`
-    or `Experiment.local(endpoint_url, outputs=...)` (local mode: every client talks to that endpoint).
+    or `Experiment.local(endpoint_url, name=...)` (local mode: every client talks to that endpoint).
     Region and credentials come from the usual boto3 chain unless a `session` / `region` is given.
     Thread-safe: the dispatcher thread of a `RolloutClient` shares it with the caller.
     """
@@ -88,8 +89,11 @@ class Experiment:
     ) -> Experiment:
         """Attach to the deployed experiment `name`: one DescribeStacks of stack `Rollouts-{name}`.
 
-        Raises `ExperimentNotDeployed` when the stack does not exist, `NoCredentials` without AWS credentials.
+        `endpoint_url` (default `$ROLLOUTS_ENDPOINT_URL`): a local pipeline's endpoint, where `rollouts local up`
+        registers the same stack. Raises `ExperimentNotDeployed` when the stack does not exist, `NoCredentials`
+        without AWS credentials.
         """
+        endpoint_url = route.endpoint_from_env(endpoint_url)
         try:
             ids.validate_exp_id(name)
         except ids.InvalidId as exc:
@@ -101,6 +105,11 @@ class Experiment:
                 resp = aws.client("cloudformation").describe_stacks(StackName=stack)
         except AwsError as exc:
             if "does not exist" in str(exc) or "ValidationError" in str(exc):
+                if endpoint_url is not None:
+                    raise ExperimentNotDeployed(
+                        f"no experiment {name!r} at {endpoint_url} (start it with `rollouts local up -e {name}`, "
+                        "or check the name and the endpoint `rollouts local up` printed)"
+                    ) from None
                 where = f" in {aws.region}" if aws.region else ""
                 raise ExperimentNotDeployed(
                     f"experiment {name!r} is not deployed{where} (no stack {stack}); "
@@ -119,35 +128,49 @@ class Experiment:
     @classmethod
     def from_outputs(
         cls,
-        outputs: Mapping[str, str],
+        outputs: route.OutputsSource,
         region: str | None = None,
         session: Any | None = None,
         *,
         endpoint_url: str | None = None,
+        name: str | None = None,
     ) -> Experiment:
-        """An experiment from its stack outputs (as `cdk deploy --outputs-file` writes them, or a dict)."""
-        return cls(outputs, session=session, region=region, endpoint_url=endpoint_url)
+        """An experiment from its stack outputs: a dict (flat, or `cdk deploy --outputs-file`'s `{stack: {...}}`:
+        the stack of experiment `name`, or the only one), that file's path, or its JSON text."""
+        endpoint = route.endpoint_from_env(endpoint_url)
+        return cls(route.stack_outputs(outputs, name), session=session, region=region, endpoint_url=endpoint)
 
     @classmethod
     def local(
         cls,
-        endpoint_url: str,
-        outputs: Mapping[str, str] | None = None,
+        endpoint_url: str | None = None,
+        outputs: route.OutputsSource | None = None,
         *,
         name: str | None = None,
         region: str = "us-east-1",
         session: Any | None = None,
     ) -> Experiment:
-        """An experiment in local mode: every AWS call goes to `endpoint_url` (the loopback moto server).
+        """An experiment in local mode: every AWS call goes to `endpoint_url` (a local pipeline's loopback AWS).
 
-        Give the `outputs` local mode printed (`ExperimentResources.stack_outputs()`), or a `name` to read them
-        from a stack registered at that endpoint.
+        The way `rollouts local up` prints: `Experiment.local(endpoint_url, name=NAME)` attaches by name (local
+        mode registers the experiment's stack outputs at its endpoint). `outputs` instead: the outputs themselves,
+        in any form `from_outputs` takes (a dict, flat or wrapped; the `--write-outputs` file's path; its JSON
+        text). `endpoint_url` and `name` default to `$ROLLOUTS_ENDPOINT_URL` and `$ROLLOUTS_EXPERIMENT`.
         """
+        endpoint = route.endpoint_from_env(endpoint_url)
+        if endpoint is None:
+            raise SdkError(
+                "Experiment.local needs the endpoint URL `rollouts local up` printed (or $ROLLOUTS_ENDPOINT_URL)"
+            )
         if outputs is not None:
-            return cls(outputs, session=session, region=region, endpoint_url=endpoint_url)
-        if name is None:
-            raise SdkError("Experiment.local needs the local experiment's outputs or its name")
-        return cls.attach(name, region=region, session=session, endpoint_url=endpoint_url)
+            found = route.stack_outputs(outputs, route.experiment_from_env(name) if name is None else name)
+            return cls(found, session=session, region=region, endpoint_url=endpoint)
+        experiment = route.experiment_from_env(name)
+        if experiment is None:
+            raise SdkError(
+                "Experiment.local needs the local experiment's name (name=..., or $ROLLOUTS_EXPERIMENT) or its outputs"
+            )
+        return cls.attach(experiment, region=region, session=session, endpoint_url=endpoint)
 
     # ---------------------------------------------------------------------------------------------- launch
 
@@ -183,6 +206,11 @@ class Experiment:
 
         if mode not in MODES:
             raise SdkError(f"mode must be one of {', '.join(MODES)} (got {mode!r})")
+        if local_options is not None and not isinstance(local_options, Mapping):
+            raise SdkError(
+                f"local_options must be a dict of local mode's settings, e.g. {{'agent_module': 'my_agent'}} "
+                f"(got {type(local_options).__name__})"
+            )
         if mode == "local":
             config = plan(name, settings, None, check_model_url=False).config
             return launcher("local")(config, frozenset(settings), dict(local_options or {}))
@@ -704,27 +732,6 @@ class Experiment:
         from rollout_pipeline.sdk.client import RolloutClient
 
         return RolloutClient(self, **defaults)
-
-
-def read_outputs_file(path: str | os.PathLike[str], name: str | None = None) -> dict[str, str]:
-    """Stack outputs from a JSON file: a flat `{output: value}` object, or `cdk deploy --outputs-file`'s
-    `{stack: {output: value}}` (the stack of experiment `name`, or the only one). `SdkError` when unreadable."""
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise SdkError(f"cannot read outputs file {path}: {exc}") from None
-    if isinstance(data, dict) and "TrainerQueueUrl" not in data:  # cdk's {stack: {outputs}} form
-        stacks = {k: v for k, v in data.items() if isinstance(v, dict)}
-        wanted = stack_name(name) if name else None
-        if wanted and wanted in stacks:
-            data = stacks[wanted]
-        elif len(stacks) == 1:
-            data = next(iter(stacks.values()))
-        else:
-            raise SdkError(f"{path} holds several stacks ({', '.join(stacks)}): pass --experiment")
-    if not isinstance(data, dict):
-        raise SdkError(f"{path} is not a JSON object of stack outputs")
-    return {str(k): str(v) for k, v in data.items()}
 
 
 def parse_s3_uri(uri: str) -> tuple[str, str]:
