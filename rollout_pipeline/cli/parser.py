@@ -249,7 +249,9 @@ def _add_operations(sub: Any, common: argparse.ArgumentParser) -> None:
         help="e.g. 90m, 24h, 7d, or seconds (default: 24h; 0: every subscription, also live ones)",
     )
     prune.add_argument("--dry-run", action="store_true", help="only say what would be removed")
-    prune.add_argument("--kind", action="append", choices=["tap", "art", "smoke"], help="only this kind (repeatable)")
+    prune.add_argument(
+        "--kind", action="append", choices=["tap", "sdk", "art", "smoke"], help="only this kind (repeatable)"
+    )
 
     smoke = _command(
         sub,

@@ -441,23 +441,69 @@ class Experiment:
         consume_others: bool = False,
         poll_wait_s: float = DEFAULT_POLL_WAIT_S,
         visibility_s: int | None = None,
+        from_trainer_queue: bool = False,
     ) -> EventStream:
-        """Iterate pipeline events from the trainer queue by long polling.
+        """Iterate pipeline events as they are pushed, by long polling.
+
+        Where they come from: the events of `batch_id` (one id or several) come through a private subscription of
+        this stream's own (a rule on the experiment bus for those batches and a queue, made now and removed when
+        the stream closes), preceded by the events those batches published before it existed, rebuilt from the
+        ledger with the same `event_id`s: so any number of consumers of their own batches run side by side, and
+        none waits behind, or wears out, another's events. Without `batch_id` (the trainer of every batch), or with
+        `from_trainer_queue=True` or `consume_others=True`, events come from the experiment's trainer queue: its
+        one consumer. There, events that do not match `batch_id` / `detail_types` are released for another
+        consumer, or deleted with `consume_others=True`.
 
         Each `event_id` is handed to user code once per process; a message is deleted only after the iterator
-        advanced past it (or the `with` block ended normally). Events that do not match `batch_id` /
-        `detail_types` are released for other consumers, or deleted with `consume_others=True`. Stops after
-        `timeout` seconds (None: never) or `max_events` events.
+        advanced past it (or the `with` block ended normally). Stops after `timeout` seconds (None: never) or
+        `max_events` events.
         """
+        event_filter = EventFilter(batch_id, detail_types)
+        if event_filter.batch_ids is not None and not (from_trainer_queue or consume_others):
+            batches = sorted(event_filter.batch_ids)
+            return subscription.SubscribedStream(
+                self.aws,
+                self.bus_name,
+                subscription.stream_pattern(batches, event_filter.detail_types),
+                self.seen,
+                replay=lambda skip: self.ledger_events(batches, event_filter.detail_types, skip=skip),
+                event_filter=event_filter,
+                timeout=timeout,
+                max_events=max_events,
+                poll_wait_s=poll_wait_s,
+            )
         return EventStream(
             QueueReader(self.aws, self.trainer_queue_url, visibility_s=visibility_s),
             self.seen,
-            event_filter=EventFilter(batch_id, detail_types),
+            event_filter=event_filter,
             timeout=timeout,
             max_events=max_events,
             consume_others=consume_others,
             poll_wait_s=poll_wait_s,
         )
+
+    def ledger_events(
+        self,
+        batch_ids: Iterable[str],
+        detail_types: Iterable[DetailType | str] | None = None,
+        *,
+        skip: Callable[[str], bool] = lambda _event_id: False,
+    ) -> list[Event]:
+        """The events `batch_ids` have published so far, rebuilt from the ledger (`sdk.replay`: same `event_id`s;
+        `timings.notified_at` None); those whose id `skip` accepts are left out. What a stream of those batches
+        made after them is given first."""
+        from rollout_pipeline.sdk.replay import ledger_events
+
+        def fetch(uri: str) -> dict[str, Any] | None:
+            try:
+                return self.fetch_result(uri)
+            except SdkError as exc:
+                logger.warning("cannot inline %s: %s", uri, exc)
+                return None
+
+        types = None if detail_types is None else {DetailType(t) for t in detail_types}
+        with aws_errors("read the batch's events from the ledger"):
+            return ledger_events(self._ledger(), batch_ids, detail_types=types, skip=skip, fetch_result=fetch)
 
     def aevents(
         self,
@@ -557,14 +603,21 @@ class Experiment:
         stop_on_batch_completed: bool = True,
         poll_wait_s: float = DEFAULT_POLL_WAIT_S,
         consume_others: bool = False,
+        from_trainer_queue: bool = False,
     ) -> GroupStream:
-        """Complete GRPO groups of a batch as they complete (`Group Completed` + its per-rollout events).
+        """Complete GRPO groups of a batch as they complete (`Group Completed` + its per-rollout events), from a
+        private subscription of the batch (see `events`), the groups completed before it first.
 
         Ends when `Batch Completed` for the batch arrives (unless `stop_on_batch_completed=False`) or after
         `timeout` seconds.
         """
         stream = self.events(
-            batch_id, GROUP_DETAIL_TYPES, timeout, consume_others=consume_others, poll_wait_s=poll_wait_s
+            batch_id,
+            GROUP_DETAIL_TYPES,
+            timeout,
+            consume_others=consume_others,
+            poll_wait_s=poll_wait_s,
+            from_trainer_queue=from_trainer_queue,
         )
         return GroupStream(stream, grace_s=grace_s, stop_on_batch_completed=stop_on_batch_completed)
 
