@@ -53,6 +53,13 @@ def _add_pipeline_options(parser: argparse.ArgumentParser) -> None:
         help="auto (default: detected from the module's source), art, or rft (serve its @app.entrypoint unchanged "
         "through the RFT host)",
     )
+    parser.add_argument(
+        "--agent-isolation",
+        choices=("process", "shared"),
+        default="process",
+        help="process (default: one agent process per session, as ACR's microVMs; a stop kills it) or shared (one "
+        "process serves every session: starts fast, sessions not isolated)",
+    )
     parser.add_argument("--work-dir", type=Path, help="where logs go (default: a new temporary directory)")
     parser.add_argument("-v", "--verbose", action="store_true", help="log what the pipeline does")
 
@@ -136,6 +143,7 @@ def _settings(args: argparse.Namespace, max_tokens: int = 256) -> Any:
         sampling_params={"temperature": args.temperature, "max_tokens": args.max_tokens or max_tokens},
         agent_module=args.agent_module,
         agent_kind=args.agent_kind,
+        isolation=args.agent_isolation,
         work_dir=args.work_dir,
         port=getattr(args, "port", None) or None,
     )

@@ -1,4 +1,4 @@
-"""The CLI and SDK trainers on one experiment never starve each other (issue 29): after two batches submitted from
+"""The CLI and SDK trainers on one experiment never starve each other: after two batches submitted from
 the shell (whose events nobody reads), two trainers, each following its own batch with `groups()`, get all their
 groups at once; none of them receives another batch's event, so nothing is worn out into the trainer queue's
 dead-letter queue, and the shell batches' events wait, untouched, in the trainer queue for its one consumer."""
