@@ -219,7 +219,7 @@ def test_documented_block_runs(block: Block, local_up: LocalUp) -> None:
             timeout=BLOCK_TIMEOUT_S,
         )
     except subprocess.TimeoutExpired as exc:
-        raise AssertionError(f"{block.id} ran over {BLOCK_TIMEOUT_S} s:\n{exc.stdout}\n{exc.stderr}") from None
+        raise AssertionError(f"{block.id} ran over {BLOCK_TIMEOUT_S} s:\n{exc.stdout!r}\n{exc.stderr!r}") from None
     assert done.returncode == 0, (
         f"{block.id} failed ({done.returncode}):\n{code}\n--- stdout\n{done.stdout}\n--- stderr\n{done.stderr}"
     )

@@ -330,3 +330,22 @@ def test_watch_all_batches_logs_events(
     assert f"{batch_id} accepted: 1 rows (0 rejected), 2 rollouts" in out
     assert f"{batch_id} group q1: 2/2 succeeded, reward mean 1.0000" in out
     assert f"{batch_id} completed: 2 succeeded, 0 failed, reward mean 1.0000" in out
+
+
+def test_cancel_says_which_sessions_are_left_to_the_sweeper(
+    experiment: Experiment, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rollout_pipeline.lifecycle.cancel import CancelResult
+
+    batch_id = experiment.submit([{"id": "q1", "p": 1}], group_size=2)
+    real_cancel = Experiment.cancel
+
+    def cancel_with_failed_stops(self: Experiment, batch: str, runtime: object = None) -> CancelResult:
+        real_cancel(self, batch)
+        return CancelResult(batch_id=batch, cancelled=2, sessions_stopped=0, stops_pending=2)
+
+    monkeypatch.setattr(Experiment, "cancel", cancel_with_failed_stops)
+    assert main(["cancel", *E, "--batch", batch_id]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert "2 rollout(s) ended as cancelled, 0 had finished before (0 succeeded, 0 failed)" in out
+    assert "running sessions: 0 stopped, 2 not stopped yet: the pipeline's sweeper retries their stops" in out
