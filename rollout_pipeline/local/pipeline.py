@@ -18,6 +18,7 @@ import signal
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -170,6 +171,8 @@ class LocalPipeline:
             "POWERTOOLS_LOG_LEVEL": os.environ.get("POWERTOOLS_LOG_LEVEL", "WARNING"),
         }
         stack.enter_context(patched_environ(handler_env))
+        # Metrics are off locally, and Powertools says so at every flush of an empty store: noise on `up`'s console.
+        warnings.filterwarnings("ignore", message="No application metrics to publish", category=UserWarning)
 
         if self.settings.runtime_factory is not None:
             self.runtime = self.settings.runtime_factory(self.resources)
