@@ -57,9 +57,12 @@ class LocalSettings:
     model_id: str = MODEL_ID
     sampling_params: dict[str, Any] = field(default_factory=lambda: {"temperature": 0.7, "max_tokens": 256})
     agent_module: str = DEFAULT_AGENT_MODULE
-    #: "auto" (read the module's source: SageMaker RFT SDK / `@app.entrypoint` agents -> "rft"), "art" (served as
-    #: `python -m MODULE`) or "rft" (served unchanged by the RFT host, `rollout_pipeline.agent.rft_host`).
+    #: Every agent process runs the agent host (`rollout_pipeline.agent.host`, as the image does), which imports the
+    #: module and serves its app. Kind: "auto" (read the module's source: SageMaker RFT SDK / `@app.entrypoint`
+    #: agents -> "rft"), "art" or "rft" (the RFT adapter's front door starts before the module is imported).
     agent_kind: str = "auto"
+    #: A new agent process not answering `/ping` by then fails its rollout (`agent_error`); at start, the run.
+    agent_startup_timeout_s: float = 60.0
     #: "process": one agent process per session, stop kills it (ACR-faithful); "shared": one process.
     isolation: str = "process"
     warm_processes: int = 2
@@ -180,21 +183,21 @@ class LocalPipeline:
         log.info("local pipeline up in %.1f s (work dir %s)", time.monotonic() - started, self.work_dir)
 
     def _start_agents(self, aws_env: Mapping[str, str]) -> Any:
-        from rollout_pipeline.local.acr import LocalAgentRuntime, served_agent
+        from rollout_pipeline.local.acr import LocalAgentRuntime
 
-        module, agent_env = served_agent(self.settings.agent_module, self.settings.agent_kind, self.settings.agent_env)
-        log.info("agent %s served as %s", self.settings.agent_module, module)
         runtime = LocalAgentRuntime(
-            module,
+            self.settings.agent_module,
+            kind=self.settings.agent_kind,
             env={
                 **aws_env,
-                **agent_env,
+                **self.settings.agent_env,
                 **({API_KEY_ENV: self.settings.model_api_key} if self.settings.model_api_key else {}),
             },
             # One more process than the experiment's session limit: the ledger's limit is the binding one.
             max_sessions=self.settings.max_sessions + 1,
             warm_processes=self.settings.warm_processes,
             isolation="shared" if self.settings.isolation == "shared" else "process",
+            startup_timeout_s=self.settings.agent_startup_timeout_s,
             log_dir=self.work_dir / "agents",
         )
         self._stack.callback(runtime.close)
