@@ -56,6 +56,8 @@ def _model_reply(request: RecordedRequest) -> str | Truncated:
         return "I think it is\n#### 41"
     if "TRUNCATE" in text:
         return Truncated("Let me think step by step about the 6 boxes and")
+    if "PLAIN" in text:  # what a small model answers to "reply with only the result"
+        return "42"
     return "Let me compute.\n#### 42"
 
 
@@ -731,6 +733,21 @@ def test_math_agent_arithmetic_task_uses_its_prompt_and_scores_the_last_number(
     run_rollout(math_runtime, s3, model, "gsm-plain", {"question": "6 * 7 (gsm-plain)", "answer": "#### 42"})
     (plain,) = requests_of(model, "(gsm-plain)")  # a row without `task` keeps the GSM8K prompt
     assert [m["content"] for m in plain.body["messages"] if m["role"] == "system"] == [SYSTEM_PROMPT]
+
+
+def test_math_agent_scores_rows_shaped_as_the_docs_show_them(
+    math_runtime: LocalAgentRuntime, s3: Any, model: FakeModelServer
+) -> None:
+    """docs/datasets.md's row (`{"id", "question", "answer": "42"}`, no `task`): the plain-number answer picks the
+    arithmetic task, so a reply of just "42" scores 1 (with the GSM8K prompt and strict `####` scoring it was 0)."""
+    from rollout_pipeline.agent.examples.math_agent import ARITHMETIC_PROMPT
+
+    outcome, _ = run_rollout(math_runtime, s3, model, "q-17", {"question": "What is 6 x 7? PLAIN", "answer": "42"})
+    assert outcome.success
+    assert outcome.rewards == 1.0
+    assert (outcome.body or {})["task"] == "arithmetic"
+    (request,) = requests_of(model, "What is 6 x 7? PLAIN")
+    assert [m["content"] for m in request.body["messages"] if m["role"] == "system"] == [ARITHMETIC_PROMPT]
 
 
 def test_math_agent_unknown_task_is_an_agent_error(
