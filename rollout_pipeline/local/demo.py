@@ -7,6 +7,7 @@ or the user's file and line); Ctrl-C stops the run at once and prints what was s
 
 from __future__ import annotations
 
+import logging
 import statistics
 import tempfile
 import time
@@ -25,9 +26,10 @@ from rollout_pipeline.contracts import (
 )
 from rollout_pipeline.local.pipeline import LocalPipeline, LocalSettings, interrupt_on_sigterm
 from rollout_pipeline.report.data import has_signal
-from rollout_pipeline.sdk import submission
+from rollout_pipeline.sdk import submission, transport
 from rollout_pipeline.sdk.errors import DatasetInvalid
 from rollout_pipeline.sdk.events import Group
+from rollout_pipeline.sdk.transport import NO_REWARD_SIGNAL
 
 #: Bundled datasets by name: file, and the sampling `max_tokens` their answers need. "arithmetic" (single-digit
 #: sums, answered with a number) is one SmolLM2-135M gets right about 30% of the time (README), so its GRPO groups carry
@@ -171,8 +173,22 @@ def _latency_ms(detail: RolloutCompleted | RolloutFailed) -> float | None:
     return None
 
 
+def _not_the_reward_signal_warning(record: logging.LogRecord) -> bool:
+    return not getattr(record, NO_REWARD_SIGNAL, False)
+
+
 def watch_batch(pipeline: LocalPipeline, batch_id: str, report: DemoResult, out: TextIO, timeout_s: float) -> None:
-    """Consume the batch's events from the trainer queue (pushed, never polled from S3) until Batch Completed."""
+    """Consume the batch's events from the trainer queue (pushed, never polled from S3) until Batch Completed.
+    The SDK's "no reward signal" warning is left to the summary (`print_summary`)."""
+    sdk_log = logging.getLogger(transport.__name__)
+    sdk_log.addFilter(_not_the_reward_signal_warning)
+    try:
+        _watch_batch(pipeline, batch_id, report, out, timeout_s)
+    finally:
+        sdk_log.removeFilter(_not_the_reward_signal_warning)
+
+
+def _watch_batch(pipeline: LocalPipeline, batch_id: str, report: DemoResult, out: TextIO, timeout_s: float) -> None:
     with _Display(out) as display:
         stream = pipeline.experiment.events(batch_id=batch_id, timeout=timeout_s)
         for event in stream:

@@ -19,6 +19,7 @@ import signal
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -181,6 +182,9 @@ class LocalPipeline:
             "POWERTOOLS_LOG_LEVEL": os.environ.get("POWERTOOLS_LOG_LEVEL", "WARNING"),
         }
         stack.enter_context(patched_environ(handler_env))
+        # Metrics are off locally, so a handler that counted nothing flushes nothing: Powertools' UserWarning about it
+        # ("No application metrics to publish") is noise in the demo's output.
+        warnings.filterwarnings("ignore", message="No application metrics to publish", category=UserWarning)
 
         if self.settings.runtime_factory is not None:
             self.runtime = self.settings.runtime_factory(self.resources)

@@ -23,6 +23,8 @@ from rollout_pipeline.contracts import (
 from rollout_pipeline.sdk._aws import AwsClients, aws_errors, error_code
 
 logger = logging.getLogger(__name__)
+#: The log record attribute that marks the "no reward signal" warning (a caller that shows it itself filters it out).
+NO_REWARD_SIGNAL = "no_reward_signal"
 #: Batches whose "no reward signal" warning this process has logged (once per batch, however often it is read).
 _warned_no_signal: set[tuple[str, str]] = set()
 
@@ -83,7 +85,7 @@ def _warn_no_reward_signal(detail: BatchCompleted) -> None:
     if len(_warned_no_signal) > 10_000:
         _warned_no_signal.clear()
     _warned_no_signal.add(key)
-    logger.warning("%s", warning)
+    logger.warning("%s", warning, extra={NO_REWARD_SIGNAL: True})
 
 
 @dataclass

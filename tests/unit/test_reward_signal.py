@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 import pytest
 
 from rollout_pipeline.contracts import EVENT_SOURCE, BatchCompleted
-from rollout_pipeline.sdk.transport import parse_envelope
+from rollout_pipeline.sdk.transport import NO_REWARD_SIGNAL, parse_envelope
 
 AT = datetime(2026, 11, 1, tzinfo=UTC)
 
@@ -57,5 +57,6 @@ def test_the_sdk_logs_it_once_per_batch(caplog: pytest.LogCaptureFixture) -> Non
         _envelope_detail = parse_envelope(flat)[1]
         assert _envelope_detail is not None
     parse_envelope(_envelope(_completed("good-batch", 0.5, 0.5, 8)))
-    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert warnings == [_completed("flat-batch", 0.0, 0.0, 8).reward_signal_warning]
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert [r.getMessage() for r in warnings] == [_completed("flat-batch", 0.0, 0.0, 8).reward_signal_warning]
+    assert getattr(warnings[0], NO_REWARD_SIGNAL)  # `rollouts local demo` filters it out: its summary says it
