@@ -268,10 +268,10 @@ def print_summary(report: DemoResult, out: TextIO) -> None:
     warning = done.reward_signal_warning if done is not None else None
     if warning:
         lines.append(f"  WARNING {warning}")
-    lines.append(
-        f"  sessions left running: {len(report.sessions_left)}"
-        + (" (stopped with the pipeline)" if report.interrupted and report.sessions_left else "")
-    )
+    if report.interrupted:
+        lines.append(f"  sessions running when interrupted: {len(report.sessions_left)} (stopped with the pipeline)")
+    else:
+        lines.append(f"  sessions left running: {len(report.sessions_left)}")
     lines.append(f"  dead-lettered messages: {sum(report.dead_letters.values())}")
     if report.report_path is not None:
         lines.append(f"  report: {report.report_path}")
@@ -314,10 +314,12 @@ def run_demo(
                 watch_batch(pipeline, report.batch_id, report, out, timeout_s)
             except KeyboardInterrupt:
                 report.interrupted = True
+                report.sessions_left = pipeline.active_sessions()  # running now: they end with the pipeline
                 print("interrupted: stopping the local pipeline ...", file=out, flush=True)
                 pipeline.begin_stop()  # every consumer told to stop now, before anything they call goes away
             report.elapsed_s = time.monotonic() - started
-            report.sessions_left = pipeline.active_sessions() if report.interrupted else _sessions_after_grace(pipeline)
+            if not report.interrupted:
+                report.sessions_left = _sessions_after_grace(pipeline)
             report.dead_letters = pipeline.dead_letters()
             if write_html_report and report.completed is not None:
                 _write_report(pipeline, report, report_path or pipeline.work_dir / f"report-{report.batch_id}.html")

@@ -134,6 +134,8 @@ class LocalPipeline:
         self.consumers: list[QueueConsumer] = []
         self.sweeper: Schedule | None = None
         self._lifecycle: Any = None
+        #: The agent processes this run started (not a `runtime_factory`'s runtime, which its caller owns).
+        self._agents: Any = None
         self._stop_by = 0.0
         self._stack = contextlib.ExitStack()
 
@@ -224,6 +226,7 @@ class LocalPipeline:
             log_dir=self.work_dir / "agents",
         )
         self._stack.callback(runtime.close)
+        self._agents = runtime
         runtime.start()
         return runtime
 
@@ -278,15 +281,18 @@ class LocalPipeline:
         self._stack.callback(self._stop_within_grace, self.sweeper.stop)
 
     def begin_stop(self) -> None:
-        """Tell every consumer and the sweeper to take no more work, and end the dispatchers' waits for a session
-        slot (their messages are re-sent, as at the end of a Lambda's wait budget), without waiting: what runs
-        winds down while moto is still up (`stop` then waits for it, briefly, and stops the rest)."""
+        """Tell every consumer and the sweeper to take no more work, end the dispatchers' waits for a session slot
+        (their messages are re-sent, as at the end of a Lambda's wait budget) and stop the agent processes, without
+        waiting: what runs winds down while moto is still up (`stop` then waits for it, briefly, and stops the
+        rest)."""
         for consumer in self.consumers:
             consumer.request_stop()
         if self.sweeper is not None:
             self.sweeper.request_stop()
         if self._lifecycle is not None:
             self._lifecycle.slots.close()
+        if self._agents is not None:  # sessions end with the run; an invoke still starting a process gives up
+            self._agents.close()
 
     def stop(self) -> None:
         """Stop everything that was started, in reverse order (idempotent). The consumers and the sweeper get
