@@ -128,8 +128,10 @@ class BatchAccepted(_Detail):
 
 
 class BatchCompleted(_Detail):
-    """Every rollout of a batch is terminal. `duration_s` is the batch's duration (`batch_duration_s`: from its
-    creation, `started_at`, to its completion): the figure `rollouts local demo` and the report show."""
+    """Every rollout of a batch is terminal."""
+
+    # `duration_s`: `batch_duration_s(started_at, completed_at)`, the batch's creation to its completion, the figure
+    # `rollouts local demo` and the report show.
 
     rollouts_total: int
     succeeded: int
