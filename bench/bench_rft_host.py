@@ -91,11 +91,11 @@ def summary(values_s: list[float]) -> str:
     return f"median {statistics.median(ms):7.1f} ms   p95 {p95:7.1f} ms   (n={len(ms)})"
 
 
-def cold_start(module: str, env: dict[str, str], runs: int, kind: str = "art") -> list[float]:
+def cold_start(module: str, env: dict[str, str], runs: int, kind: str = "art", hosted: bool = True) -> list[float]:
     times = []
     for _ in range(runs):
         started = time.monotonic()
-        agent = AgentProcess(module, kind=kind, env=env).start()
+        agent = AgentProcess(module, kind=kind, hosted=hosted, env=env).start()
         try:
             agent.wait_ready(timeout_s=60)
             times.append(time.monotonic() - started)
@@ -184,6 +184,8 @@ def main(argv: list[str] | None = None) -> None:
         print("cold start (spawn -> /ping answers; every process is the agent host):")
         art = cold_start("bench_art_agent", base_env, args.cold_starts)
         print(f"  ART app (AgentCoreRLApp)            {summary(art)}")
+        alone = cold_start("bench_art_agent", base_env, args.cold_starts, hosted=False)
+        print(f"  ART app run as itself (python -m)   {summary(alone)}")
         plain = cold_start("bench_plain_entrypoint", base_env, args.cold_starts, "rft")
         print(f"  RFT host, plain @app.entrypoint     {summary(plain)}")
         print(
