@@ -178,7 +178,7 @@ def _not_the_reward_signal_warning(record: logging.LogRecord) -> bool:
 
 
 def watch_batch(pipeline: LocalPipeline, batch_id: str, report: DemoResult, out: TextIO, timeout_s: float) -> None:
-    """Consume the batch's events from the trainer queue (pushed, never polled from S3) until Batch Completed.
+    """Consume the batch's events (pushed to its own subscription, never polled from S3) until Batch Completed.
     The SDK's "no reward signal" warning is left to the summary (`print_summary`)."""
     sdk_log = logging.getLogger(transport.__name__)
     sdk_log.addFilter(_not_the_reward_signal_warning)
