@@ -525,8 +525,11 @@ def test_an_agent_that_cannot_start_fails_its_session_at_once_with_its_output(
 ) -> None:
     """AgentCore answers such a session RuntimeClientError "Runtime initialization time exceeded": never a throttle
     (which the dispatcher would retry for hours), the process's output in the error, the process gone."""
+    # Only the agent that hangs is left to the readiness deadline (short here); the others end on their own, however
+    # long the machine takes to import and start them.
+    deadline_s = 2 if module == "hangs_at_import" else 120
     runtime = LocalAgentRuntime(
-        module, env={"PYTHONPATH": broken_agents}, warm_processes=0, startup_timeout_s=2, log_dir=tmp_path
+        module, env={"PYTHONPATH": broken_agents}, warm_processes=0, startup_timeout_s=deadline_s, log_dir=tmp_path
     )
     session_id, payload = build_payload(model.base_url, "broken", {"question": "q"})
     with runtime, pytest.raises(RuntimeStartFailed, match=re.escape(reported)):
