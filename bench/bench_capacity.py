@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if result["after"]["ok"] else 1
 
 
-def run(
+def run(  # noqa: C901 (one run's harness: the experiments' Lambdas, the outside consumer, the pause, the figures)
     args: argparse.Namespace, weights: Sequence[float], clock: DilatedClock, profile: Any, *, pooled: bool
 ) -> dict[str, Any]:
     from bench_acr_quotas import MOTO_TIME
@@ -131,6 +131,7 @@ def run(
     from rollout_pipeline.adapters.sqs import SqsQueue
     from rollout_pipeline.config import ExperimentConfig
     from rollout_pipeline.fakes.acr import AcrProfile, AgentBehaviour, FakeAgentRuntime
+    from rollout_pipeline.feed.feed import Feed
     from rollout_pipeline.ledger import retry
     from rollout_pipeline.ledger.ledger import Ledger
     from rollout_pipeline.ledger.pool import PoolLedger
@@ -193,13 +194,15 @@ def run(
         )
 
         def make_deps(s: Any) -> LifecycleDeps:
+            ledger, queue = Ledger.open(s.table_name), SqsQueue()
             return LifecycleDeps(
                 settings=s,
-                ledger=Ledger.open(s.table_name),
+                ledger=ledger,
                 runtime=fake,
                 store=S3ObjectStore(),
-                queue=SqsQueue(),
+                queue=queue,
                 publisher=EventBridgePublisher(s.bus_name),
+                feed=Feed(ledger, queue, s),
                 dispatch_threads=args.threads,
                 pool=PoolLedger.open(s.pool_table_name) if s.pool_table_name else None,
             )
@@ -251,7 +254,7 @@ def run(
                 time.sleep(1.0)
 
     def releasing(rig: Rig, batch: str) -> Any:
-        return lambda: rig.release(batch, inputs, group_size)
+        return lambda: rig.release(batch)
 
     threads = [t for name, rig in rigs.items() for t in rig.threads(releasing=releasing(rig, batch_of(name)))]
     threads.append(threading.Thread(target=probe.run, name="bench-probe", daemon=True))

@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if result["ok"] else 1
 
 
-def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str, Any]:
+def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str, Any]:  # noqa: C901 (one run's harness)
     from bench_acr_quotas import MOTO_TIME, ideal_group_schedule
 
     from rollout_pipeline.adapters import clients
@@ -170,10 +170,11 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
     from rollout_pipeline.adapters.sqs import SqsQueue
     from rollout_pipeline.config import ExperimentConfig
     from rollout_pipeline.fakes.acr import AcrProfile, AgentBehaviour, FakeAgentRuntime
+    from rollout_pipeline.feed.feed import Feed
+    from rollout_pipeline.feed.window import window_size
     from rollout_pipeline.ledger import retry
     from rollout_pipeline.ledger.ledger import Ledger
     from rollout_pipeline.ledger.pool import PoolLedger
-    from rollout_pipeline.ledger.window import release_window
     from rollout_pipeline.lifecycle.deps import LifecycleDeps
     from rollout_pipeline.local.resources import create_resources
 
@@ -241,13 +242,15 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
     fake = FakeAgentRuntime(store=S3ObjectStore(), behaviour=behaviour, profile=acr)
 
     def make_deps(settings: Any) -> LifecycleDeps:
+        ledger, queue = Ledger.open(settings.table_name), SqsQueue()
         return LifecycleDeps(
             settings=settings,
-            ledger=Ledger.open(settings.table_name),
+            ledger=ledger,
             runtime=fake,
             store=S3ObjectStore(),
-            queue=SqsQueue(),
+            queue=queue,
             publisher=EventBridgePublisher(settings.bus_name),
+            feed=Feed(ledger, queue, settings),
             dispatch_threads=args.threads,
             pool=PoolLedger.open(settings.pool_table_name) if settings.pool_table_name else None,
         )
@@ -269,7 +272,7 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
     dispatch_deps, group_done = rig.dispatch_deps, rig.group_done
     batch_id = "bench-000000000001"
     bodies = rig.seed(batch_id, inputs, group_size)
-    window = release_window(config)
+    window = window_size(config)
     if window:
         bodies = []  # released by the window, as ingestion does (`ingest.core`): pending groups, then a release
     if args.shuffle and args.shuffle_window:
@@ -287,7 +290,7 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
     tx_times, conflicts_by_item = log.tx_times, log.conflicts_by_item
 
     probe = LatenessProbe()
-    threads = rig.threads(releasing=lambda: rig.release(batch_id, inputs, group_size) if window else None)
+    threads = rig.threads(releasing=lambda: rig.release(batch_id) if window else None)
     threads.append(threading.Thread(target=probe.run, name="bench-probe", daemon=True))
     if not args.json:
         print(

@@ -143,7 +143,7 @@ def item_category(pk: str, sk: str) -> str:
     if pk.startswith("B#"):
         if sk.startswith("BATCH#COUNT#"):
             return "BATCH#COUNT#*"
-        if sk in ("BATCH", "BATCH#CONTROL", "BATCH#RELEASE"):
+        if sk in ("BATCH", "BATCH#CONTROL"):
             return sk
         if sk.startswith("BATCH#CONTROL#"):
             return "BATCH#CONTROL#*"
@@ -599,6 +599,8 @@ class Rig:
         self.pool: list[str] = []  # messages sent and not yet in the rollout queue
         self.shuffler = random.Random(options.seed + 1)
         self.group_done: dict[str, float] = {}
+        self.groups: dict[str, Any] = {}
+        self.views: dict[str, Any] = {}
         #: While set, nothing reaches the rollout queue (the experiment has no work: `pause`).
         self.paused = threading.Event()
 
@@ -642,36 +644,32 @@ class Rig:
     # ------------------------------------------------------------------------------------------------ work
 
     def seed(self, batch_id: str, inputs: int, group_size: int) -> list[str]:
-        """A batch and its groups as ingestion writes them (`bench_lifecycle.seed`); returns the message bodies."""
-        from bench_lifecycle import seed
+        """A batch and its groups as ingestion writes them (`bench_lifecycle.seed_groups`); returns the message
+        bodies (what ingestion sends at once without a release window)."""
+        from bench_lifecycle import seed_groups
+
+        from rollout_pipeline.feed.messages import bodies_of
 
         self.counters.harness.on = True
         try:
-            return seed(self.resources, batch_id, inputs, group_size)
+            self.groups[batch_id] = seed_groups(self.resources, batch_id, inputs, group_size)
+            self.views[batch_id] = self.deps.ledger.batches.read_batch(batch_id)  # what ingestion holds
         finally:
             self.counters.harness.on = False
+        return bodies_of(self.groups[batch_id])
 
-    def release(self, batch_id: str, inputs: int, group_size: int) -> None:
-        """As `ingest.core` does with the release window: each chunk of 100 groups recorded as pending and
-        released, then one more release once ingestion ended."""
+    def release(self, batch_id: str) -> None:
+        """As `ingest.core` does with the release window: each chunk of 100 rows submitted to the feed (released
+        as far as the window has room, the rest pending), then one more submission once ingestion ended."""
         from rollout_pipeline.adapters.sqs import SqsQueue
-        from rollout_pipeline.ledger.release import PendingGroup
-        from rollout_pipeline.ledger.window import Releaser, max_release, release_window
+        from rollout_pipeline.feed.feed import Feed
 
-        config = self.resources.config
-        ledger = self.deps.ledger
-        window = release_window(config)
-        groups = [PendingGroup(f"row-{i}", i + 1, group_size) for i in range(inputs)]
-
-        def release() -> None:
-            view = ledger.batches.read_batch(batch_id)
-            assert view is not None
-            Releaser(ledger.release, SqsQueue(), self.staging_url, most=max_release(config)).release(view)
-
+        feed = Feed(self.deps.ledger, SqsQueue(), self.settings)
+        view, groups = self.views[batch_id], self.groups[batch_id]
+        assert view is not None
         for start in range(0, len(groups), 100):
-            ledger.release.add_pending(batch_id, groups[start : start + 100], window=window)
-            release()
-        release()
+            feed.submit(view, groups[start : start + 100])
+        feed.submit(view)
 
     def pause(self) -> None:
         """The experiment has no work for a while: what waits in its rollout queue goes back to the feeder (as if it
