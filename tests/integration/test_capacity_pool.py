@@ -127,6 +127,23 @@ def test_an_idle_experiments_share_flows_to_the_others_and_back(resources: Exper
     assert math.isclose(b.grant.sessions_per_s, budget / 2)  # type: ignore[union-attr]
 
 
+def test_a_burst_after_a_light_grant_renews_at_once(resources: ExperimentResources) -> None:
+    wall = Wall()
+    lease = lease_of(resources, wall)
+    light = lease.renew().sessions_per_s  # nothing waits: it asks for little
+    budget = PoolSettings(AccountQuotas.defaults(REGION)).budget("sessions")
+    assert light < budget / 4
+    wall.now += 0.1  # well within the lease: no renewal is due
+    lease.note_backlog()  # a rollout finds no room: the first of a burst
+    behind = lease._behind
+    assert behind is not None, "a background renewal started"
+    behind.join(timeout=10)
+    assert math.isclose(lease.grant.sessions_per_s, budget)  # type: ignore[union-attr]
+    wall.now += 0.1
+    lease.note_backlog()  # the same burst: no second renewal
+    assert lease._behind is behind
+
+
 def test_a_throttle_backs_the_pool_off_and_renews(resources: ExperimentResources) -> None:
     wall = Wall()
     lease = lease_of(resources, wall)

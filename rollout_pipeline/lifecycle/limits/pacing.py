@@ -185,6 +185,8 @@ class Pacer:
         """Read the budget's schedule (one strongly consistent GetItem; a leased one renewed after if due: the read
         shows a renewal by another process, which then needs none); returns the latest known `tat`."""
         if self.lease is not None:
+            if self.lease_until <= self._wall():  # no lease known to this process yet: get one before reading
+                self.lease.ensure()
             pace = self.ledger.pace(self.budget)
             self.absorb(pace)
             self.tat = max(self.tat, pace.tat_us / 1e6)

@@ -138,6 +138,8 @@ class CapacityLease:
         #: seldom renew together (the second one adopts the first's grant, or its pool write fails and it reads).
         self._renew_ahead = RENEW_AHEAD_S * self._rng.uniform(0.85, 1.15)
         self._backlog_until = 0.0
+        #: The grant last written by this process asked for everything it could get (a backlog).
+        self._asked_all = False
         self._throttled_at: dict[Budget, float] = {}
         self._throttles = 0
         self._forced_at = -1e18
@@ -166,17 +168,17 @@ class CapacityLease:
                 return current
         return self.renew()
 
-    def _renew_behind(self) -> None:
+    def _renew_behind(self, *, force: bool = False) -> None:
         """Start one background renewal unless one runs."""
         with self._behind_lock:
             if self._behind is not None and self._behind.is_alive():
                 return
-            self._behind = threading.Thread(target=self._renew_quietly, name="pool-lease", daemon=True)
+            self._behind = threading.Thread(target=self._renew_quietly, args=(force,), name="pool-lease", daemon=True)
             self._behind.start()
 
-    def _renew_quietly(self) -> None:
+    def _renew_quietly(self, force: bool) -> None:
         try:
-            self.renew()
+            self.renew(force=force)
         except Exception:  # the next caller renews in its own thread (and sees the error)
             log.warning("background renewal of the pool lease failed", exc_info=True)
 
@@ -199,8 +201,15 @@ class CapacityLease:
         return self.config.max_sessions if current is None else min(self.config.max_sessions, current.active)
 
     def note_backlog(self) -> None:
-        """A rollout of this process is waiting for room in the session budget: ask for everything next time."""
-        self._backlog_until = self._wall() + BACKLOG_HOLD_S
+        """A rollout of this process is waiting for room in the session budget: ask for everything next time. The
+        first one after a grant asked for less (the experiment was idle or light) renews at once in the background,
+        so a burst waits for the pool's writes, not for the next renewal."""
+        now = self._wall()
+        surge = self._backlog_until <= now and self.grant is not None and not self._asked_all
+        self._backlog_until = now + BACKLOG_HOLD_S
+        if surge:
+            self._asked_all = True  # one surge renewal per burst
+            self._renew_behind(force=True)
 
     # -------------------------------------------------------------------------------------------- renewing
 
@@ -255,6 +264,7 @@ class CapacityLease:
         carried = paces[CALLS_PACE].lease_version >= me.version
         if not carried and now - me.heartbeat > ADOPT_UNCARRIED_S:
             return None
+        self._asked_all = now - me.backlog_at < BACKLOG_KEEP_S
         return self._grant_of(state, me)
 
     def _write(self, state: PoolState, paces: Mapping[str, PaceView], now: float) -> Grant | None:
@@ -284,6 +294,7 @@ class CapacityLease:
         if not self.pool.write_member(member, version=state.version, forget=forgotten(state, name, now)):
             self.stats["lost_pool"] += 1
             return None
+        self._asked_all = "sessions" not in asks or math.isinf(asks["sessions"].demand)
         version = state.version + 1
         booked = {budget: booked_until(me.lease(budget) if me else Lease(), ask) for budget, ask in asks.items()}
         schedules: list[tuple[str, float, float]] = [(CALLS_PACE, self._tps_rate(leases, state), booked["calls"])]
