@@ -395,6 +395,7 @@ class Deployment:
 
         self._cli_account()
         self._run_destroy(self.aws.client("cloudformation"), destroy_context(experiment.config))
+        leave_pool(experiment)
         if not keep_results and retained:
             with aws_errors(f"delete bucket {experiment.results_bucket}"):
                 experiment.client("s3").delete_bucket(Bucket=experiment.results_bucket)
@@ -505,6 +506,18 @@ def empty_bucket(s3: Any, bucket: str) -> int:
 
 
 # ---------------------------------------------------------------------------------------------- the account pool
+
+
+def leave_pool(experiment: Experiment) -> None:
+    """Take a destroyed experiment out of the account pool at once (its entry would otherwise count its last
+    sessions in flight until its heartbeat is stale, and stay listed an hour); best effort."""
+    from rollout_pipeline.ledger.pool import PoolLedger
+
+    table = experiment.stack_outputs.pool_table_name or topology.POOL_TABLE_NAME
+    try:
+        PoolLedger.open(table, experiment.client("dynamodb")).leave(experiment.name)
+    except Exception as exc:  # the pool forgets a member that stopped renewing anyway
+        logger.warning("could not take %s out of the account pool: %s", experiment.name, exc)
 
 
 def pool_exists(aws: AwsClients) -> bool:
