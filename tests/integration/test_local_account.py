@@ -23,7 +23,11 @@ GROUP_SIZE = 4
 WAIT_S = 240.0  # bounded; about 15 s on an idle machine
 
 
-def _run(tmp_path: Path, *, account_pool: bool, limits: dict[str, Any]) -> tuple[FakeAgentRuntime, dict[str, int]]:
+def _run(
+    tmp_path: Path, *, account_pool: bool, limits: dict[str, Any]
+) -> tuple[FakeAgentRuntime, dict[str, int], set[str]]:
+    """Both experiments' batches submitted at once; returns the account's fake AgentCore, the rollouts completed by
+    experiment, and the experiments whose batch ended."""
     fakes: list[FakeAgentRuntime] = []
 
     def account(_resources: Any) -> FakeAgentRuntime:
@@ -48,6 +52,7 @@ def _run(tmp_path: Path, *, account_pool: bool, limits: dict[str, Any]) -> tuple
         work_dir=tmp_path,
     )
     completed: dict[str, int] = {}
+    ended: set[str] = set()
     with LocalPipeline(settings) as pipeline:
         assert set(pipeline.experiments) == {"exp-a", "exp-b"}
         assert len(fakes) == 1, "one AgentCore for the account"
@@ -59,9 +64,10 @@ def _run(tmp_path: Path, *, account_pool: bool, limits: dict[str, Any]) -> tuple
                 if event.detail_type is DetailType.ROLLOUT_COMPLETED:
                     done += 1
                 if event.detail_type is DetailType.BATCH_COMPLETED:
+                    ended.add(name)
                     break
             completed[name] = done
-    return fakes[0], completed
+    return fakes[0], completed, ended
 
 
 def _throttled(fake: FakeAgentRuntime) -> int:
@@ -69,7 +75,8 @@ def _throttled(fake: FakeAgentRuntime) -> int:
 
 
 def test_two_experiments_share_the_accounts_quota_without_a_throttle(tmp_path: Path) -> None:
-    fake, completed = _run(tmp_path, account_pool=True, limits={})
+    fake, completed, ended = _run(tmp_path, account_pool=True, limits={})
+    assert ended == {"exp-a", "exp-b"}
     assert completed == {"exp-a": ROWS * GROUP_SIZE, "exp-b": ROWS * GROUP_SIZE}
     assert _throttled(fake) == 0
     starts = sorted(c.at for c in fake.invocations() if c.outcome in ("started", "cold_start"))
@@ -80,7 +87,9 @@ def test_two_experiments_share_the_accounts_quota_without_a_throttle(tmp_path: P
 
 def test_each_on_its_own_limits_they_ask_for_more_than_the_account_has(tmp_path: Path) -> None:
     """The same run as before the account pool: each experiment paces itself at 3/s, as if it owned the account
-    (4/s): together 6/s, and AgentCore throttles (the requeued rollouts still complete)."""
-    fake, completed = _run(tmp_path, account_pool=False, limits={"session_rate_limit": 3.0})
-    assert completed == {"exp-a": ROWS * GROUP_SIZE, "exp-b": ROWS * GROUP_SIZE}
+    (4/s): together 6/s, and AgentCore throttles (the throttled rollouts are requeued; one throttled too often
+    fails as `throttled`, so not every rollout need complete)."""
+    fake, completed, ended = _run(tmp_path, account_pool=False, limits={"session_rate_limit": 3.0})
+    assert ended == {"exp-a", "exp-b"}
+    assert sum(completed.values()) > ROWS * GROUP_SIZE
     assert _throttled(fake) > 0
