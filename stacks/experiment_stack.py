@@ -13,9 +13,9 @@ from constructs import Construct
 
 from rollout_pipeline import access, routing, topology
 from rollout_pipeline.config import ExperimentConfig, FunctionEnvironment, HandlerSettings
-from rollout_pipeline.deploy_settings import DeploySettings
 from rollout_pipeline.ids import CLAIMS_PREFIX
 from rollout_pipeline.metric_names import METRICS_NAMESPACE
+from rollout_pipeline.ops.deploy_settings import DeploySettings
 from stacks import nag
 from stacks.agent_runtime import DEFAULT_ENDPOINT, AgentRuntimeConstruct
 from stacks.attempt_key import AttemptKey

@@ -1,6 +1,6 @@
 """The agent image: a dedicated ECR repository per experiment, filled during `cdk deploy` without local Docker.
 
-Three modes (`rollout_pipeline.deploy_settings.DeploySettings.image_mode`):
+Three modes (`rollout_pipeline.ops.deploy_settings.DeploySettings.image_mode`):
 - `codebuild` (default): `cdklabs-deploy-time-build`'s `ContainerImageBuild` zips the build context (a plain file
   asset, so synth needs no Docker), builds `agent_image/Dockerfile` for linux/arm64 in AWS CodeBuild on an ARM build
   image during the deploy and pushes it to the experiment's repository. The tag is the context's content hash: an
@@ -30,7 +30,7 @@ from cdklabs.deploy_time_build import ContainerImageBuild
 from constructs import Construct, IConstruct
 
 from rollout_pipeline.config import ExperimentConfig
-from rollout_pipeline.deploy_settings import ECR_IMAGE_URI, DeploySettings
+from rollout_pipeline.ops.deploy_settings import ECR_IMAGE_URI, DeploySettings
 from stacks import nag
 from stacks.retention import is_retained, removal_policy
 

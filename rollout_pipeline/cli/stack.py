@@ -96,7 +96,7 @@ def _name(args: argparse.Namespace) -> str:
 
 
 def cmd_deploy(args: argparse.Namespace, out: TextIO) -> int:
-    from rollout_pipeline.sdk.launch import Deployment
+    from rollout_pipeline.ops.launch import Deployment
 
     deployment = Deployment(
         _name(args),
@@ -118,8 +118,8 @@ def cmd_deploy(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_destroy(args: argparse.Namespace, out: TextIO) -> int:
+    from rollout_pipeline.ops.launch import Deployment
     from rollout_pipeline.sdk import Experiment, ExperimentNotDeployed
-    from rollout_pipeline.sdk.launch import Deployment
 
     name = _name(args)
     try:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from rollout_pipeline.config import ConfigError
-from rollout_pipeline.deploy_settings import DeploySettings
+from rollout_pipeline.ops.deploy_settings import DeploySettings
 from stacks.image import KEEP_IMAGES, content_tag
 from tests.infra.conftest import PREBUILT_IMAGE, REPO_ROOT, Synthesized, stack_context
 

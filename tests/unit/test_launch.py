@@ -14,13 +14,13 @@ import boto3
 import pytest
 from botocore.stub import Stubber
 
-from rollout_pipeline import preflight
 from rollout_pipeline.cli import EXIT_ERROR, EXIT_OK, main
 from rollout_pipeline.config import ExperimentConfig
+from rollout_pipeline.ops import cdk as cdk_module
+from rollout_pipeline.ops import preflight
+from rollout_pipeline.ops.launch import Deployment, changed_settings, preflight_problem
 from rollout_pipeline.sdk import Experiment, NoCredentials, SdkError
-from rollout_pipeline.sdk import cdk as cdk_module
 from rollout_pipeline.sdk.errors import DeployFailed
-from rollout_pipeline.sdk.launch import Deployment, changed_settings, preflight_problem
 from tests.fake_cdk import FakeCdkProject
 
 REGION = "us-east-1"

@@ -13,7 +13,7 @@ import boto3
 import pytest
 from botocore.stub import ANY, Stubber
 
-from rollout_pipeline.sdk.smoke import Smoke
+from rollout_pipeline.ops.smoke import Smoke
 
 REGION = "us-west-2"
 ACCOUNT = "123456789012"
