@@ -77,6 +77,7 @@ class ExperimentStack(Stack):
         )
         if self.image.dependable is not None:
             self.agent.runtime.node.add_dependency(self.image.dependable)
+        self.ledger.protect_after(self.agent)
         self.image.grant_pull(self.agent.runtime.role)
 
         code = lambda_code(RUNTIME, repo_root)

@@ -32,7 +32,7 @@ from constructs import Construct, IConstruct
 from rollout_pipeline.config import ExperimentConfig
 from rollout_pipeline.ops.deploy_settings import ECR_IMAGE_URI, DeploySettings
 from stacks import nag
-from stacks.retention import is_retained, removal_policy
+from stacks.retention import removal_policy
 
 AGENT_DIR: Final = "agent_image"
 DOCKERFILE: Final = f"{AGENT_DIR}/Dockerfile"
@@ -179,11 +179,15 @@ class AgentImage(Construct):
                 ecr.LifecycleRule(description=f"Keep the last {KEEP_IMAGES} agent images", max_image_count=KEEP_IMAGES)
             ],
             removal_policy=removal,
-            empty_on_delete=not is_retained(removal),
         )
-        # ECR encrypts every repository at rest; say so in the template (CDK omits its default AES256).
         cfn_repository = self.repository.node.default_child
         assert isinstance(cfn_repository, ecr.CfnRepository)
+        # The image is pushed before the runtime (the likeliest resource to fail) is created: a failed create must
+        # delete a repository that holds it (DeleteRepository refuses a non-empty one). EmptyOnDelete matters only
+        # when CloudFormation deletes the repository: a retained one (RetainExceptOnCreate) keeps its images on
+        # destroy. CDK's L2 refuses `empty_on_delete` without RemovalPolicy.DESTROY, hence the L1 property.
+        cfn_repository.empty_on_delete = True
+        # ECR encrypts every repository at rest; say so in the template (CDK omits its default AES256).
         cfn_repository.encryption_configuration = ecr.CfnRepository.EncryptionConfigurationProperty(
             encryption_type="AES256"
         )

@@ -34,6 +34,9 @@ IMAGE_BUILD_TYPE: Final = "Custom::CDKContainerImageBuild"
 FAILED_STATES: Final = frozenset(
     {"CREATE_FAILED", "ROLLBACK_COMPLETE", "ROLLBACK_FAILED", "DELETE_FAILED", "UPDATE_ROLLBACK_FAILED"}
 )
+#: Failed creates: `cdk deploy` deletes such a stack and creates it again (what the failed create made is deleted
+#: with it: RetainExceptOnCreate), as the CDK CLI's own `isCreationFailure` does.
+CREATION_FAILURES: Final = frozenset({"ROLLBACK_COMPLETE", "ROLLBACK_FAILED"})
 #: Reasons CloudFormation gives to resources it gave up on because another one failed (never the cause).
 _KNOCK_ON_REASONS: Final = ("Resource creation cancelled", "Resource update cancelled", "The following resource(s)")
 

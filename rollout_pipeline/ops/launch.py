@@ -273,6 +273,14 @@ class Deployment:
         cloudformation = self.aws.client("cloudformation")
         stack = topology.stack_name(self.name)
         status = cdk.stack_status(cloudformation, self.name)
+        if status in cdk.CREATION_FAILURES:
+            question = (
+                f"Stack {stack} failed its creation ({status}): delete it and create it again in {self.aws.region}?"
+            )
+            if not yes and not self.confirm(question):
+                raise SdkError(f"deploy of {stack} cancelled: nothing changed")
+            self._say(f"{stack} failed its creation ({status}): cdk deploy deletes it, then creates it again")
+            return self._deploy(planned, cloudformation, created=True)
         if status in cdk.FAILED_STATES:
             raise SdkError(
                 f"stack {stack} is in state {status}: delete it first (`rollouts destroy -e {self.name}`, or "

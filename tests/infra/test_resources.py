@@ -30,10 +30,11 @@ def arn(logical_id: str) -> dict[str, list[str]]:
 # --- storage -------------------------------------------------------------------------------------------------
 
 
-def test_three_buckets_encrypted_private_and_retained(synth: Synthesized) -> None:
+def test_three_buckets_encrypted_private_and_the_data_retained(synth: Synthesized) -> None:
     buckets = synth.of_type("AWS::S3::Bucket")
     assert len(buckets) == 3
-    for bucket in buckets.values():
+    access_logs = synth.logical_id(synth.stack.storage.access_logs)
+    for logical_id, bucket in buckets.items():
         props = bucket["Properties"]
         sse = props["BucketEncryption"]["ServerSideEncryptionConfiguration"]
         assert sse == [{"ServerSideEncryptionByDefault": {"SSEAlgorithm": "AES256"}}]
@@ -43,8 +44,11 @@ def test_three_buckets_encrypted_private_and_retained(synth: Synthesized) -> Non
             "IgnorePublicAcls": True,
             "RestrictPublicBuckets": True,
         }
-        assert bucket["DeletionPolicy"] == "RetainExceptOnCreate"
-        assert bucket["UpdateReplacePolicy"] == "Retain"
+        if logical_id == access_logs:  # emptied and deleted with the stack (test_retention.py)
+            assert bucket["DeletionPolicy"] == "Delete"
+        else:
+            assert bucket["DeletionPolicy"] == "RetainExceptOnCreate"
+            assert bucket["UpdateReplacePolicy"] == "Retain"
 
 
 def test_every_bucket_policy_denies_plain_http(synth: Synthesized) -> None:
@@ -116,7 +120,7 @@ def test_ledger_table_schema_matches_ledger_keys(synth: Synthesized) -> None:
                 "PointInTimeRecoverySpecification": {"PointInTimeRecoveryEnabled": True},
                 "TimeToLiveSpecification": {"AttributeName": keys.TTL_ATTRIBUTE, "Enabled": True},
                 "SSESpecification": {"SSEEnabled": True},
-                "DeletionProtectionEnabled": True,
+                "DeletionProtectionEnabled": False,
                 "GlobalSecondaryIndexes": [
                     gsi(keys.DEADLINE_INDEX, keys.DEADLINE_PK, keys.DEADLINE_SK),
                     gsi(keys.OUTBOX_INDEX, keys.OUTBOX_PK, keys.OUTBOX_SK),

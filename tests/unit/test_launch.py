@@ -242,10 +242,31 @@ def test_a_failed_deploy_names_the_first_failed_resource_and_its_reason(
     assert "wall of output" not in message
 
 
-def test_a_stack_in_a_failed_state_must_be_deleted_first(project: FakeCdkProject, session: StubbedSession) -> None:
-    session.stack("ROLLBACK_COMPLETE")
+@pytest.mark.parametrize("status", ["ROLLBACK_COMPLETE", "ROLLBACK_FAILED"])
+def test_a_failed_create_is_deployed_again_as_the_cdk_cli_does(
+    project: FakeCdkProject, session: StubbedSession, status: str
+) -> None:
+    """`cdk deploy` deletes a stack whose creation failed and creates it again: the SDK asks, then lets it."""
+    session.stack(status)
+    project.script({"deploy": {"outputs": {STACK: outputs()}}})
+    deploy, out, questions = deployment(project, session, answers=[True])
+
+    experiment = deploy.deploy()
+
+    asked = f"Stack Rollouts-t1 failed its creation ({status}): delete it and create it again in {REGION}?"
+    assert questions == [asked]
+    assert project.verbs() == ["deploy"]
+    assert experiment.name == "t1"
+    assert "creating Rollouts-t1: done" in out.getvalue()
+
+
+@pytest.mark.parametrize("status", ["DELETE_FAILED", "UPDATE_ROLLBACK_FAILED", "CREATE_FAILED"])
+def test_a_stack_in_another_failed_state_must_be_deleted_first(
+    project: FakeCdkProject, session: StubbedSession, status: str
+) -> None:
+    session.stack(status)
     deploy, _out, _questions = deployment(project, session)
-    with pytest.raises(SdkError, match=r"ROLLBACK_COMPLETE: delete it first \(`rollouts destroy -e t1`"):
+    with pytest.raises(SdkError, match=rf"{status}: delete it first \(`rollouts destroy -e t1`"):
         deploy.deploy(yes=True)
     assert project.calls() == []
 
