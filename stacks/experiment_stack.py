@@ -25,7 +25,12 @@ from stacks.events import EventRouting
 from stacks.functions import LOG_RETENTION_DAYS, RUNTIME, PipelineFunctionConstruct
 from stacks.image import AgentImage
 from stacks.ledger import LedgerTableConstruct
-from stacks.monitoring import Monitoring, RuntimeLogRetention, expire_every_log_group
+from stacks.monitoring import (
+    Monitoring,
+    RuntimeLogRetention,
+    expire_every_log_group,
+    give_every_function_a_log_group,
+)
 from stacks.queues import QueuedLambdaConsumer
 from stacks.retention import is_retained, removal_policy
 from stacks.storage import Storage
@@ -185,6 +190,7 @@ class ExperimentStack(Stack):
             )
             for endpoint in self.agent.endpoint_names
         ]
+        give_every_function_a_log_group(self, LOG_RETENTION_DAYS, removal)
         expire_every_log_group(self, LOG_RETENTION_DAYS, removal)
         self.trainer_policy = TrainerPolicy(
             self,
