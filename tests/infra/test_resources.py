@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from aws_cdk.assertions import Match
 
 from rollout_pipeline import topology
@@ -181,8 +182,33 @@ def test_work_queues_redrive_to_14_day_dlqs_with_6x_visibility(synth: Synthesize
         dlq = synth.resources[synth.logical_id(consumer.dlq)]["Properties"]
         assert dlq["MessageRetentionPeriod"] == FOURTEEN_DAYS_S
     trainer = synth.resources[synth.logical_id(stack.events.trainer_queue)]["Properties"]
-    assert trainer["MessageRetentionPeriod"] == FOURTEEN_DAYS_S
     assert "RedrivePolicy" in trainer
+
+
+def test_a_dead_lettered_message_stays_at_least_four_days_in_its_dlq(synth: Synthesized) -> None:
+    """SQS keeps a message's original enqueue time when it moves it to the DLQ: a queue's retention must leave room
+    under its DLQ's (https://docs.aws.amazon.com/AWSSimpleQueueService/latest/SQSDeveloperGuide/sqs-dead-letter-queues.html)."""
+    queues = synth.of_type("AWS::SQS::Queue")
+    redriven = {lid: q["Properties"] for lid, q in queues.items() if "RedrivePolicy" in q["Properties"]}
+    assert len(redriven) == 4  # ingest, rollout, completion, trainer
+    for lid, queue in redriven.items():
+        dlq_id = queue["RedrivePolicy"]["deadLetterTargetArn"]["Fn::GetAtt"][0]
+        dlq_retention = queues[dlq_id]["Properties"]["MessageRetentionPeriod"]
+        assert dlq_retention == FOURTEEN_DAYS_S, dlq_id
+        assert dlq_retention - queue.get("MessageRetentionPeriod", 4 * 86400) >= 4 * 86400, lid
+    undelivered = synth.resources[synth.logical_id(synth.stack.events.undelivered)]["Properties"]
+    assert undelivered["MessageRetentionPeriod"] == FOURTEEN_DAYS_S
+
+
+def test_a_queue_that_would_outlive_its_dlq_is_refused() -> None:
+    from aws_cdk import App, Duration, Stack
+
+    from stacks.queues import QueueWithDlq
+
+    with pytest.raises(ValueError, match="at most 10 days"):
+        QueueWithDlq(
+            Stack(App(), "S"), "Q", visibility_timeout=Duration.seconds(30), retention_period=Duration.days(14)
+        )
 
 
 def test_an_alarm_on_every_dlq(synth: Synthesized) -> None:
