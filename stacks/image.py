@@ -50,6 +50,12 @@ QUEUED_TIMEOUT_MINUTES: Final = 10
 #: handler and the post_build callback.
 BUILD_MARGIN_MINUTES: Final = 5
 SERVICE_TIMEOUT_S: Final = (QUEUED_TIMEOUT_MINUTES + BUILD_TIMEOUT_MINUTES + BUILD_MARGIN_MINUTES) * 60
+#: The ARM build image: Amazon Linux 2023, CodeBuild's `al/aarch64/standard/4.0` (Docker 28 with buildx, AWS CLI v2).
+#: The library pins `amazonlinux2-aarch64-standard:3.0`, an Amazon Linux 2 image (Amazon Linux 2 reached its end
+#: of life) and gives no option for it: `AgentImage._current_build_image` replaces it, refusing a layout it does not
+#: know.
+BUILD_IMAGE: Final = codebuild.LinuxArmBuildImage.AMAZON_LINUX_2023_STANDARD_4_0.image_id
+LIBRARY_BUILD_IMAGE: Final = "aws/codebuild/amazonlinux2-aarch64-standard:3.0"
 #: The library's build phase must hold these, the push last (the skip-if-tagged wrapper runs them unchanged).
 LIBRARY_BUILD_COMMANDS: Final = ('eval "$buildCommand"', "docker push $repositoryUri:$imageTag")
 #: Runs first in the build phase: an image already pushed under this content-hash tag is not built again.
@@ -206,6 +212,7 @@ class AgentImage(Construct):
         self.artifact = agentcore.AgentRuntimeArtifact.from_ecr_repository(self.repository, self.build.image_tag)
         self.image_uri = f"{self.repository.repository_uri}:{self.build.image_tag}"
         self._own_build_logs(removal)
+        self._current_build_image()
         self._bound_build_time()
         self._skip_existing_tag()
         self._scope_context_read()
@@ -255,6 +262,16 @@ class AgentImage(Construct):
         assert self.build is not None
         # Exists before the first build writes to it, so CodeBuild does not create it without a retention.
         self.build.node.add_dependency(self.build_logs)
+
+    def _current_build_image(self) -> None:
+        """Build on `BUILD_IMAGE` instead of the library's end-of-life Amazon Linux 2 image."""
+        project, _handler = self._singletons()
+        cfn_project = project.node.default_child
+        assert isinstance(cfn_project, codebuild.CfnProject)
+        environment = Stack.of(self).resolve(cfn_project.environment)
+        if environment.get("image") != LIBRARY_BUILD_IMAGE or environment.get("type") != "ARM_CONTAINER":
+            raise RuntimeError("cdklabs-deploy-time-build's build image changed: review _current_build_image")
+        cfn_project.add_property_override("Environment.Image", BUILD_IMAGE)
 
     def _bound_build_time(self) -> None:
         """CodeBuild's build and queue timeouts, and CloudFormation's wait for the custom resource's answer."""

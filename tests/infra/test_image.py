@@ -14,7 +14,8 @@ from rollout_pipeline.ops.deploy_settings import DeploySettings
 from stacks.image import KEEP_IMAGES, content_tag
 from tests.infra.conftest import PREBUILT_IMAGE, REPO_ROOT, Synthesized, stack_context
 
-ARM_BUILD_IMAGE_PREFIX = "aws/codebuild/amazonlinux2-aarch64-standard"
+#: Amazon Linux 2023 (the library pins an Amazon Linux 2 image, past its end of life).
+ARM_BUILD_IMAGE = "aws/codebuild/amazonlinux-aarch64-standard:4.0"
 
 
 def assets_manifest(synthesized: Synthesized) -> dict[str, Any]:
@@ -67,7 +68,7 @@ def test_image_is_built_on_an_arm_codebuild_image(synth: Synthesized) -> None:
     (project,) = synth.of_type("AWS::CodeBuild::Project").values()
     env = project["Properties"]["Environment"]
     assert env["Type"] == "ARM_CONTAINER"
-    assert env["Image"].startswith(ARM_BUILD_IMAGE_PREFIX)
+    assert env["Image"] == ARM_BUILD_IMAGE
     assert env["PrivilegedMode"] is True  # docker buildx inside the build
     (build,) = synth.of_type("Custom::CDKContainerImageBuild").values()
     props = build["Properties"]
