@@ -198,3 +198,18 @@ def test_bad_image_and_stack_settings_are_refused(overrides: dict[str, str], mat
 def test_digest_image_uri_is_accepted() -> None:
     uri = f"123456789012.dkr.ecr.eu-west-1.amazonaws.com/agent@sha256:{'a' * 64}"
     assert DeploySettings.from_context({"image_uri": uri}).image_mode == "uri"
+
+
+def test_the_base_image_is_pinned_by_digest() -> None:
+    """A tag moves under the same Dockerfile (and so the same content-hash image tag): two builds of one tag could
+    run different Pythons. Every FROM names an exact version and the digest that decides what is pulled."""
+    import re
+
+    dockerfile = (REPO_ROOT / "agent_image" / "Dockerfile").read_text()
+    froms = [line for line in dockerfile.splitlines() if line.startswith("FROM ")]
+    assert froms
+    pinned = re.compile(
+        r"^FROM --platform=linux/arm64 public\.ecr\.aws/docker/library/python:"
+        r"3\.13\.\d+-slim-[a-z]+@sha256:[0-9a-f]{64}$"
+    )
+    assert [line for line in froms if not pinned.match(line)] == []
