@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import threading
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
@@ -127,6 +128,7 @@ class CdkCli:
         self.log_dir = log_dir or self.assembly_dir / "rollouts-logs"
         #: Variables the CLI runs with on top of this process's (the region and credentials the SDK uses).
         self.env_overrides: dict[str, str] = {}
+        self._checked = False
 
     @property
     def assembly_dir(self) -> Path:
@@ -137,8 +139,37 @@ class CdkCli:
         return self.assembly_dir / f"{topology.stack_name(experiment)}.template.json"
 
     def check_installed(self) -> None:
+        """The CLI, the Node.js it runs on and a Python that can run the CDK app are all here; else one `SdkError`
+        naming what is missing (checked up front: otherwise the run fails later with `env: 'node'` or a traceback
+        of `import aws_cdk` inside `cdk diff`). Checked once per `CdkCli`."""
+        if self._checked:
+            return
         if not os.access(self.executable, os.X_OK):
             raise SdkError(f"the CDK CLI is not installed ({self.executable} is missing): run `make setup` first")
+        path = self.environment().get("PATH", "")
+        if shutil.which("node", path=path) is None:
+            raise SdkError(
+                "Node.js is not on PATH (the CDK CLI runs on it): install Node.js 22 or newer (the version in "
+                f"{self.project_dir / '.nvmrc'}), or put its bin directory on PATH, then try again"
+            )
+        python = self.app_python()
+        if python is None or not _finds_module(python, "aws_cdk"):
+            where = python or "python3 (not found on PATH)"
+            raise SdkError(
+                f"the CDK app's Python ({where}) cannot import aws_cdk: run `make setup` in {self.project_dir}, or "
+                "pip install -e '.[cdk]' into the Python that runs it"
+            )
+        self._checked = True
+
+    def app_python(self) -> str | None:
+        """The interpreter cdk.json's `app` command runs app.py with: the project's `.venv/bin/python` unless a
+        virtual environment is active (`VIRTUAL_ENV`), else `python3` on PATH (`tests/unit/test_launch.py` checks
+        that cdk.json still says so)."""
+        env = self.environment()
+        project_venv = self.project_dir / ".venv" / "bin" / "python"
+        if not env.get("VIRTUAL_ENV") and os.access(project_venv, os.X_OK):
+            return str(project_venv)
+        return shutil.which("python3", path=env.get("PATH", ""))
 
     def command(self, verb: str, experiment: str, context: Mapping[str, Any], *options: str) -> list[str]:
         """`cdk VERB STACK -c experiment=NAME -c key=value ... --no-notices OPTIONS` (settings in a stable order)."""
@@ -178,6 +209,15 @@ class CdkCli:
             except OSError as exc:
                 raise SdkError(f"cannot run the CDK CLI ({exc}): run `make setup` first") from None
         return CliRun(list(argv), code, log_path, tail)
+
+
+def _finds_module(python: str, module: str) -> bool:
+    """Whether `python` finds `module` (its spec only: nothing is imported, so it takes milliseconds)."""
+    probe = f"import importlib.util, sys; sys.exit(0 if importlib.util.find_spec({module!r}) else 1)"
+    try:
+        return subprocess.run([python, "-c", probe], capture_output=True, timeout=30, check=False).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
 
 
 # ------------------------------------------------------------------------------------------------- stack reads

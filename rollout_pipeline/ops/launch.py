@@ -40,6 +40,11 @@ MODES: Final = ("deployed", "local")
 _DIFF_COUNT: Final = re.compile(r"stacks with differences:\s*(\d+)")
 
 Confirm = Callable[[str], bool]
+#: botocore's credential `method`s of keys given in code (`boto3.Session(aws_access_key_id=...)`): the CLI cannot
+#: find them itself.
+KEYS_IN_CODE: Final = frozenset({"explicit"})
+#: Sources the CLI finds on its own like this process did (environment, instance and container roles): nothing to pass.
+RESOLVED_BY_THE_CLI: Final = frozenset({"env", "iam-role", "container-role"})
 
 
 class Launcher(Protocol):
@@ -212,8 +217,11 @@ class Deployment:
         return plan(self.name, self.settings, self.project_dir)
 
     def _cli_account(self) -> None:
-        """The CLI deploys where the preflight looked: this region, and a given session's profile or credentials
-        (in the child process's environment only)."""
+        """The CLI deploys where the preflight looked: this region, and a given session's credentials (in the child
+        process's environment only), by their source rather than their current value wherever the CLI can resolve
+        the source itself, since a deploy can outlast temporary keys (a 35-minute image build): the session's
+        profile (SSO, assume-role and credential files refresh there), the environment and instance or container
+        roles as they are. Only keys given to the session in code are handed over as they are."""
         env: dict[str, str] = {}
         region = self.aws.region
         if region:
@@ -223,13 +231,18 @@ class Deployment:
             profile = getattr(session, "profile_name", None)
             with aws_errors("read the session's credentials"):
                 credentials = session.get_credentials()
-            if profile and profile != "default":
-                env["AWS_PROFILE"] = str(profile)
-            elif credentials is not None:
+            method = str(getattr(credentials, "method", "")) if credentials is not None else ""
+            if credentials is not None and method in KEYS_IN_CODE:
                 frozen = credentials.get_frozen_credentials()
                 env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"] = frozen.access_key, frozen.secret_key
                 if frozen.token:
                     env["AWS_SESSION_TOKEN"] = frozen.token
+                    self._say(
+                        "warning: the session's temporary keys go to the CDK CLI as they are: a deploy that outlasts "
+                        "them fails; give a session with a profile (boto3.Session(profile_name=...)) instead"
+                    )
+            elif profile and method not in RESOLVED_BY_THE_CLI:
+                env["AWS_PROFILE"] = str(profile)
         self.cli.env_overrides.update(env)
 
     def _say(self, text: str) -> None:
