@@ -181,6 +181,10 @@ def dispatch_body(
     if batch.cancelled:
         return _cancelled(message, deps, options)
     row_payload = _row_payload(message, deps)
+    # Before any ledger write: a key that cannot be read (Secrets Manager down, throttled, denied) raises here and
+    # the message is redelivered, instead of after `begin_dispatch`, where it burnt an attempt and a slot until the
+    # rollout's deadline.
+    token = deps.attempt_token(message.exp_id, message.session_id)
     start_by = deps.invoke_start_by(wait_until)  # every wait before an invoke ends by then
     try:
         if deps.clock.monotonic() >= start_by:
@@ -208,7 +212,7 @@ def dispatch_body(
         )
         if start is DispatchStart.STARTED:
             deps.slot_shards.taken(shard)
-            return _invoke(message, deps, options, row_payload, wait_until=wait_until, reinvoke=False)
+            return _invoke(message, deps, options, row_payload, token, wait_until=wait_until, reinvoke=False)
         if start is DispatchStart.CANCELLED:
             return _cancelled(message, deps, options)
         if start is DispatchStart.NO_SLOT:
@@ -221,7 +225,7 @@ def dispatch_body(
         rec = deps.ledger.rollouts.get_rollout(message.batch_id, message.input_id, message.index)
         decided = _existing(message, rec, deps)
         if decided is Dispatch.REINVOKED:
-            return _invoke(message, deps, options, row_payload, wait_until=wait_until, reinvoke=True)
+            return _invoke(message, deps, options, row_payload, token, wait_until=wait_until, reinvoke=True)
         if decided is not None:
             return decided
     raise LedgerError(f"rollout {message.rollout_id} of {message.batch_id}: dispatch kept racing")
@@ -333,12 +337,14 @@ def _invoke(
     deps: LifecycleDeps,
     options: FileOptions,
     row_payload: dict[str, Any],
+    attempt_token: str | None,
     *,
     wait_until: float,
     reinvoke: bool,
 ) -> Dispatch:
     """InvokeAgentRuntime for a dispatched attempt (slot held), with bounded retries on throttling. Every invoke
-    starts by `deps.invoke_start_by(wait_until)`, so it ends inside the invocation."""
+    starts by `deps.invoke_start_by(wait_until)`, so it ends inside the invocation. `attempt_token`: read before
+    the dispatch transaction (`dispatch_body`)."""
     payload = build_agent_payload(
         row_payload=row_payload,
         rollout_overrides=message.rollout_overrides,
@@ -346,7 +352,7 @@ def _invoke(
         options=options,
         config=deps.config,
         results_bucket=deps.settings.results_bucket,
-        attempt_token=deps.attempt_token(message.exp_id, message.session_id),
+        attempt_token=attempt_token,
     )
     session_id = message.session_id
     start_by = deps.invoke_start_by(wait_until)

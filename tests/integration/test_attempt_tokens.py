@@ -5,6 +5,7 @@ their result, as ART does, keep working unchanged."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,19 +15,24 @@ from rollout_pipeline import contracts, ids
 from rollout_pipeline.adapters import clients
 from rollout_pipeline.fakes.acr import AcrProfile, AgentBehaviour, FakeAgentRuntime
 from rollout_pipeline.lifecycle.completion import Completion
+from rollout_pipeline.lifecycle.dispatch import dispatch_records
 from rollout_pipeline.lifecycle.sweeper import sweep
 from rollout_pipeline.local.resources import ExperimentResources
 from rollout_pipeline.metric_names import LATE_OR_UNKNOWN
 from tests.integration.lifecycle_support import (
+    PACED_WAIT_S,
     ShiftedClock,
     by_type,
     complete_once,
     dispatch_once,
     make_deps,
     moto_lock,
+    receive_records,
+    release,
     rollout_item,
     seed_batch,
     send,
+    slots_in_flight,
     trainer_events,
 )
 
@@ -119,3 +125,30 @@ def test_a_foreign_result_does_not_keep_an_attempt_from_expiring(
     item = rollout_item(resources, BATCH, "a", 0)
     assert item is not None
     assert (item["state"], item["attempt"]) == ("queued", 2)
+
+
+def test_an_unreadable_attempt_key_changes_nothing_and_the_message_comes_back(
+    resources: ExperimentResources, agents: FakeAgentRuntime
+) -> None:
+    """The key is read before the dispatch transaction: a Secrets Manager error neither takes a slot nor burns the
+    attempt (which would wait out its deadline); the message is redelivered and dispatches once the key reads."""
+    readable = {"now": False}
+
+    def key() -> bytes:
+        if not readable["now"]:
+            raise RuntimeError("GetSecretValue: ThrottlingException")
+        return KEY
+
+    deps = make_deps(resources, agents, attempt_key=key)
+    send(resources, seed_batch(resources, batch_id=BATCH, inputs={"a": {}}, group_size=1))
+    records = receive_records(resources.rollout_queue_url)
+    result = dispatch_records(records, deps, wait_until=time.monotonic() + PACED_WAIT_S)
+    assert list(result.failures) == [records[0]["messageId"]], "the message goes back to the queue"
+    assert rollout_item(resources, BATCH, "a", 0) is None, "no dispatch transaction ran"
+    assert slots_in_flight(resources) == 0
+    assert agents.payloads == {}
+
+    readable["now"] = True
+    release(resources.rollout_queue_url, records)  # its visibility timeout runs out
+    dispatch_once(resources, deps)
+    assert agents.payloads[sid("a")]["_rollout"]["attempt_token"] == contracts.attempt_token(KEY, "test-exp", sid("a"))
