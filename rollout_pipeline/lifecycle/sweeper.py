@@ -49,6 +49,8 @@ class SweepResult:
     outbox_drained: int = 0
     #: Rollouts released to the queue by the backstop of the release window (`lifecycle.release`).
     released: int = 0
+    #: The sweep reached its deadline (`wait_until`) and left the rest to the next run.
+    out_of_time: bool = False
     errors: list[str] = field(default_factory=list)
 
 
@@ -56,15 +58,28 @@ def sweep(
     deps: LifecycleDeps, *, page_size: int = 50, max_pages: int = 4, wait_until: float | None = None
 ) -> SweepResult:
     """One sweep over every shard of both sparse indexes (bounded: `page_size` x `max_pages` per shard).
-    `wait_until` (monotonic) bounds every wait for call budget (the Lambda's remaining time)."""
+    `wait_until` (`deps.clock.monotonic()`: the Lambda's remaining time) bounds every wait for call budget, and the
+    sweep itself: past it, no new rollout, outbox or shard is started, and the next run picks up the rest (every
+    step is conditional, so nothing is done twice). After a mass expiry one run would otherwise outlast its timeout
+    every minute, finishing nothing."""
     report = SweepResult()
     now = deps.now()
     now_epoch = int(now.timestamp())
     options_cache: dict[str, tuple[FileOptions, bool]] = {}
+
+    def out_of_time() -> bool:
+        if wait_until is not None and deps.clock.monotonic() >= wait_until:
+            report.out_of_time = True
+        return report.out_of_time
+
     for shard in range(keys.INDEX_SHARDS):
+        if out_of_time():
+            break
         for rec in deps.ledger.rollouts.query_due(
             keys.DEADLINE_INDEX, shard, now_epoch, limit=page_size, max_pages=max_pages
         ):
+            if out_of_time():
+                break
             report.expired_seen += 1
             bind_log_ids(batch_id=rec.batch_id, rollout_id=ids.rollout_id(rec.input_id, rec.index))
             try:
@@ -75,9 +90,13 @@ def sweep(
                 deps.metrics.count(SWEEP_ERRORS)
     cutoff = int(now.timestamp() - deps.outbox_age_s)
     for shard in range(keys.INDEX_SHARDS):
+        if out_of_time():
+            break
         for rec in deps.ledger.rollouts.query_due(
             keys.OUTBOX_INDEX, shard, cutoff, limit=page_size, max_pages=max_pages
         ):
+            if out_of_time():
+                break
             fresh = deps.ledger.rollouts.get_rollout(rec.batch_id, rec.input_id, rec.index)
             if fresh is None or not fresh.outbox:
                 continue
@@ -90,8 +109,13 @@ def sweep(
                 report.errors.append(f"outbox {rec.batch_id}/{rec.input_id}#{rec.index}: {exc}")
                 deps.metrics.count(SWEEP_ERRORS)
     clear_log_ids()
-    swept = release.sweep_releases(deps)
-    report.released = swept.rollouts + swept.recovered
+    if not out_of_time():
+        swept = release.sweep_releases(deps)
+        report.released = swept.rollouts + swept.recovered
+    if report.out_of_time:
+        log.warning(
+            "sweep reached its deadline: the next run continues (%d rollouts past due seen)", report.expired_seen
+        )
     deps.metrics.sample(IN_FLIGHT, deps.ledger.limits.in_flight())
     return report
 
