@@ -12,7 +12,8 @@ It checks against the deployed stack what only a real account can show:
 - `event key`: the object key as the S3 event on EventBridge carried it (raw or URL-encoded: the encoding bet the
   ingest stage makes, recorded);
 - `missing key`: a missing dataset key read as the ingest role answers 404, not 403 (the role must be assumable;
-  else IAM's policy simulator says whether the role may `s3:ListBucket`, without which S3 answers 403);
+  else IAM's policy simulator says whether the role's policies allow `s3:ListBucket` with the `s3:prefix` context of
+  the stack's grant: the policy, not S3's answer);
 - `alarm delivery`: a temporary SQS subscription on the alarm topic receives the notification of a stack alarm set to
   ALARM with `SetAlarmState` (then set back to OK);
 - `agentcore metrics`: the dimensions of the `AWS/Bedrock-AgentCore` metrics as `ListMetrics` shows them;
@@ -479,7 +480,7 @@ class Smoke:
                 RoleArn=role_arn, RoleSessionName=f"rollouts-smoke-{self.token}", DurationSeconds=900
             )["Credentials"]
         except ClientError as exc:
-            self._simulated_missing_key(role_arn, bucket, error_code(exc))
+            self._simulated_missing_key(role_arn, bucket, key, error_code(exc))
             return
         s3 = self.experiment.aws.session.client(
             "s3",
@@ -504,8 +505,12 @@ class Smoke:
             return
         self.emit("missing key", "fail", f"s3://{bucket}/{key} exists: run the smoke again")
 
-    def _simulated_missing_key(self, role_arn: str, bucket: str, assume_error: str) -> None:
-        """The role cannot be assumed (Lambda roles trust only Lambda): ask IAM's policy simulator instead."""
+    def _simulated_missing_key(self, role_arn: str, bucket: str, key: str, assume_error: str) -> None:
+        """The role cannot be assumed (Lambda roles trust only Lambda): ask IAM's policy simulator whether the role's
+        policies allow `s3:ListBucket` of the key's prefix. The stack's grant is conditioned on `s3:prefix`
+        (`access.LIST_GRANTS`), so the request is simulated with that context; asked without it, the answer is a
+        deny on every account. The simulator evaluates the policy only: what S3 answers for a missing key (404 or
+        403) only the assumed role's own HeadObject shows."""
         from botocore.exceptions import ClientError
 
         partition = role_arn.split(":")[1] if role_arn.count(":") >= 5 else "aws"
@@ -514,6 +519,7 @@ class Smoke:
                 PolicySourceArn=role_arn,
                 ActionNames=["s3:ListBucket"],
                 ResourceArns=[f"arn:{partition}:s3:::{bucket}"],
+                ContextEntries=[{"ContextKeyName": "s3:prefix", "ContextKeyValues": [key], "ContextKeyType": "string"}],
             )["EvaluationResults"]
         except ClientError as exc:
             self.emit(
@@ -524,19 +530,27 @@ class Smoke:
             )
             return
         decision = str(result[0].get("EvalDecision", "")) if result else ""
-        if decision == "allowed":
+        missing = sorted(str(name) for name in (result[0].get("MissingContextValues") or [])) if result else []
+        asked = f"s3:ListBucket of {bucket} with s3:prefix {key!r}"
+        caveat = (
+            "the simulator shows what the role's policies allow, not what S3 answers: only the role itself (it cannot "
+            f"be assumed: {assume_error}) could show S3's 404 or 403 for a missing key"
+        )
+        if missing:
             self.emit(
                 "missing key",
-                "pass",
-                f"the ingest role may s3:ListBucket {bucket} (IAM policy simulator; the role cannot be assumed: "
-                f"{assume_error}), so S3 answers 404 for a missing key",
+                "skipped",
+                f"the policy simulator cannot decide {asked}: it needs the context values {', '.join(missing)}; "
+                + caveat,
             )
+        elif decision == "allowed":
+            self.emit("missing key", "pass", f"the ingest role's policies allow {asked}; {caveat}")
         else:
             self.emit(
                 "missing key",
                 "fail",
-                f"the ingest role may not s3:ListBucket {bucket} ({decision or 'no decision'}): S3 answers 403 for a "
-                "missing key, which ingest takes for a permission error: grant it",
+                f"the ingest role's policies do not allow {asked} ({decision or 'no decision'}): without it S3 "
+                "answers 403 for a missing key, which ingest takes for a permission error: grant it; " + caveat,
             )
 
     # -------------------------------------------------------------------------------------- alarm delivery
