@@ -75,10 +75,20 @@ class PipelineFunction(Generic[Stage]):
         self.handler: Handler = self.bind(None)
 
     def stage(self) -> Stage:
-        """The container's stage, built on first use from the environment (`Wiring.from_environ`)."""
+        """The container's stage, built on first use from the environment (`Wiring.from_environ`), once the
+        ledger's layout stamp is this code's (`LimitLedger.require_layout`: another layout raises `LayoutMismatch`
+        on every invocation, so the function fails loudly and its messages wait, instead of misreading the table)."""
+        from rollout_pipeline.ledger.limits import LayoutMismatch
+
         with self._lock:
             if self._stage is None:
-                self._stage = self._build(Wiring.from_environ())
+                wiring = Wiring.from_environ()
+                try:
+                    wiring.ledger().limits.require_layout()
+                except LayoutMismatch as exc:
+                    self.logger.error(str(exc))
+                    raise
+                self._stage = self._build(wiring)
             return self._stage
 
     def bind(self, stage: Stage | None) -> Handler:

@@ -106,6 +106,9 @@ class ExperimentStack(Stack):
         completion = function("completion", "Records results, stops sessions, publishes")
         sweeper = function("sweeper", "Times out overdue rollouts and drains the outbox")
         self.functions = {"ingest": ingest, "dispatch": dispatch, "completion": completion, "sweeper": sweeper}
+        layout_stamp = self.ledger.stamp_layout()
+        for pipeline_function in self.functions.values():
+            pipeline_function.function.node.add_dependency(layout_stamp)
 
         self.ingest = QueuedLambdaConsumer(self, "IngestConsumer", function=ingest.function, spec=specs["ingest"])
         self.dispatch = QueuedLambdaConsumer(

@@ -17,6 +17,8 @@ from stacks.retention import removal_policy
 
 #: The physical id (before the table's name) of the custom resource that sets the table's deletion protection.
 DELETION_PROTECTION_ID: Final = "ledger-deletion-protection"
+#: The physical id (before the table's name) of the custom resource that stamps the ledger's layout.
+LAYOUT_STAMP_ID: Final = "ledger-layout"
 #: The functions' actions on the ledger: item reads and writes (no code of theirs calls BatchWriteItem or Scan).
 READ_WRITE_ACTIONS: Final = access.LEDGER_ITEM_ACTIONS
 
@@ -89,6 +91,29 @@ class LedgerTableConstruct(Construct):
         custom = self.deletion_protection.node.find_child("Resource").node.default_child
         assert isinstance(custom, CfnResource)
         custom.apply_removal_policy(removal_policy(self._config))
+
+    def stamp_layout(self) -> cr.AwsCustomResource:
+        """Put the ledger's layout stamp (`keys.layout_item()`, `LIMIT`/`LAYOUT`) on create, and again on an update
+        that changes `keys.LAYOUT_VERSION` (CloudFormation updates a custom resource only when its properties change;
+        a rollback puts the old version back). Make the functions depend on it: they refuse another layout, and
+        the stamp must be there before they are created or updated."""
+        put = cr.AwsSdkCall(
+            service="DynamoDB",
+            action="putItem",
+            parameters={"TableName": self.table.table_name, "Item": keys.layout_item()},
+            physical_resource_id=cr.PhysicalResourceId.of(f"{LAYOUT_STAMP_ID}-{self.table.table_name}"),
+        )
+        self.layout_stamp = cr.AwsCustomResource(
+            self,
+            "LayoutStamp",
+            on_create=put,
+            on_update=put,
+            policy=cr.AwsCustomResourcePolicy.from_statements(
+                [iam.PolicyStatement(actions=["dynamodb:PutItem"], resources=[self.table.table_arn])]
+            ),
+            install_latest_aws_sdk=False,
+        )
+        return self.layout_stamp
 
     def index_arn(self, index_name: str) -> str:
         return f"{self.table.table_arn}/index/{index_name}"

@@ -17,14 +17,14 @@ import logging
 import os
 import re
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Final, Protocol
 
 from rollout_pipeline import ids, topology
 from rollout_pipeline.config import ConfigError, ExperimentConfig
-from rollout_pipeline.ops import cdk, preflight, subscriptions
+from rollout_pipeline.ops import cdk, preflight, subscriptions, upgrade
 from rollout_pipeline.ops.deploy_settings import STACK_KEYS, DeploySettings
 from rollout_pipeline.sdk._aws import AwsClients, aws_errors
 from rollout_pipeline.sdk.errors import NoCredentials, SdkError
@@ -40,6 +40,9 @@ MODES: Final = ("deployed", "local")
 _DIFF_COUNT: Final = re.compile(r"stacks with differences:\s*(\d+)")
 
 Confirm = Callable[[str], bool]
+#: What an update of a live stack must pass first (`ops.upgrade.check_update`): the attached experiment, the names
+#: of the settings that change, whether forced, where to say warnings.
+UpdateGuard = Callable[["Experiment", Collection[str], bool, Callable[[str], None]], None]
 #: botocore's credential `method`s of keys given in code (`boto3.Session(aws_access_key_id=...)`): the CLI cannot
 #: find them itself.
 KEYS_IN_CODE: Final = frozenset({"explicit"})
@@ -81,6 +84,7 @@ def launch(
     settings: Mapping[str, Any],
     *,
     yes: bool = False,
+    force: bool = False,
     region: str | None = None,
     session: Any | None = None,
     project_dir: str | os.PathLike[str] | None = None,
@@ -96,7 +100,7 @@ def launch(
     deployment = Deployment(
         name, settings, project_dir=project_dir, region=region, session=session, out=out or sys.stderr
     )
-    return deployment.deploy(yes=yes)
+    return deployment.deploy(yes=yes, force=force)
 
 
 # --------------------------------------------------------------------------------------------------- settings
@@ -138,18 +142,23 @@ def plan(name: str, settings: Mapping[str, Any], project_dir: Path | None, *, ch
     return Plan(name, context, merged, config, deploy)
 
 
-def changed_settings(deployed: Mapping[str, str], config: ExperimentConfig) -> list[str]:
-    """`key: old -> new` for each experiment setting the deployed stack (its `ExperimentConfig` output) holds
+def setting_changes(deployed: Mapping[str, str], config: ExperimentConfig) -> dict[str, tuple[Any, Any]]:
+    """`{key: (old, new)}` for each experiment setting the deployed stack (its `ExperimentConfig` output) holds
     differently from `config`."""
     raw = deployed.get("ExperimentConfig")
     if not raw:
-        return []
+        return {}
     try:
         before = ExperimentConfig.from_env(raw).model_dump(mode="json")
     except ValueError:
-        return []
+        return {}
     after = config.model_dump(mode="json")
-    return [f"{key}: {before.get(key)!r} -> {after.get(key)!r}" for key in after if before.get(key) != after.get(key)]
+    return {key: (before.get(key), after.get(key)) for key in after if before.get(key) != after.get(key)}
+
+
+def changed_settings(deployed: Mapping[str, str], config: ExperimentConfig) -> list[str]:
+    """`key: old -> new` for each experiment setting that changes (`setting_changes`)."""
+    return [f"{key}: {old!r} -> {new!r}" for key, (old, new) in setting_changes(deployed, config).items()]
 
 
 def ask(question: str, *, stream: IO[str] = sys.stderr) -> bool:
@@ -181,8 +190,9 @@ def preflight_problem(checks: list[preflight.Check]) -> SdkError | None:
 class Deployment:
     """Deploys, diffs, synthesizes and destroys one experiment's stack through the CDK CLI.
 
-    `cli` and `checks` can be replaced (tests: a stand-in CLI, no preflight); `confirm` answers the questions
-    (default: ask on the terminal); `out` receives what a person follows (progress, the diff, what was done).
+    `cli`, `checks` and `guard` can be replaced (tests: a stand-in CLI, no preflight, no update check); `confirm`
+    answers the questions (default: ask on the terminal); `out` receives what a person follows (progress, the diff,
+    what was done).
     """
 
     def __init__(
@@ -195,6 +205,7 @@ class Deployment:
         session: Any | None = None,
         cli: cdk.CdkCli | None = None,
         checks: Callable[[Plan, AwsClients], list[preflight.Check]] | None = None,
+        guard: UpdateGuard | None = None,
         confirm: Confirm | None = None,
         out: IO[str] | None = None,
         poll_s: float = 3.0,
@@ -207,6 +218,7 @@ class Deployment:
         self.aws = AwsClients(session=session, region=region)
         self.cli = cli or cdk.CdkCli(self.project_dir)
         self.checks = checks or _run_preflight
+        self.guard = guard or _check_update
         self.out = out if out is not None else sys.stderr
         self.confirm = confirm or (lambda question: ask(question, stream=self.out))
         self.poll_s = poll_s
@@ -268,8 +280,32 @@ class Deployment:
 
     # ------------------------------------------------------------------------------------------------- deploy
 
-    def deploy(self, *, yes: bool = False) -> Experiment:
-        """Create or update the stack (nothing when it is up to date) and return the attached experiment."""
+    def deploy(self, *, yes: bool = False, force: bool = False) -> Experiment:
+        """Create or update the stack (nothing when it is up to date) and return the attached experiment. An update
+        refuses while rollouts are in flight (`ops.upgrade.check_update`) unless `force` (never for a new ledger
+        layout or new `endpoints`)."""
+        planned = self._ready()
+        cloudformation = self.aws.client("cloudformation")
+        stack = topology.stack_name(self.name)
+        status = cdk.stack_status(cloudformation, self.name)
+        if self._recreate(status, yes=yes):
+            return self._deploy(planned, cloudformation, created=True)
+        if status is None:
+            question = f"Create stack {stack} in {self.aws.region}?"
+        else:
+            changed = self._differs(planned, cloudformation)
+            if changed is None:
+                self._say(f"{stack} is up to date: nothing to deploy")
+                return self._attach()
+            self.guard(self._attach(), changed, force, self._say)
+            question = f"Deploy these changes to {stack}?"
+        if not yes and not self.confirm(question):
+            raise SdkError(f"deploy of {stack} cancelled: nothing changed")
+        return self._deploy(planned, cloudformation, created=status is None)
+
+    def _ready(self) -> Plan:
+        """Validated settings, the CLI and its toolchain, the region and the preflight: everything before the
+        stack is read."""
         planned = self.plan()
         self.cli.check_installed()
         if self.aws.region is None:
@@ -282,10 +318,12 @@ class Deployment:
         problem = preflight_problem(checks)
         if problem is not None:
             raise problem
+        return planned
 
-        cloudformation = self.aws.client("cloudformation")
+    def _recreate(self, status: str | None, *, yes: bool) -> bool:
+        """Whether `cdk deploy` is to delete a failed create and create it again (as the CDK CLI does; confirmed);
+        `SdkError` for a stack no deploy can start from (another failed state, or busy)."""
         stack = topology.stack_name(self.name)
-        status = cdk.stack_status(cloudformation, self.name)
         if status in cdk.CREATION_FAILURES:
             question = (
                 f"Stack {stack} failed its creation ({status}): delete it and create it again in {self.aws.region}?"
@@ -293,7 +331,7 @@ class Deployment:
             if not yes and not self.confirm(question):
                 raise SdkError(f"deploy of {stack} cancelled: nothing changed")
             self._say(f"{stack} failed its creation ({status}): cdk deploy deletes it, then creates it again")
-            return self._deploy(planned, cloudformation, created=True)
+            return True
         if status in cdk.FAILED_STATES:
             raise SdkError(
                 f"stack {stack} is in state {status}: delete it first (`rollouts destroy -e {self.name}`, or "
@@ -301,32 +339,24 @@ class Deployment:
             )
         if status is not None and status.endswith("_IN_PROGRESS"):
             raise SdkError(f"stack {stack} is busy ({status}): wait until it finishes, then deploy again")
+        return False
 
-        if status is None:
-            question = f"Create stack {stack} in {self.aws.region}?"
-        else:
-            if not self._differs(planned, cloudformation):
-                self._say(f"{stack} is up to date: nothing to deploy")
-                return self._attach()
-            question = f"Deploy these changes to {stack}?"
-        if not yes and not self.confirm(question):
-            raise SdkError(f"deploy of {stack} cancelled: nothing changed")
-        return self._deploy(planned, cloudformation, created=status is None)
-
-    def _differs(self, planned: Plan, cloudformation: Any) -> bool:
-        """Whether `cdk diff` finds anything to change; shows the changed settings and the diff when it does."""
+    def _differs(self, planned: Plan, cloudformation: Any) -> list[str] | None:
+        """None when `cdk diff` finds nothing to change; else the names of the experiment settings that change
+        (maybe none: code, stack-only settings), after showing them and the diff."""
         lines: list[str] = []
         run = self.cli.run(self.cli.command("diff", self.name, planned.context, "--fail"), echo=lines.append)
         counts = [int(m.group(1)) for line in lines if (m := _DIFF_COUNT.search(line))]
         if run.returncode == 0 and not any(counts):
-            return False
+            return None
         if run.returncode != 0 and not counts and not any("differences" in line for line in lines):
             raise SdkError(f"cdk diff of {topology.stack_name(self.name)} failed: {run.last_error()}")
-        changes = changed_settings(cdk.stack_outputs(cloudformation, self.name), planned.config)
+        changes = setting_changes(cdk.stack_outputs(cloudformation, self.name), planned.config)
         if changes:
-            self._say("settings that change:\n  " + "\n  ".join(changes))
+            shown = [f"{key}: {old!r} -> {new!r}" for key, (old, new) in changes.items()]
+            self._say("settings that change:\n  " + "\n  ".join(shown))
         self._say("\n".join(lines))
-        return True
+        return sorted(changes)
 
     def _deploy(self, planned: Plan, cloudformation: Any, *, created: bool) -> Experiment:
         outputs_file = self.cli.log_dir / f"outputs-{self.name}.json"
@@ -409,7 +439,7 @@ class Deployment:
                 f"stack {stack} deletes its results on destroy (results_retention=destroy): export what you need, "
                 "then destroy with keep_results=False (--delete-results)"
             )
-        busy = in_flight(experiment)
+        busy = upgrade.in_flight(experiment).total
         if busy and not force:
             raise SdkError(
                 f"experiment {self.name} has {busy} rollout(s) in flight or queued: wait for them, cancel their "
@@ -457,34 +487,15 @@ def destroy_context(config: ExperimentConfig) -> dict[str, str]:
     return {key: cdk.context_value(value) for key, value in values.items()}
 
 
+def _check_update(experiment: Experiment, changed: Collection[str], force: bool, say: Callable[[str], None]) -> None:
+    upgrade.check_update(experiment, changed, force=force, say=say)
+
+
 def _run_preflight(planned: Plan, aws: AwsClients) -> list[preflight.Check]:
     return preflight.run(planned.merged, client=aws.client, region=aws.region or "")
 
 
 # ---------------------------------------------------------------------------------------------- teardown steps
-
-
-def in_flight(experiment: Experiment) -> int:
-    """Rollouts holding a session slot plus messages waiting in the rollout and ingest queues (cheap reads)."""
-    with aws_errors(f"read what is in flight in {experiment.name}"):
-        sessions = experiment.wiring().ledger().limits.in_flight()
-        attrs = experiment.client("sqs").get_queue_attributes(
-            QueueUrl=experiment.rollout_queue_url,
-            AttributeNames=[
-                "ApproximateNumberOfMessages",
-                "ApproximateNumberOfMessagesNotVisible",
-                "ApproximateNumberOfMessagesDelayed",
-            ],
-        )["Attributes"]
-        waiting = [attrs]
-        if experiment.stack_outputs.ingest_queue_url:  # rows still being ingested become rollouts
-            waiting.append(
-                experiment.client("sqs").get_queue_attributes(
-                    QueueUrl=experiment.stack_outputs.ingest_queue_url,
-                    AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
-                )["Attributes"]
-            )
-    return sessions + sum(int(value) for found in waiting for value in found.values())
 
 
 def unfinished_batches(experiment: Experiment) -> list[str]:

@@ -158,6 +158,7 @@ class Experiment:
         mode: str = "deployed",
         *,
         yes: bool = False,
+        force: bool = False,
         region: str | None = None,
         session: Any | None = None,
         project_dir: str | os.PathLike[str] | None = None,
@@ -171,7 +172,9 @@ class Experiment:
 
         - `mode="deployed"`: validate the settings, run the preflight, deploy the project's CDK app through its
           CDK CLI (`node_modules/.bin/cdk`, installed by `make setup`) with live progress. Nothing happens when
-          the stack is up to date; changes are shown (`cdk diff`) and confirmed unless `yes=True`.
+          the stack is up to date; changes are shown (`cdk diff`) and confirmed unless `yes=True`. An update
+          refuses while rollouts are in flight (drain before upgrading) unless `force=True`; a new ledger layout
+          or a new `endpoints` refuses even then (docs/deploy.md, "Upgrades").
         - `mode="local"`: start the local pipeline in this process (moto on loopback, the Lambda handlers as
           consumers, agent processes); it stops at `destroy()`, at the end of a `with` block or at exit.
           `local_options`: local mode's own settings (`LocalSettings` fields: `agent_module`, `work_dir`, ...).
@@ -186,6 +189,7 @@ class Experiment:
             mode,
             settings,
             yes=yes,
+            force=force,
             region=region,
             session=session,
             project_dir=project_dir,

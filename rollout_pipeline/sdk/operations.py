@@ -34,6 +34,7 @@ class Operations(Protocol):
         settings: Mapping[str, Any],
         *,
         yes: bool,
+        force: bool,
         region: str | None,
         session: Any | None,
         project_dir: str | os.PathLike[str] | None,

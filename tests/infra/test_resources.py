@@ -467,3 +467,19 @@ def test_outputs_the_sdk_attaches_with(synth: Synthesized) -> None:
     }
     for output in synth.outputs.values():
         assert "Export" not in output
+
+
+def test_the_stack_stamps_the_ledger_layout_before_its_functions(synth: Synthesized) -> None:
+    """The functions refuse a ledger of another layout (`keys.LAYOUT_VERSION`): the stamp is put before any of
+    them is created or updated, and again whenever the version changes (it is in the custom resource's
+    properties)."""
+    (stamp_id,) = [
+        lid
+        for lid, r in synth.of_type("Custom::AWS").items()
+        if '\\"sk\\":{\\"S\\":\\"LAYOUT\\"}' in json.dumps(r["Properties"]["Create"])
+    ]
+    create = json.dumps(synth.resources[stamp_id]["Properties"]["Create"])
+    assert f'\\"version\\":{{\\"N\\":\\"{keys.LAYOUT_VERSION}\\"}}' in create
+    assert synth.resources[stamp_id]["Properties"]["Update"] == synth.resources[stamp_id]["Properties"]["Create"]
+    for name, function in synth.stack.functions.items():
+        assert stamp_id in synth.resources[synth.logical_id(function.function)]["DependsOn"], name

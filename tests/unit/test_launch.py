@@ -103,6 +103,7 @@ def deployment(
             region=REGION,
             session=session,
             checks=lambda _plan, _aws: [],
+            guard=lambda _experiment, _changed, _force, _say: None,  # tests/integration/test_upgrade_guard.py
             confirm=confirm,
             out=out,
             poll_s=3600,  # the stand-in CLI ends at once: no event polls during a test
@@ -177,6 +178,7 @@ def test_deploying_the_same_settings_changes_nothing(project: FakeCdkProject, se
 def test_other_settings_show_what_changes_and_ask_first(project: FakeCdkProject, session: StubbedSession) -> None:
     session.stack("UPDATE_COMPLETE")
     session.stack("UPDATE_COMPLETE", outputs(group_size=8))  # the settings the stack runs with
+    session.stack("UPDATE_COMPLETE", outputs(group_size=8))  # attached for the update's check
     diff_lines = [
         "Stack Rollouts-t1",
         "Resources",
@@ -430,7 +432,7 @@ def test_help_documents_every_option(command: str, capsys: pytest.CaptureFixture
     assert main([command, "--help"]) == EXIT_OK
     text = capsys.readouterr().out
     options = ["--experiment", "--region", "--project-dir", "--yes", "--verbose"]
-    options += ["--context", "--dry-run"] if command == "deploy" else ["--force", "--delete-results"]
+    options += ["--context", "--dry-run", "--force"] if command == "deploy" else ["--force", "--delete-results"]
     for option in options:
         assert option in text
 
