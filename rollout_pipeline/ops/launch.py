@@ -94,6 +94,11 @@ def launch(
     """`Experiment.launch`: deployed mode through `Deployment`, other modes through their launcher."""
     if mode not in MODES:
         raise SdkError(f"mode must be one of {', '.join(MODES)} (got {mode!r})")
+    if local_options is not None and not isinstance(local_options, Mapping):
+        raise SdkError(
+            f"local_options must be a dict of local mode's settings, e.g. {{'agent_module': 'my_agent'}} "
+            f"(got {type(local_options).__name__})"
+        )
     if mode == "local":
         config = plan(name, settings, None, check_model_url=False).config
         return launcher("local")(config, frozenset(settings), dict(local_options or {}))

@@ -27,7 +27,7 @@ from rollout_pipeline.sdk.subscription import (
 #: Subscriptions made before tagging: `{bus}-{tap|art}-{8 hex}`.
 _LEGACY_SUFFIX: Final = re.compile(r"^(?P<kind>tap|art)-[0-9a-f]{8}$")
 #: Rule names (after `{bus}-`) of the private subscriptions: only these are looked at by `list_subscriptions`.
-_SUBSCRIPTION_NAME_KINDS: Final = ("tap-", "art-", "smoke-")
+_SUBSCRIPTION_NAME_KINDS: Final = ("tap-", "art-", "sdk-", "smoke-")
 _CREATED_IN_DESCRIPTION: Final = re.compile(r"created (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)$")
 _GONE: Final = frozenset(
     {"ResourceNotFoundException", "AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist", "NonExistentQueue"}
