@@ -6,12 +6,13 @@ Else one transaction: a new attempt (queued n+1, outbox `enqueue`) while attempt
 `Rollout Failed` (timeout); either way the old session's slot is held and its stop is in the outbox. Then the
 outbox is drained (retry message sent, event published, session stopped: `lifecycle.stops`). Outbox: entries
 older than `deps.outbox_age_s` are drained. Every step is conditional on `(state, attempt)`, so repeated or
-concurrent sweeps change nothing twice. Last, the release window's backstop (`lifecycle.release.sweep_releases`).
+concurrent sweeps change nothing twice. Last, the release window's backstop (`feed.feed.Feed.sweep`).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from rollout_pipeline import ids
@@ -22,7 +23,7 @@ from rollout_pipeline.ledger.items import RolloutRecord
 from rollout_pipeline.ledger.rollouts import (
     DISPATCHED,
 )
-from rollout_pipeline.lifecycle import publishing, release
+from rollout_pipeline.lifecycle import publishing
 from rollout_pipeline.lifecycle.cancel import cancel_rollout
 from rollout_pipeline.lifecycle.completion import complete_if_written
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
@@ -47,7 +48,7 @@ class SweepResult:
     timed_out: int = 0
     cancelled: int = 0
     outbox_drained: int = 0
-    #: Rollouts released to the queue by the backstop of the release window (`lifecycle.release`).
+    #: Rollouts released to the queue by the backstop of the release window (`Feed.sweep`).
     released: int = 0
     #: The sweep reached its deadline (`wait_until`) and left the rest to the next run.
     out_of_time: bool = False
@@ -72,45 +73,32 @@ def sweep(
             report.out_of_time = True
         return report.out_of_time
 
-    for shard in range(keys.INDEX_SHARDS):
-        if out_of_time():
-            break
-        for rec in deps.ledger.rollouts.query_due(
-            keys.DEADLINE_INDEX, shard, now_epoch, limit=page_size, max_pages=max_pages
-        ):
-            if out_of_time():
-                break
-            report.expired_seen += 1
-            bind_log_ids(batch_id=rec.batch_id, rollout_id=ids.rollout_id(rec.input_id, rec.index))
-            try:
-                _expire(rec, deps, options_cache, report, wait_until)
-            except Exception as exc:  # one bad item must not stop the sweep
-                log.exception("sweeping %s/%s failed", rec.batch_id, ids.rollout_id(rec.input_id, rec.index))
-                report.errors.append(f"{rec.batch_id}/{rec.input_id}#{rec.index}: {exc}")
-                deps.metrics.count(SWEEP_ERRORS)
+    pages = {"limit": page_size, "max_pages": max_pages}
+    for rec in _due(deps, keys.DEADLINE_INDEX, now_epoch, out_of_time, **pages):
+        report.expired_seen += 1
+        bind_log_ids(batch_id=rec.batch_id, rollout_id=ids.rollout_id(rec.input_id, rec.index))
+        try:
+            _expire(rec, deps, options_cache, report, wait_until)
+        except Exception as exc:  # one bad item must not stop the sweep
+            log.exception("sweeping %s/%s failed", rec.batch_id, ids.rollout_id(rec.input_id, rec.index))
+            report.errors.append(f"{rec.batch_id}/{rec.input_id}#{rec.index}: {exc}")
+            deps.metrics.count(SWEEP_ERRORS)
     cutoff = int(now.timestamp() - deps.outbox_age_s)
-    for shard in range(keys.INDEX_SHARDS):
-        if out_of_time():
-            break
-        for rec in deps.ledger.rollouts.query_due(
-            keys.OUTBOX_INDEX, shard, cutoff, limit=page_size, max_pages=max_pages
-        ):
-            if out_of_time():
-                break
-            fresh = deps.ledger.rollouts.get_rollout(rec.batch_id, rec.input_id, rec.index)
-            if fresh is None or not fresh.outbox:
-                continue
-            bind_log_ids(batch_id=rec.batch_id, rollout_id=ids.rollout_id(rec.input_id, rec.index))
-            try:
-                if publishing.drain(fresh, deps, wait_until=wait_until):
-                    report.outbox_drained += 1
-            except Exception as exc:
-                log.warning("outbox of %s/%s#%s not drained: %s", rec.batch_id, rec.input_id, rec.index, exc)
-                report.errors.append(f"outbox {rec.batch_id}/{rec.input_id}#{rec.index}: {exc}")
-                deps.metrics.count(SWEEP_ERRORS)
+    for rec in _due(deps, keys.OUTBOX_INDEX, cutoff, out_of_time, **pages):
+        fresh = deps.ledger.rollouts.get_rollout(rec.batch_id, rec.input_id, rec.index)
+        if fresh is None or not fresh.outbox:
+            continue
+        bind_log_ids(batch_id=rec.batch_id, rollout_id=ids.rollout_id(rec.input_id, rec.index))
+        try:
+            if publishing.drain(fresh, deps, wait_until=wait_until):
+                report.outbox_drained += 1
+        except Exception as exc:
+            log.warning("outbox of %s/%s#%s not drained: %s", rec.batch_id, rec.input_id, rec.index, exc)
+            report.errors.append(f"outbox {rec.batch_id}/{rec.input_id}#{rec.index}: {exc}")
+            deps.metrics.count(SWEEP_ERRORS)
     clear_log_ids()
     if not out_of_time():
-        swept = release.sweep_releases(deps)
+        swept = deps.feed.sweep()
         report.released = swept.rollouts + swept.recovered
     if report.out_of_time:
         log.warning(
@@ -118,6 +106,19 @@ def sweep(
         )
     deps.metrics.sample(IN_FLIGHT, deps.ledger.limits.in_flight())
     return report
+
+
+def _due(
+    deps: LifecycleDeps, index: str, before_epoch: int, out_of_time: Callable[[], bool], *, limit: int, max_pages: int
+) -> Iterator[RolloutRecord]:
+    """The rollouts due in every shard of the sparse `index` (bounded pages per shard), until `out_of_time()`."""
+    for shard in range(keys.INDEX_SHARDS):
+        if out_of_time():
+            return
+        for rec in deps.ledger.rollouts.query_due(index, shard, before_epoch, limit=limit, max_pages=max_pages):
+            if out_of_time():
+                return
+            yield rec
 
 
 def _options(
