@@ -9,7 +9,9 @@ acknowledged: never dropped, never dead-lettered because of a limit; but a rollo
 `max_limit_requeues` times or waiting longer than `max_limit_wait_s` fails loudly (`Rollout Failed`, `throttled`).
 A cold start (RuntimeClientError 424) is retried on the SAME session id (`cold_start_retries` x
 `cold_start_wait_s`, tps budget only: the session exists); then the attempt ends through the normal "attempts
-left?" path and its session is stopped. A read timeout after sending is never re-sent (the deadline decides).
+left?" path and its session is stopped. An agent that cannot start (RuntimeClientError "Runtime initialization time
+exceeded": `RuntimeStartFailed`) fails the rollout at once as `agent_error` (no retry can help) and its session is
+stopped. A read timeout after sending is never re-sent (the deadline decides).
 An invoke is started only if it can end inside the invocation (`wait_until` minus the runtime's longest call,
 `LifecycleDeps.invoke_time_s`): waits for a slot or a budget end that much earlier, and a message left without
 that time is re-sent fresh (counted as a limit wait), never dropped.
@@ -57,6 +59,7 @@ from rollout_pipeline.ports import (
     RuntimeColdStart,
     RuntimeOutcomeUnknown,
     RuntimeRejected,
+    RuntimeStartFailed,
     RuntimeThrottled,
 )
 from rollout_pipeline.sqs_batch import message_id, run_partial_batch
@@ -82,6 +85,7 @@ class Dispatch(StrEnum):
     STOPPED_LATE = "stopped_late"  # invoked, but the rollout was cancelled/ended meanwhile: session stopped
     THROTTLED = "throttled"  # waited for limits too often or too long: Rollout Failed (throttled)
     COLD_START_FAILED = "cold_start_failed"  # kept answering 424: attempt ended (retried or failed), session stopped
+    START_FAILED = "start_failed"  # the agent cannot start: Rollout Failed (agent_error), session stopped
 
 
 @dataclass
@@ -368,6 +372,10 @@ def _invoke(
             if new_session:
                 deps.metrics.count(NEW_SESSIONS)
             break
+        except RuntimeStartFailed as exc:
+            if new_session:
+                deps.metrics.count(NEW_SESSIONS)  # the microVM was made: it counts and must be stopped
+            return _start_failed(message, deps, str(exc), wait_until)
         except RuntimeColdStart as exc:
             if new_session:
                 deps.metrics.count(NEW_SESSIONS)  # the microVM exists: it counts and must be stopped
@@ -449,6 +457,8 @@ def _retry_cold_start(
             return None
         except RuntimeColdStart as again:
             exc = again
+        except RuntimeStartFailed as failed:
+            return _start_failed(message, deps, str(failed), wait_until)
         except RuntimeOutcomeUnknown:
             return None
         except (RuntimeThrottled, RuntimeRejected) as other:
@@ -475,6 +485,33 @@ def _cold_start_failed(
     if after is not None and after.outbox:
         publishing.drain(after, deps, owner=True, wait_until=wait_until)
     return Dispatch.COLD_START_FAILED
+
+
+def _start_failed(message: RolloutMessage, deps: LifecycleDeps, error: str, wait_until: float) -> Dispatch:
+    """The session's agent cannot start (its container exited or never became ready): the rollout fails at once as
+    `agent_error` with what the runtime said (local mode: the agent process's output), attempts left or not, as an
+    agent's own error result would; the session's slot is held until its stop is confirmed."""
+    rec = deps.ledger.rollouts.get_rollout(message.batch_id, message.input_id, message.index)
+    if rec is None or rec.state != DISPATCHED or rec.attempt != message.attempt:
+        return Dispatch.STALE
+    last_line = next((line.strip() for line in reversed(error.splitlines()) if line.strip()), error)
+    log.warning("the agent of session %s did not start (agent_error): %s", message.session_id, last_line[:300])
+    after = fail_rollout(
+        deps,
+        rec.ref,
+        exp_id=rec.exp_id,
+        from_state=DISPATCHED,
+        reason=FailureReason.AGENT_ERROR,
+        error=f"the agent did not start: {error}",
+        outbox=frozenset({OUTBOX_PUBLISH}),
+        session_id=rec.session_id,
+        hold_slot_until=stops.hold_until(deps, rec),
+    )
+    if after is None:
+        return Dispatch.STALE
+    if after.outbox:
+        publishing.drain(after, deps, owner=True, wait_until=wait_until)
+    return Dispatch.START_FAILED
 
 
 def _rejected(message: RolloutMessage, deps: LifecycleDeps, error: str) -> Dispatch:
