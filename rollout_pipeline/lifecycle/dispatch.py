@@ -387,9 +387,7 @@ def _invoke(
             log.warning("invoke of %s: outcome unknown (%s); the deadline decides", session_id, exc)
             break
         except NoCallBudget:  # no call was made: our own budgets had no slot before the invoke had to start
-            if not new_session:  # the attempt stays dispatched: the re-sent message invokes the same session
-                return _requeue(message, deps, Dispatch.REQUEUED_NO_TIME)
-            return _undo_and_requeue(message, deps, Dispatch.REQUEUED_LIMIT)
+            return _no_call_budget(message, deps, new_session=new_session)
         except RuntimeThrottled as exc:
             backoff = min(0.25 * 2**attempt, 4.0) * random.uniform(0.5, 1.0)
             if attempt == deps.invoke_retries or deps.clock.monotonic() + backoff > start_by:
@@ -399,13 +397,36 @@ def _invoke(
                 return _undo_and_requeue(message, deps, Dispatch.REQUEUED_THROTTLED)
             deps.clock.sleep(backoff)
         except RuntimeRejected as exc:
-            if not new_session:
-                return _cold_start_failed(message, deps, options, str(exc), wait_until)
-            return _rejected(message, deps, str(exc))
+            return _refused(message, deps, options, str(exc), wait_until, new_session=new_session)
     if not deps.ledger.rollouts.mark_invoked(message.ref):
         return _stop_late(message, deps, wait_until)
     deps.metrics.count(DISPATCHED_METRIC)
     return Dispatch.REINVOKED if reinvoke else Dispatch.INVOKED
+
+
+def _no_call_budget(message: RolloutMessage, deps: LifecycleDeps, *, new_session: bool) -> Dispatch:
+    """Our own budgets had no slot before the invoke had to start (no call was made): re-send the message; a new
+    session's attempt gives its slot back first, a call into an existing session stays dispatched (the re-sent
+    message invokes the same session)."""
+    if not new_session:
+        return _requeue(message, deps, Dispatch.REQUEUED_NO_TIME)
+    return _undo_and_requeue(message, deps, Dispatch.REQUEUED_LIMIT)
+
+
+def _refused(
+    message: RolloutMessage,
+    deps: LifecycleDeps,
+    options: FileOptions,
+    error: str,
+    wait_until: float,
+    *,
+    new_session: bool,
+) -> Dispatch:
+    """AgentCore or the agent refused the invoke: a new session's rollout fails `invoke_rejected` (or retries); a
+    call into a cold-started session ends its attempt and stops it."""
+    if not new_session:
+        return _cold_start_failed(message, deps, options, error, wait_until)
+    return _rejected(message, deps, error)
 
 
 def _undo_and_requeue(message: RolloutMessage, deps: LifecycleDeps, why: Dispatch) -> Dispatch:

@@ -160,11 +160,12 @@ class CdkCli:
                 f"{self.project_dir / '.nvmrc'}), or put its bin directory on PATH, then try again"
             )
         python = self.app_python()
-        if python is None or not _finds_module(python, "aws_cdk"):
+        missing = list(CDK_APP_PACKAGES) if python is None else _missing_modules(python, CDK_APP_PACKAGES)
+        if missing:
             where = python or "python3 (not found on PATH)"
             raise SdkError(
-                f"the CDK app's Python ({where}) cannot import aws_cdk: run `make setup` in {self.project_dir}, or "
-                "pip install -e '.[cdk]' into the Python that runs it"
+                f"the CDK app's Python ({where}) cannot import {', '.join(missing)}: run `make setup` in "
+                f"{self.project_dir}, or pip install -e '.[cdk]' into the Python that runs it"
             )
         self._checked = True
 
@@ -218,13 +219,19 @@ class CdkCli:
         return CliRun(list(argv), code, log_path, tail)
 
 
-def _finds_module(python: str, module: str) -> bool:
-    """Whether `python` finds `module` (its spec only: nothing is imported, so it takes milliseconds)."""
-    probe = f"import importlib.util, sys; sys.exit(0 if importlib.util.find_spec({module!r}) else 1)"
+def _missing_modules(python: str, modules: Sequence[str]) -> list[str]:
+    """The `modules` that `python` does not find (their specs only: nothing is imported, so it takes milliseconds);
+    all of them when it cannot be run."""
+    probe = (
+        "import importlib.util, json, sys; "
+        "print(json.dumps([m for m in sys.argv[1:] if importlib.util.find_spec(m) is None]))"
+    )
     try:
-        return subprocess.run([python, "-c", probe], capture_output=True, timeout=30, check=False).returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        return False
+        run = subprocess.run([python, "-c", probe, *modules], capture_output=True, text=True, timeout=30, check=False)
+        found: list[str] = json.loads(run.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return list(modules)
+    return found
 
 
 # ------------------------------------------------------------------------------------------------- stack reads

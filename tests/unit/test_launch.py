@@ -544,7 +544,10 @@ def test_an_app_python_without_aws_cdk_stops_the_deploy_with_one_line(
     python = project.root / ".venv" / "bin" / "python"
     python.write_text(f'#!/bin/sh\nexec "{bare / "bin" / "python"}" "$@"\n')
     deploy, _out, _questions = deployment(project, session)
-    with pytest.raises(SdkError, match=r"the CDK app's Python \(.*\) cannot import aws_cdk: run `make setup`") as error:
+    with pytest.raises(
+        SdkError,
+        match=r"the CDK app's Python \(.*\) cannot import aws_cdk, constructs, cdk_nag, cdklabs: run `make setup`",
+    ) as error:
         deploy.deploy(yes=True)
     assert "\n" not in str(error.value)
     assert project.calls() == []
