@@ -594,7 +594,7 @@ def test_the_cli_gets_the_sessions_credential_source_not_frozen_keys(
 ) -> None:
     """Temporary keys frozen at the start can expire during a 35-minute build: the profile goes instead."""
     for variable in ("AWS_PROFILE", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
-        monkeypatch.delenv(variable, raising=False)  # what this process has (moto's fake keys) is not the point
+        monkeypatch.delenv(variable, raising=False)  # this process's own (other tests' fake keys) are not the point
     session.profile_name = profile
     session.get_credentials = lambda: CredentialsOf(method)  # type: ignore[method-assign]
     session.no_stack()
