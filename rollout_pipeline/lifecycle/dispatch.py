@@ -360,14 +360,14 @@ def _invoke(
             if new_session:
                 deps.metrics.count(NEW_SESSIONS)
             break
-        except RuntimeStartFailed as exc:
+        except (RuntimeStartFailed, RuntimeColdStart) as exc:
             if new_session:
                 deps.metrics.count(NEW_SESSIONS)  # the microVM was made: it counts and must be stopped
-            return _start_failed(message, deps, str(exc), wait_until)
-        except RuntimeColdStart as exc:
-            if new_session:
-                deps.metrics.count(NEW_SESSIONS)  # the microVM exists: it counts and must be stopped
-            failed = _retry_cold_start(message, deps, options, payload, exc, wait_until=wait_until)
+            failed = (
+                _start_failed(message, deps, str(exc), wait_until)
+                if isinstance(exc, RuntimeStartFailed)
+                else _retry_cold_start(message, deps, options, payload, exc, wait_until=wait_until)
+            )
             if failed is not None:
                 return failed
             break
@@ -379,13 +379,18 @@ def _invoke(
                 return _requeue(message, deps, Dispatch.REQUEUED_NO_TIME)
             return _undo_and_requeue(message, deps, Dispatch.REQUEUED_LIMIT)
         except RuntimeThrottled as exc:
-            backoff = min(0.25 * 2**attempt, 4.0) * random.uniform(0.5, 1.0)
-            if attempt == deps.invoke_retries or deps.clock.monotonic() + backoff > start_by:
-                log.warning("ACR kept throttling %s: %s; freeing the slot", session_id, exc)
-                if not new_session:  # a session exists (cold-started): end the attempt, stop it
-                    return _cold_start_failed(message, deps, options, str(exc), wait_until)
-                return _undo_and_requeue(message, deps, Dispatch.REQUEUED_THROTTLED)
-            deps.clock.sleep(backoff)
+            gave_up = _after_throttle(
+                message,
+                deps,
+                options,
+                exc,
+                tries=attempt,
+                start_by=start_by,
+                wait_until=wait_until,
+                new_session=new_session,
+            )
+            if gave_up is not None:
+                return gave_up
         except RuntimeRejected as exc:
             if not new_session:
                 return _cold_start_failed(message, deps, options, str(exc), wait_until)
@@ -394,6 +399,29 @@ def _invoke(
         return _stop_late(message, deps, wait_until)
     deps.metrics.count(DISPATCHED_METRIC)
     return Dispatch.REINVOKED if reinvoke else Dispatch.INVOKED
+
+
+def _after_throttle(
+    message: RolloutMessage,
+    deps: LifecycleDeps,
+    options: FileOptions,
+    exc: RuntimeThrottled,
+    *,
+    tries: int,
+    start_by: float,
+    wait_until: float,
+    new_session: bool,
+) -> Dispatch | None:
+    """ACR throttled the invoke: back off and return None to try again, or give up (the slot freed) once the
+    retries or the time to start are spent."""
+    backoff = min(0.25 * 2**tries, 4.0) * random.uniform(0.5, 1.0)
+    if tries < deps.invoke_retries and deps.clock.monotonic() + backoff <= start_by:
+        deps.clock.sleep(backoff)
+        return None
+    log.warning("ACR kept throttling %s: %s; freeing the slot", message.session_id, exc)
+    if not new_session:  # a session exists (cold-started): end the attempt, stop it
+        return _cold_start_failed(message, deps, options, str(exc), wait_until)
+    return _undo_and_requeue(message, deps, Dispatch.REQUEUED_THROTTLED)
 
 
 def _undo_and_requeue(message: RolloutMessage, deps: LifecycleDeps, why: Dispatch) -> Dispatch:
