@@ -353,7 +353,7 @@ def _invoke(
 ) -> Dispatch:
     """InvokeAgentRuntime for a dispatched attempt (slot held), with bounded retries on throttling. Every invoke
     starts by `deps.invoke_start_by(wait_until)`, so it ends inside the invocation. `attempt_token`: read before
-    the dispatch transaction (`dispatch_body`)."""
+    the dispatch transaction (`dispatch_body`); `booked`: called once the session's start is booked."""
     payload = build_agent_payload(
         row_payload=row_payload,
         rollout_overrides=message.rollout_overrides,
@@ -372,14 +372,14 @@ def _invoke(
             if new_session:
                 deps.metrics.count(NEW_SESSIONS)
             break
-        except RuntimeStartFailed as exc:
+        except (RuntimeStartFailed, RuntimeColdStart) as exc:
             if new_session:
                 deps.metrics.count(NEW_SESSIONS)  # the microVM was made: it counts and must be stopped
-            return _start_failed(message, deps, str(exc), wait_until)
-        except RuntimeColdStart as exc:
-            if new_session:
-                deps.metrics.count(NEW_SESSIONS)  # the microVM exists: it counts and must be stopped
-            failed = _retry_cold_start(message, deps, options, payload, exc, wait_until=wait_until)
+            failed = (
+                _start_failed(message, deps, str(exc), wait_until)
+                if isinstance(exc, RuntimeStartFailed)
+                else _retry_cold_start(message, deps, options, payload, exc, wait_until=wait_until)
+            )
             if failed is not None:
                 return failed
             break
@@ -387,46 +387,53 @@ def _invoke(
             log.warning("invoke of %s: outcome unknown (%s); the deadline decides", session_id, exc)
             break
         except NoCallBudget:  # no call was made: our own budgets had no slot before the invoke had to start
-            return _no_call_budget(message, deps, new_session=new_session)
+            if not new_session:  # the attempt stays dispatched: the re-sent message invokes the same session
+                return _requeue(message, deps, Dispatch.REQUEUED_NO_TIME)
+            return _undo_and_requeue(message, deps, Dispatch.REQUEUED_LIMIT)
         except RuntimeThrottled as exc:
-            backoff = min(0.25 * 2**attempt, 4.0) * random.uniform(0.5, 1.0)
-            if attempt == deps.invoke_retries or deps.clock.monotonic() + backoff > start_by:
-                log.warning("ACR kept throttling %s: %s; freeing the slot", session_id, exc)
-                if not new_session:  # a session exists (cold-started): end the attempt, stop it
-                    return _cold_start_failed(message, deps, options, str(exc), wait_until)
-                return _undo_and_requeue(message, deps, Dispatch.REQUEUED_THROTTLED)
-            deps.clock.sleep(backoff)
+            gave_up = _after_throttle(
+                message,
+                deps,
+                options,
+                exc,
+                tries=attempt,
+                start_by=start_by,
+                wait_until=wait_until,
+                new_session=new_session,
+            )
+            if gave_up is not None:
+                return gave_up
         except RuntimeRejected as exc:
-            return _refused(message, deps, options, str(exc), wait_until, new_session=new_session)
+            if not new_session:
+                return _cold_start_failed(message, deps, options, str(exc), wait_until)
+            return _rejected(message, deps, str(exc))
     if not deps.ledger.rollouts.mark_invoked(message.ref):
         return _stop_late(message, deps, wait_until)
     deps.metrics.count(DISPATCHED_METRIC)
     return Dispatch.REINVOKED if reinvoke else Dispatch.INVOKED
 
 
-def _no_call_budget(message: RolloutMessage, deps: LifecycleDeps, *, new_session: bool) -> Dispatch:
-    """Our own budgets had no slot before the invoke had to start (no call was made): re-send the message; a new
-    session's attempt gives its slot back first, a call into an existing session stays dispatched (the re-sent
-    message invokes the same session)."""
-    if not new_session:
-        return _requeue(message, deps, Dispatch.REQUEUED_NO_TIME)
-    return _undo_and_requeue(message, deps, Dispatch.REQUEUED_LIMIT)
-
-
-def _refused(
+def _after_throttle(
     message: RolloutMessage,
     deps: LifecycleDeps,
     options: FileOptions,
-    error: str,
-    wait_until: float,
+    exc: RuntimeThrottled,
     *,
+    tries: int,
+    start_by: float,
+    wait_until: float,
     new_session: bool,
-) -> Dispatch:
-    """AgentCore or the agent refused the invoke: a new session's rollout fails `invoke_rejected` (or retries); a
-    call into a cold-started session ends its attempt and stops it."""
-    if not new_session:
-        return _cold_start_failed(message, deps, options, error, wait_until)
-    return _rejected(message, deps, error)
+) -> Dispatch | None:
+    """ACR throttled the invoke: back off and return None to try again, or give up (the slot freed) once the
+    retries or the time to start are spent."""
+    backoff = min(0.25 * 2**tries, 4.0) * random.uniform(0.5, 1.0)
+    if tries < deps.invoke_retries and deps.clock.monotonic() + backoff <= start_by:
+        deps.clock.sleep(backoff)
+        return None
+    log.warning("ACR kept throttling %s: %s; freeing the slot", message.session_id, exc)
+    if not new_session:  # a session exists (cold-started): end the attempt, stop it
+        return _cold_start_failed(message, deps, options, str(exc), wait_until)
+    return _undo_and_requeue(message, deps, Dispatch.REQUEUED_THROTTLED)
 
 
 def _undo_and_requeue(message: RolloutMessage, deps: LifecycleDeps, why: Dispatch) -> Dispatch:
