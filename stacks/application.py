@@ -11,7 +11,7 @@ from aws_cdk import App, Environment, Tags
 
 from rollout_pipeline import quotas, topology
 from rollout_pipeline.config import ConfigError, ExperimentConfig
-from rollout_pipeline.deploy_settings import STACK_KEYS, DeploySettings
+from rollout_pipeline.ops.deploy_settings import STACK_KEYS, DeploySettings
 from stacks import nag
 from stacks.experiment_stack import ExperimentStack, stack_name
 from stacks.pool_stack import PoolStack
@@ -25,7 +25,7 @@ def config_context(app: App) -> dict[str, Any]:
 
 
 def stack_context(app: App) -> dict[str, Any]:
-    """The stack-only context values (`rollout_pipeline.deploy_settings.STACK_KEYS`) that are set."""
+    """The stack-only context values (`rollout_pipeline.ops.deploy_settings.STACK_KEYS`) that are set."""
     values = {name: app.node.try_get_context(name) for name in STACK_KEYS}
     return {name: value for name, value in values.items() if value is not None}
 

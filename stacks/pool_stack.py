@@ -16,7 +16,7 @@ from constructs import Construct
 
 from rollout_pipeline import topology
 from rollout_pipeline.ledger import keys
-from rollout_pipeline.ledger.pool import POOL_PK, POOL_SK, settings_update
+from rollout_pipeline.ledger.pool_schema import POOL_PK, POOL_SK, settings_update
 from rollout_pipeline.quotas import PoolSettings
 from stacks import nag
 

@@ -23,23 +23,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from rollout_pipeline.ledger.attributes import item_values, plain_values
-from rollout_pipeline.ledger.keys import PK, SK
+from rollout_pipeline.ledger.attributes import item_values
+from rollout_pipeline.ledger.pool_schema import pool_key, settings_update
 from rollout_pipeline.ledger.table import LedgerTable
 from rollout_pipeline.ports import Clock
 from rollout_pipeline.quotas import BUDGETS, AccountQuotas, Budget, PoolSettings
 
-POOL_PK: Final = "POOL"
-POOL_SK: Final = "STATE"
 #: A demand of "all it can get" (`math.inf`) is stored as this (DynamoDB numbers are finite).
 ALL: Final = -1
 #: An entry whose every lease ended and whose last heartbeat is older than this is dropped by the next renewal of
 #: any member (a deleted experiment leaves the pool by itself).
 FORGET_AFTER_S: Final = 3600.0
-
-
-def pool_key() -> dict[str, dict[str, str]]:
-    return {PK: {"S": POOL_PK}, SK: {"S": POOL_SK}}
 
 
 @dataclass(frozen=True)
@@ -183,31 +177,6 @@ class PoolLedger:
             return
 
 
-def settings_update(table_name: str, settings: PoolSettings) -> dict[str, Any]:
-    """The UpdateItem that writes the pool's settings (this module, local mode, and the pool stack at deploy)."""
-    q = settings.quotas
-    return {
-        "TableName": table_name,
-        "Key": pool_key(),
-        "UpdateExpression": "SET new_session_quota = :ns, data_plane_quota = :dp, active_session_quota = :act, "
-        "new_session_scope = :scope, reserve = :reserve, quota_source = :source, "
-        "members = if_not_exists(members, :empty), backoff = if_not_exists(backoff, :empty), "
-        "version = if_not_exists(version, :zero)",
-        "ExpressionAttributeValues": plain_values(
-            {
-                ":ns": q.new_sessions_per_s,
-                ":dp": q.data_plane_per_s,
-                ":act": q.active_sessions,
-                ":scope": q.new_session_scope,
-                ":reserve": settings.reserve,
-                ":source": q.source,
-                ":empty": {},
-                ":zero": 0,
-            }
-        ),
-    }
-
-
 def _member_values(member: Member, *, version: int) -> dict[str, Any]:
     """A member as the item stores it (plain values)."""
     return {
@@ -292,16 +261,3 @@ def _member(name: str, raw: Mapping[str, Any]) -> Member:
         backlog_at=float(raw.get("backlog_at", 0.0)),
         version=int(raw.get("version", 0)),
     )
-
-
-def create_pool_table_kwargs(table_name: str) -> dict[str, Any]:
-    """Arguments of DynamoDB CreateTable for the pool table (local mode and tests; the pool stack mirrors it)."""
-    return {
-        "TableName": table_name,
-        "BillingMode": "PAY_PER_REQUEST",
-        "KeySchema": [{"AttributeName": PK, "KeyType": "HASH"}, {"AttributeName": SK, "KeyType": "RANGE"}],
-        "AttributeDefinitions": [
-            {"AttributeName": PK, "AttributeType": "S"},
-            {"AttributeName": SK, "AttributeType": "S"},
-        ],
-    }

@@ -15,7 +15,9 @@ from typing import Any
 from rollout_pipeline import routing, topology
 from rollout_pipeline.config import ExperimentConfig, HandlerSettings
 from rollout_pipeline.fakes import faithful
-from rollout_pipeline.ledger.pool import PoolLedger, create_pool_table_kwargs
+from rollout_pipeline.ledger import keys
+from rollout_pipeline.ledger.pool import PoolLedger
+from rollout_pipeline.ledger.pool_schema import create_pool_table_kwargs
 from rollout_pipeline.ledger.schema import create_table_kwargs
 from rollout_pipeline.quotas import AccountQuotas, PoolSettings
 
@@ -117,6 +119,7 @@ def create_resources(
     table_name = f"{base}-ledger"
     with contextlib.suppress(ddb.exceptions.ResourceInUseException):
         ddb.create_table(**create_table_kwargs(table_name))
+    ddb.put_item(TableName=table_name, Item=keys.layout_item())  # as the stack stamps its table
 
     queue_urls: dict[str, str] = {}
     dlq_urls: dict[str, str] = {}

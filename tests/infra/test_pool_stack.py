@@ -11,7 +11,7 @@ import pytest
 
 from rollout_pipeline import access, topology
 from rollout_pipeline.config import ConfigError
-from rollout_pipeline.ledger.pool import POOL_PK, POOL_SK
+from rollout_pipeline.ledger.pool_schema import POOL_PK, POOL_SK
 from stacks.application import build_app
 from tests.infra.conftest import NO_BUNDLING, Synthesized
 

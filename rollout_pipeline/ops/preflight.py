@@ -23,7 +23,7 @@ from typing import Any, Final, Literal
 
 from rollout_pipeline import quotas
 from rollout_pipeline.config import ConfigError, ExperimentConfig
-from rollout_pipeline.deploy_settings import DeploySettings, private_model_url_problem
+from rollout_pipeline.ops.deploy_settings import DeploySettings, private_model_url_problem
 from rollout_pipeline.quotas import AccountQuotas, QuotaRef
 
 Level = Literal["ok", "warning", "error"]
