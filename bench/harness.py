@@ -18,6 +18,30 @@ caller, capacity units, other services), the injected latencies, the lateness pr
 (`aws_sandbox`), the transaction log of the faithful profile, and `Rig`: one experiment's Lambdas played by
 threads (a feeder into the rollout queue, dispatchers, completers, the sweeper every minute, a trainer reading
 `Group Completed`), all running the pipeline's real handlers.
+
+The API a bench uses (bench_capacity.py is the fullest example):
+
+    clock = DilatedClock(k); clock.install()            # first, before anything imports the pipeline
+    with aws_sandbox(seed=1, hold_ms=15.0) as profile:   # in-process moto under the faithful profile
+        counters = Counters()                             # DynamoDB requests by operation, item, stage, caller:
+        clients.register_hook("before-parameter-build", counters.before_build)
+        install_latency(clients, random.Random(1))        # realistic DynamoDB latencies (virtual)
+        log = TransactionLog(profile)                     # when each item's transactions went through
+        rig = Rig(resources, make_deps, counters, clock, RigOptions(dispatchers=5),
+                  stop=stop, stop_dispatch=stop_dispatch, errors=errors)
+        rig.release(rig_batch) / rig.seed(batch_id, inputs, group_size)   # the experiment's work
+        threads = rig.threads()                           # feeder, dispatchers, completers, sweeper, trainer
+        rig.pause() / rig.resume()                        # the experiment has no work for a while, then has
+    probe = LatenessProbe()                               # run it in a thread: how late the clock wakes sleepers
+
+- `DilatedClock(k)`: `time()`, `monotonic()`, `sleep(s)` (virtual), `wall_s(virtual_s)`, `install()`.
+- `Rig(resources, make_deps, counters, clock, options, *, stop, stop_dispatch, errors)`: `make_deps(settings)`
+  builds the experiment's `LifecycleDeps` (each dispatcher "Lambda" gets its own copy: slot gate, board entry,
+  pool lease); `deps`, `dispatch_deps`, `group_done` (group -> virtual s), `receive`/`ack` (the Lambda service's
+  poller, not counted), `seed`, `release`, `pause`, `resume`, `threads(releasing=...)`.
+- Figures: `sliding_max(times)` (busiest sliding second), `steady_rate`, `pct`, `slot_phase`, `slot_turnover`,
+  `explain_unstopped`, `all_in_extras` (Lambda, S3, SQS, EventBridge costs), `Counters` (requests, capacity
+  units; `harness.on` marks the harness's own calls), `TransactionLog.conflicts_by_item`.
 """
 
 from __future__ import annotations
