@@ -23,7 +23,7 @@ sessions_never_stopped, every sliding second against each budget, the pool item'
 run (load, the clock's lateness, moto's lock).
 
 Usage: python bench/bench_capacity.py [--weights 1,1,2] [--rollouts 400] [--dilation 8] [--outside] [--before]
-       [--json] [--max-seconds 560]
+       [--outside-s 20] [--json] [--max-seconds 560]
 """
 
 from __future__ import annotations
@@ -101,7 +101,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--idle-s", type=float, default=20.0, help="the first experiment's pause halfway (0: none)")
     parser.add_argument("--outside", action="store_true", help="an outside consumer starts halfway (no pause then)")
     parser.add_argument("--outside-rate", type=float, default=6.0, help="its new sessions/s")
-    parser.add_argument("--outside-s", type=float, default=40.0, help="how long it runs (virtual s)")
+    parser.add_argument(
+        "--outside-s",
+        type=float,
+        default=20.0,
+        help="how long it runs (virtual s; it must end while the backlog lasts, for the climb back)",
+    )
     parser.add_argument("--before", action="store_true", help="also run the experiments on their own limits")
     parser.add_argument("--hold-ms", type=float, default=15.0)
     parser.add_argument("--no-latency", action="store_true")
@@ -168,6 +173,8 @@ def run(  # noqa: C901 (one run's harness: the experiments' Lambdas, the outside
 
     def behaviour(inv: Any) -> AgentBehaviour:
         rollout = inv.payload.get("_rollout") or {}
+        if str(rollout.get("exp_id")) not in delays:  # the outside consumer's session: no result, stopped by it
+            return AgentBehaviour(rewards=1.0, delay_s=clock.wall_s(1.0))
         row = int(str(rollout.get("input_id", "row-0")).split("-")[-1])
         delay = delays[str(rollout.get("exp_id"))][row * group_size + int(rollout.get("index") or 0)]
         return AgentBehaviour(rewards=1.0, delay_s=clock.wall_s(delay))  # threading.Timer: wall clock
@@ -273,7 +280,7 @@ def run(  # noqa: C901 (one run's harness: the experiments' Lambdas, the outside
         threads.append(threading.Thread(target=sample_grants, name="bench-grants", daemon=True))
     ideal_s = len(names) * inputs * group_size / (QUOTA_SESSIONS * (1 - args.reserve))
     events: dict[str, float] = {}
-    outside = Outside(fake, args.outside_rate)
+    outside = Outside(fake, args.outside_rate, hold_wall_s=clock.wall_s(1.0))
     started_wall, started_at = _REAL_MONOTONIC(), time.time()
     if not args.json:
         print(
@@ -400,9 +407,11 @@ class Outside:
     """A consumer of the account outside the pipeline: new sessions at `rate`/s, evenly spaced, each stopped a
     second later; counts AgentCore's throttles of its calls."""
 
-    def __init__(self, fake: Any, rate: float) -> None:
+    def __init__(self, fake: Any, rate: float, *, hold_wall_s: float = 1.0) -> None:
         self.fake = fake
         self.rate = rate
+        #: How long each of its sessions lives, in WALL seconds (`threading.Timer` is not dilated).
+        self.hold_wall_s = hold_wall_s
         self.calls: list[tuple[float, bool]] = []  # (time, throttled)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -431,7 +440,7 @@ class Outside:
             try:
                 self.fake.invoke(session, {"work": n})  # no `_rollout` trio: it writes no result
                 self.calls.append((time.time(), False))
-                threading.Timer(1.0 * 1, self._end, args=(session,)).start()
+                threading.Timer(self.hold_wall_s, self._end, args=(session,)).start()
             except RuntimeThrottled:
                 self.calls.append((time.time(), True))
 
@@ -532,7 +541,11 @@ def figures(**kw: Any) -> dict[str, Any]:
     }
     out.update(_rebalance(by_exp, events, t0, steady, weights))
     out.update(_backoff(all_starts, kw["outside"], events, t0, steady))
-    out["ok"] = bool(kw["terminal"] == kw["total"] and out["sessions_never_stopped"] == 0)
+    out["ok"] = bool(
+        kw["terminal"] == kw["total"]
+        and out["sessions_never_stopped"] == 0
+        and ("outside_start" not in events or out.get("outside_calls", 0) > 0)  # the outside consumer really ran
+    )
     return out
 
 
