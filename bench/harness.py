@@ -389,17 +389,27 @@ def slot_phase(calls: list[Any], max_sessions: int, share: float = 0.95) -> dict
     }
 
 
+#: The latency hook's random source; the hook is registered once per process (a second bench mode in the same
+#: process only replaces the source: registered twice, every call would sleep twice).
+_latency: dict[str, random.Random] = {}
+_latency_lock = threading.Lock()
+
+
 def install_latency(clients: Any, rng: random.Random) -> None:
-    """Sleep a sampled DynamoDB latency (virtual seconds) after every DynamoDB call, conflicts included."""
-    lock = threading.Lock()
+    """Sleep a sampled DynamoDB latency (virtual seconds) after every DynamoDB call, conflicts included. Called again
+    (another mode of the same run), it only takes `rng`."""
 
     def after_call(model: Any, **_: Any) -> None:
         median = DYNAMODB_LATENCY_S.get(model.name, 0.006)
-        with lock:
-            latency = median * math.exp(rng.gauss(0.0, LATENCY_SIGMA))
+        with _latency_lock:
+            latency = median * math.exp(_latency["rng"].gauss(0.0, LATENCY_SIGMA))
         time.sleep(latency)
 
-    clients.register_hook("after-call.dynamodb", after_call)
+    with _latency_lock:
+        first = "rng" not in _latency
+        _latency["rng"] = rng
+    if first:
+        clients.register_hook("after-call.dynamodb", after_call)
 
 
 class LatenessProbe:
