@@ -412,7 +412,8 @@ class Outside:
         self.rate = rate
         #: How long each of its sessions lives, in WALL seconds (`threading.Timer` is not dilated).
         self.hold_wall_s = hold_wall_s
-        self.calls: list[tuple[float, bool]] = []  # (time, throttled)
+        self.calls: list[tuple[float, bool]] = []  # (time asked, throttled)
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -426,8 +427,6 @@ class Outside:
             self._thread.join(timeout=30)
 
     def _run(self) -> None:
-        from rollout_pipeline.ports import RuntimeThrottled
-
         next_at = time.time()
         for n in range(10_000_000):
             if self._stop.is_set():
@@ -437,12 +436,25 @@ class Outside:
                 time.sleep(pause)
             next_at += 1.0 / self.rate
             session = f"outside-consumer-session-{n:08d}-xxxxxxxxxxxxxxxx"
-            try:
-                self.fake.invoke(session, {"work": n})  # no `_rollout` trio: it writes no result
-                self.calls.append((time.time(), False))
-                threading.Timer(self.hold_wall_s, self._end, args=(session,)).start()
-            except RuntimeThrottled:
-                self.calls.append((time.time(), True))
+            # Each call in its own thread: an invoke lasts as long as AgentCore's answer (a cold start, seconds),
+            # and a consumer that waited for it would start far fewer than `rate` sessions/s.
+            threading.Thread(target=self._call, args=(session, n), name="bench-outside-call", daemon=True).start()
+
+    def _call(self, session: str, n: int) -> None:
+        from rollout_pipeline.ports import RuntimeThrottled
+
+        at = time.time()
+        try:
+            self.fake.invoke(session, {"work": n})  # no `_rollout` trio: it writes no result
+        except RuntimeThrottled:
+            with self._lock:
+                self.calls.append((at, True))
+            return
+        except Exception:  # another answer of AgentCore (a failed start): not a throttle, not counted
+            return
+        with self._lock:
+            self.calls.append((at, False))
+        threading.Timer(self.hold_wall_s, self._end, args=(session,)).start()
 
     def _end(self, session: str) -> None:
         from contextlib import suppress
@@ -541,6 +553,10 @@ def figures(**kw: Any) -> dict[str, Any]:
     }
     out.update(_rebalance(by_exp, events, t0, steady, weights))
     out.update(_backoff(all_starts, kw["outside"], events, t0, steady))
+    if "outside_start" in events:  # when AgentCore last throttled anyone (pipeline or outside) after the start
+        begin = events["outside_start"] - t0
+        throttled_at = [c.at - t0 for c in calls if c.op == "invoke" and c.outcome in ("throttled", "quota_exceeded")]
+        out["last_throttle_after_outside_start_s"] = max((t - begin for t in throttled_at if t >= begin), default=0.0)
     out["ok"] = bool(
         kw["terminal"] == kw["total"]
         and out["sessions_never_stopped"] == 0
