@@ -552,16 +552,10 @@ def figures(**kw: Any) -> dict[str, Any]:
         "grants_sampled": [(round(at, 1), {n: (round(r, 2), d) for n, (r, d) in g.items()}) for at, g in kw["grants"]],
     }
     out.update(_rebalance(by_exp, events, t0, steady, weights))
-    out.update(_backoff(all_starts, kw["outside"], events, t0, steady))
-    if "outside_start" in events:  # when AgentCore last throttled anyone (pipeline or outside) after the start
-        begin = events["outside_start"] - t0
-        throttled_at = [c.at - t0 for c in calls if c.op == "invoke" and c.outcome in ("throttled", "quota_exceeded")]
-        out["last_throttle_after_outside_start_s"] = max((t - begin for t in throttled_at if t >= begin), default=0.0)
-    out["ok"] = bool(
-        kw["terminal"] == kw["total"]
-        and out["sessions_never_stopped"] == 0
-        and ("outside_start" not in events or out.get("outside_calls", 0) > 0)  # the outside consumer really ran
-    )
+    throttled_at = [c.at - t0 for c in calls if c.op == "invoke" and c.outcome in ("throttled", "quota_exceeded")]
+    out.update(_backoff(all_starts, kw["outside"], events, t0, steady, throttled_at))
+    outside_ran = "outside_start" not in events or out.get("outside_calls", 0) > 0
+    out["ok"] = bool(kw["terminal"] == kw["total"] and out["sessions_never_stopped"] == 0 and outside_ran)
     return out
 
 
@@ -602,10 +596,16 @@ def _rebalance(
 
 
 def _backoff(
-    starts: list[float], outside: Outside, events: dict[str, float], t0: float, steady: float
+    starts: list[float],
+    outside: Outside,
+    events: dict[str, float],
+    t0: float,
+    steady: float,
+    throttled_at: list[float],
 ) -> dict[str, Any]:
     """With an outside consumer: seconds until the pipeline's rate leaves it room (quota - its rate), its throttles
-    after that, and seconds after it stops until the pipeline is back at 90% of its steady rate."""
+    after that, when AgentCore last throttled anyone (`throttled_at`: every throttle, virtual s from the start)
+    after it started, and seconds after it stops until the pipeline is back at 90% of its steady rate."""
     if "outside_start" not in events:
         return {"throttles_outside": None}
     begin = events["outside_start"] - t0
@@ -624,6 +624,7 @@ def _backoff(
         "throttles_outside_after_backoff_share": sum(1 for _at, th in later if th) / max(1, len(later)),
         "pipeline_sessions_per_s_with_outside": len([s for s in starts if after <= s < end]) / max(1e-9, end - after),
         "climb_back_s": climb_s,
+        "last_throttle_after_outside_start_s": max((t - begin for t in throttled_at if t >= begin), default=0.0),
     }
 
 
