@@ -400,6 +400,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parse_serve_args(rest)
     logging.basicConfig(level=logging.INFO)
     load_model_credential()
+    from rollout_pipeline.agent.usage import install
+
+    install()  # an ART app found in the module reports the session's usage too
     app, door, _entry = start_host(known.agent_module)
     try:
         app.run(port=args.port, host=args.host)

@@ -5,7 +5,8 @@
 Env `ROLLOUTS_AGENT_KIND` (`art` default, or `rft`) and `ROLLOUTS_AGENT_MODULE` (default: the kind's example agent),
 set on the runtime by the stack from `-c agent_kind=...` / `-c agent_module=...`:
 
-- `art`: the module runs as `python -m MODULE --host H --port P` would run it (its `__main__` serves an ART app);
+- `art`: the module runs as `python -m MODULE --host H --port P` would run it (its `__main__` serves an ART app),
+  its results reporting what the session used (`agent.usage`: installed on ART's app class first);
 - `rft`: the RFT host (`rollout_pipeline.agent.rft_host`) imports the module and serves its `@app.entrypoint`.
 """
 
@@ -31,6 +32,9 @@ def main(argv: Sequence[str] | None = None) -> None:
 
         host_main(["--agent-module", module, *args])
         return
+    from rollout_pipeline.agent.usage import install
+
+    install()
     sys.argv = [module, *args]
     runpy.run_module(module, run_name="__main__", alter_sys=True)
 

@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parents[2]
 PACKAGE = "rollout_pipeline"
 
 #: The base every layer may use; it imports nothing above it.
-BASE = ("contracts", "config", "ids", "ports", "metric_names")
+BASE = ("contracts", "config", "ids", "ports", "metric_names", "costs")
 #: What only tests, benchmarks and local mode run on.
 TEST_ONLY = ("fakes",)
 #: Library areas and what each may never import (areas are the first name under `rollout_pipeline`).
@@ -38,6 +38,7 @@ ROOT_MAY_IMPORT: dict[str, frozenset[str]] = {
     "config": frozenset({"metric_names"}),
     "ports": frozenset({"contracts"}),
     "contracts": frozenset({"config", "ids", "ports"}),
+    "costs": frozenset({"config", "contracts"}),
     "topology": frozenset(BASE),
     "deploy_settings": frozenset(BASE),
     "routing": frozenset(BASE),
