@@ -72,6 +72,7 @@ def batch_completion_detail(batch: BatchView, now: datetime | None = None) -> Ba
         started_at=started,
         completed_at=completed,
         duration_s=(completed - started).total_seconds() if started else None,
+        cost=batch.cost,
     )
 
 
@@ -98,6 +99,7 @@ def group_completion_detail(group: GroupItem, policy_version: str | None = None)
         reward_mean=mean,
         reward_std=std,
         policy_version=policy_version,
+        cost=group.cost,
     )
 
 
@@ -120,6 +122,7 @@ def rollout_event(
         "policy_version": rec.policy_version,
         "batch_policy_version": rec.batch_policy_version,
         "timings": timings,
+        "cost": rec.cost,
     }
     if rec.state is RolloutState.SUCCEEDED:
         rewards = rec.rewards if rec.rewards is not None else (rec.reward or 0.0)

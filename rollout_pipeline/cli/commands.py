@@ -72,6 +72,44 @@ def cmd_submit(args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_OK
 
 
+def cmd_cost(args: argparse.Namespace, out: TextIO) -> int:
+    from rollout_pipeline.sdk.cost import format_cost
+
+    if args.limit < 1:
+        raise CliError(f"--limit must be at least 1, got {args.limit}")
+    report = attach(args).cost(args.batch, limit=args.limit)
+    if args.json:
+        print(json.dumps(report.as_dict(), indent=2), file=out)
+    else:
+        print(format_cost(report), file=out)
+    return EXIT_OK
+
+
+def cmd_budget_show(args: argparse.Namespace, out: TextIO) -> int:
+    report = attach(args).cost(limit=1)
+    if report.budget_usd is None:
+        print(f"experiment {report.experiment}: no budget; spent ${report.spent_usd:.4f}", file=out)
+    else:
+        used = report.budget_used or 0.0
+        print(
+            f"experiment {report.experiment}: budget ${report.budget_usd:.2f}, spent ${report.spent_usd:.4f} "
+            f"({used:.0%}){'; dispatch paused' if used >= 1 else ''}",
+            file=out,
+        )
+    return EXIT_OK
+
+
+def cmd_budget_set(args: argparse.Namespace, out: TextIO) -> int:
+    if not args.usd > 0:
+        raise CliError(f"the budget must be a positive number of US dollars, got {args.usd}")
+    experiment = attach(args)
+    experiment.set_budget(args.usd)
+    report = experiment.cost(limit=1)
+    note = "dispatch resumes within a minute" if report.spent_usd < args.usd else "still spent: dispatch stays paused"
+    print(f"experiment {report.experiment}: budget ${args.usd:.2f}, spent ${report.spent_usd:.4f} ({note})", file=out)
+    return EXIT_OK
+
+
 def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
     status = attach(args).status(args.batch)
     if args.json:

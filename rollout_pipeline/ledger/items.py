@@ -13,11 +13,12 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Final
 
-from rollout_pipeline.contracts import FailureReason, FileOptions, parse_iso
+from rollout_pipeline.contracts import CostSummary, FailureReason, FileOptions, RolloutCost, parse_iso
+from rollout_pipeline.costs import SessionSpan
 from rollout_pipeline.ids import AttemptRef
 from rollout_pipeline.ledger.attributes import item_values
 
@@ -41,6 +42,75 @@ class RolloutState(StrEnum):
 
 
 TERMINAL_STATES: Final = frozenset({RolloutState.SUCCEEDED, RolloutState.FAILED})
+
+#: Attempts whose session facts a rollout item can hold (`config.ExperimentConfig.max_attempts` is at most 10).
+MAX_SPAN_ATTEMPTS: Final = 10
+#: The parts of one attempt's session facts (`span_attribute`): start (S, ISO), due (N, epoch: the attempt's
+#: deadline), end (S: result written or attempt ended), idle (BOOL: the agent wrote its result), cpu (N: measured
+#: CPU seconds), stop (S: confirmed stop), closed (S: released without a confirmed stop).
+SPAN_PARTS: Final = ("start", "due", "end", "idle", "cpu", "stop", "closed")
+
+#: Cost sums ADDed by each terminal transaction, on the group item and the batch's counter shard.
+COST_COUNTERS: Final = (
+    "cost_usd",
+    "cost_memory_usd",
+    "cost_cpu_usd",
+    "cost_pipeline_usd",
+    "cost_rollouts",
+    "cost_cpu_measured",
+)
+
+
+def span_attribute(attempt: int, part: str) -> str:
+    """The rollout item's attribute holding `part` of attempt `attempt`'s session (e.g. `s2_start`)."""
+    return f"s{attempt}_{part}"
+
+
+def cost_summary(item: Mapping[str, Any]) -> CostSummary | None:
+    """The cost sums of a group item or a batch view (None before any rollout was priced)."""
+    rollouts = _int(item, "cost_rollouts")
+    if rollouts <= 0:
+        return None
+    return CostSummary(
+        usd=_float(item, "cost_usd"),
+        agentcore_memory_usd=_float(item, "cost_memory_usd"),
+        agentcore_cpu_usd=_float(item, "cost_cpu_usd"),
+        pipeline_usd=_float(item, "cost_pipeline_usd"),
+        rollouts=rollouts,
+        cpu_measured=_int(item, "cost_cpu_measured"),
+    )
+
+
+def _spans(item: Mapping[str, Any]) -> tuple[SessionSpan, ...]:
+    spans = []
+    for attempt in range(1, MAX_SPAN_ATTEMPTS + 1):
+        started = parse_iso(item.get(span_attribute(attempt, "start")))
+        if started is None:
+            continue
+        due = item.get(span_attribute(attempt, "due"))
+        cpu = item.get(span_attribute(attempt, "cpu"))
+        spans.append(
+            SessionSpan(
+                attempt=attempt,
+                started_at=started,
+                ended_at=parse_iso(item.get(span_attribute(attempt, "end"))),
+                idle=bool(item.get(span_attribute(attempt, "idle"))),
+                cpu_s=None if cpu is None else float(cpu),
+                stopped_at=parse_iso(item.get(span_attribute(attempt, "stop"))),
+                closed_at=parse_iso(item.get(span_attribute(attempt, "closed"))),
+                due_at=None if due is None else datetime.fromtimestamp(int(due), UTC),
+            )
+        )
+    return tuple(spans)
+
+
+def _cost(raw: Any) -> RolloutCost | None:
+    if not raw:
+        return None
+    try:
+        return RolloutCost.model_validate_json(raw)
+    except ValueError:
+        return None
 
 
 def _int(item: Mapping[str, Any], name: str) -> int:
@@ -100,6 +170,8 @@ class BatchView:
     reward_sumsq: float = 0.0
     reward_count: int = 0
     completed_event_by: str | None = None
+    #: The sum of its terminal rollouts' costs as published (None before the first).
+    cost: CostSummary | None = None
 
     @property
     def complete(self) -> bool:
@@ -151,6 +223,7 @@ class BatchView:
             reward_sumsq=_float(item, "reward_sumsq"),
             reward_count=_int(item, "reward_count"),
             completed_event_by=_text(item, "completed_event_by"),
+            cost=cost_summary(item),
         )
 
 
@@ -172,6 +245,8 @@ class GroupItem:
     failures: Mapping[int, FailureReason] = field(default_factory=dict)
     created_at: datetime | None = None
     completed_event_by: str | None = None
+    #: The sum of its terminal rollouts' costs as published (None before the first).
+    cost: CostSummary | None = None
 
     @property
     def complete(self) -> bool:
@@ -197,6 +272,7 @@ class GroupItem:
             failures={int(k): FailureReason(str(v)) for k, v in (item.get("failures") or {}).items()},
             created_at=parse_iso(item.get("created_at")),
             completed_event_by=_text(item, "completed_event_by"),
+            cost=cost_summary(item),
         )
 
 
@@ -262,6 +338,16 @@ class RolloutRecord:
     stop_tries: int = 0
     #: Sessions whose stop answered ResourceNotFound once (a second NotFound confirms the stop).
     stop_not_found: frozenset[str] = field(default_factory=frozenset)
+    #: Every attempt's AgentCore session as far as the ledger knows it (start, end, CPU, stop), by attempt.
+    spans: tuple[SessionSpan, ...] = ()
+    #: What the rollout cost, as recorded by its terminal transition (and published).
+    cost: RolloutCost | None = None
+    #: Sessions found alive past their attempt's deadline plus `session_grace_s` (counted once each).
+    overdue: frozenset[str] = field(default_factory=frozenset)
+
+    def span(self, attempt: int) -> SessionSpan | None:
+        """The session of `attempt`, if it was started."""
+        return next((s for s in self.spans if s.attempt == attempt), None)
 
     @property
     def terminal(self) -> bool:
@@ -305,6 +391,9 @@ class RolloutRecord:
             held_until=None if item.get("held_until") is None else int(item["held_until"]),
             stop_tries=int(item.get("stop_tries") or 0),
             stop_not_found=frozenset(item.get("stop_not_found") or ()),
+            spans=_spans(item),
+            cost=_cost(item.get("cost_json")),
+            overdue=frozenset(item.get("overdue_sessions") or ()),
         )
 
 
@@ -320,6 +409,13 @@ class Terminal:
     rewards: float | list[float] | None = None
     result_uri: str | None = None
     result_size: int | None = None
+    #: What the rollout cost (`costs.price_rollout` at the transition), recorded and summed with it.
+    cost: RolloutCost | None = None
+    #: The ended attempt's session: the agent had finished (wrote its result); its CPU seconds as measured.
+    idle: bool = False
+    cpu_s: float | None = None
+    #: False when the ended attempt never started a session (its invoke was refused): its span is removed.
+    session_started: bool = True
 
     def attributes(self) -> dict[str, object]:
         """The outcome's optional attributes, as the rollout item stores them (None: not stored)."""
@@ -330,4 +426,5 @@ class Terminal:
             "rewards_json": None if self.rewards is None else json.dumps(self.rewards),
             "result_uri": self.result_uri,
             "result_size": self.result_size,
+            "cost_json": None if self.cost is None else self.cost.model_dump_json(),
         }

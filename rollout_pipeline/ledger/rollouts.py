@@ -11,11 +11,13 @@ from __future__ import annotations
 import secrets
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
+from datetime import datetime
 from enum import StrEnum
 from typing import Any, Final
 
 from rollout_pipeline.contracts import iso, parse_iso
-from rollout_pipeline.ids import AttemptRef
+from rollout_pipeline.costs import SessionSpan
+from rollout_pipeline.ids import AttemptRef, session_attempt
 from rollout_pipeline.ledger import keys, table
 from rollout_pipeline.ledger.attributes import plain_values
 from rollout_pipeline.ledger.items import (
@@ -23,6 +25,7 @@ from rollout_pipeline.ledger.items import (
     RolloutState,
     RolloutSummary,
     Terminal,
+    span_attribute,
 )
 from rollout_pipeline.ledger.limits import LimitLedger
 from rollout_pipeline.ledger.retry import TRANSACTION_CONFLICT_ATTEMPTS
@@ -68,6 +71,32 @@ class DispatchStart(StrEnum):
     NO_SLOT = "no_slot"  # every session slot is taken: wait and try again
     CANCELLED = "cancelled"  # the batch is cancelled (or unknown)
     NOT_DISPATCHABLE = "not_dispatchable"  # the rollout is not queued for this attempt: read it and decide
+
+
+def _spans_after(rec: RolloutRecord, outcome: Terminal) -> tuple[SessionSpan, ...]:
+    """`rec.spans` as the terminal transition of its dispatched attempt leaves them (`_terminal_update`)."""
+    spans = [s for s in rec.spans if s.attempt != rec.attempt]
+    current = rec.span(rec.attempt)
+    if current is not None and outcome.session_started:
+        ended = parse_iso(iso(outcome.finished_at))
+        spans.append(replace(current, ended_at=ended, idle=outcome.idle, cpu_s=outcome.cpu_s))
+    return tuple(sorted(spans, key=lambda s: s.attempt))
+
+
+def _cost_adds(outcome: Terminal) -> dict[str, float]:
+    """The cost sums a terminal transition ADDs to its group item and its batch's counter shard
+    (`items.COST_COUNTERS`); none without a cost."""
+    cost = outcome.cost
+    if cost is None:
+        return {}
+    return {
+        "cost_usd": cost.usd,
+        "cost_memory_usd": cost.agentcore_memory_usd,
+        "cost_cpu_usd": cost.agentcore_cpu_usd,
+        "cost_pipeline_usd": cost.pipeline_usd,
+        "cost_rollouts": 1,
+        "cost_cpu_measured": 1 if cost.cpu == "measured" else 0,
+    }
 
 
 # ------------------------------------------------------------------------------------------------- the ledger
@@ -209,7 +238,7 @@ class RolloutLedger:
             "SET #st = :dispatched, attempt = :attempt, session_id = :sid, exp_id = :exp, batch_id = :batch, "
             "input_id = :input, #ix = :index, submitted_at = if_not_exists(submitted_at, :submitted), "
             "dispatched_at = :now, deadline = :deadline, #dlpk = :dlpk, #dlsk = :deadline, expires_at = :ttl, "
-            "policy_version = :pv"
+            "policy_version = :pv, #sstart = :now, #sdue = :deadline"
             + (
                 ", batch_policy_version = :bpv REMOVE invoked_at"
                 if keep_batch_pv
@@ -233,7 +262,8 @@ class RolloutLedger:
                 ":pv": policy_version,
                 **({":bpv": batch_policy_version} if keep_batch_pv else {}),
             },
-            {"#st": "state", "#ix": "index", "#dlpk": keys.DEADLINE_PK, "#dlsk": keys.DEADLINE_SK},
+            {"#st": "state", "#ix": "index", "#dlpk": keys.DEADLINE_PK, "#dlsk": keys.DEADLINE_SK}
+            | {"#sstart": span_attribute(attempt, "start"), "#sdue": span_attribute(attempt, "due")},
         )
         reasons = self._transact(
             [batch_check, self.limits.take_slot(max_sessions, slot_shard), {"Update": rollout_update}]
@@ -266,10 +296,11 @@ class RolloutLedger:
         """Give the slot back after ACR kept throttling: dispatched(n) without invoke -> queued(n), in_flight -1."""
         update = self.table.update_op(
             keys.rollout_key(ref.batch_id, ref.input_id, ref.index),
-            "SET #st = :queued REMOVE dispatched_at, deadline, #dlpk, #dlsk",
+            "SET #st = :queued REMOVE dispatched_at, deadline, #dlpk, #dlsk, #sstart, #sdue",
             "#st = :dispatched AND attempt = :attempt AND attribute_not_exists(invoked_at)",
             {":queued": QUEUED, ":dispatched": DISPATCHED, ":attempt": ref.attempt},
-            {"#st": "state", "#dlpk": keys.DEADLINE_PK, "#dlsk": keys.DEADLINE_SK},
+            {"#st": "state", "#dlpk": keys.DEADLINE_PK, "#dlsk": keys.DEADLINE_SK}
+            | {"#sstart": span_attribute(ref.attempt, "start"), "#sdue": span_attribute(ref.attempt, "due")},
         )
         return self._transact([{"Update": update}, self.limits.release_slot(slot_holder(ref))]) is None
 
@@ -366,6 +397,8 @@ class RolloutLedger:
             stop_sessions=session if OUTBOX_STOP in entry_outbox else frozenset(),
             held_slots=session if hold else frozenset(),
             held_until=hold_slot_until if hold else None,
+            cost=rec.cost if outcome.cost is None else outcome.cost,
+            spans=_spans_after(rec, outcome),
         )
 
     def _finish(
@@ -444,9 +477,24 @@ class RolloutLedger:
                 values[f":{attr}"] = value
                 names[f"#{attr}"] = attr
         condition = "attribute_not_exists(pk)"
+        removes = ["#dlpk", "#dlsk"]
         if from_state is not None:
             condition = "#st = :from AND attempt = :attempt"
             values[":from"] = from_state
+        if from_state == DISPATCHED:  # the ended attempt's session: its end, or gone if it never started
+            names |= {f"#s{part}": span_attribute(ref.attempt, part) for part in ("start", "due", "end", "idle", "cpu")}
+            if outcome.session_started:
+                sets += ["#send = :finished", "#sidle = :idle"]
+                values[":idle"] = outcome.idle
+                if outcome.cpu_s is not None:
+                    sets.append("#scpu = :cpu")
+                    values[":cpu"] = outcome.cpu_s
+                else:
+                    del names["#scpu"]
+                del names["#sstart"], names["#sdue"]
+            else:
+                removes += ["#sstart", "#sdue"]
+                del names["#send"], names["#sidle"], names["#scpu"]
         # ADD, not SET: side effects still pending from an earlier transition (a throttled stop of the previous
         # attempt's session) are kept, not overwritten.
         adds = ["outbox :outbox"]
@@ -457,7 +505,7 @@ class RolloutLedger:
             adds.append("held_slots :stops")
             sets.append("held_until = :held_until")
             values[":held_until"] = hold_slot_until
-        update = f"SET {', '.join(sets)} ADD {', '.join(adds)} REMOVE #dlpk, #dlsk"
+        update = f"SET {', '.join(sets)} ADD {', '.join(adds)} REMOVE {', '.join(removes)}"
         return self.table.update_op(
             keys.rollout_key(ref.batch_id, ref.input_id, ref.index), update, condition, values, names
         )
@@ -465,12 +513,16 @@ class RolloutLedger:
     def _group_outcome(self, ref: AttemptRef, outcome: Terminal) -> dict[str, Any]:
         """The group item's part of `finish`: one more terminal rollout, its reward or failure reason by index."""
         succeeded = outcome.state == SUCCEEDED
+        costs = _cost_adds(outcome)
+        cost_names = {f"#c{i}": name for i, name in enumerate(costs)}
+        cost_values = {f":c{i}": value for i, value in enumerate(costs.values())}
+        add_costs = "".join(f", #c{i} :c{i}" for i in range(len(costs)))
         return self.table.update_op(
             keys.group_key(ref.batch_id, ref.input_id),
-            f"ADD terminal :one SET {'rewards' if succeeded else 'failures'}.#i = :v",
+            f"ADD terminal :one{add_costs} SET {'rewards' if succeeded else 'failures'}.#i = :v",
             "attribute_exists(pk)",
-            {":one": 1, ":v": outcome.reward if succeeded else outcome.reason},
-            {"#i": str(ref.index)},
+            {":one": 1, ":v": outcome.reward if succeeded else outcome.reason, **cost_values},
+            {"#i": str(ref.index), **cost_names},
         )
 
     def _batch_counts(self, ref: AttemptRef, outcome: Terminal) -> dict[str, Any]:
@@ -482,6 +534,7 @@ class RolloutLedger:
             adds[f"failed_{outcome.reason}"] = 1
         if succeeded and outcome.reward is not None:
             adds |= {"reward_sum": outcome.reward, "reward_sumsq": outcome.reward * outcome.reward, "reward_count": 1}
+        adds |= _cost_adds(outcome)
         names = {f"#a{i}": name for i, name in enumerate(adds)} | {"#ttl": keys.TTL_ATTRIBUTE}
         values: dict[str, Any] = {f":a{i}": value for i, value in enumerate(adds.values())}
         values[":ttl"] = self.table.expires_at()
@@ -524,10 +577,12 @@ class RolloutLedger:
             adds += ", held_slots :prev"
             held = ", held_until = :held_until"
             values[":held_until"] = hold_slot_until
+        values |= {":ended": self.table.now_iso(), ":notidle": False}
         update = self.table.update_op(
             keys.rollout_key(rec.batch_id, rec.input_id, rec.index),
             "SET #st = :queued, attempt = :next, session_id = :sid, "
-            f"#obpk = :obpk, #obsk = :obsk, outbox_id = :obid, outbox_lease = :oblease{held} "
+            f"#obpk = :obpk, #obsk = :obsk, outbox_id = :obid, outbox_lease = :oblease{held}, "
+            "#send = :ended, #sidle = :notidle "
             f"ADD {adds} REMOVE dispatched_at, invoked_at, deadline, #dlpk, #dlsk",
             "#st = :dispatched AND attempt = :attempt",
             values,
@@ -537,6 +592,8 @@ class RolloutLedger:
                 "#dlsk": keys.DEADLINE_SK,
                 "#obpk": keys.OUTBOX_PK,
                 "#obsk": keys.OUTBOX_SK,
+                "#send": span_attribute(rec.attempt, "end"),
+                "#sidle": span_attribute(rec.attempt, "idle"),
             },
         )
         if hold:
@@ -545,33 +602,76 @@ class RolloutLedger:
 
     # ------------------------------------------------------------------------------------ stops and held slots
 
-    def release_stopped(self, rec: RolloutRecord, session_id: str, *, clear_entry: bool = False) -> bool:
-        """A session's stop is confirmed (or AgentCore has reaped it): forget it and, if it still held a slot,
-        release the slot, atomically and once. False if someone else did it first.
+    def release_stopped(
+        self,
+        rec: RolloutRecord,
+        session_id: str,
+        *,
+        clear_entry: bool = False,
+        confirmed: bool = True,
+        spent_usd: float = 0.0,
+        at: datetime | None = None,
+    ) -> bool:
+        """A session's stop is confirmed (`confirmed`), or the pipeline stops waiting for one (AgentCore has ended it
+        by now): forget it, record when (`at`, default now: its attempt's `stop` or `closed` time) and, if it still
+        held a slot, release
+        the slot with `spent_usd` (the session's cost, `costs.price_span`) ADDed to the experiment's spend on the
+        same counter, atomically and once. False if someone else did it first.
 
         `clear_entry`: this was the entry's last pending action (the caller holds the entry and has done the
         others): the same write also removes the entry (`clear_outbox`), conditional on `outbox_id`. If the entry
         has moved on meanwhile (a later transition set a new one) or the slot was released already, the session is
         forgotten, its slot released and the entry cleared as by separate writes (the newer entry stays)."""
-        if clear_entry and rec.outbox_id is not None and self._release_and_clear(rec, session_id):
+        ended_names, ended_values = self._session_end(session_id, confirmed, at)
+        if (
+            clear_entry
+            and rec.outbox_id is not None
+            and self._release_and_clear(rec, session_id, spent_usd, confirmed=confirmed, at=at)
+        ):
             return True
         key = keys.rollout_key(rec.batch_id, rec.input_id, rec.index)
+        ended = "SET #send = :send " if ended_names else ""
+        values = {":s": {session_id}, **ended_values}
         if session_id not in rec.held_slots:
-            self.table.update(key, "DELETE stop_sessions :s, stop_not_found :s", None, {":s": {session_id}})
+            self.table.update(
+                key, ended + "DELETE stop_sessions :s, stop_not_found :s", None, values, ended_names or None
+            )
             released = True
         else:
             update = self.table.update_op(
                 key,
-                "DELETE held_slots :s, stop_sessions :s, stop_not_found :s",
+                ended + "DELETE held_slots :s, stop_sessions :s, stop_not_found :s",
                 "contains(held_slots, :sid)",
-                {":s": {session_id}, ":sid": session_id},
+                {**values, ":sid": session_id},
+                ended_names or None,
             )
-            released = self._transact([{"Update": update}, self.limits.release_slot(session_id)]) is None
+            released = (
+                self._transact([{"Update": update}, self.limits.release_slot(session_id, spent_usd=spent_usd)]) is None
+            )
         if clear_entry:  # the combined write's condition failed: clear the entry if it is still the one read
             self.clear_outbox(rec)
         return released
 
-    def _release_and_clear(self, rec: RolloutRecord, session_id: str) -> bool:
+    def _session_end(
+        self, session_id: str, confirmed: bool, at: datetime | None = None
+    ) -> tuple[dict[str, str], dict[str, Any]]:
+        """The expression names and values that record when (`at`, default now) `session_id`'s session ended (its
+        attempt's `stop` when confirmed, else `closed`); none for a session id that names no attempt."""
+        attempt = session_attempt(session_id)
+        if attempt is None:
+            return {}, {}
+        part = "stop" if confirmed else "closed"
+        return {"#send": span_attribute(attempt, part)}, {":send": iso(at) if at else self.table.now_iso()}
+
+    def _release_and_clear(
+        self,
+        rec: RolloutRecord,
+        session_id: str,
+        spent_usd: float = 0.0,
+        *,
+        confirmed: bool = True,
+        at: datetime | None = None,
+    ) -> bool:
         """`release_stopped` and `clear_outbox` in one write: False (nothing written) when the entry is not the
         one read or, with a held slot, the slot is no longer held."""
         key = keys.rollout_key(rec.batch_id, rec.input_id, rec.index)
@@ -584,23 +684,40 @@ class RolloutLedger:
             condition += " AND contains(held_slots, :sid)"
             values |= {":s": {session_id}, ":sid": session_id}
         names = {"#obpk": keys.OUTBOX_PK, "#obsk": keys.OUTBOX_SK}
+        ended_names, ended_values = self._session_end(session_id, confirmed, at)
+        if ended_names:
+            update = f"SET #send = :send {update}"
+            names |= ended_names
+            values |= ended_values
         if not held:
             return self.table.update(key, update, condition, values, names) is not None
         op = self.table.update_op(key, update, condition, values, names)
         return self._transact_guarded(
-            [{"Update": op}, self.limits.release_slot(session_id)], f"slot release for {session_id}"
+            [{"Update": op}, self.limits.release_slot(session_id, spent_usd=spent_usd)],
+            f"slot release for {session_id}",
         )
 
-    def note_stop_failed(self, rec: RolloutRecord, *, next_epoch: int, not_found: Sequence[str] = ()) -> None:
-        """Stops of this entry failed: count the try, remember first NotFound answers, take the entry's finished
-        actions out of it (every action but `stop`: the caller did them before the stops), and come back to the
-        entry at `next_epoch` (the outbox index sort key) with its lease given back."""
+    def note_stop_failed(
+        self,
+        rec: RolloutRecord,
+        *,
+        next_epoch: int,
+        not_found: Sequence[str] = (),
+        overdue: Sequence[str] = (),
+    ) -> None:
+        """Stops of this entry failed: count the try, remember first NotFound answers and sessions found overdue
+        (alive past their deadline plus the grace), take the entry's finished actions out of it (every action but
+        `stop`: the caller did them before the stops), and come back to the entry at `next_epoch` (the outbox index
+        sort key) with its lease given back."""
         names = {"#obsk": keys.OUTBOX_SK}
         values: dict[str, Any] = {":one": 1, ":next": next_epoch, ":obid": rec.outbox_id}
         adds = "stop_tries :one"
         if not_found:
             adds += ", stop_not_found :nf"
             values[":nf"] = set(not_found)
+        if overdue:
+            adds += ", overdue_sessions :od"
+            values[":od"] = set(overdue)
         update = f"SET #obsk = :next ADD {adds} REMOVE outbox_lease"
         finished = rec.outbox - {OUTBOX_STOP}
         if finished:

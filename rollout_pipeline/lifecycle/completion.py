@@ -27,10 +27,12 @@ from rollout_pipeline import ids, routing
 from rollout_pipeline.contracts import (
     FailureReason,
     ResultOutcome,
+    RolloutCost,
     carries_attempt_token,
     iso,
     parse_iso,
     read_result,
+    reported_usage,
 )
 from rollout_pipeline.ledger.items import RolloutRecord, Terminal
 from rollout_pipeline.ledger.rollouts import (
@@ -40,7 +42,7 @@ from rollout_pipeline.ledger.rollouts import (
     OUTBOX_STOP,
     SUCCEEDED,
 )
-from rollout_pipeline.lifecycle import publishing, stops
+from rollout_pipeline.lifecycle import costing, publishing, stops
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.metrics import (
     FAILED as FAILED_METRIC,
@@ -188,7 +190,10 @@ def _handle_result(
     if _foreign(body_dict, ref, deps, key, outcome):
         return Completion.FOREIGN
     written_at = parse_iso(event.get("time")) or deps.now()
-    terminal = _terminal(outcome, written_at, f"s3://{bucket}/{key}", size)
+    usage = reported_usage(body_dict)
+    cpu_s = usage.session_cpu_s if usage is not None else None
+    cost = costing.terminal_cost(deps, rec, ended_at=written_at, idle=True, cpu_s=cpu_s)
+    terminal = _terminal(outcome, written_at, f"s3://{bucket}/{key}", size, cost=cost, cpu_s=cpu_s)
     after = deps.ledger.rollouts.finish_dispatched(
         rec,
         exp_id=ref.exp_id,
@@ -202,6 +207,7 @@ def _handle_result(
         if after is not None and resumable and publishing.drain(after, deps):
             return Completion.RESUMED
         return _late(deps, "another delivery ended this attempt first", key)
+    costing.counted(deps, terminal.cost)
     if terminal.state == SUCCEEDED:
         deps.metrics.count(SUCCEEDED_METRIC)
         if terminal.reward is not None:
@@ -233,8 +239,16 @@ def _foreign(
     return True
 
 
-def _terminal(outcome: ResultOutcome, written_at: datetime, result_uri: str, size: int) -> Terminal:
-    """The terminal outcome a result records."""
+def _terminal(
+    outcome: ResultOutcome,
+    written_at: datetime,
+    result_uri: str,
+    size: int,
+    *,
+    cost: RolloutCost | None = None,
+    cpu_s: float | None = None,
+) -> Terminal:
+    """The terminal outcome a result records (the agent wrote it: its session is idle from `written_at` on)."""
     succeeded = outcome.success
     return Terminal(
         state=SUCCEEDED if succeeded else FAILED,
@@ -245,6 +259,9 @@ def _terminal(outcome: ResultOutcome, written_at: datetime, result_uri: str, siz
         rewards=outcome.rewards,
         result_uri=result_uri,
         result_size=size,
+        cost=cost,
+        idle=True,
+        cpu_s=cpu_s,
     )
 
 

@@ -38,7 +38,7 @@ from rollout_pipeline.ledger.rollouts import (
     DispatchStart,
     LedgerError,
 )
-from rollout_pipeline.lifecycle import publishing, release, stops
+from rollout_pipeline.lifecycle import costing, publishing, release, stops
 from rollout_pipeline.lifecycle.cancel import cancel_rollout
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.failures import end_attempt, fail_rollout
@@ -308,6 +308,7 @@ def _throttled(message: RolloutMessage, deps: LifecycleDeps, error: str) -> Disp
         error=error,
         outbox=frozenset({OUTBOX_PUBLISH}),
         session_id=message.session_id if rec is None else None,
+        rec=rec,
     )
     if after is None:
         return Dispatch.STALE
@@ -399,7 +400,9 @@ def _invoke(
             return Dispatch.STOPPED_LATE  # its slot, if held, is released with the confirmed stop
         after = deps.ledger.rollouts.get_rollout(message.batch_id, message.input_id, message.index)
         if after is not None and session_id in after.held_slots:
-            deps.ledger.rollouts.release_stopped(after, session_id)
+            at = deps.now()
+            charge = costing.session_charge(deps, after, session_id, confirmed=True, at=at)
+            deps.ledger.rollouts.release_stopped(after, session_id, spent_usd=charge, at=at)
         return Dispatch.STOPPED_LATE
     deps.metrics.count(DISPATCHED_METRIC)
     return Dispatch.REINVOKED if reinvoke else Dispatch.INVOKED
@@ -466,6 +469,7 @@ def _rejected(message: RolloutMessage, deps: LifecycleDeps, error: str) -> Dispa
         reason=FailureReason.INVOKE_REJECTED,
         error=f"InvokeAgentRuntime rejected session {message.session_id}: {error}",
         outbox=frozenset({OUTBOX_PUBLISH}),
+        session_started=False,  # refused: no session ran
     )
     if rec is None:
         return Dispatch.STALE

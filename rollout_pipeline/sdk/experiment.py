@@ -32,11 +32,13 @@ from rollout_pipeline.sdk.status import BatchStatus, batch_status
 from rollout_pipeline.sdk.transport import Event, QueueReader
 
 if TYPE_CHECKING:
+    from rollout_pipeline.costs import PriceBook
     from rollout_pipeline.ledger.items import RolloutSummary
     from rollout_pipeline.ledger.ledger import Ledger
     from rollout_pipeline.lifecycle.cancel import CancelResult
     from rollout_pipeline.ports import AgentRuntime
     from rollout_pipeline.sdk.client import RolloutClient
+    from rollout_pipeline.sdk.cost import ExperimentCost
     from rollout_pipeline.wiring import Wiring
 
 logger = logging.getLogger(__name__)
@@ -651,6 +653,63 @@ class Experiment:
             raise SdkError("a policy version is 1-128 characters")
         with aws_errors("set the current policy version"):
             self._ledger().limits.set_current_policy_version(version, iso(utcnow()))
+
+    # ---------------------------------------------------------------------------------------------- cost
+
+    def price_book(self) -> PriceBook:
+        """The prices and session size this experiment's rollouts are costed with (`rollout_pipeline.costs`)."""
+        from rollout_pipeline.costs import PriceBook
+
+        arn = self.runtime_arn
+        region = ids.runtime_region(arn) or self.aws.region
+        return PriceBook.of(self.config, region, local=ids.is_local_runtime(arn))
+
+    def cost(self, batch: str | None = None, *, limit: int = 20) -> ExperimentCost:
+        """What the experiment cost: its spend (every released session's cost, exact at its confirmed stop: what the
+        budget is held to) and budget, and per batch the sum its events carried and its rollouts priced again now
+        (`sdk.cost`). `batch`: that batch only; else the `limit` newest batches."""
+        from rollout_pipeline.sdk.cost import ExperimentCost, batch_cost
+
+        book = self.price_book()
+        with aws_errors("read the experiment's cost"):
+            ledger = self._ledger()
+            in_flight, spent = ledger.limits.slots_and_spend()
+            ids_ = [batch] if batch is not None else ledger.batches.recent_batch_ids(limit)
+            batches = []
+            now = utcnow()
+            for batch_id in ids_:
+                view = ledger.batches.read_batch(batch_id)
+                if view is None:
+                    if batch is not None:
+                        raise BatchNotFound(f"no batch {batch_id!r} in experiment {self.name!r}")
+                    continue
+                batches.append(batch_cost(view, ledger.rollouts.batch_rollouts(batch_id), book, now))
+            budget = self.budget()
+        return ExperimentCost(
+            experiment=self.name,
+            priced_as=book.label,
+            fallback=book.fallback,
+            spent_usd=spent,
+            budget_usd=budget,
+            sessions_in_flight=in_flight,
+            batches=batches,
+        )
+
+    def budget(self) -> float | None:
+        """The experiment's budget (USD): the one set with `set_budget`, else the deployed `budget_usd`."""
+        with aws_errors("read the budget"):
+            state = self._ledger().limits.budget()
+        return state.budget_usd if state.budget_usd is not None else self.config.budget_usd
+
+    def set_budget(self, budget_usd: float) -> None:
+        """Set the experiment's budget (USD). Dispatch pauses while the spend is at or above it and resumes, where it
+        stopped, once it is raised above the spend (within `budget_recheck_s`, a minute by default)."""
+        from rollout_pipeline.contracts import iso
+
+        if not budget_usd > 0:
+            raise SdkError(f"a budget is a positive number of US dollars, got {budget_usd!r}")
+        with aws_errors("set the budget"):
+            self._ledger().limits.set_budget(float(budget_usd), iso(utcnow()))
 
     def completed_groups(
         self,
