@@ -57,14 +57,21 @@ def hold_until(deps: LifecycleDeps, rec: RolloutRecord | None = None) -> int:
     return int(started.timestamp()) + deps.config.max_lifetime_s + HOLD_MARGIN_S
 
 
-def overdue(rec: RolloutRecord, session_id: str, deps: LifecycleDeps, now: datetime) -> bool:
-    """Whether `session_id` (a session of `rec` whose stop is pending) is alive past its attempt's deadline plus
-    `session_grace_s`: a runaway (its stop failed, or its result came late) the sweeper keeps stopping."""
+def overdue_at(rec: RolloutRecord, session_id: str, deps: LifecycleDeps) -> int | None:
+    """When (epoch s) `session_id`, a session of `rec`, becomes overdue: its attempt's deadline plus
+    `session_grace_s`; None when its deadline is unknown."""
     attempt = ids.session_attempt(session_id)
     span = rec.span(attempt) if attempt is not None else None
     if span is None or span.due_at is None:
-        return False
-    return now > span.due_at + timedelta(seconds=deps.config.session_grace_s)
+        return None
+    return int((span.due_at + timedelta(seconds=deps.config.session_grace_s)).timestamp())
+
+
+def overdue(rec: RolloutRecord, session_id: str, deps: LifecycleDeps, now: datetime) -> bool:
+    """Whether `session_id` (a session of `rec` whose stop is pending) is alive past its attempt's deadline plus
+    `session_grace_s`: a runaway (its stop failed, or its result came late) the sweeper keeps stopping."""
+    at = overdue_at(rec, session_id, deps)
+    return at is not None and now.timestamp() > at
 
 
 def _past_lifetime(rec: RolloutRecord, session_id: str, deps: LifecycleDeps, now: datetime) -> bool:
@@ -122,7 +129,9 @@ def finish_stops(rec: RolloutRecord, deps: LifecycleDeps, wait_until: float | No
     if any(sid in late for sid in left):
         next_epoch = now + backoff  # the runaway guard: never only waiting for the session's end
     elif rec.stop_tries + 1 >= STOP_TRIES and rec.held_until is not None:
-        next_epoch = rec.held_until  # no more calls: AgentCore ends the session by then
+        # no more calls: AgentCore ends the session by then; unless it becomes overdue first (the runaway guard)
+        moments = [at for sid in left if (at := overdue_at(rec, sid, deps)) is not None]
+        next_epoch = min([rec.held_until, *(moment + 1 for moment in moments)])
     else:
         next_epoch = now + backoff
     # The sweeper drains entries older than `outbox_age_s`: file it so that it is due at `next_epoch`.

@@ -174,3 +174,68 @@ def test_a_refused_invoke_costs_no_session(resources: ExperimentResources) -> No
     assert cost is not None
     assert cost.sessions == 0
     assert cost.usd == 0
+
+
+# ------------------------------------------------------------------------------------------------ runaway guard
+
+
+def test_a_session_whose_stops_keep_failing_is_stopped_once_overdue_counted_and_its_cost_shows(
+    resources: ExperimentResources,
+) -> None:
+    """AgentCore refuses a finished session's stop for minutes (the fake's failing stops): past the rollout's
+    deadline plus `session_grace_s` the sweeper stops it (it no longer only waits for its maximum lifetime), counts
+    it once in `SessionsOverdue`, and its whole life is in the experiment's spend and `Experiment.cost`."""
+    from dataclasses import replace
+
+    from rollout_pipeline.fakes.acr import AcrProfile
+    from rollout_pipeline.lifecycle.stops import STOP_TRIES
+    from rollout_pipeline.lifecycle.sweeper import sweep
+    from rollout_pipeline.metric_names import SESSIONS_OVERDUE
+    from rollout_pipeline.sdk import Experiment
+    from tests.conftest import REGION
+
+    profile = AcrProfile(stop_failure_share=1.0, stop_failures_in_a_row=10_000, stop_failure_kinds=("conflict",))
+    usage = {"_rollout_usage": {"cpu_s": 1.0, "rollouts": 1}}
+    fake = FakeAgentRuntime(behaviour=AgentBehaviour(extra=usage), profile=profile)
+    clock = StepClock()
+    settings = {"rollout_timeout_s": 60, "session_grace_s": 600, "max_lifetime_s": 3600, "idle_timeout_s": 900}
+    deps = make_deps(resources, fake, clock=clock, limits=settings)  # type: ignore[arg-type]
+    send(resources, seed_batch(resources, batch_id="runaway", inputs={"a": {}}, group_size=1, rollout_timeout_s=60))
+    dispatch_once(resources, deps)
+    complete_once(resources, deps)  # the result is recorded and published; its stop fails
+    (sid,) = fake.running_sessions()
+    for _ in range(12):  # the stop's passes: then nothing but its end would have come (held until its lifetime)
+        clock.advance(50)
+        sweep(deps)
+    assert fake.stop_failures[sid] == STOP_TRIES * 3
+    assert sid in fake.running_sessions()
+    counts = deps.metrics.drain()[0]
+    assert SESSIONS_OVERDUE not in counts  # 600 s after the result: not yet past 60 s + 600 s
+    clock.advance(70)  # 670 s: overdue
+    sweep(deps)
+    assert fake.stop_failures[sid] > STOP_TRIES * 3, "the sweeper stops an overdue session again"
+    assert deps.metrics.drain()[0][SESSIONS_OVERDUE] == 1
+    fake.profile = replace(profile, stop_failures_in_a_row=1)  # AgentCore takes stops again
+    clock.advance(61)  # the next pass, at most a minute later
+    sweep(deps)
+    assert sid not in fake.running_sessions()
+    assert SESSIONS_OVERDUE not in deps.metrics.drain()[0], "counted once"
+    ledger = Ledger.open(resources.table_name)
+    rec = next(ledger.rollouts.batch_rollouts("runaway"))
+    assert not rec.stop_sessions
+    assert not rec.held_slots
+    (span,) = rec.spans
+    assert span.stopped_at == clock.at
+    lived = (clock.at - span.started_at).total_seconds()
+    assert lived == 12 * 50 + 70 + 61
+    in_flight, spent = ledger.limits.slots_and_spend()
+    assert in_flight == 0
+    assert spent == pytest.approx(lived * MEMORY_USD_PER_S + 1.0 * CPU_USD_PER_S + PIPELINE_USD, rel=1e-6)
+    (published,) = by_type(trainer_events(resources), "Rollout Completed")
+    assert RolloutCompleted.model_validate(published).cost.session_s < 5  # type: ignore[union-attr]
+    report = Experiment.from_outputs(resources.stack_outputs(), region=REGION).cost("runaway")
+    (batch,) = report.batches
+    assert batch.now is not None
+    assert batch.published is not None
+    assert batch.now.usd == pytest.approx(spent, rel=1e-6)
+    assert batch.now.usd > 50 * batch.published.usd
