@@ -57,6 +57,7 @@ def cmd_submit(args: argparse.Namespace, out: TextIO) -> int:
         max_attempts=args.max_attempts,
         policy_version=args.policy_version,
         key=args.key,
+        budget_usd=args.budget_usd,
     )
     print(batch_id, file=out)
     print(
@@ -103,10 +104,16 @@ def cmd_budget_set(args: argparse.Namespace, out: TextIO) -> int:
     if not args.usd > 0:
         raise CliError(f"the budget must be a positive number of US dollars, got {args.usd}")
     experiment = attach(args)
-    experiment.set_budget(args.usd)
-    report = experiment.cost(limit=1)
-    note = "dispatch resumes within a minute" if report.spent_usd < args.usd else "still spent: dispatch stays paused"
-    print(f"experiment {report.experiment}: budget ${args.usd:.2f}, spent ${report.spent_usd:.4f} ({note})", file=out)
+    experiment.set_budget(args.usd, batch=args.batch)
+    if args.batch is not None:
+        (batch,) = experiment.cost(args.batch).batches
+        spent = batch.published.usd if batch.published is not None else 0.0
+        what = f"batch {args.batch}"
+    else:
+        report = experiment.cost(limit=1)
+        spent, what = report.spent_usd, f"experiment {report.experiment}"
+    note = "dispatch resumes within a minute" if spent < args.usd else "still spent: dispatch stays paused"
+    print(f"{what}: budget ${args.usd:.2f}, spent ${spent:.4f} ({note})", file=out)
     return EXIT_OK
 
 

@@ -109,6 +109,9 @@ def _add_submission(sub: Any, common: argparse.ArgumentParser) -> None:
     submit.add_argument("--policy-version", metavar="V", help="policy version recorded on every event")
     submit.add_argument("--sampling-params", metavar="JSON", help='e.g. \'{"temperature": 0.7, "max_tokens": 512}\'')
     submit.add_argument("--key", help="object key under datasets/ (default: the file name)")
+    submit.add_argument(
+        "--budget-usd", type=float, metavar="USD", help="the batch's own budget: its rollouts wait once it is spent"
+    )
     submit.add_argument("--watch", action="store_true", help="then watch the batch until it completes")
     submit.add_argument("--poll-wait", type=float, default=5.0, help=argparse.SUPPRESS)
 
@@ -245,6 +248,7 @@ def _add_cost(sub: Any, common: argparse.ArgumentParser) -> None:
         actions, common, "set", commands.cmd_budget_set, help="set the budget (USD); a higher one resumes dispatch"
     )
     setting.add_argument("usd", type=float, help="the budget in US dollars")
+    setting.add_argument("--batch", metavar="ID", help="set that batch's own budget instead of the experiment's")
 
 
 def _add_operations(sub: Any, common: argparse.ArgumentParser) -> None:

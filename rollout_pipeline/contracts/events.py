@@ -1,4 +1,4 @@
-"""For subscribers (trainers, the SDK, any rule on the bus): the five event details. JSON Schemas are generated
+"""For subscribers (trainers, the SDK, any rule on the bus): the seven event details. JSON Schemas are generated
 from these models into `rollout_pipeline/schemas/` (`python -m rollout_pipeline.schemas`); a test fails on drift."""
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ class DetailType(StrEnum):
     GROUP_COMPLETED = "Group Completed"
     BATCH_ACCEPTED = "Batch Accepted"
     BATCH_COMPLETED = "Batch Completed"
+    BUDGET_WARNING = "Budget Warning"
+    BUDGET_EXHAUSTED = "Budget Exhausted"
 
 
 class _Detail(BaseModel):
@@ -188,12 +190,39 @@ class BatchCompleted(_Detail):
     cost: CostSummary | None = Field(default=None, description="The sum of its rollouts' costs, as published")
 
 
+class BudgetWarning(_Detail):
+    """A budget is 80% spent: at 100% dispatch pauses (`Budget Exhausted`). Once per budget value. `scope`
+    "experiment": the experiment's budget (`batch_id` is ""); "batch": that batch's own."""
+
+    scope: Literal["experiment", "batch"]
+    budget_usd: float
+    spent_usd: float
+    threshold: float = Field(default=0.8, description="The share of the budget that warns")
+
+
+class BudgetExhausted(_Detail):
+    """A budget is spent: nothing new starts (queued rollouts wait: never failed, dropped or dead-lettered), the
+    rollouts in flight finish and are recorded. Raising the budget (`rollouts budget set`, `set_budget`) resumes
+    dispatch where it stopped. Once per budget value. `scope` and `batch_id` as for `BudgetWarning`."""
+
+    scope: Literal["experiment", "batch"]
+    budget_usd: float
+    spent_usd: float
+    rollouts_in_flight: int = Field(description="Sessions in flight: they finish and are recorded")
+    rollouts_waiting: int = Field(description="Rollouts that have not started and wait for the budget (about)")
+    waiting_by_batch: dict[str, int] = Field(
+        default_factory=dict, description="Per batch with rollouts not yet ended: how many have not ended"
+    )
+
+
 DETAIL_MODELS: Final[dict[DetailType, type[_Detail]]] = {
     DetailType.ROLLOUT_COMPLETED: RolloutCompleted,
     DetailType.ROLLOUT_FAILED: RolloutFailed,
     DetailType.GROUP_COMPLETED: GroupCompleted,
     DetailType.BATCH_ACCEPTED: BatchAccepted,
     DetailType.BATCH_COMPLETED: BatchCompleted,
+    DetailType.BUDGET_WARNING: BudgetWarning,
+    DetailType.BUDGET_EXHAUSTED: BudgetExhausted,
 }
 
 

@@ -189,6 +189,38 @@ class BatchLedger:
         for item in self.table.query(request):
             yield GroupItem.of(item)
 
+    def set_budget(self, batch_id: str, budget_usd: float) -> bool:
+        """Set a batch's own budget (USD), replacing the one it was submitted with; False for an unknown batch."""
+        return (
+            self.table.update(
+                keys.batch_key(batch_id),
+                "SET budget_usd = :b",
+                "attribute_exists(pk)",
+                {":b": budget_usd},
+            )
+            is not None
+        )
+
+    def claim_budget_event(self, batch_id: str, kind: str, budget_usd: float) -> bool:
+        """Claim the announcement of `kind` ("warned" or "exhausted") of the batch's budget `budget_usd`: True for
+        the one caller that records it first (once per batch and budget value; the batch item is in no
+        per-rollout transaction)."""
+        attribute = f"budget_{kind}_for"
+        return (
+            self.table.update(
+                keys.batch_key(batch_id),
+                f"SET {attribute} = :b",
+                f"attribute_exists(pk) AND (attribute_not_exists({attribute}) OR {attribute} <> :b)",
+                {":b": budget_usd},
+            )
+            is not None
+        )
+
+    def unclaim_budget_event(self, batch_id: str, kind: str, budget_usd: float) -> None:
+        """Give a claim back after its event could not be published."""
+        attribute = f"budget_{kind}_for"
+        self.table.update(keys.batch_key(batch_id), f"REMOVE {attribute}", f"{attribute} = :b", {":b": budget_usd})
+
     def recent_batch_ids(self, limit: int = 20) -> list[str]:
         """The ids of the experiment's newest batches (newest first, at most `limit`): one Query of the batch items'
         partition of the `deadline` index (`keys.BATCHES_INDEX_PK`; batches created before it existed are not

@@ -123,6 +123,11 @@ def _float(item: Mapping[str, Any], name: str) -> float:
     return float(value) if value is not None else 0.0
 
 
+def _optional_float(item: Mapping[str, Any], name: str) -> float | None:
+    value = item.get(name)
+    return None if value is None else float(value)
+
+
 def _text(item: Mapping[str, Any], name: str) -> str | None:
     value = item.get(name)
     return None if value is None else str(value)
@@ -172,6 +177,19 @@ class BatchView:
     completed_event_by: str | None = None
     #: The sum of its terminal rollouts' costs as published (None before the first).
     cost: CostSummary | None = None
+    #: The batch's budget set after submission (`BatchLedger.set_budget`; it replaces the submitted one).
+    budget_set_usd: float | None = None
+    #: The batch budget values whose warning and exhaustion were announced.
+    budget_warned_for: float | None = None
+    budget_exhausted_for: float | None = None
+
+    @property
+    def budget_usd(self) -> float | None:
+        """The batch's own budget: the one set later, else the one it was submitted with (None: only the
+        experiment's applies)."""
+        if self.budget_set_usd is not None:
+            return self.budget_set_usd
+        return self.options.budget_usd if self.options is not None else None
 
     @property
     def complete(self) -> bool:
@@ -224,6 +242,9 @@ class BatchView:
             reward_count=_int(item, "reward_count"),
             completed_event_by=_text(item, "completed_event_by"),
             cost=cost_summary(item),
+            budget_set_usd=_optional_float(item, "budget_usd"),
+            budget_warned_for=_optional_float(item, "budget_warned_for"),
+            budget_exhausted_for=_optional_float(item, "budget_exhausted_for"),
         )
 
 

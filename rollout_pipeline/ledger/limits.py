@@ -115,7 +115,7 @@ class LimitLedger:
             TableName=self.table.name,
             Key=keys.budget_key(),
             UpdateExpression="SET budget_usd = :b, updated_at = :now",
-            ExpressionAttributeValues=plain_values({":b": round(budget_usd, 6), ":now": now_iso}),
+            ExpressionAttributeValues=plain_values({":b": budget_usd, ":now": now_iso}),
         )
 
     def claim_budget_event(self, kind: str, budget_usd: float) -> bool:
@@ -127,7 +127,7 @@ class LimitLedger:
                 keys.budget_key(),
                 f"SET {attribute} = :b",
                 f"attribute_not_exists({attribute}) OR {attribute} <> :b",
-                {":b": round(budget_usd, 6)},
+                {":b": budget_usd},
             )
             is not None
         )
@@ -135,7 +135,7 @@ class LimitLedger:
     def unclaim_budget_event(self, kind: str, budget_usd: float) -> None:
         """Give a claim back after its event could not be published (the next check claims it again)."""
         attribute = f"{kind}_for"
-        self.table.update(keys.budget_key(), f"REMOVE {attribute}", f"{attribute} = :b", {":b": round(budget_usd, 6)})
+        self.table.update(keys.budget_key(), f"REMOVE {attribute}", f"{attribute} = :b", {":b": budget_usd})
 
     def slot_counts(self) -> list[int]:
         """Every session-slot counter's value, by shard (one strongly consistent Query)."""

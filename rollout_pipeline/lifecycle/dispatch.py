@@ -38,7 +38,7 @@ from rollout_pipeline.ledger.rollouts import (
     DispatchStart,
     LedgerError,
 )
-from rollout_pipeline.lifecycle import costing, publishing, release, stops
+from rollout_pipeline.lifecycle import budget, costing, publishing, release, stops
 from rollout_pipeline.lifecycle.cancel import cancel_rollout
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.failures import end_attempt, fail_rollout
@@ -80,6 +80,7 @@ class Dispatch(StrEnum):
     REQUEUED_THROTTLED = "requeued_throttled"  # ACR kept throttling: slot released, re-sent fresh
     REQUEUED_NO_TIME = "requeued_no_time"  # too little time left for an invoke to end in it: re-sent fresh
     STOPPED_LATE = "stopped_late"  # invoked, but the rollout was cancelled/ended meanwhile: session stopped
+    HELD_BUDGET = "held_budget"  # its budget (the experiment's or its batch's) is spent: re-sent to come back later
     THROTTLED = "throttled"  # waited for limits too often or too long: Rollout Failed (throttled)
     COLD_START_FAILED = "cold_start_failed"  # kept answering 424: attempt ended (retried or failed), session stopped
 
@@ -100,6 +101,7 @@ def dispatch_records(records: Sequence[Mapping[str, Any]], deps: LifecycleDeps, 
         return result
     workers = max(1, min(deps.dispatch_threads, len(records)))
     batches = BatchReads(deps)
+    budgets = budget.Budgets(deps)
     ordered = sorted(((_record_order(r), r) for r in records), key=lambda pair: pair[0])  # a group's together
     parsed = [(message_id(r), key) for (poison, key), r in ordered if not poison]
     # On the admission board from receipt on, so other dispatchers rank these before deciding (a burst's start).
@@ -108,7 +110,9 @@ def dispatch_records(records: Sequence[Mapping[str, Any]], deps: LifecycleDeps, 
     def handle(record: Mapping[str, Any]) -> Dispatch:
         held = holds.get(message_id(record))
         try:
-            return dispatch_body(str(record["body"]), deps, wait_until=wait_until, batches=batches, held=held)
+            return dispatch_body(
+                str(record["body"]), deps, wait_until=wait_until, batches=batches, held=held, budgets=budgets
+            )
         finally:
             if held is not None:
                 held.release()
@@ -168,9 +172,11 @@ def dispatch_body(
     wait_until: float,
     batches: BatchReads | None = None,
     held: Held | None = None,
+    budgets: budget.Budgets | None = None,
 ) -> Dispatch:
     """Dispatch one rollout-queue message body (see the module doc). Raises to have the message redelivered.
-    `held`: the message's place on the admission board since receipt (`SlotGate.hold`), released once past the gate."""
+    `held`: the message's place on the admission board since receipt (`SlotGate.hold`), released once past the gate.
+    `budgets`: the SQS batch's budget reads (`lifecycle.budget`): a rollout whose budget is spent is held, not run."""
     message = parse_message(body)
     bind_log_ids(batch_id=message.batch_id, rollout_id=message.rollout_id, session_id=message.session_id)
     batches = batches or BatchReads(deps)
@@ -180,6 +186,14 @@ def dispatch_body(
     options = batch_options(batch) or FileOptions.defaults(deps.config)
     if batch.cancelled:
         return _cancelled(message, deps, options)
+    spent = (budgets or budget.Budgets(deps)).spent(batch)
+    if spent is not None and not _running(message, deps):  # an attempt already running is finished, never held
+        if held is not None:
+            held.release()
+        budget.hold(message, deps)
+        log.info("rollout %s/%s held: the %s budget is spent", message.batch_id, message.rollout_id, spent)
+        return Dispatch.HELD_BUDGET
+    message = budget.released(message, deps)
     row_payload = _row_payload(message, deps)
     start_by = deps.invoke_start_by(wait_until)  # every wait before an invoke ends by then
     try:
@@ -225,6 +239,12 @@ def dispatch_body(
         if decided is not None:
             return decided
     raise LedgerError(f"rollout {message.rollout_id} of {message.batch_id}: dispatch kept racing")
+
+
+def _running(message: RolloutMessage, deps: LifecycleDeps) -> bool:
+    """The message's attempt is already dispatched (a redelivery that may have to re-invoke its session)."""
+    rec = deps.ledger.rollouts.get_rollout(message.batch_id, message.input_id, message.index)
+    return rec is not None and rec.state == DISPATCHED and rec.attempt == message.attempt
 
 
 def _existing(message: RolloutMessage, rec: RolloutRecord | None, deps: LifecycleDeps) -> Dispatch | None:

@@ -130,7 +130,7 @@ def finish_stops(rec: RolloutRecord, deps: LifecycleDeps, wait_until: float | No
         next_epoch = now + backoff  # the runaway guard: never only waiting for the session's end
     elif rec.stop_tries + 1 >= STOP_TRIES and rec.held_until is not None:
         # no more calls: AgentCore ends the session by then; unless it becomes overdue first (the runaway guard)
-        moments = [at for sid in left if (at := overdue_at(rec, sid, deps)) is not None]
+        moments = [due for sid in left if (due := overdue_at(rec, sid, deps)) is not None]
         next_epoch = min([rec.held_until, *(moment + 1 for moment in moments)])
     else:
         next_epoch = now + backoff

@@ -6,7 +6,8 @@ Else one transaction: a new attempt (queued n+1, outbox `enqueue`) while attempt
 `Rollout Failed` (timeout); either way the old session's slot is held and its stop is in the outbox. Then the
 outbox is drained (retry message sent, event published, session stopped: `lifecycle.stops`). Outbox: entries
 older than `deps.outbox_age_s` are drained. Every step is conditional on `(state, attempt)`, so repeated or
-concurrent sweeps change nothing twice. Last, the release window's backstop (`lifecycle.release.sweep_releases`).
+concurrent sweeps change nothing twice. Last, the release window's backstop (`lifecycle.release.sweep_releases`) and
+the budget's check (`lifecycle.budget.check`: its warning and exhaustion are announced even when nothing dispatches).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from rollout_pipeline.ledger.items import RolloutRecord
 from rollout_pipeline.ledger.rollouts import (
     DISPATCHED,
 )
-from rollout_pipeline.lifecycle import publishing, release
+from rollout_pipeline.lifecycle import budget, publishing, release
 from rollout_pipeline.lifecycle.cancel import cancel_rollout
 from rollout_pipeline.lifecycle.completion import complete_if_written
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
@@ -93,6 +94,12 @@ def sweep(
     swept = release.sweep_releases(deps)
     report.released = swept.rollouts + swept.recovered
     deps.metrics.sample(IN_FLIGHT, deps.ledger.limits.in_flight())
+    try:  # the last rollouts' stops may cross a budget's 80% or 100% after the last dispatch: announce it
+        budget.check(deps)
+    except Exception as exc:
+        log.warning("budget check failed: %s", exc)
+        report.errors.append(f"budget: {exc}")
+        deps.metrics.count(SWEEP_ERRORS)
     return report
 
 

@@ -43,6 +43,13 @@ def _add_pipeline_options(parser: argparse.ArgumentParser) -> None:
         help="auto (default: detected from the module's source), art, or rft (serve its @app.entrypoint unchanged "
         "through the RFT host)",
     )
+    parser.add_argument(
+        "--budget-usd",
+        type=float,
+        metavar="USD",
+        help="the experiment's budget, priced as on AgentCore: at 80%% a Budget Warning, at 100%% dispatch pauses "
+        "(the demo then raises it, as `rollouts budget set` would, and the batch completes)",
+    )
     parser.add_argument("--work-dir", type=Path, help="where logs go (default: a new temporary directory)")
     parser.add_argument("-v", "--verbose", action="store_true", help="log what the pipeline does")
 
@@ -96,8 +103,11 @@ def register(sub: Any, _common: argparse.ArgumentParser) -> None:
 
 
 def _settings(args: argparse.Namespace, max_tokens: int = 256) -> Any:
+    from rollout_pipeline.cli.base import CliError
     from rollout_pipeline.local.pipeline import LocalSettings
 
+    if args.budget_usd is not None and not args.budget_usd > 0:
+        raise CliError(f"--budget-usd must be a positive number of US dollars, got {args.budget_usd}")
     return LocalSettings(
         experiment=args.experiment,
         group_size=args.group_size,
@@ -110,6 +120,7 @@ def _settings(args: argparse.Namespace, max_tokens: int = 256) -> Any:
         agent_module=args.agent_module,
         agent_kind=args.agent_kind,
         work_dir=args.work_dir,
+        experiment_settings={} if args.budget_usd is None else {"budget_usd": args.budget_usd},
     )
 
 

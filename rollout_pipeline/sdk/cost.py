@@ -72,7 +72,7 @@ class ExperimentCost:
     @property
     def budget_used(self) -> float | None:
         """The share of the budget spent (1.0 = exhausted), None without a budget."""
-        return None if not self.budget_usd else self.spent_usd / self.budget_usd
+        return None if self.budget_usd is None or self.budget_usd <= 0 else self.spent_usd / self.budget_usd
 
     def as_dict(self) -> dict[str, Any]:
         return {

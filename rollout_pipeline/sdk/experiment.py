@@ -309,6 +309,7 @@ class Experiment:
         policy_version: str | None = None,
         key: str | None = None,
         validate: bool = True,
+        budget_usd: float | None = None,
     ) -> str:
         """Upload a dataset file (`.jsonl`, `.jsonl.gz`, `.json` array) to `datasets/` and return its batch id.
 
@@ -316,9 +317,12 @@ class Experiment:
         `+`, `%` or a space, raises `DatasetInvalid` naming the file, the line and the reason, before anything is
         uploaded. Options not given
         default to the experiment's; they travel as S3 object metadata. The batch id is the one ingestion derives
-        from the upload's version id, so it is known at once.
+        from the upload's version id, so it is known at once. `budget_usd`: the batch's own budget (its rollouts wait
+        once its cost reaches it; `set_budget(..., batch=...)` raises it).
         """
-        options = self.file_options(group_size, sampling_params, timeout_s, max_attempts, policy_version)
+        options = self.file_options(
+            group_size, sampling_params, timeout_s, max_attempts, policy_version, budget_usd=budget_usd
+        )
         try:
             object_key = submission.dataset_key(path, key)
         except ids.InvalidId as exc:
@@ -352,14 +356,18 @@ class Experiment:
         max_attempts: int | None = None,
         policy_version: str | None = None,
         name: str = "sdk",
+        budget_usd: float | None = None,
     ) -> str:
         """Submit in-memory payloads (dataset rows: `id` and `_rollout` keys allowed) straight to the rollout queue.
 
         Goes through the ingestion stage's own code: batch and group items in the ledger, claim checks for big
         payloads, one rollout message per rollout, `Batch Accepted`. Returns the new batch id (`{name}-{12 hex}`).
-        Invalid payloads raise `DatasetInvalid` (index and reason) before anything is written.
+        Invalid payloads raise `DatasetInvalid` (index and reason) before anything is written. `budget_usd`: the
+        batch's own budget, as for `submit_file`.
         """
-        options = self.file_options(group_size, sampling_params, timeout_s, max_attempts, policy_version)
+        options = self.file_options(
+            group_size, sampling_params, timeout_s, max_attempts, policy_version, budget_usd=budget_usd
+        )
         return self.submit_rows(submission.validate_payloads(payloads), options, name)
 
     def submit_rows(self, rows: Sequence[DatasetRow], options: FileOptions, name: str) -> str:
@@ -388,6 +396,8 @@ class Experiment:
         timeout_s: int | None,
         max_attempts: int | None,
         policy_version: str | None,
+        *,
+        budget_usd: float | None = None,
     ) -> FileOptions:
         """The options of one batch: those given, the experiment's defaults for the rest (`SdkError` naming a bad
         one)."""
@@ -399,6 +409,7 @@ class Experiment:
                 timeout_s=timeout_s,
                 max_attempts=max_attempts,
                 policy_version=policy_version,
+                budget_usd=budget_usd,
             )
         except ValueError as exc:
             raise SdkError(f"invalid option {exc}") from None
@@ -701,15 +712,20 @@ class Experiment:
             state = self._ledger().limits.budget()
         return state.budget_usd if state.budget_usd is not None else self.config.budget_usd
 
-    def set_budget(self, budget_usd: float) -> None:
-        """Set the experiment's budget (USD). Dispatch pauses while the spend is at or above it and resumes, where it
-        stopped, once it is raised above the spend (within `budget_recheck_s`, a minute by default)."""
+    def set_budget(self, budget_usd: float, *, batch: str | None = None) -> None:
+        """Set the experiment's budget (USD), or `batch`'s own. Dispatch pauses while the spend is at or above it and
+        resumes, where it stopped, once it is raised above the spend (within `budget_recheck_s`, a minute by
+        default): held rollouts come back by themselves."""
         from rollout_pipeline.contracts import iso
 
         if not budget_usd > 0:
             raise SdkError(f"a budget is a positive number of US dollars, got {budget_usd!r}")
         with aws_errors("set the budget"):
-            self._ledger().limits.set_budget(float(budget_usd), iso(utcnow()))
+            ledger = self._ledger()
+            if batch is None:
+                ledger.limits.set_budget(float(budget_usd), iso(utcnow()))
+            elif not ledger.batches.set_budget(batch, float(budget_usd)):
+                raise BatchNotFound(f"no batch {batch!r} in experiment {self.name!r}")
 
     def completed_groups(
         self,

@@ -37,6 +37,7 @@ def rollout_fields(rec: RolloutRecord | None) -> dict[str, Any]:
         "submitted_at": at(rec.submitted_at),
         "dispatched_at": at(rec.dispatched_at),
         "finished_at": at(rec.finished_at),
+        "cost": None if rec.cost is None else rec.cost.model_dump(),
     }
 
 
@@ -52,6 +53,7 @@ ROLLOUT_FIELDS = (
     "submitted_at",
     "dispatched_at",
     "finished_at",
+    "cost",
 )
 
 

@@ -14,6 +14,8 @@ from rollout_pipeline.contracts import (
     EVENT_SOURCE,
     BatchAccepted,
     BatchCompleted,
+    BudgetExhausted,
+    BudgetWarning,
     DetailType,
     GroupCompleted,
     RolloutCompleted,
@@ -24,7 +26,9 @@ from rollout_pipeline.sdk._aws import AwsClients, aws_errors, error_code
 
 logger = logging.getLogger(__name__)
 
-AnyDetail: TypeAlias = RolloutCompleted | RolloutFailed | GroupCompleted | BatchAccepted | BatchCompleted
+AnyDetail: TypeAlias = (
+    RolloutCompleted | RolloutFailed | GroupCompleted | BatchAccepted | BatchCompleted | BudgetWarning | BudgetExhausted
+)
 RolloutDetail: TypeAlias = RolloutCompleted | RolloutFailed
 
 
