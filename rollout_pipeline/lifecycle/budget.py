@@ -41,6 +41,8 @@ WARNING_SHARE: Final = 0.8
 MAX_RECHECK_S: Final = 900
 #: Batches looked at to say what is waiting (`Budget Exhausted`): the newest ones.
 WAITING_BATCHES: Final = 50
+#: A dispatcher reads the experiment's spend again before a dispatch when its last read is older than this.
+FRESH_S: Final = 2.0
 
 Scope = Literal["experiment", "batch"]
 
@@ -135,19 +137,23 @@ def released(message: RolloutMessage, deps: LifecycleDeps) -> RolloutMessage:
 
 
 class Budgets:
-    """The budgets one SQS batch of the dispatcher is held to: the experiment's read once (on the first message),
-    each batch's from the batch view the dispatcher reads anyway. Thread-safe."""
+    """The budgets one SQS batch of the dispatcher is held to: the experiment's read on the first message and again
+    when the last read is older than `FRESH_S` (a message may wait minutes for a slot), each batch's from the batch
+    view the dispatcher reads anyway. Thread-safe."""
 
     def __init__(self, deps: LifecycleDeps) -> None:
         self._deps = deps
         self._lock = threading.Lock()
         self._experiment: ExperimentBudget | None = None
+        self._read_at = 0.0
         self._batches: dict[str, bool] = {}
 
     def experiment(self) -> ExperimentBudget:
         with self._lock:
-            if self._experiment is None:
+            now = self._deps.clock.monotonic()
+            if self._experiment is None or now - self._read_at > FRESH_S:
                 self._experiment = check(self._deps)
+                self._read_at = now
             return self._experiment
 
     def spent(self, batch: BatchView) -> Scope | None:
@@ -209,7 +215,7 @@ def _announce(
                 waiting_by_batch=waiting,
             )
         deps.publisher.publish([detail])
-        log.warning("%s budget %s of %s: $%.4f of $%.2f", scope, kind, batch_id or exp_id, spent_usd, budget_usd)
+        log.info("%s budget of %s %s: $%.6f of $%.6f", scope, batch_id or exp_id, kind, spent_usd, budget_usd)
     except Exception:
         log.exception("budget event (%s, %s) not published; it is announced again on the next check", scope, kind)
         if scope == "experiment":

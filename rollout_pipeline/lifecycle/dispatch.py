@@ -186,12 +186,8 @@ def dispatch_body(
     options = batch_options(batch) or FileOptions.defaults(deps.config)
     if batch.cancelled:
         return _cancelled(message, deps, options)
-    spent = (budgets or budget.Budgets(deps)).spent(batch)
-    if spent is not None and not _running(message, deps):  # an attempt already running is finished, never held
-        if held is not None:
-            held.release()
-        budget.hold(message, deps)
-        log.info("rollout %s/%s held: the %s budget is spent", message.batch_id, message.rollout_id, spent)
+    budgets = budgets or budget.Budgets(deps)
+    if _held_on_budget(message, deps, budgets, batch, held):
         return Dispatch.HELD_BUDGET
     message = budget.released(message, deps)
     row_payload = _row_payload(message, deps)
@@ -204,6 +200,8 @@ def dispatch_body(
     finally:
         if held is not None:
             held.release()
+    if _held_on_budget(message, deps, budgets, batch, None):  # spent while it waited for a slot: nothing new starts
+        return Dispatch.HELD_BUDGET
     for _ in range(20):
         shard = deps.slot_shards.choose()
         start = deps.ledger.rollouts.begin_dispatch(
@@ -239,6 +237,21 @@ def dispatch_body(
         if decided is not None:
             return decided
     raise LedgerError(f"rollout {message.rollout_id} of {message.batch_id}: dispatch kept racing")
+
+
+def _held_on_budget(
+    message: RolloutMessage, deps: LifecycleDeps, budgets: budget.Budgets, batch: BatchView, held: Held | None
+) -> bool:
+    """Hold the rollout (`budget.hold`) when its experiment's or its batch's budget is spent, unless its attempt is
+    already running (a redelivery to finish, never held)."""
+    spent = budgets.spent(batch)
+    if spent is None or _running(message, deps):
+        return False
+    if held is not None:
+        held.release()
+    budget.hold(message, deps)
+    log.info("rollout %s/%s held: the %s budget is spent", message.batch_id, message.rollout_id, spent)
+    return True
 
 
 def _running(message: RolloutMessage, deps: LifecycleDeps) -> bool:

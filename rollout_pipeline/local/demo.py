@@ -213,11 +213,12 @@ def _show_pause_then_raise(
 ) -> None:
     """The budget ran out: wait for the rollouts in flight to finish (nothing new starts), then raise the budget as
     `rollouts budget set` would, so the batch completes."""
-    ended_before = report.rollouts_ok + sum(report.rollouts_failed.values())
+    ended_before = pipeline.experiment.status(report.batch_id).terminal
     deadline = time.monotonic() + PAUSE_SHOWN_S
-    while pipeline.active_sessions() and time.monotonic() < deadline:
-        time.sleep(0.5)
     status = pipeline.experiment.status(report.batch_id)
+    while status.running and time.monotonic() < deadline:  # those in flight finish; nothing new starts
+        time.sleep(0.5)
+        status = pipeline.experiment.status(report.batch_id)
     report.ended_after_pause = status.terminal - ended_before
     report.waited_on_budget = status.queued or 0
     display.line(
