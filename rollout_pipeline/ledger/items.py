@@ -45,10 +45,13 @@ TERMINAL_STATES: Final = frozenset({RolloutState.SUCCEEDED, RolloutState.FAILED}
 
 #: Attempts whose session facts a rollout item can hold (`config.ExperimentConfig.max_attempts` is at most 10).
 MAX_SPAN_ATTEMPTS: Final = 10
-#: The parts of one attempt's session facts (`span_attribute`): start (S, ISO), due (N, epoch: the attempt's
-#: deadline), end (S: result written or attempt ended), idle (BOOL: the agent wrote its result), cpu (N: measured
-#: CPU seconds), stop (S: confirmed stop), closed (S: released without a confirmed stop).
-SPAN_PARTS: Final = ("start", "due", "end", "idle", "cpu", "stop", "closed")
+#: The parts of one attempt's session facts on the rollout item (`span_attribute`). The current attempt's start,
+#: deadline and end are its `dispatched_at`, `deadline` and `finished_at` (its session idle from then on when it wrote
+#: a result: `result_uri`); an earlier attempt's are copied when it ends (`start` S ISO, `due` N epoch s, `end` N
+#: epoch ms). Every attempt may have `cpu` (N: measured CPU seconds), `stop` or `closed` (N, epoch ms: its confirmed
+#: stop, or its release without one) and `none` (BOOL: its invoke was refused, no session ran). Small on purpose:
+#: the rollout item stays under 1 KB, so each write to it costs one write unit, not two.
+SPAN_PARTS: Final = ("start", "due", "end", "cpu", "stop", "closed", "none")
 
 #: Cost sums ADDed by each terminal transaction, on the group item and the batch's counter shard.
 COST_COUNTERS: Final = (
@@ -66,6 +69,20 @@ def span_attribute(attempt: int, part: str) -> str:
     return f"s{attempt}_{part}"
 
 
+def epoch_ms(moment: datetime) -> int:
+    """A time as the ledger stores session facts: epoch milliseconds."""
+    return round(moment.timestamp() * 1000)
+
+
+def from_epoch_ms(value: Any) -> datetime:
+    return datetime.fromtimestamp(int(value) / 1000, UTC)
+
+
+def to_the_ms(moment: datetime) -> datetime:
+    """`moment` as it reads back from the ledger's epoch milliseconds (so a figure priced with it is reproducible)."""
+    return from_epoch_ms(epoch_ms(moment))
+
+
 def cost_summary(item: Mapping[str, Any]) -> CostSummary | None:
     """The cost sums of a group item or a batch view (None before any rollout was priced)."""
     rollouts = _int(item, "cost_rollouts")
@@ -81,36 +98,35 @@ def cost_summary(item: Mapping[str, Any]) -> CostSummary | None:
     )
 
 
-def _spans(item: Mapping[str, Any]) -> tuple[SessionSpan, ...]:
-    spans = []
+@dataclass(frozen=True, slots=True)
+class SpanFacts:
+    """What a rollout item stores of one attempt's session (`SPAN_PARTS`)."""
+
+    start: datetime | None = None
+    due: datetime | None = None
+    end: datetime | None = None
+    cpu_s: float | None = None
+    stop: datetime | None = None
+    closed: datetime | None = None
+    none: bool = False
+
+
+def _span_facts(item: Mapping[str, Any]) -> dict[int, SpanFacts]:
+    facts: dict[int, SpanFacts] = {}
     for attempt in range(1, MAX_SPAN_ATTEMPTS + 1):
-        started = parse_iso(item.get(span_attribute(attempt, "start")))
-        if started is None:
+        found = {part: item.get(span_attribute(attempt, part)) for part in SPAN_PARTS}
+        if all(value is None for value in found.values()):
             continue
-        due = item.get(span_attribute(attempt, "due"))
-        cpu = item.get(span_attribute(attempt, "cpu"))
-        spans.append(
-            SessionSpan(
-                attempt=attempt,
-                started_at=started,
-                ended_at=parse_iso(item.get(span_attribute(attempt, "end"))),
-                idle=bool(item.get(span_attribute(attempt, "idle"))),
-                cpu_s=None if cpu is None else float(cpu),
-                stopped_at=parse_iso(item.get(span_attribute(attempt, "stop"))),
-                closed_at=parse_iso(item.get(span_attribute(attempt, "closed"))),
-                due_at=None if due is None else datetime.fromtimestamp(int(due), UTC),
-            )
+        facts[attempt] = SpanFacts(
+            start=parse_iso(found["start"]),
+            due=None if found["due"] is None else datetime.fromtimestamp(int(found["due"]), UTC),
+            end=None if found["end"] is None else from_epoch_ms(found["end"]),
+            cpu_s=None if found["cpu"] is None else float(found["cpu"]),
+            stop=None if found["stop"] is None else from_epoch_ms(found["stop"]),
+            closed=None if found["closed"] is None else from_epoch_ms(found["closed"]),
+            none=bool(found["none"]),
         )
-    return tuple(spans)
-
-
-def _cost(raw: Any) -> RolloutCost | None:
-    if not raw:
-        return None
-    try:
-        return RolloutCost.model_validate_json(raw)
-    except ValueError:
-        return None
+    return facts
 
 
 def _int(item: Mapping[str, Any], name: str) -> int:
@@ -359,12 +375,40 @@ class RolloutRecord:
     stop_tries: int = 0
     #: Sessions whose stop answered ResourceNotFound once (a second NotFound confirms the stop).
     stop_not_found: frozenset[str] = field(default_factory=frozenset)
-    #: Every attempt's AgentCore session as far as the ledger knows it (start, end, CPU, stop), by attempt.
-    spans: tuple[SessionSpan, ...] = ()
-    #: What the rollout cost, as recorded by its terminal transition (and published).
-    cost: RolloutCost | None = None
+    #: What the item stores of each attempt's session (`SPAN_PARTS`), by attempt.
+    span_facts: Mapping[int, SpanFacts] = field(default_factory=dict)
+    #: When the terminal transition priced the rollout (`details.recorded_cost` prices it again as of then: the
+    #: figure its event carries and its group and batch sums hold).
+    cost_at: datetime | None = None
     #: Sessions found alive past their attempt's deadline plus `session_grace_s` (counted once each).
     overdue: frozenset[str] = field(default_factory=frozenset)
+
+    @property
+    def spans(self) -> tuple[SessionSpan, ...]:
+        """Every attempt's AgentCore session as far as the ledger knows it, by attempt: earlier attempts' from their
+        copied facts, the current one's from `dispatched_at`, `deadline`, `finished_at` and `result_uri`."""
+        spans = [
+            SessionSpan(n, f.start, f.end, False, f.cpu_s, f.stop, f.closed, f.due)
+            for n, f in sorted(self.span_facts.items())
+            if n != self.attempt and f.start is not None and not f.none
+        ]
+        current = self._current_span()
+        return (*spans, current) if current is not None else tuple(spans)
+
+    def _current_span(self) -> SessionSpan | None:
+        facts = self.span_facts.get(self.attempt, SpanFacts())
+        if self.dispatched_at is None or facts.none:  # not dispatched, or its invoke was refused
+            return None
+        return SessionSpan(
+            attempt=self.attempt,
+            started_at=self.dispatched_at,
+            ended_at=self.finished_at if self.terminal else None,
+            idle=self.terminal and self.result_uri is not None,
+            cpu_s=facts.cpu_s,
+            stopped_at=facts.stop,
+            closed_at=facts.closed,
+            due_at=None if self.deadline is None else datetime.fromtimestamp(int(self.deadline), UTC),
+        )
 
     def span(self, attempt: int) -> SessionSpan | None:
         """The session of `attempt`, if it was started."""
@@ -412,8 +456,8 @@ class RolloutRecord:
             held_until=None if item.get("held_until") is None else int(item["held_until"]),
             stop_tries=int(item.get("stop_tries") or 0),
             stop_not_found=frozenset(item.get("stop_not_found") or ()),
-            spans=_spans(item),
-            cost=_cost(item.get("cost_json")),
+            span_facts=_span_facts(item),
+            cost_at=None if item.get("cost_at") is None else from_epoch_ms(item["cost_at"]),
             overdue=frozenset(item.get("overdue_sessions") or ()),
         )
 
@@ -430,8 +474,10 @@ class Terminal:
     rewards: float | list[float] | None = None
     result_uri: str | None = None
     result_size: int | None = None
-    #: What the rollout cost (`costs.price_rollout` at the transition), recorded and summed with it.
+    #: What the rollout cost (`costs.price_rollout` at `cost_at`, to the millisecond), summed with the transition;
+    #: the item keeps `cost_at` only (`details.recorded_cost` prices it again, identically).
     cost: RolloutCost | None = None
+    cost_at: datetime | None = None
     #: The ended attempt's session: the agent had finished (wrote its result); its CPU seconds as measured.
     idle: bool = False
     cpu_s: float | None = None
@@ -447,5 +493,5 @@ class Terminal:
             "rewards_json": None if self.rewards is None else json.dumps(self.rewards),
             "result_uri": self.result_uri,
             "result_size": self.result_size,
-            "cost_json": None if self.cost is None else self.cost.model_dump_json(),
+            "cost_at": None if self.cost_at is None else epoch_ms(self.cost_at),
         }

@@ -16,7 +16,6 @@ from enum import StrEnum
 from typing import Any, Final
 
 from rollout_pipeline.contracts import iso, parse_iso
-from rollout_pipeline.costs import SessionSpan
 from rollout_pipeline.ids import AttemptRef, session_attempt
 from rollout_pipeline.ledger import keys, table
 from rollout_pipeline.ledger.attributes import plain_values
@@ -24,8 +23,11 @@ from rollout_pipeline.ledger.items import (
     RolloutRecord,
     RolloutState,
     RolloutSummary,
+    SpanFacts,
     Terminal,
+    epoch_ms,
     span_attribute,
+    to_the_ms,
 )
 from rollout_pipeline.ledger.limits import LimitLedger
 from rollout_pipeline.ledger.retry import TRANSACTION_CONFLICT_ATTEMPTS
@@ -73,14 +75,15 @@ class DispatchStart(StrEnum):
     NOT_DISPATCHABLE = "not_dispatchable"  # the rollout is not queued for this attempt: read it and decide
 
 
-def _spans_after(rec: RolloutRecord, outcome: Terminal) -> tuple[SessionSpan, ...]:
-    """`rec.spans` as the terminal transition of its dispatched attempt leaves them (`_terminal_update`)."""
-    spans = [s for s in rec.spans if s.attempt != rec.attempt]
-    current = rec.span(rec.attempt)
-    if current is not None and outcome.session_started:
-        ended = parse_iso(iso(outcome.finished_at))
-        spans.append(replace(current, ended_at=ended, idle=outcome.idle, cpu_s=outcome.cpu_s))
-    return tuple(sorted(spans, key=lambda s: s.attempt))
+def _facts_after(rec: RolloutRecord, outcome: Terminal) -> dict[int, SpanFacts]:
+    """`rec.span_facts` as the terminal transition of its dispatched attempt leaves them (`_terminal_update`)."""
+    facts = dict(rec.span_facts)
+    current = facts.get(rec.attempt, SpanFacts())
+    if not outcome.session_started:
+        facts[rec.attempt] = replace(current, none=True)
+    elif outcome.cpu_s is not None:
+        facts[rec.attempt] = replace(current, cpu_s=outcome.cpu_s)
+    return facts
 
 
 def _cost_adds(outcome: Terminal) -> dict[str, float]:
@@ -238,7 +241,7 @@ class RolloutLedger:
             "SET #st = :dispatched, attempt = :attempt, session_id = :sid, exp_id = :exp, batch_id = :batch, "
             "input_id = :input, #ix = :index, submitted_at = if_not_exists(submitted_at, :submitted), "
             "dispatched_at = :now, deadline = :deadline, #dlpk = :dlpk, #dlsk = :deadline, expires_at = :ttl, "
-            "policy_version = :pv, #sstart = :now, #sdue = :deadline"
+            "policy_version = :pv"
             + (
                 ", batch_policy_version = :bpv REMOVE invoked_at"
                 if keep_batch_pv
@@ -262,8 +265,7 @@ class RolloutLedger:
                 ":pv": policy_version,
                 **({":bpv": batch_policy_version} if keep_batch_pv else {}),
             },
-            {"#st": "state", "#ix": "index", "#dlpk": keys.DEADLINE_PK, "#dlsk": keys.DEADLINE_SK}
-            | {"#sstart": span_attribute(attempt, "start"), "#sdue": span_attribute(attempt, "due")},
+            {"#st": "state", "#ix": "index", "#dlpk": keys.DEADLINE_PK, "#dlsk": keys.DEADLINE_SK},
         )
         reasons = self._transact(
             [batch_check, self.limits.take_slot(max_sessions, slot_shard), {"Update": rollout_update}]
@@ -296,11 +298,10 @@ class RolloutLedger:
         """Give the slot back after ACR kept throttling: dispatched(n) without invoke -> queued(n), in_flight -1."""
         update = self.table.update_op(
             keys.rollout_key(ref.batch_id, ref.input_id, ref.index),
-            "SET #st = :queued REMOVE dispatched_at, deadline, #dlpk, #dlsk, #sstart, #sdue",
+            "SET #st = :queued REMOVE dispatched_at, deadline, #dlpk, #dlsk",
             "#st = :dispatched AND attempt = :attempt AND attribute_not_exists(invoked_at)",
             {":queued": QUEUED, ":dispatched": DISPATCHED, ":attempt": ref.attempt},
-            {"#st": "state", "#dlpk": keys.DEADLINE_PK, "#dlsk": keys.DEADLINE_SK}
-            | {"#sstart": span_attribute(ref.attempt, "start"), "#sdue": span_attribute(ref.attempt, "due")},
+            {"#st": "state", "#dlpk": keys.DEADLINE_PK, "#dlsk": keys.DEADLINE_SK},
         )
         return self._transact([{"Update": update}, self.limits.release_slot(slot_holder(ref))]) is None
 
@@ -397,8 +398,8 @@ class RolloutLedger:
             stop_sessions=session if OUTBOX_STOP in entry_outbox else frozenset(),
             held_slots=session if hold else frozenset(),
             held_until=hold_slot_until if hold else None,
-            cost=rec.cost if outcome.cost is None else outcome.cost,
-            spans=_spans_after(rec, outcome),
+            cost_at=rec.cost_at if outcome.cost_at is None else to_the_ms(outcome.cost_at),
+            span_facts=_facts_after(rec, outcome),
         )
 
     def _finish(
@@ -481,20 +482,15 @@ class RolloutLedger:
         if from_state is not None:
             condition = "#st = :from AND attempt = :attempt"
             values[":from"] = from_state
-        if from_state == DISPATCHED:  # the ended attempt's session: its end, or gone if it never started
-            names |= {f"#s{part}": span_attribute(ref.attempt, part) for part in ("start", "due", "end", "idle", "cpu")}
-            if outcome.session_started:
-                sets += ["#send = :finished", "#sidle = :idle"]
-                values[":idle"] = outcome.idle
-                if outcome.cpu_s is not None:
-                    sets.append("#scpu = :cpu")
-                    values[":cpu"] = outcome.cpu_s
-                else:
-                    del names["#scpu"]
-                del names["#sstart"], names["#sdue"]
-            else:
-                removes += ["#sstart", "#sdue"]
-                del names["#send"], names["#sidle"], names["#scpu"]
+        if from_state == DISPATCHED:  # the ended attempt's session: its end is `finished_at`; its CPU, or no session
+            if not outcome.session_started:
+                sets.append("#snone = :true")
+                values[":true"] = True
+                names["#snone"] = span_attribute(ref.attempt, "none")
+            elif outcome.cpu_s is not None:
+                sets.append("#scpu = :cpu")
+                values[":cpu"] = outcome.cpu_s
+                names["#scpu"] = span_attribute(ref.attempt, "cpu")
         # ADD, not SET: side effects still pending from an earlier transition (a throttled stop of the previous
         # attempt's session) are kept, not overwritten.
         adds = ["outbox :outbox"]
@@ -577,12 +573,19 @@ class RolloutLedger:
             adds += ", held_slots :prev"
             held = ", held_until = :held_until"
             values[":held_until"] = hold_slot_until
-        values |= {":ended": self.table.now_iso(), ":notidle": False}
+        # The ended attempt's session facts, copied before its dispatch time and deadline go (`items.SPAN_PARTS`).
+        span = ""
+        if rec.dispatched_at is not None:
+            span = ", #sstart = :sstart, #sdue = :sdue, #send = :ended"
+            values |= {
+                ":sstart": iso(rec.dispatched_at),
+                ":sdue": rec.deadline or 0,
+                ":ended": epoch_ms(self.table.clock.now()),
+            }
         update = self.table.update_op(
             keys.rollout_key(rec.batch_id, rec.input_id, rec.index),
             "SET #st = :queued, attempt = :next, session_id = :sid, "
-            f"#obpk = :obpk, #obsk = :obsk, outbox_id = :obid, outbox_lease = :oblease{held}, "
-            "#send = :ended, #sidle = :notidle "
+            f"#obpk = :obpk, #obsk = :obsk, outbox_id = :obid, outbox_lease = :oblease{held}{span} "
             f"ADD {adds} REMOVE dispatched_at, invoked_at, deadline, #dlpk, #dlsk",
             "#st = :dispatched AND attempt = :attempt",
             values,
@@ -592,9 +595,16 @@ class RolloutLedger:
                 "#dlsk": keys.DEADLINE_SK,
                 "#obpk": keys.OUTBOX_PK,
                 "#obsk": keys.OUTBOX_SK,
-                "#send": span_attribute(rec.attempt, "end"),
-                "#sidle": span_attribute(rec.attempt, "idle"),
-            },
+            }
+            | (
+                {
+                    "#sstart": span_attribute(rec.attempt, "start"),
+                    "#sdue": span_attribute(rec.attempt, "due"),
+                    "#send": span_attribute(rec.attempt, "end"),
+                }
+                if span
+                else {}
+            ),
         )
         if hold:
             return self._transact([{"Update": update}]) is None
@@ -661,7 +671,7 @@ class RolloutLedger:
         if attempt is None:
             return {}, {}
         part = "stop" if confirmed else "closed"
-        return {"#send": span_attribute(attempt, part)}, {":send": iso(at) if at else self.table.now_iso()}
+        return {"#send": span_attribute(attempt, part)}, {":send": epoch_ms(at or self.table.clock.now())}
 
     def _release_and_clear(
         self,

@@ -41,7 +41,10 @@ WARNING_SHARE: Final = 0.8
 MAX_RECHECK_S: Final = 900
 #: Batches looked at to say what is waiting (`Budget Exhausted`): the newest ones.
 WAITING_BATCHES: Final = 50
-#: A dispatcher reads the experiment's spend again before a dispatch when its last read is older than this.
+#: A dispatcher reads the experiment's budget again before a dispatch when its last read is older than this: without
+#: a budget 30 s (one set at run time holds within 30 s; a dispatcher that waits minutes for slots costs one read per
+#: SQS batch and 30 s, not one per rollout), with one 2 s, and past `WARNING_SHARE` of it before every dispatch.
+FRESH_FAR_S: Final = 30.0
 FRESH_S: Final = 2.0
 
 Scope = Literal["experiment", "batch"]
@@ -98,6 +101,13 @@ def check(deps: LifecycleDeps) -> ExperimentBudget:
     return found
 
 
+def _freshness(found: ExperimentBudget) -> float:
+    """How old a read of the experiment's budget may be before a dispatch (`FRESH_S`)."""
+    if found.budget_usd is None:
+        return FRESH_FAR_S
+    return 0.0 if (found.used or 0.0) >= WARNING_SHARE else FRESH_S
+
+
 def _figures(found: ExperimentBudget) -> dict[str, float]:
     return {"budget_usd": found.budget_usd or 0.0, "spent_usd": found.spent_usd, "in_flight": found.in_flight}
 
@@ -138,8 +148,8 @@ def released(message: RolloutMessage, deps: LifecycleDeps) -> RolloutMessage:
 
 class Budgets:
     """The budgets one SQS batch of the dispatcher is held to: the experiment's read on the first message and again
-    when the last read is older than `FRESH_S` (a message may wait minutes for a slot), each batch's from the batch
-    view the dispatcher reads anyway. Thread-safe."""
+    when the last read is older than `FRESH_S` / `FRESH_FAR_S` (a message may wait minutes for a slot), each batch's
+    from the batch view the dispatcher reads anyway. Thread-safe."""
 
     def __init__(self, deps: LifecycleDeps) -> None:
         self._deps = deps
@@ -151,7 +161,7 @@ class Budgets:
     def experiment(self) -> ExperimentBudget:
         with self._lock:
             now = self._deps.clock.monotonic()
-            if self._experiment is None or now - self._read_at > FRESH_S:
+            if self._experiment is None or now - self._read_at >= _freshness(self._experiment):
                 self._experiment = check(self._deps)
                 self._read_at = now
             return self._experiment

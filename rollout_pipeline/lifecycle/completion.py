@@ -192,8 +192,9 @@ def _handle_result(
     written_at = parse_iso(event.get("time")) or deps.now()
     usage = reported_usage(body_dict)
     cpu_s = usage.session_cpu_s if usage is not None else None
-    cost = costing.terminal_cost(deps, rec, ended_at=written_at, idle=True, cpu_s=cpu_s)
-    terminal = _terminal(outcome, written_at, f"s3://{bucket}/{key}", size, cost=cost, cpu_s=cpu_s)
+    at = costing.pricing_moment(deps)
+    cost = costing.terminal_cost(deps, rec, at=at, ended_at=written_at, idle=True, cpu_s=cpu_s)
+    terminal = _terminal(outcome, written_at, f"s3://{bucket}/{key}", size, cost=cost, cpu_s=cpu_s, cost_at=at)
     after = deps.ledger.rollouts.finish_dispatched(
         rec,
         exp_id=ref.exp_id,
@@ -247,6 +248,7 @@ def _terminal(
     *,
     cost: RolloutCost | None = None,
     cpu_s: float | None = None,
+    cost_at: datetime | None = None,
 ) -> Terminal:
     """The terminal outcome a result records (the agent wrote it: its session is idle from `written_at` on)."""
     succeeded = outcome.success
@@ -260,6 +262,7 @@ def _terminal(
         result_uri=result_uri,
         result_size=size,
         cost=cost,
+        cost_at=cost_at,
         idle=True,
         cpu_s=cpu_s,
     )

@@ -1,10 +1,11 @@
 """Pricing in the lifecycle (`rollout_pipeline.costs` holds the model): the cost a terminal transition records and
 publishes, and what a session's slot release adds to the experiment's spend.
 
-- A terminal transition records `costs.price_rollout` of every session of the rollout, priced at the transition:
-  the ended attempt's session as ending now (its stop follows the event at once), earlier attempts' sessions as
-  their stops say. The same figure is on the rollout item (`cost_json`), in `Rollout Completed`/`Failed`, ADDed to
-  the group's and the batch's sums, and counted in `EstimatedCost`.
+- A terminal transition prices every session of the rollout (`costs.price_rollout`) at its moment (`pricing_moment`:
+  to the millisecond, as the item keeps it in `cost_at`): the ended attempt's session as ending then (its stop
+  follows the event at once), earlier attempts' sessions as their stops say. The figure is ADDed to the group's and
+  the batch's sums and counted in `EstimatedCost`; `details.recorded_cost` prices the item again as of `cost_at`,
+  identically, for `Rollout Completed`/`Failed` (the item stays small: no copy of the figure).
 - A session's slot release (its stop confirmed, or the pipeline giving up on a confirmation once AgentCore has
   ended it) ADDs that session's cost, now exact (or its bound), to the experiment's spend (`LimitLedger.release_slot`):
   the figure budgets are held to.
@@ -16,17 +17,23 @@ from dataclasses import replace
 from datetime import datetime
 
 from rollout_pipeline import ids
-from rollout_pipeline.contracts import RolloutCost, iso, parse_iso
+from rollout_pipeline.contracts import RolloutCost
 from rollout_pipeline.costs import price_rollout, price_span, with_span_end
-from rollout_pipeline.ledger.items import RolloutRecord, RolloutState
+from rollout_pipeline.ledger.items import RolloutRecord, RolloutState, to_the_ms
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.metrics import ESTIMATED_COST
+
+
+def pricing_moment(deps: LifecycleDeps) -> datetime:
+    """Now, to the millisecond: the moment a terminal transition prices its rollout at (and records as `cost_at`)."""
+    return to_the_ms(deps.now())
 
 
 def terminal_cost(
     deps: LifecycleDeps,
     rec: RolloutRecord | None,
     *,
+    at: datetime,
     ended_at: datetime | None = None,
     idle: bool = False,
     cpu_s: float | None = None,
@@ -34,10 +41,11 @@ def terminal_cost(
 ) -> RolloutCost:
     """The cost of rollout `rec` (as read just before its terminal transition) as that transition records it.
 
-    When `rec` is dispatched, its attempt ends now: at `ended_at` (default: now), `idle` when the agent wrote its
-    result, with `cpu_s` as the host measured it; `session_started=False` drops the attempt's session (its invoke
-    was refused: none ran). The caller counts it (`counted`) once its transition committed."""
-    now = deps.now()
+    Priced at `at` (`pricing_moment`). When `rec` is dispatched, its attempt ends: at `ended_at` (default: `at`),
+    `idle` when the agent wrote its result, with `cpu_s` as the host measured it; `session_started=False` drops the
+    attempt's session (its invoke was refused: none ran). The caller counts it (`counted`) once its transition
+    committed."""
+    now = at
     spans = list(rec.spans) if rec is not None else []
     if rec is not None and rec.state is RolloutState.DISPATCHED:
         current = rec.span(rec.attempt)
@@ -64,8 +72,7 @@ def session_charge(
     span = rec.span(attempt) if attempt is not None else None
     if span is None:
         return 0.0
-    now = parse_iso(iso(at or deps.now()))  # as the ledger records it
-    assert now is not None
+    now = to_the_ms(at or deps.now())  # as the ledger records it
     if span.ended_at is None:  # still running when its stop came (a late invoke): busy until now
         span = replace(span, ended_at=now)
     span = replace(span, stopped_at=now, closed_at=None) if confirmed else replace(span, stopped_at=None, closed_at=now)

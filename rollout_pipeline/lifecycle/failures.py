@@ -40,14 +40,15 @@ def fail_rollout(
     (another delivery or worker already moved it: nothing changed)."""
     if rec is None and from_state is not None:
         rec = deps.ledger.rollouts.get_rollout(ref.batch_id, ref.input_id, ref.index)
-    now = deps.now()
-    cost = costing.terminal_cost(deps, rec, ended_at=now, session_started=session_started)
+    now = costing.pricing_moment(deps)
+    cost = costing.terminal_cost(deps, rec, at=now, ended_at=now, session_started=session_started)
     outcome = Terminal(
         state=FAILED,
         finished_at=now,
         reason=reason.value,
         error=error[:MAX_ERROR_CHARS],
         cost=cost,
+        cost_at=now,
         session_started=session_started,
     )
     done = deps.ledger.rollouts.finish(

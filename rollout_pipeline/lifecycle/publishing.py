@@ -133,7 +133,7 @@ def drain(
         if OUTBOX_PUBLISH in rec.outbox:
             notified_at = deps.now()
             inline = _inline_result(rec, deps, result)
-            details: list[Any] = [rollout_event(rec, notified_at=notified_at, result=inline)]
+            details: list[Any] = [rollout_event(rec, notified_at=notified_at, result=inline, prices=deps.prices)]
             details.extend(completion_details(rec, deps))
             deps.publisher.publish(details)
             finished = rec.finished_at

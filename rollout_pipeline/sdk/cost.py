@@ -93,8 +93,8 @@ def batch_cost(batch: BatchView, rollouts: Iterable[RolloutRecord], book: PriceB
     pending = bounded = 0
     for rec in rollouts:
         if not rec.spans:
-            if rec.cost is not None:  # ended without a session (cancelled or refused before one ran)
-                priced.append(rec.cost)
+            if rec.cost_at is not None:  # ended without a session (cancelled or refused before one ran)
+                priced.append(price_rollout([], book, rec.cost_at))
             continue
         spans = list(rec.spans)
         for span in spans:

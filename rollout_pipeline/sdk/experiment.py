@@ -644,6 +644,7 @@ class Experiment:
             rows = export_rows(
                 groups=ledger.batches.groups(batch_id),
                 rollouts=ledger.rollouts.batch_rollouts(batch_id),
+                prices=self.price_book(),
                 fetch_result=fetch if include_results else None,
                 include_payload=include_payload,
             )

@@ -27,10 +27,11 @@ def test_the_demo_pauses_on_its_budget_and_completes_once_it_is_raised(tmp_path:
         model_url="http://127.0.0.1:9/v1",
         sweep_interval_s=2.0,
         runtime_factory=lambda resources: FakeAgentRuntime(
-            store=S3ObjectStore(), behaviour=AgentBehaviour(delay_s=0.2, extra=usage)
+            store=S3ObjectStore(), behaviour=AgentBehaviour(delay_s=1.0, extra=usage)
         ),
         work_dir=tmp_path / "work",
-        # about 5 rollouts (each session lives a fraction of a second at 8 GB, plus the pipeline's own part)
+        # about 5 rollouts (a session of about a second at 128 MB, plus the pipeline's own part, each); a rollout
+        # lasts 1 s and 2 run at once, so at most a few start between two reads of the spend (FRESH_S)
         experiment_settings={"budget_usd": 5 * PIPELINE_USD_PER_ROLLOUT, "session_memory_gb": 0.125},
     )
     out = io.StringIO()
