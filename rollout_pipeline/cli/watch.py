@@ -133,7 +133,9 @@ def watch(experiment: Experiment, args: argparse.Namespace, out: TextIO) -> int:
     timeout: float | None = args.timeout
     poll_wait = float(getattr(args, "poll_wait", 5.0))
     if args.from_trainer_queue:
-        stream_cm: Any = experiment.events(batch_id=args.batch, timeout=timeout, poll_wait_s=poll_wait)
+        stream_cm: Any = experiment.events(
+            batch_id=args.batch, timeout=timeout, poll_wait_s=poll_wait, from_trainer_queue=True
+        )
     else:
         stream_cm = experiment.tap(batch_id=args.batch, timeout=timeout, poll_wait_s=poll_wait)
     with stream_cm as stream:

@@ -9,14 +9,21 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from rollout_pipeline import topology
+from rollout_pipeline.cli.base import hidden_alias
 from rollout_pipeline.local.model_server import MODEL_ID
 
 EXIT_OK = 0
 EXIT_FAILED = 1
 
 
+#: `rollouts local up`'s default port: the printed block (and the README's) stays the same from run to run.
+DEFAULT_UP_PORT = 4580
+
+
 def _add_pipeline_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--experiment", default="local-demo", help="local experiment name (default: local-demo)")
+    parser.add_argument(
+        "-e", "--experiment", default="local-demo", metavar="NAME", help="local experiment name (default: local-demo)"
+    )
     parser.add_argument("--group-size", type=int, default=4, help="rollouts per row (default: 4)")
     parser.add_argument(
         "--model-url",
@@ -25,7 +32,10 @@ def _add_pipeline_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model-id", default=MODEL_ID, help=f"model id sent to the agent (default: {MODEL_ID})")
     parser.add_argument("--tps", type=int, default=20, help="ACR calls per second limit (default: 20)")
     parser.add_argument("--max-sessions", type=int, default=4, help="rollouts in flight at once (default: 4)")
-    parser.add_argument("--timeout-s", type=int, default=300, help="deadline of one rollout attempt (default: 300)")
+    parser.add_argument(
+        "--rollout-timeout", type=int, default=300, metavar="S", help="deadline of one rollout attempt (default: 300)"
+    )
+    hidden_alias(parser, "--timeout-s", "rollout_timeout", type=int)
     parser.add_argument(
         "--max-tokens", type=int, help="sampling max_tokens (default: 256; demo: what the dataset's task needs)"
     )
@@ -42,6 +52,13 @@ def _add_pipeline_options(parser: argparse.ArgumentParser) -> None:
         default="auto",
         help="auto (default: detected from the module's source), art, or rft (serve its @app.entrypoint unchanged "
         "through the RFT host)",
+    )
+    parser.add_argument(
+        "--agent-isolation",
+        choices=("process", "shared"),
+        default="process",
+        help="process (default: one agent process per session, as ACR's microVMs; a stop kills it) or shared (one "
+        "process serves every session: starts fast, sessions not isolated)",
     )
     parser.add_argument(
         "--budget-usd",
@@ -80,7 +97,10 @@ def register(sub: Any, _common: argparse.ArgumentParser) -> None:
         "max_tokens 256; SmolLM2-135M scores ~0 on them), or a .jsonl file",
     )
     demo.add_argument("--rows", type=int, default=6, help="use the first N rows of the dataset (default: 6; 0 = all)")
-    demo.add_argument("--wait-s", type=float, default=900, help="give up after this many seconds (default: 900)")
+    demo.add_argument(
+        "--timeout", type=float, default=900, metavar="S", help="give up after this many seconds (default: 900)"
+    )
+    hidden_alias(demo, "--wait-s", "timeout", type=float)
     demo.add_argument(
         "--report",
         type=Path,
@@ -94,11 +114,25 @@ def register(sub: Any, _common: argparse.ArgumentParser) -> None:
     up = local_sub.add_parser(
         "up",
         help="start the local pipeline and keep it running for the SDK/CLI (Ctrl-C stops it)",
-        description="Start the local pipeline and print its endpoint and outputs; point the SDK at it with "
-        "Experiment.local(endpoint_url, outputs=...) or the CLI with --endpoint-url and --outputs-file.",
+        description="Start the local pipeline and keep it running; print what another process pastes to drive it: "
+        "`export ROLLOUTS_ENDPOINT_URL=... ROLLOUTS_EXPERIMENT=...` for the CLI, "
+        "`Experiment.local(endpoint_url, name=...)` for the SDK.",
     )
     _add_pipeline_options(up)
-    up.add_argument("--outputs-file", type=Path, help="also write the stack-style outputs JSON here")
+    up.add_argument(
+        "--port",
+        type=int,
+        default=DEFAULT_UP_PORT,
+        help=f"port of the local AWS endpoint http://127.0.0.1:PORT (default: {DEFAULT_UP_PORT}; 0: any free port)",
+    )
+    up.add_argument(
+        "--write-outputs",
+        type=Path,
+        metavar="FILE",
+        help="also write the experiment's stack outputs to FILE, as `cdk deploy --outputs-file` does (what "
+        "--outputs-file of the other commands and Experiment.local(url, outputs=FILE) read)",
+    )
+    hidden_alias(up, "--outputs-file", "write_outputs", type=Path)
     up.set_defaults(handler=_cmd_up)
 
 
@@ -113,13 +147,15 @@ def _settings(args: argparse.Namespace, max_tokens: int = 256) -> Any:
         group_size=args.group_size,
         tps_limit=args.tps,
         max_sessions=args.max_sessions,
-        rollout_timeout_s=args.timeout_s,
+        rollout_timeout_s=args.rollout_timeout,
         model_url=args.model_url,
         model_id=args.model_id,
         sampling_params={"temperature": args.temperature, "max_tokens": args.max_tokens or max_tokens},
         agent_module=args.agent_module,
         agent_kind=args.agent_kind,
+        isolation=args.agent_isolation,
         work_dir=args.work_dir,
+        port=getattr(args, "port", None) or None,
         experiment_settings={} if args.budget_usd is None else {"budget_usd": args.budget_usd},
     )
 
@@ -132,7 +168,7 @@ def _cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
         _settings(args, max_tokens),
         dataset=dataset,
         rows=args.rows or None,
-        timeout_s=args.wait_s,
+        timeout_s=args.timeout,
         write_html_report=not args.no_report,
         report_path=args.report,
         out=out,
@@ -142,14 +178,21 @@ def _cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
 
 def _cmd_up(args: argparse.Namespace, out: TextIO) -> int:
     from rollout_pipeline.local.pipeline import LocalPipeline, interrupt_on_sigterm
+    from rollout_pipeline.sdk.route import local_up_block
 
     with interrupt_on_sigterm(), LocalPipeline(_settings(args)) as pipeline:
         assert pipeline.resources is not None
-        outputs = pipeline.resources.stack_outputs()
-        if args.outputs_file:
-            args.outputs_file.write_text(json.dumps({topology.stack_name(args.experiment): outputs}, indent=2))
-        print(f"local pipeline up: endpoint {pipeline.endpoint_url}, model {pipeline.model_url}", file=out)
-        print(json.dumps(outputs, indent=2), file=out, flush=True)
-        print("Ctrl-C to stop.", file=out, flush=True)
+        if args.write_outputs:
+            outputs = pipeline.resources.stack_outputs()
+            args.write_outputs.write_text(json.dumps({topology.stack_name(args.experiment): outputs}, indent=2))
+        print(
+            f"local pipeline up: experiment {args.experiment}, AWS endpoint {pipeline.endpoint_url}, "
+            f"model {pipeline.model_url}, logs in {pipeline.work_dir}",
+            file=out,
+        )
+        if args.write_outputs:
+            print(f"stack outputs written to {args.write_outputs}", file=out)
+        print(local_up_block(pipeline.endpoint_url, args.experiment), file=out)
+        print("Ctrl-C stops the pipeline.", file=out, flush=True)
         while True:
             time.sleep(3600)

@@ -154,7 +154,7 @@ def _latency_ms(detail: RolloutCompleted | RolloutFailed) -> float | None:
 
 
 def watch_batch(pipeline: LocalPipeline, batch_id: str, report: DemoResult, out: TextIO, timeout_s: float) -> None:
-    """Consume the batch's events from the trainer queue (pushed, never polled from S3) until Batch Completed."""
+    """Consume the batch's events (pushed to its own subscription, never polled from S3) until Batch Completed."""
     with _Display(out) as display:
         stream = pipeline.experiment.events(batch_id=batch_id, timeout=timeout_s)
         for event in stream:

@@ -18,6 +18,7 @@ import signal
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -33,7 +34,7 @@ from rollout_pipeline.fakes import faithful
 from rollout_pipeline.local.lambda_runtime import QueueConsumer, Schedule
 from rollout_pipeline.local.model_server import MODEL_ID, LocalModelServer
 from rollout_pipeline.local.moto_server import local_aws_environ, moto_server, patched_environ
-from rollout_pipeline.local.resources import ExperimentResources, create_resources
+from rollout_pipeline.local.resources import ExperimentResources, create_resources, register_stack
 from rollout_pipeline.wiring import Wiring
 
 log = logging.getLogger(__name__)
@@ -80,6 +81,8 @@ class LocalSettings:
     #: Rollouts held on a spent budget come back this much later (deployed: a minute, `LifecycleDeps`).
     budget_recheck_s: int = 3
     work_dir: Path | None = None
+    #: The port of the local AWS endpoint (`http://127.0.0.1:PORT`); None: a free one.
+    port: int | None = None
     #: Use this `ports.AgentRuntime` instead of agent processes (benchmarks, dry runs with the fake ACR). It is
     #: built after the AWS resources exist: a callable taking the `ExperimentResources`.
     runtime_factory: Callable[[ExperimentResources], Any] | None = None
@@ -137,7 +140,15 @@ class LocalPipeline:
         started = time.monotonic()
         if self.settings.aws_profile == faithful.FAITHFUL:
             stack.enter_context(faithful.activate(faithful.FaithfulProfile(seed=self.settings.aws_profile_seed)))
-        self.endpoint_url = stack.enter_context(moto_server())
+        try:
+            self.endpoint_url = stack.enter_context(moto_server(self.settings.port))
+        except OSError as exc:
+            from rollout_pipeline.sdk import SdkError
+
+            raise SdkError(
+                f"local mode cannot listen on 127.0.0.1:{self.settings.port}: {exc.strerror or exc} "
+                "(is another `rollouts local up` running there? pass another --port)"
+            ) from None
         aws_env = local_aws_environ(self.endpoint_url, REGION)
         # For code of this process given no client (adapters built by a `runtime_factory`): the default factory.
         stack.enter_context(patched_environ(aws_env))
@@ -154,6 +165,7 @@ class LocalPipeline:
 
         config = self.settings.experiment_config(self.model_url)
         self.resources = create_resources(config, region=REGION, client=self.clients.client)
+        register_stack(self.resources, client=self.clients.client)  # a second process attaches by name
         handler_env = {  # Powertools reads its own; the handlers get everything else from the wiring
             "POWERTOOLS_SERVICE_NAME": "rollouts-local",
             "POWERTOOLS_METRICS_NAMESPACE": metric_names.METRICS_NAMESPACE,
@@ -161,6 +173,8 @@ class LocalPipeline:
             "POWERTOOLS_LOG_LEVEL": os.environ.get("POWERTOOLS_LOG_LEVEL", "WARNING"),
         }
         stack.enter_context(patched_environ(handler_env))
+        # Metrics are off locally, and Powertools says so at every flush of an empty store: noise on `up`'s console.
+        warnings.filterwarnings("ignore", message="No application metrics to publish", category=UserWarning)
 
         if self.settings.runtime_factory is not None:
             self.runtime = self.settings.runtime_factory(self.resources)

@@ -342,7 +342,8 @@ def render(data: ReportData) -> str:
         )
     status = data.status
     subtitle = (
-        f"experiment {data.experiment} · status {status.get('status')}{', done' if status.get('done') else ''}"
+        f"experiment {data.experiment} · status {status.get('status')}"
+        f"{', done' if status.get('done') and status.get('status') != 'completed' else ''}"
         f" · created {status.get('created_at') or '?'}"
         f" · completed {status.get('completed_at') or '-'} · source {status.get('source') or '-'}"
     )

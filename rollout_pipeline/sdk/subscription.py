@@ -1,5 +1,6 @@
 """Private subscriptions to an experiment's event bus: an SQS queue plus a rule, made and removed by the SDK.
-`tap` (what `rollouts watch` reads) and the ART backend's per-process queues are built on them.
+`tap` (what `rollouts watch` reads), the SDK's streams of some batches (`SubscribedStream`: `Experiment.events(
+batch_id=...)`, `groups`, a `RolloutClient`) and the ART backend's per-process queues are built on them.
 
 Each rule and queue is tagged at creation with its kind (`tap`, `art`, ...), its owner (user, host and process) and
 its creation time; the owner refreshes the queue's `rollouts:seen-at` while it works (`touch_subscription`). A process
@@ -18,7 +19,9 @@ import re
 import socket
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
+import weakref
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -26,9 +29,9 @@ from typing import Any, Final
 
 from rollout_pipeline.contracts import EVENT_SOURCE, DetailType
 from rollout_pipeline.sdk._aws import AwsClients, aws_errors, error_code
-from rollout_pipeline.sdk.delivery import EventFilter, EventStream, SeenIds
+from rollout_pipeline.sdk.delivery import DEFAULT_POLL_WAIT_S, EventFilter, EventStream, SeenIds
 from rollout_pipeline.sdk.errors import SdkError
-from rollout_pipeline.sdk.transport import QueueReader
+from rollout_pipeline.sdk.transport import Delivery, Event, QueueReader
 
 logger = logging.getLogger(__name__)
 
@@ -42,11 +45,23 @@ TOUCH_INTERVAL_S: Final = 3600.0
 #: Subscriptions made before tagging: `{bus}-{tap|art}-{8 hex}`.
 _LEGACY_SUFFIX: Final = re.compile(r"^(?P<kind>tap|art)-[0-9a-f]{8}$")
 #: Rule names (after `{bus}-`) of the private subscriptions: only these are looked at by `list_subscriptions`.
-_SUBSCRIPTION_NAME_KINDS: Final = ("tap-", "art-", "smoke-")
+_SUBSCRIPTION_NAME_KINDS: Final = ("tap-", "art-", "sdk-", "smoke-")
+#: The kind (and name prefix, `{bus}-sdk-{8 hex}`) of the SDK's own streams (`SubscribedStream`).
+SDK_KIND: Final = "sdk"
+#: A stream's queue keeps undelivered events as long as the trainer queue does (SQS's maximum, 14 days): a trainer
+#: may stop reading for a long training step.
+STREAM_RETENTION_S: Final = 14 * 86_400
+#: Seconds after a stream's subscription is made at which the ledger is read again for events its rule may have
+#: missed: EventBridge says "incoming events might not immediately start matching to new or updated rules" (PutRule,
+#: API reference) and gives no bound; the events due by then are in the ledger (docs/aws-facts.md).
+RECONCILE_AFTER_S: Final = (10.0, 60.0, 300.0)
 #: Characters EventBridge and SQS accept in tag values (others become `_`).
 _TAG_VALUE_UNSAFE: Final = re.compile(r"[^A-Za-z0-9 _.:/=+@-]")
 _CREATED_IN_DESCRIPTION: Final = re.compile(r"created (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)$")
 _ACCESS_DENIED: Final = frozenset({"AccessDenied", "AccessDeniedException"})
+#: The `batch_id` of experiment-wide events (the experiment's `Budget Warning` / `Budget Exhausted`): every stream of
+#: some batches gets them too.
+EXPERIMENT_WIDE: Final = ""
 _GONE: Final = frozenset(
     {"ResourceNotFoundException", "AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist", "NonExistentQueue"}
 )
@@ -64,8 +79,8 @@ def tap(
 ) -> Iterator[EventStream]:
     """An `EventStream` over a private subscription matching `batch_id` (all batches: None), removed on exit."""
     pattern: dict[str, Any] = {"source": [EVENT_SOURCE]}
-    if batch_id is not None:
-        pattern["detail"] = {"batch_id": [batch_id]}
+    if batch_id is not None:  # and the experiment-wide events (batch_id "": the experiment's budget)
+        pattern["detail"] = {"batch_id": [batch_id, EXPERIMENT_WIDE]}
     name, queue_url = open_subscription(aws, bus_name, pattern, suffix=f"tap-{uuid.uuid4().hex[:8]}", kind="tap")
     try:
         stream = EventStream(
@@ -80,6 +95,105 @@ def tap(
             yield stream
     finally:
         close_subscription(aws, bus_name, name, queue_url)
+
+
+class SubscribedStream(EventStream):
+    """An `EventStream` over a private subscription of its own (a rule matching `pattern` on the bus, and a queue),
+    made at construction and removed at `close()` (or when the stream is garbage-collected, or at exit).
+
+    Events published before the rule matched are not in its queue: `replay(skip)` supplies them from the ledger
+    (`sdk.replay.ledger_events`, same `event_id`s), at once, again at `RECONCILE_AFTER_S` after the subscription was
+    made, and when a `Batch Completed` arrives (the ledger then holds everything of that batch). Each `event_id`
+    is handed over once, whichever copy comes first. The queue is this stream's alone: events it does not want are
+    deleted, never left to wear out (`consume_others`). The owner's `seen-at` tag is refreshed while it reads.
+    """
+
+    def __init__(
+        self,
+        aws: AwsClients,
+        bus_name: str,
+        pattern: Mapping[str, Any],
+        seen: SeenIds,
+        *,
+        replay: Callable[[Callable[[str], bool]], Sequence[Event]] | None = None,
+        event_filter: EventFilter | None = None,
+        timeout: float | None = None,
+        max_events: int | None = None,
+        poll_wait_s: float = DEFAULT_POLL_WAIT_S,
+        reconcile_after_s: Sequence[float] = RECONCILE_AFTER_S,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        name, queue_url = open_subscription(
+            aws, bus_name, pattern, suffix=f"{SDK_KIND}-{uuid.uuid4().hex[:8]}", retention_s=STREAM_RETENTION_S
+        )
+        self.subscription = (name, queue_url)
+        self._remove = weakref.finalize(self, close_subscription, aws, bus_name, name, queue_url)
+        super().__init__(
+            QueueReader(aws, queue_url),
+            seen,
+            event_filter=event_filter,
+            timeout=timeout,
+            max_events=max_events,
+            consume_others=True,
+            poll_wait_s=poll_wait_s,
+            clock=clock,
+            sleep=sleep,
+        )
+        self._aws = aws
+        self._replay = replay
+        self._replayed: set[str] = set()
+        self._made = clock()
+        self._touched = self._made
+        self._due: deque[float] = deque(sorted(reconcile_after_s))
+        self._replay_now = replay is not None
+
+    def _refill(self) -> bool:
+        now = self._clock()
+        if now - self._touched >= TOUCH_INTERVAL_S:
+            self._touched = now
+            touch_subscription(self._aws, self.subscription[1])
+        while self._due and now - self._made >= self._due[0]:
+            self._due.popleft()
+            self._replay_now = True
+        if not self._replay_now or self._replay is None:
+            return False
+        self._replay_now = False
+        added = [
+            event
+            for event in self._replay(lambda event_id: event_id in self._replayed or event_id in self._seen)
+            if self._filter.matches(event)
+        ]
+        self._replayed.update(event.event_id for event in added)
+        self._buffer.extend(Delivery("", event) for event in added)
+        return bool(added)
+
+    def _pop_buffered(self) -> Delivery | None:
+        delivery = super()._pop_buffered()
+        event = delivery.event if delivery is not None else None
+        if event is not None and event.detail_type is DetailType.BATCH_COMPLETED and delivery and delivery.receipt:
+            self._replay_now = True  # the ledger now holds every event of that batch
+        return delivery
+
+    def close(self, *, ack_current: bool = False) -> None:
+        """Stop (as `EventStream.close`), then remove the subscription (rule targets, rule, queue)."""
+        try:
+            super().close(ack_current=ack_current)
+        finally:
+            self._remove()
+
+
+def stream_pattern(
+    batch_ids: Iterable[str] | None, detail_types: Iterable[DetailType | str] | None = None
+) -> dict[str, Any]:
+    """The event pattern of a stream of `batch_ids` (all batches: None; the experiment-wide events, `batch_id` "",
+    with any) and `detail_types` (all: None)."""
+    pattern: dict[str, Any] = {"source": [EVENT_SOURCE]}
+    if batch_ids is not None:
+        pattern["detail"] = {"batch_id": sorted({*batch_ids, EXPERIMENT_WIDE})}
+    if detail_types is not None:
+        pattern["detail-type"] = sorted({DetailType(t).value for t in detail_types})
+    return pattern
 
 
 def _tag_value(text: str) -> str:
