@@ -83,8 +83,9 @@ class ExperimentConfig(BaseModel):
         default=None,
         ge=0,
         le=1_000_000,
-        description="Rollouts of a batch released to the rollout queue and not yet ended, at most (group order "
-        "through the queue); default max_sessions + dispatch_concurrency x 10; 0: every rollout at once",
+        description="Rollouts released to the rollout queue and not yet ended, every batch together, at most (group "
+        "order through the queue, older batches first); default max_sessions + dispatch_concurrency x 10; 0: every "
+        "rollout at once",
     )
     rollout_timeout_s: int = Field(default=900, ge=10, le=28_800, description="Deadline of one attempt")
     max_attempts: int = Field(default=2, ge=1, le=10, description="Attempts per rollout (timeouts are retried)")

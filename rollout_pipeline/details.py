@@ -7,6 +7,7 @@ details when a trainer resumes. Each detail carries a stable `event_id`, so a re
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime
 from typing import Any
@@ -31,8 +32,9 @@ from rollout_pipeline.costs import PriceBook, price_rollout
 from rollout_pipeline.ledger.items import BatchView, GroupItem, RolloutRecord, RolloutState
 
 
-def batch_accepted_detail(batch: BatchView) -> BatchAccepted:
-    """`Batch Accepted` of a batch whose ingestion has ended (stable `event_id`)."""
+def batch_accepted_detail(batch: BatchView, warnings: Sequence[str] = ()) -> BatchAccepted:
+    """`Batch Accepted` of a batch whose ingestion has ended (stable `event_id`); `warnings`: why its rollouts may
+    wait too long for a session (`feed.feed.start_warnings`)."""
     options = batch.options
     return BatchAccepted(
         event_id=ids.event_id(DetailType.BATCH_ACCEPTED, batch.exp_id, batch.batch_id),
@@ -46,6 +48,7 @@ def batch_accepted_detail(batch: BatchView) -> BatchAccepted:
         errors_uri=batch.errors_uri,
         error=batch.error,
         policy_version=options.policy_version if options else None,
+        warnings=list(warnings),
     )
 
 

@@ -31,6 +31,10 @@ COLD_START_RETRIED: Final = "ColdStartRetried"
 STOP_FAILED: Final = "StopFailed"
 STOPS_PENDING: Final = "StopsPending"
 SUBMITTED: Final = "Submitted"
+#: Ingestion's own counts per invocation (`ingest.core.IngestRecordsResult.counts`).
+ROWS_ACCEPTED: Final = "RowsAccepted"
+ROWS_REJECTED: Final = "RowsRejected"
+ROLLOUTS_ENQUEUED: Final = "RolloutsEnqueued"
 REWARD: Final = "Reward"
 #: USD: the cost of each rollout that ended (the estimate its event carries, `costs`), summed per invocation.
 ESTIMATED_COST: Final = "EstimatedCost"

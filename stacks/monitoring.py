@@ -7,7 +7,7 @@ the Lambda that emitted it (`SERVICES`). A metric several functions emit (e.g. `
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Final
 
 from aws_cdk import ArnFormat, Duration, RemovalPolicy, Stack
@@ -129,6 +129,7 @@ class Monitoring(Construct):
         self.alarms: dict[str, cloudwatch.Alarm] = {}
         self._function_alarms(functions)
         self._pipeline_alarms(active_session_quota)
+        self._cost_alarms()
         self.dashboard = self._dashboard(functions, queues, active_session_quota)
 
     # --- alarms ------------------------------------------------------------------------------------------------
@@ -260,6 +261,9 @@ class Monitoring(Construct):
             comparison=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
         )
 
+    def _cost_alarms(self) -> None:
+        """Runaway sessions and the budget's 80% (docs/costs.md)."""
+        config = self.config
         self._any_in_a_row(
             "SessionsOverdue",
             "AgentCore sessions were found alive past their rollout's deadline plus session_grace_s (their stop "
@@ -348,6 +352,49 @@ class Monitoring(Construct):
             stacked=True,
             width=12,
         )
+        sessions, latency = self._session_widgets(total)
+        reward = cloudwatch.GraphWidget(
+            title="Reward (mean of finished rollouts)",
+            left=[pipeline_metric(config, m.REWARD, "completion", statistic="Average", period=FIVE_MINUTES)],
+            width=8,
+        )
+        depth = cloudwatch.GraphWidget(
+            title="Queue depths",
+            left=[
+                queue.metric_approximate_number_of_messages_visible(label=name, period=period, statistic="Maximum")
+                for name, queue in queues.items()
+            ],
+            width=8,
+        )
+        errors = cloudwatch.GraphWidget(
+            title="Lambda errors and throttles",
+            left=[fn.metric_errors(label=f"{name} errors", period=period) for name, fn in functions.items()],
+            right=[fn.metric_throttles(label=f"{name} throttles", period=period) for name, fn in functions.items()],
+            width=8,
+        )
+        capacity = self._capacity_widget(active_session_quota)
+        cost, budget = self._cost_widgets(total)
+        alarms = cloudwatch.AlarmStatusWidget(title="Alarms", alarms=list(self.alarms.values()), width=12, height=6)
+        return cloudwatch.Dashboard(
+            self,
+            "Dashboard",
+            dashboard_name=topology.stack_name(config.name),
+            default_interval=Duration.hours(3),
+            widgets=[
+                [cloudwatch.TextWidget(markdown=f"# Rollouts: {config.name}", width=24, height=1)],
+                [rollouts, reasons],
+                [sessions, latency],
+                [reward, depth, errors],
+                [cost, budget],
+                [capacity, alarms],
+            ],
+        )
+
+    def _session_widgets(
+        self, total: Callable[[str, str], cloudwatch.MathExpression]
+    ) -> tuple[cloudwatch.GraphWidget, cloudwatch.GraphWidget]:
+        """New sessions per second against their budget (with AgentCore's refusals), and result-to-event latency."""
+        config, period = self.config, ONE_MINUTE
         sessions = cloudwatch.GraphWidget(
             title="New sessions per second vs session_rate_limit",
             left=[
@@ -377,35 +424,13 @@ class Monitoring(Construct):
             ],
             width=12,
         )
-        reward = cloudwatch.GraphWidget(
-            title="Reward (mean of finished rollouts)",
-            left=[pipeline_metric(config, m.REWARD, "completion", statistic="Average", period=FIVE_MINUTES)],
-            width=8,
-        )
-        depth = cloudwatch.GraphWidget(
-            title="Queue depths",
-            left=[
-                queue.metric_approximate_number_of_messages_visible(label=name, period=period, statistic="Maximum")
-                for name, queue in queues.items()
-            ],
-            width=8,
-        )
-        errors = cloudwatch.GraphWidget(
-            title="Lambda errors and throttles",
-            left=[fn.metric_errors(label=f"{name} errors", period=period) for name, fn in functions.items()],
-            right=[fn.metric_throttles(label=f"{name} throttles", period=period) for name, fn in functions.items()],
-            width=8,
-        )
-        capacity = cloudwatch.GraphWidget(
-            title="AgentCore active sessions vs quota",
-            left=[
-                cloudwatch.Metric(
-                    namespace=AGENTCORE_NAMESPACE, metric_name=ACTIVE_SESSIONS, statistic="Maximum", period=period
-                )
-            ],
-            left_annotations=[cloudwatch.HorizontalAnnotation(value=active_session_quota, label="quota")],
-            width=12,
-        )
+        return sessions, latency
+
+    def _cost_widgets(
+        self, total: Callable[[str, str], cloudwatch.MathExpression]
+    ) -> tuple[cloudwatch.GraphWidget, cloudwatch.GraphWidget]:
+        """Estimated cost per minute with its running total, and the budget used with runaway and held rollouts."""
+        config, period = self.config, ONE_MINUTE
         spend = summed(config, m.ESTIMATED_COST, EMITTERS[m.ESTIMATED_COST], period, "USD per minute")
         cost = cloudwatch.GraphWidget(
             title="Estimated cost (USD: AgentCore sessions + the pipeline's AWS, docs/costs.md)",
@@ -432,27 +457,24 @@ class Monitoring(Construct):
                 cloudwatch.HorizontalAnnotation(value=100, label="dispatch pauses"),
             ],
             left_y_axis=cloudwatch.YAxisProps(label="%", min=0),
-            right=[
-                total(m.SESSIONS_OVERDUE, "sessions overdue"),
-                total(m.BUDGET_HELD, "rollouts held on the budget"),
-            ],
+            right=[total(m.SESSIONS_OVERDUE, "sessions overdue"), total(m.BUDGET_HELD, "rollouts held on the budget")],
             right_y_axis=cloudwatch.YAxisProps(label="per minute", min=0),
             width=12,
         )
-        alarms = cloudwatch.AlarmStatusWidget(title="Alarms", alarms=list(self.alarms.values()), width=12, height=6)
-        return cloudwatch.Dashboard(
-            self,
-            "Dashboard",
-            dashboard_name=topology.stack_name(config.name),
-            default_interval=Duration.hours(3),
-            widgets=[
-                [cloudwatch.TextWidget(markdown=f"# Rollouts: {config.name}", width=24, height=1)],
-                [rollouts, reasons],
-                [sessions, latency],
-                [reward, depth, errors],
-                [cost, budget],
-                [capacity, alarms],
+        return cost, budget
+
+    def _capacity_widget(self, active_session_quota: int) -> cloudwatch.GraphWidget:
+        """AgentCore's active sessions against the account's quota."""
+        period = ONE_MINUTE
+        return cloudwatch.GraphWidget(
+            title="AgentCore active sessions vs quota",
+            left=[
+                cloudwatch.Metric(
+                    namespace=AGENTCORE_NAMESPACE, metric_name=ACTIVE_SESSIONS, statistic="Maximum", period=period
+                )
             ],
+            left_annotations=[cloudwatch.HorizontalAnnotation(value=active_session_quota, label="quota")],
+            width=12,
         )
 
 

@@ -219,6 +219,8 @@ def _watch_all(stream: Any, out: TextIO) -> int:
             )
             if detail.error:
                 text = f"rejected: {detail.error}"
+            for warning in detail.warnings:
+                text += f"\n  warning: {warning}"
         elif isinstance(detail, GroupCompleted):
             mean = "-" if detail.reward_mean is None else f"{detail.reward_mean:.4f}"
             text = f"group {detail.input_id}: {detail.succeeded}/{detail.group_size} succeeded, reward mean {mean}"

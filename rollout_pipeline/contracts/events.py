@@ -172,6 +172,11 @@ class BatchAccepted(_Detail):
     errors_uri: str | None = None
     error: str | None = Field(default=None, description="Why the whole file was rejected, if it was")
     policy_version: str | None = None
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="Why some rollouts may wait for a session longer than max_limit_wait_s and fail throttled, "
+        "if every running rollout ran to its timeout (each a sentence naming the settings to change)",
+    )
 
 
 class BatchCompleted(_Detail):

@@ -375,6 +375,9 @@ class RolloutRecord:
     stop_tries: int = 0
     #: Sessions whose stop answered ResourceNotFound once (a second NotFound confirms the stop).
     stop_not_found: frozenset[str] = field(default_factory=frozenset)
+    #: The item as read (plain values), which a write's `rollouts._ItemChange` turns into the item it leaves; empty
+    #: for a record made otherwise.
+    stored: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
     #: What the item stores of each attempt's session (`SPAN_PARTS`), by attempt.
     span_facts: Mapping[int, SpanFacts] = field(default_factory=dict)
     #: When the terminal transition priced the rollout (`details.recorded_cost` prices it again as of then: the
@@ -426,7 +429,11 @@ class RolloutRecord:
     @classmethod
     def of(cls, raw: Mapping[str, Any]) -> RolloutRecord:
         """Parse a whole rollout item (typed)."""
-        item = item_values(raw)
+        return cls.of_values(item_values(raw))
+
+    @classmethod
+    def of_values(cls, item: Mapping[str, Any]) -> RolloutRecord:
+        """A whole rollout item from its plain values (`attributes.item_values`)."""
         rewards_json = item.get("rewards_json")
         return cls(
             batch_id=str(item["batch_id"]),
@@ -459,6 +466,7 @@ class RolloutRecord:
             span_facts=_span_facts(item),
             cost_at=None if item.get("cost_at") is None else from_epoch_ms(item["cost_at"]),
             overdue=frozenset(item.get("overdue_sessions") or ()),
+            stored=dict(item),
         )
 
 

@@ -97,7 +97,7 @@ def cancel_rollout(
 def cancel_batch(batch_id: str, deps: LifecycleDeps) -> CancelResult:
     """Cancel a batch: status `cancelled`, queued rollouts never dispatched, running sessions stopped, every
     rollout (also those never dispatched: indices 0..group_size-1 of every group item) ended exactly once as
-    `Rollout Failed` reason `cancelled`, slots released, events published. Idempotent: call it again after a
+    `Rollout Failed` reason `cancelled`, slots freed, events published. Idempotent: call it again after a
     crash or a side-effect error to finish the job."""
     report = CancelResult(batch_id=batch_id)
     if not deps.ledger.batches.cancel(batch_id):

@@ -7,7 +7,7 @@ publishes, and what a session's slot release adds to the experiment's spend.
   the batch's sums and counted in `EstimatedCost`; `details.recorded_cost` prices the item again as of `cost_at`,
   identically, for `Rollout Completed`/`Failed` (the item stays small: no copy of the figure).
 - A session's slot release (its stop confirmed, or the pipeline giving up on a confirmation once AgentCore has
-  ended it) ADDs that session's cost, now exact (or its bound), to the experiment's spend (`LimitLedger.release_slot`):
+  ended it) ADDs that session's cost, now exact (or its bound), to the experiment's spend (`LimitLedger.free_slot`):
   the figure budgets are held to.
 """
 

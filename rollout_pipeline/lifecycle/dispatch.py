@@ -38,7 +38,7 @@ from rollout_pipeline.ledger.rollouts import (
     DispatchStart,
     LedgerError,
 )
-from rollout_pipeline.lifecycle import budget, costing, publishing, release, stops
+from rollout_pipeline.lifecycle import budget, costing, publishing, stops
 from rollout_pipeline.lifecycle.cancel import cancel_rollout
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.failures import end_attempt, fail_rollout
@@ -77,7 +77,7 @@ class Dispatch(StrEnum):
     CANCELLED = "cancelled"  # the batch is cancelled: the rollout ended as cancelled
     REJECTED = "rejected"  # ACR refused for good: Rollout Failed (invoke_rejected)
     REQUEUED_LIMIT = "requeued_limit"  # still waiting for a limit at the end of the budget: re-sent fresh
-    REQUEUED_THROTTLED = "requeued_throttled"  # ACR kept throttling: slot released, re-sent fresh
+    REQUEUED_THROTTLED = "requeued_throttled"  # ACR kept throttling: slot freed, re-sent fresh
     REQUEUED_NO_TIME = "requeued_no_time"  # too little time left for an invoke to end in it: re-sent fresh
     STOPPED_LATE = "stopped_late"  # invoked, but the rollout was cancelled/ended meanwhile: session stopped
     HELD_BUDGET = "held_budget"  # its budget (the experiment's or its batch's) is spent: re-sent to come back later
@@ -118,8 +118,7 @@ def dispatch_records(records: Sequence[Mapping[str, Any]], deps: LifecycleDeps, 
                 held.release()
 
     run_partial_batch([r for _o, r in ordered], handle, result, workers=workers, what="dispatch", logger=log)
-    for view in batches.views():
-        release.release_if_room(deps, view)  # the queue drained: the release window may have room
+    deps.feed.after_dispatch(batches.views())  # the queue drained: the release window may have room
     deps.metrics.sample(IN_FLIGHT, deps.slot_shards.in_flight())
     return result
 
@@ -192,14 +191,9 @@ def dispatch_body(
     message = budget.released(message, deps)
     row_payload = _row_payload(message, deps)
     start_by = deps.invoke_start_by(wait_until)  # every wait before an invoke ends by then
-    try:
-        if deps.clock.monotonic() >= start_by:
-            return _requeue(message, deps, Dispatch.REQUEUED_NO_TIME)
-        if deps.slots.must_queue(admission_key(message)) and not _wait_for_slot(deps, start_by, message):
-            return _requeue(message, deps, Dispatch.REQUEUED_LIMIT)  # earlier groups wait, or the session rate binds
-    finally:
-        if held is not None:
-            held.release()
+    waited = _through_the_gate(message, deps, start_by, held)
+    if waited is not None:
+        return waited
     if _held_on_budget(message, deps, budgets, batch, None):  # spent while it waited for a slot: nothing new starts
         return Dispatch.HELD_BUDGET
     for _ in range(20):
@@ -237,6 +231,23 @@ def dispatch_body(
         if decided is not None:
             return decided
     raise LedgerError(f"rollout {message.rollout_id} of {message.batch_id}: dispatch kept racing")
+
+
+def _through_the_gate(
+    message: RolloutMessage, deps: LifecycleDeps, start_by: float, held: Held | None
+) -> Dispatch | None:
+    """Wait at the slot gate when earlier groups wait or the session rate binds; the re-send's outcome when the
+    message could not pass in time (`_requeue`), None once it may go on. Its place on the board is given up either
+    way."""
+    try:
+        if deps.clock.monotonic() >= start_by:
+            return _requeue(message, deps, Dispatch.REQUEUED_NO_TIME)
+        if deps.slots.must_queue(admission_key(message)) and not _wait_for_slot(deps, start_by, message):
+            return _requeue(message, deps, Dispatch.REQUEUED_LIMIT)  # earlier groups wait, or the session rate binds
+        return None
+    finally:
+        if held is not None:
+            held.release()
 
 
 def _held_on_budget(
@@ -404,41 +415,50 @@ def _invoke(
         except NoCallBudget:  # no call was made: our own budgets had no slot before the invoke had to start
             if not new_session:  # the attempt stays dispatched: the re-sent message invokes the same session
                 return _requeue(message, deps, Dispatch.REQUEUED_NO_TIME)
-            if deps.ledger.rollouts.release_to_queue(message.ref):
-                return _requeue(message, deps, Dispatch.REQUEUED_LIMIT)
-            return Dispatch.STALE
+            return _undo_and_requeue(message, deps, Dispatch.REQUEUED_LIMIT)
         except RuntimeThrottled as exc:
             backoff = min(0.25 * 2**attempt, 4.0) * random.uniform(0.5, 1.0)
             if attempt == deps.invoke_retries or deps.clock.monotonic() + backoff > start_by:
-                log.warning("ACR kept throttling %s: %s; releasing the slot", session_id, exc)
+                log.warning("ACR kept throttling %s: %s; freeing the slot", session_id, exc)
                 if not new_session:  # a session exists (cold-started): end the attempt, stop it
                     return _cold_start_failed(message, deps, options, str(exc), wait_until)
-                if deps.ledger.rollouts.release_to_queue(message.ref):
-                    return _requeue(message, deps, Dispatch.REQUEUED_THROTTLED)
-                return Dispatch.STALE  # the rollout moved on meanwhile (cancelled, invoked elsewhere)
+                return _undo_and_requeue(message, deps, Dispatch.REQUEUED_THROTTLED)
             deps.clock.sleep(backoff)
         except RuntimeRejected as exc:
             if not new_session:
                 return _cold_start_failed(message, deps, options, str(exc), wait_until)
             return _rejected(message, deps, str(exc))
     if not deps.ledger.rollouts.mark_invoked(message.ref):
-        # Cancelled (or already ended) while we invoked: no session may outlive its rollout. The transition that
-        # ended it may have tried the stop before the session existed (NotFound): this stop confirms it. One
-        # NotFound is no proof (AgentCore has answered it while the session kept running), and a Conflict or a
-        # throttle is tried again: `stops.stop_session`, as every other stop.
-        confirmed, _ = stops.stop_session(session_id, deps, max(wait_until, deps.clock.monotonic() + 5))
-        if not confirmed:  # the sweeper's outbox scan stops it later
-            log.warning("session %s invoked after its rollout ended: its stop is filed in the outbox", session_id)
-            deps.ledger.rollouts.file_stop(message.ref, session_id)
-            return Dispatch.STOPPED_LATE  # its slot, if held, is released with the confirmed stop
-        after = deps.ledger.rollouts.get_rollout(message.batch_id, message.input_id, message.index)
-        if after is not None and session_id in after.held_slots:
-            at = deps.now()
-            charge = costing.session_charge(deps, after, session_id, confirmed=True, at=at)
-            deps.ledger.rollouts.release_stopped(after, session_id, spent_usd=charge, at=at)
-        return Dispatch.STOPPED_LATE
+        return _stop_late(message, deps, wait_until)
     deps.metrics.count(DISPATCHED_METRIC)
     return Dispatch.REINVOKED if reinvoke else Dispatch.INVOKED
+
+
+def _undo_and_requeue(message: RolloutMessage, deps: LifecycleDeps, why: Dispatch) -> Dispatch:
+    """No session was started: give the slot back (dispatched -> queued) and re-send the message fresh; STALE when
+    the rollout moved on meanwhile (cancelled, invoked elsewhere)."""
+    if deps.ledger.rollouts.undo_dispatch(message.ref):
+        return _requeue(message, deps, why)
+    return Dispatch.STALE
+
+
+def _stop_late(message: RolloutMessage, deps: LifecycleDeps, wait_until: float) -> Dispatch:
+    """The rollout was cancelled (or already ended) while its session was invoked: no session may outlive its
+    rollout. The transition that ended it may have tried the stop before the session existed (NotFound): this stop
+    confirms it. One NotFound is no proof (AgentCore has answered it while the session kept running), and a
+    Conflict or a throttle is tried again: `stops.stop_session`, as every other stop."""
+    session_id = message.session_id
+    confirmed, _ = stops.stop_session(session_id, deps, max(wait_until, deps.clock.monotonic() + 5))
+    if not confirmed:  # the sweeper's outbox scan stops it later
+        log.warning("session %s invoked after its rollout ended: its stop is filed in the outbox", session_id)
+        deps.ledger.rollouts.file_stop(message.ref, session_id)
+        return Dispatch.STOPPED_LATE  # its slot, if held, is freed with the confirmed stop
+    after = deps.ledger.rollouts.get_rollout(message.batch_id, message.input_id, message.index)
+    if after is not None and session_id in after.held_slots:
+        at = deps.now()
+        charge = costing.session_charge(deps, after, session_id, confirmed=True, at=at)
+        deps.ledger.rollouts.free_stopped(after, session_id, spent_usd=charge, at=at)
+    return Dispatch.STOPPED_LATE
 
 
 def _retry_cold_start(

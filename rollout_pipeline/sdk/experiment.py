@@ -355,8 +355,9 @@ class Experiment:
             object_key = submission.dataset_key(path, key)
         except ids.InvalidId as exc:
             raise DatasetInvalid(str(path), [("", f"invalid_key: {exc}")]) from None
+        rows = 0
         if validate:
-            submission.validate_file(path)
+            rows = submission.validate_file(path)
         elif not Path(path).is_file():
             raise DatasetInvalid(str(path), [("", "no such file")])
         with aws_errors(f"upload s3://{self.input_bucket}/{object_key}"), Path(path).open("rb") as body:
@@ -372,6 +373,10 @@ class Experiment:
         etag = str(resp.get("ETag", "")).strip('"') or None
         batch_id = ids.batch_id_for_upload(self.input_bucket, object_key, version_id, etag)
         logger.info("uploaded %s as s3://%s/%s (batch %s)", path, self.input_bucket, object_key, batch_id)
+        from rollout_pipeline.feed.feed import start_warnings
+
+        for warning in start_warnings(self.config, rows * options.group_size):
+            logger.warning("batch %s: %s", batch_id, warning)
         return batch_id
 
     def submit(
@@ -411,6 +416,8 @@ class Experiment:
             raise SdkError("the submission created no batch")
         if result.rows_rejected:  # pragma: no cover - validated above with the same rules
             logger.warning("batch %s: %d payload(s) rejected: %s", result.batch_id, result.rows_rejected, result.errors)
+        for warning in result.warnings:
+            logger.warning("batch %s: %s", result.batch_id, warning)
         return result.batch_id
 
     def settings(self) -> HandlerSettings:
