@@ -248,8 +248,8 @@ class BatchLedger:
 
     def recent_batch_ids(self, limit: int = 20) -> list[str]:
         """The ids of the experiment's newest batches (newest first, at most `limit`): one Query of the batch items'
-        partition of the `deadline` index (`keys.BATCHES_INDEX_PK`; batches created before it existed are not
-        listed). Eventually consistent, as every index read."""
+        partition of the `deadline` index (`keys.BATCHES_INDEX_PK`, sort key their creation in epoch ms; batches
+        created before it existed are not listed). Eventually consistent, as every index read."""
         request: dict[str, Any] = {
             "IndexName": keys.DEADLINE_INDEX,
             "KeyConditionExpression": "#p = :p",
@@ -351,7 +351,7 @@ class BatchLedger:
             keys.TTL_ATTRIBUTE: _n(self.table.expires_at()),
             # the experiment's batches, newest first, without a scan (`recent_batch_ids`)
             keys.DEADLINE_PK: _s(keys.BATCHES_INDEX_PK),
-            keys.DEADLINE_SK: _n(self.table.epoch()),
+            keys.DEADLINE_SK: _n(round(self.table.clock.now().timestamp() * 1000)),  # epoch ms: newest first
         }
         if options is not None:
             item["options"] = _s(options.model_dump_json())

@@ -49,7 +49,7 @@ OUTBOX_PK: Final = "gsi_outbox_pk"
 OUTBOX_SK: Final = "gsi_outbox_sk"
 #: Shards of each sparse GSI partition key, so no single index partition gets every write.
 INDEX_SHARDS: Final = 4
-#: The `deadline` index's partition that lists the experiment's batch items (sort key: created, epoch s).
+#: The `deadline` index's partition that lists the experiment's batch items (sort key: created, epoch ms).
 BATCHES_INDEX_PK: Final = "BAT"
 
 

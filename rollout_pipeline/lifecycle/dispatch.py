@@ -106,6 +106,7 @@ def dispatch_records(records: Sequence[Mapping[str, Any]], deps: LifecycleDeps, 
     parsed = [(message_id(r), key) for (poison, key), r in ordered if not poison]
     # On the admission board from receipt on, so other dispatchers rank these before deciding (a burst's start).
     holds = dict(zip([mid for mid, _key in parsed], deps.slots.hold([key for _mid, key in parsed]), strict=True))
+    budgets.experiment()  # read once here, before the threads: none of them waits on it ahead of the gate
 
     def handle(record: Mapping[str, Any]) -> Dispatch:
         held = holds.get(message_id(record))

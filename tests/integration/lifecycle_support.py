@@ -95,7 +95,7 @@ def seed_batch(
         "rows_accepted": _n(len(inputs)),
         "rows_rejected": _n(0),
         keys.DEADLINE_PK: _s(keys.BATCHES_INDEX_PK),  # listed among the experiment's batches
-        keys.DEADLINE_SK: _n(int(now.timestamp())),
+        keys.DEADLINE_SK: _n(round(now.timestamp() * 1000)),
     }
     if with_total:
         batch["rollouts_total"] = _n(len(inputs) * group_size)
