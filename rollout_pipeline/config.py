@@ -45,8 +45,8 @@ class SamplingParams(BaseModel):
 
 #: Environment variable naming the agent's model-key secret (Secrets Manager) in the runtime.
 MODEL_SECRET_ENV: Final = "ROLLOUTS_MODEL_SECRET"
-#: Environment variables of the agent image's start command (`rollout_pipeline.agent.start`): the agent module it
-#: serves and how (`art`: `python -m MODULE`; `rft`: through the RFT host, `rollout_pipeline.agent.rft_host`).
+#: Environment variables of the agent image's start command, the agent host (`rollout_pipeline.agent.host`): the
+#: agent module it imports and serves, and its kind (`art`; `rft`: the RFT adapter's front door starts first).
 AGENT_MODULE_ENV: Final = "ROLLOUTS_AGENT_MODULE"
 AGENT_KIND_ENV: Final = "ROLLOUTS_AGENT_KIND"
 #: The SageMaker RFT job ARN agents send as `X-Amzn-SageMaker-Job-Arn` when `_rollout.job_arn` is not set.

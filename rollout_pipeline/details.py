@@ -24,6 +24,7 @@ from rollout_pipeline.contracts import (
     RolloutCost,
     RolloutFailed,
     Timings,
+    batch_duration_s,
     reward_stats,
     stats_from_sums,
     utcnow,
@@ -77,7 +78,7 @@ def batch_completion_detail(batch: BatchView, now: datetime | None = None) -> Ba
         reward_count=batch.reward_count,
         started_at=started,
         completed_at=completed,
-        duration_s=(completed - started).total_seconds() if started else None,
+        duration_s=batch_duration_s(started, completed),
         cost=batch.cost,
     )
 

@@ -146,6 +146,13 @@ def _add_submission(sub: Any, common: argparse.ArgumentParser) -> None:
         metavar="S",
         help="re-read the running/queued split from the ledger every S seconds (0: never; default 15)",
     )
+    watch.add_argument(
+        "--events",
+        type=Path,
+        metavar="FILE",
+        help="also append every event received to FILE (JSON Lines of event envelopes), as `rollouts report "
+        "--events FILE` reads them (the report's result-to-event latency chart)",
+    )
     watch.add_argument("--poll-wait", type=float, default=5.0, help=argparse.SUPPRESS)
 
 

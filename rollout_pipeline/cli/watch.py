@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from rollout_pipeline.cli.base import EXIT_ERROR, EXIT_OK
@@ -128,8 +131,42 @@ class Progress:
         )
 
 
+class EventLog:
+    """`--events FILE`: every event received, one envelope per line (JSON Lines), appended as it arrives; the file
+    `rollouts report --events` reads (`report.data.read_events`)."""
+
+    def __init__(self, handle: TextIO | None) -> None:
+        self._handle = handle
+        self._seen: set[str] = set()
+
+    def write(self, event: Any) -> None:
+        """Append `event` (an SDK `Event`) once: a redelivered copy of an event already written is skipped."""
+        if self._handle is None or event is None or event.event_id in self._seen:
+            return
+        self._seen.add(event.event_id)
+        self._handle.write(json.dumps(event.envelope, separators=(",", ":"), default=str) + "\n")
+        self._handle.flush()
+
+
+@contextlib.contextmanager
+def event_log(path: Path | None) -> Iterator[EventLog]:
+    """An `EventLog` appending to `path` (created with its folder), or one that writes nothing."""
+    if path is None:
+        yield EventLog(None)
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a", encoding="utf-8") as handle:
+        yield EventLog(handle)
+
+
 def watch(experiment: Experiment, args: argparse.Namespace, out: TextIO) -> int:
-    """Follow one batch (`args.batch`) to its end with a progress bar, or log every batch's events."""
+    """Follow one batch (`args.batch`) to its end with a progress bar, or log every batch's events; with
+    `--events FILE`, every event received is also appended to FILE."""
+    with event_log(getattr(args, "events", None)) as log:
+        return _watch(experiment, args, out, log)
+
+
+def _watch(experiment: Experiment, args: argparse.Namespace, out: TextIO, log: EventLog) -> int:
     timeout: float | None = args.timeout
     poll_wait = float(getattr(args, "poll_wait", 5.0))
     if args.from_trainer_queue:
@@ -140,7 +177,7 @@ def watch(experiment: Experiment, args: argparse.Namespace, out: TextIO) -> int:
         stream_cm = experiment.tap(batch_id=args.batch, timeout=timeout, poll_wait_s=poll_wait)
     with stream_cm as stream:
         if args.batch is None:
-            return _watch_all(stream, out)
+            return _watch_all(stream, out, log)
         progress = Progress(args.batch)
         progress.baseline(experiment)  # after the tap exists: nothing falls between the two
         refresh = float(getattr(args, "refresh", 15.0))
@@ -152,6 +189,7 @@ def watch(experiment: Experiment, args: argparse.Namespace, out: TextIO) -> int:
                 remaining = stream.remaining()
                 delivery = stream.next_delivery(budget if remaining is None else min(budget, remaining))
                 if delivery is not None and delivery.event is not None:
+                    log.write(delivery.event)
                     progress.apply(delivery.event.detail)
                     stream.ack(delivery)
                 if refresh > 0 and time.monotonic() - last_refresh >= refresh and not progress.done:
@@ -208,9 +246,10 @@ def _no_render(final: bool) -> None:
     del final
 
 
-def _watch_all(stream: Any, out: TextIO) -> int:
+def _watch_all(stream: Any, out: TextIO, log: EventLog) -> int:
     """Every batch: one log line per batch-level event and per completed group."""
     for event in stream:
+        log.write(event)
         detail = event.detail
         if isinstance(detail, BatchAccepted):
             text = (

@@ -9,7 +9,9 @@ acknowledged: never dropped, never dead-lettered because of a limit; but a rollo
 `max_limit_requeues` times or waiting longer than `max_limit_wait_s` fails loudly (`Rollout Failed`, `throttled`).
 A cold start (RuntimeClientError 424) is retried on the SAME session id (`cold_start_retries` x
 `cold_start_wait_s`, tps budget only: the session exists); then the attempt ends through the normal "attempts
-left?" path and its session is stopped. A read timeout after sending is never re-sent (the deadline decides).
+left?" path and its session is stopped. An agent that cannot start (RuntimeClientError "Runtime initialization time
+exceeded": `RuntimeStartFailed`) fails the rollout at once as `agent_error` (no retry can help) and its session is
+stopped. A read timeout after sending is never re-sent (the deadline decides).
 An invoke is started only if it can end inside the invocation (`wait_until` minus the runtime's longest call,
 `LifecycleDeps.invoke_time_s`): waits for a slot or a budget end that much earlier, and a message left without
 that time is re-sent fresh (counted as a limit wait), never dropped.
@@ -57,6 +59,7 @@ from rollout_pipeline.ports import (
     RuntimeColdStart,
     RuntimeOutcomeUnknown,
     RuntimeRejected,
+    RuntimeStartFailed,
     RuntimeThrottled,
 )
 from rollout_pipeline.sqs_batch import message_id, run_partial_batch
@@ -83,6 +86,7 @@ class Dispatch(StrEnum):
     HELD_BUDGET = "held_budget"  # its budget (the experiment's or its batch's) is spent: re-sent to come back later
     THROTTLED = "throttled"  # waited for limits too often or too long: Rollout Failed (throttled)
     COLD_START_FAILED = "cold_start_failed"  # kept answering 424: attempt ended (retried or failed), session stopped
+    START_FAILED = "start_failed"  # the agent cannot start: Rollout Failed (agent_error), session stopped
 
 
 @dataclass
@@ -403,10 +407,14 @@ def _invoke(
             if new_session:
                 deps.metrics.count(NEW_SESSIONS)
             break
-        except RuntimeColdStart as exc:
+        except (RuntimeStartFailed, RuntimeColdStart) as exc:
             if new_session:
-                deps.metrics.count(NEW_SESSIONS)  # the microVM exists: it counts and must be stopped
-            failed = _retry_cold_start(message, deps, options, payload, exc, wait_until=wait_until)
+                deps.metrics.count(NEW_SESSIONS)  # the microVM was made: it counts and must be stopped
+            failed = (
+                _start_failed(message, deps, str(exc), wait_until)
+                if isinstance(exc, RuntimeStartFailed)
+                else _retry_cold_start(message, deps, options, payload, exc, wait_until=wait_until)
+            )
             if failed is not None:
                 return failed
             break
@@ -418,13 +426,18 @@ def _invoke(
                 return _requeue(message, deps, Dispatch.REQUEUED_NO_TIME)
             return _undo_and_requeue(message, deps, Dispatch.REQUEUED_LIMIT)
         except RuntimeThrottled as exc:
-            backoff = min(0.25 * 2**attempt, 4.0) * random.uniform(0.5, 1.0)
-            if attempt == deps.invoke_retries or deps.clock.monotonic() + backoff > start_by:
-                log.warning("ACR kept throttling %s: %s; freeing the slot", session_id, exc)
-                if not new_session:  # a session exists (cold-started): end the attempt, stop it
-                    return _cold_start_failed(message, deps, options, str(exc), wait_until)
-                return _undo_and_requeue(message, deps, Dispatch.REQUEUED_THROTTLED)
-            deps.clock.sleep(backoff)
+            gave_up = _after_throttle(
+                message,
+                deps,
+                options,
+                exc,
+                tries=attempt,
+                start_by=start_by,
+                wait_until=wait_until,
+                new_session=new_session,
+            )
+            if gave_up is not None:
+                return gave_up
         except RuntimeRejected as exc:
             if not new_session:
                 return _cold_start_failed(message, deps, options, str(exc), wait_until)
@@ -433,6 +446,29 @@ def _invoke(
         return _stop_late(message, deps, wait_until)
     deps.metrics.count(DISPATCHED_METRIC)
     return Dispatch.REINVOKED if reinvoke else Dispatch.INVOKED
+
+
+def _after_throttle(
+    message: RolloutMessage,
+    deps: LifecycleDeps,
+    options: FileOptions,
+    exc: RuntimeThrottled,
+    *,
+    tries: int,
+    start_by: float,
+    wait_until: float,
+    new_session: bool,
+) -> Dispatch | None:
+    """ACR throttled the invoke: back off and return None to try again, or give up (the slot freed) once the
+    retries or the time to start are spent."""
+    backoff = min(0.25 * 2**tries, 4.0) * random.uniform(0.5, 1.0)
+    if tries < deps.invoke_retries and deps.clock.monotonic() + backoff <= start_by:
+        deps.clock.sleep(backoff)
+        return None
+    log.warning("ACR kept throttling %s: %s; freeing the slot", message.session_id, exc)
+    if not new_session:  # a session exists (cold-started): end the attempt, stop it
+        return _cold_start_failed(message, deps, options, str(exc), wait_until)
+    return _undo_and_requeue(message, deps, Dispatch.REQUEUED_THROTTLED)
 
 
 def _undo_and_requeue(message: RolloutMessage, deps: LifecycleDeps, why: Dispatch) -> Dispatch:
@@ -486,6 +522,8 @@ def _retry_cold_start(
             return None
         except RuntimeColdStart as again:
             exc = again
+        except RuntimeStartFailed as failed:
+            return _start_failed(message, deps, str(failed), wait_until)
         except RuntimeOutcomeUnknown:
             return None
         except (RuntimeThrottled, RuntimeRejected) as other:
@@ -512,6 +550,33 @@ def _cold_start_failed(
     if after is not None and after.outbox:
         publishing.drain(after, deps, owner=True, wait_until=wait_until)
     return Dispatch.COLD_START_FAILED
+
+
+def _start_failed(message: RolloutMessage, deps: LifecycleDeps, error: str, wait_until: float) -> Dispatch:
+    """The session's agent cannot start (its container exited or never became ready): the rollout fails at once as
+    `agent_error` with what the runtime said (local mode: the agent process's output), attempts left or not, as an
+    agent's own error result would; the session's slot is held until its stop is confirmed."""
+    rec = deps.ledger.rollouts.get_rollout(message.batch_id, message.input_id, message.index)
+    if rec is None or rec.state != DISPATCHED or rec.attempt != message.attempt:
+        return Dispatch.STALE
+    last_line = next((line.strip() for line in reversed(error.splitlines()) if line.strip()), error)
+    log.warning("the agent of session %s did not start (agent_error): %s", message.session_id, last_line[:300])
+    after = fail_rollout(
+        deps,
+        rec.ref,
+        exp_id=rec.exp_id,
+        from_state=DISPATCHED,
+        reason=FailureReason.AGENT_ERROR,
+        error=f"the agent did not start: {error}",
+        outbox=frozenset({OUTBOX_PUBLISH}),
+        session_id=rec.session_id,
+        hold_slot_until=stops.hold_until(deps, rec),
+    )
+    if after is None:
+        return Dispatch.STALE
+    if after.outbox:
+        publishing.drain(after, deps, owner=True, wait_until=wait_until)
+    return Dispatch.START_FAILED
 
 
 def _rejected(message: RolloutMessage, deps: LifecycleDeps, error: str) -> Dispatch:

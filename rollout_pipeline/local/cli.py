@@ -3,17 +3,60 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
 from rollout_pipeline import topology
-from rollout_pipeline.cli.base import hidden_alias
+from rollout_pipeline.cli.base import EXIT_INTERRUPTED, CliError, hidden_alias
+from rollout_pipeline.config import ConfigError
 from rollout_pipeline.local.model_server import MODEL_ID
 
 EXIT_OK = 0
 EXIT_FAILED = 1
+
+
+def _count(minimum: int) -> Any:
+    """An argparse type: an integer >= `minimum`."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} is below {minimum}")
+        return value
+
+    return parse
+
+
+def _seconds(text: str) -> float:
+    """An argparse type: a number of seconds > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text} must be above 0")
+    return value
+
+
+@contextlib.contextmanager
+def one_line_errors() -> Iterator[None]:
+    """What a user can get wrong in local mode as the CLI's one-line error (`CliError`): a bad setting
+    (`ConfigError`), an agent that cannot start (`AgentStartError`: its output's last line)."""
+    from rollout_pipeline.local.acr import AgentStartError
+
+    try:
+        yield
+    except ConfigError as exc:
+        raise CliError(str(exc)) from None
+    except AgentStartError as exc:
+        raise CliError(f"the agent did not start: {exc.summary}") from None
 
 
 #: `rollouts local up`'s default port: the printed block (and the README's) stays the same from run to run.
@@ -24,7 +67,7 @@ def _add_pipeline_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "-e", "--experiment", default="local-demo", metavar="NAME", help="local experiment name (default: local-demo)"
     )
-    parser.add_argument("--group-size", type=int, default=4, help="rollouts per row (default: 4)")
+    parser.add_argument("--group-size", type=_count(1), default=4, help="rollouts per row (default: 4)")
     parser.add_argument(
         "--model-url",
         help="an OpenAI-compatible base URL to use instead of starting the local SmolLM2 model",
@@ -43,15 +86,15 @@ def _add_pipeline_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--agent-module",
         default="rollout_pipeline.agent.examples.math_agent",
-        help="agent module served as `python -m MODULE --host 127.0.0.1 --port N` (ART), or through the RFT host "
-        "(SageMaker RFT SDK agents, detected: see --agent-kind)",
+        help="agent module (on PYTHONPATH), served by the agent host as the image serves it: an ART module runs as "
+        "written (ending in app.run() is fine); SageMaker RFT SDK agents through the RFT adapter (see --agent-kind)",
     )
     parser.add_argument(
         "--agent-kind",
         choices=("auto", "art", "rft"),
         default="auto",
         help="auto (default: detected from the module's source), art, or rft (serve its @app.entrypoint unchanged "
-        "through the RFT host)",
+        "through the RFT adapter, its front door started before the module is imported)",
     )
     parser.add_argument(
         "--agent-isolation",
@@ -96,11 +139,13 @@ def register(sub: Any, _common: argparse.ArgumentParser) -> None:
         help="a bundled dataset, `arithmetic` (default: single-digit sums, max_tokens 32) or `gsm8k` (word problems, "
         "max_tokens 256; SmolLM2-135M scores ~0 on them), or a .jsonl file",
     )
-    demo.add_argument("--rows", type=int, default=6, help="use the first N rows of the dataset (default: 6; 0 = all)")
     demo.add_argument(
-        "--timeout", type=float, default=900, metavar="S", help="give up after this many seconds (default: 900)"
+        "--rows", type=_count(0), default=6, help="use the first N rows of the dataset (default: 6; 0 = all)"
     )
-    hidden_alias(demo, "--wait-s", "timeout", type=float)
+    demo.add_argument(
+        "--timeout", type=_seconds, default=900, metavar="S", help="give up after this many seconds (default: 900)"
+    )
+    hidden_alias(demo, "--wait-s", "timeout", type=_seconds)
     demo.add_argument(
         "--report",
         type=Path,
@@ -164,15 +209,18 @@ def _cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
     from rollout_pipeline.local.demo import resolve_dataset, run_demo
 
     dataset, max_tokens = resolve_dataset(args.dataset)
-    report = run_demo(
-        _settings(args, max_tokens),
-        dataset=dataset,
-        rows=args.rows or None,
-        timeout_s=args.timeout,
-        write_html_report=not args.no_report,
-        report_path=args.report,
-        out=out,
-    )
+    with one_line_errors():
+        report = run_demo(
+            _settings(args, max_tokens),
+            dataset=dataset,
+            rows=args.rows or None,
+            timeout_s=args.timeout,
+            write_html_report=not args.no_report,
+            report_path=args.report,
+            out=out,
+        )
+    if report.interrupted:
+        return EXIT_INTERRUPTED
     return EXIT_OK if report.ok else EXIT_FAILED
 
 
@@ -180,7 +228,7 @@ def _cmd_up(args: argparse.Namespace, out: TextIO) -> int:
     from rollout_pipeline.local.pipeline import LocalPipeline, interrupt_on_sigterm
     from rollout_pipeline.sdk.route import local_up_block
 
-    with interrupt_on_sigterm(), LocalPipeline(_settings(args)) as pipeline:
+    with one_line_errors(), interrupt_on_sigterm(), LocalPipeline(_settings(args)) as pipeline:
         assert pipeline.resources is not None
         if args.write_outputs:
             outputs = pipeline.resources.stack_outputs()

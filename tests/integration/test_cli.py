@@ -258,14 +258,25 @@ def test_watch_follows_a_batch_to_completion_from_pushed_events(
     deps: LifecycleDeps,
     capsys: pytest.CaptureFixture[str],
     source: list[str],
+    tmp_path: Path,
 ) -> None:
+    from rollout_pipeline.report.data import read_events
+
     batch_id = experiment.submit([{"id": "q1"}, {"id": "q2"}], group_size=2)
-    argv = ["watch", *E, "--batch", batch_id, "--timeout", "60", "--poll-wait", "0", *source]
+    events_file = tmp_path / "events" / "batch.jsonl"
+    argv = ["watch", *E, "--batch", batch_id, "--timeout", "60", "--poll-wait", "0", "--events", str(events_file)]
     with Pipeline(deployed, deps):
-        code = main(argv)
+        code = main([*argv, *source])
     assert code == EXIT_OK
     out = capsys.readouterr().out
     assert f"batch {batch_id}: 4/4 done: 4 succeeded, 0 failed, 0 running, 0 queued, reward mean 1.0000" in out
+    # --events: what `rollouts report --events` reads, one line per event seen (redeliveries written once).
+    events = read_events(events_file)
+    ids_seen = [event["detail"]["event_id"] for event in events]
+    assert len(ids_seen) == len(set(ids_seen))
+    kinds = {event["detail-type"] for event in events}
+    assert {"Rollout Completed", "Batch Completed"} <= kinds
+    assert sum(event["detail-type"] == "Rollout Completed" for event in events) == 4
     if not source:
         names = clients.client("sqs").list_queues().get("QueueUrls", [])
         assert not [n for n in names if "-tap-" in n], "the tap queue is removed afterwards"

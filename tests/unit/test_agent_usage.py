@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -69,16 +70,21 @@ def test_install_is_idempotent(art_app: Any) -> None:
     assert AgentCoreRLApp.save_result is patched
 
 
-def test_the_start_command_installs_it_before_it_runs_an_art_module(monkeypatch: pytest.MonkeyPatch) -> None:
-    from rollout_pipeline.agent import start, usage
+def test_the_agent_host_installs_it_before_it_imports_the_module(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rollout_pipeline.agent import credentials, host, usage
 
-    installed: list[bool] = []
-    monkeypatch.setattr(usage, "install", lambda: installed.append(True))
-    monkeypatch.setattr(start.runpy, "run_module", lambda *a, **k: installed.append(False))
-    monkeypatch.setenv("ROLLOUTS_AGENT_KIND", "art")
-    monkeypatch.setenv("ROLLOUTS_AGENT_MODULE", "some_agent")
-    start.main([])
-    assert installed == [True, False]
+    order: list[str] = []
+
+    def load(module: str, kind: str, argv: object = (), environ: object = None) -> host.ServedAgent:
+        order.append(f"load {module}")
+        return host.ServedAgent(app=object(), entry=SimpleNamespace(module=module, app_name="app"), kind="art")  # type: ignore[arg-type]
+
+    monkeypatch.setattr(usage, "install", lambda: order.append("install"))
+    monkeypatch.setattr(host, "load", load)
+    monkeypatch.setattr(host, "serve", lambda app, h, p: order.append("serve"))
+    monkeypatch.setattr(credentials, "load_model_credential", lambda: None)
+    host.main(["--agent-module", "some_agent", "--agent-kind", "art", "--port", "18080"])
+    assert order == ["install", "load some_agent", "serve"]
 
 
 def test_a_result_with_the_usage_key_still_proves_its_attempt() -> None:
