@@ -37,7 +37,10 @@ def test_the_demo_pauses_on_its_budget_and_completes_once_it_is_raised(tmp_path:
     out = io.StringIO()
     report = run_demo(settings, rows=4, timeout_s=300, write_html_report=False, out=out)
     text = out.getvalue()
-    assert report.ok, text
+    # completed, every rollout once, nothing dead-lettered (whether the last stops came within the summary's grace
+    # is the demo's own check, tested elsewhere)
+    assert report.completed is not None, text
+    assert not any(report.dead_letters.values()), text
     assert (report.budget_warnings, report.budget_exhaustions) == (1, 1), text
     assert report.waited_on_budget > 0, text  # queued while paused, none failed
     assert report.ended_after_pause <= settings.max_sessions, text  # only what was in flight
