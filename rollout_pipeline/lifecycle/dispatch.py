@@ -23,7 +23,7 @@ import json
 import logging
 import random
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from enum import StrEnum
@@ -179,7 +179,11 @@ def dispatch_body(
     budgets: budget.Budgets | None = None,
 ) -> Dispatch:
     """Dispatch one rollout-queue message body (see the module doc). Raises to have the message redelivered.
-    `held`: the message's place on the admission board since receipt (`SlotGate.hold`), released once past the gate.
+    `held`: the message's place on the admission board since receipt (`SlotGate.hold`), released once the rollout's
+    session start is booked (`LimitedRuntime.invoke`'s `on_booked`), not merely past the gate: between the two, a
+    rollout let through is neither on the board nor in the schedule, so another process's gate would see its room
+    free and let a later group book ahead of it (what decides the order its sessions start in). Every other way out
+    releases it too (`dispatch_records`).
     `budgets`: the SQS batch's budget reads (`lifecycle.budget`): a rollout whose budget is spent is held, not run."""
     message = parse_message(body)
     bind_log_ids(batch_id=message.batch_id, rollout_id=message.rollout_id, session_id=message.session_id)
@@ -195,12 +199,18 @@ def dispatch_body(
         return Dispatch.HELD_BUDGET
     message = budget.released(message, deps)
     row_payload = _row_payload(message, deps)
+    # Before any ledger write: a key that cannot be read (Secrets Manager down, throttled, denied) raises here and
+    # the message is redelivered, instead of after `begin_dispatch`, where it burnt an attempt and a slot until the
+    # rollout's deadline.
+    token = deps.attempt_token(message.exp_id, message.session_id)
     start_by = deps.invoke_start_by(wait_until)  # every wait before an invoke ends by then
-    waited = _through_the_gate(message, deps, start_by, held)
-    if waited is not None:
-        return waited
-    if _held_on_budget(message, deps, budgets, batch, None):  # spent while it waited for a slot: nothing new starts
+    if deps.clock.monotonic() >= start_by:
+        return _requeue(message, deps, Dispatch.REQUEUED_NO_TIME)
+    if deps.slots.must_queue(admission_key(message)) and not _wait_for_slot(deps, start_by, message):
+        return _requeue(message, deps, Dispatch.REQUEUED_LIMIT)  # earlier groups wait, or the session rate binds
+    if _held_on_budget(message, deps, budgets, batch, held):  # spent while it waited for a slot: nothing new starts
         return Dispatch.HELD_BUDGET
+    booked = (lambda _start: held.release()) if held is not None else None
     for _ in range(20):
         shard = deps.slot_shards.choose()
         start = deps.ledger.rollouts.begin_dispatch(
@@ -219,7 +229,9 @@ def dispatch_body(
         )
         if start is DispatchStart.STARTED:
             deps.slot_shards.taken(shard)
-            return _invoke(message, deps, options, row_payload, wait_until=wait_until, reinvoke=False)
+            return _invoke(
+                message, deps, options, row_payload, token, wait_until=wait_until, reinvoke=False, booked=booked
+            )
         if start is DispatchStart.CANCELLED:
             return _cancelled(message, deps, options)
         if start is DispatchStart.NO_SLOT:
@@ -232,27 +244,12 @@ def dispatch_body(
         rec = deps.ledger.rollouts.get_rollout(message.batch_id, message.input_id, message.index)
         decided = _existing(message, rec, deps)
         if decided is Dispatch.REINVOKED:
-            return _invoke(message, deps, options, row_payload, wait_until=wait_until, reinvoke=True)
+            return _invoke(
+                message, deps, options, row_payload, token, wait_until=wait_until, reinvoke=True, booked=booked
+            )
         if decided is not None:
             return decided
     raise LedgerError(f"rollout {message.rollout_id} of {message.batch_id}: dispatch kept racing")
-
-
-def _through_the_gate(
-    message: RolloutMessage, deps: LifecycleDeps, start_by: float, held: Held | None
-) -> Dispatch | None:
-    """Wait at the slot gate when earlier groups wait or the session rate binds; the re-send's outcome when the
-    message could not pass in time (`_requeue`), None once it may go on. Its place on the board is given up either
-    way."""
-    try:
-        if deps.clock.monotonic() >= start_by:
-            return _requeue(message, deps, Dispatch.REQUEUED_NO_TIME)
-        if deps.slots.must_queue(admission_key(message)) and not _wait_for_slot(deps, start_by, message):
-            return _requeue(message, deps, Dispatch.REQUEUED_LIMIT)  # earlier groups wait, or the session rate binds
-        return None
-    finally:
-        if held is not None:
-            held.release()
 
 
 def _held_on_budget(
@@ -383,12 +380,15 @@ def _invoke(
     deps: LifecycleDeps,
     options: FileOptions,
     row_payload: dict[str, Any],
+    attempt_token: str | None,
     *,
     wait_until: float,
     reinvoke: bool,
+    booked: Callable[[float], None] | None = None,
 ) -> Dispatch:
     """InvokeAgentRuntime for a dispatched attempt (slot held), with bounded retries on throttling. Every invoke
-    starts by `deps.invoke_start_by(wait_until)`, so it ends inside the invocation."""
+    starts by `deps.invoke_start_by(wait_until)`, so it ends inside the invocation. `attempt_token`: read before
+    the dispatch transaction (`dispatch_body`); `booked`: called once the session's start is booked."""
     payload = build_agent_payload(
         row_payload=row_payload,
         rollout_overrides=message.rollout_overrides,
@@ -396,14 +396,14 @@ def _invoke(
         options=options,
         config=deps.config,
         results_bucket=deps.settings.results_bucket,
-        attempt_token=deps.attempt_token(message.exp_id, message.session_id),
+        attempt_token=attempt_token,
     )
     session_id = message.session_id
     start_by = deps.invoke_start_by(wait_until)
     new_session = not reinvoke
     for attempt in range(deps.invoke_retries + 1):
         try:
-            deps.limited.invoke(session_id, payload, wait_until=start_by, new_session=new_session)
+            deps.limited.invoke(session_id, payload, wait_until=start_by, new_session=new_session, on_booked=booked)
             if new_session:
                 deps.metrics.count(NEW_SESSIONS)
             break
