@@ -204,12 +204,9 @@ def dispatch_body(
     # rollout's deadline.
     token = deps.attempt_token(message.exp_id, message.session_id)
     start_by = deps.invoke_start_by(wait_until)  # every wait before an invoke ends by then
-    if deps.clock.monotonic() >= start_by:
-        return _requeue(message, deps, Dispatch.REQUEUED_NO_TIME)
-    if deps.slots.must_queue(admission_key(message)) and not _wait_for_slot(deps, start_by, message):
-        return _requeue(message, deps, Dispatch.REQUEUED_LIMIT)  # earlier groups wait, or the session rate binds
-    if _held_on_budget(message, deps, budgets, batch, held):  # spent while it waited for a slot: nothing new starts
-        return Dispatch.HELD_BUDGET
+    waited = _through_the_gate(message, deps, start_by, budgets=budgets, batch=batch, held=held)
+    if waited is not None:
+        return waited
     booked = (lambda _start: held.release()) if held is not None else None
     for _ in range(20):
         shard = deps.slot_shards.choose()
@@ -250,6 +247,27 @@ def dispatch_body(
         if decided is not None:
             return decided
     raise LedgerError(f"rollout {message.rollout_id} of {message.batch_id}: dispatch kept racing")
+
+
+def _through_the_gate(
+    message: RolloutMessage,
+    deps: LifecycleDeps,
+    start_by: float,
+    *,
+    budgets: budget.Budgets,
+    batch: BatchView,
+    held: Held | None,
+) -> Dispatch | None:
+    """Wait at the slot gate when earlier groups wait or the session rate binds, then look at the budget again
+    (spent while it waited: nothing new starts). The outcome when the message may not go on (re-sent or held),
+    None when it may."""
+    if deps.clock.monotonic() >= start_by:
+        return _requeue(message, deps, Dispatch.REQUEUED_NO_TIME)
+    if deps.slots.must_queue(admission_key(message)) and not _wait_for_slot(deps, start_by, message):
+        return _requeue(message, deps, Dispatch.REQUEUED_LIMIT)  # earlier groups wait, or the session rate binds
+    if _held_on_budget(message, deps, budgets, batch, held):
+        return Dispatch.HELD_BUDGET
+    return None
 
 
 def _held_on_budget(
