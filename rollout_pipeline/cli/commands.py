@@ -87,13 +87,15 @@ def cmd_cost(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_budget_show(args: argparse.Namespace, out: TextIO) -> int:
+    from rollout_pipeline.sdk.cost import usd
+
     report = attach(args).cost(limit=1)
     if report.budget_usd is None:
-        print(f"experiment {report.experiment}: no budget; spent ${report.spent_usd:.4f}", file=out)
+        print(f"experiment {report.experiment}: no budget; spent {usd(report.spent_usd)}", file=out)
     else:
         used = report.budget_used or 0.0
         print(
-            f"experiment {report.experiment}: budget ${report.budget_usd:.2f}, spent ${report.spent_usd:.4f} "
+            f"experiment {report.experiment}: budget {usd(report.budget_usd)}, spent {usd(report.spent_usd)} "
             f"({used:.0%}){'; dispatch paused' if used >= 1 else ''}",
             file=out,
         )
@@ -101,6 +103,8 @@ def cmd_budget_show(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_budget_set(args: argparse.Namespace, out: TextIO) -> int:
+    from rollout_pipeline.sdk.cost import usd
+
     if not args.usd > 0:
         raise CliError(f"the budget must be a positive number of US dollars, got {args.usd}")
     experiment = attach(args)
@@ -113,7 +117,7 @@ def cmd_budget_set(args: argparse.Namespace, out: TextIO) -> int:
         report = experiment.cost(limit=1)
         spent, what = report.spent_usd, f"experiment {report.experiment}"
     note = "dispatch resumes within a minute" if spent < args.usd else "still spent: dispatch stays paused"
-    print(f"{what}: budget ${args.usd:.2f}, spent ${spent:.4f} ({note})", file=out)
+    print(f"{what}: budget {usd(args.usd)}, spent {usd(spent)} ({note})", file=out)
     return EXIT_OK
 
 

@@ -21,7 +21,8 @@ from typing import Any
 
 from rollout_pipeline.contracts import CostSummary, RolloutCost
 from rollout_pipeline.costs import PriceBook, price_rollout, summarize
-from rollout_pipeline.ledger.items import BatchView, RolloutRecord
+from rollout_pipeline.ledger.items import BatchState, BatchView, RolloutRecord
+from rollout_pipeline.sdk.status import COMPLETED
 
 
 @dataclass(frozen=True)
@@ -104,7 +105,7 @@ def batch_cost(batch: BatchView, rollouts: Iterable[RolloutRecord], book: PriceB
         priced.append(price_rollout(spans, book, at))
     return BatchCost(
         batch_id=batch.batch_id,
-        status=batch.status.value,
+        status=COMPLETED if batch.status is BatchState.ACCEPTED and batch.complete else batch.status.value,
         rollouts_total=batch.rollouts_total,
         terminal=batch.terminal,
         published=batch.cost,
@@ -115,12 +116,23 @@ def batch_cost(batch: BatchView, rollouts: Iterable[RolloutRecord], book: PriceB
     )
 
 
+def usd(amount: float) -> str:
+    """A US-dollar amount with the precision it needs: cents from $1, else four decimals from a cent, else six (a
+    local run's budget of $0.0008 is not shown as $0.00)."""
+    size = abs(amount)
+    if size >= 1:
+        return f"${amount:,.2f}"
+    if size >= 0.01 or size == 0:
+        return f"${amount:.4f}"
+    return f"${amount:.6f}"
+
+
 def format_cost(report: ExperimentCost) -> str:
     """`rollouts cost`'s text: the experiment's spend and budget, then one line per batch."""
-    lines = [f"experiment {report.experiment}: spent ${report.spent_usd:.4f}"]
+    lines = [f"experiment {report.experiment}: spent {usd(report.spent_usd)}"]
     if report.budget_usd is not None:
         used = report.budget_used or 0.0
-        lines[0] += f" of a ${report.budget_usd:.2f} budget ({used:.0%})"
+        lines[0] += f" of a {usd(report.budget_usd)} budget ({used:.0%})"
     lines[0] += f"; {report.sessions_in_flight} session(s) in flight"
     lines.append(f"  priced as: {report.priced_as}")
     if report.fallback:
@@ -143,12 +155,12 @@ def _batch_line(batch: BatchCost) -> str:
         now = batch.now
         per = now.usd / now.rollouts if now.rollouts else 0.0
         parts.append(
-            f"now ${now.usd:.4f} over {now.rollouts} rollout(s), ${per:.6f} each (AgentCore memory "
-            f"${now.agentcore_memory_usd:.4f}, CPU ${now.agentcore_cpu_usd:.4f} {now.cpu_measured} measured / "
-            f"{now.rollouts - now.cpu_measured} bounded, pipeline ${now.pipeline_usd:.4f})"
+            f"now {usd(now.usd)} over {now.rollouts} rollout(s), {usd(per)} each (AgentCore memory "
+            f"{usd(now.agentcore_memory_usd)}, CPU {usd(now.agentcore_cpu_usd)} {now.cpu_measured} measured / "
+            f"{now.rollouts - now.cpu_measured} bounded, pipeline {usd(now.pipeline_usd)})"
         )
     if batch.published is not None:
-        parts.append(f"published ${batch.published.usd:.4f}")
+        parts.append(f"published {usd(batch.published.usd)}")
     if batch.stops_pending:
         parts.append(f"{batch.stops_pending} stop(s) pending: estimated to now")
     if batch.sessions_bounded:

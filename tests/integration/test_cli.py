@@ -369,6 +369,7 @@ def test_cost_prints_the_per_batch_and_per_experiment_sums(
     experiment: Experiment, resources: ExperimentResources, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from rollout_pipeline.fakes.acr import AgentBehaviour, FakeAgentRuntime
+    from rollout_pipeline.sdk.cost import usd
     from tests.integration.lifecycle_support import drive
 
     usage = {"_rollout_usage": {"cpu_s": 2.0, "rollouts": 1}}
@@ -392,8 +393,8 @@ def test_cost_prints_the_per_batch_and_per_experiment_sums(
 
     assert main(["cost", *E]) == EXIT_OK
     text = capsys.readouterr().out
-    assert text.startswith(f"experiment test-exp: spent ${report['spent_usd']:.4f}")
-    assert f"batch {first} (accepted, 4/4 ended): now $" in text
+    assert text.startswith(f"experiment test-exp: spent {usd(report['spent_usd'])}")
+    assert f"batch {first} (completed, 4/4 ended): now $" in text
     assert "4 measured / 0 bounded" in text
     assert main(["cost", *E, "--batch", second]) == EXIT_OK
     assert first not in capsys.readouterr().out
@@ -403,6 +404,10 @@ def test_cost_prints_the_per_batch_and_per_experiment_sums(
     assert experiment.budget() == 12.5
     assert main(["budget", "show", *E]) == EXIT_OK
     assert "budget $12.50, spent $" in capsys.readouterr().out
+    assert main(["budget", "set", *E, "0.0008"]) == EXIT_OK  # a local run's budget: not shown as $0.00
+    assert "budget $0.000800, spent $" in capsys.readouterr().out
+    assert main(["cost", *E]) == EXIT_OK
+    assert "of a $0.000800 budget (" in capsys.readouterr().out
     assert main(["budget", "set", *E, "-3"]) == EXIT_ERROR
     assert "positive" in one_error_line(capsys.readouterr().err)
     assert main(["cost", *E, "--batch", "nope-000000000000"]) == EXIT_ERROR
