@@ -6,8 +6,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from rollout_pipeline import ids
 from rollout_pipeline.config import ExperimentConfig, HandlerSettings
 from rollout_pipeline.contracts.attempts import attempt_token
+from rollout_pipeline.costs import PriceBook
 from rollout_pipeline.feed.feed import Feed
 from rollout_pipeline.ledger.ledger import Ledger
 from rollout_pipeline.ledger.pool import PoolLedger
@@ -60,6 +62,12 @@ class LifecycleDeps:
     #: The account pool (`ledger.pool`): every experiment of the account leases its share of AgentCore's quotas
     #: there (`limits.pool.CapacityLease`). None: no pool, the experiment keeps its own limits (`standalone_limits`).
     pool: PoolLedger | None = None
+    #: The prices rollouts are costed with (`costs.PriceBook`); None: the experiment's, in the runtime's region
+    #: (local mode's runtime: labelled as a local run).
+    price_book: PriceBook | None = None
+    #: Rollouts held on a spent budget are re-sent to come back after this long (SQS DelaySeconds, at most 900).
+    budget_recheck_s: int = 60
+    prices: PriceBook = field(init=False)
     limited: LimitedRuntime = field(init=False)
     slots: SlotGate = field(init=False)
     slot_shards: SlotShards = field(init=False)
@@ -69,6 +77,8 @@ class LifecycleDeps:
         if self.invoke_time_s is None:
             self.invoke_time_s = float(getattr(self.runtime, "max_invoke_s", 0.0))
         config = self.settings.experiment
+        arn = self.settings.runtime_arn
+        self.prices = self.price_book or PriceBook.of(config, ids.runtime_region(arn), local=ids.is_local_runtime(arn))
         limits = self.ledger.limits
         max_sessions: int | Callable[[], int] = config.max_sessions
         if self.pool is not None:

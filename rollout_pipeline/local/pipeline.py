@@ -85,6 +85,8 @@ class LocalSettings:
     #: (`topology.function_specs`). The dispatcher's is `dispatch_concurrency` (the experiment's, as deployed).
     concurrency_overrides: dict[str, int] = field(default_factory=lambda: {"ingest": 1, "completion": 2})
     sweep_interval_s: float = 10.0
+    #: Rollouts held on a spent budget come back this much later (deployed: a minute, `LifecycleDeps`).
+    budget_recheck_s: int = 3
     work_dir: Path | None = None
     #: The port of the local AWS endpoint (`http://127.0.0.1:PORT`); None: a free one.
     port: int | None = None
@@ -290,6 +292,7 @@ class LocalPipeline:
             "completion": res.completion_queue_url,
         }
         lifecycle = wiring.lifecycle()
+        lifecycle.budget_recheck_s = self.settings.budget_recheck_s
         self._lifecycles.append(lifecycle)
         handlers = {
             "ingest": lambdas.ingest.function.bind(wiring.ingestion()),
