@@ -15,6 +15,7 @@ from typing import Any, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from rollout_pipeline.metric_names import METRICS_NAMESPACE
+from rollout_pipeline.quotas import ACTIVE_SESSIONS_ELSEWHERE
 
 EXPERIMENT_NAME_PATTERN = r"^[a-z][a-z0-9-]{0,31}$"
 #: Context values that mean "not set: derive the default" (`-c key=` and cdk.json's "").
@@ -25,8 +26,6 @@ _UNSET: Final = (None, "", "none", "None")
 LIFETIME_MARGIN_S = 600
 #: The idle session timeout when none is set (capped at `max_lifetime_s`: AgentCore requires idle <= lifetime).
 DEFAULT_IDLE_TIMEOUT_S = 900
-#: AgentCore's documented active sessions per account outside us-east-1/us-west-2 (5,000 there), Nov 2026.
-ACTIVE_SESSION_QUOTA = 2_500
 
 
 class ConfigError(ValueError):
@@ -69,14 +68,35 @@ class ExperimentConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = Field(pattern=EXPERIMENT_NAME_PATTERN, description="Experiment name; also the exp_id")
-    tps_limit: int = Field(default=25, ge=1, le=10_000, description="InvokeAgentRuntime + StopRuntimeSession calls/s")
-    session_rate_limit: float = Field(
-        default=5.0,
+    tps_limit: int | None = Field(
+        default=None,
+        ge=1,
+        le=100_000,
+        description="At most this many AgentCore data-plane calls/s (invokes, stops) for this experiment; default: "
+        "its share of the account pool (the account's data-plane quota, 1,000/s, less the reserve)",
+    )
+    session_rate_limit: float | None = Field(
+        default=None,
+        gt=0,
+        le=10_000,
+        description="At most this many new AgentCore sessions/s for this experiment; default: its share of the "
+        "account pool (the account's new-session quota, 25/s, less the reserve). Per endpoint only when the pool's "
+        "new_session_scope is endpoint",
+    )
+    capacity_weight: float = Field(
+        default=1.0,
         gt=0,
         le=1_000,
-        description="New ACR sessions per second per runtime endpoint (quota: 400/min per endpoint; 25% headroom)",
+        description="This experiment's weight in the account pool: while several are backlogged, each gets "
+        "weight / total of every budget",
     )
-    endpoints: int = Field(default=1, ge=1, le=20, description="Runtime endpoints new sessions are spread across")
+    endpoints: int = Field(
+        default=1,
+        ge=1,
+        le=20,
+        description="Runtime endpoints sessions are spread across (versions, A/B); they add no new-session rate "
+        "unless the pool's new_session_scope is endpoint",
+    )
     max_sessions: int = Field(default=100, ge=1, le=100_000, description="Rollouts in flight at once")
     group_size: int = Field(default=8, ge=1, le=1024, description="Rollouts per dataset row (GRPO group)")
     release_window: int | None = Field(
@@ -124,13 +144,6 @@ class ExperimentConfig(BaseModel):
         ge=60,
         le=28_800,
         description="ACR max session lifetime (default: rollout_timeout_s + LIFETIME_MARGIN_S, at most 8 h)",
-    )
-    active_session_quota: int = Field(
-        default=ACTIVE_SESSION_QUOTA,
-        ge=1,
-        le=1_000_000,
-        description="The account's AgentCore active-session quota (set it to yours if raised); max_sessions is "
-        "checked against it",
     )
     dispatch_concurrency: int = Field(default=5, ge=2, le=1000, description="Max concurrent dispatcher Lambdas")
     max_limit_requeues: int = Field(
@@ -220,13 +233,14 @@ class ExperimentConfig(BaseModel):
         return data
 
     def warnings(self) -> list[str]:
-        """Settings that are valid but probably wrong (synth prints them)."""
+        """Settings that are valid but probably wrong (synth prints them; the preflight compares them with the
+        account's quotas)."""
         found: list[str] = []
-        if self.max_sessions > self.active_session_quota:
+        if self.max_sessions > ACTIVE_SESSIONS_ELSEWHERE:
             found.append(
-                f"max_sessions ({self.max_sessions}) is above the AgentCore active-session quota "
-                f"({self.active_session_quota}): invokes beyond it fail with ServiceQuotaExceededException and wait. "
-                "Lower max_sessions, or set active_session_quota to your raised quota."
+                f"max_sessions ({self.max_sessions}) is above AgentCore's documented active-session quota outside "
+                f"us-east-1/us-west-2 ({ACTIVE_SESSIONS_ELSEWHERE}): the account pool grants at most the account's "
+                "quota less the reserve; `rollouts preflight` compares it with your account's"
             )
         return found
 
@@ -292,6 +306,8 @@ class ExperimentConfig(BaseModel):
                 "policy_version",
                 "results_expiration_days",
                 "release_window",
+                "tps_limit",
+                "session_rate_limit",
                 "model_secret_name",
                 "agent_module",
                 "rft_job_arn",
@@ -334,6 +350,10 @@ class HandlerSettings(BaseModel):
     bus_name: str
     runtime_arn: str = ""
     ingest_queue_url: str = ""
+    #: The account pool's table (`topology.POOL_TABLE_NAME`): every experiment of the account shares AgentCore's
+    #: quotas through it. Empty: no pool, the experiment keeps its own limits as if it owned the account (tests,
+    #: `bench_capacity.py --before`); a deployed stack always has one.
+    pool_table_name: str = ""
     experiment: ExperimentConfig
 
     @classmethod
@@ -365,6 +385,7 @@ class FunctionEnvironment(BaseModel):
     EXPERIMENT_CONFIG: str = Field(min_length=1, description="ExperimentConfig as JSON")
     RUNTIME_ARN: str = ""
     INGEST_QUEUE_URL: str = ""
+    POOL_TABLE_NAME: str = ""
     #: Read by Powertools itself (Logger, Metrics); declared so the stack and local mode set the same ones.
     POWERTOOLS_SERVICE_NAME: str = "rollouts"
     POWERTOOLS_METRICS_NAMESPACE: str = METRICS_NAMESPACE

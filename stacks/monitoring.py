@@ -25,7 +25,7 @@ from aws_cdk import custom_resources as cr
 from constructs import Construct
 
 from rollout_pipeline import metric_names as m
-from rollout_pipeline import topology
+from rollout_pipeline import quotas, topology
 from rollout_pipeline.config import ExperimentConfig
 from rollout_pipeline.contracts import FailureReason
 from rollout_pipeline.metric_names import METRICS_NAMESPACE
@@ -80,6 +80,24 @@ def summed(
 
 
 #: Who emits what (the lifecycle logic runs in dispatch, completion and sweeper).
+#: The account's new sessions/s, every runtime and consumer together (AgentCore publishes the pooled quota's usage in
+#: `AWS/Usage` as `CombinedNewSessionCreation`: docs/aws-facts.md; its dimensions are not documented, so a SEARCH).
+USAGE_NAMESPACE: Final = "AWS/Usage"
+COMBINED_NEW_SESSIONS: Final = "CombinedNewSessionCreation"
+
+
+def account_new_sessions(period: Duration) -> cloudwatch.MathExpression:
+    """The account's new sessions per second (`COMBINED_NEW_SESSIONS`, summed over whatever dimensions it has)."""
+    seconds = int(period.to_seconds())
+    return cloudwatch.MathExpression(
+        expression=(
+            f"SUM(SEARCH('{{{USAGE_NAMESPACE}}} MetricName=\"{COMBINED_NEW_SESSIONS}\"', 'Sum', {seconds})) / {seconds}"
+        ),
+        label="account new sessions/s (AWS/Usage CombinedNewSessionCreation)",
+        period=period,
+    )
+
+
 EMITTERS: Final[Mapping[str, tuple[str, ...]]] = {
     m.FAILED: ("dispatch", "completion", "sweeper"),
     m.SUCCEEDED: ("completion",),
@@ -394,22 +412,31 @@ class Monitoring(Construct):
     def _session_widgets(
         self, total: Callable[[str, str], cloudwatch.MathExpression]
     ) -> tuple[cloudwatch.GraphWidget, cloudwatch.GraphWidget]:
-        """New sessions per second against their budget (with AgentCore's refusals), and result-to-event latency."""
+        """New sessions per second, this experiment's beside the whole account's, against the account's quota (with
+        AgentCore's refusals), and result-to-event latency."""
         config, period = self.config, ONE_MINUTE
+        quota = quotas.DEFAULT_NEW_SESSIONS_PER_S
         sessions = cloudwatch.GraphWidget(
-            title="New sessions per second vs session_rate_limit",
+            title="New sessions per second: this experiment and the whole account",
             left=[
                 cloudwatch.MathExpression(
                     expression="FILL(new, 0) / PERIOD(new)",
                     using_metrics={"new": pipeline_metric(config, m.NEW_SESSIONS, "dispatch")},
-                    label="new sessions/s",
+                    label=f"{config.name} new sessions/s",
                     period=period,
-                )
+                ),
+                account_new_sessions(period),
             ],
             left_annotations=[
+                cloudwatch.HorizontalAnnotation(value=quota, label="documented account quota"),
                 cloudwatch.HorizontalAnnotation(
-                    value=config.session_rate_limit * config.endpoints, label="session_rate_limit x endpoints"
-                )
+                    value=quota * (1 - quotas.DEFAULT_RESERVE), label="pool less the default reserve"
+                ),
+                *(
+                    [cloudwatch.HorizontalAnnotation(value=config.session_rate_limit, label="session_rate_limit")]
+                    if config.session_rate_limit
+                    else []
+                ),
             ],
             # AgentCore's refusals apart from the pipeline's own backlog (calls that found no budget in time).
             right=[total(m.ACR_THROTTLED, "AgentCore throttled"), total(m.LIMIT_BACKLOG, "budget backlog")],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -70,6 +71,15 @@ def cmd_submit(args: argparse.Namespace, out: TextIO) -> int:
             batch=batch_id, timeout=None, from_trainer_queue=False, refresh=15.0, poll_wait=args.poll_wait
         )
         return watch(experiment, watch_args, out)
+    return EXIT_OK
+
+
+def cmd_capacity(args: argparse.Namespace, out: TextIO) -> int:
+    view = attach(args).capacity()
+    if args.json:
+        print(json.dumps(dataclasses.asdict(view), indent=2, default=str), file=out)
+        return EXIT_OK
+    print("\n".join(view.lines()), file=out)
     return EXIT_OK
 
 

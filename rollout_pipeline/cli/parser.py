@@ -169,6 +169,18 @@ def _add_batch_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     _batch_argument(status, "batch id (printed by submit)")
     status.add_argument("--json", action="store_true", help="print JSON")
 
+    capacity = _command(
+        sub,
+        common,
+        "capacity",
+        commands.cmd_capacity,
+        help="the account pool: AgentCore's quotas, the reserve, and every experiment's share, use and throttles",
+        description="Read the account pool the experiment shares AgentCore's quotas through (one read): the "
+        "account's quotas and where they came from, the reserve, the backoff after AgentCore's throttles, and each "
+        "experiment's weight, fair share, grant and recent use of new sessions/s, sessions in flight, throttles.",
+    )
+    capacity.add_argument("--json", action="store_true", help="print JSON")
+
     cancel = _command(
         sub,
         common,

@@ -9,8 +9,9 @@ Every call is recorded with its wall-clock time, and running/stopped sessions ar
 TPS limit and the session limit.
 
 With an `AcrProfile` (`FakeAgentRuntime(profile=AcrProfile(...))`, or `AcrProfile.realistic()`) it also holds the
-pipeline to AgentCore's real behaviour (docs/aws-facts.md): a new-session quota per endpoint (token bucket, 400/min), a
-per-account new-session rate and a shared data-plane TPS (any sliding one-second window), active sessions per
+pipeline to AgentCore's real behaviour (docs/aws-facts.md): ONE new-session rate per account shared by every runtime
+and endpoint (25/s, any sliding one-second window; optionally, as before August 2026, also a quota per endpoint: a
+token bucket of `new_sessions_per_minute`) and a shared data-plane TPS, active sessions per
 account where a session counts until stopped or idle for `idle_timeout_s` (a written but unstopped session keeps
 counting), ThrottlingException / ServiceQuotaExceededException when exceeded, cold-start `RuntimeClientError`
 (424) on a share of first invokes (the session exists anyway; the same id succeeds after `cold_start_ready_s`),
@@ -33,6 +34,7 @@ from rollout_pipeline import ids
 from rollout_pipeline.ports import (
     ObjectStore,
     RuntimeColdStart,
+    RuntimeRateExceeded,
     RuntimeRejected,
     RuntimeSessionNotFound,
     RuntimeStartFailed,
@@ -97,10 +99,11 @@ class FakeCall:
 class AcrProfile:
     """AgentCore Runtime's quotas and failure modes, as the fake enforces them (defaults: docs/aws-facts.md)."""
 
-    #: New sessions per minute per endpoint (token bucket refilled continuously, one second of burst).
-    new_sessions_per_minute: float = 400.0
-    #: New sessions per second per account, over any sliding one-second window.
+    #: New sessions per second per account (every runtime and endpoint together), over any sliding one-second window.
     account_new_sessions_per_s: float = 25.0
+    #: ALSO a new-session quota per endpoint, per minute (token bucket refilled continuously, one second of burst):
+    #: how AgentCore's quota page described it before the account-wide pool. None: the account pool only.
+    new_sessions_per_minute: float | None = None
     #: Data-plane calls (invoke + stop) per second per account, over any sliding one-second window.
     data_plane_tps: float = 1000.0
     #: Active sessions per account (a session counts until stopped or idle for `idle_timeout_s`).
@@ -142,7 +145,7 @@ class _Quota:
 
     def __init__(self, profile: AcrProfile) -> None:
         self.profile = profile
-        rate = profile.new_sessions_per_minute / 60.0
+        rate = profile.new_sessions_per_minute / 60.0 if profile.new_sessions_per_minute is not None else 0.0
         self.bucket_rate = rate
         self.tokens = [max(1.0, rate)] * profile.endpoints
         self.refilled = [0.0] * profile.endpoints
@@ -162,6 +165,11 @@ class _Quota:
         return True
 
     def new_session(self, now: float, endpoint: int) -> bool:
+        if self.profile.new_sessions_per_minute is None:
+            if self._window(self.new_sessions, now) + 1 > self.profile.account_new_sessions_per_s:
+                return False
+            self.new_sessions.append(now)
+            return True
         burst = max(1.0, self.bucket_rate)
         if self.refilled[endpoint] == 0.0:
             self.refilled[endpoint] = now
@@ -277,7 +285,7 @@ class FakeAgentRuntime:
         assert self.profile is not None
         if not self._quota.data_plane_call(now):
             self.calls.append(FakeCall(now, "invoke", session_id, "throttled", endpoint))
-            raise RuntimeThrottled("ThrottlingException: data-plane rate exceeded")
+            raise RuntimeRateExceeded("ThrottlingException: data-plane rate exceeded")
         cold_until = self.cold_until.get(session_id)
         if cold_until is not None:
             if now < cold_until:
@@ -294,7 +302,7 @@ class FakeAgentRuntime:
             )
         if not self._quota.new_session(now, endpoint):
             self.calls.append(FakeCall(now, "invoke", session_id, "throttled", endpoint))
-            raise RuntimeThrottled(f"ThrottlingException: new-session rate exceeded on endpoint {endpoint}")
+            raise RuntimeRateExceeded(f"ThrottlingException: new session creation rate exceeded (endpoint {endpoint})")
         if self._rng.random() < self.profile.cold_start_share:
             # The microVM exists (it counts and must be stopped) but the agent is not up yet.
             self.calls.append(FakeCall(now, "invoke", session_id, "cold_start", endpoint))
@@ -340,7 +348,7 @@ class FakeAgentRuntime:
                 assert self._quota is not None
                 if not self._quota.data_plane_call(now):
                     self.calls.append(FakeCall(now, "stop", session_id, "throttled", endpoint))
-                    raise RuntimeThrottled("ThrottlingException: data-plane rate exceeded")
+                    raise RuntimeRateExceeded("ThrottlingException: data-plane rate exceeded")
                 failing = 0 < self.stop_failures[session_id] < self.profile.stop_failures_in_a_row
                 if known and (
                     failing

@@ -44,7 +44,8 @@ from rollout_pipeline.lifecycle import budget, costing, publishing, stops
 from rollout_pipeline.lifecycle.cancel import cancel_rollout
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.failures import end_attempt, fail_rollout
-from rollout_pipeline.lifecycle.limits import Held, NoCallBudget
+from rollout_pipeline.lifecycle.limits.admission import Held
+from rollout_pipeline.lifecycle.limits.pacing import NoCallBudget
 from rollout_pipeline.lifecycle.metrics import (
     COLD_START_RETRIED,
     IN_FLIGHT,
@@ -219,7 +220,7 @@ def dispatch_body(
             session_id=message.session_id,
             submitted_at=iso(message.submitted_at),
             deadline=int((deps.now() + timedelta(seconds=options.rollout_timeout_s)).timestamp()),
-            max_sessions=deps.config.max_sessions,
+            max_sessions=deps.max_sessions(),
             policy_version=batches.policy_version(options.policy_version),
             batch_policy_version=options.policy_version,
             slot_shard=shard,
@@ -440,9 +441,7 @@ def _invoke(
             log.warning("invoke of %s: outcome unknown (%s); the deadline decides", session_id, exc)
             break
         except NoCallBudget:  # no call was made: our own budgets had no slot before the invoke had to start
-            if not new_session:  # the attempt stays dispatched: the re-sent message invokes the same session
-                return _requeue(message, deps, Dispatch.REQUEUED_NO_TIME)
-            return _undo_and_requeue(message, deps, Dispatch.REQUEUED_LIMIT)
+            return _no_budget(message, deps, new_session=new_session)
         except RuntimeThrottled as exc:
             gave_up = _after_throttle(
                 message,
@@ -464,6 +463,14 @@ def _invoke(
         return _stop_late(message, deps, wait_until)
     deps.metrics.count(DISPATCHED_METRIC)
     return Dispatch.REINVOKED if reinvoke else Dispatch.INVOKED
+
+
+def _no_budget(message: RolloutMessage, deps: LifecycleDeps, *, new_session: bool) -> Dispatch:
+    """Our own budgets had no slot before the invoke had to start (no call was made): re-sent fresh. An attempt that
+    already has a session stays dispatched (the re-sent message invokes the same session); else it is undone."""
+    if not new_session:
+        return _requeue(message, deps, Dispatch.REQUEUED_NO_TIME)
+    return _undo_and_requeue(message, deps, Dispatch.REQUEUED_LIMIT)
 
 
 def _after_throttle(

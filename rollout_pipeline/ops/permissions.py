@@ -22,6 +22,7 @@ ResourceKind = Literal[
     "rollout_queue",
     "trainer_queue",
     "ledger",
+    "pool",
     "ledger_batches",
     "bus",
     "runtime",
@@ -45,6 +46,8 @@ TRAINER_ACTIONS: Final[Mapping[ResourceKind, tuple[str, ...]]] = {
         "sqs:GetQueueAttributes",
     ),
     "ledger": access.LEDGER_ITEM_ACTIONS,
+    # The account pool's one item: `Experiment.capacity` reads it, a cancel's stops renew the experiment's lease.
+    "pool": access.POOL_ITEM_ACTIONS,
     # Experiment.cost lists the experiment's batches: a Query of the `deadline` index's batch partition
     "ledger_batches": ("dynamodb:Query",),
     "bus": ("events:PutEvents",),  # submit publishes Batch Accepted; cancel publishes the failures

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from rollout_pipeline.ledger.ledger import Ledger
     from rollout_pipeline.lifecycle.cancel import CancelResult
     from rollout_pipeline.ports import AgentRuntime
+    from rollout_pipeline.sdk.capacity import CapacityView
     from rollout_pipeline.sdk.client import RolloutClient
     from rollout_pipeline.sdk.cost import ExperimentCost
     from rollout_pipeline.wiring import Wiring
@@ -747,6 +748,17 @@ class Experiment:
                 with Path(out).open("w", encoding="utf-8") as handle:
                     return write_jsonl(rows, handle)
             return write_jsonl(rows, out)
+
+    def capacity(self) -> CapacityView:
+        """The account pool this experiment shares AgentCore's quotas through (one read): the account's quotas,
+        the reserve, the backoff, and every experiment's weight, fair share, grant, recent use and throttles
+        (`rollouts capacity`; `CapacityView.lines()` prints it)."""
+        from rollout_pipeline.sdk.capacity import read_capacity
+        from rollout_pipeline.topology import POOL_TABLE_NAME
+
+        table = self.stack_outputs.pool_table_name or POOL_TABLE_NAME
+        with aws_errors("read the account pool"):
+            return read_capacity(table, self.aws.client("dynamodb"), self.aws.region)
 
     def set_policy_version(self, version: str | None) -> None:
         """Advance the experiment's current policy version (an async trainer, after each weight sync): rollouts

@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parents[2]
 PACKAGE = "rollout_pipeline"
 
 #: The base every layer may use; it imports nothing above it.
-BASE = ("contracts", "config", "ids", "ports", "metric_names", "costs")
+BASE = ("contracts", "config", "ids", "ports", "metric_names", "quotas", "costs")
 #: What only tests, benchmarks and local mode run on.
 TEST_ONLY = ("fakes",)
 #: The root's plain modules: names, numbers and small rules the stages and the stack read.
@@ -24,7 +24,8 @@ ALLOWED: dict[str, frozenset[str]] = {
     # The base imports only the base.
     "metric_names": frozenset(),
     "ids": frozenset(),
-    "config": frozenset({"metric_names"}),
+    "quotas": frozenset(),
+    "config": frozenset({"metric_names", "quotas"}),
     "ports": frozenset({"contracts"}),
     "contracts": frozenset({"config", "ids", "ports"}),
     "costs": frozenset({"config", "contracts"}),
