@@ -26,7 +26,7 @@ help: ## List the targets (this text)
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q -c $(CONSTRAINTS) --upgrade pip
-	$(BIN)/pip install -q -c $(CONSTRAINTS) -e ".[cdk,agent,local,dev,report]"
+	$(BIN)/pip install -q -c $(CONSTRAINTS) -e ".[cdk,agent,local,dev,report,data,readers]"
 	touch $(STAMP)
 
 $(NODE_STAMP): package.json package-lock.json
