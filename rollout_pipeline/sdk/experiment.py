@@ -628,7 +628,9 @@ class Experiment:
         several, or None for every batch of the experiment.
         """
         if format == "parquet":
-            return self.export_dataset(batch_id, out, include_results=include_results, **dataset_options).rows  # type: ignore[arg-type]
+            if not isinstance(out, str | os.PathLike):
+                raise SdkError("format='parquet' writes a directory: give its path")
+            return self.export_dataset(batch_id, out, include_results=include_results, **dataset_options).rows
         if format != "jsonl":
             raise SdkError(f"format must be jsonl or parquet (got {format!r})")
         if dataset_options:
@@ -643,7 +645,7 @@ class Experiment:
                 yield from export_rows(
                     groups=ledger.batches.groups(batch),
                     rollouts=ledger.rollouts.batch_rollouts(batch),
-                    fetch_result=quiet_fetch(self) if include_results else None,  # type: ignore[arg-type]
+                    fetch_result=quiet_fetch(self) if include_results else None,
                     include_payload=include_payload,
                 )
 

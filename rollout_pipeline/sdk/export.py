@@ -91,7 +91,7 @@ def export_rows(
     *,
     groups: Iterable[GroupItem],
     rollouts: Iterable[RolloutRecord],
-    fetch_result: Callable[[str], dict[str, Any] | None] | None,
+    fetch_result: FetchResult | None,
     include_payload: bool = False,
 ) -> Iterator[dict[str, Any]]:
     """Join groups and rollout items into export rows.

@@ -222,6 +222,13 @@ def test_filters_and_the_cli(experiment: Experiment, batch: str, cli: list[str],
     assert kept["q1#0"]["advantage"] == pytest.approx(grpo([1.0, 0.0])[0]), "computed over the whole group"
     assert "filters: reward >= 1" in (tmp_path / "f" / "README.md").read_text().lower()
 
+    # The same through `Experiment.export(format=...)`.
+    assert experiment.export(batch, tmp_path / "p", format="parquet", succeeded_only=True) == 7
+    with pytest.raises(SdkError, match="variance_only: only with format='parquet'"):
+        experiment.export(batch, tmp_path / "x.jsonl", variance_only=True)
+    with pytest.raises(SdkError, match="format must be jsonl or parquet"):
+        experiment.export(batch, tmp_path / "x.csv", format="csv")
+
 
 def test_cli_errors_are_one_line(
     experiment: Experiment, cli: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
