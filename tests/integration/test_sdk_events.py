@@ -140,7 +140,10 @@ def test_timeout_bounds_an_empty_stream(experiment: Experiment) -> None:
 
     start = time.monotonic()
     assert list(experiment.events(timeout=1.2, poll_wait_s=WAIT)) == []
-    assert time.monotonic() - start < 4
+    elapsed = time.monotonic() - start
+    # The stream ends by its timeout, not earlier; the upper bound only guards against a hang (how long past the
+    # timeout the last receive returns depends on the machine's load, so it is not asserted closely).
+    assert 1.2 <= elapsed < 60
 
 
 # ---------------------------------------------------------------------------------------------------- groups
