@@ -710,7 +710,7 @@ class Experiment:
         writes nothing to the ledger, the buckets or the bus. A row whose function raised is marked
         (`rescore_error`) and counted (`DatasetExport.failed`, the first ones in `errors`); the run goes on."""
         from rollout_pipeline.sdk.dataset import RowFilter
-        from rollout_pipeline.sdk.export import export_dataset
+        from rollout_pipeline.sdk.export import export_dataset, quiet_payload
         from rollout_pipeline.sdk.rescore import Rescorer, load_reward_function
 
         if isinstance(reward, str):
@@ -728,7 +728,7 @@ class Experiment:
             row_filter=row_filter,
             result_fields=result_fields,
             overwrite=overwrite,
-            rescorer=Rescorer(function),
+            rescorer=Rescorer(function, load_payload=quiet_payload(self)),
             rescored_with=name,
         )
 

@@ -261,6 +261,29 @@ def quiet_fetch(experiment: Experiment) -> FetchResult:
     return fetch
 
 
+def quiet_payload(experiment: Experiment) -> Callable[[str], Any]:
+    """Reads a payload stored aside (`payload_ref`, a claim check of at most `MAX_ROW_BYTES`): the parsed object, or
+    None (and a warning) when it cannot be read."""
+    from rollout_pipeline.adapters.s3 import S3ObjectStore
+    from rollout_pipeline.contracts import MAX_ROW_BYTES
+
+    store = S3ObjectStore(experiment.client("s3"))
+
+    def load(uri: str) -> Any:
+        try:
+            bucket, key = ids.parse_s3_uri(uri)
+            with aws_errors(f"read {uri}"):
+                body, size = store.get_bytes(bucket, key, MAX_ROW_BYTES)
+            if size > MAX_ROW_BYTES:
+                raise ValueError(f"larger than {MAX_ROW_BYTES} bytes")
+            return json.loads(body)
+        except (SdkError, ValueError, ids.InvalidId, LookupError) as exc:
+            logger.warning("cannot read the payload %s: %s", uri, exc)
+            return None
+
+    return load
+
+
 def resolve_batches(experiment: Experiment, batch_id: str | Iterable[str] | None) -> list[str]:
     """The batches one export covers: those named (each must exist: `BatchNotFound`), or every batch of the
     experiment (None: one Scan of the batch items), oldest first."""

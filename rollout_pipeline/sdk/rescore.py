@@ -1,11 +1,12 @@
 """Re-scoring: a new reward function applied to stored rollouts, without running an agent.
 
-`reward(row, result)` gets one dataset row (`sdk.dataset.COLUMNS`, plus `payload`: the row's payload parsed, or
-None when it was stored aside) and the rollout's result object (parsed JSON), and returns a number or a per-turn
-list (its last entry is then the scalar reward), as an agent's `rewards`. It is called for every `succeeded`
-rollout whose result object can be read; failed and unfinished rollouts keep a null reward. A function that raises
-(or returns something else) marks its row (`rescore_error`, null `reward`) and the run goes on. Group statistics and
-advantages are then recomputed with the SDK's one formula (`contracts.grpo_advantages`, `Group.advantages()`).
+`reward(row, result)` gets one dataset row (`sdk.dataset.COLUMNS`, plus `payload`: the row's payload parsed, read
+from its claim check when it was stored aside) and the rollout's result object (parsed JSON), and returns a number
+or a per-turn list (its last entry is then the scalar reward), as an agent's `rewards`. It is called for every
+`succeeded` rollout whose result object can be read; failed and unfinished rollouts keep a null reward. A function
+that raises (or returns something else) marks its row (`rescore_error`, null `reward`) and the run goes on. Group
+statistics and advantages are then recomputed with the SDK's one formula (`contracts.grpo_advantages`,
+`Group.advantages()`).
 
 Nothing is written to the ledger, the buckets or the bus: re-scoring reads them and writes files.
 """
@@ -80,32 +81,39 @@ def _load_module(name: str) -> Any:
             sys.path.remove(added)
 
 
-def _payload(row: Row) -> Any:
-    text = row.get("payload_json")
-    return json.loads(text) if isinstance(text, str) else None
-
-
 @dataclass
 class Rescorer:
     """Applies `reward` to each group's rows (the `transform` of `export.write_dataset`) and counts what happened:
-    rows re-scored, rows whose function failed (and the first ones' errors, by `batch/rollout id`)."""
+    rows re-scored, rows whose function failed (and the first ones' errors, by `batch/rollout id`).
+    `load_payload` reads a payload stored aside (`payload_ref`), once per group."""
 
     reward: RewardFunction
+    load_payload: Callable[[str], Any] | None = None
     rescored: int = 0
     failed: int = 0
     errors: dict[str, str] = field(default_factory=dict)
 
     def __call__(self, rows: list[Row], results: Mapping[int, Mapping[str, Any] | None]) -> list[Row]:
-        updated = [self._row(row, results.get(row["index"])) for row in rows]
+        payload = self._payload(rows[0]) if rows else None
+        updated = [self._row(row, results.get(row["index"]), payload) for row in rows]
         return add_group_stats(updated)
 
-    def _row(self, row: Row, result: Mapping[str, Any] | None) -> Row:
+    def _payload(self, row: Row) -> Any:
+        text = row.get("payload_json")
+        if isinstance(text, str):
+            return json.loads(text)
+        ref = row.get("payload_ref")
+        if ref and self.load_payload is not None:
+            return self.load_payload(str(ref))
+        return None
+
+    def _row(self, row: Row, result: Mapping[str, Any] | None, payload: Any) -> Row:
         if row["status"] != RolloutState.SUCCEEDED.value:
             return with_rewards(row, None, None)
         if result is None:
             return self._fail(row, _UNREADABLE)
         try:
-            rewards = checked_rewards(self.reward({**row, "payload": _payload(row)}, result))
+            rewards = checked_rewards(self.reward({**row, "payload": payload}, result))
         except Exception as exc:  # the user's function: any error marks this row only
             return self._fail(row, f"{type(exc).__name__}: {exc}")
         self.rescored += 1

@@ -367,3 +367,25 @@ def test_stats_pass_at_k_matches_a_hand_computation(
     assert "--pass-k: '0'" in capsys.readouterr().err
     with pytest.raises(BatchNotFound):
         experiment.stats("nope-000000000000")
+
+
+def test_a_payload_stored_aside_reaches_the_reward_function(
+    experiment: Experiment, resources: ExperimentResources, deps: LifecycleDeps, tmp_path: Path
+) -> None:
+    from rollout_pipeline.contracts import CLAIM_CHECK_BYTES
+
+    batch_id = experiment.submit(
+        [{"id": "q1", "q": "q1", "answer": "7", "context": "x" * (CLAIM_CHECK_BYTES + 10)}], group_size=2
+    )
+    drive(resources, deps)
+    seen: list[Any] = []
+
+    def reward(row: Any, result: Any) -> float:
+        seen.append(row["payload"]["answer"])
+        return 1.0
+
+    export = experiment.rescore(batch_id, reward, tmp_path / "big")
+    assert (export.rescored, seen) == (2, ["7", "7"])
+    row = by_rollout(pq.read_table(tmp_path / "big" / "data"))["q1#0"]
+    assert row["payload_json"] is None
+    assert row["payload_ref"].startswith("s3://")
