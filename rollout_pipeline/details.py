@@ -2,7 +2,8 @@
 
 Ingestion publishes `Batch Accepted` (and `Batch Completed` for a batch with nothing to run); the outbox
 (`lifecycle.publishing`) publishes a rollout's terminal event, its group's and its batch's; the SDK rebuilds the same
-details when a trainer resumes. Each detail carries a stable `event_id`, so a re-publication is a duplicate.
+details (`sdk.replay`) for a trainer that resumes or a stream from the start. Each detail carries a stable `event_id`,
+so a re-publication is a duplicate.
 """
 
 from __future__ import annotations

@@ -131,6 +131,12 @@ def _add_submission(sub: Any, common: argparse.ArgumentParser) -> None:
         "--from-trainer-queue", action="store_true", help="consume the trainer queue instead of a private tap"
     )
     watch.add_argument(
+        "--from-start",
+        action="store_true",
+        help="log every event of --batch from its first: those published before, rebuilt from the ledger with the "
+        "same event ids, then the live ones, each once",
+    )
+    watch.add_argument(
         "--refresh",
         type=float,
         default=15.0,

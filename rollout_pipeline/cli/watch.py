@@ -9,7 +9,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TextIO
 
-from rollout_pipeline.cli.base import EXIT_ERROR, EXIT_OK
+from rollout_pipeline.cli.base import EXIT_ERROR, EXIT_OK, CliError
 from rollout_pipeline.contracts import BatchAccepted, BatchCompleted, GroupCompleted, RolloutCompleted, RolloutFailed
 
 if TYPE_CHECKING:
@@ -129,16 +129,24 @@ class Progress:
 
 
 def watch(experiment: Experiment, args: argparse.Namespace, out: TextIO) -> int:
-    """Follow one batch (`args.batch`) to its end with a progress bar, or log every batch's events."""
+    """Follow one batch (`args.batch`) to its end with a progress bar, or log every batch's events; with
+    `args.from_start`, log every event of the batch from its first (rebuilt from the ledger) to its end."""
     timeout: float | None = args.timeout
     poll_wait = float(getattr(args, "poll_wait", 5.0))
+    from_start = bool(getattr(args, "from_start", False))
+    if from_start and args.batch is None:
+        raise CliError("--from-start needs --batch: the batch whose events to start from")
     if args.from_trainer_queue:
-        stream_cm: Any = experiment.events(batch_id=args.batch, timeout=timeout, poll_wait_s=poll_wait)
+        stream_cm: Any = experiment.events(
+            batch_id=args.batch, timeout=timeout, poll_wait_s=poll_wait, from_start=from_start
+        )
     else:
-        stream_cm = experiment.tap(batch_id=args.batch, timeout=timeout, poll_wait_s=poll_wait)
+        stream_cm = experiment.tap(batch_id=args.batch, timeout=timeout, poll_wait_s=poll_wait, from_start=from_start)
     with stream_cm as stream:
         if args.batch is None:
             return _watch_all(stream, out)
+        if from_start:
+            return _watch_from_start(stream, args.batch, out)
         progress = Progress(args.batch)
         progress.baseline(experiment)  # after the tap exists: nothing falls between the two
         refresh = float(getattr(args, "refresh", 15.0))
@@ -207,25 +215,52 @@ def _no_render(final: bool) -> None:
 
 
 def _watch_all(stream: Any, out: TextIO) -> int:
-    """Every batch: one log line per batch-level event and per completed group."""
+    """Every batch: one log line per batch-level event, per completed group and per failed rollout."""
     for event in stream:
-        detail = event.detail
-        if isinstance(detail, BatchAccepted):
-            text = (
-                f"accepted: {detail.rows_accepted} rows ({detail.rows_rejected} rejected), "
-                f"{detail.rollouts_enqueued} rollouts"
-            )
-            if detail.error:
-                text = f"rejected: {detail.error}"
-        elif isinstance(detail, GroupCompleted):
-            mean = "-" if detail.reward_mean is None else f"{detail.reward_mean:.4f}"
-            text = f"group {detail.input_id}: {detail.succeeded}/{detail.group_size} succeeded, reward mean {mean}"
-        elif isinstance(detail, BatchCompleted):
-            mean = "-" if detail.reward_mean is None else f"{detail.reward_mean:.4f}"
-            text = f"completed: {detail.succeeded} succeeded, {detail.failed} failed, reward mean {mean}"
-        elif isinstance(detail, RolloutFailed):
-            text = f"rollout {detail.rollout_id} failed: {detail.reason.value}: {detail.error[:200]}"
-        else:
-            continue
-        print(f"{detail.batch_id} {text}", file=out, flush=True)
+        text = event_line(event.detail, rollouts=False)
+        if text is not None:
+            print(f"{event.detail.batch_id} {text}", file=out, flush=True)
     return EXIT_OK
+
+
+def _watch_from_start(stream: Any, batch_id: str, out: TextIO) -> int:
+    """One batch from its first event: one log line per event (those before the watch rebuilt from the ledger,
+    marked `(from the ledger)`), until `Batch Completed`; then the summary line."""
+    progress = Progress(batch_id)
+    while not progress.done:
+        delivery = stream.next_delivery(stream.remaining())
+        if delivery is None:
+            if stream.expired() or stream.closed:
+                break
+            continue
+        event = delivery.event
+        text = event_line(event.detail, rollouts=True)
+        if text is not None:
+            origin = " (from the ledger)" if not delivery.receipt else ""
+            print(f"{event.detail_type.value:<17} {text}{origin}", file=out, flush=True)
+        progress.apply(event.detail)
+        stream.ack(delivery)
+    print(progress.summary or f"batch {batch_id}: {progress.line()}", file=out)
+    return EXIT_OK if progress.done else EXIT_ERROR
+
+
+def event_line(detail: Any, *, rollouts: bool) -> str | None:
+    """One log line of an event (without its batch); rollout completions only with `rollouts`, else None."""
+    if isinstance(detail, BatchAccepted):
+        if detail.error:
+            return f"rejected: {detail.error}"
+        return (
+            f"accepted: {detail.rows_accepted} rows ({detail.rows_rejected} rejected), "
+            f"{detail.rollouts_enqueued} rollouts"
+        )
+    if isinstance(detail, GroupCompleted):
+        mean = "-" if detail.reward_mean is None else f"{detail.reward_mean:.4f}"
+        return f"group {detail.input_id}: {detail.succeeded}/{detail.group_size} succeeded, reward mean {mean}"
+    if isinstance(detail, BatchCompleted):
+        mean = "-" if detail.reward_mean is None else f"{detail.reward_mean:.4f}"
+        return f"completed: {detail.succeeded} succeeded, {detail.failed} failed, reward mean {mean}"
+    if isinstance(detail, RolloutFailed):
+        return f"rollout {detail.rollout_id} failed: {detail.reason.value}: {detail.error[:200]}"
+    if isinstance(detail, RolloutCompleted) and rollouts:
+        return f"rollout {detail.rollout_id} reward {detail.reward:.4f} (attempt {detail.attempt})"
+    return None

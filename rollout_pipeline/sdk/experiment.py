@@ -18,7 +18,6 @@ from rollout_pipeline.contracts import (
     DatasetRow,
     DetailType,
     FileOptions,
-    RolloutCompleted,
     read_result,
     utcnow,
 )
@@ -416,6 +415,7 @@ class Experiment:
         consume_others: bool = False,
         poll_wait_s: float = DEFAULT_POLL_WAIT_S,
         visibility_s: int | None = None,
+        from_start: bool = False,
     ) -> EventStream:
         """Iterate pipeline events from the trainer queue by long polling.
 
@@ -423,16 +423,54 @@ class Experiment:
         advanced past it (or the `with` block ended normally). Events that do not match `batch_id` /
         `detail_types` are released for other consumers, or deleted with `consume_others=True`. Stops after
         `timeout` seconds (None: never) or `max_events` events.
+
+        `from_start=True` (with `batch_id`): first every event the batch(es) published so far, rebuilt from the
+        ledger with the `event_id`s the bus carried (`sdk.replay`), then the live ones, each `event_id` once for
+        this stream, also those other consumers of this process handled (a live copy of a rebuilt event is
+        dropped): a trainer that starts late, or a second consumer, sees the whole batch. Nothing is re-run.
         """
-        return EventStream(
-            QueueReader(self.aws, self.trainer_queue_url, visibility_s=visibility_s),
-            self.seen,
-            event_filter=EventFilter(batch_id, detail_types),
-            timeout=timeout,
-            max_events=max_events,
-            consume_others=consume_others,
-            poll_wait_s=poll_wait_s,
-        )
+        event_filter = EventFilter(batch_id, detail_types)
+        reader = QueueReader(self.aws, self.trainer_queue_url, visibility_s=visibility_s)
+        options: dict[str, Any] = {
+            "event_filter": event_filter,
+            "timeout": timeout,
+            "max_events": max_events,
+            "consume_others": consume_others,
+            "poll_wait_s": poll_wait_s,
+        }
+        if not from_start:
+            return EventStream(reader, self.seen, **options)
+        return self._catch_up(reader, event_filter, options)
+
+    def _catch_up(self, reader: QueueReader, event_filter: EventFilter, options: dict[str, Any]) -> EventStream:
+        """A `CatchUpStream` over `reader`: the batches' events rebuilt from the ledger first (`events(from_start=
+        True)`, `tap(from_start=True)`)."""
+        from rollout_pipeline.sdk.replay import CatchUpStream, batch_events
+
+        if event_filter.batch_ids is None:
+            raise SdkError("from_start needs the batch (or batches) to start from: pass batch_id")
+        batches = sorted(event_filter.batch_ids)
+        ledger = self._ledger()
+        fetch = self._inline_fetch()
+
+        def replay() -> Iterator[Event]:
+            with aws_errors("read the batch's events from the ledger"):
+                for batch in batches:
+                    yield from batch_events(ledger, batch, fetch_result=fetch)
+
+        return CatchUpStream(reader, SeenIds(), replay=replay, **options)
+
+    def _inline_fetch(self) -> Callable[[str], dict[str, Any] | None]:
+        """Reads a result object to inline into a rebuilt event; None (logged) when it cannot be read."""
+
+        def fetch(uri: str) -> dict[str, Any] | None:
+            try:
+                return self.fetch_result(uri)
+            except SdkError as exc:
+                logger.warning("cannot inline %s: %s", uri, exc)
+                return None
+
+        return fetch
 
     def aevents(
         self,
@@ -451,6 +489,7 @@ class Experiment:
         timeout: float | None = None,
         *,
         poll_wait_s: float = DEFAULT_POLL_WAIT_S,
+        from_start: bool = False,
     ) -> AbstractContextManager[EventStream]:
         """Observe events without taking them from the trainer: a private queue subscribed to the bus.
 
@@ -458,8 +497,19 @@ class Experiment:
         the `with` block, and deletes both afterwards. Only events published after it starts are seen. Needs
         `sqs:CreateQueue`/`DeleteQueue`/`SetQueueAttributes` and `events:PutRule`/`PutTargets`/`RemoveTargets`/
         `DeleteRule`. `rollouts watch` uses it so that watching never steals the trainer's events.
+        `from_start=True` (with `batch_id`): the batch's earlier events first, rebuilt from the ledger once the queue
+        exists (as `events(from_start=True)`; `rollouts watch --from-start`).
         """
-        return subscription.tap(self.aws, self.bus_name, batch_id, detail_types, timeout, poll_wait_s=poll_wait_s)
+        stream = None
+        if from_start:
+            event_filter = EventFilter(batch_id, detail_types)
+
+            def stream(reader: QueueReader, options: dict[str, Any]) -> EventStream:
+                return self._catch_up(reader, event_filter, options)
+
+        return subscription.tap(
+            self.aws, self.bus_name, batch_id, detail_types, timeout, poll_wait_s=poll_wait_s, stream=stream
+        )
 
     def open_subscription(
         self, pattern: Mapping[str, Any], *, suffix: str, retention_s: int = 3600, kind: str | None = None
@@ -532,14 +582,21 @@ class Experiment:
         stop_on_batch_completed: bool = True,
         poll_wait_s: float = DEFAULT_POLL_WAIT_S,
         consume_others: bool = False,
+        from_start: bool = False,
     ) -> GroupStream:
         """Complete GRPO groups of a batch as they complete (`Group Completed` + its per-rollout events).
 
         Ends when `Batch Completed` for the batch arrives (unless `stop_on_batch_completed=False`) or after
-        `timeout` seconds.
+        `timeout` seconds. `from_start=True`: the groups completed before, rebuilt from the ledger, come first
+        (`events(from_start=True)`).
         """
         stream = self.events(
-            batch_id, GROUP_DETAIL_TYPES, timeout, consume_others=consume_others, poll_wait_s=poll_wait_s
+            batch_id,
+            GROUP_DETAIL_TYPES,
+            timeout,
+            consume_others=consume_others,
+            poll_wait_s=poll_wait_s,
+            from_start=from_start,
         )
         return GroupStream(stream, grace_s=grace_s, stop_on_batch_completed=stop_on_batch_completed)
 
@@ -783,8 +840,8 @@ class Experiment:
         `skip`: input ids the trainer already handled (checkpointed). `include_results`: inline each successful
         rollout's result object (one S3 GET per rollout). Raises `BatchNotFound` for an unknown batch.
         """
-        from rollout_pipeline.details import group_completion_detail, rollout_event, with_members
         from rollout_pipeline.ledger.batches import batch_options
+        from rollout_pipeline.sdk.replay import group_events
 
         skipped = set(skip)
         groups: list[Group] = []
@@ -795,21 +852,18 @@ class Experiment:
                 raise BatchNotFound(f"no batch {batch_id!r} in experiment {self.name!r}")
             options = batch_options(batch)
             for group_item in ledger.batches.groups(batch_id):
-                input_id = group_item.input_id
-                if input_id in skipped:
+                if group_item.input_id in skipped or not group_item.complete:
                     continue
-                detail = group_completion_detail(group_item, options.policy_version if options else None)
-                if detail is None:
+                rollouts, completed = group_events(
+                    group_item,
+                    ledger.rollouts.iter_rollouts(batch_id, group_item.input_id),
+                    policy_version=options.policy_version if options else None,
+                    fetch_result=self.fetch_result if include_results else None,
+                    inline_limit=None,
+                )
+                if completed is None:
                     continue
-                records = [r for r in ledger.rollouts.iter_rollouts(batch_id, input_id) if r.terminal]
-                group = Group(completed=with_members(detail, records))
-                for rec in records:
-                    notified = rec.finished_at or utcnow()
-                    event = rollout_event(rec, notified_at=notified)
-                    if include_results and isinstance(event, RolloutCompleted) and event.result_uri:
-                        event = event.model_copy(update={"result": self.fetch_result(event.result_uri)})
-                    group.rollouts[rec.index] = event
-                groups.append(group)
+                groups.append(Group(completed=completed, rollouts={r.index: r for r in rollouts}))
         return groups
 
     # ------------------------------------------------------------------------------------------ ART-style

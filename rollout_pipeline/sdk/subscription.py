@@ -61,23 +61,25 @@ def tap(
     timeout: float | None,
     *,
     poll_wait_s: float,
+    stream: Callable[[QueueReader, dict[str, Any]], EventStream] | None = None,
 ) -> Iterator[EventStream]:
-    """An `EventStream` over a private subscription matching `batch_id` (all batches: None), removed on exit."""
+    """An `EventStream` over a private subscription matching `batch_id` (all batches: None), removed on exit.
+    `stream(reader, options)` builds another kind of stream over the subscription's queue (a `CatchUpStream`)."""
     pattern: dict[str, Any] = {"source": [EVENT_SOURCE]}
     if batch_id is not None:
         pattern["detail"] = {"batch_id": [batch_id]}
     name, queue_url = open_subscription(aws, bus_name, pattern, suffix=f"tap-{uuid.uuid4().hex[:8]}", kind="tap")
     try:
-        stream = EventStream(
-            QueueReader(aws, queue_url),
-            SeenIds(),
-            event_filter=EventFilter(batch_id, detail_types),
-            timeout=timeout,
-            consume_others=True,  # the queue is ours alone
-            poll_wait_s=poll_wait_s,
-        )
-        with stream:
-            yield stream
+        options: dict[str, Any] = {
+            "event_filter": EventFilter(batch_id, detail_types),
+            "timeout": timeout,
+            "consume_others": True,  # the queue is ours alone
+            "poll_wait_s": poll_wait_s,
+        }
+        reader = QueueReader(aws, queue_url)
+        events = stream(reader, options) if stream is not None else EventStream(reader, SeenIds(), **options)
+        with events:
+            yield events
     finally:
         close_subscription(aws, bus_name, name, queue_url)
 

@@ -71,7 +71,8 @@ def parse_envelope(body: str) -> tuple[dict[str, Any], Event | None]:
 
 @dataclass
 class Delivery:
-    """A received message: its receipt handle and the event it carries (None: not a pipeline event)."""
+    """A received message: its receipt handle and the event it carries (None: not a pipeline event). An empty
+    receipt: an event that came from elsewhere than a queue (the ledger); deleting or releasing it does nothing."""
 
     receipt: str
     event: Event | None
@@ -117,6 +118,9 @@ class QueueReader:
 
     def _call(self, operation: str, delivery: Delivery, **kwargs: Any) -> None:
         from botocore.exceptions import ClientError
+
+        if not delivery.receipt:  # not received from a queue (rebuilt from the ledger: `sdk.replay`)
+            return
 
         try:
             with aws_errors(operation):
