@@ -249,7 +249,7 @@ def _time_moto(which: str) -> None:
     BotocoreStubber.process_request = timed  # type: ignore[method-assign]
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:  # noqa: C901 (one run's harness: its threads share the run's state through closures)
     from lambda_consumers import KeptMetrics, lambda_consumer, quiet_handlers
 
     from rollout_pipeline import ids
@@ -259,6 +259,7 @@ def run(args: argparse.Namespace) -> int:
     from rollout_pipeline.adapters.sqs import SqsQueue
     from rollout_pipeline.config import ExperimentConfig
     from rollout_pipeline.fakes.acr import AcrProfile, AgentBehaviour, FakeAgentRuntime
+    from rollout_pipeline.feed.feed import Feed
     from rollout_pipeline.ledger.ledger import Ledger
     from rollout_pipeline.lifecycle.deps import LifecycleDeps
     from rollout_pipeline.local.lambda_runtime import Schedule
@@ -301,13 +302,15 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     fake = FakeAgentRuntime(store=S3ObjectStore(), behaviour=behaviour, profile=profile)
+    ledger, queue = Ledger.open(settings.table_name), SqsQueue()
     deps = LifecycleDeps(
         settings=settings,
-        ledger=Ledger.open(settings.table_name),
+        ledger=ledger,
         runtime=fake,
         store=S3ObjectStore(),
-        queue=SqsQueue(),
+        queue=queue,
         publisher=EventBridgePublisher(settings.bus_name),
+        feed=Feed(ledger, queue, settings),
         outbox_age_s=2.0,
         dispatch_threads=args.threads,
         group_admission=not args.no_group_admission,

@@ -202,6 +202,7 @@ class InMemoryBatchTable:
 def bench_logic(path: Path, key: str, group_size: int, *, traced: bool) -> dict[str, Any]:
     """The whole ingestion logic over the file with in-memory stand-ins for AWS (see the module docstring)."""
     from rollout_pipeline.config import ExperimentConfig, HandlerSettings
+    from rollout_pipeline.feed.feed import Feed
     from rollout_pipeline.ingest import Ingestion, IngestPorts
     from rollout_pipeline.ledger.ledger import Ledger
 
@@ -214,13 +215,15 @@ def bench_logic(path: Path, key: str, group_size: int, *, traced: bool) -> dict[
         experiment=ExperimentConfig(name="bench", group_size=group_size),
     )
     table, queue, publisher = InMemoryBatchTable(), CountingQueue(), NullPublisher()
+    ledger = Ledger.open("ledger", table)
     ingestion = Ingestion(
         IngestPorts(
             store=FileStore({key: path}),
             queue=queue,
             publisher=publisher,
-            ledger=Ledger.open("ledger", table),
+            ledger=ledger,
             settings=settings,
+            feed=Feed(ledger, queue, settings),
         )
     )
     event = {
@@ -263,6 +266,7 @@ def bench_moto(rows: int, group_size: int, directory: Path) -> dict[str, Any]:
         from rollout_pipeline.adapters.s3 import S3ObjectStore
         from rollout_pipeline.adapters.sqs import SqsQueue
         from rollout_pipeline.config import ExperimentConfig
+        from rollout_pipeline.feed.feed import Feed
         from rollout_pipeline.ingest import Ingestion, IngestPorts
         from rollout_pipeline.ledger.ledger import Ledger
         from rollout_pipeline.local.resources import create_resources
@@ -282,6 +286,7 @@ def bench_moto(rows: int, group_size: int, directory: Path) -> dict[str, Any]:
                 publisher=EventBridgePublisher(settings.bus_name),
                 ledger=ledger,
                 settings=settings,
+                feed=Feed(ledger, queue, settings),
             )
         )
         started = time.perf_counter()

@@ -36,7 +36,7 @@ import boto3  # noqa: E402
 from rollout_pipeline.agent.context import RolloutContext  # noqa: E402
 from rollout_pipeline.agent.rft_door import FrontDoor  # noqa: E402
 from rollout_pipeline.agent.testing import FakeModelServer  # noqa: E402
-from rollout_pipeline.local.acr import RFT_HOST_MODULE, AgentProcess  # noqa: E402
+from rollout_pipeline.local.acr import AgentProcess  # noqa: E402
 from rollout_pipeline.local.moto_server import local_aws_environ, moto_server  # noqa: E402
 
 REGION = "us-east-1"
@@ -91,11 +91,11 @@ def summary(values_s: list[float]) -> str:
     return f"median {statistics.median(ms):7.1f} ms   p95 {p95:7.1f} ms   (n={len(ms)})"
 
 
-def cold_start(module: str, env: dict[str, str], runs: int) -> list[float]:
+def cold_start(module: str, env: dict[str, str], runs: int, kind: str = "art", hosted: bool = True) -> list[float]:
     times = []
     for _ in range(runs):
         started = time.monotonic()
-        agent = AgentProcess(module, env=env).start()
+        agent = AgentProcess(module, kind=kind, hosted=hosted, env=env).start()
         try:
             agent.wait_ready(timeout_s=60)
             times.append(time.monotonic() - started)
@@ -180,22 +180,21 @@ def main(argv: list[str] | None = None) -> None:
             "s3", endpoint_url=endpoint, region_name=REGION, aws_access_key_id="local", aws_secret_access_key="local"
         )
         s3.create_bucket(Bucket=BUCKET)
-        rft_env = {**base_env, "ROLLOUTS_AGENT_MODULE": RFT_AGENT}
 
-        print("cold start (spawn -> /ping answers):")
+        print("cold start (spawn -> /ping answers; every process is the agent host):")
         art = cold_start("bench_art_agent", base_env, args.cold_starts)
         print(f"  ART app (AgentCoreRLApp)            {summary(art)}")
-        plain_env = {**base_env, "ROLLOUTS_AGENT_MODULE": "bench_plain_entrypoint"}
+        alone = cold_start("bench_art_agent", base_env, args.cold_starts, hosted=False)
+        print(f"  ART app run as itself (python -m)   {summary(alone)}")
+        plain = cold_start("bench_plain_entrypoint", base_env, args.cold_starts, "rft")
+        print(f"  RFT host, plain @app.entrypoint     {summary(plain)}")
         print(
-            f"  RFT host, plain @app.entrypoint     {summary(cold_start(RFT_HOST_MODULE, plain_env, args.cold_starts))}"
-        )
-        print(
-            f"  RFT host, example RFT agent (SDK)   {summary(cold_start(RFT_HOST_MODULE, rft_env, args.cold_starts))}"
+            f"  RFT host, example RFT agent (SDK)   {summary(cold_start(RFT_AGENT, base_env, args.cold_starts, 'rft'))}"
         )
 
-        with AgentProcess("bench_art_agent", env=base_env) as art:
+        with AgentProcess("bench_art_agent", kind="art", env=base_env) as art:
             art_answered, art_done = rollouts(art, s3, model, "art", args.rollouts)
-        with AgentProcess(RFT_HOST_MODULE, env=rft_env) as rft:
+        with AgentProcess(RFT_AGENT, kind="rft", env=base_env) as rft:
             rft_answered, rft_done = rollouts(rft, s3, model, "rft", args.rollouts)
         print("per rollout (one model call each; sequential, one process):")
         print(f"  ART app      /invocations answered  {summary(art_answered)}")

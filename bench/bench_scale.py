@@ -159,7 +159,7 @@ def item_category(pk: str, sk: str) -> str:
     if pk.startswith("B#"):
         if sk.startswith("BATCH#COUNT#"):
             return "BATCH#COUNT#*"
-        if sk in ("BATCH", "BATCH#CONTROL", "BATCH#RELEASE"):
+        if sk in ("BATCH", "BATCH#CONTROL"):
             return sk
         if sk.startswith("BATCH#CONTROL#"):
             return "BATCH#CONTROL#*"
@@ -501,9 +501,9 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if result["ok"] else 1
 
 
-def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str, Any]:
+def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str, Any]:  # noqa: C901 (one run's harness: its threads share the run's state through closures)
     from bench_acr_quotas import MOTO_TIME, ideal_group_schedule
-    from bench_lifecycle import seed
+    from bench_lifecycle import seed_groups
 
     from rollout_pipeline.adapters import clients
     from rollout_pipeline.adapters.eventbridge import EventBridgePublisher
@@ -511,9 +511,11 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
     from rollout_pipeline.adapters.sqs import SqsQueue
     from rollout_pipeline.config import ExperimentConfig
     from rollout_pipeline.fakes.acr import AcrProfile, AgentBehaviour, FakeAgentRuntime
+    from rollout_pipeline.feed.feed import Feed
+    from rollout_pipeline.feed.messages import bodies_of
+    from rollout_pipeline.feed.window import window_size
     from rollout_pipeline.ledger import retry
     from rollout_pipeline.ledger.ledger import Ledger
-    from rollout_pipeline.ledger.window import release_window
     from rollout_pipeline.lifecycle.completion import complete_records
     from rollout_pipeline.lifecycle.deps import LifecycleDeps
     from rollout_pipeline.lifecycle.dispatch import dispatch_records
@@ -583,13 +585,15 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
         seed=args.seed,
     )
     fake = FakeAgentRuntime(store=S3ObjectStore(), behaviour=behaviour, profile=acr)
+    lifecycle_ledger, lifecycle_queue = Ledger.open(settings.table_name), SqsQueue()
     deps = LifecycleDeps(
         settings=settings,
-        ledger=Ledger.open(settings.table_name),
+        ledger=lifecycle_ledger,
         runtime=fake,
         store=S3ObjectStore(),
-        queue=SqsQueue(),
+        queue=lifecycle_queue,
         publisher=EventBridgePublisher(settings.bus_name),
+        feed=Feed(lifecycle_ledger, lifecycle_queue, settings),
         dispatch_threads=args.threads,
     )
     import dataclasses
@@ -597,11 +601,13 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
     dispatch_deps = [dataclasses.replace(deps) for _ in range(args.dispatchers)]  # one slot gate per "Lambda"
     batch_id = "bench-000000000001"
     counters.harness.on = True
-    bodies = seed(resources, batch_id, inputs, group_size)
+    groups = seed_groups(resources, batch_id, inputs, group_size)
+    bodies = bodies_of(groups)
+    view = Ledger.open(settings.table_name).batches.read_batch(batch_id)  # what ingestion holds (`create_batch`)
     counters.harness.on = False
-    window = release_window(config)
+    window = window_size(config)
     if window:
-        bodies = []  # released by the window, as ingestion does (`ingest.core`): pending groups, then a release
+        bodies = []  # released by the window, as ingestion does (`ingest.core`: through `Feed.submit`)
     shuffler = random.Random(args.seed + 1)
     if args.shuffle and args.shuffle_window:
         for start in range(0, len(bodies), args.shuffle_window):
@@ -678,23 +684,15 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
                 counters.harness.on = False
 
     def ingest() -> None:
-        from rollout_pipeline.ledger.release import PendingGroup
-        from rollout_pipeline.ledger.window import Releaser, max_release
-
-        releases = ledger.release
-        groups = [PendingGroup(f"row-{i}", i + 1, group_size) for i in range(inputs)]
-
-        def release() -> None:
-            view = ledger.batches.read_batch(batch_id)
-            assert view is not None
-            Releaser(releases, SqsQueue(), staging_url, most=max_release(config)).release(view)
-
-        # As `ingest.core`: each chunk of 100 rows recorded as pending and released, then one more release once
-        # ingestion ended.
+        if not window:
+            return  # every message is in the pool already
+        feed = Feed(ledger, SqsQueue(), settings)
+        assert view is not None
+        # As `ingest.core`: each chunk of 100 rows submitted to the feed (released as far as the window has room,
+        # the rest pending), then one more submission once ingestion ended.
         for start in range(0, len(groups), 100):
-            releases.add_pending(batch_id, groups[start : start + 100], window=window)
-            release()
-        release()
+            feed.submit(view, groups[start : start + 100])
+        feed.submit(view)
 
     pool: list[str] = list(bodies)  # messages sent and not yet in the rollout queue (before: every one at once)
 

@@ -12,16 +12,21 @@ The figures, per walk:
 - file changes: how often the walk moves from one module to another (a call into, or a return to, a function in
   another file; in-file steps do not count);
 - returns: moves into a module the walk had already left (a return to a room already left);
-- steps: calls of non-leaf functions.
+- steps: calls of non-leaf functions;
+- batch reads: reads of the batch view (`BatchLedger.read_batch`, one Query each).
 
 Test scaffolding (`local/`, the fake AgentCore, the faithful AWS profile) is not part of the walk. Threads
 (thread pools of a stage) are walked separately and their figures added.
 
-Usage: python bench/bench_walk.py
+The upload walk is measured with the release window on (the default); `--window` adds the upload walk with it
+off (`release_window` 0), so both rows come from one command.
+
+Usage: python bench/bench_walk.py [--window]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -44,17 +49,23 @@ SCAFFOLDING = ("local/", "fakes/")
 Event = tuple[int, str, str, str]  # thread, "call"/"return", file, function
 
 
+#: The read of the batch view.
+BATCH_READ = ("ledger/batches.py", "BatchLedger.read_batch")
+
+
 @dataclass(frozen=True)
 class WalkFigures:
     functions: int
     file_changes: int
     returns: int
     steps: int
+    batch_reads: int = 0
 
     def line(self, name: str) -> str:
         return (
-            f"{name:<7} functions {self.functions:>3}   file changes {self.file_changes:>3}   "
-            f"returns to a room already left {self.returns:>3}   steps {self.steps:>4}"
+            f"{name:<19} functions {self.functions:>3}   file changes {self.file_changes:>3}   "
+            f"returns to a room already left {self.returns:>3}   steps {self.steps:>4}   "
+            f"batch reads {self.batch_reads}"
         )
 
 
@@ -134,10 +145,28 @@ def figures(events: list[Event]) -> WalkFigures:
             print(" -> ".join(rooms), file=sys.stderr)
         changes += max(0, len(rooms) - 1)
         returns += sum(1 for i, room in enumerate(rooms) if room in rooms[:i])
-    return WalkFigures(len(walked), changes, returns, steps)
+    reads = sum(1 for _, kind, room, function in events if kind == "call" and (room, function) == BATCH_READ)
+    return WalkFigures(len(walked), changes, returns, steps, reads)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--window", action="store_true", help="also walk the upload with the release window off")
+    args = parser.parse_args(argv)
+    rows: list[tuple[str, WalkFigures]] = []
+    for window in (None, 0) if args.window else (None,):
+        walks = walk(window)
+        if window is None:
+            rows.append(("upload (window)", walks["upload"]))
+            rows.append(("result", walks["result"]))
+        else:
+            rows.insert(1, ("upload (no window)", walks["upload"]))
+    for name, measured in rows:
+        print(measured.line(name))
+
+
+def walk(release_window: int | None) -> dict[str, WalkFigures]:
+    """The figures of the second upload and result walks of one run (`release_window`: the setting)."""
     for key, value in {
         "AWS_ACCESS_KEY_ID": "testing",
         "AWS_SECRET_ACCESS_KEY": "testing",
@@ -161,7 +190,14 @@ def main() -> None:
     patch_moto()
     clients.reset()
     with mock_aws():
-        config = ExperimentConfig(name="walk-exp", group_size=2, max_attempts=2, tps_limit=50, max_sessions=20)
+        config = ExperimentConfig(
+            name="walk-exp",
+            group_size=2,
+            max_attempts=2,
+            tps_limit=50,
+            max_sessions=20,
+            release_window=release_window,
+        )
         resources = create_resources(config, region="us-east-1", client=clients.client)
         runtime = FakeAgentRuntime()
         wiring = Wiring(resources.settings(), runtime=runtime)
@@ -198,8 +234,7 @@ def main() -> None:
             walks["result"].append(figures(trace(partial(complete_records, results[:1], deps))))
             complete_records(results[1:], deps)
         runtime.close()
-    for name, measured in walks.items():
-        print(measured[-1].line(name))
+    return {name: measured[-1] for name, measured in walks.items()}
 
 
 if __name__ == "__main__":

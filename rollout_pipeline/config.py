@@ -45,8 +45,8 @@ class SamplingParams(BaseModel):
 
 #: Environment variable naming the agent's model-key secret (Secrets Manager) in the runtime.
 MODEL_SECRET_ENV: Final = "ROLLOUTS_MODEL_SECRET"
-#: Environment variables of the agent image's start command (`rollout_pipeline.agent.start`): the agent module it
-#: serves and how (`art`: `python -m MODULE`; `rft`: through the RFT host, `rollout_pipeline.agent.rft_host`).
+#: Environment variables of the agent image's start command, the agent host (`rollout_pipeline.agent.host`): the
+#: agent module it imports and serves, and its kind (`art`; `rft`: the RFT adapter's front door starts first).
 AGENT_MODULE_ENV: Final = "ROLLOUTS_AGENT_MODULE"
 AGENT_KIND_ENV: Final = "ROLLOUTS_AGENT_KIND"
 #: The SageMaker RFT job ARN agents send as `X-Amzn-SageMaker-Job-Arn` when `_rollout.job_arn` is not set.
@@ -79,8 +79,9 @@ class ExperimentConfig(BaseModel):
         default=None,
         ge=0,
         le=1_000_000,
-        description="Rollouts of a batch released to the rollout queue and not yet ended, at most (group order "
-        "through the queue); default max_sessions + dispatch_concurrency x 10; 0: every rollout at once",
+        description="Rollouts released to the rollout queue and not yet ended, every batch together, at most (group "
+        "order through the queue, older batches first); default max_sessions + dispatch_concurrency x 10; 0: every "
+        "rollout at once",
     )
     rollout_timeout_s: int = Field(default=900, ge=10, le=28_800, description="Deadline of one attempt")
     max_attempts: int = Field(default=2, ge=1, le=10, description="Attempts per rollout (timeouts are retried)")

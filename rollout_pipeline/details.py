@@ -8,6 +8,7 @@ so a re-publication is a duplicate.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -22,6 +23,7 @@ from rollout_pipeline.contracts import (
     RolloutCompleted,
     RolloutFailed,
     Timings,
+    batch_duration_s,
     reward_stats,
     stats_from_sums,
     utcnow,
@@ -29,8 +31,9 @@ from rollout_pipeline.contracts import (
 from rollout_pipeline.ledger.items import BatchView, GroupItem, RolloutRecord, RolloutState
 
 
-def batch_accepted_detail(batch: BatchView) -> BatchAccepted:
-    """`Batch Accepted` of a batch whose ingestion has ended (stable `event_id`)."""
+def batch_accepted_detail(batch: BatchView, warnings: Sequence[str] = ()) -> BatchAccepted:
+    """`Batch Accepted` of a batch whose ingestion has ended (stable `event_id`); `warnings`: why its rollouts may
+    wait too long for a session (`feed.feed.start_warnings`)."""
     options = batch.options
     return BatchAccepted(
         event_id=ids.event_id(DetailType.BATCH_ACCEPTED, batch.exp_id, batch.batch_id),
@@ -44,6 +47,7 @@ def batch_accepted_detail(batch: BatchView) -> BatchAccepted:
         errors_uri=batch.errors_uri,
         error=batch.error,
         policy_version=options.policy_version if options else None,
+        warnings=list(warnings),
     )
 
 
@@ -72,7 +76,7 @@ def batch_completion_detail(batch: BatchView, now: datetime | None = None) -> Ba
         reward_count=batch.reward_count,
         started_at=started,
         completed_at=completed,
-        duration_s=(completed - started).total_seconds() if started else None,
+        duration_s=batch_duration_s(started, completed),
     )
 
 
@@ -103,9 +107,10 @@ def group_completion_detail(group: GroupItem, policy_version: str | None = None)
 
 
 def rollout_event(
-    rec: RolloutRecord, *, notified_at: datetime, result: dict[str, Any] | None = None
+    rec: RolloutRecord, *, notified_at: datetime | None, result: dict[str, Any] | None = None
 ) -> RolloutCompleted | RolloutFailed:
-    """The terminal event of a rollout, from its (terminal) ledger item."""
+    """The terminal event of a rollout, from its (terminal) ledger item; `notified_at` None: not known (an event
+    rebuilt from the ledger, which does not keep when the event left)."""
     timings = Timings(
         submitted_at=rec.submitted_at,
         dispatched_at=rec.dispatched_at,

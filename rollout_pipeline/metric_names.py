@@ -31,6 +31,10 @@ COLD_START_RETRIED: Final = "ColdStartRetried"
 STOP_FAILED: Final = "StopFailed"
 STOPS_PENDING: Final = "StopsPending"
 SUBMITTED: Final = "Submitted"
+#: Ingestion's own counts per invocation (`ingest.core.IngestRecordsResult.counts`).
+ROWS_ACCEPTED: Final = "RowsAccepted"
+ROWS_REJECTED: Final = "RowsRejected"
+ROLLOUTS_ENQUEUED: Final = "RolloutsEnqueued"
 REWARD: Final = "Reward"
 
 

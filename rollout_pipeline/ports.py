@@ -93,6 +93,13 @@ class RuntimeColdStart(RuntimeError):
     exists anyway: retry the SAME session id after a short wait, and stop the session if you give up."""
 
 
+class RuntimeStartFailed(RuntimeError):
+    """The session's agent cannot start: its container exited or never became ready (AgentCore answers
+    `RuntimeClientError` (424) "Runtime initialization time exceeded"; local mode: the agent process exited or missed
+    its readiness deadline, its output's tail in the message). Retrying cannot help: the rollout fails at once as
+    `agent_error`, and its session is stopped like any ended attempt's."""
+
+
 class RuntimeOutcomeUnknown(RuntimeError):
     """InvokeAgentRuntime may or may not have reached the session (a read timeout after sending): never send the
     payload again (a second rollout in one microVM); the attempt's deadline decides."""
@@ -107,7 +114,8 @@ class AgentRuntime(Protocol):
     """Amazon Bedrock AgentCore Runtime: start a rollout in a session, stop a session."""
 
     def invoke(self, session_id: str, payload: Mapping[str, Any]) -> None:
-        """InvokeAgentRuntime with `runtimeSessionId=session_id`. Raises RuntimeThrottled or RuntimeRejected."""
+        """InvokeAgentRuntime with `runtimeSessionId=session_id`. Raises RuntimeThrottled, RuntimeRejected,
+        RuntimeColdStart, RuntimeStartFailed or RuntimeOutcomeUnknown."""
         ...
 
     def stop(self, session_id: str) -> None:

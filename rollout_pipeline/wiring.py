@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from rollout_pipeline.adapters.eventbridge import EventBridgePublisher
     from rollout_pipeline.adapters.s3 import S3ObjectStore
     from rollout_pipeline.adapters.sqs import SqsQueue
+    from rollout_pipeline.feed.feed import Feed
     from rollout_pipeline.ingest.core import Ingestion
     from rollout_pipeline.ledger.ledger import Ledger
     from rollout_pipeline.lifecycle.deps import LifecycleDeps
@@ -41,13 +42,14 @@ class Wiring:
     attempt_key: Callable[[], bytes] | None = None
     #: The one clock of the ledger and the lifecycle (the ledger stamps times and TTLs with it).
     clock: Clock = field(default_factory=SystemClock)
-    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    _lock: threading.RLock = field(default_factory=threading.RLock, init=False, repr=False)
     _ingestion: Ingestion | None = field(default=None, init=False, repr=False)
+    _feed: Feed | None = field(default=None, init=False, repr=False)
     _lifecycle: LifecycleDeps | None = field(default=None, init=False, repr=False)
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None, **kwargs: Any) -> Wiring:
-        """A Lambda's wiring: settings from its environment (`topology.FunctionEnvironment`), boto3's clients, and
+        """A Lambda's wiring: settings from its environment (`config.FunctionEnvironment`), boto3's clients, and
         the attempt-token key from the secret `topology.ATTEMPT_KEY_ENV` names (when the function is given one)."""
         from rollout_pipeline.topology import ATTEMPT_KEY_ENV
 
@@ -104,6 +106,16 @@ class Wiring:
 
     # ----------------------------------------------------------------------------------------------- stages
 
+    def feed(self) -> Feed:
+        """Work into the rollout queue (built once: ingestion and the lifecycle share it, and with it its memory
+        of the release window's cursors)."""
+        with self._lock:
+            if self._feed is None:
+                from rollout_pipeline.feed.feed import Feed
+
+                self._feed = Feed(self.ledger(), self.queue(), self.settings)
+            return self._feed
+
     def ingestion(self) -> Ingestion:
         """The ingestion stage (built once)."""
         with self._lock:
@@ -117,6 +129,7 @@ class Wiring:
                         publisher=self.publisher(),
                         ledger=self.ledger(),
                         settings=self.settings,
+                        feed=self.feed(),
                     )
                 )
             return self._ingestion
@@ -131,16 +144,21 @@ class Wiring:
     def new_lifecycle(self, **overrides: Any) -> LifecycleDeps:
         """Fresh lifecycle collaborators, with `overrides` of `LifecycleDeps` fields (clock, tuning) if given; the
         ledger keeps the lifecycle's clock."""
+        from rollout_pipeline.feed.feed import Feed
         from rollout_pipeline.lifecycle.deps import LifecycleDeps
 
         clock = overrides.pop("clock", self.clock)
+        ledger = self.ledger(clock)
+        queue = self.queue()
+        if "feed" not in overrides:
+            overrides["feed"] = self.feed() if clock is self.clock else Feed(ledger, queue, self.settings)
         return LifecycleDeps(
             settings=self.settings,
-            ledger=self.ledger(clock),
+            ledger=ledger,
             clock=clock,
             runtime=self.agent_runtime(),
             store=self.store(),
-            queue=self.queue(),
+            queue=queue,
             publisher=self.publisher(),
             **{"attempt_key": self.attempt_key, **overrides},
         )

@@ -70,6 +70,10 @@ class AgentRuntimeConstruct(Construct):
             "aws-cdk-lib.aws-bedrockagentcore:containerUriValidationSkipped",
             "The image URI comes from the deploy (an image build or asset) or is given; CloudFormation validates it.",
         )
+        self._trust_own_runtime_only(config)
+        self._grant(config, results_bucket, model_secret_kms_key_arn)
+
+    def _trust_own_runtime_only(self, config: ExperimentConfig) -> None:
         # The L2 trusts `runtime/{name}*`, which also matches every runtime whose name merely starts with ours
         # (rollouts_a* matches rollouts_ab-...). A runtime id is `{name}-{suffix}` and names have no hyphen.
         role_resource = self.runtime.role.node.default_child
@@ -83,6 +87,9 @@ class AgentRuntimeConstruct(Construct):
                     Stack.of(self),
                 ),
             )
+
+    def _grant(self, config: ExperimentConfig, results_bucket: s3.IBucket, model_secret_kms_key_arn: str) -> None:
+        """The runtime's own grants: its model secret (and its key), and writing its experiment's results."""
         if config.model_secret_name:
             # The model credential stays out of payloads: the agent reads this one secret at start, nothing else.
             self.runtime.add_to_role_policy(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Final
 
-from aws_cdk import CfnOutput, Duration, Stack
+from aws_cdk import CfnOutput, Duration, RemovalPolicy, Stack
 from aws_cdk import aws_events as events
 from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_iam as iam
@@ -60,12 +60,39 @@ class ExperimentStack(Stack):
         super().__init__(scope, construct_id, **kwargs)
         self.config = config
         self.settings = settings = settings or DeploySettings()
-        archive_retention_days = settings.archive_retention_days
         removal = removal_policy(config)
 
         self.storage = Storage(self, "Storage", config=config)
         self.ledger = LedgerTableConstruct(self, "Ledger", config=config)
-        self.events = EventRouting(self, "Events", config=config, archive_retention_days=archive_retention_days)
+        self.events = EventRouting(
+            self, "Events", config=config, archive_retention_days=settings.archive_retention_days
+        )
+        self._agent(repo_root)
+        self._functions(repo_root, removal)
+        handler_settings = self._routes()
+        self._grant(**self.functions)
+        self.attempt_key = AttemptKey(self, "AttemptKey")
+        self.attempt_key.grant(self.functions["dispatch"], self.functions["completion"], self.functions["sweeper"])
+        self._observability(removal)
+        self.trainer_policy = TrainerPolicy(
+            self,
+            "Trainer",
+            config=config,
+            input_bucket=self.storage.input_bucket,
+            results_bucket=self.storage.results_bucket,
+            rollout_queue=self.dispatch.queue,
+            trainer_queue=self.events.trainer_queue,
+            table=self.ledger.table,
+            bus=self.events.bus,
+            runtime_resources=self.agent.session_resources(),
+        )
+        self._outputs(handler_settings)
+        self._operator_outputs()
+        nag.acknowledge(self)
+
+    def _agent(self, repo_root: Path) -> None:
+        """The agent's image (built in CodeBuild) and its AgentCore runtime, which pulls it."""
+        config, settings = self.config, self.settings
         self.image = AgentImage(self, "Image", config=config, settings=settings, repo_root=repo_root)
         self.agent = AgentRuntimeConstruct(
             self,
@@ -79,8 +106,10 @@ class ExperimentStack(Stack):
             self.agent.runtime.node.add_dependency(self.image.dependable)
         self.image.grant_pull(self.agent.runtime.role)
 
+    def _functions(self, repo_root: Path, removal: RemovalPolicy) -> None:
+        """The four pipeline functions (one code asset) and the queues that feed three of them."""
+        config = self.config
         code = lambda_code(RUNTIME, repo_root)
-
         specs = topology.function_specs(config)
 
         def function(name: topology.FunctionName, description: str) -> PipelineFunctionConstruct:
@@ -108,8 +137,11 @@ class ExperimentStack(Stack):
         self.completion = QueuedLambdaConsumer(
             self, "CompletionConsumer", function=completion.function, spec=specs["completion"]
         )
-        rollout_queue = self.dispatch.queue
 
+    def _routes(self) -> HandlerSettings:
+        """What reaches the functions: the S3 rules to their queues, the sweeper's schedule, and every function's
+        environment (the handler settings, returned for the stack's outputs)."""
+        config = self.config
         self.events.s3_rule(
             self,
             "DatasetUploaded",
@@ -124,19 +156,20 @@ class ExperimentStack(Stack):
             queue=self.completion.queue,
             description="Result objects written by the agent to the completion queue",
         )
+        sweeper = self.functions["sweeper"].function
         events.Rule(
             self,
             "SweepSchedule",
             description="Runs the sweeper every minute",
             schedule=events.Schedule.rate(Duration.minutes(1)),
-            targets=[targets.LambdaFunction(sweeper.function, retry_attempts=0, max_event_age=Duration.minutes(1))],
+            targets=[targets.LambdaFunction(sweeper, retry_attempts=0, max_event_age=Duration.minutes(1))],
         )
 
         handler_settings = HandlerSettings(
             table_name=self.ledger.table.table_name,
             input_bucket=self.storage.input_bucket.bucket_name,
             results_bucket=self.storage.results_bucket.bucket_name,
-            rollout_queue_url=rollout_queue.queue_url,
+            rollout_queue_url=self.dispatch.queue.queue_url,
             bus_name=self.events.bus.event_bus_name,
             runtime_arn=self.agent.arn,
             ingest_queue_url=self.ingest.queue.queue_url,
@@ -152,10 +185,11 @@ class ExperimentStack(Stack):
         for pipeline_function in self.functions.values():
             for key, value in environment.items():
                 pipeline_function.function.add_environment(key, value)
+        return handler_settings
 
-        self._grant(ingest, dispatch, completion, sweeper)
-        self.attempt_key = AttemptKey(self, "AttemptKey")
-        self.attempt_key.grant(dispatch, completion, sweeper)
+    def _observability(self, removal: RemovalPolicy) -> None:
+        """Alarms and the dashboard, and a retention for every log group (the runtime's, one per endpoint, too)."""
+        config = self.config
         self.monitoring = Monitoring(
             self,
             "Monitoring",
@@ -163,12 +197,12 @@ class ExperimentStack(Stack):
             functions={name: fn.function for name, fn in self.functions.items()},
             queues={
                 "ingest": self.ingest.queue,
-                "rollouts": rollout_queue,
+                "rollouts": self.dispatch.queue,
                 "completion": self.completion.queue,
                 "trainer": self.events.trainer_queue,
                 "undelivered": self.events.undelivered,
             },
-            alarm_email=settings.alarm_email,
+            alarm_email=self.settings.alarm_email,
             active_session_quota=config.active_session_quota,
         )
         self.monitoring.notify_every_alarm(self)
@@ -185,21 +219,6 @@ class ExperimentStack(Stack):
             for endpoint in self.agent.endpoint_names
         ]
         expire_every_log_group(self, LOG_RETENTION_DAYS, removal)
-        self.trainer_policy = TrainerPolicy(
-            self,
-            "Trainer",
-            config=config,
-            input_bucket=self.storage.input_bucket,
-            results_bucket=self.storage.results_bucket,
-            rollout_queue=rollout_queue,
-            trainer_queue=self.events.trainer_queue,
-            table=self.ledger.table,
-            bus=self.events.bus,
-            runtime_resources=self.agent.session_resources(),
-        )
-        self._outputs(handler_settings)
-        self._operator_outputs()
-        nag.acknowledge(self)
 
     def _grant(
         self,

@@ -137,32 +137,11 @@ class AgentImage(Construct):
         self.build_logs: logs.LogGroup | None = None
         self.pull_grant_arn: str | None = None
         if self.mode == "uri":
-            match = ECR_IMAGE_URI.match(settings.image_uri)
-            assert match is not None  # DeploySettings validated it
-            self.image_uri = settings.image_uri
-            self.pull_grant_arn = Stack.of(self).format_arn(
-                service="ecr",
-                account=match["account"],
-                region=match["region"],
-                resource="repository",
-                resource_name=match["repository"],
-            )
-            self.artifact = agentcore.AgentRuntimeArtifact.from_image_uri(settings.image_uri)
+            self._given(settings.image_uri)
             return
         args = build_args(config)
         if self.mode == "local":
-            asset = ecr_assets.DockerImageAsset(
-                self,
-                "Asset",
-                directory=str(repo_root),
-                file=DOCKERFILE,
-                build_args=args or None,
-                platform=ecr_assets.Platform.LINUX_ARM64,
-                exclude=image_excludes(repo_root),
-                ignore_mode=IgnoreMode.DOCKER,
-            )
-            self.artifact = agentcore.AgentRuntimeArtifact.from_ecr_repository(asset.repository, asset.image_tag)
-            self.image_uri = asset.image_uri
+            self._built_here(repo_root, args)
             return
 
         removal = removal_policy(config)
@@ -206,6 +185,35 @@ class AgentImage(Construct):
         self._skip_existing_tag()
         self._scope_context_read()
         self._acknowledge()
+
+    def _given(self, image_uri: str) -> None:
+        """An image the user built (`-c image_uri=...`): pulled from its own repository."""
+        match = ECR_IMAGE_URI.match(image_uri)
+        assert match is not None  # DeploySettings validated it
+        self.image_uri = image_uri
+        self.pull_grant_arn = Stack.of(self).format_arn(
+            service="ecr",
+            account=match["account"],
+            region=match["region"],
+            resource="repository",
+            resource_name=match["repository"],
+        )
+        self.artifact = agentcore.AgentRuntimeArtifact.from_image_uri(image_uri)
+
+    def _built_here(self, repo_root: Path, args: dict[str, str]) -> None:
+        """An image built by the deploying machine's Docker (`-c image_build=local`), a CDK asset."""
+        asset = ecr_assets.DockerImageAsset(
+            self,
+            "Asset",
+            directory=str(repo_root),
+            file=DOCKERFILE,
+            build_args=args or None,
+            platform=ecr_assets.Platform.LINUX_ARM64,
+            exclude=image_excludes(repo_root),
+            ignore_mode=IgnoreMode.DOCKER,
+        )
+        self.artifact = agentcore.AgentRuntimeArtifact.from_ecr_repository(asset.repository, asset.image_tag)
+        self.image_uri = asset.image_uri
 
     @property
     def dependable(self) -> IConstruct | None:

@@ -7,7 +7,7 @@ the Lambda that emitted it (`SERVICES`). A metric several functions emit (e.g. `
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Final
 
 from aws_cdk import ArnFormat, Duration, RemovalPolicy, Stack
@@ -317,6 +317,47 @@ class Monitoring(Construct):
             stacked=True,
             width=12,
         )
+        sessions, latency = self._session_widgets(total)
+        reward = cloudwatch.GraphWidget(
+            title="Reward (mean of finished rollouts)",
+            left=[pipeline_metric(config, m.REWARD, "completion", statistic="Average", period=FIVE_MINUTES)],
+            width=8,
+        )
+        depth = cloudwatch.GraphWidget(
+            title="Queue depths",
+            left=[
+                queue.metric_approximate_number_of_messages_visible(label=name, period=period, statistic="Maximum")
+                for name, queue in queues.items()
+            ],
+            width=8,
+        )
+        errors = cloudwatch.GraphWidget(
+            title="Lambda errors and throttles",
+            left=[fn.metric_errors(label=f"{name} errors", period=period) for name, fn in functions.items()],
+            right=[fn.metric_throttles(label=f"{name} throttles", period=period) for name, fn in functions.items()],
+            width=8,
+        )
+        capacity = self._capacity_widget(active_session_quota)
+        alarms = cloudwatch.AlarmStatusWidget(title="Alarms", alarms=list(self.alarms.values()), width=12, height=6)
+        return cloudwatch.Dashboard(
+            self,
+            "Dashboard",
+            dashboard_name=topology.stack_name(config.name),
+            default_interval=Duration.hours(3),
+            widgets=[
+                [cloudwatch.TextWidget(markdown=f"# Rollouts: {config.name}", width=24, height=1)],
+                [rollouts, reasons],
+                [sessions, latency],
+                [reward, depth, errors],
+                [capacity, alarms],
+            ],
+        )
+
+    def _session_widgets(
+        self, total: Callable[[str, str], cloudwatch.MathExpression]
+    ) -> tuple[cloudwatch.GraphWidget, cloudwatch.GraphWidget]:
+        """New sessions per second against their budget (with AgentCore's refusals), and result-to-event latency."""
+        config, period = self.config, ONE_MINUTE
         sessions = cloudwatch.GraphWidget(
             title="New sessions per second vs session_rate_limit",
             left=[
@@ -346,26 +387,12 @@ class Monitoring(Construct):
             ],
             width=12,
         )
-        reward = cloudwatch.GraphWidget(
-            title="Reward (mean of finished rollouts)",
-            left=[pipeline_metric(config, m.REWARD, "completion", statistic="Average", period=FIVE_MINUTES)],
-            width=8,
-        )
-        depth = cloudwatch.GraphWidget(
-            title="Queue depths",
-            left=[
-                queue.metric_approximate_number_of_messages_visible(label=name, period=period, statistic="Maximum")
-                for name, queue in queues.items()
-            ],
-            width=8,
-        )
-        errors = cloudwatch.GraphWidget(
-            title="Lambda errors and throttles",
-            left=[fn.metric_errors(label=f"{name} errors", period=period) for name, fn in functions.items()],
-            right=[fn.metric_throttles(label=f"{name} throttles", period=period) for name, fn in functions.items()],
-            width=8,
-        )
-        capacity = cloudwatch.GraphWidget(
+        return sessions, latency
+
+    def _capacity_widget(self, active_session_quota: int) -> cloudwatch.GraphWidget:
+        """AgentCore's active sessions against the account's quota."""
+        period = ONE_MINUTE
+        return cloudwatch.GraphWidget(
             title="AgentCore active sessions vs quota",
             left=[
                 cloudwatch.Metric(
@@ -374,20 +401,6 @@ class Monitoring(Construct):
             ],
             left_annotations=[cloudwatch.HorizontalAnnotation(value=active_session_quota, label="quota")],
             width=12,
-        )
-        alarms = cloudwatch.AlarmStatusWidget(title="Alarms", alarms=list(self.alarms.values()), width=12, height=6)
-        return cloudwatch.Dashboard(
-            self,
-            "Dashboard",
-            dashboard_name=topology.stack_name(config.name),
-            default_interval=Duration.hours(3),
-            widgets=[
-                [cloudwatch.TextWidget(markdown=f"# Rollouts: {config.name}", width=24, height=1)],
-                [rollouts, reasons],
-                [sessions, latency],
-                [reward, depth, errors],
-                [capacity, alarms],
-            ],
         )
 
 

@@ -1,20 +1,31 @@
-"""In-memory doubles the unit tests share: a clock moved by hand, an object store, the ledger's board and pace
-reads, and a queue with SQS's delivery semantics. Real AWS stand-ins (moto, the fake ACR, the faithful profile)
-live in `rollout_pipeline.fakes`; a double only one test needs stays in that test."""
+"""The doubles the tests share, one per idea: a clock moved by hand (`ManualClock`; `ShiftedClock` is the system
+clock moved forward, where real time must pass too), an object store, a queue that records what is sent to it, the
+release window's items and group items, the ledger's board and pace reads, and a queue with SQS's delivery
+semantics. Real AWS stand-ins (moto, the fake ACR, the faithful profile) live in `rollout_pipeline.fakes`; a double
+only one test needs stays in that test."""
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from typing import Any, Final
 
-from rollout_pipeline.ports import ObjectNotFound
+from rollout_pipeline.feed.messages import QueuedGroup
+from rollout_pipeline.ledger.items import GroupItem
+from rollout_pipeline.ledger.release import PendingGroup, Sending, WindowEntry, WindowState, pending_sk
+from rollout_pipeline.ports import MessageQueue, ObjectNotFound, SystemClock
 from rollout_pipeline.sdk.delivery import Delivery
 from rollout_pipeline.sdk.transport import parse_envelope
 
+EPOCH: Final = datetime.fromtimestamp(0, UTC)
+
 
 class ManualClock:
-    """Time that moves only when told: `clock()` or `clock.time()` read it, `sleep` advances it (and is logged)."""
+    """Time that moves only when told: `clock()`, `time()` and `monotonic()` read it (epoch seconds), `now()` as a UTC
+    datetime (a `ports.Clock`), `sleep` advances it (and is logged in `slept`), `advance` moves it unlogged."""
 
     def __init__(self, start: float = 0.0) -> None:
         self.t = start
@@ -26,9 +37,32 @@ class ManualClock:
     def time(self) -> float:
         return self.t
 
+    def monotonic(self) -> float:
+        return self.t
+
+    def now(self) -> datetime:
+        return datetime.fromtimestamp(self.t, UTC)
+
     def sleep(self, seconds: float) -> None:
         self.slept.append(seconds)
         self.t += max(seconds, 0.0)
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
+
+
+class ShiftedClock(SystemClock):
+    """The system clock moved forward by `offset` (to pass deadlines without waiting, where real time must also
+    pass: threads, moto)."""
+
+    def __init__(self, offset_s: float = 0.0) -> None:
+        self.offset = timedelta(seconds=offset_s)
+
+    def now(self) -> datetime:
+        return super().now() + self.offset
+
+    def advance(self, seconds: float) -> None:
+        self.offset += timedelta(seconds=seconds)
 
 
 class MemoryStore:
@@ -60,6 +94,141 @@ class MemoryStore:
 
     def iter_bytes(self, *a: object, **k: object) -> Iterator[bytes]:
         raise AssertionError("MemoryStore keeps bodies only: use moto for streamed reads")
+
+
+class RecordingQueue:
+    """A `MessageQueue` that records every body sent (parsed, in sending order) and every send call (its thread and
+    size); with `inner`, also sends through it, and with `only`, records the sends to that queue URL alone. The
+    `fail_on`-th recorded send (or the next one, `fail_next = True`) raises `error` before anything is sent: a sender
+    crashing between its ledger write and its messages."""
+
+    def __init__(
+        self,
+        inner: MessageQueue | None = None,
+        only: str | None = None,
+        *,
+        fail_on: int | None = None,
+        error: type[Exception] = ConnectionError,
+    ) -> None:
+        self.inner = inner
+        self.only = only
+        self.fail_on = fail_on
+        self.error = error
+        self.sent: list[dict[str, Any]] = []
+        self.calls: list[tuple[str, int]] = []
+        self._lock = threading.Lock()
+
+    @property
+    def fail_next(self) -> bool:
+        return self.fail_on is not None and self.fail_on > len(self.calls)
+
+    @fail_next.setter
+    def fail_next(self, value: bool) -> None:
+        self.fail_on = len(self.calls) + 1 if value else None
+
+    def send_all(self, queue_url: str, bodies: Sequence[str], delay_seconds: int = 0) -> None:
+        recorded = self.only is None or queue_url == self.only
+        if recorded:
+            with self._lock:
+                self.calls.append((threading.current_thread().name, len(bodies)))
+                if self.fail_on == len(self.calls):
+                    raise self.error(f"send #{len(self.calls)} crashed before sending")
+        if self.inner is not None:
+            self.inner.send_all(queue_url, bodies, delay_seconds)
+        if recorded:
+            with self._lock:
+                self.sent.extend(json.loads(body) for body in bodies)
+
+    def rollouts(self) -> list[tuple[str, int]]:
+        """(input id, index) of every message sent, in order."""
+        return [(m["input_id"], m["index"]) for m in self.sent]
+
+    def released(self) -> list[tuple[int, int]]:
+        """(line, index) of every first attempt sent, in order."""
+        return [(m["line"], m["index"]) for m in self.sent if m["attempt"] == 1]
+
+
+class MemoryReleaseLedger:
+    """`ReleaseLedger`'s interface over dicts: pending items by batch and sort key, one window item (conditional
+    on its version, its confirmation on its lease), a movable clock; `stale_once` hands one release an old read."""
+
+    def __init__(self) -> None:
+        self.now = 1_000_000
+        self.pending: dict[str, dict[str, list[PendingGroup]]] = {}
+        self.state = WindowState()
+        self.writes = 0
+        self.stale_once: WindowState | None = None
+
+    def epoch(self) -> int:
+        return self.now
+
+    def read_window(self) -> WindowState:
+        if self.stale_once is not None:
+            stale, self.stale_once = self.stale_once, None
+            return stale
+        return self.state
+
+    def put_pending(self, batch_id: str, groups: Sequence[PendingGroup]) -> str:
+        ordered = sorted(groups, key=lambda g: g.line)
+        self.pending.setdefault(batch_id, {})[pending_sk(ordered[0].line)] = ordered
+        return pending_sk(ordered[0].line)
+
+    def next_groups(
+        self, batch_id: str, entry: WindowEntry, *, max_groups: int = 1000
+    ) -> Iterator[tuple[str, PendingGroup]]:
+        given, last = 0, entry.line
+        for sk in sorted(self.pending.get(batch_id, {})):
+            if sk < entry.chunk:
+                continue
+            for group in self.pending[batch_id][sk]:
+                if group.line > last:
+                    last = group.line
+                    yield sk, group
+                    given += 1
+                    if given >= max_groups:
+                        return
+
+    def write_window(
+        self,
+        read: WindowState,
+        *,
+        entries: Mapping[str, WindowEntry] | None = None,
+        removed: Sequence[str] = (),
+        sending: Sending = (),
+        lease_s: int = 0,
+        lease_until: int | None = None,
+    ) -> WindowState | None:
+        if read.version != self.state.version or read.exists != self.state.exists:
+            return None
+        if sending and lease_until is None:
+            lease_until = self.now + lease_s
+        after = {k: v for k, v in self.state.entries.items() if k not in removed} | dict(entries or {})
+        self.writes += 1
+        self.state = WindowState(read.version + 1, after, sending, (lease_until or 0) if sending else 0, exists=True)
+        return self.state
+
+    def confirm(self, written: WindowState) -> bool:
+        if self.state.lease_until != written.lease_until:
+            return False
+        self.state = replace(self.state, version=self.state.version + 1, sending=(), lease_until=0)
+        return True
+
+
+class MemoryGroups:
+    """Group items of every batch, as `BatchLedger.read_groups` reads them."""
+
+    def __init__(self) -> None:
+        self.items: dict[tuple[str, str], GroupItem] = {}
+        self.reads = 0
+
+    def add(self, batch_id: str, input_id: str, line: int, size: int, submitted_at: datetime = EPOCH) -> QueuedGroup:
+        """A group item (payload `{"q": line}`), and the group as ingestion hands it to the feed."""
+        self.items[(batch_id, input_id)] = GroupItem("exp", batch_id, input_id, line, size, payload={"q": line})
+        return QueuedGroup("exp", batch_id, input_id, line, size, submitted_at, payload={"q": line})
+
+    def read(self, batch_id: str, input_ids: Sequence[str]) -> dict[str, GroupItem]:
+        self.reads += 1
+        return {i: self.items[(batch_id, i)] for i in input_ids}
 
 
 class FakeBoardLedger:

@@ -8,7 +8,9 @@ the application retries, inside the limiter. Errors map to the ports' kinds:
 
 - ThrottlingException, ServiceQuotaExceededException, (Retryable)ConflictException, 5xx, 429, and connection
   failures before the request was sent -> `RuntimeThrottled` (retry later);
-- RuntimeClientError (424, cold start) -> `RuntimeColdStart` (retry the same session id after a short wait);
+- RuntimeClientError (424) "Runtime initialization time exceeded" (the container exited or never became healthy: a
+  crash at import answers this too) -> `RuntimeStartFailed` (the rollout fails as `agent_error`, never retried);
+- any other RuntimeClientError (424, cold start) -> `RuntimeColdStart` (retry the same session id after a short wait);
 - a read timeout after the request was sent -> `RuntimeOutcomeUnknown` (never re-sent: the deadline decides);
 - ResourceNotFoundException on stop -> `RuntimeSessionNotFound`;
 - Validation/AccessDenied/ResourceNotFound on invoke and other 4xx -> `RuntimeRejected`;
@@ -27,6 +29,7 @@ from rollout_pipeline.ports import (
     RuntimeOutcomeUnknown,
     RuntimeRejected,
     RuntimeSessionNotFound,
+    RuntimeStartFailed,
     RuntimeThrottled,
 )
 
@@ -42,6 +45,9 @@ RETRYABLE_CODES: Final = frozenset(
     }
 )
 COLD_START_CODES: Final = frozenset({"RuntimeClientError"})
+#: How AgentCore words a RuntimeClientError for a container that exited or never became ready within its 30 s
+#: (docs/aws-facts.md): not a race with the start-up, so no retry of the session can help.
+START_FAILED_MESSAGE: Final = "initialization time exceeded"
 #: botocore transport errors raised before the request reached AgentCore: safe to send again.
 NOT_SENT_ERRORS: Final = frozenset({"ConnectTimeoutError", "EndpointConnectionError", "ConnectionError"})
 #: ...and after it may have reached it: never re-sent.
@@ -63,6 +69,8 @@ def classify_error(exc: Exception, operation: str) -> Exception:
         status = int((response.get("ResponseMetadata") or {}).get("HTTPStatusCode") or 0)
         message = f"{operation}: {code or status}: {(response.get('Error') or {}).get('Message') or exc}"
         if code in COLD_START_CODES or status == 424:
+            if START_FAILED_MESSAGE in message.lower():
+                return RuntimeStartFailed(message)
             return RuntimeColdStart(message)
         if code == "ResourceNotFoundException" and operation == "StopRuntimeSession":
             return RuntimeSessionNotFound(message)
@@ -157,7 +165,8 @@ class AcrAgentRuntime:
         if status >= 500 or status == 429:
             raise RuntimeThrottled(f"InvokeAgentRuntime: agent answered {status}: {body[:300]!r}")
         if status == 424:
-            raise RuntimeColdStart(f"InvokeAgentRuntime: agent answered {status}: {body[:300]!r}")
+            text = f"InvokeAgentRuntime: agent answered {status}: {body[:300]!r}"
+            raise (RuntimeStartFailed if START_FAILED_MESSAGE.encode() in body.lower() else RuntimeColdStart)(text)
         if status >= 400:
             raise RuntimeRejected(f"InvokeAgentRuntime: agent answered {status}: {body[:300]!r}")
 

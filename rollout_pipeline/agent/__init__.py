@@ -4,7 +4,9 @@
 - `inference`: sampling params, token-capture headers, OpenAI clients wired for the current rollout;
 - `strands_model`: `RolloutOpenAIModel`, a Strands model safe to share between concurrent rollouts;
 - `app`: `RolloutApp` (ART's `AgentCoreRLApp` + the rollout context) and `serve()`;
-- `rft_host` / `rft_door`: serve a SageMaker RFT SDK agent unchanged (the RFT host and its loopback front door);
+- `host`: the agent host every session runs (imports the author's module, `app.run()` deferred: `modules`, and
+  serves its app); `rft_host` / `rft_door`: serve a SageMaker RFT SDK agent unchanged (the RFT adapter and its
+  loopback front door);
 - `rewards`: the GSM8K reward; `testing`: a fake OpenAI-compatible model server.
 
 Importing this package imports the standard library and `rollout_pipeline.config` (pydantic); `app`,

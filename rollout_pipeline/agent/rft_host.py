@@ -5,8 +5,8 @@ Such an agent (PyPI `sagemaker-train` 1.27.0, `sagemaker.train.rft`) is a `Bedro
 rollout ends, sends its reward to SageMaker's job runtime and writes no result object, so the pipeline would time
 out every rollout. The host instead:
 
-1. imports the author's module (its `__main__` block does not run) and takes the function its app registered with
-   `@app.entrypoint` (`app.handlers["main"]`, the RFT decorator inside);
+1. imports the author's module (`modules.load_entrypoint`: its `__main__` block and `app.run()` do not run) and
+   takes the function its app registered with `@app.entrypoint` (`app.handlers["main"]`, the RFT decorator inside);
 2. serves it through `RolloutApp` (ART's `AgentCoreRLApp` plus the rollout context): `/invocations` answers at
    once, `/ping` says `HealthyBusy` while it runs, the result object `{exp_id}/{input_id}/{session_id}.json` is
    written as for any ART agent;
@@ -16,43 +16,35 @@ out every rollout. The host instead:
    result object (`rft_result`): reward reported or returned -> success; a raise or `{"status": "error"}` ->
    `agent_error` with the agent's message; no reward -> a result without `rewards` (`invalid_result`).
 
-The same host serves any `BedrockAgentCoreApp` entrypoint, including ART's `AgentCoreRuntimeApp` (its user function
-is `handlers["main"]` too); an ART `AgentCoreRLApp` found in the module is served as it is.
+The same adapter serves any `BedrockAgentCoreApp` entrypoint, including ART's `AgentCoreRuntimeApp` (its user function
+is `handlers["main"]` too); an ART `AgentCoreRLApp` found in the module is served as it is. The process that does it
+is the agent host (`rollout_pipeline.agent.host`, which every agent process runs):
 
-    python -m rollout_pipeline.agent.rft_host --agent-module my_rft_agent [--host 0.0.0.0 --port 8080]
+    python -m rollout_pipeline.agent.host --agent-module my_rft_agent --agent-kind rft [--host 0.0.0.0 --port 8080]
 
 This module does not import `sagemaker`: only the author's module does.
 """
 
 from __future__ import annotations
 
-import argparse
-import ast
 import asyncio
-import importlib
-import importlib.machinery
 import inspect
 import json
 import logging
 import os
-import sys
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from pathlib import Path
-from types import ModuleType
 from typing import Any, Final
 
 from rollout_pipeline.agent.context import current_rollout
+from rollout_pipeline.agent.modules import Entrypoint, load_entrypoint
 from rollout_pipeline.agent.rft_door import FAILED, FrontDoor, TrajectoryRecord
-from rollout_pipeline.config import AGENT_MODULE_ENV, JOB_ARN_ENV, AgentKind
+from rollout_pipeline.config import JOB_ARN_ENV
 
 logger = logging.getLogger(__name__)
 
 #: Where the SDK's `RolloutFeedbackClient` sends feedback when the metadata names no endpoint.
 RFT_RUNTIME_ENDPOINT_ENV: Final = "RFT_RUNTIME_ENDPOINT"
-#: The SDK's decorator lives here; a handler whose code comes from it is an RFT entrypoint.
-RFT_SDK_MODULE: Final = "sagemaker.train.rft"
 DEFAULT_REGION: Final = "us-east-1"
 #: `_rollout.sampling_params` key -> the camel-case name of RFT's `inferenceParams`.
 CAMEL_CASE: Final = {"max_tokens": "maxTokens", "top_p": "topP", "temperature": "temperature"}
@@ -184,117 +176,6 @@ def _agent_error(returned: Any, report: TrajectoryRecord) -> str | None:
     return None
 
 
-# ------------------------------------------------------------------------------------------------ the module
-
-
-@dataclass(frozen=True)
-class Entrypoint:
-    """What the author's module registered: its app, the entry function and whether the RFT decorator wraps it."""
-
-    module: str
-    app_name: str
-    app: Any
-    handler: Callable[..., Any]
-    is_rft: bool
-    is_art_rollout_app: bool
-
-
-def _is_agentcore_app(value: Any) -> bool:
-    handlers = getattr(value, "handlers", None)
-    return isinstance(handlers, dict) and callable(getattr(value, "run", None))
-
-
-def _is_art_rollout_app(app: Any) -> bool:
-    try:
-        from agentcore_rl_toolkit.app import AgentCoreRLApp
-    except ImportError:  # pragma: no cover - the agent extra is installed wherever the host runs
-        return False
-    return isinstance(app, AgentCoreRLApp)
-
-
-def is_rft_handler(handler: Callable[..., Any]) -> bool:
-    """True when `handler` is the SDK's `sagemaker_rft_handler` wrapper (its code lives in the SDK's module)."""
-    code = getattr(handler, "__code__", None)
-    filename = str(getattr(code, "co_filename", ""))
-    return filename.replace(os.sep, "/").endswith("sagemaker/train/rft/decorators.py")
-
-
-def load_entrypoint(spec: str) -> Entrypoint:
-    """Import `module` (or `module:app`) and return the entrypoint its `BedrockAgentCoreApp` registered.
-
-    The module is imported by name, so its `if __name__ == "__main__":` block (usually `app.run()`) does not run.
-    """
-    module_name, _, app_name = spec.partition(":")
-    module: ModuleType = importlib.import_module(module_name)
-    if app_name:
-        apps = {app_name: getattr(module, app_name)}
-    else:
-        apps = {}
-        for name, value in vars(module).items():
-            if _is_agentcore_app(value) and all(value is not seen for seen in apps.values()):
-                apps[name] = value
-    apps = {name: app for name, app in apps.items() if _is_agentcore_app(app) and "main" in app.handlers}
-    if not apps:
-        raise LookupError(f"{module_name} defines no BedrockAgentCoreApp with an @app.entrypoint")
-    if len(apps) > 1:
-        raise LookupError(f"{module_name} defines several apps ({', '.join(sorted(apps))}): name one as MODULE:APP")
-    name, app = next(iter(apps.items()))
-    handler = app.handlers["main"]
-    return Entrypoint(
-        module=module_name,
-        app_name=name,
-        app=app,
-        handler=handler,
-        is_rft=is_rft_handler(handler),
-        is_art_rollout_app=_is_art_rollout_app(app),
-    )
-
-
-def _module_source(module: str, search_path: Sequence[str]) -> Path | None:
-    """The source file of `module`, found on `search_path` without importing anything."""
-    locations: list[str] | None = list(search_path)
-    spec = None
-    for part in module.split("."):
-        spec = importlib.machinery.PathFinder.find_spec(part, locations)
-        if spec is None:
-            return None
-        locations = list(spec.submodule_search_locations or [])
-    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
-        return None
-    return Path(spec.origin)
-
-
-def agent_kind_of(module: str, search_path: Sequence[str] | None = None) -> AgentKind:
-    """`rft` when the module's source (read, not imported) uses the SageMaker RFT SDK, ART's `AgentCoreRuntimeApp`
-    or a plain `@app.entrypoint` and no ART `rollout_entrypoint`; else `art` (served as `python -m MODULE`)."""
-    source = _module_source(module.partition(":")[0], search_path if search_path is not None else sys.path)
-    if source is None:
-        return "art"
-    try:
-        tree = ast.parse(source.read_text(encoding="utf-8"))
-    except (OSError, SyntaxError, ValueError):
-        return "art"
-    imported: set[str] = set()
-    attributes: set[str] = set()
-    names: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            imported.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            imported.add(node.module)
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.Attribute):
-            attributes.add(node.attr)
-        elif isinstance(node, ast.Name):
-            names.add(node.id)
-    if "rollout_entrypoint" in attributes:
-        return "art"
-    uses_rft = any(name == RFT_SDK_MODULE or name.startswith(RFT_SDK_MODULE + ".") for name in imported)
-    if uses_rft or "AgentCoreRuntimeApp" in names or "entrypoint" in attributes:
-        return "rft"
-    return "art"
-
-
 # ------------------------------------------------------------------------------------------------ serving
 
 
@@ -364,17 +245,17 @@ def region_of(environ: Mapping[str, str]) -> str:
     return environ.get("AWS_REGION") or environ.get("AWS_DEFAULT_REGION") or DEFAULT_REGION
 
 
-def start_host(spec: str, *, environ: Mapping[str, str] | None = None) -> tuple[Any, FrontDoor, Entrypoint]:
-    """Start the front door, point `RFT_RUNTIME_ENDPOINT` at it, import the author's module and build the app.
-
-    Returns (app to run, door, entrypoint); an ART `AgentCoreRLApp` module gets its own app back, unwrapped."""
-    env = os.environ if environ is None else environ
+def start_front_door() -> FrontDoor:
+    """Start the front door and point `RFT_RUNTIME_ENDPOINT` (where the SDK's `RolloutFeedbackClient` reports when
+    the metadata names no endpoint) at it. Done before the author's module is imported: it may read the variable."""
     door = FrontDoor().start()
     os.environ[RFT_RUNTIME_ENDPOINT_ENV] = door.root_url
-    entry = load_entrypoint(spec)
-    if entry.is_art_rollout_app:
-        logger.info("%s serves an ART AgentCoreRLApp: served as it is", spec)
-        return entry.app, door, entry
+    return door
+
+
+def rft_app(entry: Entrypoint, door: FrontDoor, environ: Mapping[str, str] | None = None) -> Any:
+    """The `RolloutApp` serving `entry` (a `BedrockAgentCoreApp` entrypoint) through the RFT adapter and `door`."""
+    env = os.environ if environ is None else environ
     host = RftHost(entry, door, job_arn=env.get(JOB_ARN_ENV, ""), region=region_of(env))
     logger.info(
         "RFT host: %s:%s (%s), front door %s",
@@ -383,29 +264,22 @@ def start_host(spec: str, *, environ: Mapping[str, str] | None = None) -> tuple[
         "sagemaker_rft_handler" if entry.is_rft else "plain entrypoint",
         door.root_url,
     )
-    return host.app(), door, entry
+    return host.app()
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    """`python -m rollout_pipeline.agent.rft_host --agent-module MODULE [--host H] [--port P]` (module also from env
-    `ROLLOUTS_AGENT_MODULE`; host/port as `rollout_pipeline.agent.app.serve`)."""
-    from rollout_pipeline.agent.app import parse_serve_args
-    from rollout_pipeline.agent.credentials import load_model_credential
+def start_host(
+    spec: str, *, environ: Mapping[str, str] | None = None, argv: Sequence[str] = ()
+) -> tuple[Any, FrontDoor, Entrypoint]:
+    """Start the front door, import the author's module (`modules.load_entrypoint`) and build the app to serve.
 
-    parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--agent-module", default=os.environ.get(AGENT_MODULE_ENV))
-    known, rest = parser.parse_known_args(argv)
-    if not known.agent_module:
-        raise SystemExit(f"rft_host: give --agent-module MODULE (or env {AGENT_MODULE_ENV})")
-    args = parse_serve_args(rest)
-    logging.basicConfig(level=logging.INFO)
-    load_model_credential()
-    app, door, _entry = start_host(known.agent_module)
+    Returns (app, door, entrypoint); an ART `AgentCoreRLApp` module gets its own app back, unwrapped."""
+    door = start_front_door()
     try:
-        app.run(port=args.port, host=args.host)
-    finally:
+        entry = load_entrypoint(spec, argv)
+    except BaseException:
         door.stop()
-
-
-if __name__ == "__main__":
-    main()
+        raise
+    if entry.is_art_rollout_app:
+        logger.info("%s serves an ART AgentCoreRLApp: served as it is", spec)
+        return entry.app, door, entry
+    return rft_app(entry, door, environ), door, entry

@@ -15,15 +15,25 @@ Modules: `parser` (arguments), `commands` (one function per command), `watch` (t
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from typing import TextIO
 
-from rollout_pipeline.cli.base import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, CliError, attach
+from rollout_pipeline.cli.base import (
+    EXIT_BROKEN_PIPE,
+    EXIT_ERROR,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    CliError,
+    attach,
+)
 from rollout_pipeline.cli.parser import build_parser
 from rollout_pipeline.cli.watch import Progress
 
 __all__ = [
+    "EXIT_BROKEN_PIPE",
     "EXIT_ERROR",
     "EXIT_INTERRUPTED",
     "EXIT_OK",
@@ -37,7 +47,8 @@ __all__ = [
 
 
 def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int:
-    """Entry point of `rollouts`; returns the exit code (0 ok, 1 error, 2 usage, 130 interrupted)."""
+    """Entry point of `rollouts`; returns the exit code (0 ok, 1 error, 2 usage, 130 interrupted, 141 when the reader
+    of stdout went away, as `rollouts export ... | head` does)."""
     from rollout_pipeline.sdk.errors import SdkError
 
     parser = build_parser()
@@ -56,4 +67,12 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int
     except KeyboardInterrupt:
         print("rollouts: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # Whoever read stdout stopped (`| head`): stop quietly, as `cat` does. Point stdout at /dev/null so that
+        # the interpreter's last flush at exit does not raise again.
+        if out is None:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+        return EXIT_BROKEN_PIPE
     return code

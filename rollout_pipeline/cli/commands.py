@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
-from rollout_pipeline.cli.base import EXIT_ERROR, EXIT_OK, CliError, attach
+from rollout_pipeline.cli.base import EXIT_ERROR, EXIT_OK, CliError, attach, given_options
 from rollout_pipeline.cli.watch import watch
 
 
@@ -18,7 +18,7 @@ def cmd_preflight(args: argparse.Namespace, out: TextIO) -> int:
     from rollout_pipeline import preflight
 
     if not args.experiment:
-        raise CliError("no experiment: pass --experiment NAME (or set ROLLOUTS_EXPERIMENT)")
+        raise CliError("no experiment: pass -e/--experiment NAME (or set ROLLOUTS_EXPERIMENT)")
     overrides: dict[str, str] = {"experiment": args.experiment}
     for item in args.context:
         key, sep, value = item.partition("=")
@@ -53,7 +53,7 @@ def cmd_submit(args: argparse.Namespace, out: TextIO) -> int:
         args.file,
         group_size=args.group_size,
         sampling_params=sampling,
-        timeout_s=args.timeout,
+        timeout_s=args.rollout_timeout,
         max_attempts=args.max_attempts,
         policy_version=args.policy_version,
         key=args.key,
@@ -61,7 +61,7 @@ def cmd_submit(args: argparse.Namespace, out: TextIO) -> int:
     print(batch_id, file=out)
     print(
         f"submitted {args.file} to experiment {experiment.name} as batch {batch_id}; "
-        f"follow it with: rollouts watch -e {experiment.name} --batch {batch_id}",
+        f"follow it with: rollouts watch {given_options(args, experiment)} --batch {batch_id}",
         file=sys.stderr,
     )
     if args.watch:
@@ -78,8 +78,9 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
         print(json.dumps(status.as_dict(), indent=2), file=out)
         return EXIT_OK
     total = "?" if status.rollouts_total is None else str(status.rollouts_total)
+    done = ", done" if status.done and status.status != "completed" else ""
     lines = [
-        f"batch      {status.batch_id} ({status.status}{', done' if status.done else ''})",
+        f"batch      {status.batch_id} ({status.status}{done})",
         f"rollouts   {total} total: {status.queued if status.queued is not None else '?'} queued, "
         f"{status.running} running, {status.succeeded} succeeded, {status.failed} failed",
     ]
@@ -99,14 +100,32 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_cancel(args: argparse.Namespace, out: TextIO) -> int:
-    report = attach(args).cancel(args.batch)
+    experiment = attach(args)
+    report = experiment.cancel(args.batch)
+    # What the batch holds now (every rollout is terminal once cancel returns), whoever ended each one: this
+    # command, or a dispatcher of the pipeline that saw the cancel flag first.
+    status = experiment.status(args.batch)
+    ended_cancelled = status.failed_by_reason.get("cancelled", 0)
+    before = status.terminal - ended_cancelled
     print(
-        f"batch {args.batch} cancelled: {report.cancelled} rollout(s) cancelled "
-        f"({report.sessions_stopped} running session(s) stopped), {report.already_terminal} already finished",
+        f"batch {args.batch} cancelled: {ended_cancelled} rollout(s) ended as cancelled, {before} had finished "
+        f"before ({status.succeeded} succeeded, {status.failed - ended_cancelled} failed)",
         file=out,
     )
+    if report.sessions_stopped or report.stops_pending:
+        line = f"running sessions: {report.sessions_stopped} stopped"
+        if report.stops_pending:
+            line += (
+                f", {report.stops_pending} not stopped yet: the pipeline's sweeper retries their stops (within about "
+                "a minute; AgentCore's idle timeout ends them at the latest)"
+            )
+        print(line, file=out)
     if report.drain_errors:
-        print(f"{len(report.drain_errors)} side effect(s) left to retry: run cancel again", file=sys.stderr)
+        print(
+            f"{len(report.drain_errors)} side effect(s) left to retry (first: {report.drain_errors[0]}): run "
+            f"`rollouts cancel {given_options(args, experiment)} --batch {args.batch}` again",
+            file=sys.stderr,
+        )
     return EXIT_OK
 
 

@@ -12,7 +12,8 @@ from typing import Any, Final
 from rollout_pipeline.cli import commands
 from rollout_pipeline.cli import data as data_commands
 from rollout_pipeline.cli import stack as stack_commands
-from rollout_pipeline.cli.base import add_context_argument, add_experiment_arguments
+from rollout_pipeline.cli.base import add_context_argument, add_experiment_arguments, hidden_alias
+from rollout_pipeline.sdk.route import ENDPOINT_ENV
 
 #: The entry-point group of command groups (`register(subparsers, common)`), like `sdk.launch.LAUNCHERS_GROUP`.
 COMMAND_GROUPS: Final = "rollout_pipeline.cli"
@@ -29,6 +30,7 @@ _EPILOG = """\
 examples:
   rollouts submit train.jsonl -e my-exp --group-size 8 --sampling-params '{"temperature": 0.7}'
   rollouts watch -e my-exp --batch train-3f2a9c1b7d4e
+  rollouts status -e my-exp --endpoint-url http://127.0.0.1:4580 --batch train-3f2a9c1b7d4e   # local mode
   rollouts status -e my-exp --batch train-3f2a9c1b7d4e --json
   rollouts export -e my-exp --batch train-3f2a9c1b7d4e -o results.jsonl
   rollouts export -e my-exp --batch train-3f2a9c1b7d4e --format parquet -o rollouts/
@@ -51,9 +53,10 @@ def _common_options() -> argparse.ArgumentParser:
     )
     group.add_argument(
         "--endpoint-url",
-        default=os.environ.get("ROLLOUTS_ENDPOINT_URL"),
+        default=os.environ.get(ENDPOINT_ENV),
         metavar="URL",
-        help="local mode: send every AWS call to this endpoint (default: $ROLLOUTS_ENDPOINT_URL)",
+        help=f"local mode: send every AWS call to this endpoint, as `rollouts local up` prints it (default: "
+        f"${ENDPOINT_ENV})",
     )
     group.add_argument("-v", "--verbose", action="store_true", help="log what the SDK does")
     return common
@@ -107,7 +110,13 @@ def _add_submission(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     submit.add_argument("file", type=Path, help="dataset file: one JSON object per row; `id` and `_rollout` reserved")
     submit.add_argument("--group-size", type=int, metavar="N", help="rollouts per row (GRPO group size)")
-    submit.add_argument("--timeout", type=int, metavar="S", help="deadline of one rollout attempt, seconds")
+    submit.add_argument(
+        "--rollout-timeout",
+        type=int,
+        metavar="S",
+        help="deadline of one rollout attempt, seconds (default: the experiment's)",
+    )
+    hidden_alias(submit, "--timeout", "rollout_timeout", type=int)  # its first name; --timeout is a wait elsewhere
     submit.add_argument("--max-attempts", type=int, metavar="N", help="attempts per rollout (timeouts are retried)")
     submit.add_argument("--policy-version", metavar="V", help="policy version recorded on every event")
     submit.add_argument("--sampling-params", metavar="JSON", help='e.g. \'{"temperature": 0.7, "max_tokens": 512}\'')
@@ -142,6 +151,13 @@ def _add_submission(sub: Any, common: argparse.ArgumentParser) -> None:
         default=15.0,
         metavar="S",
         help="re-read the running/queued split from the ledger every S seconds (0: never; default 15)",
+    )
+    watch.add_argument(
+        "--events",
+        type=Path,
+        metavar="FILE",
+        help="also append every event received to FILE (JSON Lines of event envelopes), as `rollouts report "
+        "--events FILE` reads them (the report's result-to-event latency chart)",
     )
     watch.add_argument("--poll-wait", type=float, default=5.0, help=argparse.SUPPRESS)
 
@@ -238,7 +254,9 @@ def _add_operations(sub: Any, common: argparse.ArgumentParser) -> None:
         help="e.g. 90m, 24h, 7d, or seconds (default: 24h; 0: every subscription, also live ones)",
     )
     prune.add_argument("--dry-run", action="store_true", help="only say what would be removed")
-    prune.add_argument("--kind", action="append", choices=["tap", "art", "smoke"], help="only this kind (repeatable)")
+    prune.add_argument(
+        "--kind", action="append", choices=["tap", "sdk", "art", "smoke"], help="only this kind (repeatable)"
+    )
 
     smoke = _command(
         sub,

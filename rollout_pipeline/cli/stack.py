@@ -91,7 +91,7 @@ def _settings(items: list[str]) -> dict[str, str]:
 
 def _name(args: argparse.Namespace) -> str:
     if not args.experiment:
-        raise CliError("no experiment: pass --experiment NAME (or set ROLLOUTS_EXPERIMENT)")
+        raise CliError("no experiment: pass -e/--experiment NAME (or set ROLLOUTS_EXPERIMENT)")
     return str(args.experiment)
 
 

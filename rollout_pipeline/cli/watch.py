@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from rollout_pipeline.cli.base import EXIT_ERROR, EXIT_OK, CliError
@@ -128,25 +131,63 @@ class Progress:
         )
 
 
+class EventLog:
+    """`--events FILE`: every event received, one envelope per line (JSON Lines), appended as it arrives; the file
+    `rollouts report --events` reads (`report.data.read_events`)."""
+
+    def __init__(self, handle: TextIO | None) -> None:
+        self._handle = handle
+        self._seen: set[str] = set()
+
+    def write(self, event: Any) -> None:
+        """Append `event` (an SDK `Event`) once: a redelivered copy of an event already written is skipped."""
+        if self._handle is None or event is None or event.event_id in self._seen:
+            return
+        self._seen.add(event.event_id)
+        self._handle.write(json.dumps(event.envelope, separators=(",", ":"), default=str) + "\n")
+        self._handle.flush()
+
+
+@contextlib.contextmanager
+def event_log(path: Path | None) -> Iterator[EventLog]:
+    """An `EventLog` appending to `path` (created with its folder), or one that writes nothing."""
+    if path is None:
+        yield EventLog(None)
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a", encoding="utf-8") as handle:
+        yield EventLog(handle)
+
+
 def watch(experiment: Experiment, args: argparse.Namespace, out: TextIO) -> int:
     """Follow one batch (`args.batch`) to its end with a progress bar, or log every batch's events; with
-    `args.from_start`, log every event of the batch from its first (rebuilt from the ledger) to its end."""
+    `--from-start`, log every event of the batch from its first (those before, rebuilt from the ledger) to its end;
+    with `--events FILE`, every event received is also appended to FILE."""
+    with event_log(getattr(args, "events", None)) as log:
+        return _watch(experiment, args, out, log)
+
+
+def _watch(experiment: Experiment, args: argparse.Namespace, out: TextIO, log: EventLog) -> int:
     timeout: float | None = args.timeout
     poll_wait = float(getattr(args, "poll_wait", 5.0))
     from_start = bool(getattr(args, "from_start", False))
     if from_start and args.batch is None:
         raise CliError("--from-start needs --batch: the batch whose events to start from")
-    if args.from_trainer_queue:
-        stream_cm: Any = experiment.events(
-            batch_id=args.batch, timeout=timeout, poll_wait_s=poll_wait, from_start=from_start
+    if from_start and args.from_trainer_queue:
+        raise CliError("--from-start reads a stream of the batch's own: not with --from-trainer-queue")
+    if from_start:
+        stream_cm: Any = experiment.events(batch_id=args.batch, timeout=timeout, poll_wait_s=poll_wait, from_start=True)
+    elif args.from_trainer_queue:
+        stream_cm = experiment.events(
+            batch_id=args.batch, timeout=timeout, poll_wait_s=poll_wait, from_trainer_queue=True
         )
     else:
-        stream_cm = experiment.tap(batch_id=args.batch, timeout=timeout, poll_wait_s=poll_wait, from_start=from_start)
+        stream_cm = experiment.tap(batch_id=args.batch, timeout=timeout, poll_wait_s=poll_wait)
     with stream_cm as stream:
         if args.batch is None:
-            return _watch_all(stream, out)
+            return _watch_all(stream, out, log)
         if from_start:
-            return _watch_from_start(stream, args.batch, out)
+            return _watch_from_start(stream, args.batch, out, log)
         progress = Progress(args.batch)
         progress.baseline(experiment)  # after the tap exists: nothing falls between the two
         refresh = float(getattr(args, "refresh", 15.0))
@@ -158,6 +199,7 @@ def watch(experiment: Experiment, args: argparse.Namespace, out: TextIO) -> int:
                 remaining = stream.remaining()
                 delivery = stream.next_delivery(budget if remaining is None else min(budget, remaining))
                 if delivery is not None and delivery.event is not None:
+                    log.write(delivery.event)
                     progress.apply(delivery.event.detail)
                     stream.ack(delivery)
                 if refresh > 0 and time.monotonic() - last_refresh >= refresh and not progress.done:
@@ -214,16 +256,17 @@ def _no_render(final: bool) -> None:
     del final
 
 
-def _watch_all(stream: Any, out: TextIO) -> int:
+def _watch_all(stream: Any, out: TextIO, log: EventLog) -> int:
     """Every batch: one log line per batch-level event, per completed group and per failed rollout."""
     for event in stream:
+        log.write(event)
         text = event_line(event.detail, rollouts=False)
         if text is not None:
             print(f"{event.detail.batch_id} {text}", file=out, flush=True)
     return EXIT_OK
 
 
-def _watch_from_start(stream: Any, batch_id: str, out: TextIO) -> int:
+def _watch_from_start(stream: Any, batch_id: str, out: TextIO, log: EventLog) -> int:
     """One batch from its first event: one log line per event (those before the watch rebuilt from the ledger,
     marked `(from the ledger)`), until `Batch Completed`; then the summary line."""
     progress = Progress(batch_id)
@@ -234,6 +277,7 @@ def _watch_from_start(stream: Any, batch_id: str, out: TextIO) -> int:
                 break
             continue
         event = delivery.event
+        log.write(event)
         text = event_line(event.detail, rollouts=True)
         if text is not None:
             origin = " (from the ledger)" if not delivery.receipt else ""
@@ -247,12 +291,13 @@ def _watch_from_start(stream: Any, batch_id: str, out: TextIO) -> int:
 def event_line(detail: Any, *, rollouts: bool) -> str | None:
     """One log line of an event (without its batch); rollout completions only with `rollouts`, else None."""
     if isinstance(detail, BatchAccepted):
-        if detail.error:
-            return f"rejected: {detail.error}"
-        return (
-            f"accepted: {detail.rows_accepted} rows ({detail.rows_rejected} rejected), "
+        text = (
+            f"rejected: {detail.error}"
+            if detail.error
+            else f"accepted: {detail.rows_accepted} rows ({detail.rows_rejected} rejected), "
             f"{detail.rollouts_enqueued} rollouts"
         )
+        return text + "".join(f"\n  warning: {warning}" for warning in detail.warnings)
     if isinstance(detail, GroupCompleted):
         mean = "-" if detail.reward_mean is None else f"{detail.reward_mean:.4f}"
         return f"group {detail.input_id}: {detail.succeeded}/{detail.group_size} succeeded, reward mean {mean}"

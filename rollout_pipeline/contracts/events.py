@@ -125,10 +125,18 @@ class BatchAccepted(_Detail):
     errors_uri: str | None = None
     error: str | None = Field(default=None, description="Why the whole file was rejected, if it was")
     policy_version: str | None = None
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="Why some rollouts may wait for a session longer than max_limit_wait_s and fail throttled, "
+        "if every running rollout ran to its timeout (each a sentence naming the settings to change)",
+    )
 
 
 class BatchCompleted(_Detail):
     """Every rollout of a batch is terminal."""
+
+    # `duration_s`: `batch_duration_s(started_at, completed_at)`, the batch's creation to its completion, the figure
+    # `rollouts local demo` and the report show.
 
     rollouts_total: int
     succeeded: int
@@ -141,6 +149,22 @@ class BatchCompleted(_Detail):
     completed_at: datetime
     duration_s: float | None
 
+    @property
+    def reward_signal_warning(self) -> str | None:
+        """A one-line warning when the batch carries no reward signal (two rewards or more, every one equal: every
+        GRPO advantage is zero), else None. Usually every rollout scored 0: rows the agent does not read as it
+        expects (docs/datasets.md) or a reward that cannot be earned."""
+        if self.reward_count < 2 or self.reward_std is None or self.reward_std > SIGNAL_EPS:
+            return None
+        value = "n/a" if self.reward_mean is None else f"{self.reward_mean:g}"
+        return (
+            f"no reward signal in batch {self.batch_id}: all {self.reward_count} rewards are {value} (every GRPO "
+            "advantage is 0); check that the rows carry what the agent reads and that its reward can be earned"
+        )
+
+
+#: Rewards closer than this are equal (no GRPO signal between them).
+SIGNAL_EPS: Final = 1e-9
 
 DETAIL_MODELS: Final[dict[DetailType, type[_Detail]]] = {
     DetailType.ROLLOUT_COMPLETED: RolloutCompleted,
@@ -164,6 +188,14 @@ def parse_detail(detail_type: str, detail: Mapping[str, Any] | str) -> _Detail:
     if isinstance(detail, str):
         return model.model_validate_json(detail)
     return model.model_validate(detail)
+
+
+def batch_duration_s(started_at: datetime | None, completed_at: datetime | None) -> float | None:
+    """A batch's duration: seconds from its creation (the ledger's `created_at`) to its completion (`completed_at`,
+    stamped once). The one definition `Batch Completed`, the CLI and the report use."""
+    if started_at is None or completed_at is None:
+        return None
+    return (completed_at - started_at).total_seconds()
 
 
 def reward_stats(values: list[float]) -> tuple[float | None, float | None]:

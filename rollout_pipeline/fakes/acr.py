@@ -27,7 +27,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from rollout_pipeline import ids
 from rollout_pipeline.ports import (
@@ -35,10 +35,18 @@ from rollout_pipeline.ports import (
     RuntimeColdStart,
     RuntimeRejected,
     RuntimeSessionNotFound,
+    RuntimeStartFailed,
     RuntimeThrottled,
 )
 
-BehaviourKind = Literal["success", "agent_error", "garbage", "invalid", "hang", "manual", "throttle", "reject"]
+BehaviourKind = Literal[
+    "success", "agent_error", "garbage", "invalid", "hang", "manual", "throttle", "reject", "cannot_start"
+]
+#: What AgentCore answers a session whose container exited or never became healthy (docs/aws-facts.md).
+CANNOT_START_MESSAGE: Final = (
+    "RuntimeClientError (424): Runtime initialization time exceeded. Please make sure that initialization completes "
+    "in 30s."
+)
 
 
 @dataclass(frozen=True)
@@ -50,6 +58,8 @@ class AgentBehaviour:
     - garbage: writes `body` (default: bytes that are not JSON). invalid: status 200 without rewards.
     - hang: the agent never writes. manual: nothing until `FakeAgentRuntime.finish(session_id)`.
     - throttle / reject: the invoke itself raises RuntimeThrottled / RuntimeRejected (no session starts).
+    - cannot_start: the session's container never becomes ready: the invoke raises RuntimeStartFailed
+      (`CANNOT_START_MESSAGE`); the microVM was made, so it counts until stopped.
     `invoke_latency_s` makes the InvokeAgentRuntime call itself slow.
     """
 
@@ -77,7 +87,7 @@ class FakeCall:
     at: float  # time.time() when the call reached the fake
     op: Literal["invoke", "stop"]
     session_id: str
-    #: invoke: "started", "reinvoked", "throttled", "quota_exceeded", "cold_start", "rejected";
+    #: invoke: "started", "reinvoked", "throttled", "quota_exceeded", "cold_start", "rejected", "cannot_start";
     #: stop: "stopped", "unknown", "throttled", "conflict", "not_found_running"
     outcome: str
     endpoint: int = 0
@@ -227,6 +237,12 @@ class FakeAgentRuntime:
             if behaviour.kind == "reject":
                 self.calls.append(FakeCall(now, "invoke", session_id, "rejected", endpoint))
                 raise RuntimeRejected(f"ValidationException: session {session_id} rejected")
+            if behaviour.kind == "cannot_start":
+                self.calls.append(FakeCall(now, "invoke", session_id, "cannot_start", endpoint))
+                self.invoked[session_id] += 1
+                self.running.add(session_id)
+                self.last_active[session_id] = now
+                raise RuntimeStartFailed(CANNOT_START_MESSAGE)
             outcome = "reinvoked" if self.invoked[session_id] else "started"
             self.calls.append(FakeCall(now, "invoke", session_id, outcome, endpoint))
             self.invoked[session_id] += 1

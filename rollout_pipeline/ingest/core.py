@@ -8,11 +8,12 @@ Plain Python over the ports (`ObjectStore`, `MessageQueue`, `EventPublisher`) an
 2. create the chunk's group items in one DynamoDB transaction of conditional puts: a conflicting id with the
    same line was written by an earlier attempt of this ingestion (resume: its messages are sent again, the
    dispatcher de-duplicates through the ledger); any other conflict is a duplicate id and rejects the row;
-3. store claim checks for big payloads, send `group_size` rollout messages per accepted row;
+3. store claim checks for big payloads, hand the accepted groups to the feed (`feed.feed.Feed.submit`: their
+   `group_size` rollout messages sent at once, or released in line order by the release window);
 4. rewrite the errors object, then checkpoint the cursor and counters on the batch item (conditional on the
    previous cursor and our lease), which also reveals a cancellation.
 
-When the Lambda runs low on time it checkpoints, releases its lease and enqueues a continuation message on the
+When the Lambda runs low on time it checkpoints, gives up its lease and enqueues a continuation message on the
 ingest queue. Every step is idempotent, so any redelivery or crash resumes from the last checkpoint.
 """
 
@@ -22,7 +23,7 @@ import json
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import Any, Final, Literal
 
 from rollout_pipeline import ids, routing
 from rollout_pipeline.config import HandlerSettings
@@ -31,25 +32,23 @@ from rollout_pipeline.contracts import (
     MAX_ROW_BYTES,
     DatasetRow,
     FileOptions,
-    RolloutMessage,
     RowError,
     json_size,
     parse_row,
     utcnow,
 )
 from rollout_pipeline.details import batch_accepted_detail, batch_completion_detail
+from rollout_pipeline.feed.feed import Feed, start_warnings
+from rollout_pipeline.feed.messages import QueuedGroup
 from rollout_pipeline.ingest.errors import ErrorLog
 from rollout_pipeline.ingest.reader import DatasetFormatError, RawRecord, dataset_kind, read_records
 from rollout_pipeline.ledger.batches import GroupSpec, IngestProgress
 from rollout_pipeline.ledger.items import BatchView
 from rollout_pipeline.ledger.ledger import Ledger
-from rollout_pipeline.ledger.release import PendingGroup
-from rollout_pipeline.ledger.window import Releaser, max_release, release_window
+from rollout_pipeline.metric_names import ROLLOUTS_ENQUEUED, ROWS_ACCEPTED, ROWS_REJECTED, SUBMITTED
 from rollout_pipeline.ports import EventPublisher, MessageQueue, ObjectNotFound, ObjectStore
+from rollout_pipeline.sqs_batch import BatchOutcome, SqsRecord, run_partial_batch
 from rollout_pipeline.topology import FUNCTIONS
-
-if TYPE_CHECKING:
-    from concurrent.futures import ThreadPoolExecutor
 
 logger = logging.getLogger(__name__)
 
@@ -88,8 +87,6 @@ class IngestTuning:
     min_remaining_ms: int = 90_000
     max_error_entries: int = 1000
     read_chunk_bytes: int = 1 << 20
-    #: Threads sending one chunk's rollout messages (SendMessageBatch calls dominate ingestion time on AWS).
-    send_concurrency: int = 4
 
 
 @dataclass(frozen=True)
@@ -101,6 +98,8 @@ class IngestPorts:
     publisher: EventPublisher
     ledger: Ledger
     settings: HandlerSettings
+    #: Work into the rollout queue (`wiring.Wiring.feed`: one per process, shared with the lifecycle).
+    feed: Feed
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +145,29 @@ class IngestResult:
     published: list[str] = field(default_factory=list)
     #: Rejected rows in detail (SDK submissions only: files get an errors object instead).
     errors: list[dict[str, Any]] = field(default_factory=list)
+    #: Why some rollouts may wait too long for a session and fail `throttled` (also in `Batch Accepted`).
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass
+class IngestRecordsResult(BatchOutcome[IngestResult]):
+    """What one SQS batch of ingest messages did: each message's `IngestResult`, and the failed ones (reported as
+    `batchItemFailures`)."""
+
+    def counts(self) -> dict[str, int]:
+        """The invocation's metric counts (`metric_names`)."""
+        done = list(self.outcomes.values())
+        enqueued = sum(r.rollouts_enqueued for r in done)
+        return {
+            ROWS_ACCEPTED: sum(r.rows_accepted for r in done),
+            ROWS_REJECTED: sum(r.rows_rejected for r in done),
+            ROLLOUTS_ENQUEUED: enqueued,
+            SUBMITTED: enqueued,
+        }
+
+    def summaries(self) -> BatchOutcome[str]:
+        """Each message's batch and outcome, as the summary line shows them."""
+        return BatchOutcome({mid: f"{r.batch_id}: {r.outcome}" for mid, r in self.outcomes.items()}, self.failures)
 
 
 def parse_ingest_message(body: Mapping[str, Any]) -> DatasetObject:
@@ -189,7 +211,7 @@ class Ingestion:
         self.tuning = tuning or IngestTuning()
         self.settings = ports.settings
         self.exp_id = ports.settings.experiment.name
-        self._executor: ThreadPoolExecutor | None = None
+        self.feed = ports.feed
 
     # ----------------------------------------------------------------------------------------- entry points
 
@@ -203,6 +225,26 @@ class Ingestion:
         `remaining_ms` reports the invocation's time left (None: unlimited, never continue).
         """
         return self.ingest_object(parse_ingest_message(body), owner=owner, remaining_ms=remaining_ms)
+
+    def handle_records(
+        self,
+        records: Sequence[SqsRecord],
+        *,
+        request_id: str = "",
+        remaining_ms: Callable[[], int] | None = None,
+    ) -> IngestRecordsResult:
+        """Process an SQS batch of ingest-queue records (`messageId`, `body`), one after the other. Each message owns
+        its ingest lease (a redelivery of this same message, after a crash or timeout, takes its own lease back at
+        once; duplicates of the S3 event are other messages and acknowledge); `request_id` for a record without an
+        id. A record that raises is a failure (redelivered)."""
+
+        def one(record: SqsRecord) -> IngestResult:
+            owner = str(record.get("messageId") or request_id)
+            return self.handle_message(json.loads(record["body"]), owner=owner, remaining_ms=remaining_ms)
+
+        result = IngestRecordsResult()
+        run_partial_batch(records, one, result, what="ingest message")
+        return result
 
     def ingest_object(
         self, obj: DatasetObject, *, owner: str, remaining_ms: Callable[[], int] | None = None
@@ -333,16 +375,27 @@ class Ingestion:
     def _republish(self, item: BatchView, outcome: Outcome) -> IngestResult:
         """Publish `Batch Accepted` (and `Batch Completed` when complete) of a batch whose ingestion ended."""
         published = self.publish_batch_events(item)
-        return IngestResult(outcome, item.batch_id, progress=IngestProgress.of(item), published=published)
+        return IngestResult(
+            outcome,
+            item.batch_id,
+            progress=IngestProgress.of(item),
+            published=published,
+            warnings=self.start_warnings(item),
+        )
 
     def publish_batch_events(self, item: BatchView) -> list[str]:
         """Publish the end-of-ingestion events of a batch; return their detail types."""
-        details: list[Any] = [batch_accepted_detail(item)]
+        details: list[Any] = [batch_accepted_detail(item, self.start_warnings(item))]
         if batch_completion_detail(item) is not None:
             stamped = self.ports.ledger.batches.mark_completed(item.batch_id)
             details.append(batch_completion_detail(stamped))
         self.ports.publisher.publish(details)
         return [type(d).__name__ for d in details]
+
+    def start_warnings(self, item: BatchView) -> list[str]:
+        """Why rollouts of a batch whose ingestion ended may wait too long for a session
+        (`feed.feed.start_warnings`)."""
+        return list(start_warnings(self.settings.experiment, item.rollouts_total or 0))
 
     def _run(
         self, obj: DatasetObject, item: BatchView, *, owner: str, remaining_ms: Callable[[], int] | None
@@ -383,46 +436,6 @@ class Ingestion:
             return run.reject_empty(obj, errors_uri)
         return run.finish(errors_uri=errors_uri)
 
-    def send_rollouts(self, bodies: list[str]) -> None:
-        """Send rollout messages, split over up to `send_concurrency` threads; raise if any slice failed."""
-        queue, url = self.ports.queue, self.settings.rollout_queue_url
-        batches = (len(bodies) + 9) // 10
-        workers = min(self.tuning.send_concurrency, batches)
-        if workers <= 1:
-            queue.send_all(url, bodies)
-            return
-        per_worker = ((batches + workers - 1) // workers) * 10
-        slices = [bodies[start : start + per_worker] for start in range(0, len(bodies), per_worker)]
-        if self._executor is None:
-            from concurrent.futures import ThreadPoolExecutor
-
-            self._executor = ThreadPoolExecutor(self.tuning.send_concurrency, thread_name_prefix="ingest-send")
-        futures = [self._executor.submit(queue.send_all, url, part) for part in slices]
-        for future in futures:
-            future.result()
-
-    def release(
-        self,
-        batch_id: str,
-        groups: Sequence[tuple[str, int, int]] = (),
-        firsts: Mapping[str, RolloutMessage] | None = None,
-        window: int = 0,
-    ) -> bool:
-        """Record accepted groups (input id, line, group size) as pending for the release window, then release what
-        fits (`ledger.window`); without groups, only release (ingestion ended: the window may have room). True
-        when the release left no pending group (`Released.drained`)."""
-        ledger = self.ports.ledger
-        if groups:
-            ledger.release.add_pending(batch_id, [PendingGroup(*g) for g in groups], window=window)
-        try:
-            view = ledger.batches.read_batch(batch_id)
-            if view is not None:
-                url, most = self.settings.rollout_queue_url, max_release(self.settings.experiment)
-                return Releaser(ledger.release, self.ports.queue, url, most=most).release(view, known=firsts).drained
-        except Exception:  # recorded as pending (or as being sent): completion or the sweeper releases them
-            logger.exception("batch %s: release deferred", batch_id)
-        return False
-
     def _time_is_short(self, remaining_ms: Callable[[], int] | None) -> bool:
         """True when the invocation should stop and continue in a new one (needs the ingest queue URL)."""
         if remaining_ms is None or not self.settings.ingest_queue_url:
@@ -447,6 +460,8 @@ class _Run:
         self.tuning = ingestion.tuning
         self.batch_id = batch.batch_id
         self.exp_id = batch.exp_id
+        #: The batch as last written here (its status reveals a cancel; it carries no counters).
+        self.view = batch
         options = batch.options
         assert options is not None, "an ingesting batch always has its options"
         self.options = options
@@ -460,7 +475,7 @@ class _Run:
         self.blanks = 0
         self.blank_cursor = 0
         self.cancelled = batch.cancelled
-        #: The last chunk's release left no pending group (`Ingestion.release`).
+        #: The last chunk's submission left no pending group (`Feed.submit`).
         self.drained = False
 
     def add(self, parsed: DatasetRow | tuple[int, RowError]) -> bool:
@@ -571,46 +586,34 @@ class _Run:
             )
         for line, reason, text in sorted(rejections, key=lambda rejection: rejection[0]):
             self.errors.add(line, reason, text)
-        accepted = written.accepted
-        bodies: list[str] = []
-        firsts: dict[str, RolloutMessage] = {}
-        window = release_window(settings.experiment)
-        submitted_at = utcnow()
-        for group in accepted:
+        submitted_at = self.view.created_at or utcnow()
+        queued: list[QueuedGroup] = []
+        for group in written.accepted:
             row, payload_bytes = payloads[group.input_id]
             if group.payload_ref is not None:
                 self.ports.store.put_bytes(
                     settings.input_bucket, ids.claim_key(self.batch_id, group.input_id), payload_bytes
                 )
-            first = RolloutMessage(
-                exp_id=self.exp_id,
-                batch_id=self.batch_id,
-                input_id=group.input_id,
-                index=0,
-                attempt=1,
-                group_size=group.group_size,
-                submitted_at=submitted_at,
-                line=group.line,
-                payload=row.payload if group.payload_ref is None else None,
-                payload_ref=group.payload_ref,
-                rollout_overrides=row.rollout_overrides,
+            queued.append(
+                QueuedGroup(
+                    exp_id=self.exp_id,
+                    batch_id=self.batch_id,
+                    input_id=group.input_id,
+                    line=group.line,
+                    group_size=group.group_size,
+                    submitted_at=submitted_at,
+                    payload=row.payload if group.payload_ref is None else None,
+                    payload_ref=group.payload_ref,
+                    overrides=row.rollout_overrides,
+                )
             )
-            if window:  # sent by the release window, in line order (`ledger.window`)
-                firsts[group.input_id] = first
-                continue
-            bodies.append(first.model_dump_json())
-            bodies.extend(
-                first.model_copy(update={"index": index}).model_dump_json() for index in range(1, group.group_size)
-            )
-        if bodies:
-            self.ingestion.send_rollouts(bodies)
-        if firsts:
-            self.drained = self.ingestion.release(
-                self.batch_id, [(g.input_id, g.line, g.group_size) for g in accepted], firsts, window
-            )
-        return len(accepted), len(rejections), len(bodies) + sum(g.group_size for g in accepted if window)
+        if not queued:
+            return 0, len(rejections), 0
+        submitted = self.ingestion.feed.submit(self.view, queued)
+        self.drained = submitted.drained
+        return len(queued), len(rejections), submitted.rollouts
 
-    def _checkpoint(self, progress: IngestProgress, *, release: bool = False) -> None:
+    def _checkpoint(self, progress: IngestProgress, *, give_up_lease: bool = False) -> None:
         if self.errors_target is not None and self.errors.dirty:
             bucket, key = self.errors_target
             self.ports.store.put_bytes(bucket, key, self.errors.render(final=False), content_type=NDJSON)
@@ -621,16 +624,17 @@ class _Run:
             previous_cursor=self.progress.cursor,
             progress=progress,
             lease_seconds=self.tuning.lease_seconds,
-            release=release,
+            give_up_lease=give_up_lease,
         )
         self.progress = progress
+        self.view = item
         if item.cancelled and not self.cancelled:
             logger.info("batch %s was cancelled: stopping ingestion at line %s", self.batch_id, progress.cursor)
             self.cancelled = True
 
     def continue_later(self, obj: DatasetObject) -> IngestResult:
-        """Release the lease at the last checkpoint and enqueue a continuation on the ingest queue."""
-        self._checkpoint(self.progress, release=True)
+        """Give up the lease at the last checkpoint and enqueue a continuation on the ingest queue."""
+        self._checkpoint(self.progress, give_up_lease=True)
         body = continuation_body(obj, self.batch_id, self.progress.cursor)
         self.ports.queue.send_all(self.ports.settings.ingest_queue_url, [body])
         logger.info("batch %s: time is short, continuing after line %s", self.batch_id, self.progress.cursor)
@@ -670,10 +674,10 @@ class _Run:
             progress=self.progress,
             errors_uri=errors_uri,
         )
-        # The release at the end closes the cursor, or releases what a chunk's release left pending; when that left
-        # nothing, the next release (a terminal rollout's, or the sweeper's) closes it instead.
-        if not item.cancelled and release_window(self.ports.settings.experiment) and not self.drained:
-            self.ingestion.release(self.batch_id)
+        # The submission at the end gives the window the batch's total and releases what a chunk left pending; when
+        # the chunks left nothing pending, the next release (a terminal rollout's, or the sweep's) learns the total.
+        if not item.cancelled and not self.drained:
+            self.ingestion.feed.submit(item)
         published = self.ingestion.publish_batch_events(item)
         outcome: Outcome = "cancelled" if item.cancelled else "accepted"
         logger.info(
@@ -686,6 +690,9 @@ class _Run:
         )
         result = self._result(outcome)
         result.published = published
+        result.warnings = self.ingestion.start_warnings(item)
+        for warning in result.warnings:
+            logger.warning("batch %s: %s", self.batch_id, warning)
         return result
 
     def _result(self, outcome: Outcome) -> IngestResult:

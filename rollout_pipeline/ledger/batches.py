@@ -34,6 +34,9 @@ STATUS_CANCELLED: Final = "cancelled"
 #: DynamoDB TransactWriteItems accepts at most 100 items and 4 MB; stay below both.
 TRANSACTION_MAX_ITEMS: Final = 100
 TRANSACTION_MAX_BYTES: Final = 3_500_000
+#: BatchGetItem reads at most 100 keys per call.
+_BATCH_GET_MAX: Final = 100
+_BATCH_GET_ROUNDS: Final = 8
 
 #: Expression attribute names used by the updates below (several are DynamoDB reserved words).
 _NAMES: Final = {
@@ -189,6 +192,28 @@ class BatchLedger:
         for item in self.table.query(request):
             yield GroupItem.of(item)
 
+    def read_groups(self, batch_id: str, input_ids: Sequence[str]) -> dict[str, GroupItem]:
+        """The group items of `input_ids` (BatchGetItem, strongly consistent; unprocessed keys retried, bounded)."""
+        found: dict[str, GroupItem] = {}
+        wanted = list(dict.fromkeys(input_ids))
+        for start in range(0, len(wanted), _BATCH_GET_MAX):
+            request: dict[str, Any] = {
+                self.table.name: {
+                    "Keys": [keys.group_key(batch_id, i) for i in wanted[start : start + _BATCH_GET_MAX]],
+                    "ConsistentRead": True,
+                }
+            }
+            for attempt in range(_BATCH_GET_ROUNDS):
+                resp = self.table.ddb.batch_get_item(RequestItems=request)
+                for raw in (resp.get("Responses") or {}).get(self.table.name, []):
+                    group = GroupItem.of(raw)
+                    found[group.input_id] = group
+                request = resp.get("UnprocessedKeys") or {}
+                if not request:
+                    break
+                self.table.sleep(min(1.0, 0.05 * 2**attempt))
+        return found
+
     def batch_ids(self) -> Iterator[str]:
         """Every batch's id: a paged Scan of the batch items, only for tearing an experiment down (the stages never
         scan the ledger)."""
@@ -312,18 +337,18 @@ class BatchLedger:
         previous_cursor: int,
         progress: IngestProgress,
         lease_seconds: int,
-        release: bool = False,
+        give_up_lease: bool = False,
     ) -> BatchView:
         """Record progress up to `progress.cursor`; conditional on our lease and the previous cursor.
 
-        Renews the lease (or releases it with `release=True`, so a continuation can take over at once).
+        Renews the lease (or gives it up with `give_up_lease=True`, so a continuation can take over at once).
         Returns the updated batch item (without its counters): its `status` tells whether someone cancelled the
         batch meanwhile.
         Raises `LedgerConflict` when the lease or the cursor moved (another worker took over).
         """
         values = self._progress_values(progress)
         values.update({":me": owner, ":prev": previous_cursor})
-        values[":until"] = 0 if release else self.table.epoch() + lease_seconds
+        values[":until"] = 0 if give_up_lease else self.table.epoch() + lease_seconds
         item = self.table.update(
             keys.batch_key(batch_id),
             _PROGRESS_SET + ", #lease = :until",

@@ -262,6 +262,9 @@ class RolloutRecord:
     stop_tries: int = 0
     #: Sessions whose stop answered ResourceNotFound once (a second NotFound confirms the stop).
     stop_not_found: frozenset[str] = field(default_factory=frozenset)
+    #: The item as read (plain values), which a write's `rollouts._ItemChange` turns into the item it leaves; empty
+    #: for a record made otherwise.
+    stored: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def terminal(self) -> bool:
@@ -275,7 +278,11 @@ class RolloutRecord:
     @classmethod
     def of(cls, raw: Mapping[str, Any]) -> RolloutRecord:
         """Parse a whole rollout item (typed)."""
-        item = item_values(raw)
+        return cls.of_values(item_values(raw))
+
+    @classmethod
+    def of_values(cls, item: Mapping[str, Any]) -> RolloutRecord:
+        """A whole rollout item from its plain values (`attributes.item_values`)."""
         rewards_json = item.get("rewards_json")
         return cls(
             batch_id=str(item["batch_id"]),
@@ -305,6 +312,7 @@ class RolloutRecord:
             held_until=None if item.get("held_until") is None else int(item["held_until"]),
             stop_tries=int(item.get("stop_tries") or 0),
             stop_not_found=frozenset(item.get("stop_not_found") or ()),
+            stored=dict(item),
         )
 
 

@@ -25,9 +25,7 @@ CONTROL_SHARDS: Final = 32
 COUNT_PREFIX: Final = "BATCH#COUNT#"
 #: Counter shards per batch: each terminal transaction touches one, so a shard sees 1/16 of the batch's rate.
 COUNT_SHARDS: Final = 16
-#: RELEASE: the release window's cursor (`ledger.release`): rollouts released to the queue so far, in line order.
-RELEASE_SK: Final = "BATCH#RELEASE"
-#: P#{first line}: one ingest chunk's accepted groups in line order, waiting for release (`ledger.release`).
+#: P#{first line}: groups of an ingest chunk in line order, waiting for the release window (`ledger.release`).
 PENDING_PREFIX: Final = "P#"
 GROUP_PREFIX: Final = "G#"
 ROLLOUT_PREFIX: Final = "R#"
@@ -87,11 +85,6 @@ def control_shard_key_of(batch_id: str, shard: int) -> dict[str, dict[str, str]]
 
 def control_shard_sk(shard: int) -> str:
     return f"{CONTROL_SHARD_PREFIX}{shard:02d}"
-
-
-def release_key(batch_id: str) -> dict[str, dict[str, str]]:
-    """The batch's release cursor (see `RELEASE_SK`)."""
-    return {PK: {"S": batch_pk(batch_id)}, SK: {"S": RELEASE_SK}}
 
 
 def count_shard(input_id: str) -> int:

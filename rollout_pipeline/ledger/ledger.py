@@ -2,7 +2,7 @@
 
 `batches` (batch and group items), `rollouts` (the rollout state machine and its outbox), `limits` (the `LIMIT`
 partition: session slots, paced call budgets, the admission board, the policy version) and `release` (the release
-window's cursor and pending groups) share one `LedgerTable`:
+window's items: the window item and the pending groups) share one `LedgerTable`:
 one client, one clock, one TTL rule, one conflict-retry policy. Ingestion, the lifecycle and the SDK all hold a
 `Ledger` (built by `wiring.Wiring.ledger`).
 """
@@ -33,7 +33,7 @@ class Ledger:
 
     @property
     def table(self) -> LedgerTable:
-        """The gateway the three parts share."""
+        """The gateway the four parts share."""
         return self.batches.table
 
     @classmethod

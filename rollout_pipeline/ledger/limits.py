@@ -22,8 +22,8 @@ def shard_cap(max_sessions: int, shard: int) -> int:
     return base + (1 if shard < extra else 0)
 
 
-def release_shard(holder: str) -> int:
-    """The counter a slot is given back on: spread by its holder's name, so releases spread like takes."""
+def free_shard(holder: str) -> int:
+    """The counter a slot is given back on: spread by its holder's name, so slots given back spread as taken ones."""
     return zlib.crc32(holder.encode()) % keys.SESSION_SHARDS
 
 
@@ -50,11 +50,11 @@ class LimitLedger:
             )
         }
 
-    def release_slot(self, holder: str) -> dict[str, Any]:
-        """A transaction item that gives one session slot back, on the counter `release_shard(holder)` (`holder`:
+    def free_slot(self, holder: str) -> dict[str, Any]:
+        """A transaction item that gives one session slot back, on the counter `free_shard(holder)` (`holder`:
         any text naming the slot's holder, e.g. its session id). A slot may be given back on any counter: a
         counter then below zero only lets more takes through up to its cap, so the sum stays exact and bounded."""
-        key = keys.session_shard_key(release_shard(holder))
+        key = keys.session_shard_key(free_shard(holder))
         return {"Update": self.table.update_op(key, "ADD in_flight :d", None, {":d": -1})}
 
     def slot_counts(self) -> list[int]:

@@ -2,7 +2,7 @@
 
 Every transition is one conditional write or one DynamoDB transaction keyed on the rollout's `(state, attempt)`:
 a duplicated or stale delivery fails the condition and changes nothing. The transactions that end a rollout also
-release its session slot (when it held one), bump the group and batch counters and set the outbox attributes, so
+free its session slot (when it held one), bump the group and batch counters and set the outbox attributes, so
 the side effects (publish, stop session, enqueue the retry) can always be finished later by whoever finds them.
 """
 
@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Final
 
-from rollout_pipeline.contracts import iso, parse_iso
+from rollout_pipeline.contracts import iso
 from rollout_pipeline.ids import AttemptRef
 from rollout_pipeline.ledger import keys, table
 from rollout_pipeline.ledger.attributes import plain_values
@@ -56,9 +56,46 @@ LedgerError = table.LedgerError
 
 
 def slot_holder(ref: AttemptRef) -> str:
-    """The name a rollout attempt's session slot is given back under (`LimitLedger.release_slot` spreads the
-    releases over the slot counters by it)."""
+    """The name a rollout attempt's session slot is given back under (`LimitLedger.free_slot` spreads the
+    slots it gives back over the counters by it)."""
     return f"{ref.batch_id}/{ref.input_id}#{ref.index}@{ref.attempt}"
+
+
+@dataclass(frozen=True, slots=True)
+class _ItemChange:
+    """One write's changes to a rollout item, as plain values: attributes set, string sets added to, attributes removed.
+    The update expression (`expression`) and the item after the write (`applied`) both come from it, so what a
+    writer returns for the item cannot drift from what a read of it gives."""
+
+    sets: Mapping[str, Any]
+    adds: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    removes: tuple[str, ...] = ()
+
+    def expression(self) -> tuple[str, dict[str, str], dict[str, Any]]:
+        """The UpdateExpression, its names and its (plain) values; every attribute by a name placeholder `#c{n}`
+        and every value by `:c{n}` (a condition's own placeholders must use other names)."""
+        names: dict[str, str] = {}
+        values: dict[str, Any] = {}
+        parts: dict[str, list[str]] = {"SET": [], "ADD": [], "REMOVE": []}
+        for clause, changes in (("SET", self.sets), ("ADD", self.adds)):
+            for attribute, value in changes.items():
+                number = len(names)
+                names[f"#c{number}"], values[f":c{number}"] = attribute, value
+                parts[clause].append(f"#c{number} = :c{number}" if clause == "SET" else f"#c{number} :c{number}")
+        for attribute in self.removes:
+            number = len(names)
+            names[f"#c{number}"] = attribute
+            parts["REMOVE"].append(f"#c{number}")
+        update = " ".join(f"{clause} {', '.join(items)}" for clause, items in parts.items() if items)
+        return update, names, values
+
+    def applied(self, item: Mapping[str, Any]) -> dict[str, Any]:
+        """`item` (plain values, as read) as this change leaves it."""
+        after = {name: value for name, value in item.items() if name not in self.removes}
+        after.update(self.sets)
+        for name, members in self.adds.items():
+            after[name] = set(after.get(name) or ()) | set(members)
+        return after
 
 
 class DispatchStart(StrEnum):
@@ -262,7 +299,7 @@ class RolloutLedger:
             is not None
         )
 
-    def release_to_queue(self, ref: AttemptRef) -> bool:
+    def undo_dispatch(self, ref: AttemptRef) -> bool:
         """Give the slot back after ACR kept throttling: dispatched(n) without invoke -> queued(n), in_flight -1."""
         update = self.table.update_op(
             keys.rollout_key(ref.batch_id, ref.input_id, ref.index),
@@ -271,7 +308,7 @@ class RolloutLedger:
             {":queued": QUEUED, ":dispatched": DISPATCHED, ":attempt": ref.attempt},
             {"#st": "state", "#dlpk": keys.DEADLINE_PK, "#dlsk": keys.DEADLINE_SK},
         )
-        return self._transact([{"Update": update}, self.limits.release_slot(slot_holder(ref))]) is None
+        return self._transact([{"Update": update}, self.limits.free_slot(slot_holder(ref))]) is None
 
     def _outbox_values(self, ref: AttemptRef) -> dict[str, Any]:
         """A new outbox entry (its index key, id and the writer's lease), stamped now."""
@@ -295,17 +332,15 @@ class RolloutLedger:
         policy_version: str | None = None,
         hold_slot_until: int | None = None,
     ) -> bool:
-        """The one terminal transition of a rollout, with its counters, slot release and outbox, atomically.
+        """The one terminal transition of a rollout, with its counters, freed slot and outbox, atomically.
 
-        `from_state`: DISPATCHED (releases the slot), QUEUED, or None (no item yet: cancel before dispatch).
+        `from_state`: DISPATCHED (frees the slot), QUEUED, or None (no item yet: cancel before dispatch).
         `hold_slot_until` (with DISPATCHED and `session_id`): keep the slot for the session instead, and stop it
-        through the outbox; `release_stopped` frees the slot once the stop is confirmed, or after that epoch.
+        through the outbox; `free_stopped` frees the slot once the stop is confirmed, or after that epoch.
         Returns False when the condition failed (another delivery already moved the rollout).
         """
-        entry = self._outbox_values(ref)
-        return self._finish(
+        change = self._terminal_change(
             ref,
-            entry,
             exp_id=exp_id,
             from_state=from_state,
             outcome=outcome,
@@ -314,6 +349,7 @@ class RolloutLedger:
             policy_version=policy_version,
             hold_slot_until=hold_slot_until,
         )
+        return self._finish(ref, change, outcome, from_state=from_state)
 
     def finish_dispatched(
         self,
@@ -326,141 +362,87 @@ class RolloutLedger:
     ) -> RolloutRecord | None:
         """`finish` from the dispatched attempt `rec` (the item as just read) is at, its session `rec.session_id`
         (`exp_id`: the experiment to record, `rec.exp_id` when not given).
-        Returns the rollout as the transaction left it, or None when the condition failed. Read again only when
-        `rec` had an entry or stops of its own pending (whose writers may have changed them since); else the
-        transaction wrote every attribute that differs from `rec` but the attempt's `invoked_at`, which nothing
-        after the attempt's end reads (`stops.hold_until` is computed before)."""
-        ref = rec.ref
-        entry = self._outbox_values(ref)
-        hold = hold_slot_until is not None and bool(rec.session_id)
-        exp_id = exp_id or rec.exp_id
-        finished = self._finish(
-            ref,
-            entry,
-            exp_id=exp_id,
+        Returns the rollout as the transaction left it, or None when the condition failed: the item as read with
+        the transaction's own change applied (one `_ItemChange` makes both the update and this record). Read again
+        only when `rec` had an entry or stops of its own pending (whose writers may have changed them since)."""
+        change = self._terminal_change(
+            rec.ref,
+            exp_id=exp_id or rec.exp_id,
             from_state=DISPATCHED,
             outcome=outcome,
             outbox=outbox,
             session_id=rec.session_id,
             hold_slot_until=hold_slot_until,
         )
-        if not finished:
+        if not self._finish(rec.ref, change, outcome, from_state=DISPATCHED):
             return None
-        if rec.outbox or rec.outbox_id or rec.stop_sessions or rec.held_slots:
+        if rec.outbox or rec.outbox_id or rec.stop_sessions or rec.held_slots or not rec.stored:
             return self.get_rollout(rec.batch_id, rec.input_id, rec.index)
-        entry_outbox = outbox | {OUTBOX_PUBLISH} | ({OUTBOX_STOP} if hold else set())
-        session = frozenset({rec.session_id}) if rec.session_id else frozenset[str]()
-        return replace(  # what the outcome does not have, `_terminal_update` leaves as it was
-            rec,
-            state=RolloutState(outcome.state),
-            exp_id=exp_id,
-            finished_at=parse_iso(iso(outcome.finished_at)),
-            reason=rec.reason if outcome.reason is None else outcome.reason,
-            error=rec.error if outcome.error is None else outcome.error,
-            reward=rec.reward if outcome.reward is None else outcome.reward,
-            rewards=rec.rewards if outcome.rewards is None else outcome.rewards,
-            result_uri=rec.result_uri if outcome.result_uri is None else outcome.result_uri,
-            result_size=rec.result_size if outcome.result_size is None else outcome.result_size,
-            outbox=frozenset(entry_outbox),
-            outbox_id=str(entry[":obid"]),
-            stop_sessions=session if OUTBOX_STOP in entry_outbox else frozenset(),
-            held_slots=session if hold else frozenset(),
-            held_until=hold_slot_until if hold else None,
-        )
+        return RolloutRecord.of_values(change.applied(rec.stored))
 
-    def _finish(
-        self,
-        ref: AttemptRef,
-        entry: Mapping[str, Any],
-        *,
-        exp_id: str,
-        from_state: str | None,
-        outcome: Terminal,
-        outbox: frozenset[str],
-        session_id: str | None = None,
-        policy_version: str | None = None,
-        hold_slot_until: int | None = None,
-    ) -> bool:
-        """`finish` with the new outbox entry's values (`_outbox_values`) given."""
-        hold = hold_slot_until is not None and from_state == DISPATCHED and bool(session_id)
-        rollout = self._terminal_update(
-            ref,
-            entry,
-            exp_id=exp_id,
-            from_state=from_state,
-            outcome=outcome,
-            outbox=outbox | {OUTBOX_STOP} if hold else outbox,
-            session_id=session_id,
-            policy_version=policy_version,
-            hold_slot_until=hold_slot_until if hold else None,
+    def _finish(self, ref: AttemptRef, change: _ItemChange, outcome: Terminal, *, from_state: str | None) -> bool:
+        """The terminal transaction: the rollout item's `change`, the group and batch counters, the slot freed
+        unless the change holds it for its session."""
+        update, names, values = change.expression()
+        condition = "attribute_not_exists(pk)"
+        if from_state is not None:
+            condition = "#st = :from AND attempt = :attempt"
+            names["#st"] = "state"
+            values |= {":from": from_state, ":attempt": ref.attempt}
+        rollout = self.table.update_op(
+            keys.rollout_key(ref.batch_id, ref.input_id, ref.index), update, condition, values, names
         )
         items: list[dict[str, Any]] = [
             {"Update": rollout},
             {"Update": self._group_outcome(ref, outcome)},
             {"Update": self._batch_counts(ref, outcome)},
         ]
-        if from_state == DISPATCHED and not hold:
-            items.append(self.limits.release_slot(slot_holder(ref)))
-        return self._transact_guarded(items, f"terminal transaction for {ref.batch_id}/{ref.rollout_id}")
+        if from_state == DISPATCHED and "held_slots" not in change.adds:
+            items.append(self.limits.free_slot(slot_holder(ref)))
+        return self._transact_guarded(items, f"terminal transaction for {ref.batch_id}/{ref.input_id}#{ref.index}")
 
-    def _terminal_update(
+    def _terminal_change(
         self,
         ref: AttemptRef,
-        entry: Mapping[str, Any],
         *,
         exp_id: str,
         from_state: str | None,
         outcome: Terminal,
         outbox: frozenset[str],
         session_id: str | None,
-        policy_version: str | None,
-        hold_slot_until: int | None,
-    ) -> dict[str, Any]:
-        """The rollout item's part of `finish`: terminal state and outcome, deadline index left, outbox entry set
-        (`hold_slot_until`: the session keeps its slot until its stop is confirmed)."""
-        names = {"#st": "state", "#ix": "index", "#dlpk": keys.DEADLINE_PK, "#dlsk": keys.DEADLINE_SK}
-        names |= {"#obpk": keys.OUTBOX_PK, "#obsk": keys.OUTBOX_SK}
-        values: dict[str, Any] = {
-            ":state": outcome.state,
-            ":finished": iso(outcome.finished_at),
-            ":exp": exp_id,
-            ":batch": ref.batch_id,
-            ":input": ref.input_id,
-            ":index": ref.index,
-            ":attempt": ref.attempt,
-            ":ttl": self.table.expires_at(),
-            ":outbox": set(outbox) | {OUTBOX_PUBLISH},
-            **entry,
+        policy_version: str | None = None,
+        hold_slot_until: int | None = None,
+    ) -> _ItemChange:
+        """The rollout item's part of `finish`: terminal state and outcome, the deadline index left, a new outbox
+        entry (`hold_slot_until`, with DISPATCHED and a session: the session keeps its slot until its stop is
+        confirmed, its stop in the entry)."""
+        hold = hold_slot_until is not None and from_state == DISPATCHED and bool(session_id)
+        now = self.table.epoch()
+        sets: dict[str, Any] = {
+            "state": outcome.state,
+            "finished_at": iso(outcome.finished_at),
+            "exp_id": exp_id,
+            "batch_id": ref.batch_id,
+            "input_id": ref.input_id,
+            "index": ref.index,
+            "attempt": ref.attempt,
+            keys.TTL_ATTRIBUTE: self.table.expires_at(),
+            keys.OUTBOX_PK: keys.outbox_pk(ref.batch_id, ref.input_id, ref.index),
+            keys.OUTBOX_SK: now,
+            "outbox_id": secrets.token_hex(8),
+            "outbox_lease": now + OUTBOX_LEASE_S,
         }
-        sets = ["#st = :state", "finished_at = :finished", "exp_id = :exp", "batch_id = :batch"]
-        sets += ["input_id = :input", "#ix = :index", "attempt = :attempt", "expires_at = :ttl"]
-        sets += ["#obpk = :obpk", "#obsk = :obsk", "outbox_id = :obid", "outbox_lease = :oblease"]
         optional = outcome.attributes()
         if from_state is None:
             optional |= {"session_id": session_id, "policy_version": policy_version}
-        for attr, value in optional.items():
-            if value is not None:
-                sets.append(f"#{attr} = :{attr}")
-                values[f":{attr}"] = value
-                names[f"#{attr}"] = attr
-        condition = "attribute_not_exists(pk)"
-        if from_state is not None:
-            condition = "#st = :from AND attempt = :attempt"
-            values[":from"] = from_state
+        sets |= {attribute: value for attribute, value in optional.items() if value is not None}
         # ADD, not SET: side effects still pending from an earlier transition (a throttled stop of the previous
         # attempt's session) are kept, not overwritten.
-        adds = ["outbox :outbox"]
-        if OUTBOX_STOP in outbox and session_id:
-            adds.append("stop_sessions :stops")
-            values[":stops"] = {session_id}
-        if hold_slot_until is not None:
-            adds.append("held_slots :stops")
-            sets.append("held_until = :held_until")
-            values[":held_until"] = hold_slot_until
-        update = f"SET {', '.join(sets)} ADD {', '.join(adds)} REMOVE #dlpk, #dlsk"
-        return self.table.update_op(
-            keys.rollout_key(ref.batch_id, ref.input_id, ref.index), update, condition, values, names
-        )
+        adds = {"outbox": frozenset(outbox | {OUTBOX_PUBLISH} | ({OUTBOX_STOP} if hold else set()))}
+        if hold and session_id:
+            adds |= {"stop_sessions": frozenset({session_id}), "held_slots": frozenset({session_id})}
+            sets["held_until"] = hold_slot_until
+        return _ItemChange(sets, adds, (keys.DEADLINE_PK, keys.DEADLINE_SK))
 
     def _group_outcome(self, ref: AttemptRef, outcome: Terminal) -> dict[str, Any]:
         """The group item's part of `finish`: one more terminal rollout, its reward or failure reason by index."""
@@ -501,7 +483,7 @@ class RolloutLedger:
         stop_pending: bool,
         hold_slot_until: int | None = None,
     ) -> bool:
-        """A timed-out attempt with attempts left: dispatched(n) -> queued(n+1), slot released, outbox enqueue.
+        """A timed-out attempt with attempts left: dispatched(n) -> queued(n+1), slot freed, outbox enqueue.
         `hold_slot_until`: keep the slot for the old session until its stop is confirmed (see `finish`)."""
         hold = hold_slot_until is not None and bool(rec.session_id)
         stop_pending = stop_pending or hold
@@ -541,24 +523,24 @@ class RolloutLedger:
         )
         if hold:
             return self._transact([{"Update": update}]) is None
-        return self._transact([{"Update": update}, self.limits.release_slot(slot_holder(rec.ref))]) is None
+        return self._transact([{"Update": update}, self.limits.free_slot(slot_holder(rec.ref))]) is None
 
     # ------------------------------------------------------------------------------------ stops and held slots
 
-    def release_stopped(self, rec: RolloutRecord, session_id: str, *, clear_entry: bool = False) -> bool:
+    def free_stopped(self, rec: RolloutRecord, session_id: str, *, clear_entry: bool = False) -> bool:
         """A session's stop is confirmed (or AgentCore has reaped it): forget it and, if it still held a slot,
-        release the slot, atomically and once. False if someone else did it first.
+        free the slot, atomically and once. False if someone else did it first.
 
         `clear_entry`: this was the entry's last pending action (the caller holds the entry and has done the
         others): the same write also removes the entry (`clear_outbox`), conditional on `outbox_id`. If the entry
-        has moved on meanwhile (a later transition set a new one) or the slot was released already, the session is
-        forgotten, its slot released and the entry cleared as by separate writes (the newer entry stays)."""
-        if clear_entry and rec.outbox_id is not None and self._release_and_clear(rec, session_id):
+        has moved on meanwhile (a later transition set a new one) or the slot was freed already, the session is
+        forgotten, its slot freed and the entry cleared as by separate writes (the newer entry stays)."""
+        if clear_entry and rec.outbox_id is not None and self._free_and_clear(rec, session_id):
             return True
         key = keys.rollout_key(rec.batch_id, rec.input_id, rec.index)
         if session_id not in rec.held_slots:
             self.table.update(key, "DELETE stop_sessions :s, stop_not_found :s", None, {":s": {session_id}})
-            released = True
+            freed = True
         else:
             update = self.table.update_op(
                 key,
@@ -566,13 +548,13 @@ class RolloutLedger:
                 "contains(held_slots, :sid)",
                 {":s": {session_id}, ":sid": session_id},
             )
-            released = self._transact([{"Update": update}, self.limits.release_slot(session_id)]) is None
+            freed = self._transact([{"Update": update}, self.limits.free_slot(session_id)]) is None
         if clear_entry:  # the combined write's condition failed: clear the entry if it is still the one read
             self.clear_outbox(rec)
-        return released
+        return freed
 
-    def _release_and_clear(self, rec: RolloutRecord, session_id: str) -> bool:
-        """`release_stopped` and `clear_outbox` in one write: False (nothing written) when the entry is not the
+    def _free_and_clear(self, rec: RolloutRecord, session_id: str) -> bool:
+        """`free_stopped` and `clear_outbox` in one write: False (nothing written) when the entry is not the
         one read or, with a held slot, the slot is no longer held."""
         key = keys.rollout_key(rec.batch_id, rec.input_id, rec.index)
         held = session_id in rec.held_slots
@@ -588,7 +570,7 @@ class RolloutLedger:
             return self.table.update(key, update, condition, values, names) is not None
         op = self.table.update_op(key, update, condition, values, names)
         return self._transact_guarded(
-            [{"Update": op}, self.limits.release_slot(session_id)], f"slot release for {session_id}"
+            [{"Update": op}, self.limits.free_slot(session_id)], f"freeing the slot of {session_id}"
         )
 
     def note_stop_failed(self, rec: RolloutRecord, *, next_epoch: int, not_found: Sequence[str] = ()) -> None:
@@ -670,7 +652,7 @@ class RolloutLedger:
             is not None
         )
 
-    def release_outbox(self, rec: RolloutRecord, done: frozenset[str] = frozenset()) -> None:
+    def return_outbox(self, rec: RolloutRecord, done: frozenset[str] = frozenset()) -> None:
         """Give an outbox entry back after a failed side effect, so a redelivery may drain it at once; `done`: the
         entry's actions that were performed before the failure, taken out of it in the same write."""
         if rec.outbox_id is None:

@@ -25,13 +25,19 @@ _MAX_ROUNDS = 6
 
 @dataclass
 class CancelResult:
-    """What `cancel_batch` did (counts by what it found). `found` is False for an unknown or rejected batch."""
+    """What `cancel_batch` did (counts by what it found). `found` is False for an unknown or rejected batch.
+
+    `cancelled`: rollouts this call ended as cancelled; `already_terminal`: rollouts it found ended (before, or by
+    a dispatcher that saw the cancel flag first); `sessions_stopped`: running sessions whose stop was confirmed;
+    `stops_pending`: running sessions whose stop failed or was refused, left in the outbox for the sweeper (which
+    retries them; AgentCore's idle timeout ends them at the latest)."""
 
     batch_id: str
     found: bool = True
     cancelled: int = 0
     already_terminal: int = 0
     sessions_stopped: int = 0
+    stops_pending: int = 0
     drain_errors: list[str] = field(default_factory=list)
 
 
@@ -90,7 +96,7 @@ def cancel_rollout(
 def cancel_batch(batch_id: str, deps: LifecycleDeps) -> CancelResult:
     """Cancel a batch: status `cancelled`, queued rollouts never dispatched, running sessions stopped, every
     rollout (also those never dispatched: indices 0..group_size-1 of every group item) ended exactly once as
-    `Rollout Failed` reason `cancelled`, slots released, events published. Idempotent: call it again after a
+    `Rollout Failed` reason `cancelled`, slots freed, events published. Idempotent: call it again after a
     crash or a side-effect error to finish the job."""
     report = CancelResult(batch_id=batch_id)
     if not deps.ledger.batches.cancel(batch_id):
@@ -124,11 +130,16 @@ def cancel_batch(batch_id: str, deps: LifecycleDeps) -> CancelResult:
                 after = deps.ledger.rollouts.get_rollout(batch_id, input_id, index)
                 if after is not None and after.terminal and after.reason == FailureReason.CANCELLED.value:
                     report.cancelled += 1  # ended in the ledger; only its side effects (stop, events) are pending
+                    report.stops_pending += bool(after.stop_sessions)
                 continue
             if outcome == "cancelled":
                 report.cancelled += 1
                 if rec is not None and rec.state == DISPATCHED:
-                    report.sessions_stopped += 1
+                    after = deps.ledger.rollouts.get_rollout(batch_id, input_id, index)
+                    if after is not None and after.stop_sessions:
+                        report.stops_pending += 1  # re-filed for the sweeper: not stopped (yet)
+                    else:
+                        report.sessions_stopped += 1
             else:
                 report.already_terminal += 1
     return report

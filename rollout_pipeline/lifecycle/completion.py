@@ -4,7 +4,7 @@ Input: the S3 "Object Created" EventBridge event (the completion queue's message
 (`ids.parse_result_key`). If that attempt is dispatched: read the result (size-capped), then ONE transaction:
 rollout -> succeeded/failed, group and batch counters, outbox {publish, stop}, the session's slot held. Then the
 events at once (`publishing.drain`), and only after every record of the SQS batch was published, the stops
-(`stops.finish_stops`: they release the slots; a failed stop stays in the outbox). The trainer hears of a result
+(`stops.finish_stops`: they free the slots; a failed stop stays in the outbox). The trainer hears of a result
 without waiting for any call budget. Anything else
 (unknown key, a late or duplicated result, a result without its attempt's token: `contracts.attempts`) changes
 nothing and counts `LateOrUnknownResult`, except that a redelivery finding its attempt terminal with the outbox
@@ -107,7 +107,7 @@ def _stop_after(rec: RolloutRecord, deps: LifecycleDeps, wait_until: float) -> N
         stops.finish_stops(rec, deps, wait_until)
     except Exception:  # the outbox keeps the stop: the sweeper retries it
         log.exception("stop of %s pending", rec.session_id)
-        deps.ledger.rollouts.release_outbox(rec, rec.outbox - {OUTBOX_STOP})  # the rest was drained
+        deps.ledger.rollouts.return_outbox(rec, rec.outbox - {OUTBOX_STOP})  # the rest was drained
 
 
 def _location(event: Mapping[str, Any]) -> tuple[str, str] | None:

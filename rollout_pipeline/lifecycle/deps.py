@@ -8,6 +8,7 @@ from datetime import datetime
 
 from rollout_pipeline.config import ExperimentConfig, HandlerSettings
 from rollout_pipeline.contracts.attempts import attempt_token
+from rollout_pipeline.feed.feed import Feed
 from rollout_pipeline.ledger.ledger import Ledger
 from rollout_pipeline.lifecycle.limits import (
     AdmissionBoard,
@@ -32,6 +33,8 @@ class LifecycleDeps:
     store: ObjectStore
     queue: MessageQueue
     publisher: EventPublisher
+    #: Work into the rollout queue (`wiring.Wiring.feed`: one per process, shared with ingestion).
+    feed: Feed
     clock: Clock = field(default_factory=SystemClock)
     metrics: MetricsRecorder = field(default_factory=MetricsRecorder)
     #: A redelivered message finding its attempt dispatched but not invoked re-invokes only after this long
@@ -39,7 +42,7 @@ class LifecycleDeps:
     reinvoke_grace_s: float = 60.0
     #: The sweeper drains outbox entries older than this (younger ones are still being handled by their owner).
     outbox_age_s: float = 30.0
-    #: Throttled invokes are retried this many times (each with a new TPS token) before the slot is released.
+    #: Throttled invokes are retried this many times (each with a new TPS token) before the slot is freed.
     invoke_retries: int = 3
     #: Dispatcher threads per SQS batch (also completion threads).
     dispatch_threads: int = 10

@@ -9,7 +9,9 @@ acknowledged: never dropped, never dead-lettered because of a limit; but a rollo
 `max_limit_requeues` times or waiting longer than `max_limit_wait_s` fails loudly (`Rollout Failed`, `throttled`).
 A cold start (RuntimeClientError 424) is retried on the SAME session id (`cold_start_retries` x
 `cold_start_wait_s`, tps budget only: the session exists); then the attempt ends through the normal "attempts
-left?" path and its session is stopped. A read timeout after sending is never re-sent (the deadline decides).
+left?" path and its session is stopped. An agent that cannot start (RuntimeClientError "Runtime initialization time
+exceeded": `RuntimeStartFailed`) fails the rollout at once as `agent_error` (no retry can help) and its session is
+stopped. A read timeout after sending is never re-sent (the deadline decides).
 An invoke is started only if it can end inside the invocation (`wait_until` minus the runtime's longest call,
 `LifecycleDeps.invoke_time_s`): waits for a slot or a budget end that much earlier, and a message left without
 that time is re-sent fresh (counted as a limit wait), never dropped.
@@ -38,7 +40,7 @@ from rollout_pipeline.ledger.rollouts import (
     DispatchStart,
     LedgerError,
 )
-from rollout_pipeline.lifecycle import publishing, release, stops
+from rollout_pipeline.lifecycle import publishing, stops
 from rollout_pipeline.lifecycle.cancel import cancel_rollout
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.failures import end_attempt, fail_rollout
@@ -57,6 +59,7 @@ from rollout_pipeline.ports import (
     RuntimeColdStart,
     RuntimeOutcomeUnknown,
     RuntimeRejected,
+    RuntimeStartFailed,
     RuntimeThrottled,
 )
 from rollout_pipeline.sqs_batch import message_id, run_partial_batch
@@ -77,11 +80,12 @@ class Dispatch(StrEnum):
     CANCELLED = "cancelled"  # the batch is cancelled: the rollout ended as cancelled
     REJECTED = "rejected"  # ACR refused for good: Rollout Failed (invoke_rejected)
     REQUEUED_LIMIT = "requeued_limit"  # still waiting for a limit at the end of the budget: re-sent fresh
-    REQUEUED_THROTTLED = "requeued_throttled"  # ACR kept throttling: slot released, re-sent fresh
+    REQUEUED_THROTTLED = "requeued_throttled"  # ACR kept throttling: slot freed, re-sent fresh
     REQUEUED_NO_TIME = "requeued_no_time"  # too little time left for an invoke to end in it: re-sent fresh
     STOPPED_LATE = "stopped_late"  # invoked, but the rollout was cancelled/ended meanwhile: session stopped
     THROTTLED = "throttled"  # waited for limits too often or too long: Rollout Failed (throttled)
     COLD_START_FAILED = "cold_start_failed"  # kept answering 424: attempt ended (retried or failed), session stopped
+    START_FAILED = "start_failed"  # the agent cannot start: Rollout Failed (agent_error), session stopped
 
 
 @dataclass
@@ -114,8 +118,7 @@ def dispatch_records(records: Sequence[Mapping[str, Any]], deps: LifecycleDeps, 
                 held.release()
 
     run_partial_batch([r for _o, r in ordered], handle, result, workers=workers, what="dispatch", logger=log)
-    for view in batches.views():
-        release.release_if_room(deps, view)  # the queue drained: the release window may have room
+    deps.feed.after_dispatch(batches.views())  # the queue drained: the release window may have room
     deps.metrics.sample(IN_FLIGHT, deps.slot_shards.in_flight())
     return result
 
@@ -357,6 +360,10 @@ def _invoke(
             if new_session:
                 deps.metrics.count(NEW_SESSIONS)
             break
+        except RuntimeStartFailed as exc:
+            if new_session:
+                deps.metrics.count(NEW_SESSIONS)  # the microVM was made: it counts and must be stopped
+            return _start_failed(message, deps, str(exc), wait_until)
         except RuntimeColdStart as exc:
             if new_session:
                 deps.metrics.count(NEW_SESSIONS)  # the microVM exists: it counts and must be stopped
@@ -370,39 +377,48 @@ def _invoke(
         except NoCallBudget:  # no call was made: our own budgets had no slot before the invoke had to start
             if not new_session:  # the attempt stays dispatched: the re-sent message invokes the same session
                 return _requeue(message, deps, Dispatch.REQUEUED_NO_TIME)
-            if deps.ledger.rollouts.release_to_queue(message.ref):
-                return _requeue(message, deps, Dispatch.REQUEUED_LIMIT)
-            return Dispatch.STALE
+            return _undo_and_requeue(message, deps, Dispatch.REQUEUED_LIMIT)
         except RuntimeThrottled as exc:
             backoff = min(0.25 * 2**attempt, 4.0) * random.uniform(0.5, 1.0)
             if attempt == deps.invoke_retries or deps.clock.monotonic() + backoff > start_by:
-                log.warning("ACR kept throttling %s: %s; releasing the slot", session_id, exc)
+                log.warning("ACR kept throttling %s: %s; freeing the slot", session_id, exc)
                 if not new_session:  # a session exists (cold-started): end the attempt, stop it
                     return _cold_start_failed(message, deps, options, str(exc), wait_until)
-                if deps.ledger.rollouts.release_to_queue(message.ref):
-                    return _requeue(message, deps, Dispatch.REQUEUED_THROTTLED)
-                return Dispatch.STALE  # the rollout moved on meanwhile (cancelled, invoked elsewhere)
+                return _undo_and_requeue(message, deps, Dispatch.REQUEUED_THROTTLED)
             deps.clock.sleep(backoff)
         except RuntimeRejected as exc:
             if not new_session:
                 return _cold_start_failed(message, deps, options, str(exc), wait_until)
             return _rejected(message, deps, str(exc))
     if not deps.ledger.rollouts.mark_invoked(message.ref):
-        # Cancelled (or already ended) while we invoked: no session may outlive its rollout. The transition that
-        # ended it may have tried the stop before the session existed (NotFound): this stop confirms it. One
-        # NotFound is no proof (AgentCore has answered it while the session kept running), and a Conflict or a
-        # throttle is tried again: `stops.stop_session`, as every other stop.
-        confirmed, _ = stops.stop_session(session_id, deps, max(wait_until, deps.clock.monotonic() + 5))
-        if not confirmed:  # the sweeper's outbox scan stops it later
-            log.warning("session %s invoked after its rollout ended: its stop is filed in the outbox", session_id)
-            deps.ledger.rollouts.file_stop(message.ref, session_id)
-            return Dispatch.STOPPED_LATE  # its slot, if held, is released with the confirmed stop
-        after = deps.ledger.rollouts.get_rollout(message.batch_id, message.input_id, message.index)
-        if after is not None and session_id in after.held_slots:
-            deps.ledger.rollouts.release_stopped(after, session_id)
-        return Dispatch.STOPPED_LATE
+        return _stop_late(message, deps, wait_until)
     deps.metrics.count(DISPATCHED_METRIC)
     return Dispatch.REINVOKED if reinvoke else Dispatch.INVOKED
+
+
+def _undo_and_requeue(message: RolloutMessage, deps: LifecycleDeps, why: Dispatch) -> Dispatch:
+    """No session was started: give the slot back (dispatched -> queued) and re-send the message fresh; STALE when
+    the rollout moved on meanwhile (cancelled, invoked elsewhere)."""
+    if deps.ledger.rollouts.undo_dispatch(message.ref):
+        return _requeue(message, deps, why)
+    return Dispatch.STALE
+
+
+def _stop_late(message: RolloutMessage, deps: LifecycleDeps, wait_until: float) -> Dispatch:
+    """The rollout was cancelled (or already ended) while its session was invoked: no session may outlive its
+    rollout. The transition that ended it may have tried the stop before the session existed (NotFound): this stop
+    confirms it. One NotFound is no proof (AgentCore has answered it while the session kept running), and a
+    Conflict or a throttle is tried again: `stops.stop_session`, as every other stop."""
+    session_id = message.session_id
+    confirmed, _ = stops.stop_session(session_id, deps, max(wait_until, deps.clock.monotonic() + 5))
+    if not confirmed:  # the sweeper's outbox scan stops it later
+        log.warning("session %s invoked after its rollout ended: its stop is filed in the outbox", session_id)
+        deps.ledger.rollouts.file_stop(message.ref, session_id)
+        return Dispatch.STOPPED_LATE  # its slot, if held, is freed with the confirmed stop
+    after = deps.ledger.rollouts.get_rollout(message.batch_id, message.input_id, message.index)
+    if after is not None and session_id in after.held_slots:
+        deps.ledger.rollouts.free_stopped(after, session_id)
+    return Dispatch.STOPPED_LATE
 
 
 def _retry_cold_start(
@@ -429,6 +445,8 @@ def _retry_cold_start(
             return None
         except RuntimeColdStart as again:
             exc = again
+        except RuntimeStartFailed as failed:
+            return _start_failed(message, deps, str(failed), wait_until)
         except RuntimeOutcomeUnknown:
             return None
         except (RuntimeThrottled, RuntimeRejected) as other:
@@ -455,6 +473,33 @@ def _cold_start_failed(
     if after is not None and after.outbox:
         publishing.drain(after, deps, owner=True, wait_until=wait_until)
     return Dispatch.COLD_START_FAILED
+
+
+def _start_failed(message: RolloutMessage, deps: LifecycleDeps, error: str, wait_until: float) -> Dispatch:
+    """The session's agent cannot start (its container exited or never became ready): the rollout fails at once as
+    `agent_error` with what the runtime said (local mode: the agent process's output), attempts left or not, as an
+    agent's own error result would; the session's slot is held until its stop is confirmed."""
+    rec = deps.ledger.rollouts.get_rollout(message.batch_id, message.input_id, message.index)
+    if rec is None or rec.state != DISPATCHED or rec.attempt != message.attempt:
+        return Dispatch.STALE
+    last_line = next((line.strip() for line in reversed(error.splitlines()) if line.strip()), error)
+    log.warning("the agent of session %s did not start (agent_error): %s", message.session_id, last_line[:300])
+    after = fail_rollout(
+        deps,
+        rec.ref,
+        exp_id=rec.exp_id,
+        from_state=DISPATCHED,
+        reason=FailureReason.AGENT_ERROR,
+        error=f"the agent did not start: {error}",
+        outbox=frozenset({OUTBOX_PUBLISH}),
+        session_id=rec.session_id,
+        hold_slot_until=stops.hold_until(deps, rec),
+    )
+    if after is None:
+        return Dispatch.STALE
+    if after.outbox:
+        publishing.drain(after, deps, owner=True, wait_until=wait_until)
+    return Dispatch.START_FAILED
 
 
 def _rejected(message: RolloutMessage, deps: LifecycleDeps, error: str) -> Dispatch:

@@ -504,6 +504,14 @@ class SlotGate:
         #: When the current burst began (monotonic; None: nothing held yet) and when the last one ended.
         self._burst_since: float | None = None
         self._empty_since: float | None = None
+        self._closed = False
+
+    def close(self) -> None:
+        """End every wait now and every later one at once, as if its `wait_until` had passed (the waiters take
+        their "no slot in time" path: the message is re-sent). For a process shutting down (local mode's Ctrl-C)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
 
     def hold(self, keys: Sequence[str]) -> list[Held]:
         """Rollouts just received (their admission keys), before any of them is decided: they go on the board at
@@ -579,7 +587,7 @@ class SlotGate:
                         self._tickets -= 1
                         return True
                     remaining = wait_until - self._monotonic()
-                    if remaining <= 0:
+                    if remaining <= 0 or self._closed:
                         return False
                     if self._polling:
                         self._cond.wait(timeout=min(remaining, 1.0))
@@ -656,7 +664,7 @@ class SlotGate:
         if self.board is not None:
             self._publish()  # waiters let through by the last poll leave the board now, not a poll later
         while True:
-            if self._monotonic() + pause > wait_until:
+            if self._monotonic() + pause > wait_until or self._closed:
                 return 0
             self._sleep(pause)
             self.polls += 1

@@ -1,4 +1,6 @@
 """Events built from the ledger, and the outbox: the side effects a transition decided, finished idempotently.
+After a terminal rollout's events are published, the feed hears of it (`feed.feed.Feed.after_terminal`: the release
+window may have room).
 
 A terminal transition sets `outbox` = {publish, stop} on the rollout item in the same transaction; a timed-out
 attempt with attempts left sets {enqueue, stop} (the sessions are in `stop_sessions`, their slots in `held_slots`;
@@ -14,44 +16,30 @@ from __future__ import annotations
 from typing import Any
 
 from rollout_pipeline import ids
-from rollout_pipeline.contracts import (
-    INLINE_RESULT_BYTES,
-    RolloutMessage,
-    read_result,
-    redact_secrets,
-)
+from rollout_pipeline.contracts import INLINE_RESULT_BYTES, read_result, redact_secrets
 from rollout_pipeline.details import batch_completion_detail, group_completion_detail, rollout_event, with_members
-from rollout_pipeline.ledger.items import RolloutRecord
+from rollout_pipeline.feed.messages import QueuedGroup
+from rollout_pipeline.ledger.items import BatchView, RolloutRecord
 from rollout_pipeline.ledger.rollouts import (
     OUTBOX_ENQUEUE,
     OUTBOX_PUBLISH,
     OUTBOX_STOP,
 )
-from rollout_pipeline.lifecycle import release
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.metrics import NOTIFICATION_LATENCY
 
 # ------------------------------------------------------------------------------------------------------ outbox
 
 
-def retry_message(rec: RolloutRecord, deps: LifecycleDeps) -> RolloutMessage:
+def retry_bodies(rec: RolloutRecord, deps: LifecycleDeps) -> list[str]:
     """The rollout-queue message of the rollout's current (queued) attempt, rebuilt from its group item."""
     group = deps.ledger.batches.read_group(rec.batch_id, rec.input_id)
     if group is None:
         raise LookupError(f"group {rec.batch_id}/{rec.input_id} not found for the retry of {rec.index}")
-    return RolloutMessage(
-        exp_id=rec.exp_id or deps.config.name,
-        batch_id=rec.batch_id,
-        input_id=rec.input_id,
-        index=rec.index,
-        attempt=rec.attempt,
-        group_size=group.group_size,
-        submitted_at=rec.submitted_at or deps.now(),
-        line=group.line or None,
-        payload=dict(group.payload) if group.payload is not None else None,
-        payload_ref=group.payload_ref,
-        rollout_overrides=dict(group.overrides),
+    queued = QueuedGroup.of_item(
+        group, exp_id=rec.exp_id or deps.config.name, submitted_at=rec.submitted_at or deps.now()
     )
+    return queued.bodies([rec.index], attempt=rec.attempt)
 
 
 def _inline_result(rec: RolloutRecord, deps: LifecycleDeps, result: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -75,12 +63,12 @@ def _read_inline_result(
     return read.outcome.body
 
 
-def completion_details(rec: RolloutRecord, deps: LifecycleDeps) -> list[Any]:
-    """`Group Completed` / `Batch Completed` that are due after `rec` became terminal (strongly consistent reads),
-    each claimed for this rollout so that concurrent last rollouts do not both publish it."""
+def completion_details(rec: RolloutRecord, deps: LifecycleDeps, batch: BatchView | None) -> list[Any]:
+    """`Group Completed` / `Batch Completed` that are due after `rec` became terminal (`batch`: its batch's view,
+    read after the terminal transaction; the group read here, strongly consistent), each claimed for this rollout
+    so that concurrent last rollouts do not both publish it."""
     details: list[Any] = []
     claimant = ids.rollout_id(rec.input_id, rec.index)
-    batch = deps.ledger.batches.read_batch(rec.batch_id)
     options = batch.options if batch is not None else None
     group = deps.ledger.batches.read_group(rec.batch_id, rec.input_id)
     if group is not None:
@@ -94,7 +82,6 @@ def completion_details(rec: RolloutRecord, deps: LifecycleDeps) -> list[Any]:
         batch_detail = batch_completion_detail(claimed) if claimed is not None else None
         if batch_detail is not None:
             details.append(batch_detail)
-    release.release_if_room(deps, batch)  # the release window may have room now (`ledger.window`)
     return details
 
 
@@ -127,15 +114,16 @@ def drain(
     done: frozenset[str] = frozenset()
     try:
         if OUTBOX_ENQUEUE in rec.outbox and not rec.terminal:  # a rollout that ended meanwhile needs no retry
-            message = retry_message(rec, deps)
-            deps.queue.send_all(deps.settings.rollout_queue_url, [message.model_dump_json(exclude_none=True)])
+            deps.queue.send_all(deps.settings.rollout_queue_url, retry_bodies(rec, deps))
         done = rec.outbox & {OUTBOX_ENQUEUE}
         if OUTBOX_PUBLISH in rec.outbox:
             notified_at = deps.now()
             inline = _inline_result(rec, deps, result)
             details: list[Any] = [rollout_event(rec, notified_at=notified_at, result=inline)]
-            details.extend(completion_details(rec, deps))
+            batch = deps.ledger.batches.read_batch(rec.batch_id)
+            details.extend(completion_details(rec, deps, batch))
             deps.publisher.publish(details)
+            deps.feed.after_terminal(batch)  # the release window may have room now
             finished = rec.finished_at
             if finished is not None and rec.result_uri:
                 deps.metrics.sample(NOTIFICATION_LATENCY, max(0.0, (notified_at - finished).total_seconds() * 1000))
@@ -143,13 +131,13 @@ def drain(
         if OUTBOX_STOP in rec.outbox and rec.stop_sessions:
             if OUTBOX_ENQUEUE in done:  # recorded at once: a retry message sent again could invoke again
                 deps.ledger.rollouts.outbox_done(rec, done)
-            # A publish is recorded by the stops' own write (`finish_stops`: the slot's release, or the failed
-            # stop's re-filing), or by `release_outbox` if they raise.
+            # A publish is recorded by the stops' own write (`finish_stops`: the write that frees the slot, or the
+            # failed stop's re-filing), or by `return_outbox` if they raise.
             if stops:
                 stopping.finish_stops(rec, deps, wait_until)
             return True
         deps.ledger.rollouts.clear_outbox(rec)
     except BaseException:
-        deps.ledger.rollouts.release_outbox(rec, done)
+        deps.ledger.rollouts.return_outbox(rec, done)
         raise
     return True

@@ -4,14 +4,14 @@ A transition that ends an attempt with a live session keeps the attempt's sessio
 session in the outbox (`stop`, `stop_sessions`) instead of stopping it first. `finish_stops` then stops each
 session through the limiter:
 
-- a confirmed stop releases the slot (`RolloutLedger.release_stopped`, once);
+- a confirmed stop frees the slot (`RolloutLedger.free_stopped`, once);
 - ResourceNotFound is confirmed only by a second NotFound (AgentCore has answered it while a session kept running);
 - a throttled, conflicting or failed stop counts `StopFailed` and is tried again at once, a few times
   (`PROMPT_RETRY_S`, within the caller's wait budget): AgentCore's failed stops are mostly transient, and a
   session left running holds a slot and costs money. Only then does the entry come back later (backoff; at most
   `STOP_TRIES` passes), through the sweeper's outbox scan;
 - once `held_until` has passed (the session's `max_lifetime_s` since it was started, plus a minute), AgentCore
-  has ended the session anyway: the slot is released without a stop. Not the idle timeout: a session whose agent
+  has ended the session anyway: the slot is freed without a stop. Not the idle timeout: a session whose agent
   is still busy (a rollout past its deadline keeps working) is not idle, and lives until its maximum lifetime.
 
 So every slot is freed by a confirmed stop or by the session's maximum lifetime, and nothing waits for a stop but
@@ -39,7 +39,7 @@ STOP_BACKOFF_S: Final = 2
 STOP_BACKOFF_MAX_S: Final = 60
 
 
-#: Kept beyond AgentCore's maximum session lifetime before a slot is released without a confirmed stop.
+#: Kept beyond AgentCore's maximum session lifetime before a slot is freed without a confirmed stop.
 HOLD_MARGIN_S: Final = 60
 
 
@@ -54,8 +54,8 @@ def hold_until(deps: LifecycleDeps, rec: RolloutRecord | None = None) -> int:
 
 def finish_stops(rec: RolloutRecord, deps: LifecycleDeps, wait_until: float | None = None) -> bool:
     """Stop every session in `rec.stop_sessions` (the caller holds the outbox entry and has done its other
-    actions). True when none is left: the entry is cleared by the last slot's release itself
-    (`release_stopped(clear_entry=True)`). Else the entry is re-filed for a later pass, its other actions taken
+    actions). True when none is left: the entry is cleared by the write that frees the last slot
+    (`free_stopped(clear_entry=True)`). Else the entry is re-filed for a later pass, its other actions taken
     out of it in the same write (`note_stop_failed`)."""
     now = int(deps.now().timestamp())
     reaped = rec.held_until is not None and now >= rec.held_until
@@ -72,7 +72,7 @@ def finish_stops(rec: RolloutRecord, deps: LifecycleDeps, wait_until: float | No
         given_up = rec.stop_tries >= STOP_TRIES and session_id not in rec.held_slots  # no slot waits for it
         if confirmed or reaped or given_up:
             last = left == 0 and position == len(sessions) - 1  # nothing else pending: the entry goes too
-            deps.ledger.rollouts.release_stopped(rec, session_id, clear_entry=last)
+            deps.ledger.rollouts.free_stopped(rec, session_id, clear_entry=last)
             cleared = last
         else:
             left += 1

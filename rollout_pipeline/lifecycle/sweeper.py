@@ -6,7 +6,7 @@ Else one transaction: a new attempt (queued n+1, outbox `enqueue`) while attempt
 `Rollout Failed` (timeout); either way the old session's slot is held and its stop is in the outbox. Then the
 outbox is drained (retry message sent, event published, session stopped: `lifecycle.stops`). Outbox: entries
 older than `deps.outbox_age_s` are drained. Every step is conditional on `(state, attempt)`, so repeated or
-concurrent sweeps change nothing twice. Last, the release window's backstop (`lifecycle.release.sweep_releases`).
+concurrent sweeps change nothing twice. Last, the release window's backstop (`feed.feed.Feed.sweep`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from rollout_pipeline.ledger.items import RolloutRecord
 from rollout_pipeline.ledger.rollouts import (
     DISPATCHED,
 )
-from rollout_pipeline.lifecycle import publishing, release
+from rollout_pipeline.lifecycle import publishing
 from rollout_pipeline.lifecycle.cancel import cancel_rollout
 from rollout_pipeline.lifecycle.completion import complete_if_written
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
@@ -47,7 +47,7 @@ class SweepResult:
     timed_out: int = 0
     cancelled: int = 0
     outbox_drained: int = 0
-    #: Rollouts released to the queue by the backstop of the release window (`lifecycle.release`).
+    #: Rollouts released to the queue by the backstop of the release window (`Feed.sweep`).
     released: int = 0
     errors: list[str] = field(default_factory=list)
 
@@ -90,7 +90,7 @@ def sweep(
                 report.errors.append(f"outbox {rec.batch_id}/{rec.input_id}#{rec.index}: {exc}")
                 deps.metrics.count(SWEEP_ERRORS)
     clear_log_ids()
-    swept = release.sweep_releases(deps)
+    swept = deps.feed.sweep()
     report.released = swept.rollouts + swept.recovered
     deps.metrics.sample(IN_FLIGHT, deps.ledger.limits.in_flight())
     return report

@@ -4,7 +4,9 @@ ACR gives every session its own microVM running the agent image's HTTP server, a
 `POST /invocations` (session id in header `X-Amzn-Bedrock-AgentCore-Runtime-Session-Id`); `GET /ping` tells it
 whether the agent is busy (`HealthyBusy`) or idle (`Healthy`); `StopRuntimeSession` terminates the microVM.
 
-`LocalAgentRuntime` does the same with processes (`python -m <agent module> --host 127.0.0.1 --port N`):
+`LocalAgentRuntime` does the same with processes: each runs the agent host, as the agent image does
+(`python -m rollout_pipeline.agent.host --agent-module MODULE --host 127.0.0.1 --port N`), so an agent module
+written the ART way (ending in `app.run()`) runs as it is, however many processes run at once.
 
 - isolation "process" (default, ACR-faithful): one agent process per session, started lazily, at most
   `max_sessions` at once; `warm_processes` spares are kept started so an invoke does not wait for Python to import
@@ -21,6 +23,12 @@ HTTP answers map to the ports' errors: 2xx ok; 429, 402, 409, 502, 503, 504 and 
 -> `RuntimeThrottled` (retry later); 400, 401, 403, 404, 413, 415, 422 and 500 -> `RuntimeRejected`. A 500 is the
 agent's entrypoint failing before it starts work (e.g. ART's "Missing required rollout config field"): retrying
 the same payload cannot succeed (real ACR reports it as RuntimeClientError).
+
+An agent process that exits before it is ready, or does not answer `/ping` within `startup_timeout_s`, makes the
+session's invoke raise `RuntimeStartFailed` with the tail of the process's output (where AgentCore answers
+`RuntimeClientError` "Runtime initialization time exceeded"): the dispatcher fails the rollout at once as
+`agent_error`. `start()` raises `AgentStartError` when no warm process could start, so a run whose agent cannot
+start stops before anything is submitted.
 """
 
 from __future__ import annotations
@@ -45,14 +53,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal
 
+from rollout_pipeline.agent.host import CANNOT_SERVE
 from rollout_pipeline.local.moto_server import LOOPBACK, free_port
-from rollout_pipeline.ports import RuntimeRejected, RuntimeThrottled
+from rollout_pipeline.ports import RuntimeRejected, RuntimeStartFailed, RuntimeThrottled
 
 logger = logging.getLogger(__name__)
 
 SESSION_HEADER: Final = "X-Amzn-Bedrock-AgentCore-Runtime-Session-Id"
 DEFAULT_AGENT_MODULE: Final = "rollout_pipeline.agent.examples.math_agent"
-RFT_HOST_MODULE: Final = "rollout_pipeline.agent.rft_host"
+#: The process every agent session runs (as the agent image's start command does).
+HOST_MODULE: Final = "rollout_pipeline.agent.host"
+#: How long a new agent process may take to answer `/ping` (AgentCore's own limit is 30 s: docs/aws-facts.md).
+DEFAULT_STARTUP_TIMEOUT_S: Final = 60.0
 #: ACR's limits on the session id (botocore rejects others before sending) and the payload.
 MIN_SESSION_ID_LENGTH: Final = 33
 MAX_SESSION_ID_LENGTH: Final = 256
@@ -64,7 +76,22 @@ PingStatus = Literal["Healthy", "HealthyBusy"]
 
 
 class AgentStartError(RuntimeError):
-    """An agent process exited or did not answer `/ping` in time; the message carries its log's tail."""
+    """An agent process exited or did not answer `/ping` in time; the message carries its log's tail and
+    `summary` what happened in one line (with the log's last line: the agent host's `cannot serve ...`, the
+    exception that ended the process)."""
+
+    def __init__(self, what: str, log_tail: str = "") -> None:
+        self.what = what
+        self.log_tail = log_tail
+        super().__init__(f"{what}: {log_tail}" if log_tail.strip() else what)
+
+    @property
+    def summary(self) -> str:
+        lines = [line.strip() for line in self.log_tail.splitlines() if line.strip()]
+        if not lines:
+            return self.what
+        last = lines[-1]
+        return last if last.startswith(CANNOT_SERVE) else f"{self.what}: {last}"
 
 
 def _library_root() -> str:
@@ -74,29 +101,34 @@ def _library_root() -> str:
 
 
 def agent_command(
-    module: str = DEFAULT_AGENT_MODULE, port: int = 8080, host: str = LOOPBACK, python: str = sys.executable
+    module: str = DEFAULT_AGENT_MODULE,
+    port: int = 8080,
+    host: str = LOOPBACK,
+    python: str = sys.executable,
+    *,
+    kind: str = "auto",
+    hosted: bool = True,
 ) -> list[str]:
-    """The command that serves an agent module: `python -m <module> --host <host> --port <port>`."""
-    return [python, "-m", module, "--host", host, "--port", str(port)]
-
-
-def served_agent(module: str, kind: str = "auto", env: Mapping[str, str] | None = None) -> tuple[str, dict[str, str]]:
-    """The module to start and its extra environment for an agent module of `kind` ("auto", "art" or "rft").
-
-    ART agents are started as they are (`python -m MODULE`); RFT agents (detected from the module's source on the
-    agent's PYTHONPATH when `kind` is "auto") through the RFT host, which imports MODULE itself."""
-    from rollout_pipeline.agent.rft_host import agent_kind_of
-    from rollout_pipeline.config import AGENT_MODULE_ENV
-
-    extra = dict(env or {})
+    """The command that serves an agent module: the agent host importing it (`hosted`, the default:
+    `python -m rollout_pipeline.agent.host --agent-module MODULE --agent-kind KIND --host H --port P`), or the module
+    run as it is (`python -m MODULE --host H --port P`: for a module that is itself a server, e.g. the host)."""
     if kind not in ("auto", "art", "rft"):
         raise ValueError(f"agent kind must be auto, art or rft, got {kind!r}")
-    if kind == "auto":
-        search = [p for p in agent_environ(extra).get("PYTHONPATH", "").split(os.pathsep) if p] + sys.path
-        kind = agent_kind_of(module, search)
-    if kind == "rft":
-        return RFT_HOST_MODULE, {**extra, AGENT_MODULE_ENV: module}
-    return module, extra
+    if not hosted:
+        return [python, "-m", module, "--host", host, "--port", str(port)]
+    return [
+        python,
+        "-m",
+        HOST_MODULE,
+        "--agent-module",
+        module,
+        "--agent-kind",
+        kind,
+        "--host",
+        host,
+        "--port",
+        str(port),
+    ]
 
 
 def agent_environ(extra: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -124,12 +156,17 @@ def _http_json(
 
 
 class AgentProcess:
-    """One agent server process on 127.0.0.1: start it, wait for `/ping`, invoke it, stop it."""
+    """One agent server process on 127.0.0.1: start it, wait for `/ping`, invoke it, stop it.
+
+    `kind` ("auto", "art", "rft") is the agent host's `--agent-kind`; `hosted=False` runs `python -m MODULE` as it
+    is (see `agent_command`)."""
 
     def __init__(
         self,
         module: str = DEFAULT_AGENT_MODULE,
         *,
+        kind: str = "auto",
+        hosted: bool = True,
         env: Mapping[str, str] | None = None,
         port: int | None = None,
         log_path: Path | None = None,
@@ -137,6 +174,8 @@ class AgentProcess:
         cwd: str | None = None,
     ) -> None:
         self.module = module
+        self.kind = kind
+        self.hosted = hosted
         self.port = port or free_port()
         self.log_path = log_path or Path(tempfile.mkstemp(prefix="agent-", suffix=".log")[1])
         self._env = agent_environ(env)
@@ -161,7 +200,7 @@ class AgentProcess:
             return self
         with self.log_path.open("ab") as log:
             self._process = subprocess.Popen(
-                agent_command(self.module, self.port, LOOPBACK, self._python),
+                agent_command(self.module, self.port, LOOPBACK, self._python, kind=self.kind, hosted=self.hosted),
                 env=self._env,
                 cwd=self._cwd,
                 stdin=subprocess.DEVNULL,
@@ -182,17 +221,24 @@ class AgentProcess:
         value = body.get("status")
         return value if value in ("Healthy", "HealthyBusy") else None
 
-    def wait_ready(self, timeout_s: float = 60.0) -> None:
+    def exit_code(self) -> int | None:
+        """The process's exit code once it has ended, else None."""
+        return None if self._process is None else self._process.poll()
+
+    def exited_error(self) -> AgentStartError:
+        """The error of a process that has ended, with its log's tail."""
+        return AgentStartError(f"agent {self.module} exited with code {self.exit_code()}", self.log_tail())
+
+    def wait_ready(self, timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S) -> None:
         """Poll `/ping` until the agent answers (bounded); raise `AgentStartError` if it exits or times out."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self._process is None or self._process.poll() is not None:
-                code = None if self._process is None else self._process.returncode
-                raise AgentStartError(f"agent {self.module} exited with code {code}: {self.log_tail()}")
+                raise self.exited_error()
             if self.ping(timeout=1.0) is not None:
                 return
             time.sleep(0.1)
-        raise AgentStartError(f"agent {self.module} on port {self.port} not ready after {timeout_s:.0f} s")
+        raise AgentStartError(f"agent {self.module} did not answer /ping within {timeout_s:g} s", self.log_tail())
 
     def invoke(self, session_id: str, payload: Mapping[str, Any] | bytes, timeout: float = 30.0) -> tuple[int, Any]:
         """POST `/invocations` with the session header; return (HTTP status, decoded body). OSError if unreachable."""
@@ -217,7 +263,7 @@ class AgentProcess:
         with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(timeout=10)
 
-    def log_tail(self, max_chars: int = 2000) -> str:
+    def log_tail(self, max_chars: int = 1500) -> str:
         try:
             return self.log_path.read_text(errors="replace")[-max_chars:]
         except OSError:
@@ -249,14 +295,16 @@ class LocalAgentRuntime:
     """`ports.AgentRuntime` over local agent processes (see the module docstring for what `stop` means).
 
     Args:
-        module: the agent module to serve (`python -m module --host 127.0.0.1 --port N`).
+        module: the agent module to serve (through the agent host, `rollout_pipeline.agent.host`).
+        kind: the agent host's `--agent-kind`: "auto" (told from the module's source), "art" or "rft".
         env: extra environment for the agent processes (e.g. `AWS_ENDPOINT_URL` of the moto server, fake
             credentials, `AWS_DEFAULT_REGION`); the rest is inherited.
         max_sessions: sessions (processes, in "process" isolation) alive at once.
         warm_processes: started spares kept ready ("process" isolation).
         isolation: "process" (one process per session) or "shared" (one process, stop is bookkeeping).
         idle_timeout_s: at capacity, sessions idle (`Healthy`) longer than this are stopped.
-        startup_timeout_s / invoke_timeout_s: bounds on waiting for `/ping` and for `/invocations`.
+        startup_timeout_s / invoke_timeout_s: bounds on waiting for `/ping` (a process not ready by then fails its
+            session's rollout: `RuntimeStartFailed`) and for `/invocations`.
         log_dir: where agent logs go (a temporary directory by default).
     """
 
@@ -264,12 +312,13 @@ class LocalAgentRuntime:
         self,
         module: str = DEFAULT_AGENT_MODULE,
         *,
+        kind: str = "auto",
         env: Mapping[str, str] | None = None,
         max_sessions: int = 4,
         warm_processes: int = 1,
         isolation: Isolation = "process",
         idle_timeout_s: float = 900.0,
-        startup_timeout_s: float = 60.0,
+        startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
         invoke_timeout_s: float = 30.0,
         log_dir: Path | None = None,
         python: str = sys.executable,
@@ -279,7 +328,9 @@ class LocalAgentRuntime:
             raise ValueError("max_sessions must be >= 1")
         if isolation not in ("process", "shared"):
             raise ValueError(f"isolation must be 'process' or 'shared', got {isolation!r}")
+        agent_command(module, kind=kind)  # checks the kind now
         self.module = module
+        self.kind = kind
         self.max_sessions = max_sessions
         self.warm_processes = max(0, warm_processes) if isolation == "process" else 0
         self.isolation: Isolation = isolation
@@ -300,6 +351,9 @@ class LocalAgentRuntime:
         self._shared: AgentProcess | None = None
         self._counter = 0
         self._closed = False
+        #: The last start failure of a warm spare: raised by `start`, logged (once) after it.
+        self._spare_error: AgentStartError | None = None
+        self._started = False
         #: The most recently stopped session ids, oldest first (for tests and diagnostics).
         self.stopped_sessions: deque[str] = deque(maxlen=10_000)
         _open_runtimes.add(self)
@@ -307,11 +361,19 @@ class LocalAgentRuntime:
     # ------------------------------------------------------------------------------------------------ lifecycle
 
     def start(self) -> LocalAgentRuntime:
-        """Start the shared process or the warm spares now and wait for them (optional: invoke starts lazily)."""
+        """Start the shared process or the warm spares now and wait for them (optional: invoke starts lazily).
+
+        Raises `AgentStartError` (the process's output's tail in the message, one line in `summary`) when the shared
+        process, or every warm spare, failed to start: the agent cannot start, so nothing should be submitted."""
         if self.isolation == "shared":
             self._shared_process()
-        else:
-            self._fill_spares(wait=True)
+            return self
+        self._fill_spares(wait=True)
+        with self._lock:
+            failed = self._spare_error if self.warm_processes and not self._spares else None
+        if failed is not None:
+            raise failed
+        self._started = True
         return self
 
     def close(self) -> None:
@@ -356,6 +418,8 @@ class LocalAgentRuntime:
         except OSError as exc:
             if is_new:
                 self._discard(session_id)
+                if session.process.exit_code() is not None:  # it died between its /ping and this first call
+                    raise RuntimeStartFailed(str(session.process.exited_error())) from exc
             raise RuntimeThrottled(f"agent for session {session_id} unreachable: {exc}") from exc
         if 200 <= status < 300:
             return
@@ -428,7 +492,10 @@ class LocalAgentRuntime:
         except AgentStartError as exc:
             with self._lock:
                 self._reserved -= 1
-            raise RuntimeThrottled(str(exc)) from exc
+                closed = self._closed
+            if closed:  # stopped under it: the runtime is going away, the agent is not at fault
+                raise RuntimeThrottled("local runtime is closed") from exc
+            raise RuntimeStartFailed(str(exc)) from exc
         session = _Session(process=process, started_at=time.monotonic())
         with self._lock:
             self._reserved -= 1
@@ -451,6 +518,7 @@ class LocalAgentRuntime:
             number = self._counter
         process = AgentProcess(
             self.module,
+            kind=self.kind,
             env=self._env,
             log_path=self.log_dir / f"agent-{number}.log",
             python=self._python,
@@ -478,6 +546,7 @@ class LocalAgentRuntime:
             if process is None:
                 process = AgentProcess(
                     self.module,
+                    kind=self.kind,
                     env=self._env,
                     log_path=self.log_dir / "agent-shared.log",
                     python=self._python,
@@ -507,8 +576,10 @@ class LocalAgentRuntime:
             with self._lock:
                 self._starting_spares -= 1
                 closed = self._closed
-            if not closed:
-                logger.warning("could not start a spare agent process: %s", exc)
+                first = self._spare_error is None
+                self._spare_error = exc
+                quiet = closed or not self._started or not first
+            (logger.debug if quiet else logger.warning)("could not start a spare agent process: %s", exc.summary)
             return
         with self._lock:
             self._starting_spares -= 1
@@ -566,13 +637,14 @@ def _validate_session_id(session_id: str) -> None:
 def start_agent(
     module: str = DEFAULT_AGENT_MODULE,
     *,
+    kind: str = "auto",
     env: Mapping[str, str] | None = None,
     port: int | None = None,
-    timeout_s: float = 60.0,
+    timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
     log_path: Path | None = None,
 ) -> AgentProcess:
     """Start one agent process on 127.0.0.1 and wait for its `/ping`. Stop it with `.stop()` (or use `with`)."""
-    process = AgentProcess(module, env=env, port=port, log_path=log_path).start()
+    process = AgentProcess(module, kind=kind, env=env, port=port, log_path=log_path).start()
     try:
         process.wait_ready(timeout_s)
     except BaseException:
@@ -583,7 +655,8 @@ def start_agent(
 
 __all__: Sequence[str] = (
     "DEFAULT_AGENT_MODULE",
-    "RFT_HOST_MODULE",
+    "DEFAULT_STARTUP_TIMEOUT_S",
+    "HOST_MODULE",
     "SESSION_HEADER",
     "AgentProcess",
     "AgentStartError",
@@ -591,6 +664,5 @@ __all__: Sequence[str] = (
     "agent_command",
     "agent_environ",
     "free_port",
-    "served_agent",
     "start_agent",
 )

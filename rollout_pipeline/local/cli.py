@@ -3,21 +3,71 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
 from rollout_pipeline import topology
+from rollout_pipeline.cli.base import EXIT_INTERRUPTED, CliError, hidden_alias
+from rollout_pipeline.config import ConfigError
 from rollout_pipeline.local.model_server import MODEL_ID
 
 EXIT_OK = 0
 EXIT_FAILED = 1
 
 
+def _count(minimum: int) -> Any:
+    """An argparse type: an integer >= `minimum`."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} is below {minimum}")
+        return value
+
+    return parse
+
+
+def _seconds(text: str) -> float:
+    """An argparse type: a number of seconds > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text} must be above 0")
+    return value
+
+
+@contextlib.contextmanager
+def one_line_errors() -> Iterator[None]:
+    """What a user can get wrong in local mode as the CLI's one-line error (`CliError`): a bad setting
+    (`ConfigError`), an agent that cannot start (`AgentStartError`: its output's last line)."""
+    from rollout_pipeline.local.acr import AgentStartError
+
+    try:
+        yield
+    except ConfigError as exc:
+        raise CliError(str(exc)) from None
+    except AgentStartError as exc:
+        raise CliError(f"the agent did not start: {exc.summary}") from None
+
+
+#: `rollouts local up`'s default port: the printed block (and the README's) stays the same from run to run.
+DEFAULT_UP_PORT = 4580
+
+
 def _add_pipeline_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--experiment", default="local-demo", help="local experiment name (default: local-demo)")
-    parser.add_argument("--group-size", type=int, default=4, help="rollouts per row (default: 4)")
+    parser.add_argument(
+        "-e", "--experiment", default="local-demo", metavar="NAME", help="local experiment name (default: local-demo)"
+    )
+    parser.add_argument("--group-size", type=_count(1), default=4, help="rollouts per row (default: 4)")
     parser.add_argument(
         "--model-url",
         help="an OpenAI-compatible base URL to use instead of starting the local SmolLM2 model",
@@ -25,7 +75,10 @@ def _add_pipeline_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model-id", default=MODEL_ID, help=f"model id sent to the agent (default: {MODEL_ID})")
     parser.add_argument("--tps", type=int, default=20, help="ACR calls per second limit (default: 20)")
     parser.add_argument("--max-sessions", type=int, default=4, help="rollouts in flight at once (default: 4)")
-    parser.add_argument("--timeout-s", type=int, default=300, help="deadline of one rollout attempt (default: 300)")
+    parser.add_argument(
+        "--rollout-timeout", type=int, default=300, metavar="S", help="deadline of one rollout attempt (default: 300)"
+    )
+    hidden_alias(parser, "--timeout-s", "rollout_timeout", type=int)
     parser.add_argument(
         "--max-tokens", type=int, help="sampling max_tokens (default: 256; demo: what the dataset's task needs)"
     )
@@ -33,15 +86,22 @@ def _add_pipeline_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--agent-module",
         default="rollout_pipeline.agent.examples.math_agent",
-        help="agent module served as `python -m MODULE --host 127.0.0.1 --port N` (ART), or through the RFT host "
-        "(SageMaker RFT SDK agents, detected: see --agent-kind)",
+        help="agent module (on PYTHONPATH), served by the agent host as the image serves it: an ART module runs as "
+        "written (ending in app.run() is fine); SageMaker RFT SDK agents through the RFT adapter (see --agent-kind)",
     )
     parser.add_argument(
         "--agent-kind",
         choices=("auto", "art", "rft"),
         default="auto",
         help="auto (default: detected from the module's source), art, or rft (serve its @app.entrypoint unchanged "
-        "through the RFT host)",
+        "through the RFT adapter, its front door started before the module is imported)",
+    )
+    parser.add_argument(
+        "--agent-isolation",
+        choices=("process", "shared"),
+        default="process",
+        help="process (default: one agent process per session, as ACR's microVMs; a stop kills it) or shared (one "
+        "process serves every session: starts fast, sessions not isolated)",
     )
     parser.add_argument("--work-dir", type=Path, help="where logs go (default: a new temporary directory)")
     parser.add_argument("-v", "--verbose", action="store_true", help="log what the pipeline does")
@@ -72,8 +132,13 @@ def register(sub: Any, _common: argparse.ArgumentParser) -> None:
         help="a bundled dataset, `arithmetic` (default: single-digit sums, max_tokens 32) or `gsm8k` (word problems, "
         "max_tokens 256; SmolLM2-135M scores ~0 on them), or a .jsonl file",
     )
-    demo.add_argument("--rows", type=int, default=6, help="use the first N rows of the dataset (default: 6; 0 = all)")
-    demo.add_argument("--wait-s", type=float, default=900, help="give up after this many seconds (default: 900)")
+    demo.add_argument(
+        "--rows", type=_count(0), default=6, help="use the first N rows of the dataset (default: 6; 0 = all)"
+    )
+    demo.add_argument(
+        "--timeout", type=_seconds, default=900, metavar="S", help="give up after this many seconds (default: 900)"
+    )
+    hidden_alias(demo, "--wait-s", "timeout", type=_seconds)
     demo.add_argument(
         "--report",
         type=Path,
@@ -87,11 +152,25 @@ def register(sub: Any, _common: argparse.ArgumentParser) -> None:
     up = local_sub.add_parser(
         "up",
         help="start the local pipeline and keep it running for the SDK/CLI (Ctrl-C stops it)",
-        description="Start the local pipeline and print its endpoint and outputs; point the SDK at it with "
-        "Experiment.local(endpoint_url, outputs=...) or the CLI with --endpoint-url and --outputs-file.",
+        description="Start the local pipeline and keep it running; print what another process pastes to drive it: "
+        "`export ROLLOUTS_ENDPOINT_URL=... ROLLOUTS_EXPERIMENT=...` for the CLI, "
+        "`Experiment.local(endpoint_url, name=...)` for the SDK.",
     )
     _add_pipeline_options(up)
-    up.add_argument("--outputs-file", type=Path, help="also write the stack-style outputs JSON here")
+    up.add_argument(
+        "--port",
+        type=int,
+        default=DEFAULT_UP_PORT,
+        help=f"port of the local AWS endpoint http://127.0.0.1:PORT (default: {DEFAULT_UP_PORT}; 0: any free port)",
+    )
+    up.add_argument(
+        "--write-outputs",
+        type=Path,
+        metavar="FILE",
+        help="also write the experiment's stack outputs to FILE, as `cdk deploy --outputs-file` does (what "
+        "--outputs-file of the other commands and Experiment.local(url, outputs=FILE) read)",
+    )
+    hidden_alias(up, "--outputs-file", "write_outputs", type=Path)
     up.set_defaults(handler=_cmd_up)
 
 
@@ -103,13 +182,15 @@ def _settings(args: argparse.Namespace, max_tokens: int = 256) -> Any:
         group_size=args.group_size,
         tps_limit=args.tps,
         max_sessions=args.max_sessions,
-        rollout_timeout_s=args.timeout_s,
+        rollout_timeout_s=args.rollout_timeout,
         model_url=args.model_url,
         model_id=args.model_id,
         sampling_params={"temperature": args.temperature, "max_tokens": args.max_tokens or max_tokens},
         agent_module=args.agent_module,
         agent_kind=args.agent_kind,
+        isolation=args.agent_isolation,
         work_dir=args.work_dir,
+        port=getattr(args, "port", None) or None,
     )
 
 
@@ -117,28 +198,38 @@ def _cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
     from rollout_pipeline.local.demo import resolve_dataset, run_demo
 
     dataset, max_tokens = resolve_dataset(args.dataset)
-    report = run_demo(
-        _settings(args, max_tokens),
-        dataset=dataset,
-        rows=args.rows or None,
-        timeout_s=args.wait_s,
-        write_html_report=not args.no_report,
-        report_path=args.report,
-        out=out,
-    )
+    with one_line_errors():
+        report = run_demo(
+            _settings(args, max_tokens),
+            dataset=dataset,
+            rows=args.rows or None,
+            timeout_s=args.timeout,
+            write_html_report=not args.no_report,
+            report_path=args.report,
+            out=out,
+        )
+    if report.interrupted:
+        return EXIT_INTERRUPTED
     return EXIT_OK if report.ok else EXIT_FAILED
 
 
 def _cmd_up(args: argparse.Namespace, out: TextIO) -> int:
     from rollout_pipeline.local.pipeline import LocalPipeline, interrupt_on_sigterm
+    from rollout_pipeline.sdk.route import local_up_block
 
-    with interrupt_on_sigterm(), LocalPipeline(_settings(args)) as pipeline:
+    with one_line_errors(), interrupt_on_sigterm(), LocalPipeline(_settings(args)) as pipeline:
         assert pipeline.resources is not None
-        outputs = pipeline.resources.stack_outputs()
-        if args.outputs_file:
-            args.outputs_file.write_text(json.dumps({topology.stack_name(args.experiment): outputs}, indent=2))
-        print(f"local pipeline up: endpoint {pipeline.endpoint_url}, model {pipeline.model_url}", file=out)
-        print(json.dumps(outputs, indent=2), file=out, flush=True)
-        print("Ctrl-C to stop.", file=out, flush=True)
+        if args.write_outputs:
+            outputs = pipeline.resources.stack_outputs()
+            args.write_outputs.write_text(json.dumps({topology.stack_name(args.experiment): outputs}, indent=2))
+        print(
+            f"local pipeline up: experiment {args.experiment}, AWS endpoint {pipeline.endpoint_url}, "
+            f"model {pipeline.model_url}, logs in {pipeline.work_dir}",
+            file=out,
+        )
+        if args.write_outputs:
+            print(f"stack outputs written to {args.write_outputs}", file=out)
+        print(local_up_block(pipeline.endpoint_url, args.experiment), file=out)
+        print("Ctrl-C stops the pipeline.", file=out, flush=True)
         while True:
             time.sleep(3600)

@@ -1,11 +1,13 @@
 """The demo: drop a dataset into the local pipeline's input bucket and show the pushed events as they arrive.
 
 Exit code 0 only when the batch completed, every rollout ended, no session was left running and no message was
-dead-lettered.
+dead-lettered. The settings and the dataset are checked before anything starts (one-line errors naming the setting
+or the user's file and line); Ctrl-C stops the run at once and prints what was seen so far.
 """
 
 from __future__ import annotations
 
+import logging
 import statistics
 import tempfile
 import time
@@ -14,6 +16,7 @@ from importlib import resources as package_resources
 from pathlib import Path
 from typing import Any, Final, TextIO
 
+from rollout_pipeline import ids
 from rollout_pipeline.contracts import (
     BatchAccepted,
     BatchCompleted,
@@ -23,7 +26,10 @@ from rollout_pipeline.contracts import (
 )
 from rollout_pipeline.local.pipeline import LocalPipeline, LocalSettings, interrupt_on_sigterm
 from rollout_pipeline.report.data import has_signal
+from rollout_pipeline.sdk import submission, transport
+from rollout_pipeline.sdk.errors import DatasetInvalid
 from rollout_pipeline.sdk.events import Group
+from rollout_pipeline.sdk.transport import NO_REWARD_SIGNAL
 
 #: Bundled datasets by name: file, and the sampling `max_tokens` their answers need. "arithmetic" (single-digit
 #: sums, answered with a number) is one SmolLM2-135M gets right about 30% of the time (README), so its GRPO groups carry
@@ -49,17 +55,38 @@ def resolve_dataset(value: str | Path | None) -> tuple[Path, int]:
 
 
 def first_rows(source: Path, rows: int, directory: Path) -> Path:
-    """A copy of the first `rows` non-blank lines of a `.jsonl` file (same file name)."""
+    """A copy of a `.jsonl` file up to its `rows`-th non-blank line (same file name): a prefix of it, blank lines
+    kept, so a line number in the copy is the same line of the source."""
     target = directory / source.name
     kept = 0
     with source.open("rb") as src, target.open("wb") as dst:
         for line in src:
             if kept >= rows:
                 break
-            if line.strip():
-                dst.write(line if line.endswith(b"\n") else line + b"\n")
-                kept += 1
+            dst.write(line if line.endswith(b"\n") else line + b"\n")
+            kept += bool(line.strip())
     return target
+
+
+def prepare_upload(source: Path, rows: int | None, directory: Path) -> Path:
+    """The file the demo uploads: the first `rows` rows of a `.jsonl` file (a copy in `directory`), else the file.
+
+    Checked as `rollouts submit` and ingestion check it (key, reader, rows), before anything starts: a problem raises
+    `DatasetInvalid` naming the user's file (never the copy) and the line."""
+    if not source.is_file():
+        raise DatasetInvalid(str(source), [("", "no such file")])
+    try:
+        submission.dataset_key(source)
+    except ids.InvalidId as exc:
+        raise DatasetInvalid(str(source), [("", f"invalid_key: {exc}")]) from None
+    upload = first_rows(source, rows, directory) if rows and source.suffix == ".jsonl" else source
+    try:
+        submission.validate_file(upload)
+    except DatasetInvalid as exc:
+        if upload == source:
+            raise
+        raise DatasetInvalid(str(source), exc.problems, exc.total) from None
+    return upload
 
 
 @dataclass
@@ -80,7 +107,10 @@ class DemoResult:
     notify_latencies_ms: list[float] = field(default_factory=list)
     sessions_left: list[str] = field(default_factory=list)
     dead_letters: dict[str, int] = field(default_factory=dict)
+    #: The whole run (start-up included); the batch's own duration is `completed.duration_s`.
     elapsed_s: float = 0.0
+    #: Ctrl-C (or SIGTERM) stopped the run before the batch completed.
+    interrupted: bool = False
 
     @property
     def ok(self) -> bool:
@@ -143,8 +173,22 @@ def _latency_ms(detail: RolloutCompleted | RolloutFailed) -> float | None:
     return None
 
 
+def _not_the_reward_signal_warning(record: logging.LogRecord) -> bool:
+    return not getattr(record, NO_REWARD_SIGNAL, False)
+
+
 def watch_batch(pipeline: LocalPipeline, batch_id: str, report: DemoResult, out: TextIO, timeout_s: float) -> None:
-    """Consume the batch's events from the trainer queue (pushed, never polled from S3) until Batch Completed."""
+    """Consume the batch's events (pushed to its own subscription, never polled from S3) until Batch Completed.
+    The SDK's "no reward signal" warning is left to the summary (`print_summary`)."""
+    sdk_log = logging.getLogger(transport.__name__)
+    sdk_log.addFilter(_not_the_reward_signal_warning)
+    try:
+        _watch_batch(pipeline, batch_id, report, out, timeout_s)
+    finally:
+        sdk_log.removeFilter(_not_the_reward_signal_warning)
+
+
+def _watch_batch(pipeline: LocalPipeline, batch_id: str, report: DemoResult, out: TextIO, timeout_s: float) -> None:
     with _Display(out) as display:
         stream = pipeline.experiment.events(batch_id=batch_id, timeout=timeout_s)
         for event in stream:
@@ -186,10 +230,21 @@ def watch_batch(pipeline: LocalPipeline, batch_id: str, report: DemoResult, out:
 
 def print_summary(report: DemoResult, out: TextIO) -> None:
     done = report.completed
-    lines = [
-        "",
-        f"batch {report.batch_id}: {'COMPLETED' if done else 'NOT COMPLETED'} in {report.elapsed_s:.1f} s",
-    ]
+    if done is not None:
+        duration = "?" if done.duration_s is None else f"{done.duration_s:.1f} s"
+        head = f"COMPLETED in {duration} (the whole run, start-up included: {report.elapsed_s:.1f} s)"
+    elif report.interrupted:
+        head = f"INTERRUPTED after {report.elapsed_s:.1f} s (the local pipeline was stopped)"
+    else:
+        head = f"NOT COMPLETED after {report.elapsed_s:.1f} s"
+    lines = ["", f"batch {report.batch_id}: {head}"]
+    if done is None:
+        ended = report.rollouts_ok + sum(report.rollouts_failed.values())
+        total = "?" if report.accepted is None else str(report.accepted.rollouts_enqueued)
+        lines.append(
+            f"  rollouts ended so far: {ended} of {total}: {report.rollouts_ok} succeeded, "
+            f"{sum(report.rollouts_failed.values())} failed {report.rollouts_failed or ''}".rstrip()
+        )
     if done is not None:
         mean = "n/a" if done.reward_mean is None else f"{done.reward_mean:.3f}"
         std = "n/a" if done.reward_std is None else f"{done.reward_std:.3f}"
@@ -210,7 +265,13 @@ def print_summary(report: DemoResult, out: TextIO) -> None:
         lines.append(
             f"  result written -> event published: median {statistics.median(values):.0f} ms, p95 {p95:.0f} ms"
         )
-    lines.append(f"  sessions left running: {len(report.sessions_left)}")
+    warning = done.reward_signal_warning if done is not None else None
+    if warning:
+        lines.append(f"  WARNING {warning}")
+    if report.interrupted:
+        lines.append(f"  sessions running when interrupted: {len(report.sessions_left)} (stopped with the pipeline)")
+    else:
+        lines.append(f"  sessions left running: {len(report.sessions_left)}")
     lines.append(f"  dead-lettered messages: {sum(report.dead_letters.values())}")
     if report.report_path is not None:
         lines.append(f"  report: {report.report_path}")
@@ -236,8 +297,9 @@ def run_demo(
     report = DemoResult()
     source = dataset or sample_dataset_path()
     started = time.monotonic()
+    settings.validate()  # a bad setting is one line (`ConfigError`), before anything starts
     with interrupt_on_sigterm(), tempfile.TemporaryDirectory(prefix="rollouts-demo-") as tmp:
-        upload = first_rows(source, rows, Path(tmp)) if rows and source.suffix == ".jsonl" else source
+        upload = prepare_upload(source, rows, Path(tmp))  # a bad dataset too (`DatasetInvalid`, the user's file)
         print(f"starting the local pipeline (experiment {settings.experiment!r}) ...", file=out, flush=True)
         with LocalPipeline(settings) as pipeline:
             print(
@@ -250,10 +312,15 @@ def run_demo(
             print(f"uploaded {upload.name} to the input bucket: batch {report.batch_id}", file=out, flush=True)
             try:
                 watch_batch(pipeline, report.batch_id, report, out, timeout_s)
-            finally:
-                report.elapsed_s = time.monotonic() - started
+            except KeyboardInterrupt:
+                report.interrupted = True
+                report.sessions_left = pipeline.active_sessions()  # running now: they end with the pipeline
+                print("interrupted: stopping the local pipeline ...", file=out, flush=True)
+                pipeline.begin_stop()  # every consumer told to stop now, before anything they call goes away
+            report.elapsed_s = time.monotonic() - started
+            if not report.interrupted:
                 report.sessions_left = _sessions_after_grace(pipeline)
-                report.dead_letters = pipeline.dead_letters()
+            report.dead_letters = pipeline.dead_letters()
             if write_html_report and report.completed is not None:
                 _write_report(pipeline, report, report_path or pipeline.work_dir / f"report-{report.batch_id}.html")
     print_summary(report, out)

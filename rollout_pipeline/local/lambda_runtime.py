@@ -113,6 +113,10 @@ class QueueConsumer:
             thread.start()
             self._threads.append(thread)
 
+    def request_stop(self) -> None:
+        """Stop taking new batches (a batch being handled runs on); `stop` then waits for the workers."""
+        self._stop.set()
+
     def stop(self, timeout: float = 10.0) -> None:
         self._stop.set()
         deadline = time.monotonic() + timeout
@@ -126,6 +130,9 @@ class QueueConsumer:
                 if not self.poll_once() and self.idle_s > 0:
                     self._stop.wait(self.idle_s)
             except Exception:  # a consumer must outlive any single failure, as Lambda's poller does
+                if self._stop.is_set():  # shutting down: what it polls may be gone already
+                    log.debug("consumer %s: poll failed while stopping", self.name, exc_info=True)
+                    return
                 log.exception("consumer %s: poll failed", self.name)
                 self._stop.wait(1.0)
 
@@ -168,7 +175,10 @@ class QueueConsumer:
         try:
             response = self.handler(sqs_event(messages, self._queue_arn, self.region), context)
         except Exception:
-            log.exception("consumer %s: handler raised; the whole batch will be retried", self.name)
+            if self._stop.is_set():
+                log.debug("consumer %s: handler raised while stopping", self.name, exc_info=True)
+            else:
+                log.exception("consumer %s: handler raised; the whole batch will be retried", self.name)
             with self._lock:
                 self.stats.handler_errors += 1
             return {m["MessageId"] for m in messages}
@@ -192,6 +202,10 @@ class Schedule:
         self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
         self._thread.start()
 
+    def request_stop(self) -> None:
+        """Run no more (a run in progress goes on); `stop` then waits for it."""
+        self._stop.set()
+
     def stop(self, timeout: float = 10.0) -> None:
         self._stop.set()
         if self._thread:
@@ -207,4 +221,7 @@ class Schedule:
             try:
                 self.run_once()
             except Exception:
+                if self._stop.is_set():
+                    log.debug("schedule %s failed while stopping", self.name, exc_info=True)
+                    return
                 log.exception("schedule %s failed", self.name)

@@ -59,7 +59,7 @@ class SerializedDynamoDB:
 
 #: The moto release the patches below were written for (constraints.txt and pyproject pin it). They reach into
 #: moto's internals; under any other release `patch_moto` leaves moto as it is (correct, but slower as the ledger
-#: fills) and tests/unit/test_moto_patches.py fails until someone re-reads moto and updates this.
+#: fills) and tests/integration/test_moto_patches.py fails until someone re-reads moto and updates this.
 PATCHED_MOTO_VERSION: Final = "5.2.5"
 
 #: The attribute of a moto `Table` holding `_Buckets` per indexed attribute name.
@@ -409,20 +409,25 @@ def indexed_moto_queries() -> None:
 
 @contextmanager
 def moto_server(port: int | None = None) -> Iterator[str]:
-    """Start a moto server on 127.0.0.1 (threaded, DynamoDB serialised); yield its endpoint URL; stop it on exit."""
+    """Start a moto server on 127.0.0.1 (threaded, DynamoDB serialised, AgentCore's StopRuntimeSession served by
+    the local runtime registered for it: `local.acr_endpoint`); yield its endpoint URL; stop it on exit."""
     import logging
 
     from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
     from werkzeug.serving import make_server
 
+    from rollout_pipeline.local.acr_endpoint import AgentCoreEndpoint
+
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one access-log line per AWS call otherwise
     patch_moto()
-    app = SerializedDynamoDB(DomainDispatcherApplication(create_backend_app))
+    agentcore = AgentCoreEndpoint(DomainDispatcherApplication(create_backend_app))
+    app = SerializedDynamoDB(agentcore)
     server = make_server(LOOPBACK, port or free_port(), app, threaded=True, request_handler=MotoRequestHandler)
+    agentcore.endpoint_url = endpoint_url = f"http://{LOOPBACK}:{server.server_port}"
     thread = threading.Thread(target=server.serve_forever, name="moto-server", daemon=True)
     thread.start()
     try:
-        yield f"http://{LOOPBACK}:{server.server_port}"
+        yield endpoint_url
     finally:
         server.shutdown()
         thread.join(10)

@@ -14,10 +14,12 @@ import contextlib
 import logging
 import os
 import secrets
+import shutil
 import signal
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -28,17 +30,19 @@ from rollout_pipeline import metric_names, topology
 from rollout_pipeline.adapters.clients import ClientFactory
 from rollout_pipeline.adapters.runtime import register_local_runtime
 from rollout_pipeline.agent.credentials import API_KEY_ENV
-from rollout_pipeline.config import ExperimentConfig, SamplingParams
+from rollout_pipeline.config import ExperimentConfig, validate_config
 from rollout_pipeline.fakes import faithful
 from rollout_pipeline.local.lambda_runtime import QueueConsumer, Schedule
 from rollout_pipeline.local.model_server import MODEL_ID, LocalModelServer
 from rollout_pipeline.local.moto_server import local_aws_environ, moto_server, patched_environ
-from rollout_pipeline.local.resources import ExperimentResources, create_resources
+from rollout_pipeline.local.resources import ExperimentResources, create_resources, register_stack
 from rollout_pipeline.wiring import Wiring
 
 log = logging.getLogger(__name__)
 
 REGION = "us-east-1"
+#: How long `stop` waits, in all, for the consumers' work in progress (begun before `begin_stop`) to end.
+STOP_GRACE_S = 10.0
 DEFAULT_AGENT_MODULE = "rollout_pipeline.agent.examples.math_agent"
 
 
@@ -57,9 +61,12 @@ class LocalSettings:
     model_id: str = MODEL_ID
     sampling_params: dict[str, Any] = field(default_factory=lambda: {"temperature": 0.7, "max_tokens": 256})
     agent_module: str = DEFAULT_AGENT_MODULE
-    #: "auto" (read the module's source: SageMaker RFT SDK / `@app.entrypoint` agents -> "rft"), "art" (served as
-    #: `python -m MODULE`) or "rft" (served unchanged by the RFT host, `rollout_pipeline.agent.rft_host`).
+    #: Every agent process runs the agent host (`rollout_pipeline.agent.host`, as the image does), which imports the
+    #: module and serves its app. Kind: "auto" (read the module's source: SageMaker RFT SDK / `@app.entrypoint`
+    #: agents -> "rft"), "art" or "rft" (the RFT adapter's front door starts before the module is imported).
     agent_kind: str = "auto"
+    #: A new agent process not answering `/ping` by then fails its rollout (`agent_error`); at start, the run.
+    agent_startup_timeout_s: float = 60.0
     #: "process": one agent process per session, stop kills it (ACR-faithful); "shared": one process.
     isolation: str = "process"
     warm_processes: int = 2
@@ -78,6 +85,8 @@ class LocalSettings:
     concurrency_overrides: dict[str, int] = field(default_factory=lambda: {"ingest": 1, "completion": 2})
     sweep_interval_s: float = 10.0
     work_dir: Path | None = None
+    #: The port of the local AWS endpoint (`http://127.0.0.1:PORT`); None: a free one.
+    port: int | None = None
     #: Use this `ports.AgentRuntime` instead of agent processes (benchmarks, dry runs with the fake ACR). It is
     #: built after the AWS resources exist: a callable taking the `ExperimentResources`.
     runtime_factory: Callable[[ExperimentResources], Any] | None = None
@@ -85,7 +94,9 @@ class LocalSettings:
     experiment_settings: dict[str, Any] = field(default_factory=dict)
 
     def experiment_config(self, model_url: str) -> ExperimentConfig:
-        return ExperimentConfig.model_validate(
+        """The experiment's configuration, as the stack would take it; `ConfigError` (one line naming every bad
+        setting) when a setting is invalid: `LocalPipeline.start` checks it before it starts anything."""
+        return validate_config(
             {
                 **self.experiment_settings,
                 "name": self.experiment,
@@ -96,10 +107,14 @@ class LocalSettings:
                 "max_attempts": self.max_attempts,
                 "model_base_url": model_url,
                 "model_id": self.model_id,
-                "sampling_params": SamplingParams.model_validate(self.sampling_params),
+                "sampling_params": dict(self.sampling_params),
                 "dispatch_concurrency": max(2, self.dispatch_concurrency),
             }
         )
+
+    def validate(self) -> None:
+        """Raise `ConfigError` (one line) when a setting is invalid, before anything is started."""
+        self.experiment_config(self.model_url or "http://127.0.0.1/v1")
 
 
 class LocalPipeline:
@@ -107,6 +122,8 @@ class LocalPipeline:
 
     def __init__(self, settings: LocalSettings | None = None) -> None:
         self.settings = settings or LocalSettings()
+        #: A work directory of our own (not the settings') is removed again when the run fails to start.
+        self._own_work_dir = self.settings.work_dir is None
         self.work_dir = self.settings.work_dir or Path(tempfile.mkdtemp(prefix="rollouts-local-"))
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.endpoint_url = ""
@@ -118,15 +135,25 @@ class LocalPipeline:
         self.experiment: Any = None
         self.consumers: list[QueueConsumer] = []
         self.sweeper: Schedule | None = None
+        self._lifecycle: Any = None
+        #: The agent processes this run started (not a `runtime_factory`'s runtime, which its caller owns).
+        self._agents: Any = None
+        self._stop_by = 0.0
         self._stack = contextlib.ExitStack()
 
     # ------------------------------------------------------------------------------------------- start / stop
 
     def start(self) -> LocalPipeline:
+        """Start everything (see the module doc). On a failure, whatever started is stopped and a work directory
+        this run made is removed (the error says what failed: an agent that cannot start, `AgentStartError`, carries
+        its output's tail)."""
         try:
+            self.settings.validate()
             self._start()
         except BaseException:
             self.stop()
+            if self._own_work_dir:
+                shutil.rmtree(self.work_dir, ignore_errors=True)
             raise
         return self
 
@@ -135,7 +162,15 @@ class LocalPipeline:
         started = time.monotonic()
         if self.settings.aws_profile == faithful.FAITHFUL:
             stack.enter_context(faithful.activate(faithful.FaithfulProfile(seed=self.settings.aws_profile_seed)))
-        self.endpoint_url = stack.enter_context(moto_server())
+        try:
+            self.endpoint_url = stack.enter_context(moto_server(self.settings.port))
+        except OSError as exc:
+            from rollout_pipeline.sdk import SdkError
+
+            raise SdkError(
+                f"local mode cannot listen on 127.0.0.1:{self.settings.port}: {exc.strerror or exc} "
+                "(is another `rollouts local up` running there? pass another --port)"
+            ) from None
         aws_env = local_aws_environ(self.endpoint_url, REGION)
         # For code of this process given no client (adapters built by a `runtime_factory`): the default factory.
         stack.enter_context(patched_environ(aws_env))
@@ -152,6 +187,7 @@ class LocalPipeline:
 
         config = self.settings.experiment_config(self.model_url)
         self.resources = create_resources(config, region=REGION, client=self.clients.client)
+        register_stack(self.resources, client=self.clients.client)  # a second process attaches by name
         handler_env = {  # Powertools reads its own; the handlers get everything else from the wiring
             "POWERTOOLS_SERVICE_NAME": "rollouts-local",
             "POWERTOOLS_METRICS_NAMESPACE": metric_names.METRICS_NAMESPACE,
@@ -159,6 +195,8 @@ class LocalPipeline:
             "POWERTOOLS_LOG_LEVEL": os.environ.get("POWERTOOLS_LOG_LEVEL", "WARNING"),
         }
         stack.enter_context(patched_environ(handler_env))
+        # Metrics are off locally, and Powertools says so at every flush of an empty store: noise on `up`'s console.
+        warnings.filterwarnings("ignore", message="No application metrics to publish", category=UserWarning)
 
         if self.settings.runtime_factory is not None:
             self.runtime = self.settings.runtime_factory(self.resources)
@@ -180,24 +218,25 @@ class LocalPipeline:
         log.info("local pipeline up in %.1f s (work dir %s)", time.monotonic() - started, self.work_dir)
 
     def _start_agents(self, aws_env: Mapping[str, str]) -> Any:
-        from rollout_pipeline.local.acr import LocalAgentRuntime, served_agent
+        from rollout_pipeline.local.acr import LocalAgentRuntime
 
-        module, agent_env = served_agent(self.settings.agent_module, self.settings.agent_kind, self.settings.agent_env)
-        log.info("agent %s served as %s", self.settings.agent_module, module)
         runtime = LocalAgentRuntime(
-            module,
+            self.settings.agent_module,
+            kind=self.settings.agent_kind,
             env={
                 **aws_env,
-                **agent_env,
+                **self.settings.agent_env,
                 **({API_KEY_ENV: self.settings.model_api_key} if self.settings.model_api_key else {}),
             },
             # One more process than the experiment's session limit: the ledger's limit is the binding one.
             max_sessions=self.settings.max_sessions + 1,
             warm_processes=self.settings.warm_processes,
             isolation="shared" if self.settings.isolation == "shared" else "process",
+            startup_timeout_s=self.settings.agent_startup_timeout_s,
             log_dir=self.work_dir / "agents",
         )
         self._stack.callback(runtime.close)
+        self._agents = runtime
         runtime.start()
         return runtime
 
@@ -217,7 +256,7 @@ class LocalPipeline:
         }
         # The very handler code of the Lambdas, over this run's wiring (passed down, not installed process-wide).
         assert self.wiring is not None
-        lifecycle = self.wiring.lifecycle()
+        lifecycle = self._lifecycle = self.wiring.lifecycle()
         handlers = {
             "ingest": lambdas.ingest.function.bind(self.wiring.ingestion()),
             "dispatch": lambdas.dispatch.function.bind(lifecycle),
@@ -240,7 +279,7 @@ class LocalPipeline:
         for consumer in self.consumers:
             consumer.handler = _clearing_metrics(consumer.handler)
             consumer.start()
-            self._stack.callback(consumer.stop)
+            self._stack.callback(self._stop_within_grace, consumer.stop)
         self._stack.callback(_clear_metrics)
         self.sweeper = Schedule(
             "sweeper",
@@ -249,11 +288,31 @@ class LocalPipeline:
             timeout_s=topology.FUNCTIONS["sweeper"].timeout_s,
         )
         self.sweeper.start()
-        self._stack.callback(self.sweeper.stop)
+        self._stack.callback(self._stop_within_grace, self.sweeper.stop)
+
+    def begin_stop(self) -> None:
+        """Tell every consumer and the sweeper to take no more work, end the dispatchers' waits for a session slot
+        (their messages are re-sent, as at the end of a Lambda's wait budget) and stop the agent processes, without
+        waiting: what runs winds down while moto is still up (`stop` then waits for it, briefly, and stops the
+        rest)."""
+        for consumer in self.consumers:
+            consumer.request_stop()
+        if self.sweeper is not None:
+            self.sweeper.request_stop()
+        if self._lifecycle is not None:
+            self._lifecycle.slots.close()
+        if self._agents is not None:  # sessions end with the run; an invoke still starting a process gives up
+            self._agents.close()
 
     def stop(self) -> None:
-        """Stop everything that was started, in reverse order (idempotent)."""
+        """Stop everything that was started, in reverse order (idempotent). The consumers and the sweeper get
+        `STOP_GRACE_S` in all to finish what they are doing (`begin_stop` first)."""
+        self.begin_stop()
+        self._stop_by = time.monotonic() + STOP_GRACE_S
         self._stack.close()
+
+    def _stop_within_grace(self, stop: Callable[[float], None]) -> None:
+        stop(max(0.0, self._stop_by - time.monotonic()))
 
     def __enter__(self) -> LocalPipeline:
         return self.start()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -139,3 +140,23 @@ def create_resources(config: ExperimentConfig, *, region: str, client: Any) -> E
         queue_urls=queue_urls,
         dlq_urls=dlq_urls,
     )
+
+
+def register_stack(resources: ExperimentResources, *, client: Any) -> str:
+    """Register the experiment's outputs as the stack `Rollouts-NAME` at the local endpoint, as a deploy would
+    leave them, so another process attaches by name (`Experiment.attach`, `rollouts ... -e NAME --endpoint-url`)
+    exactly as to a deployed stack. The stack holds one no-op resource (a template needs one) and the outputs.
+    Replaces an earlier registration of the same name. Returns the stack name."""
+    cloudformation = client("cloudformation")
+    name = topology.stack_name(resources.config.name)
+    template = {
+        "Description": f"rollout-pipeline local experiment {resources.config.name} (outputs only)",
+        "Resources": {"LocalPipeline": {"Type": "AWS::CloudFormation::WaitConditionHandle"}},
+        "Outputs": {key: {"Value": value} for key, value in resources.stack_outputs().items() if value},
+    }
+    with contextlib.suppress(cloudformation.exceptions.ClientError):
+        cloudformation.delete_stack(StackName=name)
+    with warnings.catch_warnings():  # moto: "Tried to parse AWS::CloudFormation::WaitConditionHandle"
+        warnings.simplefilter("ignore", UserWarning)
+        cloudformation.create_stack(StackName=name, TemplateBody=json.dumps(template))
+    return name

@@ -17,12 +17,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 
-from rollout_pipeline.contracts import DetailType, iso, parse_iso, reward_stats
+from rollout_pipeline.contracts import SIGNAL_EPS, DetailType, batch_duration_s, iso, parse_iso, reward_stats
 
 #: Result-object values longer than this are cut in the report's data (model outputs can be long).
 MAX_RESULT_TEXT: Final = 300
-#: Rewards closer than this count as equal (float noise in a mean of equal rewards is not a learning signal).
-SIGNAL_EPS: Final = 1e-9
 _ROLLOUT_EVENTS: Final = frozenset({DetailType.ROLLOUT_COMPLETED.value, DetailType.ROLLOUT_FAILED.value})
 
 
@@ -172,6 +170,12 @@ def timeline(data: ReportData) -> Timeline:
             out.in_flight.append(in_flight)
             out.done.append(done)
     return out
+
+
+def batch_duration(data: ReportData) -> float | None:
+    """The batch's duration as `Batch Completed` and the CLI give it (`contracts.batch_duration_s`: creation to
+    completion), None while the batch runs."""
+    return batch_duration_s(parse_iso(data.status.get("created_at")), parse_iso(data.status.get("completed_at")))
 
 
 def durations_s(data: ReportData) -> list[float]:

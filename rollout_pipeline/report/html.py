@@ -291,10 +291,18 @@ def _cards(data: ReportData) -> str:
         ("failed", str(status.get("failed", 0))),
         ("reward mean", "n/a" if mean is None else f"{mean:.3f}"),
         ("groups with signal", f"{varied}/{scored}"),
-        ("wall time", f"{line.t[-1]:.0f} s" if line.t else "n/a"),
+        ("batch duration", _batch_duration(data, line)),
         ("p50 duration", f"{statistics.median(durations):.1f} s" if durations else "n/a"),
     ]
     return "".join(f'<div class="card"><b>{html.escape(v)}</b><span>{html.escape(k)}</span></div>' for k, v in items)
+
+
+def _batch_duration(data: ReportData, line: series.Timeline) -> str:
+    """Creation to completion (as `Batch Completed` says); while the batch runs, up to its last finished rollout."""
+    duration = series.batch_duration(data)
+    if duration is not None:
+        return f"{duration:.1f} s"
+    return f"{line.t[-1]:.0f} s so far" if line.t else "n/a"
 
 
 def render(data: ReportData) -> str:
@@ -311,7 +319,8 @@ def render(data: ReportData) -> str:
         )
     status = data.status
     subtitle = (
-        f"experiment {data.experiment} · status {status.get('status')}{', done' if status.get('done') else ''}"
+        f"experiment {data.experiment} · status {status.get('status')}"
+        f"{', done' if status.get('done') and status.get('status') != 'completed' else ''}"
         f" · created {status.get('created_at') or '?'}"
         f" · completed {status.get('completed_at') or '-'} · source {status.get('source') or '-'}"
     )

@@ -8,6 +8,7 @@ from typing import Any
 
 from rollout_pipeline.adapters import clients
 from rollout_pipeline.sdk.errors import AwsError, NoCredentials, SdkError
+from rollout_pipeline.sdk.route import check_endpoint_url
 
 #: Region of local mode when nothing else names one (moto accepts any).
 LOCAL_REGION = clients.LOCAL_REGION
@@ -19,6 +20,7 @@ class AwsClients(clients.ClientFactory):
     `rollout-pipeline-sdk` and botocore errors at client creation turned into one-line SDK errors."""
 
     def __init__(self, *, session: Any | None = None, region: str | None = None, endpoint_url: str | None = None):
+        check_endpoint_url(endpoint_url)
         super().__init__(
             session=session,
             region=region,
@@ -64,7 +66,9 @@ def aws_errors(what: str) -> Iterator[None]:
     except NoRegionError:
         raise SdkError("no AWS region configured: pass --region / region=..., or set AWS_REGION") from None
     except EndpointConnectionError as exc:
-        raise AwsError(f"{what}: cannot reach {exc.kwargs.get('endpoint_url', 'the endpoint')}") from None
+        url = str(exc.kwargs.get("endpoint_url", "the endpoint"))
+        hint = " (is `rollouts local up` still running there?)" if is_loopback(url) else ""
+        raise AwsError(f"{what}: cannot reach {url}{hint}") from None
     except ClientError as exc:
         code = error_code(exc)
         if code in ("ExpiredToken", "ExpiredTokenException", "InvalidClientTokenId", "UnrecognizedClientException"):

@@ -27,6 +27,8 @@ from rollout_pipeline.sdk.errors import AwsError, DeployFailed, SdkError
 
 #: Where `make setup` (npm ci) installs the CDK CLI, relative to the project (the directory holding cdk.json).
 CDK_BIN: Final = Path("node_modules/.bin/cdk")
+#: Packages the CDK app (app.py, stacks/) imports that only `make setup` installs (pyproject's `cdk` extra).
+CDK_APP_PACKAGES: Final = ("aws_cdk", "constructs", "cdk_nag", "cdklabs")
 #: The custom resource that builds the agent image in CodeBuild during the deploy (`stacks/image.py`).
 IMAGE_BUILD_TYPE: Final = "Custom::CDKContainerImageBuild"
 #: Stack states a deploy cannot start from: the stack must be deleted first (CloudFormation's own rule for
@@ -96,12 +98,17 @@ class CliRun:
     tail: list[str] = field(default_factory=list)
 
     def last_error(self) -> str:
-        """The CLI's own last error line (what it printed last that looks like one), else its last line."""
+        """The CLI's own last error line (what it printed last that looks like one), else its last line; a CDK app
+        that cannot import its own packages gets the command that installs them (`make demo` installs none)."""
+        error = next((line.strip() for line in reversed(self.tail) if line.strip()), "no output")
         for line in reversed(self.tail):
             text = line.strip()
             if text.startswith(("error:", "Error:", "❌")) or "Error" in text.split(":")[0]:
-                return text.lstrip("❌ ").strip()
-        return next((line.strip() for line in reversed(self.tail) if line.strip()), "no output")
+                error = text.lstrip("❌ ").strip()
+                break
+        if any(f"No module named '{package}" in error for package in CDK_APP_PACKAGES):
+            error += " (the CDK app's packages are missing: `make demo` installs the demo's only; run `make setup`)"
+        return error
 
 
 class CdkCli:

@@ -2,8 +2,9 @@
 
 Same surface as `agentcore_rl_toolkit.RolloutClient` (0.2.0), different engine: nothing polls S3. A submission goes
 to the rollout queue (the pipeline enforces the global TPS and session limits, retries and deadlines) and a single
-background dispatcher thread per client long-polls the trainer queue and resolves futures from the pushed
-`Rollout Completed` / `Rollout Failed` events. Differences from ART are listed in docs/sdk.md.
+background dispatcher thread per client long-polls the client's own subscription on the event bus (made before its
+first submission, removed at `close()`) and resolves futures from the pushed `Rollout Completed` / `Rollout Failed`
+events. Differences from ART are listed in docs/sdk.md.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import time
 import traceback
 import uuid
 from collections import OrderedDict, deque
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import CancelledError
 from dataclasses import dataclass
 from types import TracebackType
@@ -41,6 +42,9 @@ DEFAULT_LINGER_S: Final = 10.0
 _SHORT_POLL_PAUSE_S: Final = 0.2
 #: Consecutive dispatcher errors (e.g. expired credentials) after which pending futures fail with the error.
 _MAX_DISPATCH_ERRORS: Final = 5
+#: What a client's own subscription takes from the bus: the outcomes, and `Batch Completed` (after which the ledger
+#: holds every outcome of that batch: one the subscription missed is read there).
+_CLIENT_TYPES: Final = (DetailType.ROLLOUT_COMPLETED, DetailType.ROLLOUT_FAILED, DetailType.BATCH_COMPLETED)
 
 __all__ = ["BatchItem", "BatchResult", "CancelledError", "RolloutClient", "RolloutFuture"]
 
@@ -230,7 +234,13 @@ class _LiveFilter(EventFilter):
 
 
 class _Dispatcher:
-    """The one background thread of a client: trainer queue -> futures. Runs while futures are pending."""
+    """The one background thread of a client: its events -> futures. Runs while futures are pending.
+
+    Where events come from: by default a private subscription of the client's own (`subscription.SubscribedStream`
+    over every outcome on the bus, made by `open()` before the first submission and removed by `close()`; events
+    of other consumers' batches are deleted from it, an outcome it missed is read from the ledger), else
+    `queue_url` (a subscription the caller made, e.g. the ART backend's), else, with `consume_others`, the trainer
+    queue (this client is its one consumer)."""
 
     def __init__(
         self,
@@ -243,6 +253,7 @@ class _Dispatcher:
         queue_url: str | None = None,
     ) -> None:
         self._experiment = experiment
+        self._private = queue_url is None and not consume_others
         self._queue_url = queue_url or experiment.trainer_queue_url
         self._poll_wait_s = poll_wait_s
         self._visibility_s = visibility_s
@@ -253,6 +264,34 @@ class _Dispatcher:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._linger_s = linger_s
+        self._own: EventStream | None = None
+
+    def open(self) -> None:
+        """Make the client's own subscription, if it reads one and has none yet (before a submission, so that the
+        rule exists when its events are published)."""
+        if not self._private:
+            return
+        from rollout_pipeline.sdk.subscription import SubscribedStream, stream_pattern
+
+        with self._lock:
+            if self._own is not None or self._stop.is_set():
+                return
+            self._own = SubscribedStream(
+                self._experiment.aws,
+                self._experiment.bus_name,
+                stream_pattern(None, _CLIENT_TYPES),
+                self._experiment.seen,
+                replay=self._missed,
+                event_filter=_LiveFilter(self),
+                poll_wait_s=self._poll_wait_s,
+            )
+
+    def _missed(self, skip: Callable[[str], bool]) -> Iterator[Event]:
+        """The outcomes of the batches with pending futures, from the ledger (what the subscription may have
+        missed: see `SubscribedStream`), read as they are handed over."""
+        with self._lock:
+            batches = sorted({f.batch_id for f in self._futures.values() if not f.done()})
+        return self._experiment.ledger_events(batches, _CLIENT_TYPES[:2], skip=skip)
 
     def serves(self, batch_id: str) -> bool:
         with self._lock:
@@ -281,7 +320,8 @@ class _Dispatcher:
             return sum(1 for f in self._futures.values() if not f.done())
 
     def _run(self) -> None:
-        stream = EventStream(
+        own = self._own
+        stream = own or EventStream(
             QueueReader(self._experiment.aws, self._queue_url, visibility_s=self._visibility_s),
             self._experiment.seen,
             event_filter=_LiveFilter(self),
@@ -320,7 +360,8 @@ class _Dispatcher:
                 stream.ack(delivery)
                 last_event = time.monotonic()
         finally:
-            stream.close()
+            if stream is not own:  # the client's own subscription lives until `close()`
+                stream.close()
             with self._lock:
                 if self._thread is threading.current_thread():
                     self._thread = None
@@ -344,9 +385,12 @@ class _Dispatcher:
         self._stop.set()
         with self._lock:
             thread = self._thread
+            own, self._own = self._own, None
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
         self._fail_all(CancelledError("the rollout client was closed"))
+        if own is not None:
+            own.close()
 
 
 class RolloutClient:
@@ -355,10 +399,12 @@ class RolloutClient:
     `defaults` are `_rollout` overrides added to every payload (ART's `**extra_config`, e.g. `base_url`,
     `model_id`, `temperature`); per-call keyword arguments win. Submission options (`group_size` is always 1
     here, as in ART) come from the experiment unless given: `sampling_params`, `timeout_s`, `max_attempts`,
-    `policy_version`. The dispatcher thread runs while futures are pending, then `linger_s` more seconds to
-    consume the trailing group/batch events of its own batches. Use the client as a context manager or call
-    `close()` to stop it. `queue_url`: read events from this queue (a private subscription, see
-    `Experiment.open_subscription`) instead of the experiment's trainer queue.
+    `policy_version`. Events come from the client's own subscription on the event bus (made before its first
+    submission, removed at `close()`), so any number of clients, `groups()` streams and `rollouts watch` run side
+    by side; `queue_url`: read them from this queue instead (a subscription made with
+    `Experiment.open_subscription`); `consume_others=True` (and no `queue_url`): from the trainer queue, this client
+    being its one consumer (events of other batches are deleted). The dispatcher thread runs while futures are
+    pending, then `linger_s` more seconds. Use the client as a context manager or call `close()` to stop it.
     """
 
     def __init__(
@@ -426,8 +472,9 @@ class RolloutClient:
         """Submit rows as one batch (one rollout each); return a future per row, in order.
 
         `policy_version` overrides the client's for this batch (an async trainer's step at submission).
-        Futures are registered right after the submission returns; an event that arrives earlier is released
-        by the dispatcher and delivered again (nothing is lost).
+        Futures are registered right after the submission returns; an outcome that arrives earlier is read
+        again from the ledger (the client's own subscription) or released and delivered again (a queue given or
+        the trainer queue): nothing is lost.
         """
         from rollout_pipeline.sdk.submission import validate_payloads
 
@@ -440,6 +487,7 @@ class RolloutClient:
         file_options = self.experiment.file_options(
             1, options["sampling_params"], options["timeout_s"], options["max_attempts"], options["policy_version"]
         )
+        self._dispatcher.open()
         batch_id = self.experiment.submit_rows(parsed, file_options, name)
         futures = [RolloutFuture(self, batch_id, row.input_id, 0, owns_batch=owns_batch) for row in parsed]
         self._dispatcher.register(futures)

@@ -8,7 +8,9 @@ Delivery rules (see docs/sdk.md):
 - every `event_id` is handed over once per process: a bounded LRU of acknowledged ids drops redeliveries and the
   duplicates at-least-once delivery produces (the duplicate message is deleted);
 - filters (batch id, detail types): a message that does not match is released for other consumers (visibility 0),
-  or deleted with `consume_others=True`. One consumer per trainer queue is the recommended setup.
+  or deleted with `consume_others=True`. The trainer queue has one consumer: the trainer of every batch. A stream
+  of some batches reads a private subscription of its own instead (`subscription.SubscribedStream`), so it never
+  receives, and never wears out, other consumers' events.
 """
 
 from __future__ import annotations
@@ -158,6 +160,8 @@ class EventStream(Iterator[Event]):
                 delivery = self._pop_buffered()
                 if delivery is not None:
                     return delivery
+                if self._refill():
+                    continue
                 if budget_s is None:
                     if polls:
                         return None
@@ -177,6 +181,11 @@ class EventStream(Iterator[Event]):
                 if not received and wait == 0 and budget_s is not None and left > 0:
                     self._sleep(min(_SHORT_POLL_PAUSE_S, left))  # short polling: pause instead of spinning
             return None
+
+    def _refill(self) -> bool:
+        """Add deliveries to the buffer from elsewhere than the queue (a subclass's hook, called when the buffer is
+        empty, before each receive); True when it added some."""
+        return False
 
     def _pop_buffered(self) -> Delivery | None:
         skipped = False

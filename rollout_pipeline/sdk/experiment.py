@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
@@ -21,7 +20,7 @@ from rollout_pipeline.contracts import (
     read_result,
     utcnow,
 )
-from rollout_pipeline.sdk import submission, subscription
+from rollout_pipeline.sdk import route, submission, subscription
 from rollout_pipeline.sdk._aws import AwsClients, aws_errors
 from rollout_pipeline.sdk.aio import AsyncStream
 from rollout_pipeline.sdk.delivery import DEFAULT_POLL_WAIT_S, DEFAULT_SEEN_IDS, EventFilter, EventStream, SeenIds
@@ -45,13 +44,15 @@ logger = logging.getLogger(__name__)
 
 #: The experiment's CloudFormation stack and its outputs: `rollout_pipeline.topology`.
 stack_name = topology.stack_name
+#: Stack outputs from a JSON file (`cdk deploy --outputs-file`, `rollouts local up --write-outputs`).
+read_outputs_file = route.read_outputs_file
 
 
 class Experiment:
     """A handle on one experiment's resources (buckets, queues, bus, ledger), from its stack outputs.
 
     Create it with `Experiment.attach(name)` (reads the CloudFormation outputs once), `Experiment.from_outputs(...)`
-    or `Experiment.local(endpoint_url, outputs=...)` (local mode: every client talks to that endpoint).
+    or `Experiment.local(endpoint_url, name=...)` (local mode: every client talks to that endpoint).
     Region and credentials come from the usual boto3 chain unless a `session` / `region` is given.
     Thread-safe: the dispatcher thread of a `RolloutClient` shares it with the caller.
     """
@@ -90,8 +91,11 @@ class Experiment:
     ) -> Experiment:
         """Attach to the deployed experiment `name`: one DescribeStacks of stack `Rollouts-{name}`.
 
-        Raises `ExperimentNotDeployed` when the stack does not exist, `NoCredentials` without AWS credentials.
+        `endpoint_url` (default `$ROLLOUTS_ENDPOINT_URL`): a local pipeline's endpoint, where `rollouts local up`
+        registers the same stack. Raises `ExperimentNotDeployed` when the stack does not exist, `NoCredentials`
+        without AWS credentials.
         """
+        endpoint_url = route.endpoint_from_env(endpoint_url)
         try:
             ids.validate_exp_id(name)
         except ids.InvalidId as exc:
@@ -103,6 +107,11 @@ class Experiment:
                 resp = aws.client("cloudformation").describe_stacks(StackName=stack)
         except AwsError as exc:
             if "does not exist" in str(exc) or "ValidationError" in str(exc):
+                if endpoint_url is not None:
+                    raise ExperimentNotDeployed(
+                        f"no experiment {name!r} at {endpoint_url} (start it with `rollouts local up -e {name}`, "
+                        "or check the name and the endpoint `rollouts local up` printed)"
+                    ) from None
                 where = f" in {aws.region}" if aws.region else ""
                 raise ExperimentNotDeployed(
                     f"experiment {name!r} is not deployed{where} (no stack {stack}); "
@@ -121,35 +130,49 @@ class Experiment:
     @classmethod
     def from_outputs(
         cls,
-        outputs: Mapping[str, str],
+        outputs: route.OutputsSource,
         region: str | None = None,
         session: Any | None = None,
         *,
         endpoint_url: str | None = None,
+        name: str | None = None,
     ) -> Experiment:
-        """An experiment from its stack outputs (as `cdk deploy --outputs-file` writes them, or a dict)."""
-        return cls(outputs, session=session, region=region, endpoint_url=endpoint_url)
+        """An experiment from its stack outputs: a dict (flat, or `cdk deploy --outputs-file`'s `{stack: {...}}`:
+        the stack of experiment `name`, or the only one), that file's path, or its JSON text."""
+        endpoint = route.endpoint_from_env(endpoint_url)
+        return cls(route.stack_outputs(outputs, name), session=session, region=region, endpoint_url=endpoint)
 
     @classmethod
     def local(
         cls,
-        endpoint_url: str,
-        outputs: Mapping[str, str] | None = None,
+        endpoint_url: str | None = None,
+        outputs: route.OutputsSource | None = None,
         *,
         name: str | None = None,
         region: str = "us-east-1",
         session: Any | None = None,
     ) -> Experiment:
-        """An experiment in local mode: every AWS call goes to `endpoint_url` (the loopback moto server).
+        """An experiment in local mode: every AWS call goes to `endpoint_url` (a local pipeline's loopback AWS).
 
-        Give the `outputs` local mode printed (`ExperimentResources.stack_outputs()`), or a `name` to read them
-        from a stack registered at that endpoint.
+        The way `rollouts local up` prints: `Experiment.local(endpoint_url, name=NAME)` attaches by name (local
+        mode registers the experiment's stack outputs at its endpoint). `outputs` instead: the outputs themselves,
+        in any form `from_outputs` takes (a dict, flat or wrapped; the `--write-outputs` file's path; its JSON
+        text). `endpoint_url` and `name` default to `$ROLLOUTS_ENDPOINT_URL` and `$ROLLOUTS_EXPERIMENT`.
         """
+        endpoint = route.endpoint_from_env(endpoint_url)
+        if endpoint is None:
+            raise SdkError(
+                "Experiment.local needs the endpoint URL `rollouts local up` printed (or $ROLLOUTS_ENDPOINT_URL)"
+            )
         if outputs is not None:
-            return cls(outputs, session=session, region=region, endpoint_url=endpoint_url)
-        if name is None:
-            raise SdkError("Experiment.local needs the local experiment's outputs or its name")
-        return cls.attach(name, region=region, session=session, endpoint_url=endpoint_url)
+            found = route.stack_outputs(outputs, route.experiment_from_env(name) if name is None else name)
+            return cls(found, session=session, region=region, endpoint_url=endpoint)
+        experiment = route.experiment_from_env(name)
+        if experiment is None:
+            raise SdkError(
+                "Experiment.local needs the local experiment's name (name=..., or $ROLLOUTS_EXPERIMENT) or its outputs"
+            )
+        return cls.attach(experiment, region=region, session=session, endpoint_url=endpoint)
 
     # ---------------------------------------------------------------------------------------------- launch
 
@@ -185,6 +208,11 @@ class Experiment:
 
         if mode not in MODES:
             raise SdkError(f"mode must be one of {', '.join(MODES)} (got {mode!r})")
+        if local_options is not None and not isinstance(local_options, Mapping):
+            raise SdkError(
+                f"local_options must be a dict of local mode's settings, e.g. {{'agent_module': 'my_agent'}} "
+                f"(got {type(local_options).__name__})"
+            )
         if mode == "local":
             config = plan(name, settings, None, check_model_url=False).config
             return launcher("local")(config, frozenset(settings), dict(local_options or {}))
@@ -323,8 +351,9 @@ class Experiment:
             object_key = submission.dataset_key(path, key)
         except ids.InvalidId as exc:
             raise DatasetInvalid(str(path), [("", f"invalid_key: {exc}")]) from None
+        rows = 0
         if validate:
-            submission.validate_file(path)
+            rows = submission.validate_file(path)
         elif not Path(path).is_file():
             raise DatasetInvalid(str(path), [("", "no such file")])
         with aws_errors(f"upload s3://{self.input_bucket}/{object_key}"), Path(path).open("rb") as body:
@@ -340,6 +369,10 @@ class Experiment:
         etag = str(resp.get("ETag", "")).strip('"') or None
         batch_id = ids.batch_id_for_upload(self.input_bucket, object_key, version_id, etag)
         logger.info("uploaded %s as s3://%s/%s (batch %s)", path, self.input_bucket, object_key, batch_id)
+        from rollout_pipeline.feed.feed import start_warnings
+
+        for warning in start_warnings(self.config, rows * options.group_size):
+            logger.warning("batch %s: %s", batch_id, warning)
         return batch_id
 
     def submit(
@@ -375,6 +408,8 @@ class Experiment:
             raise SdkError("the submission created no batch")
         if result.rows_rejected:  # pragma: no cover - validated above with the same rules
             logger.warning("batch %s: %d payload(s) rejected: %s", result.batch_id, result.rows_rejected, result.errors)
+        for warning in result.warnings:
+            logger.warning("batch %s: %s", result.batch_id, warning)
         return result.batch_id
 
     def settings(self) -> HandlerSettings:
@@ -415,62 +450,82 @@ class Experiment:
         consume_others: bool = False,
         poll_wait_s: float = DEFAULT_POLL_WAIT_S,
         visibility_s: int | None = None,
+        from_trainer_queue: bool = False,
         from_start: bool = False,
     ) -> EventStream:
-        """Iterate pipeline events from the trainer queue by long polling.
+        """Iterate pipeline events as they are pushed, by long polling.
+
+        Where they come from: the events of `batch_id` (one id or several) come through a private subscription of
+        this stream's own (a rule on the experiment bus for those batches and a queue, made now and removed when
+        the stream closes), preceded by the events those batches published before it existed, rebuilt from the
+        ledger with the same `event_id`s: so any number of consumers of their own batches run side by side, and
+        none waits behind, or wears out, another's events. Without `batch_id` (the trainer of every batch), or with
+        `from_trainer_queue=True` or `consume_others=True`, events come from the experiment's trainer queue: its
+        one consumer. There, events that do not match `batch_id` / `detail_types` are released for another
+        consumer, or deleted with `consume_others=True`.
 
         Each `event_id` is handed to user code once per process; a message is deleted only after the iterator
-        advanced past it (or the `with` block ended normally). Events that do not match `batch_id` /
-        `detail_types` are released for other consumers, or deleted with `consume_others=True`. Stops after
-        `timeout` seconds (None: never) or `max_events` events.
+        advanced past it (or the `with` block ended normally). Stops after `timeout` seconds (None: never) or
+        `max_events` events.
 
-        `from_start=True` (with `batch_id`): first every event the batch(es) published so far, rebuilt from the
-        ledger with the `event_id`s the bus carried (`sdk.replay`), then the live ones, each `event_id` once for
-        this stream, also those other consumers of this process handled (a live copy of a rebuilt event is
-        dropped): a trainer that starts late, or a second consumer, sees the whole batch. Nothing is re-run.
+        `from_start` (a stream of its own only) sets where the stream starts. False (default): where this process
+        is: the batches' events no stream of this process handed over yet (those published before, then the live
+        ones), each `event_id` once per process. True: the batches' first event: every event they published, then
+        the live ones, each `event_id` once for this stream, also those other streams of this process handed over
+        (and what it hands over counts for no other stream): a second consumer in a process sees the whole batch.
+        Either way nothing is re-run. Only live events: `tap`.
         """
         event_filter = EventFilter(batch_id, detail_types)
-        reader = QueueReader(self.aws, self.trainer_queue_url, visibility_s=visibility_s)
-        options: dict[str, Any] = {
-            "event_filter": event_filter,
-            "timeout": timeout,
-            "max_events": max_events,
-            "consume_others": consume_others,
-            "poll_wait_s": poll_wait_s,
-        }
-        if not from_start:
-            return EventStream(reader, self.seen, **options)
-        return self._catch_up(reader, event_filter, options)
-
-    def _catch_up(self, reader: QueueReader, event_filter: EventFilter, options: dict[str, Any]) -> EventStream:
-        """A `CatchUpStream` over `reader`: the batches' events rebuilt from the ledger first (`events(from_start=
-        True)`, `tap(from_start=True)`)."""
-        from rollout_pipeline.sdk.replay import CatchUpStream, batch_events
-
-        if event_filter.batch_ids is None:
+        own_stream = event_filter.batch_ids is not None and not (from_trainer_queue or consume_others)
+        if from_start and event_filter.batch_ids is None:
             raise SdkError("from_start needs the batch (or batches) to start from: pass batch_id")
-        batches = sorted(event_filter.batch_ids)
+        if from_start and not own_stream:
+            raise SdkError(
+                "from_start reads a stream of the batch's own: not with from_trainer_queue or consume_others"
+            )
+        if own_stream:
+            batches = sorted(event_filter.batch_ids or ())
+            return subscription.SubscribedStream(
+                self.aws,
+                self.bus_name,
+                subscription.stream_pattern(batches, event_filter.detail_types),
+                SeenIds() if from_start else self.seen,
+                replay=lambda skip: self.ledger_events(batches, event_filter.detail_types, skip=skip),
+                event_filter=event_filter,
+                timeout=timeout,
+                max_events=max_events,
+                poll_wait_s=poll_wait_s,
+            )
+        return EventStream(
+            QueueReader(self.aws, self.trainer_queue_url, visibility_s=visibility_s),
+            self.seen,
+            event_filter=event_filter,
+            timeout=timeout,
+            max_events=max_events,
+            consume_others=consume_others,
+            poll_wait_s=poll_wait_s,
+        )
+
+    def ledger_events(
+        self,
+        batch_ids: Iterable[str],
+        detail_types: Iterable[DetailType | str] | None = None,
+        *,
+        skip: Callable[[str], bool] | None = None,
+    ) -> Iterator[Event]:
+        """The events `batch_ids` have published so far, rebuilt from the ledger (`sdk.replay.batch_events`: same
+        `event_id`s, `timings.notified_at` None, small results inlined), batch by batch and group by group as
+        they are read; those whose id `skip` accepts are left out (and their results not read). What a stream of
+        those batches made after them is given first."""
+        from rollout_pipeline.sdk.export import quiet_fetch
+        from rollout_pipeline.sdk.replay import batch_events
+
+        types = None if detail_types is None else {DetailType(t) for t in detail_types}
         ledger = self._ledger()
-        fetch = self._inline_fetch()
-
-        def replay() -> Iterator[Event]:
-            with aws_errors("read the batch's events from the ledger"):
-                for batch in batches:
-                    yield from batch_events(ledger, batch, fetch_result=fetch)
-
-        return CatchUpStream(reader, SeenIds(), replay=replay, **options)
-
-    def _inline_fetch(self) -> Callable[[str], dict[str, Any] | None]:
-        """Reads a result object to inline into a rebuilt event; None (logged) when it cannot be read."""
-
-        def fetch(uri: str) -> dict[str, Any] | None:
-            try:
-                return self.fetch_result(uri)
-            except SdkError as exc:
-                logger.warning("cannot inline %s: %s", uri, exc)
-                return None
-
-        return fetch
+        fetch = quiet_fetch(self)
+        with aws_errors("read the batch's events from the ledger"):
+            for batch in batch_ids:
+                yield from batch_events(ledger, batch, detail_types=types, skip=skip, fetch_result=fetch)
 
     def aevents(
         self,
@@ -489,27 +544,16 @@ class Experiment:
         timeout: float | None = None,
         *,
         poll_wait_s: float = DEFAULT_POLL_WAIT_S,
-        from_start: bool = False,
     ) -> AbstractContextManager[EventStream]:
         """Observe events without taking them from the trainer: a private queue subscribed to the bus.
 
         Creates an SQS queue and a rule on the experiment bus (matching `batch_id` if given) for the duration of
-        the `with` block, and deletes both afterwards. Only events published after it starts are seen. Needs
+        the `with` block, and deletes both afterwards. Only events published after it starts are seen (a stream
+        that also has the earlier ones: `events(batch_id)`). Needs
         `sqs:CreateQueue`/`DeleteQueue`/`SetQueueAttributes` and `events:PutRule`/`PutTargets`/`RemoveTargets`/
         `DeleteRule`. `rollouts watch` uses it so that watching never steals the trainer's events.
-        `from_start=True` (with `batch_id`): the batch's earlier events first, rebuilt from the ledger once the queue
-        exists (as `events(from_start=True)`; `rollouts watch --from-start`).
         """
-        stream = None
-        if from_start:
-            event_filter = EventFilter(batch_id, detail_types)
-
-            def stream(reader: QueueReader, options: dict[str, Any]) -> EventStream:
-                return self._catch_up(reader, event_filter, options)
-
-        return subscription.tap(
-            self.aws, self.bus_name, batch_id, detail_types, timeout, poll_wait_s=poll_wait_s, stream=stream
-        )
+        return subscription.tap(self.aws, self.bus_name, batch_id, detail_types, timeout, poll_wait_s=poll_wait_s)
 
     def open_subscription(
         self, pattern: Mapping[str, Any], *, suffix: str, retention_s: int = 3600, kind: str | None = None
@@ -582,13 +626,15 @@ class Experiment:
         stop_on_batch_completed: bool = True,
         poll_wait_s: float = DEFAULT_POLL_WAIT_S,
         consume_others: bool = False,
+        from_trainer_queue: bool = False,
         from_start: bool = False,
     ) -> GroupStream:
-        """Complete GRPO groups of a batch as they complete (`Group Completed` + its per-rollout events).
+        """Complete GRPO groups of a batch as they complete (`Group Completed` + its per-rollout events), from a
+        private subscription of the batch (see `events`), the groups completed before it first.
 
         Ends when `Batch Completed` for the batch arrives (unless `stop_on_batch_completed=False`) or after
-        `timeout` seconds. `from_start=True`: the groups completed before, rebuilt from the ledger, come first
-        (`events(from_start=True)`).
+        `timeout` seconds. `from_start=True`: every group of the batch, also those another stream of this process
+        handed over (`events(from_start=True)`).
         """
         stream = self.events(
             batch_id,
@@ -596,6 +642,7 @@ class Experiment:
             timeout,
             consume_others=consume_others,
             poll_wait_s=poll_wait_s,
+            from_trainer_queue=from_trainer_queue,
             from_start=from_start,
         )
         return GroupStream(stream, grace_s=grace_s, stop_on_batch_completed=stop_on_batch_completed)
@@ -873,27 +920,6 @@ class Experiment:
         from rollout_pipeline.sdk.client import RolloutClient
 
         return RolloutClient(self, **defaults)
-
-
-def read_outputs_file(path: str | os.PathLike[str], name: str | None = None) -> dict[str, str]:
-    """Stack outputs from a JSON file: a flat `{output: value}` object, or `cdk deploy --outputs-file`'s
-    `{stack: {output: value}}` (the stack of experiment `name`, or the only one). `SdkError` when unreadable."""
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise SdkError(f"cannot read outputs file {path}: {exc}") from None
-    if isinstance(data, dict) and "TrainerQueueUrl" not in data:  # cdk's {stack: {outputs}} form
-        stacks = {k: v for k, v in data.items() if isinstance(v, dict)}
-        wanted = stack_name(name) if name else None
-        if wanted and wanted in stacks:
-            data = stacks[wanted]
-        elif len(stacks) == 1:
-            data = next(iter(stacks.values()))
-        else:
-            raise SdkError(f"{path} holds several stacks ({', '.join(stacks)}): pass --experiment")
-    if not isinstance(data, dict):
-        raise SdkError(f"{path} is not a JSON object of stack outputs")
-    return {str(k): str(v) for k, v in data.items()}
 
 
 def parse_s3_uri(uri: str) -> tuple[str, str]:

@@ -46,7 +46,8 @@ TRAINER_ACTIONS: Final[Mapping[ResourceKind, tuple[str, ...]]] = {
     "ledger": access.LEDGER_ITEM_ACTIONS,
     "bus": ("events:PutEvents",),  # submit publishes Batch Accepted; cancel publishes the failures
     "runtime": ("bedrock-agentcore:StopRuntimeSession",),  # cancel stops running sessions
-    # Private subscriptions (`Experiment.tap`, the ART backend's per-process queue): `{bus}-tap-*`, `{bus}-art-*`.
+    # Private subscriptions (`Experiment.tap`, streams of some batches, the ART backend's per-process queue):
+    # `{bus}-tap-*`, `{bus}-sdk-*`, `{bus}-art-*`.
     "subscription_queues": (
         "sqs:CreateQueue",
         "sqs:DeleteQueue",
@@ -72,8 +73,9 @@ TRAINER_ACTIONS: Final[Mapping[ResourceKind, tuple[str, ...]]] = {
     # permissions, so IAM needs "*" (Service Authorization Reference, EventBridge and SQS).
     "listing": ("events:ListRules", "sqs:ListQueues"),
 }
-#: Name prefixes (after `{bus name}-`) of the SDK's private subscription queues and rules.
-SUBSCRIPTION_PREFIXES: Final = ("tap-", "art-")
+#: Name prefixes (after `{bus name}-`) of the SDK's private subscription queues and rules: `rollouts watch`'s taps,
+#: the SDK's streams of some batches and `RolloutClient`s (`sdk-`), the ART backend's process queues.
+SUBSCRIPTION_PREFIXES: Final = ("tap-", "art-", "sdk-")
 
 #: API operations authorized by an action of another name.
 _RENAMED: Final[Mapping[tuple[str, str], str]] = {

@@ -1,21 +1,23 @@
-"""A batch's events rebuilt from the ledger, and a stream that catches up: those first, then the live ones.
+"""A batch's events as the ledger accounts for them, and a stream that hands them over before the live ones.
 
 The pipeline publishes an event only once the ledger holds the state it reports (a rollout's terminal state, a
 complete group, a complete batch whose `Batch Completed` was claimed; `Batch Accepted` once ingestion has ended),
 and every event has a stable `event_id` (`ids.event_id`). So the events a batch has published so far can be rebuilt
 from the ledger with the same ids and contents (`details`, the module the publishers build them with): what a
-trainer that starts late, or a second consumer, missed. Differences from the published copies: a rebuilt rollout
-event's `timings.notified_at` is its `finished_at` (the ledger does not keep when an event left), its envelope has
-no EventBridge `id` and `time` but `"replayed": "ledger"`, and its result is inlined only with `fetch_result`.
+stream made after them never received (a trainer that starts late, a second consumer, a subscription whose rule
+was not matching yet). Differences from the published copies: a rebuilt rollout event's `timings.notified_at` is
+None (the ledger does not keep when an event left), its envelope has no EventBridge `id` and `time` but
+`"replayed": "ledger"`, and its result is inlined only with `fetch_result`.
 
-`CatchUpStream` serves the rebuilt events first, then the live stream's, each `event_id` once for the stream: a
-live copy of an event it rebuilt is dropped (and deleted), whichever arrives first is the one handed over. The
-resume path (`Experiment.completed_groups`) rebuilds its groups with the same `group_events`.
+`batch_events` is the one rebuild: streamed group by group (the dataset export's join), it feeds every stream of
+a batch (`CatchUpStream`, under `subscription.SubscribedStream`) and, through `group_events`, the resume path
+(`Experiment.completed_groups`). `CatchUpStream` is the one seam between rebuilt and live events.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections import deque
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from typing import Any, Final
 
 from rollout_pipeline.contracts import (
@@ -27,7 +29,6 @@ from rollout_pipeline.contracts import (
     RolloutFailed,
     detail_type_of,
     redact_secrets,
-    utcnow,
 )
 from rollout_pipeline.details import (
     batch_accepted_detail,
@@ -39,11 +40,14 @@ from rollout_pipeline.details import (
 from rollout_pipeline.ledger.items import BatchState, GroupItem, RolloutRecord
 from rollout_pipeline.ledger.ledger import Ledger
 from rollout_pipeline.sdk.dataset import FetchResult, join_groups
-from rollout_pipeline.sdk.delivery import EventStream
-from rollout_pipeline.sdk.transport import AnyDetail, Delivery, Event
+from rollout_pipeline.sdk.delivery import EventStream, SeenIds
+from rollout_pipeline.sdk.transport import AnyDetail, Delivery, Event, QueueReader
 
 #: The envelope key that marks an event rebuilt from the ledger.
 REPLAYED: Final = "replayed"
+#: `replay(skip)`: the events rebuilt from the ledger, leaving out those whose id `skip` accepts.
+Replay = Callable[[Callable[[str], bool]], Iterable[Event]]
+_ROLLOUT_TYPES: Final = frozenset({DetailType.ROLLOUT_COMPLETED, DetailType.ROLLOUT_FAILED})
 
 
 def group_events(
@@ -53,15 +57,19 @@ def group_events(
     policy_version: str | None,
     fetch_result: FetchResult | None = None,
     inline_limit: int | None = INLINE_RESULT_BYTES,
+    keep: Callable[[RolloutCompleted | RolloutFailed], bool] | None = None,
 ) -> tuple[list[RolloutCompleted | RolloutFailed], GroupCompleted | None]:
     """One group's published events as the ledger accounts for them: each terminal rollout's `Rollout Completed`
-    / `Rollout Failed` (index order), and `Group Completed` with its members once the group is complete (else None).
-    A successful rollout's result object is inlined (`fetch_result`, secret fields redacted as the publisher does)
-    when its size is at most `inline_limit` (None: whatever its size)."""
+    / `Rollout Failed` (index order; only those `keep` accepts, else all), and `Group Completed` with its members
+    once the group is complete (else None). A kept successful rollout's result object is inlined (`fetch_result`,
+    secret fields redacted as the publisher does) when its size is at most `inline_limit` (None: whatever its
+    size)."""
     terminal = sorted((rec for rec in records if rec.terminal), key=lambda rec: rec.index)
     rollouts: list[RolloutCompleted | RolloutFailed] = []
     for rec in terminal:
-        detail = rollout_event(rec, notified_at=rec.finished_at or utcnow())
+        detail = rollout_event(rec, notified_at=None)
+        if keep is not None and not keep(detail):
+            continue
         fits = inline_limit is None or (rec.result_size is not None and rec.result_size <= inline_limit)
         if isinstance(detail, RolloutCompleted) and fetch_result is not None and detail.result_uri and fits:
             result = fetch_result(detail.result_uri)
@@ -84,54 +92,95 @@ def ledger_event(detail: AnyDetail) -> Event:
     return Event(detail_type=detail_type, detail=detail, envelope=envelope)
 
 
-def batch_events(ledger: Ledger, batch_id: str, *, fetch_result: FetchResult | None = None) -> Iterator[Event]:
+def batch_events(
+    ledger: Ledger,
+    batch_id: str,
+    *,
+    detail_types: Collection[DetailType] | None = None,
+    skip: Callable[[str], bool] | None = None,
+    fetch_result: FetchResult | None = None,
+) -> Iterator[Event]:
     """Every event the batch has published so far, rebuilt from the ledger, in the order the pipeline publishes them
     (`Batch Accepted`; group by group, in input-id order, its rollouts' terminal events then `Group Completed`;
-    `Batch Completed`). Streamed: the group and rollout items are read as two sorted Queries joined group by group
+    `Batch Completed`), leaving out the types not in `detail_types` and the ids `skip` accepts (whose results are
+    not read). Streamed: the group and rollout items are read as two sorted Queries joined group by group
     (`dataset.join_groups`), so memory holds one group. Nothing for a batch not in the ledger (yet)."""
+    wanted = frozenset(DetailType) if detail_types is None else frozenset(detail_types)
+
+    def due(detail: AnyDetail) -> bool:
+        return detail_type_of(detail) in wanted and (skip is None or not skip(detail.event_id))
+
     batch = ledger.batches.read_batch(batch_id)
     if batch is None:
         return
-    if batch.status is not BatchState.INGESTING:
-        yield ledger_event(batch_accepted_detail(batch))
-    policy_version = batch.options.policy_version if batch.options else None
-    for group, members in join_groups(ledger.batches.groups(batch_id), ledger.rollouts.batch_rollouts(batch_id)):
-        rollouts, completed = group_events(
-            group, members.values(), policy_version=policy_version, fetch_result=fetch_result
-        )
-        yield from (ledger_event(detail) for detail in rollouts)
-        if completed is not None:
-            yield ledger_event(completed)
-    done = ledger.batches.read_batch(batch_id)  # read again: the batch may have completed meanwhile
-    detail = batch_completion_detail(done) if done is not None else None
-    # Published once claimed (which stamps `completed_at`), or by ingestion for a batch with nothing to run.
-    if detail is not None and done is not None and (done.completed_at is not None or not done.rollouts_total):
-        yield ledger_event(detail)
+    if batch.status is not BatchState.INGESTING and due(accepted := batch_accepted_detail(batch)):
+        yield ledger_event(accepted)
+    if wanted & {*_ROLLOUT_TYPES, DetailType.GROUP_COMPLETED}:
+        policy_version = batch.options.policy_version if batch.options else None
+        for group, members in join_groups(ledger.batches.groups(batch_id), ledger.rollouts.batch_rollouts(batch_id)):
+            rollouts, completed = group_events(
+                group, members.values(), policy_version=policy_version, fetch_result=fetch_result, keep=due
+            )
+            yield from (ledger_event(detail) for detail in rollouts)
+            if completed is not None and due(completed):
+                yield ledger_event(completed)
+    done = batch_completion_detail(batch)
+    # Published by the rollout that claims it (which stamps `completed_at`), or by ingestion for a batch with
+    # nothing to run: until then it is still ahead. The batch as read first: complete then, every group read
+    # after it was complete too, so a rebuilt `Batch Completed` never comes before one of its batch's events.
+    if done is not None and (batch.completed_at is not None or not batch.rollouts_total) and due(done):
+        yield ledger_event(done)
 
 
 class CatchUpStream(EventStream):
-    """An `EventStream` that first hands over `replay()`'s events (a batch's, rebuilt from the ledger), then the live
-    ones of its queue, each `event_id` once for this stream (its own `SeenIds`: events other consumers of the process
-    handled are handed over too: a stream from the start sees the whole batch).
+    """An `EventStream` that hands over the events `replay` rebuilds from the ledger before the live ones of its
+    queue, each `event_id` once (by its `seen`: the process's, or one of the stream's own).
 
-    A live copy of an event already rebuilt is deleted, never handed over, whichever came first in time. `replay`
-    is called at the first read, after the stream's queue exists, so nothing falls between the two; again when a
-    live `Batch Completed` comes (the ledger then holds everything of the batch: an event a new subscription's rule
-    missed while it propagated is handed over then, before `Batch Completed`)."""
+    `replay` is read at the first read (after the stream's queue exists, so nothing falls between the two), again
+    `reconcile_after_s` seconds after the stream was made, and when a live `Batch Completed` comes: that one is held
+    until the ledger was read again (it then holds everything of the batch), so an event the queue missed comes
+    before it. A live copy of an event handed over from the ledger is deleted, never handed over (also while the
+    rebuilt one is held, e.g. a parked `Group Completed`); an event already handed over (`seen`) is not rebuilt.
+    The ledger is read lazily (`batch_events`): one group at a time."""
 
-    def __init__(self, *args: Any, replay: Callable[[], Iterator[Event]], **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(
+        self,
+        reader: QueueReader,
+        seen: SeenIds,
+        *,
+        replay: Replay | None,
+        reconcile_after_s: Sequence[float] = (),
+        **options: Any,
+    ) -> None:
+        super().__init__(reader, seen, **options)
         self._replay = replay
+        self._replay_due = replay is not None
+        self._made = self._clock()
+        self._due: deque[float] = deque(sorted(reconcile_after_s))
         self._pending: Iterator[Event] | None = None
-        self._started = False
-        self._rebuilt: set[str] = set()
+        self._rebuilt = SeenIds()  # handed over from the ledger: their live copies are deleted
         self._held: list[Delivery] = []
         self._reread: set[str] = set()
 
+    def _handled(self, event_id: str) -> bool:
+        return event_id in self._rebuilt or event_id in self._seen
+
+    def _read_ledger(self) -> None:
+        if self._replay is not None:
+            self._pending = iter(self._replay(self._handled))
+
+    def _refill(self) -> bool:
+        now = self._clock()
+        while self._due and now - self._made >= self._due[0]:
+            self._due.popleft()
+            self._replay_due = True
+        if not self._replay_due:
+            return False
+        self._replay_due = False
+        self._read_ledger()
+        return self._pending is not None
+
     def _pop_buffered(self) -> Delivery | None:
-        if not self._started:
-            self._started = True
-            self._pending = self._replay()
         while True:
             rebuilt = self._next_rebuilt()
             if rebuilt is not None:
@@ -140,14 +189,15 @@ class CatchUpStream(EventStream):
             if delivery is None:
                 return None
             event = delivery.event
-            assert event is not None
+            assert event is not None  # the base stream hands over events only
             if event.event_id in self._rebuilt:
                 self._reader.delete(delivery)  # the live copy of an event already handed over from the ledger
                 continue
-            if event.detail_type is DetailType.BATCH_COMPLETED and event.event_id not in self._reread:
+            live_end = event.detail_type is DetailType.BATCH_COMPLETED and bool(delivery.receipt)
+            if live_end and self._replay is not None and event.event_id not in self._reread:
                 self._reread.add(event.event_id)
                 self._held.append(delivery)  # handed over after what the ledger holds now
-                self._pending = self._replay()
+                self._read_ledger()
                 continue
             return delivery
 
@@ -157,7 +207,7 @@ class CatchUpStream(EventStream):
             if event is None:
                 self._pending = None
                 return None
-            if event.event_id in self._rebuilt or event.event_id in self._seen or not self._filter.matches(event):
+            if not self._filter.matches(event) or self._handled(event.event_id):
                 continue
             self._rebuilt.add(event.event_id)
             return Delivery("", event)
@@ -165,6 +215,7 @@ class CatchUpStream(EventStream):
 
     def close(self, *, ack_current: bool = False) -> None:
         with self._lock:
+            self._pending = None
             while self._held:
                 self._reader.release(self._held.pop())
         super().close(ack_current=ack_current)

@@ -7,12 +7,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rollout_pipeline.contracts import iso, stats_from_sums
-from rollout_pipeline.ledger.items import BatchView, RolloutState
+from rollout_pipeline.ledger.items import BatchState, BatchView, RolloutState
+
+#: `BatchStatus.status` of a batch whose every rollout is terminal (the ledger keeps `accepted` on the batch item).
+COMPLETED = "completed"
 
 
 @dataclass(frozen=True)
 class BatchStatus:
-    """Where a batch stands. `queued` = accepted rollouts not yet running (including retries waiting)."""
+    """Where a batch stands. `status`: `ingesting` (rows still being read), `accepted` (rollouts to run),
+    `completed` (every rollout terminal), `cancelled`, or `rejected` (the whole file). `queued` = accepted rollouts
+    not yet running (including retries waiting)."""
 
     batch_id: str
     status: str
@@ -77,9 +82,12 @@ def batch_status(batch: BatchView, rollout_states: Mapping[Any, int]) -> BatchSt
         enqueued = batch.rollouts_enqueued
         queued = max(0, enqueued - succeeded - failed - running) if enqueued else None
     mean, std = stats_from_sums(batch.reward_count, batch.reward_sum, batch.reward_sumsq)
+    phase = batch.status.value
+    if batch.status is BatchState.ACCEPTED and total is not None and succeeded + failed >= total:
+        phase = COMPLETED
     return BatchStatus(
         batch_id=batch.batch_id,
-        status=batch.status.value,
+        status=phase,
         source=batch.source,
         rollouts_total=total,
         succeeded=succeeded,

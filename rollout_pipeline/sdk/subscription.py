@@ -1,5 +1,6 @@
 """Private subscriptions to an experiment's event bus: an SQS queue plus a rule, made and removed by the SDK.
-`tap` (what `rollouts watch` reads) and the ART backend's per-process queues are built on them.
+`tap` (what `rollouts watch` reads), the SDK's streams of some batches (`SubscribedStream`: `Experiment.events(
+batch_id=...)`, `groups`, a `RolloutClient`) and the ART backend's per-process queues are built on them.
 
 Each rule and queue is tagged at creation with its kind (`tap`, `art`, ...), its owner (user, host and process) and
 its creation time; the owner refreshes the queue's `rollouts:seen-at` while it works (`touch_subscription`). A process
@@ -18,7 +19,8 @@ import re
 import socket
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -26,8 +28,9 @@ from typing import Any, Final
 
 from rollout_pipeline.contracts import EVENT_SOURCE, DetailType
 from rollout_pipeline.sdk._aws import AwsClients, aws_errors, error_code
-from rollout_pipeline.sdk.delivery import EventFilter, EventStream, SeenIds
+from rollout_pipeline.sdk.delivery import DEFAULT_POLL_WAIT_S, EventFilter, EventStream, SeenIds
 from rollout_pipeline.sdk.errors import SdkError
+from rollout_pipeline.sdk.replay import CatchUpStream, Replay
 from rollout_pipeline.sdk.transport import QueueReader
 
 logger = logging.getLogger(__name__)
@@ -42,7 +45,16 @@ TOUCH_INTERVAL_S: Final = 3600.0
 #: Subscriptions made before tagging: `{bus}-{tap|art}-{8 hex}`.
 _LEGACY_SUFFIX: Final = re.compile(r"^(?P<kind>tap|art)-[0-9a-f]{8}$")
 #: Rule names (after `{bus}-`) of the private subscriptions: only these are looked at by `list_subscriptions`.
-_SUBSCRIPTION_NAME_KINDS: Final = ("tap-", "art-", "smoke-")
+_SUBSCRIPTION_NAME_KINDS: Final = ("tap-", "art-", "sdk-", "smoke-")
+#: The kind (and name prefix, `{bus}-sdk-{8 hex}`) of the SDK's own streams (`SubscribedStream`).
+SDK_KIND: Final = "sdk"
+#: A stream's queue keeps undelivered events as long as the trainer queue does (SQS's maximum, 14 days): a trainer
+#: may stop reading for a long training step.
+STREAM_RETENTION_S: Final = 14 * 86_400
+#: Seconds after a stream's subscription is made at which the ledger is read again for events its rule may have
+#: missed: EventBridge says "incoming events might not immediately start matching to new or updated rules" (PutRule,
+#: API reference) and gives no bound; the events due by then are in the ledger (docs/aws-facts.md).
+RECONCILE_AFTER_S: Final = (10.0, 60.0, 300.0)
 #: Characters EventBridge and SQS accept in tag values (others become `_`).
 _TAG_VALUE_UNSAFE: Final = re.compile(r"[^A-Za-z0-9 _.:/=+@-]")
 _CREATED_IN_DESCRIPTION: Final = re.compile(r"created (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)$")
@@ -61,27 +73,101 @@ def tap(
     timeout: float | None,
     *,
     poll_wait_s: float,
-    stream: Callable[[QueueReader, dict[str, Any]], EventStream] | None = None,
 ) -> Iterator[EventStream]:
-    """An `EventStream` over a private subscription matching `batch_id` (all batches: None), removed on exit.
-    `stream(reader, options)` builds another kind of stream over the subscription's queue (a `CatchUpStream`)."""
+    """An `EventStream` over a private subscription matching `batch_id` (all batches: None), removed on exit."""
     pattern: dict[str, Any] = {"source": [EVENT_SOURCE]}
     if batch_id is not None:
         pattern["detail"] = {"batch_id": [batch_id]}
     name, queue_url = open_subscription(aws, bus_name, pattern, suffix=f"tap-{uuid.uuid4().hex[:8]}", kind="tap")
     try:
-        options: dict[str, Any] = {
-            "event_filter": EventFilter(batch_id, detail_types),
-            "timeout": timeout,
-            "consume_others": True,  # the queue is ours alone
-            "poll_wait_s": poll_wait_s,
-        }
-        reader = QueueReader(aws, queue_url)
-        events = stream(reader, options) if stream is not None else EventStream(reader, SeenIds(), **options)
-        with events:
-            yield events
+        stream = EventStream(
+            QueueReader(aws, queue_url),
+            SeenIds(),
+            event_filter=EventFilter(batch_id, detail_types),
+            timeout=timeout,
+            consume_others=True,  # the queue is ours alone
+            poll_wait_s=poll_wait_s,
+        )
+        with stream:
+            yield stream
     finally:
         close_subscription(aws, bus_name, name, queue_url)
+
+
+class SubscribedStream(CatchUpStream):
+    """A `CatchUpStream` over a private subscription of its own (a rule matching `pattern` on the bus, and a queue),
+    made at construction and removed at `close()` (or when the stream is garbage-collected, or at exit).
+
+    Events published before the rule matched are not in its queue: `replay(skip)` supplies them from the ledger
+    (`sdk.replay.batch_events`, same `event_id`s), at the first read, again at `RECONCILE_AFTER_S` after the
+    subscription was made, and when a `Batch Completed` arrives (the ledger then holds everything of that batch).
+    Each `event_id` is handed over once, whichever copy comes first (`CatchUpStream`). The queue is this stream's
+    alone: events it does not want are deleted, never left to wear out (`consume_others`). The owner's `seen-at`
+    tag is refreshed while it reads.
+    """
+
+    def __init__(
+        self,
+        aws: AwsClients,
+        bus_name: str,
+        pattern: Mapping[str, Any],
+        seen: SeenIds,
+        *,
+        replay: Replay | None = None,
+        event_filter: EventFilter | None = None,
+        timeout: float | None = None,
+        max_events: int | None = None,
+        poll_wait_s: float = DEFAULT_POLL_WAIT_S,
+        reconcile_after_s: Sequence[float] = RECONCILE_AFTER_S,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        name, queue_url = open_subscription(
+            aws, bus_name, pattern, suffix=f"{SDK_KIND}-{uuid.uuid4().hex[:8]}", retention_s=STREAM_RETENTION_S
+        )
+        self.subscription = (name, queue_url)
+        self._remove = weakref.finalize(self, close_subscription, aws, bus_name, name, queue_url)
+        super().__init__(
+            QueueReader(aws, queue_url),
+            seen,
+            replay=replay,
+            reconcile_after_s=reconcile_after_s,
+            event_filter=event_filter,
+            timeout=timeout,
+            max_events=max_events,
+            consume_others=True,
+            poll_wait_s=poll_wait_s,
+            clock=clock,
+            sleep=sleep,
+        )
+        self._aws = aws
+        self._touched = self._clock()
+
+    def _refill(self) -> bool:
+        now = self._clock()
+        if now - self._touched >= TOUCH_INTERVAL_S:
+            self._touched = now
+            touch_subscription(self._aws, self.subscription[1])
+        return super()._refill()
+
+    def close(self, *, ack_current: bool = False) -> None:
+        """Stop (as `EventStream.close`), then remove the subscription (rule targets, rule, queue)."""
+        try:
+            super().close(ack_current=ack_current)
+        finally:
+            self._remove()
+
+
+def stream_pattern(
+    batch_ids: Iterable[str] | None, detail_types: Iterable[DetailType | str] | None = None
+) -> dict[str, Any]:
+    """The event pattern of a stream of `batch_ids` (all batches: None) and `detail_types` (all: None)."""
+    pattern: dict[str, Any] = {"source": [EVENT_SOURCE]}
+    if batch_ids is not None:
+        pattern["detail"] = {"batch_id": sorted(set(batch_ids))}
+    if detail_types is not None:
+        pattern["detail-type"] = sorted({DetailType(t).value for t in detail_types})
+    return pattern
 
 
 def _tag_value(text: str) -> str:

@@ -23,6 +23,10 @@ from rollout_pipeline.contracts import (
 from rollout_pipeline.sdk._aws import AwsClients, aws_errors, error_code
 
 logger = logging.getLogger(__name__)
+#: The log record attribute that marks the "no reward signal" warning (a caller that shows it itself filters it out).
+NO_REWARD_SIGNAL = "no_reward_signal"
+#: Batches whose "no reward signal" warning this process has logged (once per batch, however often it is read).
+_warned_no_signal: set[tuple[str, str]] = set()
 
 AnyDetail: TypeAlias = RolloutCompleted | RolloutFailed | GroupCompleted | BatchAccepted | BatchCompleted
 RolloutDetail: TypeAlias = RolloutCompleted | RolloutFailed
@@ -66,7 +70,22 @@ def parse_envelope(body: str) -> tuple[dict[str, Any], Event | None]:
     except (ValueError, ValidationError) as exc:
         logger.warning("ignoring an unreadable %r event: %s", envelope.get("detail-type"), exc)
         return envelope, None
+    if isinstance(detail, BatchCompleted):
+        _warn_no_reward_signal(detail)
     return envelope, Event(detail_type=detail_type, detail=detail, envelope=envelope)
+
+
+def _warn_no_reward_signal(detail: BatchCompleted) -> None:
+    """Log `BatchCompleted.reward_signal_warning` once per batch and process (a trainer should not learn silently
+    from a batch whose advantages are all zero)."""
+    warning = detail.reward_signal_warning
+    key = (detail.exp_id, detail.batch_id)
+    if warning is None or key in _warned_no_signal:
+        return
+    if len(_warned_no_signal) > 10_000:
+        _warned_no_signal.clear()
+    _warned_no_signal.add(key)
+    logger.warning("%s", warning, extra={NO_REWARD_SIGNAL: True})
 
 
 @dataclass

@@ -169,3 +169,8 @@ def test_demo_with_the_real_local_model(tmp_path: Path) -> None:
     page = report.report_path.read_text()
     assert report.batch_id in page
     assert 'id="chart-rewards" data-points="4"' in page  # the batch's 4 rollouts, every one scored
+    assert report.completed is not None
+    assert report.completed.duration_s is not None
+    duration = f"{report.completed.duration_s:.1f} s"
+    assert f"COMPLETED in {duration}" in text  # the terminal and the report agree on the batch's duration
+    assert f"<b>{duration}</b><span>batch duration</span>" in page

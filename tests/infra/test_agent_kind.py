@@ -62,7 +62,9 @@ def test_default_setting_serves_the_math_agent_with_no_build_argument(synth: Syn
 def test_the_image_starts_the_configured_agent_and_can_add_the_rft_lock() -> None:
     dockerfile = (REPO_ROOT / "agent_image" / "Dockerfile").read_text()
     (cmd,) = re.findall(r"^CMD (\[.*\])$", dockerfile, re.MULTILINE)
-    assert json.loads(cmd)[:3] == ["python", "-m", "rollout_pipeline.agent.start"]
+    # The agent host: it imports ROLLOUTS_AGENT_MODULE (a module written the ART way, ending in `app.run()`, runs as
+    # it is: tests/integration/test_agent_compat.py runs this very command) and serves its app on 0.0.0.0:8080.
+    assert json.loads(cmd) == ["python", "-m", "rollout_pipeline.agent.host", "--host", "0.0.0.0", "--port", "8080"]
     assert "-r /app/agent_image/requirements-rft.lock" in dockerfile
     assert 'ARG AGENT_EXTRAS=""' in dockerfile
 

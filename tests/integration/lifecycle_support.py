@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -20,7 +20,7 @@ from rollout_pipeline.lifecycle.completion import CompletionResult, complete_rec
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.dispatch import DispatchResult, dispatch_records
 from rollout_pipeline.local.resources import ExperimentResources
-from rollout_pipeline.ports import SystemClock
+from tests.doubles import ShiftedClock
 
 #: A dispatch wait budget for tests that expect the dispatch to go through: the session budget is paced (a call
 #: whose thread wakes past its slot drops it), so a loaded 2-core machine needs more than a second or two.
@@ -252,19 +252,6 @@ def batch_view(resources: ExperimentResources, batch_id: str) -> BatchView:
     return view
 
 
-class ShiftedClock(SystemClock):
-    """The system clock moved forward by `offset` (to pass deadlines without waiting)."""
-
-    def __init__(self) -> None:
-        self.offset = timedelta()
-
-    def now(self) -> datetime:
-        return super().now() + self.offset
-
-    def advance(self, seconds: float) -> None:
-        self.offset += timedelta(seconds=seconds)
-
-
 def make_deps(
     resources: ExperimentResources,
     fake: FakeAgentRuntime,
@@ -273,23 +260,28 @@ def make_deps(
     limits: Mapping[str, Any] | None = None,
     **overrides: Any,
 ) -> LifecycleDeps:
-    """Deps over moto and the fake ACR; `limits` overrides experiment settings (tps_limit, max_sessions...)."""
+    """Deps over moto and the fake ACR; `limits` overrides experiment settings (tps_limit, max_sessions...);
+    `overrides`: fields of `LifecycleDeps` (the feed is built over the ledger and queue given)."""
     from rollout_pipeline.adapters.eventbridge import EventBridgePublisher
     from rollout_pipeline.adapters.s3 import S3ObjectStore
     from rollout_pipeline.adapters.sqs import SqsQueue
+    from rollout_pipeline.feed.feed import Feed
     from rollout_pipeline.ledger.ledger import Ledger
 
     settings = resources.settings()
     if limits:
         settings = settings.model_copy(update={"experiment": settings.experiment.model_copy(update=dict(limits))})
     clock = clock or ShiftedClock()
+    ledger = overrides.pop("ledger", None) or Ledger.open(settings.table_name, clock=clock)
+    queue = overrides.pop("queue", None) or SqsQueue()
     return LifecycleDeps(
         settings=settings,
-        ledger=Ledger.open(settings.table_name, clock=clock),
+        ledger=ledger,
         runtime=fake,
         store=S3ObjectStore(),
-        queue=SqsQueue(),
+        queue=queue,
         publisher=EventBridgePublisher(settings.bus_name, sleep=lambda _s: None),
+        feed=overrides.pop("feed", None) or Feed(ledger, queue, settings),
         clock=clock,
         **overrides,
     )

@@ -12,8 +12,8 @@ from __future__ import annotations
 import gc
 import json
 import os
+import re
 import signal
-import textwrap
 import threading
 import time
 from collections.abc import Iterator
@@ -27,9 +27,9 @@ import pytest
 from rollout_pipeline import contracts, ids
 from rollout_pipeline.agent.testing import FakeModelServer, RecordedRequest, Truncated
 from rollout_pipeline.config import ExperimentConfig, SamplingParams
-from rollout_pipeline.local.acr import LocalAgentRuntime
+from rollout_pipeline.local.acr import AgentProcess, AgentStartError, LocalAgentRuntime
 from rollout_pipeline.local.moto_server import local_aws_environ, moto_server
-from rollout_pipeline.ports import RuntimeRejected, RuntimeThrottled
+from rollout_pipeline.ports import RuntimeRejected, RuntimeStartFailed, RuntimeThrottled
 
 pytestmark = pytest.mark.slow
 
@@ -41,41 +41,8 @@ RESULT_WAIT_S = 30.0
 #: The attempt-token key the "dispatcher" of these tests signs with (the stack's is a generated secret).
 ATTEMPT_KEY = b"compat-attempt-key-0123456789abcdef"
 
-#: An ART agent written exactly as ART's README shows: nothing from this project is imported.
-ART_AGENT_SOURCE = textwrap.dedent(
-    """
-    import argparse
-
-    from agentcore_rl_toolkit import AgentCoreRLApp
-    from openai import OpenAI
-
-    app = AgentCoreRLApp()
-
-
-    @app.rollout_entrypoint
-    def invoke_agent(payload, context):
-        config = payload["_rollout"]
-        if payload.get("fail"):
-            raise RuntimeError("boom: " + payload["fail"])
-        client = OpenAI(base_url=config["base_url"], api_key=config.get("api_key") or "EMPTY")
-        response = client.chat.completions.create(
-            model=config["model_id"],
-            messages=[{"role": "user", "content": payload["question"]}],
-            **config.get("sampling_params", {}),
-        )
-        text = response.choices[0].message.content
-        turn_rewards = [0.0, 1.0 if "#### 42" in text else 0.0]
-        return {"rewards": turn_rewards if payload.get("per_turn") else turn_rewards[-1], "text": text}
-
-
-    if __name__ == "__main__":
-        parser = argparse.ArgumentParser()
-        parser.add_argument("--host", default="127.0.0.1")
-        parser.add_argument("--port", type=int, default=8080)
-        args = parser.parse_args()
-        app.run(port=args.port, host=args.host)
-    """
-)
+#: An ART agent written exactly as ART's README shows, ending in `app.run()`: nothing from this project is imported.
+ART_AGENT_SOURCE = (Path(__file__).resolve().parents[1] / "agents" / "art_math_agent.py").read_text()
 
 _slow_release = threading.Event()
 
@@ -89,6 +56,8 @@ def _model_reply(request: RecordedRequest) -> str | Truncated:
         return "I think it is\n#### 41"
     if "TRUNCATE" in text:
         return Truncated("Let me think step by step about the 6 boxes and")
+    if "PLAIN" in text:  # what a small model answers to "reply with only the result"
+        return "42"
     return "Let me compute.\n#### 42"
 
 
@@ -269,6 +238,66 @@ def test_unmodified_art_agent_exception_is_an_agent_error(
     assert outcome.reason is contracts.FailureReason.AGENT_ERROR
     assert "boom: tool crashed" in (outcome.error or "")
     assert "Traceback" in (outcome.body or {}).get("traceback", "")
+
+
+def test_art_way_agents_serve_several_sessions_at_once(
+    aws_endpoint: str, art_agent_path: str, s3: Any, model: FakeModelServer, tmp_path: Path
+) -> None:
+    """Each session's process serves the module's app on its own port: `app.run()` alone would bind 8080 in all of
+    them (the second one fails to bind)."""
+    runtime = _runtime(
+        "plain_art_agent", aws_endpoint, tmp_path, {"PYTHONPATH": art_agent_path}, max_sessions=3, warm_processes=0
+    )
+    sessions = [build_payload(model.base_url, f"art-many-{n}", {"question": f"6*7 (art-many-{n})"}) for n in range(3)]
+    errors: list[BaseException] = []
+
+    def invoke(session_id: str, payload: dict[str, Any]) -> None:
+        try:
+            runtime.invoke(session_id, payload)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    with runtime:
+        threads = [threading.Thread(target=invoke, args=session) for session in sessions]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        assert errors == []
+        assert len(runtime.sessions()) == 3
+        ports = {process.port for process in map(runtime.process_of, runtime.sessions()) if process is not None}
+        assert len(ports) == 3
+        assert 8080 not in ports
+        for n, (session_id, _payload) in enumerate(sessions):
+            outcome = contracts.parse_result(wait_result(s3, f"art-many-{n}", session_id))
+            assert outcome.success
+            assert outcome.rewards == 1.0
+
+
+def test_the_images_start_command_serves_an_art_way_module(
+    aws_endpoint: str, art_agent_path: str, s3: Any, model: FakeModelServer, tmp_path: Path
+) -> None:
+    """What the deployed runtime runs: the Dockerfile's CMD (the agent host, `--host 0.0.0.0 --port 8080`) with the
+    environment the stack sets (tests/infra/test_agent_kind.py), here on a loopback port, serving the ART-way
+    module as written."""
+    dockerfile = (Path(__file__).resolve().parents[2] / "agent_image" / "Dockerfile").read_text()
+    (cmd,) = re.findall(r"^CMD (\[.*\])$", dockerfile, re.MULTILINE)
+    python, dash_m, module, *address = json.loads(cmd)
+    assert (python, dash_m, address) == ("python", "-m", ["--host", "0.0.0.0", "--port", "8080"])
+    env = {
+        **local_aws_environ(aws_endpoint, REGION),
+        "PYTHONPATH": art_agent_path,
+        "ROLLOUTS_AGENT_KIND": "art",
+        "ROLLOUTS_AGENT_MODULE": "plain_art_agent",
+    }
+    with AgentProcess(module, hosted=False, env=env, log_path=tmp_path / "image.log") as agent:
+        session_id, payload = build_payload(model.base_url, "art-image", {"question": "6*7 (art-image)"})
+        status, answer = agent.invoke(session_id, payload)
+        assert status == 200
+        assert answer["status"] == "processing"
+        outcome = contracts.parse_result(wait_result(s3, "art-image", session_id))
+    assert outcome.success
+    assert outcome.rewards == 1.0
 
 
 def test_art_answer_500_for_a_partial_rollout_config_is_rejected(art_runtime: LocalAgentRuntime) -> None:
@@ -459,6 +488,91 @@ def test_invalid_requests_are_rejected_before_any_process_starts(single_session_
     assert runtime.sessions() == []
 
 
+# ------------------------------------------------------------------------------ agents that cannot start
+
+#: Agent modules that never serve: a crash at import, an exit once serving (its first /ping), a hang at import.
+BROKEN_AGENTS = {
+    "raises_at_import": "raise RuntimeError('MODEL_KEY is not set: export it before starting the agent')\n",
+    "exits_after_start": (
+        "import os\nfrom agentcore_rl_toolkit import AgentCoreRLApp\napp = AgentCoreRLApp()\n"
+        "@app.rollout_entrypoint\ndef run(payload):\n    return {'rewards': 1.0}\n"
+        "@app.ping\ndef ping():\n    os._exit(7)\n"
+        "if __name__ == '__main__':\n    app.run()\n"
+    ),
+    "hangs_at_import": "import time\ntime.sleep(600)\n",
+}
+
+
+@pytest.fixture(scope="module")
+def broken_agents(tmp_path_factory: pytest.TempPathFactory) -> str:
+    folder = tmp_path_factory.mktemp("broken_agents")
+    for name, source in BROKEN_AGENTS.items():
+        (folder / f"{name}.py").write_text(source)
+    return str(folder)
+
+
+@pytest.mark.parametrize(
+    ("module", "reported"),
+    [
+        ("no_such_agent_module", "no module named 'no_such_agent_module'"),
+        ("raises_at_import", "RuntimeError: MODEL_KEY is not set"),
+        ("exits_after_start", "exited with code 7"),
+        ("hangs_at_import", "did not answer /ping within 2 s"),
+    ],
+)
+def test_an_agent_that_cannot_start_fails_its_session_at_once_with_its_output(
+    broken_agents: str, model: FakeModelServer, tmp_path: Path, module: str, reported: str
+) -> None:
+    """AgentCore answers such a session RuntimeClientError "Runtime initialization time exceeded": never a throttle
+    (which the dispatcher would retry for hours), the process's output in the error, the process gone."""
+    # Only the agent that hangs is left to the readiness deadline (short here); the others end on their own, however
+    # long the machine takes to import and start them.
+    deadline_s = 2 if module == "hangs_at_import" else 120
+    runtime = LocalAgentRuntime(
+        module, env={"PYTHONPATH": broken_agents}, warm_processes=0, startup_timeout_s=deadline_s, log_dir=tmp_path
+    )
+    session_id, payload = build_payload(model.base_url, "broken", {"question": "q"})
+    with runtime, pytest.raises(RuntimeStartFailed, match=re.escape(reported)):
+        runtime.invoke(session_id, payload)
+    assert runtime.sessions() == []
+    assert not runtime._launching
+    assert not _processes_running(module)
+
+
+def test_a_runtime_whose_warm_agent_cannot_start_does_not_start(broken_agents: str, tmp_path: Path) -> None:
+    runtime = LocalAgentRuntime(
+        "raises_at_import", env={"PYTHONPATH": broken_agents}, warm_processes=2, max_sessions=2, log_dir=tmp_path
+    )
+    with pytest.raises(AgentStartError) as failed:
+        runtime.start()
+    runtime.close()
+    assert failed.value.summary == (
+        "agent host: cannot serve raises_at_import: RuntimeError: MODEL_KEY is not set: export it before starting "
+        "the agent"
+    )
+    # The tail of its output is in the message: the author's traceback, from the author's line on.
+    assert "raise RuntimeError('MODEL_KEY is not set" in str(failed.value)
+    assert "rollout_pipeline/agent/modules.py" not in str(failed.value)
+
+
+def _processes_running(module: str) -> list[int]:
+    """Processes whose command line names `module` (the agent host's `--agent-module`), waited for a little."""
+    deadline = time.monotonic() + 10
+    while True:
+        found = []
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    command = (entry / "cmdline").read_bytes().split(b"\0")
+                except OSError:
+                    continue
+                if module.encode() in command and b"rollout_pipeline.agent.host" in command:
+                    found.append(int(entry.name))
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.1)
+
+
 def test_close_stops_processes_that_are_still_starting(tmp_path: Path) -> None:
     runtime = LocalAgentRuntime(warm_processes=2, max_sessions=2, log_dir=tmp_path)
     runtime._fill_spares(wait=False)
@@ -622,6 +736,21 @@ def test_math_agent_arithmetic_task_uses_its_prompt_and_scores_the_last_number(
     run_rollout(math_runtime, s3, model, "gsm-plain", {"question": "6 * 7 (gsm-plain)", "answer": "#### 42"})
     (plain,) = requests_of(model, "(gsm-plain)")  # a row without `task` keeps the GSM8K prompt
     assert [m["content"] for m in plain.body["messages"] if m["role"] == "system"] == [SYSTEM_PROMPT]
+
+
+def test_math_agent_scores_rows_shaped_as_the_docs_show_them(
+    math_runtime: LocalAgentRuntime, s3: Any, model: FakeModelServer
+) -> None:
+    """docs/datasets.md's row (`{"id", "question", "answer": "42"}`, no `task`): the plain-number answer picks the
+    arithmetic task, so a reply of just "42" scores 1 (with the GSM8K prompt and strict `####` scoring it was 0)."""
+    from rollout_pipeline.agent.examples.math_agent import ARITHMETIC_PROMPT
+
+    outcome, _ = run_rollout(math_runtime, s3, model, "q-17", {"question": "What is 6 x 7? PLAIN", "answer": "42"})
+    assert outcome.success
+    assert outcome.rewards == 1.0
+    assert (outcome.body or {})["task"] == "arithmetic"
+    (request,) = requests_of(model, "What is 6 x 7? PLAIN")
+    assert [m["content"] for m in request.body["messages"] if m["role"] == "system"] == [ARITHMETIC_PROMPT]
 
 
 def test_math_agent_unknown_task_is_an_agent_error(

@@ -1,8 +1,11 @@
-"""A stream that catches up (moto, the real lifecycle over the fake ACR): `events(batch, from_start=True)` first
-yields the batch's events rebuilt from the ledger, with the `event_id`s the bus carried, then the live ones, each
-event once. A consumer attaching after the batch completed gets every event of it once; one attaching midway gets
-the earlier ones, then the live ones, with no duplicate `event_id`; an event that is both rebuilt and delivered live
-(published after the stream's subscription was made, before its first read) is handed over once."""
+"""A stream that catches up (moto, the real lifecycle over the fake ACR): a stream of a batch (its own private
+subscription) first yields the batch's events rebuilt from the ledger, with the `event_id`s the bus carried, then the
+live ones, each event once. `from_start` sets where it starts: by default where this process is (the events no
+stream of the process handed over yet), with `from_start=True` at the batch's first event (every event once for this
+stream, whatever the process handed over). A consumer attaching after the batch completed gets every event of it
+once; one attaching midway gets the earlier ones, then the live ones, with no duplicate `event_id`; an event that is
+both rebuilt and delivered live (published after the stream's subscription was made, before its first read) is
+handed over once."""
 
 from __future__ import annotations
 
@@ -93,7 +96,9 @@ def test_a_consumer_attaching_after_the_batch_completed_gets_every_event_once(
 
     wanted = expected_ids(experiment.name, batch_id, (*FAST, *SLOW), batch_done=True)
     trainer = [e.event_id for e in experiment.events(batch_id, timeout=4, poll_wait_s=WAIT)]
-    assert set(trainer) == wanted, "the trainer of this process consumed every event already"
+    assert sorted(trainer) == sorted(wanted), "the trainer of this process consumed every event already, once"
+    again_here = [e.event_id for e in experiment.events(batch_id, timeout=2, poll_wait_s=WAIT)]
+    assert again_here == [], "a stream starts where this process is (by default): nothing is left"
     got: list[Event] = []
     with experiment.events(batch_id, from_start=True, timeout=30, poll_wait_s=WAIT) as stream:
         read_until(stream, wanted, got)
@@ -111,6 +116,13 @@ def test_a_consumer_attaching_after_the_batch_completed_gets_every_event_once(
     with experiment.events(batch_id, from_start=True, timeout=30, poll_wait_s=WAIT) as stream:
         read_until(stream, wanted, again)
     no_duplicates(again)
+
+    # What a stream from the start hands over counts for no other stream: another process's view (its own seen
+    # ids), after one, still gets the whole batch by default.
+    other = Experiment.from_outputs(resources.stack_outputs(), region=REGION)
+    with other.events(batch_id, from_start=True, timeout=30, poll_wait_s=WAIT) as stream:
+        read_until(stream, wanted, [])
+    assert sorted(e.event_id for e in other.events(batch_id, timeout=4, poll_wait_s=WAIT)) == sorted(wanted)
 
 
 def test_a_consumer_attaching_midway_gets_the_earlier_events_then_the_live_ones_once(
@@ -156,11 +168,14 @@ def test_an_event_both_rebuilt_and_delivered_live_is_handed_over_once(
     assert {e.event_id for e in got} == everything
 
 
-def test_from_start_needs_a_batch(experiment: Experiment) -> None:
+def test_from_start_needs_a_stream_of_the_batch_s_own(experiment: Experiment) -> None:
     from rollout_pipeline.sdk import SdkError
 
     with pytest.raises(SdkError, match="from_start needs the batch"):
         experiment.events(from_start=True)
+    for trainer_queue in ({"from_trainer_queue": True}, {"consume_others": True}):
+        with pytest.raises(SdkError, match="from_start reads a stream of the batch's own"):
+            experiment.events("b-1", from_start=True, **trainer_queue)
 
 
 def test_watch_from_start_logs_every_event_of_a_finished_batch_once(
@@ -191,3 +206,5 @@ def test_watch_from_start_logs_every_event_of_a_finished_batch_once(
 
     assert main(["watch", *cli, "--from-start"]) == EXIT_ERROR
     assert "--from-start needs --batch" in capsys.readouterr().err
+    assert main(["watch", *cli, "--batch", batch_id, "--from-start", "--from-trainer-queue"]) == EXIT_ERROR
+    assert "not with --from-trainer-queue" in capsys.readouterr().err

@@ -101,7 +101,8 @@ def test_submit_prints_the_batch_id(
     captured = capsys.readouterr()
     batch_id = captured.out.strip()
     assert batch_id.startswith("train-")
-    assert f"rollouts watch -e test-exp --batch {batch_id}" in captured.err
+    # The hint carries the options the command ran with (here the region), so it works where the command did.
+    assert f"follow it with: rollouts watch -e test-exp --region {REGION} --batch {batch_id}" in captured.err
     head = clients.client("s3").head_object(Bucket=deployed.input_bucket, Key="datasets/train.jsonl")
     assert head["Metadata"]["group-size"] == "4"
     assert json.loads(head["Metadata"]["sampling-params"]) == {"temperature": 0.2}
@@ -186,7 +187,7 @@ def test_no_experiment_given(
 ) -> None:
     monkeypatch.delenv("ROLLOUTS_EXPERIMENT", raising=False)
     assert main(["status", "--batch", "b"]) == EXIT_ERROR
-    assert "no experiment: pass --experiment NAME" in one_error_line(capsys.readouterr().err)
+    assert "no experiment: pass -e/--experiment NAME" in one_error_line(capsys.readouterr().err)
 
 
 @pytest.mark.usefixtures("no_aws_credentials")
@@ -217,11 +218,11 @@ def test_status_cancel_export(experiment: Experiment, tmp_path: Path, capsys: py
     batch_id = experiment.submit([{"id": "q1", "p": 1}, {"id": "q2", "p": 2}], group_size=2)
     assert main(["status", *E, "--batch", batch_id]) == EXIT_OK
     out = capsys.readouterr().out
-    assert f"batch      {batch_id} (accepted)" in out
+    assert f"batch      {batch_id} (accepted)" in out  # rollouts to run
     assert "4 total: 4 queued, 0 running, 0 succeeded, 0 failed" in out
 
     assert main(["cancel", *E, "--batch", batch_id]) == EXIT_OK
-    assert "4 rollout(s) cancelled" in capsys.readouterr().out
+    assert "4 rollout(s) ended as cancelled, 0 had finished before" in capsys.readouterr().out
     assert main(["status", *E, "--batch", batch_id, "--json"]) == EXIT_OK
     status = json.loads(capsys.readouterr().out)
     assert (status["status"], status["done"], status["failed_by_reason"]) == ("cancelled", True, {"cancelled": 4})
@@ -257,14 +258,25 @@ def test_watch_follows_a_batch_to_completion_from_pushed_events(
     deps: LifecycleDeps,
     capsys: pytest.CaptureFixture[str],
     source: list[str],
+    tmp_path: Path,
 ) -> None:
+    from rollout_pipeline.report.data import read_events
+
     batch_id = experiment.submit([{"id": "q1"}, {"id": "q2"}], group_size=2)
-    argv = ["watch", *E, "--batch", batch_id, "--timeout", "60", "--poll-wait", "0", *source]
+    events_file = tmp_path / "events" / "batch.jsonl"
+    argv = ["watch", *E, "--batch", batch_id, "--timeout", "60", "--poll-wait", "0", "--events", str(events_file)]
     with Pipeline(deployed, deps):
-        code = main(argv)
+        code = main([*argv, *source])
     assert code == EXIT_OK
     out = capsys.readouterr().out
     assert f"batch {batch_id}: 4/4 done: 4 succeeded, 0 failed, 0 running, 0 queued, reward mean 1.0000" in out
+    # --events: what `rollouts report --events` reads, one line per event seen (redeliveries written once).
+    events = read_events(events_file)
+    ids_seen = [event["detail"]["event_id"] for event in events]
+    assert len(ids_seen) == len(set(ids_seen))
+    kinds = {event["detail-type"] for event in events}
+    assert {"Rollout Completed", "Batch Completed"} <= kinds
+    assert sum(event["detail-type"] == "Rollout Completed" for event in events) == 4
     if not source:
         names = clients.client("sqs").list_queues().get("QueueUrls", [])
         assert not [n for n in names if "-tap-" in n], "the tap queue is removed afterwards"
@@ -329,3 +341,22 @@ def test_watch_all_batches_logs_events(
     assert f"{batch_id} accepted: 1 rows (0 rejected), 2 rollouts" in out
     assert f"{batch_id} group q1: 2/2 succeeded, reward mean 1.0000" in out
     assert f"{batch_id} completed: 2 succeeded, 0 failed, reward mean 1.0000" in out
+
+
+def test_cancel_says_which_sessions_are_left_to_the_sweeper(
+    experiment: Experiment, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rollout_pipeline.lifecycle.cancel import CancelResult
+
+    batch_id = experiment.submit([{"id": "q1", "p": 1}], group_size=2)
+    real_cancel = Experiment.cancel
+
+    def cancel_with_failed_stops(self: Experiment, batch: str, runtime: object = None) -> CancelResult:
+        real_cancel(self, batch)
+        return CancelResult(batch_id=batch, cancelled=2, sessions_stopped=0, stops_pending=2)
+
+    monkeypatch.setattr(Experiment, "cancel", cancel_with_failed_stops)
+    assert main(["cancel", *E, "--batch", batch_id]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert "2 rollout(s) ended as cancelled, 0 had finished before (0 succeeded, 0 failed)" in out
+    assert "running sessions: 0 stopped, 2 not stopped yet: the pipeline's sweeper retries their stops" in out

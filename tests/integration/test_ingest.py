@@ -7,7 +7,6 @@ import dataclasses
 import gzip
 import json
 from collections.abc import Mapping, Sequence
-from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -27,6 +26,7 @@ from rollout_pipeline.contracts import (
     utcnow,
 )
 from rollout_pipeline.details import batch_completion_detail, group_completion_detail
+from rollout_pipeline.feed.feed import Feed
 from rollout_pipeline.ingest import Ingestion, IngestPorts, IngestTuning
 from rollout_pipeline.ledger import keys
 from rollout_pipeline.ledger.attributes import item_values, to_attribute_value
@@ -34,27 +34,15 @@ from rollout_pipeline.ledger.batches import BatchLedger, GroupSpec
 from rollout_pipeline.ledger.items import BatchView, GroupItem
 from rollout_pipeline.ledger.ledger import Ledger
 from rollout_pipeline.local.resources import ExperimentResources
-from rollout_pipeline.ports import MessageQueue, SystemClock
+from rollout_pipeline.ports import MessageQueue
 from tests.conftest import receive_all
+from tests.doubles import RecordingQueue, ShiftedClock
 
 UPLOADED_BATCH_IDS: dict[str, str] = {}
 
 
 class Interrupted(RuntimeError):
     """Stands for a crash or Lambda timeout in the middle of an ingestion."""
-
-
-class FlakyQueue:
-    """A MessageQueue whose `fail_on`-th send to the rollout queue raises (before sending anything)."""
-
-    def __init__(self, inner: MessageQueue, fail_on: int) -> None:
-        self.inner, self.fail_on, self.sends = inner, fail_on, 0
-
-    def send_all(self, queue_url: str, bodies: Sequence[str], delay_seconds: int = 0) -> None:
-        self.sends += 1
-        if self.sends == self.fail_on:
-            raise Interrupted(f"send #{self.sends}")
-        self.inner.send_all(queue_url, bodies, delay_seconds)
 
 
 class CrashAfterCheckpointLedger(BatchLedger):
@@ -78,22 +66,27 @@ def make_ingestion(
     queue: MessageQueue | None = None,
     ledger: BatchLedger | None = None,
     release_window: int | None = None,
+    experiment: Mapping[str, Any] | None = None,
     **tuning: Any,
 ) -> Ingestion:
     """Ingestion over moto; `ledger`: its batch part (the rest of the ledger is the table's own);
-    `release_window=0`: ingestion itself sends every rollout message (no window)."""
+    `release_window=0`: ingestion itself sends every rollout message (no window); `experiment`: other settings."""
     settings = resources.settings()
-    if release_window is not None:
-        experiment = settings.experiment.model_copy(update={"release_window": release_window})
-        settings = settings.model_copy(update={"experiment": experiment})
+    changes = dict(experiment or {}) | ({} if release_window is None else {"release_window": release_window})
+    if changes:
+        settings = settings.model_copy(update={"experiment": settings.experiment.model_copy(update=changes)})
     whole = Ledger.open(settings.table_name)
+    parts = dataclasses.replace(whole, batches=ledger) if ledger is not None else whole
+    queue = queue or SqsQueue()
+    send_threads = tuning.pop("send_threads", 4)
     return Ingestion(
         IngestPorts(
             store=S3ObjectStore(),
-            queue=queue or SqsQueue(),
+            queue=queue,
             publisher=EventBridgePublisher(settings.bus_name),
-            ledger=dataclasses.replace(whole, batches=ledger) if ledger is not None else whole,
+            ledger=parts,
             settings=settings,
+            feed=Feed(parts, queue, settings, send_threads=send_threads),
         ),
         IngestTuning(**tuning),
     )
@@ -157,13 +150,6 @@ def group_items(resources: ExperimentResources, batch_id: str) -> dict[str, dict
         ConsistentRead=True,
     )["Items"]
     return {str(group["input_id"]): group for group in map(item_values, found)}
-
-
-class LaterClock(SystemClock):
-    """The system clock 1000 s ahead: the worker that resumes after a lease ran out."""
-
-    def now(self) -> datetime:
-        return super().now() + timedelta(seconds=1000)
 
 
 def typed(plain_item: Mapping[str, Any]) -> dict[str, Any]:
@@ -264,7 +250,7 @@ def test_metadata_overrides_group_size_and_policy_version(resources: ExperimentR
 def test_gzip_dataset(resources: ExperimentResources) -> None:
     rows = [{"id": f"g{i}", "x": i} for i in range(12)]
     event = upload(resources, "datasets/zipped.jsonl.gz", gzip.compress(jsonl(rows)))
-    result = make_ingestion(resources, chunk_rows=5).handle_message(event, owner="m")
+    result = make_ingestion(resources, chunk_rows=5, release_window=0).handle_message(event, owner="m")
     assert (result.outcome, result.rows_accepted, result.rollouts_enqueued) == ("accepted", 12, 24)
     assert pairs(rollout_messages(resources)) == expected_pairs([f"g{i}" for i in range(12)], 2)
 
@@ -283,34 +269,18 @@ def test_json_array_dataset_positions_are_element_indexes(resources: ExperimentR
 def test_a_chunk_is_sent_over_several_threads_and_a_failed_slice_fails_the_chunk(
     resources: ExperimentResources,
 ) -> None:
-    import threading
-
-    class RecordingQueue:
-        def __init__(self, fail: bool) -> None:
-            self.inner, self.fail = SqsQueue(), fail
-            self.threads: set[str] = set()
-            self.sizes: list[int] = []
-
-        def send_all(self, queue_url: str, bodies: Sequence[str], delay_seconds: int = 0) -> None:
-            self.threads.add(threading.current_thread().name)
-            self.sizes.append(len(bodies))
-            if self.fail and len(self.sizes) == 2:
-                raise Interrupted("one slice failed")
-            self.inner.send_all(queue_url, bodies, delay_seconds)
 
     event = upload(resources, "datasets/threads.jsonl", jsonl([{"id": f"p{i}"} for i in range(30)]))
-    failing = RecordingQueue(fail=True)
+    failing = RecordingQueue(SqsQueue(), fail_on=2, error=Interrupted)
     with pytest.raises(Interrupted):
-        make_ingestion(resources, queue=failing, send_concurrency=4, release_window=0).handle_message(event, owner="m")
+        make_ingestion(resources, queue=failing, send_threads=4, release_window=0).handle_message(event, owner="m")
     assert batch_item(resources, batch_id_of(event))["cursor"] == 0, "a chunk with a failed slice is not checkpointed"
 
-    queue = RecordingQueue(fail=False)
-    result = make_ingestion(resources, queue=queue, send_concurrency=4, release_window=0).handle_message(
-        event, owner="m"
-    )
+    queue = RecordingQueue(SqsQueue())
+    result = make_ingestion(resources, queue=queue, send_threads=4, release_window=0).handle_message(event, owner="m")
     assert result.rows_accepted == 30
-    assert sorted(queue.sizes) == [20, 20, 20], "60 bodies = 6 SQS batches over 3 slices of whole batches"
-    assert all(name.startswith("ingest-send") for name in queue.threads)
+    assert sorted(size for _thread, size in queue.calls) == [20, 20, 20], "60 bodies: 3 slices of whole SQS batches"
+    assert all(thread.startswith("feed-send") for thread, _size in queue.calls)
     assert sorted(set(pairs(rollout_messages(resources)))) == expected_pairs([f"p{i}" for i in range(30)], 2)
 
 
@@ -530,7 +500,7 @@ def test_another_worker_holding_the_lease_means_ack_without_enqueuing(resources:
 def test_resume_after_a_crash_before_sending_loses_and_duplicates_nothing(resources: ExperimentResources) -> None:
     rows = [{"id": f"r{i}"} for i in range(23)] + [{"id": "r3"}]  # + a duplicate id in the last chunk
     event = upload(resources, "datasets/resume.jsonl", b"oops\n" + jsonl(rows))
-    flaky = FlakyQueue(SqsQueue(), fail_on=3)
+    flaky = RecordingQueue(SqsQueue(), fail_on=3, error=Interrupted)
     with pytest.raises(Interrupted):
         make_ingestion(resources, queue=flaky, chunk_rows=5, release_window=0).handle_message(event, owner="msg-1")
     batch = batch_item(resources, batch_id_of(event))
@@ -555,10 +525,12 @@ def test_resume_after_a_crash_after_sending_resends_only_the_unfinished_chunk(re
     event = upload(resources, "datasets/crash.jsonl", jsonl(rows) + b"bad\n")
     crashing = CrashAfterCheckpointLedger(resources.table_name, crash_on=2)
     with pytest.raises(Interrupted):
-        make_ingestion(resources, ledger=crashing, chunk_rows=5).handle_message(event, owner="msg-1")
+        make_ingestion(resources, ledger=crashing, chunk_rows=5, release_window=0).handle_message(event, owner="msg-1")
     # Chunk 2 was checkpointed but the worker died; its lease (another owner) expires after the lease time.
-    later = Ledger.open(resources.table_name, clock=LaterClock()).batches
-    result = make_ingestion(resources, ledger=later, chunk_rows=5).handle_message(event, owner="msg-2")
+    later = Ledger.open(resources.table_name, clock=ShiftedClock(1000)).batches  # a worker after the lease ran out
+    result = make_ingestion(resources, ledger=later, chunk_rows=5, release_window=0).handle_message(
+        event, owner="msg-2"
+    )
 
     assert result.outcome == "accepted"
     messages = rollout_messages(resources)
@@ -570,7 +542,9 @@ def test_resume_after_a_crash_after_sending_resends_only_the_unfinished_chunk(re
 
 def test_resume_of_a_chunk_whose_groups_were_written_resends_its_messages(resources: ExperimentResources) -> None:
     event = upload(resources, "datasets/groups-written.jsonl", jsonl([{"id": f"w{i}"} for i in range(8)]))
-    flaky = FlakyQueue(SqsQueue(), fail_on=2)  # chunk 2's groups are in the ledger, its messages are not sent
+    flaky = RecordingQueue(
+        SqsQueue(), fail_on=2, error=Interrupted
+    )  # chunk 2's groups are in the ledger, its messages are not sent
     with pytest.raises(Interrupted):
         make_ingestion(resources, queue=flaky, chunk_rows=4, release_window=0).handle_message(event, owner="m")
     assert len(group_items(resources, batch_id_of(event))) == 8
@@ -831,3 +805,19 @@ def test_batch_completion_detail() -> None:
     assert detail.event_id == ids.event_id("Batch Completed", "test-exp", "b-1")
     batch["status"] = "cancelled"
     assert batch_completion_detail(BatchView.of(typed(batch))) is not None, "a cancelled batch still completes"
+
+
+def test_a_batch_whose_rollouts_may_wait_past_the_limit_is_accepted_with_a_warning(
+    resources: ExperimentResources,
+) -> None:
+    """Without the window, 30 groups x 2 for 20 sessions queue 40 behind the running ones: with rollouts of up to
+    900 s, two rounds (1800 s) exceed a max_limit_wait_s of 1200 s. `Batch Accepted` and the result say so."""
+    event = upload(resources, "datasets/long.jsonl", jsonl([{"id": f"w{i}"} for i in range(30)]))
+    ingestion = make_ingestion(resources, release_window=0, experiment={"max_limit_wait_s": 1200})
+    result = ingestion.handle_message(event, owner="m")
+    (warning,) = result.warnings
+    assert "all 60 rollouts are queued at once for max_sessions (20)" in warning
+    (accepted,) = trainer_events(resources)
+    assert accepted["detail"]["warnings"] == [warning]
+    again = ingestion.handle_message(event, owner="m")
+    assert (again.outcome, again.warnings) == ("already_done", [warning]), "a duplicate event says it again"

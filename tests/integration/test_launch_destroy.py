@@ -112,4 +112,4 @@ def test_cli_destroy_needs_the_experiment(capsys: pytest.CaptureFixture[str], mo
 
     monkeypatch.delenv("ROLLOUTS_EXPERIMENT", raising=False)
     assert main(["destroy", "--yes"]) == EXIT_ERROR
-    assert "no experiment: pass --experiment NAME" in capsys.readouterr().err
+    assert "no experiment: pass -e/--experiment NAME" in capsys.readouterr().err

@@ -105,6 +105,9 @@ def test_local_mode_refuses_bad_settings_and_unknown_options_before_starting(tmp
         Experiment.launch("launch-bad", mode="local", local_options={"no_such": 1})
     with pytest.raises(SdkError, match="mode must be one of deployed, local"):
         Experiment.launch("launch-bad", mode="cloud")
+    for not_a_dict in ("agent_module=my_agent", ["agent_module"], 3):
+        with pytest.raises(SdkError, match=r"local_options must be a dict of local mode's settings.*\(got "):
+            Experiment.launch("launch-bad", mode="local", local_options=not_a_dict)  # type: ignore[arg-type]
     assert _threads_end(before, 0.0) == []
 
 

@@ -12,7 +12,7 @@ from rollout_pipeline.ledger.items import RolloutRecord, RolloutState, Terminal
 from rollout_pipeline.ledger.ledger import Ledger
 from rollout_pipeline.ledger.rollouts import DISPATCHED, OUTBOX_PUBLISH, DispatchStart
 from rollout_pipeline.local.resources import ExperimentResources
-from rollout_pipeline.ports import SystemClock
+from tests.doubles import ManualClock
 from tests.integration.lifecycle_support import ledger_item, seed_batch
 
 #: Far from the wall clock, so a time taken from anything but the ledger's clock shows.
@@ -20,13 +20,8 @@ FIXED = datetime(2031, 5, 6, 7, 8, 9, tzinfo=UTC)
 TTL_DAYS = 3
 
 
-class FixedClock(SystemClock):
-    def now(self) -> datetime:
-        return FIXED
-
-
 def test_the_ledger_stamps_times_and_ttls_with_its_clock(resources: ExperimentResources) -> None:
-    ledger = Ledger.open(resources.table_name, ttl_days=TTL_DAYS, clock=FixedClock())
+    ledger = Ledger.open(resources.table_name, ttl_days=TTL_DAYS, clock=ManualClock(FIXED.timestamp()))
     epoch, ttl = int(FIXED.timestamp()), int(FIXED.timestamp()) + TTL_DAYS * 86_400
     options = FileOptions.defaults(resources.config)
     created = ledger.batches.create_batch(exp_id=resources.config.name, batch_id="b-clock", options=options, source="x")

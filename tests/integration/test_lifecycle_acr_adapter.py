@@ -21,6 +21,7 @@ from rollout_pipeline.ports import (
     RuntimeOutcomeUnknown,
     RuntimeRejected,
     RuntimeSessionNotFound,
+    RuntimeStartFailed,
     RuntimeThrottled,
 )
 
@@ -93,6 +94,31 @@ def test_invoke_errors_map_to_port_errors(
     stubber.add_client_error("invoke_agent_runtime", service_error_code=code, http_status_code=status)
     with pytest.raises(kind, match=code):
         runtime.invoke(SID, {"a": 1})
+
+
+@pytest.mark.parametrize(
+    ("message", "kind"),
+    [
+        # How AgentCore answers a session whose container exited or never became healthy (a crash at import too):
+        # no retry of the session can help, so the rollout fails (`agent_error`) instead of retrying for hours.
+        (
+            "Runtime initialization time exceeded. Please make sure that initialization completes in 30s.",
+            RuntimeStartFailed,
+        ),
+        # The start-up race ART retries: the container is up a moment later.
+        ("Received error (500) from runtime", RuntimeColdStart),
+    ],
+)
+def test_a_container_that_cannot_start_is_told_from_a_cold_start(
+    acr: tuple[AcrAgentRuntime, Stubber], message: str, kind: type[Exception]
+) -> None:
+    runtime, stubber = acr
+    stubber.add_client_error(
+        "invoke_agent_runtime", service_error_code="RuntimeClientError", service_message=message, http_status_code=424
+    )
+    with pytest.raises(kind, match="RuntimeClientError"):
+        runtime.invoke(SID, {"a": 1})
+    assert issubclass(kind, RuntimeStartFailed) != issubclass(kind, RuntimeColdStart)
 
 
 def test_agent_error_status_in_the_response(acr: tuple[AcrAgentRuntime, Stubber]) -> None:

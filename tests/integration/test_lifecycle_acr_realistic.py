@@ -80,6 +80,29 @@ def test_cold_start_is_retried_on_the_same_session(resources: ExperimentResource
     fake.close()
 
 
+def test_an_agent_that_cannot_start_fails_the_rollout_at_once_and_its_session_is_stopped(
+    resources: ExperimentResources,
+) -> None:
+    """AgentCore's "Runtime initialization time exceeded" (a container that exited or never became ready): no
+    cold-start retry, no new attempt, no requeue; Rollout Failed `agent_error` with what AgentCore said."""
+    fake = FakeAgentRuntime(behaviour=AgentBehaviour(kind="cannot_start"), profile=AcrProfile())
+    deps = make_deps(resources, fake, cold_start_wait_s=0.05)
+    send(resources, seed_batch(resources, batch_id=BATCH, inputs={"a": {}}, group_size=1, max_attempts=3))
+    assert list(dispatch_once(resources, deps).outcomes.values()) == [Dispatch.START_FAILED]
+    sid = ids.session_id("test-exp", BATCH, "a", 0, 1)
+    assert [(c.session_id, c.outcome) for c in fake.invocations()] == [(sid, "cannot_start")]
+    assert sid in fake.stopped  # the microVM was made: stopped, its slot released on the confirmed stop
+    assert in_flight(resources) == 0
+    (failed,) = by_type(trainer_events(resources), "Rollout Failed")
+    assert failed["reason"] == "agent_error"
+    assert failed["attempts_used"] == 1
+    assert "Runtime initialization time exceeded" in failed["error"]
+    drive(resources, deps)
+    assert len(fake.invocations()) == 1
+    assert fake.running == set()
+    fake.close()
+
+
 def test_cold_start_given_up_ends_the_attempt_and_stops_its_session(resources: ExperimentResources) -> None:
     fake = FakeAgentRuntime(profile=AcrProfile(cold_start_share=1.0, cold_start_ready_s=3600))
     deps = make_deps(resources, fake, cold_start_wait_s=0.05, cold_start_retries=2)

@@ -15,6 +15,7 @@ from rollout_pipeline.lifecycle.completion import Completion, complete_records
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.dispatch import Dispatch, dispatch_records
 from rollout_pipeline.local.resources import ExperimentResources
+from rollout_pipeline.ports import RuntimeThrottled
 from tests.integration.lifecycle_support import (
     ShiftedClock,
     ack,
@@ -165,4 +166,30 @@ def test_cancel_counts_rollouts_ended_in_the_ledger_even_when_stopping_their_ses
     for index in (0, 1):
         item = rollout_item(resources, BATCH, "run", index)
         assert (item["state"], item["reason"]) == ("failed", "cancelled")
+    runtime.close()
+
+
+class _StopThrottled(FakeAgentRuntime):
+    """StopRuntimeSession answers ThrottlingException: the stop is re-filed for the sweeper, not confirmed."""
+
+    def stop(self, session_id: str) -> None:
+        raise RuntimeThrottled(f"StopRuntimeSession: ThrottlingException for {session_id}")
+
+
+def test_cancel_counts_only_confirmed_stops_as_stopped(resources: ExperimentResources) -> None:
+    runtime = _StopThrottled(behaviour=AgentBehaviour(kind="manual"))
+    deps = make_deps(resources, runtime, clock=ShiftedClock())
+    send(resources, seed_batch(resources, batch_id=BATCH, inputs={"run": {}}))
+    records = receive_records(resources.rollout_queue_url)
+    assert set(dispatch_records(records, deps, wait_until=paced_until()).outcomes.values()) == {Dispatch.INVOKED}
+    ack(resources.rollout_queue_url, records, [])
+
+    report = cancel_batch(BATCH, deps)
+
+    assert (report.cancelled, report.sessions_stopped, report.stops_pending) == (2, 0, 2)
+    assert report.drain_errors == []
+    for index in (0, 1):
+        item = rollout_item(resources, BATCH, "run", index)
+        assert (item["state"], item["reason"]) == ("failed", "cancelled")
+        assert item.get("stop_sessions"), "left in the outbox for the sweeper"
     runtime.close()

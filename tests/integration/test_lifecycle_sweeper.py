@@ -214,6 +214,6 @@ def test_stop_bookkeeping_retries_a_transaction_holding_the_rollout_item(
     assert ledger_item(resources, keys.rollout_key(BATCH, "a", 0))["outbox"] == {OUTBOX_STOP}
     deps.ledger.rollouts.note_stop_failed(held(), next_epoch=1)
     assert ledger_item(resources, keys.rollout_key(BATCH, "a", 0))["stop_tries"] == 1
-    assert deps.ledger.rollouts.release_stopped(held(), sid)
+    assert deps.ledger.rollouts.free_stopped(held(), sid)
     assert "stop_sessions" not in ledger_item(resources, keys.rollout_key(BATCH, "a", 0))
     assert aws_profile.stats.plain_conflicts >= 6

@@ -77,3 +77,46 @@ def test_sigterm_becomes_keyboard_interrupt_so_cleanup_runs() -> None:
     with interrupt_on_sigterm(), pytest.raises(KeyboardInterrupt):
         _terminate_self_and_wait()
     assert signal.getsignal(signal.SIGTERM) == previous, "the previous SIGTERM handler is restored"
+
+
+def _failing_runtime(resources: Any) -> Any:
+    raise RuntimeError("the agent runtime cannot start")
+
+
+def test_a_run_that_never_started_leaves_no_work_directory_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its own temporary work directory is removed with the failed start (a `--work-dir` of the user's is kept)."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    settings = LocalSettings(experiment="never", model_url="http://127.0.0.1:9/v1", runtime_factory=_failing_runtime)
+    pipeline = LocalPipeline(settings)
+    assert pipeline.work_dir.parent == tmp_path
+    with pytest.raises(RuntimeError, match="cannot start"):
+        pipeline.start()
+    assert list(tmp_path.iterdir()) == []
+
+    given = tmp_path / "mine"
+    settings.work_dir = given
+    with pytest.raises(RuntimeError, match="cannot start"):
+        LocalPipeline(settings).start()
+    assert given.is_dir()
+
+
+def test_bad_settings_are_refused_in_one_line_before_anything_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tempfile
+
+    from rollout_pipeline.config import ConfigError
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    settings = LocalSettings(experiment="ok-name", group_size=-2, sampling_params={"temperature": 99})
+    with pytest.raises(ConfigError) as refused:
+        LocalPipeline(settings).start()
+    message = str(refused.value)
+    assert "\n" not in message
+    assert "group_size: Input should be greater than or equal to 1 (got -2)" in message
+    assert "sampling_params.temperature" in message
+    assert list(tmp_path.iterdir()) == []

@@ -4,6 +4,7 @@ terminal state, one event (again only after a crash), every session stopped, its
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
@@ -104,7 +105,7 @@ def test_a_failed_stop_keeps_the_slot_and_the_publish_is_not_repeated(
     failure: str,
 ) -> None:
     """A stop that fails (throttled: re-filed by `note_stop_failed`; an unexpected error: the entry given back by
-    `release_outbox`) takes the publish out of the entry in that same write: the sweeper's later pass stops the
+    `return_outbox`) takes the publish out of the entry in that same write: the sweeper's later pass stops the
     session and releases its slot, and publishes nothing again."""
     one_rollout(resources)
     dispatch_once(resources, deps)
@@ -141,7 +142,7 @@ def test_a_failed_stop_keeps_the_slot_and_the_publish_is_not_repeated(
 def test_a_slot_release_meant_to_clear_the_entry_leaves_a_newer_entry(
     resources: ExperimentResources, fake: FakeAgentRuntime, deps: LifecycleDeps, clock: ShiftedClock
 ) -> None:
-    """`release_stopped(clear_entry=True)` on an entry that moved on (a later attempt ended meanwhile, adding its
+    """`free_stopped(clear_entry=True)` on an entry that moved on (a later attempt ended meanwhile, adding its
     own publish and stop) releases the stopped session's slot once and keeps the newer entry's actions."""
     one_rollout(resources, max_attempts=2)
     dispatch_once(resources, deps)
@@ -186,8 +187,8 @@ def test_a_slot_release_meant_to_clear_the_entry_leaves_a_newer_entry(
     )
     assert slots_in_flight(resources) == 2
 
-    assert rollouts.release_stopped(old_entry, sid1, clear_entry=True)
-    assert not rollouts.release_stopped(old_entry, sid1, clear_entry=True)  # once
+    assert rollouts.free_stopped(old_entry, sid1, clear_entry=True)
+    assert not rollouts.free_stopped(old_entry, sid1, clear_entry=True)  # once
 
     assert slots_in_flight(resources) == 1
     item = ledger_item(resources, ROLLOUT_KEY)
@@ -239,3 +240,47 @@ def test_the_rollout_a_completion_drains_is_the_item_as_written(
     assert after.outbox == {OUTBOX_PUBLISH, OUTBOX_STOP}
     assert after.held_slots == after.stop_sessions == {rec.session_id}
     assert deps.ledger.rollouts.finish_dispatched(rec, outcome=outcome, outbox=frozenset({OUTBOX_PUBLISH})) is None
+
+
+#: A value for every type a field of `Terminal` may have: a new field of a new type fails the test below until it
+#: is given one here (and so is written, read and mirrored like the others).
+EVERY_TYPE: dict[str, Any] = {
+    "str": "failed",
+    "datetime": datetime(2026, 11, 24, 6, 30, 4, 250000, UTC),
+    "str | None": "x-{name}",
+    "float | None": 0.625,
+    "float | list[float] | None": [0.125, 0.875],
+    "int | None": 4321,
+}
+
+
+def every_field_set() -> Terminal:
+    """A terminal outcome with every field of `Terminal` set (a failed one: `reason` is then stored)."""
+    values: dict[str, Any] = {}
+    for spec in dataclasses.fields(Terminal):
+        annotation = str(spec.type)
+        assert annotation in EVERY_TYPE, f"Terminal.{spec.name}: give its type ({annotation}) a value in EVERY_TYPE"
+        value = EVERY_TYPE[annotation]
+        values[spec.name] = value.format(name=spec.name) if isinstance(value, str) and "{" in value else value
+    values["reason"] = "agent_error"
+    return Terminal(**values)
+
+
+def test_a_terminal_record_with_every_field_set_is_returned_as_a_read_gives_it(
+    resources: ExperimentResources, fake: FakeAgentRuntime, deps: LifecycleDeps
+) -> None:
+    """The record `finish_dispatched` returns (and completion publishes from, without reading the item again) is
+    the one a read gives, field for field, whatever fields the outcome has: a field written but not mirrored fails
+    here, not as an event that lacks it."""
+    one_rollout(resources)
+    dispatch_once(resources, deps)
+    rec = deps.ledger.rollouts.get_rollout(BATCH, "a", 0)
+    assert rec is not None
+    outcome = every_field_set()
+    after = deps.ledger.rollouts.finish_dispatched(rec, outcome=outcome, outbox=frozenset({OUTBOX_PUBLISH}))
+    read = deps.ledger.rollouts.get_rollout(BATCH, "a", 0)
+    assert after is not None
+    assert read is not None
+    differ = {f.name for f in dataclasses.fields(read) if getattr(after, f.name) != getattr(read, f.name)}
+    assert differ == set()
+    assert all(getattr(read, name) is not None for name in ("reason", "error", "reward", "rewards", "result_uri"))

@@ -10,12 +10,13 @@ from rollout_pipeline.adapters.eventbridge import EventBridgePublisher
 from rollout_pipeline.adapters.s3 import S3ObjectStore
 from rollout_pipeline.config import ExperimentConfig
 from rollout_pipeline.fakes.acr import AgentBehaviour, Behaviour, FakeAgentRuntime
+from rollout_pipeline.feed.feed import Feed
+from rollout_pipeline.feed.window import max_release
 from rollout_pipeline.ingest.core import Ingestion, IngestPorts
 from rollout_pipeline.ledger.ledger import Ledger
-from rollout_pipeline.ledger.window import max_release
 from rollout_pipeline.local.resources import ExperimentResources
 from tests.integration.lifecycle_support import batch_view, dispatch_once, moto_lock
-from tests.integration.test_release_window import RecordingQueue, lifecycle
+from tests.integration.test_release_window import lifecycle, recording_queue
 
 pytestmark = pytest.mark.usefixtures(moto_lock.__name__)
 
@@ -46,15 +47,17 @@ def fake_behaviour() -> Behaviour:
 def test_the_dispatchers_release_once_they_drained_the_queue_before_any_rollout_ended(
     resources: ExperimentResources, fake: FakeAgentRuntime, experiment_config: ExperimentConfig
 ) -> None:
-    queue = RecordingQueue(resources.rollout_queue_url)
+    queue = recording_queue(resources)
     settings = resources.settings()
+    ledger = Ledger.open(settings.table_name)
     ingestion = Ingestion(
         IngestPorts(
             store=S3ObjectStore(),
             queue=queue,
             publisher=EventBridgePublisher(settings.bus_name, sleep=lambda _s: None),
-            ledger=Ledger.open(settings.table_name),
+            ledger=ledger,
             settings=settings,
+            feed=Feed(ledger, queue, settings),
         )
     )
     result = ingestion.submit_rows([{"id": f"row-{i}"} for i in range(ROWS)], name="long")

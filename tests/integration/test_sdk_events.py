@@ -110,7 +110,11 @@ def test_a_fresh_process_gets_unconfirmed_events_again(resources: ExperimentReso
 
 def test_filters_leave_other_events_for_other_consumers(experiment: Experiment, resources: ExperimentResources) -> None:
     publish(resources, completed(B1, "q1", 0, 1.0), completed(B2, "q1", 0, 0.0), accepted(B1))
-    got = list(experiment.events(batch_id=B1, detail_types=["Rollout Completed"], timeout=1, poll_wait_s=WAIT))
+    got = list(
+        experiment.events(
+            batch_id=B1, detail_types=["Rollout Completed"], timeout=1, poll_wait_s=WAIT, from_trainer_queue=True
+        )
+    )
     assert [(e.batch_id, e.detail_type) for e in got] == [(B1, DetailType.ROLLOUT_COMPLETED)]
     left = receive_all(resources.trainer_queue_url)
     assert sorted((b["detail"]["batch_id"], b["detail-type"]) for b in left) == sorted(
@@ -162,7 +166,7 @@ def test_groups_collect_rollouts_and_stop_at_batch_completed(
         group_done(B1, "q2", [None, 0.5]),
         batch_done(B1, 4),
     )
-    groups = list(experiment.groups(B1, timeout=10, poll_wait_s=WAIT, grace_s=1))
+    groups = list(experiment.groups(B1, timeout=10, poll_wait_s=WAIT, grace_s=1, from_trainer_queue=True))
     assert sorted(g.input_id for g in groups) == ["q1", "q2"]
     by_id = {g.input_id: g for g in groups}
     q1 = by_id["q1"]
@@ -180,7 +184,7 @@ def test_group_waits_for_late_rollout_events_within_grace(
     experiment: Experiment, resources: ExperimentResources
 ) -> None:
     publish(resources, group_done(B1, "q1", [1.0, 0.0]), completed(B1, "q1", 0, 1.0))
-    stream = experiment.groups(B1, timeout=8, poll_wait_s=WAIT, grace_s=6)
+    stream = experiment.groups(B1, timeout=8, poll_wait_s=WAIT, grace_s=6, from_trainer_queue=True)
 
     import threading
 
@@ -195,7 +199,7 @@ def test_group_without_its_rollout_events_is_yielded_after_grace(
     experiment: Experiment, resources: ExperimentResources
 ) -> None:
     publish(resources, group_done(B1, "q1", [1.0, 0.0]))
-    with experiment.groups(B1, timeout=5, poll_wait_s=WAIT, grace_s=0.5) as stream:
+    with experiment.groups(B1, timeout=5, poll_wait_s=WAIT, grace_s=0.5, from_trainer_queue=True) as stream:
         group = next(stream)
     assert group.missing == [0, 1]
     assert group.advantages(eps=0.0) == pytest.approx([1.0, -1.0])
@@ -204,10 +208,10 @@ def test_group_without_its_rollout_events_is_yielded_after_grace(
 
 def test_unconfirmed_group_is_redelivered(experiment: Experiment, resources: ExperimentResources) -> None:
     publish(resources, group_done(B1, "q1", [1.0, 0.0]))
-    stream = experiment.groups(B1, timeout=3, poll_wait_s=WAIT, grace_s=0)
+    stream = experiment.groups(B1, timeout=3, poll_wait_s=WAIT, grace_s=0, from_trainer_queue=True)
     next(stream)
     stream.close()  # crash before the trainer used the group
-    again = list(experiment.groups(B1, timeout=2, poll_wait_s=WAIT, grace_s=0))
+    again = list(experiment.groups(B1, timeout=2, poll_wait_s=WAIT, grace_s=0, from_trainer_queue=True))
     assert [g.input_id for g in again] == ["q1"]
 
 
@@ -222,7 +226,10 @@ def test_async_events_and_groups(experiment: Experiment, resources: ExperimentRe
         async with experiment.aevents(detail_types=["Rollout Completed"], timeout=2, poll_wait_s=WAIT) as stream:
             async for event in stream:
                 kinds.append(str(event.detail_type))
-        inputs = [group.input_id async for group in experiment.agroups(B1, timeout=3, poll_wait_s=WAIT)]
+        inputs = [
+            group.input_id
+            async for group in experiment.agroups(B1, timeout=3, poll_wait_s=WAIT, from_trainer_queue=True)
+        ]
         return kinds, inputs
 
     kinds, inputs = asyncio.run(consume())

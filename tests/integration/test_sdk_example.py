@@ -1,4 +1,5 @@
-"""examples/grpo_consumer.py runs end to end against moto: submit -> ingestion -> lifecycle (fake ACR) -> groups."""
+"""examples/grpo_consumer.py runs end to end against moto: submit -> ingestion -> lifecycle (fake ACR) -> groups, given
+the outputs file `cdk deploy --outputs-file` (and `rollouts local up --write-outputs`) writes, or a flat one."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 
 from rollout_pipeline.fakes.acr import AgentBehaviour, Behaviour, FakeAgentRuntime, FakeInvocation
 from rollout_pipeline.local.resources import ExperimentResources
-from rollout_pipeline.sdk import Experiment
+from rollout_pipeline.sdk import Experiment, stack_name
 from tests.conftest import REGION
 from tests.integration.lifecycle_support import drive, make_deps
 from tests.integration.test_sdk_submit import ingest_pending, write_jsonl
@@ -49,15 +50,18 @@ def fake_behaviour() -> Behaviour:
 
 
 @pytest.mark.usefixtures("moto_lock_but_sqs")
+@pytest.mark.parametrize("shape", ["cdk deploy --outputs-file", "flat"])
 def test_grpo_consumer_prints_group_advantages(
     resources: ExperimentResources,
     fake: FakeAgentRuntime,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
+    shape: str,
 ) -> None:
     outputs = tmp_path / "outputs.json"
-    outputs.write_text(json.dumps(resources.stack_outputs()))
+    flat = resources.stack_outputs()
+    outputs.write_text(json.dumps({stack_name(resources.config.name): flat} if shape != "flat" else flat))
     dataset = write_jsonl(tmp_path / "gsm.jsonl", [{"id": "a", "question": "1+1"}, {"id": "b", "question": "2+2"}])
     deps = make_deps(resources, fake)
     experiment = Experiment.from_outputs(resources.stack_outputs(), region=REGION)

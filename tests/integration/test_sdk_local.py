@@ -49,9 +49,12 @@ def test_sdk_and_cli_against_a_loopback_endpoint(
     batch_id = experiment.submit([{"id": "q1", "prompt": "hi"}])
     assert experiment.status(batch_id).rollouts_total == 2
 
+    # The batch's stream: its own subscription (the event published after it started) and, before it, what the
+    # batch published already, from the ledger (its Batch Accepted).
+    stream = experiment.events(batch_id=batch_id, timeout=5, poll_wait_s=1, max_events=2)
     events = boto3.client("events", endpoint_url=endpoint, region_name=REGION)
     EventBridgePublisher(resources.bus_name, events).publish([completed(batch_id, "q1", 0, 1.0)])
-    got = list(experiment.events(batch_id=batch_id, timeout=5, poll_wait_s=1, max_events=2))
+    got = list(stream)
     assert sorted(e.detail_type for e in got) == [DetailType.BATCH_ACCEPTED, DetailType.ROLLOUT_COMPLETED]
 
     outputs = tmp_path / "outputs.json"

@@ -43,14 +43,17 @@ def ingest_pending(exp: Experiment) -> None:
     from rollout_pipeline.adapters.eventbridge import EventBridgePublisher
     from rollout_pipeline.adapters.s3 import S3ObjectStore
     from rollout_pipeline.adapters.sqs import SqsQueue
+    from rollout_pipeline.feed.feed import Feed
     from rollout_pipeline.ingest.core import Ingestion, IngestPorts
 
+    ledger, queue, settings = exp._ledger(), SqsQueue(), exp.settings()
     ports = IngestPorts(
         store=S3ObjectStore(),
-        queue=SqsQueue(),
+        queue=queue,
         publisher=EventBridgePublisher(exp.bus_name),
-        ledger=exp._ledger(),
-        settings=exp.settings(),
+        ledger=ledger,
+        settings=settings,
+        feed=Feed(ledger, queue, settings),
     )
     for body in receive_all(exp.settings().ingest_queue_url):
         Ingestion(ports).handle_message(body, owner="test")

@@ -1,8 +1,9 @@
 """Every AWS call the trainer SDK (and so the ART backend, which calls AWS only through it) makes is allowed by the
 trainer policy (`rollout_pipeline.sdk.permissions`, output by the stack as `TrainerPolicyArn`), on the resource it
 acts on. The calls are recorded under moto from a run of the SDK's trainer flows: submit (rows and a file, a big
-payload), ART-style futures with a result fetched from S3, status, policy version, cancel, a tap and an ART
-private subscription.
+payload), ART-style futures (the client's own subscription) with a result fetched from S3, status, a stream of one
+batch (its own subscription, and the ledger's account of what it published), policy version, cancel, a tap and an
+ART private subscription.
 """
 
 from __future__ import annotations
@@ -127,6 +128,9 @@ def test_every_sdk_call_is_allowed_by_the_trainer_policy(
         experiment.submit_file(dataset)
         batch = experiment.submit([{"prompt": "p" * (CLAIM_CHECK_BYTES + 1)}, {"prompt": "q"}])
         experiment.status(batch)
+        # A stream of one batch: its own subscription (sdk-*), and the ledger's account of what it published.
+        with experiment.events(batch_id=batch, timeout=0.5, poll_wait_s=0) as stream:
+            assert [event.detail_type for event in stream] == ["Batch Accepted"]
         experiment.set_policy_version("7")
         experiment.cancel(batch, runtime=fake)
         with experiment.tap(timeout=0.1):

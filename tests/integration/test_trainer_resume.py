@@ -1,7 +1,8 @@
 """Resume after a trainer crash, across a real process kill: a trainer subprocess consuming the experiment's
-event stream is killed with SIGKILL mid-handling; a re-attached consumer gets every event the dead one had not
-finished handling, and `Experiment.completed_groups` returns the groups that completed while it was down, from the
-ledger and the results bucket, without re-running a rollout."""
+trainer queue is killed with SIGKILL mid-handling; a re-attached consumer of the trainer queue gets every event the
+dead one had not finished handling (and none it had), a new stream of the batch (a private subscription) gets every
+event of the batch from the ledger, and `Experiment.completed_groups` returns the groups that completed while it
+was down, from the ledger and the results bucket, without re-running a rollout."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from rollout_pipeline.adapters.s3 import S3ObjectStore
 from rollout_pipeline.contracts import DetailType, RolloutCompleted
 from rollout_pipeline.fakes.acr import AgentBehaviour, FakeAgentRuntime, FakeInvocation
 from rollout_pipeline.local.pipeline import LocalPipeline, LocalSettings
+from rollout_pipeline.sdk import Experiment
 
 pytestmark = pytest.mark.slow
 
@@ -39,7 +41,7 @@ TRAINER = textwrap.dedent(
     experiment = Experiment.from_outputs(json.load(open(outputs)), endpoint_url=endpoint)
     log = open(log_path, "a")
     count = 0
-    for event in experiment.events(batch_id=batch_id, poll_wait_s=1, visibility_s=2):
+    for event in experiment.events(batch_id=batch_id, poll_wait_s=1, visibility_s=2, from_trainer_queue=True):
         count += 1
         if count > int(handled_before_crash):
             log.write(f"crash-while-handling {event.event_id}\\n"); log.flush()
@@ -131,12 +133,20 @@ def test_reattach_after_sigkill_gets_every_unfinished_event_and_the_groups_compl
             expected.add(ids.event_id(kind, exp_id, batch_id, q, i))
 
     redelivered: set[str] = set()
-    for event in experiment.events(batch_id=batch_id, timeout=15, poll_wait_s=1):
+    for event in experiment.events(batch_id=batch_id, timeout=15, poll_wait_s=1, from_trainer_queue=True):
         redelivered.add(event.event_id)
         if expected <= done | redelivered:
             break
     assert expected - done <= redelivered, "every event the killed trainer had not finished handling came back"
     assert not (done & redelivered), "an event whose handling finished is not handed over again"
+
+    # A stream of the batch in a fresh process (its own subscription, made after the batch ended) starts from the
+    # ledger: every event of the batch, with the ids published (the trainer skips those its checkpoint holds).
+    fresh = Experiment.from_outputs(outputs, endpoint_url=pipeline.endpoint_url)
+    replayed = [
+        event.event_id for event in fresh.events(batch_id=batch_id, timeout=15, poll_wait_s=1, max_events=len(expected))
+    ]
+    assert sorted(replayed) == sorted(expected)
 
     # One call: the groups that completed while the trainer was down, from the ledger + results bucket.
     handled_groups = {q for q in GROUPS if ids.event_id(DetailType.GROUP_COMPLETED, exp_id, batch_id, q) in done}

@@ -22,7 +22,7 @@ import pytest
 
 from rollout_pipeline import contracts
 from rollout_pipeline.agent.testing import FakeModelServer
-from rollout_pipeline.local.acr import RFT_HOST_MODULE, AgentProcess
+from rollout_pipeline.local.acr import AgentProcess
 from rollout_pipeline.local.moto_server import local_aws_environ, moto_server
 
 REGION = "us-east-1"
@@ -105,14 +105,9 @@ def agents_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _run(endpoint: str, agents: Path, module: str, model: FakeModelServer, rows: list[dict[str, Any]]) -> list[Any]:
-    env = {
-        **local_aws_environ(endpoint, REGION),
-        "PYTHONPATH": str(agents),
-        "ROLLOUTS_AGENT_MODULE": module,
-        "SAGEMAKER_JOB_ARN": JOB,
-    }
+    env = {**local_aws_environ(endpoint, REGION), "PYTHONPATH": str(agents), "SAGEMAKER_JOB_ARN": JOB}
     outcomes = []
-    with AgentProcess(RFT_HOST_MODULE, env=env) as agent:
+    with AgentProcess(module, kind="rft", env=env) as agent:
         for number, row in enumerate(rows):
             session = f"{module}-{number}-".ljust(40, "x")
             payload = {
@@ -191,7 +186,7 @@ def test_the_images_start_command_serves_the_rft_example_with_the_rft_setting(s3
     start_module = json.loads(cmd)[2]
     env = {**local_aws_environ(s3_endpoint, REGION), "ROLLOUTS_AGENT_KIND": "rft", "SAGEMAKER_JOB_ARN": JOB}
     env.pop("ROLLOUTS_AGENT_MODULE", None)
-    with FakeModelServer("It is 15") as model, AgentProcess(start_module, env=env) as agent:
+    with FakeModelServer("It is 15") as model, AgentProcess(start_module, hosted=False, env=env) as agent:
         session = "start-command-".ljust(40, "x")
         payload = {
             "question": "7 + 8",

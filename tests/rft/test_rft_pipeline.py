@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
+from rollout_pipeline.agent.host import resolve_kind
 from rollout_pipeline.agent.testing import FakeModelServer, RecordedRequest
 from rollout_pipeline.contracts import DetailType, FailureReason
-from rollout_pipeline.local.acr import RFT_HOST_MODULE, served_agent
 from rollout_pipeline.local.pipeline import LocalPipeline, LocalSettings
 
 JOB = "arn:aws:sagemaker:us-east-1:123456789012:training-job/rft-local"
@@ -44,10 +44,8 @@ def model() -> Iterator[FakeModelServer]:
         yield server
 
 
-def test_the_example_rft_agent_is_detected_and_served_by_the_host() -> None:
-    module, env = served_agent(RFT_AGENT)
-    assert module == RFT_HOST_MODULE
-    assert env["ROLLOUTS_AGENT_MODULE"] == RFT_AGENT
+def test_the_example_rft_agent_is_detected_by_the_host() -> None:
+    assert resolve_kind(RFT_AGENT, "auto") == "rft"
 
 
 def test_the_unchanged_rft_agent_runs_through_the_local_pipeline(model: FakeModelServer, tmp_path: Path) -> None:

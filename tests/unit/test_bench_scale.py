@@ -9,6 +9,8 @@ from types import ModuleType
 
 import pytest
 
+from tests.doubles import ManualClock
+
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "bench_scale.py"
 
 
@@ -23,28 +25,15 @@ def bench() -> ModuleType:
     return module
 
 
-class FakeRealClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-        self.slept: list[float] = []
-
-    def time(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.slept.append(seconds)
-        self.now += seconds
-
-
 def test_dilated_clock_runs_k_times_slower(bench: ModuleType) -> None:
-    real = FakeRealClock()
+    real = ManualClock(1000.0)
     clock = bench.DilatedClock(5, real_time=real.time, real_monotonic=real.time, real_sleep=real.sleep)
     start_wall, start_mono = clock.time(), clock.monotonic()
     clock.sleep(2.0)  # two virtual seconds last ten wall seconds
     assert real.slept == [10.0]
     assert clock.time() - start_wall == pytest.approx(2.0)
     assert clock.monotonic() - start_mono == pytest.approx(2.0)
-    real.now += 5.0
+    real.advance(5.0)
     assert clock.time() - start_wall == pytest.approx(3.0)
     assert clock.wall_s(0.015) == pytest.approx(0.075)
     clock.sleep(-1.0)

@@ -6,7 +6,7 @@ comes, before it is handed over."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from rollout_pipeline.contracts import EVENT_SOURCE, detail_type_of
@@ -24,14 +24,24 @@ def envelope(detail: Any) -> str:
     )
 
 
-def stream(queue: MemoryEventQueue, ledger: list[list[Any]], seen: SeenIds | None = None) -> CatchUpStream:
-    """A stream whose n-th read of the ledger returns `ledger[n]` (the last one again after that)."""
+def stream(
+    queue: MemoryEventQueue,
+    ledger: list[list[Any]],
+    seen: SeenIds | None = None,
+    *,
+    reconcile_after_s: tuple[float, ...] = (),
+    skips: list[Callable[[str], bool]] | None = None,
+) -> CatchUpStream:
+    """A stream whose n-th read of the ledger returns `ledger[n]` (the last one again after that); each read's
+    `skip` is appended to `skips`."""
     reads = iter(ledger)
     last: list[Any] = []
 
-    def replay() -> Iterator[Event]:
+    def replay(skip: Callable[[str], bool]) -> Iterator[Event]:
         nonlocal last
         last = next(reads, last)
+        if skips is not None:
+            skips.append(skip)
         return (ledger_event(detail) for detail in last)
 
     clock = ManualClock()
@@ -48,6 +58,7 @@ def stream(queue: MemoryEventQueue, ledger: list[list[Any]], seen: SeenIds | Non
         queue,  # type: ignore[arg-type]
         seen or SeenIds(),
         replay=replay,
+        reconcile_after_s=reconcile_after_s,
         event_filter=EventFilter(B1),
         timeout=5,
         poll_wait_s=1,
@@ -87,3 +98,21 @@ def test_a_live_batch_completed_reads_the_ledger_again_before_it_is_handed_over(
     handed = [event.event_id for event in catch_up]
     assert handed == [*(d.event_id for d in first), missed.event_id, done.event_id]
     assert queue.deleted == [0], "the live Batch Completed was a copy of the rebuilt one"
+
+
+def test_what_its_seen_ids_hold_is_not_rebuilt_and_the_ledger_is_read_again_when_due() -> None:
+    """The rebuild leaves out the ids the stream's `seen` holds (by default the process's: what another stream of
+    it handed over; the ledger is told to skip them, so their results are not read), and the ledger is read again
+    `reconcile_after_s` after the stream was made (an event a new rule did not match yet is there)."""
+    handed_elsewhere = accepted(B1)
+    seen = SeenIds()
+    seen.add(handed_elsewhere.event_id)
+    first = [handed_elsewhere, completed(B1, "q1", 0, 1.0)]
+    missed = completed(B1, "q2", 0, 0.5)
+    skips: list[Callable[[str], bool]] = []
+    catch_up = stream(MemoryEventQueue([]), [first, [*first, missed]], seen, reconcile_after_s=(3.0,), skips=skips)
+
+    assert [event.event_id for event in catch_up] == [first[1].event_id, missed.event_id]
+    assert len(skips) == 2, "read at the first read, and once more when due"
+    assert skips[0](handed_elsewhere.event_id)
+    assert skips[1](first[1].event_id), "what it rebuilt before is not read again"

@@ -90,16 +90,62 @@ def test_the_history_check_can_fail() -> None:
     assert [HISTORY.search(text) is not None for _, text in prose(source)] == [True, True]
 
 
-#: The longest a library function may be (docstring and signature included).
+#: The longest a function may be (docstring and signature included), in the library, the Lambdas, the stacks and
+#: the benchmarks.
 MAX_FUNCTION_LINES = 80
+#: Functions over the ceiling, each with why and the length it may not grow beyond (shorten it, then lower it).
+OVER_THE_CEILING: dict[str, tuple[int, str]] = {
+    # A benchmark run's harness: its feeder, dispatcher, completer, sweeper and trainer threads share the run's
+    # state (queues, counters, stop flags, the dilated clock) through closures; split, they would pass a dozen of
+    # them around.
+    "bench/bench_scale.py:run": (535, "one run's harness"),
+    "bench/bench_acr_quotas.py:run": (255, "one run's harness"),
+    "bench/bench_lifecycle.py:run": (185, "one run's harness"),
+    "bench/bench_art.py:run": (110, "one run's harness"),
+    "bench/bench_local.py:time_moto_ops": (90, "one run's harness"),
+    # Reports: one printed line per figure, in the order the reader reads them.
+    "bench/bench_scale.py:print_report": (85, "one line per figure"),
+    "bench/bench_notify.py:report": (85, "one line per figure"),
+    # The command line: one argument per line.
+    "bench/bench_scale.py:main": (90, "one argument per line"),
+}
 
 
-def test_no_library_function_is_longer_than_the_ceiling() -> None:
+def function_lengths(*roots: str) -> dict[str, int]:
+    """`path:name` -> lines of every function under `roots` (the longest, for functions of one name in one file)."""
+    lengths: dict[str, int] = {}
+    for path in python_files(*roots):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                name = f"{path.relative_to(REPO)}:{node.name}"
+                lengths[name] = max(lengths.get(name, 0), (node.end_lineno or node.lineno) - node.lineno + 1)
+    return lengths
+
+
+def test_no_function_is_longer_than_the_ceiling() -> None:
+    lengths = function_lengths("rollout_pipeline", "lambdas", "stacks", "bench")
     long = {
-        f"{path.relative_to(REPO)}:{node.name}": (node.end_lineno or node.lineno) - node.lineno + 1
-        for path in python_files("rollout_pipeline", "lambdas")
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-        and (node.end_lineno or node.lineno) - node.lineno + 1 > MAX_FUNCTION_LINES
+        name: lines
+        for name, lines in lengths.items()
+        if lines > MAX_FUNCTION_LINES and lines > OVER_THE_CEILING.get(name, (0, ""))[0]
     }
     assert long == {}
+    listed_but_short = {name for name in OVER_THE_CEILING if lengths.get(name, 0) <= MAX_FUNCTION_LINES}
+    assert listed_but_short == set(), "under the ceiling now: take it off the list"
+
+
+#: What a test that needs AWS stand-ins (moto, in process or on loopback) uses: it belongs in tests/integration/.
+AWS_STAND_INS = re.compile(r"\bmoto\b|\bmock_aws\b|\bmoto_aws\b|\bresources: ExperimentResources\b")
+
+
+def test_unit_tests_need_no_aws_stand_in() -> None:
+    """tests/unit/ is pure logic on the doubles of tests/doubles.py (docs/CONTRIBUTING.md, "Where things go")."""
+    found = [
+        f"{path.relative_to(REPO)}:{number}"
+        for path in python_files("tests/unit")
+        if path.name != Path(__file__).name
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1)
+        if AWS_STAND_INS.search(line)
+    ]
+    assert found == []
+    assert AWS_STAND_INS.search("def test_x(resources: ExperimentResources) -> None:")

@@ -22,7 +22,7 @@ RAW = re.compile(r"\b(dict|Mapping)\[str, Any\]")
 ALLOWED: dict[str, str] = {
     # Transaction items (a write to put into the caller's TransactWriteItems), not a read of an item.
     "limits.LimitLedger.take_slot": "a TransactWriteItems entry",
-    "limits.LimitLedger.release_slot": "a TransactWriteItems entry",
+    "limits.LimitLedger.free_slot": "a TransactWriteItems entry",
     # The arguments of CreateTable (local mode and tests create the table with them), not an item.
     "schema.create_table_kwargs": "CreateTable arguments",
 }

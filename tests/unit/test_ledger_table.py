@@ -9,7 +9,7 @@ import pytest
 
 from rollout_pipeline.ledger import retry
 from rollout_pipeline.ledger.table import LedgerError, LedgerTable
-from rollout_pipeline.ports import SystemClock
+from tests.doubles import ManualClock
 
 
 class _Cancelled(Exception):
@@ -69,14 +69,9 @@ def test_a_transaction_that_keeps_conflicting_raises_after_the_attempts() -> Non
     assert client.calls == 3
 
 
-class _FixedClock(SystemClock):
-    def now(self) -> datetime:
-        return datetime(2026, 1, 1, tzinfo=UTC)
-
-
 def test_one_ttl_rule_and_the_clock_it_is_given() -> None:
     now = datetime(2026, 1, 1, tzinfo=UTC)
-    table = LedgerTable("t", object(), ttl_days=2, clock=_FixedClock())
+    table = LedgerTable("t", object(), ttl_days=2, clock=ManualClock(now.timestamp()))
     assert table.expires_at() == int(now.timestamp()) + 2 * 86_400
     assert table.epoch() == int(now.timestamp())
     assert table.now_iso() == "2026-01-01T00:00:00+00:00"

@@ -34,3 +34,20 @@ def test_ci_runs_the_readme_test_command_once_with_no_retry() -> None:
     assert "make test" in (REPO / "README.md").read_text(encoding="utf-8")
     for retry in ("--last-failed", "--lf", "rerun", "--reruns", "|| true", "if ! make"):
         assert not any(retry in command for command in commands), retry
+
+
+def test_make_demo_installs_only_what_the_demo_needs() -> None:
+    """`make demo` (the README's first command) installs the demo's extras into .venv, not the developer toolchain
+    (`cdk`, `dev`: aws-cdk-lib, cfn-lint's own extras, mypy, pytest); `make setup` (and so `make test`) installs
+    everything."""
+    extras = {}
+    for target in ("demo", "setup"):
+        dry = subprocess.run(
+            ["make", "-n", "-B", "-C", str(REPO), target], capture_output=True, text=True, check=True, timeout=30
+        )
+        installs = [line for line in dry.stdout.splitlines() if "pip install" in line and '-e ".[' in line]
+        extras[target] = {name for line in installs for name in re.findall(r'-e "\.\[([^\]]+)\]"', line)[0].split(",")}
+    assert extras["demo"] == {"agent", "local", "report", "model"}
+    assert {"cdk", "dev"} <= extras["setup"]
+    assert "cdk" not in extras["demo"]
+    assert "dev" not in extras["demo"]

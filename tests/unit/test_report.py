@@ -85,3 +85,15 @@ def test_the_plotting_library_is_an_extra_never_in_the_lambda_bundle() -> None:
     assert any(r.startswith("matplotlib") for r in pyproject["project"]["optional-dependencies"]["report"])
     assert not any("matplotlib" in r for r in lambda_requirements())
     assert not any(pin.name == "matplotlib" for pin in read_pins(LAMBDA_LOCK))
+
+
+def test_the_batch_duration_is_the_one_batch_completed_and_the_cli_give(data: ReportData) -> None:
+    """One definition (`contracts.batch_duration_s`, the ledger's creation to completion, as `details.py` fills
+    `Batch Completed.duration_s`, which `rollouts local demo` prints): not the span of the rollouts."""
+    from rollout_pipeline.contracts import batch_duration_s, parse_iso
+    from rollout_pipeline.report.data import timeline
+
+    duration = batch_duration_s(parse_iso(data.status["created_at"]), parse_iso(data.status["completed_at"]))
+    assert duration is not None
+    assert round(duration, 1) != round(timeline(data).t[-1], 1)  # the recording tells the two apart
+    assert f"<b>{duration:.1f} s</b><span>batch duration</span>" in render(data)

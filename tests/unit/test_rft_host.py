@@ -17,15 +17,9 @@ from typing import Any
 import pytest
 
 from rollout_pipeline.agent.context import RolloutContext, rollout_context
+from rollout_pipeline.agent.modules import Entrypoint, agent_kind_of, load_entrypoint
 from rollout_pipeline.agent.rft_door import FrontDoor, TrajectoryRecord
-from rollout_pipeline.agent.rft_host import (
-    RftHost,
-    agent_kind_of,
-    inference_params_of,
-    load_entrypoint,
-    rft_request,
-    rft_result,
-)
+from rollout_pipeline.agent.rft_host import RftHost, inference_params_of, rft_request, rft_result
 from rollout_pipeline.agent.testing import FakeModelServer
 from rollout_pipeline.contracts import FailureReason, parse_result
 
@@ -369,28 +363,27 @@ def test_an_agentcore_runtime_app_entrypoint_is_served_unchanged(agent_dir: Path
 
 
 def load_entrypoint_stub(handler: Any) -> Any:
-    from rollout_pipeline.agent.rft_host import Entrypoint
-
     return Entrypoint(module="test", app_name="app", app=None, handler=handler, is_rft=False, is_art_rollout_app=False)
 
 
 # --- local mode picks the host for RFT modules ------------------------------------------------------------------------
 
 
-def test_local_mode_serves_rft_modules_through_the_host_and_art_modules_as_they_are(tmp_path: Path) -> None:
-    from rollout_pipeline.local.acr import DEFAULT_AGENT_MODULE, RFT_HOST_MODULE, served_agent
+def test_local_mode_runs_every_agent_through_the_host_which_tells_the_kind(agent_dir: Path) -> None:
+    from rollout_pipeline.agent.host import resolve_kind
+    from rollout_pipeline.local.acr import DEFAULT_AGENT_MODULE, HOST_MODULE, agent_command
 
-    (tmp_path / "elsewhere_rft_agent.py").write_text(RFT_SOURCE)
-    env = {"PYTHONPATH": str(tmp_path)}
-    assert served_agent(DEFAULT_AGENT_MODULE) == (DEFAULT_AGENT_MODULE, {})
-    assert served_agent("elsewhere_rft_agent", "auto", env) == (
-        RFT_HOST_MODULE,
-        {**env, "ROLLOUTS_AGENT_MODULE": "elsewhere_rft_agent"},
-    )
-    assert served_agent("elsewhere_rft_agent", "art", env) == ("elsewhere_rft_agent", env)
-    assert served_agent(DEFAULT_AGENT_MODULE, "rft")[0] == RFT_HOST_MODULE
+    command = agent_command("rft_agent_src", 9001, "127.0.0.1", "python")
+    assert command == [
+        "python", "-m", HOST_MODULE, "--agent-module", "rft_agent_src", "--agent-kind", "auto",
+        "--host", "127.0.0.1", "--port", "9001",
+    ]  # fmt: skip
+    assert agent_command(DEFAULT_AGENT_MODULE, kind="rft")[4:7] == [DEFAULT_AGENT_MODULE, "--agent-kind", "rft"]
+    assert resolve_kind("rft_agent_src", "auto") == "rft"  # the host reads the source on its own sys.path
+    assert resolve_kind("art_agent_src", "auto") == "art"
+    assert resolve_kind("art_agent_src", "RFT") == "rft"
     with pytest.raises(ValueError, match="agent kind"):
-        served_agent(DEFAULT_AGENT_MODULE, "sagemaker")
+        agent_command(DEFAULT_AGENT_MODULE, kind="sagemaker")
 
 
 def test_the_local_cli_takes_the_agent_kind() -> None:

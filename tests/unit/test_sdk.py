@@ -264,6 +264,15 @@ def test_batch_status_arithmetic() -> None:
     assert status.reward_std == pytest.approx(0.5)
     ingesting = batch_status(BatchView.of({"batch_id": {"S": B1}, "status": {"S": "ingesting"}}), Counter())
     assert (ingesting.rollouts_total, ingesting.queued, ingesting.done) == (None, None, False)
+    assert status.status == "accepted", "rollouts still to run"
+
+
+@pytest.mark.parametrize(("stored", "shown"), [("accepted", "completed"), ("cancelled", "cancelled")])
+def test_a_finished_batch_says_completed_or_cancelled(stored: str, shown: str) -> None:
+    item = {"batch_id": {"S": B1}, "status": {"S": stored}, "rollouts_total": {"N": "4"}, "succeeded": {"N": "3"}}
+    item["failed"] = {"N": "1"}
+    status = batch_status(BatchView.of(item), Counter({"succeeded": 3, "failed": 1}))
+    assert (status.status, status.done, status.as_dict()["status"]) == (shown, True, shown)
 
 
 def test_export_rows_join_groups_and_rollouts() -> None:

@@ -10,21 +10,9 @@ import pytest
 from rollout_pipeline.lifecycle import limits
 from rollout_pipeline.lifecycle.limits import LEAD_POLL_S, AdmissionBoard, BoardEntry, SlotGate
 from rollout_pipeline.topology import FUNCTIONS
-from tests.doubles import FakeBoardLedger
+from tests.doubles import FakeBoardLedger, ManualClock
 
 MAX_SESSIONS = 4
-
-
-class FakeClock:
-    """Monotonic and wall time that move only when the gate sleeps; records every pause."""
-
-    def __init__(self) -> None:
-        self.t = 1_000.0
-        self.pauses: list[float] = []
-
-    def sleep(self, seconds: float) -> None:
-        self.pauses.append(seconds)
-        self.t += seconds
 
 
 class CountingBoardLedger(FakeBoardLedger):
@@ -43,7 +31,9 @@ def _no_separate_read() -> int:
     raise AssertionError("the gate reads the counters with the board")
 
 
-def _gate(ledger: CountingBoardLedger, clock: FakeClock, in_flight: Callable[[int], int]) -> tuple[SlotGate, list[int]]:
+def _gate(
+    ledger: CountingBoardLedger, clock: ManualClock, in_flight: Callable[[int], int]
+) -> tuple[SlotGate, list[int]]:
     """A gate for process "a" whose poll reads `in_flight(poll number)` and the board together."""
     polls: list[int] = []
 
@@ -64,7 +54,7 @@ def _gate(ledger: CountingBoardLedger, clock: FakeClock, in_flight: Callable[[in
 
 
 def test_the_process_next_in_line_polls_fast_and_the_others_slowly() -> None:
-    ledger, clock = CountingBoardLedger(), FakeClock()
+    ledger, clock = CountingBoardLedger(), ManualClock(1_000.0)
     earlier = [f"k1#{i}" for i in range(limits.LEAD_RANKS)]
     ledger.put_waiting("b", earlier, now_us=int(clock.t * 1e6))  # another process holds the earlier group
     state = {"b_admitted_at": 0}
@@ -72,13 +62,13 @@ def test_the_process_next_in_line_polls_fast_and_the_others_slowly() -> None:
     def in_flight(poll: int) -> int:
         if poll == 4:  # b's waiters got their slots: they leave the board, and "a" is next in line
             ledger.clear_waiting("b")
-            state["b_admitted_at"] = len(clock.pauses)
+            state["b_admitted_at"] = len(clock.slept)
         return MAX_SESSIONS - 1 if poll == 9 else MAX_SESSIONS  # a slot frees at the 9th poll
 
     gate, polls = _gate(ledger, clock, in_flight)
     assert gate.wait(clock.t + 60, "k2#0")
     assert len(polls) == 9
-    behind, leading = clock.pauses[: state["b_admitted_at"]], clock.pauses[state["b_admitted_at"] :]
+    behind, leading = clock.slept[: state["b_admitted_at"]], clock.slept[state["b_admitted_at"] :]
     assert behind
     assert all(0.2 <= p <= 1.0 for p in behind)  # not next in line: the slow pace
     assert leading
@@ -89,16 +79,16 @@ def test_the_process_next_in_line_polls_fast_and_the_others_slowly() -> None:
 
 def test_without_a_lead_the_gate_keeps_the_slow_pace(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(limits, "LEAD_RANKS", 0)
-    ledger, clock = CountingBoardLedger(), FakeClock()
+    ledger, clock = CountingBoardLedger(), ManualClock(1_000.0)
     gate, polls = _gate(ledger, clock, lambda poll: MAX_SESSIONS - 1 if poll == 5 else MAX_SESSIONS)
     assert gate.wait(clock.t + 60, "k2#0")
     assert len(polls) == 5
-    assert all(0.2 <= p <= 1.0 for p in clock.pauses)
+    assert all(0.2 <= p <= 1.0 for p in clock.slept)
     assert gate.lead_polls == 0
 
 
 def test_a_free_slot_ranked_for_another_process_is_left_to_it() -> None:
-    ledger, clock = CountingBoardLedger(), FakeClock()
+    ledger, clock = CountingBoardLedger(), ManualClock(1_000.0)
     state = {"polls": 0}
 
     def in_flight(poll: int) -> int:

@@ -42,3 +42,22 @@ def test_freed_slots_go_to_waiters_in_group_order() -> None:
     for t in threads:
         t.join(timeout=5)
     assert admitted[-1] == "g3#0"
+
+
+def test_closing_the_gate_ends_every_wait_as_if_its_deadline_had_passed() -> None:
+    """Local mode's Ctrl-C: dispatchers waiting for a slot (for minutes, by their budget) give up now, through their
+    "no slot in time" path (the message is re-sent), while the pipeline's AWS is still up."""
+    gate = SlotGate(lambda: 3, 3, sleep=lambda _s: time.sleep(0.05))
+    results: list[bool] = []
+    threads = [
+        threading.Thread(target=lambda key=key: results.append(gate.wait(time.monotonic() + 600, key)))
+        for key in ("1|b|g1|0", "1|b|g1|1")
+    ]
+    for thread in threads:
+        thread.start()
+    wait_for(lambda: len(gate.queued()) == 2, what="two waiters")
+    gate.close()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert results == [False, False]
+    assert gate.wait(time.monotonic() + 600, "1|b|g2|0") is False  # and any later wait at once

@@ -1,9 +1,11 @@
 """Example rollout agent: a Strands math agent scored with the GSM8K reward.
 
-Payload (a dataset row minus `id`, plus `_rollout`): `{"question": str, "answer": "#### N", "_rollout": {...}}`.
-An optional row field `task` picks the prompt and the answer format: `"gsm8k"` (default: word problems, answer
-written as `#### N`, strict scoring) or `"arithmetic"` (the demo's task: a short sum such as `"7 + 8"`, answered
-with just a number; the last number of the reply is the answer, so scoring is flexible; `answer` may be `"15"`).
+Payload (a dataset row minus `id`, plus `_rollout`): `{"question": str, "answer": "#### N" or "N", "_rollout": {...}}`.
+An optional row field `task` picks the prompt and the answer format: `"gsm8k"` (word problems, answer written as
+`#### N`, strict scoring) or `"arithmetic"` (a short question such as `"7 + 8"` or `"What is 6 x 7?"`, answered with
+just a number; the last number of the reply is the answer, so scoring is flexible). Without `task`, the row's answer
+tells (`task_of`): `"#### 42"` (GSM8K's format) is `gsm8k`, a plain number (`"42"`, `42`) is `arithmetic`, so rows
+shaped like docs/datasets.md's `{"id", "question", "answer": "42"}` are scored as written.
 The model endpoint and id come from `_rollout.base_url` / `_rollout.model_id`, sampling params from
 `_rollout.sampling_params`, token capture from `_rollout.token_capture`. Optional `_rollout` keys read here:
 `reward_mode` ("strict" | "flexible", default strict, env MATH_AGENT_REWARD_MODE), `per_turn_rewards` (bool:
@@ -118,6 +120,18 @@ def assistant_texts(messages: Sequence[Any]) -> list[str]:
     return texts
 
 
+def task_of(payload: dict[str, Any]) -> str:
+    """The row's `task`; without one, `gsm8k` when its answer is written as GSM8K writes it (`#### N`), else
+    `arithmetic` (a plain number: the reply's last number is scored). ValueError for an unknown task."""
+    task = payload.get("task")
+    if task is None or task == "":
+        answer = payload.get("answer")
+        return "gsm8k" if isinstance(answer, str) and "####" in answer else "arithmetic"
+    if task not in TASKS:
+        raise ValueError(f"unknown task {task!r}: expected one of {', '.join(TASKS)}")
+    return str(task)
+
+
 @app.rollout_entrypoint
 async def solve(payload: dict[str, Any]) -> dict[str, Any]:
     """One rollout: ask the model, score its final answer. Raises (-> ART error result) on a malformed payload."""
@@ -127,9 +141,7 @@ async def solve(payload: dict[str, Any]) -> dict[str, Any]:
     if len(question) > MAX_QUESTION_CHARS:
         raise ValueError(f"question longer than {MAX_QUESTION_CHARS} characters")
     ground_truth = payload.get("answer")
-    task = payload.get("task") or "gsm8k"
-    if task not in TASKS:
-        raise ValueError(f"unknown task {task!r}: expected one of {', '.join(TASKS)}")
+    task = task_of(payload)
     system_prompt, task_mode = TASKS[task]
     ctx = current_rollout()
     mode = cast(Mode, str(ctx.raw.get("reward_mode") or os.environ.get("MATH_AGENT_REWARD_MODE") or task_mode))

@@ -3,10 +3,11 @@
 Nothing from this project is imported: it is a plain `BedrockAgentCoreApp` with `@app.entrypoint` over the SDK's
 `@sagemaker_rft_handler` (PyPI `sagemaker-train` 1.27.0, the `rft` extra), calls the model at
 `metadata["endpoint"] + "/v1"` with a bearer token from the SDK's token generator and the SDK's inference headers,
-reads `inferenceParams` in camel case and returns `{"reward": r}`. Run it on the pipeline through the RFT host:
+reads `inferenceParams` in camel case and returns `{"reward": r}`. Run it on the pipeline through the agent host's
+RFT adapter:
 
     rollouts local demo --agent-module rollout_pipeline.agent.examples.rft_math_agent   # detected as an RFT agent
-    python -m rollout_pipeline.agent.rft_host --agent-module rollout_pipeline.agent.examples.rft_math_agent
+    python -m rollout_pipeline.agent.host --agent-module rollout_pipeline.agent.examples.rft_math_agent --agent-kind rft
 
 Payload fields read: `question` (or `prompt`), `answer` (the expected number, e.g. `"15"` or `"#### 15"`), and for
 tests `fail` (raise with that message) and `no_reward` (return no reward). Run alone (`python -m ...`) it serves

@@ -129,7 +129,7 @@ def make_machine(resources: ExperimentResources) -> type[RuleBasedStateMachine]:
 
         @rule(attempt=attempts)
         def release_after_throttling(self, attempt: int) -> None:
-            ok = self.ledger.release_to_queue(ids.AttemptRef(self.batch, INPUT, INDEX, attempt))
+            ok = self.ledger.undo_dispatch(ids.AttemptRef(self.batch, INPUT, INDEX, attempt))
             expected = self.state == DISPATCHED and self.attempt == attempt and not self.invoked
             assert ok == expected
             if ok:

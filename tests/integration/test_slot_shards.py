@@ -9,7 +9,7 @@ import pytest
 
 from rollout_pipeline.ledger import keys
 from rollout_pipeline.ledger.ledger import Ledger
-from rollout_pipeline.ledger.limits import LimitLedger, release_shard, shard_cap
+from rollout_pipeline.ledger.limits import LimitLedger, free_shard, shard_cap
 from rollout_pipeline.lifecycle.limits import SlotShards
 from rollout_pipeline.local.resources import ExperimentResources
 
@@ -26,7 +26,7 @@ def _take(limits: LimitLedger, max_sessions: int, shard: int) -> bool:
 
 
 def _release(limits: LimitLedger, holder: str) -> None:
-    assert limits.table.transact([limits.release_slot(holder)], attempts=1) is None
+    assert limits.table.transact([limits.free_slot(holder)], attempts=1) is None
 
 
 def test_takes_and_releases_on_any_counter_never_hold_more_than_max_sessions(resources: ExperimentResources) -> None:
@@ -52,7 +52,7 @@ def test_takes_and_releases_on_any_counter_never_hold_more_than_max_sessions(res
 def test_releases_spread_over_the_counters() -> None:
     counts, expected = [0] * keys.SESSION_SHARDS, 100
     for i in range(expected * keys.SESSION_SHARDS):
-        counts[release_shard(f"b/q{i}#0@1")] += 1
+        counts[free_shard(f"b/q{i}#0@1")] += 1
     assert min(counts) > 0.6 * expected
     assert max(counts) < 1.4 * expected
 

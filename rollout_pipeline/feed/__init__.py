@@ -1,0 +1,1 @@
+"""The feed: the one way work reaches the rollout queue (messages, the release window, `Feed`)."""
