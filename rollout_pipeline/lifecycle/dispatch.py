@@ -360,13 +360,11 @@ def _invoke(
             if new_session:
                 deps.metrics.count(NEW_SESSIONS)
             break
-        except RuntimeStartFailed as exc:
+        except (RuntimeStartFailed, RuntimeColdStart) as exc:
             if new_session:
                 deps.metrics.count(NEW_SESSIONS)  # the microVM was made: it counts and must be stopped
-            return _start_failed(message, deps, str(exc), wait_until)
-        except RuntimeColdStart as exc:
-            if new_session:
-                deps.metrics.count(NEW_SESSIONS)  # the microVM exists: it counts and must be stopped
+            if isinstance(exc, RuntimeStartFailed):
+                return _start_failed(message, deps, str(exc), wait_until)
             failed = _retry_cold_start(message, deps, options, payload, exc, wait_until=wait_until)
             if failed is not None:
                 return failed
@@ -379,13 +377,11 @@ def _invoke(
                 return _requeue(message, deps, Dispatch.REQUEUED_NO_TIME)
             return _undo_and_requeue(message, deps, Dispatch.REQUEUED_LIMIT)
         except RuntimeThrottled as exc:
-            backoff = min(0.25 * 2**attempt, 4.0) * random.uniform(0.5, 1.0)
-            if attempt == deps.invoke_retries or deps.clock.monotonic() + backoff > start_by:
-                log.warning("ACR kept throttling %s: %s; freeing the slot", session_id, exc)
-                if not new_session:  # a session exists (cold-started): end the attempt, stop it
-                    return _cold_start_failed(message, deps, options, str(exc), wait_until)
-                return _undo_and_requeue(message, deps, Dispatch.REQUEUED_THROTTLED)
-            deps.clock.sleep(backoff)
+            gave_up = _after_throttle(
+                message, deps, options, exc, attempt=attempt, start_by=start_by, wait_until=wait_until, new=new_session
+            )
+            if gave_up is not None:
+                return gave_up
         except RuntimeRejected as exc:
             if not new_session:
                 return _cold_start_failed(message, deps, options, str(exc), wait_until)
@@ -394,6 +390,29 @@ def _invoke(
         return _stop_late(message, deps, wait_until)
     deps.metrics.count(DISPATCHED_METRIC)
     return Dispatch.REINVOKED if reinvoke else Dispatch.INVOKED
+
+
+def _after_throttle(
+    message: RolloutMessage,
+    deps: LifecycleDeps,
+    options: FileOptions,
+    exc: RuntimeThrottled,
+    *,
+    attempt: int,
+    start_by: float,
+    wait_until: float,
+    new: bool,
+) -> Dispatch | None:
+    """ACR throttled an invoke: back off and let it be tried again (None), or, once the retries or the time to start
+    it ran out, give the slot back (no session yet) or end the attempt and stop its session (cold-started)."""
+    backoff = min(0.25 * 2**attempt, 4.0) * random.uniform(0.5, 1.0)
+    if attempt < deps.invoke_retries and deps.clock.monotonic() + backoff <= start_by:
+        deps.clock.sleep(backoff)
+        return None
+    log.warning("ACR kept throttling %s: %s; freeing the slot", message.session_id, exc)
+    if not new:  # a session exists (cold-started): end the attempt, stop it
+        return _cold_start_failed(message, deps, options, str(exc), wait_until)
+    return _undo_and_requeue(message, deps, Dispatch.REQUEUED_THROTTLED)
 
 
 def _undo_and_requeue(message: RolloutMessage, deps: LifecycleDeps, why: Dispatch) -> Dispatch:
