@@ -23,7 +23,7 @@ import json
 import logging
 import random
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from enum import StrEnum
@@ -173,7 +173,11 @@ def dispatch_body(
     held: Held | None = None,
 ) -> Dispatch:
     """Dispatch one rollout-queue message body (see the module doc). Raises to have the message redelivered.
-    `held`: the message's place on the admission board since receipt (`SlotGate.hold`), released once past the gate."""
+    `held`: the message's place on the admission board since receipt (`SlotGate.hold`), released once the rollout's
+    session start is booked (`LimitedRuntime.invoke`'s `on_booked`), not merely past the gate: between the two, a
+    rollout let through is neither on the board nor in the schedule, so another process's gate would see its room
+    free and let a later group book ahead of it (what decides the order its sessions start in). Every other way out
+    releases it too (`dispatch_records`)."""
     message = parse_message(body)
     bind_log_ids(batch_id=message.batch_id, rollout_id=message.rollout_id, session_id=message.session_id)
     batches = batches or BatchReads(deps)
@@ -184,15 +188,16 @@ def dispatch_body(
     if batch.cancelled:
         return _cancelled(message, deps, options)
     row_payload = _row_payload(message, deps)
+    # Before any ledger write: a key that cannot be read (Secrets Manager down, throttled, denied) raises here and
+    # the message is redelivered, instead of after `begin_dispatch`, where it burnt an attempt and a slot until the
+    # rollout's deadline.
+    token = deps.attempt_token(message.exp_id, message.session_id)
     start_by = deps.invoke_start_by(wait_until)  # every wait before an invoke ends by then
-    try:
-        if deps.clock.monotonic() >= start_by:
-            return _requeue(message, deps, Dispatch.REQUEUED_NO_TIME)
-        if deps.slots.must_queue(admission_key(message)) and not _wait_for_slot(deps, start_by, message):
-            return _requeue(message, deps, Dispatch.REQUEUED_LIMIT)  # earlier groups wait, or the session rate binds
-    finally:
-        if held is not None:
-            held.release()
+    if deps.clock.monotonic() >= start_by:
+        return _requeue(message, deps, Dispatch.REQUEUED_NO_TIME)
+    if deps.slots.must_queue(admission_key(message)) and not _wait_for_slot(deps, start_by, message):
+        return _requeue(message, deps, Dispatch.REQUEUED_LIMIT)  # earlier groups wait, or the session rate binds
+    booked = (lambda _start: held.release()) if held is not None else None
     for _ in range(20):
         shard = deps.slot_shards.choose()
         start = deps.ledger.rollouts.begin_dispatch(
@@ -211,7 +216,9 @@ def dispatch_body(
         )
         if start is DispatchStart.STARTED:
             deps.slot_shards.taken(shard)
-            return _invoke(message, deps, options, row_payload, wait_until=wait_until, reinvoke=False)
+            return _invoke(
+                message, deps, options, row_payload, token, wait_until=wait_until, reinvoke=False, booked=booked
+            )
         if start is DispatchStart.CANCELLED:
             return _cancelled(message, deps, options)
         if start is DispatchStart.NO_SLOT:
@@ -224,7 +231,9 @@ def dispatch_body(
         rec = deps.ledger.rollouts.get_rollout(message.batch_id, message.input_id, message.index)
         decided = _existing(message, rec, deps)
         if decided is Dispatch.REINVOKED:
-            return _invoke(message, deps, options, row_payload, wait_until=wait_until, reinvoke=True)
+            return _invoke(
+                message, deps, options, row_payload, token, wait_until=wait_until, reinvoke=True, booked=booked
+            )
         if decided is not None:
             return decided
     raise LedgerError(f"rollout {message.rollout_id} of {message.batch_id}: dispatch kept racing")
@@ -336,12 +345,15 @@ def _invoke(
     deps: LifecycleDeps,
     options: FileOptions,
     row_payload: dict[str, Any],
+    attempt_token: str | None,
     *,
     wait_until: float,
     reinvoke: bool,
+    booked: Callable[[float], None] | None = None,
 ) -> Dispatch:
     """InvokeAgentRuntime for a dispatched attempt (slot held), with bounded retries on throttling. Every invoke
-    starts by `deps.invoke_start_by(wait_until)`, so it ends inside the invocation."""
+    starts by `deps.invoke_start_by(wait_until)`, so it ends inside the invocation. `attempt_token`: read before
+    the dispatch transaction (`dispatch_body`); `booked`: called once the session's start is booked."""
     payload = build_agent_payload(
         row_payload=row_payload,
         rollout_overrides=message.rollout_overrides,
@@ -349,23 +361,25 @@ def _invoke(
         options=options,
         config=deps.config,
         results_bucket=deps.settings.results_bucket,
-        attempt_token=deps.attempt_token(message.exp_id, message.session_id),
+        attempt_token=attempt_token,
     )
     session_id = message.session_id
     start_by = deps.invoke_start_by(wait_until)
     new_session = not reinvoke
     for attempt in range(deps.invoke_retries + 1):
         try:
-            deps.limited.invoke(session_id, payload, wait_until=start_by, new_session=new_session)
+            deps.limited.invoke(session_id, payload, wait_until=start_by, new_session=new_session, on_booked=booked)
             if new_session:
                 deps.metrics.count(NEW_SESSIONS)
             break
         except (RuntimeStartFailed, RuntimeColdStart) as exc:
             if new_session:
                 deps.metrics.count(NEW_SESSIONS)  # the microVM was made: it counts and must be stopped
-            if isinstance(exc, RuntimeStartFailed):
-                return _start_failed(message, deps, str(exc), wait_until)
-            failed = _retry_cold_start(message, deps, options, payload, exc, wait_until=wait_until)
+            failed = (
+                _start_failed(message, deps, str(exc), wait_until)
+                if isinstance(exc, RuntimeStartFailed)
+                else _retry_cold_start(message, deps, options, payload, exc, wait_until=wait_until)
+            )
             if failed is not None:
                 return failed
             break
@@ -378,7 +392,14 @@ def _invoke(
             return _undo_and_requeue(message, deps, Dispatch.REQUEUED_LIMIT)
         except RuntimeThrottled as exc:
             gave_up = _after_throttle(
-                message, deps, options, exc, attempt=attempt, start_by=start_by, wait_until=wait_until, new=new_session
+                message,
+                deps,
+                options,
+                exc,
+                tries=attempt,
+                start_by=start_by,
+                wait_until=wait_until,
+                new_session=new_session,
             )
             if gave_up is not None:
                 return gave_up
@@ -398,19 +419,19 @@ def _after_throttle(
     options: FileOptions,
     exc: RuntimeThrottled,
     *,
-    attempt: int,
+    tries: int,
     start_by: float,
     wait_until: float,
-    new: bool,
+    new_session: bool,
 ) -> Dispatch | None:
-    """ACR throttled an invoke: back off and let it be tried again (None), or, once the retries or the time to start
-    it ran out, give the slot back (no session yet) or end the attempt and stop its session (cold-started)."""
-    backoff = min(0.25 * 2**attempt, 4.0) * random.uniform(0.5, 1.0)
-    if attempt < deps.invoke_retries and deps.clock.monotonic() + backoff <= start_by:
+    """ACR throttled the invoke: back off and return None to try again, or give up (the slot freed) once the
+    retries or the time to start are spent."""
+    backoff = min(0.25 * 2**tries, 4.0) * random.uniform(0.5, 1.0)
+    if tries < deps.invoke_retries and deps.clock.monotonic() + backoff <= start_by:
         deps.clock.sleep(backoff)
         return None
     log.warning("ACR kept throttling %s: %s; freeing the slot", message.session_id, exc)
-    if not new:  # a session exists (cold-started): end the attempt, stop it
+    if not new_session:  # a session exists (cold-started): end the attempt, stop it
         return _cold_start_failed(message, deps, options, str(exc), wait_until)
     return _undo_and_requeue(message, deps, Dispatch.REQUEUED_THROTTLED)
 
