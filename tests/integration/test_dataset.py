@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa  # the `data` extra: `make setup` installs it; a missing extra fails here, never skips
+import pyarrow.parquet as pq
 import pytest
 
 from rollout_pipeline.adapters import clients
@@ -25,9 +27,6 @@ from rollout_pipeline.sdk.dataset import COLUMNS, RESCORE_COLUMNS, SCHEMA_VERSIO
 from tests.conftest import REGION
 from tests.integration.conftest import queue_depth
 from tests.integration.lifecycle_support import drive, moto_lock  # noqa: F401 - fixture
-
-pa = pytest.importorskip("pyarrow")  # the `data` extra, in the dev environment (make setup)
-pq = pytest.importorskip("pyarrow.parquet")
 
 pytestmark = pytest.mark.usefixtures("moto_lock")
 
