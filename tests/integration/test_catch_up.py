@@ -95,7 +95,7 @@ def test_a_consumer_attaching_after_the_batch_completed_gets_every_event_once(
     invocations = len(fake.invocations())
 
     wanted = expected_ids(experiment.name, batch_id, (*FAST, *SLOW), batch_done=True)
-    trainer = [e.event_id for e in experiment.events(batch_id, timeout=4, poll_wait_s=WAIT)]
+    trainer = [e.event_id for e in experiment.events(batch_id, timeout=30, max_events=len(wanted), poll_wait_s=WAIT)]
     assert sorted(trainer) == sorted(wanted), "the trainer of this process consumed every event already, once"
     again_here = [e.event_id for e in experiment.events(batch_id, timeout=2, poll_wait_s=WAIT)]
     assert again_here == [], "a stream starts where this process is (by default): nothing is left"
@@ -122,7 +122,8 @@ def test_a_consumer_attaching_after_the_batch_completed_gets_every_event_once(
     other = Experiment.from_outputs(resources.stack_outputs(), region=REGION)
     with other.events(batch_id, from_start=True, timeout=30, poll_wait_s=WAIT) as stream:
         read_until(stream, wanted, [])
-    assert sorted(e.event_id for e in other.events(batch_id, timeout=4, poll_wait_s=WAIT)) == sorted(wanted)
+    by_default = other.events(batch_id, timeout=30, max_events=len(wanted), poll_wait_s=WAIT)
+    assert sorted(e.event_id for e in by_default) == sorted(wanted)
 
 
 def test_a_consumer_attaching_midway_gets_the_earlier_events_then_the_live_ones_once(
