@@ -52,6 +52,10 @@ AGENT_KIND_ENV: Final = "ROLLOUTS_AGENT_KIND"
 #: The SageMaker RFT job ARN agents send as `X-Amzn-SageMaker-Job-Arn` when `_rollout.job_arn` is not set.
 JOB_ARN_ENV: Final = "SAGEMAKER_JOB_ARN"
 AgentKind = Literal["art", "rft"]
+#: The result object's key under which the agent host reports what the session used (`{"cpu_s": ..., ...}`: the
+#: process CPU seconds and peak RSS of the session, `rollout_pipeline.agent.usage`); the host owns it and
+#: overwrites whatever the agent returned under it. Completion prices the session's CPU with it (`costs`).
+RESULT_USAGE_KEY: Final = "_rollout_usage"
 #: The example agent of each kind (what the image serves when `agent_module` is not set).
 DEFAULT_AGENT_MODULES: Final[dict[str, str]] = {
     "art": "rollout_pipeline.agent.examples.math_agent",
@@ -137,6 +141,46 @@ class ExperimentConfig(BaseModel):
     )
     result_max_bytes: int = Field(default=10 * 1024 * 1024, ge=1024, le=100 * 1024 * 1024)
     ledger_ttl_days: int = Field(default=30, ge=1, le=3650)
+    session_vcpus: float = Field(
+        default=2.0,
+        gt=0,
+        le=2.0,
+        description="vCPUs of one AgentCore session (AgentCore's maximum, 2): the CPU bound when CPU is not measured",
+    )
+    session_memory_gb: float = Field(
+        default=8.0,
+        ge=0.125,
+        le=8.0,
+        description="Memory of one AgentCore session priced per second of its life (AgentCore's maximum, 8 GB: an "
+        "upper bound; AgentCore bills the peak memory used, at least 128 MB)",
+    )
+    price_region: str | None = Field(
+        default=None,
+        pattern=r"^[a-z]{2}(-[a-z]+)+-\d$",
+        description="The region whose AgentCore prices are used (default: the deployment's)",
+    )
+    acr_vcpu_hour_usd: float | None = Field(
+        default=None, ge=0, le=100, description="AgentCore CPU price per vCPU-hour (default: the price table's)"
+    )
+    acr_gb_hour_usd: float | None = Field(
+        default=None, ge=0, le=100, description="AgentCore memory price per GB-hour (default: the price table's)"
+    )
+    pipeline_usd_per_rollout: float | None = Field(
+        default=None, ge=0, le=1, description="The pipeline's own AWS cost per attempt (default: costs.py's)"
+    )
+    session_grace_s: int = Field(
+        default=300,
+        ge=0,
+        le=28_800,
+        description="A session alive this long past its attempt's deadline is overdue: the sweeper keeps stopping "
+        "it and counts it (SessionsOverdue)",
+    )
+    budget_usd: float | None = Field(
+        default=None,
+        gt=0,
+        le=1e9,
+        description="Spend (USD) at which dispatch pauses (a warning at 80%); `rollouts budget set` changes it",
+    )
 
     @field_validator("model_base_url")
     @classmethod
@@ -251,6 +295,11 @@ class ExperimentConfig(BaseModel):
                 "model_secret_name",
                 "agent_module",
                 "rft_job_arn",
+                "price_region",
+                "acr_vcpu_hour_usd",
+                "acr_gb_hour_usd",
+                "pipeline_usd_per_rollout",
+                "budget_usd",
             ) and value in (
                 "",
                 "none",

@@ -6,12 +6,32 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from aws_cdk import App, Environment, Tags
+from aws_cdk import App, CfnResource, Environment, Stack, Tags
 
 from rollout_pipeline.config import ExperimentConfig
 from rollout_pipeline.ops.deploy_settings import STACK_KEYS, DeploySettings
 from stacks import nag
 from stacks.experiment_stack import ExperimentStack, stack_name
+
+#: The cost allocation tag on every resource of an experiment (docs/deploy.md: activate it in Billing).
+COST_TAG = "rollouts:experiment"
+#: Resource types CDK makes as bare `CfnResource`s (its singleton custom-resource providers, e.g. the S3 auto-delete
+#: one) that `Tags.of` cannot reach, with the property their tags go in (a Key/Value list for both).
+BARE_TAGGABLE = {"AWS::IAM::Role": "Tags", "AWS::Lambda::Function": "Tags"}
+
+
+def tag_bare_resources(stack: Stack, key: str, value: str) -> None:
+    """Tag the stack's bare `CfnResource`s of a taggable type, which the `Tags` aspect skips (they have no
+    TagManager): CDK's own providers' role and function would otherwise stay out of the experiment's bill."""
+    for construct in stack.node.find_all():
+        if type(construct) is not CfnResource:  # an L1 (CfnRole, CfnFunction, ...) has its TagManager
+            continue
+        prop = BARE_TAGGABLE.get(construct.cfn_resource_type)
+        if prop is None:
+            continue
+        tags = list(stack.resolve(construct._cfn_properties).get(prop) or [])
+        tags = [tag for tag in tags if tag.get("Key") != key]
+        construct.add_property_override(prop, [*tags, {"Key": key, "Value": value}])
 
 
 def config_context(app: App) -> dict[str, Any]:
@@ -43,6 +63,7 @@ def build_app(context: Mapping[str, Any] | None = None, outdir: str | None = Non
         env=env,
         description=f"Rollout pipeline of experiment {config.name} (rollout-pipeline)",
     )
-    Tags.of(stack).add("rollouts:experiment", config.name)
+    Tags.of(stack).add(COST_TAG, config.name)
+    tag_bare_resources(stack, COST_TAG, config.name)
     nag.add_checks(app)
     return app, stack

@@ -257,6 +257,7 @@ class ExperimentStack(Stack):
 
         allow(dispatch, ["s3:GetObject"], [claims, results])
         self.ledger.grant_read_write(dispatch.role)
+        self.ledger.grant_list_batches(dispatch.role)  # `Budget Exhausted` says which batches wait
         rollout_queue.grant_send_messages(dispatch.role)
         self.agent.grant_invoke(dispatch.role)
         self.agent.grant_stop_session(dispatch.role)

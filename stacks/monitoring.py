@@ -94,7 +94,14 @@ EMITTERS: Final[Mapping[str, tuple[str, ...]]] = {
     m.REWARD: ("completion",),
     m.NOTIFICATION_LATENCY: ("dispatch", "completion", "sweeper"),
     m.IN_FLIGHT: ("sweeper",),
+    # every path that ends a rollout prices it; every path that stops sessions may find one overdue
+    m.ESTIMATED_COST: ("dispatch", "completion", "sweeper"),
+    m.SESSIONS_OVERDUE: ("dispatch", "completion", "sweeper"),
+    m.BUDGET_USED_PERCENT: ("dispatch", "sweeper"),
+    m.BUDGET_HELD: ("dispatch",),
 }
+#: The budget alarm's threshold (percent of `budget_usd` spent), as the `Budget Warning` event's.
+BUDGET_WARNING_PERCENT: Final = 80
 #: Both sample the ledger's in-flight count (the dispatcher on each batch, the sweeper every minute).
 IN_FLIGHT_EMITTERS: Final = ("dispatch", "sweeper")
 
@@ -123,6 +130,7 @@ class Monitoring(Construct):
         self.alarms: dict[str, cloudwatch.Alarm] = {}
         self._function_alarms(functions)
         self._pipeline_alarms(active_session_quota)
+        self._cost_alarms()
         self.dashboard = self._dashboard(functions, queues, active_session_quota)
 
     # --- alarms ------------------------------------------------------------------------------------------------
@@ -254,6 +262,33 @@ class Monitoring(Construct):
             comparison=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
         )
 
+    def _cost_alarms(self) -> None:
+        """Runaway sessions and the budget's 80% (docs/costs.md)."""
+        config = self.config
+        self._any_in_a_row(
+            "SessionsOverdue",
+            "AgentCore sessions were found alive past their rollout's deadline plus session_grace_s (their stop "
+            "failed or their result came late): the sweeper keeps stopping them; they bill memory until then",
+            m.SESSIONS_OVERDUE,
+            periods=1,
+        )
+        self._alarm(
+            "BudgetWarning",
+            f"The experiment spent {BUDGET_WARNING_PERCENT}% of its budget (budget_usd or `rollouts budget set`): "
+            "at 100% dispatch pauses until the budget is raised (`rollouts cost`, docs/costs.md)",
+            cloudwatch.MathExpression(
+                expression=f"MAX([{', '.join(f'FILL(used_{fn}, 0)' for fn in EMITTERS[m.BUDGET_USED_PERCENT])}])",
+                using_metrics={
+                    f"used_{fn}": pipeline_metric(config, m.BUDGET_USED_PERCENT, fn, statistic="Maximum")
+                    for fn in EMITTERS[m.BUDGET_USED_PERCENT]
+                },
+                label="Budget used (%)",
+                period=ONE_MINUTE,
+            ),
+            threshold=BUDGET_WARNING_PERCENT,
+            comparison=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+        )
+
     def _any_in_a_row(self, name: str, description: str, metric: str, *, periods: int) -> None:
         """An alarm when `metric` (summed over its emitters) is above 0 in `periods` 5-minute periods in a row."""
         self._alarm(
@@ -339,6 +374,7 @@ class Monitoring(Construct):
             width=8,
         )
         capacity = self._capacity_widget(active_session_quota)
+        cost, budget = self._cost_widgets(total)
         alarms = cloudwatch.AlarmStatusWidget(title="Alarms", alarms=list(self.alarms.values()), width=12, height=6)
         return cloudwatch.Dashboard(
             self,
@@ -350,6 +386,7 @@ class Monitoring(Construct):
                 [rollouts, reasons],
                 [sessions, latency],
                 [reward, depth, errors],
+                [cost, budget],
                 [capacity, alarms],
             ],
         )
@@ -389,6 +426,43 @@ class Monitoring(Construct):
             width=12,
         )
         return sessions, latency
+
+    def _cost_widgets(
+        self, total: Callable[[str, str], cloudwatch.MathExpression]
+    ) -> tuple[cloudwatch.GraphWidget, cloudwatch.GraphWidget]:
+        """Estimated cost per minute with its running total, and the budget used with runaway and held rollouts."""
+        config, period = self.config, ONE_MINUTE
+        spend = summed(config, m.ESTIMATED_COST, EMITTERS[m.ESTIMATED_COST], period, "USD per minute")
+        cost = cloudwatch.GraphWidget(
+            title="Estimated cost (USD: AgentCore sessions + the pipeline's AWS, docs/costs.md)",
+            left=[spend],
+            right=[
+                cloudwatch.MathExpression(
+                    expression="RUNNING_SUM(spend)",
+                    using_metrics={"spend": spend},
+                    label="total over the period shown",
+                    period=period,
+                )
+            ],
+            right_y_axis=cloudwatch.YAxisProps(label="USD", min=0),
+            width=12,
+        )
+        budget = cloudwatch.GraphWidget(
+            title="Budget used (%) and runaway sessions",
+            left=[
+                pipeline_metric(config, m.BUDGET_USED_PERCENT, fn, statistic="Maximum").with_(label=f"budget ({fn})")
+                for fn in EMITTERS[m.BUDGET_USED_PERCENT]
+            ],
+            left_annotations=[
+                cloudwatch.HorizontalAnnotation(value=BUDGET_WARNING_PERCENT, label="warning"),
+                cloudwatch.HorizontalAnnotation(value=100, label="dispatch pauses"),
+            ],
+            left_y_axis=cloudwatch.YAxisProps(label="%", min=0),
+            right=[total(m.SESSIONS_OVERDUE, "sessions overdue"), total(m.BUDGET_HELD, "rollouts held on the budget")],
+            right_y_axis=cloudwatch.YAxisProps(label="per minute", min=0),
+            width=12,
+        )
+        return cost, budget
 
     def _capacity_widget(self, active_session_quota: int) -> cloudwatch.GraphWidget:
         """AgentCore's active sessions against the account's quota."""

@@ -20,6 +20,7 @@ from constructs import Construct
 from rollout_pipeline import routing, topology
 from rollout_pipeline.config import ExperimentConfig
 from rollout_pipeline.ids import CLAIMS_PREFIX
+from rollout_pipeline.ledger import keys
 from rollout_pipeline.ops.permissions import SUBSCRIPTION_PREFIXES, TRAINER_ACTIONS, ResourceKind
 from stacks import nag
 
@@ -57,6 +58,7 @@ class TrainerPolicy(Construct):
             "rollout_queue": [rollout_queue.queue_arn],
             "trainer_queue": [trainer_queue.queue_arn],
             "ledger": [table.table_arn],
+            "ledger_batches": [f"{table.table_arn}/index/{keys.DEADLINE_INDEX}"],
             "bus": [bus.event_bus_arn],
             "runtime": list(runtime_resources),
             "subscription_queues": [

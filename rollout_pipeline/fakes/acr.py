@@ -113,8 +113,13 @@ class AcrProfile:
     #: A cold session answers 424 until this long after its first invoke.
     cold_start_ready_s: float = 1.0
     #: Share of stops that fail: ResourceNotFound while the session keeps running, Conflict or throttling (in
-    #: equal parts). A failed stop leaves the session running; the next stop of it succeeds.
+    #: equal parts). A failed stop leaves the session running; the next stop of it succeeds (after
+    #: `stop_failures_in_a_row` failures).
     stop_failure_share: float = 0.0
+    #: How many stops of a session chosen to fail fail in a row (a runaway: AgentCore refusing for minutes).
+    stop_failures_in_a_row: int = 1
+    #: What a failing stop answers (chosen at random among them).
+    stop_failure_kinds: tuple[str, ...] = ("not_found_running", "conflict", "throttled")
     #: The InvokeAgentRuntime response takes this long (uniform between the two).
     invoke_latency_s: tuple[float, float] = (0.0, 0.0)
     seed: int = 0
@@ -210,6 +215,8 @@ class FakeAgentRuntime:
         self.last_active: dict[str, float | None] = {}
         self.cold_until: dict[str, float] = {}
         self.stop_failed_running: set[str] = set()
+        #: Failed stops so far, by session (a session fails `stop_failures_in_a_row` stops once chosen).
+        self.stop_failures: Counter[str] = Counter()
         self.reaped: set[str] = set()
         self.max_active = 0
 
@@ -334,13 +341,17 @@ class FakeAgentRuntime:
                 if not self._quota.data_plane_call(now):
                     self.calls.append(FakeCall(now, "stop", session_id, "throttled", endpoint))
                     raise RuntimeThrottled("ThrottlingException: data-plane rate exceeded")
-                if (
-                    known
-                    and session_id not in self.stop_failed_running
-                    and self._rng.random() < self.profile.stop_failure_share
+                failing = 0 < self.stop_failures[session_id] < self.profile.stop_failures_in_a_row
+                if known and (
+                    failing
+                    or (
+                        session_id not in self.stop_failed_running
+                        and self._rng.random() < self.profile.stop_failure_share
+                    )
                 ):
                     self.stop_failed_running.add(session_id)
-                    kind = self._rng.choice(("not_found_running", "conflict", "throttled"))
+                    self.stop_failures[session_id] += 1
+                    kind = self._rng.choice(self.profile.stop_failure_kinds)
                     self.calls.append(FakeCall(now, "stop", session_id, kind, endpoint))
                     if kind == "not_found_running":
                         raise RuntimeSessionNotFound(f"ResourceNotFoundException: session {session_id}")

@@ -48,6 +48,8 @@ LAYOUT_VERSION: Final = 2
 UNSTAMPED_LAYOUT: Final = 1
 #: The experiment's current policy version (set by the trainer; stamped on each rollout at dispatch).
 POLICY_SK: Final = "POLICY"
+#: The experiment's budget (`LimitLedger.budget`); its spend lives on the session-slot counters.
+BUDGET_SK: Final = "BUDGET"
 TPS_PREFIX: Final = "TPS#"
 #: WAIT#{process}: the admission board, one item per dispatcher process with waiters (`lifecycle.limits.SlotGate`).
 WAIT_PREFIX: Final = "WAIT#"
@@ -60,6 +62,8 @@ OUTBOX_PK: Final = "gsi_outbox_pk"
 OUTBOX_SK: Final = "gsi_outbox_sk"
 #: Shards of each sparse GSI partition key, so no single index partition gets every write.
 INDEX_SHARDS: Final = 4
+#: The `deadline` index's partition that lists the experiment's batch items (sort key: created, epoch ms).
+BATCHES_INDEX_PK: Final = "BAT"
 
 
 #: A batch's partition key is this prefix and its id.
@@ -143,6 +147,10 @@ def layout_item(version: int = LAYOUT_VERSION) -> dict[str, dict[str, str]]:
 
 def policy_key() -> dict[str, dict[str, str]]:
     return {PK: {"S": LIMIT_PK}, SK: {"S": POLICY_SK}}
+
+
+def budget_key() -> dict[str, dict[str, str]]:
+    return {PK: {"S": LIMIT_PK}, SK: {"S": BUDGET_SK}}
 
 
 def tps_key(epoch_second: int) -> dict[str, dict[str, str]]:

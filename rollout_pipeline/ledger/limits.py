@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 from rollout_pipeline.ledger import keys
@@ -40,6 +42,24 @@ def free_shard(holder: str) -> int:
     return zlib.crc32(holder.encode()) % keys.SESSION_SHARDS
 
 
+@dataclass(frozen=True, slots=True)
+class BudgetState:
+    """The experiment's budget item: the budget set at run time (None: the deployed `budget_usd` holds), and the
+    budget values whose 80% warning and exhaustion were announced."""
+
+    budget_usd: float | None = None
+    warned_for: float | None = None
+    exhausted_for: float | None = None
+
+    @classmethod
+    def of(cls, item: Mapping[str, Any]) -> BudgetState:
+        def number(name: str) -> float | None:
+            value = item.get(name)
+            return None if value is None else float(value)
+
+        return cls(number("budget_usd"), number("warned_for"), number("exhausted_for"))
+
+
 class LimitLedger:
     """Reads and conditional writes of the `LIMIT` partition, through the table's gateway."""
 
@@ -63,12 +83,72 @@ class LimitLedger:
             )
         }
 
-    def free_slot(self, holder: str) -> dict[str, Any]:
+    def free_slot(self, holder: str, *, spent_usd: float = 0.0) -> dict[str, Any]:
         """A transaction item that gives one session slot back, on the counter `free_shard(holder)` (`holder`:
         any text naming the slot's holder, e.g. its session id). A slot may be given back on any counter: a
-        counter then below zero only lets more takes through up to its cap, so the sum stays exact and bounded."""
+        counter then below zero only lets more takes through up to its cap, so the sum stays exact and bounded.
+
+        `spent_usd`: the session's cost, ADDed to the experiment's spend on the same counter item (`spent_usd`):
+        the spend lives on the 32 slot counters, written by the release every session makes anyway, and is summed
+        by the same Query that sums the slots (`slots_and_spend`): no item of its own, no write of its own."""
         key = keys.session_shard_key(free_shard(holder))
+        if spent_usd > 0:
+            return {
+                "Update": self.table.update_op(
+                    key, "ADD in_flight :d, spent_usd :usd", None, {":d": -1, ":usd": round(spent_usd, 10)}
+                )
+            }
         return {"Update": self.table.update_op(key, "ADD in_flight :d", None, {":d": -1})}
+
+    def slots_and_spend(self) -> tuple[int, float]:
+        """Sessions holding a slot and the experiment's spend so far (USD: every released session's cost), summed
+        over the slot counters in one strongly consistent Query."""
+        request: dict[str, Any] = {
+            "KeyConditionExpression": "pk = :pk AND begins_with(sk, :prefix)",
+            "ExpressionAttributeValues": plain_values({":pk": keys.LIMIT_PK, ":prefix": keys.SESSIONS_SHARD_PREFIX}),
+            "ConsistentRead": True,
+        }
+        counts = [0] * keys.SESSION_SHARDS
+        spent = Decimal(0)
+        for raw in self.table.query(request, max_pages=2):
+            _count_slot(counts, raw)
+            if "spent_usd" in raw:
+                spent += Decimal(str(from_attribute_value(raw["spent_usd"])))
+        return sum(counts), float(spent)
+
+    def budget(self) -> BudgetState:
+        """The experiment's budget item (`keys.budget_key`): the budget set at run time, and which budget values
+        the warning and the exhaustion were announced for (strongly consistent)."""
+        item = self._get(keys.budget_key()) or {}
+        return BudgetState.of(item)
+
+    def set_budget(self, budget_usd: float, now_iso: str) -> None:
+        """Set the experiment's budget (USD) from now on (it replaces the deployed `budget_usd`)."""
+        self.table.ddb.update_item(
+            TableName=self.table.name,
+            Key=keys.budget_key(),
+            UpdateExpression="SET budget_usd = :b, updated_at = :now",
+            ExpressionAttributeValues=plain_values({":b": budget_usd, ":now": now_iso}),
+        )
+
+    def claim_budget_event(self, kind: str, budget_usd: float) -> bool:
+        """Claim the announcement of `kind` ("warned" or "exhausted") for budget `budget_usd`: True for the one
+        caller that records it first (a conditional write), so each is announced once per budget value."""
+        attribute = f"{kind}_for"
+        return (
+            self.table.update(
+                keys.budget_key(),
+                f"SET {attribute} = :b",
+                f"attribute_not_exists({attribute}) OR {attribute} <> :b",
+                {":b": budget_usd},
+            )
+            is not None
+        )
+
+    def unclaim_budget_event(self, kind: str, budget_usd: float) -> None:
+        """Give a claim back after its event could not be published (the next check claims it again)."""
+        attribute = f"{kind}_for"
+        self.table.update(keys.budget_key(), f"REMOVE {attribute}", f"{attribute} = :b", {":b": budget_usd})
 
     def slot_counts(self) -> list[int]:
         """Every session-slot counter's value, by shard (one strongly consistent Query)."""

@@ -6,8 +6,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from rollout_pipeline import ids
 from rollout_pipeline.config import ExperimentConfig, HandlerSettings
 from rollout_pipeline.contracts.attempts import attempt_token
+from rollout_pipeline.costs import PriceBook
 from rollout_pipeline.feed.feed import Feed
 from rollout_pipeline.ledger.ledger import Ledger
 from rollout_pipeline.lifecycle.limits import (
@@ -60,6 +62,12 @@ class LifecycleDeps:
     #: The key of attempt tokens (`contracts.attempts`): the dispatcher puts the attempt's token into every request
     #: and completion accepts only results that carry it. None: neither (tests of other things, old deployments).
     attempt_key: Callable[[], bytes] | None = None
+    #: The prices rollouts are costed with (`costs.PriceBook`); None: the experiment's, in the runtime's region
+    #: (local mode's runtime: labelled as a local run).
+    price_book: PriceBook | None = None
+    #: Rollouts held on a spent budget are re-sent to come back after this long (SQS DelaySeconds, at most 900).
+    budget_recheck_s: int = 60
+    prices: PriceBook = field(init=False)
     limited: LimitedRuntime = field(init=False)
     slots: SlotGate = field(init=False)
     slot_shards: SlotShards = field(init=False)
@@ -68,6 +76,8 @@ class LifecycleDeps:
         if self.invoke_time_s is None:
             self.invoke_time_s = float(getattr(self.runtime, "max_invoke_s", 0.0))
         config = self.settings.experiment
+        arn = self.settings.runtime_arn
+        self.prices = self.price_book or PriceBook.of(config, ids.runtime_region(arn), local=ids.is_local_runtime(arn))
         tps, sessions = pacers(self.ledger.limits, config.tps_limit, config.session_rate_limit, config.endpoints)
         apart = dedicated_session_share(config.tps_limit, config.session_rate_limit, config.endpoints)
         self.limited = LimitedRuntime(self.runtime, tps, sessions, self.metrics, sessions_apart=apart)

@@ -6,7 +6,8 @@ Else one transaction: a new attempt (queued n+1, outbox `enqueue`) while attempt
 `Rollout Failed` (timeout); either way the old session's slot is held and its stop is in the outbox. Then the
 outbox is drained (retry message sent, event published, session stopped: `lifecycle.stops`). Outbox: entries
 older than `deps.outbox_age_s` are drained. Every step is conditional on `(state, attempt)`, so repeated or
-concurrent sweeps change nothing twice. Last, the release window's backstop (`feed.feed.Feed.sweep`).
+concurrent sweeps change nothing twice. Last, the release window's backstop (`feed.feed.Feed.sweep`) and the
+budget's check (`lifecycle.budget.check`: its warning and exhaustion are announced even when nothing dispatches).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from rollout_pipeline.ledger.items import RolloutRecord
 from rollout_pipeline.ledger.rollouts import (
     DISPATCHED,
 )
-from rollout_pipeline.lifecycle import publishing
+from rollout_pipeline.lifecycle import budget, publishing
 from rollout_pipeline.lifecycle.cancel import cancel_rollout
 from rollout_pipeline.lifecycle.completion import complete_if_written
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
@@ -105,6 +106,12 @@ def sweep(
             "sweep reached its deadline: the next run continues (%d rollouts past due seen)", report.expired_seen
         )
     deps.metrics.sample(IN_FLIGHT, deps.ledger.limits.in_flight())
+    try:  # the last rollouts' stops may cross a budget's 80% or 100% after the last dispatch: announce it
+        budget.check(deps)
+    except Exception as exc:
+        log.warning("budget check failed: %s", exc)
+        report.errors.append(f"budget: {exc}")
+        deps.metrics.count(SWEEP_ERRORS)
     return report
 
 

@@ -103,6 +103,13 @@ def _add_pipeline_options(parser: argparse.ArgumentParser) -> None:
         help="process (default: one agent process per session, as ACR's microVMs; a stop kills it) or shared (one "
         "process serves every session: starts fast, sessions not isolated)",
     )
+    parser.add_argument(
+        "--budget-usd",
+        type=float,
+        metavar="USD",
+        help="the experiment's budget, priced as on AgentCore: at 80%% a Budget Warning, at 100%% dispatch pauses "
+        "(the demo then raises it, as `rollouts budget set` would, and the batch completes)",
+    )
     parser.add_argument("--work-dir", type=Path, help="where logs go (default: a new temporary directory)")
     parser.add_argument("-v", "--verbose", action="store_true", help="log what the pipeline does")
 
@@ -175,8 +182,11 @@ def register(sub: Any, _common: argparse.ArgumentParser) -> None:
 
 
 def _settings(args: argparse.Namespace, max_tokens: int = 256) -> Any:
+    from rollout_pipeline.cli.base import CliError
     from rollout_pipeline.local.pipeline import LocalSettings
 
+    if args.budget_usd is not None and not args.budget_usd > 0:
+        raise CliError(f"--budget-usd must be a positive number of US dollars, got {args.budget_usd}")
     return LocalSettings(
         experiment=args.experiment,
         group_size=args.group_size,
@@ -191,6 +201,7 @@ def _settings(args: argparse.Namespace, max_tokens: int = 256) -> Any:
         isolation=args.agent_isolation,
         work_dir=args.work_dir,
         port=getattr(args, "port", None) or None,
+        experiment_settings={} if args.budget_usd is None else {"budget_usd": args.budget_usd},
     )
 
 

@@ -84,6 +84,8 @@ class LocalSettings:
     #: (`topology.function_specs`). The dispatcher's is `dispatch_concurrency` (the experiment's, as deployed).
     concurrency_overrides: dict[str, int] = field(default_factory=lambda: {"ingest": 1, "completion": 2})
     sweep_interval_s: float = 10.0
+    #: Rollouts held on a spent budget come back this much later (deployed: a minute, `LifecycleDeps`).
+    budget_recheck_s: int = 3
     work_dir: Path | None = None
     #: The port of the local AWS endpoint (`http://127.0.0.1:PORT`); None: a free one.
     port: int | None = None
@@ -257,6 +259,7 @@ class LocalPipeline:
         # The very handler code of the Lambdas, over this run's wiring (passed down, not installed process-wide).
         assert self.wiring is not None
         lifecycle = self._lifecycle = self.wiring.lifecycle()
+        lifecycle.budget_recheck_s = self.settings.budget_recheck_s
         handlers = {
             "ingest": lambdas.ingest.function.bind(self.wiring.ingestion()),
             "dispatch": lambdas.dispatch.function.bind(lifecycle),

@@ -12,7 +12,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
-from rollout_pipeline import routing, topology
+from rollout_pipeline import ids, routing, topology
 from rollout_pipeline.config import ExperimentConfig, HandlerSettings
 from rollout_pipeline.fakes import faithful
 from rollout_pipeline.ledger import keys
@@ -138,7 +138,10 @@ def create_resources(config: ExperimentConfig, *, region: str, client: Any) -> E
         results_bucket=results_bucket,
         table_name=table_name,
         bus_name=bus_name,
-        runtime_arn=f"arn:aws:bedrock-agentcore:{region}:{LOCAL_ACCOUNT}:runtime/{config.runtime_name}-local",
+        runtime_arn=(
+            f"arn:aws:bedrock-agentcore:{region}:{LOCAL_ACCOUNT}:runtime/{config.runtime_name}"
+            f"{ids.LOCAL_RUNTIME_SUFFIX}"
+        ),
         queue_urls=queue_urls,
         dlq_urls=dlq_urls,
     )

@@ -22,6 +22,8 @@ from typing import IO, TYPE_CHECKING, Any, Final
 
 from rollout_pipeline import ids
 from rollout_pipeline.contracts import iso
+from rollout_pipeline.costs import PriceBook
+from rollout_pipeline.details import recorded_cost
 from rollout_pipeline.ledger.items import GroupItem, RolloutRecord
 from rollout_pipeline.sdk._aws import aws_errors
 from rollout_pipeline.sdk.dataset import (
@@ -49,9 +51,9 @@ FETCH_WORKERS: Final = 8
 FETCH_CHUNK_ROLLOUTS: Final = 64
 
 
-def rollout_fields(rec: RolloutRecord | None) -> dict[str, Any]:
+def rollout_fields(rec: RolloutRecord | None, prices: PriceBook | None = None) -> dict[str, Any]:
     """What an export line carries of a rollout item (bookkeeping such as outbox and index keys is left out); a
-    rollout without an item was never dispatched: `queued`."""
+    rollout without an item was never dispatched: `queued`. `cost`: what its event said it cost (with `prices`)."""
 
     def at(value: datetime | None) -> str | None:
         return iso(value) if value is not None else None
@@ -69,6 +71,7 @@ def rollout_fields(rec: RolloutRecord | None) -> dict[str, Any]:
         "submitted_at": at(rec.submitted_at),
         "dispatched_at": at(rec.dispatched_at),
         "finished_at": at(rec.finished_at),
+        "cost": _cost(rec, prices),
     }
 
 
@@ -84,13 +87,20 @@ ROLLOUT_FIELDS = (
     "submitted_at",
     "dispatched_at",
     "finished_at",
+    "cost",
 )
+
+
+def _cost(rec: RolloutRecord, prices: PriceBook | None) -> dict[str, Any] | None:
+    cost = None if prices is None else recorded_cost(rec, prices)
+    return None if cost is None else cost.model_dump()
 
 
 def export_rows(
     *,
     groups: Iterable[GroupItem],
     rollouts: Iterable[RolloutRecord],
+    prices: PriceBook | None = None,
     fetch_result: FetchResult | None,
     include_payload: bool = False,
 ) -> Iterator[dict[str, Any]]:
@@ -109,7 +119,7 @@ def export_rows(
                 "rollout_id": ids.rollout_id(group.input_id, index),
                 "line": group.line,
             }
-            row.update(rollout_fields(members.get(index)))
+            row.update(rollout_fields(members.get(index), prices))
             if include_payload:
                 row["payload"] = dict(group.payload) if group.payload is not None else None
                 if group.payload_ref:

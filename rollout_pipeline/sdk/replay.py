@@ -30,6 +30,7 @@ from rollout_pipeline.contracts import (
     detail_type_of,
     redact_secrets,
 )
+from rollout_pipeline.costs import PriceBook
 from rollout_pipeline.details import (
     batch_accepted_detail,
     batch_completion_detail,
@@ -58,16 +59,17 @@ def group_events(
     fetch_result: FetchResult | None = None,
     inline_limit: int | None = INLINE_RESULT_BYTES,
     keep: Callable[[RolloutCompleted | RolloutFailed], bool] | None = None,
+    prices: PriceBook | None = None,
 ) -> tuple[list[RolloutCompleted | RolloutFailed], GroupCompleted | None]:
     """One group's published events as the ledger accounts for them: each terminal rollout's `Rollout Completed`
     / `Rollout Failed` (index order; only those `keep` accepts, else all), and `Group Completed` with its members
     once the group is complete (else None). A kept successful rollout's result object is inlined (`fetch_result`,
     secret fields redacted as the publisher does) when its size is at most `inline_limit` (None: whatever its
-    size)."""
+    size); a rollout's `cost` priced with `prices`, as published."""
     terminal = sorted((rec for rec in records if rec.terminal), key=lambda rec: rec.index)
     rollouts: list[RolloutCompleted | RolloutFailed] = []
     for rec in terminal:
-        detail = rollout_event(rec, notified_at=None)
+        detail = rollout_event(rec, notified_at=None, prices=prices)
         if keep is not None and not keep(detail):
             continue
         fits = inline_limit is None or (rec.result_size is not None and rec.result_size <= inline_limit)
@@ -99,12 +101,14 @@ def batch_events(
     detail_types: Collection[DetailType] | None = None,
     skip: Callable[[str], bool] | None = None,
     fetch_result: FetchResult | None = None,
+    prices: PriceBook | None = None,
 ) -> Iterator[Event]:
     """Every event the batch has published so far, rebuilt from the ledger, in the order the pipeline publishes them
     (`Batch Accepted`; group by group, in input-id order, its rollouts' terminal events then `Group Completed`;
     `Batch Completed`), leaving out the types not in `detail_types` and the ids `skip` accepts (whose results are
-    not read). Streamed: the group and rollout items are read as two sorted Queries joined group by group
-    (`dataset.join_groups`), so memory holds one group. Nothing for a batch not in the ledger (yet)."""
+    not read); a rollout's `cost` priced with `prices`, as published. Streamed: the group and rollout items are
+    read as two sorted Queries joined group by group (`dataset.join_groups`), so memory holds one group. Nothing for
+    a batch not in the ledger (yet)."""
     wanted = frozenset(DetailType) if detail_types is None else frozenset(detail_types)
 
     def due(detail: AnyDetail) -> bool:
@@ -119,7 +123,12 @@ def batch_events(
         policy_version = batch.options.policy_version if batch.options else None
         for group, members in join_groups(ledger.batches.groups(batch_id), ledger.rollouts.batch_rollouts(batch_id)):
             rollouts, completed = group_events(
-                group, members.values(), policy_version=policy_version, fetch_result=fetch_result, keep=due
+                group,
+                members.values(),
+                policy_version=policy_version,
+                fetch_result=fetch_result,
+                keep=due,
+                prices=prices,
             )
             yield from (ledger_event(detail) for detail in rollouts)
             if completed is not None and due(completed):

@@ -94,6 +94,8 @@ def seed_batch(
         "created_at": _s(now.isoformat()),
         "rows_accepted": _n(len(inputs)),
         "rows_rejected": _n(0),
+        keys.DEADLINE_PK: _s(keys.BATCHES_INDEX_PK),  # listed among the experiment's batches
+        keys.DEADLINE_SK: _n(round(now.timestamp() * 1000)),
     }
     if with_total:
         batch["rollouts_total"] = _n(len(inputs) * group_size)

@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parents[2]
 PACKAGE = "rollout_pipeline"
 
 #: The base every layer may use; it imports nothing above it.
-BASE = ("contracts", "config", "ids", "ports", "metric_names")
+BASE = ("contracts", "config", "ids", "ports", "metric_names", "costs")
 #: What only tests, benchmarks and local mode run on.
 TEST_ONLY = ("fakes",)
 #: The root's plain modules: names, numbers and small rules the stages and the stack read.
@@ -27,6 +27,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "config": frozenset({"metric_names"}),
     "ports": frozenset({"contracts"}),
     "contracts": frozenset({"config", "ids", "ports"}),
+    "costs": frozenset({"config", "contracts"}),
     # The root's plain modules: the base and each other.
     "topology": frozenset(BASE),
     "routing": frozenset(BASE),
