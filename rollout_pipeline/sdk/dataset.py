@@ -20,7 +20,9 @@ from datetime import datetime
 from typing import Any, Final
 
 from rollout_pipeline import ids
-from rollout_pipeline.contracts import MAX_ABS_REWARD, grpo_advantages, reward_stats, scalar_reward
+from rollout_pipeline.contracts import MAX_ABS_REWARD, RolloutCost, grpo_advantages, reward_stats, scalar_reward
+from rollout_pipeline.costs import PriceBook
+from rollout_pipeline.details import recorded_cost
 from rollout_pipeline.ledger.items import GroupItem, RolloutRecord, RolloutState
 
 #: The dataset schema's version: MAJOR changes when a column is removed, renamed or retyped; MINOR when one is added
@@ -101,9 +103,20 @@ COLUMNS: Final[tuple[Column, ...]] = (
     ),
     Column("payload_ref", "string", "`s3://` URI of a payload over 32 KiB (claim check)"),
 )
-#: Where the cost columns go (what a rollout cost on AgentCore, once the ledger records it): added here, after the
-#: core columns, with a MINOR version bump. Empty until then.
-COST_COLUMNS: Final[tuple[Column, ...]] = ()
+#: What a rollout cost (`contracts.RolloutCost`, docs/costs.md), as its `Rollout Completed` / `Rollout Failed`
+#: carried it: after the core columns. Null for a rollout not terminal yet or one that ended before costs were kept.
+COST_COLUMNS: Final[tuple[Column, ...]] = (
+    Column(
+        "cost_usd",
+        "float64",
+        "what the rollout cost in USD (AgentCore memory and CPU, the pipeline's own AWS), as its event carried it",
+    ),
+    Column("cost_agentcore_usd", "float64", "its AgentCore sessions' part (memory + CPU)"),
+    Column("cost_pipeline_usd", "float64", "the pipeline's own AWS part"),
+    Column("cost_usd_max", "float64", "the figure if no pending session stop is ever confirmed"),
+    Column("cost_session_end", "string", "`stopped`, `estimated` (a stop was pending) or `bounded`"),
+    Column("cost_priced_as", "string", "which prices and session size (and whether a local run)"),
+)
 #: The columns a re-scored dataset adds after the others (`sdk.rescore`): `reward`, `turn_rewards`, the group
 #: statistics and `advantage` are then the new ones.
 RESCORE_COLUMNS: Final[tuple[Column, ...]] = (
@@ -180,9 +193,10 @@ def _seconds(start: datetime | None, end: datetime | None) -> float | None:
     return (end - start).total_seconds() if start is not None and end is not None else None
 
 
-def rollout_row(group: GroupItem, index: int, rec: RolloutRecord | None) -> Row:
+def rollout_row(group: GroupItem, index: int, rec: RolloutRecord | None, prices: PriceBook | None = None) -> Row:
     """The dataset row of one rollout, from its group item and its rollout item (None: never dispatched), without
-    the result object's columns nor the group statistics (`group_rows` adds both)."""
+    the result object's columns nor the group statistics (`group_rows` adds both); its cost priced with `prices` as
+    its event was (None: no cost columns' values)."""
     succeeded = rec is not None and rec.state is RolloutState.SUCCEEDED
     failed = rec is not None and rec.state is RolloutState.FAILED
     turn_rewards = list(rec.rewards) if rec is not None and isinstance(rec.rewards, list) else None
@@ -212,6 +226,21 @@ def rollout_row(group: GroupItem, index: int, rec: RolloutRecord | None) -> Row:
         "result_size": rec.result_size if rec is not None else None,
         "payload_json": _json_text(group.payload) if group.payload is not None else None,
         "payload_ref": group.payload_ref,
+        **cost_columns(recorded_cost(rec, prices) if rec is not None and rec.terminal and prices is not None else None),
+    }
+
+
+def cost_columns(cost: RolloutCost | None) -> Row:
+    """The cost columns of one rollout (`COST_COLUMNS`), all null without a cost."""
+    if cost is None:
+        return {column.name: None for column in COST_COLUMNS}
+    return {
+        "cost_usd": cost.usd,
+        "cost_agentcore_usd": cost.agentcore_memory_usd + cost.agentcore_cpu_usd,
+        "cost_pipeline_usd": cost.pipeline_usd,
+        "cost_usd_max": cost.usd_max,
+        "cost_session_end": cost.session_end,
+        "cost_priced_as": cost.priced_as,
     }
 
 
@@ -266,10 +295,11 @@ def group_rows(
     *,
     results: Mapping[int, Mapping[str, Any] | None] | None = None,
     result_fields: Sequence[str] = (),
+    prices: PriceBook | None = None,
 ) -> list[Row]:
-    """Every row of one group (one per index, in index order), with group statistics and, given `results` (index
-    -> result object), the result columns."""
-    rows = add_group_stats([rollout_row(group, i, members.get(i)) for i in range(group.group_size)])
+    """Every row of one group (one per index, in index order), with group statistics, costs priced with `prices`
+    and, given `results` (index -> result object), the result columns."""
+    rows = add_group_stats([rollout_row(group, i, members.get(i), prices) for i in range(group.group_size)])
     for row in rows:
         row.update(result_columns((results or {}).get(row["index"]), result_fields))
     return rows

@@ -171,6 +171,7 @@ def batch_groups(
     result_fields: Sequence[str] = (),
     workers: int = FETCH_WORKERS,
     chunk_rollouts: int = FETCH_CHUNK_ROLLOUTS,
+    prices: PriceBook | None = None,
 ) -> Iterator[GroupRead]:
     """Each group of a batch as dataset rows, in input-id order, with its result objects read `workers` at a time
     (`fetch`; None: no result columns), a chunk of about `chunk_rollouts` rollouts ahead at most."""
@@ -190,7 +191,8 @@ def batch_groups(
                 results = {
                     index: read.get((group.input_id, index)) for index in range(group.group_size) if index in members
                 }
-                yield group_rows(group, members, results=results, result_fields=result_fields), results
+                rows = group_rows(group, members, results=results, result_fields=result_fields, prices=prices)
+                yield rows, results
 
 
 def write_dataset(
@@ -208,11 +210,13 @@ def write_dataset(
     row_group_rows: int | None = None,
     row_group_bytes: int | None = None,
     chunk_rollouts: int = FETCH_CHUNK_ROLLOUTS,
+    prices: PriceBook | None = None,
 ) -> DatasetExport:
     """Write the rollout dataset of `batch_ids` to `directory`: `data/{batch}.parquet` each (row groups written as
     the rows are read) and the dataset card `README.md`. `transform` (re-scoring) rewrites each group's rows before
     `row_filter` applies. `row_group_rows`/`row_group_bytes` (default: `parquet.ROW_GROUP_ROWS`/`ROW_GROUP_BYTES`) and
-    `chunk_rollouts` (results read ahead) bound the memory. Returns what was written."""
+    `chunk_rollouts` (results read ahead) bound the memory. The cost columns are priced with `prices` (None: null).
+    Returns what was written."""
     from rollout_pipeline.sdk import parquet
 
     target = Path(directory)
@@ -231,7 +235,12 @@ def write_dataset(
         writer = parquet.ParquetFileWriter(data / f"{batch_id}.parquet", columns, metadata, batch_id=batch_id, **sizes)
         try:
             read = batch_groups(
-                ledger, batch_id, fetch=fetch, result_fields=result_fields, chunk_rollouts=chunk_rollouts
+                ledger,
+                batch_id,
+                fetch=fetch,
+                result_fields=result_fields,
+                chunk_rollouts=chunk_rollouts,
+                prices=prices,
             )
             for rows, results in read:
                 writer.add(row_filter.keep(transform(rows, results) if transform is not None else rows))
@@ -345,6 +354,7 @@ def export_dataset(
             overwrite=overwrite,
             transform=rescorer,
             rescored_with=rescored_with,
+            prices=experiment.price_book(),
         )
     if rescorer is not None:
         export.rescored, export.failed, export.errors = rescorer.rescored, rescorer.failed, dict(rescorer.errors)

@@ -23,7 +23,7 @@ from rollout_pipeline.fakes.acr import AgentBehaviour, Behaviour, FakeAgentRunti
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.local.resources import ExperimentResources
 from rollout_pipeline.sdk import BatchNotFound, Experiment, SdkError
-from rollout_pipeline.sdk.dataset import COLUMNS, RESCORE_COLUMNS, SCHEMA_VERSION
+from rollout_pipeline.sdk.dataset import COLUMNS, COST_COLUMNS, RESCORE_COLUMNS, SCHEMA_VERSION
 from tests.conftest import REGION
 from tests.integration.conftest import queue_depth
 from tests.integration.lifecycle_support import drive, moto_lock  # noqa: F401 - fixture
@@ -80,6 +80,11 @@ def by_rollout(table: Any) -> dict[str, dict[str, Any]]:
     return {row["rollout_id"]: row for row in table.to_pylist()}
 
 
+def experiment_jsonl(experiment: Experiment, batch: str, path: Path) -> list[dict[str, Any]]:
+    experiment.export(batch, path)
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
 def grpo(rewards: list[float | None]) -> list[float | None]:
     """The advantage by hand: (r - mean) / (population std + 1e-6) over the successful rewards."""
     values = [r for r in rewards if r is not None]
@@ -102,7 +107,7 @@ def test_a_batch_exported_to_parquet_reads_back_with_every_reader(
 
     table = pq.read_table(data)
     assert table.num_rows == 8, "one row per rollout"
-    assert table.schema.names == [*(c.name for c in COLUMNS), "result_response"]
+    assert table.schema.names == [*(c.name for c in (*COLUMNS, *COST_COLUMNS)), "result_response"]
     assert table.schema.field("reward").type == pa.float64()
     assert table.schema.field("finished_at").type == pa.timestamp("us", tz="UTC")
     assert table.schema.metadata[b"rollout_pipeline.schema_version"] == SCHEMA_VERSION.encode()
@@ -126,6 +131,15 @@ def test_a_batch_exported_to_parquet_reads_back_with_every_reader(
     assert [rows["q3#0"]["advantage"], rows["q3#1"]["advantage"]] == [0.0, None]
     assert {rows[f"q4#{i}"]["advantage"] for i in range(2)} == {0.0}
     assert all(r["group_complete"] and r["session_id"] and r["attempt"] == 1 for r in rows.values())
+    # What each rollout cost, as its event carried it (the JSON Lines export's `cost`, priced the same way).
+    costs = {line["rollout_id"]: line["cost"] for line in experiment_jsonl(experiment, batch, tmp_path / "x.jsonl")}
+    for rollout_id, row in rows.items():
+        cost = costs[rollout_id]
+        assert cost is not None, rollout_id
+        assert row["cost_usd"] == cost["usd"] > 0, rollout_id
+        assert row["cost_agentcore_usd"] == pytest.approx(cost["agentcore_memory_usd"] + cost["agentcore_cpu_usd"])
+        assert (row["cost_session_end"], row["cost_priced_as"]) == (cost["session_end"], cost["priced_as"])
+    assert failed["cost_usd"] is not None, "a failed rollout cost something too"
 
     import pandas as pd
     import polars as pl

@@ -15,6 +15,7 @@ from rollout_pipeline.contracts import GroupCompleted, grpo_advantages
 from rollout_pipeline.ledger.items import GroupItem, RolloutRecord, RolloutState
 from rollout_pipeline.sdk.dataset import (
     COLUMNS,
+    COST_COLUMNS,
     RESCORE_COLUMNS,
     SCHEMA_VERSION,
     RowFilter,
@@ -122,7 +123,7 @@ def test_rows_carry_failures_with_their_reason_and_no_reward_and_the_sdks_advant
     assert rows[1]["result_json"] is None
     assert rows[0]["payload_json"] == '{"question":"1+1","answer":"2"}'
     assert rows[0]["duration_s"] == 2.5
-    assert set(rows[0]) == {c.name for c in COLUMNS}
+    assert set(rows[0]) == {c.name for c in (*COLUMNS, *COST_COLUMNS)}
 
 
 def test_an_incomplete_group_has_no_statistics_and_its_unstarted_rollouts_are_queued() -> None:
@@ -324,6 +325,6 @@ def test_pyarrow_is_an_extra_never_in_the_lambda_bundle_and_the_library_imports_
 def test_docs_list_every_column_with_its_type_and_the_schema_version() -> None:
     text = (REPO / "docs" / "datasets.md").read_text(encoding="utf-8")
     documented = dict(re.findall(r"^\| `([a-z_]+)` \| ([a-z0-9<>]+) \|", text, re.MULTILINE))
-    for column in (*COLUMNS, *RESCORE_COLUMNS):
+    for column in (*COLUMNS, *COST_COLUMNS, *RESCORE_COLUMNS):
         assert documented.get(column.name) == column.type, f"docs/datasets.md: column {column.name}"
     assert f"schema version **{SCHEMA_VERSION}**" in text
