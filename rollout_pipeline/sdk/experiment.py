@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from rollout_pipeline.sdk.capacity import CapacityView
     from rollout_pipeline.sdk.client import RolloutClient
     from rollout_pipeline.sdk.cost import ExperimentCost
-    from rollout_pipeline.sdk.dataset import DatasetExport
+    from rollout_pipeline.sdk.dataset import DatasetExport, RowFilter
     from rollout_pipeline.sdk.rescore import RewardFunction
     from rollout_pipeline.wiring import Wiring
 
@@ -794,13 +794,9 @@ class Experiment:
         their typed reason and a null reward. Filters: `variance_only` (groups whose rewards differ),
         `succeeded_only`, `min_reward` (reward >= it). `result_fields`: top-level fields of the result object to add
         as columns `result_{field}`. A directory that is not empty is refused unless `overwrite`. Needs pyarrow."""
-        from rollout_pipeline.sdk.dataset import RowFilter
         from rollout_pipeline.sdk.export import export_dataset
 
-        try:
-            row_filter = RowFilter(variance_only, succeeded_only, min_reward)
-        except ValueError as exc:
-            raise SdkError(str(exc)) from None
+        row_filter = _row_filter(variance_only, succeeded_only, min_reward)
         return export_dataset(
             self,
             batch_id,
@@ -828,7 +824,6 @@ class Experiment:
         rewards, group statistics and advantages, and the agent's beside them (`original_*`). Runs no agent and
         writes nothing to the ledger, the buckets or the bus. A row whose function raised is marked
         (`rescore_error`) and counted (`DatasetExport.failed`, the first ones in `errors`); the run goes on."""
-        from rollout_pipeline.sdk.dataset import RowFilter
         from rollout_pipeline.sdk.export import export_dataset, quiet_payload
         from rollout_pipeline.sdk.rescore import Rescorer, load_reward_function
 
@@ -836,10 +831,7 @@ class Experiment:
             function, name = load_reward_function(reward)
         else:
             function, name = reward, f"{getattr(reward, '__module__', '?')}:{getattr(reward, '__qualname__', '?')}"
-        try:
-            row_filter = RowFilter(variance_only, succeeded_only, min_reward)
-        except ValueError as exc:
-            raise SdkError(str(exc)) from None
+        row_filter = _row_filter(variance_only, succeeded_only, min_reward)
         return export_dataset(
             self,
             batch_id,
@@ -1017,4 +1009,14 @@ def parse_s3_uri(uri: str) -> tuple[str, str]:
     try:
         return ids.parse_s3_uri(uri)
     except ids.InvalidId as exc:
+        raise SdkError(str(exc)) from None
+
+
+def _row_filter(variance_only: bool, succeeded_only: bool, min_reward: float | None) -> RowFilter:
+    """The dataset's row filter from `export`/`rescore`'s options; a bad combination is an SdkError."""
+    from rollout_pipeline.sdk.dataset import RowFilter
+
+    try:
+        return RowFilter(variance_only, succeeded_only, min_reward)
+    except ValueError as exc:
         raise SdkError(str(exc)) from None
