@@ -245,6 +245,8 @@ def run(  # noqa: C901 (one run's harness: the experiments' Lambdas, the outside
     probe = LatenessProbe()
     grants: list[tuple[float, dict[str, tuple[float, float]]]] = []
     if pooled:
+        from rollout_pipeline.lifecycle.limits.shares import factor as shares_factor
+
         pool_reader = PoolLedger.open(topology_pool_table())
 
         def sample_grants() -> None:
@@ -266,6 +268,10 @@ def run(  # noqa: C901 (one run's harness: the experiments' Lambdas, the outside
                                 m.lease("sessions").demand,
                             )
                             for n, m in state.members.items()
+                        }
+                        | {
+                            f"backoff-{b}": (shares_factor(state.backoff.get(b), now), 0.0)
+                            for b in ("sessions", "calls")
                         },
                     )
                 )
@@ -625,6 +631,7 @@ def _backoff(
         "pipeline_sessions_per_s_with_outside": len([s for s in starts if after <= s < end]) / max(1e-9, end - after),
         "climb_back_s": climb_s,
         "last_throttle_after_outside_start_s": max((t - begin for t in throttled_at if t >= begin), default=0.0),
+        "throttles_after_outside_start_s": [round(t - begin, 2) for t in sorted(throttled_at) if t >= begin][:60],
     }
 
 

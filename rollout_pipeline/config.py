@@ -8,6 +8,7 @@ defaults plus CLI options.
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Mapping
 from typing import Any, Final, Literal
@@ -15,11 +16,51 @@ from typing import Any, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from rollout_pipeline.metric_names import METRICS_NAMESPACE
-from rollout_pipeline.quotas import ACTIVE_SESSIONS_ELSEWHERE
+from rollout_pipeline.quotas import ACTIVE_SESSIONS_ELSEWHERE, PoolSettings
 
 EXPERIMENT_NAME_PATTERN = r"^[a-z][a-z0-9-]{0,31}$"
 #: Context values that mean "not set: derive the default" (`-c key=` and cdk.json's "").
 _UNSET: Final = (None, "", "none", "None")
+
+
+#: Rollouts one dispatcher Lambda holds at once: its SQS batch (`topology.FUNCTIONS` reads it).
+DISPATCH_BATCH: Final = 10
+#: Seconds a rollout spends in a dispatcher's hands before its session starts (its wait on the admission board for
+#: room in the schedule, up to ~2 s, and the invoke's answer): the dispatchers must hold rate x this many rollouts.
+#: Measured (bench/bench_capacity.py, one experiment alone on the whole account pool, 22.5/s): 50 in hand sustained
+#: 0.846 of the rate, 100 in hand 0.933 (docs/benchmarks.md, "Capacity").
+IN_HAND_S: Final = 4.4
+#: The dispatch concurrency derived when none is set is at least this (the field's own minimum).
+MIN_DISPATCHERS: Final = 2
+#: ... and at most this (a new-session quota raised far above AgentCore's default asks for many dispatchers).
+MAX_DISPATCHERS_DERIVED: Final = 100
+
+
+def new_sessions_cap(session_rate_limit: float | None, tps_limit: float | None) -> float | None:
+    """The most new sessions/s an experiment asks for: `session_rate_limit`, and half of `tps_limit` (an invoke and
+    a stop each); None: no cap of its own."""
+    caps = [c for c in (session_rate_limit, None if tps_limit is None else tps_limit / 2) if c]
+    return min(caps) if caps else None
+
+
+def derived_dispatch_concurrency(
+    *,
+    session_rate_limit: float | None,
+    tps_limit: float | None,
+    max_sessions: int,
+    account_sessions_per_s: float | None = None,
+) -> int:
+    """The dispatcher Lambdas an experiment needs to keep its new-session rate busy: enough to hold rate x
+    `IN_HAND_S` rollouts (`DISPATCH_BATCH` each), the rate being its own cap (`new_sessions_cap`) or else the whole
+    account pool less the reserve (`account_sessions_per_s`; default: AgentCore's documented quota), and never more
+    than its `max_sessions` can start at once. The one home of the formula: synth and local mode both use it; an
+    explicit `dispatch_concurrency` wins."""
+    account = PoolSettings().budget("sessions") if account_sessions_per_s is None else account_sessions_per_s
+    cap = new_sessions_cap(session_rate_limit, tps_limit)
+    rate = account if cap is None else min(cap, account)
+    by_rate = math.ceil(rate * IN_HAND_S / DISPATCH_BATCH - 1e-9)
+    by_slots = math.ceil(max_sessions / DISPATCH_BATCH)
+    return max(MIN_DISPATCHERS, min(by_rate, by_slots, MAX_DISPATCHERS_DERIVED))
 
 
 #: A session lives this much longer than one attempt's timeout (dispatch-to-invoke, result write, stop).
@@ -145,7 +186,13 @@ class ExperimentConfig(BaseModel):
         le=28_800,
         description="ACR max session lifetime (default: rollout_timeout_s + LIFETIME_MARGIN_S, at most 8 h)",
     )
-    dispatch_concurrency: int = Field(default=5, ge=2, le=1000, description="Max concurrent dispatcher Lambdas")
+    dispatch_concurrency: int = Field(
+        default=MIN_DISPATCHERS,
+        ge=2,
+        le=1000,
+        description="Max concurrent dispatcher Lambdas (default: derived from the experiment's new-session rate, "
+        "`derived_dispatch_concurrency`)",
+    )
     max_limit_requeues: int = Field(
         default=200, ge=1, le=100_000, description="Re-sends because of limits/throttles before `throttled`"
     )
@@ -210,12 +257,23 @@ class ExperimentConfig(BaseModel):
         - `max_lifetime_s`: what one attempt can need (`rollout_timeout_s` + `LIFETIME_MARGIN_S`), not AgentCore's
           8 h maximum (an orphaned session would otherwise bill for up to 8 h);
         - `idle_timeout_s`: 900 s, but never above `max_lifetime_s` (AgentCore rejects a runtime whose idle timeout
-          exceeds its max lifetime, and a short `rollout_timeout_s` derives a short lifetime).
+          exceeds its max lifetime, and a short `rollout_timeout_s` derives a short lifetime);
+        - `dispatch_concurrency`: what the experiment's new-session rate needs (`derived_dispatch_concurrency`).
         A value that is not a number is left for the field's own validation to report.
         """
         if not isinstance(data, Mapping):
             return data
         data = dict(data)
+        if data.get("dispatch_concurrency") in _UNSET:
+            data.pop("dispatch_concurrency", None)
+            try:
+                data["dispatch_concurrency"] = derived_dispatch_concurrency(
+                    session_rate_limit=_optional_number(data.get("session_rate_limit")),
+                    tps_limit=_optional_number(data.get("tps_limit")),
+                    max_sessions=int(data.get("max_sessions", 100)),
+                )
+            except (TypeError, ValueError):
+                pass  # the field that is not a number is reported by its own validation
         if data.get("max_lifetime_s") in _UNSET:
             data.pop("max_lifetime_s", None)
             try:
@@ -324,6 +382,11 @@ class ExperimentConfig(BaseModel):
                 value = None
             values[field_name] = value
         return validate_config(values)
+
+
+def _optional_number(value: Any) -> float | None:
+    """A raw setting as a number (None when unset); ValueError/TypeError when it is not one."""
+    return None if value in _UNSET else float(value)
 
 
 def validate_config(values: Mapping[str, Any]) -> ExperimentConfig:

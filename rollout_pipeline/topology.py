@@ -13,6 +13,7 @@ from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from rollout_pipeline.config import DISPATCH_BATCH as DISPATCH_BATCH_SIZE
 from rollout_pipeline.config import RESOURCE_FIELDS, ExperimentConfig, HandlerSettings
 
 #: CloudFormation stack of an experiment: `Rollouts-{name}`.
@@ -82,7 +83,9 @@ class FunctionSpec:
 #: The table. Dispatch's concurrency is the experiment's `dispatch_concurrency` (see `function_specs`).
 FUNCTIONS: Final[Mapping[FunctionName, FunctionSpec]] = {
     "ingest": FunctionSpec("ingest", timeout_s=900, memory_mb=1024, batch_size=1, max_concurrency=5),
-    "dispatch": FunctionSpec("dispatch", timeout_s=180, memory_mb=512, batch_size=10, batching_window_s=1),
+    "dispatch": FunctionSpec(
+        "dispatch", timeout_s=180, memory_mb=512, batch_size=DISPATCH_BATCH_SIZE, batching_window_s=1
+    ),
     "completion": FunctionSpec(
         "completion", timeout_s=60, memory_mb=512, batch_size=10, batching_window_s=1, max_concurrency=10
     ),

@@ -30,7 +30,7 @@ from rollout_pipeline import metric_names, topology
 from rollout_pipeline.adapters.clients import ClientFactory
 from rollout_pipeline.adapters.runtime import register_local_runtime
 from rollout_pipeline.agent.credentials import API_KEY_ENV
-from rollout_pipeline.config import ExperimentConfig, validate_config
+from rollout_pipeline.config import ExperimentConfig, derived_dispatch_concurrency, validate_config
 from rollout_pipeline.fakes import faithful
 from rollout_pipeline.local.lambda_runtime import QueueConsumer, Schedule
 from rollout_pipeline.local.model_server import MODEL_ID, LocalModelServer
@@ -79,7 +79,9 @@ class LocalSettings:
     aws_profile: str = field(default_factory=faithful.profile_from_env)
     #: Seed of the faithful profile's random choices (hot-item conflicts), so a run reproduces.
     aws_profile_seed: int = 0
-    dispatch_concurrency: int = 2
+    #: None: derived from the experiment's new-session rate and the local account's quota, as synth derives it
+    #: (`config.derived_dispatch_concurrency`); local mode's small `max_sessions` keeps it at 2.
+    dispatch_concurrency: int | None = None
     #: Consumers per queue where local mode runs fewer than the stack's event source mappings (a small machine
     #: runs the whole pipeline). Explicit, and logged at start; every other number is the stack's
     #: (`topology.function_specs`). The dispatcher's is `dispatch_concurrency` (the experiment's, as deployed).
@@ -132,8 +134,23 @@ class LocalSettings:
                 "model_base_url": model_url,
                 "model_id": self.model_id,
                 "sampling_params": dict(self.sampling_params),
-                "dispatch_concurrency": max(2, self.dispatch_concurrency),
+                "dispatch_concurrency": self._dispatch_concurrency(),
             }
+        )
+
+    def _dispatch_concurrency(self) -> int:
+        if self.dispatch_concurrency is not None:
+            return max(2, self.dispatch_concurrency)
+        rate = self.experiment_settings.get("session_rate_limit")
+        try:
+            session_rate_limit = None if rate in (None, "") else float(rate)
+        except (TypeError, ValueError):
+            session_rate_limit = None  # validate_config names the bad setting
+        return derived_dispatch_concurrency(
+            session_rate_limit=session_rate_limit,
+            tps_limit=self.tps_limit,
+            max_sessions=self.max_sessions,
+            account_sessions_per_s=self.pool_settings().budget("sessions"),
         )
 
     def validate(self) -> None:

@@ -10,7 +10,7 @@ import pytest
 from rollout_pipeline import topology
 from rollout_pipeline.config import ExperimentConfig
 from rollout_pipeline.local.pipeline import LocalSettings, consumer_specs
-from tests.infra.conftest import EXPERIMENT, PUBLIC_MODEL_URL, Synthesized
+from tests.infra.conftest import EXPERIMENT, PUBLIC_MODEL_URL, Synthesized, stack_context
 
 DEFAULTS = ExperimentConfig(name=EXPERIMENT, model_base_url=PUBLIC_MODEL_URL)
 
@@ -87,3 +87,29 @@ def test_local_consumers_are_the_stacks_but_for_explicit_concurrency_overrides(o
 def test_visibility_is_derived_and_capped() -> None:
     spec = topology.FunctionSpec("ingest", timeout_s=3 * 3600, memory_mb=128, batch_size=1, max_concurrency=1)
     assert spec.visibility_timeout_s == topology.MAX_VISIBILITY_TIMEOUT_S
+
+
+def test_synth_derives_the_dispatch_concurrency_from_the_rate(synth: Synthesized) -> None:
+    """cdk.json leaves `dispatch_concurrency` unset: synth derives it from the experiment's new-session rate (the
+    whole account pool less the reserve, 22.5/s, x `IN_HAND_S` 4.4 s / 10 per Lambda = 10, measured to sustain 0.93
+    of the pool alone), a lower rate asks for fewer, and an explicit value wins."""
+    mapping = _mappings(synth)[synth.logical_id(synth.stack.dispatch.queue)]
+    assert mapping["ScalingConfig"] == {"MaximumConcurrency": 10}
+    assert DEFAULTS.dispatch_concurrency == 10
+    context = stack_context()
+    assert context["dispatch_concurrency"] == ""  # derived, not pinned, by cdk.json
+    assert ExperimentConfig.from_context({**context, "session_rate_limit": "5"}).dispatch_concurrency == 3
+    assert ExperimentConfig.from_context({**context, "tps_limit": "8"}).dispatch_concurrency == 2
+    assert ExperimentConfig.from_context({**context, "max_sessions": "30"}).dispatch_concurrency == 3
+    assert ExperimentConfig.from_context({**context, "dispatch_concurrency": "4"}).dispatch_concurrency == 4
+
+
+def test_local_mode_derives_the_dispatch_concurrency_from_its_account() -> None:
+    """Local mode sizes its dispatchers with the same formula, from the local account's quota; explicit wins."""
+    wide = LocalSettings(max_sessions=200, tps_limit=200, account_new_sessions_per_s=4.0)
+    assert wide.experiment_config("http://127.0.0.1:1/v1").dispatch_concurrency == 2  # 3.6/s x 4.4 s: 16 in hand
+    fast = LocalSettings(max_sessions=200, tps_limit=200, account_new_sessions_per_s=50.0)
+    assert fast.experiment_config("http://127.0.0.1:1/v1").dispatch_concurrency == 20  # 45/s x 4.4 s / 10
+    pinned = LocalSettings(max_sessions=200, tps_limit=200, dispatch_concurrency=3)
+    assert pinned.experiment_config("http://127.0.0.1:1/v1").dispatch_concurrency == 3
+    assert LocalSettings().experiment_config("http://127.0.0.1:1/v1").dispatch_concurrency == 2  # 4 sessions

@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Final
 
-from rollout_pipeline.config import ExperimentConfig
+from rollout_pipeline.config import ExperimentConfig, new_sessions_cap
 from rollout_pipeline.ledger.limits import LimitLedger, PaceView
 from rollout_pipeline.ledger.pool import FORGET_AFTER_S, Lease, Member, PoolLedger, PoolState
 from rollout_pipeline.lifecycle.limits.pacing import LATENESS_S
@@ -434,10 +434,8 @@ class CapacityLease:
 
 
 def sessions_cap(config: ExperimentConfig) -> float | None:
-    """The most new sessions/s this experiment asks for: `session_rate_limit`, and half of `tps_limit` (an invoke
-    and a stop each)."""
-    caps = [c for c in (config.session_rate_limit, None if config.tps_limit is None else config.tps_limit / 2) if c]
-    return min(caps) if caps else None
+    """The most new sessions/s this experiment asks for (`config.new_sessions_cap`)."""
+    return new_sessions_cap(config.session_rate_limit, config.tps_limit)
 
 
 def forgotten(state: PoolState, name: str, now: float) -> tuple[str, ...]:
