@@ -91,7 +91,12 @@ def main(argv: list[str] | None = None) -> int:
         help="k: one virtual second lasts k wall seconds (8: three experiments' Lambdas keep their pace here; at 4 "
         "the machine, not the pipeline, sets the rate)",
     )
-    parser.add_argument("--dispatchers", type=int, default=5, help="dispatcher 'Lambdas' per experiment")
+    parser.add_argument(
+        "--dispatchers",
+        type=int,
+        default=None,
+        help="dispatcher 'Lambdas' per experiment (default: what synth derives, `config.derived_dispatch_concurrency`)",
+    )
     parser.add_argument("--completers", type=int, default=2, help="completer 'Lambdas' per experiment")
     parser.add_argument("--threads", type=int, default=10)
     parser.add_argument("--max-sessions", type=int, default=200)
@@ -204,9 +209,10 @@ def run(  # noqa: C901 (one run's harness: the experiments' Lambdas, the outside
             max_sessions=args.max_sessions,
             group_size=group_size,
             rollout_timeout_s=900,
-            dispatch_concurrency=max(2, args.dispatchers),
+            **({} if args.dispatchers is None else {"dispatch_concurrency": max(2, args.dispatchers)}),
             **own,
         )
+        dispatchers = config.dispatch_concurrency
         resources = create_resources(
             config, region="us-east-1", client=clients.client, pool=settings if pooled else False
         )
@@ -226,7 +232,7 @@ def run(  # noqa: C901 (one run's harness: the experiments' Lambdas, the outside
             )
 
         options = RigOptions(
-            dispatchers=args.dispatchers,
+            dispatchers=dispatchers,
             completers=args.completers,
             threads=args.threads,
             queue_depth=150,
@@ -292,7 +298,7 @@ def run(  # noqa: C901 (one run's harness: the experiments' Lambdas, the outside
         print(
             f"bench_capacity ({'account pool' if pooled else 'own limits, before the pool'}): k={args.dilation:g}, "
             f"{len(names)} experiments (weights {args.weights}) x {inputs * group_size} rollouts, "
-            f"{args.dispatchers} dispatchers each; load {load_start[0]:.1f}",
+            f"{dispatchers} dispatchers each; load {load_start[0]:.1f}",
             flush=True,
         )
     for t in threads:
@@ -399,7 +405,7 @@ def _count_pool_writes(writes: list[float]) -> None:
     """Record when the pool item is written (the account pool's one item: how hot is it?)."""
     from rollout_pipeline.ledger.pool import PoolLedger
 
-    for name in ("write_member", "write_backoff"):
+    for name in ("write_member", "record_backoff"):
         original = getattr(PoolLedger, name)
 
         def counted(self: Any, *a: Any, __original: Any = original, **kw: Any) -> Any:

@@ -7,6 +7,7 @@ defaults plus CLI options.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -266,14 +267,12 @@ class ExperimentConfig(BaseModel):
         data = dict(data)
         if data.get("dispatch_concurrency") in _UNSET:
             data.pop("dispatch_concurrency", None)
-            try:
+            with contextlib.suppress(TypeError, ValueError):  # a field not a number is reported by its validation
                 data["dispatch_concurrency"] = derived_dispatch_concurrency(
                     session_rate_limit=_optional_number(data.get("session_rate_limit")),
                     tps_limit=_optional_number(data.get("tps_limit")),
                     max_sessions=int(data.get("max_sessions", 100)),
                 )
-            except (TypeError, ValueError):
-                pass  # the field that is not a number is reported by its own validation
         if data.get("max_lifetime_s") in _UNSET:
             data.pop("max_lifetime_s", None)
             try:

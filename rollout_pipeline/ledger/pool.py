@@ -25,6 +25,7 @@ from typing import Any, Final
 
 from rollout_pipeline.ledger.attributes import item_values
 from rollout_pipeline.ledger.pool_schema import pool_key, settings_update
+from rollout_pipeline.ledger.retry import retry_conflicts
 from rollout_pipeline.ledger.table import LedgerTable
 from rollout_pipeline.ports import Clock
 from rollout_pipeline.quotas import BUDGETS, AccountQuotas, Budget, PoolSettings
@@ -150,18 +151,35 @@ class PoolLedger:
             values = {":entry": entry, ":next": version + 1, ":v": version}
         return self.table.update(pool_key(), update, condition, values, names or None) is not None
 
-    def write_backoff(self, budget: Budget, backoff: Backoff, *, version: int) -> bool:
-        """Set the backoff of `budget` if the pool is still at `version` (one decrease per overshoot)."""
-        return (
-            self.table.update(
-                pool_key(),
-                "SET backoff.#b = :backoff, version = :next",
-                "version = :v",
-                {":backoff": {"base": backoff.base, "at": backoff.at}, ":next": version + 1, ":v": version},
-                {"#b": budget},
+    def record_backoff(self, budget: Budget, backoff: Backoff, *, after: Backoff | None) -> tuple[bool, Backoff | None]:
+        """Set the backoff of `budget` to `backoff` if it is still `after` (None: none yet), whatever else changed:
+        one conditional UpdateItem, so a lessee that AgentCore just throttled records it at once, without reading
+        the pool first, and duplicates of one overshoot decrease it once (the second finds `after` changed). The
+        version moves on, so a renewal computed before the decrease is computed again. Returns (written, the
+        backoff now in the item): when not written, the item's own (ConditionalCheckFailedException's `Item`,
+        `ReturnValuesOnConditionCheckFailure`), to decide whether it is already decreased."""
+        values: dict[str, Any] = {":backoff": {"base": backoff.base, "at": backoff.at}, ":one": 1}
+        names: dict[str, str] = {"#b": budget}
+        if after is None:
+            condition = "attribute_not_exists(backoff.#b)"
+        else:  # every name and value must be used (ValidationException otherwise)
+            condition = "backoff.#b.#at = :after"
+            values[":after"] = after.at
+            names["#at"] = "at"
+        op = self.table.update_op(pool_key(), "SET backoff.#b = :backoff ADD version :one", condition, values, names)
+        try:
+            retry_conflicts(
+                self.table.ddb.update_item,
+                sleep=self.table.sleep,
+                ReturnValuesOnConditionCheckFailure="ALL_OLD",
+                **op,
             )
-            is not None
-        )
+        except self.table.ddb.exceptions.ConditionalCheckFailedException as exc:
+            old = item_values(exc.response.get("Item") or {})
+            raw = (old.get("backoff") or {}).get(budget)
+            current = None if raw is None else Backoff(base=float(raw.get("base", 1.0)), at=float(raw.get("at", 0.0)))
+            return False, current
+        return True, backoff
 
     def leave(self, name: str) -> None:
         """Take experiment `name` out of the pool (its stack is being destroyed)."""

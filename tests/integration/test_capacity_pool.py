@@ -15,7 +15,7 @@ from rollout_pipeline.ledger.ledger import Ledger
 from rollout_pipeline.ledger.pool import PoolLedger, PoolMissing
 from rollout_pipeline.lifecycle.limits.pacing import LATENESS_S
 from rollout_pipeline.lifecycle.limits.pool import CALLS_PACE, SESSION_PACE, CapacityLease
-from rollout_pipeline.lifecycle.limits.shares import DECREASE, LEASE_S
+from rollout_pipeline.lifecycle.limits.shares import DECREASE, DECREASE_HOLD_S, LEASE_S
 from rollout_pipeline.local.resources import ExperimentResources, create_resources
 from rollout_pipeline.quotas import AccountQuotas, PoolSettings
 from tests.conftest import REGION
@@ -246,3 +246,54 @@ def test_capacity_shows_the_quotas_and_every_experiments_share(resources: Experi
     text = "\n".join(view.lines())
     assert "new sessions 25/s per account" in text
     assert "reserve 10%" in text
+
+
+def count_requests() -> list[str]:
+    calls: list[str] = []
+
+    def count(model: Any, **_: Any) -> None:
+        calls.append(model.name)
+
+    clients.register_hook("before-parameter-build.dynamodb", count)
+    return calls
+
+
+def test_a_throttle_is_recorded_in_one_write_once_per_overshoot(resources: ExperimentResources) -> None:
+    """The lessee AgentCore throttled writes the decrease at once (one conditional UpdateItem, no read first, even
+    though the pool moved since its last read); another experiment throttled in the same overshoot finds it done
+    (its write fails on the changed backoff and returns it: no second decrease); a later overshoot decreases again."""
+    wall = Wall()
+    b = second_experiment("exp-b")
+    la, lb = lease_of(resources, wall), lease_of(b, wall)
+    la.renew()
+    lb.renew()
+    lb.renew(force=True)  # the pool moved on since la read it
+    calls = count_requests()
+    assert la.record_throttle("sessions", wall.now) is True
+    assert calls == ["UpdateItem"]
+    assert la.pool.read().backoff["sessions"].base == DECREASE
+    wall.now += 0.2
+    assert lb.record_throttle("sessions", wall.now) is False  # the same overshoot: decreased once
+    assert la.pool.read().backoff["sessions"].base == DECREASE
+    assert lb.stats["backoff_seen"] == 1
+    wall.now += DECREASE_HOLD_S
+    assert lb.record_throttle("sessions", wall.now) is True  # a later overshoot: its view came with the failure
+    assert la.pool.read().backoff["sessions"].base < DECREASE
+
+
+def test_a_renewal_right_after_a_reservation_reads_no_schedule(resources: ExperimentResources) -> None:
+    """A renewal starts from the schedules as the process's last reservation showed them (`Pacer.reserve_at`
+    renews after booking): the pool's read and write and the two schedules' leases, no BatchGetItem."""
+    wall = Wall(time.time())
+    lease = lease_of(resources, wall)
+    lease.renew()
+    wall.now += LEASE_S - 2.5  # the renewal is due
+    lease.observe(SESSION_PACE, lease.limits.pace(SESSION_PACE))  # a reservation's answer
+    lease.observe(CALLS_PACE, lease.limits.pace(CALLS_PACE))
+    calls = count_requests()
+    lease.renew()
+    assert sorted(calls) == ["GetItem", "UpdateItem", "UpdateItem", "UpdateItem"]
+    wall.now += LEASE_S - 2.5  # due again, and this process saw no schedule since: it reads them
+    calls.clear()
+    lease.renew()
+    assert sorted(calls) == ["BatchGetItem", "GetItem", "UpdateItem", "UpdateItem", "UpdateItem"]

@@ -151,11 +151,13 @@ class Pacer:
         started = self._monotonic()
         busy_first = self.tat > not_before or (self.guess_busy and self.busy)
         if self.lease is not None:
-            self.lease.ensure()
             answer = self.ledger.reserve_leased(
                 self.budget, not_before_us=int(not_before * 1e6), latest_us=int(latest * 1e6), busy_first=busy_first
             )
             self.absorb(answer.pace)
+            # After the reservation, not before: a renewal due now starts from the schedule this answer just showed
+            # (no read of it); a reservation that lacked the lease renews by force (`reserve`).
+            self.lease.ensure()
             slot_us, tat_us = answer.slot_us, answer.pace.tat_us
         else:
             slot_us, tat_us = self.ledger.reserve_pace(

@@ -78,6 +78,11 @@ ADOPT_UNCARRIED_S: Final = 1.0
 URGENT_S: Final = 2.1
 #: The `tps` schedule's rate is never below this (the calls granted less the new sessions' own), so stops go on.
 STOP_FLOOR_PER_S: Final = 2.0
+#: A renewal uses this process's own views of the schedules instead of reading them (one BatchGetItem) when the
+#: new sessions' is at most this old (its `last_start` moves about as fast as time: less than `BOOKING_SLACK_S`) ...
+SESSION_VIEW_FRESH_S: Final = 0.25
+#: ... and the data-plane calls' at most this old (stops book it near now; 1,000 calls/s rarely binds).
+CALLS_VIEW_FRESH_S: Final = 2.0
 #: A process renews by force (no lease for a start it needs) at most this often: with nothing granted (others hold
 #: the budget until their next renewal) the next force would find the same.
 FORCED_RENEW_GAP_S: Final = 0.25
@@ -145,6 +150,9 @@ class CapacityLease:
         self._forced_at = -1e18
         self._behind: threading.Thread | None = None
         self._behind_lock = threading.Lock()
+        #: The latest view of each schedule this process saw (a reservation's answer, a read) and when (wall s):
+        #: a renewal right after a reservation takes its views from here instead of reading them again.
+        self._views: dict[str, tuple[PaceView, float]] = {}
         #: Set by a budget that pauses dispatch: the experiment asks for no new sessions.
         self.paused: Callable[[], bool] = lambda: False
         #: What this process's renewals did: written to the pool, adopted (another process had just renewed), forced
@@ -185,6 +193,9 @@ class CapacityLease:
     def observe(self, budget: str, pace: PaceView) -> None:
         """A schedule read or reservation showed `pace`: a later lease on it (another process renewed) extends this
         process's grant, with the spacing and active sessions the renewal wrote there."""
+        seen = self._views.get(budget)
+        if seen is None or (pace.lease_version, pace.booked) >= (seen[0].lease_version, seen[0].booked):
+            self._views[budget] = (pace, self._wall())
         current = self.grant
         until = pace.lease_until_us / 1e6
         if current is None or until <= current.until or not pace.interval_us:
@@ -226,9 +237,12 @@ class CapacityLease:
             if force:
                 self._forced_at = now
                 self.stats["forced"] += 1
-            paces = self.limits.paces([SESSION_PACE, CALLS_PACE])
-            for budget, pace in paces.items():
-                self.observe(budget, pace)
+            paces = self._recent_paces(now)
+            if paces is None:
+                self.stats["schedules_read"] += 1
+                paces = self.limits.paces([SESSION_PACE, CALLS_PACE])
+                for budget, pace in paces.items():
+                    self.observe(budget, pace)
             current = self.grant
             if not force and current is not None and current.until - now > self._renew_ahead:
                 self.stats["seen"] += 1  # another process renewed: its schedules say so
@@ -251,6 +265,17 @@ class CapacityLease:
                 self._sleep(self._rng.uniform(0.0, min(0.25, 0.01 * 2**attempt)))  # full jitter: writers spread
                 paces = self.limits.paces([SESSION_PACE, CALLS_PACE])
             raise RuntimeError(f"the account pool kept changing while {self.config.name} renewed its lease")
+
+    def _recent_paces(self, now: float) -> dict[str, PaceView] | None:
+        """Both schedules as this process saw them last, if recently enough to renew from (a renewal right after a
+        reservation: `Pacer.reserve_at` renews after it books); else None (read them). A view a little old is
+        safe: the lease written onto a schedule is conditional on no start booked past what the renewal counted
+        (`LimitLedger.set_pace_lease`), and a renewal that finds one reads the schedules again."""
+        views = {budget: self._views.get(budget) for budget in (SESSION_PACE, CALLS_PACE)}
+        fresh = {SESSION_PACE: SESSION_VIEW_FRESH_S, CALLS_PACE: CALLS_VIEW_FRESH_S}
+        if any(view is None or now - view[1] > fresh[budget] for budget, view in views.items()):
+            return None
+        return {budget: view[0] for budget, view in views.items() if view is not None}
 
     def _adopt(self, state: PoolState, paces: Mapping[str, PaceView], now: float) -> Grant | None:
         """The lease another process of this experiment just renewed, if it has enough left and its schedules
@@ -411,21 +436,37 @@ class CapacityLease:
     # -------------------------------------------------------------------------------------------- backoff
 
     def throttled(self, budget: Budget) -> None:
-        """AgentCore answered a rate exceeded for `budget` ("sessions" or "calls"): lower the pool's factor (once
-        per overshoot) and renew at once, so this experiment slows down within its next call."""
+        """AgentCore answered a rate exceeded for `budget` ("sessions" or "calls"): lower the pool's factor at once
+        (`record_throttle`: once per overshoot, whoever sees it first) and renew, so this experiment slows down
+        within its next call and every other lessee at its next renewal."""
         now = self._wall()
         self._throttles += 1
         if now - self._throttled_at.get(budget, 0.0) < 1.0:
             return  # this process already reacted to this overshoot
         self._throttled_at[budget] = now
         try:
-            state = self.pool.read()
-            lower = decreased(state.backoff.get(budget), now)
-            if lower is not None:
-                self.pool.write_backoff(budget, lower, version=state.version)
+            self.record_throttle(budget, now)
             self.renew(force=True)
         except Exception:  # the backoff is best effort: the throttled call is retried through the budgets anyway
             log.warning("could not record AgentCore's throttle in the account pool", exc_info=True)
+
+    def record_throttle(self, budget: Budget, now: float) -> bool:
+        """Decrease the pool's factor of `budget` for a throttle at `now`, from the backoff this process last saw
+        (no read): one conditional write on that backoff being unchanged. If another lessee changed it meanwhile,
+        the failed write returns the item's own and the decrease is decided again from it (nothing to do when it
+        is already decreased for this overshoot). True when this call wrote the decrease."""
+        known = self.state.backoff.get(budget) if self.state is not None else None
+        for _attempt in range(3):
+            lower = decreased(known, now)
+            if lower is None:
+                return False  # decreased under `DECREASE_HOLD_S` ago: this overshoot's decrease is in the pool
+            written, current = self.pool.record_backoff(budget, lower, after=known)
+            if written:
+                self.stats["backoff_written"] += 1
+                return True
+            self.stats["backoff_seen"] += 1
+            known = current
+        return False
 
     def heartbeat(self) -> None:
         """Record this experiment as alive with its sessions in flight (the sweeper, every run): its in-flight
