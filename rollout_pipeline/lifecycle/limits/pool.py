@@ -11,11 +11,13 @@ lease reaches the experiment's own schedules, which every call still goes throug
 - data-plane calls: `LIMIT/PACE#tps` the same way, at the calls granted less the new sessions' own share;
 - active sessions: the slot counters' caps sum to `max_sessions()`, the granted number (at most `max_sessions`).
 
-Renewing costs five requests (the two schedules, the pool's read and conditional write, the schedule writes), by
+Renewing costs four or five requests (the pool's read and conditional write, the two schedule writes, and a read of
+the two schedules unless this process's last reservation just showed them: `SESSION_VIEW_FRESH_S`), by
 one process at a time, when the lease has less than `RENEW_AHEAD_S` left (a process that finds it renewed by
 another adopts it). What an experiment asks (`asks`): with a backlog (its schedule booked ahead, or a rollout of
 this process waiting for room) everything it can get; otherwise what it used over the last period with headroom.
-A throttle AgentCore answers anyway (`throttled`) lowers the pool's backoff factor and renews at once.
+A throttle AgentCore answers anyway (`throttled`) lowers the pool's backoff factor at once (one conditional write,
+`record_throttle`) and renews; the other experiments' renewals read it within about a second.
 
 The small interface later work plugs into: `pause` (a budget that stops dispatch: the experiment then asks for no
 new sessions, and its share flows to the others at their next renewal) and `Grant.spare_sessions_per_s` (what the
