@@ -251,8 +251,6 @@ def run(  # noqa: C901 (one run's harness: the experiments' Lambdas, the outside
     probe = LatenessProbe()
     grants: list[tuple[float, dict[str, tuple[float, float]]]] = []
     if pooled:
-        from rollout_pipeline.lifecycle.limits.shares import factor as shares_factor
-
         pool_reader = PoolLedger.open(topology_pool_table())
 
         def sample_grants() -> None:
@@ -265,22 +263,7 @@ def run(  # noqa: C901 (one run's harness: the experiments' Lambdas, the outside
                 finally:
                     counters.harness.on = False
                 now = time.time()
-                grants.append(
-                    (
-                        now - started_at,
-                        {
-                            n: (
-                                m.lease("sessions").rate if m.lease("sessions").until > now else 0.0,
-                                m.lease("sessions").demand,
-                            )
-                            for n, m in state.members.items()
-                        }
-                        | {
-                            f"backoff-{b}": (shares_factor(state.backoff.get(b), now), 0.0)
-                            for b in ("sessions", "calls")
-                        },
-                    )
-                )
+                grants.append((now - started_at, _grants_row(state, now)))
                 time.sleep(1.0)
 
     def releasing(rig: Rig, batch: str) -> Any:
@@ -388,6 +371,17 @@ def run(  # noqa: C901 (one run's harness: the experiments' Lambdas, the outside
         pooled=pooled,
         budget=settings.budget("sessions"),
     )
+
+
+def _grants_row(state: Any, now: float) -> dict[str, tuple[float, float]]:
+    """One sample of the pool: each member's live new-session grant and demand, and each rate's backoff factor."""
+    from rollout_pipeline.lifecycle.limits.shares import factor
+
+    row = {
+        n: (m.lease("sessions").rate if m.lease("sessions").until > now else 0.0, m.lease("sessions").demand)
+        for n, m in state.members.items()
+    }
+    return row | {f"backoff-{b}": (factor(state.backoff.get(b), now), 0.0) for b in ("sessions", "calls")}
 
 
 def topology_pool_table() -> str:
