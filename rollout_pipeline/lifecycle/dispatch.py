@@ -238,6 +238,9 @@ def dispatch_body(
                 continue  # another counter has room by this process's view
             if not _wait_for_slot(deps, start_by, message):
                 return _requeue(message, deps, Dispatch.REQUEUED_LIMIT)
+            budgets.after_wait()  # the slot came from a rollout that ended, and spent
+            if _held_on_budget(message, deps, budgets, batch, held):
+                return Dispatch.HELD_BUDGET
             continue
         rec = deps.ledger.rollouts.get_rollout(message.batch_id, message.input_id, message.index)
         decided = _existing(message, rec, deps)
