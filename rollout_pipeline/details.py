@@ -8,7 +8,7 @@ details when a trainer resumes. Each detail carries a stable `event_id`, so a re
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from rollout_pipeline import ids
@@ -114,6 +114,7 @@ def rollout_event(
         dispatched_at=rec.dispatched_at,
         finished_at=rec.finished_at,
         notified_at=notified_at,
+        session_warmed_at=None if rec.session_warmed_at is None else datetime.fromtimestamp(rec.session_warmed_at, UTC),
     )
     common: dict[str, Any] = {
         "exp_id": rec.exp_id,

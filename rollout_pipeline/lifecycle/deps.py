@@ -20,6 +20,7 @@ from rollout_pipeline.lifecycle.limits import (
     pacers,
 )
 from rollout_pipeline.lifecycle.metrics import MetricsRecorder
+from rollout_pipeline.lifecycle.warm import WarmTaker
 from rollout_pipeline.ports import AgentRuntime, Clock, EventPublisher, MessageQueue, ObjectStore, SystemClock
 
 
@@ -60,9 +61,14 @@ class LifecycleDeps:
     #: The key of attempt tokens (`contracts.attempts`): the dispatcher puts the attempt's token into every request
     #: and completion accepts only results that carry it. None: neither (tests of other things, old deployments).
     attempt_key: Callable[[], bytes] | None = None
+    #: How long the sweeper keeps ticking the warm pool after its sweep, while the pool has work
+    #: (`lifecycle.warm_pool.run_pool`); 0: one tick (local mode ticks it on its own schedule).
+    warm_loop_s: float = 50.0
     limited: LimitedRuntime = field(init=False)
     slots: SlotGate = field(init=False)
     slot_shards: SlotShards = field(init=False)
+    #: This process's view of the warm pool's idle sessions (`lifecycle.warm`): dispatch takes one first.
+    warm: WarmTaker = field(init=False)
 
     def __post_init__(self) -> None:
         if self.invoke_time_s is None:
@@ -72,6 +78,9 @@ class LifecycleDeps:
         apart = dedicated_session_share(config.tps_limit, config.session_rate_limit, config.endpoints)
         self.limited = LimitedRuntime(self.runtime, tps, sessions, self.metrics, sessions_apart=apart)
         self.slot_shards = SlotShards(self.ledger.limits, config.max_sessions)
+        self.warm = WarmTaker(
+            self.ledger.warm, config, wall=lambda: self.clock.now().timestamp(), monotonic=self.clock.monotonic
+        )
         self.slots = SlotGate(
             self.slot_shards.in_flight,
             self.settings.experiment.max_sessions,
