@@ -109,6 +109,19 @@ class DispatchStart(StrEnum):
     WARM_TAKEN = "warm_taken"  # the warm session asked for is no longer idle (another dispatch took it, or stopped)
 
 
+def _dispatch_refused(reasons: Sequence[str], *, warm: bool) -> DispatchStart:
+    """Why a dispatch transaction was cancelled, from its reasons (the cancel-flag copy first, the session's
+    items next, the rollout last)."""
+    batch_r, session_r, rollout_r = reasons[0], reasons[1], reasons[-1]
+    if rollout_r == "ConditionalCheckFailed":
+        return DispatchStart.NOT_DISPATCHABLE
+    if batch_r == "ConditionalCheckFailed":
+        return DispatchStart.CANCELLED
+    if session_r == "ConditionalCheckFailed":
+        return DispatchStart.WARM_TAKEN if warm else DispatchStart.NO_SLOT
+    raise LedgerError(f"dispatch transaction cancelled: {reasons}")
+
+
 # ------------------------------------------------------------------------------------------------- the ledger
 
 
@@ -281,22 +294,13 @@ class RolloutLedger:
             },
             {"#st": "state", "#ix": "index", "#dlpk": keys.DEADLINE_PK, "#dlsk": keys.DEADLINE_SK},
         )
-        ref = AttemptRef(batch_id, input_id, index, attempt)
         if warmed_at is not None:
+            ref = AttemptRef(batch_id, input_id, index, attempt)
             session_ops = self.warm.claim_ops(session_id, ref, warmed_at=warmed_at)
         else:
             session_ops = [self.limits.take_slot(max_sessions, slot_shard)]
         reasons = self._transact([batch_check, *session_ops, {"Update": rollout_update}])
-        if reasons is None:
-            return DispatchStart.STARTED
-        batch_r, session_r, rollout_r = reasons[0], reasons[1], reasons[-1]
-        if rollout_r == "ConditionalCheckFailed":
-            return DispatchStart.NOT_DISPATCHABLE
-        if batch_r == "ConditionalCheckFailed":
-            return DispatchStart.CANCELLED
-        if session_r == "ConditionalCheckFailed":
-            return DispatchStart.WARM_TAKEN if warmed_at is not None else DispatchStart.NO_SLOT
-        raise LedgerError(f"dispatch transaction cancelled: {reasons}")
+        return DispatchStart.STARTED if reasons is None else _dispatch_refused(reasons, warm=warmed_at is not None)
 
     def mark_invoked(self, ref: AttemptRef) -> bool:
         """Record that InvokeAgentRuntime succeeded; False if the attempt is no longer dispatched (cancel/late)."""

@@ -38,6 +38,10 @@ CLAIM_PK_PREFIX: Final = "WS#"
 CLAIM_SK: Final = "CLAIM"
 #: Items of one transaction at most (DynamoDB's limit is 100; some room for the slot counters).
 CHUNK: Final = 50
+#: What `add_warming` did.
+ADDED: Final = "added"
+NO_ROOM: Final = "no_room"
+HALTED: Final = "halted"
 
 
 def session_key(session_id: str) -> dict[str, dict[str, str]]:
@@ -91,13 +95,23 @@ class WarmLedger:
 
     # ------------------------------------------------------------------------------------- filling the pool
 
-    def add_warming(self, sessions: Sequence[str], *, max_sessions: int, shard: int, warmed_at: float) -> bool:
-        """Record new warm sessions (state warming) and take their slots on counter `shard`, in one transaction;
-        False (nothing written) when the counter has no room for them all."""
+    def add_warming(self, sessions: Sequence[str], *, max_sessions: int, shard: int, warmed_at: float) -> str:
+        """Record new warm sessions (state warming) and take their slots on counter `shard`, in one transaction,
+        on condition that the pool is not halted. Returns "added", "no_room" (the counter has no room for them
+        all) or "halted" (nothing written either way)."""
         if not sessions:
-            return True
+            return ADDED
         ttl = self.table.expires_at()
-        items: list[dict[str, Any]] = [self.limits.take_slot(max_sessions, shard, len(sessions))]
+        items: list[dict[str, Any]] = [
+            self.limits.take_slot(max_sessions, shard, len(sessions)),
+            {
+                "ConditionCheck": {
+                    "TableName": self.table.name,
+                    "Key": pool_key(),
+                    "ConditionExpression": "attribute_not_exists(halted)",
+                }
+            },
+        ]
         for session_id in sessions:
             item = {
                 **session_key(session_id),
@@ -108,11 +122,14 @@ class WarmLedger:
             items.append({"Put": {"TableName": self.table.name, "Item": item}})
         reasons = self.table.transact(items)
         if reasons is None:
-            return True
-        if reason_codes(reasons)[0] == CONDITION_FAILED:
-            return False
+            return ADDED
+        codes = reason_codes(reasons)
+        if codes[1] == CONDITION_FAILED:
+            return HALTED
+        if codes[0] == CONDITION_FAILED:
+            return NO_ROOM
         raise_cancelled("recording warm sessions", reasons)
-        return False  # pragma: no cover - raise_cancelled raises
+        return NO_ROOM  # pragma: no cover - raise_cancelled raises
 
     def mark(self, sessions: Sequence[str], *, kept_at: float, from_states: Sequence[WarmState]) -> list[str]:
         """Sessions whose warm-up (or keep-alive) was answered: state idle, `kept_at` stamped, for those still in

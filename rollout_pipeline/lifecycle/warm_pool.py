@@ -48,6 +48,7 @@ from rollout_pipeline.config import WARM_AUTO, warmup_payload
 from rollout_pipeline.contracts import parse_iso
 from rollout_pipeline.ledger.items import WarmPoolState, WarmSession, WarmState
 from rollout_pipeline.ledger.release import WindowState
+from rollout_pipeline.ledger.warm import ADDED, HALTED
 from rollout_pipeline.lifecycle import stops
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.metrics import (
@@ -348,13 +349,30 @@ class WarmPool:
         Returns how many were stopped. Sessions another manager adds meanwhile are stopped by its next tick (the
         pool is halted before this is called)."""
         wait_until = self.deps.clock.monotonic() + budget_s
+        warm = self.deps.ledger.warm
+        leased = self._wait_for_lease(self.deps.clock.monotonic() + budget_s / 2)
         stopped = 0
-        for _ in range(20):
-            left = self.deps.ledger.warm.sessions()
-            if not left or self.deps.clock.monotonic() >= wait_until:
-                break
-            stopped += self._stop(left, wait_until, self.wall())
+        try:
+            for _ in range(20):
+                left = warm.sessions()
+                if not left or self.deps.clock.monotonic() >= wait_until:
+                    break
+                stopped += self._stop(left, wait_until, self.wall())
+        finally:
+            if leased:
+                warm.end_lease(self.owner)
         return stopped
+
+    def _wait_for_lease(self, until: float) -> bool:
+        """Take the pool's lease, waiting (bounded) for a manager's tick in progress to end: its warm-ups in flight
+        are then recorded, and stopped with the rest. False when it could not be had by `until`."""
+        while True:
+            if self.deps.ledger.warm.take_lease(self.owner, now=self.wall(), lease_s=LEASE_MARGIN_S * 2):
+                return True
+            if self.deps.clock.monotonic() + 0.5 >= until:
+                log.warning("warm pool: a manager still holds the pool; stopping its sessions anyway")
+                return False
+            self.deps.clock.sleep(0.5)
 
     # ------------------------------------------------------------------------------------------- keep-alive
 
@@ -394,11 +412,8 @@ class WarmPool:
             while True:
                 while fill.may_start(FILL_CHUNK) and self.deps.clock.monotonic() < wait_until:
                     allowed = self.capacity.new_sessions_now()
-                    if allowed <= 0 or (fill.chunks % 4 == 3 and self.deps.ledger.warm.pool().halted):
-                        fill.closed = True
-                        break
-                    chunk = self._start_chunk(min(fill.left(), allowed, FILL_CHUNK), room)
-                    if not chunk:
+                    chunk = self._start_chunk(min(fill.left(), allowed, FILL_CHUNK), room) if allowed > 0 else []
+                    if not chunk:  # no budget, no room, or halted
                         fill.closed = True
                         break
                     fill.started(chunk, [pool.submit(self._warm_up, sid, wait_until) for sid in chunk])
@@ -407,7 +422,8 @@ class WarmPool:
                     break
                 ready = [sid for _chunk, chunk_ready, _lost in finished for sid in chunk_ready]
                 lost = [sid for _chunk, _ready, chunk_lost in finished for sid in chunk_lost]
-                self.deps.ledger.warm.mark(ready, kept_at=self.wall(), from_states=(WarmState.WARMING,))
+                marked = set(self.deps.ledger.warm.mark(ready, kept_at=self.wall(), from_states=(WarmState.WARMING,)))
+                self._stop_unrecorded([sid for sid in ready if sid not in marked], wait_until)
                 if lost:
                     self._stop(self._as_sessions(lost), wait_until, self.wall())
                     if not ready:
@@ -415,6 +431,14 @@ class WarmPool:
         self.deps.ledger.warm.add_totals(warmed=fill.warmed, warmup_failures=fill.failed)
         self.deps.metrics.count(WARMED, fill.warmed)
         return fill.warmed, fill.failed
+
+    def _stop_unrecorded(self, sessions: Sequence[str], wait_until: float) -> None:
+        """Sessions whose warm-up answered after their item was stopped under them (a halt, a cancel, a destroy):
+        they exist now, and nothing else knows of them: stopped here."""
+        for session_id in sessions:
+            confirmed, _ = stops.stop_session(session_id, self.deps, max(wait_until, self.deps.clock.monotonic() + 5))
+            if not confirmed:
+                log.warning("warm session %s started after the pool stopped it: its stop failed", session_id)
 
     def _slot_room(self) -> list[int]:
         """Free slots per session-slot counter (cap minus count), as read now."""
@@ -432,11 +456,14 @@ class WarmPool:
             if take <= 0:
                 return []
             sessions = [ids.warm_session_id(self.config.name) for _ in range(take)]
-            if self.deps.ledger.warm.add_warming(
+            added = self.deps.ledger.warm.add_warming(
                 sessions, max_sessions=self.config.max_sessions, shard=shard, warmed_at=self.wall()
-            ):
+            )
+            if added == ADDED:
                 room[shard] -= take
                 return sessions
+            if added == HALTED:
+                return []
             room[shard] = 0  # the counter filled meanwhile: another one
         return []
 

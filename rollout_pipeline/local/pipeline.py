@@ -84,6 +84,10 @@ class LocalSettings:
     #: (`topology.function_specs`). The dispatcher's is `dispatch_concurrency` (the experiment's, as deployed).
     concurrency_overrides: dict[str, int] = field(default_factory=lambda: {"ingest": 1, "completion": 2})
     sweep_interval_s: float = 10.0
+    #: The warm pool (`warm_sessions`: a count, "auto", 0 = off) and how often local mode ticks it (the stack: the
+    #: sweeper's schedule). Local mode ticks it on its own schedule, so the sweeper does not loop on it.
+    warm_sessions: int | str = 0
+    warm_interval_s: float = 2.0
     work_dir: Path | None = None
     #: The port of the local AWS endpoint (`http://127.0.0.1:PORT`); None: a free one.
     port: int | None = None
@@ -109,6 +113,7 @@ class LocalSettings:
                 "model_id": self.model_id,
                 "sampling_params": dict(self.sampling_params),
                 "dispatch_concurrency": max(2, self.dispatch_concurrency),
+                **({"warm_sessions": self.warm_sessions} if self.warm_sessions else {}),
             }
         )
 
@@ -135,6 +140,7 @@ class LocalPipeline:
         self.experiment: Any = None
         self.consumers: list[QueueConsumer] = []
         self.sweeper: Schedule | None = None
+        self.warm: Schedule | None = None
         self._lifecycle: Any = None
         #: The agent processes this run started (not a `runtime_factory`'s runtime, which its caller owns).
         self._agents: Any = None
@@ -289,6 +295,11 @@ class LocalPipeline:
         )
         self.sweeper.start()
         self._stack.callback(self._stop_within_grace, self.sweeper.stop)
+        lifecycle.warm_loop_s = 0.0  # the warm pool ticks on its own schedule here (the stack: in the sweeper)
+        if res.config.warm_pool_on:
+            self.warm = Schedule("warm-pool", _warm_tick(lifecycle), interval_s=self.settings.warm_interval_s)
+            self.warm.start()
+            self._stack.callback(self._stop_within_grace, self.warm.stop)
 
     def begin_stop(self) -> None:
         """Tell every consumer and the sweeper to take no more work, end the dispatchers' waits for a session slot
@@ -299,6 +310,8 @@ class LocalPipeline:
             consumer.request_stop()
         if self.sweeper is not None:
             self.sweeper.request_stop()
+        if self.warm is not None:
+            self.warm.request_stop()
         if self._lifecycle is not None:
             self._lifecycle.slots.close()
         if self._agents is not None:  # sessions end with the run; an invoke still starting a process gives up
@@ -349,6 +362,22 @@ def consumer_specs(config: ExperimentConfig, overrides: Mapping[str, int]) -> di
             log.info("local mode: %s runs %d consumer(s) (the stack: %s)", name, overrides[name], spec.max_concurrency)
             specs[name] = replace(spec, max_concurrency=overrides[name])
     return specs
+
+
+#: A local warm-pool tick may wait this long for its warm-ups (an agent process takes seconds to start).
+WARM_TICK_BUDGET_S = 60.0
+
+
+def _warm_tick(lifecycle: Any) -> Callable[[dict[str, Any], Any], Any]:
+    """One tick of the warm pool (`lifecycle.warm_pool`), as a scheduled handler."""
+    from rollout_pipeline.lifecycle.warm_pool import WarmPool
+
+    pool = WarmPool(lifecycle)
+
+    def tick(_event: dict[str, Any], _context: Any) -> Any:
+        return pool.tick(budget_s=WARM_TICK_BUDGET_S)
+
+    return tick
 
 
 def _clear_metrics() -> None:

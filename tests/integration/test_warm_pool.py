@@ -1,4 +1,4 @@
-"""The warm pool (issue 33) over moto and the fake AgentCore: filled ahead of a batch, taken by dispatch with no
+"""The warm pool over moto and the fake AgentCore: filled ahead of a batch, taken by dispatch with no
 change to what the agent receives or writes, kept alive, trimmed, stopped when the experiment is idle, cancelled or
 destroyed; a warm session that died never costs its rollout an attempt, and never runs two rollouts."""
 
