@@ -152,8 +152,8 @@ diff: setup ## cdk diff of EXPERIMENT
 preflight: $(STAMP) ## Check settings, quotas, region and bootstrap of EXPERIMENT (read calls only)
 	$(BIN)/rollouts preflight -e $(EXPERIMENT) $(CDK_ARGS)
 
-deploy: setup preflight ## Deploy EXPERIMENT (AWS credentials and a bootstrapped account; the image builds in CodeBuild)
-	$(CDK) deploy -c experiment=$(EXPERIMENT) $(CDK_ARGS) --no-notices
+deploy: setup ## Deploy EXPERIMENT (`rollouts deploy`: preflight, diff, drain check, cdk deploy; the image builds in CodeBuild)
+	$(BIN)/rollouts deploy -e $(EXPERIMENT) $(CDK_ARGS)
 
 destroy: setup ## Destroy EXPERIMENT's stack (results kept unless configured otherwise)
 	$(CDK) destroy -c experiment=$(EXPERIMENT) $(CDK_ARGS) --no-notices

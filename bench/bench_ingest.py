@@ -117,6 +117,9 @@ class FileStore:
     def get_bytes(self, bucket: str, key: str, max_bytes: int) -> tuple[bytes, int]:
         return b"", 0
 
+    def get_tail(self, bucket: str, key: str, max_bytes: int) -> bytes:
+        return b""
+
     def put_bytes(self, bucket: str, key: str, body: bytes, content_type: str = "", metadata: Any = None) -> None:
         self.puts += 1
 

@@ -72,14 +72,34 @@ class PipelineFunction(Generic[Stage]):
         self._recorder = recorder
         self._lock = threading.Lock()
         self._stage: Stage | None = None
+        self._wiring: Wiring | None = None
+        self._layout_checked = False
         self.handler: Handler = self.bind(None)
 
     def stage(self) -> Stage:
-        """The container's stage, built on first use from the environment (`Wiring.from_environ`)."""
+        """The container's stage, built on first use from the environment (`Wiring.from_environ`); no AWS call."""
         with self._lock:
             if self._stage is None:
-                self._stage = self._build(Wiring.from_environ())
+                self._wiring = Wiring.from_environ()
+                self._stage = self._build(self._wiring)
             return self._stage
+
+    def require_layout(self) -> None:
+        """Before the container's first message: the ledger's layout stamp is this code's
+        (`LimitLedger.require_layout`, one GetItem). Another layout raises `LayoutMismatch` on every invocation, so
+        the function fails loudly and its messages wait, instead of misreading the table."""
+        from rollout_pipeline.ledger.limits import LayoutMismatch
+
+        self.stage()
+        with self._lock:
+            if self._layout_checked or self._wiring is None:
+                return
+            try:
+                self._wiring.ledger().limits.require_layout()
+            except LayoutMismatch as exc:
+                self.logger.error(str(exc))
+                raise
+            self._layout_checked = True
 
     def bind(self, stage: Stage | None) -> Handler:
         """The handler over `stage` (None: the container's, from the environment)."""
@@ -87,6 +107,8 @@ class PipelineFunction(Generic[Stage]):
         @self.logger.inject_lambda_context(clear_state=True)
         @self.metrics.log_metrics(raise_on_empty_metrics=False)
         def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+            if stage is None:
+                self.require_layout()
             current = self.stage() if stage is None else stage
             experiment = self._experiment(current)
             install_log_ids(self.logger, experiment)

@@ -36,6 +36,10 @@ class ObjectReader(Protocol):
         """Read at most `max_bytes` (+1 to detect overflow); return (body, full object size)."""
         ...
 
+    def get_tail(self, bucket: str, key: str, max_bytes: int) -> bytes:
+        """Read the last `max_bytes` of a non-empty object (all of it when it is smaller)."""
+        ...
+
 
 class ObjectStore(ObjectReader, Protocol):
     """S3 as the pipeline uses it. Reads of a missing object raise `ObjectNotFound`."""

@@ -20,7 +20,8 @@ STOP_SESSION_ACTION: Final = "bedrock-agentcore:StopRuntimeSession"
 
 
 class AgentRuntimeConstruct(Construct):
-    """ACR runtime of the agent image (`stacks.image`) whose role may only put objects under `results/{exp_id}/`.
+    """ACR runtime of the agent image (`stacks.image`) whose role may only put objects under `{exp_id}/` of the results
+    bucket.
 
     `config.endpoints` = N provisions N endpoints (DEFAULT plus `rollouts_1`..`rollouts_{N-1}`, `ids.endpoint_name`):
     the new-session quota is per endpoint, so the dispatcher spreads new sessions over them (`ids.endpoint_index`)

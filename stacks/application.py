@@ -9,7 +9,7 @@ from typing import Any
 from aws_cdk import App, Environment, Tags
 
 from rollout_pipeline.config import ExperimentConfig
-from rollout_pipeline.deploy_settings import STACK_KEYS, DeploySettings
+from rollout_pipeline.ops.deploy_settings import STACK_KEYS, DeploySettings
 from stacks import nag
 from stacks.experiment_stack import ExperimentStack, stack_name
 
@@ -22,7 +22,7 @@ def config_context(app: App) -> dict[str, Any]:
 
 
 def stack_context(app: App) -> dict[str, Any]:
-    """The stack-only context values (`rollout_pipeline.deploy_settings.STACK_KEYS`) that are set."""
+    """The stack-only context values (`rollout_pipeline.ops.deploy_settings.STACK_KEYS`) that are set."""
     values = {name: app.node.try_get_context(name) for name in STACK_KEYS}
     return {name: value for name, value in values.items() if value is not None}
 

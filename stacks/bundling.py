@@ -7,6 +7,7 @@ included, so the Lambdas run the SDK the tests ran with, not whatever the runtim
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import Final
 
 import jsii
-from aws_cdk import BundlingOptions, IgnoreMode, ILocalBundling
+from aws_cdk import AssetHashType, BundlingOptions, FileSystem, IgnoreMode, ILocalBundling
 from aws_cdk import aws_lambda as lambda_
 
 from stacks.locks import LAMBDA_LOCK
@@ -96,10 +97,11 @@ class LocalPipBundling:
     Returns False (so CDK falls back to the Docker image) only when pip itself is unusable here.
     """
 
-    def __init__(self, source: Path, python_version: str, lock: Path) -> None:
+    def __init__(self, source: Path, python_version: str, lock: Path, compiler: str | None) -> None:
         self._source = source
         self._python_version = python_version
         self._lock = lock
+        self._compiler = compiler
 
     def pip_command(self, output_dir: str) -> list[str]:
         return [
@@ -137,7 +139,7 @@ class LocalPipBundling:
         print(f"bundling Lambda code locally (pip, aarch64, Python {self._python_version})", file=sys.stderr)
         subprocess.run(self.pip_command(output_dir), check=True, stdout=sys.stderr)
         copy_sources(self._source, Path(output_dir))
-        compiler = bytecode_compiler(self._python_version)
+        compiler = self._compiler
         if compiler is None:
             print(
                 f"warning: no python{self._python_version} here to precompile the Lambda bundle: every cold start "
@@ -150,9 +152,32 @@ class LocalPipBundling:
         return True
 
 
+def asset_hash(source: Path, python_version: str, compiler: str | None, docker_command: str) -> str:
+    """The asset's hash: the sources that feed it (`ASSET_EXCLUDES`), how they are bundled, and whether this synth
+    precompiles the bundle.
+
+    CDK's own source hash (sources + bundling options) leaves out the last: a synth that finds no Python of the
+    runtime's version and one that precompiles gave the same S3 key, so whichever bundle reached the bootstrap bucket
+    first stayed there (CloudFormation sees no change). Nothing machine-specific goes in (no absolute path).
+    """
+    bundling_facts = {
+        "bytecode": f"python{python_version}" if compiler is not None else "none",
+        "compile": COMPILE_ARGS,
+        "pip": LocalPipBundling(Path(), python_version, Path(LOCK_PATH), None).pip_command("OUT")[1:],
+        "docker": docker_command,
+    }
+    return FileSystem.fingerprint(
+        str(source),
+        exclude=ASSET_EXCLUDES,
+        ignore_mode=IgnoreMode.GLOB,
+        extra_hash=json.dumps(bundling_facts, sort_keys=True),
+    )
+
+
 def lambda_code(runtime: lambda_.Runtime, source: Path = REPO_ROOT) -> lambda_.AssetCode:
     """The shared Lambda asset for `runtime` (a `python3.X` runtime on arm64)."""
     python_version = runtime.name.removeprefix("python")
+    compiler = bytecode_compiler(python_version)
     docker_command = (
         f"pip install --no-compile --no-deps --require-hashes --target /asset-output -r /asset-input/{LOCK_PATH} && "
         f"cp -r /asset-input/{LIBRARY_PACKAGE} /asset-output/ && "
@@ -165,10 +190,12 @@ def lambda_code(runtime: lambda_.Runtime, source: Path = REPO_ROOT) -> lambda_.A
         str(source),
         exclude=ASSET_EXCLUDES,
         ignore_mode=IgnoreMode.GLOB,
+        asset_hash_type=AssetHashType.CUSTOM,
+        asset_hash=asset_hash(source, python_version, compiler, docker_command),
         bundling=BundlingOptions(
             image=runtime.bundling_image,
             platform="linux/arm64",
             command=["bash", "-c", docker_command],
-            local=LocalPipBundling(source, python_version, source / LOCK_PATH),
+            local=LocalPipBundling(source, python_version, source / LOCK_PATH, compiler),
         ),
     )

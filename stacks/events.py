@@ -14,8 +14,9 @@ from rollout_pipeline import routing, topology
 from rollout_pipeline.config import ExperimentConfig
 from stacks.queues import DLQ_RETENTION, QueueWithDlq, not_empty_alarm, private_queue
 
-#: The trainer may be offline for a while: keep its events as long as SQS allows.
-TRAINER_RETENTION: Final = Duration.days(14)
+#: The trainer may be offline for a while: keep its events as long as its dead-letter queue allows (a message the
+#: trainer failed on keeps its enqueue time in the DLQ: `queues.MIN_DLQ_DWELL`).
+TRAINER_RETENTION: Final = Duration.days(10)
 TRAINER_VISIBILITY: Final = Duration.seconds(topology.TRAINER_VISIBILITY_TIMEOUT_S)
 #: EventBridge retries a failed delivery to a target up to 185 times over 24 hours before dead-lettering it.
 TARGET_RETRY_ATTEMPTS: Final = 185

@@ -13,9 +13,9 @@ from constructs import Construct
 
 from rollout_pipeline import access, routing, topology
 from rollout_pipeline.config import ExperimentConfig, FunctionEnvironment, HandlerSettings
-from rollout_pipeline.deploy_settings import DeploySettings
 from rollout_pipeline.ids import CLAIMS_PREFIX
 from rollout_pipeline.metric_names import METRICS_NAMESPACE
+from rollout_pipeline.ops.deploy_settings import DeploySettings
 from stacks import nag
 from stacks.agent_runtime import DEFAULT_ENDPOINT, AgentRuntimeConstruct
 from stacks.attempt_key import AttemptKey
@@ -25,7 +25,12 @@ from stacks.events import EventRouting
 from stacks.functions import LOG_RETENTION_DAYS, RUNTIME, PipelineFunctionConstruct
 from stacks.image import AgentImage
 from stacks.ledger import LedgerTableConstruct
-from stacks.monitoring import Monitoring, RuntimeLogRetention, expire_every_log_group
+from stacks.monitoring import (
+    Monitoring,
+    RuntimeLogRetention,
+    expire_every_log_group,
+    give_every_function_a_log_group,
+)
 from stacks.queues import QueuedLambdaConsumer
 from stacks.retention import is_retained, removal_policy
 from stacks.storage import Storage
@@ -104,6 +109,7 @@ class ExperimentStack(Stack):
         )
         if self.image.dependable is not None:
             self.agent.runtime.node.add_dependency(self.image.dependable)
+        self.ledger.protect_after(self.agent)
         self.image.grant_pull(self.agent.runtime.role)
 
     def _functions(self, repo_root: Path, removal: RemovalPolicy) -> None:
@@ -129,6 +135,9 @@ class ExperimentStack(Stack):
         completion = function("completion", "Records results, stops sessions, publishes")
         sweeper = function("sweeper", "Times out overdue rollouts and drains the outbox")
         self.functions = {"ingest": ingest, "dispatch": dispatch, "completion": completion, "sweeper": sweeper}
+        layout_stamp = self.ledger.stamp_layout()
+        for pipeline_function in self.functions.values():
+            pipeline_function.function.node.add_dependency(layout_stamp)
 
         self.ingest = QueuedLambdaConsumer(self, "IngestConsumer", function=ingest.function, spec=specs["ingest"])
         self.dispatch = QueuedLambdaConsumer(
@@ -218,6 +227,7 @@ class ExperimentStack(Stack):
             )
             for endpoint in self.agent.endpoint_names
         ]
+        give_every_function_a_log_group(self, LOG_RETENTION_DAYS, removal)
         expire_every_log_group(self, LOG_RETENTION_DAYS, removal)
 
     def _grant(

@@ -1,6 +1,6 @@
 """The agent image: a dedicated ECR repository per experiment, filled during `cdk deploy` without local Docker.
 
-Three modes (`rollout_pipeline.deploy_settings.DeploySettings.image_mode`):
+Three modes (`rollout_pipeline.ops.deploy_settings.DeploySettings.image_mode`):
 - `codebuild` (default): `cdklabs-deploy-time-build`'s `ContainerImageBuild` zips the build context (a plain file
   asset, so synth needs no Docker), builds `agent_image/Dockerfile` for linux/arm64 in AWS CodeBuild on an ARM build
   image during the deploy and pushes it to the experiment's repository. The tag is the context's content hash: an
@@ -30,9 +30,9 @@ from cdklabs.deploy_time_build import ContainerImageBuild
 from constructs import Construct, IConstruct
 
 from rollout_pipeline.config import ExperimentConfig
-from rollout_pipeline.deploy_settings import ECR_IMAGE_URI, DeploySettings
+from rollout_pipeline.ops.deploy_settings import ECR_IMAGE_URI, DeploySettings
 from stacks import nag
-from stacks.retention import is_retained, removal_policy
+from stacks.retention import removal_policy
 
 AGENT_DIR: Final = "agent_image"
 DOCKERFILE: Final = f"{AGENT_DIR}/Dockerfile"
@@ -50,6 +50,12 @@ QUEUED_TIMEOUT_MINUTES: Final = 10
 #: handler and the post_build callback.
 BUILD_MARGIN_MINUTES: Final = 5
 SERVICE_TIMEOUT_S: Final = (QUEUED_TIMEOUT_MINUTES + BUILD_TIMEOUT_MINUTES + BUILD_MARGIN_MINUTES) * 60
+#: The ARM build image: Amazon Linux 2023, CodeBuild's `al/aarch64/standard/4.0` (Docker 28 with buildx, AWS CLI v2).
+#: The library pins `amazonlinux2-aarch64-standard:3.0`, an Amazon Linux 2 image (Amazon Linux 2 reached its end
+#: of life) and gives no option for it: `AgentImage._current_build_image` replaces it, refusing a layout it does not
+#: know.
+BUILD_IMAGE: Final = codebuild.LinuxArmBuildImage.AMAZON_LINUX_2023_STANDARD_4_0.image_id
+LIBRARY_BUILD_IMAGE: Final = "aws/codebuild/amazonlinux2-aarch64-standard:3.0"
 #: The library's build phase must hold these, the push last (the skip-if-tagged wrapper runs them unchanged).
 LIBRARY_BUILD_COMMANDS: Final = ('eval "$buildCommand"', "docker push $repositoryUri:$imageTag")
 #: Runs first in the build phase: an image already pushed under this content-hash tag is not built again.
@@ -158,11 +164,15 @@ class AgentImage(Construct):
                 ecr.LifecycleRule(description=f"Keep the last {KEEP_IMAGES} agent images", max_image_count=KEEP_IMAGES)
             ],
             removal_policy=removal,
-            empty_on_delete=not is_retained(removal),
         )
-        # ECR encrypts every repository at rest; say so in the template (CDK omits its default AES256).
         cfn_repository = self.repository.node.default_child
         assert isinstance(cfn_repository, ecr.CfnRepository)
+        # The image is pushed before the runtime (the likeliest resource to fail) is created: a failed create must
+        # delete a repository that holds it (DeleteRepository refuses a non-empty one). EmptyOnDelete matters only
+        # when CloudFormation deletes the repository: a retained one (RetainExceptOnCreate) keeps its images on
+        # destroy. CDK's L2 refuses `empty_on_delete` without RemovalPolicy.DESTROY, hence the L1 property.
+        cfn_repository.empty_on_delete = True
+        # ECR encrypts every repository at rest; say so in the template (CDK omits its default AES256).
         cfn_repository.encryption_configuration = ecr.CfnRepository.EncryptionConfigurationProperty(
             encryption_type="AES256"
         )
@@ -181,6 +191,7 @@ class AgentImage(Construct):
         self.artifact = agentcore.AgentRuntimeArtifact.from_ecr_repository(self.repository, self.build.image_tag)
         self.image_uri = f"{self.repository.repository_uri}:{self.build.image_tag}"
         self._own_build_logs(removal)
+        self._current_build_image()
         self._bound_build_time()
         self._skip_existing_tag()
         self._scope_context_read()
@@ -259,6 +270,16 @@ class AgentImage(Construct):
         assert self.build is not None
         # Exists before the first build writes to it, so CodeBuild does not create it without a retention.
         self.build.node.add_dependency(self.build_logs)
+
+    def _current_build_image(self) -> None:
+        """Build on `BUILD_IMAGE` instead of the library's end-of-life Amazon Linux 2 image."""
+        project, _handler = self._singletons()
+        cfn_project = project.node.default_child
+        assert isinstance(cfn_project, codebuild.CfnProject)
+        environment = Stack.of(self).resolve(cfn_project.environment)
+        if environment.get("image") != LIBRARY_BUILD_IMAGE or environment.get("type") != "ARM_CONTAINER":
+            raise RuntimeError("cdklabs-deploy-time-build's build image changed: review _current_build_image")
+        cfn_project.add_property_override("Environment.Image", BUILD_IMAGE)
 
     def _bound_build_time(self) -> None:
         """CodeBuild's build and queue timeouts, and CloudFormation's wait for the custom resource's answer."""

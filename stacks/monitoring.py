@@ -7,10 +7,11 @@ the Lambda that emitted it (`SERVICES`). A metric several functions emit (e.g. `
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Final
 
-from aws_cdk import ArnFormat, Duration, RemovalPolicy, Stack
+from aws_cdk import ArnFormat, CfnResource, Duration, Fn, RemovalPolicy, Stack
 from aws_cdk import aws_bedrockagentcore as agentcore
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_cloudwatch_actions as actions
@@ -507,3 +508,49 @@ def expire_every_log_group(scope: Construct, retention_days: int, removal: Remov
             if construct.retention_in_days in (None, DEFAULT_CDK_LOG_RETENTION_DAYS):
                 construct.retention_in_days = retention_days
             construct.apply_removal_policy(removal)
+
+
+#: Where Lambda writes a function's logs when its LoggingConfig names no log group.
+LAMBDA_LOG_PREFIX: Final = "/aws/lambda/"
+
+
+def give_every_function_a_log_group(stack: Stack, retention_days: int, removal: RemovalPolicy) -> None:
+    """A log group with a retention for every function of the stack, in place before its first invocation.
+
+    CDK's singleton handlers made from a bare `CfnResource` (`BucketNotificationsHandler`, the S3 auto-delete
+    provider) get no log group: Lambda would create `/aws/lambda/{name}` on first use, with no retention and
+    outside the stack. This adds `/aws/lambda/{name}` with the stack's retention where none exists, and makes
+    every custom resource a function serves depend on its log group (CDK-managed ones included), so the group
+    exists before the function first writes (else Lambda creates it first and the stack's create of it fails).
+    """
+    groups = {
+        json.dumps(stack.resolve(group.log_group_name), sort_keys=True): group
+        for group in stack.node.find_all()
+        if isinstance(group, logs.CfnLogGroup)
+    }
+    for function in stack.node.find_all():
+        if not isinstance(function, CfnResource) or function.cfn_resource_type != "AWS::Lambda::Function":
+            continue
+        configured = function.logging_config if isinstance(function, lambda_.CfnFunction) else None
+        if configured is not None and stack.resolve(configured).get("logGroup"):
+            continue  # the pipeline's functions: their own log group, set before the function is created
+        name = Fn.join("", [LAMBDA_LOG_PREFIX, function.ref])
+        group = groups.get(json.dumps(stack.resolve(name), sort_keys=True))
+        if group is None:
+            scope = function.node.scope
+            assert isinstance(scope, Construct)
+            group = logs.CfnLogGroup(scope, "LogGroup", log_group_name=name, retention_in_days=retention_days)
+            group.apply_removal_policy(removal)
+        for custom in _served_by(stack, stack.resolve(function.logical_id)):
+            custom.add_dependency(group)
+
+
+def _served_by(stack: Stack, function_id: str) -> list[CfnResource]:
+    """The custom resources whose ServiceToken is the function `function_id`."""
+    served = []
+    for construct in stack.node.find_all():
+        if isinstance(construct, CfnResource) and construct.cfn_resource_type.startswith("Custom::"):
+            token = stack.resolve(construct._cfn_properties).get("ServiceToken")
+            if token == {"Fn::GetAtt": [function_id, "Arn"]}:
+                served.append(construct)
+    return served

@@ -13,8 +13,14 @@ from constructs import Construct
 
 from rollout_pipeline.topology import DLQ_MAX_RECEIVE_COUNT, FunctionSpec
 
+#: SQS's maximum: a dead-letter queue keeps its messages as long as SQS allows.
 DLQ_RETENTION: Final = Duration.days(14)
 DEFAULT_RETENTION: Final = Duration.days(4)
+#: SQS keeps a message's ORIGINAL enqueue time when it moves it to the dead-letter queue, so a message dead-lettered
+#: at the end of its queue's retention has only `DLQ_RETENTION - retention` left there: a queue with a DLQ keeps its
+#: messages at most `DLQ_RETENTION - MIN_DLQ_DWELL`, so anything dead-lettered stays at least this long to be redriven.
+#: https://docs.aws.amazon.com/AWSSimpleQueueService/latest/SQSDeveloperGuide/sqs-dead-letter-queues.html
+MIN_DLQ_DWELL: Final = Duration.days(4)
 DEFAULT_MAX_RECEIVE_COUNT: Final = DLQ_MAX_RECEIVE_COUNT
 
 
@@ -24,7 +30,8 @@ def private_queue(scope: Construct, construct_id: str, **props: Any) -> sqs.Queu
 
 
 class QueueWithDlq(Construct):
-    """SSE-SQS, TLS-only queue whose poison messages go to a 14-day DLQ, with an alarm on a non-empty DLQ."""
+    """SSE-SQS, TLS-only queue whose poison messages go to a 14-day DLQ, with an alarm on a non-empty DLQ; the
+    queue's own retention leaves a dead-lettered message at least `MIN_DLQ_DWELL` in the DLQ."""
 
     def __init__(
         self,
@@ -36,6 +43,12 @@ class QueueWithDlq(Construct):
         max_receive_count: int = DEFAULT_MAX_RECEIVE_COUNT,
     ) -> None:
         super().__init__(scope, construct_id)
+        if retention_period.to_seconds() + MIN_DLQ_DWELL.to_seconds() > DLQ_RETENTION.to_seconds():
+            raise ValueError(
+                f"{self.node.path}: a queue with a dead-letter queue keeps its messages at most "
+                f"{(DLQ_RETENTION.to_seconds() - MIN_DLQ_DWELL.to_seconds()) // 86400} days (SQS keeps a message's "
+                "enqueue time when it dead-letters it)"
+            )
         self.dlq = private_queue(self, "Dlq", retention_period=DLQ_RETENTION)
         self.queue = private_queue(
             self,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from aws_cdk import Duration
+from aws_cdk import Duration, RemovalPolicy
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
@@ -25,11 +25,15 @@ class Storage(Construct):
 
     def __init__(self, scope: Construct, construct_id: str, *, config: ExperimentConfig) -> None:
         super().__init__(scope, construct_id)
-        self._destroy = config.results_retention == "destroy"
         self._removal = removal_policy(config)
 
+        # S3 delivers access-log records into this bucket minutes to hours after the requests, the stack's own
+        # configuration calls during its create included: retained, it could hold objects when a failed create
+        # rolls back, and DeleteBucket on a non-empty bucket fails the rollback (ROLLBACK_FAILED). It is emptied
+        # (new writes denied first) and deleted with the stack whatever `results_retention` says.
         self.access_logs = self._bucket(
             "AccessLogs",
+            removal=RemovalPolicy.DESTROY,
             lifecycle_rules=[s3.LifecycleRule(id="expire-logs", expiration=Duration.days(ACCESS_LOGS_EXPIRATION_DAYS))],
         )
 
@@ -64,9 +68,10 @@ class Storage(Construct):
             lifecycle_rules=results_rules,
         )
 
-    def _bucket(self, construct_id: str, **props: Any) -> s3.Bucket:
+    def _bucket(self, construct_id: str, *, removal: RemovalPolicy | None = None, **props: Any) -> s3.Bucket:
         """A private bucket of the experiment: SSE-S3, TLS only, no public access, ACLs off, removed (emptied) with
-        the stack only when results are not retained."""
+        the stack only when results are not retained (or `removal` is DESTROY)."""
+        removal = removal or self._removal
         return s3.Bucket(
             self,
             construct_id,
@@ -74,7 +79,7 @@ class Storage(Construct):
             enforce_ssl=True,
             block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
             object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
-            removal_policy=self._removal,
-            auto_delete_objects=self._destroy,
+            removal_policy=removal,
+            auto_delete_objects=removal == RemovalPolicy.DESTROY,
             **props,
         )

@@ -1,6 +1,6 @@
 """A ready-made IAM managed policy for the trainer (SDK, ART backend): attach it to the trainer's role.
 
-Built from `rollout_pipeline.sdk.permissions.TRAINER_ACTIONS` (the one home of what the SDK calls), each action on
+Built from `rollout_pipeline.ops.permissions.TRAINER_ACTIONS` (the one home of what the SDK calls), each action on
 this experiment's own resources only. The stack outputs its ARN as `TrainerPolicyArn`.
 """
 
@@ -20,7 +20,7 @@ from constructs import Construct
 from rollout_pipeline import routing, topology
 from rollout_pipeline.config import ExperimentConfig
 from rollout_pipeline.ids import CLAIMS_PREFIX
-from rollout_pipeline.sdk.permissions import SUBSCRIPTION_PREFIXES, TRAINER_ACTIONS, ResourceKind
+from rollout_pipeline.ops.permissions import SUBSCRIPTION_PREFIXES, TRAINER_ACTIONS, ResourceKind
 from stacks import nag
 
 #: Scoped by `events:TargetArn` to the subscription queues.

@@ -89,6 +89,11 @@ class MemoryStore:
         body = self.objects[(bucket, key)]
         return body[: max_bytes + 1], len(body)
 
+    def get_tail(self, bucket: str, key: str, max_bytes: int) -> bytes:
+        if (bucket, key) not in self.objects:
+            raise ObjectNotFound(key)
+        return self.objects[(bucket, key)][-max_bytes:]
+
     def head(self, *a: object, **k: object) -> object:
         raise AssertionError("MemoryStore keeps bodies only: use moto for metadata")
 

@@ -51,6 +51,11 @@ class FakeCdkProject:
         cli.parent.mkdir(parents=True)
         cli.write_text(_SCRIPT.format(python=sys.executable))
         cli.chmod(0o755)
+        # The project's Python, as `make setup` makes it: this interpreter (which has aws_cdk).
+        python = root / ".venv" / "bin" / "python"
+        python.parent.mkdir(parents=True)
+        python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+        python.chmod(0o755)
         self.script({})
 
     def script(self, plan: dict[str, dict[str, Any]]) -> None:

@@ -72,6 +72,14 @@ class S3ObjectStore:
         total = int(content_range.rsplit("/", 1)[-1]) if "/" in content_range else len(body)
         return body, total
 
+    def get_tail(self, bucket: str, key: str, max_bytes: int) -> bytes:
+        """A suffix range (`Range: bytes=-N`, RFC 9110; S3 answers all of a smaller non-empty object): the last
+        `max_bytes` of an object, e.g. the token at the end of a result too large to read whole."""
+        with _not_found_as_port_error(bucket, key):
+            resp = self.s3.get_object(Bucket=bucket, Key=key, Range=f"bytes=-{max_bytes}")
+        body: bytes = resp["Body"].read(max_bytes)
+        return body
+
     def put_bytes(
         self,
         bucket: str,

@@ -15,7 +15,7 @@ from rollout_pipeline.cli.watch import watch
 def cmd_preflight(args: argparse.Namespace, out: TextIO) -> int:
     import boto3
 
-    from rollout_pipeline import preflight
+    from rollout_pipeline.ops import preflight
 
     if not args.experiment:
         raise CliError("no experiment: pass -e/--experiment NAME (or set ROLLOUTS_EXPERIMENT)")
@@ -219,7 +219,7 @@ def cmd_subscriptions_prune(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_smoke(args: argparse.Namespace, out: TextIO) -> int:
-    from rollout_pipeline.sdk.smoke import run_smoke
+    from rollout_pipeline.ops.smoke import run_smoke
 
     checks = run_smoke(attach(args), rows=args.rows, timeout_s=args.timeout, poll_wait_s=args.poll_wait, out=out)
     return EXIT_ERROR if any(check.status == "fail" for check in checks) else EXIT_OK

@@ -14,7 +14,7 @@ from rollout_pipeline.cli import stack as stack_commands
 from rollout_pipeline.cli.base import add_context_argument, add_experiment_arguments, hidden_alias
 from rollout_pipeline.sdk.route import ENDPOINT_ENV
 
-#: The entry-point group of command groups (`register(subparsers, common)`), like `sdk.launch.LAUNCHERS_GROUP`.
+#: The entry-point group of command groups (`register(subparsers, common)`), like `ops.launch.LAUNCHERS_GROUP`.
 COMMAND_GROUPS: Final = "rollout_pipeline.cli"
 
 _DESCRIPTION = """\

@@ -15,8 +15,10 @@ Create or update the stack Rollouts-NAME from the project's CDK app, through the
 (node_modules/.bin/cdk). The settings (cdk.json's context, overridden by -c KEY=VALUE) are validated first, then
 the preflight runs (credentials, AgentCore in the region, quotas, CDK bootstrap; read calls only). A stack that is
 up to date is left alone; for one that differs, the changed settings and `cdk diff` are shown and confirmed
-(--yes: no question). Progress comes from the stack's events; a failed deploy names the first resource that
-failed and why. --dry-run only synthesizes the template (offline: no credentials needed).
+(--yes: no question). An update refuses while rollouts are in flight or queued (drain before upgrading; --force
+goes on anyway, except for a new ledger layout or a new endpoints setting, which need a drained experiment).
+Progress comes from the stack's events; a failed deploy names the first resource that failed and why. --dry-run
+only synthesizes the template (offline: no credentials needed).
 """
 
 _DESTROY_DESCRIPTION = """\
@@ -58,6 +60,11 @@ def register(sub: Any) -> None:
     deploy.add_argument(
         "--dry-run", action="store_true", help="validate and synthesize the template only (offline, changes nothing)"
     )
+    deploy.add_argument(
+        "--force",
+        action="store_true",
+        help="update even with rollouts in flight (never for a new ledger layout or a new endpoints setting)",
+    )
     deploy.set_defaults(handler=cmd_deploy)
 
     destroy = sub.add_parser(
@@ -96,7 +103,7 @@ def _name(args: argparse.Namespace) -> str:
 
 
 def cmd_deploy(args: argparse.Namespace, out: TextIO) -> int:
-    from rollout_pipeline.sdk.launch import Deployment
+    from rollout_pipeline.ops.launch import Deployment
 
     deployment = Deployment(
         _name(args),
@@ -109,7 +116,7 @@ def cmd_deploy(args: argparse.Namespace, out: TextIO) -> int:
     if args.dry_run:
         print(deployment.synth(), file=out)
         return EXIT_OK
-    experiment = deployment.deploy(yes=args.yes)
+    experiment = deployment.deploy(yes=args.yes, force=args.force)
     print(f"experiment {experiment.name} is deployed ({experiment.aws.region})", file=out)
     for key, value in sorted(experiment.outputs.items()):
         if key != "ExperimentConfig":
@@ -118,8 +125,8 @@ def cmd_deploy(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_destroy(args: argparse.Namespace, out: TextIO) -> int:
+    from rollout_pipeline.ops.launch import Deployment
     from rollout_pipeline.sdk import Experiment, ExperimentNotDeployed
-    from rollout_pipeline.sdk.launch import Deployment
 
     name = _name(args)
     try:

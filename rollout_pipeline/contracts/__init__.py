@@ -12,9 +12,11 @@ Every name is re-exported here: `from rollout_pipeline.contracts import ...` is 
 
 from rollout_pipeline.contracts.attempts import (
     ATTEMPT_TOKEN_KEY,
+    TOKEN_TAIL_BYTES,
     attempt_token,
     carries_attempt_token,
     result_attempt_token,
+    text_carries_attempt_token,
 )
 from rollout_pipeline.contracts.common import iso, json_size, json_type, parse_iso, utcnow
 from rollout_pipeline.contracts.events import (
@@ -74,6 +76,7 @@ __all__ = [
     "SECRET_FIELDS",
     "SIGNAL_EPS",
     "SYSTEM_ROLLOUT_KEYS",
+    "TOKEN_TAIL_BYTES",
     "BatchAccepted",
     "BatchCompleted",
     "DatasetRow",
@@ -108,5 +111,6 @@ __all__ = [
     "reward_stats",
     "scalar_reward",
     "stats_from_sums",
+    "text_carries_attempt_token",
     "utcnow",
 ]

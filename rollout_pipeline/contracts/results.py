@@ -7,7 +7,7 @@ import math
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Final
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from rollout_pipeline.contracts.common import json_type
 
@@ -109,6 +109,9 @@ class ResultRead(BaseModel):
     size: int
     limit: int
     outcome: ResultOutcome
+    #: The bytes read (the whole object, or its first `limit` + 1 bytes): where the token of a result that cannot
+    #: be parsed is looked for (`attempts.text_carries_attempt_token`).
+    raw: bytes = Field(default=b"", repr=False, exclude=True)
 
     @property
     def too_large(self) -> bool:
@@ -127,4 +130,4 @@ def read_result(store: ObjectReader, bucket: str, key: str, *, max_bytes: int) -
         )
     else:
         outcome = parse_result(body, max_bytes=max_bytes)
-    return ResultRead(size=size, limit=max_bytes, outcome=outcome)
+    return ResultRead(size=size, limit=max_bytes, outcome=outcome, raw=body)

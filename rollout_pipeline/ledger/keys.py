@@ -33,6 +33,19 @@ LIMIT_PK: Final = "LIMIT"
 #: SESSIONS#{shard}: the session-slot counters (`ledger.limits`: their caps sum to `max_sessions`).
 SESSIONS_SHARD_PREFIX: Final = "SESSIONS#"
 SESSION_SHARDS: Final = 32
+#: SESSIONS: the one session-slot counter of ledgers before the shards (layout 1); read only to see what is in flight.
+LEGACY_SESSIONS_SK: Final = "SESSIONS"
+#: LAYOUT: the ledger's layout version (`LAYOUT_VERSION`), stamped by the stack, checked by every function.
+LAYOUT_SK: Final = "LAYOUT"
+#: The layout of the ledger this code reads and writes: which items exist and what they hold. Raise it in the
+#: release that changes them so that old items no longer fit (and say how in docs/deploy.md, "Upgrades"): the stack
+#: stamps the new value before its functions are updated, the functions refuse another one, and the deploy refuses
+#: the change while work is in flight (`rollout_pipeline.ops.upgrade`).
+#: 1: every ledger before the stamp (a single `SESSIONS` counter, later 16 then 32 `SESSIONS#` shards, results
+#: without attempt tokens). 2: 32 `SESSIONS#` shards, attempt tokens, the stamp itself.
+LAYOUT_VERSION: Final = 2
+#: What a ledger without a stamp is taken for.
+UNSTAMPED_LAYOUT: Final = 1
 #: The experiment's current policy version (set by the trainer; stamped on each rollout at dispatch).
 POLICY_SK: Final = "POLICY"
 TPS_PREFIX: Final = "TPS#"
@@ -112,6 +125,20 @@ def rollout_key(batch_id: str, input_id: str, index: int) -> dict[str, dict[str,
 def session_shard_key(shard: int) -> dict[str, dict[str, str]]:
     """One session-slot counter (`SESSIONS#{shard}`)."""
     return {PK: {"S": LIMIT_PK}, SK: {"S": f"{SESSIONS_SHARD_PREFIX}{shard:02d}"}}
+
+
+def legacy_sessions_key() -> dict[str, dict[str, str]]:
+    """The single session-slot counter of layout 1 (`LEGACY_SESSIONS_SK`)."""
+    return {PK: {"S": LIMIT_PK}, SK: {"S": LEGACY_SESSIONS_SK}}
+
+
+def layout_key() -> dict[str, dict[str, str]]:
+    return {PK: {"S": LIMIT_PK}, SK: {"S": LAYOUT_SK}}
+
+
+def layout_item(version: int = LAYOUT_VERSION) -> dict[str, dict[str, str]]:
+    """The stamp item (DynamoDB JSON) the stack puts into the table (and local mode into its own)."""
+    return {**layout_key(), "version": {"N": str(version)}}
 
 
 def policy_key() -> dict[str, dict[str, str]]:

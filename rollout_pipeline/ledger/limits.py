@@ -15,6 +15,19 @@ from rollout_pipeline.ledger.attributes import from_attribute_value, plain_value
 from rollout_pipeline.ledger.table import LedgerError, LedgerTable
 
 
+class LayoutMismatch(LedgerError):
+    """The ledger's layout stamp is not the one this code reads and writes (`keys.LAYOUT_VERSION`)."""
+
+    def __init__(self, table: str, found: int | None, needed: int) -> None:
+        self.table, self.found, self.needed = table, found, needed
+        stamp = "no layout stamp (LIMIT/LAYOUT)" if found is None else f"layout {found}"
+        super().__init__(
+            f"ledger {table} has {stamp} but this code reads and writes layout {needed}: it refuses to touch it. The "
+            "stack stamps its layout before it updates the functions, so code and table are out of step: deploy "
+            "the stack again, drained (docs/deploy.md, 'Upgrades')"
+        )
+
+
 def shard_cap(max_sessions: int, shard: int) -> int:
     """The cap of session-slot counter `shard`: `max_sessions` spread over `keys.SESSION_SHARDS` counters (the
     first `max_sessions % SESSION_SHARDS` get one more; with fewer sessions than counters, some get none)."""
@@ -174,6 +187,23 @@ class LimitLedger:
             "ConsistentRead": True,
         }
         return [_board_entry(raw) for raw in self.table.query(request, max_pages=10)]
+
+    def layout_version(self) -> int | None:
+        """The layout the ledger is stamped with (`keys.LAYOUT_VERSION`), None without a stamp (strongly consistent)."""
+        value = (self._get(keys.layout_key()) or {}).get("version")
+        return None if value is None else int(value)
+
+    def require_layout(self, version: int = keys.LAYOUT_VERSION) -> None:
+        """Refuse (`LayoutMismatch`) a ledger of another layout than the code's: it never reads or writes items it
+        does not know the shape of. A function checks it once per container, before its first message."""
+        found = self.layout_version()
+        if found != version:
+            raise LayoutMismatch(self.table.name, found, version)
+
+    def legacy_slots(self) -> int:
+        """Sessions held on the single counter of layout 1 (`keys.LEGACY_SESSIONS_SK`); 0 when there is none."""
+        item = self._get(keys.legacy_sessions_key())
+        return int((item or {}).get("in_flight") or 0)
 
     def current_policy_version(self) -> str | None:
         """The experiment's current policy version (None until a trainer sets one)."""

@@ -29,12 +29,15 @@ from typing import Any
 
 from rollout_pipeline import ids, routing
 from rollout_pipeline.contracts import (
+    TOKEN_TAIL_BYTES,
     FailureReason,
     ResultOutcome,
+    ResultRead,
     carries_attempt_token,
     iso,
     parse_iso,
     read_result,
+    text_carries_attempt_token,
 )
 from rollout_pipeline.ledger.items import RolloutRecord, Terminal
 from rollout_pipeline.ledger.rollouts import (
@@ -192,10 +195,10 @@ def _handle_warm_result(
     if warm.exp_id != deps.config.name:
         return _late(deps, f"experiment {warm.exp_id} is not {deps.config.name}", key)
     try:
-        read = _read_result(bucket, key, deps)
+        read = read_result(deps.store, bucket, key, max_bytes=deps.config.result_max_bytes)
     except ObjectNotFound:
         return _late(deps, "the result object is gone", key) if last else None
-    named = attempt_named_by(read[1])
+    named = attempt_named_by(read.outcome.body)
     if named is None:
         claim = deps.ledger.warm.claim_of(warm.session_id)
         named = None if claim is None else (claim.ref.batch_id, claim.ref.index, claim.ref.attempt)
@@ -235,7 +238,7 @@ def _handle_result(
     *,
     stops_later: list[RolloutRecord] | None,
     last: bool,
-    read: tuple[ResultOutcome, dict[str, Any] | None, int] | None = None,
+    read: ResultRead | None = None,
 ) -> Completion | None:
     """`handle_result_event` for one reading of the key; None when its object is not found and another reading
     is left to try. `read`: the result, when already read."""
@@ -255,11 +258,13 @@ def _handle_result(
         return _late(deps, f"attempt {rec.attempt} runs in session {rec.session_id}, not {ref.session_id}", key)
 
     try:
-        outcome, body_dict, size = read if read is not None else _read_result(bucket, key, deps)
+        if read is None:
+            read = read_result(deps.store, bucket, key, max_bytes=deps.config.result_max_bytes)
+        if _foreign(read, bucket, key, ref, deps):
+            return Completion.FOREIGN
     except ObjectNotFound:
         return _late(deps, "the result object is gone", key) if last else None
-    if _foreign(body_dict, ref, deps, key, outcome):
-        return Completion.FOREIGN
+    outcome, body_dict, size = read.outcome, read.outcome.body, read.size
     written_at = parse_iso(event.get("time")) or deps.now()
     terminal = _terminal(outcome, written_at, f"s3://{bucket}/{key}", size)
     after = deps.ledger.rollouts.finish_dispatched(
@@ -289,14 +294,27 @@ def _handle_result(
     return Completion.SUCCEEDED if outcome.success else Completion.FAILED
 
 
-def _foreign(
-    body: dict[str, Any] | None, ref: ids.ResultRef, deps: LifecycleDeps, key: str, outcome: ResultOutcome
-) -> bool:
-    """The result does not carry its attempt's token (when tokens are checked): counted and logged."""
-    if deps.attempt_key is None or carries_attempt_token(body, deps.attempt_key(), ref.exp_id, ref.session_id):
+def _foreign(read: ResultRead, bucket: str, key: str, ref: ids.ResultRef, deps: LifecycleDeps) -> bool:
+    """The result does not carry its attempt's token (when tokens are checked): counted and logged.
+
+    A result that cannot be parsed (not JSON, or over `result_max_bytes`) is searched for the token as text: in
+    what was read and, when it was too large to read whole, in its tail (one ranged GET of `TOKEN_TAIL_BYTES`:
+    ART writes the request, with its token, last). Found, it is the attempt's own result: `invalid_result` at once,
+    instead of a full `rollout_timeout_s` per attempt and then `timeout`."""
+    if deps.attempt_key is None:
         return False
+    secret, body = deps.attempt_key(), read.outcome.body
+    if body is not None:
+        if carries_attempt_token(body, secret, ref.exp_id, ref.session_id):
+            return False
+    else:
+        texts = [read.raw]
+        if read.too_large:
+            texts.append(deps.store.get_tail(bucket, key, TOKEN_TAIL_BYTES))
+        if text_carries_attempt_token(texts, secret, ref.exp_id, ref.session_id):
+            return False
     deps.metrics.count(LATE_OR_UNKNOWN)
-    unreadable = f" ({outcome.error})" if body is None else ""
+    unreadable = f" ({read.outcome.error})" if body is None else ""
     log.warning(
         "result %s ignored: it does not carry its attempt's token%s: written by another session, unreadable, "
         "or by an agent that copies neither the request (`payload`) nor `_rollout.attempt_token` into it",
@@ -319,13 +337,6 @@ def _terminal(outcome: ResultOutcome, written_at: datetime, result_uri: str, siz
         result_uri=result_uri,
         result_size=size,
     )
-
-
-def _read_result(bucket: str, key: str, deps: LifecycleDeps) -> tuple[ResultOutcome, dict[str, Any] | None, int]:
-    """Read at most `result_max_bytes` of the result and parse it (ART format)."""
-    read = read_result(deps.store, bucket, key, max_bytes=deps.config.result_max_bytes)
-    outcome = read.outcome
-    return outcome, outcome.body, read.size
 
 
 def complete_if_written(rec: RolloutRecord, deps: LifecycleDeps) -> Completion | None:

@@ -26,7 +26,7 @@ import json
 import logging
 import random
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from enum import StrEnum
@@ -181,7 +181,11 @@ def dispatch_body(
     held: Held | None = None,
 ) -> Dispatch:
     """Dispatch one rollout-queue message body (see the module doc). Raises to have the message redelivered.
-    `held`: the message's place on the admission board since receipt (`SlotGate.hold`), released once past the gate."""
+    `held`: the message's place on the admission board since receipt (`SlotGate.hold`), released once the rollout's
+    session start is booked (`LimitedRuntime.invoke`'s `on_booked`), not merely past the gate: between the two, a
+    rollout let through is neither on the board nor in the schedule, so another process's gate would see its room
+    free and let a later group book ahead of it (what decides the order its sessions start in). Every other way out
+    releases it too (`dispatch_records`)."""
     message = parse_message(body)
     bind_log_ids(batch_id=message.batch_id, rollout_id=message.rollout_id, session_id=message.session_id)
     batches = batches or BatchReads(deps)
@@ -192,6 +196,10 @@ def dispatch_body(
     if batch.cancelled:
         return _cancelled(message, deps, options)
     row_payload = _row_payload(message, deps)
+    # Before any ledger write: a key that cannot be read (Secrets Manager down, throttled, denied) raises here and
+    # the message is redelivered, instead of after `begin_dispatch`, where it burnt an attempt and a slot until the
+    # rollout's deadline.
+    token = deps.attempt_token(message.exp_id, message.session_id)
     warm = _dispatch_warm(message, deps, options, row_payload, batches, wait_until=wait_until)
     if warm is not None:
         if held is not None:
@@ -199,21 +207,18 @@ def dispatch_body(
         return warm
     deps.warm.note_cold()
     start_by = deps.invoke_start_by(wait_until)  # every wait before an invoke ends by then
-    try:
-        if deps.clock.monotonic() >= start_by:
-            return _requeue(message, deps, Dispatch.REQUEUED_NO_TIME)
-        if deps.slots.must_queue(admission_key(message)) and not _wait_for_slot(deps, start_by, message):
-            return _requeue(message, deps, Dispatch.REQUEUED_LIMIT)  # earlier groups wait, or the session rate binds
-    finally:
-        if held is not None:
-            held.release()
+    if deps.clock.monotonic() >= start_by:
+        return _requeue(message, deps, Dispatch.REQUEUED_NO_TIME)
+    if deps.slots.must_queue(admission_key(message)) and not _wait_for_slot(deps, start_by, message):
+        return _requeue(message, deps, Dispatch.REQUEUED_LIMIT)  # earlier groups wait, or the session rate binds
+    booked = (lambda _start: held.release()) if held is not None else None
     for _ in range(20):
         shard = deps.slot_shards.choose()
         start = _begin(message, deps, options, batches, slot_shard=shard)
         if start is DispatchStart.STARTED:
             deps.slot_shards.taken(shard)
             return _invoke(
-                message, deps, options, row_payload, wait_until=wait_until, reinvoke=False, session=message.session_id
+                message, deps, options, row_payload, token, wait_until=wait_until, reinvoke=False, booked=booked
             )
         if start is DispatchStart.CANCELLED:
             return _cancelled(message, deps, options)
@@ -224,7 +229,7 @@ def dispatch_body(
             if not _wait_for_slot(deps, start_by, message):
                 return _requeue(message, deps, Dispatch.REQUEUED_LIMIT)
             continue
-        decided = _decide_existing(message, deps, options, row_payload, wait_until=wait_until)
+        decided = _decide_existing(message, deps, options, row_payload, wait_until=wait_until, booked=booked)
         if decided is not None:
             return decided
     raise LedgerError(f"rollout {message.rollout_id} of {message.batch_id}: dispatch kept racing")
@@ -264,14 +269,27 @@ def _decide_existing(
     row_payload: dict[str, Any],
     *,
     wait_until: float,
+    booked: Callable[[float], None] | None = None,
 ) -> Dispatch | None:
     """The attempt was not dispatchable: read it and decide (`_existing`); a re-invoke goes to the session the
-    attempt was dispatched into. None: it is queued for this attempt (try the transaction again)."""
+    attempt was dispatched into (its token that session's). None: it is queued for this attempt (try the
+    transaction again)."""
     rec = deps.ledger.rollouts.get_rollout(message.batch_id, message.input_id, message.index)
     decided = _existing(message, rec, deps)
     if decided is Dispatch.REINVOKED and rec is not None:
         session = rec.session_id or message.session_id
-        return _invoke(message, deps, options, row_payload, wait_until=wait_until, reinvoke=True, session=session)
+        token = deps.attempt_token(message.exp_id, session)
+        return _invoke(
+            message,
+            deps,
+            options,
+            row_payload,
+            token,
+            wait_until=wait_until,
+            reinvoke=True,
+            booked=booked,
+            session=session,
+        )
     return decided
 
 
@@ -292,6 +310,7 @@ def _dispatch_warm(
         warm = deps.warm.next()
         if warm is None:
             return None
+        token = deps.attempt_token(message.exp_id, warm.session_id)  # before any ledger write, as for a new session
         start = _begin(message, deps, options, batches, warm=warm)
         if start is DispatchStart.WARM_TAKEN:
             deps.warm.collided()
@@ -301,7 +320,9 @@ def _dispatch_warm(
         if start is DispatchStart.NOT_DISPATCHABLE:
             return _decide_existing(message, deps, options, row_payload, wait_until=wait_until)
         deps.warm.took()
-        return _invoke_warm(message, deps, options, row_payload, warm.session_id, wait_until=wait_until)
+        return _invoke_warm(
+            message, deps, options, row_payload, session_id=warm.session_id, attempt_token=token, wait_until=wait_until
+        )
     return None
 
 
@@ -314,13 +335,14 @@ def _invoke_warm(
     deps: LifecycleDeps,
     options: FileOptions,
     row_payload: dict[str, Any],
-    session_id: str,
     *,
+    session_id: str,
+    attempt_token: str | None,
     wait_until: float,
 ) -> Dispatch | None:
     """InvokeAgentRuntime of a dispatched attempt in the warm session it took (an existing session: the `tps`
     budget only). None when the session was dead and dropped (`_drop_warm`): the attempt is queued again."""
-    payload = _agent_payload(message, deps, options, row_payload, session_id)
+    payload = _agent_payload(message, deps, options, row_payload, session_id=session_id, attempt_token=attempt_token)
     try:
         _call_warm(session_id, payload, deps, deps.invoke_start_by(wait_until))
     except RuntimeStartFailed as exc:
@@ -490,29 +512,35 @@ def _invoke(
     deps: LifecycleDeps,
     options: FileOptions,
     row_payload: dict[str, Any],
+    attempt_token: str | None,
     *,
     wait_until: float,
     reinvoke: bool,
-    session: str,
+    booked: Callable[[float], None] | None = None,
+    session: str | None = None,
 ) -> Dispatch:
     """InvokeAgentRuntime for a dispatched attempt (slot held), with bounded retries on throttling. Every invoke
-    starts by `deps.invoke_start_by(wait_until)`, so it ends inside the invocation. `session`: the session the
-    attempt was dispatched into (the attempt's own; a re-invoke's may be a warm session)."""
-    session_id = session
-    payload = _agent_payload(message, deps, options, row_payload, session_id)
+    starts by `deps.invoke_start_by(wait_until)`, so it ends inside the invocation. `attempt_token`: read before
+    the dispatch transaction (`dispatch_body`); `booked`: called once the session's start is booked; `session`:
+    the session the attempt was dispatched into when not its own (a re-invoke of a warm session)."""
+    session_id = session or message.session_id
+    payload = _agent_payload(message, deps, options, row_payload, session_id=session_id, attempt_token=attempt_token)
     start_by = deps.invoke_start_by(wait_until)
     new_session = not reinvoke
     for attempt in range(deps.invoke_retries + 1):
         try:
-            deps.limited.invoke(session_id, payload, wait_until=start_by, new_session=new_session)
-            deps.metrics.count(NEW_SESSIONS, int(new_session))
+            deps.limited.invoke(session_id, payload, wait_until=start_by, new_session=new_session, on_booked=booked)
+            if new_session:
+                deps.metrics.count(NEW_SESSIONS)
             break
-        except RuntimeStartFailed as exc:
-            deps.metrics.count(NEW_SESSIONS, int(new_session))  # the microVM was made: it counts and must be stopped
-            return _start_failed(message, deps, str(exc), wait_until)
-        except RuntimeColdStart as exc:
-            deps.metrics.count(NEW_SESSIONS, int(new_session))  # the microVM exists: it counts and must be stopped
-            failed = _retry_cold_start(message, deps, options, payload, exc, wait_until=wait_until, session=session_id)
+        except (RuntimeStartFailed, RuntimeColdStart) as exc:
+            if new_session:
+                deps.metrics.count(NEW_SESSIONS)  # the microVM was made: it counts and must be stopped
+            failed = (
+                _start_failed(message, deps, str(exc), wait_until)
+                if isinstance(exc, RuntimeStartFailed)
+                else _retry_cold_start(message, deps, options, payload, exc, wait_until=wait_until, session=session_id)
+            )
             if failed is not None:
                 return failed
             break
@@ -524,13 +552,18 @@ def _invoke(
                 return _requeue(message, deps, Dispatch.REQUEUED_NO_TIME)
             return _undo_and_requeue(message, deps, Dispatch.REQUEUED_LIMIT)
         except RuntimeThrottled as exc:
-            backoff = min(0.25 * 2**attempt, 4.0) * random.uniform(0.5, 1.0)
-            if attempt == deps.invoke_retries or deps.clock.monotonic() + backoff > start_by:
-                log.warning("ACR kept throttling %s: %s; freeing the slot", session_id, exc)
-                if not new_session:  # a session exists (cold-started): end the attempt, stop it
-                    return _cold_start_failed(message, deps, options, str(exc), wait_until)
-                return _undo_and_requeue(message, deps, Dispatch.REQUEUED_THROTTLED)
-            deps.clock.sleep(backoff)
+            gave_up = _after_throttle(
+                message,
+                deps,
+                options,
+                exc,
+                tries=attempt,
+                start_by=start_by,
+                wait_until=wait_until,
+                new_session=new_session,
+            )
+            if gave_up is not None:
+                return gave_up
         except RuntimeRejected as exc:
             if not new_session:
                 return _cold_start_failed(message, deps, options, str(exc), wait_until)
@@ -542,9 +575,16 @@ def _invoke(
 
 
 def _agent_payload(
-    message: RolloutMessage, deps: LifecycleDeps, options: FileOptions, row_payload: dict[str, Any], session_id: str
+    message: RolloutMessage,
+    deps: LifecycleDeps,
+    options: FileOptions,
+    row_payload: dict[str, Any],
+    *,
+    session_id: str,
+    attempt_token: str | None,
 ) -> dict[str, Any]:
-    """The request the agent receives in session `session_id` (its `_rollout.session_id`, and its token's)."""
+    """The request the agent receives in session `session_id` (its `_rollout.session_id`; `attempt_token` that
+    session's)."""
     return build_agent_payload(
         row_payload=row_payload,
         rollout_overrides=message.rollout_overrides,
@@ -552,9 +592,32 @@ def _agent_payload(
         options=options,
         config=deps.config,
         results_bucket=deps.settings.results_bucket,
-        attempt_token=deps.attempt_token(message.exp_id, session_id),
+        attempt_token=attempt_token,
         session_id=session_id,
     )
+
+
+def _after_throttle(
+    message: RolloutMessage,
+    deps: LifecycleDeps,
+    options: FileOptions,
+    exc: RuntimeThrottled,
+    *,
+    tries: int,
+    start_by: float,
+    wait_until: float,
+    new_session: bool,
+) -> Dispatch | None:
+    """ACR throttled the invoke: back off and return None to try again, or give up (the slot freed) once the
+    retries or the time to start are spent."""
+    backoff = min(0.25 * 2**tries, 4.0) * random.uniform(0.5, 1.0)
+    if tries < deps.invoke_retries and deps.clock.monotonic() + backoff <= start_by:
+        deps.clock.sleep(backoff)
+        return None
+    log.warning("ACR kept throttling %s: %s; freeing the slot", message.session_id, exc)
+    if not new_session:  # a session exists (cold-started): end the attempt, stop it
+        return _cold_start_failed(message, deps, options, str(exc), wait_until)
+    return _undo_and_requeue(message, deps, Dispatch.REQUEUED_THROTTLED)
 
 
 def _undo_and_requeue(message: RolloutMessage, deps: LifecycleDeps, why: Dispatch) -> Dispatch:
@@ -644,7 +707,7 @@ def _start_failed(message: RolloutMessage, deps: LifecycleDeps, error: str, wait
     if rec is None or rec.state != DISPATCHED or rec.attempt != message.attempt:
         return Dispatch.STALE
     last_line = next((line.strip() for line in reversed(error.splitlines()) if line.strip()), error)
-    log.warning("the agent of session %s did not start (agent_error): %s", rec.session_id, last_line[:300])
+    log.warning("the agent of session %s did not start (agent_error): %s", message.session_id, last_line[:300])
     after = fail_rollout(
         deps,
         rec.ref,

@@ -263,13 +263,19 @@ class LimitedRuntime:
         wait_until: float | None = None,
         *,
         new_session: bool = True,
+        on_booked: Callable[[float], None] | None = None,
     ) -> None:
         """InvokeAgentRuntime once both budgets allow. Raises NoCallBudget (no budget in time) and whatever
-        the runtime raises. `new_session=False` for a call into an existing session (cold-start retry)."""
+        the runtime raises. `new_session=False` for a call into an existing session (cold-start retry).
+        `on_booked(start)` is called once the call's start (wall clock, s) is booked in the schedule (a new session:
+        its `session#` slot), before the wait for it: the dispatcher keeps the rollout on the admission board until
+        then. A start lost by waking too late is booked again (and reported again)."""
         until = wait_until if wait_until is not None else time.monotonic() + DEFAULT_STOP_WAIT_S
+        booked = on_booked or (lambda _start: None)
         if not new_session:
             if not self.tps.acquire(until, INVOKE_AHEAD_S):
                 raise self._throttled("InvokeAgentRuntime")
+            booked(self.tps._wall())
             self._call(lambda: self.runtime.invoke(session_id, payload))
             return
         pacer = self.sessions[ids.endpoint_index(session_id, len(self.sessions))]
@@ -277,6 +283,7 @@ class LimitedRuntime:
             slot = pacer.reserve(until, lead_s=pacer.lead_s + (0.0 if self.sessions_apart else self.tps.lead_s))
             if slot is None:
                 raise self._throttled("a new session")
+            booked(slot)
             if self.sessions_apart:
                 if pacer.sleep_until(slot):
                     self._call(lambda: self.runtime.invoke(session_id, payload))

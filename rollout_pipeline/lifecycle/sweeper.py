@@ -12,6 +12,7 @@ concurrent sweeps change nothing twice. Last, the release window's backstop (`fe
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from rollout_pipeline import ids
@@ -49,6 +50,8 @@ class SweepResult:
     outbox_drained: int = 0
     #: Rollouts released to the queue by the backstop of the release window (`Feed.sweep`).
     released: int = 0
+    #: The sweep reached its deadline (`wait_until`) and left the rest to the next run.
+    out_of_time: bool = False
     errors: list[str] = field(default_factory=list)
 
 
@@ -56,44 +59,66 @@ def sweep(
     deps: LifecycleDeps, *, page_size: int = 50, max_pages: int = 4, wait_until: float | None = None
 ) -> SweepResult:
     """One sweep over every shard of both sparse indexes (bounded: `page_size` x `max_pages` per shard).
-    `wait_until` (monotonic) bounds every wait for call budget (the Lambda's remaining time)."""
+    `wait_until` (`deps.clock.monotonic()`: the Lambda's remaining time) bounds every wait for call budget, and the
+    sweep itself: past it, no new rollout, outbox or shard is started, and the next run picks up the rest (every
+    step is conditional, so nothing is done twice). After a mass expiry one run would otherwise outlast its timeout
+    every minute, finishing nothing."""
     report = SweepResult()
     now = deps.now()
     now_epoch = int(now.timestamp())
     options_cache: dict[str, tuple[FileOptions, bool]] = {}
-    for shard in range(keys.INDEX_SHARDS):
-        for rec in deps.ledger.rollouts.query_due(
-            keys.DEADLINE_INDEX, shard, now_epoch, limit=page_size, max_pages=max_pages
-        ):
-            report.expired_seen += 1
-            bind_log_ids(batch_id=rec.batch_id, rollout_id=ids.rollout_id(rec.input_id, rec.index))
-            try:
-                _expire(rec, deps, options_cache, report, wait_until)
-            except Exception as exc:  # one bad item must not stop the sweep
-                log.exception("sweeping %s/%s failed", rec.batch_id, ids.rollout_id(rec.input_id, rec.index))
-                report.errors.append(f"{rec.batch_id}/{rec.input_id}#{rec.index}: {exc}")
-                deps.metrics.count(SWEEP_ERRORS)
+
+    def out_of_time() -> bool:
+        if wait_until is not None and deps.clock.monotonic() >= wait_until:
+            report.out_of_time = True
+        return report.out_of_time
+
+    pages = {"limit": page_size, "max_pages": max_pages}
+    for rec in _due(deps, keys.DEADLINE_INDEX, now_epoch, out_of_time, **pages):
+        report.expired_seen += 1
+        bind_log_ids(batch_id=rec.batch_id, rollout_id=ids.rollout_id(rec.input_id, rec.index))
+        try:
+            _expire(rec, deps, options_cache, report, wait_until)
+        except Exception as exc:  # one bad item must not stop the sweep
+            log.exception("sweeping %s/%s failed", rec.batch_id, ids.rollout_id(rec.input_id, rec.index))
+            report.errors.append(f"{rec.batch_id}/{rec.input_id}#{rec.index}: {exc}")
+            deps.metrics.count(SWEEP_ERRORS)
     cutoff = int(now.timestamp() - deps.outbox_age_s)
-    for shard in range(keys.INDEX_SHARDS):
-        for rec in deps.ledger.rollouts.query_due(
-            keys.OUTBOX_INDEX, shard, cutoff, limit=page_size, max_pages=max_pages
-        ):
-            fresh = deps.ledger.rollouts.get_rollout(rec.batch_id, rec.input_id, rec.index)
-            if fresh is None or not fresh.outbox:
-                continue
-            bind_log_ids(batch_id=rec.batch_id, rollout_id=ids.rollout_id(rec.input_id, rec.index))
-            try:
-                if publishing.drain(fresh, deps, wait_until=wait_until):
-                    report.outbox_drained += 1
-            except Exception as exc:
-                log.warning("outbox of %s/%s#%s not drained: %s", rec.batch_id, rec.input_id, rec.index, exc)
-                report.errors.append(f"outbox {rec.batch_id}/{rec.input_id}#{rec.index}: {exc}")
-                deps.metrics.count(SWEEP_ERRORS)
+    for rec in _due(deps, keys.OUTBOX_INDEX, cutoff, out_of_time, **pages):
+        fresh = deps.ledger.rollouts.get_rollout(rec.batch_id, rec.input_id, rec.index)
+        if fresh is None or not fresh.outbox:
+            continue
+        bind_log_ids(batch_id=rec.batch_id, rollout_id=ids.rollout_id(rec.input_id, rec.index))
+        try:
+            if publishing.drain(fresh, deps, wait_until=wait_until):
+                report.outbox_drained += 1
+        except Exception as exc:
+            log.warning("outbox of %s/%s#%s not drained: %s", rec.batch_id, rec.input_id, rec.index, exc)
+            report.errors.append(f"outbox {rec.batch_id}/{rec.input_id}#{rec.index}: {exc}")
+            deps.metrics.count(SWEEP_ERRORS)
     clear_log_ids()
-    swept = deps.feed.sweep()
-    report.released = swept.rollouts + swept.recovered
+    if not out_of_time():
+        swept = deps.feed.sweep()
+        report.released = swept.rollouts + swept.recovered
+    if report.out_of_time:
+        log.warning(
+            "sweep reached its deadline: the next run continues (%d rollouts past due seen)", report.expired_seen
+        )
     deps.metrics.sample(IN_FLIGHT, deps.ledger.limits.in_flight())
     return report
+
+
+def _due(
+    deps: LifecycleDeps, index: str, before_epoch: int, out_of_time: Callable[[], bool], *, limit: int, max_pages: int
+) -> Iterator[RolloutRecord]:
+    """The rollouts due in every shard of the sparse `index` (bounded pages per shard), until `out_of_time()`."""
+    for shard in range(keys.INDEX_SHARDS):
+        if out_of_time():
+            return
+        for rec in deps.ledger.rollouts.query_due(index, shard, before_epoch, limit=limit, max_pages=max_pages):
+            if out_of_time():
+                return
+            yield rec
 
 
 def _options(

@@ -16,8 +16,8 @@ from dataclasses import fields
 from typing import Any, Final
 
 from rollout_pipeline.config import ExperimentConfig
-from rollout_pipeline.deploy_settings import STACK_KEYS
 from rollout_pipeline.local.pipeline import LocalPipeline, LocalSettings
+from rollout_pipeline.ops.deploy_settings import STACK_KEYS
 from rollout_pipeline.sdk import Experiment, SdkError
 
 log = logging.getLogger(__name__)

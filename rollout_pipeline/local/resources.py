@@ -15,6 +15,7 @@ from typing import Any
 from rollout_pipeline import routing, topology
 from rollout_pipeline.config import ExperimentConfig, HandlerSettings
 from rollout_pipeline.fakes import faithful
+from rollout_pipeline.ledger import keys
 from rollout_pipeline.ledger.schema import create_table_kwargs
 
 LOCAL_ACCOUNT = "123456789012"
@@ -96,6 +97,7 @@ def create_resources(config: ExperimentConfig, *, region: str, client: Any) -> E
     table_name = f"{base}-ledger"
     with contextlib.suppress(ddb.exceptions.ResourceInUseException):
         ddb.create_table(**create_table_kwargs(table_name))
+    ddb.put_item(TableName=table_name, Item=keys.layout_item())  # as the stack stamps its table
 
     queue_urls: dict[str, str] = {}
     dlq_urls: dict[str, str] = {}

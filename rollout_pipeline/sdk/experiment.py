@@ -182,6 +182,7 @@ class Experiment:
         mode: str = "deployed",
         *,
         yes: bool = False,
+        force: bool = False,
         region: str | None = None,
         session: Any | None = None,
         project_dir: str | os.PathLike[str] | None = None,
@@ -195,7 +196,9 @@ class Experiment:
 
         - `mode="deployed"`: validate the settings, run the preflight, deploy the project's CDK app through its
           CDK CLI (`node_modules/.bin/cdk`, installed by `make setup`) with live progress. Nothing happens when
-          the stack is up to date; changes are shown (`cdk diff`) and confirmed unless `yes=True`.
+          the stack is up to date; changes are shown (`cdk diff`) and confirmed unless `yes=True`. An update
+          refuses while rollouts are in flight (drain before upgrading) unless `force=True`; a new ledger layout
+          or a new `endpoints` refuses even then (docs/deploy.md, "Upgrades").
         - `mode="local"`: start the local pipeline in this process (moto on loopback, the Lambda handlers as
           consumers, agent processes); it stops at `destroy()`, at the end of a `with` block or at exit.
           `local_options`: local mode's own settings (`LocalSettings` fields: `agent_module`, `work_dir`, ...).
@@ -203,22 +206,20 @@ class Experiment:
         Raises `SdkError` (one line, what to do) for a bad setting, missing credentials or bootstrap, a stack in
         a failed state, a missing CLI, and `DeployFailed` naming the first resource that failed.
         """
-        from rollout_pipeline.sdk.launch import MODES, Deployment, launcher, plan
+        from rollout_pipeline.sdk.operations import operations
 
-        if mode not in MODES:
-            raise SdkError(f"mode must be one of {', '.join(MODES)} (got {mode!r})")
-        if local_options is not None and not isinstance(local_options, Mapping):
-            raise SdkError(
-                f"local_options must be a dict of local mode's settings, e.g. {{'agent_module': 'my_agent'}} "
-                f"(got {type(local_options).__name__})"
-            )
-        if mode == "local":
-            config = plan(name, settings, None, check_model_url=False).config
-            return launcher("local")(config, frozenset(settings), dict(local_options or {}))
-        deployment = Deployment(
-            name, settings, project_dir=project_dir, region=region, session=session, out=out or sys.stderr
+        return operations().launch(
+            name,
+            mode,
+            settings,
+            yes=yes,
+            force=force,
+            region=region,
+            session=session,
+            project_dir=project_dir,
+            local_options=local_options,
+            out=out,
         )
-        return deployment.deploy(yes=yes)
 
     @classmethod
     def deploy(cls, name: str, *, local: bool = False, yes: bool = False, **kwargs: Any) -> Experiment:
@@ -241,16 +242,9 @@ class Experiment:
         if self._teardown is not None:
             self._teardown()
             return
-        from rollout_pipeline.sdk.launch import Deployment
+        from rollout_pipeline.sdk.operations import operations
 
-        deployment = Deployment(
-            self.name,
-            project_dir=project_dir,
-            region=self.aws.region,
-            session=self.aws.session,
-            out=out or sys.stderr,
-        )
-        deployment.destroy(self, keep_results=keep_results, force=force, yes=yes)
+        operations().destroy(self, keep_results=keep_results, force=force, yes=yes, project_dir=project_dir, out=out)
 
     def close(self) -> None:
         """Stop what `launch` started for this experiment in this process (local mode); a deployed stack stays."""
@@ -565,7 +559,9 @@ class Experiment:
 
     def list_subscriptions(self) -> list[subscription.Subscription]:
         """The private subscriptions (tap, ART, smoke) on the experiment bus, with owner and last-seen time."""
-        return subscription.list_subscriptions(self.aws, self.bus_name)
+        from rollout_pipeline.sdk.operations import operations
+
+        return operations().list_subscriptions(self)
 
     def prune_subscriptions(
         self,
@@ -579,8 +575,10 @@ class Experiment:
         watchers: they count toward the bus's 300 rules and block `cdk destroy`), rule targets first, then the rule,
         then the queue. `dry_run`: only report. `kinds`: only these kinds (`tap`, `art`, `smoke`). `skip_recent`:
         do not even look at rules created less than `older_than_s` ago (one ListRules call for them)."""
-        return subscription.prune_subscriptions(
-            self.aws, self.bus_name, older_than_s, dry_run=dry_run, kinds=kinds, skip_recent=skip_recent
+        from rollout_pipeline.sdk.operations import operations
+
+        return operations().prune_subscriptions(
+            self, older_than_s, dry_run=dry_run, kinds=kinds, skip_recent=skip_recent
         )
 
     def subscribe(

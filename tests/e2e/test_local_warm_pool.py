@@ -45,7 +45,7 @@ def test_a_batch_after_a_pause_starts_every_rollout_in_a_warm_session(model: Fak
     text = out.getvalue()
     assert report.ok, text
     assert report.warm_ready == 4
-    assert report.warm_started == 4 and report.warm_reuses == 4, text  # every rollout in a warm session
+    assert (report.warm_started, report.warm_reuses) == (4, 4), text  # every rollout in a warm session
     assert report.warmups >= 4  # answered by the agent host (a refill after the batch may add more)
     assert report.sessions_left == []  # the pool stopped at the end, every rollout's session stopped
     assert "4 of 4 rollouts started in a warm session" in text

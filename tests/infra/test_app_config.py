@@ -114,11 +114,13 @@ def test_cdk_json_default_model_url_needs_an_override_to_deploy() -> None:
         build_app(context)
 
 
-def test_make_deploy_runs_the_preflight_first() -> None:
+def test_make_deploy_runs_the_preflight_and_the_drain_check_first() -> None:
+    """`make deploy` is `rollouts deploy`, which runs the preflight, then (for an update) refuses while rollouts are
+    in flight (`ops.upgrade`) before `cdk deploy`: a bare `cdk deploy` would skip both."""
     makefile = (REPO_ROOT / "Makefile").read_text()
-    (deploy,) = [line for line in makefile.splitlines() if line.startswith("deploy:")]
-    prerequisites = deploy.split(":", 1)[1].split("##")[0].split()
-    assert "preflight" in prerequisites
-    (preflight,) = [line for line in makefile.splitlines() if line.startswith("preflight:")]
+    lines = makefile.splitlines()
+    recipe = lines[next(i for i, line in enumerate(lines) if line.startswith("deploy:")) + 1]
+    assert recipe.strip() == "$(BIN)/rollouts deploy -e $(EXPERIMENT) $(CDK_ARGS)"
+    (preflight,) = [line for line in lines if line.startswith("preflight:")]
     assert preflight
     assert "rollouts preflight -e $(EXPERIMENT) $(CDK_ARGS)" in makefile

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -25,14 +26,14 @@ def test_lock_is_resolved_from_the_runtime_dependencies_boto3_included() -> None
 
 
 def test_pip_installs_exactly_the_hash_checked_lock() -> None:
-    command = LocalPipBundling(REPO_ROOT, "3.14", LAMBDA_LOCK).pip_command("/out")
+    command = LocalPipBundling(REPO_ROOT, "3.14", LAMBDA_LOCK, None).pip_command("/out")
     assert command[-2:] == ["-r", str(LAMBDA_LOCK)]
     assert {"--no-deps", "--require-hashes"} <= set(command)
     assert REPO_ROOT / LOCK_PATH == LAMBDA_LOCK
 
 
 def test_pip_installs_only_aarch64_binary_wheels_for_the_lambda_python() -> None:
-    bundler = LocalPipBundling(REPO_ROOT, "3.14", LAMBDA_LOCK)
+    bundler = LocalPipBundling(REPO_ROOT, "3.14", LAMBDA_LOCK, None)
     command = bundler.pip_command("/out")
     joined = " ".join(command)
     assert "--platform manylinux2014_aarch64" in joined
@@ -88,10 +89,9 @@ def test_try_bundle_runs_pip_copies_sources_then_precompiles(
         return subprocess.CompletedProcess(command, 0)
 
     monkeypatch.setattr(subprocess, "run", fake_run)
-    monkeypatch.setattr(bundling, "bytecode_compiler", lambda version: compiler if version == "3.14" else None)
     out = tmp_path / "asset"
     out.mkdir()
-    bundler = LocalPipBundling(REPO_ROOT, "3.14", LAMBDA_LOCK)
+    bundler = LocalPipBundling(REPO_ROOT, "3.14", LAMBDA_LOCK, compiler)
 
     assert bundler.try_bundle(str(out), image=None) is True
 
@@ -118,7 +118,7 @@ def test_try_bundle_declines_when_pip_is_unusable(tmp_path: Path, monkeypatch: p
         raise subprocess.CalledProcessError(1, command)
 
     monkeypatch.setattr(subprocess, "run", broken_run)
-    assert LocalPipBundling(REPO_ROOT, "3.14", LAMBDA_LOCK).try_bundle(str(tmp_path)) is False
+    assert LocalPipBundling(REPO_ROOT, "3.14", LAMBDA_LOCK, None).try_bundle(str(tmp_path)) is False
 
 
 def test_bytecode_compiler_finds_a_python_uv_knows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -134,3 +134,25 @@ def test_bytecode_compiler_finds_a_python_uv_knows(tmp_path: Path, monkeypatch: 
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}/usr/bin{os.pathsep}/bin")
     assert bundling.bytecode_compiler("9.98") == str(interpreter)
     assert bundling.bytecode_compiler("9.97") is None  # uv finds none: the bundle ships without bytecode
+
+
+def _function_code_keys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, compiler: str | None) -> set[str]:
+    from tests.infra.conftest import synthesize
+
+    monkeypatch.setattr(bundling, "bytecode_compiler", lambda _version: compiler)
+    synth = synthesize(tmp_path)
+    return {
+        json.dumps(function["Properties"]["Code"]["S3Key"])
+        for logical_id, function in synth.of_type("AWS::Lambda::Function").items()
+        if logical_id.startswith(("Ingest", "Dispatch", "Completion", "Sweeper"))
+    }
+
+
+def test_the_bytecode_decision_is_part_of_the_asset_hash(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two synths of the same sources, one with a Python 3.14 to precompile with and one without, upload two
+    bundles: otherwise the one that reached the bootstrap bucket first would stay there."""
+    compiled = _function_code_keys(tmp_path / "compiled", monkeypatch, "/usr/bin/python3.14")
+    plain = _function_code_keys(tmp_path / "plain", monkeypatch, None)
+    assert len(compiled) == len(plain) == 1, "one asset for the four functions"
+    assert compiled != plain
+    assert _function_code_keys(tmp_path / "again", monkeypatch, "/opt/other/python3.14") == compiled

@@ -10,11 +10,12 @@ from typing import Any
 import pytest
 
 from rollout_pipeline.config import ConfigError
-from rollout_pipeline.deploy_settings import DeploySettings
+from rollout_pipeline.ops.deploy_settings import DeploySettings
 from stacks.image import KEEP_IMAGES, content_tag
 from tests.infra.conftest import PREBUILT_IMAGE, REPO_ROOT, Synthesized, stack_context
 
-ARM_BUILD_IMAGE_PREFIX = "aws/codebuild/amazonlinux2-aarch64-standard"
+#: Amazon Linux 2023 (the library pins an Amazon Linux 2 image, past its end of life).
+ARM_BUILD_IMAGE = "aws/codebuild/amazonlinux-aarch64-standard:4.0"
 
 
 def assets_manifest(synthesized: Synthesized) -> dict[str, Any]:
@@ -67,7 +68,7 @@ def test_image_is_built_on_an_arm_codebuild_image(synth: Synthesized) -> None:
     (project,) = synth.of_type("AWS::CodeBuild::Project").values()
     env = project["Properties"]["Environment"]
     assert env["Type"] == "ARM_CONTAINER"
-    assert env["Image"].startswith(ARM_BUILD_IMAGE_PREFIX)
+    assert env["Image"] == ARM_BUILD_IMAGE
     assert env["PrivilegedMode"] is True  # docker buildx inside the build
     (build,) = synth.of_type("Custom::CDKContainerImageBuild").values()
     props = build["Properties"]
@@ -197,3 +198,18 @@ def test_bad_image_and_stack_settings_are_refused(overrides: dict[str, str], mat
 def test_digest_image_uri_is_accepted() -> None:
     uri = f"123456789012.dkr.ecr.eu-west-1.amazonaws.com/agent@sha256:{'a' * 64}"
     assert DeploySettings.from_context({"image_uri": uri}).image_mode == "uri"
+
+
+def test_the_base_image_is_pinned_by_digest() -> None:
+    """A tag moves under the same Dockerfile (and so the same content-hash image tag): two builds of one tag could
+    run different Pythons. Every FROM names an exact version and the digest that decides what is pulled."""
+    import re
+
+    dockerfile = (REPO_ROOT / "agent_image" / "Dockerfile").read_text()
+    froms = [line for line in dockerfile.splitlines() if line.startswith("FROM ")]
+    assert froms
+    pinned = re.compile(
+        r"^FROM --platform=linux/arm64 public\.ecr\.aws/docker/library/python:"
+        r"3\.13\.\d+-slim-[a-z]+@sha256:[0-9a-f]{64}$"
+    )
+    assert [line for line in froms if not pinned.match(line)] == []

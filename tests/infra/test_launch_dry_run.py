@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from rollout_pipeline.sdk.cdk import CdkCli
-from rollout_pipeline.sdk.launch import Deployment
+from rollout_pipeline.ops.cdk import CdkCli
+from rollout_pipeline.ops.launch import Deployment
 from tests.fake_cdk import REPO
 
 pytestmark = pytest.mark.slow

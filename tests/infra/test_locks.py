@@ -131,7 +131,7 @@ def test_shipped_locks_are_hash_checked(lock: Path) -> None:
 def test_lock_targets_follow_the_lambda_runtime_and_the_agent_base_image() -> None:
     assert RUNTIME.name.removeprefix("python") == locks.LAMBDA_PYTHON
     dockerfile = (REPO_ROOT / "agent_image" / "Dockerfile").read_text()
-    assert re.search(rf"^FROM .*python:{re.escape(locks.AGENT_PYTHON)}-slim", dockerfile, re.MULTILINE)
+    assert re.search(rf"^FROM .*python:{re.escape(locks.AGENT_PYTHON)}(\.\d+)?-slim", dockerfile, re.MULTILINE)
     assert f"-r /app/agent_image/{locks.AGENT_LOCK.name}" in dockerfile
     assert "--require-hashes" in dockerfile
 

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from rollout_pipeline import metric_names as m
 from rollout_pipeline.contracts import FailureReason
 from rollout_pipeline.metric_names import METRICS_NAMESPACE
 from rollout_pipeline.observability import SERVICES
+from stacks.functions import LOG_RETENTION_DAYS
 from stacks.monitoring import AGENTCORE_NAMESPACE, FAILURE_RATE, LIMIT_WAIT_MINUTES, SESSION_QUOTA_SHARE
-from tests.infra.conftest import ALARM_EMAIL, EXPERIMENT, Synthesized
+from tests.infra.conftest import ALARM_EMAIL, EXPERIMENT, Synthesized, synthesize
 
 
 def alarm(synth: Synthesized, name: str) -> dict[str, Any]:
@@ -179,6 +183,41 @@ def test_every_log_group_expires_and_follows_the_retention_choice(synth: Synthes
     for group in groups.values():
         assert group["Properties"]["RetentionInDays"] == 30
         assert group["DeletionPolicy"] == "RetainExceptOnCreate"
+
+
+def _log_group_of(synth: Synthesized, function_id: str, function: dict[str, Any]) -> str | None:
+    """The log group resource a function writes to: its LoggingConfig's, else the one named /aws/lambda/{name}."""
+    configured = function["Properties"].get("LoggingConfig", {}).get("LogGroup")
+    if configured is not None:
+        return str(configured["Ref"])
+    default_name = {"Fn::Join": ["", ["/aws/lambda/", {"Ref": function_id}]]}
+    named = [
+        lid
+        for lid, g in synth.of_type("AWS::Logs::LogGroup").items()
+        if g["Properties"].get("LogGroupName") == default_name
+    ]
+    return named[0] if named else None
+
+
+@pytest.mark.parametrize("retention", ["retain", "destroy"])
+def test_every_function_writes_to_a_log_group_of_the_stack_that_exists_first(
+    synth: Synthesized, tmp_path: Path, retention: str
+) -> None:
+    """Also CDK's singleton handlers (BucketNotificationsHandler, the S3 auto-delete provider): Lambda would create
+    a log group that never expires, outside the stack, on their first invocation."""
+    stack = synth if retention == "retain" else synthesize(tmp_path, results_retention="destroy")
+    functions = stack.of_type("AWS::Lambda::Function")
+    assert len(functions) >= 7
+    customs = {lid: r for lid, r in stack.resources.items() if r["Type"].startswith("Custom::")}
+    for function_id, function in functions.items():
+        group = _log_group_of(stack, function_id, function)
+        assert group is not None, f"{function_id} has no log group"
+        assert stack.resources[group]["Properties"]["RetentionInDays"] == LOG_RETENTION_DAYS
+        for custom_id, custom in customs.items():
+            if custom["Properties"]["ServiceToken"] == {"Fn::GetAtt": [function_id, "Arn"]}:
+                assert group in custom.get("DependsOn", []) or function["Properties"].get("LoggingConfig"), (
+                    f"{custom_id} may invoke {function_id} before its log group exists"
+                )
 
 
 def test_runtime_log_group_gets_a_retention_after_the_runtime_exists(synth: Synthesized) -> None:

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from aws_cdk.assertions import Match
 
 from rollout_pipeline import topology
@@ -30,10 +31,11 @@ def arn(logical_id: str) -> dict[str, list[str]]:
 # --- storage -------------------------------------------------------------------------------------------------
 
 
-def test_three_buckets_encrypted_private_and_retained(synth: Synthesized) -> None:
+def test_three_buckets_encrypted_private_and_the_data_retained(synth: Synthesized) -> None:
     buckets = synth.of_type("AWS::S3::Bucket")
     assert len(buckets) == 3
-    for bucket in buckets.values():
+    access_logs = synth.logical_id(synth.stack.storage.access_logs)
+    for logical_id, bucket in buckets.items():
         props = bucket["Properties"]
         sse = props["BucketEncryption"]["ServerSideEncryptionConfiguration"]
         assert sse == [{"ServerSideEncryptionByDefault": {"SSEAlgorithm": "AES256"}}]
@@ -43,8 +45,11 @@ def test_three_buckets_encrypted_private_and_retained(synth: Synthesized) -> Non
             "IgnorePublicAcls": True,
             "RestrictPublicBuckets": True,
         }
-        assert bucket["DeletionPolicy"] == "RetainExceptOnCreate"
-        assert bucket["UpdateReplacePolicy"] == "Retain"
+        if logical_id == access_logs:  # emptied and deleted with the stack (test_retention.py)
+            assert bucket["DeletionPolicy"] == "Delete"
+        else:
+            assert bucket["DeletionPolicy"] == "RetainExceptOnCreate"
+            assert bucket["UpdateReplacePolicy"] == "Retain"
 
 
 def test_every_bucket_policy_denies_plain_http(synth: Synthesized) -> None:
@@ -116,7 +121,7 @@ def test_ledger_table_schema_matches_ledger_keys(synth: Synthesized) -> None:
                 "PointInTimeRecoverySpecification": {"PointInTimeRecoveryEnabled": True},
                 "TimeToLiveSpecification": {"AttributeName": keys.TTL_ATTRIBUTE, "Enabled": True},
                 "SSESpecification": {"SSEEnabled": True},
-                "DeletionProtectionEnabled": True,
+                "DeletionProtectionEnabled": False,
                 "GlobalSecondaryIndexes": [
                     gsi(keys.DEADLINE_INDEX, keys.DEADLINE_PK, keys.DEADLINE_SK),
                     gsi(keys.OUTBOX_INDEX, keys.OUTBOX_PK, keys.OUTBOX_SK),
@@ -177,8 +182,33 @@ def test_work_queues_redrive_to_14_day_dlqs_with_6x_visibility(synth: Synthesize
         dlq = synth.resources[synth.logical_id(consumer.dlq)]["Properties"]
         assert dlq["MessageRetentionPeriod"] == FOURTEEN_DAYS_S
     trainer = synth.resources[synth.logical_id(stack.events.trainer_queue)]["Properties"]
-    assert trainer["MessageRetentionPeriod"] == FOURTEEN_DAYS_S
     assert "RedrivePolicy" in trainer
+
+
+def test_a_dead_lettered_message_stays_at_least_four_days_in_its_dlq(synth: Synthesized) -> None:
+    """SQS keeps a message's original enqueue time when it moves it to the DLQ: a queue's retention must leave room
+    under its DLQ's (https://docs.aws.amazon.com/AWSSimpleQueueService/latest/SQSDeveloperGuide/sqs-dead-letter-queues.html)."""
+    queues = synth.of_type("AWS::SQS::Queue")
+    redriven = {lid: q["Properties"] for lid, q in queues.items() if "RedrivePolicy" in q["Properties"]}
+    assert len(redriven) == 4  # ingest, rollout, completion, trainer
+    for lid, queue in redriven.items():
+        dlq_id = queue["RedrivePolicy"]["deadLetterTargetArn"]["Fn::GetAtt"][0]
+        dlq_retention = queues[dlq_id]["Properties"]["MessageRetentionPeriod"]
+        assert dlq_retention == FOURTEEN_DAYS_S, dlq_id
+        assert dlq_retention - queue.get("MessageRetentionPeriod", 4 * 86400) >= 4 * 86400, lid
+    undelivered = synth.resources[synth.logical_id(synth.stack.events.undelivered)]["Properties"]
+    assert undelivered["MessageRetentionPeriod"] == FOURTEEN_DAYS_S
+
+
+def test_a_queue_that_would_outlive_its_dlq_is_refused() -> None:
+    from aws_cdk import App, Duration, Stack
+
+    from stacks.queues import QueueWithDlq
+
+    with pytest.raises(ValueError, match="at most 10 days"):
+        QueueWithDlq(
+            Stack(App(), "S"), "Q", visibility_timeout=Duration.seconds(30), retention_period=Duration.days(14)
+        )
 
 
 def test_an_alarm_on_every_dlq(synth: Synthesized) -> None:
@@ -437,3 +467,19 @@ def test_outputs_the_sdk_attaches_with(synth: Synthesized) -> None:
     }
     for output in synth.outputs.values():
         assert "Export" not in output
+
+
+def test_the_stack_stamps_the_ledger_layout_before_its_functions(synth: Synthesized) -> None:
+    """The functions refuse a ledger of another layout (`keys.LAYOUT_VERSION`): the stamp is put before any of
+    them is created or updated, and again whenever the version changes (it is in the custom resource's
+    properties)."""
+    (stamp_id,) = [
+        lid
+        for lid, r in synth.of_type("Custom::AWS").items()
+        if '\\"sk\\":{\\"S\\":\\"LAYOUT\\"}' in json.dumps(r["Properties"]["Create"])
+    ]
+    create = json.dumps(synth.resources[stamp_id]["Properties"]["Create"])
+    assert f'\\"version\\":{{\\"N\\":\\"{keys.LAYOUT_VERSION}\\"}}' in create
+    assert synth.resources[stamp_id]["Properties"]["Update"] == synth.resources[stamp_id]["Properties"]["Create"]
+    for name, function in synth.stack.functions.items():
+        assert stamp_id in synth.resources[synth.logical_id(function.function)]["DependsOn"], name

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from rollout_pipeline.sdk.permissions import SUBSCRIPTION_PREFIXES, TRAINER_ACTIONS
+from rollout_pipeline.ops.permissions import SUBSCRIPTION_PREFIXES, TRAINER_ACTIONS
 from tests.infra.conftest import EXPERIMENT, Synthesized
 
 

@@ -1,7 +1,14 @@
 """Group-ordered admission ACROSS dispatchers: with a backlog and `max_sessions` binding, several dispatcher
 processes (each its own `LifecycleDeps`, so its own `SlotGate`) hand free session slots to the waiting rollouts
 first in submission order (batch, then the group's line), not to whichever process polls first, so groups are
-admitted, and complete, in submission order (docs/lifecycle.md, "Limits")."""
+admitted, and complete, in submission order (docs/lifecycle.md, "Limits").
+
+What decides the order sessions start in is the order their starts are BOOKED (the `session#` schedule, or the
+slot counter's transaction), which admission orders. A session's actual start can still come later than its
+booking on a starved machine: a thread that wakes more than `LATENESS_S` after its booked start loses it (the rate
+limit comes first) and books again behind what was booked meanwhile. So the order checks are on the bookings, which
+hold whatever the scheduling; `test_a_rollout_let_through_stays_on_the_board_until_its_start_is_booked` pins the
+one race there was (a rollout past the gate but not yet booked was on neither the board nor the schedule)."""
 
 from __future__ import annotations
 
@@ -14,6 +21,7 @@ import pytest
 
 from rollout_pipeline import ids
 from rollout_pipeline.fakes.acr import AgentBehaviour, FakeAgentRuntime, FakeInvocation
+from rollout_pipeline.lifecycle import limits as limits_module
 from rollout_pipeline.lifecycle.completion import complete_records
 from rollout_pipeline.lifecycle.dispatch import dispatch_records
 from rollout_pipeline.lifecycle.limits import ADMIT_AHEAD_S, LATENESS_S
@@ -51,18 +59,15 @@ BINDING = {
 
 @pytest.mark.parametrize("binding", list(BINDING))
 def test_groups_are_admitted_in_submission_order_across_dispatchers(
-    resources: ExperimentResources, fake: FakeAgentRuntime, binding: str
+    resources: ExperimentResources, fake: FakeAgentRuntime, binding: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Ids whose text order is NOT the submission order ("g10" < "g2"): the line decides.
     inputs = {f"g{i}": {"i": i} for i in range(GROUPS)}
     lines = {f"g{i}": i for i in range(GROUPS)}
-    started: dict[tuple[str, int], float] = {}
     lock = threading.Lock()
+    booked = record_bookings(lock, monkeypatch)
 
     def behaviour(inv: FakeInvocation) -> AgentBehaviour:
-        rollout: dict[str, Any] = dict(inv.payload.get("_rollout") or {})
-        with lock:
-            started.setdefault((str(rollout.get("input_id")), int(rollout.get("index") or 0)), time.monotonic())
         return AgentBehaviour(rewards=1.0, delay_s=0.6)
 
     fake.behaviour = behaviour
@@ -127,7 +132,10 @@ def test_groups_are_admitted_in_submission_order_across_dispatchers(
     else:
         room = math.floor(ADMIT_AHEAD_S * limits["session_rate_limit"] / (1 + LATENESS_S))
         reach = 1 + math.ceil(room / GROUP_SIZE)
-    # A group is admitted when its last rollout starts: rank the groups by that and compare with the file.
+    # A group is admitted when its last rollout's start is booked: rank the groups by that and compare with the
+    # file (a booking is a rollout's first; one it loses by waking late is booked again, later).
+    started = {key: booked.first[key] for key in booked.first}
+    assert len(started) == total
     admitted = {g: max(started[(g, i)] for i in range(GROUP_SIZE)) for g in inputs}
     order = sorted(inputs, key=lambda g: admitted[g])
     in_file = sorted(inputs, key=lambda g: lines[g])
@@ -138,3 +146,94 @@ def test_groups_are_admitted_in_submission_order_across_dispatchers(
         (g, h, i) for g in inputs for (h, i), at in started.items() if lines[h] >= lines[g] + reach and at < admitted[g]
     ]
     assert overtaken == [], (order, overtaken)
+
+
+class Bookings:
+    """The first start booked for each rollout's session (its `session#` slot, wall clock), by (input id, index):
+    the schedule's order, which no thread's scheduling changes once booked."""
+
+    def __init__(self) -> None:
+        self.first: dict[tuple[str, int], float] = {}
+
+
+def record_bookings(lock: threading.Lock, monkeypatch: pytest.MonkeyPatch) -> Bookings:
+    """Observe (not change) the product: each rollout's first booked start, through `LimitedRuntime.invoke`'s
+    `on_booked`."""
+    bookings = Bookings()
+    original = limits_module.LimitedRuntime.invoke
+
+    def invoke(self: Any, session_id: str, payload: Any, wait_until: Any = None, **kwargs: Any) -> None:
+        rollout = dict(payload.get("_rollout") or {})
+        key = (str(rollout.get("input_id")), int(rollout.get("index") or 0))
+        downstream = kwargs.pop("on_booked", None)
+
+        def on_booked(start: float) -> None:
+            with lock:
+                bookings.first.setdefault(key, start)
+            if downstream is not None:
+                downstream(start)
+
+        original(self, session_id, payload, wait_until, on_booked=on_booked, **kwargs)
+
+    monkeypatch.setattr(limits_module.LimitedRuntime, "invoke", invoke)
+    return bookings
+
+
+def test_a_rollout_let_through_stays_on_the_board_until_its_start_is_booked(
+    resources: ExperimentResources, fake: FakeAgentRuntime
+) -> None:
+    """Process A lets g0's rollout through its gate and is then held up (a starved thread, a slow transaction)
+    before it books its session start. Process B holds g1's rollout, and the session budget has room for one
+    within `ADMIT_AHEAD_S`: B must not take it while A's earlier rollout is unbooked. The rollout stays on the
+    board until booked; before that was so, it left the board when it passed the gate, B saw a free budget and
+    nobody ahead, and g1 started first however briefly A was held up."""
+    limits = {"max_sessions": 100, "tps_limit": 25, "session_rate_limit": 1}  # room for 1 session within 2 s
+    messages = seed_batch(resources, batch_id=BATCH, inputs={"g0": {}, "g1": {}}, group_size=1)
+    fake.behaviour = lambda _inv: AgentBehaviour(rewards=1.0, delay_s=0.1)
+    booked: list[str] = []
+    a_may_book, a_reserving = threading.Event(), threading.Event()
+    deps_a = make_deps(resources, fake, limits=limits)
+    deps_b = make_deps(resources, fake, limits=limits)
+    reserve_a = deps_a.limited.sessions[0].reserve
+
+    def held_up(*args: Any, **kwargs: Any) -> float | None:
+        a_reserving.set()
+        assert a_may_book.wait(60), "never let go"
+        return reserve_a(*args, **kwargs)
+
+    deps_a.limited.sessions[0].reserve = held_up  # type: ignore[method-assign]
+    for deps, name in ((deps_a, "a"), (deps_b, "b")):
+        invoke = deps.limited.invoke
+
+        def noting(*args: Any, _invoke: Any = invoke, _name: str = name, **kwargs: Any) -> None:
+            downstream = kwargs.pop("on_booked", None)
+
+            def on_booked(start: float) -> None:
+                booked.append(_name)
+                if downstream is not None:
+                    downstream(start)
+
+            _invoke(*args, on_booked=on_booked, **kwargs)
+
+        deps.limited.invoke = noting  # type: ignore[method-assign]
+
+    def dispatch(deps: Any, records: list[dict[str, Any]]) -> None:
+        dispatch_records(records, deps, wait_until=time.monotonic() + 60)
+
+    send(resources, messages[:1])
+    records_a = receive_records(resources.rollout_queue_url)
+    send(resources, messages[1:])
+    records_b = receive_records(resources.rollout_queue_url)
+    assert [r["body"] for r in records_a + records_b] == [m.model_dump_json(exclude_none=True) for m in messages]
+    a = threading.Thread(target=dispatch, args=(deps_a, records_a))
+    a.start()
+    assert a_reserving.wait(60), "A's rollout never got past its gate"
+    b = threading.Thread(target=dispatch, args=(deps_b, records_b))
+    b.start()
+    time.sleep(3 * limits_module.BOARD_SETTLE_S)  # a negative check: B has seen the board many times by now
+    assert booked == [], "B booked g1 while g0, let through first, was not booked yet"
+    a_may_book.set()
+    a.join(60)
+    b.join(60)
+    # First bookings in order (a thread that wakes too late for its booked start books again: counted once).
+    assert list(dict.fromkeys(booked)) == ["a", "b"]

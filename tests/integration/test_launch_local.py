@@ -14,8 +14,8 @@ import pytest
 
 from rollout_pipeline.adapters.s3 import S3ObjectStore
 from rollout_pipeline.fakes.acr import AgentBehaviour, FakeAgentRuntime
+from rollout_pipeline.ops.launch import launcher
 from rollout_pipeline.sdk import Experiment, SdkError
-from rollout_pipeline.sdk.launch import launcher
 
 MODEL_URL = "http://127.0.0.1:9/v1"  # never called: the fake agent answers
 

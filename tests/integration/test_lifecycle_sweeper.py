@@ -217,3 +217,50 @@ def test_stop_bookkeeping_retries_a_transaction_holding_the_rollout_item(
     assert deps.ledger.rollouts.free_stopped(held(), sid)
     assert "stop_sessions" not in ledger_item(resources, keys.rollout_key(BATCH, "a", 0))
     assert aws_profile.stats.plain_conflicts >= 6
+
+
+class SlowSweepClock(ShiftedClock):
+    """The system clock, its monotonic time moved forward by `monotonic_offset` (each expiry "takes" some)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.monotonic_offset = 0.0
+
+    def monotonic(self) -> float:
+        return super().monotonic() + self.monotonic_offset
+
+
+def test_a_sweep_stops_at_its_deadline_and_the_next_one_goes_on(
+    resources: ExperimentResources, fake: FakeAgentRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a mass expiry one sweep must not outlast its Lambda's timeout every minute: it stops starting new
+    rollouts at `wait_until` and the next run picks up the rest (each expiry takes 100 s of an injected clock, so
+    the machine's own speed, a few seconds at worst, never decides)."""
+    from rollout_pipeline.lifecycle import sweeper
+    from tests.integration.lifecycle_support import make_deps
+
+    clock = SlowSweepClock()
+    deps = make_deps(resources, fake, clock=clock)
+    send(resources, seed_batch(resources, batch_id=BATCH, inputs={"a": {}, "b": {}, "c": {}}, max_attempts=2))
+    assert Counter(dispatch_once(resources, deps).outcomes.values()) == {Dispatch.INVOKED: 6}
+    clock.advance(resources.config.rollout_timeout_s + 1)
+    expire = sweeper._expire
+
+    def slow_expire(*args: Any, **kwargs: Any) -> None:
+        expire(*args, **kwargs)
+        clock.monotonic_offset += 100.0
+
+    monkeypatch.setattr(sweeper, "_expire", slow_expire)
+
+    first = sweep(deps, wait_until=clock.monotonic() + 250.0)
+    assert first.out_of_time
+    assert (first.expired_seen, first.retried) == (3, 3), "started 0 s, 100 s and 200 s in; not at 300 s"
+    assert first.errors == []
+    second = sweep(deps, wait_until=clock.monotonic() + 36000.0)
+    assert not second.out_of_time
+    assert second.retried == 3
+    assert len(receive_records(resources.rollout_queue_url)) == 6, "each rollout retried once over the two runs"
+
+    late = sweep(deps, wait_until=clock.monotonic() - 1)  # no time at all: nothing started
+    assert late.out_of_time
+    assert late.expired_seen == late.outbox_drained == late.released == 0

@@ -19,7 +19,7 @@ from rollout_pipeline.adapters.s3 import S3ObjectStore
 from rollout_pipeline.cli import EXIT_OK, main
 from rollout_pipeline.fakes.acr import AgentBehaviour, FakeAgentRuntime
 from rollout_pipeline.local.pipeline import REGION, LocalPipeline, LocalSettings
-from rollout_pipeline.sdk.smoke import SmokeCheck, run_smoke
+from rollout_pipeline.ops.smoke import SmokeCheck, run_smoke
 
 
 @pytest.fixture

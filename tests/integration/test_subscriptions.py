@@ -12,6 +12,7 @@ import pytest
 
 from rollout_pipeline.cli import EXIT_OK, main
 from rollout_pipeline.local.resources import ExperimentResources
+from rollout_pipeline.ops import subscriptions as pruning
 from rollout_pipeline.sdk import Experiment
 from rollout_pipeline.sdk import subscription as subs
 from rollout_pipeline.trainers import art
@@ -116,7 +117,7 @@ def test_untagged_subscriptions_of_earlier_versions_are_found_by_name(experiment
     assert (found.name, found.kind, found.owner, found.target_ids) == (name, "art", "unknown", ("tap",))
     assert [r.action for r in experiment.prune_subscriptions(DAY)] == ["kept"]  # just created
     later = time.time() + 2 * DAY
-    results = subs.prune_subscriptions(experiment.aws, experiment.bus_name, DAY, now=later)
+    results = pruning.prune_subscriptions(experiment.aws, experiment.bus_name, DAY, now=later)
     assert [r.action for r in results] == ["removed"]
     assert user_rule in rule_names(experiment)
     assert name not in queue_names(experiment)
@@ -133,9 +134,9 @@ def test_targets_go_first_then_the_rule_then_the_queue(experiment: Experiment) -
         experiment.client(service).meta.events.register("before-call", record)
     (found,) = experiment.list_subscriptions()
     calls.clear()
-    subs.remove_subscription(experiment.aws, experiment.bus_name, found)
+    pruning.remove_subscription(experiment.aws, experiment.bus_name, found)
     assert calls == ["RemoveTargets", "DeleteRule", "DeleteQueue"]
-    subs.remove_subscription(experiment.aws, experiment.bus_name, found)  # already gone: nothing raised
+    pruning.remove_subscription(experiment.aws, experiment.bus_name, found)  # already gone: nothing raised
     assert experiment.list_subscriptions() == []
 
 

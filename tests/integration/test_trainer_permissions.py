@@ -1,5 +1,5 @@
 """Every AWS call the trainer SDK (and so the ART backend, which calls AWS only through it) makes is allowed by the
-trainer policy (`rollout_pipeline.sdk.permissions`, output by the stack as `TrainerPolicyArn`), on the resource it
+trainer policy (`rollout_pipeline.ops.permissions`, output by the stack as `TrainerPolicyArn`), on the resource it
 acts on. The calls are recorded under moto from a run of the SDK's trainer flows: submit (rows and a file, a big
 payload), ART-style futures (the client's own subscription) with a result fetched from S3, status, a stream of one
 batch (its own subscription, and the ledger's account of what it published), policy version, cancel, a tap and an
@@ -20,9 +20,9 @@ from rollout_pipeline.contracts import CLAIM_CHECK_BYTES, INLINE_RESULT_BYTES
 from rollout_pipeline.fakes.acr import AgentBehaviour, Behaviour, FakeAgentRuntime, FakeInvocation
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.local.resources import ExperimentResources
+from rollout_pipeline.ops.permissions import SUBSCRIPTION_PREFIXES, TRAINER_ACTIONS, ResourceKind, iam_actions
 from rollout_pipeline.routing import DATASET_PREFIX
 from rollout_pipeline.sdk import Experiment
-from rollout_pipeline.sdk.permissions import SUBSCRIPTION_PREFIXES, TRAINER_ACTIONS, ResourceKind, iam_actions
 from tests.conftest import REGION
 from tests.integration.lifecycle_support import drive, moto_lock  # noqa: F401 - fixture
 
@@ -151,7 +151,7 @@ def test_every_sdk_call_is_allowed_by_the_trainer_policy(
             if action not in TRAINER_ACTIONS[kind]
         }
     )
-    assert outside == [], "add these to rollout_pipeline/sdk/permissions.py (the trainer policy)"
+    assert outside == [], "add these to rollout_pipeline/ops/permissions.py (the trainer policy)"
 
 
 def test_transactions_are_authorized_per_contained_action() -> None:

@@ -93,17 +93,20 @@ def test_a_batch_after_a_pause_starts_every_rollout_in_a_warm_session(
     assert list(warm.values()) == [WarmState.IDLE] * 4
     assert all(ids.is_warm_session_id(sid, "test-exp") for sid in warm)
     assert slots_in_flight(resources) == 4  # warm sessions count against max_sessions
-    assert fake.warmups == 4 and not fake.written  # answered by the host: the agent never ran
+    assert fake.warmups == 4
+    assert not fake.written
 
     send(resources, seed_batch(resources, inputs={"q1": {"prompt": "one"}, "q2": {"prompt": "two"}}, group_size=2))
     assert sorted(dispatch_once(resources, deps).outcomes.values()) == [Dispatch.WARM] * 4
     assert rollout_invokes(fake) == ["reinvoked"] * 4  # into the warm sessions: no new session, no cold start
-    assert fake.warm_reuses == 4 and max(fake.rollouts_in.values()) == 1
+    assert fake.warm_reuses == 4
+    assert max(fake.rollouts_in.values()) == 1
     assert pool_sessions(deps) == {}
     assert slots_in_flight(resources) == 4  # the warm sessions' slots became the rollouts'
     for sid in warm:  # what the agent receives: the same payload, its session's id and token
         rollout = fake.payloads[sid]["_rollout"]
-        assert rollout["session_id"] == sid and rollout["attempt"] == 1
+        assert rollout["session_id"] == sid
+        assert rollout["attempt"] == 1
         assert rollout["attempt_token"] == attempt_token(KEY, "test-exp", sid)
         assert not is_warmup_payload(fake.payloads[sid])
     drive(resources, deps)
@@ -112,7 +115,8 @@ def test_a_batch_after_a_pause_starts_every_rollout_in_a_warm_session(
     assert {c["session_id"] for c in completed} == set(warm)  # result keys {exp}/{input}/{warm session}.json
     assert all(c["attempt"] == 1 and c["timings"]["session_warmed_at"] for c in completed)
     assert set(fake.written.values()) == {ids.result_key("test-exp", c["input_id"], c["session_id"]) for c in completed}
-    assert fake.running == set() and slots_in_flight(resources) == 0  # run a rollout: stopped, as every session
+    assert fake.running == set()
+    assert slots_in_flight(resources) == 0
 
 
 def test_without_a_warm_session_the_rollout_takes_a_new_one_and_the_pool_holds_back(
@@ -145,7 +149,8 @@ def test_a_rollout_whose_warm_session_died_succeeds_on_its_first_attempt(
         clock.advance(deps.config.idle_timeout_s * 0.5 + 1)
         fake.warmup_behaviour = AgentBehaviour(kind="throttle")
         tick = WarmPool(deps).tick(budget_s=5)
-        assert (tick.kept_alive, tick.dropped) == (0, 0) and warm in pool_sessions(deps)
+        assert (tick.kept_alive, tick.dropped) == (0, 0)
+        assert warm in pool_sessions(deps)
         fake.lose(warm)
     send(resources, seed_batch(resources, inputs={"q1": {}}, group_size=1))
     assert list(dispatch_once(resources, deps).outcomes.values()) == [Dispatch.INVOKED]
@@ -155,7 +160,8 @@ def test_a_rollout_whose_warm_session_died_succeeds_on_its_first_attempt(
         (new, "started"),
     ]
     item = rollout_item(resources, "batch-1", "q1", 0)
-    assert item is not None and (item["state"], item["attempt"], item["session_id"]) == ("dispatched", 1, new)
+    assert item is not None
+    assert (item["state"], item["attempt"], item["session_id"]) == ("dispatched", 1, new)
     drive(resources, deps)
     (done,) = by_type(trainer_events(resources), "Rollout Completed")
     assert (done["attempt"], done["session_id"], done["timings"]["session_warmed_at"]) == (1, new, None)
@@ -176,7 +182,9 @@ def test_a_keep_alive_that_finds_its_session_gone_drops_it(
     tick = WarmPool(deps).tick(budget_s=10)
     assert (tick.kept_alive, tick.dropped, tick.warmed) == (1, 1, 1)  # the dead one dropped, one warmed in its place
     sessions = pool_sessions(deps)
-    assert first not in sessions and second in sessions and len(sessions) == 2
+    assert first not in sessions
+    assert second in sessions
+    assert len(sessions) == 2
     assert [c.outcome for c in fake.invocations() if c.session_id == second] == ["warmup", "keepalive"]
     assert slots_in_flight(resources) == 2
 
@@ -190,14 +198,18 @@ def test_trimmed_to_the_setting_and_stopped_when_idle_past_it_then_resumed_by_a_
     assert len(pool_sessions(deps)) == 3
     trimmed = warm_deps(resources, fake, warm=1, clock=clock)
     assert WarmPool(trimmed).tick(budget_s=10).stopped == 2
-    assert len(pool_sessions(deps)) == 1 and slots_in_flight(resources) == 1
+    assert len(pool_sessions(deps)) == 1
+    assert slots_in_flight(resources) == 1
     clock.advance(deps.config.warm_idle_stop_s + 1)
     tick = WarmPool(deps).tick(budget_s=10)
     assert (tick.halted, tick.stopped) == (HALT_IDLE, 1)
-    assert pool_sessions(deps) == {} and fake.running == set() and slots_in_flight(resources) == 0
+    assert pool_sessions(deps) == {}
+    assert fake.running == set()
+    assert slots_in_flight(resources) == 0
     assert WarmPool(deps).tick(budget_s=10).warmed == 0  # halted: nothing started
     state = deps.ledger.warm.pool()
-    assert state.stopped_unused == 3 and state.unused_idle_s >= deps.config.warm_idle_stop_s
+    assert state.stopped_unused == 3
+    assert state.unused_idle_s >= deps.config.warm_idle_stop_s
     clock.advance(1)
     send(resources, seed_batch(resources, batch_id="batch-2", inputs={"q1": {}}, group_size=1))
     assert list(dispatch_once(resources, deps).outcomes.values()) == [Dispatch.INVOKED]  # work again: a new session
@@ -228,7 +240,8 @@ def test_a_cancelled_experiment_leaves_no_warm_session_running(
     report = cancel_batch("batch-1", deps)
     assert (report.cancelled, report.warm_sessions_stopped) == (1, 2)
     assert fake.running == set()
-    assert pool_sessions(deps) == {} and slots_in_flight(resources) == 0
+    assert pool_sessions(deps) == {}
+    assert slots_in_flight(resources) == 0
     assert deps.ledger.warm.pool().halted == HALT_CANCELLED
     assert WarmPool(deps).tick(budget_s=10).warmed == 0
 
@@ -243,9 +256,11 @@ def test_a_destroyed_experiment_leaves_no_warm_session_running(
     WarmPool(deps).tick(budget_s=10)
     experiment = Experiment.from_outputs(resources.stack_outputs(), region=REGION)
     assert experiment.stop_warm_pool(runtime=fake, reason="destroyed") == 3
-    assert fake.running == set() and slots_in_flight(resources) == 0
+    assert fake.running == set()
+    assert slots_in_flight(resources) == 0
     ticks = run_pool(deps, until=time.monotonic() + 1)
-    assert ticks[-1].halted == "destroyed" and ticks[-1].warmed == 0
+    assert ticks[-1].halted == "destroyed"
+    assert ticks[-1].warmed == 0
     assert pool_sessions(deps) == {}
 
 
@@ -266,8 +281,10 @@ def test_a_warm_session_never_runs_two_rollouts(resources: ExperimentResources, 
     for thread in threads:
         thread.join(60)
     outcomes = sorted(o for r in results for o in r)
-    assert outcomes.count(Dispatch.WARM) == 1 and len(outcomes) == 4
-    assert fake.rollouts_in[warm] == 1 and max(fake.rollouts_in.values()) == 1
+    assert outcomes.count(Dispatch.WARM) == 1
+    assert len(outcomes) == 4
+    assert fake.rollouts_in[warm] == 1
+    assert max(fake.rollouts_in.values()) == 1
     drive(resources, deps)
     assert len(by_type(trainer_events(resources), "Rollout Completed")) == 4
 
@@ -297,4 +314,5 @@ def test_a_result_without_the_request_copy_is_mapped_by_the_claim(
     (done,) = by_type(trainer_events(resources), "Rollout Completed")
     assert (done["input_id"], done["reward"], done["session_id"]) == ("q1", 0.5, sessions["q1"])
     item = rollout_item(resources, "batch-1", "q2", 0)
-    assert item is not None and item["state"] == "dispatched"  # q2's attempt runs in another session
+    assert item is not None
+    assert item["state"] == "dispatched"

@@ -136,4 +136,5 @@ def test_the_unchanged_rft_agent_runs_in_warm_sessions(model: FakeModelServer, t
     report = run_demo(settings, dataset=dataset, rows=None, timeout_s=WAIT_S, write_html_report=False, out=out)
     assert report.ok, out.getvalue()
     assert (report.warm_ready, report.warm_started, report.warm_reuses) == (4, 4, 4), out.getvalue()
-    assert report.rollouts_ok == 4 and report.sessions_left == []
+    assert report.rollouts_ok == 4
+    assert report.sessions_left == []

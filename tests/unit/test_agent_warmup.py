@@ -39,7 +39,8 @@ def test_a_warm_up_is_answered_by_the_host_and_never_reaches_the_agent() -> None
         assert answer.status_code == 200
         assert answer.json() == {"status": "warm", "session_id": SESSION}
         assert client.get("/ping").json()["status"] == "Healthy"  # nothing runs: the session stays idle
-    assert calls == [] and gate.warmups == 1
+    assert calls == []
+    assert gate.warmups == 1
 
 
 def test_a_rollout_passes_through_unchanged() -> None:
@@ -103,14 +104,16 @@ def test_the_dispatcher_never_sends_a_warm_up_mark_a_message_carries() -> None:
         session_id=SESSION,
     )
     assert not is_warmup_payload(payload)
-    assert payload["_rollout"]["attempt_token"] == "real" and payload["_rollout"]["reward_mode"] == "strict"
+    assert payload["_rollout"]["attempt_token"] == "real"
+    assert payload["_rollout"]["reward_mode"] == "strict"
     assert payload["_rollout"]["session_id"] == SESSION
 
 
 def test_warm_session_ids_are_never_read_as_an_attempts_and_name_their_experiment() -> None:
     warm = ids.warm_session_id("exp")
     assert ids.SESSION_ID_MIN <= len(warm) <= ids.SESSION_ID_MAX
-    assert ids.is_warm_session_id(warm, "exp") and not ids.is_warm_session_id(warm, "other")
+    assert ids.is_warm_session_id(warm, "exp")
+    assert not ids.is_warm_session_id(warm, "other")
     with pytest.raises(ids.InvalidId):
         ids.parse_result_key(f"exp/q1/{warm}.json")
     assert ids.parse_warm_result_key(f"exp/q1/{warm}.json").session_id == warm

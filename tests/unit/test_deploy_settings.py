@@ -5,7 +5,11 @@ from __future__ import annotations
 import pytest
 
 from rollout_pipeline.config import ConfigError
-from rollout_pipeline.deploy_settings import DEFAULT_ARCHIVE_RETENTION_DAYS, DeploySettings, private_model_url_problem
+from rollout_pipeline.ops.deploy_settings import (
+    DEFAULT_ARCHIVE_RETENTION_DAYS,
+    DeploySettings,
+    private_model_url_problem,
+)
 
 
 @pytest.mark.parametrize(

@@ -14,13 +14,14 @@ import boto3
 import pytest
 from botocore.stub import Stubber
 
-from rollout_pipeline import preflight
 from rollout_pipeline.cli import EXIT_ERROR, EXIT_OK, main
 from rollout_pipeline.config import ExperimentConfig
+from rollout_pipeline.ops import cdk as cdk_module
+from rollout_pipeline.ops import preflight
+from rollout_pipeline.ops.launch import Deployment, changed_settings, preflight_problem
 from rollout_pipeline.sdk import Experiment, NoCredentials, SdkError
-from rollout_pipeline.sdk import cdk as cdk_module
 from rollout_pipeline.sdk.errors import DeployFailed
-from rollout_pipeline.sdk.launch import Deployment, changed_settings, preflight_problem
+from tests.fake_cdk import REPO as REPO_ROOT
 from tests.fake_cdk import FakeCdkProject
 
 REGION = "us-east-1"
@@ -102,6 +103,7 @@ def deployment(
             region=REGION,
             session=session,
             checks=lambda _plan, _aws: [],
+            guard=lambda _experiment, _changed, _force, _say: None,  # tests/integration/test_upgrade_guard.py
             confirm=confirm,
             out=out,
             poll_s=3600,  # the stand-in CLI ends at once: no event polls during a test
@@ -176,6 +178,7 @@ def test_deploying_the_same_settings_changes_nothing(project: FakeCdkProject, se
 def test_other_settings_show_what_changes_and_ask_first(project: FakeCdkProject, session: StubbedSession) -> None:
     session.stack("UPDATE_COMPLETE")
     session.stack("UPDATE_COMPLETE", outputs(group_size=8))  # the settings the stack runs with
+    session.stack("UPDATE_COMPLETE", outputs(group_size=8))  # attached for the update's check
     diff_lines = [
         "Stack Rollouts-t1",
         "Resources",
@@ -242,10 +245,31 @@ def test_a_failed_deploy_names_the_first_failed_resource_and_its_reason(
     assert "wall of output" not in message
 
 
-def test_a_stack_in_a_failed_state_must_be_deleted_first(project: FakeCdkProject, session: StubbedSession) -> None:
-    session.stack("ROLLBACK_COMPLETE")
+@pytest.mark.parametrize("status", ["ROLLBACK_COMPLETE", "ROLLBACK_FAILED"])
+def test_a_failed_create_is_deployed_again_as_the_cdk_cli_does(
+    project: FakeCdkProject, session: StubbedSession, status: str
+) -> None:
+    """`cdk deploy` deletes a stack whose creation failed and creates it again: the SDK asks, then lets it."""
+    session.stack(status)
+    project.script({"deploy": {"outputs": {STACK: outputs()}}})
+    deploy, out, questions = deployment(project, session, answers=[True])
+
+    experiment = deploy.deploy()
+
+    asked = f"Stack Rollouts-t1 failed its creation ({status}): delete it and create it again in {REGION}?"
+    assert questions == [asked]
+    assert project.verbs() == ["deploy"]
+    assert experiment.name == "t1"
+    assert "creating Rollouts-t1: done" in out.getvalue()
+
+
+@pytest.mark.parametrize("status", ["DELETE_FAILED", "UPDATE_ROLLBACK_FAILED", "CREATE_FAILED"])
+def test_a_stack_in_another_failed_state_must_be_deleted_first(
+    project: FakeCdkProject, session: StubbedSession, status: str
+) -> None:
+    session.stack(status)
     deploy, _out, _questions = deployment(project, session)
-    with pytest.raises(SdkError, match=r"ROLLBACK_COMPLETE: delete it first \(`rollouts destroy -e t1`"):
+    with pytest.raises(SdkError, match=rf"{status}: delete it first \(`rollouts destroy -e t1`"):
         deploy.deploy(yes=True)
     assert project.calls() == []
 
@@ -408,7 +432,7 @@ def test_help_documents_every_option(command: str, capsys: pytest.CaptureFixture
     assert main([command, "--help"]) == EXIT_OK
     text = capsys.readouterr().out
     options = ["--experiment", "--region", "--project-dir", "--yes", "--verbose"]
-    options += ["--context", "--dry-run"] if command == "deploy" else ["--force", "--delete-results"]
+    options += ["--context", "--dry-run", "--force"] if command == "deploy" else ["--force", "--delete-results"]
     for option in options:
         assert option in text
 
@@ -490,3 +514,96 @@ def test_the_live_line_rewrites_itself_on_a_terminal() -> None:
     line.end("done")
     assert stream.getvalue().startswith("\rcreating Rollouts-t1: 1/10 resources\rcreating Rollouts-t1: 2/10 resources")
     assert stream.getvalue().endswith("creating Rollouts-t1: done\n")
+
+
+# ------------------------------------------------------------------------------- outside a checkout's shell
+
+
+def test_without_node_on_path_the_deploy_stops_with_one_line(
+    project: FakeCdkProject, session: StubbedSession, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A notebook's PATH may lack Node.js: the CLI script (`#!/usr/bin/env node`) would fail later with
+    `env: 'node'`."""
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    deploy, _out, _questions = deployment(project, session)
+    with pytest.raises(SdkError, match=r"^Node.js is not on PATH \(the CDK CLI runs on it\): install Node.js 22"):
+        deploy.deploy(yes=True)
+    assert project.calls() == []
+
+
+def test_an_app_python_without_aws_cdk_stops_the_deploy_with_one_line(
+    project: FakeCdkProject, session: StubbedSession, tmp_path: Path
+) -> None:
+    """A notebook's venv may lack aws-cdk-lib: `cdk diff` would fail inside the app with a traceback."""
+    bare = tmp_path / "bare"
+    import venv
+
+    venv.create(bare, with_pip=False)
+    python = project.root / ".venv" / "bin" / "python"
+    python.write_text(f'#!/bin/sh\nexec "{bare / "bin" / "python"}" "$@"\n')
+    deploy, _out, _questions = deployment(project, session)
+    with pytest.raises(
+        SdkError,
+        match=r"the CDK app's Python \(.*\) cannot import aws_cdk, constructs, cdk_nag, cdklabs: run `make setup`",
+    ) as error:
+        deploy.deploy(yes=True)
+    assert "\n" not in str(error.value)
+    assert project.calls() == []
+
+
+def test_the_app_python_rule_is_cdk_json_s() -> None:
+    """`CdkCli.app_python` repeats cdk.json's `app` command: the project's .venv unless a venv is active."""
+    app = json.loads((REPO_ROOT / "cdk.json").read_text())["app"]
+    assert '[ -z \\"$VIRTUAL_ENV\\" ] && [ -x .venv/bin/python ]' in json.dumps(app)
+    assert "exec .venv/bin/python app.py; else exec python3 app.py" in app
+
+
+class CredentialsOf:
+    """botocore credentials as a session resolved them: their source (`method`) and frozen values."""
+
+    def __init__(self, method: str, token: str | None = "token") -> None:
+        self.method = method
+        self.token = token
+
+    def get_frozen_credentials(self) -> Any:
+        from botocore.credentials import ReadOnlyCredentials
+
+        return ReadOnlyCredentials("AKIAFROZEN", "secret", self.token)
+
+
+@pytest.mark.parametrize(
+    ("profile", "method", "expected"),
+    [
+        ("default", "assume-role", {"AWS_PROFILE": "default"}),  # refreshed by the CLI from the profile
+        ("default", "sso", {"AWS_PROFILE": "default"}),
+        ("research", "shared-credentials-file", {"AWS_PROFILE": "research"}),
+        ("default", "explicit", {"AWS_ACCESS_KEY_ID": "AKIAFROZEN"}),  # keys given in code: nothing else to pass
+        ("default", "env", {}),  # the child inherits the environment
+        ("default", "iam-role", {}),  # the child asks the instance itself
+    ],
+)
+def test_the_cli_gets_the_sessions_credential_source_not_frozen_keys(
+    project: FakeCdkProject,
+    session: StubbedSession,
+    profile: str,
+    method: str,
+    expected: dict[str, str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Temporary keys frozen at the start can expire during a 35-minute build: the profile goes instead."""
+    for variable in ("AWS_PROFILE", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(variable, raising=False)  # this process's own (other tests' fake keys) are not the point
+    session.profile_name = profile
+    session.get_credentials = lambda: CredentialsOf(method)  # type: ignore[method-assign]
+    session.no_stack()
+    project.script({"deploy": {"outputs": {STACK: outputs()}}})
+    deploy, out, _questions = deployment(project, session)
+
+    deploy.deploy(yes=True)
+
+    (call,) = project.calls()
+    passed = {key: value for key, value in call["env"].items() if key != "AWS_REGION" and value is not None}
+    assert passed == expected
+    assert ("temporary keys" in out.getvalue()) == (method == "explicit")

@@ -17,17 +17,7 @@ BASE = ("contracts", "config", "ids", "ports", "metric_names")
 #: What only tests, benchmarks and local mode run on.
 TEST_ONLY = ("fakes",)
 #: The root's plain modules: names, numbers and small rules the stages and the stack read.
-PLAIN = (
-    "topology",
-    "deploy_settings",
-    "routing",
-    "access",
-    "observability",
-    "sqs_batch",
-    "preflight",
-    "capacity",
-    "warm_cost",
-)
+PLAIN = ("topology", "routing", "access", "observability", "sqs_batch", "capacity", "warm_cost")
 #: What every area of the library may import of ours (its own modules aside): an allow-list per area, so a new
 #: dependency is a decision made here (and in docs/CONTRIBUTING.md's table), never one that slips through.
 ALLOWED: dict[str, frozenset[str]] = {
@@ -39,12 +29,10 @@ ALLOWED: dict[str, frozenset[str]] = {
     "contracts": frozenset({"config", "ids", "ports"}),
     # The root's plain modules: the base and each other.
     "topology": frozenset(BASE),
-    "deploy_settings": frozenset(BASE),
     "routing": frozenset(BASE),
     "access": frozenset({*BASE, "routing"}),
     "observability": frozenset(BASE),
     "sqs_batch": frozenset(BASE),
-    "preflight": frozenset({*BASE, "topology", "deploy_settings"}),
     "capacity": frozenset({*BASE, "topology"}),
     "warm_cost": frozenset(),
     # boto3 implementations of the ports, and the stand-ins for tests, benchmarks and local mode.
@@ -63,8 +51,11 @@ ALLOWED: dict[str, frozenset[str]] = {
     "wiring": frozenset({*BASE, "topology", "adapters", "ledger", "feed", "ingest", "lifecycle"}),
     # The trainer's side: everything below it.
     "sdk": frozenset({*BASE, *PLAIN, "adapters", "ledger", "details", "feed", "ingest", "lifecycle", "wiring"}),
-    # The CLI runs on the SDK only: no ledger items, adapters or stages of its own.
-    "cli": frozenset({"contracts", "sdk", "report", "preflight"}),
+    # Operator code (preflight, deploy settings, deploy/destroy, smoke, trainer permissions, pruning): it runs on the
+    # SDK and everything below it; the SDK reaches it only through the entry point `rollout_pipeline.operations`.
+    "ops": frozenset({*BASE, *PLAIN, "adapters", "ledger", "details", "feed", "ingest", "lifecycle", "wiring", "sdk"}),
+    # The CLI runs on the SDK and operator code only: no ledger items, adapters or stages of its own.
+    "cli": frozenset({"contracts", "sdk", "ops", "report"}),
     "trainers": frozenset({*BASE, "adapters", "sdk"}),
     "report": frozenset(BASE),
     "schemas": frozenset(BASE),
@@ -72,6 +63,13 @@ ALLOWED: dict[str, frozenset[str]] = {
     "agent": frozenset({"config"}),
 }
 
+
+#: Old import paths of modules that moved, kept for users who imported them (docs/sdk.md named them): each only
+#: re-exports its new home, and nothing of ours imports it, so the rules above skip it.
+MOVED: dict[str, str] = {
+    "rollout_pipeline.sdk.launch": "rollout_pipeline.ops.launch",
+    "rollout_pipeline.sdk.smoke": "rollout_pipeline.ops.smoke",
+}
 
 #: Local mode runs everything (the Lambdas' entry points too: `test_only_local_mode_imports_the_lambda_entry_points`).
 ALLOWED["local"] = frozenset(ALLOWED)
@@ -89,6 +87,8 @@ def imports(top: str) -> Iterator[tuple[str, str]]:
     assert paths, f"no Python files under {top}"
     for path in paths:
         module = _module(path)
+        if module in MOVED:
+            continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Import):
                 for alias in node.names:
@@ -207,7 +207,74 @@ def test_no_module_of_ours_is_imported_by_name() -> None:
 
 def test_the_stacks_read_the_librarys_facts_not_its_stages() -> None:
     """The stack takes names, numbers and grants from the base and the root modules (metric names from
-    `metric_names`, not the lifecycle); it never imports a stage, an adapter, local mode or the CLI."""
-    never = ("ingest", "lifecycle", "adapters", "fakes", "local", "cli", "wiring", "trainers", "agent")
+    `metric_names`, not the lifecycle); it never imports a stage, an adapter, the SDK, local mode or the CLI."""
+    never = ("ingest", "lifecycle", "adapters", "fakes", "sdk", "local", "cli", "wiring", "trainers", "agent")
     bad = [(m, i) for top in ("stacks", "app") for m, i in imports(top) if area(i) in never]
     assert bad == []
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """Module -> the modules of ours it imports (a `from package import name` counts as the name's module when
+    there is one), over the library, the stacks and the app."""
+    known = {_module(path) for top in (PACKAGE, "stacks") for path in (REPO / top).rglob("*.py")} | {"app"}
+    graph: dict[str, set[str]] = {}
+    for top in (PACKAGE, "stacks", "app"):
+        for module, imported in imports(top):
+            if imported in known:
+                graph.setdefault(module, set()).add(imported)
+                parts = imported.split(".")
+                graph[module].update(".".join(parts[:n]) for n in range(1, len(parts)) if ".".join(parts[:n]) in known)
+    return graph
+
+
+def test_a_synth_loads_no_sdk() -> None:
+    """What the stack imports, followed through every import of ours (lazy ones too), reaches no SDK module: the
+    operator modules the stack reads (`ops.permissions`, `ops.deploy_settings`) stand on the base alone."""
+    graph = _module_graph()
+    seen: set[str] = set()
+    todo = [module for module in graph if module == "app" or module.startswith("stacks")]
+    while todo:
+        module = todo.pop()
+        if module not in seen:
+            seen.add(module)
+            todo.extend(graph.get(module, ()))
+    never = ("sdk", "cli", "local", "trainers", "lifecycle", "ingest", "adapters")
+    assert sorted(m for m in seen if area(m) in never) == []
+
+
+def test_moved_modules_only_point_to_their_new_home() -> None:
+    for old, new in MOVED.items():
+        path = REPO / Path(*old.split(".")).with_suffix(".py")
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        ours = {
+            node.module
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(PACKAGE)
+        }
+        assert ours == {new}, old
+    users = [
+        (module, imported)
+        for top in (PACKAGE, "lambdas", "stacks", "bench", "tests")
+        for module, imported in imports(top)
+        if imported in MOVED and module != "tests.unit.test_layers"
+    ]
+    assert users == [], "import the new home"
+
+
+def test_the_moved_paths_still_import_what_users_imported() -> None:
+    """docs/sdk.md named `rollout_pipeline.sdk.launch` (`Deployment`, `LAUNCHERS`) and `rollout_pipeline.sdk.smoke`
+    (`run_smoke`) before the move to `ops/`."""
+    import importlib
+    import sys
+    import warnings
+
+    for old, new in MOVED.items():
+        sys.modules.pop(old, None)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            shim = importlib.import_module(old)
+        assert any(issubclass(w.category, DeprecationWarning) and new in str(w.message) for w in caught)
+        home = importlib.import_module(new)
+        assert shim.__all__
+        for name in shim.__all__:
+            assert getattr(shim, name) is getattr(home, name)

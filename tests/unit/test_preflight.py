@@ -15,9 +15,10 @@ import boto3
 import pytest
 from botocore.stub import Stubber
 
-from rollout_pipeline import cli, preflight
+from rollout_pipeline import cli
 from rollout_pipeline.config import ExperimentConfig
-from rollout_pipeline.preflight import BOOTSTRAP_VERSION_PARAMETER, Check
+from rollout_pipeline.ops import preflight
+from rollout_pipeline.ops.preflight import BOOTSTRAP_VERSION_PARAMETER, Check
 
 REGION = "us-west-2"
 ACCOUNT = "123456789012"

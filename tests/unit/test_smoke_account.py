@@ -13,7 +13,7 @@ import boto3
 import pytest
 from botocore.stub import ANY, Stubber
 
-from rollout_pipeline.sdk.smoke import Smoke
+from rollout_pipeline.ops.smoke import Smoke
 
 REGION = "us-west-2"
 ACCOUNT = "123456789012"
@@ -154,21 +154,46 @@ def missing_key_setup(account: Account) -> None:
     )
 
 
+def simulated(account: Account, smoke: Smoke, result: dict[str, Any]) -> None:
+    """The simulator's answer to exactly the request the stack's grant needs: ListBucket of the bucket with the
+    `s3:prefix` context the grant is conditioned on (the missing key, under `datasets/`)."""
+    key = f"datasets/smoke-{smoke.token}/missing.jsonl"
+    account.stubs["iam"].add_response(
+        "simulate_principal_policy",
+        {"EvaluationResults": [{"EvalActionName": "s3:ListBucket", **result}]},
+        {
+            "PolicySourceArn": ROLE,
+            "ActionNames": ["s3:ListBucket"],
+            "ResourceArns": [f"arn:aws:s3:::{BUCKET}"],
+            "ContextEntries": [{"ContextKeyName": "s3:prefix", "ContextKeyValues": [key], "ContextKeyType": "string"}],
+        },
+    )
+
+
 @pytest.mark.parametrize(("decision", "status"), [("allowed", "pass"), ("implicitDeny", "fail")])
 def test_missing_key_asks_the_policy_simulator_when_the_role_cannot_be_assumed(
     account: Account, decision: str, status: str
 ) -> None:
     missing_key_setup(account)
-    account.stubs["iam"].add_response(
-        "simulate_principal_policy",
-        {"EvaluationResults": [{"EvalActionName": "s3:ListBucket", "EvalDecision": decision}]},
-        {"PolicySourceArn": ROLE, "ActionNames": ["s3:ListBucket"], "ResourceArns": [f"arn:aws:s3:::{BUCKET}"]},
-    )
     smoke = account.smoke()
+    simulated(account, smoke, {"EvalDecision": decision})
     smoke._missing_key()
     (check,) = smoke.checks
     assert check.status == status, check.line()
-    assert ("404" if status == "pass" else "403") in check.message
+    assert "with s3:prefix 'datasets/smoke-" in check.message
+    assert "the simulator shows what the role's policies allow, not what S3 answers" in check.message
+    if status == "fail":
+        assert "403" in check.message
+
+
+def test_missing_key_is_skipped_when_the_simulator_lacks_context_values(account: Account) -> None:
+    missing_key_setup(account)
+    smoke = account.smoke()
+    simulated(account, smoke, {"EvalDecision": "implicitDeny", "MissingContextValues": ["s3:prefix"]})
+    smoke._missing_key()
+    (check,) = smoke.checks
+    assert check.status == "skipped", check.line()
+    assert "needs the context values s3:prefix" in check.message
 
 
 def test_missing_key_is_skipped_with_a_reason_when_nothing_can_tell(account: Account) -> None:

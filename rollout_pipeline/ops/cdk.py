@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import threading
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
@@ -36,6 +37,9 @@ IMAGE_BUILD_TYPE: Final = "Custom::CDKContainerImageBuild"
 FAILED_STATES: Final = frozenset(
     {"CREATE_FAILED", "ROLLBACK_COMPLETE", "ROLLBACK_FAILED", "DELETE_FAILED", "UPDATE_ROLLBACK_FAILED"}
 )
+#: Failed creates: `cdk deploy` deletes such a stack and creates it again (what the failed create made is deleted
+#: with it: RetainExceptOnCreate), as the CDK CLI's own `isCreationFailure` does.
+CREATION_FAILURES: Final = frozenset({"ROLLBACK_COMPLETE", "ROLLBACK_FAILED"})
 #: Reasons CloudFormation gives to resources it gave up on because another one failed (never the cause).
 _KNOCK_ON_REASONS: Final = ("Resource creation cancelled", "Resource update cancelled", "The following resource(s)")
 
@@ -131,6 +135,7 @@ class CdkCli:
         self.log_dir = log_dir or self.assembly_dir / "rollouts-logs"
         #: Variables the CLI runs with on top of this process's (the region and credentials the SDK uses).
         self.env_overrides: dict[str, str] = {}
+        self._checked = False
 
     @property
     def assembly_dir(self) -> Path:
@@ -141,8 +146,38 @@ class CdkCli:
         return self.assembly_dir / f"{topology.stack_name(experiment)}.template.json"
 
     def check_installed(self) -> None:
+        """The CLI, the Node.js it runs on and a Python that can run the CDK app are all here; else one `SdkError`
+        naming what is missing (checked up front: otherwise the run fails later with `env: 'node'` or a traceback
+        of `import aws_cdk` inside `cdk diff`). Checked once per `CdkCli`."""
+        if self._checked:
+            return
         if not os.access(self.executable, os.X_OK):
             raise SdkError(f"the CDK CLI is not installed ({self.executable} is missing): run `make setup` first")
+        path = self.environment().get("PATH", "")
+        if shutil.which("node", path=path) is None:
+            raise SdkError(
+                "Node.js is not on PATH (the CDK CLI runs on it): install Node.js 22 or newer (the version in "
+                f"{self.project_dir / '.nvmrc'}), or put its bin directory on PATH, then try again"
+            )
+        python = self.app_python()
+        missing = list(CDK_APP_PACKAGES) if python is None else _missing_modules(python, CDK_APP_PACKAGES)
+        if missing:
+            where = python or "python3 (not found on PATH)"
+            raise SdkError(
+                f"the CDK app's Python ({where}) cannot import {', '.join(missing)}: run `make setup` in "
+                f"{self.project_dir}, or pip install -e '.[cdk]' into the Python that runs it"
+            )
+        self._checked = True
+
+    def app_python(self) -> str | None:
+        """The interpreter cdk.json's `app` command runs app.py with: the project's `.venv/bin/python` unless a
+        virtual environment is active (`VIRTUAL_ENV`), else `python3` on PATH (`tests/unit/test_launch.py` checks
+        that cdk.json still says so)."""
+        env = self.environment()
+        project_venv = self.project_dir / ".venv" / "bin" / "python"
+        if not env.get("VIRTUAL_ENV") and os.access(project_venv, os.X_OK):
+            return str(project_venv)
+        return shutil.which("python3", path=env.get("PATH", ""))
 
     def command(self, verb: str, experiment: str, context: Mapping[str, Any], *options: str) -> list[str]:
         """`cdk VERB STACK -c experiment=NAME -c key=value ... --no-notices OPTIONS` (settings in a stable order)."""
@@ -182,6 +217,21 @@ class CdkCli:
             except OSError as exc:
                 raise SdkError(f"cannot run the CDK CLI ({exc}): run `make setup` first") from None
         return CliRun(list(argv), code, log_path, tail)
+
+
+def _missing_modules(python: str, modules: Sequence[str]) -> list[str]:
+    """The `modules` that `python` does not find (their specs only: nothing is imported, so it takes milliseconds);
+    all of them when it cannot be run."""
+    probe = (
+        "import importlib.util, json, sys; "
+        "print(json.dumps([m for m in sys.argv[1:] if importlib.util.find_spec(m) is None]))"
+    )
+    try:
+        run = subprocess.run([python, "-c", probe, *modules], capture_output=True, text=True, timeout=30, check=False)
+        found: list[str] = json.loads(run.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return list(modules)
+    return found
 
 
 # ------------------------------------------------------------------------------------------------- stack reads

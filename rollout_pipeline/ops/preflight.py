@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 from rollout_pipeline.config import ConfigError, ExperimentConfig
-from rollout_pipeline.deploy_settings import DeploySettings, private_model_url_problem
+from rollout_pipeline.ops.deploy_settings import DeploySettings, private_model_url_problem
 
 Level = Literal["ok", "warning", "error"]
 AGENTCORE_QUOTAS_SERVICE: Final = "bedrock-agentcore"
