@@ -6,7 +6,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from aws_cdk import App, Environment, Tags
+from aws_cdk import Annotations, App, Environment, Tags
 
 from rollout_pipeline.config import ExperimentConfig
 from rollout_pipeline.ops.deploy_settings import STACK_KEYS, DeploySettings
@@ -34,6 +34,7 @@ def build_app(context: Mapping[str, Any] | None = None, outdir: str | None = Non
     settings = DeploySettings.from_context(stack_context(app))
     settings.check_model_url(config.model_base_url)
     settings.check_model_secret_key(config.model_secret_name)
+    config, warm_warning = settings.warm_pool_config(config)
     env = Environment(account=os.environ.get("CDK_DEFAULT_ACCOUNT"), region=os.environ.get("CDK_DEFAULT_REGION"))
     stack = ExperimentStack(
         app,
@@ -44,5 +45,7 @@ def build_app(context: Mapping[str, Any] | None = None, outdir: str | None = Non
         description=f"Rollout pipeline of experiment {config.name} (rollout-pipeline)",
     )
     Tags.of(stack).add("rollouts:experiment", config.name)
+    if warm_warning:
+        Annotations.of(stack).add_warning_v2("rollouts:warm-pool", warm_warning)
     nag.add_checks(app)
     return app, stack

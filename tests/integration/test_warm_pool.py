@@ -4,9 +4,11 @@ destroyed; a warm session that died never costs its rollout an attempt, and neve
 
 from __future__ import annotations
 
+import io
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -316,3 +318,55 @@ def test_a_result_without_the_request_copy_is_mapped_by_the_claim(
     item = rollout_item(resources, "batch-1", "q2", 0)
     assert item is not None
     assert item["state"] == "dispatched"
+
+
+@pytest.fixture
+def on_fake(monkeypatch: pytest.MonkeyPatch, fake: FakeAgentRuntime) -> None:
+    """The SDK's own calls to AgentCore (stops) go to the fake."""
+    from rollout_pipeline.sdk import Experiment
+
+    original = Experiment.wiring
+    monkeypatch.setattr(Experiment, "wiring", lambda self, runtime=None: original(self, runtime or fake))
+
+
+@pytest.mark.usefixtures("on_fake")
+def test_rollouts_destroy_stops_the_warm_pool_before_the_stack_goes(
+    resources: ExperimentResources, fake: FakeAgentRuntime, tmp_path: Path
+) -> None:
+    from rollout_pipeline.sdk import Experiment
+    from tests.conftest import REGION
+    from tests.fake_cdk import FakeCdkProject
+
+    deps = warm_deps(resources, fake, warm=2)
+    WarmPool(deps).tick(budget_s=10)
+    project = FakeCdkProject(tmp_path / "project")
+    out = io.StringIO()
+    Experiment.from_outputs(resources.stack_outputs(), region=REGION).destroy(project_dir=project.root, out=out)
+    assert "stopped 2 warm session(s) of the warm pool" in out.getvalue()  # warm sessions are not work: no --force
+    assert project.verbs() == ["destroy"]
+    assert fake.running == set()
+    assert pool_sessions(deps) == {}
+    assert deps.ledger.warm.pool().halted == "destroyed"
+
+
+@pytest.mark.usefixtures("on_fake")
+def test_an_update_stops_the_warm_pool_first(
+    resources: ExperimentResources, fake: FakeAgentRuntime, tmp_path: Path
+) -> None:
+    """Warm sessions run the image being replaced: an update stops them (the pool refills with the next batch's
+    work) and does not count them as work in flight."""
+    from tests.fake_cdk import FakeCdkProject
+    from tests.integration.test_sdk_submit import _deploy_stack
+    from tests.integration.test_upgrade_guard import DIFFERS, STACK, update
+
+    deps = warm_deps(resources, fake, warm=2)
+    WarmPool(deps).tick(budget_s=10)
+    project = FakeCdkProject(tmp_path / "project")
+    project.script({"diff": {"exit": 1, "lines": DIFFERS}, "deploy": {"outputs": {STACK: resources.stack_outputs()}}})
+    _deploy_stack(resources.stack_outputs())
+    deployment, out = update(resources, project, max_sessions=resources.config.max_sessions + 1)
+    deployment.deploy(yes=True)
+    assert project.verbs() == ["diff", "deploy"]
+    assert "stopped 2 warm session(s)" in out.getvalue()
+    assert fake.running == set()
+    assert deps.ledger.warm.pool().halted == "stopped"
