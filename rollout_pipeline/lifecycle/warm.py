@@ -1,8 +1,12 @@
 """The dispatch side of the warm pool: which warm session a rollout takes, and what happens when it is dead.
 
-A dispatcher process keeps a view of the pool's idle warm sessions (`WarmTaker`: one Query of the pool's partition,
-read again when the view runs out, at most every `EMPTY_RECHECK_S` while the pool has none), and hands them out in
-a rotation that starts at random in each process (so the dispatchers of a burst rarely ask for the same one). The
+A dispatcher process keeps a view of the pool's idle warm sessions (`WarmTaker`: one Query of the pool's partition)
+and hands them out in random order (so the dispatchers of a burst rarely ask for the same one: the chance is the
+share of the view other processes took since it was read). The view is read again when it is older than
+`VIEW_MAX_AGE_S`, when it proves stale (`STALE_AFTER` sessions in a row were taken by others: a burst that takes
+the whole pool), and when it runs out while its last read still showed sessions; while the pool shows none, at most
+every `EMPTY_RECHECK_S`. A read resets both (the process's threads share the view), so reads stay fewer than half
+the tries that collided. A dispatch tries up to `MAX_TRIES` sessions before it takes a new one. The
 dispatch transaction takes the session (`RolloutLedger.begin_dispatch(warmed_at=...)`: only if still idle; its slot
 becomes the rollout's), and the rollout is invoked in it exactly as in a new session: same payload (its
 `_rollout.session_id` the warm session's), same result key form, same token rules.
@@ -39,8 +43,10 @@ VIEW_MAX_AGE_S: Final = 30.0
 STALE_MARGIN_S: Final = 60.0
 #: A process notes that rollouts want new sessions at most this often.
 DEMAND_NOTE_S: Final = 1.0
-#: Warm sessions one dispatch tries before it takes a new session (each try a failed transaction).
-MAX_TRIES: Final = 3
+#: Warm sessions one dispatch tries before it takes a new session (each failed try a cancelled transaction).
+MAX_TRIES: Final = 6
+#: Tries in a row that found their session taken by another process before the view is read again.
+STALE_AFTER: Final = 2
 
 
 def offerable(session: WarmSession, now: float, idle_timeout_s: float) -> bool:
@@ -68,8 +74,10 @@ class WarmTaker:
         self._rng = rng or random.Random()
         self._lock = threading.Lock()
         self._view: list[WarmSession] = []
-        self._cursor = 0
         self._read_at: float | None = None
+        #: Sessions the last read showed, and tries in a row since that found theirs taken by another process.
+        self._last_read = 0
+        self._stale = 0
         self._demand_noted: float | None = None
         #: Reads of the pool's partition, warm sessions taken, and tries that found one taken by another.
         self.reads = 0
@@ -82,16 +90,25 @@ class WarmTaker:
             return None
         with self._lock:
             now_m = self._monotonic()
-            age = None if self._read_at is None else now_m - self._read_at
-            if age is None or age > VIEW_MAX_AGE_S or (not self._view and age >= EMPTY_RECHECK_S):
+            if self._due(now_m):
                 self._read(now_m)
             now = self._wall()
             while self._view:
-                self._cursor %= len(self._view)
-                session = self._view.pop(self._cursor)
+                session = self._view.pop(self._rng.randrange(len(self._view)))
                 if offerable(session, now, self.idle_timeout_s):
                     return session
             return None
+
+    def _due(self, now_m: float) -> bool:
+        """Whether the view is to be read again now (see the module doc)."""
+        if self._read_at is None:
+            return True
+        age = now_m - self._read_at
+        if age > VIEW_MAX_AGE_S:
+            return True
+        if self._stale >= STALE_AFTER or (not self._view and self._last_read > 0):
+            return True
+        return not self._view and age >= EMPTY_RECHECK_S
 
     def _read(self, now_m: float) -> None:
         self.reads += 1
@@ -101,16 +118,20 @@ class WarmTaker:
             log.warning("the warm pool could not be read; dispatching new sessions", exc_info=True)
             sessions = []
         self._view = sessions
-        self._cursor = self._rng.randrange(len(sessions)) if sessions else 0
+        self._last_read = len(sessions)
+        self._stale = 0
         self._read_at = now_m
 
     def took(self) -> None:
         with self._lock:
             self.taken += 1
+            self._stale = 0
 
     def collided(self) -> None:
+        """A try found its session taken by another process: the view may be stale."""
         with self._lock:
             self.collisions += 1
+            self._stale += 1
 
     def note_cold(self) -> None:
         """A rollout of this process takes a new session while the pool is on: tell the pool (rate-limited)."""
