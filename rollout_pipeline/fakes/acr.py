@@ -127,6 +127,10 @@ class AcrProfile:
     #: A new session's first successful invoke answers this much later: its microVM's cold start (AgentCore:
     #: ~1.3 s for direct code, 0.4-3.3 s for containers; docs/aws-facts.md). Later invokes of it pay nothing.
     first_invoke_s: float = 0.0
+    #: An invoke of a session that ended (stopped, or reaped at its idle timeout): "not_found" answers
+    #: ResourceNotFoundException; "restarts" starts a new microVM under the same id, as a new session (the
+    #: new-session rate, a cold start), and answers 200: what a public measurement saw (docs/aws-facts.md).
+    ended_session_invoke: Literal["not_found", "restarts"] = "not_found"
     #: Share of stops that fail: ResourceNotFound while the session keeps running, Conflict or throttling (in
     #: equal parts). A failed stop leaves the session running; the next stop of it succeeds.
     stop_failure_share: float = 0.0
@@ -234,6 +238,8 @@ class FakeAgentRuntime:
         self.warmed: set[str] = set()
         self.warm_reuses = 0
         self.rollouts_in: Counter[str] = Counter()
+        #: Ended sessions an invoke started again (`AcrProfile.ended_session_invoke` "restarts").
+        self.restarted: set[str] = set()
 
     # ---------------------------------------------------------------------------------------------- the port
 
@@ -253,9 +259,9 @@ class FakeAgentRuntime:
                 latency += self._rng.uniform(low, high) if high > 0 else 0.0
         endpoint = ids.endpoint_index(session_id, self.profile.endpoints) if self.profile is not None else 0
         with self._lock:
-            new = not self.invoked[session_id]
             if self.profile is not None:
                 self._enforce_invoke(now, session_id, endpoint, warmup)
+            new = not self.invoked[session_id]
             if behaviour.kind == "throttle":
                 self.calls.append(FakeCall(now, "invoke", session_id, "throttled", endpoint, warmup))
                 raise RuntimeThrottled(f"ThrottlingException: rate exceeded for {session_id}")
@@ -333,8 +339,14 @@ class FakeAgentRuntime:
             return
         self._active_sessions(now)  # reaps the sessions idle past the timeout
         if self.invoked[session_id] and session_id not in self.running:
-            self.calls.append(FakeCall(now, "invoke", session_id, "not_found", endpoint, warmup))
-            raise RuntimeRejected(f"ResourceNotFoundException: session {session_id} is not running (stopped or idle)")
+            if self.profile.ended_session_invoke == "not_found":
+                self.calls.append(FakeCall(now, "invoke", session_id, "not_found", endpoint, warmup))
+                raise RuntimeRejected(
+                    f"ResourceNotFoundException: session {session_id} is not running (stopped or idle)"
+                )
+            self.invoked[session_id] = 0  # a new microVM under the same id: a new session from here on
+            self.warmed.discard(session_id)
+            self.restarted.add(session_id)
         if session_id in self.running or self.invoked[session_id]:
             return  # an existing session: no new-session quota
         if self._active_sessions(now) >= self.profile.max_active_sessions:

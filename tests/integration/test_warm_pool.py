@@ -4,6 +4,7 @@ destroyed; a warm session that died never costs its rollout an attempt, and neve
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import threading
 import time
@@ -135,6 +136,28 @@ def test_without_a_warm_session_the_rollout_takes_a_new_one_and_the_pool_holds_b
     assert [e["attempt"] for e in by_type(trainer_events(resources), "Rollout Completed")] == [1, 1]
 
 
+def test_a_rollout_whose_warm_session_idled_out_and_restarts_succeeds_on_its_first_attempt(
+    resources: ExperimentResources, fake: FakeAgentRuntime, acr_time: FakeTime
+) -> None:
+    """AgentCore reaped the warm session (its idle timeout, by its own clock) and, as a public measurement saw, an
+    invoke of the ended id starts a new microVM under it and answers 200 (docs/aws-facts.md): the rollout runs in
+    it, cold, on its first attempt, with nothing of the warm session's state."""
+    fake.profile = dataclasses.replace(AcrProfile(), ended_session_invoke="restarts")
+    deps = warm_deps(resources, fake, warm=1)
+    WarmPool(deps).tick(budget_s=10)
+    (warm,) = pool_sessions(deps)
+    acr_time.offset += 901
+    send(resources, seed_batch(resources, inputs={"q1": {}}, group_size=1))
+    assert list(dispatch_once(resources, deps).outcomes.values()) == [Dispatch.WARM]
+    assert [(c.session_id, c.outcome) for c in fake.invocations() if not c.warmup] == [(warm, "started")]
+    assert fake.restarted == {warm}
+    drive(resources, deps)
+    (done,) = by_type(trainer_events(resources), "Rollout Completed")
+    assert (done["attempt"], done["session_id"]) == (1, warm)
+    assert fake.running == set()
+    assert slots_in_flight(resources) == 0
+
+
 @pytest.mark.parametrize("death", ["idled_out", "not_found", "failed_keep_alive"])
 def test_a_rollout_whose_warm_session_died_succeeds_on_its_first_attempt(
     resources: ExperimentResources, fake: FakeAgentRuntime, acr_time: FakeTime, death: str
@@ -143,7 +166,7 @@ def test_a_rollout_whose_warm_session_died_succeeds_on_its_first_attempt(
     deps = warm_deps(resources, fake, warm=1, clock=clock)
     WarmPool(deps).tick(budget_s=10)
     (warm,) = pool_sessions(deps)
-    if death == "idled_out":  # AgentCore reaped it (its idle timeout, by its own clock)
+    if death == "idled_out":  # AgentCore reaped it (its idle timeout, by its own clock) and answers NotFound
         acr_time.offset += 901
     elif death == "not_found":  # AgentCore lost it
         fake.lose(warm)
