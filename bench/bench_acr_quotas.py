@@ -211,7 +211,7 @@ def _is_dynamodb(request: Any) -> bool:
 
 
 def _serialise_dynamodb() -> None:
-    """As local mode's server (`local.moto_server.SerializedDynamoDB`): DynamoDB requests one at a time (moto's
+    """As local mode's server (`local.moto_server.SerializedServices`): DynamoDB requests one at a time (moto's
     transactions are not atomic otherwise), other services concurrent."""
     from moto.core.botocore_stubber import BotocoreStubber
 

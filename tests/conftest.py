@@ -112,7 +112,7 @@ _DYNAMODB_OPERATIONS = (
 
 def serialise_dynamodb(monkeypatch: pytest.MonkeyPatch) -> None:
     """Run in-process moto's DynamoDB operations one at a time, as local mode's server does
-    (`local.moto_server.SerializedDynamoDB`) and as DynamoDB's per-item atomicity requires: moto's backend is not
+    (`local.moto_server.SerializedServices`) and as DynamoDB's per-item atomicity requires: moto's backend is not
     thread-safe (concurrent ADDs on one item can lose one; a failing transaction restoring its items can undo a
     concurrent write), and the lifecycle runs its work in threads. The faithful profile still sees calls overlap:
     it holds a transaction's items for `hold_ms` of wall time."""

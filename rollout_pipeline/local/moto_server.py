@@ -37,24 +37,33 @@ def local_aws_environ(endpoint_url: str, region: str) -> dict[str, str]:
     }
 
 
-class SerializedDynamoDB:
-    """WSGI middleware running DynamoDB requests one at a time.
+#: The X-Amz-Target prefixes of the services whose requests local mode's server runs one at a time (see
+#: `SerializedServices`).
+SERIALIZED_TARGETS: Final = ("DynamoDB", "AWSEvents")
+
+
+class SerializedServices:
+    """WSGI middleware running the requests of each service in `SERIALIZED_TARGETS` one at a time.
 
     moto's TransactWriteItems snapshots every table and restores the snapshot when a condition fails, so a failing
     transaction running concurrently with another request undoes that request's writes. Real DynamoDB never does;
-    serialising DynamoDB calls restores its atomicity. Other services stay concurrent (SQS long polls must not
-    hold a lock).
+    serialising DynamoDB calls restores its atomicity. moto's EventBridge iterates a bus's rules (and a rule's
+    targets) unlocked, so a PutEvents racing a PutRule or DeleteRule (a consumer subscribing or unsubscribing while
+    the pipeline publishes) fails with "OrderedDict mutated during iteration"; real EventBridge never does.
+    Each service has its own lock; the others stay concurrent (SQS long polls must not hold a lock).
     """
 
     def __init__(self, app: Any) -> None:
         self.app = app
-        self.lock = threading.Lock()
+        self.locks = {target: threading.Lock() for target in SERIALIZED_TARGETS}
 
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Any:
-        if str(environ.get("HTTP_X_AMZ_TARGET", "")).startswith("DynamoDB"):
-            with self.lock:
-                return list(self.app(environ, start_response))
-        return self.app(environ, start_response)
+        target = str(environ.get("HTTP_X_AMZ_TARGET", ""))
+        lock = next((lock for prefix, lock in self.locks.items() if target.startswith(prefix)), None)
+        if lock is None:
+            return self.app(environ, start_response)
+        with lock:
+            return list(self.app(environ, start_response))
 
 
 #: The moto release the patches below were written for (constraints.txt and pyproject pin it). They reach into
@@ -409,8 +418,9 @@ def indexed_moto_queries() -> None:
 
 @contextmanager
 def moto_server(port: int | None = None) -> Iterator[str]:
-    """Start a moto server on 127.0.0.1 (threaded, DynamoDB serialised, AgentCore's StopRuntimeSession served by
-    the local runtime registered for it: `local.acr_endpoint`); yield its endpoint URL; stop it on exit."""
+    """Start a moto server on 127.0.0.1 (threaded; DynamoDB and EventBridge serialised; AgentCore's
+    StopRuntimeSession served by the local runtime registered for it: `local.acr_endpoint`); yield its endpoint URL;
+    stop it on exit."""
     import logging
 
     from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
@@ -421,7 +431,7 @@ def moto_server(port: int | None = None) -> Iterator[str]:
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one access-log line per AWS call otherwise
     patch_moto()
     agentcore = AgentCoreEndpoint(DomainDispatcherApplication(create_backend_app))
-    app = SerializedDynamoDB(agentcore)
+    app = SerializedServices(agentcore)
     server = make_server(LOOPBACK, port or free_port(), app, threaded=True, request_handler=MotoRequestHandler)
     agentcore.endpoint_url = endpoint_url = f"http://{LOOPBACK}:{server.server_port}"
     thread = threading.Thread(target=server.serve_forever, name="moto-server", daemon=True)
