@@ -1,4 +1,4 @@
-"""The warm pool as the trainer and the CLI see it (`Experiment.warm_pool`, `rollouts warm`): its setting, what it
+"""The warm pool as the trainer sees it (`Experiment.warm_pool`): its setting, what it
 holds now, what it has spent, and what that idle memory costs (`warm_cost`)."""
 
 from __future__ import annotations
