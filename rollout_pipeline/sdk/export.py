@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Iterator
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import IO, Any
 
 from rollout_pipeline import ids
@@ -37,6 +37,9 @@ def rollout_fields(rec: RolloutRecord | None) -> dict[str, Any]:
         "submitted_at": at(rec.submitted_at),
         "dispatched_at": at(rec.dispatched_at),
         "finished_at": at(rec.finished_at),
+        "session_warmed_at": None
+        if rec.session_warmed_at is None
+        else at(datetime.fromtimestamp(rec.session_warmed_at, UTC)),
     }
 
 
@@ -52,6 +55,7 @@ ROLLOUT_FIELDS = (
     "submitted_at",
     "dispatched_at",
     "finished_at",
+    "session_warmed_at",
 )
 
 

@@ -17,12 +17,13 @@ from rollout_pipeline import ids
 from rollout_pipeline.config import is_warmup_payload
 from rollout_pipeline.contracts.attempts import attempt_token
 from rollout_pipeline.fakes.acr import AcrProfile, AgentBehaviour, FakeAgentRuntime
-from rollout_pipeline.ledger.items import WarmState
+from rollout_pipeline.ledger.items import RolloutRecord, WarmState
 from rollout_pipeline.lifecycle.cancel import cancel_batch
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.dispatch import Dispatch
 from rollout_pipeline.lifecycle.warm_pool import HALT_CANCELLED, HALT_IDLE, WarmPool, run_pool
 from rollout_pipeline.local.resources import ExperimentResources
+from rollout_pipeline.sdk.export import rollout_fields
 from tests.integration.lifecycle_support import (
     ShiftedClock,
     by_type,
@@ -120,6 +121,9 @@ def test_a_batch_after_a_pause_starts_every_rollout_in_a_warm_session(
     assert set(fake.written.values()) == {ids.result_key("test-exp", c["input_id"], c["session_id"]) for c in completed}
     assert fake.running == set()
     assert slots_in_flight(resources) == 0
+    item = rollout_item(resources, "batch-1", "q1", 0)  # the export (and the batch report) say it started warm
+    assert item is not None
+    assert rollout_fields(RolloutRecord.of_values(item))["session_warmed_at"]
 
 
 def test_without_a_warm_session_the_rollout_takes_a_new_one_and_the_pool_holds_back(
