@@ -1,4 +1,4 @@
-"""Warm start (issue 33): one GRPO step's batch submitted after a pause, with the warm pool on and off, in one run.
+"""Warm start: one GRPO step's batch submitted after a pause, with the warm pool on and off, in one run.
 
 The scenario: a synchronous GRPO trainer's step submits B x G rollouts at once (SageMaker's default 128 x 8 = 1,024)
 after its training phase (`--pause`, 120 s). One fake AgentCore account (25 new sessions/s, the realistic profile's
@@ -194,8 +194,10 @@ class Lambdas:
                 run_pool(self.deps, until=started + self.deps.warm_loop_s)
             except Exception as exc:
                 self.errors.append(f"sweeper: {exc!r}")
-            left = max(0.0, started + 60 - time.monotonic())
-            self.kick.wait(self.clock.wall_s(left))
+            for _slice in range(1_000_000):  # until a minute of virtual time passed (the dilation may change)
+                if self.kick.is_set() or self.stop.is_set() or time.monotonic() >= started + 60:
+                    break
+                self.kick.wait(0.5)
             self.kick.clear()
             if self.stop.is_set():
                 return
@@ -273,201 +275,242 @@ def wait_until(condition: Callable[[], bool], wall_s: float) -> bool:
 
 
 def run_side(args: argparse.Namespace, clock: JumpClock, switch: CountersSwitch, warm: bool) -> dict[str, Any]:
-    from bench_lifecycle import seed_groups
+    """One side: its own experiment, fake account and Lambdas; the pause, the step, the tail, then the figures."""
+    side = Side(args, clock, switch, warm)
+    side.start()
+    side.pause()
+    side.step()
+    side.tail()
+    return side.figures()
 
-    from rollout_pipeline.adapters import clients
-    from rollout_pipeline.adapters.eventbridge import EventBridgePublisher
-    from rollout_pipeline.adapters.s3 import S3ObjectStore
-    from rollout_pipeline.adapters.sqs import SqsQueue
-    from rollout_pipeline.config import ExperimentConfig
-    from rollout_pipeline.fakes.acr import AcrProfile, AgentBehaviour, FakeAgentRuntime
-    from rollout_pipeline.feed.feed import Feed
-    from rollout_pipeline.ledger.ledger import Ledger
-    from rollout_pipeline.lifecycle.deps import LifecycleDeps
-    from rollout_pipeline.local.resources import create_resources
 
-    clients.reset()
-    counters = switch.current = Counters()
-    inputs, group_size = max(1, args.rollouts // args.group_size), args.group_size
-    total = inputs * group_size
-    config = ExperimentConfig(
-        name=f"bench-{'warm' if warm else 'cold'}",
-        tps_limit=args.tps,
-        session_rate_limit=args.account_quota / args.endpoints,
-        endpoints=args.endpoints,
-        max_sessions=args.max_sessions or total,
-        group_size=group_size,
-        rollout_timeout_s=900,
-        dispatch_concurrency=args.dispatchers,
-        warm_sessions=(args.warm_sessions or total) if warm else 0,
-        warm_idle_stop_s=args.idle_stop_s,
-    )
-    resources = create_resources(config, region="us-east-1", client=clients.client)
-    settings = resources.settings()
-    rng = random.Random(args.seed)
-    delays = {
-        (f"row-{i}", j): rng.uniform(args.min_delay, args.max_delay) for i in range(inputs) for j in range(group_size)
-    }
+class Side:
+    """One side's experiment (moto), fake AgentCore account and Lambdas, and what each phase saw."""
 
-    def behaviour(inv: Any) -> AgentBehaviour:
+    def __init__(self, args: argparse.Namespace, clock: JumpClock, switch: CountersSwitch, warm: bool) -> None:
+        from rollout_pipeline.adapters import clients
+        from rollout_pipeline.adapters.eventbridge import EventBridgePublisher
+        from rollout_pipeline.adapters.s3 import S3ObjectStore
+        from rollout_pipeline.adapters.sqs import SqsQueue
+        from rollout_pipeline.config import ExperimentConfig
+        from rollout_pipeline.fakes.acr import AcrProfile, FakeAgentRuntime
+        from rollout_pipeline.feed.feed import Feed
+        from rollout_pipeline.ledger.ledger import Ledger
+        from rollout_pipeline.lifecycle.deps import LifecycleDeps
+        from rollout_pipeline.local.resources import create_resources
+
+        clients.reset()
+        self.args, self.clock, self.warm, self.name = args, clock, warm, "warm" if warm else "cold"
+        self.counters = switch.current = Counters()
+        self.inputs, self.group_size = max(1, args.rollouts // args.group_size), args.group_size
+        self.total = self.inputs * self.group_size
+        self.config = ExperimentConfig(
+            name=f"bench-{self.name}",
+            tps_limit=args.tps,
+            session_rate_limit=args.account_quota / args.endpoints,
+            endpoints=args.endpoints,
+            max_sessions=args.max_sessions or self.total,
+            group_size=self.group_size,
+            rollout_timeout_s=900,
+            dispatch_concurrency=args.dispatchers,
+            warm_sessions=(args.warm_sessions or self.total) if warm else 0,
+            warm_idle_stop_s=args.idle_stop_s,
+        )
+        self.resources = create_resources(self.config, region="us-east-1", client=clients.client)
+        self.settings = settings = self.resources.settings()
+        rng = random.Random(args.seed)
+        self.delays = {
+            (f"row-{i}", j): rng.uniform(args.min_delay, args.max_delay)
+            for i in range(self.inputs)
+            for j in range(self.group_size)
+        }
+        acr = AcrProfile.realistic(
+            endpoints=args.endpoints,
+            max_active_sessions=args.active_quota,
+            account_new_sessions_per_s=args.account_quota,
+            first_invoke_s=args.cold_start_s,
+            seed=args.seed,
+        )
+        self.fake = FakeAgentRuntime(store=S3ObjectStore(), behaviour=self.behaviour, profile=acr)
+        self.ledger, queue = Ledger.open(settings.table_name), SqsQueue()
+        deps = LifecycleDeps(
+            settings=settings,
+            ledger=self.ledger,
+            runtime=self.fake,
+            store=S3ObjectStore(),
+            queue=queue,
+            publisher=EventBridgePublisher(settings.bus_name),
+            feed=Feed(self.ledger, queue, settings),
+            dispatch_threads=args.threads,
+        )
+        self.lambdas = Lambdas(self.resources, deps, self.counters, clock, args)
+        self.view_ledger = Ledger.open(settings.table_name)
+        self.batch_id = "step-000000000002"
+        self.target = self.config.warm_sessions if warm else 0
+        self.ok: list[bool] = []
+        self.requests: dict[str, int] = {}
+
+    def behaviour(self, inv: Any) -> Any:
+        from rollout_pipeline.fakes.acr import AgentBehaviour
+
         rollout = inv.payload.get("_rollout") or {}
-        delay = delays.get((str(rollout.get("input_id")), int(rollout.get("index") or 0)), args.max_delay)
-        return AgentBehaviour(rewards=1.0, delay_s=clock.wall_s(delay))  # threading.Timer runs on the wall clock
+        key = (str(rollout.get("input_id")), int(rollout.get("index") or 0))
+        delay = self.delays.get(key, self.args.max_delay)
+        return AgentBehaviour(rewards=1.0, delay_s=self.clock.wall_s(delay))  # threading.Timer: the wall clock
 
-    acr = AcrProfile.realistic(
-        endpoints=args.endpoints,
-        max_active_sessions=args.active_quota,
-        account_new_sessions_per_s=args.account_quota,
-        first_invoke_s=args.cold_start_s,
-        seed=args.seed,
-    )
-    fake = FakeAgentRuntime(store=S3ObjectStore(), behaviour=behaviour, profile=acr)
-    ledger, queue = Ledger.open(settings.table_name), SqsQueue()
-    deps = LifecycleDeps(
-        settings=settings,
-        ledger=ledger,
-        runtime=fake,
-        store=S3ObjectStore(),
-        queue=queue,
-        publisher=EventBridgePublisher(settings.bus_name),
-        feed=Feed(ledger, queue, settings),
-        dispatch_threads=args.threads,
-    )
-    lambdas = Lambdas(resources, deps, counters, clock, args)
-    view_ledger = Ledger.open(settings.table_name)
-    batch_id = "step-000000000002"
+    def pipeline_requests(self) -> int:
+        with self.counters.lock:
+            aws = sum(self.counters.ops.values()) + sum(self.counters.other.values())
+        return aws + sum(1 for c in list(self.fake.calls) if c.op in ("invoke", "stop"))
 
-    def pipeline_requests() -> int:
-        with counters.lock:
-            aws = sum(counters.ops.values()) + sum(counters.other.values())
-        return aws + sum(1 for c in list(fake.calls) if c.op in ("invoke", "stop"))
-
-    def pool_sessions() -> int:
-        counters.harness.on = True
+    def pool_sessions(self) -> int:
+        self.counters.harness.on = True
         try:
-            return len(view_ledger.warm.sessions())
+            return len(self.view_ledger.warm.sessions())
         finally:
-            counters.harness.on = False
+            self.counters.harness.on = False
 
-    def in_flight() -> int:
-        counters.harness.on = True
+    def in_flight(self) -> int:
+        self.counters.harness.on = True
         try:
-            return view_ledger.limits.in_flight()
+            return self.view_ledger.limits.in_flight()
         finally:
-            counters.harness.on = False
+            self.counters.harness.on = False
 
-    load_start = os.getloadavg()
-    clock.set_dilation(args.fill_dilation)
-    started_wall = _REAL_MONOTONIC()
-    t0 = time.time()
-    probe = LatenessProbe()
-    threads = [*lambdas.threads(), threading.Thread(target=probe.run, name="bench-probe", daemon=True)]
-    for t in threads:
-        t.start()
-    budget = args.max_seconds
+    def progress(self, what: str) -> None:
+        progress(self.name, what, self.started_wall)
 
-    # ---- the pause (the trainer's training phase): the pool fills; the rest of the pause passes at once
-    target = config.warm_sessions if warm else 0
-    filled = (
-        wait_until(lambda: pool_sessions() >= target or time.time() - t0 >= args.pause, budget) and not lambdas.errors
-    )
-    with TICKING:  # no tick of the pool across the jump
-        clock.jump(t0 + args.pause - time.time())
-    warm_before = pool_sessions()
-    fill_requests = pipeline_requests()
-    side = "warm" if warm else "cold"
-    progress(side, f"pause over, {warm_before} warm sessions", started_wall)
+    def start(self) -> None:
+        self.load_start = os.getloadavg()
+        self.clock.set_dilation(self.args.fill_dilation)
+        self.started_wall = _REAL_MONOTONIC()
+        self.t0 = time.time()
+        self.probe = LatenessProbe()
+        self.threads = [*self.lambdas.threads(), threading.Thread(target=self.probe.run, name="bench-probe")]
+        for t in self.threads:
+            t.daemon = True
+            t.start()
 
-    # ---- the step: the batch is created and released as ingestion does (`ingest.core`, through `Feed.submit`)
-    counters.harness.on = True
-    groups = seed_groups(resources, batch_id, inputs, group_size)
-    view = view_ledger.batches.read_batch(batch_id)
-    counters.harness.on = False
-    assert view is not None
-    with TICKING:
-        clock.set_dilation(args.burst_dilation if warm else args.dilation)
-    submitted = time.time()
-    feed = Feed(ledger, SqsQueue(), settings)
-    for start in range(0, len(groups), 100):
-        feed.submit(view, groups[start : start + 100])
-    feed.submit(view)
-    done = wait_until(lambda: len(lambdas.group_done) >= inputs, budget)
-    step_end = time.time()
-    step_requests = pipeline_requests() - fill_requests
-    progress(side, f"step over ({len(lambdas.group_done)} of {inputs} groups)", started_wall)
-    with TICKING:
-        clock.set_dilation(args.fill_dilation)  # the agents are done: the tail is the pool's alone
+    def pause(self) -> None:
+        """The trainer's training phase: the pool fills; the rest of the pause passes at once."""
+        args = self.args
+        full = wait_until(
+            lambda: self.pool_sessions() >= self.target or time.time() - self.t0 >= args.pause, args.max_seconds
+        )
+        self.ok.append(full and not self.lambdas.errors)
+        with TICKING:  # no tick of the pool across the jump
+            self.clock.jump(self.t0 + args.pause - time.time())
+        self.warm_before = self.pool_sessions()
+        self.requests["fill"] = self.pipeline_requests()
+        self.progress(f"pause over, {self.warm_before} warm sessions")
 
-    # ---- the tail: rollouts' sessions stopped, the pool refilled for a next step that never comes, then idle
-    def settled() -> bool:
-        held = pool_sessions()
-        return in_flight() == held and (not warm or held >= target or time.time() - step_end > 120)
+    def step(self) -> None:
+        """The batch created and released as ingestion does (`ingest.core`, through `Feed.submit`)."""
+        from bench_lifecycle import seed_groups
 
-    wait_until(settled, budget)
-    refilled = pool_sessions()
-    progress(side, f"settled: {refilled} warm sessions, {in_flight()} slots held", started_wall)
-    with TICKING:
-        clock.jump(config.warm_idle_stop_s + 1)
-    lambdas.kick.set()
-    stopped = wait_until(lambda: in_flight() == 0 and pool_sessions() == 0, budget)
-    end = time.time()
-    progress(side, f"idle: {pool_sessions()} warm sessions, {in_flight()} slots held", started_wall)
-    lambdas.stop.set()
-    lambdas.kick.set()
-    probe.stop.set()
-    for t in threads:
-        t.join(timeout=30)
-    fake.close()
-    tail_requests = pipeline_requests() - fill_requests - step_requests
+        from rollout_pipeline.adapters.sqs import SqsQueue
+        from rollout_pipeline.feed.feed import Feed
 
-    # ---- figures
-    calls = list(fake.calls)
-    started_at: dict[tuple[str, int], float] = {}
-    for c in calls:
-        if c.op == "invoke" and not c.warmup and c.outcome in ("started", "reinvoked"):
-            rollout = fake.payloads.get(c.session_id, {}).get("_rollout") or {}
-            key = (str(rollout.get("input_id")), int(rollout.get("index") or 0))
-            started_at.setdefault(key, c.at)
-    group_done = sorted(lambdas.group_done.values())
-    idle = warm_idle(calls, submitted, end)
-    invoked = {c.session_id for c in calls if c.op == "invoke" and c.outcome not in ("throttled", "quota_exceeded")}
-    from rollout_pipeline import warm_cost
+        self.counters.harness.on = True
+        groups = seed_groups(self.resources, self.batch_id, self.inputs, self.group_size)
+        view = self.view_ledger.batches.read_batch(self.batch_id)
+        self.counters.harness.on = False
+        assert view is not None
+        with TICKING:
+            self.clock.set_dilation(self.args.burst_dilation if self.warm else self.args.dilation)
+        self.submitted = time.time()
+        feed = Feed(self.ledger, SqsQueue(), self.settings)
+        for start in range(0, len(groups), 100):
+            feed.submit(view, groups[start : start + 100])
+        feed.submit(view)
+        self.ok.append(wait_until(lambda: len(self.lambdas.group_done) >= self.inputs, self.args.max_seconds))
+        self.step_end = time.time()
+        self.requests["step"] = self.pipeline_requests() - self.requests["fill"]
+        self.progress(f"step over ({len(self.lambdas.group_done)} of {self.inputs} groups)")
+        with TICKING:
+            self.clock.set_dilation(self.args.fill_dilation)  # the agents are done: the tail is the pool's alone
 
-    return {
-        "ok": bool(filled and done and stopped and len(started_at) == total and not lambdas.errors),
-        "rollouts": total,
-        "warm_sessions": config.warm_sessions,
-        "warm_before_submit": warm_before,
-        "warm_after_step": refilled,
-        "admit_s": max(started_at.values(), default=float("nan")) - submitted,
-        # What the limits allow at best: warm, every take one `tps` call (the new sessions' share set apart);
-        # cold, every rollout a new session at the account's rate.
-        "admit_bound_s": admit_bound_s(config, total, warm),
-        "first_group_s": group_done[0] - submitted if group_done else float("nan"),
-        "step_s": group_done[-1] - submitted if group_done else float("nan"),
-        "cold_starts_on_path": sum(1 for c in calls if c.op == "invoke" and c.outcome == "cold_start" and not c.warmup),
-        "rollouts_in_warm_sessions": fake.warm_reuses,
-        "warm_idle_gb_s": idle["step"] * args.session_gb,
-        "warm_idle_usd": warm_cost.idle_usd(idle["step"], args.session_gb),
-        "tail_idle_gb_s": idle["tail"] * args.session_gb,
-        "tail_idle_usd": warm_cost.idle_usd(idle["tail"], args.session_gb),
-        "sessions_never_stopped": len(invoked - fake.stopped),
-        "requests_per_rollout": (fill_requests + step_requests) / total,
-        "requests_per_rollout_with_tail": (fill_requests + step_requests + tail_requests) / total,
-        "requests": {"fill": fill_requests, "step": step_requests, "tail": tail_requests},
-        "left_after_idle": {"in_flight": in_flight(), "warm": pool_sessions(), "running": len(fake.running)},
-        "pool": dataclasses.asdict(view_ledger.warm.pool()),
-        "requests_by_stage": dict(counters.stages.most_common()),
-        "errors": len(lambdas.errors),
-        "first_errors": lambdas.errors[:3],
-        "machine": {
-            "load_start": load_start,
-            "load_end": os.getloadavg(),
-            "wall_s": _REAL_MONOTONIC() - started_wall,
-            "clock_lateness_ms_p50": pct(probe.late_ms, 0.5),
-            "clock_lateness_ms_p95": pct(probe.late_ms, 0.95),
-        },
-    }
+    def tail(self) -> None:
+        """The rollouts' sessions stopped, the pool refilled for a next step that never comes, then idle."""
+
+        def settled() -> bool:
+            held = self.pool_sessions()
+            refilled = held >= self.target or time.time() - self.step_end > 120
+            return self.in_flight() == held and (not self.warm or refilled)
+
+        wait_until(settled, self.args.max_seconds)
+        self.refilled = self.pool_sessions()
+        self.progress(f"settled: {self.refilled} warm sessions, {self.in_flight()} slots held")
+        with TICKING:
+            self.clock.jump(self.config.warm_idle_stop_s + 1)
+        self.lambdas.kick.set()
+        self.ok.append(wait_until(lambda: self.in_flight() == 0 and self.pool_sessions() == 0, self.args.max_seconds))
+        self.end = time.time()
+        self.progress(f"idle: {self.pool_sessions()} warm sessions, {self.in_flight()} slots held")
+        self.lambdas.stop.set()
+        self.lambdas.kick.set()
+        self.probe.stop.set()
+        for t in self.threads:
+            t.join(timeout=30)
+        self.fake.close()
+        self.requests["tail"] = self.pipeline_requests() - self.requests["fill"] - self.requests["step"]
+
+    def figures(self) -> dict[str, Any]:
+        from rollout_pipeline import warm_cost
+
+        args, fake, total, submitted = self.args, self.fake, self.total, self.submitted
+        calls = list(fake.calls)
+        started_at: dict[tuple[str, int], float] = {}
+        for c in calls:
+            if c.op == "invoke" and not c.warmup and c.outcome in ("started", "reinvoked"):
+                rollout = fake.payloads.get(c.session_id, {}).get("_rollout") or {}
+                started_at.setdefault((str(rollout.get("input_id")), int(rollout.get("index") or 0)), c.at)
+        done = sorted(self.lambdas.group_done.values())
+        idle = warm_idle(calls, submitted, self.end)
+        invoked = {c.session_id for c in calls if c.op == "invoke" and c.outcome not in ("throttled", "quota_exceeded")}
+        fill, step, tail = (self.requests[k] for k in ("fill", "step", "tail"))
+        errors = self.lambdas.errors
+        return {
+            "ok": bool(all(self.ok) and len(started_at) == total and not errors),
+            "rollouts": total,
+            "warm_sessions": self.config.warm_sessions,
+            "warm_before_submit": self.warm_before,
+            "warm_after_step": self.refilled,
+            "admit_s": max(started_at.values(), default=float("nan")) - submitted,
+            # What the limits allow at best: warm, every take one `tps` call (the new sessions' share set apart);
+            # cold, every rollout a new session at the account's rate.
+            "admit_bound_s": admit_bound_s(self.config, total, self.warm),
+            "first_group_s": done[0] - submitted if done else float("nan"),
+            "step_s": done[-1] - submitted if done else float("nan"),
+            "cold_starts_on_path": sum(
+                1 for c in calls if c.op == "invoke" and c.outcome == "cold_start" and not c.warmup
+            ),
+            "rollouts_in_warm_sessions": fake.warm_reuses,
+            "warm_idle_gb_s": idle["step"] * args.session_gb,
+            "warm_idle_usd": warm_cost.idle_usd(idle["step"], args.session_gb),
+            "tail_idle_gb_s": idle["tail"] * args.session_gb,
+            "tail_idle_usd": warm_cost.idle_usd(idle["tail"], args.session_gb),
+            "sessions_never_stopped": len(invoked - fake.stopped),
+            "requests_per_rollout": (fill + step) / total,
+            "requests_per_rollout_with_tail": (fill + step + tail) / total,
+            "requests": dict(self.requests),
+            "left_after_idle": {
+                "in_flight": self.in_flight(),
+                "warm": self.pool_sessions(),
+                "running": len(fake.running),
+            },
+            "pool": dataclasses.asdict(self.view_ledger.warm.pool()),
+            "requests_by_stage": dict(self.counters.stages.most_common()),
+            "errors": len(errors),
+            "first_errors": errors[:3],
+            "machine": {
+                "load_start": self.load_start,
+                "load_end": os.getloadavg(),
+                "wall_s": _REAL_MONOTONIC() - self.started_wall,
+                "clock_lateness_ms_p50": pct(self.probe.late_ms, 0.5),
+                "clock_lateness_ms_p95": pct(self.probe.late_ms, 0.95),
+            },
+        }
 
 
 def admit_bound_s(config: Any, rollouts: int, warm: bool) -> float:
@@ -509,7 +552,7 @@ def pct(values: list[float], q: float) -> float:
 
 
 def compare(sides: dict[str, dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
-    """The warm pool's balance: seconds saved per step against its idle memory, and the targets of issue 33."""
+    """The warm pool's balance: seconds saved per step against its idle memory, and the targets it aims at."""
     warm, cold = sides.get("warm"), sides.get("cold")
     if warm is None or cold is None:
         return {}
