@@ -40,7 +40,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from bench_lifecycle import _atomic_moto, _fake_aws_env, percentile, seed  # noqa: E402
 
-from rollout_pipeline.lifecycle.limits import LATENESS_S  # noqa: E402
+from rollout_pipeline.lifecycle.limits.pacing import LATENESS_S  # noqa: E402
 from rollout_pipeline.local.moto_server import cheap_moto_transactions  # noqa: E402
 
 

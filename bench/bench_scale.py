@@ -38,10 +38,7 @@ Usage: python bench/bench_scale.py [--dilation 10] [--endpoints 4] [--session-ra
 from __future__ import annotations
 
 import argparse
-import datetime as _datetime
-import itertools
 import json
-import math
 import os
 import random
 import resource
@@ -50,364 +47,32 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
-from prices import PRICES  # noqa: E402
-
-_REAL_TIME: Callable[[], float] = time.time
-_REAL_MONOTONIC: Callable[[], float] = time.monotonic
-_REAL_SLEEP: Callable[[float], None] = time.sleep
-_REAL_DATETIME = _datetime.datetime
-
-#: Injected DynamoDB latencies (median, seconds) per operation; log-normal around the median (sigma 0.35, so the
-#: p99 is ~2.3x the median). AWS publishes "single-digit millisecond" latency for item reads and writes
-#: (https://aws.amazon.com/dynamodb/) and no figure for transactions; TransactWriteItems is taken as ~2.5x a write
-#: (it is a two-phase write: https://docs.aws.amazon.com/amazondynamodb/latest/developerguide/transaction-apis.html)
-#: and equals the faithful profile's default hold (`FaithfulProfile.hold_ms`).
-DYNAMODB_LATENCY_S: dict[str, float] = {
-    "GetItem": 0.004,
-    "BatchGetItem": 0.006,
-    "Query": 0.006,
-    "PutItem": 0.006,
-    "UpdateItem": 0.006,
-    "DeleteItem": 0.006,
-    "BatchWriteItem": 0.010,
-    "TransactGetItems": 0.010,
-    "TransactWriteItems": 0.015,
-}
-LATENCY_SIGMA = 0.35
-
-#: USD per million of each counted request or unit (`prices.py`: us-east-1 list prices, with their sources).
-PRICE_PER_MILLION = {
-    name: PRICES[key] * 1e6
-    for name, key in {
-        "WRU": "dynamodb_wru",
-        "RRU": "dynamodb_rru",
-        "sqs": "sqs_request",
-        "s3_get": "s3_get",
-        "s3_put": "s3_put",
-        "event": "eventbridge_custom_event",
-        "lambda_request": "lambda_request",
-        "lambda_gb_s": "lambda_gb_s_arm",
-    }.items()
-}
-
-
-class DilatedClock:
-    """A process-wide clock k times slower than the wall clock: virtual = origin + (real - origin) / k."""
-
-    def __init__(
-        self,
-        k: float,
-        real_time: Callable[[], float] = _REAL_TIME,
-        real_monotonic: Callable[[], float] = _REAL_MONOTONIC,
-        real_sleep: Callable[[float], None] = _REAL_SLEEP,
-    ) -> None:
-        if k < 1:
-            raise ValueError("dilation must be >= 1")
-        self.k = k
-        self._real_time = real_time
-        self._real_monotonic = real_monotonic
-        self._real_sleep = real_sleep
-        self._t0 = real_time()
-        self._m0 = real_monotonic()
-
-    def time(self) -> float:
-        return self._t0 + (self._real_time() - self._t0) / self.k
-
-    def monotonic(self) -> float:
-        return self._m0 + (self._real_monotonic() - self._m0) / self.k
-
-    def sleep(self, seconds: float) -> None:
-        if seconds > 0:
-            self._real_sleep(seconds * self.k)
-
-    def wall_s(self, virtual_s: float) -> float:
-        """Wall seconds that `virtual_s` virtual seconds last."""
-        return virtual_s * self.k
-
-    def install(self) -> None:
-        """Replace `time.time/monotonic/sleep` and the pipeline's `utcnow` (call BEFORE importing the pipeline:
-        default arguments such as `Pacer(wall=time.time)` bind at import)."""
-        time.time = self.time
-        time.monotonic = self.monotonic
-        time.sleep = self.sleep
-        clock = self
-
-        class VirtualDatetime(_REAL_DATETIME):
-            @classmethod
-            def now(cls, tz: Any = None) -> Any:  # type: ignore[override]
-                return _REAL_DATETIME.fromtimestamp(clock.time(), tz)
-
-        from rollout_pipeline.contracts import common
-
-        common.datetime = VirtualDatetime  # type: ignore[misc]
-
-
-def item_category(pk: str, sk: str) -> str:
-    """A ledger item's kind for the request counts: LIMIT/SESSIONS, LIMIT/PACE#tps, LIMIT/WAIT#*, BATCH, ..."""
-    if pk == "LIMIT":
-        for prefix in ("WAIT#", "TPS#", "SESSIONS#"):
-            if sk.startswith(prefix):
-                return f"LIMIT/{prefix}*"
-        return f"LIMIT/{sk}"
-    if pk.startswith("B#"):
-        if sk.startswith("BATCH#COUNT#"):
-            return "BATCH#COUNT#*"
-        if sk in ("BATCH", "BATCH#CONTROL"):
-            return sk
-        if sk.startswith("BATCH#CONTROL#"):
-            return "BATCH#CONTROL#*"
-        if sk.startswith("P#"):
-            return "pending P#*"
-        if sk.startswith("G#"):
-            return "group G#*"
-        if sk.startswith("R#"):
-            return "rollout R#*"
-    return f"{pk.split('#', 1)[0]}/{sk.split('#', 1)[0]}"
-
-
-def _category_of_item(text: str) -> str:
-    """The kind of an item as the faithful profile names it (`faithful.key_text`)."""
-    key = json.loads(text)
-    return item_category(str((key.get("pk") or {}).get("S", "")), str((key.get("sk") or {}).get("S", "")))
-
-
-def _key_of(key: Any) -> tuple[str, str]:
-    key = key or {}
-    return str((key.get("pk") or {}).get("S", "")), str((key.get("sk") or {}).get("S", ""))
-
-
-def request_items(operation: str, params: dict[str, Any]) -> list[str]:
-    """The categories of the items one DynamoDB request touches (one entry per item; a Query: its index or pk)."""
-    if operation in ("GetItem", "UpdateItem", "DeleteItem"):
-        return [item_category(*_key_of(params.get("Key")))]
-    if operation == "PutItem":
-        return [item_category(*_key_of(params.get("Item")))]
-    if operation == "TransactWriteItems":
-        out = []
-        for entry in params.get("TransactItems") or []:
-            for op, body in entry.items():
-                out.append(item_category(*_key_of(body.get("Item") if op == "Put" else body.get("Key"))))
-        return out
-    if operation == "TransactGetItems":
-        return [item_category(*_key_of(e.get("Get", {}).get("Key"))) for e in params.get("TransactItems") or []]
-    if operation == "Query":
-        if params.get("IndexName"):
-            return [f"index {params['IndexName']}"]
-        values = params.get("ExpressionAttributeValues") or {}
-        if ":to" in values:  # the release window's look ahead over the pending groups (`ledger.release`)
-            return ["query pending P#*"]
-        pks = [str(v.get("S", "")) for v in values.values() if isinstance(v, dict)]
-        return [f"query {pks[0].split('#', 1)[0] if pks else '?'}"]
-    if operation in ("BatchGetItem", "BatchWriteItem"):
-        out = []
-        for requests in (params.get("RequestItems") or {}).values():
-            entries = requests.get("Keys", []) if isinstance(requests, dict) else requests
-            for entry in entries:
-                key = entry.get("PutRequest", {}).get("Item") or entry.get("DeleteRequest", {}).get("Key") or entry
-                out.append(item_category(*_key_of(key)))
-        return out
-    return ["other"]
-
-
-def stage_of(thread_name: str) -> str:
-    """The pipeline stage a thread plays (dispatcher/completer/sweeper 'Lambdas' and their worker pools)."""
-    if thread_name.startswith(("lc-dispatcher", "dispatch")):
-        return "dispatch"
-    if thread_name.startswith(("lc-completer", "complet", "stop")):
-        return "completion"
-    if thread_name.startswith("lc-sweeper"):
-        return "sweeper"
-    return "other"
-
-
-def sliding_max(times: list[float], width: float = 1.0) -> int:
-    """The most events in any window [t, t + width) (`bench_acr_quotas.busiest_window`, imported only once the
-    virtual clock is installed, as every pipeline import here)."""
-    from bench_acr_quotas import busiest_window
-
-    return busiest_window(times, width)
-
-
-def steady_rate(times: list[float], trim: float = 0.1) -> float:
-    """Events per second over the middle (1 - 2 x trim) of the events: the sustained rate without ramp-up/down."""
-    ordered = sorted(times)
-    if len(ordered) < 10:
-        return float("nan")
-    lo, hi = int(len(ordered) * trim), int(len(ordered) * (1 - trim)) - 1
-    span = ordered[hi] - ordered[lo]
-    return (hi - lo) / span if span > 0 else float("nan")
-
-
-class Counters:
-    """DynamoDB (and other AWS) requests made by the pipeline, from botocore hooks; harness calls are excluded."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.ops: Counter[str] = Counter()
-        self.items: Counter[str] = Counter()  # requests touching each item kind
-        self.stages: Counter[str] = Counter()
-        self.other: Counter[str] = Counter()
-        self.wru = 0.0
-        self.rru = 0.0
-        self.wru_items: Counter[str] = Counter()  # WRU by item kind (a transaction's 2 per item, to each item)
-        self.capacity_callers: Counter[str] = Counter()  # WRU + RRU by the ledger method that made the request
-        self.harness = threading.local()
-        # Billed outside the pipeline's own calls (the all-in cost): SQS requests of Lambda's pollers and the
-        # trainer (receives that return messages, delete batches; empty polls are a per-hour cost, not a rollout's),
-        # messages EventBridge rules deliver into SQS, and each "Lambda"'s invocations and virtual seconds.
-        self.poller_sqs = 0
-        self.event_entries = 0
-        self.delivered: Counter[str] = Counter()
-        self.lambda_calls: Counter[str] = Counter()
-        self.lambda_s: Counter[str] = Counter()
-
-    def invoked(self, function: str, started: float) -> None:
-        """One invocation of `function` (a `topology.FUNCTIONS` name) that began at `started` (monotonic)."""
-        with self.lock:
-            self.lambda_calls[function] += 1
-            self.lambda_s[function] += time.monotonic() - started
-
-    def before_build(self, params: dict[str, Any], model: Any, **_: Any) -> None:
-        if getattr(self.harness, "on", False) or threading.current_thread().name.startswith(("bench-", "Main")):
-            return
-        operation = model.name
-        service = model.service_model.service_name
-        if service != "dynamodb":
-            with self.lock:
-                self.other[f"{service}.{operation}"] += 1
-                if operation == "PutEvents":  # EventBridge bills each entry, not each call
-                    self.event_entries += len(params.get("Entries") or [])
-            return
-        touched = request_items(operation, params)
-        with self.lock:
-            self.ops[operation] += 1
-            self.stages[stage_of(threading.current_thread().name)] += 1
-            for category in set(touched):
-                self.items[category] += 1
-            wru, rru = capacity_units(operation, touched)
-            self.wru += wru
-            self.rru += rru
-            per_item = 2 if operation == "TransactWriteItems" else 1
-            if wru:
-                for category in touched:
-                    self.wru_items[category] += per_item
-            self.capacity_callers[f"{ledger_caller()} {operation}"] += wru + rru
-
-
-def capacity_units(operation: str, touched: list[str]) -> tuple[float, float]:
-    """(WRU, RRU) of one request, items under 1 KB: 1 WRU per plain write, 2 per item of a transaction (cancelled
-    ones included), 1 RRU per strongly consistent GetItem / Query page (under 4 KB), 2 per item of TransactGet."""
-    if operation in ("PutItem", "UpdateItem", "DeleteItem"):
-        return 1.0, 0.0
-    if operation == "TransactWriteItems":
-        return 2.0 * len(touched), 0.0
-    if operation == "BatchWriteItem":
-        return float(len(touched)), 0.0
-    if operation == "TransactGetItems":
-        return 0.0, 2.0 * len(touched)
-    if operation == "BatchGetItem":
-        return 0.0, float(len(touched))
-    return 0.0, 1.0
-
-
-def ledger_caller() -> str:
-    """Who made the request now being built: the innermost pipeline frame on this thread's stack that is not the
-    table gateway or the retry loop (a ledger method), and the first frame outside `ledger/` that called it."""
-
-    def name(frame: Any) -> str:
-        module = frame.f_code.co_filename.rsplit("rollout_pipeline/", 1)[-1].removesuffix(".py").replace("/", ".")
-        return f"{module}.{frame.f_code.co_name}"
-
-    frame = sys._getframe(2)
-    inner = ""
-    while frame is not None:
-        path = frame.f_code.co_filename
-        if "rollout_pipeline/" in path and path.rsplit("/", 1)[-1] not in ("table.py", "retry.py", "attributes.py"):
-            if not inner:
-                inner = name(frame)
-                if "rollout_pipeline/ledger/" not in path:
-                    return inner
-            elif "rollout_pipeline/ledger/" not in path:
-                return f"{inner}<-{name(frame)}"
-        frame = frame.f_back
-    return inner or "?"
-
-
-def slot_phase(calls: list[Any], max_sessions: int, share: float = 0.95) -> dict[str, float]:
-    """The sessions running over time, replayed from the fake's calls (a first invoke starts a session, a
-    successful stop ends it), once they first reach `share` x `max_sessions`: new sessions/s and the running
-    sessions' time-weighted mean and minimum from then to the last new session. {} if they never do."""
-    ordered = sorted(calls, key=lambda c: c.at)
-    running: set[str] = set()
-    started: set[str] = set()
-    phase_start: float | None = None
-    last_start = 0.0
-    trace: list[tuple[float, int]] = []  # (time, running after the call) from the phase's start on
-    new_in_phase = 0
-    for call in ordered:
-        if call.op == "invoke" and call.outcome in ("started", "cold_start", "reinvoked"):
-            if call.session_id not in started:
-                started.add(call.session_id)
-                last_start = call.at
-                new_in_phase += phase_start is not None
-            running.add(call.session_id)
-        elif call.op == "stop" and call.outcome == "stopped":
-            running.discard(call.session_id)
-        if phase_start is None and len(running) >= share * max_sessions:
-            phase_start = call.at
-        if phase_start is not None:
-            trace.append((call.at, len(running)))
-    if phase_start is None or last_start <= phase_start:
-        return {}
-    span = last_start - phase_start
-    weighted = sum(
-        count * (min(nxt, last_start) - at) for (at, count), (nxt, _n) in itertools.pairwise(trace) if at < last_start
-    )
-    in_phase = [count for at, count in trace if at <= last_start]
-    return {
-        "from_s": phase_start - ordered[0].at,
-        "to_s": last_start - ordered[0].at,
-        "new_sessions_per_s": new_in_phase / span,
-        "mean_running": weighted / span,
-        "mean_running_vs_max_sessions": weighted / span / max_sessions,
-        "min_running": min(in_phase),
-    }
-
-
-def install_latency(clients: Any, rng: random.Random) -> None:
-    """Sleep a sampled DynamoDB latency (virtual seconds) after every DynamoDB call, conflicts included."""
-    lock = threading.Lock()
-
-    def after_call(model: Any, **_: Any) -> None:
-        median = DYNAMODB_LATENCY_S.get(model.name, 0.006)
-        with lock:
-            latency = median * math.exp(rng.gauss(0.0, LATENCY_SIGMA))
-        time.sleep(latency)
-
-    clients.register_hook("after-call.dynamodb", after_call)
-
-
-class LatenessProbe:
-    """How late the (virtual) clock wakes a sleeping thread: the machine's load seen in virtual time."""
-
-    def __init__(self) -> None:
-        self.late_ms: list[float] = []
-        self.stop = threading.Event()
-
-    def run(self) -> None:
-        for _ in range(100_000):
-            if self.stop.is_set():
-                return
-            started = time.monotonic()
-            time.sleep(0.05)
-            self.late_ms.append((time.monotonic() - started - 0.05) * 1000)
+from harness import (  # noqa: E402  (the dilated-clock harness: docs/benchmarks.md, "Scale")
+    _REAL_MONOTONIC,
+    _REAL_SLEEP,
+    PRICE_PER_MILLION,
+    Counters,
+    DilatedClock,
+    LatenessProbe,
+    Rig,
+    RigOptions,
+    TransactionLog,
+    all_in_extras,
+    aws_sandbox,
+    explain_unstopped,
+    install_latency,
+    pct,
+    sliding_max,
+    slot_phase,
+    slot_turnover,
+    steady_rate,
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -466,6 +131,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--lead-ranks", type=int, default=None, help="`limits.LEAD_RANKS` (0: no lead pace, every poll 0.2-1 s)"
     )
+    parser.add_argument(
+        "--pool",
+        action="store_true",
+        help="lease the experiment's limits from an account pool (what a deployed stack does: --session-rate and "
+        "--tps are then caps, endpoints add no rate); default: its own limits (the ledger's ceiling, "
+        "docs/benchmarks.md 'Scale')",
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the text report")
     parser.add_argument("--json-out", default="", help="also write the JSON object to this file (long runs)")
@@ -478,19 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     clock = DilatedClock(args.dilation)
     clock.install()  # before anything imports the pipeline
 
-    from bench_acr_quotas import _serialise_dynamodb, _time_moto
-    from bench_lifecycle import _fake_aws_env
-    from moto import mock_aws
-
-    from rollout_pipeline.fakes import faithful
-    from rollout_pipeline.local.moto_server import patch_moto
-
-    _fake_aws_env()
-    _time_moto("inner")
-    _serialise_dynamodb()
-    patch_moto()  # transactions and queries cost O(the items they touch), not O(the table): flat at any size
-    profile = faithful.FaithfulProfile(seed=args.seed, hold_ms=args.hold_ms, conflict_rate=args.conflict_rate)
-    with faithful.activate(profile), mock_aws():
+    with aws_sandbox(seed=args.seed, hold_ms=args.hold_ms, conflict_rate=args.conflict_rate) as profile:
         result = run(args, clock, profile)
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(result, indent=1, sort_keys=True))
@@ -501,9 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if result["ok"] else 1
 
 
-def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str, Any]:  # noqa: C901 (one run's harness: its threads share the run's state through closures)
+def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str, Any]:  # noqa: C901 (one run's harness)
     from bench_acr_quotas import MOTO_TIME, ideal_group_schedule
-    from bench_lifecycle import seed_groups
 
     from rollout_pipeline.adapters import clients
     from rollout_pipeline.adapters.eventbridge import EventBridgePublisher
@@ -512,27 +171,24 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
     from rollout_pipeline.config import ExperimentConfig
     from rollout_pipeline.fakes.acr import AcrProfile, AgentBehaviour, FakeAgentRuntime
     from rollout_pipeline.feed.feed import Feed
-    from rollout_pipeline.feed.messages import bodies_of
     from rollout_pipeline.feed.window import window_size
     from rollout_pipeline.ledger import retry
     from rollout_pipeline.ledger.ledger import Ledger
-    from rollout_pipeline.lifecycle.completion import complete_records
+    from rollout_pipeline.ledger.pool import PoolLedger
     from rollout_pipeline.lifecycle.deps import LifecycleDeps
-    from rollout_pipeline.lifecycle.dispatch import dispatch_records
-    from rollout_pipeline.lifecycle.sweeper import sweep
     from rollout_pipeline.local.resources import create_resources
 
     if args.poll_s:
-        from rollout_pipeline.lifecycle import limits
+        from rollout_pipeline.lifecycle.limits import admission as limits
 
         lo, hi = (float(x) for x in args.poll_s.split(":"))
         limits.jitter_poll_s = lambda: random.uniform(lo, hi)  # type: ignore[assignment]
     if args.settle_s is not None:
-        from rollout_pipeline.lifecycle import limits
+        from rollout_pipeline.lifecycle.limits import admission as limits
 
         limits.BOARD_SETTLE_S = args.settle_s  # type: ignore[misc]
     if args.lead_poll_s or args.lead_ranks is not None:
-        from rollout_pipeline.lifecycle import limits
+        from rollout_pipeline.lifecycle.limits import admission as limits
 
         if args.lead_poll_s:
             limits.LEAD_POLL_S = tuple(float(x) for x in args.lead_poll_s.split(":"))  # type: ignore[misc]
@@ -559,11 +215,8 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
         release_window=args.window,
         dispatch_concurrency=max(2, args.dispatchers),
     )
-    resources = create_resources(config, region="us-east-1", client=clients.client)
-    # The pipeline sends to a staging queue; the feeder moves its messages to the rollout queue in the order SQS
-    # might deliver them (`--shuffle`: a random one of every message not yet delivered), keeping the queue shallow.
-    staging_url = clients.client("sqs").create_queue(QueueName="bench-staging")["QueueUrl"]
-    settings = resources.settings().model_copy(update={"rollout_queue_url": staging_url})
+    # The ledger's ceiling: the experiment on its own limits (no account pool); `--pool`: leased from one.
+    resources = create_resources(config, region="us-east-1", client=clients.client, pool=args.pool)
     rng = random.Random(args.seed)
     delays = [[rng.uniform(args.min_delay, args.max_delay) for _ in range(group_size)] for _ in range(inputs)]
 
@@ -582,231 +235,63 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
         endpoints=args.endpoints,
         max_active_sessions=max(1000, 2 * args.max_sessions),
         account_new_sessions_per_s=args.account_quota,
+        # Without the pool, also AgentCore's per-endpoint quota of the time (400/min); with it, the account's only.
+        new_sessions_per_minute=None if args.pool else 400.0,
         seed=args.seed,
     )
     fake = FakeAgentRuntime(store=S3ObjectStore(), behaviour=behaviour, profile=acr)
-    lifecycle_ledger, lifecycle_queue = Ledger.open(settings.table_name), SqsQueue()
-    deps = LifecycleDeps(
-        settings=settings,
-        ledger=lifecycle_ledger,
-        runtime=fake,
-        store=S3ObjectStore(),
-        queue=lifecycle_queue,
-        publisher=EventBridgePublisher(settings.bus_name),
-        feed=Feed(lifecycle_ledger, lifecycle_queue, settings),
-        dispatch_threads=args.threads,
-    )
-    import dataclasses
 
-    dispatch_deps = [dataclasses.replace(deps) for _ in range(args.dispatchers)]  # one slot gate per "Lambda"
-    batch_id = "bench-000000000001"
-    counters.harness.on = True
-    groups = seed_groups(resources, batch_id, inputs, group_size)
-    bodies = bodies_of(groups)
-    view = Ledger.open(settings.table_name).batches.read_batch(batch_id)  # what ingestion holds (`create_batch`)
-    counters.harness.on = False
-    window = window_size(config)
-    if window:
-        bodies = []  # released by the window, as ingestion does (`ingest.core`: through `Feed.submit`)
-    shuffler = random.Random(args.seed + 1)
-    if args.shuffle and args.shuffle_window:
-        for start in range(0, len(bodies), args.shuffle_window):
-            part = bodies[start : start + args.shuffle_window]
-            shuffler.shuffle(part)
-            bodies[start : start + args.shuffle_window] = part
-    sqs = clients.client("sqs")
-    ledger = Ledger.open(settings.table_name)
-    visibility = {
-        url: int(
-            sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["VisibilityTimeout"])["Attributes"][
-                "VisibilityTimeout"
-            ]
+    def make_deps(settings: Any) -> LifecycleDeps:
+        ledger, queue = Ledger.open(settings.table_name), SqsQueue()
+        return LifecycleDeps(
+            settings=settings,
+            ledger=ledger,
+            runtime=fake,
+            store=S3ObjectStore(),
+            queue=queue,
+            publisher=EventBridgePublisher(settings.bus_name),
+            feed=Feed(ledger, queue, settings),
+            dispatch_threads=args.threads,
+            pool=PoolLedger.open(settings.pool_table_name) if settings.pool_table_name else None,
         )
-        for url in (resources.rollout_queue_url, resources.completion_queue_url, resources.trainer_queue_url)
-    }
+
     stop = threading.Event()
     stop_dispatch = threading.Event()
     errors: list[str] = []
-    group_done: dict[str, float] = {}
+    options = RigOptions(
+        dispatchers=args.dispatchers,
+        completers=args.completers,
+        threads=args.threads,
+        wait_s=args.wait,
+        queue_depth=args.queue_depth,
+        shuffle=args.shuffle,
+        shuffle_window=args.shuffle_window,
+        seed=args.seed,
+    )
+    rig = Rig(resources, make_deps, counters, clock, options, stop=stop, stop_dispatch=stop_dispatch, errors=errors)
+    dispatch_deps, group_done = rig.dispatch_deps, rig.group_done
+    batch_id = "bench-000000000001"
+    bodies = rig.seed(batch_id, inputs, group_size)
+    window = window_size(config)
+    if window:
+        bodies = []  # released by the window, as ingestion does (`ingest.core`): pending groups, then a release
+    if args.shuffle and args.shuffle_window:
+        for start in range(0, len(bodies), args.shuffle_window):
+            part = bodies[start : start + args.shuffle_window]
+            rig.shuffler.shuffle(part)
+            bodies[start : start + args.shuffle_window] = part
+    rig.pool.extend(bodies)  # before the window: every message at once
+    ledger = Ledger.open(rig.settings.table_name)
     retry.stats.plain = retry.stats.transactions = 0
     profile.plain_writes.clear()
     profile.transaction_writes.clear()
     profile.stats.plain_conflicts = profile.stats.transaction_conflicts = 0
-    tx_times: dict[str, list[float]] = {}  # item -> times of its transactions that went through (virtual s)
-    begin = profile.begin_transaction
-
-    conflicts_by_item: Counter[str] = Counter()  # the item a cancelled transaction met a held one on
-
-    def begin_transaction(touched: list[tuple[str, str]]) -> int | None:
-        conflict = begin(touched)
-        if conflict is None:
-            now = time.monotonic()
-            for _table, item in touched:
-                tx_times.setdefault(item, []).append(now)
-        else:
-            conflicts_by_item[_category_of_item(touched[conflict][1])] += 1
-        return conflict
-
-    profile.begin_transaction = begin_transaction
-
-    def receive(queue_url: str, n: int = 10) -> list[dict[str, Any]]:
-        counters.harness.on = True  # the Lambda service's poller, not the pipeline
-        try:
-            resp = sqs.receive_message(
-                QueueUrl=queue_url,
-                MaxNumberOfMessages=n,
-                WaitTimeSeconds=0,
-                VisibilityTimeout=min(43_200, int(clock.wall_s(visibility[queue_url]))),
-            )
-        finally:
-            counters.harness.on = False
-        messages = resp.get("Messages") or []
-        if messages:
-            with counters.lock:
-                counters.poller_sqs += 1
-                if queue_url != resources.rollout_queue_url:  # the pipeline itself sends to the rollout queue
-                    counters.delivered[queue_url] += len(messages)
-        return [{"messageId": m["MessageId"], "body": m["Body"], "receiptHandle": m["ReceiptHandle"]} for m in messages]
-
-    def ack(queue_url: str, records: list[dict[str, Any]], failures: dict[str, str]) -> None:
-        entries = [
-            {"Id": str(i), "ReceiptHandle": r["receiptHandle"]}
-            for i, r in enumerate(records)
-            if r["messageId"] not in failures
-        ]
-        if entries:
-            counters.harness.on = True
-            with counters.lock:
-                counters.poller_sqs += 1
-            try:
-                sqs.delete_message_batch(QueueUrl=queue_url, Entries=entries)
-            finally:
-                counters.harness.on = False
-
-    def ingest() -> None:
-        if not window:
-            return  # every message is in the pool already
-        feed = Feed(ledger, SqsQueue(), settings)
-        assert view is not None
-        # As `ingest.core`: each chunk of 100 rows submitted to the feed (released as far as the window has room,
-        # the rest pending), then one more submission once ingestion ended.
-        for start in range(0, len(groups), 100):
-            feed.submit(view, groups[start : start + 100])
-        feed.submit(view)
-
-    pool: list[str] = list(bodies)  # messages sent and not yet in the rollout queue (before: every one at once)
-
-    def feeder() -> None:
-        shuffled = args.shuffle and not args.shuffle_window
-        for _ in range(1_000_000):
-            if stop.is_set():
-                return
-            for _round in range(100):  # what the pipeline sent (releases, retries, limit re-sends)
-                got = sqs.receive_message(QueueUrl=staging_url, MaxNumberOfMessages=10, WaitTimeSeconds=0)
-                messages = got.get("Messages") or []
-                if not messages:
-                    break
-                pool.extend(m["Body"] for m in messages)
-                sqs.delete_message_batch(
-                    QueueUrl=staging_url,
-                    Entries=[{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(messages)],
-                )
-            attrs = sqs.get_queue_attributes(
-                QueueUrl=resources.rollout_queue_url, AttributeNames=["ApproximateNumberOfMessages"]
-            )["Attributes"]
-            room = min(len(pool), max(0, args.queue_depth - int(attrs["ApproximateNumberOfMessages"])), 100)
-            chunk = [pool.pop(shuffler.randrange(len(pool)) if shuffled else 0) for _ in range(room)]
-            for start in range(0, len(chunk), 10):
-                sqs.send_message_batch(
-                    QueueUrl=resources.rollout_queue_url,
-                    Entries=[{"Id": str(i), "MessageBody": b} for i, b in enumerate(chunk[start : start + 10])],
-                )
-            time.sleep(0.2)
-
-    def loop(name: str, queue_url: str, handle: Callable[[list[dict[str, Any]]], Any], idle: float) -> None:
-        done = stop_dispatch if name == "dispatcher" else stop
-        for _ in range(10_000_000):
-            if done.is_set():
-                return
-            try:
-                records = receive(queue_url)
-                if not records:
-                    time.sleep(idle)
-                    continue
-                started = time.monotonic()
-                try:
-                    result = handle(records)
-                finally:
-                    counters.invoked("dispatch" if name == "dispatcher" else "completion", started)
-                ack(queue_url, records, result.failures)
-                errors.extend(result.failures.values())
-            except Exception as exc:
-                errors.append(f"{name}: {exc!r}")
-
-    def sweeper() -> None:
-        pause = 30.0  # the stack's schedule is once a minute; the first sweep falls mid-minute
-        for _ in range(100_000):
-            if stop.wait(clock.wall_s(pause)):
-                return
-            pause = 60.0
-            started = time.monotonic()
-            try:
-                sweep(deps, wait_until=time.monotonic() + 30)
-            except Exception as exc:
-                errors.append(f"sweeper: {exc!r}")
-            finally:
-                counters.invoked("sweeper", started)
-
-    def trainer() -> None:
-        for _ in range(10_000_000):
-            if stop.is_set():
-                return
-            records = receive(resources.trainer_queue_url)
-            for r in records:
-                event = json.loads(r["body"])
-                if event.get("detail-type") == "Group Completed":
-                    group_done.setdefault(event["detail"]["input_id"], time.time())
-            if records:
-                ack(resources.trainer_queue_url, records, {})
-            else:
-                time.sleep(0.05)
+    log = TransactionLog(profile)
+    tx_times, conflicts_by_item = log.tx_times, log.conflicts_by_item
 
     probe = LatenessProbe()
-    threads = [
-        threading.Thread(target=ingest, name="ingest", daemon=True),
-        threading.Thread(target=feeder, name="bench-feeder", daemon=True),
-        threading.Thread(target=trainer, name="bench-trainer", daemon=True),
-        threading.Thread(target=probe.run, name="bench-probe", daemon=True),
-        threading.Thread(target=sweeper, name="lc-sweeper", daemon=True),
-    ]
-    threads += [
-        threading.Thread(
-            target=loop,
-            name=f"lc-dispatcher-{i}",
-            args=(
-                "dispatcher",
-                resources.rollout_queue_url,
-                lambda rs, d=d: dispatch_records(rs, d, wait_until=time.monotonic() + args.wait),
-                0.1,
-            ),
-            daemon=True,
-        )
-        for i, d in enumerate(dispatch_deps)
-    ]
-    threads += [
-        threading.Thread(
-            target=loop,
-            name=f"lc-completer-{i}",
-            args=(
-                "completer",
-                resources.completion_queue_url,
-                lambda rs: complete_records(rs, deps, wait_until=time.monotonic() + 30.0),
-                0.05,
-            ),
-            daemon=True,
-        )
-        for i in range(args.completers)
-    ]
+    threads = rig.threads(releasing=lambda: rig.release(batch_id) if window else None)
+    threads.append(threading.Thread(target=probe.run, name="bench-probe", daemon=True))
     if not args.json:
         print(
             f"bench_scale: k={args.dilation:g}, {total} rollouts ({inputs} groups x {group_size}"
@@ -968,8 +453,8 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
             "wall_s": wall_s,
             "virtual_s": virtual_s,
             "backlog_virtual_s": backlog_virtual,
-            "clock_lateness_ms_p50": _pct(probe.late_ms, 0.5),
-            "clock_lateness_ms_p95": _pct(probe.late_ms, 0.95),
+            "clock_lateness_ms_p50": pct(probe.late_ms, 0.5),
+            "clock_lateness_ms_p95": pct(probe.late_ms, 0.95),
             "moto_dynamodb_lock_busy": moto_ddb_s / max(wall_s, 1e-9),
             "moto_dynamodb_ms_per_request_wall": 1000 * moto_ddb_s / max(MOTO_TIME["dynamodb"][1], 1),
         },
@@ -1032,103 +517,6 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
         and fake.max_running <= args.max_sessions
     )
     return result
-
-
-def explain_unstopped(
-    sessions: list[str], calls: list[Any], ledger: Any, batch_id: str, fake: Any, t0: float
-) -> list[dict[str, Any]]:
-    """Each session the fake saw invoked and never stopped, with what the ledger says of its rollout (state,
-    attempt, outbox, held slots, stop tries) and the fake's calls for it (virtual s since the first session, op,
-    outcome): a run explains its own never-stopped sessions."""
-    from rollout_pipeline import ids
-
-    if not sessions:
-        return []
-    wanted = set(sessions)
-    owner: dict[str, Any] = {}
-    for rec in ledger.rollouts.batch_rollouts(batch_id):
-        for attempt in range(1, rec.attempt + 2):
-            sid = ids.session_id(rec.exp_id, batch_id, rec.input_id, rec.index, attempt)
-            if sid in wanted:
-                owner[sid] = (rec, attempt)
-    out = []
-    for sid in sessions:
-        rec, attempt = owner.get(sid, (None, None))
-        out.append(
-            {
-                "session_id": sid,
-                "session_attempt": attempt,
-                "reaped_by_idle_timeout": sid in fake.reaped,
-                "running_in_fake": sid in fake.running,
-                "ledger": None
-                if rec is None
-                else {
-                    "rollout": f"{rec.input_id}#{rec.index}",
-                    "state": str(rec.state),
-                    "attempt": rec.attempt,
-                    "session_id": rec.session_id,
-                    "reason": rec.reason,
-                    "outbox": sorted(rec.outbox),
-                    "stop_sessions": sorted(rec.stop_sessions),
-                    "held_slots": sorted(rec.held_slots),
-                    "stop_tries": rec.stop_tries,
-                    "stop_not_found": sorted(rec.stop_not_found),
-                },
-                "calls": [(round(c.at - t0, 3), c.op, c.outcome) for c in calls if c.session_id == sid],
-            }
-        )
-    return out
-
-
-def all_in_extras(counters: Counters, n: int) -> dict[str, float]:
-    """The rest of the AWS-side cost per million rollouts (ACR compute and the model excluded), beside the
-    pipeline's own counted requests: the agents' result PUTs (counted: `s3.PutObject`), the SQS requests of
-    Lambda's pollers and the trainer (counted), one SQS SendMessage per message an EventBridge rule delivers into
-    the completion and trainer queues (counted as received), and Lambda requests and arm64 GB-s at each function's
-    memory (`topology.FUNCTIONS`), timed on the virtual clock: a dispatcher's wait for a budget is billed time."""
-    from rollout_pipeline.topology import FUNCTIONS
-
-    gb_s = sum(s * FUNCTIONS[name].memory_mb / 1024 for name, s in counters.lambda_s.items())
-    return {
-        "s3_result_puts": counters.other.get("s3.PutObject", 0) * PRICE_PER_MILLION["s3_put"] / n,
-        "sqs_pollers_and_trainer": counters.poller_sqs * PRICE_PER_MILLION["sqs"] / n,
-        "sqs_eventbridge_deliveries": sum(counters.delivered.values()) * PRICE_PER_MILLION["sqs"] / n,
-        "lambda_requests": sum(counters.lambda_calls.values()) * PRICE_PER_MILLION["lambda_request"] / n,
-        "lambda_compute_arm64": gb_s * PRICE_PER_MILLION["lambda_gb_s"] / n,
-    }
-
-
-def slot_turnover(calls: list[Any], session_delay: dict[str, float], max_sessions: int) -> dict[str, float]:
-    """Where a slot's turnover goes beyond the agent's own time (medians, virtual s): from the agent's end (its
-    answered invoke + its delay) to the session's first successful stop (the completion path; the slot is given back
-    right after it), and, once every slot has been taken, from the n-th such stop to the (n + max_sessions)-th new
-    session (the slot gate's poll, the dispatch transaction and the session pacer)."""
-    answered: dict[str, float] = {}
-    stopped: dict[str, float] = {}
-    firsts: dict[str, float] = {}
-    for c in calls:
-        if c.op == "invoke" and c.outcome in ("started", "cold_start"):
-            firsts.setdefault(c.session_id, c.at)
-        if c.op == "invoke" and c.outcome in ("started", "reinvoked"):
-            answered.setdefault(c.session_id, c.at)
-        if c.op == "stop" and c.outcome == "stopped":
-            stopped.setdefault(c.session_id, c.at)
-    to_stop = [stopped[s] - answered[s] - session_delay[s] for s in stopped if s in answered and s in session_delay]
-    starts, stops = sorted(firsts.values()), sorted(stopped.values())
-    gaps = [
-        starts[i] - stops[i - max_sessions] for i in range(max_sessions, min(len(starts), len(stops) + max_sessions))
-    ]
-    return {
-        "agent_end_to_stop_s_median": statistics.median(to_stop) if to_stop else float("nan"),
-        "stop_to_next_session_s_median": statistics.median(gaps) if gaps else float("nan"),
-    }
-
-
-def _pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def print_report(r: dict[str, Any]) -> None:

@@ -516,7 +516,7 @@ class Side:
 def admit_bound_s(config: Any, rollouts: int, warm: bool) -> float:
     """The least admission time the limits allow: warm, `rollouts` calls on the `tps` budget (its share for new
     sessions set apart, each call spaced by `LATENESS_S`); cold, `rollouts` new sessions at the session budget."""
-    from rollout_pipeline.lifecycle.limits import LATENESS_S, dedicated_session_share
+    from rollout_pipeline.lifecycle.limits.pacing import LATENESS_S, dedicated_session_share
 
     sessions_per_s = config.session_rate_limit * config.endpoints
     if not warm:

@@ -150,14 +150,17 @@ def wait_budget_s(context: Any, default_s: float = 60.0) -> float:
 
 
 def flush_metrics(
-    metrics: Metrics, experiment: str, counts: Mapping[str, int], samples: Mapping[str, list[float]]
+    metrics: Metrics, experiment: str, counts: Mapping[str, float], samples: Mapping[str, list[float]]
 ) -> None:
-    """Copy what the stage recorded into Powertools `Metrics` (flushed by its `log_metrics` decorator)."""
+    """Copy what the stage recorded into Powertools `Metrics` (flushed by its `log_metrics` decorator); amounts in
+    US dollars (`metric_names.USD_METRICS`) go without a unit."""
     from aws_lambda_powertools.metrics import MetricUnit
+
+    from rollout_pipeline.metric_names import USD_METRICS
 
     metrics.add_dimension(name="Experiment", value=experiment)
     for name, value in counts.items():
-        metrics.add_metric(name=name, unit=MetricUnit.Count, value=value)
+        metrics.add_metric(name=name, unit=MetricUnit.NoUnit if name in USD_METRICS else MetricUnit.Count, value=value)
     for name, values in samples.items():
         unit = MetricUnit.Milliseconds if name.endswith("Latency") else MetricUnit.Count
         for sample in values[:100]:

@@ -54,6 +54,11 @@ LEDGER_ITEM_ACTIONS: Final = (
     "dynamodb:ConditionCheckItem",
 )
 
+#: The functions' actions on the account pool's table (`ledger.pool`): its one item read and conditionally updated,
+#: under its partition key only (`POOL_LEADING_KEY`); no other item, no delete, no scan.
+POOL_ITEM_ACTIONS: Final = ("dynamodb:GetItem", "dynamodb:UpdateItem")
+POOL_LEADING_KEY: Final = "POOL"
+
 LIST_GRANTS: Final[Mapping[str, tuple[ListGrant, ...]]] = {
     INGEST: (ListGrant("input", routing.DATASET_PREFIX),),
     DISPATCH: (ListGrant("input", CLAIMS_PREFIX),),

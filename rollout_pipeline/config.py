@@ -15,6 +15,7 @@ from typing import Any, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from rollout_pipeline.metric_names import METRICS_NAMESPACE
+from rollout_pipeline.quotas import ACTIVE_SESSIONS_ELSEWHERE
 
 EXPERIMENT_NAME_PATTERN = r"^[a-z][a-z0-9-]{0,31}$"
 #: Context values that mean "not set: derive the default" (`-c key=` and cdk.json's "").
@@ -25,8 +26,6 @@ _UNSET: Final = (None, "", "none", "None")
 LIFETIME_MARGIN_S = 600
 #: The idle session timeout when none is set (capped at `max_lifetime_s`: AgentCore requires idle <= lifetime).
 DEFAULT_IDLE_TIMEOUT_S = 900
-#: AgentCore's documented active sessions per account outside us-east-1/us-west-2 (5,000 there), Nov 2026.
-ACTIVE_SESSION_QUOTA = 2_500
 
 
 class ConfigError(ValueError):
@@ -75,6 +74,12 @@ WARM_AUTO: Final = "auto"
 #: The default of `warm_idle_stop_s`: the pool stops every warm session once the experiment has had no work for
 #: this long (a GRPO training phase is shorter; an abandoned experiment pays at most this much idle memory).
 DEFAULT_WARM_IDLE_STOP_S: Final = 600
+
+
+#: The result object's key under which the agent host reports what the session used (`{"cpu_s": ..., ...}`: the
+#: process CPU seconds and peak RSS of the session, `rollout_pipeline.agent.usage`); the host owns it and
+#: overwrites whatever the agent returned under it. Completion prices the session's CPU with it (`costs`).
+RESULT_USAGE_KEY: Final = "_rollout_usage"
 #: The example agent of each kind (what the image serves when `agent_module` is not set).
 DEFAULT_AGENT_MODULES: Final[dict[str, str]] = {
     "art": "rollout_pipeline.agent.examples.math_agent",
@@ -88,14 +93,35 @@ class ExperimentConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = Field(pattern=EXPERIMENT_NAME_PATTERN, description="Experiment name; also the exp_id")
-    tps_limit: int = Field(default=25, ge=1, le=10_000, description="InvokeAgentRuntime + StopRuntimeSession calls/s")
-    session_rate_limit: float = Field(
-        default=5.0,
+    tps_limit: int | None = Field(
+        default=None,
+        ge=1,
+        le=100_000,
+        description="At most this many AgentCore data-plane calls/s (invokes, stops) for this experiment; default: "
+        "its share of the account pool (the account's data-plane quota, 1,000/s, less the reserve)",
+    )
+    session_rate_limit: float | None = Field(
+        default=None,
+        gt=0,
+        le=10_000,
+        description="At most this many new AgentCore sessions/s for this experiment; default: its share of the "
+        "account pool (the account's new-session quota, 25/s, less the reserve). Per endpoint only when the pool's "
+        "new_session_scope is endpoint",
+    )
+    capacity_weight: float = Field(
+        default=1.0,
         gt=0,
         le=1_000,
-        description="New ACR sessions per second per runtime endpoint (quota: 400/min per endpoint; 25% headroom)",
+        description="This experiment's weight in the account pool: while several are backlogged, each gets "
+        "weight / total of every budget",
     )
-    endpoints: int = Field(default=1, ge=1, le=20, description="Runtime endpoints new sessions are spread across")
+    endpoints: int = Field(
+        default=1,
+        ge=1,
+        le=20,
+        description="Runtime endpoints sessions are spread across (versions, A/B); they add no new-session rate "
+        "unless the pool's new_session_scope is endpoint",
+    )
     max_sessions: int = Field(default=100, ge=1, le=100_000, description="Rollouts in flight at once")
     group_size: int = Field(default=8, ge=1, le=1024, description="Rollouts per dataset row (GRPO group)")
     release_window: int | None = Field(
@@ -144,13 +170,6 @@ class ExperimentConfig(BaseModel):
         le=28_800,
         description="ACR max session lifetime (default: rollout_timeout_s + LIFETIME_MARGIN_S, at most 8 h)",
     )
-    active_session_quota: int = Field(
-        default=ACTIVE_SESSION_QUOTA,
-        ge=1,
-        le=1_000_000,
-        description="The account's AgentCore active-session quota (set it to yours if raised); max_sessions is "
-        "checked against it",
-    )
     dispatch_concurrency: int = Field(default=5, ge=2, le=1000, description="Max concurrent dispatcher Lambdas")
     max_limit_requeues: int = Field(
         default=200, ge=1, le=100_000, description="Re-sends because of limits/throttles before `throttled`"
@@ -188,6 +207,47 @@ class ExperimentConfig(BaseModel):
         if isinstance(value, int) and not isinstance(value, bool) and not 0 <= value <= 100_000:
             raise ValueError("must be 0 (off), a number of sessions up to 100000, or 'auto'")
         return value
+
+    session_vcpus: float = Field(
+        default=2.0,
+        gt=0,
+        le=2.0,
+        description="vCPUs of one AgentCore session (AgentCore's maximum, 2): the CPU bound when CPU is not measured",
+    )
+    session_memory_gb: float = Field(
+        default=8.0,
+        ge=0.125,
+        le=8.0,
+        description="Memory of one AgentCore session priced per second of its life (AgentCore's maximum, 8 GB: an "
+        "upper bound; AgentCore bills the peak memory used, at least 128 MB)",
+    )
+    price_region: str | None = Field(
+        default=None,
+        pattern=r"^[a-z]{2}(-[a-z]+)+-\d$",
+        description="The region whose AgentCore prices are used (default: the deployment's)",
+    )
+    acr_vcpu_hour_usd: float | None = Field(
+        default=None, ge=0, le=100, description="AgentCore CPU price per vCPU-hour (default: the price table's)"
+    )
+    acr_gb_hour_usd: float | None = Field(
+        default=None, ge=0, le=100, description="AgentCore memory price per GB-hour (default: the price table's)"
+    )
+    pipeline_usd_per_rollout: float | None = Field(
+        default=None, ge=0, le=1, description="The pipeline's own AWS cost per attempt (default: costs.py's)"
+    )
+    session_grace_s: int = Field(
+        default=300,
+        ge=0,
+        le=28_800,
+        description="A session alive this long past its attempt's deadline is overdue: the sweeper keeps stopping "
+        "it and counts it (SessionsOverdue)",
+    )
+    budget_usd: float | None = Field(
+        default=None,
+        gt=0,
+        le=1e9,
+        description="Spend (USD) at which dispatch pauses (a warning at 80%); `rollouts budget set` changes it",
+    )
 
     @field_validator("model_base_url")
     @classmethod
@@ -232,18 +292,19 @@ class ExperimentConfig(BaseModel):
         return self.warm_sessions == WARM_AUTO or (isinstance(self.warm_sessions, int) and self.warm_sessions > 0)
 
     def warnings(self) -> list[str]:
-        """Settings that are valid but probably wrong (synth prints them)."""
+        """Settings that are valid but probably wrong (synth prints them; the preflight compares them with the
+        account's quotas)."""
         found: list[str] = []
         if isinstance(self.warm_sessions, int) and self.warm_sessions > self.max_sessions:
             found.append(
                 f"warm_sessions ({self.warm_sessions}) is above max_sessions ({self.max_sessions}): warm sessions "
                 f"count against max_sessions, so the pool holds at most {self.max_sessions}"
             )
-        if self.max_sessions > self.active_session_quota:
+        if self.max_sessions > ACTIVE_SESSIONS_ELSEWHERE:
             found.append(
-                f"max_sessions ({self.max_sessions}) is above the AgentCore active-session quota "
-                f"({self.active_session_quota}): invokes beyond it fail with ServiceQuotaExceededException and wait. "
-                "Lower max_sessions, or set active_session_quota to your raised quota."
+                f"max_sessions ({self.max_sessions}) is above AgentCore's documented active-session quota outside "
+                f"us-east-1/us-west-2 ({ACTIVE_SESSIONS_ELSEWHERE}): the account pool grants at most the account's "
+                "quota less the reserve; `rollouts preflight` compares it with your account's"
             )
         return found
 
@@ -309,9 +370,16 @@ class ExperimentConfig(BaseModel):
                 "policy_version",
                 "results_expiration_days",
                 "release_window",
+                "tps_limit",
+                "session_rate_limit",
                 "model_secret_name",
                 "agent_module",
                 "rft_job_arn",
+                "price_region",
+                "acr_vcpu_hour_usd",
+                "acr_gb_hour_usd",
+                "pipeline_usd_per_rollout",
+                "budget_usd",
             ) and value in (
                 "",
                 "none",
@@ -346,6 +414,10 @@ class HandlerSettings(BaseModel):
     bus_name: str
     runtime_arn: str = ""
     ingest_queue_url: str = ""
+    #: The account pool's table (`topology.POOL_TABLE_NAME`): every experiment of the account shares AgentCore's
+    #: quotas through it. Empty: no pool, the experiment keeps its own limits as if it owned the account (tests,
+    #: `bench_capacity.py --before`); a deployed stack always has one.
+    pool_table_name: str = ""
     experiment: ExperimentConfig
 
     @classmethod
@@ -377,6 +449,7 @@ class FunctionEnvironment(BaseModel):
     EXPERIMENT_CONFIG: str = Field(min_length=1, description="ExperimentConfig as JSON")
     RUNTIME_ARN: str = ""
     INGEST_QUEUE_URL: str = ""
+    POOL_TABLE_NAME: str = ""
     #: Read by Powertools itself (Logger, Metrics); declared so the stack and local mode set the same ones.
     POWERTOOLS_SERVICE_NAME: str = "rollouts"
     POWERTOOLS_METRICS_NAMESPACE: str = METRICS_NAMESPACE

@@ -8,6 +8,7 @@ details when a trainer resumes. Each detail carries a stable `event_id`, so a re
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -20,6 +21,7 @@ from rollout_pipeline.contracts import (
     GroupCompleted,
     GroupMember,
     RolloutCompleted,
+    RolloutCost,
     RolloutFailed,
     Timings,
     batch_duration_s,
@@ -27,6 +29,7 @@ from rollout_pipeline.contracts import (
     stats_from_sums,
     utcnow,
 )
+from rollout_pipeline.costs import PriceBook, price_rollout
 from rollout_pipeline.ledger.items import BatchView, GroupItem, RolloutRecord, RolloutState
 
 
@@ -76,6 +79,7 @@ def batch_completion_detail(batch: BatchView, now: datetime | None = None) -> Ba
         started_at=started,
         completed_at=completed,
         duration_s=batch_duration_s(started, completed),
+        cost=batch.cost,
     )
 
 
@@ -102,13 +106,36 @@ def group_completion_detail(group: GroupItem, policy_version: str | None = None)
         reward_mean=mean,
         reward_std=std,
         policy_version=policy_version,
+        cost=group.cost,
     )
 
 
+def recorded_cost(rec: RolloutRecord, prices: PriceBook) -> RolloutCost | None:
+    """What the rollout cost as its terminal transition priced it (the figure its group and batch sums hold): its
+    sessions as the item knows them, as of `cost_at` (a stop confirmed later is left out: it was pending then),
+    priced at `cost_at` with `prices`. None for a rollout that ended before costs were kept."""
+    at = rec.cost_at
+    if at is None:
+        return None
+    spans = [
+        replace(
+            span,
+            stopped_at=span.stopped_at if span.stopped_at is not None and span.stopped_at <= at else None,
+            closed_at=span.closed_at if span.closed_at is not None and span.closed_at <= at else None,
+        )
+        for span in rec.spans
+    ]
+    return price_rollout(spans, prices, at)
+
+
 def rollout_event(
-    rec: RolloutRecord, *, notified_at: datetime, result: dict[str, Any] | None = None
+    rec: RolloutRecord,
+    *,
+    notified_at: datetime,
+    result: dict[str, Any] | None = None,
+    prices: PriceBook | None = None,
 ) -> RolloutCompleted | RolloutFailed:
-    """The terminal event of a rollout, from its (terminal) ledger item."""
+    """The terminal event of a rollout, from its (terminal) ledger item; its `cost` priced with `prices`."""
     timings = Timings(
         submitted_at=rec.submitted_at,
         dispatched_at=rec.dispatched_at,
@@ -125,6 +152,7 @@ def rollout_event(
         "policy_version": rec.policy_version,
         "batch_policy_version": rec.batch_policy_version,
         "timings": timings,
+        "cost": None if prices is None else recorded_cost(rec, prices),
     }
     if rec.state is RolloutState.SUCCEEDED:
         rewards = rec.rewards if rec.rewards is not None else (rec.reward or 0.0)

@@ -178,6 +178,15 @@ def parse_warm_result_key(key: str) -> WarmResultKey:
     return WarmResultKey(exp_id=exp_id, input_id=input_id, session_id=sid)
 
 
+def session_attempt(session_id_: str) -> int | None:
+    """The attempt a session id of ours names (`session_id`: `{batch}-{index}-{attempt}-{hash}`), else None."""
+    pieces = session_id_.rsplit("-", 3)
+    if len(pieces) != 4 or not pieces[1].isdigit() or not pieces[2].isdigit():
+        return None
+    attempt = int(pieces[2])
+    return attempt if attempt >= 1 else None
+
+
 @dataclass(frozen=True, slots=True)
 class AttemptRef:
     """One attempt of one rollout, by value: the key of every rollout transition in the ledger. Attempt 0 names a
@@ -256,6 +265,19 @@ def errors_key(dataset_key: str) -> str:
 
 #: ACR's endpoint an unqualified InvokeAgentRuntime targets; endpoints 1..N-1 are `rollouts_{i}`.
 DEFAULT_ENDPOINT_NAME: Final = "DEFAULT"
+#: Local mode's runtime ARN ends with this (a real runtime id is `{name}-{10 characters}`, names have no hyphen).
+LOCAL_RUNTIME_SUFFIX: Final = "-local"
+
+
+def runtime_region(runtime_arn: str) -> str | None:
+    """The region an AgentCore runtime ARN names (`arn:aws:bedrock-agentcore:REGION:...`), else None."""
+    parts = runtime_arn.split(":")
+    return parts[3] if len(parts) > 4 and parts[0] == "arn" and parts[3] else None
+
+
+def is_local_runtime(runtime_arn: str) -> bool:
+    """Whether the runtime ARN is local mode's stand-in (`LOCAL_RUNTIME_SUFFIX`)."""
+    return runtime_arn.endswith(LOCAL_RUNTIME_SUFFIX)
 
 
 def endpoint_index(session_id: str, endpoints: int) -> int:

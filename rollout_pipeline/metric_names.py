@@ -45,6 +45,18 @@ WARMED: Final = "WarmSessionsStarted"
 WARM_KEEPALIVES: Final = "WarmKeepAlives"
 WARM_STOPPED_UNUSED: Final = "WarmStoppedUnused"
 WARM_POOL_SIZE: Final = "WarmPoolSize"
+#: USD: the cost of each rollout that ended (the estimate its event carries, `costs`), summed per invocation.
+ESTIMATED_COST: Final = "EstimatedCost"
+#: Sessions found alive past their attempt's deadline plus `session_grace_s` (their stop failed or came late):
+#: counted once per session by the sweeper, which keeps stopping them.
+SESSIONS_OVERDUE: Final = "SessionsOverdue"
+#: The experiment's spend as a percentage of its budget (sampled when a budget is set): the alarm fires at 80.
+BUDGET_USED_PERCENT: Final = "BudgetUsedPercent"
+#: Rollouts held back because the budget (the experiment's or their batch's) is spent: re-sent later, not failed.
+BUDGET_HELD: Final = "BudgetHeld"
+
+#: Metrics in US dollars (flushed without a unit).
+USD_METRICS: Final = frozenset({ESTIMATED_COST})
 
 
 def failed_metric(reason: str) -> str:

@@ -88,6 +88,11 @@ class RuntimeThrottled(RuntimeError):
     """ACR refused for now (throttling, quota, retryable conflict, 5xx): retry later without losing work."""
 
 
+class RuntimeRateExceeded(RuntimeThrottled):
+    """ACR refused because a RATE quota of the account was exceeded (ThrottlingException, 429: new sessions or
+    data-plane calls), not a busy session or a full active-session quota: the account pool backs off."""
+
+
 class RuntimeRejected(RuntimeError):
     """ACR refused for good (validation, access denied, not found): the rollout fails with `invoke_rejected`."""
 

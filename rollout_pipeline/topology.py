@@ -33,6 +33,14 @@ TRAINER_VISIBILITY_TIMEOUT_S: Final = 60
 DLQ_MAX_RECEIVE_COUNT: Final = 5
 
 
+#: The account pool: one stack and one table per account and region, created by `rollouts bootstrap`; every
+#: experiment stack imports the table's name from the pool stack's export (so an experiment cannot be deployed into an
+#: account without it, and the pool cannot be deleted while an experiment uses it).
+POOL_STACK_NAME: Final = "RolloutsPool"
+POOL_TABLE_NAME: Final = "rollouts-pool"
+POOL_TABLE_EXPORT: Final = "rollouts-pool-table"
+
+
 def stack_name(experiment: str) -> str:
     """The CloudFormation stack of experiment `experiment`."""
     return f"{STACK_PREFIX}{experiment}"
@@ -135,6 +143,9 @@ class StackOutputs(BaseModel):
     table_name: str = Field(alias="LedgerTableName", min_length=1)
     ingest_queue_url: str = Field(alias="IngestQueueUrl", default="")
     runtime_arn: str = Field(alias="AgentRuntimeArn", default="")
+    pool_table_name: str = Field(
+        alias="PoolTableName", default="", description="The account pool's table (shared by every experiment)"
+    )
 
     @classmethod
     def names(cls) -> tuple[str, ...]:

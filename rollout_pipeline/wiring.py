@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from rollout_pipeline.feed.feed import Feed
     from rollout_pipeline.ingest.core import Ingestion
     from rollout_pipeline.ledger.ledger import Ledger
+    from rollout_pipeline.ledger.pool import PoolLedger
     from rollout_pipeline.lifecycle.deps import LifecycleDeps
     from rollout_pipeline.ports import AgentRuntime
 
@@ -87,6 +88,17 @@ class Wiring:
         ttl_days = self.settings.experiment.ledger_ttl_days
         client = self.clients.lazy("dynamodb")
         return Ledger.open(self.settings.table_name, client, ttl_days=ttl_days, clock=clock or self.clock)
+
+    def pool(self) -> PoolLedger | None:
+        """The account pool's table (`ledger.pool`), None when the settings name none (no account pool)."""
+        if not self.settings.pool_table_name:
+            return None
+        from rollout_pipeline.ledger.pool import PoolLedger
+
+        region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+        return PoolLedger.open(
+            self.settings.pool_table_name, self.clients.lazy("dynamodb"), clock=self.clock, region=region
+        )
 
     def agent_runtime(self) -> AgentRuntime:
         """The runtime given, else a local pipeline's at the factory's endpoint (`adapters.runtime`), else the ACR
@@ -160,5 +172,5 @@ class Wiring:
             store=self.store(),
             queue=queue,
             publisher=self.publisher(),
-            **{"attempt_key": self.attempt_key, **overrides},
+            **{"attempt_key": self.attempt_key, "pool": self.pool(), **overrides},
         )

@@ -24,8 +24,8 @@ class AgentRuntimeConstruct(Construct):
     bucket.
 
     `config.endpoints` = N provisions N endpoints (DEFAULT plus `rollouts_1`..`rollouts_{N-1}`, `ids.endpoint_name`):
-    the new-session quota is per endpoint, so the dispatcher spreads new sessions over them (`ids.endpoint_index`)
-    and opens sessions up to N times faster (up to the account's own new-session rate)."""
+    sessions are spread over them (`ids.endpoint_index`), for versions and A/B; they add new-session rate only in
+    an account whose new-session quota is per endpoint (the account pool's `new_session_scope`)."""
 
     def __init__(
         self,
@@ -62,9 +62,7 @@ class AgentRuntimeConstruct(Construct):
         self.endpoint_names = [ids.endpoint_name(i) for i in range(config.endpoints)]
         for name in self.endpoint_names[1:]:
             self.runtime.add_endpoint(name, description=f"New sessions of experiment {config.name} (spread)")
-        ceiling = ceiling_warnings(
-            config.tps_limit, config.session_rate_limit, config.endpoints, config.dispatch_concurrency
-        )
+        ceiling = ceiling_warnings(config)
         for warning in [*config.warnings(), *ceiling]:
             Annotations.of(self).add_warning_v2("rollouts:config", warning)
         Annotations.of(self.runtime).acknowledge_info(

@@ -15,6 +15,7 @@ from typing import Final
 
 from aws_cdk import Token
 
+from rollout_pipeline import topology
 from rollout_pipeline.config import ConfigError
 
 LAMBDA_ENVIRONMENT_LIMIT_BYTES: Final = 4 * 1024
@@ -29,6 +30,8 @@ TOKEN_MAX_BYTES: Final[Mapping[str, int]] = {
     "BUS_NAME": 256,  # EventBridge bus names
     # arn:aws-cn:bedrock-agentcore:REGION:ACCOUNT:runtime/NAME-SUFFIX (runtime names: 48, suffix: 10)
     "RUNTIME_ARN": len("arn:aws-cn:bedrock-agentcore:ap-southeast-7:123456789012:runtime/") + 48 + 1 + 10,
+    # Imported from the account pool's stack, whose export is its table's well-known name.
+    "POOL_TABLE_NAME": len(topology.POOL_TABLE_NAME),
 }
 #: A variable not listed above whose value is a token.
 UNKNOWN_TOKEN_MAX_BYTES: Final = 2048

@@ -5,13 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Final
 
-from aws_cdk import CfnOutput, Duration, RemovalPolicy, Stack
+from aws_cdk import CfnOutput, Duration, Fn, RemovalPolicy, Stack, Token
 from aws_cdk import aws_events as events
 from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_iam as iam
 from constructs import Construct
 
-from rollout_pipeline import access, routing, topology
+from rollout_pipeline import access, quotas, routing, topology
 from rollout_pipeline.config import ExperimentConfig, FunctionEnvironment, HandlerSettings
 from rollout_pipeline.ids import CLAIMS_PREFIX
 from rollout_pipeline.metric_names import METRICS_NAMESPACE
@@ -174,6 +174,9 @@ class ExperimentStack(Stack):
             targets=[targets.LambdaFunction(sweeper, retry_attempts=0, max_event_age=Duration.minutes(1))],
         )
 
+        # The account pool (`rollouts bootstrap`): its table's name from the pool stack's export, so this stack
+        # cannot be deployed into an account without it, nor the pool deleted while an experiment uses it.
+        self.pool_table_name = Fn.import_value(topology.POOL_TABLE_EXPORT)
         handler_settings = HandlerSettings(
             table_name=self.ledger.table.table_name,
             input_bucket=self.storage.input_bucket.bucket_name,
@@ -182,6 +185,7 @@ class ExperimentStack(Stack):
             bus_name=self.events.bus.event_bus_name,
             runtime_arn=self.agent.arn,
             ingest_queue_url=self.ingest.queue.queue_url,
+            pool_table_name=self.pool_table_name,
             experiment=config,
         )
         environment = FunctionEnvironment.of(
@@ -212,7 +216,9 @@ class ExperimentStack(Stack):
                 "undelivered": self.events.undelivered,
             },
             alarm_email=self.settings.alarm_email,
-            active_session_quota=config.active_session_quota,
+            active_session_quota=quotas.documented_active_sessions(
+                None if Token.is_unresolved(self.region) else self.region
+            ),
         )
         self.monitoring.notify_every_alarm(self)
         # The service creates one log group per endpoint (`{runtime id}-{endpoint}`), each with no retention.
@@ -257,6 +263,7 @@ class ExperimentStack(Stack):
 
         allow(dispatch, ["s3:GetObject"], [claims, results])
         self.ledger.grant_read_write(dispatch.role)
+        self.ledger.grant_list_batches(dispatch.role)  # `Budget Exhausted` says which batches wait
         rollout_queue.grant_send_messages(dispatch.role)
         self.agent.grant_invoke(dispatch.role)
         self.agent.grant_stop_session(dispatch.role)
@@ -287,12 +294,26 @@ class ExperimentStack(Stack):
                         conditions={"StringLike": {"s3:prefix": [f"{grant.resolve(self.config.name)}*"]}},
                     )
                 )
+        # The account pool's one item: read and conditionally updated by whoever renews the experiment's lease
+        # (the dispatcher, completion's stops, the sweeper's heartbeat); nothing else of the table.
+        for fn in (dispatch, completion, sweeper):
+            fn.role.add_to_principal_policy(
+                iam.PolicyStatement(
+                    actions=list(access.POOL_ITEM_ACTIONS),
+                    resources=[self.pool_table_arn()],
+                    conditions={"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": [access.POOL_LEADING_KEY]}},
+                )
+            )
         self.ledger.grant_read_write(sweeper.role, query_indexes=True)
         rollout_queue.grant_send_messages(sweeper.role)
         self.agent.grant_stop_session(sweeper.role)
         if self.config.warm_pool_on:  # the warm pool's warm-ups and keep-alives (`lifecycle.warm_pool`)
             self.agent.grant_invoke(sweeper.role)
         self.events.bus.grant_put_events_to(sweeper.role)
+
+    def pool_table_arn(self) -> str:
+        """The account pool's table (its well-known name: `topology.POOL_TABLE_NAME`)."""
+        return self.format_arn(service="dynamodb", resource="table", resource_name=topology.POOL_TABLE_NAME)
 
     def _operator_outputs(self) -> None:
         """Where an operator looks: the alarm topic, the dashboard and the agent image."""
@@ -326,6 +347,7 @@ class ExperimentStack(Stack):
             bus_name=settings.bus_name,
             table_name=settings.table_name,
             runtime_arn=settings.runtime_arn,
+            pool_table_name=settings.pool_table_name,
         )
         descriptions = topology.StackOutputs.descriptions()
         for name, value in outputs.to_outputs().items():

@@ -118,6 +118,13 @@ class LedgerTableConstruct(Construct):
     def index_arn(self, index_name: str) -> str:
         return f"{self.table.table_arn}/index/{index_name}"
 
+    def grant_list_batches(self, grantee: iam.IGrantable) -> None:
+        """Query on the `deadline` index alone: the experiment's newest batches (`BatchLedger.recent_batch_ids`,
+        which `Budget Exhausted` lists as waiting when a dispatcher announces it)."""
+        iam.Grant.add_to_principal(
+            grantee=grantee, actions=["dynamodb:Query"], resource_arns=[self.index_arn(keys.DEADLINE_INDEX)]
+        )
+
     def grant_read_write(self, grantee: iam.IGrantable, *, query_indexes: bool = False) -> None:
         """Item reads/writes on the table; with `query_indexes`, Query on the two named GSIs (no `index/*`)."""
         iam.Grant.add_to_principal(

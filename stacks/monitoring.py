@@ -25,7 +25,7 @@ from aws_cdk import custom_resources as cr
 from constructs import Construct
 
 from rollout_pipeline import metric_names as m
-from rollout_pipeline import topology
+from rollout_pipeline import quotas, topology
 from rollout_pipeline.config import ExperimentConfig
 from rollout_pipeline.contracts import FailureReason
 from rollout_pipeline.metric_names import METRICS_NAMESPACE
@@ -80,6 +80,24 @@ def summed(
 
 
 #: Who emits what (the lifecycle logic runs in dispatch, completion and sweeper).
+#: The account's new sessions/s, every runtime and consumer together (AgentCore publishes the pooled quota's usage in
+#: `AWS/Usage` as `CombinedNewSessionCreation`: docs/aws-facts.md; its dimensions are not documented, so a SEARCH).
+USAGE_NAMESPACE: Final = "AWS/Usage"
+COMBINED_NEW_SESSIONS: Final = "CombinedNewSessionCreation"
+
+
+def account_new_sessions(period: Duration) -> cloudwatch.MathExpression:
+    """The account's new sessions per second (`COMBINED_NEW_SESSIONS`, summed over whatever dimensions it has)."""
+    seconds = int(period.to_seconds())
+    return cloudwatch.MathExpression(
+        expression=(
+            f"SUM(SEARCH('{{{USAGE_NAMESPACE}}} MetricName=\"{COMBINED_NEW_SESSIONS}\"', 'Sum', {seconds})) / {seconds}"
+        ),
+        label="account new sessions/s (AWS/Usage CombinedNewSessionCreation)",
+        period=period,
+    )
+
+
 EMITTERS: Final[Mapping[str, tuple[str, ...]]] = {
     m.FAILED: ("dispatch", "completion", "sweeper"),
     m.SUCCEEDED: ("completion",),
@@ -94,7 +112,14 @@ EMITTERS: Final[Mapping[str, tuple[str, ...]]] = {
     m.REWARD: ("completion",),
     m.NOTIFICATION_LATENCY: ("dispatch", "completion", "sweeper"),
     m.IN_FLIGHT: ("sweeper",),
+    # every path that ends a rollout prices it; every path that stops sessions may find one overdue
+    m.ESTIMATED_COST: ("dispatch", "completion", "sweeper"),
+    m.SESSIONS_OVERDUE: ("dispatch", "completion", "sweeper"),
+    m.BUDGET_USED_PERCENT: ("dispatch", "sweeper"),
+    m.BUDGET_HELD: ("dispatch",),
 }
+#: The budget alarm's threshold (percent of `budget_usd` spent), as the `Budget Warning` event's.
+BUDGET_WARNING_PERCENT: Final = 80
 #: Both sample the ledger's in-flight count (the dispatcher on each batch, the sweeper every minute).
 IN_FLIGHT_EMITTERS: Final = ("dispatch", "sweeper")
 
@@ -123,6 +148,7 @@ class Monitoring(Construct):
         self.alarms: dict[str, cloudwatch.Alarm] = {}
         self._function_alarms(functions)
         self._pipeline_alarms(active_session_quota)
+        self._cost_alarms()
         self.dashboard = self._dashboard(functions, queues, active_session_quota)
 
     # --- alarms ------------------------------------------------------------------------------------------------
@@ -254,6 +280,33 @@ class Monitoring(Construct):
             comparison=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
         )
 
+    def _cost_alarms(self) -> None:
+        """Runaway sessions and the budget's 80% (docs/costs.md)."""
+        config = self.config
+        self._any_in_a_row(
+            "SessionsOverdue",
+            "AgentCore sessions were found alive past their rollout's deadline plus session_grace_s (their stop "
+            "failed or their result came late): the sweeper keeps stopping them; they bill memory until then",
+            m.SESSIONS_OVERDUE,
+            periods=1,
+        )
+        self._alarm(
+            "BudgetWarning",
+            f"The experiment spent {BUDGET_WARNING_PERCENT}% of its budget (budget_usd or `rollouts budget set`): "
+            "at 100% dispatch pauses until the budget is raised (`rollouts cost`, docs/costs.md)",
+            cloudwatch.MathExpression(
+                expression=f"MAX([{', '.join(f'FILL(used_{fn}, 0)' for fn in EMITTERS[m.BUDGET_USED_PERCENT])}])",
+                using_metrics={
+                    f"used_{fn}": pipeline_metric(config, m.BUDGET_USED_PERCENT, fn, statistic="Maximum")
+                    for fn in EMITTERS[m.BUDGET_USED_PERCENT]
+                },
+                label="Budget used (%)",
+                period=ONE_MINUTE,
+            ),
+            threshold=BUDGET_WARNING_PERCENT,
+            comparison=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+        )
+
     def _any_in_a_row(self, name: str, description: str, metric: str, *, periods: int) -> None:
         """An alarm when `metric` (summed over its emitters) is above 0 in `periods` 5-minute periods in a row."""
         self._alarm(
@@ -339,6 +392,7 @@ class Monitoring(Construct):
             width=8,
         )
         capacity = self._capacity_widget(active_session_quota)
+        cost, budget = self._cost_widgets(total)
         alarms = cloudwatch.AlarmStatusWidget(title="Alarms", alarms=list(self.alarms.values()), width=12, height=6)
         return cloudwatch.Dashboard(
             self,
@@ -350,6 +404,7 @@ class Monitoring(Construct):
                 [rollouts, reasons],
                 [sessions, latency],
                 [reward, depth, errors],
+                [cost, budget],
                 [capacity, alarms],
             ],
         )
@@ -357,22 +412,31 @@ class Monitoring(Construct):
     def _session_widgets(
         self, total: Callable[[str, str], cloudwatch.MathExpression]
     ) -> tuple[cloudwatch.GraphWidget, cloudwatch.GraphWidget]:
-        """New sessions per second against their budget (with AgentCore's refusals), and result-to-event latency."""
+        """New sessions per second, this experiment's beside the whole account's, against the account's quota (with
+        AgentCore's refusals), and result-to-event latency."""
         config, period = self.config, ONE_MINUTE
+        quota = quotas.DEFAULT_NEW_SESSIONS_PER_S
         sessions = cloudwatch.GraphWidget(
-            title="New sessions per second vs session_rate_limit",
+            title="New sessions per second: this experiment and the whole account",
             left=[
                 cloudwatch.MathExpression(
                     expression="FILL(new, 0) / PERIOD(new)",
                     using_metrics={"new": pipeline_metric(config, m.NEW_SESSIONS, "dispatch")},
-                    label="new sessions/s",
+                    label=f"{config.name} new sessions/s",
                     period=period,
-                )
+                ),
+                account_new_sessions(period),
             ],
             left_annotations=[
+                cloudwatch.HorizontalAnnotation(value=quota, label="documented account quota"),
                 cloudwatch.HorizontalAnnotation(
-                    value=config.session_rate_limit * config.endpoints, label="session_rate_limit x endpoints"
-                )
+                    value=quota * (1 - quotas.DEFAULT_RESERVE), label="pool less the default reserve"
+                ),
+                *(
+                    [cloudwatch.HorizontalAnnotation(value=config.session_rate_limit, label="session_rate_limit")]
+                    if config.session_rate_limit
+                    else []
+                ),
             ],
             # AgentCore's refusals apart from the pipeline's own backlog (calls that found no budget in time).
             right=[total(m.ACR_THROTTLED, "AgentCore throttled"), total(m.LIMIT_BACKLOG, "budget backlog")],
@@ -389,6 +453,43 @@ class Monitoring(Construct):
             width=12,
         )
         return sessions, latency
+
+    def _cost_widgets(
+        self, total: Callable[[str, str], cloudwatch.MathExpression]
+    ) -> tuple[cloudwatch.GraphWidget, cloudwatch.GraphWidget]:
+        """Estimated cost per minute with its running total, and the budget used with runaway and held rollouts."""
+        config, period = self.config, ONE_MINUTE
+        spend = summed(config, m.ESTIMATED_COST, EMITTERS[m.ESTIMATED_COST], period, "USD per minute")
+        cost = cloudwatch.GraphWidget(
+            title="Estimated cost (USD: AgentCore sessions + the pipeline's AWS, docs/costs.md)",
+            left=[spend],
+            right=[
+                cloudwatch.MathExpression(
+                    expression="RUNNING_SUM(spend)",
+                    using_metrics={"spend": spend},
+                    label="total over the period shown",
+                    period=period,
+                )
+            ],
+            right_y_axis=cloudwatch.YAxisProps(label="USD", min=0),
+            width=12,
+        )
+        budget = cloudwatch.GraphWidget(
+            title="Budget used (%) and runaway sessions",
+            left=[
+                pipeline_metric(config, m.BUDGET_USED_PERCENT, fn, statistic="Maximum").with_(label=f"budget ({fn})")
+                for fn in EMITTERS[m.BUDGET_USED_PERCENT]
+            ],
+            left_annotations=[
+                cloudwatch.HorizontalAnnotation(value=BUDGET_WARNING_PERCENT, label="warning"),
+                cloudwatch.HorizontalAnnotation(value=100, label="dispatch pauses"),
+            ],
+            left_y_axis=cloudwatch.YAxisProps(label="%", min=0),
+            right=[total(m.SESSIONS_OVERDUE, "sessions overdue"), total(m.BUDGET_HELD, "rollouts held on the budget")],
+            right_y_axis=cloudwatch.YAxisProps(label="per minute", min=0),
+            width=12,
+        )
+        return cost, budget
 
     def _capacity_widget(self, active_session_quota: int) -> cloudwatch.GraphWidget:
         """AgentCore's active sessions against the account's quota."""

@@ -18,6 +18,7 @@ from rollout_pipeline.ids import CLAIMS_PREFIX
 
 if TYPE_CHECKING:
     from stacks.experiment_stack import ExperimentStack
+    from stacks.pool_stack import PoolStack
 
 IAM4: Final = "AwsSolutions-IAM4"
 IAM5: Final = "AwsSolutions-IAM5"
@@ -133,4 +134,20 @@ def acknowledge(stack: ExperimentStack) -> None:
                 child.node.find_child("Role"),
                 f"{IAM4}[{BASIC_EXECUTION_POLICY}]",
                 "CDK's singleton handler that turns on S3 EventBridge notifications only needs to write its logs.",
+            )
+
+
+def acknowledge_pool(stack: PoolStack) -> None:
+    """Acknowledge the deliberate findings of the account pool's stack."""
+    for child in stack.node.children:
+        if child.node.id.startswith("AWS679f53fac002430cb0da5b7982bd2287"):  # AwsCustomResource's singleton
+            ack(
+                child.node.find_child("ServiceRole"),
+                f"{IAM4}[{BASIC_EXECUTION_POLICY}]",
+                "CDK's singleton handler that writes the pool's settings item at deploy only needs to write its logs.",
+            )
+            ack(
+                child,
+                "AwsSolutions-L1",
+                "CDK's AwsCustomResource handler runtime is chosen by the CDK release; it runs only at deploy.",
             )

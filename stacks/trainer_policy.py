@@ -17,9 +17,10 @@ from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
-from rollout_pipeline import routing, topology
+from rollout_pipeline import access, routing, topology
 from rollout_pipeline.config import ExperimentConfig
 from rollout_pipeline.ids import CLAIMS_PREFIX
+from rollout_pipeline.ledger import keys
 from rollout_pipeline.ops.permissions import SUBSCRIPTION_PREFIXES, TRAINER_ACTIONS, ResourceKind
 from stacks import nag
 
@@ -57,6 +58,8 @@ class TrainerPolicy(Construct):
             "rollout_queue": [rollout_queue.queue_arn],
             "trainer_queue": [trainer_queue.queue_arn],
             "ledger": [table.table_arn],
+            "pool": [stack.format_arn(service="dynamodb", resource="table", resource_name=topology.POOL_TABLE_NAME)],
+            "ledger_batches": [f"{table.table_arn}/index/{keys.DEADLINE_INDEX}"],
             "bus": [bus.event_bus_arn],
             "runtime": list(runtime_resources),
             "subscription_queues": [
@@ -77,7 +80,11 @@ class TrainerPolicy(Construct):
         statements = []
         for kind, actions in TRAINER_ACTIONS.items():
             sid = "".join(part.capitalize() for part in kind.split("_"))
-            conditions = {"StringLike": {"s3:prefix": [f"{exp_prefix}*"]}} if kind == "results_listing" else None
+            conditions: dict[str, dict[str, list[str]]] | None = None
+            if kind == "results_listing":
+                conditions = {"StringLike": {"s3:prefix": [f"{exp_prefix}*"]}}
+            elif kind == "pool":
+                conditions = {"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": [access.POOL_LEADING_KEY]}}
             granted = [action for action in actions if action != PUT_TARGETS]
             if len(granted) < len(actions):
                 # A subscription rule may only deliver to a subscription queue (not to any target the caller names).

@@ -6,7 +6,8 @@ same endpoint. The client has explicit connect/read timeouts and NO botocore ret
 re-sends the payload into the same session (a second rollout in one microVM) and bypasses the global limiter, so
 the application retries, inside the limiter. Errors map to the ports' kinds:
 
-- ThrottlingException, ServiceQuotaExceededException, (Retryable)ConflictException, 5xx, 429, and connection
+- ThrottlingException, TooManyRequestsException and 429 -> `RuntimeRateExceeded` (a rate quota: retry later, and
+  the account pool backs off); ServiceQuotaExceededException, (Retryable)ConflictException, 5xx, and connection
   failures before the request was sent -> `RuntimeThrottled` (retry later);
 - RuntimeClientError (424) "Runtime initialization time exceeded" (the container exited or never became healthy: a
   crash at import answers this too) -> `RuntimeStartFailed` (the rollout fails as `agent_error`, never retried);
@@ -27,6 +28,7 @@ from rollout_pipeline import ids
 from rollout_pipeline.ports import (
     RuntimeColdStart,
     RuntimeOutcomeUnknown,
+    RuntimeRateExceeded,
     RuntimeRejected,
     RuntimeSessionNotFound,
     RuntimeStartFailed,
@@ -44,6 +46,8 @@ RETRYABLE_CODES: Final = frozenset(
         "TooManyRequestsException",
     }
 )
+#: The codes of a RATE quota exceeded (new sessions, data-plane calls), as opposed to a busy session or a full quota.
+RATE_CODES: Final = frozenset({"ThrottlingException", "TooManyRequestsException"})
 COLD_START_CODES: Final = frozenset({"RuntimeClientError"})
 #: How AgentCore words a RuntimeClientError for a container that exited or never became ready within its 30 s
 #: (docs/aws-facts.md): not a race with the start-up, so no retry of the session can help.
@@ -74,6 +78,8 @@ def classify_error(exc: Exception, operation: str) -> Exception:
             return RuntimeColdStart(message)
         if code == "ResourceNotFoundException" and operation == "StopRuntimeSession":
             return RuntimeSessionNotFound(message)
+        if code in RATE_CODES or (status == 429 and not code):
+            return RuntimeRateExceeded(message)
         if code in RETRYABLE_CODES or status in (402, 409, 429) or status >= 500:
             return RuntimeThrottled(message)
         if 400 <= status < 500:  # ValidationException 400, AccessDenied 403, ResourceNotFound 404 (botocore model)

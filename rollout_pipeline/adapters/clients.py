@@ -126,8 +126,9 @@ class ClientFactory:
         `reset` gets them again.
         """
         with self._lock:
+            session = self.session  # a session made now registers the hooks so far: this one is not among them yet
             self._hooks.append((event_name, handler))
-            self.session.events.register(event_name, handler)
+            session.events.register(event_name, handler)
             for cached in self._clients.values():
                 cached.meta.events.register(event_name, handler)
 

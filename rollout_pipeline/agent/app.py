@@ -1,7 +1,8 @@
 """`RolloutApp`: ART's `AgentCoreRLApp` plus the rollout context, and `serve()` to run an app as a process.
 
 `RolloutApp` changes nothing on the wire: `/invocations`, `/ping`, the immediate `{"status": "processing", ...}`
-answer, the result key `{exp_id}/{input_id}/{session_id}.json` and the result body are ART 0.2.0's own code paths.
+answer, the result key `{exp_id}/{input_id}/{session_id}.json` and the result body are ART 0.2.0's own code paths
+(the body gains one key the host owns, `config.RESULT_USAGE_KEY`: what the session used, `agent.usage`).
 It only wraps the user function so that, while it runs, `current_rollout()` returns this rollout's context
 (ids, sampling params, model endpoint) and the model helpers can wire every model call for it; the context is
 cleared when the function returns or raises (before ART saves the result).
@@ -30,6 +31,7 @@ from typing import Any
 from agentcore_rl_toolkit.app import AgentCoreRLApp
 
 from rollout_pipeline.agent.context import RolloutContext, rollout_context
+from rollout_pipeline.agent.usage import install as install_usage_reporting
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +41,12 @@ DEFAULT_PORT = 8080
 
 
 class RolloutApp(AgentCoreRLApp):  # type: ignore[misc]
-    """`AgentCoreRLApp` whose `rollout_entrypoint` also sets the rollout context around the user function."""
+    """`AgentCoreRLApp` whose `rollout_entrypoint` also sets the rollout context around the user function, and whose
+    results carry what the session used (`agent.usage`: CPU seconds, beside the result, for the cost model)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        install_usage_reporting()
 
     def rollout_entrypoint(self, func: Callable[..., Any]) -> Callable[..., Any]:
         """ART's `rollout_entrypoint` (background run, result saved to S3, error result on exception) around

@@ -17,6 +17,8 @@ The module comes from `--agent-module`, else env `ROLLOUTS_AGENT_MODULE` (the st
    adapter's front door starts before the import (the SDK may read `RFT_RUNTIME_ENDPOINT` when it is imported).
 3. Every request of the session enters through `serve`, whatever the kind: a warm-up invocation of the pipeline's
    warm pool is answered there and never reaches the agent (`warmup.WarmupGate`); rollouts pass through unchanged.
+4. Every result object the session's ART app saves carries what the session used (`agent.usage`: its CPU seconds,
+   for the cost model), installed before the module is imported; the module is not touched.
 
 A module that cannot be served ends the process (exit code 1) with the last line
 `agent host: cannot serve MODULE: <why>` on stderr: the local ACR adapter fails the session's rollout with it
@@ -130,6 +132,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     address = parse_serve_args(rest)
     logging.basicConfig(level=logging.INFO)
     load_model_credential()
+    from rollout_pipeline.agent.usage import install
+
+    install()  # every ART app of the session reports what it used beside its result (`agent.usage`)
     try:
         served = load(module, kind, ["--host", address.host, "--port", str(address.port)])
     except Exception as exc:

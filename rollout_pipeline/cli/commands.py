@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -57,6 +58,7 @@ def cmd_submit(args: argparse.Namespace, out: TextIO) -> int:
         max_attempts=args.max_attempts,
         policy_version=args.policy_version,
         key=args.key,
+        budget_usd=args.budget_usd,
     )
     print(batch_id, file=out)
     print(
@@ -69,6 +71,63 @@ def cmd_submit(args: argparse.Namespace, out: TextIO) -> int:
             batch=batch_id, timeout=None, from_trainer_queue=False, refresh=15.0, poll_wait=args.poll_wait
         )
         return watch(experiment, watch_args, out)
+    return EXIT_OK
+
+
+def cmd_capacity(args: argparse.Namespace, out: TextIO) -> int:
+    view = attach(args).capacity()
+    if args.json:
+        print(json.dumps(dataclasses.asdict(view), indent=2, default=str), file=out)
+        return EXIT_OK
+    print("\n".join(view.lines()), file=out)
+    return EXIT_OK
+
+
+def cmd_cost(args: argparse.Namespace, out: TextIO) -> int:
+    from rollout_pipeline.sdk.cost import format_cost
+
+    if args.limit < 1:
+        raise CliError(f"--limit must be at least 1, got {args.limit}")
+    report = attach(args).cost(args.batch, limit=args.limit)
+    if args.json:
+        print(json.dumps(report.as_dict(), indent=2), file=out)
+    else:
+        print(format_cost(report), file=out)
+    return EXIT_OK
+
+
+def cmd_budget_show(args: argparse.Namespace, out: TextIO) -> int:
+    from rollout_pipeline.sdk.cost import usd
+
+    report = attach(args).cost(limit=1)
+    if report.budget_usd is None:
+        print(f"experiment {report.experiment}: no budget; spent {usd(report.spent_usd)}", file=out)
+    else:
+        used = report.budget_used or 0.0
+        print(
+            f"experiment {report.experiment}: budget {usd(report.budget_usd)}, spent {usd(report.spent_usd)} "
+            f"({used:.0%}){'; dispatch paused' if used >= 1 else ''}",
+            file=out,
+        )
+    return EXIT_OK
+
+
+def cmd_budget_set(args: argparse.Namespace, out: TextIO) -> int:
+    from rollout_pipeline.sdk.cost import usd
+
+    if not args.usd > 0:
+        raise CliError(f"the budget must be a positive number of US dollars, got {args.usd}")
+    experiment = attach(args)
+    experiment.set_budget(args.usd, batch=args.batch)
+    if args.batch is not None:
+        (batch,) = experiment.cost(args.batch).batches
+        spent = batch.published.usd if batch.published is not None else 0.0
+        what = f"batch {args.batch}"
+    else:
+        report = experiment.cost(limit=1)
+        spent, what = report.spent_usd, f"experiment {report.experiment}"
+    note = "dispatch resumes within a minute" if spent < args.usd else "still spent: dispatch stays paused"
+    print(f"{what}: budget {usd(args.usd)}, spent {usd(spent)} ({note})", file=out)
     return EXIT_OK
 
 

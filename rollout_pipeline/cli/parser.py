@@ -33,6 +33,8 @@ examples:
   rollouts export -e my-exp --batch train-3f2a9c1b7d4e -o results.jsonl
   rollouts report -e my-exp --batch train-3f2a9c1b7d4e -o report.html
   rollouts cancel -e my-exp --batch train-3f2a9c1b7d4e
+  rollouts cost -e my-exp [--batch train-3f2a9c1b7d4e]
+  rollouts budget set -e my-exp 250
 """
 
 
@@ -71,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_batch_commands(sub, common)
     _add_preflight(sub, common)
     _add_report(sub, common)
+    _add_cost(sub, common)
     stack_commands.register(sub)  # deploy, destroy
     _add_operations(sub, common)
     _register_modes(sub, common)
@@ -115,6 +118,9 @@ def _add_submission(sub: Any, common: argparse.ArgumentParser) -> None:
     submit.add_argument("--policy-version", metavar="V", help="policy version recorded on every event")
     submit.add_argument("--sampling-params", metavar="JSON", help='e.g. \'{"temperature": 0.7, "max_tokens": 512}\'')
     submit.add_argument("--key", help="object key under datasets/ (default: the file name)")
+    submit.add_argument(
+        "--budget-usd", type=float, metavar="USD", help="the batch's own budget: its rollouts wait once it is spent"
+    )
     submit.add_argument("--watch", action="store_true", help="then watch the batch until it completes")
     submit.add_argument("--poll-wait", type=float, default=5.0, help=argparse.SUPPRESS)
 
@@ -162,6 +168,18 @@ def _add_batch_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     _batch_argument(status, "batch id (printed by submit)")
     status.add_argument("--json", action="store_true", help="print JSON")
+
+    capacity = _command(
+        sub,
+        common,
+        "capacity",
+        commands.cmd_capacity,
+        help="the account pool: AgentCore's quotas, the reserve, and every experiment's share, use and throttles",
+        description="Read the account pool the experiment shares AgentCore's quotas through (one read): the "
+        "account's quotas and where they came from, the reserve, the backoff after AgentCore's throttles, and each "
+        "experiment's weight, fair share, grant and recent use of new sessions/s, sessions in flight, throttles.",
+    )
+    capacity.add_argument("--json", action="store_true", help="print JSON")
 
     cancel = _command(
         sub,
@@ -225,6 +243,40 @@ def _add_report(sub: Any, common: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="JSON Lines of the batch's event envelopes (result-to-event latency)",
     )
+
+
+def _add_cost(sub: Any, common: argparse.ArgumentParser) -> None:
+    """`cost` and `budget show|set`: what the experiment cost and the budget it is held to."""
+    cost = _command(
+        sub,
+        common,
+        "cost",
+        commands.cmd_cost,
+        help="what the experiment and its batches cost (AgentCore sessions and the pipeline's own AWS)",
+        description="The experiment's spend (every released session's cost, exact at its confirmed stop: what the "
+        "budget is held to) and budget, then per batch: the sum its events carried, and its rollouts priced again "
+        "now from the ledger (confirmed stops exact, pending stops to now). Prices and what is measured or "
+        "estimated: docs/costs.md.",
+    )
+    cost.add_argument("--batch", metavar="ID", help="that batch only (default: the newest batches)")
+    cost.add_argument("--limit", type=int, default=20, metavar="N", help="newest batches to list (default: 20)")
+    cost.add_argument("--json", action="store_true", help="print JSON")
+
+    budget = sub.add_parser(
+        "budget",
+        help="show or set the experiment's budget (USD): dispatch pauses when it is spent",
+        description="At 80%% of the budget a `Budget Warning` event; at 100%% dispatch pauses (nothing new starts, "
+        "queued rollouts wait, rollouts in flight finish) and a `Budget Exhausted` event says what waits. Raising "
+        "the budget resumes dispatch where it stopped, within a minute.",
+    )
+    actions = budget.add_subparsers(dest="budget_command", metavar="ACTION", required=True)
+    show = actions.add_parser("show", parents=[common], help="the budget and the spend")
+    show.set_defaults(handler=commands.cmd_budget_show)
+    setting = _command(
+        actions, common, "set", commands.cmd_budget_set, help="set the budget (USD); a higher one resumes dispatch"
+    )
+    setting.add_argument("usd", type=float, help="the budget in US dollars")
+    setting.add_argument("--batch", metavar="ID", help="set that batch's own budget instead of the experiment's")
 
 
 def _add_operations(sub: Any, common: argparse.ArgumentParser) -> None:

@@ -43,7 +43,8 @@ def _experiment_options(parser: argparse.ArgumentParser) -> None:
 
 
 def register(sub: Any) -> None:
-    """Add `deploy` and `destroy` to the `rollouts` parser."""
+    """Add `bootstrap`, `deploy` and `destroy` to the `rollouts` parser."""
+    register_bootstrap(sub)
     deploy = sub.add_parser(
         "deploy",
         help="create or update an experiment's stack (validate, preflight, cdk diff, cdk deploy)",
@@ -84,6 +85,63 @@ def register(sub: Any) -> None:
         help="delete the results bucket and every result in it (default: keep it)",
     )
     destroy.set_defaults(handler=cmd_destroy)
+
+
+_BOOTSTRAP_DESCRIPTION = """\
+Create or update the account pool RolloutsPool in this account and region, once (as `cdk bootstrap` is): the table
+every experiment stack shares AgentCore's quotas through. Its settings are the account's AgentCore quotas read from
+Service Quotas by code (the documented defaults where it lists none), overridable, and the reserve left for
+everything else in the account. `rollouts deploy` creates it when it is missing.
+"""
+
+
+def register_bootstrap(sub: Any) -> None:
+    """Add `bootstrap` to the `rollouts` parser."""
+    bootstrap = sub.add_parser(
+        "bootstrap",
+        help="create or update the account pool (once per account and region)",
+        description=_BOOTSTRAP_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="example: rollouts bootstrap --region us-east-1 --reserve 0.1",
+    )
+    bootstrap.add_argument("--region", help="AWS region (default: the profile's / AWS_REGION)")
+    bootstrap.add_argument("--project-dir", type=Path, metavar="DIR", help="the rollout-pipeline checkout")
+    bootstrap.add_argument("--new-session-quota", type=float, metavar="N", help="new sessions/s (default: read)")
+    bootstrap.add_argument("--data-plane-quota", type=float, metavar="N", help="data-plane calls/s (default: read)")
+    bootstrap.add_argument("--active-session-quota", type=int, metavar="N", help="active sessions (default: read)")
+    bootstrap.add_argument(
+        "--new-session-scope",
+        choices=("account", "endpoint"),
+        help="whether the new-session quota is one pool for the account (default) or each endpoint's",
+    )
+    bootstrap.add_argument("--reserve", type=float, metavar="SHARE", help="share of each budget left unused (0.1)")
+    bootstrap.add_argument("-y", "--yes", action="store_true", help="do not ask before changing anything")
+    bootstrap.set_defaults(handler=cmd_bootstrap)
+
+
+def cmd_bootstrap(args: argparse.Namespace, out: TextIO) -> int:
+    from rollout_pipeline.ops import cdk
+    from rollout_pipeline.ops.launch import bootstrap_pool
+    from rollout_pipeline.sdk._aws import AwsClients
+
+    project = args.project_dir if args.project_dir is not None else cdk.find_project()
+    overrides = {
+        "new_session_quota": args.new_session_quota,
+        "data_plane_quota": args.data_plane_quota,
+        "active_session_quota": args.active_session_quota,
+        "new_session_scope": args.new_session_scope,
+        "capacity_reserve": args.reserve,
+    }
+    aws = AwsClients(region=args.region)
+    cli = cdk.CdkCli(Path(project))
+    if aws.region:
+        cli.env_overrides.update({"AWS_REGION": aws.region, "AWS_DEFAULT_REGION": aws.region})
+    settings = bootstrap_pool(aws, cli, overrides, out=sys.stderr, yes=args.yes)
+    print(
+        f"account pool deployed in {aws.region}: " + ", ".join(f"{k}={v}" for k, v in sorted(settings.items())),
+        file=out,
+    )
+    return EXIT_OK
 
 
 def _settings(items: list[str]) -> dict[str, str]:

@@ -198,10 +198,24 @@ def _watch(experiment: Experiment, args: argparse.Namespace, out: TextIO, log: E
                 render(False)
                 if stream.expired():
                     break
+            if progress.done:
+                _drain(stream, log)
         finally:
             render(True)
     print(progress.summary or f"batch {args.batch}: {progress.line()}", file=out)
     return EXIT_OK if progress.done else EXIT_ERROR
+
+
+def _drain(stream: Any, log: EventLog) -> None:
+    """Log the events already delivered after the batch's end (a queue keeps no order: a rollout's event can
+    arrive after the batch's), without waiting for more."""
+    for _ in range(1000):
+        delivery = stream.next_delivery(0.0)
+        if delivery is None:
+            return
+        if delivery.event is not None:
+            log.write(delivery.event)
+        stream.ack(delivery)
 
 
 def _renderer(progress: Progress) -> Callable[[bool], None]:

@@ -1,4 +1,4 @@
-"""For subscribers (trainers, the SDK, any rule on the bus): the five event details. JSON Schemas are generated
+"""For subscribers (trainers, the SDK, any rule on the bus): the seven event details. JSON Schemas are generated
 from these models into `rollout_pipeline/schemas/` (`python -m rollout_pipeline.schemas`); a test fails on drift."""
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ class DetailType(StrEnum):
     GROUP_COMPLETED = "Group Completed"
     BATCH_ACCEPTED = "Batch Accepted"
     BATCH_COMPLETED = "Batch Completed"
+    BUDGET_WARNING = "Budget Warning"
+    BUDGET_EXHAUSTED = "Budget Exhausted"
 
 
 class _Detail(BaseModel):
@@ -54,6 +56,48 @@ class Timings(BaseModel):
     )
 
 
+class RolloutCost(BaseModel):
+    """What a rollout cost, in USD (`rollout_pipeline.costs`; docs/costs.md): its AgentCore sessions' memory and
+    CPU, and the pipeline's own AWS cost per attempt. On `Rollout Completed` / `Rollout Failed` it is the estimate
+    at publication: the event goes out before the session's stop, so a session whose stop is pending is priced as
+    ending then (`session_end` "estimated"); `usd_max` is the figure if no pending stop is ever confirmed (each such
+    session ends at AgentCore's idle timeout or maximum lifetime). `rollouts cost` prints the exact figure once the
+    stops are confirmed."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    usd: float = Field(description="The total: agentcore_memory_usd + agentcore_cpu_usd + pipeline_usd")
+    agentcore_memory_usd: float = Field(description="Memory while each session lived, at the session's size")
+    agentcore_cpu_usd: float = Field(description="CPU: measured CPU seconds, or the busy-time bound")
+    pipeline_usd: float = Field(description="The pipeline's own AWS (DynamoDB, Lambda, SQS, EventBridge, S3)")
+    cpu: Literal["measured", "bounded"] = Field(
+        description="measured: the agent host reported every session's CPU seconds; bounded: busy time x vCPUs"
+    )
+    cpu_s: float = Field(description="CPU-seconds priced")
+    session_s: float = Field(description="Session-seconds priced (memory)")
+    sessions: int = Field(description="AgentCore sessions of the rollout (one per attempt that started one)")
+    session_end: Literal["stopped", "estimated", "bounded"] = Field(
+        description="stopped: every session's stop is confirmed; estimated: some stop was pending (priced as "
+        "ending at publication); bounded: some session ended at its idle timeout or maximum lifetime"
+    )
+    usd_max: float = Field(description="The figure if no pending stop is ever confirmed")
+    priced_as: str = Field(description="Which prices and session size (and whether this is a local run)")
+    local: bool = Field(default=False, description="Local mode: what the run would cost on AgentCore")
+
+
+class CostSummary(BaseModel):
+    """The sum of rollout costs (`RolloutCost.usd` and its parts) of a group or a batch, as published."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    usd: float
+    agentcore_memory_usd: float
+    agentcore_cpu_usd: float
+    pipeline_usd: float
+    rollouts: int = Field(description="Rollouts priced")
+    cpu_measured: int = Field(description="Of them, rollouts whose CPU was measured (the rest are bounded)")
+
+
 class RolloutCompleted(_Detail):
     """A rollout attempt succeeded: its result object had status_code 200 and valid rewards."""
 
@@ -69,6 +113,7 @@ class RolloutCompleted(_Detail):
     result_uri: str
     result: dict[str, Any] | None = Field(default=None, description="The result object when small enough")
     timings: Timings
+    cost: RolloutCost | None = Field(default=None, description="What the rollout cost (estimate at publication)")
 
 
 class RolloutFailed(_Detail):
@@ -85,6 +130,7 @@ class RolloutFailed(_Detail):
     batch_policy_version: str | None = Field(default=None, description="The batch's, when it differs")
     result_uri: str | None = None
     timings: Timings
+    cost: RolloutCost | None = Field(default=None, description="What the rollout cost (estimate at publication)")
 
 
 class GroupMember(BaseModel):
@@ -117,6 +163,7 @@ class GroupCompleted(_Detail):
     members: list[GroupMember] = Field(
         default_factory=list, description="Each member's terminal status, failure reason and dispatched policy version"
     )
+    cost: CostSummary | None = Field(default=None, description="The sum of its rollouts' costs, as published")
 
 
 class BatchAccepted(_Detail):
@@ -153,6 +200,7 @@ class BatchCompleted(_Detail):
     started_at: datetime | None
     completed_at: datetime
     duration_s: float | None
+    cost: CostSummary | None = Field(default=None, description="The sum of its rollouts' costs, as published")
 
     @property
     def reward_signal_warning(self) -> str | None:
@@ -168,6 +216,31 @@ class BatchCompleted(_Detail):
         )
 
 
+class BudgetWarning(_Detail):
+    """A budget is 80% spent: at 100% dispatch pauses (`Budget Exhausted`). Once per budget value. `scope`
+    "experiment": the experiment's budget (`batch_id` is ""); "batch": that batch's own."""
+
+    scope: Literal["experiment", "batch"]
+    budget_usd: float
+    spent_usd: float
+    threshold: float = Field(default=0.8, description="The share of the budget that warns")
+
+
+class BudgetExhausted(_Detail):
+    """A budget is spent: nothing new starts (queued rollouts wait: never failed, dropped or dead-lettered), the
+    rollouts in flight finish and are recorded. Raising the budget (`rollouts budget set`, `set_budget`) resumes
+    dispatch where it stopped. Once per budget value. `scope` and `batch_id` as for `BudgetWarning`."""
+
+    scope: Literal["experiment", "batch"]
+    budget_usd: float
+    spent_usd: float
+    rollouts_in_flight: int = Field(description="Sessions in flight: they finish and are recorded")
+    rollouts_waiting: int = Field(description="Rollouts that have not started and wait for the budget (about)")
+    waiting_by_batch: dict[str, int] = Field(
+        default_factory=dict, description="Per batch with rollouts not yet ended: how many have not ended"
+    )
+
+
 #: Rewards closer than this are equal (no GRPO signal between them).
 SIGNAL_EPS: Final = 1e-9
 
@@ -177,6 +250,8 @@ DETAIL_MODELS: Final[dict[DetailType, type[_Detail]]] = {
     DetailType.GROUP_COMPLETED: GroupCompleted,
     DetailType.BATCH_ACCEPTED: BatchAccepted,
     DetailType.BATCH_COMPLETED: BatchCompleted,
+    DetailType.BUDGET_WARNING: BudgetWarning,
+    DetailType.BUDGET_EXHAUSTED: BudgetExhausted,
 }
 
 

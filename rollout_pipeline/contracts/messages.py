@@ -38,6 +38,9 @@ class RolloutMessage(BaseModel):
     rollout_overrides: dict[str, Any] = Field(default_factory=dict, description="The row's own `_rollout` keys")
     limit_requeues: int = Field(default=0, ge=0, description="Times re-sent because a limit or ACR throttled")
     waiting_since: datetime | None = Field(default=None, description="First re-send because of a limit")
+    budget_held_since: datetime | None = Field(
+        default=None, description="Held because its budget is spent since then (not time waiting for limits)"
+    )
 
     @field_validator("exp_id")
     @classmethod

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from rollout_pipeline.config import RESULT_USAGE_KEY
 from rollout_pipeline.contracts.common import json_type
 
 if TYPE_CHECKING:
@@ -98,6 +99,37 @@ def parse_result(body: bytes, *, max_bytes: int | None = None) -> ResultOutcome:
         floats = [float(r) for r in rewards]
         return ResultOutcome(success=True, rewards=floats, reward=floats[-1], body=parsed)
     return ResultOutcome(success=True, rewards=float(rewards), reward=float(rewards), body=parsed)
+
+
+class ReportedUsage(BaseModel):
+    """What the agent host reported the session used, beside the result (`config.RESULT_USAGE_KEY`)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    cpu_s: float
+    peak_rss_mb: float | None = None
+    rollouts: int = 1
+
+    @property
+    def session_cpu_s(self) -> float | None:
+        """The session's CPU seconds: the process's, when the process ran this rollout only (it is the session)."""
+        return self.cpu_s if self.rollouts == 1 else None
+
+
+def reported_usage(body: Any) -> ReportedUsage | None:
+    """The host's usage report in a result object (`rollout_pipeline.agent.usage`), or None when it carries none or
+    an unusable one (not a finite, non-negative number of CPU seconds)."""
+    raw = body.get(RESULT_USAGE_KEY) if isinstance(body, dict) else None
+    if not isinstance(raw, dict):
+        return None
+    cpu: Any = raw.get("cpu_s")
+    rollouts: Any = raw.get("rollouts", 1)
+    rss: Any = raw.get("peak_rss_mb")
+    if not _valid_number(cpu) or float(cpu) < 0 or not isinstance(rollouts, int) or isinstance(rollouts, bool):
+        return None
+    return ReportedUsage(
+        cpu_s=float(cpu), peak_rss_mb=float(rss) if _valid_number(rss) else None, rollouts=max(rollouts, 0)
+    )
 
 
 class ResultRead(BaseModel):

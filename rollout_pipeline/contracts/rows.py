@@ -52,6 +52,8 @@ class FileOptions(BaseModel):
     max_attempts: int = Field(ge=1, le=10)
     sampling_params: SamplingParams = Field(default_factory=SamplingParams)
     policy_version: str | None = Field(default=None, max_length=128)
+    #: The batch's own budget (USD): its rollouts wait once its published cost reaches it (`budget set --batch`).
+    budget_usd: float | None = Field(default=None, gt=0, le=1e9)
 
     @classmethod
     def defaults(cls, config: ExperimentConfig) -> FileOptions:
@@ -101,6 +103,8 @@ class FileOptions(BaseModel):
             meta[_METADATA_KEYS["sampling_params"]] = json.dumps(sampling, separators=(",", ":"))
         if self.policy_version is not None:
             meta[_METADATA_KEYS["policy_version"]] = self.policy_version
+        if self.budget_usd is not None:
+            meta[_METADATA_KEYS["budget_usd"]] = f"{self.budget_usd:g}"
         return meta
 
 
@@ -111,6 +115,7 @@ _METADATA_KEYS: Final = {
     "max_attempts": "max-attempts",
     "sampling_params": "sampling-params",
     "policy_version": "policy-version",
+    "budget_usd": "budget-usd",
 }
 
 

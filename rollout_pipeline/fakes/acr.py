@@ -9,8 +9,9 @@ Every call is recorded with its wall-clock time, and running/stopped sessions ar
 TPS limit and the session limit.
 
 With an `AcrProfile` (`FakeAgentRuntime(profile=AcrProfile(...))`, or `AcrProfile.realistic()`) it also holds the
-pipeline to AgentCore's real behaviour (docs/aws-facts.md): a new-session quota per endpoint (token bucket, 400/min), a
-per-account new-session rate and a shared data-plane TPS (any sliding one-second window), active sessions per
+pipeline to AgentCore's real behaviour (docs/aws-facts.md): ONE new-session rate per account shared by every runtime
+and endpoint (25/s, any sliding one-second window; optionally, as before August 2026, also a quota per endpoint: a
+token bucket of `new_sessions_per_minute`) and a shared data-plane TPS, active sessions per
 account where a session counts until stopped or idle for `idle_timeout_s` (a written but unstopped session keeps
 counting), ThrottlingException / ServiceQuotaExceededException when exceeded, cold-start `RuntimeClientError`
 (424) on a share of first invokes (the session exists anyway; the same id succeeds after `cold_start_ready_s`),
@@ -42,6 +43,7 @@ from rollout_pipeline.config import is_warmup_payload
 from rollout_pipeline.ports import (
     ObjectStore,
     RuntimeColdStart,
+    RuntimeRateExceeded,
     RuntimeRejected,
     RuntimeSessionNotFound,
     RuntimeStartFailed,
@@ -109,10 +111,11 @@ class FakeCall:
 class AcrProfile:
     """AgentCore Runtime's quotas and failure modes, as the fake enforces them (defaults: docs/aws-facts.md)."""
 
-    #: New sessions per minute per endpoint (token bucket refilled continuously, one second of burst).
-    new_sessions_per_minute: float = 400.0
-    #: New sessions per second per account, over any sliding one-second window.
+    #: New sessions per second per account (every runtime and endpoint together), over any sliding one-second window.
     account_new_sessions_per_s: float = 25.0
+    #: ALSO a new-session quota per endpoint, per minute (token bucket refilled continuously, one second of burst):
+    #: how AgentCore's quota page described it before the account-wide pool. None: the account pool only.
+    new_sessions_per_minute: float | None = None
     #: Data-plane calls (invoke + stop) per second per account, over any sliding one-second window.
     data_plane_tps: float = 1000.0
     #: Active sessions per account (a session counts until stopped or idle for `idle_timeout_s`).
@@ -132,8 +135,13 @@ class AcrProfile:
     #: new-session rate, a cold start), and answers 200: what a public measurement saw (docs/aws-facts.md).
     ended_session_invoke: Literal["not_found", "restarts"] = "not_found"
     #: Share of stops that fail: ResourceNotFound while the session keeps running, Conflict or throttling (in
-    #: equal parts). A failed stop leaves the session running; the next stop of it succeeds.
+    #: equal parts). A failed stop leaves the session running; the next stop of it succeeds (after
+    #: `stop_failures_in_a_row` failures).
     stop_failure_share: float = 0.0
+    #: How many stops of a session chosen to fail fail in a row (a runaway: AgentCore refusing for minutes).
+    stop_failures_in_a_row: int = 1
+    #: What a failing stop answers (chosen at random among them).
+    stop_failure_kinds: tuple[str, ...] = ("not_found_running", "conflict", "throttled")
     #: The InvokeAgentRuntime response takes this long (uniform between the two).
     invoke_latency_s: tuple[float, float] = (0.0, 0.0)
     seed: int = 0
@@ -156,7 +164,7 @@ class _Quota:
 
     def __init__(self, profile: AcrProfile) -> None:
         self.profile = profile
-        rate = profile.new_sessions_per_minute / 60.0
+        rate = profile.new_sessions_per_minute / 60.0 if profile.new_sessions_per_minute is not None else 0.0
         self.bucket_rate = rate
         self.tokens = [max(1.0, rate)] * profile.endpoints
         self.refilled = [0.0] * profile.endpoints
@@ -176,6 +184,11 @@ class _Quota:
         return True
 
     def new_session(self, now: float, endpoint: int) -> bool:
+        if self.profile.new_sessions_per_minute is None:
+            if self._window(self.new_sessions, now) + 1 > self.profile.account_new_sessions_per_s:
+                return False
+            self.new_sessions.append(now)
+            return True
         burst = max(1.0, self.bucket_rate)
         if self.refilled[endpoint] == 0.0:
             self.refilled[endpoint] = now
@@ -229,6 +242,8 @@ class FakeAgentRuntime:
         self.last_active: dict[str, float | None] = {}
         self.cold_until: dict[str, float] = {}
         self.stop_failed_running: set[str] = set()
+        #: Failed stops so far, by session (a session fails `stop_failures_in_a_row` stops once chosen).
+        self.stop_failures: Counter[str] = Counter()
         self.reaped: set[str] = set()
         self.max_active = 0
         #: Warm-ups (`config.is_warmup_payload`): their behaviour (None: answered), how many, the sessions warmed,
@@ -329,7 +344,7 @@ class FakeAgentRuntime:
         assert self.profile is not None
         if not self._quota.data_plane_call(now):
             self.calls.append(FakeCall(now, "invoke", session_id, "throttled", endpoint, warmup))
-            raise RuntimeThrottled("ThrottlingException: data-plane rate exceeded")
+            raise RuntimeRateExceeded("ThrottlingException: data-plane rate exceeded")
         cold_until = self.cold_until.get(session_id)
         if cold_until is not None:
             if now < cold_until:
@@ -356,7 +371,7 @@ class FakeAgentRuntime:
             )
         if not self._quota.new_session(now, endpoint):
             self.calls.append(FakeCall(now, "invoke", session_id, "throttled", endpoint, warmup))
-            raise RuntimeThrottled(f"ThrottlingException: new-session rate exceeded on endpoint {endpoint}")
+            raise RuntimeRateExceeded(f"ThrottlingException: new session creation rate exceeded (endpoint {endpoint})")
         if self._rng.random() < self.profile.cold_start_share:
             # The microVM exists (it counts and must be stopped) but the agent is not up yet.
             self.calls.append(FakeCall(now, "invoke", session_id, "cold_start", endpoint, warmup))
@@ -402,14 +417,18 @@ class FakeAgentRuntime:
                 assert self._quota is not None
                 if not self._quota.data_plane_call(now):
                     self.calls.append(FakeCall(now, "stop", session_id, "throttled", endpoint))
-                    raise RuntimeThrottled("ThrottlingException: data-plane rate exceeded")
-                if (
-                    known
-                    and session_id not in self.stop_failed_running
-                    and self._rng.random() < self.profile.stop_failure_share
+                    raise RuntimeRateExceeded("ThrottlingException: data-plane rate exceeded")
+                failing = 0 < self.stop_failures[session_id] < self.profile.stop_failures_in_a_row
+                if known and (
+                    failing
+                    or (
+                        session_id not in self.stop_failed_running
+                        and self._rng.random() < self.profile.stop_failure_share
+                    )
                 ):
                     self.stop_failed_running.add(session_id)
-                    kind = self._rng.choice(("not_found_running", "conflict", "throttled"))
+                    self.stop_failures[session_id] += 1
+                    kind = self._rng.choice(self.profile.stop_failure_kinds)
                     self.calls.append(FakeCall(now, "stop", session_id, kind, endpoint))
                     if kind == "not_found_running":
                         raise RuntimeSessionNotFound(f"ResourceNotFoundException: session {session_id}")

@@ -23,7 +23,7 @@ from rollout_pipeline.contracts import (
 )
 from rollout_pipeline.ledger import keys
 from rollout_pipeline.ledger.attributes import number_text
-from rollout_pipeline.ledger.items import BatchView, GroupItem
+from rollout_pipeline.ledger.items import COST_COUNTERS, BatchView, GroupItem
 from rollout_pipeline.ledger.table import CONDITION_FAILED, LedgerError, LedgerTable, reason_codes
 
 STATUS_INGESTING: Final = "ingesting"
@@ -116,7 +116,7 @@ def _s(value: str) -> dict[str, str]:
 
 #: Counters of a batch. They live on its `COUNT#{shard}` items (`keys.COUNT_PREFIX`), with `failed_{reason}`;
 #: counts found on the batch item itself (written before the shards existed) are added too.
-COUNTERS: Final = ("terminal", "succeeded", "failed", "reward_sum", "reward_sumsq", "reward_count")
+COUNTERS: Final = ("terminal", "succeeded", "failed", "reward_sum", "reward_sumsq", "reward_count", *COST_COUNTERS)
 FAILED_PREFIX: Final = "failed_"
 
 
@@ -214,6 +214,55 @@ class BatchLedger:
                 self.table.sleep(min(1.0, 0.05 * 2**attempt))
         return found
 
+    def set_budget(self, batch_id: str, budget_usd: float) -> bool:
+        """Set a batch's own budget (USD), replacing the one it was submitted with; False for an unknown batch."""
+        return (
+            self.table.update(
+                keys.batch_key(batch_id),
+                "SET budget_usd = :b",
+                "attribute_exists(pk)",
+                {":b": budget_usd},
+            )
+            is not None
+        )
+
+    def claim_budget_event(self, batch_id: str, kind: str, budget_usd: float) -> bool:
+        """Claim the announcement of `kind` ("warned" or "exhausted") of the batch's budget `budget_usd`: True for
+        the one caller that records it first (once per batch and budget value; the batch item is in no
+        per-rollout transaction)."""
+        attribute = f"budget_{kind}_for"
+        return (
+            self.table.update(
+                keys.batch_key(batch_id),
+                f"SET {attribute} = :b",
+                f"attribute_exists(pk) AND (attribute_not_exists({attribute}) OR {attribute} <> :b)",
+                {":b": budget_usd},
+            )
+            is not None
+        )
+
+    def unclaim_budget_event(self, batch_id: str, kind: str, budget_usd: float) -> None:
+        """Give a claim back after its event could not be published."""
+        attribute = f"budget_{kind}_for"
+        self.table.update(keys.batch_key(batch_id), f"REMOVE {attribute}", f"{attribute} = :b", {":b": budget_usd})
+
+    def recent_batch_ids(self, limit: int = 20) -> list[str]:
+        """The ids of the experiment's newest batches (newest first, at most `limit`): one Query of the batch items'
+        partition of the `deadline` index (`keys.BATCHES_INDEX_PK`, sort key their creation in epoch ms; batches
+        created before it existed are not listed). Eventually consistent, as every index read."""
+        request: dict[str, Any] = {
+            "IndexName": keys.DEADLINE_INDEX,
+            "KeyConditionExpression": "#p = :p",
+            "ExpressionAttributeNames": {"#p": keys.DEADLINE_PK},
+            "ExpressionAttributeValues": {":p": _s(keys.BATCHES_INDEX_PK)},
+            "ScanIndexForward": False,
+            "Limit": max(1, min(limit, 1000)),
+        }
+        found: list[str] = []
+        for item in self.table.query(request, max_pages=1):
+            found.append(keys.batch_id_of(str(item[keys.PK]["S"])))
+        return found[:limit]
+
     def batch_ids(self) -> Iterator[str]:
         """Every batch's id: a paged Scan of the batch items, only for tearing an experiment down (the stages never
         scan the ledger)."""
@@ -300,6 +349,9 @@ class BatchLedger:
             "source": _s(source),
             "created_at": _s(self.table.now_iso()),
             keys.TTL_ATTRIBUTE: _n(self.table.expires_at()),
+            # the experiment's batches, newest first, without a scan (`recent_batch_ids`)
+            keys.DEADLINE_PK: _s(keys.BATCHES_INDEX_PK),
+            keys.DEADLINE_SK: _n(round(self.table.clock.now().timestamp() * 1000)),  # epoch ms: newest first
         }
         if options is not None:
             item["options"] = _s(options.model_dump_json())

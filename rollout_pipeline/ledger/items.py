@@ -13,11 +13,12 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Final
 
-from rollout_pipeline.contracts import FailureReason, FileOptions, parse_iso
+from rollout_pipeline.contracts import CostSummary, FailureReason, FileOptions, RolloutCost, parse_iso
+from rollout_pipeline.costs import SessionSpan
 from rollout_pipeline.ids import AttemptRef
 from rollout_pipeline.ledger.attributes import item_values
 
@@ -42,6 +43,91 @@ class RolloutState(StrEnum):
 
 TERMINAL_STATES: Final = frozenset({RolloutState.SUCCEEDED, RolloutState.FAILED})
 
+#: Attempts whose session facts a rollout item can hold (`config.ExperimentConfig.max_attempts` is at most 10).
+MAX_SPAN_ATTEMPTS: Final = 10
+#: The parts of one attempt's session facts on the rollout item (`span_attribute`). The current attempt's start,
+#: deadline and end are its `dispatched_at`, `deadline` and `finished_at` (its session idle from then on when it wrote
+#: a result: `result_uri`); an earlier attempt's are copied when it ends (`start` S ISO, `due` N epoch s, `end` N
+#: epoch ms). Every attempt may have `cpu` (N: measured CPU seconds), `stop` or `closed` (N, epoch ms: its confirmed
+#: stop, or its release without one) and `none` (BOOL: its invoke was refused, no session ran). Small on purpose:
+#: the rollout item stays under 1 KB, so each write to it costs one write unit, not two.
+SPAN_PARTS: Final = ("start", "due", "end", "cpu", "stop", "closed", "none")
+
+#: Cost sums ADDed by each terminal transaction, on the group item and the batch's counter shard.
+COST_COUNTERS: Final = (
+    "cost_usd",
+    "cost_memory_usd",
+    "cost_cpu_usd",
+    "cost_pipeline_usd",
+    "cost_rollouts",
+    "cost_cpu_measured",
+)
+
+
+def span_attribute(attempt: int, part: str) -> str:
+    """The rollout item's attribute holding `part` of attempt `attempt`'s session (e.g. `s2_start`)."""
+    return f"s{attempt}_{part}"
+
+
+def epoch_ms(moment: datetime) -> int:
+    """A time as the ledger stores session facts: epoch milliseconds."""
+    return round(moment.timestamp() * 1000)
+
+
+def from_epoch_ms(value: Any) -> datetime:
+    return datetime.fromtimestamp(int(value) / 1000, UTC)
+
+
+def to_the_ms(moment: datetime) -> datetime:
+    """`moment` as it reads back from the ledger's epoch milliseconds (so a figure priced with it is reproducible)."""
+    return from_epoch_ms(epoch_ms(moment))
+
+
+def cost_summary(item: Mapping[str, Any]) -> CostSummary | None:
+    """The cost sums of a group item or a batch view (None before any rollout was priced)."""
+    rollouts = _int(item, "cost_rollouts")
+    if rollouts <= 0:
+        return None
+    return CostSummary(
+        usd=_float(item, "cost_usd"),
+        agentcore_memory_usd=_float(item, "cost_memory_usd"),
+        agentcore_cpu_usd=_float(item, "cost_cpu_usd"),
+        pipeline_usd=_float(item, "cost_pipeline_usd"),
+        rollouts=rollouts,
+        cpu_measured=_int(item, "cost_cpu_measured"),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class SpanFacts:
+    """What a rollout item stores of one attempt's session (`SPAN_PARTS`)."""
+
+    start: datetime | None = None
+    due: datetime | None = None
+    end: datetime | None = None
+    cpu_s: float | None = None
+    stop: datetime | None = None
+    closed: datetime | None = None
+    none: bool = False
+
+
+def _span_facts(item: Mapping[str, Any]) -> dict[int, SpanFacts]:
+    facts: dict[int, SpanFacts] = {}
+    for attempt in range(1, MAX_SPAN_ATTEMPTS + 1):
+        found = {part: item.get(span_attribute(attempt, part)) for part in SPAN_PARTS}
+        if all(value is None for value in found.values()):
+            continue
+        facts[attempt] = SpanFacts(
+            start=parse_iso(found["start"]),
+            due=None if found["due"] is None else datetime.fromtimestamp(int(found["due"]), UTC),
+            end=None if found["end"] is None else from_epoch_ms(found["end"]),
+            cpu_s=None if found["cpu"] is None else float(found["cpu"]),
+            stop=None if found["stop"] is None else from_epoch_ms(found["stop"]),
+            closed=None if found["closed"] is None else from_epoch_ms(found["closed"]),
+            none=bool(found["none"]),
+        )
+    return facts
+
 
 def _int(item: Mapping[str, Any], name: str) -> int:
     value = item.get(name)
@@ -51,6 +137,11 @@ def _int(item: Mapping[str, Any], name: str) -> int:
 def _float(item: Mapping[str, Any], name: str) -> float:
     value = item.get(name)
     return float(value) if value is not None else 0.0
+
+
+def _optional_float(item: Mapping[str, Any], name: str) -> float | None:
+    value = item.get(name)
+    return None if value is None else float(value)
 
 
 def _text(item: Mapping[str, Any], name: str) -> str | None:
@@ -100,6 +191,21 @@ class BatchView:
     reward_sumsq: float = 0.0
     reward_count: int = 0
     completed_event_by: str | None = None
+    #: The sum of its terminal rollouts' costs as published (None before the first).
+    cost: CostSummary | None = None
+    #: The batch's budget set after submission (`BatchLedger.set_budget`; it replaces the submitted one).
+    budget_set_usd: float | None = None
+    #: The batch budget values whose warning and exhaustion were announced.
+    budget_warned_for: float | None = None
+    budget_exhausted_for: float | None = None
+
+    @property
+    def budget_usd(self) -> float | None:
+        """The batch's own budget: the one set later, else the one it was submitted with (None: only the
+        experiment's applies)."""
+        if self.budget_set_usd is not None:
+            return self.budget_set_usd
+        return self.options.budget_usd if self.options is not None else None
 
     @property
     def complete(self) -> bool:
@@ -151,6 +257,10 @@ class BatchView:
             reward_sumsq=_float(item, "reward_sumsq"),
             reward_count=_int(item, "reward_count"),
             completed_event_by=_text(item, "completed_event_by"),
+            cost=cost_summary(item),
+            budget_set_usd=_optional_float(item, "budget_usd"),
+            budget_warned_for=_optional_float(item, "budget_warned_for"),
+            budget_exhausted_for=_optional_float(item, "budget_exhausted_for"),
         )
 
 
@@ -172,6 +282,8 @@ class GroupItem:
     failures: Mapping[int, FailureReason] = field(default_factory=dict)
     created_at: datetime | None = None
     completed_event_by: str | None = None
+    #: The sum of its terminal rollouts' costs as published (None before the first).
+    cost: CostSummary | None = None
 
     @property
     def complete(self) -> bool:
@@ -197,6 +309,7 @@ class GroupItem:
             failures={int(k): FailureReason(str(v)) for k, v in (item.get("failures") or {}).items()},
             created_at=parse_iso(item.get("created_at")),
             completed_event_by=_text(item, "completed_event_by"),
+            cost=cost_summary(item),
         )
 
 
@@ -268,6 +381,47 @@ class RolloutRecord:
     #: The item as read (plain values), which a write's `rollouts._ItemChange` turns into the item it leaves; empty
     #: for a record made otherwise.
     stored: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    #: What the item stores of each attempt's session (`SPAN_PARTS`), by attempt.
+    span_facts: Mapping[int, SpanFacts] = field(default_factory=dict)
+    #: When the terminal transition priced the rollout (`details.recorded_cost` prices it again as of then: the
+    #: figure its event carries and its group and batch sums hold).
+    cost_at: datetime | None = None
+    #: Sessions found alive past their attempt's deadline plus `session_grace_s` (counted once each).
+    overdue: frozenset[str] = field(default_factory=frozenset)
+
+    @property
+    def spans(self) -> tuple[SessionSpan, ...]:
+        """Every attempt's AgentCore session as far as the ledger knows it, by attempt: earlier attempts' from their
+        copied facts, the current one's from `dispatched_at`, `deadline`, `finished_at` and `result_uri`."""
+        spans = [
+            SessionSpan(n, f.start, f.end, False, f.cpu_s, f.stop, f.closed, f.due)
+            for n, f in sorted(self.span_facts.items())
+            if n != self.attempt and f.start is not None and not f.none
+        ]
+        current = self._current_span()
+        return (*spans, current) if current is not None else tuple(spans)
+
+    def _current_span(self) -> SessionSpan | None:
+        facts = self.span_facts.get(self.attempt, SpanFacts())
+        if self.dispatched_at is None or facts.none:  # not dispatched, or its invoke was refused
+            return None
+        started = self.dispatched_at
+        if self.session_warmed_at is not None:  # a warm session: it lived (and was billed) from its warm start
+            started = min(started, datetime.fromtimestamp(self.session_warmed_at, UTC))
+        return SessionSpan(
+            attempt=self.attempt,
+            started_at=started,
+            ended_at=self.finished_at if self.terminal else None,
+            idle=self.terminal and self.result_uri is not None,
+            cpu_s=facts.cpu_s,
+            stopped_at=facts.stop,
+            closed_at=facts.closed,
+            due_at=None if self.deadline is None else datetime.fromtimestamp(int(self.deadline), UTC),
+        )
+
+    def span(self, attempt: int) -> SessionSpan | None:
+        """The session of `attempt`, if it was started."""
+        return next((s for s in self.spans if s.attempt == attempt), None)
 
     @property
     def terminal(self) -> bool:
@@ -316,6 +470,9 @@ class RolloutRecord:
             stop_tries=int(item.get("stop_tries") or 0),
             stop_not_found=frozenset(item.get("stop_not_found") or ()),
             session_warmed_at=None if item.get("session_warmed_at") is None else float(item["session_warmed_at"]),
+            span_facts=_span_facts(item),
+            cost_at=None if item.get("cost_at") is None else from_epoch_ms(item["cost_at"]),
+            overdue=frozenset(item.get("overdue_sessions") or ()),
             stored=dict(item),
         )
 
@@ -332,6 +489,15 @@ class Terminal:
     rewards: float | list[float] | None = None
     result_uri: str | None = None
     result_size: int | None = None
+    #: What the rollout cost (`costs.price_rollout` at `cost_at`, to the millisecond), summed with the transition;
+    #: the item keeps `cost_at` only (`details.recorded_cost` prices it again, identically).
+    cost: RolloutCost | None = None
+    cost_at: datetime | None = None
+    #: The ended attempt's session: the agent had finished (wrote its result); its CPU seconds as measured.
+    idle: bool = False
+    cpu_s: float | None = None
+    #: False when the ended attempt never started a session (its invoke was refused): its span is removed.
+    session_started: bool = True
 
     def attributes(self) -> dict[str, object]:
         """The outcome's optional attributes, as the rollout item stores them (None: not stored)."""
@@ -342,6 +508,7 @@ class Terminal:
             "rewards_json": None if self.rewards is None else json.dumps(self.rewards),
             "result_uri": self.result_uri,
             "result_size": self.result_size,
+            "cost_at": None if self.cost_at is None else epoch_ms(self.cost_at),
         }
 
 

@@ -42,14 +42,20 @@ LAYOUT_SK: Final = "LAYOUT"
 #: stamps the new value before its functions are updated, the functions refuse another one, and the deploy refuses
 #: the change while work is in flight (`rollout_pipeline.ops.upgrade`).
 #: 1: every ledger before the stamp (a single `SESSIONS` counter, later 16 then 32 `SESSIONS#` shards, results
-#: without attempt tokens). 2: 32 `SESSIONS#` shards, attempt tokens, the stamp itself.
-LAYOUT_VERSION: Final = 2
+#: without attempt tokens). 2: 32 `SESSIONS#` shards, attempt tokens, the stamp itself. 3: the call budgets leased
+#: from the account pool (`PACE#session` for the account's new-session rate, the lease's fields on `PACE#tps` and
+#: `PACE#session`; `PACE#session#i` only in the per-endpoint scope): layout-2 functions would pace by their own
+#: limits beside them and over-admit the account.
+LAYOUT_VERSION: Final = 3
 #: What a ledger without a stamp is taken for.
 UNSTAMPED_LAYOUT: Final = 1
 #: The experiment's current policy version (set by the trainer; stamped on each rollout at dispatch).
 POLICY_SK: Final = "POLICY"
+#: The experiment's budget (`LimitLedger.budget`); its spend lives on the session-slot counters.
+BUDGET_SK: Final = "BUDGET"
 TPS_PREFIX: Final = "TPS#"
-#: WAIT#{process}: the admission board, one item per dispatcher process with waiters (`lifecycle.limits.SlotGate`).
+#: WAIT#{process}: the admission board, one item per dispatcher process with waiters
+#: (`lifecycle.limits.admission.SlotGate`).
 WAIT_PREFIX: Final = "WAIT#"
 
 DEADLINE_INDEX: Final = "deadline"
@@ -60,6 +66,8 @@ OUTBOX_PK: Final = "gsi_outbox_pk"
 OUTBOX_SK: Final = "gsi_outbox_sk"
 #: Shards of each sparse GSI partition key, so no single index partition gets every write.
 INDEX_SHARDS: Final = 4
+#: The `deadline` index's partition that lists the experiment's batch items (sort key: created, epoch ms).
+BATCHES_INDEX_PK: Final = "BAT"
 
 
 #: A batch's partition key is this prefix and its id.
@@ -145,12 +153,16 @@ def policy_key() -> dict[str, dict[str, str]]:
     return {PK: {"S": LIMIT_PK}, SK: {"S": POLICY_SK}}
 
 
+def budget_key() -> dict[str, dict[str, str]]:
+    return {PK: {"S": LIMIT_PK}, SK: {"S": BUDGET_SK}}
+
+
 def tps_key(epoch_second: int) -> dict[str, dict[str, str]]:
     return {PK: {"S": LIMIT_PK}, SK: {"S": f"{TPS_PREFIX}{epoch_second}"}}
 
 
 def pace_key(budget: str) -> dict[str, dict[str, str]]:
-    """The schedule item of one call budget (`lifecycle.limits.Pacer`): `tps`, `session#0`, `session#1`, ..."""
+    """The schedule item of one call budget (`lifecycle.limits.pacing.Pacer`): `tps`, `session#0`, `session#1`, ..."""
     return {PK: {"S": LIMIT_PK}, SK: {"S": f"PACE#{budget}"}}
 
 

@@ -8,11 +8,61 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any, Final
 
 from rollout_pipeline.ledger import keys
-from rollout_pipeline.ledger.attributes import from_attribute_value, plain_values
+from rollout_pipeline.ledger.attributes import from_attribute_value, item_values, plain_values
 from rollout_pipeline.ledger.table import LedgerError, LedgerTable
+
+#: A paced budget's schedule item lives this long after its last write (TTL).
+PACE_TTL_S: Final = 3600
+
+
+@dataclass(frozen=True)
+class PaceView:
+    """One paced budget's schedule item: `tat` (the earliest start of its next call, epoch us; 0: never used), and
+    for a budget leased from the account pool its spacing `interval_us`, `lease_until_us` (no start may be booked
+    after it) and the pool version that set them; `booked` counts the starts ever reserved, `last_start_us` is the
+    latest one."""
+
+    tat_us: int = 0
+    last_start_us: int = 0
+    interval_us: int = 0
+    lease_until_us: int = 0
+    lease_version: int = 0
+    booked: int = 0
+    #: The active sessions granted with the lease (the data-plane schedule carries it), 0 when none was.
+    active: int = 0
+
+    @classmethod
+    def of(cls, item: Mapping[str, Any] | None) -> PaceView:
+        item = item or {}
+        return cls(
+            tat_us=int(item.get("tat") or 0),
+            last_start_us=int(item.get("last_start") or 0),
+            interval_us=int(item.get("interval_us") or 0),
+            lease_until_us=int(item.get("lease_until") or 0),
+            lease_version=int(item.get("lease_version") or 0),
+            booked=int(item.get("n") or 0),
+            active=int(item.get("active") or 0),
+        )
+
+
+@dataclass(frozen=True)
+class LeasedSlot:
+    """A reservation on a leased schedule: the start (epoch us; None: none in the window asked, or no lease) and the
+    schedule as it is now."""
+
+    slot_us: int | None
+    pace: PaceView
+
+    def lacks_lease(self, not_before_us: int) -> bool:
+        """No slot because no lease covers the next start at or after `not_before_us` (renew it and try again),
+        rather than because the schedule is booked beyond the window asked for."""
+        pace = self.pace
+        return self.slot_us is None and (not pace.interval_us or pace.lease_until_us < max(not_before_us, pace.tat_us))
 
 
 class LayoutMismatch(LedgerError):
@@ -40,6 +90,24 @@ def free_shard(holder: str) -> int:
     return zlib.crc32(holder.encode()) % keys.SESSION_SHARDS
 
 
+@dataclass(frozen=True, slots=True)
+class BudgetState:
+    """The experiment's budget item: the budget set at run time (None: the deployed `budget_usd` holds), and the
+    budget values whose 80% warning and exhaustion were announced."""
+
+    budget_usd: float | None = None
+    warned_for: float | None = None
+    exhausted_for: float | None = None
+
+    @classmethod
+    def of(cls, item: Mapping[str, Any]) -> BudgetState:
+        def number(name: str) -> float | None:
+            value = item.get(name)
+            return None if value is None else float(value)
+
+        return cls(number("budget_usd"), number("warned_for"), number("exhausted_for"))
+
+
 class LimitLedger:
     """Reads and conditional writes of the `LIMIT` partition, through the table's gateway."""
 
@@ -64,12 +132,72 @@ class LimitLedger:
             )
         }
 
-    def free_slot(self, holder: str, count: int = 1) -> dict[str, Any]:
+    def free_slot(self, holder: str, count: int = 1, *, spent_usd: float = 0.0) -> dict[str, Any]:
         """A transaction item that gives `count` session slots back, on the counter `free_shard(holder)` (`holder`:
         any text naming the slot's holder, e.g. its session id). A slot may be given back on any counter: a
-        counter then below zero only lets more takes through up to its cap, so the sum stays exact and bounded."""
+        counter then below zero only lets more takes through up to its cap, so the sum stays exact and bounded.
+
+        `spent_usd`: the session's cost, ADDed to the experiment's spend on the same counter item (`spent_usd`):
+        the spend lives on the 32 slot counters, written by the release every session makes anyway, and is summed
+        by the same Query that sums the slots (`slots_and_spend`): no item of its own, no write of its own."""
         key = keys.session_shard_key(free_shard(holder))
+        if spent_usd > 0:
+            return {
+                "Update": self.table.update_op(
+                    key, "ADD in_flight :d, spent_usd :usd", None, {":d": -count, ":usd": round(spent_usd, 10)}
+                )
+            }
         return {"Update": self.table.update_op(key, "ADD in_flight :d", None, {":d": -count})}
+
+    def slots_and_spend(self) -> tuple[int, float]:
+        """Sessions holding a slot and the experiment's spend so far (USD: every released session's cost), summed
+        over the slot counters in one strongly consistent Query."""
+        request: dict[str, Any] = {
+            "KeyConditionExpression": "pk = :pk AND begins_with(sk, :prefix)",
+            "ExpressionAttributeValues": plain_values({":pk": keys.LIMIT_PK, ":prefix": keys.SESSIONS_SHARD_PREFIX}),
+            "ConsistentRead": True,
+        }
+        counts = [0] * keys.SESSION_SHARDS
+        spent = Decimal(0)
+        for raw in self.table.query(request, max_pages=2):
+            _count_slot(counts, raw)
+            if "spent_usd" in raw:
+                spent += Decimal(str(from_attribute_value(raw["spent_usd"])))
+        return sum(counts), float(spent)
+
+    def budget(self) -> BudgetState:
+        """The experiment's budget item (`keys.budget_key`): the budget set at run time, and which budget values
+        the warning and the exhaustion were announced for (strongly consistent)."""
+        item = self._get(keys.budget_key()) or {}
+        return BudgetState.of(item)
+
+    def set_budget(self, budget_usd: float, now_iso: str) -> None:
+        """Set the experiment's budget (USD) from now on (it replaces the deployed `budget_usd`)."""
+        self.table.ddb.update_item(
+            TableName=self.table.name,
+            Key=keys.budget_key(),
+            UpdateExpression="SET budget_usd = :b, updated_at = :now",
+            ExpressionAttributeValues=plain_values({":b": budget_usd, ":now": now_iso}),
+        )
+
+    def claim_budget_event(self, kind: str, budget_usd: float) -> bool:
+        """Claim the announcement of `kind` ("warned" or "exhausted") for budget `budget_usd`: True for the one
+        caller that records it first (a conditional write), so each is announced once per budget value."""
+        attribute = f"{kind}_for"
+        return (
+            self.table.update(
+                keys.budget_key(),
+                f"SET {attribute} = :b",
+                f"attribute_not_exists({attribute}) OR {attribute} <> :b",
+                {":b": budget_usd},
+            )
+            is not None
+        )
+
+    def unclaim_budget_event(self, kind: str, budget_usd: float) -> None:
+        """Give a claim back after its event could not be published (the next check claims it again)."""
+        attribute = f"{kind}_for"
+        self.table.update(keys.budget_key(), f"REMOVE {attribute}", f"{attribute} = :b", {":b": budget_usd})
 
     def slot_counts(self) -> list[int]:
         """Every session-slot counter's value, by shard (one strongly consistent Query)."""
@@ -158,10 +286,104 @@ class LimitLedger:
                 return None, tat
         raise LedgerError(f"pace budget {budget} kept changing under us")
 
+    def reserve_leased(
+        self, budget: str, *, not_before_us: int, latest_us: int, busy_first: bool = False
+    ) -> LeasedSlot:
+        """`reserve_pace` on a schedule leased from the account pool (`set_pace_lease`): the spacing is the item's
+        own `interval_us`, and no start is booked after its `lease_until`, both checked by the conditional write
+        itself, so every process books at the rate the pool granted and none past the lease. Returns the slot, or
+        None with the schedule (`LeasedSlot.lacks_lease` when the lease, not the window, is what is missing)."""
+        key = keys.pace_key(budget)
+        expires = not_before_us // 1_000_000 + PACE_TTL_S
+
+        def take_free() -> LeasedSlot | None:
+            free = self.table.update(
+                key,
+                "SET last_start = :nb, tat = :nb + interval_us, expires_at = :exp ADD n :one",
+                "(attribute_not_exists(tat) OR tat <= :nb) AND lease_until >= :nb",
+                {":nb": not_before_us, ":exp": expires, ":one": 1},
+                return_values="ALL_NEW",
+            )
+            return None if free is None else LeasedSlot(not_before_us, PaceView.of(item_values(free)))
+
+        def take_next() -> LeasedSlot | None:
+            busy = self.table.update(
+                key,
+                "SET last_start = tat, tat = tat + interval_us, expires_at = :exp ADD n :one",
+                "tat > :nb AND tat <= :latest AND lease_until >= tat",
+                {":nb": not_before_us, ":latest": latest_us, ":exp": expires, ":one": 1},
+                return_values="ALL_NEW",
+            )
+            if busy is None:
+                return None
+            pace = PaceView.of(item_values(busy))
+            return LeasedSlot(pace.tat_us - pace.interval_us, pace)
+
+        attempts = (take_next, take_free) if busy_first else (take_free, take_next)
+        for _ in range(6):
+            for attempt in attempts:
+                reserved = attempt()
+                if reserved is not None:
+                    return reserved
+            pace = self.pace(budget)
+            if pace.tat_us > latest_us or pace.lease_until_us < max(not_before_us, pace.tat_us) or not pace.interval_us:
+                return LeasedSlot(None, pace)
+        raise LedgerError(f"pace budget {budget} kept changing under us")
+
+    def pace(self, budget: str) -> PaceView:
+        """A paced budget's schedule item (strongly consistent)."""
+        return PaceView.of(self._get(keys.pace_key(budget)))
+
+    def paces(self, budgets: Sequence[str]) -> dict[str, PaceView]:
+        """Several paced budgets' schedule items in one strongly consistent BatchGetItem."""
+        wanted = {str(keys.pace_key(budget)[keys.SK]["S"]): budget for budget in budgets}
+        resp = self.table.ddb.batch_get_item(
+            RequestItems={
+                self.table.name: {"Keys": [keys.pace_key(budget) for budget in budgets], "ConsistentRead": True}
+            }
+        )
+        out = {budget: PaceView() for budget in budgets}
+        for raw in (resp.get("Responses") or {}).get(self.table.name, []):
+            item = item_values(raw)
+            out[wanted[str(item["sk"])]] = PaceView.of(item)
+        return out
+
+    def set_pace_lease(
+        self,
+        budget: str,
+        *,
+        interval_us: int,
+        lease_until_us: int,
+        version: int,
+        booked_until_us: int,
+        active: int | None = None,
+    ) -> bool:
+        """Give a paced budget the spacing and lease the pool granted at `version`: only if no later grant was
+        written (`lease_version`) and no start was booked after `booked_until_us` (the pool counted the old grant
+        until then). False when the schedule was booked further: read it again and redo the grant."""
+        return (
+            self.table.update(
+                keys.pace_key(budget),
+                "SET interval_us = :iv, lease_until = :lu, lease_version = :v, expires_at = :exp"
+                + ("" if active is None else ", active = :active"),
+                "(attribute_not_exists(lease_version) OR lease_version < :v) "
+                "AND (attribute_not_exists(last_start) OR last_start <= :booked)",
+                {
+                    ":iv": max(1, interval_us),
+                    ":lu": lease_until_us,
+                    ":v": version,
+                    ":booked": booked_until_us,
+                    ":exp": lease_until_us // 1_000_000 + PACE_TTL_S,
+                    **({} if active is None else {":active": active}),
+                },
+            )
+            is not None
+        )
+
     def pace_tat(self, budget: str) -> int:
         """A paced budget's schedule (`tat`, epoch microseconds: the earliest time its next call may start); 0 when
         it was never used. Strongly consistent."""
-        return int((self._get(keys.pace_key(budget)) or {}).get("tat") or 0)
+        return self.pace(budget).tat_us
 
     def put_waiting(self, process: str, waiting: Sequence[str], *, now_us: int) -> None:
         """Publish one dispatcher process's waiting admission keys on the admission board, stamped `now_us`."""

@@ -11,11 +11,12 @@ from __future__ import annotations
 import secrets
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from enum import StrEnum
 from typing import Any, Final
 
 from rollout_pipeline.contracts import iso
-from rollout_pipeline.ids import AttemptRef
+from rollout_pipeline.ids import AttemptRef, session_attempt
 from rollout_pipeline.ledger import keys, table
 from rollout_pipeline.ledger.attributes import plain_values
 from rollout_pipeline.ledger.items import (
@@ -23,6 +24,8 @@ from rollout_pipeline.ledger.items import (
     RolloutState,
     RolloutSummary,
     Terminal,
+    epoch_ms,
+    span_attribute,
 )
 from rollout_pipeline.ledger.limits import LimitLedger
 from rollout_pipeline.ledger.retry import TRANSACTION_CONFLICT_ATTEMPTS
@@ -97,6 +100,22 @@ class _ItemChange:
         for name, members in self.adds.items():
             after[name] = set(after.get(name) or ()) | set(members)
         return after
+
+
+def _cost_adds(outcome: Terminal) -> dict[str, float]:
+    """The cost sums a terminal transition ADDs to its group item and its batch's counter shard
+    (`items.COST_COUNTERS`); none without a cost."""
+    cost = outcome.cost
+    if cost is None:
+        return {}
+    return {
+        "cost_usd": cost.usd,
+        "cost_memory_usd": cost.agentcore_memory_usd,
+        "cost_cpu_usd": cost.agentcore_cpu_usd,
+        "cost_pipeline_usd": cost.pipeline_usd,
+        "cost_rollouts": 1,
+        "cost_cpu_measured": 1 if cost.cpu == "measured" else 0,
+    }
 
 
 class DispatchStart(StrEnum):
@@ -490,6 +509,11 @@ class RolloutLedger:
         if from_state is None:
             optional |= {"session_id": session_id, "policy_version": policy_version}
         sets |= {attribute: value for attribute, value in optional.items() if value is not None}
+        if from_state == DISPATCHED:  # the ended attempt's session: its end is `finished_at`; its CPU, or no session
+            if not outcome.session_started:
+                sets[span_attribute(ref.attempt, "none")] = True
+            elif outcome.cpu_s is not None:
+                sets[span_attribute(ref.attempt, "cpu")] = outcome.cpu_s
         # ADD, not SET: side effects still pending from an earlier transition (a throttled stop of the previous
         # attempt's session) are kept, not overwritten.
         adds = {"outbox": frozenset(outbox | {OUTBOX_PUBLISH} | ({OUTBOX_STOP} if hold else set()))}
@@ -501,12 +525,16 @@ class RolloutLedger:
     def _group_outcome(self, ref: AttemptRef, outcome: Terminal) -> dict[str, Any]:
         """The group item's part of `finish`: one more terminal rollout, its reward or failure reason by index."""
         succeeded = outcome.state == SUCCEEDED
+        costs = _cost_adds(outcome)
+        cost_names = {f"#c{i}": name for i, name in enumerate(costs)}
+        cost_values = {f":c{i}": value for i, value in enumerate(costs.values())}
+        add_costs = "".join(f", #c{i} :c{i}" for i in range(len(costs)))
         return self.table.update_op(
             keys.group_key(ref.batch_id, ref.input_id),
-            f"ADD terminal :one SET {'rewards' if succeeded else 'failures'}.#i = :v",
+            f"ADD terminal :one{add_costs} SET {'rewards' if succeeded else 'failures'}.#i = :v",
             "attribute_exists(pk)",
-            {":one": 1, ":v": outcome.reward if succeeded else outcome.reason},
-            {"#i": str(ref.index)},
+            {":one": 1, ":v": outcome.reward if succeeded else outcome.reason, **cost_values},
+            {"#i": str(ref.index), **cost_names},
         )
 
     def _batch_counts(self, ref: AttemptRef, outcome: Terminal) -> dict[str, Any]:
@@ -518,6 +546,7 @@ class RolloutLedger:
             adds[f"failed_{outcome.reason}"] = 1
         if succeeded and outcome.reward is not None:
             adds |= {"reward_sum": outcome.reward, "reward_sumsq": outcome.reward * outcome.reward, "reward_count": 1}
+        adds |= _cost_adds(outcome)
         names = {f"#a{i}": name for i, name in enumerate(adds)} | {"#ttl": keys.TTL_ATTRIBUTE}
         values: dict[str, Any] = {f":a{i}": value for i, value in enumerate(adds.values())}
         values[":ttl"] = self.table.expires_at()
@@ -560,10 +589,21 @@ class RolloutLedger:
             adds += ", held_slots :prev"
             held = ", held_until = :held_until"
             values[":held_until"] = hold_slot_until
+        # The ended attempt's session facts, copied before its dispatch time and deadline go (`items.SPAN_PARTS`).
+        span = ""
+        span_names: dict[str, str] = {}
+        if rec.dispatched_at is not None:
+            span = ", #sstart = :sstart, #sdue = :sdue, #send = :ended"
+            values |= {
+                ":sstart": iso(rec.dispatched_at),
+                ":sdue": rec.deadline or 0,
+                ":ended": epoch_ms(self.table.clock.now()),
+            }
+            span_names = {f"#s{part}": span_attribute(rec.attempt, part) for part in ("start", "due", "end")}
         update = self.table.update_op(
             keys.rollout_key(rec.batch_id, rec.input_id, rec.index),
             "SET #st = :queued, attempt = :next, session_id = :sid, "
-            f"#obpk = :obpk, #obsk = :obsk, outbox_id = :obid, outbox_lease = :oblease{held} "
+            f"#obpk = :obpk, #obsk = :obsk, outbox_id = :obid, outbox_lease = :oblease{held}{span} "
             f"ADD {adds} REMOVE dispatched_at, invoked_at, deadline, #dlpk, #dlsk",
             "#st = :dispatched AND attempt = :attempt",
             values,
@@ -573,6 +613,7 @@ class RolloutLedger:
                 "#dlsk": keys.DEADLINE_SK,
                 "#obpk": keys.OUTBOX_PK,
                 "#obsk": keys.OUTBOX_SK,
+                **span_names,
             },
         )
         if hold:
@@ -581,33 +622,73 @@ class RolloutLedger:
 
     # ------------------------------------------------------------------------------------ stops and held slots
 
-    def free_stopped(self, rec: RolloutRecord, session_id: str, *, clear_entry: bool = False) -> bool:
-        """A session's stop is confirmed (or AgentCore has reaped it): forget it and, if it still held a slot,
-        free the slot, atomically and once. False if someone else did it first.
+    def free_stopped(
+        self,
+        rec: RolloutRecord,
+        session_id: str,
+        *,
+        clear_entry: bool = False,
+        confirmed: bool = True,
+        spent_usd: float = 0.0,
+        at: datetime | None = None,
+    ) -> bool:
+        """A session's stop is confirmed (`confirmed`), or the pipeline stops waiting for one (AgentCore has ended it
+        by now): forget it, record when (`at`, default now: its attempt's `stop` or `closed` time) and, if it still
+        held a slot, free the slot with `spent_usd` (the session's cost, `costs.price_span`) ADDed to the
+        experiment's spend on the same counter, atomically and once. False if someone else did it first.
 
         `clear_entry`: this was the entry's last pending action (the caller holds the entry and has done the
         others): the same write also removes the entry (`clear_outbox`), conditional on `outbox_id`. If the entry
         has moved on meanwhile (a later transition set a new one) or the slot was freed already, the session is
         forgotten, its slot freed and the entry cleared as by separate writes (the newer entry stays)."""
-        if clear_entry and rec.outbox_id is not None and self._free_and_clear(rec, session_id):
+        ended_names, ended_values = self._session_end(session_id, confirmed, at)
+        if (
+            clear_entry
+            and rec.outbox_id is not None
+            and self._free_and_clear(rec, session_id, spent_usd, confirmed=confirmed, at=at)
+        ):
             return True
         key = keys.rollout_key(rec.batch_id, rec.input_id, rec.index)
+        ended = "SET #send = :send " if ended_names else ""
+        values = {":s": {session_id}, **ended_values}
         if session_id not in rec.held_slots:
-            self.table.update(key, "DELETE stop_sessions :s, stop_not_found :s", None, {":s": {session_id}})
+            self.table.update(
+                key, ended + "DELETE stop_sessions :s, stop_not_found :s", None, values, ended_names or None
+            )
             freed = True
         else:
             update = self.table.update_op(
                 key,
-                "DELETE held_slots :s, stop_sessions :s, stop_not_found :s",
+                ended + "DELETE held_slots :s, stop_sessions :s, stop_not_found :s",
                 "contains(held_slots, :sid)",
-                {":s": {session_id}, ":sid": session_id},
+                {**values, ":sid": session_id},
+                ended_names or None,
             )
-            freed = self._transact([{"Update": update}, self.limits.free_slot(session_id)]) is None
+            freed = self._transact([{"Update": update}, self.limits.free_slot(session_id, spent_usd=spent_usd)]) is None
         if clear_entry:  # the combined write's condition failed: clear the entry if it is still the one read
             self.clear_outbox(rec)
         return freed
 
-    def _free_and_clear(self, rec: RolloutRecord, session_id: str) -> bool:
+    def _session_end(
+        self, session_id: str, confirmed: bool, at: datetime | None = None
+    ) -> tuple[dict[str, str], dict[str, Any]]:
+        """The expression names and values that record when (`at`, default now) `session_id`'s session ended (its
+        attempt's `stop` when confirmed, else `closed`, epoch ms); none for a session id that names no attempt."""
+        attempt = session_attempt(session_id)
+        if attempt is None:
+            return {}, {}
+        part = "stop" if confirmed else "closed"
+        return {"#send": span_attribute(attempt, part)}, {":send": epoch_ms(at or self.table.clock.now())}
+
+    def _free_and_clear(
+        self,
+        rec: RolloutRecord,
+        session_id: str,
+        spent_usd: float = 0.0,
+        *,
+        confirmed: bool = True,
+        at: datetime | None = None,
+    ) -> bool:
         """`free_stopped` and `clear_outbox` in one write: False (nothing written) when the entry is not the
         one read or, with a held slot, the slot is no longer held."""
         key = keys.rollout_key(rec.batch_id, rec.input_id, rec.index)
@@ -620,23 +701,40 @@ class RolloutLedger:
             condition += " AND contains(held_slots, :sid)"
             values |= {":s": {session_id}, ":sid": session_id}
         names = {"#obpk": keys.OUTBOX_PK, "#obsk": keys.OUTBOX_SK}
+        ended_names, ended_values = self._session_end(session_id, confirmed, at)
+        if ended_names:
+            update = f"SET #send = :send {update}"
+            names |= ended_names
+            values |= ended_values
         if not held:
             return self.table.update(key, update, condition, values, names) is not None
         op = self.table.update_op(key, update, condition, values, names)
         return self._transact_guarded(
-            [{"Update": op}, self.limits.free_slot(session_id)], f"freeing the slot of {session_id}"
+            [{"Update": op}, self.limits.free_slot(session_id, spent_usd=spent_usd)],
+            f"freeing the slot of {session_id}",
         )
 
-    def note_stop_failed(self, rec: RolloutRecord, *, next_epoch: int, not_found: Sequence[str] = ()) -> None:
-        """Stops of this entry failed: count the try, remember first NotFound answers, take the entry's finished
-        actions out of it (every action but `stop`: the caller did them before the stops), and come back to the
-        entry at `next_epoch` (the outbox index sort key) with its lease given back."""
+    def note_stop_failed(
+        self,
+        rec: RolloutRecord,
+        *,
+        next_epoch: int,
+        not_found: Sequence[str] = (),
+        overdue: Sequence[str] = (),
+    ) -> None:
+        """Stops of this entry failed: count the try, remember first NotFound answers and sessions found overdue
+        (alive past their deadline plus the grace), take the entry's finished actions out of it (every action but
+        `stop`: the caller did them before the stops), and come back to the entry at `next_epoch` (the outbox index
+        sort key) with its lease given back."""
         names = {"#obsk": keys.OUTBOX_SK}
         values: dict[str, Any] = {":one": 1, ":next": next_epoch, ":obid": rec.outbox_id}
         adds = "stop_tries :one"
         if not_found:
             adds += ", stop_not_found :nf"
             values[":nf"] = set(not_found)
+        if overdue:
+            adds += ", overdue_sessions :od"
+            values[":od"] = set(overdue)
         update = f"SET #obsk = :next ADD {adds} REMOVE outbox_lease"
         finished = rec.outbox - {OUTBOX_STOP}
         if finished:

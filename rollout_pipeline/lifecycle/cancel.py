@@ -87,6 +87,7 @@ def cancel_rollout(
             session_id=session_id,
             policy_version=policy_version,
             hold_slot_until=stops.hold_until(deps, rec),
+            rec=rec,
         )
         if after is None:
             continue

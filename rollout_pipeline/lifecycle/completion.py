@@ -33,10 +33,12 @@ from rollout_pipeline.contracts import (
     FailureReason,
     ResultOutcome,
     ResultRead,
+    RolloutCost,
     carries_attempt_token,
     iso,
     parse_iso,
     read_result,
+    reported_usage,
     text_carries_attempt_token,
 )
 from rollout_pipeline.ledger.items import RolloutRecord, Terminal
@@ -47,7 +49,7 @@ from rollout_pipeline.ledger.rollouts import (
     OUTBOX_STOP,
     SUCCEEDED,
 )
-from rollout_pipeline.lifecycle import publishing, stops
+from rollout_pipeline.lifecycle import costing, publishing, stops
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.metrics import (
     FAILED as FAILED_METRIC,
@@ -266,7 +268,11 @@ def _handle_result(
         return _late(deps, "the result object is gone", key) if last else None
     outcome, body_dict, size = read.outcome, read.outcome.body, read.size
     written_at = parse_iso(event.get("time")) or deps.now()
-    terminal = _terminal(outcome, written_at, f"s3://{bucket}/{key}", size)
+    usage = reported_usage(body_dict)
+    cpu_s = usage.session_cpu_s if usage is not None else None
+    at = costing.pricing_moment(deps)
+    cost = costing.terminal_cost(deps, rec, at=at, ended_at=written_at, idle=True, cpu_s=cpu_s)
+    terminal = _terminal(outcome, written_at, f"s3://{bucket}/{key}", size, cost=cost, cpu_s=cpu_s, cost_at=at)
     after = deps.ledger.rollouts.finish_dispatched(
         rec,
         exp_id=ref.exp_id,
@@ -280,6 +286,7 @@ def _handle_result(
         if after is not None and resumable and publishing.drain(after, deps):
             return Completion.RESUMED
         return _late(deps, "another delivery ended this attempt first", key)
+    costing.counted(deps, terminal.cost)
     if terminal.state == SUCCEEDED:
         deps.metrics.count(SUCCEEDED_METRIC)
         if terminal.reward is not None:
@@ -324,8 +331,17 @@ def _foreign(read: ResultRead, bucket: str, key: str, ref: ids.ResultRef, deps: 
     return True
 
 
-def _terminal(outcome: ResultOutcome, written_at: datetime, result_uri: str, size: int) -> Terminal:
-    """The terminal outcome a result records."""
+def _terminal(
+    outcome: ResultOutcome,
+    written_at: datetime,
+    result_uri: str,
+    size: int,
+    *,
+    cost: RolloutCost | None = None,
+    cpu_s: float | None = None,
+    cost_at: datetime | None = None,
+) -> Terminal:
+    """The terminal outcome a result records (the agent wrote it: its session is idle from `written_at` on)."""
     succeeded = outcome.success
     return Terminal(
         state=SUCCEEDED if succeeded else FAILED,
@@ -336,6 +352,10 @@ def _terminal(outcome: ResultOutcome, written_at: datetime, result_uri: str, siz
         rewards=outcome.rewards,
         result_uri=result_uri,
         result_size=size,
+        cost=cost,
+        cost_at=cost_at,
+        idle=True,
+        cpu_s=cpu_s,
     )
 
 

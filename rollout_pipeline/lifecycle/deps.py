@@ -6,22 +6,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from rollout_pipeline import ids
 from rollout_pipeline.config import ExperimentConfig, HandlerSettings
 from rollout_pipeline.contracts.attempts import attempt_token
+from rollout_pipeline.costs import PriceBook
 from rollout_pipeline.feed.feed import Feed
 from rollout_pipeline.ledger.ledger import Ledger
-from rollout_pipeline.lifecycle.limits import (
-    AdmissionBoard,
-    LimitedRuntime,
-    SessionRoom,
-    SlotGate,
-    SlotShards,
-    dedicated_session_share,
-    pacers,
-)
+from rollout_pipeline.ledger.pool import PoolLedger
+from rollout_pipeline.lifecycle.limits.admission import AdmissionBoard, SessionRoom, SlotGate
+from rollout_pipeline.lifecycle.limits.pacing import LimitedRuntime, Pacer, dedicated_session_share, pacers
+from rollout_pipeline.lifecycle.limits.pool import CALLS_PACE, SESSION_PACE, CapacityLease
+from rollout_pipeline.lifecycle.limits.slots import SlotShards
 from rollout_pipeline.lifecycle.metrics import MetricsRecorder
 from rollout_pipeline.lifecycle.warm import WarmTaker
 from rollout_pipeline.ports import AgentRuntime, Clock, EventPublisher, MessageQueue, ObjectStore, SystemClock
+from rollout_pipeline.quotas import AccountQuotas, PoolSettings
 
 
 @dataclass
@@ -64,9 +63,19 @@ class LifecycleDeps:
     #: How long the sweeper keeps ticking the warm pool after its sweep, while the pool has work
     #: (`lifecycle.warm_pool.run_pool`); 0: one tick (local mode ticks it on its own schedule).
     warm_loop_s: float = 50.0
+    #: The account pool (`ledger.pool`): every experiment of the account leases its share of AgentCore's quotas
+    #: there (`limits.pool.CapacityLease`). None: no pool, the experiment keeps its own limits (`standalone_limits`).
+    pool: PoolLedger | None = None
+    #: The prices rollouts are costed with (`costs.PriceBook`); None: the experiment's, in the runtime's region
+    #: (local mode's runtime: labelled as a local run).
+    price_book: PriceBook | None = None
+    #: Rollouts held on a spent budget are re-sent to come back after this long (SQS DelaySeconds, at most 900).
+    budget_recheck_s: int = 60
+    prices: PriceBook = field(init=False)
     limited: LimitedRuntime = field(init=False)
     slots: SlotGate = field(init=False)
     slot_shards: SlotShards = field(init=False)
+    lease: CapacityLease | None = field(init=False, default=None)
     #: This process's view of the warm pool's idle sessions (`lifecycle.warm`): dispatch takes one first.
     warm: WarmTaker = field(init=False)
 
@@ -74,27 +83,53 @@ class LifecycleDeps:
         if self.invoke_time_s is None:
             self.invoke_time_s = float(getattr(self.runtime, "max_invoke_s", 0.0))
         config = self.settings.experiment
-        tps, sessions = pacers(self.ledger.limits, config.tps_limit, config.session_rate_limit, config.endpoints)
-        apart = dedicated_session_share(config.tps_limit, config.session_rate_limit, config.endpoints)
-        self.limited = LimitedRuntime(self.runtime, tps, sessions, self.metrics, sessions_apart=apart)
-        self.slot_shards = SlotShards(self.ledger.limits, config.max_sessions)
-        self.warm = WarmTaker(
-            self.ledger.warm, config, wall=lambda: self.clock.now().timestamp(), monotonic=self.clock.monotonic
-        )
-        self.slots = SlotGate(
-            self.slot_shards.in_flight,
-            self.settings.experiment.max_sessions,
-            board=AdmissionBoard(self.ledger.limits, wall=lambda: self.clock.now().timestamp())
-            if self.group_admission
-            else None,
+        arn = self.settings.runtime_arn
+        self.prices = self.price_book or PriceBook.of(config, ids.runtime_region(arn), local=ids.is_local_runtime(arn))
+        limits = self.ledger.limits
+        max_sessions: int | Callable[[], int] = config.max_sessions
+        if self.pool is not None:
+            lease = CapacityLease(
+                self.pool, limits, config, in_flight=lambda: self.slot_shards.last_in_flight, sleep=self.clock.sleep
+            )
+            self.lease = lease
+            endpoints = [Pacer(limits, f"session#{i}", 1.0, guess_busy=True) for i in range(config.endpoints)]
+            self.limited = LimitedRuntime(
+                self.runtime,
+                Pacer(limits, CALLS_PACE, 1.0, lease=lease),
+                endpoints,
+                self.metrics,
+                sessions_apart=True,
+                session=Pacer(limits, SESSION_PACE, 1.0, guess_busy=True, lease=lease),
+                lease=lease,
+            )
+            room: SessionRoom | None = SessionRoom(self.limited.room_pacer)
+            max_sessions = lease.max_sessions
+        else:
+            tps_limit, session_rate_limit = standalone_limits(config)
+            tps, sessions = pacers(limits, tps_limit, session_rate_limit, config.endpoints)
+            apart = dedicated_session_share(tps_limit, session_rate_limit, config.endpoints)
+            self.limited = LimitedRuntime(self.runtime, tps, sessions, self.metrics, sessions_apart=apart)
             # One endpoint only: a session's endpoint is its id's hash, so room summed over endpoints let rollouts
             # book the endpoint without room (measured: 14% fewer sessions/s with 2). Ordering per endpoint needs
             # each waiter's endpoint on the board (docs/lifecycle.md, "Limits").
-            room=SessionRoom(sessions[0]) if len(sessions) == 1 else None,
+            room = SessionRoom(sessions[0]) if len(sessions) == 1 else None
+        self.slot_shards = SlotShards(limits, max_sessions)
+        self.slots = SlotGate(
+            self.slot_shards.in_flight,
+            self.slot_shards.max_sessions,
+            board=AdmissionBoard(limits, wall=lambda: self.clock.now().timestamp()) if self.group_admission else None,
+            room=room,
             in_flight_and_board=self.slot_shards.in_flight_and_board,
             monotonic=self.clock.monotonic,
             sleep=self.clock.sleep,
         )
+        self.warm = WarmTaker(
+            self.ledger.warm, config, wall=lambda: self.clock.now().timestamp(), monotonic=self.clock.monotonic
+        )
+
+    def max_sessions(self) -> int:
+        """Sessions this experiment may hold now: `max_sessions`, or its share of the account's active sessions."""
+        return self.slot_shards.max_sessions()
 
     def invoke_start_by(self, wait_until: float) -> float:
         """The latest moment (monotonic) an invoke may start so that it ends by `wait_until`."""
@@ -112,3 +147,13 @@ class LifecycleDeps:
 
     def now(self) -> datetime:
         return self.clock.now()
+
+
+def standalone_limits(config: ExperimentConfig) -> tuple[float, float]:
+    """(`tps_limit`, `session_rate_limit` per endpoint) of an experiment without an account pool: its own settings,
+    else the documented quotas less the reserve (the session rate split over its endpoints), as if it owned the
+    account: how every experiment kept its limits before the pool."""
+    settings = PoolSettings(AccountQuotas())
+    tps = float(config.tps_limit) if config.tps_limit is not None else settings.budget("calls")
+    sessions = config.session_rate_limit or settings.budget("sessions") / config.endpoints
+    return tps, sessions

@@ -43,11 +43,12 @@ from rollout_pipeline.ledger.rollouts import (
     DispatchStart,
     LedgerError,
 )
-from rollout_pipeline.lifecycle import publishing, stops
+from rollout_pipeline.lifecycle import budget, costing, publishing, stops
 from rollout_pipeline.lifecycle.cancel import cancel_rollout
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.failures import end_attempt, fail_rollout
-from rollout_pipeline.lifecycle.limits import Held, NoCallBudget
+from rollout_pipeline.lifecycle.limits.admission import Held
+from rollout_pipeline.lifecycle.limits.pacing import NoCallBudget
 from rollout_pipeline.lifecycle.metrics import (
     COLD_START_RETRIED,
     IN_FLIGHT,
@@ -91,6 +92,7 @@ class Dispatch(StrEnum):
     REQUEUED_THROTTLED = "requeued_throttled"  # ACR kept throttling: slot freed, re-sent fresh
     REQUEUED_NO_TIME = "requeued_no_time"  # too little time left for an invoke to end in it: re-sent fresh
     STOPPED_LATE = "stopped_late"  # invoked, but the rollout was cancelled/ended meanwhile: session stopped
+    HELD_BUDGET = "held_budget"  # its budget (the experiment's or its batch's) is spent: re-sent to come back later
     THROTTLED = "throttled"  # waited for limits too often or too long: Rollout Failed (throttled)
     COLD_START_FAILED = "cold_start_failed"  # kept answering 424: attempt ended (retried or failed), session stopped
     START_FAILED = "start_failed"  # the agent cannot start: Rollout Failed (agent_error), session stopped
@@ -112,15 +114,19 @@ def dispatch_records(records: Sequence[Mapping[str, Any]], deps: LifecycleDeps, 
         return result
     workers = max(1, min(deps.dispatch_threads, len(records)))
     batches = BatchReads(deps)
+    budgets = budget.Budgets(deps)
     ordered = sorted(((_record_order(r), r) for r in records), key=lambda pair: pair[0])  # a group's together
     parsed = [(message_id(r), key) for (poison, key), r in ordered if not poison]
     # On the admission board from receipt on, so other dispatchers rank these before deciding (a burst's start).
     holds = dict(zip([mid for mid, _key in parsed], deps.slots.hold([key for _mid, key in parsed]), strict=True))
+    budgets.experiment()  # read once here, before the threads: none of them waits on it ahead of the gate
 
     def handle(record: Mapping[str, Any]) -> Dispatch:
         held = holds.get(message_id(record))
         try:
-            return dispatch_body(str(record["body"]), deps, wait_until=wait_until, batches=batches, held=held)
+            return dispatch_body(
+                str(record["body"]), deps, wait_until=wait_until, batches=batches, held=held, budgets=budgets
+            )
         finally:
             if held is not None:
                 held.release()
@@ -179,13 +185,15 @@ def dispatch_body(
     wait_until: float,
     batches: BatchReads | None = None,
     held: Held | None = None,
+    budgets: budget.Budgets | None = None,
 ) -> Dispatch:
     """Dispatch one rollout-queue message body (see the module doc). Raises to have the message redelivered.
     `held`: the message's place on the admission board since receipt (`SlotGate.hold`), released once the rollout's
     session start is booked (`LimitedRuntime.invoke`'s `on_booked`), not merely past the gate: between the two, a
     rollout let through is neither on the board nor in the schedule, so another process's gate would see its room
     free and let a later group book ahead of it (what decides the order its sessions start in). Every other way out
-    releases it too (`dispatch_records`)."""
+    releases it too (`dispatch_records`).
+    `budgets`: the SQS batch's budget reads (`lifecycle.budget`): a rollout whose budget is spent is held, not run."""
     message = parse_message(body)
     bind_log_ids(batch_id=message.batch_id, rollout_id=message.rollout_id, session_id=message.session_id)
     batches = batches or BatchReads(deps)
@@ -195,6 +203,10 @@ def dispatch_body(
     options = batch_options(batch) or FileOptions.defaults(deps.config)
     if batch.cancelled:
         return _cancelled(message, deps, options)
+    budgets = budgets or budget.Budgets(deps)
+    if _held_on_budget(message, deps, budgets, batch, held):
+        return Dispatch.HELD_BUDGET
+    message = budget.released(message, deps)
     row_payload = _row_payload(message, deps)
     # Before any ledger write: a key that cannot be read (Secrets Manager down, throttled, denied) raises here and
     # the message is redelivered, instead of after `begin_dispatch`, where it burnt an attempt and a slot until the
@@ -207,10 +219,9 @@ def dispatch_body(
         return warm
     deps.warm.note_cold()
     start_by = deps.invoke_start_by(wait_until)  # every wait before an invoke ends by then
-    if deps.clock.monotonic() >= start_by:
-        return _requeue(message, deps, Dispatch.REQUEUED_NO_TIME)
-    if deps.slots.must_queue(admission_key(message)) and not _wait_for_slot(deps, start_by, message):
-        return _requeue(message, deps, Dispatch.REQUEUED_LIMIT)  # earlier groups wait, or the session rate binds
+    waited = _through_the_gate(message, deps, start_by, budgets=budgets, batch=batch, held=held)
+    if waited is not None:
+        return waited
     booked = (lambda _start: held.release()) if held is not None else None
     for _ in range(20):
         shard = deps.slot_shards.choose()
@@ -254,7 +265,7 @@ def _begin(
         session_id=message.session_id if warm is None else warm.session_id,
         submitted_at=iso(message.submitted_at),
         deadline=int((deps.now() + timedelta(seconds=options.rollout_timeout_s)).timestamp()),
-        max_sessions=deps.config.max_sessions,
+        max_sessions=deps.max_sessions(),
         policy_version=batches.policy_version(options.policy_version),
         batch_policy_version=options.policy_version,
         slot_shard=slot_shard,
@@ -406,6 +417,48 @@ def _drop_warm(
     return None
 
 
+def _through_the_gate(
+    message: RolloutMessage,
+    deps: LifecycleDeps,
+    start_by: float,
+    *,
+    budgets: budget.Budgets,
+    batch: BatchView,
+    held: Held | None,
+) -> Dispatch | None:
+    """Wait at the slot gate when earlier groups wait or the session rate binds, then look at the budget again
+    (spent while it waited: nothing new starts). The outcome when the message may not go on (re-sent or held),
+    None when it may."""
+    if deps.clock.monotonic() >= start_by:
+        return _requeue(message, deps, Dispatch.REQUEUED_NO_TIME)
+    if deps.slots.must_queue(admission_key(message)) and not _wait_for_slot(deps, start_by, message):
+        return _requeue(message, deps, Dispatch.REQUEUED_LIMIT)  # earlier groups wait, or the session rate binds
+    if _held_on_budget(message, deps, budgets, batch, held):
+        return Dispatch.HELD_BUDGET
+    return None
+
+
+def _held_on_budget(
+    message: RolloutMessage, deps: LifecycleDeps, budgets: budget.Budgets, batch: BatchView, held: Held | None
+) -> bool:
+    """Hold the rollout (`budget.hold`) when its experiment's or its batch's budget is spent, unless its attempt is
+    already running (a redelivery to finish, never held)."""
+    spent = budgets.spent(batch)
+    if spent is None or _running(message, deps):
+        return False
+    if held is not None:
+        held.release()
+    budget.hold(message, deps)
+    log.info("rollout %s/%s held: the %s budget is spent", message.batch_id, message.rollout_id, spent)
+    return True
+
+
+def _running(message: RolloutMessage, deps: LifecycleDeps) -> bool:
+    """The message's attempt is already dispatched (a redelivery that may have to re-invoke its session)."""
+    rec = deps.ledger.rollouts.get_rollout(message.batch_id, message.input_id, message.index)
+    return rec is not None and rec.state == DISPATCHED and rec.attempt == message.attempt
+
+
 def _existing(message: RolloutMessage, rec: RolloutRecord | None, deps: LifecycleDeps) -> Dispatch | None:
     """Decide about a message whose rollout is not queued for its attempt. None = try the transaction again;
     REINVOKED = invoke the same session again (the first delivery crashed before recording the invoke)."""
@@ -487,6 +540,7 @@ def _throttled(message: RolloutMessage, deps: LifecycleDeps, error: str) -> Disp
         error=error,
         outbox=frozenset({OUTBOX_PUBLISH}),
         session_id=message.session_id if rec is None else None,
+        rec=rec,
     )
     if after is None:
         return Dispatch.STALE
@@ -548,9 +602,7 @@ def _invoke(
             log.warning("invoke of %s: outcome unknown (%s); the deadline decides", session_id, exc)
             break
         except NoCallBudget:  # no call was made: our own budgets had no slot before the invoke had to start
-            if not new_session:  # the attempt stays dispatched: the re-sent message invokes the same session
-                return _requeue(message, deps, Dispatch.REQUEUED_NO_TIME)
-            return _undo_and_requeue(message, deps, Dispatch.REQUEUED_LIMIT)
+            return _no_budget(message, deps, new_session=new_session)
         except RuntimeThrottled as exc:
             gave_up = _after_throttle(
                 message,
@@ -597,6 +649,14 @@ def _agent_payload(
     )
 
 
+def _no_budget(message: RolloutMessage, deps: LifecycleDeps, *, new_session: bool) -> Dispatch:
+    """Our own budgets had no slot before the invoke had to start (no call was made): re-sent fresh. An attempt that
+    already has a session stays dispatched (the re-sent message invokes the same session); else it is undone."""
+    if not new_session:
+        return _requeue(message, deps, Dispatch.REQUEUED_NO_TIME)
+    return _undo_and_requeue(message, deps, Dispatch.REQUEUED_LIMIT)
+
+
 def _after_throttle(
     message: RolloutMessage,
     deps: LifecycleDeps,
@@ -640,7 +700,9 @@ def _stop_late(message: RolloutMessage, deps: LifecycleDeps, wait_until: float, 
         return Dispatch.STOPPED_LATE  # its slot, if held, is freed with the confirmed stop
     after = deps.ledger.rollouts.get_rollout(message.batch_id, message.input_id, message.index)
     if after is not None and session_id in after.held_slots:
-        deps.ledger.rollouts.free_stopped(after, session_id)
+        at = deps.now()
+        charge = costing.session_charge(deps, after, session_id, confirmed=True, at=at)
+        deps.ledger.rollouts.free_stopped(after, session_id, spent_usd=charge, at=at)
     return Dispatch.STOPPED_LATE
 
 
@@ -735,6 +797,7 @@ def _rejected(message: RolloutMessage, deps: LifecycleDeps, error: str) -> Dispa
         reason=FailureReason.INVOKE_REJECTED,
         error=f"InvokeAgentRuntime rejected session {message.session_id}: {error}",
         outbox=frozenset({OUTBOX_PUBLISH}),
+        session_started=False,  # refused: no session ran
     )
     if rec is None:
         return Dispatch.STALE

@@ -9,7 +9,7 @@ from rollout_pipeline.contracts import FailureReason
 from rollout_pipeline.ids import AttemptRef
 from rollout_pipeline.ledger.items import RolloutRecord, Terminal
 from rollout_pipeline.ledger.rollouts import DISPATCHED, FAILED, OUTBOX_PUBLISH
-from rollout_pipeline.lifecycle import stops
+from rollout_pipeline.lifecycle import costing, stops
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.metrics import FAILED as FAILED_METRIC
 from rollout_pipeline.lifecycle.metrics import RETRIED, failed_metric
@@ -29,17 +29,33 @@ def fail_rollout(
     session_id: str | None = None,
     policy_version: str | None = None,
     hold_slot_until: int | None = None,
+    rec: RolloutRecord | None = None,
+    session_started: bool = True,
 ) -> RolloutRecord | None:
     """Move the rollout from `from_state` (at `ref`'s attempt) to failed(`reason`) with `outbox` side effects
-    pending.
+    pending, its cost recorded (`costing.terminal_cost`: every session it started; `rec`, the item as read, or read
+    here when the rollout has one; `session_started=False`: the ended attempt's invoke was refused, no session ran).
 
     Returns the rollout as it is now, for the caller to drain its outbox, or None when the condition failed
     (another delivery or worker already moved it: nothing changed)."""
+    if rec is None and from_state is not None:
+        rec = deps.ledger.rollouts.get_rollout(ref.batch_id, ref.input_id, ref.index)
+    now = costing.pricing_moment(deps)
+    cost = costing.terminal_cost(deps, rec, at=now, ended_at=now, session_started=session_started)
+    outcome = Terminal(
+        state=FAILED,
+        finished_at=now,
+        reason=reason.value,
+        error=error[:MAX_ERROR_CHARS],
+        cost=cost,
+        cost_at=now,
+        session_started=session_started,
+    )
     done = deps.ledger.rollouts.finish(
         ref,
         exp_id=exp_id,
         from_state=from_state,
-        outcome=Terminal(state=FAILED, finished_at=deps.now(), reason=reason.value, error=error[:MAX_ERROR_CHARS]),
+        outcome=outcome,
         outbox=outbox,
         session_id=session_id,
         policy_version=policy_version,
@@ -47,6 +63,7 @@ def fail_rollout(
     )
     if not done:
         return None
+    costing.counted(deps, cost)
     deps.metrics.count(FAILED_METRIC)
     deps.metrics.count(failed_metric(reason.value))
     return deps.ledger.rollouts.get_rollout(ref.batch_id, ref.input_id, ref.index)
@@ -78,5 +95,6 @@ def end_attempt(
         outbox=frozenset({OUTBOX_PUBLISH}),
         session_id=rec.session_id,
         hold_slot_until=hold,
+        rec=rec,
     )
     return False, after

@@ -8,9 +8,12 @@ from collections import Counter
 
 from rollout_pipeline.metric_names import (
     ACR_THROTTLED,
+    BUDGET_HELD,
+    BUDGET_USED_PERCENT,
     CANCELLED,
     COLD_START_RETRIED,
     DISPATCHED,
+    ESTIMATED_COST,
     FAILED,
     IN_FLIGHT,
     LATE_OR_UNKNOWN,
@@ -20,6 +23,7 @@ from rollout_pipeline.metric_names import (
     NOTIFICATION_LATENCY,
     RETRIED,
     REWARD,
+    SESSIONS_OVERDUE,
     STOP_FAILED,
     STOPS_PENDING,
     SUBMITTED,
@@ -37,9 +41,12 @@ from rollout_pipeline.metric_names import (
 
 __all__ = [
     "ACR_THROTTLED",
+    "BUDGET_HELD",
+    "BUDGET_USED_PERCENT",
     "CANCELLED",
     "COLD_START_RETRIED",
     "DISPATCHED",
+    "ESTIMATED_COST",
     "FAILED",
     "IN_FLIGHT",
     "LATE_OR_UNKNOWN",
@@ -49,6 +56,7 @@ __all__ = [
     "NOTIFICATION_LATENCY",
     "RETRIED",
     "REWARD",
+    "SESSIONS_OVERDUE",
     "STOPS_PENDING",
     "STOP_FAILED",
     "SUBMITTED",
@@ -67,11 +75,13 @@ __all__ = [
 
 
 class MetricsRecorder:
-    """Counts (summed) and samples (e.g. latencies in ms, gauges) collected during one invocation."""
+    """Counts (summed), totals (summed amounts, e.g. USD) and samples (e.g. latencies in ms, gauges) collected
+    during one invocation."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.counts: Counter[str] = Counter()
+        self.totals: dict[str, float] = {}
         self.samples: dict[str, list[float]] = {}
 
     def count(self, name: str, value: int = 1) -> None:
@@ -81,14 +91,21 @@ class MetricsRecorder:
         with self._lock:
             self.counts[name] += value
 
+    def add(self, name: str, amount: float) -> None:
+        """Add `amount` to the invocation's total of `name` (flushed once, as the sum)."""
+        with self._lock:
+            self.totals[name] = self.totals.get(name, 0.0) + amount
+
     def sample(self, name: str, value: float) -> None:
         with self._lock:
             self.samples.setdefault(name, []).append(value)
 
-    def drain(self) -> tuple[dict[str, int], dict[str, list[float]]]:
-        """Return and reset everything recorded so far."""
+    def drain(self) -> tuple[dict[str, float], dict[str, list[float]]]:
+        """Return and reset everything recorded so far: counts and totals (by name), samples."""
         with self._lock:
-            counts, samples = dict(self.counts), {k: list(v) for k, v in self.samples.items()}
+            counts: dict[str, float] = {**self.counts, **self.totals}
+            samples = {k: list(v) for k, v in self.samples.items()}
             self.counts.clear()
+            self.totals.clear()
             self.samples.clear()
         return counts, samples

@@ -119,7 +119,7 @@ def drain(
         if OUTBOX_PUBLISH in rec.outbox:
             notified_at = deps.now()
             inline = _inline_result(rec, deps, result)
-            details: list[Any] = [rollout_event(rec, notified_at=notified_at, result=inline)]
+            details: list[Any] = [rollout_event(rec, notified_at=notified_at, result=inline, prices=deps.prices)]
             batch = deps.ledger.batches.read_batch(rec.batch_id)
             details.extend(completion_details(rec, deps, batch))
             deps.publisher.publish(details)

@@ -15,17 +15,22 @@ session through the limiter:
   is still busy (a rollout past its deadline keeps working) is not idle, and lives until its maximum lifetime.
 
 So every slot is freed by a confirmed stop or by the session's maximum lifetime, and nothing waits for a stop but
-the slot.
+the slot. A session alive past its attempt's deadline plus `session_grace_s` is a runaway: counted once
+(`SessionsOverdue`) and stopped on every pass until a stop is confirmed (`finish_stops`). Each freed slot ADDs its
+session's cost to the experiment's spend (`lifecycle.costing`).
 """
 
 from __future__ import annotations
 
 import logging
+from datetime import datetime, timedelta
 from typing import Final
 
+from rollout_pipeline import ids
 from rollout_pipeline.ledger.items import RolloutRecord
+from rollout_pipeline.lifecycle import costing
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
-from rollout_pipeline.lifecycle.metrics import STOP_FAILED, STOPS_PENDING
+from rollout_pipeline.lifecycle.metrics import SESSIONS_OVERDUE, STOP_FAILED, STOPS_PENDING
 from rollout_pipeline.ports import RuntimeRejected, RuntimeSessionNotFound, RuntimeThrottled
 
 log = logging.getLogger(__name__)
@@ -52,39 +57,90 @@ def hold_until(deps: LifecycleDeps, rec: RolloutRecord | None = None) -> int:
     return int(started.timestamp()) + deps.config.max_lifetime_s + HOLD_MARGIN_S
 
 
+def overdue_at(rec: RolloutRecord, session_id: str, deps: LifecycleDeps) -> int | None:
+    """When (epoch s) `session_id`, a session of `rec`, becomes overdue: its attempt's deadline plus
+    `session_grace_s`; None when its deadline is unknown."""
+    attempt = ids.session_attempt(session_id)
+    span = rec.span(attempt) if attempt is not None else None
+    if span is None or span.due_at is None:
+        return None
+    return int((span.due_at + timedelta(seconds=deps.config.session_grace_s)).timestamp())
+
+
+def overdue(rec: RolloutRecord, session_id: str, deps: LifecycleDeps, now: datetime) -> bool:
+    """Whether `session_id` (a session of `rec` whose stop is pending) is alive past its attempt's deadline plus
+    `session_grace_s`: a runaway (its stop failed, or its result came late) the sweeper keeps stopping."""
+    at = overdue_at(rec, session_id, deps)
+    return at is not None and now.timestamp() > at
+
+
+def _past_lifetime(rec: RolloutRecord, session_id: str, deps: LifecycleDeps, now: datetime) -> bool:
+    """The session has certainly ended: AgentCore ends every session `max_lifetime_s` after its start."""
+    attempt = ids.session_attempt(session_id)
+    span = rec.span(attempt) if attempt is not None else None
+    if span is None:
+        return False
+    return now > span.started_at + timedelta(seconds=deps.config.max_lifetime_s + HOLD_MARGIN_S)
+
+
 def finish_stops(rec: RolloutRecord, deps: LifecycleDeps, wait_until: float | None = None) -> bool:
     """Stop every session in `rec.stop_sessions` (the caller holds the outbox entry and has done its other
     actions). True when none is left: the entry is cleared by the write that frees the last slot
     (`free_stopped(clear_entry=True)`). Else the entry is re-filed for a later pass, its other actions taken
-    out of it in the same write (`note_stop_failed`)."""
-    now = int(deps.now().timestamp())
+    out of it in the same write (`note_stop_failed`).
+
+    Each freed session's cost (`costing.session_charge`: to its confirmed stop, or to its bound when the pipeline
+    stops waiting for one) is ADDed to the experiment's spend with its slot. The runaway guard: a session alive
+    past its attempt's deadline plus `session_grace_s` is counted once (`SessionsOverdue`) and stopped on every
+    pass (at most a minute apart) until a stop is confirmed or its maximum lifetime has surely ended it, whatever
+    `STOP_TRIES` says."""
+    moment = deps.now()
+    now = int(moment.timestamp())
     reaped = rec.held_until is not None and now >= rec.held_until
     not_found: list[str] = []
-    left = 0
     sessions = sorted(rec.stop_sessions)
+    late = {sid for sid in sessions if overdue(rec, sid, deps, moment)}
+    if late - rec.overdue:
+        deps.metrics.count(SESSIONS_OVERDUE, len(late - rec.overdue))
+    left: list[str] = []
     cleared = False
     for position, session_id in enumerate(sessions):
         confirmed = False
-        if not reaped and rec.stop_tries < STOP_TRIES:
+        ended = reaped or _past_lifetime(rec, session_id, deps, moment)
+        if not ended and (rec.stop_tries < STOP_TRIES or session_id in late):
             confirmed, seen_not_found = _stop(session_id, rec, deps, wait_until)
             if seen_not_found and not confirmed:
                 not_found.append(session_id)
-        given_up = rec.stop_tries >= STOP_TRIES and session_id not in rec.held_slots  # no slot waits for it
-        if confirmed or reaped or given_up:
-            last = left == 0 and position == len(sessions) - 1  # nothing else pending: the entry goes too
-            deps.ledger.rollouts.free_stopped(rec, session_id, clear_entry=last)
+        given_up = rec.stop_tries >= STOP_TRIES and session_id not in rec.held_slots and session_id not in late
+        if confirmed or ended or given_up:
+            last = not left and position == len(sessions) - 1  # nothing else pending: the entry goes too
+            at = deps.now()
+            charge = costing.session_charge(deps, rec, session_id, confirmed=confirmed, at=at)
+            deps.ledger.rollouts.free_stopped(
+                rec, session_id, clear_entry=last, confirmed=confirmed, spent_usd=charge, at=at
+            )
             cleared = last
         else:
-            left += 1
-    if left == 0:
+            left.append(session_id)
+    if not left:
         return cleared or deps.ledger.rollouts.clear_outbox(rec) or True
-    deps.metrics.sample(STOPS_PENDING, left)
-    if rec.stop_tries + 1 >= STOP_TRIES and rec.held_until is not None:
-        next_epoch = rec.held_until  # no more calls: AgentCore ends the session by then
+    deps.metrics.sample(STOPS_PENDING, len(left))
+    backoff = min(STOP_BACKOFF_S * 2**rec.stop_tries, STOP_BACKOFF_MAX_S)
+    if any(sid in late for sid in left):
+        next_epoch = now + backoff  # the runaway guard: never only waiting for the session's end
+    elif rec.stop_tries + 1 >= STOP_TRIES and rec.held_until is not None:
+        # no more calls: AgentCore ends the session by then; unless it becomes overdue first (the runaway guard)
+        moments = [due for sid in left if (due := overdue_at(rec, sid, deps)) is not None]
+        next_epoch = min([rec.held_until, *(moment + 1 for moment in moments)])
     else:
-        next_epoch = now + min(STOP_BACKOFF_S * 2**rec.stop_tries, STOP_BACKOFF_MAX_S)
+        next_epoch = now + backoff
     # The sweeper drains entries older than `outbox_age_s`: file it so that it is due at `next_epoch`.
-    deps.ledger.rollouts.note_stop_failed(rec, next_epoch=next_epoch - int(deps.outbox_age_s), not_found=not_found)
+    deps.ledger.rollouts.note_stop_failed(
+        rec,
+        next_epoch=next_epoch - int(deps.outbox_age_s),
+        not_found=not_found,
+        overdue=sorted(late & set(left) - rec.overdue),
+    )
     return False
 
 

@@ -6,7 +6,9 @@ Else one transaction: a new attempt (queued n+1, outbox `enqueue`) while attempt
 `Rollout Failed` (timeout); either way the old session's slot is held and its stop is in the outbox. Then the
 outbox is drained (retry message sent, event published, session stopped: `lifecycle.stops`). Outbox: entries
 older than `deps.outbox_age_s` are drained. Every step is conditional on `(state, attempt)`, so repeated or
-concurrent sweeps change nothing twice. Last, the release window's backstop (`feed.feed.Feed.sweep`).
+concurrent sweeps change nothing twice. Last, the release window's backstop (`feed.feed.Feed.sweep`), the
+budget's check (`lifecycle.budget.check`: its warning and exhaustion are announced even when nothing dispatches) and
+a heartbeat to the account pool with the sessions in flight (`limits.pool.CapacityLease.heartbeat`).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from rollout_pipeline.ledger.items import RolloutRecord
 from rollout_pipeline.ledger.rollouts import (
     DISPATCHED,
 )
-from rollout_pipeline.lifecycle import publishing
+from rollout_pipeline.lifecycle import budget, publishing
 from rollout_pipeline.lifecycle.cancel import cancel_rollout
 from rollout_pipeline.lifecycle.completion import complete_if_written
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
@@ -104,8 +106,28 @@ def sweep(
         log.warning(
             "sweep reached its deadline: the next run continues (%d rollouts past due seen)", report.expired_seen
         )
-    deps.metrics.sample(IN_FLIGHT, deps.ledger.limits.in_flight())
+    deps.metrics.sample(IN_FLIGHT, deps.slot_shards.in_flight())
+    try:  # the last rollouts' stops may cross a budget's 80% or 100% after the last dispatch: announce it
+        budget.check(deps)
+    except Exception as exc:
+        log.warning("budget check failed: %s", exc)
+        report.errors.append(f"budget: {exc}")
+        deps.metrics.count(SWEEP_ERRORS)
+    _heartbeat(deps, report)
     return report
+
+
+def _heartbeat(deps: LifecycleDeps, report: SweepResult) -> None:
+    """Tell the account pool this experiment is alive, with its sessions in flight (just read): they keep counting
+    against the account's active sessions while nothing else of the experiment runs."""
+    if deps.lease is None:
+        return
+    try:
+        deps.lease.heartbeat()
+    except Exception as exc:  # the pool's heartbeat must not fail the sweep
+        log.warning("account pool heartbeat failed: %s", exc)
+        report.errors.append(f"pool heartbeat: {exc}")
+        deps.metrics.count(SWEEP_ERRORS)
 
 
 def _due(

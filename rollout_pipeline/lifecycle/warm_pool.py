@@ -49,8 +49,8 @@ from rollout_pipeline.contracts import parse_iso
 from rollout_pipeline.ledger.items import WarmPoolState, WarmSession, WarmState
 from rollout_pipeline.ledger.release import WindowState
 from rollout_pipeline.ledger.warm import ADDED, HALTED
-from rollout_pipeline.lifecycle import stops
-from rollout_pipeline.lifecycle.deps import LifecycleDeps
+from rollout_pipeline.lifecycle import budget, stops
+from rollout_pipeline.lifecycle.deps import LifecycleDeps, standalone_limits
 from rollout_pipeline.lifecycle.metrics import (
     WARM_KEEPALIVES,
     WARM_POOL_SIZE,
@@ -113,8 +113,9 @@ class WarmCapacity(Protocol):
 
 
 class ExperimentCapacity:
-    """`WarmCapacity` over the experiment's own limits: the session slots (`max_sessions`, and the account's
-    active-session quota) and the new-session budget (`session_rate_limit` x `endpoints` a second), which the pool
+    """`WarmCapacity` over the experiment's share: the session slots (`deps.max_sessions()`: `max_sessions`, or the
+    account pool's lease) and the new-session budget (the lease's grant, else the standalone session rate x
+    `endpoints` a second), which the pool
     may spend only while no rollout wants it (nothing on the admission board, no dispatch that took a new session in
     the last `DEMAND_QUIET_S`). One read of the pool item and one of the board per call."""
 
@@ -129,11 +130,15 @@ class ExperimentCapacity:
         _counts, board = self.deps.ledger.limits.slots_and_board()
         if any(keys for _process, _heartbeat, keys in board):
             return 0
-        return max(1, int(config.session_rate_limit * config.endpoints))
+        if budget.paused(self.deps):  # a spent budget starts nothing, warm or cold
+            return 0
+        if self.deps.lease is not None:
+            return max(1, int(self.deps.lease.ensure().sessions_per_s))
+        _tps, session_rate = standalone_limits(config)
+        return max(1, int(session_rate * config.endpoints))
 
     def sessions_to_hold(self) -> int:
-        config = self.deps.config
-        return min(config.max_sessions, config.active_session_quota)
+        return self.deps.max_sessions()
 
 
 @dataclass

@@ -60,7 +60,7 @@ from typing import Any, Final, Literal
 from rollout_pipeline.agent.host import CANNOT_SERVE
 from rollout_pipeline.config import is_warmup_payload
 from rollout_pipeline.local.moto_server import LOOPBACK, free_port
-from rollout_pipeline.ports import RuntimeRejected, RuntimeStartFailed, RuntimeThrottled
+from rollout_pipeline.ports import RuntimeRateExceeded, RuntimeRejected, RuntimeStartFailed, RuntimeThrottled
 
 logger = logging.getLogger(__name__)
 
@@ -311,6 +311,10 @@ class LocalAgentRuntime:
         startup_timeout_s / invoke_timeout_s: bounds on waiting for `/ping` (a process not ready by then fails its
             session's rollout: `RuntimeStartFailed`) and for `/invocations`.
         log_dir: where agent logs go (a temporary directory by default).
+        new_sessions_per_s: the local account's new-session quota (AgentCore's is one per account, every
+            experiment's sessions on this runtime together: local mode runs several experiments on one); over it
+            in any sliding second an invoke that opens a session is refused as AgentCore refuses it
+            (`RuntimeRateExceeded`) and counted in `throttles`. None: no rate quota.
     """
 
     def __init__(
@@ -328,6 +332,7 @@ class LocalAgentRuntime:
         log_dir: Path | None = None,
         python: str = sys.executable,
         cwd: str | None = None,
+        new_sessions_per_s: float | None = None,
     ) -> None:
         if max_sessions < 1:
             raise ValueError("max_sessions must be >= 1")
@@ -365,6 +370,11 @@ class LocalAgentRuntime:
         self.warmups = 0
         self.warmed_sessions: set[str] = set()
         self.warm_reuses = 0
+        self.new_sessions_per_s = new_sessions_per_s
+        self._new_sessions: deque[float] = deque()
+        #: New sessions refused by the account's new-session quota (AgentCore's ThrottlingException), and started.
+        self.throttles = 0
+        self.started_sessions = 0
         _open_runtimes.add(self)
 
     # ------------------------------------------------------------------------------------------------ lifecycle
@@ -504,6 +514,7 @@ class LocalAgentRuntime:
         with self._lock:
             if len(self._sessions) + self._reserved >= self.max_sessions:
                 raise RuntimeThrottled(f"ServiceQuotaExceededException: {self.max_sessions} local sessions are active")
+            self._take_new_session()
             self._reserved += 1
             spare = self._spares.pop(0) if self._spares else None
         try:
@@ -528,6 +539,18 @@ class LocalAgentRuntime:
         if self.isolation == "process":
             self._fill_spares(wait=False)
         return session, True
+
+    def _take_new_session(self) -> None:
+        """Count a new session against the account's new-session quota (under the lock); refuse it over the quota."""
+        now = time.monotonic()
+        window = self._new_sessions
+        while window and window[0] <= now - 1.0:
+            window.popleft()
+        if self.new_sessions_per_s is not None and len(window) + 1 > self.new_sessions_per_s:
+            self.throttles += 1
+            raise RuntimeRateExceeded("ThrottlingException: new session creation rate exceeded (local account)")
+        window.append(now)
+        self.started_sessions += 1
 
     def _new_process(self, wait: bool) -> AgentProcess:
         if self.isolation == "shared":

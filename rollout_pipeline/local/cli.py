@@ -65,7 +65,19 @@ DEFAULT_UP_PORT = 4580
 
 def _add_pipeline_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "-e", "--experiment", default="local-demo", metavar="NAME", help="local experiment name (default: local-demo)"
+        "-e",
+        "--experiment",
+        action="append",
+        metavar="NAME",
+        help="local experiment name (default: local-demo); `up` takes it more than once: several experiments on one "
+        "local account (one moto endpoint, one account pool, one local AgentCore with the account's quotas)",
+    )
+    parser.add_argument(
+        "--account-quota",
+        type=float,
+        metavar="N",
+        help="the local account's AgentCore new-session quota, sessions/s for every experiment together (default: "
+        "AgentCore's documented 25); the local AgentCore refuses beyond it as AgentCore does",
     )
     parser.add_argument("--group-size", type=_count(1), default=4, help="rollouts per row (default: 4)")
     parser.add_argument(
@@ -110,6 +122,13 @@ def _add_pipeline_options(parser: argparse.ArgumentParser) -> None:
         metavar="N|auto",
         help="keep N sessions started ahead of the next batch (the warm pool; `auto`: the last batch's size; "
         "default 0: off); they count against --max-sessions",
+    )
+    parser.add_argument(
+        "--budget-usd",
+        type=float,
+        metavar="USD",
+        help="the experiment's budget, priced as on AgentCore: at 80%% a Budget Warning, at 100%% dispatch pauses "
+        "(the demo then raises it, as `rollouts budget set` would, and the batch completes)",
     )
     parser.add_argument("--work-dir", type=Path, help="where logs go (default: a new temporary directory)")
     parser.add_argument("-v", "--verbose", action="store_true", help="log what the pipeline does")
@@ -193,10 +212,16 @@ def register(sub: Any, _common: argparse.ArgumentParser) -> None:
 
 
 def _settings(args: argparse.Namespace, max_tokens: int = 256) -> Any:
+    from rollout_pipeline.cli.base import CliError
     from rollout_pipeline.local.pipeline import LocalSettings
 
+    if args.budget_usd is not None and not args.budget_usd > 0:
+        raise CliError(f"--budget-usd must be a positive number of US dollars, got {args.budget_usd}")
+    names = args.experiment or ["local-demo"]
     return LocalSettings(
-        experiment=args.experiment,
+        experiment=names[0],
+        also=tuple(names[1:]),
+        account_new_sessions_per_s=args.account_quota,
         group_size=args.group_size,
         tps_limit=args.tps,
         max_sessions=args.max_sessions,
@@ -210,6 +235,7 @@ def _settings(args: argparse.Namespace, max_tokens: int = 256) -> Any:
         warm_sessions=args.warm_sessions,
         work_dir=args.work_dir,
         port=getattr(args, "port", None) or None,
+        experiment_settings={} if args.budget_usd is None else {"budget_usd": args.budget_usd},
     )
 
 
@@ -237,18 +263,22 @@ def _cmd_up(args: argparse.Namespace, out: TextIO) -> int:
     from rollout_pipeline.sdk.route import local_up_block
 
     with one_line_errors(), interrupt_on_sigterm(), LocalPipeline(_settings(args)) as pipeline:
-        assert pipeline.resources is not None
+        names = list(pipeline.experiments)
         if args.write_outputs:
-            outputs = pipeline.resources.stack_outputs()
-            args.write_outputs.write_text(json.dumps({topology.stack_name(args.experiment): outputs}, indent=2))
+            outputs = {
+                topology.stack_name(name): local.resources.stack_outputs()
+                for name, local in pipeline.experiments.items()
+            }
+            args.write_outputs.write_text(json.dumps(outputs, indent=2))
         print(
-            f"local pipeline up: experiment {args.experiment}, AWS endpoint {pipeline.endpoint_url}, "
-            f"model {pipeline.model_url}, logs in {pipeline.work_dir}",
+            f"local pipeline up: experiment{'s' if len(names) > 1 else ''} {', '.join(names)} on one local account, "
+            f"AWS endpoint {pipeline.endpoint_url}, model {pipeline.model_url}, logs in {pipeline.work_dir}",
             file=out,
         )
         if args.write_outputs:
             print(f"stack outputs written to {args.write_outputs}", file=out)
-        print(local_up_block(pipeline.endpoint_url, args.experiment), file=out)
+        for name in names:
+            print(local_up_block(pipeline.endpoint_url, name), file=out)
         print("Ctrl-C stops the pipeline.", file=out, flush=True)
         while True:
             time.sleep(3600)

@@ -24,6 +24,7 @@ from rollout_pipeline import ids, warm_cost
 from rollout_pipeline.contracts import (
     BatchAccepted,
     BatchCompleted,
+    BudgetExhausted,
     DetailType,
     RolloutCompleted,
     RolloutFailed,
@@ -42,6 +43,10 @@ BUNDLED_DATASETS: Final = {"arithmetic": ("arithmetic_sample.jsonl", 32), "gsm8k
 DEFAULT_DATASET: Final = "arithmetic"
 #: `max_tokens` for a dataset that is not bundled.
 DEFAULT_MAX_TOKENS: Final = 256
+#: When the demo's budget runs out it waits (at most this long) for the rollouts in flight to finish, so the pause
+#: shows, then raises the budget by this factor, as `rollouts budget set` would.
+PAUSE_SHOWN_S: Final = 120.0
+BUDGET_RAISE: Final = 100.0
 
 
 def sample_dataset_path(name: str = DEFAULT_DATASET) -> Path:
@@ -113,6 +118,11 @@ class DemoResult:
     dead_letters: dict[str, int] = field(default_factory=dict)
     #: The whole run (start-up included); the batch's own duration is `completed.duration_s`.
     elapsed_s: float = 0.0
+    budget_warnings: int = 0
+    budget_exhaustions: int = 0
+    #: Rollouts that ended after dispatch paused on the budget (those already in flight), and those that waited.
+    ended_after_pause: int = 0
+    waited_on_budget: int = 0
     #: Ctrl-C (or SIGTERM) stopped the run before the batch completed.
     interrupted: bool = False
     #: The warm pool: sessions it held when the batch was submitted, rollouts that started in one, the local
@@ -219,7 +229,7 @@ def _watch_batch(pipeline: LocalPipeline, batch_id: str, report: DemoResult, out
                 warm = ", warm session" if detail.timings.session_warmed_at else ""
                 display.line(
                     f"Rollout Completed {detail.rollout_id:<14} reward {detail.reward:.2f} (attempt {detail.attempt}"
-                    f"{warm})"
+                    f"{warm})" + (f" cost ${detail.cost.usd:.6f}" if detail.cost is not None else "")
                 )
             elif event.detail_type is DetailType.ROLLOUT_FAILED:
                 report.rollouts_failed[str(detail.reason)] = report.rollouts_failed.get(str(detail.reason), 0) + 1
@@ -235,6 +245,19 @@ def _watch_batch(pipeline: LocalPipeline, batch_id: str, report: DemoResult, out
                 )
             elif event.detail_type is DetailType.BATCH_COMPLETED:
                 report.completed = detail
+            elif event.detail_type is DetailType.BUDGET_WARNING:
+                report.budget_warnings += 1
+                display.line(
+                    f"Budget Warning    ${detail.spent_usd:.6f} of ${detail.budget_usd:.6f} spent "
+                    f"({detail.spent_usd / detail.budget_usd:.0%}): at 100% dispatch pauses"
+                )
+            elif event.detail_type is DetailType.BUDGET_EXHAUSTED:
+                report.budget_exhaustions += 1
+                display.line(
+                    f"Budget Exhausted  ${detail.spent_usd:.6f} of ${detail.budget_usd:.6f} spent: dispatch paused; "
+                    f"{detail.rollouts_in_flight} in flight finish, {detail.rollouts_waiting} wait (queued)"
+                )
+                _show_pause_then_raise(pipeline, report, detail, display)
             if isinstance(detail, RolloutCompleted | RolloutFailed):
                 _count_warm(report, detail)
                 latency = _latency_ms(detail)
@@ -268,6 +291,31 @@ def _warm_lines(report: DemoResult) -> list[str]:
         f"  warm sessions' idle memory: {report.warm_idle_gb_s:,.0f} GB-s = ${report.warm_idle_usd:.4f} on AgentCore "
         f"(priced at {warm_cost.SESSION_MEMORY_GB:g} GB a session, an upper bound)",
     ]
+
+
+def _show_pause_then_raise(
+    pipeline: LocalPipeline, report: DemoResult, exhausted: BudgetExhausted, display: _Display
+) -> None:
+    """The budget ran out: wait for the rollouts in flight to finish (nothing new starts), then raise the budget as
+    `rollouts budget set` would, so the batch completes."""
+    ended_before = pipeline.experiment.status(report.batch_id).terminal
+    deadline = time.monotonic() + PAUSE_SHOWN_S
+    status = pipeline.experiment.status(report.batch_id)
+    while status.running and time.monotonic() < deadline:  # those in flight finish; nothing new starts
+        time.sleep(0.5)
+        status = pipeline.experiment.status(report.batch_id)
+    report.ended_after_pause = status.terminal - ended_before
+    report.waited_on_budget = status.queued or 0
+    display.line(
+        f"  paused: {status.running} running, {status.terminal} ended ({report.ended_after_pause} of them after the "
+        f"pause), {status.queued} queued, {status.failed} failed"
+    )
+    raised = exhausted.budget_usd * BUDGET_RAISE
+    pipeline.experiment.set_budget(raised)
+    display.line(
+        f"  raising the budget to ${raised:.4f}, as `rollouts budget set -e {pipeline.experiment.name} {raised:.4f}` "
+        "would: dispatch resumes where it stopped"
+    )
 
 
 def print_summary(report: DemoResult, out: TextIO) -> None:
@@ -308,6 +356,19 @@ def print_summary(report: DemoResult, out: TextIO) -> None:
             f"  result written -> event published: median {statistics.median(values):.0f} ms, p95 {p95:.0f} ms"
         )
     lines += _warm_lines(report)
+    if done is not None and done.cost is not None:
+        cost = done.cost
+        per = cost.usd / cost.rollouts if cost.rollouts else 0.0
+        lines.append(
+            f"  cost ${cost.usd:.6f} (${per:.6f} per rollout; AgentCore memory ${cost.agentcore_memory_usd:.6f}, "
+            f"CPU ${cost.agentcore_cpu_usd:.6f} measured for {cost.cpu_measured} of {cost.rollouts}, pipeline "
+            f"${cost.pipeline_usd:.6f}): what this run would cost on AgentCore (docs/costs.md)"
+        )
+    if report.budget_exhaustions:
+        lines.append(
+            f"  budget: {report.budget_warnings} warning, {report.budget_exhaustions} exhausted; dispatch paused with "
+            f"{report.waited_on_budget} rollouts queued, resumed when the budget was raised"
+        )
     warning = done.reward_signal_warning if done is not None else None
     if warning:
         lines.append(f"  WARNING {warning}")

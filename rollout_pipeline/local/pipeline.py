@@ -35,7 +35,8 @@ from rollout_pipeline.fakes import faithful
 from rollout_pipeline.local.lambda_runtime import QueueConsumer, Schedule
 from rollout_pipeline.local.model_server import MODEL_ID, LocalModelServer
 from rollout_pipeline.local.moto_server import local_aws_environ, moto_server, patched_environ
-from rollout_pipeline.local.resources import ExperimentResources, create_resources, register_stack
+from rollout_pipeline.local.resources import ExperimentResources, create_pool, create_resources, register_stack
+from rollout_pipeline.quotas import DEFAULT_RESERVE, AccountQuotas, PoolSettings
 from rollout_pipeline.wiring import Wiring
 
 log = logging.getLogger(__name__)
@@ -88,6 +89,8 @@ class LocalSettings:
     #: sweeper's schedule). Local mode ticks it on its own schedule, so the sweeper does not loop on it.
     warm_sessions: int | str = 0
     warm_interval_s: float = 2.0
+    #: Rollouts held on a spent budget come back this much later (deployed: a minute, `LifecycleDeps`).
+    budget_recheck_s: int = 3
     work_dir: Path | None = None
     #: The port of the local AWS endpoint (`http://127.0.0.1:PORT`); None: a free one.
     port: int | None = None
@@ -96,14 +99,35 @@ class LocalSettings:
     runtime_factory: Callable[[ExperimentResources], Any] | None = None
     #: Other `ExperimentConfig` fields, as the deployed stack would take them (`Experiment.launch(mode="local")`).
     experiment_settings: dict[str, Any] = field(default_factory=dict)
+    #: More experiments on the same local account (same settings but the name): one moto endpoint, one account
+    #: pool, one local AgentCore whose quotas are the account's, each experiment with its own resources and Lambdas.
+    also: tuple[str, ...] = ()
+    #: The local account's AgentCore new-session quota (sessions/s, every experiment together; the local AgentCore
+    #: refuses beyond it as AgentCore does): None, AgentCore's documented 25/s.
+    account_new_sessions_per_s: float | None = None
+    #: The share of each budget the account pool leaves unused (None: `quotas.DEFAULT_RESERVE`).
+    capacity_reserve: float | None = None
+    #: False: no account pool, each experiment keeps its own limits as if it owned the account (comparisons only).
+    account_pool: bool = True
 
-    def experiment_config(self, model_url: str) -> ExperimentConfig:
-        """The experiment's configuration, as the stack would take it; `ConfigError` (one line naming every bad
-        setting) when a setting is invalid: `LocalPipeline.start` checks it before it starts anything."""
+    def names(self) -> tuple[str, ...]:
+        """Every experiment of the run, the first one (`experiment`) first."""
+        return (self.experiment, *(name for name in self.also if name != self.experiment))
+
+    def pool_settings(self) -> PoolSettings:
+        """The local account pool: AgentCore's documented quotas of the local region, the new-session one as set."""
+        quotas = AccountQuotas.defaults(REGION).overridden(new_sessions_per_s=self.account_new_sessions_per_s)
+        reserve = DEFAULT_RESERVE if self.capacity_reserve is None else self.capacity_reserve
+        return PoolSettings(quotas, reserve=reserve)
+
+    def experiment_config(self, model_url: str, name: str | None = None) -> ExperimentConfig:
+        """The experiment's configuration (`name`: one of `names()`, the first by default), as the stack would take
+        it; `ConfigError` (one line naming every bad setting) when a setting is invalid: `LocalPipeline.start` checks
+        it before it starts anything."""
         return validate_config(
             {
                 **self.experiment_settings,
-                "name": self.experiment,
+                "name": name or self.experiment,
                 "group_size": self.group_size,
                 "tps_limit": self.tps_limit,
                 "max_sessions": self.max_sessions,
@@ -140,8 +164,13 @@ class LocalPipeline:
         self.experiment: Any = None
         self.consumers: list[QueueConsumer] = []
         self.sweeper: Schedule | None = None
+        #: The first experiment's warm-pool schedule (every experiment's: `_warm_schedules`).
         self.warm: Schedule | None = None
-        self._lifecycle: Any = None
+        self._warm_schedules: list[Schedule] = []
+        #: Every experiment of the local account by name (the first is `resources`, `wiring`, `experiment`).
+        self.experiments: dict[str, LocalExperiment] = {}
+        self._lifecycles: list[Any] = []
+        self._sweepers: list[Schedule] = []
         #: The agent processes this run started (not a `runtime_factory`'s runtime, which its caller owns).
         self._agents: Any = None
         self._stop_by = 0.0
@@ -191,9 +220,14 @@ class LocalPipeline:
             self.model_url = model.start()
         log.info("model at %s", self.model_url)
 
-        config = self.settings.experiment_config(self.model_url)
-        self.resources = create_resources(config, region=REGION, client=self.clients.client)
-        register_stack(self.resources, client=self.clients.client)  # a second process attaches by name
+        pool = self.settings.pool_settings()
+        create_pool(self.clients.client, region=REGION, settings=pool)
+        configs = [self.settings.experiment_config(self.model_url, name) for name in self.settings.names()]
+        shared = pool if self.settings.account_pool else False
+        every = [create_resources(config, region=REGION, client=self.clients.client, pool=shared) for config in configs]
+        for resources in every:
+            register_stack(resources, client=self.clients.client)  # a second process attaches by name
+        self.resources = every[0]
         handler_env = {  # Powertools reads its own; the handlers get everything else from the wiring
             "POWERTOOLS_SERVICE_NAME": "rollouts-local",
             "POWERTOOLS_METRICS_NAMESPACE": metric_names.METRICS_NAMESPACE,
@@ -204,26 +238,29 @@ class LocalPipeline:
         # Metrics are off locally, and Powertools says so at every flush of an empty store: noise on `up`'s console.
         warnings.filterwarnings("ignore", message="No application metrics to publish", category=UserWarning)
 
+        # One local AgentCore for the account: every experiment's sessions, under the account's quotas.
         if self.settings.runtime_factory is not None:
             self.runtime = self.settings.runtime_factory(self.resources)
         else:
-            self.runtime = self._start_agents(aws_env)
-        # The attempt-token key: random per run (the stack's is a generated secret), in this process only.
-        attempt_key = secrets.token_bytes(32)
-        self.wiring = Wiring(
-            self.resources.settings(), self.clients, runtime=self.runtime, attempt_key=lambda: attempt_key
-        )
+            self.runtime = self._start_agents(aws_env, pool, sum(config.max_sessions for config in configs))
         # An SDK experiment of this process attached to this endpoint (the ART backend) cancels through it too.
         register_local_runtime(self.endpoint_url, self.runtime)
         stack.callback(register_local_runtime, self.endpoint_url, None)
-        self._start_consumers()
 
         from rollout_pipeline.sdk import Experiment
 
-        self.experiment = Experiment.local(self.endpoint_url, outputs=self.resources.stack_outputs(), region=REGION)
+        for resources in every:
+            # The attempt-token key: random per run and experiment (the stack's is a generated secret).
+            key = _key(secrets.token_bytes(32))
+            wiring = Wiring(resources.settings(), self.clients, runtime=self.runtime, attempt_key=key)
+            consumers, sweeper = self._start_consumers(resources, wiring)
+            sdk = Experiment.local(self.endpoint_url, outputs=resources.stack_outputs(), region=REGION)
+            self.experiments[resources.config.name] = LocalExperiment(resources, wiring, consumers, sweeper, sdk)
+        first = self.experiments[self.resources.config.name]
+        self.wiring, self.sweeper, self.experiment = first.wiring, first.sweeper, first.sdk
         log.info("local pipeline up in %.1f s (work dir %s)", time.monotonic() - started, self.work_dir)
 
-    def _start_agents(self, aws_env: Mapping[str, str]) -> Any:
+    def _start_agents(self, aws_env: Mapping[str, str], pool: PoolSettings, max_sessions: int) -> Any:
         from rollout_pipeline.local.acr import LocalAgentRuntime
 
         runtime = LocalAgentRuntime(
@@ -234,8 +271,9 @@ class LocalPipeline:
                 **self.settings.agent_env,
                 **({API_KEY_ENV: self.settings.model_api_key} if self.settings.model_api_key else {}),
             },
-            # One more process than the experiment's session limit: the ledger's limit is the binding one.
-            max_sessions=self.settings.max_sessions + 1,
+            # One more process than the experiments' session limits: the ledger's limits are the binding ones.
+            max_sessions=max_sessions + 1,
+            new_sessions_per_s=pool.quotas.new_sessions_per_s,
             warm_processes=self.settings.warm_processes,
             isolation="shared" if self.settings.isolation == "shared" else "process",
             startup_timeout_s=self.settings.agent_startup_timeout_s,
@@ -246,30 +284,30 @@ class LocalPipeline:
         runtime.start()
         return runtime
 
-    def _start_consumers(self) -> None:
+    def _start_consumers(self, res: ExperimentResources, wiring: Wiring) -> tuple[list[QueueConsumer], Schedule]:
+        """One experiment's Lambdas: the very handler code, over its wiring (passed down, not installed
+        process-wide), with the stack's batch sizes and timeouts (topology), concurrency as the stack's unless
+        overridden; and its sweeper on a schedule."""
         import lambdas.completion
         import lambdas.dispatch
         import lambdas.ingest
         import lambdas.sweeper
 
-        assert self.resources is not None
-        res = self.resources
         specs = consumer_specs(res.config, self.settings.concurrency_overrides)
         queues = {
             "ingest": res.ingest_queue_url,
             "dispatch": res.rollout_queue_url,
             "completion": res.completion_queue_url,
         }
-        # The very handler code of the Lambdas, over this run's wiring (passed down, not installed process-wide).
-        assert self.wiring is not None
-        lifecycle = self._lifecycle = self.wiring.lifecycle()
+        lifecycle = wiring.lifecycle()
+        lifecycle.budget_recheck_s = self.settings.budget_recheck_s
+        self._lifecycles.append(lifecycle)
         handlers = {
-            "ingest": lambdas.ingest.function.bind(self.wiring.ingestion()),
+            "ingest": lambdas.ingest.function.bind(wiring.ingestion()),
             "dispatch": lambdas.dispatch.function.bind(lifecycle),
             "completion": lambdas.completion.function.bind(lifecycle),
         }
-        # The stack's batch sizes and timeouts (topology); concurrency as the stack's unless overridden above.
-        self.consumers = [
+        consumers = [
             QueueConsumer(
                 name,
                 queues[name],
@@ -282,24 +320,29 @@ class LocalPipeline:
             )
             for name, spec in specs.items()
         ]
-        for consumer in self.consumers:
+        for consumer in consumers:
             consumer.handler = _clearing_metrics(consumer.handler)
             consumer.start()
             self._stack.callback(self._stop_within_grace, consumer.stop)
+        self.consumers.extend(consumers)
         self._stack.callback(_clear_metrics)
-        self.sweeper = Schedule(
+        sweeper = Schedule(
             "sweeper",
             _clearing_metrics(lambdas.sweeper.function.bind(lifecycle)),
             interval_s=self.settings.sweep_interval_s,
             timeout_s=topology.FUNCTIONS["sweeper"].timeout_s,
         )
-        self.sweeper.start()
-        self._stack.callback(self._stop_within_grace, self.sweeper.stop)
+        sweeper.start()
+        self._sweepers.append(sweeper)
+        self._stack.callback(self._stop_within_grace, sweeper.stop)
         lifecycle.warm_loop_s = 0.0  # the warm pool ticks on its own schedule here (the stack: in the sweeper)
         if res.config.warm_pool_on:
-            self.warm = Schedule("warm-pool", _warm_tick(lifecycle), interval_s=self.settings.warm_interval_s)
-            self.warm.start()
-            self._stack.callback(self._stop_within_grace, self.warm.stop)
+            warm = Schedule("warm-pool", _warm_tick(lifecycle), interval_s=self.settings.warm_interval_s)
+            warm.start()
+            self._warm_schedules.append(warm)
+            self.warm = self.warm or warm
+            self._stack.callback(self._stop_within_grace, warm.stop)
+        return consumers, sweeper
 
     def begin_stop(self) -> None:
         """Tell every consumer and the sweeper to take no more work, end the dispatchers' waits for a session slot
@@ -308,12 +351,12 @@ class LocalPipeline:
         rest)."""
         for consumer in self.consumers:
             consumer.request_stop()
-        if self.sweeper is not None:
-            self.sweeper.request_stop()
-        if self.warm is not None:
-            self.warm.request_stop()
-        if self._lifecycle is not None:
-            self._lifecycle.slots.close()
+        for sweeper in self._sweepers:
+            sweeper.request_stop()
+        for warm in self._warm_schedules:
+            warm.request_stop()
+        for lifecycle in self._lifecycles:
+            lifecycle.slots.close()
         if self._agents is not None:  # sessions end with the run; an invoke still starting a process gives up
             self._agents.close()
 
@@ -339,15 +382,28 @@ class LocalPipeline:
         """Agent sessions not stopped yet (each terminal rollout must have stopped its own)."""
         return list(self.runtime.sessions()) if self.runtime is not None else []
 
-    def dead_letters(self) -> dict[str, int]:
-        """Messages in each dead-letter queue (a healthy run has none)."""
-        assert self.resources is not None
+    def dead_letters(self, experiment: str | None = None) -> dict[str, int]:
+        """Messages in each dead-letter queue of `experiment` (the first by default; a healthy run has none)."""
+        resources = self.experiments[experiment].resources if experiment else self.resources
+        assert resources is not None
         sqs = self.clients.client("sqs")
         counts = {}
-        for name, url in self.resources.dlq_urls.items():
+        for name, url in resources.dlq_urls.items():
             attrs = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["ApproximateNumberOfMessages"])
             counts[name] = int(attrs["Attributes"]["ApproximateNumberOfMessages"])
         return counts
+
+
+@dataclass(frozen=True)
+class LocalExperiment:
+    """One experiment of the local account: its resources, wiring, Lambdas (queue consumers, the sweeper) and the
+    SDK attached to it."""
+
+    resources: ExperimentResources
+    wiring: Wiring
+    consumers: list[QueueConsumer]
+    sweeper: Schedule
+    sdk: Any
 
 
 def consumer_specs(config: ExperimentConfig, overrides: Mapping[str, int]) -> dict[str, topology.FunctionSpec]:
@@ -378,6 +434,10 @@ def _warm_tick(lifecycle: Any) -> Callable[[dict[str, Any], Any], Any]:
         return pool.tick(budget_s=WARM_TICK_BUDGET_S)
 
     return tick
+
+
+def _key(value: bytes) -> Callable[[], bytes]:
+    return lambda: value
 
 
 def _clear_metrics() -> None:

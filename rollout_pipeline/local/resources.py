@@ -12,11 +12,14 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
-from rollout_pipeline import routing, topology
+from rollout_pipeline import ids, routing, topology
 from rollout_pipeline.config import ExperimentConfig, HandlerSettings
 from rollout_pipeline.fakes import faithful
 from rollout_pipeline.ledger import keys
+from rollout_pipeline.ledger.pool import PoolLedger
+from rollout_pipeline.ledger.pool_schema import create_pool_table_kwargs
 from rollout_pipeline.ledger.schema import create_table_kwargs
+from rollout_pipeline.quotas import AccountQuotas, PoolSettings
 
 LOCAL_ACCOUNT = "123456789012"
 DLQ_MAX_RECEIVE_COUNT = topology.DLQ_MAX_RECEIVE_COUNT
@@ -35,6 +38,8 @@ class ExperimentResources:
     runtime_arn: str
     queue_urls: dict[str, str]
     dlq_urls: dict[str, str]
+    #: The local account's pool table ("" without one: the experiment keeps its own limits).
+    pool_table_name: str = ""
 
     @property
     def ingest_queue_url(self) -> str:
@@ -68,6 +73,7 @@ class ExperimentResources:
             bus_name=self.bus_name,
             table_name=self.table_name,
             runtime_arn=self.runtime_arn,
+            pool_table_name=self.pool_table_name,
         ).to_outputs()
 
 
@@ -75,8 +81,24 @@ def _base(config: ExperimentConfig) -> str:
     return topology.resource_base(config.name)
 
 
-def create_resources(config: ExperimentConfig, *, region: str, client: Any) -> ExperimentResources:
-    """Create buckets, table, bus, queues and rules. `client(service)` returns a boto3 client (moto)."""
+def create_pool(client: Any, *, region: str, settings: PoolSettings | None = None) -> str:
+    """Create the local account's pool table (`topology.POOL_TABLE_NAME`) if it does not exist, and write
+    `settings` (none: the documented quotas of `region`, unless the pool already has settings). Returns its name."""
+    ddb = client("dynamodb")
+    name = topology.POOL_TABLE_NAME
+    with contextlib.suppress(ddb.exceptions.ResourceInUseException):
+        ddb.create_table(**create_pool_table_kwargs(name))
+    pool = PoolLedger.open(name, ddb, region=region)
+    if settings is not None or not pool.read().configured:
+        pool.write_settings(settings or PoolSettings(AccountQuotas.defaults(region)))
+    return name
+
+
+def create_resources(
+    config: ExperimentConfig, *, region: str, client: Any, pool: bool | PoolSettings = True
+) -> ExperimentResources:
+    """Create buckets, table, bus, queues and rules, and the account pool unless `pool` is False (a `PoolSettings`:
+    with those settings). `client(service)` returns a boto3 client (moto)."""
     base = _base(config)
     s3, sqs, events, ddb = client("s3"), client("sqs"), client("events"), client("dynamodb")
 
@@ -138,9 +160,15 @@ def create_resources(config: ExperimentConfig, *, region: str, client: Any) -> E
         results_bucket=results_bucket,
         table_name=table_name,
         bus_name=bus_name,
-        runtime_arn=f"arn:aws:bedrock-agentcore:{region}:{LOCAL_ACCOUNT}:runtime/{config.runtime_name}-local",
+        runtime_arn=(
+            f"arn:aws:bedrock-agentcore:{region}:{LOCAL_ACCOUNT}:runtime/{config.runtime_name}"
+            f"{ids.LOCAL_RUNTIME_SUFFIX}"
+        ),
         queue_urls=queue_urls,
         dlq_urls=dlq_urls,
+        pool_table_name=""
+        if pool is False
+        else create_pool(client, region=region, settings=pool if isinstance(pool, PoolSettings) else None),
     )
 
 

@@ -189,6 +189,16 @@ class CdkCli:
             argv += ["--output", str(self.output_dir)]
         return [*argv, "--no-notices", *options]
 
+    def pool_command(self, verb: str, context: Mapping[str, Any], *options: str) -> list[str]:
+        """`cdk VERB RolloutsPool -c rollouts_pool=true -c key=value ... --no-notices OPTIONS`: the account pool's
+        stack (`rollouts bootstrap`)."""
+        argv = [str(self.executable), verb, topology.POOL_STACK_NAME, "-c", "rollouts_pool=true"]
+        for key in sorted(context):
+            argv += ["-c", f"{key}={context_value(context[key])}"]
+        if self.output_dir is not None:
+            argv += ["--output", str(self.output_dir)]
+        return [*argv, "--no-notices", *options]
+
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)
         env["CDK_DISABLE_CLI_TELEMETRY"] = "1"

@@ -22,10 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Final, Protocol
 
-from rollout_pipeline import ids, topology
+from rollout_pipeline import ids, quotas, topology
 from rollout_pipeline.config import ConfigError, ExperimentConfig
 from rollout_pipeline.ops import cdk, preflight, subscriptions, upgrade
 from rollout_pipeline.ops.deploy_settings import STACK_KEYS, DeploySettings
+from rollout_pipeline.quotas import AccountQuotas
 from rollout_pipeline.sdk._aws import AwsClients, aws_errors
 from rollout_pipeline.sdk.errors import NoCredentials, SdkError
 from rollout_pipeline.sdk.experiment import Experiment, read_outputs_file
@@ -288,8 +289,9 @@ class Deployment:
     def deploy(self, *, yes: bool = False, force: bool = False) -> Experiment:
         """Create or update the stack (nothing when it is up to date) and return the attached experiment. An update
         refuses while rollouts are in flight (`ops.upgrade.check_update`) unless `force` (never for a new ledger
-        layout or new `endpoints`)."""
-        planned = self._ready()
+        layout or new `endpoints`). An account without the account pool gets it first (`bootstrap_pool`: once per
+        account and region)."""
+        planned = self._ready(yes=yes)
         cloudformation = self.aws.client("cloudformation")
         stack = topology.stack_name(self.name)
         status = cdk.stack_status(cloudformation, self.name)
@@ -308,14 +310,17 @@ class Deployment:
             raise SdkError(f"deploy of {stack} cancelled: nothing changed")
         return self._deploy(planned, cloudformation, created=status is None)
 
-    def _ready(self) -> Plan:
-        """Validated settings, the CLI and its toolchain, the region and the preflight: everything before the
-        stack is read."""
+    def _ready(self, *, yes: bool = False) -> Plan:
+        """Validated settings, the CLI and its toolchain, the region, the account pool and the preflight:
+        everything before the stack is read."""
         planned = self.plan()
         self.cli.check_installed()
         if self.aws.region is None:
             raise SdkError("no AWS region configured: pass region=... (--region), or set AWS_REGION")
         self._cli_account()
+        if not pool_exists(self.aws):
+            self._say(f"no account pool in {self.aws.region} yet: creating it first (`rollouts bootstrap`)")
+            bootstrap_pool(self.aws, self.cli, {}, out=self.out, yes=yes, confirm=self.confirm)
         checks = self.checks(planned, self.aws)
         for check in checks:
             if check.level == "warning":
@@ -466,6 +471,7 @@ class Deployment:
 
         self._cli_account()
         self._run_destroy(self.aws.client("cloudformation"), destroy_context(experiment.config))
+        leave_pool(experiment)
         if not keep_results and retained:
             with aws_errors(f"delete bucket {experiment.results_bucket}"):
                 experiment.client("s3").delete_bucket(Bucket=experiment.results_bucket)
@@ -554,3 +560,80 @@ def empty_bucket(s3: Any, bucket: str) -> int:
                     raise SdkError(f"cannot delete s3://{bucket}/{first.get('Key')}: {first.get('Message')}")
                 count += len(chunk)
     return count
+
+
+# ---------------------------------------------------------------------------------------------- the account pool
+
+
+def leave_pool(experiment: Experiment) -> None:
+    """Take a destroyed experiment out of the account pool at once (its entry would otherwise count its last
+    sessions in flight until its heartbeat is stale, and stay listed an hour); best effort."""
+    from rollout_pipeline.ledger.pool import PoolLedger
+
+    table = experiment.stack_outputs.pool_table_name or topology.POOL_TABLE_NAME
+    try:
+        PoolLedger.open(table, experiment.client("dynamodb")).leave(experiment.name)
+    except Exception as exc:  # the pool forgets a member that stopped renewing anyway
+        logger.warning("could not take %s out of the account pool: %s", experiment.name, exc)
+
+
+def pool_exists(aws: AwsClients) -> bool:
+    """Whether the account pool's table exists in the region (DescribeTable)."""
+    from rollout_pipeline.sdk._aws import error_code
+
+    try:
+        aws.client("dynamodb").describe_table(TableName=topology.POOL_TABLE_NAME)
+    except Exception as exc:
+        if error_code(exc) == "ResourceNotFoundException":
+            return False
+        raise
+    return True
+
+
+def pool_context(aws: AwsClients, overrides: Mapping[str, Any], out: IO[str]) -> dict[str, Any]:
+    """The pool stack's settings: the account's AgentCore quotas read from Service Quotas by code (their documented
+    defaults where it lists none, or when it cannot be read), then `overrides` (`quotas.POOL_CONTEXT_KEYS`, the
+    reserve)."""
+    region = aws.region or ""
+    try:
+        account = preflight.read_account_quotas(preflight.QuotaReader(aws.client("service-quotas")), region)
+    except Exception as exc:  # no Service Quotas access: the documented values, said so
+        out.write(f"warning: cannot read Service Quotas ({exc}): the documented quotas are used\n")
+        account = AccountQuotas.defaults(region)
+    context: dict[str, Any] = {
+        "new_session_quota": account.new_sessions_per_s,
+        "data_plane_quota": account.data_plane_per_s,
+        "active_session_quota": account.active_sessions,
+        quotas.SOURCE_KEY: account.source,
+    }
+    given = {key: value for key, value in overrides.items() if value not in (None, "")}
+    if any(key in quotas.POOL_CONTEXT_KEYS for key in given):
+        context[quotas.SOURCE_KEY] = f"{account.source}+override"
+    return {**context, **given}
+
+
+def bootstrap_pool(
+    aws: AwsClients,
+    cli: cdk.CdkCli,
+    overrides: Mapping[str, Any],
+    *,
+    out: IO[str],
+    yes: bool = False,
+    confirm: Confirm | None = None,
+) -> dict[str, Any]:
+    """Create or update the account pool's stack (`rollouts bootstrap`): one per account and region, shared by every
+    experiment there. Returns the settings it was deployed with."""
+    context = pool_context(aws, overrides, out)
+    try:
+        quotas.pool_settings(context, aws.region)
+    except quotas.PoolSettingsError as exc:
+        raise SdkError(str(exc)) from None
+    summary = ", ".join(f"{key}={value}" for key, value in sorted(context.items()))
+    out.write(f"account pool {topology.POOL_STACK_NAME} in {aws.region}: {summary}\n")
+    if not yes and not (confirm or (lambda q: ask(q, stream=out)))(f"Deploy {topology.POOL_STACK_NAME}?"):
+        raise SdkError("bootstrap cancelled: nothing changed")
+    run = cli.run(cli.pool_command("deploy", context, "--require-approval", "never"))
+    if run.returncode != 0:
+        raise SdkError(f"deploy of {topology.POOL_STACK_NAME} failed: {run.last_error()} (see {run.log_path})")
+    out.write(f"account pool ready ({run.log_path})\n")
+    return context

@@ -22,6 +22,8 @@ ResourceKind = Literal[
     "rollout_queue",
     "trainer_queue",
     "ledger",
+    "pool",
+    "ledger_batches",
     "bus",
     "runtime",
     "subscription_queues",
@@ -44,6 +46,10 @@ TRAINER_ACTIONS: Final[Mapping[ResourceKind, tuple[str, ...]]] = {
         "sqs:GetQueueAttributes",
     ),
     "ledger": access.LEDGER_ITEM_ACTIONS,
+    # The account pool's one item: `Experiment.capacity` reads it, a cancel's stops renew the experiment's lease.
+    "pool": access.POOL_ITEM_ACTIONS,
+    # Experiment.cost lists the experiment's batches: a Query of the `deadline` index's batch partition
+    "ledger_batches": ("dynamodb:Query",),
     "bus": ("events:PutEvents",),  # submit publishes Batch Accepted; cancel publishes the failures
     "runtime": ("bedrock-agentcore:StopRuntimeSession",),  # cancel stops running sessions
     # Private subscriptions (`Experiment.tap`, streams of some batches, the ART backend's per-process queue):

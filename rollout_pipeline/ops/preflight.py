@@ -4,9 +4,10 @@ Each check prints one line, `ok`, `warning` or `error`, with what to do. The che
 context plus `-c key=value` overrides, validated by the same code as `cdk synth`), the caller's account (STS), the
 AgentCore control plane of the region (is the service offered there), the account's quotas (Service Quotas, matched
 by quota code; ListServiceQuotas lists only quotas with an applied value, so the defaults of
-ListAWSDefaultServiceQuotas fill in the rest) against `max_sessions`, `session_rate_limit` (per endpoint), `tps_limit`
-and `endpoints`, where the agent image is built (CodeBuild ARM: offered in the region, concurrent builds allowed),
-Lambda concurrency (GetAccountSettings) against what the event sources ask, and the CDK bootstrap version (SSM).
+ListAWSDefaultServiceQuotas fill in the rest) against `max_sessions`, `session_rate_limit`, `tps_limit` and
+`endpoints` (an error for a setting above the account's quota), the account pool (`rollouts bootstrap`), where the
+agent image is built (CodeBuild ARM: offered in the region, concurrent builds allowed), Lambda concurrency
+(GetAccountSettings) against what the event sources ask, and the CDK bootstrap version (SSM).
 
 Quota codes are not in AWS's documentation; `QUOTAS` names each with the exact name it is listed under (a code that
 is not found falls back to that name, the full string) and docs/deploy.md says where each was found.
@@ -20,11 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
 
+from rollout_pipeline import quotas
 from rollout_pipeline.config import ConfigError, ExperimentConfig
 from rollout_pipeline.ops.deploy_settings import DeploySettings, private_model_url_problem
+from rollout_pipeline.quotas import AccountQuotas, QuotaRef
 
 Level = Literal["ok", "warning", "error"]
-AGENTCORE_QUOTAS_SERVICE: Final = "bedrock-agentcore"
+AGENTCORE_QUOTAS_SERVICE: Final = quotas.AGENTCORE_SERVICE
 BOOTSTRAP_VERSION_PARAMETER: Final = "/cdk-bootstrap/hnb659fds/version"
 #: The oldest bootstrap stack version that holds what `cdk deploy` of this stack needs (file assets, roles).
 MIN_BOOTSTRAP_VERSION: Final = 6
@@ -80,24 +83,13 @@ def settings_checks(context: Mapping[str, Any]) -> tuple[list[Check], Experiment
     return checks, config
 
 
-@dataclass(frozen=True)
-class QuotaRef:
-    """One Service Quotas quota: its service code, quota code and the exact name it is listed under."""
-
-    service: str
-    code: str
-    name: str
-
-
-#: AgentCore Runtime quotas. Codes as ListServiceQuotas returns them (see docs/deploy.md for the sources).
-ACTIVE_SESSIONS: Final = QuotaRef(AGENTCORE_QUOTAS_SERVICE, "L-3E5722B2", "Active Session Workloads per Account")
-NEW_SESSION_RATE: Final = QuotaRef(AGENTCORE_QUOTAS_SERVICE, "L-8EE2AEA2", "Rate of new Runtime session creation")
-#: The container-deployment session rate, reported per minute and per endpoint (one public listing; its name is not
-#: published, so it is matched by code only).
-CONTAINER_SESSION_RATE: Final = QuotaRef(AGENTCORE_QUOTAS_SERVICE, "L-0B3AF7ED", "")
-#: Every Runtime data-plane call (InvokeAgentRuntime, StopRuntimeSession, ...) per second, per account.
-DATA_PLANE_RATE: Final = QuotaRef(AGENTCORE_QUOTAS_SERVICE, "L-46ED137C", "Rate of Runtime data plane APIs")
-ENDPOINTS_PER_AGENT: Final = QuotaRef(AGENTCORE_QUOTAS_SERVICE, "L-9B442722", "Endpoints per Agent")
+#: AgentCore Runtime quotas: codes, names and documented defaults live in `quotas` (one home); docs/deploy.md and
+#: docs/aws-facts.md say where each was found.
+ACTIVE_SESSIONS: Final = quotas.ACTIVE_SESSIONS
+NEW_SESSION_RATE: Final = quotas.NEW_SESSION_RATE
+CONTAINER_SESSION_RATE: Final = quotas.CONTAINER_SESSION_RATE
+DATA_PLANE_RATE: Final = quotas.DATA_PLANE_RATE
+ENDPOINTS_PER_AGENT: Final = quotas.ENDPOINTS_PER_AGENT
 #: `cdklabs-deploy-time-build` builds the agent image on ARM_CONTAINER with compute type SMALL.
 CODEBUILD_ARM_SMALL: Final = QuotaRef(
     "codebuild", "L-5ED1D25B", "Concurrently running builds for ARM/Small environment"
@@ -233,88 +225,128 @@ def _request(ref: QuotaRef) -> str:
     return f"{ref.service} {ref.code}"
 
 
-def new_session_check(config: ExperimentConfig, reader: QuotaReader) -> Check:
-    """`session_rate_limit` is per endpoint, as the new-session quota: compare the two. The strictest of the
-    new-session quotas found binds. Whether the quota is per endpoint or per account is not documented for every
-    deployment type, so a total over all endpoints above it is a warning (never an error)."""
-    found = [q for q in (reader.find(NEW_SESSION_RATE), reader.find(CONTAINER_SESSION_RATE)) if q is not None]
-    if not found:
-        return compare("new sessions", "session_rate_limit", config.session_rate_limit, None, "/s")
-    binding = min(found, key=per_second)
-    limit = per_second(binding)
-    check = compare(
-        "new sessions",
-        "session_rate_limit",
-        config.session_rate_limit,
-        limit,
-        "/s per endpoint",
-        fix=_request(NEW_SESSION_RATE),
+def read_account_quotas(reader: QuotaReader, region: str) -> AccountQuotas:
+    """The account's AgentCore quotas in `region` by code (applied values, else the defaults Service Quotas lists),
+    each falling back to the documented default when Service Quotas does not list it. The new-session rate: the
+    strictest of the account rate and (where an account still lists it) the per-endpoint container rate.
+    Raises botocore's ClientError when Service Quotas cannot be read."""
+    documented = AccountQuotas.defaults(region)
+    found: list[str] = []
+
+    def value(ref: QuotaRef, rate: bool) -> float | None:
+        quota = reader.find(ref)
+        if quota is None:
+            return None
+        found.append(ref.code)
+        return per_second(quota) if rate else float(quota["Value"])
+
+    rates = [v for v in (value(NEW_SESSION_RATE, True), value(CONTAINER_SESSION_RATE, True)) if v is not None]
+    data_plane = value(DATA_PLANE_RATE, True)
+    active = value(ACTIVE_SESSIONS, False)
+    return AccountQuotas(
+        new_sessions_per_s=min(rates) if rates else documented.new_sessions_per_s,
+        data_plane_per_s=data_plane if data_plane is not None else documented.data_plane_per_s,
+        active_sessions=int(active) if active is not None else documented.active_sessions,
+        source="service-quotas" if len(found) >= 3 else "service-quotas+defaults" if found else "defaults",
     )
-    total = config.session_rate_limit * config.endpoints
-    if check.level == "ok" and config.endpoints > 1 and total > limit:
-        return Check(
+
+
+def capacity_checks(
+    config: ExperimentConfig, account: AccountQuotas, reserve: float = quotas.DEFAULT_RESERVE
+) -> list[Check]:
+    """The experiment's caps against the account's quotas: an error (naming the key) for a cap above the quota,
+    a warning above what the account pool can grant (the quota less its reserve)."""
+    scope = "per endpoint" if account.new_session_scope == "endpoint" else "per account"
+    asked: list[tuple[str, str, float | None, float, str, QuotaRef]] = [
+        (
             "new sessions",
-            "warning",
-            f"session_rate_limit={config.session_rate_limit:g} per endpoint is within {_label(binding)} "
-            f"({limit:.4g}/s), but {config.endpoints} endpoints make {total:g}/s: if the quota is per account, "
-            "lower session_rate_limit or request an increase",
-        )
-    return check
+            "session_rate_limit",
+            config.session_rate_limit,
+            account.new_sessions_per_s,
+            f"/s {scope}",
+            NEW_SESSION_RATE,
+        ),
+        (
+            "data-plane calls",
+            "tps_limit",
+            None if config.tps_limit is None else float(config.tps_limit),
+            account.data_plane_per_s,
+            "/s",
+            DATA_PLANE_RATE,
+        ),
+        (
+            "active sessions",
+            "max_sessions",
+            float(config.max_sessions),
+            float(account.active_sessions),
+            "",
+            ACTIVE_SESSIONS,
+        ),
+    ]
+    checks = []
+    for name, key, wanted, limit, unit, ref in asked:
+        if wanted is None:
+            checks.append(
+                Check(name, "ok", f"{key} not set: the experiment's share of {limit:.4g}{unit} (less the reserve)")
+            )
+            continue
+        check = compare(name, key, wanted, limit, unit, fix=_request(ref))
+        grantable = limit * (1 - reserve)
+        if check.level != "error" and wanted > grantable:
+            check = Check(
+                name,
+                "warning",
+                f"{key}={wanted:g} is above what the account pool grants ({limit:.4g}{unit} less the {reserve:.0%} "
+                f"reserve = {grantable:.4g}): the experiment gets at most that",
+            )
+        checks.append(check)
+    return checks
 
 
-def invoke_rate_check(config: ExperimentConfig, reader: QuotaReader) -> Check:
-    """`tps_limit` (InvokeAgentRuntime + StopRuntimeSession calls/s, all endpoints) against the account's data-plane
-    rate, and against the documented InvokeAgentRuntime rate per agent (no quota code is published for it)."""
-    quota = reader.find(DATA_PLANE_RATE)
-    check = compare(
-        "invoke rate",
-        "tps_limit",
-        config.tps_limit,
-        per_second(quota) if quota else None,
-        "/s",
-        fix=_request(DATA_PLANE_RATE),
-    )
-    if check.level == "ok" and config.tps_limit > DOCUMENTED_INVOKE_RATE_PER_AGENT:
-        return Check(
-            "invoke rate",
-            "warning",
-            f"tps_limit={config.tps_limit} is above AgentCore's documented InvokeAgentRuntime rate of "
-            f"{DOCUMENTED_INVOKE_RATE_PER_AGENT:g}/s per agent: check the agent's rate in Service Quotas",
-        )
-    return check
-
-
-def quota_checks(config: ExperimentConfig, client: Any) -> list[Check]:
+def quota_checks(config: ExperimentConfig, client: Any, region: str = "") -> list[Check]:
     """The experiment's limits against the account's AgentCore quotas in this region, matched by quota code."""
     from botocore.exceptions import ClientError
 
     reader = QuotaReader(client)
     try:
-        sessions = reader.find(ACTIVE_SESSIONS)
+        account = read_account_quotas(reader, region)
         endpoints = reader.find(ENDPOINTS_PER_AGENT)
-        return [
-            compare(
-                "active sessions",
-                "max_sessions",
-                config.max_sessions,
-                float(sessions["Value"]) if sessions else None,
-                "",
-                fix=_request(ACTIVE_SESSIONS),
-            ),
-            new_session_check(config, reader),
-            invoke_rate_check(config, reader),
-            compare(
-                "endpoints",
-                "endpoints",
-                config.endpoints,
-                float(endpoints["Value"]) if endpoints else None,
-                " per agent",
-                fix=_request(ENDPOINTS_PER_AGENT),
-            ),
-        ]
     except ClientError as exc:
         code = exc.response.get("Error", {}).get("Code", "")
         return [Check("quotas", "warning", f"cannot read Service Quotas ({code}): compare the limits by hand")]
+    return [
+        *capacity_checks(config, account),
+        compare(
+            "endpoints",
+            "endpoints",
+            config.endpoints,
+            float(endpoints["Value"]) if endpoints else None,
+            " per agent",
+            fix=_request(ENDPOINTS_PER_AGENT),
+        ),
+    ]
+
+
+def pool_check(client: Any, region: str) -> Check:
+    """The account pool exists in this region (its table, `topology.POOL_TABLE_NAME`); else the one command that
+    creates it."""
+    from botocore.exceptions import ClientError
+
+    from rollout_pipeline.topology import POOL_TABLE_NAME
+
+    try:
+        client.describe_table(TableName=POOL_TABLE_NAME)
+    except ClientError as exc:
+        code = exc.response.get("Error", {}).get("Code", "")
+        if code == "ResourceNotFoundException":
+            return Check(
+                "account pool",
+                "error",
+                f"no account pool in {region} (table {POOL_TABLE_NAME}): run `rollouts bootstrap` once per account "
+                "and region (`rollouts deploy` does it for you)",
+            )
+        return Check("account pool", "warning", f"cannot read table {POOL_TABLE_NAME} ({code})")
+    return Check("account pool", "ok", f"table {POOL_TABLE_NAME} in {region}")
 
 
 def codebuild_checks(region: str, reader: QuotaReader) -> list[Check]:
@@ -451,7 +483,8 @@ def run(
     checks.append(service_check(client("bedrock-agentcore-control"), region))
     if config is not None:
         service_quotas = client("service-quotas")
-        checks.extend(quota_checks(config, service_quotas))
+        checks.extend(quota_checks(config, service_quotas, region))
+        checks.append(pool_check(client("dynamodb"), region))
         if DeploySettings.from_context(context).image_mode == "codebuild":
             checks.extend(codebuild_checks(region, QuotaReader(service_quotas)))
         checks.append(lambda_check(config, client("lambda")))

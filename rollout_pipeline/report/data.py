@@ -247,6 +247,51 @@ def warm_starts(data: ReportData) -> int:
     return sum(1 for row in data.rows if row.get("session_warmed_at"))
 
 
+@dataclass(frozen=True)
+class Costs:
+    """The batch's rollouts' costs as published (`cost` of each export row), in the order they ended: cumulative
+    sums by part over seconds since `origin`."""
+
+    t: list[float]
+    memory: list[float]
+    cpu: list[float]
+    pipeline: list[float]
+    per_rollout: list[float]
+    cpu_measured: int
+    priced_as: str
+
+    @property
+    def total(self) -> float:
+        return (self.memory[-1] + self.cpu[-1] + self.pipeline[-1]) if self.t else 0.0
+
+
+def costs(data: ReportData) -> Costs:
+    """Cumulative cost over time from the export rows' `cost` (rows without one, e.g. older rollouts, are left out)."""
+    start = origin(data)
+    priced = []
+    for row in data.rows:
+        cost = row.get("cost")
+        if not isinstance(cost, dict) or start is None:
+            continue
+        ended = _seconds(row.get("finished_at"), start)
+        priced.append((0.0 if ended is None else ended, cost))
+    priced.sort(key=lambda pair: pair[0])
+    out = Costs([], [], [], [], [], 0, "")
+    memory = cpu = pipeline = 0.0
+    for ended, cost in priced:
+        memory += float(cost.get("agentcore_memory_usd") or 0.0)
+        cpu += float(cost.get("agentcore_cpu_usd") or 0.0)
+        pipeline += float(cost.get("pipeline_usd") or 0.0)
+        out.t.append(ended)
+        out.memory.append(memory)
+        out.cpu.append(cpu)
+        out.pipeline.append(pipeline)
+        out.per_rollout.append(float(cost.get("usd") or 0.0))
+    measured = sum(1 for _ended, cost in priced if cost.get("cpu") == "measured")
+    label = str(priced[0][1].get("priced_as") or "") if priced else ""
+    return Costs(out.t, out.memory, out.cpu, out.pipeline, out.per_rollout, measured, label)
+
+
 def throttled(data: ReportData) -> int:
     """Rollouts that failed because ACR kept throttling their start."""
     return sum(1 for row in data.rows if row.get("state") == "failed" and row.get("reason") == "throttled")

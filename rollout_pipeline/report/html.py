@@ -253,6 +253,35 @@ def _sessions_chart(data: ReportData) -> Chart:
     return Chart("sessions", "Sessions in flight vs the limit", caption, len(line.t), _svg(draw) if line.t else "")
 
 
+def _cost_chart(data: ReportData) -> Chart:
+    found = series.costs(data)
+    if not found.t:
+        return Chart(
+            "cost", "Cost", "No rollout of this batch carries a cost (it ended before costs were kept).", 0, ""
+        )
+
+    def draw(ax: Any) -> None:
+        memory_cpu = [m + c for m, c in zip(found.memory, found.cpu, strict=True)]
+        total = [mc + p for mc, p in zip(memory_cpu, found.pipeline, strict=True)]
+        ax.fill_between(found.t, found.memory, step="post", color="#1971c2", alpha=0.6, label="AgentCore memory")
+        ax.fill_between(found.t, found.memory, memory_cpu, step="post", color="#f0a202", alpha=0.6,
+                        label="AgentCore CPU")  # fmt: skip
+        ax.fill_between(found.t, memory_cpu, total, step="post", color="#2b8a3e", alpha=0.6, label="pipeline AWS")
+        ax.step(found.t, total, where="post", color="#212529", linewidth=1.2)
+        ax.set_xlabel("seconds since the batch was created (rollouts priced as they ended)")
+        ax.set_ylabel("USD, cumulative")
+        ax.legend(loc="upper left", frameon=False)
+
+    n = len(found.per_rollout)
+    caption = (
+        f"${found.total:.6f} for {n} rollouts (median ${statistics.median(found.per_rollout):.6f} each); memory "
+        f"${found.memory[-1]:.6f}, CPU ${found.cpu[-1]:.6f} (measured for {found.cpu_measured} of {n}, bounded for "
+        f"the rest), pipeline ${found.pipeline[-1]:.6f}. As published: each session's end estimated at its event; "
+        f"`rollouts cost` prints the exact figure. {found.priced_as}."
+    )
+    return Chart("cost", "Cost", caption, n, _svg(draw, _WIDE))
+
+
 CHARTS: Final = (
     _timeline_chart,
     _sessions_chart,
@@ -262,6 +291,7 @@ CHARTS: Final = (
     _latency_chart,
     _failure_chart,
     _retry_chart,
+    _cost_chart,
 )
 
 _CSS: Final = """
@@ -296,6 +326,7 @@ def _cards(data: ReportData) -> str:
         ("groups with signal", f"{varied}/{scored}"),
         ("batch duration", _batch_duration(data, line)),
         ("p50 duration", f"{statistics.median(durations):.1f} s" if durations else "n/a"),
+        ("cost (USD)", f"{series.costs(data).total:.4f}" if series.costs(data).t else "n/a"),
     ]
     return "".join(f'<div class="card"><b>{html.escape(v)}</b><span>{html.escape(k)}</span></div>' for k, v in items)
 
@@ -315,7 +346,7 @@ def render(data: ReportData) -> str:
     for chart in charts:
         body = chart.svg or f'<p class="empty">{html.escape(chart.caption)}</p>'
         caption = f"<p>{html.escape(chart.caption)}</p>" if chart.svg else ""
-        wide = " wide" if chart.name in {"timeline", "groups"} else ""
+        wide = " wide" if chart.name in {"timeline", "groups", "cost"} else ""
         sections.append(
             f'<section class="chart{wide}" id="chart-{chart.name}" data-points="{chart.points}">'
             f"<h2>{html.escape(chart.title)}</h2>{caption}{body}</section>"

@@ -66,7 +66,9 @@ class SeenIds:
 
 
 class EventFilter:
-    """Which events a consumer wants: by batch id(s) and detail type(s); `None` means all."""
+    """Which events a consumer wants: by batch id(s) and detail type(s); `None` means all. Experiment-wide events
+    (`batch_id` "": the experiment's `Budget Warning` / `Budget Exhausted`) concern every batch: every batch filter
+    lets them through."""
 
     def __init__(
         self, batch_id: str | Iterable[str] | None = None, detail_types: Iterable[DetailType | str] | None = None
@@ -78,7 +80,7 @@ class EventFilter:
         self.detail_types = frozenset(DetailType(t) for t in detail_types) if detail_types is not None else None
 
     def matches(self, event: Event) -> bool:
-        if self.batch_ids is not None and event.batch_id not in self.batch_ids:
+        if self.batch_ids is not None and event.batch_id and event.batch_id not in self.batch_ids:
             return False
         return self.detail_types is None or event.detail_type in self.detail_types
 

@@ -31,11 +31,14 @@ from rollout_pipeline.sdk.status import BatchStatus, batch_status
 from rollout_pipeline.sdk.transport import Event, QueueReader
 
 if TYPE_CHECKING:
+    from rollout_pipeline.costs import PriceBook
     from rollout_pipeline.ledger.items import RolloutSummary
     from rollout_pipeline.ledger.ledger import Ledger
     from rollout_pipeline.lifecycle.cancel import CancelResult
     from rollout_pipeline.ports import AgentRuntime
+    from rollout_pipeline.sdk.capacity import CapacityView
     from rollout_pipeline.sdk.client import RolloutClient
+    from rollout_pipeline.sdk.cost import ExperimentCost
     from rollout_pipeline.sdk.warm import WarmPoolStatus
     from rollout_pipeline.wiring import Wiring
 
@@ -330,6 +333,7 @@ class Experiment:
         policy_version: str | None = None,
         key: str | None = None,
         validate: bool = True,
+        budget_usd: float | None = None,
     ) -> str:
         """Upload a dataset file (`.jsonl`, `.jsonl.gz`, `.json` array) to `datasets/` and return its batch id.
 
@@ -337,9 +341,12 @@ class Experiment:
         `+`, `%` or a space, raises `DatasetInvalid` naming the file, the line and the reason, before anything is
         uploaded. Options not given
         default to the experiment's; they travel as S3 object metadata. The batch id is the one ingestion derives
-        from the upload's version id, so it is known at once.
+        from the upload's version id, so it is known at once. `budget_usd`: the batch's own budget (its rollouts wait
+        once its cost reaches it; `set_budget(..., batch=...)` raises it).
         """
-        options = self.file_options(group_size, sampling_params, timeout_s, max_attempts, policy_version)
+        options = self.file_options(
+            group_size, sampling_params, timeout_s, max_attempts, policy_version, budget_usd=budget_usd
+        )
         try:
             object_key = submission.dataset_key(path, key)
         except ids.InvalidId as exc:
@@ -378,14 +385,18 @@ class Experiment:
         max_attempts: int | None = None,
         policy_version: str | None = None,
         name: str = "sdk",
+        budget_usd: float | None = None,
     ) -> str:
         """Submit in-memory payloads (dataset rows: `id` and `_rollout` keys allowed) straight to the rollout queue.
 
         Goes through the ingestion stage's own code: batch and group items in the ledger, claim checks for big
         payloads, one rollout message per rollout, `Batch Accepted`. Returns the new batch id (`{name}-{12 hex}`).
-        Invalid payloads raise `DatasetInvalid` (index and reason) before anything is written.
+        Invalid payloads raise `DatasetInvalid` (index and reason) before anything is written. `budget_usd`: the
+        batch's own budget, as for `submit_file`.
         """
-        options = self.file_options(group_size, sampling_params, timeout_s, max_attempts, policy_version)
+        options = self.file_options(
+            group_size, sampling_params, timeout_s, max_attempts, policy_version, budget_usd=budget_usd
+        )
         return self.submit_rows(submission.validate_payloads(payloads), options, name)
 
     def submit_rows(self, rows: Sequence[DatasetRow], options: FileOptions, name: str) -> str:
@@ -416,6 +427,8 @@ class Experiment:
         timeout_s: int | None,
         max_attempts: int | None,
         policy_version: str | None,
+        *,
+        budget_usd: float | None = None,
     ) -> FileOptions:
         """The options of one batch: those given, the experiment's defaults for the rest (`SdkError` naming a bad
         one)."""
@@ -427,6 +440,7 @@ class Experiment:
                 timeout_s=timeout_s,
                 max_attempts=max_attempts,
                 policy_version=policy_version,
+                budget_usd=budget_usd,
             )
         except ValueError as exc:
             raise SdkError(f"invalid option {exc}") from None
@@ -505,7 +519,14 @@ class Experiment:
 
         types = None if detail_types is None else {DetailType(t) for t in detail_types}
         with aws_errors("read the batch's events from the ledger"):
-            return ledger_events(self._ledger(), batch_ids, detail_types=types, skip=skip, fetch_result=fetch)
+            return ledger_events(
+                self._ledger(),
+                batch_ids,
+                detail_types=types,
+                skip=skip,
+                fetch_result=fetch,
+                prices=self.price_book(),
+            )
 
     def aevents(
         self,
@@ -739,6 +760,7 @@ class Experiment:
             rows = export_rows(
                 groups=ledger.batches.groups(batch_id),
                 rollouts=ledger.rollouts.batch_rollouts(batch_id),
+                prices=self.price_book(),
                 fetch_result=fetch if include_results else None,
                 include_payload=include_payload,
             )
@@ -748,6 +770,17 @@ class Experiment:
                 with Path(out).open("w", encoding="utf-8") as handle:
                     return write_jsonl(rows, handle)
             return write_jsonl(rows, out)
+
+    def capacity(self) -> CapacityView:
+        """The account pool this experiment shares AgentCore's quotas through (one read): the account's quotas,
+        the reserve, the backoff, and every experiment's weight, fair share, grant, recent use and throttles
+        (`rollouts capacity`; `CapacityView.lines()` prints it)."""
+        from rollout_pipeline.sdk.capacity import read_capacity
+        from rollout_pipeline.topology import POOL_TABLE_NAME
+
+        table = self.stack_outputs.pool_table_name or POOL_TABLE_NAME
+        with aws_errors("read the account pool"):
+            return read_capacity(table, self.aws.client("dynamodb"), self.aws.region)
 
     def set_policy_version(self, version: str | None) -> None:
         """Advance the experiment's current policy version (an async trainer, after each weight sync): rollouts
@@ -759,6 +792,68 @@ class Experiment:
             raise SdkError("a policy version is 1-128 characters")
         with aws_errors("set the current policy version"):
             self._ledger().limits.set_current_policy_version(version, iso(utcnow()))
+
+    # ---------------------------------------------------------------------------------------------- cost
+
+    def price_book(self) -> PriceBook:
+        """The prices and session size this experiment's rollouts are costed with (`rollout_pipeline.costs`)."""
+        from rollout_pipeline.costs import PriceBook
+
+        arn = self.runtime_arn
+        region = ids.runtime_region(arn) or self.aws.region
+        return PriceBook.of(self.config, region, local=ids.is_local_runtime(arn))
+
+    def cost(self, batch: str | None = None, *, limit: int = 20) -> ExperimentCost:
+        """What the experiment cost: its spend (every released session's cost, exact at its confirmed stop: what the
+        budget is held to) and budget, and per batch the sum its events carried and its rollouts priced again now
+        (`sdk.cost`). `batch`: that batch only; else the `limit` newest batches."""
+        from rollout_pipeline.sdk.cost import ExperimentCost, batch_cost
+
+        book = self.price_book()
+        with aws_errors("read the experiment's cost"):
+            ledger = self._ledger()
+            in_flight, spent = ledger.limits.slots_and_spend()
+            ids_ = [batch] if batch is not None else ledger.batches.recent_batch_ids(limit)
+            batches = []
+            now = utcnow()
+            for batch_id in ids_:
+                view = ledger.batches.read_batch(batch_id)
+                if view is None:
+                    if batch is not None:
+                        raise BatchNotFound(f"no batch {batch_id!r} in experiment {self.name!r}")
+                    continue
+                batches.append(batch_cost(view, ledger.rollouts.batch_rollouts(batch_id), book, now))
+            budget = self.budget()
+        return ExperimentCost(
+            experiment=self.name,
+            priced_as=book.label,
+            fallback=book.fallback,
+            spent_usd=spent,
+            budget_usd=budget,
+            sessions_in_flight=in_flight,
+            batches=batches,
+        )
+
+    def budget(self) -> float | None:
+        """The experiment's budget (USD): the one set with `set_budget`, else the deployed `budget_usd`."""
+        with aws_errors("read the budget"):
+            state = self._ledger().limits.budget()
+        return state.budget_usd if state.budget_usd is not None else self.config.budget_usd
+
+    def set_budget(self, budget_usd: float, *, batch: str | None = None) -> None:
+        """Set the experiment's budget (USD), or `batch`'s own. Dispatch pauses while the spend is at or above it and
+        resumes, where it stopped, once it is raised above the spend (within `budget_recheck_s`, a minute by
+        default): held rollouts come back by themselves."""
+        from rollout_pipeline.contracts import iso
+
+        if not budget_usd > 0:
+            raise SdkError(f"a budget is a positive number of US dollars, got {budget_usd!r}")
+        with aws_errors("set the budget"):
+            ledger = self._ledger()
+            if batch is None:
+                ledger.limits.set_budget(float(budget_usd), iso(utcnow()))
+            elif not ledger.batches.set_budget(batch, float(budget_usd)):
+                raise BatchNotFound(f"no batch {batch!r} in experiment {self.name!r}")
 
     def completed_groups(
         self,
@@ -781,6 +876,7 @@ class Experiment:
 
         skipped = set(skip)
         groups: list[Group] = []
+        prices = self.price_book()
         with aws_errors(f"read the completed groups of batch {batch_id}"):
             ledger = self._ledger()
             batch = ledger.batches.read_batch(batch_id)
@@ -798,7 +894,7 @@ class Experiment:
                 group = Group(completed=with_members(detail, records))
                 for rec in records:
                     notified = rec.finished_at or utcnow()
-                    event = rollout_event(rec, notified_at=notified)
+                    event = rollout_event(rec, notified_at=notified, prices=prices)
                     if include_results and isinstance(event, RolloutCompleted) and event.result_uri:
                         event = event.model_copy(update={"result": self.fetch_result(event.result_uri)})
                     group.rollouts[rec.index] = event

@@ -14,12 +14,14 @@ from typing import IO, Any
 
 from rollout_pipeline import ids
 from rollout_pipeline.contracts import iso
+from rollout_pipeline.costs import PriceBook
+from rollout_pipeline.details import recorded_cost
 from rollout_pipeline.ledger.items import GroupItem, RolloutRecord
 
 
-def rollout_fields(rec: RolloutRecord | None) -> dict[str, Any]:
+def rollout_fields(rec: RolloutRecord | None, prices: PriceBook | None = None) -> dict[str, Any]:
     """What an export line carries of a rollout item (bookkeeping such as outbox and index keys is left out); a
-    rollout without an item was never dispatched: `queued`."""
+    rollout without an item was never dispatched: `queued`. `cost`: what its event said it cost (with `prices`)."""
 
     def at(value: datetime | None) -> str | None:
         return iso(value) if value is not None else None
@@ -40,6 +42,7 @@ def rollout_fields(rec: RolloutRecord | None) -> dict[str, Any]:
         "session_warmed_at": None
         if rec.session_warmed_at is None
         else at(datetime.fromtimestamp(rec.session_warmed_at, UTC)),
+        "cost": _cost(rec, prices),
     }
 
 
@@ -56,13 +59,20 @@ ROLLOUT_FIELDS = (
     "dispatched_at",
     "finished_at",
     "session_warmed_at",
+    "cost",
 )
+
+
+def _cost(rec: RolloutRecord, prices: PriceBook | None) -> dict[str, Any] | None:
+    cost = None if prices is None else recorded_cost(rec, prices)
+    return None if cost is None else cost.model_dump()
 
 
 def export_rows(
     *,
     groups: Iterable[GroupItem],
     rollouts: Iterable[RolloutRecord],
+    prices: PriceBook | None = None,
     fetch_result: Callable[[str], dict[str, Any] | None] | None,
     include_payload: bool = False,
 ) -> Iterator[dict[str, Any]]:
@@ -82,7 +92,7 @@ def export_rows(
                 "rollout_id": ids.rollout_id(group.input_id, index),
                 "line": group.line,
             }
-            row.update(rollout_fields(by_key.get((group.input_id, index))))
+            row.update(rollout_fields(by_key.get((group.input_id, index)), prices))
             if include_payload:
                 row["payload"] = dict(group.payload) if group.payload is not None else None
                 if group.payload_ref:

@@ -25,6 +25,7 @@ from rollout_pipeline.contracts import (
     redact_secrets,
     utcnow,
 )
+from rollout_pipeline.costs import PriceBook
 from rollout_pipeline.details import (
     batch_accepted_detail,
     batch_completion_detail,
@@ -50,11 +51,12 @@ def ledger_events(
     detail_types: Collection[DetailType] | None = None,
     skip: Callable[[str], bool] = lambda _event_id: False,
     fetch_result: FetchResult | None = None,
+    prices: PriceBook | None = None,
 ) -> list[Event]:
     """Every event already due for `batch_ids`, in the order the pipeline publishes them per batch (`Batch
     Accepted`; per group, its rollouts' terminal events, then `Group Completed`; `Batch Completed`), leaving out
     the types not in `detail_types` and the ids `skip` says were handled. A successful rollout's result is inlined
-    (`fetch_result`) when it is small enough to travel in the event, as published."""
+    (`fetch_result`) when it is small enough to travel in the event, as published; its `cost` priced with `prices`."""
     wanted = set(detail_types) if detail_types is not None else set(DetailType)
     events: list[Event] = []
 
@@ -78,7 +80,7 @@ def ledger_events(
         for group in ledger.batches.groups(batch_id) if needs_rollouts else ():
             members = sorted(records.get(group.input_id, []), key=lambda rec: rec.index)
             for rec in members:
-                detail = _rollout_detail(rec, fetch_result, skip)
+                detail = _rollout_detail(rec, fetch_result, skip, prices)
                 if detail is not None:
                     add(detail, _rollout_type(detail))
             completed = group_completion_detail(group, options.policy_version if options else None)
@@ -97,9 +99,9 @@ def _rollout_type(detail: RolloutCompleted | RolloutFailed) -> DetailType:
 
 
 def _rollout_detail(
-    rec: RolloutRecord, fetch_result: FetchResult | None, skip: Callable[[str], bool]
+    rec: RolloutRecord, fetch_result: FetchResult | None, skip: Callable[[str], bool], prices: PriceBook | None = None
 ) -> RolloutCompleted | RolloutFailed | None:
-    detail = rollout_event(rec, notified_at=rec.finished_at or utcnow())
+    detail = rollout_event(rec, notified_at=rec.finished_at or utcnow(), prices=prices)
     if skip(detail.event_id):
         return None
     detail = detail.model_copy(update={"timings": detail.timings.model_copy(update={"notified_at": None})})

@@ -33,6 +33,7 @@ def file_options(
     timeout_s: int | None = None,
     max_attempts: int | None = None,
     policy_version: str | None = None,
+    budget_usd: float | None = None,
 ) -> FileOptions:
     """The experiment's defaults with the given overrides (sampling params merge key by key); `ValueError` if bad."""
     from pydantic import ValidationError
@@ -46,6 +47,8 @@ def file_options(
         values["max_attempts"] = max_attempts
     if policy_version is not None:
         values["policy_version"] = policy_version
+    if budget_usd is not None:
+        values["budget_usd"] = budget_usd
     if sampling_params is not None:
         extra = (
             sampling_params.model_dump(exclude_none=True)

@@ -55,6 +55,9 @@ RECONCILE_AFTER_S: Final = (10.0, 60.0, 300.0)
 #: Characters EventBridge and SQS accept in tag values (others become `_`).
 _TAG_VALUE_UNSAFE: Final = re.compile(r"[^A-Za-z0-9 _.:/=+@-]")
 ACCESS_DENIED: Final = frozenset({"AccessDenied", "AccessDeniedException"})
+#: The `batch_id` of experiment-wide events (the experiment's `Budget Warning` / `Budget Exhausted`): every stream of
+#: some batches gets them too.
+EXPERIMENT_WIDE: Final = ""
 
 
 @contextmanager
@@ -69,8 +72,8 @@ def tap(
 ) -> Iterator[EventStream]:
     """An `EventStream` over a private subscription matching `batch_id` (all batches: None), removed on exit."""
     pattern: dict[str, Any] = {"source": [EVENT_SOURCE]}
-    if batch_id is not None:
-        pattern["detail"] = {"batch_id": [batch_id]}
+    if batch_id is not None:  # and the experiment-wide events (batch_id "": the experiment's budget)
+        pattern["detail"] = {"batch_id": [batch_id, EXPERIMENT_WIDE]}
     name, queue_url = open_subscription(aws, bus_name, pattern, suffix=f"tap-{uuid.uuid4().hex[:8]}", kind="tap")
     try:
         stream = EventStream(
@@ -176,10 +179,11 @@ class SubscribedStream(EventStream):
 def stream_pattern(
     batch_ids: Iterable[str] | None, detail_types: Iterable[DetailType | str] | None = None
 ) -> dict[str, Any]:
-    """The event pattern of a stream of `batch_ids` (all batches: None) and `detail_types` (all: None)."""
+    """The event pattern of a stream of `batch_ids` (all batches: None; the experiment-wide events, `batch_id` "",
+    with any) and `detail_types` (all: None)."""
     pattern: dict[str, Any] = {"source": [EVENT_SOURCE]}
     if batch_ids is not None:
-        pattern["detail"] = {"batch_id": sorted(set(batch_ids))}
+        pattern["detail"] = {"batch_id": sorted({*batch_ids, EXPERIMENT_WIDE})}
     if detail_types is not None:
         pattern["detail-type"] = sorted({DetailType(t).value for t in detail_types})
     return pattern

@@ -14,6 +14,8 @@ from rollout_pipeline.contracts import (
     EVENT_SOURCE,
     BatchAccepted,
     BatchCompleted,
+    BudgetExhausted,
+    BudgetWarning,
     DetailType,
     GroupCompleted,
     RolloutCompleted,
@@ -28,7 +30,9 @@ NO_REWARD_SIGNAL = "no_reward_signal"
 #: Batches whose "no reward signal" warning this process has logged (once per batch, however often it is read).
 _warned_no_signal: set[tuple[str, str]] = set()
 
-AnyDetail: TypeAlias = RolloutCompleted | RolloutFailed | GroupCompleted | BatchAccepted | BatchCompleted
+AnyDetail: TypeAlias = (
+    RolloutCompleted | RolloutFailed | GroupCompleted | BatchAccepted | BatchCompleted | BudgetWarning | BudgetExhausted
+)
 RolloutDetail: TypeAlias = RolloutCompleted | RolloutFailed
 
 

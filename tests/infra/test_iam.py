@@ -77,7 +77,9 @@ def test_no_function_scans_or_deletes_the_table(synth: Synthesized, name: str) -
     assert {"dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:Query"} <= actions
 
 
-def test_only_the_sweeper_queries_the_indexes_and_by_name(synth: Synthesized) -> None:
+def test_only_the_sweeper_and_the_dispatcher_query_indexes_and_by_name(synth: Synthesized) -> None:
+    """The sweeper queries both indexes; the dispatcher only `deadline` (its batch listing: a `Budget Exhausted` it
+    announces says which batches wait, `lifecycle.budget`); no other function queries an index."""
     table = synth.logical_id(synth.stack.ledger.table)
     for name in FUNCTIONS:
         resources = resources_for(synth, synth.stack.functions[name].role, "dynamodb:Query")
@@ -86,6 +88,8 @@ def test_only_the_sweeper_queries_the_indexes_and_by_name(synth: Synthesized) ->
             assert unordered(index_resources) == unordered(
                 [join(getatt(table), "/index/deadline"), join(getatt(table), "/index/outbox")]
             )
+        elif name == "dispatch":
+            assert index_resources == [join(getatt(table), "/index/deadline")]
         else:
             assert index_resources == []
 

@@ -7,30 +7,32 @@ from rollout_pipeline.capacity import LEDGER_CEILING_SESSIONS_S, ceiling_warning
 from rollout_pipeline.config import ExperimentConfig
 
 
-def test_the_defaults_and_the_account_quota_are_within_the_ceiling() -> None:
-    defaults = ExperimentConfig(name="ceiling")
-    assert ceiling_warnings(defaults.tps_limit, defaults.session_rate_limit, defaults.endpoints) == []
-    assert ceiling_warnings(50, 6, 4) == []  # 24 new sessions/s: just under the account's 25/s
+def config(**values: object) -> ExperimentConfig:
+    return ExperimentConfig.model_validate({"name": "ceiling", **values})
+
+
+def test_the_defaults_and_the_account_pool_are_within_the_ceiling() -> None:
+    assert ceiling_warnings(config()) == []  # the pool's 25/s less the reserve
+    assert ceiling_warnings(config(session_rate_limit=24, tps_limit=50)) == []
 
 
 def test_a_session_rate_above_the_ceiling_warns() -> None:
-    endpoints = 8
-    rate = LEDGER_CEILING_SESSIONS_S / endpoints + 1
-    (warning,) = ceiling_warnings(2 * LEDGER_CEILING_SESSIONS_S, rate, endpoints)
-    assert "endpoints x session_rate_limit" in warning
+    (warning,) = ceiling_warnings(config(session_rate_limit=LEDGER_CEILING_SESSIONS_S + 1))
+    assert warning.startswith("session_rate_limit")
     assert "measured ceiling" in warning
 
 
 def test_a_tps_limit_above_what_the_ceiling_needs_warns() -> None:
-    (warning,) = ceiling_warnings(2 * LEDGER_CEILING_SESSIONS_S + 1, 5, 1)
+    (warning,) = ceiling_warnings(config(tps_limit=int(2 * LEDGER_CEILING_SESSIONS_S) + 1))
     assert warning.startswith("tps_limit")
 
 
 def test_too_few_dispatchers_for_several_endpoints_warn() -> None:
-    assert ceiling_warnings(50, 6, 4, dispatch_concurrency=20) == []  # measured: 0.9 of 24/s over 2,400 rollouts
-    (warning,) = ceiling_warnings(50, 6, 4, dispatch_concurrency=15)  # measured: 0.88 over 2,400 (0.9 over 480)
+    """Only an account whose quota is per endpoint gains rate from endpoints (then each budget needs rollouts in
+    hand); with the account pool, endpoints add none and one budget has every rollout."""
+    per_endpoint = {"session_rate_limit": 6, "endpoints": 4}
+    assert ceiling_warnings(config(**per_endpoint, dispatch_concurrency=20)) == []  # measured: 0.9 of 24/s
+    (warning,) = ceiling_warnings(config(**per_endpoint, dispatch_concurrency=15))  # measured: 0.88 over 2,400
     assert warning.startswith("dispatch_concurrency 15")
     assert "about 20" in warning
-    (warning,) = ceiling_warnings(50, 6, 4, dispatch_concurrency=5)  # measured: 0.79
-    assert "about 20" in warning
-    assert ceiling_warnings(25, 5, 1, dispatch_concurrency=5) == []  # one endpoint: its budget has every rollout
+    assert ceiling_warnings(config(session_rate_limit=22, dispatch_concurrency=5)) == []  # one endpoint

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from rollout_pipeline import metric_names as m
+from rollout_pipeline import quotas
 from rollout_pipeline.contracts import FailureReason
 from rollout_pipeline.metric_names import METRICS_NAMESPACE
 from rollout_pipeline.observability import SERVICES
@@ -144,9 +145,25 @@ def test_sweep_errors_alarm(synth: Synthesized) -> None:
     assert (props["Threshold"], props["EvaluationPeriods"]) == (0, 3)
 
 
+def test_cost_alarms_read_what_the_lifecycle_emits(synth: Synthesized) -> None:
+    overdue = metrics_of(alarm(synth, "SessionsOverdue"))
+    assert {v["name"] for v in overdue.values()} == {m.SESSIONS_OVERDUE}
+    assert {v["dimensions"]["service"] for v in overdue.values()} == {
+        SERVICES[f] for f in ("dispatch", "completion", "sweeper")
+    }
+    budget = alarm(synth, "BudgetWarning")
+    assert {v["name"] for v in metrics_of(budget).values()} == {m.BUDGET_USED_PERCENT}
+    assert {v["dimensions"]["service"] for v in metrics_of(budget).values()} == {
+        SERVICES[f] for f in ("dispatch", "sweeper")
+    }
+    assert (budget["Threshold"], budget["ComparisonOperator"]) == (80, "GreaterThanOrEqualToThreshold")
+    (dashboard,) = synth.of_type("AWS::CloudWatch::Dashboard").values()
+    assert "RUNNING_SUM" in json.dumps(dashboard["Properties"]["DashboardBody"])
+
+
 def test_active_sessions_near_quota(synth: Synthesized) -> None:
     props = alarm(synth, "ActiveSessionsNearQuota")
-    quota = synth.stack.config.active_session_quota
+    quota = quotas.ACTIVE_SESSIONS_ELSEWHERE  # the stack's region is not known at synth: the lower documented one
     assert props["Threshold"] == int(quota * SESSION_QUOTA_SHARE)
 
 
@@ -166,12 +183,15 @@ def test_dashboard_reads_the_emitted_metrics_and_its_url_is_an_output(synth: Syn
     assert dashboard["Properties"]["DashboardName"] == f"Rollouts-{EXPERIMENT}"
     body = json.dumps(dashboard["Properties"]["DashboardBody"])
     shown = (m.SUBMITTED, m.SUCCEEDED, m.FAILED, m.IN_FLIGHT, m.NEW_SESSIONS, m.NOTIFICATION_LATENCY, m.REWARD)
+    shown += (m.ESTIMATED_COST, m.SESSIONS_OVERDUE, m.BUDGET_USED_PERCENT, m.BUDGET_HELD)
     for name in (*shown, m.ACR_THROTTLED, m.LIMIT_BACKLOG):
         assert f'\\"{name}\\"' in body, name
     for reason in FailureReason:
         assert f'\\"{m.failed_metric(reason.value)}\\"' in body, f"the dashboard forgets {reason.value}"
     assert "ApproximateNumberOfMessagesVisible" in body
-    assert "session_rate_limit" in body
+    # The pipeline's own rate beside the account's (every runtime and consumer of the account together).
+    assert "CombinedNewSessionCreation" in body
+    assert "AWS/Usage" in body
     url = json.dumps(synth.outputs["DashboardUrl"]["Value"])
     assert "#dashboards/dashboard/" in url
     assert synth.logical_id(synth.stack.monitoring.dashboard) in url

@@ -391,6 +391,7 @@ def test_function_environment_is_handler_settings_plus_powertools(synth: Synthes
             "BUS_NAME",
             "RUNTIME_ARN",
             "INGEST_QUEUE_URL",
+            "POOL_TABLE_NAME",
             "EXPERIMENT_CONFIG",
             "POWERTOOLS_SERVICE_NAME",
             "POWERTOOLS_METRICS_NAMESPACE",

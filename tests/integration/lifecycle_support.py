@@ -94,6 +94,8 @@ def seed_batch(
         "created_at": _s(now.isoformat()),
         "rows_accepted": _n(len(inputs)),
         "rows_rejected": _n(0),
+        keys.DEADLINE_PK: _s(keys.BATCHES_INDEX_PK),  # listed among the experiment's batches
+        keys.DEADLINE_SK: _n(round(now.timestamp() * 1000)),
     }
     if with_total:
         batch["rollouts_total"] = _n(len(inputs) * group_size)
@@ -267,11 +269,14 @@ def make_deps(
     from rollout_pipeline.adapters.sqs import SqsQueue
     from rollout_pipeline.feed.feed import Feed
     from rollout_pipeline.ledger.ledger import Ledger
+    from rollout_pipeline.ledger.pool import PoolLedger
 
     settings = resources.settings()
     if limits:
         settings = settings.model_copy(update={"experiment": settings.experiment.model_copy(update=dict(limits))})
     clock = clock or ShiftedClock()
+    if "pool" not in overrides and settings.pool_table_name:  # the account pool, as a deployed stack has
+        overrides["pool"] = PoolLedger.open(settings.pool_table_name, clock=clock, region=resources.region)
     ledger = overrides.pop("ledger", None) or Ledger.open(settings.table_name, clock=clock)
     queue = overrides.pop("queue", None) or SqsQueue()
     return LifecycleDeps(

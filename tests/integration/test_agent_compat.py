@@ -26,7 +26,7 @@ import pytest
 
 from rollout_pipeline import contracts, ids
 from rollout_pipeline.agent.testing import FakeModelServer, RecordedRequest, Truncated
-from rollout_pipeline.config import ExperimentConfig, SamplingParams
+from rollout_pipeline.config import RESULT_USAGE_KEY, ExperimentConfig, SamplingParams
 from rollout_pipeline.local.acr import AgentProcess, AgentStartError, LocalAgentRuntime
 from rollout_pipeline.local.moto_server import local_aws_environ, moto_server
 from rollout_pipeline.ports import RuntimeRejected, RuntimeStartFailed, RuntimeThrottled
@@ -669,12 +669,21 @@ def test_rollout_app_is_wire_identical_to_art(s3: Any, aws_endpoint: str, monkey
     assert art_answers[0] == (200, {"status": "processing", "s3_bucket": BUCKET, "result_key": keys[0]})
     assert art_answers[2][0] == 500
     assert art_answers[3][0] == 400
-    assert our_results[0] == art_results[0]
+    # The one key the host adds (what the session used, for the cost model): ART's own app reports it too once the
+    # host installed the reporting in the process, with other numbers; nothing else differs.
+    usage_key = RESULT_USAGE_KEY
+    for result in our_results:
+        assert result[usage_key]["rollouts"] >= 1
+        assert result[usage_key]["cpu_s"] >= 0
+    assert contracts.reported_usage(our_results[0]) is not None
+    assert {k: v for k, v in our_results[0].items() if k != usage_key} == {
+        k: v for k, v in art_results[0].items() if k != usage_key
+    }
     assert contracts.parse_result(json.dumps(our_results[0]).encode()).rewards == [0.0, 1.0]
     # Error results differ only in the traceback's frames (RolloutApp adds its wrapper's lines).
     for ours, arts in zip(our_results[1:], art_results[1:], strict=True):
-        assert {k: v for k, v in ours.items() if k != "traceback"} == {
-            k: v for k, v in arts.items() if k != "traceback"
+        assert {k: v for k, v in ours.items() if k not in ("traceback", usage_key)} == {
+            k: v for k, v in arts.items() if k not in ("traceback", usage_key)
         }
         assert ours["traceback"].strip().splitlines()[-1] == arts["traceback"].strip().splitlines()[-1]
     assert contracts.parse_result(json.dumps(our_results[1]).encode()).reason is contracts.FailureReason.AGENT_ERROR

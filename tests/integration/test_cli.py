@@ -360,3 +360,55 @@ def test_cancel_says_which_sessions_are_left_to_the_sweeper(
     out = capsys.readouterr().out
     assert "2 rollout(s) ended as cancelled, 0 had finished before (0 succeeded, 0 failed)" in out
     assert "running sessions: 0 stopped, 2 not stopped yet: the pipeline's sweeper retries their stops" in out
+
+
+# ------------------------------------------------------------------------------------------------------ cost
+
+
+def test_cost_prints_the_per_batch_and_per_experiment_sums(
+    experiment: Experiment, resources: ExperimentResources, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rollout_pipeline.fakes.acr import AgentBehaviour, FakeAgentRuntime
+    from rollout_pipeline.sdk.cost import usd
+    from tests.integration.lifecycle_support import drive
+
+    usage = {"_rollout_usage": {"cpu_s": 2.0, "rollouts": 1}}
+    deps = make_deps(resources, FakeAgentRuntime(behaviour=AgentBehaviour(extra=usage)))
+    first = experiment.submit([{"id": "q1", "p": 1}, {"id": "q2", "p": 2}], group_size=2)
+    second = experiment.submit([{"id": "q3", "p": 3}], group_size=2)
+    drive(resources, deps)
+    assert main(["cost", *E, "--json"]) == EXIT_OK
+    report = json.loads(capsys.readouterr().out)
+    batches = {b["batch_id"]: b for b in report["batches"]}
+    assert set(batches) == {first, second}
+    assert [b["batch_id"] for b in report["batches"]] == [second, first], "newest first"
+    assert (batches[first]["now"]["rollouts"], batches[second]["now"]["rollouts"]) == (4, 2)
+    for batch in batches.values():
+        assert batch["published"]["usd"] > 0
+        assert batch["now"]["cpu_measured"] == batch["now"]["rollouts"]
+        assert batch["stops_pending"] == 0  # every stop confirmed: `now` is exact
+    total = sum(b["now"]["usd"] for b in batches.values())
+    assert report["spent_usd"] == pytest.approx(total, rel=1e-6), "the spend is the sessions' cost to their stops"
+    assert report["priced_as"].startswith("local run priced as on AgentCore us-east-1")
+
+    assert main(["cost", *E]) == EXIT_OK
+    text = capsys.readouterr().out
+    assert text.startswith(f"experiment test-exp: spent {usd(report['spent_usd'])}")
+    assert f"batch {first} (completed, 4/4 ended): now $" in text
+    assert "4 measured / 0 bounded" in text
+    assert main(["cost", *E, "--batch", second]) == EXIT_OK
+    assert first not in capsys.readouterr().out
+
+    assert main(["budget", "set", *E, "12.5"]) == EXIT_OK
+    assert "budget $12.50" in capsys.readouterr().out
+    assert experiment.budget() == 12.5
+    assert main(["budget", "show", *E]) == EXIT_OK
+    assert "budget $12.50, spent $" in capsys.readouterr().out
+    assert main(["budget", "set", *E, "0.0008"]) == EXIT_OK  # a local run's budget: not shown as $0.00
+    assert "budget $0.000800, spent $" in capsys.readouterr().out
+    assert main(["cost", *E]) == EXIT_OK
+    assert "of a $0.000800 budget (" in capsys.readouterr().out
+    assert main(["budget", "set", *E, "-3"]) == EXIT_ERROR
+    assert "positive" in one_error_line(capsys.readouterr().err)
+    assert main(["cost", *E, "--batch", "nope-000000000000"]) == EXIT_ERROR
+    assert "no batch 'nope-000000000000'" in one_error_line(capsys.readouterr().err)

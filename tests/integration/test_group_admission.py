@@ -21,10 +21,10 @@ import pytest
 
 from rollout_pipeline import ids
 from rollout_pipeline.fakes.acr import AgentBehaviour, FakeAgentRuntime, FakeInvocation
-from rollout_pipeline.lifecycle import limits as limits_module
 from rollout_pipeline.lifecycle.completion import complete_records
 from rollout_pipeline.lifecycle.dispatch import dispatch_records
-from rollout_pipeline.lifecycle.limits import ADMIT_AHEAD_S, LATENESS_S
+from rollout_pipeline.lifecycle.limits.admission import ADMIT_AHEAD_S, BOARD_SETTLE_S
+from rollout_pipeline.lifecycle.limits.pacing import LATENESS_S, LimitedRuntime
 from rollout_pipeline.local.resources import ExperimentResources
 from tests.conftest import receive_all
 from tests.integration.lifecycle_support import (
@@ -160,7 +160,7 @@ def record_bookings(lock: threading.Lock, monkeypatch: pytest.MonkeyPatch) -> Bo
     """Observe (not change) the product: each rollout's first booked start, through `LimitedRuntime.invoke`'s
     `on_booked`."""
     bookings = Bookings()
-    original = limits_module.LimitedRuntime.invoke
+    original = LimitedRuntime.invoke
 
     def invoke(self: Any, session_id: str, payload: Any, wait_until: Any = None, **kwargs: Any) -> None:
         rollout = dict(payload.get("_rollout") or {})
@@ -175,7 +175,7 @@ def record_bookings(lock: threading.Lock, monkeypatch: pytest.MonkeyPatch) -> Bo
 
         original(self, session_id, payload, wait_until, on_booked=on_booked, **kwargs)
 
-    monkeypatch.setattr(limits_module.LimitedRuntime, "invoke", invoke)
+    monkeypatch.setattr(LimitedRuntime, "invoke", invoke)
     return bookings
 
 
@@ -194,14 +194,15 @@ def test_a_rollout_let_through_stays_on_the_board_until_its_start_is_booked(
     a_may_book, a_reserving = threading.Event(), threading.Event()
     deps_a = make_deps(resources, fake, limits=limits)
     deps_b = make_deps(resources, fake, limits=limits)
-    reserve_a = deps_a.limited.sessions[0].reserve
+    pacer_a = deps_a.limited.session_pacer(messages[0].session_id)  # the account pool's leased budget
+    reserve_a = pacer_a.reserve
 
     def held_up(*args: Any, **kwargs: Any) -> float | None:
         a_reserving.set()
         assert a_may_book.wait(60), "never let go"
         return reserve_a(*args, **kwargs)
 
-    deps_a.limited.sessions[0].reserve = held_up  # type: ignore[method-assign]
+    pacer_a.reserve = held_up  # type: ignore[method-assign]
     for deps, name in ((deps_a, "a"), (deps_b, "b")):
         invoke = deps.limited.invoke
 
@@ -230,7 +231,7 @@ def test_a_rollout_let_through_stays_on_the_board_until_its_start_is_booked(
     assert a_reserving.wait(60), "A's rollout never got past its gate"
     b = threading.Thread(target=dispatch, args=(deps_b, records_b))
     b.start()
-    time.sleep(3 * limits_module.BOARD_SETTLE_S)  # a negative check: B has seen the board many times by now
+    time.sleep(3 * BOARD_SETTLE_S)  # a negative check: B has seen the board many times by now
     assert booked == [], "B booked g1 while g0, let through first, was not booked yet"
     a_may_book.set()
     a.join(60)

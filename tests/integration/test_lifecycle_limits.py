@@ -131,7 +131,8 @@ def test_no_budget_in_time_is_the_pipelines_backlog_counted_once_not_acr_throttl
     resources: ExperimentResources, fake: FakeAgentRuntime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     deps = make_deps(resources, fake)
-    for pacer in deps.limited.sessions:  # the session budget is booked beyond the wait: no slot in time
+    session_pacers = [*deps.limited.sessions, *([deps.limited.session] if deps.limited.session else [])]
+    for pacer in session_pacers:  # the session budget is booked beyond the wait: no slot in time
         monkeypatch.setattr(pacer, "reserve", lambda *_args, **_kwargs: None)
     send(resources, seed_batch(resources, batch_id=BATCH, inputs=inputs(1), group_size=1))
     records = receive_records(resources.rollout_queue_url)

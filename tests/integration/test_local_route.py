@@ -147,7 +147,7 @@ def test_endpoint_without_a_scheme_is_one_line(capsys: pytest.CaptureFixture[str
 def test_old_option_spellings_still_work_as_hidden_aliases(capsys: pytest.CaptureFixture[str]) -> None:
     parser = build_parser()
     up = parser.parse_args(["local", "up", "-e", "x", "--outputs-file", "o.json", "--timeout-s", "30"])
-    assert (up.experiment, up.write_outputs, up.rollout_timeout) == ("x", Path("o.json"), 30)
+    assert (up.experiment, up.write_outputs, up.rollout_timeout) == (["x"], Path("o.json"), 30)
     new = parser.parse_args(["local", "up", "--write-outputs", "o.json", "--rollout-timeout", "30", "--port", "0"])
     assert (new.write_outputs, new.rollout_timeout, new.port) == (Path("o.json"), 30, 0)
     demo = parser.parse_args(["local", "demo", "--wait-s", "12"])

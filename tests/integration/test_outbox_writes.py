@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from rollout_pipeline import ids
-from rollout_pipeline.contracts import iso
+from rollout_pipeline.contracts import RolloutCost, iso
 from rollout_pipeline.fakes.acr import FakeAgentRuntime
 from rollout_pipeline.ledger import keys
 from rollout_pipeline.ledger.items import Terminal
@@ -251,6 +251,21 @@ EVERY_TYPE: dict[str, Any] = {
     "float | None": 0.625,
     "float | list[float] | None": [0.125, 0.875],
     "int | None": 4321,
+    "datetime | None": datetime(2026, 11, 24, 6, 30, 4, 125000, UTC),
+    "bool": True,  # `idle` (the agent had finished) and `session_started` (its span is kept)
+    "RolloutCost | None": RolloutCost(
+        usd=0.001875,
+        agentcore_memory_usd=0.00125,
+        agentcore_cpu_usd=0.0005,
+        pipeline_usd=0.000125,
+        cpu="measured",
+        cpu_s=20.0,
+        session_s=60.0,
+        sessions=1,
+        session_end="estimated",
+        usd_max=0.0025,
+        priced_as="AgentCore us-east-1",
+    ),
 }
 
 

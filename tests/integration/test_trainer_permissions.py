@@ -86,7 +86,9 @@ def resource_kind(outputs: Mapping[str, str], service: str, operation: str, para
             body["TableName"] for item in params.get("TransactItems", []) for body in item.values()
         }
         assert tables - {None} == {outputs["LedgerTableName"]}, tables
-        assert "IndexName" not in params, "the policy grants the table, not its indexes"
+        if "IndexName" in params:  # the policy grants one index: the batch listing of Experiment.cost
+            assert (operation, params["IndexName"]) == ("Query", "deadline"), params
+            return "ledger_batches"
         return "ledger"
     if service == "events":
         if operation == "PutEvents":
@@ -132,6 +134,10 @@ def test_every_sdk_call_is_allowed_by_the_trainer_policy(
         with experiment.events(batch_id=batch, timeout=0.5, poll_wait_s=0) as stream:
             assert [event.detail_type for event in stream] == ["Batch Accepted"]
         experiment.set_policy_version("7")
+        experiment.set_budget(100.0)
+        assert experiment.budget() == 100.0
+        experiment.set_budget(50.0, batch=batch)
+        assert experiment.cost().batches
         experiment.cancel(batch, runtime=fake)
         with experiment.tap(timeout=0.1):
             pass

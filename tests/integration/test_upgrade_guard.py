@@ -98,7 +98,9 @@ def test_a_new_ledger_layout_needs_a_drained_experiment_even_when_forced(
     clients.client("dynamodb").delete_item(TableName=resources.table_name, Key=keys.layout_key())  # an old stack
     experiment.submit([{"id": "q1", "prompt": "hi"}])
     deployment, _out = update(resources, project)
-    with pytest.raises(SdkError, match=r"moves its ledger from layout 1 to 2.*\(force does not apply\)"):
+    with pytest.raises(
+        SdkError, match=rf"moves its ledger from layout 1 to {keys.LAYOUT_VERSION}.*\(force does not apply\)"
+    ):
         deployment.deploy(yes=True, force=True)
     assert project.verbs() == ["diff"]
     assert upgrade.deployed_layout(experiment) == keys.UNSTAMPED_LAYOUT

@@ -397,3 +397,22 @@ def test_an_update_stops_the_warm_pool_first(
     assert "stopped 2 warm session(s)" in out.getvalue()
     assert fake.running == set()
     assert deps.ledger.warm.pool().halted == "stopped"
+
+
+def test_a_spent_budget_starts_nothing_warm_or_cold(resources: ExperimentResources, fake: FakeAgentRuntime) -> None:
+    clock = ShiftedClock()
+    deps = warm_deps(resources, fake, warm=2, clock=clock)
+    send(resources, seed_batch(resources, batch_id="spender", inputs={"q1": {}}, group_size=1))
+    assert list(dispatch_once(resources, deps).outcomes.values()) == [Dispatch.INVOKED]
+    drive(resources, deps)
+    assert deps.ledger.limits.slots_and_spend()[1] > 0  # something spent
+    clock.advance(5)
+    deps.ledger.limits.set_budget(1e-9, clock.now().isoformat())
+    assert WarmPool(deps).tick(budget_s=10).warmed == 0  # paused: no warm session started
+    deps.ledger.limits.set_budget(100.0, clock.now().isoformat())
+    assert WarmPool(deps).tick(budget_s=10).warmed == 2
+    deps.ledger.limits.set_budget(1e-9, clock.now().isoformat())
+    send(resources, seed_batch(resources, batch_id="batch-2", inputs={"q1": {}}, group_size=1))
+    assert list(dispatch_once(resources, deps).outcomes.values()) == [Dispatch.HELD_BUDGET]  # not taken warm
+    assert list(pool_sessions(deps).values()) == [WarmState.IDLE] * 2
+    assert fake.warm_reuses == 0

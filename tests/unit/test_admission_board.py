@@ -9,7 +9,13 @@ from typing import Any
 
 import pytest
 
-from rollout_pipeline.lifecycle.limits import BOARD_READ_S, BOARD_SETTLE_S, BOARD_STALE_S, AdmissionBoard, SlotGate
+from rollout_pipeline.lifecycle.limits.admission import (
+    BOARD_READ_S,
+    BOARD_SETTLE_S,
+    BOARD_STALE_S,
+    AdmissionBoard,
+    SlotGate,
+)
 from tests.conftest import wait_for
 from tests.doubles import FakeBoardLedger
 

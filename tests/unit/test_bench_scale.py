@@ -1,4 +1,5 @@
-"""The scale bench's arithmetic: the dilated clock, the request classification and the window counts."""
+"""The scale benches' harness arithmetic (`bench/harness.py`): the dilated clock, the request classification and
+the window counts."""
 
 from __future__ import annotations
 
@@ -11,12 +12,12 @@ import pytest
 
 from tests.doubles import ManualClock
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "bench_scale.py"
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "harness.py"  # the scale benches' shared harness
 
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_scale_under_test", BENCH)
+    spec = importlib.util.spec_from_file_location("bench_harness_under_test", BENCH)
     assert spec is not None
     assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)

@@ -44,6 +44,13 @@ def outputs(name: str = "t1", **config: Any) -> dict[str, str]:
     }
 
 
+class NoServiceQuotas:
+    """A Service Quotas client that cannot be read (the bootstrap then uses the documented quotas)."""
+
+    def get_paginator(self, _operation: str) -> Any:
+        raise RuntimeError("AccessDeniedException")
+
+
 class StubbedSession:
     """A boto3 session stand-in whose clients are real botocore clients under a Stubber (no network)."""
 
@@ -55,8 +62,23 @@ class StubbedSession:
         self.stub.activate()
         self.region_name = REGION
         self.profile_name = "research"
+        self.dynamodb = boto3.client("dynamodb", region_name=REGION, aws_access_key_id="k", aws_secret_access_key="s")
+        self.pool = Stubber(self.dynamodb)
+        self.pool.activate()
+        self.pool_exists = True
+
+    def pool_present(self, present: bool = True) -> None:
+        """The account pool's table (`rollouts bootstrap`): present (the usual case) or not."""
+        if present:
+            self.pool.add_response("describe_table", {"Table": {"TableName": "rollouts-pool"}})
+        else:
+            self.pool.add_client_error("describe_table", "ResourceNotFoundException")
 
     def client(self, service: str, **_kwargs: Any) -> Any:
+        if service == "dynamodb":
+            return self.dynamodb
+        if service == "service-quotas":
+            return NoServiceQuotas()
         assert service == "cloudformation", f"unexpected {service} client"
         return self.cloudformation
 
@@ -86,8 +108,14 @@ def session() -> StubbedSession:
 
 
 def deployment(
-    project: FakeCdkProject, session: StubbedSession, answers: list[bool] | None = None, **settings: Any
+    project: FakeCdkProject,
+    session: StubbedSession,
+    answers: list[bool] | None = None,
+    *,
+    pool: bool = True,
+    **settings: Any,
 ) -> tuple[Deployment, io.StringIO, list[str]]:
+    session.pool_present(pool)  # whether the account pool exists (one DescribeTable per deploy)
     out = io.StringIO()
     questions: list[str] = []
 
@@ -145,6 +173,19 @@ def test_deploy_creates_the_stack_with_the_settings_as_context_and_returns_the_a
     assert experiment.results_bucket == "rollouts-t1-results"
     assert "creating Rollouts-t1: done" in out.getvalue()
     session.stub.assert_no_pending_responses()
+
+
+def test_an_account_without_the_pool_gets_it_first(project: FakeCdkProject, session: StubbedSession) -> None:
+    session.no_stack()
+    project.script({"deploy": {"outputs": {STACK: outputs()}}})
+    deploy, out, _questions = deployment(project, session, pool=False)
+    deploy.deploy(yes=True)
+    first, second = project.calls()
+    assert first["argv"][:4] == ["deploy", "RolloutsPool", "-c", "rollouts_pool=true"]
+    assert "-c" in first["argv"]
+    assert "new_session_quota=25.0" in first["argv"], "the documented quota when Service Quotas cannot be read"
+    assert second["argv"][:2] == ["deploy", STACK]
+    assert "creating it first (`rollouts bootstrap`)" in out.getvalue()
 
 
 def test_deploying_the_same_settings_changes_nothing(project: FakeCdkProject, session: StubbedSession) -> None:
@@ -365,7 +406,7 @@ def test_the_preflight_runs_on_the_settings_before_the_stack_is_read(
         deploy.deploy(yes=True)
     assert seen[0]["group_size"] == "3"
     assert seen[0]["experiment"] == "t1"
-    assert seen[0]["tps_limit"] == 25, "cdk.json's context underneath"
+    assert seen[0]["max_sessions"] == 100, "cdk.json's context underneath"
     assert project.calls() == []
 
 

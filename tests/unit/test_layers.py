@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parents[2]
 PACKAGE = "rollout_pipeline"
 
 #: The base every layer may use; it imports nothing above it.
-BASE = ("contracts", "config", "ids", "ports", "metric_names")
+BASE = ("contracts", "config", "ids", "ports", "metric_names", "quotas", "costs")
 #: What only tests, benchmarks and local mode run on.
 TEST_ONLY = ("fakes",)
 #: The root's plain modules: names, numbers and small rules the stages and the stack read.
@@ -24,9 +24,11 @@ ALLOWED: dict[str, frozenset[str]] = {
     # The base imports only the base.
     "metric_names": frozenset(),
     "ids": frozenset(),
-    "config": frozenset({"metric_names"}),
+    "quotas": frozenset(),
+    "config": frozenset({"metric_names", "quotas"}),
     "ports": frozenset({"contracts"}),
     "contracts": frozenset({"config", "ids", "ports"}),
+    "costs": frozenset({"config", "contracts"}),
     # The root's plain modules: the base and each other.
     "topology": frozenset(BASE),
     "routing": frozenset(BASE),
@@ -34,7 +36,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "observability": frozenset(BASE),
     "sqs_batch": frozenset(BASE),
     "capacity": frozenset({*BASE, "topology"}),
-    "warm_cost": frozenset(),
+    "warm_cost": frozenset({"costs"}),
     # boto3 implementations of the ports, and the stand-ins for tests, benchmarks and local mode.
     "adapters": frozenset(BASE),
     "fakes": frozenset({*BASE, "adapters", "access"}),

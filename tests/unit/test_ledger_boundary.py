@@ -26,6 +26,9 @@ ALLOWED: dict[str, str] = {
     "warm.WarmLedger.claim_ops": "TransactWriteItems entries (the dispatch transaction's take of a warm session)",
     # The arguments of CreateTable (local mode and tests create the table with them), not an item.
     "schema.create_table_kwargs": "CreateTable arguments",
+    "pool_schema.create_pool_table_kwargs": "CreateTable arguments of the account pool's table",
+    # The UpdateItem that writes the pool's settings: the pool stack's custom resource sends it at deploy.
+    "pool_schema.settings_update": "UpdateItem arguments",
 }
 #: The raw layer under the views: the table gateway and the attribute codec. Their functions take and return
 #: DynamoDB's typed form by design; only the ledger's modules may use them.

@@ -35,7 +35,7 @@ class Clients:
         )
         self.clients: dict[str, Any] = {}
         self.stubs: dict[str, Stubber] = {}
-        for service in ("sts", "bedrock-agentcore-control", "service-quotas", "ssm", "lambda"):
+        for service in ("sts", "bedrock-agentcore-control", "service-quotas", "ssm", "lambda", "dynamodb"):
             client = session.client(service)  # type: ignore[call-overload]
             self.clients[service] = client
             self.stubs[service] = Stubber(client)
@@ -83,6 +83,17 @@ class Clients:
             },
             {},
         )
+
+    def pool(self, exists: bool = True) -> None:
+        """The account pool's table (`rollouts bootstrap`)."""
+        if exists:
+            self.stubs["dynamodb"].add_response(
+                "describe_table", {"Table": {"TableName": "rollouts-pool"}}, {"TableName": "rollouts-pool"}
+            )
+        else:
+            self.stubs["dynamodb"].add_client_error(
+                "describe_table", "ResourceNotFoundException", expected_params={"TableName": "rollouts-pool"}
+            )
 
     def bootstrap(self, version: str | None) -> None:
         if version is None:
@@ -158,6 +169,7 @@ def stub_all_ok(clients: Clients, *, bootstrap: str | None = "30") -> None:
     clients.identity()
     clients.agentcore()
     clients.quotas(DISTRACTORS, DEFAULTS)  # only distractors have applied values: the rest are defaults
+    clients.pool()
     clients.codebuild()
     clients.lambda_settings()
     clients.bootstrap(bootstrap)
@@ -171,17 +183,20 @@ def test_all_ok(clients: Clients) -> None:
         "model url",
         "credentials",
         "agentcore",
-        "active sessions",
         "new sessions",
-        "invoke rate",
+        "data-plane calls",
+        "active sessions",
         "endpoints",
+        "account pool",
         "image build",
         "lambda concurrency",
         "cdk bootstrap",
     ]
     assert {c.level for c in checks} == {"ok"}, [c.line() for c in checks]
     assert preflight.worst(checks) == "ok"
-    assert by_name(checks)["new sessions"].message == "session_rate_limit=5 within the quota 25/s per endpoint"
+    assert by_name(checks)["new sessions"].message == (
+        "session_rate_limit not set: the experiment's share of 25/s per account (less the reserve)"
+    )
     assert by_name(checks)["active sessions"].message == "max_sessions=100 within the quota 5000"
 
 
@@ -194,18 +209,28 @@ def test_quotas_are_matched_by_code_not_by_words(clients: Clients) -> None:
     assert checks["active sessions"].message == "max_sessions=100 within the quota 5000"
 
 
-def test_the_new_session_quota_is_compared_per_endpoint(clients: Clients) -> None:
-    """`session_rate_limit` is per endpoint, as the quota: two endpoints at 5/s each within a 400/min-per-endpoint
-    quota are valid (the total was compared before, so `endpoints=2` was an error and `make deploy` refused)."""
+def test_the_strictest_new_session_rate_binds_and_a_cap_above_it_is_an_error(clients: Clients) -> None:
+    """An account that still lists the per-endpoint container rate (400/min = 6.67/s) is held to it as the account's
+    (the safe reading: docs/aws-facts.md); a `session_rate_limit` above it is an error naming the key, one above
+    what the pool grants (the quota less the reserve) a warning."""
     per_endpoint_container = quota("L-0B3AF7ED", "", 400, PER_MINUTE)
     clients.quotas([per_endpoint_container, *DISTRACTORS], DEFAULTS)
-    config = ExperimentConfig(name="exp", endpoints=2)
-    check = by_name(preflight.quota_checks(config, clients("service-quotas")))["new sessions"]
-    assert check.level == "warning", check.line()  # the strictest (400/min = 6.67/s) binds; 10/s in total
-    assert "within L-0B3AF7ED" in check.message
-    assert "2 endpoints make 10/s" in check.message
-    one = by_name(preflight.quota_checks(ExperimentConfig(name="exp"), _reader_of(DEFAULTS)))["new sessions"]
-    assert one.level == "ok"
+
+    def reader() -> Any:
+        stubbed = Clients()
+        stubbed.quotas([per_endpoint_container, *DISTRACTORS], DEFAULTS)
+        return stubbed("service-quotas")
+
+    first = preflight.quota_checks(ExperimentConfig(name="exp", session_rate_limit=10), clients("service-quotas"))
+    check = by_name(first)
+    assert check["new sessions"].level == "error", check["new sessions"].line()
+    assert "session_rate_limit=10 is above the account's quota 6.667/s per account" in check["new sessions"].message
+    grantable = by_name(preflight.quota_checks(ExperimentConfig(name="exp", session_rate_limit=6.5), reader()))
+    assert grantable["new sessions"].level == "warning"
+    assert "above what the account pool grants" in grantable["new sessions"].message
+    unset = by_name(preflight.quota_checks(ExperimentConfig(name="exp"), reader()))["new sessions"]
+    assert unset.level == "ok"
+    assert "6.667/s" in unset.message
 
 
 def _reader_of(quotas: list[dict[str, Any]]) -> Any:
@@ -236,17 +261,21 @@ def test_quota_below_the_settings_is_an_error_with_what_to_do(clients: Clients) 
     clients.identity()
     clients.agentcore()
     clients.quotas([ACTIVE(50), NEW_SESSIONS(2), DATA_PLANE(30), ENDPOINTS(10)], [])
+    clients.pool(exists=False)
     clients.codebuild(arm_small=0)
     clients.lambda_settings(total=10)
     clients.bootstrap(None)
-    context = preflight.load_context(REPO_ROOT, {**PUBLIC, "endpoints": "12"})
-    checks = by_name(preflight.run(context, client=clients, region=REGION))
+    settings = {**PUBLIC, "endpoints": "12", "session_rate_limit": "5", "tps_limit": "25"}
+    checks = by_name(preflight.run(preflight.load_context(REPO_ROOT, settings), client=clients, region=REGION))
     assert checks["active sessions"].level == "error"
     assert "request an increase in Service Quotas (bedrock-agentcore L-3E5722B2)" in checks["active sessions"].message
-    assert checks["new sessions"].level == "error"  # 5/s per endpoint > 2/s
+    assert checks["new sessions"].level == "error"  # 5/s > the account's 2/s
+    assert "session_rate_limit=5" in checks["new sessions"].message
     assert "L-8EE2AEA2" in checks["new sessions"].message
-    assert checks["invoke rate"].level == "warning"  # 25 of 30/s: above 80%
-    assert "more than 80%" in checks["invoke rate"].message
+    assert checks["data-plane calls"].level == "warning"  # 25 of 30/s: above 80%
+    assert "more than 80%" in checks["data-plane calls"].message
+    assert checks["account pool"].level == "error"
+    assert "rollouts bootstrap" in checks["account pool"].message
     assert checks["endpoints"].level == "error"
     assert "L-9B442722" in checks["endpoints"].message
     assert checks["image build"].level == "error"
@@ -269,6 +298,7 @@ def test_no_codebuild_check_when_the_image_is_not_built_there(clients: Clients) 
     clients.identity()
     clients.agentcore()
     clients.quotas([], DEFAULTS)
+    clients.pool()
     clients.lambda_settings()
     clients.bootstrap("30")
     context = preflight.load_context(REPO_ROOT, {**PUBLIC, "image_build": "local"})
@@ -308,7 +338,7 @@ def test_bad_setting_is_one_error_line() -> None:
 
 
 def test_a_quota_service_quotas_does_not_list_is_a_warning() -> None:
-    assert preflight.compare("invoke rate", "tps_limit", 25, None, "/s").level == "warning"
+    assert preflight.compare("data-plane calls", "tps_limit", 25, None, "/s").level == "warning"
 
 
 def test_agentcore_not_offered(clients: Clients) -> None:
@@ -338,6 +368,6 @@ def test_cli_prints_one_line_per_check_and_exits_1_on_error(monkeypatch: pytest.
     )
     lines = out.getvalue().splitlines()
     assert code == cli.EXIT_ERROR
-    assert len(lines) == 11
+    assert len(lines) == 12
     assert lines[-1].startswith("error   cdk bootstrap: not bootstrapped")
     stubbed.verify()

@@ -17,7 +17,7 @@ pytest.importorskip("matplotlib")
 from rollout_pipeline.report import render
 
 RECORDED = Path(__file__).parent.parent / "data" / "report_batch.json"
-CHARTS = ("timeline", "sessions", "rewards", "groups", "duration", "latency", "failures", "retries")
+CHARTS = ("timeline", "sessions", "rewards", "groups", "duration", "latency", "failures", "retries", "cost")
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +60,11 @@ def test_every_chart_is_drawn_from_the_batch(data: ReportData, sections: dict[st
     for attempt, count in Counter(r["attempt"] for r in finished).items():
         label = f"ended on attempt {attempt}" if attempt else "never started"
         assert re.search(rf">{label}<.*?>{count}<", sections["retries"][1], re.S), (label, count)
+    priced = [r["cost"] for r in data.rows if r.get("cost")]
+    assert sections["cost"][0] == len(priced) == len(data.rows)
+    total = sum(c["usd"] for c in priced)
+    assert f"${total:.6f} for {len(priced)} rollouts" in sections["cost"][1]
+    assert "local run priced as on AgentCore" in sections["cost"][1]
     failed = Counter(r["reason"] for r in data.rows if r["state"] == "failed")
     assert sections["failures"][0] == sum(failed.values())
     for reason in failed:

@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from rollout_pipeline.lifecycle.limits import ADMIT_AHEAD_S, LATENESS_S, Pacer, SessionRoom, SlotGate
+from rollout_pipeline.lifecycle.limits.admission import ADMIT_AHEAD_S, SessionRoom, SlotGate
+from rollout_pipeline.lifecycle.limits.pacing import LATENESS_S, Pacer
 from tests.conftest import wait_for
 from tests.doubles import FakeSchedules
 

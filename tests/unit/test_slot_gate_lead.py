@@ -7,8 +7,8 @@ from collections.abc import Callable
 
 import pytest
 
-from rollout_pipeline.lifecycle import limits
-from rollout_pipeline.lifecycle.limits import LEAD_POLL_S, AdmissionBoard, BoardEntry, SlotGate
+from rollout_pipeline.lifecycle.limits import admission as limits
+from rollout_pipeline.lifecycle.limits.admission import LEAD_POLL_S, AdmissionBoard, BoardEntry, SlotGate
 from rollout_pipeline.topology import FUNCTIONS
 from tests.doubles import FakeBoardLedger, ManualClock
 

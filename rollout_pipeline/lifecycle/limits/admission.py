@@ -1,21 +1,9 @@
-"""Global limits shared by every caller in every process: paced ACR call budgets and session slots.
+"""Admission: which waiting rollouts take the next free session slots (or session starts), in group order
+across every dispatcher process.
 
-Budgets (GCRA, one schedule item per budget in the ledger, `LimitLedger.reserve_pace`): `tps` (every
-InvokeAgentRuntime and StopRuntimeSession, `tps_limit`) and `session#{endpoint}` (invokes that open a new session,
-`session_rate_limit` per endpoint). A caller reserves the budget's next start time, sleeps until then and calls.
-Calls are spaced `(1 + LATENESS_S) / limit` apart and a caller that wakes up more than `LATENESS_S` after its slot
-drops it, so ANY one-second window (aligned or sliding) holds at most `limit` calls of a budget, across every
-process, with no burst at a window boundary (`limit + 1` calls span at least `(1 + LATENESS_S) - LATENESS_S`).
-When `tps_limit` leaves room for a stop per new session (`dedicated_session_share`), invokes that open a session
-take only their `session#{endpoint}` slot: their share of `tps_limit` (the sum of the session budgets) is set
-apart and the `tps` schedule paces the rest (stops, calls into existing sessions) at `tps_limit` minus that share;
-else a new session also takes a `tps` slot at its start.
-Stops are never starved: an invoke only reserves a `tps` slot at most `INVOKE_AHEAD_S` ahead, a stop as far ahead
-as its wait allows, so a waiting stop is always served within about `INVOKE_AHEAD_S`.
-Sessions: `keys.SESSION_SHARDS` counters `LIMIT/SESSIONS#{i}` whose caps sum to `max_sessions` (`SlotShards`); a
-slot is taken on a counter with room in the dispatch transaction and given back (on any counter: the sum stays
-exact) only once the attempt's session is confirmed stopped or reaped by AgentCore (see `ledger.rollouts` and
-`lifecycle.stops`). Each counter sees 1/32 of the slot transactions, so none is a hot item.
+`SlotGate` (one per process: one poller, waiters first in group order), `AdmissionBoard` (every process's waiting
+admission keys on `LIMIT/WAIT#{process}`), `SessionRoom` (room in the session budget within `ADMIT_AHEAD_S`, so the
+same order holds when the new-session rate binds rather than `max_sessions`). Details: docs/lifecycle.md, "Limits".
 """
 
 from __future__ import annotations
@@ -23,316 +11,19 @@ from __future__ import annotations
 import bisect
 import contextlib
 import heapq
-import math
 import random
 import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Final
+from collections.abc import Callable, Sequence
+from typing import Final
 
-from rollout_pipeline import ids
-from rollout_pipeline.ledger import keys
-from rollout_pipeline.ledger.limits import LimitLedger, shard_cap
-from rollout_pipeline.lifecycle.metrics import ACR_THROTTLED, LIMIT_BACKLOG, MetricsRecorder
-from rollout_pipeline.ports import AgentRuntime, RuntimeThrottled
-
-#: A call may start at most this long after its reserved slot; the spacing leaves room for it.
-LATENESS_S: Final = 0.05
-#: How far ahead an invoke may reserve a `tps` slot (stops may reserve as far as they wait).
-INVOKE_AHEAD_S: Final = 0.25
-#: How long a stop waits for its slot when the caller gives no deadline.
-DEFAULT_STOP_WAIT_S: Final = 15.0
+from rollout_pipeline.ledger.limits import LimitLedger
+from rollout_pipeline.lifecycle.limits.pacing import Pacer
 
 #: One process's entry on the admission board: (process, heartbeat in epoch microseconds, its waiting keys).
 BoardEntry = tuple[str, int, list[str]]
-
-
-class Pacer:
-    """One paced call budget (`limit` calls per second), global through the ledger's schedule item."""
-
-    def __init__(
-        self,
-        ledger: LimitLedger,
-        budget: str,
-        limit: float,
-        *,
-        wall: Callable[[], float] = time.time,
-        monotonic: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], None] = time.sleep,
-        guess_busy: bool = False,
-    ) -> None:
-        self.ledger = ledger
-        self.budget = budget
-        self.limit = limit
-        self.interval_s = (1.0 + LATENESS_S) / limit
-        self._wall = wall
-        self._monotonic = monotonic
-        self._sleep = sleep
-        #: The latest schedule (`tat`, wall clock s) this process has seen or promised: it only moves forward.
-        self.tat = 0.0
-        #: Recent slowest reservation (a ledger write; a decaying maximum): slots are reserved at least about this
-        #: far ahead, so the caller is not already late when the answer arrives.
-        self.write_s = 0.01
-        #: The last reservation found the schedule busy (ahead of its start): under a backlog shared by several
-        #: processes it stays busy, although this process's own `tat` lags behind the others' reservations, so the
-        #: next reservation tries the busy case first (one conditional write instead of two).
-        self.busy = False
-        #: Whether to use `busy` (the session budgets, which waiting rollouts book ahead); the `tps` schedule, near
-        #: idle between stops, is guessed by its `tat` alone (measured: 1.3 writes per stop with it, 1.8 without).
-        self.guess_busy = guess_busy
-
-    @property
-    def lead_s(self) -> float:
-        return min(0.5, 1.5 * self.write_s + 0.01)
-
-    def reserve(self, wait_until: float, max_ahead_s: float | None = None, *, lead_s: float = 0.0) -> float | None:
-        """Reserve a start time (wall clock, s) no later than `wait_until` (monotonic) and `max_ahead_s` from now;
-        waits while the schedule is further ahead. None if no slot could be had in time. Does not sleep to it."""
-        while True:
-            now = self._wall()
-            budget_left = wait_until - self._monotonic()
-            if budget_left <= 0:
-                return None
-            ahead = budget_left if max_ahead_s is None else min(max_ahead_s, budget_left)
-            lead = lead_s or self.lead_s
-            slot, tat = self.reserve_at(now + lead, now + lead + ahead)
-            if slot is not None:
-                return slot
-            pause = tat - now - ahead + random.uniform(0.0, self.interval_s)
-            if self._monotonic() + pause >= wait_until:
-                return None
-            self._sleep(max(pause, 0.001))
-
-    def reserve_at(self, not_before: float, latest: float) -> tuple[float | None, float]:
-        """One reservation attempt for a start in [not_before, latest] (wall clock, s); returns (slot, tat)."""
-        started = self._monotonic()
-        slot_us, tat_us = self.ledger.reserve_pace(
-            self.budget,
-            not_before_us=int(not_before * 1e6),
-            latest_us=int(latest * 1e6),
-            interval_us=max(1, int(self.interval_s * 1e6)),
-            busy_first=self.tat > not_before or (self.guess_busy and self.busy),
-        )
-        self.busy = slot_us is None or slot_us > int(not_before * 1e6)
-        self.write_s = max(0.97 * self.write_s, self._monotonic() - started)
-        self.tat = max(self.tat, tat_us / 1e6)
-        return (None if slot_us is None else slot_us / 1e6), tat_us / 1e6
-
-    def read_tat(self) -> float:
-        """Read the budget's schedule (one strongly consistent GetItem); returns the latest known `tat`."""
-        self.tat = max(self.tat, self.ledger.pace_tat(self.budget) / 1e6)
-        return self.tat
-
-    def room(self, ahead_s: float) -> int:
-        """Calls that could still start within `ahead_s` (at least one interval) from now, by the latest known
-        schedule (no read)."""
-        now = self._wall()
-        return max(0, math.floor((now + self._horizon(ahead_s) - max(self.tat, now)) / self.interval_s + 1e-9))
-
-    def next_room_s(self, ahead_s: float) -> float:
-        """Seconds until `room(ahead_s)` is at least one, by the latest known schedule."""
-        return max(0.0, self.tat - self._horizon(ahead_s) + self.interval_s - self._wall())
-
-    def _horizon(self, ahead_s: float) -> float:
-        return max(ahead_s, self.interval_s)
-
-    def promise(self, calls: int) -> None:
-        """Count `calls` about to be reserved by this process in the known schedule (until a read shows them)."""
-        if calls > 0:
-            self.tat = max(self.tat, self._wall()) + calls * self.interval_s
-
-    def sleep_until(self, slot: float) -> bool:
-        """Sleep until `slot`; False if this caller is already more than LATENESS_S late (the slot is lost)."""
-        pause = slot - self._wall()
-        if pause > 0:
-            self._sleep(pause)
-        return self._wall() <= slot + LATENESS_S * 0.8
-
-    def acquire(self, wait_until: float, max_ahead_s: float | None = None) -> bool:
-        """Reserve a slot and sleep until it; True when the caller may call now."""
-        while True:
-            slot = self.reserve(wait_until, max_ahead_s)
-            if slot is None:
-                return False
-            if self.sleep_until(slot):
-                return True
-
-
-class SlotShards:
-    """Which session-slot counter a dispatch takes its slot on: a process's view of every counter's room (cap minus
-    count: `LimitLedger.slot_counts`, refreshed by each read of the sessions in flight, with this process's own
-    takes and failures since), and the next counter with room in a rotation that starts at random in each process,
-    so the dispatches a process starts at once (an SQS batch's) take distinct counters (chosen at random, 10
-    dispatches over 16 counters met on one ~3 times per batch). The transaction stays the arbiter: a counter found
-    full is marked so and another is chosen."""
-
-    def __init__(self, ledger: LimitLedger, max_sessions: int, *, rng: random.Random | None = None) -> None:
-        self.ledger = ledger
-        self._caps = [shard_cap(max_sessions, i) for i in range(keys.SESSION_SHARDS)]
-        self._room = list(self._caps)  # until the first read: every counter empty
-        self._cursor = (rng or random).randrange(keys.SESSION_SHARDS)
-        self._lock = threading.Lock()
-
-    def in_flight(self) -> int:
-        """Read every counter (one Query): the sessions in flight; refreshes the view."""
-        return self._absorb(self.ledger.slot_counts())
-
-    def in_flight_and_board(self) -> tuple[int, list[BoardEntry]]:
-        """The sessions in flight and the admission board, in one Query (`LimitLedger.slots_and_board`); refreshes
-        the view."""
-        counts, board = self.ledger.slots_and_board()
-        return self._absorb(counts), board
-
-    def _absorb(self, counts: Sequence[int]) -> int:
-        with self._lock:
-            self._room = [cap - count for cap, count in zip(self._caps, counts, strict=True)]
-        return sum(counts)
-
-    def choose(self) -> int:
-        """The next counter with room by the view in this process's rotation; the next with a cap when none has."""
-        with self._lock:
-            for usable in (self._room, self._caps):
-                for step in range(keys.SESSION_SHARDS):
-                    shard = (self._cursor + step) % keys.SESSION_SHARDS
-                    if usable[shard] > 0:
-                        self._cursor = shard + 1
-                        return shard
-            return 0
-
-    def taken(self, shard: int) -> None:
-        """This process took a slot on `shard`."""
-        with self._lock:
-            self._room[shard] -= 1
-
-    def full(self, shard: int) -> None:
-        """A take on `shard` failed its cap: no room there until the next read."""
-        with self._lock:
-            self._room[shard] = 0
-
-    def room(self) -> int:
-        """Free slots by the view (no read)."""
-        with self._lock:
-            return sum(max(0, room) for room in self._room)
-
-
-class NoCallBudget(RuntimeThrottled):
-    """No slot of a call budget could be had before the caller's wait ended: the pipeline's own backlog (the call
-    was not made), not an answer of AgentCore."""
-
-
-class LimitedRuntime:
-    """An `AgentRuntime` whose calls first take their budgets: every call a `tps` slot, an invoke that opens a
-    session also a `session#{endpoint}` slot (the endpoint the session is opened on, `ids.endpoint_index`)."""
-
-    def __init__(
-        self,
-        runtime: AgentRuntime,
-        tps: Pacer,
-        sessions: Sequence[Pacer],
-        metrics: MetricsRecorder | None = None,
-        *,
-        sessions_apart: bool = False,
-    ) -> None:
-        self.runtime = runtime
-        self.tps = tps
-        self.sessions = list(sessions)
-        self.metrics = metrics
-        #: New sessions' calls are in a share of `tps_limit` set apart (`pacers`): they take no `tps` slot.
-        self.sessions_apart = sessions_apart
-
-    def _throttled(self, what: str) -> NoCallBudget:
-        if self.metrics is not None:
-            self.metrics.count(LIMIT_BACKLOG)
-        return NoCallBudget(f"no call budget for {what} before the wait budget ran out")
-
-    def _call(self, call: Callable[[], None]) -> None:
-        """Make the runtime call; an answer of AgentCore that refuses it for now counts `AcrThrottled` (once)."""
-        try:
-            call()
-        except RuntimeThrottled:
-            if self.metrics is not None:
-                self.metrics.count(ACR_THROTTLED)
-            raise
-
-    def invoke(
-        self,
-        session_id: str,
-        payload: Mapping[str, Any],
-        wait_until: float | None = None,
-        *,
-        new_session: bool = True,
-        on_booked: Callable[[float], None] | None = None,
-    ) -> None:
-        """InvokeAgentRuntime once both budgets allow. Raises NoCallBudget (no budget in time) and whatever
-        the runtime raises. `new_session=False` for a call into an existing session (cold-start retry).
-        `on_booked(start)` is called once the call's start (wall clock, s) is booked in the schedule (a new session:
-        its `session#` slot), before the wait for it: the dispatcher keeps the rollout on the admission board until
-        then. A start lost by waking too late is booked again (and reported again)."""
-        until = wait_until if wait_until is not None else time.monotonic() + DEFAULT_STOP_WAIT_S
-        booked = on_booked or (lambda _start: None)
-        if not new_session:
-            if not self.tps.acquire(until, INVOKE_AHEAD_S):
-                raise self._throttled("InvokeAgentRuntime")
-            booked(self.tps._wall())
-            self._call(lambda: self.runtime.invoke(session_id, payload))
-            return
-        pacer = self.sessions[ids.endpoint_index(session_id, len(self.sessions))]
-        while True:
-            slot = pacer.reserve(until, lead_s=pacer.lead_s + (0.0 if self.sessions_apart else self.tps.lead_s))
-            if slot is None:
-                raise self._throttled("a new session")
-            booked(slot)
-            if self.sessions_apart:
-                if pacer.sleep_until(slot):
-                    self._call(lambda: self.runtime.invoke(session_id, payload))
-                    return
-                continue  # this thread woke up too late: the slot is lost
-            # Just before it, the same start in the `tps` schedule (or at most LATENESS_S/2 later, else the session
-            # slot is lost). Reserving it only now keeps the `tps` schedule free for stops until then.
-            pause = slot - self.tps.lead_s - self.tps._wall()
-            if pause > 0:
-                self.tps._sleep(pause)
-            tps_slot, _tat = self.tps.reserve_at(slot, slot + LATENESS_S * 0.5)
-            if tps_slot is None:
-                self._lost_slot(slot)
-                continue
-            if not (self.tps.sleep_until(tps_slot) and pacer.sleep_until(slot)):
-                continue  # this thread woke up too late: both slots are lost
-            self._call(lambda: self.runtime.invoke(session_id, payload))
-            return
-
-    def _lost_slot(self, slot: float) -> None:
-        """A session slot the `tps` budget could not match (stops queued ahead): let its time pass, try again."""
-        pause = slot - self.tps._wall()
-        if pause > 0:
-            self.tps._sleep(pause)
-
-    def stop(self, session_id: str, wait_until: float | None = None) -> None:
-        """StopRuntimeSession once the `tps` budget allows (stops may queue ahead of invokes)."""
-        until = wait_until if wait_until is not None else time.monotonic() + DEFAULT_STOP_WAIT_S
-        if not self.tps.acquire(until):
-            raise self._throttled("StopRuntimeSession")
-        self._call(lambda: self.runtime.stop(session_id))
-
-
-def dedicated_session_share(tps_limit: float, session_rate_limit: float, endpoints: int) -> bool:
-    """Whether new sessions get a share of `tps_limit` of their own (the sum of the session budgets): only when what
-    is left still has room for a stop per new session."""
-    return tps_limit >= 2 * session_rate_limit * endpoints
-
-
-def pacers(
-    ledger: LimitLedger, tps_limit: float, session_rate_limit: float, endpoints: int
-) -> tuple[Pacer, list[Pacer]]:
-    """The experiment's budgets: `tps` (less the new sessions' share when `dedicated_session_share`) and one
-    `session#{i}` per endpoint."""
-    share = session_rate_limit * endpoints if dedicated_session_share(tps_limit, session_rate_limit, endpoints) else 0
-    return Pacer(ledger, "tps", tps_limit - share), [
-        Pacer(ledger, f"session#{i}", session_rate_limit, guess_busy=True) for i in range(endpoints)
-    ]
-
 
 #: A new rollout is admitted (takes a slot, then reserves its session start) only while the session budgets still
 #: have room within this horizon; beyond it, rollouts wait in the ordered `SlotGate`, so the budget's own queue
@@ -341,13 +32,19 @@ ADMIT_AHEAD_S: Final = 2.0
 
 
 class SessionRoom:
-    """Room for new sessions in one `session#{endpoint}` budget within `ahead_s`, as this process knows it: its
-    reads of the schedule, its own reservations, and the sessions it let through since."""
+    """Room for new sessions in the session budget within `ahead_s`, as this process knows it: its reads of the
+    schedule, its own reservations, and the sessions it let through since. `session`: the budget, or a function
+    giving the one that applies now (`LimitedRuntime.room_pacer`: None when no single budget does, i.e. several
+    endpoints each with their own; then the room never holds anything back)."""
 
-    def __init__(self, session: Pacer, ahead_s: float = ADMIT_AHEAD_S) -> None:
-        self.session = session
+    def __init__(self, session: Pacer | Callable[[], Pacer | None], ahead_s: float = ADMIT_AHEAD_S) -> None:
+        self._session = session
         self.ahead_s = ahead_s
         self._lock = threading.Lock()
+
+    @property
+    def session(self) -> Pacer | None:
+        return self._session if isinstance(self._session, Pacer) else self._session()
 
     def claim(self) -> bool:
         """For a newly received rollout: True (and the room counted as taken) if the session budget is idle (its
@@ -355,26 +52,49 @@ class SessionRoom:
         gate, which admits up to `ahead_s`: so processes that start at once let through one rollout each, not a
         horizon's worth each in no particular order."""
         with self._lock:
-            self.session.read_tat()
-            if self.session.room(0.0) <= 0:
+            session = self.session
+            if session is None:
+                return True
+            session.read_tat()
+            if session.room(0.0) <= 0:
+                _note_backlog(session)
                 return False
-            self.session.promise(1)
+            session.promise(1)
             return True
 
     def read(self) -> int:
         """Room now (reads the schedule)."""
         with self._lock:
-            self.session.read_tat()
-            return self.session.room(self.ahead_s)
+            session = self.session
+            if session is None:
+                return UNBOUNDED_ROOM
+            session.read_tat()
+            room = session.room(self.ahead_s)
+            if room <= 0:
+                _note_backlog(session)
+            return room
 
     def promise(self, sessions: int) -> None:
         """`sessions` waiters were let through: count them in the known schedule."""
         with self._lock:
-            self.session.promise(sessions)
+            session = self.session
+            if session is not None:
+                session.promise(sessions)
 
     def next_room_s(self) -> float:
         """Seconds until the known schedule has room for one more session."""
-        return self.session.next_room_s(self.ahead_s)
+        session = self.session
+        return 0.0 if session is None else session.next_room_s(self.ahead_s)
+
+
+#: The room of no single budget (several endpoints each with its own): it holds nothing back.
+UNBOUNDED_ROOM: Final = 1_000_000
+
+
+def _note_backlog(session: Pacer) -> None:
+    """Rollouts wait for the session budget's room: a leased budget asks for all it can get at its next renewal."""
+    if session.lease is not None:
+        session.lease.note_backlog()
 
 
 #: A process's entry on the admission board older than this is ignored (its process crashed or stalled), so a dead
@@ -483,7 +203,7 @@ class SlotGate:
     def __init__(
         self,
         in_flight: Callable[[], int],
-        max_sessions: int,
+        max_sessions: int | Callable[[], int],
         *,
         board: AdmissionBoard | None = None,
         room: SessionRoom | None = None,
@@ -493,7 +213,8 @@ class SlotGate:
     ) -> None:
         self._in_flight = in_flight
         self._in_flight_and_board = in_flight_and_board if board is not None else None
-        self.max_sessions = max_sessions
+        #: `max_sessions`, or a function giving it now (the account pool's grant of active sessions).
+        self._max_sessions = max_sessions
         self.board = board
         self.room = room
         self._monotonic = monotonic
@@ -519,6 +240,10 @@ class SlotGate:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
+
+    def max_sessions(self) -> int:
+        value = self._max_sessions
+        return value if isinstance(value, int) else value()
 
     def hold(self, keys: Sequence[str]) -> list[Held]:
         """Rollouts just received (their admission keys), before any of them is decided: they go on the board at
@@ -665,7 +390,7 @@ class SlotGate:
     def _poll(self, wait_until: float) -> int:
         """Poll until some slots look free for this process's waiters (their number) or `wait_until` passes."""
         pause, lead = self._pace()
-        if self.room is not None:  # the rate may be what binds: look as soon as the budgets have room
+        if self.room is not None and self._may_chase():  # the rate may be what binds: look as soon as it has room
             pause = self._room_pause(pause)
         pause = max(pause, self.settle_s())  # a burst's first decision waits for the others' rollouts
         if self.board is not None:
@@ -680,10 +405,10 @@ class SlotGate:
                 self._publish()  # this process's waiters as they are now (changed, or the heartbeat)
             in_flight, board_age_s = self._read()
             pause, lead = self._pace()
-            free = self.max_sessions - in_flight
+            free = self.max_sessions() - in_flight
             if free > 0 and self.room is not None:
                 free = min(free, self.room.read())
-                if free <= 0:
+                if free <= 0 and self._may_chase():
                     pause = self._room_pause(pause)
             if free <= 0:
                 continue
@@ -698,7 +423,14 @@ class SlotGate:
             ours = sum(1 for _key, theirs in ranked if not theirs)
             if ours:
                 return ours
-            pause, lead = min(pause, random.uniform(0.1, 0.25)), False  # room others go first for: look again soon
+            if self._may_chase():  # room others go first for: look again soon (the next in line only)
+                pause, lead = min(pause, random.uniform(0.1, 0.25)), False
+
+    def _may_chase(self) -> bool:
+        """Whether this process polls as soon as the session budget has room: with no board, or while its waiters
+        lead the board (the room is theirs first; the others keep the slow pace, so the polls per second are
+        bounded by the leaders, not by every dispatcher of the experiment)."""
+        return self.board is None or self._in_flight_and_board is None or self.leads()
 
     def _room_pause(self, pause: float) -> float:
         """Poll again when the session budgets will have room (at most `pause`, at least 0.1 s, jittered)."""

@@ -1,0 +1,56 @@
+"""The account pool's table as the pool stack and local mode create it: its key schema, the one item's key and the
+write of its settings. Plain data only (no client): `stacks/pool_stack.py` imports it, and a synth loads no adapter.
+The item's reads and renewals are `ledger.pool`."""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from rollout_pipeline.ledger.attributes import plain_values
+from rollout_pipeline.ledger.keys import PK, SK
+from rollout_pipeline.quotas import PoolSettings
+
+POOL_PK: Final = "POOL"
+POOL_SK: Final = "STATE"
+
+
+def pool_key() -> dict[str, dict[str, str]]:
+    return {PK: {"S": POOL_PK}, SK: {"S": POOL_SK}}
+
+
+def settings_update(table_name: str, settings: PoolSettings) -> dict[str, Any]:
+    """The UpdateItem that writes the pool's settings (`ledger.pool`, local mode, and the pool stack at deploy)."""
+    q = settings.quotas
+    return {
+        "TableName": table_name,
+        "Key": pool_key(),
+        "UpdateExpression": "SET new_session_quota = :ns, data_plane_quota = :dp, active_session_quota = :act, "
+        "new_session_scope = :scope, reserve = :reserve, quota_source = :source, "
+        "members = if_not_exists(members, :empty), backoff = if_not_exists(backoff, :empty), "
+        "version = if_not_exists(version, :zero)",
+        "ExpressionAttributeValues": plain_values(
+            {
+                ":ns": q.new_sessions_per_s,
+                ":dp": q.data_plane_per_s,
+                ":act": q.active_sessions,
+                ":scope": q.new_session_scope,
+                ":reserve": settings.reserve,
+                ":source": q.source,
+                ":empty": {},
+                ":zero": 0,
+            }
+        ),
+    }
+
+
+def create_pool_table_kwargs(table_name: str) -> dict[str, Any]:
+    """Arguments of DynamoDB CreateTable for the pool table (local mode and tests; the pool stack mirrors it)."""
+    return {
+        "TableName": table_name,
+        "BillingMode": "PAY_PER_REQUEST",
+        "KeySchema": [{"AttributeName": PK, "KeyType": "HASH"}, {"AttributeName": SK, "KeyType": "RANGE"}],
+        "AttributeDefinitions": [
+            {"AttributeName": PK, "AttributeType": "S"},
+            {"AttributeName": SK, "AttributeType": "S"},
+        ],
+    }

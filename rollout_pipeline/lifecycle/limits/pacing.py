@@ -1,0 +1,386 @@
+"""Paced ACR call budgets, global across every caller in every process.
+
+Budgets (GCRA, one schedule item per budget in the ledger, `LimitLedger.reserve_pace`): `tps` (every
+InvokeAgentRuntime and StopRuntimeSession, `tps_limit`) and `session#{endpoint}` (invokes that open a new session,
+`session_rate_limit` per endpoint). A caller reserves the budget's next start time, sleeps until then and calls.
+Calls are spaced `(1 + LATENESS_S) / limit` apart and a caller that wakes up more than `LATENESS_S` after its slot
+drops it, so ANY one-second window (aligned or sliding) holds at most `limit` calls of a budget, across every
+process, with no burst at a window boundary (`limit + 1` calls span at least `(1 + LATENESS_S) - LATENESS_S`).
+When `tps_limit` leaves room for a stop per new session (`dedicated_session_share`), invokes that open a session
+take only their `session#{endpoint}` slot: their share of `tps_limit` (the sum of the session budgets) is set
+apart and the `tps` schedule paces the rest (stops, calls into existing sessions) at `tps_limit` minus that share;
+else a new session also takes a `tps` slot at its start.
+Stops are never starved: an invoke only reserves a `tps` slot at most `INVOKE_AHEAD_S` ahead, a stop as far ahead
+as its wait allows, so a waiting stop is always served within about `INVOKE_AHEAD_S`.
+
+With the account pool (`limits.pool`, the default of a deployed stack) the budgets are LEASED: the experiment's
+`session` and `tps` schedules carry the spacing the pool granted and the lease's end, which every reservation's
+conditional write checks (`LimitLedger.reserve_leased`); a `Pacer` with a `lease` renews it when it runs out
+(`Lessee`). New sessions then take one `session` budget whatever the endpoints (account scope), or one per endpoint
+at the pool's per-endpoint rate (endpoint scope). Without a pool (`standalone_pacers`) the budgets are the
+experiment's own settings, as before the pool.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final, Protocol
+
+from rollout_pipeline import ids
+from rollout_pipeline.ledger.limits import LimitLedger, PaceView
+from rollout_pipeline.lifecycle.metrics import ACR_THROTTLED, LIMIT_BACKLOG, MetricsRecorder
+from rollout_pipeline.ports import AgentRuntime, RuntimeRateExceeded, RuntimeThrottled
+from rollout_pipeline.quotas import Budget, NewSessionScope
+
+#: A call may start at most this long after its reserved slot; the spacing leaves room for it.
+LATENESS_S: Final = 0.05
+#: A caller that wakes up later than this after its slot drops it (the margin covers the call's own latency).
+LATE_START_S: Final = LATENESS_S * 0.8
+#: How far ahead an invoke may reserve a `tps` slot (stops may reserve as far as they wait).
+INVOKE_AHEAD_S: Final = 0.25
+#: How long a stop waits for its slot when the caller gives no deadline.
+DEFAULT_STOP_WAIT_S: Final = 15.0
+#: A leased schedule without a lease covering the next start: look again this long later (jittered).
+NO_LEASE_PAUSE_S: Final = (0.05, 0.25)
+
+
+class Lessee(Protocol):
+    """What a leased `Pacer` needs of its experiment's lease in the account pool (`limits.pool.CapacityLease`)."""
+
+    def ensure(self) -> object:
+        """Renew the lease if it is about to end."""
+
+    def renew(self, *, force: bool = False) -> object:
+        """Renew the lease now (`force`: even if another process just did)."""
+
+    def note_backlog(self) -> None:
+        """Rollouts wait for this budget: the next renewal asks for all it can get."""
+
+    def throttled(self, budget: Budget) -> None:
+        """AgentCore answered a rate exceeded: back the pool off."""
+
+    def observe(self, budget: str, pace: PaceView) -> None:
+        """A read or reservation of the leased schedule `budget` showed `pace` (a renewal by another process)."""
+
+    def scope(self) -> NewSessionScope:
+        """Whether new sessions are paced per account (one budget) or per endpoint."""
+
+    def endpoint_rate(self) -> float:
+        """Endpoint scope: each endpoint's new sessions/s."""
+
+
+class Pacer:
+    """One paced call budget (`limit` calls per second), global through the ledger's schedule item. With a `lease`
+    the limit is the account pool's grant, carried by the schedule item itself (`LimitLedger.reserve_leased`)."""
+
+    def __init__(
+        self,
+        ledger: LimitLedger,
+        budget: str,
+        limit: float,
+        *,
+        wall: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+        guess_busy: bool = False,
+        lease: Lessee | None = None,
+    ) -> None:
+        self.ledger = ledger
+        self.budget = budget
+        self.interval_s = (1.0 + LATENESS_S) / limit
+        self.lease = lease
+        #: A leased schedule: no start after this (wall clock s), by the latest view of the item.
+        self.lease_until = 0.0
+        self._wall = wall
+        self._monotonic = monotonic
+        self._sleep = sleep
+        #: The latest schedule (`tat`, wall clock s) this process has seen or promised: it only moves forward.
+        self.tat = 0.0
+        #: Recent slowest reservation (a ledger write; a decaying maximum): slots are reserved at least about this
+        #: far ahead, so the caller is not already late when the answer arrives.
+        self.write_s = 0.01
+        #: The last reservation found the schedule busy (ahead of its start): under a backlog shared by several
+        #: processes it stays busy, although this process's own `tat` lags behind the others' reservations, so the
+        #: next reservation tries the busy case first (one conditional write instead of two).
+        self.busy = False
+        #: Whether to use `busy` (the session budgets, which waiting rollouts book ahead); the `tps` schedule, near
+        #: idle between stops, is guessed by its `tat` alone (measured: 1.3 writes per stop with it, 1.8 without).
+        self.guess_busy = guess_busy
+
+    @property
+    def limit(self) -> float:
+        """Calls per second at most (in any sliding second)."""
+        return (1.0 + LATENESS_S) / self.interval_s
+
+    @limit.setter
+    def limit(self, value: float) -> None:
+        self.interval_s = (1.0 + LATENESS_S) / value
+
+    @property
+    def lead_s(self) -> float:
+        return min(0.5, 1.5 * self.write_s + 0.01)
+
+    def reserve(self, wait_until: float, max_ahead_s: float | None = None, *, lead_s: float = 0.0) -> float | None:
+        """Reserve a start time (wall clock, s) no later than `wait_until` (monotonic) and `max_ahead_s` from now;
+        waits while the schedule is further ahead. None if no slot could be had in time. Does not sleep to it."""
+        while True:
+            now = self._wall()
+            budget_left = wait_until - self._monotonic()
+            if budget_left <= 0:
+                return None
+            ahead = budget_left if max_ahead_s is None else min(max_ahead_s, budget_left)
+            lead = lead_s or self.lead_s
+            slot, tat = self.reserve_at(now + lead, now + lead + ahead)
+            if slot is not None:
+                return slot
+            if self.lease is not None and self._lacks_lease(now + lead):
+                self.lease.note_backlog()
+                self.lease.renew(force=True)  # at most every so often per process: `CapacityLease.renew`
+                pause = random.uniform(*NO_LEASE_PAUSE_S)
+            else:
+                pause = tat - now - ahead + random.uniform(0.0, self.interval_s)
+            if self._monotonic() + pause >= wait_until:
+                return None
+            self._sleep(max(pause, 0.001))
+
+    def reserve_at(self, not_before: float, latest: float) -> tuple[float | None, float]:
+        """One reservation attempt for a start in [not_before, latest] (wall clock, s); returns (slot, tat)."""
+        started = self._monotonic()
+        busy_first = self.tat > not_before or (self.guess_busy and self.busy)
+        if self.lease is not None:
+            self.lease.ensure()
+            answer = self.ledger.reserve_leased(
+                self.budget, not_before_us=int(not_before * 1e6), latest_us=int(latest * 1e6), busy_first=busy_first
+            )
+            self.absorb(answer.pace)
+            slot_us, tat_us = answer.slot_us, answer.pace.tat_us
+        else:
+            slot_us, tat_us = self.ledger.reserve_pace(
+                self.budget,
+                not_before_us=int(not_before * 1e6),
+                latest_us=int(latest * 1e6),
+                interval_us=max(1, int(self.interval_s * 1e6)),
+                busy_first=busy_first,
+            )
+        self.busy = slot_us is None or slot_us > int(not_before * 1e6)
+        self.write_s = max(0.97 * self.write_s, self._monotonic() - started)
+        self.tat = max(self.tat, tat_us / 1e6)
+        return (None if slot_us is None else slot_us / 1e6), tat_us / 1e6
+
+    def absorb(self, pace: PaceView) -> None:
+        """Take a leased schedule's spacing and lease from a read or a reservation's answer."""
+        if pace.interval_us:
+            self.interval_s = pace.interval_us / 1e6
+        self.lease_until = pace.lease_until_us / 1e6
+        if self.lease is not None:
+            self.lease.observe(self.budget, pace)
+
+    def _lacks_lease(self, start: float) -> bool:
+        return self.lease_until < max(start, self.tat)
+
+    def read_tat(self) -> float:
+        """Read the budget's schedule (one strongly consistent GetItem; a leased one renewed after if due: the read
+        shows a renewal by another process, which then needs none); returns the latest known `tat`."""
+        if self.lease is not None:
+            if self.lease_until <= self._wall():  # no lease known to this process yet: get one before reading
+                self.lease.ensure()
+            pace = self.ledger.pace(self.budget)
+            self.absorb(pace)
+            self.tat = max(self.tat, pace.tat_us / 1e6)
+            self.lease.ensure()
+            return self.tat
+        self.tat = max(self.tat, self.ledger.pace_tat(self.budget) / 1e6)
+        return self.tat
+
+    def room(self, ahead_s: float) -> int:
+        """Calls that could still start within `ahead_s` (at least one interval) from now, by the latest known
+        schedule (no read); a leased schedule's no later than its lease."""
+        now = self._wall()
+        first = max(self.tat, now)
+        room = max(0, math.floor((now + self._horizon(ahead_s) - first) / self.interval_s + 1e-9))
+        if self.lease is not None:  # no start after the lease's end
+            room = min(room, max(0, math.floor((self.lease_until - first) / self.interval_s + 1e-9) + 1))
+        return room
+
+    def next_room_s(self, ahead_s: float) -> float:
+        """Seconds until `room(ahead_s)` is at least one, by the latest known schedule."""
+        if self.lease is not None and self._lacks_lease(self._wall()):
+            return NO_LEASE_PAUSE_S[0]  # the next read renews the lease
+        return max(0.0, self.tat - self._horizon(ahead_s) + self.interval_s - self._wall())
+
+    def _horizon(self, ahead_s: float) -> float:
+        return max(ahead_s, self.interval_s)
+
+    def promise(self, calls: int) -> None:
+        """Count `calls` about to be reserved by this process in the known schedule (until a read shows them)."""
+        if calls > 0:
+            self.tat = max(self.tat, self._wall()) + calls * self.interval_s
+
+    def sleep_until(self, slot: float) -> bool:
+        """Sleep until `slot`; False if this caller is already more than LATENESS_S late (the slot is lost)."""
+        pause = slot - self._wall()
+        if pause > 0:
+            self._sleep(pause)
+        return self._wall() <= slot + LATE_START_S
+
+    def acquire(self, wait_until: float, max_ahead_s: float | None = None) -> bool:
+        """Reserve a slot and sleep until it; True when the caller may call now."""
+        while True:
+            slot = self.reserve(wait_until, max_ahead_s)
+            if slot is None:
+                return False
+            if self.sleep_until(slot):
+                return True
+
+
+class NoCallBudget(RuntimeThrottled):
+    """No slot of a call budget could be had before the caller's wait ended: the pipeline's own backlog (the call
+    was not made), not an answer of AgentCore."""
+
+
+class LimitedRuntime:
+    """An `AgentRuntime` whose calls first take their budgets: every call a `tps` slot, an invoke that opens a
+    session also a slot of its session budget: the experiment's one `session` budget leased from the account pool
+    (account scope), else `session#{endpoint}` (the endpoint the session is opened on, `ids.endpoint_index`)."""
+
+    def __init__(
+        self,
+        runtime: AgentRuntime,
+        tps: Pacer,
+        sessions: Sequence[Pacer],
+        metrics: MetricsRecorder | None = None,
+        *,
+        sessions_apart: bool = False,
+        session: Pacer | None = None,
+        lease: Lessee | None = None,
+    ) -> None:
+        self.runtime = runtime
+        self.tps = tps
+        self.sessions = list(sessions)
+        #: The one leased budget of new sessions (account scope).
+        self.session = session
+        self.lease = lease
+        self.metrics = metrics
+        #: New sessions' calls are in a share of the data-plane budget set apart: they take no `tps` slot.
+        self.sessions_apart = sessions_apart
+
+    def session_pacer(self, session_id: str) -> Pacer:
+        """The budget a new session `session_id` takes: the leased `session` one (account scope), else its
+        endpoint's (at the pool's per-endpoint rate with a lease)."""
+        if self.lease is not None and self.session is not None:
+            self.lease.ensure()
+            if self.lease.scope() == "account":
+                return self.session
+        pacer = self.sessions[ids.endpoint_index(session_id, len(self.sessions))]
+        if self.lease is not None:
+            pacer.limit = self.lease.endpoint_rate()
+        return pacer
+
+    def room_pacer(self) -> Pacer | None:
+        """The session budget the admission gate's room reads: the leased one (account scope), the only endpoint's
+        (one endpoint), else None (several endpoints: no room; see docs/lifecycle.md "Limits")."""
+        if self.lease is not None and self.session is not None:
+            try:
+                scope = self.lease.scope()
+            except Exception:  # no pool view yet: the leased budget (the default scope)
+                scope = "account"
+            if scope == "account":
+                return self.session
+        return self.sessions[0] if len(self.sessions) == 1 else None
+
+    def _throttled(self, what: str) -> NoCallBudget:
+        if self.metrics is not None:
+            self.metrics.count(LIMIT_BACKLOG)
+        return NoCallBudget(f"no call budget for {what} before the wait budget ran out")
+
+    def _call(self, call: Callable[[], None], budget: Budget) -> None:
+        """Make the runtime call; an answer of AgentCore that refuses it for now counts `AcrThrottled` (once), and a
+        rate exceeded backs the account pool off (`budget`: the rate it exceeded)."""
+        try:
+            call()
+        except RuntimeThrottled as exc:
+            if self.metrics is not None:
+                self.metrics.count(ACR_THROTTLED)
+            if isinstance(exc, RuntimeRateExceeded) and self.lease is not None:
+                self.lease.throttled(budget)
+            raise
+
+    def invoke(
+        self,
+        session_id: str,
+        payload: Mapping[str, Any],
+        wait_until: float | None = None,
+        *,
+        new_session: bool = True,
+        on_booked: Callable[[float], None] | None = None,
+    ) -> None:
+        """InvokeAgentRuntime once both budgets allow. Raises NoCallBudget (no budget in time) and whatever
+        the runtime raises. `new_session=False` for a call into an existing session (cold-start retry).
+        `on_booked(start)` is called once the call's start (wall clock, s) is booked in the schedule (a new session:
+        its `session` slot), before the wait for it: the dispatcher keeps the rollout on the admission board until
+        then. A start lost by waking too late is booked again (and reported again)."""
+        until = wait_until if wait_until is not None else time.monotonic() + DEFAULT_STOP_WAIT_S
+        booked = on_booked or (lambda _start: None)
+        if not new_session:
+            if not self.tps.acquire(until, INVOKE_AHEAD_S):
+                raise self._throttled("InvokeAgentRuntime")
+            booked(self.tps._wall())
+            self._call(lambda: self.runtime.invoke(session_id, payload), "calls")
+            return
+        pacer = self.session_pacer(session_id)
+        while True:
+            slot = pacer.reserve(until, lead_s=pacer.lead_s + (0.0 if self.sessions_apart else self.tps.lead_s))
+            if slot is None:
+                raise self._throttled("a new session")
+            booked(slot)
+            if self.sessions_apart:
+                if pacer.sleep_until(slot):
+                    self._call(lambda: self.runtime.invoke(session_id, payload), "sessions")
+                    return
+                continue  # this thread woke up too late: the slot is lost
+            # Just before it, the same start in the `tps` schedule (or at most LATENESS_S/2 later, else the session
+            # slot is lost). Reserving it only now keeps the `tps` schedule free for stops until then.
+            pause = slot - self.tps.lead_s - self.tps._wall()
+            if pause > 0:
+                self.tps._sleep(pause)
+            tps_slot, _tat = self.tps.reserve_at(slot, slot + LATENESS_S * 0.5)
+            if tps_slot is None:
+                self._lost_slot(slot)
+                continue
+            if not (self.tps.sleep_until(tps_slot) and pacer.sleep_until(slot)):
+                continue  # this thread woke up too late: both slots are lost
+            self._call(lambda: self.runtime.invoke(session_id, payload), "sessions")
+            return
+
+    def _lost_slot(self, slot: float) -> None:
+        """A session slot the `tps` budget could not match (stops queued ahead): let its time pass, try again."""
+        pause = slot - self.tps._wall()
+        if pause > 0:
+            self.tps._sleep(pause)
+
+    def stop(self, session_id: str, wait_until: float | None = None) -> None:
+        """StopRuntimeSession once the `tps` budget allows (stops may queue ahead of invokes)."""
+        until = wait_until if wait_until is not None else time.monotonic() + DEFAULT_STOP_WAIT_S
+        if not self.tps.acquire(until):
+            raise self._throttled("StopRuntimeSession")
+        self._call(lambda: self.runtime.stop(session_id), "calls")
+
+
+def dedicated_session_share(tps_limit: float, session_rate_limit: float, endpoints: int) -> bool:
+    """Whether new sessions get a share of `tps_limit` of their own (the sum of the session budgets): only when what
+    is left still has room for a stop per new session."""
+    return tps_limit >= 2 * session_rate_limit * endpoints
+
+
+def pacers(
+    ledger: LimitLedger, tps_limit: float, session_rate_limit: float, endpoints: int
+) -> tuple[Pacer, list[Pacer]]:
+    """An experiment's own budgets (no account pool): `tps` (less the new sessions' share when
+    `dedicated_session_share`) and one `session#{i}` per endpoint."""
+    share = session_rate_limit * endpoints if dedicated_session_share(tps_limit, session_rate_limit, endpoints) else 0
+    return Pacer(ledger, "tps", tps_limit - share), [
+        Pacer(ledger, f"session#{i}", session_rate_limit, guess_busy=True) for i in range(endpoints)
+    ]

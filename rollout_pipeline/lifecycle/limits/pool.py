@@ -1,0 +1,452 @@
+"""An experiment's lease in the account pool, as one process holds it: renewed about once a second, never per call.
+
+The account's AgentCore quotas are one pool per account and region (`quotas`, `ledger.pool`); every experiment
+there holds a lease of each budget (`shares.grant`: its fair share, never more than the others leave free). The
+lease reaches the experiment's own schedules, which every call still goes through:
+
+- new sessions (account scope): the schedule `LIMIT/PACE#session` gets the granted spacing and the lease's end
+  (`LimitLedger.set_pace_lease`); every reservation checks both in its conditional write, so all the experiment's
+  processes together start sessions at the granted rate and none after the lease (a dead or frozen process's
+  lease simply ends; a thread that wakes up late drops its start, `pacing.LATENESS_S`);
+- data-plane calls: `LIMIT/PACE#tps` the same way, at the calls granted less the new sessions' own share;
+- active sessions: the slot counters' caps sum to `max_sessions()`, the granted number (at most `max_sessions`).
+
+Renewing costs five requests (the two schedules, the pool's read and conditional write, the schedule writes), by
+one process at a time, when the lease has less than `RENEW_AHEAD_S` left (a process that finds it renewed by
+another adopts it). What an experiment asks (`asks`): with a backlog (its schedule booked ahead, or a rollout of
+this process waiting for room) everything it can get; otherwise what it used over the last period with headroom.
+A throttle AgentCore answers anyway (`throttled`) lowers the pool's backoff factor and renews at once.
+
+The small interface later work plugs into: `pause` (a budget that stops dispatch: the experiment then asks for no
+new sessions, and its share flows to the others at their next renewal) and `Grant.spare_sessions_per_s` (what the
+experiment is granted and did not use: room for warm sessions).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Final
+
+from rollout_pipeline.config import ExperimentConfig
+from rollout_pipeline.ledger.limits import LimitLedger, PaceView
+from rollout_pipeline.ledger.pool import FORGET_AFTER_S, Lease, Member, PoolLedger, PoolState
+from rollout_pipeline.lifecycle.limits.pacing import LATENESS_S
+from rollout_pipeline.lifecycle.limits.shares import (
+    BOOKING_SLACK_S,
+    RENEW_AHEAD_S,
+    Ask,
+    booked_until,
+    decreased,
+    grant,
+    lease_counted,
+)
+from rollout_pipeline.quotas import Budget, NewSessionScope, PoolSettings
+
+log = logging.getLogger(__name__)
+
+#: The experiment's schedule items: new sessions (account scope) and data-plane calls.
+SESSION_PACE: Final = "session"
+CALLS_PACE: Final = "tps"
+#: A schedule booked this far ahead is saturated: the experiment asks for everything it can get.
+BACKLOG_AHEAD_S: Final = 0.25
+#: A rollout of this process that found no room in the session budget marks a backlog for this long.
+BACKLOG_HOLD_S: Final = 2.0
+#: A backlog seen by any renewal keeps the experiment asking for all it can get this long (a renewal by a process
+#: that sees none, a completer's, does not drop its share while its dispatchers still wait).
+BACKLOG_KEEP_S: Final = 2.0
+#: Without a backlog an experiment asks for what it used last period times this, plus `MIN_*` (room to grow).
+HEADROOM: Final = 1.5
+MIN_SESSIONS_DEMAND: Final = 1.0
+MIN_CALLS_DEMAND: Final = 20.0
+#: Data-plane calls per new session the calls ask leaves room for (the invoke, a stop, cold-start retries).
+CALLS_PER_SESSION: Final = 3.0
+#: A grant below this is none: no start is booked under it (its spacing would be hours).
+MIN_RATE: Final = 1e-3
+#: Attempts of one renewal (each a read and a conditional write of the pool item), with jittered backoff.
+RENEW_ATTEMPTS: Final = 12
+#: A lease another process renewed this recently is adopted before its schedules carry it (they will at once).
+ADOPT_UNCARRIED_S: Final = 1.0
+#: A lease with less than this left is renewed by the caller itself (else in the background: `ensure`): a little
+#: more than the admission gate's horizon (`admission.ADMIT_AHEAD_S`).
+URGENT_S: Final = 2.1
+#: The `tps` schedule's rate is never below this (the calls granted less the new sessions' own), so stops go on.
+STOP_FLOOR_PER_S: Final = 2.0
+#: A process renews by force (no lease for a start it needs) at most this often: with nothing granted (others hold
+#: the budget until their next renewal) the next force would find the same.
+FORCED_RENEW_GAP_S: Final = 0.25
+
+
+@dataclass(frozen=True)
+class Grant:
+    """What this experiment may use until `until` (epoch s)."""
+
+    #: New sessions/s: the experiment's in all (account scope), or each endpoint's (endpoint scope).
+    sessions_per_s: float
+    #: Data-plane calls/s in all (new sessions' invokes included).
+    calls_per_s: float
+    #: Active sessions (slots) at most.
+    active: int
+    until: float
+    scope: NewSessionScope = "account"
+    settings: PoolSettings = field(default_factory=PoolSettings)
+    #: New sessions/s it used over the last period (the lease's renewals measure it).
+    used_sessions_per_s: float = 0.0
+
+    @property
+    def spare_sessions_per_s(self) -> float:
+        """Granted and not used (account scope): what warm sessions could be started from."""
+        return max(0.0, self.sessions_per_s - self.used_sessions_per_s) if self.scope == "account" else 0.0
+
+
+def interval_us(rate: float) -> int:
+    """The spacing of a schedule that starts at most `rate` calls in any second (`pacing.Pacer`)."""
+    return int((1.0 + LATENESS_S) / rate * 1e6) if rate > MIN_RATE else 3_600_000_000
+
+
+class CapacityLease:
+    """One process's handle on its experiment's lease in the account pool. Thread-safe: one renewal at a time."""
+
+    def __init__(
+        self,
+        pool: PoolLedger,
+        limits: LimitLedger,
+        config: ExperimentConfig,
+        *,
+        in_flight: Callable[[], int] | None = None,
+        wall: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = time.sleep,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.pool = pool
+        self.limits = limits
+        self.config = config
+        self._in_flight = in_flight
+        self._wall = wall
+        self._sleep = sleep
+        self._rng = rng or random.Random()
+        self._lock = threading.Lock()
+        self.grant: Grant | None = None
+        self.state: PoolState | None = None
+        #: A process renews at a jittered point of the lease's last second, so several processes of one experiment
+        #: seldom renew together (the second one adopts the first's grant, or its pool write fails and it reads).
+        self._renew_ahead = RENEW_AHEAD_S * self._rng.uniform(0.85, 1.15)
+        self._backlog_until = 0.0
+        #: The grant last written by this process asked for everything it could get (a backlog).
+        self._asked_all = False
+        self._throttled_at: dict[Budget, float] = {}
+        self._throttles = 0
+        self._forced_at = -1e18
+        self._behind: threading.Thread | None = None
+        self._behind_lock = threading.Lock()
+        #: Set by a budget that pauses dispatch: the experiment asks for no new sessions.
+        self.paused: Callable[[], bool] = lambda: False
+        #: What this process's renewals did: written to the pool, adopted (another process had just renewed), forced
+        #: (no lease for a start it needed), and pool writes that lost to another writer (read again).
+        self.stats: Counter[str] = Counter()
+
+    # ------------------------------------------------------------------------------------------------ views
+
+    def ensure(self) -> Grant:
+        """The current grant. When it ends within the renewal margin it is renewed: in the background while it
+        still reaches `URGENT_S` ahead (the caller, about to book a start in admission order, does not wait for the
+        pool's writes), else before returning. A renewal by another process of the experiment is seen through the
+        schedules (`observe`), without reading the pool."""
+        current = self.grant
+        if current is not None:
+            left = current.until - self._wall()
+            if left > self._renew_ahead:
+                return current
+            if left > URGENT_S:
+                self._renew_behind()
+                return current
+        return self.renew()
+
+    def _renew_behind(self, *, force: bool = False) -> None:
+        """Start one background renewal unless one runs."""
+        with self._behind_lock:
+            if self._behind is not None and self._behind.is_alive():
+                return
+            self._behind = threading.Thread(target=self._renew_quietly, args=(force,), name="pool-lease", daemon=True)
+            self._behind.start()
+
+    def _renew_quietly(self, force: bool) -> None:
+        try:
+            self.renew(force=force)
+        except Exception:  # the next caller renews in its own thread (and sees the error)
+            log.warning("background renewal of the pool lease failed", exc_info=True)
+
+    def observe(self, budget: str, pace: PaceView) -> None:
+        """A schedule read or reservation showed `pace`: a later lease on it (another process renewed) extends this
+        process's grant, with the spacing and active sessions the renewal wrote there."""
+        current = self.grant
+        until = pace.lease_until_us / 1e6
+        if current is None or until <= current.until or not pace.interval_us:
+            return
+        if budget == CALLS_PACE:  # the data-plane schedule is leased in either scope: its lease is the grant's
+            self.grant = replace(current, until=until, active=pace.active or current.active)
+        elif budget == SESSION_PACE:  # one renewal writes both schedules with the same lease
+            self.grant = replace(current, until=until, sessions_per_s=(1.0 + LATENESS_S) / (pace.interval_us / 1e6))
+
+    def max_sessions(self) -> int:
+        """Sessions this experiment may hold at once: `max_sessions`, or less when the account's active-session
+        budget is shared (the last grant; `max_sessions` before the first)."""
+        current = self.grant
+        return self.config.max_sessions if current is None else min(self.config.max_sessions, current.active)
+
+    def note_backlog(self) -> None:
+        """A rollout of this process is waiting for room in the session budget: ask for everything next time. The
+        first one after a grant asked for less (the experiment was idle or light) renews at once in the background,
+        so a burst waits for the pool's writes, not for the next renewal."""
+        now = self._wall()
+        surge = self._backlog_until <= now and self.grant is not None and not self._asked_all
+        self._backlog_until = now + BACKLOG_HOLD_S
+        if surge:
+            self._asked_all = True  # one surge renewal per burst
+            self._renew_behind(force=True)
+
+    # -------------------------------------------------------------------------------------------- renewing
+
+    def renew(self, *, force: bool = False) -> Grant:
+        """Renew the lease (unless another thread or process just did: adopted). Raises what the pool table raises
+        (`ledger.pool.PoolMissing` when the account has no pool)."""
+        with self._lock:
+            current = self.grant
+            now = self._wall()
+            if not force and current is not None and current.until - now > self._renew_ahead:
+                return current
+            if force and current is not None and now - self._forced_at < FORCED_RENEW_GAP_S:
+                return current
+            if force:
+                self._forced_at = now
+                self.stats["forced"] += 1
+            paces = self.limits.paces([SESSION_PACE, CALLS_PACE])
+            for budget, pace in paces.items():
+                self.observe(budget, pace)
+            current = self.grant
+            if not force and current is not None and current.until - now > self._renew_ahead:
+                self.stats["seen"] += 1  # another process renewed: its schedules say so
+                return current
+            for attempt in range(RENEW_ATTEMPTS):
+                state = self.pool.read()
+                self.state = state
+                now = self._wall()
+                adopted = None if force else self._adopt(state, paces, now)
+                if adopted is not None:
+                    self.stats["adopted"] += 1
+                    self.grant = adopted
+                    return adopted
+                written = self._write(state, paces, now)
+                if written is not None:
+                    self.stats["written"] += 1
+                    self.grant = written
+                    return written
+                self.stats["lost"] += 1
+                self._sleep(self._rng.uniform(0.0, min(0.25, 0.01 * 2**attempt)))  # full jitter: writers spread
+                paces = self.limits.paces([SESSION_PACE, CALLS_PACE])
+            raise RuntimeError(f"the account pool kept changing while {self.config.name} renewed its lease")
+
+    def _adopt(self, state: PoolState, paces: Mapping[str, PaceView], now: float) -> Grant | None:
+        """The lease another process of this experiment just renewed, if it has enough left and its schedules
+        carry it (their `lease_version` reached the entry's), or will any moment (written under a second ago: its
+        renewer is writing them; one that died meanwhile leaves them to the next renewal)."""
+        me = state.members.get(self.config.name)
+        if me is None:
+            return None
+        if me.lease("calls").until - now <= self._renew_ahead:
+            return None
+        carried = paces[CALLS_PACE].lease_version >= me.version
+        if not carried and now - me.heartbeat > ADOPT_UNCARRIED_S:
+            return None
+        self._asked_all = now - me.backlog_at < BACKLOG_KEEP_S
+        return self._grant_of(state, me)
+
+    def _write(self, state: PoolState, paces: Mapping[str, PaceView], now: float) -> Grant | None:
+        """One renewal: the grant computed from `state`, written under its version, then the schedules. None when
+        the pool or a schedule moved meanwhile (read again)."""
+        name = self.config.name
+        me = state.members.get(name)
+        scope = state.settings.quotas.new_session_scope
+        asks = self.asks(state, me, paces, now)
+        leases = grant(state, name, weight=self.config.capacity_weight, asks=asks, now=now)
+        elapsed = now - me.counted_at if me is not None and me.counted_at > 0 else 0.0
+        used = (paces[SESSION_PACE].booked - me.started) / elapsed if me is not None and elapsed > 0 else 0.0
+        member = Member(
+            name=name,
+            weight=self.config.capacity_weight,
+            caps={budget: ask.cap for budget, ask in asks.items()},
+            leases=leases,
+            heartbeat=now,
+            in_flight=self._current_in_flight(me),
+            use=max(0.0, used),
+            started=paces[SESSION_PACE].booked,
+            calls=paces[CALLS_PACE].booked,
+            counted_at=now,
+            throttles=(me.throttles if me is not None else 0) + self._take_throttles(),
+            backlog_at=now if self.backlog_seen(paces[SESSION_PACE], now) else (me.backlog_at if me else 0.0),
+        )
+        if not self.pool.write_member(member, version=state.version, forget=forgotten(state, name, now)):
+            self.stats["lost_pool"] += 1
+            return None
+        self._asked_all = "sessions" not in asks or math.isinf(asks["sessions"].demand)
+        version = state.version + 1
+        booked = {budget: booked_until(me.lease(budget) if me else Lease(), ask) for budget, ask in asks.items()}
+        schedules: list[tuple[str, float, float]] = [(CALLS_PACE, self._tps_rate(leases, state), booked["calls"])]
+        if scope == "account":
+            schedules.append((SESSION_PACE, self._sessions_rate(leases, state), booked["sessions"]))
+        for pace, rate, last_booked in schedules:
+            until = leases["calls" if pace == CALLS_PACE else "sessions"].until
+            ok = self.limits.set_pace_lease(
+                pace,
+                interval_us=interval_us(rate),
+                lease_until_us=int((until if rate > MIN_RATE else now) * 1e6),
+                version=version,
+                booked_until_us=int(max(last_booked, now + BOOKING_SLACK_S) * 1e6),
+                active=int(leases["active"].rate + 1e-9) if pace == CALLS_PACE else None,
+            )
+            if not ok and self.limits.pace(pace).lease_version < version:
+                self.stats[f"lost_{pace}"] += 1
+                return None  # booked beyond what the pool counted: read the schedules and grant again
+        written = Member(**{**member.__dict__, "version": version})
+        return self._grant_of(state, written)
+
+    def asks(self, state: PoolState, me: Member | None, paces: Mapping[str, PaceView], now: float) -> dict[Budget, Ask]:
+        """What this experiment asks of each budget now (see the module doc)."""
+        config = self.config
+        elapsed = now - me.counted_at if me is not None and me.counted_at > 0 else 0.0
+
+        def rate(counted: int, before: int) -> float:
+            return max(0.0, (counted - before) / elapsed) if elapsed > 0 else 0.0
+
+        session_pace, calls_pace = paces[SESSION_PACE], paces[CALLS_PACE]
+        kept = me is not None and now - me.backlog_at < BACKLOG_KEEP_S  # a renewal of another process saw one
+        backlogged = self.backlog_seen(session_pace, now) or kept
+        if self.paused():
+            sessions_demand = 0.0
+        elif backlogged:
+            sessions_demand = math.inf
+        else:
+            used = rate(session_pace.booked, me.started if me is not None else 0)
+            sessions_demand = max(MIN_SESSIONS_DEMAND, HEADROOM * used)
+        sessions_need = sessions_demand if math.isfinite(sessions_demand) else state.settings.budget("sessions")
+        if calls_pace.tat_us / 1e6 > now + BACKLOG_AHEAD_S:
+            calls_demand = math.inf
+        else:
+            calls_used = rate(calls_pace.booked, me.calls if me is not None else 0)
+            calls_demand = max(MIN_CALLS_DEMAND, 2 * calls_used) + CALLS_PER_SESSION * sessions_need
+        asks: dict[Budget, Ask] = {
+            "calls": Ask(calls_demand, config.tps_limit, booked_until=calls_pace.last_start_us / 1e6),
+            "active": Ask(float(config.max_sessions), float(config.max_sessions)),
+        }
+        if state.settings.quotas.new_session_scope == "account":
+            asks["sessions"] = Ask(sessions_demand, sessions_cap(config), booked_until=session_pace.last_start_us / 1e6)
+        return asks
+
+    def backlog_seen(self, session_pace: PaceView, now: float) -> bool:
+        """Whether this process sees a backlog of new sessions: a rollout of its own waiting for room, or the
+        schedule booked ahead (every start the budget has is taken)."""
+        return self._backlog_until > now or session_pace.tat_us / 1e6 > now + BACKLOG_AHEAD_S
+
+    def _tps_rate(self, leases: Mapping[Budget, Lease], state: PoolState) -> float:
+        """The `tps` schedule's rate: the calls granted less the new sessions' own (their invokes take no `tps`)."""
+        return max(MIN_RATE, leases["calls"].rate - self._sessions_rate(leases, state))
+
+    def _sessions_rate(self, leases: Mapping[Budget, Lease], state: PoolState) -> float:
+        """New sessions/s in all: the lease's (account scope) or every endpoint's budget (endpoint scope), at most
+        half the calls granted (an invoke and a stop each)."""
+        if state.settings.quotas.new_session_scope == "account":
+            sessions = leases["sessions"].rate if "sessions" in leases else 0.0
+        else:
+            sessions = self._endpoint_rate(state.settings) * self.config.endpoints
+        return min(sessions, leases["calls"].rate / 2)
+
+    def endpoint_rate(self) -> float:
+        """Endpoint scope: each endpoint's own new-session budget (the quota less the reserve, or the cap)."""
+        return self._endpoint_rate(self._settings())
+
+    def scope(self) -> NewSessionScope:
+        """Whether the account's new-session quota is one pool ("account") or each endpoint's ("endpoint")."""
+        return self._settings().quotas.new_session_scope
+
+    def _settings(self) -> PoolSettings:
+        current = self.grant
+        return current.settings if current is not None else self.ensure().settings
+
+    def _endpoint_rate(self, settings: PoolSettings) -> float:
+        budget = settings.budget("sessions")
+        cap = self.config.session_rate_limit
+        return budget if cap is None else min(budget, cap)
+
+    def _grant_of(self, state: PoolState, me: Member) -> Grant:
+        scope = state.settings.quotas.new_session_scope
+        sessions = me.lease("sessions").rate if scope == "account" else self._endpoint_rate(state.settings)
+        return Grant(
+            sessions_per_s=sessions,
+            calls_per_s=me.lease("calls").rate,
+            active=int(me.lease("active").rate + 1e-9),
+            until=me.lease("calls").until,
+            scope=scope,
+            settings=state.settings,
+            used_sessions_per_s=me.use,
+        )
+
+    def _current_in_flight(self, me: Member | None) -> int:
+        if self._in_flight is not None:
+            try:
+                return int(self._in_flight())
+            except Exception:  # the counters could not be read now: the last figure stands
+                log.warning("could not read the sessions in flight for the pool's heartbeat", exc_info=True)
+        return me.in_flight if me is not None else 0
+
+    def _take_throttles(self) -> int:
+        taken, self._throttles = self._throttles, 0
+        return taken
+
+    # -------------------------------------------------------------------------------------------- backoff
+
+    def throttled(self, budget: Budget) -> None:
+        """AgentCore answered a rate exceeded for `budget` ("sessions" or "calls"): lower the pool's factor (once
+        per overshoot) and renew at once, so this experiment slows down within its next call."""
+        now = self._wall()
+        self._throttles += 1
+        if now - self._throttled_at.get(budget, 0.0) < 1.0:
+            return  # this process already reacted to this overshoot
+        self._throttled_at[budget] = now
+        try:
+            state = self.pool.read()
+            lower = decreased(state.backoff.get(budget), now)
+            if lower is not None:
+                self.pool.write_backoff(budget, lower, version=state.version)
+            self.renew(force=True)
+        except Exception:  # the backoff is best effort: the throttled call is retried through the budgets anyway
+            log.warning("could not record AgentCore's throttle in the account pool", exc_info=True)
+
+    def heartbeat(self) -> None:
+        """Record this experiment as alive with its sessions in flight (the sweeper, every run): its in-flight
+        sessions keep counting against the active-session budget even while nothing renews."""
+        self.renew(force=True)
+
+
+def sessions_cap(config: ExperimentConfig) -> float | None:
+    """The most new sessions/s this experiment asks for: `session_rate_limit`, and half of `tps_limit` (an invoke
+    and a stop each)."""
+    caps = [c for c in (config.session_rate_limit, None if config.tps_limit is None else config.tps_limit / 2) if c]
+    return min(caps) if caps else None
+
+
+def forgotten(state: PoolState, name: str, now: float) -> tuple[str, ...]:
+    """Entries to drop with this write: every lease over and no heartbeat for `FORGET_AFTER_S` (a deleted
+    experiment; at most a few per write)."""
+    gone = []
+    for other, member in state.members.items():
+        if other == name or now - member.heartbeat < FORGET_AFTER_S:
+            continue
+        if all(lease_counted(lease, now) == 0 for lease in member.leases.values()):
+            gone.append(other)
+    return tuple(sorted(gone)[:5])

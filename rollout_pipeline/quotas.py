@@ -1,0 +1,174 @@
+"""AgentCore Runtime's quotas as the pipeline models them: one home for their codes, documented defaults and budgets.
+
+AgentCore enforces, per account and region (docs/aws-facts.md, "AgentCore quotas", with the sources):
+
+- the rate of NEW sessions (`L-8EE2AEA2`, 25/s, adjustable): one pool shared by every runtime and endpoint of the
+  account by the most recent reports (`NewSessionScope` "account", the default); "endpoint" is the explicit
+  setting for an account where each endpoint has its own;
+- the data-plane call rate (`L-46ED137C`, 1,000/s: InvokeAgentRuntime, StopRuntimeSession, ...);
+- active sessions (`L-3E5722B2`, 5,000 in us-east-1 and us-west-2, 2,500 elsewhere): a session counts until it is
+  stopped or idles out.
+
+The account pool (`rollouts bootstrap`, docs/deploy.md) holds one `PoolSettings`: these values as Service Quotas
+gave them at bootstrap (or the documented defaults, or overrides) and the reserve left for everything else in the
+account. Every experiment's share of each budget comes out of `budget(...)`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Final, Literal
+
+NewSessionScope = Literal["account", "endpoint"]
+#: The budgets the account pool splits between experiments: new sessions/s, data-plane calls/s, active sessions.
+Budget = Literal["sessions", "calls", "active"]
+BUDGETS: Final[tuple[Budget, ...]] = ("sessions", "calls", "active")
+
+
+@dataclass(frozen=True)
+class QuotaRef:
+    """One Service Quotas quota: its service code, quota code and the exact name it is listed under."""
+
+    service: str
+    code: str
+    name: str
+
+
+AGENTCORE_SERVICE: Final = "bedrock-agentcore"
+#: New Runtime sessions per second (per account and region by the most recent reports; see the module doc).
+NEW_SESSION_RATE: Final = QuotaRef(AGENTCORE_SERVICE, "L-8EE2AEA2", "Rate of new Runtime session creation")
+#: Every Runtime data-plane call (InvokeAgentRuntime, StopRuntimeSession, ...) per second, per account.
+DATA_PLANE_RATE: Final = QuotaRef(AGENTCORE_SERVICE, "L-46ED137C", "Rate of Runtime data plane APIs")
+ACTIVE_SESSIONS: Final = QuotaRef(AGENTCORE_SERVICE, "L-3E5722B2", "Active Session Workloads per Account")
+#: The container-deployment session rate, listed per minute and per endpoint before it was merged into the account
+#: pool (its name is not published, so it is matched by code only).
+CONTAINER_SESSION_RATE: Final = QuotaRef(AGENTCORE_SERVICE, "L-0B3AF7ED", "")
+ENDPOINTS_PER_AGENT: Final = QuotaRef(AGENTCORE_SERVICE, "L-9B442722", "Endpoints per Agent")
+
+#: Documented defaults (November 2026), used when Service Quotas cannot be read.
+DEFAULT_NEW_SESSIONS_PER_S: Final = 25.0
+DEFAULT_DATA_PLANE_PER_S: Final = 1_000.0
+ACTIVE_SESSIONS_BY_REGION: Final[dict[str, int]] = {"us-east-1": 5_000, "us-west-2": 5_000}
+ACTIVE_SESSIONS_ELSEWHERE: Final = 2_500
+#: The share of each budget the pipeline never uses: room for production agents and tools in the same account.
+DEFAULT_RESERVE: Final = 0.10
+MAX_RESERVE: Final = 0.9
+
+
+def documented_active_sessions(region: str | None) -> int:
+    """AgentCore's documented active-session quota in `region` (the lower figure when the region is unknown)."""
+    return ACTIVE_SESSIONS_BY_REGION.get(region or "", ACTIVE_SESSIONS_ELSEWHERE)
+
+
+@dataclass(frozen=True)
+class AccountQuotas:
+    """The three quotas of one account and region, and where their values came from."""
+
+    new_sessions_per_s: float = DEFAULT_NEW_SESSIONS_PER_S
+    data_plane_per_s: float = DEFAULT_DATA_PLANE_PER_S
+    active_sessions: int = ACTIVE_SESSIONS_ELSEWHERE
+    #: Whether the new-session quota is one pool for the account ("account") or each endpoint's ("endpoint").
+    new_session_scope: NewSessionScope = "account"
+    #: "defaults", "service-quotas" or "override" (one word per value when they differ: "service-quotas+override").
+    source: str = "defaults"
+
+    @classmethod
+    def defaults(cls, region: str | None) -> AccountQuotas:
+        """The documented values for `region`."""
+        return cls(active_sessions=documented_active_sessions(region))
+
+    def overridden(self, **values: float | int | str | None) -> AccountQuotas:
+        """These quotas with every given (not None) value replaced; `source` says so."""
+        given = {k: v for k, v in values.items() if v is not None}
+        if not given:
+            return self
+        source = self.source if "override" in self.source else f"{self.source}+override"
+        return replace(self, **given, source=source)  # type: ignore[arg-type]
+
+    def problems(self) -> list[str]:
+        """What is wrong with these values (each names its key), empty when they are usable."""
+        found = []
+        if not self.new_sessions_per_s > 0:
+            found.append(f"new_session_quota must be > 0 (got {self.new_sessions_per_s:g})")
+        if not self.data_plane_per_s > 0:
+            found.append(f"data_plane_quota must be > 0 (got {self.data_plane_per_s:g})")
+        if self.active_sessions < 1:
+            found.append(f"active_session_quota must be >= 1 (got {self.active_sessions})")
+        if self.new_session_scope not in ("account", "endpoint"):
+            found.append(f"new_session_scope must be account or endpoint (got {self.new_session_scope!r})")
+        return found
+
+
+@dataclass(frozen=True)
+class PoolSettings:
+    """What the account pool holds: the quotas, and the reserve of each budget the pipeline leaves unused."""
+
+    quotas: AccountQuotas = field(default_factory=AccountQuotas)
+    reserve: float = DEFAULT_RESERVE
+
+    def budget(self, name: Budget) -> float:
+        """What every experiment together may use of `name`: the quota less the reserve."""
+        quota = {
+            "sessions": self.quotas.new_sessions_per_s,
+            "calls": self.quotas.data_plane_per_s,
+            "active": float(self.quotas.active_sessions),
+        }[name]
+        return quota * (1.0 - self.reserve)
+
+    def problems(self) -> list[str]:
+        found = self.quotas.problems()
+        if not 0.0 <= self.reserve <= MAX_RESERVE:
+            found.append(f"capacity_reserve must be within 0..{MAX_RESERVE:g} (got {self.reserve:g})")
+        return found
+
+
+#: The account pool's settings as CDK context of `rollouts bootstrap` (the pool stack): key -> `AccountQuotas`
+#: field (the reserve and the quotas' source aside).
+POOL_CONTEXT_KEYS: Final[dict[str, str]] = {
+    "new_session_quota": "new_sessions_per_s",
+    "data_plane_quota": "data_plane_per_s",
+    "active_session_quota": "active_sessions",
+    "new_session_scope": "new_session_scope",
+}
+RESERVE_KEY: Final = "capacity_reserve"
+SOURCE_KEY: Final = "quota_source"
+
+
+class PoolSettingsError(ValueError):
+    """A pool setting is invalid; the message names the key."""
+
+
+def pool_settings(values: dict[str, object], region: str | None) -> PoolSettings:
+    """The pool's settings from `rollouts bootstrap`'s context (`POOL_CONTEXT_KEYS`, `capacity_reserve`,
+    `quota_source`): each value given, else the documented default of `region`. Raises `PoolSettingsError` naming
+    every bad key."""
+    given: dict[str, float | int | str] = {}
+    problems = []
+    for key, field_name in POOL_CONTEXT_KEYS.items():
+        raw = values.get(key)
+        if raw in (None, ""):
+            continue
+        try:
+            given[field_name] = (
+                str(raw)
+                if key == "new_session_scope"
+                else int(str(raw))
+                if key == "active_session_quota"
+                else float(str(raw))
+            )
+        except ValueError:
+            problems.append(f"{key}: not a number (got {raw!r})")
+    reserve_raw = values.get(RESERVE_KEY)
+    try:
+        reserve = DEFAULT_RESERVE if reserve_raw in (None, "") else float(str(reserve_raw))
+    except ValueError:
+        problems.append(f"{RESERVE_KEY}: not a number (got {reserve_raw!r})")
+        reserve = DEFAULT_RESERVE
+    quotas = AccountQuotas.defaults(region)
+    if values.get(SOURCE_KEY):
+        quotas = replace(quotas, source=str(values[SOURCE_KEY]))
+    settings = PoolSettings(replace(quotas, **given), reserve=reserve)  # type: ignore[arg-type]
+    problems += settings.problems()
+    if problems:
+        raise PoolSettingsError("invalid account pool settings: " + "; ".join(problems))
+    return settings

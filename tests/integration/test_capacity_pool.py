@@ -1,0 +1,248 @@
+"""The account pool over moto: experiments of one account lease their shares of AgentCore's quotas from one pool
+item (`ledger.pool`, `lifecycle.limits.pool.CapacityLease`), and their own schedules carry the grant."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import pytest
+
+from rollout_pipeline.adapters import clients
+from rollout_pipeline.config import ExperimentConfig
+from rollout_pipeline.ledger.ledger import Ledger
+from rollout_pipeline.ledger.pool import PoolLedger, PoolMissing
+from rollout_pipeline.lifecycle.limits.pacing import LATENESS_S
+from rollout_pipeline.lifecycle.limits.pool import CALLS_PACE, SESSION_PACE, CapacityLease
+from rollout_pipeline.lifecycle.limits.shares import DECREASE, LEASE_S
+from rollout_pipeline.local.resources import ExperimentResources, create_resources
+from rollout_pipeline.quotas import AccountQuotas, PoolSettings
+from tests.conftest import REGION
+
+pytestmark = pytest.mark.timing
+
+
+class Wall:
+    """A wall clock the test moves (the lease's `wall`): renewals happen when the test says."""
+
+    def __init__(self, now: float = 1_900_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def lease_of(resources: ExperimentResources, wall: Wall, **config: Any) -> CapacityLease:
+    experiment = resources.config.model_copy(update=config) if config else resources.config
+    return CapacityLease(
+        PoolLedger.open(resources.pool_table_name, region=REGION),
+        Ledger.open(resources.table_name).limits,
+        experiment,
+        wall=wall,
+        sleep=lambda _s: None,
+    )
+
+
+def second_experiment(name: str) -> ExperimentResources:
+    return create_resources(ExperimentConfig(name=name, group_size=2), region=REGION, client=clients.client)
+
+
+def book_ahead(lease: CapacityLease, wall: Wall, seconds: float) -> None:
+    """Book the session schedule `seconds` ahead (a backlog): the experiment then asks for all it can get."""
+    limits = lease.limits
+    for _ in range(200):
+        slot = limits.reserve_leased(
+            SESSION_PACE, not_before_us=int(wall.now * 1e6), latest_us=int((wall.now + seconds) * 1e6)
+        )
+        if slot.slot_us is None:
+            return
+
+
+def test_backlogged_experiments_converge_to_weighted_shares(resources: ExperimentResources) -> None:
+    wall = Wall()
+    b, c = second_experiment("exp-b"), second_experiment("exp-c")
+    leases = {
+        "a": lease_of(resources, wall),
+        "b": lease_of(b, wall),
+        "c": lease_of(c, wall, capacity_weight=2.0),
+    }
+    leases["c"].config = c.config.model_copy(update={"capacity_weight": 2.0})
+    for _round in range(4):
+        for lease in leases.values():
+            lease.note_backlog()
+            lease.renew(force=True)
+            wall.now += 0.3
+    got = {name: lease.grant.sessions_per_s for name, lease in leases.items() if lease.grant}
+    budget = PoolSettings(AccountQuotas.defaults(REGION)).budget("sessions")
+    assert math.isclose(got["a"], budget / 4, rel_tol=1e-6)
+    assert math.isclose(got["b"], budget / 4, rel_tol=1e-6)
+    assert math.isclose(got["c"], budget / 2, rel_tol=1e-6)
+    pace = leases["c"].limits.pace(SESSION_PACE)  # the schedule carries the grant
+    assert pace.interval_us == int((1 + LATENESS_S) / (budget / 2) * 1e6)
+    assert pace.lease_until_us == int(leases["c"].grant.until * 1e6)  # type: ignore[union-attr]
+
+
+def test_no_start_is_booked_past_the_lease(resources: ExperimentResources) -> None:
+    wall = Wall()
+    lease = lease_of(resources, wall)
+    lease.renew()
+    limits = lease.limits
+    until = lease.grant.until  # type: ignore[union-attr]
+    inside = limits.reserve_leased(SESSION_PACE, not_before_us=int(wall.now * 1e6), latest_us=int(until * 1e6))
+    assert inside.slot_us is not None
+    after = int((until + 1.0) * 1e6)
+    refused = limits.reserve_leased(SESSION_PACE, not_before_us=after, latest_us=after + 10_000_000)
+    assert refused.slot_us is None
+    assert refused.lacks_lease(after)  # renew, then try again
+
+
+def test_an_idle_experiments_share_flows_to_the_others_and_back(resources: ExperimentResources) -> None:
+    wall = Wall()
+    a, b = lease_of(resources, wall), lease_of(second_experiment("exp-b"), wall)
+    for lease in (a, b):
+        lease.note_backlog()
+        lease.renew(force=True)
+    wall.now += 0.3
+    a.note_backlog()
+    a.renew(force=True)
+    budget = PoolSettings(AccountQuotas.defaults(REGION)).budget("sessions")
+    assert math.isclose(a.grant.sessions_per_s, budget / 2)  # type: ignore[union-attr]
+    wall.now += LEASE_S + 0.1  # b has no work: it does not renew, its lease ends
+    a.note_backlog()
+    a.renew(force=True)
+    assert math.isclose(a.grant.sessions_per_s, budget)  # type: ignore[union-attr]
+    wall.now += 0.5  # b has work again
+    b.note_backlog()
+    b.renew(force=True)
+    first = b.grant.sessions_per_s  # type: ignore[union-attr]
+    assert first < budget / 2  # a still holds its bigger grant for now
+    wall.now += 0.3
+    a.note_backlog()
+    a.renew(force=True)  # a shrinks at its own renewal
+    assert math.isclose(a.grant.sessions_per_s, budget / 2)  # type: ignore[union-attr]
+    wall.now += LEASE_S / 2  # what a had booked under its bigger grant has started (a booked nothing)
+    b.note_backlog()
+    b.renew(force=True)
+    assert math.isclose(b.grant.sessions_per_s, budget / 2)  # type: ignore[union-attr]
+
+
+def test_a_burst_after_a_light_grant_renews_at_once(resources: ExperimentResources) -> None:
+    wall = Wall()
+    lease = lease_of(resources, wall)
+    light = lease.renew().sessions_per_s  # nothing waits: it asks for little
+    budget = PoolSettings(AccountQuotas.defaults(REGION)).budget("sessions")
+    assert light < budget / 4
+    wall.now += 0.1  # well within the lease: no renewal is due
+    lease.note_backlog()  # a rollout finds no room: the first of a burst
+    behind = lease._behind
+    assert behind is not None, "a background renewal started"
+    behind.join(timeout=10)
+    assert math.isclose(lease.grant.sessions_per_s, budget)  # type: ignore[union-attr]
+    wall.now += 0.1
+    lease.note_backlog()  # the same burst: no second renewal
+    assert lease._behind is behind
+
+
+def test_a_throttle_backs_the_pool_off_and_renews(resources: ExperimentResources) -> None:
+    wall = Wall()
+    lease = lease_of(resources, wall)
+    lease.note_backlog()
+    lease.renew()
+    before = lease.grant.sessions_per_s  # type: ignore[union-attr]
+    wall.now += 0.1
+    lease.note_backlog()
+    lease.throttled("sessions")
+    assert math.isclose(lease.grant.sessions_per_s, before * DECREASE, rel_tol=1e-6)  # type: ignore[union-attr]
+    state = lease.pool.read()
+    assert state.backoff["sessions"].base == DECREASE
+    assert state.members[resources.config.name].throttles == 1
+
+
+def test_a_renewal_by_another_process_is_adopted(resources: ExperimentResources) -> None:
+    wall = Wall()
+    first, second = lease_of(resources, wall), lease_of(resources, wall)
+    first.renew()
+    version = first.pool.read().version
+    adopted = second.ensure()  # one read of the pool and the schedules; no write
+    assert first.pool.read().version == version
+    assert adopted.sessions_per_s == first.grant.sessions_per_s  # type: ignore[union-attr]
+
+
+def test_the_calls_schedule_leaves_the_new_sessions_their_share(resources: ExperimentResources) -> None:
+    wall = Wall()
+    lease = lease_of(resources, wall, tps_limit=10)
+    lease.note_backlog()
+    grant = lease.renew()
+    assert grant.calls_per_s == 10
+    sessions = lease.limits.pace(SESSION_PACE).interval_us
+    calls = lease.limits.pace(CALLS_PACE).interval_us
+    assert sessions == int((1 + LATENESS_S) / 5 * 1e6)  # half the calls: an invoke and a stop each
+    assert calls == int((1 + LATENESS_S) / 5 * 1e6)
+
+
+def test_active_sessions_are_shared_by_weight_when_they_bind(moto_aws: None) -> None:
+    wall = Wall()
+    pool = PoolSettings(AccountQuotas(active_sessions=100), reserve=0.0)
+    a = create_resources(
+        ExperimentConfig(name="exp-a", max_sessions=80), region=REGION, client=clients.client, pool=pool
+    )
+    b = create_resources(ExperimentConfig(name="exp-b", max_sessions=80), region=REGION, client=clients.client)
+    la, lb = lease_of(a, wall), lease_of(b, wall)
+    la.renew()
+    assert la.max_sessions() == 80  # alone: all it asks
+    lb.renew()
+    assert lb.max_sessions() == 20  # what a leaves free now
+    wall.now += 0.5
+    la.renew(force=True)
+    assert la.max_sessions() == 50  # a shrinks to its share at its renewal
+    wall.now += LEASE_S / 2
+    la.renew(force=True)
+    lb.renew(force=True)
+    assert lb.max_sessions() == 20  # a's processes may hold its old grant until that lease ends ...
+    wall.now += LEASE_S / 2
+    la.renew(force=True)
+    lb.renew(force=True)
+    assert lb.max_sessions() == 50  # ... and no longer
+
+
+def test_experiments_without_the_pool_table_are_told_to_bootstrap(moto_aws: None) -> None:
+    pool = PoolLedger.open("rollouts-pool", region=REGION)
+    with pytest.raises(PoolMissing, match="rollouts bootstrap"):
+        pool.read()
+
+
+def test_a_renewal_costs_a_few_requests(resources: ExperimentResources) -> None:
+    wall = Wall()
+    lease = lease_of(resources, wall)
+    calls: list[str] = []
+
+    def count(model: Any, **_: Any) -> None:
+        calls.append(model.name)
+
+    clients.register_hook("before-parameter-build.dynamodb", count)
+    started = time.monotonic()
+    lease.renew()
+    assert time.monotonic() - started < 30
+    assert sorted(calls) == ["BatchGetItem", "GetItem", "UpdateItem", "UpdateItem", "UpdateItem"]
+
+
+def test_capacity_shows_the_quotas_and_every_experiments_share(resources: ExperimentResources) -> None:
+    from rollout_pipeline.sdk import Experiment
+
+    wall = Wall(time.time())
+    b = second_experiment("exp-b")
+    for lease in (lease_of(resources, wall), lease_of(b, wall, capacity_weight=3.0)):
+        lease.config = lease.config.model_copy(update={"capacity_weight": lease.config.capacity_weight})
+        lease.note_backlog()
+        lease.renew()
+    view = Experiment.from_outputs(resources.stack_outputs(), region=REGION).capacity()
+    assert view.settings.quotas.new_sessions_per_s == 25.0
+    assert [m.name for m in view.members] == ["exp-b", resources.config.name]
+    weights = {m.name: m.weight for m in view.members}
+    assert weights == {"exp-b": 3.0, resources.config.name: 1.0}
+    shares = {m.name: m.share["sessions"] for m in view.members}
+    assert math.isclose(shares["exp-b"], 3 * shares[resources.config.name])
+    text = "\n".join(view.lines())
+    assert "new sessions 25/s per account" in text
+    assert "reserve 10%" in text
