@@ -30,7 +30,7 @@ help: ## List the targets (this text)
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q -c $(CONSTRAINTS) --upgrade pip
-	$(BIN)/pip install -q -c $(CONSTRAINTS) -e ".[cdk,agent,local,dev,report]"
+	$(BIN)/pip install -q -c $(CONSTRAINTS) -e ".[cdk,agent,local,dev,report,data,readers]"
 	touch $(STAMP)
 
 $(NODE_STAMP): package.json package-lock.json
@@ -164,6 +164,7 @@ bench: $(STAMP) ## Run the benchmarks (each prints its figures)
 	$(BIN)/python bench/bench_notify.py
 	$(BIN)/python bench/bench_lambda_bundle.py
 	$(BIN)/python bench/bench_walk.py --window
+	$(BIN)/python bench/bench_export.py
 
 schemas: $(STAMP) ## Regenerate the event JSON Schemas from the models
 	$(BIN)/python -m rollout_pipeline.schemas

@@ -6,35 +6,23 @@
                                                      # as `rollouts local up` prints it
 
 For every `Group Completed` event the pipeline pushes, the group-relative advantage of rollout i is
-`(r_i - mean(r)) / (std(r) + eps)` over the group's successful rollouts; failed rollouts (never disguised as
-reward 0) get no advantage and would be left out of the policy update. A real trainer would join each rollout's
+`(r_i - mean(r)) / (std(r) + eps)` over the group's successful rollouts (`Group.advantages()`, the SDK's one formula:
+`contracts.grpo_advantages`); failed rollouts (never disguised as reward 0) get no advantage and would be left out
+of the policy update. A real trainer would join each rollout's
 `session_id` with its token traces (from the model gateway) and take a gradient step per batch.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 import os
 from pathlib import Path
 
 from rollout_pipeline.sdk import Experiment, Group, SdkError
 
-EPS = 1e-6
-
-
-def advantages(rewards: list[float | None], eps: float = EPS) -> list[float | None]:
-    """GRPO advantages over the successful rollouts of one group (None for failed ones)."""
-    values = [r for r in rewards if r is not None]
-    if not values:
-        return [None] * len(rewards)
-    mean = sum(values) / len(values)
-    std = math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
-    return [None if r is None else (r - mean) / (std + eps) for r in rewards]
-
 
 def describe(group: Group) -> str:
-    shown = ["  fail" if a is None else f"{a:+.3f}" for a in advantages(group.rewards)]
+    shown = ["  fail" if a is None else f"{a:+.3f}" for a in group.advantages()]
     return f"{group.input_id:>16}  rewards={group.rewards}  advantages=[{', '.join(shown)}]"
 
 

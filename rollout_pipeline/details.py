@@ -2,7 +2,8 @@
 
 Ingestion publishes `Batch Accepted` (and `Batch Completed` for a batch with nothing to run); the outbox
 (`lifecycle.publishing`) publishes a rollout's terminal event, its group's and its batch's; the SDK rebuilds the same
-details when a trainer resumes. Each detail carries a stable `event_id`, so a re-publication is a duplicate.
+details (`sdk.replay`) for a trainer that resumes or a stream from the start. Each detail carries a stable `event_id`,
+so a re-publication is a duplicate.
 """
 
 from __future__ import annotations
@@ -131,11 +132,12 @@ def recorded_cost(rec: RolloutRecord, prices: PriceBook) -> RolloutCost | None:
 def rollout_event(
     rec: RolloutRecord,
     *,
-    notified_at: datetime,
+    notified_at: datetime | None,
     result: dict[str, Any] | None = None,
     prices: PriceBook | None = None,
 ) -> RolloutCompleted | RolloutFailed:
-    """The terminal event of a rollout, from its (terminal) ledger item; its `cost` priced with `prices`."""
+    """The terminal event of a rollout, from its (terminal) ledger item; its `cost` priced with `prices`;
+    `notified_at` None: not known (an event rebuilt from the ledger, which does not keep when the event left)."""
     timings = Timings(
         submitted_at=rec.submitted_at,
         dispatched_at=rec.dispatched_at,

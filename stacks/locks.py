@@ -42,7 +42,7 @@ RFT_AGENT_LOCK: Final = REPO_ROOT / "agent_image" / "requirements-rft.lock"
 #: The extras of the RFT test environment (`make rft-test`).
 RFT_EXTRAS: Final = ("agent", "local", "dev", "rft")
 #: The extras `make setup` / `make setup-model` / `make lock` install: the dev/test environment's closure.
-DEV_EXTRAS: Final = ("cdk", "agent", "local", "dev", "report", "model", "lock")
+DEV_EXTRAS: Final = ("cdk", "agent", "local", "dev", "report", "data", "readers", "model", "lock")
 #: Python of the Lambda runtime (`stacks.functions.RUNTIME`; a test keeps the two equal).
 LAMBDA_PYTHON: Final = "3.14"
 #: Python of the agent image's base (`FROM ... python:3.13-slim` in agent_image/Dockerfile; a test checks it).

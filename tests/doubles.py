@@ -292,12 +292,16 @@ class MemoryEventQueue:
         return out
 
     def delete(self, delivery: Delivery) -> None:
+        if not delivery.receipt:  # not from this queue (rebuilt from the ledger), as `QueueReader` ignores it
+            return
         mid = self.handles[delivery.receipt]
         if mid in self.messages:
             del self.messages[mid]
             self.deleted.append(mid)
 
     def release(self, delivery: Delivery, after_s: int = 0) -> None:
+        if not delivery.receipt:
+            return
         mid = self.handles[delivery.receipt]
         if mid in self.messages:
             self.messages[mid]["visible"] = after_s == 0

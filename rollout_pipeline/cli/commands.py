@@ -188,17 +188,6 @@ def cmd_cancel(args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_OK
 
 
-def cmd_export(args: argparse.Namespace, out: TextIO) -> int:
-    experiment = attach(args)
-    target = out if args.output == "-" else args.output
-    count = experiment.export(
-        args.batch, target, include_results=not args.no_results, include_payload=args.with_payload
-    )
-    where = "stdout" if args.output == "-" else args.output
-    print(f"exported {count} rollout(s) of batch {args.batch} to {where}", file=sys.stderr)
-    return EXIT_OK
-
-
 def cmd_report(args: argparse.Namespace, out: TextIO) -> int:
     from rollout_pipeline.report import ReportUnavailable, read_events, write_report
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from rollout_pipeline.cli import commands
+from rollout_pipeline.cli import data as data_commands
 from rollout_pipeline.cli import stack as stack_commands
 from rollout_pipeline.cli.base import add_context_argument, add_experiment_arguments, hidden_alias
 from rollout_pipeline.sdk.route import ENDPOINT_ENV
@@ -20,8 +21,9 @@ COMMAND_GROUPS: Final = "rollout_pipeline.cli"
 _DESCRIPTION = """\
 Event-driven RL rollouts on Amazon Bedrock AgentCore Runtime.
 
-Submit a dataset, watch its rollouts complete from pushed events, check a batch's status, cancel it, or export
-its results as JSON Lines. Region and credentials come from the usual AWS chain (AWS_PROFILE, AWS_REGION, ...).
+Submit a dataset, watch its rollouts complete from pushed events, check a batch's status, cancel it, export its
+results (JSON Lines, or a Parquet dataset), re-score them with a new reward function, or compute pass@k. Region
+and credentials come from the usual AWS chain (AWS_PROFILE, AWS_REGION, ...).
 """
 
 _EPILOG = """\
@@ -31,6 +33,9 @@ examples:
   rollouts status -e my-exp --endpoint-url http://127.0.0.1:4580 --batch train-3f2a9c1b7d4e   # local mode
   rollouts status -e my-exp --batch train-3f2a9c1b7d4e --json
   rollouts export -e my-exp --batch train-3f2a9c1b7d4e -o results.jsonl
+  rollouts export -e my-exp --batch train-3f2a9c1b7d4e --format parquet -o rollouts/
+  rollouts rescore -e my-exp --batch train-3f2a9c1b7d4e --reward my_rewards:exact -o rescored/
+  rollouts stats -e my-exp --batch train-3f2a9c1b7d4e --pass-k 1,4,8
   rollouts report -e my-exp --batch train-3f2a9c1b7d4e -o report.html
   rollouts cancel -e my-exp --batch train-3f2a9c1b7d4e
   rollouts cost -e my-exp [--batch train-3f2a9c1b7d4e]
@@ -71,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _add_submission(sub, common)
     _add_batch_commands(sub, common)
+    data_commands.register(sub, common)  # export, rescore, stats
     _add_preflight(sub, common)
     _add_report(sub, common)
     _add_cost(sub, common)
@@ -140,6 +146,12 @@ def _add_submission(sub: Any, common: argparse.ArgumentParser) -> None:
         "--from-trainer-queue", action="store_true", help="consume the trainer queue instead of a private tap"
     )
     watch.add_argument(
+        "--from-start",
+        action="store_true",
+        help="log every event of --batch from its first: those published before, rebuilt from the ledger with the "
+        "same event ids, then the live ones, each once",
+    )
+    watch.add_argument(
         "--refresh",
         type=float,
         default=15.0,
@@ -157,7 +169,7 @@ def _add_submission(sub: Any, common: argparse.ArgumentParser) -> None:
 
 
 def _add_batch_commands(sub: Any, common: argparse.ArgumentParser) -> None:
-    """`status`, `cancel`, `export`: one batch, read from the ledger (or cancelled)."""
+    """`status`, `cancel`: one batch, read from the ledger (or cancelled)."""
     status = _command(
         sub,
         common,
@@ -191,20 +203,6 @@ def _add_batch_commands(sub: Any, common: argparse.ArgumentParser) -> None:
         "finished ends as `Rollout Failed` with reason `cancelled`. Safe to repeat.",
     )
     _batch_argument(cancel)
-
-    export = _command(
-        sub,
-        common,
-        "export",
-        commands.cmd_export,
-        help="write a batch's results as JSON Lines (one line per rollout)",
-        description="Export one line per rollout from the ledger (state, reward, reason, timings) with its result "
-        "object from the results bucket.",
-    )
-    _batch_argument(export)
-    export.add_argument("-o", "--output", default="-", metavar="FILE", help="output file (default: stdout)")
-    export.add_argument("--no-results", action="store_true", help="leave out the result objects (ledger only)")
-    export.add_argument("--with-payload", action="store_true", help="add each row's payload")
 
 
 def _add_preflight(sub: Any, common: argparse.ArgumentParser) -> None:

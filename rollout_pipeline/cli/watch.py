@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from rollout_pipeline.cli.base import EXIT_ERROR, EXIT_OK
+from rollout_pipeline.cli.base import EXIT_ERROR, EXIT_OK, CliError
 from rollout_pipeline.contracts import BatchAccepted, BatchCompleted, GroupCompleted, RolloutCompleted, RolloutFailed
 
 if TYPE_CHECKING:
@@ -161,7 +161,8 @@ def event_log(path: Path | None) -> Iterator[EventLog]:
 
 def watch(experiment: Experiment, args: argparse.Namespace, out: TextIO) -> int:
     """Follow one batch (`args.batch`) to its end with a progress bar, or log every batch's events; with
-    `--events FILE`, every event received is also appended to FILE."""
+    `--from-start`, log every event of the batch from its first (those before, rebuilt from the ledger) to its end;
+    with `--events FILE`, every event received is also appended to FILE."""
     with event_log(getattr(args, "events", None)) as log:
         return _watch(experiment, args, out, log)
 
@@ -169,8 +170,15 @@ def watch(experiment: Experiment, args: argparse.Namespace, out: TextIO) -> int:
 def _watch(experiment: Experiment, args: argparse.Namespace, out: TextIO, log: EventLog) -> int:
     timeout: float | None = args.timeout
     poll_wait = float(getattr(args, "poll_wait", 5.0))
-    if args.from_trainer_queue:
-        stream_cm: Any = experiment.events(
+    from_start = bool(getattr(args, "from_start", False))
+    if from_start and args.batch is None:
+        raise CliError("--from-start needs --batch: the batch whose events to start from")
+    if from_start and args.from_trainer_queue:
+        raise CliError("--from-start reads a stream of the batch's own: not with --from-trainer-queue")
+    if from_start:
+        stream_cm: Any = experiment.events(batch_id=args.batch, timeout=timeout, poll_wait_s=poll_wait, from_start=True)
+    elif args.from_trainer_queue:
+        stream_cm = experiment.events(
             batch_id=args.batch, timeout=timeout, poll_wait_s=poll_wait, from_trainer_queue=True
         )
     else:
@@ -178,6 +186,8 @@ def _watch(experiment: Experiment, args: argparse.Namespace, out: TextIO, log: E
     with stream_cm as stream:
         if args.batch is None:
             return _watch_all(stream, out, log)
+        if from_start:
+            return _watch_from_start(stream, args.batch, out, log)
         progress = Progress(args.batch)
         progress.baseline(experiment)  # after the tap exists: nothing falls between the two
         refresh = float(getattr(args, "refresh", 15.0))
@@ -261,28 +271,55 @@ def _no_render(final: bool) -> None:
 
 
 def _watch_all(stream: Any, out: TextIO, log: EventLog) -> int:
-    """Every batch: one log line per batch-level event and per completed group."""
+    """Every batch: one log line per batch-level event, per completed group and per failed rollout."""
     for event in stream:
         log.write(event)
-        detail = event.detail
-        if isinstance(detail, BatchAccepted):
-            text = (
-                f"accepted: {detail.rows_accepted} rows ({detail.rows_rejected} rejected), "
-                f"{detail.rollouts_enqueued} rollouts"
-            )
-            if detail.error:
-                text = f"rejected: {detail.error}"
-            for warning in detail.warnings:
-                text += f"\n  warning: {warning}"
-        elif isinstance(detail, GroupCompleted):
-            mean = "-" if detail.reward_mean is None else f"{detail.reward_mean:.4f}"
-            text = f"group {detail.input_id}: {detail.succeeded}/{detail.group_size} succeeded, reward mean {mean}"
-        elif isinstance(detail, BatchCompleted):
-            mean = "-" if detail.reward_mean is None else f"{detail.reward_mean:.4f}"
-            text = f"completed: {detail.succeeded} succeeded, {detail.failed} failed, reward mean {mean}"
-        elif isinstance(detail, RolloutFailed):
-            text = f"rollout {detail.rollout_id} failed: {detail.reason.value}: {detail.error[:200]}"
-        else:
-            continue
-        print(f"{detail.batch_id} {text}", file=out, flush=True)
+        text = event_line(event.detail, rollouts=False)
+        if text is not None:
+            print(f"{event.detail.batch_id} {text}", file=out, flush=True)
     return EXIT_OK
+
+
+def _watch_from_start(stream: Any, batch_id: str, out: TextIO, log: EventLog) -> int:
+    """One batch from its first event: one log line per event (those before the watch rebuilt from the ledger,
+    marked `(from the ledger)`), until `Batch Completed`; then the summary line."""
+    progress = Progress(batch_id)
+    while not progress.done:
+        delivery = stream.next_delivery(stream.remaining())
+        if delivery is None:
+            if stream.expired() or stream.closed:
+                break
+            continue
+        event = delivery.event
+        log.write(event)
+        text = event_line(event.detail, rollouts=True)
+        if text is not None:
+            origin = " (from the ledger)" if not delivery.receipt else ""
+            print(f"{event.detail_type.value:<17} {text}{origin}", file=out, flush=True)
+        progress.apply(event.detail)
+        stream.ack(delivery)
+    print(progress.summary or f"batch {batch_id}: {progress.line()}", file=out)
+    return EXIT_OK if progress.done else EXIT_ERROR
+
+
+def event_line(detail: Any, *, rollouts: bool) -> str | None:
+    """One log line of an event (without its batch); rollout completions only with `rollouts`, else None."""
+    if isinstance(detail, BatchAccepted):
+        text = (
+            f"rejected: {detail.error}"
+            if detail.error
+            else f"accepted: {detail.rows_accepted} rows ({detail.rows_rejected} rejected), "
+            f"{detail.rollouts_enqueued} rollouts"
+        )
+        return text + "".join(f"\n  warning: {warning}" for warning in detail.warnings)
+    if isinstance(detail, GroupCompleted):
+        mean = "-" if detail.reward_mean is None else f"{detail.reward_mean:.4f}"
+        return f"group {detail.input_id}: {detail.succeeded}/{detail.group_size} succeeded, reward mean {mean}"
+    if isinstance(detail, BatchCompleted):
+        mean = "-" if detail.reward_mean is None else f"{detail.reward_mean:.4f}"
+        return f"completed: {detail.succeeded} succeeded, {detail.failed} failed, reward mean {mean}"
+    if isinstance(detail, RolloutFailed):
+        return f"rollout {detail.rollout_id} failed: {detail.reason.value}: {detail.error[:200]}"
+    if isinstance(detail, RolloutCompleted) and rollouts:
+        return f"rollout {detail.rollout_id} reward {detail.reward:.4f} (attempt {detail.attempt})"
+    return None

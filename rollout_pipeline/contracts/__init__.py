@@ -20,6 +20,7 @@ from rollout_pipeline.contracts.attempts import (
 )
 from rollout_pipeline.contracts.common import iso, json_size, json_type, parse_iso, utcnow
 from rollout_pipeline.contracts.events import (
+    ADVANTAGE_EPS,
     DETAIL_MODELS,
     EVENT_SOURCE,
     INLINE_RESULT_BYTES,
@@ -38,6 +39,7 @@ from rollout_pipeline.contracts.events import (
     Timings,
     batch_duration_s,
     detail_type_of,
+    grpo_advantages,
     parse_detail,
     reward_stats,
     stats_from_sums,
@@ -68,6 +70,7 @@ from rollout_pipeline.contracts.rows import (
 from rollout_pipeline.contracts.secrets import REDACTED, SECRET_FIELDS, is_secret_field, redact_secrets
 
 __all__ = [
+    "ADVANTAGE_EPS",
     "ATTEMPT_TOKEN_KEY",
     "CAPTURE_KEY",
     "CAPTURE_KEY_PATTERN",
@@ -108,6 +111,7 @@ __all__ = [
     "build_agent_payload",
     "carries_attempt_token",
     "detail_type_of",
+    "grpo_advantages",
     "is_secret_field",
     "iso",
     "json_size",

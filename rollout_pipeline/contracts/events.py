@@ -4,7 +4,7 @@ from these models into `rollout_pipeline/schemas/` (`python -m rollout_pipeline.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from enum import StrEnum
 from typing import Any, Final, Literal
@@ -285,6 +285,20 @@ def reward_stats(values: list[float]) -> tuple[float | None, float | None]:
     mean = sum(values) / len(values)
     var = sum((v - mean) ** 2 for v in values) / len(values)
     return mean, math.sqrt(var)
+
+
+#: The epsilon of the GRPO advantage's denominator (`grpo_advantages`).
+ADVANTAGE_EPS: Final = 1e-6
+
+
+def grpo_advantages(rewards: Sequence[float | None], eps: float = ADVANTAGE_EPS) -> list[float | None]:
+    """GRPO advantages of one group, `(r - mean) / (std + eps)` with the mean and population std of its
+    successful rewards (`reward_stats`); None where the reward is None (a failed rollout). The one formula of
+    `Group.advantages()`, the dataset export and re-scoring."""
+    mean, std = reward_stats([r for r in rewards if r is not None])
+    if mean is None or std is None:
+        return [None] * len(rewards)
+    return [None if r is None else (r - mean) / (std + eps) for r in rewards]
 
 
 def stats_from_sums(count: int, total: float, total_sq: float) -> tuple[float | None, float | None]:

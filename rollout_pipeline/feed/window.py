@@ -30,6 +30,7 @@ terminal, or once it is cancelled (nothing more of it is released). Retries and 
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -62,6 +63,12 @@ MAX_WINDOW_BATCHES: Final = 1000
 NOTHING_PENDING_TRUST_S: Final = 5.0
 #: A conflicting write (another release wrote the window first) is tried again on a fresh read this many times.
 WRITE_TRIES: Final = 4
+#: A chunk handed over by a submit must be recorded: its write is tried this many times, after a jittered pause that
+#: doubles from `SUBMIT_BACKOFF_S` up to `SUBMIT_BACKOFF_MAX_S` (several trainer processes submitting at once, and
+#: every dispatcher and drain releasing, all write the one window item of the experiment).
+SUBMIT_WRITE_TRIES: Final = 16
+SUBMIT_BACKOFF_S: Final = 0.02
+SUBMIT_BACKOFF_MAX_S: Final = 0.5
 _EPOCH: Final = datetime.fromtimestamp(0, UTC)
 
 
@@ -159,6 +166,7 @@ class ReleaseWindow:
         slots: int | None = None,
         lease_s: int = RELEASE_LEASE_S,
         monotonic: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         """`size`: the window; `most`: rollouts one release sends at most (None: the room); `slots`: the sessions
         the experiment runs at once (`max_sessions`; None: no burst rule); `monotonic`: how old a view of the
@@ -174,6 +182,7 @@ class ReleaseWindow:
         self._seen: WindowState | None = None
         self._seen_at = 0.0
         self.monotonic = monotonic
+        self.sleep = sleep
         self._lock = threading.Lock()
         self._releasing = threading.Lock()
 
@@ -226,7 +235,8 @@ class ReleaseWindow:
         (its accepted groups, line order; empty once ingestion ended, with the final view); `forget`: batches that
         no longer exist; `recount`: record every terminal count the views show (the sweep), not only those that
         moved by a release's worth. Raises when the chunk could not be recorded (written as pending or released);
-        otherwise a write that lost to another release is tried again on a fresh read, `WRITE_TRIES` times."""
+        otherwise a write that lost to another release is tried again on a fresh read, `WRITE_TRIES` times
+        (`SUBMIT_WRITE_TRIES`, with a jittered back-off, when a chunk is handed over)."""
         given = {view.batch_id: view for view in views}
         if submitted is not None:
             given[submitted.batch_id] = submitted
@@ -246,7 +256,9 @@ class ReleaseWindow:
         recount: bool,
     ) -> ReleaseResult:
         recovered = 0
-        for _ in range(WRITE_TRIES):
+        for attempt in range(WRITE_TRIES if submitted is None else SUBMIT_WRITE_TRIES):
+            if attempt and submitted is not None:
+                self.sleep(random.uniform(0, min(SUBMIT_BACKOFF_MAX_S, SUBMIT_BACKOFF_S * 2**attempt)))
             read = self.ledger.read_window()
             self._note(read)
             busy = bool(read.sending)

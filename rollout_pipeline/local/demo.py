@@ -213,8 +213,8 @@ def watch_batch(pipeline: LocalPipeline, batch_id: str, report: DemoResult, out:
 
 
 def _watch_batch(pipeline: LocalPipeline, batch_id: str, report: DemoResult, out: TextIO, timeout_s: float) -> None:
-    with _Display(out) as display:
-        stream = pipeline.experiment.events(batch_id=batch_id, timeout=timeout_s)
+    stream = pipeline.experiment.events(batch_id=batch_id, timeout=timeout_s)
+    with _Display(out) as display, stream:  # the stream's subscription goes while the local endpoint is up
         for event in stream:
             detail: Any = event.detail
             report.events.append(event.envelope)

@@ -17,7 +17,7 @@ import time
 import traceback
 import uuid
 from collections import OrderedDict, deque
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import CancelledError
 from dataclasses import dataclass
 from types import TracebackType
@@ -286,13 +286,11 @@ class _Dispatcher:
                 poll_wait_s=self._poll_wait_s,
             )
 
-    def _missed(self, skip: Any) -> list[Event]:
+    def _missed(self, skip: Callable[[str], bool]) -> Iterator[Event]:
         """The outcomes of the batches with pending futures, from the ledger (what the subscription may have
-        missed: see `SubscribedStream`)."""
+        missed: see `SubscribedStream`), read as they are handed over."""
         with self._lock:
             batches = sorted({f.batch_id for f in self._futures.values() if not f.done()})
-        if not batches:
-            return []
         return self._experiment.ledger_events(batches, _CLIENT_TYPES[:2], skip=skip)
 
     def serves(self, batch_id: str) -> bool:

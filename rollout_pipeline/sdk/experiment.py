@@ -17,7 +17,6 @@ from rollout_pipeline.contracts import (
     DatasetRow,
     DetailType,
     FileOptions,
-    RolloutCompleted,
     read_result,
     utcnow,
 )
@@ -27,6 +26,7 @@ from rollout_pipeline.sdk.aio import AsyncStream
 from rollout_pipeline.sdk.delivery import DEFAULT_POLL_WAIT_S, DEFAULT_SEEN_IDS, EventFilter, EventStream, SeenIds
 from rollout_pipeline.sdk.errors import AwsError, BatchNotFound, DatasetInvalid, ExperimentNotDeployed, SdkError
 from rollout_pipeline.sdk.groups import DEFAULT_GROUP_GRACE_S, GROUP_DETAIL_TYPES, Group, GroupStream
+from rollout_pipeline.sdk.stats import DEFAULT_PASS_THRESHOLD, BatchStats, FailurePolicy
 from rollout_pipeline.sdk.status import BatchStatus, batch_status
 from rollout_pipeline.sdk.transport import Event, QueueReader
 
@@ -39,6 +39,8 @@ if TYPE_CHECKING:
     from rollout_pipeline.sdk.capacity import CapacityView
     from rollout_pipeline.sdk.client import RolloutClient
     from rollout_pipeline.sdk.cost import ExperimentCost
+    from rollout_pipeline.sdk.dataset import DatasetExport, RowFilter
+    from rollout_pipeline.sdk.rescore import RewardFunction
     from rollout_pipeline.sdk.warm import WarmPoolStatus
     from rollout_pipeline.wiring import Wiring
 
@@ -458,6 +460,7 @@ class Experiment:
         poll_wait_s: float = DEFAULT_POLL_WAIT_S,
         visibility_s: int | None = None,
         from_trainer_queue: bool = False,
+        from_start: bool = False,
     ) -> EventStream:
         """Iterate pipeline events as they are pushed, by long polling.
 
@@ -473,15 +476,29 @@ class Experiment:
         Each `event_id` is handed to user code once per process; a message is deleted only after the iterator
         advanced past it (or the `with` block ended normally). Stops after `timeout` seconds (None: never) or
         `max_events` events.
+
+        `from_start` (a stream of its own only) sets where the stream starts. False (default): where this process
+        is: the batches' events no stream of this process handed over yet (those published before, then the live
+        ones), each `event_id` once per process. True: the batches' first event: every event they published, then
+        the live ones, each `event_id` once for this stream, also those other streams of this process handed over
+        (and what it hands over counts for no other stream): a second consumer in a process sees the whole batch.
+        Either way nothing is re-run. Only live events: `tap`.
         """
         event_filter = EventFilter(batch_id, detail_types)
-        if event_filter.batch_ids is not None and not (from_trainer_queue or consume_others):
-            batches = sorted(event_filter.batch_ids)
+        own_stream = event_filter.batch_ids is not None and not (from_trainer_queue or consume_others)
+        if from_start and event_filter.batch_ids is None:
+            raise SdkError("from_start needs the batch (or batches) to start from: pass batch_id")
+        if from_start and not own_stream:
+            raise SdkError(
+                "from_start reads a stream of the batch's own: not with from_trainer_queue or consume_others"
+            )
+        if own_stream:
+            batches = sorted(event_filter.batch_ids or ())
             return subscription.SubscribedStream(
                 self.aws,
                 self.bus_name,
                 subscription.stream_pattern(batches, event_filter.detail_types),
-                self.seen,
+                SeenIds() if from_start else self.seen,
                 replay=lambda skip: self.ledger_events(batches, event_filter.detail_types, skip=skip),
                 event_filter=event_filter,
                 timeout=timeout,
@@ -503,30 +520,22 @@ class Experiment:
         batch_ids: Iterable[str],
         detail_types: Iterable[DetailType | str] | None = None,
         *,
-        skip: Callable[[str], bool] = lambda _event_id: False,
-    ) -> list[Event]:
-        """The events `batch_ids` have published so far, rebuilt from the ledger (`sdk.replay`: same `event_id`s;
-        `timings.notified_at` None); those whose id `skip` accepts are left out. What a stream of those batches
-        made after them is given first."""
-        from rollout_pipeline.sdk.replay import ledger_events
-
-        def fetch(uri: str) -> dict[str, Any] | None:
-            try:
-                return self.fetch_result(uri)
-            except SdkError as exc:
-                logger.warning("cannot inline %s: %s", uri, exc)
-                return None
+        skip: Callable[[str], bool] | None = None,
+    ) -> Iterator[Event]:
+        """The events `batch_ids` have published so far, rebuilt from the ledger (`sdk.replay.batch_events`: same
+        `event_id`s, `timings.notified_at` None, small results inlined), batch by batch and group by group as
+        they are read; those whose id `skip` accepts are left out (and their results not read). What a stream of
+        those batches made after them is given first."""
+        from rollout_pipeline.sdk.export import quiet_fetch
+        from rollout_pipeline.sdk.replay import batch_events
 
         types = None if detail_types is None else {DetailType(t) for t in detail_types}
+        ledger = self._ledger()
+        fetch = quiet_fetch(self)
+        prices = self.price_book()
         with aws_errors("read the batch's events from the ledger"):
-            return ledger_events(
-                self._ledger(),
-                batch_ids,
-                detail_types=types,
-                skip=skip,
-                fetch_result=fetch,
-                prices=self.price_book(),
-            )
+            for batch in batch_ids:
+                yield from batch_events(ledger, batch, detail_types=types, skip=skip, fetch_result=fetch, prices=prices)
 
     def aevents(
         self,
@@ -549,7 +558,8 @@ class Experiment:
         """Observe events without taking them from the trainer: a private queue subscribed to the bus.
 
         Creates an SQS queue and a rule on the experiment bus (matching `batch_id` if given) for the duration of
-        the `with` block, and deletes both afterwards. Only events published after it starts are seen. Needs
+        the `with` block, and deletes both afterwards. Only events published after it starts are seen (a stream
+        that also has the earlier ones: `events(batch_id)`). Needs
         `sqs:CreateQueue`/`DeleteQueue`/`SetQueueAttributes` and `events:PutRule`/`PutTargets`/`RemoveTargets`/
         `DeleteRule`. `rollouts watch` uses it so that watching never steals the trainer's events.
         """
@@ -631,12 +641,14 @@ class Experiment:
         poll_wait_s: float = DEFAULT_POLL_WAIT_S,
         consume_others: bool = False,
         from_trainer_queue: bool = False,
+        from_start: bool = False,
     ) -> GroupStream:
         """Complete GRPO groups of a batch as they complete (`Group Completed` + its per-rollout events), from a
         private subscription of the batch (see `events`), the groups completed before it first.
 
         Ends when `Batch Completed` for the batch arrives (unless `stop_on_batch_completed=False`) or after
-        `timeout` seconds.
+        `timeout` seconds. `from_start=True`: every group of the batch, also those another stream of this process
+        handed over (`events(from_start=True)`).
         """
         stream = self.events(
             batch_id,
@@ -645,6 +657,7 @@ class Experiment:
             consume_others=consume_others,
             poll_wait_s=poll_wait_s,
             from_trainer_queue=from_trainer_queue,
+            from_start=from_start,
         )
         return GroupStream(stream, grace_s=grace_s, stop_on_batch_completed=stop_on_batch_completed)
 
@@ -737,39 +750,144 @@ class Experiment:
 
     def export(
         self,
-        batch_id: str,
+        batch_id: str | Iterable[str] | None,
         out: str | os.PathLike[str] | IO[str],
         *,
         include_results: bool = True,
         include_payload: bool = False,
+        format: str = "jsonl",
+        **dataset_options: Any,
     ) -> int:
-        """Write one JSON line per rollout of the batch (ledger state + result object); return the line count."""
-        from rollout_pipeline.sdk.export import export_rows, write_jsonl
+        """Export batches from the ledger (+ their result objects); return the rows written.
 
-        def fetch(uri: str) -> dict[str, Any] | None:
-            try:
-                return self.fetch_result(uri)
-            except (SdkError, ValueError) as exc:
-                logger.warning("cannot read %s: %s", uri, exc)
-                return None
+        `format="jsonl"`: one JSON line per rollout to `out` (a path, `-` for stdout, or a text stream).
+        `format="parquet"`: the rollout dataset (docs/datasets.md, "The rollout dataset") in the directory `out`
+        (`export_dataset`, whose options `dataset_options` are: `variance_only`, `succeeded_only`, `min_reward`,
+        `result_fields`, `overwrite`); needs pyarrow (`pip install 'rollout-pipeline[data]'`). `batch_id`: one id,
+        several, or None for every batch of the experiment.
+        """
+        if format == "parquet":
+            if not isinstance(out, str | os.PathLike):
+                raise SdkError("format='parquet' writes a directory: give its path")
+            return self.export_dataset(batch_id, out, include_results=include_results, **dataset_options).rows
+        if format != "jsonl":
+            raise SdkError(f"format must be jsonl or parquet (got {format!r})")
+        if dataset_options:
+            raise SdkError(f"{', '.join(sorted(dataset_options))}: only with format='parquet'")
+        from rollout_pipeline.sdk.export import export_rows, quiet_fetch, resolve_batches, write_jsonl
 
-        with aws_errors(f"export batch {batch_id}"):
+        batches = resolve_batches(self, batch_id)
+        ledger = self._ledger()
+        prices = self.price_book()
+
+        def rows() -> Iterator[dict[str, Any]]:
+            for batch in batches:
+                yield from export_rows(
+                    groups=ledger.batches.groups(batch),
+                    rollouts=ledger.rollouts.batch_rollouts(batch),
+                    prices=prices,
+                    fetch_result=quiet_fetch(self) if include_results else None,
+                    include_payload=include_payload,
+                )
+
+        with aws_errors(f"export {len(batches)} batch(es)"):
+            if isinstance(out, str | os.PathLike):
+                if str(out) == "-":
+                    return write_jsonl(rows(), sys.stdout)
+                with Path(out).open("w", encoding="utf-8") as handle:
+                    return write_jsonl(rows(), handle)
+            return write_jsonl(rows(), out)
+
+    def export_dataset(
+        self,
+        batch_id: str | Iterable[str] | None,
+        directory: str | os.PathLike[str],
+        *,
+        include_results: bool = True,
+        variance_only: bool = False,
+        succeeded_only: bool = False,
+        min_reward: float | None = None,
+        result_fields: Sequence[str] = (),
+        overwrite: bool = False,
+    ) -> DatasetExport:
+        """Write the rollout dataset of one batch, several, or every batch (None) to `directory`: one Parquet file
+        per batch under `data/` (row groups written as they are read: memory stays bounded) and a dataset card
+        `README.md`. One row per rollout, schema `sdk.dataset.COLUMNS` (docs/datasets.md); failures are rows with
+        their typed reason and a null reward. Filters: `variance_only` (groups whose rewards differ),
+        `succeeded_only`, `min_reward` (reward >= it). `result_fields`: top-level fields of the result object to add
+        as columns `result_{field}`. A directory that is not empty is refused unless `overwrite`. Needs pyarrow."""
+        from rollout_pipeline.sdk.export import export_dataset
+
+        row_filter = _row_filter(variance_only, succeeded_only, min_reward)
+        return export_dataset(
+            self,
+            batch_id,
+            directory,
+            include_results=include_results,
+            row_filter=row_filter,
+            result_fields=result_fields,
+            overwrite=overwrite,
+        )
+
+    def rescore(
+        self,
+        batch_id: str | Iterable[str] | None,
+        reward: str | RewardFunction,
+        directory: str | os.PathLike[str],
+        *,
+        variance_only: bool = False,
+        succeeded_only: bool = False,
+        min_reward: float | None = None,
+        result_fields: Sequence[str] = (),
+        overwrite: bool = False,
+    ) -> DatasetExport:
+        """Re-score stored rollouts with `reward` (a function `(row, result) -> number | per-turn list`, or its
+        `module:function` / `file.py:function` name) and write the dataset as `export_dataset` does, with the new
+        rewards, group statistics and advantages, and the agent's beside them (`original_*`). Runs no agent and
+        writes nothing to the ledger, the buckets or the bus. A row whose function raised is marked
+        (`rescore_error`) and counted (`DatasetExport.failed`, the first ones in `errors`); the run goes on."""
+        from rollout_pipeline.sdk.export import export_dataset, quiet_payload
+        from rollout_pipeline.sdk.rescore import Rescorer, load_reward_function
+
+        if isinstance(reward, str):
+            function, name = load_reward_function(reward)
+        else:
+            function, name = reward, f"{getattr(reward, '__module__', '?')}:{getattr(reward, '__qualname__', '?')}"
+        row_filter = _row_filter(variance_only, succeeded_only, min_reward)
+        return export_dataset(
+            self,
+            batch_id,
+            directory,
+            row_filter=row_filter,
+            result_fields=result_fields,
+            overwrite=overwrite,
+            rescorer=Rescorer(function, load_payload=quiet_payload(self)),
+            rescored_with=name,
+        )
+
+    def stats(
+        self,
+        batch_id: str,
+        *,
+        pass_k: Sequence[int] = (),
+        threshold: float = DEFAULT_PASS_THRESHOLD,
+        failures: FailurePolicy = "exclude",
+    ) -> BatchStats:
+        """A batch's rewards, groups with reward variance and pass@k for each k of `pass_k` (the unbiased estimator
+        of Chen et al. 2021, per input, averaged over the inputs with at least k samples; a sample passes when its
+        reward >= `threshold`; failed rollouts are not samples unless `failures="fail"`), from the group items."""
+        from rollout_pipeline.sdk.stats import batch_stats
+
+        with aws_errors(f"read the groups of batch {batch_id}"):
             ledger = self._ledger()
             if ledger.batches.read_batch(batch_id) is None:
                 raise BatchNotFound(f"no batch {batch_id!r} in experiment {self.name!r}")
-            rows = export_rows(
-                groups=ledger.batches.groups(batch_id),
-                rollouts=ledger.rollouts.batch_rollouts(batch_id),
-                prices=self.price_book(),
-                fetch_result=fetch if include_results else None,
-                include_payload=include_payload,
-            )
-            if isinstance(out, str | os.PathLike):
-                if str(out) == "-":
-                    return write_jsonl(rows, sys.stdout)
-                with Path(out).open("w", encoding="utf-8") as handle:
-                    return write_jsonl(rows, handle)
-            return write_jsonl(rows, out)
+            try:
+                return batch_stats(
+                    batch_id, ledger.batches.groups(batch_id), ks=pass_k, threshold=threshold, failures=failures
+                )
+            except ValueError as exc:
+                raise SdkError(str(exc)) from None
 
     def capacity(self) -> CapacityView:
         """The account pool this experiment shares AgentCore's quotas through (one read): the account's quotas,
@@ -871,8 +989,8 @@ class Experiment:
         `skip`: input ids the trainer already handled (checkpointed). `include_results`: inline each successful
         rollout's result object (one S3 GET per rollout). Raises `BatchNotFound` for an unknown batch.
         """
-        from rollout_pipeline.details import group_completion_detail, rollout_event, with_members
         from rollout_pipeline.ledger.batches import batch_options
+        from rollout_pipeline.sdk.replay import group_events
 
         skipped = set(skip)
         groups: list[Group] = []
@@ -884,21 +1002,19 @@ class Experiment:
                 raise BatchNotFound(f"no batch {batch_id!r} in experiment {self.name!r}")
             options = batch_options(batch)
             for group_item in ledger.batches.groups(batch_id):
-                input_id = group_item.input_id
-                if input_id in skipped:
+                if group_item.input_id in skipped or not group_item.complete:
                     continue
-                detail = group_completion_detail(group_item, options.policy_version if options else None)
-                if detail is None:
+                rollouts, completed = group_events(
+                    group_item,
+                    ledger.rollouts.iter_rollouts(batch_id, group_item.input_id),
+                    policy_version=options.policy_version if options else None,
+                    fetch_result=self.fetch_result if include_results else None,
+                    inline_limit=None,
+                    prices=prices,
+                )
+                if completed is None:
                     continue
-                records = [r for r in ledger.rollouts.iter_rollouts(batch_id, input_id) if r.terminal]
-                group = Group(completed=with_members(detail, records))
-                for rec in records:
-                    notified = rec.finished_at or utcnow()
-                    event = rollout_event(rec, notified_at=notified, prices=prices)
-                    if include_results and isinstance(event, RolloutCompleted) and event.result_uri:
-                        event = event.model_copy(update={"result": self.fetch_result(event.result_uri)})
-                    group.rollouts[rec.index] = event
-                groups.append(group)
+                groups.append(Group(completed=completed, rollouts={r.index: r for r in rollouts}))
         return groups
 
     # ------------------------------------------------------------------------------------------ ART-style
@@ -915,4 +1031,14 @@ def parse_s3_uri(uri: str) -> tuple[str, str]:
     try:
         return ids.parse_s3_uri(uri)
     except ids.InvalidId as exc:
+        raise SdkError(str(exc)) from None
+
+
+def _row_filter(variance_only: bool, succeeded_only: bool, min_reward: float | None) -> RowFilter:
+    """The dataset's row filter from `export`/`rescore`'s options; a bad combination is an SdkError."""
+    from rollout_pipeline.sdk.dataset import RowFilter
+
+    try:
+        return RowFilter(variance_only, succeeded_only, min_reward)
+    except ValueError as exc:
         raise SdkError(str(exc)) from None

@@ -11,12 +11,13 @@ from types import TracebackType
 from typing import Final
 
 from rollout_pipeline.contracts import (
+    ADVANTAGE_EPS,
     BatchCompleted,
     DetailType,
     GroupCompleted,
     RolloutCompleted,
     RolloutFailed,
-    reward_stats,
+    grpo_advantages,
 )
 from rollout_pipeline.sdk.delivery import EventStream
 from rollout_pipeline.sdk.transport import Delivery, RolloutDetail
@@ -51,13 +52,10 @@ class Group:
         """Indices whose per-rollout event was not received (yet): the group event alone still has the rewards."""
         return [i for i in range(self.group_size) if i not in self.rollouts]
 
-    def advantages(self, eps: float = 1e-6) -> list[float | None]:
-        """GRPO advantages `(r - mean) / (std + eps)` over the successful rollouts; None for failed ones."""
-        values = [r for r in self.completed.rewards if r is not None]
-        mean, std = reward_stats(values)
-        if mean is None or std is None:
-            return [None] * len(self.completed.rewards)
-        return [None if r is None else (r - mean) / (std + eps) for r in self.completed.rewards]
+    def advantages(self, eps: float = ADVANTAGE_EPS) -> list[float | None]:
+        """GRPO advantages `(r - mean) / (std + eps)` over the successful rollouts; None for failed ones
+        (`contracts.grpo_advantages`, the formula the dataset export and re-scoring use too)."""
+        return grpo_advantages(self.completed.rewards, eps)
 
 
 _GROUP_TYPES: Final = (DetailType.ROLLOUT_COMPLETED, DetailType.ROLLOUT_FAILED, DetailType.GROUP_COMPLETED)

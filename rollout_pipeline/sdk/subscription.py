@@ -21,7 +21,6 @@ import socket
 import time
 import uuid
 import weakref
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -32,7 +31,8 @@ from rollout_pipeline.contracts import EVENT_SOURCE, DetailType
 from rollout_pipeline.sdk._aws import AwsClients, aws_errors, error_code
 from rollout_pipeline.sdk.delivery import DEFAULT_POLL_WAIT_S, EventFilter, EventStream, SeenIds
 from rollout_pipeline.sdk.errors import SdkError
-from rollout_pipeline.sdk.transport import Delivery, Event, QueueReader
+from rollout_pipeline.sdk.replay import CatchUpStream, Replay
+from rollout_pipeline.sdk.transport import QueueReader
 
 logger = logging.getLogger(__name__)
 
@@ -90,15 +90,16 @@ def tap(
         close_subscription(aws, bus_name, name, queue_url)
 
 
-class SubscribedStream(EventStream):
-    """An `EventStream` over a private subscription of its own (a rule matching `pattern` on the bus, and a queue),
+class SubscribedStream(CatchUpStream):
+    """A `CatchUpStream` over a private subscription of its own (a rule matching `pattern` on the bus, and a queue),
     made at construction and removed at `close()` (or when the stream is garbage-collected, or at exit).
 
     Events published before the rule matched are not in its queue: `replay(skip)` supplies them from the ledger
-    (`sdk.replay.ledger_events`, same `event_id`s), at once, again at `RECONCILE_AFTER_S` after the subscription was
-    made, and when a `Batch Completed` arrives (the ledger then holds everything of that batch). Each `event_id`
-    is handed over once, whichever copy comes first. The queue is this stream's alone: events it does not want are
-    deleted, never left to wear out (`consume_others`). The owner's `seen-at` tag is refreshed while it reads.
+    (`sdk.replay.batch_events`, same `event_id`s), at the first read, again at `RECONCILE_AFTER_S` after the
+    subscription was made, and when a `Batch Completed` arrives (the ledger then holds everything of that batch).
+    Each `event_id` is handed over once, whichever copy comes first (`CatchUpStream`). The queue is this stream's
+    alone: events it does not want are deleted, never left to wear out (`consume_others`). The owner's `seen-at`
+    tag is refreshed while it reads.
     """
 
     def __init__(
@@ -108,7 +109,7 @@ class SubscribedStream(EventStream):
         pattern: Mapping[str, Any],
         seen: SeenIds,
         *,
-        replay: Callable[[Callable[[str], bool]], Sequence[Event]] | None = None,
+        replay: Replay | None = None,
         event_filter: EventFilter | None = None,
         timeout: float | None = None,
         max_events: int | None = None,
@@ -125,6 +126,8 @@ class SubscribedStream(EventStream):
         super().__init__(
             QueueReader(aws, queue_url),
             seen,
+            replay=replay,
+            reconcile_after_s=reconcile_after_s,
             event_filter=event_filter,
             timeout=timeout,
             max_events=max_events,
@@ -134,39 +137,14 @@ class SubscribedStream(EventStream):
             sleep=sleep,
         )
         self._aws = aws
-        self._replay = replay
-        self._replayed: set[str] = set()
-        self._made = clock()
-        self._touched = self._made
-        self._due: deque[float] = deque(sorted(reconcile_after_s))
-        self._replay_now = replay is not None
+        self._touched = self._clock()
 
     def _refill(self) -> bool:
         now = self._clock()
         if now - self._touched >= TOUCH_INTERVAL_S:
             self._touched = now
             touch_subscription(self._aws, self.subscription[1])
-        while self._due and now - self._made >= self._due[0]:
-            self._due.popleft()
-            self._replay_now = True
-        if not self._replay_now or self._replay is None:
-            return False
-        self._replay_now = False
-        added = [
-            event
-            for event in self._replay(lambda event_id: event_id in self._replayed or event_id in self._seen)
-            if self._filter.matches(event)
-        ]
-        self._replayed.update(event.event_id for event in added)
-        self._buffer.extend(Delivery("", event) for event in added)
-        return bool(added)
-
-    def _pop_buffered(self) -> Delivery | None:
-        delivery = super()._pop_buffered()
-        event = delivery.event if delivery is not None else None
-        if event is not None and event.detail_type is DetailType.BATCH_COMPLETED and delivery and delivery.receipt:
-            self._replay_now = True  # the ledger now holds every event of that batch
-        return delivery
+        return super()._refill()
 
     def close(self, *, ack_current: bool = False) -> None:
         """Stop (as `EventStream.close`), then remove the subscription (rule targets, rule, queue)."""

@@ -4,7 +4,9 @@ raising the budget as `rollouts budget set` would, and the batch completing with
 
 from __future__ import annotations
 
+import gc
 import io
+import logging
 from pathlib import Path
 
 import pytest
@@ -18,7 +20,9 @@ from rollout_pipeline.local.pipeline import LocalSettings
 pytestmark = pytest.mark.timing
 
 
-def test_the_demo_pauses_on_its_budget_and_completes_once_it_is_raised(tmp_path: Path) -> None:
+def test_the_demo_pauses_on_its_budget_and_completes_once_it_is_raised(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     usage = {"_rollout_usage": {"cpu_s": 0.0, "rollouts": 1}}  # CPU measured as nothing: the pipeline's part dominates
     settings = LocalSettings(
         experiment="demo-budget",
@@ -35,8 +39,11 @@ def test_the_demo_pauses_on_its_budget_and_completes_once_it_is_raised(tmp_path:
         experiment_settings={"budget_usd": 5 * PIPELINE_USD_PER_ROLLOUT, "session_memory_gb": 0.125},
     )
     out = io.StringIO()
-    report = run_demo(settings, rows=4, timeout_s=300, write_html_report=False, out=out)
+    with caplog.at_level(logging.WARNING):
+        report = run_demo(settings, rows=4, timeout_s=300, write_html_report=False, out=out)
+        gc.collect()  # a stream left open would remove its subscription now, with the local endpoint gone
     text = out.getvalue()
+    assert [r.getMessage() for r in caplog.records if "delete it by hand" in r.getMessage()] == []
     # completed, every rollout once, nothing dead-lettered (whether the last stops came within the summary's grace
     # is the demo's own check, tested elsewhere)
     assert report.completed is not None, text

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import pytest
 
@@ -123,10 +124,22 @@ def test_filters_leave_other_events_for_other_consumers(experiment: Experiment, 
 
 
 def test_consume_others_deletes_filtered_out_events(experiment: Experiment, resources: ExperimentResources) -> None:
+    """Waits on conditions, not on a 2 s stream: under load the stream could end before it had received B2's
+    message (failed at load average 8). A B2 message released instead of deleted stays visible: the loop then
+    reads it again until the deadline (or until its receives move it to the dead-letter queue) and the last
+    assertions fail."""
     publish(resources, completed(B1, "q1", 0, 1.0), completed(B2, "q1", 0, 0.0))
-    got = list(experiment.events(batch_id=B1, timeout=2, poll_wait_s=WAIT, consume_others=True))
-    assert [e.batch_id for e in got] == [B1]
+    deadline = time.monotonic() + 30
+    with experiment.events(batch_id=B1, timeout=60, poll_wait_s=WAIT, consume_others=True) as stream:
+        first = stream.next_delivery(30)
+        assert first is not None
+        assert first.event is not None
+        assert first.event.batch_id == B1
+        stream.ack(first)
+        while queue_depth(resources.trainer_queue_url) and time.monotonic() < deadline:
+            assert stream.next_delivery(1.0) is None, "only B1's event is handed over"
     assert queue_depth(resources.trainer_queue_url) == 0
+    assert queue_depth(resources.dlq_urls["trainer"]) == 0, "deleted, not worn out into the dead-letter queue"
 
 
 def test_foreign_messages_are_not_handed_over(experiment: Experiment, resources: ExperimentResources) -> None:

@@ -39,7 +39,7 @@ def test_ci_runs_the_readme_test_command_once_with_no_retry() -> None:
 def test_make_demo_installs_only_what_the_demo_needs() -> None:
     """`make demo` (the README's first command) installs the demo's extras into .venv, not the developer toolchain
     (`cdk`, `dev`: aws-cdk-lib, cfn-lint's own extras, mypy, pytest); `make setup` (and so `make test`) installs
-    everything."""
+    everything, the dataset readers included."""
     extras = {}
     for target in ("demo", "setup"):
         dry = subprocess.run(
@@ -49,5 +49,8 @@ def test_make_demo_installs_only_what_the_demo_needs() -> None:
         extras[target] = {name for line in installs for name in re.findall(r'-e "\.\[([^\]]+)\]"', line)[0].split(",")}
     assert extras["demo"] == {"agent", "local", "report", "model"}
     assert {"cdk", "dev"} <= extras["setup"]
+    # The rollout dataset's tests read exports back with pyarrow, pandas, polars and `datasets` (extras `data` and
+    # `readers`): `make test` installs them, so those tests run in CI and never skip for lack of a package.
+    assert {"data", "readers"} <= extras["setup"]
     assert "cdk" not in extras["demo"]
     assert "dev" not in extras["demo"]

@@ -268,3 +268,32 @@ def test_a_batch_another_process_hands_over_is_released_within_seconds_by_this_o
     assert lifecycle.no_room_known([view(1, batch_id="batch-b")]), "its view: nothing pending, and fresh"
     clock.advance(NOTHING_PENDING_TRUST_S + 1)
     assert not lifecycle.no_room_known([view(1, batch_id="batch-b")]), "too old to trust: look again"
+
+
+class ContendedLedger(MemoryReleaseLedger):
+    """A window item that other processes write first `losses` times (each lost write sees a newer version)."""
+
+    def __init__(self, losses: int) -> None:
+        super().__init__()
+        self.losses = losses
+
+    def write_window(self, read: Any, **kwargs: Any) -> Any:
+        if self.losses > 0:
+            self.losses -= 1
+            self.state = replace(self.state, version=self.state.version + 1)  # another process's release
+            return None
+        return super().write_window(read, **kwargs)
+
+
+def test_a_submitted_chunk_is_recorded_however_many_releases_write_the_window_first() -> None:
+    """Several trainer processes submitting at once, and every dispatcher and drain releasing, all write the one
+    window item: a submit backs off and reads again (more than a backstop release's tries) instead of failing."""
+    h = Harness()
+    pauses: list[float] = []
+    h.ledger = ContendedLedger(losses=9)
+    h.window = h.new_window()
+    h.window.sleep = pauses.append
+    h.submit([h.chunk("batch-1", range(1, 3))])
+    assert h.queue.rollouts() == rollouts(["1g1", "1g2"])
+    assert len(pauses) == 9
+    assert all(0 <= pause <= 0.5 for pause in pauses)
