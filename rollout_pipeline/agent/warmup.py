@@ -27,11 +27,12 @@ MAX_WARMUP_BYTES: Final = 4096
 #: AgentCore's session header (as ASGI presents it: lower case).
 SESSION_HEADER: Final = b"x-amzn-bedrock-agentcore-runtime-session-id"
 
-Scope = MutableMapping[str, Any]
+#: An ASGI connection scope (its type, method, path and headers).
+AsgiScope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
-App = Callable[[Scope, Receive, Send], Awaitable[None]]
+App = Callable[[AsgiScope, Receive, Send], Awaitable[None]]
 
 
 class WarmupGate:
@@ -41,7 +42,7 @@ class WarmupGate:
         self.app = app
         self.warmups = 0
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def __call__(self, scope: AsgiScope, receive: Receive, send: Send) -> None:
         if scope.get("type") != "http" or scope.get("method") != "POST" or scope.get("path") != "/invocations":
             await self.app(scope, receive, send)
             return
@@ -56,7 +57,7 @@ class WarmupGate:
         await self.app(scope, _replay(messages, receive), send)
 
 
-def _content_length(scope: Scope) -> int:
+def _content_length(scope: AsgiScope) -> int:
     for name, value in scope.get("headers") or ():
         if name == b"content-length":
             try:
@@ -66,7 +67,7 @@ def _content_length(scope: Scope) -> int:
     return 0
 
 
-def _session_of(scope: Scope) -> str:
+def _session_of(scope: AsgiScope) -> str:
     for name, value in scope.get("headers") or ():
         if name == SESSION_HEADER:
             return str(value.decode("latin-1"))
