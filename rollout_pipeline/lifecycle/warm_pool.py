@@ -24,7 +24,8 @@ most of its invocation while the pool has work) and from local mode's own loop. 
    and dropped;
 5. fills up to the target, only while the capacity seam says the new-session budget would otherwise go unused
    (`WarmCapacity`: nothing waits for a slot and no dispatch took a new session for `DEMAND_QUIET_S`), within the
-   free session slots (warm sessions count against `max_sessions`): in chunks, each chunk's items and slots written
+   free session slots of the experiment's share (warm sessions count against `max_sessions` and the account pool's
+   grant of active sessions, as a dispatch's slot does): in chunks, each chunk's items and slots written
    in one transaction BEFORE its warm-ups are sent (a crash leaves items the next tick stops), the warm-ups paced by
    the session budget like any new session, then the chunk marked idle in one transaction.
 
@@ -51,6 +52,7 @@ from rollout_pipeline.ledger.release import WindowState
 from rollout_pipeline.ledger.warm import ADDED, HALTED
 from rollout_pipeline.lifecycle import budget, stops
 from rollout_pipeline.lifecycle.deps import LifecycleDeps, standalone_limits
+from rollout_pipeline.lifecycle.limits.slots import caps as slot_caps
 from rollout_pipeline.lifecycle.metrics import (
     WARM_KEEPALIVES,
     WARM_POOL_SIZE,
@@ -100,8 +102,7 @@ HALT_STOPPED: Final = "stopped"
 
 
 class WarmCapacity(Protocol):
-    """The seam between the warm pool and the capacity it may use: today the experiment's own limits
-    (`ExperimentCapacity`), once the account-wide pool lands the experiment's share of it."""
+    """The seam between the warm pool and the capacity it may use: the experiment's share (`ExperimentCapacity`)."""
 
     def new_sessions_now(self) -> int:
         """How many new sessions the pool may start now without delaying queued work (0: none)."""
@@ -114,9 +115,9 @@ class WarmCapacity(Protocol):
 
 class ExperimentCapacity:
     """`WarmCapacity` over the experiment's share: the session slots (`deps.max_sessions()`: `max_sessions`, or the
-    account pool's lease) and the new-session budget (the lease's grant, else the standalone session rate x
-    `endpoints` a second), which the pool
-    may spend only while no rollout wants it (nothing on the admission board, no dispatch that took a new session in
+    account pool's lease's grant of active sessions, the cap a dispatch's slot is taken under) and the new-session
+    budget (the lease's grant, else the standalone session rate x `endpoints` a second), which the pool may spend
+    only while no rollout wants it (nothing on the admission board, no dispatch that took a new session in
     the last `DEMAND_QUIET_S`). One read of the pool item and one of the board per call."""
 
     def __init__(self, deps: LifecycleDeps, wall: Callable[[], float]) -> None:
@@ -138,6 +139,8 @@ class ExperimentCapacity:
         return max(1, int(session_rate * config.endpoints))
 
     def sessions_to_hold(self) -> int:
+        if self.deps.lease is not None:
+            self.deps.lease.ensure()  # before this process's first grant the lease would say `max_sessions`
         return self.deps.max_sessions()
 
 
@@ -221,7 +224,8 @@ class WarmPool:
         hold = self.capacity.sessions_to_hold()
         result.target = target = 0 if halted or not self.config.warm_pool_on else self._target(view, hold)
         idle = [s for s in view.sessions if s.state is WarmState.IDLE and self._fresh(s, now)]
-        unwanted = self._unwanted(view.sessions, idle, target, now)
+        over_share = max(0, view.in_flight - hold)  # the share shrank: idle warm sessions give it back first
+        unwanted = self._unwanted(view.sessions, idle, min(target, len(idle) - over_share), now)
         if unwanted:
             result.stopped += self._stop(unwanted, wait_until, now)
         idle = [s for s in idle if s not in unwanted]
@@ -421,11 +425,12 @@ class WarmPool:
         their warm-ups (paced by the session budget) in flight together up to `FILL_THREADS`, each chunk marked idle
         once all its warm-ups answered. Returns how many were warmed and how many warm-ups failed."""
         fill = _Fill(wanted)
-        room = self._slot_room()
+        room = _SlotRoom(self.deps.ledger.limits.slot_counts(), self.capacity.sessions_to_hold())
         with ThreadPoolExecutor(max_workers=FILL_THREADS, thread_name_prefix="warm-fill") as pool:
             while True:
                 while fill.may_start(FILL_CHUNK) and self.deps.clock.monotonic() < wait_until:
                     allowed = self.capacity.new_sessions_now()
+                    room.resize(self.capacity.sessions_to_hold())
                     chunk = self._start_chunk(min(fill.left(), allowed, FILL_CHUNK), room) if allowed > 0 else []
                     if not chunk:  # no budget, no room, or halted
                         fill.closed = True
@@ -454,31 +459,26 @@ class WarmPool:
             if not confirmed:
                 log.warning("warm session %s started after the pool stopped it: its stop failed", session_id)
 
-    def _slot_room(self) -> list[int]:
-        """Free slots per session-slot counter (cap minus count), as read now."""
-        from rollout_pipeline.ledger.limits import shard_cap
-
-        counts = self.deps.ledger.limits.slot_counts()
-        return [shard_cap(self.config.max_sessions, i) - count for i, count in enumerate(counts)]
-
-    def _start_chunk(self, size: int, room: list[int]) -> list[str]:
-        """Record `size` new warm sessions (or fewer: what one counter has room for) and take their slots, in one
-        transaction, before any warm-up is sent. Returns their ids ([] when no counter has room)."""
-        for _ in range(len(room)):
-            shard = max(range(len(room)), key=lambda i: room[i])
-            take = min(size, room[shard])
+    def _start_chunk(self, size: int, room: _SlotRoom) -> list[str]:
+        """Record `size` new warm sessions (or fewer: what one counter has room for) and take their slots within the
+        experiment's share (`room.hold`, as a dispatch takes its slot), in one transaction, before any warm-up is
+        sent. Returns their ids ([] when no counter has room)."""
+        rooms = room.rooms
+        for _ in range(len(rooms)):
+            shard = max(range(len(rooms)), key=lambda i: rooms[i])
+            take = min(size, rooms[shard])
             if take <= 0:
                 return []
             sessions = [ids.warm_session_id(self.config.name) for _ in range(take)]
             added = self.deps.ledger.warm.add_warming(
-                sessions, max_sessions=self.config.max_sessions, shard=shard, warmed_at=self.wall()
+                sessions, max_sessions=room.hold, shard=shard, warmed_at=self.wall()
             )
             if added == ADDED:
-                room[shard] -= take
+                rooms[shard] -= take
                 return sessions
             if added == HALTED:
                 return []
-            room[shard] = 0  # the counter filled meanwhile: another one
+            rooms[shard] = 0  # the counter filled meanwhile: another one
         return []
 
     def _warm_up(self, session_id: str, wait_until: float) -> bool:
@@ -525,6 +525,22 @@ class WarmPool:
         were stopped."""
         self.deps.ledger.warm.halt(reason, self.wall())
         return self.stop_all(budget_s=budget_s) if stop else 0
+
+
+class _SlotRoom:
+    """Free slots per session-slot counter within the sessions the experiment may hold (`hold`: the account pool's
+    grant of active sessions, at most `max_sessions`, the caps dispatch's `SlotShards` uses), as read at a fill's
+    start less the fill's own takes; `resize` follows a grant that changed meanwhile."""
+
+    def __init__(self, counts: Sequence[int], hold: int) -> None:
+        self.hold = hold
+        self.rooms = [cap - count for cap, count in zip(slot_caps(hold), counts, strict=True)]
+
+    def resize(self, hold: int) -> None:
+        if hold != self.hold:
+            old, new = slot_caps(self.hold), slot_caps(hold)
+            self.rooms = [room + n - o for room, n, o in zip(self.rooms, new, old, strict=True)]
+            self.hold = hold
 
 
 class _Fill:

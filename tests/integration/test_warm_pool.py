@@ -21,8 +21,10 @@ from rollout_pipeline.ledger.items import RolloutRecord, WarmState
 from rollout_pipeline.lifecycle.cancel import cancel_batch
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.dispatch import Dispatch
+from rollout_pipeline.lifecycle.limits.slots import caps as slot_caps
 from rollout_pipeline.lifecycle.warm_pool import HALT_CANCELLED, HALT_IDLE, WarmPool, run_pool
 from rollout_pipeline.local.resources import ExperimentResources
+from rollout_pipeline.quotas import AccountQuotas, PoolSettings
 from rollout_pipeline.sdk.export import rollout_fields
 from tests.integration.lifecycle_support import (
     ShiftedClock,
@@ -247,6 +249,64 @@ def test_trimmed_to_the_setting_and_stopped_when_idle_past_it_then_resumed_by_a_
     drive(resources, deps)
     clock.advance(5)
     assert WarmPool(deps).tick(budget_s=10).warmed == 3
+
+
+def account_active_sessions(deps: LifecycleDeps, active: int) -> None:
+    """The account pool's active-session quota set to `active` (no reserve): the experiment's share of it."""
+    assert deps.pool is not None
+    deps.pool.write_settings(PoolSettings(AccountQuotas(active_sessions=active), reserve=0.0))
+
+
+def test_the_fill_takes_slots_within_the_experiments_share_of_the_account_pool(
+    resources: ExperimentResources, fake: FakeAgentRuntime
+) -> None:
+    deps = warm_deps(resources, fake, warm=8)  # max_sessions 10
+    account_active_sessions(deps, 6)
+    tick = WarmPool(deps).tick(budget_s=10)  # this process's first grant comes with the tick
+    assert (tick.target, tick.warmed) == (6, 6)
+    assert slots_in_flight(resources) == 6 == deps.max_sessions()
+    counts = deps.ledger.limits.slot_counts()
+    assert all(count <= cap for count, cap in zip(counts, slot_caps(6), strict=True))  # the caps dispatch takes by
+
+
+class ShareThatShrinks:
+    """A share of 10 sessions when the tick reads it, 3 once the fill runs (another experiment renewed meanwhile)."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    def new_sessions_now(self) -> int:
+        return 2
+
+    def sessions_to_hold(self) -> int:
+        self.reads += 1
+        return 10 if self.reads == 1 else 3
+
+
+def test_the_fill_follows_a_share_that_shrinks_while_it_runs(
+    resources: ExperimentResources, fake: FakeAgentRuntime
+) -> None:
+    deps = warm_deps(resources, fake, warm=8)
+    tick = WarmPool(deps, ShareThatShrinks()).tick(budget_s=10)
+    assert (tick.target, tick.warmed) == (8, 3)
+    assert slots_in_flight(resources) == 3
+
+
+def test_idle_warm_sessions_give_back_a_share_that_shrank(
+    resources: ExperimentResources, fake: FakeAgentRuntime
+) -> None:
+    deps = warm_deps(resources, fake, warm=4)
+    account_active_sessions(deps, 10)
+    WarmPool(deps).tick(budget_s=10)
+    assert len(pool_sessions(deps)) == 4
+    rollouts = deps.ledger.limits.take_slot(10, 9, 4)  # four rollouts run in sessions of their own
+    assert deps.ledger.table.transact([rollouts]) is None
+    account_active_sessions(deps, 6)
+    assert deps.lease is not None
+    deps.lease.renew(force=True)
+    tick = WarmPool(deps).tick(budget_s=10)
+    assert (tick.stopped, tick.idle) == (2, 2)  # 4 rollouts + 2 warm = the share
+    assert slots_in_flight(resources) == 6
 
 
 def test_automatic_size_aims_at_the_last_batch(resources: ExperimentResources, fake: FakeAgentRuntime) -> None:
