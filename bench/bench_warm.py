@@ -15,10 +15,11 @@ the rest of the pause once the pool is full (the cold side: all of it) and the i
 Printed for each side (`--json`: one object): `admit_s` (submit to the last rollout's first invoke that started
 it), `first_group_s`, `step_s` (submit to the last `Group Completed`), `cold_starts_on_path` (424s met by
 rollouts), `warm_idle_gb_s` and its cost (warm sessions' memory while they waited: warm-up to rollout, or to their
-stop; `rollout_pipeline.warm_cost`), `sessions_never_stopped` (once the experiment went idle and the pool halted),
-`requests_per_rollout` (AWS requests of the pipeline and AgentCore data-plane calls per rollout: the step with the
-fill before it, and with the tail: the refill after the step and the halt's stops), beside the time saved and the
-trainer's hourly cost at which the pool's idle memory costs what the saved time is worth.
+stop; `rollout_pipeline.warm_cost` at the experiment's `PriceBook`, `--session-gb` a session),
+`sessions_never_stopped` (once the experiment went idle and the pool halted), `requests_per_rollout` (AWS requests
+of the pipeline and AgentCore data-plane calls per rollout: the step with the fill before it, and with the tail: the
+refill after the step and the halt's stops), beside the time saved and the trainer's hourly cost at which the pool's
+idle memory costs what the saved time is worth.
 
 Usage: python bench/bench_warm.py [--rollouts 1024] [--group-size 8] [--pause 120] [--dilation 4] [--json]
 
@@ -315,6 +316,7 @@ class Side:
             dispatch_concurrency=args.dispatchers,
             warm_sessions=(args.warm_sessions or self.total) if warm else 0,
             warm_idle_stop_s=args.idle_stop_s,
+            session_memory_gb=args.session_gb,
         )
         self.resources = create_resources(self.config, region="us-east-1", client=clients.client)
         self.settings = settings = self.resources.settings()
@@ -458,7 +460,8 @@ class Side:
     def figures(self) -> dict[str, Any]:
         from rollout_pipeline import warm_cost
 
-        args, fake, total, submitted = self.args, self.fake, self.total, self.submitted
+        fake, total, submitted = self.fake, self.total, self.submitted
+        prices = self.lambdas.deps.prices  # the experiment's (`LifecycleDeps.prices`)
         calls = list(fake.calls)
         started_at: dict[tuple[str, int], float] = {}
         for c in calls:
@@ -486,10 +489,11 @@ class Side:
                 1 for c in calls if c.op == "invoke" and c.outcome == "cold_start" and not c.warmup
             ),
             "rollouts_in_warm_sessions": fake.warm_reuses,
-            "warm_idle_gb_s": idle["step"] * args.session_gb,
-            "warm_idle_usd": warm_cost.idle_usd(idle["step"], args.session_gb),
-            "tail_idle_gb_s": idle["tail"] * args.session_gb,
-            "tail_idle_usd": warm_cost.idle_usd(idle["tail"], args.session_gb),
+            "warm_idle_gb_s": warm_cost.idle_gb_s(idle["step"], prices),
+            "warm_idle_usd": warm_cost.idle_usd(idle["step"], prices),
+            "tail_idle_gb_s": warm_cost.idle_gb_s(idle["tail"], prices),
+            "tail_idle_usd": warm_cost.idle_usd(idle["tail"], prices),
+            "priced_as": prices.label,
             "sessions_never_stopped": len(invoked - fake.stopped),
             "requests_per_rollout": (fill + step) / total,
             "requests_per_rollout_with_tail": (fill + step + tail) / total,
@@ -580,8 +584,6 @@ def compare(sides: dict[str, dict[str, Any]], args: argparse.Namespace) -> dict[
 
 
 def main(argv: list[str] | None = None) -> int:
-    from rollout_pipeline.warm_cost import SESSION_MEMORY_GB
-
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--dilation", type=float, default=4.0, help="the cold step's k: a virtual s lasts k wall s")
     parser.add_argument("--burst-dilation", type=float, default=20.0, help="the warm step's k (its burst)")
@@ -599,7 +601,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--min-delay", type=float, default=2.0, help="agent time before the result (virtual s)")
     parser.add_argument("--max-delay", type=float, default=6.0)
     parser.add_argument("--idle-stop-s", type=int, default=600, help="warm_idle_stop_s")
-    parser.add_argument("--session-gb", type=float, default=SESSION_MEMORY_GB, help="a warm session's memory (GB)")
+    parser.add_argument(
+        "--session-gb", type=float, default=8.0, help="the experiment's session_memory_gb (default: its default, 8)"
+    )
     parser.add_argument("--dispatchers", type=int, default=5)
     parser.add_argument("--completers", type=int, default=3)
     parser.add_argument("--threads", type=int, default=10)

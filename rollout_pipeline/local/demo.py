@@ -29,6 +29,7 @@ from rollout_pipeline.contracts import (
     RolloutCompleted,
     RolloutFailed,
 )
+from rollout_pipeline.costs import PriceBook
 from rollout_pipeline.local.pipeline import LocalPipeline, LocalSettings, interrupt_on_sigterm
 from rollout_pipeline.report.data import has_signal
 from rollout_pipeline.sdk import submission, transport
@@ -127,7 +128,7 @@ class DemoResult:
     interrupted: bool = False
     #: The warm pool: sessions it held when the batch was submitted, rollouts that started in one, the local
     #: AgentCore's warm-ups and rollouts in warm sessions, the pool's sessions stopped at the end, and the idle
-    #: memory of every warm session (GB-s; USD at `warm_cost`'s price).
+    #: memory of every warm session (GB-s; USD at the experiment's prices, `warm_priced_as`).
     warm_ready: int | None = None
     warm_started: int = 0
     warmups: int = 0
@@ -135,6 +136,7 @@ class DemoResult:
     warm_stopped: int = 0
     warm_idle_gb_s: float = 0.0
     warm_idle_usd: float = 0.0
+    warm_priced_as: str = ""
 
     @property
     def ok(self) -> bool:
@@ -214,6 +216,7 @@ def watch_batch(pipeline: LocalPipeline, batch_id: str, report: DemoResult, out:
 
 def _watch_batch(pipeline: LocalPipeline, batch_id: str, report: DemoResult, out: TextIO, timeout_s: float) -> None:
     stream = pipeline.experiment.events(batch_id=batch_id, timeout=timeout_s)
+    prices = pipeline.experiment.price_book()
     with _Display(out) as display, stream:  # the stream's subscription goes while the local endpoint is up
         for event in stream:
             detail: Any = event.detail
@@ -259,7 +262,7 @@ def _watch_batch(pipeline: LocalPipeline, batch_id: str, report: DemoResult, out
                 )
                 _show_pause_then_raise(pipeline, report, detail, display)
             if isinstance(detail, RolloutCompleted | RolloutFailed):
-                _count_warm(report, detail)
+                _count_warm(report, detail, prices)
                 latency = _latency_ms(detail)
                 if latency is not None:
                     report.notify_latencies_ms.append(latency)
@@ -268,16 +271,17 @@ def _watch_batch(pipeline: LocalPipeline, batch_id: str, report: DemoResult, out
                 break
 
 
-def _count_warm(report: DemoResult, detail: RolloutCompleted | RolloutFailed) -> None:
-    """A rollout that started in a warm session: counted, and its session's wait before it (idle memory)."""
+def _count_warm(report: DemoResult, detail: RolloutCompleted | RolloutFailed, prices: PriceBook) -> None:
+    """A rollout that started in a warm session: counted, and its session's wait before it (idle memory, at the
+    experiment's `prices`)."""
     warmed, dispatched = detail.timings.session_warmed_at, detail.timings.dispatched_at
     if warmed is None:
         return
     report.warm_started += 1
     if dispatched is not None:
         waited = max(0.0, (dispatched - warmed).total_seconds())
-        report.warm_idle_gb_s += warm_cost.idle_gb_s(waited)
-        report.warm_idle_usd += warm_cost.idle_usd(waited)
+        report.warm_idle_gb_s += warm_cost.idle_gb_s(waited, prices)
+        report.warm_idle_usd += warm_cost.idle_usd(waited, prices)
 
 
 def _warm_lines(report: DemoResult) -> list[str]:
@@ -288,8 +292,8 @@ def _warm_lines(report: DemoResult) -> list[str]:
         f"  warm pool: {report.warm_started} of {total} rollouts started in a warm session ({report.warm_ready} "
         f"ready at submission); local AgentCore: {report.warmups} warm-ups answered by the agent host, "
         f"{report.warm_reuses} rollouts in a warm session; {report.warm_stopped} warm session(s) stopped at the end",
-        f"  warm sessions' idle memory: {report.warm_idle_gb_s:,.0f} GB-s = ${report.warm_idle_usd:.4f} on AgentCore "
-        f"(priced at {warm_cost.SESSION_MEMORY_GB:g} GB a session, an upper bound)",
+        f"  warm sessions' idle memory: {report.warm_idle_gb_s:,.0f} GB-s = ${report.warm_idle_usd:.4f} "
+        f"({report.warm_priced_as})",
     ]
 
 
@@ -462,6 +466,7 @@ def _stop_warm_pool(pipeline: LocalPipeline, report: DemoResult) -> None:
     status = pipeline.experiment.warm_pool()
     report.warm_idle_gb_s += status.idle_gb_s
     report.warm_idle_usd += status.idle_usd
+    report.warm_priced_as = status.prices.label
     report.warmups = int(getattr(pipeline.runtime, "warmups", 0))
     report.warm_reuses = int(getattr(pipeline.runtime, "warm_reuses", 0))
 

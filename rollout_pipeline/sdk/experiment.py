@@ -716,7 +716,7 @@ class Experiment:
         with aws_errors("read the warm pool"):
             ledger = self._ledger()
             state, sessions = ledger.warm.pool(), ledger.warm.sessions()
-        return WarmPoolStatus.of(self.config, state, sessions, utcnow().timestamp())
+        return WarmPoolStatus.of(self.config, state, sessions, utcnow().timestamp(), self.price_book())
 
     def stop_warm_pool(self, runtime: AgentRuntime | None = None, *, reason: str = "stopped") -> int:
         """Stop every warm session now and keep none (through `runtime`, by default ACR): until the next batch

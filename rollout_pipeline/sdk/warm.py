@@ -1,13 +1,14 @@
 """The warm pool as the trainer sees it (`Experiment.warm_pool`): its setting, what it
-holds now, what it has spent, and what that idle memory costs (`warm_cost`)."""
+holds now, what it has spent, and what that idle memory costs at the experiment's prices (`warm_cost`)."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from rollout_pipeline import warm_cost
 from rollout_pipeline.config import ExperimentConfig
+from rollout_pipeline.costs import PriceBook
 from rollout_pipeline.ledger.items import WarmPoolState, WarmSession, WarmState
 
 
@@ -34,25 +35,38 @@ class WarmPoolStatus:
     #: Idle seconds of the sessions stopped without running a rollout, and of the ones waiting now (so far).
     unused_idle_s: float
     waiting_idle_s: float
-    memory_gb: float
-    gb_hour_usd: float
+    #: The experiment's prices and session size (`Experiment.price_book()`): what idle memory is priced at.
+    prices: PriceBook = field(repr=False)
 
     @property
     def idle_gb_s(self) -> float:
         """GB-seconds of warm sessions that ran no rollout (stopped ones and the ones waiting now)."""
-        return warm_cost.idle_gb_s(self.unused_idle_s + self.waiting_idle_s, self.memory_gb)
+        return warm_cost.idle_gb_s(self.unused_idle_s + self.waiting_idle_s, self.prices)
 
     @property
     def idle_usd(self) -> float:
-        """Their memory's cost (an upper bound: priced at `memory_gb` a session)."""
-        return warm_cost.idle_usd(self.unused_idle_s + self.waiting_idle_s, self.memory_gb)
+        """Their memory's cost at the experiment's prices (an upper bound at the default 8 GB a session)."""
+        return warm_cost.idle_usd(self.unused_idle_s + self.waiting_idle_s, self.prices)
 
     def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "idle_gb_s": self.idle_gb_s, "idle_usd": self.idle_usd}
+        values = {name: value for name, value in asdict(self).items() if name != "prices"}
+        return {
+            **values,
+            "memory_gb": self.prices.billed_memory_gb,
+            "gb_hour_usd": self.prices.gb_hour_usd,
+            "priced_as": self.prices.label,
+            "idle_gb_s": self.idle_gb_s,
+            "idle_usd": self.idle_usd,
+        }
 
     @classmethod
     def of(
-        cls, config: ExperimentConfig, state: WarmPoolState, sessions: list[WarmSession], now: float
+        cls,
+        config: ExperimentConfig,
+        state: WarmPoolState,
+        sessions: list[WarmSession],
+        now: float,
+        prices: PriceBook,
     ) -> WarmPoolStatus:
         by_state = {s: [x for x in sessions if x.state is s] for s in WarmState}
         return cls(
@@ -72,6 +86,5 @@ class WarmPoolStatus:
             dropped=state.dropped,
             unused_idle_s=state.unused_idle_s,
             waiting_idle_s=sum(max(0.0, now - s.warmed_at) for s in sessions),
-            memory_gb=warm_cost.SESSION_MEMORY_GB,
-            gb_hour_usd=warm_cost.GB_HOUR_USD,
+            prices=prices,
         )
