@@ -255,6 +255,8 @@ class LocalPipeline:
             wiring = Wiring(resources.settings(), self.clients, runtime=self.runtime, attempt_key=key)
             consumers, sweeper = self._start_consumers(resources, wiring)
             sdk = Experiment.local(self.endpoint_url, outputs=resources.stack_outputs(), region=REGION)
+            # A stream left open (a loop that broke out) removes its subscription while the endpoint is still up.
+            stack.callback(sdk.close_streams)
             self.experiments[resources.config.name] = LocalExperiment(resources, wiring, consumers, sweeper, sdk)
         first = self.experiments[self.resources.config.name]
         self.wiring, self.sweeper, self.experiment = first.wiring, first.sweeper, first.sdk

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import weakref
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -86,6 +87,8 @@ class Experiment:
         self._wiring: Wiring | None = None
         #: Stops what a launcher started for this experiment (local mode); None for a deployed stack.
         self._teardown: Callable[[], None] | None = None
+        #: The streams of their own (a private subscription each) this object opened and not yet collected.
+        self._own_streams: weakref.WeakSet[subscription.SubscribedStream] = weakref.WeakSet()
 
     # ---------------------------------------------------------------------------------------------- attach
 
@@ -252,9 +255,17 @@ class Experiment:
         operations().destroy(self, keep_results=keep_results, force=force, yes=yes, project_dir=project_dir, out=out)
 
     def close(self) -> None:
-        """Stop what `launch` started for this experiment in this process (local mode); a deployed stack stays."""
+        """Close the event streams this object opened, then stop what `launch` started for this experiment in this
+        process (local mode); a deployed stack stays."""
+        self.close_streams()
         if self._teardown is not None:
             self._teardown()
+
+    def close_streams(self) -> None:
+        """Close every event stream of its own this object opened and left open (a loop that `break`s out of
+        `events(batch_id=...)` leaves one until it is collected): each removes its private subscription now."""
+        for stream in list(self._own_streams):
+            stream.close()
 
     def on_destroy(self, teardown: Callable[[], None]) -> None:
         """Run `teardown` on `destroy()` and `close()` instead of destroying a stack (a launcher's mode, e.g. local
@@ -494,7 +505,7 @@ class Experiment:
             )
         if own_stream:
             batches = sorted(event_filter.batch_ids or ())
-            return subscription.SubscribedStream(
+            stream = subscription.SubscribedStream(
                 self.aws,
                 self.bus_name,
                 subscription.stream_pattern(batches, event_filter.detail_types),
@@ -505,6 +516,8 @@ class Experiment:
                 max_events=max_events,
                 poll_wait_s=poll_wait_s,
             )
+            self._own_streams.add(stream)
+            return stream
         return EventStream(
             QueueReader(self.aws, self.trainer_queue_url, visibility_s=visibility_s),
             self.seen,

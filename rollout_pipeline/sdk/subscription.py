@@ -12,12 +12,14 @@ defined here.
 
 from __future__ import annotations
 
+import atexit
 import getpass
 import json
 import logging
 import os
 import re
 import socket
+import threading
 import time
 import uuid
 import weakref
@@ -122,7 +124,9 @@ class SubscribedStream(CatchUpStream):
             aws, bus_name, pattern, suffix=f"{SDK_KIND}-{uuid.uuid4().hex[:8]}", retention_s=STREAM_RETENTION_S
         )
         self.subscription = (name, queue_url)
-        self._remove = weakref.finalize(self, close_subscription, aws, bus_name, name, queue_url)
+        self._remove = weakref.finalize(self, _remove_collected, aws, bus_name, name, queue_url)
+        self._remove.atexit = False  # `_close_open_streams` closes what is still open, in order
+        _open_streams.add(self)
         super().__init__(
             QueueReader(aws, queue_url),
             seen,
@@ -151,7 +155,11 @@ class SubscribedStream(CatchUpStream):
         try:
             super().close(ack_current=ack_current)
         finally:
-            self._remove()
+            _open_streams.discard(self)
+            alive = self._remove.detach()
+            if alive is not None:
+                _, _, args, _ = alive
+                close_subscription(*args)
 
 
 def stream_pattern(
@@ -294,6 +302,28 @@ def _tagged(permission: str, with_tags: Callable[[], Any], without: Callable[[],
             raise
         logger.warning("no %s permission: the subscription is made untagged (%s)", permission, exc)
         return without()
+
+
+#: The `SubscribedStream`s whose subscription is still up (closed at interpreter exit, in the main thread).
+_open_streams: weakref.WeakSet[SubscribedStream] = weakref.WeakSet()
+
+
+def _remove_collected(aws: AwsClients, bus_name: str, name: str, queue_url: str) -> None:
+    """Remove the subscription of a stream that was garbage-collected open, never in the collecting thread: the
+    collector runs in whichever thread allocates, maybe one that holds a lock the removal's own requests wait for
+    (a local endpoint's request thread did, and its server deadlocked)."""
+    try:
+        threading.Thread(
+            target=close_subscription, args=(aws, bus_name, name, queue_url), name=f"remove-{name}", daemon=True
+        ).start()
+    except RuntimeError:  # the interpreter is shutting down: no new threads
+        close_subscription(aws, bus_name, name, queue_url)
+
+
+@atexit.register
+def _close_open_streams() -> None:
+    for stream in list(_open_streams):
+        stream.close()
 
 
 def close_subscription(aws: AwsClients, bus_name: str, name: str, queue_url: str) -> None:

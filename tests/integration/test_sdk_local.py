@@ -62,3 +62,31 @@ def test_sdk_and_cli_against_a_loopback_endpoint(
     argv = ["status", "--outputs-file", str(outputs), "--endpoint-url", endpoint, "--batch", batch_id, "--json"]
     assert main(argv) == EXIT_OK
     assert json.loads(capsys.readouterr().out)["queued"] == 2
+
+
+def test_closing_the_experiment_removes_the_subscriptions_of_streams_left_open(
+    local: tuple[str, ExperimentResources],
+) -> None:
+    """A loop that breaks out of `events(batch_id=...)` leaves its stream open until it is collected, which may be
+    after the endpoint is gone; `close()` (and a local pipeline's stop, before its server) removes them now."""
+    import boto3
+
+    endpoint, resources = local
+    experiment = Experiment.local(endpoint, outputs=resources.stack_outputs())
+    batch_id = experiment.submit([{"id": "q1", "prompt": "hi"}])
+    left_open = experiment.events(batch_id=batch_id, timeout=5, poll_wait_s=0)
+    for _ in left_open:
+        break
+    done_with = experiment.events(batch_id=batch_id, timeout=0, poll_wait_s=0)
+    with done_with:
+        pass
+    events = boto3.client("events", endpoint_url=endpoint, region_name=REGION)
+
+    def tap_rules() -> list[str]:
+        rules = events.list_rules(EventBusName=resources.bus_name)["Rules"]
+        return [rule["Name"] for rule in rules if rule["Name"] == left_open.subscription[0]]
+
+    assert tap_rules() == [left_open.subscription[0]]
+    experiment.close()
+    assert left_open.closed
+    assert tap_rules() == []
