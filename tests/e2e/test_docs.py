@@ -169,7 +169,9 @@ def local_up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalUp]:
     log = root / "up.log"
     with FakeModelServer(_reply) as model, log.open("w") as out:
         argv = _up_command(_pipeline_block(), model.base_url, free_port(), root / "pipeline")
-        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, text=True, cwd=work)
+        # a new shell's environment: nothing of this test process's own AWS or rollouts settings
+        env = {key: value for key, value in os.environ.items() if not key.startswith(("ROLLOUTS_", "AWS_"))}
+        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, text=True, cwd=work, env=env)
         try:
             endpoint, experiment = _wait_for_block(log, process)
             yield LocalUp(endpoint, experiment, work, process, log)
