@@ -259,10 +259,10 @@ def _cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _cmd_up(args: argparse.Namespace, out: TextIO) -> int:
-    from rollout_pipeline.local.pipeline import LocalPipeline, interrupt_on_sigterm
+    from rollout_pipeline.local.pipeline import LocalPipeline, interrupt_on_signals
     from rollout_pipeline.sdk.route import local_up_block
 
-    with one_line_errors(), interrupt_on_sigterm(), LocalPipeline(_settings(args)) as pipeline:
+    with one_line_errors(), interrupt_on_signals(), LocalPipeline(_settings(args)) as pipeline:
         names = list(pipeline.experiments)
         if args.write_outputs:
             outputs = {

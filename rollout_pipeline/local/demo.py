@@ -30,7 +30,7 @@ from rollout_pipeline.contracts import (
     RolloutFailed,
 )
 from rollout_pipeline.costs import PriceBook
-from rollout_pipeline.local.pipeline import LocalPipeline, LocalSettings, interrupt_on_sigterm
+from rollout_pipeline.local.pipeline import LocalPipeline, LocalSettings, interrupt_on_signals
 from rollout_pipeline.report.data import has_signal
 from rollout_pipeline.sdk import submission, transport
 from rollout_pipeline.sdk.errors import DatasetInvalid
@@ -406,7 +406,7 @@ def run_demo(
     source = dataset or sample_dataset_path()
     started = time.monotonic()
     settings.validate()  # a bad setting is one line (`ConfigError`), before anything starts
-    with interrupt_on_sigterm(), tempfile.TemporaryDirectory(prefix="rollouts-demo-") as tmp:
+    with interrupt_on_signals(), tempfile.TemporaryDirectory(prefix="rollouts-demo-") as tmp:
         upload = prepare_upload(source, rows, Path(tmp))  # a bad dataset too (`DatasetInvalid`, the user's file)
         print(f"starting the local pipeline (experiment {settings.experiment!r}) ...", file=out, flush=True)
         with LocalPipeline(settings) as pipeline:

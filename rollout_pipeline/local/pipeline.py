@@ -463,8 +463,10 @@ def _clearing_metrics(handler: Callable[[dict[str, Any], Any], Any]) -> Callable
 
 
 @contextlib.contextmanager
-def interrupt_on_sigterm() -> Iterator[None]:
-    """Turn SIGTERM into KeyboardInterrupt in the main thread, so `with LocalPipeline(...)` cleans up."""
+def interrupt_on_signals() -> Iterator[None]:
+    """Turn SIGTERM and SIGINT into KeyboardInterrupt in the main thread, so `with LocalPipeline(...)` cleans up.
+    SIGINT too: a process started with SIGINT ignored (inherited from its parent, e.g. a test runner's worker) would
+    otherwise never see Ctrl-C, and Python installs its own handler only when SIGINT is at its default."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -472,8 +474,10 @@ def interrupt_on_sigterm() -> Iterator[None]:
     def raise_interrupt(_signum: int, _frame: FrameType | None) -> None:
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, raise_interrupt)
+    previous_term = signal.signal(signal.SIGTERM, raise_interrupt)
+    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)
+        signal.signal(signal.SIGTERM, previous_term)
