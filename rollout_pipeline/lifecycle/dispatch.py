@@ -237,11 +237,9 @@ def dispatch_body(
             deps.slot_shards.full(shard)
             if deps.slot_shards.room() > 0:
                 continue  # another counter has room by this process's view
-            if not _wait_for_slot(deps, start_by, message):
-                return _requeue(message, deps, Dispatch.REQUEUED_LIMIT)
-            budgets.after_wait()  # the slot came from a rollout that ended, and spent
-            if _held_on_budget(message, deps, budgets, batch, held):
-                return Dispatch.HELD_BUDGET
+            waited = _wait_for_slot(message, deps, start_by, budgets=budgets, batch=batch, held=held)
+            if waited is not None:
+                return waited
             continue
         decided = _decide_existing(message, deps, options, row_payload, wait_until=wait_until, booked=booked)
         if decided is not None:
@@ -429,13 +427,12 @@ def _through_the_gate(
     batch: BatchView,
     held: Held | None,
 ) -> Dispatch | None:
-    """Wait at the slot gate when earlier groups wait or the session rate binds, then look at the budget again
-    (spent while it waited: nothing new starts). The outcome when the message may not go on (re-sent or held),
-    None when it may."""
+    """Wait at the slot gate when earlier groups wait or the session rate binds (`_wait_for_slot`), else look at the
+    budget. The outcome when the message may not go on (re-sent or held), None when it may."""
     if deps.clock.monotonic() >= start_by:
         return _requeue(message, deps, Dispatch.REQUEUED_NO_TIME)
-    if deps.slots.must_queue(admission_key(message)) and not _wait_for_slot(deps, start_by, message):
-        return _requeue(message, deps, Dispatch.REQUEUED_LIMIT)  # earlier groups wait, or the session rate binds
+    if deps.slots.must_queue(admission_key(message)):  # earlier groups wait, or the session rate binds
+        return _wait_for_slot(message, deps, start_by, budgets=budgets, batch=batch, held=held)
     if _held_on_budget(message, deps, budgets, batch, held):
         return Dispatch.HELD_BUDGET
     return None
@@ -507,10 +504,25 @@ def admission_key(message: RolloutMessage) -> str:
     return f"{submitted_us:017d}|{message.batch_id}|{message.line or 0:09d}|{message.input_id}|{message.index:05d}"
 
 
-def _wait_for_slot(deps: LifecycleDeps, wait_until: float, message: RolloutMessage) -> bool:
+def _wait_for_slot(
+    message: RolloutMessage,
+    deps: LifecycleDeps,
+    start_by: float,
+    *,
+    budgets: budget.Budgets,
+    batch: BatchView,
+    held: Held | None,
+) -> Dispatch | None:
     """Wait (see `limits.SlotGate`: one poller per process, jittered 0.2-1 s, waiters in group order across every
-    dispatcher through the admission board) until a slot looks free for this rollout."""
-    return deps.slots.wait(wait_until, admission_key(message))
+    dispatcher through the admission board) until a slot looks free for this rollout, then look at the budget again,
+    read afresh: the rollout whose end freed the slot may have spent it. The outcome when the message may not go
+    on (re-sent or held), None when it may."""
+    if not deps.slots.wait(start_by, admission_key(message)):
+        return _requeue(message, deps, Dispatch.REQUEUED_LIMIT)
+    budgets.after_wait()
+    if _held_on_budget(message, deps, budgets, batch, held):
+        return Dispatch.HELD_BUDGET
+    return None
 
 
 def _requeue(message: RolloutMessage, deps: LifecycleDeps, why: Dispatch) -> Dispatch:

@@ -212,11 +212,13 @@ def test_a_batch_budget_holds_that_batch_only(resources: ExperimentResources) ->
     assert Counter(rec.state.value for rec in ledger.rollouts.batch_rollouts("capped"))["succeeded"] == 4
 
 
+@pytest.mark.parametrize("gate_saw_room", [True, False], ids=["no-slot-in-the-transaction", "at-the-gate"])
 def test_a_rollout_that_waited_for_a_slot_looks_at_the_budget_again(
-    resources: ExperimentResources, monkeypatch: pytest.MonkeyPatch
+    resources: ExperimentResources, monkeypatch: pytest.MonkeyPatch, gate_saw_room: bool
 ) -> None:
-    """The gate saw room (another process's view), the dispatch found no slot and waited for one; the rollout that
-    freed it spent the rest of the budget: the waiting one is held, not started (only what was in flight ends)."""
+    """A rollout waits for a slot, at the gate or after the dispatch transaction found none (the gate saw room by
+    another process's view); the rollout that freed it spent the rest of the budget: the waiting one is held, not
+    started (only what was in flight ends)."""
     import time
 
     from rollout_pipeline.lifecycle.dispatch import dispatch_body
@@ -232,7 +234,7 @@ def test_a_rollout_that_waited_for_a_slot_looks_at_the_budget_again(
             pass
         return True
 
-    monkeypatch.setattr(deps.slots, "must_queue", lambda _key: False)  # the gate's view: room
+    monkeypatch.setattr(deps.slots, "must_queue", lambda _key: not gate_saw_room)
     monkeypatch.setattr(deps.slots, "wait", first_ends)
     assert dispatch_body(second.model_dump_json(), deps, wait_until=time.monotonic() + 5) is Dispatch.HELD_BUDGET
     ledger = Ledger.open(resources.table_name)
