@@ -93,6 +93,31 @@ AGENT_KIND_ENV: Final = "ROLLOUTS_AGENT_KIND"
 #: The SageMaker RFT job ARN agents send as `X-Amzn-SageMaker-Job-Arn` when `_rollout.job_arn` is not set.
 JOB_ARN_ENV: Final = "SAGEMAKER_JOB_ARN"
 AgentKind = Literal["art", "rft"]
+#: `_rollout.warmup`: the mark of the warm pool's own invocation (`warmup_payload`). The agent host answers such an
+#: invocation itself and never hands it to the agent; no dataset row may set it (`contracts.rows`), and the
+#: dispatcher never sends it (`contracts.messages.build_agent_payload` drops the pipeline's keys a message carries).
+WARMUP_KEY: Final = "warmup"
+
+
+def warmup_payload(exp_id: str, session_id: str) -> dict[str, Any]:
+    """The warm pool's own invocation: `_rollout.warmup` and nothing a rollout needs (no row, no `exp_id` /
+    `input_id` / `s3_bucket`: were it ever handed to an ART app, ART would save nothing)."""
+    return {"_rollout": {WARMUP_KEY: {"exp_id": exp_id, "session_id": session_id}}}
+
+
+def is_warmup_payload(payload: Any) -> bool:
+    """Whether an invocation's payload is the warm pool's own (`warmup_payload`): the agent host answers it."""
+    rollout = payload.get("_rollout") if isinstance(payload, Mapping) else None
+    return isinstance(rollout, Mapping) and isinstance(rollout.get(WARMUP_KEY), Mapping)
+
+
+#: `warm_sessions` = "auto": aim at the next step's size (the last batch's rollouts, capped by `max_sessions`).
+WARM_AUTO: Final = "auto"
+#: The default of `warm_idle_stop_s`: the pool stops every warm session once the experiment has had no work for
+#: this long (a GRPO training phase is shorter; an abandoned experiment pays at most this much idle memory).
+DEFAULT_WARM_IDLE_STOP_S: Final = 600
+
+
 #: The result object's key under which the agent host reports what the session used (`{"cpu_s": ..., ...}`: the
 #: process CPU seconds and peak RSS of the session, `rollout_pipeline.agent.usage`); the host owns it and
 #: overwrites whatever the agent returned under it. Completion prices the session's CPU with it (`costs`).
@@ -202,6 +227,35 @@ class ExperimentConfig(BaseModel):
     )
     result_max_bytes: int = Field(default=10 * 1024 * 1024, ge=1024, le=100 * 1024 * 1024)
     ledger_ttl_days: int = Field(default=30, ge=1, le=3650)
+    warm_sessions: int | Literal["auto"] = Field(
+        default=0,
+        description="Sessions the warm pool keeps started ahead of the next batch (0: off; auto: the last batch's "
+        "rollouts, capped by max_sessions); they count against max_sessions",
+    )
+    warm_idle_stop_s: int = Field(
+        default=DEFAULT_WARM_IDLE_STOP_S,
+        ge=30,
+        le=86_400,
+        description="Every warm session is stopped once the experiment has had no work for this long",
+    )
+
+    @field_validator("warm_sessions", mode="before")
+    @classmethod
+    def _warm_sessions(cls, value: Any) -> Any:
+        """`auto`, or a count of sessions (`-c warm_sessions=64` arrives as text)."""
+        if isinstance(value, str):
+            text = value.strip().lower()
+            if text == WARM_AUTO:
+                return WARM_AUTO
+            if text in ("", "0", "off", "none"):
+                return 0
+            if not text.isdigit():
+                raise ValueError("must be a number of sessions (0: off) or 'auto'")
+            return int(text)
+        if isinstance(value, int) and not isinstance(value, bool) and not 0 <= value <= 100_000:
+            raise ValueError("must be 0 (off), a number of sessions up to 100000, or 'auto'")
+        return value
+
     session_vcpus: float = Field(
         default=2.0,
         gt=0,
@@ -289,10 +343,20 @@ class ExperimentConfig(BaseModel):
             data["idle_timeout_s"] = max(60, min(DEFAULT_IDLE_TIMEOUT_S, lifetime))
         return data
 
+    @property
+    def warm_pool_on(self) -> bool:
+        """Whether the experiment keeps a warm pool (`warm_sessions` is a count above 0 or `auto`)."""
+        return self.warm_sessions == WARM_AUTO or (isinstance(self.warm_sessions, int) and self.warm_sessions > 0)
+
     def warnings(self) -> list[str]:
         """Settings that are valid but probably wrong (synth prints them; the preflight compares them with the
         account's quotas)."""
         found: list[str] = []
+        if isinstance(self.warm_sessions, int) and self.warm_sessions > self.max_sessions:
+            found.append(
+                f"warm_sessions ({self.warm_sessions}) is above max_sessions ({self.max_sessions}): warm sessions "
+                f"count against max_sessions, so the pool holds at most {self.max_sessions}"
+            )
         if self.max_sessions > ACTIVE_SESSIONS_ELSEWHERE:
             found.append(
                 f"max_sessions ({self.max_sessions}) is above AgentCore's documented active-session quota outside "

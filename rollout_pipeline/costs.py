@@ -146,10 +146,14 @@ class PriceBook:
         what = f"{priced}, {size}"
         return f"local run priced as on {what}" if self.local else what
 
+    @property
+    def billed_memory_gb(self) -> float:
+        """The memory a session is billed for: the configured size, at least AgentCore's minimum."""
+        return max(self.session_memory_gb, MIN_BILLED_MEMORY_GB)
+
     def memory_usd(self, session_s: float) -> float:
-        """Memory of one session living `session_s` seconds (the configured size, at least AgentCore's minimum)."""
-        gb = max(self.session_memory_gb, MIN_BILLED_MEMORY_GB)
-        return max(0.0, session_s) * gb * self.gb_hour_usd / 3600.0
+        """Memory of one session living `session_s` seconds (`billed_memory_gb`)."""
+        return max(0.0, session_s) * self.billed_memory_gb * self.gb_hour_usd / 3600.0
 
     def cpu_usd(self, cpu_s: float) -> float:
         """CPU-seconds (one vCPU busy for a second is one)."""

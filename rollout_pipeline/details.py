@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from rollout_pipeline import ids
@@ -143,6 +143,7 @@ def rollout_event(
         dispatched_at=rec.dispatched_at,
         finished_at=rec.finished_at,
         notified_at=notified_at,
+        session_warmed_at=None if rec.session_warmed_at is None else datetime.fromtimestamp(rec.session_warmed_at, UTC),
     )
     common: dict[str, Any] = {
         "exp_id": rec.exp_id,

@@ -131,6 +131,53 @@ def session_id(exp_id: str, batch_id: str, input_id: str, index: int, attempt: i
     return value
 
 
+#: A warm session's id: `warm-{nonce}-{h}`, `h = sha256(exp/warm/nonce)[:16]`. Three dash-separated parts where an
+#: attempt's session id has at least four (`session_id`), so neither is ever read as the other.
+WARM_PREFIX: Final = "warm"
+_WARM_NONCE_LEN: Final = 24
+
+
+def warm_session_id(exp_id: str, nonce: str | None = None) -> str:
+    """A new warm session id of experiment `exp_id` (started ahead of its rollout by the warm pool): 46 chars of
+    [a-z0-9-], the experiment bound into its hash; `nonce` (24 hex) for a given one."""
+    nonce = nonce or secrets.token_hex(_WARM_NONCE_LEN // 2)
+    return f"{WARM_PREFIX}-{nonce}-{_digest(exp_id, WARM_PREFIX, nonce, length=_SESSION_HASH_LEN)}"
+
+
+def is_warm_session_id(value: str, exp_id: str | None = None) -> bool:
+    """Whether `value` is a warm session id (of experiment `exp_id`, when given: its hash is checked)."""
+    parts = value.split("-")
+    if len(parts) != 3 or parts[0] != WARM_PREFIX or len(parts[1]) != _WARM_NONCE_LEN:
+        return False
+    if exp_id is None:
+        return len(parts[2]) == _SESSION_HASH_LEN
+    return warm_session_id(exp_id, parts[1]) == value
+
+
+@dataclass(frozen=True, slots=True)
+class WarmResultKey:
+    """A result key whose session is a warm session: the experiment, input and session it names. Which attempt
+    ran in the session is the ledger's to say (`lifecycle.completion`)."""
+
+    exp_id: str
+    input_id: str
+    session_id: str
+
+
+def parse_warm_result_key(key: str) -> WarmResultKey:
+    """`{exp_id}/{input_id}/{warm session id}.json`, or `InvalidId` saying why it is not one."""
+    parts = key.split("/")
+    if len(parts) != 3 or not parts[2].endswith(".json"):
+        raise InvalidId(f"result key {key!r} is not of the form exp_id/input_id/session_id.json")
+    exp_id, input_id, file_name = parts
+    validate_exp_id(exp_id)
+    validate_input_id(input_id, accept_plus=True)
+    sid = file_name[: -len(".json")]
+    if not is_warm_session_id(sid, exp_id):
+        raise InvalidId(f"session id {sid!r} in {key!r} is not a warm session of experiment {exp_id!r}")
+    return WarmResultKey(exp_id=exp_id, input_id=input_id, session_id=sid)
+
+
 def session_attempt(session_id_: str) -> int | None:
     """The attempt a session id of ours names (`session_id`: `{batch}-{index}-{attempt}-{hash}`), else None."""
     pieces = session_id_.rsplit("-", 3)

@@ -36,6 +36,15 @@ ROWS_ACCEPTED: Final = "RowsAccepted"
 ROWS_REJECTED: Final = "RowsRejected"
 ROLLOUTS_ENQUEUED: Final = "RolloutsEnqueued"
 REWARD: Final = "Reward"
+#: The warm pool (`lifecycle.warm_pool`, `lifecycle.warm`): rollouts started in a warm session, warm sessions found
+#: dead at dispatch (the rollout took a new session), sessions warmed, kept alive, stopped unused, the pool's size
+#: (a gauge) and its idle memory (GB-seconds of warm sessions that ran no rollout).
+WARM_STARTS: Final = "WarmStarts"
+WARM_DROPPED: Final = "WarmDropped"
+WARMED: Final = "WarmSessionsStarted"
+WARM_KEEPALIVES: Final = "WarmKeepAlives"
+WARM_STOPPED_UNUSED: Final = "WarmStoppedUnused"
+WARM_POOL_SIZE: Final = "WarmPoolSize"
 #: USD: the cost of each rollout that ended (the estimate its event carries, `costs`), summed per invocation.
 ESTIMATED_COST: Final = "EstimatedCost"
 #: Sessions found alive past their attempt's deadline plus `session_grace_s` (their stop failed or came late):

@@ -7,7 +7,7 @@ import os
 from collections.abc import Mapping
 from typing import Any, Final
 
-from aws_cdk import App, CfnResource, Environment, Stack, Tags
+from aws_cdk import Annotations, App, CfnResource, Environment, Stack, Tags
 
 from rollout_pipeline import quotas, topology
 from rollout_pipeline.config import ConfigError, ExperimentConfig
@@ -93,6 +93,7 @@ def build_app(
     settings = DeploySettings.from_context(stack_context(app))
     settings.check_model_url(config.model_base_url)
     settings.check_model_secret_key(config.model_secret_name)
+    config, warm_warning = settings.warm_pool_config(config)
     stack = ExperimentStack(
         app,
         stack_name(config),
@@ -103,5 +104,7 @@ def build_app(
     )
     Tags.of(stack).add(COST_TAG, config.name)
     tag_bare_resources(stack, COST_TAG, config.name)
+    if warm_warning:
+        Annotations.of(stack).add_warning_v2("rollouts:warm-pool", warm_warning)
     nag.add_checks(app)
     return app, stack

@@ -307,6 +307,8 @@ class ExperimentStack(Stack):
         self.ledger.grant_read_write(sweeper.role, query_indexes=True)
         rollout_queue.grant_send_messages(sweeper.role)
         self.agent.grant_stop_session(sweeper.role)
+        if self.config.warm_pool_on:  # the warm pool's warm-ups and keep-alives (`lifecycle.warm_pool`)
+            self.agent.grant_invoke(sweeper.role)
         self.events.bus.grant_put_events_to(sweeper.role)
 
     def pool_table_arn(self) -> str:

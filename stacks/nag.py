@@ -90,11 +90,13 @@ def acknowledge(stack: ExperimentStack) -> None:
         iam5(bucket_prefix(input_bucket, CLAIMS_PREFIX)),
         "Dispatch reads the oversized row payloads ingest wrote under claims/ (keys known only at run time).",
     )
-    ack(
-        default_policy(fns["dispatch"].role),
-        iam5(f"<{logical_id(stack.agent.runtime)}.AgentRuntimeArn>/*"),
-        "grant_invoke_runtime covers the endpoints of this one runtime only (runtime ARN + '/*').",
-    )
+    invokers = ["dispatch", *(["sweeper"] if stack.config.warm_pool_on else [])]  # the warm pool's warm-ups
+    for name in invokers:
+        ack(
+            default_policy(fns[name].role),
+            iam5(f"<{logical_id(stack.agent.runtime)}.AgentRuntimeArn>/*"),
+            "grant_invoke_runtime covers the endpoints of this one runtime only (runtime ARN + '/*').",
+        )
     for name in (n for n in topology.FUNCTION_NAMES if n != "ingest"):
         ack(
             default_policy(fns[name].role),

@@ -15,7 +15,8 @@ The module comes from `--agent-module`, else env `ROLLOUTS_AGENT_MODULE` (the st
    `BedrockAgentCoreApp` entrypoint (SageMaker RFT agents, ART's `AgentCoreRuntimeApp`, a plain `@app.entrypoint`)
    through the RFT adapter (`rft_host`), which answers at once and writes the result object. For kind `rft` the
    adapter's front door starts before the import (the SDK may read `RFT_RUNTIME_ENDPOINT` when it is imported).
-3. Every request of the session enters through `serve`, whatever the kind.
+3. Every request of the session enters through `serve`, whatever the kind: a warm-up invocation of the pipeline's
+   warm pool is answered there and never reaches the agent (`warmup.WarmupGate`); rollouts pass through unchanged.
 4. Every result object the session's ART app saves carries what the session used (`agent.usage`: its CPU seconds,
    for the cost model), installed before the module is imported; the module is not touched.
 
@@ -92,11 +93,14 @@ def load(
 
 def serve(app: Any, host: str, port: int) -> None:
     """Run `app` on `host:port` until the process ends, as `BedrockAgentCoreApp.run` would (uvicorn, access log
-    and info level only in debug). Every request of the session enters here: `/invocations` and `/ping` alike."""
+    and info level only in debug). Every request of the session enters here: `/invocations` and `/ping` alike; the
+    warm pool's warm-up invocations are answered here (`warmup.WarmupGate`), everything else reaches `app`."""
     import uvicorn
 
+    from rollout_pipeline.agent.warmup import WarmupGate
+
     debug = bool(getattr(app, "debug", False))
-    uvicorn.run(app, host=host, port=port, access_log=debug, log_level="info" if debug else "warning")
+    uvicorn.run(WarmupGate(app), host=host, port=port, access_log=debug, log_level="info" if debug else "warning")
 
 
 def authors_traceback(exc: BaseException) -> str:

@@ -41,7 +41,9 @@ class _Detail(BaseModel):
 
 
 class Timings(BaseModel):
-    """When the rollout was submitted, dispatched to ACR, finished (result written) and notified (event sent)."""
+    """When the rollout was submitted, dispatched to ACR, finished (result written) and notified (event sent); and,
+    when it ran in a warm session of the warm pool, when that session was started (it idled, billed memory, from
+    then to `dispatched_at`, and saved the rollout its cold start)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -49,6 +51,9 @@ class Timings(BaseModel):
     dispatched_at: datetime | None = None
     finished_at: datetime | None = None
     notified_at: datetime | None = None
+    session_warmed_at: datetime | None = Field(
+        default=None, description="The warm session's start, when the rollout ran in one (else null)"
+    )
 
 
 class RolloutCost(BaseModel):

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from rollout_pipeline import ids
 from rollout_pipeline.config import ExperimentConfig
 from rollout_pipeline.contracts.attempts import ATTEMPT_TOKEN_KEY
-from rollout_pipeline.contracts.rows import CAPTURE_KEY, FileOptions
+from rollout_pipeline.contracts.rows import CAPTURE_KEY, SYSTEM_ROLLOUT_KEYS, FileOptions
 
 #: Payloads bigger than this travel by reference (claim check in S3) instead of inline.
 CLAIM_CHECK_BYTES: Final = 32 * 1024
@@ -80,9 +80,13 @@ def build_agent_payload(
     config: ExperimentConfig,
     results_bucket: str,
     attempt_token: str | None = None,
+    session_id: str | None = None,
 ) -> dict[str, Any]:
     """The ART-compatible request body: the row plus `_rollout` (ART's keys first, then ours; `attempt_token`
-    when given, see `contracts.attempts`)."""
+    when given, see `contracts.attempts`). `session_id`: the session the attempt runs in when it is not the
+    attempt's own (`message.session_id`): a warm session's. The pipeline's own `_rollout` keys a message carries
+    (rows may not set them: `rows.SYSTEM_ROLLOUT_KEYS`; a message sent by other means might) are dropped, so no
+    request is ever marked as a warm-up or carries another attempt's token."""
     sampling = {
         **options.sampling_params.model_dump(exclude_none=True),
         **dict(rollout_overrides.get("sampling_params") or {}),
@@ -95,7 +99,13 @@ def build_agent_payload(
         "model_id": config.model_id,
         "sampling_params": sampling,
     }
-    rollout.update({k: v for k, v in rollout_overrides.items() if k not in ("sampling_params", CAPTURE_KEY)})
+    rollout.update(
+        {
+            k: v
+            for k, v in rollout_overrides.items()
+            if k not in ("sampling_params", CAPTURE_KEY) and k not in SYSTEM_ROLLOUT_KEYS
+        }
+    )
     if CAPTURE_KEY in rollout_overrides:
         rollout["api_key"] = rollout_overrides[CAPTURE_KEY]
     rollout.update(
@@ -105,7 +115,7 @@ def build_agent_payload(
             "index": message.index,
             "attempt": message.attempt,
             "group_size": message.group_size,
-            "session_id": message.session_id,
+            "session_id": session_id or message.session_id,
             "policy_version": options.policy_version,
         }
     )

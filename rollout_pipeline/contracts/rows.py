@@ -10,7 +10,7 @@ from typing import Any, Final
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rollout_pipeline import ids
-from rollout_pipeline.config import ExperimentConfig, SamplingParams
+from rollout_pipeline.config import WARMUP_KEY, ExperimentConfig, SamplingParams
 from rollout_pipeline.contracts.common import json_size, json_type
 from rollout_pipeline.contracts.secrets import is_secret_field
 
@@ -32,6 +32,7 @@ SYSTEM_ROLLOUT_KEYS: Final = frozenset(
         "session_id",
         "policy_version",
         "attempt_token",
+        WARMUP_KEY,
     }
 )
 #: `_rollout.capture_key`: a per-rollout trace key for a token-capture gateway (ART's gateway keys each rollout's

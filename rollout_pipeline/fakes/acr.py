@@ -17,6 +17,14 @@ counting), ThrottlingException / ServiceQuotaExceededException when exceeded, co
 (424) on a share of first invokes (the session exists anyway; the same id succeeds after `cold_start_ready_s`),
 stops answering ResourceNotFound (sometimes while the session keeps running), Conflict or throttling, and slow
 invoke responses. Seeded: the same seed gives the same faults.
+
+Sessions, as AgentCore keeps them: a session's first invoke pays its cold start (`AcrProfile.first_invoke_s`: the
+response comes that much later), later invokes of the same id reach the same session with no new-session charge,
+a session idle for `idle_timeout_s` is reaped, and (with a profile) an invoke of a session that was stopped or reaped
+answers ResourceNotFoundException (`RuntimeRejected`, as the ACR adapter maps it). The warm pool's warm-up
+invocation (`config.is_warmup_payload`) is answered as the agent host answers it: at once, nothing written, the
+agent's behaviour not consulted (`warmup_behaviour` may fail it); the session is idle from then on. `warmups` and
+`warm_reuses` count them, `rollouts_in` counts the rollouts each session ran (a warm session runs one at most).
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 from rollout_pipeline import ids
+from rollout_pipeline.config import is_warmup_payload
 from rollout_pipeline.ports import (
     ObjectStore,
     RuntimeColdStart,
@@ -89,10 +98,13 @@ class FakeCall:
     at: float  # time.time() when the call reached the fake
     op: Literal["invoke", "stop"]
     session_id: str
-    #: invoke: "started", "reinvoked", "throttled", "quota_exceeded", "cold_start", "rejected", "cannot_start";
-    #: stop: "stopped", "unknown", "throttled", "conflict", "not_found_running"
+    #: invoke: "started", "reinvoked", "throttled", "quota_exceeded", "cold_start", "rejected", "cannot_start",
+    #: "not_found" (a stopped or reaped session), "warmup" (a new session's warm-up), "keepalive" (a warm-up of a
+    #: running session); stop: "stopped", "unknown", "throttled", "conflict", "not_found_running"
     outcome: str
     endpoint: int = 0
+    #: The warm pool's own invocation (`config.is_warmup_payload`), not a rollout.
+    warmup: bool = False
 
 
 @dataclass(frozen=True)
@@ -115,6 +127,13 @@ class AcrProfile:
     cold_start_share: float = 0.0
     #: A cold session answers 424 until this long after its first invoke.
     cold_start_ready_s: float = 1.0
+    #: A new session's first successful invoke answers this much later: its microVM's cold start (AgentCore:
+    #: ~1.3 s for direct code, 0.4-3.3 s for containers; docs/aws-facts.md). Later invokes of it pay nothing.
+    first_invoke_s: float = 0.0
+    #: An invoke of a session that ended (stopped, or reaped at its idle timeout): "not_found" answers
+    #: ResourceNotFoundException; "restarts" starts a new microVM under the same id, as a new session (the
+    #: new-session rate, a cold start), and answers 200: what a public measurement saw (docs/aws-facts.md).
+    ended_session_invoke: Literal["not_found", "restarts"] = "not_found"
     #: Share of stops that fail: ResourceNotFound while the session keeps running, Conflict or throttling (in
     #: equal parts). A failed stop leaves the session running; the next stop of it succeeds (after
     #: `stop_failures_in_a_row` failures).
@@ -227,16 +246,27 @@ class FakeAgentRuntime:
         self.stop_failures: Counter[str] = Counter()
         self.reaped: set[str] = set()
         self.max_active = 0
+        #: Warm-ups (`config.is_warmup_payload`): their behaviour (None: answered), how many, the sessions warmed,
+        #: rollouts run in a session that was warmed first, and rollouts per session.
+        self.warmup_behaviour: Behaviour | None = None
+        self.warmups = 0
+        self.warmed: set[str] = set()
+        self.warm_reuses = 0
+        self.rollouts_in: Counter[str] = Counter()
+        #: Ended sessions an invoke started again (`AcrProfile.ended_session_invoke` "restarts").
+        self.restarted: set[str] = set()
 
     # ---------------------------------------------------------------------------------------------- the port
 
     def invoke(self, session_id: str, payload: Mapping[str, Any]) -> None:
         """InvokeAgentRuntime: record, decide by the behaviour, start the session, schedule the result."""
         now = self._clock()
+        warmup = is_warmup_payload(payload)
         with self._lock:
             call_no = sum(1 for c in self.calls if c.op == "invoke")
             inv = FakeInvocation(call_no, session_id, payload, self.invoked[session_id])
-        behaviour = self.behaviour(inv) if callable(self.behaviour) else self.behaviour
+        chosen = self.warmup_behaviour if warmup else self.behaviour
+        behaviour = (chosen(inv) if callable(chosen) else chosen) or AgentBehaviour()
         latency = behaviour.invoke_latency_s
         if self.profile is not None:
             with self._lock:
@@ -245,28 +275,29 @@ class FakeAgentRuntime:
         endpoint = ids.endpoint_index(session_id, self.profile.endpoints) if self.profile is not None else 0
         with self._lock:
             if self.profile is not None:
-                self._enforce_invoke(now, session_id, endpoint)
+                self._enforce_invoke(now, session_id, endpoint, warmup)
+            new = not self.invoked[session_id]
             if behaviour.kind == "throttle":
-                self.calls.append(FakeCall(now, "invoke", session_id, "throttled", endpoint))
+                self.calls.append(FakeCall(now, "invoke", session_id, "throttled", endpoint, warmup))
                 raise RuntimeThrottled(f"ThrottlingException: rate exceeded for {session_id}")
             if behaviour.kind == "reject":
-                self.calls.append(FakeCall(now, "invoke", session_id, "rejected", endpoint))
+                self.calls.append(FakeCall(now, "invoke", session_id, "rejected", endpoint, warmup))
                 raise RuntimeRejected(f"ValidationException: session {session_id} rejected")
             if behaviour.kind == "cannot_start":
-                self.calls.append(FakeCall(now, "invoke", session_id, "cannot_start", endpoint))
+                self.calls.append(FakeCall(now, "invoke", session_id, "cannot_start", endpoint, warmup))
                 self.invoked[session_id] += 1
                 self.running.add(session_id)
                 self.last_active[session_id] = now
                 raise RuntimeStartFailed(CANNOT_START_MESSAGE)
-            outcome = "reinvoked" if self.invoked[session_id] else "started"
-            self.calls.append(FakeCall(now, "invoke", session_id, outcome, endpoint))
-            self.invoked[session_id] += 1
-            self.payloads[session_id] = payload
-            self.stopped.discard(session_id)
-            self.running.add(session_id)
-            self.last_active[session_id] = None
-            self.max_running = max(self.max_running, len(self.running))
+            if new and self.profile is not None:
+                latency += self.profile.first_invoke_s
+            if warmup:
+                self._warm_up(now, session_id, endpoint)
+            else:
+                self._start_rollout(now, session_id, endpoint, payload)
             timer: threading.Timer | None = None
+            if warmup:
+                behaviour = AgentBehaviour(kind="hang")  # the host answered: nothing runs, nothing is written
             if behaviour.kind not in ("hang", "manual") and behaviour.delay_s > 0:
                 timer = threading.Timer(behaviour.delay_s, self._write, args=(session_id, behaviour))
                 timer.daemon = True
@@ -279,33 +310,71 @@ class FakeAgentRuntime:
         elif behaviour.kind not in ("hang", "manual"):
             self._write(session_id, behaviour)
 
-    def _enforce_invoke(self, now: float, session_id: str, endpoint: int) -> None:
+    def _warm_up(self, now: float, session_id: str, endpoint: int) -> None:
+        """A warm-up (under the lock): answered by the agent host; the session runs, idle from now."""
+        self.calls.append(
+            FakeCall(now, "invoke", session_id, "keepalive" if self.invoked[session_id] else "warmup", endpoint, True)
+        )
+        self.invoked[session_id] += 1
+        self.warmups += 1
+        self.warmed.add(session_id)
+        self.stopped.discard(session_id)
+        self.running.add(session_id)
+        if self.last_active.get(session_id, now) is not None:  # a busy session stays busy
+            self.last_active[session_id] = now
+        self.max_running = max(self.max_running, len(self.running))
+
+    def _start_rollout(self, now: float, session_id: str, endpoint: int, payload: Mapping[str, Any]) -> None:
+        """A rollout's invoke (under the lock): the agent works from now on."""
+        outcome = "reinvoked" if self.invoked[session_id] else "started"
+        self.calls.append(FakeCall(now, "invoke", session_id, outcome, endpoint))
+        self.invoked[session_id] += 1
+        self.rollouts_in[session_id] += 1
+        if session_id in self.warmed:
+            self.warm_reuses += 1
+        self.payloads[session_id] = payload
+        self.stopped.discard(session_id)
+        self.running.add(session_id)
+        self.last_active[session_id] = None
+        self.max_running = max(self.max_running, len(self.running))
+
+    def _enforce_invoke(self, now: float, session_id: str, endpoint: int, warmup: bool = False) -> None:
         """AgentCore's quotas and cold starts for one invoke (under the lock); raises what AgentCore raises."""
         assert self._quota is not None
         assert self.profile is not None
         if not self._quota.data_plane_call(now):
-            self.calls.append(FakeCall(now, "invoke", session_id, "throttled", endpoint))
+            self.calls.append(FakeCall(now, "invoke", session_id, "throttled", endpoint, warmup))
             raise RuntimeRateExceeded("ThrottlingException: data-plane rate exceeded")
         cold_until = self.cold_until.get(session_id)
         if cold_until is not None:
             if now < cold_until:
-                self.calls.append(FakeCall(now, "invoke", session_id, "cold_start", endpoint))
+                self.calls.append(FakeCall(now, "invoke", session_id, "cold_start", endpoint, warmup))
                 raise RuntimeColdStart(f"RuntimeClientError (424): session {session_id} is still starting")
             del self.cold_until[session_id]
             return
+        self._active_sessions(now)  # reaps the sessions idle past the timeout
+        if self.invoked[session_id] and session_id not in self.running:
+            if self.profile.ended_session_invoke == "not_found":
+                self.calls.append(FakeCall(now, "invoke", session_id, "not_found", endpoint, warmup))
+                raise RuntimeRejected(
+                    f"ResourceNotFoundException: session {session_id} is not running (stopped or idle)"
+                )
+            self.invoked[session_id] = 0  # a new microVM under the same id: a new session from here on
+            self.warmed.discard(session_id)
+            self.restarted.add(session_id)
         if session_id in self.running or self.invoked[session_id]:
             return  # an existing session: no new-session quota
         if self._active_sessions(now) >= self.profile.max_active_sessions:
-            self.calls.append(FakeCall(now, "invoke", session_id, "quota_exceeded", endpoint))
+            self.calls.append(FakeCall(now, "invoke", session_id, "quota_exceeded", endpoint, warmup))
             raise RuntimeThrottled(
                 f"ServiceQuotaExceededException: {self.profile.max_active_sessions} active sessions per account"
             )
         if not self._quota.new_session(now, endpoint):
-            self.calls.append(FakeCall(now, "invoke", session_id, "throttled", endpoint))
+            self.calls.append(FakeCall(now, "invoke", session_id, "throttled", endpoint, warmup))
             raise RuntimeRateExceeded(f"ThrottlingException: new session creation rate exceeded (endpoint {endpoint})")
         if self._rng.random() < self.profile.cold_start_share:
             # The microVM exists (it counts and must be stopped) but the agent is not up yet.
-            self.calls.append(FakeCall(now, "invoke", session_id, "cold_start", endpoint))
+            self.calls.append(FakeCall(now, "invoke", session_id, "cold_start", endpoint, warmup))
             self.invoked[session_id] += 1
             self.running.add(session_id)
             self.last_active[session_id] = now
@@ -384,6 +453,14 @@ class FakeAgentRuntime:
             return sorted(self.running)
 
     # ------------------------------------------------------------------------------------------- test hooks
+
+    def lose(self, session_id: str) -> None:
+        """The session dies on AgentCore's side (its microVM is gone, as after the idle timeout): its next invoke
+        answers ResourceNotFoundException (with a profile) and a stop of it ResourceNotFound."""
+        with self._lock:
+            self.running.discard(session_id)
+            self.reaped.add(session_id)
+            self.last_active.pop(session_id, None)
 
     def finish(self, session_id: str, behaviour: AgentBehaviour | None = None) -> str | None:
         """Write the result of a `manual` (or any pending) session now; returns the key, None if not running."""

@@ -375,6 +375,9 @@ class RolloutRecord:
     stop_tries: int = 0
     #: Sessions whose stop answered ResourceNotFound once (a second NotFound confirms the stop).
     stop_not_found: frozenset[str] = field(default_factory=frozenset)
+    #: The attempt runs in a warm session (`ledger.warm`): when that session was started (epoch s); None: its
+    #: session was started by its own dispatch.
+    session_warmed_at: float | None = None
     #: The item as read (plain values), which a write's `rollouts._ItemChange` turns into the item it leaves; empty
     #: for a record made otherwise.
     stored: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
@@ -402,9 +405,12 @@ class RolloutRecord:
         facts = self.span_facts.get(self.attempt, SpanFacts())
         if self.dispatched_at is None or facts.none:  # not dispatched, or its invoke was refused
             return None
+        started = self.dispatched_at
+        if self.session_warmed_at is not None:  # a warm session: it lived (and was billed) from its warm start
+            started = min(started, datetime.fromtimestamp(self.session_warmed_at, UTC))
         return SessionSpan(
             attempt=self.attempt,
-            started_at=self.dispatched_at,
+            started_at=started,
             ended_at=self.finished_at if self.terminal else None,
             idle=self.terminal and self.result_uri is not None,
             cpu_s=facts.cpu_s,
@@ -463,6 +469,7 @@ class RolloutRecord:
             held_until=None if item.get("held_until") is None else int(item["held_until"]),
             stop_tries=int(item.get("stop_tries") or 0),
             stop_not_found=frozenset(item.get("stop_not_found") or ()),
+            session_warmed_at=None if item.get("session_warmed_at") is None else float(item["session_warmed_at"]),
             span_facts=_span_facts(item),
             cost_at=None if item.get("cost_at") is None else from_epoch_ms(item["cost_at"]),
             overdue=frozenset(item.get("overdue_sessions") or ()),
@@ -503,3 +510,108 @@ class Terminal:
             "result_size": self.result_size,
             "cost_at": None if self.cost_at is None else epoch_ms(self.cost_at),
         }
+
+
+class WarmState(StrEnum):
+    """A warm session's `state` (`ledger.warm`): being warmed (its slot taken, its warm-up not yet answered), idle
+    (ready for a rollout: the only state a dispatch takes), being stopped (trimmed, stale or the pool stopping)."""
+
+    WARMING = "warming"
+    IDLE = "idle"
+    STOPPING = "stopping"
+
+
+@dataclass(frozen=True, slots=True)
+class WarmSession:
+    """A warm session's item (`WARM` / `S#{session}`): times in epoch seconds."""
+
+    session_id: str
+    state: WarmState
+    #: When its first warm-up was sent (its microVM's start: its idle memory is billed from then).
+    warmed_at: float
+    #: When its last warm-up or keep-alive was answered (AgentCore's idle timeout counts from then).
+    kept_at: float
+    stop_tries: int = 0
+    #: A stop answered ResourceNotFound once (a second one confirms the stop).
+    stop_not_found: bool = False
+
+    @classmethod
+    def of(cls, raw: Mapping[str, Any]) -> WarmSession:
+        item = item_values(raw)
+        warmed = _float(item, "warmed_at")
+        return cls(
+            session_id=str(item["sk"]).removeprefix("S#"),
+            state=WarmState(item.get("state") or WarmState.WARMING),
+            warmed_at=warmed,
+            kept_at=float(item.get("kept_at") or warmed),
+            stop_tries=_int(item, "stop_tries"),
+            stop_not_found=bool(item.get("stop_not_found")),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class WarmClaim:
+    """Which rollout attempt took a warm session, and when it was warmed (`WS#{session}` / `CLAIM`, written by the
+    dispatch transaction that took it)."""
+
+    session_id: str
+    ref: AttemptRef
+    warmed_at: float
+
+    @classmethod
+    def of(cls, raw: Mapping[str, Any]) -> WarmClaim:
+        item = item_values(raw)
+        return cls(
+            session_id=str(item["pk"]).removeprefix("WS#"),
+            ref=AttemptRef(str(item["batch_id"]), str(item["input_id"]), int(item["index"]), int(item["attempt"])),
+            warmed_at=_float(item, "warmed_at"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class WarmPoolState:
+    """The warm pool's own item (`WARM` / `POOL`): who runs it, when the experiment last had work, whether it is
+    halted and why, the last batch's size (the automatic size), and what it has spent (times in epoch seconds)."""
+
+    lease_owner: str | None = None
+    lease_until: float = 0.0
+    #: The experiment last had work (rollouts queued or in flight, a batch in the window).
+    busy_at: float = 0.0
+    #: A dispatch last took a new session because no warm one was idle: rollouts want the new-session budget.
+    demand_at: float = 0.0
+    #: Why every warm session was stopped and the pool keeps none ("idle", "cancelled", "destroyed", "stopped");
+    #: None: it runs. A batch created after `halted_at` resumes it (never after "destroyed").
+    halted: str | None = None
+    halted_at: float = 0.0
+    last_batch_id: str | None = None
+    last_batch_rollouts: int = 0
+    #: Totals since the pool began: sessions warmed, warm-ups that failed, keep-alives sent, sessions stopped
+    #: without running a rollout and their idle seconds (warmed to stopped), sessions dropped as dead.
+    warmed: int = 0
+    warmup_failures: int = 0
+    keepalives: int = 0
+    stopped_unused: int = 0
+    unused_idle_s: float = 0.0
+    dropped: int = 0
+
+    @classmethod
+    def of(cls, raw: Mapping[str, Any] | None) -> WarmPoolState:
+        if not raw:
+            return cls()
+        item = item_values(raw)
+        return cls(
+            lease_owner=_text(item, "lease_owner"),
+            lease_until=_float(item, "lease_until"),
+            busy_at=_float(item, "busy_at"),
+            demand_at=_float(item, "demand_at"),
+            halted=_text(item, "halted"),
+            halted_at=_float(item, "halted_at"),
+            last_batch_id=_text(item, "last_batch_id"),
+            last_batch_rollouts=_int(item, "last_batch_rollouts"),
+            warmed=_int(item, "warmed"),
+            warmup_failures=_int(item, "warmup_failures"),
+            keepalives=_int(item, "keepalives"),
+            stopped_unused=_int(item, "stopped_unused"),
+            unused_idle_s=_float(item, "unused_idle_s"),
+            dropped=_int(item, "dropped"),
+        )

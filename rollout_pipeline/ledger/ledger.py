@@ -1,8 +1,9 @@
 """The ledger of one experiment: its parts, cut by item, over one table.
 
 `batches` (batch and group items), `rollouts` (the rollout state machine and its outbox), `limits` (the `LIMIT`
-partition: session slots, paced call budgets, the admission board, the policy version) and `release` (the release
-window's items: the window item and the pending groups) share one `LedgerTable`:
+partition: session slots, paced call budgets, the admission board, the policy version), `release` (the release
+window's items: the window item and the pending groups) and `warm` (the warm pool's sessions, claims and pool item)
+share one `LedgerTable`:
 one client, one clock, one TTL rule, one conflict-retry policy. Ingestion, the lifecycle and the SDK all hold a
 `Ledger` (built by `wiring.Wiring.ledger`).
 """
@@ -19,17 +20,20 @@ from rollout_pipeline.ledger.limits import LimitLedger
 from rollout_pipeline.ledger.release import ReleaseLedger
 from rollout_pipeline.ledger.rollouts import RolloutLedger
 from rollout_pipeline.ledger.table import LedgerTable
+from rollout_pipeline.ledger.warm import WarmLedger
 from rollout_pipeline.ports import Clock
 
 
 @dataclass(frozen=True)
 class Ledger:
-    """One experiment's ledger table, by item: batches and groups, rollouts, limits, the release window."""
+    """One experiment's ledger table, by item: batches and groups, rollouts, limits, the release window, the warm
+    pool."""
 
     batches: BatchLedger
     rollouts: RolloutLedger
     limits: LimitLedger
     release: ReleaseLedger
+    warm: WarmLedger
 
     @property
     def table(self) -> LedgerTable:
@@ -50,9 +54,11 @@ class Ledger:
         lifecycle uses, so both agree on the time; `sleep`: the conflict-retry backoff)."""
         table = LedgerTable(table_name, dynamodb_client, ttl_days=ttl_days, clock=clock, sleep=sleep)
         limits = LimitLedger(table)
+        warm = WarmLedger(table, limits)
         return cls(
             batches=BatchLedger(table),
-            rollouts=RolloutLedger(table, limits),
+            rollouts=RolloutLedger(table, limits, warm),
             limits=limits,
             release=ReleaseLedger(table),
+            warm=warm,
         )

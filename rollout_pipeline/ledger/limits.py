@@ -118,21 +118,22 @@ class LimitLedger:
         item = self.table.get(key)
         return {name: from_attribute_value(value) for name, value in item.items()} if item else None
 
-    def take_slot(self, max_sessions: int, shard: int) -> dict[str, Any]:
-        """A transaction item that takes one session slot on counter `shard` if it is below its cap
+    def take_slot(self, max_sessions: int, shard: int, count: int = 1) -> dict[str, Any]:
+        """A transaction item that takes `count` session slots on counter `shard` if it stays within its cap
         (`shard_cap`): the caps sum to `max_sessions` and no counter ever exceeds its cap, so the sum of the
-        counters (the sessions in flight) never exceeds `max_sessions`."""
+        counters (the sessions in flight) never exceeds `max_sessions`. A counter not yet written counts 0: the
+        caller asks for at most its cap there (`SlotShards` and the warm pool choose by the caps)."""
         return {
             "Update": self.table.update_op(
                 keys.session_shard_key(shard),
                 "ADD in_flight :d",
-                "attribute_not_exists(in_flight) OR in_flight < :cap",
-                {":d": 1, ":cap": shard_cap(max_sessions, shard)},
+                "attribute_not_exists(in_flight) OR in_flight <= :room",
+                {":d": count, ":room": shard_cap(max_sessions, shard) - count},
             )
         }
 
-    def free_slot(self, holder: str, *, spent_usd: float = 0.0) -> dict[str, Any]:
-        """A transaction item that gives one session slot back, on the counter `free_shard(holder)` (`holder`:
+    def free_slot(self, holder: str, count: int = 1, *, spent_usd: float = 0.0) -> dict[str, Any]:
+        """A transaction item that gives `count` session slots back, on the counter `free_shard(holder)` (`holder`:
         any text naming the slot's holder, e.g. its session id). A slot may be given back on any counter: a
         counter then below zero only lets more takes through up to its cap, so the sum stays exact and bounded.
 
@@ -143,10 +144,10 @@ class LimitLedger:
         if spent_usd > 0:
             return {
                 "Update": self.table.update_op(
-                    key, "ADD in_flight :d, spent_usd :usd", None, {":d": -1, ":usd": round(spent_usd, 10)}
+                    key, "ADD in_flight :d, spent_usd :usd", None, {":d": -count, ":usd": round(spent_usd, 10)}
                 )
             }
-        return {"Update": self.table.update_op(key, "ADD in_flight :d", None, {":d": -1})}
+        return {"Update": self.table.update_op(key, "ADD in_flight :d", None, {":d": -count})}
 
     def slots_and_spend(self) -> tuple[int, float]:
         """Sessions holding a slot and the experiment's spend so far (USD: every released session's cost), summed

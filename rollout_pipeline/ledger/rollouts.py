@@ -30,6 +30,7 @@ from rollout_pipeline.ledger.items import (
 from rollout_pipeline.ledger.limits import LimitLedger
 from rollout_pipeline.ledger.retry import TRANSACTION_CONFLICT_ATTEMPTS
 from rollout_pipeline.ledger.table import LedgerTable, reason_codes
+from rollout_pipeline.ledger.warm import WarmLedger
 
 QUEUED: Final = RolloutState.QUEUED
 DISPATCHED: Final = RolloutState.DISPATCHED
@@ -124,6 +125,20 @@ class DispatchStart(StrEnum):
     NO_SLOT = "no_slot"  # every session slot is taken: wait and try again
     CANCELLED = "cancelled"  # the batch is cancelled (or unknown)
     NOT_DISPATCHABLE = "not_dispatchable"  # the rollout is not queued for this attempt: read it and decide
+    WARM_TAKEN = "warm_taken"  # the warm session asked for is no longer idle (another dispatch took it, or stopped)
+
+
+def _dispatch_refused(reasons: Sequence[str], *, warm: bool) -> DispatchStart:
+    """Why a dispatch transaction was cancelled, from its reasons (the cancel-flag copy first, the session's
+    items next, the rollout last)."""
+    batch_r, session_r, rollout_r = reasons[0], reasons[1], reasons[-1]
+    if rollout_r == "ConditionalCheckFailed":
+        return DispatchStart.NOT_DISPATCHABLE
+    if batch_r == "ConditionalCheckFailed":
+        return DispatchStart.CANCELLED
+    if session_r == "ConditionalCheckFailed":
+        return DispatchStart.WARM_TAKEN if warm else DispatchStart.NO_SLOT
+    raise LedgerError(f"dispatch transaction cancelled: {reasons}")
 
 
 # ------------------------------------------------------------------------------------------------- the ledger
@@ -132,12 +147,14 @@ class DispatchStart(StrEnum):
 class RolloutLedger:
     """The rollout state machine and its outbox: the rollout items of one ledger table and their conditional
     transitions, through the table's gateway (`table.LedgerTable`). The transitions that take or give back a
-    session slot put `limits`' slot items into their transactions."""
+    session slot put `limits`' slot items into their transactions; a dispatch into a warm session puts `warm`'s
+    claim into its transaction instead."""
 
-    def __init__(self, table: LedgerTable, limits: LimitLedger) -> None:
+    def __init__(self, table: LedgerTable, limits: LimitLedger, warm: WarmLedger | None = None) -> None:
         self.table = table
         self.table_name = table.name
         self.limits = limits
+        self.warm = warm if warm is not None else WarmLedger(table, limits)
 
     # ---------------------------------------------------------------------------------------------- reads
 
@@ -241,6 +258,7 @@ class RolloutLedger:
         policy_version: str | None,
         batch_policy_version: str | None = None,
         slot_shard: int = 0,
+        warmed_at: float | None = None,
     ) -> DispatchStart:
         """Acquire a session slot and move the rollout to dispatched(attempt), in one transaction.
 
@@ -248,6 +266,9 @@ class RolloutLedger:
         slot counter `slot_shard` is below its cap (`LimitLedger.take_slot`); the rollout has no item yet (attempt
         1) or is queued for exactly this attempt, so a redelivered message never starts a second session.
         `batch_policy_version` (the batch's) is kept only when it differs from `policy_version`.
+        `warmed_at` (epoch s): `session_id` is a warm session of the pool, started then: the transaction takes it
+        instead of a slot (`WarmLedger.claim_ops`: it must still be idle, and keeps its slot), and the rollout
+        records when its session started (`session_warmed_at`).
         """
         keep_batch_pv = batch_policy_version is not None and batch_policy_version != policy_version
         rollout_cond = "(#st = :queued AND attempt = :attempt)"
@@ -266,11 +287,11 @@ class RolloutLedger:
             "input_id = :input, #ix = :index, submitted_at = if_not_exists(submitted_at, :submitted), "
             "dispatched_at = :now, deadline = :deadline, #dlpk = :dlpk, #dlsk = :deadline, expires_at = :ttl, "
             "policy_version = :pv"
-            + (
-                ", batch_policy_version = :bpv REMOVE invoked_at"
-                if keep_batch_pv
-                else " REMOVE invoked_at, batch_policy_version"
-            ),
+            + (", batch_policy_version = :bpv" if keep_batch_pv else "")
+            + (", session_warmed_at = :warmed" if warmed_at is not None else "")
+            + " REMOVE invoked_at"
+            + ("" if keep_batch_pv else ", batch_policy_version")
+            + ("" if warmed_at is not None else ", session_warmed_at"),
             rollout_cond,
             {
                 ":queued": QUEUED,
@@ -288,22 +309,17 @@ class RolloutLedger:
                 ":ttl": self.table.expires_at(),
                 ":pv": policy_version,
                 **({":bpv": batch_policy_version} if keep_batch_pv else {}),
+                **({":warmed": warmed_at} if warmed_at is not None else {}),
             },
             {"#st": "state", "#ix": "index", "#dlpk": keys.DEADLINE_PK, "#dlsk": keys.DEADLINE_SK},
         )
-        reasons = self._transact(
-            [batch_check, self.limits.take_slot(max_sessions, slot_shard), {"Update": rollout_update}]
-        )
-        if reasons is None:
-            return DispatchStart.STARTED
-        batch_r, slot_r, rollout_r = (reasons + ["None"] * 3)[:3]
-        if rollout_r == "ConditionalCheckFailed":
-            return DispatchStart.NOT_DISPATCHABLE
-        if batch_r == "ConditionalCheckFailed":
-            return DispatchStart.CANCELLED
-        if slot_r == "ConditionalCheckFailed":
-            return DispatchStart.NO_SLOT
-        raise LedgerError(f"dispatch transaction cancelled: {reasons}")
+        if warmed_at is not None:
+            ref = AttemptRef(batch_id, input_id, index, attempt)
+            session_ops = self.warm.claim_ops(session_id, ref, warmed_at=warmed_at)
+        else:
+            session_ops = [self.limits.take_slot(max_sessions, slot_shard)]
+        reasons = self._transact([batch_check, *session_ops, {"Update": rollout_update}])
+        return DispatchStart.STARTED if reasons is None else _dispatch_refused(reasons, warm=warmed_at is not None)
 
     def mark_invoked(self, ref: AttemptRef) -> bool:
         """Record that InvokeAgentRuntime succeeded; False if the attempt is no longer dispatched (cancel/late)."""
@@ -328,6 +344,44 @@ class RolloutLedger:
             {"#st": "state", "#dlpk": keys.DEADLINE_PK, "#dlsk": keys.DEADLINE_SK},
         )
         return self._transact([{"Update": update}, self.limits.free_slot(slot_holder(ref))]) is None
+
+    def release_warm(
+        self, ref: AttemptRef, session_id: str, *, next_session_id: str, hold_slot_until: int
+    ) -> RolloutRecord | None:
+        """The warm session `session_id` attempt `ref` was dispatched into is dead (its invoke answered NotFound,
+        was rejected or kept failing; it never started the rollout): dispatched(n) -> queued(n) on
+        `next_session_id` (the attempt's own), the attempt kept. The warm session is not given back to the pool:
+        its stop goes into the outbox and its slot stays held until the stop is confirmed (`free_stopped`), or
+        `hold_slot_until` (epoch s). Returns the rollout as written, None when it moved on meanwhile (not
+        dispatched in that session, or invoked)."""
+        attributes = self.table.update(
+            keys.rollout_key(ref.batch_id, ref.input_id, ref.index),
+            "SET #st = :queued, session_id = :next, #obpk = :obpk, #obsk = :obsk, outbox_id = :obid, "
+            "outbox_lease = :oblease, held_until = :held "
+            "ADD outbox :stop, stop_sessions :s, held_slots :s "
+            "REMOVE dispatched_at, invoked_at, deadline, #dlpk, #dlsk, session_warmed_at",
+            "#st = :dispatched AND attempt = :attempt AND session_id = :sid AND attribute_not_exists(invoked_at)",
+            {
+                ":queued": QUEUED,
+                ":dispatched": DISPATCHED,
+                ":attempt": ref.attempt,
+                ":sid": session_id,
+                ":next": next_session_id,
+                ":held": hold_slot_until,
+                ":stop": {OUTBOX_STOP},
+                ":s": {session_id},
+                **self._outbox_values(ref),
+            },
+            {
+                "#st": "state",
+                "#dlpk": keys.DEADLINE_PK,
+                "#dlsk": keys.DEADLINE_SK,
+                "#obpk": keys.OUTBOX_PK,
+                "#obsk": keys.OUTBOX_SK,
+            },
+            return_values="ALL_NEW",
+        )
+        return None if attributes is None else RolloutRecord.of(attributes)
 
     def _outbox_values(self, ref: AttemptRef) -> dict[str, Any]:
         """A new outbox entry (its index key, id and the writer's lease), stamped now."""

@@ -22,6 +22,7 @@ stopped once the budget is raised (docs/costs.md, "Budget").
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from dataclasses import dataclass
 from datetime import timedelta
@@ -165,6 +166,13 @@ class Budgets:
                 self._experiment = check(self._deps)
                 self._read_at = now
             return self._experiment
+
+    def after_wait(self) -> None:
+        """The caller waited for a slot, which a rollout ending freed, adding to the spend: the experiment's next
+        look reads its budget again (when it has one)."""
+        with self._lock:
+            if self._experiment is not None and self._experiment.budget_usd is not None:
+                self._read_at = -math.inf
 
     def spent(self, batch: BatchView) -> Scope | None:
         """Which budget holds `batch`'s rollouts back ("experiment" first), None when both have room."""

@@ -17,6 +17,7 @@ from rollout_pipeline.lifecycle import publishing, stops
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.failures import fail_rollout
 from rollout_pipeline.lifecycle.metrics import CANCELLED
+from rollout_pipeline.lifecycle.warm_pool import halt_if_nothing_runs
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,8 @@ class CancelResult:
     already_terminal: int = 0
     sessions_stopped: int = 0
     stops_pending: int = 0
+    #: Warm sessions of the pool stopped because nothing else is left to run (`warm_pool.halt_if_nothing_runs`).
+    warm_sessions_stopped: int = 0
     drain_errors: list[str] = field(default_factory=list)
 
 
@@ -143,4 +146,9 @@ def cancel_batch(batch_id: str, deps: LifecycleDeps) -> CancelResult:
                         report.sessions_stopped += 1
             else:
                 report.already_terminal += 1
+    try:
+        report.warm_sessions_stopped = halt_if_nothing_runs(deps, batch_id)
+    except Exception as exc:  # the pool's idle stop (warm_idle_stop_s) still ends them
+        log.warning("warm pool not stopped after the cancel of %s: %s", batch_id, exc)
+        report.drain_errors.append(f"warm pool: {exc}")
     return report

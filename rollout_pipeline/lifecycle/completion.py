@@ -1,7 +1,11 @@
 """Completion: a result object in the results bucket -> exactly one terminal transition -> events.
 
 Input: the S3 "Object Created" EventBridge event (the completion queue's message body). The key names the attempt
-(`ids.parse_result_key`). If that attempt is dispatched: read the result (size-capped), then ONE transaction:
+(`ids.parse_result_key`), or, for a warm session (started by the warm pool before its rollout was known:
+`ids.parse_warm_result_key`), the session: the result is read first and the attempt it names (ART's copy of the
+request, `payload._rollout`: batch, index, attempt; else the claim the dispatch wrote, one read) is accepted only if
+the ledger says that attempt runs in that session. Every result must come from the session the ledger records for
+its attempt. If that attempt is dispatched: read the result (size-capped), then ONE transaction:
 rollout -> succeeded/failed, group and batch counters, outbox {publish, stop}, the session's slot held. Then the
 events at once (`publishing.drain`), and only after every record of the SQS batch was published, the stops
 (`stops.finish_stops`: they free the slots; a failed stop stays in the outbox). The trainer hears of a result
@@ -145,20 +149,86 @@ def handle_result_event(
     bucket, carried = location
     if bucket != deps.settings.results_bucket:
         return _late(deps, f"bucket {bucket} is not the results bucket", carried)
-    parsed: list[tuple[str, ids.ResultRef]] = []
+    parsed: list[tuple[str, ids.ResultRef | ids.WarmResultKey]] = []
     why = ""
     for key in routing.event_key_candidates(carried):
         try:
-            parsed.append((key, ids.parse_result_key(key)))
+            parsed.append((key, _parse_key(key)))
         except ids.InvalidId as exc:
             why = why or str(exc)
     if not parsed:
         return _late(deps, why, carried)
-    for position, (key, ref) in enumerate(parsed):
-        done = _handle_result(bucket, key, ref, event, deps, stops_later=stops_later, last=position == len(parsed) - 1)
+    for position, (key, named) in enumerate(parsed):
+        last = position == len(parsed) - 1
+        if isinstance(named, ids.WarmResultKey):
+            done = _handle_warm_result(bucket, key, named, event, deps, stops_later=stops_later, last=last)
+        else:
+            done = _handle_result(bucket, key, named, event, deps, stops_later=stops_later, last=last)
         if done is not None:
             return done
     return _late(deps, "the result object is gone", carried)
+
+
+def _parse_key(key: str) -> ids.ResultRef | ids.WarmResultKey:
+    """The attempt a result key names, or the warm session it names; `InvalidId` when it is not ours."""
+    try:
+        return ids.parse_result_key(key)
+    except ids.InvalidId:
+        try:
+            return ids.parse_warm_result_key(key)
+        except ids.InvalidId:
+            pass
+        raise
+
+
+def _handle_warm_result(
+    bucket: str,
+    key: str,
+    warm: ids.WarmResultKey,
+    event: Mapping[str, Any],
+    deps: LifecycleDeps,
+    *,
+    stops_later: list[RolloutRecord] | None,
+    last: bool,
+) -> Completion | None:
+    """A result of a warm session: the attempt is the one the result names (ART's copy of the request), else the
+    one the dispatch's claim records; `_handle_result` then accepts it only if that attempt runs in this session."""
+    bind_log_ids(session_id=warm.session_id)
+    if warm.exp_id != deps.config.name:
+        return _late(deps, f"experiment {warm.exp_id} is not {deps.config.name}", key)
+    try:
+        read = read_result(deps.store, bucket, key, max_bytes=deps.config.result_max_bytes)
+    except ObjectNotFound:
+        return _late(deps, "the result object is gone", key) if last else None
+    named = attempt_named_by(read.outcome.body)
+    if named is None:
+        claim = deps.ledger.warm.claim_of(warm.session_id)
+        named = None if claim is None else (claim.ref.batch_id, claim.ref.index, claim.ref.attempt)
+    if named is None:
+        return _late(deps, f"no rollout attempt took warm session {warm.session_id}", key)
+    batch_id, index, attempt = named
+    ref = ids.ResultRef(batch_id, warm.input_id, index, attempt, exp_id=warm.exp_id, session_id=warm.session_id)
+    return _handle_result(bucket, key, ref, event, deps, stops_later=stops_later, last=last, read=read)
+
+
+def attempt_named_by(body: Mapping[str, Any] | None) -> tuple[str, int, int] | None:
+    """The attempt (batch, index, attempt) a result names in ART's copy of its request (`payload._rollout`), when
+    it names one well-formed; the ledger decides whether it is that attempt's (its session must be the key's)."""
+    payload = body.get("payload") if isinstance(body, Mapping) else None
+    rollout = payload.get("_rollout") if isinstance(payload, Mapping) else None
+    if not isinstance(rollout, Mapping):
+        return None
+    batch_id, index, attempt = rollout.get("batch_id"), rollout.get("index"), rollout.get("attempt")
+    if not isinstance(batch_id, str) or not ids.BATCH_ID_RE.fullmatch(batch_id):
+        return None
+    if (
+        isinstance(index, bool)
+        or isinstance(attempt, bool)
+        or not isinstance(index, int)
+        or not isinstance(attempt, int)
+    ):
+        return None
+    return (batch_id, index, attempt) if index >= 0 and attempt >= 1 else None
 
 
 def _handle_result(
@@ -170,9 +240,10 @@ def _handle_result(
     *,
     stops_later: list[RolloutRecord] | None,
     last: bool,
+    read: ResultRead | None = None,
 ) -> Completion | None:
     """`handle_result_event` for one reading of the key; None when its object is not found and another reading
-    is left to try."""
+    is left to try. `read`: the result, when already read."""
     bind_log_ids(batch_id=ref.batch_id, rollout_id=ref.rollout_id, session_id=ref.session_id)
     if ref.exp_id != deps.config.name:
         return _late(deps, f"experiment {ref.exp_id} is not {deps.config.name}", key)
@@ -185,9 +256,12 @@ def _handle_result(
         return _late(deps, "its side effects are being finished by another worker", key)
     if rec.state != DISPATCHED or rec.attempt != ref.attempt:
         return _late(deps, f"rollout is {rec.state} (attempt {rec.attempt}), result is of attempt {ref.attempt}", key)
+    if rec.session_id != ref.session_id:
+        return _late(deps, f"attempt {rec.attempt} runs in session {rec.session_id}, not {ref.session_id}", key)
 
     try:
-        read = read_result(deps.store, bucket, key, max_bytes=deps.config.result_max_bytes)
+        if read is None:
+            read = read_result(deps.store, bucket, key, max_bytes=deps.config.result_max_bytes)
         if _foreign(read, bucket, key, ref, deps):
             return Completion.FOREIGN
     except ObjectNotFound:

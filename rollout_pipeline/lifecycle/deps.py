@@ -18,6 +18,7 @@ from rollout_pipeline.lifecycle.limits.pacing import LimitedRuntime, Pacer, dedi
 from rollout_pipeline.lifecycle.limits.pool import CALLS_PACE, SESSION_PACE, CapacityLease
 from rollout_pipeline.lifecycle.limits.slots import SlotShards
 from rollout_pipeline.lifecycle.metrics import MetricsRecorder
+from rollout_pipeline.lifecycle.warm import WarmTaker
 from rollout_pipeline.ports import AgentRuntime, Clock, EventPublisher, MessageQueue, ObjectStore, SystemClock
 from rollout_pipeline.quotas import AccountQuotas, PoolSettings
 
@@ -59,6 +60,9 @@ class LifecycleDeps:
     #: The key of attempt tokens (`contracts.attempts`): the dispatcher puts the attempt's token into every request
     #: and completion accepts only results that carry it. None: neither (tests of other things, old deployments).
     attempt_key: Callable[[], bytes] | None = None
+    #: How long the sweeper keeps ticking the warm pool after its sweep, while the pool has work
+    #: (`lifecycle.warm_pool.run_pool`); 0: one tick (local mode ticks it on its own schedule).
+    warm_loop_s: float = 50.0
     #: The account pool (`ledger.pool`): every experiment of the account leases its share of AgentCore's quotas
     #: there (`limits.pool.CapacityLease`). None: no pool, the experiment keeps its own limits (`standalone_limits`).
     pool: PoolLedger | None = None
@@ -72,6 +76,8 @@ class LifecycleDeps:
     slots: SlotGate = field(init=False)
     slot_shards: SlotShards = field(init=False)
     lease: CapacityLease | None = field(init=False, default=None)
+    #: This process's view of the warm pool's idle sessions (`lifecycle.warm`): dispatch takes one first.
+    warm: WarmTaker = field(init=False)
 
     def __post_init__(self) -> None:
         if self.invoke_time_s is None:
@@ -116,6 +122,9 @@ class LifecycleDeps:
             in_flight_and_board=self.slot_shards.in_flight_and_board,
             monotonic=self.clock.monotonic,
             sleep=self.clock.sleep,
+        )
+        self.warm = WarmTaker(
+            self.ledger.warm, config, wall=lambda: self.clock.now().timestamp(), monotonic=self.clock.monotonic
         )
 
     def max_sessions(self) -> int:

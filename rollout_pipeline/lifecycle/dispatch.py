@@ -15,6 +15,9 @@ stopped. A read timeout after sending is never re-sent (the deadline decides).
 An invoke is started only if it can end inside the invocation (`wait_until` minus the runtime's longest call,
 `LifecycleDeps.invoke_time_s`): waits for a slot or a budget end that much earlier, and a message left without
 that time is re-sent fresh (counted as a limit wait), never dropped.
+With the warm pool on, a message first takes an idle warm session (`lifecycle.warm`): no slot wait and no
+new-session budget (the session holds its slot, and exists), the same payload and result key form; a dead one is
+dropped and the attempt goes on with a new session as above (`_drop_warm`).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from typing import Any
 from rollout_pipeline import ids
 from rollout_pipeline.contracts import FailureReason, FileOptions, RolloutMessage, build_agent_payload, iso
 from rollout_pipeline.ledger.batches import batch_options
-from rollout_pipeline.ledger.items import BatchView, RolloutRecord
+from rollout_pipeline.ledger.items import BatchView, RolloutRecord, WarmSession
 from rollout_pipeline.ledger.rollouts import (
     DISPATCHED,
     OUTBOX_PUBLISH,
@@ -51,15 +54,19 @@ from rollout_pipeline.lifecycle.metrics import (
     IN_FLIGHT,
     LIMIT_WAITS,
     NEW_SESSIONS,
+    WARM_DROPPED,
+    WARM_STARTS,
 )
 from rollout_pipeline.lifecycle.metrics import (
     DISPATCHED as DISPATCHED_METRIC,
 )
+from rollout_pipeline.lifecycle.warm import MAX_TRIES
 from rollout_pipeline.observability import bind_log_ids
 from rollout_pipeline.ports import (
     RuntimeColdStart,
     RuntimeOutcomeUnknown,
     RuntimeRejected,
+    RuntimeSessionNotFound,
     RuntimeStartFailed,
     RuntimeThrottled,
 )
@@ -75,6 +82,7 @@ class Dispatch(StrEnum):
     """What happened to one message (every value but a raised exception acknowledges it)."""
 
     INVOKED = "invoked"  # a new session was started
+    WARM = "warm"  # started in a warm session of the pool
     REINVOKED = "reinvoked"  # crash recovery: the same session id invoked again
     DUPLICATE = "duplicate"  # this attempt is already running
     STALE = "stale"  # the rollout has moved on (later attempt or terminal)
@@ -204,6 +212,12 @@ def dispatch_body(
     # the message is redelivered, instead of after `begin_dispatch`, where it burnt an attempt and a slot until the
     # rollout's deadline.
     token = deps.attempt_token(message.exp_id, message.session_id)
+    warm = _dispatch_warm(message, deps, options, row_payload, batches, wait_until=wait_until)
+    if warm is not None:
+        if held is not None:
+            held.release()
+        return warm
+    deps.warm.note_cold()
     start_by = deps.invoke_start_by(wait_until)  # every wait before an invoke ends by then
     waited = _through_the_gate(message, deps, start_by, budgets=budgets, batch=batch, held=held)
     if waited is not None:
@@ -211,20 +225,7 @@ def dispatch_body(
     booked = (lambda _start: held.release()) if held is not None else None
     for _ in range(20):
         shard = deps.slot_shards.choose()
-        start = deps.ledger.rollouts.begin_dispatch(
-            exp_id=message.exp_id,
-            batch_id=message.batch_id,
-            input_id=message.input_id,
-            index=message.index,
-            attempt=message.attempt,
-            session_id=message.session_id,
-            submitted_at=iso(message.submitted_at),
-            deadline=int((deps.now() + timedelta(seconds=options.rollout_timeout_s)).timestamp()),
-            max_sessions=deps.max_sessions(),
-            policy_version=batches.policy_version(options.policy_version),
-            batch_policy_version=options.policy_version,
-            slot_shard=shard,
-        )
+        start = _begin(message, deps, options, batches, slot_shard=shard)
         if start is DispatchStart.STARTED:
             deps.slot_shards.taken(shard)
             return _invoke(
@@ -236,18 +237,185 @@ def dispatch_body(
             deps.slot_shards.full(shard)
             if deps.slot_shards.room() > 0:
                 continue  # another counter has room by this process's view
-            if not _wait_for_slot(deps, start_by, message):
-                return _requeue(message, deps, Dispatch.REQUEUED_LIMIT)
+            waited = _wait_for_slot(message, deps, start_by, budgets=budgets, batch=batch, held=held)
+            if waited is not None:
+                return waited
             continue
-        rec = deps.ledger.rollouts.get_rollout(message.batch_id, message.input_id, message.index)
-        decided = _existing(message, rec, deps)
-        if decided is Dispatch.REINVOKED:
-            return _invoke(
-                message, deps, options, row_payload, token, wait_until=wait_until, reinvoke=True, booked=booked
-            )
+        decided = _decide_existing(message, deps, options, row_payload, wait_until=wait_until, booked=booked)
         if decided is not None:
             return decided
     raise LedgerError(f"rollout {message.rollout_id} of {message.batch_id}: dispatch kept racing")
+
+
+def _begin(
+    message: RolloutMessage,
+    deps: LifecycleDeps,
+    options: FileOptions,
+    batches: BatchReads,
+    *,
+    slot_shard: int = 0,
+    warm: WarmSession | None = None,
+) -> DispatchStart:
+    """The dispatch transaction of this attempt: a slot on `slot_shard` and the attempt's own session, or `warm`."""
+    return deps.ledger.rollouts.begin_dispatch(
+        exp_id=message.exp_id,
+        batch_id=message.batch_id,
+        input_id=message.input_id,
+        index=message.index,
+        attempt=message.attempt,
+        session_id=message.session_id if warm is None else warm.session_id,
+        submitted_at=iso(message.submitted_at),
+        deadline=int((deps.now() + timedelta(seconds=options.rollout_timeout_s)).timestamp()),
+        max_sessions=deps.max_sessions(),
+        policy_version=batches.policy_version(options.policy_version),
+        batch_policy_version=options.policy_version,
+        slot_shard=slot_shard,
+        warmed_at=None if warm is None else warm.warmed_at,
+    )
+
+
+def _decide_existing(
+    message: RolloutMessage,
+    deps: LifecycleDeps,
+    options: FileOptions,
+    row_payload: dict[str, Any],
+    *,
+    wait_until: float,
+    booked: Callable[[float], None] | None = None,
+) -> Dispatch | None:
+    """The attempt was not dispatchable: read it and decide (`_existing`); a re-invoke goes to the session the
+    attempt was dispatched into (its token that session's). None: it is queued for this attempt (try the
+    transaction again)."""
+    rec = deps.ledger.rollouts.get_rollout(message.batch_id, message.input_id, message.index)
+    decided = _existing(message, rec, deps)
+    if decided is Dispatch.REINVOKED and rec is not None:
+        session = rec.session_id or message.session_id
+        token = deps.attempt_token(message.exp_id, session)
+        return _invoke(
+            message,
+            deps,
+            options,
+            row_payload,
+            token,
+            wait_until=wait_until,
+            reinvoke=True,
+            booked=booked,
+            session=session,
+        )
+    return decided
+
+
+def _dispatch_warm(
+    message: RolloutMessage,
+    deps: LifecycleDeps,
+    options: FileOptions,
+    row_payload: dict[str, Any],
+    batches: BatchReads,
+    *,
+    wait_until: float,
+) -> Dispatch | None:
+    """Start this attempt in an idle warm session of the pool (`lifecycle.warm`). None: the pool had none (or the
+    one taken was dead and dropped, the attempt queued again): the caller dispatches a new session."""
+    if not deps.warm.enabled or deps.clock.monotonic() >= deps.invoke_start_by(wait_until):
+        return None
+    for _ in range(MAX_TRIES):
+        warm = deps.warm.next()
+        if warm is None:
+            return None
+        token = deps.attempt_token(message.exp_id, warm.session_id)  # before any ledger write, as for a new session
+        start = _begin(message, deps, options, batches, warm=warm)
+        if start is DispatchStart.WARM_TAKEN:
+            deps.warm.collided()
+            continue
+        if start is DispatchStart.CANCELLED:
+            return _cancelled(message, deps, options)
+        if start is DispatchStart.NOT_DISPATCHABLE:
+            return _decide_existing(message, deps, options, row_payload, wait_until=wait_until)
+        deps.warm.took()
+        return _invoke_warm(
+            message, deps, options, row_payload, session_id=warm.session_id, attempt_token=token, wait_until=wait_until
+        )
+    return None
+
+
+class _WarmDead(Exception):
+    """The warm session taken cannot run the rollout (see `_call_warm`)."""
+
+
+def _invoke_warm(
+    message: RolloutMessage,
+    deps: LifecycleDeps,
+    options: FileOptions,
+    row_payload: dict[str, Any],
+    *,
+    session_id: str,
+    attempt_token: str | None,
+    wait_until: float,
+) -> Dispatch | None:
+    """InvokeAgentRuntime of a dispatched attempt in the warm session it took (an existing session: the `tps`
+    budget only). None when the session was dead and dropped (`_drop_warm`): the attempt is queued again."""
+    payload = _agent_payload(message, deps, options, row_payload, session_id=session_id, attempt_token=attempt_token)
+    try:
+        _call_warm(session_id, payload, deps, deps.invoke_start_by(wait_until))
+    except RuntimeStartFailed as exc:
+        return _start_failed(message, deps, str(exc), wait_until)
+    except _WarmDead as dead:
+        return _drop_warm(message, deps, session_id, str(dead), wait_until)
+    if not deps.ledger.rollouts.mark_invoked(message.ref):
+        return _stop_late(message, deps, wait_until, session_id)
+    deps.metrics.count(DISPATCHED_METRIC)
+    deps.metrics.count(WARM_STARTS)
+    return Dispatch.WARM
+
+
+def _call_warm(session_id: str, payload: Mapping[str, Any], deps: LifecycleDeps, start_by: float) -> None:
+    """Invoke the rollout in warm session `session_id`, throttles retried as for any invoke. Raises `_WarmDead`
+    when it cannot run there: NotFound or rejected (stopped, idled out, lost), 424 (it is starting again: not the
+    session that was warmed), throttled past the retries, or no budget in time (no call was made);
+    RuntimeStartFailed as it is. An outcome unknown returns (it may be running: the deadline decides)."""
+    for attempt in range(deps.invoke_retries + 1):
+        try:
+            deps.limited.invoke(session_id, payload, wait_until=start_by, new_session=False)
+            return
+        except RuntimeOutcomeUnknown as exc:
+            log.warning("invoke of warm session %s: outcome unknown (%s); the deadline decides", session_id, exc)
+            return
+        except NoCallBudget as exc:
+            raise _WarmDead(str(exc)) from exc
+        except RuntimeThrottled as exc:
+            backoff = min(0.25 * 2**attempt, 4.0) * random.uniform(0.5, 1.0)
+            if attempt == deps.invoke_retries or deps.clock.monotonic() + backoff > start_by:
+                raise _WarmDead(f"kept throttling: {exc}") from exc
+            deps.clock.sleep(backoff)
+        except (RuntimeRejected, RuntimeColdStart, RuntimeSessionNotFound) as exc:
+            raise _WarmDead(str(exc)) from exc
+
+
+def _drop_warm(
+    message: RolloutMessage, deps: LifecycleDeps, session_id: str, why: str, wait_until: float
+) -> Dispatch | None:
+    """The warm session cannot run the rollout: the attempt goes back to queued (the same attempt: none is lost)
+    with the warm session's stop in its outbox and its slot held until the stop is confirmed; the stop is tried at
+    once (`stops.finish_stops`; a failed one stays for the sweeper). None: the caller dispatches a new session;
+    STALE when the attempt moved on meanwhile (cancelled: the cancel stops the session)."""
+    log.warning(
+        "warm session %s of %s/%s is dead (%s): the rollout takes a new session",
+        session_id,
+        message.batch_id,
+        message.rollout_id,
+        why[:300],
+    )
+    deps.metrics.count(WARM_DROPPED)
+    after = deps.ledger.rollouts.release_warm(
+        message.ref, session_id, next_session_id=message.session_id, hold_slot_until=stops.hold_until(deps)
+    )
+    if after is None:
+        return Dispatch.STALE
+    try:
+        stops.finish_stops(after, deps, wait_until)
+    except Exception:  # the outbox keeps the stop: the sweeper retries it
+        log.warning("stop of dead warm session %s pending", session_id, exc_info=True)
+    return None
 
 
 def _through_the_gate(
@@ -259,13 +427,12 @@ def _through_the_gate(
     batch: BatchView,
     held: Held | None,
 ) -> Dispatch | None:
-    """Wait at the slot gate when earlier groups wait or the session rate binds, then look at the budget again
-    (spent while it waited: nothing new starts). The outcome when the message may not go on (re-sent or held),
-    None when it may."""
+    """Wait at the slot gate when earlier groups wait or the session rate binds (`_wait_for_slot`), else look at the
+    budget. The outcome when the message may not go on (re-sent or held), None when it may."""
     if deps.clock.monotonic() >= start_by:
         return _requeue(message, deps, Dispatch.REQUEUED_NO_TIME)
-    if deps.slots.must_queue(admission_key(message)) and not _wait_for_slot(deps, start_by, message):
-        return _requeue(message, deps, Dispatch.REQUEUED_LIMIT)  # earlier groups wait, or the session rate binds
+    if deps.slots.must_queue(admission_key(message)):  # earlier groups wait, or the session rate binds
+        return _wait_for_slot(message, deps, start_by, budgets=budgets, batch=batch, held=held)
     if _held_on_budget(message, deps, budgets, batch, held):
         return Dispatch.HELD_BUDGET
     return None
@@ -337,10 +504,25 @@ def admission_key(message: RolloutMessage) -> str:
     return f"{submitted_us:017d}|{message.batch_id}|{message.line or 0:09d}|{message.input_id}|{message.index:05d}"
 
 
-def _wait_for_slot(deps: LifecycleDeps, wait_until: float, message: RolloutMessage) -> bool:
+def _wait_for_slot(
+    message: RolloutMessage,
+    deps: LifecycleDeps,
+    start_by: float,
+    *,
+    budgets: budget.Budgets,
+    batch: BatchView,
+    held: Held | None,
+) -> Dispatch | None:
     """Wait (see `limits.SlotGate`: one poller per process, jittered 0.2-1 s, waiters in group order across every
-    dispatcher through the admission board) until a slot looks free for this rollout."""
-    return deps.slots.wait(wait_until, admission_key(message))
+    dispatcher through the admission board) until a slot looks free for this rollout, then look at the budget again,
+    read afresh: the rollout whose end freed the slot may have spent it. The outcome when the message may not go
+    on (re-sent or held), None when it may."""
+    if not deps.slots.wait(start_by, admission_key(message)):
+        return _requeue(message, deps, Dispatch.REQUEUED_LIMIT)
+    budgets.after_wait()
+    if _held_on_budget(message, deps, budgets, batch, held):
+        return Dispatch.HELD_BUDGET
+    return None
 
 
 def _requeue(message: RolloutMessage, deps: LifecycleDeps, why: Dispatch) -> Dispatch:
@@ -404,20 +586,14 @@ def _invoke(
     wait_until: float,
     reinvoke: bool,
     booked: Callable[[float], None] | None = None,
+    session: str | None = None,
 ) -> Dispatch:
     """InvokeAgentRuntime for a dispatched attempt (slot held), with bounded retries on throttling. Every invoke
     starts by `deps.invoke_start_by(wait_until)`, so it ends inside the invocation. `attempt_token`: read before
-    the dispatch transaction (`dispatch_body`); `booked`: called once the session's start is booked."""
-    payload = build_agent_payload(
-        row_payload=row_payload,
-        rollout_overrides=message.rollout_overrides,
-        message=message,
-        options=options,
-        config=deps.config,
-        results_bucket=deps.settings.results_bucket,
-        attempt_token=attempt_token,
-    )
-    session_id = message.session_id
+    the dispatch transaction (`dispatch_body`); `booked`: called once the session's start is booked; `session`:
+    the session the attempt was dispatched into when not its own (a re-invoke of a warm session)."""
+    session_id = session or message.session_id
+    payload = _agent_payload(message, deps, options, row_payload, session_id=session_id, attempt_token=attempt_token)
     start_by = deps.invoke_start_by(wait_until)
     new_session = not reinvoke
     for attempt in range(deps.invoke_retries + 1):
@@ -432,7 +608,7 @@ def _invoke(
             failed = (
                 _start_failed(message, deps, str(exc), wait_until)
                 if isinstance(exc, RuntimeStartFailed)
-                else _retry_cold_start(message, deps, options, payload, exc, wait_until=wait_until)
+                else _retry_cold_start(message, deps, options, payload, exc, wait_until=wait_until, session=session_id)
             )
             if failed is not None:
                 return failed
@@ -460,9 +636,32 @@ def _invoke(
                 return _cold_start_failed(message, deps, options, str(exc), wait_until)
             return _rejected(message, deps, str(exc))
     if not deps.ledger.rollouts.mark_invoked(message.ref):
-        return _stop_late(message, deps, wait_until)
+        return _stop_late(message, deps, wait_until, session_id)
     deps.metrics.count(DISPATCHED_METRIC)
     return Dispatch.REINVOKED if reinvoke else Dispatch.INVOKED
+
+
+def _agent_payload(
+    message: RolloutMessage,
+    deps: LifecycleDeps,
+    options: FileOptions,
+    row_payload: dict[str, Any],
+    *,
+    session_id: str,
+    attempt_token: str | None,
+) -> dict[str, Any]:
+    """The request the agent receives in session `session_id` (its `_rollout.session_id`; `attempt_token` that
+    session's)."""
+    return build_agent_payload(
+        row_payload=row_payload,
+        rollout_overrides=message.rollout_overrides,
+        message=message,
+        options=options,
+        config=deps.config,
+        results_bucket=deps.settings.results_bucket,
+        attempt_token=attempt_token,
+        session_id=session_id,
+    )
 
 
 def _no_budget(message: RolloutMessage, deps: LifecycleDeps, *, new_session: bool) -> Dispatch:
@@ -504,12 +703,11 @@ def _undo_and_requeue(message: RolloutMessage, deps: LifecycleDeps, why: Dispatc
     return Dispatch.STALE
 
 
-def _stop_late(message: RolloutMessage, deps: LifecycleDeps, wait_until: float) -> Dispatch:
+def _stop_late(message: RolloutMessage, deps: LifecycleDeps, wait_until: float, session_id: str) -> Dispatch:
     """The rollout was cancelled (or already ended) while its session was invoked: no session may outlive its
     rollout. The transition that ended it may have tried the stop before the session existed (NotFound): this stop
     confirms it. One NotFound is no proof (AgentCore has answered it while the session kept running), and a
     Conflict or a throttle is tried again: `stops.stop_session`, as every other stop."""
-    session_id = message.session_id
     confirmed, _ = stops.stop_session(session_id, deps, max(wait_until, deps.clock.monotonic() + 5))
     if not confirmed:  # the sweeper's outbox scan stops it later
         log.warning("session %s invoked after its rollout ended: its stop is filed in the outbox", session_id)
@@ -531,6 +729,7 @@ def _retry_cold_start(
     exc: RuntimeColdStart,
     *,
     wait_until: float,
+    session: str,
 ) -> Dispatch | None:
     """Invoke the cold-started session again (same id, after `cold_start_wait_s`; the budget of ACR throttles is
     not spent) up to `cold_start_retries` times. None once it answered (or may have); else the attempt's end."""
@@ -543,7 +742,7 @@ def _retry_cold_start(
         deps.metrics.count(COLD_START_RETRIED)
         deps.clock.sleep(deps.cold_start_wait_s)
         try:
-            deps.limited.invoke(message.session_id, payload, wait_until=start_by, new_session=False)
+            deps.limited.invoke(session, payload, wait_until=start_by, new_session=False)
             return None
         except RuntimeColdStart as again:
             exc = again

@@ -30,6 +30,12 @@ from rollout_pipeline.metric_names import (
     SUCCEEDED,
     SWEEP_ERRORS,
     TIMED_OUT,
+    WARM_DROPPED,
+    WARM_KEEPALIVES,
+    WARM_POOL_SIZE,
+    WARM_STARTS,
+    WARM_STOPPED_UNUSED,
+    WARMED,
     failed_metric,
 )
 
@@ -57,6 +63,12 @@ __all__ = [
     "SUCCEEDED",
     "SWEEP_ERRORS",
     "TIMED_OUT",
+    "WARMED",
+    "WARM_DROPPED",
+    "WARM_KEEPALIVES",
+    "WARM_POOL_SIZE",
+    "WARM_STARTS",
+    "WARM_STOPPED_UNUSED",
     "MetricsRecorder",
     "failed_metric",
 ]
@@ -73,6 +85,9 @@ class MetricsRecorder:
         self.samples: dict[str, list[float]] = {}
 
     def count(self, name: str, value: int = 1) -> None:
+        """Add `value` to count `name` (a zero records nothing)."""
+        if not value:
+            return
         with self._lock:
             self.counts[name] += value
 

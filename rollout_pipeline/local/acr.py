@@ -19,6 +19,10 @@ written the ART way (ending in `app.run()`) runs as it is, however many processe
 At capacity, sessions whose agent has answered `Healthy` (idle) for longer than `idle_timeout_s` are stopped (ACR's
 idle timeout); if none is, `invoke` raises `RuntimeThrottled` (ACR: ServiceQuotaExceededException).
 
+The warm pool's warm-up invocations (`config.is_warmup_payload`) go to the session's process like any other and the
+agent host answers them itself; the stand-in counts them (`warmups`) and the rollouts that later run in a session
+started that way (`warm_reuses`), so a run can show that its rollouts started in warm sessions.
+
 HTTP answers map to the ports' errors: 2xx ok; 429, 402, 409, 502, 503, 504 and connection failures/timeouts
 -> `RuntimeThrottled` (retry later); 400, 401, 403, 404, 413, 415, 422 and 500 -> `RuntimeRejected`. A 500 is the
 agent's entrypoint failing before it starts work (e.g. ART's "Missing required rollout config field"): retrying
@@ -54,6 +58,7 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 from rollout_pipeline.agent.host import CANNOT_SERVE
+from rollout_pipeline.config import is_warmup_payload
 from rollout_pipeline.local.moto_server import LOOPBACK, free_port
 from rollout_pipeline.ports import RuntimeRateExceeded, RuntimeRejected, RuntimeStartFailed, RuntimeThrottled
 
@@ -361,6 +366,10 @@ class LocalAgentRuntime:
         self._started = False
         #: The most recently stopped session ids, oldest first (for tests and diagnostics).
         self.stopped_sessions: deque[str] = deque(maxlen=10_000)
+        #: Warm-up invocations answered, sessions started by one, and rollouts run in such a session.
+        self.warmups = 0
+        self.warmed_sessions: set[str] = set()
+        self.warm_reuses = 0
         self.new_sessions_per_s = new_sessions_per_s
         self._new_sessions: deque[float] = deque()
         #: New sessions refused by the account's new-session quota (AgentCore's ThrottlingException), and started.
@@ -432,6 +441,7 @@ class LocalAgentRuntime:
                     raise RuntimeStartFailed(str(session.process.exited_error())) from exc
             raise RuntimeThrottled(f"agent for session {session_id} unreachable: {exc}") from exc
         if 200 <= status < 300:
+            self._count(session_id, payload)
             return
         if is_new:
             self._discard(session_id)
@@ -439,6 +449,15 @@ class LocalAgentRuntime:
         if status in THROTTLE_STATUSES:
             raise RuntimeThrottled(detail)
         raise RuntimeRejected(detail)
+
+    def _count(self, session_id: str, payload: Mapping[str, Any]) -> None:
+        """Count an answered warm-up, or a rollout run in a session a warm-up started."""
+        with self._lock:
+            if is_warmup_payload(payload):
+                self.warmups += 1
+                self.warmed_sessions.add(session_id)
+            elif session_id in self.warmed_sessions:
+                self.warm_reuses += 1
 
     def stop(self, session_id: str) -> None:
         """StopRuntimeSession: end the session ("process": kill its process; "shared": forget it). Idempotent."""

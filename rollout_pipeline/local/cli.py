@@ -116,6 +116,14 @@ def _add_pipeline_options(parser: argparse.ArgumentParser) -> None:
         "process serves every session: starts fast, sessions not isolated)",
     )
     parser.add_argument(
+        "--warm-sessions",
+        type=_warm_sessions,
+        default=0,
+        metavar="N|auto",
+        help="keep N sessions started ahead of the next batch (the warm pool; `auto`: the last batch's size; "
+        "default 0: off); they count against --max-sessions",
+    )
+    parser.add_argument(
         "--budget-usd",
         type=float,
         metavar="USD",
@@ -124,6 +132,16 @@ def _add_pipeline_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--work-dir", type=Path, help="where logs go (default: a new temporary directory)")
     parser.add_argument("-v", "--verbose", action="store_true", help="log what the pipeline does")
+
+
+def _warm_sessions(text: str) -> int | str:
+    """`--warm-sessions`: a count of sessions (0: off) or `auto`."""
+    value = text.strip().lower()
+    if value == "auto":
+        return value
+    if not value.isdigit():
+        raise argparse.ArgumentTypeError(f"must be a number of sessions or 'auto', got {text!r}")
+    return int(value)
 
 
 def register(sub: Any, _common: argparse.ArgumentParser) -> None:
@@ -214,6 +232,7 @@ def _settings(args: argparse.Namespace, max_tokens: int = 256) -> Any:
         agent_module=args.agent_module,
         agent_kind=args.agent_kind,
         isolation=args.agent_isolation,
+        warm_sessions=args.warm_sessions,
         work_dir=args.work_dir,
         port=getattr(args, "port", None) or None,
         experiment_settings={} if args.budget_usd is None else {"budget_usd": args.budget_usd},
@@ -240,10 +259,10 @@ def _cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _cmd_up(args: argparse.Namespace, out: TextIO) -> int:
-    from rollout_pipeline.local.pipeline import LocalPipeline, interrupt_on_sigterm
+    from rollout_pipeline.local.pipeline import LocalPipeline, interrupt_on_signals
     from rollout_pipeline.sdk.route import local_up_block
 
-    with one_line_errors(), interrupt_on_sigterm(), LocalPipeline(_settings(args)) as pipeline:
+    with one_line_errors(), interrupt_on_signals(), LocalPipeline(_settings(args)) as pipeline:
         names = list(pipeline.experiments)
         if args.write_outputs:
             outputs = {

@@ -1,8 +1,12 @@
 """The demo: drop a dataset into the local pipeline's input bucket and show the pushed events as they arrive.
 
 Exit code 0 only when the batch completed, every rollout ended, no session was left running and no message was
-dead-lettered. The settings and the dataset are checked before anything starts (one-line errors naming the setting
-or the user's file and line); Ctrl-C stops the run at once and prints what was seen so far.
+dead-lettered. With a warm pool (`--warm-sessions N`), the batch is submitted once the pool holds its sessions (the
+pause of a GRPO step's training phase): each rollout says whether it started in a warm session, the summary counts
+them beside the local AgentCore's own counts (warm-ups the agent host answered, rollouts run in a warm session) and
+what the warm sessions' idle memory would cost, and the pool is stopped before the sessions left are counted.
+The settings and the dataset are checked before anything starts (one-line errors naming the setting or the user's
+file and line); Ctrl-C stops the run at once and prints what was seen so far.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from importlib import resources as package_resources
 from pathlib import Path
 from typing import Any, Final, TextIO
 
-from rollout_pipeline import ids
+from rollout_pipeline import ids, warm_cost
 from rollout_pipeline.contracts import (
     BatchAccepted,
     BatchCompleted,
@@ -25,7 +29,8 @@ from rollout_pipeline.contracts import (
     RolloutCompleted,
     RolloutFailed,
 )
-from rollout_pipeline.local.pipeline import LocalPipeline, LocalSettings, interrupt_on_sigterm
+from rollout_pipeline.costs import PriceBook
+from rollout_pipeline.local.pipeline import LocalPipeline, LocalSettings, interrupt_on_signals
 from rollout_pipeline.report.data import has_signal
 from rollout_pipeline.sdk import submission, transport
 from rollout_pipeline.sdk.errors import DatasetInvalid
@@ -121,6 +126,17 @@ class DemoResult:
     waited_on_budget: int = 0
     #: Ctrl-C (or SIGTERM) stopped the run before the batch completed.
     interrupted: bool = False
+    #: The warm pool: sessions it held when the batch was submitted, rollouts that started in one, the local
+    #: AgentCore's warm-ups and rollouts in warm sessions, the pool's sessions stopped at the end, and the idle
+    #: memory of every warm session (GB-s; USD at the experiment's prices, `warm_priced_as`).
+    warm_ready: int | None = None
+    warm_started: int = 0
+    warmups: int = 0
+    warm_reuses: int = 0
+    warm_stopped: int = 0
+    warm_idle_gb_s: float = 0.0
+    warm_idle_usd: float = 0.0
+    warm_priced_as: str = ""
 
     @property
     def ok(self) -> bool:
@@ -200,6 +216,7 @@ def watch_batch(pipeline: LocalPipeline, batch_id: str, report: DemoResult, out:
 
 def _watch_batch(pipeline: LocalPipeline, batch_id: str, report: DemoResult, out: TextIO, timeout_s: float) -> None:
     stream = pipeline.experiment.events(batch_id=batch_id, timeout=timeout_s)
+    prices = pipeline.experiment.price_book()
     with _Display(out) as display, stream:  # the stream's subscription goes while the local endpoint is up
         for event in stream:
             detail: Any = event.detail
@@ -212,9 +229,10 @@ def _watch_batch(pipeline: LocalPipeline, batch_id: str, report: DemoResult, out
                 )
             elif event.detail_type is DetailType.ROLLOUT_COMPLETED:
                 report.rollouts_ok += 1
+                warm = ", warm session" if detail.timings.session_warmed_at else ""
                 display.line(
-                    f"Rollout Completed {detail.rollout_id:<14} reward {detail.reward:.2f} (attempt {detail.attempt})"
-                    + (f" cost ${detail.cost.usd:.6f}" if detail.cost is not None else "")
+                    f"Rollout Completed {detail.rollout_id:<14} reward {detail.reward:.2f} (attempt {detail.attempt}"
+                    f"{warm})" + (f" cost ${detail.cost.usd:.6f}" if detail.cost is not None else "")
                 )
             elif event.detail_type is DetailType.ROLLOUT_FAILED:
                 report.rollouts_failed[str(detail.reason)] = report.rollouts_failed.get(str(detail.reason), 0) + 1
@@ -244,12 +262,39 @@ def _watch_batch(pipeline: LocalPipeline, batch_id: str, report: DemoResult, out
                 )
                 _show_pause_then_raise(pipeline, report, detail, display)
             if isinstance(detail, RolloutCompleted | RolloutFailed):
+                _count_warm(report, detail, prices)
                 latency = _latency_ms(detail)
                 if latency is not None:
                     report.notify_latencies_ms.append(latency)
             display.update(report, running=len(pipeline.active_sessions()))
             if report.completed is not None:
                 break
+
+
+def _count_warm(report: DemoResult, detail: RolloutCompleted | RolloutFailed, prices: PriceBook) -> None:
+    """A rollout that started in a warm session: counted, and its session's wait before it (idle memory, at the
+    experiment's `prices`)."""
+    warmed, dispatched = detail.timings.session_warmed_at, detail.timings.dispatched_at
+    if warmed is None:
+        return
+    report.warm_started += 1
+    if dispatched is not None:
+        waited = max(0.0, (dispatched - warmed).total_seconds())
+        report.warm_idle_gb_s += warm_cost.idle_gb_s(waited, prices)
+        report.warm_idle_usd += warm_cost.idle_usd(waited, prices)
+
+
+def _warm_lines(report: DemoResult) -> list[str]:
+    if report.warm_ready is None:
+        return []
+    total = report.accepted.rollouts_enqueued if report.accepted else "?"
+    return [
+        f"  warm pool: {report.warm_started} of {total} rollouts started in a warm session ({report.warm_ready} "
+        f"ready at submission); local AgentCore: {report.warmups} warm-ups answered by the agent host, "
+        f"{report.warm_reuses} rollouts in a warm session; {report.warm_stopped} warm session(s) stopped at the end",
+        f"  warm sessions' idle memory: {report.warm_idle_gb_s:,.0f} GB-s = ${report.warm_idle_usd:.4f} "
+        f"({report.warm_priced_as})",
+    ]
 
 
 def _show_pause_then_raise(
@@ -314,6 +359,7 @@ def print_summary(report: DemoResult, out: TextIO) -> None:
         lines.append(
             f"  result written -> event published: median {statistics.median(values):.0f} ms, p95 {p95:.0f} ms"
         )
+    lines += _warm_lines(report)
     if done is not None and done.cost is not None:
         cost = done.cost
         per = cost.usd / cost.rollouts if cost.rollouts else 0.0
@@ -360,7 +406,7 @@ def run_demo(
     source = dataset or sample_dataset_path()
     started = time.monotonic()
     settings.validate()  # a bad setting is one line (`ConfigError`), before anything starts
-    with interrupt_on_sigterm(), tempfile.TemporaryDirectory(prefix="rollouts-demo-") as tmp:
+    with interrupt_on_signals(), tempfile.TemporaryDirectory(prefix="rollouts-demo-") as tmp:
         upload = prepare_upload(source, rows, Path(tmp))  # a bad dataset too (`DatasetInvalid`, the user's file)
         print(f"starting the local pipeline (experiment {settings.experiment!r}) ...", file=out, flush=True)
         with LocalPipeline(settings) as pipeline:
@@ -370,6 +416,8 @@ def run_demo(
                 file=out,
                 flush=True,
             )
+            if settings.warm_sessions:
+                report.warm_ready = _wait_for_warm_pool(pipeline, settings, out, timeout_s)
             report.batch_id = pipeline.experiment.submit_file(upload, group_size=settings.group_size)
             print(f"uploaded {upload.name} to the input bucket: batch {report.batch_id}", file=out, flush=True)
             try:
@@ -380,6 +428,8 @@ def run_demo(
                 print("interrupted: stopping the local pipeline ...", file=out, flush=True)
                 pipeline.begin_stop()  # every consumer told to stop now, before anything they call goes away
             report.elapsed_s = time.monotonic() - started
+            if settings.warm_sessions and not report.interrupted:
+                _stop_warm_pool(pipeline, report)
             if not report.interrupted:
                 report.sessions_left = _sessions_after_grace(pipeline)
             report.dead_letters = pipeline.dead_letters()
@@ -387,6 +437,38 @@ def run_demo(
                 _write_report(pipeline, report, report_path or pipeline.work_dir / f"report-{report.batch_id}.html")
     print_summary(report, out)
     return report
+
+
+def _wait_for_warm_pool(pipeline: LocalPipeline, settings: LocalSettings, out: TextIO, timeout_s: float) -> int:
+    """Wait (bounded by `timeout_s`) until the warm pool holds what it aims at (`--warm-sessions`, at most
+    `--max-sessions`); returns how many idle warm sessions it holds. The submission comes after: a step's batch
+    after its training phase."""
+    wanted = (
+        settings.max_sessions
+        if settings.warm_sessions == "auto"
+        else min(int(settings.warm_sessions), settings.max_sessions)
+    )
+    print(f"warm pool: starting {wanted} session(s) ahead of the batch ...", file=out, flush=True)
+    deadline = time.monotonic() + timeout_s
+    idle = 0
+    while time.monotonic() < deadline:
+        idle = pipeline.experiment.warm_pool().idle
+        if idle >= wanted:
+            break
+        time.sleep(0.5)
+    print(f"warm pool: {idle} session(s) ready (each warm-up answered by the agent host); submitting", file=out)
+    return idle
+
+
+def _stop_warm_pool(pipeline: LocalPipeline, report: DemoResult) -> None:
+    """Stop the pool's sessions (refilled while the batch ran: nothing else would use them) and read the counts."""
+    report.warm_stopped = pipeline.experiment.stop_warm_pool(runtime=pipeline.runtime)
+    status = pipeline.experiment.warm_pool()
+    report.warm_idle_gb_s += status.idle_gb_s
+    report.warm_idle_usd += status.idle_usd
+    report.warm_priced_as = status.prices.label
+    report.warmups = int(getattr(pipeline.runtime, "warmups", 0))
+    report.warm_reuses = int(getattr(pipeline.runtime, "warm_reuses", 0))
 
 
 def _write_report(pipeline: LocalPipeline, report: DemoResult, path: Path) -> None:

@@ -87,6 +87,10 @@ class LocalSettings:
     #: (`topology.function_specs`). The dispatcher's is `dispatch_concurrency` (the experiment's, as deployed).
     concurrency_overrides: dict[str, int] = field(default_factory=lambda: {"ingest": 1, "completion": 2})
     sweep_interval_s: float = 10.0
+    #: The warm pool (`warm_sessions`: a count, "auto", 0 = off) and how often local mode ticks it (the stack: the
+    #: sweeper's schedule). Local mode ticks it on its own schedule, so the sweeper does not loop on it.
+    warm_sessions: int | str = 0
+    warm_interval_s: float = 2.0
     #: Rollouts held on a spent budget come back this much later (deployed: a minute, `LifecycleDeps`).
     budget_recheck_s: int = 3
     work_dir: Path | None = None
@@ -135,6 +139,7 @@ class LocalSettings:
                 "model_id": self.model_id,
                 "sampling_params": dict(self.sampling_params),
                 "dispatch_concurrency": self._dispatch_concurrency(),
+                **({"warm_sessions": self.warm_sessions} if self.warm_sessions else {}),
             }
         )
 
@@ -176,6 +181,9 @@ class LocalPipeline:
         self.experiment: Any = None
         self.consumers: list[QueueConsumer] = []
         self.sweeper: Schedule | None = None
+        #: The first experiment's warm-pool schedule (every experiment's: `_warm_schedules`).
+        self.warm: Schedule | None = None
+        self._warm_schedules: list[Schedule] = []
         #: Every experiment of the local account by name (the first is `resources`, `wiring`, `experiment`).
         self.experiments: dict[str, LocalExperiment] = {}
         self._lifecycles: list[Any] = []
@@ -346,6 +354,13 @@ class LocalPipeline:
         sweeper.start()
         self._sweepers.append(sweeper)
         self._stack.callback(self._stop_within_grace, sweeper.stop)
+        lifecycle.warm_loop_s = 0.0  # the warm pool ticks on its own schedule here (the stack: in the sweeper)
+        if res.config.warm_pool_on:
+            warm = Schedule("warm-pool", _warm_tick(lifecycle), interval_s=self.settings.warm_interval_s)
+            warm.start()
+            self._warm_schedules.append(warm)
+            self.warm = self.warm or warm
+            self._stack.callback(self._stop_within_grace, warm.stop)
         return consumers, sweeper
 
     def begin_stop(self) -> None:
@@ -357,6 +372,8 @@ class LocalPipeline:
             consumer.request_stop()
         for sweeper in self._sweepers:
             sweeper.request_stop()
+        for warm in self._warm_schedules:
+            warm.request_stop()
         for lifecycle in self._lifecycles:
             lifecycle.slots.close()
         if self._agents is not None:  # sessions end with the run; an invoke still starting a process gives up
@@ -422,6 +439,22 @@ def consumer_specs(config: ExperimentConfig, overrides: Mapping[str, int]) -> di
     return specs
 
 
+#: A local warm-pool tick may wait this long for its warm-ups (an agent process takes seconds to start).
+WARM_TICK_BUDGET_S = 60.0
+
+
+def _warm_tick(lifecycle: Any) -> Callable[[dict[str, Any], Any], Any]:
+    """One tick of the warm pool (`lifecycle.warm_pool`), as a scheduled handler."""
+    from rollout_pipeline.lifecycle.warm_pool import WarmPool
+
+    pool = WarmPool(lifecycle)
+
+    def tick(_event: dict[str, Any], _context: Any) -> Any:
+        return pool.tick(budget_s=WARM_TICK_BUDGET_S)
+
+    return tick
+
+
 def _key(value: bytes) -> Callable[[], bytes]:
     return lambda: value
 
@@ -447,8 +480,10 @@ def _clearing_metrics(handler: Callable[[dict[str, Any], Any], Any]) -> Callable
 
 
 @contextlib.contextmanager
-def interrupt_on_sigterm() -> Iterator[None]:
-    """Turn SIGTERM into KeyboardInterrupt in the main thread, so `with LocalPipeline(...)` cleans up."""
+def interrupt_on_signals() -> Iterator[None]:
+    """Turn SIGTERM and SIGINT into KeyboardInterrupt in the main thread, so `with LocalPipeline(...)` cleans up.
+    SIGINT too: a process started with SIGINT ignored (inherited from its parent, e.g. a test runner's worker) would
+    otherwise never see Ctrl-C, and Python installs its own handler only when SIGINT is at its default."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -456,8 +491,10 @@ def interrupt_on_sigterm() -> Iterator[None]:
     def raise_interrupt(_signum: int, _frame: FrameType | None) -> None:
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, raise_interrupt)
+    previous_term = signal.signal(signal.SIGTERM, raise_interrupt)
+    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)
+        signal.signal(signal.SIGTERM, previous_term)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 from urllib.parse import urlsplit
 
-from rollout_pipeline.config import ConfigError
+from rollout_pipeline.config import ConfigError, ExperimentConfig
 
 IMAGE_BUILD_KEY: Final = "image_build"
 IMAGE_URI_KEY: Final = "image_uri"
@@ -21,6 +21,9 @@ ALARM_EMAIL_KEY: Final = "alarm_email"
 ALLOW_PRIVATE_MODEL_URL_KEY: Final = "allow_private_model_url"
 ARCHIVE_DAYS_KEY: Final = "event_archive_days"
 MODEL_SECRET_KMS_KEY: Final = "model_secret_kms_key_arn"
+#: A prebuilt `image_uri` whose start command is the agent host (`python -m rollout_pipeline.agent.host`), as the
+#: image the stack builds: only then does the warm pool run (the host answers its warm-ups).
+IMAGE_AGENT_HOST_KEY: Final = "image_agent_host"
 #: Every context key that configures the stack but not the experiment (the Lambdas never see these).
 STACK_KEYS: Final = (
     IMAGE_BUILD_KEY,
@@ -29,6 +32,7 @@ STACK_KEYS: Final = (
     ALLOW_PRIVATE_MODEL_URL_KEY,
     ARCHIVE_DAYS_KEY,
     MODEL_SECRET_KMS_KEY,
+    IMAGE_AGENT_HOST_KEY,
 )
 
 ImageBuild = Literal["codebuild", "local"]
@@ -103,6 +107,26 @@ class DeploySettings:
     #: The customer-managed KMS key of the model secret, if any: the agent role may decrypt with it (via Secrets
     #: Manager only). Secrets under the AWS-managed key need nothing.
     model_secret_kms_key_arn: str = ""
+    #: The prebuilt `image_uri` runs the agent host (`IMAGE_AGENT_HOST_KEY`); the images the stack builds always do.
+    image_agent_host: bool = False
+
+    @property
+    def serves_agent_host(self) -> bool:
+        """Whether the runtime's image runs the agent host, which answers the warm pool's warm-ups."""
+        return self.image_mode != "uri" or self.image_agent_host
+
+    def warm_pool_config(self, config: ExperimentConfig) -> tuple[ExperimentConfig, str | None]:
+        """`config` as the stack deploys it, and a warning when the warm pool is asked for but the image does not
+        run the agent host (a prebuilt `image_uri`): the pool is then off (`warm_sessions` 0). A warm-up sent to
+        an agent served some other way would run the agent's own code with an empty request."""
+        if not config.warm_pool_on or self.serves_agent_host:
+            return config, None
+        warning = (
+            f"warm_sessions={config.warm_sessions} is ignored: the prebuilt image_uri may not run the agent host "
+            "(python -m rollout_pipeline.agent.host), which answers the warm pool's warm-ups, so this stack keeps no "
+            f"warm pool; if the image's start command is the agent host, deploy with -c {IMAGE_AGENT_HOST_KEY}=true"
+        )
+        return config.model_copy(update={"warm_sessions": 0}), warning
 
     @property
     def image_mode(self) -> Literal["codebuild", "local", "uri"]:
@@ -137,6 +161,7 @@ class DeploySettings:
             alarm_email=alarm_email,
             allow_private_model_url=_flag(context, ALLOW_PRIVATE_MODEL_URL_KEY),
             archive_retention_days=archive_retention_days(context.get(ARCHIVE_DAYS_KEY)),
+            image_agent_host=_flag(context, IMAGE_AGENT_HOST_KEY),
         )
 
     def check_model_secret_key(self, model_secret_name: str | None) -> None:

@@ -461,6 +461,7 @@ class Deployment:
         if busy:
             cancelled = cancel_unfinished(experiment)
             self._say(f"cancelled {len(cancelled)} unfinished batch(es): {', '.join(cancelled) or '-'}")
+        upgrade.stop_warm_pool(experiment, "destroyed", self._say)  # no warm session outlives its stack
         pruned = prune_subscriptions(experiment)
         if pruned:
             self._say(f"removed {len(pruned)} subscription(s) of the event bus: {', '.join(pruned)}")

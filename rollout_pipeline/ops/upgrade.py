@@ -43,13 +43,16 @@ class InFlight:
     legacy_sessions: int = 0
     queued: int = 0
     ingesting: int = 0
+    #: Of `sessions`, those the warm pool holds (started ahead, running no rollout): not work in flight; an update
+    #: or a destroy stops them first (`stop_warm_pool`).
+    warm: int = 0
 
     @property
     def total(self) -> int:
-        return self.sessions + self.legacy_sessions + self.queued + self.ingesting
+        return self.sessions - self.warm + self.legacy_sessions + self.queued + self.ingesting
 
     def __str__(self) -> str:
-        parts = [f"{self.sessions + self.legacy_sessions} session(s) holding a slot"]
+        parts = [f"{self.sessions - self.warm + self.legacy_sessions} session(s) holding a slot"]
         if self.legacy_sessions:
             parts[0] += f" ({self.legacy_sessions} on the single counter of ledger layout 1)"
         parts.append(f"{self.queued} rollout message(s) queued")
@@ -62,8 +65,9 @@ def in_flight(experiment: Experiment) -> InFlight:
     """What `experiment` has in flight (cheap reads: one Query of the slot counters, one GetItem, two
     GetQueueAttributes)."""
     with aws_errors(f"read what is in flight in {experiment.name}"):
-        limits = experiment.wiring().ledger().limits
-        sessions, legacy = limits.in_flight(), limits.legacy_slots()
+        ledger = experiment.wiring().ledger()
+        sessions, legacy = ledger.limits.in_flight(), ledger.limits.legacy_slots()
+        warm = len(ledger.warm.sessions())
         sqs = experiment.client("sqs")
         rollout = sqs.get_queue_attributes(QueueUrl=experiment.rollout_queue_url, AttributeNames=list(_QUEUE_COUNTS))
         ingesting = 0
@@ -73,7 +77,7 @@ def in_flight(experiment: Experiment) -> InFlight:
             )
             ingesting = sum(int(v) for v in ingest["Attributes"].values())
     queued = sum(int(v) for v in rollout["Attributes"].values())
-    return InFlight(sessions=sessions, legacy_sessions=legacy, queued=queued, ingesting=ingesting)
+    return InFlight(sessions=sessions, legacy_sessions=legacy, queued=queued, ingesting=ingesting, warm=warm)
 
 
 def deployed_layout(experiment: Experiment) -> int:
@@ -117,7 +121,9 @@ def check_update(
     say: Callable[[str], None] | None = None,
 ) -> None:
     """Before updating a live experiment's stack to code of ledger `layout` with the settings `changed`: refuse
-    while anything is in flight (`require_drained`); a new ledger layout or `endpoints` even when forced."""
+    while anything is in flight (`require_drained`); a new ledger layout or `endpoints` even when forced. The warm
+    pool's sessions are stopped first (they run the image being replaced; the pool refills with the next batch)."""
+    stop_warm_pool(experiment, "stopped", say)
     routing = sorted(set(changed) & set(SESSION_ROUTING_SETTINGS))
     deployed = deployed_layout(experiment)
     if deployed != layout:
@@ -145,3 +151,16 @@ def check_update(
             force=force,
             say=say,
         )
+
+
+def stop_warm_pool(experiment: Experiment, reason: str, say: Callable[[str], None] | None = None) -> int:
+    """Stop every session of the experiment's warm pool (`Experiment.stop_warm_pool`) when it holds any; `reason`
+    "destroyed" keeps it stopped for good. Returns how many were stopped."""
+    with aws_errors(f"read the warm pool of {experiment.name}"):
+        held = len(experiment.wiring().ledger().warm.sessions())
+    if not held and reason != "destroyed":
+        return 0
+    stopped = experiment.stop_warm_pool(reason=reason)
+    if stopped and say is not None:
+        say(f"stopped {stopped} warm session(s) of the warm pool")
+    return stopped

@@ -242,6 +242,11 @@ def attempts(data: ReportData) -> dict[int, int]:
     return dict(sorted(counts.items()))
 
 
+def warm_starts(data: ReportData) -> int:
+    """Rollouts whose (last) attempt started in a warm session of the warm pool (`session_warmed_at`)."""
+    return sum(1 for row in data.rows if row.get("session_warmed_at"))
+
+
 @dataclass(frozen=True)
 class Costs:
     """The batch's rollouts' costs as published (`cost` of each export row), in the order they ended: cumulative

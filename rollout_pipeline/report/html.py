@@ -247,6 +247,9 @@ def _sessions_chart(data: ReportData) -> Chart:
 
     peak = max(line.in_flight, default=0)
     caption = f"Peak {peak} sessions in flight" + (f" of a limit of {limit}." if limit else ".")
+    warm = series.warm_starts(data)
+    if warm:
+        caption += f" {warm} of {len(data.rows)} rollouts started in a warm session of the warm pool."
     return Chart("sessions", "Sessions in flight vs the limit", caption, len(line.t), _svg(draw) if line.t else "")
 
 

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from rollout_pipeline.sdk.cost import ExperimentCost
     from rollout_pipeline.sdk.dataset import DatasetExport, RowFilter
     from rollout_pipeline.sdk.rescore import RewardFunction
+    from rollout_pipeline.sdk.warm import WarmPoolStatus
     from rollout_pipeline.wiring import Wiring
 
 logger = logging.getLogger(__name__)
@@ -717,6 +718,27 @@ class Experiment:
         with aws_errors(f"cancel rollout {input_id}#{index} of batch {batch_id}"):
             deps = self.wiring(runtime).lifecycle()
             return cancel_rollout(exp_id=self.name, batch_id=batch_id, input_id=input_id, index=index, deps=deps)
+
+    # ------------------------------------------------------------------------------------------ warm pool
+
+    def warm_pool(self) -> WarmPoolStatus:
+        """The warm pool now (`warm_sessions`): what it holds, whether it is halted, what it has spent and what its
+        idle memory costs."""
+        from rollout_pipeline.sdk.warm import WarmPoolStatus
+
+        with aws_errors("read the warm pool"):
+            ledger = self._ledger()
+            state, sessions = ledger.warm.pool(), ledger.warm.sessions()
+        return WarmPoolStatus.of(self.config, state, sessions, utcnow().timestamp(), self.price_book())
+
+    def stop_warm_pool(self, runtime: AgentRuntime | None = None, *, reason: str = "stopped") -> int:
+        """Stop every warm session now and keep none (through `runtime`, by default ACR): until the next batch
+        (`reason` "stopped", "cancelled"), or for good ("destroyed": `destroy` does it before the stack goes).
+        Returns how many were stopped."""
+        from rollout_pipeline.lifecycle.warm_pool import WarmPool
+
+        with aws_errors("stop the warm pool"):
+            return WarmPool(self.wiring(runtime).lifecycle()).halt(reason)
 
     # ---------------------------------------------------------------------------------------------- results
 

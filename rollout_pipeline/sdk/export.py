@@ -16,7 +16,7 @@ import logging
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Final
 
@@ -71,6 +71,9 @@ def rollout_fields(rec: RolloutRecord | None, prices: PriceBook | None = None) -
         "submitted_at": at(rec.submitted_at),
         "dispatched_at": at(rec.dispatched_at),
         "finished_at": at(rec.finished_at),
+        "session_warmed_at": None
+        if rec.session_warmed_at is None
+        else at(datetime.fromtimestamp(rec.session_warmed_at, UTC)),
         "cost": _cost(rec, prices),
     }
 
@@ -87,6 +90,7 @@ ROLLOUT_FIELDS = (
     "submitted_at",
     "dispatched_at",
     "finished_at",
+    "session_warmed_at",
     "cost",
 )
 

@@ -37,6 +37,8 @@ ROWS: Final = [
     {"id": "q1", "question": "What is 2 + 3?", "answer": "5"},
     {"id": "q2", "question": "What is 7 + 6?", "answer": "13"},
 ]
+#: Bounded wait for Ctrl-C to stop `rollouts local up` (consumers' grace, agent processes; a loaded machine).
+STOP_TIMEOUT_S: Final = 120
 SLOW_ROWS: Final = [{"id": "slow-1", "question": "SLOW: what is 1 + 1?", "answer": "2"}]
 
 
@@ -67,7 +69,9 @@ def model() -> Iterator[FakeModelServer]:
 
 def _env() -> dict[str, str]:
     env = {key: value for key, value in os.environ.items() if not key.startswith(("ROLLOUTS_", "AWS_"))}
-    return {**env, "PATH": f"{BIN}{os.pathsep}{env.get('PATH', '')}", "PYTHONUNBUFFERED": "1"}
+    # faulthandler: a process that has to be aborted writes every thread's stack to its log first
+    path = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    return {**env, "PATH": path, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"}
 
 
 @pytest.fixture
@@ -201,7 +205,13 @@ def test_a_newcomers_walk(up: Up, tmp_path: Path) -> None:
 
     # Ctrl-C: the pipeline stops, and every agent process with it.
     up.process.send_signal(signal.SIGINT)
-    assert up.process.wait(60) in (0, 130)
+    try:
+        code = up.process.wait(STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        up.process.send_signal(signal.SIGABRT)  # its threads' stacks go to the log
+        up.process.wait(10)
+        pytest.fail(f"rollouts local up still running {STOP_TIMEOUT_S} s after Ctrl-C:\n{up.log.read_text()[-12000:]}")
+    assert code in (0, 130)
     text = up.log.read_text()
     assert "Traceback" not in text, text[-3000:]
     assert "not been implemented" not in text, "a stop went to moto instead of the local AgentCore"

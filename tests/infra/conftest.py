@@ -105,14 +105,18 @@ PREBUILT_IMAGE = "123456789012.dkr.ecr.us-west-2.amazonaws.com/my-agents/math:v7
 def synth_local_image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Synthesized]:
     """`-c image_build=local`: the agent image as a CDK Docker image asset (staged only: synth needs no Docker).
 
-    Also subscribes an e-mail address to the alarm topic (one synth per image mode, other variants ride along).
+    Also subscribes an e-mail address to the alarm topic and keeps a warm pool (one synth per image mode, other
+    variants ride along).
     """
     with credential_less():
-        yield synthesize(tmp_path_factory.mktemp("cdk.out.local"), image_build="local", alarm_email=ALARM_EMAIL)
+        yield synthesize(
+            tmp_path_factory.mktemp("cdk.out.local"), image_build="local", alarm_email=ALARM_EMAIL, warm_sessions="auto"
+        )
 
 
 @pytest.fixture(scope="session")
 def synth_prebuilt_image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Synthesized]:
-    """`-c image_uri=...`: a prebuilt image; nothing is built."""
+    """`-c image_uri=...`: a prebuilt image; nothing is built. It asks for a warm pool, which it cannot have (the
+    image may not run the agent host)."""
     with credential_less():
-        yield synthesize(tmp_path_factory.mktemp("cdk.out.uri"), image_uri=PREBUILT_IMAGE)
+        yield synthesize(tmp_path_factory.mktemp("cdk.out.uri"), image_uri=PREBUILT_IMAGE, warm_sessions="64")

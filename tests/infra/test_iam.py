@@ -156,6 +156,19 @@ def test_only_dispatch_invokes_the_runtime(synth: Synthesized) -> None:
             assert resources == []
 
 
+def test_with_a_warm_pool_the_sweeper_also_invokes_the_runtime(synth_local_image: Synthesized) -> None:
+    """The warm pool's warm-ups and keep-alives come from the sweeper: it may invoke this runtime, only with the
+    pool on (`synth_local_image` keeps one)."""
+    synth = synth_local_image
+    runtime = getatt(synth.logical_id(synth.stack.agent.runtime), "AgentRuntimeArn")
+    for name in FUNCTIONS:
+        resources = resources_for(synth, synth.stack.functions[name].role, "bedrock-agentcore:InvokeAgentRuntime")
+        if name in ("dispatch", "sweeper"):
+            assert unordered(resources) == unordered([runtime, join(runtime, "/*")])
+        else:
+            assert resources == []
+
+
 @pytest.mark.parametrize("name", ["dispatch", "completion", "sweeper"])
 def test_stop_session_scoped_to_this_runtime(synth: Synthesized, name: str) -> None:
     runtime = getatt(synth.logical_id(synth.stack.agent.runtime), "AgentRuntimeArn")

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from rollout_pipeline.config import ConfigError
+from rollout_pipeline.config import ConfigError, ExperimentConfig
 from rollout_pipeline.ops.deploy_settings import DeploySettings
 from stacks.image import KEEP_IMAGES, content_tag
 from tests.infra.conftest import PREBUILT_IMAGE, REPO_ROOT, Synthesized, stack_context
@@ -213,3 +213,24 @@ def test_the_base_image_is_pinned_by_digest() -> None:
         r"3\.13\.\d+-slim-[a-z]+@sha256:[0-9a-f]{64}$"
     )
     assert [line for line in froms if not pinned.match(line)] == []
+
+
+def test_a_prebuilt_image_gets_no_warm_pool_and_synth_says_so(synth_prebuilt_image: Synthesized) -> None:
+    """A prebuilt image may not run the agent host, which answers the warm pool's warm-ups: the stack keeps no
+    pool (its functions' configuration says warm_sessions 0, the sweeper may not invoke) and synth warns why."""
+    warnings = [str(m.entry.data) for m in synth_prebuilt_image.artifact.messages if m.level.value == "WARNING"]
+    (warning,) = [w for w in warnings if "warm_sessions" in w]
+    assert "warm_sessions=64 is ignored" in warning
+    assert "-c image_agent_host=true" in warning
+    config = json.loads(synth_prebuilt_image.outputs["ExperimentConfig"]["Value"])
+    assert config["warm_sessions"] == 0
+
+
+def test_a_prebuilt_image_that_runs_the_agent_host_keeps_its_warm_pool() -> None:
+    settings = DeploySettings.from_context({"image_uri": PREBUILT_IMAGE, "image_agent_host": "true"})
+    config = ExperimentConfig(name="x", warm_sessions=64)
+    assert settings.warm_pool_config(config) == (config, None)
+    assert DeploySettings().warm_pool_config(config) == (config, None)  # the stack's own images run the host
+    off, warning = DeploySettings.from_context({"image_uri": PREBUILT_IMAGE}).warm_pool_config(config)
+    assert off.warm_sessions == 0
+    assert warning is not None

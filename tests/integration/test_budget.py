@@ -210,3 +210,32 @@ def test_a_batch_budget_holds_that_batch_only(resources: ExperimentResources) ->
         if Counter(rec.state.value for rec in ledger.rollouts.batch_rollouts("capped"))["succeeded"] == 4:
             break
     assert Counter(rec.state.value for rec in ledger.rollouts.batch_rollouts("capped"))["succeeded"] == 4
+
+
+@pytest.mark.parametrize("gate_saw_room", [True, False], ids=["no-slot-in-the-transaction", "at-the-gate"])
+def test_a_rollout_that_waited_for_a_slot_looks_at_the_budget_again(
+    resources: ExperimentResources, monkeypatch: pytest.MonkeyPatch, gate_saw_room: bool
+) -> None:
+    """A rollout waits for a slot, at the gate or after the dispatch transaction found none (the gate saw room by
+    another process's view); the rollout that freed it spent the rest of the budget: the waiting one is held, not
+    started (only what was in flight ends)."""
+    import time
+
+    from rollout_pipeline.lifecycle.dispatch import dispatch_body
+
+    clock = StepClock()
+    deps = budget_deps(resources, clock, max_sessions=1, budget_usd=0.9 * ROLLOUT_USD)  # spent by the first
+    first, second = seed_batch(resources, batch_id="waits", inputs={"a": {}, "b": {}}, group_size=1)
+    assert dispatch_body(first.model_dump_json(), deps, wait_until=time.monotonic() + 5) is Dispatch.INVOKED
+
+    def first_ends(_until: float, _key: str) -> bool:
+        clock.advance(60)
+        while complete_once(resources, deps).outcomes:
+            pass
+        return True
+
+    monkeypatch.setattr(deps.slots, "must_queue", lambda _key: not gate_saw_room)
+    monkeypatch.setattr(deps.slots, "wait", first_ends)
+    assert dispatch_body(second.model_dump_json(), deps, wait_until=time.monotonic() + 5) is Dispatch.HELD_BUDGET
+    ledger = Ledger.open(resources.table_name)
+    assert Counter(rec.state.value for rec in ledger.rollouts.batch_rollouts("waits")) == {"succeeded": 1}

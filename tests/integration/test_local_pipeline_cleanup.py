@@ -15,7 +15,7 @@ import pytest
 
 from rollout_pipeline.adapters.runtime import local_runtime
 from rollout_pipeline.fakes.acr import FakeAgentRuntime
-from rollout_pipeline.local.pipeline import LocalPipeline, LocalSettings, interrupt_on_sigterm
+from rollout_pipeline.local.pipeline import LocalPipeline, LocalSettings, interrupt_on_signals
 
 
 def _port_open(url: str) -> bool:
@@ -74,7 +74,7 @@ def _terminate_self_and_wait() -> None:
 def test_sigterm_becomes_keyboard_interrupt_so_cleanup_runs() -> None:
     assert threading.current_thread() is threading.main_thread()
     previous = signal.getsignal(signal.SIGTERM)
-    with interrupt_on_sigterm(), pytest.raises(KeyboardInterrupt):
+    with interrupt_on_signals(), pytest.raises(KeyboardInterrupt):
         _terminate_self_and_wait()
     assert signal.getsignal(signal.SIGTERM) == previous, "the previous SIGTERM handler is restored"
 

@@ -107,3 +107,34 @@ def test_the_unchanged_rft_agent_runs_through_the_local_pipeline(model: FakeMode
     assert {call.header("Authorization") for call in calls} == {"Bearer local-model-key"}
     assert {call.body.get("model") for call in calls} == {"fake-model"}
     assert not any("sagemaker-api-key" in json.dumps(call.headers) for call in calls)
+
+
+def test_the_unchanged_rft_agent_runs_in_warm_sessions(model: FakeModelServer, tmp_path: Path) -> None:
+    """The warm pool with the example RFT agent: the agent host answers the warm-ups (the RFT SDK's handler never
+    sees one) and every rollout of the batch after the pause runs in a warm session, unchanged."""
+    from rollout_pipeline.local.demo import run_demo
+
+    dataset = tmp_path / "rft-warm.jsonl"
+    dataset.write_text("".join(json.dumps(row) + "\n" for row in ROWS[:2]))
+    settings = LocalSettings(
+        experiment="e2e-rft-warm",
+        group_size=GROUP_SIZE,
+        model_url=model.base_url,
+        model_id="fake-model",
+        max_sessions=4,
+        max_attempts=1,
+        warm_sessions=4,
+        warm_processes=1,
+        work_dir=tmp_path / "work",
+        agent_module=RFT_AGENT,
+        agent_env={"SAGEMAKER_JOB_ARN": JOB},
+        model_api_key="local-model-key",
+    )
+    import io
+
+    out = io.StringIO()
+    report = run_demo(settings, dataset=dataset, rows=None, timeout_s=WAIT_S, write_html_report=False, out=out)
+    assert report.ok, out.getvalue()
+    assert (report.warm_ready, report.warm_started, report.warm_reuses) == (4, 4, 4), out.getvalue()
+    assert report.rollouts_ok == 4
+    assert report.sessions_left == []

@@ -23,6 +23,7 @@ ALLOWED: dict[str, str] = {
     # Transaction items (a write to put into the caller's TransactWriteItems), not a read of an item.
     "limits.LimitLedger.take_slot": "a TransactWriteItems entry",
     "limits.LimitLedger.free_slot": "a TransactWriteItems entry",
+    "warm.WarmLedger.claim_ops": "TransactWriteItems entries (the dispatch transaction's take of a warm session)",
     # The arguments of CreateTable (local mode and tests create the table with them), not an item.
     "schema.create_table_kwargs": "CreateTable arguments",
     "pool_schema.create_pool_table_kwargs": "CreateTable arguments of the account pool's table",

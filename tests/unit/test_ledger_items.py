@@ -130,3 +130,21 @@ def test_a_rollout_summary_reads_whole_and_projected_items() -> None:
     assert whole == RolloutSummary(RolloutState.FAILED, "q1", 3, None, FailureReason.TIMEOUT.value)
     assert RolloutSummary.of({"state": {"S": "dispatched"}}) == RolloutSummary(RolloutState.DISPATCHED)
     assert RolloutSummary.of({"reward": {"N": "0.5"}, "state": {"S": "succeeded"}}).reward == 0.5
+
+
+def test_a_rollout_in_a_warm_session_is_priced_from_the_sessions_warm_start() -> None:
+    """AgentCore bills the session from its start: a warm session's began at its warm-up, before the dispatch."""
+    from rollout_pipeline.ledger.items import RolloutRecord
+
+    item = {
+        "batch_id": {"S": "b1"},
+        "input_id": {"S": "i"},
+        "index": {"N": "0"},
+        "state": {"S": "dispatched"},
+        "attempt": {"N": "1"},
+        "dispatched_at": {"S": "2026-01-01T00:01:00+00:00"},
+    }
+    cold = RolloutRecord.of(item)
+    warm = RolloutRecord.of({**item, "session_warmed_at": {"N": str(datetime(2026, 1, 1, tzinfo=UTC).timestamp())}})
+    assert cold.spans[0].started_at == datetime(2026, 1, 1, 0, 1, tzinfo=UTC)
+    assert warm.spans[0].started_at == datetime(2026, 1, 1, tzinfo=UTC)

@@ -102,3 +102,14 @@ def test_the_batch_duration_is_the_one_batch_completed_and_the_cli_give(data: Re
     assert duration is not None
     assert round(duration, 1) != round(timeline(data).t[-1], 1)  # the recording tells the two apart
     assert f"<b>{duration:.1f} s</b><span>batch duration</span>" in render(data)
+
+
+def test_the_sessions_chart_says_how_many_rollouts_started_warm(data: ReportData) -> None:
+    rows = [dict(r) for r in data.rows]
+    for row in rows[:3]:
+        row["session_warmed_at"] = "2026-11-22T17:24:00+00:00"
+    warm = ReportData.from_json(data.to_json())
+    warm.rows = rows
+    page = render(warm)
+    assert f"3 of {len(rows)} rollouts started in a warm session of the warm pool." in page
+    assert "started in a warm session" not in render(data)  # the recording ran without a warm pool

@@ -1,0 +1,703 @@
+"""Warm start: one GRPO step's batch submitted after a pause, with the warm pool on and off, in one run.
+
+The scenario: a synchronous GRPO trainer's step submits B x G rollouts at once (SageMaker's default 128 x 8 = 1,024)
+after its training phase (`--pause`, 120 s). One fake AgentCore account (25 new sessions/s, the realistic profile's
+5% cold starts answering 424 and 2% failing stops, plus `--cold-start-s` (1.3 s) on every session's first invoke:
+its microVM's cold start). `warm`: the experiment keeps `warm_sessions` = the batch's size, filled during the pause
+by the sweeper (the stack's schedule: once a minute, ticking the pool for `warm_loop_s` of it); `cold`: the pool off.
+Each side gets its own in-process moto and fake account, one after the other, the same seeds.
+
+The clock is `bench_scale`'s dilated clock (one virtual second lasts k wall seconds: the pipeline's rates are
+AgentCore's, in virtual time, on two shared cores), which can also jump ahead over a phase in which nothing runs:
+the rest of the pause once the pool is full (the cold side: all of it) and the idle time before the pool halts
+(`warm_idle_stop_s`). Nothing is in flight across a jump (no rollout, no warm-up, no tick between its reads).
+
+Printed for each side (`--json`: one object): `admit_s` (submit to the last rollout's first invoke that started
+it), `first_group_s`, `step_s` (submit to the last `Group Completed`), `cold_starts_on_path` (424s met by
+rollouts), `warm_idle_gb_s` and its cost (warm sessions' memory while they waited: warm-up to rollout, or to their
+stop; `rollout_pipeline.warm_cost` at the experiment's `PriceBook`, `--session-gb` a session),
+`sessions_never_stopped` (once the experiment went idle and the pool halted), `requests_per_rollout` (AWS requests
+of the pipeline and AgentCore data-plane calls per rollout: the step with the fill before it, and with the tail: the
+refill after the step and the halt's stops), beside the time saved and the trainer's hourly cost at which the pool's
+idle memory costs what the saved time is worth.
+
+Usage: python bench/bench_warm.py [--rollouts 1024] [--group-size 8] [--pause 120] [--dilation 4] [--json]
+
+Moves onto `bench/harness.py` (its `Rig`, `aws_sandbox`) once that lands: `Lambdas` below is the smallest part of
+`bench_scale`'s run this bench needs (no feeder, no shuffle: the pipeline sends to the rollout queue itself).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import random
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+from bench_scale import (  # noqa: E402
+    _REAL_MONOTONIC,
+    _REAL_SLEEP,
+    Counters,
+    DilatedClock,
+    LatenessProbe,
+    install_latency,
+)
+
+SIDES = ("warm", "cold")
+#: Held by every tick of the warm pool (`ticked_one_at_a_time`) and by a jump of the clock: none spans a jump.
+TICKING = threading.Lock()
+
+
+def ticked_one_at_a_time() -> None:
+    from rollout_pipeline.lifecycle.warm_pool import TickResult, WarmPool
+
+    original = WarmPool.tick
+
+    def tick(self: WarmPool, *, budget_s: float = 20.0) -> TickResult:
+        with TICKING:
+            return original(self, budget_s=budget_s)
+
+    WarmPool.tick = tick  # type: ignore[method-assign]
+
+
+class JumpClock(DilatedClock):
+    """The dilated clock, which can also jump ahead (virtual time passes at once: only while nothing runs) and change
+    its dilation between phases (a light phase runs less dilated than a burst)."""
+
+    def __init__(self, k: float) -> None:
+        super().__init__(k)
+        #: (virtual time, real time, virtual monotonic, real monotonic) at the last jump or change of dilation.
+        self._anchor = (self._real_time(), self._real_time(), self._real_monotonic(), self._real_monotonic())
+
+    def time(self) -> float:
+        virtual, real, _, _ = self._anchor
+        return virtual + (self._real_time() - real) / self.k
+
+    def monotonic(self) -> float:
+        _, _, virtual, real = self._anchor
+        return virtual + (self._real_monotonic() - real) / self.k
+
+    def _reanchor(self, k: float, ahead_s: float) -> None:
+        virtual_t, virtual_m = self.time() + ahead_s, self.monotonic() + ahead_s
+        self._anchor, self.k = (virtual_t, self._real_time(), virtual_m, self._real_monotonic()), k
+
+    def jump(self, seconds: float) -> None:
+        self._reanchor(self.k, max(0.0, seconds))
+
+    def set_dilation(self, k: float) -> None:
+        self._reanchor(k, 0.0)
+
+    def install(self) -> None:
+        """`DilatedClock.install`, and the lifecycle's `SystemClock` too (the warm pool's wall clock)."""
+        super().install()
+        from rollout_pipeline import ports
+        from rollout_pipeline.contracts import common
+
+        ports.datetime = common.datetime  # type: ignore[attr-defined]
+
+
+class CountersSwitch:
+    """The botocore hooks stay registered across sides (`clients.reset` keeps them): each side counts its own."""
+
+    def __init__(self) -> None:
+        self.current = Counters()
+
+    def before_build(self, **kwargs: Any) -> None:
+        self.current.before_build(**kwargs)
+
+
+class Lambdas:
+    """One experiment's dispatcher, completer and sweeper Lambdas played by threads running the real handlers, and a
+    trainer reading `Group Completed` (bench_scale's harness, minus its feeder)."""
+
+    def __init__(self, resources: Any, deps: Any, counters: Counters, clock: JumpClock, args: argparse.Namespace):
+        from rollout_pipeline.adapters import clients
+
+        self.resources, self.deps, self.counters, self.clock, self.args = resources, deps, counters, clock, args
+        self.sqs = clients.client("sqs")
+        self.visibility = {
+            url: int(
+                self.sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["VisibilityTimeout"])["Attributes"][
+                    "VisibilityTimeout"
+                ]
+            )
+            for url in (resources.rollout_queue_url, resources.completion_queue_url, resources.trainer_queue_url)
+        }
+        self.stop = threading.Event()
+        self.kick = threading.Event()  # the sweeper's next scheduled run comes now (after a jump)
+        self.errors: list[str] = []
+        self.group_done: dict[str, float] = {}
+
+    def receive(self, queue_url: str) -> list[dict[str, Any]]:
+        self.counters.harness.on = True  # Lambda's poller, not the pipeline
+        try:
+            resp = self.sqs.receive_message(
+                QueueUrl=queue_url,
+                MaxNumberOfMessages=10,
+                WaitTimeSeconds=0,
+                VisibilityTimeout=min(43_200, int(self.clock.wall_s(self.visibility[queue_url]))),
+            )
+        finally:
+            self.counters.harness.on = False
+        return [
+            {"messageId": m["MessageId"], "body": m["Body"], "receiptHandle": m["ReceiptHandle"]}
+            for m in resp.get("Messages") or []
+        ]
+
+    def ack(self, queue_url: str, records: list[dict[str, Any]], failures: dict[str, str]) -> None:
+        entries = [
+            {"Id": str(i), "ReceiptHandle": r["receiptHandle"]}
+            for i, r in enumerate(records)
+            if r["messageId"] not in failures
+        ]
+        if entries:
+            self.counters.harness.on = True
+            try:
+                self.sqs.delete_message_batch(QueueUrl=queue_url, Entries=entries)
+            finally:
+                self.counters.harness.on = False
+
+    def loop(self, name: str, queue_url: str, handle: Callable[[list[dict[str, Any]]], Any]) -> None:
+        for _ in range(10_000_000):
+            if self.stop.is_set():
+                return
+            try:
+                records = self.receive(queue_url)
+                if not records:
+                    time.sleep(0.1)
+                    continue
+                result = handle(records)
+                self.ack(queue_url, records, result.failures)
+                self.errors.extend(result.failures.values())
+            except Exception as exc:
+                self.errors.append(f"{name}: {exc!r}")
+
+    def sweeper(self) -> None:
+        """What the sweeper Lambda runs (`lambdas/sweeper.py`) on the stack's schedule, once a minute: the sweep,
+        then the warm pool ticked for `warm_loop_s`. The first run at once (the pause begins as a step ends)."""
+        from rollout_pipeline.lifecycle.sweeper import sweep
+        from rollout_pipeline.lifecycle.warm_pool import run_pool
+
+        for _ in range(100_000):
+            started = time.monotonic()
+            try:
+                sweep(self.deps, wait_until=started + 30)
+                run_pool(self.deps, until=started + self.deps.warm_loop_s)
+            except Exception as exc:
+                self.errors.append(f"sweeper: {exc!r}")
+            for _slice in range(1_000_000):  # until a minute of virtual time passed (the dilation may change)
+                if self.kick.is_set() or self.stop.is_set() or time.monotonic() >= started + 60:
+                    break
+                self.kick.wait(0.5)
+            self.kick.clear()
+            if self.stop.is_set():
+                return
+
+    def trainer(self) -> None:
+        for _ in range(10_000_000):
+            if self.stop.is_set():
+                return
+            records = self.receive(self.resources.trainer_queue_url)
+            for r in records:
+                event = json.loads(r["body"])
+                if event.get("detail-type") == "Group Completed":
+                    self.group_done.setdefault(event["detail"]["input_id"], time.time())
+            if records:
+                self.ack(self.resources.trainer_queue_url, records, {})
+            else:
+                time.sleep(0.05)
+
+    def threads(self) -> list[threading.Thread]:
+        from rollout_pipeline.lifecycle.completion import complete_records
+        from rollout_pipeline.lifecycle.dispatch import dispatch_records
+
+        args, res = self.args, self.resources
+        dispatch_deps = [dataclasses.replace(self.deps) for _ in range(args.dispatchers)]  # one slot gate each
+        threads = [
+            threading.Thread(target=self.trainer, name="bench-trainer", daemon=True),
+            threading.Thread(target=self.sweeper, name="lc-sweeper", daemon=True),
+        ]
+        threads += [
+            threading.Thread(
+                target=self.loop,
+                name=f"lc-dispatcher-{i}",
+                args=(
+                    "dispatcher",
+                    res.rollout_queue_url,
+                    lambda rs, d=d: dispatch_records(rs, d, wait_until=time.monotonic() + 60.0),
+                ),
+                daemon=True,
+            )
+            for i, d in enumerate(dispatch_deps)
+        ]
+        threads += [
+            threading.Thread(
+                target=self.loop,
+                name=f"lc-completer-{i}",
+                args=(
+                    "completer",
+                    res.completion_queue_url,
+                    lambda rs: complete_records(rs, self.deps, wait_until=time.monotonic() + 30.0),
+                ),
+                daemon=True,
+            )
+            for i in range(args.completers)
+        ]
+        return threads
+
+
+def progress(side: str, what: str, started_wall: float) -> None:
+    """A phase's end on stderr (long runs): wall seconds since the side began, virtual time, the load."""
+    print(
+        f"  [{side}] {what}: {_REAL_MONOTONIC() - started_wall:.0f} s wall, load {os.getloadavg()[0]:.1f}",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def wait_until(condition: Callable[[], bool], wall_s: float) -> bool:
+    """Poll `condition` once a wall second until it holds or `wall_s` wall seconds passed."""
+    deadline = _REAL_MONOTONIC() + wall_s
+    while _REAL_MONOTONIC() < deadline:
+        if condition():
+            return True
+        _REAL_SLEEP(1.0)
+    return condition()
+
+
+def run_side(args: argparse.Namespace, clock: JumpClock, switch: CountersSwitch, warm: bool) -> dict[str, Any]:
+    """One side: its own experiment, fake account and Lambdas; the pause, the step, the tail, then the figures."""
+    side = Side(args, clock, switch, warm)
+    side.start()
+    side.pause()
+    side.step()
+    side.tail()
+    return side.figures()
+
+
+class Side:
+    """One side's experiment (moto), fake AgentCore account and Lambdas, and what each phase saw."""
+
+    def __init__(self, args: argparse.Namespace, clock: JumpClock, switch: CountersSwitch, warm: bool) -> None:
+        from rollout_pipeline.adapters import clients
+        from rollout_pipeline.adapters.eventbridge import EventBridgePublisher
+        from rollout_pipeline.adapters.s3 import S3ObjectStore
+        from rollout_pipeline.adapters.sqs import SqsQueue
+        from rollout_pipeline.config import ExperimentConfig
+        from rollout_pipeline.fakes.acr import AcrProfile, FakeAgentRuntime
+        from rollout_pipeline.feed.feed import Feed
+        from rollout_pipeline.ledger.ledger import Ledger
+        from rollout_pipeline.lifecycle.deps import LifecycleDeps
+        from rollout_pipeline.local.resources import create_resources
+
+        clients.reset()
+        self.args, self.clock, self.warm, self.name = args, clock, warm, "warm" if warm else "cold"
+        self.counters = switch.current = Counters()
+        self.inputs, self.group_size = max(1, args.rollouts // args.group_size), args.group_size
+        self.total = self.inputs * self.group_size
+        self.config = ExperimentConfig(
+            name=f"bench-{self.name}",
+            tps_limit=args.tps,
+            session_rate_limit=args.account_quota / args.endpoints,
+            endpoints=args.endpoints,
+            max_sessions=args.max_sessions or self.total,
+            group_size=self.group_size,
+            rollout_timeout_s=900,
+            dispatch_concurrency=args.dispatchers,
+            warm_sessions=(args.warm_sessions or self.total) if warm else 0,
+            warm_idle_stop_s=args.idle_stop_s,
+            session_memory_gb=args.session_gb,
+        )
+        self.resources = create_resources(self.config, region="us-east-1", client=clients.client)
+        self.settings = settings = self.resources.settings()
+        rng = random.Random(args.seed)
+        self.delays = {
+            (f"row-{i}", j): rng.uniform(args.min_delay, args.max_delay)
+            for i in range(self.inputs)
+            for j in range(self.group_size)
+        }
+        acr = AcrProfile.realistic(
+            endpoints=args.endpoints,
+            max_active_sessions=args.active_quota,
+            account_new_sessions_per_s=args.account_quota,
+            first_invoke_s=args.cold_start_s,
+            seed=args.seed,
+        )
+        self.fake = FakeAgentRuntime(store=S3ObjectStore(), behaviour=self.behaviour, profile=acr)
+        self.ledger, queue = Ledger.open(settings.table_name), SqsQueue()
+        deps = LifecycleDeps(
+            settings=settings,
+            ledger=self.ledger,
+            runtime=self.fake,
+            store=S3ObjectStore(),
+            queue=queue,
+            publisher=EventBridgePublisher(settings.bus_name),
+            feed=Feed(self.ledger, queue, settings),
+            dispatch_threads=args.threads,
+        )
+        self.lambdas = Lambdas(self.resources, deps, self.counters, clock, args)
+        self.view_ledger = Ledger.open(settings.table_name)
+        self.batch_id = "step-000000000002"
+        self.target = self.config.warm_sessions if warm else 0
+        self.ok: list[bool] = []
+        self.requests: dict[str, int] = {}
+
+    def behaviour(self, inv: Any) -> Any:
+        from rollout_pipeline.fakes.acr import AgentBehaviour
+
+        rollout = inv.payload.get("_rollout") or {}
+        key = (str(rollout.get("input_id")), int(rollout.get("index") or 0))
+        delay = self.delays.get(key, self.args.max_delay)
+        return AgentBehaviour(rewards=1.0, delay_s=self.clock.wall_s(delay))  # threading.Timer: the wall clock
+
+    def pipeline_requests(self) -> int:
+        with self.counters.lock:
+            aws = sum(self.counters.ops.values()) + sum(self.counters.other.values())
+        return aws + sum(1 for c in list(self.fake.calls) if c.op in ("invoke", "stop"))
+
+    def pool_sessions(self) -> int:
+        self.counters.harness.on = True
+        try:
+            return len(self.view_ledger.warm.sessions())
+        finally:
+            self.counters.harness.on = False
+
+    def in_flight(self) -> int:
+        self.counters.harness.on = True
+        try:
+            return self.view_ledger.limits.in_flight()
+        finally:
+            self.counters.harness.on = False
+
+    def progress(self, what: str) -> None:
+        progress(self.name, what, self.started_wall)
+
+    def start(self) -> None:
+        self.load_start = os.getloadavg()
+        self.clock.set_dilation(self.args.fill_dilation)
+        self.started_wall = _REAL_MONOTONIC()
+        self.t0 = time.time()
+        self.probe = LatenessProbe()
+        self.threads = [*self.lambdas.threads(), threading.Thread(target=self.probe.run, name="bench-probe")]
+        for t in self.threads:
+            t.daemon = True
+            t.start()
+
+    def pause(self) -> None:
+        """The trainer's training phase: the pool fills; the rest of the pause passes at once."""
+        args = self.args
+        full = wait_until(
+            lambda: self.pool_sessions() >= self.target or time.time() - self.t0 >= args.pause, args.max_seconds
+        )
+        self.ok.append(full and not self.lambdas.errors)
+        with TICKING:  # no tick of the pool across the jump
+            self.clock.jump(self.t0 + args.pause - time.time())
+        self.warm_before = self.pool_sessions()
+        self.requests["fill"] = self.pipeline_requests()
+        self.progress(f"pause over, {self.warm_before} warm sessions")
+
+    def step(self) -> None:
+        """The batch created and released as ingestion does (`ingest.core`, through `Feed.submit`)."""
+        from bench_lifecycle import seed_groups
+
+        from rollout_pipeline.adapters.sqs import SqsQueue
+        from rollout_pipeline.feed.feed import Feed
+
+        self.counters.harness.on = True
+        groups = seed_groups(self.resources, self.batch_id, self.inputs, self.group_size)
+        view = self.view_ledger.batches.read_batch(self.batch_id)
+        self.counters.harness.on = False
+        assert view is not None
+        with TICKING:
+            self.clock.set_dilation(self.args.burst_dilation if self.warm else self.args.dilation)
+        self.submitted = time.time()
+        feed = Feed(self.ledger, SqsQueue(), self.settings)
+        for start in range(0, len(groups), 100):
+            feed.submit(view, groups[start : start + 100])
+        feed.submit(view)
+        self.ok.append(wait_until(lambda: len(self.lambdas.group_done) >= self.inputs, self.args.max_seconds))
+        self.step_end = time.time()
+        self.requests["step"] = self.pipeline_requests() - self.requests["fill"]
+        self.progress(f"step over ({len(self.lambdas.group_done)} of {self.inputs} groups)")
+        with TICKING:
+            self.clock.set_dilation(self.args.fill_dilation)  # the agents are done: the tail is the pool's alone
+
+    def tail(self) -> None:
+        """The rollouts' sessions stopped, the pool refilled for a next step that never comes, then idle."""
+
+        def settled() -> bool:
+            held = self.pool_sessions()
+            refilled = held >= self.target or time.time() - self.step_end > 120
+            return self.in_flight() == held and (not self.warm or refilled)
+
+        wait_until(settled, self.args.max_seconds)
+        self.refilled = self.pool_sessions()
+        self.progress(f"settled: {self.refilled} warm sessions, {self.in_flight()} slots held")
+        with TICKING:
+            self.clock.jump(self.config.warm_idle_stop_s + 1)
+        self.lambdas.kick.set()
+        self.ok.append(wait_until(lambda: self.in_flight() == 0 and self.pool_sessions() == 0, self.args.max_seconds))
+        self.end = time.time()
+        self.progress(f"idle: {self.pool_sessions()} warm sessions, {self.in_flight()} slots held")
+        self.lambdas.stop.set()
+        self.lambdas.kick.set()
+        self.probe.stop.set()
+        for t in self.threads:
+            t.join(timeout=30)
+        self.fake.close()
+        self.requests["tail"] = self.pipeline_requests() - self.requests["fill"] - self.requests["step"]
+
+    def figures(self) -> dict[str, Any]:
+        from rollout_pipeline import warm_cost
+
+        fake, total, submitted = self.fake, self.total, self.submitted
+        prices = self.lambdas.deps.prices  # the experiment's (`LifecycleDeps.prices`)
+        calls = list(fake.calls)
+        started_at: dict[tuple[str, int], float] = {}
+        for c in calls:
+            if c.op == "invoke" and not c.warmup and c.outcome in ("started", "reinvoked"):
+                rollout = fake.payloads.get(c.session_id, {}).get("_rollout") or {}
+                started_at.setdefault((str(rollout.get("input_id")), int(rollout.get("index") or 0)), c.at)
+        done = sorted(self.lambdas.group_done.values())
+        idle = warm_idle(calls, submitted, self.end)
+        invoked = {c.session_id for c in calls if c.op == "invoke" and c.outcome not in ("throttled", "quota_exceeded")}
+        fill, step, tail = (self.requests[k] for k in ("fill", "step", "tail"))
+        errors = self.lambdas.errors
+        return {
+            "ok": bool(all(self.ok) and len(started_at) == total and not errors),
+            "rollouts": total,
+            "warm_sessions": self.config.warm_sessions,
+            "warm_before_submit": self.warm_before,
+            "warm_after_step": self.refilled,
+            "admit_s": max(started_at.values(), default=float("nan")) - submitted,
+            # What the limits allow at best: warm, every take one `tps` call (the new sessions' share set apart);
+            # cold, every rollout a new session at the account's rate.
+            "admit_bound_s": admit_bound_s(self.config, total, self.warm),
+            "first_group_s": done[0] - submitted if done else float("nan"),
+            "step_s": done[-1] - submitted if done else float("nan"),
+            "cold_starts_on_path": sum(
+                1 for c in calls if c.op == "invoke" and c.outcome == "cold_start" and not c.warmup
+            ),
+            "rollouts_in_warm_sessions": fake.warm_reuses,
+            "warm_idle_gb_s": warm_cost.idle_gb_s(idle["step"], prices),
+            "warm_idle_usd": warm_cost.idle_usd(idle["step"], prices),
+            "tail_idle_gb_s": warm_cost.idle_gb_s(idle["tail"], prices),
+            "tail_idle_usd": warm_cost.idle_usd(idle["tail"], prices),
+            "priced_as": prices.label,
+            "sessions_never_stopped": len(invoked - fake.stopped),
+            "requests_per_rollout": (fill + step) / total,
+            "requests_per_rollout_with_tail": (fill + step + tail) / total,
+            "requests": dict(self.requests),
+            "left_after_idle": {
+                "in_flight": self.in_flight(),
+                "warm": self.pool_sessions(),
+                "running": len(fake.running),
+            },
+            "pool": dataclasses.asdict(self.view_ledger.warm.pool()),
+            "requests_by_stage": dict(self.counters.stages.most_common()),
+            "errors": len(errors),
+            "first_errors": errors[:3],
+            "machine": {
+                "load_start": self.load_start,
+                "load_end": os.getloadavg(),
+                "wall_s": _REAL_MONOTONIC() - self.started_wall,
+                "clock_lateness_ms_p50": pct(self.probe.late_ms, 0.5),
+                "clock_lateness_ms_p95": pct(self.probe.late_ms, 0.95),
+            },
+        }
+
+
+def admit_bound_s(config: Any, rollouts: int, warm: bool) -> float:
+    """The least admission time the limits allow: warm, `rollouts` calls on the `tps` budget (its share for new
+    sessions set apart, each call spaced by `LATENESS_S`); cold, `rollouts` new sessions at the session budget."""
+    from rollout_pipeline.lifecycle.limits.pacing import LATENESS_S, dedicated_session_share
+
+    sessions_per_s = config.session_rate_limit * config.endpoints
+    if not warm:
+        return rollouts / sessions_per_s
+    apart = dedicated_session_share(config.tps_limit, config.session_rate_limit, config.endpoints)
+    return rollouts * (1 + LATENESS_S) / (config.tps_limit - (sessions_per_s if apart else 0.0))
+
+
+def warm_idle(calls: list[Any], submitted: float, end: float) -> dict[str, float]:
+    """Seconds warm sessions waited, summed: from their first warm-up to their rollout's invoke or their stop (or
+    `end`). `step`: sessions warmed before `submitted` (what bought this step's start); `tail`: the ones warmed
+    after (the next step's pool, stopped when the experiment went idle)."""
+    warmed: dict[str, float] = {}
+    ended: dict[str, float] = {}
+    for c in calls:
+        if c.op == "invoke" and c.warmup:
+            warmed.setdefault(c.session_id, c.at)
+        elif (
+            c.session_id in warmed
+            and c.session_id not in ended
+            and ((c.op == "invoke" and not c.warmup) or (c.op == "stop" and c.outcome in ("stopped", "unknown")))
+        ):
+            ended[c.session_id] = c.at
+    out = {"step": 0.0, "tail": 0.0}
+    for sid, at in warmed.items():
+        out["step" if at < submitted else "tail"] += max(0.0, ended.get(sid, end) - at)
+    return out
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+def compare(sides: dict[str, dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
+    """The warm pool's balance: seconds saved per step against its idle memory, and the targets it aims at."""
+    warm, cold = sides.get("warm"), sides.get("cold")
+    if warm is None or cold is None:
+        return {}
+    saved_s = cold["step_s"] - warm["step_s"]
+    admit_saved_s = cold["admit_s"] - warm["admit_s"]
+    usd = warm["warm_idle_usd"]
+    return {
+        "step_s_saved": saved_s,
+        "admit_s_saved": admit_saved_s,
+        "idle_usd_per_step": usd,
+        "session_gb": args.session_gb,
+        # The trainer's cost per hour above which the saved seconds are worth more than the idle memory.
+        "break_even_trainer_usd_per_hour": usd / (saved_s / 3600) if saved_s > 0 else float("inf"),
+        "requests_ratio": warm["requests_per_rollout"] / cold["requests_per_rollout"],
+        "requests_ratio_with_tail": warm["requests_per_rollout_with_tail"] / cold["requests_per_rollout_with_tail"],
+        "targets": {
+            "warm_admit_s_at_most_5": warm["admit_s"] <= 5.0,
+            "cold_admit_s_at_least_41": cold["admit_s"] >= 41.0,
+            "warm_cold_starts_on_path_0": warm["cold_starts_on_path"] == 0,
+            "step_s_lower_by_admission_saved": saved_s >= admit_saved_s,
+            "sessions_never_stopped_0": warm["sessions_never_stopped"] == 0 and cold["sessions_never_stopped"] == 0,
+            "requests_within_1_5x": warm["requests_per_rollout"] <= 1.5 * cold["requests_per_rollout"],
+        },
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--dilation", type=float, default=4.0, help="the cold step's k: a virtual s lasts k wall s")
+    parser.add_argument("--burst-dilation", type=float, default=20.0, help="the warm step's k (its burst)")
+    parser.add_argument("--fill-dilation", type=float, default=1.5, help="k while the pool fills or stops")
+    parser.add_argument("--rollouts", type=int, default=1024)
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--pause", type=float, default=120.0, help="virtual s between the step's end and the next")
+    parser.add_argument("--warm-sessions", type=int, default=0, help="the pool's size (default: the batch's)")
+    parser.add_argument("--max-sessions", type=int, default=0, help="default: the batch's size")
+    parser.add_argument("--account-quota", type=float, default=25.0, help="new sessions/s per account")
+    parser.add_argument("--endpoints", type=int, default=4)
+    parser.add_argument("--tps", type=int, default=200, help="tps_limit: InvokeAgentRuntime's 200 TPS per agent")
+    parser.add_argument("--active-quota", type=int, default=5000, help="active sessions per account")
+    parser.add_argument("--cold-start-s", type=float, default=1.3, help="a session's first invoke answers this late")
+    parser.add_argument("--min-delay", type=float, default=2.0, help="agent time before the result (virtual s)")
+    parser.add_argument("--max-delay", type=float, default=6.0)
+    parser.add_argument("--idle-stop-s", type=int, default=600, help="warm_idle_stop_s")
+    parser.add_argument(
+        "--session-gb", type=float, default=8.0, help="the experiment's session_memory_gb (default: its default, 8)"
+    )
+    parser.add_argument("--dispatchers", type=int, default=5)
+    parser.add_argument("--completers", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=10)
+    parser.add_argument("--sides", default="warm,cold", help="which sides to run")
+    parser.add_argument("--max-seconds", type=float, default=600.0, help="WALL seconds per phase at most")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    sides = [s for s in args.sides.split(",") if s]
+    if (
+        not set(sides) <= set(SIDES)
+        or not 8 <= args.rollouts <= 4096
+        or not 1 <= min(args.dilation, args.burst_dilation, args.fill_dilation) <= 100
+    ):
+        parser.error("--sides of warm,cold; --rollouts within 8..4096; --dilation within 1..100")
+
+    clock = JumpClock(args.dilation)
+    clock.install()  # before anything imports the pipeline
+
+    from bench_acr_quotas import _serialise_dynamodb, _time_moto
+    from bench_lifecycle import _fake_aws_env
+    from moto import mock_aws
+
+    from rollout_pipeline.adapters import clients
+    from rollout_pipeline.fakes import faithful
+    from rollout_pipeline.local.moto_server import patch_moto
+
+    _fake_aws_env()
+    _time_moto("inner")
+    _serialise_dynamodb()
+    patch_moto()
+    switch = CountersSwitch()
+    clients.register_hook("before-parameter-build", switch.before_build)
+    install_latency(clients, random.Random(args.seed + 7))
+    ticked_one_at_a_time()
+    results: dict[str, Any] = {}
+    for side in sides:
+        if not args.json:
+            k = args.burst_dilation if side == "warm" else args.dilation
+            print(f"bench_warm: {side} side, step at k={k:g}, load {os.getloadavg()[0]:.1f} ...", flush=True)
+        profile = faithful.FaithfulProfile(seed=args.seed)
+        with faithful.activate(profile), mock_aws():
+            results[side] = run_side(args, clock, switch, warm=side == "warm")
+    out = {
+        "config": {k: v for k, v in vars(args).items() if k != "json"},
+        **results,
+        "comparison": compare(results, args),
+        "cpus": os.cpu_count(),
+    }
+    if args.json:
+        print(json.dumps(out, indent=1, sort_keys=True))
+    else:
+        print_report(out)
+    return 0 if all(r["ok"] for r in results.values()) else 1
+
+
+def print_report(out: dict[str, Any]) -> None:
+    sides = [s for s in SIDES if s in out]
+    rows = [
+        ("admit_s", "{:.1f}"),
+        ("admit_bound_s", "{:.1f}"),
+        ("first_group_s", "{:.1f}"),
+        ("step_s", "{:.1f}"),
+        ("cold_starts_on_path", "{}"),
+        ("rollouts_in_warm_sessions", "{}"),
+        ("warm_before_submit", "{}"),
+        ("warm_idle_gb_s", "{:.0f}"),
+        ("warm_idle_usd", "{:.4f}"),
+        ("tail_idle_usd", "{:.4f}"),
+        ("sessions_never_stopped", "{}"),
+        ("requests_per_rollout", "{:.1f}"),
+        ("requests_per_rollout_with_tail", "{:.1f}"),
+        ("errors", "{}"),
+    ]
+    print(f"{'':32}" + "".join(f"{s:>12}" for s in sides))
+    for name, fmt in rows:
+        print(f"{name:32}" + "".join(f"{fmt.format(out[s][name]):>12}" for s in sides))
+    for s in sides:
+        m = out[s]["machine"]
+        print(
+            f"{s}: wall {m['wall_s']:.0f} s, load {m['load_start'][0]:.1f} -> {m['load_end'][0]:.1f}, clock lateness "
+            f"p50 {m['clock_lateness_ms_p50']:.1f} ms p95 {m['clock_lateness_ms_p95']:.1f} ms"
+            + (f"; errors: {out[s]['first_errors']}" if out[s]["errors"] else "")
+        )
+    c = out.get("comparison") or {}
+    if c:
+        print(
+            f"saved per step: {c['step_s_saved']:.1f} s (admission {c['admit_s_saved']:.1f} s) for "
+            f"${c['idle_usd_per_step']:.4f} of idle warm-session memory at {c['session_gb']:g} GB a session: worth it "
+            f"when the trainer costs more than ${c['break_even_trainer_usd_per_hour']:.2f}/hour; requests per rollout "
+            f"{c['requests_ratio']:.2f}x the pool off ({c['requests_ratio_with_tail']:.2f}x with the tail)"
+        )
+        print("targets: " + ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in c["targets"].items()))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

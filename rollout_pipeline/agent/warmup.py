@@ -1,0 +1,120 @@
+"""The agent host's answer to the warm pool: a warm-up invocation is answered here and never reaches the agent.
+
+The pipeline's warm pool starts sessions ahead of a batch with an invocation of its own (`config.warmup_payload`:
+`_rollout.warmup`, which no dataset row may set and the dispatcher never sends), and keeps them alive with the same
+call before AgentCore's idle timeout. By the time the host answers, the agent module is imported and its app is
+built: the session's cold start is paid. `WarmupGate` wraps the app the host serves (an ASGI middleware):
+
+- `POST /invocations` whose body is at most `MAX_WARMUP_BYTES` and is a warm-up: answered at once, 200
+  `{"status": "warm", "session_id": ...}`; the agent's code does not run, `/ping` stays `Healthy`, nothing is written;
+- everything else (every rollout, `/ping`, lifespan) passes through to the app unchanged, its body replayed as it
+  arrived. A body larger than `MAX_WARMUP_BYTES` is never parsed (a warm-up is a few dozen bytes).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any, Final
+
+from rollout_pipeline.config import is_warmup_payload
+
+logger = logging.getLogger(__name__)
+
+#: A body larger than this is a rollout: passed through without being parsed.
+MAX_WARMUP_BYTES: Final = 4096
+#: AgentCore's session header (as ASGI presents it: lower case).
+SESSION_HEADER: Final = b"x-amzn-bedrock-agentcore-runtime-session-id"
+
+#: An ASGI connection scope (its type, method, path and headers).
+AsgiScope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+App = Callable[[AsgiScope, Receive, Send], Awaitable[None]]
+
+
+class WarmupGate:
+    """ASGI middleware answering warm-up invocations (see the module doc); `warmups` counts them."""
+
+    def __init__(self, app: App) -> None:
+        self.app = app
+        self.warmups = 0
+
+    async def __call__(self, scope: AsgiScope, receive: Receive, send: Send) -> None:
+        if scope.get("type") != "http" or scope.get("method") != "POST" or scope.get("path") != "/invocations":
+            await self.app(scope, receive, send)
+            return
+        if _content_length(scope) > MAX_WARMUP_BYTES:
+            await self.app(scope, receive, send)
+            return
+        body, more, messages = await _read_body(receive, MAX_WARMUP_BYTES)
+        if not more and _is_warmup(body):
+            self.warmups += 1
+            await _answer_warm(send, _session_of(scope))
+            return
+        await self.app(scope, _replay(messages, receive), send)
+
+
+def _content_length(scope: AsgiScope) -> int:
+    for name, value in scope.get("headers") or ():
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return 0
+    return 0
+
+
+def _session_of(scope: AsgiScope) -> str:
+    for name, value in scope.get("headers") or ():
+        if name == SESSION_HEADER:
+            return str(value.decode("latin-1"))
+    return ""
+
+
+async def _read_body(receive: Receive, limit: int) -> tuple[bytes, bool, list[Message]]:
+    """The request's body up to `limit` bytes, whether more is left, and the messages read (to replay)."""
+    messages: list[Message] = []
+    body = b""
+    while True:
+        message = await receive()
+        messages.append(message)
+        if message.get("type") != "http.request":
+            return body, True, messages
+        body += message.get("body", b"")
+        more = bool(message.get("more_body"))
+        if not more or len(body) > limit:
+            return body, more or len(body) > limit, messages
+
+
+def _is_warmup(body: bytes) -> bool:
+    try:
+        return is_warmup_payload(json.loads(body))
+    except (ValueError, UnicodeDecodeError):
+        return False
+
+
+def _replay(messages: list[Message], receive: Receive) -> Receive:
+    """A `receive` that gives the messages already read, then the rest as they come."""
+    pending = list(messages)
+
+    async def replay() -> Message:
+        if pending:
+            return pending.pop(0)
+        return await receive()
+
+    return replay
+
+
+async def _answer_warm(send: Send, session_id: str) -> None:
+    body = json.dumps({"status": "warm", "session_id": session_id}).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})

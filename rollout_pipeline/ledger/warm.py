@@ -1,0 +1,337 @@
+"""The warm pool's ledger items: warm sessions, the claims that hand them to rollouts, and the pool's own item.
+
+`WARM` / `S#{session}` (`items.WarmSession`): one per warm session the pool holds: `state` warming / idle /
+stopping, `warmed_at`, `kept_at`, `stop_tries`. Each holds a session slot (`LIMIT/SESSIONS#..`, taken when the item
+is written, in the same transaction), so warm sessions count against `max_sessions` like any other. A dispatch takes
+an idle one in its own transaction (`claim_ops`: the item deleted on condition that it is idle, so no two rollouts
+ever get one session) and keeps its slot; a session stopped unused gives its slot back when its item goes
+(`forget`). The partition holds only what the pool holds now (at most `max_sessions` items): one Query reads it.
+
+`WS#{session}` / `CLAIM` (`items.WarmClaim`): which attempt took the session (written by that dispatch
+transaction): how completion maps a result of a session that was started before its rollout was known, when the
+result does not say it itself (`lifecycle.completion`). Never queried; it expires with the table's TTL.
+
+`WARM` / `POOL` (`items.WarmPoolState`): the pool's lease (one manager at a time), when the experiment last had
+work and last wanted a new session, whether the pool is halted, the last batch's size, and its totals.
+
+Writes that touch many sessions go in transactions of up to `CHUNK` items (one request for a chunk), each item
+conditional on the state the pool read: a session a dispatch took meanwhile fails its condition and is left out.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Final
+
+from rollout_pipeline.ids import AttemptRef
+from rollout_pipeline.ledger import keys
+from rollout_pipeline.ledger.attributes import plain_values
+from rollout_pipeline.ledger.items import WarmClaim, WarmPoolState, WarmSession, WarmState
+from rollout_pipeline.ledger.limits import LimitLedger, free_shard
+from rollout_pipeline.ledger.table import CONDITION_FAILED, LedgerTable, reason_codes
+
+WARM_PK: Final = "WARM"
+SESSION_PREFIX: Final = "S#"
+POOL_SK: Final = "POOL"
+CLAIM_PK_PREFIX: Final = "WS#"
+CLAIM_SK: Final = "CLAIM"
+#: Items of one transaction at most (DynamoDB's limit is 100; some room for the slot counters).
+CHUNK: Final = 50
+#: What `add_warming` did.
+ADDED: Final = "added"
+NO_ROOM: Final = "no_room"
+HALTED: Final = "halted"
+
+
+def session_key(session_id: str) -> dict[str, dict[str, str]]:
+    return {keys.PK: {"S": WARM_PK}, keys.SK: {"S": f"{SESSION_PREFIX}{session_id}"}}
+
+
+def pool_key() -> dict[str, dict[str, str]]:
+    return {keys.PK: {"S": WARM_PK}, keys.SK: {"S": POOL_SK}}
+
+
+def claim_key(session_id: str) -> dict[str, dict[str, str]]:
+    return {keys.PK: {"S": f"{CLAIM_PK_PREFIX}{session_id}"}, keys.SK: {"S": CLAIM_SK}}
+
+
+def _chunks(values: Sequence[str], size: int = CHUNK) -> Iterable[Sequence[str]]:
+    for start in range(0, len(values), size):
+        yield values[start : start + size]
+
+
+class WarmLedger:
+    """Reads and conditional writes of the warm pool's items, through the table's gateway; session slots through
+    `limits`."""
+
+    def __init__(self, table: LedgerTable, limits: LimitLedger) -> None:
+        self.table = table
+        self.limits = limits
+
+    # ---------------------------------------------------------------------------------------------- reads
+
+    def sessions(self, *, idle_only: bool = False) -> list[WarmSession]:
+        """Every warm session the pool holds (`idle_only`: the ones a dispatch may take), strongly consistent."""
+        request: dict[str, Any] = {
+            "KeyConditionExpression": "pk = :pk AND begins_with(sk, :prefix)",
+            "ExpressionAttributeValues": plain_values({":pk": WARM_PK, ":prefix": SESSION_PREFIX}),
+            "ConsistentRead": True,
+        }
+        if idle_only:
+            request["FilterExpression"] = "#st = :idle"
+            request["ExpressionAttributeNames"] = {"#st": "state"}
+            request["ExpressionAttributeValues"] |= plain_values({":idle": WarmState.IDLE.value})
+        return [WarmSession.of(raw) for raw in self.table.query(request, max_pages=20)]
+
+    def pool(self) -> WarmPoolState:
+        """The pool's item (empty before the pool first ran)."""
+        return WarmPoolState.of(self.table.get(pool_key()))
+
+    def claim_of(self, session_id: str) -> WarmClaim | None:
+        """Which attempt took warm session `session_id` (strongly consistent), or None."""
+        raw = self.table.get(claim_key(session_id))
+        return WarmClaim.of(raw) if raw else None
+
+    # ------------------------------------------------------------------------------------- filling the pool
+
+    def add_warming(self, sessions: Sequence[str], *, max_sessions: int, shard: int, warmed_at: float) -> str:
+        """Record new warm sessions (state warming) and take their slots on counter `shard`, in one transaction,
+        on condition that the pool is not halted. Returns "added", "no_room" (the counter has no room for them
+        all) or "halted" (nothing written either way)."""
+        if not sessions:
+            return ADDED
+        ttl = self.table.expires_at()
+        items: list[dict[str, Any]] = [
+            self.limits.take_slot(max_sessions, shard, len(sessions)),
+            {
+                "ConditionCheck": {
+                    "TableName": self.table.name,
+                    "Key": pool_key(),
+                    "ConditionExpression": "attribute_not_exists(halted)",
+                }
+            },
+        ]
+        for session_id in sessions:
+            item = {
+                **session_key(session_id),
+                **plain_values(
+                    {"state": WarmState.WARMING.value, "warmed_at": warmed_at, "kept_at": warmed_at, "expires_at": ttl}
+                ),
+            }
+            items.append({"Put": {"TableName": self.table.name, "Item": item}})
+        reasons = self.table.transact(items)
+        if reasons is None:
+            return ADDED
+        codes = reason_codes(reasons)
+        if codes[1] == CONDITION_FAILED:
+            return HALTED
+        if codes[0] == CONDITION_FAILED:
+            return NO_ROOM
+        raise_cancelled("recording warm sessions", reasons)
+        return NO_ROOM  # pragma: no cover - raise_cancelled raises
+
+    def mark(self, sessions: Sequence[str], *, kept_at: float, from_states: Sequence[WarmState]) -> list[str]:
+        """Sessions whose warm-up (or keep-alive) was answered: state idle, `kept_at` stamped, for those still in
+        one of `from_states`. Returns the sessions written (a chunk whose condition failed for some is written
+        again without them)."""
+        done: list[str] = []
+        states = {f":s{i}": state.value for i, state in enumerate(from_states)}
+        condition = f"#st IN ({', '.join(states)})"
+        for chunk in _chunks(list(sessions)):
+            ops = [
+                {
+                    "Update": self.table.update_op(
+                        session_key(session_id),
+                        "SET #st = :idle, kept_at = :kept",
+                        condition,
+                        {":idle": WarmState.IDLE.value, ":kept": kept_at, **states},
+                        {"#st": "state"},
+                    )
+                }
+                for session_id in chunk
+            ]
+            done.extend(self._transact_each(chunk, ops))
+        return done
+
+    def begin_stop(self, sessions: Sequence[str]) -> list[str]:
+        """Sessions the pool is about to stop: state stopping, for those still warming or idle (a dispatch may
+        have taken one since the pool read it: it is left out). Returns the sessions now stopping."""
+        done: list[str] = []
+        for chunk in _chunks(list(sessions)):
+            ops = [
+                {
+                    "Update": self.table.update_op(
+                        session_key(session_id),
+                        "SET #st = :stopping",
+                        "#st IN (:warming, :idle, :stopping)",
+                        {
+                            ":stopping": WarmState.STOPPING.value,
+                            ":warming": WarmState.WARMING.value,
+                            ":idle": WarmState.IDLE.value,
+                        },
+                        {"#st": "state"},
+                    )
+                }
+                for session_id in chunk
+            ]
+            done.extend(self._transact_each(chunk, ops))
+        return done
+
+    def note_stop_failed(self, session_id: str, *, not_found: bool) -> None:
+        """A stop of a stopping session failed (or answered ResourceNotFound for the first time)."""
+        self.table.update(
+            session_key(session_id),
+            "ADD stop_tries :one SET stop_not_found = :nf",
+            "#st = :stopping",
+            {":one": 1, ":nf": not_found, ":stopping": WarmState.STOPPING.value},
+            {"#st": "state"},
+        )
+
+    def forget(self, sessions: Sequence[str]) -> list[str]:
+        """Stopped sessions (their stop confirmed, or AgentCore has ended them): their items deleted and their
+        slots given back, atomically, once. Returns the sessions forgotten."""
+        done: list[str] = []
+        for chunk in _chunks(list(sessions), CHUNK - keys.SESSION_SHARDS):
+            done.extend(self._forget_chunk(chunk))
+        return done
+
+    def _forget_chunk(self, chunk: Sequence[str]) -> list[str]:
+        left = list(chunk)
+        for _ in range(len(chunk) + 1):
+            if not left:
+                return []
+            shards = Counter(free_shard(session_id) for session_id in left)
+            deletes = [
+                {
+                    "Delete": {
+                        "TableName": self.table.name,
+                        "Key": session_key(session_id),
+                        "ConditionExpression": "#st = :stopping",
+                        "ExpressionAttributeNames": {"#st": "state"},
+                        "ExpressionAttributeValues": plain_values({":stopping": WarmState.STOPPING.value}),
+                    }
+                }
+                for session_id in left
+            ]
+            frees = [
+                self.limits.free_slot(next(s for s in left if free_shard(s) == shard), count)
+                for shard, count in shards.items()
+            ]
+            reasons = self.table.transact([*deletes, *frees])
+            if reasons is None:
+                return left
+            codes = reason_codes(reasons)
+            failed = {left[i] for i, code in enumerate(codes[: len(left)]) if code == CONDITION_FAILED}
+            if not failed:
+                raise_cancelled("forgetting stopped warm sessions", reasons)
+            left = [session_id for session_id in left if session_id not in failed]
+        return left
+
+    def _transact_each(self, chunk: Sequence[str], ops: Sequence[Mapping[str, Any]]) -> list[str]:
+        """Run `ops` (one conditional update per session of `chunk`) in one transaction; the sessions whose
+        condition failed are left out and the rest written again. Returns the sessions written."""
+        left = list(zip(chunk, ops, strict=True))
+        for _ in range(len(chunk) + 1):
+            if not left:
+                return []
+            reasons = self.table.transact([op for _session, op in left])
+            if reasons is None:
+                return [session_id for session_id, _op in left]
+            codes = reason_codes(reasons)
+            failed = {i for i, code in enumerate(codes) if code == CONDITION_FAILED}
+            if not failed:
+                raise_cancelled("updating warm sessions", reasons)
+            left = [pair for i, pair in enumerate(left) if i not in failed]
+        return [session_id for session_id, _op in left]
+
+    # ----------------------------------------------------------------------------------------------- claims
+
+    def claim_ops(self, session_id: str, ref: AttemptRef, *, warmed_at: float) -> list[dict[str, Any]]:
+        """The dispatch transaction's part when a rollout attempt takes warm session `session_id`: the session's
+        item deleted on condition that it is idle (so it is given to one attempt only; its slot becomes the
+        attempt's), and the claim that maps the session to the attempt. In this order (the caller reads the
+        cancellation reasons by position)."""
+        claim = {
+            **claim_key(session_id),
+            **plain_values(
+                {
+                    "batch_id": ref.batch_id,
+                    "input_id": ref.input_id,
+                    "index": ref.index,
+                    "attempt": ref.attempt,
+                    "warmed_at": warmed_at,
+                    "claimed_at": self.table.now().timestamp(),
+                    "expires_at": self.table.expires_at(),
+                }
+            ),
+        }
+        return [
+            {
+                "Delete": {
+                    "TableName": self.table.name,
+                    "Key": session_key(session_id),
+                    "ConditionExpression": "#st = :idle",
+                    "ExpressionAttributeNames": {"#st": "state"},
+                    "ExpressionAttributeValues": plain_values({":idle": WarmState.IDLE.value}),
+                }
+            },
+            {"Put": {"TableName": self.table.name, "Item": claim}},
+        ]
+
+    # ---------------------------------------------------------------------------------------- the pool item
+
+    def take_lease(self, owner: str, *, now: float, lease_s: float) -> bool:
+        """Run the pool until `now + lease_s` (one manager at a time); False when another holds it."""
+        return (
+            self.table.update(
+                pool_key(),
+                "SET lease_owner = :owner, lease_until = :until",
+                "attribute_not_exists(lease_until) OR lease_until < :now OR lease_owner = :owner",
+                {":owner": owner, ":until": now + lease_s, ":now": now},
+            )
+            is not None
+        )
+
+    def end_lease(self, owner: str) -> None:
+        """Give the lease back (the next manager need not wait for it to expire)."""
+        self.table.update(pool_key(), "SET lease_until = :zero", "lease_owner = :owner", {":zero": 0, ":owner": owner})
+
+    def note_busy(self, now: float, *, last_batch: tuple[str, int] | None = None) -> None:
+        """The experiment has work now (and its newest batch has this many rollouts)."""
+        values: dict[str, Any] = {":now": now}
+        update = "SET busy_at = :now"
+        if last_batch is not None:
+            update += ", last_batch_id = :batch, last_batch_rollouts = :rollouts"
+            values |= {":batch": last_batch[0], ":rollouts": last_batch[1]}
+        self.table.update(pool_key(), update, None, values)
+
+    def note_demand(self, now: float) -> None:
+        """A dispatch took a new session because no warm one was idle: rollouts want the new-session budget."""
+        self.table.update(pool_key(), "SET demand_at = :now", None, {":now": now})
+
+    def halt(self, reason: str, now: float) -> None:
+        """Keep no warm session until a batch created after now ("destroyed": never again)."""
+        self.table.update(pool_key(), "SET halted = :why, halted_at = :now", None, {":why": reason, ":now": now})
+
+    def resume(self) -> None:
+        """A batch came after the halt: the pool runs again (never after "destroyed")."""
+        self.table.update(pool_key(), "REMOVE halted", "halted <> :destroyed", {":destroyed": "destroyed"})
+
+    def add_totals(self, **counts: float) -> None:
+        """ADD to the pool's totals (`warmed`, `warmup_failures`, `keepalives`, `stopped_unused`, `unused_idle_s`,
+        `dropped`); zeros are left out."""
+        given = {name: value for name, value in counts.items() if value}
+        if not given:
+            return
+        names = {f"#a{i}": name for i, name in enumerate(given)}
+        values = {f":a{i}": value for i, value in enumerate(given.values())}
+        update = f"ADD {', '.join(f'#a{i} :a{i}' for i in range(len(given)))}"
+        self.table.update(pool_key(), update, None, values, names)
+
+
+def raise_cancelled(what: str, reasons: Sequence[Mapping[str, Any]]) -> None:
+    """A transaction of the pool was cancelled for a reason that is not a failed condition of ours."""
+    from rollout_pipeline.ledger.table import LedgerError
+
+    raise LedgerError(f"{what} cancelled: {reason_codes(reasons)}")
