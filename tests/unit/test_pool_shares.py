@@ -15,6 +15,7 @@ from rollout_pipeline.lifecycle.limits.shares import (
     DECREASE,
     DECREASE_HOLD_S,
     INCREASE_PER_S,
+    PROBE_AFTER_S,
     LEASE_S,
     Ask,
     counted,
@@ -115,7 +116,8 @@ def test_the_backoff_lowers_fair_shares_once_per_overshoot_and_climbs_back() -> 
     assert first is not None
     assert first.base == DECREASE
     assert decreased(first, 100.0 + DECREASE_HOLD_S / 2) is None  # the same overshoot
-    assert math.isclose(factor(first, 110.0), DECREASE + 10 * INCREASE_PER_S)
+    assert factor(first, 100.0 + PROBE_AFTER_S) == DECREASE  # no probe while the outside use likely goes on
+    assert math.isclose(factor(first, 110.0 + PROBE_AFTER_S), DECREASE + 10 * INCREASE_PER_S)
     assert factor(first, 10_000.0) == 1.0
     state = PoolState(settings=SETTINGS, backoff={"sessions": first})
     assert math.isclose(fair_shares(state, "sessions", 100.0, a=(1.0, math.inf))["a"], BUDGET * DECREASE)

@@ -18,8 +18,9 @@ every second (`lifecycle.limits.pool.CapacityLease`); `grant` computes what it g
 
 The backoff: when AgentCore throttles the pipeline anyway (something outside it uses the account), a member that
 sees it multiplies the pool's factor by `DECREASE` (at most once per `DECREASE_HOLD_S`: one overshoot, one decrease),
-and the factor climbs back by `INCREASE_PER_S` per second without throttles (additive increase, multiplicative
-decrease). Fair shares scale with it at every member's next renewal.
+holds it there for `PROBE_AFTER_S`, then climbs back by `INCREASE_PER_S` per second without throttles (additive
+increase, multiplicative decrease, with a pause before probing). Fair shares scale with it at every member's next
+renewal.
 """
 
 from __future__ import annotations
@@ -48,7 +49,13 @@ DECREASE: Final = 0.75
 DECREASE_HOLD_S: Final = 2.0
 #: ... never below this ...
 MIN_FACTOR: Final = 0.2
-#: ... and it climbs back by this much per second without throttles.
+#: ... and it stays there this long before it climbs: whoever else uses the account (a production agent serving
+#: users) likely goes on for a while, and every probe above the room it leaves throttles its calls too. Climbing at
+#: once reached that room about 5 s after each decrease (bench_capacity --outside: one probe, and throttles of the
+#: outside consumer's calls, every 5-10 s while it ran). The cost of the pause: up to 20 s at 75% of the rate
+#: after a short burst from outside.
+PROBE_AFTER_S: Final = 20.0
+#: ... then it climbs back by this much per second without throttles.
 INCREASE_PER_S: Final = 0.02
 #: The budgets the backoff applies to (the rates AgentCore throttles).
 RATE_BUDGETS: Final[tuple[Budget, ...]] = ("sessions", "calls")
@@ -87,10 +94,11 @@ def want(member: Member, budget: Budget) -> float:
 
 
 def factor(backoff: Backoff | None, now: float) -> float:
-    """The backoff factor at `now`: its base, climbing back by `INCREASE_PER_S` per second."""
+    """The backoff factor at `now`: its base for `PROBE_AFTER_S`, then climbing back by `INCREASE_PER_S` per
+    second."""
     if backoff is None:
         return 1.0
-    return min(1.0, backoff.base + INCREASE_PER_S * max(0.0, now - backoff.at))
+    return min(1.0, backoff.base + INCREASE_PER_S * max(0.0, now - backoff.at - PROBE_AFTER_S))
 
 
 def decreased(backoff: Backoff | None, now: float) -> Backoff | None:
