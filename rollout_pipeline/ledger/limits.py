@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Final
 
@@ -21,6 +21,16 @@ PACE_TTL_S: Final = 3600
 
 
 @dataclass(frozen=True)
+class LimitsView:
+    """What one Query of the `LIMIT` partition shows (`LimitLedger.limits_view`): the session-slot counters, the
+    admission board's entries and the call budgets' schedules by budget."""
+
+    counts: list[int]
+    board: list[tuple[str, int, list[str]]] = field(default_factory=list)
+    paces: dict[str, PaceView] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
 class PaceView:
     """One paced budget's schedule item: `tat` (the earliest start of its next call, epoch us; 0: never used), and
     for a budget leased from the account pool its spacing `interval_us`, `lease_until_us` (no start may be booked
@@ -215,26 +225,34 @@ class LimitLedger:
         """The session-slot counters (`slot_counts`) AND the admission board (`waiting_board`) in ONE strongly
         consistent Query: both live in the `LIMIT` partition, the counters' sort keys (`SESSIONS#`) just before
         the board's (`WAIT#`), so a slot gate's poll that needs both costs one request, not two."""
+        view = self.limits_view(with_paces=False)
+        return view.counts, view.board
+
+    def limits_view(self, *, with_paces: bool = True) -> LimitsView:
+        """`slots_and_board`, and with `with_paces` the call budgets' schedules too (`pace`, every `PACE#` item:
+        their sort keys come before the counters'), in the same one strongly consistent Query: a slot gate's poll
+        that also needs the session budget's room costs one request, not two."""
         request: dict[str, Any] = {
             "KeyConditionExpression": "pk = :pk AND sk BETWEEN :from AND :to",
             "ExpressionAttributeValues": plain_values(
                 {
                     ":pk": keys.LIMIT_PK,
-                    ":from": keys.SESSIONS_SHARD_PREFIX,
+                    ":from": keys.PACE_PREFIX if with_paces else keys.SESSIONS_SHARD_PREFIX,
                     ":to": keys.WAIT_PREFIX[:-1] + chr(ord(keys.WAIT_PREFIX[-1]) + 1),  # past every WAIT#...
                 }
             ),
             "ConsistentRead": True,
         }
-        counts = [0] * keys.SESSION_SHARDS
-        board = []
+        view = LimitsView(counts=[0] * keys.SESSION_SHARDS)
         for raw in self.table.query(request, max_pages=10):
             sk = str(from_attribute_value(raw["sk"]))
             if sk.startswith(keys.SESSIONS_SHARD_PREFIX):
-                _count_slot(counts, raw)
+                _count_slot(view.counts, raw)
             elif sk.startswith(keys.WAIT_PREFIX):
-                board.append(_board_entry(raw))
-        return counts, board
+                view.board.append(_board_entry(raw))
+            elif sk.startswith(keys.PACE_PREFIX):
+                view.paces[sk.removeprefix(keys.PACE_PREFIX)] = PaceView.of(item_values(raw))
+        return view
 
     def in_flight(self) -> int:
         """Sessions holding a slot: the sum of the counters (strongly consistent)."""

@@ -75,5 +75,10 @@ def test_one_query_reads_the_counters_and_the_admission_board(resources: Experim
     expected = [("proc-a", 1_000, ["k1#0", "k1#1"]), ("proc-b", 2_000, ["k2#0"])]
     assert sorted(board) == sorted(limits.waiting_board()) == expected
     shards = SlotShards(limits, 200)
-    assert shards.in_flight_and_board() == (4, board)
+    queries.clear()
+    in_flight, same_board, paces = shards.in_flight_and_board()  # the gate's poll: the schedules come with them
+    assert len(queries) == 1
+    assert (in_flight, same_board) == (4, board)
+    assert paces == {"session#0": limits.pace("session#0")}  # nothing of POLICY or LAYOUT
+    assert paces["session#0"].tat_us == 5
     assert shards.room() == 200 - 4

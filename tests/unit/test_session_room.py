@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from rollout_pipeline.ledger.limits import PaceView
 from rollout_pipeline.lifecycle.limits.admission import ADMIT_AHEAD_S, SessionRoom, SlotGate
 from rollout_pipeline.lifecycle.limits.pacing import LATENESS_S, Pacer
 from tests.conftest import wait_for
@@ -29,6 +30,20 @@ def test_room_is_what_the_schedule_can_start_within_the_horizon() -> None:
     assert room.read() == 0
     now[0] += 3 * interval  # time passes: three starts' worth of room again
     assert room.read() == 3
+
+
+def test_a_schedule_read_with_the_slot_counters_costs_no_read_of_its_own() -> None:
+    """The gate's poll reads the schedules in its Query of the counters (`LimitLedger.limits_view`): the room
+    takes the session budget's from there; one the Query did not find was never used (idle)."""
+    schedules, now = FakeSchedules(), [1000.0]
+    room = _room(schedules, 5.0, now)
+    interval = (1 + LATENESS_S) / 5.0
+    booked = PaceView(tat_us=int((now[0] + ADMIT_AHEAD_S - 2 * interval) * 1e6))
+    assert room.read({"session#0": booked, "tps": PaceView()}) == 2
+    assert room.read({"tps": PaceView()}) == 2  # no newer news: the known schedule holds
+    assert schedules.reads == 0
+    assert room.read() == 2  # without them: one read
+    assert schedules.reads == 1
 
 
 def test_a_slow_budget_still_has_room_for_one_when_idle() -> None:

@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
+from rollout_pipeline.ledger.limits import PaceView
 from rollout_pipeline.lifecycle.limits import admission as limits
 from rollout_pipeline.lifecycle.limits.admission import LEAD_POLL_S, AdmissionBoard, BoardEntry, SlotGate
 from rollout_pipeline.topology import FUNCTIONS
@@ -37,9 +38,9 @@ def _gate(
     """A gate for process "a" whose poll reads `in_flight(poll number)` and the board together."""
     polls: list[int] = []
 
-    def in_flight_and_board() -> tuple[int, list[BoardEntry]]:
+    def in_flight_and_board() -> tuple[int, list[BoardEntry], dict[str, PaceView]]:
         polls.append(len(polls) + 1)
-        return in_flight(len(polls)), FakeBoardLedger.waiting_board(ledger)
+        return in_flight(len(polls)), FakeBoardLedger.waiting_board(ledger), {}
 
     board = AdmissionBoard(ledger, "a", wall=lambda: clock.t)
     gate = SlotGate(

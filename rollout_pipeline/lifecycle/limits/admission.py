@@ -16,10 +16,10 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Final
 
-from rollout_pipeline.ledger.limits import LimitLedger
+from rollout_pipeline.ledger.limits import LimitLedger, PaceView
 from rollout_pipeline.lifecycle.limits.pacing import Pacer
 
 #: One process's entry on the admission board: (process, heartbeat in epoch microseconds, its waiting keys).
@@ -62,13 +62,14 @@ class SessionRoom:
             session.promise(1)
             return True
 
-    def read(self) -> int:
-        """Room now (reads the schedule)."""
+    def read(self, paces: Mapping[str, PaceView] | None = None) -> int:
+        """Room now: reads the schedule, unless given `paces` (the schedules read just now with the slot counters:
+        a budget missing there has never been used)."""
         with self._lock:
             session = self.session
             if session is None:
                 return UNBOUNDED_ROOM
-            session.read_tat()
+            session.read_tat(None if paces is None else paces.get(session.budget, PaceView()))
             room = session.room(self.ahead_s)
             if room <= 0:
                 _note_backlog(session)
@@ -207,7 +208,7 @@ class SlotGate:
         *,
         board: AdmissionBoard | None = None,
         room: SessionRoom | None = None,
-        in_flight_and_board: Callable[[], tuple[int, list[BoardEntry]]] | None = None,
+        in_flight_and_board: Callable[[], tuple[int, list[BoardEntry], Mapping[str, PaceView]]] | None = None,
         monotonic: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
@@ -378,14 +379,15 @@ class SlotGate:
             return random.uniform(*LEAD_POLL_S), True
         return jitter_poll_s(), False
 
-    def _read(self) -> tuple[int, float]:
-        """Sessions in flight, and how old a board view the decision may use (the board read with it: fresh)."""
+    def _read(self) -> tuple[int, float, Mapping[str, PaceView] | None]:
+        """Sessions in flight, how old a board view the decision may use (the board read with it: fresh), and the
+        call budgets' schedules when they were read with it (None: not read)."""
         if self._in_flight_and_board is None:
-            return self._in_flight(), 0.0
+            return self._in_flight(), 0.0, None
         assert self.board is not None
-        in_flight, board = self._in_flight_and_board()
+        in_flight, board, paces = self._in_flight_and_board()
         self.board.absorb(board)
-        return in_flight, BOARD_READ_S
+        return in_flight, BOARD_READ_S, paces
 
     def _poll(self, wait_until: float) -> int:
         """Poll until some slots look free for this process's waiters (their number) or `wait_until` passes."""
@@ -403,11 +405,11 @@ class SlotGate:
             self.lead_polls += lead
             if self.board is not None:
                 self._publish()  # this process's waiters as they are now (changed, or the heartbeat)
-            in_flight, board_age_s = self._read()
+            in_flight, board_age_s, paces = self._read()
             pause, lead = self._pace()
             free = self.max_sessions() - in_flight
             if free > 0 and self.room is not None:
-                free = min(free, self.room.read())
+                free = min(free, self.room.read(paces))
                 if free <= 0 and self._may_chase():
                     pause = self._room_pause(pause)
             if free <= 0:

@@ -183,18 +183,23 @@ class Pacer:
     def _lacks_lease(self, start: float) -> bool:
         return self.lease_until < max(start, self.tat)
 
-    def read_tat(self) -> float:
+    def read_tat(self, pace: PaceView | None = None) -> float:
         """Read the budget's schedule (one strongly consistent GetItem; a leased one renewed after if due: the read
-        shows a renewal by another process, which then needs none); returns the latest known `tat`."""
+        shows a renewal by another process, which then needs none); returns the latest known `tat`. `pace`: the
+        schedule as read just now by another request (`LimitLedger.limits_view`), then no GetItem (unless no
+        lease is known yet: the read must come after getting one)."""
         if self.lease is not None:
             if self.lease_until <= self._wall():  # no lease known to this process yet: get one before reading
                 self.lease.ensure()
-            pace = self.ledger.pace(self.budget)
+                pace = None
+            if pace is None:
+                pace = self.ledger.pace(self.budget)
             self.absorb(pace)
             self.tat = max(self.tat, pace.tat_us / 1e6)
             self.lease.ensure()
             return self.tat
-        self.tat = max(self.tat, self.ledger.pace_tat(self.budget) / 1e6)
+        tat_us = self.ledger.pace_tat(self.budget) if pace is None else pace.tat_us
+        self.tat = max(self.tat, tat_us / 1e6)
         return self.tat
 
     def room(self, ahead_s: float) -> int:

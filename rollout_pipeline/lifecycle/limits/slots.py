@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable, Sequence
 
 from rollout_pipeline.ledger import keys
-from rollout_pipeline.ledger.limits import LimitLedger, shard_cap
+from rollout_pipeline.ledger.limits import LimitLedger, PaceView, shard_cap
 from rollout_pipeline.lifecycle.limits.admission import BoardEntry
 
 
@@ -56,11 +56,11 @@ class SlotShards:
         """Read every counter (one Query): the sessions in flight; refreshes the view."""
         return self._absorb(self.ledger.slot_counts())
 
-    def in_flight_and_board(self) -> tuple[int, list[BoardEntry]]:
-        """The sessions in flight and the admission board, in one Query (`LimitLedger.slots_and_board`); refreshes
-        the view."""
-        counts, board = self.ledger.slots_and_board()
-        return self._absorb(counts), board
+    def in_flight_and_board(self) -> tuple[int, list[BoardEntry], dict[str, PaceView]]:
+        """The sessions in flight, the admission board and the call budgets' schedules, in one Query
+        (`LimitLedger.limits_view`); refreshes the view."""
+        view = self.ledger.limits_view()
+        return self._absorb(view.counts), view.board, view.paces
 
     def _absorb(self, counts: Sequence[int]) -> int:
         with self._lock:
