@@ -68,6 +68,9 @@ QUOTA_ACTIVE = 5000
 BEFORE_ENDPOINTS = 4
 BEFORE_SESSION_RATE = 6.0
 BEFORE_TPS = 50
+#: ... with main's dispatchers then: 5 Lambdas (its default) of 10 rollouts (its SQS batch then).
+BEFORE_DISPATCHERS = 5
+BEFORE_BATCH = 10
 #: The windows share errors are measured over while every experiment is backlogged (virtual s).
 SHARE_WINDOW_S = 10.0
 #: Rates are read over this sliding width (virtual s) for the rebalance, backoff and climb figures.
@@ -98,12 +101,20 @@ def main(argv: list[str] | None = None) -> int:
         help="dispatcher 'Lambdas' per experiment (default: what synth derives, `config.derived_dispatch_concurrency`)",
     )
     parser.add_argument("--completers", type=int, default=2, help="completer 'Lambdas' per experiment")
-    parser.add_argument("--threads", type=int, default=10)
+    parser.add_argument(
+        "--threads", type=int, default=None, help="rollouts per dispatcher (default: its SQS batch, `DISPATCH_BATCH`)"
+    )
     parser.add_argument("--max-sessions", type=int, default=200)
     parser.add_argument("--min-delay", type=float, default=2.0, help="agent time before the result (virtual s)")
     parser.add_argument("--max-delay", type=float, default=6.0)
     parser.add_argument("--reserve", type=float, default=0.1)
-    parser.add_argument("--idle-s", type=float, default=20.0, help="the first experiment's pause halfway (0: none)")
+    parser.add_argument(
+        "--idle-s",
+        type=float,
+        default=30.0,
+        help="the first experiment's pause halfway (0: none); its dispatchers first finish the ~100 rollouts they"
+        " hold (rate x IN_HAND_S), ~18 s at its share of 5.6/s",
+    )
     parser.add_argument("--outside", action="store_true", help="an outside consumer starts halfway (no pause then)")
     parser.add_argument("--outside-rate", type=float, default=6.0, help="its new sessions/s")
     parser.add_argument(
@@ -150,7 +161,7 @@ def run(  # noqa: C901 (one run's harness: the experiments' Lambdas, the outside
     from rollout_pipeline.adapters.eventbridge import EventBridgePublisher
     from rollout_pipeline.adapters.s3 import S3ObjectStore
     from rollout_pipeline.adapters.sqs import SqsQueue
-    from rollout_pipeline.config import ExperimentConfig
+    from rollout_pipeline.config import DISPATCH_BATCH, ExperimentConfig
     from rollout_pipeline.fakes.acr import AcrProfile, AgentBehaviour, FakeAgentRuntime
     from rollout_pipeline.feed.feed import Feed
     from rollout_pipeline.ledger import retry
@@ -201,7 +212,12 @@ def run(  # noqa: C901 (one run's harness: the experiments' Lambdas, the outside
         own = (
             {}
             if pooled
-            else {"endpoints": BEFORE_ENDPOINTS, "session_rate_limit": BEFORE_SESSION_RATE, "tps_limit": BEFORE_TPS}
+            else {
+                "endpoints": BEFORE_ENDPOINTS,
+                "session_rate_limit": BEFORE_SESSION_RATE,
+                "tps_limit": BEFORE_TPS,
+                **({"dispatch_concurrency": BEFORE_DISPATCHERS} if args.dispatchers is None else {}),
+            }
         )
         config = ExperimentConfig(
             name=name,
@@ -213,11 +229,12 @@ def run(  # noqa: C901 (one run's harness: the experiments' Lambdas, the outside
             **own,
         )
         dispatchers = config.dispatch_concurrency
+        threads = args.threads or (DISPATCH_BATCH if pooled else BEFORE_BATCH)
         resources = create_resources(
             config, region="us-east-1", client=clients.client, pool=settings if pooled else False
         )
 
-        def make_deps(s: Any) -> LifecycleDeps:
+        def make_deps(s: Any, threads: int = threads) -> LifecycleDeps:
             ledger, queue = Ledger.open(s.table_name), SqsQueue()
             return LifecycleDeps(
                 settings=s,
@@ -227,14 +244,14 @@ def run(  # noqa: C901 (one run's harness: the experiments' Lambdas, the outside
                 queue=queue,
                 publisher=EventBridgePublisher(s.bus_name),
                 feed=Feed(ledger, queue, s),
-                dispatch_threads=args.threads,
+                dispatch_threads=threads,
                 pool=PoolLedger.open(s.pool_table_name) if s.pool_table_name else None,
             )
 
         options = RigOptions(
             dispatchers=dispatchers,
             completers=args.completers,
-            threads=args.threads,
+            threads=threads,
             queue_depth=150,
             seed=args.seed,
         )

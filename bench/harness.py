@@ -209,8 +209,11 @@ def request_items(operation: str, params: dict[str, Any]) -> list[str]:
         if params.get("IndexName"):
             return [f"index {params['IndexName']}"]
         values = params.get("ExpressionAttributeValues") or {}
-        if ":to" in values:  # the release window's look ahead over the pending groups (`ledger.release`)
+        start = str((values.get(":from") or {}).get("S", ""))
+        if start.startswith("P#"):  # the release window's look ahead over the pending groups (`ledger.release`)
             return ["query pending P#*"]
+        if start.startswith("SESSIONS#"):  # a slot gate's poll: the slot counters and the board in one Query
+            return ["query LIMIT slots+board"]
         pks = [str(v.get("S", "")) for v in values.values() if isinstance(v, dict)]
         return [f"query {pks[0].split('#', 1)[0] if pks else '?'}"]
     if operation in ("BatchGetItem", "BatchWriteItem"):
@@ -641,18 +644,26 @@ class Rig:
     # --------------------------------------------------------------------------------------------- the queues
 
     def receive(self, queue_url: str, n: int = 10) -> list[dict[str, Any]]:
+        """Up to `n` messages, as Lambda's poller gathers a batch: receives of at most 10 while they come full."""
         counters = self.counters
         counters.harness.on = True  # the Lambda service's poller, not the pipeline
+        messages: list[dict[str, Any]] = []
         try:
-            resp = self.sqs.receive_message(
-                QueueUrl=queue_url,
-                MaxNumberOfMessages=n,
-                WaitTimeSeconds=0,
-                VisibilityTimeout=min(43_200, int(self.clock.wall_s(self.visibility[queue_url]))),
-            )
+            for _ in range(math.ceil(n / 10)):
+                got = (
+                    self.sqs.receive_message(
+                        QueueUrl=queue_url,
+                        MaxNumberOfMessages=min(10, n - len(messages)),
+                        WaitTimeSeconds=0,
+                        VisibilityTimeout=min(43_200, int(self.clock.wall_s(self.visibility[queue_url]))),
+                    ).get("Messages")
+                    or []
+                )
+                messages += got
+                if len(got) < 10 or len(messages) >= n:
+                    break
         finally:
             counters.harness.on = False
-        messages = resp.get("Messages") or []
         if messages:
             with counters.lock:
                 counters.poller_sqs += 1
@@ -666,12 +677,12 @@ class Rig:
             for i, r in enumerate(records)
             if r["messageId"] not in failures
         ]
-        if entries:
+        for start in range(0, len(entries), 10):
             self.counters.harness.on = True
             with self.counters.lock:
                 self.counters.poller_sqs += 1
             try:
-                self.sqs.delete_message_batch(QueueUrl=queue_url, Entries=entries)
+                self.sqs.delete_message_batch(QueueUrl=queue_url, Entries=entries[start : start + 10])
             finally:
                 self.counters.harness.on = False
 
@@ -766,7 +777,7 @@ class Rig:
             if done.is_set():
                 return
             try:
-                records = self.receive(queue_url)
+                records = self.receive(queue_url, self.options.threads if name == "dispatcher" else 10)
                 if not records:
                     time.sleep(idle)
                     continue

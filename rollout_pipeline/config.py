@@ -24,8 +24,12 @@ EXPERIMENT_NAME_PATTERN = r"^[a-z][a-z0-9-]{0,31}$"
 _UNSET: Final = (None, "", "none", "None")
 
 
-#: Rollouts one dispatcher Lambda holds at once: its SQS batch (`topology.FUNCTIONS` reads it).
-DISPATCH_BATCH: Final = 10
+#: Rollouts one dispatcher Lambda holds at once: its SQS batch (`topology.FUNCTIONS` reads it), one thread each.
+#: More than SQS's 10 per receive (Lambda's poller gathers up to 10,000 for a standard queue, given a batching window
+#: of at least 1 s): each dispatcher process costs its own admission-board heartbeats, slot-gate polls and schedule
+#: reads whatever it holds, so the same rollouts in hand in fewer Lambdas cost fewer requests (bench_capacity: 30
+#: dispatchers of 10 for three experiments, 18.1 requests per rollout; docs/benchmarks.md, "Capacity").
+DISPATCH_BATCH: Final = 25
 #: Seconds a rollout spends in a dispatcher's hands before its session starts (its wait on the admission board for
 #: room in the schedule, up to ~2 s, and the invoke's answer): the dispatchers must hold rate x this many rollouts.
 #: Measured (bench/bench_capacity.py, one experiment alone on the whole account pool, 22.5/s): 50 in hand sustained

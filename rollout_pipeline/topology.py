@@ -57,6 +57,10 @@ def bus_name(experiment: str) -> str:
     return resource_base(experiment)
 
 
+#: Messages one SQS ReceiveMessage returns at most; a Lambda batch beyond it needs a batching window.
+SQS_RECEIVE_MAX: Final = 10
+
+
 @dataclass(frozen=True)
 class FunctionSpec:
     """The numbers of one pipeline function and (for a queue consumer) its SQS event source mapping."""
@@ -68,6 +72,13 @@ class FunctionSpec:
     batch_size: int | None = None
     batching_window_s: int = 0
     max_concurrency: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.batch_size is not None and self.batch_size > SQS_RECEIVE_MAX and self.batching_window_s < 1:
+            raise ValueError(
+                f"{self.name}: an SQS batch of {self.batch_size} (> {SQS_RECEIVE_MAX}) needs a batching window of"
+                " at least 1 s (Lambda's rule for standard queues)"
+            )
 
     @property
     def queue_fed(self) -> bool:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from rollout_pipeline import ids
-from rollout_pipeline.config import ExperimentConfig, HandlerSettings
+from rollout_pipeline.config import DISPATCH_BATCH, ExperimentConfig, HandlerSettings
 from rollout_pipeline.contracts.attempts import attempt_token
 from rollout_pipeline.costs import PriceBook
 from rollout_pipeline.feed.feed import Feed
@@ -44,8 +44,8 @@ class LifecycleDeps:
     outbox_age_s: float = 30.0
     #: Throttled invokes are retried this many times (each with a new TPS token) before the slot is freed.
     invoke_retries: int = 3
-    #: Dispatcher threads per SQS batch (also completion threads).
-    dispatch_threads: int = 10
+    #: Dispatcher threads per SQS batch, one per rollout a dispatcher holds (also completion threads).
+    dispatch_threads: int = DISPATCH_BATCH
     #: A cold-start RuntimeClientError (424) is retried on the same session this many times, this far apart: 6 s
     #: in all, in steps short enough that a session is used at most 0.5 s after it is up (a retry is one `tps` call).
     cold_start_retries: int = 12

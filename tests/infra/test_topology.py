@@ -91,16 +91,18 @@ def test_visibility_is_derived_and_capped() -> None:
 
 def test_synth_derives_the_dispatch_concurrency_from_the_rate(synth: Synthesized) -> None:
     """cdk.json leaves `dispatch_concurrency` unset: synth derives it from the experiment's new-session rate (the
-    whole account pool less the reserve, 22.5/s, x `IN_HAND_S` 4.4 s / 10 per Lambda = 10, measured to sustain 0.93
-    of the pool alone), a lower rate asks for fewer, and an explicit value wins."""
+    whole account pool less the reserve, 22.5/s, x `IN_HAND_S` 4.4 s = 99 rollouts in hand, / 25 per Lambda = 4), a
+    lower rate asks for fewer, and an explicit value wins. A batch over SQS's 10 per receive has Lambda's batching
+    window."""
     mapping = _mappings(synth)[synth.logical_id(synth.stack.dispatch.queue)]
-    assert mapping["ScalingConfig"] == {"MaximumConcurrency": 10}
-    assert DEFAULTS.dispatch_concurrency == 10
+    assert mapping["ScalingConfig"] == {"MaximumConcurrency": 4}
+    assert (mapping["BatchSize"], mapping["MaximumBatchingWindowInSeconds"]) == (25, 1)
+    assert DEFAULTS.dispatch_concurrency == 4
     context = stack_context()
     assert context["dispatch_concurrency"] == ""  # derived, not pinned, by cdk.json
-    assert ExperimentConfig.from_context({**context, "session_rate_limit": "5"}).dispatch_concurrency == 3
+    assert ExperimentConfig.from_context({**context, "session_rate_limit": "12"}).dispatch_concurrency == 3
     assert ExperimentConfig.from_context({**context, "tps_limit": "8"}).dispatch_concurrency == 2
-    assert ExperimentConfig.from_context({**context, "max_sessions": "30"}).dispatch_concurrency == 3
+    assert ExperimentConfig.from_context({**context, "max_sessions": "60"}).dispatch_concurrency == 3
     assert ExperimentConfig.from_context({**context, "dispatch_concurrency": "4"}).dispatch_concurrency == 4
 
 
@@ -109,7 +111,14 @@ def test_local_mode_derives_the_dispatch_concurrency_from_its_account() -> None:
     wide = LocalSettings(max_sessions=200, tps_limit=200, account_new_sessions_per_s=4.0)
     assert wide.experiment_config("http://127.0.0.1:1/v1").dispatch_concurrency == 2  # 3.6/s x 4.4 s: 16 in hand
     fast = LocalSettings(max_sessions=200, tps_limit=200, account_new_sessions_per_s=50.0)
-    assert fast.experiment_config("http://127.0.0.1:1/v1").dispatch_concurrency == 20  # 45/s x 4.4 s / 10
+    assert fast.experiment_config("http://127.0.0.1:1/v1").dispatch_concurrency == 8  # 45/s x 4.4 s / 25
     pinned = LocalSettings(max_sessions=200, tps_limit=200, dispatch_concurrency=3)
     assert pinned.experiment_config("http://127.0.0.1:1/v1").dispatch_concurrency == 3
     assert LocalSettings().experiment_config("http://127.0.0.1:1/v1").dispatch_concurrency == 2  # 4 sessions
+
+
+def test_a_batch_over_one_receive_needs_a_batching_window() -> None:
+    """Lambda refuses an SQS event source mapping of more than 10 messages a batch without a batching window."""
+    with pytest.raises(ValueError, match="batching window"):
+        topology.FunctionSpec("dispatch", timeout_s=60, memory_mb=128, batch_size=25, max_concurrency=2)
+    assert topology.FunctionSpec("dispatch", timeout_s=60, memory_mb=128, batch_size=25, batching_window_s=1)
