@@ -11,6 +11,7 @@ the event source's maximum concurrency.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 import uuid
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rollout_pipeline.adapters.clients import ClientFactory, default_factory
+from rollout_pipeline.topology import SQS_RECEIVE_MAX
 
 if TYPE_CHECKING:
     from lambdas.glue import Handler
@@ -137,16 +139,24 @@ class QueueConsumer:
                 self._stop.wait(1.0)
 
     def poll_once(self) -> int:
-        """Receive one batch and run the handler on it; return how many messages were received."""
+        """Receive one batch and run the handler on it; return how many messages were received. As Lambda's poller
+        does, a batch of more than SQS's 10 per receive is gathered from several receives while they come full."""
         sqs = self.clients.client("sqs")
-        resp = sqs.receive_message(
-            QueueUrl=self.queue_url,
-            MaxNumberOfMessages=self.batch_size,
-            WaitTimeSeconds=self.wait_time_s,
-            AttributeNames=["All"],
-            MessageAttributeNames=["All"],
-        )
-        messages = resp.get("Messages") or []
+        messages: list[dict[str, Any]] = []
+        for _ in range(math.ceil(self.batch_size / SQS_RECEIVE_MAX)):
+            got = (
+                sqs.receive_message(
+                    QueueUrl=self.queue_url,
+                    MaxNumberOfMessages=min(SQS_RECEIVE_MAX, self.batch_size - len(messages)),
+                    WaitTimeSeconds=0 if messages else self.wait_time_s,
+                    AttributeNames=["All"],
+                    MessageAttributeNames=["All"],
+                ).get("Messages")
+                or []
+            )
+            messages += got
+            if len(got) < SQS_RECEIVE_MAX or len(messages) >= self.batch_size:
+                break
         if not messages:
             return 0
         failed_ids = self._invoke(messages)

@@ -41,6 +41,29 @@ def test_partial_batch_failure_keeps_only_failed_messages(resources: ExperimentR
     assert left == [1, 3], "only the failed messages are redelivered"
 
 
+def test_a_batch_over_ten_is_gathered_from_several_receives(resources: ExperimentResources) -> None:
+    """SQS returns at most 10 messages a receive (real SQS refuses MaxNumberOfMessages above 10); a dispatcher's
+    batch of 25 is gathered as Lambda's poller gathers it, and failures are handed back past the first 10."""
+    batches: list[int] = []
+    handled: list[int] = []
+
+    def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+        batches.append(len(event["Records"]))
+        handled.extend(json.loads(r["body"])["n"] for r in event["Records"] if json.loads(r["body"])["n"] < 20)
+        late = [r for r in event["Records"] if json.loads(r["body"])["n"] >= 20]
+        return {"batchItemFailures": [{"itemIdentifier": r["messageId"]} for r in late]}
+
+    _send(resources.ingest_queue_url, list(range(30)))
+    consumer = QueueConsumer(
+        "ingest", resources.ingest_queue_url, handler, region=REGION, batch_size=25, wait_time_s=0, retry_delay_s=0
+    )
+    consumer._queue_arn = "arn"
+    assert consumer.poll_once() == 25
+    assert batches == [25]
+    left = sorted(body["n"] for body in receive_all(resources.ingest_queue_url))
+    assert left == sorted(set(range(30)) - set(handled))  # the failed (>= 20) and the 5 not received
+
+
 def test_handler_exception_redelivers_the_whole_batch(resources: ExperimentResources) -> None:
     def handler(event: dict[str, Any], context: LambdaContext) -> None:
         raise RuntimeError("boom")
