@@ -212,7 +212,7 @@ def request_items(operation: str, params: dict[str, Any]) -> list[str]:
         start = str((values.get(":from") or {}).get("S", ""))
         if start.startswith("P#"):  # the release window's look ahead over the pending groups (`ledger.release`)
             return ["query pending P#*"]
-        if start.startswith("SESSIONS#"):  # a slot gate's poll: the slot counters and the board in one Query
+        if start.startswith(("SESSIONS#", "PACE#")):  # a slot gate's poll: the counters, the board (and schedules)
             return ["query LIMIT slots+board"]
         pks = [str(v.get("S", "")) for v in values.values() if isinstance(v, dict)]
         return [f"query {pks[0].split('#', 1)[0] if pks else '?'}"]

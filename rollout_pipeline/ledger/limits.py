@@ -259,7 +259,14 @@ class LimitLedger:
         return sum(self.slot_counts())
 
     def reserve_pace(
-        self, budget: str, *, not_before_us: int, latest_us: int, interval_us: int, busy_first: bool = False
+        self,
+        budget: str,
+        *,
+        not_before_us: int,
+        latest_us: int,
+        interval_us: int,
+        busy_first: bool = False,
+        count: int = 1,
     ) -> tuple[int | None, int]:
         """Reserve the next start time of a paced budget (GCRA: `tat` = the earliest time the next call may start,
         in epoch microseconds) in [not_before_us, latest_us]. Returns (slot_us, tat_us): `slot_us` the reserved
@@ -267,31 +274,33 @@ class LimitLedger:
         before `not_before_us` that nobody took stays unused. Two conditional writes, one per case (free at
         `not_before`, or busy: the next free time); the one the caller expects (`busy_first`: it last saw the
         schedule ahead of `not_before`) goes first, so a reservation costs one write when the guess is right. A read
-        only when the schedule is full."""
+        only when the schedule is full. `count`: that many consecutive starts, `interval_us` apart, in the one
+        write (the first is returned)."""
         key = keys.pace_key(budget)
         expires = not_before_us // 1_000_000 + 3600
+        span = interval_us * count
 
         def take_free() -> tuple[int, int] | None:
             free = self.table.update(
                 key,
                 "SET tat = :next, expires_at = :exp",
                 "attribute_not_exists(tat) OR tat <= :nb",
-                {":next": not_before_us + interval_us, ":nb": not_before_us, ":exp": expires},
+                {":next": not_before_us + span, ":nb": not_before_us, ":exp": expires},
             )
-            return None if free is None else (not_before_us, not_before_us + interval_us)
+            return None if free is None else (not_before_us, not_before_us + span)
 
         def take_next() -> tuple[int, int] | None:
             busy = self.table.update(
                 key,
                 "ADD tat :interval SET expires_at = :exp",
                 "tat > :nb AND tat <= :latest",
-                {":interval": interval_us, ":nb": not_before_us, ":latest": latest_us, ":exp": expires},
+                {":interval": span, ":nb": not_before_us, ":latest": latest_us, ":exp": expires},
                 return_values="UPDATED_NEW",
             )
             if busy is None:
                 return None
             tat = int(from_attribute_value(busy["tat"]))
-            return tat - interval_us, tat
+            return tat - span, tat
 
         attempts = (take_next, take_free) if busy_first else (take_free, take_next)
         for _ in range(6):
@@ -305,12 +314,26 @@ class LimitLedger:
         raise LedgerError(f"pace budget {budget} kept changing under us")
 
     def reserve_leased(
-        self, budget: str, *, not_before_us: int, latest_us: int, busy_first: bool = False
+        self,
+        budget: str,
+        *,
+        not_before_us: int,
+        latest_us: int,
+        busy_first: bool = False,
+        count: int = 1,
+        interval_us: int = 0,
     ) -> LeasedSlot:
         """`reserve_pace` on a schedule leased from the account pool (`set_pace_lease`): the spacing is the item's
         own `interval_us`, and no start is booked after its `lease_until`, both checked by the conditional write
         itself, so every process books at the rate the pool granted and none past the lease. Returns the slot, or
-        None with the schedule (`LeasedSlot.lacks_lease` when the lease, not the window, is what is missing)."""
+        None with the schedule (`LeasedSlot.lacks_lease` when the lease, not the window, is what is missing).
+        `count` > 1: that many consecutive starts in the one write (the first is returned), spaced by
+        `interval_us`, the spacing the caller last saw, which the write checks is still the item's (DynamoDB's
+        expressions cannot multiply), and only while the lease covers the last of them at the latest."""
+        if count > 1:
+            return self._reserve_leased_block(
+                budget, not_before_us=not_before_us, latest_us=latest_us, count=count, interval_us=interval_us
+            )
         key = keys.pace_key(budget)
         expires = not_before_us // 1_000_000 + PACE_TTL_S
 
@@ -347,6 +370,42 @@ class LimitLedger:
             if pace.tat_us > latest_us or pace.lease_until_us < max(not_before_us, pace.tat_us) or not pace.interval_us:
                 return LeasedSlot(None, pace)
         raise LedgerError(f"pace budget {budget} kept changing under us")
+
+    def _reserve_leased_block(
+        self, budget: str, *, not_before_us: int, latest_us: int, count: int, interval_us: int
+    ) -> LeasedSlot:
+        """`reserve_leased` of `count` starts: one attempt each way (free at `not_before`, else the next free time),
+        no retry; the caller reserves one at a time when this gives nothing."""
+        key = keys.pace_key(budget)
+        span, last = interval_us * count, interval_us * (count - 1)
+        values = {":iv": interval_us, ":exp": not_before_us // 1_000_000 + PACE_TTL_S, ":k": count}
+        free = self.table.update(
+            key,
+            "SET last_start = :last, tat = :end, expires_at = :exp ADD n :k",
+            "(attribute_not_exists(tat) OR tat <= :nb) AND lease_until >= :last AND interval_us = :iv",
+            {**values, ":nb": not_before_us, ":last": not_before_us + last, ":end": not_before_us + span},
+            return_values="ALL_NEW",
+        )
+        if free is not None:
+            return LeasedSlot(not_before_us, PaceView.of(item_values(free)))
+        busy = self.table.update(
+            key,
+            "SET last_start = tat + :last, tat = tat + :span, expires_at = :exp ADD n :k",
+            "tat > :nb AND tat <= :latest AND lease_until >= :bound AND interval_us = :iv",
+            {
+                **values,
+                ":nb": not_before_us,
+                ":latest": latest_us,
+                ":bound": latest_us + last,  # tat <= latest: the last start is within the lease
+                ":last": last,
+                ":span": span,
+            },
+            return_values="ALL_NEW",
+        )
+        if busy is not None:
+            pace = PaceView.of(item_values(busy))
+            return LeasedSlot(pace.tat_us - span, pace)
+        return LeasedSlot(None, self.pace(budget))
 
     def pace(self, budget: str) -> PaceView:
         """A paced budget's schedule item (strongly consistent)."""

@@ -97,6 +97,47 @@ def test_no_start_is_booked_past_the_lease(resources: ExperimentResources) -> No
     assert refused.lacks_lease(after)  # renew, then try again
 
 
+def test_a_block_of_starts_is_one_write_at_the_granted_spacing_within_the_lease(
+    resources: ExperimentResources,
+) -> None:
+    """A completion batch's stops book their `tps` starts together (`reserve_leased(count=...)`): consecutive
+    starts at the item's own spacing, in one write; a spacing changed since (a renewal) or a lease that does not
+    cover the last start books nothing, and the stops then reserve one at a time."""
+    wall = Wall()
+    lease = lease_of(resources, wall)
+    lease.renew()
+    limits = lease.limits
+    pace = limits.pace(CALLS_PACE)
+    interval, until_us = pace.interval_us, pace.lease_until_us
+    now_us = int(wall.now * 1e6)
+    writes: list[str] = []
+    update = limits.table.update
+    limits.table.update = lambda *a, **kw: writes.append(a[1]) or update(*a, **kw)  # type: ignore[method-assign]
+    block = limits.reserve_leased(
+        CALLS_PACE, not_before_us=now_us, latest_us=now_us + 1_000_000, count=5, interval_us=interval
+    )
+    assert len(writes) == 1
+    assert block.slot_us == now_us
+    assert (block.pace.tat_us, block.pace.booked) == (now_us + 5 * interval, pace.booked + 5)
+    busy = limits.reserve_leased(
+        CALLS_PACE, not_before_us=now_us, latest_us=now_us + 1_000_000, count=3, interval_us=interval
+    )
+    assert busy.slot_us == now_us + 5 * interval  # after the first block, in the same spacing
+    assert busy.pace.last_start_us == now_us + 7 * interval
+    stale = limits.reserve_leased(
+        CALLS_PACE, not_before_us=now_us, latest_us=now_us + 1_000_000, count=3, interval_us=interval + 1
+    )
+    assert stale.slot_us is None
+    near_end = until_us - interval + 1  # room for one start before the lease ends, not for two
+    assert (
+        limits.reserve_leased(
+            CALLS_PACE, not_before_us=near_end, latest_us=near_end, count=2, interval_us=interval
+        ).slot_us
+        is None
+    )
+    assert limits.pace(CALLS_PACE).tat_us == now_us + 8 * interval  # nothing booked by the refusals
+
+
 def test_an_idle_experiments_share_flows_to_the_others_and_back(resources: ExperimentResources) -> None:
     wall = Wall()
     a, b = lease_of(resources, wall), lease_of(second_experiment("exp-b"), wall)

@@ -3,6 +3,7 @@ stops are served ahead of a backlog of invokes. Real processes share a moto serv
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -216,3 +217,37 @@ def test_new_sessions_in_a_share_of_their_own_take_no_tps_slot(table: tuple[str,
     assert busiest_sliding_window([at for at, _, _ in runtime.calls]) <= 10
     assert reserved.count("tps") == 6  # the stops' only: no new session reserved a `tps` slot
     assert reserved.count("session#0") == 12  # one reservation per new session: none was lost
+
+
+def test_stops_booked_together_take_one_write_and_keep_the_spacing(table: tuple[str, dict[str, str]]) -> None:
+    """A completion batch's stops book their `tps` starts in one write of the schedule (`book_stops`); each stop
+    then takes the earliest, so they start `interval` apart as if each had reserved its own. A stop with none left
+    reserves its own; starts too late to use are dropped, never used late. On a virtual clock (`ThreadClocks`)."""
+    name, _env = table
+    ledger = Ledger.open(name).limits
+    reserved: list[int] = []
+    reserve_pace = ledger.reserve_pace
+
+    def counted(budget: str, **kwargs: Any) -> tuple[int | None, int]:
+        reserved.append(int(kwargs.get("count", 1)))
+        return reserve_pace(budget, **kwargs)
+
+    ledger.reserve_pace = counted  # type: ignore[method-assign]
+    clocks = ThreadClocks(time.time())
+    tps = Pacer(ledger, "tps", 10, wall=clocks.wall, sleep=clocks.sleep)
+    runtime = RecordingRuntime(clocks.wall)
+    limited = LimitedRuntime(runtime, tps, [Pacer(ledger, "session#0", 4)])
+    assert limited.book_stops(4) == 4
+    assert reserved == [4]
+    for j in range(5):
+        limited.stop(f"x-{j}", time.monotonic() + 60)
+    assert reserved == [4, 1]  # the fifth found none booked
+    starts = [at for at, _op, _sid in runtime.calls]
+    gaps = [later - earlier for earlier, later in itertools.pairwise(starts)]
+    assert min(gaps) >= tps.interval_s - 1e-6
+    assert busiest_sliding_window(starts) <= 10
+    assert limited.book_stops(2) == 2
+    clocks.sleep(5.0)  # the stops came much later: their booked starts are past
+    limited.stop("late", time.monotonic() + 60)
+    assert reserved == [4, 1, 2, 1]
+    assert runtime.calls[-1][0] >= clocks.start + 5.0

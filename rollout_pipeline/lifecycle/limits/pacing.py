@@ -23,8 +23,10 @@ experiment's own settings, as before the pool.
 
 from __future__ import annotations
 
+import logging
 import math
 import random
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, Protocol
@@ -35,6 +37,8 @@ from rollout_pipeline.lifecycle.metrics import ACR_THROTTLED, LIMIT_BACKLOG, Met
 from rollout_pipeline.ports import AgentRuntime, RuntimeRateExceeded, RuntimeThrottled
 from rollout_pipeline.quotas import Budget, NewSessionScope
 
+log = logging.getLogger(__name__)
+
 #: A call may start at most this long after its reserved slot; the spacing leaves room for it.
 LATENESS_S: Final = 0.05
 #: A caller that wakes up later than this after its slot drops it (the margin covers the call's own latency).
@@ -43,6 +47,8 @@ LATE_START_S: Final = LATENESS_S * 0.8
 INVOKE_AHEAD_S: Final = 0.25
 #: How long a stop waits for its slot when the caller gives no deadline.
 DEFAULT_STOP_WAIT_S: Final = 15.0
+#: Stops booked together (`LimitedRuntime.book_stops`) start within this long.
+STOP_BOOK_AHEAD_S: Final = 1.0
 #: A leased schedule without a lease covering the next start: look again this long later (jittered).
 NO_LEASE_PAUSE_S: Final = (0.05, 0.25)
 
@@ -172,6 +178,41 @@ class Pacer:
         self.tat = max(self.tat, tat_us / 1e6)
         return (None if slot_us is None else slot_us / 1e6), tat_us / 1e6
 
+    def book(self, count: int, ahead_s: float) -> list[float]:
+        """Reserve `count` consecutive starts (wall clock, s) in ONE write, the first within `ahead_s`: for calls
+        known to come together (a completion batch's stops). [] when the schedule gave none that way (full, a
+        spacing changed by a renewal, a lease too short): the calls then reserve one at a time."""
+        if count < 2:
+            return []
+        now = self._wall()
+        not_before, latest = now + self.lead_s, now + self.lead_s + ahead_s
+        interval_us = max(1, int(self.interval_s * 1e6))
+        if self.lease is not None:
+            if self._lacks_lease(not_before):
+                return []
+            answer = self.ledger.reserve_leased(
+                self.budget,
+                not_before_us=int(not_before * 1e6),
+                latest_us=int(latest * 1e6),
+                count=count,
+                interval_us=interval_us,
+            )
+            self.absorb(answer.pace)
+            first_us, tat_us = answer.slot_us, answer.pace.tat_us
+        else:
+            first_us, tat_us = self.ledger.reserve_pace(
+                self.budget,
+                not_before_us=int(not_before * 1e6),
+                latest_us=int(latest * 1e6),
+                interval_us=interval_us,
+                busy_first=self.tat > not_before,
+                count=count,
+            )
+        self.tat = max(self.tat, tat_us / 1e6)
+        if first_us is None:
+            return []
+        return [(first_us + i * interval_us) / 1e6 for i in range(count)]
+
     def absorb(self, pace: PaceView) -> None:
         """Take a leased schedule's spacing and lease from a read or a reservation's answer."""
         if pace.interval_us:
@@ -273,6 +314,9 @@ class LimitedRuntime:
         self.metrics = metrics
         #: New sessions' calls are in a share of the data-plane budget set apart: they take no `tps` slot.
         self.sessions_apart = sessions_apart
+        #: `tps` starts booked ahead for stops (`book_stops`), earliest first; a stop takes one before reserving.
+        self._booked_stops: list[float] = []
+        self._booked_lock = threading.Lock()
 
     def session_pacer(self, session_id: str) -> Pacer:
         """The budget a new session `session_id` takes: the leased `session` one (account scope), else its
@@ -368,10 +412,36 @@ class LimitedRuntime:
         if pause > 0:
             self.tps._sleep(pause)
 
+    def book_stops(self, count: int) -> int:
+        """Book `count` `tps` starts for stops about to be made (a completion batch's) in one write of the schedule,
+        not one each; the next `stop` calls of this process take them. Returns how many were booked (0: each stop
+        reserves its own)."""
+        try:
+            slots = self.tps.book(count, STOP_BOOK_AHEAD_S)
+        except Exception:  # booking ahead only saves writes: the stops reserve one at a time
+            log.warning("could not book %d stops ahead", count, exc_info=True)
+            return 0
+        with self._booked_lock:
+            self._booked_stops = sorted(self._booked_stops + slots)
+        return len(slots)
+
+    def _booked_stop(self) -> float | None:
+        """The earliest start booked for a stop that is not yet too late to use (stale ones are dropped)."""
+        latest_late = self.tps._wall() - LATE_START_S
+        with self._booked_lock:
+            while self._booked_stops:
+                slot = self._booked_stops.pop(0)
+                if slot >= latest_late:
+                    return slot
+        return None
+
     def stop(self, session_id: str, wait_until: float | None = None) -> None:
-        """StopRuntimeSession once the `tps` budget allows (stops may queue ahead of invokes)."""
+        """StopRuntimeSession once the `tps` budget allows (stops may queue ahead of invokes): at a start booked
+        ahead for it (`book_stops`), else one reserved now."""
         until = wait_until if wait_until is not None else time.monotonic() + DEFAULT_STOP_WAIT_S
-        if not self.tps.acquire(until):
+        slot = self._booked_stop()
+        on_booked = slot is not None and self.tps.sleep_until(slot)
+        if not on_booked and not self.tps.acquire(until):
             raise self._throttled("StopRuntimeSession")
         self._call(lambda: self.runtime.stop(session_id), "calls")
 
