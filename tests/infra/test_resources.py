@@ -234,7 +234,7 @@ def test_queue_consumers_report_partial_failures_with_bounded_concurrency(synth:
     stack = synth.stack
     expected = {
         stack.ingest: (1, 5),
-        stack.dispatch: (10, DEFAULTS.dispatch_concurrency),
+        stack.dispatch: (topology.DISPATCH_BATCH, DEFAULTS.dispatch_concurrency),
         stack.completion: (10, 10),
     }
     mappings = {
