@@ -21,8 +21,8 @@ from tests.integration.test_release_window import lifecycle, recording_queue
 pytestmark = pytest.mark.usefixtures(moto_lock.__name__)
 
 GROUP_SIZE = 2
-ROWS = 40
-WINDOW = 100
+ROWS = 60
+WINDOW = 120
 
 
 @pytest.fixture
