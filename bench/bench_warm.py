@@ -31,12 +31,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import os
 import random
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -68,6 +70,155 @@ def ticked_one_at_a_time() -> None:
             return original(self, budget_s=budget_s)
 
     WarmPool.tick = tick  # type: ignore[method-assign]
+
+
+class Timeline:
+    """Where admission time goes: per rollout of the step, when its message was first sent to the rollout queue
+    (a release), when a dispatcher received it (its SQS batch handed to `dispatch_records`), when its dispatch began
+    (`dispatch_body`), when its dispatch transaction committed, and (from the fake) its first invoke; and each release
+    (time, rollouts). Installed once (class and module patches); `reset` per side. Virtual seconds."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.on = False
+        self.sent: dict[tuple[str, int], float] = {}
+        self.received: dict[tuple[str, int], float] = {}
+        self.entered: dict[tuple[str, int], float] = {}
+        self.begun: dict[tuple[str, int], float] = {}
+        self.releases: list[tuple[float, int]] = []
+        self.sqs_batches: list[tuple[float, int]] = []
+        self.rollout_queue_url = ""
+
+    def reset(self, on: bool, rollout_queue_url: str = "") -> None:
+        with self.lock:
+            self.on = on
+            self.rollout_queue_url = rollout_queue_url
+            for record in (self.sent, self.received, self.entered, self.begun):
+                record.clear()
+            self.releases.clear()
+            self.sqs_batches.clear()
+
+    @staticmethod
+    def _key(body: str) -> tuple[str, int] | None:
+        try:
+            message = json.loads(body)
+            return str(message["input_id"]), int(message["index"])
+        except Exception:
+            return None
+
+    def _note(self, record: dict[tuple[str, int], float], keys: list[tuple[str, int] | None]) -> None:
+        now = time.time()
+        with self.lock:
+            if self.on:
+                for key in keys:
+                    if key is not None:
+                        record.setdefault(key, now)
+
+    def install(self) -> None:
+        from rollout_pipeline.adapters.sqs import SqsQueue
+        from rollout_pipeline.feed.feed import Feed
+        from rollout_pipeline.ledger.rollouts import DispatchStart, RolloutLedger
+        from rollout_pipeline.lifecycle import dispatch
+
+        timeline = self
+        send_in_order = Feed._send_in_order
+
+        def sent_in_order(feed: Feed, bodies: list[str]) -> None:
+            send_in_order(feed, bodies)
+            timeline._note(timeline.sent, [timeline._key(b) for b in bodies])
+            with timeline.lock:
+                if timeline.on:
+                    timeline.releases.append((time.time(), len(bodies)))
+
+        Feed._send_in_order = sent_in_order  # type: ignore[method-assign]
+        send_all = SqsQueue.send_all
+
+        def sent_all(queue: SqsQueue, queue_url: str, bodies: Any, delay_seconds: int = 0) -> None:
+            send_all(queue, queue_url, bodies, delay_seconds)
+            if queue_url == timeline.rollout_queue_url:
+                timeline._note(timeline.sent, [timeline._key(b) for b in bodies])
+
+        SqsQueue.send_all = sent_all  # type: ignore[method-assign]
+        dispatch_records, dispatch_body = dispatch.dispatch_records, dispatch.dispatch_body
+
+        def records(rs: Any, deps: Any, *, wait_until: float) -> Any:
+            timeline._note(timeline.received, [timeline._key(str(r["body"])) for r in rs])
+            with timeline.lock:
+                if timeline.on:
+                    timeline.sqs_batches.append((time.time(), len(rs)))
+            return dispatch_records(rs, deps, wait_until=wait_until)
+
+        def body(text: str, deps: Any, **kwargs: Any) -> Any:
+            timeline._note(timeline.entered, [timeline._key(text)])
+            return dispatch_body(text, deps, **kwargs)
+
+        dispatch.dispatch_records = records  # type: ignore[assignment]
+        dispatch.dispatch_body = body  # type: ignore[assignment]
+        begin = RolloutLedger.begin_dispatch
+
+        def begin_dispatch(ledger: RolloutLedger, **kwargs: Any) -> Any:
+            start = begin(ledger, **kwargs)
+            if start is DispatchStart.STARTED:
+                timeline._note(timeline.begun, [(str(kwargs["input_id"]), int(kwargs["index"]))])
+            return start
+
+        RolloutLedger.begin_dispatch = begin_dispatch  # type: ignore[method-assign]
+
+    def summary(self, submitted: float, invoked: dict[tuple[str, int], float], calls: list[Any]) -> dict[str, Any]:
+        """Per stage of admission, seconds from the submit (p50, p90, max) and between stages; the last rollout's
+        path; the releases and the SQS batches the dispatchers received; AgentCore's calls during admission by
+        kind (what shared the `tps` budget with the rollouts' invokes)."""
+        admitted = max(invoked.values(), default=submitted)
+        during: Counter[str] = Counter(
+            f"{c.op} {c.outcome}" + (" (warm pool)" if c.warmup else "") for c in calls if submitted <= c.at <= admitted
+        )
+        with self.lock:
+            stages = {
+                "sent": dict(self.sent),
+                "received": dict(self.received),
+                "entered": dict(self.entered),
+                "begun": dict(self.begun),
+                "invoked": dict(invoked),
+            }
+            releases, batches = list(self.releases), list(self.sqs_batches)
+        names = list(stages)
+        since_submit = {n: quantiles([t - submitted for t in stages[n].values()]) for n in names}
+        gaps: dict[str, dict[str, float]] = {}
+        for a, b in itertools.pairwise(names):
+            both = [k for k in stages[b] if k in stages[a]]
+            gaps[f"{a}->{b}"] = quantiles([stages[b][k] - stages[a][k] for k in both])
+        last = max(invoked, key=lambda k: invoked[k]) if invoked else None
+        path = {n: round(stages[n][last] - submitted, 3) for n in names if last is not None and last in stages[n]}
+        return {
+            "since_submit_s": since_submit,
+            "stage_gaps_s": gaps,
+            "last_rollout": {"key": list(last) if last else None, **path},
+            "releases": len(releases),
+            "released_rollouts": sum(n for _t, n in releases),
+            "last_release_s": max((t for t, _n in releases), default=submitted) - submitted,
+            "release_sizes": sorted({n for _t, n in releases}),
+            "sqs_batches": len(batches),
+            "mean_sqs_batch": (sum(n for _t, n in batches) / len(batches)) if batches else 0.0,
+            "acr_calls_during_admission": dict(during.most_common()),
+            "invokes_per_s_p10_p90": (
+                (0.8 * len(invoked)) / (pct(list(invoked.values()), 0.9) - pct(list(invoked.values()), 0.1))
+                if len(invoked) >= 10
+                else float("nan")
+            ),
+        }
+
+
+#: Where each side's admission time went (`Timeline.summary` in the figures' `admission`).
+TIMELINE = Timeline()
+
+
+def quantiles(values: list[float]) -> dict[str, float]:
+    return {
+        "p50": round(pct(values, 0.5), 3),
+        "p90": round(pct(values, 0.9), 3),
+        "max": round(max(values, default=float("nan")), 3),
+        "n": len(values),
+    }
 
 
 class JumpClock(DilatedClock):
@@ -281,7 +432,10 @@ def run_side(args: argparse.Namespace, clock: JumpClock, switch: CountersSwitch,
     side.start()
     side.pause()
     side.step()
-    side.tail()
+    if args.no_tail:
+        side.end_now()
+    else:
+        side.tail()
     return side.figures()
 
 
@@ -365,6 +519,18 @@ class Side:
             aws = sum(self.counters.ops.values()) + sum(self.counters.other.values())
         return aws + sum(1 for c in list(self.fake.calls) if c.op in ("invoke", "stop"))
 
+    def request_kinds(self) -> Counter[str]:
+        """The requests counted by `pipeline_requests`, by kind: DynamoDB by the ledger method and operation, other
+        AWS calls by service and operation, AgentCore calls by what they were."""
+        with self.counters.lock:
+            kinds = Counter(self.counters.callers) + Counter(self.counters.other)
+        for c in list(self.fake.calls):
+            if c.op == "invoke":
+                kinds[f"acr.invoke {'warm-up/keep-alive' if c.warmup else 'rollout'}"] += 1
+            elif c.op == "stop":
+                kinds["acr.stop"] += 1
+        return kinds
+
     def pool_sessions(self) -> int:
         self.counters.harness.on = True
         try:
@@ -404,6 +570,7 @@ class Side:
             self.clock.jump(self.t0 + args.pause - time.time())
         self.warm_before = self.pool_sessions()
         self.requests["fill"] = self.pipeline_requests()
+        self.kinds_at_submit = self.request_kinds()
         self.progress(f"pause over, {self.warm_before} warm sessions")
 
     def step(self) -> None:
@@ -420,6 +587,7 @@ class Side:
         assert view is not None
         with TICKING:
             self.clock.set_dilation(self.args.burst_dilation if self.warm else self.args.dilation)
+        TIMELINE.reset(True, self.resources.rollout_queue_url)
         self.submitted = time.time()
         feed = Feed(self.ledger, SqsQueue(), self.settings)
         for start in range(0, len(groups), 100):
@@ -428,6 +596,9 @@ class Side:
         self.ok.append(wait_until(lambda: len(self.lambdas.group_done) >= self.inputs, self.args.max_seconds))
         self.step_end = time.time()
         self.requests["step"] = self.pipeline_requests() - self.requests["fill"]
+        self.kinds_at_step_end = self.request_kinds()
+        self.admission = TIMELINE.summary(self.submitted, rollout_starts(self.fake), list(self.fake.calls))
+        TIMELINE.reset(False)
         self.progress(f"step over ({len(self.lambdas.group_done)} of {self.inputs} groups)")
         with TICKING:
             self.clock.set_dilation(self.args.fill_dilation)  # the agents are done: the tail is the pool's alone
@@ -449,6 +620,23 @@ class Side:
         self.ok.append(wait_until(lambda: self.in_flight() == 0 and self.pool_sessions() == 0, self.args.max_seconds))
         self.end = time.time()
         self.progress(f"idle: {self.pool_sessions()} warm sessions, {self.in_flight()} slots held")
+        self.finish()
+
+    def end_now(self) -> None:
+        """`--no-tail`: the side ends with the step (its tail figures are left out: sessions are left running). The
+        pool is halted first (nothing stopped), so a refill in progress ends at its next chunk."""
+        from rollout_pipeline.lifecycle.warm_pool import HALT_STOPPED, WarmPool
+
+        self.refilled = self.pool_sessions()
+        self.end = time.time()
+        self.counters.harness.on = True
+        try:
+            WarmPool(self.lambdas.deps).halt(HALT_STOPPED, stop=False)
+        finally:
+            self.counters.harness.on = False
+        self.finish()
+
+    def finish(self) -> None:
         self.lambdas.stop.set()
         self.lambdas.kick.set()
         self.probe.stop.set()
@@ -463,11 +651,7 @@ class Side:
         fake, total, submitted = self.fake, self.total, self.submitted
         prices = self.lambdas.deps.prices  # the experiment's (`LifecycleDeps.prices`)
         calls = list(fake.calls)
-        started_at: dict[tuple[str, int], float] = {}
-        for c in calls:
-            if c.op == "invoke" and not c.warmup and c.outcome in ("started", "reinvoked"):
-                rollout = fake.payloads.get(c.session_id, {}).get("_rollout") or {}
-                started_at.setdefault((str(rollout.get("input_id")), int(rollout.get("index") or 0)), c.at)
+        started_at = rollout_starts(fake)
         done = sorted(self.lambdas.group_done.values())
         idle = warm_idle(calls, submitted, self.end)
         invoked = {c.session_id for c in calls if c.op == "invoke" and c.outcome not in ("throttled", "quota_exceeded")}
@@ -494,9 +678,9 @@ class Side:
             "tail_idle_gb_s": warm_cost.idle_gb_s(idle["tail"], prices),
             "tail_idle_usd": warm_cost.idle_usd(idle["tail"], prices),
             "priced_as": prices.label,
-            "sessions_never_stopped": len(invoked - fake.stopped),
+            "sessions_never_stopped": float("nan") if self.args.no_tail else len(invoked - fake.stopped),
             "requests_per_rollout": (fill + step) / total,
-            "requests_per_rollout_with_tail": (fill + step + tail) / total,
+            "requests_per_rollout_with_tail": float("nan") if self.args.no_tail else (fill + step + tail) / total,
             "requests": dict(self.requests),
             "left_after_idle": {
                 "in_flight": self.in_flight(),
@@ -505,6 +689,10 @@ class Side:
             },
             "pool": dataclasses.asdict(self.view_ledger.warm.pool()),
             "requests_by_stage": dict(self.counters.stages.most_common()),
+            "admission": self.admission,
+            # Per rollout, the fill and the step (what `requests_per_rollout` counts), by kind; and the fill alone.
+            "requests_per_rollout_by_kind": per_rollout(self.kinds_at_step_end, total),
+            "fill_requests_per_rollout_by_kind": per_rollout(self.kinds_at_submit, total),
             "errors": len(errors),
             "first_errors": errors[:3],
             "machine": {
@@ -515,6 +703,20 @@ class Side:
                 "clock_lateness_ms_p95": pct(self.probe.late_ms, 0.95),
             },
         }
+
+
+def per_rollout(kinds: Counter[str], rollouts: int) -> dict[str, float]:
+    return {kind: round(n / rollouts, 3) for kind, n in kinds.most_common() if n}
+
+
+def rollout_starts(fake: Any) -> dict[tuple[str, int], float]:
+    """Each rollout's first invoke that started it (virtual time), by (input id, index)."""
+    started_at: dict[tuple[str, int], float] = {}
+    for c in list(fake.calls):
+        if c.op == "invoke" and not c.warmup and c.outcome in ("started", "reinvoked"):
+            rollout = fake.payloads.get(c.session_id, {}).get("_rollout") or {}
+            started_at.setdefault((str(rollout.get("input_id")), int(rollout.get("index") or 0)), c.at)
+    return started_at
 
 
 def admit_bound_s(config: Any, rollouts: int, warm: bool) -> float:
@@ -610,6 +812,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sides", default="warm,cold", help="which sides to run")
     parser.add_argument("--max-seconds", type=float, default=600.0, help="WALL seconds per phase at most")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--no-tail",
+        action="store_true",
+        help="end each side with its step (quicker; no tail figures, sessions_never_stopped not measured)",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     sides = [s for s in args.sides.split(",") if s]
@@ -639,6 +846,7 @@ def main(argv: list[str] | None = None) -> int:
     clients.register_hook("before-parameter-build", switch.before_build)
     install_latency(clients, random.Random(args.seed + 7))
     ticked_one_at_a_time()
+    TIMELINE.install()
     results: dict[str, Any] = {}
     for side in sides:
         if not args.json:
