@@ -33,6 +33,7 @@ import argparse
 import dataclasses
 import itertools
 import json
+import math
 import os
 import random
 import sys
@@ -374,6 +375,7 @@ class Lambdas:
 
         args, res = self.args, self.resources
         dispatch_deps = [dataclasses.replace(self.deps) for _ in range(args.dispatchers)]  # one slot gate each
+        self.dispatch_deps = dispatch_deps
         threads = [
             threading.Thread(target=self.trainer, name="bench-trainer", daemon=True),
             threading.Thread(target=self.sweeper, name="lc-sweeper", daemon=True),
@@ -426,9 +428,12 @@ def wait_until(condition: Callable[[], bool], wall_s: float) -> bool:
     return condition()
 
 
-def run_side(args: argparse.Namespace, clock: JumpClock, switch: CountersSwitch, warm: bool) -> dict[str, Any]:
+def run_side(
+    args: argparse.Namespace, clock: JumpClock, switch: CountersSwitch, warm: bool, profile: Any
+) -> dict[str, Any]:
     """One side: its own experiment, fake account and Lambdas; the pause, the step, the tail, then the figures."""
     side = Side(args, clock, switch, warm)
+    side.faithful = profile
     side.start()
     side.pause()
     side.step()
@@ -451,8 +456,10 @@ class Side:
         from rollout_pipeline.fakes.acr import AcrProfile, FakeAgentRuntime
         from rollout_pipeline.feed.feed import Feed
         from rollout_pipeline.ledger.ledger import Ledger
+        from rollout_pipeline.ledger.pool import PoolLedger
         from rollout_pipeline.lifecycle.deps import LifecycleDeps
         from rollout_pipeline.local.resources import create_resources
+        from rollout_pipeline.quotas import AccountQuotas, PoolSettings
 
         clients.reset()
         self.args, self.clock, self.warm, self.name = args, clock, warm, "warm" if warm else "cold"
@@ -462,7 +469,8 @@ class Side:
         self.config = ExperimentConfig(
             name=f"bench-{self.name}",
             tps_limit=args.tps,
-            session_rate_limit=args.account_quota / args.endpoints,
+            # With the account pool, the experiment's share of the account's new sessions (its lease), as deployed.
+            session_rate_limit=None if args.account_pool else args.account_quota / args.endpoints,
             endpoints=args.endpoints,
             max_sessions=args.max_sessions or self.total,
             group_size=self.group_size,
@@ -472,7 +480,17 @@ class Side:
             warm_idle_stop_s=args.idle_stop_s,
             session_memory_gb=args.session_gb,
         )
-        self.resources = create_resources(self.config, region="us-east-1", client=clients.client)
+        pool_settings = PoolSettings(
+            AccountQuotas(
+                new_sessions_per_s=args.account_quota,
+                data_plane_per_s=args.data_plane_quota,
+                active_sessions=args.active_quota,
+            ),
+            reserve=args.reserve,
+        )
+        self.resources = create_resources(
+            self.config, region="us-east-1", client=clients.client, pool=pool_settings if args.account_pool else False
+        )
         self.settings = settings = self.resources.settings()
         rng = random.Random(args.seed)
         self.delays = {
@@ -498,6 +516,7 @@ class Side:
             publisher=EventBridgePublisher(settings.bus_name),
             feed=Feed(self.ledger, queue, settings),
             dispatch_threads=args.threads,
+            pool=PoolLedger.open(settings.pool_table_name) if args.account_pool else None,
         )
         self.lambdas = Lambdas(self.resources, deps, self.counters, clock, args)
         self.view_ledger = Ledger.open(settings.table_name)
@@ -666,7 +685,8 @@ class Side:
             "admit_s": max(started_at.values(), default=float("nan")) - submitted,
             # What the limits allow at best: warm, every take one `tps` call (the new sessions' share set apart);
             # cold, every rollout a new session at the account's rate.
-            "admit_bound_s": admit_bound_s(self.config, total, self.warm),
+            "admit_bound_s": admit_bound_s(self.args, total, self.warm),
+            "admit_bound_with_stops_s": admit_bound_with_stops_s(self.args, total) if self.warm else float("nan"),
             "first_group_s": done[0] - submitted if done else float("nan"),
             "step_s": done[-1] - submitted if done else float("nan"),
             "cold_starts_on_path": sum(
@@ -689,6 +709,12 @@ class Side:
             },
             "pool": dataclasses.asdict(self.view_ledger.warm.pool()),
             "requests_by_stage": dict(self.counters.stages.most_common()),
+            # The dispatchers' views of the pool: reads, sessions taken, tries that found theirs taken by another.
+            "warm_takes": {
+                name: sum(getattr(d.warm, name) for d in self.lambdas.dispatch_deps)
+                for name in ("reads", "taken", "collisions")
+            },
+            "faithful": dataclasses.asdict(self.faithful.stats),
             "admission": self.admission,
             # Per rollout, the fill and the step (what `requests_per_rollout` counts), by kind; and the fill alone.
             "requests_per_rollout_by_kind": per_rollout(self.kinds_at_step_end, total),
@@ -719,16 +745,31 @@ def rollout_starts(fake: Any) -> dict[tuple[str, int], float]:
     return started_at
 
 
-def admit_bound_s(config: Any, rollouts: int, warm: bool) -> float:
+def admit_bound_s(args: argparse.Namespace, rollouts: int, warm: bool) -> float:
     """The least admission time the limits allow: warm, `rollouts` calls on the `tps` budget (its share for new
     sessions set apart, each call spaced by `LATENESS_S`); cold, `rollouts` new sessions at the session budget."""
-    from rollout_pipeline.lifecycle.limits.pacing import LATENESS_S, dedicated_session_share
+    from rollout_pipeline.lifecycle.limits.pacing import LATENESS_S
 
-    sessions_per_s = config.session_rate_limit * config.endpoints
+    sessions_per_s = args.account_quota * ((1 - args.reserve) if args.account_pool else 1.0)
     if not warm:
         return rollouts / sessions_per_s
-    apart = dedicated_session_share(config.tps_limit, config.session_rate_limit, config.endpoints)
-    return rollouts * (1 + LATENESS_S) / (config.tps_limit - (sessions_per_s if apart else 0.0))
+    if args.account_pool:  # the pool's `tps` schedule: the calls granted less the new sessions' own (`limits.pool`)
+        apart = min(sessions_per_s, args.tps / 2)
+    else:  # `pacing.dedicated_session_share`
+        apart = sessions_per_s if args.tps >= 2 * sessions_per_s else 0.0
+    return rollouts * (1 + LATENESS_S) / (args.tps - apart)
+
+
+def admit_bound_with_stops_s(args: argparse.Namespace, rollouts: int) -> float:
+    """`admit_bound_s` (warm) when the step's own stops share the `tps` budget: a rollout that started more than the
+    agents' mean time before the end of admission is stopped within it, and stops go first (`pacing`). With takes
+    spread evenly over T at rate `r` calls/s: r T = N + (N / T)(T - d), so T = (N + sqrt(N^2 - r N d)) / r (or N / r
+    when admission is shorter than the agents: no stop falls within it)."""
+    floor = admit_bound_s(args, rollouts, warm=True)
+    rate, mean_s = rollouts / floor, (args.min_delay + args.max_delay) / 2
+    if floor <= mean_s:
+        return floor
+    return (rollouts + math.sqrt(rollouts * rollouts - rate * rollouts * mean_s)) / rate
 
 
 def warm_idle(calls: list[Any], submitted: float, end: float) -> dict[str, float]:
@@ -797,7 +838,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-sessions", type=int, default=0, help="default: the batch's size")
     parser.add_argument("--account-quota", type=float, default=25.0, help="new sessions/s per account")
     parser.add_argument("--endpoints", type=int, default=4)
-    parser.add_argument("--tps", type=int, default=200, help="tps_limit: InvokeAgentRuntime's 200 TPS per agent")
+    parser.add_argument(
+        "--invoke-tps",
+        "--tps",
+        dest="tps",
+        type=int,
+        default=200,
+        help="AgentCore's InvokeAgentRuntime quota per agent (200 by default, adjustable), set as the experiment's "
+        "tps_limit: the one budget its invokes AND stops share (so it is what a warm burst's takes are paced by)",
+    )
+    parser.add_argument(
+        "--account-pool",
+        action="store_true",
+        help="run each side through the account pool's leases, as a deployed experiment does (LifecycleDeps.pool): "
+        "its new sessions, data-plane calls and active sessions leased from the pool (tps_limit still caps the calls)",
+    )
+    parser.add_argument("--data-plane-quota", type=float, default=1000.0, help="with --account-pool: calls/s")
+    parser.add_argument("--reserve", type=float, default=0.0, help="with --account-pool: the pool's reserve")
     parser.add_argument("--active-quota", type=int, default=5000, help="active sessions per account")
     parser.add_argument("--cold-start-s", type=float, default=1.3, help="a session's first invoke answers this late")
     parser.add_argument("--min-delay", type=float, default=2.0, help="agent time before the result (virtual s)")
@@ -854,7 +911,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"bench_warm: {side} side, step at k={k:g}, load {os.getloadavg()[0]:.1f} ...", flush=True)
         profile = faithful.FaithfulProfile(seed=args.seed)
         with faithful.activate(profile), mock_aws():
-            results[side] = run_side(args, clock, switch, warm=side == "warm")
+            results[side] = run_side(args, clock, switch, warm=side == "warm", profile=profile)
     out = {
         "config": {k: v for k, v in vars(args).items() if k != "json"},
         **results,
@@ -873,6 +930,7 @@ def print_report(out: dict[str, Any]) -> None:
     rows = [
         ("admit_s", "{:.1f}"),
         ("admit_bound_s", "{:.1f}"),
+        ("admit_bound_with_stops_s", "{:.1f}"),
         ("first_group_s", "{:.1f}"),
         ("step_s", "{:.1f}"),
         ("cold_starts_on_path", "{}"),
