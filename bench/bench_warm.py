@@ -439,8 +439,10 @@ def run_side(
     side.step()
     if args.no_tail:
         side.end_now()
-    else:
-        side.tail()
+        figures = side.figures()  # before the threads are joined (a refill in flight may take a while to end)
+        side.finish()
+        return figures
+    side.tail()
     return side.figures()
 
 
@@ -653,7 +655,7 @@ class Side:
             WarmPool(self.lambdas.deps).halt(HALT_STOPPED, stop=False)
         finally:
             self.counters.harness.on = False
-        self.finish()
+        self.requests["tail"] = 0
 
     def finish(self) -> None:
         self.lambdas.stop.set()
@@ -826,7 +828,7 @@ def compare(sides: dict[str, dict[str, Any]], args: argparse.Namespace) -> dict[
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--dilation", type=float, default=4.0, help="the cold step's k: a virtual s lasts k wall s")
     parser.add_argument("--burst-dilation", type=float, default=20.0, help="the warm step's k (its burst)")
@@ -883,6 +885,12 @@ def main(argv: list[str] | None = None) -> int:
         or not 1 <= min(args.dilation, args.burst_dilation, args.fill_dilation) <= 100
     ):
         parser.error("--sides of warm,cold; --rollouts within 8..4096; --dilation within 1..100")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    sides = [s for s in args.sides.split(",") if s]
 
     clock = JumpClock(args.dilation)
     clock.install()  # before anything imports the pipeline
