@@ -31,12 +31,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
+import math
 import os
 import random
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -68,6 +71,155 @@ def ticked_one_at_a_time() -> None:
             return original(self, budget_s=budget_s)
 
     WarmPool.tick = tick  # type: ignore[method-assign]
+
+
+class Timeline:
+    """Where admission time goes: per rollout of the step, when its message was first sent to the rollout queue
+    (a release), when a dispatcher received it (its SQS batch handed to `dispatch_records`), when its dispatch began
+    (`dispatch_body`), when its dispatch transaction committed, and (from the fake) its first invoke; and each release
+    (time, rollouts). Installed once (class and module patches); `reset` per side. Virtual seconds."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.on = False
+        self.sent: dict[tuple[str, int], float] = {}
+        self.received: dict[tuple[str, int], float] = {}
+        self.entered: dict[tuple[str, int], float] = {}
+        self.begun: dict[tuple[str, int], float] = {}
+        self.releases: list[tuple[float, int]] = []
+        self.sqs_batches: list[tuple[float, int]] = []
+        self.rollout_queue_url = ""
+
+    def reset(self, on: bool, rollout_queue_url: str = "") -> None:
+        with self.lock:
+            self.on = on
+            self.rollout_queue_url = rollout_queue_url
+            for record in (self.sent, self.received, self.entered, self.begun):
+                record.clear()
+            self.releases.clear()
+            self.sqs_batches.clear()
+
+    @staticmethod
+    def _key(body: str) -> tuple[str, int] | None:
+        try:
+            message = json.loads(body)
+            return str(message["input_id"]), int(message["index"])
+        except Exception:
+            return None
+
+    def _note(self, record: dict[tuple[str, int], float], keys: list[tuple[str, int] | None]) -> None:
+        now = time.time()
+        with self.lock:
+            if self.on:
+                for key in keys:
+                    if key is not None:
+                        record.setdefault(key, now)
+
+    def install(self) -> None:
+        from rollout_pipeline.adapters.sqs import SqsQueue
+        from rollout_pipeline.feed.feed import Feed
+        from rollout_pipeline.ledger.rollouts import DispatchStart, RolloutLedger
+        from rollout_pipeline.lifecycle import dispatch
+
+        timeline = self
+        send_in_order = Feed._send_in_order
+
+        def sent_in_order(feed: Feed, bodies: list[str]) -> None:
+            send_in_order(feed, bodies)
+            timeline._note(timeline.sent, [timeline._key(b) for b in bodies])
+            with timeline.lock:
+                if timeline.on:
+                    timeline.releases.append((time.time(), len(bodies)))
+
+        Feed._send_in_order = sent_in_order  # type: ignore[method-assign]
+        send_all = SqsQueue.send_all
+
+        def sent_all(queue: SqsQueue, queue_url: str, bodies: Any, delay_seconds: int = 0) -> None:
+            send_all(queue, queue_url, bodies, delay_seconds)
+            if queue_url == timeline.rollout_queue_url:
+                timeline._note(timeline.sent, [timeline._key(b) for b in bodies])
+
+        SqsQueue.send_all = sent_all  # type: ignore[method-assign]
+        dispatch_records, dispatch_body = dispatch.dispatch_records, dispatch.dispatch_body
+
+        def records(rs: Any, deps: Any, *, wait_until: float) -> Any:
+            timeline._note(timeline.received, [timeline._key(str(r["body"])) for r in rs])
+            with timeline.lock:
+                if timeline.on:
+                    timeline.sqs_batches.append((time.time(), len(rs)))
+            return dispatch_records(rs, deps, wait_until=wait_until)
+
+        def body(text: str, deps: Any, **kwargs: Any) -> Any:
+            timeline._note(timeline.entered, [timeline._key(text)])
+            return dispatch_body(text, deps, **kwargs)
+
+        dispatch.dispatch_records = records  # type: ignore[assignment]
+        dispatch.dispatch_body = body  # type: ignore[assignment]
+        begin = RolloutLedger.begin_dispatch
+
+        def begin_dispatch(ledger: RolloutLedger, **kwargs: Any) -> Any:
+            start = begin(ledger, **kwargs)
+            if start is DispatchStart.STARTED:
+                timeline._note(timeline.begun, [(str(kwargs["input_id"]), int(kwargs["index"]))])
+            return start
+
+        RolloutLedger.begin_dispatch = begin_dispatch  # type: ignore[method-assign]
+
+    def summary(self, submitted: float, invoked: dict[tuple[str, int], float], calls: list[Any]) -> dict[str, Any]:
+        """Per stage of admission, seconds from the submit (p50, p90, max) and between stages; the last rollout's
+        path; the releases and the SQS batches the dispatchers received; AgentCore's calls during admission by
+        kind (what shared the `tps` budget with the rollouts' invokes)."""
+        admitted = max(invoked.values(), default=submitted)
+        during: Counter[str] = Counter(
+            f"{c.op} {c.outcome}" + (" (warm pool)" if c.warmup else "") for c in calls if submitted <= c.at <= admitted
+        )
+        with self.lock:
+            stages = {
+                "sent": dict(self.sent),
+                "received": dict(self.received),
+                "entered": dict(self.entered),
+                "begun": dict(self.begun),
+                "invoked": dict(invoked),
+            }
+            releases, batches = list(self.releases), list(self.sqs_batches)
+        names = list(stages)
+        since_submit = {n: quantiles([t - submitted for t in stages[n].values()]) for n in names}
+        gaps: dict[str, dict[str, float]] = {}
+        for a, b in itertools.pairwise(names):
+            both = [k for k in stages[b] if k in stages[a]]
+            gaps[f"{a}->{b}"] = quantiles([stages[b][k] - stages[a][k] for k in both])
+        last = max(invoked, key=lambda k: invoked[k]) if invoked else None
+        path = {n: round(stages[n][last] - submitted, 3) for n in names if last is not None and last in stages[n]}
+        return {
+            "since_submit_s": since_submit,
+            "stage_gaps_s": gaps,
+            "last_rollout": {"key": list(last) if last else None, **path},
+            "releases": len(releases),
+            "released_rollouts": sum(n for _t, n in releases),
+            "last_release_s": max((t for t, _n in releases), default=submitted) - submitted,
+            "release_sizes": sorted({n for _t, n in releases}),
+            "sqs_batches": len(batches),
+            "mean_sqs_batch": (sum(n for _t, n in batches) / len(batches)) if batches else 0.0,
+            "acr_calls_during_admission": dict(during.most_common()),
+            "invokes_per_s_p10_p90": (
+                (0.8 * len(invoked)) / (pct(list(invoked.values()), 0.9) - pct(list(invoked.values()), 0.1))
+                if len(invoked) >= 10
+                else float("nan")
+            ),
+        }
+
+
+#: Where each side's admission time went (`Timeline.summary` in the figures' `admission`).
+TIMELINE = Timeline()
+
+
+def quantiles(values: list[float]) -> dict[str, float]:
+    return {
+        "p50": round(pct(values, 0.5), 3),
+        "p90": round(pct(values, 0.9), 3),
+        "max": round(max(values, default=float("nan")), 3),
+        "n": len(values),
+    }
 
 
 class JumpClock(DilatedClock):
@@ -223,6 +375,7 @@ class Lambdas:
 
         args, res = self.args, self.resources
         dispatch_deps = [dataclasses.replace(self.deps) for _ in range(args.dispatchers)]  # one slot gate each
+        self.dispatch_deps = dispatch_deps
         threads = [
             threading.Thread(target=self.trainer, name="bench-trainer", daemon=True),
             threading.Thread(target=self.sweeper, name="lc-sweeper", daemon=True),
@@ -275,12 +428,20 @@ def wait_until(condition: Callable[[], bool], wall_s: float) -> bool:
     return condition()
 
 
-def run_side(args: argparse.Namespace, clock: JumpClock, switch: CountersSwitch, warm: bool) -> dict[str, Any]:
+def run_side(
+    args: argparse.Namespace, clock: JumpClock, switch: CountersSwitch, warm: bool, profile: Any
+) -> dict[str, Any]:
     """One side: its own experiment, fake account and Lambdas; the pause, the step, the tail, then the figures."""
     side = Side(args, clock, switch, warm)
+    side.faithful = profile
     side.start()
     side.pause()
     side.step()
+    if args.no_tail:
+        side.end_now()
+        figures = side.figures()  # before the threads are joined (a refill in flight may take a while to end)
+        side.finish()
+        return figures
     side.tail()
     return side.figures()
 
@@ -297,8 +458,10 @@ class Side:
         from rollout_pipeline.fakes.acr import AcrProfile, FakeAgentRuntime
         from rollout_pipeline.feed.feed import Feed
         from rollout_pipeline.ledger.ledger import Ledger
+        from rollout_pipeline.ledger.pool import PoolLedger
         from rollout_pipeline.lifecycle.deps import LifecycleDeps
         from rollout_pipeline.local.resources import create_resources
+        from rollout_pipeline.quotas import AccountQuotas, PoolSettings
 
         clients.reset()
         self.args, self.clock, self.warm, self.name = args, clock, warm, "warm" if warm else "cold"
@@ -308,7 +471,8 @@ class Side:
         self.config = ExperimentConfig(
             name=f"bench-{self.name}",
             tps_limit=args.tps,
-            session_rate_limit=args.account_quota / args.endpoints,
+            # With the account pool, the experiment's share of the account's new sessions (its lease), as deployed.
+            session_rate_limit=None if args.account_pool else args.account_quota / args.endpoints,
             endpoints=args.endpoints,
             max_sessions=args.max_sessions or self.total,
             group_size=self.group_size,
@@ -318,7 +482,17 @@ class Side:
             warm_idle_stop_s=args.idle_stop_s,
             session_memory_gb=args.session_gb,
         )
-        self.resources = create_resources(self.config, region="us-east-1", client=clients.client)
+        pool_settings = PoolSettings(
+            AccountQuotas(
+                new_sessions_per_s=args.account_quota,
+                data_plane_per_s=args.data_plane_quota,
+                active_sessions=args.active_quota,
+            ),
+            reserve=args.reserve,
+        )
+        self.resources = create_resources(
+            self.config, region="us-east-1", client=clients.client, pool=pool_settings if args.account_pool else False
+        )
         self.settings = settings = self.resources.settings()
         rng = random.Random(args.seed)
         self.delays = {
@@ -344,6 +518,7 @@ class Side:
             publisher=EventBridgePublisher(settings.bus_name),
             feed=Feed(self.ledger, queue, settings),
             dispatch_threads=args.threads,
+            pool=PoolLedger.open(settings.pool_table_name) if args.account_pool else None,
         )
         self.lambdas = Lambdas(self.resources, deps, self.counters, clock, args)
         self.view_ledger = Ledger.open(settings.table_name)
@@ -364,6 +539,18 @@ class Side:
         with self.counters.lock:
             aws = sum(self.counters.ops.values()) + sum(self.counters.other.values())
         return aws + sum(1 for c in list(self.fake.calls) if c.op in ("invoke", "stop"))
+
+    def request_kinds(self) -> Counter[str]:
+        """The requests counted by `pipeline_requests`, by kind: DynamoDB by the ledger method and operation, other
+        AWS calls by service and operation, AgentCore calls by what they were."""
+        with self.counters.lock:
+            kinds = Counter(self.counters.callers) + Counter(self.counters.other)
+        for c in list(self.fake.calls):
+            if c.op == "invoke":
+                kinds[f"acr.invoke {'warm-up/keep-alive' if c.warmup else 'rollout'}"] += 1
+            elif c.op == "stop":
+                kinds["acr.stop"] += 1
+        return kinds
 
     def pool_sessions(self) -> int:
         self.counters.harness.on = True
@@ -404,6 +591,7 @@ class Side:
             self.clock.jump(self.t0 + args.pause - time.time())
         self.warm_before = self.pool_sessions()
         self.requests["fill"] = self.pipeline_requests()
+        self.kinds_at_submit = self.request_kinds()
         self.progress(f"pause over, {self.warm_before} warm sessions")
 
     def step(self) -> None:
@@ -420,6 +608,7 @@ class Side:
         assert view is not None
         with TICKING:
             self.clock.set_dilation(self.args.burst_dilation if self.warm else self.args.dilation)
+        TIMELINE.reset(True, self.resources.rollout_queue_url)
         self.submitted = time.time()
         feed = Feed(self.ledger, SqsQueue(), self.settings)
         for start in range(0, len(groups), 100):
@@ -428,6 +617,9 @@ class Side:
         self.ok.append(wait_until(lambda: len(self.lambdas.group_done) >= self.inputs, self.args.max_seconds))
         self.step_end = time.time()
         self.requests["step"] = self.pipeline_requests() - self.requests["fill"]
+        self.kinds_at_step_end = self.request_kinds()
+        self.admission = TIMELINE.summary(self.submitted, rollout_starts(self.fake), list(self.fake.calls))
+        TIMELINE.reset(False)
         self.progress(f"step over ({len(self.lambdas.group_done)} of {self.inputs} groups)")
         with TICKING:
             self.clock.set_dilation(self.args.fill_dilation)  # the agents are done: the tail is the pool's alone
@@ -449,6 +641,23 @@ class Side:
         self.ok.append(wait_until(lambda: self.in_flight() == 0 and self.pool_sessions() == 0, self.args.max_seconds))
         self.end = time.time()
         self.progress(f"idle: {self.pool_sessions()} warm sessions, {self.in_flight()} slots held")
+        self.finish()
+
+    def end_now(self) -> None:
+        """`--no-tail`: the side ends with the step (its tail figures are left out: sessions are left running). The
+        pool is halted first (nothing stopped), so a refill in progress ends at its next chunk."""
+        from rollout_pipeline.lifecycle.warm_pool import HALT_STOPPED, WarmPool
+
+        self.refilled = self.pool_sessions()
+        self.end = time.time()
+        self.counters.harness.on = True
+        try:
+            WarmPool(self.lambdas.deps).halt(HALT_STOPPED, stop=False)
+        finally:
+            self.counters.harness.on = False
+        self.requests["tail"] = 0
+
+    def finish(self) -> None:
         self.lambdas.stop.set()
         self.lambdas.kick.set()
         self.probe.stop.set()
@@ -463,11 +672,7 @@ class Side:
         fake, total, submitted = self.fake, self.total, self.submitted
         prices = self.lambdas.deps.prices  # the experiment's (`LifecycleDeps.prices`)
         calls = list(fake.calls)
-        started_at: dict[tuple[str, int], float] = {}
-        for c in calls:
-            if c.op == "invoke" and not c.warmup and c.outcome in ("started", "reinvoked"):
-                rollout = fake.payloads.get(c.session_id, {}).get("_rollout") or {}
-                started_at.setdefault((str(rollout.get("input_id")), int(rollout.get("index") or 0)), c.at)
+        started_at = rollout_starts(fake)
         done = sorted(self.lambdas.group_done.values())
         idle = warm_idle(calls, submitted, self.end)
         invoked = {c.session_id for c in calls if c.op == "invoke" and c.outcome not in ("throttled", "quota_exceeded")}
@@ -482,7 +687,8 @@ class Side:
             "admit_s": max(started_at.values(), default=float("nan")) - submitted,
             # What the limits allow at best: warm, every take one `tps` call (the new sessions' share set apart);
             # cold, every rollout a new session at the account's rate.
-            "admit_bound_s": admit_bound_s(self.config, total, self.warm),
+            "admit_bound_s": admit_bound_s(self.args, total, self.warm),
+            "admit_bound_with_stops_s": admit_bound_with_stops_s(self.args, total) if self.warm else float("nan"),
             "first_group_s": done[0] - submitted if done else float("nan"),
             "step_s": done[-1] - submitted if done else float("nan"),
             "cold_starts_on_path": sum(
@@ -494,9 +700,9 @@ class Side:
             "tail_idle_gb_s": warm_cost.idle_gb_s(idle["tail"], prices),
             "tail_idle_usd": warm_cost.idle_usd(idle["tail"], prices),
             "priced_as": prices.label,
-            "sessions_never_stopped": len(invoked - fake.stopped),
+            "sessions_never_stopped": float("nan") if self.args.no_tail else len(invoked - fake.stopped),
             "requests_per_rollout": (fill + step) / total,
-            "requests_per_rollout_with_tail": (fill + step + tail) / total,
+            "requests_per_rollout_with_tail": float("nan") if self.args.no_tail else (fill + step + tail) / total,
             "requests": dict(self.requests),
             "left_after_idle": {
                 "in_flight": self.in_flight(),
@@ -505,6 +711,16 @@ class Side:
             },
             "pool": dataclasses.asdict(self.view_ledger.warm.pool()),
             "requests_by_stage": dict(self.counters.stages.most_common()),
+            # The dispatchers' views of the pool: reads, sessions taken, tries that found theirs taken by another.
+            "warm_takes": {
+                name: sum(getattr(d.warm, name) for d in self.lambdas.dispatch_deps)
+                for name in ("reads", "taken", "collisions")
+            },
+            "faithful": dataclasses.asdict(self.faithful.stats),
+            "admission": self.admission,
+            # Per rollout, the fill and the step (what `requests_per_rollout` counts), by kind; and the fill alone.
+            "requests_per_rollout_by_kind": per_rollout(self.kinds_at_step_end, total),
+            "fill_requests_per_rollout_by_kind": per_rollout(self.kinds_at_submit, total),
             "errors": len(errors),
             "first_errors": errors[:3],
             "machine": {
@@ -517,16 +733,45 @@ class Side:
         }
 
 
-def admit_bound_s(config: Any, rollouts: int, warm: bool) -> float:
+def per_rollout(kinds: Counter[str], rollouts: int) -> dict[str, float]:
+    return {kind: round(n / rollouts, 3) for kind, n in kinds.most_common() if n}
+
+
+def rollout_starts(fake: Any) -> dict[tuple[str, int], float]:
+    """Each rollout's first invoke that started it (virtual time), by (input id, index)."""
+    started_at: dict[tuple[str, int], float] = {}
+    for c in list(fake.calls):
+        if c.op == "invoke" and not c.warmup and c.outcome in ("started", "reinvoked"):
+            rollout = fake.payloads.get(c.session_id, {}).get("_rollout") or {}
+            started_at.setdefault((str(rollout.get("input_id")), int(rollout.get("index") or 0)), c.at)
+    return started_at
+
+
+def admit_bound_s(args: argparse.Namespace, rollouts: int, warm: bool) -> float:
     """The least admission time the limits allow: warm, `rollouts` calls on the `tps` budget (its share for new
     sessions set apart, each call spaced by `LATENESS_S`); cold, `rollouts` new sessions at the session budget."""
-    from rollout_pipeline.lifecycle.limits.pacing import LATENESS_S, dedicated_session_share
+    from rollout_pipeline.lifecycle.limits.pacing import LATENESS_S
 
-    sessions_per_s = config.session_rate_limit * config.endpoints
+    sessions_per_s = args.account_quota * ((1 - args.reserve) if args.account_pool else 1.0)
     if not warm:
         return rollouts / sessions_per_s
-    apart = dedicated_session_share(config.tps_limit, config.session_rate_limit, config.endpoints)
-    return rollouts * (1 + LATENESS_S) / (config.tps_limit - (sessions_per_s if apart else 0.0))
+    if args.account_pool:  # the pool's `tps` schedule: the calls granted less the new sessions' own (`limits.pool`)
+        apart = min(sessions_per_s, args.tps / 2)
+    else:  # `pacing.dedicated_session_share`
+        apart = sessions_per_s if args.tps >= 2 * sessions_per_s else 0.0
+    return rollouts * (1 + LATENESS_S) / (args.tps - apart)
+
+
+def admit_bound_with_stops_s(args: argparse.Namespace, rollouts: int) -> float:
+    """`admit_bound_s` (warm) when the step's own stops share the `tps` budget: a rollout that started more than the
+    agents' mean time before the end of admission is stopped within it, and stops go first (`pacing`). With takes
+    spread evenly over T at rate `r` calls/s: r T = N + (N / T)(T - d), so T = (N + sqrt(N^2 - r N d)) / r (or N / r
+    when admission is shorter than the agents: no stop falls within it)."""
+    floor = admit_bound_s(args, rollouts, warm=True)
+    rate, mean_s = rollouts / floor, (args.min_delay + args.max_delay) / 2
+    if floor <= mean_s:
+        return floor
+    return (rollouts + math.sqrt(rollouts * rollouts - rate * rollouts * mean_s)) / rate
 
 
 def warm_idle(calls: list[Any], submitted: float, end: float) -> dict[str, float]:
@@ -583,7 +828,7 @@ def compare(sides: dict[str, dict[str, Any]], args: argparse.Namespace) -> dict[
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--dilation", type=float, default=4.0, help="the cold step's k: a virtual s lasts k wall s")
     parser.add_argument("--burst-dilation", type=float, default=20.0, help="the warm step's k (its burst)")
@@ -595,7 +840,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-sessions", type=int, default=0, help="default: the batch's size")
     parser.add_argument("--account-quota", type=float, default=25.0, help="new sessions/s per account")
     parser.add_argument("--endpoints", type=int, default=4)
-    parser.add_argument("--tps", type=int, default=200, help="tps_limit: InvokeAgentRuntime's 200 TPS per agent")
+    parser.add_argument(
+        "--invoke-tps",
+        "--tps",
+        dest="tps",
+        type=int,
+        default=200,
+        help="AgentCore's InvokeAgentRuntime quota per agent (200 by default, adjustable), set as the experiment's "
+        "tps_limit: the one budget its invokes AND stops share (so it is what a warm burst's takes are paced by)",
+    )
+    parser.add_argument(
+        "--account-pool",
+        action="store_true",
+        help="run each side through the account pool's leases, as a deployed experiment does (LifecycleDeps.pool): "
+        "its new sessions, data-plane calls and active sessions leased from the pool (tps_limit still caps the calls)",
+    )
+    parser.add_argument("--data-plane-quota", type=float, default=1000.0, help="with --account-pool: calls/s")
+    parser.add_argument("--reserve", type=float, default=0.0, help="with --account-pool: the pool's reserve")
     parser.add_argument("--active-quota", type=int, default=5000, help="active sessions per account")
     parser.add_argument("--cold-start-s", type=float, default=1.3, help="a session's first invoke answers this late")
     parser.add_argument("--min-delay", type=float, default=2.0, help="agent time before the result (virtual s)")
@@ -610,6 +871,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sides", default="warm,cold", help="which sides to run")
     parser.add_argument("--max-seconds", type=float, default=600.0, help="WALL seconds per phase at most")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--no-tail",
+        action="store_true",
+        help="end each side with its step (quicker; no tail figures, sessions_never_stopped not measured)",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     sides = [s for s in args.sides.split(",") if s]
@@ -619,6 +885,12 @@ def main(argv: list[str] | None = None) -> int:
         or not 1 <= min(args.dilation, args.burst_dilation, args.fill_dilation) <= 100
     ):
         parser.error("--sides of warm,cold; --rollouts within 8..4096; --dilation within 1..100")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    sides = [s for s in args.sides.split(",") if s]
 
     clock = JumpClock(args.dilation)
     clock.install()  # before anything imports the pipeline
@@ -639,6 +911,7 @@ def main(argv: list[str] | None = None) -> int:
     clients.register_hook("before-parameter-build", switch.before_build)
     install_latency(clients, random.Random(args.seed + 7))
     ticked_one_at_a_time()
+    TIMELINE.install()
     results: dict[str, Any] = {}
     for side in sides:
         if not args.json:
@@ -646,7 +919,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"bench_warm: {side} side, step at k={k:g}, load {os.getloadavg()[0]:.1f} ...", flush=True)
         profile = faithful.FaithfulProfile(seed=args.seed)
         with faithful.activate(profile), mock_aws():
-            results[side] = run_side(args, clock, switch, warm=side == "warm")
+            results[side] = run_side(args, clock, switch, warm=side == "warm", profile=profile)
     out = {
         "config": {k: v for k, v in vars(args).items() if k != "json"},
         **results,
@@ -665,6 +938,7 @@ def print_report(out: dict[str, Any]) -> None:
     rows = [
         ("admit_s", "{:.1f}"),
         ("admit_bound_s", "{:.1f}"),
+        ("admit_bound_with_stops_s", "{:.1f}"),
         ("first_group_s", "{:.1f}"),
         ("step_s", "{:.1f}"),
         ("cold_starts_on_path", "{}"),

@@ -269,6 +269,7 @@ class Counters:
         self.rru = 0.0
         self.wru_items: Counter[str] = Counter()  # WRU by item kind (a transaction's 2 per item, to each item)
         self.capacity_callers: Counter[str] = Counter()  # WRU + RRU by the ledger method that made the request
+        self.callers: Counter[str] = Counter()  # requests by the ledger method that made them, and operation
         self.harness = threading.local()
         # Billed outside the pipeline's own calls (the all-in cost): SQS requests of Lambda's pollers and the
         # trainer (receives that return messages, delete batches; empty polls are a per-hour cost, not a rollout's),
@@ -309,7 +310,9 @@ class Counters:
             if wru:
                 for category in touched:
                     self.wru_items[category] += per_item
-            self.capacity_callers[f"{ledger_caller()} {operation}"] += wru + rru
+            caller = f"{ledger_caller()} {operation}"
+            self.capacity_callers[caller] += wru + rru
+            self.callers[caller] += 1
 
 
 def capacity_units(operation: str, touched: list[str]) -> tuple[float, float]:

@@ -118,6 +118,12 @@ class BudgetState:
         return cls(number("budget_usd"), number("warned_for"), number("exhausted_for"))
 
 
+def _tat_of(item: Mapping[str, Any]) -> int:
+    """A schedule item's `tat` (raw attributes, as a failed write answers them); 0 when it has none."""
+    raw = item.get("tat")
+    return int(from_attribute_value(raw)) if raw is not None else 0
+
+
 class LimitLedger:
     """Reads and conditional writes of the `LIMIT` partition, through the table's gateway."""
 
@@ -273,24 +279,28 @@ class LimitLedger:
         start, or None when the schedule is already beyond `latest_us` (then `tat_us` says when it is free). Time
         before `not_before_us` that nobody took stays unused. Two conditional writes, one per case (free at
         `not_before`, or busy: the next free time); the one the caller expects (`busy_first`: it last saw the
-        schedule ahead of `not_before`) goes first, so a reservation costs one write when the guess is right. A read
-        only when the schedule is full. `count`: that many consecutive starts, `interval_us` apart, in the one
-        write (the first is returned)."""
+        schedule ahead of `not_before`) goes first, so a reservation costs one write when the guess is right. A write
+        whose condition fails answers the schedule as it was (`ReturnValuesOnConditionCheckFailure`), which decides
+        the next step: the other case, or no slot in time (no read, and no second write that cannot succeed).
+        `count`: that many consecutive starts, `interval_us` apart, in the one write (the first is returned)."""
         key = keys.pace_key(budget)
         expires = not_before_us // 1_000_000 + 3600
         span = interval_us * count
 
-        def take_free() -> tuple[int, int] | None:
-            free = self.table.update(
+        def take_free() -> tuple[tuple[int, int] | None, int]:
+            free, seen = self.table.update_or_current(
                 key,
                 "SET tat = :next, expires_at = :exp",
                 "attribute_not_exists(tat) OR tat <= :nb",
                 {":next": not_before_us + span, ":nb": not_before_us, ":exp": expires},
+                return_values="UPDATED_NEW",
             )
-            return None if free is None else (not_before_us, not_before_us + span)
+            if free is None:
+                return None, _tat_of(seen)
+            return (not_before_us, not_before_us + span), 0
 
-        def take_next() -> tuple[int, int] | None:
-            busy = self.table.update(
+        def take_next() -> tuple[tuple[int, int] | None, int]:
+            busy, seen = self.table.update_or_current(
                 key,
                 "ADD tat :interval SET expires_at = :exp",
                 "tat > :nb AND tat <= :latest",
@@ -298,19 +308,18 @@ class LimitLedger:
                 return_values="UPDATED_NEW",
             )
             if busy is None:
-                return None
+                return None, _tat_of(seen)
             tat = int(from_attribute_value(busy["tat"]))
-            return tat - span, tat
+            return (tat - span, tat), 0
 
-        attempts = (take_next, take_free) if busy_first else (take_free, take_next)
-        for _ in range(6):
-            for attempt in attempts:
-                reserved = attempt()
-                if reserved is not None:
-                    return reserved
-            tat = int((self._get(key) or {}).get("tat") or 0)
+        busy = busy_first
+        for _ in range(12):
+            reserved, tat = (take_next if busy else take_free)()
+            if reserved is not None:
+                return reserved
             if tat > latest_us:
                 return None, tat
+            busy = tat > not_before_us  # the schedule as the failed write found it
         raise LedgerError(f"pace budget {budget} kept changing under us")
 
     def reserve_leased(
@@ -326,7 +335,8 @@ class LimitLedger:
         """`reserve_pace` on a schedule leased from the account pool (`set_pace_lease`): the spacing is the item's
         own `interval_us`, and no start is booked after its `lease_until`, both checked by the conditional write
         itself, so every process books at the rate the pool granted and none past the lease. Returns the slot, or
-        None with the schedule (`LeasedSlot.lacks_lease` when the lease, not the window, is what is missing).
+        None with the schedule (`LeasedSlot.lacks_lease` when the lease, not the window, is what is missing). A
+        failed write answers the schedule as it was, as in `reserve_pace`.
         `count` > 1: that many consecutive starts in the one write (the first is returned), spaced by
         `interval_us`, the spacing the caller last saw, which the write checks is still the item's (DynamoDB's
         expressions cannot multiply), and only while the lease covers the last of them at the latest."""
@@ -337,38 +347,37 @@ class LimitLedger:
         key = keys.pace_key(budget)
         expires = not_before_us // 1_000_000 + PACE_TTL_S
 
-        def take_free() -> LeasedSlot | None:
-            free = self.table.update(
+        def take_free() -> tuple[LeasedSlot | None, PaceView]:
+            free, seen = self.table.update_or_current(
                 key,
                 "SET last_start = :nb, tat = :nb + interval_us, expires_at = :exp ADD n :one",
                 "(attribute_not_exists(tat) OR tat <= :nb) AND lease_until >= :nb",
                 {":nb": not_before_us, ":exp": expires, ":one": 1},
-                return_values="ALL_NEW",
             )
-            return None if free is None else LeasedSlot(not_before_us, PaceView.of(item_values(free)))
+            if free is None:
+                return None, PaceView.of(item_values(seen))
+            return LeasedSlot(not_before_us, PaceView.of(item_values(free))), PaceView()
 
-        def take_next() -> LeasedSlot | None:
-            busy = self.table.update(
+        def take_next() -> tuple[LeasedSlot | None, PaceView]:
+            busy, seen = self.table.update_or_current(
                 key,
                 "SET last_start = tat, tat = tat + interval_us, expires_at = :exp ADD n :one",
                 "tat > :nb AND tat <= :latest AND lease_until >= tat",
                 {":nb": not_before_us, ":latest": latest_us, ":exp": expires, ":one": 1},
-                return_values="ALL_NEW",
             )
             if busy is None:
-                return None
+                return None, PaceView.of(item_values(seen))
             pace = PaceView.of(item_values(busy))
-            return LeasedSlot(pace.tat_us - pace.interval_us, pace)
+            return LeasedSlot(pace.tat_us - pace.interval_us, pace), PaceView()
 
-        attempts = (take_next, take_free) if busy_first else (take_free, take_next)
-        for _ in range(6):
-            for attempt in attempts:
-                reserved = attempt()
-                if reserved is not None:
-                    return reserved
-            pace = self.pace(budget)
+        busy = busy_first
+        for _ in range(12):
+            reserved, pace = (take_next if busy else take_free)()
+            if reserved is not None:
+                return reserved
             if pace.tat_us > latest_us or pace.lease_until_us < max(not_before_us, pace.tat_us) or not pace.interval_us:
                 return LeasedSlot(None, pace)
+            busy = pace.tat_us > not_before_us
         raise LedgerError(f"pace budget {budget} kept changing under us")
 
     def _reserve_leased_block(

@@ -156,6 +156,28 @@ class LedgerTable:
         attributes: dict[str, Any] = resp.get("Attributes") or {}
         return attributes
 
+    def update_or_current(
+        self,
+        key: Mapping[str, Any],
+        update: str,
+        condition: str,
+        values: Mapping[str, Any] | None = None,
+        names: Mapping[str, str] | None = None,
+        *,
+        return_values: str = "ALL_NEW",
+    ) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+        """`update`, and when `condition` failed the item as it was (`ReturnValuesOnConditionCheckFailure`
+        ALL_OLD: the failed write answers it, no read): (the returned attributes, {}) when it was written, else
+        (None, the item's attributes, typed; {} when there is no item)."""
+        op = self.update_op(key, update, condition, values, names)
+        op["ReturnValues"] = return_values
+        op["ReturnValuesOnConditionCheckFailure"] = "ALL_OLD"
+        try:
+            resp = retry_conflicts(self.ddb.update_item, sleep=self.sleep, **op)
+        except self.ddb.exceptions.ConditionalCheckFailedException as exc:
+            return None, dict(exc.response.get("Item") or {})
+        return dict(resp.get("Attributes") or {}), {}
+
     def put_new(self, item: Mapping[str, Any]) -> bool:
         """Put a (typed) item that must not exist yet, conflicts retried; False when it exists."""
         try:

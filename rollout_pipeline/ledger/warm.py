@@ -95,23 +95,29 @@ class WarmLedger:
 
     # ------------------------------------------------------------------------------------- filling the pool
 
-    def add_warming(self, sessions: Sequence[str], *, max_sessions: int, shard: int, warmed_at: float) -> str:
-        """Record new warm sessions (state warming) and take their slots on counter `shard`, in one transaction,
-        on condition that the pool is not halted. Returns "added", "no_room" (the counter has no room for them
-        all) or "halted" (nothing written either way)."""
+    def add_warming(
+        self, sessions: Sequence[str], *, max_sessions: int, takes: Mapping[int, int], warmed_at: float
+    ) -> str:
+        """Record new warm sessions (state warming) and take their slots (`takes`: how many on each counter, summing
+        to the sessions), in one transaction, on condition that the pool is not halted. Returns "added",
+        "no_room" (a counter has no room for its part) or "halted" (nothing written either way)."""
         if not sessions:
             return ADDED
+        if sum(takes.values()) != len(sessions) or any(count <= 0 for count in takes.values()):
+            raise ValueError(f"slot takes {dict(takes)} do not add up to {len(sessions)} sessions")
         ttl = self.table.expires_at()
         items: list[dict[str, Any]] = [
-            self.limits.take_slot(max_sessions, shard, len(sessions)),
+            self.limits.take_slot(max_sessions, shard, count) for shard, count in sorted(takes.items())
+        ]
+        items.append(
             {
                 "ConditionCheck": {
                     "TableName": self.table.name,
                     "Key": pool_key(),
                     "ConditionExpression": "attribute_not_exists(halted)",
                 }
-            },
-        ]
+            }
+        )
         for session_id in sessions:
             item = {
                 **session_key(session_id),
@@ -124,9 +130,9 @@ class WarmLedger:
         if reasons is None:
             return ADDED
         codes = reason_codes(reasons)
-        if codes[1] == CONDITION_FAILED:
+        if codes[len(takes)] == CONDITION_FAILED:
             return HALTED
-        if codes[0] == CONDITION_FAILED:
+        if CONDITION_FAILED in codes[: len(takes)]:
             return NO_ROOM
         raise_cancelled("recording warm sessions", reasons)
         return NO_ROOM  # pragma: no cover - raise_cancelled raises

@@ -99,6 +99,18 @@ class WarmTaker:
                     return session
             return None
 
+    def covers(self, rollouts: int) -> bool:
+        """Whether the view (read first when due, as `next` would) shows at least `rollouts` idle sessions: a batch
+        of that many will most likely start warm."""
+        if not self.enabled or rollouts <= 0:
+            return False
+        with self._lock:
+            now_m = self._monotonic()
+            if self._due(now_m):
+                self._read(now_m)
+            now = self._wall()
+            return sum(1 for s in self._view if offerable(s, now, self.idle_timeout_s)) >= rollouts
+
     def _due(self, now_m: float) -> bool:
         """Whether the view is to be read again now (see the module doc)."""
         if self._read_at is None:

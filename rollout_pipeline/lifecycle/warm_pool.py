@@ -37,6 +37,7 @@ run a rollout, is stopped as every session is; the pool never hands a session ou
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import uuid
 from collections.abc import Callable, Sequence
@@ -84,8 +85,15 @@ WARMING_STUCK_S: Final = 120.0
 #: sessions/s about 25 x (1 s of pacing + 3.3 s) ~ 100 must be in flight for the rate, not the threads, to bind
 #: (measured, bench_warm: 40 in flight filled at ~8/s).
 FILL_THREADS: Final = 100
+#: A fill looks again at whether rollouts want the new-session budget (`WarmCapacity.new_sessions_now`) at most this
+#: often: its warm-ups in flight go on anyway, so a demand is seen at most this much later (a chunk is ~1 s of
+#: warm-ups at 25 new sessions/s).
+CAPACITY_RECHECK_S: Final = 1.0
 #: Sessions per fill chunk at most (one transaction writes its items and takes their slots).
 FILL_CHUNK: Final = 25
+#: Slot counters one chunk takes its slots on at most (one item of its transaction each: with `FILL_CHUNK` 25 and
+#: the counters' caps as small as 1, the transaction stays within DynamoDB's 100 items).
+MAX_CHUNK_COUNTERS: Final = 25
 #: A 424 (the session exists, its agent is not up) is retried this many times, this far apart, before the session
 #: is stopped.
 WARMUP_COLD_RETRIES: Final = 12
@@ -187,6 +195,9 @@ class WarmPool:
         self.config = deps.config
         self.capacity = capacity or ExperimentCapacity(deps, self.wall)
         self.owner = owner or f"warm-{uuid.uuid4().hex[:12]}"
+        #: A fill asks the capacity seam whether it may start new sessions at most this often (each ask reads the
+        #: pool item and the admission board).
+        self.capacity_recheck_s = CAPACITY_RECHECK_S
         self._lock = threading.Lock()
 
     def wall(self) -> float:
@@ -426,10 +437,12 @@ class WarmPool:
         once all its warm-ups answered. Returns how many were warmed and how many warm-ups failed."""
         fill = _Fill(wanted)
         room = _SlotRoom(self.deps.ledger.limits.slot_counts(), self.capacity.sessions_to_hold())
+        allowed, checked_at = 0, -math.inf
         with ThreadPoolExecutor(max_workers=FILL_THREADS, thread_name_prefix="warm-fill") as pool:
             while True:
                 while fill.may_start(FILL_CHUNK) and self.deps.clock.monotonic() < wait_until:
-                    allowed = self.capacity.new_sessions_now()
+                    if self.deps.clock.monotonic() - checked_at >= self.capacity_recheck_s:
+                        allowed, checked_at = self.capacity.new_sessions_now(), self.deps.clock.monotonic()
                     room.resize(self.capacity.sessions_to_hold())
                     chunk = self._start_chunk(min(fill.left(), allowed, FILL_CHUNK), room) if allowed > 0 else []
                     if not chunk:  # no budget, no room, or halted
@@ -460,25 +473,24 @@ class WarmPool:
                 log.warning("warm session %s started after the pool stopped it: its stop failed", session_id)
 
     def _start_chunk(self, size: int, room: _SlotRoom) -> list[str]:
-        """Record `size` new warm sessions (or fewer: what one counter has room for) and take their slots within the
-        experiment's share (`room.hold`, as a dispatch takes its slot), in one transaction, before any warm-up is
-        sent. Returns their ids ([] when no counter has room)."""
-        rooms = room.rooms
-        for _ in range(len(rooms)):
-            shard = max(range(len(rooms)), key=lambda i: rooms[i])
-            take = min(size, rooms[shard])
-            if take <= 0:
+        """Record `size` new warm sessions (or fewer: what the counters have room for) and take their slots within
+        the experiment's share (`room.hold`, as a dispatch takes its slot), on as many counters as it takes (the
+        roomiest first), in one transaction, before any warm-up is sent. Returns their ids ([] when no counter has
+        room)."""
+        for _ in range(3):
+            takes = room.takes(size)
+            if not takes:
                 return []
-            sessions = [ids.warm_session_id(self.config.name) for _ in range(take)]
+            sessions = [ids.warm_session_id(self.config.name) for _ in range(sum(takes.values()))]
             added = self.deps.ledger.warm.add_warming(
-                sessions, max_sessions=room.hold, shard=shard, warmed_at=self.wall()
+                sessions, max_sessions=room.hold, takes=takes, warmed_at=self.wall()
             )
             if added == ADDED:
-                rooms[shard] -= take
+                room.took(takes)
                 return sessions
             if added == HALTED:
                 return []
-            rooms[shard] = 0  # the counter filled meanwhile: another one
+            room.recount(self.deps.ledger.limits.slot_counts())  # a counter filled meanwhile: read them again
         return []
 
     def _warm_up(self, session_id: str, wait_until: float) -> bool:
@@ -541,6 +553,25 @@ class _SlotRoom:
             old, new = slot_caps(self.hold), slot_caps(hold)
             self.rooms = [room + n - o for room, n, o in zip(self.rooms, new, old, strict=True)]
             self.hold = hold
+
+    def recount(self, counts: Sequence[int]) -> None:
+        """The counters as read again."""
+        self.rooms = [cap - count for cap, count in zip(slot_caps(self.hold), counts, strict=True)]
+
+    def takes(self, size: int) -> dict[int, int]:
+        """Up to `size` slots over the counters with room, the roomiest first: how many on each. At most
+        `MAX_CHUNK_COUNTERS` counters (each one more item of the chunk's transaction)."""
+        takes: dict[int, int] = {}
+        for shard in sorted(range(len(self.rooms)), key=lambda i: -self.rooms[i])[:MAX_CHUNK_COUNTERS]:
+            left = size - sum(takes.values())
+            if left <= 0 or self.rooms[shard] <= 0:
+                break
+            takes[shard] = min(left, self.rooms[shard])
+        return takes
+
+    def took(self, takes: dict[int, int]) -> None:
+        for shard, count in takes.items():
+            self.rooms[shard] -= count
 
 
 class _Fill:

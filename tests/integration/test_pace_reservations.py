@@ -19,15 +19,17 @@ NOW_US = 1_800_000_000_000_000
 
 
 def _counting(ledger: LimitLedger) -> list[str]:
-    writes: list[str] = []
-    update = ledger.table.update
+    """Every request the ledger makes from now on: "update" (a conditional write) or "get" (a read)."""
+    requests: list[str] = []
+    for method, kind in (("update", "update"), ("update_or_current", "update"), ("get", "get")):
+        original = getattr(ledger.table, method)
 
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        writes.append("update")
-        return update(*args, **kwargs)
+        def counted(*args: Any, _original: Any = original, _kind: str = kind, **kwargs: Any) -> Any:
+            requests.append(_kind)
+            return _original(*args, **kwargs)
 
-    ledger.table.update = counted  # type: ignore[method-assign]
-    return writes
+        setattr(ledger.table, method, counted)
+    return requests
 
 
 def _reserve(ledger: LimitLedger, now_us: int, *, busy_first: bool, ahead_us: int = 5_000_000) -> Any:
@@ -66,3 +68,23 @@ def test_a_full_schedule_gives_no_slot_and_says_when_it_frees(resources: Experim
     slot, tat = _reserve(ledger, NOW_US, busy_first=True, ahead_us=INTERVAL_US)
     assert slot is None
     assert tat == NOW_US + 3 * INTERVAL_US
+
+
+def test_a_full_schedule_costs_one_write_and_no_read(resources: ExperimentResources) -> None:
+    """The failed write answers the schedule as it was: no read, and no second write that cannot succeed."""
+    ledger = Ledger.open(resources.table_name).limits
+    for _ in range(3):
+        _reserve(ledger, NOW_US, busy_first=True)
+    for busy_first in (True, False):
+        requests = _counting(ledger)
+        slot, tat = _reserve(ledger, NOW_US, busy_first=busy_first, ahead_us=INTERVAL_US)
+        assert (slot, tat) == (None, NOW_US + 3 * INTERVAL_US)
+        assert requests == ["update"]
+        ledger = Ledger.open(resources.table_name).limits
+
+
+def test_a_wrong_guess_costs_two_writes_and_no_read(resources: ExperimentResources) -> None:
+    ledger = Ledger.open(resources.table_name).limits
+    requests = _counting(ledger)
+    assert _reserve(ledger, NOW_US, busy_first=True) == (NOW_US, NOW_US + INTERVAL_US)  # a fresh schedule is free
+    assert requests == ["update", "update"]

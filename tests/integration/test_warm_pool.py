@@ -128,6 +128,45 @@ def test_a_batch_after_a_pause_starts_every_rollout_in_a_warm_session(
     assert rollout_fields(RolloutRecord.of_values(item))["session_warmed_at"]
 
 
+def board_writes(deps: LifecycleDeps, monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """The waiting keys each write of this process's place on the admission board published."""
+    published: list[list[str]] = []
+    put = deps.ledger.limits.put_waiting
+
+    def spy(process: str, keys: list[str], *, now_us: int) -> None:
+        published.append(list(keys))
+        put(process, keys, now_us=now_us)
+
+    monkeypatch.setattr(deps.ledger.limits, "put_waiting", spy)
+    return published
+
+
+def test_a_batch_the_pool_covers_is_not_put_on_the_admission_board(
+    resources: ExperimentResources, fake: FakeAgentRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    deps = warm_deps(resources, fake, warm=4)
+    WarmPool(deps).tick(budget_s=10)
+    published = board_writes(deps, monkeypatch)
+    send(resources, seed_batch(resources, inputs={"q1": {}, "q2": {}}, group_size=2))
+    assert sorted(dispatch_once(resources, deps).outcomes.values()) == [Dispatch.WARM] * 4
+    assert published == []  # no slot wait ahead: no board write (and no clear) for the SQS batch
+
+
+def test_a_rollout_that_takes_a_new_session_after_all_goes_on_the_admission_board(
+    resources: ExperimentResources, fake: FakeAgentRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    deps = warm_deps(resources, fake, warm=4)
+    WarmPool(deps).tick(budget_s=10)
+    assert deps.warm.covers(4)  # the view is read now: 4 idle
+    gone = sorted(pool_sessions(deps))[:2]
+    assert deps.ledger.warm.begin_stop(gone) == gone  # taken out of the pool after the view was read
+    published = board_writes(deps, monkeypatch)
+    send(resources, seed_batch(resources, inputs={"q1": {}, "q2": {}}, group_size=2))
+    assert sorted(dispatch_once(resources, deps).outcomes.values()) == [Dispatch.INVOKED] * 2 + [Dispatch.WARM] * 2
+    assert published  # the two that took new sessions were on the board before their slots were decided
+    assert all(len(keys) <= 2 for keys in published)
+
+
 def test_without_a_warm_session_the_rollout_takes_a_new_one_and_the_pool_holds_back(
     resources: ExperimentResources, fake: FakeAgentRuntime
 ) -> None:
@@ -249,6 +288,45 @@ def test_trimmed_to_the_setting_and_stopped_when_idle_past_it_then_resumed_by_a_
     drive(resources, deps)
     clock.advance(5)
     assert WarmPool(deps).tick(budget_s=10).warmed == 3
+
+
+class CountedCapacity:
+    """25 new sessions a second (the account's quota) within the experiment's share; its asks counted."""
+
+    def __init__(self, deps: LifecycleDeps) -> None:
+        self.deps = deps
+        self.asks = 0
+
+    def new_sessions_now(self) -> int:
+        self.asks += 1
+        return 25
+
+    def sessions_to_hold(self) -> int:
+        return self.deps.max_sessions()
+
+
+def test_a_fill_chunk_takes_its_slots_on_several_counters_and_asks_the_capacity_once_in_a_while(
+    resources: ExperimentResources, fake: FakeAgentRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    deps = warm_deps(resources, fake, warm=8)  # max_sessions 10: a slot counter's cap is 0 or 1
+    chunks: list[int] = []
+    add = deps.ledger.warm.add_warming
+
+    def counted(sessions: list[str], **kwargs: object) -> str:
+        chunks.append(len(sessions))
+        return add(sessions, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(deps.ledger.warm, "add_warming", counted)
+    capacity = CountedCapacity(deps)
+    pool = WarmPool(deps, capacity)
+    pool.capacity_recheck_s = 3600.0  # one ask for the whole fill, however slow the machine
+    tick = pool.tick(budget_s=10)
+    assert (tick.target, tick.warmed) == (8, 8)
+    assert chunks == [8]  # one transaction for the chunk, its slots on eight counters (one a counter before)
+    assert capacity.asks == 1  # not one per chunk
+    counts = deps.ledger.limits.slot_counts()
+    assert sum(counts) == 8
+    assert all(count <= cap for count, cap in zip(counts, slot_caps(10), strict=True))
 
 
 def account_active_sessions(deps: LifecycleDeps, active: int) -> None:
