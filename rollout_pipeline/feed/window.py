@@ -486,7 +486,8 @@ class ReleaseWindow:
             if entry is None:
                 continue
             submitted_at = parse_iso(entry.created) or _EPOCH
-            missing = [i for i in input_ids if i not in known]
+            # Input ids are unique within a batch only: the chunk's namesake of another batch is not this group.
+            missing = [i for i in input_ids if i not in known or known[i].batch_id != batch_id]
             items = self.read_groups(batch_id, missing) if missing else {}
             for input_id in input_ids:
                 group = known.get(input_id)

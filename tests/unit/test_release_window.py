@@ -297,3 +297,19 @@ def test_a_submitted_chunk_is_recorded_however_many_releases_write_the_window_fi
     assert h.queue.rollouts() == rollouts(["1g1", "1g2"])
     assert len(pauses) == 9
     assert all(0 <= pause <= 0.5 for pause in pauses)
+
+
+def test_a_pending_group_whose_id_is_also_in_the_chunk_of_another_batch_is_read_from_the_ledger() -> None:
+    """Input ids are unique within a batch, not across batches (the ART backend submits each rollout as its own
+    batch, many with the same group id): a release that sends another batch's pending group whose id is also in
+    the chunk being submitted reads that group from the ledger, not the chunk's namesake (it once raised
+    "not in the ledger" and deferred the release to its lease's end)."""
+    h = Harness(window=16, most=4)
+    older = [h.groups.add("batch-a", "g1", 1, 4, CREATED), h.groups.add("batch-a", "g2", 2, 4, CREATED)]
+    h.window.release(submitted=view(batch_id="batch-a"), chunk=older)
+    assert h.queue.rollouts() == rollouts(["g1"]), "one release sends at most 4: batch-a's g2 waits"
+    newer = [h.groups.add("batch-b", "g2", 1, 4, CREATED)]
+    done = h.window.release(submitted=view(batch_id="batch-b", age=1), chunk=newer)
+    assert done.rollouts == 4
+    assert h.ledger.state.sending == (), "sent and confirmed, not deferred"
+    assert [(m["batch_id"], m["input_id"]) for m in h.queue.sent[-4:]] == [("batch-a", "g2")] * 4
