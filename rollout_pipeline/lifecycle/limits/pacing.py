@@ -152,13 +152,19 @@ class Pacer:
                 return None
             self._sleep(max(pause, 0.001))
 
-    def reserve_at(self, not_before: float, latest: float) -> tuple[float | None, float]:
-        """One reservation attempt for a start in [not_before, latest] (wall clock, s); returns (slot, tat)."""
+    def reserve_at(self, not_before: float, latest: float, *, count: int = 1) -> tuple[float | None, float]:
+        """One reservation attempt for a start in [not_before, latest] (wall clock, s); returns (slot, tat).
+        `count`: that many consecutive starts at the known spacing, in the one write (`slot` is the first)."""
         started = self._monotonic()
         busy_first = self.tat > not_before or (self.guess_busy and self.busy)
         if self.lease is not None:
             answer = self.ledger.reserve_leased(
-                self.budget, not_before_us=int(not_before * 1e6), latest_us=int(latest * 1e6), busy_first=busy_first
+                self.budget,
+                not_before_us=int(not_before * 1e6),
+                latest_us=int(latest * 1e6),
+                busy_first=busy_first,
+                count=count,
+                interval_us=max(1, int(self.interval_s * 1e6)),
             )
             self.absorb(answer.pace)
             # After the reservation, not before: a renewal due now starts from the schedule this answer just showed
@@ -172,6 +178,7 @@ class Pacer:
                 latest_us=int(latest * 1e6),
                 interval_us=max(1, int(self.interval_s * 1e6)),
                 busy_first=busy_first,
+                count=count,
             )
         self.busy = slot_us is None or slot_us > int(not_before * 1e6)
         self.write_s = max(0.97 * self.write_s, self._monotonic() - started)
@@ -184,34 +191,12 @@ class Pacer:
         spacing changed by a renewal, a lease too short): the calls then reserve one at a time."""
         if count < 2:
             return []
-        now = self._wall()
-        not_before, latest = now + self.lead_s, now + self.lead_s + ahead_s
-        interval_us = max(1, int(self.interval_s * 1e6))
-        if self.lease is not None:
-            if self._lacks_lease(not_before):
-                return []
-            answer = self.ledger.reserve_leased(
-                self.budget,
-                not_before_us=int(not_before * 1e6),
-                latest_us=int(latest * 1e6),
-                count=count,
-                interval_us=interval_us,
-            )
-            self.absorb(answer.pace)
-            first_us, tat_us = answer.slot_us, answer.pace.tat_us
-        else:
-            first_us, tat_us = self.ledger.reserve_pace(
-                self.budget,
-                not_before_us=int(not_before * 1e6),
-                latest_us=int(latest * 1e6),
-                interval_us=interval_us,
-                busy_first=self.tat > not_before,
-                count=count,
-            )
-        self.tat = max(self.tat, tat_us / 1e6)
-        if first_us is None:
+        not_before = self._wall() + self.lead_s
+        if self.lease is not None and self._lacks_lease(not_before):
             return []
-        return [(first_us + i * interval_us) / 1e6 for i in range(count)]
+        interval_s = self.interval_s
+        first, _tat = self.reserve_at(not_before, not_before + ahead_s, count=count)
+        return [] if first is None else [first + i * interval_s for i in range(count)]
 
     def absorb(self, pace: PaceView) -> None:
         """Take a leased schedule's spacing and lease from a read or a reservation's answer."""
