@@ -556,6 +556,7 @@ def figures(**kw: Any) -> dict[str, Any]:
         "capacity_units_by_caller": {
             k: v / n for k, v in kw["counters"].capacity_callers.most_common(16) if v / n >= 0.05
         },
+        "requests_by_caller": {k: v / n for k, v in kw["counters"].caller_items.most_common(24) if v / n >= 0.02},
         "conflict_retries_per_rollout": kw["retries"] / n,
         "conflicts_by_item": dict(kw["log"].conflicts_by_item.most_common()),
         "sessions_never_stopped": len(

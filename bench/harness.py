@@ -270,6 +270,7 @@ class Counters:
         self.wru_items: Counter[str] = Counter()  # WRU by item kind (a transaction's 2 per item, to each item)
         self.capacity_callers: Counter[str] = Counter()  # WRU + RRU by the ledger method that made the request
         self.callers: Counter[str] = Counter()  # requests by the ledger method that made them, and operation
+        self.caller_items: Counter[str] = Counter()  # the same, and the item kinds each request touched
         self.harness = threading.local()
         # Billed outside the pipeline's own calls (the all-in cost): SQS requests of Lambda's pollers and the
         # trainer (receives that return messages, delete batches; empty polls are a per-hour cost, not a rollout's),
@@ -313,6 +314,7 @@ class Counters:
             caller = f"{ledger_caller()} {operation}"
             self.capacity_callers[caller] += wru + rru
             self.callers[caller] += 1
+            self.caller_items[f"{caller} {'+'.join(sorted(set(touched)))}"] += 1
 
 
 def capacity_units(operation: str, touched: list[str]) -> tuple[float, float]:
