@@ -9,10 +9,10 @@ import time
 import pytest
 
 from rollout_pipeline.ledger.limits import PaceView
-from rollout_pipeline.lifecycle.limits.admission import ADMIT_AHEAD_S, SessionRoom, SlotGate
+from rollout_pipeline.lifecycle.limits.admission import ADMIT_AHEAD_S, ROOM_BATCH_S, SessionRoom, SlotGate
 from rollout_pipeline.lifecycle.limits.pacing import LATENESS_S, Pacer
 from tests.conftest import wait_for
-from tests.doubles import FakeSchedules
+from tests.doubles import FakeSchedules, ManualClock
 
 pytestmark = pytest.mark.timing
 
@@ -106,3 +106,49 @@ def test_the_gate_lets_through_only_the_room_lowest_keys_first() -> None:
     for t in threads:
         t.join(timeout=5)
     assert sorted(admitted) == ["k1", "k2", "k3", "k4", "k5"]
+
+
+def test_while_the_rate_binds_the_gate_lets_a_batch_through_per_poll_not_one_each() -> None:
+    """Room for one start at a time would cost a poll, a board write and a wake-up per rollout: the gate waits until
+    the schedule has room for `SessionRoom.batch` starts (`ROOM_BATCH_S` worth) and lets them through together,
+    while the schedule is still booked at least half the horizon ahead (no start goes unused)."""
+    clock = ManualClock(1_000.0)
+    schedules = FakeSchedules()
+    room = SessionRoom(Pacer(schedules, "session#0", 5.0, wall=clock))  # type: ignore[arg-type]
+    interval = (1 + LATENESS_S) / 5.0
+    assert room.batch() == int(ROOM_BATCH_S / interval) == 2
+    schedules.tat_us["session#0"] = int((clock.t + ADMIT_AHEAD_S) * 1e6)  # booked to the horizon
+    let_through: list[tuple[int, float]] = []
+    promise = room.promise
+
+    def counted(sessions: int) -> None:
+        session = room.session
+        assert session is not None
+        let_through.append((sessions, session.tat - clock.t))  # how far ahead the schedule was booked then
+        promise(sessions)
+
+    room.promise = counted  # type: ignore[method-assign]
+    keys = [f"k{n}" for n in range(6)]
+
+    def sleep(seconds: float) -> None:  # the first poll waits until every waiter is queued
+        wait_for(lambda: len(gate.queued()) + len(admitted) == len(keys), what="every waiter queued")
+        clock.sleep(seconds)
+
+    gate = SlotGate(lambda: 0, 100, room=room, monotonic=clock.monotonic, sleep=sleep)
+    admitted: list[str] = []
+    lock = threading.Lock()
+
+    def waiter(key: str) -> None:
+        if gate.wait(clock.t + 60, key):
+            with lock:
+                admitted.append(key)
+
+    threads = [threading.Thread(target=waiter, args=(key,)) for key in keys]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=10)
+    assert sorted(admitted) == keys
+    assert [sessions for sessions, _ahead in let_through] == [2, 2, 2]  # main: one at a time, a poll each
+    assert all(ahead >= ADMIT_AHEAD_S / 2 for _sessions, ahead in let_through)
+    assert gate.polls <= 6

@@ -29,6 +29,11 @@ BoardEntry = tuple[str, int, list[str]]
 #: have room within this horizon; beyond it, rollouts wait in the ordered `SlotGate`, so the budget's own queue
 #: stays short and admission order, not first-come reservations, decides which group's sessions start first.
 ADMIT_AHEAD_S: Final = 2.0
+#: When the session budget's room binds, the gate lets waiters through about this many seconds of starts at a time
+#: (`SessionRoom.batch`): it polls again once the schedule has room for that many, not for each one, so a poll, a
+#: board write and a wake-up serve several rollouts. The schedule stays booked at least `ADMIT_AHEAD_S` minus this
+#: far ahead (never less than half the horizon), so no start goes unused while the gate waits.
+ROOM_BATCH_S: Final = 0.5
 
 
 class SessionRoom:
@@ -62,18 +67,27 @@ class SessionRoom:
             session.promise(1)
             return True
 
-    def read(self, paces: Mapping[str, PaceView] | None = None) -> int:
+    def read(self, paces: Mapping[str, PaceView] | None = None, *, wanted: int = 1) -> int:
         """Room now: reads the schedule, unless given `paces` (the schedules read just now with the slot counters:
-        a budget missing there has never been used)."""
+        a budget missing there has never been used). Room for fewer than `wanted` starts marks a backlog."""
         with self._lock:
             session = self.session
             if session is None:
                 return UNBOUNDED_ROOM
             session.read_tat(None if paces is None else paces.get(session.budget, PaceView()))
             room = session.room(self.ahead_s)
-            if room <= 0:
+            if room < max(1, wanted):
                 _note_backlog(session)
             return room
+
+    def batch(self) -> int:
+        """Starts the gate lets through at a time while the room binds: `ROOM_BATCH_S` worth at the budget's rate,
+        at most half the horizon's (so the schedule stays booked at least half the horizon ahead), at least one."""
+        session = self.session
+        if session is None:
+            return 1
+        per_start = session.interval_s
+        return max(1, min(int(ROOM_BATCH_S / per_start + 1e-9), int(self.ahead_s / 2 / per_start + 1e-9)))
 
     def promise(self, sessions: int) -> None:
         """`sessions` waiters were let through: count them in the known schedule."""
@@ -82,10 +96,10 @@ class SessionRoom:
             if session is not None:
                 session.promise(sessions)
 
-    def next_room_s(self) -> float:
-        """Seconds until the known schedule has room for one more session."""
+    def next_room_s(self, sessions: int = 1) -> float:
+        """Seconds until the known schedule has room for `sessions` more sessions."""
         session = self.session
-        return 0.0 if session is None else session.next_room_s(self.ahead_s)
+        return 0.0 if session is None else session.next_room_s(self.ahead_s, sessions)
 
 
 #: The room of no single budget (several endpoints each with its own): it holds nothing back.
@@ -393,7 +407,7 @@ class SlotGate:
         """Poll until some slots look free for this process's waiters (their number) or `wait_until` passes."""
         pause, lead = self._pace()
         if self.room is not None and self._may_chase():  # the rate may be what binds: look as soon as it has room
-            pause = self._room_pause(pause)
+            pause = self._room_pause(pause, self._room_batch())
         pause = max(pause, self.settle_s())  # a burst's first decision waits for the others' rollouts
         if self.board is not None:
             self._publish()  # waiters let through by the last poll leave the board now, not a poll later
@@ -409,9 +423,11 @@ class SlotGate:
             pause, lead = self._pace()
             free = self.max_sessions() - in_flight
             if free > 0 and self.room is not None:
-                free = min(free, self.room.read(paces))
+                batch = min(free, self._room_batch())
+                room = self.room.read(paces, wanted=batch)
+                free = min(free, room) if room >= batch else 0  # the rate binds: wait for a batch's room
                 if free <= 0 and self._may_chase():
-                    pause = self._room_pause(pause)
+                    pause = self._room_pause(pause, batch)
             if free <= 0:
                 continue
             if self.board is None:
@@ -434,10 +450,20 @@ class SlotGate:
         bounded by the leaders, not by every dispatcher of the experiment)."""
         return self.board is None or self._in_flight_and_board is None or self.leads()
 
-    def _room_pause(self, pause: float) -> float:
-        """Poll again when the session budgets will have room (at most `pause`, at least 0.1 s, jittered)."""
+    def _room_batch(self) -> int:
+        """How many starts' room this process waits for while the rate binds: the session budget's batch
+        (`SessionRoom.batch`), no more than it has waiters."""
         assert self.room is not None
-        return min(pause, max(0.1, self.room.next_room_s()) + random.uniform(0.0, 0.05))
+        with self._cond:  # reentrant: also called with the condition held
+            waiters = len(self._queue)
+        return max(1, min(waiters, self.room.batch()))
+
+    def _room_pause(self, pause: float, sessions: int = 1) -> float:
+        """Poll again when the session budgets will have room for `sessions` (at least 0.1 s, jittered): for one,
+        at most `pause`; for a batch, as long as that takes (at most 1 s: a renewal may change the spacing)."""
+        assert self.room is not None
+        ready = max(0.1, self.room.next_room_s(sessions)) + random.uniform(0.0, 0.05)
+        return min(pause, ready) if sessions <= 1 else min(ready, 1.0)
 
 
 class Held:

@@ -238,11 +238,11 @@ class Pacer:
             room = min(room, max(0, math.floor((self.lease_until - first) / self.interval_s + 1e-9) + 1))
         return room
 
-    def next_room_s(self, ahead_s: float) -> float:
-        """Seconds until `room(ahead_s)` is at least one, by the latest known schedule."""
+    def next_room_s(self, ahead_s: float, calls: int = 1) -> float:
+        """Seconds until `room(ahead_s)` is at least `calls`, by the latest known schedule."""
         if self.lease is not None and self._lacks_lease(self._wall()):
             return NO_LEASE_PAUSE_S[0]  # the next read renews the lease
-        return max(0.0, self.tat - self._horizon(ahead_s) + self.interval_s - self._wall())
+        return max(0.0, self.tat - self._horizon(ahead_s) + calls * self.interval_s - self._wall())
 
     def _horizon(self, ahead_s: float) -> float:
         return max(ahead_s, self.interval_s)
