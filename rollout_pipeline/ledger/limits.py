@@ -342,7 +342,12 @@ class LimitLedger:
         expressions cannot multiply), and only while the lease covers the last of them at the latest."""
         if count > 1:
             return self._reserve_leased_block(
-                budget, not_before_us=not_before_us, latest_us=latest_us, count=count, interval_us=interval_us
+                budget,
+                not_before_us=not_before_us,
+                latest_us=latest_us,
+                count=count,
+                interval_us=interval_us,
+                busy_first=busy_first,
             )
         key = keys.pace_key(budget)
         expires = not_before_us // 1_000_000 + PACE_TTL_S
@@ -381,40 +386,57 @@ class LimitLedger:
         raise LedgerError(f"pace budget {budget} kept changing under us")
 
     def _reserve_leased_block(
-        self, budget: str, *, not_before_us: int, latest_us: int, count: int, interval_us: int
+        self, budget: str, *, not_before_us: int, latest_us: int, count: int, interval_us: int, busy_first: bool
     ) -> LeasedSlot:
-        """`reserve_leased` of `count` starts: one attempt each way (free at `not_before`, else the next free time),
-        no retry; the caller reserves one at a time when this gives nothing."""
+        """`reserve_leased` of `count` starts: one attempt each way (free at `not_before`, else the next free time;
+        `busy_first`: the latter first, as the caller last saw the schedule), no retry; the caller reserves one at a
+        time when this gives nothing. A failed write answers the schedule as it was: no read, and the other way is
+        not tried when that answer says it cannot succeed."""
         key = keys.pace_key(budget)
         span, last = interval_us * count, interval_us * (count - 1)
         values = {":iv": interval_us, ":exp": not_before_us // 1_000_000 + PACE_TTL_S, ":k": count}
-        free = self.table.update(
-            key,
-            "SET last_start = :last, tat = :end, expires_at = :exp ADD n :k",
-            "(attribute_not_exists(tat) OR tat <= :nb) AND lease_until >= :last AND interval_us = :iv",
-            {**values, ":nb": not_before_us, ":last": not_before_us + last, ":end": not_before_us + span},
-            return_values="ALL_NEW",
-        )
-        if free is not None:
-            return LeasedSlot(not_before_us, PaceView.of(item_values(free)))
-        busy = self.table.update(
-            key,
-            "SET last_start = tat + :last, tat = tat + :span, expires_at = :exp ADD n :k",
-            "tat > :nb AND tat <= :latest AND lease_until >= :bound AND interval_us = :iv",
-            {
-                **values,
-                ":nb": not_before_us,
-                ":latest": latest_us,
-                ":bound": latest_us + last,  # tat <= latest: the last start is within the lease
-                ":last": last,
-                ":span": span,
-            },
-            return_values="ALL_NEW",
-        )
-        if busy is not None:
+
+        def take_free() -> tuple[LeasedSlot | None, PaceView]:
+            free, seen = self.table.update_or_current(
+                key,
+                "SET last_start = :last, tat = :end, expires_at = :exp ADD n :k",
+                "(attribute_not_exists(tat) OR tat <= :nb) AND lease_until >= :last AND interval_us = :iv",
+                {**values, ":nb": not_before_us, ":last": not_before_us + last, ":end": not_before_us + span},
+            )
+            if free is None:
+                return None, PaceView.of(item_values(seen))
+            return LeasedSlot(not_before_us, PaceView.of(item_values(free))), PaceView()
+
+        def take_next() -> tuple[LeasedSlot | None, PaceView]:
+            busy, seen = self.table.update_or_current(
+                key,
+                "SET last_start = tat + :last, tat = tat + :span, expires_at = :exp ADD n :k",
+                "tat > :nb AND tat <= :latest AND lease_until >= :bound AND interval_us = :iv",
+                {
+                    **values,
+                    ":nb": not_before_us,
+                    ":latest": latest_us,
+                    ":bound": latest_us + last,  # tat <= latest: the last start is within the lease
+                    ":last": last,
+                    ":span": span,
+                },
+            )
+            if busy is None:
+                return None, PaceView.of(item_values(seen))
             pace = PaceView.of(item_values(busy))
-            return LeasedSlot(pace.tat_us - span, pace)
-        return LeasedSlot(None, self.pace(budget))
+            return LeasedSlot(pace.tat_us - span, pace), PaceView()
+
+        first, second = (take_next, take_free) if busy_first else (take_free, take_next)
+        reserved, pace = first()
+        if reserved is not None:
+            return reserved
+        # The other way can succeed only if the schedule, as the failed write found it, is on that side of
+        # `not_before` with the spacing the block assumed (a lease too short fails either way: tried once more).
+        other_side = pace.tat_us <= not_before_us if busy_first else not_before_us < pace.tat_us <= latest_us
+        if pace.interval_us != interval_us or not other_side:
+            return LeasedSlot(None, pace)
+        reserved, pace = second()
+        return reserved if reserved is not None else LeasedSlot(None, pace)
 
     def pace(self, budget: str) -> PaceView:
         """A paced budget's schedule item (strongly consistent)."""

@@ -13,7 +13,7 @@ from rollout_pipeline.adapters import clients
 from rollout_pipeline.config import ExperimentConfig
 from rollout_pipeline.ledger.ledger import Ledger
 from rollout_pipeline.ledger.pool import PoolLedger, PoolMissing
-from rollout_pipeline.lifecycle.limits.pacing import LATENESS_S
+from rollout_pipeline.lifecycle.limits.pacing import LATENESS_S, Pacer
 from rollout_pipeline.lifecycle.limits.pool import CALLS_PACE, SESSION_PACE, CapacityLease
 from rollout_pipeline.lifecycle.limits.shares import DECREASE, DECREASE_HOLD_S, LEASE_S
 from rollout_pipeline.local.resources import ExperimentResources, create_resources
@@ -111,8 +111,10 @@ def test_a_block_of_starts_is_one_write_at_the_granted_spacing_within_the_lease(
     interval, until_us = pace.interval_us, pace.lease_until_us
     now_us = int(wall.now * 1e6)
     writes: list[str] = []
-    update = limits.table.update
-    limits.table.update = lambda *a, **kw: writes.append(a[1]) or update(*a, **kw)  # type: ignore[method-assign]
+    update = limits.table.update_or_current
+    limits.table.update_or_current = (  # type: ignore[method-assign]
+        lambda *a, **kw: writes.append(a[1]) or update(*a, **kw)
+    )
     block = limits.reserve_leased(
         CALLS_PACE, not_before_us=now_us, latest_us=now_us + 1_000_000, count=5, interval_us=interval
     )
@@ -136,6 +138,51 @@ def test_a_block_of_starts_is_one_write_at_the_granted_spacing_within_the_lease(
         is None
     )
     assert limits.pace(CALLS_PACE).tat_us == now_us + 8 * interval  # nothing booked by the refusals
+
+
+def test_a_block_on_a_busy_schedule_is_one_write_when_the_caller_says_so_and_a_refusal_reads_nothing(
+    resources: ExperimentResources, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """New sessions booked together (`Pacer.reserve_together`) meet a schedule booked ahead: `busy_first` books
+    the block after it in one write (main tried the free case first: two writes), and a refusal is decided from the
+    failed write's answer (main read the schedule after two failed writes)."""
+    wall = Wall()
+    lease = lease_of(resources, wall)
+    lease.note_backlog()
+    lease.renew(force=True)  # a backlog: all the pool has (starts ~47 ms apart)
+    limits = lease.limits
+    interval = limits.pace(SESSION_PACE).interval_us
+    assert interval < 100_000
+    now_us = int(wall.now * 1e6)
+    first = limits.reserve_leased(SESSION_PACE, not_before_us=now_us, latest_us=now_us, count=3, interval_us=interval)
+    assert first.slot_us == now_us
+    calls: list[str] = []
+    ddb = limits.table.ddb
+    for operation, kind in (("update_item", "write"), ("get_item", "read")):
+        original = getattr(ddb, operation)
+        monkeypatch.setattr(ddb, operation, lambda *a, _o=original, _k=kind, **kw: calls.append(_k) or _o(*a, **kw))
+    busy = limits.reserve_leased(
+        SESSION_PACE,
+        not_before_us=now_us,
+        latest_us=now_us + 1_000_000,
+        count=2,
+        interval_us=interval,
+        busy_first=True,
+    )
+    assert busy.slot_us == now_us + 3 * interval
+    assert calls == ["write"]
+    calls.clear()
+    respaced = limits.reserve_leased(  # a renewal changed the spacing since: the failed write's answer says so
+        SESSION_PACE,
+        not_before_us=now_us,
+        latest_us=now_us + 1_000_000,
+        count=2,
+        interval_us=interval + 1,
+        busy_first=True,
+    )
+    assert respaced.slot_us is None
+    assert respaced.pace.interval_us == interval
+    assert calls == ["write"]
 
 
 def test_an_idle_experiments_share_flows_to_the_others_and_back(resources: ExperimentResources) -> None:
@@ -338,3 +385,19 @@ def test_a_renewal_right_after_a_reservation_reads_no_schedule(resources: Experi
     calls.clear()
     lease.renew()
     assert sorted(calls) == ["BatchGetItem", "GetItem", "UpdateItem", "UpdateItem", "UpdateItem"]
+
+
+def test_a_leased_block_with_a_long_wait_is_booked_within_the_known_lease(resources: ExperimentResources) -> None:
+    """New sessions booked together wait as long as their dispatcher may (a minute): the block's window is cut
+    at the lease this process knows, so its write (which checks that the window's last start is within the lease)
+    books it instead of refusing every block whose caller may wait past the lease."""
+    wall = Wall()
+    lease = lease_of(resources, wall)
+    lease.note_backlog()
+    lease.renew(force=True)
+    session = Pacer(lease.limits, SESSION_PACE, 1.0, wall=wall, lease=lease, guess_busy=True)
+    session.read_tat()
+    assert session.book(3, 60.0)  # main: [] (the window reached a minute past a 4 s lease)
+    slots = session.book(3, 60.0)  # the schedule is now busy: after the first block, at the same spacing
+    assert len(slots) == 3
+    assert slots[-1] <= session.lease_until

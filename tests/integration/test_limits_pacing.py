@@ -20,6 +20,7 @@ from rollout_pipeline.config import ExperimentConfig
 from rollout_pipeline.ledger.ledger import Ledger
 from rollout_pipeline.lifecycle.limits.pacing import LimitedRuntime, Pacer, dedicated_session_share, pacers
 from rollout_pipeline.local.moto_server import local_aws_environ, moto_server, patched_environ
+from tests.conftest import wait_for
 
 pytestmark = pytest.mark.timing
 
@@ -251,3 +252,48 @@ def test_stops_booked_together_take_one_write_and_keep_the_spacing(table: tuple[
     limited.stop("late", time.monotonic() + 60)
     assert reserved == [4, 1, 2, 1]
     assert runtime.calls[-1][0] >= clocks.start + 5.0
+
+
+def test_new_sessions_reserved_together_take_one_write_at_the_spacing(table: tuple[str, dict[str, str]]) -> None:
+    """The gate lets a batch of waiters through at once (`SessionRoom.batch`); their new sessions, reaching their
+    reservation about together while the schedule is booked ahead, take their starts in ONE write
+    (`Pacer.reserve_together`: a block at the schedule's spacing), not one each. On a virtual clock per thread;
+    the first thread's wait for the others ends once they joined (no timing)."""
+    name, _env = table
+    ledger = Ledger.open(name).limits
+    counts: list[int] = []
+    reserve_pace = ledger.reserve_pace
+
+    def counted(budget: str, **kwargs: Any) -> tuple[int | None, int]:
+        counts.append(int(kwargs.get("count", 1)))
+        return reserve_pace(budget, **kwargs)
+
+    ledger.reserve_pace = counted  # type: ignore[method-assign]
+    clocks = ThreadClocks(time.time())
+    invokers = 3
+
+    def sleep(seconds: float) -> None:
+        round_ = session._together
+        if round_ is not None and not round_.closed:  # the first one's wait: until the others joined
+            wait_for(lambda: round_.count == invokers, what="every invoker joined the booking")
+        clocks.sleep(seconds)
+
+    session = Pacer(ledger, "session#0", 4, wall=clocks.wall, sleep=sleep, guess_busy=True)
+    for _ in range(4):  # a backlog: the schedule is booked about a second ahead
+        assert session.reserve(time.monotonic() + 10) is not None
+    counts.clear()
+    runtime = RecordingRuntime(clocks.wall)
+    limited = LimitedRuntime(runtime, Pacer(ledger, "tps", 10, wall=clocks.wall), [session], sessions_apart=True)
+    workers = [
+        threading.Thread(target=limited.invoke, args=(f"s-{i}", {}, time.monotonic() + 60)) for i in range(invokers)
+    ]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(timeout=60)
+    assert not any(w.is_alive() for w in workers), "an invoker is stuck"
+    assert counts == [invokers]  # main: [1, 1, 1]
+    starts = sorted(at for at, op, _ in runtime.calls if op == "invoke")
+    assert len(starts) == invokers
+    assert all(later - earlier >= session.interval_s - 1e-6 for earlier, later in itertools.pairwise(starts))
+    assert busiest_sliding_window(starts) <= 4

@@ -51,6 +51,23 @@ DEFAULT_STOP_WAIT_S: Final = 15.0
 STOP_BOOK_AHEAD_S: Final = 1.0
 #: A leased schedule without a lease covering the next start: look again this long later (jittered).
 NO_LEASE_PAUSE_S: Final = (0.05, 0.25)
+#: New sessions of one process reserved within this long of each other, while their schedule is booked further
+#: ahead than that (the wait delays no start), are booked together in one write (`Pacer.reserve_together`): the
+#: admission gate lets a batch through at once (`admission.SessionRoom.batch`), whose threads reach their
+#: reservation about together, after their dispatch transaction.
+TOGETHER_S: Final = 0.03
+#: How long a thread waits for the one booking for the others it joined (a bound only: it is always answered).
+TOGETHER_WAIT_S: Final = 10.0
+
+
+class _Together:
+    """The reservations of one `Pacer.reserve_together` round: how many joined, and the starts booked for them."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.closed = False
+        self.slots: list[float] = []
+        self.done = threading.Event()
 
 
 class Lessee(Protocol):
@@ -115,6 +132,9 @@ class Pacer:
         #: Whether to use `busy` (the session budgets, which waiting rollouts book ahead); the `tps` schedule, near
         #: idle between stops, is guessed by its `tat` alone (measured: 1.3 writes per stop with it, 1.8 without).
         self.guess_busy = guess_busy
+        #: The open round of `reserve_together`, if any (others who reserve now join it).
+        self._together: _Together | None = None
+        self._together_lock = threading.Lock()
 
     @property
     def limit(self) -> float:
@@ -152,6 +172,40 @@ class Pacer:
                 return None
             self._sleep(max(pause, 0.001))
 
+    def reserve_together(self, wait_until: float, *, lead_s: float = 0.0) -> float | None:
+        """`reserve`, for several threads of this process at about the same moment in ONE write when the schedule
+        is busy: the first to come waits `TOGETHER_S` for the others, books one start for each in a block (`book`)
+        and hands them out in the order they came. A thread whose start could not be booked that way (the block
+        failed, or it came alone) reserves its own. An idle schedule is reserved at once (no wait)."""
+        lead = lead_s or self.lead_s
+        if not (self.busy and self.tat - self._wall() > lead + 2 * TOGETHER_S):
+            return self.reserve(wait_until, lead_s=lead_s)
+        with self._together_lock:
+            round_ = self._together
+            leader = round_ is None or round_.closed
+            if leader:
+                round_ = self._together = _Together()
+            assert round_ is not None
+            index = round_.count
+            round_.count += 1
+        if leader:
+            try:
+                self._sleep(TOGETHER_S)
+                with self._together_lock:
+                    round_.closed = True
+                    self._together = None
+                if round_.count > 1:
+                    round_.slots = self.book(round_.count, max(0.0, wait_until - self._monotonic()), lead_s=lead)
+            except Exception:  # booking together only saves writes: each reserves its own
+                log.warning("could not book %d starts of %s together", round_.count, self.budget, exc_info=True)
+            finally:
+                round_.done.set()
+        else:
+            round_.done.wait(TOGETHER_WAIT_S)
+        if index < len(round_.slots) and round_.slots[index] >= self._wall() - LATE_START_S:  # not lost yet
+            return round_.slots[index]
+        return self.reserve(wait_until, lead_s=lead_s)
+
     def reserve_at(self, not_before: float, latest: float, *, count: int = 1) -> tuple[float | None, float]:
         """One reservation attempt for a start in [not_before, latest] (wall clock, s); returns (slot, tat).
         `count`: that many consecutive starts at the known spacing, in the one write (`slot` is the first)."""
@@ -185,17 +239,26 @@ class Pacer:
         self.tat = max(self.tat, tat_us / 1e6)
         return (None if slot_us is None else slot_us / 1e6), tat_us / 1e6
 
-    def book(self, count: int, ahead_s: float) -> list[float]:
+    def book(self, count: int, ahead_s: float, *, lead_s: float = 0.0) -> list[float]:
         """Reserve `count` consecutive starts (wall clock, s) in ONE write, the first within `ahead_s`: for calls
-        known to come together (a completion batch's stops). [] when the schedule gave none that way (full, a
-        spacing changed by a renewal, a lease too short): the calls then reserve one at a time."""
+        known to come together (a completion batch's stops, a batch of new sessions: `reserve_together`). [] when
+        the schedule gave none that way (full, a spacing changed by a renewal, a lease too short): the calls then
+        reserve one at a time."""
         if count < 2:
             return []
-        not_before = self._wall() + self.lead_s
-        if self.lease is not None and self._lacks_lease(not_before):
-            return []
+        not_before = self._wall() + (lead_s or self.lead_s)
         interval_s = self.interval_s
-        first, _tat = self.reserve_at(not_before, not_before + ahead_s, count=count)
+        latest = not_before + ahead_s
+        if self.lease is not None:
+            if self._lacks_lease(not_before):
+                return []
+            # The block's last start must be within the lease, which its write checks as `lease_until` >= `latest`
+            # + the block's span (no arithmetic on attributes): a window reaching past the known lease would
+            # always be refused.
+            latest = min(latest, self.lease_until - (count - 1) * interval_s)
+            if latest < not_before:
+                return []
+        first, _tat = self.reserve_at(not_before, latest, count=count)
         return [] if first is None else [first + i * interval_s for i in range(count)]
 
     def absorb(self, pace: PaceView) -> None:
@@ -368,7 +431,11 @@ class LimitedRuntime:
             return
         pacer = self.session_pacer(session_id)
         while True:
-            slot = pacer.reserve(until, lead_s=pacer.lead_s + (0.0 if self.sessions_apart else self.tps.lead_s))
+            lead_s = pacer.lead_s + (0.0 if self.sessions_apart else self.tps.lead_s)
+            if self.sessions_apart:  # the session slot alone: the starts of a batch let through go in one write
+                slot = pacer.reserve_together(until, lead_s=lead_s)
+            else:
+                slot = pacer.reserve(until, lead_s=lead_s)
             if slot is None:
                 raise self._throttled("a new session")
             booked(slot)
