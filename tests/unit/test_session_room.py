@@ -130,8 +130,16 @@ def test_while_the_rate_binds_the_gate_lets_a_batch_through_per_poll_not_one_eac
     room.promise = counted  # type: ignore[method-assign]
     keys = [f"k{n}" for n in range(6)]
 
-    def sleep(seconds: float) -> None:  # the first poll waits until every waiter is queued
-        wait_for(lambda: len(gate.queued()) + len(admitted) == len(keys), what="every waiter queued")
+    def sleep(seconds: float) -> None:
+        # Time moves only once every waiter is queued and every one let through has left: the test's clock must
+        # not run ahead of the threads (a poll would count waiters that hold a ticket and have not woken yet).
+        wait_for(
+            lambda: (
+                len(gate.queued()) + len(admitted) == len(keys)
+                and len(admitted) == sum(sessions for sessions, _ahead in let_through)
+            ),
+            what="every waiter queued, every one let through gone",
+        )
         clock.sleep(seconds)
 
     gate = SlotGate(lambda: 0, 100, room=room, monotonic=clock.monotonic, sleep=sleep)
