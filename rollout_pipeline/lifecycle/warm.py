@@ -1,17 +1,17 @@
 """The dispatch side of the warm pool: which warm session a rollout takes, and what happens when it is dead.
 
 A dispatcher process keeps a view of the pool's idle warm sessions (`WarmTaker`: one Query of the pool's partition,
-in session-id order) and hands them out walking it from a random point, one after the other, and from another
-random point after a session it offered was taken by another process: so each dispatcher of a burst takes a run of
-the pool of its own, and two ask for the same session only where one's run reaches the other's (random picks,
-before, collided with every session other processes took since the view was read: 208 collisions for 1,024
-takes by five processes, against 27-42 walking; `tests/unit/test_warm_taker.py`). The view is read again when it is older than
-`VIEW_MAX_AGE_S`, when it proves stale (`STALE_AFTER` sessions in a row were taken by others: a burst that takes
-the whole pool), and when it runs out while its last read still showed sessions; while the pool shows none, at most
+in session-id order) and hands them out walking it from a random point, one after the other, and from another random
+point after a session it offered was taken by another process: so each dispatcher of a burst takes a run of the pool
+of its own, and two ask for the same session only where one's run reaches the other's (random picks, before,
+collided with every session other processes took since the view was read: 208 collisions for 1,024 takes by five
+processes, against 27-42 walking; `tests/unit/test_warm_taker.py`). The view is read again when it is older than
+`VIEW_MAX_AGE_S`, when it proves stale (`STALE_AFTER` sessions in a row were taken by others: a burst that takes the
+whole pool), and when it runs out while its last read still showed sessions; while the pool shows none, at most
 every `EMPTY_RECHECK_S`. A read resets both (the process's threads share the view), so reads stay fewer than half
-the tries that collided. A dispatch tries up to `MAX_TRIES` sessions before it takes a new one. The
-dispatch transaction takes the session (`RolloutLedger.begin_dispatch(warmed_at=...)`: only if still idle; its slot
-becomes the rollout's), and the rollout is invoked in it exactly as in a new session: same payload (its
+the tries that collided. A dispatch tries up to `MAX_TRIES` sessions before it takes a new one. The dispatch
+transaction takes the session (`RolloutLedger.begin_dispatch(warmed_at=...)`: only if still idle; its slot becomes
+the rollout's), and the rollout is invoked in it exactly as in a new session: same payload (its
 `_rollout.session_id` the warm session's), same result key form, same token rules.
 
 A warm session that turns out dead (its invoke answers NotFound or is rejected, throttled past the retries, or 424:

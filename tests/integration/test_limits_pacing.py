@@ -297,7 +297,9 @@ def test_invokes_booked_as_a_block_take_one_write_and_keep_the_spacing(table: tu
     assert len(starts) == 4
     assert min(later - earlier for earlier, later in itertools.pairwise(starts)) >= tps.interval_s - 1e-6
     limited.invoke("w-late", {}, time.monotonic() + 60, new_session=False, block=block)
-    assert reserved[0] == 4 and reserved[1:] and set(reserved[1:]) == {1}  # the block is used up: its own
+    assert reserved[0] == 4
+    assert reserved[1:]
+    assert set(reserved[1:]) == {1}
     assert busiest_sliding_window([at for at, _op, _sid in runtime.calls]) <= 10
 
 
@@ -310,7 +312,8 @@ def test_stops_on_a_budget_of_their_own_leave_the_invokes_their_whole_rate(table
     name, _env = table
     ledger = Ledger.open(name).limits
     tight = own_runtime(RecordingRuntime(), ledger, data_plane=10, invoke_rate=200, session_rate_limit=4, endpoints=1)
-    assert tight.stops is None and tight.stop_pacer is tight.tps
+    assert tight.stops is None
+    assert tight.stop_pacer is tight.tps
     assert (tight.tps.limit, [p.limit for p in tight.sessions]) == (6, [4])  # `pacers(ledger, 10, 4, 1)`, as before
     assert not dedicated_stop_share(15, 8)
     reserved: list[str] = []
@@ -326,8 +329,10 @@ def test_stops_on_a_budget_of_their_own_leave_the_invokes_their_whole_rate(table
     clocks = ThreadClocks(time.time())
     runtime = RecordingRuntime(clocks.wall)
     limited = own_runtime(runtime, ledger, data_plane=16, invoke_rate=8, session_rate_limit=2, endpoints=1)
-    assert limited.stops is not None and limited.stops.limit == pytest.approx(8)
-    assert limited.tps.limit == pytest.approx(6) and limited.sessions_apart  # 8 invokes/s, 2 of them new sessions
+    assert limited.stops is not None
+    assert limited.stops.limit == pytest.approx(8)
+    assert limited.tps.limit == pytest.approx(6)
+    assert limited.sessions_apart
     for pacer in [limited.tps, *limited.sessions, limited.stops]:
         pacer._wall, pacer._sleep = clocks.wall, clocks.sleep
 

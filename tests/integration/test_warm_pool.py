@@ -578,3 +578,25 @@ def test_a_batch_the_pool_covers_books_its_takes_starts_in_one_write(
     # The first take books the four starts in one write; a take that came more than 40 ms after its start (a loaded
     # machine) would book its own, never use it late.
     assert booked[0] == ("tps", 4), booked
+
+
+def test_a_fill_chunk_books_its_warm_ups_session_starts_in_one_write(
+    resources: ExperimentResources, fake: FakeAgentRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fill chunk's warm-ups reserve their new-session starts together (`InvokeBlock` by session budget): one
+    conditional write for the chunk's sessions on the experiment's session budget, not one per warm-up."""
+    deps = warm_deps(resources, fake, warm=4)
+    booked: list[tuple[str, int]] = []
+    reserve_at = Pacer.reserve_at
+
+    def spy(pacer: Pacer, not_before: float, latest: float, *, count: int = 1) -> tuple[float | None, float]:
+        booked.append((pacer.budget, count))
+        return reserve_at(pacer, not_before, latest, count=count)
+
+    monkeypatch.setattr(Pacer, "reserve_at", spy)
+    pool = WarmPool(deps, CountedCapacity(deps))  # 25 new sessions a second: one chunk of four
+    pool.capacity_recheck_s = 3600.0
+    tick = pool.tick(budget_s=10)
+    assert (tick.warmed, fake.warmups) == (4, 4)
+    sessions = [count for budget, count in booked if budget.startswith("session")]
+    assert sessions[0] == 4, booked  # a warm-up more than 40 ms late for its start would book its own

@@ -1,6 +1,6 @@
-"""A dispatcher process's view of the warm pool (`lifecycle.warm.WarmTaker`): a walk from a random point (another
-after a collision), and a fresh read once the view proves stale, so a burst that takes the whole pool from several processes starts every rollout warm.
-Injected clocks: nothing here waits."""
+"""A dispatcher process's view of the warm pool (`lifecycle.warm.WarmTaker`): a walk from a random point (another after
+a collision), and a fresh read once the view proves stale, so a burst that takes the whole pool from several
+processes starts every rollout warm. Injected clocks: nothing here waits."""
 
 from __future__ import annotations
 

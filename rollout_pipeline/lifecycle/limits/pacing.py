@@ -287,16 +287,18 @@ class Pacer:
 
 
 class InvokeBlock:
-    """The `tps` starts of a dispatcher's batch of `expected` invokes into existing sessions (an SQS batch's warm
-    takes), booked in ONE write by the first of them to need one (`LimitedRuntime.invoke`'s `block`), consecutive;
-    each take uses the earliest that is not yet too late (a stale one is dropped, never used late). A take that
-    finds none left, or comes too late for its start, reserves its own. Thread-safe: the dispatcher's threads share
-    it. `writes` counts the block's booking writes."""
+    """The starts of a batch of invokes known to come together, booked per budget in ONE write by the first of them
+    to need one (`LimitedRuntime.invoke`'s `block`), consecutive: a dispatcher's SQS batch of warm takes (`expected`
+    an int: that many `tps` starts), or a warm-pool fill chunk's warm-ups (`expected` by session budget, e.g.
+    `{"session#2": 7}`, with new sessions' invokes in a share of their own). Each invoke uses the earliest start of
+    its budget not yet too late (a stale one is dropped, never used late); one that finds none left, or comes too
+    late for its start, reserves its own. Thread-safe: the batch's threads share it. `writes` counts its booking
+    writes."""
 
-    def __init__(self, expected: int) -> None:
-        self.expected = max(0, expected)
-        self.starts: list[float] = []
-        self.booked = False
+    def __init__(self, expected: int | Mapping[str, int]) -> None:
+        self.expected = {"tps": expected} if isinstance(expected, int) else dict(expected)
+        self.starts: dict[str, list[float]] = {}
+        self.booked: set[str] = set()
         self.writes = 0
         self.lock = threading.Lock()
 
@@ -399,7 +401,8 @@ class LimitedRuntime:
         until = wait_until if wait_until is not None else time.monotonic() + DEFAULT_STOP_WAIT_S
         booked = on_booked or (lambda _start: None)
         if not new_session:
-            start = None if block is None else self._block_start(block, until)
+            ahead_s = INVOKE_AHEAD_S if self.stops is None else BLOCK_AHEAD_S
+            start = None if block is None else self._block_start(block, self.tps, until, ahead_s)
             on_block = start is not None and self.tps.sleep_until(start)
             if not on_block and not self.tps.acquire(until, INVOKE_AHEAD_S):
                 raise self._throttled("InvokeAgentRuntime")
@@ -407,8 +410,14 @@ class LimitedRuntime:
             self._call(lambda: self.runtime.invoke(session_id, payload), "calls")
             return
         pacer = self.session_pacer(session_id)
+        block_start = None
+        if block is not None and self.sessions_apart:  # a warm-up of a fill chunk: its session start from the block
+            block_start = self._block_start(block, pacer, until, max(0.0, until - pacer._monotonic()))
         while True:
-            slot = pacer.reserve(until, lead_s=pacer.lead_s + (0.0 if self.sessions_apart else self.tps.lead_s))
+            slot = block_start
+            if slot is None:
+                slot = pacer.reserve(until, lead_s=pacer.lead_s + (0.0 if self.sessions_apart else self.tps.lead_s))
+            block_start = None
             if slot is None:
                 raise self._throttled("a new session")
             booked(slot)
@@ -437,33 +446,33 @@ class LimitedRuntime:
         if pause > 0:
             self.tps._sleep(pause)
 
-    def _block_start(self, block: InvokeBlock, until: float) -> float | None:
-        """This take's start from its batch's block: the earliest booked one not yet too late; the first take books
-        the block (every take still expected, this one included) in one write, waiting (at most `BLOCK_TRIES` times,
-        within `until`) while the schedule is full over the horizon. None: no start from the block (the take reserves
-        its own)."""
+    def _block_start(self, block: InvokeBlock, pacer: Pacer, until: float, ahead_s: float) -> float | None:
+        """This invoke's start of `pacer`'s budget from its batch's block: the earliest booked one not yet too late;
+        the first of the batch books the block (every invoke of the budget still expected, this one included) in one
+        write, the first start within `ahead_s`, waiting (at most `BLOCK_TRIES` times, within `until`) while the
+        schedule is full over that horizon. None: no start from the block (the invoke reserves its own)."""
+        budget = pacer.budget
         with block.lock:
-            block.expected = max(0, block.expected - 1)
-            latest_late = self.tps._wall() - LATE_START_S
-            while block.starts:
-                start = block.starts.pop(0)
+            expected = block.expected[budget] = max(0, block.expected.get(budget, 0) - 1)
+            latest_late = pacer._wall() - LATE_START_S
+            starts = block.starts.get(budget, [])
+            while starts:
+                start = starts.pop(0)
                 if start >= latest_late:
                     return start
-            if block.booked or block.expected < 1:  # booked once (its starts are gone), or this take is the last
+            if budget in block.booked or expected < 1:  # booked once (its starts are gone), or this is the last
                 return None
-            block.booked = True
-            starts = self._book_block(block, block.expected + 1, until)
-            if not starts:
+            block.booked.add(budget)
+            booked = self._book_block(block, pacer, expected + 1, until, ahead_s)
+            if not booked:
                 return None
-            block.starts = starts[1:]
-            return starts[0]
+            block.starts[budget] = booked[1:]
+            return booked[0]
 
-    def _book_block(self, block: InvokeBlock, count: int, until: float) -> list[float]:
-        """`count` consecutive `tps` starts in one write (`Pacer.book`), waiting for room while the schedule is full
-        over the horizon. A leased schedule whose lease this process does not know yet (its first block) is read
-        first (the lease got or renewed: one GetItem); [] when it still has none."""
-        ahead_s = INVOKE_AHEAD_S if self.stops is None else BLOCK_AHEAD_S
-        pacer = self.tps
+    def _book_block(self, block: InvokeBlock, pacer: Pacer, count: int, until: float, ahead_s: float) -> list[float]:
+        """`count` consecutive starts of `pacer` in one write (`Pacer.book`), waiting for room while the schedule is
+        full over the horizon. A leased schedule whose lease this process does not know yet (its first block) is
+        read first (the lease got or renewed: one GetItem); [] when it still has none."""
         for _ in range(BLOCK_TRIES):
             if pacer.lease is not None and pacer._lacks_lease(pacer._wall() + pacer.lead_s):
                 try:
