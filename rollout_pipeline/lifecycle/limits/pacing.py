@@ -66,6 +66,8 @@ BLOCK_AHEAD_S: Final = 1.0
 #: An `InvokeBlock` that finds the schedule full within its horizon waits for room and books again at most this many
 #: times before its takes reserve one at a time.
 BLOCK_TRIES: Final = 4
+#: An `InvokeBlock`'s entry for invokes into existing sessions (the `tps` budget, whatever its schedule's name).
+TAKES: Final = "takes"
 #: The schedule of stops when they have a budget of their own (`dedicated_stop_share`).
 STOP_PACE: Final = "stop"
 
@@ -296,7 +298,7 @@ class InvokeBlock:
     writes."""
 
     def __init__(self, expected: int | Mapping[str, int]) -> None:
-        self.expected = {"tps": expected} if isinstance(expected, int) else dict(expected)
+        self.expected = {TAKES: expected} if isinstance(expected, int) else dict(expected)
         self.starts: dict[str, list[float]] = {}
         self.booked: set[str] = set()
         self.writes = 0
@@ -402,7 +404,7 @@ class LimitedRuntime:
         booked = on_booked or (lambda _start: None)
         if not new_session:
             ahead_s = INVOKE_AHEAD_S if self.stops is None else BLOCK_AHEAD_S
-            start = None if block is None else self._block_start(block, self.tps, until, ahead_s)
+            start = None if block is None else self._block_start(block, self.tps, until, ahead_s, key=TAKES)
             on_block = start is not None and self.tps.sleep_until(start)
             if not on_block and not self.tps.acquire(until, INVOKE_AHEAD_S):
                 raise self._throttled("InvokeAgentRuntime")
@@ -446,12 +448,15 @@ class LimitedRuntime:
         if pause > 0:
             self.tps._sleep(pause)
 
-    def _block_start(self, block: InvokeBlock, pacer: Pacer, until: float, ahead_s: float) -> float | None:
+    def _block_start(
+        self, block: InvokeBlock, pacer: Pacer, until: float, ahead_s: float, *, key: str | None = None
+    ) -> float | None:
         """This invoke's start of `pacer`'s budget from its batch's block: the earliest booked one not yet too late;
         the first of the batch books the block (every invoke of the budget still expected, this one included) in one
         write, the first start within `ahead_s`, waiting (at most `BLOCK_TRIES` times, within `until`) while the
-        schedule is full over that horizon. None: no start from the block (the invoke reserves its own)."""
-        budget = pacer.budget
+        schedule is full over that horizon. None: no start from the block (the invoke reserves its own). `key`: the
+        block's entry (default: the budget's name)."""
+        budget = key or pacer.budget
         with block.lock:
             expected = block.expected[budget] = max(0, block.expected.get(budget, 0) - 1)
             latest_late = pacer._wall() - LATE_START_S
