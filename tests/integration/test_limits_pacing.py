@@ -362,6 +362,4 @@ def test_stops_on_a_budget_of_their_own_leave_the_invokes_their_whole_rate(table
     assert busiest_sliding_window(stops) <= 8
     assert busiest_sliding_window([at for at, _, _ in runtime.calls]) <= 16
     assert reserved.count("stop") >= 16  # every stop on its own budget
-    # The 16 stops took 2 s of virtual time; the 12 takes at their own 6/s, not slowed by the stops.
-    takes = sorted(at for at, op, sid in runtime.calls if sid.startswith("w-"))
-    assert takes[-1] - takes[0] <= 11 * limited.tps.interval_s + 1e-6
+    assert set(reserved) == {"tps", "session#0", "stop"}  # stops never on `tps`: the takes keep its whole rate
