@@ -66,11 +66,12 @@ $(DEMO_STAMP): pyproject.toml $(CONSTRAINTS)
 demo: $(DEMO_STAMP) ## Run the whole pipeline locally on the sample dataset with a real model (installs only what it needs)
 	$(BIN)/rollouts local demo
 
-# Two workers (pytest-xdist), one file per worker at a time: the suite mostly waits on loopback servers and paced
-# budgets, so two workers on two cores finish it in about three quarters of the time. Every timing test holds under
-# that load by construction (`make test-stress` runs them beside two busy loops).
-test: setup lint ## Lint, then every test (unit, integration, infra, e2e), on two workers
-	$(BIN)/python -m pytest -n 2 --dist loadfile
+# Four workers (pytest-xdist) on two cores, one file per worker at a time (tests/infra as one unit, the longest suites
+# first: tests/schedule.py): the suite mostly waits on loopback servers, pacing and agent processes (its workers used
+# about 0.9 of the 2 cores with -n 2), so four finish it in about four fifths of the time of two. Every timing test
+# holds under that load by construction (`make test-stress` runs them beside two busy loops).
+test: setup lint ## Lint, then every test (unit, integration, infra, e2e), on four workers
+	$(BIN)/python -m pytest -n 4 --dist loadfile
 
 # The timing-sensitive tests (marker `timing`: threads, pacing, deadlines) ROUNDS times while BURNERS busy processes
 # load the cores: check a change against a machine as loaded as CI's can be (tests/stress.py).
