@@ -66,11 +66,19 @@ $(DEMO_STAMP): pyproject.toml $(CONSTRAINTS)
 demo: $(DEMO_STAMP) ## Run the whole pipeline locally on the sample dataset with a real model (installs only what it needs)
 	$(BIN)/rollouts local demo
 
-# Two workers (pytest-xdist), one file per worker at a time: the suite mostly waits on loopback servers and paced
-# budgets, so two workers on two cores finish it in about three quarters of the time. Every timing test holds under
-# that load by construction (`make test-stress` runs them beside two busy loops).
-test: setup lint ## Lint, then every test (unit, integration, infra, e2e), on two workers
-	$(BIN)/python -m pytest -n 2 --dist loadfile
+# Two workers (pytest-xdist), one file per worker at a time (tests/infra as one unit, the longest suites first:
+# tests/schedule.py): the suite mostly waits on loopback servers and paced budgets, so two workers on two cores finish
+# it in about three quarters of the time. Every timing test holds under that load by construction (`make test-stress`
+# runs them beside two busy loops). mypy, without its cache on a clean checkout about 80 s of one core, runs beside
+# the tests (its report follows theirs); either failing fails `make test`.
+test: setup ## Lint, and every test (unit, integration, infra, e2e) on two workers beside mypy
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	@$(MYPY) > $(MYPY_LOG) 2>&1 & mypy=$$!; \
+	echo "$(MYPY) (beside the tests, its report after theirs)"; \
+	$(BIN)/python -m pytest -n 2 --dist loadfile; tests=$$?; \
+	wait $$mypy; typed=$$?; echo "$(MYPY):"; cat $(MYPY_LOG); \
+	exit $$(( tests || typed ))
 
 # The timing-sensitive tests (marker `timing`: threads, pacing, deadlines) ROUNDS times while BURNERS busy processes
 # load the cores: check a change against a machine as loaded as CI's can be (tests/stress.py).
@@ -128,10 +136,13 @@ infra: $(STAMP) ## Infrastructure tests (CDK assertions, cdk-nag)
 e2e: $(STAMP) ## End-to-end tests of the local pipeline
 	$(BIN)/python -m pytest tests/e2e
 
+MYPY := $(BIN)/mypy rollout_pipeline lambdas stacks app.py
+MYPY_LOG := $(VENV)/mypy.log
+
 lint: $(STAMP) ## ruff check, ruff format --check, mypy strict
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy rollout_pipeline lambdas stacks app.py
+	$(MYPY)
 
 format: $(STAMP) ## Fix lint findings and format the code
 	$(BIN)/ruff check --fix .

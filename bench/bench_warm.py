@@ -470,7 +470,8 @@ class Side:
         self.total = self.inputs * self.group_size
         self.config = ExperimentConfig(
             name=f"bench-{self.name}",
-            tps_limit=args.tps,
+            tps_limit=args.tps_limit,
+            invoke_rate_limit=args.tps,
             # With the account pool, the experiment's share of the account's new sessions (its lease), as deployed.
             session_rate_limit=None if args.account_pool else args.account_quota / args.endpoints,
             endpoints=args.endpoints,
@@ -621,8 +622,10 @@ class Side:
         self.admission = TIMELINE.summary(self.submitted, rollout_starts(self.fake), list(self.fake.calls))
         TIMELINE.reset(False)
         self.progress(f"step over ({len(self.lambdas.group_done)} of {self.inputs} groups)")
-        with TICKING:
-            self.clock.set_dilation(self.args.fill_dilation)  # the agents are done: the tail is the pool's alone
+        # The agents are done: the tail is the pool's alone. Not under TICKING: the refill's tick, begun during the
+        # step, held it for up to its 50 s budget at the burst's k (~15 min of wall time); a change of dilation is
+        # no jump (a sleep begun before it lasts as begun: the tail's requests, not the step's, may show it).
+        self.clock.set_dilation(self.args.fill_dilation)
 
     def tail(self) -> None:
         """The rollouts' sessions stopped, the pool refilled for a next step that never comes, then idle."""
@@ -688,6 +691,13 @@ class Side:
             # What the limits allow at best: warm, every take one `tps` call (the new sessions' share set apart);
             # cold, every rollout a new session at the account's rate.
             "admit_bound_s": admit_bound_s(self.args, total, self.warm),
+            # The invoke rate (`--invoke-tps`, the agent's quota) and the busiest sliding second of the side's
+            # invokes (warm-ups, keep-alives and rollouts) and of all its data-plane calls: within it, and within
+            # the data-plane budget.
+            "invoke_rate": budgets(self.args)[0],
+            "stops_share_the_takes_budget": budgets(self.args)[2],
+            "busiest_second_invokes": busiest_second([c.at for c in calls if c.op == "invoke"]),
+            "busiest_second_calls": busiest_second([c.at for c in calls if c.op in ("invoke", "stop")]),
             "admit_bound_with_stops_s": admit_bound_with_stops_s(self.args, total) if self.warm else float("nan"),
             "first_group_s": done[0] - submitted if done else float("nan"),
             "step_s": done[-1] - submitted if done else float("nan"),
@@ -733,6 +743,18 @@ class Side:
         }
 
 
+def busiest_second(times: list[float]) -> int:
+    """The most calls in any sliding second [t, t + 1) (virtual time)."""
+    ordered = sorted(times)
+    best, j = 0, 0
+    for i, start in enumerate(ordered):
+        j = max(j, i)
+        while j < len(ordered) and ordered[j] < start + 1.0:
+            j += 1
+        best = max(best, j - i)
+    return best
+
+
 def per_rollout(kinds: Counter[str], rollouts: int) -> dict[str, float]:
     return {kind: round(n / rollouts, 3) for kind, n in kinds.most_common() if n}
 
@@ -747,6 +769,30 @@ def rollout_starts(fake: Any) -> dict[tuple[str, int], float]:
     return started_at
 
 
+def budgets(args: argparse.Namespace) -> tuple[float, float, bool]:
+    """(invoke rate, the `tps` schedule's rate, whether stops share it) as the experiment's limits make them: the
+    invoke rate `config.invoke_rate_cap` (`--invoke-tps`, never above the data-plane budget), the new sessions'
+    share set apart from it (`pacing.dedicated_session_share`; the pool: `CapacityLease._tps_rate`), stops on a
+    budget of their own when the data-plane budget leaves them the invoke rate (`pacing.dedicated_stop_share`; the
+    pool: never yet)."""
+    from rollout_pipeline.config import invoke_rate_cap
+    from rollout_pipeline.lifecycle.limits.pacing import dedicated_session_share, dedicated_stop_share
+    from rollout_pipeline.quotas import DEFAULT_RESERVE
+
+    sessions_per_s = args.account_quota * ((1 - args.reserve) if args.account_pool else 1.0)
+    if args.account_pool:
+        calls = args.data_plane_quota * (1 - args.reserve)
+        calls = calls if args.tps_limit is None else min(calls, args.tps_limit)
+        invokes = invoke_rate_cap(args.tps, calls)
+        return invokes, invokes - min(sessions_per_s, calls / 2), True
+    data_plane = args.tps_limit if args.tps_limit is not None else 1000.0 * (1 - DEFAULT_RESERVE)
+    invoke_rate = invoke_rate_cap(args.tps, data_plane)
+    apart = dedicated_stop_share(data_plane, invoke_rate)
+    invokes = invoke_rate if apart else min(data_plane, invoke_rate)
+    share = sessions_per_s if dedicated_session_share(invokes, sessions_per_s / args.endpoints, args.endpoints) else 0
+    return invokes, invokes - share, not apart
+
+
 def admit_bound_s(args: argparse.Namespace, rollouts: int, warm: bool) -> float:
     """The least admission time the limits allow: warm, `rollouts` calls on the `tps` budget (its share for new
     sessions set apart, each call spaced by `LATENESS_S`); cold, `rollouts` new sessions at the session budget."""
@@ -755,19 +801,19 @@ def admit_bound_s(args: argparse.Namespace, rollouts: int, warm: bool) -> float:
     sessions_per_s = args.account_quota * ((1 - args.reserve) if args.account_pool else 1.0)
     if not warm:
         return rollouts / sessions_per_s
-    if args.account_pool:  # the pool's `tps` schedule: the calls granted less the new sessions' own (`limits.pool`)
-        apart = min(sessions_per_s, args.tps / 2)
-    else:  # `pacing.dedicated_session_share`
-        apart = sessions_per_s if args.tps >= 2 * sessions_per_s else 0.0
-    return rollouts * (1 + LATENESS_S) / (args.tps - apart)
+    _invokes, tps, _shared = budgets(args)
+    return rollouts * (1 + LATENESS_S) / tps
 
 
 def admit_bound_with_stops_s(args: argparse.Namespace, rollouts: int) -> float:
-    """`admit_bound_s` (warm) when the step's own stops share the `tps` budget: a rollout that started more than the
-    agents' mean time before the end of admission is stopped within it, and stops go first (`pacing`). With takes
-    spread evenly over T at rate `r` calls/s: r T = N + (N / T)(T - d), so T = (N + sqrt(N^2 - r N d)) / r (or N / r
-    when admission is shorter than the agents: no stop falls within it)."""
+    """`admit_bound_s` (warm) when the step's own stops share the `tps` budget (`budgets`; when they have their own,
+    `admit_bound_s`): a rollout that started more than the agents' mean time before the end of admission is stopped
+    within it, and stops go first (`pacing`). With takes spread evenly over T at rate `r` calls/s:
+    r T = N + (N / T)(T - d), so T = (N + sqrt(N^2 - r N d)) / r (or N / r when admission is shorter than the agents:
+    no stop falls within it)."""
     floor = admit_bound_s(args, rollouts, warm=True)
+    if not budgets(args)[2]:
+        return floor
     rate, mean_s = rollouts / floor, (args.min_delay + args.max_delay) / 2
     if floor <= mean_s:
         return floor
@@ -847,13 +893,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=int,
         default=200,
         help="AgentCore's InvokeAgentRuntime quota per agent (200 by default, adjustable), set as the experiment's "
-        "tps_limit: the one budget its invokes AND stops share (so it is what a warm burst's takes are paced by)",
+        "invoke_rate_limit: every invoke within it; stops are on the data-plane budget (see --tps-limit)",
+    )
+    parser.add_argument(
+        "--tps-limit",
+        type=int,
+        default=None,
+        help="the experiment's tps_limit (its data-plane calls/s: invokes and stops); default none: the account's "
+        "data-plane budget (1,000/s less the 10%% reserve), which leaves stops a budget of their own",
     )
     parser.add_argument(
         "--account-pool",
         action="store_true",
         help="run each side through the account pool's leases, as a deployed experiment does (LifecycleDeps.pool): "
-        "its new sessions, data-plane calls and active sessions leased from the pool (tps_limit still caps the calls)",
+        "its new sessions, data-plane calls and active sessions leased from the pool (the invoke rate still caps the "
+        "invokes, which stops share there)",
     )
     parser.add_argument("--data-plane-quota", type=float, default=1000.0, help="with --account-pool: calls/s")
     parser.add_argument("--reserve", type=float, default=0.0, help="with --account-pool: the pool's reserve")
@@ -939,6 +993,9 @@ def print_report(out: dict[str, Any]) -> None:
         ("admit_s", "{:.1f}"),
         ("admit_bound_s", "{:.1f}"),
         ("admit_bound_with_stops_s", "{:.1f}"),
+        ("invoke_rate", "{:.0f}"),
+        ("busiest_second_invokes", "{}"),
+        ("busiest_second_calls", "{}"),
         ("first_group_s", "{:.1f}"),
         ("step_s", "{:.1f}"),
         ("cold_starts_on_path", "{}"),

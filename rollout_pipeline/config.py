@@ -17,7 +17,7 @@ from typing import Any, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from rollout_pipeline.metric_names import METRICS_NAMESPACE
-from rollout_pipeline.quotas import ACTIVE_SESSIONS_ELSEWHERE, PoolSettings
+from rollout_pipeline.quotas import ACTIVE_SESSIONS_ELSEWHERE, DOCUMENTED_INVOKE_RATE_PER_AGENT, PoolSettings
 
 EXPERIMENT_NAME_PATTERN = r"^[a-z][a-z0-9-]{0,31}$"
 #: Context values that mean "not set: derive the default" (`-c key=` and cdk.json's "").
@@ -46,6 +46,15 @@ def new_sessions_cap(session_rate_limit: float | None, tps_limit: float | None) 
     a stop each); None: no cap of its own."""
     caps = [c for c in (session_rate_limit, None if tps_limit is None else tps_limit / 2) if c]
     return min(caps) if caps else None
+
+
+def invoke_rate_cap(invoke_rate_limit: float | None, tps_limit: float | None) -> float:
+    """The most InvokeAgentRuntime calls/s an experiment's agent makes (new sessions and calls into existing ones):
+    `invoke_rate_limit`, else AgentCore's documented per-agent rate (`quotas.DOCUMENTED_INVOKE_RATE_PER_AGENT`), and
+    never more than `tps_limit` (every data-plane call). The one home of the rule: the standalone budgets and the
+    account pool's data-plane schedule both read it."""
+    rate = float(invoke_rate_limit) if invoke_rate_limit else DOCUMENTED_INVOKE_RATE_PER_AGENT
+    return rate if tps_limit is None else min(rate, float(tps_limit))
 
 
 def derived_dispatch_concurrency(
@@ -145,6 +154,13 @@ class ExperimentConfig(BaseModel):
         le=100_000,
         description="At most this many AgentCore data-plane calls/s (invokes, stops) for this experiment; default: "
         "its share of the account pool (the account's data-plane quota, 1,000/s, less the reserve)",
+    )
+    invoke_rate_limit: int | None = Field(
+        default=None,
+        ge=1,
+        le=100_000,
+        description="At most this many InvokeAgentRuntime calls/s for this experiment's agent (AgentCore's quota per "
+        "agent: 200, adjustable; stops are not in it); default: the documented 200. Never above tps_limit",
     )
     session_rate_limit: float | None = Field(
         default=None,
@@ -432,6 +448,7 @@ class ExperimentConfig(BaseModel):
                 "results_expiration_days",
                 "release_window",
                 "tps_limit",
+                "invoke_rate_limit",
                 "session_rate_limit",
                 "model_secret_name",
                 "agent_module",

@@ -7,7 +7,9 @@ AgentCore enforces, per account and region (docs/aws-facts.md, "AgentCore quotas
   setting for an account where each endpoint has its own;
 - the data-plane call rate (`L-46ED137C`, 1,000/s: InvokeAgentRuntime, StopRuntimeSession, ...);
 - active sessions (`L-3E5722B2`, 5,000 in us-east-1 and us-west-2, 2,500 elsewhere): a session counts until it is
-  stopped or idles out.
+  stopped or idles out;
+- and per agent (runtime), InvokeAgentRuntime's own rate: 200 TPS, adjustable, no quota code published
+  (`DOCUMENTED_INVOKE_RATE_PER_AGENT`); StopRuntimeSession is not in it (the data-plane rate only).
 
 The account pool (`rollouts bootstrap`, docs/deploy.md) holds one `PoolSettings`: these values as Service Quotas
 gave them at bootstrap (or the documented defaults, or overrides) and the reserve left for everything else in the
@@ -50,6 +52,9 @@ DEFAULT_NEW_SESSIONS_PER_S: Final = 25.0
 DEFAULT_DATA_PLANE_PER_S: Final = 1_000.0
 ACTIVE_SESSIONS_BY_REGION: Final[dict[str, int]] = {"us-east-1": 5_000, "us-west-2": 5_000}
 ACTIVE_SESSIONS_ELSEWHERE: Final = 2_500
+#: AgentCore's documented InvokeAgentRuntime rate per agent (no quota code is published for it), Nov 2026: every
+#: invoke of an experiment's agent counts (new sessions and calls into existing ones); stops do not.
+DOCUMENTED_INVOKE_RATE_PER_AGENT: Final = 200.0
 #: The share of each budget the pipeline never uses: room for production agents and tools in the same account.
 DEFAULT_RESERVE: Final = 0.10
 MAX_RESERVE: Final = 0.9

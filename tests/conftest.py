@@ -43,6 +43,16 @@ def wait_for(condition: Callable[[], object], timeout_s: float = 30.0, what: str
         time.sleep(0.01)
 
 
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadfile` (`make test`): longest suites first, tests/infra on one worker (tests/schedule.py)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from tests.schedule import SuiteOrderScheduling
+
+    return SuiteOrderScheduling(config, log)
+
+
 #: Suites that run under the faithful AWS profile by default (ROLLOUTS_AWS_PROFILE=moto switches it off).
 FAITHFUL_SUITES = ("integration", "e2e")
 

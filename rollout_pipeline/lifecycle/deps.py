@@ -7,14 +7,14 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from rollout_pipeline import ids
-from rollout_pipeline.config import DISPATCH_BATCH, ExperimentConfig, HandlerSettings
+from rollout_pipeline.config import DISPATCH_BATCH, ExperimentConfig, HandlerSettings, invoke_rate_cap
 from rollout_pipeline.contracts.attempts import attempt_token
 from rollout_pipeline.costs import PriceBook
 from rollout_pipeline.feed.feed import Feed
 from rollout_pipeline.ledger.ledger import Ledger
 from rollout_pipeline.ledger.pool import PoolLedger
 from rollout_pipeline.lifecycle.limits.admission import AdmissionBoard, SessionRoom, SlotGate
-from rollout_pipeline.lifecycle.limits.pacing import LimitedRuntime, Pacer, dedicated_session_share, pacers
+from rollout_pipeline.lifecycle.limits.pacing import LimitedRuntime, Pacer, own_runtime
 from rollout_pipeline.lifecycle.limits.pool import CALLS_PACE, SESSION_PACE, CapacityLease
 from rollout_pipeline.lifecycle.limits.slots import SlotShards
 from rollout_pipeline.lifecycle.metrics import MetricsRecorder
@@ -105,10 +105,17 @@ class LifecycleDeps:
             room: SessionRoom | None = SessionRoom(self.limited.room_pacer)
             max_sessions = lease.max_sessions
         else:
-            tps_limit, session_rate_limit = standalone_limits(config)
-            tps, sessions = pacers(limits, tps_limit, session_rate_limit, config.endpoints)
-            apart = dedicated_session_share(tps_limit, session_rate_limit, config.endpoints)
-            self.limited = LimitedRuntime(self.runtime, tps, sessions, self.metrics, sessions_apart=apart)
+            data_plane, session_rate_limit = standalone_limits(config)
+            self.limited = own_runtime(
+                self.runtime,
+                limits,
+                data_plane=data_plane,
+                invoke_rate=invoke_rate_cap(config.invoke_rate_limit, data_plane),
+                session_rate_limit=session_rate_limit,
+                endpoints=config.endpoints,
+                metrics=self.metrics,
+            )
+            sessions = self.limited.sessions
             # One endpoint only: a session's endpoint is its id's hash, so room summed over endpoints let rollouts
             # book the endpoint without room (measured: 14% fewer sessions/s with 2). Ordering per endpoint needs
             # each waiter's endpoint on the board (docs/lifecycle.md, "Limits").
@@ -150,9 +157,10 @@ class LifecycleDeps:
 
 
 def standalone_limits(config: ExperimentConfig) -> tuple[float, float]:
-    """(`tps_limit`, `session_rate_limit` per endpoint) of an experiment without an account pool: its own settings,
-    else the documented quotas less the reserve (the session rate split over its endpoints), as if it owned the
-    account: how every experiment kept its limits before the pool."""
+    """(data-plane calls/s: `tps_limit`, `session_rate_limit` per endpoint) of an experiment without an account
+    pool: its own settings, else the documented quotas less the reserve (the session rate split over its
+    endpoints), as if it owned the account: how every experiment kept its limits before the pool. Its invokes are
+    within `config.invoke_rate_cap` besides."""
     settings = PoolSettings(AccountQuotas())
     tps = float(config.tps_limit) if config.tps_limit is not None else settings.budget("calls")
     sessions = config.session_rate_limit or settings.budget("sessions") / config.endpoints

@@ -17,7 +17,8 @@ An invoke is started only if it can end inside the invocation (`wait_until` minu
 that time is re-sent fresh (counted as a limit wait), never dropped.
 With the warm pool on, a message first takes an idle warm session (`lifecycle.warm`): no slot wait and no
 new-session budget (the session holds its slot, and exists), the same payload and result key form; a dead one is
-dropped and the attempt goes on with a new session as above (`_drop_warm`).
+dropped and the attempt goes on with a new session as above (`_drop_warm`). An SQS batch the pool's view covers
+books its takes' `tps` starts in one write (`limits.pacing.InvokeBlock`), not one each.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ from rollout_pipeline.lifecycle.cancel import cancel_rollout
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.failures import end_attempt, fail_rollout
 from rollout_pipeline.lifecycle.limits.admission import Held
-from rollout_pipeline.lifecycle.limits.pacing import NoCallBudget
+from rollout_pipeline.lifecycle.limits.pacing import InvokeBlock, NoCallBudget
 from rollout_pipeline.lifecycle.metrics import (
     COLD_START_RETRIED,
     IN_FLIGHT,
@@ -124,6 +125,7 @@ def dispatch_records(records: Sequence[Mapping[str, Any]], deps: LifecycleDeps, 
     holds = (
         {} if warm_first else dict(zip([m for m, _k in parsed], deps.slots.hold([k for _m, k in parsed]), strict=True))
     )
+    block = InvokeBlock(len(parsed)) if warm_first else None  # the takes' `tps` starts, booked in one write
     budgets.experiment()  # read once here, before the threads: none of them waits on it ahead of the gate
 
     def handle(record: Mapping[str, Any]) -> Dispatch:
@@ -137,6 +139,7 @@ def dispatch_records(records: Sequence[Mapping[str, Any]], deps: LifecycleDeps, 
                 held=held,
                 budgets=budgets,
                 hold_if_new=warm_first,
+                block=block,
             )
         finally:
             if held is not None:
@@ -198,6 +201,7 @@ def dispatch_body(
     held: Held | None = None,
     budgets: budget.Budgets | None = None,
     hold_if_new: bool = False,
+    block: InvokeBlock | None = None,
 ) -> Dispatch:
     """Dispatch one rollout-queue message body (see the module doc). Raises to have the message redelivered.
     `held`: the message's place on the admission board since receipt (`SlotGate.hold`), released once the rollout's
@@ -207,7 +211,8 @@ def dispatch_body(
     releases it too (`dispatch_records`).
     `budgets`: the SQS batch's budget reads (`lifecycle.budget`): a rollout whose budget is spent is held, not run.
     `hold_if_new`: the message was received without a place on the board (the warm pool's view covered its SQS
-    batch): if it takes a new session after all, it goes on the board then, for as long as it would have been."""
+    batch): if it takes a new session after all, it goes on the board then, for as long as it would have been.
+    `block`: the SQS batch's warm takes' `tps` starts, booked together by the first take (`InvokeBlock`)."""
     message = parse_message(body)
     bind_log_ids(batch_id=message.batch_id, rollout_id=message.rollout_id, session_id=message.session_id)
     batches = batches or BatchReads(deps)
@@ -226,7 +231,7 @@ def dispatch_body(
     # the message is redelivered, instead of after `begin_dispatch`, where it burnt an attempt and a slot until the
     # rollout's deadline.
     token = deps.attempt_token(message.exp_id, message.session_id)
-    warm = _dispatch_warm(message, deps, options, row_payload, batches, wait_until=wait_until)
+    warm = _dispatch_warm(message, deps, options, row_payload, batches, wait_until=wait_until, block=block)
     if warm is not None:
         if held is not None:
             held.release()
@@ -361,9 +366,11 @@ def _dispatch_warm(
     batches: BatchReads,
     *,
     wait_until: float,
+    block: InvokeBlock | None = None,
 ) -> Dispatch | None:
     """Start this attempt in an idle warm session of the pool (`lifecycle.warm`). None: the pool had none (or the
-    one taken was dead and dropped, the attempt queued again): the caller dispatches a new session."""
+    one taken was dead and dropped, the attempt queued again): the caller dispatches a new session. `block`: where
+    its `tps` start comes from (`InvokeBlock`)."""
     if not deps.warm.enabled or deps.clock.monotonic() >= deps.invoke_start_by(wait_until):
         return None
     for _ in range(MAX_TRIES):
@@ -381,7 +388,14 @@ def _dispatch_warm(
             return _decide_existing(message, deps, options, row_payload, wait_until=wait_until)
         deps.warm.took()
         return _invoke_warm(
-            message, deps, options, row_payload, session_id=warm.session_id, attempt_token=token, wait_until=wait_until
+            message,
+            deps,
+            options,
+            row_payload,
+            session_id=warm.session_id,
+            attempt_token=token,
+            wait_until=wait_until,
+            block=block,
         )
     return None
 
@@ -399,12 +413,14 @@ def _invoke_warm(
     session_id: str,
     attempt_token: str | None,
     wait_until: float,
+    block: InvokeBlock | None = None,
 ) -> Dispatch | None:
     """InvokeAgentRuntime of a dispatched attempt in the warm session it took (an existing session: the `tps`
-    budget only). None when the session was dead and dropped (`_drop_warm`): the attempt is queued again."""
+    budget only, its start from `block` when it has one). None when the session was dead and dropped
+    (`_drop_warm`): the attempt is queued again."""
     payload = _agent_payload(message, deps, options, row_payload, session_id=session_id, attempt_token=attempt_token)
     try:
-        _call_warm(session_id, payload, deps, deps.invoke_start_by(wait_until))
+        _call_warm(session_id, payload, deps, deps.invoke_start_by(wait_until), block)
     except RuntimeStartFailed as exc:
         return _start_failed(message, deps, str(exc), wait_until)
     except _WarmDead as dead:
@@ -416,14 +432,16 @@ def _invoke_warm(
     return Dispatch.WARM
 
 
-def _call_warm(session_id: str, payload: Mapping[str, Any], deps: LifecycleDeps, start_by: float) -> None:
+def _call_warm(
+    session_id: str, payload: Mapping[str, Any], deps: LifecycleDeps, start_by: float, block: InvokeBlock | None = None
+) -> None:
     """Invoke the rollout in warm session `session_id`, throttles retried as for any invoke. Raises `_WarmDead`
     when it cannot run there: NotFound or rejected (stopped, idled out, lost), 424 (it is starting again: not the
     session that was warmed), throttled past the retries, or no budget in time (no call was made);
     RuntimeStartFailed as it is. An outcome unknown returns (it may be running: the deadline decides)."""
     for attempt in range(deps.invoke_retries + 1):
         try:
-            deps.limited.invoke(session_id, payload, wait_until=start_by, new_session=False)
+            deps.limited.invoke(session_id, payload, wait_until=start_by, new_session=False, block=block)
             return
         except RuntimeOutcomeUnknown as exc:
             log.warning("invoke of warm session %s: outcome unknown (%s); the deadline decides", session_id, exc)

@@ -27,7 +27,8 @@ most of its invocation while the pool has work) and from local mode's own loop. 
    free session slots of the experiment's share (warm sessions count against `max_sessions` and the account pool's
    grant of active sessions, as a dispatch's slot does): in chunks, each chunk's items and slots written
    in one transaction BEFORE its warm-ups are sent (a crash leaves items the next tick stops), the warm-ups paced by
-   the session budget like any new session, then the chunk marked idle in one transaction.
+   the session budget like any new session (a chunk's session starts booked in one write per session budget it
+   takes: `limits.pacing.InvokeBlock`), then the chunk marked idle in one transaction.
 
 The target: `warm_sessions`, or with `auto` the newest batch's rollouts (the next step's size), capped by what the
 capacity seam lets the experiment hold. A warm session is taken by one dispatch only (`lifecycle.warm`) and, having
@@ -40,6 +41,7 @@ import logging
 import math
 import threading
 import uuid
+from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -53,6 +55,7 @@ from rollout_pipeline.ledger.release import WindowState
 from rollout_pipeline.ledger.warm import ADDED, HALTED
 from rollout_pipeline.lifecycle import budget, stops
 from rollout_pipeline.lifecycle.deps import LifecycleDeps, standalone_limits
+from rollout_pipeline.lifecycle.limits.pacing import InvokeBlock
 from rollout_pipeline.lifecycle.limits.slots import caps as slot_caps
 from rollout_pipeline.lifecycle.metrics import (
     WARM_KEEPALIVES,
@@ -448,7 +451,8 @@ class WarmPool:
                     if not chunk:  # no budget, no room, or halted
                         fill.closed = True
                         break
-                    fill.started(chunk, [pool.submit(self._warm_up, sid, wait_until) for sid in chunk])
+                    block = self._block(chunk)
+                    fill.started(chunk, [pool.submit(self._warm_up, sid, wait_until, block) for sid in chunk])
                 finished = fill.wait()
                 if finished is None:
                     break
@@ -493,12 +497,16 @@ class WarmPool:
             room.recount(self.deps.ledger.limits.slot_counts())  # a counter filled meanwhile: read them again
         return []
 
-    def _warm_up(self, session_id: str, wait_until: float) -> bool:
-        """The warm-up invocation of a new session, paced as any new session; a 424 (its agent is not up yet) is
-        retried on the same session. True once it answered."""
+    def _block(self, chunk: Sequence[str]) -> InvokeBlock:
+        """The chunk's warm-ups' session starts, booked in one write per session budget they take (`InvokeBlock`)."""
+        return InvokeBlock(Counter(self.deps.limited.session_pacer(sid).budget for sid in chunk))
+
+    def _warm_up(self, session_id: str, wait_until: float, block: InvokeBlock | None = None) -> bool:
+        """The warm-up invocation of a new session, paced as any new session (its start from its chunk's `block`);
+        a 424 (its agent is not up yet) is retried on the same session. True once it answered."""
         payload = self._payload(session_id)
         try:
-            self.deps.limited.invoke(session_id, payload, wait_until=wait_until, new_session=True)
+            self.deps.limited.invoke(session_id, payload, wait_until=wait_until, new_session=True, block=block)
             return True
         except RuntimeColdStart:
             pass

@@ -112,8 +112,6 @@ QUOTAS: Final = (
     CODEBUILD_ARM_SMALL,
     LAMBDA_CONCURRENCY,
 )
-#: AgentCore's documented InvokeAgentRuntime rate per agent (no quota code is published for it), Nov 2026.
-DOCUMENTED_INVOKE_RATE_PER_AGENT: Final = 200.0
 #: Regions where CodeBuild offers ARM_CONTAINER (CodeBuild user guide, "Build environment compute types").
 ARM_CODEBUILD_REGIONS: Final = frozenset(
     {

@@ -17,7 +17,7 @@ from rollout_pipeline.lifecycle.limits.pacing import LATENESS_S, Pacer
 from rollout_pipeline.lifecycle.limits.pool import CALLS_PACE, SESSION_PACE, CapacityLease
 from rollout_pipeline.lifecycle.limits.shares import DECREASE, DECREASE_HOLD_S, LEASE_S
 from rollout_pipeline.local.resources import ExperimentResources, create_resources
-from rollout_pipeline.quotas import AccountQuotas, PoolSettings
+from rollout_pipeline.quotas import DOCUMENTED_INVOKE_RATE_PER_AGENT, AccountQuotas, PoolSettings
 from tests.conftest import REGION
 
 pytestmark = pytest.mark.timing
@@ -267,6 +267,30 @@ def test_the_calls_schedule_leaves_the_new_sessions_their_share(resources: Exper
     calls = lease.limits.pace(CALLS_PACE).interval_us
     assert sessions == int((1 + LATENESS_S) / 5 * 1e6)  # half the calls: an invoke and a stop each
     assert calls == int((1 + LATENESS_S) / 5 * 1e6)
+
+
+def test_the_calls_schedule_keeps_invokes_within_the_agents_invoke_quota(resources: ExperimentResources) -> None:
+    """No `tps_limit`: the pool may grant 900 data-plane calls/s, but InvokeAgentRuntime has a quota of its own per
+    agent (documented 200/s): the `tps` schedule (invokes into existing sessions, stops) paces at most that less the
+    new sessions' share, and `invoke_rate_limit` (a raised quota) moves it."""
+    wall = Wall()
+    lease = lease_of(resources, wall, tps_limit=None)
+    lease.note_backlog()
+    lease.renew()
+    for _ in range(200):  # the calls schedule booked ahead: the experiment asks for all the calls it can get
+        answer = lease.limits.reserve_leased(
+            CALLS_PACE, not_before_us=int(wall.now * 1e6), latest_us=int((wall.now + 0.5) * 1e6)
+        )
+        if answer.slot_us is None:
+            break
+    lease.observe(CALLS_PACE, lease.limits.pace(CALLS_PACE))
+    grant = lease.renew(force=True)
+    assert grant.calls_per_s > 200
+    calls = lease.limits.pace(CALLS_PACE).interval_us
+    assert calls == int((1 + LATENESS_S) / (DOCUMENTED_INVOKE_RATE_PER_AGENT - grant.sessions_per_s) * 1e6)
+    raised = lease_of(resources, wall, tps_limit=None, invoke_rate_limit=400)
+    raised.renew(force=True)
+    assert raised.limits.pace(CALLS_PACE).interval_us == int((1 + LATENESS_S) / (400 - grant.sessions_per_s) * 1e6)
 
 
 def test_active_sessions_are_shared_by_weight_when_they_bind(moto_aws: None) -> None:

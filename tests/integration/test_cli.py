@@ -8,7 +8,9 @@ import json
 import sys
 import time
 import types
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -314,9 +316,11 @@ def test_watch_times_out_with_non_zero_exit(experiment: Experiment, capsys: pyte
 @pytest.mark.timing
 @pytest.mark.usefixtures("moto_lock")
 def test_watch_all_batches_logs_events(
-    experiment: Experiment, deployed: ExperimentResources, deps: LifecycleDeps, capsys: pytest.CaptureFixture[str]
+    experiment: Experiment, deployed: ExperimentResources, deps: LifecycleDeps, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    import io
     import threading
+    from contextlib import contextmanager
 
     def tap_subscribed() -> bool:
         rules = clients.client("events").list_rules(EventBusName=deployed.bus_name)["Rules"]
@@ -330,17 +334,38 @@ def test_watch_all_batches_logs_events(
         batch_id = experiment.submit([{"id": "q1"}], group_size=2)
         submitted.append(batch_id)
 
+    def expected_lines() -> list[str]:
+        (batch_id,) = submitted
+        return [
+            f"{batch_id} accepted: 1 rows (0 rejected), 2 rollouts",
+            f"{batch_id} group q1: 2/2 succeeded, reward mean 1.0000",
+            f"{batch_id} completed: 2 succeeded, 0 failed, reward mean 1.0000",
+        ]
+
+    def all_logged() -> bool:
+        return len(submitted) == 1 and all(line in out.getvalue() for line in expected_lines())
+
+    # The watch of every batch runs until its --timeout: the tap's timeout is up once every line this test looks
+    # for is logged (an injected end; --timeout stays a bound for a stuck pipeline), not after a fixed 15 s.
+    real_tap = Experiment.tap
+
+    @contextmanager
+    def tap_ending_once_logged(self: Experiment, *args: object, **kwargs: object) -> Iterator[Any]:
+        with real_tap(self, *args, **kwargs) as stream:
+            expired = stream.expired
+            monkeypatch.setattr(stream, "expired", lambda: all_logged() or expired())
+            yield stream
+
+    monkeypatch.setattr(Experiment, "tap", tap_ending_once_logged)
+    out = io.StringIO()
     submitted: list[str] = []
     submitter = threading.Thread(target=later)
     submitter.start()
     with Pipeline(deployed, deps):
-        assert main(["watch", *E, "--timeout", "15", "--poll-wait", "0"]) == EXIT_OK
+        assert main(["watch", *E, "--timeout", "60", "--poll-wait", "0"], out=out) == EXIT_OK
     submitter.join()
-    out = capsys.readouterr().out
-    (batch_id,) = submitted
-    assert f"{batch_id} accepted: 1 rows (0 rejected), 2 rollouts" in out
-    assert f"{batch_id} group q1: 2/2 succeeded, reward mean 1.0000" in out
-    assert f"{batch_id} completed: 2 succeeded, 0 failed, reward mean 1.0000" in out
+    for line in expected_lines():
+        assert line in out.getvalue()
 
 
 def test_cancel_says_which_sessions_are_left_to_the_sweeper(

@@ -15,6 +15,7 @@ from rollout_pipeline.lifecycle.completion import complete_records
 from rollout_pipeline.lifecycle.dispatch import Dispatch, dispatch_records
 from rollout_pipeline.local.resources import ExperimentResources
 from rollout_pipeline.metric_names import ACR_THROTTLED, LIMIT_BACKLOG, LIMIT_WAITS
+from rollout_pipeline.quotas import DOCUMENTED_INVOKE_RATE_PER_AGENT
 from tests.conftest import receive_all
 from tests.integration.lifecycle_support import (
     ack,
@@ -261,3 +262,28 @@ def test_limits_hold_under_concurrency(resources: ExperimentResources, fake: Fak
     assert slots_in_flight(resources) == 0
     assert fake.running == set()
     assert_no_dead_letters(resources)
+
+
+@pytest.mark.parametrize(
+    ("limits", "invokes", "stops"),
+    [
+        ({"tps_limit": None}, DOCUMENTED_INVOKE_RATE_PER_AGENT, 900.0 - DOCUMENTED_INVOKE_RATE_PER_AGENT),
+        ({"tps_limit": None, "invoke_rate_limit": 400}, 400.0, 500.0),
+        ({"tps_limit": 1000}, DOCUMENTED_INVOKE_RATE_PER_AGENT, 1000.0 - DOCUMENTED_INVOKE_RATE_PER_AGENT),
+        ({"tps_limit": 300}, DOCUMENTED_INVOKE_RATE_PER_AGENT, None),
+        ({"tps_limit": 50}, 50.0, None),
+    ],
+)
+def test_an_experiment_on_its_own_limits_keeps_its_invokes_within_the_agents_quota(
+    resources: ExperimentResources, limits: dict[str, int | None], invokes: float, stops: float | None
+) -> None:
+    """Without the account pool: every invoke (new sessions and calls into existing ones) within the agent's invoke
+    rate (`invoke_rate_limit`, else AgentCore's documented 200/s per agent, never above `tps_limit`), and stops on a
+    budget of their own at the data-plane budget's rest when that leaves them the invoke rate; else (a `tps_limit`
+    under twice the invoke rate) invokes and stops share one budget as before, within both."""
+    deps = make_deps(resources, FakeAgentRuntime(), limits=limits, pool=None)
+    limited = deps.limited
+    new_sessions = sum(p.limit for p in limited.sessions)
+    assert limited.sessions_apart
+    assert limited.tps.limit + new_sessions == pytest.approx(invokes)
+    assert (None if limited.stops is None else limited.stops.limit) == pytest.approx(stops)

@@ -18,7 +18,15 @@ import pytest
 
 from rollout_pipeline.config import ExperimentConfig
 from rollout_pipeline.ledger.ledger import Ledger
-from rollout_pipeline.lifecycle.limits.pacing import LimitedRuntime, Pacer, dedicated_session_share, pacers
+from rollout_pipeline.lifecycle.limits.pacing import (
+    InvokeBlock,
+    LimitedRuntime,
+    Pacer,
+    dedicated_session_share,
+    dedicated_stop_share,
+    own_runtime,
+    pacers,
+)
 from rollout_pipeline.local.moto_server import local_aws_environ, moto_server, patched_environ
 from tests.conftest import wait_for
 
@@ -252,6 +260,110 @@ def test_stops_booked_together_take_one_write_and_keep_the_spacing(table: tuple[
     limited.stop("late", time.monotonic() + 60)
     assert reserved == [4, 1, 2, 1]
     assert runtime.calls[-1][0] >= clocks.start + 5.0
+
+
+def test_invokes_booked_as_a_block_take_one_write_and_keep_the_spacing(table: tuple[str, dict[str, str]]) -> None:
+    """A dispatcher's batch of warm takes (`InvokeBlock`): the first take books every expected start in one write of
+    the `tps` schedule, the others take the earliest left, so they start `interval` apart as if each had reserved its
+    own; once the block is used up, a further take reserves its own. On a virtual clock (`ThreadClocks`)."""
+    name, _env = table
+    ledger = Ledger.open(name).limits
+    reserved: list[int] = []
+    reserve_pace = ledger.reserve_pace
+
+    def counted(budget: str, **kwargs: Any) -> tuple[int | None, int]:
+        reserved.append(int(kwargs.get("count", 1)))
+        return reserve_pace(budget, **kwargs)
+
+    ledger.reserve_pace = counted  # type: ignore[method-assign]
+    clocks = ThreadClocks(time.time())
+    tps = Pacer(ledger, "tps-block", 10, wall=clocks.wall, sleep=clocks.sleep)  # a schedule no other test booked
+    runtime = RecordingRuntime(clocks.wall)
+    limited = LimitedRuntime(runtime, tps, [Pacer(ledger, "session#0", 4)])
+    block = InvokeBlock(4)
+    takers = [
+        threading.Thread(
+            target=limited.invoke,
+            args=(f"w-{i}", {}, time.monotonic() + 60),
+            kwargs={"block": block, "new_session": False},
+        )
+        for i in range(4)
+    ]
+    for t in takers:
+        t.start()
+    for t in takers:
+        t.join(timeout=60)
+    assert reserved == [4]  # one write for the four takes
+    starts = sorted(at for at, _op, _sid in runtime.calls)
+    assert len(starts) == 4
+    assert min(later - earlier for earlier, later in itertools.pairwise(starts)) >= tps.interval_s - 1e-6
+    limited.invoke("w-late", {}, time.monotonic() + 60, new_session=False, block=block)
+    assert reserved[0] == 4
+    assert reserved[1:]
+    assert set(reserved[1:]) == {1}
+    assert busiest_sliding_window([at for at, _op, _sid in runtime.calls]) <= 10
+
+
+def test_stops_on_a_budget_of_their_own_leave_the_invokes_their_whole_rate(table: tuple[str, dict[str, str]]) -> None:
+    """A data-plane budget (`tps_limit`, else the account's) of at least twice the invoke rate: stops are paced on
+    `stop` at the rest, never on `tps`, so the invokes (new sessions and calls into existing ones) keep their whole
+    rate while stops run, every sliding second holds at most the invoke rate of invokes and the data-plane budget of
+    calls. A tighter data-plane budget keeps the shared budgets of before (`tps_limit` 10: the same as `pacers`).
+    On a virtual clock (`ThreadClocks`)."""
+    name, _env = table
+    ledger = Ledger.open(name).limits
+    tight = own_runtime(RecordingRuntime(), ledger, data_plane=10, invoke_rate=200, session_rate_limit=4, endpoints=1)
+    assert tight.stops is None
+    assert tight.stop_pacer is tight.tps
+    assert (tight.tps.limit, [p.limit for p in tight.sessions]) == (6, [4])  # `pacers(ledger, 10, 4, 1)`, as before
+    assert not dedicated_stop_share(15, 8)
+    reserved: list[str] = []
+    reserve_pace = ledger.reserve_pace
+    lock = threading.Lock()
+
+    def counted(budget: str, **kwargs: Any) -> tuple[int | None, int]:
+        with lock:
+            reserved.append(budget)
+        return reserve_pace(budget, **kwargs)
+
+    ledger.reserve_pace = counted  # type: ignore[method-assign]
+    clocks = ThreadClocks(time.time())
+    runtime = RecordingRuntime(clocks.wall)
+    limited = own_runtime(runtime, ledger, data_plane=16, invoke_rate=8, session_rate_limit=2, endpoints=1)
+    assert limited.stops is not None
+    assert limited.stops.limit == pytest.approx(8)
+    assert limited.tps.limit == pytest.approx(6)
+    assert limited.sessions_apart
+    for pacer in [limited.tps, *limited.sessions, limited.stops]:
+        pacer._wall, pacer._sleep = clocks.wall, clocks.sleep
+
+    def taker(i: int) -> None:
+        for j in range(6):
+            limited.invoke(f"w-{i}-{j}", {}, time.monotonic() + 60, new_session=False)
+
+    def opener() -> None:
+        for j in range(4):
+            limited.invoke(f"s-{j}", {}, time.monotonic() + 60)
+
+    def stopper() -> None:
+        for j in range(16):
+            limited.stop(f"x-{j}", time.monotonic() + 60)
+
+    workers = [threading.Thread(target=taker, args=(i,)) for i in range(2)]
+    workers += [threading.Thread(target=opener), threading.Thread(target=stopper)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(timeout=120)
+    assert not any(w.is_alive() for w in workers), "a worker is stuck"
+    invokes = [at for at, op, _ in runtime.calls if op == "invoke"]
+    stops = [at for at, op, _ in runtime.calls if op == "stop"]
+    assert (len(invokes), len(stops)) == (16, 16)
+    assert busiest_sliding_window(invokes) <= 8
+    assert busiest_sliding_window(stops) <= 8
+    assert busiest_sliding_window([at for at, _, _ in runtime.calls]) <= 16
+    assert reserved.count("stop") >= 16  # every stop on its own budget
+    assert set(reserved) == {"tps", "session#0", "stop"}  # stops never on `tps`: the takes keep its whole rate
 
 
 def test_new_sessions_reserved_together_take_one_write_at_the_spacing(table: tuple[str, dict[str, str]]) -> None:

@@ -380,7 +380,7 @@ def test_submitted_rows_are_validated_once(
     experiment.submit([{"id": "q1", "prompt": "a"}, {"id": "q2", "prompt": "b"}], group_size=1, name="once")
     assert parsed == [1, 2]
     parsed.clear()
-    client = experiment.rollout_client()
+    client = experiment.rollout_client(poll_wait_s=WAIT)  # close() ends the client's long poll within WAIT
     try:
         futures = client.submit_many([{"id": "r1", "prompt": "a"}, {"prompt": "b"}], name="once")
     finally:

@@ -21,6 +21,7 @@ from rollout_pipeline.ledger.items import RolloutRecord, WarmState
 from rollout_pipeline.lifecycle.cancel import cancel_batch
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.dispatch import Dispatch
+from rollout_pipeline.lifecycle.limits.pacing import Pacer
 from rollout_pipeline.lifecycle.limits.slots import caps as slot_caps
 from rollout_pipeline.lifecycle.warm_pool import HALT_CANCELLED, HALT_IDLE, WarmPool, run_pool
 from rollout_pipeline.local.resources import ExperimentResources
@@ -554,3 +555,48 @@ def test_a_spent_budget_starts_nothing_warm_or_cold(resources: ExperimentResourc
     assert list(dispatch_once(resources, deps).outcomes.values()) == [Dispatch.HELD_BUDGET]  # not taken warm
     assert list(pool_sessions(deps).values()) == [WarmState.IDLE] * 2
     assert fake.warm_reuses == 0
+
+
+def test_a_batch_the_pool_covers_books_its_takes_starts_in_one_write(
+    resources: ExperimentResources, fake: FakeAgentRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The SQS batch's warm takes reserve their `tps` starts together (`InvokeBlock`): one conditional write for the
+    batch, not one per take; each take then starts at one of them."""
+    deps = warm_deps(resources, fake, warm=4)
+    WarmPool(deps).tick(budget_s=10)
+    booked: list[tuple[str, int]] = []
+    reserve_at = Pacer.reserve_at
+
+    def spy(pacer: Pacer, not_before: float, latest: float, *, count: int = 1) -> tuple[float | None, float]:
+        booked.append((pacer.budget, count))
+        return reserve_at(pacer, not_before, latest, count=count)
+
+    monkeypatch.setattr(Pacer, "reserve_at", spy)
+    send(resources, seed_batch(resources, inputs={"q1": {}, "q2": {}}, group_size=2))
+    assert sorted(dispatch_once(resources, deps).outcomes.values()) == [Dispatch.WARM] * 4
+    assert rollout_invokes(fake) == ["reinvoked"] * 4
+    # The first take books the four starts in one write; a take that came more than 40 ms after its start (a loaded
+    # machine) would book its own, never use it late.
+    assert booked[0] == ("tps", 4), booked
+
+
+def test_a_fill_chunk_books_its_warm_ups_session_starts_in_one_write(
+    resources: ExperimentResources, fake: FakeAgentRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fill chunk's warm-ups reserve their new-session starts together (`InvokeBlock` by session budget): one
+    conditional write for the chunk's sessions on the experiment's session budget, not one per warm-up."""
+    deps = warm_deps(resources, fake, warm=4)
+    booked: list[tuple[str, int]] = []
+    reserve_at = Pacer.reserve_at
+
+    def spy(pacer: Pacer, not_before: float, latest: float, *, count: int = 1) -> tuple[float | None, float]:
+        booked.append((pacer.budget, count))
+        return reserve_at(pacer, not_before, latest, count=count)
+
+    monkeypatch.setattr(Pacer, "reserve_at", spy)
+    pool = WarmPool(deps, CountedCapacity(deps))  # 25 new sessions a second: one chunk of four
+    pool.capacity_recheck_s = 3600.0
+    tick = pool.tick(budget_s=10)
+    assert (tick.warmed, fake.warmups) == (4, 4)
+    sessions = [count for budget, count in booked if budget.startswith("session")]
+    assert sessions[0] == 4, booked  # a warm-up more than 40 ms late for its start would book its own

@@ -1,8 +1,13 @@
 """Paced ACR call budgets, global across every caller in every process.
 
-Budgets (GCRA, one schedule item per budget in the ledger, `LimitLedger.reserve_pace`): `tps` (every
-InvokeAgentRuntime and StopRuntimeSession, `tps_limit`) and `session#{endpoint}` (invokes that open a new session,
-`session_rate_limit` per endpoint). A caller reserves the budget's next start time, sleeps until then and calls.
+Budgets (GCRA, one schedule item per budget in the ledger, `LimitLedger.reserve_pace`): `tps` (InvokeAgentRuntime
+into existing sessions, and StopRuntimeSession unless stops have a budget of their own), `session#{endpoint}`
+(invokes that open a new session, `session_rate_limit` per endpoint) and, without a pool, `stop` when the
+experiment's data-plane budget (`tps_limit`, else the account's data-plane budget) leaves at least its invoke rate
+for stops (`dedicated_stop_share`): stops are paced there, at the data-plane budget less the invoke rate, and every
+invoke within the invoke rate (`config.invoke_rate_cap`: AgentCore's InvokeAgentRuntime quota per agent, which stops
+are not in), so both quotas hold in every sliding second; else stops share `tps` with the invokes as before.
+A caller reserves the budget's next start time, sleeps until then and calls.
 Calls are spaced `(1 + LATENESS_S) / limit` apart and a caller that wakes up more than `LATENESS_S` after its slot
 drops it, so ANY one-second window (aligned or sliding) holds at most `limit` calls of a budget, across every
 process, with no burst at a window boundary (`limit + 1` calls span at least `(1 + LATENESS_S) - LATENESS_S`).
@@ -12,13 +17,17 @@ apart and the `tps` schedule paces the rest (stops, calls into existing sessions
 else a new session also takes a `tps` slot at its start.
 Stops are never starved: an invoke only reserves a `tps` slot at most `INVOKE_AHEAD_S` ahead, a stop as far ahead
 as its wait allows, so a waiting stop is always served within about `INVOKE_AHEAD_S`.
+A dispatcher's SQS batch of warm takes (invokes into warm sessions) books its `tps` starts in ONE write
+(`InvokeBlock`: the first take of the batch books them all, consecutive; each take then uses the earliest that is not
+yet too late), as a completion batch books its stops (`book_stops`).
 
 With the account pool (`limits.pool`, the default of a deployed stack) the budgets are LEASED: the experiment's
 `session` and `tps` schedules carry the spacing the pool granted and the lease's end, which every reservation's
 conditional write checks (`LimitLedger.reserve_leased`); a `Pacer` with a `lease` renews it when it runs out
 (`Lessee`). New sessions then take one `session` budget whatever the endpoints (account scope), or one per endpoint
-at the pool's per-endpoint rate (endpoint scope). Without a pool (`standalone_pacers`) the budgets are the
-experiment's own settings, as before the pool.
+at the pool's per-endpoint rate (endpoint scope). The leased `tps` schedule is never faster than the invoke rate
+less the new sessions' share (`CapacityLease._tps_rate`), and stops share it (no leased `stop` schedule yet). Without
+a pool (`own_runtime`) the budgets are the experiment's own settings, as before the pool.
 """
 
 from __future__ import annotations
@@ -68,6 +77,18 @@ class _Together:
         self.closed = False
         self.slots: list[float] = []
         self.done = threading.Event()
+
+
+#: How far ahead an `InvokeBlock` may book its first start when stops have a budget of their own (none waits behind
+#: it: the `tps` schedule then carries invokes only); with stops on `tps`, `INVOKE_AHEAD_S`.
+BLOCK_AHEAD_S: Final = 1.0
+#: An `InvokeBlock` that finds the schedule full within its horizon waits for room and books again at most this many
+#: times before its takes reserve one at a time.
+BLOCK_TRIES: Final = 4
+#: An `InvokeBlock`'s entry for invokes into existing sessions (the `tps` budget, whatever its schedule's name).
+TAKES: Final = "takes"
+#: The schedule of stops when they have a budget of their own (`dedicated_stop_share`).
+STOP_PACE: Final = "stop"
 
 
 class Lessee(Protocol):
@@ -332,15 +353,33 @@ class Pacer:
                 return True
 
 
+class InvokeBlock:
+    """The starts of a batch of invokes known to come together, booked per budget in ONE write by the first of them
+    to need one (`LimitedRuntime.invoke`'s `block`), consecutive: a dispatcher's SQS batch of warm takes (`expected`
+    an int: that many `tps` starts), or a warm-pool fill chunk's warm-ups (`expected` by session budget, e.g.
+    `{"session#2": 7}`, with new sessions' invokes in a share of their own). Each invoke uses the earliest start of
+    its budget not yet too late (a stale one is dropped, never used late); one that finds none left, or comes too
+    late for its start, reserves its own. Thread-safe: the batch's threads share it. `writes` counts its booking
+    writes."""
+
+    def __init__(self, expected: int | Mapping[str, int]) -> None:
+        self.expected = {TAKES: expected} if isinstance(expected, int) else dict(expected)
+        self.starts: dict[str, list[float]] = {}
+        self.booked: set[str] = set()
+        self.writes = 0
+        self.lock = threading.Lock()
+
+
 class NoCallBudget(RuntimeThrottled):
     """No slot of a call budget could be had before the caller's wait ended: the pipeline's own backlog (the call
     was not made), not an answer of AgentCore."""
 
 
 class LimitedRuntime:
-    """An `AgentRuntime` whose calls first take their budgets: every call a `tps` slot, an invoke that opens a
-    session also a slot of its session budget: the experiment's one `session` budget leased from the account pool
-    (account scope), else `session#{endpoint}` (the endpoint the session is opened on, `ids.endpoint_index`)."""
+    """An `AgentRuntime` whose calls first take their budgets: every call a `tps` slot (a stop its `stops` one when
+    stops have a budget of their own), an invoke that opens a session also a slot of its session budget (or only
+    that one, `sessions_apart`): the experiment's one `session` budget leased from the account pool (account
+    scope), else `session#{endpoint}` (the endpoint the session is opened on, `ids.endpoint_index`)."""
 
     def __init__(
         self,
@@ -352,9 +391,12 @@ class LimitedRuntime:
         sessions_apart: bool = False,
         session: Pacer | None = None,
         lease: Lessee | None = None,
+        stops: Pacer | None = None,
     ) -> None:
         self.runtime = runtime
         self.tps = tps
+        #: Stops' own budget (`dedicated_stop_share`); None: stops take `tps` slots.
+        self.stops = stops
         self.sessions = list(sessions)
         #: The one leased budget of new sessions (account scope).
         self.session = session
@@ -415,27 +457,38 @@ class LimitedRuntime:
         *,
         new_session: bool = True,
         on_booked: Callable[[float], None] | None = None,
+        block: InvokeBlock | None = None,
     ) -> None:
         """InvokeAgentRuntime once both budgets allow. Raises NoCallBudget (no budget in time) and whatever
-        the runtime raises. `new_session=False` for a call into an existing session (cold-start retry).
+        the runtime raises. `new_session=False` for a call into an existing session (cold-start retry, warm take):
+        with a `block`, at one of the starts its batch booked together (`InvokeBlock`).
         `on_booked(start)` is called once the call's start (wall clock, s) is booked in the schedule (a new session:
         its `session` slot), before the wait for it: the dispatcher keeps the rollout on the admission board until
         then. A start lost by waking too late is booked again (and reported again)."""
         until = wait_until if wait_until is not None else time.monotonic() + DEFAULT_STOP_WAIT_S
         booked = on_booked or (lambda _start: None)
         if not new_session:
-            if not self.tps.acquire(until, INVOKE_AHEAD_S):
+            ahead_s = INVOKE_AHEAD_S if self.stops is None else BLOCK_AHEAD_S
+            start = None if block is None else self._block_start(block, self.tps, until, ahead_s, key=TAKES)
+            on_block = start is not None and self.tps.sleep_until(start)
+            if not on_block and not self.tps.acquire(until, INVOKE_AHEAD_S):
                 raise self._throttled("InvokeAgentRuntime")
             booked(self.tps._wall())
             self._call(lambda: self.runtime.invoke(session_id, payload), "calls")
             return
         pacer = self.session_pacer(session_id)
+        block_start = None
+        if block is not None and self.sessions_apart:  # a warm-up of a fill chunk: its session start from the block
+            block_start = self._block_start(block, pacer, until, max(0.0, until - pacer._monotonic()))
         while True:
-            lead_s = pacer.lead_s + (0.0 if self.sessions_apart else self.tps.lead_s)
-            if self.sessions_apart:  # the session slot alone: the starts of a batch let through go in one write
-                slot = pacer.reserve_together(until, lead_s=lead_s)
-            else:
-                slot = pacer.reserve(until, lead_s=lead_s)
+            slot = block_start
+            if slot is None:
+                lead_s = pacer.lead_s + (0.0 if self.sessions_apart else self.tps.lead_s)
+                if self.sessions_apart:  # the session slot alone: the starts of a batch let through go in one write
+                    slot = pacer.reserve_together(until, lead_s=lead_s)
+                else:
+                    slot = pacer.reserve(until, lead_s=lead_s)
+            block_start = None
             if slot is None:
                 raise self._throttled("a new session")
             booked(slot)
@@ -464,12 +517,65 @@ class LimitedRuntime:
         if pause > 0:
             self.tps._sleep(pause)
 
+    def _block_start(
+        self, block: InvokeBlock, pacer: Pacer, until: float, ahead_s: float, *, key: str | None = None
+    ) -> float | None:
+        """This invoke's start of `pacer`'s budget from its batch's block: the earliest booked one not yet too late;
+        the first of the batch books the block (every invoke of the budget still expected, this one included) in one
+        write, the first start within `ahead_s`, waiting (at most `BLOCK_TRIES` times, within `until`) while the
+        schedule is full over that horizon. None: no start from the block (the invoke reserves its own). `key`: the
+        block's entry (default: the budget's name)."""
+        budget = key or pacer.budget
+        with block.lock:
+            expected = block.expected[budget] = max(0, block.expected.get(budget, 0) - 1)
+            latest_late = pacer._wall() - LATE_START_S
+            starts = block.starts.get(budget, [])
+            while starts:
+                start = starts.pop(0)
+                if start >= latest_late:
+                    return start
+            if budget in block.booked or expected < 1:  # booked once (its starts are gone), or this is the last
+                return None
+            block.booked.add(budget)
+            booked = self._book_block(block, pacer, expected + 1, until, ahead_s)
+            if not booked:
+                return None
+            block.starts[budget] = booked[1:]
+            return booked[0]
+
+    def _book_block(self, block: InvokeBlock, pacer: Pacer, count: int, until: float, ahead_s: float) -> list[float]:
+        """`count` consecutive starts of `pacer` in one write (`Pacer.book`), waiting for room while the schedule is
+        full over the horizon. A leased schedule whose lease this process does not know yet (its first block) is
+        read first (the lease got or renewed: one GetItem); [] when it still has none."""
+        for _ in range(BLOCK_TRIES):
+            if pacer.lease is not None and pacer._lacks_lease(pacer._wall() + pacer.lead_s):
+                try:
+                    pacer.read_tat()
+                except Exception:  # the takes' own reservations renew the lease
+                    log.warning("could not read the leased schedule before booking invokes", exc_info=True)
+                    return []
+                if pacer._lacks_lease(pacer._wall() + pacer.lead_s):
+                    return []
+            try:
+                block.writes += 1
+                starts = pacer.book(count, ahead_s)
+            except Exception:  # booking together only saves writes: the takes reserve one at a time
+                log.warning("could not book %d invokes together", count, exc_info=True)
+                return []
+            if starts:
+                return starts
+            pause = pacer.next_room_s(ahead_s) + random.uniform(0.0, pacer.interval_s)
+            if pacer._monotonic() + pause >= until:
+                return []
+            pacer._sleep(max(pause, 0.001))
+        return []
+
     def book_stops(self, count: int) -> int:
         """Book `count` `tps` starts for stops about to be made (a completion batch's) in one write of the schedule,
         not one each; the next `stop` calls of this process take them. Returns how many were booked (0: each stop
         reserves its own)."""
         try:
-            slots = self.tps.book(count, STOP_BOOK_AHEAD_S)
+            slots = self.stop_pacer.book(count, STOP_BOOK_AHEAD_S)
         except Exception:  # booking ahead only saves writes: the stops reserve one at a time
             log.warning("could not book %d stops ahead", count, exc_info=True)
             return 0
@@ -479,7 +585,7 @@ class LimitedRuntime:
 
     def _booked_stop(self) -> float | None:
         """The earliest start booked for a stop that is not yet too late to use (stale ones are dropped)."""
-        latest_late = self.tps._wall() - LATE_START_S
+        latest_late = self.stop_pacer._wall() - LATE_START_S
         with self._booked_lock:
             while self._booked_stops:
                 slot = self._booked_stops.pop(0)
@@ -487,13 +593,19 @@ class LimitedRuntime:
                     return slot
         return None
 
+    @property
+    def stop_pacer(self) -> Pacer:
+        """The budget stops take: their own (`stops`), else `tps`."""
+        return self.stops if self.stops is not None else self.tps
+
     def stop(self, session_id: str, wait_until: float | None = None) -> None:
-        """StopRuntimeSession once the `tps` budget allows (stops may queue ahead of invokes): at a start booked
-        ahead for it (`book_stops`), else one reserved now."""
+        """StopRuntimeSession once its budget allows (`stop_pacer`; on `tps` stops may queue ahead of invokes): at a
+        start booked ahead for it (`book_stops`), else one reserved now."""
         until = wait_until if wait_until is not None else time.monotonic() + DEFAULT_STOP_WAIT_S
+        pacer = self.stop_pacer
         slot = self._booked_stop()
-        on_booked = slot is not None and self.tps.sleep_until(slot)
-        if not on_booked and not self.tps.acquire(until):
+        on_booked = slot is not None and pacer.sleep_until(slot)
+        if not on_booked and not pacer.acquire(until):
             raise self._throttled("StopRuntimeSession")
         self._call(lambda: self.runtime.stop(session_id), "calls")
 
@@ -513,3 +625,36 @@ def pacers(
     return Pacer(ledger, "tps", tps_limit - share), [
         Pacer(ledger, f"session#{i}", session_rate_limit, guess_busy=True) for i in range(endpoints)
     ]
+
+
+def dedicated_stop_share(data_plane: float, invoke_rate: float) -> bool:
+    """Whether stops get a budget of their own (`STOP_PACE`, the data-plane budget less the invoke rate): only when
+    that leaves stops at least the invoke rate (a stop per invoke)."""
+    return data_plane >= 2 * invoke_rate
+
+
+def own_runtime(
+    runtime: AgentRuntime,
+    ledger: LimitLedger,
+    *,
+    data_plane: float,
+    invoke_rate: float,
+    session_rate_limit: float,
+    endpoints: int,
+    metrics: MetricsRecorder | None = None,
+) -> LimitedRuntime:
+    """The `LimitedRuntime` of an experiment on its own budgets (no account pool): `data_plane` calls/s in all
+    (invokes and stops), of which at most `invoke_rate` InvokeAgentRuntime calls/s (`config.invoke_rate_cap`).
+    With `dedicated_stop_share`, every invoke is paced within `invoke_rate` (`pacers`) and stops at the rest;
+    else invokes and stops share `pacers` at `min(data_plane, invoke_rate)`, as before stops had a budget."""
+    apart = dedicated_stop_share(data_plane, invoke_rate)
+    invokes = invoke_rate if apart else min(data_plane, invoke_rate)
+    tps, sessions = pacers(ledger, invokes, session_rate_limit, endpoints)
+    return LimitedRuntime(
+        runtime,
+        tps,
+        sessions,
+        metrics,
+        sessions_apart=dedicated_session_share(invokes, session_rate_limit, endpoints),
+        stops=Pacer(ledger, STOP_PACE, data_plane - invoke_rate) if apart else None,
+    )

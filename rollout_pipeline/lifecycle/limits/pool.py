@@ -36,7 +36,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Final
 
-from rollout_pipeline.config import ExperimentConfig, new_sessions_cap
+from rollout_pipeline.config import ExperimentConfig, invoke_rate_cap, new_sessions_cap
 from rollout_pipeline.ledger.limits import LimitLedger, PaceView
 from rollout_pipeline.ledger.pool import FORGET_AFTER_S, Lease, Member, PoolLedger, PoolState
 from rollout_pipeline.lifecycle.limits.pacing import LATENESS_S
@@ -381,8 +381,11 @@ class CapacityLease:
         return self._backlog_until > now or session_pace.tat_us / 1e6 > now + BACKLOG_AHEAD_S
 
     def _tps_rate(self, leases: Mapping[Budget, Lease], state: PoolState) -> float:
-        """The `tps` schedule's rate: the calls granted less the new sessions' own (their invokes take no `tps`)."""
-        return max(MIN_RATE, leases["calls"].rate - self._sessions_rate(leases, state))
+        """The `tps` schedule's rate: the calls granted less the new sessions' own (their invokes take no `tps`),
+        never above the agent's invoke rate (`config.invoke_rate_cap`: AgentCore's InvokeAgentRuntime quota per
+        agent) less the same share, so the experiment's invokes stay within it whatever the pool grants."""
+        invokes = invoke_rate_cap(self.config.invoke_rate_limit, self.config.tps_limit)
+        return max(MIN_RATE, min(leases["calls"].rate, invokes) - self._sessions_rate(leases, state))
 
     def _sessions_rate(self, leases: Mapping[Budget, Lease], state: PoolState) -> float:
         """New sessions/s in all: the lease's (account scope) or every endpoint's budget (endpoint scope), at most
