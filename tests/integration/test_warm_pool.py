@@ -557,21 +557,28 @@ def test_a_spent_budget_starts_nothing_warm_or_cold(resources: ExperimentResourc
     assert fake.warm_reuses == 0
 
 
+@pytest.fixture
+def booked(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
+    """Every reservation write of a pace schedule, as (budget, starts booked in it)."""
+    writes: list[tuple[str, int]] = []
+    reserve_at = Pacer.reserve_at
+
+    def spy(pacer: Pacer, not_before: float, latest: float, *, count: int = 1) -> tuple[float | None, float]:
+        writes.append((pacer.budget, count))
+        return reserve_at(pacer, not_before, latest, count=count)
+
+    monkeypatch.setattr(Pacer, "reserve_at", spy)
+    return writes
+
+
 def test_a_batch_the_pool_covers_books_its_takes_starts_in_one_write(
-    resources: ExperimentResources, fake: FakeAgentRuntime, monkeypatch: pytest.MonkeyPatch
+    resources: ExperimentResources, fake: FakeAgentRuntime, booked: list[tuple[str, int]]
 ) -> None:
     """The SQS batch's warm takes reserve their `tps` starts together (`InvokeBlock`): one conditional write for the
     batch, not one per take; each take then starts at one of them."""
     deps = warm_deps(resources, fake, warm=4)
     WarmPool(deps).tick(budget_s=10)
-    booked: list[tuple[str, int]] = []
-    reserve_at = Pacer.reserve_at
-
-    def spy(pacer: Pacer, not_before: float, latest: float, *, count: int = 1) -> tuple[float | None, float]:
-        booked.append((pacer.budget, count))
-        return reserve_at(pacer, not_before, latest, count=count)
-
-    monkeypatch.setattr(Pacer, "reserve_at", spy)
+    booked.clear()  # the fill's own writes
     send(resources, seed_batch(resources, inputs={"q1": {}, "q2": {}}, group_size=2))
     assert sorted(dispatch_once(resources, deps).outcomes.values()) == [Dispatch.WARM] * 4
     assert rollout_invokes(fake) == ["reinvoked"] * 4
@@ -581,19 +588,11 @@ def test_a_batch_the_pool_covers_books_its_takes_starts_in_one_write(
 
 
 def test_a_fill_chunk_books_its_warm_ups_session_starts_in_one_write(
-    resources: ExperimentResources, fake: FakeAgentRuntime, monkeypatch: pytest.MonkeyPatch
+    resources: ExperimentResources, fake: FakeAgentRuntime, booked: list[tuple[str, int]]
 ) -> None:
     """A fill chunk's warm-ups reserve their new-session starts together (`InvokeBlock` by session budget): one
     conditional write for the chunk's sessions on the experiment's session budget, not one per warm-up."""
     deps = warm_deps(resources, fake, warm=4)
-    booked: list[tuple[str, int]] = []
-    reserve_at = Pacer.reserve_at
-
-    def spy(pacer: Pacer, not_before: float, latest: float, *, count: int = 1) -> tuple[float | None, float]:
-        booked.append((pacer.budget, count))
-        return reserve_at(pacer, not_before, latest, count=count)
-
-    monkeypatch.setattr(Pacer, "reserve_at", spy)
     pool = WarmPool(deps, CountedCapacity(deps))  # 25 new sessions a second: one chunk of four
     pool.capacity_recheck_s = 3600.0
     tick = pool.tick(budget_s=10)
