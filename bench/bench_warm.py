@@ -919,9 +919,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--session-gb", type=float, default=8.0, help="the experiment's session_memory_gb (default: its default, 8)"
     )
-    parser.add_argument("--dispatchers", type=int, default=5)
+    parser.add_argument(
+        "--dispatchers",
+        type=int,
+        default=None,
+        help="dispatcher Lambdas (default: what a stack derives for the experiment, config.derived_dispatch_concurrency)",
+    )
     parser.add_argument("--completers", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=10)
+    parser.add_argument(
+        "--threads", type=int, default=None, help="threads per dispatcher (default: its SQS batch, DISPATCH_BATCH)"
+    )
     parser.add_argument("--sides", default="warm,cold", help="which sides to run")
     parser.add_argument("--max-seconds", type=float, default=600.0, help="WALL seconds per phase at most")
     parser.add_argument("--seed", type=int, default=1)
@@ -939,7 +946,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         or not 1 <= min(args.dilation, args.burst_dilation, args.fill_dilation) <= 100
     ):
         parser.error("--sides of warm,cold; --rollouts within 8..4096; --dilation within 1..100")
+    derive_lambdas(args)
     return args
+
+
+def derive_lambdas(args: argparse.Namespace) -> None:
+    """The dispatchers and their threads a deployed stack gives the bench's experiment when none are set: the
+    derived dispatch concurrency (its share of the account's new sessions, the reserve set apart) and one thread per
+    rollout of a dispatcher's SQS batch."""
+    from rollout_pipeline.config import DISPATCH_BATCH, derived_dispatch_concurrency
+    from rollout_pipeline.quotas import DEFAULT_RESERVE
+
+    if args.dispatchers is None:
+        args.dispatchers = derived_dispatch_concurrency(
+            session_rate_limit=None,
+            tps_limit=args.tps_limit,
+            max_sessions=args.max_sessions or args.rollouts,
+            account_sessions_per_s=args.account_quota * (1 - (args.reserve if args.account_pool else DEFAULT_RESERVE)),
+        )
+    if args.threads is None:
+        args.threads = DISPATCH_BATCH
 
 
 def main(argv: list[str] | None = None) -> int:
