@@ -448,7 +448,14 @@ def _wait_for_warm_pool(pipeline: LocalPipeline, settings: LocalSettings, out: T
         if settings.warm_sessions == "auto"
         else min(int(settings.warm_sessions), settings.max_sessions)
     )
-    print(f"warm pool: starting {wanted} session(s) ahead of the batch ...", file=out, flush=True)
+    capped = settings.warm_sessions != "auto" and int(settings.warm_sessions) > settings.max_sessions
+    print(
+        f"warm pool: starting {wanted} session(s) ahead of the batch"
+        + (f" ({settings.warm_sessions} asked: capped by --max-sessions {settings.max_sessions})" if capped else "")
+        + " ...",
+        file=out,
+        flush=True,
+    )
     deadline = time.monotonic() + timeout_s
     idle = 0
     while time.monotonic() < deadline:

@@ -58,6 +58,8 @@ def test_the_demo_takes_warm_sessions_on_the_command_line(
     dataset = tmp_path / "warm.jsonl"
     dataset.write_text(json.dumps(ROWS[0]) + "\n")
     args = ["local", "demo", "--model-url", model.base_url, "--dataset", str(dataset), "--group-size", "2"]
-    args += ["--max-sessions", "2", "--warm-sessions", "2", "--no-report", "--work-dir", str(tmp_path / "w")]
+    args += ["--max-sessions", "2", "--warm-sessions", "3", "--no-report", "--work-dir", str(tmp_path / "w")]
     assert main(args) == EXIT_OK
-    assert "2 of 2 rollouts started in a warm session" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "starting 2 session(s) ahead of the batch (3 asked: capped by --max-sessions 2)" in text  # count against it
+    assert "2 of 2 rollouts started in a warm session" in text
