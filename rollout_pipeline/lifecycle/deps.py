@@ -14,7 +14,7 @@ from rollout_pipeline.feed.feed import Feed
 from rollout_pipeline.ledger.ledger import Ledger
 from rollout_pipeline.ledger.pool import PoolLedger
 from rollout_pipeline.lifecycle.limits.admission import AdmissionBoard, SessionRoom, SlotGate
-from rollout_pipeline.lifecycle.limits.pacing import LimitedRuntime, Pacer, own_runtime
+from rollout_pipeline.lifecycle.limits.pacing import STOP_PACE, LimitedRuntime, Pacer, own_runtime
 from rollout_pipeline.lifecycle.limits.pool import CALLS_PACE, SESSION_PACE, CapacityLease
 from rollout_pipeline.lifecycle.limits.slots import SlotShards
 from rollout_pipeline.lifecycle.metrics import MetricsRecorder
@@ -101,6 +101,7 @@ class LifecycleDeps:
                 sessions_apart=True,
                 session=Pacer(limits, SESSION_PACE, 1.0, guess_busy=True, lease=lease),
                 lease=lease,
+                stops=Pacer(limits, STOP_PACE, 1.0, lease=lease),  # used while the grant opens it
             )
             room: SessionRoom | None = SessionRoom(self.limited.room_pacer)
             max_sessions = lease.max_sessions

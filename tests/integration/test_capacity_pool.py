@@ -13,8 +13,8 @@ from rollout_pipeline.adapters import clients
 from rollout_pipeline.config import ExperimentConfig
 from rollout_pipeline.ledger.ledger import Ledger
 from rollout_pipeline.ledger.pool import PoolLedger, PoolMissing
-from rollout_pipeline.lifecycle.limits.pacing import LATENESS_S, Pacer
-from rollout_pipeline.lifecycle.limits.pool import CALLS_PACE, SESSION_PACE, CapacityLease
+from rollout_pipeline.lifecycle.limits.pacing import LATENESS_S, STOP_PACE, LimitedRuntime, Pacer
+from rollout_pipeline.lifecycle.limits.pool import CALLS_PACE, SESSION_PACE, CapacityLease, interval_us
 from rollout_pipeline.lifecycle.limits.shares import DECREASE, DECREASE_HOLD_S, LEASE_S
 from rollout_pipeline.local.resources import ExperimentResources, create_resources
 from rollout_pipeline.quotas import DOCUMENTED_INVOKE_RATE_PER_AGENT, AccountQuotas, PoolSettings
@@ -42,6 +42,19 @@ def lease_of(resources: ExperimentResources, wall: Wall, **config: Any) -> Capac
         wall=wall,
         sleep=lambda _s: None,
     )
+
+
+class FakeRuntime:
+    """Records the sessions it was asked to stop."""
+
+    def __init__(self) -> None:
+        self.stopped: list[str] = []
+
+    def invoke(self, session_id: str, payload: object) -> None:
+        raise AssertionError("no invoke in this test")
+
+    def stop(self, session_id: str) -> None:
+        self.stopped.append(session_id)
 
 
 def second_experiment(name: str) -> ExperimentResources:
@@ -291,6 +304,71 @@ def test_the_calls_schedule_keeps_invokes_within_the_agents_invoke_quota(resourc
     raised = lease_of(resources, wall, tps_limit=None, invoke_rate_limit=400)
     raised.renew(force=True)
     assert raised.limits.pace(CALLS_PACE).interval_us == int((1 + LATENESS_S) / (400 - grant.sessions_per_s) * 1e6)
+
+
+def test_stops_get_a_leased_schedule_while_the_calls_granted_leave_them_the_invoke_rate(
+    resources: ExperimentResources,
+) -> None:
+    """Stops are not in AgentCore's per-agent invoke quota: while the pool grants at least twice the invoke rate
+    (a backlog: up to 900 calls/s), the renewal opens a `stop` schedule at the calls granted less the invoke rate,
+    and the experiment's stops take it, not `tps` (which the invokes keep whole). Once the calls granted fall below
+    that (the backlog over), the next renewal closes it, and stops share `tps` again."""
+    wall = Wall()
+    lease = lease_of(resources, wall, tps_limit=None)
+    limits = lease.limits
+    reserved: list[str] = []
+    reserve_leased = limits.reserve_leased
+
+    def counted(budget: str, **kwargs: Any) -> Any:
+        reserved.append(budget)
+        return reserve_leased(budget, **kwargs)
+
+    def advance(seconds: float) -> None:
+        wall.now += max(0.0, seconds)
+
+    lease.note_backlog()
+    lease.renew()
+    for _ in range(200):  # the calls schedule booked ahead: the experiment asks for all the calls it can get
+        if (
+            reserve_leased(CALLS_PACE, not_before_us=int(wall.now * 1e6), latest_us=int((wall.now + 0.5) * 1e6)).slot_us
+            is None
+        ):
+            break
+    lease.observe(CALLS_PACE, limits.pace(CALLS_PACE))
+    grant = lease.renew(force=True)
+    assert grant.calls_per_s >= 2 * DOCUMENTED_INVOKE_RATE_PER_AGENT
+    assert lease.stops_apart()
+    stop_pace = limits.pace(STOP_PACE)
+    assert stop_pace.interval_us == interval_us(grant.calls_per_s - DOCUMENTED_INVOKE_RATE_PER_AGENT)
+    assert stop_pace.lease_until_us == int(grant.until * 1e6)
+    limits.reserve_leased = counted  # type: ignore[method-assign]
+    runtime = FakeRuntime()
+
+    def pacer(budget: str) -> Pacer:
+        return Pacer(limits, budget, 1.0, wall=wall, sleep=advance, lease=lease)
+
+    limited = LimitedRuntime(
+        runtime,
+        pacer(CALLS_PACE),
+        [],
+        session=pacer(SESSION_PACE),
+        lease=lease,
+        stops=pacer(STOP_PACE),
+        sessions_apart=True,
+    )
+    limited.stop("s-1", time.monotonic() + 30)
+    assert reserved == [STOP_PACE]
+    assert runtime.stopped == ["s-1"]
+
+    wall.now += 2.5  # within the lease, the backlog over: the experiment asks for little
+    grant = lease.renew(force=True)
+    assert grant.calls_per_s < 2 * DOCUMENTED_INVOKE_RATE_PER_AGENT
+    assert not lease.stops_apart()
+    assert limits.pace(STOP_PACE).lease_until_us <= int(wall.now * 1e6)  # closed, not left to run out
+    reserved.clear()
+    limited.stop("s-2", time.monotonic() + 30)
+    assert reserved == [CALLS_PACE]
+    assert runtime.stopped == ["s-1", "s-2"]
 
 
 def test_active_sessions_are_shared_by_weight_when_they_bind(moto_aws: None) -> None:

@@ -29,8 +29,9 @@ With the account pool (`limits.pool`, the default of a deployed stack) the budge
 conditional write checks (`LimitLedger.reserve_leased`); a `Pacer` with a `lease` renews it when it runs out
 (`Lessee`). New sessions then take one `session` budget whatever the endpoints (account scope), or one per endpoint
 at the pool's per-endpoint rate (endpoint scope). The leased `tps` schedule is never faster than the invoke rate
-less the new sessions' share (`CapacityLease._tps_rate`), and stops share it (no leased `stop` schedule yet). Without
-a pool (`own_runtime`) the budgets are the experiment's own settings, as before the pool.
+less the new sessions' share (`CapacityLease._tps_rate`); stops get a leased `stop` schedule while the calls granted
+are at least twice the invoke rate (`CapacityLease._stops_rate`), else they share `tps`. Without a pool
+(`own_runtime`) the budgets are the experiment's own settings, as before the pool.
 """
 
 from __future__ import annotations
@@ -92,6 +93,8 @@ BLOCK_TRIES: Final = 4
 TAKES: Final = "takes"
 #: The schedule of stops when they have a budget of their own (`dedicated_stop_share`).
 STOP_PACE: Final = "stop"
+#: A stop tries a leased `stop` schedule this long before it asks again whether the grant still opens it.
+STOP_LEASE_TRY_S: Final = 1.0
 
 
 class Lessee(Protocol):
@@ -117,6 +120,9 @@ class Lessee(Protocol):
 
     def endpoint_rate(self) -> float:
         """Endpoint scope: each endpoint's new sessions/s."""
+
+    def stops_apart(self) -> bool:
+        """Whether the grant gives stops a leased schedule of their own (`STOP_PACE`), else they share `tps`."""
 
 
 class Pacer:
@@ -639,8 +645,23 @@ class LimitedRuntime:
 
     @property
     def stop_pacer(self) -> Pacer:
-        """The budget stops take: their own (`stops`), else `tps`."""
-        return self.stops if self.stops is not None else self.tps
+        """The budget stops take: their own (`stops`; a leased one while the grant opens it), else `tps`."""
+        if self.stops is None or (self.lease is not None and not self.lease.stops_apart()):
+            return self.tps
+        return self.stops
+
+    def _acquire_stop(self, until: float) -> bool:
+        """A stop's slot on `stop_pacer`. A leased `stop` schedule is tried for at most `STOP_LEASE_TRY_S` at a time:
+        a renewal meanwhile may close it (the calls granted fell under twice the invoke rate), and the stop then
+        goes to `tps`."""
+        while True:
+            pacer = self.stop_pacer
+            if pacer is self.tps or self.lease is None:
+                return pacer.acquire(until)
+            if pacer.acquire(min(until, pacer._monotonic() + STOP_LEASE_TRY_S)):
+                return True
+            if pacer._monotonic() >= until:
+                return False
 
     def stop(self, session_id: str, wait_until: float | None = None) -> None:
         """StopRuntimeSession once its budget allows (`stop_pacer`; on `tps` stops may queue ahead of invokes): at a
@@ -649,7 +670,7 @@ class LimitedRuntime:
         pacer = self.stop_pacer
         slot = self._booked_stop()
         on_booked = slot is not None and pacer.sleep_until(slot)
-        if not on_booked and not pacer.acquire(until):
+        if not on_booked and not self._acquire_stop(until):
             raise self._throttled("StopRuntimeSession")
         self._call(lambda: self.runtime.stop(session_id), "calls")
 

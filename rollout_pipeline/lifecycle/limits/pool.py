@@ -8,7 +8,10 @@ lease reaches the experiment's own schedules, which every call still goes throug
   (`LimitLedger.set_pace_lease`); every reservation checks both in its conditional write, so all the experiment's
   processes together start sessions at the granted rate and none after the lease (a dead or frozen process's
   lease simply ends; a thread that wakes up late drops its start, `pacing.LATENESS_S`);
-- data-plane calls: `LIMIT/PACE#tps` the same way, at the calls granted less the new sessions' own share;
+- data-plane calls: `LIMIT/PACE#tps` the same way, at the calls granted less the new sessions' own share, never
+  above the agent's invoke rate less that share; when the calls granted are at least twice the invoke rate, stops
+  get `LIMIT/PACE#stop` at the rest (`pacing.STOP_PACE`, leased the same way; stops are not in AgentCore's
+  per-agent invoke quota), else they share `tps`;
 - active sessions: the slot counters' caps sum to `max_sessions()`, the granted number (at most `max_sessions`).
 
 Renewing costs four or five requests (the pool's read and conditional write, the two schedule writes, and a read of
@@ -39,7 +42,7 @@ from typing import Final
 from rollout_pipeline.config import ExperimentConfig, invoke_rate_cap, new_sessions_cap
 from rollout_pipeline.ledger.limits import LimitLedger, PaceView
 from rollout_pipeline.ledger.pool import FORGET_AFTER_S, Lease, Member, PoolLedger, PoolState
-from rollout_pipeline.lifecycle.limits.pacing import LATENESS_S
+from rollout_pipeline.lifecycle.limits.pacing import LATENESS_S, STOP_PACE, dedicated_stop_share
 from rollout_pipeline.lifecycle.limits.shares import (
     BOOKING_SLACK_S,
     RENEW_AHEAD_S,
@@ -105,6 +108,8 @@ class Grant:
     settings: PoolSettings = field(default_factory=PoolSettings)
     #: New sessions/s it used over the last period (the lease's renewals measure it).
     used_sessions_per_s: float = 0.0
+    #: Stops/s on their own leased schedule (`STOP_PACE`); 0: stops share the `tps` schedule.
+    stops_per_s: float = 0.0
 
     @property
     def spare_sessions_per_s(self) -> float:
@@ -115,6 +120,15 @@ class Grant:
 def interval_us(rate: float) -> int:
     """The spacing of a schedule that starts at most `rate` calls in any second (`pacing.Pacer`)."""
     return int((1.0 + LATENESS_S) / rate * 1e6) if rate > MIN_RATE else 3_600_000_000
+
+
+#: The experiment's leased schedules, read together (one BatchGetItem).
+SCHEDULES: Final = (SESSION_PACE, CALLS_PACE, STOP_PACE)
+
+
+def data_plane_booked(paces: Mapping[str, PaceView]) -> int:
+    """Data-plane calls booked so far on the experiment's schedules: `tps` and `stop` (a count that only grows)."""
+    return paces[CALLS_PACE].booked + paces[STOP_PACE].booked
 
 
 class CapacityLease:
@@ -199,6 +213,10 @@ class CapacityLease:
         if seen is None or (pace.lease_version, pace.booked) >= (seen[0].lease_version, seen[0].booked):
             self._views[budget] = (pace, self._wall())
         current = self.grant
+        if budget == STOP_PACE and current is not None and pace.lease_until_us / 1e6 <= self._wall():
+            if current.stops_per_s > 0:  # closed by a later grant (or never opened): stops share `tps` again
+                self.grant = replace(current, stops_per_s=0.0)
+            return
         until = pace.lease_until_us / 1e6
         if current is None or until <= current.until or not pace.interval_us:
             return
@@ -206,6 +224,8 @@ class CapacityLease:
             self.grant = replace(current, until=until, active=pace.active or current.active)
         elif budget == SESSION_PACE:  # one renewal writes both schedules with the same lease
             self.grant = replace(current, until=until, sessions_per_s=(1.0 + LATENESS_S) / (pace.interval_us / 1e6))
+        elif budget == STOP_PACE:  # the renewal that extended the lease opened the stops' schedule
+            self.grant = replace(current, until=until, stops_per_s=(1.0 + LATENESS_S) / (pace.interval_us / 1e6))
 
     def max_sessions(self) -> int:
         """Sessions this experiment may hold at once: `max_sessions`, or less when the account's active-session
@@ -242,7 +262,7 @@ class CapacityLease:
             paces = self._recent_paces(now)
             if paces is None:
                 self.stats["schedules_read"] += 1
-                paces = self.limits.paces([SESSION_PACE, CALLS_PACE])
+                paces = self.limits.paces(SCHEDULES)
                 for budget, pace in paces.items():
                     self.observe(budget, pace)
             current = self.grant
@@ -265,16 +285,16 @@ class CapacityLease:
                     return written
                 self.stats["lost"] += 1
                 self._sleep(self._rng.uniform(0.0, min(0.25, 0.01 * 2**attempt)))  # full jitter: writers spread
-                paces = self.limits.paces([SESSION_PACE, CALLS_PACE])
+                paces = self.limits.paces(SCHEDULES)
             raise RuntimeError(f"the account pool kept changing while {self.config.name} renewed its lease")
 
     def _recent_paces(self, now: float) -> dict[str, PaceView] | None:
-        """Both schedules as this process saw them last, if recently enough to renew from (a renewal right after a
+        """The schedules as this process saw them last, if recently enough to renew from (a renewal right after a
         reservation: `Pacer.reserve_at` renews after it books); else None (read them). A view a little old is
         safe: the lease written onto a schedule is conditional on no start booked past what the renewal counted
         (`LimitLedger.set_pace_lease`), and a renewal that finds one reads the schedules again."""
-        views = {budget: self._views.get(budget) for budget in (SESSION_PACE, CALLS_PACE)}
-        fresh = {SESSION_PACE: SESSION_VIEW_FRESH_S, CALLS_PACE: CALLS_VIEW_FRESH_S}
+        views = {budget: self._views.get(budget) for budget in SCHEDULES}
+        fresh = {SESSION_PACE: SESSION_VIEW_FRESH_S, CALLS_PACE: CALLS_VIEW_FRESH_S, STOP_PACE: CALLS_VIEW_FRESH_S}
         if any(view is None or now - view[1] > fresh[budget] for budget, view in views.items()):
             return None
         return {budget: view[0] for budget, view in views.items() if view is not None}
@@ -313,7 +333,7 @@ class CapacityLease:
             in_flight=self._current_in_flight(me),
             use=max(0.0, used),
             started=paces[SESSION_PACE].booked,
-            calls=paces[CALLS_PACE].booked,
+            calls=data_plane_booked(paces),
             counted_at=now,
             throttles=(me.throttles if me is not None else 0) + self._take_throttles(),
             backlog_at=now if self.backlog_seen(paces[SESSION_PACE], now) else (me.backlog_at if me else 0.0),
@@ -327,8 +347,11 @@ class CapacityLease:
         schedules: list[tuple[str, float, float]] = [(CALLS_PACE, self._tps_rate(leases, state), booked["calls"])]
         if scope == "account":
             schedules.append((SESSION_PACE, self._sessions_rate(leases, state), booked["sessions"]))
+        stops = self._stops_rate(leases)
+        if stops > 0 or paces[STOP_PACE].lease_until_us / 1e6 > now:  # open it, or close what an older grant opened
+            schedules.append((STOP_PACE, stops, booked["calls"]))
         for pace, rate, last_booked in schedules:
-            until = leases["calls" if pace == CALLS_PACE else "sessions"].until
+            until = leases["sessions" if pace == SESSION_PACE else "calls"].until
             ok = self.limits.set_pace_lease(
                 pace,
                 interval_us=interval_us(rate),
@@ -351,7 +374,7 @@ class CapacityLease:
         def rate(counted: int, before: int) -> float:
             return max(0.0, (counted - before) / elapsed) if elapsed > 0 else 0.0
 
-        session_pace, calls_pace = paces[SESSION_PACE], paces[CALLS_PACE]
+        session_pace, calls_pace, stop_pace = paces[SESSION_PACE], paces[CALLS_PACE], paces[STOP_PACE]
         kept = me is not None and now - me.backlog_at < BACKLOG_KEEP_S  # a renewal of another process saw one
         backlogged = self.backlog_seen(session_pace, now) or kept
         if self.paused():
@@ -362,13 +385,14 @@ class CapacityLease:
             used = rate(session_pace.booked, me.started if me is not None else 0)
             sessions_demand = max(MIN_SESSIONS_DEMAND, HEADROOM * used)
         sessions_need = sessions_demand if math.isfinite(sessions_demand) else state.settings.budget("sessions")
-        if calls_pace.tat_us / 1e6 > now + BACKLOG_AHEAD_S:
+        if max(calls_pace.tat_us, stop_pace.tat_us) / 1e6 > now + BACKLOG_AHEAD_S:
             calls_demand = math.inf
         else:
-            calls_used = rate(calls_pace.booked, me.calls if me is not None else 0)
+            calls_used = rate(data_plane_booked(paces), me.calls if me is not None else 0)
             calls_demand = max(MIN_CALLS_DEMAND, 2 * calls_used) + CALLS_PER_SESSION * sessions_need
+        calls_booked = max(calls_pace.last_start_us, stop_pace.last_start_us) / 1e6
         asks: dict[Budget, Ask] = {
-            "calls": Ask(calls_demand, config.tps_limit, booked_until=calls_pace.last_start_us / 1e6),
+            "calls": Ask(calls_demand, config.tps_limit, booked_until=calls_booked),
             "active": Ask(float(config.max_sessions), float(config.max_sessions)),
         }
         if state.settings.quotas.new_session_scope == "account":
@@ -386,6 +410,19 @@ class CapacityLease:
         agent) less the same share, so the experiment's invokes stay within it whatever the pool grants."""
         invokes = invoke_rate_cap(self.config.invoke_rate_limit, self.config.tps_limit)
         return max(MIN_RATE, min(leases["calls"].rate, invokes) - self._sessions_rate(leases, state))
+
+    def _stops_rate(self, leases: Mapping[Budget, Lease]) -> float:
+        """The leased `stop` schedule's rate: the calls granted less the invoke rate when that leaves stops at least
+        the invoke rate (`pacing.dedicated_stop_share`), else 0 (stops share `tps`). The `tps` and session schedules
+        then take the invoke rate at most (`_tps_rate`): the three sum to the calls granted."""
+        calls = leases["calls"].rate
+        invokes = invoke_rate_cap(self.config.invoke_rate_limit, self.config.tps_limit)
+        return calls - invokes if dedicated_stop_share(calls, invokes) else 0.0
+
+    def stops_apart(self) -> bool:
+        """Whether stops take their own leased schedule (`STOP_PACE`) by this process's latest grant."""
+        current = self.grant
+        return current is not None and current.stops_per_s > 0 and current.until > self._wall()
 
     def _sessions_rate(self, leases: Mapping[Budget, Lease], state: PoolState) -> float:
         """New sessions/s in all: the lease's (account scope) or every endpoint's budget (endpoint scope), at most
@@ -424,6 +461,7 @@ class CapacityLease:
             scope=scope,
             settings=state.settings,
             used_sessions_per_s=me.use,
+            stops_per_s=self._stops_rate(me.leases),
         )
 
     def _current_in_flight(self, me: Member | None) -> int:
