@@ -776,7 +776,7 @@ def budgets(args: argparse.Namespace) -> tuple[float, float, bool]:
     `LimitedRuntime._lent_session_starts`), the invoke rate less the new sessions' lease through the pool
     (`CapacityLease._tps_rate`, counted here at the whole session budget); stops on a
     budget of their own when the data-plane budget leaves them the invoke rate (`pacing.dedicated_stop_share`; the
-    pool: never yet)."""
+    pool: its leased `stop` schedule, while a backlog has the whole data-plane budget granted)."""
     from rollout_pipeline.config import invoke_rate_cap
     from rollout_pipeline.lifecycle.limits.pacing import dedicated_stop_share
     from rollout_pipeline.quotas import DEFAULT_RESERVE
@@ -786,7 +786,7 @@ def budgets(args: argparse.Namespace) -> tuple[float, float, bool]:
         calls = args.data_plane_quota * (1 - args.reserve)
         calls = calls if args.tps_limit is None else min(calls, args.tps_limit)
         invokes = invoke_rate_cap(args.tps, calls)
-        return invokes, invokes - min(sessions_per_s, calls / 2), True
+        return invokes, invokes - min(sessions_per_s, calls / 2), not dedicated_stop_share(calls, invokes)
     data_plane = args.tps_limit if args.tps_limit is not None else 1000.0 * (1 - DEFAULT_RESERVE)
     invoke_rate = invoke_rate_cap(args.tps, data_plane)
     apart = dedicated_stop_share(data_plane, invoke_rate)
@@ -909,7 +909,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="run each side through the account pool's leases, as a deployed experiment does (LifecycleDeps.pool): "
         "its new sessions, data-plane calls and active sessions leased from the pool (the invoke rate still caps the "
-        "invokes, which stops share there)",
+        "invokes; stops get a leased schedule of their own while the calls granted are twice the invoke rate)",
     )
     parser.add_argument("--data-plane-quota", type=float, default=1000.0, help="with --account-pool: calls/s")
     parser.add_argument("--reserve", type=float, default=0.0, help="with --account-pool: the pool's reserve")
