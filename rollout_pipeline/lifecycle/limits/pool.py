@@ -14,8 +14,9 @@ lease reaches the experiment's own schedules, which every call still goes throug
   per-agent invoke quota), else they share `tps`;
 - active sessions: the slot counters' caps sum to `max_sessions()`, the granted number (at most `max_sessions`).
 
-Renewing costs four or five requests (the pool's read and conditional write, the two schedule writes, and a read of
-the two schedules unless this process's last reservation just showed them: `SESSION_VIEW_FRESH_S`), by
+Renewing costs four or five requests (the pool's read and conditional write, the two schedule writes, a third while
+stops have a schedule of their own or to close it, and one read of the schedules unless this process's last
+reservations just showed them: `SESSION_VIEW_FRESH_S`, `CALLS_VIEW_FRESH_S`), by
 one process at a time, when the lease has less than `RENEW_AHEAD_S` left (a process that finds it renewed by
 another adopts it). What an experiment asks (`asks`): with a backlog (its schedule booked ahead, or a rollout of
 this process waiting for room) everything it can get; otherwise what it used over the last period with headroom.
@@ -415,7 +416,7 @@ class CapacityLease:
         """The leased `stop` schedule's rate: the calls granted less the invoke rate when that leaves stops at least
         the invoke rate (`pacing.dedicated_stop_share`), else 0 (stops share `tps`). The `tps` and session schedules
         then take the invoke rate at most (`_tps_rate`): the three sum to the calls granted."""
-        calls = leases["calls"].rate
+        calls = (leases.get("calls") or Lease()).rate
         invokes = invoke_rate_cap(self.config.invoke_rate_limit, self.config.tps_limit)
         return calls - invokes if dedicated_stop_share(calls, invokes) else 0.0
 
