@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -345,7 +346,7 @@ def test_stops_get_a_leased_schedule_while_the_calls_granted_leave_them_the_invo
     runtime = FakeRuntime()
 
     def pacer(budget: str) -> Pacer:
-        return Pacer(limits, budget, 1.0, wall=wall, sleep=advance, lease=lease)
+        return Pacer(limits, budget, 1.0, wall=wall, monotonic=wall, sleep=advance, lease=lease)
 
     limited = LimitedRuntime(
         runtime,
@@ -356,7 +357,7 @@ def test_stops_get_a_leased_schedule_while_the_calls_granted_leave_them_the_invo
         stops=pacer(STOP_PACE),
         sessions_apart=True,
     )
-    limited.stop("s-1", time.monotonic() + 30)
+    limited.stop("s-1", wall.now + 30)
     assert reserved == [STOP_PACE]
     assert runtime.stopped == ["s-1"]
 
@@ -366,9 +367,18 @@ def test_stops_get_a_leased_schedule_while_the_calls_granted_leave_them_the_invo
     assert not lease.stops_apart()
     assert limits.pace(STOP_PACE).lease_until_us <= int(wall.now * 1e6)  # closed, not left to run out
     reserved.clear()
-    limited.stop("s-2", time.monotonic() + 30)
+    limited.stop("s-2", wall.now + 30)
     assert reserved == [CALLS_PACE]
     assert runtime.stopped == ["s-1", "s-2"]
+    # A process that has not seen the closing renewal yet tries the closed schedule, renews, and goes to `tps`.
+    lease.grant = replace(grant, stops_per_s=700.0)
+    reserved.clear()
+    limited.stop("s-3", wall.now + 30)
+    assert reserved[0] == STOP_PACE
+    assert reserved[-1] == CALLS_PACE
+    assert len(reserved) < 10, reserved  # one wait of `STOP_LEASE_TRY_S` on the closed schedule at most
+    assert runtime.stopped == ["s-1", "s-2", "s-3"]
+    assert not lease.stops_apart()
 
 
 def test_active_sessions_are_shared_by_weight_when_they_bind(moto_aws: None) -> None:
