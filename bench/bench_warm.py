@@ -770,15 +770,13 @@ def rollout_starts(fake: Any) -> dict[tuple[str, int], float]:
 
 
 def budgets(args: argparse.Namespace) -> tuple[float, float, bool]:
-    """(invoke rate, the warm takes' rate, whether stops share it) as the experiment's limits make them: the
-    invoke rate `config.invoke_rate_cap` (`--invoke-tps`, never above the data-plane budget); the takes' rate, the
-    whole invoke rate on the experiment's own budgets (the new sessions' share is lent to them while none waits:
-    `LimitedRuntime._lent_session_starts`), the invoke rate less the new sessions' lease through the pool
-    (`CapacityLease._tps_rate`, counted here at the whole session budget); stops on a
+    """(invoke rate, the `tps` schedule's rate, whether stops share it) as the experiment's limits make them: the
+    invoke rate `config.invoke_rate_cap` (`--invoke-tps`, never above the data-plane budget), the new sessions'
+    share set apart from it (`pacing.dedicated_session_share`; the pool: `CapacityLease._tps_rate`), stops on a
     budget of their own when the data-plane budget leaves them the invoke rate (`pacing.dedicated_stop_share`; the
     pool: its leased `stop` schedule, while a backlog has the whole data-plane budget granted)."""
     from rollout_pipeline.config import invoke_rate_cap
-    from rollout_pipeline.lifecycle.limits.pacing import dedicated_stop_share
+    from rollout_pipeline.lifecycle.limits.pacing import dedicated_session_share, dedicated_stop_share
     from rollout_pipeline.quotas import DEFAULT_RESERVE
 
     sessions_per_s = args.account_quota * ((1 - args.reserve) if args.account_pool else 1.0)
@@ -791,20 +789,20 @@ def budgets(args: argparse.Namespace) -> tuple[float, float, bool]:
     invoke_rate = invoke_rate_cap(args.tps, data_plane)
     apart = dedicated_stop_share(data_plane, invoke_rate)
     invokes = invoke_rate if apart else min(data_plane, invoke_rate)
-    # The new sessions' share set apart is lent to the takes while no new session waits (`_lent_session_starts`).
-    return invokes, invokes, not apart
+    share = sessions_per_s if dedicated_session_share(invokes, sessions_per_s / args.endpoints, args.endpoints) else 0
+    return invokes, invokes - share, not apart
 
 
 def admit_bound_s(args: argparse.Namespace, rollouts: int, warm: bool) -> float:
-    """The least admission time the limits allow: warm, `rollouts` calls at the takes' rate (`budgets`, each call
-    spaced by `LATENESS_S`); cold, `rollouts` new sessions at the session budget."""
+    """The least admission time the limits allow: warm, `rollouts` calls on the `tps` budget (its share for new
+    sessions set apart, each call spaced by `LATENESS_S`); cold, `rollouts` new sessions at the session budget."""
     from rollout_pipeline.lifecycle.limits.pacing import LATENESS_S
 
     sessions_per_s = args.account_quota * ((1 - args.reserve) if args.account_pool else 1.0)
     if not warm:
         return rollouts / sessions_per_s
-    _invokes, takes, _shared = budgets(args)
-    return rollouts * (1 + LATENESS_S) / takes
+    _invokes, tps, _shared = budgets(args)
+    return rollouts * (1 + LATENESS_S) / tps
 
 
 def admit_bound_with_stops_s(args: argparse.Namespace, rollouts: int) -> float:

@@ -304,66 +304,6 @@ def test_invokes_booked_as_a_block_take_one_write_and_keep_the_spacing(table: tu
     assert busiest_sliding_window([at for at, _op, _sid in runtime.calls]) <= 10
 
 
-def test_a_block_of_takes_borrows_the_idle_new_session_share(table: tuple[str, dict[str, str]]) -> None:
-    """On an experiment's own budgets, with the new sessions' share set apart from `tps` (6/s here, 2 endpoints at
-    2/s: an invoke rate of 10/s), a batch of warm takes also books the session budgets' idle starts, about each
-    one's part of the invoke rate, so the batch runs at 10/s, not 6/s, and every sliding second still holds at most
-    10 invokes. A session budget another process booked ahead (new sessions waiting) refuses the loan: only the
-    idle one lends. On a virtual clock (`ThreadClocks`)."""
-    name, _env = table
-    ledger = Ledger.open(name).limits
-    writes: list[tuple[str, int]] = []
-    reserve_pace = ledger.reserve_pace
-
-    def counted(budget: str, **kwargs: Any) -> tuple[int | None, int]:
-        writes.append((budget, int(kwargs.get("count", 1))))
-        return reserve_pace(budget, **kwargs)
-
-    ledger.reserve_pace = counted  # type: ignore[method-assign]
-
-    def run_block(prefix: str, waiting: bool) -> tuple[list[float], LimitedRuntime]:
-        clocks = ThreadClocks(time.time())
-        tps = Pacer(ledger, f"{prefix}-tps", 6, wall=clocks.wall, sleep=clocks.sleep)
-        sessions = [
-            Pacer(ledger, f"{prefix}-session#{i}", 2, wall=clocks.wall, sleep=clocks.sleep, guess_busy=True)
-            for i in range(2)
-        ]
-        if waiting:  # another dispatcher's new sessions, booked ahead on the first endpoint's budget
-            other = Pacer(ledger, f"{prefix}-session#0", 2, wall=clocks.wall)
-            assert len(other.book(4, 0.5)) == 4
-        writes.clear()
-        runtime = RecordingRuntime(clocks.wall)
-        limited = LimitedRuntime(runtime, tps, sessions, sessions_apart=True)
-        block = InvokeBlock(10)
-        takers = [
-            threading.Thread(
-                target=limited.invoke,
-                args=(f"w-{i}", {}, time.monotonic() + 60),
-                kwargs={"block": block, "new_session": False},
-            )
-            for i in range(10)
-        ]
-        for t in takers:
-            t.start()
-        for t in takers:
-            t.join(timeout=60)
-        assert not any(t.is_alive() for t in takers), "a take is stuck"
-        starts = sorted(at for at, _op, _sid in runtime.calls)
-        assert len(starts) == 10
-        assert busiest_sliding_window(starts) <= 10
-        return starts, limited
-
-    starts, limited = run_block("lend", waiting=False)
-    assert writes == [("lend-session#0", 2), ("lend-session#1", 2), ("lend-tps", 6)]  # main: [("lend-tps", 10)]
-    # The ten takes start within the time six `tps` starts take (ten at 6/s would span 9 intervals).
-    assert starts[-1] - starts[0] <= 5 * limited.tps.interval_s + 1e-6
-
-    _starts, _limited = run_block("busy", waiting=True)
-    lent = [(budget, count) for budget, count in writes if "session" in budget]
-    assert lent == [("busy-session#0", 2), ("busy-session#1", 2)]  # the first one's write was refused
-    assert writes[-1] == ("busy-tps", 8)
-
-
 def test_stops_on_a_budget_of_their_own_leave_the_invokes_their_whole_rate(table: tuple[str, dict[str, str]]) -> None:
     """A data-plane budget (`tps_limit`, else the account's) of at least twice the invoke rate: stops are paced on
     `stop` at the rest, never on `tps`, so the invokes (new sessions and calls into existing ones) keep their whole

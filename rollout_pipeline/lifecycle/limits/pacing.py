@@ -19,10 +19,7 @@ Stops are never starved: an invoke only reserves a `tps` slot at most `INVOKE_AH
 as its wait allows, so a waiting stop is always served within about `INVOKE_AHEAD_S`.
 A dispatcher's SQS batch of warm takes (invokes into warm sessions) books its `tps` starts in ONE write
 (`InvokeBlock`: the first take of the batch books them all, consecutive; each take then uses the earliest that is not
-yet too late), as a completion batch books its stops (`book_stops`). On an experiment's own budgets, such a batch
-also uses the new sessions' share while no new session waits for it: each idle session budget lends it about its
-part of the batch's starts (`LimitedRuntime._lent_session_starts`), so a warm step's takes run at the whole invoke
-rate, not the invoke rate less the share.
+yet too late), as a completion batch books its stops (`book_stops`).
 
 With the account pool (`limits.pool`, the default of a deployed stack) the budgets are LEASED: the experiment's
 `session` and `tps` schedules carry the spacing the pool granted and the lease's end, which every reservation's
@@ -546,52 +543,11 @@ class LimitedRuntime:
             if budget in block.booked or expected < 1:  # booked once (its starts are gone), or this is the last
                 return None
             block.booked.add(budget)
-            count = expected + 1
-            lent = self._lent_session_starts(block, count) if budget == TAKES else []
-            rest = count - len(lent)
-            booked = sorted(lent + (self._book_block(block, pacer, rest, until, ahead_s) if rest > 1 else []))
+            booked = self._book_block(block, pacer, expected + 1, until, ahead_s)
             if not booked:
                 return None
             block.starts[budget] = booked[1:]
             return booked[0]
-
-    def _lendable(self) -> list[Pacer]:
-        """The session budgets whose idle starts warm takes may use (`_lent_session_starts`): an experiment's own
-        endpoint budgets when new sessions' share is set apart from `tps` (without it a new session takes a `tps`
-        slot too, and the session budgets are no share of the invoke rate). None through the account pool: there a
-        warm step's idle session budget shrinks the session lease at its next renewal, which raises the leased
-        `tps` rate by as much (`CapacityLease._tps_rate`) and leaves the rest to other experiments' new sessions."""
-        if not self.sessions_apart or self.lease is not None:
-            return []
-        return self.sessions
-
-    def _lent_session_starts(self, block: InvokeBlock, count: int) -> list[float]:
-        """Starts of the new sessions' share of the invoke rate that no new session is waiting for, lent to a batch
-        of warm takes: from each session budget idle by this process's view, about its part of the invoke rate
-        (`count` x its rate / the invoke rate), booked only where its schedule is free now or within one spacing
-        (a busy schedule refuses the write, so a waiting new session is never delayed by more than one start). The
-        invoke rate holds in every sliding second: the lent starts are the session budgets' own."""
-        pacers = self._lendable()
-        if not pacers:
-            return []
-        rate = self.tps.limit + sum(p.limit for p in pacers)
-        lent: list[float] = []
-        for pacer in pacers:
-            want = min(count - len(lent), max(1, round(count * pacer.limit / rate)))
-            now = pacer._wall()
-            not_before = now + pacer.lead_s
-            if want < 1 or pacer.tat > not_before + pacer.interval_s:
-                continue  # used up, or this process knows of new sessions booked ahead on this budget
-            try:
-                block.writes += 1
-                if want > 1:
-                    lent += pacer.book(want, pacer.interval_s)
-                else:
-                    slot, _tat = pacer.reserve_at(not_before, not_before + pacer.interval_s)
-                    lent += [] if slot is None else [slot]
-            except Exception:  # lending only shortens the takes' wait: they book `tps` instead
-                log.warning("could not lend %s's idle starts to warm takes", pacer.budget, exc_info=True)
-        return lent
 
     def _book_block(self, block: InvokeBlock, pacer: Pacer, count: int, until: float, ahead_s: float) -> list[float]:
         """`count` consecutive starts of `pacer` in one write (`Pacer.book`), waiting for room while the schedule is
