@@ -669,6 +669,13 @@ class Side:
         self.fake.close()
         self.requests["tail"] = self.pipeline_requests() - self.requests["fill"] - self.requests["step"]
 
+    def leased_starts(self) -> dict[str, int]:
+        """Starts booked on each of the experiment's leased schedules (their `n`), read once at the end."""
+        from rollout_pipeline.lifecycle.limits.pool import SCHEDULES
+
+        paces = self.view_ledger.limits.paces(SCHEDULES)
+        return {budget: pace.booked for budget, pace in paces.items()}
+
     def figures(self) -> dict[str, Any]:
         from rollout_pipeline import warm_cost
 
@@ -696,6 +703,8 @@ class Side:
             # the data-plane budget.
             "invoke_rate": budgets(self.args)[0],
             "stops_share_the_takes_budget": budgets(self.args)[2],
+            # Through the pool: starts booked on each leased schedule, in all (stops on `stop` while it was open).
+            "leased_starts": self.leased_starts() if self.args.account_pool else {},
             "busiest_second_invokes": busiest_second([c.at for c in calls if c.op == "invoke"]),
             "busiest_second_calls": busiest_second([c.at for c in calls if c.op in ("invoke", "stop")]),
             "admit_bound_with_stops_s": admit_bound_with_stops_s(self.args, total) if self.warm else float("nan"),
