@@ -290,21 +290,28 @@ class Lambdas:
         self.errors: list[str] = []
         self.group_done: dict[str, float] = {}
 
-    def receive(self, queue_url: str) -> list[dict[str, Any]]:
+    def receive(self, queue_url: str, n: int = 10) -> list[dict[str, Any]]:
+        """Up to `n` messages, as Lambda's poller gathers a batch (a batching window lets it pass SQS's 10 per
+        receive): receives of at most 10 while they come full."""
         self.counters.harness.on = True  # Lambda's poller, not the pipeline
+        messages: list[dict[str, Any]] = []
         try:
-            resp = self.sqs.receive_message(
-                QueueUrl=queue_url,
-                MaxNumberOfMessages=10,
-                WaitTimeSeconds=0,
-                VisibilityTimeout=min(43_200, int(self.clock.wall_s(self.visibility[queue_url]))),
-            )
+            for _ in range(math.ceil(n / 10)):
+                got = (
+                    self.sqs.receive_message(
+                        QueueUrl=queue_url,
+                        MaxNumberOfMessages=min(10, n - len(messages)),
+                        WaitTimeSeconds=0,
+                        VisibilityTimeout=min(43_200, int(self.clock.wall_s(self.visibility[queue_url]))),
+                    ).get("Messages")
+                    or []
+                )
+                messages += got
+                if len(got) < 10 or len(messages) >= n:
+                    break
         finally:
             self.counters.harness.on = False
-        return [
-            {"messageId": m["MessageId"], "body": m["Body"], "receiptHandle": m["ReceiptHandle"]}
-            for m in resp.get("Messages") or []
-        ]
+        return [{"messageId": m["MessageId"], "body": m["Body"], "receiptHandle": m["ReceiptHandle"]} for m in messages]
 
     def ack(self, queue_url: str, records: list[dict[str, Any]], failures: dict[str, str]) -> None:
         entries = [
@@ -312,19 +319,20 @@ class Lambdas:
             for i, r in enumerate(records)
             if r["messageId"] not in failures
         ]
-        if entries:
+        for start in range(0, len(entries), 10):  # DeleteMessageBatch takes 10 at most
             self.counters.harness.on = True
             try:
-                self.sqs.delete_message_batch(QueueUrl=queue_url, Entries=entries)
+                self.sqs.delete_message_batch(QueueUrl=queue_url, Entries=entries[start : start + 10])
             finally:
                 self.counters.harness.on = False
 
-    def loop(self, name: str, queue_url: str, handle: Callable[[list[dict[str, Any]]], Any]) -> None:
+    def loop(self, name: str, queue_url: str, handle: Callable[[list[dict[str, Any]]], Any], batch: int) -> None:
+        """One Lambda: batches of up to `batch` messages (its event source's batch size), one at a time."""
         for _ in range(10_000_000):
             if self.stop.is_set():
                 return
             try:
-                records = self.receive(queue_url)
+                records = self.receive(queue_url, batch)
                 if not records:
                     time.sleep(0.1)
                     continue
@@ -372,6 +380,7 @@ class Lambdas:
     def threads(self) -> list[threading.Thread]:
         from rollout_pipeline.lifecycle.completion import complete_records
         from rollout_pipeline.lifecycle.dispatch import dispatch_records
+        from rollout_pipeline.topology import FUNCTIONS
 
         args, res = self.args, self.resources
         dispatch_deps = [dataclasses.replace(self.deps) for _ in range(args.dispatchers)]  # one slot gate each
@@ -388,6 +397,7 @@ class Lambdas:
                     "dispatcher",
                     res.rollout_queue_url,
                     lambda rs, d=d: dispatch_records(rs, d, wait_until=time.monotonic() + 60.0),
+                    FUNCTIONS["dispatch"].batch_size or 1,
                 ),
                 daemon=True,
             )
@@ -401,6 +411,7 @@ class Lambdas:
                     "completer",
                     res.completion_queue_url,
                     lambda rs: complete_records(rs, self.deps, wait_until=time.monotonic() + 30.0),
+                    FUNCTIONS["completion"].batch_size or 1,
                 ),
                 daemon=True,
             )
