@@ -19,6 +19,8 @@ import pytest
 from rollout_pipeline.config import ExperimentConfig
 from rollout_pipeline.ledger.ledger import Ledger
 from rollout_pipeline.lifecycle.limits.pacing import (
+    BLOCK_AHEAD_S,
+    INVOKE_AHEAD_S,
     InvokeBlock,
     LimitedRuntime,
     Pacer,
@@ -302,6 +304,45 @@ def test_invokes_booked_as_a_block_take_one_write_and_keep_the_spacing(table: tu
     assert reserved[1:]
     assert set(reserved[1:]) == {1}
     assert busiest_sliding_window([at for at, _op, _sid in runtime.calls]) <= 10
+
+
+class StopsLessee:
+    """The part of a lease `LimitedRuntime` asks about a stop: whether the grant opens the stops' schedule."""
+
+    def __init__(self, apart: bool) -> None:
+        self.apart = apart
+
+    def stops_apart(self) -> bool:
+        return self.apart
+
+
+@pytest.mark.parametrize("apart", [False, True])
+def test_a_block_of_takes_books_far_ahead_only_while_no_stop_waits_behind_it(
+    table: tuple[str, dict[str, str]], apart: bool
+) -> None:
+    """A batch of warm takes books its `tps` starts up to `BLOCK_AHEAD_S` ahead only while stops are on a schedule of
+    their own; through the pool, while the grant keeps the `stop` schedule closed, stops share `tps` and the block
+    stays within `INVOKE_AHEAD_S`, so a stop never waits behind a second of takes."""
+    name, _env = table
+    ledger = Ledger.open(name).limits
+    clocks = ThreadClocks(time.time())
+    tps = Pacer(ledger, f"tps-ahead-{apart}", 10, wall=clocks.wall, sleep=clocks.sleep)
+    stops = Pacer(ledger, f"stop-ahead-{apart}", 10, wall=clocks.wall, sleep=clocks.sleep)
+    limited = LimitedRuntime(RecordingRuntime(clocks.wall), tps, [], stops=stops)
+    limited.lease = StopsLessee(apart)  # type: ignore[assignment]
+    assert limited.stop_pacer is (stops if apart else tps)
+    horizons: list[float] = []
+    book_block = limited._book_block
+
+    def spied(block: InvokeBlock, pacer: Pacer, count: int, until: float, ahead_s: float) -> list[float]:
+        horizons.append(ahead_s)
+        return book_block(block, pacer, count, until, ahead_s)
+
+    limited._book_block = spied  # type: ignore[method-assign]
+    block = InvokeBlock(2)
+    for i in range(2):
+        limited.invoke(f"w-{i}", {}, time.monotonic() + 60, new_session=False, block=block)
+    assert horizons == [BLOCK_AHEAD_S if apart else INVOKE_AHEAD_S]
 
 
 def test_stops_on_a_budget_of_their_own_leave_the_invokes_their_whole_rate(table: tuple[str, dict[str, str]]) -> None:

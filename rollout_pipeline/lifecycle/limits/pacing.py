@@ -474,7 +474,7 @@ class LimitedRuntime:
         until = wait_until if wait_until is not None else time.monotonic() + DEFAULT_STOP_WAIT_S
         booked = on_booked or (lambda _start: None)
         if not new_session:
-            ahead_s = INVOKE_AHEAD_S if self.stops is None else BLOCK_AHEAD_S
+            ahead_s = INVOKE_AHEAD_S if self.stop_pacer is self.tps else BLOCK_AHEAD_S  # stops wait behind it
             start = None if block is None else self._block_start(block, self.tps, until, ahead_s, key=TAKES)
             on_block = start is not None and self.tps.sleep_until(start)
             if not on_block and not self.tps.acquire(until, INVOKE_AHEAD_S):
