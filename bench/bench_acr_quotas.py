@@ -210,16 +210,25 @@ def _is_dynamodb(request: Any) -> bool:
     return (target.decode() if isinstance(target, bytes) else str(target)).startswith("DynamoDB")
 
 
+def _is_sqs(request: Any) -> bool:
+    target = request.headers.get("X-Amz-Target") or b""
+    return (target.decode() if isinstance(target, bytes) else str(target)).startswith("AmazonSQS")
+
+
 def _serialise_dynamodb() -> None:
     """As local mode's server (`local.moto_server.SerializedServices`): DynamoDB requests one at a time (moto's
-    transactions are not atomic otherwise), other services concurrent."""
+    transactions are not atomic otherwise), other services concurrent; and SQS requests one at a time on a lock of
+    their own (in-process moto's ReceiveMessage walks the queue's set of in-flight messages while a concurrent
+    receive changes it: `RuntimeError: Set changed size during iteration`, met by bench_warm's pollers once they
+    gathered full batches)."""
     from moto.core.botocore_stubber import BotocoreStubber
 
-    lock = threading.RLock()
+    dynamodb, sqs = threading.RLock(), threading.RLock()
     original = BotocoreStubber.process_request
 
     def serialised(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
-        if not _is_dynamodb(request):
+        lock = dynamodb if _is_dynamodb(request) else sqs if _is_sqs(request) else None
+        if lock is None:
             return original(self, request, *args, **kwargs)
         with lock:
             return original(self, request, *args, **kwargs)
