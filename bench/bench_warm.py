@@ -972,9 +972,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def derive_lambdas(args: argparse.Namespace) -> None:
     """The dispatchers and their threads a deployed stack gives the bench's experiment when none are set: the
-    derived dispatch concurrency (its share of the account's new sessions, the reserve set apart) and one thread per
-    rollout of a dispatcher's SQS batch."""
-    from rollout_pipeline.config import DISPATCH_BATCH, derived_dispatch_concurrency
+    derived dispatch concurrency (its share of the account's new sessions, the reserve set apart, and the warm
+    side's takes at the invoke rate; the cold side gets the same) and one thread per rollout of a dispatcher's SQS
+    batch."""
+    from rollout_pipeline.config import DISPATCH_BATCH, derived_dispatch_concurrency, invoke_rate_cap
     from rollout_pipeline.quotas import DEFAULT_RESERVE
 
     if args.dispatchers is None:
@@ -983,6 +984,7 @@ def derive_lambdas(args: argparse.Namespace) -> None:
             tps_limit=args.tps_limit,
             max_sessions=args.max_sessions or args.rollouts,
             account_sessions_per_s=args.account_quota * (1 - (args.reserve if args.account_pool else DEFAULT_RESERVE)),
+            warm_invoke_rate=invoke_rate_cap(args.tps, args.tps_limit),  # the warm side's (the cold side: the same)
         )
     if args.threads is None:
         args.threads = DISPATCH_BATCH

@@ -35,6 +35,10 @@ DISPATCH_BATCH: Final = 25
 #: Measured (bench/bench_capacity.py, one experiment alone on the whole account pool, 22.5/s): 50 in hand sustained
 #: 0.846 of the rate, 100 in hand 0.933 (docs/benchmarks.md, "Capacity").
 IN_HAND_S: Final = 4.4
+#: Seconds a warm take spends in a dispatcher's hands (receipt to invoke, and the rest of its SQS batch): with a warm
+#: pool, the dispatchers must also hold the invoke rate x this many takes. Measured (bench/bench_warm.py,
+#: `--invoke-tps 400`: 1,024 takes): 4 dispatchers of 25 admitted in 7.3 s, 8 in 5.8 s (docs/benchmarks.md).
+TAKE_IN_HAND_S: Final = 0.5
 #: The dispatch concurrency derived when none is set is at least this (the field's own minimum).
 MIN_DISPATCHERS: Final = 2
 #: ... and at most this (a new-session quota raised far above AgentCore's default asks for many dispatchers).
@@ -63,16 +67,21 @@ def derived_dispatch_concurrency(
     tps_limit: float | None,
     max_sessions: int,
     account_sessions_per_s: float | None = None,
+    warm_invoke_rate: float | None = None,
 ) -> int:
     """The dispatcher Lambdas an experiment needs to keep its new-session rate busy: enough to hold rate x
     `IN_HAND_S` rollouts (`DISPATCH_BATCH` each), the rate being its own cap (`new_sessions_cap`) or else the whole
     account pool less the reserve (`account_sessions_per_s`; default: AgentCore's documented quota), and never more
-    than its `max_sessions` can start at once. The one home of the formula: synth and local mode both use it; an
-    explicit `dispatch_concurrency` wins."""
+    than its `max_sessions` can start at once. With a warm pool (`warm_invoke_rate`: its invoke rate,
+    `invoke_rate_cap`), also enough to hold that rate x `TAKE_IN_HAND_S` warm takes: a GRPO step's burst of takes
+    runs at the invoke rate, not the new-session rate. The one home of the formula: synth and local mode both use
+    it; an explicit `dispatch_concurrency` wins."""
     account = PoolSettings().budget("sessions") if account_sessions_per_s is None else account_sessions_per_s
     cap = new_sessions_cap(session_rate_limit, tps_limit)
     rate = account if cap is None else min(cap, account)
     by_rate = math.ceil(rate * IN_HAND_S / DISPATCH_BATCH - 1e-9)
+    if warm_invoke_rate:
+        by_rate = max(by_rate, math.ceil(warm_invoke_rate * TAKE_IN_HAND_S / DISPATCH_BATCH - 1e-9))
     by_slots = math.ceil(max_sessions / DISPATCH_BATCH)
     return max(MIN_DISPATCHERS, min(by_rate, by_slots, MAX_DISPATCHERS_DERIVED))
 
@@ -342,10 +351,15 @@ class ExperimentConfig(BaseModel):
         if data.get("dispatch_concurrency") in _UNSET:
             data.pop("dispatch_concurrency", None)
             with contextlib.suppress(TypeError, ValueError):  # a field not a number is reported by its validation
+                tps_limit = _optional_number(data.get("tps_limit"))
+                warm = data.get("warm_sessions") not in (*_UNSET, 0, "0")
                 data["dispatch_concurrency"] = derived_dispatch_concurrency(
                     session_rate_limit=_optional_number(data.get("session_rate_limit")),
-                    tps_limit=_optional_number(data.get("tps_limit")),
+                    tps_limit=tps_limit,
                     max_sessions=int(data.get("max_sessions", 100)),
+                    warm_invoke_rate=invoke_rate_cap(_optional_number(data.get("invoke_rate_limit")), tps_limit)
+                    if warm
+                    else None,
                 )
         if data.get("max_lifetime_s") in _UNSET:
             data.pop("max_lifetime_s", None)
