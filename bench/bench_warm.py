@@ -55,6 +55,7 @@ from bench_scale import (  # noqa: E402
     LatenessProbe,
     install_latency,
 )
+from harness import gather_batch  # noqa: E402
 
 SIDES = ("warm", "cold")
 #: Held by every tick of the warm pool (`ticked_one_at_a_time`) and by a jump of the clock: none spans a jump.
@@ -291,27 +292,12 @@ class Lambdas:
         self.group_done: dict[str, float] = {}
 
     def receive(self, queue_url: str, n: int = 10) -> list[dict[str, Any]]:
-        """Up to `n` messages, as Lambda's poller gathers a batch (a batching window lets it pass SQS's 10 per
-        receive): receives of at most 10 while they come full."""
+        """Up to `n` messages, as Lambda's poller gathers a batch (`harness.gather_batch`)."""
         self.counters.harness.on = True  # Lambda's poller, not the pipeline
-        messages: list[dict[str, Any]] = []
         try:
-            for _ in range(math.ceil(n / 10)):
-                got = (
-                    self.sqs.receive_message(
-                        QueueUrl=queue_url,
-                        MaxNumberOfMessages=min(10, n - len(messages)),
-                        WaitTimeSeconds=0,
-                        VisibilityTimeout=min(43_200, int(self.clock.wall_s(self.visibility[queue_url]))),
-                    ).get("Messages")
-                    or []
-                )
-                messages += got
-                if len(got) < 10 or len(messages) >= n:
-                    break
+            return gather_batch(self.sqs, queue_url, n, int(self.clock.wall_s(self.visibility[queue_url])))
         finally:
             self.counters.harness.on = False
-        return [{"messageId": m["MessageId"], "body": m["Body"], "receiptHandle": m["ReceiptHandle"]} for m in messages]
 
     def ack(self, queue_url: str, records: list[dict[str, Any]], failures: dict[str, str]) -> None:
         entries = [

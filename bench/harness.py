@@ -554,6 +554,26 @@ def aws_sandbox(*, seed: int, hold_ms: float, conflict_rate: float = 0.0) -> Ite
         yield profile
 
 
+def gather_batch(sqs: Any, queue_url: str, n: int, visibility_s: int) -> list[dict[str, Any]]:
+    """Up to `n` messages of `queue_url` as Lambda's SQS records, gathered as Lambda's poller gathers a batch (a
+    batching window lets it pass SQS's 10 per receive): receives of at most 10 while they come full."""
+    messages: list[dict[str, Any]] = []
+    for _ in range(math.ceil(n / 10)):
+        got = (
+            sqs.receive_message(
+                QueueUrl=queue_url,
+                MaxNumberOfMessages=min(10, n - len(messages)),
+                WaitTimeSeconds=0,
+                VisibilityTimeout=min(43_200, visibility_s),
+            ).get("Messages")
+            or []
+        )
+        messages += got
+        if len(got) < 10 or len(messages) >= n:
+            break
+    return [{"messageId": m["MessageId"], "body": m["Body"], "receiptHandle": m["ReceiptHandle"]} for m in messages]
+
+
 class TransactionLog:
     """The faithful profile's transactions as the benches read them: when each item's went through (virtual s),
     and the item kind each cancelled one met a held item on."""
@@ -649,32 +669,19 @@ class Rig:
     # --------------------------------------------------------------------------------------------- the queues
 
     def receive(self, queue_url: str, n: int = 10) -> list[dict[str, Any]]:
-        """Up to `n` messages, as Lambda's poller gathers a batch: receives of at most 10 while they come full."""
+        """Up to `n` messages, as Lambda's poller gathers a batch (`gather_batch`)."""
         counters = self.counters
         counters.harness.on = True  # the Lambda service's poller, not the pipeline
-        messages: list[dict[str, Any]] = []
         try:
-            for _ in range(math.ceil(n / 10)):
-                got = (
-                    self.sqs.receive_message(
-                        QueueUrl=queue_url,
-                        MaxNumberOfMessages=min(10, n - len(messages)),
-                        WaitTimeSeconds=0,
-                        VisibilityTimeout=min(43_200, int(self.clock.wall_s(self.visibility[queue_url]))),
-                    ).get("Messages")
-                    or []
-                )
-                messages += got
-                if len(got) < 10 or len(messages) >= n:
-                    break
+            records = gather_batch(self.sqs, queue_url, n, int(self.clock.wall_s(self.visibility[queue_url])))
         finally:
             counters.harness.on = False
-        if messages:
+        if records:
             with counters.lock:
                 counters.poller_sqs += 1
                 if queue_url != self.resources.rollout_queue_url:  # the pipeline itself sends to the rollout queue
-                    counters.delivered[queue_url] += len(messages)
-        return [{"messageId": m["MessageId"], "body": m["Body"], "receiptHandle": m["ReceiptHandle"]} for m in messages]
+                    counters.delivered[queue_url] += len(records)
+        return records
 
     def ack(self, queue_url: str, records: list[dict[str, Any]], failures: dict[str, str]) -> None:
         entries = [

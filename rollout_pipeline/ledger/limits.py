@@ -7,7 +7,7 @@ lifecycle's `limits` module keeps the rules, this module the reads and writes.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Final
@@ -353,27 +353,22 @@ class LimitLedger:
         expires = not_before_us // 1_000_000 + PACE_TTL_S
 
         def take_free() -> tuple[LeasedSlot | None, PaceView]:
-            free, seen = self.table.update_or_current(
+            return self._leased_write(
                 key,
                 "SET last_start = :nb, tat = :nb + interval_us, expires_at = :exp ADD n :one",
                 "(attribute_not_exists(tat) OR tat <= :nb) AND lease_until >= :nb",
                 {":nb": not_before_us, ":exp": expires, ":one": 1},
+                first_start=lambda _pace: not_before_us,
             )
-            if free is None:
-                return None, PaceView.of(item_values(seen))
-            return LeasedSlot(not_before_us, PaceView.of(item_values(free))), PaceView()
 
         def take_next() -> tuple[LeasedSlot | None, PaceView]:
-            busy, seen = self.table.update_or_current(
+            return self._leased_write(
                 key,
                 "SET last_start = tat, tat = tat + interval_us, expires_at = :exp ADD n :one",
                 "tat > :nb AND tat <= :latest AND lease_until >= tat",
                 {":nb": not_before_us, ":latest": latest_us, ":exp": expires, ":one": 1},
+                first_start=lambda pace: pace.tat_us - pace.interval_us,
             )
-            if busy is None:
-                return None, PaceView.of(item_values(seen))
-            pace = PaceView.of(item_values(busy))
-            return LeasedSlot(pace.tat_us - pace.interval_us, pace), PaceView()
 
         busy = busy_first
         for _ in range(12):
@@ -397,18 +392,16 @@ class LimitLedger:
         values = {":iv": interval_us, ":exp": not_before_us // 1_000_000 + PACE_TTL_S, ":k": count}
 
         def take_free() -> tuple[LeasedSlot | None, PaceView]:
-            free, seen = self.table.update_or_current(
+            return self._leased_write(
                 key,
                 "SET last_start = :last, tat = :end, expires_at = :exp ADD n :k",
                 "(attribute_not_exists(tat) OR tat <= :nb) AND lease_until >= :last AND interval_us = :iv",
                 {**values, ":nb": not_before_us, ":last": not_before_us + last, ":end": not_before_us + span},
+                first_start=lambda _pace: not_before_us,
             )
-            if free is None:
-                return None, PaceView.of(item_values(seen))
-            return LeasedSlot(not_before_us, PaceView.of(item_values(free))), PaceView()
 
         def take_next() -> tuple[LeasedSlot | None, PaceView]:
-            busy, seen = self.table.update_or_current(
+            return self._leased_write(
                 key,
                 "SET last_start = tat + :last, tat = tat + :span, expires_at = :exp ADD n :k",
                 "tat > :nb AND tat <= :latest AND lease_until >= :bound AND interval_us = :iv",
@@ -420,11 +413,8 @@ class LimitLedger:
                     ":last": last,
                     ":span": span,
                 },
+                first_start=lambda pace: pace.tat_us - span,
             )
-            if busy is None:
-                return None, PaceView.of(item_values(seen))
-            pace = PaceView.of(item_values(busy))
-            return LeasedSlot(pace.tat_us - span, pace), PaceView()
 
         first, second = (take_next, take_free) if busy_first else (take_free, take_next)
         reserved, pace = first()
@@ -437,6 +427,23 @@ class LimitLedger:
             return LeasedSlot(None, pace)
         reserved, pace = second()
         return reserved if reserved is not None else LeasedSlot(None, pace)
+
+    def _leased_write(
+        self,
+        key: Mapping[str, Any],
+        update: str,
+        condition: str,
+        values: Mapping[str, Any],
+        *,
+        first_start: Callable[[PaceView], int],
+    ) -> tuple[LeasedSlot | None, PaceView]:
+        """One conditional write of a leased schedule: (the slot, its first start read off the written item by
+        `first_start`, and an empty view), or (None, the schedule as the refused write found it)."""
+        written, seen = self.table.update_or_current(key, update, condition, values)
+        if written is None:
+            return None, PaceView.of(item_values(seen))
+        pace = PaceView.of(item_values(written))
+        return LeasedSlot(first_start(pace), pace), PaceView()
 
     def pace(self, budget: str) -> PaceView:
         """A paced budget's schedule item (strongly consistent)."""

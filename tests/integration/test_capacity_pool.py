@@ -62,12 +62,13 @@ def second_experiment(name: str) -> ExperimentResources:
     return create_resources(ExperimentConfig(name=name, group_size=2), region=REGION, client=clients.client)
 
 
-def book_ahead(lease: CapacityLease, wall: Wall, seconds: float) -> None:
-    """Book the session schedule `seconds` ahead (a backlog): the experiment then asks for all it can get."""
+def book_ahead(lease: CapacityLease, wall: Wall, seconds: float, budget: str = SESSION_PACE) -> None:
+    """Book a schedule (the new sessions' by default) `seconds` ahead (a backlog): the experiment then asks for all
+    it can get of that budget."""
     limits = lease.limits
     for _ in range(200):
         slot = limits.reserve_leased(
-            SESSION_PACE, not_before_us=int(wall.now * 1e6), latest_us=int((wall.now + seconds) * 1e6)
+            budget, not_before_us=int(wall.now * 1e6), latest_us=int((wall.now + seconds) * 1e6)
         )
         if slot.slot_us is None:
             return
@@ -291,12 +292,7 @@ def test_the_calls_schedule_keeps_invokes_within_the_agents_invoke_quota(resourc
     lease = lease_of(resources, wall, tps_limit=None)
     lease.note_backlog()
     lease.renew()
-    for _ in range(200):  # the calls schedule booked ahead: the experiment asks for all the calls it can get
-        answer = lease.limits.reserve_leased(
-            CALLS_PACE, not_before_us=int(wall.now * 1e6), latest_us=int((wall.now + 0.5) * 1e6)
-        )
-        if answer.slot_us is None:
-            break
+    book_ahead(lease, wall, 0.5, CALLS_PACE)  # the experiment asks for all the calls it can get
     lease.observe(CALLS_PACE, lease.limits.pace(CALLS_PACE))
     grant = lease.renew(force=True)
     assert grant.calls_per_s > 200
@@ -329,12 +325,7 @@ def test_stops_get_a_leased_schedule_while_the_calls_granted_leave_them_the_invo
 
     lease.note_backlog()
     lease.renew()
-    for _ in range(200):  # the calls schedule booked ahead: the experiment asks for all the calls it can get
-        if (
-            reserve_leased(CALLS_PACE, not_before_us=int(wall.now * 1e6), latest_us=int((wall.now + 0.5) * 1e6)).slot_us
-            is None
-        ):
-            break
+    book_ahead(lease, wall, 0.5, CALLS_PACE)  # the experiment asks for all the calls it can get
     lease.observe(CALLS_PACE, limits.pace(CALLS_PACE))
     grant = lease.renew(force=True)
     assert grant.calls_per_s >= 2 * DOCUMENTED_INVOKE_RATE_PER_AGENT

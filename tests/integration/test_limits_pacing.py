@@ -18,6 +18,7 @@ import pytest
 
 from rollout_pipeline.config import ExperimentConfig
 from rollout_pipeline.ledger.ledger import Ledger
+from rollout_pipeline.ledger.limits import LimitLedger
 from rollout_pipeline.lifecycle.limits.pacing import (
     BLOCK_AHEAD_S,
     INVOKE_AHEAD_S,
@@ -127,6 +128,35 @@ class RecordingRuntime:
             self.calls.append((self.clock(), "stop", session_id))
 
 
+class Reservations:
+    """Every `reserve_pace` call on `ledger` from now on, in order: its budget and how many starts it asked for
+    (threads record under a lock)."""
+
+    def __init__(self, ledger: LimitLedger) -> None:
+        self.calls: list[tuple[str, int]] = []
+        self._lock = threading.Lock()
+        reserve_pace = ledger.reserve_pace
+
+        def counted(budget: str, **kwargs: Any) -> tuple[int | None, int]:
+            with self._lock:
+                self.calls.append((budget, int(kwargs.get("count", 1))))
+            return reserve_pace(budget, **kwargs)
+
+        ledger.reserve_pace = counted  # type: ignore[method-assign]
+
+    @property
+    def budgets(self) -> list[str]:
+        return [budget for budget, _count in self.calls]
+
+    @property
+    def counts(self) -> list[int]:
+        return [count for _budget, count in self.calls]
+
+    def clear(self) -> None:
+        with self._lock:
+            self.calls.clear()
+
+
 class ThreadClocks:
     """A virtual wall clock per thread: each starts at `start` and moves only by that thread's own `sleep`, so a
     thread never wakes late and every call happens exactly at the start its pacer booked, whatever the machine's
@@ -189,16 +219,7 @@ def test_new_sessions_in_a_share_of_their_own_take_no_tps_slot(table: tuple[str,
     ledger = Ledger.open(name).limits
     assert dedicated_session_share(10, 4, 1)
     assert not dedicated_session_share(7, 4, 1)
-    reserved: list[str] = []
-    reserve_pace = ledger.reserve_pace
-    lock = threading.Lock()
-
-    def counted(budget: str, **kwargs: Any) -> tuple[int | None, int]:
-        with lock:
-            reserved.append(budget)
-        return reserve_pace(budget, **kwargs)
-
-    ledger.reserve_pace = counted  # type: ignore[method-assign]
+    reserved = Reservations(ledger)
     tps_share, session_shares = pacers(ledger, 10, 4, 1)
     assert (tps_share.limit, [p.limit for p in session_shares]) == (6, [4])
     clocks = ThreadClocks(time.time())
@@ -226,8 +247,8 @@ def test_new_sessions_in_a_share_of_their_own_take_no_tps_slot(table: tuple[str,
     assert len(runtime.calls) == 18
     assert busiest_sliding_window(invokes) <= 4
     assert busiest_sliding_window([at for at, _, _ in runtime.calls]) <= 10
-    assert reserved.count("tps") == 6  # the stops' only: no new session reserved a `tps` slot
-    assert reserved.count("session#0") == 12  # one reservation per new session: none was lost
+    assert reserved.budgets.count("tps") == 6  # the stops' only: no new session reserved a `tps` slot
+    assert reserved.budgets.count("session#0") == 12  # one reservation per new session: none was lost
 
 
 def test_stops_booked_together_take_one_write_and_keep_the_spacing(table: tuple[str, dict[str, str]]) -> None:
@@ -236,23 +257,16 @@ def test_stops_booked_together_take_one_write_and_keep_the_spacing(table: tuple[
     reserves its own; starts too late to use are dropped, never used late. On a virtual clock (`ThreadClocks`)."""
     name, _env = table
     ledger = Ledger.open(name).limits
-    reserved: list[int] = []
-    reserve_pace = ledger.reserve_pace
-
-    def counted(budget: str, **kwargs: Any) -> tuple[int | None, int]:
-        reserved.append(int(kwargs.get("count", 1)))
-        return reserve_pace(budget, **kwargs)
-
-    ledger.reserve_pace = counted  # type: ignore[method-assign]
+    reserved = Reservations(ledger)
     clocks = ThreadClocks(time.time())
     tps = Pacer(ledger, "tps", 10, wall=clocks.wall, sleep=clocks.sleep)
     runtime = RecordingRuntime(clocks.wall)
     limited = LimitedRuntime(runtime, tps, [Pacer(ledger, "session#0", 4)])
     assert limited.book_stops(4) == 4
-    assert reserved == [4]
+    assert reserved.counts == [4]
     for j in range(5):
         limited.stop(f"x-{j}", time.monotonic() + 60)
-    assert reserved == [4, 1]  # the fifth found none booked
+    assert reserved.counts == [4, 1]  # the fifth found none booked
     starts = [at for at, _op, _sid in runtime.calls]
     gaps = [later - earlier for earlier, later in itertools.pairwise(starts)]
     assert min(gaps) >= tps.interval_s - 1e-6
@@ -260,7 +274,7 @@ def test_stops_booked_together_take_one_write_and_keep_the_spacing(table: tuple[
     assert limited.book_stops(2) == 2
     clocks.sleep(5.0)  # the stops came much later: their booked starts are past
     limited.stop("late", time.monotonic() + 60)
-    assert reserved == [4, 1, 2, 1]
+    assert reserved.counts == [4, 1, 2, 1]
     assert runtime.calls[-1][0] >= clocks.start + 5.0
 
 
@@ -270,14 +284,7 @@ def test_invokes_booked_as_a_block_take_one_write_and_keep_the_spacing(table: tu
     own; once the block is used up, a further take reserves its own. On a virtual clock (`ThreadClocks`)."""
     name, _env = table
     ledger = Ledger.open(name).limits
-    reserved: list[int] = []
-    reserve_pace = ledger.reserve_pace
-
-    def counted(budget: str, **kwargs: Any) -> tuple[int | None, int]:
-        reserved.append(int(kwargs.get("count", 1)))
-        return reserve_pace(budget, **kwargs)
-
-    ledger.reserve_pace = counted  # type: ignore[method-assign]
+    reserved = Reservations(ledger)
     clocks = ThreadClocks(time.time())
     tps = Pacer(ledger, "tps-block", 10, wall=clocks.wall, sleep=clocks.sleep)  # a schedule no other test booked
     runtime = RecordingRuntime(clocks.wall)
@@ -295,14 +302,14 @@ def test_invokes_booked_as_a_block_take_one_write_and_keep_the_spacing(table: tu
         t.start()
     for t in takers:
         t.join(timeout=60)
-    assert reserved == [4]  # one write for the four takes
+    assert reserved.counts == [4]  # one write for the four takes
     starts = sorted(at for at, _op, _sid in runtime.calls)
     assert len(starts) == 4
     assert min(later - earlier for earlier, later in itertools.pairwise(starts)) >= tps.interval_s - 1e-6
     limited.invoke("w-late", {}, time.monotonic() + 60, new_session=False, block=block)
-    assert reserved[0] == 4
-    assert reserved[1:]
-    assert set(reserved[1:]) == {1}
+    assert reserved.counts[0] == 4
+    assert reserved.counts[1:]
+    assert set(reserved.counts[1:]) == {1}
     assert busiest_sliding_window([at for at, _op, _sid in runtime.calls]) <= 10
 
 
@@ -358,16 +365,7 @@ def test_stops_on_a_budget_of_their_own_leave_the_invokes_their_whole_rate(table
     assert tight.stop_pacer is tight.tps
     assert (tight.tps.limit, [p.limit for p in tight.sessions]) == (6, [4])  # `pacers(ledger, 10, 4, 1)`, as before
     assert not dedicated_stop_share(15, 8)
-    reserved: list[str] = []
-    reserve_pace = ledger.reserve_pace
-    lock = threading.Lock()
-
-    def counted(budget: str, **kwargs: Any) -> tuple[int | None, int]:
-        with lock:
-            reserved.append(budget)
-        return reserve_pace(budget, **kwargs)
-
-    ledger.reserve_pace = counted  # type: ignore[method-assign]
+    reserved = Reservations(ledger)
     clocks = ThreadClocks(time.time())
     runtime = RecordingRuntime(clocks.wall)
     limited = own_runtime(runtime, ledger, data_plane=16, invoke_rate=8, session_rate_limit=2, endpoints=1)
@@ -403,8 +401,8 @@ def test_stops_on_a_budget_of_their_own_leave_the_invokes_their_whole_rate(table
     assert busiest_sliding_window(invokes) <= 8
     assert busiest_sliding_window(stops) <= 8
     assert busiest_sliding_window([at for at, _, _ in runtime.calls]) <= 16
-    assert reserved.count("stop") >= 16  # every stop on its own budget
-    assert set(reserved) == {"tps", "session#0", "stop"}  # stops never on `tps`: the takes keep its whole rate
+    assert reserved.budgets.count("stop") >= 16  # every stop on its own budget
+    assert set(reserved.budgets) == {"tps", "session#0", "stop"}  # stops never on `tps`: the takes keep its whole rate
 
 
 def test_new_sessions_reserved_together_take_one_write_at_the_spacing(table: tuple[str, dict[str, str]]) -> None:
@@ -414,14 +412,7 @@ def test_new_sessions_reserved_together_take_one_write_at_the_spacing(table: tup
     the first thread's wait for the others ends once they joined (no timing)."""
     name, _env = table
     ledger = Ledger.open(name).limits
-    counts: list[int] = []
-    reserve_pace = ledger.reserve_pace
-
-    def counted(budget: str, **kwargs: Any) -> tuple[int | None, int]:
-        counts.append(int(kwargs.get("count", 1)))
-        return reserve_pace(budget, **kwargs)
-
-    ledger.reserve_pace = counted  # type: ignore[method-assign]
+    reserved = Reservations(ledger)
     clocks = ThreadClocks(time.time())
     invokers = 3
 
@@ -434,7 +425,7 @@ def test_new_sessions_reserved_together_take_one_write_at_the_spacing(table: tup
     session = Pacer(ledger, "session#0", 4, wall=clocks.wall, sleep=sleep, guess_busy=True)
     for _ in range(4):  # a backlog: the schedule is booked about a second ahead
         assert session.reserve(time.monotonic() + 10) is not None
-    counts.clear()
+    reserved.clear()
     runtime = RecordingRuntime(clocks.wall)
     limited = LimitedRuntime(runtime, Pacer(ledger, "tps", 10, wall=clocks.wall), [session], sessions_apart=True)
     workers = [
@@ -445,7 +436,7 @@ def test_new_sessions_reserved_together_take_one_write_at_the_spacing(table: tup
     for w in workers:
         w.join(timeout=60)
     assert not any(w.is_alive() for w in workers), "an invoker is stuck"
-    assert counts == [invokers]  # main: [1, 1, 1]
+    assert reserved.counts == [invokers]  # main: [1, 1, 1]
     starts = sorted(at for at, op, _ in runtime.calls if op == "invoke")
     assert len(starts) == invokers
     assert all(later - earlier >= session.interval_s - 1e-6 for earlier, later in itertools.pairwise(starts))

@@ -409,16 +409,19 @@ class CapacityLease:
         """The `tps` schedule's rate: the calls granted less the new sessions' own (their invokes take no `tps`),
         never above the agent's invoke rate (`config.invoke_rate_cap`: AgentCore's InvokeAgentRuntime quota per
         agent) less the same share, so the experiment's invokes stay within it whatever the pool grants."""
-        invokes = invoke_rate_cap(self.config.invoke_rate_limit, self.config.tps_limit)
-        return max(MIN_RATE, min(leases["calls"].rate, invokes) - self._sessions_rate(leases, state))
+        return max(MIN_RATE, min(leases["calls"].rate, self._invoke_rate) - self._sessions_rate(leases, state))
 
     def _stops_rate(self, leases: Mapping[Budget, Lease]) -> float:
         """The leased `stop` schedule's rate: the calls granted less the invoke rate when that leaves stops at least
         the invoke rate (`pacing.dedicated_stop_share`), else 0 (stops share `tps`). The `tps` and session schedules
         then take the invoke rate at most (`_tps_rate`): the three sum to the calls granted."""
         calls = (leases.get("calls") or Lease()).rate
-        invokes = invoke_rate_cap(self.config.invoke_rate_limit, self.config.tps_limit)
-        return calls - invokes if dedicated_stop_share(calls, invokes) else 0.0
+        return calls - self._invoke_rate if dedicated_stop_share(calls, self._invoke_rate) else 0.0
+
+    @property
+    def _invoke_rate(self) -> float:
+        """The agent's InvokeAgentRuntime calls/s at most (`config.invoke_rate_cap`)."""
+        return invoke_rate_cap(self.config.invoke_rate_limit, self.config.tps_limit)
 
     def stops_apart(self) -> bool:
         """Whether stops take their own leased schedule (`STOP_PACE`) by this process's latest grant."""
