@@ -579,6 +579,8 @@ class WarmPoolState:
     busy_at: float = 0.0
     #: A dispatch last took a new session because no warm one was idle: rollouts want the new-session budget.
     demand_at: float = 0.0
+    #: A dispatch last took a warm session: a burst of takes wants the invoke budget the warm-ups would spend.
+    took_at: float = 0.0
     #: Why every warm session was stopped and the pool keeps none ("idle", "cancelled", "destroyed", "stopped");
     #: None: it runs. A batch created after `halted_at` resumes it (never after "destroyed").
     halted: str | None = None
@@ -604,6 +606,7 @@ class WarmPoolState:
             lease_until=_float(item, "lease_until"),
             busy_at=_float(item, "busy_at"),
             demand_at=_float(item, "demand_at"),
+            took_at=_float(item, "took_at"),
             halted=_text(item, "halted"),
             halted_at=_float(item, "halted_at"),
             last_batch_id=_text(item, "last_batch_id"),

@@ -316,6 +316,10 @@ class WarmLedger:
         """A dispatch took a new session because no warm one was idle: rollouts want the new-session budget."""
         self.table.update(pool_key(), "SET demand_at = :now", None, {":now": now})
 
+    def note_take(self, now: float) -> None:
+        """A dispatch took a warm session: a burst of takes wants the invoke budget (`tps`) the fill would spend."""
+        self.table.update(pool_key(), "SET took_at = :now", None, {":now": now})
+
     def halt(self, reason: str, now: float) -> None:
         """Keep no warm session until a batch created after now ("destroyed": never again)."""
         self.table.update(pool_key(), "SET halted = :why, halted_at = :now", None, {":why": reason, ":now": now})

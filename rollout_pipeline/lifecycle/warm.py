@@ -20,7 +20,9 @@ for the SAME attempt (no attempt is lost), the warm session's stop is filed in t
 until the stop is confirmed), and the dispatch goes on with a new session as if no warm one had been there.
 
 When a rollout takes a new session while the pool is on, the process notes the demand (`note_cold`, at most once
-per `DEMAND_NOTE_S`): the pool fills only while nothing wants the new-session budget.
+per `DEMAND_NOTE_S`): the pool fills only while nothing wants the new-session budget. When it takes a warm one, the
+process notes the take (`took`, as often): a warm-up is an invocation too, so while a burst of takes runs at the
+invoke rate the fill, which would spend some of that rate, waits (it refills for the next step once the burst is in).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ VIEW_MAX_AGE_S: Final = 30.0
 #: A warm session is offered only while its last warm-up is younger than the idle timeout minus this margin (it may
 #: have idled out after that: the pool keeps it alive or stops it).
 STALE_MARGIN_S: Final = 60.0
-#: A process notes that rollouts want new sessions at most this often.
+#: A process notes that rollouts want new sessions, or took warm ones, at most this often (each kind).
 DEMAND_NOTE_S: Final = 1.0
 #: Warm sessions one dispatch tries before it takes a new session (each failed try a cancelled transaction).
 MAX_TRIES: Final = 6
@@ -84,6 +86,7 @@ class WarmTaker:
         self._last_read = 0
         self._stale = 0
         self._demand_noted: float | None = None
+        self._take_noted: float | None = None
         #: Reads of the pool's partition, warm sessions taken, and tries that found one taken by another.
         self.reads = 0
         self.taken = 0
@@ -142,9 +145,18 @@ class WarmTaker:
         self._read_at = now_m
 
     def took(self) -> None:
+        """This process's dispatch took a warm session: counted, and told to the pool (rate-limited)."""
         with self._lock:
             self.taken += 1
             self._stale = 0
+            now_m = self._monotonic()
+            if self._take_noted is not None and now_m - self._take_noted < DEMAND_NOTE_S:
+                return
+            self._take_noted = now_m
+        try:
+            self.ledger.note_take(self._wall())
+        except Exception:  # the fill may then spend some of the burst's invoke rate; the dispatch goes on
+            log.warning("could not note the take of a warm session", exc_info=True)
 
     def collided(self) -> None:
         """A try found its session taken by another process: the view may be stale."""

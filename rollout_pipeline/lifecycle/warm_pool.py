@@ -23,7 +23,8 @@ most of its invocation while the pool has work) and from local mode's own loop. 
    invocation again (data-plane only, the `tps` budget); one that answers NotFound or is rejected is dead: stopped
    and dropped;
 5. fills up to the target, only while the capacity seam says the new-session budget would otherwise go unused
-   (`WarmCapacity`: nothing waits for a slot and no dispatch took a new session for `DEMAND_QUIET_S`), within the
+   (`WarmCapacity`: nothing waits for a slot and no dispatch took a new session, nor a warm one, for
+   `DEMAND_QUIET_S`: a burst of takes runs at the invoke rate, which warm-ups would share), within the
    free session slots of the experiment's share (warm sessions count against `max_sessions` and the account pool's
    grant of active sessions, as a dispatch's slot does): in chunks, each chunk's items and slots written
    in one transaction BEFORE its warm-ups are sent (a crash leaves items the next tick stops), the warm-ups paced by
@@ -77,7 +78,7 @@ log = logging.getLogger(__name__)
 
 #: The pool item's lease lasts a tick's budget plus this.
 LEASE_MARGIN_S: Final = 30.0
-#: No fill while a dispatch took a new session (no warm one idle) within this many seconds.
+#: No fill while a dispatch took a new session (no warm one idle), or a warm one, within this many seconds.
 DEMAND_QUIET_S: Final = 3.0
 #: A warm session gets its keep-alive once its last warm-up is older than this share of the idle timeout.
 KEEPALIVE_SHARE: Final = 0.5
@@ -129,7 +130,8 @@ class ExperimentCapacity:
     account pool's lease's grant of active sessions, the cap a dispatch's slot is taken under) and the new-session
     budget (the lease's grant, else the standalone session rate x `endpoints` a second), which the pool may spend
     only while no rollout wants it (nothing on the admission board, no dispatch that took a new session in
-    the last `DEMAND_QUIET_S`). One read of the pool item and one of the board per call."""
+    the last `DEMAND_QUIET_S`) nor wants the invoke rate its warm-ups would share (no dispatch that took a warm
+    session in that time). One read of the pool item and one of the board per call."""
 
     def __init__(self, deps: LifecycleDeps, wall: Callable[[], float]) -> None:
         self.deps = deps
@@ -137,7 +139,8 @@ class ExperimentCapacity:
 
     def new_sessions_now(self) -> int:
         config = self.deps.config
-        if self.wall() - self.deps.ledger.warm.pool().demand_at < DEMAND_QUIET_S:
+        state = self.deps.ledger.warm.pool()
+        if self.wall() - max(state.demand_at, state.took_at) < DEMAND_QUIET_S:
             return 0
         _counts, board = self.deps.ledger.limits.slots_and_board()
         if any(keys for _process, _heartbeat, keys in board):

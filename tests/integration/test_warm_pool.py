@@ -23,7 +23,7 @@ from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.dispatch import Dispatch
 from rollout_pipeline.lifecycle.limits.pacing import Pacer
 from rollout_pipeline.lifecycle.limits.slots import caps as slot_caps
-from rollout_pipeline.lifecycle.warm_pool import HALT_CANCELLED, HALT_IDLE, WarmPool, run_pool
+from rollout_pipeline.lifecycle.warm_pool import DEMAND_QUIET_S, HALT_CANCELLED, HALT_IDLE, WarmPool, run_pool
 from rollout_pipeline.local.resources import ExperimentResources
 from rollout_pipeline.quotas import AccountQuotas, PoolSettings
 from rollout_pipeline.sdk.export import rollout_fields
@@ -180,6 +180,25 @@ def test_without_a_warm_session_the_rollout_takes_a_new_one_and_the_pool_holds_b
     assert tick.warmed == 0  # no fill while rollouts want new sessions
     drive(resources, deps)
     assert [e["attempt"] for e in by_type(trainer_events(resources), "Rollout Completed")] == [1, 1]
+
+
+def test_while_rollouts_take_warm_sessions_the_pool_does_not_refill(
+    resources: ExperimentResources, fake: FakeAgentRuntime
+) -> None:
+    """A warm-up is an invocation: a refill during a burst of takes would spend the invoke rate the takes run at
+    (AgentCore's 200/s per agent), so it waits until `DEMAND_QUIET_S` after the last take, then refills."""
+    clock = ShiftedClock()
+    deps = warm_deps(resources, fake, warm=4, clock=clock)
+    WarmPool(deps).tick(budget_s=10)
+    send(resources, seed_batch(resources, inputs={"q1": {}}, group_size=2))
+    assert sorted(dispatch_once(resources, deps).outcomes.values()) == [Dispatch.WARM] * 2
+    assert deps.ledger.warm.pool().took_at > 0
+    assert deps.ledger.warm.pool().demand_at == 0  # no rollout wanted a new session
+    tick = WarmPool(deps).tick(budget_s=10)
+    assert (tick.target, tick.idle, tick.warmed) == (4, 2, 0)  # two short, held back
+    clock.advance(DEMAND_QUIET_S + 0.5)
+    assert WarmPool(deps).tick(budget_s=10).warmed == 2
+    drive(resources, deps)
 
 
 def test_a_rollout_whose_warm_session_idled_out_and_restarts_succeeds_on_its_first_attempt(

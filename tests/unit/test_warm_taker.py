@@ -8,7 +8,7 @@ import random
 
 from rollout_pipeline.config import ExperimentConfig
 from rollout_pipeline.ledger.items import WarmSession, WarmState
-from rollout_pipeline.lifecycle.warm import EMPTY_RECHECK_S, MAX_TRIES, WarmTaker
+from rollout_pipeline.lifecycle.warm import DEMAND_NOTE_S, EMPTY_RECHECK_S, MAX_TRIES, WarmTaker
 
 NOW = 1_000_000.0
 
@@ -19,10 +19,14 @@ class FakePool:
     def __init__(self, n: int) -> None:
         self.idle = {f"w{i:04d}": WarmSession(f"w{i:04d}", WarmState.IDLE, NOW, NOW) for i in range(n)}
         self.reads = 0
+        self.takes_noted: list[float] = []
 
     def sessions(self, *, idle_only: bool = False) -> list[WarmSession]:
         self.reads += 1
         return list(self.idle.values())
+
+    def note_take(self, now: float) -> None:
+        self.takes_noted.append(now)
 
     def take(self, session: WarmSession) -> bool:
         return self.idle.pop(session.session_id, None) is not None
@@ -97,3 +101,14 @@ def test_processes_walking_their_own_runs_rarely_ask_for_the_same_session() -> N
         assert warm == 1024
         assert sum(p.collisions for p in processes) <= 64
         assert sum(p.reads for p in processes) <= 25
+
+
+def test_a_process_tells_the_pool_of_its_takes_at_most_once_per_note_interval() -> None:
+    """A take tells the pool (its fill waits while a burst of takes runs at the invoke rate), but one process's
+    burst costs one pool write per `DEMAND_NOTE_S`, not one per rollout."""
+    pool, clock = FakePool(100), Clock()
+    process = taker(pool, clock, 3)
+    for _ in range(100):
+        clock.t += DEMAND_NOTE_S / 20  # 100 takes over 5 intervals
+        assert dispatch(process, pool)
+    assert len(pool.takes_noted) == 5
