@@ -352,6 +352,33 @@ def test_a_block_of_takes_books_far_ahead_only_while_no_stop_waits_behind_it(
     assert horizons == [BLOCK_AHEAD_S if apart else INVOKE_AHEAD_S]
 
 
+@pytest.mark.parametrize("apart", [True, False], ids=["stops_apart", "stops_on_tps"])
+def test_a_take_off_its_block_reserves_as_far_ahead_as_the_blocks_book(
+    table: tuple[str, dict[str, str]], apart: bool
+) -> None:
+    """A take whose block's start was gone (its thread came too late, or it had no block) reserves its own `tps`
+    start as far ahead as the blocks book theirs while stops have their own schedule (bench_warm: one take limited
+    to `INVOKE_AHEAD_S` behind blocks booking a second ahead found no slot for 6 s, the whole burst); while stops
+    share `tps`, within `INVOKE_AHEAD_S`, so no stop waits behind it."""
+    name, _env = table
+    ledger = Ledger.open(name).limits
+    clocks = ThreadClocks(time.time())
+    tps = Pacer(ledger, f"tps-single-{apart}", 10, wall=clocks.wall, sleep=clocks.sleep)
+    stops = Pacer(ledger, f"stop-single-{apart}", 10, wall=clocks.wall, sleep=clocks.sleep)
+    limited = LimitedRuntime(RecordingRuntime(clocks.wall), tps, [], stops=stops)
+    limited.lease = StopsLessee(apart)  # type: ignore[assignment]
+    horizons: list[float | None] = []
+    acquire = tps.acquire
+
+    def spied(wait_until: float, max_ahead_s: float | None = None) -> bool:
+        horizons.append(max_ahead_s)
+        return acquire(wait_until, max_ahead_s)
+
+    tps.acquire = spied  # type: ignore[method-assign]
+    limited.invoke("w-alone", {}, time.monotonic() + 60, new_session=False)
+    assert horizons == [BLOCK_AHEAD_S if apart else INVOKE_AHEAD_S]
+
+
 def test_stops_on_a_budget_of_their_own_leave_the_invokes_their_whole_rate(table: tuple[str, dict[str, str]]) -> None:
     """A data-plane budget (`tps_limit`, else the account's) of at least twice the invoke rate: stops are paced on
     `stop` at the rest, never on `tps`, so the invokes (new sessions and calls into existing ones) keep their whole

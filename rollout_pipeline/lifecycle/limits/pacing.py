@@ -15,8 +15,11 @@ When `tps_limit` leaves room for a stop per new session (`dedicated_session_shar
 take only their `session#{endpoint}` slot: their share of `tps_limit` (the sum of the session budgets) is set
 apart and the `tps` schedule paces the rest (stops, calls into existing sessions) at `tps_limit` minus that share;
 else a new session also takes a `tps` slot at its start.
-Stops are never starved: an invoke only reserves a `tps` slot at most `INVOKE_AHEAD_S` ahead, a stop as far ahead
-as its wait allows, so a waiting stop is always served within about `INVOKE_AHEAD_S`.
+Stops are never starved: while they share `tps`, an invoke only reserves a `tps` slot at most `INVOKE_AHEAD_S`
+ahead, a stop as far ahead as its wait allows, so a waiting stop is always served within about `INVOKE_AHEAD_S`.
+While stops have a budget of their own, the `tps` schedule carries invokes only, and a call into an existing session
+reserves as far ahead as a block of them books (`BLOCK_AHEAD_S`): a take that missed its block's start is never
+starved by the blocks booked after it.
 A dispatcher's SQS batch of warm takes (invokes into warm sessions) books its `tps` starts in ONE write
 (`InvokeBlock`: the first take of the batch books them all, consecutive; each take then uses the earliest that is not
 yet too late), as a completion batch books its stops (`book_stops`).
@@ -80,8 +83,9 @@ class _Together:
         self.done = threading.Event()
 
 
-#: How far ahead an `InvokeBlock` may book its first start when stops have a budget of their own (none waits behind
-#: it: the `tps` schedule then carries invokes only); with stops on `tps`, `INVOKE_AHEAD_S`.
+#: How far ahead an `InvokeBlock` may book its first start, and a call into an existing session reserve its own,
+#: when stops have a budget of their own (none waits behind it: the `tps` schedule then carries invokes only); with
+#: stops on `tps`, `INVOKE_AHEAD_S`.
 BLOCK_AHEAD_S: Final = 1.0
 #: An `InvokeBlock` that finds the schedule full within its horizon waits for room and books again at most this many
 #: times before its takes reserve one at a time.
@@ -477,7 +481,7 @@ class LimitedRuntime:
             ahead_s = INVOKE_AHEAD_S if self.stop_pacer is self.tps else BLOCK_AHEAD_S  # stops wait behind it
             start = None if block is None else self._block_start(block, self.tps, until, ahead_s, key=TAKES)
             on_block = start is not None and self.tps.sleep_until(start)
-            if not on_block and not self.tps.acquire(until, INVOKE_AHEAD_S):
+            if not on_block and not self.tps.acquire(until, ahead_s):
                 raise self._throttled("InvokeAgentRuntime")
             booked(self.tps._wall())
             self._call(lambda: self.runtime.invoke(session_id, payload), "calls")
