@@ -7,6 +7,7 @@ import inspect
 import os
 import socket
 import threading
+import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -107,9 +108,75 @@ def _refuse_other_moto(patch: str) -> bool:
 
 
 def patch_moto() -> None:
-    """Make moto's DynamoDB cost independent of the table's size: transactions and queries (see each patch)."""
+    """Make moto's DynamoDB cost independent of the table's size (transactions and queries), and its SQS receives
+    atomic (see each patch)."""
     cheap_moto_transactions()
     indexed_moto_queries()
+    atomic_moto_receives()
+
+
+#: moto's SQS operations that read or change a queue's messages, run one at a time by `atomic_moto_receives`.
+_SQS_OPERATIONS: Final = (
+    "send_message",
+    "send_message_batch",
+    "delete_message",
+    "delete_message_batch",
+    "change_message_visibility",
+    "change_message_visibility_batch",
+    "purge_queue",
+)
+_sqs_lock = threading.RLock()
+
+
+def atomic_moto_receives() -> None:
+    """Make moto's SQS hand a message to one receiver at a time, as SQS's visibility timeout does.
+
+    moto's ReceiveMessage checks that a message is visible, then marks it received, with nothing held between: two
+    concurrent receives (local mode's pollers, a test's consumers) could both get it, or fail with `Set changed
+    size during iteration` while another request changes the queue. Here each look at the queue (a receive without
+    its wait) and each other change of its messages runs under one lock; a long poll waits for messages outside it,
+    so a send is never held behind one. Idempotent; applies to in-process moto and to the moto server of this
+    process; a no-op (with a warning) on another moto release than `PATCHED_MOTO_VERSION`.
+    """
+    from moto.sqs.models import SQSBackend
+
+    with _patch_lock:
+        if getattr(SQSBackend.receive_message, "rollouts_patched", False):
+            return
+        if _refuse_other_moto("atomic_moto_receives"):
+            return
+        moto_receive = SQSBackend.receive_message
+
+        def receive(  # noqa: PLR0917 (moto's signature, called positionally)
+            self: Any,
+            queue_name: str,
+            count: int,
+            wait_seconds_timeout: int,
+            visibility_timeout: int,
+            message_attribute_names: list[str] | None = None,
+        ) -> Any:
+            deadline = time.monotonic() + (wait_seconds_timeout or 0)
+            while True:
+                with _sqs_lock:
+                    got = moto_receive(self, queue_name, count, 0, visibility_timeout, message_attribute_names)
+                left = deadline - time.monotonic()
+                if got or left <= 0:
+                    return got
+                self.get_queue(queue_name).wait_for_messages(min(1.0, left))
+
+        receive.rollouts_patched = True  # type: ignore[attr-defined]
+        SQSBackend.receive_message = receive  # type: ignore[method-assign]
+        for name in _SQS_OPERATIONS:
+            setattr(SQSBackend, name, _under_sqs_lock(getattr(SQSBackend, name)))
+
+
+def _under_sqs_lock(operation: Any) -> Any:
+    def locked(*args: Any, **kwargs: Any) -> Any:
+        with _sqs_lock:
+            return operation(*args, **kwargs)
+
+    locked.rollouts_patched = True  # type: ignore[attr-defined]
+    return locked
 
 
 class _TablesNotCopied:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import itertools
 import re
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -71,6 +73,10 @@ def test_moto_is_the_release_the_patches_were_written_for() -> None:
     for method in (Table.query, Table.put_item, Table.delete_item, DynamoDBBackend.update_item):
         assert getattr(method, "rollouts_patched", False), method
     assert getattr(DynamoDBBackend.transact_write_items, "rollouts_patched", False)
+    from moto.sqs.models import SQSBackend
+
+    for name in ("receive_message", *moto_server._SQS_OPERATIONS):
+        assert getattr(getattr(SQSBackend, name), "rollouts_patched", False), name
 
 
 def test_another_moto_release_is_left_unpatched_with_a_warning(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -80,6 +86,60 @@ def test_another_moto_release_is_left_unpatched_with_a_warning(monkeypatch: pyte
     assert not moto_server.moto_patchable()
     with pytest.warns(RuntimeWarning, match="found moto 99.0.0; moto left unpatched"):
         assert moto_server._refuse_other_moto("indexed_moto_queries")
+
+
+# ------------------------------------------------------------------------------------- SQS receives, atomic
+
+
+@pytest.fixture
+def sqs(aws_env: None) -> Iterator[Any]:
+    from moto import mock_aws
+
+    patch_moto()
+    with mock_aws():
+        yield boto3.client("sqs", region_name="us-east-1")
+
+
+def test_two_concurrent_receives_never_get_one_message_both(sqs: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """moto checks a message's visibility, then marks it received: two receives between those steps both got it
+    (a local consumer ran a dispatch twice). Marking is slowed here so that, unpatched, the second receive comes
+    between them every time."""
+    from moto.sqs.models import Message
+
+    url = sqs.create_queue(QueueName="atomic")["QueueUrl"]
+    sqs.send_message(QueueUrl=url, MessageBody="once")
+    mark = Message.mark_received
+
+    def slow_mark(self: Any, visibility_timeout: int | None = None) -> None:
+        time.sleep(0.2)
+        mark(self, visibility_timeout)
+
+    monkeypatch.setattr(Message, "mark_received", slow_mark)
+    got: list[str] = []
+    receivers = [
+        threading.Thread(
+            target=lambda: got.extend(m["Body"] for m in sqs.receive_message(QueueUrl=url).get("Messages", []))
+        )
+        for _ in range(2)
+    ]
+    for receiver in receivers:
+        receiver.start()
+    for receiver in receivers:
+        receiver.join(timeout=30)
+    assert got == ["once"]
+
+
+def test_a_long_poll_does_not_hold_back_the_send_it_waits_for(sqs: Any) -> None:
+    """A receive's wait is spent outside the lock: the message sent during it reaches it (held behind the long
+    poll, the send would land only once the receive had returned empty)."""
+    url = sqs.create_queue(QueueName="long-poll")["QueueUrl"]
+    got: list[Any] = []
+    receiver = threading.Thread(target=lambda: got.append(sqs.receive_message(QueueUrl=url, WaitTimeSeconds=10)))
+    receiver.start()
+    time.sleep(0.3)  # the receive is waiting (if it is not yet, it finds the message at once: the test holds)
+    sqs.send_message(QueueUrl=url, MessageBody="awaited")
+    receiver.join(timeout=30)
+    assert [m["Body"] for m in got[0].get("Messages", [])] == ["awaited"]
 
 
 # ------------------------------------------------------------------------------------------ query = moto's
