@@ -41,7 +41,7 @@ sys.path.insert(0, str(REPO / "bench"))
 from bench_lifecycle import _atomic_moto, _fake_aws_env, percentile, seed  # noqa: E402
 
 from rollout_pipeline.lifecycle.limits.pacing import LATENESS_S  # noqa: E402
-from rollout_pipeline.local.moto_server import cheap_moto_transactions  # noqa: E402
+from rollout_pipeline.local.moto_server import atomic_moto_receives, cheap_moto_transactions  # noqa: E402
 
 
 def busiest_window(times: list[float], width: float = 1.0) -> int:
@@ -195,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         _serialise_dynamodb()
     _time_moto("outer")
     cheap_moto_transactions()
+    atomic_moto_receives()
     with mock_aws():
         return run(args)
 
@@ -210,25 +211,17 @@ def _is_dynamodb(request: Any) -> bool:
     return (target.decode() if isinstance(target, bytes) else str(target)).startswith("DynamoDB")
 
 
-def _is_sqs(request: Any) -> bool:
-    target = request.headers.get("X-Amz-Target") or b""
-    return (target.decode() if isinstance(target, bytes) else str(target)).startswith("AmazonSQS")
-
-
 def _serialise_dynamodb() -> None:
     """As local mode's server (`local.moto_server.SerializedServices`): DynamoDB requests one at a time (moto's
-    transactions are not atomic otherwise), other services concurrent; and SQS requests one at a time on a lock of
-    their own (in-process moto's ReceiveMessage walks the queue's set of in-flight messages while a concurrent
-    receive changes it: `RuntimeError: Set changed size during iteration`, met by bench_warm's pollers once they
-    gathered full batches)."""
+    transactions are not atomic otherwise), other services concurrent (moto's SQS receives are made atomic by
+    `local.moto_server.atomic_moto_receives`, part of `patch_moto`)."""
     from moto.core.botocore_stubber import BotocoreStubber
 
-    dynamodb, sqs = threading.RLock(), threading.RLock()
+    lock = threading.RLock()
     original = BotocoreStubber.process_request
 
     def serialised(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
-        lock = dynamodb if _is_dynamodb(request) else sqs if _is_sqs(request) else None
-        if lock is None:
+        if not _is_dynamodb(request):
             return original(self, request, *args, **kwargs)
         with lock:
             return original(self, request, *args, **kwargs)

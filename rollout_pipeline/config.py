@@ -46,6 +46,11 @@ MIN_DISPATCHERS: Final = 2
 MAX_DISPATCHERS_DERIVED: Final = 100
 
 
+def warm_pool_wanted(warm_sessions: int | str) -> bool:
+    """Whether a `warm_sessions` value (as its field validates it) keeps a warm pool: a count above 0, or `auto`."""
+    return warm_sessions == WARM_AUTO or (isinstance(warm_sessions, int) and warm_sessions > 0)
+
+
 def new_sessions_cap(session_rate_limit: float | None, tps_limit: float | None) -> float | None:
     """The most new sessions/s an experiment asks for: `session_rate_limit`, and half of `tps_limit` (an invoke and
     a stop each); None: no cap of its own."""
@@ -353,7 +358,7 @@ class ExperimentConfig(BaseModel):
             data.pop("dispatch_concurrency", None)
             with contextlib.suppress(TypeError, ValueError):  # a field not a number is reported by its validation
                 tps_limit = _optional_number(data.get("tps_limit"))
-                warm = data.get("warm_sessions") not in (*_UNSET, 0, "0")
+                warm = warm_pool_wanted(cls._warm_sessions(data.get("warm_sessions", 0)))
                 data["dispatch_concurrency"] = derived_dispatch_concurrency(
                     session_rate_limit=_optional_number(data.get("session_rate_limit")),
                     tps_limit=tps_limit,
@@ -381,7 +386,7 @@ class ExperimentConfig(BaseModel):
     @property
     def warm_pool_on(self) -> bool:
         """Whether the experiment keeps a warm pool (`warm_sessions` is a count above 0 or `auto`)."""
-        return self.warm_sessions == WARM_AUTO or (isinstance(self.warm_sessions, int) and self.warm_sessions > 0)
+        return warm_pool_wanted(self.warm_sessions)
 
     def warnings(self) -> list[str]:
         """Settings that are valid but probably wrong (synth prints them; the preflight compares them with the

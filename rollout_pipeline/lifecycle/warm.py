@@ -85,8 +85,8 @@ class WarmTaker:
         #: Sessions the last read showed, and tries in a row since that found theirs taken by another process.
         self._last_read = 0
         self._stale = 0
-        self._demand_noted: float | None = None
-        self._take_noted: float | None = None
+        self._demand_noted = _AtMostEvery(DEMAND_NOTE_S)
+        self._take_noted = _AtMostEvery(DEMAND_NOTE_S)
         #: Reads of the pool's partition, warm sessions taken, and tries that found one taken by another.
         self.reads = 0
         self.taken = 0
@@ -149,14 +149,9 @@ class WarmTaker:
         with self._lock:
             self.taken += 1
             self._stale = 0
-            now_m = self._monotonic()
-            if self._take_noted is not None and now_m - self._take_noted < DEMAND_NOTE_S:
-                return
-            self._take_noted = now_m
-        try:
-            self.ledger.note_take(self._wall())
-        except Exception:  # the fill may then spend some of the burst's invoke rate; the dispatch goes on
-            log.warning("could not note the take of a warm session", exc_info=True)
+            due = self._take_noted.due(self._monotonic())
+        if due:
+            self._tell_pool(self.ledger.note_take, "the take of a warm session")
 
     def collided(self) -> None:
         """A try found its session taken by another process: the view may be stale."""
@@ -171,14 +166,31 @@ class WarmTaker:
         if not self.enabled:
             return
         with self._lock:
-            now_m = self._monotonic()
-            if self._demand_noted is not None and now_m - self._demand_noted < DEMAND_NOTE_S:
-                return
-            self._demand_noted = now_m
+            due = self._demand_noted.due(self._monotonic())
+        if due:
+            self._tell_pool(self.ledger.note_demand, "the demand for new sessions")
+
+    def _tell_pool(self, note: Callable[[float], None], what: str) -> None:
+        """Write a note on the pool item (now, wall clock). A lost note only moves when the pool fills next (a
+        little sooner or later); the dispatch goes on."""
         try:
-            self.ledger.note_demand(self._wall())
-        except Exception:  # the pool then fills a little longer; the dispatch goes on
-            log.warning("could not note the demand for new sessions", exc_info=True)
+            note(self._wall())
+        except Exception:
+            log.warning("could not note %s", what, exc_info=True)
+
+
+class _AtMostEvery:
+    """Says yes at most once per `interval_s` (monotonic seconds); its caller holds the lock."""
+
+    def __init__(self, interval_s: float) -> None:
+        self.interval_s = interval_s
+        self._last: float | None = None
+
+    def due(self, now: float) -> bool:
+        if self._last is not None and now - self._last < self.interval_s:
+            return False
+        self._last = now
+        return True
 
 
 def is_warm_dispatch(rec: RolloutRecord | None) -> bool:

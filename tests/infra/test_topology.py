@@ -118,6 +118,7 @@ def test_a_warm_pool_derives_dispatchers_for_its_takes_at_the_invoke_rate() -> N
     assert ExperimentConfig.from_context({**raised, "warm_sessions": "1024"}).dispatch_concurrency == 16
     assert ExperimentConfig.from_context({**raised, "warm_sessions": "auto"}).dispatch_concurrency == 16
     assert ExperimentConfig.from_context({**raised, "warm_sessions": "0"}).dispatch_concurrency == 4
+    assert ExperimentConfig.from_context({**raised, "warm_sessions": "off"}).dispatch_concurrency == 4  # as validated
     small = {**raised, "warm_sessions": "1024", "max_sessions": "100"}
     assert ExperimentConfig.from_context(small).dispatch_concurrency == 4  # what max_sessions can start at once
 

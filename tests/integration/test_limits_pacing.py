@@ -323,6 +323,18 @@ class StopsLessee:
         return self.apart
 
 
+def takes_runtime(table: tuple[str, dict[str, str]], name: str, *, apart: bool) -> tuple[Pacer, Pacer, LimitedRuntime]:
+    """`tps` and `stop` budgets of 10/s on a virtual clock, and a runtime whose lease opens the stops' schedule or
+    not (`apart`): (tps, stops, runtime)."""
+    ledger = Ledger.open(table[0]).limits
+    clocks = ThreadClocks(time.time())
+    tps = Pacer(ledger, f"tps-{name}-{apart}", 10, wall=clocks.wall, sleep=clocks.sleep)
+    stops = Pacer(ledger, f"stop-{name}-{apart}", 10, wall=clocks.wall, sleep=clocks.sleep)
+    limited = LimitedRuntime(RecordingRuntime(clocks.wall), tps, [], stops=stops)
+    limited.lease = StopsLessee(apart)  # type: ignore[assignment]
+    return tps, stops, limited
+
+
 @pytest.mark.parametrize("apart", [False, True])
 def test_a_block_of_takes_books_far_ahead_only_while_no_stop_waits_behind_it(
     table: tuple[str, dict[str, str]], apart: bool
@@ -330,13 +342,7 @@ def test_a_block_of_takes_books_far_ahead_only_while_no_stop_waits_behind_it(
     """A batch of warm takes books its `tps` starts up to `BLOCK_AHEAD_S` ahead only while stops are on a schedule of
     their own; through the pool, while the grant keeps the `stop` schedule closed, stops share `tps` and the block
     stays within `INVOKE_AHEAD_S`, so a stop never waits behind a second of takes."""
-    name, _env = table
-    ledger = Ledger.open(name).limits
-    clocks = ThreadClocks(time.time())
-    tps = Pacer(ledger, f"tps-ahead-{apart}", 10, wall=clocks.wall, sleep=clocks.sleep)
-    stops = Pacer(ledger, f"stop-ahead-{apart}", 10, wall=clocks.wall, sleep=clocks.sleep)
-    limited = LimitedRuntime(RecordingRuntime(clocks.wall), tps, [], stops=stops)
-    limited.lease = StopsLessee(apart)  # type: ignore[assignment]
+    tps, stops, limited = takes_runtime(table, "ahead", apart=apart)
     assert limited.stop_pacer is (stops if apart else tps)
     horizons: list[float] = []
     book_block = limited._book_block
@@ -360,13 +366,7 @@ def test_a_take_off_its_block_reserves_as_far_ahead_as_the_blocks_book(
     start as far ahead as the blocks book theirs while stops have their own schedule (bench_warm: one take limited
     to `INVOKE_AHEAD_S` behind blocks booking a second ahead found no slot for 6 s, the whole burst); while stops
     share `tps`, within `INVOKE_AHEAD_S`, so no stop waits behind it."""
-    name, _env = table
-    ledger = Ledger.open(name).limits
-    clocks = ThreadClocks(time.time())
-    tps = Pacer(ledger, f"tps-single-{apart}", 10, wall=clocks.wall, sleep=clocks.sleep)
-    stops = Pacer(ledger, f"stop-single-{apart}", 10, wall=clocks.wall, sleep=clocks.sleep)
-    limited = LimitedRuntime(RecordingRuntime(clocks.wall), tps, [], stops=stops)
-    limited.lease = StopsLessee(apart)  # type: ignore[assignment]
+    tps, _stops, limited = takes_runtime(table, "single", apart=apart)
     horizons: list[float | None] = []
     acquire = tps.acquire
 
