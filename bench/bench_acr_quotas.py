@@ -24,7 +24,6 @@ Usage: python bench/bench_acr_quotas.py [--rollouts 2000] [--endpoints 1] [--ses
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import random
 import statistics
 import sys
@@ -39,8 +38,9 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 from bench_lifecycle import _atomic_moto, _fake_aws_env, percentile, seed  # noqa: E402
+from harness import lifecycle_deps  # noqa: E402
 
-from rollout_pipeline.lifecycle.limits.pacing import LATENESS_S  # noqa: E402
+from rollout_pipeline.limits.pacing import LATENESS_S  # noqa: E402
 from rollout_pipeline.local.moto_server import atomic_moto_receives, cheap_moto_transactions  # noqa: E402
 
 
@@ -256,14 +256,10 @@ def run(args: argparse.Namespace) -> int:  # noqa: C901 (one run's harness: its 
 
     from rollout_pipeline import ids
     from rollout_pipeline.adapters import clients
-    from rollout_pipeline.adapters.eventbridge import EventBridgePublisher
     from rollout_pipeline.adapters.s3 import S3ObjectStore
-    from rollout_pipeline.adapters.sqs import SqsQueue
     from rollout_pipeline.config import ExperimentConfig
     from rollout_pipeline.fakes.acr import AcrProfile, AgentBehaviour, FakeAgentRuntime
-    from rollout_pipeline.feed.feed import Feed
     from rollout_pipeline.ledger.ledger import Ledger
-    from rollout_pipeline.lifecycle.deps import LifecycleDeps
     from rollout_pipeline.local.lambda_runtime import Schedule
     from rollout_pipeline.local.resources import create_resources
     from rollout_pipeline.metric_names import COLD_START_RETRIED, NOTIFICATION_LATENCY, STOP_FAILED
@@ -304,15 +300,10 @@ def run(args: argparse.Namespace) -> int:  # noqa: C901 (one run's harness: its 
         seed=args.seed,
     )
     fake = FakeAgentRuntime(store=S3ObjectStore(), behaviour=behaviour, profile=profile)
-    ledger, queue = Ledger.open(settings.table_name), SqsQueue()
-    deps = LifecycleDeps(
-        settings=settings,
-        ledger=ledger,
-        runtime=fake,
-        store=S3ObjectStore(),
-        queue=queue,
-        publisher=EventBridgePublisher(settings.bus_name),
-        feed=Feed(ledger, queue, settings),
+    deps = lifecycle_deps(
+        settings,
+        fake,
+        pooled=False,
         outbox_age_s=2.0,
         dispatch_threads=args.threads,
         group_admission=not args.no_group_admission,
@@ -322,7 +313,7 @@ def run(args: argparse.Namespace) -> int:  # noqa: C901 (one run's harness: its 
     trace.install(fake, deps)
     # Each dispatcher "Lambda" is its own process: its own slot gate and admission board entry (same ledger,
     # ports and metrics).
-    dispatch_deps = [dataclasses.replace(deps) for _ in range(args.dispatchers)]
+    dispatch_deps = [deps.for_another_process() for _ in range(args.dispatchers)]
     batch_id = "bench-000000000001"
     bodies = seed(resources, batch_id, inputs, group_size)
     sqs = clients.client("sqs")

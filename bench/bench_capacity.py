@@ -56,6 +56,7 @@ from harness import (  # noqa: E402
     TransactionLog,
     aws_sandbox,
     install_latency,
+    lifecycle_deps,
     pct,
     sliding_max,
 )
@@ -158,16 +159,11 @@ def run(  # noqa: C901 (one run's harness: the experiments' Lambdas, the outside
     from bench_acr_quotas import MOTO_TIME
 
     from rollout_pipeline.adapters import clients
-    from rollout_pipeline.adapters.eventbridge import EventBridgePublisher
     from rollout_pipeline.adapters.s3 import S3ObjectStore
-    from rollout_pipeline.adapters.sqs import SqsQueue
     from rollout_pipeline.config import DISPATCH_BATCH, ExperimentConfig
     from rollout_pipeline.fakes.acr import AcrProfile, AgentBehaviour, FakeAgentRuntime
-    from rollout_pipeline.feed.feed import Feed
     from rollout_pipeline.ledger import retry
-    from rollout_pipeline.ledger.ledger import Ledger
     from rollout_pipeline.ledger.pool import PoolLedger
-    from rollout_pipeline.lifecycle.deps import LifecycleDeps
     from rollout_pipeline.local.resources import create_resources
     from rollout_pipeline.quotas import AccountQuotas, PoolSettings
 
@@ -234,19 +230,8 @@ def run(  # noqa: C901 (one run's harness: the experiments' Lambdas, the outside
             config, region="us-east-1", client=clients.client, pool=settings if pooled else False
         )
 
-        def make_deps(s: Any, threads: int = threads) -> LifecycleDeps:
-            ledger, queue = Ledger.open(s.table_name), SqsQueue()
-            return LifecycleDeps(
-                settings=s,
-                ledger=ledger,
-                runtime=fake,
-                store=S3ObjectStore(),
-                queue=queue,
-                publisher=EventBridgePublisher(s.bus_name),
-                feed=Feed(ledger, queue, s),
-                dispatch_threads=threads,
-                pool=PoolLedger.open(s.pool_table_name) if s.pool_table_name else None,
-            )
+        def make_deps(s: Any, threads: int = threads) -> Any:
+            return lifecycle_deps(s, fake, dispatch_threads=threads)
 
         options = RigOptions(
             dispatchers=dispatchers,
@@ -392,7 +377,7 @@ def run(  # noqa: C901 (one run's harness: the experiments' Lambdas, the outside
 
 def _grants_row(state: Any, now: float) -> dict[str, tuple[float, float]]:
     """One sample of the pool: each member's live new-session grant and demand, and each rate's backoff factor."""
-    from rollout_pipeline.lifecycle.limits.shares import factor
+    from rollout_pipeline.limits.shares import factor
 
     row = {
         n: (m.lease("sessions").rate if m.lease("sessions").until > now else 0.0, m.lease("sessions").demand)

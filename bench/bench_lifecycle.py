@@ -171,17 +171,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:  # noqa: C901 (one run's harness: its threads share the run's state through closures)
+    from harness import lifecycle_deps
     from lambda_consumers import KeptMetrics, lambda_consumer, quiet_handlers
 
     from rollout_pipeline.adapters import clients
-    from rollout_pipeline.adapters.eventbridge import EventBridgePublisher
     from rollout_pipeline.adapters.s3 import S3ObjectStore
-    from rollout_pipeline.adapters.sqs import SqsQueue
     from rollout_pipeline.config import ExperimentConfig
     from rollout_pipeline.fakes.acr import AgentBehaviour, FakeAgentRuntime
-    from rollout_pipeline.feed.feed import Feed
     from rollout_pipeline.ledger.ledger import Ledger
-    from rollout_pipeline.lifecycle.deps import LifecycleDeps
     from rollout_pipeline.local.resources import create_resources
     from rollout_pipeline.metric_names import NOTIFICATION_LATENCY
 
@@ -222,17 +219,8 @@ def run(args: argparse.Namespace) -> int:  # noqa: C901 (one run's harness: its 
 
     fake = FakeAgentRuntime(store=S3ObjectStore(), behaviour=behaviour)
     recorder = KeptMetrics()
-    ledger, queue = Ledger.open(settings.table_name), SqsQueue()
-    deps = LifecycleDeps(
-        settings=settings,
-        ledger=ledger,
-        runtime=fake,
-        store=S3ObjectStore(),
-        queue=queue,
-        publisher=EventBridgePublisher(settings.bus_name),
-        feed=Feed(ledger, queue, settings),
-        metrics=recorder,
-    )
+    ledger = Ledger.open(settings.table_name)
+    deps = lifecycle_deps(settings, fake, pooled=False, metrics=recorder)
     batch_id = "bench-000000000001"
     bodies = seed(resources, batch_id, inputs, group_size)
     sqs = clients.client("sqs")

@@ -67,6 +67,7 @@ from harness import (  # noqa: E402  (the dilated-clock harness: docs/benchmarks
     aws_sandbox,
     explain_unstopped,
     install_latency,
+    lifecycle_deps,
     pct,
     sliding_max,
     slot_phase,
@@ -165,30 +166,26 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
     from bench_acr_quotas import MOTO_TIME, ideal_group_schedule
 
     from rollout_pipeline.adapters import clients
-    from rollout_pipeline.adapters.eventbridge import EventBridgePublisher
     from rollout_pipeline.adapters.s3 import S3ObjectStore
-    from rollout_pipeline.adapters.sqs import SqsQueue
     from rollout_pipeline.config import ExperimentConfig
     from rollout_pipeline.fakes.acr import AcrProfile, AgentBehaviour, FakeAgentRuntime
-    from rollout_pipeline.feed.feed import Feed
     from rollout_pipeline.feed.window import window_size
     from rollout_pipeline.ledger import retry
     from rollout_pipeline.ledger.ledger import Ledger
-    from rollout_pipeline.ledger.pool import PoolLedger
     from rollout_pipeline.lifecycle.deps import LifecycleDeps
     from rollout_pipeline.local.resources import create_resources
 
     if args.poll_s:
-        from rollout_pipeline.lifecycle.limits import admission as limits
+        from rollout_pipeline.limits import admission as limits
 
         lo, hi = (float(x) for x in args.poll_s.split(":"))
         limits.jitter_poll_s = lambda: random.uniform(lo, hi)  # type: ignore[assignment]
     if args.settle_s is not None:
-        from rollout_pipeline.lifecycle.limits import admission as limits
+        from rollout_pipeline.limits import admission as limits
 
         limits.BOARD_SETTLE_S = args.settle_s  # type: ignore[misc]
     if args.lead_poll_s or args.lead_ranks is not None:
-        from rollout_pipeline.lifecycle.limits import admission as limits
+        from rollout_pipeline.limits import admission as limits
 
         if args.lead_poll_s:
             limits.LEAD_POLL_S = tuple(float(x) for x in args.lead_poll_s.split(":"))  # type: ignore[misc]
@@ -242,18 +239,7 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
     fake = FakeAgentRuntime(store=S3ObjectStore(), behaviour=behaviour, profile=acr)
 
     def make_deps(settings: Any) -> LifecycleDeps:
-        ledger, queue = Ledger.open(settings.table_name), SqsQueue()
-        return LifecycleDeps(
-            settings=settings,
-            ledger=ledger,
-            runtime=fake,
-            store=S3ObjectStore(),
-            queue=queue,
-            publisher=EventBridgePublisher(settings.bus_name),
-            feed=Feed(ledger, queue, settings),
-            dispatch_threads=args.threads,
-            pool=PoolLedger.open(settings.pool_table_name) if settings.pool_table_name else None,
-        )
+        return lifecycle_deps(settings, fake, dispatch_threads=args.threads)
 
     stop = threading.Event()
     stop_dispatch = threading.Event()
@@ -422,8 +408,8 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
             "mean_displacement": statistics.fmean(shift),
             "first_session_s": min(times) - started_at if times else float("nan"),
             **slot_turnover(calls, session_delay, args.max_sessions),
-            "gate_polls": sum(d.slots.polls for d in dispatch_deps),
-            "gate_lead_pace_polls": sum(getattr(d.slots, "lead_polls", 0) for d in dispatch_deps),
+            "gate_polls": sum(d.limits.gate.polls for d in dispatch_deps),
+            "gate_lead_pace_polls": sum(d.limits.gate.lead_polls for d in dispatch_deps),
         }
     ddb_total = sum(counters.ops.values())
     sqs_requests = sum(v for k, v in counters.other.items() if k.startswith("sqs."))

@@ -55,7 +55,7 @@ from bench_scale import (  # noqa: E402
     LatenessProbe,
     install_latency,
 )
-from harness import gather_batch  # noqa: E402
+from harness import gather_batch, lifecycle_deps  # noqa: E402
 
 SIDES = ("warm", "cold")
 #: Held by every tick of the warm pool (`ticked_one_at_a_time`) and by a jump of the clock: none spans a jump.
@@ -369,7 +369,7 @@ class Lambdas:
         from rollout_pipeline.topology import FUNCTIONS
 
         args, res = self.args, self.resources
-        dispatch_deps = [dataclasses.replace(self.deps) for _ in range(args.dispatchers)]  # one slot gate each
+        dispatch_deps = [self.deps.for_another_process() for _ in range(args.dispatchers)]  # one slot gate each
         self.dispatch_deps = dispatch_deps
         threads = [
             threading.Thread(target=self.trainer, name="bench-trainer", daemon=True),
@@ -448,15 +448,10 @@ class Side:
 
     def __init__(self, args: argparse.Namespace, clock: JumpClock, switch: CountersSwitch, warm: bool) -> None:
         from rollout_pipeline.adapters import clients
-        from rollout_pipeline.adapters.eventbridge import EventBridgePublisher
         from rollout_pipeline.adapters.s3 import S3ObjectStore
-        from rollout_pipeline.adapters.sqs import SqsQueue
         from rollout_pipeline.config import ExperimentConfig
         from rollout_pipeline.fakes.acr import AcrProfile, FakeAgentRuntime
-        from rollout_pipeline.feed.feed import Feed
         from rollout_pipeline.ledger.ledger import Ledger
-        from rollout_pipeline.ledger.pool import PoolLedger
-        from rollout_pipeline.lifecycle.deps import LifecycleDeps
         from rollout_pipeline.local.resources import create_resources
         from rollout_pipeline.quotas import AccountQuotas, PoolSettings
 
@@ -506,18 +501,8 @@ class Side:
             seed=args.seed,
         )
         self.fake = FakeAgentRuntime(store=S3ObjectStore(), behaviour=self.behaviour, profile=acr)
-        self.ledger, queue = Ledger.open(settings.table_name), SqsQueue()
-        deps = LifecycleDeps(
-            settings=settings,
-            ledger=self.ledger,
-            runtime=self.fake,
-            store=S3ObjectStore(),
-            queue=queue,
-            publisher=EventBridgePublisher(settings.bus_name),
-            feed=Feed(self.ledger, queue, settings),
-            dispatch_threads=args.threads,
-            pool=PoolLedger.open(settings.pool_table_name) if args.account_pool else None,
-        )
+        deps = lifecycle_deps(settings, self.fake, pooled=args.account_pool, dispatch_threads=args.threads)
+        self.ledger = deps.ledger
         self.lambdas = Lambdas(self.resources, deps, self.counters, clock, args)
         self.view_ledger = Ledger.open(settings.table_name)
         self.batch_id = "step-000000000002"
@@ -668,7 +653,7 @@ class Side:
 
     def leased_starts(self) -> dict[str, int]:
         """Starts booked on each of the experiment's leased schedules (their `n`), read once at the end."""
-        from rollout_pipeline.lifecycle.limits.pool import SCHEDULES
+        from rollout_pipeline.limits.pool import SCHEDULES
 
         paces = self.view_ledger.limits.paces(SCHEDULES)
         return {budget: pace.booked for budget, pace in paces.items()}
@@ -782,7 +767,7 @@ def budgets(args: argparse.Namespace) -> tuple[float, float, bool]:
     budget of their own when the data-plane budget leaves them the invoke rate (`pacing.dedicated_stop_share`; the
     pool: its leased `stop` schedule, while a backlog has the whole data-plane budget granted)."""
     from rollout_pipeline.config import invoke_rate_cap
-    from rollout_pipeline.lifecycle.limits.pacing import dedicated_session_share, dedicated_stop_share
+    from rollout_pipeline.limits.pacing import dedicated_session_share, dedicated_stop_share
     from rollout_pipeline.quotas import DEFAULT_RESERVE
 
     sessions_per_s = args.account_quota * ((1 - args.reserve) if args.account_pool else 1.0)
@@ -802,7 +787,7 @@ def budgets(args: argparse.Namespace) -> tuple[float, float, bool]:
 def admit_bound_s(args: argparse.Namespace, rollouts: int, warm: bool) -> float:
     """The least admission time the limits allow: warm, `rollouts` calls on the `tps` budget (its share for new
     sessions set apart, each call spaced by `LATENESS_S`); cold, `rollouts` new sessions at the session budget."""
-    from rollout_pipeline.lifecycle.limits.pacing import LATENESS_S
+    from rollout_pipeline.limits.pacing import LATENESS_S
 
     sessions_per_s = args.account_quota * ((1 - args.reserve) if args.account_pool else 1.0)
     if not warm:

@@ -597,6 +597,42 @@ class TransactionLog:
 
 
 @dataclasses.dataclass(frozen=True)
+def lifecycle_deps(settings: Any, runtime: Any, *, pooled: bool = True, **fields: Any) -> Any:
+    """One process's `LifecycleDeps` over the in-process AWS (moto) and `runtime`, with the experiment's limits:
+    through the account pool when `pooled` and the settings name one, else on its own settings. `fields`: other
+    `LifecycleDeps` fields (`metrics`, `dispatch_threads`, ...); `group_admission` goes to the limits."""
+    from rollout_pipeline.adapters.eventbridge import EventBridgePublisher
+    from rollout_pipeline.adapters.s3 import S3ObjectStore
+    from rollout_pipeline.adapters.sqs import SqsQueue
+    from rollout_pipeline.feed.feed import Feed
+    from rollout_pipeline.ledger.ledger import Ledger
+    from rollout_pipeline.ledger.pool import PoolLedger
+    from rollout_pipeline.lifecycle.deps import LifecycleDeps
+    from rollout_pipeline.limits.facade import Limits
+    from rollout_pipeline.metric_names import MetricsRecorder
+
+    ledger, queue = Ledger.open(settings.table_name), SqsQueue()
+    pool = PoolLedger.open(settings.pool_table_name) if pooled and settings.pool_table_name else None
+    metrics = fields.pop("metrics", None) or MetricsRecorder()
+    ordered = fields.pop("group_admission", True)
+    limits = Limits.build(
+        ledger.limits, settings.experiment, runtime, pool=pool, metrics=metrics, group_admission=ordered
+    )
+    return LifecycleDeps(
+        settings=settings,
+        ledger=ledger,
+        runtime=runtime,
+        store=S3ObjectStore(),
+        queue=queue,
+        publisher=EventBridgePublisher(settings.bus_name),
+        feed=Feed(ledger, queue, settings),
+        limits=limits,
+        metrics=metrics,
+        **fields,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
 class RigOptions:
     """How an experiment's Lambdas are played: dispatcher 'Lambdas' (each its own process: its own slot gate,
     board entry and pool lease), completer 'Lambdas' (one process), threads per Lambda, a dispatcher's wait budget
@@ -647,9 +683,8 @@ class Rig:
         self.staging_url = self.sqs.create_queue(QueueName=f"{self.name}-bench-staging")["QueueUrl"]
         self.settings = resources.settings().model_copy(update={"rollout_queue_url": self.staging_url})
         self.deps = make_deps(self.settings)
-        #: One slot gate, admission-board entry and pool lease per dispatcher "Lambda" (`LifecycleDeps` rebuilds
-        #: them in `__post_init__`).
-        self.dispatch_deps = [dataclasses.replace(self.deps) for _ in range(options.dispatchers)]
+        #: One slot gate, admission-board entry and pool lease per dispatcher "Lambda" (`for_another_process`).
+        self.dispatch_deps = [self.deps.for_another_process() for _ in range(options.dispatchers)]
         self.visibility = {
             url: int(
                 self.sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["VisibilityTimeout"])["Attributes"][

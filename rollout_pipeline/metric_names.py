@@ -1,8 +1,11 @@
 """The pipeline's metric names: what the handlers emit (`lambdas/glue.flush_metrics`) and the stack's alarms and
-dashboard read (`stacks/monitoring.py`). One home for both sides: a name changed here changes on both."""
+dashboard read (`stacks/monitoring.py`), and the thread-safe sink the logic counts them in (`MetricsRecorder`). One home
+for both sides: a name changed here changes on both."""
 
 from __future__ import annotations
 
+import threading
+from collections import Counter
 from typing import Final
 
 #: CloudWatch namespace of every pipeline metric (Powertools `POWERTOOLS_METRICS_NAMESPACE`).
@@ -62,3 +65,40 @@ USD_METRICS: Final = frozenset({ESTIMATED_COST})
 def failed_metric(reason: str) -> str:
     """The per-reason failure metric, e.g. `Failed_timeout` (alongside the total `Failed`)."""
     return f"{FAILED}_{reason}"
+
+
+class MetricsRecorder:
+    """Counts (summed), totals (summed amounts, e.g. USD) and samples (e.g. latencies in ms, gauges) collected
+    during one invocation."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.counts: Counter[str] = Counter()
+        self.totals: dict[str, float] = {}
+        self.samples: dict[str, list[float]] = {}
+
+    def count(self, name: str, value: int = 1) -> None:
+        """Add `value` to count `name` (a zero records nothing)."""
+        if not value:
+            return
+        with self._lock:
+            self.counts[name] += value
+
+    def add(self, name: str, amount: float) -> None:
+        """Add `amount` to the invocation's total of `name` (flushed once, as the sum)."""
+        with self._lock:
+            self.totals[name] = self.totals.get(name, 0.0) + amount
+
+    def sample(self, name: str, value: float) -> None:
+        with self._lock:
+            self.samples.setdefault(name, []).append(value)
+
+    def drain(self) -> tuple[dict[str, float], dict[str, list[float]]]:
+        """Return and reset everything recorded so far: counts and totals (by name), samples."""
+        with self._lock:
+            counts: dict[str, float] = {**self.counts, **self.totals}
+            samples = {k: list(v) for k, v in self.samples.items()}
+            self.counts.clear()
+            self.totals.clear()
+            self.samples.clear()
+        return counts, samples

@@ -28,6 +28,8 @@ if TYPE_CHECKING:
     from rollout_pipeline.ledger.ledger import Ledger
     from rollout_pipeline.ledger.pool import PoolLedger
     from rollout_pipeline.lifecycle.deps import LifecycleDeps
+    from rollout_pipeline.limits.facade import Limits
+    from rollout_pipeline.metric_names import MetricsRecorder
     from rollout_pipeline.ports import AgentRuntime
 
 
@@ -47,6 +49,7 @@ class Wiring:
     _ingestion: Ingestion | None = field(default=None, init=False, repr=False)
     _feed: Feed | None = field(default=None, init=False, repr=False)
     _lifecycle: LifecycleDeps | None = field(default=None, init=False, repr=False)
+    _limits: Limits | None = field(default=None, init=False, repr=False)
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None, **kwargs: Any) -> Wiring:
@@ -146,6 +149,39 @@ class Wiring:
                 )
             return self._ingestion
 
+    def limits(
+        self,
+        *,
+        clock: Clock | None = None,
+        runtime: AgentRuntime | None = None,
+        metrics: MetricsRecorder | None = None,
+        group_admission: bool = True,
+    ) -> Limits:
+        """The experiment's limits (`limits.Limits`): through the account pool when the settings name one, else on
+        its own settings. Built once on the wiring's clock and runtime; others given build a new one (a test's
+        clock, a bench's runtime). `group_admission` False orders waiters only within one process."""
+        from rollout_pipeline.limits.facade import Clocks, Limits
+
+        default = clock is None and runtime is None and metrics is None and group_admission
+        with self._lock:
+            if default and self._limits is not None:
+                return self._limits
+            clock = clock or self.clock
+            wall_clock = clock
+            clocks = Clocks(wall=lambda: wall_clock.now().timestamp(), monotonic=clock.monotonic, sleep=clock.sleep)
+            built = Limits.build(
+                self.ledger(clock).limits,
+                self.settings.experiment,
+                runtime or self.agent_runtime(),
+                pool=self.pool(),
+                clocks=clocks,
+                metrics=metrics,
+                group_admission=group_admission,
+            )
+            if default:
+                self._limits = built
+            return built
+
     def lifecycle(self) -> LifecycleDeps:
         """The lifecycle stage's collaborators (built once)."""
         with self._lock:
@@ -158,19 +194,28 @@ class Wiring:
         ledger keeps the lifecycle's clock."""
         from rollout_pipeline.feed.feed import Feed
         from rollout_pipeline.lifecycle.deps import LifecycleDeps
+        from rollout_pipeline.metric_names import MetricsRecorder
 
         clock = overrides.pop("clock", self.clock)
         ledger = self.ledger(clock)
         queue = self.queue()
         if "feed" not in overrides:
             overrides["feed"] = self.feed() if clock is self.clock else Feed(ledger, queue, self.settings)
+        runtime = overrides.pop("runtime", None) or self.agent_runtime()
+        metrics = overrides.pop("metrics", None) or MetricsRecorder()
+        if "limits" not in overrides:
+            group_admission = overrides.pop("group_admission", True)
+            overrides["limits"] = self.limits(
+                clock=clock, runtime=runtime, metrics=metrics, group_admission=group_admission
+            )
         return LifecycleDeps(
             settings=self.settings,
             ledger=ledger,
             clock=clock,
-            runtime=self.agent_runtime(),
+            runtime=runtime,
+            metrics=metrics,
             store=self.store(),
             queue=queue,
             publisher=self.publisher(),
-            **{"attempt_key": self.attempt_key, "pool": self.pool(), **overrides},
+            **{"attempt_key": self.attempt_key, **overrides},
         )

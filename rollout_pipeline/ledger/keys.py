@@ -55,7 +55,7 @@ POLICY_SK: Final = "POLICY"
 BUDGET_SK: Final = "BUDGET"
 TPS_PREFIX: Final = "TPS#"
 #: WAIT#{process}: the admission board, one item per dispatcher process with waiters
-#: (`lifecycle.limits.admission.SlotGate`).
+#: (`limits.admission.SlotGate`).
 WAIT_PREFIX: Final = "WAIT#"
 #: PACE#{budget}: a call budget's schedule (`pace_key`); sorts before the session-slot counters.
 PACE_PREFIX: Final = "PACE#"
@@ -164,7 +164,7 @@ def tps_key(epoch_second: int) -> dict[str, dict[str, str]]:
 
 
 def pace_key(budget: str) -> dict[str, dict[str, str]]:
-    """The schedule item of one call budget (`lifecycle.limits.pacing.Pacer`): `tps`, `session#0`, `session#1`, ..."""
+    """The schedule item of one call budget (`limits.pacing.Pacer`): `tps`, `session#0`, `session#1`, ..."""
     return {PK: {"S": LIMIT_PK}, SK: {"S": f"{PACE_PREFIX}{budget}"}}
 
 

@@ -6,14 +6,14 @@ mode with the local account) holds ONE item, `POOL/STATE`:
 - the settings (`quotas.PoolSettings`: the account's quotas as Service Quotas gave them at bootstrap, or the
   documented defaults, or overrides, and the reserve), written by the pool stack at deploy;
 - `members`: one entry per experiment (weight, caps, its lease of each budget, demand, heartbeat, in-flight
-  sessions, recent use, throttles), written by the experiment's own renewals (`lifecycle.limits.pool`);
+  sessions, recent use, throttles), written by the experiment's own renewals (`limits.pool`);
 - `backoff`: the factor of each rate budget after AgentCore's last throttle;
 - `version`: every renewal and every backoff writes under the condition that nothing changed since its read, so
-  a grant is computed from the very state it is written into (`lifecycle.limits.shares.grant`).
+  a grant is computed from the very state it is written into (`limits.shares.grant`).
 
 The item is read (strongly consistent GetItem) and written (conditional UpdateItem) about once a second per active
 experiment, never per rollout. This module keeps the item's typed view and its reads and writes; the rules (fair
-shares, what a lease counts for, the backoff's arithmetic) are `lifecycle.limits.shares`.
+shares, what a lease counts for, the backoff's arithmetic) are `limits.shares`.
 """
 
 from __future__ import annotations

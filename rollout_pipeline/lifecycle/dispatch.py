@@ -48,8 +48,6 @@ from rollout_pipeline.lifecycle import budget, costing, publishing, stops
 from rollout_pipeline.lifecycle.cancel import cancel_rollout
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.failures import end_attempt, fail_rollout
-from rollout_pipeline.lifecycle.limits.admission import Held
-from rollout_pipeline.lifecycle.limits.pacing import InvokeBlock, NoCallBudget
 from rollout_pipeline.lifecycle.metrics import (
     COLD_START_RETRIED,
     IN_FLIGHT,
@@ -62,6 +60,8 @@ from rollout_pipeline.lifecycle.metrics import (
     DISPATCHED as DISPATCHED_METRIC,
 )
 from rollout_pipeline.lifecycle.warm import MAX_TRIES
+from rollout_pipeline.limits.admission import Held
+from rollout_pipeline.limits.pacing import InvokeBlock, NoCallBudget
 from rollout_pipeline.observability import bind_log_ids
 from rollout_pipeline.ports import (
     RuntimeColdStart,
@@ -123,7 +123,9 @@ def dispatch_records(records: Sequence[Mapping[str, Any]], deps: LifecycleDeps, 
     # only the ones that end up taking a new session go on the board, when they do (two writes per SQS batch less).
     warm_first = deps.warm.covers(len(parsed))
     holds = (
-        {} if warm_first else dict(zip([m for m, _k in parsed], deps.slots.hold([k for _m, k in parsed]), strict=True))
+        {}
+        if warm_first
+        else dict(zip([m for m, _k in parsed], deps.limits.gate.hold([k for _m, k in parsed]), strict=True))
     )
     block = InvokeBlock(len(parsed)) if warm_first else None  # the takes' `tps` starts, booked in one write
     budgets.experiment()  # read once here, before the threads: none of them waits on it ahead of the gate
@@ -147,7 +149,7 @@ def dispatch_records(records: Sequence[Mapping[str, Any]], deps: LifecycleDeps, 
 
     run_partial_batch([r for _o, r in ordered], handle, result, workers=workers, what="dispatch", logger=log)
     deps.feed.after_dispatch(batches.views())  # the queue drained: the release window may have room
-    deps.metrics.sample(IN_FLIGHT, deps.slot_shards.in_flight())
+    deps.metrics.sample(IN_FLIGHT, deps.limits.shards.in_flight())
     return result
 
 
@@ -237,7 +239,7 @@ def dispatch_body(
             held.release()
         return warm
     deps.warm.note_cold()
-    late = deps.slots.hold([admission_key(message)])[0] if held is None and hold_if_new else None
+    late = deps.limits.gate.hold([admission_key(message)])[0] if held is None and hold_if_new else None
     try:
         return _dispatch_new(
             message,
@@ -277,18 +279,18 @@ def _dispatch_new(
         return waited
     booked = (lambda _start: held.release()) if held is not None else None
     for _ in range(20):
-        shard = deps.slot_shards.choose()
+        shard = deps.limits.shards.choose()
         start = _begin(message, deps, options, batches, slot_shard=shard)
         if start is DispatchStart.STARTED:
-            deps.slot_shards.taken(shard)
+            deps.limits.shards.taken(shard)
             return _invoke(
                 message, deps, options, row_payload, token, wait_until=wait_until, reinvoke=False, booked=booked
             )
         if start is DispatchStart.CANCELLED:
             return _cancelled(message, deps, options)
         if start is DispatchStart.NO_SLOT:
-            deps.slot_shards.full(shard)
-            if deps.slot_shards.room() > 0:
+            deps.limits.shards.full(shard)
+            if deps.limits.shards.room() > 0:
                 continue  # another counter has room by this process's view
             waited = _wait_for_slot(message, deps, start_by, budgets=budgets, batch=batch, held=held)
             if waited is not None:
@@ -441,7 +443,7 @@ def _call_warm(
     RuntimeStartFailed as it is. An outcome unknown returns (it may be running: the deadline decides)."""
     for attempt in range(deps.invoke_retries + 1):
         try:
-            deps.limited.invoke(session_id, payload, wait_until=start_by, new_session=False, block=block)
+            deps.limits.runtime.invoke(session_id, payload, wait_until=start_by, new_session=False, block=block)
             return
         except RuntimeOutcomeUnknown as exc:
             log.warning("invoke of warm session %s: outcome unknown (%s); the deadline decides", session_id, exc)
@@ -497,7 +499,7 @@ def _through_the_gate(
     budget. The outcome when the message may not go on (re-sent or held), None when it may."""
     if deps.clock.monotonic() >= start_by:
         return _requeue(message, deps, Dispatch.REQUEUED_NO_TIME)
-    if deps.slots.must_queue(admission_key(message)):  # earlier groups wait, or the session rate binds
+    if deps.limits.gate.must_queue(admission_key(message)):  # earlier groups wait, or the session rate binds
         return _wait_for_slot(message, deps, start_by, budgets=budgets, batch=batch, held=held)
     if _held_on_budget(message, deps, budgets, batch, held):
         return Dispatch.HELD_BUDGET
@@ -583,7 +585,7 @@ def _wait_for_slot(
     dispatcher through the admission board) until a slot looks free for this rollout, then look at the budget again,
     read afresh: the rollout whose end freed the slot may have spent it. The outcome when the message may not go
     on (re-sent or held), None when it may."""
-    if not deps.slots.wait(start_by, admission_key(message)):
+    if not deps.limits.gate.wait(start_by, admission_key(message)):
         return _requeue(message, deps, Dispatch.REQUEUED_LIMIT)
     budgets.after_wait()
     if _held_on_budget(message, deps, budgets, batch, held):
@@ -664,7 +666,9 @@ def _invoke(
     new_session = not reinvoke
     for attempt in range(deps.invoke_retries + 1):
         try:
-            deps.limited.invoke(session_id, payload, wait_until=start_by, new_session=new_session, on_booked=booked)
+            deps.limits.runtime.invoke(
+                session_id, payload, wait_until=start_by, new_session=new_session, on_booked=booked
+            )
             if new_session:
                 deps.metrics.count(NEW_SESSIONS)
             break
@@ -808,7 +812,7 @@ def _retry_cold_start(
         deps.metrics.count(COLD_START_RETRIED)
         deps.clock.sleep(deps.cold_start_wait_s)
         try:
-            deps.limited.invoke(session, payload, wait_until=start_by, new_session=False)
+            deps.limits.runtime.invoke(session, payload, wait_until=start_by, new_session=False)
             return None
         except RuntimeColdStart as again:
             exc = again

@@ -164,7 +164,7 @@ def stop_session(
                 break
             deps.clock.sleep(pause)
         try:
-            deps.limited.stop(session_id, wait_until)
+            deps.limits.runtime.stop(session_id, wait_until)
             return True, not_found
         except RuntimeSessionNotFound:
             if not_found:  # a second NotFound, some time after the first: it is gone

@@ -106,7 +106,7 @@ def sweep(
         log.warning(
             "sweep reached its deadline: the next run continues (%d rollouts past due seen)", report.expired_seen
         )
-    deps.metrics.sample(IN_FLIGHT, deps.slot_shards.in_flight())
+    deps.metrics.sample(IN_FLIGHT, deps.limits.shards.in_flight())
     try:  # the last rollouts' stops may cross a budget's 80% or 100% after the last dispatch: announce it
         budget.check(deps)
     except Exception as exc:
@@ -120,10 +120,8 @@ def sweep(
 def _heartbeat(deps: LifecycleDeps, report: SweepResult) -> None:
     """Tell the account pool this experiment is alive, with its sessions in flight (just read): they keep counting
     against the account's active sessions while nothing else of the experiment runs."""
-    if deps.lease is None:
-        return
     try:
-        deps.lease.heartbeat()
+        deps.limits.heartbeat()
     except Exception as exc:  # the pool's heartbeat must not fail the sweep
         log.warning("account pool heartbeat failed: %s", exc)
         report.errors.append(f"pool heartbeat: {exc}")

@@ -55,9 +55,7 @@ from rollout_pipeline.ledger.items import WarmPoolState, WarmSession, WarmState
 from rollout_pipeline.ledger.release import WindowState
 from rollout_pipeline.ledger.warm import ADDED, HALTED
 from rollout_pipeline.lifecycle import budget, stops
-from rollout_pipeline.lifecycle.deps import LifecycleDeps, standalone_limits
-from rollout_pipeline.lifecycle.limits.pacing import InvokeBlock
-from rollout_pipeline.lifecycle.limits.slots import caps as slot_caps
+from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.metrics import (
     WARM_KEEPALIVES,
     WARM_POOL_SIZE,
@@ -65,6 +63,8 @@ from rollout_pipeline.lifecycle.metrics import (
     WARMED,
 )
 from rollout_pipeline.lifecycle.warm import STALE_MARGIN_S
+from rollout_pipeline.limits.pacing import InvokeBlock
+from rollout_pipeline.limits.slots import caps as slot_caps
 from rollout_pipeline.ports import (
     RuntimeColdStart,
     RuntimeOutcomeUnknown,
@@ -138,7 +138,6 @@ class ExperimentCapacity:
         self.wall = wall
 
     def new_sessions_now(self) -> int:
-        config = self.deps.config
         state = self.deps.ledger.warm.pool()
         if self.wall() - max(state.demand_at, state.took_at) < DEMAND_QUIET_S:
             return 0
@@ -147,15 +146,10 @@ class ExperimentCapacity:
             return 0
         if budget.paused(self.deps):  # a spent budget starts nothing, warm or cold
             return 0
-        if self.deps.lease is not None:
-            return max(1, int(self.deps.lease.ensure().sessions_per_s))
-        _tps, session_rate = standalone_limits(config)
-        return max(1, int(session_rate * config.endpoints))
+        return max(1, int(self.deps.limits.new_session_rate()))
 
     def sessions_to_hold(self) -> int:
-        if self.deps.lease is not None:
-            self.deps.lease.ensure()  # before this process's first grant the lease would say `max_sessions`
-        return self.deps.max_sessions()
+        return self.deps.limits.sessions_to_hold()
 
 
 @dataclass
@@ -421,7 +415,7 @@ class WarmPool:
         dead: list[WarmSession] = []
         for session in due:
             try:
-                self.deps.limited.invoke(
+                self.deps.limits.runtime.invoke(
                     session.session_id, self._payload(session.session_id), wait_until=wait_until, new_session=False
                 )
                 answered.append(session.session_id)
@@ -502,14 +496,14 @@ class WarmPool:
 
     def _block(self, chunk: Sequence[str]) -> InvokeBlock:
         """The chunk's warm-ups' session starts, booked in one write per session budget they take (`InvokeBlock`)."""
-        return InvokeBlock(Counter(self.deps.limited.session_pacer(sid).budget for sid in chunk))
+        return InvokeBlock(Counter(self.deps.limits.runtime.session_pacer(sid).budget for sid in chunk))
 
     def _warm_up(self, session_id: str, wait_until: float, block: InvokeBlock | None = None) -> bool:
         """The warm-up invocation of a new session, paced as any new session (its start from its chunk's `block`);
         a 424 (its agent is not up yet) is retried on the same session. True once it answered."""
         payload = self._payload(session_id)
         try:
-            self.deps.limited.invoke(session_id, payload, wait_until=wait_until, new_session=True, block=block)
+            self.deps.limits.runtime.invoke(session_id, payload, wait_until=wait_until, new_session=True, block=block)
             return True
         except RuntimeColdStart:
             pass
@@ -524,7 +518,7 @@ class WarmPool:
                 return False
             self.deps.clock.sleep(WARMUP_COLD_WAIT_S)
             try:
-                self.deps.limited.invoke(session_id, payload, wait_until=wait_until, new_session=False)
+                self.deps.limits.runtime.invoke(session_id, payload, wait_until=wait_until, new_session=False)
                 return True
             except RuntimeColdStart:
                 continue

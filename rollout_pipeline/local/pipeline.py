@@ -375,7 +375,7 @@ class LocalPipeline:
         for warm in self._warm_schedules:
             warm.request_stop()
         for lifecycle in self._lifecycles:
-            lifecycle.slots.close()
+            lifecycle.limits.gate.close()
         if self._agents is not None:  # sessions end with the run; an invoke still starting a process gives up
             self._agents.close()
 

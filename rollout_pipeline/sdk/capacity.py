@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rollout_pipeline.ledger.pool import PoolLedger, PoolState
-from rollout_pipeline.lifecycle.limits import shares
+from rollout_pipeline.limits import shares
 from rollout_pipeline.quotas import BUDGETS, Budget, PoolSettings
 
 

@@ -270,15 +270,34 @@ def make_deps(
     from rollout_pipeline.feed.feed import Feed
     from rollout_pipeline.ledger.ledger import Ledger
     from rollout_pipeline.ledger.pool import PoolLedger
+    from rollout_pipeline.limits.facade import Clocks, Limits
+    from rollout_pipeline.metric_names import MetricsRecorder
 
     settings = resources.settings()
     if limits:
         settings = settings.model_copy(update={"experiment": settings.experiment.model_copy(update=dict(limits))})
     clock = clock or ShiftedClock()
-    if "pool" not in overrides and settings.pool_table_name:  # the account pool, as a deployed stack has
-        overrides["pool"] = PoolLedger.open(settings.pool_table_name, clock=clock, region=resources.region)
+    pool = overrides.pop("pool", "default")
+    if pool == "default":  # the account pool, as a deployed stack has
+        pool = (
+            PoolLedger.open(settings.pool_table_name, clock=clock, region=resources.region)
+            if settings.pool_table_name
+            else None
+        )
     ledger = overrides.pop("ledger", None) or Ledger.open(settings.table_name, clock=clock)
     queue = overrides.pop("queue", None) or SqsQueue()
+    metrics = overrides.pop("metrics", None) or MetricsRecorder()
+    if "limits" not in overrides:
+        clocks = Clocks(wall=lambda: clock.now().timestamp(), monotonic=clock.monotonic, sleep=clock.sleep)
+        overrides["limits"] = Limits.build(
+            ledger.limits,
+            settings.experiment,
+            fake,
+            pool=pool,
+            clocks=clocks,
+            metrics=metrics,
+            group_admission=overrides.pop("group_admission", True),
+        )
     return LifecycleDeps(
         settings=settings,
         ledger=ledger,
@@ -288,6 +307,7 @@ def make_deps(
         publisher=EventBridgePublisher(settings.bus_name, sleep=lambda _s: None),
         feed=overrides.pop("feed", None) or Feed(ledger, queue, settings),
         clock=clock,
+        metrics=metrics,
         **overrides,
     )
 

@@ -234,8 +234,8 @@ def test_a_rollout_that_waited_for_a_slot_looks_at_the_budget_again(
             pass
         return True
 
-    monkeypatch.setattr(deps.slots, "must_queue", lambda _key: not gate_saw_room)
-    monkeypatch.setattr(deps.slots, "wait", first_ends)
+    monkeypatch.setattr(deps.limits.gate, "must_queue", lambda _key: not gate_saw_room)
+    monkeypatch.setattr(deps.limits.gate, "wait", first_ends)
     assert dispatch_body(second.model_dump_json(), deps, wait_until=time.monotonic() + 5) is Dispatch.HELD_BUDGET
     ledger = Ledger.open(resources.table_name)
     assert Counter(rec.state.value for rec in ledger.rollouts.batch_rollouts("waits")) == {"succeeded": 1}

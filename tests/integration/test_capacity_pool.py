@@ -1,5 +1,5 @@
 """The account pool over moto: experiments of one account lease their shares of AgentCore's quotas from one pool
-item (`ledger.pool`, `lifecycle.limits.pool.CapacityLease`), and their own schedules carry the grant."""
+item (`ledger.pool`, `limits.pool.CapacityLease`), and their own schedules carry the grant."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from rollout_pipeline.adapters import clients
 from rollout_pipeline.config import ExperimentConfig
 from rollout_pipeline.ledger.ledger import Ledger
 from rollout_pipeline.ledger.pool import PoolLedger, PoolMissing
-from rollout_pipeline.lifecycle.limits.pacing import LATENESS_S, STOP_PACE, LimitedRuntime, Pacer
-from rollout_pipeline.lifecycle.limits.pool import CALLS_PACE, SESSION_PACE, CapacityLease, interval_us
-from rollout_pipeline.lifecycle.limits.shares import DECREASE, DECREASE_HOLD_S, LEASE_S
+from rollout_pipeline.limits.pacing import LATENESS_S, STOP_PACE, LimitedRuntime, Pacer
+from rollout_pipeline.limits.pool import CALLS_PACE, SESSION_PACE, CapacityLease, interval_us
+from rollout_pipeline.limits.shares import DECREASE, DECREASE_HOLD_S, LEASE_S
 from rollout_pipeline.local.resources import ExperimentResources, create_resources
 from rollout_pipeline.quotas import DOCUMENTED_INVOKE_RATE_PER_AGENT, AccountQuotas, PoolSettings
 from tests.conftest import REGION

@@ -23,8 +23,8 @@ from rollout_pipeline import ids
 from rollout_pipeline.fakes.acr import AgentBehaviour, FakeAgentRuntime, FakeInvocation
 from rollout_pipeline.lifecycle.completion import complete_records
 from rollout_pipeline.lifecycle.dispatch import dispatch_records
-from rollout_pipeline.lifecycle.limits.admission import ADMIT_AHEAD_S, BOARD_SETTLE_S
-from rollout_pipeline.lifecycle.limits.pacing import LATENESS_S, LimitedRuntime
+from rollout_pipeline.limits.admission import ADMIT_AHEAD_S, BOARD_SETTLE_S
+from rollout_pipeline.limits.pacing import LATENESS_S, LimitedRuntime
 from rollout_pipeline.local.resources import ExperimentResources
 from tests.conftest import receive_all
 from tests.integration.lifecycle_support import (
@@ -194,7 +194,7 @@ def test_a_rollout_let_through_stays_on_the_board_until_its_start_is_booked(
     a_may_book, a_reserving = threading.Event(), threading.Event()
     deps_a = make_deps(resources, fake, limits=limits)
     deps_b = make_deps(resources, fake, limits=limits)
-    pacer_a = deps_a.limited.session_pacer(messages[0].session_id)  # the account pool's leased budget
+    pacer_a = deps_a.limits.runtime.session_pacer(messages[0].session_id)  # the account pool's leased budget
     reserve_a = pacer_a.reserve
 
     def held_up(*args: Any, **kwargs: Any) -> float | None:
@@ -204,7 +204,7 @@ def test_a_rollout_let_through_stays_on_the_board_until_its_start_is_booked(
 
     pacer_a.reserve = held_up  # type: ignore[method-assign]
     for deps, name in ((deps_a, "a"), (deps_b, "b")):
-        invoke = deps.limited.invoke
+        invoke = deps.limits.runtime.invoke
 
         def noting(*args: Any, _invoke: Any = invoke, _name: str = name, **kwargs: Any) -> None:
             downstream = kwargs.pop("on_booked", None)
@@ -216,7 +216,7 @@ def test_a_rollout_let_through_stays_on_the_board_until_its_start_is_booked(
 
             _invoke(*args, on_booked=on_booked, **kwargs)
 
-        deps.limited.invoke = noting  # type: ignore[method-assign]
+        deps.limits.runtime.invoke = noting  # type: ignore[method-assign]
 
     def dispatch(deps: Any, records: list[dict[str, Any]]) -> None:
         dispatch_records(records, deps, wait_until=time.monotonic() + 60)

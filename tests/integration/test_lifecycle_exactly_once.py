@@ -161,7 +161,7 @@ def test_crash_after_dispatch_record_before_invoke_reinvokes_same_session(
     def crash(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("Lambda killed")
 
-    monkeypatch.setattr(deps.limited, "invoke", crash)
+    monkeypatch.setattr(deps.limits.runtime, "invoke", crash)
     result = dispatch_records(records, deps, wait_until=paced_until())
     assert list(result.failures) == [records[0]["messageId"]]  # not acknowledged: SQS redelivers it
     item = rollout_item(resources, BATCH, "a", 0)

@@ -150,7 +150,7 @@ def test_throttled_stop_stays_pending_across_the_retry_until_done(
     def throttled(session_id: str, wait_until: float | None = None) -> None:
         raise RuntimeThrottled("StopRuntimeSession: ThrottlingException")
 
-    monkeypatch.setattr(deps.limited, "stop", throttled)
+    monkeypatch.setattr(deps.limits.runtime, "stop", throttled)
     clock.advance(resources.config.rollout_timeout_s + 1)
     report = sweep(deps)
     assert report.retried == 1

@@ -19,7 +19,7 @@ import pytest
 from rollout_pipeline.config import ExperimentConfig
 from rollout_pipeline.ledger.ledger import Ledger
 from rollout_pipeline.ledger.limits import LimitLedger
-from rollout_pipeline.lifecycle.limits.pacing import (
+from rollout_pipeline.limits.pacing import (
     BLOCK_AHEAD_S,
     INVOKE_AHEAD_S,
     InvokeBlock,
@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[2]
 WORKER = """
 import json, sys, threading, time
 from rollout_pipeline.ledger.ledger import Ledger
-from rollout_pipeline.lifecycle.limits.pacing import Pacer
+from rollout_pipeline.limits.pacing import Pacer
 table, budget, limit, threads, calls = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 ledger = Ledger.open(table).limits
 pacer = Pacer(ledger, budget, limit)

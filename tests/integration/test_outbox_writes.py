@@ -114,7 +114,7 @@ def test_a_failed_stop_keeps_the_slot_and_the_publish_is_not_repeated(
     def failing_stop(session_id: str, wait_until: float | None = None) -> None:
         raise error
 
-    monkeypatch.setattr(deps.limited, "stop", failing_stop)
+    monkeypatch.setattr(deps.limits.runtime, "stop", failing_stop)
     assert not complete_once(resources, deps).failures
     monkeypatch.undo()
 

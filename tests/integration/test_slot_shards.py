@@ -10,7 +10,7 @@ import pytest
 from rollout_pipeline.ledger import keys
 from rollout_pipeline.ledger.ledger import Ledger
 from rollout_pipeline.ledger.limits import LimitLedger, free_shard, shard_cap
-from rollout_pipeline.lifecycle.limits.slots import SlotShards
+from rollout_pipeline.limits.slots import SlotShards
 from rollout_pipeline.local.resources import ExperimentResources
 
 

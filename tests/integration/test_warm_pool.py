@@ -21,9 +21,9 @@ from rollout_pipeline.ledger.items import RolloutRecord, WarmState
 from rollout_pipeline.lifecycle.cancel import cancel_batch
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.dispatch import Dispatch
-from rollout_pipeline.lifecycle.limits.pacing import Pacer
-from rollout_pipeline.lifecycle.limits.slots import caps as slot_caps
 from rollout_pipeline.lifecycle.warm_pool import DEMAND_QUIET_S, HALT_CANCELLED, HALT_IDLE, WarmPool, run_pool
+from rollout_pipeline.limits.pacing import Pacer
+from rollout_pipeline.limits.slots import caps as slot_caps
 from rollout_pipeline.local.resources import ExperimentResources
 from rollout_pipeline.quotas import AccountQuotas, PoolSettings
 from rollout_pipeline.sdk.export import rollout_fields
@@ -351,8 +351,8 @@ def test_a_fill_chunk_takes_its_slots_on_several_counters_and_asks_the_capacity_
 
 def account_active_sessions(deps: LifecycleDeps, active: int) -> None:
     """The account pool's active-session quota set to `active` (no reserve): the experiment's share of it."""
-    assert deps.pool is not None
-    deps.pool.write_settings(PoolSettings(AccountQuotas(active_sessions=active), reserve=0.0))
+    assert deps.limits.lease is not None
+    deps.limits.lease.pool.write_settings(PoolSettings(AccountQuotas(active_sessions=active), reserve=0.0))
 
 
 def test_the_fill_takes_slots_within_the_experiments_share_of_the_account_pool(
@@ -400,8 +400,8 @@ def test_idle_warm_sessions_give_back_a_share_that_shrank(
     rollouts = deps.ledger.limits.take_slot(10, 9, 4)  # four rollouts run in sessions of their own
     assert deps.ledger.table.transact([rollouts]) is None
     account_active_sessions(deps, 6)
-    assert deps.lease is not None
-    deps.lease.renew(force=True)
+    assert deps.limits.lease is not None
+    deps.limits.lease.renew(force=True)
     tick = WarmPool(deps).tick(budget_s=10)
     assert (tick.stopped, tick.idle) == (2, 2)  # 4 rollouts + 2 warm = the share
     assert slots_in_flight(resources) == 6

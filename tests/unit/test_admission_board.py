@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from rollout_pipeline.lifecycle.limits.admission import (
+from rollout_pipeline.limits.admission import (
     BOARD_READ_S,
     BOARD_SETTLE_S,
     BOARD_STALE_S,

@@ -46,16 +46,22 @@ ALLOWED: dict[str, frozenset[str]] = {
     "details": frozenset({*BASE, "ledger"}),
     # Work into the rollout queue: messages, the release window over its ledger items.
     "feed": frozenset({*BASE, "topology", "ledger"}),
+    # Admission and call budgets: who may start a session, when (session slots, schedules, the account pool).
+    "limits": frozenset({*BASE, "ledger"}),
     # The stages: each other never.
     "ingest": frozenset({*BASE, *PLAIN, "adapters", "ledger", "details", "feed"}),
-    "lifecycle": frozenset({*BASE, *PLAIN, "adapters", "ledger", "details", "feed"}),
+    "lifecycle": frozenset({*BASE, *PLAIN, "adapters", "ledger", "details", "feed", "limits"}),
     # The composition root: what it composes.
-    "wiring": frozenset({*BASE, "topology", "adapters", "ledger", "feed", "ingest", "lifecycle"}),
+    "wiring": frozenset({*BASE, "topology", "adapters", "ledger", "feed", "ingest", "limits", "lifecycle"}),
     # The trainer's side: everything below it.
-    "sdk": frozenset({*BASE, *PLAIN, "adapters", "ledger", "details", "feed", "ingest", "lifecycle", "wiring"}),
+    "sdk": frozenset(
+        {*BASE, *PLAIN, "adapters", "ledger", "details", "feed", "ingest", "limits", "lifecycle", "wiring"}
+    ),
     # Operator code (preflight, deploy settings, deploy/destroy, smoke, trainer permissions, pruning): it runs on the
     # SDK and everything below it; the SDK reaches it only through the entry point `rollout_pipeline.operations`.
-    "ops": frozenset({*BASE, *PLAIN, "adapters", "ledger", "details", "feed", "ingest", "lifecycle", "wiring", "sdk"}),
+    "ops": frozenset(
+        {*BASE, *PLAIN, "adapters", "ledger", "details", "feed", "ingest", "limits", "lifecycle", "wiring", "sdk"}
+    ),
     # The CLI runs on the SDK and operator code only: no ledger items, adapters or stages of its own.
     "cli": frozenset({"contracts", "sdk", "ops", "report"}),
     "trainers": frozenset({*BASE, "adapters", "sdk"}),

@@ -1,4 +1,4 @@
-"""The account pool's arithmetic (`lifecycle.limits.shares`): weighted fair shares that follow demand, and leases
+"""The account pool's arithmetic (`limits.shares`): weighted fair shares that follow demand, and leases
 that never over-commit a budget whatever order members renew in."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rollout_pipeline.ledger.pool import Backoff, Lease, Member, PoolState
-from rollout_pipeline.lifecycle.limits.pacing import LATE_START_S, LATENESS_S
-from rollout_pipeline.lifecycle.limits.shares import (
+from rollout_pipeline.limits.pacing import LATE_START_S, LATENESS_S
+from rollout_pipeline.limits.shares import (
     DECREASE,
     DECREASE_HOLD_S,
     INCREASE_PER_S,

@@ -9,8 +9,8 @@ import time
 import pytest
 
 from rollout_pipeline.ledger.limits import PaceView
-from rollout_pipeline.lifecycle.limits.admission import ADMIT_AHEAD_S, ROOM_BATCH_S, SessionRoom, SlotGate
-from rollout_pipeline.lifecycle.limits.pacing import LATENESS_S, Pacer
+from rollout_pipeline.limits.admission import ADMIT_AHEAD_S, ROOM_BATCH_S, SessionRoom, SlotGate
+from rollout_pipeline.limits.pacing import LATENESS_S, Pacer
 from tests.conftest import wait_for
 from tests.doubles import FakeSchedules, ManualClock
 

@@ -8,8 +8,8 @@ from collections.abc import Callable
 import pytest
 
 from rollout_pipeline.ledger.limits import PaceView
-from rollout_pipeline.lifecycle.limits import admission as limits
-from rollout_pipeline.lifecycle.limits.admission import LEAD_POLL_S, AdmissionBoard, BoardEntry, SlotGate
+from rollout_pipeline.limits import admission as limits
+from rollout_pipeline.limits.admission import LEAD_POLL_S, AdmissionBoard, BoardEntry, SlotGate
 from rollout_pipeline.topology import FUNCTIONS
 from tests.doubles import FakeBoardLedger, ManualClock
 

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from rollout_pipeline.lifecycle.limits.admission import SlotGate
+from rollout_pipeline.limits.admission import SlotGate
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.timing

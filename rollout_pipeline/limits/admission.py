@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Final
 
 from rollout_pipeline.ledger.limits import LimitLedger, PaceView
-from rollout_pipeline.lifecycle.limits.pacing import Pacer
+from rollout_pipeline.limits.pacing import Pacer
 
 #: One process's entry on the admission board: (process, heartbeat in epoch microseconds, its waiting keys).
 BoardEntry = tuple[str, int, list[str]]

@@ -4,7 +4,7 @@ and the backoff that makes room when AgentCore throttles anyway.
 Every experiment of an account and region is a `Member` of ONE pool (`ledger.pool.PoolState`, one item of the
 account's pool table). For each budget (`quotas.BUDGETS`: new sessions/s, data-plane calls/s, active sessions) a
 member holds a `Lease`: a rate (for active sessions, a number) granted until a time. A member renews its lease about
-every second (`lifecycle.limits.pool.CapacityLease`); `grant` computes what it gets:
+every second (`limits.pool.CapacityLease`); `grant` computes what it gets:
 
 - its **fair share**: weighted max-min fair shares (`water_fill`) of the budget times the backoff factor, over the
   members whose lease is live, each asking `min(demand, cap)`; a member with a backlog asks for everything
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from rollout_pipeline.ledger.pool import Backoff, Lease, Member, PoolState
-from rollout_pipeline.lifecycle.limits.pacing import LATE_START_S, LATENESS_S
+from rollout_pipeline.limits.pacing import LATE_START_S, LATENESS_S
 from rollout_pipeline.quotas import BUDGETS, Budget
 
 #: A member's grant lasts this long; it renews when less than `RENEW_AHEAD_S` is left (about once a second), so its

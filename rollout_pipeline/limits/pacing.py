@@ -46,7 +46,7 @@ from typing import Any, Final, Protocol
 
 from rollout_pipeline import ids
 from rollout_pipeline.ledger.limits import LimitLedger, PaceView
-from rollout_pipeline.lifecycle.metrics import ACR_THROTTLED, LIMIT_BACKLOG, MetricsRecorder
+from rollout_pipeline.metric_names import ACR_THROTTLED, LIMIT_BACKLOG, MetricsRecorder
 from rollout_pipeline.ports import AgentRuntime, RuntimeRateExceeded, RuntimeThrottled
 from rollout_pipeline.quotas import Budget, NewSessionScope
 

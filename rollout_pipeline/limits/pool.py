@@ -43,8 +43,8 @@ from typing import Final
 from rollout_pipeline.config import ExperimentConfig, invoke_rate_cap, new_sessions_cap
 from rollout_pipeline.ledger.limits import LimitLedger, PaceView
 from rollout_pipeline.ledger.pool import FORGET_AFTER_S, Lease, Member, PoolLedger, PoolState
-from rollout_pipeline.lifecycle.limits.pacing import LATENESS_S, STOP_PACE, dedicated_stop_share
-from rollout_pipeline.lifecycle.limits.shares import (
+from rollout_pipeline.limits.pacing import LATENESS_S, STOP_PACE, dedicated_stop_share
+from rollout_pipeline.limits.shares import (
     BOOKING_SLACK_S,
     RENEW_AHEAD_S,
     Ask,

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 from rollout_pipeline.ledger import keys
 from rollout_pipeline.ledger.limits import LimitLedger, PaceView, shard_cap
-from rollout_pipeline.lifecycle.limits.admission import BoardEntry
+from rollout_pipeline.limits.admission import BoardEntry
 
 
 class SlotShards:
