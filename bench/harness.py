@@ -596,7 +596,6 @@ class TransactionLog:
         profile.begin_transaction = begin_transaction
 
 
-@dataclasses.dataclass(frozen=True)
 def lifecycle_deps(settings: Any, runtime: Any, *, pooled: bool = True, **fields: Any) -> Any:
     """One process's `LifecycleDeps` over the in-process AWS (moto) and `runtime`, with the experiment's limits:
     through the account pool when `pooled` and the settings name one, else on its own settings. `fields`: other

@@ -181,9 +181,8 @@ class ExperimentConfig(BaseModel):
         default=None,
         gt=0,
         le=10_000,
-        description="At most this many new AgentCore sessions/s for this experiment; default: its share of the "
-        "account pool (the account's new-session quota, 25/s, less the reserve). Per endpoint only when the pool's "
-        "new_session_scope is endpoint",
+        description="At most this many new AgentCore sessions/s for this experiment (all its endpoints together); "
+        "default: its share of the account pool (the account's new-session quota, 25/s, less the reserve)",
     )
     capacity_weight: float = Field(
         default=1.0,
@@ -196,8 +195,8 @@ class ExperimentConfig(BaseModel):
         default=1,
         ge=1,
         le=20,
-        description="Runtime endpoints sessions are spread across (versions, A/B); they add no new-session rate "
-        "unless the pool's new_session_scope is endpoint",
+        description="Runtime endpoints sessions are spread across (versions, A/B); they add no new-session rate: "
+        "the account's quota is one pool",
     )
     max_sessions: int = Field(default=100, ge=1, le=100_000, description="Rollouts in flight at once")
     group_size: int = Field(default=8, ge=1, le=1024, description="Rollouts per dataset row (GRPO group)")

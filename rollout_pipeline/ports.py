@@ -89,8 +89,14 @@ class RuntimeThrottled(RuntimeError):
 
 
 class RuntimeRateExceeded(RuntimeThrottled):
-    """ACR refused because a RATE quota of the account was exceeded (ThrottlingException, 429: new sessions or
-    data-plane calls), not a busy session or a full active-session quota: the account pool backs off."""
+    """ACR refused because a RATE quota was exceeded (ThrottlingException, 429: the account's new sessions, the
+    agent's invokes or the account's data-plane calls), not a busy session or a full active-session quota: the budget
+    it names backs off."""
+
+
+class RuntimeQuotaExceeded(RuntimeThrottled):
+    """ACR refused a new session because the account holds as many active sessions as it may
+    (ServiceQuotaExceededException, 402; "maxVms"): retry later, with fewer sessions at once."""
 
 
 class RuntimeRejected(RuntimeError):

@@ -3,8 +3,8 @@
 AgentCore enforces, per account and region (docs/aws-facts.md, "AgentCore quotas", with the sources):
 
 - the rate of NEW sessions (`L-8EE2AEA2`, 25/s, adjustable): one pool shared by every runtime and endpoint of the
-  account by the most recent reports (`NewSessionScope` "account", the default); "endpoint" is the explicit
-  setting for an account where each endpoint has its own;
+  account by the most recent reports (an account where each endpoint had its own would only be paced more
+  carefully than it needs);
 - the data-plane call rate (`L-46ED137C`, 1,000/s: InvokeAgentRuntime, StopRuntimeSession, ...);
 - active sessions (`L-3E5722B2`, 5,000 in us-east-1 and us-west-2, 2,500 elsewhere): a session counts until it is
   stopped or idles out;
@@ -13,15 +13,16 @@ AgentCore enforces, per account and region (docs/aws-facts.md, "AgentCore quotas
 
 The account pool (`rollouts bootstrap`, docs/deploy.md) holds one `PoolSettings`: these values as Service Quotas
 gave them at bootstrap (or the documented defaults, or overrides) and the reserve left for everything else in the
-account. Every experiment's share of each budget comes out of `budget(...)`.
+account. Every experiment's share of each budget comes out of `budget(...)`, and the account's new-session schedule
+is spaced by `start_interval_us` (every sliding second within the budget, the reserve free in each).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Final, Literal
 
-NewSessionScope = Literal["account", "endpoint"]
 #: The budgets the account pool splits between experiments: new sessions/s, data-plane calls/s, active sessions.
 Budget = Literal["sessions", "calls", "active"]
 BUDGETS: Final[tuple[Budget, ...]] = ("sessions", "calls", "active")
@@ -55,6 +56,9 @@ ACTIVE_SESSIONS_ELSEWHERE: Final = 2_500
 #: AgentCore's documented InvokeAgentRuntime rate per agent (no quota code is published for it), Nov 2026: every
 #: invoke of an experiment's agent counts (new sessions and calls into existing ones); stops do not.
 DOCUMENTED_INVOKE_RATE_PER_AGENT: Final = 200.0
+#: A paced call starts at most this long after its booked start, or not at (the caller books again): spacing
+#: n + 1 starts (1 + this) / n apart keeps n of them in any sliding second.
+START_LATENESS_S: Final = 0.04
 #: The share of each budget the pipeline never uses: room for production agents and tools in the same account.
 DEFAULT_RESERVE: Final = 0.10
 MAX_RESERVE: Final = 0.9
@@ -72,8 +76,6 @@ class AccountQuotas:
     new_sessions_per_s: float = DEFAULT_NEW_SESSIONS_PER_S
     data_plane_per_s: float = DEFAULT_DATA_PLANE_PER_S
     active_sessions: int = ACTIVE_SESSIONS_ELSEWHERE
-    #: Whether the new-session quota is one pool for the account ("account") or each endpoint's ("endpoint").
-    new_session_scope: NewSessionScope = "account"
     #: "defaults", "service-quotas" or "override" (one word per value when they differ: "service-quotas+override").
     source: str = "defaults"
 
@@ -99,8 +101,6 @@ class AccountQuotas:
             found.append(f"data_plane_quota must be > 0 (got {self.data_plane_per_s:g})")
         if self.active_sessions < 1:
             found.append(f"active_session_quota must be >= 1 (got {self.active_sessions})")
-        if self.new_session_scope not in ("account", "endpoint"):
-            found.append(f"new_session_scope must be account or endpoint (got {self.new_session_scope!r})")
         return found
 
 
@@ -120,6 +120,14 @@ class PoolSettings:
         }[name]
         return quota * (1.0 - self.reserve)
 
+    def start_interval_us(self, factor: float = 1.0) -> int:
+        """The spacing of the account's new-session schedule at the backoff `factor`: at most floor(budget x factor)
+        starts (at least one) in ANY sliding second, whatever lateness up to `START_LATENESS_S` each start has, so
+        the budget is never exceeded and the reserve is free in every second (a quota of 4/s with a 10% reserve:
+        3 a second, not 4)."""
+        starts = max(1, math.floor(self.budget("sessions") * factor + 1e-9))
+        return math.ceil((1.0 + START_LATENESS_S) / starts * 1e6)
+
     def problems(self) -> list[str]:
         found = self.quotas.problems()
         if not 0.0 <= self.reserve <= MAX_RESERVE:
@@ -133,7 +141,6 @@ POOL_CONTEXT_KEYS: Final[dict[str, str]] = {
     "new_session_quota": "new_sessions_per_s",
     "data_plane_quota": "data_plane_per_s",
     "active_session_quota": "active_sessions",
-    "new_session_scope": "new_session_scope",
 }
 RESERVE_KEY: Final = "capacity_reserve"
 SOURCE_KEY: Final = "quota_source"
@@ -154,13 +161,7 @@ def pool_settings(values: dict[str, object], region: str | None) -> PoolSettings
         if raw in (None, ""):
             continue
         try:
-            given[field_name] = (
-                str(raw)
-                if key == "new_session_scope"
-                else int(str(raw))
-                if key == "active_session_quota"
-                else float(str(raw))
-            )
+            given[field_name] = int(str(raw)) if key == "active_session_quota" else float(str(raw))
         except ValueError:
             problems.append(f"{key}: not a number (got {raw!r})")
     reserve_raw = values.get(RESERVE_KEY)

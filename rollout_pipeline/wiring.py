@@ -160,7 +160,8 @@ class Wiring:
         """The experiment's limits (`limits.Limits`): through the account pool when the settings name one, else on
         its own settings. Built once on the wiring's clock and runtime; others given build a new one (a test's
         clock, a bench's runtime). `group_admission` False orders waiters only within one process."""
-        from rollout_pipeline.limits.facade import Clocks, Limits
+        from rollout_pipeline.limits.facade import Limits
+        from rollout_pipeline.limits.pacing import Clocks
 
         default = clock is None and runtime is None and metrics is None and group_admission
         with self._lock:

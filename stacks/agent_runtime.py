@@ -24,8 +24,8 @@ class AgentRuntimeConstruct(Construct):
     bucket.
 
     `config.endpoints` = N provisions N endpoints (DEFAULT plus `rollouts_1`..`rollouts_{N-1}`, `ids.endpoint_name`):
-    sessions are spread over them (`ids.endpoint_index`), for versions and A/B; they add new-session rate only in
-    an account whose new-session quota is per endpoint (the account pool's `new_session_scope`)."""
+    sessions are spread over them (`ids.endpoint_index`), for versions and A/B; they add no new-session rate (the
+    account's quota is one pool, paced on one schedule: `limits.account`)."""
 
     def __init__(
         self,

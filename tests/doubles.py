@@ -15,6 +15,7 @@ from typing import Any, Final
 
 from rollout_pipeline.feed.messages import QueuedGroup
 from rollout_pipeline.ledger.items import GroupItem
+from rollout_pipeline.ledger.pace import ScheduleItem
 from rollout_pipeline.ledger.release import PendingGroup, Sending, WindowEntry, WindowState, pending_sk
 from rollout_pipeline.ports import MessageQueue, ObjectNotFound, SystemClock
 from rollout_pipeline.sdk.delivery import Delivery
@@ -257,15 +258,18 @@ class FakeBoardLedger:
 
 
 class FakeSchedules:
-    """The ledger's `pace_tat` read, in memory (the schedule of each paced budget, epoch microseconds)."""
+    """One paced budget's schedule item in memory (its `tat`, epoch microseconds), read as
+    `ledger.pace.PaceSchedule.read` reads it (reservations are not modelled)."""
+
+    item_spacing = False
 
     def __init__(self) -> None:
-        self.tat_us: dict[str, int] = {}
+        self.tat_us = 0
         self.reads = 0
 
-    def pace_tat(self, budget: str) -> int:
+    def read(self) -> ScheduleItem:
         self.reads += 1
-        return self.tat_us.get(budget, 0)
+        return ScheduleItem({"tat": self.tat_us} if self.tat_us else {})
 
 
 class MemoryEventQueue:

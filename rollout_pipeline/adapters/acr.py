@@ -7,8 +7,9 @@ re-sends the payload into the same session (a second rollout in one microVM) and
 the application retries, inside the limiter. Errors map to the ports' kinds:
 
 - ThrottlingException, TooManyRequestsException and 429 -> `RuntimeRateExceeded` (a rate quota: retry later, and
-  the account pool backs off); ServiceQuotaExceededException, (Retryable)ConflictException, 5xx, and connection
-  failures before the request was sent -> `RuntimeThrottled` (retry later);
+  the budget it names backs off); ServiceQuotaExceededException (402: the account's active sessions, "maxVms") ->
+  `RuntimeQuotaExceeded` (retry later, with fewer sessions at once); (Retryable)ConflictException, 5xx, and
+  connection failures before the request was sent -> `RuntimeThrottled` (retry later);
 - RuntimeClientError (424) "Runtime initialization time exceeded" (the container exited or never became healthy: a
   crash at import answers this too) -> `RuntimeStartFailed` (the rollout fails as `agent_error`, never retried);
 - any other RuntimeClientError (424, cold start) -> `RuntimeColdStart` (retry the same session id after a short wait);
@@ -28,6 +29,7 @@ from rollout_pipeline import ids
 from rollout_pipeline.ports import (
     RuntimeColdStart,
     RuntimeOutcomeUnknown,
+    RuntimeQuotaExceeded,
     RuntimeRateExceeded,
     RuntimeRejected,
     RuntimeSessionNotFound,
@@ -80,6 +82,8 @@ def classify_error(exc: Exception, operation: str) -> Exception:
             return RuntimeSessionNotFound(message)
         if code in RATE_CODES or (status == 429 and not code):
             return RuntimeRateExceeded(message)
+        if code == "ServiceQuotaExceededException" or (status == 402 and not code):
+            return RuntimeQuotaExceeded(message)
         if code in RETRYABLE_CODES or status in (402, 409, 429) or status >= 500:
             return RuntimeThrottled(message)
         if 400 <= status < 500:  # ValidationException 400, AccessDenied 403, ResourceNotFound 404 (botocore model)

@@ -109,11 +109,6 @@ def register_bootstrap(sub: Any) -> None:
     bootstrap.add_argument("--new-session-quota", type=float, metavar="N", help="new sessions/s (default: read)")
     bootstrap.add_argument("--data-plane-quota", type=float, metavar="N", help="data-plane calls/s (default: read)")
     bootstrap.add_argument("--active-session-quota", type=int, metavar="N", help="active sessions (default: read)")
-    bootstrap.add_argument(
-        "--new-session-scope",
-        choices=("account", "endpoint"),
-        help="whether the new-session quota is one pool for the account (default) or each endpoint's",
-    )
     bootstrap.add_argument("--reserve", type=float, metavar="SHARE", help="share of each budget left unused (0.1)")
     bootstrap.add_argument("-y", "--yes", action="store_true", help="do not ask before changing anything")
     bootstrap.set_defaults(handler=cmd_bootstrap)
@@ -129,7 +124,6 @@ def cmd_bootstrap(args: argparse.Namespace, out: TextIO) -> int:
         "new_session_quota": args.new_session_quota,
         "data_plane_quota": args.data_plane_quota,
         "active_session_quota": args.active_session_quota,
-        "new_session_scope": args.new_session_scope,
         "capacity_reserve": args.reserve,
     }
     aws = AwsClients(region=args.region)

@@ -43,6 +43,7 @@ from rollout_pipeline.config import is_warmup_payload
 from rollout_pipeline.ports import (
     ObjectStore,
     RuntimeColdStart,
+    RuntimeQuotaExceeded,
     RuntimeRateExceeded,
     RuntimeRejected,
     RuntimeSessionNotFound,
@@ -366,8 +367,8 @@ class FakeAgentRuntime:
             return  # an existing session: no new-session quota
         if self._active_sessions(now) >= self.profile.max_active_sessions:
             self.calls.append(FakeCall(now, "invoke", session_id, "quota_exceeded", endpoint, warmup))
-            raise RuntimeThrottled(
-                f"ServiceQuotaExceededException: {self.profile.max_active_sessions} active sessions per account"
+            raise RuntimeQuotaExceeded(
+                f"ServiceQuotaExceededException: {self.profile.max_active_sessions} active sessions (maxVms)"
             )
         if not self._quota.new_session(now, endpoint):
             self.calls.append(FakeCall(now, "invoke", session_id, "throttled", endpoint, warmup))

@@ -7,17 +7,14 @@ lifecycle's `limits` module keeps the rules, this module the reads and writes.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any, Final
+from typing import Any
 
-from rollout_pipeline.ledger import keys
+from rollout_pipeline.ledger import keys, pace
 from rollout_pipeline.ledger.attributes import from_attribute_value, item_values, plain_values
 from rollout_pipeline.ledger.table import LedgerError, LedgerTable
-
-#: A paced budget's schedule item lives this long after its last write (TTL).
-PACE_TTL_S: Final = 3600
 
 
 @dataclass(frozen=True)
@@ -27,52 +24,7 @@ class LimitsView:
 
     counts: list[int]
     board: list[tuple[str, int, list[str]]] = field(default_factory=list)
-    paces: dict[str, PaceView] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
-class PaceView:
-    """One paced budget's schedule item: `tat` (the earliest start of its next call, epoch us; 0: never used), and
-    for a budget leased from the account pool its spacing `interval_us`, `lease_until_us` (no start may be booked
-    after it) and the pool version that set them; `booked` counts the starts ever reserved, `last_start_us` is the
-    latest one."""
-
-    tat_us: int = 0
-    last_start_us: int = 0
-    interval_us: int = 0
-    lease_until_us: int = 0
-    lease_version: int = 0
-    booked: int = 0
-    #: The active sessions granted with the lease (the data-plane schedule carries it), 0 when none was.
-    active: int = 0
-
-    @classmethod
-    def of(cls, item: Mapping[str, Any] | None) -> PaceView:
-        item = item or {}
-        return cls(
-            tat_us=int(item.get("tat") or 0),
-            last_start_us=int(item.get("last_start") or 0),
-            interval_us=int(item.get("interval_us") or 0),
-            lease_until_us=int(item.get("lease_until") or 0),
-            lease_version=int(item.get("lease_version") or 0),
-            booked=int(item.get("n") or 0),
-            active=int(item.get("active") or 0),
-        )
-
-
-@dataclass(frozen=True)
-class LeasedSlot:
-    """A reservation on a leased schedule: the start (epoch us; None: none in the window asked, or no lease) and the
-    schedule as it is now."""
-
-    slot_us: int | None
-    pace: PaceView
-
-    def lacks_lease(self, not_before_us: int) -> bool:
-        """No slot because no lease covers the next start at or after `not_before_us` (renew it and try again),
-        rather than because the schedule is booked beyond the window asked for."""
-        pace = self.pace
-        return self.slot_us is None and (not pace.interval_us or pace.lease_until_us < max(not_before_us, pace.tat_us))
+    paces: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 class LayoutMismatch(LedgerError):
@@ -116,12 +68,6 @@ class BudgetState:
             return None if value is None else float(value)
 
         return cls(number("budget_usd"), number("warned_for"), number("exhausted_for"))
-
-
-def _tat_of(item: Mapping[str, Any]) -> int:
-    """A schedule item's `tat` (raw attributes, as a failed write answers them); 0 when it has none."""
-    raw = item.get("tat")
-    return int(from_attribute_value(raw)) if raw is not None else 0
 
 
 class LimitLedger:
@@ -257,248 +203,30 @@ class LimitLedger:
             elif sk.startswith(keys.WAIT_PREFIX):
                 view.board.append(_board_entry(raw))
             elif sk.startswith(keys.PACE_PREFIX):
-                view.paces[sk.removeprefix(keys.PACE_PREFIX)] = PaceView.of(item_values(raw))
+                view.paces[sk.removeprefix(keys.PACE_PREFIX)] = item_values(raw)
         return view
 
     def in_flight(self) -> int:
         """Sessions holding a slot: the sum of the counters (strongly consistent)."""
         return sum(self.slot_counts())
 
-    def reserve_pace(
-        self,
-        budget: str,
-        *,
-        not_before_us: int,
-        latest_us: int,
-        interval_us: int,
-        busy_first: bool = False,
-        count: int = 1,
-    ) -> tuple[int | None, int]:
-        """Reserve the next start time of a paced budget (GCRA: `tat` = the earliest time the next call may start,
-        in epoch microseconds) in [not_before_us, latest_us]. Returns (slot_us, tat_us): `slot_us` the reserved
-        start, or None when the schedule is already beyond `latest_us` (then `tat_us` says when it is free). Time
-        before `not_before_us` that nobody took stays unused. Two conditional writes, one per case (free at
-        `not_before`, or busy: the next free time); the one the caller expects (`busy_first`: it last saw the
-        schedule ahead of `not_before`) goes first, so a reservation costs one write when the guess is right. A write
-        whose condition fails answers the schedule as it was (`ReturnValuesOnConditionCheckFailure`), which decides
-        the next step: the other case, or no slot in time (no read, and no second write that cannot succeed).
-        `count`: that many consecutive starts, `interval_us` apart, in the one write (the first is returned)."""
-        key = keys.pace_key(budget)
-        expires = not_before_us // 1_000_000 + 3600
-        span = interval_us * count
+    def schedule(self, budget: str, *, item_spacing: bool = False) -> pace.PaceSchedule:
+        """The schedule item of paced budget `budget` (`LIMIT/PACE#{budget}`, `ledger.pace`): spaced by its callers,
+        or (`item_spacing`) by its own `interval_us` (the experiment's share of the account's new sessions)."""
+        return pace.PaceSchedule(self.table, keys.pace_key(budget), item_spacing=item_spacing)
 
-        def take_free() -> tuple[tuple[int, int] | None, int]:
-            free, seen = self.table.update_or_current(
-                key,
-                "SET tat = :next, expires_at = :exp",
-                "attribute_not_exists(tat) OR tat <= :nb",
-                {":next": not_before_us + span, ":nb": not_before_us, ":exp": expires},
-                return_values="UPDATED_NEW",
-            )
-            if free is None:
-                return None, _tat_of(seen)
-            return (not_before_us, not_before_us + span), 0
-
-        def take_next() -> tuple[tuple[int, int] | None, int]:
-            busy, seen = self.table.update_or_current(
-                key,
-                "ADD tat :interval SET expires_at = :exp",
-                "tat > :nb AND tat <= :latest",
-                {":interval": span, ":nb": not_before_us, ":latest": latest_us, ":exp": expires},
-                return_values="UPDATED_NEW",
-            )
-            if busy is None:
-                return None, _tat_of(seen)
-            tat = int(from_attribute_value(busy["tat"]))
-            return (tat - span, tat), 0
-
-        busy = busy_first
-        for _ in range(12):
-            reserved, tat = (take_next if busy else take_free)()
-            if reserved is not None:
-                return reserved
-            if tat > latest_us:
-                return None, tat
-            busy = tat > not_before_us  # the schedule as the failed write found it
-        raise LedgerError(f"pace budget {budget} kept changing under us")
-
-    def reserve_leased(
-        self,
-        budget: str,
-        *,
-        not_before_us: int,
-        latest_us: int,
-        busy_first: bool = False,
-        count: int = 1,
-        interval_us: int = 0,
-    ) -> LeasedSlot:
-        """`reserve_pace` on a schedule leased from the account pool (`set_pace_lease`): the spacing is the item's
-        own `interval_us`, and no start is booked after its `lease_until`, both checked by the conditional write
-        itself, so every process books at the rate the pool granted and none past the lease. Returns the slot, or
-        None with the schedule (`LeasedSlot.lacks_lease` when the lease, not the window, is what is missing). A
-        failed write answers the schedule as it was, as in `reserve_pace`.
-        `count` > 1: that many consecutive starts in the one write (the first is returned), spaced by
-        `interval_us`, the spacing the caller last saw, which the write checks is still the item's (DynamoDB's
-        expressions cannot multiply), and only while the lease covers the last of them at the latest."""
-        if count > 1:
-            return self._reserve_leased_block(
-                budget,
-                not_before_us=not_before_us,
-                latest_us=latest_us,
-                count=count,
-                interval_us=interval_us,
-                busy_first=busy_first,
-            )
-        key = keys.pace_key(budget)
-        expires = not_before_us // 1_000_000 + PACE_TTL_S
-
-        def take_free() -> tuple[LeasedSlot | None, PaceView]:
-            return self._leased_write(
-                key,
-                "SET last_start = :nb, tat = :nb + interval_us, expires_at = :exp ADD n :one",
-                "(attribute_not_exists(tat) OR tat <= :nb) AND lease_until >= :nb",
-                {":nb": not_before_us, ":exp": expires, ":one": 1},
-                first_start=lambda _pace: not_before_us,
-            )
-
-        def take_next() -> tuple[LeasedSlot | None, PaceView]:
-            return self._leased_write(
-                key,
-                "SET last_start = tat, tat = tat + interval_us, expires_at = :exp ADD n :one",
-                "tat > :nb AND tat <= :latest AND lease_until >= tat",
-                {":nb": not_before_us, ":latest": latest_us, ":exp": expires, ":one": 1},
-                first_start=lambda pace: pace.tat_us - pace.interval_us,
-            )
-
-        busy = busy_first
-        for _ in range(12):
-            reserved, pace = (take_next if busy else take_free)()
-            if reserved is not None:
-                return reserved
-            if pace.tat_us > latest_us or pace.lease_until_us < max(not_before_us, pace.tat_us) or not pace.interval_us:
-                return LeasedSlot(None, pace)
-            busy = pace.tat_us > not_before_us
-        raise LedgerError(f"pace budget {budget} kept changing under us")
-
-    def _reserve_leased_block(
-        self, budget: str, *, not_before_us: int, latest_us: int, count: int, interval_us: int, busy_first: bool
-    ) -> LeasedSlot:
-        """`reserve_leased` of `count` starts: one attempt each way (free at `not_before`, else the next free time;
-        `busy_first`: the latter first, as the caller last saw the schedule), no retry; the caller reserves one at a
-        time when this gives nothing. A failed write answers the schedule as it was: no read, and the other way is
-        not tried when that answer says it cannot succeed."""
-        key = keys.pace_key(budget)
-        span, last = interval_us * count, interval_us * (count - 1)
-        values = {":iv": interval_us, ":exp": not_before_us // 1_000_000 + PACE_TTL_S, ":k": count}
-
-        def take_free() -> tuple[LeasedSlot | None, PaceView]:
-            return self._leased_write(
-                key,
-                "SET last_start = :last, tat = :end, expires_at = :exp ADD n :k",
-                "(attribute_not_exists(tat) OR tat <= :nb) AND lease_until >= :last AND interval_us = :iv",
-                {**values, ":nb": not_before_us, ":last": not_before_us + last, ":end": not_before_us + span},
-                first_start=lambda _pace: not_before_us,
-            )
-
-        def take_next() -> tuple[LeasedSlot | None, PaceView]:
-            return self._leased_write(
-                key,
-                "SET last_start = tat + :last, tat = tat + :span, expires_at = :exp ADD n :k",
-                "tat > :nb AND tat <= :latest AND lease_until >= :bound AND interval_us = :iv",
-                {
-                    **values,
-                    ":nb": not_before_us,
-                    ":latest": latest_us,
-                    ":bound": latest_us + last,  # tat <= latest: the last start is within the lease
-                    ":last": last,
-                    ":span": span,
-                },
-                first_start=lambda pace: pace.tat_us - span,
-            )
-
-        first, second = (take_next, take_free) if busy_first else (take_free, take_next)
-        reserved, pace = first()
-        if reserved is not None:
-            return reserved
-        # The other way can succeed only if the schedule, as the failed write found it, is on that side of
-        # `not_before` with the spacing the block assumed (a lease too short fails either way: tried once more).
-        other_side = pace.tat_us <= not_before_us if busy_first else not_before_us < pace.tat_us <= latest_us
-        if pace.interval_us != interval_us or not other_side:
-            return LeasedSlot(None, pace)
-        reserved, pace = second()
-        return reserved if reserved is not None else LeasedSlot(None, pace)
-
-    def _leased_write(
-        self,
-        key: Mapping[str, Any],
-        update: str,
-        condition: str,
-        values: Mapping[str, Any],
-        *,
-        first_start: Callable[[PaceView], int],
-    ) -> tuple[LeasedSlot | None, PaceView]:
-        """One conditional write of a leased schedule: (the slot, its first start read off the written item by
-        `first_start`, and an empty view), or (None, the schedule as the refused write found it)."""
-        written, seen = self.table.update_or_current(key, update, condition, values)
-        if written is None:
-            return None, PaceView.of(item_values(seen))
-        pace = PaceView.of(item_values(written))
-        return LeasedSlot(first_start(pace), pace), PaceView()
-
-    def pace(self, budget: str) -> PaceView:
-        """A paced budget's schedule item (strongly consistent)."""
-        return PaceView.of(self._get(keys.pace_key(budget)))
-
-    def paces(self, budgets: Sequence[str]) -> dict[str, PaceView]:
-        """Several paced budgets' schedule items in one strongly consistent BatchGetItem."""
-        wanted = {str(keys.pace_key(budget)[keys.SK]["S"]): budget for budget in budgets}
-        resp = self.table.ddb.batch_get_item(
-            RequestItems={
-                self.table.name: {"Keys": [keys.pace_key(budget) for budget in budgets], "ConsistentRead": True}
-            }
+    def set_share(self, budget: str, interval_us: int, *, active: int, renewed_us: int, after_us: int) -> bool:
+        """Give the schedule `budget` the spacing of the experiment's share and the active sessions it may hold, if
+        no renewal wrote it since `after_us` (one renewal a period, whichever process wins)."""
+        written = pace.set_spacing(
+            self.table,
+            keys.pace_key(budget),
+            interval_us,
+            condition="attribute_not_exists(renewed_us) OR renewed_us <= :after",
+            values={":after": after_us},
+            also={"active": active, "renewed_us": renewed_us, "expires_at": renewed_us // 1_000_000 + pace.PACE_TTL_S},
         )
-        out = {budget: PaceView() for budget in budgets}
-        for raw in (resp.get("Responses") or {}).get(self.table.name, []):
-            item = item_values(raw)
-            out[wanted[str(item["sk"])]] = PaceView.of(item)
-        return out
-
-    def set_pace_lease(
-        self,
-        budget: str,
-        *,
-        interval_us: int,
-        lease_until_us: int,
-        version: int,
-        booked_until_us: int,
-        active: int | None = None,
-    ) -> bool:
-        """Give a paced budget the spacing and lease the pool granted at `version`: only if no later grant was
-        written (`lease_version`) and no start was booked after `booked_until_us` (the pool counted the old grant
-        until then). False when the schedule was booked further: read it again and redo the grant."""
-        return (
-            self.table.update(
-                keys.pace_key(budget),
-                "SET interval_us = :iv, lease_until = :lu, lease_version = :v, expires_at = :exp"
-                + ("" if active is None else ", active = :active"),
-                "(attribute_not_exists(lease_version) OR lease_version < :v) "
-                "AND (attribute_not_exists(last_start) OR last_start <= :booked)",
-                {
-                    ":iv": max(1, interval_us),
-                    ":lu": lease_until_us,
-                    ":v": version,
-                    ":booked": booked_until_us,
-                    ":exp": lease_until_us // 1_000_000 + PACE_TTL_S,
-                    **({} if active is None else {":active": active}),
-                },
-            )
-            is not None
-        )
-
-    def pace_tat(self, budget: str) -> int:
-        """A paced budget's schedule (`tat`, epoch microseconds: the earliest time its next call may start); 0 when
-        it was never used. Strongly consistent."""
-        return self.pace(budget).tat_us
+        return written is not None
 
     def put_waiting(self, process: str, waiting: Sequence[str], *, now_us: int) -> None:
         """Publish one dispatcher process's waiting admission keys on the admission board, stamped `now_us`."""

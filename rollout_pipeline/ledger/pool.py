@@ -1,19 +1,18 @@
-"""The account pool's table: one item per account and region that every experiment's functions read and renew.
+"""The account pool's table: one schedule item per account and region, and one entry per experiment.
 
 The pool table (`topology.POOL_TABLE_NAME`, created once per account and region by `rollouts bootstrap`; in local
-mode with the local account) holds ONE item, `POOL/STATE`:
+mode with the local account) holds, in one partition:
 
-- the settings (`quotas.PoolSettings`: the account's quotas as Service Quotas gave them at bootstrap, or the
-  documented defaults, or overrides, and the reserve), written by the pool stack at deploy;
-- `members`: one entry per experiment (weight, caps, its lease of each budget, demand, heartbeat, in-flight
-  sessions, recent use, throttles), written by the experiment's own renewals (`limits.pool`);
-- `backoff`: the factor of each rate budget after AgentCore's last throttle;
-- `version`: every renewal and every backoff writes under the condition that nothing changed since its read, so
-  a grant is computed from the very state it is written into (`limits.shares.grant`).
+- `POOL/STATE`, the ACCOUNT's new-session schedule: the settings (`quotas.PoolSettings`: the account's quotas and
+  the reserve, written by the pool stack at deploy), the schedule itself (`ledger.pace`: `tat`, `interval_us`,
+  `last_start`, `n`; every new session of every experiment books its start here, one conditional write per start or
+  block), the backoff after AgentCore's last new-session throttle (`factor`, `factor_at`) and the active-session cap
+  learned from its `ServiceQuotaExceededException` answers (`active_cap`, `active_cap_at`). Its size does not grow
+  with the experiments (about 300 bytes: every write costs 1 WCU);
+- `POOL/MEMBER#{experiment}`, one per experiment: its weight and caps, its demand, its sessions in flight (from its
+  counters) and when it last renewed (`lifecycle` of the experiment, about once a second while it has work).
 
-The item is read (strongly consistent GetItem) and written (conditional UpdateItem) about once a second per active
-experiment, never per rollout. This module keeps the item's typed view and its reads and writes; the rules (fair
-shares, what a lease counts for, the backoff's arithmetic) are `limits.shares`.
+This module keeps the items' typed views, reads and writes; the rules (fair shares, backoff) are `limits`.
 """
 
 from __future__ import annotations
@@ -23,80 +22,120 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from rollout_pipeline.ledger.attributes import item_values
-from rollout_pipeline.ledger.pool_schema import pool_key, settings_update
-from rollout_pipeline.ledger.retry import retry_conflicts
+from rollout_pipeline.ledger import pace
+from rollout_pipeline.ledger.attributes import item_values, plain_values
+from rollout_pipeline.ledger.keys import PK, SK
+from rollout_pipeline.ledger.pool_schema import POOL_PK, POOL_SK, member_key, pool_key, settings_update
 from rollout_pipeline.ledger.table import LedgerTable
 from rollout_pipeline.ports import Clock
-from rollout_pipeline.quotas import BUDGETS, AccountQuotas, Budget, PoolSettings
+from rollout_pipeline.quotas import AccountQuotas, PoolSettings
 
 #: A demand of "all it can get" (`math.inf`) is stored as this (DynamoDB numbers are finite).
 ALL: Final = -1
-#: An entry whose every lease ended and whose last heartbeat is older than this is dropped by the next renewal of
-#: any member (a deleted experiment leaves the pool by itself).
-FORGET_AFTER_S: Final = 3600.0
+#: Member entries live this long after their last renewal (TTL): a deleted experiment leaves the pool by itself.
+MEMBER_TTL_S: Final = 3600
 
 
 @dataclass(frozen=True)
-class Lease:
-    """What one member holds of one budget: `rate` until `until` (epoch s); `held`, its earlier grants still in use
-    as (rate, until) pairs (starts booked under them); `demand`, what it asked for (`math.inf`: all it can get)."""
+class AccountView:
+    """The account's schedule item: settings, the schedule, the backoff and the learned active-session cap."""
 
-    rate: float = 0.0
-    until: float = 0.0
-    held: tuple[tuple[float, float], ...] = ()
-    demand: float = 0.0
+    settings: PoolSettings = field(default_factory=PoolSettings)
+    pace: pace.PaceView = field(default_factory=pace.PaceView)
+    #: The backoff factor right after the last decrease, and when (epoch s; 0: never throttled).
+    factor: float = 1.0
+    factor_at: float = 0.0
+    #: Active sessions the account has shown it holds at most (`ServiceQuotaExceededException`), and when it was
+    #: learned (0: never: the quota stands).
+    active_cap: int = 0
+    active_cap_at: float = 0.0
+    #: Whether the settings were written (by the pool stack, or local mode); else the documented defaults.
+    configured: bool = False
+
+    @classmethod
+    def of(cls, item: Mapping[str, Any] | None, *, region: str | None = None) -> AccountView:
+        item = item or {}
+        defaults = AccountQuotas.defaults(region)
+        quotas = AccountQuotas(
+            new_sessions_per_s=float(item.get("new_session_quota", defaults.new_sessions_per_s)),
+            data_plane_per_s=float(item.get("data_plane_quota", defaults.data_plane_per_s)),
+            active_sessions=int(item.get("active_session_quota", defaults.active_sessions)),
+            source=str(item.get("quota_source", defaults.source)),
+        )
+        return cls(
+            settings=PoolSettings(quotas, reserve=float(item.get("reserve", PoolSettings().reserve))),
+            pace=pace.PaceView.of(item),
+            factor=float(item.get("factor", 1.0)),
+            factor_at=float(item.get("factor_at", 0.0)),
+            active_cap=int(item.get("active_cap", 0)),
+            active_cap_at=float(item.get("active_cap_at", 0.0)),
+            configured="new_session_quota" in item,
+        )
 
 
 @dataclass(frozen=True)
-class Member:
-    """One experiment in the pool."""
+class MemberEntry:
+    """One experiment in the pool, as its last renewal wrote it."""
 
     name: str
     weight: float = 1.0
-    #: Per budget: the most it may ever use (`session_rate_limit`, `tps_limit`, `max_sessions`); None: no cap.
-    caps: Mapping[Budget, float | None] = field(default_factory=dict)
-    leases: Mapping[Budget, Lease] = field(default_factory=dict)
-    #: The last time it renewed or heartbeated (epoch s), and its sessions holding a slot then.
-    heartbeat: float = 0.0
+    #: New sessions/s it may use at most (`session_rate_limit`, half of `tps_limit`); None: no cap.
+    sessions_cap: float | None = None
+    #: Active sessions it may hold at most (`max_sessions`).
+    max_sessions: int = 0
+    #: New sessions/s it asked for (`math.inf`: all it can get: rollouts wait for the rate).
+    demand: float = 0.0
+    #: Whether rollouts of it wait for a session slot (it asks for all the active sessions it may hold).
+    waiting: bool = False
+    #: Its sessions holding a slot, as its counters said at the renewal.
     in_flight: int = 0
-    #: New sessions/s it started over its last renewal period; its count of sessions started and data-plane calls
-    #: paced, and when they were read (the next renewal measures the rates from them).
-    use: float = 0.0
-    started: int = 0
-    calls: int = 0
-    counted_at: float = 0.0
-    #: Throttles AgentCore answered it (rate exceeded), in all.
+    #: When it renewed (epoch s), and the new sessions it had booked then (its schedule's count).
+    renewed_at: float = 0.0
+    booked: int = 0
+    #: Its new-session share as computed at that renewal (shown by `rollouts capacity`).
+    share: float = 0.0
+    #: Its share of the account's active sessions then.
+    active_share: int = 0
+    #: Throttles AgentCore answered its new sessions, in all.
     throttles: int = 0
-    #: When a renewal last saw it with a backlog (epoch s): it keeps asking for all it can get a little while.
-    backlog_at: float = 0.0
-    #: The pool version its entry was written at (its schedule items carry it: `LimitLedger.set_pace_lease`).
-    version: int = 0
 
-    def lease(self, budget: Budget) -> Lease:
-        return self.leases.get(budget) or Lease()
+    @classmethod
+    def of(cls, item: Mapping[str, Any]) -> MemberEntry:
+        demand = float(item.get("demand", 0.0))
+        cap = item.get("sessions_cap")
+        return cls(
+            name=str(item["name"]),
+            weight=float(item.get("weight", 1.0)),
+            sessions_cap=None if cap is None else float(cap),
+            max_sessions=int(item.get("max_sessions", 0)),
+            demand=math.inf if demand == ALL else demand,
+            waiting=bool(item.get("waiting", False)),
+            in_flight=int(item.get("in_flight", 0)),
+            renewed_at=float(item.get("renewed_at", 0.0)),
+            booked=int(item.get("booked", 0)),
+            share=float(item.get("share", 0.0)),
+            active_share=int(item.get("active_share", 0)),
+            throttles=int(item.get("throttles", 0)),
+        )
 
-
-@dataclass(frozen=True)
-class Backoff:
-    """The pool's factor on one rate budget: `base` right after the last decrease, at `at` (epoch s)."""
-
-    base: float = 1.0
-    at: float = 0.0
-
-
-@dataclass(frozen=True)
-class PoolState:
-    """The account pool as one read of its item."""
-
-    settings: PoolSettings = field(default_factory=PoolSettings)
-    members: Mapping[str, Member] = field(default_factory=dict)
-    backoff: Mapping[Budget, Backoff] = field(default_factory=dict)
-    version: int = 0
-    #: Whether the item exists (a pool table with no renewal and no settings yet has none).
-    exists: bool = False
-    #: Whether the settings were written (by the pool stack, or local mode); else the documented defaults.
-    configured: bool = False
+    def _stored(self) -> dict[str, Any]:
+        """The entry as the item stores it (plain values, without its key)."""
+        out: dict[str, Any] = {
+            "name": self.name,
+            "weight": self.weight,
+            "max_sessions": self.max_sessions,
+            "demand": ALL if math.isinf(self.demand) else self.demand,
+            "waiting": self.waiting,
+            "in_flight": self.in_flight,
+            "renewed_at": self.renewed_at,
+            "booked": self.booked,
+            "share": self.share,
+            "active_share": self.active_share,
+            "throttles": self.throttles,
+        }
+        if self.sessions_cap is not None:
+            out["sessions_cap"] = self.sessions_cap
+        return out
 
 
 class PoolMissing(LookupError):
@@ -104,7 +143,7 @@ class PoolMissing(LookupError):
 
 
 class PoolLedger:
-    """Reads and conditional writes of the pool item, through a table gateway of the pool table."""
+    """Reads and writes of the pool table, through a table gateway of its own."""
 
     def __init__(self, table: LedgerTable, *, region: str | None = None) -> None:
         self.table = table
@@ -121,161 +160,90 @@ class PoolLedger:
     ) -> PoolLedger:
         return cls(LedgerTable(table_name, dynamodb_client, clock=clock), region=region)
 
-    def read(self) -> PoolState:
-        """The pool item (strongly consistent). Raises `PoolMissing` when the table does not exist."""
-        try:
-            raw = self.table.get(pool_key())
-        except self.table.ddb.exceptions.ResourceNotFoundException as exc:
-            raise PoolMissing(f"no account pool table {self.table.name!r}: run `rollouts bootstrap`") from exc
-        return parse_pool(item_values(raw) if raw else None, region=self.region)
+    # ------------------------------------------------------------------------------------------- the account
+
+    def account(self, item: Mapping[str, Any] | None = None) -> AccountView:
+        """The account's schedule item (`item`: its values as a write just answered them, else read strongly
+        consistent). Raises `PoolMissing` when the table does not exist."""
+        if item is None:
+            try:
+                item = pace.read(self.table, pool_key()).values
+            except self.table.ddb.exceptions.ResourceNotFoundException as exc:
+                raise PoolMissing(f"no account pool table {self.table.name!r}: run `rollouts bootstrap`") from exc
+        return AccountView.of(item, region=self.region)
 
     def write_settings(self, settings: PoolSettings) -> None:
-        """Set the pool's settings (creating the item if needed); members and backoff are kept."""
+        """Set the pool's settings (creating the item if needed): the schedule's spacing follows them, and what was
+        learned under the old ones (the backoff, the active-session cap) is forgotten."""
         self.table.ddb.update_item(**settings_update(self.table.name, settings))
 
-    def write_member(self, member: Member, *, version: int, forget: tuple[str, ...] = ()) -> bool:
-        """Write `member`'s entry (and drop the `forget` entries) if the pool is still at `version`; the version
-        moves on. False when someone wrote in between (read again and recompute)."""
-        names = {"#m": member.name, **{f"#f{i}": name for i, name in enumerate(forget)}}
-        entry = _member_values(member, version=version + 1)
-        if version == 0:
-            update = "SET members = :members, backoff = if_not_exists(backoff, :empty), version = :next"
-            condition = "attribute_not_exists(version) OR version = :v"
-            values: dict[str, Any] = {":members": {member.name: entry}, ":empty": {}, ":next": 1, ":v": 0}
-            names = {}
-        else:
-            update = "SET members.#m = :entry, version = :next"
-            if forget:
-                update += " REMOVE " + ", ".join(f"members.#f{i}" for i in range(len(forget)))
-            condition = "version = :v"
-            values = {":entry": entry, ":next": version + 1, ":v": version}
-        return self.table.update(pool_key(), update, condition, values, names or None) is not None
+    def schedule(self) -> pace.PaceSchedule:
+        """The account's new-session schedule (`ledger.pace`: the item's own spacing)."""
+        return pace.PaceSchedule(self.table, pool_key(), item_spacing=True)
 
-    def record_backoff(self, budget: Budget, backoff: Backoff, *, after: Backoff | None) -> tuple[bool, Backoff | None]:
-        """Set the backoff of `budget` to `backoff` if it is still `after` (None: none yet), whatever else changed:
-        one conditional UpdateItem, so a lessee that AgentCore just throttled records it at once, without reading
-        the pool first, and duplicates of one overshoot decrease it once (the second finds `after` changed). The
-        version moves on, so a renewal computed before the decrease is computed again. Returns (written, the
-        backoff now in the item): when not written, the item's own (ConditionalCheckFailedException's `Item`,
-        `ReturnValuesOnConditionCheckFailure`), to decide whether it is already decreased."""
-        values: dict[str, Any] = {":backoff": {"base": backoff.base, "at": backoff.at}, ":one": 1}
-        names: dict[str, str] = {"#b": budget}
-        if after is None:
-            condition = "attribute_not_exists(backoff.#b)"
-        else:  # every name and value must be used (ValidationException otherwise)
-            condition = "backoff.#b.#at = :after"
-            values[":after"] = after.at
-            names["#at"] = "at"
-        op = self.table.update_op(pool_key(), "SET backoff.#b = :backoff ADD version :one", condition, values, names)
-        try:
-            retry_conflicts(
-                self.table.ddb.update_item,
-                sleep=self.table.sleep,
-                ReturnValuesOnConditionCheckFailure="ALL_OLD",
-                **op,
+    def set_spacing(self, interval_us: int, *, factor: float, factor_at: float, after_at: float) -> AccountView | None:
+        """Space the account's schedule at `interval_us` with the backoff (`factor` since `factor_at`), if the backoff
+        the caller decided from is still the item's (`after_at`: its `factor_at`): one decrease per overshoot, one
+        climb step per process that sees it due. None when someone changed it meanwhile."""
+        written = pace.set_spacing(
+            self.table,
+            pool_key(),
+            interval_us,
+            condition="attribute_not_exists(factor_at) OR factor_at = :after",
+            values={":after": after_at},
+            also={"factor": factor, "factor_at": factor_at},
+        )
+        return None if written is None else self.account(written.values)
+
+    def learn_active_cap(self, cap: int, *, at: float, after_at: float) -> bool:
+        """Record that the account holds at most `cap` active sessions (learned at `at`), if the cap the caller
+        decided from is still the item's (`after_at`)."""
+        return (
+            self.table.update(
+                pool_key(),
+                "SET active_cap = :cap, active_cap_at = :at",
+                "attribute_not_exists(active_cap_at) OR active_cap_at = :after",
+                {":cap": max(1, cap), ":at": at, ":after": after_at},
             )
-        except self.table.ddb.exceptions.ConditionalCheckFailedException as exc:
-            old = item_values(exc.response.get("Item") or {})
-            raw = (old.get("backoff") or {}).get(budget)
-            current = None if raw is None else Backoff(base=float(raw.get("base", 1.0)), at=float(raw.get("at", 0.0)))
-            return False, current
-        return True, backoff
+            is not None
+        )
+
+    # -------------------------------------------------------------------------------------------- members
+
+    def put_member(self, entry: MemberEntry, *, now: float) -> None:
+        """Write an experiment's entry (its renewal)."""
+        self.table.ddb.put_item(
+            TableName=self.table.name,
+            Item={
+                **member_key(entry.name),
+                **plain_values({**entry._stored(), "expires_at": int(now) + MEMBER_TTL_S}),
+            },
+        )
+
+    def snapshot(self) -> tuple[AccountView, list[MemberEntry]]:
+        """The account's item and every experiment's entry, in ONE strongly consistent Query of the partition."""
+        request: dict[str, Any] = {
+            "KeyConditionExpression": f"{PK} = :pk",
+            "ExpressionAttributeValues": plain_values({":pk": POOL_PK}),
+            "ConsistentRead": True,
+        }
+        account: dict[str, Any] = {}
+        members = []
+        for raw in self.table.query(request, max_pages=10):
+            item = item_values(raw)
+            if str(item.get(SK, "")).startswith("MEMBER#"):
+                members.append(MemberEntry.of(item))
+            elif item.get(SK) == POOL_SK:
+                account = item
+        return self.account(account), members
+
+    def members(self) -> list[MemberEntry]:
+        """Every experiment's entry (`snapshot`)."""
+        return self.snapshot()[1]
 
     def leave(self, name: str) -> None:
         """Take experiment `name` out of the pool (its stack is being destroyed)."""
         try:
-            self.table.update(
-                pool_key(),
-                "REMOVE members.#m SET version = version + :one",
-                "attribute_exists(members.#m)",
-                {":one": 1},
-                {"#m": name},
-            )
+            self.table.ddb.delete_item(TableName=self.table.name, Key=member_key(name))
         except self.table.ddb.exceptions.ResourceNotFoundException:
             return
-
-
-def _member_values(member: Member, *, version: int) -> dict[str, Any]:
-    """A member as the item stores it (plain values)."""
-    return {
-        "weight": member.weight,
-        "caps": {budget: cap for budget, cap in member.caps.items() if cap is not None},
-        "leases": {
-            budget: {
-                "rate": lease.rate,
-                "until": lease.until,
-                "held": [[rate, until] for rate, until in lease.held],
-                "demand": ALL if math.isinf(lease.demand) else lease.demand,
-            }
-            for budget, lease in member.leases.items()
-        },
-        "heartbeat": member.heartbeat,
-        "in_flight": member.in_flight,
-        "use": member.use,
-        "started": member.started,
-        "calls": member.calls,
-        "counted_at": member.counted_at,
-        "throttles": member.throttles,
-        "backlog_at": member.backlog_at,
-        "version": version,
-    }
-
-
-def parse_pool(item: Mapping[str, Any] | None, *, region: str | None = None) -> PoolState:
-    """The typed view of a pool item (plain values; None: no item yet, the documented defaults)."""
-    if item is None:
-        return PoolState(settings=PoolSettings(AccountQuotas.defaults(region)))
-    defaults = AccountQuotas.defaults(region)
-    configured = "new_session_quota" in item
-    quotas = AccountQuotas(
-        new_sessions_per_s=float(item.get("new_session_quota", defaults.new_sessions_per_s)),
-        data_plane_per_s=float(item.get("data_plane_quota", defaults.data_plane_per_s)),
-        active_sessions=int(item.get("active_session_quota", defaults.active_sessions)),
-        new_session_scope="endpoint" if item.get("new_session_scope") == "endpoint" else "account",
-        source=str(item.get("quota_source", defaults.source)),
-    )
-    settings = PoolSettings(quotas, reserve=float(item.get("reserve", PoolSettings().reserve)))
-    members = {name: _member(name, raw) for name, raw in (item.get("members") or {}).items()}
-    backoff = {
-        budget: Backoff(base=float(raw.get("base", 1.0)), at=float(raw.get("at", 0.0)))
-        for budget, raw in (item.get("backoff") or {}).items()
-        if budget in BUDGETS
-    }
-    return PoolState(
-        settings=settings,
-        members=members,
-        backoff=backoff,
-        version=int(item.get("version") or 0),
-        exists=True,
-        configured=configured,
-    )
-
-
-def _member(name: str, raw: Mapping[str, Any]) -> Member:
-    leases = {}
-    for budget, lease in (raw.get("leases") or {}).items():
-        if budget not in BUDGETS:
-            continue
-        demand = float(lease.get("demand", 0.0))
-        leases[budget] = Lease(
-            rate=float(lease.get("rate", 0.0)),
-            until=float(lease.get("until", 0.0)),
-            held=tuple((float(rate), float(until)) for rate, until in lease.get("held") or []),
-            demand=math.inf if demand == ALL else demand,
-        )
-    caps = {budget: float(cap) for budget, cap in (raw.get("caps") or {}).items() if budget in BUDGETS}
-    return Member(
-        name=name,
-        weight=float(raw.get("weight", 1.0)),
-        caps=caps,
-        leases=leases,
-        heartbeat=float(raw.get("heartbeat", 0.0)),
-        in_flight=int(raw.get("in_flight", 0)),
-        use=float(raw.get("use", 0.0)),
-        started=int(raw.get("started", 0)),
-        calls=int(raw.get("calls", 0)),
-        counted_at=float(raw.get("counted_at", 0.0)),
-        throttles=int(raw.get("throttles", 0)),
-        backlog_at=float(raw.get("backlog_at", 0.0)),
-        version=int(raw.get("version", 0)),
-    )

@@ -1,6 +1,6 @@
-"""The account pool's table as the pool stack and local mode create it: its key schema, the one item's key and the
+"""The account pool's table as the pool stack and local mode create it: its key schema, its items' keys and the
 write of its settings. Plain data only (no client): `stacks/pool_stack.py` imports it, and a synth loads no adapter.
-The item's reads and renewals are `ledger.pool`."""
+The items' reads and writes are `ledger.pool`."""
 
 from __future__ import annotations
 
@@ -15,29 +15,33 @@ POOL_SK: Final = "STATE"
 
 
 def pool_key() -> dict[str, dict[str, str]]:
+    """The account's schedule item (settings, schedule, backoff, learned caps)."""
     return {PK: {"S": POOL_PK}, SK: {"S": POOL_SK}}
 
 
+def member_key(name: str) -> dict[str, dict[str, str]]:
+    """Experiment `name`'s entry."""
+    return {PK: {"S": POOL_PK}, SK: {"S": f"MEMBER#{name}"}}
+
+
 def settings_update(table_name: str, settings: PoolSettings) -> dict[str, Any]:
-    """The UpdateItem that writes the pool's settings (`ledger.pool`, local mode, and the pool stack at deploy)."""
+    """The UpdateItem that writes the pool's settings (`ledger.pool`, local mode, and the pool stack at deploy): the
+    account schedule's spacing follows them; the backoff and the active-session cap learned under the old ones go."""
     q = settings.quotas
     return {
         "TableName": table_name,
         "Key": pool_key(),
         "UpdateExpression": "SET new_session_quota = :ns, data_plane_quota = :dp, active_session_quota = :act, "
-        "new_session_scope = :scope, reserve = :reserve, quota_source = :source, "
-        "members = if_not_exists(members, :empty), backoff = if_not_exists(backoff, :empty), "
-        "version = if_not_exists(version, :zero)",
+        "reserve = :reserve, quota_source = :source, interval_us = :iv "
+        "REMOVE factor, factor_at, active_cap, active_cap_at",
         "ExpressionAttributeValues": plain_values(
             {
                 ":ns": q.new_sessions_per_s,
                 ":dp": q.data_plane_per_s,
                 ":act": q.active_sessions,
-                ":scope": q.new_session_scope,
                 ":reserve": settings.reserve,
                 ":source": q.source,
-                ":empty": {},
-                ":zero": 0,
+                ":iv": settings.start_interval_us(),
             }
         ),
     }

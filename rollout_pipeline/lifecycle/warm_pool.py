@@ -42,7 +42,6 @@ import logging
 import math
 import threading
 import uuid
-from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -63,7 +62,7 @@ from rollout_pipeline.lifecycle.metrics import (
     WARMED,
 )
 from rollout_pipeline.lifecycle.warm import STALE_MARGIN_S
-from rollout_pipeline.limits.pacing import InvokeBlock
+from rollout_pipeline.limits.pacing import SESSION_PACE, InvokeBlock
 from rollout_pipeline.limits.slots import caps as slot_caps
 from rollout_pipeline.ports import (
     RuntimeColdStart,
@@ -496,7 +495,7 @@ class WarmPool:
 
     def _block(self, chunk: Sequence[str]) -> InvokeBlock:
         """The chunk's warm-ups' session starts, booked in one write per session budget they take (`InvokeBlock`)."""
-        return InvokeBlock(Counter(self.deps.limits.runtime.session_pacer(sid).budget for sid in chunk))
+        return InvokeBlock({SESSION_PACE: len(chunk)})
 
     def _warm_up(self, session_id: str, wait_until: float, block: InvokeBlock | None = None) -> bool:
         """The warm-up invocation of a new session, paced as any new session (its start from its chunk's `block`);

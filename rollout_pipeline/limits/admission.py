@@ -17,9 +17,9 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from typing import Final
+from typing import Any, Final
 
-from rollout_pipeline.ledger.limits import LimitLedger, PaceView
+from rollout_pipeline.ledger.limits import LimitLedger
 from rollout_pipeline.limits.pacing import Pacer
 
 #: One process's entry on the admission board: (process, heartbeat in epoch microseconds, its waiting keys).
@@ -37,19 +37,13 @@ ROOM_BATCH_S: Final = 0.5
 
 
 class SessionRoom:
-    """Room for new sessions in the session budget within `ahead_s`, as this process knows it: its reads of the
-    schedule, its own reservations, and the sessions it let through since. `session`: the budget, or a function
-    giving the one that applies now (`LimitedRuntime.room_pacer`: None when no single budget does, i.e. several
-    endpoints each with their own; then the room never holds anything back)."""
+    """Room for new sessions in the experiment's session budget within `ahead_s`, as this process knows it: its reads
+    of the schedule, its own reservations, and the sessions it let through since."""
 
-    def __init__(self, session: Pacer | Callable[[], Pacer | None], ahead_s: float = ADMIT_AHEAD_S) -> None:
-        self._session = session
+    def __init__(self, session: Pacer, ahead_s: float = ADMIT_AHEAD_S) -> None:
+        self.session = session
         self.ahead_s = ahead_s
         self._lock = threading.Lock()
-
-    @property
-    def session(self) -> Pacer | None:
-        return self._session if isinstance(self._session, Pacer) else self._session()
 
     def claim(self) -> bool:
         """For a newly received rollout: True (and the room counted as taken) if the session budget is idle (its
@@ -57,59 +51,43 @@ class SessionRoom:
         gate, which admits up to `ahead_s`: so processes that start at once let through one rollout each, not a
         horizon's worth each in no particular order."""
         with self._lock:
-            session = self.session
-            if session is None:
-                return True
-            session.read_tat()
-            if session.room(0.0) <= 0:
-                _note_backlog(session)
+            self.session.read_tat()
+            if self.session.room(0.0) <= 0:
+                self._backlog()
                 return False
-            session.promise(1)
+            self.session.promise(1)
             return True
 
-    def read(self, paces: Mapping[str, PaceView] | None = None, *, wanted: int = 1) -> int:
-        """Room now: reads the schedule, unless given `paces` (the schedules read just now with the slot counters:
-        a budget missing there has never been used). Room for fewer than `wanted` starts marks a backlog."""
+    def read(self, paces: Mapping[str, Mapping[str, Any]] | None = None, *, wanted: int = 1) -> int:
+        """Room now: reads the schedule, unless given `paces` (the schedule items read just now with the slot
+        counters: a budget missing there has never been used). Room for fewer than `wanted` starts marks a backlog."""
         with self._lock:
-            session = self.session
-            if session is None:
-                return UNBOUNDED_ROOM
-            session.read_tat(None if paces is None else paces.get(session.budget, PaceView()))
-            room = session.room(self.ahead_s)
+            self.session.read_tat(None if paces is None else paces.get(self.session.budget, {}))
+            room = self.session.room(self.ahead_s)
             if room < max(1, wanted):
-                _note_backlog(session)
+                self._backlog()
             return room
 
     def batch(self) -> int:
         """Starts the gate lets through at a time while the room binds: `ROOM_BATCH_S` worth at the budget's rate,
         at most half the horizon's (so the schedule stays booked at least half the horizon ahead), at least one."""
-        session = self.session
-        if session is None:
-            return 1
-        per_start = session.interval_s
+        per_start = self.session.interval_s
         return max(1, min(int(ROOM_BATCH_S / per_start + 1e-9), int(self.ahead_s / 2 / per_start + 1e-9)))
 
     def promise(self, sessions: int) -> None:
         """`sessions` waiters were let through: count them in the known schedule."""
         with self._lock:
-            session = self.session
-            if session is not None:
-                session.promise(sessions)
+            self.session.promise(sessions)
 
     def next_room_s(self, sessions: int = 1) -> float:
         """Seconds until the known schedule has room for `sessions` more sessions."""
-        session = self.session
-        return 0.0 if session is None else session.next_room_s(self.ahead_s, sessions)
+        return self.session.next_room_s(self.ahead_s, sessions)
 
-
-#: The room of no single budget (several endpoints each with its own): it holds nothing back.
-UNBOUNDED_ROOM: Final = 1_000_000
-
-
-def _note_backlog(session: Pacer) -> None:
-    """Rollouts wait for the session budget's room: a leased budget asks for all it can get at its next renewal."""
-    if session.lease is not None:
-        session.lease.note_backlog()
+    def _backlog(self) -> None:
+        """Rollouts wait for the session budget's room: through the account pool, the experiment asks for all it can
+        get."""
+        if self.session.on_backlog is not None:
+            self.session.on_backlog()
 
 
 #: A process's entry on the admission board older than this is ignored (its process crashed or stalled), so a dead
@@ -222,7 +200,7 @@ class SlotGate:
         *,
         board: AdmissionBoard | None = None,
         room: SessionRoom | None = None,
-        in_flight_and_board: Callable[[], tuple[int, list[BoardEntry], Mapping[str, PaceView]]] | None = None,
+        in_flight_and_board: Callable[[], tuple[int, list[BoardEntry], Mapping[str, Mapping[str, Any]]]] | None = None,
         monotonic: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
@@ -393,7 +371,7 @@ class SlotGate:
             return random.uniform(*LEAD_POLL_S), True
         return jitter_poll_s(), False
 
-    def _read(self) -> tuple[int, float, Mapping[str, PaceView] | None]:
+    def _read(self) -> tuple[int, float, Mapping[str, Mapping[str, Any]] | None]:
         """Sessions in flight, how old a board view the decision may use (the board read with it: fresh), and the
         call budgets' schedules when they were read with it (None: not read)."""
         if self._in_flight_and_board is None:

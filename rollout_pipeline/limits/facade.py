@@ -3,35 +3,26 @@
 `Limits` holds what a process admits new sessions and paces its calls with (docs/lifecycle.md, "Limits"):
 `runtime` (the agent runtime behind its call budgets), `gate` (the admission gate: session slots and the session
 budget's room, in group order across processes), `shards` (which session-slot counter a dispatch takes). Two
-constructors: `pooled` (the account pool shares AgentCore's quotas with every experiment of the account) and
-`standalone` (the experiment keeps its own limits, as if it owned the account: tests, benches).
+constructors: `pooled` (every new session books its start on the account's one schedule, `limits.account`, after the
+experiment's advisory share, `limits.shares`) and `standalone` (the experiment keeps its own limits, as if it owned
+the account: tests, benches).
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
-from rollout_pipeline.config import ExperimentConfig, invoke_rate_cap
+from rollout_pipeline.config import ExperimentConfig, invoke_rate_cap, new_sessions_cap
 from rollout_pipeline.ledger.limits import LimitLedger
 from rollout_pipeline.ledger.pool import PoolLedger
+from rollout_pipeline.limits.account import AccountSchedule
 from rollout_pipeline.limits.admission import AdmissionBoard, SessionRoom, SlotGate
-from rollout_pipeline.limits.pacing import STOP_PACE, LimitedRuntime, Pacer, own_runtime
-from rollout_pipeline.limits.pool import CALLS_PACE, SESSION_PACE, CapacityLease
+from rollout_pipeline.limits.pacing import SESSION_PACE, Clocks, LimitedRuntime, Pacer, call_budgets
+from rollout_pipeline.limits.shares import MIN_SHARE_PER_S, Membership
 from rollout_pipeline.limits.slots import SlotShards
 from rollout_pipeline.metric_names import MetricsRecorder
 from rollout_pipeline.ports import AgentRuntime
 from rollout_pipeline.quotas import AccountQuotas, PoolSettings
-
-
-@dataclass(frozen=True)
-class Clocks:
-    """The clocks limits wait on: wall clock (epoch s), monotonic and sleep (a test's or a bench's, or the system's)."""
-
-    wall: Callable[[], float] = time.time
-    monotonic: Callable[[], float] = time.monotonic
-    sleep: Callable[[float], None] = time.sleep
 
 
 class Limits:
@@ -43,14 +34,17 @@ class Limits:
         shards: SlotShards,
         gate: SlotGate,
         *,
-        lease: CapacityLease | None = None,
-        new_session_rate: Callable[[], float],
+        account: AccountSchedule | None = None,
+        membership: Membership | None = None,
+        session_rate: float = 0.0,
     ) -> None:
         self.runtime = runtime
         self.shards = shards
         self.gate = gate
-        self.lease = lease
-        self._new_session_rate = new_session_rate
+        #: Through the account pool: the account's schedule and this experiment's entry there.
+        self.account = account
+        self.membership = membership
+        self._session_rate = session_rate
         #: Builds the same limits anew (`for_another_process`).
         self._again: Callable[[], Limits] | None = None
 
@@ -63,28 +57,51 @@ class Limits:
         runtime: AgentRuntime,
         *,
         clocks: Clocks | None = None,
+        pacing: Clocks | None = None,
         metrics: MetricsRecorder | None = None,
         group_admission: bool = True,
     ) -> Limits:
-        """Limits that lease the experiment's share of the account's quotas from the account pool."""
-        clocks = clocks or Clocks()
-        holder: list[SlotShards] = []
-        lease = CapacityLease(pool, ledger, config, in_flight=lambda: holder[0].last_in_flight, sleep=clocks.sleep)
-        endpoints = [Pacer(ledger, f"session#{i}", 1.0, guess_busy=True) for i in range(config.endpoints)]
-        limited = LimitedRuntime(
-            runtime,
-            Pacer(ledger, CALLS_PACE, 1.0, lease=lease),
-            endpoints,
-            metrics,
-            sessions_apart=True,
-            session=Pacer(ledger, SESSION_PACE, 1.0, guess_busy=True, lease=lease),
-            lease=lease,
-            stops=Pacer(ledger, STOP_PACE, 1.0, lease=lease),  # used while the grant opens it
+        """Limits that share the account's quotas with every experiment of the account through its pool. `clocks`:
+        the admission gate's; `pacing`: the schedules' (the system's by default: their times are shared with every
+        other process through the items)."""
+        clocks, pacing = clocks or Clocks(), pacing or Clocks()
+        account = AccountSchedule(pool, wall=pacing.wall, monotonic=pacing.monotonic, sleep=pacing.sleep)
+        shards = SlotShards(ledger, config.max_sessions, wall=pacing.wall)
+        membership = Membership(
+            pool,
+            ledger,
+            account,
+            config,
+            in_flight=shards.last_read,
+            read_in_flight=shards.in_flight,
+            waiting=lambda: bool(gate.queued()),
+            wall=pacing.wall,
         )
-        shards = SlotShards(ledger, lease.max_sessions)
-        holder.append(shards)
-        gate = _gate(ledger, shards, SessionRoom(limited.room_pacer), clocks, group_admission)
-        return cls(limited, shards, gate, lease=lease, new_session_rate=lambda: lease.ensure().sessions_per_s)
+        shards.follow(membership.max_sessions)
+        account.on_throttled = membership.throttled
+        session = Pacer(
+            ledger.schedule(SESSION_PACE, item_spacing=True),
+            SESSION_PACE,
+            MIN_SHARE_PER_S,  # until its first renewal: one start a horizon
+            guess_busy=True,
+            on_item=membership.seen,
+            on_unspaced=membership.first_share,
+            on_backlog=membership.note_backlog,
+            wall=pacing.wall,
+            monotonic=pacing.monotonic,
+            sleep=pacing.sleep,
+        )
+        data_plane, session_rate = own_limits(config)
+        tps, stops, apart = call_budgets(
+            ledger.schedule,
+            data_plane=data_plane,
+            invoke_rate=invoke_rate_cap(config.invoke_rate_limit, data_plane),
+            session_rate=session_rate,
+            clocks=pacing,
+        )
+        limited = LimitedRuntime(runtime, tps, session, metrics, account=account, sessions_apart=apart, stops=stops)
+        gate = _gate(ledger, shards, SessionRoom(session), clocks, group_admission)
+        return cls(limited, shards, gate, account=account, membership=membership)
 
     @classmethod
     def standalone(
@@ -94,28 +111,34 @@ class Limits:
         runtime: AgentRuntime,
         *,
         clocks: Clocks | None = None,
+        pacing: Clocks | None = None,
         metrics: MetricsRecorder | None = None,
         group_admission: bool = True,
     ) -> Limits:
-        """Limits of an experiment on its own settings, as if it owned the account (`standalone_limits`)."""
-        clocks = clocks or Clocks()
-        data_plane, session_rate_limit = standalone_limits(config)
-        limited = own_runtime(
-            runtime,
-            ledger,
+        """Limits of an experiment on its own settings, as if it owned the account (`own_limits`)."""
+        clocks, pacing = clocks or Clocks(), pacing or Clocks()
+        data_plane, session_rate = own_limits(config)
+        schedule = ledger.schedule(SESSION_PACE)
+        session = Pacer(
+            schedule,
+            SESSION_PACE,
+            session_rate,
+            guess_busy=True,
+            wall=clocks.wall,
+            monotonic=clocks.monotonic,
+            sleep=clocks.sleep,
+        )
+        tps, stops, apart = call_budgets(
+            ledger.schedule,
             data_plane=data_plane,
             invoke_rate=invoke_rate_cap(config.invoke_rate_limit, data_plane),
-            session_rate_limit=session_rate_limit,
-            endpoints=config.endpoints,
-            metrics=metrics,
+            session_rate=session_rate,
+            clocks=pacing,
         )
-        sessions = limited.sessions
-        # One endpoint only: a session's endpoint is its id's hash, so room summed over endpoints let rollouts book
-        # the endpoint without room (measured: 14% fewer sessions/s with 2).
-        room = SessionRoom(sessions[0]) if len(sessions) == 1 else None
-        shards = SlotShards(ledger, config.max_sessions)
-        gate = _gate(ledger, shards, room, clocks, group_admission)
-        return cls(limited, shards, gate, new_session_rate=lambda: session_rate_limit * config.endpoints)
+        limited = LimitedRuntime(runtime, tps, session, metrics, sessions_apart=apart, stops=stops)
+        shards = SlotShards(ledger, config.max_sessions, wall=pacing.wall)
+        gate = _gate(ledger, shards, SessionRoom(session), clocks, group_admission)
+        return cls(limited, shards, gate, session_rate=session_rate)
 
     @classmethod
     def build(
@@ -126,11 +149,12 @@ class Limits:
         *,
         pool: PoolLedger | None,
         clocks: Clocks | None = None,
+        pacing: Clocks | None = None,
         metrics: MetricsRecorder | None = None,
         group_admission: bool = True,
     ) -> Limits:
         """`pooled` with an account pool, else `standalone`."""
-        options = {"clocks": clocks, "metrics": metrics, "group_admission": group_admission}
+        options = {"clocks": clocks, "pacing": pacing, "metrics": metrics, "group_admission": group_admission}
 
         def again() -> Limits:
             if pool is not None:
@@ -154,20 +178,25 @@ class Limits:
         return self.shards.max_sessions()
 
     def sessions_to_hold(self) -> int:
-        """`max_sessions()` after this process has its share (before its first grant a lease would say
-        `max_sessions`)."""
-        if self.lease is not None:
-            self.lease.ensure()
+        """`max_sessions()` once this process knows its share (renewed first when it has none yet)."""
+        if self.membership is not None and not self.membership.session.renewed_us:
+            self.membership.renew(force=True)
         return self.max_sessions()
 
     def new_session_rate(self) -> float:
-        """New sessions/s this experiment may start now (its share of the account's rate, or its own limit)."""
-        return self._new_session_rate()
+        """New sessions/s this experiment may start now: its share of the account's rate, or its own limit."""
+        if self.membership is None:
+            return self._session_rate
+        self.membership.note_backlog()  # the caller wants to start sessions: its share is asked for all it can get
+        if not self.membership.session.renewed_us:
+            self.membership.renew(force=True)
+        return self.membership.share()
 
     def heartbeat(self) -> None:
-        """Tell the account pool this experiment is alive, with its sessions in flight (the sweeper, every run)."""
-        if self.lease is not None:
-            self.lease.heartbeat()
+        """Renew this experiment's entry in the account pool with its sessions in flight (the sweeper, every run):
+        they keep counting against the account's active sessions while nothing else of the experiment runs."""
+        if self.membership is not None:
+            self.membership.renew(force=True)
 
 
 def _gate(
@@ -184,11 +213,13 @@ def _gate(
     )
 
 
-def standalone_limits(config: ExperimentConfig) -> tuple[float, float]:
-    """(data-plane calls/s: `tps_limit`, `session_rate_limit` per endpoint) of an experiment without an account
-    pool: its own settings, else the documented quotas less the reserve (the session rate split over its
-    endpoints), as if it owned the account. Its invokes are within `config.invoke_rate_cap` besides."""
+def own_limits(config: ExperimentConfig) -> tuple[float, float]:
+    """(data-plane calls/s, new sessions/s) an experiment keeps for itself: `tps_limit` (else the documented
+    data-plane quota less the reserve: the account's data-plane rate is not pooled, it never binds) and
+    `session_rate_limit` (else the documented new-session quota less the reserve, as if it owned the account; through
+    the pool, its share is what spaces it). Its invokes are within `config.invoke_rate_cap` besides."""
     settings = PoolSettings(AccountQuotas())
     tps = float(config.tps_limit) if config.tps_limit is not None else settings.budget("calls")
-    sessions = config.session_rate_limit or settings.budget("sessions") / config.endpoints
+    budget = config.session_rate_limit or settings.budget("sessions")
+    sessions = new_sessions_cap(budget, config.tps_limit) or budget
     return tps, sessions

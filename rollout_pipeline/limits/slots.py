@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from rollout_pipeline.ledger import keys
-from rollout_pipeline.ledger.limits import LimitLedger, PaceView, shard_cap
+from rollout_pipeline.ledger.limits import LimitLedger, shard_cap
 from rollout_pipeline.limits.admission import BoardEntry
 
 
@@ -26,7 +28,12 @@ class SlotShards:
     full is marked so and another is chosen."""
 
     def __init__(
-        self, ledger: LimitLedger, max_sessions: int | Callable[[], int], *, rng: random.Random | None = None
+        self,
+        ledger: LimitLedger,
+        max_sessions: int | Callable[[], int],
+        *,
+        rng: random.Random | None = None,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self.ledger = ledger
         #: `max_sessions`, or a function giving it now (the account pool's grant of active sessions can change).
@@ -36,8 +43,14 @@ class SlotShards:
         self._room = list(self._caps)  # until the first read: every counter empty
         self._cursor = (rng or random).randrange(keys.SESSION_SHARDS)
         self._lock = threading.Lock()
-        #: The sessions in flight by the latest read (the account pool's heartbeat reports it).
+        self._wall = wall
+        #: The sessions in flight by the latest read, and when (wall s; the account pool's entry reports them).
         self.last_in_flight = 0
+        self.read_at = -1e18
+
+    def follow(self, max_sessions: Callable[[], int]) -> None:
+        """Take the sessions the experiment may hold from `max_sessions` from now on (its share, as it changes)."""
+        self._max_sessions = max_sessions
 
     def max_sessions(self) -> int:
         """Sessions the experiment may hold now: the caps sum to it."""
@@ -56,17 +69,23 @@ class SlotShards:
         """Read every counter (one Query): the sessions in flight; refreshes the view."""
         return self._absorb(self.ledger.slot_counts())
 
-    def in_flight_and_board(self) -> tuple[int, list[BoardEntry], dict[str, PaceView]]:
-        """The sessions in flight, the admission board and the call budgets' schedules, in one Query
+    def in_flight_and_board(self) -> tuple[int, list[BoardEntry], dict[str, dict[str, Any]]]:
+        """The sessions in flight, the admission board and the call budgets' schedule items, in one Query
         (`LimitLedger.limits_view`); refreshes the view."""
         view = self.ledger.limits_view()
         return self._absorb(view.counts), view.board, view.paces
+
+    def last_read(self) -> tuple[int, float]:
+        """The sessions in flight by the latest read, and when it was made (wall s)."""
+        with self._lock:
+            return self.last_in_flight, self.read_at
 
     def _absorb(self, counts: Sequence[int]) -> int:
         with self._lock:
             self._resize()
             self._room = [cap - count for cap, count in zip(self._caps, counts, strict=True)]
             self.last_in_flight = sum(counts)
+            self.read_at = self._wall()
         return sum(counts)
 
     def choose(self) -> int:

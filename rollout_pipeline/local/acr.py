@@ -60,7 +60,13 @@ from typing import Any, Final, Literal
 from rollout_pipeline.agent.host import CANNOT_SERVE
 from rollout_pipeline.config import is_warmup_payload
 from rollout_pipeline.local.moto_server import LOOPBACK, free_port
-from rollout_pipeline.ports import RuntimeRateExceeded, RuntimeRejected, RuntimeStartFailed, RuntimeThrottled
+from rollout_pipeline.ports import (
+    RuntimeQuotaExceeded,
+    RuntimeRateExceeded,
+    RuntimeRejected,
+    RuntimeStartFailed,
+    RuntimeThrottled,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -513,7 +519,9 @@ class LocalAgentRuntime:
             self._reap_idle()
         with self._lock:
             if len(self._sessions) + self._reserved >= self.max_sessions:
-                raise RuntimeThrottled(f"ServiceQuotaExceededException: {self.max_sessions} local sessions are active")
+                raise RuntimeQuotaExceeded(
+                    f"ServiceQuotaExceededException: {self.max_sessions} local sessions are active"
+                )
             self._take_new_session()
             self._reserved += 1
             spare = self._spares.pop(0) if self._spares else None

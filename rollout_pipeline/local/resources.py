@@ -89,7 +89,7 @@ def create_pool(client: Any, *, region: str, settings: PoolSettings | None = Non
     with contextlib.suppress(ddb.exceptions.ResourceInUseException):
         ddb.create_table(**create_pool_table_kwargs(name))
     pool = PoolLedger.open(name, ddb, region=region)
-    if settings is not None or not pool.read().configured:
+    if settings is not None or not pool.account().configured:
         pool.write_settings(settings or PoolSettings(AccountQuotas.defaults(region)))
     return name
 

@@ -254,7 +254,7 @@ def capacity_checks(
 ) -> list[Check]:
     """The experiment's caps against the account's quotas: an error (naming the key) for a cap above the quota,
     a warning above what the account pool can grant (the quota less its reserve)."""
-    scope = "per endpoint" if account.new_session_scope == "endpoint" else "per account"
+    scope = "per account"
     asked: list[tuple[str, str, float | None, float, str, QuotaRef]] = [
         (
             "new sessions",

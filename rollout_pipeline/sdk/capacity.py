@@ -1,34 +1,35 @@
-"""The account pool as a user reads it (`rollouts capacity`, `Experiment.capacity()`), and its one-time set-up
-(`rollouts bootstrap`): AgentCore's quotas of the account and region, the reserve, the backoff, and every
-experiment's weight, share, grant, recent use and throttles."""
+"""The account pool as a user reads it (`rollouts capacity`, `Experiment.capacity()`): AgentCore's quotas of the
+account and region, the reserve, what AgentCore's answers taught (the new-session backoff, the active-session cap),
+and every experiment's weight, share, demand, sessions in flight and throttles."""
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from rollout_pipeline.ledger.pool import PoolLedger, PoolState
-from rollout_pipeline.limits import shares
-from rollout_pipeline.quotas import BUDGETS, Budget, PoolSettings
+from rollout_pipeline.ledger.pool import AccountView, MemberEntry, PoolLedger
+from rollout_pipeline.limits import account, pacing, shares
+from rollout_pipeline.quotas import PoolSettings
 
 
 @dataclass(frozen=True)
 class MemberView:
-    """One experiment in the pool, as of one read."""
+    """One experiment in the pool, as its last renewal wrote it."""
 
     name: str
     weight: float
+    #: Whether it renewed within `limits.shares.LIVE_S`: only then does it hold a share of the rate.
     live: bool
-    #: Per budget: what it asked (None: all it can get), its fair share now, and what it holds (granted).
-    demand: dict[str, float | None]
-    share: dict[str, float]
-    granted: dict[str, float]
-    #: New sessions/s it used over its last renewal period, sessions in flight, throttles in all.
-    use: float
+    #: New sessions/s it asked for (None: all it can get) and its share then; sessions in flight, its share of the
+    #: active sessions, throttles in all, seconds since it renewed.
+    demand: float | None
+    share: float
     in_flight: int
+    active_share: int
     throttles: int
-    heartbeat_age_s: float
+    age_s: float
 
 
 @dataclass(frozen=True)
@@ -36,67 +37,66 @@ class CapacityView:
     """The account pool as of one read (`Experiment.capacity()`)."""
 
     settings: PoolSettings
-    #: Per rate budget: the backoff factor now (1: none).
-    factors: dict[str, float]
-    #: Per budget: what every experiment together may use (the quota less the reserve, times the backoff).
-    budgets: dict[str, float]
+    #: New sessions per second the account's schedule starts at most now, and its backoff factor (1: none).
+    rate: float
+    factor: float
+    #: Active sessions the account may hold now (the quota, or what AgentCore's answers taught), and whether learned.
+    active_cap: int
+    active_learned: bool
     members: list[MemberView]
     configured: bool
 
     def lines(self) -> list[str]:
         """What `rollouts capacity` prints."""
         q = self.settings.quotas
+        learned = " (learned from AgentCore's ServiceQuotaExceededException)" if self.active_learned else ""
         out = [
             f"account quotas ({q.source}{'' if self.configured else ', pool settings not written yet'}): "
-            f"new sessions {q.new_sessions_per_s:g}/s per {q.new_session_scope}, data plane "
-            f"{q.data_plane_per_s:g}/s, active sessions {q.active_sessions}; reserve {self.settings.reserve:.0%}",
-            "backoff: "
-            + ", ".join(f"{budget} x{factor:.2f}" for budget, factor in self.factors.items())
-            + " (1.00: no throttles from AgentCore lately)",
-            f"{'experiment':<24} {'weight':>6} {'live':>4}  {'new sessions/s: share / granted / used':<40} "
-            f"{'active':>7} {'throttles':>9}",
+            f"new sessions {q.new_sessions_per_s:g}/s, data plane {q.data_plane_per_s:g}/s, active sessions "
+            f"{q.active_sessions}; reserve {self.settings.reserve:.0%}",
+            f"new sessions now: at most {self.rate:.2f}/s in any second (backoff x{self.factor:.2f}; 1.00: no "
+            f"throttles from AgentCore lately); active sessions at most {self.active_cap}{learned}",
+            f"{'experiment':<24} {'weight':>6} {'live':>4}  {'new sessions/s: asked / share':<30} "
+            f"{'in flight / share':>18} {'throttles':>9}",
         ]
         for m in self.members:
+            asked = "all" if m.demand is None else f"{m.demand:.2f}"
             out.append(
-                f"{m.name:<24} {m.weight:>6g} {'yes' if m.live else 'no':>4}  "
-                f"{m.share['sessions']:>8.2f} / {m.granted['sessions']:>7.2f} / {m.use:>6.2f}"
-                f"{'':<17} {m.in_flight:>7} {m.throttles:>9}"
+                f"{m.name:<24} {m.weight:>6g} {'yes' if m.live else 'no':>4}  {asked:>13} / {m.share:>6.2f}"
+                f"{'':<7} {m.in_flight:>9} / {m.active_share:<6} {m.throttles:>9}"
             )
         if not self.members:
             out.append("(no experiment has used the pool yet)")
         return out
 
 
-def capacity_view(state: PoolState, now: float | None = None) -> CapacityView:
-    """The pool item `state`, as people read it."""
+def capacity_view(view: AccountView, members: list[MemberEntry], now: float | None = None) -> CapacityView:
+    """The pool's items, as people read them."""
     now = time.time() if now is None else now
-    fair = {budget: shares.fair_shares(state, budget, now) for budget in BUDGETS}
-    members = []
-    for name, member in sorted(state.members.items()):
-        members.append(
-            MemberView(
-                name=name,
-                weight=member.weight,
-                live=any(shares.live(lease, now) for lease in member.leases.values()),
-                demand={b: shares.finite(member.lease(b).demand) for b in member.leases},
-                share={b: fair[b].get(name, 0.0) for b in BUDGETS},
-                granted={b: shares.lease_counted(member.lease(b), now) for b in BUDGETS},
-                use=member.use,
-                in_flight=member.in_flight,
-                throttles=member.throttles,
-                heartbeat_age_s=max(0.0, now - member.heartbeat),
-            )
-        )
-    budget_names: tuple[Budget, ...] = BUDGETS
     return CapacityView(
-        settings=state.settings,
-        factors={b: shares.pool_factor(state, b, now) for b in shares.RATE_BUDGETS},
-        budgets={b: shares.fair_budget(state, b, now) for b in budget_names},
-        members=members,
-        configured=state.configured,
+        settings=view.settings,
+        rate=account.start_rate(view, now),
+        factor=pacing.backoff_factor(view.factor, view.factor_at, now),
+        active_cap=account.active_cap(view, now),
+        active_learned=view.active_cap_at > 0,
+        members=[
+            MemberView(
+                name=m.name,
+                weight=m.weight,
+                live=now - m.renewed_at <= shares.LIVE_S,
+                demand=None if math.isinf(m.demand) else m.demand,
+                share=m.share,
+                in_flight=m.in_flight,
+                active_share=m.active_share,
+                throttles=m.throttles,
+                age_s=max(0.0, now - m.renewed_at),
+            )
+            for m in sorted(members, key=lambda m: m.name)
+        ],
+        configured=view.configured,
     )
 
 
 def read_capacity(pool_table: str, client: Any, region: str | None) -> CapacityView:
-    """Read the account pool (one strongly consistent GetItem)."""
-    return capacity_view(PoolLedger.open(pool_table, client, region=region).read())
+    """Read the account pool (one Query)."""
+    return capacity_view(*PoolLedger.open(pool_table, client, region=region).snapshot())

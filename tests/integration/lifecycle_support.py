@@ -270,7 +270,8 @@ def make_deps(
     from rollout_pipeline.feed.feed import Feed
     from rollout_pipeline.ledger.ledger import Ledger
     from rollout_pipeline.ledger.pool import PoolLedger
-    from rollout_pipeline.limits.facade import Clocks, Limits
+    from rollout_pipeline.limits.facade import Limits
+    from rollout_pipeline.limits.pacing import Clocks
     from rollout_pipeline.metric_names import MetricsRecorder
 
     settings = resources.settings()

@@ -194,7 +194,7 @@ def test_a_rollout_let_through_stays_on_the_board_until_its_start_is_booked(
     a_may_book, a_reserving = threading.Event(), threading.Event()
     deps_a = make_deps(resources, fake, limits=limits)
     deps_b = make_deps(resources, fake, limits=limits)
-    pacer_a = deps_a.limits.runtime.session_pacer(messages[0].session_id)  # the account pool's leased budget
+    pacer_a = deps_a.limits.runtime.session  # the experiment's share of the account
     reserve_a = pacer_a.reserve
 
     def held_up(*args: Any, **kwargs: Any) -> float | None:

@@ -132,12 +132,8 @@ def test_no_budget_in_time_is_the_pipelines_backlog_counted_once_not_acr_throttl
     resources: ExperimentResources, fake: FakeAgentRuntime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     deps = make_deps(resources, fake)
-    session_pacers = [
-        *deps.limits.runtime.sessions,
-        *([deps.limits.runtime.session] if deps.limits.runtime.session else []),
-    ]
-    for pacer in session_pacers:  # the session budget is booked beyond the wait: no slot in time
-        monkeypatch.setattr(pacer, "reserve", lambda *_args, **_kwargs: None)
+    # the session budget is booked beyond the wait: no start in time
+    monkeypatch.setattr(deps.limits.runtime.session, "reserve", lambda *_args, **_kwargs: None)
     send(resources, seed_batch(resources, batch_id=BATCH, inputs=inputs(1), group_size=1))
     records = receive_records(resources.rollout_queue_url)
     result = dispatch_records(records, deps, wait_until=time.monotonic() + 10)
@@ -286,7 +282,7 @@ def test_an_experiment_on_its_own_limits_keeps_its_invokes_within_the_agents_quo
     under twice the invoke rate) invokes and stops share one budget as before, within both."""
     deps = make_deps(resources, FakeAgentRuntime(), limits=limits, pool=None)
     limited = deps.limits.runtime
-    new_sessions = sum(p.limit for p in limited.sessions)
+    new_sessions = limited.session.limit
     assert limited.sessions_apart
     assert limited.tps.limit + new_sessions == pytest.approx(invokes)
     assert (None if limited.stops is None else limited.stops.limit) == pytest.approx(stops)

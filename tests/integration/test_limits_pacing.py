@@ -17,18 +17,19 @@ from typing import Any
 import pytest
 
 from rollout_pipeline.config import ExperimentConfig
+from rollout_pipeline.ledger import pace
 from rollout_pipeline.ledger.ledger import Ledger
 from rollout_pipeline.ledger.limits import LimitLedger
 from rollout_pipeline.limits.pacing import (
     BLOCK_AHEAD_S,
     INVOKE_AHEAD_S,
+    Clocks,
     InvokeBlock,
     LimitedRuntime,
     Pacer,
+    call_budgets,
     dedicated_session_share,
     dedicated_stop_share,
-    own_runtime,
-    pacers,
 )
 from rollout_pipeline.local.moto_server import local_aws_environ, moto_server, patched_environ
 from tests.conftest import wait_for
@@ -44,7 +45,7 @@ from rollout_pipeline.ledger.ledger import Ledger
 from rollout_pipeline.limits.pacing import Pacer
 table, budget, limit, threads, calls = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 ledger = Ledger.open(table).limits
-pacer = Pacer(ledger, budget, limit)
+pacer = Pacer(ledger.schedule(budget), budget, limit)
 times, lock = [], threading.Lock()
 def work():
     for _ in range(calls):
@@ -129,20 +130,21 @@ class RecordingRuntime:
 
 
 class Reservations:
-    """Every `reserve_pace` call on `ledger` from now on, in order: its budget and how many starts it asked for
-    (threads record under a lock)."""
+    """Every schedule reservation from now on (`ledger.pace.reserve`), in order: its budget and how many starts it
+    asked for (threads record under a lock). Undone by the `monkeypatch` given."""
 
-    def __init__(self, ledger: LimitLedger) -> None:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.calls: list[tuple[str, int]] = []
         self._lock = threading.Lock()
-        reserve_pace = ledger.reserve_pace
+        reserve = pace.reserve
 
-        def counted(budget: str, **kwargs: Any) -> tuple[int | None, int]:
+        def counted(table: Any, key: Any, **kwargs: Any) -> pace.Reserved:
+            budget = str(key["sk"]["S"]).removeprefix("PACE#")
             with self._lock:
                 self.calls.append((budget, int(kwargs.get("count", 1))))
-            return reserve_pace(budget, **kwargs)
+            return reserve(table, key, **kwargs)
 
-        ledger.reserve_pace = counted  # type: ignore[method-assign]
+        monkeypatch.setattr(pace, "reserve", counted)
 
     @property
     def budgets(self) -> list[str]:
@@ -155,6 +157,11 @@ class Reservations:
     def clear(self) -> None:
         with self._lock:
             self.calls.clear()
+
+
+def pacer(ledger: LimitLedger, budget: str, limit: float, **timing: Any) -> Pacer:
+    """An own budget of `limit` calls/s on `budget`'s schedule item."""
+    return Pacer(ledger.schedule(budget), budget, limit, **timing)
 
 
 class ThreadClocks:
@@ -177,7 +184,7 @@ def test_two_budgets_and_stops_are_not_starved(table: tuple[str, dict[str, str]]
     name, _env = table
     ledger = Ledger.open(name).limits
     runtime = RecordingRuntime()
-    limited = LimitedRuntime(runtime, Pacer(ledger, "tps", 6), [Pacer(ledger, "session#0", 4)])
+    limited = LimitedRuntime(runtime, pacer(ledger, "tps", 6), pacer(ledger, "session#0", 4))
 
     def invoker(i: int) -> None:
         for j in range(6):
@@ -208,7 +215,9 @@ def test_two_budgets_and_stops_are_not_starved(table: tuple[str, dict[str, str]]
     assert sum(1 for at in invokes if at > max(stops)) >= 6, runtime.calls
 
 
-def test_new_sessions_in_a_share_of_their_own_take_no_tps_slot(table: tuple[str, dict[str, str]]) -> None:
+def test_new_sessions_in_a_share_of_their_own_take_no_tps_slot(
+    table: tuple[str, dict[str, str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """With `tps_limit` at least twice the session budgets, new sessions' share of it is set apart: their invokes
     reserve only their session slot (one ledger write, no `tps` reservation to miss), and every call together
     stays within `tps_limit` (4 new sessions/s + the `tps` schedule's 6/s = 10). Deterministic by construction:
@@ -217,16 +226,16 @@ def test_new_sessions_in_a_share_of_their_own_take_no_tps_slot(table: tuple[str,
     decides the starts."""
     name, _env = table
     ledger = Ledger.open(name).limits
-    assert dedicated_session_share(10, 4, 1)
-    assert not dedicated_session_share(7, 4, 1)
-    reserved = Reservations(ledger)
-    tps_share, session_shares = pacers(ledger, 10, 4, 1)
-    assert (tps_share.limit, [p.limit for p in session_shares]) == (6, [4])
+    assert dedicated_session_share(10, 4)
+    assert not dedicated_session_share(7, 4)
+    reserved = Reservations(monkeypatch)
+    tps_share, _stops, apart = call_budgets(ledger.schedule, data_plane=10, invoke_rate=200, session_rate=4)
+    assert (tps_share.limit, apart) == (6, True)
     clocks = ThreadClocks(time.time())
-    tps = Pacer(ledger, "tps", tps_share.limit, wall=clocks.wall, sleep=clocks.sleep)
-    session = Pacer(ledger, "session#0", 4, wall=clocks.wall, sleep=clocks.sleep, guess_busy=True)
+    tps = pacer(ledger, "tps", tps_share.limit, wall=clocks.wall, sleep=clocks.sleep)
+    session = pacer(ledger, "session#0", 4, wall=clocks.wall, sleep=clocks.sleep, guess_busy=True)
     runtime = RecordingRuntime(clocks.wall)
-    limited = LimitedRuntime(runtime, tps, [session], sessions_apart=True)
+    limited = LimitedRuntime(runtime, tps, session, sessions_apart=True)
 
     def invoker(i: int) -> None:
         for j in range(4):
@@ -251,17 +260,19 @@ def test_new_sessions_in_a_share_of_their_own_take_no_tps_slot(table: tuple[str,
     assert reserved.budgets.count("session#0") == 12  # one reservation per new session: none was lost
 
 
-def test_stops_booked_together_take_one_write_and_keep_the_spacing(table: tuple[str, dict[str, str]]) -> None:
+def test_stops_booked_together_take_one_write_and_keep_the_spacing(
+    table: tuple[str, dict[str, str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A completion batch's stops book their `tps` starts in one write of the schedule (`book_stops`); each stop
     then takes the earliest, so they start `interval` apart as if each had reserved its own. A stop with none left
     reserves its own; starts too late to use are dropped, never used late. On a virtual clock (`ThreadClocks`)."""
     name, _env = table
     ledger = Ledger.open(name).limits
-    reserved = Reservations(ledger)
+    reserved = Reservations(monkeypatch)
     clocks = ThreadClocks(time.time())
-    tps = Pacer(ledger, "tps", 10, wall=clocks.wall, sleep=clocks.sleep)
+    tps = pacer(ledger, "tps", 10, wall=clocks.wall, sleep=clocks.sleep)
     runtime = RecordingRuntime(clocks.wall)
-    limited = LimitedRuntime(runtime, tps, [Pacer(ledger, "session#0", 4)])
+    limited = LimitedRuntime(runtime, tps, pacer(ledger, "session#0", 4))
     assert limited.book_stops(4) == 4
     assert reserved.counts == [4]
     for j in range(5):
@@ -278,17 +289,19 @@ def test_stops_booked_together_take_one_write_and_keep_the_spacing(table: tuple[
     assert runtime.calls[-1][0] >= clocks.start + 5.0
 
 
-def test_invokes_booked_as_a_block_take_one_write_and_keep_the_spacing(table: tuple[str, dict[str, str]]) -> None:
+def test_invokes_booked_as_a_block_take_one_write_and_keep_the_spacing(
+    table: tuple[str, dict[str, str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A dispatcher's batch of warm takes (`InvokeBlock`): the first take books every expected start in one write of
     the `tps` schedule, the others take the earliest left, so they start `interval` apart as if each had reserved its
     own; once the block is used up, a further take reserves its own. On a virtual clock (`ThreadClocks`)."""
     name, _env = table
     ledger = Ledger.open(name).limits
-    reserved = Reservations(ledger)
+    reserved = Reservations(monkeypatch)
     clocks = ThreadClocks(time.time())
-    tps = Pacer(ledger, "tps-block", 10, wall=clocks.wall, sleep=clocks.sleep)  # a schedule no other test booked
+    tps = pacer(ledger, "tps-block", 10, wall=clocks.wall, sleep=clocks.sleep)  # a schedule no other test booked
     runtime = RecordingRuntime(clocks.wall)
-    limited = LimitedRuntime(runtime, tps, [Pacer(ledger, "session#0", 4)])
+    limited = LimitedRuntime(runtime, tps, pacer(ledger, "session#0", 4))
     block = InvokeBlock(4)
     takers = [
         threading.Thread(
@@ -313,26 +326,15 @@ def test_invokes_booked_as_a_block_take_one_write_and_keep_the_spacing(table: tu
     assert busiest_sliding_window([at for at, _op, _sid in runtime.calls]) <= 10
 
 
-class StopsLessee:
-    """The part of a lease `LimitedRuntime` asks about a stop: whether the grant opens the stops' schedule."""
-
-    def __init__(self, apart: bool) -> None:
-        self.apart = apart
-
-    def stops_apart(self) -> bool:
-        return self.apart
-
-
 def takes_runtime(table: tuple[str, dict[str, str]], name: str, *, apart: bool) -> tuple[Pacer, Pacer, LimitedRuntime]:
-    """`tps` and `stop` budgets of 10/s on a virtual clock, and a runtime whose lease opens the stops' schedule or
-    not (`apart`): (tps, stops, runtime)."""
+    """`tps` and `stop` budgets of 10/s on a virtual clock, and a runtime whose stops have the `stop` budget of
+    their own or share `tps` (`apart`): (tps, stops, runtime)."""
     ledger = Ledger.open(table[0]).limits
     clocks = ThreadClocks(time.time())
-    tps = Pacer(ledger, f"tps-{name}-{apart}", 10, wall=clocks.wall, sleep=clocks.sleep)
-    stops = Pacer(ledger, f"stop-{name}-{apart}", 10, wall=clocks.wall, sleep=clocks.sleep)
-    limited = LimitedRuntime(RecordingRuntime(clocks.wall), tps, [], stops=stops)
-    limited.lease = StopsLessee(apart)  # type: ignore[assignment]
-    return tps, stops, limited
+    tps = pacer(ledger, f"tps-{name}-{apart}", 10, wall=clocks.wall, sleep=clocks.sleep)
+    stops = pacer(ledger, f"stop-{name}-{apart}", 10, wall=clocks.wall, sleep=clocks.sleep)
+    session = pacer(ledger, f"session-{name}-{apart}", 4)
+    return tps, stops, LimitedRuntime(RecordingRuntime(clocks.wall), tps, session, stops=stops if apart else None)
 
 
 @pytest.mark.parametrize("apart", [False, True])
@@ -379,7 +381,9 @@ def test_a_take_off_its_block_reserves_as_far_ahead_as_the_blocks_book(
     assert horizons == [BLOCK_AHEAD_S if apart else INVOKE_AHEAD_S]
 
 
-def test_stops_on_a_budget_of_their_own_leave_the_invokes_their_whole_rate(table: tuple[str, dict[str, str]]) -> None:
+def test_stops_on_a_budget_of_their_own_leave_the_invokes_their_whole_rate(
+    table: tuple[str, dict[str, str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A data-plane budget (`tps_limit`, else the account's) of at least twice the invoke rate: stops are paced on
     `stop` at the rest, never on `tps`, so the invokes (new sessions and calls into existing ones) keep their whole
     rate while stops run, every sliding second holds at most the invoke rate of invokes and the data-plane budget of
@@ -387,21 +391,26 @@ def test_stops_on_a_budget_of_their_own_leave_the_invokes_their_whole_rate(table
     On a virtual clock (`ThreadClocks`)."""
     name, _env = table
     ledger = Ledger.open(name).limits
-    tight = own_runtime(RecordingRuntime(), ledger, data_plane=10, invoke_rate=200, session_rate_limit=4, endpoints=1)
-    assert tight.stops is None
-    assert tight.stop_pacer is tight.tps
-    assert (tight.tps.limit, [p.limit for p in tight.sessions]) == (6, [4])  # `pacers(ledger, 10, 4, 1)`, as before
+    tps, stops, _apart = call_budgets(ledger.schedule, data_plane=10, invoke_rate=200, session_rate=4)
+    assert stops is None
+    assert tps.limit == 6  # invokes and stops share `tps`, the new sessions' share apart
     assert not dedicated_stop_share(15, 8)
-    reserved = Reservations(ledger)
+    reserved = Reservations(monkeypatch)
     clocks = ThreadClocks(time.time())
     runtime = RecordingRuntime(clocks.wall)
-    limited = own_runtime(runtime, ledger, data_plane=16, invoke_rate=8, session_rate_limit=2, endpoints=1)
-    assert limited.stops is not None
-    assert limited.stops.limit == pytest.approx(8)
-    assert limited.tps.limit == pytest.approx(6)
-    assert limited.sessions_apart
-    for pacer in [limited.tps, *limited.sessions, limited.stops]:
-        pacer._wall, pacer._sleep = clocks.wall, clocks.sleep
+    tps, stops, apart = call_budgets(
+        ledger.schedule,
+        data_plane=16,
+        invoke_rate=8,
+        session_rate=2,
+        clocks=Clocks(clocks.wall, time.monotonic, clocks.sleep),
+    )
+    assert stops is not None
+    assert stops.limit == pytest.approx(8)
+    assert tps.limit == pytest.approx(6)
+    assert apart
+    session = pacer(ledger, "session#0", 2, wall=clocks.wall, sleep=clocks.sleep)
+    limited = LimitedRuntime(runtime, tps, session, sessions_apart=apart, stops=stops)
 
     def taker(i: int) -> None:
         for j in range(6):
@@ -432,14 +441,16 @@ def test_stops_on_a_budget_of_their_own_leave_the_invokes_their_whole_rate(table
     assert set(reserved.budgets) == {"tps", "session#0", "stop"}  # stops never on `tps`: the takes keep its whole rate
 
 
-def test_new_sessions_reserved_together_take_one_write_at_the_spacing(table: tuple[str, dict[str, str]]) -> None:
+def test_new_sessions_reserved_together_take_one_write_at_the_spacing(
+    table: tuple[str, dict[str, str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The gate lets a batch of waiters through at once (`SessionRoom.batch`); their new sessions, reaching their
     reservation about together while the schedule is booked ahead, take their starts in ONE write
     (`Pacer.reserve_together`: a block at the schedule's spacing), not one each. On a virtual clock per thread;
     the first thread's wait for the others ends once they joined (no timing)."""
     name, _env = table
     ledger = Ledger.open(name).limits
-    reserved = Reservations(ledger)
+    reserved = Reservations(monkeypatch)
     clocks = ThreadClocks(time.time())
     invokers = 3
 
@@ -449,12 +460,12 @@ def test_new_sessions_reserved_together_take_one_write_at_the_spacing(table: tup
             wait_for(lambda: round_.count == invokers, what="every invoker joined the booking")
         clocks.sleep(seconds)
 
-    session = Pacer(ledger, "session#0", 4, wall=clocks.wall, sleep=sleep, guess_busy=True)
+    session = pacer(ledger, "session#0", 4, wall=clocks.wall, sleep=sleep, guess_busy=True)
     for _ in range(4):  # a backlog: the schedule is booked about a second ahead
         assert session.reserve(time.monotonic() + 10) is not None
     reserved.clear()
     runtime = RecordingRuntime(clocks.wall)
-    limited = LimitedRuntime(runtime, Pacer(ledger, "tps", 10, wall=clocks.wall), [session], sessions_apart=True)
+    limited = LimitedRuntime(runtime, pacer(ledger, "tps", 10, wall=clocks.wall), session, sessions_apart=True)
     workers = [
         threading.Thread(target=limited.invoke, args=(f"s-{i}", {}, time.monotonic() + 60)) for i in range(invokers)
     ]

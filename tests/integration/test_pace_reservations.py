@@ -1,4 +1,4 @@
-"""A paced budget's reservation (`LimitLedger.reserve_pace`, GCRA on one item): the slot it gives in each case,
+"""A paced budget's reservation (`ledger.pace.reserve`, GCRA on one item): the slot it gives in each case,
 and the writes it costs. Under saturation the schedule is always ahead, so a caller that last saw it ahead tries
 the "next free time" write first: one conditional write per reservation instead of a failed one and a second."""
 
@@ -33,9 +33,11 @@ def _counting(ledger: LimitLedger) -> list[str]:
 
 
 def _reserve(ledger: LimitLedger, now_us: int, *, busy_first: bool, ahead_us: int = 5_000_000) -> Any:
-    return ledger.reserve_pace(
-        "session#0", not_before_us=now_us, latest_us=now_us + ahead_us, interval_us=INTERVAL_US, busy_first=busy_first
+    """(the start reserved or None, the schedule's `tat` as the write left or found it)."""
+    answer = ledger.schedule("session#0").reserve(
+        not_before_us=now_us, latest_us=now_us + ahead_us, interval_us=INTERVAL_US, busy_first=busy_first
     )
+    return answer.slot_us, answer.pace.tat_us
 
 
 def test_either_order_gives_the_same_slots(resources: ExperimentResources) -> None:

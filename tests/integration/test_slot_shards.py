@@ -63,7 +63,7 @@ def test_one_query_reads_the_counters_and_the_admission_board(resources: Experim
         assert _take(limits, 200, shard)
     limits.put_waiting("proc-a", ["k1#0", "k1#1"], now_us=1_000)
     limits.put_waiting("proc-b", ["k2#0"], now_us=2_000)
-    limits.reserve_pace("session#0", not_before_us=0, latest_us=10, interval_us=5)  # PACE#: outside the range
+    limits.schedule("session#0").reserve(not_before_us=0, latest_us=10, interval_us=5)  # PACE#: outside the range
     limits.set_current_policy_version("v1", "2026-01-01T00:00:00Z")  # POLICY: outside the range
     queries = []
     query = limits.table.query
@@ -79,6 +79,6 @@ def test_one_query_reads_the_counters_and_the_admission_board(resources: Experim
     in_flight, same_board, paces = shards.in_flight_and_board()  # the gate's poll: the schedules come with them
     assert len(queries) == 1
     assert (in_flight, same_board) == (4, board)
-    assert paces == {"session#0": limits.pace("session#0")}  # nothing of POLICY or LAYOUT
-    assert paces["session#0"].tat_us == 5
+    assert paces == {"session#0": limits.schedule("session#0").read().values}  # nothing of POLICY or LAYOUT
+    assert paces["session#0"]["tat"] == 5
     assert shards.room() == 200 - 4

@@ -351,8 +351,8 @@ def test_a_fill_chunk_takes_its_slots_on_several_counters_and_asks_the_capacity_
 
 def account_active_sessions(deps: LifecycleDeps, active: int) -> None:
     """The account pool's active-session quota set to `active` (no reserve): the experiment's share of it."""
-    assert deps.limits.lease is not None
-    deps.limits.lease.pool.write_settings(PoolSettings(AccountQuotas(active_sessions=active), reserve=0.0))
+    assert deps.limits.account is not None
+    deps.limits.account.pool.write_settings(PoolSettings(AccountQuotas(active_sessions=active), reserve=0.0))
 
 
 def test_the_fill_takes_slots_within_the_experiments_share_of_the_account_pool(
@@ -400,8 +400,8 @@ def test_idle_warm_sessions_give_back_a_share_that_shrank(
     rollouts = deps.ledger.limits.take_slot(10, 9, 4)  # four rollouts run in sessions of their own
     assert deps.ledger.table.transact([rollouts]) is None
     account_active_sessions(deps, 6)
-    assert deps.limits.lease is not None
-    deps.limits.lease.renew(force=True)
+    assert deps.limits.membership is not None
+    deps.limits.membership.renew(force=True)
     tick = WarmPool(deps).tick(budget_s=10)
     assert (tick.stopped, tick.idle) == (2, 2)  # 4 rollouts + 2 warm = the share
     assert slots_in_flight(resources) == 6

@@ -8,7 +8,6 @@ import time
 
 import pytest
 
-from rollout_pipeline.ledger.limits import PaceView
 from rollout_pipeline.limits.admission import ADMIT_AHEAD_S, ROOM_BATCH_S, SessionRoom, SlotGate
 from rollout_pipeline.limits.pacing import LATENESS_S, Pacer
 from tests.conftest import wait_for
@@ -26,7 +25,7 @@ def test_room_is_what_the_schedule_can_start_within_the_horizon() -> None:
     room = _room(schedules, 5.0, now)
     interval = (1 + LATENESS_S) / 5.0
     assert room.read() == int(ADMIT_AHEAD_S / interval)  # idle: a horizon's worth
-    schedules.tat_us["session#0"] = int((now[0] + ADMIT_AHEAD_S) * 1e6)  # booked to the horizon
+    schedules.tat_us = int((now[0] + ADMIT_AHEAD_S) * 1e6)  # booked to the horizon
     assert room.read() == 0
     now[0] += 3 * interval  # time passes: three starts' worth of room again
     assert room.read() == 3
@@ -38,9 +37,9 @@ def test_a_schedule_read_with_the_slot_counters_costs_no_read_of_its_own() -> No
     schedules, now = FakeSchedules(), [1000.0]
     room = _room(schedules, 5.0, now)
     interval = (1 + LATENESS_S) / 5.0
-    booked = PaceView(tat_us=int((now[0] + ADMIT_AHEAD_S - 2 * interval) * 1e6))
-    assert room.read({"session#0": booked, "tps": PaceView()}) == 2
-    assert room.read({"tps": PaceView()}) == 2  # no newer news: the known schedule holds
+    booked = {"tat": int((now[0] + ADMIT_AHEAD_S - 2 * interval) * 1e6)}
+    assert room.read({"session#0": booked, "tps": {}}) == 2
+    assert room.read({"tps": {}}) == 2  # no newer news: the known schedule holds
     assert schedules.reads == 0
     assert room.read() == 2  # without them: one read
     assert schedules.reads == 1
@@ -61,7 +60,7 @@ def test_a_new_rollout_claims_only_an_idle_budget_and_counts_its_claim() -> None
     now[0] += 1.0
     assert room.claim()
     now[0] += 1.0
-    schedules.tat_us["session#0"] = int((now[0] + 0.5) * 1e6)  # another process booked ahead
+    schedules.tat_us = int((now[0] + 0.5) * 1e6)  # another process booked ahead
     assert not room.claim()
 
 
@@ -79,7 +78,7 @@ def test_the_gate_lets_through_only_the_room_lowest_keys_first() -> None:
     schedules, now = FakeSchedules(), [time.time()]
     room = _room(schedules, 5.0, now)
     # Booked to the horizon: no room until the test moves the schedule.
-    schedules.tat_us["session#0"] = int((now[0] + 10) * 1e6)
+    schedules.tat_us = int((now[0] + 10) * 1e6)
     gate = SlotGate(lambda: 50, 100, room=room, sleep=lambda _s: time.sleep(0.02))
     admitted: list[str] = []
     lock = threading.Lock()
@@ -117,7 +116,7 @@ def test_while_the_rate_binds_the_gate_lets_a_batch_through_per_poll_not_one_eac
     room = SessionRoom(Pacer(schedules, "session#0", 5.0, wall=clock))  # type: ignore[arg-type]
     interval = (1 + LATENESS_S) / 5.0
     assert room.batch() == int(ROOM_BATCH_S / interval) == 2
-    schedules.tat_us["session#0"] = int((clock.t + ADMIT_AHEAD_S) * 1e6)  # booked to the horizon
+    schedules.tat_us = int((clock.t + ADMIT_AHEAD_S) * 1e6)  # booked to the horizon
     let_through: list[tuple[int, float]] = []
     promise = room.promise
 

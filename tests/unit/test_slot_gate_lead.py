@@ -4,10 +4,10 @@ other process at the slow pace, and each poll reads the counters and the board i
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
-from rollout_pipeline.ledger.limits import PaceView
 from rollout_pipeline.limits import admission as limits
 from rollout_pipeline.limits.admission import LEAD_POLL_S, AdmissionBoard, BoardEntry, SlotGate
 from rollout_pipeline.topology import FUNCTIONS
@@ -38,7 +38,7 @@ def _gate(
     """A gate for process "a" whose poll reads `in_flight(poll number)` and the board together."""
     polls: list[int] = []
 
-    def in_flight_and_board() -> tuple[int, list[BoardEntry], dict[str, PaceView]]:
+    def in_flight_and_board() -> tuple[int, list[BoardEntry], dict[str, dict[str, Any]]]:
         polls.append(len(polls) + 1)
         return in_flight(len(polls)), FakeBoardLedger.waiting_board(ledger), {}
 

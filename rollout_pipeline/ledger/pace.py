@@ -1,0 +1,208 @@
+"""Schedule items: one paced budget each (GCRA), reserved by ONE conditional write per start (or block of starts).
+
+An item holds `tat` (the earliest start of the budget's next call, epoch microseconds), `last_start`, `n` (starts
+ever booked) and, for a schedule whose spacing is the ITEM's own, `interval_us`: the experiment's session budget
+(its share, set by the account pool's renewal) and the account's new-session schedule (its quota less the reserve,
+times the backoff) carry theirs, so every process books at the same spacing the moment it changes. The experiment's
+own call budgets (`tps`, `stop`) are spaced by the caller (`interval_us` given).
+
+A reservation is one of two conditional writes: the schedule is free at `not_before` (`tat <= not_before`: the start
+is `not_before`), or busy (`not_before < tat <= latest`: the start is `tat`). The one the caller guesses goes first;
+a failed write answers the item as it was (`ReturnValuesOnConditionCheckFailure`), which decides the next step: the
+other case, or no start in the window (no read, and no second write that cannot succeed). Busy writes add to `tat`
+without conflicting with each other, so a backlog shared by many processes costs one write per start.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from rollout_pipeline.ledger.attributes import item_values
+from rollout_pipeline.ledger.table import LedgerError, LedgerTable
+
+#: A schedule item lives this long after its last reservation (TTL).
+PACE_TTL_S: Final = 3600
+#: Writes of one reservation before it gives up (the schedule kept moving under it).
+MAX_WRITES: Final = 12
+
+
+@dataclass(frozen=True, slots=True)
+class PaceView:
+    """One schedule item as read or written: `tat` (epoch us; 0: never used), the latest start booked, the item's own
+    spacing (0: spaced by its callers), starts ever booked; for an experiment's session schedule, when the account
+    pool last set its share (`renewed_us`) and the active sessions that share allows (`active`)."""
+
+    tat_us: int = 0
+    last_start_us: int = 0
+    interval_us: int = 0
+    booked: int = 0
+    renewed_us: int = 0
+    active: int = 0
+
+    @classmethod
+    def of(cls, item: Mapping[str, Any] | None) -> PaceView:
+        item = item or {}
+        return cls(
+            tat_us=int(item.get("tat") or 0),
+            last_start_us=int(item.get("last_start") or 0),
+            interval_us=int(item.get("interval_us") or 0),
+            booked=int(item.get("n") or 0),
+            renewed_us=int(item.get("renewed_us") or 0),
+            active=int(item.get("active") or 0),
+        )
+
+
+@dataclass(frozen=True)
+class ScheduleItem:
+    """A schedule item as read or written: its schedule (`pace`) and everything else it holds (plain values: the
+    account's item also carries the pool's settings and backoff, `ledger.pool.AccountView`)."""
+
+    values: Mapping[str, Any]
+
+    @property
+    def pace(self) -> PaceView:
+        return PaceView.of(self.values)
+
+
+@dataclass(frozen=True)
+class Reserved(ScheduleItem):
+    """A reservation's outcome: its first start (epoch us; None: none in the window asked, or the item has no
+    spacing yet) and the item as the write left it or found it."""
+
+    slot_us: int | None = None
+
+
+def reserve(
+    table: LedgerTable,
+    key: Mapping[str, Any],
+    *,
+    not_before_us: int,
+    latest_us: int,
+    busy_first: bool = False,
+    count: int = 1,
+    interval_us: int = 0,
+    item_spacing: bool = False,
+) -> Reserved:
+    """Reserve `count` consecutive starts in [not_before_us, latest_us] (the first is returned). `item_spacing`: the
+    item's own `interval_us` spaces them (a block of several checks it is still `interval_us`, the spacing the caller
+    last saw: DynamoDB's expressions cannot multiply); else the caller's `interval_us`."""
+    step = "interval_us" if item_spacing and count == 1 else ":span"
+    guard = ""
+    if item_spacing:
+        guard = " AND interval_us = :iv" if count > 1 else " AND attribute_exists(interval_us)"
+    values: dict[str, Any] = {":exp": not_before_us // 1_000_000 + PACE_TTL_S, ":k": count, ":nb": not_before_us}
+    if step == ":span":
+        values[":span"] = interval_us * count
+        values[":last"] = interval_us * (count - 1)
+    if item_spacing and count > 1:
+        values[":iv"] = interval_us
+    last_free = ":nb + :last" if step == ":span" else ":nb"
+    last_busy = "tat + :last" if step == ":span" else "tat"
+
+    def take_free() -> tuple[Reserved | None, Mapping[str, Any]]:
+        return _write(
+            table,
+            key,
+            f"SET last_start = {last_free}, tat = :nb + {step}, expires_at = :exp ADD n :k",
+            f"(attribute_not_exists(tat) OR tat <= :nb){guard}",
+            values,
+            first=lambda _item: not_before_us,
+        )
+
+    def take_next() -> tuple[Reserved | None, Mapping[str, Any]]:
+        span = (lambda item: int(item["interval_us"])) if step == "interval_us" else (lambda _item: values[":span"])
+        return _write(
+            table,
+            key,
+            f"SET last_start = {last_busy}, tat = tat + {step}, expires_at = :exp ADD n :k",
+            f"tat > :nb AND tat <= :latest{guard}",
+            {**values, ":latest": latest_us},
+            first=lambda item: int(item["tat"]) - span(item),
+        )
+
+    busy = busy_first
+    for _ in range(MAX_WRITES):
+        reserved, seen = (take_next if busy else take_free)()
+        if reserved is not None:
+            return reserved
+        pace = PaceView.of(seen)
+        spaced_wrong = item_spacing and (not pace.interval_us or (count > 1 and pace.interval_us != interval_us))
+        if pace.tat_us > latest_us or spaced_wrong:
+            return Reserved(seen)
+        if count > 1 and busy != busy_first:  # a block tries each way once: the caller reserves one at a time then
+            return Reserved(seen)
+        busy = pace.tat_us > not_before_us
+    raise LedgerError(f"schedule {dict(key)} kept changing under us")
+
+
+def _write(
+    table: LedgerTable,
+    key: Mapping[str, Any],
+    update: str,
+    condition: str,
+    values: Mapping[str, Any],
+    *,
+    first: Callable[[Mapping[str, Any]], int],
+) -> tuple[Reserved | None, Mapping[str, Any]]:
+    """One conditional write: (the reservation, {}) or (None, the item as the refused write found it)."""
+    written, seen = table.update_or_current(key, update, condition, values)
+    if written is None:
+        return None, item_values(seen)
+    item = item_values(written)
+    return Reserved(item, first(item)), {}
+
+
+def read(table: LedgerTable, key: Mapping[str, Any]) -> ScheduleItem:
+    """A schedule item (strongly consistent; empty when there is none)."""
+    raw = table.get(key)
+    return ScheduleItem(item_values(raw) if raw else {})
+
+
+def set_spacing(
+    table: LedgerTable,
+    key: Mapping[str, Any],
+    interval_us: int,
+    *,
+    condition: str | None = None,
+    values: Mapping[str, Any] | None = None,
+    also: Mapping[str, Any] | None = None,
+) -> ScheduleItem | None:
+    """Give a schedule item its own spacing (and the attributes in `also`), if `condition` holds (its `values`);
+    returns the item as written (plain values), None when the condition failed."""
+    extra = dict(also or {})
+    sets = ["interval_us = :set_iv", *(f"{name} = :set_{name}" for name in extra)]
+    merged = {":set_iv": max(1, interval_us), **{f":set_{name}": value for name, value in extra.items()}}
+    written = table.update(
+        key, "SET " + ", ".join(sets), condition, {**merged, **(values or {})}, return_values="ALL_NEW"
+    )
+    return None if written is None else ScheduleItem(item_values(written))
+
+
+class PaceSchedule:
+    """One schedule item, where it lives (a table and a key) and who spaces it (the item itself, or its callers)."""
+
+    def __init__(self, table: LedgerTable, key: Mapping[str, Any], *, item_spacing: bool = False) -> None:
+        self.table = table
+        self.key = key
+        self.item_spacing = item_spacing
+
+    def reserve(
+        self, *, not_before_us: int, latest_us: int, busy_first: bool = False, count: int = 1, interval_us: int = 0
+    ) -> Reserved:
+        """`reserve` on this item."""
+        return reserve(
+            self.table,
+            self.key,
+            not_before_us=not_before_us,
+            latest_us=latest_us,
+            busy_first=busy_first,
+            count=count,
+            interval_us=interval_us,
+            item_spacing=self.item_spacing,
+        )
+
+    def read(self) -> ScheduleItem:
+        """The item, strongly consistent (empty when there is none)."""
+        return read(self.table, self.key)
