@@ -33,6 +33,7 @@ from pydantic import ValidationError
 from rollout_pipeline import ids
 from rollout_pipeline.config import SamplingParams
 from rollout_pipeline.contracts.common import json_type
+from rollout_pipeline.contracts.secrets import is_secret_field
 
 VALIDATION_ERROR: Final = "ValidationError"
 INTERNAL_ERROR: Final = "InternalServerError"
@@ -184,6 +185,9 @@ def _sampling(body: Mapping[str, Any]) -> dict[str, Any]:
         return {}
     if not isinstance(params, Mapping):
         raise _invalid(f"inferenceParams must be an object, got {json_type(params)}")
+    secrets = sorted(str(key) for key in params if is_secret_field(str(key)))
+    if secrets:
+        raise _invalid(f"inferenceParams may not carry credentials ({', '.join(secrets)})")
     snake = {SNAKE_CASE.get(str(key), str(key)): value for key, value in params.items() if value is not None}
     try:
         SamplingParams.model_validate(snake)
