@@ -163,8 +163,9 @@ class Wiring:
         from rollout_pipeline.config import MTRL_RUNTIME_ENV, job_runtime_url
         from rollout_pipeline.lifecycle.mtrl_report import MtrlReporter
 
-        url = runtime_url or os.environ.get(MTRL_RUNTIME_ENV) or job_runtime_url(self.clients.region or "us-east-1")
-        clients = ClientFactory(region=self.clients.region, endpoint_url=url)
+        region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+        url = runtime_url or os.environ.get(MTRL_RUNTIME_ENV) or job_runtime_url(region)
+        clients = ClientFactory(region=region, endpoint_url=url)  # no boto3 import until the first report
         runtime = BotoJobRuntime(clients.lazy(JOB_RUNTIME_SERVICE))
         return MtrlReporter(self.ledger(), runtime, self.settings.experiment.name)
 
