@@ -97,7 +97,17 @@ class JobRuntimeStandIn(LoopbackServer):
 
     def snapshot(self) -> dict[str, Trajectory]:
         with self.changed:
-            return {key: Trajectory(**vars(value)) for key, value in self.trajectories.items()}
+            return {
+                key: Trajectory(
+                    status=value.status,
+                    rewards=None if value.rewards is None else list(value.rewards),
+                    sealed_at=value.sealed_at,
+                    samples=value.samples,
+                    tokens=dict(value.tokens),
+                    reports=list(value.reports),
+                )
+                for key, value in self.trajectories.items()
+            }
 
     # ------------------------------------------------------------------------------------------- the calls
 
