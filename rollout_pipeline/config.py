@@ -8,6 +8,7 @@ defaults plus CLI options.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
 import os
@@ -120,6 +121,27 @@ AGENT_MODULE_ENV: Final = "ROLLOUTS_AGENT_MODULE"
 AGENT_KIND_ENV: Final = "ROLLOUTS_AGENT_KIND"
 #: The SageMaker RFT job ARN agents send as `X-Amzn-SageMaker-Job-Arn` when `_rollout.job_arn` is not set.
 JOB_ARN_ENV: Final = "SAGEMAKER_JOB_ARN"
+#: MTRL environment mode (`mtrl_environment`): the SageMaker job runtime (`job_runtime_url`) the agent host forwards
+#: an MTRL rollout's model calls and terminal report to, and the MTRL reporter Lambda reports to. The stack sets it on
+#: the runtime and the reporter only in that mode (local mode: its stand-in's loopback URL); unset, nothing is
+#: forwarded.
+MTRL_RUNTIME_ENV: Final = "ROLLOUTS_MTRL_RUNTIME"
+
+
+def job_runtime_url(region: str) -> str:
+    """SageMaker's job runtime in `region` (the MTRL guide's endpoint; `sagemaker.train.rft.feedback` builds the
+    same): `https://job-runtime.sagemaker.{region}.api.aws`."""
+    return f"https://job-runtime.sagemaker.{region}.api.aws"
+
+
+def mtrl_client_token(job_arn: str, trajectory_id: str, call: str) -> str:
+    """The `ClientToken` of one MTRL job-runtime call about one trajectory (`call`: `complete-ready`,
+    `complete-failed`, `reward`): the same for every sender of that call (the agent host, the reporter, any
+    retry), so a repeated report is a no-op at the job runtime rather than a second one."""
+    digest = hashlib.sha256(f"{job_arn}\n{trajectory_id}\n{call}".encode()).hexdigest()
+    return f"rollouts-{digest[:48]}"
+
+
 AgentKind = Literal["art", "rft"]
 #: `_rollout.warmup`: the mark of the warm pool's own invocation (`warmup_payload`). The agent host answers such an
 #: invocation itself and never hands it to the agent; no dataset row may set it (`contracts.rows`), and the
@@ -230,6 +252,11 @@ class ExperimentConfig(BaseModel):
         default=None,
         pattern=r"^arn:aws[a-z-]*:sagemaker:[a-z0-9-]+:\d{12}:[A-Za-z0-9/_+=.@:-]{1,1024}$",
         description="SageMaker RFT job ARN the agents send with their model calls and feedback (if any)",
+    )
+    mtrl_environment: bool = Field(
+        default=False,
+        description="SageMaker MTRL environment mode: deploy the forwarder Lambda MTRL's CustomAgentLambdaConfig "
+        "names, forward MTRL rollouts' model calls and reports to the job runtime (needs agent_kind rft)",
     )
     policy_version: str | None = Field(default=None, max_length=128)
     results_retention: Literal["retain", "destroy"] = "retain"
@@ -408,6 +435,15 @@ class ExperimentConfig(BaseModel):
     def _app_named_for_the_host_only(self) -> ExperimentConfig:
         if self.agent_kind == "art" and self.agent_module and ":" in self.agent_module:
             raise ValueError("agent_module MODULE:APP names an app, which only agent_kind=rft serves")
+        return self
+
+    @model_validator(mode="after")
+    def _mtrl_needs_the_rft_host(self) -> ExperimentConfig:
+        if self.mtrl_environment and self.agent_kind != "rft":
+            raise ValueError(
+                "mtrl_environment needs agent_kind=rft: MTRL's rollouts run SageMaker RFT SDK agents through the RFT "
+                "host, which forwards their model calls and reports to the job runtime"
+            )
         return self
 
     @model_validator(mode="after")

@@ -17,6 +17,8 @@ SERVICES: Final = {
     "dispatch": "rollout-dispatcher",
     "completion": "rollout-completion",
     "sweeper": "rollout-sweeper",
+    "mtrl_forwarder": "rollout-mtrl-forwarder",
+    "mtrl_reporter": "rollout-mtrl-reporter",
 }
 #: The ids every pipeline log line about a rollout carries, so one rollout can be followed across the functions.
 LOG_KEYS: Final = ("exp_id", "batch_id", "rollout_id", "session_id")

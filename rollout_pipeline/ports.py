@@ -139,6 +139,16 @@ class AgentRuntime(Protocol):
         ...
 
 
+class JobRuntimeReports(Protocol):
+    """SageMaker's job runtime, for what MTRL needs to hear about a rollout (`adapters.job_runtime`): each call
+    returns True when the runtime took it, False when the trajectory is already terminal or unknown there (a
+    repeat, or MTRL gave up on it); it raises for anything worth a retry."""
+
+    def complete_rollout(self, job_arn: str, trajectory_id: str, status: str, client_token: str) -> bool: ...
+
+    def update_reward(self, job_arn: str, trajectory_id: str, rewards: Sequence[float], client_token: str) -> bool: ...
+
+
 class Clock(Protocol):
     def now(self) -> datetime: ...
 

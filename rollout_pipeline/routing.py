@@ -8,7 +8,8 @@ from __future__ import annotations
 from typing import Any, Final
 from urllib.parse import unquote_plus
 
-from rollout_pipeline.contracts import EVENT_SOURCE
+from rollout_pipeline.contracts import EVENT_SOURCE, DetailType
+from rollout_pipeline.contracts.mtrl import MTRL_BATCH_PREFIX
 
 DATASET_PREFIX: Final = "datasets/"
 #: Dataset file kinds the ingest stage accepts (a `.json` file holds one JSON array).
@@ -39,6 +40,15 @@ def result_event_pattern(results_bucket: str) -> dict[str, Any]:
 def trainer_event_pattern() -> dict[str, Any]:
     """Every pipeline event on the experiment bus goes to the trainer queue."""
     return {"source": [EVENT_SOURCE]}
+
+
+def mtrl_report_event_pattern() -> dict[str, Any]:
+    """The terminal events of the MTRL forwarder's rollouts (batches `mtrl-*`): what the MTRL reporter reports."""
+    return {
+        "source": [EVENT_SOURCE],
+        "detail-type": [DetailType.ROLLOUT_COMPLETED.value, DetailType.ROLLOUT_FAILED.value],
+        "detail": {"batch_id": [{"prefix": MTRL_BATCH_PREFIX}]},
+    }
 
 
 def is_dataset_key(key: str) -> bool:

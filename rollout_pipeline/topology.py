@@ -21,9 +21,12 @@ STACK_PREFIX: Final = "Rollouts-"
 #: Physical names the stack and local mode give an experiment's resources: `rollouts-{name}[-suffix]`.
 RESOURCE_PREFIX: Final = "rollouts-"
 
-FunctionName = Literal["ingest", "dispatch", "completion", "sweeper"]
+FunctionName = Literal["ingest", "dispatch", "completion", "sweeper", "mtrl_forwarder", "mtrl_reporter"]
 #: The pipeline's Lambda functions; each has a module `lambdas/{name}.py` with a `handler`.
 FUNCTION_NAMES: Final[tuple[FunctionName, ...]] = ("ingest", "dispatch", "completion", "sweeper")
+#: The MTRL environment mode's functions (`mtrl_environment`; only in a stack with it on, `MTRL_FUNCTIONS`): the
+#: forwarder SageMaker MTRL invokes per rollout, and the reporter fed by the forwarded rollouts' terminal events.
+MTRL_FUNCTION_NAMES: Final[tuple[FunctionName, ...]] = ("mtrl_forwarder", "mtrl_reporter")
 #: AWS guidance for Lambda consumers of SQS: visibility timeout at least 6x the function timeout.
 VISIBILITY_TIMEOUT_FACTOR: Final = 6
 #: SQS's maximum visibility timeout.
@@ -102,6 +105,15 @@ FUNCTIONS: Final[Mapping[FunctionName, FunctionSpec]] = {
     ),
     "sweeper": FunctionSpec("sweeper", timeout_s=120, memory_mb=512),
 }
+#: The MTRL environment mode's functions. The forwarder answers MTRL at once (a few ledger writes and one send).
+MTRL_FUNCTIONS: Final[Mapping[FunctionName, FunctionSpec]] = {
+    "mtrl_forwarder": FunctionSpec("mtrl_forwarder", timeout_s=30, memory_mb=512),
+    "mtrl_reporter": FunctionSpec(
+        "mtrl_reporter", timeout_s=60, memory_mb=512, batch_size=10, batching_window_s=1, max_concurrency=5
+    ),
+}
+#: The MTRL reporter's queue (the forwarded rollouts' `Rollout Completed` / `Rollout Failed` events).
+MTRL_REPORT_QUEUE: Final = "mtrl-report"
 #: Rollouts one dispatcher Lambda holds at once: its SQS batch.
 DISPATCH_BATCH: Final = FUNCTIONS["dispatch"].batch_size or 1
 #: Queue of each queue-fed function, by the name local mode and the dashboard give it.
@@ -129,6 +141,8 @@ def queue_visibility_timeouts(config: ExperimentConfig) -> dict[str, int]:
     specs = function_specs(config)
     timeouts = {queue: specs[function].visibility_timeout_s for function, queue in FUNCTION_QUEUES.items()}
     timeouts["trainer"] = TRAINER_VISIBILITY_TIMEOUT_S
+    if config.mtrl_environment:
+        timeouts[MTRL_REPORT_QUEUE] = MTRL_FUNCTIONS["mtrl_reporter"].visibility_timeout_s
     return timeouts
 
 

@@ -25,9 +25,11 @@ if TYPE_CHECKING:
     from rollout_pipeline.adapters.sqs import SqsQueue
     from rollout_pipeline.feed.feed import Feed
     from rollout_pipeline.ingest.core import Ingestion
+    from rollout_pipeline.ingest.mtrl import MtrlForwarder
     from rollout_pipeline.ledger.ledger import Ledger
     from rollout_pipeline.ledger.pool import PoolLedger
     from rollout_pipeline.lifecycle.deps import LifecycleDeps
+    from rollout_pipeline.lifecycle.mtrl_report import MtrlReporter
     from rollout_pipeline.limits.facade import Limits
     from rollout_pipeline.metric_names import MetricsRecorder
     from rollout_pipeline.ports import AgentRuntime
@@ -182,6 +184,27 @@ class Wiring:
             if default:
                 self._limits = built
             return built
+
+    def mtrl_forwarder(self) -> MtrlForwarder:
+        """MTRL environment mode's forwarder: ingestion with the forwarder's own submission lease."""
+        from rollout_pipeline.ingest.core import Ingestion, IngestTuning
+        from rollout_pipeline.ingest.mtrl import LEASE_S, MtrlForwarder
+
+        return MtrlForwarder(Ingestion(self.ingestion().ports, IngestTuning(lease_seconds=LEASE_S)))
+
+    def mtrl_reporter(self, runtime_url: str | None = None) -> MtrlReporter:
+        """MTRL environment mode's reporter, reporting to the job runtime at `runtime_url` (default: the variable
+        `config.MTRL_RUNTIME_ENV`, else the region's, `config.job_runtime_url`); its client made on first use."""
+        from rollout_pipeline.adapters.clients import ClientFactory
+        from rollout_pipeline.adapters.job_runtime import JOB_RUNTIME_SERVICE, BotoJobRuntime
+        from rollout_pipeline.config import MTRL_RUNTIME_ENV, job_runtime_url
+        from rollout_pipeline.lifecycle.mtrl_report import MtrlReporter
+
+        region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+        url = runtime_url or os.environ.get(MTRL_RUNTIME_ENV) or job_runtime_url(region)
+        clients = ClientFactory(region=region, endpoint_url=url)  # no boto3 import until the first report
+        runtime = BotoJobRuntime(clients.lazy(JOB_RUNTIME_SERVICE))
+        return MtrlReporter(self.ledger(), runtime, self.settings.experiment.name)
 
     def lifecycle(self) -> LifecycleDeps:
         """The lifecycle stage's collaborators (built once)."""

@@ -12,7 +12,15 @@ from constructs import Construct
 
 from rollout_pipeline import ids
 from rollout_pipeline.capacity import ceiling_warnings
-from rollout_pipeline.config import AGENT_KIND_ENV, AGENT_MODULE_ENV, JOB_ARN_ENV, MODEL_SECRET_ENV, ExperimentConfig
+from rollout_pipeline.config import (
+    AGENT_KIND_ENV,
+    AGENT_MODULE_ENV,
+    JOB_ARN_ENV,
+    MODEL_SECRET_ENV,
+    MTRL_RUNTIME_ENV,
+    ExperimentConfig,
+    job_runtime_url,
+)
 
 #: ACR's DEFAULT endpoint: what InvokeAgentRuntime without a qualifier targets.
 DEFAULT_ENDPOINT: Final = ids.DEFAULT_ENDPOINT_NAME
@@ -57,6 +65,7 @@ class AgentRuntimeConstruct(Construct):
                 AGENT_KIND_ENV: config.agent_kind,
                 AGENT_MODULE_ENV: config.served_agent_module,
                 **({JOB_ARN_ENV: config.rft_job_arn} if config.rft_job_arn else {}),
+                **({MTRL_RUNTIME_ENV: job_runtime_url(Stack.of(self).region)} if config.mtrl_environment else {}),
             },
         )
         self.endpoint_names = [ids.endpoint_name(i) for i in range(config.endpoints)]

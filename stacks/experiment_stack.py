@@ -31,6 +31,7 @@ from stacks.monitoring import (
     expire_every_log_group,
     give_every_function_a_log_group,
 )
+from stacks.mtrl import MtrlEnvironmentConstruct
 from stacks.queues import QueuedLambdaConsumer
 from stacks.retention import is_retained, removal_policy
 from stacks.storage import Storage
@@ -76,6 +77,7 @@ class ExperimentStack(Stack):
         self._functions(repo_root, removal)
         handler_settings = self._routes()
         self._grant(**self.functions)
+        self.mtrl = self._mtrl(removal) if config.mtrl_environment else None
         self.attempt_key = AttemptKey(self, "AttemptKey")
         self.attempt_key.grant(self.functions["dispatch"], self.functions["completion"], self.functions["sweeper"])
         self._observability(removal)
@@ -115,7 +117,7 @@ class ExperimentStack(Stack):
     def _functions(self, repo_root: Path, removal: RemovalPolicy) -> None:
         """The four pipeline functions (one code asset) and the queues that feed three of them."""
         config = self.config
-        code = lambda_code(RUNTIME, repo_root)
+        self.code = code = lambda_code(RUNTIME, repo_root)
         specs = topology.function_specs(config)
 
         def function(name: topology.FunctionName, description: str) -> PipelineFunctionConstruct:
@@ -195,10 +197,30 @@ class ExperimentStack(Stack):
             POWERTOOLS_LOG_LEVEL="INFO",
         ).to_environ()
         check_environment_size(environment)
+        self.function_environment = environment
         for pipeline_function in self.functions.values():
             for key, value in environment.items():
                 pipeline_function.function.add_environment(key, value)
         return handler_settings
+
+    def _mtrl(self, removal: RemovalPolicy) -> MtrlEnvironmentConstruct:
+        """MTRL environment mode: the forwarder, the reporter and the agent's job-runtime grants (`stacks.mtrl`)."""
+        mtrl = MtrlEnvironmentConstruct(
+            self,
+            "Mtrl",
+            config=self.config,
+            code=self.code,
+            environment=self.function_environment,
+            removal_policy=removal,
+            ledger=self.ledger,
+            rollout_queue=self.dispatch.queue,
+            input_bucket=self.storage.input_bucket,
+            routing_construct=self.events,
+            agent=self.agent,
+        )
+        for made in mtrl.functions.values():
+            made.function.node.add_dependency(self.ledger.layout_stamp)
+        return mtrl
 
     def _observability(self, removal: RemovalPolicy) -> None:
         """Alarms and the dashboard, and a retention for every log group (the runtime's, one per endpoint, too)."""
@@ -207,13 +229,14 @@ class ExperimentStack(Stack):
             self,
             "Monitoring",
             config=config,
-            functions={name: fn.function for name, fn in self.functions.items()},
+            functions={name: fn.function for name, fn in {**self.functions, **self._mtrl_functions()}.items()},
             queues={
                 "ingest": self.ingest.queue,
                 "rollouts": self.dispatch.queue,
                 "completion": self.completion.queue,
                 "trainer": self.events.trainer_queue,
                 "undelivered": self.events.undelivered,
+                **({"mtrl-report": self.mtrl.report.queue} if self.mtrl is not None else {}),
             },
             alarm_email=self.settings.alarm_email,
             active_session_quota=quotas.documented_active_sessions(
@@ -235,6 +258,9 @@ class ExperimentStack(Stack):
         ]
         give_every_function_a_log_group(self, LOG_RETENTION_DAYS, removal)
         expire_every_log_group(self, LOG_RETENTION_DAYS, removal)
+
+    def _mtrl_functions(self) -> dict[str, PipelineFunctionConstruct]:
+        return dict(self.mtrl.functions) if self.mtrl is not None else {}
 
     def _grant(
         self,

@@ -120,6 +120,12 @@ def acknowledge(stack: ExperimentStack) -> None:
         iam5("*"): (
             "AgentCore Runtime L2 default: X-Ray, ecr:GetAuthorizationToken and namespace-conditioned PutMetricData "
             "do not support resource-level permissions."
+            + (
+                " MTRL environment mode: sagemaker:CallWithBearerToken (the job runtime's bearer tokens) is granted "
+                "on * as AWS's AmazonSageMakerJobRuntimeAccess does, conditioned on aws:ResourceAccount."
+                if stack.config.mtrl_environment
+                else ""
+            )
         ),
         iam5(
             f"{account_arn(stack, 'bedrock-agentcore')}:workload-identity-directory/default/workload-identity/*"

@@ -27,14 +27,14 @@ import json
 import logging
 import math
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 from typing import Any, Final
 from urllib.parse import quote, unquote, urlsplit
 
 from rollout_pipeline.agent.context import RolloutContext
-from rollout_pipeline.agent.inference import SAGEMAKER_TRAJECTORY_HEADER, TokenCaptureError, openai_client_kwargs
+from rollout_pipeline.agent.inference import SAGEMAKER_TRAJECTORY_HEADER, openai_client_kwargs
 from rollout_pipeline.agent.loopback import LOOPBACK, JsonRequestHandler, LoopbackServer
 
 logger = logging.getLogger(__name__)
@@ -74,6 +74,16 @@ class UnknownTrajectory(LookupError):
     """A request names no trajectory this session serves (or names none while several are in flight)."""
 
 
+@dataclass(frozen=True)
+class Upstream:
+    """Where a rollout's model calls go instead of its own model endpoint (MTRL environment mode: SageMaker's job
+    runtime): `base_url`, to which the agent's paths (`/v1/...`) are appended as they are, and `auth()` giving the
+    (bearer key, headers) of each call. The body goes unchanged (no `model` rewrite)."""
+
+    base_url: str
+    auth: Callable[[], tuple[str, dict[str, str]]]
+
+
 @dataclass
 class TrajectoryRecord:
     """What one rollout's agent reported through the front door. Mutated only under the door's lock."""
@@ -81,6 +91,8 @@ class TrajectoryRecord:
     trajectory_id: str
     rollout: RolloutContext
     job_arn: str
+    #: Where its model calls go when not to `_rollout.base_url` (None: there).
+    upstream: Upstream | None = None
     #: The first terminal status reported (`ready` / `failed`), or None.
     status: str | None = None
     #: The first rewards reported (`/update-reward`), or None.
@@ -203,9 +215,12 @@ class FrontDoor(LoopbackServer):
 
     # ------------------------------------------------------------------------------------------ trajectories
 
-    def register(self, trajectory_id: str, rollout: RolloutContext, job_arn: str) -> TrajectoryRecord:
-        """Start recording a rollout's reports. Registering an id again starts a fresh record."""
-        record = TrajectoryRecord(trajectory_id=trajectory_id, rollout=rollout, job_arn=job_arn)
+    def register(
+        self, trajectory_id: str, rollout: RolloutContext, job_arn: str, upstream: Upstream | None = None
+    ) -> TrajectoryRecord:
+        """Start recording a rollout's reports (its model calls to `upstream` when given). Registering an id again
+        starts a fresh record."""
+        record = TrajectoryRecord(trajectory_id=trajectory_id, rollout=rollout, job_arn=job_arn, upstream=upstream)
         with self._lock:
             self._records[trajectory_id] = record
         return record
@@ -340,20 +355,29 @@ class FrontDoor(LoopbackServer):
         query: str,
         body: bytes,
     ) -> None:
-        """Pass one model call through to the rollout's model endpoint and copy the answer back as it arrives."""
+        """Pass one model call through to the rollout's model endpoint (or its `upstream`) and copy the answer back
+        as it arrives."""
         try:
-            wired = openai_client_kwargs(ctx=record.rollout)
-        except TokenCaptureError as exc:
+            if record.upstream is not None:
+                api_key, wired_headers = record.upstream.auth()
+                base = urlsplit(record.upstream.base_url.rstrip("/"))
+                target = base.path + path
+                payload = body
+            else:
+                wired = openai_client_kwargs(ctx=record.rollout)
+                api_key, wired_headers = str(wired["api_key"]), wired.get("default_headers") or {}
+                base = urlsplit(str(wired["base_url"]).rstrip("/"))
+                target = base.path + path[len(MODEL_PATH_PREFIX) :]
+                payload = rewrite_model(body, record.rollout.model_id) if method in ("POST", "PUT") else body
+        except Exception as exc:  # a token-capture setting or the upstream's credentials: the agent sees why
             self._count_model_call(record, ok=False)
             handler.send_json(502, {"error": {"message": f"rollout front door: {exc}"}})
             return
-        base = urlsplit(str(wired["base_url"]).rstrip("/"))
-        target = base.path + path[len(MODEL_PATH_PREFIX) :] + (f"?{query}" if query else "")
+        target += f"?{query}" if query else ""
         scheme = base.scheme or "http"
         port = base.port or (443 if scheme == "https" else 80)
         host = base.hostname or LOOPBACK
-        payload = rewrite_model(body, record.rollout.model_id) if method in ("POST", "PUT") else body
-        headers = forwarded_headers(handler.headers.items(), wired.get("default_headers") or {}, str(wired["api_key"]))
+        headers = forwarded_headers(handler.headers.items(), wired_headers, api_key)
         if payload or method in ("POST", "PUT"):
             headers["Content-Length"] = str(len(payload))
         headers["Host"] = base.netloc

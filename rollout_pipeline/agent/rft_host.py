@@ -28,6 +28,7 @@ This module does not import `sagemaker`: only the author's module does.
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import json
 import logging
@@ -37,9 +38,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 from rollout_pipeline.agent.context import current_rollout
+from rollout_pipeline.agent.job_runtime import JobRuntimeClient, mtrl_target_of
 from rollout_pipeline.agent.modules import Entrypoint, load_entrypoint
-from rollout_pipeline.agent.rft_door import FAILED, FrontDoor, TrajectoryRecord
-from rollout_pipeline.config import JOB_ARN_ENV
+from rollout_pipeline.agent.rft_door import FAILED, FrontDoor, TrajectoryRecord, Upstream
+from rollout_pipeline.config import JOB_ARN_ENV, MTRL_RUNTIME_ENV
 
 logger = logging.getLogger(__name__)
 
@@ -198,21 +200,51 @@ async def call_entrypoint(handler: Callable[..., Any], request: dict[str, Any], 
     return result
 
 
-class RftHost:
-    """One agent process: the author's entrypoint, the front door and the settings every rollout shares."""
+def mtrl_rewards(result: Mapping[str, Any]) -> list[float] | None:
+    """What MTRL is told of a rollout's result object (`rft_result`): its rewards for a success with rewards, else
+    None (the trajectory is failed: an agent error or no reward is never a reward of 0)."""
+    if result.get("status_code") != 200 or "rewards" not in result:
+        return None
+    rewards = result["rewards"]
+    return [float(r) for r in rewards] if isinstance(rewards, list) else [float(rewards)]
 
-    def __init__(self, entry: Entrypoint, door: FrontDoor, *, job_arn: str = "", region: str = DEFAULT_REGION) -> None:
+
+class RftHost:
+    """One agent process: the author's entrypoint, the front door and the settings every rollout shares.
+
+    With `job_runtime` (MTRL environment mode: `config.MTRL_RUNTIME_ENV` set), a rollout whose row names an MTRL job
+    and trajectory (`job_runtime.mtrl_target_of`) runs as that trajectory: the agent's `metadata` names MTRL's
+    ids, its model calls go to the job runtime (`rft_door.Upstream`), and once it has returned (or raised) the host
+    tells MTRL the outcome of the result object: ready and its rewards, or failed, never `[0.0]`
+    (`JobRuntimeClient.report`). Other rollouts run as without it."""
+
+    def __init__(
+        self,
+        entry: Entrypoint,
+        door: FrontDoor,
+        *,
+        job_arn: str = "",
+        region: str = DEFAULT_REGION,
+        job_runtime: JobRuntimeClient | None = None,
+    ) -> None:
         self.entry = entry
         self.door = door
         self.job_arn = job_arn
         self.region = region
+        self.job_runtime = job_runtime
 
     async def rollout(self, payload: dict[str, Any], context: Any) -> dict[str, Any]:
         """One rollout (registered with `RolloutApp.rollout_entrypoint`, which sets the rollout context)."""
         ctx = current_rollout()
-        trajectory_id = ctx.session_id or str(uuid.uuid4())
-        job_arn = ctx.job_arn or self.job_arn
-        self.door.register(trajectory_id, ctx, job_arn)
+        runtime = self.job_runtime
+        target = mtrl_target_of(payload) if runtime is not None else None
+        upstream: Upstream | None = None
+        if target is not None and runtime is not None:
+            trajectory_id, job_arn = target.rollout_id, target.job_arn
+            upstream = Upstream(runtime.url, functools.partial(runtime.model_headers, target))
+        else:
+            trajectory_id, job_arn = ctx.session_id or str(uuid.uuid4()), ctx.job_arn or self.job_arn
+        self.door.register(trajectory_id, ctx, job_arn, upstream)
         request = rft_request(
             payload,
             trajectory_id=trajectory_id,
@@ -222,10 +254,17 @@ class RftHost:
         )
         try:
             returned = await call_entrypoint(self.entry.handler, request, context)
+        except Exception:
+            if target is not None and runtime is not None:  # the SDK sent failed + [0.0] to the door: failed only
+                await asyncio.to_thread(runtime.report, target, None)
+            raise
         finally:
             report = self.door.unregister(trajectory_id)
         assert report is not None
-        return rft_result(returned, report)
+        result = rft_result(returned, report)
+        if target is not None and runtime is not None:
+            result["rft"]["mtrl"] = await asyncio.to_thread(runtime.report, target, mtrl_rewards(result))
+        return result
 
     def app(self) -> Any:
         """A `RolloutApp` serving `rollout` at `/invocations`."""
@@ -256,13 +295,17 @@ def start_front_door() -> FrontDoor:
 def rft_app(entry: Entrypoint, door: FrontDoor, environ: Mapping[str, str] | None = None) -> Any:
     """The `RolloutApp` serving `entry` (a `BedrockAgentCoreApp` entrypoint) through the RFT adapter and `door`."""
     env = os.environ if environ is None else environ
-    host = RftHost(entry, door, job_arn=env.get(JOB_ARN_ENV, ""), region=region_of(env))
+    region = region_of(env)
+    runtime_url = env.get(MTRL_RUNTIME_ENV)
+    job_runtime = JobRuntimeClient(runtime_url, region) if runtime_url else None
+    host = RftHost(entry, door, job_arn=env.get(JOB_ARN_ENV, ""), region=region, job_runtime=job_runtime)
     logger.info(
-        "RFT host: %s:%s (%s), front door %s",
+        "RFT host: %s:%s (%s), front door %s%s",
         entry.module,
         entry.app_name,
         "sagemaker_rft_handler" if entry.is_rft else "plain entrypoint",
         door.root_url,
+        f", MTRL rollouts to {runtime_url}" if runtime_url else "",
     )
     return host.app()
 

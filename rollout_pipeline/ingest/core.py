@@ -311,20 +311,44 @@ class Ingestion:
         Same validation, ledger accounting, messages and events as a dataset file; positions are 1-based
         indexes into `rows`; rejected rows are counted in the result and `Batch Accepted` (no errors object).
         """
+        return self.submit_once(ids.new_batch_id(name), rows, options=options, owner=owner)
+
+    def submit_once(
+        self,
+        batch_id: str,
+        rows: Iterable[Mapping[str, Any] | DatasetRow],
+        *,
+        options: FileOptions | None = None,
+        source: str = "sdk",
+        owner: str = "sdk",
+    ) -> IngestResult:
+        """`submit_rows` under a batch id the caller chose, once: a batch that already exists is never submitted
+        again. Its ingestion ended -> `already_done` (nothing sent); another caller holds its lease ->
+        `in_progress`; a caller that crashed mid-way (lease expired) -> taken over and finished (rows the batch
+        checkpointed are skipped, a row whose group it wrote is sent again: the dispatcher de-duplicates)."""
         effective = options or FileOptions.defaults(self.settings.experiment)
-        batch_id = ids.new_batch_id(name)
-        item = self.ports.ledger.batches.create_batch(
+        ledger = self.ports.ledger.batches
+        item = ledger.create_batch(
             exp_id=self.exp_id,
             batch_id=batch_id,
             options=effective,
-            source="sdk",
+            source=source,
             lease_owner=owner,
             lease_seconds=self.tuning.lease_seconds,
         )
-        assert item is not None, "a fresh batch id cannot exist yet"
-        run = _Run(self, item, owner=owner, errors=ErrorLog(file="sdk", max_entries=self.tuning.max_error_entries))
+        if item is None:
+            existing = ledger.read_batch(batch_id)
+            if existing is None or existing.rollouts_total is not None:
+                progress = IngestProgress.of(existing) if existing is not None else IngestProgress()
+                return IngestResult("already_done", batch_id, progress=progress)
+            item = ledger.acquire_lease(batch_id, owner, self.tuning.lease_seconds)
+            if item is None:
+                return IngestResult("in_progress", batch_id, progress=IngestProgress.of(existing))
+            logger.info("batch %s: taking over a submission left after line %s", batch_id, item.cursor)
+        run = _Run(self, item, owner=owner, errors=ErrorLog(file=source, max_entries=self.tuning.max_error_entries))
         for position, row in enumerate(rows, start=1):
-            run.add(_parse(row, position))
+            if position > run.progress.cursor:
+                run.add(_parse(row, position))
         result = run.finish(errors_uri=None)
         result.errors = list(run.errors.entries)
         return result

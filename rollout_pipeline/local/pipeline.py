@@ -30,12 +30,24 @@ from rollout_pipeline import metric_names, topology
 from rollout_pipeline.adapters.clients import ClientFactory
 from rollout_pipeline.adapters.runtime import register_local_runtime
 from rollout_pipeline.agent.credentials import API_KEY_ENV
-from rollout_pipeline.config import ExperimentConfig, derived_dispatch_concurrency, validate_config
+from rollout_pipeline.config import (
+    MTRL_RUNTIME_ENV,
+    ConfigError,
+    ExperimentConfig,
+    derived_dispatch_concurrency,
+    validate_config,
+)
 from rollout_pipeline.fakes import faithful
-from rollout_pipeline.local.lambda_runtime import QueueConsumer, Schedule
+from rollout_pipeline.local.lambda_runtime import LambdaContext, QueueConsumer, Schedule
 from rollout_pipeline.local.model_server import MODEL_ID, LocalModelServer
 from rollout_pipeline.local.moto_server import local_aws_environ, moto_server, patched_environ
-from rollout_pipeline.local.resources import ExperimentResources, create_pool, create_resources, register_stack
+from rollout_pipeline.local.resources import (
+    LOCAL_ACCOUNT,
+    ExperimentResources,
+    create_pool,
+    create_resources,
+    register_stack,
+)
 from rollout_pipeline.quotas import DEFAULT_RESERVE, AccountQuotas, PoolSettings
 from rollout_pipeline.wiring import Wiring
 
@@ -111,6 +123,10 @@ class LocalSettings:
     capacity_reserve: float | None = None
     #: False: no account pool, each experiment keeps its own limits as if it owned the account (comparisons only).
     account_pool: bool = True
+    #: MTRL environment mode (`experiment_settings={"mtrl_environment": True, "agent_kind": "rft"}`): the SageMaker
+    #: job runtime the agents forward MTRL rollouts to and the MTRL reporter reports to (a stand-in on loopback,
+    #: `local.mtrl.MtrlStandIn`); `LocalPipeline.invoke_mtrl_forwarder` is the forwarder Lambda.
+    mtrl_runtime_url: str | None = None
 
     def names(self) -> tuple[str, ...]:
         """Every experiment of the run, the first one (`experiment`) first."""
@@ -160,7 +176,9 @@ class LocalSettings:
 
     def validate(self) -> None:
         """Raise `ConfigError` (one line) when a setting is invalid, before anything is started."""
-        self.experiment_config(self.model_url or "http://127.0.0.1/v1")
+        config = self.experiment_config(self.model_url or "http://127.0.0.1/v1")
+        if config.mtrl_environment and not self.mtrl_runtime_url:
+            raise ConfigError("mtrl_environment in local mode needs mtrl_runtime_url (the job runtime to report to)")
 
 
 class LocalPipeline:
@@ -192,6 +210,9 @@ class LocalPipeline:
         self._agents: Any = None
         self._stop_by = 0.0
         self._stack = contextlib.ExitStack()
+        #: MTRL forwarder handlers by experiment (`invoke_mtrl_forwarder`), bound on first use.
+        self._forwarders: dict[str, Callable[[dict[str, Any], Any], dict[str, Any]]] = {}
+        self._lock = threading.Lock()
 
     # ------------------------------------------------------------------------------------------- start / stop
 
@@ -287,6 +308,7 @@ class LocalPipeline:
             kind=self.settings.agent_kind,
             env={
                 **aws_env,
+                **({MTRL_RUNTIME_ENV: self.settings.mtrl_runtime_url} if self.settings.mtrl_runtime_url else {}),
                 **self.settings.agent_env,
                 **({API_KEY_ENV: self.settings.model_api_key} if self.settings.model_api_key else {}),
             },
@@ -339,6 +361,8 @@ class LocalPipeline:
             )
             for name, spec in specs.items()
         ]
+        if res.config.mtrl_environment:
+            consumers.append(self._mtrl_reporter(res, wiring))
         for consumer in consumers:
             consumer.handler = _clearing_metrics(consumer.handler)
             consumer.start()
@@ -362,6 +386,47 @@ class LocalPipeline:
             self.warm = self.warm or warm
             self._stack.callback(self._stop_within_grace, warm.stop)
         return consumers, sweeper
+
+    def _mtrl_reporter(self, res: ExperimentResources, wiring: Wiring) -> QueueConsumer:
+        """MTRL environment mode's reporter (the stack's numbers), reporting to `mtrl_runtime_url`."""
+        import lambdas.mtrl_reporter
+
+        assert self.settings.mtrl_runtime_url, "LocalSettings.validate requires it in MTRL environment mode"
+        spec = topology.MTRL_FUNCTIONS["mtrl_reporter"]
+        return QueueConsumer(
+            "mtrl_reporter",
+            res.queue_urls[topology.MTRL_REPORT_QUEUE],
+            lambdas.mtrl_reporter.function.bind(wiring.mtrl_reporter(self.settings.mtrl_runtime_url)),
+            region=REGION,
+            clients=self.clients,
+            batch_size=spec.batch_size or 1,
+            max_concurrency=spec.max_concurrency or 1,
+            timeout_s=spec.timeout_s,
+        )
+
+    def invoke_mtrl_forwarder(self, event: Any, experiment: str | None = None) -> dict[str, Any]:
+        """Invoke the MTRL forwarder Lambda of `experiment` (the first by default) as SageMaker MTRL does: the very
+        handler, synchronously, with a Lambda context whose ARN is the local account's and region's."""
+        import lambdas.mtrl_forwarder
+
+        local = self.experiments[experiment or self.settings.experiment]
+        if not local.resources.config.mtrl_environment:
+            raise ConfigError(f"experiment {local.resources.config.name} is not in MTRL environment mode")
+        with self._lock:
+            bound = self._forwarders.get(local.resources.config.name)
+            if bound is None:
+                bound = lambdas.mtrl_forwarder.function.bind(local.wiring.mtrl_forwarder())
+                self._forwarders[local.resources.config.name] = bound
+        name = f"{topology.resource_base(local.resources.config.name)}-mtrl-forwarder"
+        context = LambdaContext(
+            function_name=name,
+            timeout_s=topology.MTRL_FUNCTIONS["mtrl_forwarder"].timeout_s,
+            invoked_function_arn=f"arn:aws:lambda:{REGION}:{LOCAL_ACCOUNT}:function:{name}",
+        )
+        try:
+            return bound(event, context)
+        finally:
+            _clear_metrics()
 
     def begin_stop(self) -> None:
         """Tell every consumer and the sweeper to take no more work, end the dispatchers' waits for a session slot

@@ -149,6 +149,8 @@ def create_resources(
         ("default", f"{base}-results", routing.result_event_pattern(results_bucket), "completion"),
         (bus_name, f"{base}-trainer", routing.trainer_event_pattern(), "trainer"),
     ]
+    if config.mtrl_environment:
+        rules.append((bus_name, f"{base}-mtrl-report", routing.mtrl_report_event_pattern(), topology.MTRL_REPORT_QUEUE))
     for bus, rule_name, pattern, target in rules:
         events.put_rule(Name=rule_name, EventBusName=bus, EventPattern=json.dumps(pattern), State="ENABLED")
         events.put_targets(Rule=rule_name, EventBusName=bus, Targets=[{"Id": target, "Arn": queue_arn(target)}])

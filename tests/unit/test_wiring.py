@@ -178,7 +178,7 @@ def test_bound_handler_runs_over_the_given_stage(monkeypatch: pytest.MonkeyPatch
     assert seen == ["explicit"]
 
 
-@pytest.mark.parametrize("name", topology.FUNCTION_NAMES)
+@pytest.mark.parametrize("name", [*topology.FUNCTION_NAMES, *topology.MTRL_FUNCTION_NAMES])
 def test_a_cold_start_imports_no_boto3_until_a_call_needs_it(name: str) -> None:
     """Importing a handler and building its stage from the environment (what a cold start does before the first
     call) must not import boto3 (~180 ms): the factory's clients are lazy."""
