@@ -55,8 +55,9 @@ def _consumers(resources: ExperimentResources) -> list[SinkConsumer]:
     return [SinkConsumer(queues, clients.client, retry_base_s=0.05).start() for queues in made]
 
 
+@pytest.mark.usefixtures("moto_lock")
 def test_every_event_is_delivered_once_the_endpoint_recovers(
-    resources: ExperimentResources, endpoint: HttpEndpoint, moto_lock: None
+    resources: ExperimentResources, endpoint: HttpEndpoint
 ) -> None:
     consumers = _consumers(resources)
     try:
@@ -93,8 +94,9 @@ def _depth(url: str) -> int:
     return int(attrs["ApproximateNumberOfMessages"]) + int(attrs["ApproximateNumberOfMessagesNotVisible"])
 
 
+@pytest.mark.usefixtures("moto_lock")
 def test_an_answer_not_retried_goes_to_the_dead_letter_queue_with_the_reason(
-    resources: ExperimentResources, endpoint: HttpEndpoint, moto_lock: None
+    resources: ExperimentResources, endpoint: HttpEndpoint
 ) -> None:
     endpoint.fail_first, endpoint.status = 0, 404  # verl's gateway answers 404 for a session it does not know
     consumers = _consumers(resources)

@@ -81,13 +81,17 @@ def test_an_oversampled_batch_charges_no_surplus_rollout_to_the_trainer(pipeline
     assert [m.index for m in mixed.members] == [0, 1, 2, 3]
     assert [m.excluded for m in mixed.members] == [False, True, False, False]
     assert mixed.rewards == [0.0, None, 0.0, 1.0, None]
-    assert 4 not in groups["mixed"].rollouts and groups["mixed"].excluded == [1]
+    assert 4 not in groups["mixed"].rollouts
+    assert groups["mixed"].excluded == [1]
     cut = rollout_events[("mixed", 4)]
-    assert isinstance(cut, RolloutFailed) and cut.reason is FailureReason.SURPLUS and cut.surplus
+    assert isinstance(cut, RolloutFailed)
+    assert cut.reason is FailureReason.SURPLUS
+    assert cut.surplus
 
     fast = groups["fast"].completed
     assert (fast.valid_size, fast.failed, len(fast.surplus)) == (3, 0, 2)
-    assert len(fast.members) == 3 and not set(fast.surplus) & {m.index for m in fast.members}
+    assert len(fast.members) == 3
+    assert not set(fast.surplus) & {m.index for m in fast.members}
     assert all(fast.rewards[i] is None for i in fast.surplus)
     for index in range(GROUP_SIZE + OVERSAMPLE):  # a surplus success says so; a surplus cancel is reason surplus
         event = rollout_events[("fast", index)]
