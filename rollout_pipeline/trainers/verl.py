@@ -144,6 +144,8 @@ class VerlGatewayRoute:
             experiment, timeout_s=timeout_s, max_attempts=max_attempts, poll_wait_s=poll_wait_s
         )
         self.times = CompletionTimes()
+        #: The batches the route submitted (one per coalesced group of samples).
+        self.batch_ids: list[str] = []
         self._lock = threading.Lock()
         self._pending: list[tuple[dict[str, Any], concurrent.futures.Future[RolloutFuture]]] = []
         self._flush: threading.Timer | None = None
@@ -191,6 +193,8 @@ class VerlGatewayRoute:
             for _, done in taken:
                 done.set_exception(exc)
             return
+        if futures:
+            self.batch_ids.append(futures[0].batch_id)
         for (_, done), future in zip(taken, futures, strict=True):
             done.set_result(future)
 

@@ -70,7 +70,7 @@ class Phase(StrEnum):
 
 
 @dataclass
-class _Session:
+class _GatewaySession:
     handle: SessionHandle
     phase: Phase = Phase.ACTIVE
     history: list[dict[str, Any]] = field(default_factory=list)
@@ -98,7 +98,7 @@ class LocalGateway:
     def __init__(self, backend_url: str, *, model: str = "default") -> None:
         self.backend_url = backend_url.rstrip("/")
         self.model = model
-        self._sessions: dict[str, _Session] = {}
+        self._sessions: dict[str, _GatewaySession] = {}
         self._lock = threading.Lock()
         #: Every `/complete` received: (session id, reward_info, epoch seconds).
         self.completions: list[tuple[str, dict[str, Any], float]] = []
@@ -126,7 +126,7 @@ class LocalGateway:
             if session_id in self._sessions:
                 raise RuntimeError(f"Session {session_id} already exists")
             handle = SessionHandle(session_id, f"{self.url}/sessions/{session_id}/v1")
-            self._sessions[session_id] = _Session(handle)
+            self._sessions[session_id] = _GatewaySession(handle)
         return handle
 
     async def wait_for_completion(self, session_id: str, timeout: float | None = None) -> None:
@@ -160,7 +160,7 @@ class LocalGateway:
             with self._lock:
                 self._sessions.pop(session_id, None)
 
-    def _get(self, session_id: str) -> _Session:
+    def _get(self, session_id: str) -> _GatewaySession:
         session = self._sessions.get(session_id)
         if session is None:
             raise KeyError(f"Unknown session_id: {session_id}")
@@ -215,7 +215,11 @@ class LocalGateway:
             "object": "chat.completion",
             "model": self.model,
             "choices": [{"index": 0, "message": reply, "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": len(session.prompt_ids or []), "completion_tokens": len(generated)},
+            "usage": {
+                "prompt_tokens": len(session.prompt_ids or []),
+                "completion_tokens": len(generated),
+                "total_tokens": len(session.prompt_ids or []) + len(generated),
+            },
         }
 
     def _generate(self, messages: list[dict[str, Any]], sampling: Mapping[str, Any]) -> str:
@@ -226,7 +230,7 @@ class LocalGateway:
         with urllib.request.urlopen(request, timeout=60) as answer:
             return str(json.loads(answer.read())["choices"][0]["message"].get("content") or "")
 
-    def _materialize(self, session: _Session) -> None:
+    def _materialize(self, session: _GatewaySession) -> None:
         if session.prompt_ids is None:
             return
         session.trajectories.append(

@@ -51,7 +51,8 @@ def test_rules_send_the_compiled_body_with_retries_and_a_dead_letter_queue(synth
         "InputTemplate": '{"reward_info":{"reward":<v0>,"excluded":false}}',
     }
     assert target["RetryPolicy"] == {"MaximumRetryAttempts": 20, "MaximumEventAgeInSeconds": 3600}
-    assert "DeadLetterConfig" in target and "RoleArn" in target
+    assert "DeadLetterConfig" in target
+    assert "RoleArn" in target
     group = by_type["Group Completed"]
     assert group["EventPattern"]["detail"] == {"zero_variance": [False]}  # drop_zero_variance
     assert group["Targets"][0]["InputPath"] == "$.detail"
