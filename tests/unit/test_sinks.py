@@ -100,3 +100,19 @@ def test_verl_reward_fn_reads_the_reward_and_refuses_an_excluded_rollout() -> No
     with pytest.raises(ValueError, match="throttled"):
         reward_from_info(Context(excluded))
     assert complete_url("http://10.0.0.1:8000/sessions/s-1/v1") == "http://10.0.0.1:8000/sessions/s-1/complete"
+
+
+def test_the_recipes_in_the_trainers_guide_compile() -> None:
+    """Every `json` block of docs/trainers.md's "HTTP sinks" section is a sink the stack and local mode accept."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "trainers.md").read_text()
+    section = text[text.index("## HTTP sinks") :]
+    blocks = re.findall(r"```json\n(.*?)```", section, flags=re.DOTALL)
+    assert len(blocks) == 4
+    for block in blocks:
+        sink = sinks.compile_sink(SinkSettings.model_validate(json.loads(block)))
+        assert sinks.deploy_problems([sink]) == []
+    verl = SinkSettings.model_validate(json.loads(blocks[0]))
+    assert verl.model_dump() == SinkSettings.model_validate(gateway_sink("https://gateway.example.com")).model_dump()
