@@ -32,6 +32,26 @@ def claim(rec: RolloutRecord, group: GroupItem | None, deps: LifecycleDeps) -> G
     return deps.ledger.batches.read_group(rec.batch_id, rec.input_id) or group
 
 
+def settle(group: GroupItem, deps: LifecycleDeps) -> GroupItem:
+    """A complete oversampled group with every success claimed, before its `Group Completed` is built: the rollout
+    that completed the group may publish before the drains of other successes claimed them, so the publisher claims
+    them on their behalf, first ended first (idempotent: each rollout's own claim later finds the same answer)."""
+    if group.target is None or not group.complete:
+        return group
+    unclaimed = [i for i in group.rewards if i not in group.kept]
+    if not unclaimed or group.full:
+        return group
+    records = {rec.index: rec for rec in deps.ledger.rollouts.iter_rollouts(group.batch_id, group.input_id)}
+
+    def ended(index: int) -> tuple[float, int]:
+        finished = records[index].finished_at if index in records else None
+        return (finished.timestamp() if finished is not None else float("inf"), index)
+
+    for index in sorted(unclaimed, key=ended):
+        deps.ledger.batches.claim_kept(group.batch_id, group.input_id, index, group.target)
+    return deps.ledger.batches.read_group(group.batch_id, group.input_id) or group
+
+
 def cancel_surplus(
     rec: RolloutRecord, group: GroupItem | None, deps: LifecycleDeps, *, policy_version: str | None = None
 ) -> int:

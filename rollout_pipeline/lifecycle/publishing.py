@@ -25,6 +25,7 @@ from rollout_pipeline.ledger.rollouts import (
     OUTBOX_PUBLISH,
     OUTBOX_STOP,
 )
+from rollout_pipeline.lifecycle import oversample
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.metrics import NOTIFICATION_LATENCY
 
@@ -75,6 +76,7 @@ def completion_details(
     if group is None:
         group = deps.ledger.batches.read_group(rec.batch_id, rec.input_id)
     if group is not None:
+        group = oversample.settle(group, deps)
         group_detail = group_completion_detail(group, options.policy_version if options else rec.policy_version)
         if group_detail is not None and deps.ledger.batches.claim_group_event(rec.batch_id, rec.input_id, claimant):
             details.append(
@@ -108,7 +110,6 @@ def drain(
     Raises (PublishError, AWS errors) when the retry or the events failed: the entry stays (its lease given back)
     and is drained again by a redelivery or the sweeper.
     """
-    from rollout_pipeline.lifecycle import oversample
     from rollout_pipeline.lifecycle import stops as stopping
 
     if not rec.outbox:

@@ -15,6 +15,7 @@ from rollout_pipeline.contracts import DetailType, FailureReason, GroupCompleted
 from rollout_pipeline.fakes.acr import AgentBehaviour, FakeAgentRuntime, FakeInvocation
 from rollout_pipeline.local.pipeline import LocalPipeline, LocalSettings
 from tests.conftest import wait_for
+from tests.doubles import HttpEndpoint
 
 pytestmark = pytest.mark.timing
 
@@ -37,8 +38,21 @@ def _behaviour(invocation: FakeInvocation) -> AgentBehaviour:
 
 
 @pytest.fixture
-def pipeline(tmp_path: Path) -> Iterator[LocalPipeline]:
+def sink() -> Iterator[HttpEndpoint]:
+    with HttpEndpoint() as endpoint:
+        yield endpoint
+
+
+@pytest.fixture
+def pipeline(tmp_path: Path, sink: HttpEndpoint) -> Iterator[LocalPipeline]:
     runtime: dict[str, FakeAgentRuntime] = {}
+    sinks = [
+        {
+            "name": "trainer",
+            "url": sink.url + "/{$.detail-type}",
+            "events": ["Rollout Completed", "Rollout Failed", "Group Completed"],
+        }
+    ]
 
     def factory(_resources: Any) -> FakeAgentRuntime:
         runtime["acr"] = FakeAgentRuntime(store=S3ObjectStore(), behaviour=_behaviour)
@@ -52,14 +66,16 @@ def pipeline(tmp_path: Path) -> Iterator[LocalPipeline]:
         max_sessions=12,
         sweep_interval_s=5.0,
         runtime_factory=factory,
-        experiment_settings={"oversample": OVERSAMPLE},
+        experiment_settings={"oversample": OVERSAMPLE, "sinks": sinks},
         work_dir=tmp_path / "work",
     )
     with LocalPipeline(settings) as running:
         yield running
 
 
-def test_an_oversampled_batch_charges_no_surplus_rollout_to_the_trainer(pipeline: LocalPipeline) -> None:
+def test_an_oversampled_batch_charges_no_surplus_rollout_to_the_trainer(
+    pipeline: LocalPipeline, sink: HttpEndpoint
+) -> None:
     experiment = pipeline.experiment
     batch = experiment.submit([{"id": "mixed", "q": 1}, {"id": "fast", "q": 2}])
     assert experiment.status(batch).rollouts_total == 2 * (GROUP_SIZE + OVERSAMPLE)
@@ -97,6 +113,14 @@ def test_an_oversampled_batch_charges_no_surplus_rollout_to_the_trainer(pipeline
         event = rollout_events[("fast", index)]
         assert event.surplus == (index in fast.surplus)
         assert isinstance(event, RolloutCompleted) or event.reason is FailureReason.SURPLUS
+
+    # The trainer's HTTP sink got both groups and every member's event, never a surplus rollout's.
+    members = 4 + 3
+    wait_for(lambda: len(sink.delivered()) >= members + 2, timeout_s=30, what="the sink's deliveries")
+    delivered = [r.body for r in sink.delivered()]
+    assert not any(body["surplus"] for body in delivered if "rollout_id" in body)  # rollout events: a bool
+    assert sorted(b["input_id"] for b in delivered if "valid_size" in b) == ["fast", "mixed"]
+    assert len(delivered) == members + 2
 
     # No surplus session is left running: the one that never answered was stopped by the cancel.
     wait_for(lambda: not pipeline.active_sessions(), timeout_s=30, what="no session left running")
