@@ -179,6 +179,56 @@ DEFAULT_AGENT_MODULES: Final[dict[str, str]] = {
 }
 
 
+#: A sink's name: its rule, API destination, connection and dead-letter queue are named after it.
+SINK_NAME_PATTERN: Final = r"^[a-z][a-z0-9-]{0,31}$"
+
+
+class SinkAuth(BaseModel):
+    """How a sink authenticates (an EventBridge connection): `none`, an API key header, or basic auth. The key or
+    password is never in the settings: `secret` names a Secrets Manager secret (name or ARN) holding it, as a
+    plain string or, with `secret_field`, as a field of its JSON."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: Literal["none", "api_key", "basic"] = "none"
+    header: str = Field(default="x-api-key", pattern=r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,256}$")
+    username: str | None = Field(default=None, min_length=1, max_length=512)
+    secret: str | None = Field(default=None, pattern=r"^[A-Za-z0-9/_+=.@:-]{1,2048}$")
+    secret_field: str | None = Field(default=None, min_length=1, max_length=256)
+
+    @model_validator(mode="after")
+    def _complete(self) -> SinkAuth:
+        if self.type != "none" and not self.secret:
+            raise ValueError(f"auth type {self.type} needs `secret` (the Secrets Manager secret holding it)")
+        if self.type == "basic" and not self.username:
+            raise ValueError("auth type basic needs `username`")
+        return self
+
+
+class SinkSettings(BaseModel):
+    """One HTTP sink (`sinks`): the events it takes, where they go and the body each becomes. Deployed, an
+    EventBridge API destination; locally, a local consumer with the same semantics (`rollout_pipeline.sinks`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=SINK_NAME_PATTERN)
+    url: str = Field(min_length=1, max_length=2048, description="https://...; `{$.detail.x}` path parameters")
+    events: tuple[str, ...] = Field(default=("Group Completed",), min_length=1, description="Detail types taken")
+    body: Any = Field(default="$.detail", description="JSON whose strings `$.path` take the event's values")
+    bodies: dict[str, Any] = Field(
+        default_factory=dict, description="A body per detail type, where it differs from `body`"
+    )
+    method: Literal["POST", "PUT", "PATCH"] = "POST"
+    headers: dict[str, str] = Field(default_factory=dict)
+    auth: SinkAuth = Field(default_factory=SinkAuth)
+    batch_prefix: str | None = Field(
+        default=None, pattern=r"^[a-z0-9][a-z0-9-]{0,47}$", description="Only the batches whose id starts so"
+    )
+    rate_per_s: int = Field(default=300, ge=1, le=300, description="Invocations per second, at most")
+    max_retry_attempts: int = Field(default=185, ge=0, le=185)
+    max_event_age_s: int = Field(default=86_400, ge=60, le=86_400)
+
+
 class ExperimentConfig(BaseModel):
     """Everything that differs between experiments. Validated; every field has a sane default but `name`."""
 
@@ -292,6 +342,21 @@ class ExperimentConfig(BaseModel):
         default=0,
         description="Sessions the warm pool keeps started ahead of the next batch (0: off; auto: the last batch's "
         "rollouts, capped by max_sessions); they count against max_sessions",
+    )
+    oversample: int = Field(
+        default=0,
+        ge=0,
+        le=1024,
+        description="Extra rollouts per group: group_size + oversample run, and once group_size of them ended with a "
+        "reward the rest are cancelled (surplus, never delivered as part of the group)",
+    )
+    drop_zero_variance: bool = Field(
+        default=False,
+        description="Groups whose valid rewards are all equal (no GRPO signal; flagged zero_variance either way) "
+        "are not delivered to the sinks",
+    )
+    sinks: tuple[SinkSettings, ...] = Field(
+        default=(), description="HTTP sinks (EventBridge API destinations; a local consumer in local mode)"
     )
     warm_idle_stop_s: int = Field(
         default=DEFAULT_WARM_IDLE_STOP_S,
@@ -432,6 +497,14 @@ class ExperimentConfig(BaseModel):
         return found
 
     @model_validator(mode="after")
+    def _sink_names_distinct(self) -> ExperimentConfig:
+        names = [sink.name for sink in self.sinks]
+        repeated = sorted({name for name in names if names.count(name) > 1})
+        if repeated:
+            raise ValueError(f"sinks: each sink needs its own name ({', '.join(repeated)} repeated)")
+        return self
+
+    @model_validator(mode="after")
     def _app_named_for_the_host_only(self) -> ExperimentConfig:
         if self.agent_kind == "art" and self.agent_module and ":" in self.agent_module:
             raise ValueError("agent_module MODULE:APP names an app, which only agent_kind=rft serves")
@@ -471,8 +544,9 @@ class ExperimentConfig(BaseModel):
         return f"rollouts_{self.name.replace('-', '_')}"[:48]
 
     def to_env(self) -> str:
-        """Serialise for a Lambda environment variable."""
-        return self.model_dump_json(exclude_none=True)
+        """Serialise for a Lambda environment variable (without `sinks`: the stack's rules and local mode's
+        consumer are built from them, no function reads them, and Lambda allows 4 KB of environment)."""
+        return self.model_dump_json(exclude_none=True, exclude={"sinks"})
 
     @classmethod
     def from_env(cls, raw: str) -> ExperimentConfig:
@@ -493,11 +567,11 @@ class ExperimentConfig(BaseModel):
             if field_name == "name" or field_name not in context:
                 continue
             value = context[field_name]
-            if field_name == "sampling_params" and isinstance(value, str):
+            if field_name in ("sampling_params", "sinks") and isinstance(value, str):
                 try:
-                    value = json.loads(value) if value else {}
+                    value = json.loads(value) if value else ({} if field_name == "sampling_params" else [])
                 except json.JSONDecodeError as exc:
-                    raise ConfigError(f"sampling_params: not valid JSON ({exc.msg})") from exc
+                    raise ConfigError(f"{field_name}: not valid JSON ({exc.msg})") from exc
             if field_name in (
                 "policy_version",
                 "results_expiration_days",

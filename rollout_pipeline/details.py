@@ -15,6 +15,7 @@ from typing import Any
 
 from rollout_pipeline import ids
 from rollout_pipeline.contracts import (
+    SIGNAL_EPS,
     BatchAccepted,
     BatchCompleted,
     DetailType,
@@ -87,13 +88,20 @@ def batch_completion_detail(batch: BatchView, now: datetime | None = None) -> Ba
 def group_completion_detail(group: GroupItem, policy_version: str | None = None) -> GroupCompleted | None:
     """`Group Completed` when all `group_size` rollouts of the group are terminal, else None.
 
-    `rewards` map (index -> reward) and `failures` map (index -> reason) give the per-index outcome; the mean and
-    population std are over the successful rewards.
+    The group the trainer gets: each rollout's reward (by index) or failure reason (an excluded member), but no
+    surplus rollout of an oversampled group (`surplus`: cancelled once the group was full, or a success it did not
+    let in). The mean and population std are over the valid rewards; `zero_variance` when they are all equal.
     """
     if not group.complete:
         return None
-    rewards: list[float | None] = [group.rewards.get(index) for index in range(group.group_size)]
-    mean, std = reward_stats([r for r in rewards if r is not None])
+    surplus = sorted(
+        {i for i, reason in group.failures.items() if reason is FailureReason.SURPLUS}
+        | {i for i in group.rewards if group.surplus_success(i)}
+    )
+    valid = {i: r for i, r in group.rewards.items() if i not in surplus}
+    failures = {i: reason for i, reason in group.failures.items() if i not in surplus}
+    rewards: list[float | None] = [valid.get(index) for index in range(group.group_size)]
+    mean, std = reward_stats(list(valid.values()))
     return GroupCompleted(
         event_id=ids.event_id(DetailType.GROUP_COMPLETED, group.exp_id, group.batch_id, group.input_id),
         exp_id=group.exp_id,
@@ -101,13 +109,17 @@ def group_completion_detail(group: GroupItem, policy_version: str | None = None)
         input_id=group.input_id,
         group_size=group.group_size,
         rewards=rewards,
-        failures={str(index): reason for index, reason in group.failures.items()},
-        succeeded=len(group.rewards),
-        failed=len(group.failures),
+        failures={str(index): reason for index, reason in sorted(failures.items())},
+        succeeded=len(valid),
+        failed=len(failures),
         reward_mean=mean,
         reward_std=std,
         policy_version=policy_version,
         cost=group.cost,
+        valid_size=len(valid),
+        target_size=group.target,
+        surplus=surplus,
+        zero_variance=std is None or std <= SIGNAL_EPS,
     )
 
 
@@ -135,9 +147,12 @@ def rollout_event(
     notified_at: datetime | None,
     result: dict[str, Any] | None = None,
     prices: PriceBook | None = None,
+    group: GroupItem | None = None,
 ) -> RolloutCompleted | RolloutFailed:
     """The terminal event of a rollout, from its (terminal) ledger item; its `cost` priced with `prices`;
-    `notified_at` None: not known (an event rebuilt from the ledger, which does not keep when the event left)."""
+    `notified_at` None: not known (an event rebuilt from the ledger, which does not keep when the event left).
+    `group`: its group as read after the rollout's claim (`BatchLedger.claim_kept`), which says whether a success
+    of an oversampled group is surplus."""
     timings = Timings(
         submitted_at=rec.submitted_at,
         dispatched_at=rec.dispatched_at,
@@ -166,6 +181,7 @@ def rollout_event(
             reward=float(rec.reward if rec.reward is not None else 0.0),
             result_uri=rec.result_uri or "",
             result=result,
+            surplus=group is not None and group.surplus_success(rec.index),
             **common,
         )
     reason = FailureReason(rec.reason or FailureReason.AGENT_ERROR)
@@ -176,12 +192,13 @@ def rollout_event(
         error=rec.error or reason.value,
         attempts_used=rec.attempt,
         result_uri=rec.result_uri,
+        surplus=reason is FailureReason.SURPLUS,
         **common,
     )
 
 
 def group_member(rec: RolloutRecord) -> GroupMember:
-    """A terminal rollout as a member of its `Group Completed`."""
+    """A terminal rollout as a member of its `Group Completed`; a failure is `excluded` (the trainer masks it)."""
     succeeded = rec.state is RolloutState.SUCCEEDED
     return GroupMember(
         index=rec.index,
@@ -192,10 +209,13 @@ def group_member(rec: RolloutRecord) -> GroupMember:
         attempt=rec.attempt,
         session_id=rec.session_id,
         policy_version=rec.policy_version,
+        excluded=not succeeded,
     )
 
 
 def with_members(detail: GroupCompleted, records: list[RolloutRecord]) -> GroupCompleted:
-    """`detail` with each terminal member's status, failure reason and dispatched policy version."""
-    members = sorted((group_member(r) for r in records if r.terminal), key=lambda m: m.index)
+    """`detail` with each terminal member's status, failure reason, exclusion and dispatched policy version; its
+    surplus rollouts are not members."""
+    cut = set(detail.surplus)
+    members = sorted((group_member(r) for r in records if r.terminal and r.index not in cut), key=lambda m: m.index)
     return detail.model_copy(update={"members": members})

@@ -34,6 +34,7 @@ from stacks.monitoring import (
 from stacks.mtrl import MtrlEnvironmentConstruct
 from stacks.queues import QueuedLambdaConsumer
 from stacks.retention import is_retained, removal_policy
+from stacks.sinks import SinksConstruct
 from stacks.storage import Storage
 from stacks.trainer_policy import TrainerPolicy
 
@@ -73,6 +74,7 @@ class ExperimentStack(Stack):
         self.events = EventRouting(
             self, "Events", config=config, archive_retention_days=settings.archive_retention_days
         )
+        self.sinks = SinksConstruct(self, "Sinks", config=config, bus=self.events.bus) if config.sinks else None
         self._agent(repo_root)
         self._functions(repo_root, removal)
         handler_settings = self._routes()

@@ -1,15 +1,15 @@
 """The doubles the tests share, one per idea: a clock moved by hand (`ManualClock`; `ShiftedClock` is the system
 clock moved forward, where real time must pass too), an object store, a queue that records what is sent to it, the
-release window's items and group items, the ledger's board and pace reads, and a queue with SQS's delivery
-semantics. Real AWS stand-ins (moto, the fake ACR, the faithful profile) live in `rollout_pipeline.fakes`; a double
-only one test needs stays in that test."""
+release window's items and group items, the ledger's board and pace reads, a queue with SQS's delivery semantics,
+and a trainer's HTTP seam that fails its first answers (`HttpEndpoint`). Real AWS stand-ins (moto, the fake ACR,
+the faithful profile) live in `rollout_pipeline.fakes`; a double only one test needs stays in that test."""
 
 from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import replace
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
@@ -315,3 +315,75 @@ class MemoryEventQueue:
         """The visibility timeout runs out for every in-flight message."""
         for msg in self.messages.values():
             msg["visible"] = True
+
+
+@dataclass(frozen=True)
+class ReceivedRequest:
+    """One request an `HttpEndpoint` answered: what came, and the status it got."""
+
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: Any
+    status: int
+
+
+class HttpEndpoint:
+    """A trainer's HTTP seam on 127.0.0.1 (a context manager): answers `failing_status` to its first
+    `fail_first` requests, then `status` (or what `answer(path, body)` says), recording every request."""
+
+    def __init__(
+        self,
+        *,
+        fail_first: int = 0,
+        failing_status: int = 503,
+        status: int = 200,
+        answer: Callable[[str, Any], int] | None = None,
+    ) -> None:
+        from rollout_pipeline.agent.loopback import JsonRequestHandler, LoopbackServer
+
+        self.fail_first, self.failing_status, self.status, self._answer = fail_first, failing_status, status, answer
+        self._lock = threading.Lock()
+        self.requests: list[ReceivedRequest] = []
+        endpoint = self
+
+        class Handler(JsonRequestHandler):
+            def _any(self) -> None:
+                raw = self.read_body()
+                try:
+                    body: Any = json.loads(raw) if raw else None
+                except json.JSONDecodeError:
+                    body = raw.decode(errors="replace")
+                status = endpoint.status_for(self.path, body)
+                with endpoint._lock:
+                    endpoint.requests.append(
+                        ReceivedRequest(self.command, self.path, dict(self.headers.items()), body, status)
+                    )
+                self.send_json(status, {"status": "ok" if status < 300 else "error"})
+
+            do_POST = do_PUT = do_PATCH = _any
+
+        self._server = LoopbackServer(Handler, thread_name="http-endpoint")
+
+    def status_for(self, path: str, body: Any) -> int:
+        with self._lock:
+            seen = len(self.requests)
+        if seen < self.fail_first:
+            return self.failing_status
+        return self._answer(path, body) if self._answer is not None else self.status
+
+    @property
+    def url(self) -> str:
+        return self._server.root_url
+
+    def delivered(self) -> list[ReceivedRequest]:
+        """The requests answered with a 2xx."""
+        with self._lock:
+            return [r for r in self.requests if 200 <= r.status < 300]
+
+    def __enter__(self) -> HttpEndpoint:
+        self._server.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.__exit__(*exc)

@@ -114,6 +114,10 @@ class RolloutCompleted(_Detail):
     result: dict[str, Any] | None = Field(default=None, description="The result object when small enough")
     timings: Timings
     cost: RolloutCost | None = Field(default=None, description="What the rollout cost (estimate at publication)")
+    surplus: bool = Field(
+        default=False,
+        description="Its group had the valid rollouts it needed before this one (oversample): not part of the group",
+    )
 
 
 class RolloutFailed(_Detail):
@@ -131,6 +135,9 @@ class RolloutFailed(_Detail):
     result_uri: str | None = None
     timings: Timings
     cost: RolloutCost | None = Field(default=None, description="What the rollout cost (estimate at publication)")
+    surplus: bool = Field(
+        default=False, description="Cancelled because its group was full (reason surplus): not part of the group"
+    )
 
 
 class GroupMember(BaseModel):
@@ -146,24 +153,47 @@ class GroupMember(BaseModel):
     attempt: int | None = None
     session_id: str | None = None
     policy_version: str | None = Field(default=None, description="The policy version the rollout was dispatched with")
+    excluded: bool = Field(
+        default=False,
+        description="No usable reward (an infrastructure or agent failure): the trainer masks it, never scores it 0",
+    )
 
 
 class GroupCompleted(_Detail):
-    """Every rollout of one input (a GRPO group) is terminal."""
+    """Every rollout of one input (a GRPO group) is terminal. With `oversample`, the group is the rollouts that
+    are not `surplus`: at most `target_size` with a reward, and the failures among the rest."""
 
     input_id: str
-    group_size: int
-    rewards: list[float | None] = Field(description="Reward by rollout index; null where the rollout failed")
-    failures: dict[str, FailureReason] = Field(default_factory=dict, description="Failure reason by index")
-    succeeded: int
-    failed: int
-    reward_mean: float | None
-    reward_std: float | None
+    group_size: int = Field(description="Rollouts the group ran (group_size + oversample)")
+    rewards: list[float | None] = Field(description="Reward by rollout index; null where failed or surplus")
+    failures: dict[str, FailureReason] = Field(
+        default_factory=dict, description="Failure reason by index (surplus rollouts are in `surplus`, not here)"
+    )
+    succeeded: int = Field(description="Members with a reward: the group's valid size")
+    failed: int = Field(description="Members excluded by a failure")
+    reward_mean: float | None = Field(description="Over the valid rewards")
+    reward_std: float | None = Field(description="Population standard deviation of the valid rewards")
     policy_version: str | None = None
     members: list[GroupMember] = Field(
-        default_factory=list, description="Each member's terminal status, failure reason and dispatched policy version"
+        default_factory=list,
+        description="Each member's terminal status, failure reason, exclusion and dispatched policy version (no "
+        "surplus rollout)",
     )
     cost: CostSummary | None = Field(default=None, description="The sum of its rollouts' costs, as published")
+    valid_size: int | None = Field(
+        default=None, description="Members with a reward (the rewards a trainer may learn from); = succeeded"
+    )
+    target_size: int | None = Field(
+        default=None, description="With oversample: the valid rollouts the group asked for (the batch's group_size)"
+    )
+    surplus: list[int] = Field(
+        default_factory=list, description="Indices cut as surplus (oversample): not part of the group"
+    )
+    zero_variance: bool = Field(
+        default=False,
+        description="Its valid rewards are all equal (or fewer than two): every GRPO advantage is 0. Not delivered "
+        "to sinks when drop_zero_variance is set",
+    )
 
 
 class BatchAccepted(_Detail):

@@ -28,6 +28,9 @@ class FailureReason(StrEnum):
     INVOKE_REJECTED = "invoke_rejected"
     CANCELLED = "cancelled"
     THROTTLED = "throttled"
+    #: Cancelled because its group already had the valid rollouts it needed (`oversample`): not a failure of the
+    #: rollout, and never part of the group the trainer receives.
+    SURPLUS = "surplus"
 
 
 class ResultOutcome(BaseModel):

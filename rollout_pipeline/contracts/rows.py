@@ -7,13 +7,15 @@ import re
 from collections.abc import Mapping
 from typing import Any, Final
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from rollout_pipeline import ids
 from rollout_pipeline.config import WARMUP_KEY, ExperimentConfig, SamplingParams
 from rollout_pipeline.contracts.common import json_size, json_type
 from rollout_pipeline.contracts.secrets import is_secret_field
 
+#: At most this many rollouts per group (`group_size` + `oversample`).
+MAX_ROLLOUTS_PER_GROUP: Final = 1024
 #: Rows bigger than this are rejected (ACR itself accepts 100 MB; a dataset row this big is a mistake).
 MAX_ROW_BYTES: Final = 1024 * 1024
 
@@ -54,6 +56,23 @@ class FileOptions(BaseModel):
     policy_version: str | None = Field(default=None, max_length=128)
     #: The batch's own budget (USD): its rollouts wait once its published cost reaches it (`budget set --batch`).
     budget_usd: float | None = Field(default=None, gt=0, le=1e9)
+    #: Extra rollouts per group: `group_size + oversample` run, and once `group_size` of them have ended with a
+    #: reward the rest are cancelled as `surplus` (docs/lifecycle.md, "Trainer-ready groups").
+    oversample: int = Field(default=0, ge=0, le=1024)
+
+    @model_validator(mode="after")
+    def _rollouts_fit(self) -> FileOptions:
+        if self.rollouts_per_group > MAX_ROLLOUTS_PER_GROUP:
+            raise ValueError(
+                f"group_size + oversample ({self.group_size} + {self.oversample}) exceeds {MAX_ROLLOUTS_PER_GROUP} "
+                "rollouts per group"
+            )
+        return self
+
+    @property
+    def rollouts_per_group(self) -> int:
+        """The rollouts each group runs: `group_size`, plus `oversample` extra ones."""
+        return self.group_size + self.oversample
 
     @classmethod
     def defaults(cls, config: ExperimentConfig) -> FileOptions:
@@ -63,6 +82,7 @@ class FileOptions(BaseModel):
             max_attempts=config.max_attempts,
             sampling_params=config.sampling_params,
             policy_version=config.policy_version,
+            oversample=config.oversample,
         )
 
     @classmethod
@@ -105,6 +125,8 @@ class FileOptions(BaseModel):
             meta[_METADATA_KEYS["policy_version"]] = self.policy_version
         if self.budget_usd is not None:
             meta[_METADATA_KEYS["budget_usd"]] = f"{self.budget_usd:g}"
+        if self.oversample:
+            meta[_METADATA_KEYS["oversample"]] = str(self.oversample)
         return meta
 
 
@@ -116,6 +138,7 @@ _METADATA_KEYS: Final = {
     "sampling_params": "sampling-params",
     "policy_version": "policy-version",
     "budget_usd": "budget-usd",
+    "oversample": "oversample",
 }
 
 

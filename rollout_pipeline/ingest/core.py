@@ -567,6 +567,7 @@ class _Run:
         rejections: list[tuple[int, str, str]] = []
         groups: list[GroupSpec] = []
         payloads: dict[str, tuple[DatasetRow, bytes]] = {}
+        target = self.options.group_size if self.options.oversample else None
         for parsed in chunk:
             if not isinstance(parsed, DatasetRow):
                 position, error = parsed
@@ -586,15 +587,18 @@ class _Run:
             overrides_json = json.dumps(parsed.rollout_overrides, ensure_ascii=False, separators=(",", ":"))
             if len(payload_bytes) > CLAIM_CHECK_BYTES:
                 ref = f"s3://{settings.input_bucket}/{ids.claim_key(self.batch_id, parsed.input_id)}"
-                group = GroupSpec(parsed.input_id, parsed.position, self.options.group_size, None, ref, overrides_json)
+                group = GroupSpec(
+                    parsed.input_id, parsed.position, self.options.rollouts_per_group, None, ref, overrides_json, target
+                )
             else:
                 group = GroupSpec(
                     parsed.input_id,
                     parsed.position,
-                    self.options.group_size,
+                    self.options.rollouts_per_group,
                     payload_bytes.decode(),
                     None,
                     overrides_json,
+                    target,
                 )
             groups.append(group)
             payloads.setdefault(parsed.input_id, (parsed, payload_bytes))

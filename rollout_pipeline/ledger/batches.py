@@ -83,6 +83,8 @@ class GroupSpec:
     payload_json: str | None = None
     payload_ref: str | None = None
     overrides_json: str = "{}"
+    #: With oversample: the valid rollouts the group needs (`group_size` is then the rollouts it runs).
+    target: int | None = None
 
 
 @dataclass(slots=True)
@@ -535,6 +537,9 @@ class BatchLedger:
             item["payload_ref"] = _s(group.payload_ref)
         else:
             item["payload"] = _s(group.payload_json if group.payload_json is not None else "{}")
+        if group.target is not None:
+            item["target"] = _n(group.target)
+            item["kept"] = {"M": {}}
         return item
 
     def create_groups(self, *, exp_id: str, batch_id: str, groups: Sequence[GroupSpec]) -> GroupWriteResult:
@@ -674,6 +679,25 @@ class BatchLedger:
             )
             is not None
         )
+
+    def claim_kept(self, batch_id: str, input_id: str, index: int, target: int) -> bool:
+        """Let a successful rollout of an oversampled group into the group: True while fewer than `target` were
+        kept before it (its index is added to `kept`), or when it already is kept (its outbox retried); False when
+        the group was full: the rollout is surplus. One conditional write; concurrent rollouts never overfill it."""
+        key = keys.group_key(batch_id, input_id)
+        names = {"#i": str(index)}
+        taken = self.table.update(
+            key,
+            "SET kept.#i = :one ADD kept_count :one",
+            "attribute_exists(kept) AND attribute_not_exists(kept.#i) "
+            "AND (attribute_not_exists(kept_count) OR kept_count < :target)",
+            {":one": 1, ":target": target},
+            names,
+        )
+        if taken is not None:
+            return True
+        group = self.read_group(batch_id, input_id)
+        return group is not None and index in group.kept
 
     def claim_batch_completed(self, batch_id: str, claimant: str) -> BatchView | None:
         """Like `claim_group_event` for `Batch Completed`; also stamps `completed_at` once. Returns the batch view

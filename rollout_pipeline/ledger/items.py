@@ -284,10 +284,23 @@ class GroupItem:
     completed_event_by: str | None = None
     #: The sum of its terminal rollouts' costs as published (None before the first).
     cost: CostSummary | None = None
+    #: With oversample: the valid rollouts the group needs (`group_size` counts the extra ones too), and the
+    #: successful rollouts let into the group so far (`BatchLedger.claim_kept`); None / empty without.
+    target: int | None = None
+    kept: frozenset[int] = frozenset()
 
     @property
     def complete(self) -> bool:
         return self.group_size > 0 and self.terminal >= self.group_size
+
+    @property
+    def full(self) -> bool:
+        """An oversampled group that has all the valid rollouts it needs: the rest of its rollouts are surplus."""
+        return self.target is not None and len(self.kept) >= self.target
+
+    def surplus_success(self, index: int) -> bool:
+        """A successful rollout that the full group did not let in (`BatchLedger.claim_kept`)."""
+        return self.full and index not in self.kept
 
     @classmethod
     def of(cls, raw: Mapping[str, Any]) -> GroupItem:
@@ -310,6 +323,8 @@ class GroupItem:
             created_at=parse_iso(item.get("created_at")),
             completed_event_by=_text(item, "completed_event_by"),
             cost=cost_summary(item),
+            target=None if item.get("target") is None else int(item["target"]),
+            kept=frozenset(int(k) for k in (item.get("kept") or {})),
         )
 
 

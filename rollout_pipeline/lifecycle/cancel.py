@@ -54,8 +54,11 @@ def cancel_rollout(
     rec: RolloutRecord | None = None,
     known: bool = False,
     policy_version: str | None = None,
+    reason: FailureReason = FailureReason.CANCELLED,
+    error: str = "the batch was cancelled",
 ) -> str:
-    """End one rollout as `Rollout Failed` (cancelled) whatever state it is in; idempotent.
+    """End one rollout as `Rollout Failed` (`reason`: cancelled, or surplus for an oversampled group that is full)
+    whatever state it is in; idempotent.
 
     Returns "cancelled" (this call ended it), "already_terminal", with side effects drained.
     `known=True` means `rec` was just read (None = no item), saving a read.
@@ -81,8 +84,8 @@ def cancel_rollout(
             ids.AttemptRef(batch_id, input_id, index, attempt),
             exp_id=exp_id,
             from_state=from_state,
-            reason=FailureReason.CANCELLED,
-            error="the batch was cancelled",
+            reason=reason,
+            error=error,
             outbox=outbox,
             session_id=session_id,
             policy_version=policy_version,

@@ -19,12 +19,13 @@ from rollout_pipeline import ids
 from rollout_pipeline.contracts import INLINE_RESULT_BYTES, read_result, redact_secrets
 from rollout_pipeline.details import batch_completion_detail, group_completion_detail, rollout_event, with_members
 from rollout_pipeline.feed.messages import QueuedGroup
-from rollout_pipeline.ledger.items import BatchView, RolloutRecord
+from rollout_pipeline.ledger.items import BatchView, GroupItem, RolloutRecord
 from rollout_pipeline.ledger.rollouts import (
     OUTBOX_ENQUEUE,
     OUTBOX_PUBLISH,
     OUTBOX_STOP,
 )
+from rollout_pipeline.lifecycle import oversample
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.metrics import NOTIFICATION_LATENCY
 
@@ -63,15 +64,19 @@ def _read_inline_result(
     return read.outcome.body
 
 
-def completion_details(rec: RolloutRecord, deps: LifecycleDeps, batch: BatchView | None) -> list[Any]:
+def completion_details(
+    rec: RolloutRecord, deps: LifecycleDeps, batch: BatchView | None, group: GroupItem | None = None
+) -> list[Any]:
     """`Group Completed` / `Batch Completed` that are due after `rec` became terminal (`batch`: its batch's view,
-    read after the terminal transaction; the group read here, strongly consistent), each claimed for this rollout
-    so that concurrent last rollouts do not both publish it."""
+    read after the terminal transaction; `group`: its group, read after it, strongly consistent; read here when not
+    given), each claimed for this rollout so that concurrent last rollouts do not both publish it."""
     details: list[Any] = []
     claimant = ids.rollout_id(rec.input_id, rec.index)
     options = batch.options if batch is not None else None
-    group = deps.ledger.batches.read_group(rec.batch_id, rec.input_id)
+    if group is None:
+        group = deps.ledger.batches.read_group(rec.batch_id, rec.input_id)
     if group is not None:
+        group = oversample.settle(group, deps)
         group_detail = group_completion_detail(group, options.policy_version if options else rec.policy_version)
         if group_detail is not None and deps.ledger.batches.claim_group_event(rec.batch_id, rec.input_id, claimant):
             details.append(
@@ -119,11 +124,17 @@ def drain(
         if OUTBOX_PUBLISH in rec.outbox:
             notified_at = deps.now()
             inline = _inline_result(rec, deps, result)
-            details: list[Any] = [rollout_event(rec, notified_at=notified_at, result=inline, prices=deps.prices)]
+            group = oversample.claim(rec, deps.ledger.batches.read_group(rec.batch_id, rec.input_id), deps)
+            details: list[Any] = [
+                rollout_event(rec, notified_at=notified_at, result=inline, prices=deps.prices, group=group)
+            ]
             batch = deps.ledger.batches.read_batch(rec.batch_id)
-            details.extend(completion_details(rec, deps, batch))
+            details.extend(completion_details(rec, deps, batch, group))
             deps.publisher.publish(details)
             deps.feed.after_terminal(batch)  # the release window may have room now
+            oversample.cancel_surplus(
+                rec, group, deps, policy_version=batch.options.policy_version if batch and batch.options else None
+            )
             finished = rec.finished_at
             if finished is not None and rec.result_uri:
                 deps.metrics.sample(NOTIFICATION_LATENCY, max(0.0, (notified_at - finished).total_seconds() * 1000))

@@ -48,6 +48,7 @@ from rollout_pipeline.local.resources import (
     create_resources,
     register_stack,
 )
+from rollout_pipeline.local.sinks import SinkConsumer, create_sink_resources
 from rollout_pipeline.quotas import DEFAULT_RESERVE, AccountQuotas, PoolSettings
 from rollout_pipeline.wiring import Wiring
 
@@ -206,6 +207,8 @@ class LocalPipeline:
         self.experiments: dict[str, LocalExperiment] = {}
         self._lifecycles: list[Any] = []
         self._sweepers: list[Schedule] = []
+        #: The HTTP sinks' local consumers (`local.sinks`), every experiment's.
+        self.sinks: list[SinkConsumer] = []
         #: The agent processes this run started (not a `runtime_factory`'s runtime, which its caller owns).
         self._agents: Any = None
         self._stop_by = 0.0
@@ -378,6 +381,10 @@ class LocalPipeline:
         sweeper.start()
         self._sweepers.append(sweeper)
         self._stack.callback(self._stop_within_grace, sweeper.stop)
+        for sink_queues in create_sink_resources(res.config, res.bus_name, self.clients.client):
+            sink = SinkConsumer(sink_queues, self.clients.client).start()
+            self.sinks.append(sink)
+            self._stack.callback(self._stop_within_grace, sink.stop)
         lifecycle.warm_loop_s = 0.0  # the warm pool ticks on its own schedule here (the stack: in the sweeper)
         if res.config.warm_pool_on:
             warm = Schedule("warm-pool", _warm_tick(lifecycle), interval_s=self.settings.warm_interval_s)
@@ -439,6 +446,8 @@ class LocalPipeline:
             sweeper.request_stop()
         for warm in self._warm_schedules:
             warm.request_stop()
+        for sink in self.sinks:
+            sink.request_stop()
         for lifecycle in self._lifecycles:
             lifecycle.limits.gate.close()
         if self._agents is not None:  # sessions end with the run; an invoke still starting a process gives up

@@ -70,6 +70,9 @@ def context_value(value: Any) -> str:
         return json.dumps(dict(value), separators=(",", ":"), sort_keys=True)
     if hasattr(value, "model_dump"):
         return json.dumps(value.model_dump(exclude_none=True), separators=(",", ":"), sort_keys=True)
+    if isinstance(value, list | tuple):  # `sinks`: a JSON list, of settings models or plain objects
+        items = [item.model_dump(exclude_none=True) if hasattr(item, "model_dump") else item for item in value]
+        return json.dumps(items, separators=(",", ":"), sort_keys=True)
     return str(value)
 
 

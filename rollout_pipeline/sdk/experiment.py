@@ -347,6 +347,7 @@ class Experiment:
         key: str | None = None,
         validate: bool = True,
         budget_usd: float | None = None,
+        oversample: int | None = None,
     ) -> str:
         """Upload a dataset file (`.jsonl`, `.jsonl.gz`, `.json` array) to `datasets/` and return its batch id.
 
@@ -355,10 +356,17 @@ class Experiment:
         uploaded. Options not given
         default to the experiment's; they travel as S3 object metadata. The batch id is the one ingestion derives
         from the upload's version id, so it is known at once. `budget_usd`: the batch's own budget (its rollouts wait
-        once its cost reaches it; `set_budget(..., batch=...)` raises it).
+        once its cost reaches it; `set_budget(..., batch=...)` raises it). `oversample`: extra rollouts per group
+        (docs/lifecycle.md, "Trainer-ready groups"; default: the experiment's).
         """
         options = self.file_options(
-            group_size, sampling_params, timeout_s, max_attempts, policy_version, budget_usd=budget_usd
+            group_size,
+            sampling_params,
+            timeout_s,
+            max_attempts,
+            policy_version,
+            budget_usd=budget_usd,
+            oversample=oversample,
         )
         try:
             object_key = submission.dataset_key(path, key)
@@ -384,7 +392,7 @@ class Experiment:
         logger.info("uploaded %s as s3://%s/%s (batch %s)", path, self.input_bucket, object_key, batch_id)
         from rollout_pipeline.feed.feed import start_warnings
 
-        for warning in start_warnings(self.config, rows * options.group_size):
+        for warning in start_warnings(self.config, rows * options.rollouts_per_group):
             logger.warning("batch %s: %s", batch_id, warning)
         return batch_id
 
@@ -399,16 +407,23 @@ class Experiment:
         policy_version: str | None = None,
         name: str = "sdk",
         budget_usd: float | None = None,
+        oversample: int | None = None,
     ) -> str:
         """Submit in-memory payloads (dataset rows: `id` and `_rollout` keys allowed) straight to the rollout queue.
 
         Goes through the ingestion stage's own code: batch and group items in the ledger, claim checks for big
         payloads, one rollout message per rollout, `Batch Accepted`. Returns the new batch id (`{name}-{12 hex}`).
         Invalid payloads raise `DatasetInvalid` (index and reason) before anything is written. `budget_usd`: the
-        batch's own budget, as for `submit_file`.
+        batch's own budget, and `oversample`, as for `submit_file`.
         """
         options = self.file_options(
-            group_size, sampling_params, timeout_s, max_attempts, policy_version, budget_usd=budget_usd
+            group_size,
+            sampling_params,
+            timeout_s,
+            max_attempts,
+            policy_version,
+            budget_usd=budget_usd,
+            oversample=oversample,
         )
         return self.submit_rows(submission.validate_payloads(payloads), options, name)
 
@@ -442,6 +457,7 @@ class Experiment:
         policy_version: str | None,
         *,
         budget_usd: float | None = None,
+        oversample: int | None = None,
     ) -> FileOptions:
         """The options of one batch: those given, the experiment's defaults for the rest (`SdkError` naming a bad
         one)."""
@@ -454,6 +470,7 @@ class Experiment:
                 max_attempts=max_attempts,
                 policy_version=policy_version,
                 budget_usd=budget_usd,
+                oversample=oversample,
             )
         except ValueError as exc:
             raise SdkError(f"invalid option {exc}") from None

@@ -25,7 +25,8 @@ from rollout_pipeline.sdk.transport import Delivery, RolloutDetail
 
 @dataclass
 class Group:
-    """A complete GRPO group: the `Group Completed` event plus the per-rollout events received for it."""
+    """A complete GRPO group: the `Group Completed` event plus the per-rollout events received for it (never those
+    of its surplus rollouts, with `oversample`)."""
 
     completed: GroupCompleted
     rollouts: dict[int, RolloutDetail] = field(default_factory=dict)
@@ -50,12 +51,33 @@ class Group:
     @property
     def missing(self) -> list[int]:
         """Indices whose per-rollout event was not received (yet): the group event alone still has the rewards."""
-        return [i for i in range(self.group_size) if i not in self.rollouts]
+        return [i for i in members_of(self.completed) if i not in self.rollouts]
+
+    @property
+    def valid_size(self) -> int:
+        """Members with a reward: the rewards a trainer may learn from."""
+        return self.completed.succeeded
+
+    @property
+    def excluded(self) -> list[int]:
+        """Indices of members that failed: the trainer masks them (never a reward of 0)."""
+        return sorted(int(i) for i in self.completed.failures)
+
+    @property
+    def zero_variance(self) -> bool:
+        """Every valid reward is equal (or fewer than two): every advantage is 0."""
+        return self.completed.zero_variance
 
     def advantages(self, eps: float = ADVANTAGE_EPS) -> list[float | None]:
         """GRPO advantages `(r - mean) / (std + eps)` over the successful rollouts; None for failed ones
         (`contracts.grpo_advantages`, the formula the dataset export and re-scoring use too)."""
         return grpo_advantages(self.completed.rewards, eps)
+
+
+def members_of(detail: GroupCompleted) -> list[int]:
+    """The indices of a completed group's members: every rollout but its surplus ones."""
+    cut = set(detail.surplus)
+    return [i for i in range(detail.group_size) if i not in cut]
 
 
 _GROUP_TYPES: Final = (DetailType.ROLLOUT_COMPLETED, DetailType.ROLLOUT_FAILED, DetailType.GROUP_COMPLETED)
@@ -173,10 +195,11 @@ class GroupStream(Iterator[Group]):
         now = self._clock()
         for key, (delivery, detail, deadline) in self._parked.items():
             rollouts = self._rollouts.get(key, {})
-            if force or now >= deadline or all(i in rollouts for i in range(detail.group_size)):
+            if force or now >= deadline or all(i in rollouts for i in members_of(detail)):
                 del self._parked[key]
-                rollouts = self._rollouts.pop(key, {})
-                self._buffered -= len(rollouts)
+                received = self._rollouts.pop(key, {})
+                self._buffered -= len(received)
+                rollouts = {i: r for i, r in received.items() if i not in detail.surplus}
                 self._current = delivery
                 self._covered += detail.group_size
                 return Group(completed=detail, rollouts=dict(sorted(rollouts.items())))

@@ -69,7 +69,7 @@ def group_events(
     terminal = sorted((rec for rec in records if rec.terminal), key=lambda rec: rec.index)
     rollouts: list[RolloutCompleted | RolloutFailed] = []
     for rec in terminal:
-        detail = rollout_event(rec, notified_at=None, prices=prices)
+        detail = rollout_event(rec, notified_at=None, prices=prices, group=group)
         if keep is not None and not keep(detail):
             continue
         fits = inline_limit is None or (rec.result_size is not None and rec.result_size <= inline_limit)

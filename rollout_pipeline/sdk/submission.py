@@ -34,6 +34,7 @@ def file_options(
     max_attempts: int | None = None,
     policy_version: str | None = None,
     budget_usd: float | None = None,
+    oversample: int | None = None,
 ) -> FileOptions:
     """The experiment's defaults with the given overrides (sampling params merge key by key); `ValueError` if bad."""
     from pydantic import ValidationError
@@ -49,6 +50,8 @@ def file_options(
         values["policy_version"] = policy_version
     if budget_usd is not None:
         values["budget_usd"] = budget_usd
+    if oversample is not None:
+        values["oversample"] = oversample
     if sampling_params is not None:
         extra = (
             sampling_params.model_dump(exclude_none=True)

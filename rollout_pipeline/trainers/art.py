@@ -346,12 +346,14 @@ def _coordinates(event: RolloutCompleted | RolloutFailed) -> dict[str, Any]:
 
 def to_dump(event: RolloutCompleted | RolloutFailed, result: Mapping[str, Any] | None = None) -> RolloutDumpResponse:
     """ART's dump for a terminal pipeline event: success -> the pipeline's scalar reward (also as
-    `task_output["reward"]`, where slime reads it); failure -> `exception` "<reason>: <error>", no reward."""
+    `task_output["reward"]`, where slime reads it); failure -> `exception` "<reason>: <error>", no reward: the
+    rollout is excluded (`task_output["excluded"]`), which ART's `is_successful()` False carries to veRL's
+    `on_rollout_failure` and slime's abort path."""
     metrics = {**(_numeric(result.get("metrics")) if result else {}), **event_metrics(event)}
     if isinstance(event, RolloutCompleted):
-        output = {**dict(result or {}), "reward": event.reward, "pipeline": _coordinates(event)}
+        output = {**dict(result or {}), "reward": event.reward, "excluded": False, "pipeline": _coordinates(event)}
         return RolloutDumpResponse(metrics=metrics, task_output=output, reward=event.reward, exception=None)
-    output = {"reason": event.reason.value, "error": event.error, "pipeline": _coordinates(event)}
+    output = {"reason": event.reason.value, "error": event.error, "excluded": True, "pipeline": _coordinates(event)}
     return RolloutDumpResponse(
         metrics=metrics, task_output=output, reward=None, exception=f"{event.reason.value}: {event.error}"
     )

@@ -97,6 +97,28 @@ def synth(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Synthesized]:
 
 
 ALARM_EMAIL = "ops@example.com"
+#: HTTP sinks of `synth_local_image`: every kind of authorization, a path parameter, bodies per detail type.
+SINKS: list[dict[str, Any]] = [
+    {
+        "name": "gateway",
+        "url": "https://gateway.example.com/sessions/{$.detail.input_id}/complete",
+        "events": ["Rollout Completed", "Rollout Failed"],
+        "bodies": {
+            "Rollout Completed": {"reward_info": {"reward": "$.detail.reward", "excluded": False}},
+            "Rollout Failed": {"reward_info": {"reward": None, "excluded": True, "reason": "$.detail.reason"}},
+        },
+        "auth": {"type": "api_key", "header": "Authorization", "secret": "trainer/gateway", "secret_field": "key"},
+        "max_retry_attempts": 20,
+        "max_event_age_s": 3600,
+    },
+    {
+        "name": "groups",
+        "url": "https://trainer.example.com/groups",
+        "auth": {"type": "basic", "username": "rollouts", "secret": "trainer/basic"},
+        "rate_per_s": 10,
+    },
+    {"name": "open", "url": "https://hooks.example.com/batch", "events": ["Batch Completed"], "body": {"done": True}},
+]
 #: A prebuilt image in the user's own ECR repository (`-c image_uri=...`).
 PREBUILT_IMAGE = "123456789012.dkr.ecr.us-west-2.amazonaws.com/my-agents/math:v7"
 
@@ -105,12 +127,17 @@ PREBUILT_IMAGE = "123456789012.dkr.ecr.us-west-2.amazonaws.com/my-agents/math:v7
 def synth_local_image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Synthesized]:
     """`-c image_build=local`: the agent image as a CDK Docker image asset (staged only: synth needs no Docker).
 
-    Also subscribes an e-mail address to the alarm topic and keeps a warm pool (one synth per image mode, other
-    variants ride along).
+    Also subscribes an e-mail address to the alarm topic, keeps a warm pool and has HTTP sinks (`SINKS`: one synth
+    per image mode, other variants ride along).
     """
     with credential_less():
         yield synthesize(
-            tmp_path_factory.mktemp("cdk.out.local"), image_build="local", alarm_email=ALARM_EMAIL, warm_sessions="auto"
+            tmp_path_factory.mktemp("cdk.out.local"),
+            image_build="local",
+            alarm_email=ALARM_EMAIL,
+            warm_sessions="auto",
+            sinks=json.dumps(SINKS),
+            drop_zero_variance="true",
         )
 
 

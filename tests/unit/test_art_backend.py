@@ -98,6 +98,7 @@ def test_success_maps_to_the_pipelines_scalar_reward_and_metrics() -> None:
     assert dump.reward == 0.75
     assert dump.task_output is not None
     assert dump.task_output["reward"] == 0.75
+    assert dump.task_output["excluded"] is False
     assert dump.metrics == {
         "turns": 3.0,
         "pipeline/attempt": 1.0,
@@ -117,3 +118,5 @@ def test_every_typed_failure_is_an_exception_never_a_reward(reason: FailureReaso
     assert not dump.is_successful()
     assert dump.reward is None
     assert dump.exception == f"{reason.value}: it broke"
+    assert dump.task_output is not None
+    assert dump.task_output["excluded"] is True  # masked by the trainer (on_rollout_failure), never a reward of 0

@@ -483,6 +483,9 @@ def test_settings_travel_as_cdk_context_text() -> None:
     assert cdk_module.context_value(None) == ""
     assert cdk_module.context_value({"b": 1, "a": 0.5}) == '{"a":0.5,"b":1}'
     assert json.loads(cdk_module.context_value(ExperimentConfig(name="x").sampling_params)) == {}
+    sinks = ExperimentConfig(name="x", sinks=[{"name": "t", "url": "https://h.example/x"}]).sinks
+    parsed = ExperimentConfig.from_context({"experiment": "x", "sinks": cdk_module.context_value(sinks)})
+    assert parsed.sinks == sinks  # the list travels as JSON and reads back as the same sinks
 
 
 class EventsSoFar:

@@ -1,0 +1,86 @@
+"""Oversampled groups: `group_size + oversample` rollouts run, and the group the trainer gets is the first
+`group_size` of them to end with a reward; the rest are surplus.
+
+A successful rollout of such a group is let into it by one conditional write on the group item
+(`BatchLedger.claim_kept`) before its event is published, so its `Rollout Completed` already says whether it is
+surplus. Once the group is full, every rollout of it that has not ended is cancelled through the cancel path
+(`cancel.cancel_rollout`, reason `surplus`): a queued one is never dispatched (its dispatch finds it ended), a
+running one has its session stopped. The claim and the cancels run in the outbox drain of the rollout that filled
+the group, and again in the drain of any success that found it full, so a crash between them leaves nothing running.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from rollout_pipeline.contracts import FailureReason
+from rollout_pipeline.ledger.items import GroupItem, RolloutRecord, RolloutState
+from rollout_pipeline.lifecycle.deps import LifecycleDeps
+
+log = logging.getLogger(__name__)
+
+#: The error of a rollout cancelled as surplus.
+SURPLUS_ERROR = "its group already had the valid rollouts it needed (oversample)"
+
+
+def claim(rec: RolloutRecord, group: GroupItem | None, deps: LifecycleDeps) -> GroupItem | None:
+    """The group after `rec`'s claim: a success of an oversampled group is let in while it is not full. Returns
+    `group` unchanged (no write) for any other rollout."""
+    if group is None or group.target is None or rec.state is not RolloutState.SUCCEEDED or rec.index in group.kept:
+        return group
+    deps.ledger.batches.claim_kept(rec.batch_id, rec.input_id, rec.index, group.target)
+    return deps.ledger.batches.read_group(rec.batch_id, rec.input_id) or group
+
+
+def settle(group: GroupItem, deps: LifecycleDeps) -> GroupItem:
+    """A complete oversampled group with every success claimed, before its `Group Completed` is built: the rollout
+    that completed the group may publish before the drains of other successes claimed them, so the publisher claims
+    them on their behalf, first ended first (idempotent: each rollout's own claim later finds the same answer)."""
+    if group.target is None or not group.complete:
+        return group
+    unclaimed = [i for i in group.rewards if i not in group.kept]
+    if not unclaimed or group.full:
+        return group
+    records = {rec.index: rec for rec in deps.ledger.rollouts.iter_rollouts(group.batch_id, group.input_id)}
+
+    def ended(index: int) -> tuple[float, int]:
+        finished = records[index].finished_at if index in records else None
+        return (finished.timestamp() if finished is not None else float("inf"), index)
+
+    for index in sorted(unclaimed, key=ended):
+        deps.ledger.batches.claim_kept(group.batch_id, group.input_id, index, group.target)
+    return deps.ledger.batches.read_group(group.batch_id, group.input_id) or group
+
+
+def cancel_surplus(
+    rec: RolloutRecord, group: GroupItem | None, deps: LifecycleDeps, *, policy_version: str | None = None
+) -> int:
+    """After the success `rec` was published: cancel, as `surplus`, every rollout of its group that has not ended
+    when the group is full (idempotent; nothing for another rollout, or a group not oversampled). Returns how many
+    this call ended."""
+    if rec.state is not RolloutState.SUCCEEDED or group is None or not group.full or group.complete:
+        return 0
+    from rollout_pipeline.lifecycle.cancel import cancel_rollout
+
+    existing = {rec.index: rec for rec in deps.ledger.rollouts.iter_rollouts(group.batch_id, group.input_id)}
+    ended = 0
+    for index in range(group.group_size):
+        found = existing.get(index)
+        if found is not None and found.terminal:
+            continue
+        outcome = cancel_rollout(
+            exp_id=group.exp_id or deps.config.name,
+            batch_id=group.batch_id,
+            input_id=group.input_id,
+            index=index,
+            deps=deps,
+            rec=found,
+            known=True,
+            policy_version=policy_version,
+            reason=FailureReason.SURPLUS,
+            error=SURPLUS_ERROR,
+        )
+        ended += outcome == "cancelled"
+    if ended:
+        log.info("group %s/%s full: %d surplus rollout(s) cancelled", group.batch_id, group.input_id, ended)
+    return ended
