@@ -159,7 +159,8 @@ def register(sub: Any, _common: argparse.ArgumentParser) -> None:
         "demo",
         help="run the sample dataset through the local pipeline and show the events",
         description="Drop a dataset into the local input bucket, show a progress bar and the pushed events as they "
-        "arrive, then a summary. Exits non-zero unless the batch completed with every session stopped.",
+        "arrive, then a summary. Exits non-zero unless the batch completed with at least one rollout succeeded "
+        "and every session stopped.",
     )
     _add_pipeline_options(demo)
     demo.add_argument(
