@@ -175,7 +175,10 @@ class ReplyWatch:
         if not (whole or self.done) or not self._readable:
             return None
         if not self.streaming:
-            self._choice_data(_json(self._buffer))
+            body = _json(self._buffer)
+            if not isinstance(body, dict):
+                return None  # not a completion: counted, not judged
+            self._choice_data(body)
         elif self._buffer.strip():
             self._line(self._buffer.strip())
         if self.error is not None:

@@ -31,16 +31,12 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
-logger = logging.getLogger(__name__)
+from rollout_pipeline.agent.warmup import App, AsgiScope, Message, Receive, Send
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-App = Callable[[Scope, Receive, Send], Awaitable[None]]
+logger = logging.getLogger(__name__)
 
 #: A chat request larger than this is passed through as it came (llama.cpp's context is far smaller).
 MAX_REQUEST_BYTES: Final = 16 * 1024 * 1024
@@ -103,7 +99,7 @@ class AgentRequests:
     def __init__(self, app: App) -> None:
         self.app = app
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def __call__(self, scope: AsgiScope, receive: Receive, send: Send) -> None:
         if scope.get("type") != "http" or scope.get("method") != "POST":
             await self.app(scope, receive, send)
             return
