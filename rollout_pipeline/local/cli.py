@@ -13,7 +13,7 @@ from typing import Any, TextIO
 from rollout_pipeline import topology
 from rollout_pipeline.cli.base import EXIT_INTERRUPTED, CliError, hidden_alias
 from rollout_pipeline.config import ConfigError
-from rollout_pipeline.local.model_server import MODEL_ID
+from rollout_pipeline.local.model_server import DEFAULT_MAX_TOKENS, MODEL_ID
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -92,7 +92,10 @@ def _add_pipeline_options(parser: argparse.ArgumentParser) -> None:
     )
     hidden_alias(parser, "--timeout-s", "rollout_timeout", type=int)
     parser.add_argument(
-        "--max-tokens", type=int, help="sampling max_tokens (default: 256; demo: what the dataset's task needs)"
+        "--max-tokens",
+        type=int,
+        help=f"sampling max_tokens (default: {DEFAULT_MAX_TOKENS}, for `up` and for the demo with your own dataset; "
+        "the demo's bundled datasets: what their task needs); an agent that thinks step by step needs more, e.g. 256",
     )
     parser.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (default: 0.7)")
     parser.add_argument(
@@ -212,7 +215,7 @@ def register(sub: Any, _common: argparse.ArgumentParser) -> None:
     up.set_defaults(handler=_cmd_up)
 
 
-def _settings(args: argparse.Namespace, max_tokens: int = 256) -> Any:
+def _settings(args: argparse.Namespace, max_tokens: int = DEFAULT_MAX_TOKENS) -> Any:
     from rollout_pipeline.cli.base import CliError
     from rollout_pipeline.local.pipeline import LocalSettings
 

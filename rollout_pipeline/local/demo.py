@@ -32,6 +32,7 @@ from rollout_pipeline.contracts import (
     RolloutFailed,
 )
 from rollout_pipeline.costs import PriceBook
+from rollout_pipeline.local.model_server import DEFAULT_MAX_TOKENS
 from rollout_pipeline.local.pipeline import LocalPipeline, LocalSettings, interrupt_on_signals
 from rollout_pipeline.report.data import has_signal
 from rollout_pipeline.sdk import submission, transport
@@ -44,8 +45,6 @@ from rollout_pipeline.sdk.transport import NO_REWARD_SIGNAL
 #: signal; "gsm8k" (word problems) is kept for a real policy model (`--model-url`): the 135M model scores ~0 on it.
 BUNDLED_DATASETS: Final = {"arithmetic": ("arithmetic_sample.jsonl", 32), "gsm8k": ("gsm8k_sample.jsonl", 256)}
 DEFAULT_DATASET: Final = "arithmetic"
-#: `max_tokens` for a dataset that is not bundled.
-DEFAULT_MAX_TOKENS: Final = 256
 #: When the demo's budget runs out it waits (at most this long) for the rollouts in flight to finish, so the pause
 #: shows, then raises the budget by this factor, as `rollouts budget set` would.
 PAUSE_SHOWN_S: Final = 120.0
@@ -59,7 +58,8 @@ def sample_dataset_path(name: str = DEFAULT_DATASET) -> Path:
 
 
 def resolve_dataset(value: str | Path | None) -> tuple[Path, int]:
-    """`--dataset`: a bundled name (default "arithmetic") or a path -> (file, default `max_tokens` for it)."""
+    """`--dataset`: a bundled name (default "arithmetic") or a path -> (file, default `max_tokens` for it: the bundled
+    dataset's, else `local up`'s, `DEFAULT_MAX_TOKENS`)."""
     name = str(value) if value is not None else DEFAULT_DATASET
     if name in BUNDLED_DATASETS:
         return sample_dataset_path(name), BUNDLED_DATASETS[name][1]

@@ -14,6 +14,11 @@ from pathlib import Path
 from rollout_pipeline.local.moto_server import LOOPBACK, free_port
 
 MODEL_ID = "smollm2-135m-instruct"
+#: Sampling `max_tokens` of `rollouts local up`, of the demo with a dataset of yours and of `LocalSettings`: SmolLM2
+#: answers a short question in far fewer, and a reply that rambles to the limit costs about a second per 20-80 tokens
+#: on 2 cores (one request at a time). An agent that thinks step by step needs more (`--max-tokens 256`: ART's
+#: Strands math example); the demo's bundled datasets take what their task needs (`demo.BUNDLED_DATASETS`).
+DEFAULT_MAX_TOKENS = 64
 
 
 class ModelServerError(RuntimeError):
