@@ -8,9 +8,10 @@ EXPERIMENT ?= demo
 STAMP := $(VENV)/.installed
 MODEL_STAMP := $(VENV)/.model-installed
 DEMO_STAMP := $(VENV)/.demo-installed
-#: What `make demo` needs and nothing more: the agent, local mode (moto), the report and the local model. `make setup`
-#: adds the developer toolchain (CDK, cfn-lint, mypy, pytest, ...) to the same .venv.
-DEMO_EXTRAS := agent,local,report,model
+#: What `make demo` needs and nothing more: the agent, local mode (moto), the report, the Parquet export (`rollouts
+#: export --format parquet` of its batches) and the local model. `make setup` adds the developer toolchain (CDK,
+#: cfn-lint, mypy, pytest, ...) to the same .venv.
+DEMO_EXTRAS := agent,local,report,data,model
 NODE_STAMP := node_modules/.installed
 export CDK_DISABLE_CLI_TELEMETRY := 1
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20

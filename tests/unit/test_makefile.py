@@ -47,7 +47,7 @@ def test_make_demo_installs_only_what_the_demo_needs() -> None:
         )
         installs = [line for line in dry.stdout.splitlines() if "pip install" in line and '-e ".[' in line]
         extras[target] = {name for line in installs for name in re.findall(r'-e "\.\[([^\]]+)\]"', line)[0].split(",")}
-    assert extras["demo"] == {"agent", "local", "report", "model"}
+    assert extras["demo"] == {"agent", "local", "report", "data", "model"}  # `data`: the Parquet export
     assert {"cdk", "dev"} <= extras["setup"]
     # The rollout dataset's tests read exports back with pyarrow, pandas, polars and `datasets` (extras `data` and
     # `readers`): `make test` installs them, so those tests run in CI and never skip for lack of a package.
