@@ -48,12 +48,14 @@ def _seconds(text: str) -> float:
 @contextlib.contextmanager
 def one_line_errors() -> Iterator[None]:
     """What a user can get wrong in local mode as the CLI's one-line error (`CliError`): a bad setting
-    (`ConfigError`), an agent that cannot start (`AgentStartError`: its output's last line)."""
+    (`ConfigError`), an agent that cannot start (`AgentStartError`: its output's last line), a port in use
+    (`PortInUse`)."""
     from rollout_pipeline.local.acr import AgentStartError
+    from rollout_pipeline.local.moto_server import PortInUse
 
     try:
         yield
-    except ConfigError as exc:
+    except (ConfigError, PortInUse) as exc:
         raise CliError(str(exc)) from None
     except AgentStartError as exc:
         raise CliError(f"the agent did not start: {exc.summary}") from None
@@ -284,5 +286,34 @@ def _cmd_up(args: argparse.Namespace, out: TextIO) -> int:
         for name in names:
             print(local_up_block(pipeline.endpoint_url, name), file=out)
         print("Ctrl-C stops the pipeline.", file=out, flush=True)
-        while True:
-            time.sleep(3600)
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            print(stopped_summary(pipeline), file=out, flush=True)
+            raise
+
+
+def stopped_summary(pipeline: Any) -> str:
+    """What stopping `local up` loses and keeps: the batches not finished (local AWS lives in memory: they go with
+    it) and the work directory (logs, kept)."""
+    lines = [
+        "stopping the local pipeline: its AWS (moto) lives in memory, so its queues, buckets and ledger go with it"
+    ]
+    for name, local in pipeline.experiments.items():
+        try:
+            statuses = [local.sdk.status(batch) for batch in local.sdk.recent_batches()]
+        except Exception as exc:  # the summary must not hold up the stop
+            lines.append(f"  experiment {name}: batches not read ({type(exc).__name__}: {exc})")
+            continue
+        for status in statuses:
+            if status.status in ("completed", "cancelled", "rejected"):
+                continue
+            ended = status.succeeded + status.failed
+            total = "?" if status.rollouts_total is None else str(status.rollouts_total)
+            lines.append(
+                f"  LOST batch {status.batch_id} ({name}): {ended} of {total} rollouts had ended; the rest, queued "
+                "or running, are gone (submit it again to a new `local up`)"
+            )
+    lines.append(f"  KEPT the work directory {pipeline.work_dir} (model and agent logs)")
+    return "\n".join(lines)
