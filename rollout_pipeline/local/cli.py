@@ -65,14 +65,17 @@ def one_line_errors() -> Iterator[None]:
 DEFAULT_UP_PORT = 4580
 
 
-def _add_pipeline_options(parser: argparse.ArgumentParser) -> None:
+def _add_pipeline_options(parser: argparse.ArgumentParser, *, demo: bool) -> None:
+    """The options `demo` and `up` share, each help text about the command it is shown for."""
     parser.add_argument(
         "-e",
         "--experiment",
         action="append",
         metavar="NAME",
-        help="local experiment name (default: local-demo); `up` takes it more than once: several experiments on one "
-        "local account (one moto endpoint, one account pool, one local AgentCore with the account's quotas)",
+        help="local experiment name (default: local-demo)"
+        if demo
+        else "local experiment name (default: local-demo); more than once: several experiments on one local account "
+        "(one moto endpoint, one account pool, one local AgentCore with the account's quotas)",
     )
     parser.add_argument(
         "--account-quota",
@@ -96,8 +99,12 @@ def _add_pipeline_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-tokens",
         type=int,
-        help=f"sampling max_tokens (default: {DEFAULT_MAX_TOKENS}, for `up` and for the demo with your own dataset; "
-        "the demo's bundled datasets: what their task needs); an agent that thinks step by step needs more, e.g. 256",
+        help=(
+            f"sampling max_tokens (default: what a bundled dataset's task needs, else {DEFAULT_MAX_TOKENS})"
+            if demo
+            else f"sampling max_tokens (default: {DEFAULT_MAX_TOKENS})"
+        )
+        + "; an agent that thinks step by step needs more, e.g. 256",
     )
     parser.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (default: 0.7)")
     parser.add_argument(
@@ -133,7 +140,11 @@ def _add_pipeline_options(parser: argparse.ArgumentParser) -> None:
         type=float,
         metavar="USD",
         help="the experiment's budget, priced as on AgentCore: at 80%% a Budget Warning, at 100%% dispatch pauses "
-        "(the demo then raises it, as `rollouts budget set` would, and the batch completes)",
+        + (
+            "(the demo then raises it, as `rollouts budget set` would, and the batch completes)"
+            if demo
+            else "until `rollouts budget set` raises it"
+        ),
     )
     parser.add_argument("--work-dir", type=Path, help="where logs go (default: a new temporary directory)")
     parser.add_argument("-v", "--verbose", action="store_true", help="log what the pipeline does")
@@ -167,7 +178,7 @@ def register(sub: Any, _common: argparse.ArgumentParser) -> None:
         "arrive, then a summary. Exits non-zero unless the batch completed with at least one rollout succeeded "
         "and every session stopped.",
     )
-    _add_pipeline_options(demo)
+    _add_pipeline_options(demo, demo=True)
     demo.add_argument(
         "--dataset",
         default="arithmetic",
@@ -199,7 +210,7 @@ def register(sub: Any, _common: argparse.ArgumentParser) -> None:
         "`export ROLLOUTS_ENDPOINT_URL=... ROLLOUTS_EXPERIMENT=...` for the CLI, "
         "`Experiment.local(endpoint_url, name=...)` for the SDK.",
     )
-    _add_pipeline_options(up)
+    _add_pipeline_options(up, demo=False)
     up.add_argument(
         "--port",
         type=int,
