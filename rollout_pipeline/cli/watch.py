@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from rollout_pipeline.cli.base import EXIT_ERROR, EXIT_OK, CliError
+from rollout_pipeline.cli.base import EXIT_ERROR, EXIT_OK, CliError, clipped
 from rollout_pipeline.contracts import BatchAccepted, BatchCompleted, GroupCompleted, RolloutCompleted, RolloutFailed
 
 if TYPE_CHECKING:
@@ -364,7 +364,7 @@ def event_line(detail: Any, *, rollouts: bool) -> str | None:
         mean = "-" if detail.reward_mean is None else f"{detail.reward_mean:.4f}"
         return f"completed: {detail.succeeded} succeeded, {detail.failed} failed, reward mean {mean}"
     if isinstance(detail, RolloutFailed):
-        return f"rollout {detail.rollout_id} failed: {detail.reason.value}: {detail.error[:200]}"
+        return f"rollout {detail.rollout_id} failed: {detail.reason.value}: {clipped(detail.error, 200)}"
     if isinstance(detail, RolloutCompleted) and rollouts:
         return f"rollout {detail.rollout_id} reward {detail.reward:.4f} (attempt {detail.attempt})"
     return None

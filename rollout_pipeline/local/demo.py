@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Final, TextIO
 
 from rollout_pipeline import ids, warm_cost
+from rollout_pipeline.cli.base import clipped
 from rollout_pipeline.contracts import (
     BatchAccepted,
     BatchCompleted,
@@ -193,20 +194,6 @@ class _Display:
         queued = max(0, (total or 0) - done - running)
         summary = f"ok {report.rollouts_ok} | failed {failed} | running {running} | queued {queued}"
         self.progress.update(self.task, total=total, completed=done, summary=summary)
-
-
-#: How much of an error text an event line shows.
-ERROR_CHARS: Final = 160
-
-
-def clipped(text: str, limit: int = ERROR_CHARS) -> str:
-    """`text` on one line, at most `limit` characters, cut at a word boundary with "..." when longer."""
-    flat = " ".join(text.split())
-    if len(flat) <= limit:
-        return flat
-    cut = flat[: limit - 3]
-    space = cut.rfind(" ")
-    return (cut[:space] if space > limit // 2 else cut).rstrip(" ,;:") + "..."
 
 
 def _numbers(values: list[float | None], *, signed: bool = False) -> str:

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from rollout_pipeline.cli import EXIT_ERROR, EXIT_USAGE, main
+from rollout_pipeline.cli.base import clipped
 from rollout_pipeline.contracts import BatchAccepted, BatchCompleted
-from rollout_pipeline.local.demo import DemoResult, clipped, prepare_upload, print_summary
+from rollout_pipeline.local.demo import DemoResult, prepare_upload, print_summary
 
 STARTED = datetime(2026, 11, 1, 12, 0, 0, tzinfo=UTC)
 
