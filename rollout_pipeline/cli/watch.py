@@ -251,7 +251,12 @@ def no_such_batch(experiment: Experiment, batch_id: str, waited_s: float) -> str
     """The error for a batch the experiment does not hold, with the closest of its recent batches."""
     import difflib
 
-    recent = experiment.recent_batches()
+    from rollout_pipeline.sdk.errors import SdkError
+
+    try:
+        recent = experiment.recent_batches()
+    except SdkError:  # a role that may not list batches: the error without the list
+        recent = []
     close = difflib.get_close_matches(batch_id, recent, n=1, cutoff=0.6)
     hint = f"did you mean {close[0]}? " if close else ""
     listed = f"its newest: {', '.join(recent[:5])}" if recent else "it has no batches yet"
