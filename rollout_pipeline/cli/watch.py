@@ -253,17 +253,15 @@ def no_such_batch(experiment: Experiment, batch_id: str, waited_s: float) -> str
 
     from rollout_pipeline.sdk.errors import SdkError
 
+    head = f"no batch {batch_id!r} in experiment {experiment.name!r} (none arrived within {waited_s:.0f} s)"
     try:
         recent = experiment.recent_batches()
     except SdkError:  # a role that may not list batches: the error without the list
-        recent = []
+        return head
     close = difflib.get_close_matches(batch_id, recent, n=1, cutoff=0.6)
     hint = f"did you mean {close[0]}? " if close else ""
     listed = f"its newest: {', '.join(recent[:5])}" if recent else "it has no batches yet"
-    return (
-        f"no batch {batch_id!r} in experiment {experiment.name!r} (none arrived within {waited_s:.0f} s): {hint}"
-        f"{listed}"
-    )
+    return f"{head}: {hint}{listed}"
 
 
 def _drain(stream: Any, log: EventLog) -> None:
