@@ -295,8 +295,12 @@ _install_lock = threading.Lock()
 
 
 def install() -> None:
-    """Watch every model call this process makes over httpx (idempotent; see the module doc)."""
-    import httpx
+    """Watch every model call this process makes over httpx (idempotent; see the module doc). Without httpx
+    installed there is nothing to watch."""
+    try:
+        import httpx
+    except ImportError:
+        return
 
     with _install_lock:
         if getattr(httpx.HTTPTransport, "_rollout_replies_installed", False):
