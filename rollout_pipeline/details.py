@@ -170,6 +170,7 @@ def rollout_event(
         "batch_policy_version": rec.batch_policy_version,
         "timings": timings,
         "cost": None if prices is None else recorded_cost(rec, prices),
+        "warning": rec.warning,
     }
     if rec.state is RolloutState.SUCCEEDED:
         rewards = rec.rewards if rec.rewards is not None else (rec.reward or 0.0)
@@ -206,6 +207,7 @@ def group_member(rec: RolloutRecord) -> GroupMember:
         reward=rec.reward if succeeded else None,
         reason=None if succeeded else FailureReason(rec.reason or FailureReason.AGENT_ERROR),
         error=None if succeeded else (rec.error or rec.reason or FailureReason.AGENT_ERROR.value),
+        warning=rec.warning,
         attempt=rec.attempt,
         session_id=rec.session_id,
         policy_version=rec.policy_version,

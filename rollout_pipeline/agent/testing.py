@@ -7,7 +7,8 @@
 
 It answers `POST .../chat/completions` on any path prefix (so `/v1/...` and rllm's `/sessions/{id}/v1/...` both
 work), streaming (SSE) or not, and `GET .../models`. `reply` is a fixed text or a function of the request giving
-a text, a tool call (`ToolCall`) or a truncated text (`Truncated`). It listens on 127.0.0.1 only.
+a text, a tool call (`ToolCall`), a truncated text (`Truncated`) or a stream cut short (`Cut`). It listens on
+127.0.0.1 only.
 """
 
 from __future__ import annotations
@@ -55,7 +56,15 @@ class RecordedRequest:
         return next((v for k, v in self.headers.items() if k.lower() == lowered), None)
 
 
-Reply = str | ToolCall | Truncated
+@dataclass(frozen=True)
+class Cut:
+    """A streamed reply cut short: its text, then `[DONE]` with no `finish_reason` (as llama-cpp-python's server
+    ends a stream when another request waits and `interrupt_requests` is on). Not streamed: an ordinary reply."""
+
+    text: str
+
+
+Reply = str | ToolCall | Truncated | Cut
 ReplyFunction = Callable[[RecordedRequest], Reply]
 
 
@@ -122,7 +131,8 @@ class FakeModelServer(LoopbackServer):
                 self.send_header("Content-Type", "text/event-stream")
                 self.send_header("Connection", "close")
                 self.end_headers()
-                for chunk in _chunks(model, reply):
+                chunks = _chunks(model, reply)
+                for chunk in chunks[:1] if isinstance(reply, Cut) else chunks:
                     self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
                 self.wfile.write(b"data: [DONE]\n\n")
                 self.wfile.flush()
@@ -143,8 +153,9 @@ def _message(reply: Reply) -> tuple[dict[str, Any], str]:
             "function": {"name": reply.name, "arguments": json.dumps(reply.arguments)},
         }
         return {"role": "assistant", "content": None, "tool_calls": [call]}, "tool_calls"
-    text, finish = (reply.text, "length") if isinstance(reply, Truncated) else (reply, "stop")
-    return {"role": "assistant", "content": text}, finish
+    if isinstance(reply, Truncated):
+        return {"role": "assistant", "content": reply.text}, "length"
+    return {"role": "assistant", "content": reply.text if isinstance(reply, Cut) else reply}, "stop"
 
 
 def _completion(model: str, reply: Reply) -> dict[str, Any]:

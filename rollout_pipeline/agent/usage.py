@@ -9,7 +9,9 @@ so `RolloutApp` and the RFT host too) add `{RESULT_USAGE_KEY: {...}}` to each re
 - `peak_rss_mb`: its peak resident memory (and its children's), for information: AgentCore bills the session's peak
   memory, which also holds the microVM's own overhead, so the cost model prices the configured size instead;
 - `rollouts`: rollouts this process has started. Completion uses `cpu_s` only when it is 1 (the process is the
-  session); a process that served several (local mode's `shared` isolation) gets the busy-time bound instead.
+  session); a process that served several (local mode's `shared` isolation) gets the busy-time bound instead;
+- `model_calls`: what this rollout's model calls came back as (`agent.replies`: calls, cut, empty, errors,
+  max_tokens), which completion turns into the rollout's `warning`.
 
 The user's function and its result are untouched but for this one key, which the host owns (an agent returning a
 value under it has it overwritten). The attempt token is unaffected (it travels in `payload._rollout` and at the top
@@ -45,7 +47,9 @@ def note_rollout_started() -> None:
 
 
 def current_usage() -> dict[str, Any]:
-    """The process's usage so far (see the module doc)."""
+    """The process's usage so far, and the current rollout's model calls (see the module doc)."""
+    from rollout_pipeline.agent import replies
+
     times = os.times()
     with _lock:
         started = _started[0]
@@ -53,12 +57,18 @@ def current_usage() -> dict[str, Any]:
         "cpu_s": round(times.user + times.system + times.children_user + times.children_system, 3),
         "peak_rss_mb": round(max(_rss_mb(resource.RUSAGE_SELF), _rss_mb(resource.RUSAGE_CHILDREN)), 1),
         "rollouts": started,
+        "model_calls": replies.current_tally().as_dict(),
     }
 
 
 def install() -> None:
-    """Make every `AgentCoreRLApp` of this process report its usage in the result objects it saves (idempotent)."""
+    """Make every `AgentCoreRLApp` of this process report its usage in the result objects it saves, and watch its
+    model calls (`agent.replies`) (idempotent)."""
     from agentcore_rl_toolkit.app import AgentCoreRLApp
+
+    from rollout_pipeline.agent import replies
+
+    replies.install()
 
     with _lock:
         if getattr(AgentCoreRLApp, "_rollout_usage_installed", False):

@@ -8,7 +8,8 @@ built: the session's cold start is paid. `WarmupGate` wraps the app the host ser
 - `POST /invocations` whose body is at most `MAX_WARMUP_BYTES` and is a warm-up: answered at once, 200
   `{"status": "warm", "session_id": ...}`; the agent's code does not run, `/ping` stays `Healthy`, nothing is written;
 - everything else (every rollout, `/ping`, lifespan) passes through to the app unchanged, its body replayed as it
-  arrived. A body larger than `MAX_WARMUP_BYTES` is never parsed (a warm-up is a few dozen bytes).
+  arrived; a rollout's invocation runs with a tally of its own for its model replies (`agent.replies`). A body
+  larger than `MAX_WARMUP_BYTES` is never parsed (a warm-up is a few dozen bytes).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, Final
 
+from rollout_pipeline.agent import replies
 from rollout_pipeline.config import is_warmup_payload
 
 logger = logging.getLogger(__name__)
@@ -47,14 +49,24 @@ class WarmupGate:
             await self.app(scope, receive, send)
             return
         if _content_length(scope) > MAX_WARMUP_BYTES:
-            await self.app(scope, receive, send)
+            await _as_a_rollout(self.app, scope, receive, send)
             return
         body, more, messages = await _read_body(receive, MAX_WARMUP_BYTES)
         if not more and _is_warmup(body):
             self.warmups += 1
             await _answer_warm(send, _session_of(scope))
             return
-        await self.app(scope, _replay(messages, receive), send)
+        await _as_a_rollout(self.app, scope, _replay(messages, receive), send)
+
+
+async def _as_a_rollout(app: App, scope: AsgiScope, receive: Receive, send: Send) -> None:
+    """Pass a rollout's invocation to `app` with a tally of its own for its model replies (`agent.replies`): ART's
+    background task and the agent's threads copy the request's context, so its calls and its result share it."""
+    token = replies.begin_rollout()
+    try:
+        await app(scope, receive, send)
+    finally:
+        replies.end_rollout(token)
 
 
 def _content_length(scope: AsgiScope) -> int:

@@ -17,6 +17,19 @@ EXIT_INTERRUPTED: Final = 130
 #: The reader of stdout went away (128 + SIGPIPE, what a shell reports for `cat big | head`).
 EXIT_BROKEN_PIPE: Final = 141
 
+#: How much of an error text an event line shows.
+ERROR_CHARS: Final = 160
+
+
+def clipped(text: str, limit: int = ERROR_CHARS) -> str:
+    """`text` on one line, at most `limit` characters, cut at a word boundary with "..." when longer."""
+    flat = " ".join(text.split())
+    if len(flat) <= limit:
+        return flat
+    cut = flat[: limit - 3]
+    space = cut.rfind(" ")
+    return (cut[:space] if space > limit // 2 else cut).rstrip(" ,;:") + "..."
+
 
 def add_experiment_arguments(parser: Any) -> None:
     """`-e/--experiment` (default `$ROLLOUTS_EXPERIMENT`) and `--region`, on a parser or an argument group."""

@@ -68,7 +68,12 @@ def cmd_submit(args: argparse.Namespace, out: TextIO) -> int:
     )
     if args.watch:
         watch_args = argparse.Namespace(
-            batch=batch_id, timeout=None, from_trainer_queue=False, refresh=15.0, poll_wait=args.poll_wait
+            batch=batch_id,
+            timeout=None,
+            from_trainer_queue=False,
+            refresh=15.0,
+            poll_wait=args.poll_wait,
+            missing_batch_grace=None,  # its own upload: ingestion will create it
         )
         return watch(experiment, watch_args, out)
     return EXIT_OK

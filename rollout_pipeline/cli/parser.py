@@ -5,7 +5,10 @@ of other modes registered under the `rollout_pipeline.cli` entry points (local m
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
+import textwrap
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -43,6 +46,81 @@ examples:
 """
 
 
+#: The top-level commands by topic, in the order `rollouts --help` lists them; a command another mode registers that
+#: is not named here is listed last, under "more".
+COMMAND_TOPICS: Final = (
+    ("run batches", ("submit", "watch", "status", "cancel")),
+    ("read their results", ("export", "stats", "rescore", "report")),
+    ("on this machine, with no AWS account", ("local",)),
+    ("cost and AgentCore's limits", ("cost", "budget", "capacity")),
+    ("deploy and operate", ("preflight", "bootstrap", "deploy", "smoke", "subscriptions", "destroy")),
+)
+
+
+class RolloutsParser(argparse.ArgumentParser):
+    """`argparse.ArgumentParser` that suggests the closest command or option for a typo ("did you mean ...?") and
+    reports an option the command does not know with that command's usage, not the top-level one."""
+
+    def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:  # type: ignore[override]
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            target = _chosen_parser(self, parsed)
+            unknown = " ".join(extras)
+            hint = _closest(extras[0].split("=", 1)[0], list(target._option_string_actions))
+            target.error(f"unrecognized arguments: {unknown}{hint}")
+        return parsed
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        if action.choices is not None and value not in action.choices:
+            choices = ", ".join(map(repr, action.choices))
+            hint = _closest(str(value), [str(choice) for choice in action.choices])
+            raise argparse.ArgumentError(action, f"invalid choice: {value!r}{hint} (choose from {choices})")
+        super()._check_value(action, value)
+
+
+def _closest(word: str, candidates: list[str]) -> str:
+    """`; did you mean X?` for the candidate closest to `word`, or "" when none is close."""
+    close = difflib.get_close_matches(word, candidates, n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> argparse._SubParsersAction[Any] | None:
+    return next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+
+
+def _chosen_parser(parser: argparse.ArgumentParser, parsed: Any) -> argparse.ArgumentParser:
+    """The innermost (sub)command parser that `parsed` went through (`rollouts budget set` -> `set`'s parser)."""
+    action = _subcommands(parser)
+    while action is not None:
+        chosen = action.choices.get(getattr(parsed, action.dest, None) or "")
+        if chosen is None:
+            break
+        parser, action = chosen, _subcommands(chosen)
+    return parser
+
+
+def _list_by_topic(parser: argparse.ArgumentParser) -> None:
+    """List the top-level commands by topic (`COMMAND_TOPICS`) in `parser`'s description instead of argparse's one
+    flat list."""
+    action = _subcommands(parser)
+    assert action is not None
+    helps = {choice.dest: choice.help or "" for choice in action._choices_actions}
+    named = {name for _, names in COMMAND_TOPICS for name in names}
+    topics = [*COMMAND_TOPICS, ("more", tuple(name for name in helps if name not in named))]
+    lines = ["commands (`rollouts COMMAND --help` for one):"]
+    for topic, names in topics:
+        present = [name for name in names if name in helps]
+        if not present:
+            continue
+        lines.append(f"  {topic}")
+        for name in present:
+            text = textwrap.wrap(helps[name], width=100, initial_indent=f"    {name:<14}", subsequent_indent=" " * 18)
+            lines.extend(text or [f"    {name}"])
+    action._choices_actions.clear()  # listed above instead
+    action.help = "one of the commands listed above"
+    parser.description = f"{parser.description}\n" + "\n".join(lines)
+
+
 def _common_options() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     group = common.add_argument_group("experiment")
@@ -66,7 +144,7 @@ def _common_options() -> argparse.ArgumentParser:
 
 def build_parser() -> argparse.ArgumentParser:
     """The `rollouts` argument parser (with the `local` group when local mode provides one)."""
-    parser = argparse.ArgumentParser(
+    parser = RolloutsParser(
         prog="rollouts",
         description=_DESCRIPTION,
         epilog=_EPILOG,
@@ -83,6 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     stack_commands.register(sub)  # deploy, destroy
     _add_operations(sub, common)
     _register_modes(sub, common)
+    _list_by_topic(parser)
     return parser
 
 
@@ -263,7 +342,7 @@ def _add_cost(sub: Any, common: argparse.ArgumentParser) -> None:
     budget = sub.add_parser(
         "budget",
         help="show or set the experiment's budget (USD): dispatch pauses when it is spent",
-        description="At 80%% of the budget a `Budget Warning` event; at 100%% dispatch pauses (nothing new starts, "
+        description="At 80% of the budget a `Budget Warning` event; at 100% dispatch pauses (nothing new starts, "
         "queued rollouts wait, rollouts in flight finish) and a `Budget Exhausted` event says what waits. Raising "
         "the budget resumes dispatch where it stopped, within a minute.",
     )

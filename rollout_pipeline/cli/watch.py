@@ -12,11 +12,15 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from rollout_pipeline.cli.base import EXIT_ERROR, EXIT_OK, CliError
+from rollout_pipeline.cli.base import EXIT_ERROR, EXIT_OK, CliError, clipped
 from rollout_pipeline.contracts import BatchAccepted, BatchCompleted, GroupCompleted, RolloutCompleted, RolloutFailed
 
 if TYPE_CHECKING:
     from rollout_pipeline.sdk import Experiment
+
+#: How long `rollouts watch --batch ID` waits for a batch the ledger does not hold (an upload that ingestion has not
+#: read yet takes seconds) before it says there is no such batch. `submit --watch` waits for its own upload.
+MISSING_BATCH_GRACE_S = 20.0
 
 
 class Progress:
@@ -52,15 +56,15 @@ class Progress:
     def reward_mean(self) -> float | None:
         return self.reward_sum / self.reward_count if self.reward_count else None
 
-    def baseline(self, experiment: Experiment) -> None:
-        """Start from the ledger: totals and every rollout already terminal (so events are not counted twice)."""
+    def baseline(self, experiment: Experiment) -> bool:
+        """Start from the ledger: totals and every rollout already terminal (so events are not counted twice).
+        False when the batch is not in the ledger (yet)."""
         from rollout_pipeline.sdk.errors import BatchNotFound
 
         try:
             status = experiment.status(self.batch_id)
         except BatchNotFound:  # just uploaded: ingestion has not created it yet; Batch Accepted will tell
-            print(f"batch {self.batch_id} is not in the ledger yet: waiting for its events", file=sys.stderr)
-            return
+            return False
         self.total = status.rollouts_total
         if status.status in ("rejected",):
             self.done = True
@@ -80,6 +84,7 @@ class Progress:
                     self.failed += 1
                     self.failed_by_reason[rollout.reason or "unknown"] += 1
         self._check_done(status.rollouts_total is not None and status.status != "ingesting")
+        return True
 
     def refresh_running(self, experiment: Experiment) -> None:
         """Re-read how many rollouts are running (a states-only read of the batch's rollouts)."""
@@ -189,7 +194,12 @@ def _watch(experiment: Experiment, args: argparse.Namespace, out: TextIO, log: E
         if from_start:
             return _watch_from_start(stream, args.batch, out, log)
         progress = Progress(args.batch)
-        progress.baseline(experiment)  # after the tap exists: nothing falls between the two
+        found = progress.baseline(experiment)  # after the tap exists: nothing falls between the two
+        if not found:
+            print(f"batch {args.batch} is not in the ledger yet: waiting for its events", file=sys.stderr)
+        missing = _MissingBatch(
+            experiment, progress, None if found else getattr(args, "missing_batch_grace", MISSING_BATCH_GRACE_S)
+        )
         refresh = float(getattr(args, "refresh", 15.0))
         render = _renderer(progress)
         try:
@@ -202,7 +212,9 @@ def _watch(experiment: Experiment, args: argparse.Namespace, out: TextIO, log: E
                     log.write(delivery.event)
                     progress.apply(delivery.event.detail)
                     stream.ack(delivery)
-                if refresh > 0 and time.monotonic() - last_refresh >= refresh and not progress.done:
+                if missing.waiting():
+                    missing.check()
+                elif refresh > 0 and time.monotonic() - last_refresh >= refresh and not progress.done:
                     progress.refresh_running(experiment)
                     last_refresh = time.monotonic()
                 render(False)
@@ -214,6 +226,42 @@ def _watch(experiment: Experiment, args: argparse.Namespace, out: TextIO, log: E
             render(True)
     print(progress.summary or f"batch {args.batch}: {progress.line()}", file=out)
     return EXIT_OK if progress.done else EXIT_ERROR
+
+
+class _MissingBatch:
+    """A batch the ledger did not hold when the watch began: after `grace_s` (None: never) without its events, one
+    more look at the ledger, then `CliError` naming the batches the experiment has."""
+
+    def __init__(self, experiment: Experiment, progress: Progress, grace_s: float | None) -> None:
+        self.experiment, self.progress, self.grace_s = experiment, progress, grace_s
+        self.since = time.monotonic()
+
+    def waiting(self) -> bool:
+        return self.grace_s is not None and self.progress.total is None
+
+    def check(self) -> None:
+        if self.grace_s is None or time.monotonic() - self.since < self.grace_s:
+            return
+        if not self.progress.baseline(self.experiment):
+            raise CliError(no_such_batch(self.experiment, self.progress.batch_id, self.grace_s))
+        self.grace_s = None
+
+
+def no_such_batch(experiment: Experiment, batch_id: str, waited_s: float) -> str:
+    """The error for a batch the experiment does not hold, with the closest of its recent batches."""
+    import difflib
+
+    from rollout_pipeline.sdk.errors import SdkError
+
+    head = f"no batch {batch_id!r} in experiment {experiment.name!r} (none arrived within {waited_s:.0f} s)"
+    try:
+        recent = experiment.recent_batches()
+    except SdkError:  # a role that may not list batches: the error without the list
+        return head
+    close = difflib.get_close_matches(batch_id, recent, n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]}? " if close else ""
+    listed = f"its newest: {', '.join(recent[:5])}" if recent else "it has no batches yet"
+    return f"{head}: {hint}{listed}"
 
 
 def _drain(stream: Any, log: EventLog) -> None:
@@ -319,7 +367,7 @@ def event_line(detail: Any, *, rollouts: bool) -> str | None:
         mean = "-" if detail.reward_mean is None else f"{detail.reward_mean:.4f}"
         return f"completed: {detail.succeeded} succeeded, {detail.failed} failed, reward mean {mean}"
     if isinstance(detail, RolloutFailed):
-        return f"rollout {detail.rollout_id} failed: {detail.reason.value}: {detail.error[:200]}"
+        return f"rollout {detail.rollout_id} failed: {detail.reason.value}: {clipped(detail.error, 200)}"
     if isinstance(detail, RolloutCompleted) and rollouts:
         return f"rollout {detail.rollout_id} reward {detail.reward:.4f} (attempt {detail.attempt})"
     return None

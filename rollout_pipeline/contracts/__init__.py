@@ -48,6 +48,7 @@ from rollout_pipeline.contracts.messages import CLAIM_CHECK_BYTES, RolloutMessag
 from rollout_pipeline.contracts.results import (
     MAX_ABS_REWARD,
     FailureReason,
+    ModelCalls,
     ReportedUsage,
     ResultOutcome,
     ResultRead,
@@ -97,6 +98,7 @@ __all__ = [
     "FileOptions",
     "GroupCompleted",
     "GroupMember",
+    "ModelCalls",
     "ReportedUsage",
     "ResultOutcome",
     "ResultRead",

@@ -112,6 +112,11 @@ class RolloutCompleted(_Detail):
     reward: float = Field(description="Scalar reward: the number, or the last element of a per-turn list")
     result_uri: str
     result: dict[str, Any] | None = Field(default=None, description="The result object when small enough")
+    warning: str | None = Field(
+        default=None,
+        description="What the agent host saw go wrong in the model replies the result was computed from (cut short, "
+        "empty or failed); null when nothing did",
+    )
     timings: Timings
     cost: RolloutCost | None = Field(default=None, description="What the rollout cost (estimate at publication)")
     surplus: bool = Field(
@@ -133,6 +138,11 @@ class RolloutFailed(_Detail):
     policy_version: str | None = Field(default=None, description="The policy version the rollout was dispatched with")
     batch_policy_version: str | None = Field(default=None, description="The batch's, when it differs")
     result_uri: str | None = None
+    warning: str | None = Field(
+        default=None,
+        description="What the agent host saw go wrong in the model replies the result was computed from (cut short, "
+        "empty or failed); null when nothing did",
+    )
     timings: Timings
     cost: RolloutCost | None = Field(default=None, description="What the rollout cost (estimate at publication)")
     surplus: bool = Field(
@@ -150,6 +160,7 @@ class GroupMember(BaseModel):
     reward: float | None = None
     reason: FailureReason | None = None
     error: str | None = None
+    warning: str | None = Field(default=None, description="The rollout's model-reply warning, when it has one")
     attempt: int | None = None
     session_id: str | None = None
     policy_version: str | None = Field(default=None, description="The policy version the rollout was dispatched with")

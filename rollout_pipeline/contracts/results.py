@@ -104,6 +104,35 @@ def parse_result(body: bytes, *, max_bytes: int | None = None) -> ResultOutcome:
     return ResultOutcome(success=True, rewards=float(rewards), reward=float(rewards), body=parsed)
 
 
+class ModelCalls(BaseModel):
+    """What a rollout's model calls came back as, as the agent host saw them (`agent.replies`): `calls` answered,
+    `cut` short (the stream ended before the model said why it stopped), `empty` (no text, no tool call), `errors`
+    (an HTTP error or an error event), and `max_tokens` (stopped at the sampling limit: counted, not a warning)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    calls: int = 0
+    cut: int = 0
+    empty: int = 0
+    errors: int = 0
+    max_tokens: int = 0
+
+    @property
+    def warning(self) -> str | None:
+        """One line when a reply the agent may have scored was cut short, empty or failed; None otherwise."""
+        parts = [
+            f"{count} {what}"
+            for count, what in ((self.cut, "cut short"), (self.empty, "empty"), (self.errors, "failed"))
+            if count
+        ]
+        if not parts:
+            return None
+        return (
+            f"model replies: {', '.join(parts)} of {self.calls} call(s); the agent's result was computed from "
+            "them (the agent's log has each reply)"
+        )
+
+
 class ReportedUsage(BaseModel):
     """What the agent host reported the session used, beside the result (`config.RESULT_USAGE_KEY`)."""
 
@@ -112,6 +141,7 @@ class ReportedUsage(BaseModel):
     cpu_s: float
     peak_rss_mb: float | None = None
     rollouts: int = 1
+    model_calls: ModelCalls | None = None
 
     @property
     def session_cpu_s(self) -> float | None:
@@ -131,8 +161,24 @@ def reported_usage(body: Any) -> ReportedUsage | None:
     if not _valid_number(cpu) or float(cpu) < 0 or not isinstance(rollouts, int) or isinstance(rollouts, bool):
         return None
     return ReportedUsage(
-        cpu_s=float(cpu), peak_rss_mb=float(rss) if _valid_number(rss) else None, rollouts=max(rollouts, 0)
+        cpu_s=float(cpu),
+        peak_rss_mb=float(rss) if _valid_number(rss) else None,
+        rollouts=max(rollouts, 0),
+        model_calls=_model_calls(raw.get("model_calls")),
     )
+
+
+def _model_calls(raw: Any) -> ModelCalls | None:
+    """The host's model-call counts, when they are counts (anything else: None)."""
+    if not isinstance(raw, dict):
+        return None
+    counts: dict[str, int] = {}
+    for name in ModelCalls.model_fields:
+        value = raw.get(name, 0)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            return None
+        counts[name] = value
+    return ModelCalls(**counts)
 
 
 class ResultRead(BaseModel):

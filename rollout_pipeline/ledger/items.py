@@ -375,6 +375,8 @@ class RolloutRecord:
     rewards: float | list[float] | None = None
     result_uri: str | None = None
     result_size: int | None = None
+    #: What the agent host saw go wrong in the model replies the result was computed from (`ModelCalls.warning`).
+    warning: str | None = None
 
     policy_version: str | None = None
     #: The batch's policy version, when the rollout was dispatched with another one (the experiment's current).
@@ -475,6 +477,7 @@ class RolloutRecord:
             rewards=json.loads(rewards_json) if rewards_json else None,
             result_uri=item.get("result_uri"),
             result_size=item.get("result_size"),
+            warning=item.get("warning"),
             policy_version=item.get("policy_version"),
             batch_policy_version=item.get("batch_policy_version"),
             outbox=frozenset(item.get("outbox") or ()),
@@ -504,6 +507,8 @@ class Terminal:
     rewards: float | list[float] | None = None
     result_uri: str | None = None
     result_size: int | None = None
+    #: The model replies' warning (`ModelCalls.warning`), when the agent host saw one.
+    warning: str | None = None
     #: What the rollout cost (`costs.price_rollout` at `cost_at`, to the millisecond), summed with the transition;
     #: the item keeps `cost_at` only (`details.recorded_cost` prices it again, identically).
     cost: RolloutCost | None = None
@@ -523,6 +528,7 @@ class Terminal:
             "rewards_json": None if self.rewards is None else json.dumps(self.rewards),
             "result_uri": self.result_uri,
             "result_size": self.result_size,
+            "warning": self.warning,
             "cost_at": None if self.cost_at is None else epoch_ms(self.cost_at),
         }
 

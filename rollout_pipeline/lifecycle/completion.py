@@ -31,6 +31,7 @@ from rollout_pipeline import ids, routing
 from rollout_pipeline.contracts import (
     TOKEN_TAIL_BYTES,
     FailureReason,
+    ReportedUsage,
     ResultOutcome,
     ResultRead,
     RolloutCost,
@@ -273,9 +274,12 @@ def _handle_result(
     written_at = parse_iso(event.get("time")) or deps.now()
     usage = reported_usage(body_dict)
     cpu_s = usage.session_cpu_s if usage is not None else None
+    warning = _model_warning(usage, key)
     at = costing.pricing_moment(deps)
     cost = costing.terminal_cost(deps, rec, at=at, ended_at=written_at, idle=True, cpu_s=cpu_s)
-    terminal = _terminal(outcome, written_at, f"s3://{bucket}/{key}", size, cost=cost, cpu_s=cpu_s, cost_at=at)
+    terminal = _terminal(
+        outcome, written_at, f"s3://{bucket}/{key}", size, cost=cost, cpu_s=cpu_s, cost_at=at, warning=warning
+    )
     after = deps.ledger.rollouts.finish_dispatched(
         rec,
         exp_id=ref.exp_id,
@@ -302,6 +306,14 @@ def _handle_result(
     if later and after.stop_sessions and stops_later is not None:
         stops_later.append(after)
     return Completion.SUCCEEDED if outcome.success else Completion.FAILED
+
+
+def _model_warning(usage: ReportedUsage | None, key: str) -> str | None:
+    """The rollout's model-reply warning from the host's usage report (`ModelCalls.warning`), logged."""
+    warning = usage.model_calls.warning if usage is not None and usage.model_calls is not None else None
+    if warning:
+        log.warning("result %s: %s", key, warning)
+    return warning
 
 
 def _foreign(read: ResultRead, bucket: str, key: str, ref: ids.ResultRef, deps: LifecycleDeps) -> bool:
@@ -343,6 +355,7 @@ def _terminal(
     cost: RolloutCost | None = None,
     cpu_s: float | None = None,
     cost_at: datetime | None = None,
+    warning: str | None = None,
 ) -> Terminal:
     """The terminal outcome a result records (the agent wrote it: its session is idle from `written_at` on)."""
     succeeded = outcome.success
@@ -355,6 +368,7 @@ def _terminal(
         rewards=outcome.rewards,
         result_uri=result_uri,
         result_size=size,
+        warning=warning,
         cost=cost,
         cost_at=cost_at,
         idle=True,

@@ -13,7 +13,7 @@ from typing import Any, TextIO
 from rollout_pipeline import topology
 from rollout_pipeline.cli.base import EXIT_INTERRUPTED, CliError, hidden_alias
 from rollout_pipeline.config import ConfigError
-from rollout_pipeline.local.model_server import MODEL_ID
+from rollout_pipeline.local.model_server import DEFAULT_MAX_TOKENS, MODEL_ID
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -48,12 +48,15 @@ def _seconds(text: str) -> float:
 @contextlib.contextmanager
 def one_line_errors() -> Iterator[None]:
     """What a user can get wrong in local mode as the CLI's one-line error (`CliError`): a bad setting
-    (`ConfigError`), an agent that cannot start (`AgentStartError`: its output's last line)."""
+    (`ConfigError`), an agent that cannot start (`AgentStartError`: its output's last line), a port in use
+    (`PortInUse`), a local model that is not installed or does not start (`ModelServerError`)."""
     from rollout_pipeline.local.acr import AgentStartError
+    from rollout_pipeline.local.model_server import ModelServerError
+    from rollout_pipeline.local.moto_server import PortInUse
 
     try:
         yield
-    except ConfigError as exc:
+    except (ConfigError, PortInUse, ModelServerError) as exc:
         raise CliError(str(exc)) from None
     except AgentStartError as exc:
         raise CliError(f"the agent did not start: {exc.summary}") from None
@@ -63,14 +66,17 @@ def one_line_errors() -> Iterator[None]:
 DEFAULT_UP_PORT = 4580
 
 
-def _add_pipeline_options(parser: argparse.ArgumentParser) -> None:
+def _add_pipeline_options(parser: argparse.ArgumentParser, *, demo: bool) -> None:
+    """The options `demo` and `up` share, each help text about the command it is shown for."""
     parser.add_argument(
         "-e",
         "--experiment",
         action="append",
         metavar="NAME",
-        help="local experiment name (default: local-demo); `up` takes it more than once: several experiments on one "
-        "local account (one moto endpoint, one account pool, one local AgentCore with the account's quotas)",
+        help="local experiment name (default: local-demo)"
+        if demo
+        else "local experiment name (default: local-demo); more than once: several experiments on one local account "
+        "(one moto endpoint, one account pool, one local AgentCore with the account's quotas)",
     )
     parser.add_argument(
         "--account-quota",
@@ -92,9 +98,42 @@ def _add_pipeline_options(parser: argparse.ArgumentParser) -> None:
     )
     hidden_alias(parser, "--timeout-s", "rollout_timeout", type=int)
     parser.add_argument(
-        "--max-tokens", type=int, help="sampling max_tokens (default: 256; demo: what the dataset's task needs)"
+        "--max-tokens",
+        type=int,
+        help=(
+            f"sampling max_tokens (default: what a bundled dataset's task needs, else {DEFAULT_MAX_TOKENS})"
+            if demo
+            else f"sampling max_tokens (default: {DEFAULT_MAX_TOKENS})"
+        )
+        + "; an agent that thinks step by step needs more, e.g. 256",
     )
     parser.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (default: 0.7)")
+    _add_agent_options(parser)
+    parser.add_argument(
+        "--warm-sessions",
+        type=_warm_sessions,
+        default=0,
+        metavar="N|auto",
+        help="keep N sessions started ahead of the next batch (the warm pool; `auto`: the last batch's size; "
+        "default 0: off); they count against --max-sessions",
+    )
+    parser.add_argument(
+        "--budget-usd",
+        type=float,
+        metavar="USD",
+        help="the experiment's budget, priced as on AgentCore: at 80%% a Budget Warning, at 100%% dispatch pauses "
+        + (
+            "(the demo then raises it, as `rollouts budget set` would, and the batch completes)"
+            if demo
+            else "until `rollouts budget set` raises it"
+        ),
+    )
+    parser.add_argument("--work-dir", type=Path, help="where logs go (default: a new temporary directory)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log what the pipeline does")
+
+
+def _add_agent_options(parser: argparse.ArgumentParser) -> None:
+    """The agent's module, kind and isolation."""
     parser.add_argument(
         "--agent-module",
         default="rollout_pipeline.agent.examples.math_agent",
@@ -115,23 +154,6 @@ def _add_pipeline_options(parser: argparse.ArgumentParser) -> None:
         help="process (default: one agent process per session, as ACR's microVMs; a stop kills it) or shared (one "
         "process serves every session: starts fast, sessions not isolated)",
     )
-    parser.add_argument(
-        "--warm-sessions",
-        type=_warm_sessions,
-        default=0,
-        metavar="N|auto",
-        help="keep N sessions started ahead of the next batch (the warm pool; `auto`: the last batch's size; "
-        "default 0: off); they count against --max-sessions",
-    )
-    parser.add_argument(
-        "--budget-usd",
-        type=float,
-        metavar="USD",
-        help="the experiment's budget, priced as on AgentCore: at 80%% a Budget Warning, at 100%% dispatch pauses "
-        "(the demo then raises it, as `rollouts budget set` would, and the batch completes)",
-    )
-    parser.add_argument("--work-dir", type=Path, help="where logs go (default: a new temporary directory)")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log what the pipeline does")
 
 
 def _warm_sessions(text: str) -> int | str:
@@ -159,9 +181,10 @@ def register(sub: Any, _common: argparse.ArgumentParser) -> None:
         "demo",
         help="run the sample dataset through the local pipeline and show the events",
         description="Drop a dataset into the local input bucket, show a progress bar and the pushed events as they "
-        "arrive, then a summary. Exits non-zero unless the batch completed with every session stopped.",
+        "arrive, then a summary. Exits non-zero unless the batch completed with at least one rollout succeeded "
+        "and every session stopped.",
     )
-    _add_pipeline_options(demo)
+    _add_pipeline_options(demo, demo=True)
     demo.add_argument(
         "--dataset",
         default="arithmetic",
@@ -193,7 +216,7 @@ def register(sub: Any, _common: argparse.ArgumentParser) -> None:
         "`export ROLLOUTS_ENDPOINT_URL=... ROLLOUTS_EXPERIMENT=...` for the CLI, "
         "`Experiment.local(endpoint_url, name=...)` for the SDK.",
     )
-    _add_pipeline_options(up)
+    _add_pipeline_options(up, demo=False)
     up.add_argument(
         "--port",
         type=int,
@@ -211,7 +234,7 @@ def register(sub: Any, _common: argparse.ArgumentParser) -> None:
     up.set_defaults(handler=_cmd_up)
 
 
-def _settings(args: argparse.Namespace, max_tokens: int = 256) -> Any:
+def _settings(args: argparse.Namespace, max_tokens: int = DEFAULT_MAX_TOKENS) -> Any:
     from rollout_pipeline.cli.base import CliError
     from rollout_pipeline.local.pipeline import LocalSettings
 
@@ -280,5 +303,34 @@ def _cmd_up(args: argparse.Namespace, out: TextIO) -> int:
         for name in names:
             print(local_up_block(pipeline.endpoint_url, name), file=out)
         print("Ctrl-C stops the pipeline.", file=out, flush=True)
-        while True:
-            time.sleep(3600)
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            print(stopped_summary(pipeline), file=out, flush=True)
+            raise
+
+
+def stopped_summary(pipeline: Any) -> str:
+    """What stopping `local up` loses and keeps: the batches not finished (local AWS lives in memory: they go with
+    it) and the work directory (logs, kept)."""
+    lines = [
+        "stopping the local pipeline: its AWS (moto) lives in memory, so its queues, buckets and ledger go with it"
+    ]
+    for name, local in pipeline.experiments.items():
+        try:
+            statuses = [local.sdk.status(batch) for batch in local.sdk.recent_batches()]
+        except Exception as exc:  # the summary must not hold up the stop
+            lines.append(f"  experiment {name}: batches not read ({type(exc).__name__}: {exc})")
+            continue
+        for status in statuses:
+            if status.status in ("completed", "cancelled", "rejected"):
+                continue
+            ended = status.succeeded + status.failed
+            total = "?" if status.rollouts_total is None else str(status.rollouts_total)
+            lines.append(
+                f"  LOST batch {status.batch_id} ({name}): {ended} of {total} rollouts had ended; the rest, queued "
+                "or running, are gone (submit it again to a new `local up`)"
+            )
+    lines.append(f"  KEPT the work directory {pipeline.work_dir} (model and agent logs)")
+    return "\n".join(lines)

@@ -1,10 +1,12 @@
 """The demo: drop a dataset into the local pipeline's input bucket and show the pushed events as they arrive.
 
-Exit code 0 only when the batch completed, every rollout ended, no session was left running and no message was
-dead-lettered. With a warm pool (`--warm-sessions N`), the batch is submitted once the pool holds its sessions (the
-pause of a GRPO step's training phase): each rollout says whether it started in a warm session, the summary counts
-them beside the local AgentCore's own counts (warm-ups the agent host answered, rollouts run in a warm session) and
-what the warm sessions' idle memory would cost, and the pool is stopped before the sessions left are counted.
+Exit code 0 only when the batch completed, at least one rollout succeeded, every rollout ended, no session was left
+running and no message was dead-lettered. A rollout whose model replies the agent host saw cut short, empty or failed
+(its event's `warning`, `agent.replies`) is shown with the warning, and the summary counts them. With a warm pool
+(`--warm-sessions N`), the batch is submitted once the pool holds its sessions (the pause of a GRPO step's training
+phase): each rollout says whether it started in a warm session, the summary counts them beside the local AgentCore's
+own counts (warm-ups the agent host answered, rollouts run in a warm session) and what the warm sessions' idle memory
+would cost, and the pool is stopped before the sessions left are counted.
 The settings and the dataset are checked before anything starts (one-line errors naming the setting or the user's
 file and line); Ctrl-C stops the run at once and prints what was seen so far.
 """
@@ -21,6 +23,7 @@ from pathlib import Path
 from typing import Any, Final, TextIO
 
 from rollout_pipeline import ids, warm_cost
+from rollout_pipeline.cli.base import clipped
 from rollout_pipeline.contracts import (
     BatchAccepted,
     BatchCompleted,
@@ -30,6 +33,7 @@ from rollout_pipeline.contracts import (
     RolloutFailed,
 )
 from rollout_pipeline.costs import PriceBook
+from rollout_pipeline.local.model_server import DEFAULT_MAX_TOKENS
 from rollout_pipeline.local.pipeline import LocalPipeline, LocalSettings, interrupt_on_signals
 from rollout_pipeline.report.data import has_signal
 from rollout_pipeline.sdk import submission, transport
@@ -42,8 +46,6 @@ from rollout_pipeline.sdk.transport import NO_REWARD_SIGNAL
 #: signal; "gsm8k" (word problems) is kept for a real policy model (`--model-url`): the 135M model scores ~0 on it.
 BUNDLED_DATASETS: Final = {"arithmetic": ("arithmetic_sample.jsonl", 32), "gsm8k": ("gsm8k_sample.jsonl", 256)}
 DEFAULT_DATASET: Final = "arithmetic"
-#: `max_tokens` for a dataset that is not bundled.
-DEFAULT_MAX_TOKENS: Final = 256
 #: When the demo's budget runs out it waits (at most this long) for the rollouts in flight to finish, so the pause
 #: shows, then raises the budget by this factor, as `rollouts budget set` would.
 PAUSE_SHOWN_S: Final = 120.0
@@ -57,7 +59,8 @@ def sample_dataset_path(name: str = DEFAULT_DATASET) -> Path:
 
 
 def resolve_dataset(value: str | Path | None) -> tuple[Path, int]:
-    """`--dataset`: a bundled name (default "arithmetic") or a path -> (file, default `max_tokens` for it)."""
+    """`--dataset`: a bundled name (default "arithmetic") or a path -> (file, default `max_tokens` for it: the bundled
+    dataset's, else `local up`'s, `DEFAULT_MAX_TOKENS`)."""
     name = str(value) if value is not None else DEFAULT_DATASET
     if name in BUNDLED_DATASETS:
         return sample_dataset_path(name), BUNDLED_DATASETS[name][1]
@@ -119,6 +122,8 @@ class DemoResult:
     dead_letters: dict[str, int] = field(default_factory=dict)
     #: The whole run (start-up included); the batch's own duration is `completed.duration_s`.
     elapsed_s: float = 0.0
+    #: Rollouts whose model replies the agent host saw cut short, empty or failed (their event's `warning`).
+    model_warnings: int = 0
     budget_warnings: int = 0
     budget_exhaustions: int = 0
     #: Rollouts that ended after dispatch paused on the budget (those already in flight), and those that waited.
@@ -140,9 +145,12 @@ class DemoResult:
 
     @property
     def ok(self) -> bool:
+        """The batch completed with at least one rollout succeeded, every rollout ended, every session stopped and
+        nothing dead-lettered."""
         return (
             self.completed is not None
             and self.accepted is not None
+            and self.rollouts_ok > 0
             and self.rollouts_ok + sum(self.rollouts_failed.values()) == self.accepted.rollouts_enqueued
             and not self.sessions_left
             and not any(self.dead_letters.values())
@@ -236,7 +244,7 @@ def _watch_batch(pipeline: LocalPipeline, batch_id: str, report: DemoResult, out
                 )
             elif event.detail_type is DetailType.ROLLOUT_FAILED:
                 report.rollouts_failed[str(detail.reason)] = report.rollouts_failed.get(str(detail.reason), 0) + 1
-                display.line(f"Rollout Failed    {detail.rollout_id:<14} {detail.reason}: {detail.error[:80]}")
+                display.line(f"Rollout Failed    {detail.rollout_id:<14} {detail.reason}: {clipped(detail.error)}")
             elif event.detail_type is DetailType.GROUP_COMPLETED:
                 report.groups += 1
                 advantages = Group(completed=detail).advantages()
@@ -262,6 +270,9 @@ def _watch_batch(pipeline: LocalPipeline, batch_id: str, report: DemoResult, out
                 )
                 _show_pause_then_raise(pipeline, report, detail, display)
             if isinstance(detail, RolloutCompleted | RolloutFailed):
+                if detail.warning:
+                    report.model_warnings += 1
+                    display.line(f"  WARNING {detail.rollout_id}: {detail.warning}")
                 _count_warm(report, detail, prices)
                 latency = _latency_ms(detail)
                 if latency is not None:
@@ -373,9 +384,17 @@ def print_summary(report: DemoResult, out: TextIO) -> None:
             f"  budget: {report.budget_warnings} warning, {report.budget_exhaustions} exhausted; dispatch paused with "
             f"{report.waited_on_budget} rollouts queued, resumed when the budget was raised"
         )
+    if report.model_warnings:
+        lines.append(
+            f"  WARNING model replies: {report.model_warnings} rollout(s) computed their result from a reply the "
+            "agent host saw cut short, empty or failed (each rollout's `warning` above; the agents' logs in the work "
+            "directory have each reply)"
+        )
     warning = done.reward_signal_warning if done is not None else None
     if warning:
         lines.append(f"  WARNING {warning}")
+    if done is not None and report.rollouts_ok == 0:
+        lines.append("  FAILED no rollout succeeded: see the errors above (and the agents' logs in the work directory)")
     if report.interrupted:
         lines.append(f"  sessions running when interrupted: {len(report.sessions_left)} (stopped with the pipeline)")
     else:

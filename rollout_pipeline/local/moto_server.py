@@ -483,6 +483,25 @@ def indexed_moto_queries() -> None:
         DynamoDBBackend.update_item = update_item  # type: ignore[method-assign]
 
 
+class PortInUse(RuntimeError):
+    """The local AWS endpoint's port is taken; the message says what to do."""
+
+
+def ensure_port_free(port: int) -> None:
+    """Raise `PortInUse` when something listens on `LOOPBACK:port` (as werkzeug would bind it), before werkzeug
+    prints its own message and exits the process."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((LOOPBACK, port))
+        except OSError as exc:
+            raise PortInUse(
+                f"port {port} of {LOOPBACK} is in use ({exc.strerror or exc}): probably another `rollouts local up` "
+                f"is running there (its endpoint: http://{LOOPBACK}:{port}); use that one, stop it, or start this "
+                "one on another port with --port N (--port 0: any free port)"
+            ) from None
+
+
 @contextmanager
 def moto_server(port: int | None = None) -> Iterator[str]:
     """Start a moto server on 127.0.0.1 (threaded; DynamoDB and EventBridge serialised; AgentCore's
@@ -496,6 +515,8 @@ def moto_server(port: int | None = None) -> Iterator[str]:
     from rollout_pipeline.local.acr_endpoint import AgentCoreEndpoint
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one access-log line per AWS call otherwise
+    if port:
+        ensure_port_free(port)
     patch_moto()
     agentcore = AgentCoreEndpoint(DomainDispatcherApplication(create_backend_app))
     app = SerializedServices(agentcore)

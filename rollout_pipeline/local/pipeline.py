@@ -39,7 +39,7 @@ from rollout_pipeline.config import (
 )
 from rollout_pipeline.fakes import faithful
 from rollout_pipeline.local.lambda_runtime import LambdaContext, QueueConsumer, Schedule
-from rollout_pipeline.local.model_server import MODEL_ID, LocalModelServer
+from rollout_pipeline.local.model_server import DEFAULT_MAX_TOKENS, MODEL_ID, LocalModelServer
 from rollout_pipeline.local.moto_server import local_aws_environ, moto_server, patched_environ
 from rollout_pipeline.local.resources import (
     LOCAL_ACCOUNT,
@@ -73,7 +73,9 @@ class LocalSettings:
     #: An OpenAI-compatible base URL; None starts the real local model (SmolLM2-135M via llama.cpp).
     model_url: str | None = None
     model_id: str = MODEL_ID
-    sampling_params: dict[str, Any] = field(default_factory=lambda: {"temperature": 0.7, "max_tokens": 256})
+    sampling_params: dict[str, Any] = field(
+        default_factory=lambda: {"temperature": 0.7, "max_tokens": DEFAULT_MAX_TOKENS}
+    )
     agent_module: str = DEFAULT_AGENT_MODULE
     #: Every agent process runs the agent host (`rollout_pipeline.agent.host`, as the image does), which imports the
     #: module and serves its app. Kind: "auto" (read the module's source: SageMaker RFT SDK / `@app.entrypoint`

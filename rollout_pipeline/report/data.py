@@ -235,6 +235,12 @@ def failures_by_reason(data: ReportData) -> dict[str, int]:
     return dict(counts) if counts else {k: int(v) for k, v in (data.status.get("failed_by_reason") or {}).items()}
 
 
+def model_warnings(data: ReportData) -> int:
+    """Rollouts whose result was computed from model replies the agent host saw cut short, empty or failed (their
+    `warning`)."""
+    return sum(1 for row in data.rows if row.get("warning"))
+
+
 def attempts(data: ReportData) -> dict[int, int]:
     """How many rollouts ended on attempt 1, 2, ... (attempt > 1 = retried after a timeout; 0 = never started,
     e.g. cancelled while queued)."""

@@ -20,6 +20,8 @@ from rollout_pipeline.report import data as series
 from rollout_pipeline.report.data import ReportData
 
 PALETTE: Final = {"queued": "#9aa5b1", "in_flight": "#f0a202", "done": "#2b8a3e", "accent": "#3b5bdb", "bad": "#c92a2a"}
+#: Rollouts that ended on a later attempt (a retry after a timeout).
+RETRIED: Final = "#e8590c"
 _FIGSIZE: Final = (6.0, 2.8)
 #: Charts that span the page's width are drawn twice as wide, so their text renders at the same size.
 _WIDE: Final = (12.4, 3.0)
@@ -185,7 +187,10 @@ def _group_chart(data: ReportData) -> Chart:
     return Chart("groups", "Reward per group", caption, points, _svg(draw, (width, _WIDE[1])))
 
 
-def _bar_chart(name: str, title: str, counts: dict[str, int], *, color: str, caption: str, empty: str) -> Chart:
+def _bar_chart(
+    name: str, title: str, counts: dict[str, int], *, color: str | list[str], caption: str, empty: str
+) -> Chart:
+    """Horizontal bars of `counts`, in one `color` or one per bar."""
     if not counts:
         return Chart(name, title, empty, 0, "")
     labels = list(counts)
@@ -217,16 +222,19 @@ def _failure_chart(data: ReportData) -> Chart:
 def _retry_chart(data: ReportData) -> Chart:
     by_attempt = series.attempts(data)
     counts = {(f"ended on attempt {k}" if k else "never started"): v for k, v in by_attempt.items()}
+    # Healthy first attempts in the colour of done work, retries in orange, what never ran or kept being throttled red.
+    colors = [PALETTE["done"] if k == 1 else RETRIED if k > 1 else PALETTE["bad"] for k in by_attempt]
     throttled = series.throttled(data)
     if throttled:
         counts["failed: ACR kept throttling"] = throttled
+        colors.append(PALETTE["bad"])
     retried = sum(v for k, v in by_attempt.items() if k > 1)
     caption = (
         f"{retried} rollouts were retried (attempt > 1, after a timeout); {throttled} failed because ACR kept "
         "throttling their start. Throttles retried inside one dispatch are CloudWatch metrics, not ledger data."
     )
     return _bar_chart(
-        "retries", "Throttles and retries", counts, color="#e8590c", caption=caption, empty="No rollout ended yet."
+        "retries", "Throttles and retries", counts, color=colors, caption=caption, empty="No rollout ended yet."
     )
 
 
@@ -277,7 +285,7 @@ def _cost_chart(data: ReportData) -> Chart:
         f"${found.total:.6f} for {n} rollouts (median ${statistics.median(found.per_rollout):.6f} each); memory "
         f"${found.memory[-1]:.6f}, CPU ${found.cpu[-1]:.6f} (measured for {found.cpu_measured} of {n}, bounded for "
         f"the rest), pipeline ${found.pipeline[-1]:.6f}. As published: each session's end estimated at its event; "
-        f"`rollouts cost` prints the exact figure. {found.priced_as}."
+        f"rollouts cost prints the exact figure. {found.priced_as}."
     )
     return Chart("cost", "Cost", caption, n, _svg(draw, _WIDE))
 
@@ -327,6 +335,7 @@ def _cards(data: ReportData) -> str:
         ("batch duration", _batch_duration(data, line)),
         ("p50 duration", f"{statistics.median(durations):.1f} s" if durations else "n/a"),
         ("cost (USD)", f"{series.costs(data).total:.4f}" if series.costs(data).t else "n/a"),
+        ("model replies cut, empty or failed", str(series.model_warnings(data))),
     ]
     return "".join(f'<div class="card"><b>{html.escape(v)}</b><span>{html.escape(k)}</span></div>' for k, v in items)
 

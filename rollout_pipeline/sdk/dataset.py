@@ -27,7 +27,7 @@ from rollout_pipeline.ledger.items import GroupItem, RolloutRecord, RolloutState
 
 #: The dataset schema's version: MAJOR changes when a column is removed, renamed or retyped; MINOR when one is added
 #: (readers must ignore columns they do not know). Written in every file's metadata and in the dataset card.
-SCHEMA_VERSION: Final = "1.0"
+SCHEMA_VERSION: Final = "1.1"
 #: Parquet key-value metadata of every file (`sdk.parquet`).
 METADATA_SCHEMA_VERSION: Final = "rollout_pipeline.schema_version"
 METADATA_EXPERIMENT: Final = "rollout_pipeline.experiment"
@@ -65,6 +65,12 @@ COLUMNS: Final[tuple[Column, ...]] = (
         "`invoke_rejected`, `cancelled`, `throttled`); null otherwise",
     ),
     Column("error", "string", "the failure's error text; null otherwise"),
+    Column(
+        "model_warning",
+        "string",
+        "what the agent host saw go wrong in the model replies the result was computed from (cut short, empty or "
+        "failed: the event's `warning`); null when nothing did",
+    ),
     Column("attempt", "int32", "the attempt that ended the rollout (1 = first); null when never dispatched"),
     Column(
         "reward",
@@ -211,6 +217,7 @@ def rollout_row(group: GroupItem, index: int, rec: RolloutRecord | None, prices:
         "status": rec.state.value if rec is not None else RolloutState.QUEUED.value,
         "failure_reason": (rec.reason or "agent_error") if failed and rec is not None else None,
         "error": rec.error if failed and rec is not None else None,
+        "model_warning": rec.warning if rec is not None else None,
         "attempt": rec.attempt if rec is not None and rec.attempt else None,
         "reward": rec.reward if succeeded and rec is not None else None,
         "turn_rewards": turn_rewards if succeeded else None,

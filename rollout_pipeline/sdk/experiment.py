@@ -951,6 +951,12 @@ class Experiment:
         region = ids.runtime_region(arn) or self.aws.region
         return PriceBook.of(self.config, region, local=ids.is_local_runtime(arn))
 
+    def recent_batches(self, limit: int = 20) -> list[str]:
+        """The ids of the experiment's newest batches, newest first (at most `limit`; an index read: a batch created
+        a moment ago may be missing)."""
+        with aws_errors("list the experiment's batches"):
+            return self._ledger().batches.recent_batch_ids(limit)
+
     def cost(self, batch: str | None = None, *, limit: int = 20) -> ExperimentCost:
         """What the experiment cost: its spend (every released session's cost, exact at its confirmed stop: what the
         budget is held to) and budget, and per batch the sum its events carried and its rollouts priced again now

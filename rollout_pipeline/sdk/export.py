@@ -11,6 +11,7 @@ whatever the number of batches or rollouts.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -67,6 +68,7 @@ def rollout_fields(rec: RolloutRecord | None, prices: PriceBook | None = None) -
         "reward": rec.reward,
         "reason": rec.reason,
         "error": rec.error,
+        "warning": rec.warning,
         "result_uri": rec.result_uri,
         "submitted_at": at(rec.submitted_at),
         "dispatched_at": at(rec.dispatched_at),
@@ -86,6 +88,7 @@ ROLLOUT_FIELDS = (
     "reward",
     "reason",
     "error",
+    "warning",
     "result_uri",
     "submitted_at",
     "dispatched_at",
@@ -220,10 +223,12 @@ def write_dataset(
     the rows are read) and the dataset card `README.md`. `transform` (re-scoring) rewrites each group's rows before
     `row_filter` applies. `row_group_rows`/`row_group_bytes` (default: `parquet.ROW_GROUP_ROWS`/`ROW_GROUP_BYTES`) and
     `chunk_rollouts` (results read ahead) bound the memory. The cost columns are priced with `prices` (None: null).
-    Returns what was written."""
+    Returns what was written. An export that fails leaves nothing of its own behind (its files, and the directories
+    it made), so running it again needs no `overwrite`."""
     from rollout_pipeline.sdk import parquet
 
     target = Path(directory)
+    made = [path for path in (target, target / parquet.DATA_DIR) if not path.exists()]
     data = parquet.prepare_directory(target, overwrite=overwrite)
     row_filter = row_filter or RowFilter()
     columns = schema_columns(result_fields=result_fields, rescored=transform is not None)
@@ -234,38 +239,55 @@ def write_dataset(
         sizes["row_group_bytes"] = row_group_bytes
     export = DatasetExport(directory=str(target))
     summaries: list[parquet.FileSummary] = []
-    for batch_id in batch_ids:
-        metadata = parquet.file_metadata(exp_id, batch_id, filters=row_filter.describe(), rescored_with=rescored_with)
-        writer = parquet.ParquetFileWriter(data / f"{batch_id}.parquet", columns, metadata, batch_id=batch_id, **sizes)
-        try:
-            read = batch_groups(
-                ledger,
-                batch_id,
-                fetch=fetch,
-                result_fields=result_fields,
-                chunk_rollouts=chunk_rollouts,
-                prices=prices,
+    try:
+        for batch_id in batch_ids:
+            metadata = parquet.file_metadata(
+                exp_id, batch_id, filters=row_filter.describe(), rescored_with=rescored_with
             )
-            for rows, results in read:
-                writer.add(row_filter.keep(transform(rows, results) if transform is not None else rows))
-        except BaseException:
-            writer.abort()
-            raise
-        summary = writer.close()
-        summaries.append(summary)
-        export.files.append(summary.path)
-        export.rows += summary.rows
-        export.rows_by_batch[batch_id] = summary.rows
-    card = parquet.dataset_card(
-        exp_id=exp_id,
-        files=summaries,
-        columns=columns,
-        filters=row_filter.describe(),
-        rescored_with=rescored_with,
-        directory=target,
-    )
-    (target / parquet.CARD).write_text(card, encoding="utf-8")
+            writer = parquet.ParquetFileWriter(
+                data / f"{batch_id}.parquet", columns, metadata, batch_id=batch_id, **sizes
+            )
+            try:
+                read = batch_groups(
+                    ledger,
+                    batch_id,
+                    fetch=fetch,
+                    result_fields=result_fields,
+                    chunk_rollouts=chunk_rollouts,
+                    prices=prices,
+                )
+                for rows, results in read:
+                    writer.add(row_filter.keep(transform(rows, results) if transform is not None else rows))
+            except BaseException:
+                writer.abort()
+                raise
+            summary = writer.close()
+            summaries.append(summary)
+            export.files.append(summary.path)
+            export.rows += summary.rows
+            export.rows_by_batch[batch_id] = summary.rows
+        card = parquet.dataset_card(
+            exp_id=exp_id,
+            files=summaries,
+            columns=columns,
+            filters=row_filter.describe(),
+            rescored_with=rescored_with,
+            directory=target,
+        )
+        (target / parquet.CARD).write_text(card, encoding="utf-8")
+    except BaseException:
+        _remove_written(export.files, made)
+        raise
     return export
+
+
+def _remove_written(files: Sequence[str], made: Sequence[Path]) -> None:
+    """What a failed export wrote: its files, then the directories it made (innermost first) when left empty."""
+    for name in files:
+        Path(name).unlink(missing_ok=True)
+    for directory in reversed(made):
+        with contextlib.suppress(OSError):  # not empty: something else is in it
+            directory.rmdir()
 
 
 # ------------------------------------------------------------------------------------------ from an experiment

@@ -313,6 +313,22 @@ def test_watch_times_out_with_non_zero_exit(experiment: Experiment, capsys: pyte
     assert f"batch {batch_id}: 0/1 done" in capsys.readouterr().out
 
 
+def test_watch_of_a_batch_that_does_not_exist_fails_with_the_closest_one(
+    experiment: Experiment, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rollout_pipeline.cli import watch
+
+    monkeypatch.setattr(watch, "MISSING_BATCH_GRACE_S", 0.5)
+    batch_id = experiment.submit([{"id": "q1"}], group_size=1)
+    started = time.monotonic()
+    code = main(["watch", *E, "--batch", batch_id[:-1] + "x", "--poll-wait", "0"])
+    assert code == EXIT_ERROR
+    assert time.monotonic() - started < 30, "fails fast instead of waiting for events that never come"
+    err = capsys.readouterr().err
+    assert f"no batch '{batch_id[:-1]}x' in experiment" in err
+    assert f"did you mean {batch_id}?" in err
+
+
 @pytest.mark.timing
 @pytest.mark.usefixtures("moto_lock")
 def test_watch_all_batches_logs_events(

@@ -402,3 +402,23 @@ def test_a_payload_stored_aside_reaches_the_reward_function(
     row = by_rollout(pq.read_table(tmp_path / "big" / "data"))["q1#0"]
     assert row["payload_json"] is None
     assert row["payload_ref"].startswith("s3://")
+
+
+def test_a_failed_export_leaves_nothing_that_blocks_the_retry(
+    experiment: Experiment, batch: str, tmp_path: Path
+) -> None:
+    """An export that fails (here the Parquet writer, as when pyarrow is missing) removes what it made, so the same
+    command runs again without `--overwrite`."""
+    from rollout_pipeline.sdk import parquet
+
+    target = tmp_path / "retry"
+
+    def missing(*args: Any, **kwargs: Any) -> None:
+        raise ImportError("No module named 'pyarrow'")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(parquet, "ParquetFileWriter", missing)
+        with pytest.raises(ImportError):
+            experiment.export_dataset([batch], target)
+    assert not target.exists()
+    assert experiment.export_dataset([batch], target).rows == 8

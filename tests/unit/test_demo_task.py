@@ -11,6 +11,8 @@ import pytest
 from rollout_pipeline import contracts
 from rollout_pipeline.agent.rewards import gsm8k_reward
 from rollout_pipeline.local.demo import BUNDLED_DATASETS, DEFAULT_DATASET, resolve_dataset, sample_dataset_path
+from rollout_pipeline.local.model_server import DEFAULT_MAX_TOKENS
+from rollout_pipeline.local.pipeline import LocalSettings
 
 
 def test_arithmetic_rows_are_valid_single_digit_sums() -> None:
@@ -43,4 +45,17 @@ def test_dataset_names_resolve_to_bundled_files_and_paths_pass_through(tmp_path:
     assert path.is_file()
     assert max_tokens == 256
     own = tmp_path / "mine.jsonl"
-    assert resolve_dataset(str(own)) == (own, 256)
+    assert resolve_dataset(str(own)) == (own, DEFAULT_MAX_TOKENS)
+
+
+def test_local_up_and_the_demo_sample_the_same_tokens_for_your_rows(tmp_path: Path) -> None:
+    from rollout_pipeline.cli.parser import build_parser
+    from rollout_pipeline.local.cli import _settings
+
+    parser = build_parser()
+    own = str(tmp_path / "mine.jsonl")
+    up = _settings(parser.parse_args(["local", "up"]))
+    demo_args = parser.parse_args(["local", "demo", "--dataset", own])
+    demo = _settings(demo_args, resolve_dataset(demo_args.dataset)[1])
+    assert up.sampling_params["max_tokens"] == demo.sampling_params["max_tokens"] == DEFAULT_MAX_TOKENS
+    assert LocalSettings().sampling_params["max_tokens"] == DEFAULT_MAX_TOKENS  # and from Python

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from rollout_pipeline.cli import EXIT_ERROR, EXIT_USAGE, main
+from rollout_pipeline.cli.base import clipped
 from rollout_pipeline.contracts import BatchAccepted, BatchCompleted
 from rollout_pipeline.local.demo import DemoResult, prepare_upload, print_summary
 
@@ -134,3 +135,34 @@ def test_an_interrupted_run_prints_what_it_saw() -> None:
     text = out.getvalue()
     assert "batch b-1: INTERRUPTED after 12.3 s (the local pipeline was stopped)" in text
     assert "rollouts ended so far: 10 of 24: 9 succeeded, 1 failed {'timeout': 1}" in text
+
+
+def test_a_batch_where_no_rollout_succeeded_is_a_failed_demo() -> None:
+    accepted = BatchAccepted(
+        event_id="a",
+        exp_id="local-demo",
+        batch_id="b-1",
+        rows_accepted=1,
+        rollouts_enqueued=4,
+        rows_rejected=0,
+        group_size=4,
+    )
+    report = DemoResult(
+        batch_id="b-1", accepted=accepted, completed=_completed(0.0), rollouts_failed={"agent_error": 4}
+    )
+    assert not report.ok
+    out = io.StringIO()
+    print_summary(report, out)
+    assert "FAILED no rollout succeeded" in out.getvalue()
+    report.rollouts_ok, report.rollouts_failed = 1, {"agent_error": 3}
+    assert report.ok
+
+
+def test_an_error_line_is_cut_at_a_word_not_mid_word() -> None:
+    error = "status_code 500: Connection error. (openai.APIConnectionError: Connection error.) " * 4
+    line = clipped(error, 60)
+    assert len(line) <= 60
+    assert line.endswith("...")
+    assert error.startswith(line[:-3])
+    assert error[len(line) - 3] == " "  # the next character of the text is a space: no word was cut
+    assert clipped("short\nerror") == "short error"

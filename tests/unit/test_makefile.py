@@ -47,10 +47,26 @@ def test_make_demo_installs_only_what_the_demo_needs() -> None:
         )
         installs = [line for line in dry.stdout.splitlines() if "pip install" in line and '-e ".[' in line]
         extras[target] = {name for line in installs for name in re.findall(r'-e "\.\[([^\]]+)\]"', line)[0].split(",")}
-    assert extras["demo"] == {"agent", "local", "report", "model"}
+    assert extras["demo"] == {"agent", "local", "report", "data", "model"}  # `data`: the Parquet export
     assert {"cdk", "dev"} <= extras["setup"]
     # The rollout dataset's tests read exports back with pyarrow, pandas, polars and `datasets` (extras `data` and
     # `readers`): `make test` installs them, so those tests run in CI and never skip for lack of a package.
     assert {"data", "readers"} <= extras["setup"]
     assert "cdk" not in extras["demo"]
     assert "dev" not in extras["demo"]
+
+
+def test_make_demo_rft_sets_up_the_rft_environment_with_its_model_and_runs_the_example_unchanged() -> None:
+    """One command for the SageMaker RFT path: `.venv-rft` (the `rft` extra under rft-constraints.txt), the local
+    model in it, then the demo of the example RFT agent there."""
+    dry = subprocess.run(
+        ["make", "-n", "-B", "-C", str(REPO), "demo-rft"], capture_output=True, text=True, check=True, timeout=30
+    )
+    lines = [line for line in dry.stdout.splitlines() if not line.startswith("make")]
+    installs = [line for line in lines if ".venv-rft/bin/pip install" in line and '-e ".[' in line]
+    extras = {name for line in installs for name in re.findall(r'-e "\.\[([^\]]+)\]"', line)[0].split(",")}
+    assert {"rft", "model", "report"} <= extras
+    assert all("-c rft-constraints.txt" in line for line in installs)
+    assert lines[-1] == (
+        ".venv-rft/bin/rollouts local demo --agent-module rollout_pipeline.agent.examples.rft_math_agent"
+    )

@@ -113,3 +113,32 @@ def test_the_sessions_chart_says_how_many_rollouts_started_warm(data: ReportData
     page = render(warm)
     assert f"3 of {len(rows)} rollouts started in a warm session of the warm pool." in page
     assert "started in a warm session" not in render(data)  # the recording ran without a warm pool
+
+
+def test_first_attempts_are_green_retries_orange_and_captions_plain(data: ReportData) -> None:
+    """The healthy bar ("ended on attempt 1") in the colour of done work, a retry orange, and no markdown backtick
+    in a caption (HTML shows it as it is)."""
+    from dataclasses import replace
+
+    from rollout_pipeline.report.html import PALETTE, RETRIED
+
+    rows = [dict(r) for r in data.rows]
+    rows[0]["attempt"] = 2
+    page = render(replace(data, rows=rows))
+    retries = re.search(r'id="chart-retries".*?</section>', page, re.S)
+    assert retries is not None
+    fills = re.findall(r"fill:\s*(#[0-9a-f]{6})", retries[0])
+    assert PALETTE["done"] in fills
+    assert RETRIED in fills
+    for caption in re.findall(r"<h2>[^<]*</h2><p>([^<]*)</p>", page):
+        assert "`" not in caption, caption
+
+
+def test_the_report_counts_rollouts_whose_model_replies_were_cut(data: ReportData) -> None:
+    from dataclasses import replace
+
+    rows = [dict(r) for r in data.rows]
+    rows[0]["warning"] = "model replies: 1 cut short of 1 call(s)"
+    page = render(replace(data, rows=rows))
+    assert "<b>1</b><span>model replies cut, empty or failed</span>" in page
+    assert "<b>0</b><span>model replies cut, empty or failed</span>" in render(data)

@@ -392,7 +392,7 @@ def test_the_local_cli_takes_the_agent_kind() -> None:
     from rollout_pipeline.local import cli
 
     parser = argparse.ArgumentParser()
-    cli._add_pipeline_options(parser)
+    cli._add_pipeline_options(parser, demo=False)
     args = parser.parse_args(["--agent-module", "my_agent", "--agent-kind", "rft", "--model-url", "http://m/v1"])
     settings = cli._settings(args)
     assert (settings.agent_module, settings.agent_kind) == ("my_agent", "rft")
