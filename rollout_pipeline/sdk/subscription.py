@@ -118,7 +118,7 @@ class SubscribedStream(CatchUpStream):
         poll_wait_s: float = DEFAULT_POLL_WAIT_S,
         reconcile_after_s: Sequence[float] = RECONCILE_AFTER_S,
         clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], None] = time.sleep,
+        sleep: Callable[[float], None] | None = None,
     ) -> None:
         name, queue_url = open_subscription(
             aws, bus_name, pattern, suffix=f"{SDK_KIND}-{uuid.uuid4().hex[:8]}", retention_s=STREAM_RETENTION_S

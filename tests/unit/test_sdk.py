@@ -4,6 +4,7 @@ de-duplication, filters, GRPO groups, advantages, status arithmetic, export rows
 from __future__ import annotations
 
 import json
+import threading
 from collections import Counter
 from datetime import UTC, datetime
 from typing import Any
@@ -206,6 +207,42 @@ def test_buffered_rollouts_are_bounded() -> None:
     assert group.input_id == "q4"
     assert sorted(group.rollouts) == [0]
     assert stream._buffered <= 2
+
+
+class BlockingQueue(MemoryEventQueue):
+    """A queue whose receive blocks like a long poll until `answer` is set, then answers what it holds."""
+
+    def __init__(self, bodies: list[str]) -> None:
+        super().__init__(bodies)
+        self.polling = threading.Event()
+        self.answer = threading.Event()
+
+    def receive(self, wait_s: float, max_messages: int = 10) -> list[Delivery]:
+        self.polling.set()
+        self.answer.wait(30)
+        return super().receive(wait_s, max_messages)
+
+
+@pytest.mark.timing
+@pytest.mark.parametrize("kind", ["events", "groups"])
+def test_close_from_another_thread_returns_while_the_stream_waits(kind: str) -> None:
+    queue = BlockingQueue([envelope(completed(B1, "q1", 0, 1.0))])
+    events = EventStream(queue, SeenIds(), timeout=60, poll_wait_s=20)  # type: ignore[arg-type]
+    stream: EventStream | GroupStream = events if kind == "events" else GroupStream(events)
+    consumer = threading.Thread(target=lambda: list(stream), daemon=True)
+    consumer.start()
+    assert queue.polling.wait(10)
+
+    closer = threading.Thread(target=stream.close)
+    closer.start()
+    closer.join(10)
+
+    assert not closer.is_alive(), "close() waited for the stream's long poll"
+    queue.answer.set()  # the long poll ends: what it brought is released, and the consumer stops
+    consumer.join(10)
+    assert not consumer.is_alive()
+    assert queue.deleted == []
+    assert all(message["visible"] for message in queue.messages.values())
 
 
 @pytest.mark.parametrize(
