@@ -114,7 +114,7 @@ class TrainerPolicy(Construct):
                 "The trainer uploads dataset files under datasets/ (keys chosen by the user)."
             ),
             nag.iam5(nag.bucket_prefix(input_bucket, CLAIMS_PREFIX)): (
-                "SDK submissions write claim checks of big payloads under claims/ (one key per row)."
+                "SDK submissions write claim checks of big payloads under claims/ (one key per row); rescore and export read them back."
             ),
             nag.iam5(nag.bucket_prefix(results_bucket, f"{exp}/")): (
                 "The trainer reads result objects under this experiment's prefix (one key per session)."

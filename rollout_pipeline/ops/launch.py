@@ -511,7 +511,7 @@ def _run_preflight(planned: Plan, aws: AwsClients) -> list[preflight.Check]:
 
 
 def unfinished_batches(experiment: Experiment) -> list[str]:
-    """Batches not done (a Scan of the ledger's batch items, paged: destroy is rare and the table about to go)."""
+    """Batches not done (the ledger's batch listing: a paged Query of its index)."""
     found: list[str] = []
     with aws_errors(f"list the batches of {experiment.name}"):
         for batch_id in experiment.wiring().ledger().batches.batch_ids():
