@@ -26,6 +26,7 @@ from rollout_pipeline.lifecycle.limits.slots import caps as slot_caps
 from rollout_pipeline.lifecycle.warm_pool import DEMAND_QUIET_S, HALT_CANCELLED, HALT_IDLE, WarmPool, run_pool
 from rollout_pipeline.local.resources import ExperimentResources
 from rollout_pipeline.quotas import AccountQuotas, PoolSettings
+from rollout_pipeline.sdk.cost import batch_cost
 from rollout_pipeline.sdk.export import rollout_fields
 from tests.integration.lifecycle_support import (
     ShiftedClock,
@@ -127,6 +128,28 @@ def test_a_batch_after_a_pause_starts_every_rollout_in_a_warm_session(
     item = rollout_item(resources, "batch-1", "q1", 0)  # the export (and the batch report) say it started warm
     assert item is not None
     assert rollout_fields(RolloutRecord.of_values(item))["session_warmed_at"]
+
+
+def test_a_rollout_run_in_a_warm_session_records_its_stop_and_adds_it_to_the_spend(
+    resources: ExperimentResources, fake: FakeAgentRuntime
+) -> None:
+    deps = warm_deps(resources, fake, warm=2)
+    WarmPool(deps).tick(budget_s=10)
+    send(resources, seed_batch(resources, inputs={"q1": {"prompt": "one"}}, group_size=2))
+    assert sorted(dispatch_once(resources, deps).outcomes.values()) == [Dispatch.WARM] * 2
+    drive(resources, deps)
+
+    records = [RolloutRecord.of_values(rollout_item(resources, "batch-1", "q1", index) or {}) for index in (0, 1)]
+    assert all(rec.session_id and ids.is_warm_session_id(rec.session_id) for rec in records)
+    spans = [rec.span(1) for rec in records]
+    assert all(span is not None and span.stopped_at is not None for span in spans), "each warm session's stop"
+    batch = deps.ledger.batches.read_batch("batch-1")
+    assert batch is not None
+    priced = batch_cost(batch, records, deps.prices, deps.now())
+    assert priced.stops_pending == 0  # `rollouts cost` shows no stop pending, and the figure no longer grows
+    _in_flight, spent = deps.ledger.limits.slots_and_spend()
+    assert spent == pytest.approx(priced.now.usd, rel=1e-6)  # every session priced to its confirmed stop
+    assert spent > 0, "the budget's spend counts the warm sessions"
 
 
 def board_writes(deps: LifecycleDeps, monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
