@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from rollout_pipeline.adapters.clients import ACR_SERVICE, ClientFactory
 from rollout_pipeline.config import HandlerSettings
-from rollout_pipeline.ports import Clock, SystemClock
+from rollout_pipeline.ports import BusSubscriptions, Clock, SystemClock
 
 if TYPE_CHECKING:
     from rollout_pipeline.adapters.eventbridge import EventBridgePublisher
@@ -100,6 +100,21 @@ class Wiring:
             self.settings.pool_table_name, self.clients.lazy("dynamodb"), clock=self.clock, region=region
         )
 
+    def bus_subscriptions(self) -> BusSubscriptions:
+        """The private subscriptions on the experiment's bus (`bus_subscriptions`), over lazy clients."""
+        from rollout_pipeline import bus_subscriptions
+        from rollout_pipeline.adapters.subscriptions import EventBridgeSubscriptions
+
+        bus = self.settings.bus_name
+        return EventBridgeSubscriptions(
+            self.clients.lazy("events"),
+            self.clients.lazy("sqs"),
+            bus,
+            prefixes=[f"{bus}-{kind}-" for kind in bus_subscriptions.BUS_KINDS],
+            seen_tag=bus_subscriptions.TAG_SEEN,
+            target_id=bus_subscriptions.TARGET_ID,
+        )
+
     def agent_runtime(self) -> AgentRuntime:
         """The runtime given, else a local pipeline's at the factory's endpoint (`adapters.runtime`), else the ACR
         adapter of the experiment's runtime (its client made on first use)."""
@@ -172,5 +187,10 @@ class Wiring:
             store=self.store(),
             queue=queue,
             publisher=self.publisher(),
-            **{"attempt_key": self.attempt_key, "pool": self.pool(), **overrides},
+            **{
+                "attempt_key": self.attempt_key,
+                "pool": self.pool(),
+                "subscriptions": self.bus_subscriptions(),
+                **overrides,
+            },
         )

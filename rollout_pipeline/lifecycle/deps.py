@@ -19,7 +19,15 @@ from rollout_pipeline.lifecycle.limits.pool import CALLS_PACE, SESSION_PACE, Cap
 from rollout_pipeline.lifecycle.limits.slots import SlotShards
 from rollout_pipeline.lifecycle.metrics import MetricsRecorder
 from rollout_pipeline.lifecycle.warm import WarmTaker
-from rollout_pipeline.ports import AgentRuntime, Clock, EventPublisher, MessageQueue, ObjectStore, SystemClock
+from rollout_pipeline.ports import (
+    AgentRuntime,
+    BusSubscriptions,
+    Clock,
+    EventPublisher,
+    MessageQueue,
+    ObjectStore,
+    SystemClock,
+)
 from rollout_pipeline.quotas import AccountQuotas, PoolSettings
 
 
@@ -71,6 +79,9 @@ class LifecycleDeps:
     price_book: PriceBook | None = None
     #: Rollouts held on a spent budget are re-sent to come back after this long (SQS DelaySeconds, at most 900).
     budget_recheck_s: int = 60
+    #: The private subscriptions on the experiment's bus: the sweeper removes those whose owner is gone
+    #: (`lifecycle.subscriptions`). None: not looked at.
+    subscriptions: BusSubscriptions | None = None
     prices: PriceBook = field(init=False)
     limited: LimitedRuntime = field(init=False)
     slots: SlotGate = field(init=False)

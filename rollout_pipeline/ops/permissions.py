@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final, Literal
 
-from rollout_pipeline import access
+from rollout_pipeline import access, bus_subscriptions
 
 ResourceKind = Literal[
     "stack",
@@ -83,7 +83,7 @@ TRAINER_ACTIONS: Final[Mapping[ResourceKind, tuple[str, ...]]] = {
 }
 #: Name prefixes (after `{bus name}-`) of the SDK's private subscription queues and rules: `rollouts watch`'s taps,
 #: the SDK's streams of some batches and `RolloutClient`s (`sdk-`), the ART backend's process queues.
-SUBSCRIPTION_PREFIXES: Final = ("tap-", "art-", "sdk-")
+SUBSCRIPTION_PREFIXES: Final = tuple(f"{kind}-" for kind in bus_subscriptions.BUS_KINDS)
 
 #: API operations authorized by an action of another name.
 _RENAMED: Final[Mapping[tuple[str, str], str]] = {
