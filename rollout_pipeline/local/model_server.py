@@ -11,6 +11,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from rollout_pipeline.local import lifeline
 from rollout_pipeline.local.moto_server import LOOPBACK, free_port
 
 MODEL_ID = "smollm2-135m-instruct"
@@ -78,7 +79,7 @@ class LocalModelServer:
             raise ModelServerError("llama-cpp-python is not installed: run `make setup-model` (or pass --model-url)")
         model = smollm2_gguf_path()
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
-        self.process = subprocess.Popen(
+        self.process = lifeline.popen(  # ends with this process, even killed with SIGKILL
             [
                 sys.executable,
                 "-m",
