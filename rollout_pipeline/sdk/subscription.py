@@ -385,6 +385,8 @@ class _Heartbeat:
     def discard(self, queue_url: str) -> None:
         with self._lock:
             self._open.pop(queue_url, None)
+            if not self._open:
+                self._wake.set()  # the thread ends now, not a beat later
 
     def open_urls(self) -> list[str]:
         with self._lock:
@@ -395,11 +397,13 @@ class _Heartbeat:
         self._lock = threading.Lock()
         self._open = {}
         self._thread = None
+        self._wake = threading.Event()
 
     def _run(self) -> None:
         while True:
             self._wake.wait(self._interval_s())
             with self._lock:
+                self._wake.clear()
                 beating = list(self._open.items())
                 if not beating:
                     self._thread = None
