@@ -151,17 +151,37 @@ class SubscribedStream(CatchUpStream):
                 close_subscription(*args)
 
 
+#: EventBridge's default quota on an event pattern's size, in characters ("Event pattern size", adjustable: the API
+#: takes at most 4,096): a stream of many batches matches them by prefixes to stay within it (docs/aws-facts.md).
+MAX_PATTERN_CHARS: Final = 2048
+
+
 def stream_pattern(
     batch_ids: Iterable[str] | None, detail_types: Iterable[DetailType | str] | None = None
 ) -> dict[str, Any]:
     """The event pattern of a stream of `batch_ids` (all batches: None; the experiment-wide events, `batch_id` "",
-    with any) and `detail_types` (all: None)."""
+    with any) and `detail_types` (all: None). When the ids would not fit in `MAX_PATTERN_CHARS`, they are matched by
+    the longest prefixes that do (at worst every batch): the rule may then match other batches' events too, which
+    the stream's own filter drops (it reads a queue of its own: `SubscribedStream`)."""
     pattern: dict[str, Any] = {"source": [EVENT_SOURCE]}
-    if batch_ids is not None:
-        pattern["detail"] = {"batch_id": sorted({*batch_ids, EXPERIMENT_WIDE})}
     if detail_types is not None:
         pattern["detail-type"] = sorted({DetailType(t).value for t in detail_types})
+    if batch_ids is None:
+        return pattern
+    for matcher in _batch_matchers(sorted(set(batch_ids))):
+        pattern["detail"] = {"batch_id": matcher}
+        if len(json.dumps(pattern)) <= MAX_PATTERN_CHARS:
+            return pattern
+    del pattern["detail"]
     return pattern
+
+
+def _batch_matchers(batch_ids: Sequence[str]) -> Iterator[list[Any]]:
+    """The batch ids as they are, then by ever shorter prefixes (fewer, wider matchers), with the experiment-wide
+    events always."""
+    yield sorted({*batch_ids, EXPERIMENT_WIDE})
+    for length in range(max((len(b) for b in batch_ids), default=0) - 1, 0, -1):
+        yield [*({"prefix": prefix} for prefix in sorted({b[:length] for b in batch_ids})), EXPERIMENT_WIDE]
 
 
 def _tag_value(text: str) -> str:

@@ -370,3 +370,23 @@ def test_local_endpoint_needs_no_aws_credentials() -> None:
     assert local._request_signer._credentials.access_key == "local"
     remote = AwsClients(endpoint_url="https://example.com", region="us-east-1").client("sqs")
     assert remote._request_signer._credentials is None, "a remote endpoint still needs real credentials"
+
+
+@given(st.lists(st.from_regex(r"[a-z0-9][a-z0-9-]{0,47}", fullmatch=True), min_size=1, max_size=400, unique=True))
+@settings(max_examples=40, deadline=None)
+def test_a_stream_pattern_fits_and_matches_every_batch_it_names(batch_ids: list[str]) -> None:
+    from rollout_pipeline.sdk.subscription import MAX_PATTERN_CHARS, stream_pattern
+
+    pattern = stream_pattern(batch_ids, [DetailType.ROLLOUT_COMPLETED])
+    assert len(json.dumps(pattern)) <= MAX_PATTERN_CHARS
+    matchers = pattern.get("detail", {}).get("batch_id")
+    if matchers is None:
+        return  # every batch (the stream filters)
+    assert "" in matchers  # the experiment-wide events
+
+    def matched(batch: str) -> bool:
+        return any(m == batch or (isinstance(m, dict) and batch.startswith(m["prefix"])) for m in matchers)
+
+    assert all(matched(batch) for batch in batch_ids)
+    if len(json.dumps(sorted(batch_ids))) < MAX_PATTERN_CHARS // 2:
+        assert sorted(matchers) == sorted({*batch_ids, ""}), "a short list is matched exactly"
