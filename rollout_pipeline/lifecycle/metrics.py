@@ -7,6 +7,7 @@ import threading
 from collections import Counter
 
 from rollout_pipeline.metric_names import (
+    ACCOUNT_SESSIONS_PERCENT,
     ACR_THROTTLED,
     BUDGET_HELD,
     BUDGET_USED_PERCENT,
@@ -40,6 +41,7 @@ from rollout_pipeline.metric_names import (
 )
 
 __all__ = [
+    "ACCOUNT_SESSIONS_PERCENT",
     "ACR_THROTTLED",
     "BUDGET_HELD",
     "BUDGET_USED_PERCENT",

@@ -17,12 +17,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Final
 
 from rollout_pipeline import ids
 from rollout_pipeline.contracts import FailureReason, FileOptions
 from rollout_pipeline.ledger import keys
 from rollout_pipeline.ledger.batches import batch_options
 from rollout_pipeline.ledger.items import RolloutRecord
+from rollout_pipeline.ledger.pool import PoolState
 from rollout_pipeline.ledger.rollouts import (
     DISPATCHED,
 )
@@ -32,6 +35,7 @@ from rollout_pipeline.lifecycle.completion import complete_if_written
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.failures import end_attempt
 from rollout_pipeline.lifecycle.metrics import (
+    ACCOUNT_SESSIONS_PERCENT,
     IN_FLIGHT,
     SWEEP_ERRORS,
     TIMED_OUT,
@@ -130,15 +134,31 @@ def sweep(
 
 def _heartbeat(deps: LifecycleDeps, report: SweepResult) -> None:
     """Tell the account pool this experiment is alive, with its sessions in flight (just read): they keep counting
-    against the account's active sessions while nothing else of the experiment runs."""
+    against the account's active sessions while nothing else of the experiment runs. Then sample the account's
+    sessions against its quota (`account_sessions_percent`)."""
     if deps.lease is None:
         return
     try:
         deps.lease.heartbeat()
+        if deps.pool is not None:
+            deps.metrics.sample(ACCOUNT_SESSIONS_PERCENT, account_sessions_percent(deps.pool.read(), deps.now()))
     except Exception as exc:  # the pool's heartbeat must not fail the sweep
         log.warning("account pool heartbeat failed: %s", exc)
         report.errors.append(f"pool heartbeat: {exc}")
         deps.metrics.count(SWEEP_ERRORS)
+
+
+#: A pool member whose heartbeat is older than this is not counted (an experiment gone without leaving the pool).
+LIVE_MEMBER_S: Final = 300.0
+
+
+def account_sessions_percent(state: PoolState, now: datetime) -> float:
+    """The sessions every live experiment of the account holds (their `in_flight` on the pool item) as a percentage
+    of the account's active-session quota: one experiment's count against the account's quota says nothing of the
+    others sharing it (the `ActiveSessionsNearQuota` alarm)."""
+    live = [m for m in state.members.values() if now.timestamp() - m.heartbeat <= LIVE_MEMBER_S]
+    quota = max(1, state.settings.quotas.active_sessions)
+    return 100.0 * sum(m.in_flight for m in live) / quota
 
 
 def _due(
