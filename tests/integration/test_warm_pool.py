@@ -580,6 +580,30 @@ def test_an_update_stops_the_warm_pool_first(
     assert deps.ledger.warm.pool().halted == "stopped"
 
 
+def test_an_update_refused_leaves_the_warm_pool_running(
+    resources: ExperimentResources, fake: FakeAgentRuntime, tmp_path: Path
+) -> None:
+    """The refusal is decided before the warm pool is stopped: a refused update changes nothing."""
+    from rollout_pipeline.sdk import SdkError
+    from tests.fake_cdk import FakeCdkProject
+    from tests.integration.test_sdk_submit import _deploy_stack
+    from tests.integration.test_upgrade_guard import DIFFERS, STACK, update
+
+    deps = warm_deps(resources, fake, warm=2)
+    WarmPool(deps).tick(budget_s=10)
+    send(resources, seed_batch(resources, inputs={"q1": {}}, group_size=1))  # work in flight: a queued rollout
+    project = FakeCdkProject(tmp_path / "project")
+    project.script({"diff": {"exit": 1, "lines": DIFFERS}, "deploy": {"outputs": {STACK: resources.stack_outputs()}}})
+    _deploy_stack(resources.stack_outputs())
+    deployment, out = update(resources, project, max_sessions=resources.config.max_sessions + 1)
+    with pytest.raises(SdkError, match="in flight"):
+        deployment.deploy(yes=True)
+    assert project.verbs() == ["diff"]
+    assert "warm session" not in out.getvalue()
+    assert list(pool_sessions(deps).values()) == [WarmState.IDLE] * 2
+    assert len(fake.running) == 2
+
+
 def test_a_spent_budget_starts_nothing_warm_or_cold(resources: ExperimentResources, fake: FakeAgentRuntime) -> None:
     clock = ShiftedClock()
     deps = warm_deps(resources, fake, warm=2, clock=clock)
