@@ -113,9 +113,7 @@ def test_retained_buckets_stop_logging_before_the_access_log_bucket_goes(synth: 
         for lid, r in synth.of_type("Custom::AWS").items()
         if "putBucketLogging" in json.dumps(r["Properties"].get("Delete", ""))
     }
-    logged = {
-        lid for lid, r in synth.of_type("AWS::S3::Bucket").items() if "LoggingConfiguration" in r["Properties"]
-    }
+    logged = {lid for lid, r in synth.of_type("AWS::S3::Bucket").items() if "LoggingConfiguration" in r["Properties"]}
     assert len(calls) == len(logged) == 2
     for resource in calls.values():
         delete = json.loads(json.dumps(resource["Properties"]["Delete"]))
