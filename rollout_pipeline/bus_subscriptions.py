@@ -37,7 +37,7 @@ STALE_S: Final = 300.0
 
 _DESCRIPTION: Final = re.compile(
     r"^rollouts (?P<kind>[a-z]+) subscription of (?P<owner>\S+), created (?P<created>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)"
-    r"(?:; heartbeat (?P<heartbeat>\d+) s)?$"
+    r"(?:; heartbeat (?P<heartbeat>\d+) s)?(?:; pid namespace (?P<pidns>\d+))?$"
 )
 _OWNER: Final = re.compile(r"^(?P<user>[^@]*)@(?P<host>.+):(?P<pid>\d+)$")
 _TIME_FORMAT: Final = "%Y-%m-%dT%H:%M:%SZ"
@@ -52,6 +52,8 @@ class RuleFacts:
     owner: str
     created: float
     heartbeat_s: int | None
+    #: The owner's process-id namespace (Linux; None: not recorded): its pid means something only in it.
+    pid_namespace: int | None = None
 
 
 def iso(moment: float) -> str:
@@ -69,10 +71,12 @@ def parse_time(text: str | None) -> float | None:
         return None
 
 
-def description(kind: str, owner: str, created: str, heartbeat_s: int | None) -> str:
+def description(kind: str, owner: str, created: str, heartbeat_s: int | None, pid_namespace: int | None = None) -> str:
     """The rule's description (at most 512 characters: EventBridge's limit)."""
     text = f"rollouts {kind} subscription of {owner}, created {created}"
-    return (text + (f"; heartbeat {heartbeat_s} s" if heartbeat_s else ""))[:512]
+    text += f"; heartbeat {heartbeat_s} s" if heartbeat_s else ""
+    text += f"; pid namespace {pid_namespace}" if pid_namespace is not None else ""
+    return text[:512]
 
 
 def parse_description(text: str) -> RuleFacts | None:
@@ -81,8 +85,14 @@ def parse_description(text: str) -> RuleFacts | None:
     created = parse_time(found.group("created")) if found else None
     if found is None or created is None:
         return None
-    beat = found.group("heartbeat")
-    return RuleFacts(found.group("kind"), found.group("owner"), created, int(beat) if beat else None)
+    beat, namespace = found.group("heartbeat"), found.group("pidns")
+    return RuleFacts(
+        found.group("kind"),
+        found.group("owner"),
+        created,
+        int(beat) if beat else None,
+        int(namespace) if namespace else None,
+    )
 
 
 def this_owner(user: str) -> str:
@@ -90,11 +100,20 @@ def this_owner(user: str) -> str:
     return f"{user}@{socket.gethostname()}:{os.getpid()}"
 
 
-def owner_gone(owner: str) -> bool:
-    """Whether `owner` (`user@host:pid`) ran on this host and its process no longer exists. False when it cannot be
-    told here (another host; a process id of another user's process, or in use again, counts as alive)."""
+def pid_namespace() -> int | None:
+    """This process's process-id namespace (the inode of `/proc/self/ns/pid`; None where there is none: macOS)."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return None
+
+
+def owner_gone(owner: str, namespace: int | None = None) -> bool:
+    """Whether `owner` (`user@host:pid`, its pids in process-id `namespace`) ran here and its process no longer
+    exists. False when it cannot be told here: another host, another pid namespace (a container may share the host's
+    name), or a process id of another user's process or in use again (counted alive)."""
     found = _OWNER.match(owner)
-    if found is None or found.group("host") != socket.gethostname():
+    if found is None or found.group("host") != socket.gethostname() or namespace != pid_namespace():
         return False
     pid = int(found.group("pid"))
     if pid <= 0:
@@ -112,7 +131,7 @@ def gone(facts: RuleFacts, seen_at: Callable[[], float | None], now: float) -> b
     """Whether a subscription has lost its owner: the owner's process is gone on this host, or (one made with a
     heartbeat) neither it was created nor its queue seen for `STALE_S`. `seen_at` reads the queue's `seen-at` (None:
     the queue or its tag is gone), only for a subscription older than that."""
-    if owner_gone(facts.owner):
+    if owner_gone(facts.owner, facts.pid_namespace):
         return True
     if facts.heartbeat_s is None:
         return False

@@ -266,7 +266,7 @@ def open_subscription(
                 "EventPattern": json.dumps(pattern),
                 "State": "ENABLED",
                 "Description": bus_subscriptions.description(
-                    tags[TAG_KIND], tags[TAG_OWNER], tags[TAG_CREATED], heartbeat
+                    tags[TAG_KIND], tags[TAG_OWNER], tags[TAG_CREATED], heartbeat, bus_subscriptions.pid_namespace()
                 ),
             }
             rule_tags = [{"Key": key, "Value": value} for key, value in tags.items() if key != TAG_SEEN]
@@ -340,7 +340,7 @@ def prune_gone_owners(aws: AwsClients, bus_name: str) -> list[str]:
             for page in events.get_paginator("list_rules").paginate(EventBusName=bus_name, NamePrefix=prefix):
                 for rule in page.get("Rules", []):
                     facts = bus_subscriptions.parse_description(str(rule.get("Description") or ""))
-                    if facts is not None and bus_subscriptions.owner_gone(facts.owner):
+                    if facts is not None and bus_subscriptions.owner_gone(facts.owner, facts.pid_namespace):
                         name = str(rule["Name"])
                         _remove(aws, bus_name, name, _queue_url(aws, name), rule_made=True)
                         removed.append(name)

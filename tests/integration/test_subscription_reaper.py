@@ -195,6 +195,7 @@ def test_a_subscription_carries_its_heartbeat_and_its_experiments_cost_tag(exper
         facts = bus_subscriptions.parse_description(rule["Description"])
         assert facts is not None
         assert (facts.kind, facts.owner, facts.heartbeat_s) == ("sdk", subs.default_owner(), 60)
+        assert facts.pid_namespace == bus_subscriptions.pid_namespace()
         assert url in subs._HEARTBEAT.open_urls()
         tags = experiment.client("sqs").list_queue_tags(QueueUrl=url)["Tags"]
         assert tags["rollouts:experiment"] == experiment.name
