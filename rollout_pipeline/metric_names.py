@@ -57,6 +57,9 @@ SESSIONS_OVERDUE: Final = "SessionsOverdue"
 BUDGET_USED_PERCENT: Final = "BudgetUsedPercent"
 #: Rollouts held back because the budget (the experiment's or their batch's) is spent: re-sent later, not failed.
 BUDGET_HELD: Final = "BudgetHeld"
+#: The sessions every experiment of the account holds (their in-flight counts on the account pool, live members
+#: only) as a percentage of the account's active-session quota: the sweeper samples it every minute.
+ACCOUNT_SESSIONS_PERCENT: Final = "AccountSessionsPercent"
 
 #: Metrics in US dollars (flushed without a unit).
 USD_METRICS: Final = frozenset({ESTIMATED_COST})

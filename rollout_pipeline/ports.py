@@ -80,6 +80,23 @@ class EventPublisher(Protocol):
         ...
 
 
+class BusSubscriptions(Protocol):
+    """The private subscriptions on the experiment's bus (a rule and a queue of one name: `bus_subscriptions`), for
+    removing those whose owner is gone."""
+
+    def listed(self) -> list[tuple[str, str]]:
+        """(name, description) of every subscription rule on the bus."""
+        ...
+
+    def seen_tag(self, name: str) -> str | None:
+        """The `seen-at` tag of the subscription's queue; None when the queue (or the tag) is gone."""
+        ...
+
+    def remove(self, name: str) -> None:
+        """Remove the rule's target, the rule and the queue; parts already gone are skipped."""
+        ...
+
+
 class PublishError(RuntimeError):
     """Some events were not accepted by the bus; the caller keeps its outbox entry and retries later."""
 

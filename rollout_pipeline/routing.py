@@ -17,14 +17,14 @@ DATASET_SUFFIXES: Final = (".jsonl", ".jsonl.gz", ".json")
 
 
 def dataset_event_pattern(input_bucket: str) -> dict[str, Any]:
-    """S3 "Object Created" of a dataset file under `datasets/` (wildcards: prefix AND suffix)."""
+    """S3 "Object Created" of any object under `datasets/`, by prefix: ingestion skips the keys that are not dataset
+    files (`is_dataset_key`). No wildcard: the rule lives on the account's default bus, where EventBridge allows 30
+    rules containing wildcards per bus, not adjustable, shared by everything in the account (docs/aws-facts.md); a
+    wildcard rule per experiment would stop the 30th experiment's deploy."""
     return {
         "source": ["aws.s3"],
         "detail-type": ["Object Created"],
-        "detail": {
-            "bucket": {"name": [input_bucket]},
-            "object": {"key": [{"wildcard": f"{DATASET_PREFIX}*{suffix}"} for suffix in DATASET_SUFFIXES]},
-        },
+        "detail": {"bucket": {"name": [input_bucket]}, "object": {"key": [{"prefix": DATASET_PREFIX}]}},
     }
 
 

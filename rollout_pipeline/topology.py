@@ -60,6 +60,16 @@ def bus_name(experiment: str) -> str:
     return resource_base(experiment)
 
 
+def bus_experiment(bus: str) -> str:
+    """The experiment of custom event bus `bus` (`bus_name`'s inverse)."""
+    return bus.removeprefix(RESOURCE_PREFIX)
+
+
+#: The cost-allocation tag every resource of an experiment carries (its value: the experiment), the stack's and the
+#: private subscriptions processes add to its bus.
+COST_TAG: Final = "rollouts:experiment"
+
+
 #: Messages one SQS ReceiveMessage returns at most; a Lambda batch beyond it needs a batching window.
 SQS_RECEIVE_MAX: Final = 10
 

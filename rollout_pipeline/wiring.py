@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from rollout_pipeline.adapters.clients import ACR_SERVICE, ClientFactory
 from rollout_pipeline.config import HandlerSettings
-from rollout_pipeline.ports import Clock, SystemClock
+from rollout_pipeline.ports import BusSubscriptions, Clock, SystemClock
 
 if TYPE_CHECKING:
     from rollout_pipeline.adapters.eventbridge import EventBridgePublisher
@@ -103,6 +103,21 @@ class Wiring:
         region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
         return PoolLedger.open(
             self.settings.pool_table_name, self.clients.lazy("dynamodb"), clock=self.clock, region=region
+        )
+
+    def bus_subscriptions(self) -> BusSubscriptions:
+        """The private subscriptions on the experiment's bus (`bus_subscriptions`), over lazy clients."""
+        from rollout_pipeline import bus_subscriptions
+        from rollout_pipeline.adapters.subscriptions import EventBridgeSubscriptions
+
+        bus = self.settings.bus_name
+        return EventBridgeSubscriptions(
+            self.clients.lazy("events"),
+            self.clients.lazy("sqs"),
+            bus,
+            prefixes=[f"{bus}-{kind}-" for kind in bus_subscriptions.BUS_KINDS],
+            seen_tag=bus_subscriptions.TAG_SEEN,
+            target_id=bus_subscriptions.TARGET_ID,
         )
 
     def agent_runtime(self) -> AgentRuntime:
@@ -241,5 +256,9 @@ class Wiring:
             store=self.store(),
             queue=queue,
             publisher=self.publisher(),
-            **{"attempt_key": self.attempt_key, **overrides},
+            **{
+                "attempt_key": self.attempt_key,
+                "subscriptions": self.bus_subscriptions(),
+                **overrides,
+            },
         )

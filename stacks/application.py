@@ -17,7 +17,7 @@ from stacks.experiment_stack import ExperimentStack, stack_name
 from stacks.pool_stack import PoolStack
 
 #: The cost allocation tag on every resource of an experiment (docs/deploy.md: activate it in Billing).
-COST_TAG = "rollouts:experiment"
+COST_TAG = topology.COST_TAG
 #: Resource types CDK makes as bare `CfnResource`s (its singleton custom-resource providers, e.g. the S3 auto-delete
 #: one) that `Tags.of` cannot reach, with the property their tags go in (a Key/Value list for both).
 BARE_TAGGABLE = {"AWS::IAM::Role": "Tags", "AWS::Lambda::Function": "Tags"}

@@ -36,7 +36,7 @@ from stacks.queues import QueuedLambdaConsumer
 from stacks.retention import is_retained, removal_policy
 from stacks.sinks import SinksConstruct
 from stacks.storage import Storage
-from stacks.trainer_policy import TrainerPolicy
+from stacks.trainer_policy import TrainerPolicy, subscription_queue_arns, subscription_rule_arns
 
 #: Stack outputs the trainer SDK reads to attach to an experiment (logical ids are part of the contract).
 OUTPUT_NAMES: Final = topology.StackOutputs.names()
@@ -338,6 +338,25 @@ class ExperimentStack(Stack):
         if self.config.warm_pool_on:  # the warm pool's warm-ups and keep-alives (`lifecycle.warm_pool`)
             self.agent.grant_invoke(sweeper.role)
         self.events.bus.grant_put_events_to(sweeper.role)
+        self._grant_subscription_reaper(sweeper)
+
+    def _grant_subscription_reaper(self, sweeper: PipelineFunctionConstruct) -> None:
+        """The sweeper removes private subscriptions whose owner is gone (`lifecycle.subscriptions`): it lists the
+        bus's rules (ListRules has no resource-level permission), reads their queues' `seen-at` and removes targets,
+        rule and queue, of those subscriptions only."""
+        bus = topology.bus_name(self.config.name)
+        sweeper.role.add_to_principal_policy(iam.PolicyStatement(actions=["events:ListRules"], resources=["*"]))
+        sweeper.role.add_to_principal_policy(
+            iam.PolicyStatement(
+                actions=["events:RemoveTargets", "events:DeleteRule"], resources=subscription_rule_arns(self, bus)
+            )
+        )
+        sweeper.role.add_to_principal_policy(
+            iam.PolicyStatement(
+                actions=["sqs:GetQueueUrl", "sqs:ListQueueTags", "sqs:DeleteQueue"],
+                resources=subscription_queue_arns(self, bus),
+            )
+        )
 
     def pool_table_arn(self) -> str:
         """The account pool's table (its well-known name: `topology.POOL_TABLE_NAME`)."""

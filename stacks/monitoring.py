@@ -112,6 +112,7 @@ EMITTERS: Final[Mapping[str, tuple[str, ...]]] = {
     m.REWARD: ("completion",),
     m.NOTIFICATION_LATENCY: ("dispatch", "completion", "sweeper"),
     m.IN_FLIGHT: ("sweeper",),
+    m.ACCOUNT_SESSIONS_PERCENT: ("sweeper",),
     # every path that ends a rollout prices it; every path that stops sessions may find one overdue
     m.ESTIMATED_COST: ("dispatch", "completion", "sweeper"),
     m.SESSIONS_OVERDUE: ("dispatch", "completion", "sweeper"),
@@ -147,7 +148,7 @@ class Monitoring(Construct):
             self.topic.add_subscription(subscriptions.EmailSubscription(alarm_email))
         self.alarms: dict[str, cloudwatch.Alarm] = {}
         self._function_alarms(functions)
-        self._pipeline_alarms(active_session_quota)
+        self._pipeline_alarms()
         self._cost_alarms()
         self.dashboard = self._dashboard(functions, queues, active_session_quota)
 
@@ -203,7 +204,7 @@ class Monitoring(Construct):
                 missing=cloudwatch.TreatMissingData.BREACHING,
             )
 
-    def _pipeline_alarms(self, active_session_quota: int) -> None:
+    def _pipeline_alarms(self) -> None:
         config = self.config
         waits = pipeline_metric(config, m.LIMIT_WAITS, "dispatch")
         in_flight = pipeline_metric(config, m.IN_FLIGHT, "sweeper", statistic="Maximum")
@@ -258,24 +259,16 @@ class Monitoring(Construct):
             m.SWEEP_ERRORS,
             periods=3,
         )
-        # On the pipeline's own in-flight count, not AgentCore's ActiveSessionCount: an alarm matches one exact
-        # dimension set, AgentCore's are not pinned yet, and its metrics need Transaction Search (the dashboard
-        # shows it). In-flight rollouts are this experiment's sessions only; other experiments share the quota.
+        # On the account pool's count of every experiment's sessions, not AgentCore's ActiveSessionCount: an alarm
+        # matches one exact dimension set, AgentCore's are not pinned yet, and its metrics need Transaction Search
+        # (the dashboard shows it). The quota is the pool's (`rollouts bootstrap` read it from Service Quotas).
         self._alarm(
             "ActiveSessionsNearQuota",
-            f"This experiment's in-flight rollouts (each holds an AgentCore session) reached "
-            f"{SESSION_QUOTA_SHARE:.0%} of the active-session quota ({active_session_quota}): new sessions will be "
-            "refused soon (other experiments in the account count too); idle sessions count until stopped",
-            cloudwatch.MathExpression(
-                expression=f"MAX([{', '.join(f'FILL(inflight_{fn}, 0)' for fn in IN_FLIGHT_EMITTERS)}])",
-                using_metrics={
-                    f"inflight_{fn}": pipeline_metric(config, m.IN_FLIGHT, fn, statistic="Maximum")
-                    for fn in IN_FLIGHT_EMITTERS
-                },
-                label="Rollouts in flight",
-                period=ONE_MINUTE,
-            ),
-            threshold=int(active_session_quota * SESSION_QUOTA_SHARE),
+            f"The account's sessions (every experiment's in-flight rollouts on the account pool) reached "
+            f"{SESSION_QUOTA_SHARE:.0%} of its active-session quota: new sessions will be refused soon; idle "
+            "sessions count until stopped",
+            pipeline_metric(config, m.ACCOUNT_SESSIONS_PERCENT, "sweeper", statistic="Maximum"),
+            threshold=100 * SESSION_QUOTA_SHARE,
             evaluation_periods=3,
             comparison=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
         )

@@ -15,6 +15,7 @@ from constructs import IConstruct
 
 from rollout_pipeline import topology
 from rollout_pipeline.ids import CLAIMS_PREFIX
+from rollout_pipeline.ops.permissions import SUBSCRIPTION_PREFIXES
 
 if TYPE_CHECKING:
     from stacks.experiment_stack import ExperimentStack
@@ -104,6 +105,7 @@ def acknowledge(stack: ExperimentStack) -> None:
             "Reads the result objects the agent writes under this experiment's prefix (one key per session).",
         )
 
+    _acknowledge_reaper(stack)
     agent_policy = default_policy(stack.agent.runtime.role)
     logs_arn = f"{account_arn(stack, 'logs')}:log-group:"
     agent_findings = {
@@ -141,6 +143,28 @@ def acknowledge(stack: ExperimentStack) -> None:
                 f"{IAM4}[{BASIC_EXECUTION_POLICY}]",
                 "CDK's singleton handler that turns on S3 EventBridge notifications only needs to write its logs.",
             )
+
+
+def _acknowledge_reaper(stack: ExperimentStack) -> None:
+    """The sweeper removes the private subscriptions of processes that are gone (`lifecycle.subscriptions`)."""
+    sweeper_policy = default_policy(stack.functions["sweeper"].role)
+    bus = topology.bus_name(stack.config.name)
+    for prefix in SUBSCRIPTION_PREFIXES:
+        ack(
+            sweeper_policy,
+            iam5(f"{account_arn(stack, 'sqs')}:{bus}-{prefix}*"),
+            "The sweeper removes the private subscription queues of processes that are gone (named at run time).",
+        )
+        ack(
+            sweeper_policy,
+            iam5(f"{account_arn(stack, 'events')}:rule/{bus}/{bus}-{prefix}*"),
+            "The rules of those private subscriptions, on this experiment's bus only.",
+        )
+    ack(
+        sweeper_policy,
+        iam5("*"),
+        "events:ListRules supports no resource-level permission; the sweeper lists by this experiment's name prefix.",
+    )
 
 
 def acknowledge_pool(stack: PoolStack) -> None:

@@ -19,6 +19,8 @@ from rollout_pipeline.ledger import keys
 from rollout_pipeline.ledger.pool_schema import POOL_PK, POOL_SK, settings_update
 from rollout_pipeline.quotas import PoolSettings
 from stacks import nag
+from stacks.functions import LOG_RETENTION_DAYS
+from stacks.monitoring import expire_every_log_group, give_every_function_a_log_group
 
 
 class PoolStack(Stack):
@@ -64,4 +66,8 @@ class PoolStack(Stack):
             export_name=topology.POOL_TABLE_EXPORT,
             description="The account pool's table: every experiment stack of this account and region imports it",
         )
+        # The custom resource's handler logs like the experiment stacks' functions: a month, gone with the stack
+        # (CDK's default for its log group is two years, retained).
+        give_every_function_a_log_group(self, LOG_RETENTION_DAYS, RemovalPolicy.DESTROY)
+        expire_every_log_group(self, LOG_RETENTION_DAYS, RemovalPolicy.DESTROY)
         nag.acknowledge_pool(self)

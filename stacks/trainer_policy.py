@@ -28,6 +28,27 @@ from stacks import nag
 PUT_TARGETS: Final = "events:PutTargets"
 
 
+def subscription_queue_arns(stack: Stack, bus_name: str) -> list[str]:
+    """The queues of the private subscriptions on the bus (`{bus}-{kind}-*`: `bus_subscriptions`)."""
+    return [
+        stack.format_arn(service="sqs", resource=f"{bus_name}-{prefix}*", arn_format=ArnFormat.NO_RESOURCE_NAME)
+        for prefix in SUBSCRIPTION_PREFIXES
+    ]
+
+
+def subscription_rule_arns(stack: Stack, bus_name: str) -> list[str]:
+    """The rules of the private subscriptions, on the experiment's bus only."""
+    return [
+        stack.format_arn(
+            service="events",
+            resource="rule",
+            resource_name=f"{bus_name}/{bus_name}-{prefix}*",
+            arn_format=ArnFormat.SLASH_RESOURCE_NAME,
+        )
+        for prefix in SUBSCRIPTION_PREFIXES
+    ]
+
+
 class TrainerPolicy(Construct):
     """The managed policy; `resources` maps each kind of `TRAINER_ACTIONS` to its ARNs in this stack."""
 
@@ -62,19 +83,8 @@ class TrainerPolicy(Construct):
             "ledger_batches": [f"{table.table_arn}/index/{keys.DEADLINE_INDEX}"],
             "bus": [bus.event_bus_arn],
             "runtime": list(runtime_resources),
-            "subscription_queues": [
-                stack.format_arn(service="sqs", resource=f"{bus_name}-{prefix}*", arn_format=ArnFormat.NO_RESOURCE_NAME)
-                for prefix in SUBSCRIPTION_PREFIXES
-            ],
-            "subscription_rules": [
-                stack.format_arn(
-                    service="events",
-                    resource="rule",
-                    resource_name=f"{bus_name}/{bus_name}-{prefix}*",
-                    arn_format=ArnFormat.SLASH_RESOURCE_NAME,
-                )
-                for prefix in SUBSCRIPTION_PREFIXES
-            ],
+            "subscription_queues": subscription_queue_arns(stack, bus_name),
+            "subscription_rules": subscription_rule_arns(stack, bus_name),
             "listing": ["*"],
         }
         statements = []
@@ -114,7 +124,8 @@ class TrainerPolicy(Construct):
                 "The trainer uploads dataset files under datasets/ (keys chosen by the user)."
             ),
             nag.iam5(nag.bucket_prefix(input_bucket, CLAIMS_PREFIX)): (
-                "SDK submissions write claim checks of big payloads under claims/ (one key per row)."
+                "SDK submissions write claim checks of big payloads under claims/ (one key per row); rescore and "
+                "export read them back."
             ),
             nag.iam5(nag.bucket_prefix(results_bucket, f"{exp}/")): (
                 "The trainer reads result objects under this experiment's prefix (one key per session)."

@@ -249,34 +249,35 @@ class BatchLedger:
         self.table.update(keys.batch_key(batch_id), f"REMOVE {attribute}", f"{attribute} = :b", {":b": budget_usd})
 
     def recent_batch_ids(self, limit: int = 20) -> list[str]:
-        """The ids of the experiment's newest batches (newest first, at most `limit`): one Query of the batch items'
-        partition of the `deadline` index (`keys.BATCHES_INDEX_PK`, sort key their creation in epoch ms; batches
-        created before it existed are not listed). Eventually consistent, as every index read."""
+        """The ids of the experiment's newest batches (newest first, at most `limit`): one Query page of the batch
+        listing (`_listing`)."""
+        found = [
+            keys.batch_id_of(str(item[keys.PK]["S"]))
+            for item in self.table.query(self._listing(newest_first=True, limit=max(1, min(limit, 1000))), max_pages=1)
+        ]
+        return found[:limit]
+
+    def batch_ids(self) -> Iterator[str]:
+        """Every batch's id, oldest first: a paged Query of the batch listing (`_listing`), never a Scan (the
+        trainer's policy grants the Query on that index, not a Scan of the table)."""
+        for item in self.table.query(self._listing(newest_first=False)):
+            yield keys.batch_id_of(str(item[keys.PK]["S"]))
+
+    @staticmethod
+    def _listing(*, newest_first: bool, limit: int | None = None) -> dict[str, Any]:
+        """A Query of the batch items' partition of the `deadline` index (`keys.BATCHES_INDEX_PK`, sort key their
+        creation in epoch ms; batches created before it existed are not listed). Eventually consistent, as every
+        index read."""
         request: dict[str, Any] = {
             "IndexName": keys.DEADLINE_INDEX,
             "KeyConditionExpression": "#p = :p",
             "ExpressionAttributeNames": {"#p": keys.DEADLINE_PK},
             "ExpressionAttributeValues": {":p": _s(keys.BATCHES_INDEX_PK)},
-            "ScanIndexForward": False,
-            "Limit": max(1, min(limit, 1000)),
+            "ScanIndexForward": not newest_first,
         }
-        found: list[str] = []
-        for item in self.table.query(request, max_pages=1):
-            found.append(keys.batch_id_of(str(item[keys.PK]["S"])))
-        return found[:limit]
-
-    def batch_ids(self) -> Iterator[str]:
-        """Every batch's id: a paged Scan of the batch items, only for tearing an experiment down (the stages never
-        scan the ledger)."""
-        pages = self.table.ddb.get_paginator("scan").paginate(
-            TableName=self.table.name,
-            FilterExpression="sk = :batch",
-            ExpressionAttributeValues={":batch": _s(keys.BATCH_SK)},
-            ProjectionExpression="pk",
-        )
-        for page in pages:
-            for item in page.get("Items") or []:
-                yield keys.batch_id_of(str(item[keys.PK]["S"]))
+        if limit is not None:
+            request["Limit"] = limit
+        return request
 
     # ------------------------------------------------------------------------------------------------ batch
 

@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Final
 
+from rollout_pipeline import ids
 from rollout_pipeline.contracts import CostSummary, FailureReason, FileOptions, RolloutCost, parse_iso
 from rollout_pipeline.costs import SessionSpan
 from rollout_pipeline.ids import AttemptRef
@@ -439,6 +440,26 @@ class RolloutRecord:
     def span(self, attempt: int) -> SessionSpan | None:
         """The session of `attempt`, if it was started."""
         return next((s for s in self.spans if s.attempt == attempt), None)
+
+    def attempt_of(self, session_id: str) -> int | None:
+        """The attempt that ran in `session_id`: the one its own id names (`ids.session_attempt`); for a warm
+        session of the pool (its id names no attempt), the current attempt when it is the current session, else
+        the earliest earlier attempt whose session is neither confirmed stopped nor its own (an attempt that took a
+        warm session never started the session its id names, and a warm attempt retried in a new session leaves
+        its warm session's stop pending). None when no attempt can be told."""
+        attempt = ids.session_attempt(session_id)
+        if attempt is not None:
+            return attempt
+        if session_id == self.session_id:
+            return self.attempt
+        pending = self.stop_sessions | self.held_slots
+        for earlier, facts in sorted(self.span_facts.items()):
+            if earlier >= self.attempt or facts.start is None or facts.none or facts.stop or facts.closed:
+                continue
+            own = ids.session_id(self.exp_id, self.batch_id, self.input_id, self.index, earlier) if self.exp_id else ""
+            if own not in pending:
+                return earlier
+        return None
 
     @property
     def terminal(self) -> bool:

@@ -16,7 +16,7 @@ from enum import StrEnum
 from typing import Any, Final
 
 from rollout_pipeline.contracts import iso
-from rollout_pipeline.ids import AttemptRef, session_attempt
+from rollout_pipeline.ids import AttemptRef
 from rollout_pipeline.ledger import keys, table
 from rollout_pipeline.ledger.attributes import plain_values
 from rollout_pipeline.ledger.items import (
@@ -641,7 +641,7 @@ class RolloutLedger:
         others): the same write also removes the entry (`clear_outbox`), conditional on `outbox_id`. If the entry
         has moved on meanwhile (a later transition set a new one) or the slot was freed already, the session is
         forgotten, its slot freed and the entry cleared as by separate writes (the newer entry stays)."""
-        ended_names, ended_values = self._session_end(session_id, confirmed, at)
+        ended_names, ended_values = self._session_end(rec, session_id, confirmed, at)
         if (
             clear_entry
             and rec.outbox_id is not None
@@ -670,11 +670,12 @@ class RolloutLedger:
         return freed
 
     def _session_end(
-        self, session_id: str, confirmed: bool, at: datetime | None = None
+        self, rec: RolloutRecord, session_id: str, confirmed: bool, at: datetime | None = None
     ) -> tuple[dict[str, str], dict[str, Any]]:
         """The expression names and values that record when (`at`, default now) `session_id`'s session ended (its
-        attempt's `stop` when confirmed, else `closed`, epoch ms); none for a session id that names no attempt."""
-        attempt = session_attempt(session_id)
+        attempt's `stop` when confirmed, else `closed`, epoch ms: `RolloutRecord.attempt_of`, a warm session's
+        too); none for a session no attempt of `rec` can be told to have run in."""
+        attempt = rec.attempt_of(session_id)
         if attempt is None:
             return {}, {}
         part = "stop" if confirmed else "closed"
@@ -701,7 +702,7 @@ class RolloutLedger:
             condition += " AND contains(held_slots, :sid)"
             values |= {":s": {session_id}, ":sid": session_id}
         names = {"#obpk": keys.OUTBOX_PK, "#obsk": keys.OUTBOX_SK}
-        ended_names, ended_values = self._session_end(session_id, confirmed, at)
+        ended_names, ended_values = self._session_end(rec, session_id, confirmed, at)
         if ended_names:
             update = f"SET #send = :send {update}"
             names |= ended_names

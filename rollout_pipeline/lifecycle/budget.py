@@ -9,14 +9,16 @@ stopped once the budget is raised (docs/costs.md, "Budget").
 - **Announced once.** A dispatcher (once per SQS batch) and the sweeper (every minute) read the experiment's budget
   and spend, sample `BudgetUsedPercent` and publish `Budget Warning` at 80% and `Budget Exhausted` at 100%, each
   once per budget value (a conditional write claims it; a failed publication gives the claim back).
-- **Held, never failed.** A rollout whose budget is spent is not dispatched: its message is re-sent to come back after
-  `LifecycleDeps.budget_recheck_s` (SQS DelaySeconds) and the received one is acknowledged, so its receive count
-  starts over and it never reaches the dead-letter queue. Its wait does not count toward `max_limit_wait_s`
+- **Held, never failed.** A rollout whose budget is spent is not dispatched: its message is re-sent to come back at
+  the next multiple of `LifecycleDeps.budget_recheck_s` in epoch seconds (SQS DelaySeconds, `return_delay_s`) and the
+  received one is acknowledged, so its receive count starts over and it never reaches the dead-letter queue. Every
+  rollout held during one such period comes back in the same second, whenever it was held, so the gate orders
+  them together as any burst and dispatch resumes in group order. Its wait does not count toward `max_limit_wait_s`
   (the message carries when its hold began; `waiting_since` moves forward by the hold once it ends) nor
   `max_limit_requeues`. Rollouts in flight finish and are recorded;
   the release window and group order are untouched, so dispatch resumes where it stopped.
-- **An account-wide capacity pool** shared by experiments asks `paused(deps)`: a paused experiment's demand is zero,
-  so its share goes to the others. No such pool exists yet: nothing calls it.
+- **The account pool** shares AgentCore's quotas between experiments; `paused(deps)` says whether this experiment's
+  dispatch is paused on its budget.
 """
 
 from __future__ import annotations
@@ -126,11 +128,21 @@ def check_batch(deps: LifecycleDeps, batch: BatchView, in_flight: int = 0) -> bo
     return spent >= budget
 
 
+def return_delay_s(now_epoch_s: float, recheck_s: int) -> int:
+    """The SQS delay that brings a message held at `now_epoch_s` back at the next multiple of `recheck_s` (capped
+    at `MAX_RECHECK_S`) in whole epoch seconds: messages held at different moments of one period come back in the
+    same second, and one held again on its return waits a whole period."""
+    period = max(0, min(MAX_RECHECK_S, recheck_s))
+    if period == 0:
+        return 0
+    return period - int(now_epoch_s) % period
+
+
 def hold(message: RolloutMessage, deps: LifecycleDeps) -> None:
-    """Hold a rollout whose budget is spent: re-send its message to come back after `budget_recheck_s` (a fresh
-    message: its receive count starts over; `limit_requeues` unchanged), marked with when its hold began. The
-    caller acknowledges the received one."""
-    delay = max(0, min(MAX_RECHECK_S, deps.budget_recheck_s))
+    """Hold a rollout whose budget is spent: re-send its message to come back with every other held one
+    (`return_delay_s`; a fresh message: its receive count starts over; `limit_requeues` unchanged), marked with when
+    its hold began. The caller acknowledges the received one."""
+    delay = return_delay_s(deps.now().timestamp(), deps.budget_recheck_s)
     fresh = message.model_copy(update={"budget_held_since": message.budget_held_since or deps.now()})
     deps.queue.send_all(deps.settings.rollout_queue_url, [fresh.model_dump_json(exclude_none=True)], delay)
     deps.metrics.count(BUDGET_HELD)
@@ -210,24 +222,24 @@ def _announce(
         detail: BudgetWarning | BudgetExhausted
         if kind == "warned":
             detail = BudgetWarning(
-                event_id=ids.event_id(DetailType.BUDGET_WARNING, exp_id, batch_id, f"budget:{budget_usd:g}"),
+                event_id=budget_event_id(DetailType.BUDGET_WARNING, exp_id, batch_id, budget_usd),
                 exp_id=exp_id,
                 batch_id=batch_id,
                 scope=scope,
                 budget_usd=budget_usd,
-                spent_usd=round(spent_usd, 6),
+                spent_usd=spent_usd,
                 threshold=WARNING_SHARE,
             )
         else:
             waiting = _waiting(deps, batch_id)
             not_started = max(0, sum(waiting.values()) - in_flight)
             detail = BudgetExhausted(
-                event_id=ids.event_id(DetailType.BUDGET_EXHAUSTED, exp_id, batch_id, f"budget:{budget_usd:g}"),
+                event_id=budget_event_id(DetailType.BUDGET_EXHAUSTED, exp_id, batch_id, budget_usd),
                 exp_id=exp_id,
                 batch_id=batch_id,
                 scope=scope,
                 budget_usd=budget_usd,
-                spent_usd=round(spent_usd, 6),
+                spent_usd=spent_usd,
                 rollouts_in_flight=int(in_flight),
                 rollouts_waiting=not_started,
                 waiting_by_batch=waiting,
@@ -240,6 +252,12 @@ def _announce(
             limits.unclaim_budget_event(kind, budget_usd)
         else:
             batches.unclaim_budget_event(batch_id, kind, budget_usd)
+
+
+def budget_event_id(detail_type: DetailType, exp_id: str, batch_id: str, budget_usd: float) -> str:
+    """The id of a budget event: one per kind, scope and budget VALUE, written exactly (`repr` of the float: two
+    budgets that differ in any digit get different ids)."""
+    return ids.event_id(detail_type, exp_id, batch_id, f"budget:{float(budget_usd)!r}")
 
 
 def _waiting(deps: LifecycleDeps, batch_id: str) -> dict[str, int]:

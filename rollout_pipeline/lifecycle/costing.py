@@ -16,7 +16,6 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import datetime
 
-from rollout_pipeline import ids
 from rollout_pipeline.contracts import RolloutCost
 from rollout_pipeline.costs import price_rollout, price_span, with_span_end
 from rollout_pipeline.ledger.items import RolloutRecord, RolloutState, to_the_ms
@@ -66,9 +65,9 @@ def session_charge(
 ) -> float:
     """What releasing `session_id`'s slot adds to the experiment's spend: its session priced as ending `at` (default
     now: a confirmed stop, recorded with the same time), or at its bound (no confirmation: AgentCore ended it at its
-    idle timeout or maximum lifetime). 0 for a session the rollout item has no start of (written before costs were
-    kept)."""
-    attempt = ids.session_attempt(session_id)
+    idle timeout or maximum lifetime); a warm session as the attempt that ran in it (`RolloutRecord.attempt_of`). 0
+    for a session the rollout item has no start of (written before costs were kept)."""
+    attempt = rec.attempt_of(session_id)
     span = rec.span(attempt) if attempt is not None else None
     if span is None:
         return 0.0

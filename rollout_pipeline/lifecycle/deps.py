@@ -16,7 +16,15 @@ from rollout_pipeline.ledger.ledger import Ledger
 from rollout_pipeline.lifecycle.metrics import MetricsRecorder
 from rollout_pipeline.lifecycle.warm import WarmTaker
 from rollout_pipeline.limits.facade import Limits
-from rollout_pipeline.ports import AgentRuntime, Clock, EventPublisher, MessageQueue, ObjectStore, SystemClock
+from rollout_pipeline.ports import (
+    AgentRuntime,
+    BusSubscriptions,
+    Clock,
+    EventPublisher,
+    MessageQueue,
+    ObjectStore,
+    SystemClock,
+)
 
 
 @dataclass
@@ -63,6 +71,9 @@ class LifecycleDeps:
     price_book: PriceBook | None = None
     #: Rollouts held on a spent budget are re-sent to come back after this long (SQS DelaySeconds, at most 900).
     budget_recheck_s: int = 60
+    #: The private subscriptions on the experiment's bus: the sweeper removes those whose owner is gone
+    #: (`lifecycle.subscriptions`). None: not looked at.
+    subscriptions: BusSubscriptions | None = None
     prices: PriceBook = field(init=False)
     #: This process's view of the warm pool's idle sessions (`lifecycle.warm`): dispatch takes one first.
     warm: WarmTaker = field(init=False)

@@ -167,13 +167,16 @@ def parse_message(body: str) -> RolloutMessage:
 
 class BatchReads:
     """Batch items read once per SQS batch, shared by its dispatcher threads (its messages are mostly of one
-    batch). A cancel after the read is still honoured: the dispatch transaction itself refuses a cancelled batch."""
+    batch). A cancel after the read is still honoured: the dispatch transaction itself refuses a cancelled batch.
+    The experiment's policy version is read afresh for each dispatch transaction (`policy_version`)."""
 
     def __init__(self, deps: LifecycleDeps) -> None:
         self._deps = deps
         self._items: dict[str, BatchView | None] = {}
         self._lock = threading.Lock()
-        self._policy: tuple[str | None] | None = None
+        self._policy_read = threading.Lock()  # one policy read at a time; it serves every ask made before it began
+        self._asks = 0
+        self._policy: tuple[int, str | None] = (0, None)  # (asks made before the last read began, its value)
 
     def get(self, batch_id: str) -> BatchView | None:
         with self._lock:
@@ -187,11 +190,21 @@ class BatchReads:
             return [view for view in self._items.values() if view is not None]
 
     def policy_version(self, batch_default: str | None) -> str | None:
-        """The version to dispatch with: the experiment's current one (read once per SQS batch), else the batch's."""
+        """The version to dispatch with: the experiment's current one, else the batch's. Read (strongly consistent)
+        after this call began, so a version the trainer set before it is the one stamped: a dispatch transaction
+        never carries a version older than its own start. Threads that ask while a read is in flight share the
+        next one (at most one read per dispatch, fewer when an SQS batch's dispatches meet)."""
         with self._lock:
-            if self._policy is None:
-                self._policy = (self._deps.ledger.limits.current_policy_version(),)
-            return self._policy[0] or batch_default
+            self._asks += 1
+            ask = self._asks
+        with self._policy_read:
+            served, version = self._policy
+            if served < ask:
+                with self._lock:
+                    began = self._asks
+                version = self._deps.ledger.limits.current_policy_version()
+                self._policy = (began, version)
+        return version or batch_default
 
 
 def dispatch_body(

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from rollout_pipeline.metric_names import (
+    ACCOUNT_SESSIONS_PERCENT,
     ACR_THROTTLED,
     BUDGET_HELD,
     BUDGET_USED_PERCENT,
@@ -38,6 +39,7 @@ from rollout_pipeline.metric_names import (
 )
 
 __all__ = [
+    "ACCOUNT_SESSIONS_PERCENT",
     "ACR_THROTTLED",
     "BUDGET_HELD",
     "BUDGET_USED_PERCENT",

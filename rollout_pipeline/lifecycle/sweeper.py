@@ -7,8 +7,9 @@ Else one transaction: a new attempt (queued n+1, outbox `enqueue`) while attempt
 outbox is drained (retry message sent, event published, session stopped: `lifecycle.stops`). Outbox: entries
 older than `deps.outbox_age_s` are drained. Every step is conditional on `(state, attempt)`, so repeated or
 concurrent sweeps change nothing twice. Last, the release window's backstop (`feed.feed.Feed.sweep`), the
-budget's check (`lifecycle.budget.check`: its warning and exhaustion are announced even when nothing dispatches) and
-a heartbeat to the account pool with the sessions in flight (`limits.pool.CapacityLease.heartbeat`).
+budget's check (`lifecycle.budget.check`: its warning and exhaustion are announced even when nothing dispatches),
+the private subscriptions whose owner is gone (`lifecycle.subscriptions`) and a heartbeat to the account pool with
+the sessions in flight (`limits.pool.CapacityLease.heartbeat`).
 """
 
 from __future__ import annotations
@@ -31,10 +32,12 @@ from rollout_pipeline.lifecycle.completion import complete_if_written
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.failures import end_attempt
 from rollout_pipeline.lifecycle.metrics import (
+    ACCOUNT_SESSIONS_PERCENT,
     IN_FLIGHT,
     SWEEP_ERRORS,
     TIMED_OUT,
 )
+from rollout_pipeline.lifecycle.subscriptions import prune_gone
 from rollout_pipeline.observability import bind_log_ids, clear_log_ids
 
 log = logging.getLogger(__name__)
@@ -52,6 +55,8 @@ class SweepResult:
     outbox_drained: int = 0
     #: Rollouts released to the queue by the backstop of the release window (`Feed.sweep`).
     released: int = 0
+    #: Private subscriptions removed: their owner is gone (`lifecycle.subscriptions`).
+    subscriptions_removed: list[str] = field(default_factory=list)
     #: The sweep reached its deadline (`wait_until`) and left the rest to the next run.
     out_of_time: bool = False
     errors: list[str] = field(default_factory=list)
@@ -113,15 +118,25 @@ def sweep(
         log.warning("budget check failed: %s", exc)
         report.errors.append(f"budget: {exc}")
         deps.metrics.count(SWEEP_ERRORS)
+    if deps.subscriptions is not None and not out_of_time():
+        try:
+            report.subscriptions_removed = prune_gone(deps.subscriptions, now.timestamp())
+        except Exception as exc:  # the bus or the queues could not be listed: the next run tries again
+            log.warning("subscriptions not looked at: %s", exc)
+            report.errors.append(f"subscriptions: {exc}")
+            deps.metrics.count(SWEEP_ERRORS)
     _heartbeat(deps, report)
     return report
 
 
 def _heartbeat(deps: LifecycleDeps, report: SweepResult) -> None:
     """Tell the account pool this experiment is alive, with its sessions in flight (just read): they keep counting
-    against the account's active sessions while nothing else of the experiment runs."""
+    against the account's active sessions while nothing else of the experiment runs. Then sample the account's
+    sessions against its quota (`Limits.heartbeat`: what every experiment holds, as their entries say)."""
     try:
-        deps.limits.heartbeat()
+        percent = deps.limits.heartbeat()
+        if percent is not None:
+            deps.metrics.sample(ACCOUNT_SESSIONS_PERCENT, percent)
     except Exception as exc:  # the pool's heartbeat must not fail the sweep
         log.warning("account pool heartbeat failed: %s", exc)
         report.errors.append(f"pool heartbeat: {exc}")

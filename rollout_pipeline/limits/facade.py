@@ -18,7 +18,7 @@ from rollout_pipeline.ledger.pool import PoolLedger
 from rollout_pipeline.limits.account import AccountSchedule
 from rollout_pipeline.limits.admission import AdmissionBoard, SessionRoom, SlotGate
 from rollout_pipeline.limits.pacing import SESSION_PACE, Clocks, LimitedRuntime, Pacer, call_budgets
-from rollout_pipeline.limits.shares import MIN_SHARE_PER_S, Membership
+from rollout_pipeline.limits.shares import MIN_SHARE_PER_S, Membership, account_sessions_percent
 from rollout_pipeline.limits.slots import SlotShards
 from rollout_pipeline.metric_names import MetricsRecorder
 from rollout_pipeline.ports import AgentRuntime
@@ -192,11 +192,15 @@ class Limits:
             self.membership.renew(force=True)
         return self.membership.share()
 
-    def heartbeat(self) -> None:
+    def heartbeat(self) -> float | None:
         """Renew this experiment's entry in the account pool with its sessions in flight (the sweeper, every run):
-        they keep counting against the account's active sessions while nothing else of the experiment runs."""
-        if self.membership is not None:
-            self.membership.renew(force=True)
+        they keep counting against the account's active sessions while nothing else of the experiment runs. Returns
+        the sessions every experiment of the account holds, in percent of its quota (None without a pool)."""
+        if self.membership is None or self.account is None:
+            return None
+        self.membership.renew(force=True)
+        quota = self.account.current().settings.quotas.active_sessions
+        return account_sessions_percent(self.membership.members, quota, self.membership.now())
 
 
 def _gate(

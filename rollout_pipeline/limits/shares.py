@@ -116,6 +116,8 @@ class Membership:
         #: The latest view of the experiment's session schedule (its share, when it was set), and of its entry.
         self.session = PaceView()
         self.entry: MemberEntry | None = None
+        #: Every experiment's entry as this process's last renewal read them (with the account's item).
+        self.members: list[MemberEntry] = []
         #: This process's throttles since its last renewal; its renewals done and lost to another process's.
         self._throttles = 0
         self.renewals = self.lost = 0
@@ -145,6 +147,10 @@ class Membership:
     def throttled(self) -> None:
         """AgentCore throttled one of this experiment's new sessions (counted in its entry)."""
         self._throttles += 1
+
+    def now(self) -> float:
+        """The wall clock the renewals are stamped with (epoch s)."""
+        return self._wall()
 
     def max_sessions(self) -> int:
         """Sessions this experiment may hold: `max_sessions`, or its share of the account's active sessions."""
@@ -179,6 +185,7 @@ class Membership:
             account, entries = self.pool.snapshot()
             self.account.view = account
             members = {m.name: m for m in entries}
+            self.members = entries
             me = self._entry(members.get(self.config.name), now)
             rate, active = self.shares({**members, me.name: me}, now)
             me = replace(me, share=rate, active_share=active)
@@ -241,3 +248,11 @@ class Membership:
         active_budget = self.account.active_cap() * (1.0 - reserve)
         active = water_fill(active_budget, active_wants).get(name, 0.0)
         return rate, int(active + 1e-9)
+
+
+def account_sessions_percent(members: list[MemberEntry], quota: int, now: float) -> float:
+    """The sessions every experiment of the account holds (their entries' `in_flight`, while renewed within
+    `ACTIVE_LIVE_S`) as a percentage of the account's active-session quota: one experiment's count against the
+    account's quota says nothing of the others sharing it (the `ActiveSessionsNearQuota` alarm)."""
+    held = sum(m.in_flight for m in members if now - m.renewed_at <= ACTIVE_LIVE_S)
+    return 100.0 * held / max(1, quota)

@@ -59,6 +59,7 @@ from typing import Any, Final, Literal
 
 from rollout_pipeline.agent.host import CANNOT_SERVE
 from rollout_pipeline.config import is_warmup_payload
+from rollout_pipeline.local import lifeline
 from rollout_pipeline.local.moto_server import LOOPBACK, free_port
 from rollout_pipeline.ports import (
     RuntimeQuotaExceeded,
@@ -210,7 +211,7 @@ class AgentProcess:
         if self._process is not None:
             return self
         with self.log_path.open("ab") as log:
-            self._process = subprocess.Popen(
+            self._process = lifeline.popen(  # ends with this process, even killed with SIGKILL
                 agent_command(self.module, self.port, LOOPBACK, self._python, kind=self.kind, hosted=self.hosted),
                 env=self._env,
                 cwd=self._cwd,

@@ -16,6 +16,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from rollout_pipeline.local import lifeline
 from rollout_pipeline.local.moto_server import LOOPBACK, free_port
 
 MODEL_ID = "smollm2-135m-instruct"
@@ -100,7 +101,7 @@ class LocalModelServer:
             )
         model = smollm2_gguf_path()
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
-        self.process = subprocess.Popen(
+        self.process = lifeline.popen(  # ends with this process, even killed with SIGKILL
             [
                 sys.executable,
                 "-m",

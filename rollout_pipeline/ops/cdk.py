@@ -159,8 +159,9 @@ class CdkCli:
         path = self.environment().get("PATH", "")
         if shutil.which("node", path=path) is None:
             raise SdkError(
-                "Node.js is not on PATH (the CDK CLI runs on it): install Node.js 22 or newer (the version in "
-                f"{self.project_dir / '.nvmrc'}), or put its bin directory on PATH, then try again"
+                "Node.js is not on PATH (the CDK CLI runs on it): install the version in "
+                f"{self.project_dir / '.nvmrc'} (at least what `engines` in package.json allows), or put its bin "
+                "directory on PATH, then try again"
             )
         python = self.app_python()
         missing = list(CDK_APP_PACKAGES) if python is None else _missing_modules(python, CDK_APP_PACKAGES)

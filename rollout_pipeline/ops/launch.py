@@ -511,7 +511,7 @@ def _run_preflight(planned: Plan, aws: AwsClients) -> list[preflight.Check]:
 
 
 def unfinished_batches(experiment: Experiment) -> list[str]:
-    """Batches not done (a Scan of the ledger's batch items, paged: destroy is rare and the table about to go)."""
+    """Batches not done (the ledger's batch listing: a paged Query of its index)."""
     found: list[str] = []
     with aws_errors(f"list the batches of {experiment.name}"):
         for batch_id in experiment.wiring().ledger().batches.batch_ids():
@@ -612,6 +612,16 @@ def pool_context(aws: AwsClients, overrides: Mapping[str, Any], out: IO[str]) ->
     return {**context, **given}
 
 
+def require_cdk_bootstrap(aws: AwsClients) -> None:
+    """`SdkError` naming `npx cdk bootstrap aws://ACCOUNT/REGION` when the account and region are not bootstrapped
+    for the CDK (or too old for it: `preflight.bootstrap_check`)."""
+    with aws_errors("read the account and its CDK bootstrap"):
+        account = str(aws.client("sts").get_caller_identity()["Account"])
+        check = preflight.bootstrap_check(aws.client("ssm"), account, aws.region or "")
+    if check.level == "error":
+        raise SdkError(f"cdk bootstrap: {check.message}")
+
+
 def bootstrap_pool(
     aws: AwsClients,
     cli: cdk.CdkCli,
@@ -622,7 +632,9 @@ def bootstrap_pool(
     confirm: Confirm | None = None,
 ) -> dict[str, Any]:
     """Create or update the account pool's stack (`rollouts bootstrap`): one per account and region, shared by every
-    experiment there. Returns the settings it was deployed with."""
+    experiment there, once the account and region are CDK-bootstrapped (`require_cdk_bootstrap`: a fresh account
+    gets the one command that fixes it, not the CDK's raw error). Returns the settings it was deployed with."""
+    require_cdk_bootstrap(aws)
     context = pool_context(aws, overrides, out)
     try:
         quotas.pool_settings(context, aws.region)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final, Literal
 
-from rollout_pipeline import access
+from rollout_pipeline import access, bus_subscriptions
 
 ResourceKind = Literal[
     "stack",
@@ -35,7 +35,8 @@ ResourceKind = Literal[
 TRAINER_ACTIONS: Final[Mapping[ResourceKind, tuple[str, ...]]] = {
     "stack": ("cloudformation:DescribeStacks",),  # Experiment.attach reads the stack outputs
     "datasets": ("s3:PutObject",),  # submit_file uploads under datasets/
-    "claims": ("s3:PutObject",),  # submit writes claim checks of big payloads under claims/
+    # submit writes claim checks of big payloads under claims/; rescore and export read them back
+    "claims": ("s3:PutObject", "s3:GetObject"),
     "results": ("s3:GetObject",),  # results too big to travel inline in their event
     "results_listing": ("s3:ListBucket",),  # so a missing result answers 404, not 403 (prefix {exp}/ only)
     "rollout_queue": ("sqs:SendMessage",),  # submit; SendMessageBatch is authorized as SendMessage
@@ -48,7 +49,8 @@ TRAINER_ACTIONS: Final[Mapping[ResourceKind, tuple[str, ...]]] = {
     "ledger": access.LEDGER_ITEM_ACTIONS,
     # The account pool's one item: `Experiment.capacity` reads it, a cancel's stops renew the experiment's lease.
     "pool": access.POOL_ITEM_ACTIONS,
-    # Experiment.cost lists the experiment's batches: a Query of the `deadline` index's batch partition
+    # Experiment.cost, export/rescore of every batch and `rollouts export --all-batches` list the experiment's
+    # batches: a Query of the `deadline` index's batch partition (never a Scan of the table)
     "ledger_batches": ("dynamodb:Query",),
     "bus": ("events:PutEvents",),  # submit publishes Batch Accepted; cancel publishes the failures
     "runtime": ("bedrock-agentcore:StopRuntimeSession",),  # cancel stops running sessions
@@ -81,7 +83,7 @@ TRAINER_ACTIONS: Final[Mapping[ResourceKind, tuple[str, ...]]] = {
 }
 #: Name prefixes (after `{bus name}-`) of the SDK's private subscription queues and rules: `rollouts watch`'s taps,
 #: the SDK's streams of some batches and `RolloutClient`s (`sdk-`), the ART backend's process queues.
-SUBSCRIPTION_PREFIXES: Final = ("tap-", "art-", "sdk-")
+SUBSCRIPTION_PREFIXES: Final = tuple(f"{kind}-" for kind in bus_subscriptions.BUS_KINDS)
 
 #: API operations authorized by an action of another name.
 _RENAMED: Final[Mapping[tuple[str, str], str]] = {

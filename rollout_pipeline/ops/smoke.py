@@ -210,6 +210,7 @@ class Smoke:
             suffix="smoke",
             kind="smoke",
             name=f"{experiment.bus_name}-smoke-s3-{self.token}",
+            experiment=experiment.name,
         )
         stack.enter_context(
             self._cleanup(

@@ -9,9 +9,9 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from datetime import UTC, datetime
 from typing import Any, Final
 
+from rollout_pipeline import bus_subscriptions
 from rollout_pipeline.sdk._aws import AwsClients, aws_errors, error_code
 from rollout_pipeline.sdk.errors import SdkError
 from rollout_pipeline.sdk.subscription import (
@@ -27,20 +27,13 @@ from rollout_pipeline.sdk.subscription import (
 #: Subscriptions made before tagging: `{bus}-{tap|art}-{8 hex}`.
 _LEGACY_SUFFIX: Final = re.compile(r"^(?P<kind>tap|art)-[0-9a-f]{8}$")
 #: Rule names (after `{bus}-`) of the private subscriptions: only these are looked at by `list_subscriptions`.
-_SUBSCRIPTION_NAME_KINDS: Final = ("tap-", "art-", "sdk-", "smoke-")
-_CREATED_IN_DESCRIPTION: Final = re.compile(r"created (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)$")
+_SUBSCRIPTION_NAME_KINDS: Final = (*(f"{kind}-" for kind in bus_subscriptions.BUS_KINDS), "smoke-")
 _GONE: Final = frozenset(
     {"ResourceNotFoundException", "AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist", "NonExistentQueue"}
 )
 
 
-def _parse_time(text: str | None) -> float | None:
-    if not text:
-        return None
-    try:
-        return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
-    except ValueError:
-        return None
+_parse_time = bus_subscriptions.parse_time
 
 
 def _legacy_kind(bus_name: str, name: str) -> str | None:
@@ -141,14 +134,16 @@ def _rule_subscription(events: Any, sqs: Any, bus_name: str, bus: str, rule: Map
         return None  # the stack's rules (`{bus}-trainer`...) and the user's own: never read, never touched
     try:
         rule_tags = {t["Key"]: t["Value"] for t in events.list_tags_for_resource(ResourceARN=arn)["Tags"]}
+        kind = rule_tags.get(TAG_KIND) or (_legacy_kind(bus_name, name) if bus == bus_name else None)
+        if not kind:
+            return None  # the stack's rules and the user's own
+        targets = events.list_targets_by_rule(Rule=name, EventBusName=bus).get("Targets", [])
     except ClientError as exc:
+        if error_code(exc) in _GONE:
+            return None  # removed since it was listed (its owner closed it, or the sweeper removed it)
         if error_code(exc) not in ACCESS_DENIED:
             raise
         return None  # not ours to read (a trainer's policy covers its experiment bus's subscriptions only)
-    kind = rule_tags.get(TAG_KIND) or (_legacy_kind(bus_name, name) if bus == bus_name else None)
-    if not kind:
-        return None  # the stack's rules and the user's own
-    targets = events.list_targets_by_rule(Rule=name, EventBusName=bus).get("Targets", [])
     queue_arns = [str(t["Arn"]) for t in targets if ":sqs:" in str(t["Arn"])]
     queue_url = _queue_url_of(sqs, queue_arns[0]) if queue_arns else None
     facts = _queue_facts(sqs, queue_url) if queue_url else None
@@ -202,8 +197,8 @@ def _rule_pages(events: Any, bus_name: str, prefixes: Iterable[str]) -> Iterator
 
 
 def _description_time(description: str) -> float | None:
-    found = _CREATED_IN_DESCRIPTION.search(description)
-    return _parse_time(found.group(1)) if found else None
+    facts = bus_subscriptions.parse_description(description)
+    return None if facts is None else facts.created
 
 
 def remove_subscription(aws: AwsClients, bus_name: str, subscription: Subscription) -> None:

@@ -121,9 +121,22 @@ def check_update(
     say: Callable[[str], None] | None = None,
 ) -> None:
     """Before updating a live experiment's stack to code of ledger `layout` with the settings `changed`: refuse
-    while anything is in flight (`require_drained`); a new ledger layout or `endpoints` even when forced. The warm
-    pool's sessions are stopped first (they run the image being replaced; the pool refills with the next batch)."""
+    while anything is in flight (`require_drained`); a new ledger layout or `endpoints` even when forced. Then the
+    warm pool's sessions are stopped (they run the image being replaced; the pool refills with the next batch): an
+    update refused leaves them running (they are not work in flight: `InFlight.warm`)."""
+    _require_drained_for(experiment, changed, force=force, layout=layout, say=say)
     stop_warm_pool(experiment, "stopped", say)
+
+
+def _require_drained_for(
+    experiment: Experiment,
+    changed: Collection[str],
+    *,
+    force: bool,
+    layout: int,
+    say: Callable[[str], None] | None,
+) -> None:
+    """`check_update`'s refusal, by what the update changes."""
     routing = sorted(set(changed) & set(SESSION_ROUTING_SETTINGS))
     deployed = deployed_layout(experiment)
     if deployed != layout:

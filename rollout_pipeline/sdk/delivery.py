@@ -108,7 +108,7 @@ class EventStream(Iterator[Event]):
         consume_others: bool = False,
         poll_wait_s: float = DEFAULT_POLL_WAIT_S,
         clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], None] = time.sleep,
+        sleep: Callable[[float], None] | None = None,
     ) -> None:
         self._reader = reader
         self._seen = seen
@@ -124,7 +124,10 @@ class EventStream(Iterator[Event]):
         self._handed = 0
         self._closed = False
         self._backoff = 0.0
+        #: Guards the buffer and the stream's state; never held while waiting (a receive, a pause), so `close()`
+        #: from another thread returns at once.
         self._lock = threading.RLock()
+        self._closing = threading.Event()  # set by `close()`: ends a pause at once
 
     # ------------------------------------------------------------------------------------------- iteration
 
@@ -137,52 +140,84 @@ class EventStream(Iterator[Event]):
             if self._max_events is not None and self._handed >= self._max_events:
                 self.close()
                 raise StopIteration
-            while not self.expired():
-                delivery = self.next_delivery(self.remaining())
-                if delivery is not None:
-                    assert delivery.event is not None
-                    self._current = delivery
-                    self._handed += 1
-                    return delivery.event
-                if self._closed:
-                    break
-            self.close()
-            raise StopIteration
+        while not self.expired() and not self._closed:
+            delivery = self.next_delivery(self.remaining())
+            if delivery is not None:
+                with self._lock:
+                    if not self._closed:
+                        assert delivery.event is not None
+                        self._current = delivery
+                        self._handed += 1
+                        return delivery.event
+                self.release(delivery)  # closed while it was being received: delivered again later
+        self.close()
+        raise StopIteration
 
     def next_delivery(self, budget_s: float | None) -> Delivery | None:
         """The next matching, not yet seen delivery, waiting at most `budget_s` (None: one long poll).
 
         The caller owns the returned delivery: it must `ack` or `release` it. Returns None when the budget ran
-        out (or the stream is closed) without a matching event.
+        out (or the stream is closed) without a matching event. The stream's lock is not held while it waits:
+        `close()` from another thread returns at once and ends a pause; a receive under way ends with its long
+        poll, and what it received is released.
         """
-        with self._lock:
-            start = self._clock()
-            polls = 0
-            while not self._closed:
+        start = self._clock()
+        polls = 0
+        while True:
+            with self._lock:
+                if self._closed:
+                    return None
                 delivery = self._pop_buffered()
                 if delivery is not None:
                     return delivery
                 if self._refill():
                     continue
-                if budget_s is None:
-                    if polls:
-                        return None
-                    left = self._poll_wait_s
-                else:
-                    left = budget_s - (self._clock() - start)
-                    if left <= 0 and polls:
-                        return None
-                if self._backoff and (left > 0 or budget_s is None):
-                    pause = self._backoff if budget_s is None else min(self._backoff, left)
-                    self._sleep(pause)
-                    left = max(0.0, left - pause)
-                wait = math.ceil(min(self._poll_wait_s, max(0.0, left)))
-                received = self._reader.receive(wait)
-                polls += 1
-                self._buffer.extend(received)
-                if not received and wait == 0 and budget_s is not None and left > 0:
-                    self._sleep(min(_SHORT_POLL_PAUSE_S, left))  # short polling: pause instead of spinning
+                backoff = self._backoff
+            if budget_s is None:
+                if polls:
+                    return None
+                left = self._poll_wait_s
+            else:
+                left = budget_s - (self._clock() - start)
+                if left <= 0 and polls:
+                    return None
+            if backoff and (left > 0 or budget_s is None):
+                pause = backoff if budget_s is None else min(backoff, left)
+                self._pause(pause)
+                left = max(0.0, left - pause)
+            wait = math.ceil(min(self._poll_wait_s, max(0.0, left)))
+            received = self._receive(wait)
+            polls += 1
+            if received is None:
+                return None
+            if not received and wait == 0 and budget_s is not None and left > 0:
+                self._pause(min(_SHORT_POLL_PAUSE_S, left))  # short polling: pause instead of spinning
+
+    def _receive(self, wait_s: int) -> list[Delivery] | None:
+        """One receive, outside the lock, into the buffer; None when the stream was closed meanwhile (what it
+        received is released; a receive that failed because the close removed the queue is not an error)."""
+        if self._closed:
             return None
+        try:
+            received = self._reader.receive(wait_s)
+        except Exception:
+            if self._closed:
+                return None
+            raise
+        with self._lock:
+            if not self._closed:
+                self._buffer.extend(received)
+                return received
+        for delivery in received:
+            self._reader.release(delivery)
+        return None
+
+    def _pause(self, seconds: float) -> None:
+        """Wait `seconds` (the injected `sleep` when there is one), ended at once by `close()`."""
+        if self._sleep is not None:
+            self._sleep(seconds)
+        else:
+            self._closing.wait(seconds)
 
     def _refill(self) -> bool:
         """Add deliveries to the buffer from elsewhere than the queue (a subclass's hook, called when the buffer is
@@ -256,6 +291,8 @@ class EventStream(Iterator[Event]):
     def close(self, *, ack_current: bool = False) -> None:
         """Stop: the last handed event is acknowledged only with `ack_current=True` (else redelivered);
         received but not yet handed messages are released at once."""
+        self._closed = True  # first, without the lock: a waiting `next_delivery` stops at its next look
+        self._closing.set()
         with self._lock:
             if self._current is not None:
                 if ack_current:
@@ -265,7 +302,6 @@ class EventStream(Iterator[Event]):
                     self.release(current)
             while self._buffer:
                 self._reader.release(self._buffer.popleft())
-            self._closed = True
 
     def __enter__(self) -> EventStream:
         return self

@@ -331,7 +331,7 @@ def quiet_payload(experiment: Experiment) -> Callable[[str], Any]:
 
 def resolve_batches(experiment: Experiment, batch_id: str | Iterable[str] | None) -> list[str]:
     """The batches one export covers: those named (each must exist: `BatchNotFound`), or every batch of the
-    experiment (None: one Scan of the batch items), oldest first."""
+    experiment (None: the ledger's batch listing, one Query of its index), oldest first."""
     ledger = experiment.wiring().ledger()
     with aws_errors("read the experiment's batches"):
         if batch_id is None:

@@ -3,6 +3,7 @@ period, its per-rollout events) arrived; advantages are computed from the group'
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -116,30 +117,38 @@ class GroupStream(Iterator[Group]):
         self._expected = 0
         self._covered = 0
         self._drain_until = 0.0
+        self._lock = threading.RLock()  # the groups' state; never held while the stream waits
 
     def __iter__(self) -> GroupStream:
         return self
 
     def __next__(self) -> Group:
-        if self._current is not None:
-            current, self._current = self._current, None
-            self._stream.ack(current)
+        with self._lock:
+            if self._current is not None:
+                current, self._current = self._current, None
+                self._stream.ack(current)
         while True:
-            ready = self._pop_ready(force=False)
-            if ready is not None:
-                return ready
-            if self._batch_done and not self._parked and self._drained():
-                self._stream.close()
-                raise StopIteration
-            delivery = self._stream.next_delivery(self._budget())
-            if delivery is not None:
-                self._take(delivery)
-            elif self._stream.closed or self._stream.expired():
-                ready = self._pop_ready(force=True)
+            with self._lock:
+                ready = self._pop_ready(force=False)
                 if ready is not None:
                     return ready
-                self._stream.close()
-                raise StopIteration
+                if self._batch_done and not self._parked and self._drained():
+                    self._stream.close()
+                    raise StopIteration
+                budget = self._budget()
+            delivery = self._stream.next_delivery(budget)  # `close()` from another thread ends this wait
+            with self._lock:
+                if delivery is not None and self._stream.closed:
+                    self._stream.release(delivery)
+                elif delivery is not None:
+                    self._take(delivery)
+                    continue
+                if self._stream.closed or self._stream.expired():
+                    ready = self._pop_ready(force=True)
+                    if ready is not None:
+                        return ready
+                    self._stream.close()
+                    raise StopIteration
 
     def _drained(self) -> bool:
         """After `Batch Completed`: every rollout is covered by a yielded group, or no group came for a while."""
@@ -211,16 +220,18 @@ class GroupStream(Iterator[Group]):
             self._buffered -= len(dropped)
 
     def close(self, *, ack_current: bool = False) -> None:
-        """Stop; parked groups and (unless `ack_current`) the last yielded group are released for redelivery."""
-        if self._current is not None:
-            current, self._current = self._current, None
-            if ack_current:
-                self._stream.ack(current)
-            else:
-                self._stream.release(current)
-        for delivery, _detail, _deadline in self._parked.values():
-            self._stream.release(delivery)
-        self._parked.clear()
+        """Stop; parked groups and (unless `ack_current`) the last yielded group are released for redelivery.
+        Returns at once when another thread is waiting for the next group (it then stops)."""
+        with self._lock:
+            if self._current is not None:
+                current, self._current = self._current, None
+                if ack_current:
+                    self._stream.ack(current)
+                else:
+                    self._stream.release(current)
+            for delivery, _detail, _deadline in self._parked.values():
+                self._stream.release(delivery)
+            self._parked.clear()
         self._stream.close()
 
     def __enter__(self) -> GroupStream:

@@ -2,12 +2,15 @@
 `tap` (what `rollouts watch` reads), the SDK's streams of some batches (`SubscribedStream`: `Experiment.events(
 batch_id=...)`, `groups`, a `RolloutClient`) and the ART backend's per-process queues are built on them.
 
-Each rule and queue is tagged at creation with its kind (`tap`, `art`, ...), its owner (user, host and process) and
-its creation time; the owner refreshes the queue's `rollouts:seen-at` while it works (`touch_subscription`). A process
-that is killed leaves both behind: they count toward the bus's 300 rules and block `cdk destroy` (a bus with rules
-cannot be deleted). Finding and pruning them is operator code (`rollout_pipeline.ops.subscriptions`), which
-`Experiment.list_subscriptions` / `prune_subscriptions` reach; what they return (`Subscription`, `PruneResult`) is
-defined here.
+Each rule and queue is tagged at creation with its kind (`tap`, `art`, ...), its owner (user, host and process), its
+creation time and its experiment (the cost-allocation tag); while it is open, one thread of the owner process
+refreshes the queue's `rollouts:seen-at` every `bus_subscriptions.HEARTBEAT_S` (`_Heartbeat`), whether or not the
+owner reads it. A process that is killed leaves both behind (they count toward the bus's 300 rules and block `cdk
+destroy`: a bus with rules cannot be deleted) until the next subscription opened on the same host removes those of
+owners gone there (`prune_gone_owners`), or the sweeper those not seen for `bus_subscriptions.STALE_S`
+(`lifecycle.subscriptions`). Listing and pruning by age is operator code (`rollout_pipeline.ops.subscriptions`),
+which `Experiment.list_subscriptions` / `prune_subscriptions` reach; what they return (`Subscription`,
+`PruneResult`) is defined here.
 """
 
 from __future__ import annotations
@@ -16,9 +19,9 @@ import atexit
 import getpass
 import json
 import logging
+import math
 import os
 import re
-import socket
 import threading
 import time
 import uuid
@@ -26,9 +29,10 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any, Final
 
+from rollout_pipeline import bus_subscriptions, topology
+from rollout_pipeline.bus_subscriptions import TAG_CREATED, TAG_KIND, TAG_OWNER, TAG_SEEN
 from rollout_pipeline.contracts import EVENT_SOURCE, DetailType
 from rollout_pipeline.sdk._aws import AwsClients, aws_errors, error_code
 from rollout_pipeline.sdk.delivery import DEFAULT_POLL_WAIT_S, EventFilter, EventStream, SeenIds
@@ -38,13 +42,7 @@ from rollout_pipeline.sdk.transport import QueueReader
 
 logger = logging.getLogger(__name__)
 
-#: Tags every subscription's rule and queue carry (the queue's `seen-at` is refreshed by its owner).
-TAG_KIND: Final = "rollouts:subscription"
-TAG_OWNER: Final = "rollouts:owner"
-TAG_CREATED: Final = "rollouts:created-at"
-TAG_SEEN: Final = "rollouts:seen-at"
-#: The owner refreshes `seen-at` at most this often.
-TOUCH_INTERVAL_S: Final = 3600.0
+__all__ = ["TAG_CREATED", "TAG_KIND", "TAG_OWNER", "TAG_SEEN"]  # the tags, for `ops.subscriptions`
 #: The kind (and name prefix, `{bus}-sdk-{8 hex}`) of the SDK's own streams (`SubscribedStream`).
 SDK_KIND: Final = "sdk"
 #: A stream's queue keeps undelivered events as long as SQS allows (14 days; it has no dead-letter queue, so unlike
@@ -100,8 +98,8 @@ class SubscribedStream(CatchUpStream):
     (`sdk.replay.batch_events`, same `event_id`s), at the first read, again at `RECONCILE_AFTER_S` after the
     subscription was made, and when a `Batch Completed` arrives (the ledger then holds everything of that batch).
     Each `event_id` is handed over once, whichever copy comes first (`CatchUpStream`). The queue is this stream's
-    alone: events it does not want are deleted, never left to wear out (`consume_others`). The owner's `seen-at`
-    tag is refreshed while it reads.
+    alone: events it does not want are deleted, never left to wear out (`consume_others`). Its `seen-at` tag is
+    refreshed while it is open (`_Heartbeat`).
     """
 
     def __init__(
@@ -118,7 +116,7 @@ class SubscribedStream(CatchUpStream):
         poll_wait_s: float = DEFAULT_POLL_WAIT_S,
         reconcile_after_s: Sequence[float] = RECONCILE_AFTER_S,
         clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], None] = time.sleep,
+        sleep: Callable[[float], None] | None = None,
     ) -> None:
         name, queue_url = open_subscription(
             aws, bus_name, pattern, suffix=f"{SDK_KIND}-{uuid.uuid4().hex[:8]}", retention_s=STREAM_RETENTION_S
@@ -140,15 +138,6 @@ class SubscribedStream(CatchUpStream):
             clock=clock,
             sleep=sleep,
         )
-        self._aws = aws
-        self._touched = self._clock()
-
-    def _refill(self) -> bool:
-        now = self._clock()
-        if now - self._touched >= TOUCH_INTERVAL_S:
-            self._touched = now
-            touch_subscription(self._aws, self.subscription[1])
-        return super()._refill()
 
     def close(self, *, ack_current: bool = False) -> None:
         """Stop (as `EventStream.close`), then remove the subscription (rule targets, rule, queue)."""
@@ -162,17 +151,37 @@ class SubscribedStream(CatchUpStream):
                 close_subscription(*args)
 
 
+#: EventBridge's default quota on an event pattern's size, in characters ("Event pattern size", adjustable: the API
+#: takes at most 4,096): a stream of many batches matches them by prefixes to stay within it (docs/aws-facts.md).
+MAX_PATTERN_CHARS: Final = 2048
+
+
 def stream_pattern(
     batch_ids: Iterable[str] | None, detail_types: Iterable[DetailType | str] | None = None
 ) -> dict[str, Any]:
     """The event pattern of a stream of `batch_ids` (all batches: None; the experiment-wide events, `batch_id` "",
-    with any) and `detail_types` (all: None)."""
+    with any) and `detail_types` (all: None). When the ids would not fit in `MAX_PATTERN_CHARS`, they are matched by
+    the longest prefixes that do (at worst every batch): the rule may then match other batches' events too, which
+    the stream's own filter drops (it reads a queue of its own: `SubscribedStream`)."""
     pattern: dict[str, Any] = {"source": [EVENT_SOURCE]}
-    if batch_ids is not None:
-        pattern["detail"] = {"batch_id": sorted({*batch_ids, EXPERIMENT_WIDE})}
     if detail_types is not None:
         pattern["detail-type"] = sorted({DetailType(t).value for t in detail_types})
+    if batch_ids is None:
+        return pattern
+    for matcher in _batch_matchers(sorted(set(batch_ids))):
+        pattern["detail"] = {"batch_id": matcher}
+        if len(json.dumps(pattern)) <= MAX_PATTERN_CHARS:
+            return pattern
+    del pattern["detail"]
     return pattern
+
+
+def _batch_matchers(batch_ids: Sequence[str]) -> Iterator[list[Any]]:
+    """The batch ids as they are, then by ever shorter prefixes (fewer, wider matchers), with the experiment-wide
+    events always."""
+    yield sorted({*batch_ids, EXPERIMENT_WIDE})
+    for length in range(max((len(b) for b in batch_ids), default=0) - 1, 0, -1):
+        yield [*({"prefix": prefix} for prefix in sorted({b[:length] for b in batch_ids})), EXPERIMENT_WIDE]
 
 
 def _tag_value(text: str) -> str:
@@ -181,8 +190,7 @@ def _tag_value(text: str) -> str:
 
 def iso_now(now: float | None = None) -> str:
     """A UTC time as tags carry it: `2026-11-24T01:20:00Z`."""
-    moment = datetime.fromtimestamp(time.time() if now is None else now, UTC)
-    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return bus_subscriptions.iso(time.time() if now is None else now)
 
 
 def default_owner() -> str:
@@ -191,18 +199,23 @@ def default_owner() -> str:
         user = getpass.getuser()
     except (KeyError, OSError):  # no user name in a container
         user = "unknown"
-    return f"{user}@{socket.gethostname()}:{os.getpid()}"
+    return bus_subscriptions.this_owner(user)
 
 
-def subscription_tags(kind: str, owner: str | None = None, now: float | None = None) -> dict[str, str]:
-    """The tags of a new subscription's rule and queue."""
+def subscription_tags(
+    kind: str, owner: str | None = None, now: float | None = None, *, experiment: str | None = None
+) -> dict[str, str]:
+    """The tags of a new subscription's rule and queue (with `experiment`, the cost-allocation tag)."""
     created = iso_now(now)
-    return {
+    tags = {
         TAG_KIND: _tag_value(kind),
         TAG_OWNER: _tag_value(owner or default_owner()),
         TAG_CREATED: created,
         TAG_SEEN: created,
     }
+    if experiment:
+        tags[topology.COST_TAG] = _tag_value(experiment)
+    return tags
 
 
 def open_subscription(
@@ -215,55 +228,229 @@ def open_subscription(
     kind: str | None = None,
     owner: str | None = None,
     name: str | None = None,
+    experiment: str | None = None,
 ) -> tuple[str, str]:
     """A private SQS queue subscribed to the event bus `bus_name` by a rule with `pattern`; returns (name, queue URL).
 
-    Both are tagged with `kind` (default: the suffix's first word), `owner` (default: `user@host:pid`) and the
-    creation time, so a subscription left behind by a killed process can be found and pruned. `name` (rule and
-    queue) defaults to `{bus_name}-{suffix}`. Close it with `close_subscription`. Needs `sqs:CreateQueue`/
-    `TagQueue`/`DeleteQueue`/`SetQueueAttributes` and `events:PutRule`/`TagResource`/`PutTargets`/`RemoveTargets`/
-    `DeleteRule`.
+    Both are tagged with `kind` (default: the suffix's first word), `owner` (default: `user@host:pid`), the creation
+    time and the experiment (the cost-allocation tag), so a subscription left behind by a killed process can be
+    found and pruned; while it is open this process refreshes its queue's `seen-at` (`_Heartbeat`). First, the
+    subscriptions on the bus whose owner ran on this host and is gone are removed (`prune_gone_owners`). `name`
+    (rule and queue) defaults to `{bus_name}-{suffix}`; `experiment` (its cost-allocation tag) to the bus's. Close
+    it with `close_subscription`. Needs `sqs:CreateQueue`/`TagQueue`/`DeleteQueue`/`SetQueueAttributes`/
+    `GetQueueUrl` and `events:PutRule`/`TagResource`/`PutTargets`/`RemoveTargets`/`DeleteRule`/`ListRules`.
     """
     name = (name or f"{bus_name}-{suffix}")[:64]
-    tags = subscription_tags(kind or suffix.split("-", maxsplit=1)[0], owner)
+    tags = subscription_tags(
+        kind or suffix.split("-", maxsplit=1)[0], owner, experiment=experiment or topology.bus_experiment(bus_name)
+    )
+    _prune_gone_owners_now_and_then(aws, bus_name)
     sqs, events = aws.client("sqs"), aws.client("events")
     queue_url: str | None = None
     rule_made = False
+    heartbeat: int | None = None
     try:
         with aws_errors("create a subscription queue on the event bus"):
             attributes = {"MessageRetentionPeriod": str(retention_s), "SqsManagedSseEnabled": "true"}
-            queue_url = str(
-                _tagged(
-                    "sqs:TagQueue",
-                    lambda: sqs.create_queue(QueueName=name, Attributes=attributes, tags=tags),
-                    lambda: sqs.create_queue(QueueName=name, Attributes=attributes),
-                )["QueueUrl"]
+            created, tagged = _tagged(
+                "sqs:TagQueue",
+                lambda: sqs.create_queue(QueueName=name, Attributes=attributes, tags=tags),
+                lambda: sqs.create_queue(QueueName=name, Attributes=attributes),
             )
-            queue_arn = sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["QueueArn"])["Attributes"][
-                "QueueArn"
-            ]
+            queue_url = str(created["QueueUrl"])
+            queue_arn = _queue_arn(sqs, queue_url)
+            heartbeat = int(bus_subscriptions.HEARTBEAT_S) if tagged else None
             rule = {
                 "Name": name,
                 "EventBusName": bus_name,
                 "EventPattern": json.dumps(pattern),
                 "State": "ENABLED",
-                "Description": f"rollouts {tags[TAG_KIND]} subscription of {tags[TAG_OWNER]}, created "
-                f"{tags[TAG_CREATED]}",
+                "Description": bus_subscriptions.description(
+                    tags[TAG_KIND], tags[TAG_OWNER], tags[TAG_CREATED], heartbeat, bus_subscriptions.pid_namespace()
+                ),
             }
             rule_tags = [{"Key": key, "Value": value} for key, value in tags.items() if key != TAG_SEEN]
-            rule_arn = _tagged(
-                "events:TagResource",
-                lambda: events.put_rule(**rule, Tags=rule_tags),
-                lambda: events.put_rule(**rule),
-            )["RuleArn"]
+            rule_arn = _put_rule(events, bus_name, rule, rule_tags)["RuleArn"]
             rule_made = True
             policy = delivery_policy(queue_arn, "events.amazonaws.com", rule_arn)
             sqs.set_queue_attributes(QueueUrl=queue_url, Attributes={"Policy": json.dumps(policy)})
-            events.put_targets(Rule=name, EventBusName=bus_name, Targets=[{"Id": "tap", "Arn": queue_arn}])
+            events.put_targets(
+                Rule=name, EventBusName=bus_name, Targets=[{"Id": bus_subscriptions.TARGET_ID, "Arn": queue_arn}]
+            )
     except BaseException:
         _remove(aws, bus_name, name, queue_url, rule_made)
         raise
+    if heartbeat is not None:
+        _HEARTBEAT.add(aws, queue_url)
     return name, queue_url
+
+
+#: SQS: "After you create a queue, you must wait at least one second after the queue is created to be able to use
+#: the queue" (CreateQueue, API reference): a read of its attributes right after is retried this many times, 0.25 s
+#: doubling (about 8 s in all).
+QUEUE_READY_TRIES: Final = 6
+_QUEUE_GONE: Final = frozenset({"AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist", "NonExistentQueue"})
+
+
+def _queue_arn(sqs: Any, queue_url: str, *, sleep: Callable[[float], None] = time.sleep) -> str:
+    """The ARN of a queue just created, waiting for it to be usable (`QUEUE_READY_TRIES`)."""
+    from botocore.exceptions import ClientError
+
+    pause = 0.25
+    for attempt in range(QUEUE_READY_TRIES):
+        try:
+            answer = sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["QueueArn"])
+            return str(answer["Attributes"]["QueueArn"])
+        except ClientError as exc:
+            if error_code(exc) not in _QUEUE_GONE or attempt == QUEUE_READY_TRIES - 1:
+                raise
+        sleep(pause)
+        pause *= 2
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _put_rule(events: Any, bus_name: str, rule: Mapping[str, Any], rule_tags: list[dict[str, str]]) -> Any:
+    """PutRule (tagged when allowed); a bus at EventBridge's rule quota is one line naming the way out."""
+    from botocore.exceptions import ClientError
+
+    try:
+        answer, _tags = _tagged(
+            "events:TagResource", lambda: events.put_rule(**rule, Tags=rule_tags), lambda: events.put_rule(**rule)
+        )
+        return answer
+    except ClientError as exc:
+        if error_code(exc) != "LimitExceededException":
+            raise
+        experiment = topology.bus_experiment(bus_name)
+        raise SdkError(
+            f"event bus {bus_name} has as many rules as EventBridge allows (300 per bus): subscriptions left by "
+            f"killed processes count; remove them with `rollouts subscriptions prune -e {experiment} --older-than 1h`"
+        ) from None
+
+
+def prune_gone_owners(aws: AwsClients, bus_name: str) -> list[str]:
+    """Remove the subscriptions on the bus whose owner ran on this host and is gone (`bus_subscriptions.owner_gone`:
+    its process no longer exists; a killed process ran no cleanup), found by their rules' descriptions with ListRules
+    alone. Best effort: a failure is logged. Returns the names removed."""
+    removed: list[str] = []
+    try:
+        events = aws.client("events")
+        prefixes = [f"{bus_name}-{kind}-" for kind in bus_subscriptions.BUS_KINDS]
+        for prefix in prefixes:
+            for page in events.get_paginator("list_rules").paginate(EventBusName=bus_name, NamePrefix=prefix):
+                for rule in page.get("Rules", []):
+                    facts = bus_subscriptions.parse_description(str(rule.get("Description") or ""))
+                    if facts is not None and bus_subscriptions.owner_gone(facts.owner, facts.pid_namespace):
+                        name = str(rule["Name"])
+                        _remove(aws, bus_name, name, _queue_url(aws, name), rule_made=True)
+                        removed.append(name)
+    except Exception as exc:  # never in the way of opening a subscription
+        logger.warning("could not look for subscriptions of gone processes on %s: %s", bus_name, exc)
+    if removed:
+        logger.info("removed %d subscription(s) of processes gone from this host: %s", len(removed), removed)
+    return removed
+
+
+_pruned_at: dict[tuple[str | None, str | None, str], float] = {}
+_pruned_lock = threading.Lock()
+
+
+def _prune_gone_owners_now_and_then(aws: AwsClients, bus_name: str) -> None:
+    """`prune_gone_owners`, at most once per `HEARTBEAT_S` per account endpoint, bus and process (a trainer opening
+    a stream per step pays one ListRules a minute, not one per stream)."""
+    now = time.monotonic()
+    where = (aws.endpoint_url, aws.region, bus_name)
+    with _pruned_lock:
+        if now - _pruned_at.get(where, -math.inf) < bus_subscriptions.HEARTBEAT_S:
+            return
+        _pruned_at[where] = now
+    prune_gone_owners(aws, bus_name)
+
+
+def _queue_url(aws: AwsClients, name: str) -> str | None:
+    from botocore.exceptions import ClientError
+
+    try:
+        return str(aws.client("sqs").get_queue_url(QueueName=name)["QueueUrl"])
+    except ClientError as exc:
+        if error_code(exc) in _QUEUE_GONE:
+            return None
+        raise
+
+
+class _Heartbeat:
+    """Refreshes the `seen-at` tag of every subscription this process has open, every `HEARTBEAT_S`, from one daemon
+    thread (started with the first, ended with the last): whether or not its owner reads it (a trainer may not read
+    for a long training step). A forked child keeps none of its parent's."""
+
+    def __init__(
+        self,
+        touch: Callable[[AwsClients, str], bool] | None = None,
+        interval_s: Callable[[], float] = lambda: bus_subscriptions.HEARTBEAT_S,
+    ) -> None:
+        self._touch = touch
+        self._interval_s = interval_s
+        self._lock = threading.Lock()
+        self._open: dict[str, AwsClients] = {}
+        self._thread: threading.Thread | None = None
+        self._wake = threading.Event()
+
+    def add(self, aws: AwsClients, queue_url: str) -> None:
+        with self._lock:
+            self._open[queue_url] = aws
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="rollouts-subscription-heartbeat", daemon=True)
+                self._thread.start()
+
+    def discard(self, queue_url: str) -> None:
+        with self._lock:
+            self._open.pop(queue_url, None)
+            if not self._open:
+                self._wake.set()  # the thread ends now, not a beat later
+
+    def open_urls(self) -> list[str]:
+        with self._lock:
+            return list(self._open)
+
+    def forget(self) -> None:
+        """In a forked child: its parent's subscriptions are not its own, and the thread did not come along."""
+        self._lock = threading.Lock()
+        self._open = {}
+        self._thread = None
+        self._wake = threading.Event()
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait(self._interval_s())
+            with self._lock:
+                self._wake.clear()
+                beating = list(self._open.items())
+                if not beating:
+                    self._thread = None
+                    return
+            for queue_url, aws in beating:
+                if not (self._touch or _beat)(aws, queue_url):
+                    self.discard(queue_url)  # removed by other means (a prune, the sweeper)
+
+
+def _beat(aws: AwsClients, queue_url: str) -> bool:
+    """One heartbeat of a subscription: its `seen-at` refreshed. False when its queue is gone (nothing left to
+    keep alive); other failures are logged and the next beat tries again."""
+    from botocore.exceptions import ClientError
+
+    try:
+        aws.client("sqs").tag_queue(QueueUrl=queue_url, Tags={TAG_SEEN: iso_now()})
+    except ClientError as exc:
+        if error_code(exc) in _QUEUE_GONE:
+            return False
+        logger.warning("could not refresh the subscription %s: %s", queue_url, exc)
+    except Exception as exc:
+        logger.warning("could not refresh the subscription %s: %s", queue_url, exc)
+    return True
+
+
+_HEARTBEAT: Final = _Heartbeat()
+os.register_at_fork(after_in_child=_HEARTBEAT.forget)
 
 
 def delivery_policy(queue_arn: str, service: str, source_arn: str) -> dict[str, Any]:
@@ -290,18 +477,18 @@ def delivery_policy(queue_arn: str, service: str, source_arn: str) -> dict[str, 
     }
 
 
-def _tagged(permission: str, with_tags: Callable[[], Any], without: Callable[[], Any]) -> Any:
+def _tagged(permission: str, with_tags: Callable[[], Any], without: Callable[[], Any]) -> tuple[Any, bool]:
     """Create with tags; without them when the caller may not tag (the subscription then ages by its queue's
-    creation time and is found by its name's form)."""
+    creation time, is found by its name's form and has no heartbeat). Returns the answer and whether it is tagged."""
     from botocore.exceptions import ClientError
 
     try:
-        return with_tags()
+        return with_tags(), True
     except ClientError as exc:
         if error_code(exc) not in ACCESS_DENIED:
             raise
         logger.warning("no %s permission: the subscription is made untagged (%s)", permission, exc)
-        return without()
+        return without(), False
 
 
 #: The `SubscribedStream`s whose subscription is still up (closed at interpreter exit, in the main thread).
@@ -328,6 +515,7 @@ def _close_open_streams() -> None:
 
 def close_subscription(aws: AwsClients, bus_name: str, name: str, queue_url: str) -> None:
     """Remove a subscription made by `open_subscription` (best effort: failures are logged)."""
+    _HEARTBEAT.discard(queue_url)
     _remove(aws, bus_name, name, queue_url, rule_made=True)
 
 
@@ -336,7 +524,10 @@ def _remove(aws: AwsClients, bus_name: str, name: str, queue_url: str | None, ru
     steps: list[tuple[str, Callable[[], Any]]] = []
     if rule_made:
         steps.append(
-            ("remove tap target", lambda: events.remove_targets(Rule=name, EventBusName=bus_name, Ids=["tap"]))
+            (
+                "remove tap target",
+                lambda: events.remove_targets(Rule=name, EventBusName=bus_name, Ids=[bus_subscriptions.TARGET_ID]),
+            )
         )
         steps.append(("delete tap rule", lambda: events.delete_rule(Name=name, EventBusName=bus_name)))
     if queue_url is not None:

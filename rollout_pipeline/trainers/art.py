@@ -33,7 +33,6 @@ import atexit
 import logging
 import secrets
 import threading
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -127,15 +126,6 @@ class _Attached:
     client: RolloutClient
     batch_name: str
     subscription: tuple[str, str] | None
-    touched: float = 0.0
-
-    def touch(self, now: float) -> None:
-        """Refresh the subscription's `seen-at` tag, at most once per `TOUCH_INTERVAL_S`."""
-        from rollout_pipeline.sdk.subscription import TOUCH_INTERVAL_S
-
-        if self.subscription is not None and now - self.touched >= TOUCH_INTERVAL_S:
-            self.touched = now
-            self.client.experiment.touch_subscription(self.subscription[1])
 
 
 def prune_stale(experiment: Experiment) -> None:
@@ -186,7 +176,6 @@ def attached(config: BackendConfig) -> _Attached:
     with _lock:
         found = _attached.get(key)
         if found is not None and not found.client.closed:
-            found.touch(time.monotonic())
             return found
         from rollout_pipeline.contracts import EVENT_SOURCE
         from rollout_pipeline.sdk.client import RolloutClient
@@ -209,7 +198,7 @@ def attached(config: BackendConfig) -> _Attached:
             queue_url=subscription[1] if subscription else None,
             consume_others=subscription is not None,  # a private queue holds only this process's events
         )
-        found = _attached[key] = _Attached(client, batch_name, subscription, touched=time.monotonic())
+        found = _attached[key] = _Attached(client, batch_name, subscription)
         return found
 
 

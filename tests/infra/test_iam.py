@@ -64,9 +64,24 @@ def test_lambda_roles_have_no_managed_policies_and_no_star(synth: Synthesized, n
     assert role["AssumeRolePolicyDocument"]["Statement"][0]["Principal"] == {"Service": "lambda.amazonaws.com"}
     for statement in statements(synth, fn.role):
         assert statement["Effect"] == "Allow"
-        assert "*" not in statement["Resource"]
+        if "*" in statement["Resource"]:  # the one action without resource-level permissions it needs
+            assert (name, statement["Action"], statement["Resource"]) == ("sweeper", ["events:ListRules"], ["*"])
         assert not [a for a in statement["Action"] if "*" in a], statement
     assert resources_for(synth, fn.role, "logs:PutLogEvents") == [getatt(synth.logical_id(fn.log_group))]
+
+
+def test_the_sweeper_removes_private_subscriptions_and_nothing_else_of_the_bus(synth: Synthesized) -> None:
+    """The reaper of subscriptions left by killed processes (`lifecycle.subscriptions`): their rules and queues only
+    (`{bus}-{tap|sdk|art}-*`), never the stack's own rules and queues."""
+    role = synth.stack.functions["sweeper"].role
+    bus = f"rollouts-{EXPERIMENT}"
+    for action in ("events:RemoveTargets", "events:DeleteRule", "sqs:DeleteQueue", "sqs:GetQueueUrl"):
+        found = json.dumps(resources_for(synth, role, action))
+        for kind in ("tap", "sdk", "art"):
+            assert f"{bus}-{kind}-*" in found, (action, found)
+        assert f"{bus}-trainer" not in found
+    for name in ("ingest", "dispatch", "completion"):
+        assert "events:DeleteRule" not in actions_of(synth, synth.stack.functions[name].role)
 
 
 @pytest.mark.parametrize("name", FUNCTIONS)

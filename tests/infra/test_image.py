@@ -234,3 +234,9 @@ def test_a_prebuilt_image_that_runs_the_agent_host_keeps_its_warm_pool() -> None
     off, warning = DeploySettings.from_context({"image_uri": PREBUILT_IMAGE}).warm_pool_config(config)
     assert off.warm_sessions == 0
     assert warning is not None
+
+
+def test_the_image_has_no_docker_health_check() -> None:
+    """AgentCore polls /ping itself; a Docker HEALTHCHECK only starts an interpreter in the session every 30 s."""
+    lines = (REPO_ROOT / "agent_image" / "Dockerfile").read_text().splitlines()
+    assert not [line for line in lines if line.strip().upper().startswith("HEALTHCHECK")]

@@ -13,6 +13,7 @@ from rollout_pipeline import access, topology
 from rollout_pipeline.config import ConfigError
 from rollout_pipeline.ledger.pool_schema import POOL_PK, POOL_SK
 from stacks.application import build_app
+from stacks.functions import LOG_RETENTION_DAYS
 from tests.infra.conftest import NO_BUNDLING, Synthesized
 
 
@@ -43,6 +44,18 @@ def test_the_settings_from_bootstrap_are_written_at_deploy(tmp_path: Path) -> No
     assert values[":ns"] == {"N": "50"}
     assert values[":reserve"] == {"N": "0.2"}
     assert values[":source"] == {"S": "service-quotas"}
+
+
+def test_the_pool_stacks_handler_logs_a_month_and_its_logs_go_with_the_stack(tmp_path: Path) -> None:
+    """CDK gives AwsCustomResource's handler a log group kept two years (731 days) and retained: not here."""
+    template = synth_pool(tmp_path)
+    groups = [r for r in template["Resources"].values() if r["Type"] == "AWS::Logs::LogGroup"]
+    functions = [r for r in template["Resources"].values() if r["Type"] == "AWS::Lambda::Function"]
+    assert functions
+    assert len(groups) >= len(functions)
+    assert {(g["Properties"]["RetentionInDays"], g["DeletionPolicy"]) for g in groups} == {
+        (LOG_RETENTION_DAYS, "Delete")
+    }
 
 
 def test_bad_pool_settings_name_the_key(tmp_path: Path) -> None:

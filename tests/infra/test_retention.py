@@ -103,6 +103,29 @@ def test_the_access_log_bucket_is_emptied_and_deleted_with_the_stack(synth: Synt
     assert logs in _emptied_buckets(synth)
 
 
+def test_retained_buckets_stop_logging_before_the_access_log_bucket_goes(synth: Synthesized, tmp_path: Path) -> None:
+    """`cdk destroy` deletes the access-log bucket and keeps the input and results buckets: their logging is turned
+    off first (a custom resource's Delete, which runs before the buckets it depends on are deleted), so they never
+    log into a bucket that is gone, or that another account has created since under its name."""
+    (logs,) = _logging_destinations(synth)
+    calls = {
+        lid: r
+        for lid, r in synth.of_type("Custom::AWS").items()
+        if "putBucketLogging" in json.dumps(r["Properties"].get("Delete", ""))
+    }
+    logged = {lid for lid, r in synth.of_type("AWS::S3::Bucket").items() if "LoggingConfiguration" in r["Properties"]}
+    assert len(calls) == len(logged) == 2
+    for resource in calls.values():
+        delete = json.loads(json.dumps(resource["Properties"]["Delete"]))
+        text = json.dumps(delete)
+        assert '\\"BucketLoggingStatus\\":{}' in text
+        assert logs in resource["DependsOn"]
+        (bucket,) = [lid for lid in logged if lid in text]
+        assert bucket in resource["DependsOn"]
+    destroyed = synthesize(tmp_path, results_retention="destroy")
+    assert not [r for r in destroyed.of_type("Custom::AWS").values() if "putBucketLogging" in json.dumps(r)]
+
+
 def _protection(synth: Synthesized) -> dict[str, Any]:
     (found,) = [
         r for r in synth.of_type("Custom::AWS").values() if "DeletionProtectionEnabled" in json.dumps(r["Properties"])

@@ -821,3 +821,14 @@ def test_a_batch_whose_rollouts_may_wait_past_the_limit_is_accepted_with_a_warni
     assert accepted["detail"]["warnings"] == [warning]
     again = ingestion.handle_message(event, owner="m")
     assert (again.outcome, again.warnings) == ("already_done", [warning]), "a duplicate event says it again"
+
+
+def test_an_object_under_datasets_that_is_not_a_dataset_file_is_ignored(resources: ExperimentResources) -> None:
+    """The S3 rule matches by prefix only (no wildcard on the default bus): ingestion skips the other keys."""
+    for key in ("datasets/notes.txt", "datasets/run.errors.jsonl", "datasets/x.jsonl.bak"):
+        event = {
+            "source": "aws.s3",
+            "detail-type": "Object Created",
+            "detail": {"bucket": {"name": resources.input_bucket}, "object": {"key": key}},
+        }
+        assert make_ingestion(resources).handle_message(event, owner="m").outcome == "ignored", key

@@ -1,8 +1,10 @@
 """The dispatcher reads a batch's item once per SQS batch, not once per message, and still honours a cancel
-that lands after that read."""
+that lands after that read; it reads the experiment's policy version for each dispatch, so a version set mid-batch
+stamps every dispatch after it."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import Counter
 
@@ -13,6 +15,7 @@ from rollout_pipeline.fakes.acr import AgentBehaviour, FakeAgentRuntime
 from rollout_pipeline.ledger.items import BatchView
 from rollout_pipeline.lifecycle.dispatch import BatchReads, Dispatch, dispatch_body, dispatch_records
 from rollout_pipeline.local.resources import ExperimentResources
+from tests.conftest import wait_for
 from tests.integration.lifecycle_support import (
     ShiftedClock,
     make_deps,
@@ -62,4 +65,53 @@ def test_a_cancel_after_the_batch_read_is_still_honoured(resources: ExperimentRe
 
     assert outcome is Dispatch.CANCELLED
     assert runtime.running == set(), "no session was started for a cancelled batch"
+    runtime.close()
+
+
+def test_a_policy_version_set_during_an_sqs_batch_stamps_the_dispatches_after_it(
+    resources: ExperimentResources,
+) -> None:
+    runtime = FakeAgentRuntime(behaviour=AgentBehaviour(kind="manual"))
+    deps = make_deps(resources, runtime, clock=ShiftedClock())
+    first, second = seed_batch(resources, batch_id=BATCH, inputs={"a": {}})
+    reads = BatchReads(deps)  # one SQS batch's reads
+
+    assert dispatch_body(first.model_dump_json(), deps, wait_until=paced_until(), batches=reads) is Dispatch.INVOKED
+    deps.ledger.limits.set_current_policy_version("8", "2026-01-01T00:00:00Z")  # the trainer synced its weights
+    assert dispatch_body(second.model_dump_json(), deps, wait_until=paced_until(), batches=reads) is Dispatch.INVOKED
+
+    versions = [deps.ledger.rollouts.get_rollout(BATCH, "a", m.index) for m in (first, second)]
+    assert [r.policy_version if r else "missing" for r in versions] == ["v7", "8"]  # the batch's, then the new one
+    runtime.close()
+
+
+@pytest.mark.timing
+def test_dispatches_asking_together_share_one_policy_read(resources: ExperimentResources) -> None:
+    runtime = FakeAgentRuntime(behaviour=AgentBehaviour(kind="manual"))
+    deps = make_deps(resources, runtime, clock=ShiftedClock())
+    reads = BatchReads(deps)
+    entered = threading.Event()
+    release = threading.Event()
+    calls: list[str | None] = []
+
+    def slow_read() -> str | None:
+        calls.append(None)
+        entered.set()
+        release.wait(10)
+        return "9"
+
+    deps.ledger.limits.current_policy_version = slow_read  # type: ignore[method-assign]
+    first = threading.Thread(target=reads.policy_version, args=(None,))
+    first.start()
+    assert entered.wait(10)
+    waiting = [threading.Thread(target=reads.policy_version, args=(None,)) for _ in range(5)]
+    for thread in waiting:
+        thread.start()
+    wait_for(lambda: reads._asks == 6, what="the five asks made while the first read is in flight")
+    release.set()
+    for thread in [first, *waiting]:
+        thread.join(10)
+
+    assert len(calls) == 2, "one read in flight when they asked, one more after it for all five"
+    assert reads.policy_version("batch's") == "9"
     runtime.close()

@@ -269,3 +269,21 @@ def test_a_private_subscription_queue_is_encrypted_and_tls_only(experiment: Expe
         ]
     finally:
         experiment.close_subscription(name, queue_url)
+
+
+def test_a_stream_of_many_batches_fits_eventbridges_pattern_size(
+    experiment: Experiment, resources: ExperimentResources
+) -> None:
+    """150 batch ids do not fit in an event pattern (2,048 characters by default): the stream's rule matches them by
+    prefixes, and the stream hands over its own batches' events only."""
+    from rollout_pipeline.sdk import subscription
+
+    many = [B1, *(f"test-{n:012d}" for n in range(150))]
+    assert len(json.dumps(sorted(many))) > subscription.MAX_PATTERN_CHARS
+    with experiment.events(batch_id=many, timeout=5, poll_wait_s=WAIT) as stream:
+        assert isinstance(stream, subscription.SubscribedStream)
+        rule = experiment.client("events").describe_rule(Name=stream.subscription[0], EventBusName=resources.bus_name)
+        assert len(rule["EventPattern"]) <= subscription.MAX_PATTERN_CHARS
+        publish(resources, completed(B2, "q1", 0, 0.0), completed(B1, "q1", 0, 1.0))
+        event = next(stream)
+    assert (event.batch_id, event.detail_type) == (B1, DetailType.ROLLOUT_COMPLETED)

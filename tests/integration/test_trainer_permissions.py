@@ -8,6 +8,7 @@ ART private subscription.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Any
 import botocore.client
 import pytest
 
+from rollout_pipeline.cli import EXIT_OK, main
 from rollout_pipeline.contracts import CLAIM_CHECK_BYTES, INLINE_RESULT_BYTES
 from rollout_pipeline.fakes.acr import AgentBehaviour, Behaviour, FakeAgentRuntime, FakeInvocation
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
@@ -148,6 +150,52 @@ def test_every_sdk_call_is_allowed_by_the_trainer_policy(
 
     recorded = {(service, operation) for service, operation, _ in calls}
     assert {("sqs", "CreateQueue"), ("s3", "GetObject"), ("dynamodb", "TransactWriteItems")} <= recorded
+    outside = sorted(
+        {
+            (kind, action)
+            for service, operation, params in calls
+            for kind in [resource_kind(outputs, service, operation, params)]
+            for action in iam_actions(service, operation, params)
+            if action not in TRAINER_ACTIONS[kind]
+        }
+    )
+    assert outside == [], "add these to rollout_pipeline/ops/permissions.py (the trainer policy)"
+
+
+def reward_of_the_row(row: Mapping[str, Any], result: Mapping[str, Any]) -> float:
+    """A rescoring function that needs the row's payload (claim-checked when the row is big)."""
+    return float(len(row["payload"]["prompt"]) > CLAIM_CHECK_BYTES)
+
+
+def test_export_of_every_batch_and_a_rescore_of_a_big_row_are_allowed(
+    resources: ExperimentResources,
+    deps: LifecycleDeps,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """`rollouts export --all-batches` lists the batches (a Query of the index, not a Scan of the table) and a
+    rescore reads the claim check of a 40 KiB row back (s3:GetObject on claims/): both under the trainer policy."""
+    outputs = resources.stack_outputs()
+    experiment = Experiment.from_outputs(outputs, region=REGION)
+    outputs_path = tmp_path / "outputs.json"
+    outputs_path.write_text(json.dumps({f"Rollouts-{resources.config.name}": outputs}))
+    big_prompt = "p" * (40 * 1024)
+    assert len(big_prompt) > CLAIM_CHECK_BYTES  # its payload travels as a claim check
+    batch = experiment.submit([{"id": "big", "prompt": big_prompt}, {"id": "small", "prompt": "q"}], group_size=1)
+    drive(resources, deps)
+    assert experiment.status(batch).done
+    with sdk_calls(monkeypatch) as calls:
+        args = ["-e", resources.config.name, "--region", REGION, "--outputs-file", str(outputs_path)]
+        assert main(["export", *args, "--all-batches", "-o", str(tmp_path / "all.jsonl")]) == EXIT_OK
+        rescored = experiment.rescore(None, reward_of_the_row, tmp_path / "rescored")
+
+    assert [json.loads(line)["batch_id"] for line in (tmp_path / "all.jsonl").read_text().splitlines()] == [batch] * 2
+    assert rescored.failed == 0, rescored.errors
+    recorded = {(service, operation, params.get("IndexName")) for service, operation, params in calls}
+    assert ("dynamodb", "Query", "deadline") in recorded  # the batch listing
+    assert not any(operation == "Scan" for _service, operation, _params in calls)
+    claims = [p for service, operation, p in calls if operation == "GetObject" and p["Key"].startswith("claims/")]
+    assert claims, "the rescore read the big row's claim check"
     outside = sorted(
         {
             (kind, action)

@@ -26,6 +26,7 @@ from rollout_pipeline.limits.pacing import Pacer
 from rollout_pipeline.limits.slots import caps as slot_caps
 from rollout_pipeline.local.resources import ExperimentResources
 from rollout_pipeline.quotas import AccountQuotas, PoolSettings
+from rollout_pipeline.sdk.cost import batch_cost
 from rollout_pipeline.sdk.export import rollout_fields
 from tests.integration.lifecycle_support import (
     ShiftedClock,
@@ -127,6 +128,28 @@ def test_a_batch_after_a_pause_starts_every_rollout_in_a_warm_session(
     item = rollout_item(resources, "batch-1", "q1", 0)  # the export (and the batch report) say it started warm
     assert item is not None
     assert rollout_fields(RolloutRecord.of_values(item))["session_warmed_at"]
+
+
+def test_a_rollout_run_in_a_warm_session_records_its_stop_and_adds_it_to_the_spend(
+    resources: ExperimentResources, fake: FakeAgentRuntime
+) -> None:
+    deps = warm_deps(resources, fake, warm=2)
+    WarmPool(deps).tick(budget_s=10)
+    send(resources, seed_batch(resources, inputs={"q1": {"prompt": "one"}}, group_size=2))
+    assert sorted(dispatch_once(resources, deps).outcomes.values()) == [Dispatch.WARM] * 2
+    drive(resources, deps)
+
+    records = [RolloutRecord.of_values(rollout_item(resources, "batch-1", "q1", index) or {}) for index in (0, 1)]
+    assert all(rec.session_id and ids.is_warm_session_id(rec.session_id) for rec in records)
+    spans = [rec.span(1) for rec in records]
+    assert all(span is not None and span.stopped_at is not None for span in spans), "each warm session's stop"
+    batch = deps.ledger.batches.read_batch("batch-1")
+    assert batch is not None
+    priced = batch_cost(batch, records, deps.prices, deps.now())
+    assert priced.stops_pending == 0  # `rollouts cost` shows no stop pending, and the figure no longer grows
+    _in_flight, spent = deps.ledger.limits.slots_and_spend()
+    assert spent == pytest.approx(priced.now.usd, rel=1e-6)  # every session priced to its confirmed stop
+    assert spent > 0, "the budget's spend counts the warm sessions"
 
 
 def board_writes(deps: LifecycleDeps, monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
@@ -555,6 +578,30 @@ def test_an_update_stops_the_warm_pool_first(
     assert "stopped 2 warm session(s)" in out.getvalue()
     assert fake.running == set()
     assert deps.ledger.warm.pool().halted == "stopped"
+
+
+def test_an_update_refused_leaves_the_warm_pool_running(
+    resources: ExperimentResources, fake: FakeAgentRuntime, tmp_path: Path
+) -> None:
+    """The refusal is decided before the warm pool is stopped: a refused update changes nothing."""
+    from rollout_pipeline.sdk import SdkError
+    from tests.fake_cdk import FakeCdkProject
+    from tests.integration.test_sdk_submit import _deploy_stack
+    from tests.integration.test_upgrade_guard import DIFFERS, STACK, update
+
+    deps = warm_deps(resources, fake, warm=2)
+    WarmPool(deps).tick(budget_s=10)
+    send(resources, seed_batch(resources, inputs={"q1": {}}, group_size=1))  # work in flight: a queued rollout
+    project = FakeCdkProject(tmp_path / "project")
+    project.script({"diff": {"exit": 1, "lines": DIFFERS}, "deploy": {"outputs": {STACK: resources.stack_outputs()}}})
+    _deploy_stack(resources.stack_outputs())
+    deployment, out = update(resources, project, max_sessions=resources.config.max_sessions + 1)
+    with pytest.raises(SdkError, match="in flight"):
+        deployment.deploy(yes=True)
+    assert project.verbs() == ["diff"]
+    assert "warm session" not in out.getvalue()
+    assert list(pool_sessions(deps).values()) == [WarmState.IDLE] * 2
+    assert len(fake.running) == 2
 
 
 def test_a_spent_budget_starts_nothing_warm_or_cold(resources: ExperimentResources, fake: FakeAgentRuntime) -> None:

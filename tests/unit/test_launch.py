@@ -66,6 +66,19 @@ class StubbedSession:
         self.pool = Stubber(self.dynamodb)
         self.pool.activate()
         self.pool_exists = True
+        self.sts = boto3.client("sts", region_name=REGION, aws_access_key_id="k", aws_secret_access_key="s")
+        self.ssm = boto3.client("ssm", region_name=REGION, aws_access_key_id="k", aws_secret_access_key="s")
+        self.bootstrap = (Stubber(self.sts), Stubber(self.ssm))
+        for stubber in self.bootstrap:
+            stubber.activate()
+
+    def cdk_bootstrapped(self, version: str | None = "21") -> None:
+        """The account (STS) and its CDK bootstrap version parameter (SSM); None: not bootstrapped."""
+        self.bootstrap[0].add_response("get_caller_identity", {"Account": "123456789012"})
+        if version is None:
+            self.bootstrap[1].add_client_error("get_parameter", "ParameterNotFound")
+        else:
+            self.bootstrap[1].add_response("get_parameter", {"Parameter": {"Value": version}})
 
     def pool_present(self, present: bool = True) -> None:
         """The account pool's table (`rollouts bootstrap`): present (the usual case) or not."""
@@ -79,6 +92,8 @@ class StubbedSession:
             return self.dynamodb
         if service == "service-quotas":
             return NoServiceQuotas()
+        if service in ("sts", "ssm"):
+            return self.sts if service == "sts" else self.ssm
         assert service == "cloudformation", f"unexpected {service} client"
         return self.cloudformation
 
@@ -177,6 +192,7 @@ def test_deploy_creates_the_stack_with_the_settings_as_context_and_returns_the_a
 
 def test_an_account_without_the_pool_gets_it_first(project: FakeCdkProject, session: StubbedSession) -> None:
     session.no_stack()
+    session.cdk_bootstrapped()
     project.script({"deploy": {"outputs": {STACK: outputs()}}})
     deploy, out, _questions = deployment(project, session, pool=False)
     deploy.deploy(yes=True)
@@ -186,6 +202,19 @@ def test_an_account_without_the_pool_gets_it_first(project: FakeCdkProject, sess
     assert "new_session_quota=25.0" in first["argv"], "the documented quota when Service Quotas cannot be read"
     assert second["argv"][:2] == ["deploy", STACK]
     assert "creating it first (`rollouts bootstrap`)" in out.getvalue()
+
+
+def test_a_fresh_account_is_told_to_bootstrap_the_cdk_before_the_pool_is_deployed(
+    project: FakeCdkProject, session: StubbedSession
+) -> None:
+    session.cdk_bootstrapped(None)
+    deploy, _out, _questions = deployment(project, session, pool=False)
+    with pytest.raises(SdkError) as raised:
+        deploy.deploy(yes=True)
+    assert str(raised.value) == (
+        "cdk bootstrap: not bootstrapped: run `npx cdk bootstrap aws://123456789012/us-east-1`"
+    )
+    assert project.calls() == [], "nothing deployed, not even the pool"
 
 
 def test_deploying_the_same_settings_changes_nothing(project: FakeCdkProject, session: StubbedSession) -> None:
@@ -572,7 +601,7 @@ def test_without_node_on_path_the_deploy_stops_with_one_line(
     empty.mkdir()
     monkeypatch.setenv("PATH", str(empty))
     deploy, _out, _questions = deployment(project, session)
-    with pytest.raises(SdkError, match=r"^Node.js is not on PATH \(the CDK CLI runs on it\): install Node.js 22"):
+    with pytest.raises(SdkError, match=r"^Node.js is not on PATH \(the CDK CLI runs on it\): install the version in"):
         deploy.deploy(yes=True)
     assert project.calls() == []
 

@@ -17,7 +17,17 @@ BASE = ("contracts", "config", "ids", "ports", "metric_names", "quotas", "costs"
 #: What only tests, benchmarks and local mode run on.
 TEST_ONLY = ("fakes",)
 #: The root's plain modules: names, numbers and small rules the stages and the stack read.
-PLAIN = ("topology", "routing", "access", "observability", "sqs_batch", "capacity", "warm_cost", "sinks")
+PLAIN = (
+    "topology",
+    "routing",
+    "access",
+    "observability",
+    "sqs_batch",
+    "capacity",
+    "warm_cost",
+    "sinks",
+    "bus_subscriptions",
+)
 #: What every area of the library may import of ours (its own modules aside): an allow-list per area, so a new
 #: dependency is a decision made here (and in docs/CONTRIBUTING.md's table), never one that slips through.
 ALLOWED: dict[str, frozenset[str]] = {
@@ -38,6 +48,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "capacity": frozenset({*BASE, "topology"}),
     "warm_cost": frozenset({"costs"}),
     "sinks": frozenset(BASE),
+    "bus_subscriptions": frozenset(),
     # boto3 implementations of the ports, and the stand-ins for tests, benchmarks and local mode.
     "adapters": frozenset(BASE),
     "fakes": frozenset({*BASE, "adapters", "access"}),
@@ -53,7 +64,9 @@ ALLOWED: dict[str, frozenset[str]] = {
     "ingest": frozenset({*BASE, *PLAIN, "adapters", "ledger", "details", "feed"}),
     "lifecycle": frozenset({*BASE, *PLAIN, "adapters", "ledger", "details", "feed", "limits"}),
     # The composition root: what it composes.
-    "wiring": frozenset({*BASE, "topology", "adapters", "ledger", "feed", "ingest", "limits", "lifecycle"}),
+    "wiring": frozenset(
+        {*BASE, "topology", "bus_subscriptions", "adapters", "ledger", "feed", "ingest", "limits", "lifecycle"}
+    ),
     # The trainer's side: everything below it.
     "sdk": frozenset(
         {*BASE, *PLAIN, "adapters", "ledger", "details", "feed", "ingest", "limits", "lifecycle", "wiring"}

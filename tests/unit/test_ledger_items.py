@@ -148,3 +148,35 @@ def test_a_rollout_in_a_warm_session_is_priced_from_the_sessions_warm_start() ->
     warm = RolloutRecord.of({**item, "session_warmed_at": {"N": str(datetime(2026, 1, 1, tzinfo=UTC).timestamp())}})
     assert cold.spans[0].started_at == datetime(2026, 1, 1, 0, 1, tzinfo=UTC)
     assert warm.spans[0].started_at == datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def test_the_attempt_a_warm_session_ran_is_told_from_the_rollout_item() -> None:
+    """A warm session's id names no attempt: the current attempt when it is the current session, else the earlier
+    attempt whose session is neither stopped nor its own (a warm attempt retried in a new session)."""
+    from rollout_pipeline import ids
+    from rollout_pipeline.ledger.items import RolloutRecord
+
+    warm = ids.warm_session_id("exp", "0123abcd")
+    item = {
+        "exp_id": {"S": "exp"},
+        "batch_id": {"S": "b1"},
+        "input_id": {"S": "i"},
+        "index": {"N": "0"},
+        "state": {"S": "succeeded"},
+        "attempt": {"N": "1"},
+        "session_id": {"S": warm},
+        "dispatched_at": {"S": "2026-01-01T00:01:00+00:00"},
+    }
+    assert RolloutRecord.of(item).attempt_of(warm) == 1
+    own_2 = ids.session_id("exp", "b1", "i", 0, 2)
+    retried = {
+        **item,
+        "state": {"S": "dispatched"},
+        "attempt": {"N": "2"},
+        "session_id": {"S": own_2},
+        "s1_start": {"S": "2026-01-01T00:01:00+00:00"},
+        "stop_sessions": {"SS": [warm]},
+    }
+    rec = RolloutRecord.of(retried)
+    assert (rec.attempt_of(warm), rec.attempt_of(own_2)) == (1, 2)
+    assert RolloutRecord.of({**retried, "s1_stop": {"N": "1767225700000"}}).attempt_of(warm) is None

@@ -4,6 +4,7 @@ de-duplication, filters, GRPO groups, advantages, status arithmetic, export rows
 from __future__ import annotations
 
 import json
+import threading
 from collections import Counter
 from datetime import UTC, datetime
 from typing import Any
@@ -208,6 +209,42 @@ def test_buffered_rollouts_are_bounded() -> None:
     assert stream._buffered <= 2
 
 
+class BlockingQueue(MemoryEventQueue):
+    """A queue whose receive blocks like a long poll until `answer` is set, then answers what it holds."""
+
+    def __init__(self, bodies: list[str]) -> None:
+        super().__init__(bodies)
+        self.polling = threading.Event()
+        self.answer = threading.Event()
+
+    def receive(self, wait_s: float, max_messages: int = 10) -> list[Delivery]:
+        self.polling.set()
+        self.answer.wait(30)
+        return super().receive(wait_s, max_messages)
+
+
+@pytest.mark.timing
+@pytest.mark.parametrize("kind", ["events", "groups"])
+def test_close_from_another_thread_returns_while_the_stream_waits(kind: str) -> None:
+    queue = BlockingQueue([envelope(completed(B1, "q1", 0, 1.0))])
+    events = EventStream(queue, SeenIds(), timeout=60, poll_wait_s=20)  # type: ignore[arg-type]
+    stream: EventStream | GroupStream = events if kind == "events" else GroupStream(events)
+    consumer = threading.Thread(target=lambda: list(stream), daemon=True)
+    consumer.start()
+    assert queue.polling.wait(10)
+
+    closer = threading.Thread(target=stream.close)
+    closer.start()
+    closer.join(10)
+
+    assert not closer.is_alive(), "close() waited for the stream's long poll"
+    queue.answer.set()  # the long poll ends: what it brought is released, and the consumer stops
+    consumer.join(10)
+    assert not consumer.is_alive()
+    assert queue.deleted == []
+    assert all(message["visible"] for message in queue.messages.values())
+
+
 @pytest.mark.parametrize(
     ("rewards", "expected"),
     [
@@ -333,3 +370,23 @@ def test_local_endpoint_needs_no_aws_credentials() -> None:
     assert local._request_signer._credentials.access_key == "local"
     remote = AwsClients(endpoint_url="https://example.com", region="us-east-1").client("sqs")
     assert remote._request_signer._credentials is None, "a remote endpoint still needs real credentials"
+
+
+@given(st.lists(st.from_regex(r"[a-z0-9][a-z0-9-]{0,47}", fullmatch=True), min_size=1, max_size=400, unique=True))
+@settings(max_examples=40, deadline=None)
+def test_a_stream_pattern_fits_and_matches_every_batch_it_names(batch_ids: list[str]) -> None:
+    from rollout_pipeline.sdk.subscription import MAX_PATTERN_CHARS, stream_pattern
+
+    pattern = stream_pattern(batch_ids, [DetailType.ROLLOUT_COMPLETED])
+    assert len(json.dumps(pattern)) <= MAX_PATTERN_CHARS
+    matchers = pattern.get("detail", {}).get("batch_id")
+    if matchers is None:
+        return  # every batch (the stream filters)
+    assert "" in matchers  # the experiment-wide events
+
+    def matched(batch: str) -> bool:
+        return any(m == batch or (isinstance(m, dict) and batch.startswith(m["prefix"])) for m in matchers)
+
+    assert all(matched(batch) for batch in batch_ids)
+    if len(json.dumps(sorted(batch_ids))) < MAX_PATTERN_CHARS // 2:
+        assert sorted(matchers) == sorted({*batch_ids, ""}), "a short list is matched exactly"
