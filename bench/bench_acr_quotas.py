@@ -41,7 +41,11 @@ from bench_lifecycle import _atomic_moto, _fake_aws_env, percentile, seed  # noq
 from harness import lifecycle_deps  # noqa: E402
 
 from rollout_pipeline.limits.pacing import LATENESS_S  # noqa: E402
-from rollout_pipeline.local.moto_server import atomic_moto_receives, cheap_moto_transactions  # noqa: E402
+from rollout_pipeline.local.moto_server import (  # noqa: E402
+    atomic_moto_receives,
+    cheap_moto_transactions,
+    is_dynamodb_request,
+)
 
 
 def busiest_window(times: list[float], width: float = 1.0) -> int:
@@ -206,27 +210,15 @@ def main(argv: list[str] | None = None) -> int:
 MOTO_TIME: dict[str, list[float]] = {"inner": [0.0, 0], "outer": [0.0, 0], "dynamodb": [0.0, 0]}
 
 
-def _is_dynamodb(request: Any) -> bool:
-    target = request.headers.get("X-Amz-Target") or b""
-    return (target.decode() if isinstance(target, bytes) else str(target)).startswith("DynamoDB")
-
-
 def _serialise_dynamodb() -> None:
-    """As local mode's server (`local.moto_server.SerializedServices`): DynamoDB requests one at a time (moto's
-    transactions are not atomic otherwise), other services concurrent (moto's SQS receives are made atomic by
-    `local.moto_server.atomic_moto_receives`, part of `patch_moto`)."""
+    """As local mode's server: DynamoDB requests one at a time (`local.moto_server.serialised_dynamodb_requests`),
+    other services concurrent (moto's SQS receives are made atomic by `local.moto_server.atomic_moto_receives`, part
+    of `patch_moto`)."""
     from moto.core.botocore_stubber import BotocoreStubber
 
-    lock = threading.RLock()
-    original = BotocoreStubber.process_request
+    from rollout_pipeline.local.moto_server import serialised_dynamodb_requests
 
-    def serialised(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
-        if not _is_dynamodb(request):
-            return original(self, request, *args, **kwargs)
-        with lock:
-            return original(self, request, *args, **kwargs)
-
-    BotocoreStubber.process_request = serialised  # type: ignore[method-assign]
+    BotocoreStubber.process_request = serialised_dynamodb_requests(BotocoreStubber.process_request)  # type: ignore[method-assign]
 
 
 def _time_moto(which: str) -> None:
@@ -244,7 +236,7 @@ def _time_moto(which: str) -> None:
             with lock:
                 MOTO_TIME[which][0] += took
                 MOTO_TIME[which][1] += 1
-                if which == "inner" and _is_dynamodb(request):
+                if which == "inner" and is_dynamodb_request(request):
                     MOTO_TIME["dynamodb"][0] += took
                     MOTO_TIME["dynamodb"][1] += 1
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -105,38 +104,17 @@ def no_aws_credentials(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
 
 
-#: moto's DynamoDB backend operations that read or write items.
-_DYNAMODB_OPERATIONS = (
-    "transact_write_items",
-    "transact_get_items",
-    "update_item",
-    "put_item",
-    "delete_item",
-    "get_item",
-    "batch_get_item",
-    "batch_write_item",
-    "query",
-    "scan",
-)
-
-
 def serialise_dynamodb(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Run in-process moto's DynamoDB operations one at a time, as local mode's server does
-    (`local.moto_server.SerializedServices`) and as DynamoDB's per-item atomicity requires: moto's backend is not
-    thread-safe (concurrent ADDs on one item can lose one; a failing transaction restoring its items can undo a
-    concurrent write), and the lifecycle runs its work in threads. The faithful profile still sees calls overlap:
-    it holds a transaction's items for `hold_ms` of wall time."""
-    from moto.dynamodb.models import DynamoDBBackend
+    """Run in-process moto's DynamoDB requests one at a time, answers included, as local mode's server does
+    (`local.moto_server.serialised_dynamodb_requests`): moto's backend is not thread-safe and builds an
+    `UpdateItem`'s returned item outside its call, and the lifecycle runs its work in threads. The faithful profile
+    still sees calls overlap: it holds a transaction's items for `hold_ms` of wall time, before the request."""
+    from moto.core.botocore_stubber import BotocoreStubber
 
-    lock = threading.RLock()
-    for name in _DYNAMODB_OPERATIONS:
-        original = getattr(DynamoDBBackend, name)
+    from rollout_pipeline.local.moto_server import serialised_dynamodb_requests
 
-        def serialised(*args: Any, __original: Any = original, **kwargs: Any) -> Any:
-            with lock:
-                return __original(*args, **kwargs)
-
-        monkeypatch.setattr(DynamoDBBackend, name, serialised)
+    original = BotocoreStubber.process_request
+    monkeypatch.setattr(BotocoreStubber, "process_request", serialised_dynamodb_requests(original))
 
 
 @pytest.fixture

@@ -387,3 +387,19 @@ class HttpEndpoint:
 
     def __exit__(self, *exc: object) -> None:
         self._server.__exit__(*exc)
+
+
+class ThreadClocks:
+    """A virtual wall clock per thread: each starts at `start` and moves only by that thread's own `sleep`, so a
+    thread never wakes late and every call happens exactly at the start its pacer booked, whatever the machine's
+    load. The ledger's schedule (shared by the threads) still decides the starts."""
+
+    def __init__(self, start: float) -> None:
+        self.start = start
+        self._local = threading.local()
+
+    def wall(self) -> float:
+        return float(getattr(self._local, "now", self.start))
+
+    def sleep(self, seconds: float) -> None:
+        self._local.now = self.wall() + max(0.0, seconds)

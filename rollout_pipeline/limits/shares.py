@@ -24,7 +24,7 @@ import math
 import random
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any, Final
 
@@ -71,6 +71,21 @@ def water_fill(budget: float, wants: Mapping[str, tuple[float, float]]) -> dict[
         left -= got
         weight -= w
     return shares
+
+
+def fair_shares(
+    name: str, members: Iterable[MemberEntry], rate: float, active_budget: float, now: float
+) -> tuple[float, int]:
+    """Experiment `name`'s weighted max-min fair shares of the account's new-session `rate` (among the entries
+    renewed within `LIVE_S`, each asking its demand up to its cap) and of `active_budget` active sessions (a live
+    entry asks for its `max_sessions`, one renewed within `ACTIVE_LIVE_S` for the sessions it holds)."""
+    entries = [m for m in members if m.weight > 0]
+    live = {m.name: m for m in entries if now - m.renewed_at <= LIVE_S}
+    wants = {n: (m.weight, capped(m.demand, m.sessions_cap)) for n, m in live.items()}
+    holding = {m.name: m for m in entries if now - m.renewed_at <= ACTIVE_LIVE_S}
+    active_wants = {n: (m.weight, float(m.max_sessions if n in live else m.in_flight)) for n, m in holding.items()}
+    share = water_fill(rate, wants).get(name, 0.0)
+    return share, int(water_fill(active_budget, active_wants).get(name, 0.0) + 1e-9)
 
 
 def capped(demand: float, cap: float | None) -> float:
@@ -237,17 +252,9 @@ class Membership:
     def shares(self, members: Mapping[str, MemberEntry], now: float) -> tuple[float, int]:
         """This experiment's fair shares of the account's new-session rate and active sessions (see the module
         doc), among `members` as they are now."""
-        name = self.config.name
-        account = self.account.current()
-        reserve = account.settings.reserve
-        live = {m.name: m for m in members.values() if now - m.renewed_at <= LIVE_S and m.weight > 0}
-        wants = {n: (m.weight, capped(m.demand, m.sessions_cap)) for n, m in live.items()}
-        rate = water_fill(self.account.rate(), wants).get(name, 0.0)
-        holding = {m.name: m for m in members.values() if now - m.renewed_at <= ACTIVE_LIVE_S and m.weight > 0}
-        active_wants = {n: (m.weight, float(m.max_sessions if n in live else m.in_flight)) for n, m in holding.items()}
+        reserve = self.account.current().settings.reserve
         active_budget = self.account.active_cap() * (1.0 - reserve)
-        active = water_fill(active_budget, active_wants).get(name, 0.0)
-        return rate, int(active + 1e-9)
+        return fair_shares(self.config.name, members.values(), self.account.rate(), active_budget, now)
 
 
 def account_sessions_percent(members: list[MemberEntry], quota: int, now: float) -> float:

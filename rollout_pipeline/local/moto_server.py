@@ -9,7 +9,7 @@ import socket
 import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Final
 
@@ -113,6 +113,29 @@ def patch_moto() -> None:
     cheap_moto_transactions()
     indexed_moto_queries()
     atomic_moto_receives()
+
+
+def is_dynamodb_request(request: Any) -> bool:
+    """Whether a botocore request (as moto's stubber sees it) is a DynamoDB call."""
+    target = request.headers.get("X-Amz-Target") or b""
+    return (target.decode() if isinstance(target, bytes) else str(target)).startswith("DynamoDB")
+
+
+def serialised_dynamodb_requests(process_request: Callable[..., Any]) -> Callable[..., Any]:
+    """In-process moto (`mock_aws`: tests, benches) as local mode's server serves DynamoDB
+    (`SerializedServices`): `process_request` (moto's `BotocoreStubber.process_request`) wrapped so DynamoDB requests
+    run one at a time, their answers included (moto builds an `UpdateItem`'s returned item after its backend call,
+    from the live item: a concurrent write could show in it, so two reservations of one schedule read the same start),
+    other services concurrent."""
+    lock = threading.RLock()
+
+    def serialised(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+        if not is_dynamodb_request(request):
+            return process_request(self, request, *args, **kwargs)
+        with lock:
+            return process_request(self, request, *args, **kwargs)
+
+    return serialised
 
 
 #: moto's SQS operations that read or change a queue's messages, run one at a time by `atomic_moto_receives`.

@@ -45,14 +45,14 @@ MTRL_MAX_IN_FLIGHT: Final = 32
 FAIL_MARKER: Final = "FAIL-SAMPLE"
 HANG_MARKER: Final = "HANG-SAMPLE"
 JOB_ARN_HEADER: Final = "X-Amzn-SageMaker-Job-Arn"
-TRAJECTORY_HEADER: Final = "X-Amzn-SageMaker-Trajectory-Id"
+TRAJECTORY_HEADER: Final = "X-Amzn-SageMaker-JobTrajectory-Id"
 BEARER_PREFIX: Final = "Bearer sagemaker-api-key-"
 SIGV4_PREFIX: Final = "AWS4-HMAC-SHA256"
 RFT_AGENT: Final = "rollout_pipeline.agent.examples.rft_math_agent"
 
 
 @dataclass
-class Trajectory:
+class JobTrajectory:
     """One trajectory at the stand-in job runtime."""
 
     status: str | None = None
@@ -78,13 +78,13 @@ class JobRuntimeStandIn(LoopbackServer):
         self.job_arn = job_arn
         self.hang_max_s = hang_max_s
         self.changed = threading.Condition()
-        self.trajectories: dict[str, Trajectory] = {}
+        self.trajectories: dict[str, JobTrajectory] = {}
         self.samples: list[dict[str, Any]] = []
         super().__init__(self._handler_class(), thread_name="mtrl-job-runtime")
 
     def open(self, rollout_id: str) -> None:
         with self.changed:
-            self.trajectories[rollout_id] = Trajectory()
+            self.trajectories[rollout_id] = JobTrajectory()
 
     def seal(self, rollout_id: str, status: str) -> None:
         """MTRL ends the trajectory itself (its deadline passed)."""
@@ -95,10 +95,10 @@ class JobRuntimeStandIn(LoopbackServer):
                 trajectory.reports.append({"call": "mtrl-deadline", "auth": "mtrl", "answer": 200})
             self.changed.notify_all()
 
-    def snapshot(self) -> dict[str, Trajectory]:
+    def snapshot(self) -> dict[str, JobTrajectory]:
         with self.changed:
             return {
-                key: Trajectory(
+                key: JobTrajectory(
                     status=value.status,
                     rewards=None if value.rewards is None else list(value.rewards),
                     sealed_at=value.sealed_at,
@@ -126,7 +126,7 @@ class JobRuntimeStandIn(LoopbackServer):
             return answer
 
     @staticmethod
-    def _apply(trajectory: Trajectory, call: str, body: Mapping[str, Any]) -> tuple[int, dict[str, Any]]:
+    def _apply(trajectory: JobTrajectory, call: str, body: Mapping[str, Any]) -> tuple[int, dict[str, Any]]:
         token = str(body.get("ClientToken") or "")
         if token and trajectory.tokens.get(token) == call:
             return 200, {}
@@ -397,7 +397,7 @@ def measure(
     }
 
 
-def _told_failed(trajectory: Trajectory) -> bool:
+def _told_failed(trajectory: JobTrajectory) -> bool:
     """The environment (the agent host or the MTRL reporter), not MTRL's own deadline, sealed it failed."""
     reports = trajectory.reports
     return any(r["call"] == "complete-failed" and r["answer"] == 200 and r["auth"] != "mtrl" for r in reports)

@@ -14,6 +14,9 @@ from tests.conftest import REGION, receive_all
 
 
 def test_dataset_upload_reaches_ingest_queue_and_other_keys_do_not(resources: ExperimentResources) -> None:
+    """The rule matches `datasets/` by prefix, with no wildcard (EventBridge allows 30 rules with wildcards per bus,
+    the account's default bus included): a key of another suffix reaches the queue, and ingestion skips it
+    (`tests/integration/test_ingest.py`)."""
     s3 = clients.client("s3")
     s3.put_object(Bucket=resources.input_bucket, Key="datasets/a.jsonl", Body=b"{}\n")
     s3.put_object(Bucket=resources.input_bucket, Key="datasets/b.jsonl.gz", Body=b"")
@@ -21,7 +24,7 @@ def test_dataset_upload_reaches_ingest_queue_and_other_keys_do_not(resources: Ex
     s3.put_object(Bucket=resources.input_bucket, Key="other/d.jsonl", Body=b"")
     events = receive_all(resources.ingest_queue_url)
     keys = sorted(e["detail"]["object"]["key"] for e in events)
-    assert keys == ["datasets/a.jsonl", "datasets/b.jsonl.gz"]
+    assert keys == ["datasets/a.jsonl", "datasets/b.jsonl.gz", "datasets/c.csv"]
     assert all(e["detail"]["object"].get("version-id") for e in events), "input bucket must be versioned"
 
 
