@@ -76,7 +76,8 @@ class AccountQuotas:
     new_sessions_per_s: float = DEFAULT_NEW_SESSIONS_PER_S
     data_plane_per_s: float = DEFAULT_DATA_PLANE_PER_S
     active_sessions: int = ACTIVE_SESSIONS_ELSEWHERE
-    #: "defaults", "service-quotas" or "override" (one word per value when they differ: "service-quotas+override").
+    #: Where the values came from: "defaults", which quota code set each figure and how ("new sessions L-8EE2AEA2
+    #: (applied); ..."), "+override" when a value was given.
     source: str = "defaults"
 
     @classmethod

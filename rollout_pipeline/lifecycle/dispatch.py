@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import logging
-import random
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -61,7 +60,7 @@ from rollout_pipeline.lifecycle.metrics import (
 )
 from rollout_pipeline.lifecycle.warm import MAX_TRIES
 from rollout_pipeline.limits.admission import Held
-from rollout_pipeline.limits.pacing import InvokeBlock, NoCallBudget
+from rollout_pipeline.limits.pacing import InvokeBlock, NoCallBudget, retry_pause
 from rollout_pipeline.observability import bind_log_ids
 from rollout_pipeline.ports import (
     RuntimeColdStart,
@@ -464,7 +463,7 @@ def _call_warm(
         except NoCallBudget as exc:
             raise _WarmDead(str(exc)) from exc
         except RuntimeThrottled as exc:
-            backoff = min(0.25 * 2**attempt, 4.0) * random.uniform(0.5, 1.0)
+            backoff = retry_pause(attempt)
             if attempt == deps.invoke_retries or deps.clock.monotonic() + backoff > start_by:
                 raise _WarmDead(f"kept throttling: {exc}") from exc
             deps.clock.sleep(backoff)
@@ -768,7 +767,7 @@ def _after_throttle(
 ) -> Dispatch | None:
     """ACR throttled the invoke: back off and return None to try again, or give up (the slot freed) once the
     retries or the time to start are spent."""
-    backoff = min(0.25 * 2**tries, 4.0) * random.uniform(0.5, 1.0)
+    backoff = retry_pause(tries)
     if tries < deps.invoke_retries and deps.clock.monotonic() + backoff <= start_by:
         deps.clock.sleep(backoff)
         return None

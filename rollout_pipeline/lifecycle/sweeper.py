@@ -9,7 +9,7 @@ older than `deps.outbox_age_s` are drained. Every step is conditional on `(state
 concurrent sweeps change nothing twice. Last, the release window's backstop (`feed.feed.Feed.sweep`), the
 budget's check (`lifecycle.budget.check`: its warning and exhaustion are announced even when nothing dispatches),
 the private subscriptions whose owner is gone (`lifecycle.subscriptions`) and a heartbeat to the account pool with
-the sessions in flight (`limits.pool.CapacityLease.heartbeat`).
+the sessions in flight (`limits.Limits.heartbeat`).
 """
 
 from __future__ import annotations

@@ -71,6 +71,17 @@ CLIMB_PER_S: Final = 0.02
 MIN_FACTOR: Final = 0.2
 
 
+#: A call AgentCore refused for now is retried after a pause drawn from [0, min(`RETRY_CAP_S`, `RETRY_BASE_S` x 2^n)]
+#: ("full jitter": the retries of many callers spread out instead of arriving together, a storm's cause).
+RETRY_BASE_S: Final = 0.25
+RETRY_CAP_S: Final = 4.0
+
+
+def retry_pause(attempt: int, rng: random.Random | None = None) -> float:
+    """The pause before retry number `attempt` (0-based) of a call AgentCore refused for now (full jitter)."""
+    return (rng or random).uniform(0.0, min(RETRY_CAP_S, RETRY_BASE_S * 2**attempt))
+
+
 def backoff_factor(base: float, at: float, now: float) -> float:
     """The backoff factor at `now` after a decrease to `base` at `at`: `base` for `PROBE_AFTER_S`, then climbing back
     `CLIMB_PER_S` per second to 1 (additive increase, multiplicative decrease, a pause before probing)."""

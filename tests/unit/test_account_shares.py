@@ -6,13 +6,23 @@ demand."""
 from __future__ import annotations
 
 import math
+import random
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rollout_pipeline.ledger.pool import AccountView, MemberEntry
 from rollout_pipeline.limits import account
-from rollout_pipeline.limits.pacing import BACKOFF, BACKOFF_HOLD_S, PROBE_AFTER_S, backoff_factor, decreased
+from rollout_pipeline.limits.pacing import (
+    BACKOFF,
+    BACKOFF_HOLD_S,
+    PROBE_AFTER_S,
+    RETRY_BASE_S,
+    RETRY_CAP_S,
+    backoff_factor,
+    decreased,
+    retry_pause,
+)
 from rollout_pipeline.limits.shares import ACTIVE_LIVE_S, LIVE_S, fair_shares, water_fill
 from rollout_pipeline.quotas import START_LATENESS_S, AccountQuotas, PoolSettings
 
@@ -116,3 +126,14 @@ def test_the_learned_active_cap_climbs_back_after_its_pause() -> None:
     assert account.active_cap(view, NOW + PROBE_AFTER_S) == 96
     assert account.active_cap(view, NOW + PROBE_AFTER_S + 10) == 96 + int(10 * account.ACTIVE_CLIMB_PER_S)
     assert account.active_cap(AccountView(settings=view.settings), NOW) == 5000  # nothing learned: the quota
+
+
+def test_retries_after_a_refusal_use_full_jitter() -> None:
+    """A refused call's retry pause is drawn from [0, cap]: the retries of many callers spread out instead of
+    arriving together (a storm that live-locked a trainer's sessions at AgentCore's active-session cap)."""
+    rng = random.Random(7)
+    pauses = [retry_pause(2, rng) for _ in range(2000)]
+    cap = min(RETRY_CAP_S, RETRY_BASE_S * 4)
+    assert 0.0 <= min(pauses) < 0.05 * cap
+    assert 0.95 * cap < max(pauses) <= cap
+    assert abs(sum(pauses) / len(pauses) - cap / 2) < 0.05 * cap  # uniform, not a band near the cap

@@ -183,6 +183,7 @@ def test_all_ok(clients: Clients) -> None:
         "model url",
         "credentials",
         "agentcore",
+        "quotas",
         "new sessions",
         "data-plane calls",
         "active sessions",
@@ -231,6 +232,19 @@ def test_the_strictest_new_session_rate_binds_and_a_cap_above_it_is_an_error(cli
     unset = by_name(preflight.quota_checks(ExperimentConfig(name="exp"), reader()))["new sessions"]
     assert unset.level == "ok"
     assert "6.667/s" in unset.message
+
+
+def test_a_container_rate_only_in_the_defaults_catalogue_is_not_the_accounts(clients: Clients) -> None:
+    """The per-endpoint container rate (400/min) listed only by ListAWSDefaultServiceQuotas is not applied to the
+    account: it must not make the whole account 6.67 new sessions/s. The check says which code set each figure."""
+    per_endpoint_container = quota("L-0B3AF7ED", "", 400, PER_MINUTE)
+    clients.quotas(DISTRACTORS, [per_endpoint_container, *DEFAULTS])
+    checks = by_name(
+        preflight.quota_checks(ExperimentConfig(name="exp", session_rate_limit=10), clients("service-quotas"))
+    )
+    assert checks["new sessions"].level == "ok", checks["new sessions"].line()
+    assert "L-8EE2AEA2 (default)" in checks["quotas"].message
+    assert "L-0B3AF7ED" not in checks["quotas"].message
 
 
 def _reader_of(quotas: list[dict[str, Any]]) -> Any:
@@ -368,6 +382,6 @@ def test_cli_prints_one_line_per_check_and_exits_1_on_error(monkeypatch: pytest.
     )
     lines = out.getvalue().splitlines()
     assert code == cli.EXIT_ERROR
-    assert len(lines) == 12
+    assert len(lines) == 13
     assert lines[-1].startswith("error   cdk bootstrap: not bootstrapped")
     stubbed.verify()
