@@ -85,6 +85,27 @@ def _add_pipeline_options(parser: argparse.ArgumentParser, *, demo: bool) -> Non
         help="the local account's AgentCore new-session quota, sessions/s for every experiment together (default: "
         "AgentCore's documented 25); the local AgentCore refuses beyond it as AgentCore does",
     )
+    parser.add_argument(
+        "--account-active-sessions",
+        type=int,
+        metavar="N",
+        help="the local account's active-session quota (default: AgentCore's documented one); the local AgentCore "
+        "answers ServiceQuotaExceededException beyond it as AgentCore does",
+    )
+    parser.add_argument(
+        "--reserve",
+        type=float,
+        metavar="SHARE",
+        help="the share of each account quota the pipeline leaves unused (default: 0.1)",
+    )
+    parser.add_argument(
+        "--setting",
+        action="append",
+        default=[],
+        metavar="[NAME:]KEY=VALUE",
+        help="an experiment setting as the deployed stack takes it (`-c KEY=VALUE`), for the experiment NAME or, "
+        "without it, for all; e.g. --setting exp-b:capacity_weight=2 --setting exp-c:session_rate_limit=1",
+    )
     parser.add_argument("--group-size", type=_count(1), default=4, help="rollouts per row (default: 4)")
     parser.add_argument(
         "--model-url",
@@ -241,10 +262,16 @@ def _settings(args: argparse.Namespace, max_tokens: int = DEFAULT_MAX_TOKENS) ->
     if args.budget_usd is not None and not args.budget_usd > 0:
         raise CliError(f"--budget-usd must be a positive number of US dollars, got {args.budget_usd}")
     names = args.experiment or ["local-demo"]
+    shared, per_experiment = _experiment_settings(args.setting, names)
+    if args.budget_usd is not None:
+        shared["budget_usd"] = args.budget_usd
     return LocalSettings(
         experiment=names[0],
         also=tuple(names[1:]),
         account_new_sessions_per_s=args.account_quota,
+        account_active_sessions=args.account_active_sessions,
+        capacity_reserve=args.reserve,
+        per_experiment=per_experiment,
         group_size=args.group_size,
         tps_limit=args.tps,
         max_sessions=args.max_sessions,
@@ -258,8 +285,26 @@ def _settings(args: argparse.Namespace, max_tokens: int = DEFAULT_MAX_TOKENS) ->
         warm_sessions=args.warm_sessions,
         work_dir=args.work_dir,
         port=getattr(args, "port", None) or None,
-        experiment_settings={} if args.budget_usd is None else {"budget_usd": args.budget_usd},
+        experiment_settings=shared,
     )
+
+
+def _experiment_settings(given: list[str], names: list[str]) -> tuple[dict[str, str], dict[str, dict[str, str]]]:
+    """`--setting [NAME:]KEY=VALUE` options: (the settings of every experiment, those of one experiment by name);
+    values are text, as `-c KEY=VALUE` gives them (the configuration validates them)."""
+    from rollout_pipeline.cli.base import CliError
+
+    shared: dict[str, str] = {}
+    per_experiment: dict[str, dict[str, str]] = {}
+    for item in given:
+        target, _, assignment = item.rpartition(":") if ":" in item.split("=", 1)[0] else ("", "", item)
+        key, sep, value = assignment.partition("=")
+        if not sep or not key.strip():
+            raise CliError(f"--setting {item!r}: expected [NAME:]KEY=VALUE, e.g. exp-b:capacity_weight=2")
+        if target and target not in names:
+            raise CliError(f"--setting {item!r}: {target} is not an experiment of this run ({', '.join(names)})")
+        (per_experiment.setdefault(target, {}) if target else shared)[key.strip()] = value.strip()
+    return shared, per_experiment
 
 
 def _cmd_demo(args: argparse.Namespace, out: TextIO) -> int:

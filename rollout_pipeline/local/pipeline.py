@@ -119,9 +119,15 @@ class LocalSettings:
     #: More experiments on the same local account (same settings but the name): one moto endpoint, one account
     #: pool, one local AgentCore whose quotas are the account's, each experiment with its own resources and Lambdas.
     also: tuple[str, ...] = ()
-    #: The local account's AgentCore new-session quota (sessions/s, every experiment together; the local AgentCore
-    #: refuses beyond it as AgentCore does): None, AgentCore's documented 25/s.
+    #: Settings of one experiment of the run over `experiment_settings` (name -> `ExperimentConfig` fields: its
+    #: `capacity_weight`, `session_rate_limit`, `max_sessions`, ...), as each deployed stack takes its own.
+    per_experiment: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: The local account's AgentCore quotas (every experiment together; the local AgentCore refuses beyond them as
+    #: AgentCore does: new sessions/s with ThrottlingException, active sessions with ServiceQuotaExceededException):
+    #: None, AgentCore's documented ones (25/s, 1,000 data-plane calls/s, the region's active sessions).
     account_new_sessions_per_s: float | None = None
+    account_data_plane_per_s: float | None = None
+    account_active_sessions: int | None = None
     #: The share of each budget the account pool leaves unused (None: `quotas.DEFAULT_RESERVE`).
     capacity_reserve: float | None = None
     #: False: no account pool, each experiment keeps its own limits as if it owned the account (comparisons only).
@@ -137,7 +143,11 @@ class LocalSettings:
 
     def pool_settings(self) -> PoolSettings:
         """The local account pool: AgentCore's documented quotas of the local region, the new-session one as set."""
-        quotas = AccountQuotas.defaults(REGION).overridden(new_sessions_per_s=self.account_new_sessions_per_s)
+        quotas = AccountQuotas.defaults(REGION).overridden(
+            new_sessions_per_s=self.account_new_sessions_per_s,
+            data_plane_per_s=self.account_data_plane_per_s,
+            active_sessions=self.account_active_sessions,
+        )
         reserve = DEFAULT_RESERVE if self.capacity_reserve is None else self.capacity_reserve
         return PoolSettings(quotas, reserve=reserve)
 
@@ -145,10 +155,12 @@ class LocalSettings:
         """The experiment's configuration (`name`: one of `names()`, the first by default), as the stack would take
         it; `ConfigError` (one line naming every bad setting) when a setting is invalid: `LocalPipeline.start` checks
         it before it starts anything."""
+        name = name or self.experiment
         return validate_config(
             {
                 **self.experiment_settings,
-                "name": name or self.experiment,
+                **self.per_experiment.get(name, {}),
+                "name": name,
                 "group_size": self.group_size,
                 "tps_limit": self.tps_limit,
                 "max_sessions": self.max_sessions,
@@ -179,7 +191,14 @@ class LocalSettings:
 
     def validate(self) -> None:
         """Raise `ConfigError` (one line) when a setting is invalid, before anything is started."""
+        unknown = sorted(set(self.per_experiment) - set(self.names()))
+        if unknown:
+            raise ConfigError(
+                f"settings for {', '.join(unknown)}: not an experiment of this run ({', '.join(self.names())})"
+            )
         config = self.experiment_config(self.model_url or "http://127.0.0.1/v1")
+        for name in self.names()[1:]:
+            self.experiment_config(self.model_url or "http://127.0.0.1/v1", name)
         if config.mtrl_environment and not self.mtrl_runtime_url:
             raise ConfigError("mtrl_environment in local mode needs mtrl_runtime_url (the job runtime to report to)")
 
@@ -317,8 +336,9 @@ class LocalPipeline:
                 **self.settings.agent_env,
                 **({API_KEY_ENV: self.settings.model_api_key} if self.settings.model_api_key else {}),
             },
-            # One more process than the experiments' session limits: the ledger's limits are the binding ones.
-            max_sessions=max_sessions + 1,
+            # One more process than the experiments' session limits (the ledger's limits are the binding ones), or
+            # the account's active sessions when fewer: AgentCore refuses beyond them.
+            max_sessions=min(max_sessions + 1, pool.quotas.active_sessions),
             new_sessions_per_s=pool.quotas.new_sessions_per_s,
             warm_processes=self.settings.warm_processes,
             isolation="shared" if self.settings.isolation == "shared" else "process",
