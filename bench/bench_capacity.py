@@ -125,6 +125,9 @@ def main(argv: list[str] | None = None) -> int:
         help="how long it runs (virtual s; it must end while the backlog lasts, for the climb back)",
     )
     parser.add_argument("--before", action="store_true", help="also run the experiments on their own limits")
+    parser.add_argument(
+        "--members", type=int, default=0, help="more experiments in the pool, idle (their entries renewed every second)"
+    )
     parser.add_argument("--hold-ms", type=float, default=15.0)
     parser.add_argument("--no-latency", action="store_true")
     parser.add_argument("--seed", type=int, default=1)
@@ -248,8 +251,10 @@ def run(  # noqa: C901 (one run's harness: the experiments' Lambdas, the outside
     retry.stats.plain = retry.stats.transactions = 0
     log = TransactionLog(profile)
     pool_writes: list[float] = []
+    item_sizes: list[int] = []
     if pooled:
-        _count_pool_writes(pool_writes)
+        _count_pool_writes(pool_writes, item_sizes)
+        _add_members(PoolLedger.open(topology_pool_table()), args.members, stop)
     probe = LatenessProbe()
     grants: list[tuple[float, dict[str, tuple[float, float]]]] = []
     if pooled:
@@ -261,11 +266,11 @@ def run(  # noqa: C901 (one run's harness: the experiments' Lambdas, the outside
                     return
                 counters.harness.on = True
                 try:
-                    state = pool_reader.read()
+                    view, members = pool_reader.snapshot()
                 finally:
                     counters.harness.on = False
                 now = time.time()
-                grants.append((now - started_at, _grants_row(state, now)))
+                grants.append((now - started_at, _grants_row(view, members, now)))
                 time.sleep(1.0)
 
     def releasing(rig: Rig, batch: str) -> Any:
@@ -355,6 +360,7 @@ def run(  # noqa: C901 (one run's harness: the experiments' Lambdas, the outside
         log=log,
         profile=profile,
         pool_writes=pool_writes,
+        item_sizes=item_sizes,
         terminal=terminal,
         total=total,
         errors=errors,
@@ -375,15 +381,48 @@ def run(  # noqa: C901 (one run's harness: the experiments' Lambdas, the outside
     )
 
 
-def _grants_row(state: Any, now: float) -> dict[str, tuple[float, float]]:
-    """One sample of the pool: each member's live new-session grant and demand, and each rate's backoff factor."""
-    from rollout_pipeline.limits.shares import factor
+def _grants_row(view: Any, members: list[Any], now: float) -> dict[str, tuple[float, float]]:
+    """One sample of the pool: each experiment's share of new sessions/s and its demand as its last renewal wrote
+    them, and the account schedule's backoff factor."""
+    from rollout_pipeline.limits.pacing import backoff_factor
 
-    row = {
-        n: (m.lease("sessions").rate if m.lease("sessions").until > now else 0.0, m.lease("sessions").demand)
-        for n, m in state.members.items()
-    }
-    return row | {f"backoff-{b}": (factor(state.backoff.get(b), now), 0.0) for b in ("sessions", "calls")}
+    row = {m.name: (m.share, m.demand) for m in members}
+    return row | {"backoff-sessions": (backoff_factor(view.factor, view.factor_at, now), 0.0)}
+
+
+def _renewals(rigs: dict[str, Rig]) -> dict[str, int]:
+    """What the experiments' processes did in the pool: share renewals written and lost, backoff decreases and climb
+    steps written, active-session caps learned."""
+    out: Counter[str] = Counter()
+    for rig in rigs.values():
+        for deps in (rig.deps, *rig.dispatch_deps):
+            limits = deps.limits
+            if limits.membership is not None:
+                out["renewals"] += limits.membership.renewals
+                out["renewals_lost"] += limits.membership.lost
+            if limits.account is not None:
+                out["decreases"] += limits.account.decreases
+                out["climbs"] += limits.account.climbs
+                out["caps_learned"] += limits.account.caps_learned
+    return dict(out)
+
+
+def _add_members(pool: Any, count: int, stop: threading.Event) -> None:
+    """`count` more experiments in the pool, idle (live entries asking for nothing): the account's item does not
+    grow with them, and the shares leave them out."""
+    from rollout_pipeline.ledger.pool import MemberEntry
+
+    if count <= 0:
+        return
+
+    def renew() -> None:
+        while not stop.is_set():
+            now = time.time()
+            for i in range(count):
+                pool.put_member(MemberEntry(f"idle-{i:03d}", demand=0.0, renewed_at=now), now=now)
+            stop.wait(1.0)
+
+    threading.Thread(target=renew, name="bench-members", daemon=True).start()
 
 
 def topology_pool_table() -> str:
@@ -397,18 +436,25 @@ def _terminal(rig: Rig, batch_id: str) -> int:
     return view.terminal if view is not None else 0
 
 
-def _count_pool_writes(writes: list[float]) -> None:
-    """Record when the pool item is written (the account pool's one item: how hot is it?)."""
-    from rollout_pipeline.ledger.pool import PoolLedger
+def _count_pool_writes(writes: list[float], sizes: list[int]) -> None:
+    """Record when the account's schedule item is written (every new session of every experiment books its start
+    there: how hot is it?) and how big the item is after each write (its write cost: 1 WCU per KB)."""
+    import json as _json
 
-    for name in ("write_member", "record_backoff"):
-        original = getattr(PoolLedger, name)
+    from rollout_pipeline.ledger import pace
+    from rollout_pipeline.ledger.pool_schema import POOL_PK, POOL_SK
 
-        def counted(self: Any, *a: Any, __original: Any = original, **kw: Any) -> Any:
+    original = pace._write
+
+    def counted(table: Any, key: Any, *a: Any, **kw: Any) -> Any:
+        reserved, seen = original(table, key, *a, **kw)
+        if key["pk"]["S"] == POOL_PK and key["sk"]["S"] == POOL_SK:
             writes.append(time.time())
-            return __original(self, *a, **kw)
+            if reserved is not None:
+                sizes.append(len(_json.dumps(dict(reserved.values), default=str).encode()))
+        return reserved, seen
 
-        setattr(PoolLedger, name, counted)
+    pace._write = counted  # type: ignore[assignment]
 
 
 class Outside:
@@ -549,12 +595,9 @@ def figures(**kw: Any) -> dict[str, Any]:
             - fake.stopped
         ),
         "pool_writes_per_s": _busiest_rate(kw["pool_writes"]),
-        "lease_renewals": dict(
-            sum(
-                (d.lease.stats for r in rigs.values() for d in (r.deps, *r.dispatch_deps) if d.lease is not None),
-                Counter(),
-            )
-        ),
+        "account_item_bytes_max": max(kw["item_sizes"], default=0),
+        "account_item_wcu_per_start": math.ceil(max(kw["item_sizes"], default=0) / 1024),
+        "renewals": _renewals(rigs),
         "busiest_items": _busiest_items(kw["profile"], kw["log"], all_starts),
         "machine": kw["machine"],
         "events_s": {k: v - t0 for k, v in events.items()},
@@ -706,7 +749,10 @@ def print_report(mode: str, r: dict[str, Any]) -> None:
             f"({r['throttles_outside_after_backoff_share']:.1%}); pipeline meanwhile "
             f"{r['pipeline_sessions_per_s_with_outside']:.2f}/s; climb back {r['climb_back_s']:.2f} s"
         )
-    print(f"pool item writes         {r['pool_writes_per_s']}; lease renewals {r.get('lease_renewals')}")
+    print(
+        f"account item             writes {r['pool_writes_per_s']}; at most {r['account_item_bytes_max']} bytes "
+        f"({r['account_item_wcu_per_start']} WCU a write); renewals {r.get('renewals')}"
+    )
     print("busiest items            " + "; ".join(str(i) for i in r["busiest_items"]))
     print("requests by item         " + ", ".join(f"{k} {v:.2f}" for k, v in r["requests_by_item"].items()))
     print("  by operation           " + ", ".join(f"{k} {v:.2f}" for k, v in r["requests_by_operation"].items()))

@@ -17,14 +17,16 @@ from rollout_pipeline.ledger.attributes import from_attribute_value, item_values
 from rollout_pipeline.ledger.table import LedgerError, LedgerTable
 
 
-@dataclass(frozen=True)
+@dataclass
 class LimitsView:
     """What one Query of the `LIMIT` partition shows (`LimitLedger.limits_view`): the session-slot counters, the
-    admission board's entries and the call budgets' schedules by budget."""
+    admission board's entries, the call budgets' schedules by budget and the experiment's policy version (its item
+    sorts between the schedules and the counters)."""
 
     counts: list[int]
     board: list[tuple[str, int, list[str]]] = field(default_factory=list)
     paces: dict[str, dict[str, Any]] = field(default_factory=dict)
+    policy_version: str | None = None
 
 
 class LayoutMismatch(LedgerError):
@@ -204,6 +206,8 @@ class LimitLedger:
                 view.board.append(_board_entry(raw))
             elif sk.startswith(keys.PACE_PREFIX):
                 view.paces[sk.removeprefix(keys.PACE_PREFIX)] = item_values(raw)
+            elif sk == keys.POLICY_SK:
+                view.policy_version = str(from_attribute_value(raw["policy_version"]))
         return view
 
     def in_flight(self) -> int:

@@ -167,15 +167,14 @@ def parse_message(body: str) -> RolloutMessage:
 class BatchReads:
     """Batch items read once per SQS batch, shared by its dispatcher threads (its messages are mostly of one
     batch). A cancel after the read is still honoured: the dispatch transaction itself refuses a cancelled batch.
-    The experiment's policy version is read afresh for each dispatch transaction (`policy_version`)."""
+    The experiment's policy version comes from a read that began after the dispatch did (`policy_version`)."""
 
     def __init__(self, deps: LifecycleDeps) -> None:
         self._deps = deps
         self._items: dict[str, BatchView | None] = {}
         self._lock = threading.Lock()
-        self._policy_read = threading.Lock()  # one policy read at a time; it serves every ask made before it began
-        self._asks = 0
-        self._policy: tuple[int, str | None] = (0, None)  # (asks made before the last read began, its value)
+        self._policy_read = threading.Lock()  # one policy read at a time: the others wait for it and use it
+        self._dispatch = threading.local()  # when this thread's dispatch began (monotonic s)
 
     def get(self, batch_id: str) -> BatchView | None:
         with self._lock:
@@ -188,22 +187,26 @@ class BatchReads:
         with self._lock:
             return [view for view in self._items.values() if view is not None]
 
+    def begin(self) -> None:
+        """This thread's dispatch of a message begins now: its policy version is read after this."""
+        self._dispatch.began = self._deps.clock.monotonic()
+
     def policy_version(self, batch_default: str | None) -> str | None:
-        """The version to dispatch with: the experiment's current one, else the batch's. Read (strongly consistent)
-        after this call began, so a version the trainer set before it is the one stamped: a dispatch transaction
-        never carries a version older than its own start. Threads that ask while a read is in flight share the
-        next one (at most one read per dispatch, fewer when an SQS batch's dispatches meet)."""
-        with self._lock:
-            self._asks += 1
-            ask = self._asks
+        """The version to dispatch with: the experiment's current one, else the batch's; from a read (strongly
+        consistent) that began after this thread's dispatch began (`begin`), so a version the trainer set before it
+        is the one stamped. A poll of the process's admission gate that let the rollout through serves (it reads the
+        `LIMIT` partition, the version's item with it: no request of its own); else one read, shared by every
+        dispatch of the process that began before it."""
+        shards = self._deps.limits.shards
+        since = getattr(self._dispatch, "began", 0.0)
         with self._policy_read:
-            served, version = self._policy
-            if served < ask:
-                with self._lock:
-                    began = self._asks
-                version = self._deps.ledger.limits.current_policy_version()
-                self._policy = (began, version)
-        return version or batch_default
+            seen = shards.policy
+            if seen is None or seen[0] < since:
+                began = self._deps.clock.monotonic()
+                shards.saw_policy(began, self._deps.ledger.limits.current_policy_version())
+                seen = shards.policy
+        assert seen is not None
+        return seen[1] or batch_default
 
 
 def dispatch_body(
@@ -230,6 +233,7 @@ def dispatch_body(
     message = parse_message(body)
     bind_log_ids(batch_id=message.batch_id, rollout_id=message.rollout_id, session_id=message.session_id)
     batches = batches or BatchReads(deps)
+    batches.begin()
     batch = batches.get(message.batch_id)
     if batch is None:
         raise LookupError(f"batch {message.batch_id} not found in the ledger")

@@ -66,7 +66,7 @@ class Limits:
         other process through the items)."""
         clocks, pacing = clocks or Clocks(), pacing or Clocks()
         account = AccountSchedule(pool, wall=pacing.wall, monotonic=pacing.monotonic, sleep=pacing.sleep)
-        shards = SlotShards(ledger, config.max_sessions, wall=pacing.wall)
+        shards = SlotShards(ledger, config.max_sessions, wall=pacing.wall, monotonic=clocks.monotonic)
         membership = Membership(
             pool,
             ledger,
@@ -136,7 +136,7 @@ class Limits:
             clocks=pacing,
         )
         limited = LimitedRuntime(runtime, tps, session, metrics, sessions_apart=apart, stops=stops)
-        shards = SlotShards(ledger, config.max_sessions, wall=pacing.wall)
+        shards = SlotShards(ledger, config.max_sessions, wall=pacing.wall, monotonic=clocks.monotonic)
         gate = _gate(ledger, shards, SessionRoom(session), clocks, group_admission)
         return cls(limited, shards, gate, session_rate=session_rate)
 

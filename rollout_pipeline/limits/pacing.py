@@ -241,12 +241,13 @@ class Pacer:
             self._sleep(max(pause, 0.001))
 
     def reserve_together(self, wait_until: float, *, lead_s: float = 0.0, not_before: float = 0.0) -> float | None:
-        """`reserve`, for several threads of this process at about the same moment in ONE write when the schedule
-        is busy: the first to come waits `TOGETHER_S` for the others, books one start for each (`book`) and hands
-        them out in the order they came. A thread whose start could not be booked that way reserves its own. An
-        idle schedule is reserved at once (no wait)."""
+        """`reserve`, for several threads of this process at about the same moment in ONE write when their starts
+        are ahead anyway (the schedule is busy, or `not_before` is later: a new session's account start after its
+        share's): the first to come waits `TOGETHER_S` for the others, books one start for each (`book`) and hands
+        them out in the order they came. A thread whose start could not be booked that way reserves its own. A start
+        wanted now is reserved at once (no wait)."""
         lead = lead_s or self.lead_s
-        if not (self.busy and self.tat - max(self._wall(), not_before) > lead + 2 * TOGETHER_S):
+        if max(self.tat if self.busy else 0.0, not_before) - self._wall() <= lead + 2 * TOGETHER_S:
             return self.reserve(wait_until, lead_s=lead_s, not_before=not_before)
         with self._together_lock:
             round_ = self._together

@@ -34,6 +34,7 @@ class SlotShards:
         *,
         rng: random.Random | None = None,
         wall: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.ledger = ledger
         #: `max_sessions`, or a function giving it now (the account pool's grant of active sessions can change).
@@ -44,6 +45,10 @@ class SlotShards:
         self._cursor = (rng or random).randrange(keys.SESSION_SHARDS)
         self._lock = threading.Lock()
         self._wall = wall
+        self._monotonic = monotonic
+        #: The experiment's policy version as the latest read of the `LIMIT` partition showed it, and when that read
+        #: began (monotonic s): the dispatches that began before it may stamp it (`lifecycle.dispatch.BatchReads`).
+        self.policy: tuple[float, str | None] | None = None
         #: The sessions in flight by the latest read, and when (wall s; the account pool's entry reports them).
         self.last_in_flight = 0
         self.read_at = -1e18
@@ -72,8 +77,16 @@ class SlotShards:
     def in_flight_and_board(self) -> tuple[int, list[BoardEntry], dict[str, dict[str, Any]]]:
         """The sessions in flight, the admission board and the call budgets' schedule items, in one Query
         (`LimitLedger.limits_view`); refreshes the view."""
+        began = self._monotonic()
         view = self.ledger.limits_view()
+        self.saw_policy(began, view.policy_version)
         return self._absorb(view.counts), view.board, view.paces
+
+    def saw_policy(self, began: float, version: str | None) -> None:
+        """A read that began at `began` (monotonic s) showed the experiment's policy version `version`."""
+        with self._lock:
+            if self.policy is None or began >= self.policy[0]:
+                self.policy = (began, version)
 
     def last_read(self) -> tuple[int, float]:
         """The sessions in flight by the latest read, and when it was made (wall s)."""

@@ -87,6 +87,8 @@ def test_a_policy_version_set_during_an_sqs_batch_stamps_the_dispatches_after_it
 
 @pytest.mark.timing
 def test_dispatches_asking_together_share_one_policy_read(resources: ExperimentResources) -> None:
+    """Dispatches that began while a policy read was in flight share the next read; one that began before a read
+    (the admission gate's poll, or another dispatch's read) takes that one: no request of its own."""
     runtime = FakeAgentRuntime(behaviour=AgentBehaviour(kind="manual"))
     deps = make_deps(resources, runtime, clock=ShiftedClock())
     reads = BatchReads(deps)
@@ -101,17 +103,31 @@ def test_dispatches_asking_together_share_one_policy_read(resources: ExperimentR
         return "9"
 
     deps.ledger.limits.current_policy_version = slow_read  # type: ignore[method-assign]
-    first = threading.Thread(target=reads.policy_version, args=(None,))
+
+    def dispatch() -> None:
+        reads.begin()
+        reads.policy_version(None)
+
+    first = threading.Thread(target=dispatch)
     first.start()
     assert entered.wait(10)
-    waiting = [threading.Thread(target=reads.policy_version, args=(None,)) for _ in range(5)]
+    waiting = [threading.Thread(target=dispatch) for _ in range(5)]
     for thread in waiting:
         thread.start()
-    wait_for(lambda: reads._asks == 6, what="the five asks made while the first read is in flight")
+    wait_for(lambda: reads._policy_read.locked() and len(calls) == 1, what="the first read in flight")
+    time.sleep(0.05)  # the five began after the first read did
     release.set()
     for thread in [first, *waiting]:
         thread.join(10)
 
     assert len(calls) == 2, "one read in flight when they asked, one more after it for all five"
     assert reads.policy_version("batch's") == "9"
+    deps.limits.shards.saw_policy(time.monotonic(), "10")  # a gate poll that began before the next dispatch
+    reads.begin()
+    assert reads.policy_version(None) == "9"  # a read that began before this dispatch does not serve it
+    assert len(calls) == 3
+    reads.begin()
+    deps.limits.shards.saw_policy(time.monotonic(), "10")  # the gate's poll after this dispatch began
+    assert reads.policy_version(None) == "10"
+    assert len(calls) == 3, "the poll served: no read of its own"
     runtime.close()
