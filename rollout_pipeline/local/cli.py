@@ -78,34 +78,7 @@ def _add_pipeline_options(parser: argparse.ArgumentParser, *, demo: bool) -> Non
         else "local experiment name (default: local-demo); more than once: several experiments on one local account "
         "(one moto endpoint, one account pool, one local AgentCore with the account's quotas)",
     )
-    parser.add_argument(
-        "--account-quota",
-        type=float,
-        metavar="N",
-        help="the local account's AgentCore new-session quota, sessions/s for every experiment together (default: "
-        "AgentCore's documented 25); the local AgentCore refuses beyond it as AgentCore does",
-    )
-    parser.add_argument(
-        "--account-active-sessions",
-        type=int,
-        metavar="N",
-        help="the local account's active-session quota (default: AgentCore's documented one); the local AgentCore "
-        "answers ServiceQuotaExceededException beyond it as AgentCore does",
-    )
-    parser.add_argument(
-        "--reserve",
-        type=float,
-        metavar="SHARE",
-        help="the share of each account quota the pipeline leaves unused (default: 0.1)",
-    )
-    parser.add_argument(
-        "--setting",
-        action="append",
-        default=[],
-        metavar="[NAME:]KEY=VALUE",
-        help="an experiment setting as the deployed stack takes it (`-c KEY=VALUE`), for the experiment NAME or, "
-        "without it, for all; e.g. --setting exp-b:capacity_weight=2 --setting exp-c:session_rate_limit=1",
-    )
+    _add_account_options(parser)
     parser.add_argument("--group-size", type=_count(1), default=4, help="rollouts per row (default: 4)")
     parser.add_argument(
         "--model-url",
@@ -151,6 +124,38 @@ def _add_pipeline_options(parser: argparse.ArgumentParser, *, demo: bool) -> Non
     )
     parser.add_argument("--work-dir", type=Path, help="where logs go (default: a new temporary directory)")
     parser.add_argument("-v", "--verbose", action="store_true", help="log what the pipeline does")
+
+
+def _add_account_options(parser: argparse.ArgumentParser) -> None:
+    """The local account's quotas and reserve, and each experiment's own settings."""
+    parser.add_argument(
+        "--account-quota",
+        type=float,
+        metavar="N",
+        help="the local account's AgentCore new-session quota, sessions/s for every experiment together (default: "
+        "AgentCore's documented 25); the local AgentCore refuses beyond it as AgentCore does",
+    )
+    parser.add_argument(
+        "--account-active-sessions",
+        type=int,
+        metavar="N",
+        help="the local account's active-session quota (default: AgentCore's documented one); the local AgentCore "
+        "answers ServiceQuotaExceededException beyond it as AgentCore does",
+    )
+    parser.add_argument(
+        "--reserve",
+        type=float,
+        metavar="SHARE",
+        help="the share of each account quota the pipeline leaves unused (default: 0.1)",
+    )
+    parser.add_argument(
+        "--setting",
+        action="append",
+        default=[],
+        metavar="[NAME:]KEY=VALUE",
+        help="an experiment setting as the deployed stack takes it (`-c KEY=VALUE`), for the experiment NAME or, "
+        "without it, for all; e.g. --setting exp-b:capacity_weight=2 --setting exp-c:session_rate_limit=1",
+    )
 
 
 def _add_agent_options(parser: argparse.ArgumentParser) -> None:
