@@ -31,8 +31,8 @@ ExperimentT = TypeVar("ExperimentT", bound=ExperimentHandle)
 
 @dataclass(frozen=True)
 class LaunchOptions:
-    """How to launch an experiment, as opposed to what it is (its settings): `Experiment.launch`'s keywords, the
-    operator code's (`ops.launch.launch`) and `rollouts deploy`'s."""
+    """How to launch an experiment, as opposed to what it is (its settings): the keywords of `Experiment.launch`
+    that are not settings, as the operator code takes them (`ops.operations.Operator.launch`, `ops.launch.launch`)."""
 
     #: Go on without asking (a new stack, a change, a failed stack to create again).
     yes: bool = False
