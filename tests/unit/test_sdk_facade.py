@@ -11,16 +11,27 @@ from typing import Any
 
 import pytest
 
+from rollout_pipeline.config import ExperimentConfig
 from rollout_pipeline.ops.launch import plan
 from rollout_pipeline.sdk import Experiment, SdkError
 from rollout_pipeline.sdk import experiment as experiment_module
 from rollout_pipeline.sdk.experiment import Alias
 from rollout_pipeline.sdk.operations import LaunchOptions
-from tests.unit.test_launch import outputs
 
 REPO = Path(__file__).resolve().parents[2]
 #: The most lines the class may take (docstring, topics and flat names included).
 MAX_FACADE_LINES = 600
+#: The stack outputs of an experiment `x` (nothing is read from AWS here).
+OUTPUTS = {
+    "ExperimentName": "x",
+    "ExperimentConfig": ExperimentConfig(name="x", model_base_url="https://models.example.org/v1").to_env(),
+    "InputBucketName": "rollouts-x-input",
+    "ResultsBucketName": "rollouts-x-results",
+    "RolloutQueueUrl": "https://sqs.us-east-1.amazonaws.com/123456789012/rollouts-x-rollouts",
+    "TrainerQueueUrl": "https://sqs.us-east-1.amazonaws.com/123456789012/rollouts-x-trainer",
+    "EventBusName": "rollouts-x",
+    "LedgerTableName": "rollouts-x-ledger",
+}
 
 
 def test_the_facade_stays_small() -> None:
@@ -35,7 +46,7 @@ def aliases() -> dict[str, Alias[Any, Any, Any]]:
 
 
 def test_each_flat_name_is_the_verb_of_its_topic() -> None:
-    exp = Experiment(outputs(), region="us-east-1")
+    exp = Experiment(OUTPUTS, region="us-east-1")
     assert aliases()
     for name, alias in aliases().items():
         topic = getattr(exp, alias.topic)
