@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from rollout_pipeline.config import ExperimentConfig
-from rollout_pipeline.ops.launch import plan
+from rollout_pipeline.ops.launch import SETTING_KEYS, plan
 from rollout_pipeline.sdk import Experiment, SdkError
 from rollout_pipeline.sdk import experiment as experiment_module
 from rollout_pipeline.sdk.experiment import Alias
@@ -103,3 +103,8 @@ def test_a_bad_launch_option_is_one_clear_error(given: dict[str, Any], error: st
 def test_an_unknown_keyword_names_the_settings_and_the_launch_options() -> None:
     with pytest.raises(SdkError, match=r"unknown setting\(s\) yess: .*launch's options yes, force, region"):
         plan("x", {"yess": True}, None)
+
+
+def test_no_setting_shares_a_name_with_a_launch_option() -> None:
+    """`Experiment.launch` tells them apart by name: a setting named like an option would never reach the stack."""
+    assert set(SETTING_KEYS) & set(LaunchOptions.names()) == set()
