@@ -138,7 +138,7 @@ def run_batch(pipeline: Any, rows: int, group_size: int, timeout_s: float, tag: 
     path = Path(tempfile.mkdtemp()) / f"bench-{tag}.jsonl"
     path.write_text("".join(json.dumps({"id": f"{tag}-{i}", "q": i}) + "\n" for i in range(rows)))
     started = time.monotonic()
-    batch_id = pipeline.experiment.submit_file(path, group_size=group_size)
+    batch_id = pipeline.experiment.batches.submit_file(path, group_size=group_size)
     # consume_others: events of an earlier batch that arrive after its `Batch Completed` are taken here, as a
     # trainer reading every event would, instead of being released until the trainer queue dead-letters them.
     for event in pipeline.experiment.events(batch_id=batch_id, timeout=timeout_s, consume_others=True):

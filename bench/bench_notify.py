@@ -219,7 +219,7 @@ def run(lengths: list[float], per_length: int) -> dict[str, Any]:
             consumer.handler = _handler_timer(durations, consumer.name, consumer.handler)
         dataset = Path(tmp) / "bench.jsonl"
         dataset.write_text("".join(json.dumps(r) + "\n" for r in rows))
-        batch_id = pipeline.experiment.submit_file(dataset)
+        batch_id = pipeline.experiment.batches.submit_file(dataset)
         started = time.time()
         for event in pipeline.experiment.events(batch_id=batch_id, timeout=max(lengths) + 120):
             if event.detail_type is DetailType.ROLLOUT_COMPLETED:

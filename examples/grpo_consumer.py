@@ -50,11 +50,11 @@ def main() -> None:
             experiment = Experiment.attach(args.experiment, endpoint_url=args.endpoint_url)
         else:
             parser.error("name the experiment: -e NAME (or $ROLLOUTS_EXPERIMENT), or --outputs-file FILE")
-        batch_id = experiment.submit_file(args.dataset, group_size=args.group_size)
+        batch_id = experiment.batches.submit_file(args.dataset, group_size=args.group_size)
         print(f"batch {batch_id}: waiting for groups (pushed events, no polling)", flush=True)
-        for group in experiment.groups(batch_id, timeout=args.timeout):
+        for group in experiment.events.groups(batch_id, timeout=args.timeout):
             print(describe(group), flush=True)
-        status = experiment.status(batch_id)
+        status = experiment.batches.status(batch_id)
     except SdkError as exc:
         parser.exit(1, f"{parser.prog}: error: {exc}\n")
     print(f"done: {status.succeeded} succeeded, {status.failed} failed, reward mean {status.reward_mean}")

@@ -148,7 +148,7 @@ def run_local(count: int, timeout_s: float, work_dir: Path | None) -> dict[str, 
 def pipeline_events(experiment: Any, batch_ids: list[str]) -> dict[str, RolloutCompleted | RolloutFailed]:
     """Every rollout event of the route's batches, by gateway session (rebuilt from the ledger)."""
     types = [DetailType.ROLLOUT_COMPLETED, DetailType.ROLLOUT_FAILED]
-    return {event.detail.input_id: event.detail for event in experiment.ledger_events(batch_ids, detail_types=types)}
+    return {event.detail.input_id: event.detail for event in experiment.events.replay(batch_ids, detail_types=types)}
 
 
 def main(argv: list[str] | None = None) -> int:

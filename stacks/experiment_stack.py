@@ -97,7 +97,18 @@ class ExperimentStack(Stack):
         )
         self._outputs(handler_settings)
         self._operator_outputs()
-        nag.acknowledge(self)
+        nag.acknowledge(
+            nag.ExperimentFindings(
+                stack=self,
+                config=config,
+                undelivered=self.events.undelivered,
+                input_bucket=self.storage.input_bucket,
+                results_bucket=self.storage.results_bucket,
+                function_roles={name: function.role for name, function in self.functions.items()},
+                runtime=self.agent.runtime,
+                runtime_role=self.agent.runtime.role,
+            )
+        )
 
     def _agent(self, repo_root: Path) -> None:
         """The agent's image (built in CodeBuild) and its AgentCore runtime, which pulls it."""

@@ -1,11 +1,15 @@
 """cdk-nag (AwsSolutions) on every synth, and the stack's acknowledged findings, each with its reason.
 
-Acknowledgments sit on the narrowest construct (the one policy or role) and name the exact IAM5 finding.
+Acknowledgments sit on the narrowest construct (the one policy or role) and name the exact IAM5 finding. A stack
+hands this module what its findings sit on (`ExperimentFindings`, or the stack itself for the pool's): this module
+imports no stack.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Final
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final
 
 from aws_cdk import Acknowledgment, App, CfnElement, Stack, Token, Validations
 from aws_cdk import aws_iam as iam
@@ -14,12 +18,9 @@ from cdk_nag import AwsSolutionsChecks
 from constructs import IConstruct
 
 from rollout_pipeline import topology
+from rollout_pipeline.config import ExperimentConfig
 from rollout_pipeline.ids import CLAIMS_PREFIX
 from rollout_pipeline.ops.permissions import SUBSCRIPTION_PREFIXES
-
-if TYPE_CHECKING:
-    from stacks.experiment_stack import ExperimentStack
-    from stacks.pool_stack import PoolStack
 
 IAM4: Final = "AwsSolutions-IAM4"
 IAM5: Final = "AwsSolutions-IAM5"
@@ -64,18 +65,35 @@ def default_policy(role: iam.IRole) -> IConstruct:
     return role.node.find_child("DefaultPolicy")
 
 
-def acknowledge(stack: ExperimentStack) -> None:
+@dataclass(frozen=True)
+class ExperimentFindings:
+    """What the deliberate findings of an experiment stack sit on."""
+
+    stack: Stack
+    config: ExperimentConfig
+    #: The dead-letter queue of the bus's rule targets.
+    undelivered: IConstruct
+    input_bucket: s3.IBucket
+    results_bucket: s3.IBucket
+    #: Each pipeline function's role, by the function's name (`topology.FUNCTION_NAMES`).
+    function_roles: Mapping[str, iam.IRole]
+    #: The AgentCore runtime, and its role.
+    runtime: IConstruct
+    runtime_role: iam.IRole
+
+
+def acknowledge(found: ExperimentFindings) -> None:
     """Acknowledge the deliberate findings of an experiment stack."""
-    exp = stack.config.name
-    input_bucket, results_bucket = stack.storage.input_bucket, stack.storage.results_bucket
-    fns = stack.functions
+    stack, exp = found.stack, found.config.name
+    input_bucket, results_bucket = found.input_bucket, found.results_bucket
+    roles = found.function_roles
 
     ack(
-        stack.events.undelivered,
+        found.undelivered,
         "AwsSolutions-SQS3",
         "This queue is itself a dead-letter queue: EventBridge rule targets send it the events they cannot deliver.",
     )
-    ingest_policy = default_policy(fns["ingest"].role)
+    ingest_policy = default_policy(roles["ingest"])
     ack(
         ingest_policy,
         iam5(bucket_prefix(input_bucket, "datasets/")),
@@ -87,26 +105,26 @@ def acknowledge(stack: ExperimentStack) -> None:
         "Ingest writes oversized row payloads under claims/, one object per row, keyed by batch and input id.",
     )
     ack(
-        default_policy(fns["dispatch"].role),
+        default_policy(roles["dispatch"]),
         iam5(bucket_prefix(input_bucket, CLAIMS_PREFIX)),
         "Dispatch reads the oversized row payloads ingest wrote under claims/ (keys known only at run time).",
     )
-    invokers = ["dispatch", *(["sweeper"] if stack.config.warm_pool_on else [])]  # the warm pool's warm-ups
+    invokers = ["dispatch", *(["sweeper"] if found.config.warm_pool_on else [])]  # the warm pool's warm-ups
     for name in invokers:
         ack(
-            default_policy(fns[name].role),
-            iam5(f"<{logical_id(stack.agent.runtime)}.AgentRuntimeArn>/*"),
+            default_policy(roles[name]),
+            iam5(f"<{logical_id(found.runtime)}.AgentRuntimeArn>/*"),
             "grant_invoke_runtime covers the endpoints of this one runtime only (runtime ARN + '/*').",
         )
     for name in (n for n in topology.FUNCTION_NAMES if n != "ingest"):
         ack(
-            default_policy(fns[name].role),
+            default_policy(roles[name]),
             iam5(bucket_prefix(results_bucket, f"{exp}/")),
             "Reads the result objects the agent writes under this experiment's prefix (one key per session).",
         )
 
-    _acknowledge_reaper(stack)
-    agent_policy = default_policy(stack.agent.runtime.role)
+    _acknowledge_reaper(stack, exp, roles["sweeper"])
+    agent_policy = default_policy(found.runtime_role)
     logs_arn = f"{account_arn(stack, 'logs')}:log-group:"
     agent_findings = {
         iam5(bucket_prefix(results_bucket, f"{exp}/")): (
@@ -125,7 +143,7 @@ def acknowledge(stack: ExperimentStack) -> None:
             + (
                 " MTRL environment mode: sagemaker:CallWithBearerToken (the job runtime's bearer tokens) is granted "
                 "on * as AWS's AmazonSageMakerJobRuntimeAccess does, conditioned on aws:ResourceAccount."
-                if stack.config.mtrl_environment
+                if found.config.mtrl_environment
                 else ""
             )
         ),
@@ -145,10 +163,10 @@ def acknowledge(stack: ExperimentStack) -> None:
             )
 
 
-def _acknowledge_reaper(stack: ExperimentStack) -> None:
+def _acknowledge_reaper(stack: Stack, exp: str, sweeper_role: iam.IRole) -> None:
     """The sweeper removes the private subscriptions of processes that are gone (`lifecycle.subscriptions`)."""
-    sweeper_policy = default_policy(stack.functions["sweeper"].role)
-    bus = topology.bus_name(stack.config.name)
+    sweeper_policy = default_policy(sweeper_role)
+    bus = topology.bus_name(exp)
     for prefix in SUBSCRIPTION_PREFIXES:
         ack(
             sweeper_policy,
@@ -167,7 +185,7 @@ def _acknowledge_reaper(stack: ExperimentStack) -> None:
     )
 
 
-def acknowledge_pool(stack: PoolStack) -> None:
+def acknowledge_pool(stack: Stack) -> None:
     """Acknowledge the deliberate findings of the account pool's stack."""
     for child in stack.node.children:
         if child.node.id.startswith("AWS679f53fac002430cb0da5b7982bd2287"):  # AwsCustomResource's singleton

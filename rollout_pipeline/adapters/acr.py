@@ -112,17 +112,10 @@ def client_config(max_pool_connections: int = 50) -> Any:
     )
 
 
-def acr_client() -> Any:
-    """The default client factory's `bedrock-agentcore` client (`clients.ClientFactory.acr`)."""
-    from rollout_pipeline.adapters.clients import default_factory
-
-    return default_factory().acr()
-
-
 class AcrAgentRuntime:
     """The real ACR runtime of one experiment (`runtime_arn`), its sessions spread over `endpoints` endpoints
-    (`ids.endpoint_index`; endpoint 0 is DEFAULT and sent without a qualifier). The client is created on first
-    use."""
+    (`ids.endpoint_index`; endpoint 0 is DEFAULT and sent without a qualifier), through `acr_client` (a client
+    factory's `acr()`, or its `lazy` stand-in: `wiring.Wiring.agent_runtime`)."""
 
     #: The longest an invoke can take (`lifecycle.deps.LifecycleDeps.invoke_time_s` reads it).
     max_invoke_s: float = MAX_CALL_S
@@ -130,20 +123,14 @@ class AcrAgentRuntime:
     def __init__(
         self,
         runtime_arn: str,
-        acr_client: Any | None = None,
+        acr_client: Any,
         qualifier: str | None = None,
         endpoints: int = 1,
     ) -> None:
         self.runtime_arn = runtime_arn
         self.qualifier = qualifier
         self.endpoints = endpoints
-        self._client = acr_client
-
-    @property
-    def acr(self) -> Any:
-        if self._client is None:
-            self._client = acr_client()
-        return self._client
+        self.acr = acr_client
 
     def _target(self, session_id: str) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"agentRuntimeArn": self.runtime_arn, "runtimeSessionId": session_id}

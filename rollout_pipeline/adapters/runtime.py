@@ -3,7 +3,7 @@
 In AWS, anyone holding an experiment's runtime ARN and a client reaches its ACR runtime. In local mode the
 "ACR" is a `LocalAgentRuntime` (or the fake) inside the `LocalPipeline`'s process, next to a moto server: the
 pipeline registers it here under that server's URL for as long as it runs, so an SDK experiment in the same process
-attached to that endpoint (the ART backend, `Experiment.cancel_batch`) stops sessions where they run. The pipeline's
+attached to that endpoint (the ART backend, `exp.batches.cancel`) stops sessions where they run. The pipeline's
 own handlers never look here: they get their runtime explicitly (`wiring.Wiring.runtime`).
 """
 

@@ -50,7 +50,7 @@ def cmd_submit(args: argparse.Namespace, out: TextIO) -> int:
         if not isinstance(sampling, dict):
             raise CliError("--sampling-params must be a JSON object")
     experiment = attach(args)
-    batch_id = experiment.submit_file(
+    batch_id = experiment.batches.submit_file(
         args.file,
         group_size=args.group_size,
         sampling_params=sampling,
@@ -123,7 +123,7 @@ def cmd_budget_set(args: argparse.Namespace, out: TextIO) -> int:
     if not args.usd > 0:
         raise CliError(f"the budget must be a positive number of US dollars, got {args.usd}")
     experiment = attach(args)
-    experiment.set_budget(args.usd, batch=args.batch)
+    experiment.cost.set_budget(args.usd, batch=args.batch)
     if args.batch is not None:
         (batch,) = experiment.cost(args.batch).batches
         spent = batch.published.usd if batch.published is not None else 0.0
@@ -165,10 +165,10 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
 
 def cmd_cancel(args: argparse.Namespace, out: TextIO) -> int:
     experiment = attach(args)
-    report = experiment.cancel(args.batch)
+    report = experiment.batches.cancel(args.batch)
     # What the batch holds now (every rollout is terminal once cancel returns), whoever ended each one: this
     # command, or a dispatcher of the pipeline that saw the cancel flag first.
-    status = experiment.status(args.batch)
+    status = experiment.batches.status(args.batch)
     ended_cancelled = status.failed_by_reason.get("cancelled", 0)
     before = status.terminal - ended_cancelled
     print(
@@ -245,7 +245,7 @@ def cmd_subscriptions_list(args: argparse.Namespace, out: TextIO) -> int:
     import time
 
     now = time.time()
-    found = attach(args).list_subscriptions()
+    found = attach(args).subscriptions.list()
     for sub in found:
         missing = " (rule gone)" if sub.rule_arn is None else " (queue gone)" if sub.queue_url is None else ""
         print(f"{sub.name}  {sub.kind}  {sub.owner}  last seen {_age(sub.age_s(now))} ago{missing}", file=out)
@@ -257,7 +257,7 @@ def cmd_subscriptions_prune(args: argparse.Namespace, out: TextIO) -> int:
     import time
 
     now = time.time()
-    results = attach(args).prune_subscriptions(args.older_than, dry_run=args.dry_run, kinds=args.kind)
+    results = attach(args).subscriptions.prune(args.older_than, dry_run=args.dry_run, kinds=args.kind)
     failed = 0
     for result in results:
         sub = result.subscription

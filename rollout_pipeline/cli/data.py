@@ -150,7 +150,7 @@ def cmd_export(args: argparse.Namespace, out: TextIO) -> int:
             raise CliError(f"{', '.join(wrong)}: only with --format parquet")
         experiment = attach(args)
         target: Any = out if args.output in (None, "-") else args.output
-        count = experiment.export(
+        count = experiment.data.export(
             batches, target, include_results=not args.no_results, include_payload=args.with_payload
         )
         where = "stdout" if args.output in (None, "-") else args.output
@@ -161,7 +161,7 @@ def cmd_export(args: argparse.Namespace, out: TextIO) -> int:
     if args.with_payload:
         raise CliError("--with-payload: the Parquet dataset always has payload_json (for payloads stored inline)")
     experiment = attach(args)
-    export = experiment.export_dataset(
+    export = experiment.data.export_dataset(
         batches, Path(args.output), include_results=not args.no_results, **_dataset_kwargs(args)
     )
     _print_written(export, out)
@@ -180,7 +180,7 @@ def _print_written(export: Any, out: TextIO) -> None:
 
 def cmd_rescore(args: argparse.Namespace, out: TextIO) -> int:
     experiment = attach(args)
-    export = experiment.rescore(_batch_selection(args), args.reward, args.output, **_dataset_kwargs(args))
+    export = experiment.data.rescore(_batch_selection(args), args.reward, args.output, **_dataset_kwargs(args))
     _print_written(export, out)
     print(f"re-scored {export.rescored} rollout(s) with {args.reward}", file=out)
     if export.failed:
@@ -204,7 +204,7 @@ def cmd_stats(args: argparse.Namespace, out: TextIO) -> int:
         raise CliError(f"--pass-k: {exc}") from None
     experiment = attach(args)
     for batch_id in args.batch:
-        stats = experiment.stats(batch_id, pass_k=ks, threshold=args.pass_threshold, failures=args.failures)
+        stats = experiment.data.stats(batch_id, pass_k=ks, threshold=args.pass_threshold, failures=args.failures)
         if args.json:
             print(json.dumps(stats.as_dict()), file=out)
             continue

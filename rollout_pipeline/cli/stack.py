@@ -1,5 +1,5 @@
 """`rollouts deploy` and `rollouts destroy`: an experiment's stack created, updated and torn down through the SDK
-(`Experiment.deploy`, `Experiment.destroy`, which drive the project's CDK CLI)."""
+(`Experiment.launch`, `Experiment.destroy`, which drive the project's CDK CLI)."""
 
 from __future__ import annotations
 

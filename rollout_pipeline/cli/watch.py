@@ -62,14 +62,14 @@ class Progress:
         from rollout_pipeline.sdk.errors import BatchNotFound
 
         try:
-            status = experiment.status(self.batch_id)
+            status = experiment.batches.status(self.batch_id)
         except BatchNotFound:  # just uploaded: ingestion has not created it yet; Batch Accepted will tell
             return False
         self.total = status.rollouts_total
         if status.status in ("rejected",):
             self.done = True
         self.running = 0
-        for rollout in experiment.rollout_states(self.batch_id):
+        for rollout in experiment.batches.rollout_states(self.batch_id):
             key = (str(rollout.input_id), rollout.index or 0)
             if rollout.state == "dispatched":
                 self.running += 1
@@ -88,7 +88,7 @@ class Progress:
 
     def refresh_running(self, experiment: Experiment) -> None:
         """Re-read how many rollouts are running (a states-only read of the batch's rollouts)."""
-        states = experiment.rollout_states(self.batch_id, states_only=True)
+        states = experiment.batches.rollout_states(self.batch_id, states_only=True)
         self.running = sum(1 for rollout in states if rollout.state == "dispatched")
 
     def apply(self, detail: Any) -> None:
@@ -187,7 +187,7 @@ def _watch(experiment: Experiment, args: argparse.Namespace, out: TextIO, log: E
             batch_id=args.batch, timeout=timeout, poll_wait_s=poll_wait, from_trainer_queue=True
         )
     else:
-        stream_cm = experiment.tap(batch_id=args.batch, timeout=timeout, poll_wait_s=poll_wait)
+        stream_cm = experiment.events.tap(batch_id=args.batch, timeout=timeout, poll_wait_s=poll_wait)
     with stream_cm as stream:
         if args.batch is None:
             return _watch_all(stream, out, log)
@@ -255,7 +255,7 @@ def no_such_batch(experiment: Experiment, batch_id: str, waited_s: float) -> str
 
     head = f"no batch {batch_id!r} in experiment {experiment.name!r} (none arrived within {waited_s:.0f} s)"
     try:
-        recent = experiment.recent_batches()
+        recent = experiment.batches.recent()
     except SdkError:  # a role that may not list batches: the error without the list
         return head
     close = difflib.get_close_matches(batch_id, recent, n=1, cutoff=0.6)

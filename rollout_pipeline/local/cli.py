@@ -369,7 +369,7 @@ def stopped_summary(pipeline: Any) -> str:
     ]
     for name, local in pipeline.experiments.items():
         try:
-            statuses = [local.sdk.status(batch) for batch in local.sdk.recent_batches()]
+            statuses = [local.sdk.batches.status(batch) for batch in local.sdk.batches.recent()]
         except Exception as exc:  # the summary must not hold up the stop
             lines.append(f"  experiment {name}: batches not read ({type(exc).__name__}: {exc})")
             continue

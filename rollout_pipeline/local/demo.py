@@ -313,12 +313,12 @@ def _show_pause_then_raise(
 ) -> None:
     """The budget ran out: wait for the rollouts in flight to finish (nothing new starts), then raise the budget as
     `rollouts budget set` would, so the batch completes."""
-    ended_before = pipeline.experiment.status(report.batch_id).terminal
+    ended_before = pipeline.experiment.batches.status(report.batch_id).terminal
     deadline = time.monotonic() + PAUSE_SHOWN_S
-    status = pipeline.experiment.status(report.batch_id)
+    status = pipeline.experiment.batches.status(report.batch_id)
     while status.running and time.monotonic() < deadline:  # those in flight finish; nothing new starts
         time.sleep(0.5)
-        status = pipeline.experiment.status(report.batch_id)
+        status = pipeline.experiment.batches.status(report.batch_id)
     report.ended_after_pause = status.terminal - ended_before
     report.waited_on_budget = status.queued or 0
     display.line(
@@ -326,7 +326,7 @@ def _show_pause_then_raise(
         f"pause), {status.queued} queued, {status.failed} failed"
     )
     raised = exhausted.budget_usd * BUDGET_RAISE
-    pipeline.experiment.set_budget(raised)
+    pipeline.experiment.cost.set_budget(raised)
     display.line(
         f"  raising the budget to ${raised:.4f}, as `rollouts budget set -e {pipeline.experiment.name} {raised:.4f}` "
         "would: dispatch resumes where it stopped"
@@ -437,7 +437,7 @@ def run_demo(
             )
             if settings.warm_sessions:
                 report.warm_ready = _wait_for_warm_pool(pipeline, settings, out, timeout_s)
-            report.batch_id = pipeline.experiment.submit_file(upload, group_size=settings.group_size)
+            report.batch_id = pipeline.experiment.batches.submit_file(upload, group_size=settings.group_size)
             print(f"uploaded {upload.name} to the input bucket: batch {report.batch_id}", file=out, flush=True)
             try:
                 watch_batch(pipeline, report.batch_id, report, out, timeout_s)
@@ -478,7 +478,7 @@ def _wait_for_warm_pool(pipeline: LocalPipeline, settings: LocalSettings, out: T
     deadline = time.monotonic() + timeout_s
     idle = 0
     while time.monotonic() < deadline:
-        idle = pipeline.experiment.warm_pool().idle
+        idle = pipeline.experiment.capacity.warm_pool().idle
         if idle >= wanted:
             break
         time.sleep(0.5)
@@ -488,8 +488,8 @@ def _wait_for_warm_pool(pipeline: LocalPipeline, settings: LocalSettings, out: T
 
 def _stop_warm_pool(pipeline: LocalPipeline, report: DemoResult) -> None:
     """Stop the pool's sessions (refilled while the batch ran: nothing else would use them) and read the counts."""
-    report.warm_stopped = pipeline.experiment.stop_warm_pool(runtime=pipeline.runtime)
-    status = pipeline.experiment.warm_pool()
+    report.warm_stopped = pipeline.experiment.capacity.stop_warm_pool(runtime=pipeline.runtime)
+    status = pipeline.experiment.capacity.warm_pool()
     report.warm_idle_gb_s += status.idle_gb_s
     report.warm_idle_usd += status.idle_usd
     report.warm_priced_as = status.prices.label

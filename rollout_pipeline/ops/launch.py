@@ -1,4 +1,4 @@
-"""Create, update and tear down an experiment from Python: `Experiment.deploy`, `Experiment.launch`, `destroy`.
+"""Create, update and tear down an experiment from Python: `Experiment.launch`, `destroy`.
 
 Deployed mode drives the project's CDK app through the CDK CLI (`ops/cdk.py`): settings are validated by the same
 code as `cdk synth` before anything runs, then the preflight (read calls only), then `cdk diff` against the stack
@@ -7,7 +7,7 @@ that is there (same settings and code: nothing to do; other ones: the diff is sh
 
 Local mode is provided by a launcher registered under the entry-point group `rollout_pipeline.launchers` (name
 `local`, shipped by this package: `rollout_pipeline.local.launch`), so operator code never imports local mode itself.
-`Experiment.launch/deploy/destroy` reach this module through `rollout_pipeline.sdk.operations`.
+`Experiment.launch/destroy` reach this module through `rollout_pipeline.sdk.operations`.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from rollout_pipeline.quotas import AccountQuotas
 from rollout_pipeline.sdk._aws import AwsClients, aws_errors
 from rollout_pipeline.sdk.errors import NoCredentials, SdkError
 from rollout_pipeline.sdk.experiment import Experiment, read_outputs_file
+from rollout_pipeline.sdk.operations import LaunchOptions
 
 logger = logging.getLogger(__name__)
 
@@ -79,34 +80,22 @@ def launcher(mode: str) -> Launcher:
     )
 
 
-def launch(
-    name: str,
-    mode: str,
-    settings: Mapping[str, Any],
-    *,
-    yes: bool = False,
-    force: bool = False,
-    region: str | None = None,
-    session: Any | None = None,
-    project_dir: str | os.PathLike[str] | None = None,
-    local_options: Mapping[str, Any] | None = None,
-    out: IO[str] | None = None,
-) -> Experiment:
+def launch(name: str, mode: str, settings: Mapping[str, Any], options: LaunchOptions) -> Experiment:
     """`Experiment.launch`: deployed mode through `Deployment`, other modes through their launcher."""
     if mode not in MODES:
         raise SdkError(f"mode must be one of {', '.join(MODES)} (got {mode!r})")
-    if local_options is not None and not isinstance(local_options, Mapping):
-        raise SdkError(
-            f"local_options must be a dict of local mode's settings, e.g. {{'agent_module': 'my_agent'}} "
-            f"(got {type(local_options).__name__})"
-        )
     if mode == "local":
         config = plan(name, settings, None, check_model_url=False).config
-        return launcher("local")(config, frozenset(settings), dict(local_options or {}))
+        return launcher("local")(config, frozenset(settings), dict(options.local_options or {}))
     deployment = Deployment(
-        name, settings, project_dir=project_dir, region=region, session=session, out=out or sys.stderr
+        name,
+        settings,
+        project_dir=options.project_dir,
+        region=options.region,
+        session=options.session,
+        out=options.out or sys.stderr,
     )
-    return deployment.deploy(yes=yes, force=force)
+    return deployment.deploy(yes=options.yes, force=options.force)
 
 
 # --------------------------------------------------------------------------------------------------- settings
@@ -134,7 +123,10 @@ def plan(name: str, settings: Mapping[str, Any], project_dir: Path | None, *, ch
         raise SdkError(f"invalid experiment name: {exc}") from None
     unknown = sorted(set(settings) - set(SETTING_KEYS))
     if unknown:
-        raise SdkError(f"unknown setting(s) {', '.join(unknown)}: settings are {', '.join(SETTING_KEYS)}")
+        raise SdkError(
+            f"unknown setting(s) {', '.join(unknown)}: settings are {', '.join(SETTING_KEYS)} "
+            f"(and Experiment.launch's options {', '.join(LaunchOptions.names())})"
+        )
     context = {key: cdk.context_value(value) for key, value in settings.items()}
     merged = preflight.load_context(project_dir, {"experiment": name, **context}) if project_dir else context
     merged = {**merged, "experiment": name}
@@ -515,7 +507,7 @@ def unfinished_batches(experiment: Experiment) -> list[str]:
     found: list[str] = []
     with aws_errors(f"list the batches of {experiment.name}"):
         for batch_id in experiment.wiring().ledger().batches.batch_ids():
-            if not experiment.status(batch_id).done:
+            if not experiment.batches.status(batch_id).done:
                 found.append(batch_id)
     return sorted(found)
 
@@ -524,7 +516,7 @@ def cancel_unfinished(experiment: Experiment) -> list[str]:
     """Cancel every unfinished batch through the SDK's cancel path; returns their ids."""
     batches = unfinished_batches(experiment)
     for batch_id in batches:
-        experiment.cancel(batch_id)
+        experiment.batches.cancel(batch_id)
     return batches
 
 

@@ -10,38 +10,17 @@ from typing import IO, Any
 
 from rollout_pipeline.ops import launch, subscriptions
 from rollout_pipeline.sdk.experiment import Experiment
+from rollout_pipeline.sdk.handle import ExperimentHandle
+from rollout_pipeline.sdk.operations import LaunchOptions, Operations
 from rollout_pipeline.sdk.subscription import PruneResult, Subscription
 
 
 class Operator:
-    """Implements `rollout_pipeline.sdk.operations.Operations` with `ops.launch` and `ops.subscriptions`."""
+    """Implements `rollout_pipeline.sdk.operations.Operations[Experiment]` with `ops.launch` and
+    `ops.subscriptions`."""
 
-    def launch(
-        self,
-        name: str,
-        mode: str,
-        settings: Mapping[str, Any],
-        *,
-        yes: bool,
-        force: bool,
-        region: str | None,
-        session: Any | None,
-        project_dir: str | os.PathLike[str] | None,
-        local_options: Mapping[str, Any] | None,
-        out: IO[str] | None,
-    ) -> Experiment:
-        return launch.launch(
-            name,
-            mode,
-            settings,
-            yes=yes,
-            force=force,
-            region=region,
-            session=session,
-            project_dir=project_dir,
-            local_options=local_options,
-            out=out,
-        )
+    def launch(self, name: str, mode: str, settings: Mapping[str, Any], options: LaunchOptions) -> Experiment:
+        return launch.launch(name, mode, settings, options)
 
     def destroy(
         self,
@@ -62,12 +41,12 @@ class Operator:
         )
         deployment.destroy(experiment, keep_results=keep_results, force=force, yes=yes)
 
-    def list_subscriptions(self, experiment: Experiment) -> list[Subscription]:
+    def list_subscriptions(self, experiment: ExperimentHandle) -> list[Subscription]:
         return subscriptions.list_subscriptions(experiment.aws, experiment.bus_name)
 
     def prune_subscriptions(
         self,
-        experiment: Experiment,
+        experiment: ExperimentHandle,
         older_than_s: float,
         *,
         dry_run: bool,
@@ -80,4 +59,4 @@ class Operator:
 
 
 #: The entry point's object.
-OPERATIONS = Operator()
+OPERATIONS: Operations[Experiment] = Operator()

@@ -47,14 +47,14 @@ TRAINER_ACTIONS: Final[Mapping[ResourceKind, tuple[str, ...]]] = {
         "sqs:GetQueueAttributes",
     ),
     "ledger": access.LEDGER_ITEM_ACTIONS,
-    # The account pool's one item: `Experiment.capacity` reads it, a cancel's stops renew the experiment's lease.
+    # The account pool's one item: `exp.capacity()` reads it, a cancel's stops renew the experiment's lease.
     "pool": access.POOL_ITEM_ACTIONS,
-    # Experiment.cost, export/rescore of every batch and `rollouts export --all-batches` list the experiment's
+    # exp.cost(), export/rescore of every batch and `rollouts export --all-batches` list the experiment's
     # batches: a Query of the `deadline` index's batch partition (never a Scan of the table)
     "ledger_batches": ("dynamodb:Query",),
     "bus": ("events:PutEvents",),  # submit publishes Batch Accepted; cancel publishes the failures
     "runtime": ("bedrock-agentcore:StopRuntimeSession",),  # cancel stops running sessions
-    # Private subscriptions (`Experiment.tap`, streams of some batches, the ART backend's per-process queue):
+    # Private subscriptions (`exp.events.tap`, streams of some batches, the ART backend's per-process queue):
     # `{bus}-tap-*`, `{bus}-sdk-*`, `{bus}-art-*`.
     "subscription_queues": (
         "sqs:CreateQueue",

@@ -258,7 +258,7 @@ class Smoke:
         False (a `batch` fail line emitted) when the upload itself was refused."""
         experiment = self.experiment
         batch.key = key
-        options = experiment.file_options(1, None, None, 1, f"smoke-{self.token}")
+        options = experiment.batches.file_options(1, None, None, 1, f"smoke-{self.token}")
         try:
             with aws_errors(f"upload s3://{experiment.input_bucket}/{key}"):
                 response = experiment.client("s3").put_object(
@@ -335,7 +335,7 @@ class Smoke:
         and of the key decoded once more (what the ingest stage reads if the event carried it raw)."""
         for read, batch_id in [(batch.key, batch.batch_id), *batch.misread.items()]:
             try:
-                status = self.experiment.status(batch_id)
+                status = self.experiment.batches.status(batch_id)
             except BatchNotFound:
                 continue
             if read != batch.key:

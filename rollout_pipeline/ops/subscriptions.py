@@ -1,7 +1,7 @@
 """Finding and pruning the private subscriptions the SDK leaves on an experiment's bus (`sdk/subscription.py` makes
 them): `list_subscriptions` finds them by tag (and, for subscriptions made before tagging, by their exact name form)
 and `prune_subscriptions` removes the stale ones: rule targets first, then the rule, then the queue.
-`Experiment.list_subscriptions` / `prune_subscriptions`, `rollouts subscriptions` and `rollouts destroy` run them.
+`exp.subscriptions.list` / `prune`, `rollouts subscriptions` and `rollouts destroy` run them.
 """
 
 from __future__ import annotations

@@ -105,7 +105,7 @@ def require_drained(
             say(f"warning: {experiment.name} has {busy} in flight; going on as forced: {why}")
         return busy
     drain = (
-        "wait for its rollouts to end, or cancel their batches (`rollouts cancel --batch`, Experiment.cancel), "
+        "wait for its rollouts to end, or cancel their batches (`rollouts cancel --batch`, exp.batches.cancel), "
         "then deploy again (docs/deploy.md, 'Upgrades')"
     )
     forcing = ", or deploy with force=True (--force) to go on anyway" if forceable else " (force does not apply)"
@@ -167,13 +167,13 @@ def _require_drained_for(
 
 
 def stop_warm_pool(experiment: Experiment, reason: str, say: Callable[[str], None] | None = None) -> int:
-    """Stop every session of the experiment's warm pool (`Experiment.stop_warm_pool`) when it holds any; `reason`
+    """Stop every session of the experiment's warm pool (`exp.capacity.stop_warm_pool`) when it holds any; `reason`
     "destroyed" keeps it stopped for good. Returns how many were stopped."""
     with aws_errors(f"read the warm pool of {experiment.name}"):
         held = len(experiment.wiring().ledger().warm.sessions())
     if not held and reason != "destroyed":
         return 0
-    stopped = experiment.stop_warm_pool(reason=reason)
+    stopped = experiment.capacity.stop_warm_pool(reason=reason)
     if stopped and say is not None:
         say(f"stopped {stopped} warm session(s) of the warm pool")
     return stopped

@@ -1,6 +1,6 @@
 """What a batch report shows, read through the SDK and reduced to plain series (standard library only).
 
-Sources: the batch's ledger status (`Experiment.status`), one export row per rollout (`Experiment.export`: ledger
+Sources: the batch's ledger status (`exp.batches.status`), one export row per rollout (`exp.data.export`: ledger
 state, attempt, reward, reason, timings, plus the result object) and, when the caller recorded them, the pushed
 events (their `notified_at` is the only record of when an event left; the ledger does not keep it). `ReportData`
 round-trips through JSON, so a batch can be recorded once and its report rebuilt anywhere.
@@ -71,14 +71,14 @@ def _slim(event: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def collect(experiment: Any, batch_id: str, events: Iterable[Mapping[str, Any]] = ()) -> ReportData:
-    """Read a batch through the SDK (`status`, `export`) and keep the events that belong to it.
+    """Read a batch through the SDK (`batches.status`, `data.export`) and keep the events that belong to it.
 
     `experiment` is an attached `rollout_pipeline.sdk.Experiment` (deployed or local); `events` are EventBridge
     envelopes (as the trainer queue delivers them), e.g. recorded by `rollouts local demo`.
     """
-    status = experiment.status(batch_id).as_dict()
+    status = experiment.batches.status(batch_id).as_dict()
     buffer = io.StringIO()
-    experiment.export(batch_id, buffer, include_results=True)
+    experiment.data.export(batch_id, buffer, include_results=True)
     rows = [_trim(json.loads(line)) for line in buffer.getvalue().splitlines() if line.strip()]
     kept = [_slim(e) for e in events if (e.get("detail") or {}).get("batch_id") == batch_id]
     config = getattr(experiment, "config", None)

@@ -4,8 +4,8 @@
 from rollout_pipeline.sdk import Experiment
 
 exp = Experiment.attach("my-exp")
-batch = exp.submit_file("train.jsonl", group_size=8)
-for group in exp.groups(batch):
+batch = exp.batches.submit_file("train.jsonl", group_size=8)
+for group in exp.events.groups(batch):
     print(group.input_id, group.advantages())
 ```
 See docs/sdk.md for the full reference.

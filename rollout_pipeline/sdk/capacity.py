@@ -1,17 +1,26 @@
-"""The account pool as a user reads it (`rollouts capacity`, `Experiment.capacity()`): AgentCore's quotas of the
-account and region, the reserve, what AgentCore's answers taught (the new-session backoff, the active-session cap),
-and every experiment's weight, share, demand, sessions in flight and throttles."""
+"""`exp.capacity`: the sessions an experiment may hold. Calling it reads the account pool as a user reads it
+(`rollouts capacity`): AgentCore's quotas of the account and region, the reserve, what AgentCore's answers taught
+(the new-session backoff, the active-session cap), and every experiment's weight, share, demand, sessions in flight
+and throttles; `exp.capacity.warm_pool()` the experiment's warm sessions."""
 
 from __future__ import annotations
 
 import math
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from rollout_pipeline.contracts import utcnow
 from rollout_pipeline.ledger.pool import AccountView, MemberEntry, PoolLedger
 from rollout_pipeline.limits import account, pacing, shares
 from rollout_pipeline.quotas import PoolSettings
+from rollout_pipeline.sdk._aws import aws_errors
+from rollout_pipeline.sdk.handle import ExperimentHandle
+from rollout_pipeline.topology import POOL_TABLE_NAME
+
+if TYPE_CHECKING:
+    from rollout_pipeline.ports import AgentRuntime
+    from rollout_pipeline.sdk.warm import WarmPoolStatus
 
 
 @dataclass(frozen=True)
@@ -34,7 +43,7 @@ class MemberView:
 
 @dataclass(frozen=True)
 class CapacityView:
-    """The account pool as of one read (`Experiment.capacity()`)."""
+    """The account pool as of one read (`exp.capacity()`)."""
 
     settings: PoolSettings
     #: New sessions per second the account's schedule starts at most now, and its backoff factor (1: none).
@@ -100,3 +109,38 @@ def capacity_view(view: AccountView, members: list[MemberEntry], now: float | No
 def read_capacity(pool_table: str, client: Any, region: str | None) -> CapacityView:
     """Read the account pool (one Query)."""
     return capacity_view(*PoolLedger.open(pool_table, client, region=region).snapshot())
+
+
+class Capacity:
+    """The sessions one experiment may hold (`exp.capacity`): the account pool it shares AgentCore's quotas
+    through (`exp.capacity()`), and its warm pool."""
+
+    def __init__(self, experiment: ExperimentHandle) -> None:
+        self._exp = experiment
+
+    def __call__(self) -> CapacityView:
+        """The account pool this experiment shares AgentCore's quotas through (one read): the account's quotas,
+        the reserve, the backoff, and every experiment's weight, fair share, grant, recent use and throttles
+        (`rollouts capacity`; `CapacityView.lines()` prints it)."""
+        table = self._exp.stack_outputs.pool_table_name or POOL_TABLE_NAME
+        with aws_errors("read the account pool"):
+            return read_capacity(table, self._exp.client("dynamodb"), self._exp.aws.region)
+
+    def warm_pool(self) -> WarmPoolStatus:
+        """The warm pool now (`warm_sessions`): what it holds, whether it is halted, what it has spent and what its
+        idle memory costs."""
+        from rollout_pipeline.sdk.warm import WarmPoolStatus
+
+        with aws_errors("read the warm pool"):
+            ledger = self._exp.ledger()
+            state, sessions = ledger.warm.pool(), ledger.warm.sessions()
+        return WarmPoolStatus.of(self._exp.config, state, sessions, utcnow().timestamp(), self._exp.price_book())
+
+    def stop_warm_pool(self, runtime: AgentRuntime | None = None, *, reason: str = "stopped") -> int:
+        """Stop every warm session now and keep none (through `runtime`, by default ACR): until the next batch
+        (`reason` "stopped", "cancelled"), or for good ("destroyed": `destroy` does it before the stack goes).
+        Returns how many were stopped."""
+        from rollout_pipeline.lifecycle.warm_pool import WarmPool
+
+        with aws_errors("stop the warm pool"):
+            return WarmPool(self._exp.wiring(runtime).lifecycle()).halt(reason)

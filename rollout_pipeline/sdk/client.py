@@ -24,13 +24,15 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final
 
 from rollout_pipeline.contracts import DetailType, RolloutCompleted, RolloutFailed
+from rollout_pipeline.sdk.batches import Batches
 from rollout_pipeline.sdk.delivery import DEFAULT_POLL_WAIT_S, EventFilter, EventStream
 from rollout_pipeline.sdk.errors import RolloutFailedError, SdkError
+from rollout_pipeline.sdk.events import Events
+from rollout_pipeline.sdk.handle import ExperimentHandle
 from rollout_pipeline.sdk.transport import Event, QueueReader
 
 if TYPE_CHECKING:
     from rollout_pipeline.ports import AgentRuntime
-    from rollout_pipeline.sdk.experiment import Experiment
 
 logger = logging.getLogger(__name__)
 
@@ -171,12 +173,12 @@ class RolloutFuture:
                 return False
             self._finished = time.monotonic()
         # Best effort, as ART's stop: the pipeline's own deadline ends the rollout anyway.
-        experiment, runtime = self._client.experiment, self._client.runtime
+        batches, runtime = self._client._batches, self._client.runtime
         try:
             if self._owns_batch:
-                experiment.cancel(self.batch_id, runtime=runtime)
+                batches.cancel(self.batch_id, runtime=runtime)
             else:
-                experiment.cancel_rollout(self.batch_id, self.input_id, self.index, runtime=runtime)
+                batches.cancel_rollout(self.batch_id, self.input_id, self.index, runtime=runtime)
         except Exception as exc:
             logger.warning("could not cancel %s/%s#%s: %s", self.batch_id, self.input_id, self.index, exc)
         return True
@@ -244,7 +246,7 @@ class _Dispatcher:
 
     def __init__(
         self,
-        experiment: Experiment,
+        experiment: ExperimentHandle,
         *,
         poll_wait_s: float,
         visibility_s: int | None,
@@ -291,7 +293,7 @@ class _Dispatcher:
         missed: see `SubscribedStream`), read as they are handed over."""
         with self._lock:
             batches = sorted({f.batch_id for f in self._futures.values() if not f.done()})
-        return self._experiment.ledger_events(batches, _CLIENT_TYPES[:2], skip=skip)
+        return Events(self._experiment).replay(batches, _CLIENT_TYPES[:2], skip=skip)
 
     def serves(self, batch_id: str) -> bool:
         with self._lock:
@@ -402,14 +404,14 @@ class RolloutClient:
     `policy_version`. Events come from the client's own subscription on the event bus (made before its first
     submission, removed at `close()`), so any number of clients, `groups()` streams and `rollouts watch` run side
     by side; `queue_url`: read them from this queue instead (a subscription made with
-    `Experiment.open_subscription`); `consume_others=True` (and no `queue_url`): from the trainer queue, this client
+    `exp.subscriptions.open`); `consume_others=True` (and no `queue_url`): from the trainer queue, this client
     being its one consumer (events of other batches are deleted). The dispatcher thread runs while futures are
     pending, then `linger_s` more seconds. Use the client as a context manager or call `close()` to stop it.
     """
 
     def __init__(
         self,
-        experiment: Experiment,
+        experiment: ExperimentHandle,
         *,
         sampling_params: Mapping[str, Any] | None = None,
         timeout_s: int | None = None,
@@ -424,6 +426,7 @@ class RolloutClient:
         **defaults: Any,
     ) -> None:
         self.experiment = experiment
+        self._batches = Batches(experiment)
         #: Stops sessions when a future is cancelled (default: ACR with the experiment's session).
         self.runtime = runtime
         self.exp_id = experiment.name
@@ -484,11 +487,11 @@ class RolloutClient:
         options = dict(self._submit_options)
         if policy_version is not None:
             options["policy_version"] = policy_version
-        file_options = self.experiment.file_options(
+        file_options = self._batches.file_options(
             1, options["sampling_params"], options["timeout_s"], options["max_attempts"], options["policy_version"]
         )
         self._dispatcher.open()
-        batch_id = self.experiment.submit_rows(parsed, file_options, name)
+        batch_id = self._batches.submit_rows(parsed, file_options, name)
         futures = [RolloutFuture(self, batch_id, row.input_id, 0, owns_batch=owns_batch) for row in parsed]
         self._dispatcher.register(futures)
         return futures

@@ -1,4 +1,5 @@
-"""What an experiment and its batches cost, from the ledger (`Experiment.cost`, `rollouts cost`).
+"""`exp.cost`: what an experiment and its batches cost, from the ledger (`exp.cost()`, `rollouts cost`), and the
+budget it is held to (`exp.cost.budget()`, `exp.cost.set_budget(...)`).
 
 Two figures per batch:
 
@@ -19,9 +20,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from rollout_pipeline.contracts import CostSummary, RolloutCost
+from rollout_pipeline.contracts import CostSummary, RolloutCost, iso, utcnow
 from rollout_pipeline.costs import PriceBook, price_rollout, summarize
 from rollout_pipeline.ledger.items import BatchState, BatchView, RolloutRecord
+from rollout_pipeline.sdk._aws import aws_errors
+from rollout_pipeline.sdk.errors import BatchNotFound, SdkError
+from rollout_pipeline.sdk.handle import ExperimentHandle
 from rollout_pipeline.sdk.status import COMPLETED
 
 
@@ -166,3 +170,59 @@ def _batch_line(batch: BatchCost) -> str:
     if batch.sessions_bounded:
         parts.append(f"{batch.sessions_bounded} session(s) priced to their bound")
     return f"{head}: " + "; ".join(parts)
+
+
+class Cost:
+    """What one experiment costs and the budget it is held to (`exp.cost`). Calling it reads the cost:
+    `exp.cost(batch=None, limit=20)`."""
+
+    def __init__(self, experiment: ExperimentHandle) -> None:
+        self._exp = experiment
+
+    def __call__(self, batch: str | None = None, *, limit: int = 20) -> ExperimentCost:
+        """What the experiment cost: its spend (every released session's cost, exact at its confirmed stop: what the
+        budget is held to) and budget, and per batch the sum its events carried and its rollouts priced again now.
+        `batch`: that batch only; else the `limit` newest batches."""
+        book = self._exp.price_book()
+        with aws_errors("read the experiment's cost"):
+            ledger = self._exp.ledger()
+            in_flight, spent = ledger.limits.slots_and_spend()
+            batch_ids = [batch] if batch is not None else ledger.batches.recent_batch_ids(limit)
+            batches = []
+            now = utcnow()
+            for batch_id in batch_ids:
+                view = ledger.batches.read_batch(batch_id)
+                if view is None:
+                    if batch is not None:
+                        raise BatchNotFound(f"no batch {batch_id!r} in experiment {self._exp.name!r}")
+                    continue
+                batches.append(batch_cost(view, ledger.rollouts.batch_rollouts(batch_id), book, now))
+            budget = self.budget()
+        return ExperimentCost(
+            experiment=self._exp.name,
+            priced_as=book.label,
+            fallback=book.fallback,
+            spent_usd=spent,
+            budget_usd=budget,
+            sessions_in_flight=in_flight,
+            batches=batches,
+        )
+
+    def budget(self) -> float | None:
+        """The experiment's budget (USD): the one set with `set_budget`, else the deployed `budget_usd`."""
+        with aws_errors("read the budget"):
+            state = self._exp.ledger().limits.budget()
+        return state.budget_usd if state.budget_usd is not None else self._exp.config.budget_usd
+
+    def set_budget(self, budget_usd: float, *, batch: str | None = None) -> None:
+        """Set the experiment's budget (USD), or `batch`'s own. Dispatch pauses while the spend is at or above it and
+        resumes, where it stopped, once it is raised above the spend (within `budget_recheck_s`, a minute by
+        default): held rollouts come back by themselves."""
+        if not budget_usd > 0:
+            raise SdkError(f"a budget is a positive number of US dollars, got {budget_usd!r}")
+        with aws_errors("set the budget"):
+            ledger = self._exp.ledger()
+            if batch is None:
+                ledger.limits.set_budget(float(budget_usd), iso(utcnow()))
+            elif not ledger.batches.set_budget(batch, float(budget_usd)):
+                raise BatchNotFound(f"no batch {batch!r} in experiment {self._exp.name!r}")

@@ -41,7 +41,7 @@ from rollout_pipeline.sdk.errors import BatchNotFound, SdkError
 
 if TYPE_CHECKING:
     from rollout_pipeline.ledger.ledger import Ledger
-    from rollout_pipeline.sdk.experiment import Experiment
+    from rollout_pipeline.sdk.handle import ExperimentHandle
     from rollout_pipeline.sdk.rescore import Rescorer
 
 logger = logging.getLogger(__name__)
@@ -293,7 +293,7 @@ def _remove_written(files: Sequence[str], made: Sequence[Path]) -> None:
 # ------------------------------------------------------------------------------------------ from an experiment
 
 
-def quiet_fetch(experiment: Experiment) -> FetchResult:
+def quiet_fetch(experiment: ExperimentHandle) -> FetchResult:
     """`experiment.fetch_result`, with None (and a warning) for a result object that cannot be read."""
 
     def fetch(uri: str) -> Mapping[str, Any] | None:
@@ -306,7 +306,7 @@ def quiet_fetch(experiment: Experiment) -> FetchResult:
     return fetch
 
 
-def quiet_payload(experiment: Experiment) -> Callable[[str], Any]:
+def quiet_payload(experiment: ExperimentHandle) -> Callable[[str], Any]:
     """Reads a payload stored aside (`payload_ref`, a claim check of at most `MAX_ROW_BYTES`): the parsed object, or
     None (and a warning) when it cannot be read."""
     from rollout_pipeline.adapters.s3 import S3ObjectStore
@@ -329,7 +329,7 @@ def quiet_payload(experiment: Experiment) -> Callable[[str], Any]:
     return load
 
 
-def resolve_batches(experiment: Experiment, batch_id: str | Iterable[str] | None) -> list[str]:
+def resolve_batches(experiment: ExperimentHandle, batch_id: str | Iterable[str] | None) -> list[str]:
     """The batches one export covers: those named (each must exist: `BatchNotFound`), or every batch of the
     experiment (None: the ledger's batch listing, one Query of its index), oldest first."""
     ledger = experiment.wiring().ledger()
@@ -351,7 +351,7 @@ def resolve_batches(experiment: Experiment, batch_id: str | Iterable[str] | None
 
 
 def export_dataset(
-    experiment: Experiment,
+    experiment: ExperimentHandle,
     batch_id: str | Iterable[str] | None,
     directory: str | os.PathLike[str],
     *,
@@ -362,7 +362,7 @@ def export_dataset(
     rescorer: Rescorer | None = None,
     rescored_with: str | None = None,
 ) -> DatasetExport:
-    """`Experiment.export_dataset` and `Experiment.rescore`: the batches' dataset written to `directory`."""
+    """`exp.data.export_dataset` and `exp.data.rescore`: the batches' dataset written to `directory`."""
     try:
         result_field_columns(result_fields)
     except ValueError as exc:

@@ -11,7 +11,7 @@ None (the ledger does not keep when an event left), its envelope has no EventBri
 
 `batch_events` is the one rebuild: streamed group by group (the dataset export's join), it feeds every stream of
 a batch (`CatchUpStream`, under `subscription.SubscribedStream`) and, through `group_events`, the resume path
-(`Experiment.completed_groups`). `CatchUpStream` is the one seam between rebuilt and live events.
+(`exp.events.completed_groups`). `CatchUpStream` is the one seam between rebuilt and live events.
 """
 
 from __future__ import annotations

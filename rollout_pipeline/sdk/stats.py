@@ -64,7 +64,7 @@ class PassAtK:
 
 @dataclass
 class BatchStats:
-    """What `Experiment.stats` computes for one batch."""
+    """What `exp.data.stats` computes for one batch."""
 
     batch_id: str
     threshold: float

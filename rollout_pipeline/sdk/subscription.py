@@ -9,7 +9,7 @@ owner reads it. A process that is killed leaves both behind (they count toward t
 destroy`: a bus with rules cannot be deleted) until the next subscription opened on the same host removes those of
 owners gone there (`prune_gone_owners`), or the sweeper those not seen for `bus_subscriptions.STALE_S`
 (`lifecycle.subscriptions`). Listing and pruning by age is operator code (`rollout_pipeline.ops.subscriptions`),
-which `Experiment.list_subscriptions` / `prune_subscriptions` reach; what they return (`Subscription`,
+which `exp.subscriptions.list` / `prune` reach; what they return (`Subscription`,
 `PruneResult`) is defined here.
 """
 

@@ -133,7 +133,7 @@ def prune_stale(experiment: Experiment) -> None:
     from rollout_pipeline.sdk.errors import SdkError
 
     try:
-        results = experiment.prune_subscriptions(STALE_SUBSCRIPTION_S, kinds=(BATCH_NAME,), skip_recent=True)
+        results = experiment.subscriptions.prune(STALE_SUBSCRIPTION_S, kinds=(BATCH_NAME,), skip_recent=True)
     except SdkError as exc:
         logger.warning("could not prune stale ART subscriptions: %s", exc)
         return
@@ -186,7 +186,7 @@ def attached(config: BackendConfig) -> _Attached:
         if config.private_queue:
             prune_stale(experiment)
             pattern = {"source": [EVENT_SOURCE], "detail": {"batch_id": [{"prefix": f"{batch_name}-"}]}}
-            subscription = experiment.open_subscription(
+            subscription = experiment.subscriptions.open(
                 pattern, suffix=batch_name, retention_s=SUBSCRIPTION_RETENTION_S, kind=BATCH_NAME
             )
         client = RolloutClient(
@@ -213,10 +213,12 @@ def reset_clients() -> None:
     with _lock:
         found = list(_attached.values())
         _attached.clear()
+    from rollout_pipeline.sdk.events import Subscriptions
+
     for one in found:
         one.client.close()
         if one.subscription is not None:
-            one.client.experiment.close_subscription(*one.subscription)
+            Subscriptions(one.client.experiment).close(*one.subscription)
 
 
 atexit.register(reset_clients)

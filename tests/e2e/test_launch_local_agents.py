@@ -1,4 +1,4 @@
-"""The one switch with real agent processes: `Experiment.deploy(name, local=True, ...)` runs the example agent as
+"""The one switch with real agent processes: `Experiment.launch(name, "local", ...)` runs the example agent as
 local processes behind the local ACR adapter; a trainer script runs a batch, and `destroy()` leaves no thread and no
 child process running."""
 
@@ -55,9 +55,9 @@ def test_a_trainer_script_runs_against_local_mode_and_destroy_leaves_nothing_run
     )
 
     with FakeModelServer(_reply) as model:
-        experiment = Experiment.deploy(
+        experiment = Experiment.launch(
             "launch-agents",
-            local=True,
+            "local",
             model_base_url=model.base_url,
             model_id="fake-model",
             group_size=2,

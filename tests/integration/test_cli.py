@@ -19,6 +19,8 @@ from rollout_pipeline.cli import EXIT_ERROR, EXIT_OK, EXIT_USAGE, main
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.local.resources import ExperimentResources
 from rollout_pipeline.sdk import Experiment
+from rollout_pipeline.sdk.batches import Batches
+from rollout_pipeline.sdk.events import Events
 from tests.conftest import REGION, receive_all
 from tests.integration.lifecycle_support import make_deps, moto_lock  # noqa: F401 - fixture
 from tests.integration.test_sdk_client import Pipeline
@@ -363,16 +365,16 @@ def test_watch_all_batches_logs_events(
 
     # The watch of every batch runs until its --timeout: the tap's timeout is up once every line this test looks
     # for is logged (an injected end; --timeout stays a bound for a stuck pipeline), not after a fixed 15 s.
-    real_tap = Experiment.tap
+    real_tap = Events.tap
 
     @contextmanager
-    def tap_ending_once_logged(self: Experiment, *args: object, **kwargs: object) -> Iterator[Any]:
+    def tap_ending_once_logged(self: Events, *args: object, **kwargs: object) -> Iterator[Any]:
         with real_tap(self, *args, **kwargs) as stream:
             expired = stream.expired
             monkeypatch.setattr(stream, "expired", lambda: all_logged() or expired())
             yield stream
 
-    monkeypatch.setattr(Experiment, "tap", tap_ending_once_logged)
+    monkeypatch.setattr(Events, "tap", tap_ending_once_logged)
     out = io.StringIO()
     submitted: list[str] = []
     submitter = threading.Thread(target=later)
@@ -390,13 +392,13 @@ def test_cancel_says_which_sessions_are_left_to_the_sweeper(
     from rollout_pipeline.lifecycle.cancel import CancelResult
 
     batch_id = experiment.submit([{"id": "q1", "p": 1}], group_size=2)
-    real_cancel = Experiment.cancel
+    real_cancel = Batches.cancel
 
-    def cancel_with_failed_stops(self: Experiment, batch: str, runtime: object = None) -> CancelResult:
+    def cancel_with_failed_stops(self: Batches, batch: str, runtime: object = None) -> CancelResult:
         real_cancel(self, batch)
         return CancelResult(batch_id=batch, cancelled=2, sessions_stopped=0, stops_pending=2)
 
-    monkeypatch.setattr(Experiment, "cancel", cancel_with_failed_stops)
+    monkeypatch.setattr(Batches, "cancel", cancel_with_failed_stops)
     assert main(["cancel", *E, "--batch", batch_id]) == EXIT_OK
     out = capsys.readouterr().out
     assert "2 rollout(s) ended as cancelled, 0 had finished before (0 succeeded, 0 failed)" in out

@@ -85,8 +85,8 @@ def test_a_with_block_stops_the_local_pipeline_even_when_the_trainer_fails(
     seen: dict[str, int] = {}
 
     def crashing_trainer() -> None:
-        with Experiment.deploy(
-            "launch-crash", local=True, model_base_url=MODEL_URL, local_options=_local_options(tmp_path)
+        with Experiment.launch(
+            "launch-crash", "local", model_base_url=MODEL_URL, local_options=_local_options(tmp_path)
         ) as experiment:
             seen["group_size"] = experiment.config.group_size
             raise RuntimeError("trainer crashed")
@@ -107,7 +107,7 @@ def test_local_mode_refuses_bad_settings_and_unknown_options_before_starting(tmp
         Experiment.launch("launch-bad", mode="cloud")
     for not_a_dict in ("agent_module=my_agent", ["agent_module"], 3):
         with pytest.raises(SdkError, match=r"local_options must be a dict of local mode's settings.*\(got "):
-            Experiment.launch("launch-bad", mode="local", local_options=not_a_dict)  # type: ignore[arg-type]
+            Experiment.launch("launch-bad", mode="local", local_options=not_a_dict)
     assert _threads_end(before, 0.0) == []
 
 

@@ -15,6 +15,7 @@ from botocore.stub import Stubber
 
 from rollout_pipeline import ids
 from rollout_pipeline.adapters import acr as acr_module
+from rollout_pipeline.adapters import clients
 from rollout_pipeline.adapters.acr import AcrAgentRuntime
 from rollout_pipeline.ports import (
     RuntimeColdStart,
@@ -175,13 +176,9 @@ def test_unknown_errors_are_not_throttling_and_read_timeouts_are_never_resent(
 
 
 def test_client_has_timeouts_and_no_sdk_retries(aws_env: None) -> None:
-    acr_module._cached = None
-    try:
-        config = acr_module.acr_client().meta.config
-        assert (config.connect_timeout, config.read_timeout) == (acr_module.CONNECT_TIMEOUT_S, 60.0)
-        assert config.retries["total_max_attempts"] == 1
-    finally:
-        acr_module._cached = None
+    config = clients.ClientFactory().acr().meta.config
+    assert (config.connect_timeout, config.read_timeout) == (acr_module.CONNECT_TIMEOUT_S, 60.0)
+    assert config.retries["total_max_attempts"] == 1
 
 
 def test_sessions_follow_their_endpoint(aws_env: None) -> None:

@@ -46,7 +46,7 @@ def ingest_pending(exp: Experiment) -> None:
     from rollout_pipeline.feed.feed import Feed
     from rollout_pipeline.ingest.core import Ingestion, IngestPorts
 
-    ledger, queue, settings = exp._ledger(), SqsQueue(), exp.settings()
+    ledger, queue, settings = exp.ledger(), SqsQueue(), exp.settings()
     ports = IngestPorts(
         store=S3ObjectStore(),
         queue=queue,
@@ -257,7 +257,7 @@ def test_cancel_ends_every_rollout_as_cancelled(
 
 
 def test_a_rejected_file_cannot_be_cancelled(experiment: Experiment, fake: FakeAgentRuntime) -> None:
-    experiment._ledger().batches.create_rejected_batch(  # what ingestion records for a file with bad metadata
+    experiment.ledger().batches.create_rejected_batch(  # what ingestion records for a file with bad metadata
         exp_id="test-exp",
         batch_id="r-000000000000",
         options=None,

@@ -1,4 +1,4 @@
-"""`Experiment.deploy` / `rollouts deploy` of an existing stack (an update) against an experiment in moto and a
+"""`Experiment.launch` / `rollouts deploy` of an existing stack (an update) against an experiment in moto and a
 stand-in CDK CLI: drain before upgrading (`rollout_pipeline.ops.upgrade`). An update refuses while anything is in
 flight (slots on the sharded counters or on the single counter of ledger layout 1, messages in the rollout or ingest
 queue) unless forced; a new ledger layout or a new `endpoints` refuses even when forced."""

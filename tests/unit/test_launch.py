@@ -1,4 +1,4 @@
-"""`Experiment.deploy` / `rollouts deploy` without AWS: a stand-in CDK CLI (tests/fake_cdk.py) and botocore's
+"""Deploying (`Experiment.launch`, `rollouts deploy`) without AWS: a stand-in CDK CLI (tests/fake_cdk.py) and botocore's
 Stubber for the CloudFormation reads. What is checked: the CLI invocation built from the settings, the outputs
 parsed into the attached experiment, idempotence, the diff shown and confirmed, and one clear error per problem."""
 

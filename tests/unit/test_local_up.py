@@ -62,7 +62,7 @@ def _status(batch_id: str, status: str, ended: int, total: int) -> BatchStatus:
 
 def test_stopping_up_says_what_is_lost_and_what_is_kept(tmp_path: Path) -> None:
     statuses = {"b-done": _status("b-done", "completed", 4, 4), "b-run": _status("b-run", "accepted", 1, 4)}
-    sdk = SimpleNamespace(recent_batches=lambda: list(statuses), status=statuses.__getitem__)
+    sdk = SimpleNamespace(batches=SimpleNamespace(recent=lambda: list(statuses), status=statuses.__getitem__))
     pipeline = SimpleNamespace(experiments={"my-exp": SimpleNamespace(sdk=sdk)}, work_dir=tmp_path)
     text = stopped_summary(pipeline)
     assert "LOST batch b-run (my-exp): 1 of 4 rollouts had ended" in text
