@@ -128,6 +128,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--members", type=int, default=0, help="more experiments in the pool, idle (their entries renewed every second)"
     )
+    parser.add_argument(
+        "--acr-active",
+        type=int,
+        default=0,
+        help="AgentCore holds at most this many active sessions although the pool's quota says 5,000 (the fake "
+        "answers ServiceQuotaExceededException beyond it; 0: the quota)",
+    )
     parser.add_argument("--hold-ms", type=float, default=15.0)
     parser.add_argument("--no-latency", action="store_true")
     parser.add_argument("--seed", type=int, default=1)
@@ -200,7 +207,7 @@ def run(  # noqa: C901 (one run's harness: the experiments' Lambdas, the outside
         profile=AcrProfile.realistic(
             account_new_sessions_per_s=QUOTA_SESSIONS,
             data_plane_tps=QUOTA_CALLS,
-            max_active_sessions=QUOTA_ACTIVE,
+            max_active_sessions=args.acr_active or QUOTA_ACTIVE,
             endpoints=1 if pooled else BEFORE_ENDPOINTS,
             seed=args.seed,
         ),
@@ -604,6 +611,7 @@ def figures(**kw: Any) -> dict[str, Any]:
         "grants_sampled": [(round(at, 1), {n: (round(r, 2), d) for n, (r, d) in g.items()}) for at, g in kw["grants"]],
     }
     out.update(_rebalance(by_exp, events, t0, steady, weights))
+    out.update(_active_cap(calls, t0, kw))
     throttled_at = [c.at - t0 for c in calls if c.op == "invoke" and c.outcome in ("throttled", "quota_exceeded")]
     out.update(_backoff(all_starts, kw["outside"], events, t0, steady, throttled_at))
     outside_ran = "outside_start" not in events or out.get("outside_calls", 0) > 0
@@ -681,6 +689,21 @@ def _backoff(
     }
 
 
+def _active_cap(calls: list[Any], t0: float, kw: dict[str, Any]) -> dict[str, Any]:
+    """With AgentCore holding fewer active sessions than the quota says (`--acr-active`): its refusals
+    (ServiceQuotaExceeded), when the last came, the busiest second of them (a storm: retries arriving together),
+    and the rollouts that failed."""
+    refused = sorted(c.at - t0 for c in calls if c.op == "invoke" and c.outcome == "quota_exceeded")
+    failed = sum(r.deps.ledger.batches.read_batch(batch_of(name)).failed for name, r in kw["rigs"].items())  # type: ignore[union-attr]
+    return {
+        "quota_exceeded": len(refused),
+        "quota_exceeded_last_s": refused[-1] if refused else None,
+        "quota_exceeded_busiest_second": sliding_max(refused),
+        "quota_exceeded_first_10s": sum(1 for t in refused if t < (refused[0] + 10.0 if refused else 0.0)),
+        "rollouts_failed": failed,
+    }
+
+
 def _ticks(start: float, end: float, step: float = 0.25) -> list[float]:
     return [start + i * step for i in range(max(0, int((end - start) / step)) + 1)]
 
@@ -730,6 +753,10 @@ def print_report(mode: str, r: dict[str, Any]) -> None:
         "requests_per_rollout",
         "conflict_retries_per_rollout",
         "sessions_never_stopped",
+        "quota_exceeded",
+        "quota_exceeded_last_s",
+        "quota_exceeded_busiest_second",
+        "rollouts_failed",
     )
     for key in keys:
         value = r.get(key)

@@ -34,6 +34,7 @@ from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any, Final
 
+from rollout_pipeline.agent.job_runtime import JOB_ARN_HEADER, TRAJECTORY_HEADER
 from rollout_pipeline.agent.loopback import JsonRequestHandler, LoopbackServer
 from rollout_pipeline.contracts import DetailType
 from rollout_pipeline.contracts.mtrl import mtrl_batch_id
@@ -44,8 +45,6 @@ MTRL_ROLLOUT_TIMEOUT_S: Final = 600.0
 MTRL_MAX_IN_FLIGHT: Final = 32
 FAIL_MARKER: Final = "FAIL-SAMPLE"
 HANG_MARKER: Final = "HANG-SAMPLE"
-JOB_ARN_HEADER: Final = "X-Amzn-SageMaker-Job-Arn"
-TRAJECTORY_HEADER: Final = "X-Amzn-SageMaker-JobTrajectory-Id"
 BEARER_PREFIX: Final = "Bearer sagemaker-api-key-"
 SIGV4_PREFIX: Final = "AWS4-HMAC-SHA256"
 RFT_AGENT: Final = "rollout_pipeline.agent.examples.rft_math_agent"
