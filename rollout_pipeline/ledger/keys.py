@@ -45,8 +45,10 @@ LAYOUT_SK: Final = "LAYOUT"
 #: without attempt tokens). 2: 32 `SESSIONS#` shards, attempt tokens, the stamp itself. 3: the call budgets leased
 #: from the account pool (`PACE#session` for the account's new-session rate, the lease's fields on `PACE#tps` and
 #: `PACE#session`; `PACE#session#i` only in the per-endpoint scope): layout-2 functions would pace by their own
-#: limits beside them and over-admit the account.
-LAYOUT_VERSION: Final = 3
+#: limits beside them and over-admit the account. 4: the account's one new-session schedule (`PACE#session` spaced
+#: by the item's own `interval_us`, the experiment's share; no lease): layout-3 functions would book on leases that
+#: no longer exist beside functions booking on the account's schedule.
+LAYOUT_VERSION: Final = 4
 #: What a ledger without a stamp is taken for.
 UNSTAMPED_LAYOUT: Final = 1
 #: The experiment's current policy version (set by the trainer; stamped on each rollout at dispatch).

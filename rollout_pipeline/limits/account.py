@@ -149,15 +149,18 @@ class AccountSchedule:
 
     def quota_exceeded(self) -> None:
         """AgentCore answered a new session `ServiceQuotaExceededException`: the account holds fewer active sessions
-        than thought. The cap learned: `BACKOFF` x the sessions the experiments hold now (at most once per
-        `BACKOFF_HOLD_S`, conditional on the cap this process saw)."""
+        than thought, about as many as the experiments hold now. The cap learned: `BACKOFF` x those (at most once per
+        `BACKOFF_HOLD_S`, conditional on the cap this process saw; never raised by a refusal, so the refusals of the
+        sessions above it while they drain do not lower it again)."""
         view = self.current()
         now = self._wall()
         if view.active_cap_at > 0 and now - view.active_cap_at < BACKOFF_HOLD_S:
             return
         try:
             held = self._members_in_flight()
-            cap = max(1, math.floor(BACKOFF * min(active_cap(view, now), max(1, held))))
+            cap = max(1, math.floor(BACKOFF * max(1, held)))
+            if cap >= active_cap(view, now):
+                return  # already under what the account showed it holds: sessions above the cap are draining
             learned = self.pool.learn_active_cap(cap, at=now, after_at=view.active_cap_at)
         except Exception:  # best effort: the refused invoke is retried through the gate anyway
             log.warning("could not record the account's active-session cap", exc_info=True)
