@@ -763,11 +763,10 @@ def rollout_starts(fake: Any) -> dict[tuple[str, int], float]:
 def budgets(args: argparse.Namespace) -> tuple[float, float, bool]:
     """(invoke rate, the `tps` schedule's rate, whether stops share it) as the experiment's limits make them: the
     invoke rate `config.invoke_rate_cap` (`--invoke-tps`, never above the data-plane budget), the new sessions'
-    share set apart from it (`pacing.dedicated_session_share`; the pool: `CapacityLease._tps_rate`), stops on a
-    budget of their own when the data-plane budget leaves them the invoke rate (`pacing.dedicated_stop_share`; the
-    pool: its leased `stop` schedule, while a backlog has the whole data-plane budget granted)."""
+    share set apart from it (at most half: `config.new_sessions_cap`), stops on a budget of their own when the
+    data-plane budget leaves them the invoke rate (`pacing.dedicated_stop_share`)."""
     from rollout_pipeline.config import invoke_rate_cap
-    from rollout_pipeline.limits.pacing import dedicated_session_share, dedicated_stop_share
+    from rollout_pipeline.limits.pacing import dedicated_stop_share
     from rollout_pipeline.quotas import DEFAULT_RESERVE
 
     sessions_per_s = args.account_quota * ((1 - args.reserve) if args.account_pool else 1.0)
@@ -780,8 +779,7 @@ def budgets(args: argparse.Namespace) -> tuple[float, float, bool]:
     invoke_rate = invoke_rate_cap(args.tps, data_plane)
     apart = dedicated_stop_share(data_plane, invoke_rate)
     invokes = invoke_rate if apart else min(data_plane, invoke_rate)
-    share = sessions_per_s if dedicated_session_share(invokes, sessions_per_s / args.endpoints, args.endpoints) else 0
-    return invokes, invokes - share, not apart
+    return invokes, invokes - min(sessions_per_s, invokes / 2), not apart
 
 
 def admit_bound_s(args: argparse.Namespace, rollouts: int, warm: bool) -> float:

@@ -52,10 +52,14 @@ def warm_pool_wanted(warm_sessions: int | str) -> bool:
     return warm_sessions == WARM_AUTO or (isinstance(warm_sessions, int) and warm_sessions > 0)
 
 
-def new_sessions_cap(session_rate_limit: float | None, tps_limit: float | None) -> float | None:
-    """The most new sessions/s an experiment asks for: `session_rate_limit`, and half of `tps_limit` (an invoke and
-    a stop each); None: no cap of its own."""
-    caps = [c for c in (session_rate_limit, None if tps_limit is None else tps_limit / 2) if c]
+def new_sessions_cap(
+    session_rate_limit: float | None, tps_limit: float | None, invoke_rate_limit: float | None = None
+) -> float | None:
+    """The most new sessions/s an experiment asks for: `session_rate_limit`, half of `tps_limit` (an invoke and a
+    stop each) and half of `invoke_rate_limit` (a new session's invoke and as many calls into existing sessions);
+    None: no cap of its own."""
+    halves = [None if limit is None else limit / 2 for limit in (tps_limit, invoke_rate_limit)]
+    caps = [c for c in (session_rate_limit, *halves) if c]
     return min(caps) if caps else None
 
 

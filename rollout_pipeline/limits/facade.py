@@ -92,14 +92,14 @@ class Limits:
             sleep=pacing.sleep,
         )
         data_plane, session_rate = own_limits(config)
-        tps, stops, apart = call_budgets(
+        tps, stops = call_budgets(
             ledger.schedule,
             data_plane=data_plane,
             invoke_rate=invoke_rate_cap(config.invoke_rate_limit, data_plane),
             session_rate=session_rate,
             clocks=pacing,
         )
-        limited = LimitedRuntime(runtime, tps, session, metrics, account=account, sessions_apart=apart, stops=stops)
+        limited = LimitedRuntime(runtime, tps, session, metrics, account=account, stops=stops)
         gate = _gate(ledger, shards, SessionRoom(session), clocks, group_admission)
         return cls(limited, shards, gate, account=account, membership=membership)
 
@@ -128,14 +128,14 @@ class Limits:
             monotonic=clocks.monotonic,
             sleep=clocks.sleep,
         )
-        tps, stops, apart = call_budgets(
+        tps, stops = call_budgets(
             ledger.schedule,
             data_plane=data_plane,
             invoke_rate=invoke_rate_cap(config.invoke_rate_limit, data_plane),
             session_rate=session_rate,
             clocks=pacing,
         )
-        limited = LimitedRuntime(runtime, tps, session, metrics, sessions_apart=apart, stops=stops)
+        limited = LimitedRuntime(runtime, tps, session, metrics, stops=stops)
         shards = SlotShards(ledger, config.max_sessions, wall=pacing.wall, monotonic=clocks.monotonic)
         gate = _gate(ledger, shards, SessionRoom(session), clocks, group_admission)
         return cls(limited, shards, gate, session_rate=session_rate)
@@ -225,5 +225,5 @@ def own_limits(config: ExperimentConfig) -> tuple[float, float]:
     settings = PoolSettings(AccountQuotas())
     tps = float(config.tps_limit) if config.tps_limit is not None else settings.budget("calls")
     budget = config.session_rate_limit or settings.budget("sessions")
-    sessions = new_sessions_cap(budget, config.tps_limit) or budget
+    sessions = new_sessions_cap(budget, config.tps_limit, config.invoke_rate_limit) or budget
     return tps, sessions

@@ -10,8 +10,8 @@ The budgets of an experiment (`LimitedRuntime`):
   (through the account pool, set by `limits.shares.Membership` about once a second), else `session_rate_limit`;
 - the ACCOUNT's new-session schedule (`limits.account.AccountSchedule`, through the pool only): after its share's
   start, every new session books its real start there; that one item bounds every sliding second of the account;
-- `tps`: InvokeAgentRuntime into existing sessions (warm takes, cold-start retries, keep-alives; and a new session's
-  invoke unless new sessions have their share of `tps_limit` apart: `dedicated_session_share`);
+- `tps`: InvokeAgentRuntime into existing sessions (warm takes, cold-start retries, keep-alives): the invoke rate
+  less the new sessions' share of it, which they take apart on `session`;
 - `stop`: StopRuntimeSession, when the data-plane budget leaves stops at least the invoke rate
   (`dedicated_stop_share`), else stops share `tps`; while they share it, an invoke reserves at most `INVOKE_AHEAD_S`
   ahead and a stop as far as it waits, so stops are never starved.
@@ -393,8 +393,7 @@ class AccountBudget(Protocol):
 class LimitedRuntime:
     """An `AgentRuntime` whose calls first take their budgets: a new session its experiment's `session` start (and
     with an `account`, the account schedule's start after it); a call into an existing session a `tps` start; a
-    stop its `stops` start (or `tps`). With `sessions_apart` false, a new session's invoke also takes a `tps`
-    start."""
+    stop its `stops` start (or `tps`)."""
 
     def __init__(
         self,
@@ -404,7 +403,6 @@ class LimitedRuntime:
         metrics: MetricsRecorder | None = None,
         *,
         account: AccountBudget | None = None,
-        sessions_apart: bool = False,
         stops: Pacer | None = None,
     ) -> None:
         self.runtime = runtime
@@ -413,7 +411,6 @@ class LimitedRuntime:
         self.account = account
         self.stops = stops
         self.metrics = metrics
-        self.sessions_apart = sessions_apart
         #: Starts booked ahead for stops (`book_stops`), earliest first; a stop takes one before reserving.
         self._booked_stops: list[float] = []
         self._booked_lock = threading.Lock()
@@ -478,13 +475,13 @@ class LimitedRuntime:
             if start is None:
                 raise self._throttled("a new session")
             booked(start)
-            if self._sleep_to_start(start):
+            if self.session.sleep_until(start):
                 self._call(lambda: self.runtime.invoke(session_id, payload), new_session=True)
                 return
 
     def _session_start(self, until: float, share: float | None) -> float | None:
         """A new session's start: its share's (the experiment's `session` budget; `share` when booked already), then
-        the account schedule's no sooner (through the pool); without `sessions_apart`, the `tps` start at it."""
+        the account schedule's no sooner (through the pool)."""
         lead = self.session.lead_s + (0.0 if self.account is None else self.account.pacer.lead_s)
         start = share if share is not None else self.session.reserve_together(until, lead_s=lead)
         if start is None:
@@ -492,22 +489,6 @@ class LimitedRuntime:
         if self.account is not None:
             start = self.account.pacer.reserve_together(until, not_before=start)
         return start
-
-    def _sleep_to_start(self, start: float) -> bool:
-        """Sleep to a new session's start and, without `sessions_apart`, take the `tps` start at it (or at most
-        `LATENESS_S` / 2 later). False: the start was lost (woke too late, or `tps` had none there)."""
-        if self.sessions_apart:
-            return self.session.sleep_until(start)
-        pause = start - self.tps.lead_s - self.tps._wall()
-        if pause > 0:
-            self.tps._sleep(pause)
-        tps_slot, _tat = self.tps.reserve_at(start, start + LATENESS_S * 0.5)
-        if tps_slot is None:
-            pause = start - self.tps._wall()
-            if pause > 0:
-                self.tps._sleep(pause)
-            return False
-        return self.tps.sleep_until(tps_slot) and self.session.sleep_until(start)
 
     def _block_start(
         self, block: InvokeBlock, pacer: Pacer, until: float, ahead_s: float, *, key: str | None = None
@@ -590,12 +571,6 @@ class LimitedRuntime:
         self._call(lambda: self.runtime.stop(session_id), new_session=False)
 
 
-def dedicated_session_share(tps_limit: float, session_rate_limit: float) -> bool:
-    """Whether new sessions get a share of `tps_limit` of their own: only when what is left still has room for a
-    stop per new session."""
-    return tps_limit >= 2 * session_rate_limit
-
-
 def dedicated_stop_share(data_plane: float, invoke_rate: float) -> bool:
     """Whether stops get a budget of their own (`STOP_PACE`, the data-plane budget less the invoke rate): only when
     that leaves stops at least the invoke rate (a stop per invoke)."""
@@ -609,19 +584,18 @@ def call_budgets(
     invoke_rate: float,
     session_rate: float,
     clocks: Clocks | None = None,
-) -> tuple[Pacer, Pacer | None, bool]:
-    """An experiment's own data-plane budgets: (`tps`, `stop` or None, `sessions_apart`): `data_plane` calls/s in all
-    (invokes and stops), of which at most `invoke_rate` InvokeAgentRuntime calls/s (`config.invoke_rate_cap`). With
+) -> tuple[Pacer, Pacer | None]:
+    """An experiment's own data-plane budgets, (`tps`, `stop` or None): `data_plane` calls/s in all (invokes and
+    stops), of which at most `invoke_rate` InvokeAgentRuntime calls/s (`config.invoke_rate_cap`). With
     `dedicated_stop_share`, every invoke within `invoke_rate` and stops at the rest; else invokes and stops share
-    `tps` at `min(data_plane, invoke_rate)`. New sessions (at most `session_rate`) take their share of the invokes
-    apart when `dedicated_session_share`; `tps` paces the rest. `clocks`: (wall, monotonic, sleep)."""
-    wall, monotonic, sleep = clocks or (time.time, time.monotonic, time.sleep)
+    `tps` at `min(data_plane, invoke_rate)`. New sessions' share of the invokes (`session_rate`, at most half of
+    them: `config.new_sessions_cap`) is set apart: they take only their `session` start, `tps` paces the rest."""
+    wall, monotonic, sleep = clocks or Clocks()
     apart = dedicated_stop_share(data_plane, invoke_rate)
     invokes = invoke_rate if apart else min(data_plane, invoke_rate)
-    sessions_apart = dedicated_session_share(invokes, session_rate)
 
     def pacer(budget: str, limit: float) -> Pacer:
         return Pacer(schedule(budget), budget, limit, wall=wall, monotonic=monotonic, sleep=sleep)
 
-    tps = pacer(CALLS_PACE, invokes - (session_rate if sessions_apart else 0.0))
-    return tps, pacer(STOP_PACE, data_plane - invoke_rate) if apart else None, sessions_apart
+    tps = pacer(CALLS_PACE, invokes - min(session_rate, invokes / 2))
+    return tps, pacer(STOP_PACE, data_plane - invoke_rate) if apart else None

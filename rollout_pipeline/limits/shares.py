@@ -239,7 +239,7 @@ class Membership:
         return MemberEntry(
             name=config.name,
             weight=config.capacity_weight,
-            sessions_cap=new_sessions_cap(config.session_rate_limit, config.tps_limit),
+            sessions_cap=new_sessions_cap(config.session_rate_limit, config.tps_limit, config.invoke_rate_limit),
             max_sessions=config.max_sessions,
             demand=demand,
             waiting=self._waiting(),

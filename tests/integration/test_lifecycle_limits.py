@@ -283,6 +283,5 @@ def test_an_experiment_on_its_own_limits_keeps_its_invokes_within_the_agents_quo
     deps = make_deps(resources, FakeAgentRuntime(), limits=limits, pool=None)
     limited = deps.limits.runtime
     new_sessions = limited.session.limit
-    assert limited.sessions_apart
     assert limited.tps.limit + new_sessions == pytest.approx(invokes)
     assert (None if limited.stops is None else limited.stops.limit) == pytest.approx(stops)

@@ -28,7 +28,6 @@ from rollout_pipeline.limits.pacing import (
     LimitedRuntime,
     Pacer,
     call_budgets,
-    dedicated_session_share,
     dedicated_stop_share,
 )
 from rollout_pipeline.local.moto_server import local_aws_environ, moto_server, patched_environ
@@ -166,6 +165,8 @@ def pacer(ledger: LimitLedger, budget: str, limit: float, **timing: Any) -> Pace
 
 
 def test_two_budgets_and_stops_are_not_starved(table: tuple[str, dict[str, str]]) -> None:
+    """A backlog of new sessions (4/s on their own budget) and stops on `tps` (6/s, the rest of `tps_limit` 10):
+    the stops are not queued behind the backlog, and every sliding second holds at most `tps_limit` calls."""
     name, _env = table
     ledger = Ledger.open(name).limits
     runtime = RecordingRuntime()
@@ -191,19 +192,18 @@ def test_two_budgets_and_stops_are_not_starved(table: tuple[str, dict[str, str]]
     every = [at for at, _, _ in runtime.calls]
     assert len(invokes) == 24
     assert busiest_sliding_window(invokes) <= 4  # new sessions: session_rate_limit
-    assert busiest_sliding_window(every) <= 6  # invoke + stop: tps_limit
-    # Stops are served ahead of the backlog, not after it: all six while a quarter of the invokes are still to come
-    # (at most one invoke per stop gets in between, whatever the machine's speed: an invoke books its `tps` slot
-    # only just before its session slot).
+    assert busiest_sliding_window(every) <= 10  # new sessions + the rest on `tps`: tps_limit
+    # Stops are served ahead of the backlog, not after it: all six while a quarter of the invokes are still to come.
     stops = [at for at, op, _ in runtime.calls if op == "stop"]
     assert len(stops) == 6
+    assert busiest_sliding_window(stops) <= 6
     assert sum(1 for at in invokes if at > max(stops)) >= 6, runtime.calls
 
 
 def test_new_sessions_in_a_share_of_their_own_take_no_tps_slot(
     table: tuple[str, dict[str, str]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """With `tps_limit` at least twice the session budgets, new sessions' share of it is set apart: their invokes
+    """New sessions' share of `tps_limit` is set apart: their invokes
     reserve only their session slot (one ledger write, no `tps` reservation to miss), and every call together
     stays within `tps_limit` (4 new sessions/s + the `tps` schedule's 6/s = 10). Deterministic by construction:
     each thread runs on its own virtual clock (`ThreadClocks`), so no thread wakes late and re-books a lost slot,
@@ -211,16 +211,14 @@ def test_new_sessions_in_a_share_of_their_own_take_no_tps_slot(
     decides the starts."""
     name, _env = table
     ledger = Ledger.open(name).limits
-    assert dedicated_session_share(10, 4)
-    assert not dedicated_session_share(7, 4)
     reserved = Reservations(monkeypatch)
-    tps_share, _stops, apart = call_budgets(ledger.schedule, data_plane=10, invoke_rate=200, session_rate=4)
-    assert (tps_share.limit, apart) == (6, True)
+    tps_share, _stops = call_budgets(ledger.schedule, data_plane=10, invoke_rate=200, session_rate=4)
+    assert tps_share.limit == 6
     clocks = ThreadClocks(time.time())
     tps = pacer(ledger, "tps", tps_share.limit, wall=clocks.wall, sleep=clocks.sleep)
     session = pacer(ledger, "session#0", 4, wall=clocks.wall, sleep=clocks.sleep, guess_busy=True)
     runtime = RecordingRuntime(clocks.wall)
-    limited = LimitedRuntime(runtime, tps, session, sessions_apart=True)
+    limited = LimitedRuntime(runtime, tps, session)
 
     def invoker(i: int) -> None:
         for j in range(4):
@@ -376,14 +374,14 @@ def test_stops_on_a_budget_of_their_own_leave_the_invokes_their_whole_rate(
     On a virtual clock (`ThreadClocks`)."""
     name, _env = table
     ledger = Ledger.open(name).limits
-    tps, stops, _apart = call_budgets(ledger.schedule, data_plane=10, invoke_rate=200, session_rate=4)
+    tps, stops = call_budgets(ledger.schedule, data_plane=10, invoke_rate=200, session_rate=4)
     assert stops is None
     assert tps.limit == 6  # invokes and stops share `tps`, the new sessions' share apart
     assert not dedicated_stop_share(15, 8)
     reserved = Reservations(monkeypatch)
     clocks = ThreadClocks(time.time())
     runtime = RecordingRuntime(clocks.wall)
-    tps, stops, apart = call_budgets(
+    tps, stops = call_budgets(
         ledger.schedule,
         data_plane=16,
         invoke_rate=8,
@@ -393,9 +391,8 @@ def test_stops_on_a_budget_of_their_own_leave_the_invokes_their_whole_rate(
     assert stops is not None
     assert stops.limit == pytest.approx(8)
     assert tps.limit == pytest.approx(6)
-    assert apart
     session = pacer(ledger, "session#0", 2, wall=clocks.wall, sleep=clocks.sleep)
-    limited = LimitedRuntime(runtime, tps, session, sessions_apart=apart, stops=stops)
+    limited = LimitedRuntime(runtime, tps, session, stops=stops)
 
     def taker(i: int) -> None:
         for j in range(6):
@@ -450,7 +447,7 @@ def test_new_sessions_reserved_together_take_one_write_at_the_spacing(
         assert session.reserve(time.monotonic() + 10) is not None
     reserved.clear()
     runtime = RecordingRuntime(clocks.wall)
-    limited = LimitedRuntime(runtime, pacer(ledger, "tps", 10, wall=clocks.wall), session, sessions_apart=True)
+    limited = LimitedRuntime(runtime, pacer(ledger, "tps", 10, wall=clocks.wall), session)
     workers = [
         threading.Thread(target=limited.invoke, args=(f"s-{i}", {}, time.monotonic() + 60)) for i in range(invokers)
     ]
