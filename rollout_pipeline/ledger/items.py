@@ -19,7 +19,7 @@ from typing import Any, Final
 
 from rollout_pipeline import ids
 from rollout_pipeline.contracts import CostSummary, FailureReason, FileOptions, RolloutCost, parse_iso
-from rollout_pipeline.costs import SessionSpan
+from rollout_pipeline.costs import PriceBook, SessionSpan
 from rollout_pipeline.ids import AttemptRef
 from rollout_pipeline.ledger.attributes import item_values
 
@@ -62,6 +62,23 @@ COST_COUNTERS: Final = (
     "cost_pipeline_usd",
     "cost_rollouts",
     "cost_cpu_measured",
+)
+
+
+#: The figures of a rollout's cost (`contracts.RolloutCost`) its terminal transition stores in the rollout item's
+#: `cost` attribute, in this order (a JSON list: short, so the item stays under 1 KB); `priced_as` and `local` are the
+#: price book's, given when it is read (`RolloutRecord.stored_cost`).
+STORED_COST_FIELDS: Final = (
+    "usd",
+    "agentcore_memory_usd",
+    "agentcore_cpu_usd",
+    "pipeline_usd",
+    "cpu",
+    "cpu_s",
+    "session_s",
+    "sessions",
+    "session_end",
+    "usd_max",
 )
 
 
@@ -401,9 +418,9 @@ class RolloutRecord:
     stored: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
     #: What the item stores of each attempt's session (`SPAN_PARTS`), by attempt.
     span_facts: Mapping[int, SpanFacts] = field(default_factory=dict)
-    #: When the terminal transition priced the rollout (`details.recorded_cost` prices it again as of then: the
-    #: figure its event carries and its group and batch sums hold).
-    cost_at: datetime | None = None
+    #: The figures of what the rollout cost as its terminal transition priced them (`STORED_COST_FIELDS`): the
+    #: figure its event carries and its group and batch sums hold (`stored_cost`); None before it ended.
+    cost_figures: Mapping[str, Any] | None = None
     #: Sessions found alive past their attempt's deadline plus `session_grace_s` (counted once each).
     overdue: frozenset[str] = field(default_factory=frozenset)
 
@@ -461,6 +478,13 @@ class RolloutRecord:
                 return earlier
         return None
 
+    def stored_cost(self, book: PriceBook) -> RolloutCost | None:
+        """What the rollout cost as its terminal transition priced and stored it (never priced again), labelled
+        with `book`'s `priced_as`; None before it ended (or for an item written before costs were stored)."""
+        if self.cost_figures is None:
+            return None
+        return RolloutCost.model_validate({**self.cost_figures, "priced_as": book.label, "local": book.local})
+
     @property
     def terminal(self) -> bool:
         return self.state in TERMINAL_STATES
@@ -510,7 +534,9 @@ class RolloutRecord:
             stop_not_found=frozenset(item.get("stop_not_found") or ()),
             session_warmed_at=None if item.get("session_warmed_at") is None else float(item["session_warmed_at"]),
             span_facts=_span_facts(item),
-            cost_at=None if item.get("cost_at") is None else from_epoch_ms(item["cost_at"]),
+            cost_figures=None
+            if item.get("cost") is None
+            else dict(zip(STORED_COST_FIELDS, json.loads(item["cost"]), strict=True)),
             overdue=frozenset(item.get("overdue_sessions") or ()),
             stored=dict(item),
         )
@@ -530,10 +556,9 @@ class Terminal:
     result_size: int | None = None
     #: The model replies' warning (`ModelCalls.warning`), when the agent host saw one.
     warning: str | None = None
-    #: What the rollout cost (`costs.price_rollout` at `cost_at`, to the millisecond), summed with the transition;
-    #: the item keeps `cost_at` only (`details.recorded_cost` prices it again, identically).
+    #: What the rollout cost (`lifecycle.costing.terminal_cost`): stored on the item (`cost`, `STORED_COST_FIELDS`)
+    #: and summed on its group and batch in the same transaction.
     cost: RolloutCost | None = None
-    cost_at: datetime | None = None
     #: The ended attempt's session: the agent had finished (wrote its result); its CPU seconds as measured.
     idle: bool = False
     cpu_s: float | None = None
@@ -550,7 +575,9 @@ class Terminal:
             "result_uri": self.result_uri,
             "result_size": self.result_size,
             "warning": self.warning,
-            "cost_at": None if self.cost_at is None else epoch_ms(self.cost_at),
+            "cost": None
+            if self.cost is None
+            else json.dumps([getattr(self.cost, name) for name in STORED_COST_FIELDS], separators=(",", ":")),
         }
 
 

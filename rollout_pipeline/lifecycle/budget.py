@@ -34,7 +34,7 @@ from rollout_pipeline import ids
 from rollout_pipeline.contracts import BudgetExhausted, BudgetWarning, DetailType, RolloutMessage
 from rollout_pipeline.ledger.items import BatchView
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
-from rollout_pipeline.lifecycle.metrics import BUDGET_HELD, BUDGET_USED_PERCENT
+from rollout_pipeline.metric_names import BUDGET_HELD, BUDGET_USED_PERCENT
 
 log = logging.getLogger(__name__)
 

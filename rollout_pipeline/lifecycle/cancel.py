@@ -16,8 +16,8 @@ from rollout_pipeline.ledger.rollouts import (
 from rollout_pipeline.lifecycle import publishing, stops
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.failures import fail_rollout
-from rollout_pipeline.lifecycle.metrics import CANCELLED
 from rollout_pipeline.lifecycle.warm_pool import halt_if_nothing_runs
+from rollout_pipeline.metric_names import CANCELLED
 
 log = logging.getLogger(__name__)
 

@@ -52,15 +52,16 @@ from rollout_pipeline.ledger.rollouts import (
 )
 from rollout_pipeline.lifecycle import costing, publishing, stops
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
-from rollout_pipeline.lifecycle.metrics import (
-    FAILED as FAILED_METRIC,
-)
-from rollout_pipeline.lifecycle.metrics import (
+from rollout_pipeline.metric_names import (
+    ESTIMATED_COST,
     LATE_OR_UNKNOWN,
     REWARD,
     failed_metric,
 )
-from rollout_pipeline.lifecycle.metrics import (
+from rollout_pipeline.metric_names import (
+    FAILED as FAILED_METRIC,
+)
+from rollout_pipeline.metric_names import (
     SUCCEEDED as SUCCEEDED_METRIC,
 )
 from rollout_pipeline.observability import bind_log_ids
@@ -275,11 +276,8 @@ def _handle_result(
     usage = reported_usage(body_dict)
     cpu_s = usage.session_cpu_s if usage is not None else None
     warning = _model_warning(usage, key)
-    at = costing.pricing_moment(deps)
-    cost = costing.terminal_cost(deps, rec, at=at, ended_at=written_at, idle=True, cpu_s=cpu_s)
-    terminal = _terminal(
-        outcome, written_at, f"s3://{bucket}/{key}", size, cost=cost, cpu_s=cpu_s, cost_at=at, warning=warning
-    )
+    cost = costing.terminal_cost(deps, rec, ended_at=written_at, idle=True, cpu_s=cpu_s)
+    terminal = _terminal(outcome, written_at, f"s3://{bucket}/{key}", size, cost=cost, cpu_s=cpu_s, warning=warning)
     after = deps.ledger.rollouts.finish_dispatched(
         rec,
         exp_id=ref.exp_id,
@@ -293,7 +291,7 @@ def _handle_result(
         if after is not None and resumable and publishing.drain(after, deps):
             return Completion.RESUMED
         return _late(deps, "another delivery ended this attempt first", key)
-    costing.counted(deps, terminal.cost)
+    deps.metrics.add(ESTIMATED_COST, cost.usd)
     if terminal.state == SUCCEEDED:
         deps.metrics.count(SUCCEEDED_METRIC)
         if terminal.reward is not None:
@@ -354,7 +352,6 @@ def _terminal(
     *,
     cost: RolloutCost | None = None,
     cpu_s: float | None = None,
-    cost_at: datetime | None = None,
     warning: str | None = None,
 ) -> Terminal:
     """The terminal outcome a result records (the agent wrote it: its session is idle from `written_at` on)."""
@@ -370,7 +367,6 @@ def _terminal(
         result_size=size,
         warning=warning,
         cost=cost,
-        cost_at=cost_at,
         idle=True,
         cpu_s=cpu_s,
     )

@@ -48,7 +48,10 @@ from rollout_pipeline.lifecycle import budget, costing, publishing, stops
 from rollout_pipeline.lifecycle.cancel import cancel_rollout
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.failures import end_attempt, fail_rollout
-from rollout_pipeline.lifecycle.metrics import (
+from rollout_pipeline.lifecycle.warm import MAX_TRIES
+from rollout_pipeline.limits.admission import Held
+from rollout_pipeline.limits.pacing import InvokeBlock, NoCallBudget
+from rollout_pipeline.metric_names import (
     COLD_START_RETRIED,
     IN_FLIGHT,
     LIMIT_WAITS,
@@ -56,12 +59,9 @@ from rollout_pipeline.lifecycle.metrics import (
     WARM_DROPPED,
     WARM_STARTS,
 )
-from rollout_pipeline.lifecycle.metrics import (
+from rollout_pipeline.metric_names import (
     DISPATCHED as DISPATCHED_METRIC,
 )
-from rollout_pipeline.lifecycle.warm import MAX_TRIES
-from rollout_pipeline.limits.admission import Held
-from rollout_pipeline.limits.pacing import InvokeBlock, NoCallBudget
 from rollout_pipeline.observability import bind_log_ids
 from rollout_pipeline.ports import (
     RuntimeColdStart,

@@ -27,7 +27,7 @@ from rollout_pipeline.ledger.rollouts import (
 )
 from rollout_pipeline.lifecycle import oversample
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
-from rollout_pipeline.lifecycle.metrics import NOTIFICATION_LATENCY
+from rollout_pipeline.metric_names import NOTIFICATION_LATENCY
 
 # ------------------------------------------------------------------------------------------------------ outbox
 

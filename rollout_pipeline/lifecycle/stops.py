@@ -30,7 +30,7 @@ from rollout_pipeline import ids
 from rollout_pipeline.ledger.items import RolloutRecord
 from rollout_pipeline.lifecycle import costing
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
-from rollout_pipeline.lifecycle.metrics import SESSIONS_OVERDUE, STOP_FAILED, STOPS_PENDING
+from rollout_pipeline.metric_names import SESSIONS_OVERDUE, STOP_FAILED, STOPS_PENDING
 from rollout_pipeline.ports import RuntimeRejected, RuntimeSessionNotFound, RuntimeThrottled
 
 log = logging.getLogger(__name__)

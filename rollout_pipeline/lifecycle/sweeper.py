@@ -31,13 +31,13 @@ from rollout_pipeline.lifecycle.cancel import cancel_rollout
 from rollout_pipeline.lifecycle.completion import complete_if_written
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.failures import end_attempt
-from rollout_pipeline.lifecycle.metrics import (
+from rollout_pipeline.lifecycle.subscriptions import prune_gone
+from rollout_pipeline.metric_names import (
     ACCOUNT_SESSIONS_PERCENT,
     IN_FLIGHT,
     SWEEP_ERRORS,
     TIMED_OUT,
 )
-from rollout_pipeline.lifecycle.subscriptions import prune_gone
 from rollout_pipeline.observability import bind_log_ids, clear_log_ids
 
 log = logging.getLogger(__name__)

@@ -55,15 +55,15 @@ from rollout_pipeline.ledger.release import WindowState
 from rollout_pipeline.ledger.warm import ADDED, HALTED
 from rollout_pipeline.lifecycle import budget, stops
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
-from rollout_pipeline.lifecycle.metrics import (
+from rollout_pipeline.lifecycle.warm import STALE_MARGIN_S
+from rollout_pipeline.limits.pacing import SESSION_PACE, InvokeBlock
+from rollout_pipeline.limits.slots import caps as slot_caps
+from rollout_pipeline.metric_names import (
     WARM_KEEPALIVES,
     WARM_POOL_SIZE,
     WARM_STOPPED_UNUSED,
     WARMED,
 )
-from rollout_pipeline.lifecycle.warm import STALE_MARGIN_S
-from rollout_pipeline.limits.pacing import SESSION_PACE, InvokeBlock
-from rollout_pipeline.limits.slots import caps as slot_caps
 from rollout_pipeline.ports import (
     RuntimeColdStart,
     RuntimeOutcomeUnknown,

@@ -94,8 +94,9 @@ def batch_cost(batch: BatchView, rollouts: Iterable[RolloutRecord], book: PriceB
     pending = bounded = 0
     for rec in rollouts:
         if not rec.spans:
-            if rec.cost_at is not None:  # ended without a session (cancelled or refused before one ran)
-                priced.append(price_rollout([], book, rec.cost_at))
+            stored = rec.stored_cost(book)  # ended without a session (cancelled or refused before one ran)
+            if stored is not None:
+                priced.append(stored)
             continue
         spans = list(rec.spans)
         for span in spans:

@@ -22,7 +22,6 @@ from typing import Any, Final
 from rollout_pipeline import ids
 from rollout_pipeline.contracts import MAX_ABS_REWARD, RolloutCost, grpo_advantages, reward_stats, scalar_reward
 from rollout_pipeline.costs import PriceBook
-from rollout_pipeline.details import recorded_cost
 from rollout_pipeline.ledger.items import GroupItem, RolloutRecord, RolloutState
 
 #: The dataset schema's version: MAJOR changes when a column is removed, renamed or retyped; MINOR when one is added
@@ -233,7 +232,7 @@ def rollout_row(group: GroupItem, index: int, rec: RolloutRecord | None, prices:
         "result_size": rec.result_size if rec is not None else None,
         "payload_json": _json_text(group.payload) if group.payload is not None else None,
         "payload_ref": group.payload_ref,
-        **cost_columns(recorded_cost(rec, prices) if rec is not None and rec.terminal and prices is not None else None),
+        **cost_columns(rec.stored_cost(prices) if rec is not None and rec.terminal and prices is not None else None),
     }
 
 

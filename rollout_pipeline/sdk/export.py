@@ -24,7 +24,6 @@ from typing import IO, TYPE_CHECKING, Any, Final
 from rollout_pipeline import ids
 from rollout_pipeline.contracts import iso
 from rollout_pipeline.costs import PriceBook
-from rollout_pipeline.details import recorded_cost
 from rollout_pipeline.ledger.items import GroupItem, RolloutRecord
 from rollout_pipeline.sdk._aws import aws_errors
 from rollout_pipeline.sdk.dataset import (
@@ -99,7 +98,7 @@ ROLLOUT_FIELDS = (
 
 
 def _cost(rec: RolloutRecord, prices: PriceBook | None) -> dict[str, Any] | None:
-    cost = None if prices is None else recorded_cost(rec, prices)
+    cost = None if prices is None else rec.stored_cost(prices)
     return None if cost is None else cost.model_dump()
 
 

@@ -5,11 +5,13 @@ confirmed stops. Local mode's runtime: labelled as what the run would cost on Ag
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from rollout_pipeline.contracts import BatchCompleted, GroupCompleted, RolloutCompleted, RolloutFailed
+from rollout_pipeline.details import rollout_event
 from rollout_pipeline.fakes.acr import AgentBehaviour, FakeAgentRuntime, FakeInvocation
 from rollout_pipeline.ledger.ledger import Ledger
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
@@ -132,6 +134,36 @@ def test_without_a_measurement_the_cpu_is_bounded_and_said_so(resources: Experim
     assert span.ended_at is not None
     busy_s = (span.ended_at - span.started_at).total_seconds()  # dispatch to the result's write
     assert cost.cpu_s == pytest.approx(max(0.0, min(busy_s, 10)) * 2, abs=1e-3)
+
+
+def test_the_event_carries_the_cost_the_terminal_transition_stored(resources: ExperimentResources) -> None:
+    """Priced once: the terminal transition stores its figure on the rollout item, and an event built from the item
+    later (a replay), at other prices and after the session's stop, carries that figure unchanged."""
+    clock = StepClock()
+    deps = make_deps(resources, FakeAgentRuntime(), clock=clock)  # type: ignore[arg-type]
+    send(resources, seed_batch(resources, batch_id="cost-once", inputs={"a": {"q": 1}}, group_size=1))
+    dispatch_once(resources, deps)
+    clock.advance(20)
+    complete_once(resources, deps)
+    events = trainer_events(resources)
+    (detail,) = by_type(events, "Rollout Completed")
+    published = RolloutCompleted.model_validate(detail).cost
+    assert published is not None
+    rec = next(Ledger.open(resources.table_name).rollouts.batch_rollouts("cost-once"))
+    assert "cost" in rec.stored
+    assert "cost_at" not in rec.stored
+    assert len(rec.stored["cost"]) <= 120, "the rollout item stays under 1 KB"
+    (span,) = rec.spans
+    assert span.stopped_at is not None  # confirmed after the event: the stored figure still says "estimated"
+    dearer = replace(deps.prices, vcpu_hour_usd=deps.prices.vcpu_hour_usd * 10, gb_hour_usd=1.0, local=False)
+    clock.advance(3600)
+    rebuilt = rollout_event(rec, notified_at=None, prices=dearer).cost
+    assert rebuilt is not None
+    assert rebuilt.model_dump(exclude={"priced_as", "local"}) == published.model_dump(exclude={"priced_as", "local"})
+    assert rebuilt.priced_as == dearer.label
+    (batch,) = [BatchCompleted.model_validate(d) for d in by_type(events, "Batch Completed")]
+    assert batch.cost is not None
+    assert batch.cost.usd == published.usd
 
 
 def test_a_timed_out_attempt_is_priced_with_the_retry_that_succeeded(
