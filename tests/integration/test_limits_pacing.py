@@ -33,6 +33,7 @@ from rollout_pipeline.limits.pacing import (
 )
 from rollout_pipeline.local.moto_server import local_aws_environ, moto_server, patched_environ
 from tests.conftest import wait_for
+from tests.doubles import ThreadClocks
 
 pytestmark = pytest.mark.timing
 
@@ -162,22 +163,6 @@ class Reservations:
 def pacer(ledger: LimitLedger, budget: str, limit: float, **timing: Any) -> Pacer:
     """An own budget of `limit` calls/s on `budget`'s schedule item."""
     return Pacer(ledger.schedule(budget), budget, limit, **timing)
-
-
-class ThreadClocks:
-    """A virtual wall clock per thread: each starts at `start` and moves only by that thread's own `sleep`, so a
-    thread never wakes late and every call happens exactly at the start its pacer booked, whatever the machine's
-    load. The ledger's schedule (shared by the threads) still decides the starts."""
-
-    def __init__(self, start: float) -> None:
-        self.start = start
-        self._local = threading.local()
-
-    def wall(self) -> float:
-        return float(getattr(self._local, "now", self.start))
-
-    def sleep(self, seconds: float) -> None:
-        self._local.now = self.wall() + max(0.0, seconds)
 
 
 def test_two_budgets_and_stops_are_not_starved(table: tuple[str, dict[str, str]]) -> None:
