@@ -132,7 +132,7 @@ def rollout_event(
     """The terminal event of a rollout, from its (terminal) ledger item; its `cost` as the item stores it, labelled
     with `prices` (`RolloutRecord.stored_cost`; none without `prices`);
     `notified_at` None: not known (an event rebuilt from the ledger, which does not keep when the event left).
-    `group`: its group as read after the rollout's claim (`BatchLedger.claim_kept`), which says whether a success
+    `group`: its group as read after the rollout's claim (`GroupLedger.claim_kept`), which says whether a success
     of an oversampled group is surplus."""
     timings = Timings(
         submitted_at=rec.submitted_at,

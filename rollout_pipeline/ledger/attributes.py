@@ -30,6 +30,16 @@ def to_attribute_value(value: Any) -> dict[str, Any]:
     raise TypeError(f"cannot store {type(value).__name__} in the ledger")
 
 
+def text_value(text: str) -> dict[str, str]:
+    """A string as an AttributeValue (the typed form items are built in)."""
+    return {"S": text}
+
+
+def int_value(number: int) -> dict[str, str]:
+    """An integer as an AttributeValue."""
+    return {"N": str(number)}
+
+
 #: DynamoDB numbers: at most 38 significant digits, magnitude between 1E-130 and 9.99...E+125.
 NUMBER_DIGITS: Final = 38
 _NUMBER_CONTEXT: Final = Context(prec=NUMBER_DIGITS)

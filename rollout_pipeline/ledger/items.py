@@ -303,7 +303,7 @@ class GroupItem:
     #: The sum of its terminal rollouts' costs as published (None before the first).
     cost: CostSummary | None = None
     #: With oversample: the valid rollouts the group needs (`group_size` counts the extra ones too), and the
-    #: successful rollouts let into the group so far (`BatchLedger.claim_kept`); None / empty without.
+    #: successful rollouts let into the group so far (`GroupLedger.claim_kept`); None / empty without.
     target: int | None = None
     kept: frozenset[int] = frozenset()
 
@@ -317,7 +317,7 @@ class GroupItem:
         return self.target is not None and len(self.kept) >= self.target
 
     def surplus_success(self, index: int) -> bool:
-        """A successful rollout that the full group did not let in (`BatchLedger.claim_kept`)."""
+        """A successful rollout that the full group did not let in (`GroupLedger.claim_kept`)."""
         return self.full and index not in self.kept
 
     @classmethod
@@ -413,7 +413,7 @@ class RolloutRecord:
     #: The attempt runs in a warm session (`ledger.warm`): when that session was started (epoch s); None: its
     #: session was started by its own dispatch.
     session_warmed_at: float | None = None
-    #: The item as read (plain values), which a write's `rollouts._ItemChange` turns into the item it leaves; empty
+    #: The item as read (plain values), which a write's `table.ItemChange` turns into the item it leaves; empty
     #: for a record made otherwise.
     stored: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
     #: What the item stores of each attempt's session (`SPAN_PARTS`), by attempt.

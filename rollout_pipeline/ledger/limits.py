@@ -14,7 +14,8 @@ from typing import Any
 
 from rollout_pipeline.ledger import keys, pace
 from rollout_pipeline.ledger.attributes import from_attribute_value, item_values, plain_values
-from rollout_pipeline.ledger.table import LedgerError, LedgerTable
+from rollout_pipeline.ledger.retry import LedgerError
+from rollout_pipeline.ledger.table import LedgerTable
 
 
 @dataclass(frozen=True)

@@ -342,6 +342,6 @@ class WarmLedger:
 
 def raise_cancelled(what: str, reasons: Sequence[Mapping[str, Any]]) -> None:
     """A transaction of the pool was cancelled for a reason that is not a failed condition of ours."""
-    from rollout_pipeline.ledger.table import LedgerError
+    from rollout_pipeline.ledger.retry import LedgerError
 
     raise LedgerError(f"{what} cancelled: {reason_codes(reasons)}")

@@ -22,7 +22,6 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
@@ -43,13 +42,8 @@ from rollout_pipeline.contracts import (
     text_carries_attempt_token,
 )
 from rollout_pipeline.ledger.items import RolloutRecord, Terminal
-from rollout_pipeline.ledger.rollouts import (
-    DISPATCHED,
-    FAILED,
-    OUTBOX_PUBLISH,
-    OUTBOX_STOP,
-    SUCCEEDED,
-)
+from rollout_pipeline.ledger.outbox import OUTBOX_PUBLISH, OUTBOX_STOP
+from rollout_pipeline.ledger.rollouts import DISPATCHED, FAILED, SUCCEEDED
 from rollout_pipeline.lifecycle import costing, publishing, stops
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.metric_names import (
@@ -66,7 +60,7 @@ from rollout_pipeline.metric_names import (
 )
 from rollout_pipeline.observability import bind_log_ids
 from rollout_pipeline.ports import ObjectNotFound
-from rollout_pipeline.sqs_batch import run_partial_batch
+from rollout_pipeline.sqs_batch import BatchOutcome, run_partial_batch
 
 log = logging.getLogger(__name__)
 
@@ -79,23 +73,17 @@ class Completion(StrEnum):
     FOREIGN = "foreign"  # without its attempt's token: not written by the attempt's session; changes nothing
 
 
-@dataclass
-class CompletionResult:
-    outcomes: dict[str, Completion] = field(default_factory=dict)
-    failures: dict[str, str] = field(default_factory=dict)
-
-
 #: How long the stops after a completion batch may wait for call budget when the caller gives no deadline.
 DEFAULT_STOP_BUDGET_S = 30.0
 
 
 def complete_records(
     records: Sequence[Mapping[str, Any]], deps: LifecycleDeps, *, wait_until: float | None = None
-) -> CompletionResult:
+) -> BatchOutcome[Completion]:
     """Handle an SQS batch of completion-queue records (`messageId`, `body`); failed ids -> batchItemFailures.
     Records are handled concurrently (up to `deps.dispatch_threads`): results recorded and published first, then
     the sessions stopped, every wait bounded by `wait_until` (monotonic; the Lambda's remaining time)."""
-    result = CompletionResult()
+    result: BatchOutcome[Completion] = BatchOutcome()
     if not records:
         return result
     until = wait_until if wait_until is not None else time.monotonic() + DEFAULT_STOP_BUDGET_S
@@ -121,7 +109,7 @@ def _stop_after(rec: RolloutRecord, deps: LifecycleDeps, wait_until: float) -> N
         stops.finish_stops(rec, deps, wait_until)
     except Exception:  # the outbox keeps the stop: the sweeper retries it
         log.exception("stop of %s pending", rec.session_id)
-        deps.ledger.rollouts.return_outbox(rec, rec.outbox - {OUTBOX_STOP})  # the rest was drained
+        deps.ledger.outbox.return_outbox(rec, rec.outbox - {OUTBOX_STOP})  # the rest was drained
 
 
 def _location(event: Mapping[str, Any]) -> tuple[str, str] | None:

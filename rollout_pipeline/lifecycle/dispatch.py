@@ -28,22 +28,16 @@ import logging
 import random
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from datetime import timedelta
 from enum import StrEnum
 from typing import Any
 
 from rollout_pipeline import ids
 from rollout_pipeline.contracts import FailureReason, FileOptions, RolloutMessage, build_agent_payload, iso
-from rollout_pipeline.ledger.batches import batch_options
 from rollout_pipeline.ledger.items import BatchView, RolloutRecord, WarmSession
-from rollout_pipeline.ledger.rollouts import (
-    DISPATCHED,
-    OUTBOX_PUBLISH,
-    QUEUED,
-    DispatchStart,
-    LedgerError,
-)
+from rollout_pipeline.ledger.outbox import OUTBOX_PUBLISH
+from rollout_pipeline.ledger.retry import LedgerError
+from rollout_pipeline.ledger.rollouts import DISPATCHED, QUEUED, DispatchStart
 from rollout_pipeline.lifecycle import budget, costing, publishing, stops
 from rollout_pipeline.lifecycle.cancel import cancel_rollout
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
@@ -71,7 +65,7 @@ from rollout_pipeline.ports import (
     RuntimeStartFailed,
     RuntimeThrottled,
 )
-from rollout_pipeline.sqs_batch import message_id, run_partial_batch
+from rollout_pipeline.sqs_batch import BatchOutcome, message_id, run_partial_batch
 
 log = logging.getLogger(__name__)
 
@@ -99,18 +93,13 @@ class Dispatch(StrEnum):
     START_FAILED = "start_failed"  # the agent cannot start: Rollout Failed (agent_error), session stopped
 
 
-@dataclass
-class DispatchResult:
-    """Outcome of one SQS batch: per message id, and the ids to report as `batchItemFailures`."""
-
-    outcomes: dict[str, Dispatch] = field(default_factory=dict)
-    failures: dict[str, str] = field(default_factory=dict)
-
-
-def dispatch_records(records: Sequence[Mapping[str, Any]], deps: LifecycleDeps, *, wait_until: float) -> DispatchResult:
+def dispatch_records(
+    records: Sequence[Mapping[str, Any]], deps: LifecycleDeps, *, wait_until: float
+) -> BatchOutcome[Dispatch]:
     """Dispatch an SQS batch concurrently (up to `deps.dispatch_threads`). `wait_until` (monotonic) bounds every
-    wait for a limit; records are SQS records (`messageId`, `body`). Failed ids go to the partial batch response."""
-    result = DispatchResult()
+    wait for a limit; records are SQS records (`messageId`, `body`). Returns each message's `Dispatch`; failed ids go
+    to the partial batch response."""
+    result: BatchOutcome[Dispatch] = BatchOutcome()
     if not records:
         return result
     workers = max(1, min(deps.dispatch_threads, len(records)))
@@ -234,7 +223,7 @@ def dispatch_body(
     batch = batches.get(message.batch_id)
     if batch is None:
         raise LookupError(f"batch {message.batch_id} not found in the ledger")
-    options = batch_options(batch) or FileOptions.defaults(deps.config)
+    options = batch.options or FileOptions.defaults(deps.config)
     if batch.cancelled:
         return _cancelled(message, deps, options)
     budgets = budgets or budget.Budgets(deps)
@@ -794,13 +783,13 @@ def _stop_late(message: RolloutMessage, deps: LifecycleDeps, wait_until: float, 
     confirmed, _ = stops.stop_session(session_id, deps, max(wait_until, deps.clock.monotonic() + 5))
     if not confirmed:  # the sweeper's outbox scan stops it later
         log.warning("session %s invoked after its rollout ended: its stop is filed in the outbox", session_id)
-        deps.ledger.rollouts.file_stop(message.ref, session_id)
+        deps.ledger.outbox.file_stop(message.ref, session_id)
         return Dispatch.STOPPED_LATE  # its slot, if held, is freed with the confirmed stop
     after = deps.ledger.rollouts.get_rollout(message.batch_id, message.input_id, message.index)
     if after is not None and session_id in after.held_slots:
         at = deps.now()
         charge = costing.session_charge(deps, after, session_id, confirmed=True, at=at)
-        deps.ledger.rollouts.free_stopped(after, session_id, spent_usd=charge, at=at)
+        deps.ledger.outbox.free_stopped(after, session_id, spent_usd=charge, at=at)
     return Dispatch.STOPPED_LATE
 
 

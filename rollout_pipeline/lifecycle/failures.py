@@ -8,7 +8,8 @@ from rollout_pipeline import ids
 from rollout_pipeline.contracts import FailureReason
 from rollout_pipeline.ids import AttemptRef
 from rollout_pipeline.ledger.items import RolloutRecord, Terminal
-from rollout_pipeline.ledger.rollouts import DISPATCHED, FAILED, OUTBOX_PUBLISH
+from rollout_pipeline.ledger.outbox import OUTBOX_PUBLISH
+from rollout_pipeline.ledger.rollouts import DISPATCHED, FAILED
 from rollout_pipeline.lifecycle import costing, stops
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.metric_names import ESTIMATED_COST, RETRIED, failed_metric

@@ -4,7 +4,7 @@ A transition that ends an attempt with a live session keeps the attempt's sessio
 session in the outbox (`stop`, `stop_sessions`) instead of stopping it first. `finish_stops` then stops each
 session through the limiter:
 
-- a confirmed stop frees the slot (`RolloutLedger.free_stopped`, once);
+- a confirmed stop frees the slot (`OutboxLedger.free_stopped`, once);
 - ResourceNotFound is confirmed only by a second NotFound (AgentCore has answered it while a session kept running);
 - a throttled, conflicting or failed stop counts `StopFailed` and is tried again at once, a few times
   (`PROMPT_RETRY_S`, within the caller's wait budget): AgentCore's failed stops are mostly transient, and a
@@ -116,14 +116,14 @@ def finish_stops(rec: RolloutRecord, deps: LifecycleDeps, wait_until: float | No
             last = not left and position == len(sessions) - 1  # nothing else pending: the entry goes too
             at = deps.now()
             charge = costing.session_charge(deps, rec, session_id, confirmed=confirmed, at=at)
-            deps.ledger.rollouts.free_stopped(
+            deps.ledger.outbox.free_stopped(
                 rec, session_id, clear_entry=last, confirmed=confirmed, spent_usd=charge, at=at
             )
             cleared = last
         else:
             left.append(session_id)
     if not left:
-        return cleared or deps.ledger.rollouts.clear_outbox(rec) or True
+        return cleared or deps.ledger.outbox.clear_outbox(rec) or True
     deps.metrics.sample(STOPS_PENDING, len(left))
     backoff = min(STOP_BACKOFF_S * 2**rec.stop_tries, STOP_BACKOFF_MAX_S)
     if any(sid in late for sid in left):
@@ -135,7 +135,7 @@ def finish_stops(rec: RolloutRecord, deps: LifecycleDeps, wait_until: float | No
     else:
         next_epoch = now + backoff
     # The sweeper drains entries older than `outbox_age_s`: file it so that it is due at `next_epoch`.
-    deps.ledger.rollouts.note_stop_failed(
+    deps.ledger.outbox.note_stop_failed(
         rec,
         next_epoch=next_epoch - int(deps.outbox_age_s),
         not_found=not_found,

@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from rollout_pipeline import ids
 from rollout_pipeline.contracts import FailureReason, FileOptions
 from rollout_pipeline.ledger import keys
-from rollout_pipeline.ledger.batches import batch_options
 from rollout_pipeline.ledger.items import RolloutRecord
 from rollout_pipeline.ledger.rollouts import (
     DISPATCHED,
@@ -161,7 +160,7 @@ def _options(
 ) -> tuple[FileOptions, bool]:
     if batch_id not in cache:
         batch = deps.ledger.batches.read_batch(batch_id)
-        options = batch_options(batch) or FileOptions.defaults(deps.config)
+        options = (batch.options if batch is not None else None) or FileOptions.defaults(deps.config)
         cache[batch_id] = (options, batch is not None and batch.cancelled)
     return cache[batch_id]
 

@@ -176,7 +176,7 @@ def join_groups(
     groups: Iterable[GroupItem], rollouts: Iterable[RolloutRecord]
 ) -> Iterator[tuple[GroupItem, dict[int, RolloutRecord]]]:
     """Each group with its rollout items by index, from the two sorted streams of one batch (groups, then
-    rollouts, in sort-key order, as `ledger.batches.groups` and `ledger.rollouts.batch_rollouts` read them): one
+    rollouts, in sort-key order, as `ledger.groups.batch_groups` and `ledger.rollouts.batch_rollouts` read them): one
     pass over each, one group in memory. A rollout item without a group item (never written by the pipeline) is
     skipped."""
     pending = iter(rollouts)

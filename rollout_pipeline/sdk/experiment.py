@@ -813,7 +813,7 @@ class Experiment:
         def rows() -> Iterator[dict[str, Any]]:
             for batch in batches:
                 yield from export_rows(
-                    groups=ledger.batches.groups(batch),
+                    groups=ledger.groups.batch_groups(batch),
                     rollouts=ledger.rollouts.batch_rollouts(batch),
                     prices=prices,
                     fetch_result=quiet_fetch(self) if include_results else None,
@@ -914,7 +914,7 @@ class Experiment:
                 raise BatchNotFound(f"no batch {batch_id!r} in experiment {self.name!r}")
             try:
                 return batch_stats(
-                    batch_id, ledger.batches.groups(batch_id), ks=pass_k, threshold=threshold, failures=failures
+                    batch_id, ledger.groups.batch_groups(batch_id), ks=pass_k, threshold=threshold, failures=failures
                 )
             except ValueError as exc:
                 raise SdkError(str(exc)) from None
@@ -1025,7 +1025,6 @@ class Experiment:
         `skip`: input ids the trainer already handled (checkpointed). `include_results`: inline each successful
         rollout's result object (one S3 GET per rollout). Raises `BatchNotFound` for an unknown batch.
         """
-        from rollout_pipeline.ledger.batches import batch_options
         from rollout_pipeline.sdk.replay import group_events
 
         skipped = set(skip)
@@ -1036,8 +1035,8 @@ class Experiment:
             batch = ledger.batches.read_batch(batch_id)
             if batch is None:
                 raise BatchNotFound(f"no batch {batch_id!r} in experiment {self.name!r}")
-            options = batch_options(batch)
-            for group_item in ledger.batches.groups(batch_id):
+            options = batch.options
+            for group_item in ledger.groups.batch_groups(batch_id):
                 if group_item.input_id in skipped or not group_item.complete:
                     continue
                 rollouts, completed = group_events(

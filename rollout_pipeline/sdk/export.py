@@ -181,7 +181,7 @@ def batch_groups(
 ) -> Iterator[GroupRead]:
     """Each group of a batch as dataset rows, in input-id order, with its result objects read `workers` at a time
     (`fetch`; None: no result columns), a chunk of about `chunk_rollouts` rollouts ahead at most."""
-    joined = join_groups(ledger.batches.groups(batch_id), ledger.rollouts.batch_rollouts(batch_id))
+    joined = join_groups(ledger.groups.batch_groups(batch_id), ledger.rollouts.batch_rollouts(batch_id))
     with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="export") as pool:
         for chunk in _chunks(joined, chunk_rollouts):
             wanted = [

@@ -18,14 +18,8 @@ from rollout_pipeline.ledger import keys
 from rollout_pipeline.ledger.attributes import item_values
 from rollout_pipeline.ledger.items import RolloutRecord, Terminal
 from rollout_pipeline.ledger.ledger import Ledger
-from rollout_pipeline.ledger.rollouts import (
-    DISPATCHED,
-    FAILED,
-    OUTBOX_PUBLISH,
-    QUEUED,
-    SUCCEEDED,
-    DispatchStart,
-)
+from rollout_pipeline.ledger.outbox import OUTBOX_PUBLISH
+from rollout_pipeline.ledger.rollouts import DISPATCHED, FAILED, QUEUED, SUCCEEDED, DispatchStart
 from rollout_pipeline.local.resources import ExperimentResources
 
 INPUT = "q"

@@ -17,7 +17,8 @@ from rollout_pipeline.contracts import RolloutCost, iso
 from rollout_pipeline.fakes.acr import FakeAgentRuntime
 from rollout_pipeline.ledger import keys
 from rollout_pipeline.ledger.items import Terminal
-from rollout_pipeline.ledger.rollouts import DISPATCHED, OUTBOX_PUBLISH, OUTBOX_STOP, DispatchStart
+from rollout_pipeline.ledger.outbox import OUTBOX_PUBLISH, OUTBOX_STOP
+from rollout_pipeline.ledger.rollouts import DISPATCHED, DispatchStart
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.stops import hold_until
 from rollout_pipeline.lifecycle.sweeper import sweep
@@ -187,8 +188,8 @@ def test_a_slot_release_meant_to_clear_the_entry_leaves_a_newer_entry(
     )
     assert slots_in_flight(resources) == 2
 
-    assert rollouts.free_stopped(old_entry, sid1, clear_entry=True)
-    assert not rollouts.free_stopped(old_entry, sid1, clear_entry=True)  # once
+    assert deps.ledger.outbox.free_stopped(old_entry, sid1, clear_entry=True)
+    assert not deps.ledger.outbox.free_stopped(old_entry, sid1, clear_entry=True)  # once
 
     assert slots_in_flight(resources) == 1
     item = ledger_item(resources, ROLLOUT_KEY)
