@@ -21,7 +21,7 @@ from rollout_pipeline import ids
 from rollout_pipeline.contracts import CostSummary, FailureReason, FileOptions, RolloutCost, parse_iso
 from rollout_pipeline.costs import PriceBook, SessionSpan
 from rollout_pipeline.ids import AttemptRef
-from rollout_pipeline.ledger.attributes import item_values
+from rollout_pipeline.ledger.attributes import float_at, int_at, item_values, optional_float_at, text_at
 
 
 class BatchState(StrEnum):
@@ -103,16 +103,16 @@ def to_the_ms(moment: datetime) -> datetime:
 
 def cost_summary(item: Mapping[str, Any]) -> CostSummary | None:
     """The cost sums of a group item or a batch view (None before any rollout was priced)."""
-    rollouts = _int(item, "cost_rollouts")
+    rollouts = int_at(item, "cost_rollouts")
     if rollouts <= 0:
         return None
     return CostSummary(
-        usd=_float(item, "cost_usd"),
-        agentcore_memory_usd=_float(item, "cost_memory_usd"),
-        agentcore_cpu_usd=_float(item, "cost_cpu_usd"),
-        pipeline_usd=_float(item, "cost_pipeline_usd"),
+        usd=float_at(item, "cost_usd"),
+        agentcore_memory_usd=float_at(item, "cost_memory_usd"),
+        agentcore_cpu_usd=float_at(item, "cost_cpu_usd"),
+        pipeline_usd=float_at(item, "cost_pipeline_usd"),
         rollouts=rollouts,
-        cpu_measured=_int(item, "cost_cpu_measured"),
+        cpu_measured=int_at(item, "cost_cpu_measured"),
     )
 
 
@@ -145,26 +145,6 @@ def _span_facts(item: Mapping[str, Any]) -> dict[int, SpanFacts]:
             none=bool(found["none"]),
         )
     return facts
-
-
-def _int(item: Mapping[str, Any], name: str) -> int:
-    value = item.get(name)
-    return int(value) if value is not None else 0
-
-
-def _float(item: Mapping[str, Any], name: str) -> float:
-    value = item.get(name)
-    return float(value) if value is not None else 0.0
-
-
-def _optional_float(item: Mapping[str, Any], name: str) -> float | None:
-    value = item.get(name)
-    return None if value is None else float(value)
-
-
-def _text(item: Mapping[str, Any], name: str) -> str | None:
-    value = item.get(name)
-    return None if value is None else str(value)
 
 
 def _options(raw: Any) -> FileOptions | None:
@@ -248,37 +228,37 @@ class BatchView:
             exp_id=str(item.get("exp_id") or ""),
             batch_id=str(item.get("batch_id") or ""),
             status=BatchState(str(item.get("status") or BatchState.INGESTING)),
-            source=_text(item, "source"),
+            source=text_at(item, "source"),
             options=_options(item.get("options")),
             created_at=parse_iso(item.get("created_at")),
             accepted_at=parse_iso(item.get("accepted_at")),
             completed_at=parse_iso(item.get("completed_at")),
             cancelled_at=parse_iso(item.get("cancelled_at")),
-            rows_accepted=_int(item, "rows_accepted"),
-            rows_rejected=_int(item, "rows_rejected"),
+            rows_accepted=int_at(item, "rows_accepted"),
+            rows_rejected=int_at(item, "rows_rejected"),
             rollouts_total=None if total is None else int(total),
-            rollouts_enqueued=_int(item, "rollouts_enqueued"),
-            errors_listed=_int(item, "errors_listed"),
-            cursor=_int(item, "cursor"),
-            errors_uri=_text(item, "errors_uri"),
-            error=_text(item, "error"),
+            rollouts_enqueued=int_at(item, "rollouts_enqueued"),
+            errors_listed=int_at(item, "errors_listed"),
+            cursor=int_at(item, "cursor"),
+            errors_uri=text_at(item, "errors_uri"),
+            error=text_at(item, "error"),
             group_size=None if group_size is None else int(group_size),
-            terminal=_int(item, "terminal"),
-            succeeded=_int(item, "succeeded"),
-            failed=_int(item, "failed"),
+            terminal=int_at(item, "terminal"),
+            succeeded=int_at(item, "succeeded"),
+            failed=int_at(item, "failed"),
             failed_by_reason={
-                reason.value: _int(item, f"failed_{reason.value}")
+                reason.value: int_at(item, f"failed_{reason.value}")
                 for reason in FailureReason
-                if _int(item, f"failed_{reason.value}")
+                if int_at(item, f"failed_{reason.value}")
             },
-            reward_sum=_float(item, "reward_sum"),
-            reward_sumsq=_float(item, "reward_sumsq"),
-            reward_count=_int(item, "reward_count"),
-            completed_event_by=_text(item, "completed_event_by"),
+            reward_sum=float_at(item, "reward_sum"),
+            reward_sumsq=float_at(item, "reward_sumsq"),
+            reward_count=int_at(item, "reward_count"),
+            completed_event_by=text_at(item, "completed_event_by"),
             cost=cost_summary(item),
-            budget_set_usd=_optional_float(item, "budget_usd"),
-            budget_warned_for=_optional_float(item, "budget_warned_for"),
-            budget_exhausted_for=_optional_float(item, "budget_exhausted_for"),
+            budget_set_usd=optional_float_at(item, "budget_usd"),
+            budget_warned_for=optional_float_at(item, "budget_warned_for"),
+            budget_exhausted_for=optional_float_at(item, "budget_exhausted_for"),
         )
 
 
@@ -330,16 +310,16 @@ class GroupItem:
             exp_id=str(item.get("exp_id") or ""),
             batch_id=str(item.get("batch_id") or ""),
             input_id=str(item.get("input_id") or ""),
-            line=_int(item, "line"),
-            group_size=_int(item, "group_size"),
+            line=int_at(item, "line"),
+            group_size=int_at(item, "group_size"),
             payload=json.loads(payload) if payload is not None else None,
-            payload_ref=_text(item, "payload_ref"),
+            payload_ref=text_at(item, "payload_ref"),
             overrides=json.loads(overrides) if overrides else {},
-            terminal=_int(item, "terminal"),
+            terminal=int_at(item, "terminal"),
             rewards={int(k): float(v) for k, v in (item.get("rewards") or {}).items()},
             failures={int(k): FailureReason(str(v)) for k, v in (item.get("failures") or {}).items()},
             created_at=parse_iso(item.get("created_at")),
-            completed_event_by=_text(item, "completed_event_by"),
+            completed_event_by=text_at(item, "completed_event_by"),
             cost=cost_summary(item),
             target=None if item.get("target") is None else int(item["target"]),
             kept=frozenset(int(k) for k in (item.get("kept") or {})),
@@ -363,10 +343,10 @@ class RolloutSummary:
         state, index, reward = item.get("state"), item.get("index"), item.get("reward")
         return cls(
             state=RolloutState(state) if state else None,
-            input_id=_text(item, "input_id"),
+            input_id=text_at(item, "input_id"),
             index=None if index is None else int(index),
             reward=None if reward is None else float(reward),
-            reason=_text(item, "reason"),
+            reason=text_at(item, "reason"),
         )
 
 
@@ -579,111 +559,3 @@ class Terminal:
             if self.cost is None
             else json.dumps([getattr(self.cost, name) for name in STORED_COST_FIELDS], separators=(",", ":")),
         }
-
-
-class WarmState(StrEnum):
-    """A warm session's `state` (`ledger.warm`): being warmed (its slot taken, its warm-up not yet answered), idle
-    (ready for a rollout: the only state a dispatch takes), being stopped (trimmed, stale or the pool stopping)."""
-
-    WARMING = "warming"
-    IDLE = "idle"
-    STOPPING = "stopping"
-
-
-@dataclass(frozen=True, slots=True)
-class WarmSession:
-    """A warm session's item (`WARM` / `S#{session}`): times in epoch seconds."""
-
-    session_id: str
-    state: WarmState
-    #: When its first warm-up was sent (its microVM's start: its idle memory is billed from then).
-    warmed_at: float
-    #: When its last warm-up or keep-alive was answered (AgentCore's idle timeout counts from then).
-    kept_at: float
-    stop_tries: int = 0
-    #: A stop answered ResourceNotFound once (a second one confirms the stop).
-    stop_not_found: bool = False
-
-    @classmethod
-    def of(cls, raw: Mapping[str, Any]) -> WarmSession:
-        item = item_values(raw)
-        warmed = _float(item, "warmed_at")
-        return cls(
-            session_id=str(item["sk"]).removeprefix("S#"),
-            state=WarmState(item.get("state") or WarmState.WARMING),
-            warmed_at=warmed,
-            kept_at=float(item.get("kept_at") or warmed),
-            stop_tries=_int(item, "stop_tries"),
-            stop_not_found=bool(item.get("stop_not_found")),
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class WarmClaim:
-    """Which rollout attempt took a warm session, and when it was warmed (`WS#{session}` / `CLAIM`, written by the
-    dispatch transaction that took it)."""
-
-    session_id: str
-    ref: AttemptRef
-    warmed_at: float
-
-    @classmethod
-    def of(cls, raw: Mapping[str, Any]) -> WarmClaim:
-        item = item_values(raw)
-        return cls(
-            session_id=str(item["pk"]).removeprefix("WS#"),
-            ref=AttemptRef(str(item["batch_id"]), str(item["input_id"]), int(item["index"]), int(item["attempt"])),
-            warmed_at=_float(item, "warmed_at"),
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class WarmPoolState:
-    """The warm pool's own item (`WARM` / `POOL`): who runs it, when the experiment last had work, whether it is
-    halted and why, the last batch's size (the automatic size), and what it has spent (times in epoch seconds)."""
-
-    lease_owner: str | None = None
-    lease_until: float = 0.0
-    #: The experiment last had work (rollouts queued or in flight, a batch in the window).
-    busy_at: float = 0.0
-    #: A dispatch last took a new session because no warm one was idle: rollouts want the new-session budget.
-    demand_at: float = 0.0
-    #: A dispatch last took a warm session: a burst of takes wants the invoke budget the warm-ups would spend.
-    took_at: float = 0.0
-    #: Why every warm session was stopped and the pool keeps none ("idle", "cancelled", "destroyed", "stopped");
-    #: None: it runs. A batch created after `halted_at` resumes it (never after "destroyed").
-    halted: str | None = None
-    halted_at: float = 0.0
-    last_batch_id: str | None = None
-    last_batch_rollouts: int = 0
-    #: Totals since the pool began: sessions warmed, warm-ups that failed, keep-alives sent, sessions stopped
-    #: without running a rollout and their idle seconds (warmed to stopped), sessions dropped as dead.
-    warmed: int = 0
-    warmup_failures: int = 0
-    keepalives: int = 0
-    stopped_unused: int = 0
-    unused_idle_s: float = 0.0
-    dropped: int = 0
-
-    @classmethod
-    def of(cls, raw: Mapping[str, Any] | None) -> WarmPoolState:
-        if not raw:
-            return cls()
-        item = item_values(raw)
-        return cls(
-            lease_owner=_text(item, "lease_owner"),
-            lease_until=_float(item, "lease_until"),
-            busy_at=_float(item, "busy_at"),
-            demand_at=_float(item, "demand_at"),
-            took_at=_float(item, "took_at"),
-            halted=_text(item, "halted"),
-            halted_at=_float(item, "halted_at"),
-            last_batch_id=_text(item, "last_batch_id"),
-            last_batch_rollouts=_int(item, "last_batch_rollouts"),
-            warmed=_int(item, "warmed"),
-            warmup_failures=_int(item, "warmup_failures"),
-            keepalives=_int(item, "keepalives"),
-            stopped_unused=_int(item, "stopped_unused"),
-            unused_idle_s=_float(item, "unused_idle_s"),
-            dropped=_int(item, "dropped"),
-        )

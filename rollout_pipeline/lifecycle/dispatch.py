@@ -34,10 +34,11 @@ from typing import Any
 
 from rollout_pipeline import ids
 from rollout_pipeline.contracts import FailureReason, FileOptions, RolloutMessage, build_agent_payload, iso
-from rollout_pipeline.ledger.items import BatchView, RolloutRecord, WarmSession
+from rollout_pipeline.ledger.items import BatchView, RolloutRecord
 from rollout_pipeline.ledger.outbox import OUTBOX_PUBLISH
 from rollout_pipeline.ledger.retry import LedgerError
 from rollout_pipeline.ledger.rollouts import DISPATCHED, QUEUED, DispatchStart
+from rollout_pipeline.ledger.warm_items import WarmSession
 from rollout_pipeline.lifecycle import budget, costing, publishing, stops
 from rollout_pipeline.lifecycle.cancel import cancel_rollout
 from rollout_pipeline.lifecycle.deps import LifecycleDeps

@@ -50,9 +50,9 @@ from typing import Final, Protocol
 from rollout_pipeline import ids
 from rollout_pipeline.config import WARM_AUTO, warmup_payload
 from rollout_pipeline.contracts import parse_iso
-from rollout_pipeline.ledger.items import WarmPoolState, WarmSession, WarmState
 from rollout_pipeline.ledger.release import WindowState
 from rollout_pipeline.ledger.warm import ADDED, HALTED
+from rollout_pipeline.ledger.warm_items import WarmPoolState, WarmSession, WarmState
 from rollout_pipeline.lifecycle import budget, stops
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.warm import STALE_MARGIN_S

@@ -17,7 +17,8 @@ from rollout_pipeline import ids
 from rollout_pipeline.config import is_warmup_payload
 from rollout_pipeline.contracts.attempts import attempt_token
 from rollout_pipeline.fakes.acr import AcrProfile, AgentBehaviour, FakeAgentRuntime
-from rollout_pipeline.ledger.items import RolloutRecord, WarmState
+from rollout_pipeline.ledger.items import RolloutRecord
+from rollout_pipeline.ledger.warm_items import WarmState
 from rollout_pipeline.lifecycle.cancel import cancel_batch
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.dispatch import Dispatch

@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 
 from rollout_pipeline.config import ExperimentConfig
-from rollout_pipeline.ledger.items import WarmSession, WarmState
+from rollout_pipeline.ledger.warm_items import WarmSession, WarmState
 from rollout_pipeline.lifecycle.warm import DEMAND_NOTE_S, EMPTY_RECHECK_S, MAX_TRIES, WarmTaker
 from tests.doubles import ManualClock
 
