@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from rollout_pipeline.capacity import LEDGER_CEILING_SESSIONS_S, ceiling_warnings
+from rollout_pipeline.ceilings import LEDGER_CEILING_SESSIONS_S, ceiling_warnings
 from rollout_pipeline.config import ExperimentConfig
 
 
