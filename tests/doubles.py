@@ -330,7 +330,7 @@ class MemoryEventQueue:
             del self.messages[mid]
             self.deleted.append(mid)
 
-    def release(self, delivery: Delivery, after_s: int = 0) -> None:
+    def redeliver(self, delivery: Delivery, after_s: int = 0) -> None:
         if not delivery.receipt:
             return
         mid = self.handles[delivery.receipt]

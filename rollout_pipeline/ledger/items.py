@@ -50,7 +50,7 @@ MAX_SPAN_ATTEMPTS: Final = 10
 #: deadline and end are its `dispatched_at`, `deadline` and `finished_at` (its session idle from then on when it wrote
 #: a result: `result_uri`); an earlier attempt's are copied when it ends (`start` S ISO, `due` N epoch s, `end` N
 #: epoch ms). Every attempt may have `cpu` (N: measured CPU seconds), `stop` or `closed` (N, epoch ms: its confirmed
-#: stop, or its release without one) and `none` (BOOL: its invoke was refused, no session ran). Small on purpose:
+#: stop, or its close without one) and `none` (BOOL: its invoke was refused, no session ran). Small on purpose:
 #: the rollout item stays under 1 KB, so each write to it costs one write unit, not two.
 SPAN_PARTS: Final = ("start", "due", "end", "cpu", "stop", "closed", "none")
 

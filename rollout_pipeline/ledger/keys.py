@@ -38,9 +38,9 @@ LEGACY_SESSIONS_SK: Final = "SESSIONS"
 #: LAYOUT: the ledger's layout version (`LAYOUT_VERSION`), stamped by the stack, checked by every function.
 LAYOUT_SK: Final = "LAYOUT"
 #: The layout of the ledger this code reads and writes: which items exist and what they hold. Raise it in the
-#: release that changes them so that old items no longer fit (and say how in docs/deploy.md, "Upgrades"): the stack
-#: stamps the new value before its functions are updated, the functions refuse another one, and the deploy refuses
-#: the change while work is in flight (`rollout_pipeline.ops.upgrade`).
+#: version of the code that changes them so that old items no longer fit (and say how in docs/deploy.md,
+#: "Upgrades"): the stack stamps the new value before its functions are updated, the functions refuse another one,
+#: and the deploy refuses the change while work is in flight (`rollout_pipeline.ops.upgrade`).
 #: 1: every ledger before the stamp (a single `SESSIONS` counter, later 16 then 32 `SESSIONS#` shards, results
 #: without attempt tokens). 2: 32 `SESSIONS#` shards, attempt tokens, the stamp itself. 3: the call budgets leased
 #: from the account pool (`PACE#session` for the account's new-session rate, the lease's fields on `PACE#tps` and

@@ -113,7 +113,7 @@ class LimitLedger:
         return {"Update": self.table.update_op(key, "ADD in_flight :d", None, {":d": -count})}
 
     def slots_and_spend(self) -> tuple[int, float]:
-        """Sessions holding a slot and the experiment's spend so far (USD: every released session's cost), summed
+        """Sessions holding a slot and the experiment's spend so far (USD: every ended session's cost), summed
         over the slot counters in one strongly consistent Query."""
         request: dict[str, Any] = {
             "KeyConditionExpression": "pk = :pk AND begins_with(sk, :prefix)",

@@ -277,7 +277,7 @@ class RolloutLedger:
         )
         return self.table.transact([{"Update": update}, self.limits.free_slot(slot_holder(ref))]) is None
 
-    def release_warm(
+    def drop_warm(
         self, ref: AttemptRef, session_id: str, *, next_session_id: str, hold_slot_until: int
     ) -> RolloutRecord | None:
         """The warm session `session_id` attempt `ref` was dispatched into is dead (its invoke answered NotFound,

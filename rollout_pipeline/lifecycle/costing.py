@@ -1,12 +1,12 @@
 """Pricing in the lifecycle (`rollout_pipeline.costs` holds the model): the cost a terminal transition records,
-and what a session's slot release adds to the experiment's spend.
+and what freeing a session's slot adds to the experiment's spend.
 
 - A terminal transition prices every session of the rollout once (`terminal_cost`, `costs.price_rollout`): the ended
   attempt's session as ending then (its stop follows the event at once), earlier attempts' sessions as their stops
   say. The transaction stores the figure on the rollout item (`Terminal.cost`) and ADDs it to the group's and the
   batch's sums; `Rollout Completed`/`Failed` carry it as stored (`RolloutRecord.stored_cost`), and `EstimatedCost`
   counts it once the transaction committed.
-- A session's slot release (its stop confirmed, or the pipeline giving up on a confirmation once AgentCore has
+- Freeing a session's slot (its stop confirmed, or the pipeline giving up on a confirmation once AgentCore has
   ended it) ADDs that session's cost, now exact (or its bound), to the experiment's spend (`LimitLedger.free_slot`):
   the figure budgets are held to.
 """
@@ -50,7 +50,7 @@ def terminal_cost(
 def session_charge(
     deps: LifecycleDeps, rec: RolloutRecord, session_id: str, *, confirmed: bool, at: datetime | None = None
 ) -> float:
-    """What releasing `session_id`'s slot adds to the experiment's spend: its session priced as ending `at` (default
+    """What freeing `session_id`'s slot adds to the experiment's spend: its session priced as ending `at` (default
     now: a confirmed stop, recorded with the same time), or at its bound (no confirmation: AgentCore ended it at its
     idle timeout or maximum lifetime); a warm session as the attempt that ran in it (`RolloutRecord.attempt_of`). 0
     for a session the rollout item has no start of (written before costs were kept)."""

@@ -135,7 +135,7 @@ def dispatch_records(
             )
         finally:
             if held is not None:
-                held.release()
+                held.leave()
 
     run_partial_batch([r for _o, r in ordered], handle, result, workers=workers, what="dispatch", logger=log)
     deps.feed.after_dispatch(batches.views())  # the queue drained: the release window may have room
@@ -209,11 +209,11 @@ def dispatch_body(
     block: InvokeBlock | None = None,
 ) -> Dispatch:
     """Dispatch one rollout-queue message body (see the module doc). Raises to have the message redelivered.
-    `held`: the message's place on the admission board since receipt (`SlotGate.hold`), released once the rollout's
+    `held`: the message's place on the admission board since receipt (`SlotGate.hold`), left once the rollout's
     session start is booked (`LimitedRuntime.invoke`'s `on_booked`), not merely past the gate: between the two, a
     rollout let through is neither on the board nor in the schedule, so another process's gate would see its room
     free and let a later group book ahead of it (what decides the order its sessions start in). Every other way out
-    releases it too (`dispatch_records`).
+    leaves it too (`dispatch_records`).
     `budgets`: the SQS batch's budget reads (`lifecycle.budget`): a rollout whose budget is spent is held, not run.
     `hold_if_new`: the message was received without a place on the board (the warm pool's view covered its SQS
     batch): if it takes a new session after all, it goes on the board then, for as long as it would have been.
@@ -230,7 +230,7 @@ def dispatch_body(
     budgets = budgets or budget.Budgets(deps)
     if _held_on_budget(message, deps, budgets, batch, held):
         return Dispatch.HELD_BUDGET
-    message = budget.released(message, deps)
+    message = budget.after_hold(message, deps)
     row_payload = _row_payload(message, deps)
     # Before any ledger write: a key that cannot be read (Secrets Manager down, throttled, denied) raises here and
     # the message is redelivered, instead of after `begin_dispatch`, where it burnt an attempt and a slot until the
@@ -239,7 +239,7 @@ def dispatch_body(
     warm = _dispatch_warm(message, deps, options, row_payload, batches, wait_until=wait_until, block=block)
     if warm is not None:
         if held is not None:
-            held.release()
+            held.leave()
         return warm
     deps.warm.note_cold()
     late = deps.limits.gate.hold([admission_key(message)])[0] if held is None and hold_if_new else None
@@ -258,7 +258,7 @@ def dispatch_body(
         )
     finally:
         if late is not None:
-            late.release()
+            late.leave()
 
 
 def _dispatch_new(
@@ -280,7 +280,7 @@ def _dispatch_new(
     waited = _through_the_gate(message, deps, start_by, budgets=budgets, batch=batch, held=held)
     if waited is not None:
         return waited
-    booked = (lambda _start: held.release()) if held is not None else None
+    booked = (lambda _start: held.leave()) if held is not None else None
     for _ in range(20):
         shard = deps.limits.shards.choose()
         start = _begin(message, deps, options, batches, slot_shard=shard)
@@ -477,7 +477,7 @@ def _drop_warm(
         why[:300],
     )
     deps.metrics.count(WARM_DROPPED)
-    after = deps.ledger.rollouts.release_warm(
+    after = deps.ledger.rollouts.drop_warm(
         message.ref, session_id, next_session_id=message.session_id, hold_slot_until=stops.hold_until(deps)
     )
     if after is None:
@@ -518,7 +518,7 @@ def _held_on_budget(
     if spent is None or _running(message, deps):
         return False
     if held is not None:
-        held.release()
+        held.leave()
     budget.hold(message, deps)
     log.info("rollout %s/%s held: the %s budget is spent", message.batch_id, message.rollout_id, spent)
     return True

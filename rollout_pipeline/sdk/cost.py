@@ -8,7 +8,7 @@ Two figures per batch:
   confirmed stop is exact, a stop still pending is priced as ending now, a session the pipeline gave up waiting
   for is priced to its bound (AgentCore's idle timeout or maximum lifetime).
 
-And for the experiment: its **spend**, the sum of every released session's cost (exact at its confirmed stop), which
+And for the experiment: its **spend**, the sum of every ended session's cost (exact at its confirmed stop), which
 is what a budget is held to, with the budget itself.
 """
 
@@ -64,7 +64,7 @@ class ExperimentCost:
     priced_as: str
     #: The region has no row in the price table: another region's prices are used (say so).
     fallback: bool
-    #: Every released session's cost (exact at its confirmed stop): what the budget is held to.
+    #: Every ended session's cost (exact at its confirmed stop): what the budget is held to.
     spent_usd: float
     budget_usd: float | None
     sessions_in_flight: int

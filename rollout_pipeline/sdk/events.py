@@ -1,7 +1,7 @@
 """Consuming the trainer queue: pushed pipeline events, each `event_id` handed to user code once.
 
 The stable import path of the SDK's event classes; the code lives in one module per concern: `transport`
-(envelopes; SQS receive, delete, release), `delivery` (the delivery rules: `EventStream`, `EventFilter`,
+(envelopes; SQS receive, delete, redeliver), `delivery` (the delivery rules: `EventStream`, `EventFilter`,
 `SeenIds`), `groups` (GRPO groups and advantages) and `aio` (asyncio views).
 """
 

@@ -228,5 +228,5 @@ class CatchUpStream(EventStream):
         with self._lock:
             self._pending = None
             while self._held:
-                self._reader.release(self._held.pop())
+                self._reader.redeliver(self._held.pop())
         super().close(ack_current=ack_current)

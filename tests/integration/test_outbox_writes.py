@@ -1,5 +1,5 @@
 """The outbox's writes: a completed rollout's publish and its entry are recorded by the writes the stops make
-anyway (the slot's release, a failed stop's re-filing), and every guarantee holds under the faithful profile: one
+anyway (freeing the slot, a failed stop's re-filing), and every guarantee holds under the faithful profile: one
 terminal state, one event (again only after a crash), every session stopped, its slot held until then."""
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def test_a_completion_reads_the_rollout_item_once_and_writes_it_twice(
     complete_once(resources, deps)
 
     # One read (not a second one after the terminal transaction: `finish_dispatched`), the terminal transaction,
-    # then the slot's release with the entry's clear: no write for the publish, no separate clear (before: 2
+    # then the slot freed with the entry's clear: no write for the publish, no separate clear (before: 2
     # reads and 4 writes, `outbox_done` and `clear_outbox` on their own).
     assert requests == Counter({"read": 1, "transaction": 2})
     item = ledger_item(resources, ROLLOUT_KEY)
@@ -107,7 +107,7 @@ def test_a_failed_stop_keeps_the_slot_and_the_publish_is_not_repeated(
 ) -> None:
     """A stop that fails (throttled: re-filed by `note_stop_failed`; an unexpected error: the entry given back by
     `return_outbox`) takes the publish out of the entry in that same write: the sweeper's later pass stops the
-    session and releases its slot, and publishes nothing again."""
+    session and frees its slot, and publishes nothing again."""
     one_rollout(resources)
     dispatch_once(resources, deps)
     error = RuntimeThrottled("StopRuntimeSession: ThrottlingException") if failure == "throttled" else OSError("x")
@@ -140,7 +140,7 @@ def test_a_failed_stop_keeps_the_slot_and_the_publish_is_not_repeated(
     assert sweep(deps).outbox_drained == 0
 
 
-def test_a_slot_release_meant_to_clear_the_entry_leaves_a_newer_entry(
+def test_a_slot_freed_meant_to_clear_the_entry_leaves_a_newer_entry(
     resources: ExperimentResources, fake: FakeAgentRuntime, deps: LifecycleDeps, clock: ShiftedClock
 ) -> None:
     """`free_stopped(clear_entry=True)` on an entry that moved on (a later attempt ended meanwhile, adding its
