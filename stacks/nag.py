@@ -179,5 +179,5 @@ def acknowledge_pool(stack: PoolStack) -> None:
             ack(
                 child,
                 "AwsSolutions-L1",
-                "CDK's AwsCustomResource handler runtime is chosen by the CDK release; it runs only at deploy.",
+                "CDK's AwsCustomResource handler runtime is chosen by the CDK version; it runs only at deploy.",
             )

@@ -958,7 +958,7 @@ class Experiment:
             return self._ledger().batches.recent_batch_ids(limit)
 
     def cost(self, batch: str | None = None, *, limit: int = 20) -> ExperimentCost:
-        """What the experiment cost: its spend (every released session's cost, exact at its confirmed stop: what the
+        """What the experiment cost: its spend (every ended session's cost, exact at its confirmed stop: what the
         budget is held to) and budget, and per batch the sum its events carried and its rollouts priced again now
         (`sdk.cost`). `batch`: that batch only; else the `limit` newest batches."""
         from rollout_pipeline.sdk.cost import ExperimentCost, batch_cost
