@@ -150,7 +150,7 @@ def rollout_event(
         "policy_version": rec.policy_version,
         "batch_policy_version": rec.batch_policy_version,
         "timings": timings,
-        "cost": None if prices is None else rec.stored_cost(prices),
+        "cost": None if prices is None else rec.stored_cost(prices.label, local=prices.local),
         "warning": rec.warning,
     }
     if rec.state is RolloutState.SUCCEEDED:

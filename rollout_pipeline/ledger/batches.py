@@ -130,7 +130,7 @@ class BatchLedger:
             "ExpressionAttributeValues": {":pk": text_value(keys.batch_pk(batch_id)), ":b": text_value(keys.BATCH_SK)},
             "ConsistentRead": True,
         }
-        return merge_batch_items(self.table.query(request))
+        return merge_batch_items(self.table.query_all(request))
 
     def set_budget(self, batch_id: str, budget_usd: float) -> bool:
         """Set a batch's own budget (USD), replacing the one it was submitted with; False for an unknown batch."""

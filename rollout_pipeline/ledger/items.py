@@ -19,7 +19,7 @@ from typing import Any, Final
 
 from rollout_pipeline import ids
 from rollout_pipeline.contracts import CostSummary, FailureReason, FileOptions, RolloutCost, parse_iso
-from rollout_pipeline.costs import PriceBook, SessionSpan
+from rollout_pipeline.costs import SessionSpan
 from rollout_pipeline.ids import AttemptRef
 from rollout_pipeline.ledger.attributes import float_at, int_at, item_values, optional_float_at, text_at
 
@@ -98,7 +98,7 @@ def from_epoch_ms(value: Any) -> datetime:
 
 def to_the_ms(moment: datetime) -> datetime:
     """`moment` as it reads back from the ledger's epoch milliseconds (so a figure priced with it is reproducible)."""
-    return from_epoch_ms(epoch_ms(moment))
+    return datetime.fromtimestamp(round(moment.timestamp() * 1000) / 1000, UTC)
 
 
 def cost_summary(item: Mapping[str, Any]) -> CostSummary | None:
@@ -438,6 +438,11 @@ class RolloutRecord:
         """The session of `attempt`, if it was started."""
         return next((s for s in self.spans if s.attempt == attempt), None)
 
+    def session_span(self, session_id: str) -> SessionSpan | None:
+        """The span of the attempt that ran in `session_id` (`attempt_of`: a warm session's too), if it started."""
+        attempt = self.attempt_of(session_id)
+        return None if attempt is None else self.span(attempt)
+
     def attempt_of(self, session_id: str) -> int | None:
         """The attempt that ran in `session_id`: the one its own id names (`ids.session_attempt`); for a warm
         session of the pool (its id names no attempt), the current attempt when it is the current session, else
@@ -458,12 +463,13 @@ class RolloutRecord:
                 return earlier
         return None
 
-    def stored_cost(self, book: PriceBook) -> RolloutCost | None:
-        """What the rollout cost as its terminal transition priced and stored it (never priced again), labelled
-        with `book`'s `priced_as`; None before it ended (or for an item written before costs were stored)."""
+    def stored_cost(self, priced_as: str, *, local: bool = False) -> RolloutCost | None:
+        """What the rollout cost as its terminal transition priced and stored it (never priced again), labelled with
+        the price book's `priced_as` and `local` (`costs.PriceBook.label`); None before it ended (or for an item
+        written before costs were stored)."""
         if self.cost_figures is None:
             return None
-        return RolloutCost.model_validate({**self.cost_figures, "priced_as": book.label, "local": book.local})
+        return RolloutCost.model_validate({**self.cost_figures, "priced_as": priced_as, "local": local})
 
     @property
     def terminal(self) -> bool:

@@ -74,25 +74,22 @@ class OutboxLedger:
         others): the same write also removes the entry (`clear_outbox`), conditional on `outbox_id`. If the entry
         has moved on meanwhile (a later transition set a new one) or the slot was freed already, the session is
         forgotten, its slot freed and the entry cleared as by separate writes (the newer entry stays)."""
-        ended_names, ended_values = self._session_end(rec, session_id, confirmed, at)
-        if (
-            clear_entry
-            and rec.outbox_id is not None
-            and self._free_and_clear(rec, session_id, spent_usd, confirmed=confirmed, at=at)
-        ):
+        ended = self._session_end(rec, session_id, confirmed, at)
+        if clear_entry and rec.outbox_id is not None and self._free_and_clear(rec, session_id, spent_usd, ended):
             return True
+        ended_names, ended_values = ended
         key = keys.rollout_key(rec.batch_id, rec.input_id, rec.index)
-        ended = "SET #send = :send " if ended_names else ""
+        set_end = "SET #send = :send " if ended_names else ""
         values = {":s": {session_id}, **ended_values}
         if session_id not in rec.held_slots:
             self.table.update(
-                key, ended + "DELETE stop_sessions :s, stop_not_found :s", None, values, ended_names or None
+                key, set_end + "DELETE stop_sessions :s, stop_not_found :s", None, values, ended_names or None
             )
             freed = True
         else:
             update = self.table.update_op(
                 key,
-                ended + "DELETE held_slots :s, stop_sessions :s, stop_not_found :s",
+                set_end + "DELETE held_slots :s, stop_sessions :s, stop_not_found :s",
                 "contains(held_slots, :sid)",
                 {**values, ":sid": session_id},
                 ended_names or None,
@@ -121,13 +118,11 @@ class OutboxLedger:
         self,
         rec: RolloutRecord,
         session_id: str,
-        spent_usd: float = 0.0,
-        *,
-        confirmed: bool = True,
-        at: datetime | None = None,
+        spent_usd: float,
+        ended: tuple[dict[str, str], dict[str, Any]],
     ) -> bool:
-        """`free_stopped` and `clear_outbox` in one write: False (nothing written) when the entry is not the
-        one read or, with a held slot, the slot is no longer held."""
+        """`free_stopped` and `clear_outbox` in one write (`ended`: `_session_end`'s names and values): False
+        (nothing written) when the entry is not the one read or, with a held slot, the slot is no longer held."""
         key = keys.rollout_key(rec.batch_id, rec.input_id, rec.index)
         held = session_id in rec.held_slots
         values: dict[str, Any] = {":obid": rec.outbox_id}
@@ -138,7 +133,7 @@ class OutboxLedger:
             condition += " AND contains(held_slots, :sid)"
             values |= {":s": {session_id}, ":sid": session_id}
         names = {"#obpk": keys.OUTBOX_PK, "#obsk": keys.OUTBOX_SK}
-        ended_names, ended_values = self._session_end(rec, session_id, confirmed, at)
+        ended_names, ended_values = ended
         if ended_names:
             update = f"SET #send = :send {update}"
             names |= ended_names

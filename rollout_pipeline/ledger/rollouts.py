@@ -390,7 +390,7 @@ class RolloutLedger:
         items: list[dict[str, Any]] = [
             {"Update": rollout},
             {"Update": self._group_outcome(ref, outcome)},
-            {"Update": self._batch_counts(ref, outcome)},
+            {"Update": self._batch_counts(ref, outcome, int(change.sets[keys.TTL_ATTRIBUTE]))},
         ]
         if from_state == DISPATCHED and "held_slots" not in change.adds:
             items.append(self.limits.free_slot(slot_holder(ref)))
@@ -421,7 +421,7 @@ class RolloutLedger:
             "input_id": ref.input_id,
             "index": ref.index,
             "attempt": ref.attempt,
-            keys.TTL_ATTRIBUTE: self.table.expires_at(),
+            keys.TTL_ATTRIBUTE: now + self.table.ttl_s,
             keys.OUTBOX_PK: keys.outbox_pk(ref.batch_id, ref.input_id, ref.index),
             keys.OUTBOX_SK: now,
             "outbox_id": secrets.token_hex(8),
@@ -459,7 +459,7 @@ class RolloutLedger:
             {"#i": str(ref.index), **cost_names},
         )
 
-    def _batch_counts(self, ref: AttemptRef, outcome: Terminal) -> dict[str, Any]:
+    def _batch_counts(self, ref: AttemptRef, outcome: Terminal, expires_at: int) -> dict[str, Any]:
         """The batch's part of `finish`: its counters ADDed on one counter shard (created by the first ADD; the
         group's condition proves the batch exists)."""
         succeeded = outcome.state == SUCCEEDED
@@ -471,7 +471,7 @@ class RolloutLedger:
         adds |= _cost_adds(outcome)
         names = {f"#a{i}": name for i, name in enumerate(adds)} | {"#ttl": keys.TTL_ATTRIBUTE}
         values: dict[str, Any] = {f":a{i}": value for i, value in enumerate(adds.values())}
-        values[":ttl"] = self.table.expires_at()
+        values[":ttl"] = expires_at
         return self.table.update_op(
             keys.batch_count_key(ref.batch_id, keys.count_shard(ref.input_id)),
             f"ADD {', '.join(f'#a{i} :a{i}' for i in range(len(adds)))} SET #ttl = if_not_exists(#ttl, :ttl)",

@@ -150,6 +150,10 @@ class LedgerTable:
         """The items (typed) of a Query on this table (`query_items`)."""
         yield from query_items(self.ddb, {"TableName": self.name, **request}, max_pages=max_pages)
 
+    def query_all(self, request: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """Every item (typed) of a Query on a small partition, read before it returns (a batch's items)."""
+        return list(self.query(request))
+
     # ----------------------------------------------------------------------------------------------- writes
 
     def update_op(

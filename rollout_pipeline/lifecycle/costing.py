@@ -54,8 +54,7 @@ def session_charge(
     now: a confirmed stop, recorded with the same time), or at its bound (no confirmation: AgentCore ended it at its
     idle timeout or maximum lifetime); a warm session as the attempt that ran in it (`RolloutRecord.attempt_of`). 0
     for a session the rollout item has no start of (written before costs were kept)."""
-    attempt = rec.attempt_of(session_id)
-    span = rec.span(attempt) if attempt is not None else None
+    span = rec.session_span(session_id)
     if span is None:
         return 0.0
     now = to_the_ms(at or deps.now())  # as the ledger records it

@@ -94,7 +94,8 @@ def batch_cost(batch: BatchView, rollouts: Iterable[RolloutRecord], book: PriceB
     pending = bounded = 0
     for rec in rollouts:
         if not rec.spans:
-            stored = rec.stored_cost(book)  # ended without a session (cancelled or refused before one ran)
+            # ended without a session (cancelled or refused before one ran): its figure as stored
+            stored = rec.stored_cost(book.label, local=book.local)
             if stored is not None:
                 priced.append(stored)
             continue

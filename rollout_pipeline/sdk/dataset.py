@@ -200,11 +200,14 @@ def _seconds(start: datetime | None, end: datetime | None) -> float | None:
 
 def rollout_row(group: GroupItem, index: int, rec: RolloutRecord | None, prices: PriceBook | None = None) -> Row:
     """The dataset row of one rollout, from its group item and its rollout item (None: never dispatched), without
-    the result object's columns nor the group statistics (`group_rows` adds both); its cost priced with `prices` as
-    its event was (None: no cost columns' values)."""
+    the result object's columns nor the group statistics (`group_rows` adds both); its cost as its item stores it,
+    labelled with `prices` (None: no cost columns' values)."""
     succeeded = rec is not None and rec.state is RolloutState.SUCCEEDED
     failed = rec is not None and rec.state is RolloutState.FAILED
     turn_rewards = list(rec.rewards) if rec is not None and isinstance(rec.rewards, list) else None
+    cost = None
+    if rec is not None and rec.terminal and prices is not None:
+        cost = rec.stored_cost(prices.label, local=prices.local)
     return {
         "exp_id": group.exp_id,
         "batch_id": group.batch_id,
@@ -232,7 +235,7 @@ def rollout_row(group: GroupItem, index: int, rec: RolloutRecord | None, prices:
         "result_size": rec.result_size if rec is not None else None,
         "payload_json": _json_text(group.payload) if group.payload is not None else None,
         "payload_ref": group.payload_ref,
-        **cost_columns(rec.stored_cost(prices) if rec is not None and rec.terminal and prices is not None else None),
+        **cost_columns(cost),
     }
 
 

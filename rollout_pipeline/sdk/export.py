@@ -98,7 +98,7 @@ ROLLOUT_FIELDS = (
 
 
 def _cost(rec: RolloutRecord, prices: PriceBook | None) -> dict[str, Any] | None:
-    cost = None if prices is None else rec.stored_cost(prices)
+    cost = None if prices is None else rec.stored_cost(prices.label, local=prices.local)
     return None if cost is None else cost.model_dump()
 
 
