@@ -591,8 +591,8 @@ def figures(**kw: Any) -> dict[str, Any]:
         "requests_per_rollout": sum(kw["counters"].ops.values()) / n,
         "requests_by_item": {k: v / n for k, v in kw["counters"].items.most_common(14)},
         "requests_by_operation": {k: v / n for k, v in kw["counters"].ops.most_common()},
-        "capacity_units_by_caller": {
-            k: v / n for k, v in kw["counters"].capacity_callers.most_common(16) if v / n >= 0.05
+        "request_units_by_caller": {
+            k: v / n for k, v in kw["counters"].units_by_caller.most_common(16) if v / n >= 0.05
         },
         "requests_by_caller": {k: v / n for k, v in kw["counters"].caller_items.most_common(24) if v / n >= 0.02},
         "conflict_retries_per_rollout": kw["retries"] / n,
@@ -783,7 +783,7 @@ def print_report(mode: str, r: dict[str, Any]) -> None:
     print("busiest items            " + "; ".join(str(i) for i in r["busiest_items"]))
     print("requests by item         " + ", ".join(f"{k} {v:.2f}" for k, v in r["requests_by_item"].items()))
     print("  by operation           " + ", ".join(f"{k} {v:.2f}" for k, v in r["requests_by_operation"].items()))
-    print("  units by caller        " + ", ".join(f"{k} {v:.2f}" for k, v in r["capacity_units_by_caller"].items()))
+    print("  units by caller        " + ", ".join(f"{k} {v:.2f}" for k, v in r["request_units_by_caller"].items()))
     print(f"ok                       {r['ok']}")
 
 

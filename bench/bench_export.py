@@ -34,12 +34,12 @@ T0 = datetime(2026, 11, 1, tzinfo=UTC)
 
 
 class StandInLedger:
-    """What `write_dataset` reads of a `Ledger`: `batches.groups(batch)` and `rollouts.batch_rollouts(batch)`, each
-    a generator in sort-key order (input ids zero-padded, so their order is their number's)."""
+    """What `write_dataset` reads of a `Ledger`: `groups.batch_groups(batch)` and `rollouts.batch_rollouts(batch)`,
+    each a generator in sort-key order (input ids zero-padded, so their order is their number's)."""
 
     def __init__(self, groups: int, group_size: int) -> None:
         self.groups_n, self.group_size = groups, group_size
-        self.batches = type("Batches", (), {"groups": lambda _self, _batch: self._groups()})()
+        self.groups = type("Groups", (), {"batch_groups": lambda _self, _batch: self._groups()})()
         self.rollouts = type("Rollouts", (), {"batch_rollouts": lambda _self, _batch: self._rollouts()})()
 
     def _groups(self) -> Iterator[GroupItem]:

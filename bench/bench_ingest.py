@@ -299,7 +299,7 @@ def bench_moto(rows: int, group_size: int, directory: Path) -> dict[str, Any]:
         depth = clients.client("sqs").get_queue_attributes(
             QueueUrl=resources.rollout_queue_url, AttributeNames=["ApproximateNumberOfMessages"]
         )["Attributes"]["ApproximateNumberOfMessages"]
-        groups = sum(1 for _ in ledger.batches.groups(result.batch_id or ""))
+        groups = sum(1 for _ in ledger.groups.batch_groups(result.batch_id or ""))
         clients.reset()
     return {
         "outcome": result.outcome,

@@ -12,7 +12,7 @@ Printed:
 - ACR calls per second (InvokeAgentRuntime + StopRuntimeSession, as the fake saw them) vs the TPS limit: the
   busiest second and the mean over the busy period;
 - max sessions in flight (the fake's running sessions, invoke -> stop) vs max_sessions;
-- slot refill delay: once the session limit is saturated, from a session's stop (its slot is released in the
+- slot refill delay: once the session limit is saturated, from a session's stop (its slot is freed in the
   same step) to the next InvokeAgentRuntime that took the slot (p50/p95/max);
 - notification latency (result written -> event published, ms);
 - AWS calls per rollout by service and operation (botocore `before-call` hooks; only the lifecycle's calls:

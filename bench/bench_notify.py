@@ -104,7 +104,7 @@ class ArtPollers:
 
 
 class CallCounter:
-    """Counts AWS API calls by service and operation, with DynamoDB capacity units estimated from the request."""
+    """Counts AWS API calls by service and operation, with DynamoDB request units estimated from the request."""
 
     def __init__(self) -> None:
         self.calls: Counter[tuple[str, str]] = Counter()
@@ -137,12 +137,12 @@ class CallCounter:
         with self._lock:
             self.calls[(service, op)] += 1
             if service == "dynamodb":
-                wru, rru = _capacity(op, params)
+                wru, rru = _request_units(op, params)
                 self.wru += wru
                 self.rru += rru
 
 
-def _capacity(op: str, params: Mapping[str, Any]) -> tuple[float, float]:
+def _request_units(op: str, params: Mapping[str, Any]) -> tuple[float, float]:
     """Estimated request units of one DynamoDB call (items under 1 KB; a failed condition still costs its write)."""
     if op in ("PutItem", "UpdateItem", "DeleteItem"):
         return 1.0, 0.0

@@ -477,11 +477,11 @@ def run(args: argparse.Namespace, clock: DilatedClock, profile: Any) -> dict[str
             "by_stage": {k: v / n for k, v in counters.stages.most_common()},
             "other_services": {k: v / n for k, v in counters.other.most_common()},
         },
-        "capacity_per_rollout": {
+        "request_units_per_rollout": {
             "wru": counters.wru / n,
             "rru": counters.rru / n,
             "wru_by_item": {k: v / n for k, v in counters.wru_items.most_common()},
-            "units_by_caller": {k: v / n for k, v in counters.capacity_callers.most_common()},
+            "units_by_caller": {k: v / n for k, v in counters.units_by_caller.most_common()},
         },
         "contention": {
             "conflict_retries_per_rollout": retry.stats.total / n,
@@ -549,9 +549,9 @@ def print_report(r: dict[str, Any]) -> None:
     for title, table in (("by operation", "by_operation"), ("by item", "by_item"), ("by stage", "by_stage")):
         print(f"  {title:<12} " + ", ".join(f"{k} {v:.2f}" for k, v in q[table].items()))
     print("  other AWS    " + ", ".join(f"{k} {v:.2f}" for k, v in q["other_services"].items()))
-    u = r.get("capacity_per_rollout")
+    u = r.get("request_units_per_rollout")
     if u:
-        print(f"capacity units/rollout     WRU {u['wru']:.2f}, RRU {u['rru']:.2f}")
+        print(f"request units/rollout     WRU {u['wru']:.2f}, RRU {u['rru']:.2f}")
         print("  WRU by item  " + ", ".join(f"{k} {v:.2f}" for k, v in u["wru_by_item"].items()))
         print("  by caller    " + ", ".join(f"{k} {v:.2f}" for k, v in u["units_by_caller"].items() if v >= 0.01))
     print(

@@ -14,7 +14,7 @@ moto's own clock (SQS visibility timeouts: `Rig.receive` multiplies them by k); 
 is given to it multiplied by k); and the machine's scheduling lateness, which shrinks k times in virtual time.
 
 Here: the clock, the request counters (a botocore hook: DynamoDB requests by operation, item kind, stage and
-caller, capacity units, other services), the injected latencies, the lateness probe, the moto sandbox
+caller, request units, other services), the injected latencies, the lateness probe, the moto sandbox
 (`aws_sandbox`), the transaction log of the faithful profile, and `Rig`: one experiment's Lambdas played by
 threads (a feeder into the rollout queue, dispatchers, completers, the sweeper every minute, a trainer reading
 `Group Completed`), all running the pipeline's real handlers.
@@ -40,7 +40,7 @@ The API a bench uses (bench_capacity.py is the fullest example):
   pool lease); `deps`, `dispatch_deps`, `group_done` (group -> virtual s), `receive`/`ack` (the Lambda service's
   poller, not counted), `seed`, `release`, `pause`, `resume`, `threads(releasing=...)`.
 - Figures: `sliding_max(times)` (busiest sliding second), `steady_rate`, `pct`, `slot_phase`, `slot_turnover`,
-  `explain_unstopped`, `all_in_extras` (Lambda, S3, SQS, EventBridge costs), `Counters` (requests, capacity
+  `explain_unstopped`, `all_in_extras` (Lambda, S3, SQS, EventBridge costs), `Counters` (requests, request
   units; `harness.on` marks the harness's own calls), `TransactionLog.conflicts_by_item`.
 """
 
@@ -268,7 +268,7 @@ class Counters:
         self.wru = 0.0
         self.rru = 0.0
         self.wru_items: Counter[str] = Counter()  # WRU by item kind (a transaction's 2 per item, to each item)
-        self.capacity_callers: Counter[str] = Counter()  # WRU + RRU by the ledger method that made the request
+        self.units_by_caller: Counter[str] = Counter()  # WRU + RRU by the ledger method that made the request
         self.callers: Counter[str] = Counter()  # requests by the ledger method that made them, and operation
         self.caller_items: Counter[str] = Counter()  # the same, and the item kinds each request touched
         self.harness = threading.local()
@@ -304,7 +304,7 @@ class Counters:
             self.stages[stage_of(threading.current_thread().name)] += 1
             for category in set(touched):
                 self.items[category] += 1
-            wru, rru = capacity_units(operation, touched)
+            wru, rru = request_units(operation, touched)
             self.wru += wru
             self.rru += rru
             per_item = 2 if operation == "TransactWriteItems" else 1
@@ -312,12 +312,12 @@ class Counters:
                 for category in touched:
                     self.wru_items[category] += per_item
             caller = f"{ledger_caller()} {operation}"
-            self.capacity_callers[caller] += wru + rru
+            self.units_by_caller[caller] += wru + rru
             self.callers[caller] += 1
             self.caller_items[f"{caller} {'+'.join(sorted(set(touched)))}"] += 1
 
 
-def capacity_units(operation: str, touched: list[str]) -> tuple[float, float]:
+def request_units(operation: str, touched: list[str]) -> tuple[float, float]:
     """(WRU, RRU) of one request, items under 1 KB: 1 WRU per plain write, 2 per item of a transaction (cancelled
     ones included), 1 RRU per strongly consistent GetItem / Query page (under 4 KB), 2 per item of TransactGet."""
     if operation in ("PutItem", "UpdateItem", "DeleteItem"):

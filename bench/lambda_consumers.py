@@ -12,7 +12,7 @@ import os
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from rollout_pipeline.lifecycle.metrics import MetricsRecorder
+from rollout_pipeline.metric_names import MetricsRecorder
 
 if TYPE_CHECKING:
     from rollout_pipeline.local.lambda_runtime import QueueConsumer

@@ -25,7 +25,7 @@ from rollout_pipeline.wiring import Wiring
 
 if TYPE_CHECKING:
     from rollout_pipeline.lifecycle.deps import LifecycleDeps
-    from rollout_pipeline.lifecycle.metrics import MetricsRecorder
+    from rollout_pipeline.metric_names import MetricsRecorder
 
 #: Time kept back from the Lambda's remaining time: re-sending waiting messages and returning must fit in it.
 SAFETY_S: Final = 20.0

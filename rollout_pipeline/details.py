@@ -9,7 +9,6 @@ so a re-publication is a duplicate.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -23,7 +22,6 @@ from rollout_pipeline.contracts import (
     GroupCompleted,
     GroupMember,
     RolloutCompleted,
-    RolloutCost,
     RolloutFailed,
     Timings,
     batch_duration_s,
@@ -31,7 +29,7 @@ from rollout_pipeline.contracts import (
     stats_from_sums,
     utcnow,
 )
-from rollout_pipeline.costs import PriceBook, price_rollout
+from rollout_pipeline.costs import PriceBook
 from rollout_pipeline.ledger.items import BatchView, GroupItem, RolloutRecord, RolloutState
 
 
@@ -123,24 +121,6 @@ def group_completion_detail(group: GroupItem, policy_version: str | None = None)
     )
 
 
-def recorded_cost(rec: RolloutRecord, prices: PriceBook) -> RolloutCost | None:
-    """What the rollout cost as its terminal transition priced it (the figure its group and batch sums hold): its
-    sessions as the item knows them, as of `cost_at` (a stop confirmed later is left out: it was pending then),
-    priced at `cost_at` with `prices`. None for a rollout that ended before costs were kept."""
-    at = rec.cost_at
-    if at is None:
-        return None
-    spans = [
-        replace(
-            span,
-            stopped_at=span.stopped_at if span.stopped_at is not None and span.stopped_at <= at else None,
-            closed_at=span.closed_at if span.closed_at is not None and span.closed_at <= at else None,
-        )
-        for span in rec.spans
-    ]
-    return price_rollout(spans, prices, at)
-
-
 def rollout_event(
     rec: RolloutRecord,
     *,
@@ -149,9 +129,10 @@ def rollout_event(
     prices: PriceBook | None = None,
     group: GroupItem | None = None,
 ) -> RolloutCompleted | RolloutFailed:
-    """The terminal event of a rollout, from its (terminal) ledger item; its `cost` priced with `prices`;
+    """The terminal event of a rollout, from its (terminal) ledger item; its `cost` as the item stores it, labelled
+    with `prices` (`RolloutRecord.stored_cost`; none without `prices`);
     `notified_at` None: not known (an event rebuilt from the ledger, which does not keep when the event left).
-    `group`: its group as read after the rollout's claim (`BatchLedger.claim_kept`), which says whether a success
+    `group`: its group as read after the rollout's claim (`GroupLedger.claim_kept`), which says whether a success
     of an oversampled group is surplus."""
     timings = Timings(
         submitted_at=rec.submitted_at,
@@ -169,7 +150,7 @@ def rollout_event(
         "policy_version": rec.policy_version,
         "batch_policy_version": rec.batch_policy_version,
         "timings": timings,
-        "cost": None if prices is None else recorded_cost(rec, prices),
+        "cost": None if prices is None else rec.stored_cost(prices.label, local=prices.local),
         "warning": rec.warning,
     }
     if rec.state is RolloutState.SUCCEEDED:

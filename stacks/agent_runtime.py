@@ -11,7 +11,7 @@ from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from rollout_pipeline import ids
-from rollout_pipeline.capacity import ceiling_warnings
+from rollout_pipeline.ceilings import ceiling_warnings
 from rollout_pipeline.config import (
     AGENT_KIND_ENV,
     AGENT_MODULE_ENV,

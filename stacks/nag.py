@@ -197,5 +197,5 @@ def acknowledge_pool(stack: Stack) -> None:
             ack(
                 child,
                 "AwsSolutions-L1",
-                "CDK's AwsCustomResource handler runtime is chosen by the CDK release; it runs only at deploy.",
+                "CDK's AwsCustomResource handler runtime is chosen by the CDK version; it runs only at deploy.",
             )

@@ -1,5 +1,6 @@
-"""The doubles the tests share, one per idea: a clock moved by hand (`ManualClock`; `ShiftedClock` is the system
-clock moved forward, where real time must pass too), an object store, a queue that records what is sent to it, the
+"""The doubles the tests share, one per idea: the clocks (`ManualClock`, moved by hand; `ShiftedClock`, the system
+clock moved forward or standing still where real time must pass too; `ThreadClocks`, one virtual clock per
+thread), an object store, a queue that records what is sent to it, the
 release window's items and group items, the ledger's board and pace reads, a queue with SQS's delivery semantics,
 and a trainer's HTTP seam that fails its first answers (`HttpEndpoint`). Real AWS stand-ins (moto, the fake ACR,
 the faithful profile) live in `rollout_pipeline.fakes`; a double only one test needs stays in that test."""
@@ -54,16 +55,42 @@ class ManualClock:
 
 class ShiftedClock(SystemClock):
     """The system clock moved forward by `offset` (to pass deadlines without waiting, where real time must also
-    pass: threads, moto)."""
+    pass: threads, moto). `frozen`: its wall time stands still (at its creation, to the second) and moves only by
+    `advance`, so the durations a test reads are exactly what it set. `monotonic_offset` moves its monotonic time
+    forward (a step that "takes" time). Called, it is epoch seconds (the fake ACR's clock)."""
 
-    def __init__(self, offset_s: float = 0.0) -> None:
+    def __init__(self, offset_s: float = 0.0, *, frozen: bool = False) -> None:
         self.offset = timedelta(seconds=offset_s)
+        self.frozen_at = datetime.now(UTC).replace(microsecond=0) if frozen else None
+        self.monotonic_offset = 0.0
 
     def now(self) -> datetime:
-        return super().now() + self.offset
+        base = self.frozen_at if self.frozen_at is not None else super().now()
+        return base + self.offset
+
+    def monotonic(self) -> float:
+        return super().monotonic() + self.monotonic_offset
+
+    def __call__(self) -> float:
+        return self.now().timestamp()
 
     def advance(self, seconds: float) -> None:
         self.offset += timedelta(seconds=seconds)
+
+
+class ThreadClocks:
+    """A virtual wall clock per thread (`wall`, `sleep`: epoch seconds): each starts at `start` and moves only by that
+    thread's own `sleep`, so a thread never wakes late, whatever the machine's load."""
+
+    def __init__(self, start: float) -> None:
+        self.start = start
+        self._local = threading.local()
+
+    def wall(self) -> float:
+        return float(getattr(self._local, "now", self.start))
+
+    def sleep(self, seconds: float) -> None:
+        self._local.now = self.wall() + max(0.0, seconds)
 
 
 class MemoryStore:
@@ -221,7 +248,7 @@ class MemoryReleaseLedger:
 
 
 class MemoryGroups:
-    """Group items of every batch, as `BatchLedger.read_groups` reads them."""
+    """Group items of every batch, as `GroupLedger.read_groups` reads them."""
 
     def __init__(self) -> None:
         self.items: dict[tuple[str, str], GroupItem] = {}
@@ -303,7 +330,7 @@ class MemoryEventQueue:
             del self.messages[mid]
             self.deleted.append(mid)
 
-    def release(self, delivery: Delivery, after_s: int = 0) -> None:
+    def redeliver(self, delivery: Delivery, after_s: int = 0) -> None:
         if not delivery.receipt:
             return
         mid = self.handles[delivery.receipt]
@@ -387,19 +414,3 @@ class HttpEndpoint:
 
     def __exit__(self, *exc: object) -> None:
         self._server.__exit__(*exc)
-
-
-class ThreadClocks:
-    """A virtual wall clock per thread: each starts at `start` and moves only by that thread's own `sleep`, so a
-    thread never wakes late and every call happens exactly at the start its pacer booked, whatever the machine's
-    load. The ledger's schedule (shared by the threads) still decides the starts."""
-
-    def __init__(self, start: float) -> None:
-        self.start = start
-        self._local = threading.local()
-
-    def wall(self) -> float:
-        return float(getattr(self._local, "now", self.start))
-
-    def sleep(self, seconds: float) -> None:
-        self._local.now = self.wall() + max(0.0, seconds)

@@ -330,7 +330,7 @@ def _add_cost(sub: Any, common: argparse.ArgumentParser) -> None:
         "cost",
         commands.cmd_cost,
         help="what the experiment and its batches cost (AgentCore sessions and the pipeline's own AWS)",
-        description="The experiment's spend (every released session's cost, exact at its confirmed stop: what the "
+        description="The experiment's spend (every ended session's cost, exact at its confirmed stop: what the "
         "budget is held to) and budget, then per batch: the sum its events carried, and its rollouts priced again "
         "now from the ledger (confirmed stops exact, pending stops to now). Prices and what is measured or "
         "estimated: docs/costs.md.",

@@ -77,7 +77,7 @@ class Feed:
         self.send_threads = send_threads
         self.releases = ReleaseWindow(
             ledger.release,
-            ledger.batches.read_groups,
+            ledger.groups.read_groups,
             self._send_in_order,
             size=self.window,
             most=max_release(settings.experiment),

@@ -110,7 +110,7 @@ class ReleaseResult:
     refused: bool = False
 
 
-#: Reads the group items of a batch by input id (`BatchLedger.read_groups`).
+#: Reads the group items of a batch by input id (`GroupLedger.read_groups`).
 GroupReader = Callable[[str, Sequence[str]], Mapping[str, GroupItem]]
 #: Sends rollout message bodies to the rollout queue.
 Sender = Callable[[list[str]], None]

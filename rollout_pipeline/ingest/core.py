@@ -42,7 +42,8 @@ from rollout_pipeline.feed.feed import Feed, start_warnings
 from rollout_pipeline.feed.messages import QueuedGroup
 from rollout_pipeline.ingest.errors import ErrorLog
 from rollout_pipeline.ingest.reader import DatasetFormatError, RawRecord, dataset_kind, read_records
-from rollout_pipeline.ledger.batches import GroupSpec, IngestProgress
+from rollout_pipeline.ledger.batches import IngestProgress
+from rollout_pipeline.ledger.groups import GroupSpec
 from rollout_pipeline.ledger.items import BatchView
 from rollout_pipeline.ledger.ledger import Ledger
 from rollout_pipeline.metric_names import ROLLOUTS_ENQUEUED, ROWS_ACCEPTED, ROWS_REJECTED, SUBMITTED
@@ -607,7 +608,7 @@ class _Run:
     def _write_chunk(self, chunk: list[DatasetRow | tuple[int, RowError]]) -> tuple[int, int, int]:
         settings = self.ports.settings
         groups, payloads, rejections = self._groups_of(chunk)
-        written = self.ports.ledger.batches.create_groups(exp_id=self.exp_id, batch_id=self.batch_id, groups=groups)
+        written = self.ports.ledger.groups.create_groups(exp_id=self.exp_id, batch_id=self.batch_id, groups=groups)
         for group, holder_line in written.duplicates:
             rejections.append(
                 (group.line, DUPLICATE_ID_REASON, f"id {group.input_id!r} is already used by line {holder_line}")

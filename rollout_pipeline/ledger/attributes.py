@@ -30,6 +30,16 @@ def to_attribute_value(value: Any) -> dict[str, Any]:
     raise TypeError(f"cannot store {type(value).__name__} in the ledger")
 
 
+def text_value(text: str) -> dict[str, str]:
+    """A string as an AttributeValue (the typed form items are built in)."""
+    return {"S": text}
+
+
+def int_value(number: int) -> dict[str, str]:
+    """An integer as an AttributeValue."""
+    return {"N": str(number)}
+
+
 #: DynamoDB numbers: at most 38 significant digits, magnitude between 1E-130 and 9.99...E+125.
 NUMBER_DIGITS: Final = 38
 _NUMBER_CONTEXT: Final = Context(prec=NUMBER_DIGITS)
@@ -87,3 +97,27 @@ def item_values(item: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     """A typed item (as GetItem, Query and UpdateItem return it) as plain Python values (`from_attribute_value`):
     the one converter from the table's form to the views' input."""
     return {name: from_attribute_value(value) for name, value in item.items()}
+
+
+def int_at(item: Mapping[str, Any], name: str) -> int:
+    """Attribute `name` of a plain-valued item (`item_values`) as an int; 0 when absent."""
+    value = item.get(name)
+    return int(value) if value is not None else 0
+
+
+def float_at(item: Mapping[str, Any], name: str) -> float:
+    """Attribute `name` of a plain-valued item as a float; 0.0 when absent."""
+    value = item.get(name)
+    return float(value) if value is not None else 0.0
+
+
+def optional_float_at(item: Mapping[str, Any], name: str) -> float | None:
+    """Attribute `name` of a plain-valued item as a float; None when absent."""
+    value = item.get(name)
+    return None if value is None else float(value)
+
+
+def text_at(item: Mapping[str, Any], name: str) -> str | None:
+    """Attribute `name` of a plain-valued item as text; None when absent."""
+    value = item.get(name)
+    return None if value is None else str(value)

@@ -13,8 +13,8 @@ far; copied to `rollouts_total` when ingestion ends) and `errors_listed` (detail
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Final
 
@@ -22,21 +22,15 @@ from rollout_pipeline.contracts import (
     FileOptions,
 )
 from rollout_pipeline.ledger import keys
-from rollout_pipeline.ledger.attributes import number_text
-from rollout_pipeline.ledger.items import COST_COUNTERS, BatchView, GroupItem
-from rollout_pipeline.ledger.table import CONDITION_FAILED, LedgerError, LedgerTable, reason_codes
+from rollout_pipeline.ledger.attributes import int_value, number_text, text_value
+from rollout_pipeline.ledger.items import COST_COUNTERS, BatchView
+from rollout_pipeline.ledger.retry import LedgerError
+from rollout_pipeline.ledger.table import LedgerTable
 
 STATUS_INGESTING: Final = "ingesting"
 STATUS_ACCEPTED: Final = "accepted"
 STATUS_REJECTED: Final = "rejected"
 STATUS_CANCELLED: Final = "cancelled"
-
-#: DynamoDB TransactWriteItems accepts at most 100 items and 4 MB; stay below both.
-TRANSACTION_MAX_ITEMS: Final = 100
-TRANSACTION_MAX_BYTES: Final = 3_500_000
-#: BatchGetItem reads at most 100 keys per call.
-_BATCH_GET_MAX: Final = 100
-_BATCH_GET_ROUNDS: Final = 8
 
 #: Expression attribute names used by the updates below (several are DynamoDB reserved words).
 _NAMES: Final = {
@@ -71,47 +65,6 @@ class IngestProgress:
             rollouts_enqueued=batch.rollouts_enqueued,
             errors_listed=batch.errors_listed,
         )
-
-
-@dataclass(frozen=True, slots=True)
-class GroupSpec:
-    """A group item to create: one accepted row. Exactly one of `payload_json` and `payload_ref` is set."""
-
-    input_id: str
-    line: int
-    group_size: int
-    payload_json: str | None = None
-    payload_ref: str | None = None
-    overrides_json: str = "{}"
-    #: With oversample: the valid rollouts the group needs (`group_size` is then the rollouts it runs).
-    target: int | None = None
-
-
-@dataclass(slots=True)
-class GroupWriteResult:
-    """Outcome of `BatchLedger.create_groups`.
-
-    `created`: written now. `resumed`: already there with the same line, i.e. written by an earlier attempt of
-    this same ingestion (its messages must still be (re)sent). `duplicates`: the id is taken by another row;
-    each entry is (the rejected group, the line that holds the id).
-    """
-
-    created: list[GroupSpec] = field(default_factory=list)
-    resumed: list[GroupSpec] = field(default_factory=list)
-    duplicates: list[tuple[GroupSpec, int]] = field(default_factory=list)
-
-    @property
-    def accepted(self) -> list[GroupSpec]:
-        """Groups whose rollouts belong to this ingestion, in line order."""
-        return sorted([*self.created, *self.resumed], key=lambda g: g.line)
-
-
-def _n(value: int | float) -> dict[str, str]:
-    return {"N": str(value)}
-
-
-def _s(value: str) -> dict[str, str]:
-    return {"S": value}
 
 
 # ------------------------------------------------------------------------------------------------ the batch view
@@ -174,47 +127,10 @@ class BatchLedger:
         consistent Query, or None."""
         request: dict[str, Any] = {
             "KeyConditionExpression": "pk = :pk AND begins_with(sk, :b)",
-            "ExpressionAttributeValues": {":pk": _s(keys.batch_pk(batch_id)), ":b": _s(keys.BATCH_SK)},
+            "ExpressionAttributeValues": {":pk": text_value(keys.batch_pk(batch_id)), ":b": text_value(keys.BATCH_SK)},
             "ConsistentRead": True,
         }
-        return merge_batch_items(self.table.query(request))
-
-    def read_group(self, batch_id: str, input_id: str) -> GroupItem | None:
-        """The group (strongly consistent), or None."""
-        item = self.table.get(keys.group_key(batch_id, input_id))
-        return GroupItem.of(item) if item else None
-
-    def groups(self, batch_id: str) -> Iterator[GroupItem]:
-        """Every group of a batch, in input-id order (a paged Query, never a scan; strongly consistent)."""
-        request: dict[str, Any] = {
-            "KeyConditionExpression": "pk = :pk AND begins_with(sk, :g)",
-            "ExpressionAttributeValues": {":pk": _s(keys.batch_pk(batch_id)), ":g": _s(keys.GROUP_PREFIX)},
-            "ConsistentRead": True,
-        }
-        for item in self.table.query(request):
-            yield GroupItem.of(item)
-
-    def read_groups(self, batch_id: str, input_ids: Sequence[str]) -> dict[str, GroupItem]:
-        """The group items of `input_ids` (BatchGetItem, strongly consistent; unprocessed keys retried, bounded)."""
-        found: dict[str, GroupItem] = {}
-        wanted = list(dict.fromkeys(input_ids))
-        for start in range(0, len(wanted), _BATCH_GET_MAX):
-            request: dict[str, Any] = {
-                self.table.name: {
-                    "Keys": [keys.group_key(batch_id, i) for i in wanted[start : start + _BATCH_GET_MAX]],
-                    "ConsistentRead": True,
-                }
-            }
-            for attempt in range(_BATCH_GET_ROUNDS):
-                resp = self.table.ddb.batch_get_item(RequestItems=request)
-                for raw in (resp.get("Responses") or {}).get(self.table.name, []):
-                    group = GroupItem.of(raw)
-                    found[group.input_id] = group
-                request = resp.get("UnprocessedKeys") or {}
-                if not request:
-                    break
-                self.table.sleep(min(1.0, 0.05 * 2**attempt))
-        return found
+        return merge_batch_items(self.table.query_all(request))
 
     def set_budget(self, batch_id: str, budget_usd: float) -> bool:
         """Set a batch's own budget (USD), replacing the one it was submitted with; False for an unknown batch."""
@@ -272,7 +188,7 @@ class BatchLedger:
             "IndexName": keys.DEADLINE_INDEX,
             "KeyConditionExpression": "#p = :p",
             "ExpressionAttributeNames": {"#p": keys.DEADLINE_PK},
-            "ExpressionAttributeValues": {":p": _s(keys.BATCHES_INDEX_PK)},
+            "ExpressionAttributeValues": {":p": text_value(keys.BATCHES_INDEX_PK)},
             "ScanIndexForward": not newest_first,
         }
         if limit is not None:
@@ -296,12 +212,12 @@ class BatchLedger:
         Returns the new item, or None when the batch already exists (nothing is changed then).
         """
         item = self._new_batch_item(exp_id=exp_id, batch_id=batch_id, options=options, source=source)
-        item.update({"status": _s(STATUS_INGESTING), "cursor": _n(0)})
+        item.update({"status": text_value(STATUS_INGESTING), "cursor": int_value(0)})
         for counter in ("rows_accepted", "rows_rejected", "rollouts_enqueued", "errors_listed"):
-            item[counter] = _n(0)
+            item[counter] = int_value(0)
         if lease_owner is not None:
-            item["lease_owner"] = _s(lease_owner)
-            item["lease_expires"] = _n(self.table.epoch() + lease_seconds)
+            item["lease_owner"] = text_value(lease_owner)
+            item["lease_expires"] = int_value(self.table.epoch() + lease_seconds)
         return BatchView.of(item) if self.table.put_new(item) else None
 
     def create_rejected_batch(
@@ -323,19 +239,19 @@ class BatchLedger:
         item = self._new_batch_item(exp_id=exp_id, batch_id=batch_id, options=options, source=source)
         item.update(
             {
-                "status": _s(STATUS_REJECTED),
-                "error": _s(error),
-                "group_size": _n(group_size),
-                "accepted_at": _s(now),
-                "completed_at": _s(now),
-                "rollouts_total": _n(0),
-                "cursor": _n(0),
+                "status": text_value(STATUS_REJECTED),
+                "error": text_value(error),
+                "group_size": int_value(group_size),
+                "accepted_at": text_value(now),
+                "completed_at": text_value(now),
+                "rollouts_total": int_value(0),
+                "cursor": int_value(0),
             }
         )
         for counter in ("rows_accepted", "rows_rejected", "rollouts_enqueued", "errors_listed"):
-            item[counter] = _n(0)
+            item[counter] = int_value(0)
         if errors_uri:
-            item["errors_uri"] = _s(errors_uri)
+            item["errors_uri"] = text_value(errors_uri)
         if self.table.put_new(item):
             return BatchView.of(item)
         existing = self.read_batch(batch_id)
@@ -347,17 +263,17 @@ class BatchLedger:
     ) -> dict[str, Any]:
         item: dict[str, Any] = {
             **keys.batch_key(batch_id),
-            "exp_id": _s(exp_id),
-            "batch_id": _s(batch_id),
-            "source": _s(source),
-            "created_at": _s(self.table.now_iso()),
-            keys.TTL_ATTRIBUTE: _n(self.table.expires_at()),
+            "exp_id": text_value(exp_id),
+            "batch_id": text_value(batch_id),
+            "source": text_value(source),
+            "created_at": text_value(self.table.now_iso()),
+            keys.TTL_ATTRIBUTE: int_value(self.table.expires_at()),
             # the experiment's batches, newest first, without a scan (`recent_batch_ids`)
-            keys.DEADLINE_PK: _s(keys.BATCHES_INDEX_PK),
-            keys.DEADLINE_SK: _n(round(self.table.clock.now().timestamp() * 1000)),  # epoch ms: newest first
+            keys.DEADLINE_PK: text_value(keys.BATCHES_INDEX_PK),
+            keys.DEADLINE_SK: int_value(round(self.table.clock.now().timestamp() * 1000)),  # epoch ms: newest first
         }
         if options is not None:
-            item["options"] = _s(options.model_dump_json())
+            item["options"] = text_value(options.model_dump_json())
         return item
 
     def acquire_lease(self, batch_id: str, owner: str, lease_seconds: int) -> BatchView | None:
@@ -516,124 +432,6 @@ class BatchLedger:
             ":listed": progress.errors_listed,
         }
 
-    # ----------------------------------------------------------------------------------------------- groups
-
-    def _group_item(self, *, exp_id: str, batch_id: str, group: GroupSpec) -> dict[str, Any]:
-        """The DynamoDB item of a new group (counters empty)."""
-        item: dict[str, Any] = {
-            **keys.group_key(batch_id, group.input_id),
-            "exp_id": _s(exp_id),
-            "batch_id": _s(batch_id),
-            "input_id": _s(group.input_id),
-            "line": _n(group.line),
-            "group_size": _n(group.group_size),
-            "overrides": _s(group.overrides_json),
-            "terminal": _n(0),
-            "rewards": {"M": {}},
-            "failures": {"M": {}},
-            "created_at": _s(self.table.now_iso()),
-            keys.TTL_ATTRIBUTE: _n(self.table.expires_at()),
-        }
-        if group.payload_ref is not None:
-            item["payload_ref"] = _s(group.payload_ref)
-        else:
-            item["payload"] = _s(group.payload_json if group.payload_json is not None else "{}")
-        if group.target is not None:
-            item["target"] = _n(group.target)
-            item["kept"] = {"M": {}}
-        return item
-
-    def create_groups(self, *, exp_id: str, batch_id: str, groups: Sequence[GroupSpec]) -> GroupWriteResult:
-        """Create group items with conditional puts in transactions (<= 100 distinct items each).
-
-        Exact duplicate-id detection with bounded memory: the ledger itself is the set of ids seen. A conflict
-        whose stored `line` equals the new group's line is a resumed write of this same ingestion; any other
-        conflict (or a repeat within `groups`) is a duplicate id. Groups are expected in line order.
-        """
-        result = GroupWriteResult()
-        first_line: dict[str, int] = {}
-        distinct: list[GroupSpec] = []
-        for group in groups:
-            if group.input_id in first_line:
-                result.duplicates.append((group, first_line[group.input_id]))
-            else:
-                first_line[group.input_id] = group.line
-                distinct.append(group)
-        for chunk in self._transaction_chunks(exp_id, batch_id, distinct):
-            self._write_group_chunk(batch_id, chunk, result)
-        return result
-
-    def _transaction_chunks(
-        self, exp_id: str, batch_id: str, groups: Sequence[GroupSpec]
-    ) -> Iterator[list[tuple[GroupSpec, dict[str, Any]]]]:
-        chunk: list[tuple[GroupSpec, dict[str, Any]]] = []
-        size = 0
-        for group in groups:
-            item = self._group_item(exp_id=exp_id, batch_id=batch_id, group=group)
-            # DynamoDB counts UTF-8 bytes (a non-ASCII character is 2-4 of them), not characters.
-            item_size = len((group.payload_json or "").encode()) + len(group.overrides_json.encode()) + 512
-            if chunk and (len(chunk) >= TRANSACTION_MAX_ITEMS or size + item_size > TRANSACTION_MAX_BYTES):
-                yield chunk
-                chunk, size = [], 0
-            chunk.append((group, item))
-            size += item_size
-        if chunk:
-            yield chunk
-
-    def _write_group_chunk(
-        self, batch_id: str, chunk: list[tuple[GroupSpec, dict[str, Any]]], result: GroupWriteResult
-    ) -> None:
-        """Write one chunk; puts whose id is taken are settled (`_settle_conflicts`) and the rest written again.
-        Transient cancellations are retried by the table's policy (`LedgerTable.transact`)."""
-        pending = list(chunk)
-        while pending:
-            reasons = self.table.transact(
-                [
-                    {
-                        "Put": {
-                            "TableName": self.table_name,
-                            "Item": item,
-                            "ConditionExpression": "attribute_not_exists(pk)",
-                            "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
-                        }
-                    }
-                    for _, item in pending
-                ]
-            )
-            if reasons is None:
-                result.created.extend(group for group, _ in pending)
-                return
-            conflicts = [
-                (index, reason) for index, reason in enumerate(reasons) if reason.get("Code") == CONDITION_FAILED
-            ]
-            settled = self._settle_conflicts(batch_id, pending, conflicts, result) if conflicts else pending
-            if len(settled) == len(pending):
-                raise LedgerConflict(f"batch {batch_id}: group transaction cancelled: {reasons}")
-            pending = settled
-
-    def _settle_conflicts(
-        self,
-        batch_id: str,
-        pending: list[tuple[GroupSpec, dict[str, Any]]],
-        conflicts: Sequence[tuple[int, Mapping[str, Any]]],
-        result: GroupWriteResult,
-    ) -> list[tuple[GroupSpec, dict[str, Any]]]:
-        """Classify the conflicting puts (resumed or duplicate); return the puts still to write."""
-        settled: set[int] = set()
-        for index, reason in conflicts:
-            if index >= len(pending):
-                continue
-            group = pending[index][0]
-            returned = reason.get("Item")
-            existing = GroupItem.of(returned) if returned else self.read_group(batch_id, group.input_id)
-            existing_line = existing.line if existing is not None else 0
-            if existing_line == group.line:
-                result.resumed.append(group)
-            else:
-                result.duplicates.append((group, existing_line))
-            settled.add(index)
-        return [entry for index, entry in enumerate(pending) if index not in settled]
-
     # ------------------------------------------------------------------------------- cancel and completion claims
 
     def cancel(self, batch_id: str) -> bool:
@@ -660,45 +458,9 @@ class BatchLedger:
             {"Update": self.table.update_op(keys.control_shard_key_of(batch_id, shard), *control_write)}
             for shard in range(keys.CONTROL_SHARDS)
         ]
-        reasons = self.table.transact([{"Update": batch}, {"Update": control}, *copies])
-        if reasons is None:
-            return True
-        if reason_codes(reasons)[0] == CONDITION_FAILED:
-            return False
-        raise LedgerError(f"cancel transaction of {batch_id} cancelled: {reasons}")
-
-    def claim_group_event(self, batch_id: str, input_id: str, claimant: str) -> bool:
-        """Let one rollout (`claimant`) publish `Group Completed`: the first claimer, or the same one again (its
-        outbox retried), gets True. The claimer's outbox entry stays until its publish succeeded, so the event is
-        not lost; concurrent last rollouts do not both publish it."""
-        return (
-            self.table.update(
-                keys.group_key(batch_id, input_id),
-                "SET completed_event_by = :me",
-                "attribute_exists(pk) AND (attribute_not_exists(completed_event_by) OR completed_event_by = :me)",
-                {":me": claimant},
-            )
-            is not None
+        return self.table.transact_guarded(
+            [{"Update": batch}, {"Update": control}, *copies], f"cancel transaction of {batch_id}"
         )
-
-    def claim_kept(self, batch_id: str, input_id: str, index: int, target: int) -> bool:
-        """Let a successful rollout of an oversampled group into the group: True while fewer than `target` were
-        kept before it (its index is added to `kept`), or when it already is kept (its outbox retried); False when
-        the group was full: the rollout is surplus. One conditional write; concurrent rollouts never overfill it."""
-        key = keys.group_key(batch_id, input_id)
-        names = {"#i": str(index)}
-        taken = self.table.update(
-            key,
-            "SET kept.#i = :one ADD kept_count :one",
-            "attribute_exists(kept) AND attribute_not_exists(kept.#i) "
-            "AND (attribute_not_exists(kept_count) OR kept_count < :target)",
-            {":one": 1, ":target": target},
-            names,
-        )
-        if taken is not None:
-            return True
-        group = self.read_group(batch_id, input_id)
-        return group is not None and index in group.kept
 
     def claim_batch_completed(self, batch_id: str, claimant: str) -> BatchView | None:
         """Like `claim_group_event` for `Batch Completed`; also stamps `completed_at` once. Returns the batch view
@@ -720,12 +482,3 @@ _PROGRESS_SET: Final = (
     "SET #cursor = :cursor, rows_accepted = :accepted, rows_rejected = :rejected, "
     "rollouts_enqueued = :enqueued, errors_listed = :listed"
 )
-
-
-# ------------------------------------------------------------------------------------------- event details
-
-
-def batch_options(batch: BatchView | None) -> FileOptions | None:
-    """The effective per-file options stored on a batch; None for no batch, a file rejected before they were
-    known, or an unreadable value (callers then use the experiment's defaults)."""
-    return batch.options if batch is not None else None

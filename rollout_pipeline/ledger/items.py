@@ -21,7 +21,7 @@ from rollout_pipeline import ids
 from rollout_pipeline.contracts import CostSummary, FailureReason, FileOptions, RolloutCost, parse_iso
 from rollout_pipeline.costs import SessionSpan
 from rollout_pipeline.ids import AttemptRef
-from rollout_pipeline.ledger.attributes import item_values
+from rollout_pipeline.ledger.attributes import float_at, int_at, item_values, optional_float_at, text_at
 
 
 class BatchState(StrEnum):
@@ -50,7 +50,7 @@ MAX_SPAN_ATTEMPTS: Final = 10
 #: deadline and end are its `dispatched_at`, `deadline` and `finished_at` (its session idle from then on when it wrote
 #: a result: `result_uri`); an earlier attempt's are copied when it ends (`start` S ISO, `due` N epoch s, `end` N
 #: epoch ms). Every attempt may have `cpu` (N: measured CPU seconds), `stop` or `closed` (N, epoch ms: its confirmed
-#: stop, or its release without one) and `none` (BOOL: its invoke was refused, no session ran). Small on purpose:
+#: stop, or its close without one) and `none` (BOOL: its invoke was refused, no session ran). Small on purpose:
 #: the rollout item stays under 1 KB, so each write to it costs one write unit, not two.
 SPAN_PARTS: Final = ("start", "due", "end", "cpu", "stop", "closed", "none")
 
@@ -62,6 +62,23 @@ COST_COUNTERS: Final = (
     "cost_pipeline_usd",
     "cost_rollouts",
     "cost_cpu_measured",
+)
+
+
+#: The figures of a rollout's cost (`contracts.RolloutCost`) its terminal transition stores in the rollout item's
+#: `cost` attribute, in this order (a JSON list: short, so the item stays under 1 KB); `priced_as` and `local` are the
+#: price book's, given when it is read (`RolloutRecord.stored_cost`).
+STORED_COST_FIELDS: Final = (
+    "usd",
+    "agentcore_memory_usd",
+    "agentcore_cpu_usd",
+    "pipeline_usd",
+    "cpu",
+    "cpu_s",
+    "session_s",
+    "sessions",
+    "session_end",
+    "usd_max",
 )
 
 
@@ -81,21 +98,21 @@ def from_epoch_ms(value: Any) -> datetime:
 
 def to_the_ms(moment: datetime) -> datetime:
     """`moment` as it reads back from the ledger's epoch milliseconds (so a figure priced with it is reproducible)."""
-    return from_epoch_ms(epoch_ms(moment))
+    return datetime.fromtimestamp(round(moment.timestamp() * 1000) / 1000, UTC)
 
 
 def cost_summary(item: Mapping[str, Any]) -> CostSummary | None:
     """The cost sums of a group item or a batch view (None before any rollout was priced)."""
-    rollouts = _int(item, "cost_rollouts")
+    rollouts = int_at(item, "cost_rollouts")
     if rollouts <= 0:
         return None
     return CostSummary(
-        usd=_float(item, "cost_usd"),
-        agentcore_memory_usd=_float(item, "cost_memory_usd"),
-        agentcore_cpu_usd=_float(item, "cost_cpu_usd"),
-        pipeline_usd=_float(item, "cost_pipeline_usd"),
+        usd=float_at(item, "cost_usd"),
+        agentcore_memory_usd=float_at(item, "cost_memory_usd"),
+        agentcore_cpu_usd=float_at(item, "cost_cpu_usd"),
+        pipeline_usd=float_at(item, "cost_pipeline_usd"),
         rollouts=rollouts,
-        cpu_measured=_int(item, "cost_cpu_measured"),
+        cpu_measured=int_at(item, "cost_cpu_measured"),
     )
 
 
@@ -128,26 +145,6 @@ def _span_facts(item: Mapping[str, Any]) -> dict[int, SpanFacts]:
             none=bool(found["none"]),
         )
     return facts
-
-
-def _int(item: Mapping[str, Any], name: str) -> int:
-    value = item.get(name)
-    return int(value) if value is not None else 0
-
-
-def _float(item: Mapping[str, Any], name: str) -> float:
-    value = item.get(name)
-    return float(value) if value is not None else 0.0
-
-
-def _optional_float(item: Mapping[str, Any], name: str) -> float | None:
-    value = item.get(name)
-    return None if value is None else float(value)
-
-
-def _text(item: Mapping[str, Any], name: str) -> str | None:
-    value = item.get(name)
-    return None if value is None else str(value)
 
 
 def _options(raw: Any) -> FileOptions | None:
@@ -231,37 +228,37 @@ class BatchView:
             exp_id=str(item.get("exp_id") or ""),
             batch_id=str(item.get("batch_id") or ""),
             status=BatchState(str(item.get("status") or BatchState.INGESTING)),
-            source=_text(item, "source"),
+            source=text_at(item, "source"),
             options=_options(item.get("options")),
             created_at=parse_iso(item.get("created_at")),
             accepted_at=parse_iso(item.get("accepted_at")),
             completed_at=parse_iso(item.get("completed_at")),
             cancelled_at=parse_iso(item.get("cancelled_at")),
-            rows_accepted=_int(item, "rows_accepted"),
-            rows_rejected=_int(item, "rows_rejected"),
+            rows_accepted=int_at(item, "rows_accepted"),
+            rows_rejected=int_at(item, "rows_rejected"),
             rollouts_total=None if total is None else int(total),
-            rollouts_enqueued=_int(item, "rollouts_enqueued"),
-            errors_listed=_int(item, "errors_listed"),
-            cursor=_int(item, "cursor"),
-            errors_uri=_text(item, "errors_uri"),
-            error=_text(item, "error"),
+            rollouts_enqueued=int_at(item, "rollouts_enqueued"),
+            errors_listed=int_at(item, "errors_listed"),
+            cursor=int_at(item, "cursor"),
+            errors_uri=text_at(item, "errors_uri"),
+            error=text_at(item, "error"),
             group_size=None if group_size is None else int(group_size),
-            terminal=_int(item, "terminal"),
-            succeeded=_int(item, "succeeded"),
-            failed=_int(item, "failed"),
+            terminal=int_at(item, "terminal"),
+            succeeded=int_at(item, "succeeded"),
+            failed=int_at(item, "failed"),
             failed_by_reason={
-                reason.value: _int(item, f"failed_{reason.value}")
+                reason.value: int_at(item, f"failed_{reason.value}")
                 for reason in FailureReason
-                if _int(item, f"failed_{reason.value}")
+                if int_at(item, f"failed_{reason.value}")
             },
-            reward_sum=_float(item, "reward_sum"),
-            reward_sumsq=_float(item, "reward_sumsq"),
-            reward_count=_int(item, "reward_count"),
-            completed_event_by=_text(item, "completed_event_by"),
+            reward_sum=float_at(item, "reward_sum"),
+            reward_sumsq=float_at(item, "reward_sumsq"),
+            reward_count=int_at(item, "reward_count"),
+            completed_event_by=text_at(item, "completed_event_by"),
             cost=cost_summary(item),
-            budget_set_usd=_optional_float(item, "budget_usd"),
-            budget_warned_for=_optional_float(item, "budget_warned_for"),
-            budget_exhausted_for=_optional_float(item, "budget_exhausted_for"),
+            budget_set_usd=optional_float_at(item, "budget_usd"),
+            budget_warned_for=optional_float_at(item, "budget_warned_for"),
+            budget_exhausted_for=optional_float_at(item, "budget_exhausted_for"),
         )
 
 
@@ -286,7 +283,7 @@ class GroupItem:
     #: The sum of its terminal rollouts' costs as published (None before the first).
     cost: CostSummary | None = None
     #: With oversample: the valid rollouts the group needs (`group_size` counts the extra ones too), and the
-    #: successful rollouts let into the group so far (`BatchLedger.claim_kept`); None / empty without.
+    #: successful rollouts let into the group so far (`GroupLedger.claim_kept`); None / empty without.
     target: int | None = None
     kept: frozenset[int] = frozenset()
 
@@ -300,7 +297,7 @@ class GroupItem:
         return self.target is not None and len(self.kept) >= self.target
 
     def surplus_success(self, index: int) -> bool:
-        """A successful rollout that the full group did not let in (`BatchLedger.claim_kept`)."""
+        """A successful rollout that the full group did not let in (`GroupLedger.claim_kept`)."""
         return self.full and index not in self.kept
 
     @classmethod
@@ -313,16 +310,16 @@ class GroupItem:
             exp_id=str(item.get("exp_id") or ""),
             batch_id=str(item.get("batch_id") or ""),
             input_id=str(item.get("input_id") or ""),
-            line=_int(item, "line"),
-            group_size=_int(item, "group_size"),
+            line=int_at(item, "line"),
+            group_size=int_at(item, "group_size"),
             payload=json.loads(payload) if payload is not None else None,
-            payload_ref=_text(item, "payload_ref"),
+            payload_ref=text_at(item, "payload_ref"),
             overrides=json.loads(overrides) if overrides else {},
-            terminal=_int(item, "terminal"),
+            terminal=int_at(item, "terminal"),
             rewards={int(k): float(v) for k, v in (item.get("rewards") or {}).items()},
             failures={int(k): FailureReason(str(v)) for k, v in (item.get("failures") or {}).items()},
             created_at=parse_iso(item.get("created_at")),
-            completed_event_by=_text(item, "completed_event_by"),
+            completed_event_by=text_at(item, "completed_event_by"),
             cost=cost_summary(item),
             target=None if item.get("target") is None else int(item["target"]),
             kept=frozenset(int(k) for k in (item.get("kept") or {})),
@@ -346,10 +343,10 @@ class RolloutSummary:
         state, index, reward = item.get("state"), item.get("index"), item.get("reward")
         return cls(
             state=RolloutState(state) if state else None,
-            input_id=_text(item, "input_id"),
+            input_id=text_at(item, "input_id"),
             index=None if index is None else int(index),
             reward=None if reward is None else float(reward),
-            reason=_text(item, "reason"),
+            reason=text_at(item, "reason"),
         )
 
 
@@ -396,14 +393,14 @@ class RolloutRecord:
     #: The attempt runs in a warm session (`ledger.warm`): when that session was started (epoch s); None: its
     #: session was started by its own dispatch.
     session_warmed_at: float | None = None
-    #: The item as read (plain values), which a write's `rollouts._ItemChange` turns into the item it leaves; empty
+    #: The item as read (plain values), which a write's `table.ItemChange` turns into the item it leaves; empty
     #: for a record made otherwise.
     stored: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
     #: What the item stores of each attempt's session (`SPAN_PARTS`), by attempt.
     span_facts: Mapping[int, SpanFacts] = field(default_factory=dict)
-    #: When the terminal transition priced the rollout (`details.recorded_cost` prices it again as of then: the
-    #: figure its event carries and its group and batch sums hold).
-    cost_at: datetime | None = None
+    #: The figures of what the rollout cost as its terminal transition priced them (`STORED_COST_FIELDS`): the
+    #: figure its event carries and its group and batch sums hold (`stored_cost`); None before it ended.
+    cost_figures: Mapping[str, Any] | None = None
     #: Sessions found alive past their attempt's deadline plus `session_grace_s` (counted once each).
     overdue: frozenset[str] = field(default_factory=frozenset)
 
@@ -441,6 +438,11 @@ class RolloutRecord:
         """The session of `attempt`, if it was started."""
         return next((s for s in self.spans if s.attempt == attempt), None)
 
+    def session_span(self, session_id: str) -> SessionSpan | None:
+        """The span of the attempt that ran in `session_id` (`attempt_of`: a warm session's too), if it started."""
+        attempt = self.attempt_of(session_id)
+        return None if attempt is None else self.span(attempt)
+
     def attempt_of(self, session_id: str) -> int | None:
         """The attempt that ran in `session_id`: the one its own id names (`ids.session_attempt`); for a warm
         session of the pool (its id names no attempt), the current attempt when it is the current session, else
@@ -460,6 +462,14 @@ class RolloutRecord:
             if own not in pending:
                 return earlier
         return None
+
+    def stored_cost(self, priced_as: str, *, local: bool = False) -> RolloutCost | None:
+        """What the rollout cost as its terminal transition priced and stored it (never priced again), labelled with
+        the price book's `priced_as` and `local` (`costs.PriceBook.label`); None before it ended (or for an item
+        written before costs were stored)."""
+        if self.cost_figures is None:
+            return None
+        return RolloutCost.model_validate({**self.cost_figures, "priced_as": priced_as, "local": local})
 
     @property
     def terminal(self) -> bool:
@@ -510,7 +520,9 @@ class RolloutRecord:
             stop_not_found=frozenset(item.get("stop_not_found") or ()),
             session_warmed_at=None if item.get("session_warmed_at") is None else float(item["session_warmed_at"]),
             span_facts=_span_facts(item),
-            cost_at=None if item.get("cost_at") is None else from_epoch_ms(item["cost_at"]),
+            cost_figures=None
+            if item.get("cost") is None
+            else dict(zip(STORED_COST_FIELDS, json.loads(item["cost"]), strict=True)),
             overdue=frozenset(item.get("overdue_sessions") or ()),
             stored=dict(item),
         )
@@ -530,10 +542,9 @@ class Terminal:
     result_size: int | None = None
     #: The model replies' warning (`ModelCalls.warning`), when the agent host saw one.
     warning: str | None = None
-    #: What the rollout cost (`costs.price_rollout` at `cost_at`, to the millisecond), summed with the transition;
-    #: the item keeps `cost_at` only (`details.recorded_cost` prices it again, identically).
+    #: What the rollout cost (`lifecycle.costing.terminal_cost`): stored on the item (`cost`, `STORED_COST_FIELDS`)
+    #: and summed on its group and batch in the same transaction.
     cost: RolloutCost | None = None
-    cost_at: datetime | None = None
     #: The ended attempt's session: the agent had finished (wrote its result); its CPU seconds as measured.
     idle: bool = False
     cpu_s: float | None = None
@@ -550,113 +561,7 @@ class Terminal:
             "result_uri": self.result_uri,
             "result_size": self.result_size,
             "warning": self.warning,
-            "cost_at": None if self.cost_at is None else epoch_ms(self.cost_at),
+            "cost": None
+            if self.cost is None
+            else json.dumps([getattr(self.cost, name) for name in STORED_COST_FIELDS], separators=(",", ":")),
         }
-
-
-class WarmState(StrEnum):
-    """A warm session's `state` (`ledger.warm`): being warmed (its slot taken, its warm-up not yet answered), idle
-    (ready for a rollout: the only state a dispatch takes), being stopped (trimmed, stale or the pool stopping)."""
-
-    WARMING = "warming"
-    IDLE = "idle"
-    STOPPING = "stopping"
-
-
-@dataclass(frozen=True, slots=True)
-class WarmSession:
-    """A warm session's item (`WARM` / `S#{session}`): times in epoch seconds."""
-
-    session_id: str
-    state: WarmState
-    #: When its first warm-up was sent (its microVM's start: its idle memory is billed from then).
-    warmed_at: float
-    #: When its last warm-up or keep-alive was answered (AgentCore's idle timeout counts from then).
-    kept_at: float
-    stop_tries: int = 0
-    #: A stop answered ResourceNotFound once (a second one confirms the stop).
-    stop_not_found: bool = False
-
-    @classmethod
-    def of(cls, raw: Mapping[str, Any]) -> WarmSession:
-        item = item_values(raw)
-        warmed = _float(item, "warmed_at")
-        return cls(
-            session_id=str(item["sk"]).removeprefix("S#"),
-            state=WarmState(item.get("state") or WarmState.WARMING),
-            warmed_at=warmed,
-            kept_at=float(item.get("kept_at") or warmed),
-            stop_tries=_int(item, "stop_tries"),
-            stop_not_found=bool(item.get("stop_not_found")),
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class WarmClaim:
-    """Which rollout attempt took a warm session, and when it was warmed (`WS#{session}` / `CLAIM`, written by the
-    dispatch transaction that took it)."""
-
-    session_id: str
-    ref: AttemptRef
-    warmed_at: float
-
-    @classmethod
-    def of(cls, raw: Mapping[str, Any]) -> WarmClaim:
-        item = item_values(raw)
-        return cls(
-            session_id=str(item["pk"]).removeprefix("WS#"),
-            ref=AttemptRef(str(item["batch_id"]), str(item["input_id"]), int(item["index"]), int(item["attempt"])),
-            warmed_at=_float(item, "warmed_at"),
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class WarmPoolState:
-    """The warm pool's own item (`WARM` / `POOL`): who runs it, when the experiment last had work, whether it is
-    halted and why, the last batch's size (the automatic size), and what it has spent (times in epoch seconds)."""
-
-    lease_owner: str | None = None
-    lease_until: float = 0.0
-    #: The experiment last had work (rollouts queued or in flight, a batch in the window).
-    busy_at: float = 0.0
-    #: A dispatch last took a new session because no warm one was idle: rollouts want the new-session budget.
-    demand_at: float = 0.0
-    #: A dispatch last took a warm session: a burst of takes wants the invoke budget the warm-ups would spend.
-    took_at: float = 0.0
-    #: Why every warm session was stopped and the pool keeps none ("idle", "cancelled", "destroyed", "stopped");
-    #: None: it runs. A batch created after `halted_at` resumes it (never after "destroyed").
-    halted: str | None = None
-    halted_at: float = 0.0
-    last_batch_id: str | None = None
-    last_batch_rollouts: int = 0
-    #: Totals since the pool began: sessions warmed, warm-ups that failed, keep-alives sent, sessions stopped
-    #: without running a rollout and their idle seconds (warmed to stopped), sessions dropped as dead.
-    warmed: int = 0
-    warmup_failures: int = 0
-    keepalives: int = 0
-    stopped_unused: int = 0
-    unused_idle_s: float = 0.0
-    dropped: int = 0
-
-    @classmethod
-    def of(cls, raw: Mapping[str, Any] | None) -> WarmPoolState:
-        if not raw:
-            return cls()
-        item = item_values(raw)
-        return cls(
-            lease_owner=_text(item, "lease_owner"),
-            lease_until=_float(item, "lease_until"),
-            busy_at=_float(item, "busy_at"),
-            demand_at=_float(item, "demand_at"),
-            took_at=_float(item, "took_at"),
-            halted=_text(item, "halted"),
-            halted_at=_float(item, "halted_at"),
-            last_batch_id=_text(item, "last_batch_id"),
-            last_batch_rollouts=_int(item, "last_batch_rollouts"),
-            warmed=_int(item, "warmed"),
-            warmup_failures=_int(item, "warmup_failures"),
-            keepalives=_int(item, "keepalives"),
-            stopped_unused=_int(item, "stopped_unused"),
-            unused_idle_s=_float(item, "unused_idle_s"),
-            dropped=_int(item, "dropped"),
-        )

@@ -38,9 +38,9 @@ LEGACY_SESSIONS_SK: Final = "SESSIONS"
 #: LAYOUT: the ledger's layout version (`LAYOUT_VERSION`), stamped by the stack, checked by every function.
 LAYOUT_SK: Final = "LAYOUT"
 #: The layout of the ledger this code reads and writes: which items exist and what they hold. Raise it in the
-#: release that changes them so that old items no longer fit (and say how in docs/deploy.md, "Upgrades"): the stack
-#: stamps the new value before its functions are updated, the functions refuse another one, and the deploy refuses
-#: the change while work is in flight (`rollout_pipeline.ops.upgrade`).
+#: version of the code that changes them so that old items no longer fit (and say how in docs/deploy.md,
+#: "Upgrades"): the stack stamps the new value before its functions are updated, the functions refuse another one,
+#: and the deploy refuses the change while work is in flight (`rollout_pipeline.ops.upgrade`).
 #: 1: every ledger before the stamp (a single `SESSIONS` counter, later 16 then 32 `SESSIONS#` shards, results
 #: without attempt tokens). 2: 32 `SESSIONS#` shards, attempt tokens, the stamp itself. 3: the call budgets leased
 #: from the account pool (`PACE#session` for the account's new-session rate, the lease's fields on `PACE#tps` and
@@ -79,6 +79,8 @@ BATCH_PK_PREFIX: Final = "B#"
 
 
 def batch_pk(batch_id: str) -> str:
+    """A batch's partition key; the key builders below write it in place (`f"{BATCH_PK_PREFIX}{batch_id}"`), each
+    one expression."""
     return f"{BATCH_PK_PREFIX}{batch_id}"
 
 
@@ -88,7 +90,7 @@ def batch_id_of(pk: str) -> str:
 
 
 def batch_key(batch_id: str) -> dict[str, dict[str, str]]:
-    return {PK: {"S": batch_pk(batch_id)}, SK: {"S": BATCH_SK}}
+    return {PK: {"S": f"{BATCH_PK_PREFIX}{batch_id}"}, SK: {"S": BATCH_SK}}
 
 
 def batch_control_key(batch_id: str) -> dict[str, dict[str, str]]:
@@ -119,19 +121,15 @@ def count_shard(input_id: str) -> int:
 
 def batch_count_key(batch_id: str, shard: int) -> dict[str, dict[str, str]]:
     """One counter shard of a batch (see `COUNT_PREFIX`)."""
-    return {PK: {"S": batch_pk(batch_id)}, SK: {"S": f"{COUNT_PREFIX}{shard:02d}"}}
+    return {PK: {"S": f"{BATCH_PK_PREFIX}{batch_id}"}, SK: {"S": f"{COUNT_PREFIX}{shard:02d}"}}
 
 
 def group_key(batch_id: str, input_id: str) -> dict[str, dict[str, str]]:
-    return {PK: {"S": batch_pk(batch_id)}, SK: {"S": f"{GROUP_PREFIX}{input_id}"}}
-
-
-def rollout_sk(input_id: str, index: int) -> str:
-    return f"{ROLLOUT_PREFIX}{input_id}#{index}"
+    return {PK: {"S": f"{BATCH_PK_PREFIX}{batch_id}"}, SK: {"S": f"{GROUP_PREFIX}{input_id}"}}
 
 
 def rollout_key(batch_id: str, input_id: str, index: int) -> dict[str, dict[str, str]]:
-    return {PK: {"S": batch_pk(batch_id)}, SK: {"S": rollout_sk(input_id, index)}}
+    return {PK: {"S": f"{BATCH_PK_PREFIX}{batch_id}"}, SK: {"S": f"{ROLLOUT_PREFIX}{input_id}#{index}"}}
 
 
 def session_shard_key(shard: int) -> dict[str, dict[str, str]]:
@@ -175,13 +173,11 @@ def waiting_key(process: str) -> dict[str, dict[str, str]]:
     return {PK: {"S": LIMIT_PK}, SK: {"S": f"{WAIT_PREFIX}{process}"}}
 
 
-def shard_of(text: str) -> int:
-    return zlib.crc32(text.encode()) % INDEX_SHARDS
-
-
 def deadline_pk(batch_id: str, input_id: str, index: int) -> str:
-    return f"DL#{shard_of(f'{batch_id}/{input_id}/{index}')}"
+    """The `deadline` index shard of a rollout: CRC-32 of `batch/input/index` modulo `INDEX_SHARDS`."""
+    return f"DL#{zlib.crc32(f'{batch_id}/{input_id}/{index}'.encode()) % INDEX_SHARDS}"
 
 
 def outbox_pk(batch_id: str, input_id: str, index: int) -> str:
-    return f"OB#{shard_of(f'{batch_id}/{input_id}/{index}')}"
+    """The `outbox` index shard of a rollout: CRC-32 of `batch/input/index` modulo `INDEX_SHARDS`."""
+    return f"OB#{zlib.crc32(f'{batch_id}/{input_id}/{index}'.encode()) % INDEX_SHARDS}"

@@ -1,11 +1,11 @@
 """The ledger of one experiment: its parts, cut by item, over one table.
 
-`batches` (batch and group items), `rollouts` (the rollout state machine and its outbox), `limits` (the `LIMIT`
+`batches` (batch items: ingestion, counters, cancel, completion), `groups` (group items), `rollouts` (the rollout
+state machine), `outbox` (the rollout items' outbox entries and the stops they wait for), `limits` (the `LIMIT`
 partition: session slots, paced call budgets, the admission board, the policy version), `release` (the release
 window's items: the window item and the pending groups) and `warm` (the warm pool's sessions, claims and pool item)
-share one `LedgerTable`:
-one client, one clock, one TTL rule, one conflict-retry policy. Ingestion, the lifecycle and the SDK all hold a
-`Ledger` (built by `wiring.Wiring.ledger`).
+share one `LedgerTable`: one client, one clock, one TTL rule, one conflict-retry policy. Ingestion, the lifecycle
+and the SDK all hold a `Ledger` (built by `wiring.Wiring.ledger`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from rollout_pipeline.ledger.batches import BatchLedger
+from rollout_pipeline.ledger.groups import GroupLedger
 from rollout_pipeline.ledger.limits import LimitLedger
+from rollout_pipeline.ledger.outbox import OutboxLedger
 from rollout_pipeline.ledger.release import ReleaseLedger
 from rollout_pipeline.ledger.rollouts import RolloutLedger
 from rollout_pipeline.ledger.table import LedgerTable
@@ -26,18 +28,20 @@ from rollout_pipeline.ports import Clock
 
 @dataclass(frozen=True)
 class Ledger:
-    """One experiment's ledger table, by item: batches and groups, rollouts, limits, the release window, the warm
-    pool."""
+    """One experiment's ledger table, by item: batches, groups, rollouts and their outbox, limits, the release
+    window, the warm pool."""
 
     batches: BatchLedger
+    groups: GroupLedger
     rollouts: RolloutLedger
+    outbox: OutboxLedger
     limits: LimitLedger
     release: ReleaseLedger
     warm: WarmLedger
 
     @property
     def table(self) -> LedgerTable:
-        """The gateway the four parts share."""
+        """The gateway the parts share."""
         return self.batches.table
 
     @classmethod
@@ -57,7 +61,9 @@ class Ledger:
         warm = WarmLedger(table, limits)
         return cls(
             batches=BatchLedger(table),
+            groups=GroupLedger(table),
             rollouts=RolloutLedger(table, limits, warm),
+            outbox=OutboxLedger(table, limits),
             limits=limits,
             release=ReleaseLedger(table),
             warm=warm,

@@ -14,7 +14,8 @@ from typing import Any
 
 from rollout_pipeline.ledger import keys, pace
 from rollout_pipeline.ledger.attributes import from_attribute_value, item_values, plain_values
-from rollout_pipeline.ledger.table import LedgerError, LedgerTable
+from rollout_pipeline.ledger.retry import LedgerError
+from rollout_pipeline.ledger.table import LedgerTable
 
 
 @dataclass
@@ -114,7 +115,7 @@ class LimitLedger:
         return {"Update": self.table.update_op(key, "ADD in_flight :d", None, {":d": -count})}
 
     def slots_and_spend(self) -> tuple[int, float]:
-        """Sessions holding a slot and the experiment's spend so far (USD: every released session's cost), summed
+        """Sessions holding a slot and the experiment's spend so far (USD: every ended session's cost), summed
         over the slot counters in one strongly consistent Query."""
         request: dict[str, Any] = {
             "KeyConditionExpression": "pk = :pk AND begins_with(sk, :prefix)",

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from rollout_pipeline.ledger.attributes import item_values
-from rollout_pipeline.ledger.table import LedgerError, LedgerTable
+from rollout_pipeline.ledger.retry import LedgerError
+from rollout_pipeline.ledger.table import LedgerTable
 
 #: A schedule item lives this long after its last reservation (TTL).
 PACE_TTL_S: Final = 3600

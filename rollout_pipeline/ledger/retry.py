@@ -3,7 +3,7 @@
 On AWS a plain `PutItem`/`UpdateItem`/`DeleteItem` on an item an in-flight `TransactWriteItems` holds fails with
 `TransactionConflictException`, and a transaction overlapping another is cancelled with reason
 `TransactionConflict`. botocore retries neither. Both are transient: retry with bounded, jittered exponential
-backoff (full jitter), a fixed number of times, then let the caller fail (its message is redelivered).
+backoff (full jitter), a fixed number of times, then let the caller fail (`LedgerError`: its message is redelivered).
 `stats` counts the retries (benchmarks report them per 1,000 rollouts).
 """
 
@@ -28,6 +28,11 @@ BACKOFF_CAP_S: Final = 0.5
 CONFLICT_EXCEPTION: Final = "TransactionConflictException"
 
 _random = random.Random()
+
+
+class LedgerError(RuntimeError):
+    """The ledger could not complete an operation (after retries, or a write a concurrent one made impossible);
+    the caller lets its message be redelivered."""
 
 
 @dataclass

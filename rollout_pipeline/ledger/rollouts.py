@@ -1,23 +1,22 @@
-"""The rollout state machine: rollout items, their conditional transitions and their outbox (see docs/lifecycle.md).
+"""The rollout state machine: rollout items and their conditional transitions (see docs/lifecycle.md).
 
 Every transition is one conditional write or one DynamoDB transaction keyed on the rollout's `(state, attempt)`:
 a duplicated or stale delivery fails the condition and changes nothing. The transactions that end a rollout also
-free its session slot (when it held one), bump the group and batch counters and set the outbox attributes, so
-the side effects (publish, stop session, enqueue the retry) can always be finished later by whoever finds them.
+free its session slot (when it held one), bump the group and batch counters and write a new outbox entry
+(`ledger.outbox`), so the side effects (publish, stop session, enqueue the retry) can always be finished later by
+whoever finds them.
 """
 
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from datetime import datetime
+from collections.abc import Iterator, Sequence
 from enum import StrEnum
 from typing import Any, Final
 
 from rollout_pipeline.contracts import iso
 from rollout_pipeline.ids import AttemptRef
-from rollout_pipeline.ledger import keys, table
+from rollout_pipeline.ledger import keys
 from rollout_pipeline.ledger.attributes import plain_values
 from rollout_pipeline.ledger.items import (
     RolloutRecord,
@@ -28,8 +27,9 @@ from rollout_pipeline.ledger.items import (
     span_attribute,
 )
 from rollout_pipeline.ledger.limits import LimitLedger
-from rollout_pipeline.ledger.retry import TRANSACTION_CONFLICT_ATTEMPTS
-from rollout_pipeline.ledger.table import LedgerTable, reason_codes
+from rollout_pipeline.ledger.outbox import OUTBOX_ENQUEUE, OUTBOX_LEASE_S, OUTBOX_PUBLISH, OUTBOX_STOP, new_entry
+from rollout_pipeline.ledger.retry import LedgerError
+from rollout_pipeline.ledger.table import ItemChange, LedgerTable, reason_codes
 from rollout_pipeline.ledger.warm import WarmLedger
 
 QUEUED: Final = RolloutState.QUEUED
@@ -37,69 +37,14 @@ DISPATCHED: Final = RolloutState.DISPATCHED
 SUCCEEDED: Final = RolloutState.SUCCEEDED
 FAILED: Final = RolloutState.FAILED
 
-#: Outbox actions: side effects decided by a transition that still have to happen.
-OUTBOX_PUBLISH: Final = "publish"
-OUTBOX_STOP: Final = "stop"
-OUTBOX_ENQUEUE: Final = "enqueue"
-
-#: The drainer that made a transition owns its outbox entry this long; others claim it only after that (or once
-#: the owner gave it back after a failure), so concurrent duplicates do not publish the same events again.
-OUTBOX_LEASE_S: Final = 60
-
-#: The attributes of an outbox entry (`clear_outbox` removes them all; `#obpk`/`#obsk`: the outbox index keys).
-_OUTBOX_ATTRIBUTES: Final = "outbox, outbox_id, outbox_lease, stop_sessions, stop_tries, stop_not_found, #obpk, #obsk"
-
-#: How many times a transaction is retried after a `TransactionConflict` (hot counter items) before giving up.
-CONFLICT_RETRIES: Final = TRANSACTION_CONFLICT_ATTEMPTS
 #: Upper bound on the (1 MB) pages of one read of a batch's rollouts for the SDK and the CLI (bounded work).
 MAX_READ_PAGES: Final = 2_000
-
-
-#: The ledger's one error type (`ledger.table.LedgerError`), named here too: the stages import it from this module.
-LedgerError = table.LedgerError
 
 
 def slot_holder(ref: AttemptRef) -> str:
     """The name a rollout attempt's session slot is given back under (`LimitLedger.free_slot` spreads the
     slots it gives back over the counters by it)."""
     return f"{ref.batch_id}/{ref.input_id}#{ref.index}@{ref.attempt}"
-
-
-@dataclass(frozen=True, slots=True)
-class _ItemChange:
-    """One write's changes to a rollout item, as plain values: attributes set, string sets added to, attributes removed.
-    The update expression (`expression`) and the item after the write (`applied`) both come from it, so what a
-    writer returns for the item cannot drift from what a read of it gives."""
-
-    sets: Mapping[str, Any]
-    adds: Mapping[str, frozenset[str]] = field(default_factory=dict)
-    removes: tuple[str, ...] = ()
-
-    def expression(self) -> tuple[str, dict[str, str], dict[str, Any]]:
-        """The UpdateExpression, its names and its (plain) values; every attribute by a name placeholder `#c{n}`
-        and every value by `:c{n}` (a condition's own placeholders must use other names)."""
-        names: dict[str, str] = {}
-        values: dict[str, Any] = {}
-        parts: dict[str, list[str]] = {"SET": [], "ADD": [], "REMOVE": []}
-        for clause, changes in (("SET", self.sets), ("ADD", self.adds)):
-            for attribute, value in changes.items():
-                number = len(names)
-                names[f"#c{number}"], values[f":c{number}"] = attribute, value
-                parts[clause].append(f"#c{number} = :c{number}" if clause == "SET" else f"#c{number} :c{number}")
-        for attribute in self.removes:
-            number = len(names)
-            names[f"#c{number}"] = attribute
-            parts["REMOVE"].append(f"#c{number}")
-        update = " ".join(f"{clause} {', '.join(items)}" for clause, items in parts.items() if items)
-        return update, names, values
-
-    def applied(self, item: Mapping[str, Any]) -> dict[str, Any]:
-        """`item` (plain values, as read) as this change leaves it."""
-        after = {name: value for name, value in item.items() if name not in self.removes}
-        after.update(self.sets)
-        for name, members in self.adds.items():
-            after[name] = set(after.get(name) or ()) | set(members)
-        return after
 
 
 def _cost_adds(outcome: Terminal) -> dict[str, float]:
@@ -228,21 +173,6 @@ class RolloutLedger:
 
     # ---------------------------------------------------------------------------------------- transitions
 
-    def _transact(self, items: Sequence[Mapping[str, Any]]) -> list[str] | None:
-        """Run a transaction (`LedgerTable.transact`); None when it committed, else the cancellation reason codes."""
-        reasons = self.table.transact(items, attempts=CONFLICT_RETRIES)
-        return None if reasons is None else reason_codes(reasons)
-
-    def _transact_guarded(self, items: Sequence[Mapping[str, Any]], what: str) -> bool:
-        """Run a transaction whose first item carries the condition that decides it: True when it committed, False
-        when that condition failed (someone else did it first); any other cancellation raises `LedgerError`."""
-        reasons = self._transact(items)
-        if reasons is None:
-            return True
-        if reasons[0] == "ConditionalCheckFailed":
-            return False
-        raise LedgerError(f"{what} cancelled: {reasons}")
-
     def begin_dispatch(
         self,
         *,
@@ -318,8 +248,10 @@ class RolloutLedger:
             session_ops = self.warm.claim_ops(session_id, ref, warmed_at=warmed_at)
         else:
             session_ops = [self.limits.take_slot(max_sessions, slot_shard)]
-        reasons = self._transact([batch_check, *session_ops, {"Update": rollout_update}])
-        return DispatchStart.STARTED if reasons is None else _dispatch_refused(reasons, warm=warmed_at is not None)
+        reasons = self.table.transact([batch_check, *session_ops, {"Update": rollout_update}])
+        if reasons is None:
+            return DispatchStart.STARTED
+        return _dispatch_refused(reason_codes(reasons), warm=warmed_at is not None)
 
     def mark_invoked(self, ref: AttemptRef) -> bool:
         """Record that InvokeAgentRuntime succeeded; False if the attempt is no longer dispatched (cancel/late)."""
@@ -343,9 +275,9 @@ class RolloutLedger:
             {":queued": QUEUED, ":dispatched": DISPATCHED, ":attempt": ref.attempt},
             {"#st": "state", "#dlpk": keys.DEADLINE_PK, "#dlsk": keys.DEADLINE_SK},
         )
-        return self._transact([{"Update": update}, self.limits.free_slot(slot_holder(ref))]) is None
+        return self.table.transact([{"Update": update}, self.limits.free_slot(slot_holder(ref))]) is None
 
-    def release_warm(
+    def drop_warm(
         self, ref: AttemptRef, session_id: str, *, next_session_id: str, hold_slot_until: int
     ) -> RolloutRecord | None:
         """The warm session `session_id` attempt `ref` was dispatched into is dead (its invoke answered NotFound,
@@ -370,7 +302,7 @@ class RolloutLedger:
                 ":held": hold_slot_until,
                 ":stop": {OUTBOX_STOP},
                 ":s": {session_id},
-                **self._outbox_values(ref),
+                **new_entry(ref, self.table.epoch()),
             },
             {
                 "#st": "state",
@@ -382,16 +314,6 @@ class RolloutLedger:
             return_values="ALL_NEW",
         )
         return None if attributes is None else RolloutRecord.of(attributes)
-
-    def _outbox_values(self, ref: AttemptRef) -> dict[str, Any]:
-        """A new outbox entry (its index key, id and the writer's lease), stamped now."""
-        now = self.table.epoch()
-        return {
-            ":obpk": keys.outbox_pk(ref.batch_id, ref.input_id, ref.index),
-            ":obsk": now,
-            ":obid": secrets.token_hex(8),
-            ":oblease": now + OUTBOX_LEASE_S,
-        }
 
     def finish(
         self,
@@ -436,7 +358,7 @@ class RolloutLedger:
         """`finish` from the dispatched attempt `rec` (the item as just read) is at, its session `rec.session_id`
         (`exp_id`: the experiment to record, `rec.exp_id` when not given).
         Returns the rollout as the transaction left it, or None when the condition failed: the item as read with
-        the transaction's own change applied (one `_ItemChange` makes both the update and this record). Read again
+        the transaction's own change applied (one `ItemChange` makes both the update and this record). Read again
         only when `rec` had an entry or stops of its own pending (whose writers may have changed them since)."""
         change = self._terminal_change(
             rec.ref,
@@ -453,7 +375,7 @@ class RolloutLedger:
             return self.get_rollout(rec.batch_id, rec.input_id, rec.index)
         return RolloutRecord.of_values(change.applied(rec.stored))
 
-    def _finish(self, ref: AttemptRef, change: _ItemChange, outcome: Terminal, *, from_state: str | None) -> bool:
+    def _finish(self, ref: AttemptRef, change: ItemChange, outcome: Terminal, *, from_state: str | None) -> bool:
         """The terminal transaction: the rollout item's `change`, the group and batch counters, the slot freed
         unless the change holds it for its session."""
         update, names, values = change.expression()
@@ -468,11 +390,11 @@ class RolloutLedger:
         items: list[dict[str, Any]] = [
             {"Update": rollout},
             {"Update": self._group_outcome(ref, outcome)},
-            {"Update": self._batch_counts(ref, outcome)},
+            {"Update": self._batch_counts(ref, outcome, int(change.sets[keys.TTL_ATTRIBUTE]))},
         ]
         if from_state == DISPATCHED and "held_slots" not in change.adds:
             items.append(self.limits.free_slot(slot_holder(ref)))
-        return self._transact_guarded(items, f"terminal transaction for {ref.batch_id}/{ref.input_id}#{ref.index}")
+        return self.table.transact_guarded(items, f"terminal transaction for {ref.batch_id}/{ref.input_id}#{ref.index}")
 
     def _terminal_change(
         self,
@@ -485,7 +407,7 @@ class RolloutLedger:
         session_id: str | None,
         policy_version: str | None = None,
         hold_slot_until: int | None = None,
-    ) -> _ItemChange:
+    ) -> ItemChange:
         """The rollout item's part of `finish`: terminal state and outcome, the deadline index left, a new outbox
         entry (`hold_slot_until`, with DISPATCHED and a session: the session keeps its slot until its stop is
         confirmed, its stop in the entry)."""
@@ -499,7 +421,7 @@ class RolloutLedger:
             "input_id": ref.input_id,
             "index": ref.index,
             "attempt": ref.attempt,
-            keys.TTL_ATTRIBUTE: self.table.expires_at(),
+            keys.TTL_ATTRIBUTE: now + self.table.ttl_s,
             keys.OUTBOX_PK: keys.outbox_pk(ref.batch_id, ref.input_id, ref.index),
             keys.OUTBOX_SK: now,
             "outbox_id": secrets.token_hex(8),
@@ -520,7 +442,7 @@ class RolloutLedger:
         if hold and session_id:
             adds |= {"stop_sessions": frozenset({session_id}), "held_slots": frozenset({session_id})}
             sets["held_until"] = hold_slot_until
-        return _ItemChange(sets, adds, (keys.DEADLINE_PK, keys.DEADLINE_SK))
+        return ItemChange(sets, adds, (keys.DEADLINE_PK, keys.DEADLINE_SK))
 
     def _group_outcome(self, ref: AttemptRef, outcome: Terminal) -> dict[str, Any]:
         """The group item's part of `finish`: one more terminal rollout, its reward or failure reason by index."""
@@ -537,7 +459,7 @@ class RolloutLedger:
             {"#i": str(ref.index), **cost_names},
         )
 
-    def _batch_counts(self, ref: AttemptRef, outcome: Terminal) -> dict[str, Any]:
+    def _batch_counts(self, ref: AttemptRef, outcome: Terminal, expires_at: int) -> dict[str, Any]:
         """The batch's part of `finish`: its counters ADDed on one counter shard (created by the first ADD; the
         group's condition proves the batch exists)."""
         succeeded = outcome.state == SUCCEEDED
@@ -549,7 +471,7 @@ class RolloutLedger:
         adds |= _cost_adds(outcome)
         names = {f"#a{i}": name for i, name in enumerate(adds)} | {"#ttl": keys.TTL_ATTRIBUTE}
         values: dict[str, Any] = {f":a{i}": value for i, value in enumerate(adds.values())}
-        values[":ttl"] = self.table.expires_at()
+        values[":ttl"] = expires_at
         return self.table.update_op(
             keys.batch_count_key(ref.batch_id, keys.count_shard(ref.input_id)),
             f"ADD {', '.join(f'#a{i} :a{i}' for i in range(len(adds)))} SET #ttl = if_not_exists(#ttl, :ttl)",
@@ -578,7 +500,7 @@ class RolloutLedger:
             ":next": rec.attempt + 1,
             ":sid": next_session_id,
             ":outbox": outbox,
-            **self._outbox_values(rec.ref),
+            **new_entry(rec.ref, self.table.epoch()),
         }
         adds = "outbox :outbox"
         if stop_pending and rec.session_id:
@@ -617,207 +539,5 @@ class RolloutLedger:
             },
         )
         if hold:
-            return self._transact([{"Update": update}]) is None
-        return self._transact([{"Update": update}, self.limits.free_slot(slot_holder(rec.ref))]) is None
-
-    # ------------------------------------------------------------------------------------ stops and held slots
-
-    def free_stopped(
-        self,
-        rec: RolloutRecord,
-        session_id: str,
-        *,
-        clear_entry: bool = False,
-        confirmed: bool = True,
-        spent_usd: float = 0.0,
-        at: datetime | None = None,
-    ) -> bool:
-        """A session's stop is confirmed (`confirmed`), or the pipeline stops waiting for one (AgentCore has ended it
-        by now): forget it, record when (`at`, default now: its attempt's `stop` or `closed` time) and, if it still
-        held a slot, free the slot with `spent_usd` (the session's cost, `costs.price_span`) ADDed to the
-        experiment's spend on the same counter, atomically and once. False if someone else did it first.
-
-        `clear_entry`: this was the entry's last pending action (the caller holds the entry and has done the
-        others): the same write also removes the entry (`clear_outbox`), conditional on `outbox_id`. If the entry
-        has moved on meanwhile (a later transition set a new one) or the slot was freed already, the session is
-        forgotten, its slot freed and the entry cleared as by separate writes (the newer entry stays)."""
-        ended_names, ended_values = self._session_end(rec, session_id, confirmed, at)
-        if (
-            clear_entry
-            and rec.outbox_id is not None
-            and self._free_and_clear(rec, session_id, spent_usd, confirmed=confirmed, at=at)
-        ):
-            return True
-        key = keys.rollout_key(rec.batch_id, rec.input_id, rec.index)
-        ended = "SET #send = :send " if ended_names else ""
-        values = {":s": {session_id}, **ended_values}
-        if session_id not in rec.held_slots:
-            self.table.update(
-                key, ended + "DELETE stop_sessions :s, stop_not_found :s", None, values, ended_names or None
-            )
-            freed = True
-        else:
-            update = self.table.update_op(
-                key,
-                ended + "DELETE held_slots :s, stop_sessions :s, stop_not_found :s",
-                "contains(held_slots, :sid)",
-                {**values, ":sid": session_id},
-                ended_names or None,
-            )
-            freed = self._transact([{"Update": update}, self.limits.free_slot(session_id, spent_usd=spent_usd)]) is None
-        if clear_entry:  # the combined write's condition failed: clear the entry if it is still the one read
-            self.clear_outbox(rec)
-        return freed
-
-    def _session_end(
-        self, rec: RolloutRecord, session_id: str, confirmed: bool, at: datetime | None = None
-    ) -> tuple[dict[str, str], dict[str, Any]]:
-        """The expression names and values that record when (`at`, default now) `session_id`'s session ended (its
-        attempt's `stop` when confirmed, else `closed`, epoch ms: `RolloutRecord.attempt_of`, a warm session's
-        too); none for a session no attempt of `rec` can be told to have run in."""
-        attempt = rec.attempt_of(session_id)
-        if attempt is None:
-            return {}, {}
-        part = "stop" if confirmed else "closed"
-        return {"#send": span_attribute(attempt, part)}, {":send": epoch_ms(at or self.table.clock.now())}
-
-    def _free_and_clear(
-        self,
-        rec: RolloutRecord,
-        session_id: str,
-        spent_usd: float = 0.0,
-        *,
-        confirmed: bool = True,
-        at: datetime | None = None,
-    ) -> bool:
-        """`free_stopped` and `clear_outbox` in one write: False (nothing written) when the entry is not the
-        one read or, with a held slot, the slot is no longer held."""
-        key = keys.rollout_key(rec.batch_id, rec.input_id, rec.index)
-        held = session_id in rec.held_slots
-        values: dict[str, Any] = {":obid": rec.outbox_id}
-        condition = "outbox_id = :obid"
-        update = f"REMOVE {_OUTBOX_ATTRIBUTES}"
-        if held:
-            update = f"DELETE held_slots :s {update}"
-            condition += " AND contains(held_slots, :sid)"
-            values |= {":s": {session_id}, ":sid": session_id}
-        names = {"#obpk": keys.OUTBOX_PK, "#obsk": keys.OUTBOX_SK}
-        ended_names, ended_values = self._session_end(rec, session_id, confirmed, at)
-        if ended_names:
-            update = f"SET #send = :send {update}"
-            names |= ended_names
-            values |= ended_values
-        if not held:
-            return self.table.update(key, update, condition, values, names) is not None
-        op = self.table.update_op(key, update, condition, values, names)
-        return self._transact_guarded(
-            [{"Update": op}, self.limits.free_slot(session_id, spent_usd=spent_usd)],
-            f"freeing the slot of {session_id}",
-        )
-
-    def note_stop_failed(
-        self,
-        rec: RolloutRecord,
-        *,
-        next_epoch: int,
-        not_found: Sequence[str] = (),
-        overdue: Sequence[str] = (),
-    ) -> None:
-        """Stops of this entry failed: count the try, remember first NotFound answers and sessions found overdue
-        (alive past their deadline plus the grace), take the entry's finished actions out of it (every action but
-        `stop`: the caller did them before the stops), and come back to the entry at `next_epoch` (the outbox index
-        sort key) with its lease given back."""
-        names = {"#obsk": keys.OUTBOX_SK}
-        values: dict[str, Any] = {":one": 1, ":next": next_epoch, ":obid": rec.outbox_id}
-        adds = "stop_tries :one"
-        if not_found:
-            adds += ", stop_not_found :nf"
-            values[":nf"] = set(not_found)
-        if overdue:
-            adds += ", overdue_sessions :od"
-            values[":od"] = set(overdue)
-        update = f"SET #obsk = :next ADD {adds} REMOVE outbox_lease"
-        finished = rec.outbox - {OUTBOX_STOP}
-        if finished:
-            update += " DELETE outbox :done"
-            values[":done"] = set(finished)
-        self.table.update(  # a failed condition: the entry has moved on, nothing to do
-            keys.rollout_key(rec.batch_id, rec.input_id, rec.index),
-            update,
-            "outbox_id = :obid",
-            values,
-            names,
-        )
-
-    def file_stop(self, ref: AttemptRef, session_id: str) -> None:
-        """Put a session whose stop is not confirmed into the rollout's outbox (`stop`, `stop_sessions`), whatever
-        state the rollout is in, so the sweeper's outbox scan stops it (`stops.finish_stops`). A new entry id: a
-        worker draining an older entry cannot clear this session with it."""
-        entry = self._outbox_values(ref)
-        self.table.update(
-            keys.rollout_key(ref.batch_id, ref.input_id, ref.index),
-            "SET #obpk = :obpk, #obsk = :obsk, outbox_id = :obid REMOVE outbox_lease "
-            "ADD outbox :stop, stop_sessions :s",
-            "attribute_exists(pk)",
-            {":obpk": entry[":obpk"], ":obsk": entry[":obsk"], ":obid": entry[":obid"], ":stop": {OUTBOX_STOP}}
-            | {":s": {session_id}},
-            {"#obpk": keys.OUTBOX_PK, "#obsk": keys.OUTBOX_SK},
-        )
-
-    def outbox_done(self, rec: RolloutRecord, actions: frozenset[str]) -> None:
-        """Take finished actions (publish, enqueue) out of the outbox while others (stop) are still pending."""
-        if not actions or rec.outbox_id is None:
-            return
-        self.table.update(  # a failed condition: the entry has moved on, nothing to do
-            keys.rollout_key(rec.batch_id, rec.input_id, rec.index),
-            "DELETE outbox :done",
-            "outbox_id = :obid",
-            {":done": set(actions), ":obid": rec.outbox_id},
-        )
-
-    def clear_outbox(self, rec: RolloutRecord) -> bool:
-        """Remove the outbox entry once its side effects are done (only the entry that was read: `outbox_id`)."""
-        if rec.outbox_id is None:
-            return True
-        return (
-            self.table.update(
-                keys.rollout_key(rec.batch_id, rec.input_id, rec.index),
-                f"REMOVE {_OUTBOX_ATTRIBUTES}",
-                "outbox_id = :obid",
-                {":obid": rec.outbox_id},
-                {"#obpk": keys.OUTBOX_PK, "#obsk": keys.OUTBOX_SK},
-            )
-            is not None
-        )
-
-    def claim_outbox(self, rec: RolloutRecord, lease_s: int = OUTBOX_LEASE_S) -> bool:
-        """Take over an outbox entry nobody holds (lease absent or expired); False if someone else holds it."""
-        if rec.outbox_id is None:
-            return False
-        now_epoch = self.table.epoch()
-        return (
-            self.table.update(
-                keys.rollout_key(rec.batch_id, rec.input_id, rec.index),
-                "SET outbox_lease = :until",
-                "outbox_id = :obid AND (attribute_not_exists(outbox_lease) OR outbox_lease < :now)",
-                {":obid": rec.outbox_id, ":until": now_epoch + lease_s, ":now": now_epoch},
-            )
-            is not None
-        )
-
-    def return_outbox(self, rec: RolloutRecord, done: frozenset[str] = frozenset()) -> None:
-        """Give an outbox entry back after a failed side effect, so a redelivery may drain it at once; `done`: the
-        entry's actions that were performed before the failure, taken out of it in the same write."""
-        if rec.outbox_id is None:
-            return
-        values: dict[str, Any] = {":obid": rec.outbox_id}
-        update = "REMOVE outbox_lease"
-        if done & rec.outbox:
-            update += " DELETE outbox :done"
-            values[":done"] = set(done & rec.outbox)
-        self.table.update(  # a failed condition: the entry has moved on, nothing to do
-            keys.rollout_key(rec.batch_id, rec.input_id, rec.index),
-            update,
-            "outbox_id = :obid",
-            values,
-        )
+            return self.table.transact([{"Update": update}]) is None
+        return self.table.transact([{"Update": update}, self.limits.free_slot(slot_holder(rec.ref))]) is None

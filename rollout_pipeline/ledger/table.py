@@ -1,10 +1,12 @@
 """The one gateway to the ledger table, shared by every ledger module: one client, one clock, one TTL rule, one
-conflict-retry policy (`ledger.retry`), one conditional-update helper, one paginated Query and one error type."""
+conflict-retry policy (`ledger.retry`), one conditional-update helper (and `ItemChange`, a write's changes as plain
+values), one paginated Query."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final
 
@@ -12,6 +14,7 @@ from rollout_pipeline.contracts import iso
 from rollout_pipeline.ledger.attributes import plain_values
 from rollout_pipeline.ledger.retry import (
     TRANSACTION_CONFLICT_ATTEMPTS,
+    LedgerError,
     backoff_s,
     note_transaction_retry,
     retry_conflicts,
@@ -21,10 +24,6 @@ from rollout_pipeline.ports import Clock, SystemClock
 #: Cancellation reasons of a transaction that are transient: the whole transaction is retried (bounded).
 TRANSIENT_CANCEL_CODES: Final = frozenset({"TransactionConflict", "ThrottlingError", "ProvisionedThroughputExceeded"})
 CONDITION_FAILED: Final = "ConditionalCheckFailed"
-
-
-class LedgerError(RuntimeError):
-    """The ledger could not complete an operation (after retries); the caller lets the message be redelivered."""
 
 
 def query_items(ddb: Any, request: Mapping[str, Any], *, max_pages: int | None = None) -> Iterator[dict[str, Any]]:
@@ -44,6 +43,43 @@ def query_items(ddb: Any, request: Mapping[str, Any], *, max_pages: int | None =
 def reason_codes(reasons: Sequence[Mapping[str, Any]]) -> list[str]:
     """The codes of a transaction's cancellation reasons, one per item (`"None"` for an item that did not fail)."""
     return [str(reason.get("Code") or "None") for reason in reasons]
+
+
+@dataclass(frozen=True, slots=True)
+class ItemChange:
+    """One write's changes to an item, as plain values: attributes set, string sets added to, attributes removed.
+    The update expression (`expression`) and the item after the write (`applied`) both come from it, so what a
+    writer returns for the item cannot drift from what a read of it gives."""
+
+    sets: Mapping[str, Any]
+    adds: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    removes: tuple[str, ...] = ()
+
+    def expression(self) -> tuple[str, dict[str, str], dict[str, Any]]:
+        """The UpdateExpression, its names and its (plain) values; every attribute by a name placeholder `#c{n}`
+        and every value by `:c{n}` (a condition's own placeholders must use other names)."""
+        names: dict[str, str] = {}
+        values: dict[str, Any] = {}
+        parts: dict[str, list[str]] = {"SET": [], "ADD": [], "REMOVE": []}
+        for clause, changes in (("SET", self.sets), ("ADD", self.adds)):
+            for attribute, value in changes.items():
+                number = len(names)
+                names[f"#c{number}"], values[f":c{number}"] = attribute, value
+                parts[clause].append(f"#c{number} = :c{number}" if clause == "SET" else f"#c{number} :c{number}")
+        for attribute in self.removes:
+            number = len(names)
+            names[f"#c{number}"] = attribute
+            parts["REMOVE"].append(f"#c{number}")
+        update = " ".join(f"{clause} {', '.join(items)}" for clause, items in parts.items() if items)
+        return update, names, values
+
+    def applied(self, item: Mapping[str, Any]) -> dict[str, Any]:
+        """`item` (plain values, as read) as this change leaves it."""
+        after = {name: value for name, value in item.items() if name not in self.removes}
+        after.update(self.sets)
+        for name, members in self.adds.items():
+            after[name] = set(after.get(name) or ()) | set(members)
+        return after
 
 
 class LedgerTable:
@@ -113,6 +149,10 @@ class LedgerTable:
     def query(self, request: Mapping[str, Any], *, max_pages: int | None = None) -> Iterator[dict[str, Any]]:
         """The items (typed) of a Query on this table (`query_items`)."""
         yield from query_items(self.ddb, {"TableName": self.name, **request}, max_pages=max_pages)
+
+    def query_all(self, request: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """Every item (typed) of a Query on a small partition, read before it returns (a batch's items)."""
+        return list(self.query(request))
 
     # ----------------------------------------------------------------------------------------------- writes
 
@@ -216,3 +256,15 @@ class LedgerTable:
             note_transaction_retry()
             self.sleep(backoff_s(attempt))
         raise LedgerError(f"transaction kept conflicting after {attempts} attempts")
+
+    def transact_guarded(self, items: Sequence[Mapping[str, Any]], what: str) -> bool:
+        """Run a transaction whose first item carries the condition that decides it: True when it committed, False
+        when that condition failed (someone else did it first); any other cancellation raises `LedgerError`
+        naming `what`."""
+        reasons = self.transact(items)
+        if reasons is None:
+            return True
+        codes = reason_codes(reasons)
+        if codes[0] == CONDITION_FAILED:
+            return False
+        raise LedgerError(f"{what} cancelled: {codes}")

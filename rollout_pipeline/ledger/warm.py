@@ -1,17 +1,17 @@
 """The warm pool's ledger items: warm sessions, the claims that hand them to rollouts, and the pool's own item.
 
-`WARM` / `S#{session}` (`items.WarmSession`): one per warm session the pool holds: `state` warming / idle /
+`WARM` / `S#{session}` (`warm_items.WarmSession`): one per warm session the pool holds: `state` warming / idle /
 stopping, `warmed_at`, `kept_at`, `stop_tries`. Each holds a session slot (`LIMIT/SESSIONS#..`, taken when the item
 is written, in the same transaction), so warm sessions count against `max_sessions` like any other. A dispatch takes
 an idle one in its own transaction (`claim_ops`: the item deleted on condition that it is idle, so no two rollouts
 ever get one session) and keeps its slot; a session stopped unused gives its slot back when its item goes
 (`forget`). The partition holds only what the pool holds now (at most `max_sessions` items): one Query reads it.
 
-`WS#{session}` / `CLAIM` (`items.WarmClaim`): which attempt took the session (written by that dispatch
+`WS#{session}` / `CLAIM` (`warm_items.WarmClaim`): which attempt took the session (written by that dispatch
 transaction): how completion maps a result of a session that was started before its rollout was known, when the
 result does not say it itself (`lifecycle.completion`). Never queried; it expires with the table's TTL.
 
-`WARM` / `POOL` (`items.WarmPoolState`): the pool's lease (one manager at a time), when the experiment last had
+`WARM` / `POOL` (`warm_items.WarmPoolState`): the pool's lease (one manager at a time), when the experiment last had
 work and last wanted a new session, whether the pool is halted, the last batch's size, and its totals.
 
 Writes that touch many sessions go in transactions of up to `CHUNK` items (one request for a chunk), each item
@@ -27,9 +27,9 @@ from typing import Any, Final
 from rollout_pipeline.ids import AttemptRef
 from rollout_pipeline.ledger import keys
 from rollout_pipeline.ledger.attributes import plain_values
-from rollout_pipeline.ledger.items import WarmClaim, WarmPoolState, WarmSession, WarmState
 from rollout_pipeline.ledger.limits import LimitLedger, free_shard
 from rollout_pipeline.ledger.table import CONDITION_FAILED, LedgerTable, reason_codes
+from rollout_pipeline.ledger.warm_items import WarmClaim, WarmPoolState, WarmSession, WarmState
 
 WARM_PK: Final = "WARM"
 SESSION_PREFIX: Final = "S#"
@@ -342,6 +342,6 @@ class WarmLedger:
 
 def raise_cancelled(what: str, reasons: Sequence[Mapping[str, Any]]) -> None:
     """A transaction of the pool was cancelled for a reason that is not a failed condition of ours."""
-    from rollout_pipeline.ledger.table import LedgerError
+    from rollout_pipeline.ledger.retry import LedgerError
 
     raise LedgerError(f"{what} cancelled: {reason_codes(reasons)}")

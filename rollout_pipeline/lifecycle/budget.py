@@ -1,7 +1,7 @@
 """The budget: dispatch pauses when the experiment's (or a batch's) spend reaches its budget, and resumes where it
 stopped once the budget is raised (docs/costs.md, "Budget").
 
-- **Spend.** The experiment's: every released session's cost (exact at its confirmed stop, `lifecycle.costing`),
+- **Spend.** The experiment's: every ended session's cost (exact at its confirmed stop, `lifecycle.costing`),
   summed on the 32 session-slot counters (`LimitLedger.slots_and_spend`: no item of its own, no hot item). A batch's:
   the cost its events carried (its counter shards).
 - **Budget.** The experiment's: the one set at run time (`LIMIT/BUDGET`, `rollouts budget set`), else the deployed
@@ -34,7 +34,7 @@ from rollout_pipeline import ids
 from rollout_pipeline.contracts import BudgetExhausted, BudgetWarning, DetailType, RolloutMessage
 from rollout_pipeline.ledger.items import BatchView
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
-from rollout_pipeline.lifecycle.metrics import BUDGET_HELD, BUDGET_USED_PERCENT
+from rollout_pipeline.metric_names import BUDGET_HELD, BUDGET_USED_PERCENT
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +148,7 @@ def hold(message: RolloutMessage, deps: LifecycleDeps) -> None:
     deps.metrics.count(BUDGET_HELD)
 
 
-def released(message: RolloutMessage, deps: LifecycleDeps) -> RolloutMessage:
+def after_hold(message: RolloutMessage, deps: LifecycleDeps) -> RolloutMessage:
     """A message whose budget has room again: its hold ends, and the time held moves its limit wait's start
     forward (`waiting_since`), so waiting on the budget never counts toward `max_limit_wait_s`."""
     if message.budget_held_since is None:

@@ -8,16 +8,14 @@ from dataclasses import dataclass, field
 from rollout_pipeline import ids
 from rollout_pipeline.contracts import FailureReason
 from rollout_pipeline.ledger.items import RolloutRecord
-from rollout_pipeline.ledger.rollouts import (
-    DISPATCHED,
-    OUTBOX_PUBLISH,
-    LedgerError,
-)
+from rollout_pipeline.ledger.outbox import OUTBOX_PUBLISH
+from rollout_pipeline.ledger.retry import LedgerError
+from rollout_pipeline.ledger.rollouts import DISPATCHED
 from rollout_pipeline.lifecycle import publishing, stops
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.failures import fail_rollout
-from rollout_pipeline.lifecycle.metrics import CANCELLED
 from rollout_pipeline.lifecycle.warm_pool import halt_if_nothing_runs
+from rollout_pipeline.metric_names import CANCELLED
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +110,7 @@ def cancel_batch(batch_id: str, deps: LifecycleDeps) -> CancelResult:
     batch = deps.ledger.batches.read_batch(batch_id)
     options = batch.options if batch is not None else None
     exp_id = batch.exp_id if batch is not None and batch.exp_id else deps.config.name
-    for group in deps.ledger.batches.groups(batch_id):
+    for group in deps.ledger.groups.batch_groups(batch_id):
         input_id = group.input_id
         existing = {rec.index: rec for rec in deps.ledger.rollouts.iter_rollouts(batch_id, input_id)}
         for index in range(group.group_size):

@@ -22,7 +22,6 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
@@ -43,29 +42,25 @@ from rollout_pipeline.contracts import (
     text_carries_attempt_token,
 )
 from rollout_pipeline.ledger.items import RolloutRecord, Terminal
-from rollout_pipeline.ledger.rollouts import (
-    DISPATCHED,
-    FAILED,
-    OUTBOX_PUBLISH,
-    OUTBOX_STOP,
-    SUCCEEDED,
-)
+from rollout_pipeline.ledger.outbox import OUTBOX_PUBLISH, OUTBOX_STOP
+from rollout_pipeline.ledger.rollouts import DISPATCHED, FAILED, SUCCEEDED
 from rollout_pipeline.lifecycle import costing, publishing, stops
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
-from rollout_pipeline.lifecycle.metrics import (
-    FAILED as FAILED_METRIC,
-)
-from rollout_pipeline.lifecycle.metrics import (
+from rollout_pipeline.metric_names import (
+    ESTIMATED_COST,
     LATE_OR_UNKNOWN,
     REWARD,
     failed_metric,
 )
-from rollout_pipeline.lifecycle.metrics import (
+from rollout_pipeline.metric_names import (
+    FAILED as FAILED_METRIC,
+)
+from rollout_pipeline.metric_names import (
     SUCCEEDED as SUCCEEDED_METRIC,
 )
 from rollout_pipeline.observability import bind_log_ids
 from rollout_pipeline.ports import ObjectNotFound
-from rollout_pipeline.sqs_batch import run_partial_batch
+from rollout_pipeline.sqs_batch import BatchOutcome, run_partial_batch
 
 log = logging.getLogger(__name__)
 
@@ -78,23 +73,17 @@ class Completion(StrEnum):
     FOREIGN = "foreign"  # without its attempt's token: not written by the attempt's session; changes nothing
 
 
-@dataclass
-class CompletionResult:
-    outcomes: dict[str, Completion] = field(default_factory=dict)
-    failures: dict[str, str] = field(default_factory=dict)
-
-
 #: How long the stops after a completion batch may wait for call budget when the caller gives no deadline.
 DEFAULT_STOP_BUDGET_S = 30.0
 
 
 def complete_records(
     records: Sequence[Mapping[str, Any]], deps: LifecycleDeps, *, wait_until: float | None = None
-) -> CompletionResult:
+) -> BatchOutcome[Completion]:
     """Handle an SQS batch of completion-queue records (`messageId`, `body`); failed ids -> batchItemFailures.
     Records are handled concurrently (up to `deps.dispatch_threads`): results recorded and published first, then
     the sessions stopped, every wait bounded by `wait_until` (monotonic; the Lambda's remaining time)."""
-    result = CompletionResult()
+    result: BatchOutcome[Completion] = BatchOutcome()
     if not records:
         return result
     until = wait_until if wait_until is not None else time.monotonic() + DEFAULT_STOP_BUDGET_S
@@ -120,7 +109,7 @@ def _stop_after(rec: RolloutRecord, deps: LifecycleDeps, wait_until: float) -> N
         stops.finish_stops(rec, deps, wait_until)
     except Exception:  # the outbox keeps the stop: the sweeper retries it
         log.exception("stop of %s pending", rec.session_id)
-        deps.ledger.rollouts.return_outbox(rec, rec.outbox - {OUTBOX_STOP})  # the rest was drained
+        deps.ledger.outbox.return_outbox(rec, rec.outbox - {OUTBOX_STOP})  # the rest was drained
 
 
 def _location(event: Mapping[str, Any]) -> tuple[str, str] | None:
@@ -275,11 +264,8 @@ def _handle_result(
     usage = reported_usage(body_dict)
     cpu_s = usage.session_cpu_s if usage is not None else None
     warning = _model_warning(usage, key)
-    at = costing.pricing_moment(deps)
-    cost = costing.terminal_cost(deps, rec, at=at, ended_at=written_at, idle=True, cpu_s=cpu_s)
-    terminal = _terminal(
-        outcome, written_at, f"s3://{bucket}/{key}", size, cost=cost, cpu_s=cpu_s, cost_at=at, warning=warning
-    )
+    cost = costing.terminal_cost(deps, rec, ended_at=written_at, idle=True, cpu_s=cpu_s)
+    terminal = _terminal(outcome, written_at, f"s3://{bucket}/{key}", size, cost=cost, cpu_s=cpu_s, warning=warning)
     after = deps.ledger.rollouts.finish_dispatched(
         rec,
         exp_id=ref.exp_id,
@@ -293,7 +279,7 @@ def _handle_result(
         if after is not None and resumable and publishing.drain(after, deps):
             return Completion.RESUMED
         return _late(deps, "another delivery ended this attempt first", key)
-    costing.counted(deps, terminal.cost)
+    deps.metrics.add(ESTIMATED_COST, cost.usd)
     if terminal.state == SUCCEEDED:
         deps.metrics.count(SUCCEEDED_METRIC)
         if terminal.reward is not None:
@@ -354,7 +340,6 @@ def _terminal(
     *,
     cost: RolloutCost | None = None,
     cpu_s: float | None = None,
-    cost_at: datetime | None = None,
     warning: str | None = None,
 ) -> Terminal:
     """The terminal outcome a result records (the agent wrote it: its session is idle from `written_at` on)."""
@@ -370,7 +355,6 @@ def _terminal(
         result_size=size,
         warning=warning,
         cost=cost,
-        cost_at=cost_at,
         idle=True,
         cpu_s=cpu_s,
     )

@@ -1,12 +1,12 @@
-"""Pricing in the lifecycle (`rollout_pipeline.costs` holds the model): the cost a terminal transition records and
-publishes, and what a session's slot release adds to the experiment's spend.
+"""Pricing in the lifecycle (`rollout_pipeline.costs` holds the model): the cost a terminal transition records,
+and what freeing a session's slot adds to the experiment's spend.
 
-- A terminal transition prices every session of the rollout (`costs.price_rollout`) at its moment (`pricing_moment`:
-  to the millisecond, as the item keeps it in `cost_at`): the ended attempt's session as ending then (its stop
-  follows the event at once), earlier attempts' sessions as their stops say. The figure is ADDed to the group's and
-  the batch's sums and counted in `EstimatedCost`; `details.recorded_cost` prices the item again as of `cost_at`,
-  identically, for `Rollout Completed`/`Failed` (the item stays small: no copy of the figure).
-- A session's slot release (its stop confirmed, or the pipeline giving up on a confirmation once AgentCore has
+- A terminal transition prices every session of the rollout once (`terminal_cost`, `costs.price_rollout`): the ended
+  attempt's session as ending then (its stop follows the event at once), earlier attempts' sessions as their stops
+  say. The transaction stores the figure on the rollout item (`Terminal.cost`) and ADDs it to the group's and the
+  batch's sums; `Rollout Completed`/`Failed` carry it as stored (`RolloutRecord.stored_cost`), and `EstimatedCost`
+  counts it once the transaction committed.
+- Freeing a session's slot (its stop confirmed, or the pipeline giving up on a confirmation once AgentCore has
   ended it) ADDs that session's cost, now exact (or its bound), to the experiment's spend (`LimitLedger.free_slot`):
   the figure budgets are held to.
 """
@@ -20,19 +20,13 @@ from rollout_pipeline.contracts import RolloutCost
 from rollout_pipeline.costs import price_rollout, price_span, with_span_end
 from rollout_pipeline.ledger.items import RolloutRecord, RolloutState, to_the_ms
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
-from rollout_pipeline.lifecycle.metrics import ESTIMATED_COST
-
-
-def pricing_moment(deps: LifecycleDeps) -> datetime:
-    """Now, to the millisecond: the moment a terminal transition prices its rollout at (and records as `cost_at`)."""
-    return to_the_ms(deps.now())
 
 
 def terminal_cost(
     deps: LifecycleDeps,
     rec: RolloutRecord | None,
     *,
-    at: datetime,
+    at: datetime | None = None,
     ended_at: datetime | None = None,
     idle: bool = False,
     cpu_s: float | None = None,
@@ -40,35 +34,27 @@ def terminal_cost(
 ) -> RolloutCost:
     """The cost of rollout `rec` (as read just before its terminal transition) as that transition records it.
 
-    Priced at `at` (`pricing_moment`). When `rec` is dispatched, its attempt ends: at `ended_at` (default: `at`),
-    `idle` when the agent wrote its result, with `cpu_s` as the host measured it; `session_started=False` drops the
-    attempt's session (its invoke was refused: none ran). The caller counts it (`counted`) once its transition
-    committed."""
-    now = at
+    Priced at `at` (default now). When `rec` is dispatched, its attempt ends: at `ended_at` (default: `at`), `idle`
+    when the agent wrote its result, with `cpu_s` as the host measured it; `session_started=False` drops the
+    attempt's session (its invoke was refused: none ran)."""
+    now = at or deps.now()
     spans = list(rec.spans) if rec is not None else []
     if rec is not None and rec.state is RolloutState.DISPATCHED:
-        current = rec.span(rec.attempt)
+        current = next((s for s in spans if s.attempt == rec.attempt), None)
         spans = [s for s in spans if s.attempt != rec.attempt]
         if current is not None and session_started:
             spans.append(with_span_end(current, ended_at=ended_at or now, idle=idle, cpu_s=cpu_s))
     return price_rollout(sorted(spans, key=lambda s: s.attempt), deps.prices, now)
 
 
-def counted(deps: LifecycleDeps, cost: RolloutCost | None) -> None:
-    """Count a recorded rollout cost in `EstimatedCost` (USD, summed per invocation)."""
-    if cost is not None:
-        deps.metrics.add(ESTIMATED_COST, cost.usd)
-
-
 def session_charge(
     deps: LifecycleDeps, rec: RolloutRecord, session_id: str, *, confirmed: bool, at: datetime | None = None
 ) -> float:
-    """What releasing `session_id`'s slot adds to the experiment's spend: its session priced as ending `at` (default
+    """What freeing `session_id`'s slot adds to the experiment's spend: its session priced as ending `at` (default
     now: a confirmed stop, recorded with the same time), or at its bound (no confirmation: AgentCore ended it at its
     idle timeout or maximum lifetime); a warm session as the attempt that ran in it (`RolloutRecord.attempt_of`). 0
     for a session the rollout item has no start of (written before costs were kept)."""
-    attempt = rec.attempt_of(session_id)
-    span = rec.span(attempt) if attempt is not None else None
+    span = rec.session_span(session_id)
     if span is None:
         return 0.0
     now = to_the_ms(at or deps.now())  # as the ledger records it

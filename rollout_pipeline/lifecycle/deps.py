@@ -13,9 +13,9 @@ from rollout_pipeline.contracts.attempts import attempt_token
 from rollout_pipeline.costs import PriceBook
 from rollout_pipeline.feed.feed import Feed
 from rollout_pipeline.ledger.ledger import Ledger
-from rollout_pipeline.lifecycle.metrics import MetricsRecorder
 from rollout_pipeline.lifecycle.warm import WarmTaker
 from rollout_pipeline.limits.facade import Limits
+from rollout_pipeline.metric_names import MetricsRecorder
 from rollout_pipeline.ports import (
     AgentRuntime,
     BusSubscriptions,

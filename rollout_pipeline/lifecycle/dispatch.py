@@ -27,27 +27,25 @@ import json
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from datetime import timedelta
 from enum import StrEnum
 from typing import Any
 
 from rollout_pipeline import ids
 from rollout_pipeline.contracts import FailureReason, FileOptions, RolloutMessage, build_agent_payload, iso
-from rollout_pipeline.ledger.batches import batch_options
-from rollout_pipeline.ledger.items import BatchView, RolloutRecord, WarmSession
-from rollout_pipeline.ledger.rollouts import (
-    DISPATCHED,
-    OUTBOX_PUBLISH,
-    QUEUED,
-    DispatchStart,
-    LedgerError,
-)
+from rollout_pipeline.ledger.items import BatchView, RolloutRecord
+from rollout_pipeline.ledger.outbox import OUTBOX_PUBLISH
+from rollout_pipeline.ledger.retry import LedgerError
+from rollout_pipeline.ledger.rollouts import DISPATCHED, QUEUED, DispatchStart
+from rollout_pipeline.ledger.warm_items import WarmSession
 from rollout_pipeline.lifecycle import budget, costing, publishing, stops
 from rollout_pipeline.lifecycle.cancel import cancel_rollout
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.failures import end_attempt, fail_rollout
-from rollout_pipeline.lifecycle.metrics import (
+from rollout_pipeline.lifecycle.warm import MAX_TRIES
+from rollout_pipeline.limits.admission import Held
+from rollout_pipeline.limits.pacing import InvokeBlock, NoCallBudget, retry_pause
+from rollout_pipeline.metric_names import (
     COLD_START_RETRIED,
     IN_FLIGHT,
     LIMIT_WAITS,
@@ -55,12 +53,9 @@ from rollout_pipeline.lifecycle.metrics import (
     WARM_DROPPED,
     WARM_STARTS,
 )
-from rollout_pipeline.lifecycle.metrics import (
+from rollout_pipeline.metric_names import (
     DISPATCHED as DISPATCHED_METRIC,
 )
-from rollout_pipeline.lifecycle.warm import MAX_TRIES
-from rollout_pipeline.limits.admission import Held
-from rollout_pipeline.limits.pacing import InvokeBlock, NoCallBudget, retry_pause
 from rollout_pipeline.observability import bind_log_ids
 from rollout_pipeline.ports import (
     RuntimeColdStart,
@@ -70,7 +65,7 @@ from rollout_pipeline.ports import (
     RuntimeStartFailed,
     RuntimeThrottled,
 )
-from rollout_pipeline.sqs_batch import message_id, run_partial_batch
+from rollout_pipeline.sqs_batch import BatchOutcome, message_id, run_partial_batch
 
 log = logging.getLogger(__name__)
 
@@ -98,18 +93,13 @@ class Dispatch(StrEnum):
     START_FAILED = "start_failed"  # the agent cannot start: Rollout Failed (agent_error), session stopped
 
 
-@dataclass
-class DispatchResult:
-    """Outcome of one SQS batch: per message id, and the ids to report as `batchItemFailures`."""
-
-    outcomes: dict[str, Dispatch] = field(default_factory=dict)
-    failures: dict[str, str] = field(default_factory=dict)
-
-
-def dispatch_records(records: Sequence[Mapping[str, Any]], deps: LifecycleDeps, *, wait_until: float) -> DispatchResult:
+def dispatch_records(
+    records: Sequence[Mapping[str, Any]], deps: LifecycleDeps, *, wait_until: float
+) -> BatchOutcome[Dispatch]:
     """Dispatch an SQS batch concurrently (up to `deps.dispatch_threads`). `wait_until` (monotonic) bounds every
-    wait for a limit; records are SQS records (`messageId`, `body`). Failed ids go to the partial batch response."""
-    result = DispatchResult()
+    wait for a limit; records are SQS records (`messageId`, `body`). Returns each message's `Dispatch`; failed ids go
+    to the partial batch response."""
+    result: BatchOutcome[Dispatch] = BatchOutcome()
     if not records:
         return result
     workers = max(1, min(deps.dispatch_threads, len(records)))
@@ -144,7 +134,7 @@ def dispatch_records(records: Sequence[Mapping[str, Any]], deps: LifecycleDeps, 
             )
         finally:
             if held is not None:
-                held.release()
+                held.leave()
 
     run_partial_batch([r for _o, r in ordered], handle, result, workers=workers, what="dispatch", logger=log)
     deps.feed.after_dispatch(batches.views())  # the queue drained: the release window may have room
@@ -221,11 +211,11 @@ def dispatch_body(
     block: InvokeBlock | None = None,
 ) -> Dispatch:
     """Dispatch one rollout-queue message body (see the module doc). Raises to have the message redelivered.
-    `held`: the message's place on the admission board since receipt (`SlotGate.hold`), released once the rollout's
+    `held`: the message's place on the admission board since receipt (`SlotGate.hold`), left once the rollout's
     session start is booked (`LimitedRuntime.invoke`'s `on_booked`), not merely past the gate: between the two, a
     rollout let through is neither on the board nor in the schedule, so another process's gate would see its room
     free and let a later group book ahead of it (what decides the order its sessions start in). Every other way out
-    releases it too (`dispatch_records`).
+    leaves it too (`dispatch_records`).
     `budgets`: the SQS batch's budget reads (`lifecycle.budget`): a rollout whose budget is spent is held, not run.
     `hold_if_new`: the message was received without a place on the board (the warm pool's view covered its SQS
     batch): if it takes a new session after all, it goes on the board then, for as long as it would have been.
@@ -237,13 +227,13 @@ def dispatch_body(
     batch = batches.get(message.batch_id)
     if batch is None:
         raise LookupError(f"batch {message.batch_id} not found in the ledger")
-    options = batch_options(batch) or FileOptions.defaults(deps.config)
+    options = batch.options or FileOptions.defaults(deps.config)
     if batch.cancelled:
         return _cancelled(message, deps, options)
     budgets = budgets or budget.Budgets(deps)
     if _held_on_budget(message, deps, budgets, batch, held):
         return Dispatch.HELD_BUDGET
-    message = budget.released(message, deps)
+    message = budget.after_hold(message, deps)
     row_payload = _row_payload(message, deps)
     # Before any ledger write: a key that cannot be read (Secrets Manager down, throttled, denied) raises here and
     # the message is redelivered, instead of after `begin_dispatch`, where it burnt an attempt and a slot until the
@@ -252,7 +242,7 @@ def dispatch_body(
     warm = _dispatch_warm(message, deps, options, row_payload, batches, wait_until=wait_until, block=block)
     if warm is not None:
         if held is not None:
-            held.release()
+            held.leave()
         return warm
     deps.warm.note_cold()
     late = deps.limits.gate.hold([admission_key(message)])[0] if held is None and hold_if_new else None
@@ -271,7 +261,7 @@ def dispatch_body(
         )
     finally:
         if late is not None:
-            late.release()
+            late.leave()
 
 
 def _dispatch_new(
@@ -293,7 +283,7 @@ def _dispatch_new(
     waited = _through_the_gate(message, deps, start_by, budgets=budgets, batch=batch, held=held)
     if waited is not None:
         return waited
-    booked = (lambda _start: held.release()) if held is not None else None
+    booked = (lambda _start: held.leave()) if held is not None else None
     for _ in range(20):
         shard = deps.limits.shards.choose()
         start = _begin(message, deps, options, batches, slot_shard=shard)
@@ -490,7 +480,7 @@ def _drop_warm(
         why[:300],
     )
     deps.metrics.count(WARM_DROPPED)
-    after = deps.ledger.rollouts.release_warm(
+    after = deps.ledger.rollouts.drop_warm(
         message.ref, session_id, next_session_id=message.session_id, hold_slot_until=stops.hold_until(deps)
     )
     if after is None:
@@ -531,7 +521,7 @@ def _held_on_budget(
     if spent is None or _running(message, deps):
         return False
     if held is not None:
-        held.release()
+        held.leave()
     budget.hold(message, deps)
     log.info("rollout %s/%s held: the %s budget is spent", message.batch_id, message.rollout_id, spent)
     return True
@@ -797,13 +787,13 @@ def _stop_late(message: RolloutMessage, deps: LifecycleDeps, wait_until: float, 
     confirmed, _ = stops.stop_session(session_id, deps, max(wait_until, deps.clock.monotonic() + 5))
     if not confirmed:  # the sweeper's outbox scan stops it later
         log.warning("session %s invoked after its rollout ended: its stop is filed in the outbox", session_id)
-        deps.ledger.rollouts.file_stop(message.ref, session_id)
+        deps.ledger.outbox.file_stop(message.ref, session_id)
         return Dispatch.STOPPED_LATE  # its slot, if held, is freed with the confirmed stop
     after = deps.ledger.rollouts.get_rollout(message.batch_id, message.input_id, message.index)
     if after is not None and session_id in after.held_slots:
         at = deps.now()
         charge = costing.session_charge(deps, after, session_id, confirmed=True, at=at)
-        deps.ledger.rollouts.free_stopped(after, session_id, spent_usd=charge, at=at)
+        deps.ledger.outbox.free_stopped(after, session_id, spent_usd=charge, at=at)
     return Dispatch.STOPPED_LATE
 
 

@@ -8,11 +8,12 @@ from rollout_pipeline import ids
 from rollout_pipeline.contracts import FailureReason
 from rollout_pipeline.ids import AttemptRef
 from rollout_pipeline.ledger.items import RolloutRecord, Terminal
-from rollout_pipeline.ledger.rollouts import DISPATCHED, FAILED, OUTBOX_PUBLISH
+from rollout_pipeline.ledger.outbox import OUTBOX_PUBLISH
+from rollout_pipeline.ledger.rollouts import DISPATCHED, FAILED
 from rollout_pipeline.lifecycle import costing, stops
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
-from rollout_pipeline.lifecycle.metrics import FAILED as FAILED_METRIC
-from rollout_pipeline.lifecycle.metrics import RETRIED, failed_metric
+from rollout_pipeline.metric_names import ESTIMATED_COST, RETRIED, failed_metric
+from rollout_pipeline.metric_names import FAILED as FAILED_METRIC
 
 MAX_ERROR_CHARS = 2000
 
@@ -40,15 +41,14 @@ def fail_rollout(
     (another delivery or worker already moved it: nothing changed)."""
     if rec is None and from_state is not None:
         rec = deps.ledger.rollouts.get_rollout(ref.batch_id, ref.input_id, ref.index)
-    now = costing.pricing_moment(deps)
-    cost = costing.terminal_cost(deps, rec, at=now, ended_at=now, session_started=session_started)
+    now = deps.now()
+    cost = costing.terminal_cost(deps, rec, at=now, session_started=session_started)
     outcome = Terminal(
         state=FAILED,
         finished_at=now,
         reason=reason.value,
         error=error[:MAX_ERROR_CHARS],
         cost=cost,
-        cost_at=now,
         session_started=session_started,
     )
     done = deps.ledger.rollouts.finish(
@@ -63,7 +63,7 @@ def fail_rollout(
     )
     if not done:
         return None
-    costing.counted(deps, cost)
+    deps.metrics.add(ESTIMATED_COST, cost.usd)
     deps.metrics.count(FAILED_METRIC)
     deps.metrics.count(failed_metric(reason.value))
     return deps.ledger.rollouts.get_rollout(ref.batch_id, ref.input_id, ref.index)

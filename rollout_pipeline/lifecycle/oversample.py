@@ -2,7 +2,7 @@
 `group_size` of them to end with a reward; the rest are surplus.
 
 A successful rollout of such a group is let into it by one conditional write on the group item
-(`BatchLedger.claim_kept`) before its event is published, so its `Rollout Completed` already says whether it is
+(`GroupLedger.claim_kept`) before its event is published, so its `Rollout Completed` already says whether it is
 surplus. Once the group is full, every rollout of it that has not ended is cancelled through the cancel path
 (`cancel.cancel_rollout`, reason `surplus`): a queued one is never dispatched (its dispatch finds it ended), a
 running one has its session stopped. The claim and the cancels run in the outbox drain of the rollout that filled
@@ -28,8 +28,8 @@ def claim(rec: RolloutRecord, group: GroupItem | None, deps: LifecycleDeps) -> G
     `group` unchanged (no write) for any other rollout."""
     if group is None or group.target is None or rec.state is not RolloutState.SUCCEEDED or rec.index in group.kept:
         return group
-    deps.ledger.batches.claim_kept(rec.batch_id, rec.input_id, rec.index, group.target)
-    return deps.ledger.batches.read_group(rec.batch_id, rec.input_id) or group
+    deps.ledger.groups.claim_kept(rec.batch_id, rec.input_id, rec.index, group.target)
+    return deps.ledger.groups.read_group(rec.batch_id, rec.input_id) or group
 
 
 def settle(group: GroupItem, deps: LifecycleDeps) -> GroupItem:
@@ -48,8 +48,8 @@ def settle(group: GroupItem, deps: LifecycleDeps) -> GroupItem:
         return (finished.timestamp() if finished is not None else float("inf"), index)
 
     for index in sorted(unclaimed, key=ended):
-        deps.ledger.batches.claim_kept(group.batch_id, group.input_id, index, group.target)
-    return deps.ledger.batches.read_group(group.batch_id, group.input_id) or group
+        deps.ledger.groups.claim_kept(group.batch_id, group.input_id, index, group.target)
+    return deps.ledger.groups.read_group(group.batch_id, group.input_id) or group
 
 
 def cancel_surplus(

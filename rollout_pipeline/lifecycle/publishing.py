@@ -20,21 +20,17 @@ from rollout_pipeline.contracts import INLINE_RESULT_BYTES, read_result, redact_
 from rollout_pipeline.details import batch_completion_detail, group_completion_detail, rollout_event, with_members
 from rollout_pipeline.feed.messages import QueuedGroup
 from rollout_pipeline.ledger.items import BatchView, GroupItem, RolloutRecord
-from rollout_pipeline.ledger.rollouts import (
-    OUTBOX_ENQUEUE,
-    OUTBOX_PUBLISH,
-    OUTBOX_STOP,
-)
+from rollout_pipeline.ledger.outbox import OUTBOX_ENQUEUE, OUTBOX_PUBLISH, OUTBOX_STOP
 from rollout_pipeline.lifecycle import oversample
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
-from rollout_pipeline.lifecycle.metrics import NOTIFICATION_LATENCY
+from rollout_pipeline.metric_names import NOTIFICATION_LATENCY
 
 # ------------------------------------------------------------------------------------------------------ outbox
 
 
 def retry_bodies(rec: RolloutRecord, deps: LifecycleDeps) -> list[str]:
     """The rollout-queue message of the rollout's current (queued) attempt, rebuilt from its group item."""
-    group = deps.ledger.batches.read_group(rec.batch_id, rec.input_id)
+    group = deps.ledger.groups.read_group(rec.batch_id, rec.input_id)
     if group is None:
         raise LookupError(f"group {rec.batch_id}/{rec.input_id} not found for the retry of {rec.index}")
     queued = QueuedGroup.of_item(
@@ -74,11 +70,11 @@ def completion_details(
     claimant = ids.rollout_id(rec.input_id, rec.index)
     options = batch.options if batch is not None else None
     if group is None:
-        group = deps.ledger.batches.read_group(rec.batch_id, rec.input_id)
+        group = deps.ledger.groups.read_group(rec.batch_id, rec.input_id)
     if group is not None:
         group = oversample.settle(group, deps)
         group_detail = group_completion_detail(group, options.policy_version if options else rec.policy_version)
-        if group_detail is not None and deps.ledger.batches.claim_group_event(rec.batch_id, rec.input_id, claimant):
+        if group_detail is not None and deps.ledger.groups.claim_group_event(rec.batch_id, rec.input_id, claimant):
             details.append(
                 with_members(group_detail, list(deps.ledger.rollouts.iter_rollouts(rec.batch_id, rec.input_id)))
             )
@@ -114,7 +110,7 @@ def drain(
 
     if not rec.outbox:
         return True
-    if not owner and not deps.ledger.rollouts.claim_outbox(rec):
+    if not owner and not deps.ledger.outbox.claim_outbox(rec):
         return False
     done: frozenset[str] = frozenset()
     try:
@@ -124,7 +120,7 @@ def drain(
         if OUTBOX_PUBLISH in rec.outbox:
             notified_at = deps.now()
             inline = _inline_result(rec, deps, result)
-            group = oversample.claim(rec, deps.ledger.batches.read_group(rec.batch_id, rec.input_id), deps)
+            group = oversample.claim(rec, deps.ledger.groups.read_group(rec.batch_id, rec.input_id), deps)
             details: list[Any] = [
                 rollout_event(rec, notified_at=notified_at, result=inline, prices=deps.prices, group=group)
             ]
@@ -141,14 +137,14 @@ def drain(
         done = rec.outbox & {OUTBOX_ENQUEUE, OUTBOX_PUBLISH}
         if OUTBOX_STOP in rec.outbox and rec.stop_sessions:
             if OUTBOX_ENQUEUE in done:  # recorded at once: a retry message sent again could invoke again
-                deps.ledger.rollouts.outbox_done(rec, done)
+                deps.ledger.outbox.outbox_done(rec, done)
             # A publish is recorded by the stops' own write (`finish_stops`: the write that frees the slot, or the
             # failed stop's re-filing), or by `return_outbox` if they raise.
             if stops:
                 stopping.finish_stops(rec, deps, wait_until)
             return True
-        deps.ledger.rollouts.clear_outbox(rec)
+        deps.ledger.outbox.clear_outbox(rec)
     except BaseException:
-        deps.ledger.rollouts.return_outbox(rec, done)
+        deps.ledger.outbox.return_outbox(rec, done)
         raise
     return True

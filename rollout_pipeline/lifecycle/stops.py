@@ -4,7 +4,7 @@ A transition that ends an attempt with a live session keeps the attempt's sessio
 session in the outbox (`stop`, `stop_sessions`) instead of stopping it first. `finish_stops` then stops each
 session through the limiter:
 
-- a confirmed stop frees the slot (`RolloutLedger.free_stopped`, once);
+- a confirmed stop frees the slot (`OutboxLedger.free_stopped`, once);
 - ResourceNotFound is confirmed only by a second NotFound (AgentCore has answered it while a session kept running);
 - a throttled, conflicting or failed stop counts `StopFailed` and is tried again at once, a few times
   (`PROMPT_RETRY_S`, within the caller's wait budget): AgentCore's failed stops are mostly transient, and a
@@ -27,10 +27,11 @@ from datetime import datetime, timedelta
 from typing import Final
 
 from rollout_pipeline import ids
+from rollout_pipeline.costs import SessionSpan
 from rollout_pipeline.ledger.items import RolloutRecord
 from rollout_pipeline.lifecycle import costing
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
-from rollout_pipeline.lifecycle.metrics import SESSIONS_OVERDUE, STOP_FAILED, STOPS_PENDING
+from rollout_pipeline.metric_names import SESSIONS_OVERDUE, STOP_FAILED, STOPS_PENDING
 from rollout_pipeline.ports import RuntimeRejected, RuntimeSessionNotFound, RuntimeThrottled
 
 log = logging.getLogger(__name__)
@@ -57,27 +58,30 @@ def hold_until(deps: LifecycleDeps, rec: RolloutRecord | None = None) -> int:
     return int(started.timestamp()) + deps.config.max_lifetime_s + HOLD_MARGIN_S
 
 
-def overdue_at(rec: RolloutRecord, session_id: str, deps: LifecycleDeps) -> int | None:
-    """When (epoch s) `session_id`, a session of `rec`, becomes overdue: its attempt's deadline plus
-    `session_grace_s`; None when its deadline is unknown."""
-    attempt = ids.session_attempt(session_id)
-    span = rec.span(attempt) if attempt is not None else None
+def _own_spans(rec: RolloutRecord) -> dict[str, SessionSpan]:
+    """The sessions of `rec` whose id names their attempt (every session but a warm one), by session id."""
+    by_attempt = {span.attempt: span for span in rec.spans}
+    sessions = rec.stop_sessions | rec.held_slots
+    return {sid: by_attempt[n] for sid in sessions if (n := ids.session_attempt(sid)) is not None and n in by_attempt}
+
+
+def overdue_at(span: SessionSpan | None, deps: LifecycleDeps) -> int | None:
+    """When (epoch s) the session of `span` becomes overdue: its attempt's deadline plus `session_grace_s`; None
+    when its deadline is unknown."""
     if span is None or span.due_at is None:
         return None
     return int((span.due_at + timedelta(seconds=deps.config.session_grace_s)).timestamp())
 
 
-def overdue(rec: RolloutRecord, session_id: str, deps: LifecycleDeps, now: datetime) -> bool:
-    """Whether `session_id` (a session of `rec` whose stop is pending) is alive past its attempt's deadline plus
+def overdue(span: SessionSpan | None, deps: LifecycleDeps, now: datetime) -> bool:
+    """Whether the session of `span` (whose stop is pending) is alive past its attempt's deadline plus
     `session_grace_s`: a runaway (its stop failed, or its result came late) the sweeper keeps stopping."""
-    at = overdue_at(rec, session_id, deps)
+    at = overdue_at(span, deps)
     return at is not None and now.timestamp() > at
 
 
-def _past_lifetime(rec: RolloutRecord, session_id: str, deps: LifecycleDeps, now: datetime) -> bool:
+def _past_lifetime(span: SessionSpan | None, deps: LifecycleDeps, now: datetime) -> bool:
     """The session has certainly ended: AgentCore ends every session `max_lifetime_s` after its start."""
-    attempt = ids.session_attempt(session_id)
-    span = rec.span(attempt) if attempt is not None else None
     if span is None:
         return False
     return now > span.started_at + timedelta(seconds=deps.config.max_lifetime_s + HOLD_MARGIN_S)
@@ -99,14 +103,15 @@ def finish_stops(rec: RolloutRecord, deps: LifecycleDeps, wait_until: float | No
     reaped = rec.held_until is not None and now >= rec.held_until
     not_found: list[str] = []
     sessions = sorted(rec.stop_sessions)
-    late = {sid for sid in sessions if overdue(rec, sid, deps, moment)}
+    spans = _own_spans(rec)
+    late = {sid for sid in sessions if overdue(spans.get(sid), deps, moment)}
     if late - rec.overdue:
         deps.metrics.count(SESSIONS_OVERDUE, len(late - rec.overdue))
     left: list[str] = []
     cleared = False
     for position, session_id in enumerate(sessions):
         confirmed = False
-        ended = reaped or _past_lifetime(rec, session_id, deps, moment)
+        ended = reaped or _past_lifetime(spans.get(session_id), deps, moment)
         if not ended and (rec.stop_tries < STOP_TRIES or session_id in late):
             confirmed, seen_not_found = _stop(session_id, rec, deps, wait_until)
             if seen_not_found and not confirmed:
@@ -116,26 +121,26 @@ def finish_stops(rec: RolloutRecord, deps: LifecycleDeps, wait_until: float | No
             last = not left and position == len(sessions) - 1  # nothing else pending: the entry goes too
             at = deps.now()
             charge = costing.session_charge(deps, rec, session_id, confirmed=confirmed, at=at)
-            deps.ledger.rollouts.free_stopped(
+            deps.ledger.outbox.free_stopped(
                 rec, session_id, clear_entry=last, confirmed=confirmed, spent_usd=charge, at=at
             )
             cleared = last
         else:
             left.append(session_id)
     if not left:
-        return cleared or deps.ledger.rollouts.clear_outbox(rec) or True
+        return cleared or deps.ledger.outbox.clear_outbox(rec) or True
     deps.metrics.sample(STOPS_PENDING, len(left))
     backoff = min(STOP_BACKOFF_S * 2**rec.stop_tries, STOP_BACKOFF_MAX_S)
     if any(sid in late for sid in left):
         next_epoch = now + backoff  # the runaway guard: never only waiting for the session's end
     elif rec.stop_tries + 1 >= STOP_TRIES and rec.held_until is not None:
         # no more calls: AgentCore ends the session by then; unless it becomes overdue first (the runaway guard)
-        moments = [due for sid in left if (due := overdue_at(rec, sid, deps)) is not None]
+        moments = [due for sid in left if (due := overdue_at(spans.get(sid), deps)) is not None]
         next_epoch = min([rec.held_until, *(moment + 1 for moment in moments)])
     else:
         next_epoch = now + backoff
     # The sweeper drains entries older than `outbox_age_s`: file it so that it is due at `next_epoch`.
-    deps.ledger.rollouts.note_stop_failed(
+    deps.ledger.outbox.note_stop_failed(
         rec,
         next_epoch=next_epoch - int(deps.outbox_age_s),
         not_found=not_found,

@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from rollout_pipeline import ids
 from rollout_pipeline.contracts import FailureReason, FileOptions
 from rollout_pipeline.ledger import keys
-from rollout_pipeline.ledger.batches import batch_options
 from rollout_pipeline.ledger.items import RolloutRecord
 from rollout_pipeline.ledger.rollouts import (
     DISPATCHED,
@@ -31,13 +30,13 @@ from rollout_pipeline.lifecycle.cancel import cancel_rollout
 from rollout_pipeline.lifecycle.completion import complete_if_written
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.failures import end_attempt
-from rollout_pipeline.lifecycle.metrics import (
+from rollout_pipeline.lifecycle.subscriptions import prune_gone
+from rollout_pipeline.metric_names import (
     ACCOUNT_SESSIONS_PERCENT,
     IN_FLIGHT,
     SWEEP_ERRORS,
     TIMED_OUT,
 )
-from rollout_pipeline.lifecycle.subscriptions import prune_gone
 from rollout_pipeline.observability import bind_log_ids, clear_log_ids
 
 log = logging.getLogger(__name__)
@@ -161,7 +160,7 @@ def _options(
 ) -> tuple[FileOptions, bool]:
     if batch_id not in cache:
         batch = deps.ledger.batches.read_batch(batch_id)
-        options = batch_options(batch) or FileOptions.defaults(deps.config)
+        options = (batch.options if batch is not None else None) or FileOptions.defaults(deps.config)
         cache[batch_id] = (options, batch is not None and batch.cancelled)
     return cache[batch_id]
 

@@ -34,8 +34,9 @@ from collections.abc import Callable
 from typing import Final
 
 from rollout_pipeline.config import ExperimentConfig
-from rollout_pipeline.ledger.items import RolloutRecord, WarmSession
+from rollout_pipeline.ledger.items import RolloutRecord
 from rollout_pipeline.ledger.warm import WarmLedger
+from rollout_pipeline.ledger.warm_items import WarmSession
 
 log = logging.getLogger(__name__)
 

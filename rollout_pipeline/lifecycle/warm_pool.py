@@ -50,20 +50,20 @@ from typing import Final, Protocol
 from rollout_pipeline import ids
 from rollout_pipeline.config import WARM_AUTO, warmup_payload
 from rollout_pipeline.contracts import parse_iso
-from rollout_pipeline.ledger.items import WarmPoolState, WarmSession, WarmState
 from rollout_pipeline.ledger.release import WindowState
 from rollout_pipeline.ledger.warm import ADDED, HALTED
+from rollout_pipeline.ledger.warm_items import WarmPoolState, WarmSession, WarmState
 from rollout_pipeline.lifecycle import budget, stops
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
-from rollout_pipeline.lifecycle.metrics import (
+from rollout_pipeline.lifecycle.warm import STALE_MARGIN_S
+from rollout_pipeline.limits.pacing import SESSION_PACE, InvokeBlock
+from rollout_pipeline.limits.slots import caps as slot_caps
+from rollout_pipeline.metric_names import (
     WARM_KEEPALIVES,
     WARM_POOL_SIZE,
     WARM_STOPPED_UNUSED,
     WARMED,
 )
-from rollout_pipeline.lifecycle.warm import STALE_MARGIN_S
-from rollout_pipeline.limits.pacing import SESSION_PACE, InvokeBlock
-from rollout_pipeline.limits.slots import caps as slot_caps
 from rollout_pipeline.ports import (
     RuntimeColdStart,
     RuntimeOutcomeUnknown,

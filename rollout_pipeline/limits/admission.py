@@ -242,7 +242,7 @@ class SlotGate:
         """Rollouts just received (their admission keys), before any of them is decided: they go on the board at
         once (one write), so a process deciding meanwhile ranks them. The first hold after `BOARD_STALE_S` with
         nothing in hand starts a burst: for `BOARD_SETTLE_S` this process lets nothing through (`settle_s`).
-        Release each returned `Held` once its rollout is past the gate (or never reaches it)."""
+        Each returned `Held` leaves the board once its rollout is past the gate (or never reaches it)."""
         if not keys:
             return []
         with self._cond:
@@ -254,7 +254,7 @@ class SlotGate:
             self._publish()
         return [Held(self, key) for key in keys]
 
-    def _release(self, key: str) -> None:
+    def _leave(self, key: str) -> None:
         with self._cond:
             self._held[key] -= 1
             if self._held[key] <= 0:
@@ -445,17 +445,17 @@ class SlotGate:
 
 
 class Held:
-    """One received rollout's place on the board until it is past the gate; `release` is idempotent."""
+    """One received rollout's place on the board until it is past the gate; `leave` is idempotent."""
 
     def __init__(self, gate: SlotGate, key: str) -> None:
         self.gate = gate
         self.key = key
-        self._released = False
+        self._left = False
 
-    def release(self) -> None:
-        if not self._released:
-            self._released = True
-            self.gate._release(self.key)
+    def leave(self) -> None:
+        if not self._left:
+            self._left = True
+            self.gate._leave(self.key)
 
 
 def jitter_poll_s() -> float:

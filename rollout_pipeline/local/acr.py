@@ -16,8 +16,9 @@ written the ART way (ending in `app.run()`) runs as it is, however many processe
 - isolation "shared": one process serves every session; `stop` is bookkeeping only (its work runs to the end).
   Cheaper, for tests of everything but stop.
 
-At capacity, sessions whose agent has answered `Healthy` (idle) for longer than `idle_timeout_s` are stopped (ACR's
-idle timeout); if none is, `invoke` raises `RuntimeThrottled` (ACR: ServiceQuotaExceededException).
+When it is full (`max_sessions` live), sessions whose agent has answered `Healthy` (idle) for longer than
+`idle_timeout_s` are stopped (ACR's idle timeout); if none is, `invoke` raises `RuntimeThrottled` (ACR:
+ServiceQuotaExceededException).
 
 The warm pool's warm-up invocations (`config.is_warmup_payload`) go to the session's process like any other and the
 agent host answers them itself; the stand-in counts them (`warmups`) and the rollouts that later run in a session
@@ -314,7 +315,7 @@ class LocalAgentRuntime:
         max_sessions: sessions (processes, in "process" isolation) alive at once.
         warm_processes: started spares kept ready ("process" isolation).
         isolation: "process" (one process per session) or "shared" (one process, stop is bookkeeping).
-        idle_timeout_s: at capacity, sessions idle (`Healthy`) longer than this are stopped.
+        idle_timeout_s: when full, sessions idle (`Healthy`) longer than this are stopped.
         startup_timeout_s / invoke_timeout_s: bounds on waiting for `/ping` (a process not ready by then fails its
             session's rollout: `RuntimeStartFailed`) and for `/invocations`.
         log_dir: where agent logs go (a temporary directory by default).
@@ -426,7 +427,7 @@ class LocalAgentRuntime:
     def invoke(self, session_id: str, payload: Mapping[str, Any]) -> None:
         """Start `payload` in session `session_id` (a new session gets its own agent process).
 
-        Raises `RuntimeThrottled` (no capacity, agent unreachable or answering 429/402/409/5xx) or `RuntimeRejected`
+        Raises `RuntimeThrottled` (full, agent unreachable or answering 429/402/409/5xx) or `RuntimeRejected`
         (bad session id or payload, agent answered 4xx/500)."""
         _validate_session_id(session_id)
         try:
@@ -515,8 +516,8 @@ class LocalAgentRuntime:
             existing = self._sessions.get(session_id)
             if existing is not None:
                 return existing, False
-            at_capacity = len(self._sessions) + self._reserved >= self.max_sessions
-        if at_capacity:
+            full = len(self._sessions) + self._reserved >= self.max_sessions
+        if full:
             self._reap_idle()
         with self._lock:
             if len(self._sessions) + self._reserved >= self.max_sessions:
@@ -610,8 +611,8 @@ class LocalAgentRuntime:
     def _fill_spares(self, wait: bool) -> None:
         with self._lock:
             missing = self.warm_processes - len(self._spares) - self._starting_spares
-            capacity = self.max_sessions - len(self._sessions) - self._reserved - len(self._spares)
-            count = max(0, min(missing, capacity - self._starting_spares))
+            room = self.max_sessions - len(self._sessions) - self._reserved - len(self._spares)
+            count = max(0, min(missing, room - self._starting_spares))
             self._starting_spares += count
         threads = [threading.Thread(target=self._start_spare, daemon=True) for _ in range(count)]
         for thread in threads:

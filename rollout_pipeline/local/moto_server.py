@@ -67,8 +67,8 @@ class SerializedServices:
             return list(self.app(environ, start_response))
 
 
-#: The moto release the patches below were written for (constraints.txt and pyproject pin it). They reach into
-#: moto's internals; under any other release `patch_moto` leaves moto as it is (correct, but slower as the ledger
+#: The moto version the patches below were written for (constraints.txt and pyproject pin it). They reach into
+#: moto's internals; under any other version `patch_moto` leaves moto as it is (correct, but slower as the ledger
 #: fills) and tests/integration/test_moto_patches.py fails until someone re-reads moto and updates this.
 PATCHED_MOTO_VERSION: Final = "5.2.5"
 
@@ -83,14 +83,14 @@ _unpatched_queries = threading.local()
 
 
 def moto_version() -> str:
-    """The installed moto release."""
+    """The installed moto version."""
     import moto
 
     return str(moto.__version__)
 
 
 def moto_patchable() -> bool:
-    """Whether the installed moto is the release the patches were written for."""
+    """Whether the installed moto is the version the patches were written for."""
     return moto_version() == PATCHED_MOTO_VERSION
 
 
@@ -159,7 +159,7 @@ def atomic_moto_receives() -> None:
     size during iteration` while another request changes the queue. Here each look at the queue (a receive without
     its wait) and each other change of its messages runs under one lock; a long poll waits for messages outside it,
     so a send is never held behind one. Idempotent; applies to in-process moto and to the moto server of this
-    process; a no-op (with a warning) on another moto release than `PATCHED_MOTO_VERSION`.
+    process; a no-op (with a warning) on another moto version than `PATCHED_MOTO_VERSION`.
     """
     from moto.sqs.models import SQSBackend
 
@@ -220,7 +220,7 @@ def cheap_moto_transactions() -> None:
     and put exactly those back when it fails (conditions, validation errors, anything), so a cancelled transaction
     still changes nothing; moto's own implementation does the rest (its cancellation reasons included).
     Idempotent; applies to in-process moto and to the moto server of this process; a no-op (with a warning) on
-    another moto release than `PATCHED_MOTO_VERSION`.
+    another moto version than `PATCHED_MOTO_VERSION`.
     """
     from moto.dynamodb import models
     from moto.dynamodb.models.dynamo_type import DynamoType
@@ -447,7 +447,7 @@ def indexed_moto_queries() -> None:
     index query from a bucket of the items whose value of the index's partition key matches, kept up to date on
     every write moto makes (PutItem, UpdateItem, DeleteItem and the writes in transactions, batches and PartiQL
     go through the hooked methods; a cancelled transaction's restored items are re-indexed) and built from the whole
-    table the first time an attribute is queried. Idempotent; a no-op (with a warning) on another moto release than
+    table the first time an attribute is queried. Idempotent; a no-op (with a warning) on another moto version than
     `PATCHED_MOTO_VERSION`.
     """
     from moto.dynamodb.models import DynamoDBBackend

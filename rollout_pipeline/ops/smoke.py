@@ -377,7 +377,7 @@ class Smoke:
             )
 
     def _sessions_stopped(self, batch_id: str) -> None:
-        from rollout_pipeline.ledger.rollouts import OUTBOX_STOP
+        from rollout_pipeline.ledger.outbox import OUTBOX_STOP
 
         deadline = self.clock() + STOP_GRACE_S
         pending: list[str] = []

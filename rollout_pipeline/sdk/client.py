@@ -476,7 +476,7 @@ class RolloutClient:
 
         `policy_version` overrides the client's for this batch (an async trainer's step at submission).
         Futures are registered right after the submission returns; an outcome that arrives earlier is read
-        again from the ledger (the client's own subscription) or released and delivered again (a queue given or
+        again from the ledger (the client's own subscription) or given back and delivered again (a queue given or
         the trainer queue): nothing is lost.
         """
         from rollout_pipeline.sdk.submission import validate_payloads

@@ -9,7 +9,7 @@ Two figures per batch:
   confirmed stop is exact, a stop still pending is priced as ending now, a session the pipeline gave up waiting
   for is priced to its bound (AgentCore's idle timeout or maximum lifetime).
 
-And for the experiment: its **spend**, the sum of every released session's cost (exact at its confirmed stop), which
+And for the experiment: its **spend**, the sum of every ended session's cost (exact at its confirmed stop), which
 is what a budget is held to, with the budget itself.
 """
 
@@ -68,7 +68,7 @@ class ExperimentCost:
     priced_as: str
     #: The region has no row in the price table: another region's prices are used (say so).
     fallback: bool
-    #: Every released session's cost (exact at its confirmed stop): what the budget is held to.
+    #: Every ended session's cost (exact at its confirmed stop): what the budget is held to.
     spent_usd: float
     budget_usd: float | None
     sessions_in_flight: int
@@ -98,8 +98,10 @@ def batch_cost(batch: BatchView, rollouts: Iterable[RolloutRecord], book: PriceB
     pending = bounded = 0
     for rec in rollouts:
         if not rec.spans:
-            if rec.cost_at is not None:  # ended without a session (cancelled or refused before one ran)
-                priced.append(price_rollout([], book, rec.cost_at))
+            # ended without a session (cancelled or refused before one ran): its figure as stored
+            stored = rec.stored_cost(book.label, local=book.local)
+            if stored is not None:
+                priced.append(stored)
             continue
         spans = list(rec.spans)
         for span in spans:
@@ -180,7 +182,7 @@ class Cost:
         self._exp = experiment
 
     def __call__(self, batch: str | None = None, *, limit: int = 20) -> ExperimentCost:
-        """What the experiment cost: its spend (every released session's cost, exact at its confirmed stop: what the
+        """What the experiment cost: its spend (every ended session's cost, exact at its confirmed stop: what the
         budget is held to) and budget, and per batch the sum its events carried and its rollouts priced again now.
         `batch`: that batch only; else the `limit` newest batches."""
         book = self._exp.price_book()

@@ -61,7 +61,7 @@ class Data:
         def rows() -> Iterator[dict[str, Any]]:
             for batch in batches:
                 yield from export_rows(
-                    groups=ledger.batches.groups(batch),
+                    groups=ledger.groups.batch_groups(batch),
                     rollouts=ledger.rollouts.batch_rollouts(batch),
                     prices=prices,
                     fetch_result=quiet_fetch(self._exp) if include_results else None,
@@ -160,7 +160,7 @@ class Data:
                 raise BatchNotFound(f"no batch {batch_id!r} in experiment {self._exp.name!r}")
             try:
                 return batch_stats(
-                    batch_id, ledger.batches.groups(batch_id), ks=pass_k, threshold=threshold, failures=failures
+                    batch_id, ledger.groups.batch_groups(batch_id), ks=pass_k, threshold=threshold, failures=failures
                 )
             except ValueError as exc:
                 raise SdkError(str(exc)) from None

@@ -22,7 +22,6 @@ from typing import Any, Final
 from rollout_pipeline import ids
 from rollout_pipeline.contracts import MAX_ABS_REWARD, RolloutCost, grpo_advantages, reward_stats, scalar_reward
 from rollout_pipeline.costs import PriceBook
-from rollout_pipeline.details import recorded_cost
 from rollout_pipeline.ledger.items import GroupItem, RolloutRecord, RolloutState
 
 #: The dataset schema's version: MAJOR changes when a column is removed, renamed or retyped; MINOR when one is added
@@ -177,7 +176,7 @@ def join_groups(
     groups: Iterable[GroupItem], rollouts: Iterable[RolloutRecord]
 ) -> Iterator[tuple[GroupItem, dict[int, RolloutRecord]]]:
     """Each group with its rollout items by index, from the two sorted streams of one batch (groups, then
-    rollouts, in sort-key order, as `ledger.batches.groups` and `ledger.rollouts.batch_rollouts` read them): one
+    rollouts, in sort-key order, as `ledger.groups.batch_groups` and `ledger.rollouts.batch_rollouts` read them): one
     pass over each, one group in memory. A rollout item without a group item (never written by the pipeline) is
     skipped."""
     pending = iter(rollouts)
@@ -201,11 +200,14 @@ def _seconds(start: datetime | None, end: datetime | None) -> float | None:
 
 def rollout_row(group: GroupItem, index: int, rec: RolloutRecord | None, prices: PriceBook | None = None) -> Row:
     """The dataset row of one rollout, from its group item and its rollout item (None: never dispatched), without
-    the result object's columns nor the group statistics (`group_rows` adds both); its cost priced with `prices` as
-    its event was (None: no cost columns' values)."""
+    the result object's columns nor the group statistics (`group_rows` adds both); its cost as its item stores it,
+    labelled with `prices` (None: no cost columns' values)."""
     succeeded = rec is not None and rec.state is RolloutState.SUCCEEDED
     failed = rec is not None and rec.state is RolloutState.FAILED
     turn_rewards = list(rec.rewards) if rec is not None and isinstance(rec.rewards, list) else None
+    cost = None
+    if rec is not None and rec.terminal and prices is not None:
+        cost = rec.stored_cost(prices.label, local=prices.local)
     return {
         "exp_id": group.exp_id,
         "batch_id": group.batch_id,
@@ -233,7 +235,7 @@ def rollout_row(group: GroupItem, index: int, rec: RolloutRecord | None, prices:
         "result_size": rec.result_size if rec is not None else None,
         "payload_json": _json_text(group.payload) if group.payload is not None else None,
         "payload_ref": group.payload_ref,
-        **cost_columns(recorded_cost(rec, prices) if rec is not None and rec.terminal and prices is not None else None),
+        **cost_columns(cost),
     }
 
 

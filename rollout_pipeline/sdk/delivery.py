@@ -3,11 +3,11 @@
 Delivery rules (see docs/sdk.md):
 
 - a message is deleted only once user code is done with it: the iterator advanced past it, the handler returned,
-  or the `with` block exited without an exception. A crash or an exception releases it (visibility 0), so it is
+  or the `with` block exited without an exception. A crash or an exception gives it back (visibility 0), so it is
   delivered again: nothing is lost;
 - every `event_id` is handed over once per process: a bounded LRU of acknowledged ids drops redeliveries and the
   duplicates at-least-once delivery produces (the duplicate message is deleted);
-- filters (batch id, detail types): a message that does not match is released for other consumers (visibility 0),
+- filters (batch id, detail types): a message that does not match is given back for other consumers (visibility 0),
   or deleted with `consume_others=True`. The trainer queue has one consumer: the trainer of every batch. A stream
   of some batches reads a private subscription of its own instead (`subscription.SubscribedStream`), so it never
   receives, and never wears out, other consumers' events.
@@ -92,7 +92,7 @@ class EventStream(Iterator[Event]):
 
         with experiment.events(batch_id=batch) as stream:
             for event in stream:
-                handle(event)          # raising here releases the event for redelivery
+                handle(event)          # raising here gives the event back for redelivery
 
     Stops after `timeout` seconds in total, after `max_events` events, or when `close()` is called.
     """
@@ -149,17 +149,17 @@ class EventStream(Iterator[Event]):
                         self._current = delivery
                         self._handed += 1
                         return delivery.event
-                self.release(delivery)  # closed while it was being received: delivered again later
+                self.redeliver(delivery)  # closed while it was being received: delivered again later
         self.close()
         raise StopIteration
 
     def next_delivery(self, budget_s: float | None) -> Delivery | None:
         """The next matching, not yet seen delivery, waiting at most `budget_s` (None: one long poll).
 
-        The caller owns the returned delivery: it must `ack` or `release` it. Returns None when the budget ran
+        The caller owns the returned delivery: it must `ack` or `redeliver` it. Returns None when the budget ran
         out (or the stream is closed) without a matching event. The stream's lock is not held while it waits:
         `close()` from another thread returns at once and ends a pause; a receive under way ends with its long
-        poll, and what it received is released.
+        poll, and what it received is given back.
         """
         start = self._clock()
         polls = 0
@@ -195,7 +195,7 @@ class EventStream(Iterator[Event]):
 
     def _receive(self, wait_s: int) -> list[Delivery] | None:
         """One receive, outside the lock, into the buffer; None when the stream was closed meanwhile (what it
-        received is released; a receive that failed because the close removed the queue is not an error)."""
+        received is given back; a receive that failed because the close removed the queue is not an error)."""
         if self._closed:
             return None
         try:
@@ -209,7 +209,7 @@ class EventStream(Iterator[Event]):
                 self._buffer.extend(received)
                 return received
         for delivery in received:
-            self._reader.release(delivery)
+            self._reader.redeliver(delivery)
         return None
 
     def _pause(self, seconds: float) -> None:
@@ -239,7 +239,7 @@ class EventStream(Iterator[Event]):
             self._backoff = 0.0
             return delivery
         if skipped:
-            # Only other consumers' messages (released again): back off instead of spinning on them.
+            # Only other consumers' messages (given back again): back off instead of spinning on them.
             self._backoff = min(max(self._backoff * 2, _IDLE_BACKOFF_MIN_S), _IDLE_BACKOFF_MAX_S)
         return None
 
@@ -249,9 +249,9 @@ class EventStream(Iterator[Event]):
             self._seen.add(delivery.event.event_id)
         self._reader.delete(delivery)
 
-    def release(self, delivery: Delivery) -> None:
+    def redeliver(self, delivery: Delivery) -> None:
         """Not done: make the message visible again so it is delivered again."""
-        self._reader.release(delivery)
+        self._reader.redeliver(delivery)
 
     def ack_duplicate(self, delivery: Delivery) -> None:
         """Delete a second copy of an event whose first copy is still held (not yet confirmed)."""
@@ -262,7 +262,7 @@ class EventStream(Iterator[Event]):
             self._reader.delete(delivery)
         else:
             # Visibility is global in SQS: hiding it longer would hide it from its rightful consumer too.
-            self._reader.release(delivery)
+            self._reader.redeliver(delivery)
 
     def _ack_current(self) -> None:
         if self._current is not None:
@@ -290,7 +290,7 @@ class EventStream(Iterator[Event]):
 
     def close(self, *, ack_current: bool = False) -> None:
         """Stop: the last handed event is acknowledged only with `ack_current=True` (else redelivered);
-        received but not yet handed messages are released at once."""
+        received but not yet handed messages are given back at once."""
         self._closed = True  # first, without the lock: a waiting `next_delivery` stops at its next look
         self._closing.set()
         with self._lock:
@@ -299,9 +299,9 @@ class EventStream(Iterator[Event]):
                     self._ack_current()
                 else:
                     current, self._current = self._current, None
-                    self.release(current)
+                    self.redeliver(current)
             while self._buffer:
-                self._reader.release(self._buffer.popleft())
+                self._reader.redeliver(self._buffer.popleft())
 
     def __enter__(self) -> EventStream:
         return self

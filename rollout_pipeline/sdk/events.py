@@ -2,7 +2,7 @@
 topic (streams of pushed events, GRPO groups, taps, what the ledger rebuilds), with `exp.subscriptions` (the private
 subscriptions on the experiment bus).
 
-The code of the classes lives in one module per concern: `transport` (envelopes; SQS receive, delete, release),
+The code of the classes lives in one module per concern: `transport` (envelopes; SQS receive, delete, redeliver),
 `delivery` (the delivery rules: `EventStream`, `EventFilter`, `SeenIds`), `groups` (GRPO groups and advantages),
 `aio` (asyncio views), `subscription` (private subscriptions) and `replay` (events rebuilt from the ledger).
 """
@@ -250,7 +250,6 @@ class Events:
         `skip`: input ids the trainer already handled (checkpointed). `include_results`: inline each successful
         rollout's result object (one S3 GET per rollout). Raises `BatchNotFound` for an unknown batch.
         """
-        from rollout_pipeline.ledger.batches import batch_options
         from rollout_pipeline.sdk.replay import group_events
 
         skipped = set(skip)
@@ -261,8 +260,8 @@ class Events:
             batch = ledger.batches.read_batch(batch_id)
             if batch is None:
                 raise BatchNotFound(f"no batch {batch_id!r} in experiment {self._exp.name!r}")
-            options = batch_options(batch)
-            for group_item in ledger.batches.groups(batch_id):
+            options = batch.options
+            for group_item in ledger.groups.batch_groups(batch_id):
                 if group_item.input_id in skipped or not group_item.complete:
                     continue
                 rollouts, completed = group_events(

@@ -24,7 +24,6 @@ from typing import IO, TYPE_CHECKING, Any, Final
 from rollout_pipeline import ids
 from rollout_pipeline.contracts import iso
 from rollout_pipeline.costs import PriceBook
-from rollout_pipeline.details import recorded_cost
 from rollout_pipeline.ledger.items import GroupItem, RolloutRecord
 from rollout_pipeline.sdk._aws import aws_errors
 from rollout_pipeline.sdk.dataset import (
@@ -99,7 +98,7 @@ ROLLOUT_FIELDS = (
 
 
 def _cost(rec: RolloutRecord, prices: PriceBook | None) -> dict[str, Any] | None:
-    cost = None if prices is None else recorded_cost(rec, prices)
+    cost = None if prices is None else rec.stored_cost(prices.label, local=prices.local)
     return None if cost is None else cost.model_dump()
 
 
@@ -182,7 +181,7 @@ def batch_groups(
 ) -> Iterator[GroupRead]:
     """Each group of a batch as dataset rows, in input-id order, with its result objects read `workers` at a time
     (`fetch`; None: no result columns), a chunk of about `chunk_rollouts` rollouts ahead at most."""
-    joined = join_groups(ledger.batches.groups(batch_id), ledger.rollouts.batch_rollouts(batch_id))
+    joined = join_groups(ledger.groups.batch_groups(batch_id), ledger.rollouts.batch_rollouts(batch_id))
     with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="export") as pool:
         for chunk in _chunks(joined, chunk_rollouts):
             wanted = [

@@ -139,7 +139,7 @@ class GroupStream(Iterator[Group]):
             delivery = self._stream.next_delivery(budget)  # `close()` from another thread ends this wait
             with self._lock:
                 if delivery is not None and self._stream.closed:
-                    self._stream.release(delivery)
+                    self._stream.redeliver(delivery)
                 elif delivery is not None:
                     self._take(delivery)
                     continue
@@ -220,7 +220,7 @@ class GroupStream(Iterator[Group]):
             self._buffered -= len(dropped)
 
     def close(self, *, ack_current: bool = False) -> None:
-        """Stop; parked groups and (unless `ack_current`) the last yielded group are released for redelivery.
+        """Stop; parked groups and (unless `ack_current`) the last yielded group are given back for redelivery.
         Returns at once when another thread is waiting for the next group (it then stops)."""
         with self._lock:
             if self._current is not None:
@@ -228,9 +228,9 @@ class GroupStream(Iterator[Group]):
                 if ack_current:
                     self._stream.ack(current)
                 else:
-                    self._stream.release(current)
+                    self._stream.redeliver(current)
             for delivery, _detail, _deadline in self._parked.values():
-                self._stream.release(delivery)
+                self._stream.redeliver(delivery)
             self._parked.clear()
         self._stream.close()
 

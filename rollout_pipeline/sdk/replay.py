@@ -121,7 +121,9 @@ def batch_events(
         yield ledger_event(accepted)
     if wanted & {*_ROLLOUT_TYPES, DetailType.GROUP_COMPLETED}:
         policy_version = batch.options.policy_version if batch.options else None
-        for group, members in join_groups(ledger.batches.groups(batch_id), ledger.rollouts.batch_rollouts(batch_id)):
+        for group, members in join_groups(
+            ledger.groups.batch_groups(batch_id), ledger.rollouts.batch_rollouts(batch_id)
+        ):
             rollouts, completed = group_events(
                 group,
                 members.values(),
@@ -226,5 +228,5 @@ class CatchUpStream(EventStream):
         with self._lock:
             self._pending = None
             while self._held:
-                self._reader.release(self._held.pop())
+                self._reader.redeliver(self._held.pop())
         super().close(ack_current=ack_current)

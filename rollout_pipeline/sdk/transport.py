@@ -1,4 +1,4 @@
-"""The trainer queue as the SDK sees it: EventBridge envelopes parsed into `Event`s, and receive / delete / release
+"""The trainer queue as the SDK sees it: EventBridge envelopes parsed into `Event`s, and receive / delete / redeliver
 of SQS messages (`QueueReader`)."""
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def _warn_no_reward_signal(detail: BatchCompleted) -> None:
 @dataclass
 class Delivery:
     """A received message: its receipt handle and the event it carries (None: not a pipeline event). An empty
-    receipt: an event that came from elsewhere than a queue (the ledger); deleting or releasing it does nothing."""
+    receipt: an event that came from elsewhere than a queue (the ledger); deleting or redelivering it does nothing."""
 
     receipt: str
     event: Event | None
@@ -103,7 +103,7 @@ class Delivery:
 
 
 class QueueReader:
-    """Receive / delete / release on one SQS queue. Stale receipt handles are tolerated (logged, not raised)."""
+    """Receive / delete / redeliver on one SQS queue. Stale receipt handles are tolerated (logged, not raised)."""
 
     def __init__(self, aws: AwsClients, queue_url: str, *, visibility_s: int | None = None) -> None:
         self.aws = aws
@@ -135,7 +135,7 @@ class QueueReader:
     def delete(self, delivery: Delivery) -> None:
         self._call("delete_message", delivery)
 
-    def release(self, delivery: Delivery, after_s: int = 0) -> None:
+    def redeliver(self, delivery: Delivery, after_s: int = 0) -> None:
         """Make the message visible again at once (for another consumer, or a retry), or after `after_s`."""
         self._call("change_message_visibility", delivery, VisibilityTimeout=after_s)
 

@@ -9,7 +9,7 @@ from typing import Any
 from rollout_pipeline import warm_cost
 from rollout_pipeline.config import ExperimentConfig
 from rollout_pipeline.costs import PriceBook
-from rollout_pipeline.ledger.items import WarmPoolState, WarmSession, WarmState
+from rollout_pipeline.ledger.warm_items import WarmPoolState, WarmSession, WarmState
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ One event stream per experiment, shared by every instance in every worker proces
 process attaches once per configuration (`attached`): one SDK `RolloutClient` whose single dispatcher thread
 long-polls the process's own subscription queue (a bus rule matching only this process's batches, `art-{token}-*`)
 and resolves the waiting futures by (batch, input, index); each `event_id` is handed over once. No process ever
-receives another's events, so nothing is released and re-received, and nothing reaches a dead-letter queue for it.
+receives another's events, so nothing is given back and re-received, and nothing reaches a dead-letter queue for it.
 See docs/trainers.md for how that scales and for the veRL / slime configuration.
 """
 
@@ -168,9 +168,9 @@ def attached(config: BackendConfig) -> _Attached:
     """This process's attachment for `config`, made on first use.
 
     With `private_queue` (the default), the process subscribes its own SQS queue to the experiment bus with a rule
-    matching only its batches (`art-{process token}-*`), so worker processes never receive, release and re-receive
+    matching only its batches (`art-{process token}-*`), so worker processes never receive, give back and re-receive
     each other's events (each receive counts toward the queue's redrive limit). Otherwise the experiment's trainer
-    queue is read, and other consumers' events are released to them (fine for one process).
+    queue is read, and other consumers' events are given back to them (fine for one process).
     """
     key = config.key()
     with _lock:

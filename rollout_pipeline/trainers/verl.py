@@ -1,7 +1,7 @@
 """verl's agent gateway route: the pipeline as the `agent_runner` of verl's `OpenAICompatibleAgentFramework`.
 
 verl's framework (`verl/experimental/agent_framework`, with its gateway `verl/experimental/agent_gateway`; not in a
-verl release yet: docs/trainers.md) runs each sample as a gateway session: it creates the session, awaits
+verl version yet: docs/trainers.md) runs each sample as a gateway session: it creates the session, awaits
 `agent_runner(raw_prompt=..., session=SessionHandle(session_id, base_url), sample_index=...)`, optionally waits for
 `POST /sessions/{id}/complete`, then finalizes the session's trajectory (the gateway recorded the token ids, masks
 and log-probs of every `/sessions/{id}/v1/chat/completions` call) and scores it with its `reward_fn`.

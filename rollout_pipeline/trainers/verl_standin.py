@@ -2,7 +2,7 @@
 
 verl's `OpenAICompatibleAgentFramework` (`verl/experimental/agent_framework/framework.py`) and its gateway
 (`verl/experimental/agent_gateway/gateway.py`) exist only in pull requests of github.com/verl-project/verl (#5926,
-head cc53db79eb38e7b381682d5c0e0a055ff3df6328, April 2026; moved to `verl/agent/` in #6299): the release on the
+head cc53db79eb38e7b381682d5c0e0a055ff3df6328, April 2026; moved to `verl/agent/` in #6299): the version on the
 package index (verl 0.9.1) ships neither, and its main branch had not merged them. This module follows their
 interface and control flow, written anew (no verl code), so the route (`trainers.verl`) is driven the way verl
 would drive it:

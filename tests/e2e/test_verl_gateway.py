@@ -1,5 +1,5 @@
 """verl's gateway route, end to end: `python examples/verl_gateway.py --local --json` drives a batch through local
-mode (agent processes, the example math agent) with verl's framework and gateway (the stand-in: no verl release ships
+mode (agent processes, the example math agent) with verl's framework and gateway (the stand-in: no verl version ships
 them), and every sample completes through the gateway's `/complete` with the pipeline's own `reward_info`; the
 sample whose agent fails is excluded (no reward, not trained), never scored 0."""
 

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from rollout_pipeline.capacity import LEDGER_CEILING_SESSIONS_S, ceiling_warnings
+from rollout_pipeline.ceilings import LEDGER_CEILING_SESSIONS_S, ceiling_warnings
 from rollout_pipeline.config import ExperimentConfig
 
 
@@ -25,4 +25,3 @@ def test_a_session_rate_above_the_ceiling_warns() -> None:
 def test_a_tps_limit_above_what_the_ceiling_needs_warns() -> None:
     (warning,) = ceiling_warnings(config(tps_limit=int(2 * LEDGER_CEILING_SESSIONS_S) + 1))
     assert warning.startswith("tps_limit")
-

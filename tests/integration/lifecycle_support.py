@@ -16,10 +16,11 @@ from rollout_pipeline.fakes.acr import FakeAgentRuntime
 from rollout_pipeline.ledger import keys
 from rollout_pipeline.ledger.items import BatchView
 from rollout_pipeline.ledger.ledger import Ledger
-from rollout_pipeline.lifecycle.completion import CompletionResult, complete_records
+from rollout_pipeline.lifecycle.completion import Completion, complete_records
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
-from rollout_pipeline.lifecycle.dispatch import DispatchResult, dispatch_records
+from rollout_pipeline.lifecycle.dispatch import Dispatch, dispatch_records
 from rollout_pipeline.local.resources import ExperimentResources
+from rollout_pipeline.sqs_batch import BatchOutcome
 from tests.doubles import ShiftedClock
 
 #: A dispatch wait budget for tests that expect the dispatch to go through: the session budget is paced (a call
@@ -183,7 +184,9 @@ def release(queue_url: str, records: Sequence[Mapping[str, Any]]) -> None:
         sqs.change_message_visibility(QueueUrl=queue_url, ReceiptHandle=record["receiptHandle"], VisibilityTimeout=0)
 
 
-def dispatch_once(resources: ExperimentResources, deps: LifecycleDeps, wait_s: float = PACED_WAIT_S) -> DispatchResult:
+def dispatch_once(
+    resources: ExperimentResources, deps: LifecycleDeps, wait_s: float = PACED_WAIT_S
+) -> BatchOutcome[Dispatch]:
     import time
 
     records = receive_records(resources.rollout_queue_url)
@@ -192,7 +195,7 @@ def dispatch_once(resources: ExperimentResources, deps: LifecycleDeps, wait_s: f
     return result
 
 
-def complete_once(resources: ExperimentResources, deps: LifecycleDeps) -> CompletionResult:
+def complete_once(resources: ExperimentResources, deps: LifecycleDeps) -> BatchOutcome[Completion]:
     records = receive_records(resources.completion_queue_url)
     result = complete_records(records, deps)
     ack(resources.completion_queue_url, records, result.failures)

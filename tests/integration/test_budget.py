@@ -21,6 +21,7 @@ from rollout_pipeline.lifecycle.sweeper import sweep
 from rollout_pipeline.local.resources import ExperimentResources
 from rollout_pipeline.metric_names import BUDGET_HELD, BUDGET_USED_PERCENT
 from tests.conftest import REGION
+from tests.doubles import ShiftedClock
 from tests.integration.conftest import queue_depth
 from tests.integration.lifecycle_support import (
     by_type,
@@ -32,7 +33,7 @@ from tests.integration.lifecycle_support import (
     send,
     trainer_events,
 )
-from tests.integration.test_costs import CPU_USD_PER_S, MEMORY_USD_PER_S, PIPELINE_USD, StepClock
+from tests.integration.test_costs import CPU_USD_PER_S, MEMORY_USD_PER_S, PIPELINE_USD
 
 pytestmark = [pytest.mark.usefixtures(moto_lock.__name__), pytest.mark.timing]
 
@@ -41,14 +42,17 @@ ROLLOUT_USD = 60 * MEMORY_USD_PER_S + 1.0 * CPU_USD_PER_S + PIPELINE_USD
 USAGE = {"_rollout_usage": {"cpu_s": 1.0, "rollouts": 1}}
 
 
-def budget_deps(resources: ExperimentResources, clock: StepClock, **settings: object) -> LifecycleDeps:
+def budget_deps(resources: ExperimentResources, clock: ShiftedClock, **settings: object) -> LifecycleDeps:
     fake = FakeAgentRuntime(behaviour=AgentBehaviour(extra=USAGE))
-    # the session rate and call rate do not bind here: a round starts what the free slots allow
-    limits = {"max_sessions": 5, "session_rate_limit": 1000, "tps_limit": 1000, **settings}
+    # the session rate and call rate do not bind here: a round starts what the free slots allow. A result's write
+    # time is its S3 event's (real time) while the test's clock runs 60 s a round ahead of it: the idle timeout is
+    # the longest, so a session's bound (its result's write plus the idle timeout) never falls before its start
+    # and every rollout costs its 60 s, however many rounds pass before it runs.
+    limits = {"max_sessions": 5, "session_rate_limit": 1000, "tps_limit": 1000, "idle_timeout_s": 28_800, **settings}
     return make_deps(resources, fake, clock=clock, limits=limits, budget_recheck_s=0)  # type: ignore[arg-type]
 
 
-def one_round(resources: ExperimentResources, deps: LifecycleDeps, clock: StepClock) -> Counter[Dispatch]:
+def one_round(resources: ExperimentResources, deps: LifecycleDeps, clock: ShiftedClock) -> Counter[Dispatch]:
     """One dispatcher pass over the queue (up to the free slots, the rest held or waiting), 60 s, the results.
     It stops receiving once every slot is taken: the rest would only wait at the gate and be re-sent."""
     outcomes: Counter[Dispatch] = Counter()
@@ -68,7 +72,7 @@ def one_round(resources: ExperimentResources, deps: LifecycleDeps, clock: StepCl
 def test_a_spent_budget_pauses_dispatch_and_raising_it_completes_the_batch_exactly_once(
     resources: ExperimentResources,
 ) -> None:
-    clock = StepClock()
+    clock = ShiftedClock(frozen=True)
     budget = 14.5 * ROLLOUT_USD  # runs out after about 15 rollouts
     deps = budget_deps(resources, clock, budget_usd=budget)
     inputs = {f"q{i:02d}": {"i": i} for i in range(10)}
@@ -153,7 +157,7 @@ def test_held_rollouts_do_not_count_toward_max_limit_wait(resources: ExperimentR
         hangs = inv.payload["_rollout"]["input_id"] == "blocker"
         return AgentBehaviour(kind="hang" if hangs else "success", extra=USAGE)
 
-    clock = StepClock()
+    clock = ShiftedClock(frozen=True)
     fake = FakeAgentRuntime(behaviour=behaviour)
     limits = {"max_sessions": 1, "max_limit_wait_s": 60}
     deps = make_deps(resources, fake, clock=clock, limits=limits, budget_recheck_s=0)  # type: ignore[arg-type]
@@ -180,7 +184,7 @@ def test_held_rollouts_do_not_count_toward_max_limit_wait(resources: ExperimentR
 
 
 def test_a_batch_budget_holds_that_batch_only(resources: ExperimentResources) -> None:
-    clock = StepClock()
+    clock = ShiftedClock(frozen=True)
     deps = budget_deps(resources, clock, max_sessions=1)  # one rollout at a time: each sees the batch's cost so far
     ledger = Ledger.open(resources.table_name)
     send(resources, seed_batch(resources, batch_id="capped", inputs={"a": {}, "b": {}}, group_size=2))
@@ -223,7 +227,7 @@ def test_a_rollout_that_waited_for_a_slot_looks_at_the_budget_again(
 
     from rollout_pipeline.lifecycle.dispatch import dispatch_body
 
-    clock = StepClock()
+    clock = ShiftedClock(frozen=True)
     deps = budget_deps(resources, clock, max_sessions=1, budget_usd=0.9 * ROLLOUT_USD)  # spent by the first
     first, second = seed_batch(resources, batch_id="waits", inputs={"a": {}, "b": {}}, group_size=1)
     assert dispatch_body(first.model_dump_json(), deps, wait_until=time.monotonic() + 5) is Dispatch.INVOKED

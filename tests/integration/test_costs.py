@@ -5,17 +5,19 @@ confirmed stops. Local mode's runtime: labelled as what the run would cost on Ag
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from dataclasses import replace
+from datetime import timedelta
 
 import pytest
 
 from rollout_pipeline.contracts import BatchCompleted, GroupCompleted, RolloutCompleted, RolloutFailed
+from rollout_pipeline.details import rollout_event
 from rollout_pipeline.fakes.acr import AgentBehaviour, FakeAgentRuntime, FakeInvocation
 from rollout_pipeline.ledger.ledger import Ledger
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.local.resources import ExperimentResources
 from rollout_pipeline.metric_names import ESTIMATED_COST
-from rollout_pipeline.ports import SystemClock
+from tests.doubles import ShiftedClock
 from tests.integration.lifecycle_support import (
     by_type,
     complete_once,
@@ -35,19 +37,6 @@ CPU_USD_PER_S = 0.0895 / 3600
 PIPELINE_USD = 28.62e-6
 
 
-class StepClock(SystemClock):
-    """Wall time that stands still until the test moves it (`advance`): durations are exactly what it sets."""
-
-    def __init__(self) -> None:
-        self.at = datetime.now(UTC).replace(microsecond=0)
-
-    def now(self) -> datetime:
-        return self.at
-
-    def advance(self, seconds: float) -> None:
-        self.at += timedelta(seconds=seconds)
-
-
 def measured(cpu_by_index: dict[int, float]) -> object:
     """Agents whose host reports `cpu_by_index[index]` CPU seconds (the rest report nothing: bounded CPU)."""
 
@@ -60,7 +49,7 @@ def measured(cpu_by_index: dict[int, float]) -> object:
 
 
 def test_each_rollout_costs_what_the_price_table_says_for_its_durations(resources: ExperimentResources) -> None:
-    clock = StepClock()
+    clock = ShiftedClock(frozen=True)
     fake = FakeAgentRuntime(behaviour=measured({0: 12.5, 1: 4.0}))  # type: ignore[arg-type]
     deps = make_deps(resources, fake, clock=clock)  # type: ignore[arg-type]
     messages = seed_batch(resources, batch_id="cost-1", inputs={"a": {"q": 1}, "b": {"q": 2}}, group_size=2)
@@ -107,8 +96,8 @@ def test_each_rollout_costs_what_the_price_table_says_for_its_durations(resource
     ledger = Ledger.open(resources.table_name)
     for rec in ledger.rollouts.batch_rollouts("cost-1"):
         (span,) = rec.spans
-        assert span.started_at == clock.at - timedelta(seconds=30)
-        assert span.stopped_at == clock.at
+        assert span.started_at == clock.now() - timedelta(seconds=30)
+        assert span.stopped_at == clock.now()
         assert span.idle
         assert span.cpu_s in (12.5, 4.0)
     in_flight, spent = ledger.limits.slots_and_spend()
@@ -117,7 +106,7 @@ def test_each_rollout_costs_what_the_price_table_says_for_its_durations(resource
 
 
 def test_without_a_measurement_the_cpu_is_bounded_and_said_so(resources: ExperimentResources) -> None:
-    clock = StepClock()
+    clock = ShiftedClock(frozen=True)
     deps = make_deps(resources, FakeAgentRuntime(), clock=clock)  # type: ignore[arg-type]
     send(resources, seed_batch(resources, batch_id="cost-2", inputs={"a": {"q": 1}}, group_size=1))
     dispatch_once(resources, deps)
@@ -134,12 +123,42 @@ def test_without_a_measurement_the_cpu_is_bounded_and_said_so(resources: Experim
     assert cost.cpu_s == pytest.approx(max(0.0, min(busy_s, 10)) * 2, abs=1e-3)
 
 
+def test_the_event_carries_the_cost_the_terminal_transition_stored(resources: ExperimentResources) -> None:
+    """Priced once: the terminal transition stores its figure on the rollout item, and an event built from the item
+    later (a replay), at other prices and after the session's stop, carries that figure unchanged."""
+    clock = ShiftedClock(frozen=True)
+    deps = make_deps(resources, FakeAgentRuntime(), clock=clock)  # type: ignore[arg-type]
+    send(resources, seed_batch(resources, batch_id="cost-once", inputs={"a": {"q": 1}}, group_size=1))
+    dispatch_once(resources, deps)
+    clock.advance(20)
+    complete_once(resources, deps)
+    events = trainer_events(resources)
+    (detail,) = by_type(events, "Rollout Completed")
+    published = RolloutCompleted.model_validate(detail).cost
+    assert published is not None
+    rec = next(Ledger.open(resources.table_name).rollouts.batch_rollouts("cost-once"))
+    assert "cost" in rec.stored
+    assert "cost_at" not in rec.stored
+    assert len(rec.stored["cost"]) <= 120, "the rollout item stays under 1 KB"
+    (span,) = rec.spans
+    assert span.stopped_at is not None  # confirmed after the event: the stored figure still says "estimated"
+    dearer = replace(deps.prices, vcpu_hour_usd=deps.prices.vcpu_hour_usd * 10, gb_hour_usd=1.0, local=False)
+    clock.advance(3600)
+    rebuilt = rollout_event(rec, notified_at=None, prices=dearer).cost
+    assert rebuilt is not None
+    assert rebuilt.model_dump(exclude={"priced_as", "local"}) == published.model_dump(exclude={"priced_as", "local"})
+    assert rebuilt.priced_as == dearer.label
+    (batch,) = [BatchCompleted.model_validate(d) for d in by_type(events, "Batch Completed")]
+    assert batch.cost is not None
+    assert batch.cost.usd == published.usd
+
+
 def test_a_timed_out_attempt_is_priced_with_the_retry_that_succeeded(
     resources: ExperimentResources, deps: LifecycleDeps
 ) -> None:
     from rollout_pipeline.lifecycle.sweeper import sweep
 
-    clock = StepClock()
+    clock = ShiftedClock(frozen=True)
     calls: list[int] = []
 
     def first_hangs(inv: FakeInvocation) -> AgentBehaviour:
@@ -166,7 +185,8 @@ def test_a_timed_out_attempt_is_priced_with_the_retry_that_succeeded(
 
 
 def test_a_refused_invoke_costs_no_session(resources: ExperimentResources) -> None:
-    deps = make_deps(resources, FakeAgentRuntime(behaviour=AgentBehaviour(kind="reject")), clock=StepClock())  # type: ignore[arg-type]
+    refusing = FakeAgentRuntime(behaviour=AgentBehaviour(kind="reject"))
+    deps = make_deps(resources, refusing, clock=ShiftedClock(frozen=True))  # type: ignore[arg-type]
     send(resources, seed_batch(resources, batch_id="cost-4", inputs={"a": {"q": 1}}, group_size=1))
     dispatch_once(resources, deps)
     (detail,) = by_type(trainer_events(resources), "Rollout Failed")
@@ -197,7 +217,7 @@ def test_a_session_whose_stops_keep_failing_is_stopped_once_overdue_counted_and_
     profile = AcrProfile(stop_failure_share=1.0, stop_failures_in_a_row=10_000, stop_failure_kinds=("conflict",))
     usage = {"_rollout_usage": {"cpu_s": 1.0, "rollouts": 1}}
     fake = FakeAgentRuntime(behaviour=AgentBehaviour(extra=usage), profile=profile)
-    clock = StepClock()
+    clock = ShiftedClock(frozen=True)
     settings = {"rollout_timeout_s": 60, "session_grace_s": 600, "max_lifetime_s": 3600, "idle_timeout_s": 900}
     deps = make_deps(resources, fake, clock=clock, limits=settings)  # type: ignore[arg-type]
     send(resources, seed_batch(resources, batch_id="runaway", inputs={"a": {}}, group_size=1, rollout_timeout_s=60))
@@ -225,8 +245,8 @@ def test_a_session_whose_stops_keep_failing_is_stopped_once_overdue_counted_and_
     assert not rec.stop_sessions
     assert not rec.held_slots
     (span,) = rec.spans
-    assert span.stopped_at == clock.at
-    lived = (clock.at - span.started_at).total_seconds()
+    assert span.stopped_at == clock.now()
+    lived = (clock.now() - span.started_at).total_seconds()
     assert lived == 12 * 50 + 70 + 61
     in_flight, spent = ledger.limits.slots_and_spend()
     assert in_flight == 0

@@ -190,7 +190,7 @@ def test_several_batches_and_every_batch_stream_row_group_by_row_group(
     ledger = experiment.wiring().ledger()
     consumed: list[str] = []
     flushed_after: list[int] = []
-    groups = ledger.batches.groups
+    groups = ledger.groups.batch_groups
 
     def counted_groups(batch_id: str) -> Iterator[Any]:
         for group in groups(batch_id):
@@ -205,7 +205,7 @@ def test_several_batches_and_every_batch_stream_row_group_by_row_group(
         original_flush(self)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(ledger.batches, "groups", counted_groups)
+        patch.setattr(ledger.groups, "batch_groups", counted_groups)
         patch.setattr(parquet.ParquetFileWriter, "_flush", flush)
         streamed = write_dataset(
             ledger,

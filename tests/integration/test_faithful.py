@@ -172,7 +172,7 @@ def test_cancel_and_ingest_checkpoints_retry_conflicts_on_the_batch_item(
 
 
 def _end(ledger: RolloutLedger, batch_id: str, input_id: str, index: int, reward: float | None = None) -> None:
-    """A terminal transaction as completion or cancel writes it (no item yet: no slot to release)."""
+    """A terminal transaction as completion or cancel writes it (no item yet: no slot to free)."""
     outcome = (
         Terminal(state=SUCCEEDED, finished_at=datetime(2026, 1, 1, tzinfo=UTC), reward=reward)
         if reward is not None

@@ -30,7 +30,8 @@ from rollout_pipeline.feed.feed import Feed
 from rollout_pipeline.ingest import Ingestion, IngestPorts, IngestTuning
 from rollout_pipeline.ledger import keys
 from rollout_pipeline.ledger.attributes import item_values, to_attribute_value
-from rollout_pipeline.ledger.batches import BatchLedger, GroupSpec
+from rollout_pipeline.ledger.batches import BatchLedger
+from rollout_pipeline.ledger.groups import GroupSpec
 from rollout_pipeline.ledger.items import BatchView, GroupItem
 from rollout_pipeline.ledger.ledger import Ledger
 from rollout_pipeline.local.resources import ExperimentResources
@@ -723,7 +724,7 @@ def test_create_groups_classifies_conflicts_by_line_even_without_returned_items(
     resources: ExperimentResources,
 ) -> None:
     client = ReasonsWithoutItems(clients.client("dynamodb"))
-    ledger = Ledger.open(resources.table_name, client, sleep=lambda _s: None).batches
+    ledger = Ledger.open(resources.table_name, client, sleep=lambda _s: None).groups
     first = ledger.create_groups(
         exp_id="test-exp", batch_id="b-1", groups=[GroupSpec("a", 1, 2, "{}"), GroupSpec("b", 2, 2, "{}")]
     )
@@ -743,13 +744,13 @@ def test_create_groups_classifies_conflicts_by_line_even_without_returned_items(
 def test_create_groups_splits_transactions_at_one_hundred_items(resources: ExperimentResources) -> None:
     client = ReasonsWithoutItems(clients.client("dynamodb"))
     client.transactions = 1  # no injected conflict
-    ledger = Ledger.open(resources.table_name, client).batches
+    ledger = Ledger.open(resources.table_name, client).groups
     result = ledger.create_groups(
         exp_id="test-exp", batch_id="b-2", groups=[GroupSpec(f"g{i}", i + 1, 1, "{}") for i in range(205)]
     )
     assert len(result.created) == 205
     assert client.transactions == 1 + 3
-    assert len(list(ledger.groups("b-2"))) == 205
+    assert len(list(ledger.batch_groups("b-2"))) == 205
 
 
 def test_group_completion_detail() -> None:

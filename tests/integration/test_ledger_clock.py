@@ -10,7 +10,8 @@ from rollout_pipeline.contracts import FileOptions, RolloutMessage
 from rollout_pipeline.ledger import keys
 from rollout_pipeline.ledger.items import RolloutRecord, RolloutState, Terminal
 from rollout_pipeline.ledger.ledger import Ledger
-from rollout_pipeline.ledger.rollouts import DISPATCHED, OUTBOX_PUBLISH, DispatchStart
+from rollout_pipeline.ledger.outbox import OUTBOX_PUBLISH
+from rollout_pipeline.ledger.rollouts import DISPATCHED, DispatchStart
 from rollout_pipeline.local.resources import ExperimentResources
 from tests.doubles import ManualClock
 from tests.integration.lifecycle_support import ledger_item, seed_batch

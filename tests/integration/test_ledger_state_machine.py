@@ -1,5 +1,5 @@
 """The rollout state machine against DynamoDB semantics (moto), driven by Hypothesis: any interleaving of
-dispatches, invokes, releases, results, timeouts and cancels, with stale and duplicated attempts, keeps the
+dispatches, invokes, undone dispatches, results, timeouts and cancels, with stale and duplicated attempts, keeps the
 ledger consistent with a simple model: one terminal transition at most, counters once, slot held iff dispatched."""
 
 from __future__ import annotations
@@ -18,14 +18,8 @@ from rollout_pipeline.ledger import keys
 from rollout_pipeline.ledger.attributes import item_values
 from rollout_pipeline.ledger.items import RolloutRecord, Terminal
 from rollout_pipeline.ledger.ledger import Ledger
-from rollout_pipeline.ledger.rollouts import (
-    DISPATCHED,
-    FAILED,
-    OUTBOX_PUBLISH,
-    QUEUED,
-    SUCCEEDED,
-    DispatchStart,
-)
+from rollout_pipeline.ledger.outbox import OUTBOX_PUBLISH
+from rollout_pipeline.ledger.rollouts import DISPATCHED, FAILED, QUEUED, SUCCEEDED, DispatchStart
 from rollout_pipeline.local.resources import ExperimentResources
 
 INPUT = "q"
@@ -128,7 +122,7 @@ def make_machine(resources: ExperimentResources) -> type[RuleBasedStateMachine]:
                 self.invoked = True
 
         @rule(attempt=attempts)
-        def release_after_throttling(self, attempt: int) -> None:
+        def undo_after_throttling(self, attempt: int) -> None:
             ok = self.ledger.undo_dispatch(ids.AttemptRef(self.batch, INPUT, INDEX, attempt))
             expected = self.state == DISPATCHED and self.attempt == attempt and not self.invoked
             assert ok == expected

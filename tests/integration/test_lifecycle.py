@@ -124,7 +124,7 @@ def test_happy_path_through_the_lambda_handlers(
     assert batch.reward_mean == pytest.approx(1.5 / 4)
     assert len(events) == 4 + 2 + 1
 
-    # ART-compatible payload; sessions stopped; slots released; nothing left pending.
+    # ART-compatible payload; sessions stopped; slots freed; nothing left pending.
     payload = fake.payloads[q1_1.session_id]
     assert payload["prompt"] == "one"
     rollout = payload["_rollout"]

@@ -91,7 +91,7 @@ def test_an_agent_that_cannot_start_fails_the_rollout_at_once_and_its_session_is
     assert list(dispatch_once(resources, deps).outcomes.values()) == [Dispatch.START_FAILED]
     sid = ids.session_id("test-exp", BATCH, "a", 0, 1)
     assert [(c.session_id, c.outcome) for c in fake.invocations()] == [(sid, "cannot_start")]
-    assert sid in fake.stopped  # the microVM was made: stopped, its slot released on the confirmed stop
+    assert sid in fake.stopped  # the microVM was made: stopped, its slot freed on the confirmed stop
     assert in_flight(resources) == 0
     (failed,) = by_type(trainer_events(resources), "Rollout Failed")
     assert failed["reason"] == "agent_error"
@@ -109,7 +109,7 @@ def test_cold_start_given_up_ends_the_attempt_and_stops_its_session(resources: E
     send(resources, seed_batch(resources, batch_id=BATCH, inputs={"a": {}}, group_size=1, max_attempts=2))
     assert list(dispatch_once(resources, deps).outcomes.values()) == [Dispatch.COLD_START_FAILED]
     sid1 = ids.session_id("test-exp", BATCH, "a", 0, 1)
-    assert sid1 in fake.stopped  # given up on: stopped, its slot released on the confirmed stop
+    assert sid1 in fake.stopped  # given up on: stopped, its slot freed on the confirmed stop
     assert in_flight(resources) == 0
     item = rollout_item(resources, BATCH, "a", 0)
     assert item is not None

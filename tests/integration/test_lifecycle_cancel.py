@@ -1,5 +1,5 @@
 """Cancel: queued rollouts are never dispatched, running ones are stopped, every rollout of the batch ends once
-as `Rollout Failed` (cancelled) with its events, slots are released; cancelling again changes nothing."""
+as `Rollout Failed` (cancelled) with its events, slots are freed; cancelling again changes nothing."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ import pytest
 from rollout_pipeline import ids
 from rollout_pipeline.fakes.acr import AgentBehaviour, FakeAgentRuntime
 from rollout_pipeline.ledger import keys
-from rollout_pipeline.ledger.rollouts import OUTBOX_LEASE_S
+from rollout_pipeline.ledger.outbox import OUTBOX_LEASE_S
 from rollout_pipeline.lifecycle import stops
 from rollout_pipeline.lifecycle.completion import Completion, complete_records, handle_result_event
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
@@ -279,7 +279,7 @@ def test_publish_succeeded_but_outbox_not_cleared_republishes_same_event_id(
     # write of its own), and before anything can give the entry back.
     crash = lambda *args, **kwargs: (_ for _ in ()).throw(RuntimeError("crash"))  # noqa: E731
     monkeypatch.setattr(stops, "finish_stops", crash)
-    monkeypatch.setattr(deps.ledger.rollouts, "return_outbox", crash)
+    monkeypatch.setattr(deps.ledger.outbox, "return_outbox", crash)
     records = receive_records(resources.rollout_queue_url)
     dispatch_records(records, deps, wait_until=paced_until())
     completions = receive_records(resources.completion_queue_url)

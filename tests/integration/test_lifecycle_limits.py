@@ -102,7 +102,7 @@ def test_full_session_limit_requeues_fresh_and_never_dead_letters(
     assert_no_dead_letters(resources)
 
     # Slot refill: every waiting message was dispatched within its budget as slots freed (none re-sent again), and
-    # every invoke after the first two follows a stop (a slot release).
+    # every invoke after the first two follows a stop (a slot freed).
     assert [sorted(outcomes.values()) for outcomes in refill] == [[Dispatch.INVOKED] * 4]
     invokes = [c.at for c in fake.invocations()][2:]
     stops = sorted(c.at for c in fake.stops())

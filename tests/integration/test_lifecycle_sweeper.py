@@ -15,7 +15,8 @@ from rollout_pipeline.contracts import RolloutMessage
 from rollout_pipeline.fakes import faithful
 from rollout_pipeline.fakes.acr import AgentBehaviour, Behaviour, FakeAgentRuntime
 from rollout_pipeline.ledger import keys
-from rollout_pipeline.ledger.rollouts import OUTBOX_ENQUEUE, OUTBOX_STOP, RolloutRecord
+from rollout_pipeline.ledger.outbox import OUTBOX_ENQUEUE, OUTBOX_STOP
+from rollout_pipeline.ledger.rollouts import RolloutRecord
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.dispatch import Dispatch, dispatch_records
 from rollout_pipeline.lifecycle.stops import PROMPT_RETRY_S
@@ -210,24 +211,13 @@ def test_stop_bookkeeping_retries_a_transaction_holding_the_rollout_item(
         aws_profile.conflict_rate = 1.0  # the item is hot: the next two writes on it conflict
         return rec
 
-    deps.ledger.rollouts.outbox_done(held(), frozenset({OUTBOX_ENQUEUE}))
+    deps.ledger.outbox.outbox_done(held(), frozenset({OUTBOX_ENQUEUE}))
     assert ledger_item(resources, keys.rollout_key(BATCH, "a", 0))["outbox"] == {OUTBOX_STOP}
-    deps.ledger.rollouts.note_stop_failed(held(), next_epoch=1)
+    deps.ledger.outbox.note_stop_failed(held(), next_epoch=1)
     assert ledger_item(resources, keys.rollout_key(BATCH, "a", 0))["stop_tries"] == 1
-    assert deps.ledger.rollouts.free_stopped(held(), sid)
+    assert deps.ledger.outbox.free_stopped(held(), sid)
     assert "stop_sessions" not in ledger_item(resources, keys.rollout_key(BATCH, "a", 0))
     assert aws_profile.stats.plain_conflicts >= 6
-
-
-class SlowSweepClock(ShiftedClock):
-    """The system clock, its monotonic time moved forward by `monotonic_offset` (each expiry "takes" some)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.monotonic_offset = 0.0
-
-    def monotonic(self) -> float:
-        return super().monotonic() + self.monotonic_offset
 
 
 def test_a_sweep_stops_at_its_deadline_and_the_next_one_goes_on(
@@ -239,7 +229,7 @@ def test_a_sweep_stops_at_its_deadline_and_the_next_one_goes_on(
     from rollout_pipeline.lifecycle import sweeper
     from tests.integration.lifecycle_support import make_deps
 
-    clock = SlowSweepClock()
+    clock = ShiftedClock()
     deps = make_deps(resources, fake, clock=clock)
     send(resources, seed_batch(resources, batch_id=BATCH, inputs={"a": {}, "b": {}, "c": {}}, max_attempts=2))
     assert Counter(dispatch_once(resources, deps).outcomes.values()) == {Dispatch.INVOKED: 6}

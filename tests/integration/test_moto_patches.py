@@ -1,4 +1,4 @@
-"""local/moto_server's moto patches: the moto release they were written for, and the same answers as moto's own.
+"""local/moto_server's moto patches: the moto version they were written for, and the same answers as moto's own.
 
 `indexed_moto_queries` answers Query from a partition or an index bucket instead of a sort of the whole table;
 every query here runs twice on the same data, patched and through `unpatched_queries()` (moto's own code), and
@@ -52,7 +52,7 @@ def new_table(ddb: Any) -> str:
     return name
 
 
-# ------------------------------------------------------------------------------------------- the moto release
+# ------------------------------------------------------------------------------------------- the moto version
 
 
 def test_moto_is_the_release_the_patches_were_written_for() -> None:

@@ -1,5 +1,5 @@
 """The outbox's writes: a completed rollout's publish and its entry are recorded by the writes the stops make
-anyway (the slot's release, a failed stop's re-filing), and every guarantee holds under the faithful profile: one
+anyway (freeing the slot, a failed stop's re-filing), and every guarantee holds under the faithful profile: one
 terminal state, one event (again only after a crash), every session stopped, its slot held until then."""
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from rollout_pipeline.contracts import RolloutCost, iso
 from rollout_pipeline.fakes.acr import FakeAgentRuntime
 from rollout_pipeline.ledger import keys
 from rollout_pipeline.ledger.items import Terminal
-from rollout_pipeline.ledger.rollouts import DISPATCHED, OUTBOX_PUBLISH, OUTBOX_STOP, DispatchStart
+from rollout_pipeline.ledger.outbox import OUTBOX_PUBLISH, OUTBOX_STOP
+from rollout_pipeline.ledger.rollouts import DISPATCHED, DispatchStart
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.stops import hold_until
 from rollout_pipeline.lifecycle.sweeper import sweep
@@ -83,7 +84,7 @@ def test_a_completion_reads_the_rollout_item_once_and_writes_it_twice(
     complete_once(resources, deps)
 
     # One read (not a second one after the terminal transaction: `finish_dispatched`), the terminal transaction,
-    # then the slot's release with the entry's clear: no write for the publish, no separate clear (before: 2
+    # then the slot freed with the entry's clear: no write for the publish, no separate clear (before: 2
     # reads and 4 writes, `outbox_done` and `clear_outbox` on their own).
     assert requests == Counter({"read": 1, "transaction": 2})
     item = ledger_item(resources, ROLLOUT_KEY)
@@ -106,7 +107,7 @@ def test_a_failed_stop_keeps_the_slot_and_the_publish_is_not_repeated(
 ) -> None:
     """A stop that fails (throttled: re-filed by `note_stop_failed`; an unexpected error: the entry given back by
     `return_outbox`) takes the publish out of the entry in that same write: the sweeper's later pass stops the
-    session and releases its slot, and publishes nothing again."""
+    session and frees its slot, and publishes nothing again."""
     one_rollout(resources)
     dispatch_once(resources, deps)
     error = RuntimeThrottled("StopRuntimeSession: ThrottlingException") if failure == "throttled" else OSError("x")
@@ -139,7 +140,7 @@ def test_a_failed_stop_keeps_the_slot_and_the_publish_is_not_repeated(
     assert sweep(deps).outbox_drained == 0
 
 
-def test_a_slot_release_meant_to_clear_the_entry_leaves_a_newer_entry(
+def test_a_slot_freed_meant_to_clear_the_entry_leaves_a_newer_entry(
     resources: ExperimentResources, fake: FakeAgentRuntime, deps: LifecycleDeps, clock: ShiftedClock
 ) -> None:
     """`free_stopped(clear_entry=True)` on an entry that moved on (a later attempt ended meanwhile, adding its
@@ -187,8 +188,8 @@ def test_a_slot_release_meant_to_clear_the_entry_leaves_a_newer_entry(
     )
     assert slots_in_flight(resources) == 2
 
-    assert rollouts.free_stopped(old_entry, sid1, clear_entry=True)
-    assert not rollouts.free_stopped(old_entry, sid1, clear_entry=True)  # once
+    assert deps.ledger.outbox.free_stopped(old_entry, sid1, clear_entry=True)
+    assert not deps.ledger.outbox.free_stopped(old_entry, sid1, clear_entry=True)  # once
 
     assert slots_in_flight(resources) == 1
     item = ledger_item(resources, ROLLOUT_KEY)

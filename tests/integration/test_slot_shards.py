@@ -25,7 +25,7 @@ def _take(limits: LimitLedger, max_sessions: int, shard: int) -> bool:
     return limits.table.transact([limits.take_slot(max_sessions, shard)], attempts=1) is None
 
 
-def _release(limits: LimitLedger, holder: str) -> None:
+def _free(limits: LimitLedger, holder: str) -> None:
     assert limits.table.transact([limits.free_slot(holder)], attempts=1) is None
 
 
@@ -35,7 +35,7 @@ def test_takes_and_releases_on_any_counter_never_hold_more_than_max_sessions(res
     held: list[str] = []
     for step in range(400):
         if held and rng.random() < 0.45:
-            _release(limits, held.pop(rng.randrange(len(held))))  # given back on the holder's counter, not the taker's
+            _free(limits, held.pop(rng.randrange(len(held))))  # given back on the holder's counter, not the taker's
         elif _take(limits, max_sessions, rng.randrange(keys.SESSION_SHARDS)):
             held.append(f"holder-{step}")
         assert limits.in_flight() == len(held) <= max_sessions

@@ -17,7 +17,8 @@ from rollout_pipeline import ids
 from rollout_pipeline.config import is_warmup_payload
 from rollout_pipeline.contracts.attempts import attempt_token
 from rollout_pipeline.fakes.acr import AcrProfile, AgentBehaviour, FakeAgentRuntime
-from rollout_pipeline.ledger.items import RolloutRecord, WarmState
+from rollout_pipeline.ledger.items import RolloutRecord
+from rollout_pipeline.ledger.warm_items import WarmState
 from rollout_pipeline.lifecycle.cancel import cancel_batch
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.dispatch import Dispatch
@@ -48,23 +49,14 @@ pytestmark = pytest.mark.usefixtures(moto_lock.__name__)
 KEY = b"k" * 32
 
 
-class FakeTime:
+@pytest.fixture
+def acr_time() -> ShiftedClock:
     """The fake AgentCore's own clock (its idle timeout), moved by the test."""
-
-    def __init__(self) -> None:
-        self.offset = 0.0
-
-    def __call__(self) -> float:
-        return time.time() + self.offset
+    return ShiftedClock()
 
 
 @pytest.fixture
-def acr_time() -> FakeTime:
-    return FakeTime()
-
-
-@pytest.fixture
-def fake(acr_time: FakeTime) -> Iterator[FakeAgentRuntime]:
+def fake(acr_time: ShiftedClock) -> Iterator[FakeAgentRuntime]:
     runtime = FakeAgentRuntime(behaviour=AgentBehaviour(rewards=1.0), profile=AcrProfile(), clock=acr_time)
     yield runtime
     runtime.close()
@@ -225,7 +217,7 @@ def test_while_rollouts_take_warm_sessions_the_pool_does_not_refill(
 
 
 def test_a_rollout_whose_warm_session_idled_out_and_restarts_succeeds_on_its_first_attempt(
-    resources: ExperimentResources, fake: FakeAgentRuntime, acr_time: FakeTime
+    resources: ExperimentResources, fake: FakeAgentRuntime, acr_time: ShiftedClock
 ) -> None:
     """AgentCore reaped the warm session (its idle timeout, by its own clock) and, as a public measurement saw, an
     invoke of the ended id starts a new microVM under it and answers 200 (docs/aws-facts.md): the rollout runs in
@@ -234,7 +226,7 @@ def test_a_rollout_whose_warm_session_idled_out_and_restarts_succeeds_on_its_fir
     deps = warm_deps(resources, fake, warm=1)
     WarmPool(deps).tick(budget_s=10)
     (warm,) = pool_sessions(deps)
-    acr_time.offset += 901
+    acr_time.advance(901)
     send(resources, seed_batch(resources, inputs={"q1": {}}, group_size=1))
     assert list(dispatch_once(resources, deps).outcomes.values()) == [Dispatch.WARM]
     assert [(c.session_id, c.outcome) for c in fake.invocations() if not c.warmup] == [(warm, "started")]
@@ -248,14 +240,14 @@ def test_a_rollout_whose_warm_session_idled_out_and_restarts_succeeds_on_its_fir
 
 @pytest.mark.parametrize("death", ["idled_out", "not_found", "failed_keep_alive"])
 def test_a_rollout_whose_warm_session_died_succeeds_on_its_first_attempt(
-    resources: ExperimentResources, fake: FakeAgentRuntime, acr_time: FakeTime, death: str
+    resources: ExperimentResources, fake: FakeAgentRuntime, acr_time: ShiftedClock, death: str
 ) -> None:
     clock = ShiftedClock()
     deps = warm_deps(resources, fake, warm=1, clock=clock)
     WarmPool(deps).tick(budget_s=10)
     (warm,) = pool_sessions(deps)
     if death == "idled_out":  # AgentCore reaped it (its idle timeout, by its own clock) and answers NotFound
-        acr_time.offset += 901
+        acr_time.advance(901)
     elif death == "not_found":  # AgentCore lost it
         fake.lose(warm)
     else:  # its keep-alive went unanswered, and then AgentCore reaped it before the pool knew

@@ -101,19 +101,19 @@ def test_a_burst_is_on_the_board_from_receipt_and_its_first_decision_waits_for_t
     assert not early.must_queue("k1#0")
     assert late.must_queue("k5#0")
     for held in early_holds:
-        held.release()  # past the gate: off the board
+        held.leave()  # past the gate: off the board
     wall["t"] += BOARD_READ_S  # the late dispatcher's cached view of the board expires
     assert not late.must_queue("k5#0")
     for held in late_holds:
-        held.release()
-        held.release()  # idempotent
+        held.leave()
+        held.leave()  # idempotent
     assert ledger.items == {}
     # A process that kept rollouts in hand (gaps under BOARD_STALE_S) does not settle again; one idle longer does.
     clock["t"] += 1.0
     again = late.hold(["k7#0"])
     assert not late.must_queue("k7#0")
-    again[0].release()
+    again[0].leave()
     clock["t"] += BOARD_STALE_S + 0.1
     after_idle = late.hold(["k8#0"])
     assert late.must_queue("k8#0")
-    after_idle[0].release()
+    after_idle[0].leave()

@@ -89,12 +89,12 @@ def test_threads_map_to_stages(bench: ModuleType) -> None:
     assert bench.stage_of("Thread-7") == "other"
 
 
-def test_capacity_units_follow_the_cost_method(bench: ModuleType) -> None:
-    assert bench.capacity_units("UpdateItem", ["rollout R#*"]) == (1.0, 0.0)
-    assert bench.capacity_units("TransactWriteItems", ["rollout R#*", "LIMIT/SESSIONS#*"]) == (4.0, 0.0)
-    assert bench.capacity_units("GetItem", ["rollout R#*"]) == (0.0, 1.0)
-    assert bench.capacity_units("Query", ["query B"]) == (0.0, 1.0)
-    assert bench.capacity_units("BatchGetItem", ["group G#*", "group G#*"]) == (0.0, 2.0)
+def test_request_units_follow_the_cost_method(bench: ModuleType) -> None:
+    assert bench.request_units("UpdateItem", ["rollout R#*"]) == (1.0, 0.0)
+    assert bench.request_units("TransactWriteItems", ["rollout R#*", "LIMIT/SESSIONS#*"]) == (4.0, 0.0)
+    assert bench.request_units("GetItem", ["rollout R#*"]) == (0.0, 1.0)
+    assert bench.request_units("Query", ["query B"]) == (0.0, 1.0)
+    assert bench.request_units("BatchGetItem", ["group G#*", "group G#*"]) == (0.0, 2.0)
 
 
 def test_all_in_cost_prices_what_the_pipeline_does_not_call_itself(bench: ModuleType) -> None:

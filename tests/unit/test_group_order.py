@@ -55,10 +55,13 @@ class Ledger:
 
     release: MemoryReleaseLedger
     batches: Any
+    groups: Any
 
 
 @dataclass
 class Batches:
+    """The batch view and the group items (`Ledger.batches` and `Ledger.groups`: one double serves both)."""
+
     groups: MemoryGroups
     view: BatchView
 
@@ -95,7 +98,7 @@ def simulate(
     chunk = [groups.add("batch-1", f"g{line}", line, SIZE, CREATED) for line in range(1, GROUPS + 1)]
     batches = Batches(groups, view)
     queue = ShufflingQueue(seed)
-    feed = Feed(Ledger(MemoryReleaseLedger(), batches), queue, settings)  # type: ignore[arg-type]
+    feed = Feed(Ledger(MemoryReleaseLedger(), batches, batches), queue, settings)  # type: ignore[arg-type]
     if not free_sessions_rule:
         feed.releases.slots = None
     feed.submit(view, chunk)

@@ -151,3 +151,26 @@ def test_unit_tests_need_no_aws_stand_in() -> None:
     ]
     assert found == []
     assert AWS_STAND_INS.search("def test_x(resources: ExperimentResources) -> None:")
+
+
+#: The other meanings "capacity" and "release" once had (docs/CONTRIBUTING.md, "Names"): each keeps one.
+OTHER_MEANINGS = re.compile(
+    r"\bat capacity\b|\bno capacity\b|\bcapacity units?\b|\bcapacity\.py\b"
+    r"|\bslots? (?:is |are |was )?releas|\breleas\w* (?:its|the|a) slot\b|\breleased sessions?\b|\bslot'?s? release\b"
+    r"|\b(?:moto|CDK|verl|Node(?:\.js)?) releases?\b|\breleased? \(visibility",
+    re.IGNORECASE,
+)
+
+
+def test_capacity_and_release_mean_one_thing() -> None:
+    texts = [*python_files(*DOCUMENTED), *sorted((REPO / "docs").glob("*.md")), REPO / "README.md"]
+    found = [
+        f"{path.relative_to(REPO)}:{number}: {match.group(0)!r}"
+        for path in texts
+        if path.name != Path(__file__).name
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1)
+        for match in OTHER_MEANINGS.finditer(line)
+    ]
+    assert found == []
+    assert OTHER_MEANINGS.search("the slot is released once the stop is confirmed")
+    assert not OTHER_MEANINGS.search("the release window released 8 rollouts")

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from rollout_pipeline.ledger import retry
-from rollout_pipeline.ledger.table import LedgerError, LedgerTable
+from rollout_pipeline.ledger.retry import LedgerError
+from rollout_pipeline.ledger.table import LedgerTable
 from tests.doubles import ManualClock
 
 

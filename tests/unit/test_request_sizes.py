@@ -5,14 +5,14 @@ from __future__ import annotations
 import json
 
 from rollout_pipeline.adapters.eventbridge import PUT_EVENTS_MAX_BYTES, entry_size, put_events_batches
-from rollout_pipeline.ledger.batches import TRANSACTION_MAX_BYTES, GroupSpec
+from rollout_pipeline.ledger.groups import TRANSACTION_MAX_BYTES, GroupSpec
 from rollout_pipeline.ledger.ledger import Ledger
 
 
 def test_group_transactions_stay_under_the_limit_in_utf8_bytes() -> None:
     payload = json.dumps({"text": "€" * 30_000}, ensure_ascii=False)  # 30k characters, 90k bytes
     groups = [GroupSpec(f"g{i}", i + 1, 1, payload_json=payload) for i in range(100)]
-    chunks = list(Ledger.open("t").batches._transaction_chunks("exp", "batch", groups))
+    chunks = list(Ledger.open("t").groups._transaction_chunks("exp", "batch", groups))
     assert len(chunks) > 1
     for chunk in chunks:
         assert sum(len((g.payload_json or "").encode()) for g, _ in chunk) <= TRANSACTION_MAX_BYTES

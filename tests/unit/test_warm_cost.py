@@ -11,7 +11,7 @@ import pytest
 from rollout_pipeline import warm_cost
 from rollout_pipeline.config import ExperimentConfig
 from rollout_pipeline.costs import PriceBook
-from rollout_pipeline.ledger.items import WarmPoolState, WarmSession, WarmState
+from rollout_pipeline.ledger.warm_items import WarmPoolState, WarmSession, WarmState
 from rollout_pipeline.local.demo import DemoResult, _count_warm
 from rollout_pipeline.sdk.warm import WarmPoolStatus
 

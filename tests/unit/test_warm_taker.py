@@ -7,8 +7,9 @@ from __future__ import annotations
 import random
 
 from rollout_pipeline.config import ExperimentConfig
-from rollout_pipeline.ledger.items import WarmSession, WarmState
+from rollout_pipeline.ledger.warm_items import WarmSession, WarmState
 from rollout_pipeline.lifecycle.warm import DEMAND_NOTE_S, EMPTY_RECHECK_S, MAX_TRIES, WarmTaker
+from tests.doubles import ManualClock
 
 NOW = 1_000_000.0
 
@@ -32,15 +33,7 @@ class FakePool:
         return self.idle.pop(session.session_id, None) is not None
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
-def taker(pool: FakePool, clock: Clock, seed: int) -> WarmTaker:
+def taker(pool: FakePool, clock: ManualClock, seed: int) -> WarmTaker:
     config = ExperimentConfig(name="exp", warm_sessions=len(pool.idle) or 1)
     return WarmTaker(pool, config, wall=lambda: NOW, monotonic=clock, rng=random.Random(seed))  # type: ignore[arg-type]
 
@@ -62,11 +55,11 @@ def test_a_burst_from_five_processes_takes_every_warm_session() -> None:
     """1,024 rollouts, 1,024 warm sessions, five dispatcher processes interleaved: every rollout starts warm (before:
     a rotation from a random start in each process ran into the others' runs and gave up after 3 collisions, and
     a view that ran out was not read again for 2 s)."""
-    pool, clock = FakePool(1024), Clock()
+    pool, clock = FakePool(1024), ManualClock()
     processes = [taker(pool, clock, seed) for seed in range(5)]
     warm = 0
     for i in range(1024):
-        clock.t += 0.01  # ~1,024 dispatches over 10 s, the processes in turn
+        clock.advance(0.01)  # ~1,024 dispatches over 10 s, the processes in turn
         warm += dispatch(processes[i % 5], pool)
     assert warm == 1024
     assert pool.idle == {}
@@ -75,14 +68,14 @@ def test_a_burst_from_five_processes_takes_every_warm_session() -> None:
 
 
 def test_a_stale_view_is_read_again_and_an_empty_pool_is_not_read_in_a_loop() -> None:
-    pool, clock = FakePool(4), Clock()
+    pool, clock = FakePool(4), ManualClock()
     process = taker(pool, clock, 1)
     assert process.next() is not None  # first read: four sessions
     pool.idle.clear()  # another process took them all
     assert dispatch(process, pool) is False  # its stale view's sessions collide, the fresh read shows none
     assert pool.reads == 2
     for _ in range(10):
-        clock.t += EMPTY_RECHECK_S / 5
+        clock.advance(EMPTY_RECHECK_S / 5)
         assert process.next() is None
     assert 3 <= pool.reads <= 4  # while the pool has none: once every `EMPTY_RECHECK_S` (two in 10 x 1/5 of it)
 
@@ -92,11 +85,11 @@ def test_processes_walking_their_own_runs_rarely_ask_for_the_same_session() -> N
     a dispatch transaction that finds its session taken by another (a failed write) is rare: random picks collided
     208 times here (every session others took since the view was read), walking 27-42 times."""
     for trial in range(3):
-        pool, clock, order = FakePool(1024), Clock(), random.Random(trial)
+        pool, clock, order = FakePool(1024), ManualClock(), random.Random(trial)
         processes = [taker(pool, clock, seed + 10 * trial) for seed in range(5)]
         warm = 0
         for _ in range(1024):
-            clock.t += 0.01
+            clock.advance(0.01)
             warm += dispatch(processes[order.randrange(5)], pool)
         assert warm == 1024
         assert sum(p.collisions for p in processes) <= 64
@@ -106,9 +99,9 @@ def test_processes_walking_their_own_runs_rarely_ask_for_the_same_session() -> N
 def test_a_process_tells_the_pool_of_its_takes_at_most_once_per_note_interval() -> None:
     """A take tells the pool (its fill waits while a burst of takes runs at the invoke rate), but one process's
     burst costs one pool write per `DEMAND_NOTE_S`, not one per rollout."""
-    pool, clock = FakePool(100), Clock()
+    pool, clock = FakePool(100), ManualClock()
     process = taker(pool, clock, 3)
     for _ in range(100):
-        clock.t += DEMAND_NOTE_S / 20  # 100 takes over 5 intervals
+        clock.advance(DEMAND_NOTE_S / 20)  # 100 takes over 5 intervals
         assert dispatch(process, pool)
     assert len(pool.takes_noted) == 5

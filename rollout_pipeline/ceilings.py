@@ -1,4 +1,5 @@
-"""The pipeline's own measured capacity, and the warnings synth gives a config that promises more.
+"""The pipeline's own measured ceilings (the ledger's contention, the rollouts the dispatchers must hold), and the
+warnings synth gives a config that promises more.
 
 The figures come from `bench/bench_scale.py` (docs/benchmarks.md, "Scale"); what sets them is in
 docs/ARCHITECTURE.md ("Write rates per item").

@@ -1,0 +1,122 @@
+"""The warm pool's items, typed (`ledger.warm` reads and writes them): each warm session (`WARM` / `S#{session}`),
+the claim a dispatch writes when it takes one (`WS#{session}` / `CLAIM`) and the pool's own item (`WARM` / `POOL`).
+Parsed once at the table boundary (`of`, through `attributes.item_values`), like the views of `ledger.items`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from rollout_pipeline.ids import AttemptRef
+from rollout_pipeline.ledger.attributes import float_at, int_at, item_values, text_at
+
+
+class WarmState(StrEnum):
+    """A warm session's `state` (`ledger.warm`): being warmed (its slot taken, its warm-up not yet answered), idle
+    (ready for a rollout: the only state a dispatch takes), being stopped (trimmed, stale or the pool stopping)."""
+
+    WARMING = "warming"
+    IDLE = "idle"
+    STOPPING = "stopping"
+
+
+@dataclass(frozen=True, slots=True)
+class WarmSession:
+    """A warm session's item (`WARM` / `S#{session}`): times in epoch seconds."""
+
+    session_id: str
+    state: WarmState
+    #: When its first warm-up was sent (its microVM's start: its idle memory is billed from then).
+    warmed_at: float
+    #: When its last warm-up or keep-alive was answered (AgentCore's idle timeout counts from then).
+    kept_at: float
+    stop_tries: int = 0
+    #: A stop answered ResourceNotFound once (a second one confirms the stop).
+    stop_not_found: bool = False
+
+    @classmethod
+    def of(cls, raw: Mapping[str, Any]) -> WarmSession:
+        item = item_values(raw)
+        warmed = float_at(item, "warmed_at")
+        return cls(
+            session_id=str(item["sk"]).removeprefix("S#"),
+            state=WarmState(item.get("state") or WarmState.WARMING),
+            warmed_at=warmed,
+            kept_at=float(item.get("kept_at") or warmed),
+            stop_tries=int_at(item, "stop_tries"),
+            stop_not_found=bool(item.get("stop_not_found")),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class WarmClaim:
+    """Which rollout attempt took a warm session, and when it was warmed (`WS#{session}` / `CLAIM`, written by the
+    dispatch transaction that took it)."""
+
+    session_id: str
+    ref: AttemptRef
+    warmed_at: float
+
+    @classmethod
+    def of(cls, raw: Mapping[str, Any]) -> WarmClaim:
+        item = item_values(raw)
+        return cls(
+            session_id=str(item["pk"]).removeprefix("WS#"),
+            ref=AttemptRef(str(item["batch_id"]), str(item["input_id"]), int(item["index"]), int(item["attempt"])),
+            warmed_at=float_at(item, "warmed_at"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class WarmPoolState:
+    """The warm pool's own item (`WARM` / `POOL`): who runs it, when the experiment last had work, whether it is
+    halted and why, the last batch's size (the automatic size), and what it has spent (times in epoch seconds)."""
+
+    lease_owner: str | None = None
+    lease_until: float = 0.0
+    #: The experiment last had work (rollouts queued or in flight, a batch in the window).
+    busy_at: float = 0.0
+    #: A dispatch last took a new session because no warm one was idle: rollouts want the new-session budget.
+    demand_at: float = 0.0
+    #: A dispatch last took a warm session: a burst of takes wants the invoke budget the warm-ups would spend.
+    took_at: float = 0.0
+    #: Why every warm session was stopped and the pool keeps none ("idle", "cancelled", "destroyed", "stopped");
+    #: None: it runs. A batch created after `halted_at` resumes it (never after "destroyed").
+    halted: str | None = None
+    halted_at: float = 0.0
+    last_batch_id: str | None = None
+    last_batch_rollouts: int = 0
+    #: Totals since the pool began: sessions warmed, warm-ups that failed, keep-alives sent, sessions stopped
+    #: without running a rollout and their idle seconds (warmed to stopped), sessions dropped as dead.
+    warmed: int = 0
+    warmup_failures: int = 0
+    keepalives: int = 0
+    stopped_unused: int = 0
+    unused_idle_s: float = 0.0
+    dropped: int = 0
+
+    @classmethod
+    def of(cls, raw: Mapping[str, Any] | None) -> WarmPoolState:
+        if not raw:
+            return cls()
+        item = item_values(raw)
+        return cls(
+            lease_owner=text_at(item, "lease_owner"),
+            lease_until=float_at(item, "lease_until"),
+            busy_at=float_at(item, "busy_at"),
+            demand_at=float_at(item, "demand_at"),
+            took_at=float_at(item, "took_at"),
+            halted=text_at(item, "halted"),
+            halted_at=float_at(item, "halted_at"),
+            last_batch_id=text_at(item, "last_batch_id"),
+            last_batch_rollouts=int_at(item, "last_batch_rollouts"),
+            warmed=int_at(item, "warmed"),
+            warmup_failures=int_at(item, "warmup_failures"),
+            keepalives=int_at(item, "keepalives"),
+            stopped_unused=int_at(item, "stopped_unused"),
+            unused_idle_s=float_at(item, "unused_idle_s"),
+            dropped=int_at(item, "dropped"),
+        )
