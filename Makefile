@@ -195,6 +195,7 @@ bench: $(STAMP) ## Run the benchmarks (each prints its figures)
 	$(BIN)/python bench/bench_lambda_bundle.py
 	$(BIN)/python bench/bench_walk.py --window
 	$(BIN)/python bench/bench_export.py
+	$(BIN)/python bench/bench_local_account.py
 
 schemas: $(STAMP) ## Regenerate the event JSON Schemas from the models
 	$(BIN)/python -m rollout_pipeline.schemas
