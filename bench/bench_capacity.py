@@ -78,7 +78,8 @@ SHARE_WINDOW_S = 10.0
 RATE_WIDTH_S = 2.0
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The bench's options."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--weights", default="1,1,2", help="one experiment per weight")
     parser.add_argument(
@@ -141,12 +142,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-seconds", type=float, default=560.0, help="WALL seconds per mode (bounded)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--json-out", default="")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    options = parser()
+    args = options.parse_args(argv)
     weights = [float(w) for w in args.weights.split(",") if w.strip()]
     if not weights or any(w <= 0 for w in weights) or len(weights) > 8:
-        parser.error("--weights: 1 to 8 positive numbers")
+        options.error("--weights: 1 to 8 positive numbers")
     if not 8 <= args.rollouts <= 20_000 or not 1 <= args.dilation <= 100 or args.max_seconds > 7200:
-        parser.error("--rollouts 8..20000, --dilation 1..100, --max-seconds at most 7200")
+        options.error("--rollouts 8..20000, --dilation 1..100, --max-seconds at most 7200")
 
     clock = DilatedClock(args.dilation)
     clock.install()  # before anything imports the pipeline

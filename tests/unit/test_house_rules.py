@@ -155,7 +155,7 @@ def test_unit_tests_need_no_aws_stand_in() -> None:
 
 #: The other meanings "capacity" and "release" once had (docs/CONTRIBUTING.md, "Names"): each keeps one.
 OTHER_MEANINGS = re.compile(
-    r"\bat capacity\b|\bno capacity\b|\bcapacity units?\b|\bcapacity\.py\b"
+    r"\bat capacity\b|\bno capacity\b|\bcapacity units?\b"
     r"|\bslots? (?:is |are |was )?releas|\breleas\w* (?:its|the|a) slot\b|\breleased sessions?\b|\bslot'?s? release\b"
     r"|\b(?:moto|CDK|verl|Node(?:\.js)?) releases?\b|\breleased? \(visibility",
     re.IGNORECASE,
