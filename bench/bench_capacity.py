@@ -704,6 +704,7 @@ def _active_cap(calls: list[Any], t0: float, kw: dict[str, Any]) -> dict[str, An
     return {
         "quota_exceeded": len(refused),
         "quota_exceeded_last_s": refused[-1] if refused else None,
+        "quota_exceeded_span_s": refused[-1] - refused[0] if refused else None,
         "quota_exceeded_busiest_second": sliding_max(refused),
         "quota_exceeded_first_10s": sum(1 for t in refused if t < (refused[0] + 10.0 if refused else 0.0)),
         "rollouts_failed": failed,
@@ -761,6 +762,7 @@ def print_report(mode: str, r: dict[str, Any]) -> None:
         "sessions_never_stopped",
         "quota_exceeded",
         "quota_exceeded_last_s",
+        "quota_exceeded_span_s",
         "quota_exceeded_busiest_second",
         "rollouts_failed",
     )

@@ -49,6 +49,8 @@ class AccountView:
     #: learned (0: never: the quota stands).
     active_cap: int = 0
     active_cap_at: float = 0.0
+    #: What the learned cap climbs back to at most (`limits.account.CEILING_MARGIN`; 0: the quota).
+    active_ceiling: int = 0
     #: Whether the settings were written (by the pool stack, or local mode); else the documented defaults.
     configured: bool = False
 
@@ -69,6 +71,7 @@ class AccountView:
             factor_at=float(item.get("factor_at", 0.0)),
             active_cap=int(item.get("active_cap", 0)),
             active_cap_at=float(item.get("active_cap_at", 0.0)),
+            active_ceiling=int(item.get("active_ceiling", 0)),
             configured="new_session_quota" in item,
         )
 
@@ -195,15 +198,15 @@ class PoolLedger:
         )
         return None if written is None else self.account(written.values)
 
-    def learn_active_cap(self, cap: int, *, at: float, after_at: float) -> bool:
-        """Record that the account holds at most `cap` active sessions (learned at `at`), if the cap the caller
-        decided from is still the item's (`after_at`)."""
+    def learn_active_cap(self, cap: int, ceiling: int, *, at: float, after_at: float) -> bool:
+        """Record that the account holds at most `cap` active sessions (learned at `at`), climbing back to `ceiling`
+        at most, if the cap the caller decided from is still the item's (`after_at`)."""
         return (
             self.table.update(
                 pool_key(),
-                "SET active_cap = :cap, active_cap_at = :at",
+                "SET active_cap = :cap, active_ceiling = :ceiling, active_cap_at = :at",
                 "attribute_not_exists(active_cap_at) OR active_cap_at = :after",
-                {":cap": max(1, cap), ":at": at, ":after": after_at},
+                {":cap": max(1, cap), ":ceiling": max(1, ceiling), ":at": at, ":after": after_at},
             )
             is not None
         )

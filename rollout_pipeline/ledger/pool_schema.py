@@ -33,7 +33,7 @@ def settings_update(table_name: str, settings: PoolSettings) -> dict[str, Any]:
         "Key": pool_key(),
         "UpdateExpression": "SET new_session_quota = :ns, data_plane_quota = :dp, active_session_quota = :act, "
         "reserve = :reserve, quota_source = :source, interval_us = :iv "
-        "REMOVE factor, factor_at, active_cap, active_cap_at",
+        "REMOVE factor, factor_at, active_cap, active_cap_at, active_ceiling",
         "ExpressionAttributeValues": plain_values(
             {
                 ":ns": q.new_sessions_per_s,

@@ -13,8 +13,10 @@ What AgentCore answers anyway moves the item, so every experiment sees it at its
   `pacing.PROBE_AFTER_S`, then climbs back (each process that sees a step due writes it, at most once a second);
 - `ServiceQuotaExceededException` ("maxVms": the account holds fewer active sessions than its quota says) sets the
   learned active-session cap to `pacing.BACKOFF` x the sessions every experiment holds, which climbs back
-  `ACTIVE_CLIMB_PER_S` after the same pause (additive increase, multiplicative decrease); the experiments' shares of
-  active sessions follow at their next renewal.
+  `ACTIVE_CLIMB_PER_S` after the same pause (additive increase, multiplicative decrease), but only to
+  `CEILING_MARGIN` x the level that was refused (the ceiling, kept `CEILING_KEEP_S`): the cap settles under it
+  instead of being refused again each time it climbs back; the experiments' shares of active sessions follow at
+  their next renewal.
 """
 
 from __future__ import annotations
@@ -32,6 +34,10 @@ log = logging.getLogger(__name__)
 
 #: The learned active-session cap climbs back this many sessions a second after its pause.
 ACTIVE_CLIMB_PER_S: Final = 1.0
+#: The learned cap climbs back to at most this much of the sessions held when AgentCore refused one (or of the cap
+#: then, if lower), for `CEILING_KEEP_S`; then to the quota again (a probe an hour, should the account's cap be raised).
+CEILING_MARGIN: Final = 0.95
+CEILING_KEEP_S: Final = 3600.0
 #: A process looks at most this often whether the backoff's climb changes the schedule's spacing.
 CLIMB_CHECK_S: Final = 1.0
 #: The account's budget name (in logs and blocks).
@@ -40,12 +46,13 @@ ACCOUNT: Final = "account"
 
 def active_cap(view: AccountView, now: float) -> int:
     """Active sessions the account may hold now: its quota, or the cap learned from AgentCore's answers, climbing
-    back `ACTIVE_CLIMB_PER_S` after `pacing.PROBE_AFTER_S`."""
+    back `ACTIVE_CLIMB_PER_S` after `pacing.PROBE_AFTER_S` to its ceiling (while it is kept)."""
     quota = view.settings.quotas.active_sessions
     if view.active_cap_at <= 0:
         return quota
     climbed = int(max(0.0, now - view.active_cap_at - PROBE_AFTER_S) * ACTIVE_CLIMB_PER_S)
-    return min(quota, view.active_cap + climbed)
+    kept = view.active_ceiling > 0 and now - view.active_cap_at < CEILING_KEEP_S
+    return min(view.active_ceiling if kept else quota, quota, view.active_cap + climbed)
 
 
 def start_rate(view: AccountView, now: float) -> float:
@@ -149,23 +156,29 @@ class AccountSchedule:
 
     def quota_exceeded(self) -> None:
         """AgentCore answered a new session `ServiceQuotaExceededException`: the account holds fewer active sessions
-        than thought, about as many as the experiments hold now. The cap learned: `BACKOFF` x those (at most once per
-        `BACKOFF_HOLD_S`, conditional on the cap this process saw; never raised by a refusal, so the refusals of the
-        sessions above it while they drain do not lower it again)."""
+        than thought, about as many as the experiments hold now. The cap learned: `BACKOFF` x those, climbing back to
+        `CEILING_MARGIN` x the lower of those and the cap now (at most once per `BACKOFF_HOLD_S`, conditional on the
+        cap this process saw; never raised by a refusal, so the refusals of the sessions above it while they drain do
+        not lower it again)."""
         view = self.current()
         now = self._wall()
         if view.active_cap_at > 0 and now - view.active_cap_at < BACKOFF_HOLD_S:
             return
         try:
             held = self._members_in_flight()
-            cap = max(1, math.floor(BACKOFF * max(1, held)))
-            if cap >= active_cap(view, now):
+            cap, current = max(1, math.floor(BACKOFF * max(1, held))), active_cap(view, now)
+            if cap >= current:
                 return  # already under what the account showed it holds: sessions above the cap are draining
-            learned = self.pool.learn_active_cap(cap, at=now, after_at=view.active_cap_at)
+            ceiling = max(cap, math.floor(CEILING_MARGIN * min(held, current)))
+            learned = self.pool.learn_active_cap(cap, ceiling, at=now, after_at=view.active_cap_at)
         except Exception:  # best effort: the refused invoke is retried through the gate anyway
             log.warning("could not record the account's active-session cap", exc_info=True)
             return
         self._read()
         if learned:
             self.caps_learned += 1
-            log.warning("AgentCore refused a new session (active sessions): the account's cap is now %d", cap)
+            log.warning(
+                "AgentCore refused a new session (active sessions): the account's cap is now %d (back to %d at most)",
+                cap,
+                ceiling,
+            )

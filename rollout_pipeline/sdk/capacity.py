@@ -52,13 +52,20 @@ class CapacityView:
     #: Active sessions the account may hold now (the quota, or what AgentCore's answers taught), and whether learned.
     active_cap: int
     active_learned: bool
+    #: What the learned cap climbs back to at most (0: the quota).
+    active_ceiling: int
     members: list[MemberView]
     configured: bool
 
     def lines(self) -> list[str]:
         """What `rollouts capacity` prints."""
         q = self.settings.quotas
-        learned = " (learned from AgentCore's ServiceQuotaExceededException)" if self.active_learned else ""
+        back_to = self.active_ceiling or q.active_sessions
+        learned = (
+            f" (learned from AgentCore's ServiceQuotaExceededException; back to {back_to} at most)"
+            if self.active_learned
+            else ""
+        )
         out = [
             f"account quotas ({q.source}{'' if self.configured else ', pool settings not written yet'}): "
             f"new sessions {q.new_sessions_per_s:g}/s, data plane {q.data_plane_per_s:g}/s, active sessions "
@@ -88,6 +95,7 @@ def capacity_view(view: AccountView, members: list[MemberEntry], now: float | No
         factor=pacing.backoff_factor(view.factor, view.factor_at, now),
         active_cap=account.active_cap(view, now),
         active_learned=view.active_cap_at > 0,
+        active_ceiling=view.active_ceiling,
         members=[
             MemberView(
                 name=m.name,

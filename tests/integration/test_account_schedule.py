@@ -19,7 +19,7 @@ from rollout_pipeline.config import ExperimentConfig
 from rollout_pipeline.ledger.ledger import Ledger
 from rollout_pipeline.ledger.pool import MemberEntry, PoolLedger
 from rollout_pipeline.ledger.pool_schema import pool_key
-from rollout_pipeline.limits.account import AccountSchedule
+from rollout_pipeline.limits.account import CEILING_MARGIN, AccountSchedule
 from rollout_pipeline.limits.facade import Limits
 from rollout_pipeline.limits.pacing import BACKOFF, Clocks
 from rollout_pipeline.local.resources import ExperimentResources, create_resources
@@ -114,8 +114,8 @@ def test_quota_exceeded_lowers_the_accounts_active_sessions_and_every_share_foll
     resources: ExperimentResources, pool: PoolLedger
 ) -> None:
     """AgentCore answers `ServiceQuotaExceededException` ("maxVms") with 128 sessions held although the quota says
-    5,000: the account's cap becomes `BACKOFF` x 128 and the experiment's share of active sessions follows at its
-    next renewal."""
+    5,000: the account's cap becomes `BACKOFF` x 128, climbing back to `CEILING_MARGIN` x 128 at most, and the
+    experiment's share of active sessions follows at its next renewal."""
 
     class Full(RecordingRuntime):
         def invoke(self, session_id: str, payload: object) -> None:
@@ -132,6 +132,7 @@ def test_quota_exceeded_lowers_the_accounts_active_sessions_and_every_share_foll
         limits.runtime.invoke("new-session-00000000000000000000000000000", {}, time.monotonic() + 5)
     learned = pool.account()
     assert learned.active_cap == math.floor(BACKOFF * 128)
+    assert learned.active_ceiling == math.floor(CEILING_MARGIN * 128)  # the climb back stops under the refused level
     limits.heartbeat()
     assert limits.max_sessions() == int(learned.active_cap * 0.9)  # the reserve is left of the learned cap too
 

@@ -128,6 +128,16 @@ def test_the_learned_active_cap_climbs_back_after_its_pause() -> None:
     assert account.active_cap(AccountView(settings=view.settings), NOW) == 5000  # nothing learned: the quota
 
 
+def test_the_learned_active_cap_settles_under_the_level_refused() -> None:
+    """Refused at 128 sessions, the cap climbs back only to its ceiling (0.95 x 128), not to the quota, so it is not
+    refused again each time it climbs (a refusal every ~50 s in a run capped at 128); after an hour it may probe."""
+    view = AccountView(
+        settings=PoolSettings(AccountQuotas(active_sessions=5000)), active_cap=96, active_ceiling=121, active_cap_at=NOW
+    )
+    assert account.active_cap(view, NOW + PROBE_AFTER_S + 100) == 121
+    assert account.active_cap(view, NOW + account.CEILING_KEEP_S + 1) > 121  # the ceiling lapsed: climbing again
+
+
 def test_retries_after_a_refusal_use_full_jitter() -> None:
     """A refused call's retry pause is drawn from [0, cap]: the retries of many callers spread out instead of
     arriving together (a storm that live-locked a trainer's sessions at AgentCore's active-session cap)."""
