@@ -7,7 +7,10 @@
   room;
 - `after_dispatch` (the dispatcher, after its SQS batch): the queue drained, the window may have room;
 - `sweep` (the sweeper's backstop): counts every batch in the window again, re-sends a release whose sender
-  crashed, and releases what has room, so nothing stalls the window for longer than a sweep.
+  crashed, and releases what has room, so nothing stalls the window for longer than a sweep;
+- `retry` (the outbox drain: a failed attempt's next one), `resend` (the dispatcher: a rollout that found no limit
+  in time goes round again), `hold` (the budget: a rollout comes back when the budget may allow it): a rollout
+  already released goes back into the queue, outside the window (it was counted when it was released).
 
 Each caller hands over the batch view it already holds; the feed reads a batch only in the sweep, or when the view
 a chunk came with is too old to show the room its rollouts made (ingestion's views carry no counters). Every
@@ -27,6 +30,7 @@ from dataclasses import dataclass, replace
 from typing import Final
 
 from rollout_pipeline.config import ExperimentConfig, HandlerSettings
+from rollout_pipeline.contracts import RolloutMessage
 from rollout_pipeline.feed.messages import QueuedGroup, bodies_of
 from rollout_pipeline.feed.window import ReleaseWindow, max_release, window_size
 from rollout_pipeline.ledger.items import BatchView
@@ -153,6 +157,18 @@ class Feed:
         result.rollouts = done.rollouts
         result.recovered = done.recovered
         return result
+
+    def retry(self, group: QueuedGroup, index: int, attempt: int) -> None:
+        """Send rollout `index` of `group` again at its next `attempt` (built from the group item)."""
+        self.queue.send_all(self.queue_url, group.bodies([index], attempt=attempt))
+
+    def resend(self, message: RolloutMessage) -> None:
+        """Send `message` again as a fresh one (its receive count starts over): it found no limit in time."""
+        self.queue.send_all(self.queue_url, [message.model_dump_json(exclude_none=True)])
+
+    def hold(self, message: RolloutMessage, delay_s: int) -> None:
+        """Send `message` again to come back after `delay_s` (SQS DelaySeconds): its budget is spent for now."""
+        self.queue.send_all(self.queue_url, [message.model_dump_json(exclude_none=True)], delay_s)
 
     # -------------------------------------------------------------------------------------------- internals
 

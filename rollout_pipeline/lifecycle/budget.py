@@ -144,7 +144,7 @@ def hold(message: RolloutMessage, deps: LifecycleDeps) -> None:
     its hold began. The caller acknowledges the received one."""
     delay = return_delay_s(deps.now().timestamp(), deps.budget_recheck_s)
     fresh = message.model_copy(update={"budget_held_since": message.budget_held_since or deps.now()})
-    deps.queue.send_all(deps.settings.rollout_queue_url, [fresh.model_dump_json(exclude_none=True)], delay)
+    deps.feed.hold(fresh, delay)
     deps.metrics.count(BUDGET_HELD)
 
 

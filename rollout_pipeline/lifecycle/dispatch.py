@@ -609,7 +609,7 @@ def _requeue(message: RolloutMessage, deps: LifecycleDeps, why: Dispatch) -> Dis
     if count > deps.config.max_limit_requeues or waited > deps.config.max_limit_wait_s:
         return _throttled(message, deps, f"re-sent {count - 1} times over {waited:.0f} s waiting for limits ({why})")
     fresh = message.model_copy(update={"limit_requeues": count, "waiting_since": since})
-    deps.queue.send_all(deps.settings.rollout_queue_url, [fresh.model_dump_json(exclude_none=True)])
+    deps.feed.resend(fresh)
     deps.metrics.count(LIMIT_WAITS)
     log.info("rollout %s/%s attempt %s re-sent (%s)", message.batch_id, message.rollout_id, message.attempt, why)
     return why

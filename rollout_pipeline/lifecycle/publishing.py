@@ -28,15 +28,16 @@ from rollout_pipeline.metric_names import NOTIFICATION_LATENCY
 # ------------------------------------------------------------------------------------------------------ outbox
 
 
-def retry_bodies(rec: RolloutRecord, deps: LifecycleDeps) -> list[str]:
-    """The rollout-queue message of the rollout's current (queued) attempt, rebuilt from its group item."""
+def retry(rec: RolloutRecord, deps: LifecycleDeps) -> None:
+    """Send the rollout's current (queued) attempt back to the rollout queue, its message rebuilt from its group
+    item."""
     group = deps.ledger.groups.read_group(rec.batch_id, rec.input_id)
     if group is None:
         raise LookupError(f"group {rec.batch_id}/{rec.input_id} not found for the retry of {rec.index}")
     queued = QueuedGroup.of_item(
         group, exp_id=rec.exp_id or deps.config.name, submitted_at=rec.submitted_at or deps.now()
     )
-    return queued.bodies([rec.index], attempt=rec.attempt)
+    deps.feed.retry(queued, rec.index, rec.attempt)
 
 
 def _inline_result(rec: RolloutRecord, deps: LifecycleDeps, result: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -115,7 +116,7 @@ def drain(
     done: frozenset[str] = frozenset()
     try:
         if OUTBOX_ENQUEUE in rec.outbox and not rec.terminal:  # a rollout that ended meanwhile needs no retry
-            deps.queue.send_all(deps.settings.rollout_queue_url, retry_bodies(rec, deps))
+            retry(rec, deps)
         done = rec.outbox & {OUTBOX_ENQUEUE}
         if OUTBOX_PUBLISH in rec.outbox:
             notified_at = deps.now()

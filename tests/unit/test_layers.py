@@ -343,3 +343,15 @@ def test_a_synth_loads_no_sdk() -> None:
             todo.extend(graph.get(module, ()))
     never = ("sdk", "cli", "local", "trainers", "lifecycle", "ingest", "adapters")
     assert sorted(m for m in seen if area(m) in never) == []
+
+
+def test_only_the_feed_sends_to_the_rollout_queue() -> None:
+    """One sender: the lifecycle and ingestion hand work to the feed's verbs (`submit`, `retry`, `resend`, `hold`);
+    none of their modules names the rollout queue's URL."""
+    naming = [
+        str(path.relative_to(REPO))
+        for area in ("lifecycle", "ingest")
+        for path in sorted((REPO / "rollout_pipeline" / area).rglob("*.py"))
+        if "rollout_queue_url" in path.read_text(encoding="utf-8")
+    ]
+    assert naming == []
