@@ -15,7 +15,7 @@ the rest of the pause once the pool is full (the cold side: all of it) and the i
 Printed for each side (`--json`: one object): `admit_s` (submit to the last rollout's first invoke that started
 it), `first_group_s`, `step_s` (submit to the last `Group Completed`), `cold_starts_on_path` (424s met by
 rollouts), `warm_idle_gb_s` and its cost (warm sessions' memory while they waited: warm-up to rollout, or to their
-stop; `rollout_pipeline.warm_cost` at the experiment's `PriceBook`, `--session-gb` a session),
+stop; `costs.PriceBook.memory_gb_s` at the experiment's `PriceBook`, `--session-gb` a session),
 `sessions_never_stopped` (once the experiment went idle and the pool halted), `requests_per_rollout` (AWS requests
 of the pipeline and AgentCore data-plane calls per rollout: the step with the fill before it, and with the tail: the
 refill after the step and the halt's stops), beside the time saved and the trainer's hourly cost at which the pool's
@@ -659,7 +659,6 @@ class Side:
         return {budget: pace.booked for budget, pace in paces.items()}
 
     def figures(self) -> dict[str, Any]:
-        from rollout_pipeline import warm_cost
 
         fake, total, submitted = self.fake, self.total, self.submitted
         prices = self.lambdas.deps.prices  # the experiment's (`LifecycleDeps.prices`)
@@ -696,10 +695,10 @@ class Side:
                 1 for c in calls if c.op == "invoke" and c.outcome == "cold_start" and not c.warmup
             ),
             "rollouts_in_warm_sessions": fake.warm_reuses,
-            "warm_idle_gb_s": warm_cost.idle_gb_s(idle["step"], prices),
-            "warm_idle_usd": warm_cost.idle_usd(idle["step"], prices),
-            "tail_idle_gb_s": warm_cost.idle_gb_s(idle["tail"], prices),
-            "tail_idle_usd": warm_cost.idle_usd(idle["tail"], prices),
+            "warm_idle_gb_s": prices.memory_gb_s(idle["step"]),
+            "warm_idle_usd": prices.memory_usd(idle["step"]),
+            "tail_idle_gb_s": prices.memory_gb_s(idle["tail"]),
+            "tail_idle_usd": prices.memory_usd(idle["tail"]),
             "priced_as": prices.label,
             "sessions_never_stopped": float("nan") if self.args.no_tail else len(invoked - fake.stopped),
             "requests_per_rollout": (fill + step) / total,
