@@ -75,6 +75,13 @@ def acknowledge(stack: ExperimentStack) -> None:
         "AwsSolutions-SQS3",
         "This queue is itself a dead-letter queue: EventBridge rule targets send it the events they cannot deliver.",
     )
+    if stack.warm_queue is not None:
+        ack(
+            stack.warm_queue,
+            "AwsSolutions-SQS3",
+            "The warm pool's offers: each is received and given back many times, and one never taken expires; a "
+            "dead-letter queue would only retire offers of live warm sessions.",
+        )
     ingest_policy = default_policy(fns["ingest"].role)
     ack(
         ingest_policy,

@@ -40,6 +40,8 @@ class ExperimentResources:
     dlq_urls: dict[str, str]
     #: The local account's pool table ("" without one: the experiment keeps its own limits).
     pool_table_name: str = ""
+    #: The warm pool's queue of offers (local mode makes it for every experiment; the stack with the pool on).
+    warm_queue_url: str = ""
 
     @property
     def ingest_queue_url(self) -> str:
@@ -58,7 +60,8 @@ class ExperimentResources:
         return self.queue_urls["trainer"]
 
     def settings(self) -> HandlerSettings:
-        return topology.StackOutputs.from_outputs(self.stack_outputs()).handler_settings()
+        settings = topology.StackOutputs.from_outputs(self.stack_outputs()).handler_settings()
+        return settings.model_copy(update={"warm_queue_url": self.warm_queue_url})
 
     def stack_outputs(self) -> dict[str, str]:
         """The same outputs the CloudFormation stack exposes (the SDK attaches with these)."""
@@ -136,6 +139,9 @@ def create_resources(
         )["QueueUrl"]
         dlq_urls[name] = dlq_url
 
+    warm_attributes = {k: str(v) for k, v in topology.warm_queue_attributes(config).items()}
+    warm_queue_url = sqs.create_queue(QueueName=f"{base}-{topology.WARM_QUEUE}", Attributes=warm_attributes)["QueueUrl"]
+
     def queue_arn(name: str) -> str:
         attrs = sqs.get_queue_attributes(QueueUrl=queue_urls[name], AttributeNames=["QueueArn"])
         return str(attrs["Attributes"]["QueueArn"])
@@ -168,6 +174,7 @@ def create_resources(
         ),
         queue_urls=queue_urls,
         dlq_urls=dlq_urls,
+        warm_queue_url=warm_queue_url,
         pool_table_name=""
         if pool is False
         else create_pool(client, region=region, settings=pool if isinstance(pool, PoolSettings) else None),

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from rollout_pipeline import ids
-from rollout_pipeline.config import is_warmup_payload
+from rollout_pipeline.config import ExperimentConfig, is_warmup_payload
 from rollout_pipeline.contracts.attempts import attempt_token
 from rollout_pipeline.fakes.acr import AcrProfile, AgentBehaviour, FakeAgentRuntime
 from rollout_pipeline.ledger.items import RolloutRecord, WarmState
@@ -28,6 +28,7 @@ from rollout_pipeline.local.resources import ExperimentResources
 from rollout_pipeline.quotas import AccountQuotas, PoolSettings
 from rollout_pipeline.sdk.cost import batch_cost
 from rollout_pipeline.sdk.export import rollout_fields
+from tests.conftest import receive_all
 from tests.integration.lifecycle_support import (
     ShiftedClock,
     by_type,
@@ -59,6 +60,12 @@ class FakeTime:
 
 
 @pytest.fixture
+def experiment_config() -> ExperimentConfig:
+    """The warm pool on from the start, as deployed: its lifetimes derived for it (a shelf life for warm sessions)."""
+    return ExperimentConfig(name="test-exp", group_size=2, tps_limit=50, max_sessions=10, warm_sessions=4)
+
+
+@pytest.fixture
 def acr_time() -> FakeTime:
     return FakeTime()
 
@@ -85,6 +92,11 @@ def warm_deps(
 
 def pool_sessions(deps: LifecycleDeps) -> dict[str, WarmState]:
     return {s.session_id: s.state for s in deps.ledger.warm.sessions()}
+
+
+def warm_queue(resources: ExperimentResources) -> list[dict[str, object]]:
+    """The offers on the warm queue now (received and deleted)."""
+    return receive_all(resources.warm_queue_url)
 
 
 def rollout_invokes(fake: FakeAgentRuntime) -> list[str]:
@@ -176,19 +188,23 @@ def test_a_batch_the_pool_covers_is_not_put_on_the_admission_board(
     assert published == []  # no slot wait ahead: no board write (and no clear) for the SQS batch
 
 
-def test_a_rollout_that_takes_a_new_session_after_all_goes_on_the_admission_board(
+def test_offers_of_sessions_gone_from_the_pool_are_refused_and_their_rollouts_go_on_the_admission_board(
     resources: ExperimentResources, fake: FakeAgentRuntime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Two of four offered sessions are stopped after their offers were sent: the SQS batch holds four offers (no
+    board write at receipt), two takes fail their condition (the offers are deleted, no new session is taken in
+    their place), and their rollouts take new sessions, on the board before their slots are decided."""
     deps = warm_deps(resources, fake, warm=4)
     WarmPool(deps).tick(budget_s=10)
-    assert deps.warm.covers(4)  # the view is read now: 4 idle
     gone = sorted(pool_sessions(deps))[:2]
-    assert deps.ledger.warm.begin_stop(gone) == gone  # taken out of the pool after the view was read
+    assert deps.ledger.warm.begin_stop(gone) == gone  # taken out of the pool after their offers were sent
     published = board_writes(deps, monkeypatch)
     send(resources, seed_batch(resources, inputs={"q1": {}, "q2": {}}, group_size=2))
     assert sorted(dispatch_once(resources, deps).outcomes.values()) == [Dispatch.INVOKED] * 2 + [Dispatch.WARM] * 2
     assert published  # the two that took new sessions were on the board before their slots were decided
     assert all(len(keys) <= 2 for keys in published)
+    assert (deps.warm.counts["taken"], deps.warm.counts["refused"]) == (2, 2)
+    assert warm_queue(resources) == []  # every offer used or refused is deleted
 
 
 def test_without_a_warm_session_the_rollout_takes_a_new_one_and_the_pool_holds_back(
