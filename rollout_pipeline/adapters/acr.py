@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from rollout_pipeline import ids
+from rollout_pipeline.adapters.clients import MAX_POOL_CONNECTIONS
 from rollout_pipeline.ports import (
     RuntimeColdStart,
     RuntimeOutcomeUnknown,
@@ -99,7 +100,7 @@ def classify_error(exc: Exception, operation: str) -> Exception:
     return exc
 
 
-def client_config(max_pool_connections: int = 50) -> Any:
+def client_config(max_pool_connections: int = MAX_POOL_CONNECTIONS) -> Any:
     """The botocore config of the `bedrock-agentcore` client: explicit timeouts, botocore retries off (see the
     module doc). `clients.ClientFactory.acr()` makes the client with it."""
     from botocore.config import Config

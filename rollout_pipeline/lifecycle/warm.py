@@ -79,11 +79,12 @@ class WarmOffer:
 
 class WarmOffers:
     """The offers one SQS batch of a dispatcher holds; its threads share them. `close` deletes the used and stale
-    ones and gives the rest back."""
+    ones and gives the rest back (those handed out and never settled too: a dispatch that raised)."""
 
     def __init__(self, taker: WarmTaker, offers: list[WarmOffer]) -> None:
         self.taker = taker
         self._held = offers
+        self._out: dict[str, WarmOffer] = {}
         self._done: list[str] = []
         self._spoilt = 0
         self._refills = 0
@@ -103,23 +104,27 @@ class WarmOffers:
                     return None
                 offer = self._held.pop(0)
                 if offer.offer_until > self.taker.wall():
+                    self._out[offer.receipt] = offer
                     return offer
                 self._spent(offer, "stale")
 
     def taken(self, offer: WarmOffer) -> None:
         """The dispatch transaction took the session: the offer is deleted."""
         with self._lock:
+            self._out.pop(offer.receipt, None)
             self._done.append(offer.receipt)
             self.taker.count("taken")
 
     def refused(self, offer: WarmOffer) -> None:
         """The session is no longer idle in the pool: the offer is deleted, another received in its place."""
         with self._lock:
+            self._out.pop(offer.receipt, None)
             self._spent(offer, "refused")
 
     def give_back(self, offer: WarmOffer) -> None:
         """The rollout did not take the session after all (cancelled, already dispatched): the next one may."""
         with self._lock:
+            self._out.pop(offer.receipt, None)
             self._held.insert(0, offer)
 
     def _spent(self, offer: WarmOffer, why: str) -> None:
@@ -129,8 +134,8 @@ class WarmOffers:
 
     def close(self) -> None:
         with self._lock:
-            done, held = self._done, [offer.receipt for offer in self._held]
-            self._done, self._held = [], []
+            done, held = self._done, [offer.receipt for offer in [*self._held, *self._out.values()]]
+            self._done, self._held, self._out = [], [], {}
         self.taker.settle(done, held)
 
 

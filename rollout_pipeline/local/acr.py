@@ -390,6 +390,8 @@ class LocalAgentRuntime:
         self.throttles = 0
         self.started_sessions = 0
         self.max_lifetime_s = max_lifetime_s
+        #: What ends a session at its maximum lifetime (a test gives one it fires itself).
+        self.timer = threading.Timer
         #: Sessions ended at their maximum lifetime.
         self.lifetime_ends = 0
         _open_runtimes.add(self)
@@ -577,7 +579,7 @@ class LocalAgentRuntime:
                 process.stop()
             return raced, False
         if self.max_lifetime_s is not None:
-            session.lifetime = threading.Timer(self.max_lifetime_s, self._end_of_life, (session_id, session))
+            session.lifetime = self.timer(self.max_lifetime_s, self._end_of_life, (session_id, session))
             session.lifetime.daemon = True
             session.lifetime.start()
         if self.isolation == "process":
