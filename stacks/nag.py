@@ -64,6 +64,16 @@ def default_policy(role: iam.IRole) -> IConstruct:
     return role.node.find_child("DefaultPolicy")
 
 
+def _acknowledge_warm_queue(stack: ExperimentStack) -> None:
+    if stack.warm_queue is not None:
+        ack(
+            stack.warm_queue,
+            "AwsSolutions-SQS3",
+            "The warm pool's offers: each is received and given back many times, and one never taken expires; a "
+            "dead-letter queue would only retire offers of live warm sessions.",
+        )
+
+
 def acknowledge(stack: ExperimentStack) -> None:
     """Acknowledge the deliberate findings of an experiment stack."""
     exp = stack.config.name
@@ -75,13 +85,7 @@ def acknowledge(stack: ExperimentStack) -> None:
         "AwsSolutions-SQS3",
         "This queue is itself a dead-letter queue: EventBridge rule targets send it the events they cannot deliver.",
     )
-    if stack.warm_queue is not None:
-        ack(
-            stack.warm_queue,
-            "AwsSolutions-SQS3",
-            "The warm pool's offers: each is received and given back many times, and one never taken expires; a "
-            "dead-letter queue would only retire offers of live warm sessions.",
-        )
+    _acknowledge_warm_queue(stack)
     ingest_policy = default_policy(fns["ingest"].role)
     ack(
         ingest_policy,
