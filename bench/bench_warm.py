@@ -22,8 +22,8 @@ experiment's `PriceBook`, `--session-gb` a session), `sessions_never_stopped` (o
 pool halted), `requests_per_rollout` (AWS requests of the pipeline and AgentCore data-plane calls per rollout: the
 step with the fill before it; with the tail: the refill after the step and the halt's stops) and
 `dynamodb_sqs_per_rollout` (DynamoDB and SQS requests alone, the warm queue's included), beside the time saved and
-the trainer's hourly cost at which the pool's idle memory costs what the saved time is worth. The warm side's
-`targets` are issue 42's.
+the trainer's hourly cost at which the pool's idle memory costs what the saved time is worth, and the warm side's
+`targets` (docs/benchmarks.md, "Warm start").
 
 Usage: python bench/bench_warm.py [--rollouts 1024] [--group-size 8] [--pause 120] [--account-pool]
 [--rollout-timeout-s 900] [--max-lifetime-s S] [--json]
@@ -719,15 +719,13 @@ class Side:
             "pool": dataclasses.asdict(self.view_ledger.warm.pool()),
             "requests_by_stage": dict(self.counters.stages.most_common()),
             # The dispatchers' views of the pool: reads, sessions taken, tries that found theirs taken by another.
-            # The dispatchers' warm offers: received (and the receives), taken, found stale and deleted unread,
-            # refused (their session no longer in the pool: a take that collided).
+            # The dispatchers' warm offers: received (receives), taken, stale (deleted unread), refused (collided).
             "warm_takes": {
                 name: sum(d.warm.counts[name] for d in self.lambdas.dispatch_deps)
                 for name in ("received", "receives", "taken", "stale", "refused")
             },
             "take_collisions": sum(d.warm.counts["refused"] for d in self.lambdas.dispatch_deps),
-            # AgentCore ended sessions at their maximum lifetime, and of those the ones a rollout was running in.
-            "lifetime_ends": len(fake.lifetime_ends),
+            "lifetime_ends": len(fake.lifetime_ends),  # and below, the ones a rollout was running in
             "rollouts_lost_to_lifetime_ends": len(fake.lifetime_ends_busy),
             "faithful": dataclasses.asdict(self.faithful.stats),
             "admission": self.admission,
@@ -867,7 +865,7 @@ def compare(sides: dict[str, dict[str, Any]], args: argparse.Namespace) -> dict[
 
 
 def warm_targets(figures: dict[str, Any]) -> dict[str, bool]:
-    """Issue 42's targets for the warm side."""
+    """The warm side's targets (docs/benchmarks.md, "Warm start")."""
     return {
         "admit_s_within_1_35x_rollouts_over_invoke_rate": (
             figures["admit_s"] <= 1.35 * figures["rollouts"] / figures["invoke_rate"]
@@ -923,13 +921,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-delay", type=float, default=6.0)
     parser.add_argument("--idle-stop-s", type=int, default=600, help="warm_idle_stop_s")
     parser.add_argument("--rollout-timeout-s", type=int, default=900, help="rollout_timeout_s")
-    parser.add_argument(
-        "--max-lifetime-s",
-        type=int,
-        default=None,
-        help="the experiment's max_lifetime_s, which the fake enforces (AgentCore's maxLifetime: every session ends "
-        "then, busy or idle); default: derived (rollout_timeout_s + 600, + 3,600 with the pool on)",
-    )
+    parser.add_argument("--max-lifetime-s", type=int, default=None, help="max_lifetime_s, the fake's too (derived)")
     parser.add_argument(
         "--session-gb", type=float, default=8.0, help="the experiment's session_memory_gb (default: its default, 8)"
     )

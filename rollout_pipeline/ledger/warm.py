@@ -1,28 +1,22 @@
 """The warm pool's ledger items: warm sessions, the claims that hand them to rollouts, and the pool's own item.
 
-`WARM` / `S#{session}` (`items.WarmSession`): one per warm session the pool holds: `state` warming / idle /
-stopping, `warmed_at`, `kept_at`, `stop_tries`. Each holds a session slot (`LIMIT/SESSIONS#..`, taken when the item
-is written, in the same transaction), so warm sessions count against `max_sessions` like any other. A dispatch takes
-an idle one in its own transaction (`claim_ops`: the item deleted on condition that it is idle, so no two rollouts
-ever get one session) and keeps its slot; a session stopped unused gives its slot back when its item goes
-(`forget`). The partition holds only what the pool holds now (at most `max_sessions` items): one Query reads it.
-
-`WS#{session}` / `CLAIM` (`items.WarmClaim`): which attempt took the session (written by that dispatch
-transaction): how completion maps a result of a session that was started before its rollout was known, when the
-result does not say it itself (`lifecycle.completion`). Never queried; it expires with the table's TTL.
-
-`WARM` / `POOL` (`items.WarmPoolState`): the pool's lease (one manager at a time), when the experiment last had
-work and last wanted a new session, whether the pool is halted, the last batch's size, and its totals.
-
-Writes that touch many sessions go in transactions of up to `CHUNK` items, each item conditional on the state the
-pool read: a session a dispatch took meanwhile fails its condition and is left out.
+`WARM` / `S#{session}` (`items.WarmSession`): a warm session the pool holds (`state` warming / idle / stopping,
+`warmed_at`, `kept_at`, stop tries). Each holds a session slot (`LIMIT/SESSIONS#..`, taken in the transaction that
+writes it), so warm sessions count against `max_sessions`. A dispatch takes an idle one in its own transaction
+(`claim_ops`: the item deleted on condition that it is idle, so no two rollouts ever get one session), keeping its
+slot; one stopped unused gives its slot back when its item goes (`forget`). One Query reads them all.
+`WS#{session}` / `CLAIM` (`items.WarmClaim`): which attempt took the session, for completion to map a result that
+does not name its attempt (`lifecycle.completion`); it expires with the table's TTL.
+`WARM` / `POOL` (`items.WarmPoolState`): the manager's lease, when the experiment last had work, last wanted a new
+session or took a warm one, whether the pool is halted, the last batch's size, and the totals.
+Writes of many sessions go in transactions of up to `CHUNK` items, each conditional on the state the pool read.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from rollout_pipeline.ids import AttemptRef
 from rollout_pipeline.ledger import keys
@@ -54,14 +48,22 @@ def claim_key(session_id: str) -> dict[str, dict[str, str]]:
     return {keys.PK: {"S": f"WS#{session_id}"}, keys.SK: {"S": "CLAIM"}}
 
 
+def _in_state(state: WarmState) -> dict[str, Any]:
+    """A transaction item's condition: the session is in `state`."""
+    return {
+        "ConditionExpression": "#st = :state",
+        "ExpressionAttributeNames": _STATE,
+        "ExpressionAttributeValues": plain_values({":state": state.value}),
+    }
+
+
 def _chunks(values: Sequence[str], size: int = CHUNK) -> Iterable[list[str]]:
     for start in range(0, len(values), size):
         yield list(values[start : start + size])
 
 
 class WarmLedger:
-    """Reads and conditional writes of the warm pool's items, through the table's gateway; session slots through
-    `limits`."""
+    """The warm pool's items, read and conditionally written through the table's gateway (slots through `limits`)."""
 
     def __init__(self, table: LedgerTable, limits: LimitLedger) -> None:
         self.table = table
@@ -85,14 +87,11 @@ class WarmLedger:
         raw = self.table.get(claim_key(session_id))
         return WarmClaim.of(raw) if raw else None
 
-    # ----------------------------------------------------------------------------------------- the sessions
-
     def add_warming(
         self, sessions: Sequence[str], *, max_sessions: int, takes: Mapping[int, int], warmed_at: float
     ) -> str:
-        """Record new warm sessions (state warming) and take their slots (`takes`: how many on each counter, summing
-        to the sessions), in one transaction, on condition that the pool is not halted. Returns `ADDED`, `NO_ROOM`
-        (a counter has no room for its part) or `HALTED` (nothing written either way)."""
+        """Record new warm sessions (warming) and take their slots (`takes`: how many on each counter), in one
+        transaction, if the pool is not halted. Returns `ADDED`, `NO_ROOM` or `HALTED` (nothing written)."""
         if sum(takes.values()) != len(sessions) or any(count <= 0 for count in takes.values()):
             raise ValueError(f"slot takes {dict(takes)} do not add up to {len(sessions)} sessions")
         ttl = self.table.expires_at()
@@ -116,13 +115,11 @@ class WarmLedger:
         raise LedgerError(f"recording warm sessions cancelled: {codes}")
 
     def mark(self, sessions: Sequence[str], *, kept_at: float, from_states: Sequence[WarmState]) -> list[str]:
-        """Sessions whose warm-up (or keep-alive) was answered: state idle, `kept_at` stamped, for those still in
-        one of `from_states`. Returns the sessions written."""
+        """Sessions whose warm-up (or keep-alive) answered, still in one of `from_states`: idle, kept at `kept_at`."""
         return self._set_state(sessions, WarmState.IDLE, from_states, {"kept_at": kept_at})
 
     def begin_stop(self, sessions: Sequence[str]) -> list[str]:
-        """Sessions the pool is about to stop: state stopping, for those still in the pool (a dispatch may have
-        taken one since the pool read it: it is left out). Returns the sessions now stopping."""
+        """Sessions about to be stopped, those still in the pool (not taken meanwhile): state stopping."""
         return self._set_state(sessions, WarmState.STOPPING, tuple(WarmState), {})
 
     def _set_state(
@@ -142,8 +139,8 @@ class WarmLedger:
     def _each(
         self, sessions: Sequence[str], ops: Callable[[list[str]], list[dict[str, Any]]], size: int, what: str
     ) -> list[str]:
-        """One transaction per chunk of `size` sessions (`ops(chunk)`: one conditional item per session first); the
-        sessions whose condition failed are left out and the rest written again. Returns the sessions written."""
+        """One transaction per chunk of `size` sessions (`ops`: one conditional item per session first), written again
+        without the sessions whose condition failed. Returns the sessions written."""
         done: list[str] = []
         for chunk in _chunks(sessions, size):
             left = chunk
@@ -159,24 +156,9 @@ class WarmLedger:
                 left = [s for s in left if s not in failed]
         return done
 
-    def note_stop_failed(self, session_id: str, *, not_found: bool) -> None:
-        """A stop of a stopping session failed (or answered ResourceNotFound for the first time)."""
-        self.table.update(
-            session_key(session_id),
-            "ADD stop_tries :one SET stop_not_found = :nf",
-            "#st = :stopping",
-            {":one": 1, ":nf": not_found, ":stopping": WarmState.STOPPING.value},
-            _STATE,
-        )
-
     def forget(self, sessions: Sequence[str]) -> list[str]:
-        """Stopped sessions (their stop confirmed, or AgentCore has ended them): their items deleted and their
-        slots given back, atomically, once. Returns the sessions forgotten."""
-        stopping = {
-            "ConditionExpression": "#st = :stopping",
-            "ExpressionAttributeNames": _STATE,
-            "ExpressionAttributeValues": plain_values({":stopping": WarmState.STOPPING.value}),
-        }
+        """Stopped sessions (confirmed, or ended by AgentCore): items deleted and slots given back, atomically, once."""
+        stopping = _in_state(WarmState.STOPPING)
 
         def ops(chunk: list[str]) -> list[dict[str, Any]]:
             deletes = [{"Delete": {"TableName": self.table.name, "Key": session_key(s), **stopping}} for s in chunk]
@@ -187,10 +169,9 @@ class WarmLedger:
         return self._each(sessions, ops, CHUNK - keys.SESSION_SHARDS, "forgetting stopped warm sessions")
 
     def claim_ops(self, session_id: str, ref: AttemptRef, *, warmed_at: float) -> list[dict[str, Any]]:
-        """The dispatch transaction's part when a rollout attempt takes warm session `session_id`: the session's
-        item deleted on condition that it is idle (so it is given to one attempt only; its slot becomes the
-        attempt's), and the claim that maps the session to the attempt. In this order (the caller reads the
-        cancellation reasons by position)."""
+        """A dispatch transaction's part when attempt `ref` takes warm session `session_id`, in this order (its caller
+        reads the reasons by position): the session's item deleted if idle (one attempt only; its slot becomes the
+        attempt's), and the claim mapping the session to the attempt."""
         claim = {
             "batch_id": ref.batch_id,
             "input_id": ref.input_id,
@@ -200,20 +181,12 @@ class WarmLedger:
             "claimed_at": self.table.now().timestamp(),
             "expires_at": self.table.expires_at(),
         }
-        take = {
-            "TableName": self.table.name,
-            "Key": session_key(session_id),
-            "ConditionExpression": "#st = :idle",
-            "ExpressionAttributeNames": _STATE,
-            "ExpressionAttributeValues": plain_values({":idle": WarmState.IDLE.value}),
-        }
+        take = {"TableName": self.table.name, "Key": session_key(session_id), **_in_state(WarmState.IDLE)}
         put = {"TableName": self.table.name, "Item": {**claim_key(session_id), **plain_values(claim)}}
         return [{"Delete": take}, {"Put": put}]
 
-    # ---------------------------------------------------------------------------------------- the pool item
-
     def take_lease(self, owner: str, *, now: float, lease_s: float) -> bool:
-        """Run the pool until `now + lease_s` (one manager at a time); False when another holds it."""
+        """Run the pool until `now + lease_s` (one manager at a time); False when another does."""
         return (
             self.table.update(
                 pool_key(),
@@ -237,13 +210,10 @@ class WarmLedger:
             values |= {":batch": last_batch[0], ":rollouts": last_batch[1]}
         self.table.update(pool_key(), update, None, values)
 
-    def note_demand(self, now: float) -> None:
-        """A dispatch took a new session because no warm one was on offer: rollouts want the new-session budget."""
-        self.table.update(pool_key(), "SET demand_at = :now", None, {":now": now})
-
-    def note_take(self, now: float) -> None:
-        """A dispatch took a warm session: a burst of takes wants the invoke budget (`tps`) the fill would spend."""
-        self.table.update(pool_key(), "SET took_at = :now", None, {":now": now})
+    def note(self, what: Literal["demand_at", "took_at"], now: float) -> None:
+        """A dispatch took a new session for want of a warm one (`demand_at`: rollouts want the new-session budget),
+        or took a warm one (`took_at`: a burst of takes wants the invoke rate the fill would spend)."""
+        self.table.update(pool_key(), "SET #what = :now", None, {":now": now}, {"#what": what})
 
     def halt(self, reason: str, now: float) -> None:
         """Keep no warm session until a batch created after now ("destroyed": never again)."""

@@ -267,7 +267,7 @@ def dispatch_body(
         if held is not None:
             held.release()
         return warm
-    deps.warm.note_cold()
+    deps.warm.note("demand_at")
     late = deps.limits.gate.hold([admission_key(message)])[0] if held is None and hold_if_new else None
     try:
         return _dispatch_new(
@@ -417,7 +417,7 @@ def _dispatch_warm(
                 return _cancelled(message, deps, options)
             return _decide_existing(message, deps, options, row_payload, wait_until=wait_until)
         offers.taken(offer)
-        deps.warm.took()
+        deps.warm.note("took_at")
         return _invoke_warm(
             message,
             deps,

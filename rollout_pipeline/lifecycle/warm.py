@@ -1,26 +1,13 @@
 """The dispatch side of the warm pool: idle warm sessions on offer through the warm queue (`warm_queue_url`).
 
-The pool's manager (`lifecycle.warm_pool`) sends an offer for each warm session when it becomes idle, and again after
-each keep-alive (delayed to when the last one ends): the session's id, when it was started, and until when it may be
-taken (`offer_until`: `WARM_STALE_MARGIN_S` before AgentCore's idle timeout could end it, and only while its remaining
-life still covers a rollout, `ExperimentConfig.warm_shelf_life_s`). A dispatcher receives as many offers as its SQS
-batch has rollouts (`WarmTaker.offers`): a receive is a take, so no two dispatchers hold one offer (no view of the
-pool, no walk, no collisions). Each rollout takes the next offer (`WarmOffers.next`): one past its `offer_until` is
-deleted unread; the dispatch transaction takes the session on condition that its item is still there and idle
-(`RolloutLedger.begin_dispatch(warmed_at=...)`: its slot becomes the rollout's), so an offer whose session is gone
-(stopped, or taken through an earlier offer of it) fails it and is deleted (`refused`), and another is received in
-its place. When the SQS batch ends, the offers used or found stale are deleted and the rest given back (visible at
-once). A short poll may miss the messages of a small queue (SQS samples its servers): a receive that found none is
-tried once more, then this process receives again only after `EMPTY_RECHECK_S`; a rollout with no offer takes a new
-session as without a pool.
-
-A warm session that turns out dead (its invoke answers NotFound or is rejected, throttled past the retries, or 424)
-is dropped by the dispatcher: the rollout goes back to queued for the SAME attempt, the session's stop is filed in its
-outbox, and it goes on in a new session (`dispatch._drop_warm`; counted in the pool's `dropped`).
-
-A rollout that takes a new session while the pool is on tells the pool (`note_cold`, at most once per
-`DEMAND_NOTE_S`): the pool fills only while nothing wants the new-session budget. So does a take (`took`): while a
-burst of takes runs at the invoke rate, the fill, whose warm-ups are invokes too, waits.
+The pool (`lifecycle.warm_pool`) sends an offer of each warm session when it becomes idle, and after each keep-alive
+another, delayed to when the last one ends: the session's id, start, and until when it may be taken (`offer_until`).
+An SQS batch of a dispatcher receives an offer for each rollout (`WarmTaker.offers`): a receive is a take, so no two
+dispatchers hold one. A rollout takes the next offer (`WarmOffers.next`: one past its end is deleted unread); its
+dispatch transaction takes the session only if its item is still idle, so an offer whose session left the pool is
+refused (deleted, another received in its place). The SQS batch deletes the offers used or stale and gives the rest
+back. A receive that found none is tried once more (a short poll may miss a small queue's messages), then not before
+`EMPTY_RECHECK_S`. Notes to the pool (`note`) say when rollouts took new sessions or warm ones.
 """
 
 from __future__ import annotations
@@ -31,7 +18,7 @@ import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Literal
 
 from rollout_pipeline.config import ExperimentConfig
 from rollout_pipeline.ledger.warm import WarmLedger
@@ -39,19 +26,18 @@ from rollout_pipeline.ports import MessageQueue
 
 log = logging.getLogger(__name__)
 
-#: After a receive found no offer, this process receives again at most this often.
+#: After a receive found no offer, this process receives again at most this often; it notes rollouts that took new
+#: sessions (or warm ones) on the pool item at most once per `DEMAND_NOTE_S`; an SQS receive returns 10 messages at
+#: most; an SQS batch receives offers in place of stale or refused ones at most `REFILLS` times.
 EMPTY_RECHECK_S: Final = 2.0
-#: A process notes that rollouts want new sessions, or took warm ones, at most this often (each kind).
 DEMAND_NOTE_S: Final = 1.0
-#: Offers one SQS receive returns at most (SQS's limit).
 RECEIVE_MAX: Final = 10
-#: Receives an SQS batch's offers make in place of stale or refused ones, at most.
 REFILLS: Final = 3
 
 
 def offer_until(config: ExperimentConfig, warmed_at: float, kept_at: float) -> float:
-    """Until when (epoch s) a warm session started at `warmed_at` and last kept alive at `kept_at` may be taken:
-    `warm_stale_after_s` after its keep-alive, and while its age stays within `warm_shelf_life_s`."""
+    """Until when (epoch s) a warm session may be taken: `warm_stale_after_s` after its keep-alive, while its age
+    stays within `warm_shelf_life_s`."""
     return min(kept_at + config.warm_stale_after_s, warmed_at + config.warm_shelf_life_s)
 
 
@@ -109,7 +95,7 @@ class WarmOffers:
                 self._spent(offer, "stale")
 
     def taken(self, offer: WarmOffer) -> None:
-        """The dispatch transaction took the session: the offer is deleted."""
+        """The dispatch transaction took its session: the offer is deleted."""
         with self._lock:
             self._out.pop(offer.receipt, None)
             self._done.append(offer.receipt)
@@ -140,8 +126,8 @@ class WarmOffers:
 
 
 class WarmTaker:
-    """One dispatcher process's access to the warm queue (see the module doc), and its notes to the pool.
-    `counts`: offers received, taken, found stale, refused. Thread-safe."""
+    """One dispatcher process's access to the warm queue and its notes to the pool (`counts`: what became of the
+    offers it received). Thread-safe."""
 
     def __init__(
         self,
@@ -197,8 +183,7 @@ class WarmTaker:
         return got
 
     def settle(self, done: list[str], held: list[str]) -> None:
-        """Delete the offers used or stale, give the held ones back (best effort: either comes back after the
-        queue's visibility timeout, and a stale one is deleted then)."""
+        """Delete the offers used or stale, give the held ones back (best effort: the visibility timeout else)."""
         for call, receipts in ((self.queue.delete, done), (self.queue.release, held)):
             if receipts:
                 try:
@@ -206,24 +191,15 @@ class WarmTaker:
                 except Exception:
                     log.warning("%d warm offer(s) left to their visibility timeout", len(receipts), exc_info=True)
 
-    def took(self) -> None:
-        """This process's dispatch took a warm session: told to the pool (rate-limited)."""
-        self._note("took", self.ledger.note_take)
-
-    def note_cold(self) -> None:
-        """A rollout of this process takes a new session while the pool is on: told to the pool (rate-limited)."""
-        if self.enabled:
-            self._note("cold", self.ledger.note_demand)
-
-    def _note(self, kind: str, note: Callable[[float], None]) -> None:
-        """Write a note on the pool item at most once per `DEMAND_NOTE_S`. A lost note only moves when the pool
-        fills next (a little sooner or later); the dispatch goes on."""
+    def note(self, kind: Literal["demand_at", "took_at"]) -> None:
+        """Tell the pool (at most once per `DEMAND_NOTE_S`) that a rollout of this process took a new session
+        (`demand_at`) or a warm one (`took_at`). A lost note only moves when the pool fills next."""
         now = self._monotonic()
         with self._lock:
-            if now - self._noted.get(kind, -math.inf) < DEMAND_NOTE_S:
+            if not self.enabled or now - self._noted.get(kind, -math.inf) < DEMAND_NOTE_S:
                 return
             self._noted[kind] = now
         try:
-            note(self.wall())
+            self.ledger.note(kind, self.wall())
         except Exception:
             log.warning("could not note %s on the warm pool", kind, exc_info=True)

@@ -53,11 +53,8 @@ class PoolNotes:
         self.takes: list[float] = []
         self.demands: list[float] = []
 
-    def note_take(self, now: float) -> None:
-        self.takes.append(now)
-
-    def note_demand(self, now: float) -> None:
-        self.demands.append(now)
+    def note(self, what: str, now: float) -> None:
+        (self.takes if what == "took_at" else self.demands).append(now)
 
 
 CONFIG = ExperimentConfig(name="exp", warm_sessions=64)
@@ -145,8 +142,8 @@ def test_a_process_tells_the_pool_of_its_takes_at_most_once_per_note_interval() 
     process = taker(MemorySqs(), clock, notes)
     for _ in range(100):
         clock.advance(DEMAND_NOTE_S / 20)  # 100 takes over 5 intervals
-        process.took()
-        process.note_cold()
+        process.note("took_at")
+        process.note("demand_at")
     assert (len(notes.takes), len(notes.demands)) == (5, 5)
 
 
