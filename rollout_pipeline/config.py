@@ -323,7 +323,8 @@ class ExperimentConfig(BaseModel):
         default=DEFAULT_IDLE_TIMEOUT_S,
         ge=60,
         le=28_800,
-        description="ACR idle session timeout, <= max_lifetime_s (default: 900 s, at most max_lifetime_s)",
+        description="ACR idle session timeout, <= max_lifetime_s (default: 900 s, at most max_lifetime_s); with the "
+        "warm pool on, at least 120 s",
     )
     max_lifetime_s: int = Field(
         default=28_800,
