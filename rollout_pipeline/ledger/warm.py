@@ -1,7 +1,7 @@
 """The warm pool's ledger items: warm sessions, the claims that hand them to rollouts, and the pool's own item.
 
 `WARM` / `S#{session}` (`items.WarmSession`): a warm session the pool holds (`state` warming / idle / stopping,
-`warmed_at`, `kept_at`, stop tries). Each holds a session slot (`LIMIT/SESSIONS#..`, taken in the transaction that
+`warmed_at`, `kept_at`). Each holds a session slot (`LIMIT/SESSIONS#..`, taken in the transaction that
 writes it), so warm sessions count against `max_sessions`. A dispatch takes an idle one in its own transaction
 (`claim_ops`: the item deleted on condition that it is idle, so no two rollouts ever get one session), keeping its
 slot; one stopped unused gives its slot back when its item goes (`forget`). One Query reads them all.
@@ -29,10 +29,6 @@ WARM_PK: Final = "WARM"
 SESSION_PREFIX: Final = "S#"
 #: Items of one transaction at most (DynamoDB's limit is 100; room for the slot counters besides).
 CHUNK: Final = 50
-#: What `add_warming` did.
-ADDED: Final = "added"
-NO_ROOM: Final = "no_room"
-HALTED: Final = "halted"
 _STATE: Final = {"#st": "state"}
 
 
@@ -89,9 +85,9 @@ class WarmLedger:
 
     def add_warming(
         self, sessions: Sequence[str], *, max_sessions: int, takes: Mapping[int, int], warmed_at: float
-    ) -> str:
+    ) -> bool:
         """Record new warm sessions (warming) and take their slots (`takes`: how many on each counter), in one
-        transaction, if the pool is not halted. Returns `ADDED`, `NO_ROOM` or `HALTED` (nothing written)."""
+        transaction, if the pool is not halted. False: nothing written (a counter had no room, or the pool halted)."""
         if sum(takes.values()) != len(sessions) or any(count <= 0 for count in takes.values()):
             raise ValueError(f"slot takes {dict(takes)} do not add up to {len(sessions)} sessions")
         ttl = self.table.expires_at()
@@ -105,14 +101,9 @@ class WarmLedger:
             item = {**session_key(session_id), **plain_values(values)}
             items.append({"Put": {"TableName": self.table.name, "Item": item}})
         reasons = self.table.transact(items)
-        if reasons is None:
-            return ADDED
-        codes = reason_codes(reasons)
-        if codes[len(takes)] == CONDITION_FAILED:
-            return HALTED
-        if CONDITION_FAILED in codes[: len(takes)]:
-            return NO_ROOM
-        raise LedgerError(f"recording warm sessions cancelled: {codes}")
+        if reasons is not None and CONDITION_FAILED not in reason_codes(reasons):
+            raise LedgerError(f"recording warm sessions cancelled: {reason_codes(reasons)}")
+        return reasons is None
 
     def mark(self, sessions: Sequence[str], *, kept_at: float, from_states: Sequence[WarmState]) -> list[str]:
         """Sessions whose warm-up (or keep-alive) answered, still in one of `from_states`: idle, kept at `kept_at`."""

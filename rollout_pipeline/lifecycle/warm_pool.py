@@ -27,7 +27,6 @@ from rollout_pipeline.contracts import parse_iso
 from rollout_pipeline.ledger.items import WarmPoolState, WarmSession, WarmState
 from rollout_pipeline.ledger.limits import shard_cap
 from rollout_pipeline.ledger.release import WindowState
-from rollout_pipeline.ledger.warm import ADDED
 from rollout_pipeline.lifecycle import budget, stops
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.metrics import WARM_KEEPALIVES, WARM_POOL_SIZE, WARM_STOPPED_UNUSED, WARMED
@@ -349,7 +348,7 @@ class WarmPool:
         sessions = [ids.warm_session_id(self.config.name) for _ in range(sum(takes.values()))]
         if not sessions:
             return []
-        if self.deps.ledger.warm.add_warming(sessions, max_sessions=hold, takes=takes, warmed_at=self.wall()) != ADDED:
+        if not self.deps.ledger.warm.add_warming(sessions, max_sessions=hold, takes=takes, warmed_at=self.wall()):
             return []  # a counter filled meanwhile (the next tick reads them again), or the pool halted
         for shard, count in takes.items():
             counts[shard] += count

@@ -520,7 +520,7 @@ def test_a_fill_chunk_takes_its_slots_on_several_counters_and_asks_the_capacity_
     chunks: list[int] = []
     add = deps.ledger.warm.add_warming
 
-    def counted(sessions: list[str], **kwargs: object) -> str:
+    def counted(sessions: list[str], **kwargs: object) -> bool:
         chunks.append(len(sessions))
         return add(sessions, **kwargs)  # type: ignore[arg-type]
 
