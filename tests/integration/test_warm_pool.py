@@ -398,6 +398,7 @@ def test_a_warm_session_taken_at_the_end_of_its_shelf_life_outlives_its_rollout(
     assert (done["attempt"], done["session_id"]) == (1, warm)
 
 
+@pytest.mark.timing
 def test_keep_alives_run_concurrently(resources: ExperimentResources, fake: FakeAgentRuntime) -> None:
     """Keep-alives of many idle sessions are in flight together (paced by the invoke budget), not one at a time:
     each here waits until all of them have arrived (one at a time, the first would wait forever)."""
