@@ -99,6 +99,14 @@ def derived_dispatch_concurrency(
 
 #: A session lives this much longer than one attempt's timeout (dispatch-to-invoke, result write, stop).
 LIFETIME_MARGIN_S = 600
+#: With the warm pool on, the derived `max_lifetime_s` also leaves a warm session this long to wait for its rollout
+#: (its shelf life: AgentCore ends a session `max_lifetime_s` after its start, busy or idle); a set `max_lifetime_s`
+#: must leave at least `MIN_WARM_SHELF_LIFE_S`.
+WARM_SHELF_LIFE_S: Final = 3600
+MIN_WARM_SHELF_LIFE_S: Final = 300
+#: A warm session is offered until this long before AgentCore's idle timeout could end it (a take's invoke, clocks),
+#: and kept alive halfway to that: the pool needs `idle_timeout_s` of at least twice this.
+WARM_STALE_MARGIN_S: Final = 60
 #: The idle session timeout when none is set (capped at `max_lifetime_s`: AgentCore requires idle <= lifetime).
 DEFAULT_IDLE_TIMEOUT_S = 900
 
@@ -319,13 +327,15 @@ class ExperimentConfig(BaseModel):
         default=DEFAULT_IDLE_TIMEOUT_S,
         ge=60,
         le=28_800,
-        description="ACR idle session timeout, <= max_lifetime_s (default: 900 s, at most max_lifetime_s)",
+        description="ACR idle session timeout, <= max_lifetime_s (default: 900 s, at most max_lifetime_s); with the "
+        "warm pool on, at least 120 s",
     )
     max_lifetime_s: int = Field(
         default=28_800,
         ge=60,
         le=28_800,
-        description="ACR max session lifetime (default: rollout_timeout_s + LIFETIME_MARGIN_S, at most 8 h)",
+        description="ACR max session lifetime (default: rollout_timeout_s + LIFETIME_MARGIN_S, plus "
+        "WARM_SHELF_LIFE_S with the warm pool on; at most 8 h)",
     )
     dispatch_concurrency: int = Field(
         default=MIN_DISPATCHERS,
@@ -440,7 +450,8 @@ class ExperimentConfig(BaseModel):
         """Derive the session lifetimes that are not set (absent or empty), in this order:
 
         - `max_lifetime_s`: what one attempt can need (`rollout_timeout_s` + `LIFETIME_MARGIN_S`), not AgentCore's
-          8 h maximum (an orphaned session would otherwise bill for up to 8 h);
+          8 h maximum (an orphaned session would otherwise bill for up to 8 h); with the warm pool on, plus
+          `WARM_SHELF_LIFE_S` (how long a warm session may wait for its rollout);
         - `idle_timeout_s`: 900 s, but never above `max_lifetime_s` (AgentCore rejects a runtime whose idle timeout
           exceeds its max lifetime, and a short `rollout_timeout_s` derives a short lifetime);
         - `dispatch_concurrency`: what the experiment's new-session rate needs (`derived_dispatch_concurrency`).
@@ -466,9 +477,10 @@ class ExperimentConfig(BaseModel):
             data.pop("max_lifetime_s", None)
             try:
                 timeout = int(data.get("rollout_timeout_s", 900))
+                shelf = WARM_SHELF_LIFE_S if warm_pool_wanted(cls._warm_sessions(data.get("warm_sessions", 0))) else 0
             except (TypeError, ValueError):
                 return data
-            data["max_lifetime_s"] = max(60, min(28_800, timeout + LIFETIME_MARGIN_S))
+            data["max_lifetime_s"] = max(60, min(28_800, timeout + LIFETIME_MARGIN_S + shelf))
         if data.get("idle_timeout_s") in _UNSET:
             data.pop("idle_timeout_s", None)
             try:
@@ -482,6 +494,18 @@ class ExperimentConfig(BaseModel):
     def warm_pool_on(self) -> bool:
         """Whether the experiment keeps a warm pool (`warm_sessions` is a count above 0 or `auto`)."""
         return warm_pool_wanted(self.warm_sessions)
+
+    @property
+    def warm_shelf_life_s(self) -> int:
+        """How old a warm session may be when a rollout takes it: its remaining life still covers a rollout
+        (`age + rollout_timeout_s + LIFETIME_MARGIN_S <= max_lifetime_s`)."""
+        return self.max_lifetime_s - self.rollout_timeout_s - LIFETIME_MARGIN_S
+
+    @property
+    def warm_stale_after_s(self) -> int:
+        """How long after its last keep-alive a warm session is still offered (`WARM_STALE_MARGIN_S` before
+        AgentCore's idle timeout could end it)."""
+        return self.idle_timeout_s - WARM_STALE_MARGIN_S
 
     def warnings(self) -> list[str]:
         """Settings that are valid but probably wrong (synth prints them; the preflight compares them with the
@@ -534,6 +558,28 @@ class ExperimentConfig(BaseModel):
                 f"idle_timeout_s ({self.idle_timeout_s}) must be <= max_lifetime_s ({self.max_lifetime_s}): AgentCore "
                 "rejects a runtime whose idle session timeout exceeds its max lifetime; lower idle_timeout_s or leave "
                 "it empty (it then defaults to at most max_lifetime_s)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _warm_pool_fits_the_lifetimes(self) -> ExperimentConfig:
+        if not self.warm_pool_on:
+            return self
+        if self.idle_timeout_s < 2 * WARM_STALE_MARGIN_S:
+            raise ValueError(
+                f"idle_timeout_s ({self.idle_timeout_s}) is too short for the warm pool (warm_sessions="
+                f"{self.warm_sessions}): a warm session is offered until {WARM_STALE_MARGIN_S} s before AgentCore's "
+                f"idle timeout could end it and kept alive halfway to that, so it needs idle_timeout_s >= "
+                f"{2 * WARM_STALE_MARGIN_S}; raise it or turn the pool off"
+            )
+        if self.warm_shelf_life_s < MIN_WARM_SHELF_LIFE_S:
+            raise ValueError(
+                f"max_lifetime_s ({self.max_lifetime_s}) leaves warm sessions {self.warm_shelf_life_s} s to wait for "
+                f"their rollout (warm_sessions={self.warm_sessions}): AgentCore ends a session max_lifetime_s after "
+                f"its start, busy or idle, so a warm session is offered only while its age + rollout_timeout_s + "
+                f"{LIFETIME_MARGIN_S} <= max_lifetime_s; set max_lifetime_s >= rollout_timeout_s + "
+                f"{LIFETIME_MARGIN_S + MIN_WARM_SHELF_LIFE_S}, or leave it empty (it then derives rollout_timeout_s + "
+                f"{LIFETIME_MARGIN_S + WARM_SHELF_LIFE_S})"
             )
         return self
 
@@ -634,6 +680,9 @@ class HandlerSettings(BaseModel):
     #: quotas through it. Empty: no pool, the experiment keeps its own limits as if it owned the account (tests,
     #: `bench_capacity.py --before`); a deployed stack always has one.
     pool_table_name: str = ""
+    #: The warm pool's queue of idle warm session ids (`lifecycle.warm`): the sweeper sends, dispatchers receive.
+    #: Empty: no warm pool (the stack makes the queue only with `warm_sessions` on).
+    warm_queue_url: str = ""
     experiment: ExperimentConfig
 
     @classmethod
@@ -666,6 +715,7 @@ class FunctionEnvironment(BaseModel):
     RUNTIME_ARN: str = ""
     INGEST_QUEUE_URL: str = ""
     POOL_TABLE_NAME: str = ""
+    WARM_QUEUE_URL: str = ""
     #: Read by Powertools itself (Logger, Metrics); declared so the stack and local mode set the same ones.
     POWERTOOLS_SERVICE_NAME: str = "rollouts"
     POWERTOOLS_METRICS_NAMESPACE: str = METRICS_NAMESPACE

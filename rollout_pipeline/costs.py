@@ -151,9 +151,14 @@ class PriceBook:
         """The memory a session is billed for: the configured size, at least AgentCore's minimum."""
         return max(self.session_memory_gb, MIN_BILLED_MEMORY_GB)
 
+    def memory_gb_s(self, session_s: float) -> float:
+        """GB-seconds of sessions living `session_s` seconds in all (`billed_memory_gb` each): e.g. the idle memory
+        of warm sessions waiting for their rollouts (docs/costs.md)."""
+        return max(0.0, session_s) * self.billed_memory_gb
+
     def memory_usd(self, session_s: float) -> float:
-        """Memory of one session living `session_s` seconds (`billed_memory_gb`)."""
-        return max(0.0, session_s) * self.billed_memory_gb * self.gb_hour_usd / 3600.0
+        """Memory of sessions living `session_s` seconds in all (`billed_memory_gb` each)."""
+        return self.memory_gb_s(session_s) * self.gb_hour_usd / 3600.0
 
     def cpu_usd(self, cpu_s: float) -> float:
         """CPU-seconds (one vCPU busy for a second is one)."""

@@ -71,6 +71,18 @@ class MessageQueue(Protocol):
         """Send every body (batches of 10, partial failures retried); raise if any is still unsent."""
         ...
 
+    def receive(self, queue_url: str, max_messages: int) -> list[tuple[str, str]]:
+        """Up to `max_messages` (at most 10) messages now (a short poll): (receipt handle, body) each."""
+        ...
+
+    def delete(self, queue_url: str, receipts: Sequence[str]) -> None:
+        """Delete received messages (best effort: one not deleted comes back after its visibility timeout)."""
+        ...
+
+    def release(self, queue_url: str, receipts: Sequence[str]) -> None:
+        """Make received messages visible again at once (best effort, as `delete`)."""
+        ...
+
 
 class EventPublisher(Protocol):
     """The experiment's EventBridge bus."""

@@ -146,6 +146,20 @@ def dispatchers_hold(config: ExperimentConfig) -> int:
     return config.dispatch_concurrency * DISPATCH_BATCH
 
 
+#: The warm pool's queue of offers (`lifecycle.warm`), made with `warm_sessions` on: an offer a dispatcher received
+#: stays hidden for as long as a dispatcher can hold it (its function's timeout), and no offer outlives a session.
+#: No dead-letter queue: an offer is received and given back many times, and one never used expires.
+WARM_QUEUE: Final = "warm"
+
+
+def warm_queue_attributes(config: ExperimentConfig) -> dict[str, int]:
+    """The warm queue's visibility timeout and retention (s): the dispatcher's timeout, and `max_lifetime_s`."""
+    return {
+        "VisibilityTimeout": FUNCTIONS["dispatch"].timeout_s,
+        "MessageRetentionPeriod": max(60, config.max_lifetime_s),
+    }
+
+
 def queue_visibility_timeouts(config: ExperimentConfig) -> dict[str, int]:
     """Visibility timeout of every queue of the experiment, by queue name (local mode creates them from this)."""
     specs = function_specs(config)

@@ -32,7 +32,7 @@ from stacks.monitoring import (
     give_every_function_a_log_group,
 )
 from stacks.mtrl import MtrlEnvironmentConstruct
-from stacks.queues import QueuedLambdaConsumer
+from stacks.queues import QueuedLambdaConsumer, private_queue
 from stacks.retention import is_retained, removal_policy
 from stacks.sinks import SinksConstruct
 from stacks.storage import Storage
@@ -107,6 +107,7 @@ class ExperimentStack(Stack):
                 function_roles={name: function.role for name, function in self.functions.items()},
                 runtime=self.agent.runtime,
                 runtime_role=self.agent.runtime.role,
+                warm_queue=self.warm_queue,
             )
         )
 
@@ -161,6 +162,18 @@ class ExperimentStack(Stack):
         self.completion = QueuedLambdaConsumer(
             self, "CompletionConsumer", function=completion.function, spec=specs["completion"]
         )
+        # The warm pool's offers (`lifecycle.warm`): the sweeper sends them, dispatchers receive them.
+        warm = topology.warm_queue_attributes(config)
+        self.warm_queue = (
+            private_queue(
+                self,
+                "WarmQueue",
+                visibility_timeout=Duration.seconds(warm["VisibilityTimeout"]),
+                retention_period=Duration.seconds(warm["MessageRetentionPeriod"]),
+            )
+            if config.warm_pool_on
+            else None
+        )
 
     def _routes(self) -> HandlerSettings:
         """What reaches the functions: the S3 rules to their queues, the sweeper's schedule, and every function's
@@ -201,6 +214,7 @@ class ExperimentStack(Stack):
             runtime_arn=self.agent.arn,
             ingest_queue_url=self.ingest.queue.queue_url,
             pool_table_name=self.pool_table_name,
+            warm_queue_url="" if self.warm_queue is None else self.warm_queue.queue_url,
             experiment=config,
         )
         environment = FunctionEnvironment.of(
@@ -346,8 +360,12 @@ class ExperimentStack(Stack):
         self.ledger.grant_read_write(sweeper.role, query_indexes=True)
         rollout_queue.grant_send_messages(sweeper.role)
         self.agent.grant_stop_session(sweeper.role)
-        if self.config.warm_pool_on:  # the warm pool's warm-ups and keep-alives (`lifecycle.warm_pool`)
+        if self.warm_queue is not None:  # the warm pool: warm-ups and keep-alives, its offers sent and taken
             self.agent.grant_invoke(sweeper.role)
+            self.warm_queue.grant(sweeper.role, "sqs:SendMessage")
+            self.warm_queue.grant(
+                dispatch.role, "sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:ChangeMessageVisibility"
+            )
         self.events.bus.grant_put_events_to(sweeper.role)
         self._grant_subscription_reaper(sweeper)
 

@@ -80,6 +80,18 @@ class ExperimentFindings:
     #: The AgentCore runtime, and its role.
     runtime: IConstruct
     runtime_role: iam.IRole
+    #: The warm pool's queue of offers, when the pool is on.
+    warm_queue: IConstruct | None = None
+
+
+def _acknowledge_warm_queue(warm_queue: IConstruct | None) -> None:
+    if warm_queue is not None:
+        ack(
+            warm_queue,
+            "AwsSolutions-SQS3",
+            "The warm pool's offers: each is received and given back many times, and one never taken expires; a "
+            "dead-letter queue would only retire offers of live warm sessions.",
+        )
 
 
 def acknowledge(found: ExperimentFindings) -> None:
@@ -93,6 +105,7 @@ def acknowledge(found: ExperimentFindings) -> None:
         "AwsSolutions-SQS3",
         "This queue is itself a dead-letter queue: EventBridge rule targets send it the events they cannot deliver.",
     )
+    _acknowledge_warm_queue(found.warm_queue)
     ingest_policy = default_policy(roles["ingest"])
     ack(
         ingest_policy,

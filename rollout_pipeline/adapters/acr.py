@@ -99,7 +99,7 @@ def classify_error(exc: Exception, operation: str) -> Exception:
     return exc
 
 
-def client_config(max_pool_connections: int = 50) -> Any:
+def client_config(max_pool_connections: int) -> Any:
     """The botocore config of the `bedrock-agentcore` client: explicit timeouts, botocore retries off (see the
     module doc). `clients.ClientFactory.acr()` makes the client with it."""
     from botocore.config import Config

@@ -19,9 +19,12 @@ import threading
 from typing import Any, Final
 from urllib.parse import urlparse
 
-#: Every client but the agent runtime's: standard retries, enough connections for the dispatcher's threads.
+#: Every client but the agent runtime's: standard retries.
 RETRIES: Final = {"mode": "standard", "max_attempts": 5}
-MAX_POOL_CONNECTIONS: Final = 50
+#: Pooled connections of every client (the agent runtime's too): enough for a dispatcher's threads and for the calls
+#: a warm-pool tick has in flight at once (`lifecycle.warm_pool.CALLS_IN_FLIGHT` is this many: beyond it, calls
+#: would wait for a connection, or open and drop one each).
+MAX_POOL_CONNECTIONS: Final = 100
 #: Region of local mode when nothing else names one (moto accepts any).
 LOCAL_REGION: Final = "us-east-1"
 #: The service name of Amazon Bedrock AgentCore Runtime's data plane (InvokeAgentRuntime, StopRuntimeSession).

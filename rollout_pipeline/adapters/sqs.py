@@ -1,4 +1,6 @@
-"""SQS adapter (MessageQueue): batches of 10, partial failures retried with backoff."""
+"""SQS adapter (MessageQueue): sends in batches of 10, partial failures retried with backoff; receives (short polls),
+deletes and releases (visibility 0) in batches of 10, best effort: an entry SQS did not take comes back after its
+visibility timeout."""
 
 from __future__ import annotations
 
@@ -51,3 +53,23 @@ class SqsQueue:
             last_error = "; ".join(f"{f.get('Code')}: {f.get('Message')}" for f in failed)
             self._sleep(min(0.1 * 2**attempt, 2.0))
         raise SendError(f"{len(pending)} message(s) not sent after {SEND_ATTEMPTS} attempts: {last_error}")
+
+    def receive(self, queue_url: str, max_messages: int) -> list[tuple[str, str]]:
+        self.calls += 1
+        resp = self.sqs.receive_message(
+            QueueUrl=queue_url, MaxNumberOfMessages=max(1, min(SQS_BATCH, max_messages)), WaitTimeSeconds=0
+        )
+        return [(m["ReceiptHandle"], m["Body"]) for m in resp.get("Messages") or []]
+
+    def delete(self, queue_url: str, receipts: Sequence[str]) -> None:
+        for start in range(0, len(receipts), SQS_BATCH):
+            entries = [{"Id": str(i), "ReceiptHandle": r} for i, r in enumerate(receipts[start : start + SQS_BATCH])]
+            self.calls += 1
+            self.sqs.delete_message_batch(QueueUrl=queue_url, Entries=entries)
+
+    def release(self, queue_url: str, receipts: Sequence[str]) -> None:
+        for start in range(0, len(receipts), SQS_BATCH):
+            chunk = receipts[start : start + SQS_BATCH]
+            entries = [{"Id": str(i), "ReceiptHandle": r, "VisibilityTimeout": 0} for i, r in enumerate(chunk)]
+            self.calls += 1
+            self.sqs.change_message_visibility_batch(QueueUrl=queue_url, Entries=entries)

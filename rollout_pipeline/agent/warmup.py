@@ -1,15 +1,12 @@
 """The agent host's answer to the warm pool: a warm-up invocation is answered here and never reaches the agent.
 
-The pipeline's warm pool starts sessions ahead of a batch with an invocation of its own (`config.warmup_payload`:
-`_rollout.warmup`, which no dataset row may set and the dispatcher never sends), and keeps them alive with the same
-call before AgentCore's idle timeout. By the time the host answers, the agent module is imported and its app is
-built: the session's cold start is paid. `WarmupGate` wraps the app the host serves (an ASGI middleware):
-
-- `POST /invocations` whose body is at most `MAX_WARMUP_BYTES` and is a warm-up: answered at once, 200
-  `{"status": "warm", "session_id": ...}`; the agent's code does not run, `/ping` stays `Healthy`, nothing is written;
-- everything else (every rollout, `/ping`, lifespan) passes through to the app unchanged, its body replayed as it
-  arrived; a rollout's invocation runs with a tally of its own for its model replies (`agent.replies`). A body
-  larger than `MAX_WARMUP_BYTES` is never parsed (a warm-up is a few dozen bytes).
+The warm pool starts sessions ahead with an invocation of its own (`config.warmup_payload`: `_rollout.warmup`, which
+no dataset row may set and the dispatcher never sends) and keeps them alive with it. By the time the host answers,
+the agent module is imported and its app built: the session's cold start is paid. `WarmupGate` wraps the app the
+host serves (an ASGI middleware): a `POST /invocations` whose body (at most `MAX_WARMUP_BYTES`) is a warm-up is
+answered at once, 200 `{"status": "warm", "session_id": ...}` (the agent's code does not run, `/ping` stays
+`Healthy`, nothing is written); everything else passes through unchanged, its body replayed as it arrived, a
+rollout's invocation with a tally of its own for its model replies (`agent.replies`).
 """
 
 from __future__ import annotations
@@ -48,13 +45,13 @@ class WarmupGate:
         if scope.get("type") != "http" or scope.get("method") != "POST" or scope.get("path") != "/invocations":
             await self.app(scope, receive, send)
             return
-        if _content_length(scope) > MAX_WARMUP_BYTES:
+        if int(_header(scope, b"content-length") or 0) > MAX_WARMUP_BYTES:
             await _as_a_rollout(self.app, scope, receive, send)
             return
         body, more, messages = await _read_body(receive, MAX_WARMUP_BYTES)
         if not more and _is_warmup(body):
             self.warmups += 1
-            await _answer_warm(send, _session_of(scope))
+            await _answer_warm(send, _header(scope, SESSION_HEADER).decode("latin-1"))
             return
         await _as_a_rollout(self.app, scope, _replay(messages, receive), send)
 
@@ -69,21 +66,12 @@ async def _as_a_rollout(app: App, scope: AsgiScope, receive: Receive, send: Send
         replies.end_rollout(token)
 
 
-def _content_length(scope: AsgiScope) -> int:
+def _header(scope: AsgiScope, wanted: bytes) -> bytes:
+    """A request header's value (b"" when absent; a content length that is not a number reads as absent)."""
     for name, value in scope.get("headers") or ():
-        if name == b"content-length":
-            try:
-                return int(value)
-            except ValueError:
-                return 0
-    return 0
-
-
-def _session_of(scope: AsgiScope) -> str:
-    for name, value in scope.get("headers") or ():
-        if name == SESSION_HEADER:
-            return str(value.decode("latin-1"))
-    return ""
+        if name == wanted:
+            return bytes(value) if wanted != b"content-length" or bytes(value).isdigit() else b""
+    return b""
 
 
 async def _read_body(receive: Receive, limit: int) -> tuple[bytes, bool, list[Message]]:

@@ -20,11 +20,13 @@ invoke responses. Seeded: the same seed gives the same faults.
 
 Sessions, as AgentCore keeps them: a session's first invoke pays its cold start (`AcrProfile.first_invoke_s`: the
 response comes that much later), later invokes of the same id reach the same session with no new-session charge,
-a session idle for `idle_timeout_s` is reaped, and (with a profile) an invoke of a session that was stopped or reaped
-answers ResourceNotFoundException (`RuntimeRejected`, as the ACR adapter maps it). The warm pool's warm-up
-invocation (`config.is_warmup_payload`) is answered as the agent host answers it: at once, nothing written, the
-agent's behaviour not consulted (`warmup_behaviour` may fail it); the session is idle from then on. `warmups` and
-`warm_reuses` count them, `rollouts_in` counts the rollouts each session ran (a warm session runs one at most).
+a session idle for `idle_timeout_s` is reaped, every session ends `max_lifetime_s` after its start, busy or idle (a
+busy rollout's result is then never written: `lifetime_ends_busy`), and (with a profile) an invoke of a session that
+was stopped, reaped or ended answers ResourceNotFoundException (`RuntimeRejected`, as the ACR adapter maps it). The
+warm pool's warm-up invocation (`config.is_warmup_payload`) is answered as the agent host answers it: at once,
+nothing written, the agent's behaviour not consulted (`warmup_behaviour` may fail it); the session is idle from then
+on. `warmups` and `warm_reuses` count them, `rollouts_in` counts the rollouts each session ran (a warm session runs
+one at most).
 """
 
 from __future__ import annotations
@@ -122,6 +124,8 @@ class AcrProfile:
     #: Active sessions per account (a session counts until stopped or idle for `idle_timeout_s`).
     max_active_sessions: int = 1000
     idle_timeout_s: float = 900.0
+    #: AgentCore ends every session this long after its start (`maxLifetime`), busy or idle; None: never.
+    max_lifetime_s: float | None = None
     #: Runtime endpoints sessions are spread over (`ids.endpoint_index`).
     endpoints: int = 1
     #: Share of first invokes of a session answered RuntimeClientError (424); the session exists anyway.
@@ -256,6 +260,11 @@ class FakeAgentRuntime:
         self.rollouts_in: Counter[str] = Counter()
         #: Ended sessions an invoke started again (`AcrProfile.ended_session_invoke` "restarts").
         self.restarted: set[str] = set()
+        #: When each session started (its `maxLifetime` counts from then), the sessions it ended, and of those the
+        #: ones a rollout was still running in (its result is never written).
+        self.born: dict[str, float] = {}
+        self.lifetime_ends: set[str] = set()
+        self.lifetime_ends_busy: set[str] = set()
 
     # ---------------------------------------------------------------------------------------------- the port
 
@@ -287,7 +296,7 @@ class FakeAgentRuntime:
             if behaviour.kind == "cannot_start":
                 self.calls.append(FakeCall(now, "invoke", session_id, "cannot_start", endpoint, warmup))
                 self.invoked[session_id] += 1
-                self.running.add(session_id)
+                self._alive(session_id, now)
                 self.last_active[session_id] = now
                 raise RuntimeStartFailed(CANNOT_START_MESSAGE)
             if new and self.profile is not None:
@@ -320,7 +329,7 @@ class FakeAgentRuntime:
         self.warmups += 1
         self.warmed.add(session_id)
         self.stopped.discard(session_id)
-        self.running.add(session_id)
+        self._alive(session_id, now)
         if self.last_active.get(session_id, now) is not None:  # a busy session stays busy
             self.last_active[session_id] = now
         self.max_running = max(self.max_running, len(self.running))
@@ -335,7 +344,7 @@ class FakeAgentRuntime:
             self.warm_reuses += 1
         self.payloads[session_id] = payload
         self.stopped.discard(session_id)
-        self.running.add(session_id)
+        self._alive(session_id, now)
         self.last_active[session_id] = None
         self.max_running = max(self.max_running, len(self.running))
 
@@ -377,7 +386,7 @@ class FakeAgentRuntime:
             # The microVM exists (it counts and must be stopped) but the agent is not up yet.
             self.calls.append(FakeCall(now, "invoke", session_id, "cold_start", endpoint, warmup))
             self.invoked[session_id] += 1
-            self.running.add(session_id)
+            self._alive(session_id, now)
             self.last_active[session_id] = now
             self.max_running = max(self.max_running, len(self.running))
             self.cold_until[session_id] = now + self.profile.cold_start_ready_s
@@ -392,17 +401,26 @@ class FakeAgentRuntime:
         with self._lock:
             return self._active_sessions(now)
 
+    def _alive(self, session_id: str, now: float) -> None:
+        """The session runs (under the lock): a session that was not running starts a life of its own now."""
+        if session_id not in self.running:
+            self.born[session_id] = now
+            self.running.add(session_id)
+
     def _active_sessions(self, now: float) -> int:
-        """`active_sessions` under the lock (it walks `running` and reaps idle sessions from it)."""
+        """`active_sessions` under the lock (it walks `running` and reaps the sessions idle past the timeout or past
+        their maximum lifetime from it)."""
         if self.profile is None:
             return len(self.running)
-        idle_timeout = self.profile.idle_timeout_s
-        reaped = [
-            sid
-            for sid in self.running
-            if (last := self.last_active.get(sid)) is not None and now - last >= idle_timeout
-        ]
-        for sid in reaped:
+        idle_timeout, lifetime = self.profile.idle_timeout_s, self.profile.max_lifetime_s
+        for sid in list(self.running):
+            last = self.last_active.get(sid)
+            if lifetime is not None and now - self.born.get(sid, now) >= lifetime:
+                self.lifetime_ends.add(sid)
+                if last is None:  # its rollout was running: it never writes its result
+                    self.lifetime_ends_busy.add(sid)
+            elif last is None or now - last < idle_timeout:
+                continue
             self.running.discard(sid)
             self.reaped.add(sid)
         return len(self.running)
@@ -413,6 +431,8 @@ class FakeAgentRuntime:
         now = self._clock()
         endpoint = ids.endpoint_index(session_id, self.profile.endpoints) if self.profile is not None else 0
         with self._lock:
+            if self.profile is not None:
+                self._active_sessions(now)  # a session past its lifetime is gone
             known = session_id in self.running
             if self.profile is not None:
                 assert self._quota is not None
@@ -509,8 +529,9 @@ class FakeAgentRuntime:
 
     def _write(self, session_id: str, behaviour: AgentBehaviour, force: bool = False) -> str | None:
         with self._lock:
+            self._active_sessions(self._clock())  # a session whose lifetime ended writes nothing
             if not force and session_id not in self.running:
-                return None  # stopped before the agent finished
+                return None  # stopped (or ended) before the agent finished
             self._pending.pop(session_id, None)
             payload = self.payloads.get(session_id) or {}
         rollout = payload.get("_rollout") or {}

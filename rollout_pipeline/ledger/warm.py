@@ -1,47 +1,36 @@
 """The warm pool's ledger items: warm sessions, the claims that hand them to rollouts, and the pool's own item.
 
-`WARM` / `S#{session}` (`warm_items.WarmSession`): one per warm session the pool holds: `state` warming / idle /
-stopping, `warmed_at`, `kept_at`, `stop_tries`. Each holds a session slot (`LIMIT/SESSIONS#..`, taken when the item
-is written, in the same transaction), so warm sessions count against `max_sessions` like any other. A dispatch takes
-an idle one in its own transaction (`claim_ops`: the item deleted on condition that it is idle, so no two rollouts
-ever get one session) and keeps its slot; a session stopped unused gives its slot back when its item goes
-(`forget`). The partition holds only what the pool holds now (at most `max_sessions` items): one Query reads it.
-
-`WS#{session}` / `CLAIM` (`warm_items.WarmClaim`): which attempt took the session (written by that dispatch
-transaction): how completion maps a result of a session that was started before its rollout was known, when the
-result does not say it itself (`lifecycle.completion`). Never queried; it expires with the table's TTL.
-
-`WARM` / `POOL` (`warm_items.WarmPoolState`): the pool's lease (one manager at a time), when the experiment last had
-work and last wanted a new session, whether the pool is halted, the last batch's size, and its totals.
-
-Writes that touch many sessions go in transactions of up to `CHUNK` items (one request for a chunk), each item
-conditional on the state the pool read: a session a dispatch took meanwhile fails its condition and is left out.
+`WARM` / `S#{session}` (`warm_items.WarmSession`): a warm session the pool holds (`state` warming / idle / stopping,
+`warmed_at`, `kept_at`). Each holds a session slot (`LIMIT/SESSIONS#..`, taken in the transaction that
+writes it), so warm sessions count against `max_sessions`. A dispatch takes an idle one in its own transaction
+(`claim_ops`: the item deleted on condition that it is idle, so no two rollouts ever get one session), keeping its
+slot; one stopped unused gives its slot back when its item goes (`forget`). One Query reads them all.
+`WS#{session}` / `CLAIM` (`warm_items.WarmClaim`): which attempt took the session, for completion to map a result that
+does not name its attempt (`lifecycle.completion`); it expires with the table's TTL.
+`WARM` / `POOL` (`warm_items.WarmPoolState`): the manager's lease, when the experiment last had work, last wanted a new
+session or took a warm one, whether the pool is halted, the last batch's size, and the totals.
+Writes of many sessions go in transactions of up to `CHUNK` items, each conditional on the state the pool read.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Final
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Final, Literal
 
 from rollout_pipeline.ids import AttemptRef
 from rollout_pipeline.ledger import keys
 from rollout_pipeline.ledger.attributes import plain_values
 from rollout_pipeline.ledger.limits import LimitLedger, free_shard
+from rollout_pipeline.ledger.retry import LedgerError
 from rollout_pipeline.ledger.table import CONDITION_FAILED, LedgerTable, reason_codes
 from rollout_pipeline.ledger.warm_items import WarmClaim, WarmPoolState, WarmSession, WarmState
 
 WARM_PK: Final = "WARM"
 SESSION_PREFIX: Final = "S#"
-POOL_SK: Final = "POOL"
-CLAIM_PK_PREFIX: Final = "WS#"
-CLAIM_SK: Final = "CLAIM"
-#: Items of one transaction at most (DynamoDB's limit is 100; some room for the slot counters).
+#: Items of one transaction at most (DynamoDB's limit is 100; room for the slot counters besides).
 CHUNK: Final = 50
-#: What `add_warming` did.
-ADDED: Final = "added"
-NO_ROOM: Final = "no_room"
-HALTED: Final = "halted"
+_STATE: Final = {"#st": "state"}
 
 
 def session_key(session_id: str) -> dict[str, dict[str, str]]:
@@ -49,39 +38,41 @@ def session_key(session_id: str) -> dict[str, dict[str, str]]:
 
 
 def pool_key() -> dict[str, dict[str, str]]:
-    return {keys.PK: {"S": WARM_PK}, keys.SK: {"S": POOL_SK}}
+    return {keys.PK: {"S": WARM_PK}, keys.SK: {"S": "POOL"}}
 
 
 def claim_key(session_id: str) -> dict[str, dict[str, str]]:
-    return {keys.PK: {"S": f"{CLAIM_PK_PREFIX}{session_id}"}, keys.SK: {"S": CLAIM_SK}}
+    return {keys.PK: {"S": f"WS#{session_id}"}, keys.SK: {"S": "CLAIM"}}
 
 
-def _chunks(values: Sequence[str], size: int = CHUNK) -> Iterable[Sequence[str]]:
+def _in_state(state: WarmState) -> dict[str, Any]:
+    """A transaction item's condition: the session is in `state`."""
+    return {
+        "ConditionExpression": "#st = :state",
+        "ExpressionAttributeNames": _STATE,
+        "ExpressionAttributeValues": plain_values({":state": state.value}),
+    }
+
+
+def _chunks(values: Sequence[str], size: int = CHUNK) -> Iterable[list[str]]:
     for start in range(0, len(values), size):
-        yield values[start : start + size]
+        yield list(values[start : start + size])
 
 
 class WarmLedger:
-    """Reads and conditional writes of the warm pool's items, through the table's gateway; session slots through
-    `limits`."""
+    """The warm pool's items, read and conditionally written through the table's gateway (slots through `limits`)."""
 
     def __init__(self, table: LedgerTable, limits: LimitLedger) -> None:
         self.table = table
         self.limits = limits
 
-    # ---------------------------------------------------------------------------------------------- reads
-
-    def sessions(self, *, idle_only: bool = False) -> list[WarmSession]:
-        """Every warm session the pool holds (`idle_only`: the ones a dispatch may take), strongly consistent."""
+    def sessions(self) -> list[WarmSession]:
+        """Every warm session the pool holds, strongly consistent."""
         request: dict[str, Any] = {
             "KeyConditionExpression": "pk = :pk AND begins_with(sk, :prefix)",
             "ExpressionAttributeValues": plain_values({":pk": WARM_PK, ":prefix": SESSION_PREFIX}),
             "ConsistentRead": True,
         }
-        if idle_only:
-            request["FilterExpression"] = "#st = :idle"
-            request["ExpressionAttributeNames"] = {"#st": "state"}
-            request["ExpressionAttributeValues"] |= plain_values({":idle": WarmState.IDLE.value})
         return [WarmSession.of(raw) for raw in self.table.query(request, max_pages=20)]
 
     def pool(self) -> WarmPoolState:
@@ -93,202 +84,101 @@ class WarmLedger:
         raw = self.table.get(claim_key(session_id))
         return WarmClaim.of(raw) if raw else None
 
-    # ------------------------------------------------------------------------------------- filling the pool
-
     def add_warming(
         self, sessions: Sequence[str], *, max_sessions: int, takes: Mapping[int, int], warmed_at: float
-    ) -> str:
-        """Record new warm sessions (state warming) and take their slots (`takes`: how many on each counter, summing
-        to the sessions), in one transaction, on condition that the pool is not halted. Returns "added",
-        "no_room" (a counter has no room for its part) or "halted" (nothing written either way)."""
-        if not sessions:
-            return ADDED
+    ) -> bool:
+        """Record new warm sessions (warming) and take their slots (`takes`: how many on each counter), in one
+        transaction, if the pool is not halted. False: nothing written (a counter had no room, or the pool halted)."""
         if sum(takes.values()) != len(sessions) or any(count <= 0 for count in takes.values()):
             raise ValueError(f"slot takes {dict(takes)} do not add up to {len(sessions)} sessions")
         ttl = self.table.expires_at()
         items: list[dict[str, Any]] = [
             self.limits.take_slot(max_sessions, shard, count) for shard, count in sorted(takes.items())
         ]
-        items.append(
-            {
-                "ConditionCheck": {
-                    "TableName": self.table.name,
-                    "Key": pool_key(),
-                    "ConditionExpression": "attribute_not_exists(halted)",
-                }
-            }
-        )
+        check = {"TableName": self.table.name, "Key": pool_key(), "ConditionExpression": "attribute_not_exists(halted)"}
+        items.append({"ConditionCheck": check})
+        values = {"state": WarmState.WARMING.value, "warmed_at": warmed_at, "kept_at": warmed_at, "expires_at": ttl}
         for session_id in sessions:
-            item = {
-                **session_key(session_id),
-                **plain_values(
-                    {"state": WarmState.WARMING.value, "warmed_at": warmed_at, "kept_at": warmed_at, "expires_at": ttl}
-                ),
-            }
+            item = {**session_key(session_id), **plain_values(values)}
             items.append({"Put": {"TableName": self.table.name, "Item": item}})
         reasons = self.table.transact(items)
-        if reasons is None:
-            return ADDED
-        codes = reason_codes(reasons)
-        if codes[len(takes)] == CONDITION_FAILED:
-            return HALTED
-        if CONDITION_FAILED in codes[: len(takes)]:
-            return NO_ROOM
-        raise_cancelled("recording warm sessions", reasons)
-        return NO_ROOM  # pragma: no cover - raise_cancelled raises
+        if reasons is not None and CONDITION_FAILED not in reason_codes(reasons):
+            raise LedgerError(f"recording warm sessions cancelled: {reason_codes(reasons)}")
+        return reasons is None
 
     def mark(self, sessions: Sequence[str], *, kept_at: float, from_states: Sequence[WarmState]) -> list[str]:
-        """Sessions whose warm-up (or keep-alive) was answered: state idle, `kept_at` stamped, for those still in
-        one of `from_states`. Returns the sessions written (a chunk whose condition failed for some is written
-        again without them)."""
-        done: list[str] = []
-        states = {f":s{i}": state.value for i, state in enumerate(from_states)}
-        condition = f"#st IN ({', '.join(states)})"
-        for chunk in _chunks(list(sessions)):
-            ops = [
-                {
-                    "Update": self.table.update_op(
-                        session_key(session_id),
-                        "SET #st = :idle, kept_at = :kept",
-                        condition,
-                        {":idle": WarmState.IDLE.value, ":kept": kept_at, **states},
-                        {"#st": "state"},
-                    )
-                }
-                for session_id in chunk
-            ]
-            done.extend(self._transact_each(chunk, ops))
-        return done
+        """Sessions whose warm-up (or keep-alive) answered, still in one of `from_states`: idle, kept at `kept_at`."""
+        return self._set_state(sessions, WarmState.IDLE, from_states, {"kept_at": kept_at})
 
     def begin_stop(self, sessions: Sequence[str]) -> list[str]:
-        """Sessions the pool is about to stop: state stopping, for those still warming or idle (a dispatch may
-        have taken one since the pool read it: it is left out). Returns the sessions now stopping."""
-        done: list[str] = []
-        for chunk in _chunks(list(sessions)):
-            ops = [
-                {
-                    "Update": self.table.update_op(
-                        session_key(session_id),
-                        "SET #st = :stopping",
-                        "#st IN (:warming, :idle, :stopping)",
-                        {
-                            ":stopping": WarmState.STOPPING.value,
-                            ":warming": WarmState.WARMING.value,
-                            ":idle": WarmState.IDLE.value,
-                        },
-                        {"#st": "state"},
-                    )
-                }
-                for session_id in chunk
-            ]
-            done.extend(self._transact_each(chunk, ops))
-        return done
+        """Sessions about to be stopped, those still in the pool (not taken meanwhile): state stopping."""
+        return self._set_state(sessions, WarmState.STOPPING, tuple(WarmState), {})
 
-    def note_stop_failed(self, session_id: str, *, not_found: bool) -> None:
-        """A stop of a stopping session failed (or answered ResourceNotFound for the first time)."""
-        self.table.update(
-            session_key(session_id),
-            "ADD stop_tries :one SET stop_not_found = :nf",
-            "#st = :stopping",
-            {":one": 1, ":nf": not_found, ":stopping": WarmState.STOPPING.value},
-            {"#st": "state"},
-        )
+    def _set_state(
+        self, sessions: Sequence[str], state: WarmState, from_states: Sequence[WarmState], extra: Mapping[str, Any]
+    ) -> list[str]:
+        """`state` (and `extra`) on each of `sessions` still in one of `from_states`. Returns the sessions written."""
+        allowed = {f":s{i}": s.value for i, s in enumerate(from_states)}
+        update = "SET #st = :to" + "".join(f", {name} = :{name}" for name in extra)
+        values = {":to": state.value, **allowed, **{f":{name}": value for name, value in extra.items()}}
+        condition = f"#st IN ({', '.join(allowed)})"
+
+        def ops(chunk: list[str]) -> list[dict[str, Any]]:
+            return [{"Update": self.table.update_op(session_key(s), update, condition, values, _STATE)} for s in chunk]
+
+        return self._each(sessions, ops, CHUNK, "updating warm sessions")
+
+    def _each(
+        self, sessions: Sequence[str], ops: Callable[[list[str]], list[dict[str, Any]]], size: int, what: str
+    ) -> list[str]:
+        """One transaction per chunk of `size` sessions (`ops`: one conditional item per session first), written again
+        without the sessions whose condition failed. Returns the sessions written."""
+        done: list[str] = []
+        for chunk in _chunks(sessions, size):
+            left = chunk
+            for _ in range(len(chunk) + 1):
+                reasons = self.table.transact(ops(left)) if left else None
+                if reasons is None:
+                    done += left
+                    break
+                codes = reason_codes(reasons)
+                failed = {left[i] for i, code in enumerate(codes[: len(left)]) if code == CONDITION_FAILED}
+                if not failed:
+                    raise LedgerError(f"{what} cancelled: {codes}")
+                left = [s for s in left if s not in failed]
+        return done
 
     def forget(self, sessions: Sequence[str]) -> list[str]:
-        """Stopped sessions (their stop confirmed, or AgentCore has ended them): their items deleted and their
-        slots given back, atomically, once. Returns the sessions forgotten."""
-        done: list[str] = []
-        for chunk in _chunks(list(sessions), CHUNK - keys.SESSION_SHARDS):
-            done.extend(self._forget_chunk(chunk))
-        return done
+        """Stopped sessions (confirmed, or ended by AgentCore): items deleted and slots given back, atomically, once."""
+        stopping = _in_state(WarmState.STOPPING)
 
-    def _forget_chunk(self, chunk: Sequence[str]) -> list[str]:
-        left = list(chunk)
-        for _ in range(len(chunk) + 1):
-            if not left:
-                return []
-            shards = Counter(free_shard(session_id) for session_id in left)
-            deletes = [
-                {
-                    "Delete": {
-                        "TableName": self.table.name,
-                        "Key": session_key(session_id),
-                        "ConditionExpression": "#st = :stopping",
-                        "ExpressionAttributeNames": {"#st": "state"},
-                        "ExpressionAttributeValues": plain_values({":stopping": WarmState.STOPPING.value}),
-                    }
-                }
-                for session_id in left
-            ]
-            frees = [
-                self.limits.free_slot(next(s for s in left if free_shard(s) == shard), count)
-                for shard, count in shards.items()
-            ]
-            reasons = self.table.transact([*deletes, *frees])
-            if reasons is None:
-                return left
-            codes = reason_codes(reasons)
-            failed = {left[i] for i, code in enumerate(codes[: len(left)]) if code == CONDITION_FAILED}
-            if not failed:
-                raise_cancelled("forgetting stopped warm sessions", reasons)
-            left = [session_id for session_id in left if session_id not in failed]
-        return left
+        def ops(chunk: list[str]) -> list[dict[str, Any]]:
+            deletes = [{"Delete": {"TableName": self.table.name, "Key": session_key(s), **stopping}} for s in chunk]
+            shards = Counter(free_shard(s) for s in chunk)
+            holders = {free_shard(s): s for s in chunk}
+            return [*deletes, *(self.limits.free_slot(holders[shard], n) for shard, n in shards.items())]
 
-    def _transact_each(self, chunk: Sequence[str], ops: Sequence[Mapping[str, Any]]) -> list[str]:
-        """Run `ops` (one conditional update per session of `chunk`) in one transaction; the sessions whose
-        condition failed are left out and the rest written again. Returns the sessions written."""
-        left = list(zip(chunk, ops, strict=True))
-        for _ in range(len(chunk) + 1):
-            if not left:
-                return []
-            reasons = self.table.transact([op for _session, op in left])
-            if reasons is None:
-                return [session_id for session_id, _op in left]
-            codes = reason_codes(reasons)
-            failed = {i for i, code in enumerate(codes) if code == CONDITION_FAILED}
-            if not failed:
-                raise_cancelled("updating warm sessions", reasons)
-            left = [pair for i, pair in enumerate(left) if i not in failed]
-        return [session_id for session_id, _op in left]
-
-    # ----------------------------------------------------------------------------------------------- claims
+        return self._each(sessions, ops, CHUNK - keys.SESSION_SHARDS, "forgetting stopped warm sessions")
 
     def claim_ops(self, session_id: str, ref: AttemptRef, *, warmed_at: float) -> list[dict[str, Any]]:
-        """The dispatch transaction's part when a rollout attempt takes warm session `session_id`: the session's
-        item deleted on condition that it is idle (so it is given to one attempt only; its slot becomes the
-        attempt's), and the claim that maps the session to the attempt. In this order (the caller reads the
-        cancellation reasons by position)."""
+        """A dispatch transaction's part when attempt `ref` takes warm session `session_id`, in this order (its caller
+        reads the reasons by position): the session's item deleted if idle (one attempt only; its slot becomes the
+        attempt's), and the claim mapping the session to the attempt."""
         claim = {
-            **claim_key(session_id),
-            **plain_values(
-                {
-                    "batch_id": ref.batch_id,
-                    "input_id": ref.input_id,
-                    "index": ref.index,
-                    "attempt": ref.attempt,
-                    "warmed_at": warmed_at,
-                    "claimed_at": self.table.now().timestamp(),
-                    "expires_at": self.table.expires_at(),
-                }
-            ),
+            "batch_id": ref.batch_id,
+            "input_id": ref.input_id,
+            "index": ref.index,
+            "attempt": ref.attempt,
+            "warmed_at": warmed_at,
+            "claimed_at": self.table.now().timestamp(),
+            "expires_at": self.table.expires_at(),
         }
-        return [
-            {
-                "Delete": {
-                    "TableName": self.table.name,
-                    "Key": session_key(session_id),
-                    "ConditionExpression": "#st = :idle",
-                    "ExpressionAttributeNames": {"#st": "state"},
-                    "ExpressionAttributeValues": plain_values({":idle": WarmState.IDLE.value}),
-                }
-            },
-            {"Put": {"TableName": self.table.name, "Item": claim}},
-        ]
-
-    # ---------------------------------------------------------------------------------------- the pool item
+        take = {"TableName": self.table.name, "Key": session_key(session_id), **_in_state(WarmState.IDLE)}
+        put = {"TableName": self.table.name, "Item": {**claim_key(session_id), **plain_values(claim)}}
+        return [{"Delete": take}, {"Put": put}]
 
     def take_lease(self, owner: str, *, now: float, lease_s: float) -> bool:
-        """Run the pool until `now + lease_s` (one manager at a time); False when another holds it."""
+        """Run the pool until `now + lease_s` (one manager at a time); False when another does."""
         return (
             self.table.update(
                 pool_key(),
@@ -312,13 +202,10 @@ class WarmLedger:
             values |= {":batch": last_batch[0], ":rollouts": last_batch[1]}
         self.table.update(pool_key(), update, None, values)
 
-    def note_demand(self, now: float) -> None:
-        """A dispatch took a new session because no warm one was idle: rollouts want the new-session budget."""
-        self.table.update(pool_key(), "SET demand_at = :now", None, {":now": now})
-
-    def note_take(self, now: float) -> None:
-        """A dispatch took a warm session: a burst of takes wants the invoke budget (`tps`) the fill would spend."""
-        self.table.update(pool_key(), "SET took_at = :now", None, {":now": now})
+    def note(self, what: Literal["demand_at", "took_at"], now: float) -> None:
+        """A dispatch took a new session for want of a warm one (`demand_at`: rollouts want the new-session budget),
+        or took a warm one (`took_at`: a burst of takes wants the invoke rate the fill would spend)."""
+        self.table.update(pool_key(), "SET #what = :now", None, {":now": now}, {"#what": what})
 
     def halt(self, reason: str, now: float) -> None:
         """Keep no warm session until a batch created after now ("destroyed": never again)."""
@@ -338,10 +225,3 @@ class WarmLedger:
         values = {f":a{i}": value for i, value in enumerate(given.values())}
         update = f"ADD {', '.join(f'#a{i} :a{i}' for i in range(len(given)))}"
         self.table.update(pool_key(), update, None, values, names)
-
-
-def raise_cancelled(what: str, reasons: Sequence[Mapping[str, Any]]) -> None:
-    """A transaction of the pool was cancelled for a reason that is not a failed condition of ours."""
-    from rollout_pipeline.ledger.retry import LedgerError
-
-    raise LedgerError(f"{what} cancelled: {reason_codes(reasons)}")

@@ -33,9 +33,6 @@ class WarmSession:
     warmed_at: float
     #: When its last warm-up or keep-alive was answered (AgentCore's idle timeout counts from then).
     kept_at: float
-    stop_tries: int = 0
-    #: A stop answered ResourceNotFound once (a second one confirms the stop).
-    stop_not_found: bool = False
 
     @classmethod
     def of(cls, raw: Mapping[str, Any]) -> WarmSession:
@@ -46,8 +43,6 @@ class WarmSession:
             state=WarmState(item.get("state") or WarmState.WARMING),
             warmed_at=warmed,
             kept_at=float(item.get("kept_at") or warmed),
-            stop_tries=int_at(item, "stop_tries"),
-            stop_not_found=bool(item.get("stop_not_found")),
         )
 
 

@@ -75,7 +75,7 @@ class LifecycleDeps:
     #: (`lifecycle.subscriptions`). None: not looked at.
     subscriptions: BusSubscriptions | None = None
     prices: PriceBook = field(init=False)
-    #: This process's view of the warm pool's idle sessions (`lifecycle.warm`): dispatch takes one first.
+    #: This process's access to the warm pool's offers (`lifecycle.warm`): dispatch takes one first.
     warm: WarmTaker = field(init=False)
 
     def __post_init__(self) -> None:
@@ -85,12 +85,17 @@ class LifecycleDeps:
         arn = self.settings.runtime_arn
         self.prices = self.price_book or PriceBook.of(config, ids.runtime_region(arn), local=ids.is_local_runtime(arn))
         self.warm = WarmTaker(
-            self.ledger.warm, config, wall=lambda: self.clock.now().timestamp(), monotonic=self.clock.monotonic
+            self.queue,
+            self.settings.warm_queue_url,
+            self.ledger.warm,
+            config,
+            wall=lambda: self.clock.now().timestamp(),
+            monotonic=self.clock.monotonic,
         )
 
     def for_another_process(self) -> LifecycleDeps:
         """These deps as another process of the experiment holds them: the same ledger and ports, its own limits'
-        state and warm pool view (benches and tests model each Lambda as a process)."""
+        state and warm-queue access (benches and tests model each Lambda as a process)."""
         return dataclasses.replace(self, limits=self.limits.for_another_process())
 
     def max_sessions(self) -> int:

@@ -15,10 +15,11 @@ stopped. A read timeout after sending is never re-sent (the deadline decides).
 An invoke is started only if it can end inside the invocation (`wait_until` minus the runtime's longest call,
 `LifecycleDeps.invoke_time_s`): waits for a slot or a budget end that much earlier, and a message left without
 that time is re-sent fresh (counted as a limit wait), never dropped.
-With the warm pool on, a message first takes an idle warm session (`lifecycle.warm`): no slot wait and no
-new-session budget (the session holds its slot, and exists), the same payload and result key form; a dead one is
-dropped and the attempt goes on with a new session as above (`_drop_warm`). An SQS batch the pool's view covers
-books its takes' `tps` starts in one write (`limits.pacing.InvokeBlock`), not one each.
+With the warm pool on, an SQS batch first receives an offer of an idle warm session for each of its messages (the
+warm queue, `lifecycle.warm`), and a message takes one: no slot wait and no new-session budget (the session holds its
+slot, and exists), the same payload and result key form; a dead one is dropped and the attempt goes on with a new
+session as above (`_drop_warm`). An SQS batch with an offer for each message books its takes' `tps` starts in one
+write (`limits.pacing.InvokeBlock`), not one each.
 """
 
 from __future__ import annotations
@@ -37,12 +38,11 @@ from rollout_pipeline.ledger.items import BatchView, RolloutRecord
 from rollout_pipeline.ledger.outbox import OUTBOX_PUBLISH
 from rollout_pipeline.ledger.retry import LedgerError
 from rollout_pipeline.ledger.rollouts import DISPATCHED, QUEUED, DispatchStart
-from rollout_pipeline.ledger.warm_items import WarmSession
 from rollout_pipeline.lifecycle import budget, costing, publishing, stops
 from rollout_pipeline.lifecycle.cancel import cancel_rollout
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.failures import end_attempt, fail_rollout
-from rollout_pipeline.lifecycle.warm import MAX_TRIES
+from rollout_pipeline.lifecycle.warm import WarmOffer, WarmOffers
 from rollout_pipeline.limits.admission import Held
 from rollout_pipeline.limits.pacing import InvokeBlock, NoCallBudget, retry_pause
 from rollout_pipeline.metric_names import (
@@ -108,9 +108,10 @@ def dispatch_records(
     ordered = sorted(((_record_order(r), r) for r in records), key=lambda pair: pair[0])  # a group's together
     parsed = [(message_id(r), key) for (poison, key), r in ordered if not poison]
     # On the admission board from receipt on, so other dispatchers rank these before deciding (a burst's start);
-    # unless the warm pool's view has an idle session for each: those take no slot and never wait in the gate, so
-    # only the ones that end up taking a new session go on the board, when they do (two writes per SQS batch less).
-    warm_first = deps.warm.covers(len(parsed))
+    # unless the batch holds a warm offer for each: those take no slot and never wait in the gate, so only the ones
+    # that end up taking a new session go on the board, when they do (two writes per SQS batch less).
+    offers = deps.warm.offers(len(parsed))
+    warm_first = bool(parsed) and len(offers) >= len(parsed)
     holds = (
         {}
         if warm_first
@@ -131,12 +132,16 @@ def dispatch_records(
                 budgets=budgets,
                 hold_if_new=warm_first,
                 block=block,
+                offers=offers,
             )
         finally:
             if held is not None:
                 held.leave()
 
-    run_partial_batch([r for _o, r in ordered], handle, result, workers=workers, what="dispatch", logger=log)
+    try:
+        run_partial_batch([r for _o, r in ordered], handle, result, workers=workers, what="dispatch", logger=log)
+    finally:
+        offers.close()  # the offers used or stale deleted, the rest given back
     deps.feed.after_dispatch(batches.views())  # the queue drained: the release window may have room
     deps.metrics.sample(IN_FLIGHT, deps.limits.shards.in_flight())
     return result
@@ -209,6 +214,7 @@ def dispatch_body(
     budgets: budget.Budgets | None = None,
     hold_if_new: bool = False,
     block: InvokeBlock | None = None,
+    offers: WarmOffers | None = None,
 ) -> Dispatch:
     """Dispatch one rollout-queue message body (see the module doc). Raises to have the message redelivered.
     `held`: the message's place on the admission board since receipt (`SlotGate.hold`), left once the rollout's
@@ -217,9 +223,10 @@ def dispatch_body(
     free and let a later group book ahead of it (what decides the order its sessions start in). Every other way out
     leaves it too (`dispatch_records`).
     `budgets`: the SQS batch's budget reads (`lifecycle.budget`): a rollout whose budget is spent is held, not run.
-    `hold_if_new`: the message was received without a place on the board (the warm pool's view covered its SQS
-    batch): if it takes a new session after all, it goes on the board then, for as long as it would have been.
-    `block`: the SQS batch's warm takes' `tps` starts, booked together by the first take (`InvokeBlock`)."""
+    `hold_if_new`: the message was received without a place on the board (its SQS batch held a warm offer for each
+    message): if it takes a new session after all, it goes on the board then, for as long as it would have been.
+    `block`: the SQS batch's warm takes' `tps` starts, booked together by the first take (`InvokeBlock`).
+    `offers`: the SQS batch's warm offers (`lifecycle.warm`); None: this message receives its own."""
     message = parse_message(body)
     bind_log_ids(batch_id=message.batch_id, rollout_id=message.rollout_id, session_id=message.session_id)
     batches = batches or BatchReads(deps)
@@ -239,12 +246,20 @@ def dispatch_body(
     # the message is redelivered, instead of after `begin_dispatch`, where it burnt an attempt and a slot until the
     # rollout's deadline.
     token = deps.attempt_token(message.exp_id, message.session_id)
-    warm = _dispatch_warm(message, deps, options, row_payload, batches, wait_until=wait_until, block=block)
+    own = offers is None
+    offers = deps.warm.offers(1) if offers is None else offers
+    try:
+        warm = _dispatch_warm(
+            message, deps, options, row_payload, batches, offers=offers, wait_until=wait_until, block=block
+        )
+    finally:
+        if own:
+            offers.close()
     if warm is not None:
         if held is not None:
             held.leave()
         return warm
-    deps.warm.note_cold()
+    deps.warm.note("demand_at")
     late = deps.limits.gate.hold([admission_key(message)])[0] if held is None and hold_if_new else None
     try:
         return _dispatch_new(
@@ -315,7 +330,7 @@ def _begin(
     batches: BatchReads,
     *,
     slot_shard: int = 0,
-    warm: WarmSession | None = None,
+    warm: WarmOffer | None = None,
 ) -> DispatchStart:
     """The dispatch transaction of this attempt: a slot on `slot_shard` and the attempt's own session, or `warm`."""
     return deps.ledger.rollouts.begin_dispatch(
@@ -373,34 +388,34 @@ def _dispatch_warm(
     row_payload: dict[str, Any],
     batches: BatchReads,
     *,
+    offers: WarmOffers,
     wait_until: float,
     block: InvokeBlock | None = None,
 ) -> Dispatch | None:
-    """Start this attempt in an idle warm session of the pool (`lifecycle.warm`). None: the pool had none (or the
-    one taken was dead and dropped, the attempt queued again): the caller dispatches a new session. `block`: where
-    its `tps` start comes from (`InvokeBlock`)."""
-    if not deps.warm.enabled or deps.clock.monotonic() >= deps.invoke_start_by(wait_until):
+    """Start this attempt in a warm session on offer (`lifecycle.warm`). None: no offer (or the session taken was
+    dead and dropped, the attempt queued again): the caller dispatches a new session. `block`: where its `tps` start
+    comes from (`InvokeBlock`)."""
+    if deps.clock.monotonic() >= deps.invoke_start_by(wait_until):
         return None
-    for _ in range(MAX_TRIES):
-        warm = deps.warm.next()
-        if warm is None:
-            return None
-        token = deps.attempt_token(message.exp_id, warm.session_id)  # before any ledger write, as for a new session
-        start = _begin(message, deps, options, batches, warm=warm)
-        if start is DispatchStart.WARM_TAKEN:
-            deps.warm.collided()
+    while (offer := offers.next()) is not None:
+        token = deps.attempt_token(message.exp_id, offer.session_id)  # before any ledger write, as for a new session
+        start = _begin(message, deps, options, batches, warm=offer)
+        if start is DispatchStart.WARM_TAKEN:  # the session is no longer in the pool: another offer
+            offers.refused(offer)
             continue
-        if start is DispatchStart.CANCELLED:
-            return _cancelled(message, deps, options)
-        if start is DispatchStart.NOT_DISPATCHABLE:
+        if start is not DispatchStart.STARTED:
+            offers.give_back(offer)
+            if start is DispatchStart.CANCELLED:
+                return _cancelled(message, deps, options)
             return _decide_existing(message, deps, options, row_payload, wait_until=wait_until)
-        deps.warm.took()
+        offers.taken(offer)
+        deps.warm.note("took_at")
         return _invoke_warm(
             message,
             deps,
             options,
             row_payload,
-            session_id=warm.session_id,
+            session_id=offer.session_id,
             attempt_token=token,
             wait_until=wait_until,
             block=block,
@@ -480,6 +495,10 @@ def _drop_warm(
         why[:300],
     )
     deps.metrics.count(WARM_DROPPED)
+    try:
+        deps.ledger.warm.add_totals(dropped=1)  # `exp.capacity.warm_pool().dropped`
+    except Exception:
+        log.warning("could not count the dead warm session %s", session_id, exc_info=True)
     after = deps.ledger.rollouts.drop_warm(
         message.ref, session_id, next_session_id=message.session_id, hold_slot_until=stops.hold_until(deps)
     )

@@ -18,7 +18,9 @@ written the ART way (ending in `app.run()`) runs as it is, however many processe
 
 When it is full (`max_sessions` live), sessions whose agent has answered `Healthy` (idle) for longer than
 `idle_timeout_s` are stopped (ACR's idle timeout); if none is, `invoke` raises `RuntimeThrottled` (ACR:
-ServiceQuotaExceededException).
+ServiceQuotaExceededException). With `max_lifetime_s`, a session's process is killed that long after the session
+started, busy or idle (ACR's `maxLifetime`: a rollout still running then never writes its result; `lifetime_ends`
+counts them).
 
 The warm pool's warm-up invocations (`config.is_warmup_payload`) go to the session's process like any other and the
 agent host answers them itself; the stand-in counts them (`warmups`) and the rollouts that later run in a session
@@ -302,6 +304,8 @@ class _Session:
     idle_since: float | None = None
     invocations: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
+    #: Ends the session at its maximum lifetime (`LocalAgentRuntime.max_lifetime_s`).
+    lifetime: threading.Timer | None = None
 
 
 class LocalAgentRuntime:
@@ -323,6 +327,8 @@ class LocalAgentRuntime:
             experiment's sessions on this runtime together: local mode runs several experiments on one); over it
             in any sliding second an invoke that opens a session is refused as AgentCore refuses it
             (`RuntimeRateExceeded`) and counted in `throttles`. None: no rate quota.
+        max_lifetime_s: every session ends this long after it started, busy or idle (AgentCore's `maxLifetime`);
+            None: never.
     """
 
     def __init__(
@@ -341,6 +347,7 @@ class LocalAgentRuntime:
         python: str = sys.executable,
         cwd: str | None = None,
         new_sessions_per_s: float | None = None,
+        max_lifetime_s: float | None = None,
     ) -> None:
         if max_sessions < 1:
             raise ValueError("max_sessions must be >= 1")
@@ -383,6 +390,11 @@ class LocalAgentRuntime:
         #: New sessions refused by the account's new-session quota (AgentCore's ThrottlingException), and started.
         self.throttles = 0
         self.started_sessions = 0
+        self.max_lifetime_s = max_lifetime_s
+        #: What ends a session at its maximum lifetime (a test gives one it fires itself).
+        self.timer = threading.Timer
+        #: Sessions ended at their maximum lifetime.
+        self.lifetime_ends = 0
         _open_runtimes.add(self)
 
     # ------------------------------------------------------------------------------------------------ lifecycle
@@ -408,6 +420,9 @@ class LocalAgentRuntime:
         with self._lock:
             self._closed = True
             processes = [s.process for s in self._sessions.values()] + self._spares + list(self._launching)
+            for session in self._sessions.values():
+                if session.lifetime is not None:
+                    session.lifetime.cancel()
             if self._shared is not None:
                 processes.append(self._shared)
             self._sessions.clear()
@@ -473,7 +488,25 @@ class LocalAgentRuntime:
             session = self._sessions.pop(session_id, None)
             if session is not None:
                 self.stopped_sessions.append(session_id)
-        if session is not None and self.isolation == "process":
+        self._end(session)
+
+    def _end_of_life(self, session_id: str, session: _Session) -> None:
+        """The session reached its maximum lifetime: it ends (its process is killed), whatever it was doing."""
+        with self._lock:
+            ended = self._sessions.get(session_id) is session
+            if ended:
+                del self._sessions[session_id]
+                self.lifetime_ends += 1
+        if ended:
+            logger.info("session %s reached its maximum lifetime (%s s): ended", session_id, self.max_lifetime_s)
+            self._end(session)
+
+    def _end(self, session: _Session | None) -> None:
+        if session is None:
+            return
+        if session.lifetime is not None:
+            session.lifetime.cancel()
+        if self.isolation == "process":
             session.process.stop()
 
     # ------------------------------------------------------------------------------------------------ inspection
@@ -546,6 +579,10 @@ class LocalAgentRuntime:
             if self.isolation == "process":
                 process.stop()
             return raced, False
+        if self.max_lifetime_s is not None:
+            session.lifetime = self.timer(self.max_lifetime_s, self._end_of_life, (session_id, session))
+            session.lifetime.daemon = True
+            session.lifetime.start()
         if self.isolation == "process":
             self._fill_spares(wait=False)
         return session, True
@@ -662,8 +699,7 @@ class LocalAgentRuntime:
     def _discard(self, session_id: str) -> None:
         with self._lock:
             session = self._sessions.pop(session_id, None)
-        if session is not None and self.isolation == "process":
-            session.process.stop()
+        self._end(session)
 
 
 #: Runtimes not yet closed: their processes are stopped when the interpreter exits (a safety net for `close()`).

@@ -22,7 +22,7 @@ from importlib import resources as package_resources
 from pathlib import Path
 from typing import Any, Final, TextIO
 
-from rollout_pipeline import ids, warm_cost
+from rollout_pipeline import ids
 from rollout_pipeline.cli.base import clipped
 from rollout_pipeline.contracts import (
     BatchAccepted,
@@ -291,8 +291,8 @@ def _count_warm(report: DemoResult, detail: RolloutCompleted | RolloutFailed, pr
     report.warm_started += 1
     if dispatched is not None:
         waited = max(0.0, (dispatched - warmed).total_seconds())
-        report.warm_idle_gb_s += warm_cost.idle_gb_s(waited, prices)
-        report.warm_idle_usd += warm_cost.idle_usd(waited, prices)
+        report.warm_idle_gb_s += prices.memory_gb_s(waited)
+        report.warm_idle_usd += prices.memory_usd(waited)
 
 
 def _warm_lines(report: DemoResult) -> list[str]:

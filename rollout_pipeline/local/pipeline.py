@@ -20,7 +20,7 @@ import tempfile
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType
@@ -304,7 +304,7 @@ class LocalPipeline:
         if self.settings.runtime_factory is not None:
             self.runtime = self.settings.runtime_factory(self.resources)
         else:
-            self.runtime = self._start_agents(aws_env, pool, sum(config.max_sessions for config in configs))
+            self.runtime = self._start_agents(aws_env, pool, configs)
         # An SDK experiment of this process attached to this endpoint (the ART backend) cancels through it too.
         register_local_runtime(self.endpoint_url, self.runtime)
         stack.callback(register_local_runtime, self.endpoint_url, None)
@@ -324,8 +324,12 @@ class LocalPipeline:
         self.wiring, self.sweeper, self.experiment = first.wiring, first.sweeper, first.sdk
         log.info("local pipeline up in %.1f s (work dir %s)", time.monotonic() - started, self.work_dir)
 
-    def _start_agents(self, aws_env: Mapping[str, str], pool: PoolSettings, max_sessions: int) -> Any:
+    def _start_agents(self, aws_env: Mapping[str, str], pool: PoolSettings, configs: Sequence[ExperimentConfig]) -> Any:
+        """The local runtime every experiment shares: their sessions together, each session ended at the longest of
+        their `max_lifetime_s` (one runtime: AgentCore's is one per experiment)."""
         from rollout_pipeline.local.acr import LocalAgentRuntime
+
+        max_sessions = sum(config.max_sessions for config in configs)
 
         runtime = LocalAgentRuntime(
             self.settings.agent_module,
@@ -340,6 +344,7 @@ class LocalPipeline:
             # the account's active sessions when fewer: AgentCore refuses beyond them.
             max_sessions=min(max_sessions + 1, pool.quotas.active_sessions),
             new_sessions_per_s=pool.quotas.new_sessions_per_s,
+            max_lifetime_s=max(config.max_lifetime_s for config in configs),
             warm_processes=self.settings.warm_processes,
             isolation="shared" if self.settings.isolation == "shared" else "process",
             startup_timeout_s=self.settings.agent_startup_timeout_s,

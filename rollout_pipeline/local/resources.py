@@ -40,6 +40,8 @@ class ExperimentResources:
     dlq_urls: dict[str, str]
     #: The local account's pool table ("" without one: the experiment keeps its own limits).
     pool_table_name: str = ""
+    #: The warm pool's queue of offers (local mode makes it for every experiment; the stack with the pool on).
+    warm_queue_url: str = ""
 
     @property
     def ingest_queue_url(self) -> str:
@@ -58,7 +60,8 @@ class ExperimentResources:
         return self.queue_urls["trainer"]
 
     def settings(self) -> HandlerSettings:
-        return topology.StackOutputs.from_outputs(self.stack_outputs()).handler_settings()
+        settings = topology.StackOutputs.from_outputs(self.stack_outputs()).handler_settings()
+        return settings.model_copy(update={"warm_queue_url": self.warm_queue_url})
 
     def stack_outputs(self) -> dict[str, str]:
         """The same outputs the CloudFormation stack exposes (the SDK attaches with these)."""
@@ -94,6 +97,27 @@ def create_pool(client: Any, *, region: str, settings: PoolSettings | None = Non
     return name
 
 
+def _create_queues(sqs: Any, config: ExperimentConfig, base: str) -> tuple[dict[str, str], dict[str, str], str]:
+    """The experiment's queues with their dead-letter queues, visibility timeouts as in the stack (derived from the
+    function timeouts, so redelivery semantics match), and the warm pool's queue of offers (no dead-letter queue)."""
+    queue_urls: dict[str, str] = {}
+    dlq_urls: dict[str, str] = {}
+    for name, visibility in topology.queue_visibility_timeouts(config).items():
+        dlq_url = sqs.create_queue(QueueName=f"{base}-{name}-dlq")["QueueUrl"]
+        dlq_arn = sqs.get_queue_attributes(QueueUrl=dlq_url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+        queue_urls[name] = sqs.create_queue(
+            QueueName=f"{base}-{name}",
+            Attributes={
+                "VisibilityTimeout": str(visibility),
+                "RedrivePolicy": json.dumps({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": DLQ_MAX_RECEIVE_COUNT}),
+            },
+        )["QueueUrl"]
+        dlq_urls[name] = dlq_url
+    warm = {key: str(value) for key, value in topology.warm_queue_attributes(config).items()}
+    warm_url = sqs.create_queue(QueueName=f"{base}-{topology.WARM_QUEUE}", Attributes=warm)["QueueUrl"]
+    return queue_urls, dlq_urls, str(warm_url)
+
+
 def create_resources(
     config: ExperimentConfig, *, region: str, client: Any, pool: bool | PoolSettings = True
 ) -> ExperimentResources:
@@ -121,20 +145,7 @@ def create_resources(
         ddb.create_table(**create_table_kwargs(table_name))
     ddb.put_item(TableName=table_name, Item=keys.layout_item())  # as the stack stamps its table
 
-    queue_urls: dict[str, str] = {}
-    dlq_urls: dict[str, str] = {}
-    # Visibility timeouts as in the stack (derived from the function timeouts), so redelivery semantics match.
-    for name, visibility in topology.queue_visibility_timeouts(config).items():
-        dlq_url = sqs.create_queue(QueueName=f"{base}-{name}-dlq")["QueueUrl"]
-        dlq_arn = sqs.get_queue_attributes(QueueUrl=dlq_url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
-        queue_urls[name] = sqs.create_queue(
-            QueueName=f"{base}-{name}",
-            Attributes={
-                "VisibilityTimeout": str(visibility),
-                "RedrivePolicy": json.dumps({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": DLQ_MAX_RECEIVE_COUNT}),
-            },
-        )["QueueUrl"]
-        dlq_urls[name] = dlq_url
+    queue_urls, dlq_urls, warm_queue_url = _create_queues(sqs, config, base)
 
     def queue_arn(name: str) -> str:
         attrs = sqs.get_queue_attributes(QueueUrl=queue_urls[name], AttributeNames=["QueueArn"])
@@ -168,6 +179,7 @@ def create_resources(
         ),
         queue_urls=queue_urls,
         dlq_urls=dlq_urls,
+        warm_queue_url=warm_queue_url,
         pool_table_name=""
         if pool is False
         else create_pool(client, region=region, settings=pool if isinstance(pool, PoolSettings) else None),

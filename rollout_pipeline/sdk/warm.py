@@ -1,12 +1,11 @@
-"""The warm pool as the trainer sees it (`Experiment.warm_pool`): its setting, what it
-holds now, what it has spent, and what that idle memory costs at the experiment's prices (`warm_cost`)."""
+"""The warm pool as the trainer sees it (`exp.capacity.warm_pool()`): its setting, what it holds now, what it has
+spent, and what that idle memory costs at the experiment's prices (`costs.PriceBook.memory_gb_s`)."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from rollout_pipeline import warm_cost
 from rollout_pipeline.config import ExperimentConfig
 from rollout_pipeline.costs import PriceBook
 from rollout_pipeline.ledger.warm_items import WarmPoolState, WarmSession, WarmState
@@ -41,12 +40,12 @@ class WarmPoolStatus:
     @property
     def idle_gb_s(self) -> float:
         """GB-seconds of warm sessions that ran no rollout (stopped ones and the ones waiting now)."""
-        return warm_cost.idle_gb_s(self.unused_idle_s + self.waiting_idle_s, self.prices)
+        return self.prices.memory_gb_s(self.unused_idle_s + self.waiting_idle_s)
 
     @property
     def idle_usd(self) -> float:
         """Their memory's cost at the experiment's prices (an upper bound at the default 8 GB a session)."""
-        return warm_cost.idle_usd(self.unused_idle_s + self.waiting_idle_s, self.prices)
+        return self.prices.memory_usd(self.unused_idle_s + self.waiting_idle_s)
 
     def as_dict(self) -> dict[str, Any]:
         values = {name: value for name, value in asdict(self).items() if name != "prices"}

@@ -184,6 +184,40 @@ def test_with_a_warm_pool_the_sweeper_also_invokes_the_runtime(synth_local_image
             assert resources == []
 
 
+def test_the_warm_queue_is_sent_to_by_the_sweeper_and_taken_from_by_dispatchers_only(
+    synth: Synthesized, synth_local_image: Synthesized
+) -> None:
+    """The warm pool's offers (`lifecycle.warm`): the sweeper sends them, dispatchers receive, delete and give them
+    back, no one else touches the queue; it is encrypted and TLS-only, and exists only with the pool on."""
+    assert synth.stack.warm_queue is None  # no pool: no queue
+    synth = synth_local_image
+    assert synth.stack.warm_queue is not None
+    queue = getatt(synth.logical_id(synth.stack.warm_queue))
+    expected = {
+        "sweeper": {"sqs:SendMessage"},
+        "dispatch": {"sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:ChangeMessageVisibility"},
+        "ingest": set(),
+        "completion": set(),
+    }
+    for name, actions in expected.items():
+        on_queue = [s for s in statements(synth, synth.stack.functions[name].role) if queue in s["Resource"]]
+        assert {a for s in on_queue for a in s["Action"]} == actions, name
+        assert all(s["Resource"] == [queue] for s in on_queue), name
+    warm_id = synth.logical_id(synth.stack.warm_queue)
+    properties = synth.of_type("AWS::SQS::Queue")[warm_id]["Properties"]
+    assert properties["SqsManagedSseEnabled"] is True
+    assert properties["MessageRetentionPeriod"] == synth.stack.config.max_lifetime_s  # no offer outlives a session
+    assert "RedrivePolicy" not in properties  # an offer is given back many times: no dead-letter queue
+    (policy,) = [
+        p for p in synth.of_type("AWS::SQS::QueuePolicy").values() if {"Ref": warm_id} in p["Properties"]["Queues"]
+    ]
+    (deny,) = policy["Properties"]["PolicyDocument"]["Statement"]
+    for fn in synth.stack.functions.values():  # where the functions find it
+        variables = synth.resources[synth.logical_id(fn.function)]["Properties"]["Environment"]["Variables"]
+        assert variables["WARM_QUEUE_URL"] == {"Ref": warm_id}
+    assert (deny["Effect"], deny["Condition"]) == ("Deny", {"Bool": {"aws:SecureTransport": "false"}})
+
+
 @pytest.mark.parametrize("name", ["dispatch", "completion", "sweeper"])
 def test_stop_session_scoped_to_this_runtime(synth: Synthesized, name: str) -> None:
     runtime = getatt(synth.logical_id(synth.stack.agent.runtime), "AgentRuntimeArn")

@@ -395,6 +395,7 @@ def test_function_environment_is_handler_settings_plus_powertools(synth: Synthes
             "RUNTIME_ARN",
             "INGEST_QUEUE_URL",
             "POOL_TABLE_NAME",
+            "WARM_QUEUE_URL",
             "EXPERIMENT_CONFIG",
             "POWERTOOLS_SERVICE_NAME",
             "POWERTOOLS_METRICS_NAMESPACE",
@@ -405,6 +406,7 @@ def test_function_environment_is_handler_settings_plus_powertools(synth: Synthes
         assert env["INGEST_QUEUE_URL"] == ref(synth.logical_id(stack.ingest.queue))
         assert env["BUS_NAME"] == ref(synth.logical_id(stack.events.bus))
         assert env["RUNTIME_ARN"] == {"Fn::GetAtt": [synth.logical_id(stack.agent.runtime), "AgentRuntimeArn"]}
+        assert env["WARM_QUEUE_URL"] == ""  # no warm pool: no queue (`test_iam`: with one)
         assert env["POWERTOOLS_METRICS_NAMESPACE"] == "RolloutPipeline"
         assert ExperimentConfig.from_env(env["EXPERIMENT_CONFIG"]) == DEFAULTS
 

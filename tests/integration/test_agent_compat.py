@@ -45,6 +45,7 @@ ATTEMPT_KEY = b"compat-attempt-key-0123456789abcdef"
 ART_AGENT_SOURCE = (Path(__file__).resolve().parents[1] / "agents" / "art_math_agent.py").read_text()
 
 _slow_release = threading.Event()
+_held = threading.Event()
 
 
 def _model_reply(request: RecordedRequest) -> str | Truncated:
@@ -52,6 +53,8 @@ def _model_reply(request: RecordedRequest) -> str | Truncated:
     text = json.dumps(request.body.get("messages") or [])
     if "SLOW" in text:
         _slow_release.wait(timeout=5)
+    if "HOLD" in text:  # until the test lets it answer
+        _held.wait(timeout=60)
     if "WRONG" in text:
         return "I think it is\n#### 41"
     if "TRUNCATE" in text:
@@ -456,6 +459,62 @@ def test_ping_busy_then_stop_kills_the_session_and_nothing_is_written(
     runtime.invoke(other_id, other_payload)
     assert contracts.parse_result(wait_result(s3, "other", other_id)).success
     runtime.stop(other_id)
+
+
+class ManualTimer:
+    """`threading.Timer`'s shape, fired by the test."""
+
+    def __init__(self, interval: float, function: Any, args: tuple[Any, ...]) -> None:
+        self.interval, self.function, self.args = interval, function, args
+        self.daemon = False
+        self.cancelled = False
+
+    def start(self) -> None:
+        pass
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+    def fire(self) -> None:
+        self.function(*self.args)
+
+
+def test_a_session_ends_at_its_maximum_lifetime_busy_or_idle(
+    aws_endpoint: str, art_agent_path: str, s3: Any, model: FakeModelServer, tmp_path: Path
+) -> None:
+    """AgentCore's `maxLifetime`: a session ends that long after it started, whatever it is doing; its process is
+    killed, a rollout still running in it writes nothing, and the id invoked again is a new session."""
+    runtime = _runtime(
+        "plain_art_agent", aws_endpoint, tmp_path, {"PYTHONPATH": art_agent_path}, max_sessions=1, max_lifetime_s=600
+    )
+    timers: list[ManualTimer] = []
+
+    def timer(interval: float, function: Any, args: tuple[Any, ...]) -> ManualTimer:
+        timers.append(ManualTimer(interval, function, args))
+        return timers[-1]
+
+    runtime.timer = timer  # type: ignore[assignment]
+    _held.clear()
+    with runtime:
+        session_id, payload = build_payload(model.base_url, "lifetime", {"question": "HOLD (ended)"})
+        runtime.invoke(session_id, payload)
+        process = runtime.process_of(session_id)
+        assert process is not None
+        assert runtime.ping(session_id) == "HealthyBusy"
+        (timer,) = timers
+        assert timer.interval == 600
+        timer.fire()  # its lifetime ends, busy
+        assert not process.is_alive()
+        assert (runtime.sessions(), runtime.lifetime_ends) == ([], 1)
+        _held.set()
+        time.sleep(1.0)  # the model has answered by now; a live agent would have written its result
+        with pytest.raises(s3.exceptions.NoSuchKey):
+            s3.get_object(Bucket=BUCKET, Key=ids.result_key(EXP, "lifetime", session_id))
+        runtime.invoke(session_id, payload)  # a new session under the same id
+        assert runtime.process_of(session_id) not in (None, process)
+        assert contracts.parse_result(wait_result(s3, "lifetime", session_id)).success
+        runtime.stop(session_id)
+        assert timers[-1].cancelled
 
 
 def test_a_dead_agent_is_throttled_not_rejected(

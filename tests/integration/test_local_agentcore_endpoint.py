@@ -12,6 +12,7 @@ import boto3
 import pytest
 
 from rollout_pipeline.adapters.acr import AcrAgentRuntime, client_config
+from rollout_pipeline.adapters.clients import MAX_POOL_CONNECTIONS
 from rollout_pipeline.adapters.runtime import register_local_runtime
 from rollout_pipeline.local.moto_server import moto_server
 from rollout_pipeline.ports import RuntimeSessionNotFound, RuntimeThrottled
@@ -52,7 +53,7 @@ def _acr(endpoint: str) -> AcrAgentRuntime:
         region_name="us-east-1",
         aws_access_key_id="local",
         aws_secret_access_key="local",
-        config=client_config(),
+        config=client_config(MAX_POOL_CONNECTIONS),
     )
     return AcrAgentRuntime(ARN, client)
 

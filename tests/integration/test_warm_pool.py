@@ -6,29 +6,40 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import itertools
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from rollout_pipeline import ids
-from rollout_pipeline.config import is_warmup_payload
+from rollout_pipeline.config import ExperimentConfig, is_warmup_payload
 from rollout_pipeline.contracts.attempts import attempt_token
-from rollout_pipeline.fakes.acr import AcrProfile, AgentBehaviour, FakeAgentRuntime
+from rollout_pipeline.fakes.acr import AcrProfile, AgentBehaviour, FakeAgentRuntime, FakeInvocation
 from rollout_pipeline.ledger.items import RolloutRecord
 from rollout_pipeline.ledger.warm_items import WarmState
 from rollout_pipeline.lifecycle.cancel import cancel_batch
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.dispatch import Dispatch
-from rollout_pipeline.lifecycle.warm_pool import DEMAND_QUIET_S, HALT_CANCELLED, HALT_IDLE, WarmPool, run_pool
+from rollout_pipeline.lifecycle.warm import WarmOffer
+from rollout_pipeline.lifecycle.warm_pool import (
+    DEMAND_QUIET_S,
+    HALT_CANCELLED,
+    HALT_IDLE,
+    TickResult,
+    WarmPool,
+    run_pool,
+)
 from rollout_pipeline.limits.pacing import Pacer
 from rollout_pipeline.limits.slots import caps as slot_caps
 from rollout_pipeline.local.resources import ExperimentResources
 from rollout_pipeline.quotas import AccountQuotas, PoolSettings
 from rollout_pipeline.sdk.cost import batch_cost
 from rollout_pipeline.sdk.export import rollout_fields
+from tests.conftest import receive_all
 from tests.integration.lifecycle_support import (
     ShiftedClock,
     by_type,
@@ -50,6 +61,12 @@ KEY = b"k" * 32
 
 
 @pytest.fixture
+def experiment_config() -> ExperimentConfig:
+    """The warm pool on from the start, as deployed: its lifetimes derived for it (a shelf life for warm sessions)."""
+    return ExperimentConfig(name="test-exp", group_size=2, tps_limit=50, max_sessions=10, warm_sessions=4)
+
+
+@pytest.fixture
 def acr_time() -> ShiftedClock:
     """The fake AgentCore's own clock (its idle timeout), moved by the test."""
     return ShiftedClock()
@@ -63,13 +80,17 @@ def fake(acr_time: ShiftedClock) -> Iterator[FakeAgentRuntime]:
 
 
 def warm_deps(
-    resources: ExperimentResources, fake: FakeAgentRuntime, warm: int | str = 4, clock: ShiftedClock | None = None
+    resources: ExperimentResources,
+    fake: FakeAgentRuntime,
+    warm: int | str = 4,
+    clock: ShiftedClock | None = None,
+    **settings: object,
 ) -> LifecycleDeps:
     return make_deps(
         resources,
         fake,
         clock=clock,
-        limits={"warm_sessions": warm, "max_sessions": 10},
+        limits={"warm_sessions": warm, "max_sessions": 10, **settings},
         attempt_key=lambda: KEY,
         warm_loop_s=0.0,
     )
@@ -77,6 +98,11 @@ def warm_deps(
 
 def pool_sessions(deps: LifecycleDeps) -> dict[str, WarmState]:
     return {s.session_id: s.state for s in deps.ledger.warm.sessions()}
+
+
+def warm_queue(resources: ExperimentResources) -> list[dict[str, object]]:
+    """The offers on the warm queue now (received and deleted)."""
+    return receive_all(resources.warm_queue_url)
 
 
 def rollout_invokes(fake: FakeAgentRuntime) -> list[str]:
@@ -168,19 +194,23 @@ def test_a_batch_the_pool_covers_is_not_put_on_the_admission_board(
     assert published == []  # no slot wait ahead: no board write (and no clear) for the SQS batch
 
 
-def test_a_rollout_that_takes_a_new_session_after_all_goes_on_the_admission_board(
+def test_offers_of_sessions_gone_from_the_pool_are_refused_and_their_rollouts_go_on_the_admission_board(
     resources: ExperimentResources, fake: FakeAgentRuntime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Two of four offered sessions are stopped after their offers were sent: the SQS batch holds four offers (no
+    board write at receipt), two takes fail their condition (the offers are deleted, no new session is taken in
+    their place), and their rollouts take new sessions, on the board before their slots are decided."""
     deps = warm_deps(resources, fake, warm=4)
     WarmPool(deps).tick(budget_s=10)
-    assert deps.warm.covers(4)  # the view is read now: 4 idle
     gone = sorted(pool_sessions(deps))[:2]
-    assert deps.ledger.warm.begin_stop(gone) == gone  # taken out of the pool after the view was read
+    assert deps.ledger.warm.begin_stop(gone) == gone  # taken out of the pool after their offers were sent
     published = board_writes(deps, monkeypatch)
     send(resources, seed_batch(resources, inputs={"q1": {}, "q2": {}}, group_size=2))
     assert sorted(dispatch_once(resources, deps).outcomes.values()) == [Dispatch.INVOKED] * 2 + [Dispatch.WARM] * 2
     assert published  # the two that took new sessions were on the board before their slots were decided
     assert all(len(keys) <= 2 for keys in published)
+    assert (deps.warm.counts["taken"], deps.warm.counts["refused"]) == (2, 2)
+    assert warm_queue(resources) == []  # every offer used or refused is deleted
 
 
 def test_without_a_warm_session_the_rollout_takes_a_new_one_and_the_pool_holds_back(
@@ -273,6 +303,144 @@ def test_a_rollout_whose_warm_session_died_succeeds_on_its_first_attempt(
     assert fake.running == set()
     assert slots_in_flight(resources) == 0  # the dead session's slot was freed by its confirmed stop (2 NotFound)
     assert pool_sessions(deps) == {}
+    assert (
+        sdk_experiment(resources).capacity.warm_pool().dropped == 1
+    )  # the trainer sees the session the rollout found dead
+
+
+def sdk_experiment(resources: ExperimentResources) -> Any:
+    from rollout_pipeline.sdk import Experiment
+    from tests.conftest import REGION
+
+    return Experiment.from_outputs(resources.stack_outputs(), region=REGION)
+
+
+def lived(
+    deps: LifecycleDeps, clock: ShiftedClock, acr_time: ShiftedClock, seconds: float, step: float
+) -> list[TickResult]:
+    """`seconds` pass for the pipeline and AgentCore alike, the pool ticking every `step`."""
+    ticks = []
+    for _ in range(int(seconds // step)):
+        clock.advance(step)
+        acr_time.advance(step)
+        ticks.append(WarmPool(deps).tick(budget_s=30))
+    return ticks
+
+
+@pytest.fixture
+def lifetimes(fake: FakeAgentRuntime, experiment_config: ExperimentConfig) -> ExperimentConfig:
+    """The fake ends every session at the experiment's `max_lifetime_s`, as AgentCore does."""
+    fake.profile = dataclasses.replace(AcrProfile(), max_lifetime_s=experiment_config.max_lifetime_s)
+    return experiment_config
+
+
+def test_a_warm_session_whose_life_no_longer_covers_a_rollout_is_stopped_and_replaced(
+    resources: ExperimentResources, fake: FakeAgentRuntime, acr_time: ShiftedClock, lifetimes: ExperimentConfig
+) -> None:
+    """AgentCore ends a session `max_lifetime_s` after its start, busy or idle. A warm session is kept alive and
+    offered only while `age + rollout_timeout_s + 600 <= max_lifetime_s`; then the pool stops it and warms another
+    (kept alive on, it would have been offered to rollouts its lifetime then killed, and revived by a keep-alive as a
+    new session outside the new-session budget)."""
+    clock = ShiftedClock()
+    deps = warm_deps(resources, fake, warm=1, clock=clock, warm_idle_stop_s=86_400)  # no work, and no idle halt
+    WarmPool(deps).tick(budget_s=10)
+    (old,) = pool_sessions(deps)
+    shelf = lifetimes.warm_shelf_life_s
+    ticks = lived(deps, clock, acr_time, shelf + 300, step=300)
+    assert sum(t.kept_alive for t in ticks) >= shelf // lifetimes.idle_timeout_s  # alive until its shelf life ends
+    assert sum(t.stopped for t in ticks) == 1
+    assert sum(t.warmed for t in ticks) == 1
+    (new,) = pool_sessions(deps)
+    assert new != old
+    assert old in fake.stopped
+    born = fake.born[old]
+    assert all(c.at - born <= shelf for c in fake.invocations() if c.session_id == old)  # never kept alive past it
+    assert fake.lifetime_ends == set()  # the pipeline stopped it before AgentCore ended it
+    send(resources, seed_batch(resources, inputs={"q1": {}}, group_size=1))
+    assert list(dispatch_once(resources, deps).outcomes.values()) == [Dispatch.WARM]
+    assert [c.session_id for c in fake.invocations() if not c.warmup] == [new]
+    drive(resources, deps)
+    assert len(by_type(trainer_events(resources), "Rollout Completed")) == 1
+
+
+def test_a_warm_session_taken_at_the_end_of_its_shelf_life_outlives_its_rollout(
+    resources: ExperimentResources, fake: FakeAgentRuntime, acr_time: ShiftedClock, lifetimes: ExperimentConfig
+) -> None:
+    """The oldest warm session a rollout may take still has `rollout_timeout_s` + 600 s to live: a rollout that runs
+    to its deadline in it is never killed by the session's lifetime. (The idle timeout is the lifetime here: one
+    offer covers the whole shelf life, no keep-alive re-offers it with a delay SQS counts in real time.)"""
+    fake.profile = dataclasses.replace(fake.profile or AcrProfile(), idle_timeout_s=lifetimes.max_lifetime_s)
+    clock = ShiftedClock()
+    deps = warm_deps(
+        resources, fake, warm=1, clock=clock, idle_timeout_s=lifetimes.max_lifetime_s, warm_idle_stop_s=86_400
+    )
+    WarmPool(deps).tick(budget_s=10)
+    (warm,) = pool_sessions(deps)
+    clock.advance(lifetimes.warm_shelf_life_s - 30)
+    acr_time.advance(lifetimes.warm_shelf_life_s - 30)
+    assert WarmPool(deps).tick(budget_s=10).idle == 1  # still offered, no keep-alive needed (idle timeout: its life)
+    assert pool_sessions(deps) == {warm: WarmState.IDLE}
+    fake.behaviour = AgentBehaviour(kind="manual")
+    send(resources, seed_batch(resources, inputs={"q1": {}}, group_size=1))
+    assert list(dispatch_once(resources, deps).outcomes.values()) == [Dispatch.WARM]
+    acr_time.advance(lifetimes.rollout_timeout_s - 1)  # the agent works until just before its deadline
+    assert fake.active_sessions() == 1
+    assert fake.lifetime_ends == set()
+    fake.finish(warm)
+    drive(resources, deps)
+    (done,) = by_type(trainer_events(resources), "Rollout Completed")
+    assert (done["attempt"], done["session_id"]) == (1, warm)
+
+
+@pytest.mark.timing
+def test_keep_alives_run_concurrently(resources: ExperimentResources, fake: FakeAgentRuntime) -> None:
+    """Keep-alives of many idle sessions are in flight together (paced by the invoke budget), not one at a time:
+    each here waits until all of them have arrived (one at a time, the first would wait forever)."""
+    clock = ShiftedClock()
+    deps = warm_deps(resources, fake, warm=6, clock=clock)
+    WarmPool(deps).tick(budget_s=10)
+    arrived = threading.Barrier(6, timeout=60)
+
+    def keep_alive(call: FakeInvocation) -> AgentBehaviour:
+        if call.session_invocations:  # a keep-alive (the warm-up was the first)
+            arrived.wait()
+        return AgentBehaviour()
+
+    fake.warmup_behaviour = keep_alive
+    clock.advance(deps.config.warm_stale_after_s / 2 + 1)
+    tick = WarmPool(deps).tick(budget_s=60)
+    assert (tick.kept_alive, tick.dropped, tick.stopped) == (6, 0, 0)
+
+
+def test_with_the_shortest_idle_timeout_warm_sessions_are_kept_alive_not_rewarmed(
+    resources: ExperimentResources, fake: FakeAgentRuntime, acr_time: ShiftedClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At `idle_timeout_s` 120 (the least the pool accepts) a warm session is offered for 60 s after each keep-alive,
+    and kept alive 30 s in: with ticks 20 s apart (the sweeper's), no session goes stale and none is warmed again
+    (a keep-alive due at half the idle timeout came when the session was already stale: the pool stopped and
+    re-warmed its sessions in a loop). Each keep-alive offers the session again from when its last offer ends:
+    its offers follow one another, never two at once, never a gap."""
+    fake.profile = dataclasses.replace(AcrProfile(), idle_timeout_s=120.0)
+    clock = ShiftedClock()
+    deps = warm_deps(resources, fake, warm=2, clock=clock, idle_timeout_s=120)
+    sent: list[tuple[float, WarmOffer]] = []  # (when the offer becomes visible, the offer)
+    send_all = deps.queue.send_all
+
+    def spy(url: str, bodies: Sequence[str], delay_seconds: int = 0) -> None:
+        sent.extend((clock.now().timestamp() + delay_seconds, WarmOffer.of("", b)) for b in bodies)
+        send_all(url, bodies, delay_seconds)
+
+    monkeypatch.setattr(deps.queue, "send_all", spy)
+    WarmPool(deps).tick(budget_s=10)
+    ticks = lived(deps, clock, acr_time, 300, step=20)
+    assert sum(t.warmed for t in ticks) == 0
+    assert sum(t.stopped + t.dropped for t in ticks) == 0
+    assert sum(t.kept_alive for t in ticks) >= 2 * 300 // 60
+    assert fake.reaped == set()
+    for session in pool_sessions(deps):
+        windows = sorted((shown, o.offer_until) for shown, o in sent if o.session_id == session)
+        assert len(windows) >= 300 // 60
+        assert all(abs(end - next_shown) <= 1.0 for (_s, end), (next_shown, _e) in itertools.pairwise(windows))
 
 
 def test_a_keep_alive_that_finds_its_session_gone_drops_it(
@@ -347,7 +515,7 @@ def test_a_fill_chunk_takes_its_slots_on_several_counters_and_asks_the_capacity_
     chunks: list[int] = []
     add = deps.ledger.warm.add_warming
 
-    def counted(sessions: list[str], **kwargs: object) -> str:
+    def counted(sessions: list[str], **kwargs: object) -> bool:
         chunks.append(len(sessions))
         return add(sessions, **kwargs)  # type: ignore[arg-type]
 

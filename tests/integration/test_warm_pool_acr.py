@@ -18,7 +18,7 @@ from botocore.response import StreamingBody
 from botocore.stub import Stubber
 
 from rollout_pipeline.adapters.acr import AcrAgentRuntime
-from rollout_pipeline.config import is_warmup_payload
+from rollout_pipeline.config import ExperimentConfig, is_warmup_payload
 from rollout_pipeline.lifecycle.warm_pool import WarmPool
 from rollout_pipeline.local.resources import ExperimentResources
 from tests.doubles import ShiftedClock
@@ -27,6 +27,12 @@ from tests.integration.lifecycle_support import make_deps, moto_lock, slots_in_f
 pytestmark = pytest.mark.usefixtures(moto_lock.__name__)
 
 ARN = "arn:aws:bedrock-agentcore:us-east-1:123456789012:runtime/rollouts_test-abc"
+
+
+@pytest.fixture
+def experiment_config() -> ExperimentConfig:
+    """The warm pool on from the start, as deployed (its lifetimes derived for it)."""
+    return ExperimentConfig(name="test-exp", max_sessions=4, endpoints=2, warm_sessions=1)
 
 
 @pytest.fixture
@@ -71,7 +77,7 @@ def test_warm_ups_and_keep_alives_are_invokes_of_the_same_session_and_aws_errors
     (session,) = deps.ledger.warm.sessions()
     warm = session.session_id
 
-    # A keep-alive (due at half the idle timeout) throttled: the session stays, kept alive next tick.
+    # A keep-alive (due halfway to the end of its offer) throttled: the session stays, kept alive next tick.
     clock.advance(deps.config.idle_timeout_s * 0.5 + 1)
     stubber.add_client_error("invoke_agent_runtime", service_error_code="ThrottlingException", http_status_code=429)
     tick = WarmPool(deps).tick(budget_s=10)

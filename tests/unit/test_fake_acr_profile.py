@@ -8,7 +8,7 @@ import pytest
 
 from rollout_pipeline import ids
 from rollout_pipeline.fakes.acr import AcrProfile, AgentBehaviour, FakeAgentRuntime
-from rollout_pipeline.ports import RuntimeColdStart, RuntimeSessionNotFound, RuntimeThrottled
+from rollout_pipeline.ports import RuntimeColdStart, RuntimeRejected, RuntimeSessionNotFound, RuntimeThrottled
 from tests.doubles import ManualClock, MemoryStore
 
 PAYLOAD = {"_rollout": {"exp_id": "e", "input_id": "q", "s3_bucket": "b"}}
@@ -150,3 +150,24 @@ def test_seeded_faults_repeat() -> None:
     first = run()
     assert first == run()
     assert 3 <= first.count("cold_start") <= 18
+
+
+def test_a_session_ends_at_its_maximum_lifetime_busy_or_idle() -> None:
+    """AgentCore's `maxLifetime`: a session ends that long after its start, whatever it does: a rollout still running
+    in it never writes its result, an invoke of it answers as an ended session, a stop as an unknown one."""
+    clock = ManualClock(1_000.0)
+    fake = make(clock, max_lifetime_s=60)
+    fake.invoke(sid(0), PAYLOAD)  # a rollout, still running at its session's end
+    fake.invoke(sid(1), {"_rollout": {"warmup": {"exp_id": "e", "session_id": sid(1)}}})  # a warm session, idle
+    clock.t += 59.0
+    fake.invoke(sid(1), {"_rollout": {"warmup": {"exp_id": "e", "session_id": sid(1)}}})  # kept alive: no younger
+    assert fake.active_sessions() == 2
+    clock.t += 1.0
+    assert fake.active_sessions() == 0
+    assert (fake.lifetime_ends, fake.lifetime_ends_busy) == ({sid(0), sid(1)}, {sid(0)})
+    assert fake._write(sid(0), AgentBehaviour()) is None  # the agent's write (as its timer makes it) never lands
+    assert not fake.written
+    with pytest.raises(RuntimeRejected, match="not running"):
+        fake.invoke(sid(1), PAYLOAD)
+    with pytest.raises(RuntimeSessionNotFound):
+        fake.stop(sid(0))

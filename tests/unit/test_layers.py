@@ -24,7 +24,6 @@ PLAIN = (
     "observability",
     "sqs_batch",
     "ceilings",
-    "warm_cost",
     "sinks",
     "bus_subscriptions",
 )
@@ -46,7 +45,6 @@ ALLOWED: dict[str, frozenset[str]] = {
     "observability": frozenset(BASE),
     "sqs_batch": frozenset(BASE),
     "ceilings": frozenset({*BASE, "topology"}),
-    "warm_cost": frozenset({"costs"}),
     "sinks": frozenset(BASE),
     "bus_subscriptions": frozenset(),
     # boto3 implementations of the ports, and the stand-ins for tests, benchmarks and local mode.

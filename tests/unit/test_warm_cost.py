@@ -1,5 +1,5 @@
 """Warm sessions' idle memory is priced at the experiment's own prices and session size (`costs.PriceBook`), by
-`Experiment.warm_pool()`'s status and by the local demo alike: one home for the prices."""
+`exp.capacity.warm_pool()`'s status and by the local demo alike: one home for the prices."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from types import SimpleNamespace
 
 import pytest
 
-from rollout_pipeline import warm_cost
 from rollout_pipeline.config import ExperimentConfig
 from rollout_pipeline.costs import PriceBook
 from rollout_pipeline.ledger.warm_items import WarmPoolState, WarmSession, WarmState
@@ -25,10 +24,10 @@ def prices() -> PriceBook:
 
 def test_idle_memory_is_priced_at_the_experiments_price_book() -> None:
     book = prices()
-    assert warm_cost.idle_gb_s(1800.0, book) == 3600.0  # 2 GB a session
-    assert warm_cost.idle_usd(1800.0, book) == pytest.approx(0.5 * 2.0 * 0.02)
+    assert book.memory_gb_s(1800.0) == 3600.0  # 2 GB a session
+    assert book.memory_usd(1800.0) == pytest.approx(0.5 * 2.0 * 0.02)
     small = PriceBook.of(CONFIG.model_copy(update={"session_memory_gb": 0.125}), "eu-west-1")
-    assert warm_cost.idle_gb_s(10.0, small) == 1.25  # AgentCore's minimum billed size
+    assert small.memory_gb_s(10.0) == 1.25  # AgentCore's minimum billed size
 
 
 def test_the_warm_pool_status_prices_its_idle_memory_at_the_experiments_prices() -> None:

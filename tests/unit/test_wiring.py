@@ -73,6 +73,19 @@ def test_one_acr_client_configuration_for_lambdas_sdk_and_default() -> None:
     assert ClientFactory().client("sqs").meta.config.retries["total_max_attempts"] == 6
 
 
+def test_the_warm_pools_calls_in_flight_fit_the_sweepers_agentcore_client() -> None:
+    """A warm-pool tick has up to `CALLS_IN_FLIGHT` warm-ups (keep-alives, stops) in flight on the sweeper's one
+    AgentCore client: its connection pool holds them all (with fewer, calls wait for a connection or open and drop
+    one each: 100 warm-ups on 50 connections)."""
+    from rollout_pipeline.lifecycle.warm_pool import CALLS_IN_FLIGHT
+
+    factory = ClientFactory(region="us-east-1")
+    runtime = Wiring(SETTINGS, factory).agent_runtime()
+    assert isinstance(runtime, acr_module.AcrAgentRuntime)
+    assert runtime.acr.meta.config.max_pool_connections >= CALLS_IN_FLIGHT
+    assert factory.client("dynamodb").meta.config.max_pool_connections >= CALLS_IN_FLIGHT  # their pacing
+
+
 def test_a_given_runtime_wins_and_a_local_one_serves_its_endpoint() -> None:
     from rollout_pipeline.adapters.runtime import register_local_runtime
 
