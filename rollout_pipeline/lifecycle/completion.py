@@ -7,7 +7,7 @@ request, `payload._rollout`: batch, index, attempt; else the claim the dispatch 
 the ledger says that attempt runs in that session. Every result must come from the session the ledger records for
 its attempt. If that attempt is dispatched: read the result (size-capped), then ONE transaction:
 rollout -> succeeded/failed, group and batch counters, outbox {publish, stop}, the session's slot held. Then the
-events at once (`publishing.drain`), and only after every record of the SQS batch was published, the stops
+events at once (`outbox.drain`), and only after every record of the SQS batch was published, the stops
 (`stops.finish_stops`: they free the slots; a failed stop stays in the outbox). The trainer hears of a result
 without waiting for any call budget. Anything else
 (unknown key, a late or duplicated result, a result without its attempt's token: `contracts.attempts`) changes
@@ -44,7 +44,7 @@ from rollout_pipeline.contracts import (
 from rollout_pipeline.ledger.items import RolloutRecord, Terminal
 from rollout_pipeline.ledger.outbox import OUTBOX_PUBLISH, OUTBOX_STOP
 from rollout_pipeline.ledger.rollouts import DISPATCHED, FAILED, SUCCEEDED
-from rollout_pipeline.lifecycle import costing, publishing, stops
+from rollout_pipeline.lifecycle import costing, outbox, stops
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.metric_names import (
     ESTIMATED_COST,
@@ -244,7 +244,7 @@ def _handle_result(
     if rec is None:
         return _late(deps, "no such rollout in the ledger", key)
     if rec.attempt == ref.attempt and rec.terminal and rec.outbox:
-        if publishing.drain(rec, deps):
+        if outbox.drain(rec, deps):
             return Completion.RESUMED
         return _late(deps, "its side effects are being finished by another worker", key)
     if rec.state != DISPATCHED or rec.attempt != ref.attempt:
@@ -276,7 +276,7 @@ def _handle_result(
     if after is None:
         after = deps.ledger.rollouts.get_rollout(ref.batch_id, ref.input_id, ref.index)
         resumable = after is not None and after.attempt == ref.attempt and after.terminal and bool(after.outbox)
-        if after is not None and resumable and publishing.drain(after, deps):
+        if after is not None and resumable and outbox.drain(after, deps):
             return Completion.RESUMED
         return _late(deps, "another delivery ended this attempt first", key)
     deps.metrics.add(ESTIMATED_COST, cost.usd)
@@ -288,7 +288,7 @@ def _handle_result(
         deps.metrics.count(FAILED_METRIC)
         deps.metrics.count(failed_metric(terminal.reason or "unknown"))
     later = stops_later is not None
-    publishing.drain(after, deps, owner=True, result=body_dict, stops=not later)
+    outbox.drain(after, deps, owner=True, result=body_dict, stops=not later)
     if later and after.stop_sessions and stops_later is not None:
         stops_later.append(after)
     return Completion.SUCCEEDED if outcome.success else Completion.FAILED

@@ -38,7 +38,7 @@ from rollout_pipeline.ledger.items import BatchView, RolloutRecord
 from rollout_pipeline.ledger.outbox import OUTBOX_PUBLISH
 from rollout_pipeline.ledger.retry import LedgerError
 from rollout_pipeline.ledger.rollouts import DISPATCHED, QUEUED, DispatchStart
-from rollout_pipeline.lifecycle import budget, costing, publishing, stops
+from rollout_pipeline.lifecycle import budget, costing, outbox, stops
 from rollout_pipeline.lifecycle.cancel import cancel_rollout
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.failures import end_attempt, fail_rollout
@@ -559,7 +559,7 @@ def _existing(message: RolloutMessage, rec: RolloutRecord | None, deps: Lifecycl
         return None
     if rec.terminal:
         if rec.outbox:
-            publishing.drain(rec, deps)
+            outbox.drain(rec, deps)
         return Dispatch.STALE
     if rec.attempt != message.attempt:
         return Dispatch.STALE
@@ -653,7 +653,7 @@ def _throttled(message: RolloutMessage, deps: LifecycleDeps, error: str) -> Disp
     if after is None:
         return Dispatch.STALE
     log.warning("rollout %s/%s failed: %s", message.batch_id, message.rollout_id, error)
-    publishing.drain(after, deps, owner=True)
+    outbox.drain(after, deps, owner=True)
     return Dispatch.THROTTLED
 
 
@@ -867,7 +867,7 @@ def _cold_start_failed(
     if retried and after is None:
         return Dispatch.STALE
     if after is not None and after.outbox:
-        publishing.drain(after, deps, owner=True, wait_until=wait_until)
+        outbox.drain(after, deps, owner=True, wait_until=wait_until)
     return Dispatch.COLD_START_FAILED
 
 
@@ -894,7 +894,7 @@ def _start_failed(message: RolloutMessage, deps: LifecycleDeps, error: str, wait
     if after is None:
         return Dispatch.STALE
     if after.outbox:
-        publishing.drain(after, deps, owner=True, wait_until=wait_until)
+        outbox.drain(after, deps, owner=True, wait_until=wait_until)
     return Dispatch.START_FAILED
 
 
@@ -911,5 +911,5 @@ def _rejected(message: RolloutMessage, deps: LifecycleDeps, error: str) -> Dispa
     )
     if rec is None:
         return Dispatch.STALE
-    publishing.drain(rec, deps, owner=True)
+    outbox.drain(rec, deps, owner=True)
     return Dispatch.REJECTED

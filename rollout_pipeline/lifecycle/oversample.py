@@ -4,23 +4,16 @@
 A successful rollout of such a group is let into it by one conditional write on the group item
 (`GroupLedger.claim_kept`) before its event is published, so its `Rollout Completed` already says whether it is
 surplus. Once the group is full, every rollout of it that has not ended is cancelled through the cancel path
-(`cancel.cancel_rollout`, reason `surplus`): a queued one is never dispatched (its dispatch finds it ended), a
-running one has its session stopped. The claim and the cancels run in the outbox drain of the rollout that filled
-the group, and again in the drain of any success that found it full, so a crash between them leaves nothing running.
+(`lifecycle.outbox.cancel_surplus`, reason `surplus`): a queued one is never dispatched (its dispatch finds it
+ended), a running one has its session stopped. The claim and the cancels run in the outbox drain of the rollout that
+filled the group, and again in the drain of any success that found it full, so a crash between them leaves nothing
+running.
 """
 
 from __future__ import annotations
 
-import logging
-
-from rollout_pipeline.contracts import FailureReason
 from rollout_pipeline.ledger.items import GroupItem, RolloutRecord, RolloutState
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
-
-log = logging.getLogger(__name__)
-
-#: The error of a rollout cancelled as surplus.
-SURPLUS_ERROR = "its group already had the valid rollouts it needed (oversample)"
 
 
 def claim(rec: RolloutRecord, group: GroupItem | None, deps: LifecycleDeps) -> GroupItem | None:
@@ -50,37 +43,3 @@ def settle(group: GroupItem, deps: LifecycleDeps) -> GroupItem:
     for index in sorted(unclaimed, key=ended):
         deps.ledger.groups.claim_kept(group.batch_id, group.input_id, index, group.target)
     return deps.ledger.groups.read_group(group.batch_id, group.input_id) or group
-
-
-def cancel_surplus(
-    rec: RolloutRecord, group: GroupItem | None, deps: LifecycleDeps, *, policy_version: str | None = None
-) -> int:
-    """After the success `rec` was published: cancel, as `surplus`, every rollout of its group that has not ended
-    when the group is full (idempotent; nothing for another rollout, or a group not oversampled). Returns how many
-    this call ended."""
-    if rec.state is not RolloutState.SUCCEEDED or group is None or not group.full or group.complete:
-        return 0
-    from rollout_pipeline.lifecycle.cancel import cancel_rollout
-
-    existing = {rec.index: rec for rec in deps.ledger.rollouts.iter_rollouts(group.batch_id, group.input_id)}
-    ended = 0
-    for index in range(group.group_size):
-        found = existing.get(index)
-        if found is not None and found.terminal:
-            continue
-        outcome = cancel_rollout(
-            exp_id=group.exp_id or deps.config.name,
-            batch_id=group.batch_id,
-            input_id=group.input_id,
-            index=index,
-            deps=deps,
-            rec=found,
-            known=True,
-            policy_version=policy_version,
-            reason=FailureReason.SURPLUS,
-            error=SURPLUS_ERROR,
-        )
-        ended += outcome == "cancelled"
-    if ended:
-        log.info("group %s/%s full: %d surplus rollout(s) cancelled", group.batch_id, group.input_id, ended)
-    return ended

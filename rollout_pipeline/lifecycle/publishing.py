@@ -13,6 +13,7 @@ stopped session succeeds, a duplicated retry message is absorbed by the dispatch
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from rollout_pipeline import ids
@@ -95,6 +96,7 @@ def drain(
     result: dict[str, Any] | None = None,
     wait_until: float | None = None,
     stops: bool = True,
+    on_published: Callable[[GroupItem | None, BatchView | None], None] | None = None,
 ) -> bool:
     """Perform the rollout's pending side effects, then clear its outbox entry.
 
@@ -102,6 +104,8 @@ def drain(
     first claims the entry; if another worker holds it, nothing is done and False is returned.
     Order: the retry message, the events, and only then the stops (`lifecycle.stops`: best-effort, they never
     hold up a result; with `stops=False` they are left for the caller's second pass, `stops.finish_stops`).
+    `on_published`: called with the rollout's group and batch once its events are published, before the stops
+    (`lifecycle.outbox`: an oversampled group's surplus); if it raises, the entry stays, as for a failed publish.
     A sent retry message is recorded in the entry before the stops; a publish only by the stops' own writes
     (no write of its own), so a crash after the publish and before them publishes again, same `event_id`s.
     Raises (PublishError, AWS errors) when the retry or the events failed: the entry stays (its lease given back)
@@ -129,9 +133,8 @@ def drain(
             details.extend(completion_details(rec, deps, batch, group))
             deps.publisher.publish(details)
             deps.feed.after_terminal(batch)  # the release window may have room now
-            oversample.cancel_surplus(
-                rec, group, deps, policy_version=batch.options.policy_version if batch and batch.options else None
-            )
+            if on_published is not None:
+                on_published(group, batch)
             finished = rec.finished_at
             if finished is not None and rec.result_uri:
                 deps.metrics.sample(NOTIFICATION_LATENCY, max(0.0, (notified_at - finished).total_seconds() * 1000))

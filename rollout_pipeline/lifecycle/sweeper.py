@@ -25,7 +25,7 @@ from rollout_pipeline.ledger.items import RolloutRecord
 from rollout_pipeline.ledger.rollouts import (
     DISPATCHED,
 )
-from rollout_pipeline.lifecycle import budget, publishing
+from rollout_pipeline.lifecycle import budget, outbox
 from rollout_pipeline.lifecycle.cancel import cancel_rollout
 from rollout_pipeline.lifecycle.completion import complete_if_written
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
@@ -96,7 +96,7 @@ def sweep(
             continue
         bind_log_ids(batch_id=rec.batch_id, rollout_id=ids.rollout_id(rec.input_id, rec.index))
         try:
-            if publishing.drain(fresh, deps, wait_until=wait_until):
+            if outbox.drain(fresh, deps, wait_until=wait_until):
                 report.outbox_drained += 1
         except Exception as exc:
             log.warning("outbox of %s/%s#%s not drained: %s", rec.batch_id, rec.input_id, rec.index, exc)
@@ -212,7 +212,7 @@ def _expire(
     deps.metrics.count(TIMED_OUT)
     if after.outbox:
         try:
-            publishing.drain(after, deps, owner=True, wait_until=wait_until)
+            outbox.drain(after, deps, owner=True, wait_until=wait_until)
         except Exception as exc:  # the outbox keeps it; the next sweep drains it
             log.warning("side effects of %s/%s#%s pending: %s", rec.batch_id, rec.input_id, rec.index, exc)
             report.errors.append(f"drain {rec.batch_id}/{rec.input_id}#{rec.index}: {exc}")

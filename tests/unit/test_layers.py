@@ -252,24 +252,13 @@ def import_loops(graph: dict[str, set[str]]) -> list[list[str]]:
     return sorted(loops)
 
 
-#: Import loops not broken yet, each with why: the test fails on any other loop, and on one of these that grows.
-LOOPS_TO_BREAK: dict[tuple[str, ...], str] = {
-    (
-        "rollout_pipeline.lifecycle.cancel",
-        "rollout_pipeline.lifecycle.oversample",
-        "rollout_pipeline.lifecycle.publishing",
-    ): "a success's outbox drain (`publishing.drain`) cancels its group's surplus (`oversample.cancel_surplus`) "
-    "through the cancel path, which drains the cancelled rollout's outbox (`cancel.cancel_rollout`)",
-}
-
-
 @pytest.mark.parametrize("top", [PACKAGE, "stacks"])
 def test_no_import_loop_between_modules(top: str) -> None:
     """No two modules of the library, or of the stacks, import each other, not even through a lazy import or one
     made for a type only: a part the facade is built from imports what it uses, never the facade (`sdk/`'s topics
     take `ExperimentHandle`, not `Experiment`), and a helper is handed what it works on (`stacks/nag.py` gets
     the constructs it acknowledges, not the stacks)."""
-    loops = [loop for loop in import_loops(module_imports(top)) if tuple(loop) not in LOOPS_TO_BREAK]
+    loops = import_loops(module_imports(top))
     assert loops == [], "\n".join(" <-> ".join(loop) for loop in loops)
 
 
