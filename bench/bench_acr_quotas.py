@@ -16,7 +16,6 @@ Printed:
 - result written -> event published (p50/p95): it must not depend on the call budget;
 - time to the first `Group Completed` and the mean group completion time vs an ideal group-ordered schedule
   (groups admitted whole, in submission order, at the session rate, with the same agent delays).
-Run it with `--endpoints 2` to see the session rate double.
 
 Usage: python bench/bench_acr_quotas.py [--rollouts 2000] [--endpoints 1] [--session-rate 5] [--max-seconds 900]
 """
