@@ -184,10 +184,10 @@ class WarmTaker:
 
     def settle(self, done: list[str], held: list[str]) -> None:
         """Delete the offers used or stale, give the held ones back (best effort: the visibility timeout else)."""
-        for call, receipts in ((self.queue.delete, done), (self.queue.release, held)):
+        for verb, receipts in (("delete", done), ("release", held)):
             if receipts:
                 try:
-                    call(self.queue_url, receipts)
+                    getattr(self.queue, verb)(self.queue_url, receipts)
                 except Exception:
                     log.warning("%d warm offer(s) left to their visibility timeout", len(receipts), exc_info=True)
 

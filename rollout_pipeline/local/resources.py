@@ -97,25 +97,30 @@ def create_pool(client: Any, *, region: str, settings: PoolSettings | None = Non
     return name
 
 
+def _queue(sqs: Any, name: str, attributes: dict[str, str] | None = None) -> str:
+    """Create queue `name` (or find it) and set its attributes: an existing queue of the same name keeps its messages
+    and takes this run's settings (SQS refuses a CreateQueue whose attributes differ from the queue's)."""
+    url = str(sqs.create_queue(QueueName=name)["QueueUrl"])
+    if attributes:
+        sqs.set_queue_attributes(QueueUrl=url, Attributes=attributes)
+    return url
+
+
 def _create_queues(sqs: Any, config: ExperimentConfig, base: str) -> tuple[dict[str, str], dict[str, str], str]:
     """The experiment's queues with their dead-letter queues, visibility timeouts as in the stack (derived from the
     function timeouts, so redelivery semantics match), and the warm pool's queue of offers (no dead-letter queue)."""
     queue_urls: dict[str, str] = {}
     dlq_urls: dict[str, str] = {}
     for name, visibility in topology.queue_visibility_timeouts(config).items():
-        dlq_url = sqs.create_queue(QueueName=f"{base}-{name}-dlq")["QueueUrl"]
+        dlq_url = _queue(sqs, f"{base}-{name}-dlq")
         dlq_arn = sqs.get_queue_attributes(QueueUrl=dlq_url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
-        queue_urls[name] = sqs.create_queue(
-            QueueName=f"{base}-{name}",
-            Attributes={
-                "VisibilityTimeout": str(visibility),
-                "RedrivePolicy": json.dumps({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": DLQ_MAX_RECEIVE_COUNT}),
-            },
-        )["QueueUrl"]
+        redrive = json.dumps({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": DLQ_MAX_RECEIVE_COUNT})
+        queue_urls[name] = _queue(
+            sqs, f"{base}-{name}", {"VisibilityTimeout": str(visibility), "RedrivePolicy": redrive}
+        )
         dlq_urls[name] = dlq_url
     warm = {key: str(value) for key, value in topology.warm_queue_attributes(config).items()}
-    warm_url = sqs.create_queue(QueueName=f"{base}-{topology.WARM_QUEUE}", Attributes=warm)["QueueUrl"]
-    return queue_urls, dlq_urls, str(warm_url)
+    return queue_urls, dlq_urls, _queue(sqs, f"{base}-{topology.WARM_QUEUE}", warm)
 
 
 def create_resources(

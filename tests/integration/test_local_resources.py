@@ -60,6 +60,19 @@ def test_create_resources_is_idempotent(resources: ExperimentResources, experime
     assert json.loads(again.stack_outputs()["ExperimentConfig"])["name"] == "test-exp"
 
 
+def test_an_experiment_made_again_with_other_settings_takes_them(
+    resources: ExperimentResources, experiment_config: ExperimentConfig
+) -> None:
+    """Local mode's moto keeps its state per process: an experiment of the same name made again (another demo of a
+    test session) with other lifetimes gets its queues with the new attributes, not SQS's QueueAlreadyExists."""
+    longer = ExperimentConfig(name=experiment_config.name, rollout_timeout_s=experiment_config.rollout_timeout_s + 600)
+    assert longer.max_lifetime_s != experiment_config.max_lifetime_s
+    again = create_resources(longer, region=REGION, client=clients.client)
+    attributes = clients.client("sqs").get_queue_attributes(QueueUrl=again.warm_queue_url, AttributeNames=["All"])
+    assert int(attributes["Attributes"]["MessageRetentionPeriod"]) == max(60, longer.max_lifetime_s)
+    assert again.warm_queue_url == resources.warm_queue_url
+
+
 def test_handler_settings_round_trip_through_the_stack_outputs(resources: ExperimentResources) -> None:
     settings = resources.settings()
     assert settings.table_name == resources.table_name
