@@ -57,7 +57,7 @@ class ExperimentLedger:
 
     def slots_and_spend(self) -> tuple[int, float]:
         """Sessions holding a slot and the experiment's spend so far (USD: every ended session's cost), summed
-        over the slot counters in one strongly consistent Query: the spend is ADDed there by each slot's release
+        over the slot counters in one strongly consistent Query: the spend is ADDed there as each slot is freed
         (`LimitLedger.free_slot`), no item or write of its own."""
         counts = [0] * keys.SESSION_SHARDS
         spent = Decimal(0)

@@ -1,19 +1,6 @@
-"""The account pool's table: one schedule item per account and region, and one entry per experiment.
-
-The pool table (`topology.POOL_TABLE_NAME`, created once per account and region by `rollouts bootstrap`; in local
-mode with the local account) holds, in one partition:
-
-- `POOL/STATE`, the ACCOUNT's new-session schedule: the settings (`quotas.PoolSettings`: the account's quotas and
-  the reserve, written by the pool stack at deploy), the schedule itself (`ledger.pace`: `tat`, `interval_us`,
-  `last_start`, `n`; every new session of every experiment books its start here, one conditional write per start or
-  block), the backoff after AgentCore's last new-session throttle (`factor`, `factor_at`) and the active-session cap
-  learned from its `ServiceQuotaExceededException` answers (`active_cap`, `active_cap_at`). Its size does not grow
-  with the experiments (about 300 bytes: every write costs 1 WCU);
-- `POOL/MEMBER#{experiment}`, one per experiment: its weight and caps, its demand, its sessions in flight (from its
-  counters) and when it last renewed (`lifecycle` of the experiment, about once a second while it has work).
-
-This module keeps the items' typed views, reads and writes; the rules (fair shares, backoff) are `limits`.
-"""
+"""The account pool's table (`topology.POOL_TABLE_NAME`, one per account and region): `POOL/STATE`, the account's
+new-session schedule with its settings, backoff and learned active-session cap, and `POOL/MEMBER#{experiment}`, one
+entry per experiment (docs/lifecycle.md, "Limits"). The rules are the `limits` area's."""
 
 from __future__ import annotations
 
@@ -38,20 +25,17 @@ MEMBER_TTL_S: Final = 3600
 
 @dataclass(frozen=True)
 class AccountView:
-    """The account's schedule item: settings, the schedule, the backoff and the learned active-session cap."""
+    """The account's schedule item: settings, the schedule, the backoff (the factor right after the last decrease,
+    and when: 0 never) and the active-session cap learned from AgentCore (0: the quota), climbing back to at most
+    `active_ceiling`; `configured`: settings were written (else the documented defaults)."""
 
     settings: PoolSettings = field(default_factory=PoolSettings)
     pace: pace.PaceView = field(default_factory=pace.PaceView)
-    #: The backoff factor right after the last decrease, and when (epoch s; 0: never throttled).
     factor: float = 1.0
     factor_at: float = 0.0
-    #: Active sessions the account has shown it holds at most (`ServiceQuotaExceededException`), and when it was
-    #: learned (0: never: the quota stands).
     active_cap: int = 0
     active_cap_at: float = 0.0
-    #: What the learned cap climbs back to at most (`limits.account.CEILING_MARGIN`; 0: the quota).
     active_ceiling: int = 0
-    #: Whether the settings were written (by the pool stack, or local mode); else the documented defaults.
     configured: bool = False
 
     @classmethod
@@ -78,28 +62,21 @@ class AccountView:
 
 @dataclass(frozen=True)
 class MemberEntry:
-    """One experiment in the pool, as its last renewal wrote it."""
+    """One experiment in the pool, as its last renewal wrote it: its weight, caps (`sessions_cap`: new sessions/s,
+    None: none), demand (new sessions/s; `math.inf`: all it can get), sessions in flight by its counters, the new
+    sessions it had booked, its shares then (shown by `rollouts capacity`) and the throttles of its new sessions."""
 
     name: str
     weight: float = 1.0
-    #: New sessions/s it may use at most (`session_rate_limit`, half of `tps_limit`); None: no cap.
     sessions_cap: float | None = None
-    #: Active sessions it may hold at most (`max_sessions`).
     max_sessions: int = 0
-    #: New sessions/s it asked for (`math.inf`: all it can get: rollouts wait for the rate).
     demand: float = 0.0
-    #: Whether rollouts of it wait for a session slot (it asks for all the active sessions it may hold).
     waiting: bool = False
-    #: Its sessions holding a slot, as its counters said at the renewal.
     in_flight: int = 0
-    #: When it renewed (epoch s), and the new sessions it had booked then (its schedule's count).
     renewed_at: float = 0.0
     booked: int = 0
-    #: Its new-session share as computed at that renewal (shown by `rollouts capacity`).
     share: float = 0.0
-    #: Its share of the account's active sessions then.
     active_share: int = 0
-    #: Throttles AgentCore answered its new sessions, in all.
     throttles: int = 0
 
     @classmethod
@@ -122,7 +99,6 @@ class MemberEntry:
         )
 
     def _stored(self) -> dict[str, Any]:
-        """The entry as the item stores it (plain values, without its key)."""
         out: dict[str, Any] = {
             "name": self.name,
             "weight": self.weight,
@@ -163,11 +139,8 @@ class PoolLedger:
     ) -> PoolLedger:
         return cls(LedgerTable(table_name, dynamodb_client, clock=clock), region=region)
 
-    # ------------------------------------------------------------------------------------------- the account
-
     def account(self, item: Mapping[str, Any] | None = None) -> AccountView:
-        """The account's schedule item (`item`: its values as a write just answered them, else read strongly
-        consistent). Raises `PoolMissing` when the table does not exist."""
+        """The account's schedule item (`item`: as a write just answered it, else read). Raises `PoolMissing`."""
         if item is None:
             try:
                 item = pace.read(self.table, pool_key()).values
@@ -176,18 +149,16 @@ class PoolLedger:
         return AccountView.of(item, region=self.region)
 
     def write_settings(self, settings: PoolSettings) -> None:
-        """Set the pool's settings (creating the item if needed): the schedule's spacing follows them, and what was
-        learned under the old ones (the backoff, the active-session cap) is forgotten."""
+        """Set the pool's settings (`pool_schema.settings_update`)."""
         self.table.ddb.update_item(**settings_update(self.table.name, settings))
 
     def schedule(self) -> pace.PaceSchedule:
-        """The account's new-session schedule (`ledger.pace`: the item's own spacing)."""
+        """The account's new-session schedule (spaced by the item)."""
         return pace.PaceSchedule(self.table, pool_key(), item_spacing=True)
 
     def set_spacing(self, interval_us: int, *, factor: float, factor_at: float, after_at: float) -> AccountView | None:
         """Space the account's schedule at `interval_us` with the backoff (`factor` since `factor_at`), if the backoff
-        the caller decided from is still the item's (`after_at`: its `factor_at`): one decrease per overshoot, one
-        climb step per process that sees it due. None when someone changed it meanwhile."""
+        the caller decided from is still the item's (`after_at`). None when someone changed it meanwhile."""
         written = pace.set_spacing(
             self.table,
             pool_key(),
@@ -210,8 +181,6 @@ class PoolLedger:
             )
             is not None
         )
-
-    # -------------------------------------------------------------------------------------------- members
 
     def put_member(self, entry: MemberEntry, *, now: float) -> None:
         """Write an experiment's entry (its renewal)."""
