@@ -14,13 +14,12 @@ from rollout_pipeline.limits.pacing import BACKOFF, BACKOFF_HOLD_S, PROBE_AFTER_
 
 log = logging.getLogger(__name__)
 
-#: The learned active-session cap climbs back this many sessions a second after `PROBE_AFTER_S`.
-ACTIVE_CLIMB_PER_S: Final = 1.0
-#: ... to at most this much of the sessions held when AgentCore refused one (or of the cap then, if lower) ...
+#: The account's round: shares are renewed, the backoff's climb is checked and the learned cap climbs one session.
+RENEW_S: Final = 1.0
+#: The learned cap climbs back to this much of the sessions held when AgentCore refused one (or of the cap then) ...
 CEILING_MARGIN: Final = 0.95
-CEILING_KEEP_S: Final = 3600.0  # ... for this long; then to the quota again (should the account's cap be raised).
-#: A process looks at most this often whether the backoff's climb changes the schedule's spacing.
-CLIMB_CHECK_S: Final = 1.0
+#: ... for this long; then to the quota again (should the account's cap have been raised).
+CEILING_KEEP_S: Final = 3600.0
 ACCOUNT: Final = "account"
 
 
@@ -29,7 +28,7 @@ def active_cap(view: AccountView, now: float) -> int:
     quota = view.settings.quotas.active_sessions
     if view.active_cap_at <= 0:
         return quota
-    climbed = int(max(0.0, now - view.active_cap_at - PROBE_AFTER_S) * ACTIVE_CLIMB_PER_S)
+    climbed = int(max(0.0, now - view.active_cap_at - PROBE_AFTER_S) / RENEW_S)  # additive increase: one a round
     kept = view.active_ceiling > 0 and now - view.active_cap_at < CEILING_KEEP_S
     return min(view.active_ceiling if kept else quota, quota, view.active_cap + climbed)
 
@@ -80,7 +79,7 @@ class AccountSchedule:
     def _seen(self, item: Mapping[str, Any]) -> None:
         self.view = view = self.pool.account(item)
         now = self._wall()
-        if view.factor_at <= 0 or now - self._climb_checked < CLIMB_CHECK_S:
+        if view.factor_at <= 0 or now - self._climb_checked < RENEW_S:
             return
         self._climb_checked = now
         wanted = view.settings.start_interval_us(backoff_factor(view.factor, view.factor_at, now))

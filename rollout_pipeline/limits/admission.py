@@ -20,8 +20,7 @@ from rollout_pipeline.limits.pacing import Pacer
 #: One process's entry on the admission board: (process, heartbeat in epoch microseconds, its waiting keys).
 BoardEntry = tuple[str, int, list[str]]
 
-#: A rollout is admitted only while the session budget has room within this horizon; beyond it, rollouts wait in
-#: the ordered `SlotGate`, so admission order, not first-come reservations, decides whose sessions start first.
+#: A rollout is admitted only while the session budget has room within this horizon (else it waits in `SlotGate`).
 ADMIT_AHEAD_S: Final = 2.0
 #: While the room binds, the gate lets waiters through this many seconds of starts at a time (`SessionRoom.batch`).
 ROOM_BATCH_S: Final = 0.5
@@ -76,18 +75,15 @@ class SessionRoom:
 
 #: A process's entry on the admission board older than this is ignored (its process crashed or stalled).
 BOARD_STALE_S: Final = 5.0
-#: A process re-publishes its waiters at least this often while it has any (its heartbeat).
-BOARD_HEARTBEAT_S: Final = 1.0
-#: A process reads the board for a newly received message at most this often (a cached view is used between).
+#: A process re-publishes its waiters (its heartbeat) at least, and reads the board for a rollout at most, this often.
 BOARD_READ_S: Final = 1.0
 #: At most this many waiting keys per process are published (a Lambda holds 10 messages at a time).
 BOARD_MAX_KEYS: Final = 32
-#: A poller polls every `LEAD_POLL_S` (jittered) while one of its waiters ranks among the first `LEAD_RANKS` keys of
-#: every live waiter (the next slots to free are theirs); the others every 0.2-1 s.
+#: A poller whose first waiter ranks among this many first keys of all live waiters leads (the next slots are theirs)...
 LEAD_RANKS: Final = 2
+#: ... and polls every this many seconds (jittered); the others every 0.2-1 s.
 LEAD_POLL_S: Final = (0.05, 0.25)
-#: A burst's first decision waits this long, so every dispatcher's part of it is on the board: the dispatch
-#: function's SQS batching window (1 s, `topology.FUNCTIONS`).
+#: A burst's first decision waits this long for every dispatcher's part of it: the dispatch function's batching window.
 BOARD_SETTLE_S: Final = 1.0
 
 
@@ -116,7 +112,7 @@ class AdmissionBoard:
         if not keys and not self._published:
             return
         now = self._wall()
-        if keys == self._published and (not keys or now - self._published_at < BOARD_HEARTBEAT_S):
+        if keys == self._published and (not keys or now - self._published_at < BOARD_READ_S):
             return
         if keys:
             self.ledger.put_waiting(self.process, keys, now_us=int(now * 1e6))

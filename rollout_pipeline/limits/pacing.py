@@ -23,12 +23,10 @@ log = logging.getLogger(__name__)
 LATENESS_S: Final = 0.05
 #: How far ahead an invoke may reserve a `tps` start while stops share it (stops reserve as far as they wait).
 INVOKE_AHEAD_S: Final = 0.25
-#: ... and while stops have their own: as far as a block of warm takes books (`InvokeBlock`).
+#: ... and while stops have their own; calls booked together (`InvokeBlock`, `book_stops`) start within this long.
 BLOCK_AHEAD_S: Final = 1.0
 #: How long a stop waits for its start when the caller gives no deadline.
 DEFAULT_STOP_WAIT_S: Final = 15.0
-#: Stops booked together (`LimitedRuntime.book_stops`) start within this long.
-STOP_BOOK_AHEAD_S: Final = 1.0
 #: Reservations of one process within this long of each other are booked in one write (`Pacer.reserve_together`).
 TOGETHER_S: Final = 0.03
 #: An `InvokeBlock` that finds the schedule full within its horizon waits and books again at most this many times.
@@ -38,17 +36,19 @@ TAKES: Final = "takes"
 SESSION_PACE: Final = "session"
 CALLS_PACE: Final = "tps"
 STOP_PACE: Final = "stop"
-#: A throttle multiplies a rate by this (at most once per `BACKOFF_HOLD_S`, never below `MIN_FACTOR`); the rate
-#: stays there `PROBE_AFTER_S`, then climbs back `CLIMB_PER_S` per second.
+#: A throttle multiplies a rate by this ...
 BACKOFF: Final = 0.75
+#: ... at most once this long (the throttles of one overshoot) ...
 BACKOFF_HOLD_S: Final = 2.0
+#: ... and the rate stays there this long (whoever else uses it likely goes on a while) ...
 PROBE_AFTER_S: Final = 20.0
+#: ... then climbs back this much of it a second ...
 CLIMB_PER_S: Final = 0.02
+#: ... and is never cut below this much.
 MIN_FACTOR: Final = 0.2
-
-
-#: A refused call is retried after a pause drawn from [0, min(`RETRY_CAP_S`, `RETRY_BASE_S` x 2^n)] (full jitter).
+#: A refused call is retried after a pause drawn from [0, min(`RETRY_CAP_S`, this x 2^n)] (full jitter) ...
 RETRY_BASE_S: Final = 0.25
+#: ... at most this long.
 RETRY_CAP_S: Final = 4.0
 
 
@@ -479,7 +479,7 @@ class LimitedRuntime:
         """Book `count` starts for stops about to be made in one write; the next `stop` calls take them. Returns how
         many were booked."""
         try:
-            slots = self.stop_pacer.book(count, STOP_BOOK_AHEAD_S)
+            slots = self.stop_pacer.book(count, BLOCK_AHEAD_S)
         except Exception:  # booking ahead only saves writes: the stops reserve one at a time
             log.warning("could not book %d stops ahead", count, exc_info=True)
             return 0

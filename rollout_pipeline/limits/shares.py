@@ -17,13 +17,11 @@ from rollout_pipeline.config import ExperimentConfig, new_sessions_cap
 from rollout_pipeline.ledger.limits import LimitLedger
 from rollout_pipeline.ledger.pace import PaceView
 from rollout_pipeline.ledger.pool import MemberEntry, PoolLedger
-from rollout_pipeline.limits.account import AccountSchedule
+from rollout_pipeline.limits.account import RENEW_S, AccountSchedule
 from rollout_pipeline.limits.pacing import LATENESS_S
 
 log = logging.getLogger(__name__)
 
-#: A renewal is due this long after the last (each process waits 0-30% more, at random: seldom two at once).
-RENEW_S: Final = 1.0
 #: An entry renewed longer ago than this holds no share of the rate (its experiment has no work, or is gone) ...
 LIVE_S: Final = 3.0
 #: ... and its sessions in flight count against the account's active sessions this long (the sweeper's minute).
@@ -34,8 +32,6 @@ BACKLOG_AHEAD_S: Final = 0.25
 BACKLOG_HOLD_S: Final = 2.0
 #: Without a backlog an experiment asks for what it started since its last renewal times this.
 HEADROOM: Final = 1.5
-#: A counter read older than this is read again before it is written to the pool.
-IN_FLIGHT_FRESH_S: Final = 2.0
 #: A share is never spaced wider than this rate's spacing (a share of nearly nothing still starts now and then).
 MIN_SHARE_PER_S: Final = 0.5
 
@@ -105,7 +101,7 @@ class Membership:
         self._wall = wall
         self._lock = threading.Lock()
         self._behind: threading.Thread | None = None
-        self._due_after = RENEW_S * random.uniform(1.0, 1.3)
+        self._due_after = RENEW_S * random.uniform(1.0, 1.3)  # seldom two processes at once
         self._backlog_until = 0.0
         self.session = PaceView()
         self.entry: MemberEntry | None = None
@@ -201,7 +197,7 @@ class Membership:
             started = max(0, self.session.booked - last.booked)
             demand = HEADROOM * started / max(now - last.renewed_at, RENEW_S)
         count, read_at = self._in_flight()
-        if now - read_at > IN_FLIGHT_FRESH_S:  # never a figure this process did not just read
+        if now - read_at > 2 * RENEW_S:  # never a figure this process did not just read
             count = self._read_in_flight()
         throttles, self._throttles = self._throttles, 0
         return MemberEntry(
