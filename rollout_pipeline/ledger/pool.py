@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Final
 
 from rollout_pipeline.ledger import pace
-from rollout_pipeline.ledger.attributes import item_values, plain_values
+from rollout_pipeline.ledger.attributes import item_values, plain_values, view_of
 from rollout_pipeline.ledger.keys import PK, SK
 from rollout_pipeline.ledger.pool_schema import POOL_PK, POOL_SK, member_key, pool_key, settings_update
 from rollout_pipeline.ledger.table import LedgerTable
@@ -82,39 +82,11 @@ class MemberEntry:
     @classmethod
     def of(cls, item: Mapping[str, Any]) -> MemberEntry:
         demand = float(item.get("demand", 0.0))
-        cap = item.get("sessions_cap")
-        return cls(
-            name=str(item["name"]),
-            weight=float(item.get("weight", 1.0)),
-            sessions_cap=None if cap is None else float(cap),
-            max_sessions=int(item.get("max_sessions", 0)),
-            demand=math.inf if demand == ALL else demand,
-            waiting=bool(item.get("waiting", False)),
-            in_flight=int(item.get("in_flight", 0)),
-            renewed_at=float(item.get("renewed_at", 0.0)),
-            booked=int(item.get("booked", 0)),
-            share=float(item.get("share", 0.0)),
-            active_share=int(item.get("active_share", 0)),
-            throttles=int(item.get("throttles", 0)),
-        )
+        return view_of(cls, item, demand=math.inf if demand == ALL else demand)
 
     def _stored(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "name": self.name,
-            "weight": self.weight,
-            "max_sessions": self.max_sessions,
-            "demand": ALL if math.isinf(self.demand) else self.demand,
-            "waiting": self.waiting,
-            "in_flight": self.in_flight,
-            "renewed_at": self.renewed_at,
-            "booked": self.booked,
-            "share": self.share,
-            "active_share": self.active_share,
-            "throttles": self.throttles,
-        }
-        if self.sessions_cap is not None:
-            out["sessions_cap"] = self.sessions_cap
-        return out
+        stored = {name: value for name, value in asdict(self).items() if value is not None}
+        return {**stored, "demand": ALL if math.isinf(self.demand) else self.demand}
 
 
 class PoolMissing(LookupError):

@@ -8,7 +8,7 @@ from enum import StrEnum
 from typing import Any
 
 from rollout_pipeline.ids import AttemptRef
-from rollout_pipeline.ledger.attributes import float_at, int_at, item_values, text_at
+from rollout_pipeline.ledger.attributes import float_at, item_values, view_of
 
 
 class WarmState(StrEnum):
@@ -85,23 +85,4 @@ class WarmPoolState:
 
     @classmethod
     def of(cls, raw: Mapping[str, Any] | None) -> WarmPoolState:
-        if not raw:
-            return cls()
-        item = item_values(raw)
-        return cls(
-            lease_owner=text_at(item, "lease_owner"),
-            lease_until=float_at(item, "lease_until"),
-            busy_at=float_at(item, "busy_at"),
-            demand_at=float_at(item, "demand_at"),
-            took_at=float_at(item, "took_at"),
-            halted=text_at(item, "halted"),
-            halted_at=float_at(item, "halted_at"),
-            last_batch_id=text_at(item, "last_batch_id"),
-            last_batch_rollouts=int_at(item, "last_batch_rollouts"),
-            warmed=int_at(item, "warmed"),
-            warmup_failures=int_at(item, "warmup_failures"),
-            keepalives=int_at(item, "keepalives"),
-            stopped_unused=int_at(item, "stopped_unused"),
-            unused_idle_s=float_at(item, "unused_idle_s"),
-            dropped=int_at(item, "dropped"),
-        )
+        return view_of(cls, item_values(raw)) if raw else cls()

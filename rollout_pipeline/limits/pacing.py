@@ -10,12 +10,15 @@ import random
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, Final, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 from rollout_pipeline.ledger import pace
 from rollout_pipeline.metric_names import ACR_THROTTLED, LIMIT_BACKLOG, MetricsRecorder
 from rollout_pipeline.ports import AgentRuntime, RuntimeQuotaExceeded, RuntimeRateExceeded, RuntimeThrottled
 from rollout_pipeline.quotas import START_LATENESS_S
+
+if TYPE_CHECKING:
+    from rollout_pipeline.limits.account import AccountSchedule
 
 log = logging.getLogger(__name__)
 
@@ -160,10 +163,6 @@ class Pacer:
     def limit(self) -> float:
         """Calls per second at most (in any sliding second)."""
         return (1.0 + LATENESS_S) / self.interval_s
-
-    @limit.setter
-    def limit(self, value: float) -> None:
-        self._base_interval_s = (1.0 + LATENESS_S) / value
 
     @property
     def lead_s(self) -> float:
@@ -327,19 +326,6 @@ class NoCallBudget(RuntimeThrottled):
     """No start of a call budget could be had before the caller's wait ended (the call was not made)."""
 
 
-class AccountBudget(Protocol):
-    """What `LimitedRuntime` needs of the account's new-session schedule (`limits.account.AccountSchedule`)."""
-
-    @property
-    def pacer(self) -> Pacer: ...
-
-    def throttled(self) -> None:
-        """AgentCore answered a new session with a rate exceeded: the account's schedule backs off."""
-
-    def quota_exceeded(self) -> None:
-        """AgentCore answered a new session with `ServiceQuotaExceededException`: fewer active sessions."""
-
-
 class LimitedRuntime:
     """An `AgentRuntime` whose calls first take their budgets: a new session its `session` start (then the
     `account`'s), a call into an existing session a `tps` start, a stop its `stops` start (or `tps`)."""
@@ -351,7 +337,7 @@ class LimitedRuntime:
         session: Pacer,
         metrics: MetricsRecorder | None = None,
         *,
-        account: AccountBudget | None = None,
+        account: AccountSchedule | None = None,
         stops: Pacer | None = None,
     ) -> None:
         self.runtime = runtime
@@ -439,12 +425,9 @@ class LimitedRuntime:
         budget = key or pacer.budget
         with block.lock:
             expected = block.expected[budget] = max(0, block.expected.get(budget, 0) - 1)
-            latest_late = pacer._wall() - START_LATENESS_S
-            starts = block.starts.get(budget, [])
-            while starts:
-                start = starts.pop(0)
-                if start >= latest_late:
-                    return start
+            start = first_fresh(block.starts.get(budget, []), pacer._wall())
+            if start is not None:
+                return start
             if budget in block.booked or expected < 1:  # booked once (its starts are gone), or this is the last
                 return None
             block.booked.add(budget)
@@ -488,13 +471,9 @@ class LimitedRuntime:
         return len(slots)
 
     def _booked_stop(self) -> float | None:
-        latest_late = self.stop_pacer._wall() - START_LATENESS_S
+        now = self.stop_pacer._wall()
         with self._booked_lock:
-            while self._booked_stops:
-                slot = self._booked_stops.pop(0)
-                if slot >= latest_late:
-                    return slot
-        return None
+            return first_fresh(self._booked_stops, now)
 
     def stop(self, session_id: str, wait_until: float | None = None) -> None:
         """StopRuntimeSession once its budget allows: at a start booked ahead (`book_stops`), else one reserved now."""
@@ -505,6 +484,15 @@ class LimitedRuntime:
         if not on_booked and not pacer.acquire(until):
             raise self._throttled("StopRuntimeSession")
         self._call(lambda: self.runtime.stop(session_id), new_session=False)
+
+
+def first_fresh(starts: list[float], now: float) -> float | None:
+    """Pop the earliest of `starts` not more than `START_LATENESS_S` before `now` (the stale ones are dropped)."""
+    while starts:
+        start = starts.pop(0)
+        if start >= now - START_LATENESS_S:
+            return start
+    return None
 
 
 def dedicated_stop_share(data_plane: float, invoke_rate: float) -> bool:
