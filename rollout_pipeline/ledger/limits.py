@@ -15,8 +15,7 @@ from rollout_pipeline.ledger.table import LedgerTable
 
 @dataclass
 class LimitsView:
-    """One Query of the `LIMIT` partition (`LimitLedger.limits_view`): the slot counters, the admission board, the
-    call budgets' schedules by budget, the policy version (its item sorts between the schedules and the counters)."""
+    """One Query of the `LIMIT` partition: the slot counters, the admission board, the schedules, the policy version."""
 
     counts: list[int]
     board: list[tuple[str, int, list[str]]] = field(default_factory=list)
@@ -25,8 +24,7 @@ class LimitsView:
 
 
 def shard_cap(max_sessions: int, shard: int) -> int:
-    """The cap of session-slot counter `shard`: `max_sessions` spread over `keys.SESSION_SHARDS` counters (the
-    first `max_sessions % SESSION_SHARDS` get one more)."""
+    """The cap of session-slot counter `shard`: `max_sessions` spread over the counters (they sum to it)."""
     base, extra = divmod(max_sessions, keys.SESSION_SHARDS)
     return base + (1 if shard < extra else 0)
 
@@ -52,10 +50,8 @@ class LimitLedger:
         self.table = table
 
     def take_slot(self, max_sessions: int, shard: int, count: int = 1) -> dict[str, Any]:
-        """A transaction item that takes `count` session slots on counter `shard` if it stays within its cap
-        (`shard_cap`): the caps sum to `max_sessions` and no counter ever exceeds its cap, so the sum of the
-        counters (the sessions in flight) never exceeds `max_sessions`. A counter not yet written counts 0: the
-        caller asks for at most its cap there (`SlotShards` and the warm pool choose by the caps)."""
+        """A transaction item that takes `count` session slots on counter `shard` if it stays within its cap: the caps
+        sum to `max_sessions`, so the sessions in flight never exceed it."""
         return {
             "Update": self.table.update_op(
                 keys.session_shard_key(shard),
@@ -66,13 +62,8 @@ class LimitLedger:
         }
 
     def free_slot(self, holder: str, count: int = 1, *, spent_usd: float = 0.0) -> dict[str, Any]:
-        """A transaction item that gives `count` session slots back, on the counter `free_shard(holder)` (`holder`:
-        any text naming the slot's holder, e.g. its session id). A slot may be given back on any counter: a
-        counter then below zero only lets more takes through up to its cap, so the sum stays exact and bounded.
-
-        `spent_usd`: the session's cost, ADDed to the experiment's spend on the same counter item (`spent_usd`):
-        the spend lives on the 32 slot counters, written by the release every session makes anyway, and is summed
-        by the same Query that sums the slots (`slots_and_spend`): no item of its own, no write of its own."""
+        """A transaction item that gives `count` session slots back on counter `free_shard(holder)` (any counter keeps
+        the sum exact) and ADDs `spent_usd` to the experiment's spend there (`ExperimentLedger.slots_and_spend`)."""
         key = keys.session_shard_key(free_shard(holder))
         if spent_usd > 0:
             return {
@@ -90,16 +81,12 @@ class LimitLedger:
         return counts
 
     def slots_and_board(self) -> tuple[list[int], list[tuple[str, int, list[str]]]]:
-        """The session-slot counters (`slot_counts`) AND the admission board (`waiting_board`) in ONE strongly
-        consistent Query: both live in the `LIMIT` partition, the counters' sort keys (`SESSIONS#`) just before
-        the board's (`WAIT#`), so a slot gate's poll that needs both costs one request, not two."""
+        """The session-slot counters AND the admission board in ONE strongly consistent Query (neighbouring keys)."""
         view = self.limits_view(with_paces=False)
         return view.counts, view.board
 
     def limits_view(self, *, with_paces: bool = True) -> LimitsView:
-        """`slots_and_board`, and with `with_paces` the call budgets' schedules too (`pace`, every `PACE#` item:
-        their sort keys come before the counters'), in the same one strongly consistent Query: a slot gate's poll
-        that also needs the session budget's room costs one request, not two."""
+        """`slots_and_board`, with `with_paces` the schedules and the policy version too, in the same Query."""
         request: dict[str, Any] = {
             "KeyConditionExpression": "pk = :pk AND sk BETWEEN :from AND :to",
             "ExpressionAttributeValues": plain_values(
@@ -129,13 +116,11 @@ class LimitLedger:
         return sum(self.slot_counts())
 
     def schedule(self, budget: str, *, item_spacing: bool = False) -> pace.PaceSchedule:
-        """The schedule item of paced budget `budget` (`LIMIT/PACE#{budget}`, `ledger.pace`): spaced by its callers,
-        or (`item_spacing`) by its own `interval_us` (the experiment's share of the account's new sessions)."""
+        """The schedule item of paced budget `budget` (`LIMIT/PACE#{budget}`), spaced by its callers or itself."""
         return pace.PaceSchedule(self.table, keys.pace_key(budget), item_spacing=item_spacing)
 
     def set_share(self, budget: str, interval_us: int, *, active: int, renewed_us: int, after_us: int) -> bool:
-        """Give the schedule `budget` the spacing of the experiment's share and the active sessions it may hold, if
-        no renewal wrote it since `after_us` (one renewal a period, whichever process wins)."""
+        """Give schedule `budget` the share and active sessions, if no renewal wrote it since `after_us`."""
         written = pace.set_spacing(
             self.table,
             keys.pace_key(budget),

@@ -177,20 +177,9 @@ class PaceSchedule:
         self.key = key
         self.item_spacing = item_spacing
 
-    def reserve(
-        self, *, not_before_us: int, latest_us: int, busy_first: bool = False, count: int = 1, interval_us: int = 0
-    ) -> Reserved:
-        """`reserve` on this item."""
-        return reserve(
-            self.table,
-            self.key,
-            not_before_us=not_before_us,
-            latest_us=latest_us,
-            busy_first=busy_first,
-            count=count,
-            interval_us=interval_us,
-            item_spacing=self.item_spacing,
-        )
+    def reserve(self, **window: Any) -> Reserved:
+        """`reserve` on this item (`not_before_us`, `latest_us`, `busy_first`, `count`, `interval_us`)."""
+        return reserve(self.table, self.key, item_spacing=self.item_spacing, **window)
 
     def read(self) -> ScheduleItem:
         """The item, strongly consistent (empty when there is none)."""

@@ -129,8 +129,7 @@ class PoolLedger:
         return pace.PaceSchedule(self.table, pool_key(), item_spacing=True)
 
     def set_spacing(self, interval_us: int, *, factor: float, factor_at: float, after_at: float) -> AccountView | None:
-        """Space the account's schedule at `interval_us` with the backoff (`factor` since `factor_at`), if the backoff
-        the caller decided from is still the item's (`after_at`). None when someone changed it meanwhile."""
+        """Space the account's schedule at `interval_us` with the backoff, if its `factor_at` is still `after_at`."""
         written = pace.set_spacing(
             self.table,
             pool_key(),
@@ -142,8 +141,7 @@ class PoolLedger:
         return None if written is None else self.account(written.values)
 
     def learn_active_cap(self, cap: int, ceiling: int, *, at: float, after_at: float) -> bool:
-        """Record that the account holds at most `cap` active sessions (learned at `at`), climbing back to `ceiling`
-        at most, if the cap the caller decided from is still the item's (`after_at`)."""
+        """Record the learned active-session cap (and its `ceiling`), if its `active_cap_at` is still `after_at`."""
         return (
             self.table.update(
                 pool_key(),

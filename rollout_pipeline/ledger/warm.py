@@ -76,8 +76,7 @@ class WarmLedger:
     def add_warming(
         self, sessions: Sequence[str], *, max_sessions: int, takes: Mapping[int, int], warmed_at: float
     ) -> bool:
-        """Record new warm sessions (warming) and take their slots (`takes`: how many on each counter), in one
-        transaction, if the pool is not halted. False: nothing written."""
+        """Record new warm sessions and take their slots (`takes`: by counter) in one transaction, unless halted."""
         if sum(takes.values()) != len(sessions) or any(count <= 0 for count in takes.values()):
             raise ValueError(f"slot takes {dict(takes)} do not add up to {len(sessions)} sessions")
         ttl = self.table.expires_at()
@@ -119,8 +118,7 @@ class WarmLedger:
     def _each(
         self, sessions: Sequence[str], ops: Callable[[list[str]], list[dict[str, Any]]], size: int, what: str
     ) -> list[str]:
-        """One transaction per chunk of `size` sessions (`ops`: one conditional item per session first), again without
-        the sessions whose condition failed. Returns the sessions written."""
+        """One transaction per chunk of `size` sessions, again without those whose condition failed; those written."""
         done: list[str] = []
         for chunk in _chunks(sessions, size):
             left = chunk
@@ -149,8 +147,7 @@ class WarmLedger:
         return self._each(sessions, ops, CHUNK - keys.SESSION_SHARDS, "forgetting stopped warm sessions")
 
     def claim_ops(self, session_id: str, ref: AttemptRef, *, warmed_at: float) -> list[dict[str, Any]]:
-        """A dispatch transaction's part when attempt `ref` takes warm session `session_id`, in this order: the
-        session's item deleted if idle (its slot becomes the attempt's), and the claim naming the attempt."""
+        """The dispatch transaction's part when `ref` takes `session_id`: its item deleted if idle, the claim."""
         claim = {
             "batch_id": ref.batch_id,
             "input_id": ref.input_id,

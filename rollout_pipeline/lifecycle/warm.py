@@ -27,8 +27,7 @@ REFILLS: Final = 3
 
 
 def offer_until(config: ExperimentConfig, warmed_at: float, kept_at: float) -> float:
-    """Until when (epoch s) a warm session may be taken: `warm_stale_after_s` after its keep-alive, while its age
-    stays within `warm_shelf_life_s`."""
+    """Until when (epoch s) a warm session may be taken: before it is stale, or too old for a rollout."""
     return min(kept_at + config.warm_stale_after_s, warmed_at + config.warm_shelf_life_s)
 
 
@@ -55,8 +54,7 @@ class WarmOffer:
 
 
 class WarmOffers:
-    """The offers one SQS batch of a dispatcher holds; its threads share them. `close` deletes the used and stale
-    ones and gives the rest back."""
+    """The offers one SQS batch holds, shared by its threads; `close` deletes the spent ones, gives the rest back."""
 
     def __init__(self, taker: WarmTaker, offers: list[WarmOffer]) -> None:
         self.taker = taker
@@ -183,8 +181,7 @@ class WarmTaker:
                     log.warning("%d warm offer(s) left to their visibility timeout", len(receipts), exc_info=True)
 
     def note(self, kind: Literal["demand_at", "took_at"]) -> None:
-        """Tell the pool (at most once per `DEMAND_NOTE_S`) that a rollout took a new session (`demand_at`) or a warm
-        one (`took_at`)."""
+        """Tell the pool (at most once per `DEMAND_NOTE_S`) that a rollout took a new session or a warm one."""
         now = self._monotonic()
         with self._lock:
             if not self.enabled or now - self._noted.get(kind, -math.inf) < DEMAND_NOTE_S:

@@ -54,8 +54,7 @@ TICK_EVERY_S: Final = 5.0
 
 class WarmCapacity:
     """What the pool may use of the experiment's limits (a test gives its own): its share of active sessions, and of
-    new sessions while nothing wants them (nothing on the admission board, no take for `DEMAND_QUIET_S`) and the
-    budget is not spent."""
+    new sessions while nothing wants them and the budget is not spent."""
 
     def __init__(self, deps: LifecycleDeps) -> None:
         self.deps = deps
@@ -191,8 +190,7 @@ class WarmPool:
         return list({s.session_id: s for s in out}.values())
 
     def _stop(self, sessions: Sequence[WarmSession], wait_until: float, now: float, *, dropped: bool = False) -> int:
-        """Stop `sessions` concurrently (state stopping first) and forget the ones stopped or ended anyway. Returns
-        how many are gone."""
+        """Stop `sessions` concurrently and forget the ones stopped or ended anyway. Returns how many are gone."""
         warm = self.deps.ledger.warm
         stopping = set(warm.begin_stop([s.session_id for s in sessions]))
 
@@ -223,14 +221,12 @@ class WarmPool:
         return stopped
 
     def halt(self, reason: str, *, stop: bool = True, budget_s: float = 60.0) -> int:
-        """Keep no warm session (`reason`: "cancelled", "destroyed", "stopped"; a later batch resumes the pool, never
-        after "destroyed"), every one stopped now with `stop`. Returns how many were stopped."""
+        """Keep no warm session for `reason` (every one stopped now with `stop`). Returns how many were stopped."""
         self.deps.ledger.warm.halt(reason, self.wall())
         return self.stop_all(budget_s=budget_s) if stop else 0
 
     def _keep_alive(self, idle: Sequence[WarmSession], now: float, wait_until: float) -> tuple[int, list[WarmSession]]:
-        """The warm-up again, concurrently, for idle sessions whose offer would go stale (not old) within
-        `keepalive_lead_s`, each answered one offered again. Returns how many answered, and the dead ones."""
+        """Keep alive the idle sessions whose offer goes stale soon. Returns how many answered, and the dead ones."""
         stale_after = self.config.warm_stale_after_s
         due = [s for s in idle if now >= s.kept_at + stale_after - self.keepalive_lead_s]
         due = [s for s in due if s.kept_at + stale_after < s.warmed_at + self.config.warm_shelf_life_s]
@@ -258,8 +254,7 @@ class WarmPool:
         return len(kept), [s for s in due if answers[s] is False]
 
     def _offer(self, sessions: Sequence[tuple[str, float, float]], kept_at: float) -> None:
-        """Offer sessions (id, start, end of their current offer) kept alive at `kept_at`, each offer delayed until the
-        current one ends: never two of a session at once."""
+        """Offer sessions (id, start, end of their current offer), each delayed until its current offer ends."""
         by_delay: dict[int, list[str]] = defaultdict(list)
         now = self.wall()
         for session_id, warmed_at, current_until in sessions:
@@ -280,8 +275,7 @@ class WarmPool:
         )
 
     def _fill(self, wanted: int, wait_until: float) -> tuple[int, int]:
-        """Start up to `wanted` warm sessions while the capacity allows, up to `CALLS_IN_FLIGHT` warm-ups at once.
-        Returns (warmed, warm-ups failed)."""
+        """Start up to `wanted` warm sessions while the capacity allows. Returns (warmed, warm-ups failed)."""
         counts = self.deps.ledger.limits.slot_counts()  # as read, plus the fill's own takes
         warmed = failed = allowed = 0
         checked_at, closed = -math.inf, False
@@ -308,8 +302,7 @@ class WarmPool:
         return warmed, failed
 
     def _warm_chunk(self, chunk: list[str], wait_until: float) -> tuple[int, int]:
-        """A recorded chunk's warm-ups (starts booked in one write); the answered ones marked idle and offered, the
-        others stopped. Returns (warmed, failed)."""
+        """A recorded chunk's warm-ups; the answered ones offered, the others stopped. Returns (warmed, failed)."""
         block, started = InvokeBlock({SESSION_PACE: len(chunk)}), self.wall()
         answered = _concurrently(lambda sid: self._warm_up(sid, wait_until, block), chunk)
         ready = [sid for sid, ok in zip(chunk, answered, strict=True) if ok]
@@ -326,8 +319,7 @@ class WarmPool:
         return len(ready), len(lost)
 
     def _start_chunk(self, size: int, counts: list[int], hold: int) -> list[str]:
-        """Record up to `size` new warm sessions and take their slots within `hold`, in one transaction, before any
-        warm-up is sent. Returns their ids."""
+        """Record up to `size` new warm sessions with their slots (one transaction) before any warm-up. Their ids."""
         takes = _slot_takes(counts, size, hold)
         sessions = [ids.warm_session_id(self.config.name) for _ in range(sum(takes.values()))]
         if not sessions:
@@ -359,8 +351,7 @@ class WarmPool:
 
 
 def _slot_takes(counts: Sequence[int], size: int, hold: int) -> dict[int, int]:
-    """Up to `size` slots within `hold`'s caps on the session-slot counters `counts`: how many on each, the roomiest
-    counters first (at most `FILL_CHUNK` of them)."""
+    """Up to `size` slots within `hold`'s caps on the counters `counts`, by counter: the roomiest `FILL_CHUNK` first."""
     rooms = {shard: shard_cap(hold, shard) - count for shard, count in enumerate(counts)}
     takes: dict[int, int] = {}
     for shard in sorted(rooms, key=lambda i: -rooms[i])[:FILL_CHUNK]:
@@ -395,8 +386,7 @@ def _newest_batch(window: WindowState) -> tuple[str, int, float] | None:
 
 
 def halt_if_nothing_runs(deps: LifecycleDeps, cancelled_batch: str) -> int:
-    """After a cancel of `cancelled_batch`: with no other batch left in the release window, halt the pool and stop
-    every warm session now. Returns how many were stopped."""
+    """After a cancel of `cancelled_batch` with no other batch left, halt the pool. Returns how many were stopped."""
     if not deps.config.warm_pool_on and not deps.ledger.warm.sessions():
         return 0
     for batch_id in deps.ledger.release.read_window().entries:
@@ -409,8 +399,7 @@ def halt_if_nothing_runs(deps: LifecycleDeps, cancelled_batch: str) -> int:
 
 
 def run_pool(deps: LifecycleDeps, *, until: float, every_s: float = TICK_EVERY_S) -> list[TickResult]:
-    """Tick the pool `every_s` until `until` (monotonic) while it has something to do; once when it has not (the
-    sweeper runs this after each sweep, once a minute)."""
+    """Tick the pool `every_s` until `until` (monotonic) while it has something to do; once when it has not."""
     pool = WarmPool(deps)
     results: list[TickResult] = []
     for _ in range(100_000):

@@ -35,8 +35,7 @@ class SessionRoom:
         self._lock = threading.Lock()
 
     def claim(self) -> bool:
-        """For a newly received rollout: True (and the room counted as taken) if the session budget is idle (one
-        read of the schedule); a busy budget sends the rollout to the ordered gate."""
+        """For a newly received rollout: True (the room counted as taken) if the session budget is idle (one read)."""
         with self._lock:
             self.session.read_tat()
             if self.session.room(0.0) <= 0:
@@ -46,8 +45,7 @@ class SessionRoom:
             return True
 
     def read(self, paces: Mapping[str, Mapping[str, Any]] | None = None, *, wanted: int = 1) -> int:
-        """Room now: reads the schedule, unless given `paces` (read just now with the slot counters). Room for fewer
-        than `wanted` starts marks a backlog."""
+        """Room now (reads the schedule unless given `paces`); room for fewer than `wanted` marks a backlog."""
         with self._lock:
             self.session.read_tat(None if paces is None else paces.get(self.session.budget, {}))
             room = self.session.room(self.ahead_s)
@@ -56,8 +54,7 @@ class SessionRoom:
             return room
 
     def batch(self) -> int:
-        """Starts the gate lets through at a time while the room binds: `ROOM_BATCH_S` worth, at most half the
-        horizon's, at least one."""
+        """Starts let through at a time while the room binds: `ROOM_BATCH_S` worth, at most half the horizon's."""
         per_start = self.session.interval_s
         return max(1, min(int(ROOM_BATCH_S / per_start + 1e-9), int(self.ahead_s / 2 / per_start + 1e-9)))
 
@@ -149,10 +146,8 @@ class AdmissionBoard:
 
 
 class SlotGate:
-    """Dispatcher threads of one process waiting for a session slot: ONE of them polls the counters and, when it
-    sees free slots, lets the waiters FIRST IN GROUP ORDER (`priority`) try the dispatch transaction, which stays
-    the only arbiter. With a `board` that order holds across every dispatcher process; with a `room`, `free` is also
-    bounded by the session budget's room, so the same order holds when the new-session rate binds."""
+    """Dispatcher threads of one process waiting for a session slot: ONE polls, and lets the waiters first in group
+    order (`priority`) try the dispatch transaction; with a `board` across processes, with a `room` at its rate."""
 
     def __init__(
         self,
@@ -187,8 +182,7 @@ class SlotGate:
         self._closed = False
 
     def close(self) -> None:
-        """End every wait now and every later one at once, as if its `wait_until` had passed (a process shutting
-        down)."""
+        """End every wait now and later at once, as if its `wait_until` had passed (a process shutting down)."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()
@@ -198,8 +192,7 @@ class SlotGate:
         return value if isinstance(value, int) else value()
 
     def hold(self, keys: Sequence[str]) -> list[Held]:
-        """Rollouts just received (their admission keys) go on the board at once (one write); the first hold after
-        `BOARD_STALE_S` with nothing in hand starts a burst (`settle_s`). Each `Held` leaves once past the gate."""
+        """Rollouts just received go on the board at once (one write), each until its `Held` leaves."""
         if not keys:
             return []
         with self._cond:
@@ -235,8 +228,7 @@ class SlotGate:
         return max(0.0, self._burst_since + BOARD_SETTLE_S - self._monotonic())
 
     def must_queue(self, priority: str) -> bool:
-        """Whether a newly received rollout must wait in the gate: a waiter anywhere comes before `priority`, a burst
-        is still settling, or the session budget is busy."""
+        """Whether a new rollout must wait: a waiter anywhere comes first, a burst settles, or the budget is busy."""
         if self.settle_s() > 0:
             return True
         with self._cond:
@@ -255,8 +247,7 @@ class SlotGate:
             return False
 
     def wait(self, wait_until: float, priority: str = "") -> bool:
-        """Block until a slot looks free for this waiter (True) or `wait_until` (monotonic) passes (False);
-        `priority` (an admission key) sorts waiters, lowest first."""
+        """Block until a slot looks free for this waiter (True) or `wait_until` passes (False)."""
         with self._cond:
             self._seq += 1
             key = (priority, self._seq)
@@ -309,8 +300,7 @@ class SlotGate:
             self.board.publish(self._waiting())
 
     def leads(self) -> bool:
-        """Whether this process's first waiter ranks among the first `LEAD_RANKS` keys of every live waiter, by the
-        latest view of the board (only with a board read at each poll)."""
+        """Whether this process's first waiter ranks among the first `LEAD_RANKS` keys of every live waiter."""
         if self.board is None or self._in_flight_and_board is None:
             return False
         mine, others = self.queued(), self.board.cached(2 * BOARD_READ_S)

@@ -123,8 +123,7 @@ class Limits:
         return cls(ledger, config, runtime, pool=pool, **options)
 
     def for_another_process(self) -> Limits:
-        """The same limits as another process holds them: its own gate, views and budgets' local state over the same
-        items (benches and tests model each Lambda as a process)."""
+        """The same limits as another process holds them (benches and tests model each Lambda as a process)."""
         return self._again()
 
     def max_sessions(self) -> int:
@@ -147,8 +146,7 @@ class Limits:
         return self.membership.share()
 
     def heartbeat(self) -> float | None:
-        """Renew this experiment's entry in the account pool with its sessions in flight (the sweeper, every run).
-        Returns the sessions every experiment of the account holds, in percent of its quota (None without a pool)."""
+        """Renew the experiment's pool entry (the sweeper); the account's sessions in percent of its quota, or None."""
         if self.membership is None or self.account is None:
             return None
         self.membership.renew(force=True)

@@ -183,8 +183,7 @@ class Pacer:
         lead_s: float = 0.0,
         not_before: float = 0.0,
     ) -> float | None:
-        """Reserve a start (wall clock, s) no sooner than `not_before`, no later than `wait_until` (monotonic) and
-        `max_ahead_s` from now; None if none could be had in time. Does not sleep to it."""
+        """Reserve a start (wall clock s) in [`not_before`, `max_ahead_s` from now] before `wait_until`, or None."""
         while True:
             now = self._wall()
             budget_left = wait_until - self._monotonic()
@@ -254,8 +253,7 @@ class Pacer:
         return None, self.tat
 
     def book(self, count: int, ahead_s: float, *, lead_s: float = 0.0, not_before: float = 0.0) -> list[float]:
-        """Reserve `count` consecutive starts (wall clock, s) in ONE write, the first within `ahead_s`; [] when the
-        schedule gave none that way (the calls then reserve one at a time)."""
+        """Reserve `count` consecutive starts (wall clock s) in ONE write, the first within `ahead_s`; [] when none."""
         if count < 2 or self.spacing_unknown():
             return []
         first = max(self._wall() + (lead_s or self.lead_s), not_before)
@@ -310,9 +308,8 @@ class Pacer:
 
 
 class InvokeBlock:
-    """The starts of a batch of invokes known to come together, booked per budget in ONE write by the first of them
-    to need one: `expected` an int (that many `tps` starts: warm takes) or by budget (a fill chunk's warm-ups).
-    Thread-safe; `writes` counts its booking writes."""
+    """The starts of a batch of invokes known to come together, booked per budget in ONE write by the first to need
+    one: `expected` an int (`tps` starts: warm takes) or by budget (warm-ups). Thread-safe."""
 
     def __init__(self, expected: int | Mapping[str, int]) -> None:
         self.expected = {TAKES: expected} if isinstance(expected, int) else dict(expected)
@@ -459,8 +456,7 @@ class LimitedRuntime:
         return []
 
     def book_stops(self, count: int) -> int:
-        """Book `count` starts for stops about to be made in one write; the next `stop` calls take them. Returns how
-        many were booked."""
+        """Book `count` starts in one write for the next `stop` calls; returns how many were booked."""
         try:
             slots = self.stop_pacer.book(count, BLOCK_AHEAD_S)
         except Exception:  # booking ahead only saves writes: the stops reserve one at a time
@@ -496,8 +492,7 @@ def first_fresh(starts: list[float], now: float) -> float | None:
 
 
 def dedicated_stop_share(data_plane: float, invoke_rate: float) -> bool:
-    """Whether stops get a budget of their own (the data-plane budget less the invoke rate): when that leaves them
-    at least the invoke rate."""
+    """Whether stops get a budget of their own: when the data-plane budget less the invoke rate is at least that."""
     return data_plane >= 2 * invoke_rate
 
 

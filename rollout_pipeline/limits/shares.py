@@ -37,8 +37,7 @@ MIN_SHARE_PER_S: Final = 0.5
 
 
 def water_fill(budget: float, wants: Mapping[str, tuple[float, float]]) -> dict[str, float]:
-    """Weighted max-min fair shares of `budget` for `wants` (name -> (weight, want), weights > 0): each gets
-    min(want, its weight's part of what the smaller wants left)."""
+    """Weighted max-min fair shares of `budget` for `wants` (name -> (weight > 0, want))."""
     shares = dict.fromkeys(wants, 0.0)
     left = max(0.0, budget)
     weight = sum(w for w, _want in wants.values())
@@ -54,9 +53,7 @@ def water_fill(budget: float, wants: Mapping[str, tuple[float, float]]) -> dict[
 def fair_shares(
     name: str, members: Iterable[MemberEntry], rate: float, active_budget: float, now: float
 ) -> tuple[float, int]:
-    """Experiment `name`'s fair shares of the account's new-session `rate` (among the entries renewed within
-    `LIVE_S`) and of `active_budget` active sessions (a live entry asks for its `max_sessions`, one renewed within
-    `ACTIVE_LIVE_S` for the sessions it holds)."""
+    """Experiment `name`'s fair shares of the account's new-session `rate` and of `active_budget` active sessions."""
     entries = [m for m in members if m.weight > 0]
     live = {m.name: m for m in entries if now - m.renewed_at <= LIVE_S}
     wants = {n: (m.weight, capped(m.demand, m.sessions_cap)) for n, m in live.items()}
@@ -76,8 +73,7 @@ def interval_us(rate: float) -> int:
 
 
 class Membership:
-    """This experiment's entry in the account pool and its renewals, as one process holds them. Thread-safe: one
-    renewal at a time per process, in the background when a view shows it due."""
+    """This experiment's entry in the account pool and its renewals, as one process holds them (thread-safe)."""
 
     def __init__(
         self,
@@ -115,8 +111,7 @@ class Membership:
             self.renew_behind()
 
     def note_backlog(self) -> None:
-        """Rollouts of this process wait for the rate: the experiment asks for all it can get (renewing now if its
-        last renewal asked for less)."""
+        """Rollouts wait for the rate: the experiment asks for all it can get (now, if it asked for less)."""
         now = self._wall()
         surge = self._backlog_until <= now and self.entry is not None and not math.isinf(self.entry.demand)
         self._backlog_until = now + BACKLOG_HOLD_S
@@ -221,7 +216,6 @@ class Membership:
 
 
 def account_sessions_percent(members: list[MemberEntry], quota: int, now: float) -> float:
-    """The sessions every experiment of the account holds (entries renewed within `ACTIVE_LIVE_S`), in percent of
-    the account's active-session quota (the `ActiveSessionsNearQuota` alarm)."""
+    """The sessions every experiment of the account holds, in percent of its quota (`ActiveSessionsNearQuota`)."""
     held = sum(m.in_flight for m in members if now - m.renewed_at <= ACTIVE_LIVE_S)
     return 100.0 * held / max(1, quota)
