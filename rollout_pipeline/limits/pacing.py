@@ -10,15 +10,12 @@ import random
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Final, NamedTuple
+from typing import Any, Final, NamedTuple, Protocol
 
 from rollout_pipeline.ledger import pace
 from rollout_pipeline.metric_names import ACR_THROTTLED, LIMIT_BACKLOG, MetricsRecorder
 from rollout_pipeline.ports import AgentRuntime, RuntimeQuotaExceeded, RuntimeRateExceeded, RuntimeThrottled
 from rollout_pipeline.quotas import START_LATENESS_S
-
-if TYPE_CHECKING:
-    from rollout_pipeline.limits.account import AccountSchedule
 
 log = logging.getLogger(__name__)
 
@@ -323,6 +320,16 @@ class NoCallBudget(RuntimeThrottled):
     """No start of a call budget could be had before the caller's wait ended (the call was not made)."""
 
 
+class AccountBudget(Protocol):
+    """What `LimitedRuntime` needs of the account's schedule (`limits.account.AccountSchedule`)."""
+
+    pacer: Pacer
+
+    def throttled(self) -> None: ...
+
+    def quota_exceeded(self) -> None: ...
+
+
 class LimitedRuntime:
     """An `AgentRuntime` whose calls first take their budgets: a new session its `session` start (then the
     `account`'s), a call into an existing session a `tps` start, a stop its `stops` start (or `tps`)."""
@@ -334,7 +341,7 @@ class LimitedRuntime:
         session: Pacer,
         metrics: MetricsRecorder | None = None,
         *,
-        account: AccountSchedule | None = None,
+        account: AccountBudget | None = None,
         stops: Pacer | None = None,
     ) -> None:
         self.runtime = runtime
