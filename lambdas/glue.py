@@ -86,16 +86,16 @@ class PipelineFunction(Generic[Stage]):
 
     def require_layout(self) -> None:
         """Before the container's first message: the ledger's layout stamp is this code's
-        (`LimitLedger.require_layout`, one GetItem). Another layout raises `LayoutMismatch` on every invocation, so
+        (`ExperimentLedger.require_layout`, one GetItem). Another layout raises `LayoutMismatch` on every invocation, so
         the function fails loudly and its messages wait, instead of misreading the table."""
-        from rollout_pipeline.ledger.limits import LayoutMismatch
+        from rollout_pipeline.ledger.experiment import LayoutMismatch
 
         self.stage()
         with self._lock:
             if self._layout_checked or self._wiring is None:
                 return
             try:
-                self._wiring.ledger().limits.require_layout()
+                self._wiring.ledger().experiment.require_layout()
             except LayoutMismatch as exc:
                 self.logger.error(str(exc))
                 raise

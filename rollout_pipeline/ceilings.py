@@ -1,9 +1,5 @@
-"""The pipeline's own measured ceilings (the ledger's contention, the rollouts the dispatchers must hold), and the
-warnings synth gives a config that promises more.
-
-The figures come from `bench/bench_scale.py` (docs/benchmarks.md, "Scale"); what sets them is in
-docs/ARCHITECTURE.md ("Write rates per item").
-"""
+"""The pipeline's own measured ceiling (the ledger's contention) and the warnings synth gives a config that promises
+more (measured: `bench/bench_scale.py`, docs/benchmarks.md "Scale"; what sets it: docs/ARCHITECTURE.md)."""
 
 from __future__ import annotations
 
@@ -12,15 +8,13 @@ from typing import Final
 from rollout_pipeline.config import ExperimentConfig
 from rollout_pipeline.quotas import PoolSettings
 
-#: New sessions/s (all endpoints together) at which the ledger's own contention passes 0.5 conflict retries per
-#: rollout (measured: bench/bench_scale.py, docs/benchmarks.md "Scale"; what sets it: docs/ARCHITECTURE.md).
+#: New sessions/s (all endpoints together) at which the ledger's contention passes 0.5 conflict retries per rollout.
 LEDGER_CEILING_SESSIONS_S: Final = 36.0
 
 
 def ceiling_warnings(config: ExperimentConfig) -> list[str]:
-    """Warnings for a config that promises more than the ledger's measured ceiling: more new sessions/s than
-    `LEDGER_CEILING_SESSIONS_S` (its `session_rate_limit`, else the account pool's documented budget), a `tps_limit`
-    above the calls such a rate needs (an invoke and a stop each)."""
+    """Warnings for a config that promises more new sessions/s than `LEDGER_CEILING_SESSIONS_S`, or a `tps_limit`
+    above the calls such a rate needs."""
     found: list[str] = []
     limit = config.session_rate_limit
     promised = limit if limit is not None else PoolSettings().budget("sessions")

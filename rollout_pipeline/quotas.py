@@ -1,21 +1,6 @@
-"""AgentCore Runtime's quotas as the pipeline models them: one home for their codes, documented defaults and budgets.
-
-AgentCore enforces, per account and region (docs/aws-facts.md, "AgentCore quotas", with the sources):
-
-- the rate of NEW sessions (`L-8EE2AEA2`, 25/s, adjustable): one pool shared by every runtime and endpoint of the
-  account by the most recent reports (an account where each endpoint had its own would only be paced more
-  carefully than it needs);
-- the data-plane call rate (`L-46ED137C`, 1,000/s: InvokeAgentRuntime, StopRuntimeSession, ...);
-- active sessions (`L-3E5722B2`, 5,000 in us-east-1 and us-west-2, 2,500 elsewhere): a session counts until it is
-  stopped or idles out;
-- and per agent (runtime), InvokeAgentRuntime's own rate: 200 TPS, adjustable, no quota code published
-  (`DOCUMENTED_INVOKE_RATE_PER_AGENT`); StopRuntimeSession is not in it (the data-plane rate only).
-
-The account pool (`rollouts bootstrap`, docs/deploy.md) holds one `PoolSettings`: these values as Service Quotas
-gave them at bootstrap (or the documented defaults, or overrides) and the reserve left for everything else in the
-account. Every experiment's share of each budget comes out of `budget(...)`, and the account's new-session schedule
-is spaced by `start_interval_us` (every sliding second within the budget, the reserve free in each).
-"""
+"""AgentCore Runtime's quotas as the pipeline models them: one home for their codes, documented defaults and budgets
+(the sources: docs/aws-facts.md, "Amazon Bedrock AgentCore Runtime"). The account pool holds one `PoolSettings`: the
+quotas and the reserve left for everything else in the account."""
 
 from __future__ import annotations
 
@@ -23,9 +8,8 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Final, Literal
 
-#: The budgets the account pool splits between experiments: new sessions/s, data-plane calls/s, active sessions.
+#: The account's budgets: new sessions/s, data-plane calls/s, active sessions.
 Budget = Literal["sessions", "calls", "active"]
-BUDGETS: Final[tuple[Budget, ...]] = ("sessions", "calls", "active")
 
 
 @dataclass(frozen=True)
@@ -38,13 +22,12 @@ class QuotaRef:
 
 
 AGENTCORE_SERVICE: Final = "bedrock-agentcore"
-#: New Runtime sessions per second (per account and region by the most recent reports; see the module doc).
+#: New Runtime sessions per second, one pool per account and region.
 NEW_SESSION_RATE: Final = QuotaRef(AGENTCORE_SERVICE, "L-8EE2AEA2", "Rate of new Runtime session creation")
 #: Every Runtime data-plane call (InvokeAgentRuntime, StopRuntimeSession, ...) per second, per account.
 DATA_PLANE_RATE: Final = QuotaRef(AGENTCORE_SERVICE, "L-46ED137C", "Rate of Runtime data plane APIs")
 ACTIVE_SESSIONS: Final = QuotaRef(AGENTCORE_SERVICE, "L-3E5722B2", "Active Session Workloads per Account")
-#: The container-deployment session rate, listed per minute and per endpoint before it was merged into the account
-#: pool (its name is not published, so it is matched by code only).
+#: The container-deployment session rate, listed per minute (its name is not published: matched by code only).
 CONTAINER_SESSION_RATE: Final = QuotaRef(AGENTCORE_SERVICE, "L-0B3AF7ED", "")
 ENDPOINTS_PER_AGENT: Final = QuotaRef(AGENTCORE_SERVICE, "L-9B442722", "Endpoints per Agent")
 
@@ -53,11 +36,10 @@ DEFAULT_NEW_SESSIONS_PER_S: Final = 25.0
 DEFAULT_DATA_PLANE_PER_S: Final = 1_000.0
 ACTIVE_SESSIONS_BY_REGION: Final[dict[str, int]] = {"us-east-1": 5_000, "us-west-2": 5_000}
 ACTIVE_SESSIONS_ELSEWHERE: Final = 2_500
-#: AgentCore's documented InvokeAgentRuntime rate per agent (no quota code is published for it), Nov 2026: every
-#: invoke of an experiment's agent counts (new sessions and calls into existing ones); stops do not.
+#: AgentCore's documented InvokeAgentRuntime rate per agent (no quota code published): invokes count, stops do not.
 DOCUMENTED_INVOKE_RATE_PER_AGENT: Final = 200.0
-#: A paced call starts at most this long after its booked start, or not at (the caller books again): spacing
-#: n + 1 starts (1 + this) / n apart keeps n of them in any sliding second.
+#: A paced call starts at most this long after its booked start, or not at all: spacing starts (1 + this) / n apart
+#: keeps n of them in any sliding second.
 START_LATENESS_S: Final = 0.04
 #: The share of each budget the pipeline never uses: room for production agents and tools in the same account.
 DEFAULT_RESERVE: Final = 0.10
@@ -76,8 +58,7 @@ class AccountQuotas:
     new_sessions_per_s: float = DEFAULT_NEW_SESSIONS_PER_S
     data_plane_per_s: float = DEFAULT_DATA_PLANE_PER_S
     active_sessions: int = ACTIVE_SESSIONS_ELSEWHERE
-    #: Where the values came from: "defaults", which quota code set each figure and how ("new sessions L-8EE2AEA2
-    #: (applied); ..."), "+override" when a value was given.
+    #: Where the values came from: "defaults", or which quota code set each figure; "+override" when one was given.
     source: str = "defaults"
 
     @classmethod
@@ -123,9 +104,7 @@ class PoolSettings:
 
     def start_interval_us(self, factor: float = 1.0) -> int:
         """The spacing of the account's new-session schedule at the backoff `factor`: at most floor(budget x factor)
-        starts (at least one) in ANY sliding second, whatever lateness up to `START_LATENESS_S` each start has, so
-        the budget is never exceeded and the reserve is free in every second (a quota of 4/s with a 10% reserve:
-        3 a second, not 4)."""
+        starts (at least one) in ANY sliding second (4/s with a 10% reserve: 3 a second, not 4)."""
         starts = max(1, math.floor(self.budget("sessions") * factor + 1e-9))
         return math.ceil((1.0 + START_LATENESS_S) / starts * 1e6)
 
@@ -136,8 +115,7 @@ class PoolSettings:
         return found
 
 
-#: The account pool's settings as CDK context of `rollouts bootstrap` (the pool stack): key -> `AccountQuotas`
-#: field (the reserve and the quotas' source aside).
+#: The account pool's settings as CDK context of `rollouts bootstrap`: key -> `AccountQuotas` field.
 POOL_CONTEXT_KEYS: Final[dict[str, str]] = {
     "new_session_quota": "new_sessions_per_s",
     "data_plane_quota": "data_plane_per_s",
@@ -152,9 +130,8 @@ class PoolSettingsError(ValueError):
 
 
 def pool_settings(values: dict[str, object], region: str | None) -> PoolSettings:
-    """The pool's settings from `rollouts bootstrap`'s context (`POOL_CONTEXT_KEYS`, `capacity_reserve`,
-    `quota_source`): each value given, else the documented default of `region`. Raises `PoolSettingsError` naming
-    every bad key."""
+    """The pool's settings from `rollouts bootstrap`'s context, else the documented defaults of `region`. Raises
+    `PoolSettingsError` naming every bad key."""
     given: dict[str, float | int | str] = {}
     problems = []
     for key, field_name in POOL_CONTEXT_KEYS.items():

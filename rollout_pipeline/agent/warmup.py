@@ -1,13 +1,7 @@
-"""The agent host's answer to the warm pool: a warm-up invocation is answered here and never reaches the agent.
-
-The warm pool starts sessions ahead with an invocation of its own (`config.warmup_payload`: `_rollout.warmup`, which
-no dataset row may set and the dispatcher never sends) and keeps them alive with it. By the time the host answers,
-the agent module is imported and its app built: the session's cold start is paid. `WarmupGate` wraps the app the
-host serves (an ASGI middleware): a `POST /invocations` whose body (at most `MAX_WARMUP_BYTES`) is a warm-up is
-answered at once, 200 `{"status": "warm", "session_id": ...}` (the agent's code does not run, `/ping` stays
-`Healthy`, nothing is written); everything else passes through unchanged, its body replayed as it arrived, a
-rollout's invocation with a tally of its own for its model replies (`agent.replies`).
-"""
+"""The agent host's answer to the warm pool (docs/lifecycle.md, "The warm pool"): a `POST /invocations` whose body is a
+warm-up (`config.warmup_payload`) is answered at once, 200 `{"status": "warm", "session_id": ...}`, and never reaches
+the agent; everything else passes through unchanged, a rollout's invocation with a tally of its own for its model
+replies (`agent.replies`)."""
 
 from __future__ import annotations
 
@@ -35,7 +29,7 @@ App = Callable[[AsgiScope, Receive, Send], Awaitable[None]]
 
 
 class WarmupGate:
-    """ASGI middleware answering warm-up invocations (see the module doc); `warmups` counts them."""
+    """ASGI middleware answering warm-up invocations; `warmups` counts them."""
 
     def __init__(self, app: App) -> None:
         self.app = app
@@ -57,8 +51,8 @@ class WarmupGate:
 
 
 async def _as_a_rollout(app: App, scope: AsgiScope, receive: Receive, send: Send) -> None:
-    """Pass a rollout's invocation to `app` with a tally of its own for its model replies (`agent.replies`): ART's
-    background task and the agent's threads copy the request's context, so its calls and its result share it."""
+    """Pass a rollout's invocation to `app` with a tally of its own for its model replies (in the request's context,
+    which ART's background task and the agent's threads copy)."""
     token = replies.begin_rollout()
     try:
         await app(scope, receive, send)

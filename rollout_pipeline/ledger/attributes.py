@@ -7,8 +7,11 @@ outside the ledger sees a raw item."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import fields
 from decimal import Context, Decimal
-from typing import Any, Final
+from typing import Any, Final, TypeVar
+
+_View = TypeVar("_View")
 
 
 def to_attribute_value(value: Any) -> dict[str, Any]:
@@ -121,3 +124,11 @@ def text_at(item: Mapping[str, Any], name: str) -> str | None:
     """Attribute `name` of a plain-valued item as text; None when absent."""
     value = item.get(name)
     return None if value is None else str(value)
+
+
+def view_of(cls: type[_View], item: Mapping[str, Any], **given: Any) -> _View:
+    """Dataclass `cls` from a plain-valued item: each field the item holds (not None) as its annotated type (`str`,
+    `int`, `bool`, else float; `X | None` as `X`), the others at their defaults, `given` as given."""
+    kinds = {"str": str, "str | None": str, "int": int, "bool": bool}
+    held = [f for f in fields(cls) if f.name not in given and item.get(f.name) is not None]  # type: ignore[arg-type]
+    return cls(**{f.name: kinds.get(str(f.type), float)(item[f.name]) for f in held}, **given)

@@ -53,7 +53,7 @@ LAYOUT_VERSION: Final = 4
 UNSTAMPED_LAYOUT: Final = 1
 #: The experiment's current policy version (set by the trainer; stamped on each rollout at dispatch).
 POLICY_SK: Final = "POLICY"
-#: The experiment's budget (`LimitLedger.budget`); its spend lives on the session-slot counters.
+#: The experiment's budget (`ExperimentLedger.budget`); its spend lives on the session-slot counters.
 BUDGET_SK: Final = "BUDGET"
 TPS_PREFIX: Final = "TPS#"
 #: WAIT#{process}: the admission board, one item per dispatcher process with waiters

@@ -2,7 +2,8 @@
 
 `batches` (batch items: ingestion, counters, cancel, completion), `groups` (group items), `rollouts` (the rollout
 state machine), `outbox` (the rollout items' outbox entries and the stops they wait for), `limits` (the `LIMIT`
-partition: session slots, paced call budgets, the admission board, the policy version), `release` (the release
+partition's admission items: session slots, paced call budgets, the admission board), `experiment` (its budget,
+spend, policy version and layout stamp), `release` (the release
 window's items: the window item and the pending groups) and `warm` (the warm pool's sessions, claims and pool item)
 share one `LedgerTable`: one client, one clock, one TTL rule, one conflict-retry policy. Ingestion, the lifecycle
 and the SDK all hold a `Ledger` (built by `wiring.Wiring.ledger`).
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rollout_pipeline.ledger.batches import BatchLedger
+from rollout_pipeline.ledger.experiment import ExperimentLedger
 from rollout_pipeline.ledger.groups import GroupLedger
 from rollout_pipeline.ledger.limits import LimitLedger
 from rollout_pipeline.ledger.outbox import OutboxLedger
@@ -28,7 +30,8 @@ from rollout_pipeline.ports import Clock
 
 @dataclass(frozen=True)
 class Ledger:
-    """One experiment's ledger table, by item: batches, groups, rollouts and their outbox, limits, the release
+    """One experiment's ledger table, by item: batches, groups, rollouts and their outbox, limits, the experiment's
+    budget and stamps, the release
     window, the warm pool."""
 
     batches: BatchLedger
@@ -36,6 +39,7 @@ class Ledger:
     rollouts: RolloutLedger
     outbox: OutboxLedger
     limits: LimitLedger
+    experiment: ExperimentLedger
     release: ReleaseLedger
     warm: WarmLedger
 
@@ -65,6 +69,7 @@ class Ledger:
             rollouts=RolloutLedger(table, limits, warm),
             outbox=OutboxLedger(table, limits),
             limits=limits,
+            experiment=ExperimentLedger(table),
             release=ReleaseLedger(table),
             warm=warm,
         )

@@ -1,17 +1,9 @@
 """Schedule items: one paced budget each (GCRA), reserved by ONE conditional write per start (or block of starts).
 
-An item holds `tat` (the earliest start of the budget's next call, epoch microseconds), `last_start`, `n` (starts
-ever booked) and, for a schedule whose spacing is the ITEM's own, `interval_us`: the experiment's session budget
-(its share, set by the account pool's renewal) and the account's new-session schedule (its quota less the reserve,
-times the backoff) carry theirs, so every process books at the same spacing the moment it changes. The experiment's
-own call budgets (`tps`, `stop`) are spaced by the caller (`interval_us` given).
-
-A reservation is one of two conditional writes: the schedule is free at `not_before` (`tat <= not_before`: the start
-is `not_before`), or busy (`not_before < tat <= latest`: the start is `tat`). The one the caller guesses goes first;
-a failed write answers the item as it was (`ReturnValuesOnConditionCheckFailure`), which decides the next step: the
-other case, or no start in the window (no read, and no second write that cannot succeed). Busy writes add to `tat`
-without conflicting with each other, so a backlog shared by many processes costs one write per start.
-"""
+An item holds `tat` (the next free start, epoch us), `last_start`, `n` (starts booked) and, when the ITEM spaces
+itself (an experiment's share, the account's schedule), `interval_us`. A reservation is one of two conditional
+writes, free (`tat <= not_before`) or busy (`not_before < tat <= latest`), the caller's guess first; a failed write
+answers the item as it was (`ReturnValuesOnConditionCheckFailure`), which decides the next step without a read."""
 
 from __future__ import annotations
 
@@ -31,9 +23,8 @@ MAX_WRITES: Final = 12
 
 @dataclass(frozen=True, slots=True)
 class PaceView:
-    """One schedule item as read or written: `tat` (epoch us; 0: never used), the latest start booked, the item's own
-    spacing (0: spaced by its callers), starts ever booked; for an experiment's session schedule, when the account
-    pool last set its share (`renewed_us`) and the active sessions that share allows (`active`)."""
+    """One schedule item as read or written (epoch us; `interval_us` 0: spaced by its callers); for an experiment's
+    session schedule, when its share was last set (`renewed_us`) and the active sessions it allows (`active`)."""
 
     tat_us: int = 0
     last_start_us: int = 0
@@ -57,8 +48,7 @@ class PaceView:
 
 @dataclass(frozen=True)
 class ScheduleItem:
-    """A schedule item as read or written: its schedule (`pace`) and everything else it holds (plain values: the
-    account's item also carries the pool's settings and backoff, `ledger.pool.AccountView`)."""
+    """A schedule item as read or written (plain values): its schedule (`pace`) and everything else it holds."""
 
     values: Mapping[str, Any]
 
@@ -69,8 +59,7 @@ class ScheduleItem:
 
 @dataclass(frozen=True)
 class Reserved(ScheduleItem):
-    """A reservation's outcome: its first start (epoch us; None: none in the window asked, or the item has no
-    spacing yet) and the item as the write left it or found it."""
+    """A reservation's first start (epoch us; None: none in the window, or no spacing yet) and the item as left."""
 
     slot_us: int | None = None
 
@@ -86,9 +75,9 @@ def reserve(
     interval_us: int = 0,
     item_spacing: bool = False,
 ) -> Reserved:
-    """Reserve `count` consecutive starts in [not_before_us, latest_us] (the first is returned). `item_spacing`: the
-    item's own `interval_us` spaces them (a block of several checks it is still `interval_us`, the spacing the caller
-    last saw: DynamoDB's expressions cannot multiply); else the caller's `interval_us`."""
+    """Reserve `count` consecutive starts in [not_before_us, latest_us] (the first is returned), spaced by the
+    caller's `interval_us`, or with `item_spacing` by the item's own (a block checks it is still `interval_us`:
+    DynamoDB's expressions cannot multiply)."""
     step = "interval_us" if item_spacing and count == 1 else ":span"
     guard = ""
     if item_spacing:
@@ -170,8 +159,7 @@ def set_spacing(
     values: Mapping[str, Any] | None = None,
     also: Mapping[str, Any] | None = None,
 ) -> ScheduleItem | None:
-    """Give a schedule item its own spacing (and the attributes in `also`), if `condition` holds (its `values`);
-    returns the item as written (plain values), None when the condition failed."""
+    """Give a schedule item its own spacing (and `also`) if `condition` holds; the item as written, else None."""
     extra = dict(also or {})
     sets = ["interval_us = :set_iv", *(f"{name} = :set_{name}" for name in extra)]
     merged = {":set_iv": max(1, interval_us), **{f":set_{name}": value for name, value in extra.items()}}
@@ -182,27 +170,16 @@ def set_spacing(
 
 
 class PaceSchedule:
-    """One schedule item, where it lives (a table and a key) and who spaces it (the item itself, or its callers)."""
+    """One schedule item: where it lives and who spaces it (the item itself, or its callers)."""
 
     def __init__(self, table: LedgerTable, key: Mapping[str, Any], *, item_spacing: bool = False) -> None:
         self.table = table
         self.key = key
         self.item_spacing = item_spacing
 
-    def reserve(
-        self, *, not_before_us: int, latest_us: int, busy_first: bool = False, count: int = 1, interval_us: int = 0
-    ) -> Reserved:
-        """`reserve` on this item."""
-        return reserve(
-            self.table,
-            self.key,
-            not_before_us=not_before_us,
-            latest_us=latest_us,
-            busy_first=busy_first,
-            count=count,
-            interval_us=interval_us,
-            item_spacing=self.item_spacing,
-        )
+    def reserve(self, **window: Any) -> Reserved:
+        """`reserve` on this item (`not_before_us`, `latest_us`, `busy_first`, `count`, `interval_us`)."""
+        return reserve(self.table, self.key, item_spacing=self.item_spacing, **window)
 
     def read(self) -> ScheduleItem:
         """The item, strongly consistent (empty when there is none)."""

@@ -1,29 +1,16 @@
-"""The account pool's table: one schedule item per account and region, and one entry per experiment.
-
-The pool table (`topology.POOL_TABLE_NAME`, created once per account and region by `rollouts bootstrap`; in local
-mode with the local account) holds, in one partition:
-
-- `POOL/STATE`, the ACCOUNT's new-session schedule: the settings (`quotas.PoolSettings`: the account's quotas and
-  the reserve, written by the pool stack at deploy), the schedule itself (`ledger.pace`: `tat`, `interval_us`,
-  `last_start`, `n`; every new session of every experiment books its start here, one conditional write per start or
-  block), the backoff after AgentCore's last new-session throttle (`factor`, `factor_at`) and the active-session cap
-  learned from its `ServiceQuotaExceededException` answers (`active_cap`, `active_cap_at`). Its size does not grow
-  with the experiments (about 300 bytes: every write costs 1 WCU);
-- `POOL/MEMBER#{experiment}`, one per experiment: its weight and caps, its demand, its sessions in flight (from its
-  counters) and when it last renewed (`lifecycle` of the experiment, about once a second while it has work).
-
-This module keeps the items' typed views, reads and writes; the rules (fair shares, backoff) are `limits`.
-"""
+"""The account pool's table (`topology.POOL_TABLE_NAME`, one per account and region): `POOL/STATE`, the account's
+new-session schedule with its settings, backoff and learned active-session cap, and `POOL/MEMBER#{experiment}`, one
+entry per experiment (docs/lifecycle.md, "Limits"). The rules are the `limits` area's."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Final
 
 from rollout_pipeline.ledger import pace
-from rollout_pipeline.ledger.attributes import item_values, plain_values
+from rollout_pipeline.ledger.attributes import item_values, plain_values, view_of
 from rollout_pipeline.ledger.keys import PK, SK
 from rollout_pipeline.ledger.pool_schema import POOL_PK, POOL_SK, member_key, pool_key, settings_update
 from rollout_pipeline.ledger.table import LedgerTable
@@ -38,20 +25,17 @@ MEMBER_TTL_S: Final = 3600
 
 @dataclass(frozen=True)
 class AccountView:
-    """The account's schedule item: settings, the schedule, the backoff and the learned active-session cap."""
+    """The account's schedule item: settings, the schedule, the backoff (the factor right after the last decrease,
+    and when: 0 never) and the active-session cap learned from AgentCore (0: the quota), climbing back to at most
+    `active_ceiling`; `configured`: settings were written (else the documented defaults)."""
 
     settings: PoolSettings = field(default_factory=PoolSettings)
     pace: pace.PaceView = field(default_factory=pace.PaceView)
-    #: The backoff factor right after the last decrease, and when (epoch s; 0: never throttled).
     factor: float = 1.0
     factor_at: float = 0.0
-    #: Active sessions the account has shown it holds at most (`ServiceQuotaExceededException`), and when it was
-    #: learned (0: never: the quota stands).
     active_cap: int = 0
     active_cap_at: float = 0.0
-    #: What the learned cap climbs back to at most (`limits.account.CEILING_MARGIN`; 0: the quota).
     active_ceiling: int = 0
-    #: Whether the settings were written (by the pool stack, or local mode); else the documented defaults.
     configured: bool = False
 
     @classmethod
@@ -78,67 +62,31 @@ class AccountView:
 
 @dataclass(frozen=True)
 class MemberEntry:
-    """One experiment in the pool, as its last renewal wrote it."""
+    """One experiment in the pool, as its last renewal wrote it: its weight, caps (`sessions_cap`: new sessions/s,
+    None: none), demand (new sessions/s; `math.inf`: all it can get), sessions in flight by its counters, the new
+    sessions it had booked, its shares then (shown by `rollouts capacity`) and the throttles of its new sessions."""
 
     name: str
     weight: float = 1.0
-    #: New sessions/s it may use at most (`session_rate_limit`, half of `tps_limit`); None: no cap.
     sessions_cap: float | None = None
-    #: Active sessions it may hold at most (`max_sessions`).
     max_sessions: int = 0
-    #: New sessions/s it asked for (`math.inf`: all it can get: rollouts wait for the rate).
     demand: float = 0.0
-    #: Whether rollouts of it wait for a session slot (it asks for all the active sessions it may hold).
     waiting: bool = False
-    #: Its sessions holding a slot, as its counters said at the renewal.
     in_flight: int = 0
-    #: When it renewed (epoch s), and the new sessions it had booked then (its schedule's count).
     renewed_at: float = 0.0
     booked: int = 0
-    #: Its new-session share as computed at that renewal (shown by `rollouts capacity`).
     share: float = 0.0
-    #: Its share of the account's active sessions then.
     active_share: int = 0
-    #: Throttles AgentCore answered its new sessions, in all.
     throttles: int = 0
 
     @classmethod
     def of(cls, item: Mapping[str, Any]) -> MemberEntry:
         demand = float(item.get("demand", 0.0))
-        cap = item.get("sessions_cap")
-        return cls(
-            name=str(item["name"]),
-            weight=float(item.get("weight", 1.0)),
-            sessions_cap=None if cap is None else float(cap),
-            max_sessions=int(item.get("max_sessions", 0)),
-            demand=math.inf if demand == ALL else demand,
-            waiting=bool(item.get("waiting", False)),
-            in_flight=int(item.get("in_flight", 0)),
-            renewed_at=float(item.get("renewed_at", 0.0)),
-            booked=int(item.get("booked", 0)),
-            share=float(item.get("share", 0.0)),
-            active_share=int(item.get("active_share", 0)),
-            throttles=int(item.get("throttles", 0)),
-        )
+        return view_of(cls, item, demand=math.inf if demand == ALL else demand)
 
     def _stored(self) -> dict[str, Any]:
-        """The entry as the item stores it (plain values, without its key)."""
-        out: dict[str, Any] = {
-            "name": self.name,
-            "weight": self.weight,
-            "max_sessions": self.max_sessions,
-            "demand": ALL if math.isinf(self.demand) else self.demand,
-            "waiting": self.waiting,
-            "in_flight": self.in_flight,
-            "renewed_at": self.renewed_at,
-            "booked": self.booked,
-            "share": self.share,
-            "active_share": self.active_share,
-            "throttles": self.throttles,
-        }
-        if self.sessions_cap is not None:
-            out["sessions_cap"] = self.sessions_cap
-        return out
+        stored = {name: value for name, value in asdict(self).items() if value is not None}
+        return {**stored, "demand": ALL if math.isinf(self.demand) else self.demand}
 
 
 class PoolMissing(LookupError):
@@ -163,11 +111,8 @@ class PoolLedger:
     ) -> PoolLedger:
         return cls(LedgerTable(table_name, dynamodb_client, clock=clock), region=region)
 
-    # ------------------------------------------------------------------------------------------- the account
-
     def account(self, item: Mapping[str, Any] | None = None) -> AccountView:
-        """The account's schedule item (`item`: its values as a write just answered them, else read strongly
-        consistent). Raises `PoolMissing` when the table does not exist."""
+        """The account's schedule item (`item`: as a write just answered it, else read). Raises `PoolMissing`."""
         if item is None:
             try:
                 item = pace.read(self.table, pool_key()).values
@@ -176,18 +121,15 @@ class PoolLedger:
         return AccountView.of(item, region=self.region)
 
     def write_settings(self, settings: PoolSettings) -> None:
-        """Set the pool's settings (creating the item if needed): the schedule's spacing follows them, and what was
-        learned under the old ones (the backoff, the active-session cap) is forgotten."""
+        """Set the pool's settings (`pool_schema.settings_update`)."""
         self.table.ddb.update_item(**settings_update(self.table.name, settings))
 
     def schedule(self) -> pace.PaceSchedule:
-        """The account's new-session schedule (`ledger.pace`: the item's own spacing)."""
+        """The account's new-session schedule (spaced by the item)."""
         return pace.PaceSchedule(self.table, pool_key(), item_spacing=True)
 
     def set_spacing(self, interval_us: int, *, factor: float, factor_at: float, after_at: float) -> AccountView | None:
-        """Space the account's schedule at `interval_us` with the backoff (`factor` since `factor_at`), if the backoff
-        the caller decided from is still the item's (`after_at`: its `factor_at`): one decrease per overshoot, one
-        climb step per process that sees it due. None when someone changed it meanwhile."""
+        """Space the account's schedule at `interval_us` with the backoff, if its `factor_at` is still `after_at`."""
         written = pace.set_spacing(
             self.table,
             pool_key(),
@@ -199,8 +141,7 @@ class PoolLedger:
         return None if written is None else self.account(written.values)
 
     def learn_active_cap(self, cap: int, ceiling: int, *, at: float, after_at: float) -> bool:
-        """Record that the account holds at most `cap` active sessions (learned at `at`), climbing back to `ceiling`
-        at most, if the cap the caller decided from is still the item's (`after_at`)."""
+        """Record the learned active-session cap (and its `ceiling`), if its `active_cap_at` is still `after_at`."""
         return (
             self.table.update(
                 pool_key(),
@@ -210,8 +151,6 @@ class PoolLedger:
             )
             is not None
         )
-
-    # -------------------------------------------------------------------------------------------- members
 
     def put_member(self, entry: MemberEntry, *, now: float) -> None:
         """Write an experiment's entry (its renewal)."""

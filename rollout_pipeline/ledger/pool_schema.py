@@ -1,6 +1,5 @@
-"""The account pool's table as the pool stack and local mode create it: its key schema, its items' keys and the
-write of its settings. Plain data only (no client): `stacks/pool_stack.py` imports it, and a synth loads no adapter.
-The items' reads and writes are `ledger.pool`."""
+"""The account pool's table as the pool stack and local mode create it: keys and the write of its settings. Plain data
+only (`stacks/pool_stack.py` imports it); the items' reads and writes are `ledger.pool`."""
 
 from __future__ import annotations
 
@@ -25,8 +24,8 @@ def member_key(name: str) -> dict[str, dict[str, str]]:
 
 
 def settings_update(table_name: str, settings: PoolSettings) -> dict[str, Any]:
-    """The UpdateItem that writes the pool's settings (`ledger.pool`, local mode, and the pool stack at deploy): the
-    account schedule's spacing follows them; the backoff and the active-session cap learned under the old ones go."""
+    """The UpdateItem that writes the pool's settings: the schedule's spacing follows them; what was learned under
+    the old ones (the backoff, the active-session cap) goes."""
     q = settings.quotas
     return {
         "TableName": table_name,

@@ -1,16 +1,6 @@
-"""The warm pool's ledger items: warm sessions, the claims that hand them to rollouts, and the pool's own item.
-
-`WARM` / `S#{session}` (`warm_items.WarmSession`): a warm session the pool holds (`state` warming / idle / stopping,
-`warmed_at`, `kept_at`). Each holds a session slot (`LIMIT/SESSIONS#..`, taken in the transaction that
-writes it), so warm sessions count against `max_sessions`. A dispatch takes an idle one in its own transaction
-(`claim_ops`: the item deleted on condition that it is idle, so no two rollouts ever get one session), keeping its
-slot; one stopped unused gives its slot back when its item goes (`forget`). One Query reads them all.
-`WS#{session}` / `CLAIM` (`warm_items.WarmClaim`): which attempt took the session, for completion to map a result that
-does not name its attempt (`lifecycle.completion`); it expires with the table's TTL.
-`WARM` / `POOL` (`warm_items.WarmPoolState`): the manager's lease, when the experiment last had work, last wanted a new
-session or took a warm one, whether the pool is halted, the last batch's size, and the totals.
-Writes of many sessions go in transactions of up to `CHUNK` items, each conditional on the state the pool read.
-"""
+"""The warm pool's ledger items (`warm_items`: each warm session `WARM/S#{session}`, holding a session slot; the claim
+`WS#{session}/CLAIM` a dispatch writes when it takes one; the pool's own item `WARM/POOL`), written in transactions
+of up to `CHUNK` items, each conditional on the state the pool read (docs/lifecycle.md, "The warm pool")."""
 
 from __future__ import annotations
 
@@ -46,7 +36,6 @@ def claim_key(session_id: str) -> dict[str, dict[str, str]]:
 
 
 def _in_state(state: WarmState) -> dict[str, Any]:
-    """A transaction item's condition: the session is in `state`."""
     return {
         "ConditionExpression": "#st = :state",
         "ExpressionAttributeNames": _STATE,
@@ -87,8 +76,7 @@ class WarmLedger:
     def add_warming(
         self, sessions: Sequence[str], *, max_sessions: int, takes: Mapping[int, int], warmed_at: float
     ) -> bool:
-        """Record new warm sessions (warming) and take their slots (`takes`: how many on each counter), in one
-        transaction, if the pool is not halted. False: nothing written (a counter had no room, or the pool halted)."""
+        """Record new warm sessions and take their slots (`takes`: by counter) in one transaction, unless halted."""
         if sum(takes.values()) != len(sessions) or any(count <= 0 for count in takes.values()):
             raise ValueError(f"slot takes {dict(takes)} do not add up to {len(sessions)} sessions")
         ttl = self.table.expires_at()
@@ -117,7 +105,6 @@ class WarmLedger:
     def _set_state(
         self, sessions: Sequence[str], state: WarmState, from_states: Sequence[WarmState], extra: Mapping[str, Any]
     ) -> list[str]:
-        """`state` (and `extra`) on each of `sessions` still in one of `from_states`. Returns the sessions written."""
         allowed = {f":s{i}": s.value for i, s in enumerate(from_states)}
         update = "SET #st = :to" + "".join(f", {name} = :{name}" for name in extra)
         values = {":to": state.value, **allowed, **{f":{name}": value for name, value in extra.items()}}
@@ -131,8 +118,7 @@ class WarmLedger:
     def _each(
         self, sessions: Sequence[str], ops: Callable[[list[str]], list[dict[str, Any]]], size: int, what: str
     ) -> list[str]:
-        """One transaction per chunk of `size` sessions (`ops`: one conditional item per session first), written again
-        without the sessions whose condition failed. Returns the sessions written."""
+        """One transaction per chunk of `size` sessions, again without those whose condition failed; those written."""
         done: list[str] = []
         for chunk in _chunks(sessions, size):
             left = chunk
@@ -161,9 +147,7 @@ class WarmLedger:
         return self._each(sessions, ops, CHUNK - keys.SESSION_SHARDS, "forgetting stopped warm sessions")
 
     def claim_ops(self, session_id: str, ref: AttemptRef, *, warmed_at: float) -> list[dict[str, Any]]:
-        """A dispatch transaction's part when attempt `ref` takes warm session `session_id`, in this order (its caller
-        reads the reasons by position): the session's item deleted if idle (one attempt only; its slot becomes the
-        attempt's), and the claim mapping the session to the attempt."""
+        """The dispatch transaction's part when `ref` takes `session_id`: its item deleted if idle, the claim."""
         claim = {
             "batch_id": ref.batch_id,
             "input_id": ref.input_id,
@@ -203,8 +187,7 @@ class WarmLedger:
         self.table.update(pool_key(), update, None, values)
 
     def note(self, what: Literal["demand_at", "took_at"], now: float) -> None:
-        """A dispatch took a new session for want of a warm one (`demand_at`: rollouts want the new-session budget),
-        or took a warm one (`took_at`: a burst of takes wants the invoke rate the fill would spend)."""
+        """A dispatch took a new session for want of a warm one (`demand_at`), or took a warm one (`took_at`)."""
         self.table.update(pool_key(), "SET #what = :now", None, {":now": now}, {"#what": what})
 
     def halt(self, reason: str, now: float) -> None:
@@ -216,8 +199,7 @@ class WarmLedger:
         self.table.update(pool_key(), "REMOVE halted", "halted <> :destroyed", {":destroyed": "destroyed"})
 
     def add_totals(self, **counts: float) -> None:
-        """ADD to the pool's totals (`warmed`, `warmup_failures`, `keepalives`, `stopped_unused`, `unused_idle_s`,
-        `dropped`); zeros are left out."""
+        """ADD to the pool's totals (`WarmPoolState`); zeros are left out."""
         given = {name: value for name, value in counts.items() if value}
         if not given:
             return

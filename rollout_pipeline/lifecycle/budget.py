@@ -2,8 +2,8 @@
 stopped once the budget is raised (docs/costs.md, "Budget").
 
 - **Spend.** The experiment's: every ended session's cost (exact at its confirmed stop, `lifecycle.costing`),
-  summed on the 32 session-slot counters (`LimitLedger.slots_and_spend`: no item of its own, no hot item). A batch's:
-  the cost its events carried (its counter shards).
+  summed on the 32 session-slot counters (`ExperimentLedger.slots_and_spend`: no item of its own, no hot item). A
+  batch's: the cost its events carried (its counter shards).
 - **Budget.** The experiment's: the one set at run time (`LIMIT/BUDGET`, `rollouts budget set`), else the deployed
   `budget_usd`. A batch's: the one set later (`rollouts budget set --batch`), else the one it was submitted with.
 - **Announced once.** A dispatcher (once per SQS batch) and the sweeper (every minute) read the experiment's budget
@@ -78,11 +78,11 @@ class ExperimentBudget:
 def read(deps: LifecycleDeps) -> ExperimentBudget:
     """The experiment's budget (the ledger's, else `budget_usd`) and, when it has one, its spend: one GetItem, and
     one Query of the slot counters when a budget is set."""
-    state = deps.ledger.limits.budget()
+    state = deps.ledger.experiment.budget()
     budget = state.budget_usd if state.budget_usd is not None else deps.config.budget_usd
     if budget is None:
         return ExperimentBudget(None)
-    in_flight, spent = deps.ledger.limits.slots_and_spend()
+    in_flight, spent = deps.ledger.experiment.slots_and_spend()
     return ExperimentBudget(budget, spent, in_flight, state.warned_for, state.exhausted_for)
 
 
@@ -209,7 +209,7 @@ def _announce(
 ) -> None:
     """Publish `Budget Warning` / `Budget Exhausted` once per budget value: claimed first (conditional write); a
     failed publication gives the claim back (the next check tries again) and is only logged."""
-    limits, batches = deps.ledger.limits, deps.ledger.batches
+    limits, batches = deps.ledger.experiment, deps.ledger.batches
     claimed = (
         limits.claim_budget_event(kind, budget_usd)
         if scope == "experiment"

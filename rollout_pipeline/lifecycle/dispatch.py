@@ -198,7 +198,7 @@ class BatchReads:
             seen = shards.policy
             if seen is None or seen[0] < since:
                 began = self._deps.clock.monotonic()
-                shards.saw_policy(began, self._deps.ledger.limits.current_policy_version())
+                shards.saw_policy(began, self._deps.ledger.experiment.current_policy_version())
                 seen = shards.policy
         assert seen is not None
         return seen[1] or batch_default

@@ -1,14 +1,6 @@
-"""The dispatch side of the warm pool: idle warm sessions on offer through the warm queue (`warm_queue_url`).
-
-The pool (`lifecycle.warm_pool`) sends an offer of each warm session when it becomes idle, and after each keep-alive
-another, delayed to when the last one ends: the session's id, start, and until when it may be taken (`offer_until`).
-An SQS batch of a dispatcher receives an offer for each rollout (`WarmTaker.offers`): a receive is a take, so no two
-dispatchers hold one. A rollout takes the next offer (`WarmOffers.next`: one past its end is deleted unread); its
-dispatch transaction takes the session only if its item is still idle, so an offer whose session left the pool is
-refused (deleted, another received in its place). The SQS batch deletes the offers used or stale and gives the rest
-back. A receive that found none is tried once more (a short poll may miss a small queue's messages), then not before
-`EMPTY_RECHECK_S`. Notes to the pool (`note`) say when rollouts took new sessions or warm ones.
-"""
+"""The dispatch side of the warm pool: idle warm sessions on offer through the warm queue (docs/lifecycle.md, "The warm
+queue of offers"). A receive is a take; a rollout takes the next offer within its `offer_until`, and its dispatch
+transaction takes the session only if its item is still idle."""
 
 from __future__ import annotations
 
@@ -26,9 +18,8 @@ from rollout_pipeline.ports import MessageQueue
 
 log = logging.getLogger(__name__)
 
-#: After a receive found no offer, this process receives again at most this often; it notes rollouts that took new
-#: sessions (or warm ones) on the pool item at most once per `DEMAND_NOTE_S`; an SQS receive returns 10 messages at
-#: most; an SQS batch receives offers in place of stale or refused ones at most `REFILLS` times.
+#: After a receive found no offer, this process receives again at most this often; it notes takes on the pool item
+#: at most once per `DEMAND_NOTE_S`; an SQS receive returns 10 messages at most; a batch refills `REFILLS` times.
 EMPTY_RECHECK_S: Final = 2.0
 DEMAND_NOTE_S: Final = 1.0
 RECEIVE_MAX: Final = 10
@@ -36,8 +27,7 @@ REFILLS: Final = 3
 
 
 def offer_until(config: ExperimentConfig, warmed_at: float, kept_at: float) -> float:
-    """Until when (epoch s) a warm session may be taken: `warm_stale_after_s` after its keep-alive, while its age
-    stays within `warm_shelf_life_s`."""
+    """Until when (epoch s) a warm session may be taken: before it is stale, or too old for a rollout."""
     return min(kept_at + config.warm_stale_after_s, warmed_at + config.warm_shelf_life_s)
 
 
@@ -64,8 +54,7 @@ class WarmOffer:
 
 
 class WarmOffers:
-    """The offers one SQS batch of a dispatcher holds; its threads share them. `close` deletes the used and stale
-    ones and gives the rest back (those handed out and never settled too: a dispatch that raised)."""
+    """The offers one SQS batch holds, shared by its threads; `close` deletes the spent ones, gives the rest back."""
 
     def __init__(self, taker: WarmTaker, offers: list[WarmOffer]) -> None:
         self.taker = taker
@@ -126,8 +115,7 @@ class WarmOffers:
 
 
 class WarmTaker:
-    """One dispatcher process's access to the warm queue and its notes to the pool (`counts`: what became of the
-    offers it received). Thread-safe."""
+    """One dispatcher process's access to the warm queue and its notes to the pool. Thread-safe."""
 
     def __init__(
         self,
@@ -159,7 +147,8 @@ class WarmTaker:
         return WarmOffers(self, self.receive(wanted))
 
     def receive(self, wanted: int) -> list[WarmOffer]:
-        """Up to `wanted` offers, received now (see the module doc: an empty queue is not asked again at once)."""
+        """Up to `wanted` offers, received now (a receive that found none is tried once more, then not before
+        `EMPTY_RECHECK_S`: a short poll may miss a small queue's messages)."""
         with self._lock:
             quiet = self._empty_at is not None and self._monotonic() - self._empty_at < EMPTY_RECHECK_S
         if not self.enabled or wanted <= 0 or quiet:
@@ -192,8 +181,7 @@ class WarmTaker:
                     log.warning("%d warm offer(s) left to their visibility timeout", len(receipts), exc_info=True)
 
     def note(self, kind: Literal["demand_at", "took_at"]) -> None:
-        """Tell the pool (at most once per `DEMAND_NOTE_S`) that a rollout of this process took a new session
-        (`demand_at`) or a warm one (`took_at`). A lost note only moves when the pool fills next."""
+        """Tell the pool (at most once per `DEMAND_NOTE_S`) that a rollout took a new session or a warm one."""
         now = self._monotonic()
         with self._lock:
             if not self.enabled or now - self._noted.get(kind, -math.inf) < DEMAND_NOTE_S:

@@ -1,13 +1,7 @@
-"""The warm pool: sessions started ahead of the next batch, so a GRPO step's rollouts start at once (AgentCore has no
-warm-pool API: a session started with an invocation of its own is reached again by invoking its id; docs/aws-facts.md).
-
-One manager at a time (the pool item's lease) runs `tick`, from the sweeper and local mode: it notes the experiment's
-work (halting the pool after `warm_idle_stop_s` without any), stops the sessions it no longer wants (past their
-offer: stale or too old for a rollout; beyond the target; stuck warming), keeps alive concurrently the idle ones whose
-offer would go stale, and fills up to the target while nothing else wants the new-session budget, each warm session
-recorded with its slot BEFORE its warm-up and put on offer once it answered (`lifecycle.warm`). docs/lifecycle.md,
-"The warm pool", says why.
-"""
+"""The warm pool's manager: sessions started ahead of the next batch, so a GRPO step's rollouts start at once. One
+manager at a time (the pool item's lease) runs `tick`, from the sweeper and local mode (docs/lifecycle.md, "The warm
+pool"): it halts the pool without work, stops the sessions it no longer wants, keeps the idle ones alive and fills
+up to the target while nothing else wants the new-session budget, each recorded with its slot before its warm-up."""
 
 from __future__ import annotations
 
@@ -41,14 +35,13 @@ LEASE_MARGIN_S: Final = 30.0
 DEMAND_QUIET_S: Final = 3.0
 #: A session still warming this long after its item was written is stopped (its warm-up's outcome was lost).
 WARMING_STUCK_S: Final = 120.0
-#: AgentCore calls (warm-ups, keep-alives, stops) a tick has in flight at once, as many as a client's pooled
-#: connections: a warm-up waits out its cold start (~1.3-3.3 s), so at 25 new sessions/s ~100 are in flight.
+#: AgentCore calls (warm-ups, keep-alives, stops) a tick has in flight at once: a client's pooled connections.
 CALLS_IN_FLIGHT: Final = MAX_POOL_CONNECTIONS
 #: A fill asks whether rollouts want the new-session budget (`WarmCapacity.new_sessions_now`) at most this often.
 CAPACITY_RECHECK_S: Final = 1.0
-#: Sessions per fill chunk (one transaction writes their items and takes their slots, on at most as many counters).
+#: Sessions per fill chunk (one transaction writes their items and takes their slots).
 FILL_CHUNK: Final = 25
-#: SQS delays a message at most this long (`DelaySeconds`): an offer sent after a keep-alive waits for the last one.
+#: SQS delays a message at most this long (`DelaySeconds`).
 MAX_OFFER_DELAY_S: Final = 900
 #: Halt reasons (`WarmPoolState.halted`).
 HALT_IDLE: Final = "idle"
@@ -61,8 +54,7 @@ TICK_EVERY_S: Final = 5.0
 
 class WarmCapacity:
     """What the pool may use of the experiment's limits (a test gives its own): its share of active sessions, and of
-    new sessions while nothing wants them (nothing on the admission board, no dispatch that took a new session, nor a
-    warm one, for `DEMAND_QUIET_S`: takes run at the invoke rate warm-ups would share) and the budget is not spent."""
+    new sessions while nothing wants them and the budget is not spent."""
 
     def __init__(self, deps: LifecycleDeps) -> None:
         self.deps = deps
@@ -78,7 +70,7 @@ class WarmCapacity:
         return max(1, int(self.deps.limits.new_session_rate()))
 
     def sessions_to_hold(self) -> int:
-        """Active sessions the experiment may hold, warm ones included (the cap a dispatch's slot is taken under)."""
+        """Active sessions the experiment may hold, warm ones included."""
         return self.deps.limits.sessions_to_hold()
 
 
@@ -99,7 +91,7 @@ class TickResult:
 
 
 class WarmPool:
-    """The manager of one experiment's warm pool (see the module doc)."""
+    """The manager of one experiment's warm pool."""
 
     def __init__(self, deps: LifecycleDeps, capacity: WarmCapacity | None = None, *, owner: str | None = None) -> None:
         self.deps = deps
@@ -119,10 +111,8 @@ class WarmPool:
     def until(self, session: WarmSession) -> float:
         return offer_until(self.config, session.warmed_at, session.kept_at)
 
-    # ----------------------------------------------------------------------------------------------- a tick
-
     def tick(self, *, budget_s: float = 20.0) -> TickResult:
-        """One pass (see the module doc) within `budget_s`; none when the pool is off and empty, or leased."""
+        """One pass within `budget_s`; none when the pool is off and empty, or leased."""
         if not self.config.warm_pool_on and not self.deps.ledger.warm.sessions():
             return TickResult(ran=False)
         wait_until = self.deps.clock.monotonic() + budget_s
@@ -199,11 +189,8 @@ class WarmPool:
         out += sorted(idle, key=lambda s: s.warmed_at)[: max(0, len(idle) - target)]
         return list({s.session_id: s for s in out}.values())
 
-    # ------------------------------------------------------------------------------------------------ stops
-
     def _stop(self, sessions: Sequence[WarmSession], wait_until: float, now: float, *, dropped: bool = False) -> int:
-        """Stop `sessions` concurrently (state stopping first: no dispatch takes them after) and forget the ones
-        stopped or ended by AgentCore anyway. Returns how many are gone."""
+        """Stop `sessions` concurrently and forget the ones stopped or ended anyway. Returns how many are gone."""
         warm = self.deps.ledger.warm
         stopping = set(warm.begin_stop([s.session_id for s in sessions]))
 
@@ -223,8 +210,7 @@ class WarmPool:
         return len(unused)
 
     def stop_all(self, *, budget_s: float = 60.0) -> int:
-        """Stop every warm session now (a cancel, a destroy, a halt: the pool is halted first, so a tick in progress
-        starts none and stops the warm-ups it has in flight), within `budget_s`. Returns how many were stopped."""
+        """Stop every warm session now, within `budget_s`. Returns how many were stopped."""
         wait_until = self.deps.clock.monotonic() + budget_s
         stopped = 0
         for _ in range(20):
@@ -235,16 +221,12 @@ class WarmPool:
         return stopped
 
     def halt(self, reason: str, *, stop: bool = True, budget_s: float = 60.0) -> int:
-        """Keep no warm session (`reason`: "cancelled", "destroyed", "stopped"; a later batch resumes the pool, never
-        after "destroyed"), every one stopped now with `stop`. Returns how many were stopped."""
+        """Keep no warm session for `reason` (every one stopped now with `stop`). Returns how many were stopped."""
         self.deps.ledger.warm.halt(reason, self.wall())
         return self.stop_all(budget_s=budget_s) if stop else 0
 
-    # ------------------------------------------------------------------------------------------- keep-alive
-
     def _keep_alive(self, idle: Sequence[WarmSession], now: float, wait_until: float) -> tuple[int, list[WarmSession]]:
-        """The warm-up again, concurrently, for idle sessions whose offer would go stale (not old) within
-        `keepalive_lead_s`, each answered one offered again. Returns how many answered, and the dead ones."""
+        """Keep alive the idle sessions whose offer goes stale soon. Returns how many answered, and the dead ones."""
         stale_after = self.config.warm_stale_after_s
         due = [s for s in idle if now >= s.kept_at + stale_after - self.keepalive_lead_s]
         due = [s for s in due if s.kept_at + stale_after < s.warmed_at + self.config.warm_shelf_life_s]
@@ -272,8 +254,7 @@ class WarmPool:
         return len(kept), [s for s in due if answers[s] is False]
 
     def _offer(self, sessions: Sequence[tuple[str, float, float]], kept_at: float) -> None:
-        """Offer sessions (id, start, end of their current offer) kept alive at `kept_at`, each offer delayed until the
-        current one ends: never two of a session at once. A lost send leaves it unoffered until its next keep-alive."""
+        """Offer sessions (id, start, end of their current offer), each delayed until its current offer ends."""
         by_delay: dict[int, list[str]] = defaultdict(list)
         now = self.wall()
         for session_id, warmed_at, current_until in sessions:
@@ -293,11 +274,8 @@ class WarmPool:
             session_id, payload, wait_until=wait_until, new_session=new_session, block=block
         )
 
-    # ------------------------------------------------------------------------------------------------ fill
-
     def _fill(self, wanted: int, wait_until: float) -> tuple[int, int]:
-        """Start up to `wanted` warm sessions while the capacity allows: chunks recorded one after another, warmed
-        together up to `CALLS_IN_FLIGHT` warm-ups at once. Returns (warmed, warm-ups failed)."""
+        """Start up to `wanted` warm sessions while the capacity allows. Returns (warmed, warm-ups failed)."""
         counts = self.deps.ledger.limits.slot_counts()  # as read, plus the fill's own takes
         warmed = failed = allowed = 0
         checked_at, closed = -math.inf, False
@@ -324,8 +302,7 @@ class WarmPool:
         return warmed, failed
 
     def _warm_chunk(self, chunk: list[str], wait_until: float) -> tuple[int, int]:
-        """A recorded chunk's warm-ups (starts booked in one write per budget); the answered ones marked idle and
-        offered, the others stopped, and so is one whose item was stopped meanwhile. Returns (warmed, failed)."""
+        """A recorded chunk's warm-ups; the answered ones offered, the others stopped. Returns (warmed, failed)."""
         block, started = InvokeBlock({SESSION_PACE: len(chunk)}), self.wall()
         answered = _concurrently(lambda sid: self._warm_up(sid, wait_until, block), chunk)
         ready = [sid for sid, ok in zip(chunk, answered, strict=True) if ok]
@@ -342,8 +319,7 @@ class WarmPool:
         return len(ready), len(lost)
 
     def _start_chunk(self, size: int, counts: list[int], hold: int) -> list[str]:
-        """Record up to `size` new warm sessions and take their slots within `hold`, in one transaction, before any
-        warm-up is sent. Returns their ids ([] when the counters are full or the pool halted)."""
+        """Record up to `size` new warm sessions with their slots (one transaction) before any warm-up. Their ids."""
         takes = _slot_takes(counts, size, hold)
         sessions = [ids.warm_session_id(self.config.name) for _ in range(sum(takes.values()))]
         if not sessions:
@@ -375,8 +351,7 @@ class WarmPool:
 
 
 def _slot_takes(counts: Sequence[int], size: int, hold: int) -> dict[int, int]:
-    """Up to `size` slots within `hold`'s caps on the session-slot counters `counts`: how many on each, the roomiest
-    counters first (at most `FILL_CHUNK` of them: each one more item of a chunk's transaction)."""
+    """Up to `size` slots within `hold`'s caps on the counters `counts`, by counter: the roomiest `FILL_CHUNK` first."""
     rooms = {shard: shard_cap(hold, shard) - count for shard, count in enumerate(counts)}
     takes: dict[int, int] = {}
     for shard in sorted(rooms, key=lambda i: -rooms[i])[:FILL_CHUNK]:
@@ -411,8 +386,7 @@ def _newest_batch(window: WindowState) -> tuple[str, int, float] | None:
 
 
 def halt_if_nothing_runs(deps: LifecycleDeps, cancelled_batch: str) -> int:
-    """After a cancel of `cancelled_batch`: with no other batch left to run in the release window, halt the pool
-    and stop every warm session now. Returns how many were stopped."""
+    """After a cancel of `cancelled_batch` with no other batch left, halt the pool. Returns how many were stopped."""
     if not deps.config.warm_pool_on and not deps.ledger.warm.sessions():
         return 0
     for batch_id in deps.ledger.release.read_window().entries:
@@ -425,8 +399,7 @@ def halt_if_nothing_runs(deps: LifecycleDeps, cancelled_batch: str) -> int:
 
 
 def run_pool(deps: LifecycleDeps, *, until: float, every_s: float = TICK_EVERY_S) -> list[TickResult]:
-    """Tick the pool `every_s` until `until` (monotonic) while it has something to do; once when it has not (the
-    sweeper runs this after each sweep, once a minute)."""
+    """Tick the pool `every_s` until `until` (monotonic) while it has something to do; once when it has not."""
     pool = WarmPool(deps)
     results: list[TickResult] = []
     for _ in range(100_000):

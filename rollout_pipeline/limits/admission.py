@@ -1,10 +1,5 @@
-"""Admission: which waiting rollouts take the next free session slots (or session starts), in group order
-across every dispatcher process.
-
-`SlotGate` (one per process: one poller, waiters first in group order), `AdmissionBoard` (every process's waiting
-admission keys on `LIMIT/WAIT#{process}`), `SessionRoom` (room in the session budget within `ADMIT_AHEAD_S`, so the
-same order holds when the new-session rate binds rather than `max_sessions`). Details: docs/lifecycle.md, "Limits".
-"""
+"""Admission: which waiting rollouts take the next free session slots (or session starts), in group order across
+every dispatcher process (docs/lifecycle.md, "Limits")."""
 
 from __future__ import annotations
 
@@ -25,20 +20,14 @@ from rollout_pipeline.limits.pacing import Pacer
 #: One process's entry on the admission board: (process, heartbeat in epoch microseconds, its waiting keys).
 BoardEntry = tuple[str, int, list[str]]
 
-#: A new rollout is admitted (takes a slot, then reserves its session start) only while the session budgets still
-#: have room within this horizon; beyond it, rollouts wait in the ordered `SlotGate`, so the budget's own queue
-#: stays short and admission order, not first-come reservations, decides which group's sessions start first.
+#: A rollout is admitted only while the session budget has room within this horizon (else it waits in `SlotGate`).
 ADMIT_AHEAD_S: Final = 2.0
-#: When the session budget's room binds, the gate lets waiters through about this many seconds of starts at a time
-#: (`SessionRoom.batch`): it polls again once the schedule has room for that many, not for each one, so a poll, a
-#: board write and a wake-up serve several rollouts. The schedule stays booked at least `ADMIT_AHEAD_S` minus this
-#: far ahead (never less than half the horizon), so no start goes unused while the gate waits.
+#: While the room binds, the gate lets waiters through this many seconds of starts at a time (`SessionRoom.batch`).
 ROOM_BATCH_S: Final = 0.5
 
 
 class SessionRoom:
-    """Room for new sessions in the experiment's session budget within `ahead_s`, as this process knows it: its reads
-    of the schedule, its own reservations, and the sessions it let through since."""
+    """Room for new sessions in the experiment's session budget within `ahead_s`, as this process knows it."""
 
     def __init__(self, session: Pacer, ahead_s: float = ADMIT_AHEAD_S) -> None:
         self.session = session
@@ -46,10 +35,7 @@ class SessionRoom:
         self._lock = threading.Lock()
 
     def claim(self) -> bool:
-        """For a newly received rollout: True (and the room counted as taken) if the session budget is idle (its
-        next start is not ahead of now; one read of the schedule). A busy budget sends the rollout to the ordered
-        gate, which admits up to `ahead_s`: so processes that start at once let through one rollout each, not a
-        horizon's worth each in no particular order."""
+        """For a newly received rollout: True (the room counted as taken) if the session budget is idle (one read)."""
         with self._lock:
             self.session.read_tat()
             if self.session.room(0.0) <= 0:
@@ -59,8 +45,7 @@ class SessionRoom:
             return True
 
     def read(self, paces: Mapping[str, Mapping[str, Any]] | None = None, *, wanted: int = 1) -> int:
-        """Room now: reads the schedule, unless given `paces` (the schedule items read just now with the slot
-        counters: a budget missing there has never been used). Room for fewer than `wanted` starts marks a backlog."""
+        """Room now (reads the schedule unless given `paces`); room for fewer than `wanted` marks a backlog."""
         with self._lock:
             self.session.read_tat(None if paces is None else paces.get(self.session.budget, {}))
             room = self.session.room(self.ahead_s)
@@ -69,54 +54,38 @@ class SessionRoom:
             return room
 
     def batch(self) -> int:
-        """Starts the gate lets through at a time while the room binds: `ROOM_BATCH_S` worth at the budget's rate,
-        at most half the horizon's (so the schedule stays booked at least half the horizon ahead), at least one."""
+        """Starts let through at a time while the room binds: `ROOM_BATCH_S` worth, at most half the horizon's."""
         per_start = self.session.interval_s
         return max(1, min(int(ROOM_BATCH_S / per_start + 1e-9), int(self.ahead_s / 2 / per_start + 1e-9)))
 
     def promise(self, sessions: int) -> None:
-        """`sessions` waiters were let through: count them in the known schedule."""
         with self._lock:
             self.session.promise(sessions)
 
     def next_room_s(self, sessions: int = 1) -> float:
-        """Seconds until the known schedule has room for `sessions` more sessions."""
         return self.session.next_room_s(self.ahead_s, sessions)
 
     def _backlog(self) -> None:
-        """Rollouts wait for the session budget's room: through the account pool, the experiment asks for all it can
-        get."""
         if self.session.on_backlog is not None:
             self.session.on_backlog()
 
 
-#: A process's entry on the admission board older than this is ignored (its process crashed or stalled), so a dead
-#: waiter holds the others back at most this long.
+#: A process's entry on the admission board older than this is ignored (its process crashed or stalled).
 BOARD_STALE_S: Final = 5.0
-#: A process re-publishes its waiters at least this often while it has any (its heartbeat).
-BOARD_HEARTBEAT_S: Final = 1.0
-#: A process reads the board for a newly received message at most this often (a cached view is used between).
+#: A process re-publishes its waiters (its heartbeat) at least, and reads the board for a rollout at most, this often.
 BOARD_READ_S: Final = 1.0
 #: At most this many waiting keys per process are published (a Lambda holds 10 messages at a time).
 BOARD_MAX_KEYS: Final = 32
-#: The slot gate's poller polls every `LEAD_POLL_S` (jittered) while one of its waiters ranks among the first
-#: `LEAD_RANKS` keys of every live waiter (by its latest view of the board): the next slots to free are theirs, and
-#: seeing one ~0.25 s sooner is ~0.25 s more of that slot's time used. The others poll every 0.2-1 s. At most
-#: `LEAD_RANKS` processes lead by one view of the board, so the fast polls are bounded per second, not per waiter
-#: (measured in docs/benchmarks.md, "Group order through the release window": 1 and 2 ranks).
+#: A poller whose first waiter ranks among this many first keys of all live waiters leads (the next slots are theirs)...
 LEAD_RANKS: Final = 2
+#: ... and polls every this many seconds (jittered); the others every 0.2-1 s.
 LEAD_POLL_S: Final = (0.05, 0.25)
-#: A burst's start: a process that had no rollout in hand for `BOARD_STALE_S` (or never had one) takes no slot for
-#: this long after it receives, so the dispatchers that received the same burst at about the same time have put
-#: their rollouts on the board before anyone decides; the first decision then sees every one of them. It covers the
-#: dispatch function's SQS batching window (1 s, `topology.FUNCTIONS`): Lambda may invoke one dispatcher that long
-#: after another received part of the same burst, so a shorter settle would let the first one decide without it.
+#: A burst's first decision waits this long for every dispatcher's part of it: the dispatch function's batching window.
 BOARD_SETTLE_S: Final = 1.0
 
 
 class AdmissionBoard:
-    """The waiting rollouts of EVERY dispatcher process, through the ledger (`LIMIT/WAIT#{process}` items: the
-    sorted admission keys of a process's waiters and a heartbeat). Entries older than `BOARD_STALE_S` are ignored."""
+    """The waiting rollouts of EVERY dispatcher process (`LIMIT/WAIT#{process}`: sorted admission keys, heartbeat)."""
 
     def __init__(
         self,
@@ -140,7 +109,7 @@ class AdmissionBoard:
         if not keys and not self._published:
             return
         now = self._wall()
-        if keys == self._published and (not keys or now - self._published_at < BOARD_HEARTBEAT_S):
+        if keys == self._published and (not keys or now - self._published_at < BOARD_READ_S):
             return
         if keys:
             self.ledger.put_waiting(self.process, keys, now_us=int(now * 1e6))
@@ -149,8 +118,7 @@ class AdmissionBoard:
         self._published, self._published_at = keys, now
 
     def others(self, max_age_s: float = 0.0) -> list[str]:
-        """The live waiting keys of the OTHER processes, sorted; read again when the cached view is older than
-        `max_age_s` (0: always)."""
+        """The live waiting keys of the OTHER processes, sorted; read when the cached view is older than `max_age_s`."""
         with self._lock:
             now = self._wall()
             if now - self._read_at >= max_age_s:
@@ -158,13 +126,12 @@ class AdmissionBoard:
             return self._others
 
     def absorb(self, board: Sequence[BoardEntry]) -> None:
-        """Take `board`, read just now with something else (`LimitLedger.slots_and_board`), as the cached view."""
+        """Take `board`, read just now with the slot counters, as the cached view."""
         with self._lock:
             self._absorb(board, self._wall())
 
     def cached(self, max_age_s: float) -> list[str] | None:
-        """The live waiting keys of the other processes by the latest view (no read), sorted; None when that view
-        is older than `max_age_s`."""
+        """The other processes' live waiting keys by the latest view (no read); None when older than `max_age_s`."""
         with self._lock:
             return self._others if self._wall() - self._read_at <= max_age_s else None
 
@@ -179,19 +146,8 @@ class AdmissionBoard:
 
 
 class SlotGate:
-    """Dispatcher threads of one process waiting for a session slot: ONE of them polls the shared counter
-    (strongly consistent GetItem, every 0.2-1 s, jittered) and, when it sees free slots, lets waiters try the
-    dispatch transaction: the waiters FIRST IN GROUP ORDER (`priority`: batch submission time, batch, the group's
-    line, index), so a GRPO group's rollouts are admitted together and groups in submission order. With a `board`
-    (`AdmissionBoard`) that order holds across every dispatcher process: the poller publishes its waiters' keys and
-    lets through only those of its waiters that rank among the first `free` keys of ALL live waiters. The others
-    sleep. The transaction stays the only arbiter, so a waiter let through for nothing just waits again. Saves N-1
-    polls per process and the herd of transactions that N independent pollers would start when one slot frees.
-    With a `room` (`SessionRoom`), `free` is also bounded by the session budgets' room within `ADMIT_AHEAD_S`, so the
-    same order holds when the new-session RATE binds rather than `max_sessions`.
-    With a `board` and `in_flight_and_board` (the counters and the board in one read), every poll also refreshes the
-    board's view, and a poller whose waiters lead the board (`LEAD_RANKS`) polls every `LEAD_POLL_S`: the next free
-    slots are seen sooner by the processes they go to, while the others keep the slow pace."""
+    """Dispatcher threads of one process waiting for a session slot: ONE polls, and lets the waiters first in group
+    order (`priority`) try the dispatch transaction; with a `board` across processes, with a `room` at its rate."""
 
     def __init__(
         self,
@@ -206,7 +162,6 @@ class SlotGate:
     ) -> None:
         self._in_flight = in_flight
         self._in_flight_and_board = in_flight_and_board if board is not None else None
-        #: `max_sessions`, or a function giving it now (the account pool's grant of active sessions).
         self._max_sessions = max_sessions
         self.board = board
         self.room = room
@@ -218,9 +173,8 @@ class SlotGate:
         self._seq = 0
         self._polling = False
         self.polls = 0
-        #: Pauses between polls taken at the lead pace (`LEAD_POLL_S`).
         self.lead_polls = 0
-        #: Keys of rollouts received and not yet past the gate (`hold`): on the board from receipt on.
+        #: Keys of rollouts received and not yet past the gate (`hold`).
         self._held: Counter[str] = Counter()
         #: When the current burst began (monotonic; None: nothing held yet) and when the last one ended.
         self._burst_since: float | None = None
@@ -228,8 +182,7 @@ class SlotGate:
         self._closed = False
 
     def close(self) -> None:
-        """End every wait now and every later one at once, as if its `wait_until` had passed (the waiters take
-        their "no slot in time" path: the message is re-sent). For a process shutting down (local mode's Ctrl-C)."""
+        """End every wait now and later at once, as if its `wait_until` had passed (a process shutting down)."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()
@@ -239,10 +192,7 @@ class SlotGate:
         return value if isinstance(value, int) else value()
 
     def hold(self, keys: Sequence[str]) -> list[Held]:
-        """Rollouts just received (their admission keys), before any of them is decided: they go on the board at
-        once (one write), so a process deciding meanwhile ranks them. The first hold after `BOARD_STALE_S` with
-        nothing in hand starts a burst: for `BOARD_SETTLE_S` this process lets nothing through (`settle_s`).
-        Each returned `Held` leaves the board once its rollout is past the gate (or never reaches it)."""
+        """Rollouts just received go on the board at once (one write), each until its `Held` leaves."""
         if not keys:
             return []
         with self._cond:
@@ -272,16 +222,13 @@ class SlotGate:
             self._empty_since = self._monotonic()
 
     def settle_s(self) -> float:
-        """Seconds left of the current burst's settling time (0 without a board: there is no one to wait for)."""
+        """Seconds left of the current burst's settling time (0 without a board)."""
         if self.board is None or self._burst_since is None:
             return 0.0
         return max(0.0, self._burst_since + BOARD_SETTLE_S - self._monotonic())
 
     def must_queue(self, priority: str) -> bool:
-        """Whether a newly received rollout must wait in the gate instead of taking a slot at once: a waiter
-        anywhere (this process, or another on the board: a view at most `BOARD_READ_S` old) comes before
-        `priority`, a burst is still settling (`settle_s`), or (with a `room`) the session budget is busy
-        (`SessionRoom.claim`)."""
+        """Whether a new rollout must wait: a waiter anywhere comes first, a burst settles, or the budget is busy."""
         if self.settle_s() > 0:
             return True
         with self._cond:
@@ -300,8 +247,7 @@ class SlotGate:
             return False
 
     def wait(self, wait_until: float, priority: str = "") -> bool:
-        """Block until a slot looks free for this waiter (True) or `wait_until` (monotonic) passes (False).
-        `priority` (an admission key, `dispatch.admission_key`) sorts waiters, lowest first."""
+        """Block until a slot looks free for this waiter (True) or `wait_until` passes (False)."""
         with self._cond:
             self._seq += 1
             key = (priority, self._seq)
@@ -345,7 +291,6 @@ class SlotGate:
             return [key for key, _arrival in self._queue]
 
     def _waiting(self) -> list[str]:
-        """Every key this process has in hand, sorted: its waiters and what it received but has not decided yet."""
         with self._cond:  # reentrant: also called with the condition held
             return sorted({key for key, _arrival in self._queue} | set(self._held))
 
@@ -355,25 +300,18 @@ class SlotGate:
             self.board.publish(self._waiting())
 
     def leads(self) -> bool:
-        """Whether this process's first waiter ranks among the first `LEAD_RANKS` keys of every live waiter, by the
-        latest view of the board (no read; a view older than two slow polls tells nothing). Only with a board read
-        at each poll (`in_flight_and_board`): without it the view may be too old to tell, and every process keeps
-        the slow pace."""
+        """Whether this process's first waiter ranks among the first `LEAD_RANKS` keys of every live waiter."""
         if self.board is None or self._in_flight_and_board is None:
             return False
         mine, others = self.queued(), self.board.cached(2 * BOARD_READ_S)
         return bool(mine) and others is not None and bisect.bisect_left(others, mine[0]) < LEAD_RANKS
 
     def _pace(self) -> tuple[float, bool]:
-        """The pause before the next poll, and whether it is the lead pace: `LEAD_POLL_S` while this process leads
-        the board, else 0.2-1 s."""
         if self.leads():
             return random.uniform(*LEAD_POLL_S), True
         return jitter_poll_s(), False
 
     def _read(self) -> tuple[int, float, Mapping[str, Mapping[str, Any]] | None]:
-        """Sessions in flight, how old a board view the decision may use (the board read with it: fresh), and the
-        call budgets' schedules when they were read with it (None: not read)."""
         if self._in_flight_and_board is None:
             return self._in_flight(), 0.0, None
         assert self.board is not None
@@ -423,22 +361,15 @@ class SlotGate:
                 pause, lead = min(pause, random.uniform(0.1, 0.25)), False
 
     def _may_chase(self) -> bool:
-        """Whether this process polls as soon as the session budget has room: with no board, or while its waiters
-        lead the board (the room is theirs first; the others keep the slow pace, so the polls per second are
-        bounded by the leaders, not by every dispatcher of the experiment)."""
         return self.board is None or self._in_flight_and_board is None or self.leads()
 
     def _room_batch(self) -> int:
-        """How many starts' room this process waits for while the rate binds: the session budget's batch
-        (`SessionRoom.batch`), no more than it has waiters."""
         assert self.room is not None
         with self._cond:  # reentrant: also called with the condition held
             waiters = len(self._queue)
         return max(1, min(waiters, self.room.batch()))
 
     def _room_pause(self, pause: float, sessions: int = 1) -> float:
-        """Poll again when the session budgets will have room for `sessions` (at least 0.1 s, jittered): for one,
-        at most `pause`; for a batch, as long as that takes (at most 1 s: a renewal may change the spacing)."""
         assert self.room is not None
         ready = max(0.1, self.room.next_room_s(sessions)) + random.uniform(0.0, 0.05)
         return min(pause, ready) if sessions <= 1 else min(ready, 1.0)
@@ -459,5 +390,5 @@ class Held:
 
 
 def jitter_poll_s() -> float:
-    """Pause between two polls of the session counter: 0.2-1 s, jittered so waiters do not move in lockstep."""
+    """Pause between two polls of the session counters: 0.2-1 s, jittered."""
     return random.uniform(0.2, 1.0)

@@ -1,27 +1,6 @@
-"""Paced ACR call budgets, global across every caller in every process.
-
-A `Pacer` is one budget: a schedule item (`ledger.pace`, GCRA) that every process reserves with one conditional write
-per start (or per block of starts), then sleeps to the start and calls. Starts are spaced `interval` apart and a
-caller that wakes up more than `quotas.START_LATENESS_S` after its start drops it (and books again), so no sliding
-second holds more starts than the spacing allows.
-
-The budgets of an experiment (`LimitedRuntime`):
-- `session`: its new sessions. The item carries its own spacing: the experiment's share of the account's rate
-  (through the account pool, set by `limits.shares.Membership` about once a second), else `session_rate_limit`;
-- the ACCOUNT's new-session schedule (`limits.account.AccountSchedule`, through the pool only): after its share's
-  start, every new session books its real start there; that one item bounds every sliding second of the account;
-- `tps`: InvokeAgentRuntime into existing sessions (warm takes, cold-start retries, keep-alives): the invoke rate
-  less the new sessions' share of it, which they take apart on `session`;
-- `stop`: StopRuntimeSession, when the data-plane budget leaves stops at least the invoke rate
-  (`dedicated_stop_share`), else stops share `tps`; while they share it, an invoke reserves at most `INVOKE_AHEAD_S`
-  ahead and a stop as far as it waits, so stops are never starved.
-Calls known to come together book their starts in ONE write: a completion batch's stops (`book_stops`), a batch of
-new sessions let through at once (`Pacer.reserve_together`), a dispatcher's warm takes (`InvokeBlock`).
-
-What AgentCore answers backs off the budget it names (`LimitedRuntime._call`): a new session's throttle the account's
-schedule, a call into an existing session's this experiment's invoke rate (`tps`, `Pacer.throttled`), a
-`ServiceQuotaExceededException` the active sessions the account is found to hold (`limits.account`).
-"""
+"""Paced ACR call budgets, global across every caller in every process (docs/lifecycle.md, "Limits"): a `Pacer` is
+one budget, a GCRA schedule item (`ledger.pace`) reserved with one conditional write per start (or block of starts);
+`LimitedRuntime` is the agent runtime whose calls first take their budgets."""
 
 from __future__ import annotations
 
@@ -44,36 +23,32 @@ log = logging.getLogger(__name__)
 LATENESS_S: Final = 0.05
 #: How far ahead an invoke may reserve a `tps` start while stops share it (stops reserve as far as they wait).
 INVOKE_AHEAD_S: Final = 0.25
-#: ... and while stops have a budget of their own (the `tps` schedule carries invokes only): as far as a block of
-#: warm takes books (`InvokeBlock`), so a take that missed its block's start is not starved by later blocks.
+#: ... and while stops have their own; calls booked together (`InvokeBlock`, `book_stops`) start within this long.
 BLOCK_AHEAD_S: Final = 1.0
 #: How long a stop waits for its start when the caller gives no deadline.
 DEFAULT_STOP_WAIT_S: Final = 15.0
-#: Stops booked together (`LimitedRuntime.book_stops`) start within this long.
-STOP_BOOK_AHEAD_S: Final = 1.0
-#: Reservations of one process within this long of each other, while the schedule is booked further ahead than
-#: that (the wait delays no start), are booked together in one write (`Pacer.reserve_together`).
+#: Reservations of one process within this long of each other are booked in one write (`Pacer.reserve_together`).
 TOGETHER_S: Final = 0.03
 #: An `InvokeBlock` that finds the schedule full within its horizon waits and books again at most this many times.
 BLOCK_TRIES: Final = 4
-#: An `InvokeBlock`'s entry for invokes into existing sessions (the `tps` budget).
 TAKES: Final = "takes"
 #: The schedules of an experiment's own budgets.
 SESSION_PACE: Final = "session"
 CALLS_PACE: Final = "tps"
 STOP_PACE: Final = "stop"
-#: A throttle multiplies an own budget's rate by this (at most once per `BACKOFF_HOLD_S`); the rate stays there
-#: `PROBE_AFTER_S` (whoever else uses the rate likely goes on a while), then climbs back `CLIMB_PER_S` per second.
+#: A throttle multiplies a rate by this ...
 BACKOFF: Final = 0.75
+#: ... at most once this long (the throttles of one overshoot) ...
 BACKOFF_HOLD_S: Final = 2.0
+#: ... and the rate stays there this long (whoever else uses it likely goes on a while) ...
 PROBE_AFTER_S: Final = 20.0
+#: ... then climbs back this much of it a second ...
 CLIMB_PER_S: Final = 0.02
+#: ... and is never cut below this much.
 MIN_FACTOR: Final = 0.2
-
-
-#: A call AgentCore refused for now is retried after a pause drawn from [0, min(`RETRY_CAP_S`, `RETRY_BASE_S` x 2^n)]
-#: ("full jitter": the retries of many callers spread out instead of arriving together, a storm's cause).
+#: A refused call is retried after a pause drawn from [0, min(`RETRY_CAP_S`, this x 2^n)] (full jitter) ...
 RETRY_BASE_S: Final = 0.25
+#: ... at most this long.
 RETRY_CAP_S: Final = 4.0
 
 
@@ -83,23 +58,21 @@ def retry_pause(attempt: int, rng: random.Random | None = None) -> float:
 
 
 def backoff_factor(base: float, at: float, now: float) -> float:
-    """The backoff factor at `now` after a decrease to `base` at `at`: `base` for `PROBE_AFTER_S`, then climbing back
-    `CLIMB_PER_S` per second to 1 (additive increase, multiplicative decrease, a pause before probing)."""
+    """The backoff factor at `now` after a decrease to `base` at `at`: `base` for `PROBE_AFTER_S`, then climbing."""
     if at <= 0:
         return 1.0
     return min(1.0, base + CLIMB_PER_S * max(0.0, now - at - PROBE_AFTER_S))
 
 
 def decreased(base: float, at: float, now: float) -> float | None:
-    """The factor after a throttle at `now`; None while the last decrease is under `BACKOFF_HOLD_S` old (the
-    throttles of one overshoot decrease it once)."""
+    """The factor after a throttle at `now`; None while the last decrease is under `BACKOFF_HOLD_S` old."""
     if at > 0 and now - at < BACKOFF_HOLD_S:
         return None
     return max(MIN_FACTOR, backoff_factor(base, at, now) * BACKOFF)
 
 
 class Clocks(NamedTuple):
-    """The clocks limits wait on: wall clock (epoch s), monotonic and sleep (a test's or a bench's, or the system's)."""
+    """The clocks limits wait on: wall clock (epoch s), monotonic and sleep."""
 
     wall: Callable[[], float] = time.time
     monotonic: Callable[[], float] = time.monotonic
@@ -107,8 +80,6 @@ class Clocks(NamedTuple):
 
 
 class _Together:
-    """The reservations of one `Pacer.reserve_together` round: how many joined, and the starts booked for them."""
-
     def __init__(self) -> None:
         self.count = 0
         self.closed = False
@@ -117,12 +88,9 @@ class _Together:
 
 
 class Pacer:
-    """One paced call budget, global through its schedule item (`ledger.pace.PaceSchedule`). `limit`: calls per second
-    of an own budget (spaced by this process); for an item that carries its own spacing (the latest one read), the
-    rate assumed until it is known.
-    `on_item(item)` sees every answer of the item (a renewal due, a backoff to climb); `on_unspaced()` gives an item
-    without a spacing one (a first renewal) before the reservation is tried again; `on_backlog()` hears that callers
-    wait for this budget."""
+    """One paced call budget, global through its schedule item. `limit`: calls per second of an own budget (for an
+    item that carries its own spacing, the rate assumed until it is known). `on_item(item)` sees every answer of the
+    item; `on_unspaced()` gives an item without a spacing one; `on_backlog()` hears that callers wait."""
 
     def __init__(
         self,
@@ -147,20 +115,16 @@ class Pacer:
         self.on_item = on_item
         self.on_unspaced = on_unspaced
         self.on_backlog = on_backlog
-        #: This process's backoff of an own budget (`throttled`): the factor after the last decrease, and when.
         self._backoff = (1.0, 0.0)
-        #: The latest schedule (`tat`, wall clock s) this process has seen or promised: it only moves forward.
+        #: The latest `tat` (wall clock s) this process has seen or promised: it only moves forward.
         self.tat = 0.0
         #: Recent slowest reservation (a decaying maximum): starts are reserved at least about this far ahead.
         self.write_s = 0.01
-        #: The last reservation found the schedule busy: under a shared backlog it stays busy although this
-        #: process's own `tat` lags the others', so the next one tries the busy case first (one write, not two).
+        #: The last reservation found the schedule busy: the next tries the busy case first (one write, not two).
         self.busy = False
-        #: Whether to use `busy` (session budgets, booked ahead); a near-idle schedule is guessed by its `tat`.
         self.guess_busy = guess_busy
         self._together: _Together | None = None
         self._together_lock = threading.Lock()
-        #: An item-spaced schedule's spacing as last seen (us; 0: none seen yet).
         self._item_interval_us = 0
 
     @property
@@ -177,12 +141,11 @@ class Pacer:
 
     @property
     def interval_us(self) -> int:
-        """`interval_s` in whole microseconds, as the item stores it (a block's write checks the item's exactly)."""
+        """`interval_s` in whole microseconds, as the item stores it."""
         return self._item_interval_us if self.item_spacing else max(1, int(self.interval_s * 1e6))
 
     def know_spacing(self) -> None:
-        """Learn an item-spaced schedule's spacing before booking a block at it: read it, and give it one first
-        (`on_unspaced`) when it has none."""
+        """Learn an item-spaced schedule's spacing before booking a block at it (giving it one when it has none)."""
         if not self.spacing_unknown():
             return
         self.read_tat()
@@ -191,7 +154,6 @@ class Pacer:
             self.read_tat()
 
     def spacing_unknown(self) -> bool:
-        """Whether an item-spaced schedule's spacing is still unknown to this process (nothing read yet)."""
         return self.item_spacing and not self._item_interval_us
 
     @property
@@ -199,16 +161,12 @@ class Pacer:
         """Calls per second at most (in any sliding second)."""
         return (1.0 + LATENESS_S) / self.interval_s
 
-    @limit.setter
-    def limit(self, value: float) -> None:
-        self._base_interval_s = (1.0 + LATENESS_S) / value
-
     @property
     def lead_s(self) -> float:
         return min(0.5, 1.5 * self.write_s + 0.01)
 
     def throttled(self) -> None:
-        """AgentCore throttled a call of this own budget: this process slows its rate (`BACKOFF`, then climbing)."""
+        """AgentCore throttled a call of this own budget: this process slows its rate."""
         base, at = self._backoff
         lower = decreased(base, at, self._wall())
         if lower is not None:
@@ -222,9 +180,7 @@ class Pacer:
         lead_s: float = 0.0,
         not_before: float = 0.0,
     ) -> float | None:
-        """Reserve a start (wall clock, s) no sooner than `not_before`, no later than `wait_until` (monotonic) and
-        `max_ahead_s` from now; waits while the schedule is further ahead. None if none could be had in time. Does
-        not sleep to it."""
+        """Reserve a start (wall clock s) in [`not_before`, `max_ahead_s` from now] before `wait_until`, or None."""
         while True:
             now = self._wall()
             budget_left = wait_until - self._monotonic()
@@ -241,11 +197,8 @@ class Pacer:
             self._sleep(max(pause, 0.001))
 
     def reserve_together(self, wait_until: float, *, lead_s: float = 0.0, not_before: float = 0.0) -> float | None:
-        """`reserve`, for several threads of this process at about the same moment in ONE write when their starts
-        are ahead anyway (the schedule is busy, or `not_before` is later: a new session's account start after its
-        share's): the first to come waits `TOGETHER_S` for the others, books one start for each (`book`) and hands
-        them out in the order they came. A thread whose start could not be booked that way reserves its own. A start
-        wanted now is reserved at once (no wait)."""
+        """`reserve`, for the threads of this process that come within `TOGETHER_S` in ONE write when their starts
+        are ahead anyway (a start wanted now is reserved at once); one not booked that way reserves its own."""
         lead = lead_s or self.lead_s
         if max(self.tat if self.busy else 0.0, not_before) - self._wall() <= lead + 2 * TOGETHER_S:
             return self.reserve(wait_until, lead_s=lead_s, not_before=not_before)
@@ -277,8 +230,7 @@ class Pacer:
         return self.reserve(wait_until, lead_s=lead_s, not_before=not_before)
 
     def reserve_at(self, not_before: float, latest: float, *, count: int = 1) -> tuple[float | None, float]:
-        """One reservation for a start in [not_before, latest] (wall clock, s); returns (start, tat). `count`: that
-        many consecutive starts at the known spacing, in the one write (the start is the first)."""
+        """One reservation of `count` consecutive starts in [not_before, latest] (wall clock, s): (first, tat)."""
         for _ in range(2):
             started = self._monotonic()
             answer = self.schedule.reserve(
@@ -298,9 +250,7 @@ class Pacer:
         return None, self.tat
 
     def book(self, count: int, ahead_s: float, *, lead_s: float = 0.0, not_before: float = 0.0) -> list[float]:
-        """Reserve `count` consecutive starts (wall clock, s) in ONE write, the first within `ahead_s`: calls known to
-        come together. [] when the schedule gave none that way (full, or its spacing changed meanwhile): the calls
-        then reserve one at a time."""
+        """Reserve `count` consecutive starts (wall clock s) in ONE write, the first within `ahead_s`; [] when none."""
         if count < 2 or self.spacing_unknown():
             return []
         first = max(self._wall() + (lead_s or self.lead_s), not_before)
@@ -309,7 +259,7 @@ class Pacer:
         return [] if start is None else [start + i * interval_s for i in range(count)]
 
     def absorb(self, item: Mapping[str, Any]) -> pace.PaceView:
-        """Take a read or an answer of the item: its `tat`, and its own spacing; `on_item` sees it."""
+        """Take a read or an answer of the item: its `tat` and its own spacing."""
         view = pace.PaceView.of(item)
         if self.item_spacing and view.interval_us:
             self._item_interval_us = view.interval_us
@@ -319,14 +269,12 @@ class Pacer:
         return view
 
     def read_tat(self, item: Mapping[str, Any] | None = None) -> float:
-        """The schedule's `tat` (wall clock s): read (one strongly consistent GetItem), or as given by a read made
-        just now with other items (`LimitLedger.limits_view`)."""
+        """The schedule's `tat` (wall clock s): read, or as given by a read made just now with other items."""
         self.absorb(self.schedule.read().values if item is None else item)
         return self.tat
 
     def room(self, ahead_s: float) -> int:
-        """Calls that could still start within `ahead_s` (at least one interval) from now, by the latest known
-        schedule (no read)."""
+        """Calls that could still start within `ahead_s` (at least one interval), by the known schedule."""
         booked_ahead = max(0.0, self.tat - self._wall())
         return max(0, math.floor((max(ahead_s, self.interval_s) - booked_ahead) / self.interval_s + 1e-6))
 
@@ -335,13 +283,12 @@ class Pacer:
         return max(0.0, self.tat - max(ahead_s, self.interval_s) + calls * self.interval_s - self._wall())
 
     def promise(self, calls: int) -> None:
-        """Count `calls` about to be reserved by this process in the known schedule (until a read shows them)."""
+        """Count `calls` about to be reserved by this process in the known schedule."""
         if calls > 0:
             self.tat = max(self.tat, self._wall()) + calls * self.interval_s
 
     def sleep_until(self, slot: float) -> bool:
-        """Sleep until `slot`; False if this caller is already more than `START_LATENESS_S` late (the start is
-        lost)."""
+        """Sleep until `slot`; False if this caller is more than `START_LATENESS_S` late (the start is lost)."""
         pause = slot - self._wall()
         if pause > 0:
             self._sleep(pause)
@@ -358,11 +305,8 @@ class Pacer:
 
 
 class InvokeBlock:
-    """The starts of a batch of invokes known to come together, booked per budget in ONE write by the first of them
-    to need one (`LimitedRuntime.invoke`'s `block`), consecutive: a dispatcher's SQS batch of warm takes (`expected`
-    an int: that many `tps` starts), or a warm-pool fill chunk's warm-ups (`expected` by session budget). Each invoke
-    uses the earliest start of its budget not yet too late; one that finds none left reserves its own. Thread-safe:
-    the batch's threads share it. `writes` counts its booking writes."""
+    """The starts of a batch of invokes known to come together, booked per budget in ONE write by the first to need
+    one: `expected` an int (`tps` starts: warm takes) or by budget (warm-ups). Thread-safe."""
 
     def __init__(self, expected: int | Mapping[str, int]) -> None:
         self.expected = {TAKES: expected} if isinstance(expected, int) else dict(expected)
@@ -373,27 +317,22 @@ class InvokeBlock:
 
 
 class NoCallBudget(RuntimeThrottled):
-    """No start of a call budget could be had before the caller's wait ended: the pipeline's own backlog (the call
-    was not made), not an answer of AgentCore."""
+    """No start of a call budget could be had before the caller's wait ended (the call was not made)."""
 
 
 class AccountBudget(Protocol):
-    """What `LimitedRuntime` needs of the account's new-session schedule (`limits.account.AccountSchedule`)."""
+    """What `LimitedRuntime` needs of the account's schedule (`limits.account.AccountSchedule`)."""
 
-    @property
-    def pacer(self) -> Pacer: ...
+    pacer: Pacer
 
-    def throttled(self) -> None:
-        """AgentCore answered a new session with a rate exceeded: the account's schedule backs off."""
+    def throttled(self) -> None: ...
 
-    def quota_exceeded(self) -> None:
-        """AgentCore answered a new session with `ServiceQuotaExceededException`: fewer active sessions."""
+    def quota_exceeded(self) -> None: ...
 
 
 class LimitedRuntime:
-    """An `AgentRuntime` whose calls first take their budgets: a new session its experiment's `session` start (and
-    with an `account`, the account schedule's start after it); a call into an existing session a `tps` start; a
-    stop its `stops` start (or `tps`)."""
+    """An `AgentRuntime` whose calls first take their budgets: a new session its `session` start (then the
+    `account`'s), a call into an existing session a `tps` start, a stop its `stops` start (or `tps`)."""
 
     def __init__(
         self,
@@ -411,13 +350,11 @@ class LimitedRuntime:
         self.account = account
         self.stops = stops
         self.metrics = metrics
-        #: Starts booked ahead for stops (`book_stops`), earliest first; a stop takes one before reserving.
         self._booked_stops: list[float] = []
         self._booked_lock = threading.Lock()
 
     @property
     def stop_pacer(self) -> Pacer:
-        """The budget stops take: their own, else `tps`."""
         return self.stops or self.tps
 
     def _throttled(self, what: str) -> NoCallBudget:
@@ -426,9 +363,7 @@ class LimitedRuntime:
         return NoCallBudget(f"no call budget for {what} before the wait budget ran out")
 
     def _call(self, call: Callable[[], None], *, new_session: bool) -> None:
-        """Make the runtime call. An answer of AgentCore that refuses it for now counts `AcrThrottled` and backs off
-        the budget it names: a new session's rate exceeded or quota exceeded the account's schedule or its active
-        sessions, a call into an existing session's rate exceeded this experiment's invoke rate."""
+        """Make the runtime call; a refusal for now backs off the budget it names."""
         try:
             call()
         except RuntimeThrottled as exc:
@@ -453,10 +388,9 @@ class LimitedRuntime:
         on_booked: Callable[[float], None] | None = None,
         block: InvokeBlock | None = None,
     ) -> None:
-        """InvokeAgentRuntime once its budgets allow. Raises NoCallBudget (no start in time) and whatever the runtime
-        raises. `new_session=False` for a call into an existing session (cold-start retry, warm take, keep-alive):
-        with a `block`, at one of the starts its batch booked together. `on_booked(start)` is called once a new
-        session's start is booked (the dispatcher keeps the rollout on the admission board until then)."""
+        """InvokeAgentRuntime once its budgets allow; raises NoCallBudget (no start in time) and whatever the
+        runtime raises. `new_session=False`: a call into an existing session. `on_booked(start)`: once a new
+        session's start is booked."""
         until = wait_until if wait_until is not None else time.monotonic() + DEFAULT_STOP_WAIT_S
         booked = on_booked or (lambda _start: None)
         if not new_session:
@@ -480,8 +414,6 @@ class LimitedRuntime:
                 return
 
     def _session_start(self, until: float, share: float | None) -> float | None:
-        """A new session's start: its share's (the experiment's `session` budget; `share` when booked already), then
-        the account schedule's no sooner (through the pool)."""
         lead = self.session.lead_s + (0.0 if self.account is None else self.account.pacer.lead_s)
         start = share if share is not None else self.session.reserve_together(until, lead_s=lead)
         if start is None:
@@ -493,18 +425,13 @@ class LimitedRuntime:
     def _block_start(
         self, block: InvokeBlock, pacer: Pacer, until: float, ahead_s: float, *, key: str | None = None
     ) -> float | None:
-        """This invoke's start of `pacer`'s budget from its batch's block: the earliest booked one not yet too late;
-        the first of the batch books the block (every invoke of the budget still expected, this one included) in one
-        write. None: no start from the block (the invoke reserves its own)."""
+        """This invoke's start from its batch's block (the first of the batch books it); None: it reserves its own."""
         budget = key or pacer.budget
         with block.lock:
             expected = block.expected[budget] = max(0, block.expected.get(budget, 0) - 1)
-            latest_late = pacer._wall() - START_LATENESS_S
-            starts = block.starts.get(budget, [])
-            while starts:
-                start = starts.pop(0)
-                if start >= latest_late:
-                    return start
+            start = first_fresh(block.starts.get(budget, []), pacer._wall())
+            if start is not None:
+                return start
             if budget in block.booked or expected < 1:  # booked once (its starts are gone), or this is the last
                 return None
             block.booked.add(budget)
@@ -515,8 +442,6 @@ class LimitedRuntime:
             return booked[0]
 
     def _book_block(self, block: InvokeBlock, pacer: Pacer, count: int, until: float, ahead_s: float) -> list[float]:
-        """`count` consecutive starts of `pacer` in one write (`Pacer.book`), waiting for room while the schedule is
-        full over the horizon (an item-spaced one read first when its spacing is unknown here)."""
         for _ in range(BLOCK_TRIES):
             try:
                 pacer.know_spacing()
@@ -538,10 +463,9 @@ class LimitedRuntime:
         return []
 
     def book_stops(self, count: int) -> int:
-        """Book `count` starts for stops about to be made (a completion batch's) in one write, not one each; the next
-        `stop` calls of this process take them. Returns how many were booked (0: each stop reserves its own)."""
+        """Book `count` starts in one write for the next `stop` calls; returns how many were booked."""
         try:
-            slots = self.stop_pacer.book(count, STOP_BOOK_AHEAD_S)
+            slots = self.stop_pacer.book(count, BLOCK_AHEAD_S)
         except Exception:  # booking ahead only saves writes: the stops reserve one at a time
             log.warning("could not book %d stops ahead", count, exc_info=True)
             return 0
@@ -550,18 +474,12 @@ class LimitedRuntime:
         return len(slots)
 
     def _booked_stop(self) -> float | None:
-        """The earliest start booked for a stop that is not yet too late to use (stale ones are dropped)."""
-        latest_late = self.stop_pacer._wall() - START_LATENESS_S
+        now = self.stop_pacer._wall()
         with self._booked_lock:
-            while self._booked_stops:
-                slot = self._booked_stops.pop(0)
-                if slot >= latest_late:
-                    return slot
-        return None
+            return first_fresh(self._booked_stops, now)
 
     def stop(self, session_id: str, wait_until: float | None = None) -> None:
-        """StopRuntimeSession once its budget allows: at a start booked ahead for it (`book_stops`), else one
-        reserved now (on `tps`, stops may queue ahead of invokes)."""
+        """StopRuntimeSession once its budget allows: at a start booked ahead (`book_stops`), else one reserved now."""
         until = wait_until if wait_until is not None else time.monotonic() + DEFAULT_STOP_WAIT_S
         pacer = self.stop_pacer
         slot = self._booked_stop()
@@ -571,9 +489,17 @@ class LimitedRuntime:
         self._call(lambda: self.runtime.stop(session_id), new_session=False)
 
 
+def first_fresh(starts: list[float], now: float) -> float | None:
+    """Pop the earliest of `starts` not more than `START_LATENESS_S` before `now` (the stale ones are dropped)."""
+    while starts:
+        start = starts.pop(0)
+        if start >= now - START_LATENESS_S:
+            return start
+    return None
+
+
 def dedicated_stop_share(data_plane: float, invoke_rate: float) -> bool:
-    """Whether stops get a budget of their own (`STOP_PACE`, the data-plane budget less the invoke rate): only when
-    that leaves stops at least the invoke rate (a stop per invoke)."""
+    """Whether stops get a budget of their own: when the data-plane budget less the invoke rate is at least that."""
     return data_plane >= 2 * invoke_rate
 
 
@@ -585,11 +511,8 @@ def call_budgets(
     session_rate: float,
     clocks: Clocks | None = None,
 ) -> tuple[Pacer, Pacer | None]:
-    """An experiment's own data-plane budgets, (`tps`, `stop` or None): `data_plane` calls/s in all (invokes and
-    stops), of which at most `invoke_rate` InvokeAgentRuntime calls/s (`config.invoke_rate_cap`). With
-    `dedicated_stop_share`, every invoke within `invoke_rate` and stops at the rest; else invokes and stops share
-    `tps` at `min(data_plane, invoke_rate)`. New sessions' share of the invokes (`session_rate`, at most half of
-    them: `config.new_sessions_cap`) is set apart: they take only their `session` start, `tps` paces the rest."""
+    """An experiment's own data-plane budgets, (`tps`, `stop` or None): `data_plane` calls/s in all, at most
+    `invoke_rate` invokes, less the new sessions' share (`session_rate`, at most half) that `session` paces."""
     wall, monotonic, sleep = clocks or Clocks()
     apart = dedicated_stop_share(data_plane, invoke_rate)
     invokes = invoke_rate if apart else min(data_plane, invoke_rate)

@@ -1,21 +1,6 @@
-"""Fair shares of the account, advisory: each experiment spaces its own new sessions at its weighted share.
-
-Every experiment of the account has an entry in the pool table (`ledger.pool.MemberEntry`): its weight, caps,
-demand and sessions in flight. About once a second while it has work, ONE of its processes renews it
-(`Membership.renew`, whichever first finds the last renewal older than `RENEW_S`): it reads every entry (one Query),
-computes the weighted max-min fair shares (`water_fill`) of the account's new-session rate (`limits.account`: after
-the backoff) and of its active sessions (the quota or the learned cap, less the reserve), among the experiments that
-renewed recently, writes its own entry, and gives its `session` schedule the spacing of its share and the active
-sessions it may hold (one conditional write: one renewal a period wins). Its processes read both at their next
-reservation or gate poll.
-
-The shares only space each experiment's requests: the account's schedule alone bounds every sliding second. So a
-stale share (an experiment that renewed a second ago) skews the split for a second, and never exceeds the quota. An
-experiment with rollouts waiting for the rate asks for all it can get, and renews at once when its share was smaller
-(`note_backlog`); one without asks `HEADROOM` x what it started since its last renewal; one that stopped renewing
-holds no rate after `LIVE_S`. Of the active sessions, a live experiment asks for its `max_sessions`, one that stopped
-renewing for what it holds (its sessions in flight count for `ACTIVE_LIVE_S`: the sweeper renews every minute).
-"""
+"""Fair shares of the account, advisory: each experiment spaces its own new sessions at its weighted max-min share,
+renewed about once a second by one of its processes (docs/lifecycle.md, "Limits"). The account's schedule alone
+bounds every sliding second, so a stale share skews the split for a second and never exceeds the quota."""
 
 from __future__ import annotations
 
@@ -32,13 +17,11 @@ from rollout_pipeline.config import ExperimentConfig, new_sessions_cap
 from rollout_pipeline.ledger.limits import LimitLedger
 from rollout_pipeline.ledger.pace import PaceView
 from rollout_pipeline.ledger.pool import MemberEntry, PoolLedger
-from rollout_pipeline.limits.account import AccountSchedule
+from rollout_pipeline.limits.account import RENEW_S, AccountSchedule
 from rollout_pipeline.limits.pacing import LATENESS_S
 
 log = logging.getLogger(__name__)
 
-#: A renewal is due this long after the last (each process waits a little more, at random: seldom two at once).
-RENEW_S: Final = 1.0
 #: An entry renewed longer ago than this holds no share of the rate (its experiment has no work, or is gone) ...
 LIVE_S: Final = 3.0
 #: ... and its sessions in flight count against the account's active sessions this long (the sweeper's minute).
@@ -49,18 +32,12 @@ BACKLOG_AHEAD_S: Final = 0.25
 BACKLOG_HOLD_S: Final = 2.0
 #: Without a backlog an experiment asks for what it started since its last renewal times this.
 HEADROOM: Final = 1.5
-#: A counter read older than this is read again before it is written to the pool.
-IN_FLIGHT_FRESH_S: Final = 2.0
-#: A share is never spaced wider than this rate's spacing: an experiment whose share was nearly nothing books its
-#: next start at most this long after its last (its renewal gives it a real share meanwhile; the account's
-#: schedule keeps the quota whatever the shares say).
+#: A share is never spaced wider than this rate's spacing (a share of nearly nothing still starts now and then).
 MIN_SHARE_PER_S: Final = 0.5
 
 
 def water_fill(budget: float, wants: Mapping[str, tuple[float, float]]) -> dict[str, float]:
-    """Weighted max-min fair shares of `budget` for `wants` (name -> (weight, want)): each gets min(want, its weight's
-    part of what the smaller wants left), so a share nobody wants goes to those who want more (work-conserving).
-    Weights must be > 0."""
+    """Weighted max-min fair shares of `budget` for `wants` (name -> (weight > 0, want))."""
     shares = dict.fromkeys(wants, 0.0)
     left = max(0.0, budget)
     weight = sum(w for w, _want in wants.values())
@@ -76,9 +53,7 @@ def water_fill(budget: float, wants: Mapping[str, tuple[float, float]]) -> dict[
 def fair_shares(
     name: str, members: Iterable[MemberEntry], rate: float, active_budget: float, now: float
 ) -> tuple[float, int]:
-    """Experiment `name`'s weighted max-min fair shares of the account's new-session `rate` (among the entries
-    renewed within `LIVE_S`, each asking its demand up to its cap) and of `active_budget` active sessions (a live
-    entry asks for its `max_sessions`, one renewed within `ACTIVE_LIVE_S` for the sessions it holds)."""
+    """Experiment `name`'s fair shares of the account's new-session `rate` and of `active_budget` active sessions."""
     entries = [m for m in members if m.weight > 0]
     live = {m.name: m for m in entries if now - m.renewed_at <= LIVE_S}
     wants = {n: (m.weight, capped(m.demand, m.sessions_cap)) for n, m in live.items()}
@@ -93,14 +68,12 @@ def capped(demand: float, cap: float | None) -> float:
 
 
 def interval_us(rate: float) -> int:
-    """The spacing of a share of `rate` new sessions per second (`MIN_SHARE_PER_S` at least), as an own budget of
-    that rate is spaced (`pacing.LATENESS_S`: at most `rate` starts in any sliding second)."""
+    """The spacing of a share of `rate` new sessions per second (`MIN_SHARE_PER_S` at least), as an own budget's."""
     return math.ceil((1.0 + LATENESS_S) / max(rate, MIN_SHARE_PER_S) * 1e6)
 
 
 class Membership:
-    """This experiment's entry in the account pool and its renewals, as one process holds them (see the module doc).
-    Thread-safe: one renewal at a time per process, in the background when a view shows it due."""
+    """This experiment's entry in the account pool and its renewals, as one process holds them (thread-safe)."""
 
     def __init__(
         self,
@@ -118,36 +91,27 @@ class Membership:
         self.limits = limits
         self.account = account
         self.config = config
-        #: The sessions in flight as this process last read its counters, and when (wall s).
         self._in_flight = in_flight
         self._read_in_flight = read_in_flight
-        #: Whether rollouts of this process wait for a session slot.
         self._waiting = waiting
         self._wall = wall
         self._lock = threading.Lock()
         self._behind: threading.Thread | None = None
-        self._due_after = RENEW_S * random.uniform(1.0, 1.3)
+        self._due_after = RENEW_S * random.uniform(1.0, 1.3)  # seldom two processes at once
         self._backlog_until = 0.0
-        #: The latest view of the experiment's session schedule (its share, when it was set), and of its entry.
         self.session = PaceView()
         self.entry: MemberEntry | None = None
-        #: Every experiment's entry as this process's last renewal read them (with the account's item).
         self.members: list[MemberEntry] = []
-        #: This process's throttles since its last renewal; its renewals done and lost to another process's.
         self._throttles = 0
         self.renewals = self.lost = 0
 
-    # ----------------------------------------------------------------------------------------------- views
-
     def seen(self, item: Mapping[str, Any]) -> None:
-        """An answer or read of the experiment's session schedule: a renewal starts in the background when due."""
         self.session = PaceView.of(item)
         if self._wall() - self.session.renewed_us / 1e6 > self._due_after:
             self.renew_behind()
 
     def note_backlog(self) -> None:
-        """Rollouts of this process wait for the rate: the experiment asks for all it can get; if its last renewal
-        asked for less, it renews now (in the background), not at the next period."""
+        """Rollouts wait for the rate: the experiment asks for all it can get (now, if it asked for less)."""
         now = self._wall()
         surge = self._backlog_until <= now and self.entry is not None and not math.isinf(self.entry.demand)
         self._backlog_until = now + BACKLOG_HOLD_S
@@ -160,7 +124,6 @@ class Membership:
         self.renew(force=True)
 
     def throttled(self) -> None:
-        """AgentCore throttled one of this experiment's new sessions (counted in its entry)."""
         self._throttles += 1
 
     def now(self) -> float:
@@ -176,10 +139,7 @@ class Membership:
         """New sessions per second of its share, by the latest view (0 before its first renewal)."""
         return (1.0 + LATENESS_S) * 1e6 / self.session.interval_us if self.session.interval_us else 0.0
 
-    # -------------------------------------------------------------------------------------------- renewing
-
     def renew_behind(self, *, force: bool = False) -> None:
-        """One renewal in a background thread, unless one runs."""
         if self._behind is not None and self._behind.is_alive():
             return
         self._behind = threading.Thread(target=self._renew_quietly, args=(force,), name="pool-share", daemon=True)
@@ -192,7 +152,7 @@ class Membership:
             log.warning("renewal of the experiment's share in the account pool failed", exc_info=True)
 
     def renew(self, *, force: bool = False) -> bool:
-        """Renew the experiment's entry and share (see the module doc); False when another process renewed first."""
+        """Renew the experiment's entry and share; False when another process renewed first."""
         with self._lock:
             now = self._wall()
             if not force and now - self.session.renewed_us / 1e6 <= self._due_after:
@@ -222,7 +182,6 @@ class Membership:
             return won
 
     def _entry(self, last: MemberEntry | None, now: float) -> MemberEntry:
-        """This experiment's entry as of now: its weight and caps, what it asks, its sessions in flight."""
         config = self.config
         backlog = self._backlog_until > now or self.session.tat_us / 1e6 > now + BACKLOG_AHEAD_S
         if backlog or last is None:  # a first renewal: its experiment is about to start sessions
@@ -233,7 +192,7 @@ class Membership:
             started = max(0, self.session.booked - last.booked)
             demand = HEADROOM * started / max(now - last.renewed_at, RENEW_S)
         count, read_at = self._in_flight()
-        if now - read_at > IN_FLIGHT_FRESH_S:  # never a figure this process did not just read
+        if now - read_at > 2 * RENEW_S:  # never a figure this process did not just read
             count = self._read_in_flight()
         throttles, self._throttles = self._throttles, 0
         return MemberEntry(
@@ -250,16 +209,13 @@ class Membership:
         )
 
     def shares(self, members: Mapping[str, MemberEntry], now: float) -> tuple[float, int]:
-        """This experiment's fair shares of the account's new-session rate and active sessions (see the module
-        doc), among `members` as they are now."""
+        """This experiment's fair shares of the account's new-session rate and active sessions among `members`."""
         reserve = self.account.current().settings.reserve
         active_budget = self.account.active_cap() * (1.0 - reserve)
         return fair_shares(self.config.name, members.values(), self.account.rate(), active_budget, now)
 
 
 def account_sessions_percent(members: list[MemberEntry], quota: int, now: float) -> float:
-    """The sessions every experiment of the account holds (their entries' `in_flight`, while renewed within
-    `ACTIVE_LIVE_S`) as a percentage of the account's active-session quota: one experiment's count against the
-    account's quota says nothing of the others sharing it (the `ActiveSessionsNearQuota` alarm)."""
+    """The sessions every experiment of the account holds, in percent of its quota (`ActiveSessionsNearQuota`)."""
     held = sum(m.in_flight for m in members if now - m.renewed_at <= ACTIVE_LIVE_S)
     return 100.0 * held / max(1, quota)

@@ -1,10 +1,5 @@
-"""Session slots: which of the `keys.SESSION_SHARDS` counters a dispatch takes its slot on.
-
-Counters `LIMIT/SESSIONS#{i}` whose caps sum to `max_sessions` (`SlotShards`); a slot is taken on a counter with
-room in the dispatch transaction and given back (on any counter: the sum stays exact) only once the attempt's
-session is confirmed stopped or reaped by AgentCore (see `ledger.rollouts` and `lifecycle.stops`). Each counter
-sees 1/32 of the slot transactions, so none is a hot item.
-"""
+"""Which of the `keys.SESSION_SHARDS` session-slot counters a dispatch takes its slot on (docs/lifecycle.md,
+"Limits")."""
 
 from __future__ import annotations
 
@@ -20,12 +15,9 @@ from rollout_pipeline.limits.admission import BoardEntry
 
 
 class SlotShards:
-    """Which session-slot counter a dispatch takes its slot on: a process's view of every counter's room (cap minus
-    count: `LimitLedger.slot_counts`, refreshed by each read of the sessions in flight, with this process's own
-    takes and failures since), and the next counter with room in a rotation that starts at random in each process,
-    so the dispatches a process starts at once (an SQS batch's) take distinct counters (chosen at random, 10
-    dispatches over 16 counters met on one ~3 times per batch). The transaction stays the arbiter: a counter found
-    full is marked so and another is chosen."""
+    """A process's view of every counter's room (cap minus count, refreshed by each read, with its own takes since)
+    and the next counter with room in a rotation that starts at random in each process, so the dispatches of an SQS
+    batch take distinct counters. The transaction stays the arbiter."""
 
     def __init__(
         self,
@@ -37,7 +29,6 @@ class SlotShards:
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.ledger = ledger
-        #: `max_sessions`, or a function giving it now (the account pool's grant of active sessions can change).
         self._max_sessions = max_sessions
         self._sized = self.max_sessions()
         self._caps = caps(self._sized)
@@ -46,15 +37,14 @@ class SlotShards:
         self._lock = threading.Lock()
         self._wall = wall
         self._monotonic = monotonic
-        #: The experiment's policy version as the latest read of the `LIMIT` partition showed it, and when that read
-        #: began (monotonic s): the dispatches that began before it may stamp it (`lifecycle.dispatch.BatchReads`).
+        #: The policy version by the latest read, and when that read began (monotonic s).
         self.policy: tuple[float, str | None] | None = None
-        #: The sessions in flight by the latest read, and when (wall s; the account pool's entry reports them).
+        #: The sessions in flight by the latest read, and when (wall s).
         self.last_in_flight = 0
         self.read_at = -1e18
 
     def follow(self, max_sessions: Callable[[], int]) -> None:
-        """Take the sessions the experiment may hold from `max_sessions` from now on (its share, as it changes)."""
+        """Take the sessions the experiment may hold from `max_sessions` from now on (its share)."""
         self._max_sessions = max_sessions
 
     def max_sessions(self) -> int:
@@ -63,7 +53,6 @@ class SlotShards:
         return value if isinstance(value, int) else value()
 
     def _resize(self) -> None:
-        """New caps when `max_sessions()` changed (under the lock): the rooms follow them."""
         sized = self.max_sessions()
         if sized != self._sized:
             new = caps(sized)
@@ -75,8 +64,7 @@ class SlotShards:
         return self._absorb(self.ledger.slot_counts())
 
     def in_flight_and_board(self) -> tuple[int, list[BoardEntry], dict[str, dict[str, Any]]]:
-        """The sessions in flight, the admission board and the call budgets' schedule items, in one Query
-        (`LimitLedger.limits_view`); refreshes the view."""
+        """The sessions in flight, the admission board and the schedules, in one Query; refreshes the view."""
         began = self._monotonic()
         view = self.ledger.limits_view()
         self.saw_policy(began, view.policy_version)
@@ -130,5 +118,5 @@ class SlotShards:
 
 
 def caps(max_sessions: int) -> list[int]:
-    """Every counter's cap for `max_sessions` (`ledger.limits.shard_cap`: they sum to it)."""
+    """Every counter's cap for `max_sessions` (they sum to it)."""
     return [shard_cap(max_sessions, i) for i in range(keys.SESSION_SHARDS)]

@@ -66,7 +66,7 @@ def in_flight(experiment: Experiment) -> InFlight:
     GetQueueAttributes)."""
     with aws_errors(f"read what is in flight in {experiment.name}"):
         ledger = experiment.wiring().ledger()
-        sessions, legacy = ledger.limits.in_flight(), ledger.limits.legacy_slots()
+        sessions, legacy = ledger.limits.in_flight(), ledger.experiment.legacy_slots()
         warm = len(ledger.warm.sessions())
         sqs = experiment.client("sqs")
         rollout = sqs.get_queue_attributes(QueueUrl=experiment.rollout_queue_url, AttributeNames=list(_QUEUE_COUNTS))
@@ -83,7 +83,7 @@ def in_flight(experiment: Experiment) -> InFlight:
 def deployed_layout(experiment: Experiment) -> int:
     """The layout the experiment's ledger is stamped with (`keys.UNSTAMPED_LAYOUT` for a ledger from before stamps)."""
     with aws_errors(f"read the ledger layout of {experiment.name}"):
-        found = experiment.wiring().ledger().limits.layout_version()
+        found = experiment.wiring().ledger().experiment.layout_version()
     return keys.UNSTAMPED_LAYOUT if found is None else found
 
 

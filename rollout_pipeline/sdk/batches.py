@@ -220,4 +220,4 @@ class Batches:
         if version is not None and not 0 < len(version) <= 128:
             raise SdkError("a policy version is 1-128 characters")
         with aws_errors("set the current policy version"):
-            self._exp.ledger().limits.set_current_policy_version(version, iso(utcnow()))
+            self._exp.ledger().experiment.set_current_policy_version(version, iso(utcnow()))

@@ -188,7 +188,7 @@ class Cost:
         book = self._exp.price_book()
         with aws_errors("read the experiment's cost"):
             ledger = self._exp.ledger()
-            in_flight, spent = ledger.limits.slots_and_spend()
+            in_flight, spent = ledger.experiment.slots_and_spend()
             batch_ids = [batch] if batch is not None else ledger.batches.recent_batch_ids(limit)
             batches = []
             now = utcnow()
@@ -213,7 +213,7 @@ class Cost:
     def budget(self) -> float | None:
         """The experiment's budget (USD): the one set with `set_budget`, else the deployed `budget_usd`."""
         with aws_errors("read the budget"):
-            state = self._exp.ledger().limits.budget()
+            state = self._exp.ledger().experiment.budget()
         return state.budget_usd if state.budget_usd is not None else self._exp.config.budget_usd
 
     def set_budget(self, budget_usd: float, *, batch: str | None = None) -> None:
@@ -225,6 +225,6 @@ class Cost:
         with aws_errors("set the budget"):
             ledger = self._exp.ledger()
             if batch is None:
-                ledger.limits.set_budget(float(budget_usd), iso(utcnow()))
+                ledger.experiment.set_budget(float(budget_usd), iso(utcnow()))
             elif not ledger.batches.set_budget(batch, float(budget_usd)):
                 raise BatchNotFound(f"no batch {batch!r} in experiment {self._exp.name!r}")

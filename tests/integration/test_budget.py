@@ -97,7 +97,7 @@ def test_a_spent_budget_pauses_dispatch_and_raising_it_completes_the_batch_exact
     assert queue_depth(resources.dlq_urls["rollout"]) == 0
     counts = deps.metrics.drain()[0]
     assert counts[BUDGET_HELD] >= 40 - dispatched
-    _in_flight, spent = ledger.limits.slots_and_spend()
+    _in_flight, spent = ledger.experiment.slots_and_spend()
     assert spent == pytest.approx(dispatched * ROLLOUT_USD, rel=1e-6)
     assert spent >= budget
 
@@ -166,17 +166,17 @@ def test_held_rollouts_do_not_count_toward_max_limit_wait(resources: ExperimentR
     clock.advance(60)
     complete_once(resources, deps)
     ledger = Ledger.open(resources.table_name)
-    assert ledger.limits.slots_and_spend() == (0, pytest.approx(ROLLOUT_USD, rel=1e-6))  # something spent
+    assert ledger.experiment.slots_and_spend() == (0, pytest.approx(ROLLOUT_USD, rel=1e-6))  # something spent
     send(resources, seed_batch(resources, batch_id="blocker", inputs={"blocker": {}}, group_size=1))
     assert dispatch_once(resources, deps).outcomes.popitem()[1] == Dispatch.INVOKED  # the one slot stays taken
     (message,) = seed_batch(resources, batch_id="budget-2", inputs={"a": {}}, group_size=1)
     # it already waited 50 s for limits before its budget ran out
     send(resources, [message.model_copy(update={"waiting_since": clock.now() - timedelta(seconds=50)})])
-    ledger.limits.set_budget(1e-6, clock.now().isoformat())
+    ledger.experiment.set_budget(1e-6, clock.now().isoformat())
     for _ in range(5):  # held for 10 minutes
         assert dispatch_once(resources, deps).outcomes.popitem()[1] == Dispatch.HELD_BUDGET
         clock.advance(120)
-    ledger.limits.set_budget(10.0, clock.now().isoformat())
+    ledger.experiment.set_budget(10.0, clock.now().isoformat())
     outcome = dispatch_once(resources, deps, wait_s=0.3).outcomes.popitem()[1]
     # no slot: it waits for limits again, 50 s + this wait, not 650 s: re-sent, not failed as throttled (a loaded
     # machine may spend the 0.3 s before the gate: re-sent for want of time, which counts the same wait)

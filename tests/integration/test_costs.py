@@ -100,7 +100,7 @@ def test_each_rollout_costs_what_the_price_table_says_for_its_durations(resource
         assert span.stopped_at == clock.now()
         assert span.idle
         assert span.cpu_s in (12.5, 4.0)
-    in_flight, spent = ledger.limits.slots_and_spend()
+    in_flight, spent = ledger.experiment.slots_and_spend()
     assert in_flight == 0
     assert spent == pytest.approx(total, rel=1e-6)
 
@@ -248,7 +248,7 @@ def test_a_session_whose_stops_keep_failing_is_stopped_once_overdue_counted_and_
     assert span.stopped_at == clock.now()
     lived = (clock.now() - span.started_at).total_seconds()
     assert lived == 12 * 50 + 70 + 61
-    in_flight, spent = ledger.limits.slots_and_spend()
+    in_flight, spent = ledger.experiment.slots_and_spend()
     assert in_flight == 0
     assert spent == pytest.approx(lived * MEMORY_USD_PER_S + 1.0 * CPU_USD_PER_S + PIPELINE_USD, rel=1e-6)
     (published,) = by_type(trainer_events(resources), "Rollout Completed")

@@ -11,8 +11,8 @@ import pytest
 
 from rollout_pipeline.adapters import clients
 from rollout_pipeline.ledger import keys
+from rollout_pipeline.ledger.experiment import LayoutMismatch
 from rollout_pipeline.ledger.ledger import Ledger
-from rollout_pipeline.ledger.limits import LayoutMismatch
 from rollout_pipeline.local.resources import ExperimentResources
 from tests.conftest import receive_all
 
@@ -47,8 +47,8 @@ def stamp(resources: ExperimentResources, version: int | None) -> None:
 
 def test_local_mode_stamps_its_ledger_as_the_stack_does(resources: ExperimentResources) -> None:
     ledger = Ledger.open(resources.table_name, clients.client("dynamodb"))
-    assert ledger.limits.layout_version() == keys.LAYOUT_VERSION
-    ledger.limits.require_layout()
+    assert ledger.experiment.layout_version() == keys.LAYOUT_VERSION
+    ledger.experiment.require_layout()
 
 
 @pytest.mark.parametrize("found", [None, keys.UNSTAMPED_LAYOUT, keys.LAYOUT_VERSION + 1])
@@ -77,8 +77,8 @@ def test_a_function_refuses_a_ledger_of_another_layout_before_touching_it(
 
 def test_the_legacy_single_counter_is_read_for_what_is_in_flight(resources: ExperimentResources) -> None:
     ledger = Ledger.open(resources.table_name, clients.client("dynamodb"))
-    assert ledger.limits.legacy_slots() == 0
+    assert ledger.experiment.legacy_slots() == 0
     clients.client("dynamodb").put_item(
         TableName=resources.table_name, Item={**keys.legacy_sessions_key(), "in_flight": {"N": "3"}}
     )
-    assert ledger.limits.legacy_slots() == 3
+    assert ledger.experiment.legacy_slots() == 3

@@ -77,7 +77,7 @@ def test_a_policy_version_set_during_an_sqs_batch_stamps_the_dispatches_after_it
     reads = BatchReads(deps)  # one SQS batch's reads
 
     assert dispatch_body(first.model_dump_json(), deps, wait_until=paced_until(), batches=reads) is Dispatch.INVOKED
-    deps.ledger.limits.set_current_policy_version("8", "2026-01-01T00:00:00Z")  # the trainer synced its weights
+    deps.ledger.experiment.set_current_policy_version("8", "2026-01-01T00:00:00Z")  # the trainer synced its weights
     assert dispatch_body(second.model_dump_json(), deps, wait_until=paced_until(), batches=reads) is Dispatch.INVOKED
 
     versions = [deps.ledger.rollouts.get_rollout(BATCH, "a", m.index) for m in (first, second)]
@@ -102,7 +102,7 @@ def test_dispatches_asking_together_share_one_policy_read(resources: ExperimentR
         release.wait(10)
         return "9"
 
-    deps.ledger.limits.current_policy_version = slow_read  # type: ignore[method-assign]
+    deps.ledger.experiment.current_policy_version = slow_read  # type: ignore[method-assign]
 
     def dispatch() -> None:
         reads.begin()

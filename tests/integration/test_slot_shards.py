@@ -8,6 +8,7 @@ import random
 import pytest
 
 from rollout_pipeline.ledger import keys
+from rollout_pipeline.ledger.experiment import ExperimentLedger
 from rollout_pipeline.ledger.ledger import Ledger
 from rollout_pipeline.ledger.limits import LimitLedger, free_shard, shard_cap
 from rollout_pipeline.limits.slots import SlotShards
@@ -64,7 +65,7 @@ def test_one_query_reads_the_counters_and_the_admission_board(resources: Experim
     limits.put_waiting("proc-a", ["k1#0", "k1#1"], now_us=1_000)
     limits.put_waiting("proc-b", ["k2#0"], now_us=2_000)
     limits.schedule("session#0").reserve(not_before_us=0, latest_us=10, interval_us=5)  # PACE#: outside the range
-    limits.set_current_policy_version("v1", "2026-01-01T00:00:00Z")  # POLICY: outside the range
+    ExperimentLedger(limits.table).set_current_policy_version("v1", "2026-01-01T00:00:00Z")  # POLICY: outside the range
     queries = []
     query = limits.table.query
     limits.table.query = lambda request, **kw: queries.append(request) or query(request, **kw)  # type: ignore[method-assign]

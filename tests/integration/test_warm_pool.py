@@ -165,7 +165,7 @@ def test_a_rollout_run_in_a_warm_session_records_its_stop_and_adds_it_to_the_spe
     assert batch is not None
     priced = batch_cost(batch, records, deps.prices, deps.now())
     assert priced.stops_pending == 0  # `rollouts cost` shows no stop pending, and the figure no longer grows
-    _in_flight, spent = deps.ledger.limits.slots_and_spend()
+    _in_flight, spent = deps.ledger.experiment.slots_and_spend()
     assert spent == pytest.approx(priced.now.usd, rel=1e-6)  # every session priced to its confirmed stop
     assert spent > 0, "the budget's spend counts the warm sessions"
 
@@ -770,13 +770,13 @@ def test_a_spent_budget_starts_nothing_warm_or_cold(resources: ExperimentResourc
     send(resources, seed_batch(resources, batch_id="spender", inputs={"q1": {}}, group_size=1))
     assert list(dispatch_once(resources, deps).outcomes.values()) == [Dispatch.INVOKED]
     drive(resources, deps)
-    assert deps.ledger.limits.slots_and_spend()[1] > 0  # something spent
+    assert deps.ledger.experiment.slots_and_spend()[1] > 0  # something spent
     clock.advance(5)
-    deps.ledger.limits.set_budget(1e-9, clock.now().isoformat())
+    deps.ledger.experiment.set_budget(1e-9, clock.now().isoformat())
     assert WarmPool(deps).tick(budget_s=10).warmed == 0  # paused: no warm session started
-    deps.ledger.limits.set_budget(100.0, clock.now().isoformat())
+    deps.ledger.experiment.set_budget(100.0, clock.now().isoformat())
     assert WarmPool(deps).tick(budget_s=10).warmed == 2
-    deps.ledger.limits.set_budget(1e-9, clock.now().isoformat())
+    deps.ledger.experiment.set_budget(1e-9, clock.now().isoformat())
     send(resources, seed_batch(resources, batch_id="batch-2", inputs={"q1": {}}, group_size=1))
     assert list(dispatch_once(resources, deps).outcomes.values()) == [Dispatch.HELD_BUDGET]  # not taken warm
     assert list(pool_sessions(deps).values()) == [WarmState.IDLE] * 2

@@ -124,7 +124,7 @@ def test_a_throttle_decreases_the_rate_once_per_overshoot_holds_it_then_climbs_b
 def test_the_learned_active_cap_climbs_back_after_its_pause() -> None:
     view = AccountView(settings=PoolSettings(AccountQuotas(active_sessions=5000)), active_cap=96, active_cap_at=NOW)
     assert account.active_cap(view, NOW + PROBE_AFTER_S) == 96
-    assert account.active_cap(view, NOW + PROBE_AFTER_S + 10) == 96 + int(10 * account.ACTIVE_CLIMB_PER_S)
+    assert account.active_cap(view, NOW + PROBE_AFTER_S + 10) == 96 + int(10 / account.RENEW_S)
     assert account.active_cap(AccountView(settings=view.settings), NOW) == 5000  # nothing learned: the quota
 
 

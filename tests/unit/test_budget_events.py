@@ -55,7 +55,7 @@ def _announcing_deps(published: list[Any]) -> Any:
     )
     return SimpleNamespace(
         config=SimpleNamespace(name="exp"),
-        ledger=SimpleNamespace(batches=batches, limits=SimpleNamespace()),
+        ledger=SimpleNamespace(batches=batches, experiment=SimpleNamespace()),
         publisher=SimpleNamespace(publish=published.extend),
     )
 

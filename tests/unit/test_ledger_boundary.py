@@ -24,6 +24,8 @@ ALLOWED: dict[str, str] = {
     "limits.LimitLedger.take_slot": "a TransactWriteItems entry",
     "limits.LimitLedger.free_slot": "a TransactWriteItems entry",
     "warm.WarmLedger.claim_ops": "TransactWriteItems entries (the dispatch transaction's take of a warm session)",
+    # The request of a Query of the `LIMIT` partition (the slot counters, the board), not an item.
+    "limits.prefix_query": "Query arguments",
     # The arguments of CreateTable (local mode and tests create the table with them), not an item.
     "schema.create_table_kwargs": "CreateTable arguments",
     "pool_schema.create_pool_table_kwargs": "CreateTable arguments of the account pool's table",
