@@ -193,7 +193,7 @@ bench: $(STAMP) ## Run the benchmarks (each prints its figures)
 	$(BIN)/python bench/bench_lifecycle.py
 	$(BIN)/python bench/bench_notify.py
 	$(BIN)/python bench/bench_lambda_bundle.py
-	$(BIN)/python bench/bench_walk.py --window
+	$(BIN)/python bench/bench_walk.py
 	$(BIN)/python bench/bench_export.py
 	$(BIN)/python bench/bench_local_account.py
 
