@@ -40,7 +40,7 @@ def test_every_saved_result_carries_the_sessions_cpu_seconds(art_app: Any) -> No
 
     before = usage.current_usage()
     art_app.add_async_task("rollout")  # ART registers one task per rollout it starts
-    deadline = time.process_time() + 0.05
+    deadline = time.process_time() + 0.1
     while time.process_time() < deadline:  # burn a little CPU
         pass
     token = "t" * 64
@@ -49,7 +49,7 @@ def test_every_saved_result_carries_the_sessions_cpu_seconds(art_app: Any) -> No
     art_app.save_result(result=result, rollout_config=payload["_rollout"], result_key="e/i/s.json", payload=payload)
     (body,) = art_app.s3_client.bodies
     reported = body[RESULT_USAGE_KEY]
-    assert reported["cpu_s"] >= before["cpu_s"] + 0.04
+    assert reported["cpu_s"] >= before["cpu_s"] + 0.05  # reported to 0.01 s: margin for the rounding
     assert reported["rollouts"] == before["rollouts"] + 1
     assert reported["peak_rss_mb"] > 0
     assert body["rewards"] == 1.0
