@@ -11,7 +11,7 @@ from rollout_pipeline.config import ExperimentConfig, invoke_rate_cap, new_sessi
 from rollout_pipeline.ledger.limits import LimitLedger
 from rollout_pipeline.ledger.pool import PoolLedger
 from rollout_pipeline.limits.account import AccountSchedule
-from rollout_pipeline.limits.admission import AdmissionBoard, SessionRoom, SlotGate
+from rollout_pipeline.limits.admission import AdmissionBoard, SlotGate
 from rollout_pipeline.limits.pacing import SESSION_PACE, Clocks, LimitedRuntime, Pacer, call_budgets
 from rollout_pipeline.limits.shares import MIN_SHARE_PER_S, Membership, account_sessions_percent
 from rollout_pipeline.limits.slots import SlotShards
@@ -90,9 +90,9 @@ class Limits:
         self.gate = SlotGate(
             self.shards.in_flight,
             self.shards.max_sessions,
-            board=AdmissionBoard(ledger, wall=clocks.wall) if group_admission else None,
-            room=SessionRoom(session),
+            session,
             in_flight_and_board=self.shards.in_flight_and_board,
+            board=AdmissionBoard(ledger, wall=clocks.wall) if group_admission else None,
             monotonic=clocks.monotonic,
             sleep=clocks.sleep,
         )

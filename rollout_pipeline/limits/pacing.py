@@ -104,7 +104,7 @@ class Pacer:
         guess_busy: bool = False,
         on_item: Callable[[Mapping[str, Any]], None] | None = None,
         on_unspaced: Callable[[], object] | None = None,
-        on_backlog: Callable[[], None] | None = None,
+        on_backlog: Callable[[], None] = lambda: None,
     ) -> None:
         self.schedule = schedule
         self.budget = budget
@@ -125,6 +125,7 @@ class Pacer:
         self.guess_busy = guess_busy
         self._together: _Together | None = None
         self._together_lock = threading.Lock()
+        self._room_lock = threading.RLock()
         self._item_interval_us = 0
 
     @property
@@ -284,8 +285,29 @@ class Pacer:
 
     def promise(self, calls: int) -> None:
         """Count `calls` about to be reserved by this process in the known schedule."""
-        if calls > 0:
-            self.tat = max(self.tat, self._wall()) + calls * self.interval_s
+        with self._room_lock:
+            if calls > 0:
+                self.tat = max(self.tat, self._wall()) + calls * self.interval_s
+
+    def claim(self) -> bool:
+        """For a newly received rollout: True (one start promised) if the schedule is idle now (one read)."""
+        with self._room_lock:
+            self.read_tat()
+            if self.room(0.0) <= 0:
+                self.on_backlog()
+                return False
+            self.promise(1)
+            return True
+
+    def read_room(self, ahead_s: float, item: Mapping[str, Any] | None = None, *, wanted: int = 1) -> int:
+        """`room(ahead_s)` after a read of the schedule (or `item`, read just now with other items); room for fewer
+        than `wanted` tells `on_backlog`."""
+        with self._room_lock:
+            self.read_tat(item)
+            room = self.room(ahead_s)
+            if room < max(1, wanted):
+                self.on_backlog()
+            return room
 
     def sleep_until(self, slot: float) -> bool:
         """Sleep until `slot`; False if this caller is more than `START_LATENESS_S` late (the start is lost)."""

@@ -426,7 +426,7 @@ def test_stops_on_a_budget_of_their_own_leave_the_invokes_their_whole_rate(
 def test_new_sessions_reserved_together_take_one_write_at_the_spacing(
     table: tuple[str, dict[str, str]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The gate lets a batch of waiters through at once (`SessionRoom.batch`); their new sessions, reaching their
+    """The gate lets a batch of waiters through at once (`SlotGate._room_batch`); their new sessions, reaching their
     reservation about together while the schedule is booked ahead, take their starts in ONE write
     (`Pacer.reserve_together`: a block at the schedule's spacing), not one each. On a virtual clock per thread;
     the first thread's wait for the others ends once they joined (no timing)."""
