@@ -5,12 +5,19 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from rollout_pipeline.ledger.pool import AccountView, PoolLedger
-from rollout_pipeline.limits.pacing import BACKOFF, BACKOFF_HOLD_S, PROBE_AFTER_S, Pacer, backoff_factor, decreased
+from rollout_pipeline.limits.pacing import (
+    BACKOFF,
+    BACKOFF_HOLD_S,
+    PROBE_AFTER_S,
+    Clocks,
+    Pacer,
+    backoff_factor,
+    decreased,
+)
 
 log = logging.getLogger(__name__)
 
@@ -45,25 +52,16 @@ class AccountSchedule:
         self,
         pool: PoolLedger,
         *,
-        wall: Callable[[], float] = time.time,
-        monotonic: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], None] = time.sleep,
+        clocks: Clocks | None = None,
         members_in_flight: Callable[[], int] | None = None,
     ) -> None:
         self.pool = pool
-        self._wall = wall
+        self._wall = (clocks or Clocks()).wall
         self._members_in_flight = members_in_flight or (lambda: sum(m.in_flight for m in pool.members()))
         self.view: AccountView | None = None
         self._climb_checked = -math.inf
         self.pacer = Pacer(
-            pool.schedule(),
-            ACCOUNT,
-            wall=wall,
-            monotonic=monotonic,
-            sleep=sleep,
-            guess_busy=True,
-            on_item=self._seen,
-            on_unspaced=self._space,
+            pool.schedule(), ACCOUNT, clocks=clocks, guess_busy=True, on_item=self._seen, on_unspaced=self._space
         )
         self.on_throttled: Callable[[], None] = lambda: None
         self.decreases = self.climbs = self.caps_learned = 0

@@ -98,9 +98,7 @@ class Pacer:
         budget: str,
         limit: float = 0.0,
         *,
-        wall: Callable[[], float] = time.time,
-        monotonic: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], None] = time.sleep,
+        clocks: Clocks | None = None,
         guess_busy: bool = False,
         on_item: Callable[[Mapping[str, Any]], None] | None = None,
         on_unspaced: Callable[[], object] | None = None,
@@ -109,9 +107,7 @@ class Pacer:
         self.schedule = schedule
         self.budget = budget
         self._base_interval_s = (1.0 + LATENESS_S) / limit if limit > 0 else 1.0
-        self._wall = wall
-        self._monotonic = monotonic
-        self._sleep = sleep
+        self._wall, self._monotonic, self._sleep = clocks or Clocks()
         self.on_item = on_item
         self.on_unspaced = on_unspaced
         self.on_backlog = on_backlog
@@ -535,12 +531,11 @@ def call_budgets(
 ) -> tuple[Pacer, Pacer | None]:
     """An experiment's own data-plane budgets, (`tps`, `stop` or None): `data_plane` calls/s in all, at most
     `invoke_rate` invokes, less the new sessions' share (`session_rate`, at most half) that `session` paces."""
-    wall, monotonic, sleep = clocks or Clocks()
     apart = dedicated_stop_share(data_plane, invoke_rate)
     invokes = invoke_rate if apart else min(data_plane, invoke_rate)
 
     def pacer(budget: str, limit: float) -> Pacer:
-        return Pacer(schedule(budget), budget, limit, wall=wall, monotonic=monotonic, sleep=sleep)
+        return Pacer(schedule(budget), budget, limit, clocks=clocks)
 
     tps = pacer(CALLS_PACE, invokes - min(session_rate, invokes / 2))
     return tps, pacer(STOP_PACE, data_plane - invoke_rate) if apart else None

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from rollout_pipeline.limits.admission import ADMIT_AHEAD_S, ROOM_BATCH_S, SlotGate
-from rollout_pipeline.limits.pacing import LATENESS_S, Pacer
+from rollout_pipeline.limits.pacing import LATENESS_S, Clocks, Pacer
 from tests.conftest import wait_for
 from tests.doubles import FakeSchedules, ManualClock
 
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.timing
 
 
 def _room(schedules: FakeSchedules, rate: float, now: list[float]) -> Pacer:
-    return Pacer(schedules, "session#0", rate, wall=lambda: now[0])  # type: ignore[arg-type]
+    return Pacer(schedules, "session#0", rate, clocks=Clocks(wall=lambda: now[0]))  # type: ignore[arg-type]
 
 
 def _gate(session: Pacer, in_flight: int, **clocks: Any) -> SlotGate:
@@ -120,7 +120,7 @@ def test_while_the_rate_binds_the_gate_lets_a_batch_through_per_poll_not_one_eac
     while the schedule is still booked at least half the horizon ahead (no start goes unused)."""
     clock = ManualClock(1_000.0)
     schedules = FakeSchedules()
-    room = Pacer(schedules, "session#0", 5.0, wall=clock)  # type: ignore[arg-type]
+    room = Pacer(schedules, "session#0", 5.0, clocks=Clocks(wall=clock))  # type: ignore[arg-type]
     interval = (1 + LATENESS_S) / 5.0
     assert int(ROOM_BATCH_S / interval) == 2
     schedules.tat_us = int((clock.t + ADMIT_AHEAD_S) * 1e6)  # booked to the horizon
