@@ -158,8 +158,7 @@ class SlotGate:
             if not self._in_hand() and (self._empty_since is None or now - self._empty_since > BOARD_STALE_S):
                 self._burst_since = now
             self._held.update(keys)
-        if self.board is not None:
-            self._publish()
+        self._publish()
         return [Held(self, key) for key in keys]
 
     def _leave(self, key: str) -> None:
@@ -169,7 +168,7 @@ class SlotGate:
                 del self._held[key]
             self._note_empty()
             cleared = not self._in_hand()
-        if cleared and self.board is not None:
+        if cleared:
             self._publish()  # the last rollout in hand takes the process off the board
 
     def _in_hand(self) -> bool:
@@ -239,7 +238,7 @@ class SlotGate:
                 self._queue.remove(key)
                 self._tickets = min(self._tickets, len(self._queue))
                 self._note_empty()
-                if not self._queue and self.board is not None:
+                if not self._queue:
                     self._publish()  # the last waiter takes the process off the board
 
     def queued(self) -> list[str]:
@@ -252,7 +251,8 @@ class SlotGate:
             return sorted({key for key, _arrival in self._queue} | set(self._held))
 
     def _publish(self) -> None:
-        assert self.board is not None
+        if self.board is None:
+            return
         with contextlib.suppress(Exception):  # the board only orders admission; the transaction decides
             self.board.publish(self._waiting())
 
@@ -281,16 +281,14 @@ class SlotGate:
         if self._may_chase():  # the rate may be what binds: look as soon as it has room
             pause = self._room_pause(pause, self._room_batch())
         pause = max(pause, self.settle_s())  # a burst's first decision waits for the others' rollouts
-        if self.board is not None:
-            self._publish()  # waiters let through by the last poll leave the board now, not a poll later
+        self._publish()  # waiters let through by the last poll leave the board now, not a poll later
         while True:
             if self._monotonic() + pause > wait_until or self._closed:
                 return 0
             self._sleep(pause)
             self.polls += 1
             self.lead_polls += lead
-            if self.board is not None:
-                self._publish()  # this process's waiters as they are now (changed, or the heartbeat)
+            self._publish()  # this process's waiters as they are now (changed, or the heartbeat)
             in_flight, board_age_s, paces = self._read()
             pause, lead = self._pace()
             free = self.max_sessions() - in_flight
