@@ -141,7 +141,7 @@ class DilatedClock:
 
     def install(self) -> None:
         """Replace `time.time/monotonic/sleep` and the pipeline's `utcnow` (call BEFORE importing the pipeline:
-        default arguments such as `Pacer(wall=time.time)` bind at import)."""
+        defaults such as `Clocks.wall = time.time` bind at import)."""
         time.time = self.time
         time.monotonic = self.monotonic
         time.sleep = self.sleep
@@ -614,9 +614,7 @@ def lifecycle_deps(settings: Any, runtime: Any, *, pooled: bool = True, **fields
     pool = PoolLedger.open(settings.pool_table_name) if pooled and settings.pool_table_name else None
     metrics = fields.pop("metrics", None) or MetricsRecorder()
     ordered = fields.pop("group_admission", True)
-    limits = Limits.build(
-        ledger.limits, settings.experiment, runtime, pool=pool, metrics=metrics, group_admission=ordered
-    )
+    limits = Limits(ledger.limits, settings.experiment, runtime, pool=pool, metrics=metrics, group_admission=ordered)
     return LifecycleDeps(
         settings=settings,
         ledger=ledger,

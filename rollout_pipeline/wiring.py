@@ -187,7 +187,7 @@ class Wiring:
             clock = clock or self.clock
             wall_clock = clock
             clocks = Clocks(wall=lambda: wall_clock.now().timestamp(), monotonic=clock.monotonic, sleep=clock.sleep)
-            built = Limits.build(
+            built = Limits(
                 self.ledger(clock).limits,
                 self.settings.experiment,
                 runtime or self.agent_runtime(),

@@ -299,6 +299,25 @@ class FakeSchedules:
         return ScheduleItem({"tat": self.tat_us} if self.tat_us else {})
 
 
+class RoomySession:
+    """A session budget that always has room: `SlotGate`'s `session` where a test is not about the rate."""
+
+    budget = "session"
+    interval_s = 0.001
+
+    def claim(self) -> bool:
+        return True
+
+    def read_room(self, ahead_s: float, item: Mapping[str, Any] | None = None, *, wanted: int = 1) -> int:
+        return 1_000_000
+
+    def promise(self, calls: int) -> None:
+        pass
+
+    def next_room_s(self, ahead_s: float, calls: int = 1) -> float:
+        return 0.0
+
+
 class MemoryEventQueue:
     """The trainer queue in memory, with SQS's delivery semantics (at-least-once, visibility, receive counts)."""
 

@@ -64,14 +64,11 @@ class LimitLedger:
     def free_slot(self, holder: str, count: int = 1, *, spent_usd: float = 0.0) -> dict[str, Any]:
         """A transaction item that gives `count` session slots back on counter `free_shard(holder)` (any counter keeps
         the sum exact) and ADDs `spent_usd` to the experiment's spend there (`ExperimentLedger.slots_and_spend`)."""
-        key = keys.session_shard_key(free_shard(holder))
+        values: dict[str, float] = {":d": -count}
         if spent_usd > 0:
-            return {
-                "Update": self.table.update_op(
-                    key, "ADD in_flight :d, spent_usd :usd", None, {":d": -count, ":usd": round(spent_usd, 10)}
-                )
-            }
-        return {"Update": self.table.update_op(key, "ADD in_flight :d", None, {":d": -count})}
+            values[":usd"] = round(spent_usd, 10)
+        update = "ADD in_flight :d, spent_usd :usd" if spent_usd > 0 else "ADD in_flight :d"
+        return {"Update": self.table.update_op(keys.session_shard_key(free_shard(holder)), update, None, values)}
 
     def slot_counts(self) -> list[int]:
         """Every session-slot counter's value, by shard (one strongly consistent Query)."""

@@ -48,16 +48,9 @@ class AccountView:
             active_sessions=int(item.get("active_session_quota", defaults.active_sessions)),
             source=str(item.get("quota_source", defaults.source)),
         )
-        return cls(
-            settings=PoolSettings(quotas, reserve=float(item.get("reserve", PoolSettings().reserve))),
-            pace=pace.PaceView.of(item),
-            factor=float(item.get("factor", 1.0)),
-            factor_at=float(item.get("factor_at", 0.0)),
-            active_cap=int(item.get("active_cap", 0)),
-            active_cap_at=float(item.get("active_cap_at", 0.0)),
-            active_ceiling=int(item.get("active_ceiling", 0)),
-            configured="new_session_quota" in item,
-        )
+        settings = PoolSettings(quotas, reserve=float(item.get("reserve", PoolSettings().reserve)))
+        configured = "new_session_quota" in item
+        return view_of(cls, item, settings=settings, pace=pace.PaceView.of(item), configured=configured)
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ of up to `CHUNK` items, each conditional on the state the pool read (docs/lifecy
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, Literal
 
 from rollout_pipeline.ids import AttemptRef
@@ -41,11 +41,6 @@ def _in_state(state: WarmState) -> dict[str, Any]:
         "ExpressionAttributeNames": _STATE,
         "ExpressionAttributeValues": plain_values({":state": state.value}),
     }
-
-
-def _chunks(values: Sequence[str], size: int = CHUNK) -> Iterable[list[str]]:
-    for start in range(0, len(values), size):
-        yield list(values[start : start + size])
 
 
 class WarmLedger:
@@ -120,9 +115,9 @@ class WarmLedger:
     ) -> list[str]:
         """One transaction per chunk of `size` sessions, again without those whose condition failed; those written."""
         done: list[str] = []
-        for chunk in _chunks(sessions, size):
-            left = chunk
-            for _ in range(len(chunk) + 1):
+        for start in range(0, len(sessions), size):
+            left = list(sessions[start : start + size])
+            for _ in range(len(left) + 1):
                 reasons = self.table.transact(ops(left)) if left else None
                 if reasons is None:
                     done += left

@@ -5,12 +5,19 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from rollout_pipeline.ledger.pool import AccountView, PoolLedger
-from rollout_pipeline.limits.pacing import BACKOFF, BACKOFF_HOLD_S, PROBE_AFTER_S, Pacer, backoff_factor, decreased
+from rollout_pipeline.limits.pacing import (
+    BACKOFF,
+    BACKOFF_HOLD_S,
+    PROBE_AFTER_S,
+    Clocks,
+    Pacer,
+    backoff_factor,
+    decreased,
+)
 
 log = logging.getLogger(__name__)
 
@@ -33,9 +40,14 @@ def active_cap(view: AccountView, now: float) -> int:
     return min(view.active_ceiling if kept else quota, quota, view.active_cap + climbed)
 
 
+def start_interval_us(view: AccountView, now: float) -> int:
+    """The spacing of the account's schedule now (after the backoff, as it climbs back)."""
+    return view.settings.start_interval_us(backoff_factor(view.factor, view.factor_at, now))
+
+
 def start_rate(view: AccountView, now: float) -> float:
     """New sessions per second the account's schedule starts at most now (after the backoff)."""
-    return 1e6 / view.settings.start_interval_us(backoff_factor(view.factor, view.factor_at, now))
+    return 1e6 / start_interval_us(view, now)
 
 
 class AccountSchedule:
@@ -45,25 +57,16 @@ class AccountSchedule:
         self,
         pool: PoolLedger,
         *,
-        wall: Callable[[], float] = time.time,
-        monotonic: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], None] = time.sleep,
+        clocks: Clocks | None = None,
         members_in_flight: Callable[[], int] | None = None,
     ) -> None:
         self.pool = pool
-        self._wall = wall
+        self._wall = (clocks or Clocks()).wall
         self._members_in_flight = members_in_flight or (lambda: sum(m.in_flight for m in pool.members()))
         self.view: AccountView | None = None
         self._climb_checked = -math.inf
         self.pacer = Pacer(
-            pool.schedule(),
-            ACCOUNT,
-            wall=wall,
-            monotonic=monotonic,
-            sleep=sleep,
-            guess_busy=True,
-            on_item=self._seen,
-            on_unspaced=self._space,
+            pool.schedule(), ACCOUNT, clocks=clocks, guess_busy=True, on_item=self._seen, on_unspaced=self._space
         )
         self.on_throttled: Callable[[], None] = lambda: None
         self.decreases = self.climbs = self.caps_learned = 0
@@ -82,18 +85,16 @@ class AccountSchedule:
         if view.factor_at <= 0 or now - self._climb_checked < RENEW_S:
             return
         self._climb_checked = now
-        wanted = view.settings.start_interval_us(backoff_factor(view.factor, view.factor_at, now))
-        if wanted != view.pace.interval_us:
-            written = self.pool.set_spacing(
-                wanted, factor=view.factor, factor_at=view.factor_at, after_at=view.factor_at
-            )
-            self.climbs += written is not None
+        if start_interval_us(view, now) != view.pace.interval_us:
+            self.climbs += self._respace(view, now) is not None
 
     def _space(self) -> None:
-        view = self._read()
-        now = self._wall()
-        interval = view.settings.start_interval_us(backoff_factor(view.factor, view.factor_at, now))
-        self.pool.set_spacing(interval, factor=view.factor, factor_at=view.factor_at, after_at=view.factor_at)
+        self._respace(self._read(), self._wall())
+
+    def _respace(self, view: AccountView, now: float) -> AccountView | None:
+        """Space the schedule as its backoff is now (unless another process moved the backoff meanwhile)."""
+        interval = start_interval_us(view, now)
+        return self.pool.set_spacing(interval, factor=view.factor, factor_at=view.factor_at, after_at=view.factor_at)
 
     def rate(self) -> float:
         """New sessions per second the account starts at most now."""

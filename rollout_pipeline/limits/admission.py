@@ -22,52 +22,8 @@ BoardEntry = tuple[str, int, list[str]]
 
 #: A rollout is admitted only while the session budget has room within this horizon (else it waits in `SlotGate`).
 ADMIT_AHEAD_S: Final = 2.0
-#: While the room binds, the gate lets waiters through this many seconds of starts at a time (`SessionRoom.batch`).
+#: While the room binds, the gate lets waiters through this many seconds of starts at a time (`SlotGate._room_batch`).
 ROOM_BATCH_S: Final = 0.5
-
-
-class SessionRoom:
-    """Room for new sessions in the experiment's session budget within `ahead_s`, as this process knows it."""
-
-    def __init__(self, session: Pacer, ahead_s: float = ADMIT_AHEAD_S) -> None:
-        self.session = session
-        self.ahead_s = ahead_s
-        self._lock = threading.Lock()
-
-    def claim(self) -> bool:
-        """For a newly received rollout: True (the room counted as taken) if the session budget is idle (one read)."""
-        with self._lock:
-            self.session.read_tat()
-            if self.session.room(0.0) <= 0:
-                self._backlog()
-                return False
-            self.session.promise(1)
-            return True
-
-    def read(self, paces: Mapping[str, Mapping[str, Any]] | None = None, *, wanted: int = 1) -> int:
-        """Room now (reads the schedule unless given `paces`); room for fewer than `wanted` marks a backlog."""
-        with self._lock:
-            self.session.read_tat(None if paces is None else paces.get(self.session.budget, {}))
-            room = self.session.room(self.ahead_s)
-            if room < max(1, wanted):
-                self._backlog()
-            return room
-
-    def batch(self) -> int:
-        """Starts let through at a time while the room binds: `ROOM_BATCH_S` worth, at most half the horizon's."""
-        per_start = self.session.interval_s
-        return max(1, min(int(ROOM_BATCH_S / per_start + 1e-9), int(self.ahead_s / 2 / per_start + 1e-9)))
-
-    def promise(self, sessions: int) -> None:
-        with self._lock:
-            self.session.promise(sessions)
-
-    def next_room_s(self, sessions: int = 1) -> float:
-        return self.session.next_room_s(self.ahead_s, sessions)
-
-    def _backlog(self) -> None:
-        if self.session.on_backlog is not None:
-            self.session.on_backlog()
 
 
 #: A process's entry on the admission board older than this is ignored (its process crashed or stalled).
@@ -147,24 +103,26 @@ class AdmissionBoard:
 
 class SlotGate:
     """Dispatcher threads of one process waiting for a session slot: ONE polls, and lets the waiters first in group
-    order (`priority`) try the dispatch transaction; with a `board` across processes, with a `room` at its rate."""
+    order (`priority`) try the dispatch transaction, as many as the `session` budget has room for within
+    `ADMIT_AHEAD_S`; with a `board`, in order across processes (each poll reads `in_flight_and_board`, else
+    `in_flight`)."""
 
     def __init__(
         self,
         in_flight: Callable[[], int],
         max_sessions: int | Callable[[], int],
+        session: Pacer,
         *,
+        in_flight_and_board: Callable[[], tuple[int, list[BoardEntry], Mapping[str, Mapping[str, Any]]]],
         board: AdmissionBoard | None = None,
-        room: SessionRoom | None = None,
-        in_flight_and_board: Callable[[], tuple[int, list[BoardEntry], Mapping[str, Mapping[str, Any]]]] | None = None,
         monotonic: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self._in_flight = in_flight
-        self._in_flight_and_board = in_flight_and_board if board is not None else None
+        self._in_flight_and_board = in_flight_and_board
         self._max_sessions = max_sessions
+        self.session = session
         self.board = board
-        self.room = room
         self._monotonic = monotonic
         self._sleep = sleep
         self._cond = threading.Condition()
@@ -200,8 +158,7 @@ class SlotGate:
             if not self._in_hand() and (self._empty_since is None or now - self._empty_since > BOARD_STALE_S):
                 self._burst_since = now
             self._held.update(keys)
-        if self.board is not None:
-            self._publish()
+        self._publish()
         return [Held(self, key) for key in keys]
 
     def _leave(self, key: str) -> None:
@@ -211,7 +168,7 @@ class SlotGate:
                 del self._held[key]
             self._note_empty()
             cleared = not self._in_hand()
-        if cleared and self.board is not None:
+        if cleared:
             self._publish()  # the last rollout in hand takes the process off the board
 
     def _in_hand(self) -> bool:
@@ -242,7 +199,7 @@ class SlotGate:
             if others and others[0] < priority:
                 return True
         try:
-            return self.room is not None and not self.room.claim()
+            return not self.session.claim()
         except Exception:  # no view of the budgets: the pacer still holds the rate
             return False
 
@@ -272,8 +229,7 @@ class SlotGate:
                         self._polling = False
                     if free:
                         granted = min(free, len(self._queue))
-                        if self.room is not None:
-                            self.room.promise(granted - min(self._tickets, granted))
+                        self.session.promise(granted - min(self._tickets, granted))
                         self._tickets = granted
                         self._cond.notify_all()
                     else:
@@ -282,7 +238,7 @@ class SlotGate:
                 self._queue.remove(key)
                 self._tickets = min(self._tickets, len(self._queue))
                 self._note_empty()
-                if not self._queue and self.board is not None:
+                if not self._queue:
                     self._publish()  # the last waiter takes the process off the board
 
     def queued(self) -> list[str]:
@@ -295,13 +251,14 @@ class SlotGate:
             return sorted({key for key, _arrival in self._queue} | set(self._held))
 
     def _publish(self) -> None:
-        assert self.board is not None
+        if self.board is None:
+            return
         with contextlib.suppress(Exception):  # the board only orders admission; the transaction decides
             self.board.publish(self._waiting())
 
     def leads(self) -> bool:
         """Whether this process's first waiter ranks among the first `LEAD_RANKS` keys of every live waiter."""
-        if self.board is None or self._in_flight_and_board is None:
+        if self.board is None:
             return False
         mine, others = self.queued(), self.board.cached(2 * BOARD_READ_S)
         return bool(mine) and others is not None and bisect.bisect_left(others, mine[0]) < LEAD_RANKS
@@ -312,9 +269,8 @@ class SlotGate:
         return jitter_poll_s(), False
 
     def _read(self) -> tuple[int, float, Mapping[str, Mapping[str, Any]] | None]:
-        if self._in_flight_and_board is None:
+        if self.board is None:
             return self._in_flight(), 0.0, None
-        assert self.board is not None
         in_flight, board, paces = self._in_flight_and_board()
         self.board.absorb(board)
         return in_flight, BOARD_READ_S, paces
@@ -322,25 +278,24 @@ class SlotGate:
     def _poll(self, wait_until: float) -> int:
         """Poll until some slots look free for this process's waiters (their number) or `wait_until` passes."""
         pause, lead = self._pace()
-        if self.room is not None and self._may_chase():  # the rate may be what binds: look as soon as it has room
+        if self._may_chase():  # the rate may be what binds: look as soon as it has room
             pause = self._room_pause(pause, self._room_batch())
         pause = max(pause, self.settle_s())  # a burst's first decision waits for the others' rollouts
-        if self.board is not None:
-            self._publish()  # waiters let through by the last poll leave the board now, not a poll later
+        self._publish()  # waiters let through by the last poll leave the board now, not a poll later
         while True:
             if self._monotonic() + pause > wait_until or self._closed:
                 return 0
             self._sleep(pause)
             self.polls += 1
             self.lead_polls += lead
-            if self.board is not None:
-                self._publish()  # this process's waiters as they are now (changed, or the heartbeat)
+            self._publish()  # this process's waiters as they are now (changed, or the heartbeat)
             in_flight, board_age_s, paces = self._read()
             pause, lead = self._pace()
             free = self.max_sessions() - in_flight
-            if free > 0 and self.room is not None:
+            if free > 0:
                 batch = min(free, self._room_batch())
-                room = self.room.read(paces, wanted=batch)
+                schedule = None if paces is None else paces.get(self.session.budget, {})
+                room = self.session.read_room(ADMIT_AHEAD_S, schedule, wanted=batch)
                 free = min(free, room) if room >= batch else 0  # the rate binds: wait for a batch's room
                 if free <= 0 and self._may_chase():
                     pause = self._room_pause(pause, batch)
@@ -361,17 +316,19 @@ class SlotGate:
                 pause, lead = min(pause, random.uniform(0.1, 0.25)), False
 
     def _may_chase(self) -> bool:
-        return self.board is None or self._in_flight_and_board is None or self.leads()
+        return self.board is None or self.leads()
 
     def _room_batch(self) -> int:
-        assert self.room is not None
+        """Starts let through at a time while the room binds: `ROOM_BATCH_S` worth (at most half the horizon's), at
+        most one a waiter."""
         with self._cond:  # reentrant: also called with the condition held
             waiters = len(self._queue)
-        return max(1, min(waiters, self.room.batch()))
+        per_start = self.session.interval_s
+        batch = min(int(ROOM_BATCH_S / per_start + 1e-9), int(ADMIT_AHEAD_S / 2 / per_start + 1e-9))
+        return max(1, min(waiters, batch))
 
     def _room_pause(self, pause: float, sessions: int = 1) -> float:
-        assert self.room is not None
-        ready = max(0.1, self.room.next_room_s(sessions)) + random.uniform(0.0, 0.05)
+        ready = max(0.1, self.session.next_room_s(ADMIT_AHEAD_S, sessions)) + random.uniform(0.0, 0.05)
         return min(pause, ready) if sessions <= 1 else min(ready, 1.0)
 
 

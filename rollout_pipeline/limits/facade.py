@@ -1,17 +1,17 @@
 """One experiment's limits, built once by `wiring.Wiring.limits` and handed to the lifecycle and the warm pool
-(docs/lifecycle.md, "Limits"): `pooled` (every new session books its start on the account's one schedule after the
-experiment's advisory share) or `standalone` (the experiment keeps its own limits, as if it owned the account)."""
+(docs/lifecycle.md, "Limits"): pooled (with an account pool, every new session books its start on the account's one
+schedule after the experiment's advisory share) or standalone (the experiment keeps its own limits, as if it owned the
+account)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from rollout_pipeline.config import ExperimentConfig, invoke_rate_cap, new_sessions_cap
 from rollout_pipeline.ledger.limits import LimitLedger
 from rollout_pipeline.ledger.pool import PoolLedger
 from rollout_pipeline.limits.account import AccountSchedule
-from rollout_pipeline.limits.admission import AdmissionBoard, SessionRoom, SlotGate
+from rollout_pipeline.limits.admission import AdmissionBoard, SlotGate
 from rollout_pipeline.limits.pacing import SESSION_PACE, Clocks, LimitedRuntime, Pacer, call_budgets
 from rollout_pipeline.limits.shares import MIN_SHARE_PER_S, Membership, account_sessions_percent
 from rollout_pipeline.limits.slots import SlotShards
@@ -53,10 +53,10 @@ class Limits:
         self.shards = SlotShards(ledger, config.max_sessions, wall=pacing.wall, monotonic=clocks.monotonic)
         if pool is None:
             session = Pacer(
-                ledger.schedule(SESSION_PACE), SESSION_PACE, self._session_rate, guess_busy=True, **clocks._asdict()
+                ledger.schedule(SESSION_PACE), SESSION_PACE, self._session_rate, guess_busy=True, clocks=clocks
             )
         else:
-            self.account = AccountSchedule(pool, **pacing._asdict())
+            self.account = AccountSchedule(pool, clocks=pacing)
             self.membership = membership = Membership(
                 pool,
                 ledger,
@@ -77,7 +77,7 @@ class Limits:
                 on_item=membership.seen,
                 on_unspaced=membership.first_share,
                 on_backlog=membership.note_backlog,
-                **pacing._asdict(),
+                clocks=pacing,
             )
         tps, stops = call_budgets(
             ledger.schedule,
@@ -90,37 +90,12 @@ class Limits:
         self.gate = SlotGate(
             self.shards.in_flight,
             self.shards.max_sessions,
-            board=AdmissionBoard(ledger, wall=clocks.wall) if group_admission else None,
-            room=SessionRoom(session),
+            session,
             in_flight_and_board=self.shards.in_flight_and_board,
+            board=AdmissionBoard(ledger, wall=clocks.wall) if group_admission else None,
             monotonic=clocks.monotonic,
             sleep=clocks.sleep,
         )
-
-    @classmethod
-    def pooled(
-        cls, ledger: LimitLedger, pool: PoolLedger, config: ExperimentConfig, runtime: AgentRuntime, **options: Any
-    ) -> Limits:
-        """Limits that share the account's quotas with every experiment of the account through its pool."""
-        return cls(ledger, config, runtime, pool=pool, **options)
-
-    @classmethod
-    def standalone(cls, ledger: LimitLedger, config: ExperimentConfig, runtime: AgentRuntime, **options: Any) -> Limits:
-        """Limits of an experiment on its own settings, as if it owned the account (`own_limits`)."""
-        return cls(ledger, config, runtime, pool=None, **options)
-
-    @classmethod
-    def build(
-        cls,
-        ledger: LimitLedger,
-        config: ExperimentConfig,
-        runtime: AgentRuntime,
-        *,
-        pool: PoolLedger | None,
-        **options: Any,
-    ) -> Limits:
-        """`pooled` with an account pool, else `standalone`."""
-        return cls(ledger, config, runtime, pool=pool, **options)
 
     def for_another_process(self) -> Limits:
         """The same limits as another process holds them (benches and tests model each Lambda as a process)."""

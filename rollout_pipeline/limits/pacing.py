@@ -98,20 +98,16 @@ class Pacer:
         budget: str,
         limit: float = 0.0,
         *,
-        wall: Callable[[], float] = time.time,
-        monotonic: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], None] = time.sleep,
+        clocks: Clocks | None = None,
         guess_busy: bool = False,
         on_item: Callable[[Mapping[str, Any]], None] | None = None,
         on_unspaced: Callable[[], object] | None = None,
-        on_backlog: Callable[[], None] | None = None,
+        on_backlog: Callable[[], None] = lambda: None,
     ) -> None:
         self.schedule = schedule
         self.budget = budget
         self._base_interval_s = (1.0 + LATENESS_S) / limit if limit > 0 else 1.0
-        self._wall = wall
-        self._monotonic = monotonic
-        self._sleep = sleep
+        self._wall, self._monotonic, self._sleep = clocks or Clocks()
         self.on_item = on_item
         self.on_unspaced = on_unspaced
         self.on_backlog = on_backlog
@@ -125,6 +121,7 @@ class Pacer:
         self.guess_busy = guess_busy
         self._together: _Together | None = None
         self._together_lock = threading.Lock()
+        self._room_lock = threading.RLock()
         self._item_interval_us = 0
 
     @property
@@ -284,8 +281,29 @@ class Pacer:
 
     def promise(self, calls: int) -> None:
         """Count `calls` about to be reserved by this process in the known schedule."""
-        if calls > 0:
-            self.tat = max(self.tat, self._wall()) + calls * self.interval_s
+        with self._room_lock:
+            if calls > 0:
+                self.tat = max(self.tat, self._wall()) + calls * self.interval_s
+
+    def claim(self) -> bool:
+        """For a newly received rollout: True (one start promised) if the schedule is idle now (one read)."""
+        with self._room_lock:
+            self.read_tat()
+            if self.room(0.0) <= 0:
+                self.on_backlog()
+                return False
+            self.promise(1)
+            return True
+
+    def read_room(self, ahead_s: float, item: Mapping[str, Any] | None = None, *, wanted: int = 1) -> int:
+        """`room(ahead_s)` after a read of the schedule (or `item`, read just now with other items); room for fewer
+        than `wanted` tells `on_backlog`."""
+        with self._room_lock:
+            self.read_tat(item)
+            room = self.room(ahead_s)
+            if room < max(1, wanted):
+                self.on_backlog()
+            return room
 
     def sleep_until(self, slot: float) -> bool:
         """Sleep until `slot`; False if this caller is more than `START_LATENESS_S` late (the start is lost)."""
@@ -513,12 +531,11 @@ def call_budgets(
 ) -> tuple[Pacer, Pacer | None]:
     """An experiment's own data-plane budgets, (`tps`, `stop` or None): `data_plane` calls/s in all, at most
     `invoke_rate` invokes, less the new sessions' share (`session_rate`, at most half) that `session` paces."""
-    wall, monotonic, sleep = clocks or Clocks()
     apart = dedicated_stop_share(data_plane, invoke_rate)
     invokes = invoke_rate if apart else min(data_plane, invoke_rate)
 
     def pacer(budget: str, limit: float) -> Pacer:
-        return Pacer(schedule(budget), budget, limit, wall=wall, monotonic=monotonic, sleep=sleep)
+        return Pacer(schedule(budget), budget, limit, clocks=clocks)
 
     tps = pacer(CALLS_PACE, invokes - min(session_rate, invokes / 2))
     return tps, pacer(STOP_PACE, data_plane - invoke_rate) if apart else None

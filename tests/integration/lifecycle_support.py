@@ -293,7 +293,7 @@ def make_deps(
     metrics = overrides.pop("metrics", None) or MetricsRecorder()
     if "limits" not in overrides:
         clocks = Clocks(wall=lambda: clock.now().timestamp(), monotonic=clock.monotonic, sleep=clock.sleep)
-        overrides["limits"] = Limits.build(
+        overrides["limits"] = Limits(
             ledger.limits,
             settings.experiment,
             fake,

@@ -44,7 +44,7 @@ def experiment(resources: ExperimentResources, name: str, runtime: Any = None, *
     created = create_resources(config, region=REGION, client=clients.client)
     ledger = Ledger.open(created.table_name).limits
     pool = PoolLedger.open(resources.settings().pool_table_name or "", region=REGION)
-    return Limits.pooled(ledger, pool, config, runtime or RecordingRuntime())
+    return Limits(ledger, config, runtime or RecordingRuntime(), pool=pool)
 
 
 def test_experiments_booking_at_once_keep_every_sliding_second_of_the_account_within_its_budget(
@@ -54,7 +54,7 @@ def test_experiments_booking_at_once_keep_every_sliding_second_of_the_account_wi
     virtual clock of its own (it never wakes late): the union of their starts holds at most floor(10 x 0.9) = 9 in
     any sliding second, whatever each asks (the leases' union reached 23-24 against 22.5)."""
     clocks = ThreadClocks(time.time())
-    schedules = [AccountSchedule(pool, wall=clocks.wall, sleep=clocks.sleep) for _ in range(3)]
+    schedules = [AccountSchedule(pool, clocks=Clocks(clocks.wall, time.monotonic, clocks.sleep)) for _ in range(3)]
     starts: list[float] = []
     lock = threading.Lock()
 
@@ -184,11 +184,11 @@ def test_limits_use_the_clocks_they_are_given(resources: ExperimentResources, po
     clocks = ThreadClocks(time.time() + 3600)
     config = ExperimentConfig(name="clocked", tps_limit=50)
     created = create_resources(config, region=REGION, client=clients.client)
-    limits = Limits.pooled(
+    limits = Limits(
         Ledger.open(created.table_name).limits,
-        pool,
         config,
         RecordingRuntime(),
+        pool=pool,
         pacing=Clocks(clocks.wall, time.monotonic, clocks.sleep),
     )
     start = limits.runtime.session.reserve(time.monotonic() + 5)

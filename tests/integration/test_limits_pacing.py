@@ -159,9 +159,10 @@ class Reservations:
             self.calls.clear()
 
 
-def pacer(ledger: LimitLedger, budget: str, limit: float, **timing: Any) -> Pacer:
-    """An own budget of `limit` calls/s on `budget`'s schedule item."""
-    return Pacer(ledger.schedule(budget), budget, limit, **timing)
+def pacer(ledger: LimitLedger, budget: str, limit: float, *, clocks: Any = None, **options: Any) -> Pacer:
+    """An own budget of `limit` calls/s on `budget`'s schedule item (on the wall and sleep of `clocks`, if given)."""
+    timing = None if clocks is None else Clocks(clocks.wall, time.monotonic, clocks.sleep)
+    return Pacer(ledger.schedule(budget), budget, limit, clocks=timing, **options)
 
 
 def test_two_budgets_and_stops_are_not_starved(table: tuple[str, dict[str, str]]) -> None:
@@ -215,8 +216,8 @@ def test_new_sessions_in_a_share_of_their_own_take_no_tps_slot(
     tps_share, _stops = call_budgets(ledger.schedule, data_plane=10, invoke_rate=200, session_rate=4)
     assert tps_share.limit == 6
     clocks = ThreadClocks(time.time())
-    tps = pacer(ledger, "tps", tps_share.limit, wall=clocks.wall, sleep=clocks.sleep)
-    session = pacer(ledger, "session#0", 4, wall=clocks.wall, sleep=clocks.sleep, guess_busy=True)
+    tps = pacer(ledger, "tps", tps_share.limit, clocks=clocks)
+    session = pacer(ledger, "session#0", 4, clocks=clocks, guess_busy=True)
     runtime = RecordingRuntime(clocks.wall)
     limited = LimitedRuntime(runtime, tps, session)
 
@@ -253,7 +254,7 @@ def test_stops_booked_together_take_one_write_and_keep_the_spacing(
     ledger = Ledger.open(name).limits
     reserved = Reservations(monkeypatch)
     clocks = ThreadClocks(time.time())
-    tps = pacer(ledger, "tps", 10, wall=clocks.wall, sleep=clocks.sleep)
+    tps = pacer(ledger, "tps", 10, clocks=clocks)
     runtime = RecordingRuntime(clocks.wall)
     limited = LimitedRuntime(runtime, tps, pacer(ledger, "session#0", 4))
     assert limited.book_stops(4) == 4
@@ -282,7 +283,7 @@ def test_invokes_booked_as_a_block_take_one_write_and_keep_the_spacing(
     ledger = Ledger.open(name).limits
     reserved = Reservations(monkeypatch)
     clocks = ThreadClocks(time.time())
-    tps = pacer(ledger, "tps-block", 10, wall=clocks.wall, sleep=clocks.sleep)  # a schedule no other test booked
+    tps = pacer(ledger, "tps-block", 10, clocks=clocks)  # a schedule no other test booked
     runtime = RecordingRuntime(clocks.wall)
     limited = LimitedRuntime(runtime, tps, pacer(ledger, "session#0", 4))
     block = InvokeBlock(4)
@@ -314,8 +315,8 @@ def takes_runtime(table: tuple[str, dict[str, str]], name: str, *, apart: bool) 
     their own or share `tps` (`apart`): (tps, stops, runtime)."""
     ledger = Ledger.open(table[0]).limits
     clocks = ThreadClocks(time.time())
-    tps = pacer(ledger, f"tps-{name}-{apart}", 10, wall=clocks.wall, sleep=clocks.sleep)
-    stops = pacer(ledger, f"stop-{name}-{apart}", 10, wall=clocks.wall, sleep=clocks.sleep)
+    tps = pacer(ledger, f"tps-{name}-{apart}", 10, clocks=clocks)
+    stops = pacer(ledger, f"stop-{name}-{apart}", 10, clocks=clocks)
     session = pacer(ledger, f"session-{name}-{apart}", 4)
     return tps, stops, LimitedRuntime(RecordingRuntime(clocks.wall), tps, session, stops=stops if apart else None)
 
@@ -391,7 +392,7 @@ def test_stops_on_a_budget_of_their_own_leave_the_invokes_their_whole_rate(
     assert stops is not None
     assert stops.limit == pytest.approx(8)
     assert tps.limit == pytest.approx(6)
-    session = pacer(ledger, "session#0", 2, wall=clocks.wall, sleep=clocks.sleep)
+    session = pacer(ledger, "session#0", 2, clocks=clocks)
     limited = LimitedRuntime(runtime, tps, session, stops=stops)
 
     def taker(i: int) -> None:
@@ -426,7 +427,7 @@ def test_stops_on_a_budget_of_their_own_leave_the_invokes_their_whole_rate(
 def test_new_sessions_reserved_together_take_one_write_at_the_spacing(
     table: tuple[str, dict[str, str]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The gate lets a batch of waiters through at once (`SessionRoom.batch`); their new sessions, reaching their
+    """The gate lets a batch of waiters through at once (`SlotGate._room_batch`); their new sessions, reaching their
     reservation about together while the schedule is booked ahead, take their starts in ONE write
     (`Pacer.reserve_together`: a block at the schedule's spacing), not one each. On a virtual clock per thread;
     the first thread's wait for the others ends once they joined (no timing)."""
@@ -442,12 +443,12 @@ def test_new_sessions_reserved_together_take_one_write_at_the_spacing(
             wait_for(lambda: round_.count == invokers, what="every invoker joined the booking")
         clocks.sleep(seconds)
 
-    session = pacer(ledger, "session#0", 4, wall=clocks.wall, sleep=sleep, guess_busy=True)
+    session = pacer(ledger, "session#0", 4, clocks=Clocks(clocks.wall, time.monotonic, sleep), guess_busy=True)
     for _ in range(4):  # a backlog: the schedule is booked about a second ahead
         assert session.reserve(time.monotonic() + 10) is not None
     reserved.clear()
     runtime = RecordingRuntime(clocks.wall)
-    limited = LimitedRuntime(runtime, pacer(ledger, "tps", 10, wall=clocks.wall), session)
+    limited = LimitedRuntime(runtime, pacer(ledger, "tps", 10, clocks=clocks), session)
     workers = [
         threading.Thread(target=limited.invoke, args=(f"s-{i}", {}, time.monotonic() + 60)) for i in range(invokers)
     ]

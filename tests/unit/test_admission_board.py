@@ -17,14 +17,27 @@ from rollout_pipeline.limits.admission import (
     SlotGate,
 )
 from tests.conftest import wait_for
-from tests.doubles import FakeBoardLedger
+from tests.doubles import FakeBoardLedger, RoomySession
 
 pytestmark = pytest.mark.timing
 
 
-def _gate(ledger: Any, in_flight: dict[str, int], name: str, wall: Any = time.time) -> SlotGate:
-    board = AdmissionBoard(ledger, name, wall=wall)
-    return SlotGate(lambda: in_flight["n"], 2, board=board, sleep=lambda _s: time.sleep(0.02))
+def _gate(
+    ledger: Any, in_flight: dict[str, int], name: str, wall: Any = time.time, max_sessions: int = 2, **clocks: Any
+) -> SlotGate:
+    """Process `name`'s gate: each poll reads the counters (`in_flight`) and the board together, as in production."""
+    return SlotGate(
+        _unused_read,
+        max_sessions,
+        RoomySession(),  # type: ignore[arg-type]
+        in_flight_and_board=lambda: (in_flight["n"], ledger.waiting_board(), {}),
+        board=AdmissionBoard(ledger, name, wall=wall),
+        **({"sleep": lambda _s: time.sleep(0.02)} | clocks),
+    )
+
+
+def _unused_read() -> int:
+    raise AssertionError("a gate with a board reads the counters with the board")
 
 
 def test_free_slots_go_to_the_lowest_keys_of_every_process() -> None:
@@ -88,8 +101,7 @@ def test_a_burst_is_on_the_board_from_receipt_and_its_first_decision_waits_for_t
     wall = {"t": time.time()}
 
     def gate(name: str) -> SlotGate:
-        board = AdmissionBoard(ledger, name, wall=lambda: wall["t"])
-        return SlotGate(lambda: 0, 10, board=board, monotonic=lambda: clock["t"], sleep=lambda _s: None)
+        return _gate(ledger, {"n": 0}, name, lambda: wall["t"], 10, monotonic=lambda: clock["t"], sleep=lambda _s: None)
 
     early, late = gate("early"), gate("late")
     late_holds = late.hold(["k5#0", "k5#1"])  # the later group's dispatcher received first

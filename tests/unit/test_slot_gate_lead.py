@@ -11,7 +11,7 @@ import pytest
 from rollout_pipeline.limits import admission as limits
 from rollout_pipeline.limits.admission import LEAD_POLL_S, AdmissionBoard, BoardEntry, SlotGate
 from rollout_pipeline.topology import FUNCTIONS
-from tests.doubles import FakeBoardLedger, ManualClock
+from tests.doubles import FakeBoardLedger, ManualClock, RoomySession
 
 MAX_SESSIONS = 4
 
@@ -46,8 +46,9 @@ def _gate(
     gate = SlotGate(
         _no_separate_read,
         MAX_SESSIONS,
-        board=board,
+        RoomySession(),  # type: ignore[arg-type]
         in_flight_and_board=in_flight_and_board,
+        board=board,
         monotonic=lambda: clock.t,
         sleep=clock.sleep,
     )

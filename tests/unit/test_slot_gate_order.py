@@ -4,18 +4,31 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 
 from rollout_pipeline.limits.admission import SlotGate
 from tests.conftest import wait_for
+from tests.doubles import RoomySession
 
 pytestmark = pytest.mark.timing
 
 
+def _gate(in_flight: Callable[[], int]) -> SlotGate:
+    """A gate of one process (no admission board) whose session budget always has room."""
+    return SlotGate(
+        in_flight,
+        3,
+        RoomySession(),  # type: ignore[arg-type]
+        in_flight_and_board=lambda: (in_flight(), [], {}),
+        sleep=lambda _s: time.sleep(0.05),
+    )
+
+
 def test_freed_slots_go_to_waiters_in_group_order() -> None:
     in_flight = {"n": 3}
-    gate = SlotGate(lambda: in_flight["n"], 3, sleep=lambda _s: time.sleep(0.05))
+    gate = _gate(lambda: in_flight["n"])
     admitted: list[str] = []
     lock = threading.Lock()
 
@@ -47,7 +60,7 @@ def test_freed_slots_go_to_waiters_in_group_order() -> None:
 def test_closing_the_gate_ends_every_wait_as_if_its_deadline_had_passed() -> None:
     """Local mode's Ctrl-C: dispatchers waiting for a slot (for minutes, by their budget) give up now, through their
     "no slot in time" path (the message is re-sent), while the pipeline's AWS is still up."""
-    gate = SlotGate(lambda: 3, 3, sleep=lambda _s: time.sleep(0.05))
+    gate = _gate(lambda: 3)
     results: list[bool] = []
     threads = [
         threading.Thread(target=lambda key=key: results.append(gate.wait(time.monotonic() + 600, key)))
