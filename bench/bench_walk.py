@@ -297,7 +297,7 @@ class StillTime:
         assert wiring.clock is self.library, "the wiring runs on another clock"
         wiring.feed().releases.monotonic = self.manual.monotonic
         metrics = MetricsRecorder()
-        limits = Limits.build(
+        limits = Limits(
             wiring.ledger().limits,
             wiring.settings.experiment,
             wiring.agent_runtime(),

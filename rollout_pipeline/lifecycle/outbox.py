@@ -25,21 +25,23 @@ def drain(rec: RolloutRecord, deps: LifecycleDeps, **options: Any) -> bool:
     that filled it is published."""
 
     def published(group: GroupItem | None, batch: BatchView | None) -> None:
-        cancel_surplus(
-            rec, group, deps, policy_version=batch.options.policy_version if batch and batch.options else None
-        )
+        if (
+            group is not None
+            and group.target is not None
+            and rec.state is RolloutState.SUCCEEDED
+            and group.full
+            and not group.complete
+        ):
+            cancel_surplus(
+                group, deps, policy_version=batch.options.policy_version if batch and batch.options else None
+            )
 
     return publishing.drain(rec, deps, on_published=published, **options)
 
 
-def cancel_surplus(
-    rec: RolloutRecord, group: GroupItem | None, deps: LifecycleDeps, *, policy_version: str | None = None
-) -> int:
-    """After the success `rec` was published: cancel, as `surplus`, every rollout of its group that has not ended
-    when the group is full (idempotent; nothing for another rollout, or a group not oversampled). Returns how many
-    this call ended."""
-    if rec.state is not RolloutState.SUCCEEDED or group is None or not group.full or group.complete:
-        return 0
+def cancel_surplus(group: GroupItem, deps: LifecycleDeps, *, policy_version: str | None = None) -> int:
+    """Once a success that found its oversampled group full is published: cancel, as `surplus`, every rollout of the
+    group that has not ended (idempotent). Returns how many this call ended."""
     existing = {rec.index: rec for rec in deps.ledger.rollouts.iter_rollouts(group.batch_id, group.input_id)}
     ended = 0
     for index in range(group.group_size):

@@ -409,7 +409,7 @@ class LimitedRuntime:
         """InvokeAgentRuntime once its budgets allow; raises NoCallBudget (no start in time) and whatever the
         runtime raises. `new_session=False`: a call into an existing session. `on_booked(start)`: once a new
         session's start is booked."""
-        until = wait_until if wait_until is not None else time.monotonic() + DEFAULT_STOP_WAIT_S
+        until = wait_until if wait_until is not None else self.tps._monotonic() + DEFAULT_STOP_WAIT_S
         booked = on_booked or (lambda _start: None)
         if not new_session:
             ahead_s = INVOKE_AHEAD_S if self.stops is None else BLOCK_AHEAD_S  # stops wait behind it
@@ -420,7 +420,8 @@ class LimitedRuntime:
             booked(self.tps._wall())
             self._call(lambda: self.runtime.invoke(session_id, payload), new_session=False)
             return
-        share = None if block is None else self._block_start(block, self.session, until, until - time.monotonic())
+        left_s = until - self.session._monotonic()
+        share = None if block is None else self._block_start(block, self.session, until, left_s)
         while True:
             start = self._session_start(until, share)
             share = None
@@ -498,8 +499,8 @@ class LimitedRuntime:
 
     def stop(self, session_id: str, wait_until: float | None = None) -> None:
         """StopRuntimeSession once its budget allows: at a start booked ahead (`book_stops`), else one reserved now."""
-        until = wait_until if wait_until is not None else time.monotonic() + DEFAULT_STOP_WAIT_S
         pacer = self.stop_pacer
+        until = wait_until if wait_until is not None else pacer._monotonic() + DEFAULT_STOP_WAIT_S
         slot = self._booked_stop()
         on_booked = slot is not None and pacer.sleep_until(slot)
         if not on_booked and not pacer.acquire(until):
