@@ -103,7 +103,7 @@ $(ART_STAMP): pyproject.toml
 	touch $(ART_STAMP)
 
 art-test: $(ART_STAMP) ## The ART rollout-session backend's tests, installed next to ART's rollout extra
-	$(ART_VENV)/bin/python -m pytest tests/art tests/unit/test_art_backend.py
+	$(ART_VENV)/bin/python -m pytest tests/art tests/unit/sdk/test_art_backend.py
 
 art-bench: $(ART_STAMP) ## ART's S3 polling vs the pipeline's backend, same groups, same local S3 (about a minute)
 	$(ART_VENV)/bin/python bench/bench_art.py
@@ -138,7 +138,7 @@ demo-rft: $(RFT_MODEL_STAMP) ## Run the example SageMaker RFT agent unchanged th
 	$(RFT_VENV)/bin/rollouts local demo --agent-module $(RFT_AGENT)
 
 rft-test: $(RFT_STAMP) ## The RFT host's tests with the real SageMaker RFT SDK, in its own venv (.venv-rft)
-	$(RFT_VENV)/bin/python -m pytest tests/rft tests/unit/test_rft_host.py tests/unit/test_rft_door.py
+	$(RFT_VENV)/bin/python -m pytest tests/rft tests/unit/agent/test_rft_host.py tests/unit/agent/test_rft_door.py
 
 rft-bench: $(RFT_STAMP) ## The RFT host's overhead vs the plain ART app (latency per rollout and model call, cold start)
 	$(RFT_VENV)/bin/python bench/bench_rft_host.py

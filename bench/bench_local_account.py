@@ -47,7 +47,7 @@ OUTSIDE_PREFIX = "outside-session-"
 WAIT_TARGET_S = 5.0
 SHARE_TARGET = 0.15
 #: Each experiment's limits in the run, as the integration test of the same scenario sets them
-#: (tests/integration/test_local_account.py): sessions never bind (the agent answers in `--delay-s`).
+#: (tests/integration/limits/test_local_account.py): sessions never bind (the agent answers in `--delay-s`).
 MAX_SESSIONS = 40
 DISPATCH_CONCURRENCY = 3
 #: How often the bench reads the batches' status while it waits (s).

@@ -21,7 +21,7 @@ pipeline runs on a clock that moves only when it sleeps (`StillTime`), and only 
 is traced, with each piece of work it hands to a pool as a strand of its own (walked separately, figures added);
 threads it does not wait for (renewals in the background, the fake AgentCore's agents) are not.
 
-`tests/integration/test_walk.py` holds the walks under their ceilings and docs/benchmarks.md's table to what they
+`tests/integration/house/test_walk.py` holds the walks under their ceilings and docs/benchmarks.md's table to what they
 measure; `--write-docs` rewrites that table. `WALK_ROOMS=1` prints the rooms of each strand (stderr).
 
 Usage: python bench/bench_walk.py [--write-docs]

@@ -62,8 +62,8 @@ FALLBACK_REGION: Final = "us-east-1"
 #: The pipeline's own AWS cost per million rollouts, by part, at us-east-1 list prices (`bench/prices.py`), from
 #: the all-in run of `bench/bench_scale.py` at 24 new sessions/s (docs/benchmarks.md, "Scale": 22.4 WRU + 3.95
 #: RRU per rollout; one result PUT and one GET; Lambda arm64 GB-s on the virtual clock, dispatchers' waits
-#: included). The part names are the bench's own (`tests/unit/test_costs.py` ties them to it). ACR and the model
-#: are not in it.
+#: included). The part names are the bench's own (`tests/unit/contracts/test_costs.py` ties them to it). ACR and
+#: the model are not in it.
 PIPELINE_USD_PER_MILLION: Final[Mapping[str, float]] = {
     "dynamodb": 14.49,
     "s3_result_puts": 5.00,

@@ -69,7 +69,7 @@ class SerializedServices:
 
 #: The moto version the patches below were written for (constraints.txt and pyproject pin it). They reach into
 #: moto's internals; under any other version `patch_moto` leaves moto as it is (correct, but slower as the ledger
-#: fills) and tests/integration/test_moto_patches.py fails until someone re-reads moto and updates this.
+#: fills) and tests/integration/local/test_moto_patches.py fails until someone re-reads moto and updates this.
 PATCHED_MOTO_VERSION: Final = "5.2.5"
 
 #: The attribute of a moto `Table` holding `_Buckets` per indexed attribute name.

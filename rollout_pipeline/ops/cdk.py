@@ -175,7 +175,7 @@ class CdkCli:
 
     def app_python(self) -> str | None:
         """The interpreter cdk.json's `app` command runs app.py with: the project's `.venv/bin/python` unless a
-        virtual environment is active (`VIRTUAL_ENV`), else `python3` on PATH (`tests/unit/test_launch.py` checks
+        virtual environment is active (`VIRTUAL_ENV`), else `python3` on PATH (`tests/unit/ops/test_launch.py` checks
         that cdk.json still says so)."""
         env = self.environment()
         project_venv = self.project_dir / ".venv" / "bin" / "python"

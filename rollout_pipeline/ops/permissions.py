@@ -2,7 +2,7 @@
 
 The ART backend (`rollout_pipeline.trainers.art`) calls AWS only through the SDK, so this covers it too. The stack
 turns it into a customer-managed policy (output `TrainerPolicyArn`, `stacks/trainer_policy.py`) to attach to the
-trainer's role; `tests/integration/test_trainer_permissions.py` records the SDK's calls under moto (its requests
+trainer's role; `tests/integration/sdk/test_trainer_permissions.py` records the SDK's calls under moto (its requests
 carry the `rollout-pipeline-sdk` user agent) and fails if one is not allowed here.
 """
 

@@ -1,7 +1,7 @@
 """An ART agent written the ART way (agentcore-rl-toolkit 0.2.0's README and examples): nothing from the rollout
 pipeline, and the module ends in `app.run()`, which binds 127.0.0.1:8080 whatever the process is told. The pipeline's
-agent host imports it and serves its app on the address of each session (tests/integration/test_agent_compat.py,
-tests/e2e/test_local_pipeline.py).
+agent host imports it and serves its app on the address of each session
+(tests/integration/lifecycle/test_agent_compat.py, tests/e2e/test_local_pipeline.py).
 
 Its switches, for the tests: `fail` raises (ART's error result), `per_turn` returns one reward per turn."""
 

@@ -1,6 +1,6 @@
 """An ART agent written with the plain `openai` client as agent authors write one: the question as a list of text
 content parts, the reply streamed, the reward computed from whatever text came back. Nothing from the rollout
-pipeline (tests/integration/test_model_replies.py, tests/e2e/test_real_model_agents.py)."""
+pipeline (tests/e2e/test_model_replies.py, tests/e2e/test_real_model_agents.py)."""
 
 from typing import Any
 

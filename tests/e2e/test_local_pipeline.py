@@ -18,7 +18,7 @@ from rollout_pipeline.local.demo import run_demo
 from rollout_pipeline.local.model_server import model_server_available
 from rollout_pipeline.local.pipeline import LocalPipeline, LocalSettings
 from rollout_pipeline.sdk.replay import REPLAYED
-from tests.integration.test_agent_compat import ART_AGENT_SOURCE
+from tests.integration.lifecycle.test_agent_compat import ART_AGENT_SOURCE
 
 pytestmark = pytest.mark.slow
 

@@ -63,7 +63,8 @@ def test_the_image_starts_the_configured_agent_and_can_add_the_rft_lock() -> Non
     dockerfile = (REPO_ROOT / "agent_image" / "Dockerfile").read_text()
     (cmd,) = re.findall(r"^CMD (\[.*\])$", dockerfile, re.MULTILINE)
     # The agent host: it imports ROLLOUTS_AGENT_MODULE (a module written the ART way, ending in `app.run()`, runs as
-    # it is: tests/integration/test_agent_compat.py runs this very command) and serves its app on 0.0.0.0:8080.
+    # it is: tests/integration/lifecycle/test_agent_compat.py runs this very command) and serves its app on
+    # 0.0.0.0:8080.
     assert json.loads(cmd) == ["python", "-m", "rollout_pipeline.agent.host", "--host", "0.0.0.0", "--port", "8080"]
     assert "-r /app/agent_image/requirements-rft.lock" in dockerfile
     assert 'ARG AGENT_EXTRAS=""' in dockerfile

@@ -1,0 +1,196 @@
+"""The account's one new-session schedule and each experiment's entry in the pool, over moto (`limits.account`,
+`limits.shares`, `ledger.pool`): one item bounds every sliding second whatever the experiments do, a throttle backs
+off the budget it names, AgentCore's `ServiceQuotaExceededException` lowers the active sessions every share is cut
+from, an entry's sessions in flight are always a fresh read of its counters, and the item's size (its write cost)
+does not grow with the experiments."""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from rollout_pipeline.adapters import clients
+from rollout_pipeline.config import ExperimentConfig
+from rollout_pipeline.ledger.ledger import Ledger
+from rollout_pipeline.ledger.pool import MemberEntry, PoolLedger
+from rollout_pipeline.ledger.pool_schema import pool_key
+from rollout_pipeline.limits.account import CEILING_MARGIN, AccountSchedule
+from rollout_pipeline.limits.facade import Limits
+from rollout_pipeline.limits.pacing import BACKOFF, Clocks
+from rollout_pipeline.local.resources import ExperimentResources, create_resources
+from rollout_pipeline.ports import RuntimeQuotaExceeded, RuntimeRateExceeded
+from rollout_pipeline.quotas import AccountQuotas, PoolSettings
+from tests.doubles import ThreadClocks
+from tests.integration.limits.test_limits_pacing import RecordingRuntime, busiest_sliding_window
+
+REGION = "us-east-1"
+
+
+@pytest.fixture
+def pool(resources: ExperimentResources) -> PoolLedger:
+    ledger = PoolLedger.open(resources.settings().pool_table_name or "", region=REGION)
+    ledger.write_settings(PoolSettings(AccountQuotas(new_sessions_per_s=10.0), reserve=0.1))
+    return ledger
+
+
+def experiment(resources: ExperimentResources, name: str, runtime: Any = None, **settings: Any) -> Limits:
+    """Experiment `name`'s limits through the account pool (its own table, the shared pool table)."""
+    config = ExperimentConfig(name=name, **{"tps_limit": 50, "max_sessions": 200, **settings})
+    created = create_resources(config, region=REGION, client=clients.client)
+    ledger = Ledger.open(created.table_name).limits
+    pool = PoolLedger.open(resources.settings().pool_table_name or "", region=REGION)
+    return Limits(ledger, config, runtime or RecordingRuntime(), pool=pool)
+
+
+def test_experiments_booking_at_once_keep_every_sliding_second_of_the_account_within_its_budget(
+    resources: ExperimentResources, pool: PoolLedger
+) -> None:
+    """Three experiments' processes book new sessions on the account's one schedule at once, each thread on a
+    virtual clock of its own (it never wakes late): the union of their starts holds at most floor(10 x 0.9) = 9 in
+    any sliding second, whatever each asks (the leases' union reached 23-24 against 22.5)."""
+    clocks = ThreadClocks(time.time())
+    schedules = [AccountSchedule(pool, clocks=Clocks(clocks.wall, time.monotonic, clocks.sleep)) for _ in range(3)]
+    starts: list[float] = []
+    lock = threading.Lock()
+
+    def book(schedule: AccountSchedule) -> None:
+        for _ in range(12):
+            assert schedule.pacer.acquire(time.monotonic() + 60)
+            with lock:
+                starts.append(clocks.wall())
+
+    threads = [threading.Thread(target=book, args=(s,)) for s in schedules for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert len(starts) == 72
+    ordered = sorted(starts)
+    assert busiest_sliding_window(starts) <= 9, [round(b - ordered[0], 4) for b in ordered]
+
+
+def test_a_new_sessions_throttle_backs_off_every_experiment_at_its_next_start(
+    resources: ExperimentResources, pool: PoolLedger
+) -> None:
+    """One experiment's new session is throttled (someone outside the pipeline uses the account): the account's item
+    is spaced wider at once, so the other experiment's next start follows it (the leases scaled a budget larger
+    than the grants: throttles went on for 10-15 s)."""
+    a, b = AccountSchedule(pool), AccountSchedule(pool)
+    b.pacer.reserve(time.monotonic() + 5)
+    before = b.pacer.interval_us
+    a.throttled()
+    a.throttled()  # the same overshoot: one decrease
+    assert a.decreases == 1
+    b.pacer.reserve(time.monotonic() + 5)  # its next start, no read of its own
+    assert b.pacer.interval_us == pool.account().settings.start_interval_us(BACKOFF) > before
+
+
+def test_a_throttle_of_a_call_into_a_session_backs_off_only_that_experiments_invokes(
+    resources: ExperimentResources, pool: PoolLedger
+) -> None:
+    """A warm take or a cold-start retry throttled (AgentCore's per-agent invoke rate) slows that experiment's own
+    invokes; the account's new-session schedule, every experiment's, stays as it was."""
+
+    class Throttling(RecordingRuntime):
+        def invoke(self, session_id: str, payload: object) -> None:
+            raise RuntimeRateExceeded("ThrottlingException: rate exceeded for the agent")
+
+    limits = experiment(resources, "takes", Throttling())
+    spacing = pool.account().pace.interval_us
+    tps_before = limits.runtime.tps.limit
+    with pytest.raises(RuntimeRateExceeded):
+        limits.runtime.invoke("warm-session-0000000000000000000000000000", {}, time.monotonic() + 5, new_session=False)
+    assert limits.runtime.tps.limit == pytest.approx(tps_before * BACKOFF)
+    after = pool.account()
+    assert (after.pace.interval_us, after.factor_at) == (spacing, 0.0)
+
+
+def test_quota_exceeded_lowers_the_accounts_active_sessions_and_every_share_follows(
+    resources: ExperimentResources, pool: PoolLedger
+) -> None:
+    """AgentCore answers `ServiceQuotaExceededException` ("maxVms") with 128 sessions held although the quota says
+    5,000: the account's cap becomes `BACKOFF` x 128, climbing back to `CEILING_MARGIN` x 128 at most, and the
+    experiment's share of active sessions follows at its next renewal."""
+
+    class Full(RecordingRuntime):
+        def invoke(self, session_id: str, payload: object) -> None:
+            raise RuntimeQuotaExceeded("ServiceQuotaExceededException: maxVms")
+
+    limits = experiment(resources, "full", Full(), max_sessions=1000)
+    assert limits.membership is not None
+    assert limits.account is not None
+    ledger = Ledger.open(create_resources(limits.membership.config, region=REGION, client=clients.client).table_name)
+    assert ledger.table.transact([ledger.limits.take_slot(1000, i, 32) for i in range(4)]) is None  # 128 held
+    limits.heartbeat()
+    assert limits.max_sessions() == 1000
+    with pytest.raises(RuntimeQuotaExceeded):
+        limits.runtime.invoke("new-session-00000000000000000000000000000", {}, time.monotonic() + 5)
+    learned = pool.account()
+    assert learned.active_cap == math.floor(BACKOFF * 128)
+    assert learned.active_ceiling == math.floor(CEILING_MARGIN * 128)  # the climb back stops under the refused level
+    limits.heartbeat()
+    assert limits.max_sessions() == int(learned.active_cap * 0.9)  # the reserve is left of the learned cap too
+
+
+def test_an_entrys_sessions_in_flight_are_read_from_the_counters_not_assumed(
+    resources: ExperimentResources, pool: PoolLedger
+) -> None:
+    """A process that never read the experiment's counters (a completer, the SDK) renews its entry with the sessions
+    its counters hold, not 0 (they vanished from the pool during a step's long tail, and another experiment was
+    granted them)."""
+    limits = experiment(resources, "tail")
+    assert limits.membership is not None
+    table = Ledger.open(create_resources(limits.membership.config, region=REGION, client=clients.client).table_name)
+    assert table.table.transact([table.limits.take_slot(200, 3, 5)]) is None
+    limits.membership.renew(force=True)
+    (entry,) = [m for m in pool.members() if m.name == "tail"]
+    assert entry.in_flight == 5
+
+
+def test_the_accounts_item_costs_one_write_unit_with_fifty_experiments(
+    resources: ExperimentResources, pool: PoolLedger
+) -> None:
+    """Fifty experiments have entries in the pool and book starts: the account's schedule item, written at every
+    start, stays under 1 KB (one write unit a start; the pool's one item grew ~460 bytes a member)."""
+    now = time.time()
+    for i in range(50):
+        pool.put_member(MemberEntry(f"member-{i:02d}", demand=math.inf, renewed_at=now, in_flight=9), now=now)
+    schedule = AccountSchedule(pool)
+    schedule.throttled()  # the backoff's attributes too
+    for _ in range(5):
+        assert schedule.pacer.reserve(time.monotonic() + 10) is not None
+    raw = clients.client("dynamodb").get_item(TableName=pool.table.name, Key=pool_key())["Item"]
+    assert len(pool.members()) == 50
+    assert item_size(raw) < 1024
+
+
+def item_size(item: dict[str, Any]) -> int:
+    """An item's size as DynamoDB counts it (about: names and values in UTF-8, numbers at their digits)."""
+    size = 0
+    for name, value in item.items():
+        ((kind, plain),) = value.items()
+        size += len(name.encode()) + (len(plain) // 2 + 2 if kind == "N" else len(json.dumps(plain).encode()))
+    return size
+
+
+def test_limits_use_the_clocks_they_are_given(resources: ExperimentResources, pool: PoolLedger) -> None:
+    """The schedules of an experiment run on the pacing clocks given (a bench's dilated clock, a test's virtual
+    one), the gate on its own."""
+    clocks = ThreadClocks(time.time() + 3600)
+    config = ExperimentConfig(name="clocked", tps_limit=50)
+    created = create_resources(config, region=REGION, client=clients.client)
+    limits = Limits(
+        Ledger.open(created.table_name).limits,
+        config,
+        RecordingRuntime(),
+        pool=pool,
+        pacing=Clocks(clocks.wall, time.monotonic, clocks.sleep),
+    )
+    start = limits.runtime.session.reserve(time.monotonic() + 5)
+    assert start is not None
+    assert start >= clocks.start

@@ -1,0 +1,480 @@
+"""local/moto_server's moto patches: the moto version they were written for, and the same answers as moto's own.
+
+`indexed_moto_queries` answers Query from a partition or an index bucket instead of a sort of the whole table;
+every query here runs twice on the same data, patched and through `unpatched_queries()` (moto's own code), and
+the pages must be identical: items and their order, Count, ScannedCount, LastEvaluatedKey.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from botocore.exceptions import ClientError
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rollout_pipeline.ledger import keys
+from rollout_pipeline.ledger.schema import create_table_kwargs
+from rollout_pipeline.local import moto_server
+from rollout_pipeline.local.moto_server import PATCHED_MOTO_VERSION, patch_moto, unpatched_queries
+
+ROOT = Path(__file__).resolve().parents[3]
+_tables = itertools.count()
+
+PKS = ("B#a", "B#b", "LIMIT")
+SKS = ("BATCH", "G#1", "G#2", "R#1#0", "R#1#1", "R#2#0", "R#3#0")
+DL = st.one_of(st.none(), st.sampled_from(("DL#0", "DL#1")))
+OB = st.one_of(st.none(), st.just("OB#0"))
+EPOCH = st.one_of(st.none(), st.integers(0, 4))
+KEY = st.tuples(st.sampled_from(PKS), st.sampled_from(SKS))
+
+
+@pytest.fixture
+def ddb(aws_env: None) -> Iterator[Any]:
+    from moto import mock_aws
+
+    patch_moto()
+    with mock_aws():
+        yield boto3.client("dynamodb", region_name="us-east-1")
+
+
+def new_table(ddb: Any) -> str:
+    name = f"ledger-{next(_tables)}"
+    ddb.create_table(**create_table_kwargs(name))
+    return name
+
+
+# ------------------------------------------------------------------------------------------- the moto version
+
+
+def test_moto_is_the_release_the_patches_were_written_for() -> None:
+    """Upgrading moto (constraints.txt, pyproject) must fail here until the patches are re-read against it."""
+    import moto
+
+    pins = {
+        path.name: re.findall(r"moto(?:\[server\])?==([\w.]+)", (ROOT / path).read_text())
+        for path in (Path("constraints.txt"), Path("pyproject.toml"))
+    }
+    assert moto.__version__ == PATCHED_MOTO_VERSION
+    assert pins["constraints.txt"] == [PATCHED_MOTO_VERSION]
+    assert set(pins["pyproject.toml"]) == {PATCHED_MOTO_VERSION}
+    from moto.dynamodb.models import DynamoDBBackend
+    from moto.dynamodb.models.table import Table
+
+    patch_moto()
+    for method in (Table.query, Table.put_item, Table.delete_item, DynamoDBBackend.update_item):
+        assert getattr(method, "rollouts_patched", False), method
+    assert getattr(DynamoDBBackend.transact_write_items, "rollouts_patched", False)
+    from moto.sqs.models import SQSBackend
+
+    for name in ("receive_message", *moto_server._SQS_OPERATIONS):
+        assert getattr(getattr(SQSBackend, name), "rollouts_patched", False), name
+
+
+def test_another_moto_release_is_left_unpatched_with_a_warning(monkeypatch: pytest.MonkeyPatch) -> None:
+    import moto
+
+    monkeypatch.setattr(moto, "__version__", "99.0.0")
+    assert not moto_server.moto_patchable()
+    with pytest.warns(RuntimeWarning, match="found moto 99.0.0; moto left unpatched"):
+        assert moto_server._refuse_other_moto("indexed_moto_queries")
+
+
+# ------------------------------------------------------------------------------------- SQS receives, atomic
+
+
+@pytest.fixture
+def sqs(aws_env: None) -> Iterator[Any]:
+    from moto import mock_aws
+
+    patch_moto()
+    with mock_aws():
+        yield boto3.client("sqs", region_name="us-east-1")
+
+
+def test_two_concurrent_receives_never_get_one_message_both(sqs: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """moto checks a message's visibility, then marks it received: two receives between those steps both got it
+    (a local consumer ran a dispatch twice). Marking is slowed here so that, unpatched, the second receive comes
+    between them every time."""
+    from moto.sqs.models import Message
+
+    url = sqs.create_queue(QueueName="atomic")["QueueUrl"]
+    sqs.send_message(QueueUrl=url, MessageBody="once")
+    mark = Message.mark_received
+
+    def slow_mark(self: Any, visibility_timeout: int | None = None) -> None:
+        time.sleep(0.2)
+        mark(self, visibility_timeout)
+
+    monkeypatch.setattr(Message, "mark_received", slow_mark)
+    got: list[str] = []
+    receivers = [
+        threading.Thread(
+            target=lambda: got.extend(m["Body"] for m in sqs.receive_message(QueueUrl=url).get("Messages", []))
+        )
+        for _ in range(2)
+    ]
+    for receiver in receivers:
+        receiver.start()
+    for receiver in receivers:
+        receiver.join(timeout=30)
+    assert got == ["once"]
+
+
+def test_a_long_poll_does_not_hold_back_the_send_it_waits_for(sqs: Any) -> None:
+    """A receive's wait is spent outside the lock: the message sent during it reaches it (held behind the long
+    poll, the send would land only once the receive had returned empty)."""
+    url = sqs.create_queue(QueueName="long-poll")["QueueUrl"]
+    got: list[Any] = []
+    receiver = threading.Thread(target=lambda: got.append(sqs.receive_message(QueueUrl=url, WaitTimeSeconds=10)))
+    receiver.start()
+    time.sleep(0.3)  # the receive is waiting (if it is not yet, it finds the message at once: the test holds)
+    sqs.send_message(QueueUrl=url, MessageBody="awaited")
+    receiver.join(timeout=30)
+    assert [m["Body"] for m in got[0].get("Messages", [])] == ["awaited"]
+
+
+# ------------------------------------------------------------------------------------------ query = moto's
+
+
+def _wire(pk: str, sk: str, dl: str | None, dl_sk: int | None, ob: str | None, ob_sk: int | None, x: int) -> Any:
+    item: dict[str, Any] = {keys.PK: {"S": pk}, keys.SK: {"S": sk}, "x": {"N": str(x)}}
+    for name, value in ((keys.DEADLINE_PK, dl), (keys.OUTBOX_PK, ob)):
+        if value is not None:
+            item[name] = {"S": value}
+    for name, number in ((keys.DEADLINE_SK, dl_sk), (keys.OUTBOX_SK, ob_sk)):
+        if number is not None:
+            item[name] = {"N": str(number)}
+    return item
+
+
+ITEMS = st.builds(_wire, st.sampled_from(PKS), st.sampled_from(SKS), DL, EPOCH, OB, EPOCH, st.integers(0, 2))
+#: New values an update may give each attribute (None: REMOVE), each of the attribute's type: strings for the index
+#: partition keys, numbers for the index sort keys (the table's AttributeDefinitions) and for `x` (the filter's).
+#: Real DynamoDB refuses an index key of the wrong type (ValidationException); moto stores it, and its own Query
+#: then fails to sort the index ('<' between str and Decimal), so a wrong type tests nothing but moto's crash.
+UPDATE_VALUES: dict[str, st.SearchStrategy[str | int | None]] = {
+    keys.DEADLINE_PK: st.one_of(st.none(), st.sampled_from(("DL#0", "DL#1"))),
+    keys.DEADLINE_SK: EPOCH,
+    keys.OUTBOX_PK: st.one_of(st.none(), st.just("OB#0")),
+    keys.OUTBOX_SK: EPOCH,
+    "x": st.one_of(st.none(), st.integers(0, 2)),
+}
+#: Attribute changes of an update: name -> new value (None: REMOVE).
+CHANGES = st.lists(st.sampled_from(sorted(UPDATE_VALUES)), min_size=1, max_size=3, unique=True).flatmap(
+    lambda names: st.fixed_dictionaries({name: UPDATE_VALUES[name] for name in names})
+)
+
+
+def _key(pk: str, sk: str) -> dict[str, Any]:
+    return {keys.PK: {"S": pk}, keys.SK: {"S": sk}}
+
+
+def _update(table: str, key: tuple[str, str], changes: dict[str, Any], guarded: bool) -> dict[str, Any]:
+    sets, removes = [], []
+    names: dict[str, str] = {}
+    values: dict[str, Any] = {}
+    for i, (name, value) in enumerate(sorted(changes.items())):
+        names[f"#a{i}"] = name
+        if value is None:
+            removes.append(f"#a{i}")
+        else:
+            sets.append(f"#a{i} = :v{i}")
+            values[f":v{i}"] = {"N": str(value)} if isinstance(value, int) else {"S": value}
+    expression = " ".join(
+        part
+        for part in ("SET " + ", ".join(sets) if sets else "", "REMOVE " + ", ".join(removes) if removes else "")
+        if part
+    )
+    request: dict[str, Any] = {
+        "TableName": table,
+        "Key": _key(*key),
+        "UpdateExpression": expression,
+        "ExpressionAttributeNames": names,
+    }
+    if values:
+        request["ExpressionAttributeValues"] = values
+    if guarded:  # fails on a missing item: a condition failure must leave the index as it was
+        request["ConditionExpression"] = "attribute_exists(pk)"
+    return request
+
+
+WRITE = st.one_of(
+    st.tuples(st.just("put"), ITEMS),
+    st.tuples(st.just("update"), KEY, CHANGES, st.booleans()),
+    st.tuples(st.just("delete"), KEY),
+)
+
+QUERY = st.fixed_dictionaries(
+    {
+        "target": st.sampled_from(("table", keys.DEADLINE_INDEX, keys.OUTBOX_INDEX)),
+        "partition": st.integers(0, 2),
+        "range": st.sampled_from((None, "lt", "between", "begins")),
+        "limit": st.one_of(st.none(), st.integers(1, 3)),
+        "forward": st.booleans(),
+        "filter": st.one_of(st.none(), st.integers(0, 2)),
+        "select_count": st.booleans(),
+    }
+)
+
+
+def _query_request(table: str, spec: dict[str, Any]) -> dict[str, Any]:
+    names: dict[str, str] = {}
+    values: dict[str, Any] = {}
+    if spec["target"] == "table":
+        names |= {"#p": keys.PK, "#s": keys.SK}
+        values[":p"] = {"S": PKS[spec["partition"]]}
+        ranges = {
+            "lt": ("#s < :a", {":a": {"S": "R#2"}}),
+            "between": ("#s BETWEEN :a AND :b", {":a": {"S": "G#2"}, ":b": {"S": "R#2#0"}}),
+            "begins": ("begins_with(#s, :a)", {":a": {"S": "R#"}}),
+        }
+    else:
+        pk, sk = (
+            (keys.DEADLINE_PK, keys.DEADLINE_SK)
+            if spec["target"] == keys.DEADLINE_INDEX
+            else (keys.OUTBOX_PK, keys.OUTBOX_SK)
+        )
+        names |= {"#p": pk, "#s": sk}
+        partitions = ("DL#0", "DL#1", "DL#9") if pk == keys.DEADLINE_PK else ("OB#0", "OB#9", "OB#0")
+        values[":p"] = {"S": partitions[spec["partition"]]}
+        ranges = {
+            "lt": ("#s < :a", {":a": {"N": "3"}}),
+            "between": ("#s BETWEEN :a AND :b", {":a": {"N": "1"}, ":b": {"N": "3"}}),
+            "begins": ("#s >= :a", {":a": {"N": "2"}}),
+        }
+    condition = "#p = :p"
+    if spec["range"] is None:
+        del names["#s"]
+    else:
+        extra, more = ranges[spec["range"]]
+        condition += f" AND {extra}"
+        values |= more
+    request: dict[str, Any] = {
+        "TableName": table,
+        "KeyConditionExpression": condition,
+        "ExpressionAttributeNames": names,
+        "ScanIndexForward": spec["forward"],
+    }
+    if spec["target"] != "table":
+        request["IndexName"] = spec["target"]
+    if spec["limit"] is not None:
+        request["Limit"] = spec["limit"]
+    if spec["filter"] is not None:
+        request["FilterExpression"] = "x = :x"
+        values[":x"] = {"N": str(spec["filter"])}
+    if spec["select_count"]:
+        request["Select"] = "COUNT"
+    request["ExpressionAttributeValues"] = values
+    return request
+
+
+def _pages(ddb: Any, request: dict[str, Any]) -> list[dict[str, Any]]:
+    pages: list[dict[str, Any]] = []
+    request = dict(request)
+    for _ in range(60):  # at most 7x3 items, one per page, plus the empty last page
+        page = ddb.query(**request)
+        page.pop("ResponseMetadata", None)
+        pages.append(page)
+        if "LastEvaluatedKey" not in page:
+            return pages
+        request["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+    raise AssertionError("query did not end")
+
+
+def assert_same_as_moto(ddb: Any, table: str, spec: dict[str, Any]) -> None:
+    request = _query_request(table, spec)
+    patched = _pages(ddb, request)
+    with unpatched_queries():
+        reference = _pages(ddb, request)
+    assert patched == reference, request
+
+
+def _write(ddb: Any, table: str, op: tuple[Any, ...]) -> None:
+    kind = op[0]
+    try:
+        if kind == "put":
+            ddb.put_item(TableName=table, Item=op[1])
+        elif kind == "update":
+            ddb.update_item(**_update(table, op[1], op[2], op[3]))
+        elif kind == "delete":
+            ddb.delete_item(TableName=table, Key=_key(*op[1]))
+    except ClientError as error:
+        if error.response["Error"]["Code"] != "ConditionalCheckFailedException":
+            raise
+
+
+def _transaction(ddb: Any, table: str, ops: list[tuple[Any, ...]], cancel: bool) -> None:
+    entries: list[dict[str, Any]] = []
+    for op in ops:
+        if op[0] == "put":
+            entries.append({"Put": {"TableName": table, "Item": op[1]}})
+        elif op[0] == "update":
+            entries.append({"Update": _update(table, op[1], op[2], False)})
+        else:
+            entries.append({"Delete": {"TableName": table, "Key": _key(*op[1])}})
+    if cancel:  # the last entry fails: every earlier write must be undone, in the table and in the index buckets
+        entries.append(
+            {
+                "ConditionCheck": {
+                    "TableName": table,
+                    "Key": _key("B#z", "never"),
+                    "ConditionExpression": "attribute_exists(pk)",
+                }
+            }
+        )
+    try:
+        ddb.transact_write_items(TransactItems=entries)
+    except ClientError as error:
+        if error.response["Error"]["Code"] not in ("TransactionCanceledException", "ValidationException"):
+            raise
+
+
+def _op_key(op: tuple[Any, ...]) -> tuple[str, str]:
+    if op[0] == "put":
+        return op[1][keys.PK]["S"], op[1][keys.SK]["S"]
+    return op[1]
+
+
+STEP = st.one_of(
+    WRITE,
+    st.tuples(st.just("transact"), st.lists(WRITE, min_size=1, max_size=4, unique_by=_op_key), st.booleans()),
+    st.tuples(
+        st.just("batch"),
+        st.lists(st.sampled_from(("put", "delete")), min_size=1, max_size=4),
+        st.lists(ITEMS, min_size=4, max_size=4, unique_by=lambda i: (i[keys.PK]["S"], i[keys.SK]["S"])),
+    ),
+    st.tuples(st.just("query"), QUERY),
+)
+
+
+def test_queries_give_moto_s_own_answers_as_items_are_written_moved_and_deleted(ddb: Any) -> None:
+    """Random writes (puts, updates moving items between index partitions or out of an index, deletes, batches,
+    transactions committed and cancelled) interleaved with random queries on the table and both GSIs (key
+    conditions, Limit and ExclusiveStartKey pages, both directions, filters, COUNT): every page equals moto's own."""
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(steps=st.lists(STEP, min_size=1, max_size=25), final=st.lists(QUERY, min_size=3, max_size=6))
+    def run(steps: list[tuple[Any, ...]], final: list[dict[str, Any]]) -> None:
+        table = new_table(ddb)
+        for step in steps:
+            kind = step[0]
+            if kind == "query":
+                assert_same_as_moto(ddb, table, step[1])
+            elif kind == "transact":
+                _transaction(ddb, table, step[1], step[2])
+            elif kind == "batch":
+                requests = [
+                    {"PutRequest": {"Item": item}}
+                    if action == "put"
+                    else {"DeleteRequest": {"Key": _key(item[keys.PK]["S"], item[keys.SK]["S"])}}
+                    for action, item in zip(step[1], step[2], strict=False)
+                ]
+                ddb.batch_write_item(RequestItems={table: requests})
+            else:
+                _write(ddb, table, step)
+        for spec in final:
+            assert_same_as_moto(ddb, table, spec)
+        ddb.delete_table(TableName=table)
+
+    run()
+
+
+@given(changes=CHANGES)
+def test_updates_give_each_attribute_a_value_of_its_type(changes: dict[str, Any]) -> None:
+    """Every value an update writes has the type real DynamoDB accepts: an index key's AttributeDefinitions type,
+    a number for `x` (the queries filter on `x = :x` with a number)."""
+    wanted = {
+        definition["AttributeName"]: definition["AttributeType"]
+        for definition in create_table_kwargs("ledger")["AttributeDefinitions"]
+    } | {"x": "N"}
+    request = _update("ledger", ("B#a", "R#1#0"), changes, guarded=False)
+    for placeholder, name in request["ExpressionAttributeNames"].items():
+        value = request.get("ExpressionAttributeValues", {}).get(placeholder.replace("#a", ":v"))
+        if value is not None:
+            assert list(value) == [wanted[name]], (name, value)
+
+
+def test_an_item_moved_between_index_partitions_and_removed_from_the_index(ddb: Any) -> None:
+    table = new_table(ddb)
+    ddb.put_item(TableName=table, Item=_wire("B#a", "R#1#0", "DL#0", 1, None, None, 0))
+    due = {
+        "target": keys.DEADLINE_INDEX,
+        "range": None,
+        "limit": None,
+        "forward": True,
+        "filter": None,
+        "select_count": False,
+    }
+
+    def deadline_pks(partition: int) -> list[str]:
+        items = ddb.query(**_query_request(table, {**due, "partition": partition}))["Items"]
+        assert_same_as_moto(ddb, table, {**due, "partition": partition})
+        return [item[keys.SK]["S"] for item in items]
+
+    assert deadline_pks(0) == ["R#1#0"]
+    ddb.update_item(**_update(table, ("B#a", "R#1#0"), {keys.DEADLINE_PK: "DL#1"}, True))
+    assert (deadline_pks(0), deadline_pks(1)) == ([], ["R#1#0"])
+    _transaction(ddb, table, [("update", ("B#a", "R#1#0"), {keys.DEADLINE_PK: "DL#0"}, False)], cancel=True)
+    assert (deadline_pks(0), deadline_pks(1)) == ([], ["R#1#0"])
+    ddb.update_item(**_update(table, ("B#a", "R#1#0"), {keys.DEADLINE_PK: None}, True))
+    assert (deadline_pks(0), deadline_pks(1)) == ([], [])
+    ddb.put_item(TableName=table, Item=_wire("B#a", "R#1#0", "DL#1", 2, None, None, 0))
+    assert deadline_pks(1) == ["R#1#0"]
+    ddb.delete_item(TableName=table, Key=_key("B#a", "R#1#0"))
+    assert deadline_pks(1) == []
+
+
+def test_queries_do_not_read_the_rest_of_the_table(ddb: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cost of a query must not grow with the table: moto's `Table.all_items` (every item, sorted) is never
+    called for a query on a partition or on an index partition (it was, for every page, before the patch)."""
+    from moto.dynamodb.models.table import Table
+
+    table = new_table(ddb)
+    ddb.put_item(TableName=table, Item=_wire("B#a", "R#1#0", "DL#0", 1, "OB#0", 2, 0))
+    ddb.put_item(TableName=table, Item=_wire("B#b", "R#1#0", None, None, None, None, 0))
+
+    def every_item(self: Any) -> list[Any]:
+        raise AssertionError("a query read every item of the table")
+
+    monkeypatch.setattr(Table, "all_items", every_item)
+    base = {"range": None, "limit": 1, "forward": True, "filter": None, "select_count": False, "partition": 0}
+    for target in ("table", keys.DEADLINE_INDEX, keys.OUTBOX_INDEX):
+        pages = _pages(ddb, _query_request(table, {**base, "target": target}))
+        assert sum(page["Count"] for page in pages) == 1
+
+
+def test_a_partition_query_sorts_only_the_items_its_sort_key_condition_selects(
+    ddb: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """moto sorts its candidates before applying the sort key condition: a batch partition holds every rollout, so a
+    `begins_with` Query of its few counters must not hand moto the whole partition to sort (only what the condition
+    selects, and the nearest item on each side: moto's LastEvaluatedKey depends on them)."""
+    from rollout_pipeline.local import moto_server
+
+    table = new_table(ddb)
+    for i in range(30):
+        ddb.put_item(TableName=table, Item=_wire("B#a", f"R#{i}#0", None, None, None, None, 0))
+    ddb.put_item(TableName=table, Item=_wire("B#a", "G#1", None, None, None, None, 0))
+    handed: list[int] = []
+    moto_candidates = moto_server._Candidates.all_items
+
+    def recorded(self: Any) -> list[Any]:
+        items = moto_candidates(self)
+        handed.append(len(items))
+        return items
+
+    monkeypatch.setattr(moto_server._Candidates, "all_items", recorded)
+    base = {"limit": None, "forward": True, "filter": None, "select_count": False, "partition": 0, "target": "table"}
+    pages = _pages(ddb, _query_request(table, {**base, "range": "between"}))  # sort keys G#2 .. R#2#0
+    selected = [sk for sk in [f"R#{i}#0" for i in range(30)] + ["G#1"] if "G#2" <= sk <= "R#2#0"]
+    assert [item[keys.SK]["S"] for page in pages for item in page["Items"]] == sorted(selected)
+    assert handed == [len(selected) + 2], "moto was handed what the condition selects and its neighbours only"
