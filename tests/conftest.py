@@ -52,15 +52,17 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return SuiteOrderScheduling(config, log)
 
 
+TESTS = Path(__file__).resolve().parent
 #: Suites that run under the faithful AWS profile by default (ROLLOUTS_AWS_PROFILE=moto switches it off).
 FAITHFUL_SUITES = ("integration", "e2e")
 
 
 @pytest.fixture(autouse=True)
 def aws_profile(request: pytest.FixtureRequest) -> Iterator[faithful.FaithfulProfile | None]:
-    """The faithful AWS profile (`fakes.faithful`) for every integration and e2e test, unless the test is
-    marked `plain_moto` or `ROLLOUTS_AWS_PROFILE=moto`. Yields the active profile (None: plain moto)."""
-    suite = request.node.path.parent.name
+    """The faithful AWS profile (`fakes.faithful`) for every integration and e2e test (the folder under tests/,
+    whatever the room below it), unless the test is marked `plain_moto` or `ROLLOUTS_AWS_PROFILE=moto`. Yields the
+    active profile (None: plain moto)."""
+    suite = request.node.path.resolve().relative_to(TESTS).parts[0]
     wanted = faithful.profile_from_env(faithful.FAITHFUL) == faithful.FAITHFUL
     if suite not in FAITHFUL_SUITES or not wanted or request.node.get_closest_marker("plain_moto"):
         yield None
