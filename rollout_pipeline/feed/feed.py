@@ -162,13 +162,14 @@ class Feed:
         """Send rollout `index` of `group` again at its next `attempt` (built from the group item)."""
         self.queue.send_all(self.queue_url, group.bodies([index], attempt=attempt))
 
-    def resend(self, message: RolloutMessage) -> None:
-        """Send `message` again as a fresh one (its receive count starts over): it found no limit in time."""
-        self.queue.send_all(self.queue_url, [message.model_dump_json(exclude_none=True)])
+    def resend(self, message: RolloutMessage, delay_s: int = 0) -> None:
+        """Send `message` again as a fresh one (its receive count starts over), visible after `delay_s` (SQS
+        DelaySeconds): it found no limit in time."""
+        self.queue.send_all(self.queue_url, [message.model_dump_json(exclude_none=True)], delay_s)
 
     def hold(self, message: RolloutMessage, delay_s: int) -> None:
-        """Send `message` again to come back after `delay_s` (SQS DelaySeconds): its budget is spent for now."""
-        self.queue.send_all(self.queue_url, [message.model_dump_json(exclude_none=True)], delay_s)
+        """`resend` to come back after `delay_s`: its budget is spent for now."""
+        self.resend(message, delay_s)
 
     # -------------------------------------------------------------------------------------------- internals
 

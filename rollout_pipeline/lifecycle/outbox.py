@@ -25,7 +25,7 @@ def drain(rec: RolloutRecord, deps: LifecycleDeps, **options: Any) -> bool:
     that filled it is published."""
 
     def published(group: GroupItem | None, batch: BatchView | None) -> None:
-        if (
+        if (  # `target` first: a group not oversampled asks nothing more (the result walk stays short)
             group is not None
             and group.target is not None
             and rec.state is RolloutState.SUCCEEDED

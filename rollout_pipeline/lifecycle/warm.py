@@ -173,12 +173,13 @@ class WarmTaker:
 
     def settle(self, done: list[str], held: list[str]) -> None:
         """Delete the offers used or stale, give the held ones back (best effort: the visibility timeout else)."""
-        for verb, receipts in (("delete", done), ("release", held)):
-            if receipts:
-                try:
-                    getattr(self.queue, verb)(self.queue_url, receipts)
-                except Exception:
-                    log.warning("%d warm offer(s) left to their visibility timeout", len(receipts), exc_info=True)
+        try:
+            if done:  # only an SQS batch that received offers asks the queue anything (none with the pool off)
+                self.queue.delete(self.queue_url, done)
+            if held:
+                self.queue.release(self.queue_url, held)
+        except Exception:
+            log.warning("%d warm offer(s) left to their visibility timeout", len(done) + len(held), exc_info=True)
 
     def note(self, kind: Literal["demand_at", "took_at"]) -> None:
         """Tell the pool (at most once per `DEMAND_NOTE_S`) that a rollout took a new session or a warm one."""
