@@ -132,26 +132,21 @@ class PoolSettingsError(ValueError):
 def pool_settings(values: dict[str, object], region: str | None) -> PoolSettings:
     """The pool's settings from `rollouts bootstrap`'s context, else the documented defaults of `region`. Raises
     `PoolSettingsError` naming every bad key."""
-    given: dict[str, float | int | str] = {}
+    given: dict[str, float] = {}
     problems = []
-    for key, field_name in POOL_CONTEXT_KEYS.items():
+    for key in [*POOL_CONTEXT_KEYS, RESERVE_KEY]:
         raw = values.get(key)
-        if raw in (None, ""):
-            continue
         try:
-            given[field_name] = int(str(raw)) if key == "active_session_quota" else float(str(raw))
+            if raw not in (None, ""):
+                given[key] = int(str(raw)) if key == "active_session_quota" else float(str(raw))
         except ValueError:
             problems.append(f"{key}: not a number (got {raw!r})")
-    reserve_raw = values.get(RESERVE_KEY)
-    try:
-        reserve = DEFAULT_RESERVE if reserve_raw in (None, "") else float(str(reserve_raw))
-    except ValueError:
-        problems.append(f"{RESERVE_KEY}: not a number (got {reserve_raw!r})")
-        reserve = DEFAULT_RESERVE
+    reserve = given.pop(RESERVE_KEY, DEFAULT_RESERVE)
     quotas = AccountQuotas.defaults(region)
     if values.get(SOURCE_KEY):
         quotas = replace(quotas, source=str(values[SOURCE_KEY]))
-    settings = PoolSettings(replace(quotas, **given), reserve=reserve)  # type: ignore[arg-type]
+    quotas = replace(quotas, **{POOL_CONTEXT_KEYS[key]: value for key, value in given.items()})  # type: ignore[arg-type]
+    settings = PoolSettings(quotas, reserve=reserve)
     problems += settings.problems()
     if problems:
         raise PoolSettingsError("invalid account pool settings: " + "; ".join(problems))

@@ -1,6 +1,6 @@
 """Schedule items: one paced budget each (GCRA), reserved by ONE conditional write per start (or block of starts).
 
-An item holds `tat` (the next free start, epoch us), `last_start`, `n` (starts booked) and, when the ITEM spaces
+An item holds `tat` (the next free start, epoch us), `n` (starts booked) and, when the ITEM spaces
 itself (an experiment's share, the account's schedule), `interval_us`. A reservation is one of two conditional
 writes, free (`tat <= not_before`) or busy (`not_before < tat <= latest`), the caller's guess first; a failed write
 answers the item as it was (`ReturnValuesOnConditionCheckFailure`), which decides the next step without a read."""
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from rollout_pipeline.ledger.attributes import item_values
 from rollout_pipeline.ledger.retry import LedgerError
@@ -27,7 +27,6 @@ class PaceView:
     session schedule, when its share was last set (`renewed_us`) and the active sessions it allows (`active`)."""
 
     tat_us: int = 0
-    last_start_us: int = 0
     interval_us: int = 0
     booked: int = 0
     renewed_us: int = 0
@@ -38,7 +37,6 @@ class PaceView:
         item = item or {}
         return cls(
             tat_us=int(item.get("tat") or 0),
-            last_start_us=int(item.get("last_start") or 0),
             interval_us=int(item.get("interval_us") or 0),
             booked=int(item.get("n") or 0),
             renewed_us=int(item.get("renewed_us") or 0),
@@ -46,21 +44,10 @@ class PaceView:
         )
 
 
-@dataclass(frozen=True)
-class ScheduleItem:
-    """A schedule item as read or written (plain values): its schedule (`pace`) and everything else it holds."""
-
-    values: Mapping[str, Any]
-
-    @property
-    def pace(self) -> PaceView:
-        return PaceView.of(self.values)
-
-
-@dataclass(frozen=True)
-class Reserved(ScheduleItem):
+class Reserved(NamedTuple):
     """A reservation's first start (epoch us; None: none in the window, or no spacing yet) and the item as left."""
 
+    values: Mapping[str, Any]
     slot_us: int | None = None
 
 
@@ -85,17 +72,14 @@ def reserve(
     values: dict[str, Any] = {":exp": not_before_us // 1_000_000 + PACE_TTL_S, ":k": count, ":nb": not_before_us}
     if step == ":span":
         values[":span"] = interval_us * count
-        values[":last"] = interval_us * (count - 1)
     if item_spacing and count > 1:
         values[":iv"] = interval_us
-    last_free = ":nb + :last" if step == ":span" else ":nb"
-    last_busy = "tat + :last" if step == ":span" else "tat"
 
     def take_free() -> tuple[Reserved | None, Mapping[str, Any]]:
         return _write(
             table,
             key,
-            f"SET last_start = {last_free}, tat = :nb + {step}, expires_at = :exp ADD n :k",
+            f"SET tat = :nb + {step}, expires_at = :exp ADD n :k",
             f"(attribute_not_exists(tat) OR tat <= :nb){guard}",
             values,
             first=lambda _item: not_before_us,
@@ -106,7 +90,7 @@ def reserve(
         return _write(
             table,
             key,
-            f"SET last_start = {last_busy}, tat = tat + {step}, expires_at = :exp ADD n :k",
+            f"SET tat = tat + {step}, expires_at = :exp ADD n :k",
             f"tat > :nb AND tat <= :latest{guard}",
             {**values, ":latest": latest_us},
             first=lambda item: int(item["tat"]) - span(item),
@@ -144,10 +128,10 @@ def _write(
     return Reserved(item, first(item)), {}
 
 
-def read(table: LedgerTable, key: Mapping[str, Any]) -> ScheduleItem:
-    """A schedule item (strongly consistent; empty when there is none)."""
+def read(table: LedgerTable, key: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A schedule item's plain values (strongly consistent; empty when there is none)."""
     raw = table.get(key)
-    return ScheduleItem(item_values(raw) if raw else {})
+    return item_values(raw) if raw else {}
 
 
 def set_spacing(
@@ -158,7 +142,7 @@ def set_spacing(
     condition: str | None = None,
     values: Mapping[str, Any] | None = None,
     also: Mapping[str, Any] | None = None,
-) -> ScheduleItem | None:
+) -> Mapping[str, Any] | None:
     """Give a schedule item its own spacing (and `also`) if `condition` holds; the item as written, else None."""
     extra = dict(also or {})
     sets = ["interval_us = :set_iv", *(f"{name} = :set_{name}" for name in extra)]
@@ -166,7 +150,7 @@ def set_spacing(
     written = table.update(
         key, "SET " + ", ".join(sets), condition, {**merged, **(values or {})}, return_values="ALL_NEW"
     )
-    return None if written is None else ScheduleItem(item_values(written))
+    return None if written is None else item_values(written)
 
 
 class PaceSchedule:
@@ -181,6 +165,6 @@ class PaceSchedule:
         """`reserve` on this item (`not_before_us`, `latest_us`, `busy_first`, `count`, `interval_us`)."""
         return reserve(self.table, self.key, item_spacing=self.item_spacing, **window)
 
-    def read(self) -> ScheduleItem:
-        """The item, strongly consistent (empty when there is none)."""
+    def read(self) -> Mapping[str, Any]:
+        """The item's plain values, strongly consistent (empty when there is none)."""
         return read(self.table, self.key)

@@ -6,6 +6,7 @@ account)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 from rollout_pipeline.config import ExperimentConfig, invoke_rate_cap, new_sessions_cap
 from rollout_pipeline.ledger.limits import LimitLedger
@@ -39,14 +40,8 @@ class Limits:
         group_admission: bool = True,
     ) -> None:
         clocks, pacing = clocks or Clocks(), pacing or Clocks()
-        again = {
-            "pool": pool,
-            "clocks": clocks,
-            "pacing": pacing,
-            "metrics": metrics,
-            "group_admission": group_admission,
-        }
-        self._again: Callable[[], Limits] = lambda: Limits(ledger, config, runtime, **again)  # type: ignore[arg-type]
+        again = partial(Limits, ledger, config, runtime, pool=pool, clocks=clocks, pacing=pacing, metrics=metrics)
+        self._again: Callable[[], Limits] = partial(again, group_admission=group_admission)
         data_plane, self._session_rate = own_limits(config)
         self.account: AccountSchedule | None = None
         self.membership: Membership | None = None

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from rollout_pipeline.ledger import pace
 from rollout_pipeline.ledger.ledger import Ledger
 from rollout_pipeline.ledger.limits import LimitLedger
 from rollout_pipeline.local.resources import ExperimentResources
@@ -37,7 +38,7 @@ def _reserve(ledger: LimitLedger, now_us: int, *, busy_first: bool, ahead_us: in
     answer = ledger.schedule("session#0").reserve(
         not_before_us=now_us, latest_us=now_us + ahead_us, interval_us=INTERVAL_US, busy_first=busy_first
     )
-    return answer.slot_us, answer.pace.tat_us
+    return answer.slot_us, pace.PaceView.of(answer.values).tat_us
 
 
 def test_either_order_gives_the_same_slots(resources: ExperimentResources) -> None:
