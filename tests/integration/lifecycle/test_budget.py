@@ -44,12 +44,14 @@ USAGE = {"_rollout_usage": {"cpu_s": 1.0, "rollouts": 1}}
 
 def budget_deps(resources: ExperimentResources, clock: ShiftedClock, **settings: object) -> LifecycleDeps:
     fake = FakeAgentRuntime(behaviour=AgentBehaviour(extra=USAGE))
-    # the session rate and call rate do not bind here: a round starts what the free slots allow. A result's write
+    # the session rate and call rate do not bind here: a round starts what the free slots allow. The experiment
+    # keeps its own limits (`pool=None`): through the account pool, its share of new sessions starts at the
+    # minimum and follows demand on the wall clock, so rounds started 0-3 of 5 free slots. A result's write
     # time is its S3 event's (real time) while the test's clock runs 60 s a round ahead of it: the idle timeout is
     # the longest, so a session's bound (its result's write plus the idle timeout) never falls before its start
     # and every rollout costs its 60 s, however many rounds pass before it runs.
     limits = {"max_sessions": 5, "session_rate_limit": 1000, "tps_limit": 1000, "idle_timeout_s": 28_800, **settings}
-    return make_deps(resources, fake, clock=clock, limits=limits, budget_recheck_s=0)  # type: ignore[arg-type]
+    return make_deps(resources, fake, clock=clock, limits=limits, budget_recheck_s=0, pool=None)  # type: ignore[arg-type]
 
 
 def one_round(resources: ExperimentResources, deps: LifecycleDeps, clock: ShiftedClock) -> Counter[Dispatch]:
