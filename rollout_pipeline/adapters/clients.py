@@ -1,7 +1,8 @@
 """The one boto3 client factory: Lambdas (through `wiring.Wiring`), the SDK and local mode all make clients here.
 
 A `ClientFactory` holds one boto3 session, a region and (local mode) an endpoint URL, and creates each service's
-client on first use, then reuses it (boto3 clients are thread-safe). Nothing imports boto3 until a client is
+client on first use, then reuses it (boto3 clients are thread-safe). Its sessions share the process's one botocore
+data loader (`new_session`): each service model is parsed once per process. Nothing imports boto3 until a client is
 needed: `lazy(service)` hands out a stand-in that creates the real client on its first attribute access, so a
 Lambda wires every port at start and pays `import boto3` (~180 ms) and each client only when a call needs it.
 
@@ -14,6 +15,7 @@ tests and benchmarks reach moto through it.
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from typing import Any, Final
@@ -66,9 +68,7 @@ class ClientFactory:
     def session(self) -> Any:
         with self._lock:
             if self._session is None:
-                import boto3
-
-                self._session = boto3.session.Session(region_name=self._region)
+                self._session = new_session(self._region)
                 for event_name, handler in self._hooks:
                     self._session.events.register(event_name, handler)
             return self._session
@@ -140,6 +140,32 @@ class ClientFactory:
         with self._lock:
             self._clients.clear()
             self._session = self._given_session
+
+
+_loader_lock = threading.Lock()
+
+
+@functools.cache
+def _data_loader(data_path: str | None) -> Any:
+    import botocore.loaders
+
+    return botocore.loaders.create_loader(data_path)
+
+
+def new_session(region: str | None = None) -> Any:
+    """A boto3 session on the process's one botocore data loader (per `AWS_DATA_PATH`): a session of its own
+    (credentials, region, hooks), but each service model and endpoint file is read and parsed once per process, not
+    once per session (about 40 ms a session and client; tests, the SDK and local mode make hundreds of sessions)."""
+    import boto3
+    import botocore.session
+
+    core = botocore.session.get_session()
+    loader = _data_loader(core.get_config_variable("data_path"))
+    core.register_component("data_loader", loader)
+    session = boto3.session.Session(botocore_session=core, region_name=region)
+    with _loader_lock:  # boto3 appends its own data folder to its session's loader: once is enough
+        loader.search_paths[:] = list(dict.fromkeys(loader.search_paths))
+    return session
 
 
 class LazyClient:

@@ -96,6 +96,12 @@ def synth(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Synthesized]:
         yield synthesize(tmp_path_factory.mktemp("cdk.out"))
 
 
+@pytest.fixture(scope="session")
+def synth_destroyed(tmp_path_factory: pytest.TempPathFactory) -> Synthesized:
+    """`-c results_retention=destroy`: everything the stack made goes with it."""
+    return synthesize(tmp_path_factory.mktemp("cdk.out.destroy"), results_retention="destroy")
+
+
 ALARM_EMAIL = "ops@example.com"
 #: HTTP sinks of `synth_local_image`: every kind of authorization, a path parameter, bodies per detail type.
 SINKS: list[dict[str, Any]] = [

@@ -112,10 +112,8 @@ def test_build_logs_have_a_retention_and_exist_before_the_build(synth: Synthesiz
     assert logs_id in build["DependsOn"]
 
 
-def test_destroy_variant_empties_and_removes_the_repository(tmp_path: Path) -> None:
-    from tests.infra.conftest import synthesize
-
-    destroyed = synthesize(tmp_path, results_retention="destroy")
+def test_destroy_variant_empties_and_removes_the_repository(synth_destroyed: Synthesized) -> None:
+    destroyed = synth_destroyed
     (repo,) = destroyed.of_type("AWS::ECR::Repository").values()
     assert repo["DeletionPolicy"] == "Delete"
     assert repo["Properties"]["EmptyOnDelete"] is True

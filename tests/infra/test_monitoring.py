@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,7 +13,7 @@ from rollout_pipeline.metric_names import METRICS_NAMESPACE
 from rollout_pipeline.observability import SERVICES
 from stacks.functions import LOG_RETENTION_DAYS
 from stacks.monitoring import AGENTCORE_NAMESPACE, FAILURE_RATE, LIMIT_WAIT_MINUTES, SESSION_QUOTA_SHARE
-from tests.infra.conftest import ALARM_EMAIL, EXPERIMENT, Synthesized, synthesize
+from tests.infra.conftest import ALARM_EMAIL, EXPERIMENT, Synthesized
 
 
 def alarm(synth: Synthesized, name: str) -> dict[str, Any]:
@@ -223,11 +222,11 @@ def _log_group_of(synth: Synthesized, function_id: str, function: dict[str, Any]
 
 @pytest.mark.parametrize("retention", ["retain", "destroy"])
 def test_every_function_writes_to_a_log_group_of_the_stack_that_exists_first(
-    synth: Synthesized, tmp_path: Path, retention: str
+    synth: Synthesized, synth_destroyed: Synthesized, retention: str
 ) -> None:
     """Also CDK's singleton handlers (BucketNotificationsHandler, the S3 auto-delete provider): Lambda would create
     a log group that never expires, outside the stack, on their first invocation."""
-    stack = synth if retention == "retain" else synthesize(tmp_path, results_retention="destroy")
+    stack = synth if retention == "retain" else synth_destroyed
     functions = stack.of_type("AWS::Lambda::Function")
     assert len(functions) >= 7
     customs = {lid: r for lid, r in stack.resources.items() if r["Type"].startswith("Custom::")}

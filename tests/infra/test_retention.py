@@ -7,12 +7,11 @@ behind with a fixed name makes the next `cdk deploy` of the same experiment fail
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.infra.conftest import Synthesized, synthesize
+from tests.infra.conftest import Synthesized
 
 #: Properties that give a resource a fixed physical name (CloudFormation generates one when they are absent).
 NAME_PROPERTIES = ("BucketName", "TableName", "RepositoryName", "LogGroupName", "QueueName", "TopicName")
@@ -82,11 +81,13 @@ REFUSING_TYPES = ("AWS::DynamoDB::Table", "AWS::ECR::Repository", "AWS::S3::Buck
 
 
 @pytest.mark.parametrize("retention", ["retain", "destroy"])
-def test_a_failed_create_can_delete_everything_it_made(synth: Synthesized, tmp_path: Path, retention: str) -> None:
+def test_a_failed_create_can_delete_everything_it_made(
+    synth: Synthesized, synth_destroyed: Synthesized, retention: str
+) -> None:
     """RetainExceptOnCreate makes CloudFormation delete what a failed create made; one resource it cannot delete
     turns the rollback into ROLLBACK_FAILED: a protected table, a repository holding the image pushed before the
     runtime failed, a bucket holding objects."""
-    stack = synth if retention == "retain" else synthesize(tmp_path, results_retention="destroy")
+    stack = synth if retention == "retain" else synth_destroyed
     checked = {
         lid: resource
         for lid, resource in stack.resources.items()
@@ -103,7 +104,9 @@ def test_the_access_log_bucket_is_emptied_and_deleted_with_the_stack(synth: Synt
     assert logs in _emptied_buckets(synth)
 
 
-def test_retained_buckets_stop_logging_before_the_access_log_bucket_goes(synth: Synthesized, tmp_path: Path) -> None:
+def test_retained_buckets_stop_logging_before_the_access_log_bucket_goes(
+    synth: Synthesized, synth_destroyed: Synthesized
+) -> None:
     """`cdk destroy` deletes the access-log bucket and keeps the input and results buckets: their logging is turned
     off first (a custom resource's Delete, which runs before the buckets it depends on are deleted), so they never
     log into a bucket that is gone, or that another account has created since under its name."""
@@ -122,8 +125,7 @@ def test_retained_buckets_stop_logging_before_the_access_log_bucket_goes(synth: 
         assert logs in resource["DependsOn"]
         (bucket,) = [lid for lid in logged if lid in text]
         assert bucket in resource["DependsOn"]
-    destroyed = synthesize(tmp_path, results_retention="destroy")
-    assert not [r for r in destroyed.of_type("Custom::AWS").values() if "putBucketLogging" in json.dumps(r)]
+    assert not [r for r in synth_destroyed.of_type("Custom::AWS").values() if "putBucketLogging" in json.dumps(r)]
 
 
 def _protection(synth: Synthesized) -> dict[str, Any]:
@@ -133,7 +135,7 @@ def _protection(synth: Synthesized) -> dict[str, Any]:
     return found
 
 
-def test_the_ledger_is_protected_only_once_the_runtime_exists(synth: Synthesized, tmp_path: Path) -> None:
+def test_the_ledger_is_protected_only_once_the_runtime_exists(synth: Synthesized, synth_destroyed: Synthesized) -> None:
     ((table_id, table),) = synth.of_type("AWS::DynamoDB::Table").items()
     assert table["Properties"]["DeletionProtectionEnabled"] is False, "a failed create must be able to delete it"
     protection = _protection(synth)
@@ -143,6 +145,6 @@ def test_the_ledger_is_protected_only_once_the_runtime_exists(synth: Synthesized
     assert '\\"DeletionProtectionEnabled\\":true' in create
     assert '\\"DeletionProtectionEnabled\\":false' in delete, "a failed create turns it off before the table goes"
     assert table_id in create
-    destroyed = _protection(synthesize(tmp_path, results_retention="destroy"))
+    destroyed = _protection(synth_destroyed)
     assert '\\"DeletionProtectionEnabled\\":false' in json.dumps(destroyed["Properties"]["Create"])
     assert destroyed["DeletionPolicy"] == "Delete"

@@ -185,11 +185,11 @@ def release(queue_url: str, records: Sequence[Mapping[str, Any]]) -> None:
 
 
 def dispatch_once(
-    resources: ExperimentResources, deps: LifecycleDeps, wait_s: float = PACED_WAIT_S
+    resources: ExperimentResources, deps: LifecycleDeps, wait_s: float = PACED_WAIT_S, max_messages: int = 10
 ) -> BatchOutcome[Dispatch]:
     import time
 
-    records = receive_records(resources.rollout_queue_url)
+    records = receive_records(resources.rollout_queue_url, max_messages)
     result = dispatch_records(records, deps, wait_until=time.monotonic() + wait_s)
     ack(resources.rollout_queue_url, records, result.failures)
     return result

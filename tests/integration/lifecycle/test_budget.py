@@ -44,21 +44,29 @@ USAGE = {"_rollout_usage": {"cpu_s": 1.0, "rollouts": 1}}
 
 def budget_deps(resources: ExperimentResources, clock: ShiftedClock, **settings: object) -> LifecycleDeps:
     fake = FakeAgentRuntime(behaviour=AgentBehaviour(extra=USAGE))
-    # the session rate and call rate do not bind here: a round starts what the free slots allow. A result's write
+    # the session rate and call rate do not bind here: a round starts what the free slots allow. The experiment
+    # keeps its own limits (`pool=None`): through the account pool, its share of new sessions starts at the
+    # minimum and follows demand on the wall clock, so rounds started 0-3 of 5 free slots. A result's write
     # time is its S3 event's (real time) while the test's clock runs 60 s a round ahead of it: the idle timeout is
     # the longest, so a session's bound (its result's write plus the idle timeout) never falls before its start
     # and every rollout costs its 60 s, however many rounds pass before it runs.
     limits = {"max_sessions": 5, "session_rate_limit": 1000, "tps_limit": 1000, "idle_timeout_s": 28_800, **settings}
-    return make_deps(resources, fake, clock=clock, limits=limits, budget_recheck_s=0)  # type: ignore[arg-type]
+    return make_deps(resources, fake, clock=clock, limits=limits, budget_recheck_s=0, pool=None)  # type: ignore[arg-type]
 
 
-def one_round(resources: ExperimentResources, deps: LifecycleDeps, clock: ShiftedClock) -> Counter[Dispatch]:
+def one_round(
+    resources: ExperimentResources, deps: LifecycleDeps, clock: ShiftedClock, *, fill: bool = False
+) -> Counter[Dispatch]:
     """One dispatcher pass over the queue (up to the free slots, the rest held or waiting), 60 s, the results.
-    It stops receiving once every slot is taken: the rest would only wait at the gate and be re-sent."""
+    It stops receiving once every slot is taken: the rest would only wait at the gate and be re-sent. `fill`: it
+    receives `max_sessions` at a time (as many as the slots a round frees), each with time to pass the gate (a
+    burst's settling, a poll), so a round starts what the slots allow however loaded the machine; else 10 at a
+    time, the ones without a slot given back after 0.3 s (the gate orders the 10 in hand: group order)."""
     outcomes: Counter[Dispatch] = Counter()
     queued = queue_depth(resources.rollout_queue_url)
-    for _ in range(6):  # every message of the queue seen once: 40 at most, 10 a receive
-        result = dispatch_once(resources, deps, wait_s=0.3)
+    per_receive, wait_s = (deps.config.max_sessions, 2.0) if fill else (10, 0.3)
+    for _ in range(-(-40 // per_receive)):  # every message of the queue seen once: 40 at most
+        result = dispatch_once(resources, deps, wait_s=wait_s, max_messages=per_receive)
         outcomes.update(result.outcomes.values())
         seen = sum(outcomes.values())
         if not result.outcomes or seen >= queued or outcomes[Dispatch.INVOKED] >= deps.config.max_sessions:
@@ -82,7 +90,7 @@ def test_a_spent_budget_pauses_dispatch_and_raising_it_completes_the_batch_exact
     rounds = 0
     while True:
         rounds += 1
-        outcomes = one_round(resources, deps, clock)
+        outcomes = one_round(resources, deps, clock, fill=True)
         dispatched += outcomes[Dispatch.INVOKED]
         if outcomes[Dispatch.HELD_BUDGET]:
             break
@@ -102,7 +110,7 @@ def test_a_spent_budget_pauses_dispatch_and_raising_it_completes_the_batch_exact
     assert spent >= budget
 
     for _ in range(3):  # still paused: held again and again, announced once
-        outcomes = one_round(resources, deps, clock)
+        outcomes = one_round(resources, deps, clock, fill=True)
         assert outcomes[Dispatch.INVOKED] == 0
         assert outcomes[Dispatch.HELD_BUDGET] >= 40 - dispatched  # re-sent with no delay here: seen again at once
         assert queue_depth(resources.rollout_queue_url) == 40 - dispatched
@@ -122,7 +130,7 @@ def test_a_spent_budget_pauses_dispatch_and_raising_it_completes_the_batch_exact
     experiment_args = ["-e", "test-exp", "--region", REGION, "--outputs-file", str(outputs_file(resources))]
     assert main(["budget", "set", *experiment_args, "1"]) == EXIT_OK
     for _ in range(60):  # bounded; a handful of rounds on an idle machine
-        one_round(resources, deps, clock)
+        one_round(resources, deps, clock, fill=True)
         if queue_depth(resources.rollout_queue_url) == 0:
             break
     completed += by_type(trainer_events(resources), "Rollout Completed")

@@ -214,7 +214,7 @@ def test_limits_hold_under_concurrency(resources: ExperimentResources, fake: Fak
     stop = threading.Event()
     errors: list[BaseException] = []
 
-    def worker() -> None:
+    def dispatcher() -> None:
         try:
             while not stop.is_set():
                 records = receive_records(resources.rollout_queue_url, max_messages=3)
@@ -223,22 +223,35 @@ def test_limits_hold_under_concurrency(resources: ExperimentResources, fake: Fak
                     # writes are slow (a loaded machine), so a 1 s budget could requeue every invoke forever.
                     result = dispatch_records(records, deps, wait_until=paced_until())
                     ack(resources.rollout_queue_url, records, result.failures)
-                completions = receive_records(resources.completion_queue_url, max_messages=5)
-                if completions:
-                    ack(resources.completion_queue_url, completions, complete_records(completions, deps).failures)
-                if not records and not completions:
-                    time.sleep(0.05)
+                else:
+                    time.sleep(0.1)
         except BaseException as exc:  # surfaced below
             errors.append(exc)
 
-    workers = [threading.Thread(target=worker) for _ in range(6)]
+    def completer() -> None:  # its own consumers, as the completion Lambda: never behind a dispatch's wait
+        try:
+            while not stop.is_set():
+                completions = receive_records(resources.completion_queue_url, max_messages=5)
+                if completions:
+                    ack(resources.completion_queue_url, completions, complete_records(completions, deps).failures)
+                else:
+                    time.sleep(0.1)
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    workers = [threading.Thread(target=role) for role in [dispatcher] * 6 + [completer] * 2]
     for w in workers:
         w.start()
     finished: set[str] = set()
     deadline = time.monotonic() + 240  # bounded; about 10 s on an idle machine
+    looked = 0.0
     while time.monotonic() < deadline:
-        if batch_view(resources, BATCH).terminal >= total:
-            break
+        # The batch's view is a Query (moto: milliseconds, under the lock every worker needs): looked at once every
+        # session has been ended, before that at most once a second.
+        if len(finished) >= total or time.monotonic() - looked >= 1.0:
+            looked = time.monotonic()
+            if batch_view(resources, BATCH).terminal >= total:
+                break
         running = fake.running_sessions()
         working = sorted(running - finished)
         if working and (len(running) >= 4 or len({c.session_id for c in fake.invocations()}) >= total):

@@ -73,6 +73,20 @@ def test_one_acr_client_configuration_for_lambdas_sdk_and_default() -> None:
     assert ClientFactory().client("sqs").meta.config.retries["total_max_attempts"] == 6
 
 
+@pytest.mark.usefixtures("aws_env")
+def test_every_session_reads_each_service_model_once_per_process() -> None:
+    """Sessions of their own (credentials, region, hooks) on one botocore data loader: a service model parsed for
+    one factory's client is not parsed again for the next factory's (botocore caches each file in its loader), and
+    boto3's data folder is searched once."""
+    first, second = ClientFactory(region="us-east-1"), ClientFactory(region="eu-west-1")
+    assert first.session is not second.session
+    loader = first.session._session.get_component("data_loader")
+    assert second.session._session.get_component("data_loader") is loader
+    first.client("sqs")
+    assert len(loader.search_paths) == len(set(loader.search_paths))
+    assert second.client("sqs").meta.region_name == "eu-west-1"
+
+
 def test_the_warm_pools_calls_in_flight_fit_the_sweepers_agentcore_client() -> None:
     """A warm-pool tick has up to `CALLS_IN_FLIGHT` warm-ups (keep-alives, stops) in flight on the sweeper's one
     AgentCore client: its connection pool holds them all (with fewer, calls wait for a connection or open and drop
