@@ -1,6 +1,6 @@
 """Schedule items: one paced budget each (GCRA), reserved by ONE conditional write per start (or block of starts).
 
-An item holds `tat` (the next free start, epoch us), `n` (starts booked) and, when the ITEM spaces
+An item holds `tat` (the next free start, epoch us), `last_start`, `n` (starts booked) and, when the ITEM spaces
 itself (an experiment's share, the account's schedule), `interval_us`. A reservation is one of two conditional
 writes, free (`tat <= not_before`) or busy (`not_before < tat <= latest`), the caller's guess first; a failed write
 answers the item as it was (`ReturnValuesOnConditionCheckFailure`), which decides the next step without a read."""
@@ -72,14 +72,17 @@ def reserve(
     values: dict[str, Any] = {":exp": not_before_us // 1_000_000 + PACE_TTL_S, ":k": count, ":nb": not_before_us}
     if step == ":span":
         values[":span"] = interval_us * count
+        values[":last"] = interval_us * (count - 1)
     if item_spacing and count > 1:
         values[":iv"] = interval_us
+    last_free = ":nb + :last" if step == ":span" else ":nb"
+    last_busy = "tat + :last" if step == ":span" else "tat"
 
     def take_free() -> tuple[Reserved | None, Mapping[str, Any]]:
         return _write(
             table,
             key,
-            f"SET tat = :nb + {step}, expires_at = :exp ADD n :k",
+            f"SET last_start = {last_free}, tat = :nb + {step}, expires_at = :exp ADD n :k",
             f"(attribute_not_exists(tat) OR tat <= :nb){guard}",
             values,
             first=lambda _item: not_before_us,
@@ -90,7 +93,7 @@ def reserve(
         return _write(
             table,
             key,
-            f"SET tat = tat + {step}, expires_at = :exp ADD n :k",
+            f"SET last_start = {last_busy}, tat = tat + {step}, expires_at = :exp ADD n :k",
             f"tat > :nb AND tat <= :latest{guard}",
             {**values, ":latest": latest_us},
             first=lambda item: int(item["tat"]) - span(item),
