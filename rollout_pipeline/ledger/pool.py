@@ -64,7 +64,6 @@ class MemberEntry:
     sessions_cap: float | None = None
     max_sessions: int = 0
     demand: float = 0.0
-    waiting: bool = False
     in_flight: int = 0
     renewed_at: float = 0.0
     booked: int = 0
