@@ -151,8 +151,7 @@ class Membership:
             log.warning("renewal of the experiment's share in the account pool failed", exc_info=True)
 
     def renew(self, *, force: bool = False, demand: float | None = None) -> bool:
-        """Renew the experiment's entry and share (`demand`: asked for, else by `_demand`); False when another
-        process renewed first."""
+        """Renew the entry and share (`demand`: as asked, else `_demand`); False when another process renewed first."""
         with self._lock:
             now = self._wall()
             if not force and now - self.session.renewed_us / 1e6 <= self._due_after:
@@ -181,10 +180,9 @@ class Membership:
             return won
 
     def _demand(self, last: MemberEntry | None, now: float) -> float:
-        """New sessions/s the experiment asks for: all it can get on a first renewal, while rollouts wait here or
-        its schedule is booked ahead, else what it started since its last renewal x `HEADROOM`; what that renewal
-        asked when it was under a round ago or this process's view of the schedule is older than it (the sweeper):
-        a rate it cannot measure (nothing once that entry is no longer live)."""
+        """New sessions/s the experiment asks for: all it can get on a first renewal, while rollouts wait here or its
+        schedule is booked ahead, else what it started since its last renewal x `HEADROOM` (what that renewal asked
+        when under a round ago or this process's view of the schedule is older: nothing once it is not live)."""
         booked_ahead = self.session.tat_us / 1e6 > now + BACKLOG_AHEAD_S
         if last is None or booked_ahead or self._backlog_until > now or self._waiting():
             return math.inf

@@ -281,3 +281,17 @@ def test_the_sweepers_renewal_keeps_the_demand_of_a_live_entry(
     assert entry_of(pool, "swept").demand == asked
     assert sweeper.membership is not None
     assert sweeper.membership.share() == pytest.approx(share)
+
+
+def test_a_renewal_stamped_earlier_never_overwrites_a_later_one(
+    resources: ExperimentResources, pool: PoolLedger
+) -> None:
+    """Two processes of an experiment renew at once, one asking for nothing (its last rollout booked its start), the
+    other for all it can get a moment earlier: whichever write lands last, the entry is the later renewal's (the
+    earlier one overwrote the idle entry, and the others kept its share until it aged past `LIVE_S`)."""
+    now = time.time()
+    pool.put_member(MemberEntry("racing", demand=0.0, renewed_at=now), now=now)
+    pool.put_member(MemberEntry("racing", demand=math.inf, renewed_at=now - 0.05), now=now - 0.05)
+    assert entry_of(pool, "racing").demand == 0.0
+    pool.put_member(MemberEntry("racing", demand=2.0, renewed_at=now + 1), now=now + 1)
+    assert entry_of(pool, "racing").demand == 2.0
