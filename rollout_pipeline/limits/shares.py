@@ -164,19 +164,19 @@ class Membership:
             me = replace(me, share=rate, active_share=active)
             self.pool.put_member(me, now=now)
             self.entry = me
+            stamp_us = int((now - (2 * RENEW_S if me.demand == 0 else 0.0)) * 1e6)  # asking nothing: due at once
             won = self.limits.set_share(
                 "session",
                 interval_us(rate),
                 active=active,
-                renewed_us=int(now * 1e6),
+                renewed_us=stamp_us,
                 after_us=int((now - (0.0 if force else RENEW_S * 0.5)) * 1e6),
             )
             self.renewals += won
             self.lost += not won
             self._due_after = RENEW_S * random.uniform(1.0, 1.3)
             if won:
-                self.session = replace(self.session, interval_us=interval_us(rate), active=active)
-                self.session = replace(self.session, renewed_us=int(now * 1e6))
+                self.session = replace(self.session, interval_us=interval_us(rate), active=active, renewed_us=stamp_us)
             return won
 
     def _demand(self, last: MemberEntry | None, now: float) -> float:

@@ -231,12 +231,12 @@ def test_an_experiment_with_nothing_left_to_book_gives_its_share_to_the_others_a
     assert clock() - entry_of(pool, "paused").renewed_at < LIVE_S
 
 
-def test_a_resumed_experiment_asks_for_all_it_can_get_and_starts_at_its_new_spacing_at_once(
+def test_an_experiment_that_asked_for_nothing_renews_at_its_next_start_and_books_at_its_new_spacing_at_once(
     resources: ExperimentResources, pool: PoolLedger
 ) -> None:
-    """Rollouts wait again at the gate of an experiment that asked for nothing: its first renewal asks for all it can
-    get (a rate measured over its idle time said 0, and its rollouts booked starts 2 s apart for 20 s), and the
-    start it booked at the idle spacing holds back none after it (the next start comes at the new spacing)."""
+    """An experiment asked for nothing (its share: a start every 2 s) and starts again: the start it books renews
+    its share at once (not a round later), and that start, booked at the idle spacing, holds back none after it (its
+    rollouts booked starts 2 s apart: 21 s before it started at its share in two default bench_capacity runs)."""
     clock = ManualClock(time.time())
     limits = experiment(resources, "resumed", pacing=Clocks(clock, time.monotonic, clock.sleep))
     assert limits.membership is not None
@@ -246,18 +246,32 @@ def test_a_resumed_experiment_asks_for_all_it_can_get_and_starts_at_its_new_spac
     first = session.reserve(time.monotonic() + 5, lead_s=0.01)
     assert first is not None
     assert session.tat >= first + 1.0 / MIN_SHARE_PER_S
-    clock.advance(RENEW_S * 1.3 + 0.01)
+    wait_for(lambda: math.isinf(entry_of(pool, "resumed").demand), what="its share renewed (the clock stands still)")
+    wait_for(lambda: limits.membership is not None and limits.membership.share() > 5 * MIN_SHARE_PER_S)
+    second = session.reserve(time.monotonic() + 5, lead_s=0.01)
+    assert second is not None
+    assert second < first + 1.0 / MIN_SHARE_PER_S
+
+
+def test_rollouts_waiting_at_the_gate_ask_for_all_the_experiment_can_get(
+    resources: ExperimentResources, pool: PoolLedger
+) -> None:
+    """A rollout waits at the gate of an experiment whose entry lapsed (it had no work for a while): its renewal asks
+    for all it can get (the rate measured since the last renewal, 0, gave it the idle spacing)."""
+    clock = ManualClock(time.time())
+    limits = experiment(resources, "waiting", pacing=Clocks(clock, time.monotonic, clock.sleep), max_sessions=32)
+    assert limits.membership is not None
+    ledger = Ledger.open(create_resources(limits.membership.config, region=REGION, client=clients.client).table_name)
+    assert ledger.table.transact([ledger.limits.take_slot(32, i) for i in range(32)]) is None  # it stays waiting
+    limits.membership.renew(force=True, demand=0.0)
+    clock.advance(LIVE_S + 1)
     waiter = threading.Thread(target=limits.gate.wait, args=(time.monotonic() + 30, "batch-0002"), daemon=True)
     waiter.start()
     wait_for(limits.gate.queued, what="a rollout waiting at the gate")
     assert limits.membership.renew(force=True)
     limits.gate.close()
     waiter.join(timeout=30)
-    assert math.isinf(entry_of(pool, "resumed").demand)
-    assert limits.membership.share() > 5 * MIN_SHARE_PER_S
-    second = session.reserve(time.monotonic() + 5, lead_s=0.01)
-    assert second is not None
-    assert second < first + 1.0 / MIN_SHARE_PER_S
+    assert math.isinf(entry_of(pool, "waiting").demand)
 
 
 def test_the_sweepers_renewal_keeps_the_demand_of_a_live_entry(
