@@ -146,10 +146,11 @@ def set_spacing(
     values: Mapping[str, Any] | None = None,
     also: Mapping[str, Any] | None = None,
 ) -> Mapping[str, Any] | None:
-    """Give a schedule item its own spacing (and `also`) if `condition` holds; the item as written, else None."""
-    extra = dict(also or {})
-    sets = ["interval_us = :set_iv", *(f"{name} = :set_{name}" for name in extra)]
-    merged = {":set_iv": max(1, interval_us), **{f":set_{name}": value for name, value in extra.items()}}
+    """Give a schedule item its own spacing (and `also`) if `condition` holds, its next start at its last one plus the
+    new spacing (a start booked at a wider one holds none back); the item as written, else None."""
+    extra = {"interval_us": max(1, interval_us), **(also or {})}
+    sets = ["tat = if_not_exists(last_start, :zero) + :set_interval_us", *(f"{name} = :set_{name}" for name in extra)]
+    merged = {":zero": 0, **{f":set_{name}": value for name, value in extra.items()}}
     written = table.update(
         key, "SET " + ", ".join(sets), condition, {**merged, **(values or {})}, return_values="ALL_NEW"
     )

@@ -4,6 +4,7 @@ entry per experiment (docs/lifecycle.md, "Limits"). The rules are the `limits` a
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -64,7 +65,6 @@ class MemberEntry:
     sessions_cap: float | None = None
     max_sessions: int = 0
     demand: float = 0.0
-    waiting: bool = False
     in_flight: int = 0
     renewed_at: float = 0.0
     booked: int = 0
@@ -146,14 +146,15 @@ class PoolLedger:
         )
 
     def put_member(self, entry: MemberEntry, *, now: float) -> None:
-        """Write an experiment's entry (its renewal)."""
-        self.table.ddb.put_item(
-            TableName=self.table.name,
-            Item={
-                **member_key(entry.name),
-                **plain_values({**entry._stored(), "expires_at": int(now) + MEMBER_TTL_S}),
-            },
-        )
+        """Write an experiment's entry (its renewal), unless a renewal stamped later wrote it first."""
+        stored = {**entry._stored(), "expires_at": int(now) + MEMBER_TTL_S}
+        with contextlib.suppress(self.table.ddb.exceptions.ConditionalCheckFailedException):
+            self.table.ddb.put_item(
+                TableName=self.table.name,
+                Item={**member_key(entry.name), **plain_values(stored)},
+                ConditionExpression="attribute_not_exists(renewed_at) OR renewed_at <= :at",
+                ExpressionAttributeValues=plain_values({":at": entry.renewed_at}),
+            )
 
     def snapshot(self) -> tuple[AccountView, list[MemberEntry]]:
         """The account's item and every experiment's entry, in ONE strongly consistent Query of the partition."""

@@ -53,21 +53,13 @@ def start_rate(view: AccountView, now: float) -> float:
 class AccountSchedule:
     """The account's schedule as one process holds it: its `pacer` on the item and the latest view of the item."""
 
-    def __init__(
-        self,
-        pool: PoolLedger,
-        *,
-        clocks: Clocks | None = None,
-        members_in_flight: Callable[[], int] | None = None,
-    ) -> None:
+    def __init__(self, pool: PoolLedger, *, clocks: Clocks | None = None) -> None:
         self.pool = pool
         self._wall = (clocks or Clocks()).wall
-        self._members_in_flight = members_in_flight or (lambda: sum(m.in_flight for m in pool.members()))
         self.view: AccountView | None = None
         self._climb_checked = -math.inf
-        self.pacer = Pacer(
-            pool.schedule(), ACCOUNT, clocks=clocks, guess_busy=True, on_item=self._seen, on_unspaced=self._space
-        )
+        self.pacer = Pacer(pool.schedule(), ACCOUNT, clocks=clocks, guess_busy=True, on_item=self._seen)
+        self.pacer.on_unspaced = lambda: self._respace(self._read(), self._wall())  # an item with no spacing yet
         self.on_throttled: Callable[[], None] = lambda: None
         self.decreases = self.climbs = self.caps_learned = 0
 
@@ -87,9 +79,6 @@ class AccountSchedule:
         self._climb_checked = now
         if start_interval_us(view, now) != view.pace.interval_us:
             self.climbs += self._respace(view, now) is not None
-
-    def _space(self) -> None:
-        self._respace(self._read(), self._wall())
 
     def _respace(self, view: AccountView, now: float) -> AccountView | None:
         """Space the schedule as its backoff is now (unless another process moved the backoff meanwhile)."""
@@ -134,7 +123,7 @@ class AccountSchedule:
         if view.active_cap_at > 0 and now - view.active_cap_at < BACKOFF_HOLD_S:
             return
         try:
-            held = self._members_in_flight()
+            held = sum(m.in_flight for m in self.pool.members())
             cap, current = max(1, math.floor(BACKOFF * max(1, held))), active_cap(view, now)
             if cap >= current:
                 return  # already under what the account showed it holds: sessions above the cap are draining

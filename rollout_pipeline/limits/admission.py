@@ -138,6 +138,8 @@ class SlotGate:
         self._burst_since: float | None = None
         self._empty_since: float | None = None
         self._closed = False
+        #: Called when this process's last rollout in hand leaves (its start booked, or sent back).
+        self.on_clear: Callable[[], None] = lambda: None
 
     def close(self) -> None:
         """End every wait now and later at once, as if its `wait_until` had passed (a process shutting down)."""
@@ -170,6 +172,7 @@ class SlotGate:
             cleared = not self._in_hand()
         if cleared:
             self._publish()  # the last rollout in hand takes the process off the board
+            self.on_clear()
 
     def _in_hand(self) -> bool:
         return bool(self._queue or self._held)

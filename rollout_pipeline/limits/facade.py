@@ -5,6 +5,7 @@ account)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from functools import partial
 
@@ -70,7 +71,7 @@ class Limits:
                 MIN_SHARE_PER_S,  # until its first renewal: one start a horizon
                 guess_busy=True,
                 on_item=membership.seen,
-                on_unspaced=membership.first_share,
+                on_unspaced=lambda: membership.renew(force=True, demand=math.inf),  # a first start: asks for all
                 on_backlog=membership.note_backlog,
                 clocks=pacing,
             )
@@ -82,15 +83,19 @@ class Limits:
             clocks=pacing,
         )
         self.runtime = LimitedRuntime(runtime, tps, session, metrics, account=self.account, stops=stops)
+        board = AdmissionBoard(ledger, wall=clocks.wall) if group_admission else None
         self.gate = SlotGate(
             self.shards.in_flight,
             self.shards.max_sessions,
             session,
             in_flight_and_board=self.shards.in_flight_and_board,
-            board=AdmissionBoard(ledger, wall=clocks.wall) if group_admission else None,
+            board=board,
             monotonic=clocks.monotonic,
             sleep=clocks.sleep,
         )
+        if self.membership is not None and board is not None:
+            member = self.membership
+            self.gate.on_clear = lambda: member.idle(lambda: bool(self.gate.queued() or board.others()))
 
     def for_another_process(self) -> Limits:
         """The same limits as another process holds them (benches and tests model each Lambda as a process)."""
@@ -111,8 +116,7 @@ class Limits:
         if self.membership is None:
             return self._session_rate
         self.membership.note_backlog()  # the caller wants to start sessions: its share is asked for all it can get
-        if not self.membership.session.renewed_us:
-            self.membership.renew(force=True)
+        self.sessions_to_hold()  # renewed first when it has no share yet
         return self.membership.share()
 
     def heartbeat(self) -> float | None:

@@ -56,15 +56,11 @@ def fair_shares(
     """Experiment `name`'s fair shares of the account's new-session `rate` and of `active_budget` active sessions."""
     entries = [m for m in members if m.weight > 0]
     live = {m.name: m for m in entries if now - m.renewed_at <= LIVE_S}
-    wants = {n: (m.weight, capped(m.demand, m.sessions_cap)) for n, m in live.items()}
+    wants = {n: (m.weight, min(m.demand, m.sessions_cap or math.inf)) for n, m in live.items()}
     holding = {m.name: m for m in entries if now - m.renewed_at <= ACTIVE_LIVE_S}
     active_wants = {n: (m.weight, float(m.max_sessions if n in live else m.in_flight)) for n, m in holding.items()}
     share = water_fill(rate, wants).get(name, 0.0)
     return share, int(water_fill(active_budget, active_wants).get(name, 0.0) + 1e-9)
-
-
-def capped(demand: float, cap: float | None) -> float:
-    return demand if cap is None else min(demand, cap)
 
 
 def interval_us(rate: float) -> int:
@@ -118,11 +114,6 @@ class Membership:
         if surge:
             self.renew_behind(force=True)
 
-    def first_share(self) -> None:
-        """A new session needs a start and the schedule has no spacing yet: renew now, asking for all it can get."""
-        self._backlog_until = self._wall() + BACKLOG_HOLD_S
-        self.renew(force=True)
-
     def throttled(self) -> None:
         self._throttles += 1
 
@@ -139,58 +130,69 @@ class Membership:
         """New sessions per second of its share, by the latest view (0 before its first renewal)."""
         return (1.0 + LATENESS_S) * 1e6 / self.session.interval_us if self.session.interval_us else 0.0
 
+    def idle(self, waiting: Callable[[], bool]) -> None:
+        """This process's last rollout in hand has booked its start: unless rollouts of the experiment wait again
+        (`waiting()`: here or in another process), it asks for nothing now, so the others take its share at their
+        next renewal, not once its entry is `LIVE_S` old (in the background: the caller is about to start)."""
+        self._backlog_until = 0.0
+        threading.Thread(target=self._renew_quietly, args=(True, waiting), name="pool-idle", daemon=True).start()
+
     def renew_behind(self, *, force: bool = False) -> None:
         if self._behind is not None and self._behind.is_alive():
             return
         self._behind = threading.Thread(target=self._renew_quietly, args=(force,), name="pool-share", daemon=True)
         self._behind.start()
 
-    def _renew_quietly(self, force: bool) -> None:
+    def _renew_quietly(self, force: bool, idle_unless: Callable[[], bool] | None = None) -> None:
         try:
-            self.renew(force=force)
+            if idle_unless is None or not idle_unless():
+                self.renew(force=force, demand=None if idle_unless is None else 0.0)
         except Exception:  # the next view starts another; shares are advisory meanwhile
             log.warning("renewal of the experiment's share in the account pool failed", exc_info=True)
 
-    def renew(self, *, force: bool = False) -> bool:
-        """Renew the experiment's entry and share; False when another process renewed first."""
+    def renew(self, *, force: bool = False, demand: float | None = None) -> bool:
+        """Renew the entry and share (`demand`: as asked, else `_demand`); False when another process renewed first."""
         with self._lock:
             now = self._wall()
             if not force and now - self.session.renewed_us / 1e6 <= self._due_after:
                 return False
-            account, entries = self.pool.snapshot()
-            self.account.view = account
-            members = {m.name: m for m in entries}
-            self.members = entries
-            me = self._entry(members.get(self.config.name), now)
+            self.account.view, self.members = self.pool.snapshot()
+            members = {m.name: m for m in self.members}
+            last = members.get(self.config.name)
+            me = self._entry(last, now, self._demand(last, now) if demand is None else demand)
             rate, active = self.shares({**members, me.name: me}, now)
             me = replace(me, share=rate, active_share=active)
             self.pool.put_member(me, now=now)
             self.entry = me
+            stamp_us = int((now - (2 * RENEW_S if me.demand == 0 else 0.0)) * 1e6)  # asking nothing: due at once
             won = self.limits.set_share(
                 "session",
                 interval_us(rate),
                 active=active,
-                renewed_us=int(now * 1e6),
+                renewed_us=stamp_us,
                 after_us=int((now - (0.0 if force else RENEW_S * 0.5)) * 1e6),
             )
             self.renewals += won
             self.lost += not won
             self._due_after = RENEW_S * random.uniform(1.0, 1.3)
             if won:
-                self.session = replace(self.session, interval_us=interval_us(rate), active=active)
-                self.session = replace(self.session, renewed_us=int(now * 1e6))
+                self.session = replace(self.session, interval_us=interval_us(rate), active=active, renewed_us=stamp_us)
             return won
 
-    def _entry(self, last: MemberEntry | None, now: float) -> MemberEntry:
+    def _demand(self, last: MemberEntry | None, now: float) -> float:
+        """New sessions/s the experiment asks for: all it can get on a first renewal, while rollouts wait here or its
+        schedule is booked ahead, else what it started since its last renewal x `HEADROOM` (what that renewal asked
+        when under a round ago or this process's view of the schedule is older: nothing once it is not live)."""
+        booked_ahead = self.session.tat_us / 1e6 > now + BACKLOG_AHEAD_S
+        if last is None or booked_ahead or self._backlog_until > now or self._waiting():
+            return math.inf
+        since, started = now - last.renewed_at, self.session.booked - last.booked
+        if since < RENEW_S or started < 0:
+            return last.demand if since <= LIVE_S else 0.0
+        return HEADROOM * started / since
+
+    def _entry(self, last: MemberEntry | None, now: float, demand: float) -> MemberEntry:
         config = self.config
-        backlog = self._backlog_until > now or self.session.tat_us / 1e6 > now + BACKLOG_AHEAD_S
-        if backlog or last is None:  # a first renewal: its experiment is about to start sessions
-            demand = math.inf
-        elif now <= last.renewed_at:
-            demand = last.demand
-        else:
-            started = max(0, self.session.booked - last.booked)
-            demand = HEADROOM * started / max(now - last.renewed_at, RENEW_S)
         count, read_at = self._in_flight()
         if now - read_at > 2 * RENEW_S:  # never a figure this process did not just read
             count = self._read_in_flight()
@@ -201,7 +203,6 @@ class Membership:
             sessions_cap=new_sessions_cap(config.session_rate_limit, config.tps_limit, config.invoke_rate_limit),
             max_sessions=config.max_sessions,
             demand=demand,
-            waiting=self._waiting(),
             in_flight=count,
             renewed_at=now,
             booked=self.session.booked,

@@ -19,13 +19,15 @@ from rollout_pipeline.config import ExperimentConfig
 from rollout_pipeline.ledger.ledger import Ledger
 from rollout_pipeline.ledger.pool import MemberEntry, PoolLedger
 from rollout_pipeline.ledger.pool_schema import pool_key
-from rollout_pipeline.limits.account import CEILING_MARGIN, AccountSchedule
+from rollout_pipeline.limits.account import CEILING_MARGIN, RENEW_S, AccountSchedule
 from rollout_pipeline.limits.facade import Limits
 from rollout_pipeline.limits.pacing import BACKOFF, Clocks
+from rollout_pipeline.limits.shares import LIVE_S, MIN_SHARE_PER_S
 from rollout_pipeline.local.resources import ExperimentResources, create_resources
 from rollout_pipeline.ports import RuntimeQuotaExceeded, RuntimeRateExceeded
 from rollout_pipeline.quotas import AccountQuotas, PoolSettings
-from tests.doubles import ThreadClocks
+from tests.conftest import wait_for
+from tests.doubles import ManualClock, ThreadClocks
 from tests.integration.limits.test_limits_pacing import RecordingRuntime, busiest_sliding_window
 
 REGION = "us-east-1"
@@ -38,13 +40,20 @@ def pool(resources: ExperimentResources) -> PoolLedger:
     return ledger
 
 
-def experiment(resources: ExperimentResources, name: str, runtime: Any = None, **settings: Any) -> Limits:
+def experiment(
+    resources: ExperimentResources, name: str, runtime: Any = None, pacing: Clocks | None = None, **settings: Any
+) -> Limits:
     """Experiment `name`'s limits through the account pool (its own table, the shared pool table)."""
     config = ExperimentConfig(name=name, **{"tps_limit": 50, "max_sessions": 200, **settings})
     created = create_resources(config, region=REGION, client=clients.client)
     ledger = Ledger.open(created.table_name).limits
     pool = PoolLedger.open(resources.settings().pool_table_name or "", region=REGION)
-    return Limits(ledger, config, runtime or RecordingRuntime(), pool=pool)
+    return Limits(ledger, config, runtime or RecordingRuntime(), pool=pool, pacing=pacing)
+
+
+def entry_of(pool: PoolLedger, name: str) -> MemberEntry:
+    (entry,) = [m for m in pool.members() if m.name == name]
+    return entry
 
 
 def test_experiments_booking_at_once_keep_every_sliding_second_of_the_account_within_its_budget(
@@ -194,3 +203,109 @@ def test_limits_use_the_clocks_they_are_given(resources: ExperimentResources, po
     start = limits.runtime.session.reserve(time.monotonic() + 5)
     assert start is not None
     assert start >= clocks.start
+
+
+def test_an_experiment_with_nothing_left_to_book_gives_its_share_to_the_others_at_their_next_renewal(
+    resources: ExperimentResources, pool: PoolLedger
+) -> None:
+    """The last rollout in hand of experiment `paused` books its start and no process of it has another waiting (its
+    feed stopped): its entry asks for nothing at once, and `busy`'s next renewal, a round later, takes the whole rate
+    while `paused`'s entry is still live (the share went only once the entry aged past `LIVE_S`: 3-5 s)."""
+    clock = ManualClock(time.time())
+    paused, busy = (
+        experiment(resources, name, pacing=Clocks(clock, time.monotonic, clock.sleep)) for name in ("paused", "busy")
+    )
+    assert paused.membership is not None
+    assert busy.membership is not None
+    assert busy.account is not None
+    for limits in (paused, busy):
+        limits.membership.renew(force=True)  # first renewals: each asks for all it can get
+    rate = busy.account.rate()
+    assert busy.membership.share() == pytest.approx(rate / 2, rel=0.01)
+    paused.gate.hold(["batch-0001"])[0].leave()  # its start booked: nothing in hand, none waiting on its board
+    wait_for(lambda: entry_of(pool, "paused").demand == 0.0, what="the paused experiment to ask for nothing")
+    clock.advance(RENEW_S * 1.3 + 0.01)
+    busy.membership.note_backlog()  # its rollouts wait for the rate
+    assert busy.membership.renew()
+    assert busy.membership.share() == pytest.approx(rate, rel=0.01)
+    assert clock() - entry_of(pool, "paused").renewed_at < LIVE_S
+
+
+def test_an_experiment_that_asked_for_nothing_renews_at_its_next_start_and_books_at_its_new_spacing_at_once(
+    resources: ExperimentResources, pool: PoolLedger
+) -> None:
+    """An experiment asked for nothing (its share: a start every 2 s) and starts again: the start it books renews
+    its share at once (not a round later), and that start, booked at the idle spacing, holds back none after it (its
+    rollouts booked starts 2 s apart: 21 s before it started at its share in two default bench_capacity runs)."""
+    clock = ManualClock(time.time())
+    limits = experiment(resources, "resumed", pacing=Clocks(clock, time.monotonic, clock.sleep))
+    assert limits.membership is not None
+    limits.membership.renew(force=True, demand=0.0)  # idle
+    assert limits.membership.share() == pytest.approx(MIN_SHARE_PER_S, rel=0.01)
+    session = limits.runtime.session
+    first = session.reserve(time.monotonic() + 5, lead_s=0.01)
+    assert first is not None
+    assert session.tat >= first + 1.0 / MIN_SHARE_PER_S
+    wait_for(lambda: math.isinf(entry_of(pool, "resumed").demand), what="its share renewed (the clock stands still)")
+    wait_for(lambda: limits.membership is not None and limits.membership.share() > 5 * MIN_SHARE_PER_S)
+    second = session.reserve(time.monotonic() + 5, lead_s=0.01)
+    assert second is not None
+    assert second < first + 1.0 / MIN_SHARE_PER_S
+
+
+def test_rollouts_waiting_at_the_gate_ask_for_all_the_experiment_can_get(
+    resources: ExperimentResources, pool: PoolLedger
+) -> None:
+    """A rollout waits at the gate of an experiment whose entry lapsed (it had no work for a while): its renewal asks
+    for all it can get (the rate measured since the last renewal, 0, gave it the idle spacing)."""
+    clock = ManualClock(time.time())
+    limits = experiment(resources, "waiting", pacing=Clocks(clock, time.monotonic, clock.sleep), max_sessions=32)
+    assert limits.membership is not None
+    ledger = Ledger.open(create_resources(limits.membership.config, region=REGION, client=clients.client).table_name)
+    assert ledger.table.transact([ledger.limits.take_slot(32, i) for i in range(32)]) is None  # it stays waiting
+    limits.membership.renew(force=True, demand=0.0)
+    clock.advance(LIVE_S + 1)
+    waiter = threading.Thread(target=limits.gate.wait, args=(time.monotonic() + 30, "batch-0002"), daemon=True)
+    waiter.start()
+    wait_for(limits.gate.queued, what="a rollout waiting at the gate")
+    assert limits.membership.renew(force=True)
+    limits.gate.close()
+    waiter.join(timeout=30)
+    assert math.isinf(entry_of(pool, "waiting").demand)
+
+
+def test_the_sweepers_renewal_keeps_the_demand_of_a_live_entry(
+    resources: ExperimentResources, pool: PoolLedger
+) -> None:
+    """The sweeper renews the entry once a minute from a process that never saw the experiment's schedule: while the
+    dispatchers renew it, it keeps what they asked (it measured 0 started and set the experiment's share to nothing
+    for a round: a backlogged experiment started 0.5 a second, every minute)."""
+    clock = ManualClock(time.time())
+    dispatcher = experiment(resources, "swept", pacing=Clocks(clock, time.monotonic, clock.sleep))
+    sweeper = dispatcher.for_another_process()
+    assert dispatcher.membership is not None
+    for _ in range(3):
+        assert dispatcher.runtime.session.reserve(time.monotonic() + 5) is not None
+    clock.advance(RENEW_S)
+    assert dispatcher.membership.renew(force=True)
+    asked, share = entry_of(pool, "swept").demand, dispatcher.membership.share()
+    assert asked > 0
+    clock.advance(RENEW_S * 1.5)
+    sweeper.heartbeat()
+    assert entry_of(pool, "swept").demand == asked
+    assert sweeper.membership is not None
+    assert sweeper.membership.share() == pytest.approx(share)
+
+
+def test_a_renewal_stamped_earlier_never_overwrites_a_later_one(
+    resources: ExperimentResources, pool: PoolLedger
+) -> None:
+    """Two processes of an experiment renew at once, one asking for nothing (its last rollout booked its start), the
+    other for all it can get a moment earlier: whichever write lands last, the entry is the later renewal's (the
+    earlier one overwrote the idle entry, and the others kept its share until it aged past `LIVE_S`)."""
+    now = time.time()
+    pool.put_member(MemberEntry("racing", demand=0.0, renewed_at=now), now=now)
+    pool.put_member(MemberEntry("racing", demand=math.inf, renewed_at=now - 0.05), now=now - 0.05)
+    assert entry_of(pool, "racing").demand == 0.0
+    pool.put_member(MemberEntry("racing", demand=2.0, renewed_at=now + 1), now=now + 1)
+    assert entry_of(pool, "racing").demand == 2.0
