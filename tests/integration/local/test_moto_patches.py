@@ -75,7 +75,7 @@ def test_moto_is_the_release_the_patches_were_written_for() -> None:
     assert getattr(DynamoDBBackend.transact_write_items, "rollouts_patched", False)
     from moto.sqs.models import SQSBackend
 
-    for name in ("receive_message", *moto_server._SQS_OPERATIONS):
+    for name in ("receive_message", "is_message_valid_based_on_retention_period", *moto_server._SQS_OPERATIONS):
         assert getattr(getattr(SQSBackend, name), "rollouts_patched", False), name
 
 
@@ -140,6 +140,31 @@ def test_a_long_poll_does_not_hold_back_the_send_it_waits_for(sqs: Any) -> None:
     sqs.send_message(QueueUrl=url, MessageBody="awaited")
     receiver.join(timeout=30)
     assert [m["Body"] for m in got[0].get("Messages", [])] == ["awaited"]
+
+
+def test_a_receive_costs_no_scan_of_the_queue_per_message_and_keeps_the_retention(
+    sqs: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """moto computed every attribute of the queue (each a scan of its messages) for every message a receive
+    returned, to read the retention period: 0.8 s of CPU for a receive of 10 from a queue of 1,000 warm offers, under
+    the lock every SQS request takes. The patched receive reads no attribute; an expired message is still not
+    returned."""
+    from moto.core import utils
+    from moto.sqs.models import Queue
+
+    url = sqs.create_queue(QueueName="deep", Attributes={"MessageRetentionPeriod": "60"})["QueueUrl"]
+    for start in range(0, 30, 10):
+        entries = [{"Id": str(i), "MessageBody": f"m{start + i}"} for i in range(10)]
+        sqs.send_message_batch(QueueUrl=url, Entries=entries)
+    reads = itertools.count()
+    attributes = Queue.attributes.fget
+    assert attributes is not None
+    monkeypatch.setattr(Queue, "attributes", property(lambda queue: (next(reads), attributes(queue))[1]))
+    assert len(sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10)["Messages"]) == 10
+    assert next(reads) == 0, "no attribute of the queue computed for the messages returned"
+    later = utils.unix_time() + 120
+    monkeypatch.setattr(utils, "unix_time", lambda _dt=None: later)  # 2 min on: past the queue's 60 s retention
+    assert sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10).get("Messages", []) == []
 
 
 # ------------------------------------------------------------------------------------------ query = moto's
