@@ -90,7 +90,8 @@ class Timeline:
         self.entered: dict[tuple[str, int], float] = {}
         self.begun: dict[tuple[str, int], float] = {}
         self.releases: list[tuple[float, int]] = []
-        self.sqs_batches: list[tuple[float, int]] = []
+        #: Per SQS batch a dispatcher handled: (dispatcher, received, handled, rollouts).
+        self.sqs_batches: list[tuple[str, float, float, int]] = []
         self.rollout_queue_url = ""
 
     def reset(self, on: bool, rollout_queue_url: str = "") -> None:
@@ -147,10 +148,13 @@ class Timeline:
 
         def records(rs: Any, deps: Any, *, wait_until: float) -> Any:
             timeline._note(timeline.received, [timeline._key(str(r["body"])) for r in rs])
-            with timeline.lock:
-                if timeline.on:
-                    timeline.sqs_batches.append((time.time(), len(rs)))
-            return dispatch_records(rs, deps, wait_until=wait_until)
+            received = time.time()
+            try:
+                return dispatch_records(rs, deps, wait_until=wait_until)
+            finally:
+                with timeline.lock:
+                    if timeline.on:
+                        timeline.sqs_batches.append((threading.current_thread().name, received, time.time(), len(rs)))
 
         def body(text: str, deps: Any, **kwargs: Any) -> Any:
             timeline._note(timeline.entered, [timeline._key(text)])
@@ -169,9 +173,10 @@ class Timeline:
         RolloutLedger.begin_dispatch = begin_dispatch  # type: ignore[method-assign]
 
     def summary(self, submitted: float, invoked: dict[tuple[str, int], float], calls: list[Any]) -> dict[str, Any]:
-        """Per stage of admission, seconds from the submit (p50, p90, max) and between stages; the last rollout's
-        path; the releases and the SQS batches the dispatchers received; AgentCore's calls during admission by
-        kind (what shared the `tps` budget with the rollouts' invokes)."""
+        """Per stage of admission, seconds from the submit (min, p50, p90, max) and between stages; the last
+        rollout's path; the releases (when, how many) and the SQS batches the dispatchers received, with how they
+        spent admission (`dispatcher_turnover`); AgentCore's calls during admission by kind (what shared the `tps`
+        budget with the rollouts' invokes); the rollouts' first invokes per half second."""
         admitted = max(invoked.values(), default=submitted)
         during: Counter[str] = Counter(
             f"{c.op} {c.outcome}" + (" (warm pool)" if c.warmup else "") for c in calls if submitted <= c.at <= admitted
@@ -201,9 +206,13 @@ class Timeline:
             "released_rollouts": sum(n for _t, n in releases),
             "last_release_s": max((t for t, _n in releases), default=submitted) - submitted,
             "release_sizes": sorted({n for _t, n in releases}),
+            "release_at_s": [[round(t - submitted, 3), n] for t, n in releases],
             "sqs_batches": len(batches),
-            "mean_sqs_batch": (sum(n for _t, n in batches) / len(batches)) if batches else 0.0,
+            "mean_sqs_batch": (sum(n for *_t, n in batches) / len(batches)) if batches else 0.0,
+            **dispatcher_turnover(batches, submitted, admitted),
             "acr_calls_during_admission": dict(during.most_common()),
+            # The rollouts' first invokes per half second since the submit: where the takes ran below the schedule.
+            "invokes_per_half_second": per_half_second([t - submitted for t in invoked.values()]),
             "invokes_per_s_p10_p90": (
                 (0.8 * len(invoked)) / (pct(list(invoked.values()), 0.9) - pct(list(invoked.values()), 0.1))
                 if len(invoked) >= 10
@@ -212,12 +221,40 @@ class Timeline:
         }
 
 
+def per_half_second(offsets: list[float]) -> list[int]:
+    """How many of `offsets` (s) fall in each half second from 0."""
+    counts = [0] * (int(max(offsets, default=0.0) * 2) + 1)
+    for offset in offsets:
+        counts[max(0, int(offset * 2))] += 1
+    return counts
+
+
+def dispatcher_turnover(
+    batches: list[tuple[str, float, float, int]], submitted: float, admitted: float
+) -> dict[str, Any]:
+    """How the dispatchers spent admission (virtual s): an SQS batch's handling (`dispatch_records`: its dispatches,
+    the offers settled, the release after it), the gap from one batch's end to the same dispatcher's next, and the
+    share of dispatcher time spent handling a batch between the submit and the last rollout's first invoke."""
+    by_dispatcher: dict[str, list[tuple[float, float]]] = {}
+    for name, received, handled, _n in sorted(batches, key=lambda b: b[1]):
+        by_dispatcher.setdefault(name, []).append((received, handled))
+    gaps = [b[0] - a[1] for spans in by_dispatcher.values() for a, b in itertools.pairwise(spans)]
+    busy = sum(max(0.0, min(h, admitted) - max(r, submitted)) for spans in by_dispatcher.values() for r, h in spans)
+    span = max(admitted - submitted, 1e-9) * max(1, len(by_dispatcher))
+    return {
+        "sqs_batch_handling_s": quantiles([h - r for _name, r, h, _n in batches]),
+        "dispatcher_gap_s": quantiles(gaps),
+        "dispatchers_busy_share": round(busy / span, 3),
+    }
+
+
 #: Where each side's admission time went (`Timeline.summary` in the figures' `admission`).
 TIMELINE = Timeline()
 
 
 def quantiles(values: list[float]) -> dict[str, float]:
     return {
+        "min": round(min(values, default=float("nan")), 3),
         "p50": round(pct(values, 0.5), 3),
         "p90": round(pct(values, 0.9), 3),
         "max": round(max(values, default=float("nan")), 3),

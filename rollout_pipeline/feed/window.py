@@ -181,6 +181,8 @@ class ReleaseWindow:
         #: The window as this process last read or wrote it, and when; see `no_room_known`.
         self._seen: WindowState | None = None
         self._seen_at = 0.0
+        #: Batches whose views the last release held and its read did not show in the window (sent at once, left).
+        self._absent: frozenset[str] = frozenset()
         self.monotonic = monotonic
         self.sleep = sleep
         self._lock = threading.Lock()
@@ -199,9 +201,10 @@ class ReleaseWindow:
         record (a batch leaving, its total, a terminal count that has moved by a release's worth). A view that is
         behind can only hide room (`released` only grows; another process's count of terminal rollouts
         only grows): the next release, or the sweep, finds it. "Nothing pending" is trusted for
-        `NOTHING_PENDING_TRUST_S` only: another process (ingestion) may have handed over a batch since."""
+        `NOTHING_PENDING_TRUST_S` only: another process (ingestion) may have handed over a batch since; and never
+        for the view of a running batch that last view did not hold (it was handed over since)."""
         with self._lock:
-            seen, age = self._seen, self.monotonic() - self._seen_at
+            seen, age, absent = self._seen, self.monotonic() - self._seen_at, self._absent
         if seen is None or seen.sending:
             return False
         entries = dict(seen.entries)
@@ -209,6 +212,9 @@ class ReleaseWindow:
         for view in views:
             entry = entries.get(view.batch_id)
             if entry is None:
+                over = view.cancelled or (view.rollouts_total is not None and view.terminal >= view.rollouts_total)
+                if not over and view.batch_id not in absent:
+                    return False
                 continue
             if view.cancelled or (view.rollouts_total is not None and entry.total is None):
                 return False
@@ -244,7 +250,11 @@ class ReleaseWindow:
             quiet = submitted is None and not forget and not recount
             if quiet and self.no_room_known(given.values()):
                 return ReleaseResult()  # the release that held the lock did what these views asked for
-            return self._release(given, submitted, chunk, forget, recount=recount)
+            done = self._release(given, submitted, chunk, forget, recount=recount)
+            with self._lock:
+                held = self._seen.entries if self._seen is not None else {}
+                self._absent = frozenset(batch_id for batch_id in given if batch_id not in held)
+            return done
 
     def _release(
         self,

@@ -270,6 +270,25 @@ def test_a_batch_another_process_hands_over_is_released_within_seconds_by_this_o
     assert not lifecycle.no_room_known([view(1, batch_id="batch-b")]), "too old to trust: look again"
 
 
+def test_a_view_of_a_batch_handed_over_since_the_last_view_is_released_at_once() -> None:
+    """A process whose fresh last view showed nothing pending still looks again for the view of a batch that view
+    did not hold (ingestion handed it over since): its first dispatch releases the batch's next groups, not the first
+    one after `NOTHING_PENDING_TRUST_S`. A batch a read showed absent (sent at once, or gone) reads nothing more."""
+    h = Harness(window=32, most=8)
+    clock = ManualClock(100.0)
+    dispatcher = h.new_window(32, most=8)
+    dispatcher.monotonic = clock.monotonic
+    dispatcher.release([view(batch_id="batch-0")])
+    seen = dispatcher.seen()
+    assert seen is not None
+    assert not seen.entries, "read: nothing pending anywhere"
+    assert dispatcher.no_room_known([view(batch_id="batch-0")]), "batch 0 was read absent: nothing to look for"
+    h.window.release(submitted=view(batch_id="batch-a"), chunk=h.chunk("batch-a", range(1, 7)))
+    assert len(h.queue.sent) == 8, "ingestion released what the dispatchers hold: 16 rollouts pending"
+    assert not dispatcher.no_room_known([view(batch_id="batch-a")]), "batch a is news to that view: look again"
+    assert dispatcher.release([view(batch_id="batch-a")]).rollouts == 8
+
+
 class ContendedLedger(MemoryReleaseLedger):
     """A window item that other processes write first `losses` times (each lost write sees a newer version)."""
 
