@@ -16,6 +16,7 @@ from typing import Any, Final
 
 from rollout_pipeline.feed.messages import QueuedGroup
 from rollout_pipeline.ledger.items import GroupItem
+from rollout_pipeline.ledger.pace import ScheduleItem
 from rollout_pipeline.ledger.release import PendingGroup, Sending, WindowEntry, WindowState, pending_sk
 from rollout_pipeline.ports import MessageQueue, ObjectNotFound, SystemClock
 from rollout_pipeline.sdk.delivery import Delivery
@@ -293,9 +294,9 @@ class FakeSchedules:
         self.tat_us = 0
         self.reads = 0
 
-    def read(self) -> Mapping[str, Any]:
+    def read(self) -> ScheduleItem:
         self.reads += 1
-        return {"tat": self.tat_us} if self.tat_us else {}
+        return ScheduleItem({"tat": self.tat_us} if self.tat_us else {})
 
 
 class RoomySession:

@@ -44,6 +44,12 @@ class PaceView:
         )
 
 
+class ScheduleItem(NamedTuple):
+    """A schedule item as read or written (plain values; empty when there is none)."""
+
+    values: Mapping[str, Any]
+
+
 class Reserved(NamedTuple):
     """A reservation's first start (epoch us; None: none in the window, or no spacing yet) and the item as left."""
 
@@ -131,10 +137,10 @@ def _write(
     return Reserved(item, first(item)), {}
 
 
-def read(table: LedgerTable, key: Mapping[str, Any]) -> Mapping[str, Any]:
-    """A schedule item's plain values (strongly consistent; empty when there is none)."""
+def read(table: LedgerTable, key: Mapping[str, Any]) -> ScheduleItem:
+    """A schedule item (strongly consistent; empty when there is none)."""
     raw = table.get(key)
-    return item_values(raw) if raw else {}
+    return ScheduleItem(item_values(raw) if raw else {})
 
 
 def set_spacing(
@@ -145,7 +151,7 @@ def set_spacing(
     condition: str | None = None,
     values: Mapping[str, Any] | None = None,
     also: Mapping[str, Any] | None = None,
-) -> Mapping[str, Any] | None:
+) -> ScheduleItem | None:
     """Give a schedule item its own spacing (and `also`) if `condition` holds, its next start at its last one plus the
     new spacing (a start booked at a wider one holds none back); the item as written, else None."""
     extra = {"interval_us": max(1, interval_us), **(also or {})}
@@ -154,7 +160,7 @@ def set_spacing(
     written = table.update(
         key, "SET " + ", ".join(sets), condition, {**merged, **(values or {})}, return_values="ALL_NEW"
     )
-    return None if written is None else item_values(written)
+    return None if written is None else ScheduleItem(item_values(written))
 
 
 class PaceSchedule:
@@ -169,6 +175,6 @@ class PaceSchedule:
         """`reserve` on this item (`not_before_us`, `latest_us`, `busy_first`, `count`, `interval_us`)."""
         return reserve(self.table, self.key, item_spacing=self.item_spacing, **window)
 
-    def read(self) -> Mapping[str, Any]:
-        """The item's plain values, strongly consistent (empty when there is none)."""
+    def read(self) -> ScheduleItem:
+        """The item, strongly consistent (empty when there is none)."""
         return read(self.table, self.key)

@@ -108,7 +108,7 @@ class PoolLedger:
         """The account's schedule item (`item`: as a write just answered it, else read). Raises `PoolMissing`."""
         if item is None:
             try:
-                item = pace.read(self.table, pool_key())
+                item = pace.read(self.table, pool_key()).values
             except self.table.ddb.exceptions.ResourceNotFoundException as exc:
                 raise PoolMissing(f"no account pool table {self.table.name!r}: run `rollouts bootstrap`") from exc
         return AccountView.of(item, region=self.region)
@@ -131,7 +131,7 @@ class PoolLedger:
             values={":after": after_at},
             also={"factor": factor, "factor_at": factor_at},
         )
-        return None if written is None else self.account(written)
+        return None if written is None else self.account(written.values)
 
     def learn_active_cap(self, cap: int, ceiling: int, *, at: float, after_at: float) -> bool:
         """Record the learned active-session cap (and its `ceiling`), if its `active_cap_at` is still `after_at`."""

@@ -267,7 +267,7 @@ class Pacer:
 
     def read_tat(self, item: Mapping[str, Any] | None = None) -> float:
         """The schedule's `tat` (wall clock s): read, or as given by a read made just now with other items."""
-        self.absorb(self.schedule.read() if item is None else item)
+        self.absorb(self.schedule.read().values if item is None else item)
         return self.tat
 
     def room(self, ahead_s: float) -> int:

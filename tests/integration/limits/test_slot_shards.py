@@ -80,6 +80,6 @@ def test_one_query_reads_the_counters_and_the_admission_board(resources: Experim
     in_flight, same_board, paces = shards.in_flight_and_board()  # the gate's poll: the schedules come with them
     assert len(queries) == 1
     assert (in_flight, same_board) == (4, board)
-    assert paces == {"session#0": limits.schedule("session#0").read()}  # nothing of POLICY or LAYOUT
+    assert paces == {"session#0": limits.schedule("session#0").read().values}  # nothing of POLICY or LAYOUT
     assert paces["session#0"]["tat"] == 5
     assert shards.room() == 200 - 4
