@@ -164,10 +164,13 @@ class Membership:
             me = replace(me, share=rate, active_share=active)
             self.pool.put_member(me, now=now)
             self.entry = me
-            stamp_us = int((now - (2 * RENEW_S if me.demand == 0 else 0.0)) * 1e6)  # asking nothing: due at once
+            # An idle renewal keeps the spacing its experiment's next rollouts book at, and is due again at once.
+            idle = demand == 0.0 and self.session.interval_us > 0
+            spacing = self.session.interval_us if idle else interval_us(rate)
+            stamp_us = int((now - (2 * RENEW_S if idle else 0.0)) * 1e6)
             won = self.limits.set_share(
                 "session",
-                interval_us(rate),
+                spacing,
                 active=active,
                 renewed_us=stamp_us,
                 after_us=int((now - (0.0 if force else RENEW_S * 0.5)) * 1e6),
@@ -176,7 +179,7 @@ class Membership:
             self.lost += not won
             self._due_after = RENEW_S * random.uniform(1.0, 1.3)
             if won:
-                self.session = replace(self.session, interval_us=interval_us(rate), active=active, renewed_us=stamp_us)
+                self.session = replace(self.session, interval_us=spacing, active=active, renewed_us=stamp_us)
             return won
 
     def _demand(self, last: MemberEntry | None, now: float) -> float:

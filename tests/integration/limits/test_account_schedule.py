@@ -231,23 +231,42 @@ def test_an_experiment_with_nothing_left_to_book_gives_its_share_to_the_others_a
     assert clock() - entry_of(pool, "paused").renewed_at < LIVE_S
 
 
-def test_an_experiment_that_asked_for_nothing_renews_at_its_next_start_and_books_at_its_new_spacing_at_once(
+def test_an_idle_experiment_keeps_its_spacing_and_renews_its_share_at_its_next_start(
     resources: ExperimentResources, pool: PoolLedger
 ) -> None:
-    """An experiment asked for nothing (its share: a start every 2 s) and starts again: the start it books renews
-    its share at once (not a round later), and that start, booked at the idle spacing, holds back none after it (its
-    rollouts booked starts 2 s apart: 21 s before it started at its share in two default bench_capacity runs)."""
+    """An experiment whose rollouts all booked their starts asks for nothing, but its schedule keeps the spacing its
+    next rollouts book at, and the next start renews its share at once, not a round later (a dip in its work cost it
+    its share for a round, at a start every 2 s)."""
+    clock = ManualClock(time.time())
+    limits = experiment(resources, "dipped", pacing=Clocks(clock, time.monotonic, clock.sleep))
+    assert limits.membership is not None
+    limits.membership.renew(force=True)
+    share = limits.membership.share()
+    limits.membership.renew(force=True, demand=0.0)  # its last rollout in hand booked its start
+    assert entry_of(pool, "dipped").demand == 0.0
+    assert limits.membership.share() == pytest.approx(share)
+    assert limits.membership.renew()  # as its next start's answer of the schedule renews it (the clock stands still)
+
+
+def test_a_start_booked_at_the_idle_spacing_holds_back_none_after_it(
+    resources: ExperimentResources, pool: PoolLedger
+) -> None:
+    """An experiment whose entry lapsed asks for nothing (a start every 2 s) and starts again: once its share is
+    renewed, the start it booked at the idle spacing holds back none after it (its rollouts booked starts 2 s apart:
+    21 s before it started at its share in two default bench_capacity runs)."""
     clock = ManualClock(time.time())
     limits = experiment(resources, "resumed", pacing=Clocks(clock, time.monotonic, clock.sleep))
     assert limits.membership is not None
-    limits.membership.renew(force=True, demand=0.0)  # idle
+    limits.membership.renew(force=True)
+    clock.advance(LIVE_S + 1)
+    limits.membership.renew(force=True)  # nothing started since: it asks for nothing
     assert limits.membership.share() == pytest.approx(MIN_SHARE_PER_S, rel=0.01)
     session = limits.runtime.session
     first = session.reserve(time.monotonic() + 5, lead_s=0.01)
     assert first is not None
     assert session.tat >= first + 1.0 / MIN_SHARE_PER_S
-    wait_for(lambda: math.isinf(entry_of(pool, "resumed").demand), what="its share renewed (the clock stands still)")
-    wait_for(lambda: limits.membership is not None and limits.membership.share() > 5 * MIN_SHARE_PER_S)
+    limits.membership.renew(force=True, demand=math.inf)  # its rollouts wait for the rate
+    assert limits.membership.share() > 5 * MIN_SHARE_PER_S
     second = session.reserve(time.monotonic() + 5, lead_s=0.01)
     assert second is not None
     assert second < first + 1.0 / MIN_SHARE_PER_S
