@@ -61,6 +61,7 @@ class AccountSchedule:
         self.pacer = Pacer(pool.schedule(), ACCOUNT, clocks=clocks, guess_busy=True, on_item=self._seen)
         self.pacer.on_unspaced = lambda: self._respace(self._read(), self._wall())  # an item with no spacing yet
         self.on_throttled: Callable[[], None] = lambda: None
+        self.on_view: Callable[[AccountView], None] = lambda _view: None
         self.decreases = self.climbs = self.caps_learned = 0
 
     def current(self) -> AccountView:
@@ -73,6 +74,7 @@ class AccountSchedule:
 
     def _seen(self, item: Mapping[str, Any]) -> None:
         self.view = view = self.pool.account(item)
+        self.on_view(view)
         now = self._wall()
         if view.factor_at <= 0 or now - self._climb_checked < RENEW_S:
             return

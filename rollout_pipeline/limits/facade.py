@@ -66,10 +66,11 @@ class Limits:
                 in_flight=self.shards.last_read,
                 read_in_flight=self.shards.in_flight,
                 waiting=lambda: bool(self.gate.queued()),
-                wall=pacing.wall,
+                clocks=pacing,
             )
             self.shards.follow(membership.max_sessions)
             self.account.on_throttled = membership.throttled
+            self.account.on_view = membership.account_seen
             session = Pacer(
                 ledger.schedule(SESSION_PACE, item_spacing=True),
                 SESSION_PACE,
