@@ -180,10 +180,6 @@ class PoolLedger:
                 account = item
         return self.account(account), members
 
-    def members(self) -> list[MemberEntry]:
-        """Every experiment's entry (`snapshot`)."""
-        return self.snapshot()[1]
-
     def leave(self, name: str) -> None:
         """Take experiment `name` out of the pool (its stack is being destroyed)."""
         try:

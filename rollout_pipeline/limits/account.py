@@ -91,10 +91,6 @@ class AccountSchedule:
         """New sessions per second the account starts at most now."""
         return start_rate(self.current(), self._wall())
 
-    def active_cap(self) -> int:
-        """Active sessions the account may hold now (its quota, or what AgentCore's answers taught)."""
-        return active_cap(self.current(), self._wall())
-
     def throttled(self) -> None:
         """AgentCore answered a new session "rate exceeded": the schedule's rate x `BACKOFF`, once per overshoot."""
         self.on_throttled()
@@ -125,7 +121,7 @@ class AccountSchedule:
         if view.active_cap_at > 0 and now - view.active_cap_at < BACKOFF_HOLD_S:
             return
         try:
-            held = sum(m.in_flight for m in self.pool.members())
+            held = sum(m.in_flight for m in self.pool.snapshot()[1])
             cap, current = max(1, math.floor(BACKOFF * max(1, held))), active_cap(view, now)
             if cap >= current:
                 return  # already under what the account showed it holds: sessions above the cap are draining

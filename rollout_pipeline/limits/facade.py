@@ -40,6 +40,7 @@ class Limits:
         group_admission: bool = True,
     ) -> None:
         clocks, pacing = clocks or Clocks(), pacing or Clocks()
+        self._wall = pacing.wall
         again = {
             "pool": pool,
             "clocks": clocks,
@@ -131,7 +132,7 @@ class Limits:
             return None
         self.membership.renew(force=True)
         quota = self.account.current().settings.quotas.active_sessions
-        return account_sessions_percent(self.membership.members, quota, self.membership.now())
+        return account_sessions_percent(self.membership.members, quota, self._wall())
 
 
 def own_limits(config: ExperimentConfig) -> tuple[float, float]:

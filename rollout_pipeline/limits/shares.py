@@ -16,7 +16,7 @@ from rollout_pipeline.config import ExperimentConfig, new_sessions_cap
 from rollout_pipeline.ledger.limits import LimitLedger
 from rollout_pipeline.ledger.pace import PaceView
 from rollout_pipeline.ledger.pool import AccountView, MemberEntry, PoolLedger
-from rollout_pipeline.limits.account import RENEW_S, AccountSchedule
+from rollout_pipeline.limits.account import RENEW_S, AccountSchedule, active_cap, start_rate
 from rollout_pipeline.limits.pacing import LATENESS_S, Clocks
 
 log = logging.getLogger(__name__)
@@ -116,10 +116,6 @@ class Membership:
     def throttled(self) -> None:
         self._throttles += 1
 
-    def now(self) -> float:
-        """The wall clock the renewals are stamped with (epoch s)."""
-        return self._wall()
-
     def max_sessions(self) -> int:
         """Sessions this experiment may hold: `max_sessions`, or its share of the account's active sessions."""
         active = self.session.active if self.session.renewed_us else self.config.max_sessions
@@ -130,9 +126,8 @@ class Membership:
         return (1.0 + LATENESS_S) * 1e6 / self.session.interval_us if self.session.interval_us else 0.0
 
     def idle(self, waiting: Callable[[], bool]) -> None:
-        """This process's last rollout in hand has booked its start: once the starts booked run out, unless rollouts
-        of the experiment wait again (`waiting()`: here or in another process; they do when its dispatchers were
-        only busy), it asks for nothing, and the others take its share at once, not once its entry is `LIVE_S` old."""
+        """This process's last rollout in hand booked its start: once the starts booked run out, unless any wait again
+        (`waiting()`), the experiment asks for nothing and the others take its share at once, not after `LIVE_S`."""
         self._backlog_until = 0.0
         threading.Thread(target=self._renew_quietly, args=(True, waiting), name="pool-idle", daemon=True).start()
 
@@ -166,14 +161,15 @@ class Membership:
             members = {m.name: m for m in self.members}
             last = members.get(self.config.name)
             me = self._entry(last, now, self._demand(last, now) if demand is None else demand)
-            rate, active = self.shares({**members, me.name: me}, now)
+            view, mine = self.account.current(), {**members, me.name: me}.values()
+            active_budget = active_cap(view, now) * (1.0 - view.settings.reserve)
+            rate, active = fair_shares(self.config.name, mine, start_rate(view, now), active_budget, now)
             me = replace(me, share=rate, active_share=active)
             self.pool.put_member(me, now=now)
             self.entry = me
             if (me.demand > 0) != (last is not None and last.demand > 0 and now - last.renewed_at <= LIVE_S):
                 self.pool.shares_moved(self.config.name, int(now * 1e6))  # it starts or stops asking
-            # An idle renewal keeps the spacing its experiment's next rollouts book at, and is due again at once.
-            idle = demand == 0.0 and self.session.interval_us > 0
+            idle = demand == 0.0 and self.session.interval_us > 0  # keeps the spacing, due again at once
             spacing = self.session.interval_us if idle else interval_us(rate)
             stamp_us = int((now - (2 * RENEW_S if idle else 0.0)) * 1e6)
             after_us = int((now - (0.0 if force else RENEW_S * 0.5)) * 1e6)
@@ -214,12 +210,6 @@ class Membership:
             booked=self.session.booked,
             throttles=(last.throttles if last is not None else 0) + throttles,
         )
-
-    def shares(self, members: Mapping[str, MemberEntry], now: float) -> tuple[float, int]:
-        """This experiment's fair shares of the account's new-session rate and active sessions among `members`."""
-        reserve = self.account.current().settings.reserve
-        active_budget = self.account.active_cap() * (1.0 - reserve)
-        return fair_shares(self.config.name, members.values(), self.account.rate(), active_budget, now)
 
 
 def account_sessions_percent(members: list[MemberEntry], quota: int, now: float) -> float:
