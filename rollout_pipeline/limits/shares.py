@@ -145,7 +145,7 @@ class Membership:
     def _renew_quietly(self, force: bool, idle_unless: Callable[[], bool] | None = None) -> None:
         try:
             if idle_unless is not None:
-                self._sleep(max(0.0, self.session.tat_us / 1e6 - BACKLOG_AHEAD_S - self._wall()))
+                self._sleep(max(0.0, self.session.tat_us / 1e6 - RENEW_S * 0.5 - self._wall()))
             if idle_unless is None or not idle_unless():
                 self.renew(force=force, demand=None if idle_unless is None else 0.0)
         except Exception:  # the next view starts another; shares are advisory meanwhile
