@@ -27,8 +27,9 @@ MEMBER_TTL_S: Final = 3600
 @dataclass(frozen=True)
 class AccountView:
     """The account's schedule item: settings, the schedule, the backoff (the factor right after the last decrease,
-    and when: 0 never) and the active-session cap learned from AgentCore (0: the quota), climbing back to at most
-    `active_ceiling`; `configured`: settings were written (else the documented defaults)."""
+    and when: 0 never), the active-session cap learned from AgentCore (0: the quota), climbing back to at most
+    `active_ceiling`, and when an experiment last started or stopped asking for new sessions (`moved_us`, `moved_by`);
+    `configured`: settings were written (else the documented defaults)."""
 
     settings: PoolSettings = field(default_factory=PoolSettings)
     pace: pace.PaceView = field(default_factory=pace.PaceView)
@@ -37,6 +38,8 @@ class AccountView:
     active_cap: int = 0
     active_cap_at: float = 0.0
     active_ceiling: int = 0
+    moved_us: int = 0
+    moved_by: str = ""
     configured: bool = False
 
     @classmethod
@@ -133,6 +136,10 @@ class PoolLedger:
         )
         return None if written is None else self.account(written.values)
 
+    def shares_moved(self, by: str, at_us: int) -> None:
+        """Experiment `by` started or stopped asking for new sessions: the others renew at their next start."""
+        self.table.update(pool_key(), "SET moved_us = :at, moved_by = :by", None, {":at": at_us, ":by": by})
+
     def learn_active_cap(self, cap: int, ceiling: int, *, at: float, after_at: float) -> bool:
         """Record the learned active-session cap (and its `ceiling`), if its `active_cap_at` is still `after_at`."""
         return (
@@ -172,10 +179,6 @@ class PoolLedger:
             elif item.get(SK) == POOL_SK:
                 account = item
         return self.account(account), members
-
-    def members(self) -> list[MemberEntry]:
-        """Every experiment's entry (`snapshot`)."""
-        return self.snapshot()[1]
 
     def leave(self, name: str) -> None:
         """Take experiment `name` out of the pool (its stack is being destroyed)."""

@@ -61,6 +61,7 @@ class AccountSchedule:
         self.pacer = Pacer(pool.schedule(), ACCOUNT, clocks=clocks, guess_busy=True, on_item=self._seen)
         self.pacer.on_unspaced = lambda: self._respace(self._read(), self._wall())  # an item with no spacing yet
         self.on_throttled: Callable[[], None] = lambda: None
+        self.on_view: Callable[[AccountView], None] = lambda _view: None
         self.decreases = self.climbs = self.caps_learned = 0
 
     def current(self) -> AccountView:
@@ -73,6 +74,7 @@ class AccountSchedule:
 
     def _seen(self, item: Mapping[str, Any]) -> None:
         self.view = view = self.pool.account(item)
+        self.on_view(view)
         now = self._wall()
         if view.factor_at <= 0 or now - self._climb_checked < RENEW_S:
             return
@@ -88,10 +90,6 @@ class AccountSchedule:
     def rate(self) -> float:
         """New sessions per second the account starts at most now."""
         return start_rate(self.current(), self._wall())
-
-    def active_cap(self) -> int:
-        """Active sessions the account may hold now (its quota, or what AgentCore's answers taught)."""
-        return active_cap(self.current(), self._wall())
 
     def throttled(self) -> None:
         """AgentCore answered a new session "rate exceeded": the schedule's rate x `BACKOFF`, once per overshoot."""
@@ -123,7 +121,7 @@ class AccountSchedule:
         if view.active_cap_at > 0 and now - view.active_cap_at < BACKOFF_HOLD_S:
             return
         try:
-            held = sum(m.in_flight for m in self.pool.members())
+            held = sum(m.in_flight for m in self.pool.snapshot()[1])
             cap, current = max(1, math.floor(BACKOFF * max(1, held))), active_cap(view, now)
             if cap >= current:
                 return  # already under what the account showed it holds: sessions above the cap are draining

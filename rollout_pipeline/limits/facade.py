@@ -41,8 +41,18 @@ class Limits:
         group_admission: bool = True,
     ) -> None:
         clocks, pacing = clocks or Clocks(), pacing or Clocks()
-        again = partial(Limits, ledger, config, runtime, pool=pool, clocks=clocks, pacing=pacing, metrics=metrics)
-        self._again: Callable[[], Limits] = partial(again, group_admission=group_admission)
+        self._wall = pacing.wall
+        self._again: Callable[[], Limits] = partial(
+            Limits,
+            ledger,
+            config,
+            runtime,
+            pool=pool,
+            clocks=clocks,
+            pacing=pacing,
+            metrics=metrics,
+            group_admission=group_admission,
+        )
         data_plane, self._session_rate = own_limits(config)
         self.account: AccountSchedule | None = None
         self.membership: Membership | None = None
@@ -61,10 +71,11 @@ class Limits:
                 in_flight=self.shards.last_read,
                 read_in_flight=self.shards.in_flight,
                 waiting=lambda: bool(self.gate.queued()),
-                wall=pacing.wall,
+                clocks=pacing,
             )
             self.shards.follow(membership.max_sessions)
             self.account.on_throttled = membership.throttled
+            self.account.on_view = membership.account_seen
             session = Pacer(
                 ledger.schedule(SESSION_PACE, item_spacing=True),
                 SESSION_PACE,
@@ -125,7 +136,7 @@ class Limits:
             return None
         self.membership.renew(force=True)
         quota = self.account.current().settings.quotas.active_sessions
-        return account_sessions_percent(self.membership.members, quota, self.membership.now())
+        return account_sessions_percent(self.membership.members, quota, self._wall())
 
 
 def own_limits(config: ExperimentConfig) -> tuple[float, float]:

@@ -8,7 +8,6 @@ import logging
 import math
 import random
 import threading
-import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any, Final
@@ -16,9 +15,9 @@ from typing import Any, Final
 from rollout_pipeline.config import ExperimentConfig, new_sessions_cap
 from rollout_pipeline.ledger.limits import LimitLedger
 from rollout_pipeline.ledger.pace import PaceView
-from rollout_pipeline.ledger.pool import MemberEntry, PoolLedger
-from rollout_pipeline.limits.account import RENEW_S, AccountSchedule
-from rollout_pipeline.limits.pacing import LATENESS_S
+from rollout_pipeline.ledger.pool import AccountView, MemberEntry, PoolLedger
+from rollout_pipeline.limits.account import RENEW_S, AccountSchedule, active_cap, start_rate
+from rollout_pipeline.limits.pacing import LATENESS_S, Clocks
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +80,7 @@ class Membership:
         in_flight: Callable[[], tuple[int, float]],
         read_in_flight: Callable[[], int],
         waiting: Callable[[], bool],
-        wall: Callable[[], float] = time.time,
+        clocks: Clocks | None = None,
     ) -> None:
         self.pool = pool
         self.limits = limits
@@ -90,7 +89,7 @@ class Membership:
         self._in_flight = in_flight
         self._read_in_flight = read_in_flight
         self._waiting = waiting
-        self._wall = wall
+        self._wall, _monotonic, self._sleep = clocks or Clocks()
         self._lock = threading.Lock()
         self._behind: threading.Thread | None = None
         self._due_after = RENEW_S * random.uniform(1.0, 1.3)  # seldom two processes at once
@@ -117,10 +116,6 @@ class Membership:
     def throttled(self) -> None:
         self._throttles += 1
 
-    def now(self) -> float:
-        """The wall clock the renewals are stamped with (epoch s)."""
-        return self._wall()
-
     def max_sessions(self) -> int:
         """Sessions this experiment may hold: `max_sessions`, or its share of the account's active sessions."""
         active = self.session.active if self.session.renewed_us else self.config.max_sessions
@@ -131,11 +126,15 @@ class Membership:
         return (1.0 + LATENESS_S) * 1e6 / self.session.interval_us if self.session.interval_us else 0.0
 
     def idle(self, waiting: Callable[[], bool]) -> None:
-        """This process's last rollout in hand has booked its start: unless rollouts of the experiment wait again
-        (`waiting()`: here or in another process), it asks for nothing now, so the others take its share at their
-        next renewal, not once its entry is `LIVE_S` old (in the background: the caller is about to start)."""
+        """This process's last rollout in hand booked its start: once the starts booked run out, unless any wait again
+        (`waiting()`), the experiment asks for nothing and the others take its share at once, not after `LIVE_S`."""
         self._backlog_until = 0.0
         threading.Thread(target=self._renew_quietly, args=(True, waiting), name="pool-idle", daemon=True).start()
+
+    def account_seen(self, view: AccountView) -> None:
+        """Another experiment started or stopped asking since this process's view of the last renewal: renew now."""
+        if view.moved_by != self.config.name and view.moved_us > self.session.renewed_us > 0:
+            self.renew_behind(force=True)
 
     def renew_behind(self, *, force: bool = False) -> None:
         if self._behind is not None and self._behind.is_alive():
@@ -145,6 +144,8 @@ class Membership:
 
     def _renew_quietly(self, force: bool, idle_unless: Callable[[], bool] | None = None) -> None:
         try:
+            if idle_unless is not None:
+                self._sleep(max(0.0, self.session.tat_us / 1e6 - RENEW_S * 0.5 - self._wall()))
             if idle_unless is None or not idle_unless():
                 self.renew(force=force, demand=None if idle_unless is None else 0.0)
         except Exception:  # the next view starts another; shares are advisory meanwhile
@@ -160,23 +161,24 @@ class Membership:
             members = {m.name: m for m in self.members}
             last = members.get(self.config.name)
             me = self._entry(last, now, self._demand(last, now) if demand is None else demand)
-            rate, active = self.shares({**members, me.name: me}, now)
+            view, mine = self.account.current(), {**members, me.name: me}.values()
+            active_budget = active_cap(view, now) * (1.0 - view.settings.reserve)
+            rate, active = fair_shares(self.config.name, mine, start_rate(view, now), active_budget, now)
             me = replace(me, share=rate, active_share=active)
             self.pool.put_member(me, now=now)
             self.entry = me
-            stamp_us = int((now - (2 * RENEW_S if me.demand == 0 else 0.0)) * 1e6)  # asking nothing: due at once
-            won = self.limits.set_share(
-                "session",
-                interval_us(rate),
-                active=active,
-                renewed_us=stamp_us,
-                after_us=int((now - (0.0 if force else RENEW_S * 0.5)) * 1e6),
-            )
+            if (me.demand > 0) != (last is not None and last.demand > 0 and now - last.renewed_at <= LIVE_S):
+                self.pool.shares_moved(self.config.name, int(now * 1e6))  # it starts or stops asking
+            idle = demand == 0.0 and self.session.interval_us > 0  # keeps the spacing, due again at once
+            spacing = self.session.interval_us if idle else interval_us(rate)
+            stamp_us = int((now - (2 * RENEW_S if idle else 0.0)) * 1e6)
+            after_us = int((now - (0.0 if force else RENEW_S * 0.5)) * 1e6)
+            won = self.limits.set_share("session", spacing, active=active, renewed_us=stamp_us, after_us=after_us)
             self.renewals += won
             self.lost += not won
             self._due_after = RENEW_S * random.uniform(1.0, 1.3)
             if won:
-                self.session = replace(self.session, interval_us=interval_us(rate), active=active, renewed_us=stamp_us)
+                self.session = replace(self.session, interval_us=spacing, active=active, renewed_us=stamp_us)
             return won
 
     def _demand(self, last: MemberEntry | None, now: float) -> float:
@@ -208,12 +210,6 @@ class Membership:
             booked=self.session.booked,
             throttles=(last.throttles if last is not None else 0) + throttles,
         )
-
-    def shares(self, members: Mapping[str, MemberEntry], now: float) -> tuple[float, int]:
-        """This experiment's fair shares of the account's new-session rate and active sessions among `members`."""
-        reserve = self.account.current().settings.reserve
-        active_budget = self.account.active_cap() * (1.0 - reserve)
-        return fair_shares(self.config.name, members.values(), self.account.rate(), active_budget, now)
 
 
 def account_sessions_percent(members: list[MemberEntry], quota: int, now: float) -> float:

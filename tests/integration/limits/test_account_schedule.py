@@ -52,7 +52,7 @@ def experiment(
 
 
 def entry_of(pool: PoolLedger, name: str) -> MemberEntry:
-    (entry,) = [m for m in pool.members() if m.name == name]
+    (entry,) = [m for m in pool.snapshot()[1] if m.name == name]
     return entry
 
 
@@ -157,7 +157,7 @@ def test_an_entrys_sessions_in_flight_are_read_from_the_counters_not_assumed(
     table = Ledger.open(create_resources(limits.membership.config, region=REGION, client=clients.client).table_name)
     assert table.table.transact([table.limits.take_slot(200, 3, 5)]) is None
     limits.membership.renew(force=True)
-    (entry,) = [m for m in pool.members() if m.name == "tail"]
+    (entry,) = [m for m in pool.snapshot()[1] if m.name == "tail"]
     assert entry.in_flight == 5
 
 
@@ -174,7 +174,7 @@ def test_the_accounts_item_costs_one_write_unit_with_fifty_experiments(
     for _ in range(5):
         assert schedule.pacer.reserve(time.monotonic() + 10) is not None
     raw = clients.client("dynamodb").get_item(TableName=pool.table.name, Key=pool_key())["Item"]
-    assert len(pool.members()) == 50
+    assert len(pool.snapshot()[1]) == 50
     assert item_size(raw) < 1024
 
 
@@ -231,23 +231,69 @@ def test_an_experiment_with_nothing_left_to_book_gives_its_share_to_the_others_a
     assert clock() - entry_of(pool, "paused").renewed_at < LIVE_S
 
 
-def test_an_experiment_that_asked_for_nothing_renews_at_its_next_start_and_books_at_its_new_spacing_at_once(
+def test_the_others_renew_at_their_next_start_when_an_experiment_stops_or_starts_asking(
     resources: ExperimentResources, pool: PoolLedger
 ) -> None:
-    """An experiment asked for nothing (its share: a start every 2 s) and starts again: the start it books renews
-    its share at once (not a round later), and that start, booked at the idle spacing, holds back none after it (its
-    rollouts booked starts 2 s apart: 21 s before it started at its share in two default bench_capacity runs)."""
+    """An experiment stops asking for new sessions (then starts again): the account's item says so, and the other
+    experiment's next start, which reads the item anyway, renews its share at once, not a round later (the clock
+    moves a tenth of a second at a time: no renewal is due)."""
+    clock = ManualClock(time.time())
+    pausing, other = (
+        experiment(resources, name, pacing=Clocks(clock, time.monotonic, clock.sleep)) for name in ("pausing", "other")
+    )
+    assert pausing.membership is not None
+    assert other.membership is not None
+    assert other.account is not None
+    for limits in (pausing, other):
+        limits.membership.renew(force=True)
+    rate = other.account.rate()
+    assert other.membership.share() == pytest.approx(rate / 2, rel=0.01)
+    clock.advance(0.1)
+    pausing.membership.renew(force=True, demand=0.0)  # its last rollout in hand booked its start
+    assert other.account.pacer.reserve(time.monotonic() + 5) is not None
+    wait_for(lambda: other.membership is not None and other.membership.share() == pytest.approx(rate, rel=0.01))
+    clock.advance(0.1)
+    pausing.membership.renew(force=True, demand=math.inf)  # its rollouts wait again
+    assert other.account.pacer.reserve(time.monotonic() + 5) is not None
+    wait_for(lambda: other.membership is not None and other.membership.share() == pytest.approx(rate / 2, rel=0.01))
+
+
+def test_an_idle_experiment_keeps_its_spacing_and_renews_its_share_at_its_next_start(
+    resources: ExperimentResources, pool: PoolLedger
+) -> None:
+    """An experiment whose rollouts all booked their starts asks for nothing, but its schedule keeps the spacing its
+    next rollouts book at, and the next start renews its share at once, not a round later (a dip in its work cost it
+    its share for a round, at a start every 2 s)."""
+    clock = ManualClock(time.time())
+    limits = experiment(resources, "dipped", pacing=Clocks(clock, time.monotonic, clock.sleep))
+    assert limits.membership is not None
+    limits.membership.renew(force=True)
+    share = limits.membership.share()
+    limits.membership.renew(force=True, demand=0.0)  # its last rollout in hand booked its start
+    assert entry_of(pool, "dipped").demand == 0.0
+    assert limits.membership.share() == pytest.approx(share)
+    assert limits.membership.renew()  # as its next start's answer of the schedule renews it (the clock stands still)
+
+
+def test_a_start_booked_at_the_idle_spacing_holds_back_none_after_it(
+    resources: ExperimentResources, pool: PoolLedger
+) -> None:
+    """An experiment whose entry lapsed asks for nothing (a start every 2 s) and starts again: once its share is
+    renewed, the start it booked at the idle spacing holds back none after it (its rollouts booked starts 2 s apart:
+    21 s before it started at its share in two default bench_capacity runs)."""
     clock = ManualClock(time.time())
     limits = experiment(resources, "resumed", pacing=Clocks(clock, time.monotonic, clock.sleep))
     assert limits.membership is not None
-    limits.membership.renew(force=True, demand=0.0)  # idle
+    limits.membership.renew(force=True)
+    clock.advance(LIVE_S + 1)
+    limits.membership.renew(force=True)  # nothing started since: it asks for nothing
     assert limits.membership.share() == pytest.approx(MIN_SHARE_PER_S, rel=0.01)
     session = limits.runtime.session
     first = session.reserve(time.monotonic() + 5, lead_s=0.01)
     assert first is not None
     assert session.tat >= first + 1.0 / MIN_SHARE_PER_S
-    wait_for(lambda: math.isinf(entry_of(pool, "resumed").demand), what="its share renewed (the clock stands still)")
-    wait_for(lambda: limits.membership is not None and limits.membership.share() > 5 * MIN_SHARE_PER_S)
+    limits.membership.renew(force=True, demand=math.inf)  # its rollouts wait for the rate
+    assert limits.membership.share() > 5 * MIN_SHARE_PER_S
     second = session.reserve(time.monotonic() + 5, lead_s=0.01)
     assert second is not None
     assert second < first + 1.0 / MIN_SHARE_PER_S
