@@ -42,17 +42,8 @@ class Limits:
     ) -> None:
         clocks, pacing = clocks or Clocks(), pacing or Clocks()
         self._wall = pacing.wall
-        self._again: Callable[[], Limits] = partial(
-            Limits,
-            ledger,
-            config,
-            runtime,
-            pool=pool,
-            clocks=clocks,
-            pacing=pacing,
-            metrics=metrics,
-            group_admission=group_admission,
-        )
+        again = partial(Limits, ledger, config, runtime, pool=pool, clocks=clocks, pacing=pacing, metrics=metrics)
+        self._again: Callable[[], Limits] = partial(again, group_admission=group_admission)
         data_plane, self._session_rate = own_limits(config)
         self.account: AccountSchedule | None = None
         self.membership: Membership | None = None
