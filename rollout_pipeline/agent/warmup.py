@@ -104,11 +104,6 @@ def _replay(messages: list[Message], receive: Receive) -> Receive:
 
 async def _answer_warm(send: Send, session_id: str) -> None:
     body = json.dumps({"status": "warm", "session_id": session_id}).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 200,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-        }
-    )
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
     await send({"type": "http.response.body", "body": body})

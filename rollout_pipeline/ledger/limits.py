@@ -77,19 +77,15 @@ class LimitLedger:
             count_slot(counts, raw)
         return counts
 
-    def slots_and_board(self) -> tuple[list[int], list[tuple[str, int, list[str]]]]:
-        """The session-slot counters AND the admission board in ONE strongly consistent Query (neighbouring keys)."""
-        view = self.limits_view(with_paces=False)
-        return view.counts, view.board
-
-    def limits_view(self, *, with_paces: bool = True) -> LimitsView:
-        """`slots_and_board`, with `with_paces` the schedules and the policy version too, in the same Query."""
+    def limits_view(self) -> LimitsView:
+        """The session-slot counters, the admission board, the schedules and the policy version in ONE strongly
+        consistent Query (neighbouring keys)."""
         request: dict[str, Any] = {
             "KeyConditionExpression": "pk = :pk AND sk BETWEEN :from AND :to",
             "ExpressionAttributeValues": plain_values(
                 {
                     ":pk": keys.LIMIT_PK,
-                    ":from": keys.PACE_PREFIX if with_paces else keys.SESSIONS_SHARD_PREFIX,
+                    ":from": keys.PACE_PREFIX,
                     ":to": keys.WAIT_PREFIX[:-1] + chr(ord(keys.WAIT_PREFIX[-1]) + 1),  # past every WAIT#...
                 }
             ),

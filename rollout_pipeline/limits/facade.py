@@ -96,10 +96,9 @@ class Limits:
         self.runtime = LimitedRuntime(runtime, tps, session, metrics, account=self.account, stops=stops)
         board = AdmissionBoard(ledger, wall=clocks.wall) if group_admission else None
         self.gate = SlotGate(
-            self.shards.in_flight,
+            self.shards.in_flight_and_board,
             self.shards.max_sessions,
             session,
-            in_flight_and_board=self.shards.in_flight_and_board,
             board=board,
             monotonic=clocks.monotonic,
             sleep=clocks.sleep,

@@ -105,6 +105,7 @@ class Pacer:
         on_backlog: Callable[[], None] = lambda: None,
     ) -> None:
         self.schedule = schedule
+        self.item_spacing = schedule.item_spacing
         self.budget = budget
         self._base_interval_s = (1.0 + LATENESS_S) / limit if limit > 0 else 1.0
         self._wall, self._monotonic, self._sleep = clocks or Clocks()
@@ -123,10 +124,6 @@ class Pacer:
         self._together_lock = threading.Lock()
         self._room_lock = threading.RLock()
         self._item_interval_us = 0
-
-    @property
-    def item_spacing(self) -> bool:
-        return self.schedule.item_spacing
 
     @property
     def interval_s(self) -> float:
@@ -330,7 +327,6 @@ class InvokeBlock:
         self.expected = {TAKES: expected} if isinstance(expected, int) else dict(expected)
         self.starts: dict[str, list[float]] = {}
         self.booked: set[str] = set()
-        self.writes = 0
         self.lock = threading.Lock()
 
 
@@ -454,13 +450,13 @@ class LimitedRuntime:
             if budget in block.booked or expected < 1:  # booked once (its starts are gone), or this is the last
                 return None
             block.booked.add(budget)
-            booked = self._book_block(block, pacer, expected + 1, until, ahead_s)
+            booked = self._book_block(pacer, expected + 1, until, ahead_s)
             if not booked:
                 return None
             block.starts[budget] = booked[1:]
             return booked[0]
 
-    def _book_block(self, block: InvokeBlock, pacer: Pacer, count: int, until: float, ahead_s: float) -> list[float]:
+    def _book_block(self, pacer: Pacer, count: int, until: float, ahead_s: float) -> list[float]:
         for _ in range(BLOCK_TRIES):
             try:
                 pacer.know_spacing()
@@ -468,7 +464,6 @@ class LimitedRuntime:
                 log.warning("could not read %s before booking a block", pacer.budget, exc_info=True)
                 return []
             try:
-                block.writes += 1
                 starts = pacer.book(count, ahead_s)
             except Exception:  # booking together only saves writes: the invokes reserve one at a time
                 log.warning("could not book %d invokes together", count, exc_info=True)
