@@ -72,10 +72,7 @@ class LimitLedger:
 
     def slot_counts(self) -> list[int]:
         """Every session-slot counter's value, by shard (one strongly consistent Query)."""
-        counts = [0] * keys.SESSION_SHARDS
-        for raw in self.table.query(prefix_query(keys.SESSIONS_SHARD_PREFIX), max_pages=2):
-            count_slot(counts, raw)
-        return counts
+        return self.limits_view().counts
 
     def limits_view(self) -> LimitsView:
         """The session-slot counters, the admission board, the schedules and the policy version in ONE strongly
@@ -141,8 +138,8 @@ class LimitLedger:
         self.table.ddb.delete_item(TableName=self.table.name, Key=keys.waiting_key(process))
 
     def waiting_board(self) -> list[tuple[str, int, list[str]]]:
-        """The admission board: (process, heartbeat_us, waiting keys) per process (strongly consistent)."""
-        return [_board_entry(raw) for raw in self.table.query(prefix_query(keys.WAIT_PREFIX), max_pages=10)]
+        """The admission board: (process, heartbeat_us, waiting keys) per process (one strongly consistent Query)."""
+        return self.limits_view().board
 
 
 def count_slot(counts: list[int], raw: Mapping[str, Any]) -> None:

@@ -135,15 +135,10 @@ class PoolLedger:
 
     def learn_active_cap(self, cap: int, ceiling: int, *, at: float, after_at: float) -> bool:
         """Record the learned active-session cap (and its `ceiling`), if its `active_cap_at` is still `after_at`."""
-        return (
-            self.table.update(
-                pool_key(),
-                "SET active_cap = :cap, active_ceiling = :ceiling, active_cap_at = :at",
-                "attribute_not_exists(active_cap_at) OR active_cap_at = :after",
-                {":cap": max(1, cap), ":ceiling": max(1, ceiling), ":at": at, ":after": after_at},
-            )
-            is not None
-        )
+        update = "SET active_cap = :cap, active_ceiling = :ceiling, active_cap_at = :at"
+        values = {":cap": max(1, cap), ":ceiling": max(1, ceiling), ":at": at, ":after": after_at}
+        condition = "attribute_not_exists(active_cap_at) OR active_cap_at = :after"
+        return self.table.update(pool_key(), update, condition, values) is not None
 
     def put_member(self, entry: MemberEntry, *, now: float) -> None:
         """Write an experiment's entry (its renewal), unless a renewal stamped later wrote it first."""

@@ -24,7 +24,7 @@ from rollout_pipeline.ledger.warm_items import WarmPoolState, WarmSession, WarmS
 from rollout_pipeline.lifecycle import budget, stops
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.warm import WarmOffer, offer_until
-from rollout_pipeline.limits.pacing import SESSION_PACE, InvokeBlock
+from rollout_pipeline.limits.pacing import InvokeBlock
 from rollout_pipeline.metric_names import WARM_KEEPALIVES, WARM_POOL_SIZE, WARM_STOPPED_UNUSED, WARMED
 
 log = logging.getLogger(__name__)
@@ -300,7 +300,7 @@ class WarmPool:
 
     def _warm_chunk(self, chunk: list[str], wait_until: float) -> tuple[int, int]:
         """A recorded chunk's warm-ups; the answered ones offered, the others stopped. Returns (warmed, failed)."""
-        block, started = InvokeBlock({SESSION_PACE: len(chunk)}), self.wall()
+        block, started = InvokeBlock(len(chunk)), self.wall()
         answered = _concurrently(lambda sid: self._warm_up(sid, wait_until, block), chunk)
         ready = [sid for sid, ok in zip(chunk, answered, strict=True) if ok]
         kept_at = self.wall()

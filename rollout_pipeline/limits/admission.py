@@ -108,7 +108,7 @@ class SlotGate:
     def __init__(
         self,
         read: Callable[[], tuple[int, list[BoardEntry], Mapping[str, Mapping[str, Any]]]],
-        max_sessions: int | Callable[[], int],
+        max_sessions: Callable[[], int],
         session: Pacer,
         *,
         board: AdmissionBoard | None = None,
@@ -116,7 +116,7 @@ class SlotGate:
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self._read_all = read
-        self._max_sessions = max_sessions
+        self.max_sessions = max_sessions
         self.session = session
         self.board = board
         self._monotonic = monotonic
@@ -142,10 +142,6 @@ class SlotGate:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
-
-    def max_sessions(self) -> int:
-        value = self._max_sessions
-        return value if isinstance(value, int) else value()
 
     def hold(self, keys: Sequence[str]) -> list[Held]:
         """Rollouts just received go on the board at once (one write), each until its `Held` leaves."""

@@ -68,8 +68,7 @@ class Limits:
                 ledger,
                 self.account,
                 config,
-                in_flight=self.shards.last_read,
-                read_in_flight=self.shards.in_flight,
+                shards=self.shards,
                 waiting=lambda: bool(self.gate.queued()),
                 clocks=pacing,
             )

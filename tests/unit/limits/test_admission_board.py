@@ -28,7 +28,7 @@ def _gate(
     """Process `name`'s gate: each poll reads the counters (`in_flight`) and the board together, as in production."""
     return SlotGate(
         lambda: (in_flight["n"], ledger.waiting_board(), {}),
-        max_sessions,
+        lambda: max_sessions,
         RoomySession(),  # type: ignore[arg-type]
         board=AdmissionBoard(ledger, name, wall=wall),
         **({"sleep": lambda _s: time.sleep(0.02)} | clocks),

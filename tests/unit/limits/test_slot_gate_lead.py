@@ -41,7 +41,7 @@ def _gate(
     board = AdmissionBoard(ledger, "a", wall=lambda: clock.t)
     gate = SlotGate(
         in_flight_and_board,
-        MAX_SESSIONS,
+        lambda: MAX_SESSIONS,
         RoomySession(),  # type: ignore[arg-type]
         board=board,
         monotonic=lambda: clock.t,

@@ -19,7 +19,7 @@ def _gate(in_flight: Callable[[], int]) -> SlotGate:
     """A gate of one process (no admission board) whose session budget always has room."""
     return SlotGate(
         lambda: (in_flight(), [], {}),
-        3,
+        lambda: 3,
         RoomySession(),  # type: ignore[arg-type]
         sleep=lambda _s: time.sleep(0.05),
     )
