@@ -74,17 +74,6 @@ class AccountQuotas:
         source = self.source if "override" in self.source else f"{self.source}+override"
         return replace(self, **given, source=source)  # type: ignore[arg-type]
 
-    def problems(self) -> list[str]:
-        """What is wrong with these values (each names its key), empty when they are usable."""
-        found = []
-        if not self.new_sessions_per_s > 0:
-            found.append(f"new_session_quota must be > 0 (got {self.new_sessions_per_s:g})")
-        if not self.data_plane_per_s > 0:
-            found.append(f"data_plane_quota must be > 0 (got {self.data_plane_per_s:g})")
-        if self.active_sessions < 1:
-            found.append(f"active_session_quota must be >= 1 (got {self.active_sessions})")
-        return found
-
 
 @dataclass(frozen=True)
 class PoolSettings:
@@ -109,7 +98,14 @@ class PoolSettings:
         return math.ceil((1.0 + START_LATENESS_S) / starts * 1e6)
 
     def problems(self) -> list[str]:
-        found = self.quotas.problems()
+        """What is wrong with these settings (each names its key), empty when they are usable."""
+        q, found = self.quotas, []
+        if not q.new_sessions_per_s > 0:
+            found.append(f"new_session_quota must be > 0 (got {q.new_sessions_per_s:g})")
+        if not q.data_plane_per_s > 0:
+            found.append(f"data_plane_quota must be > 0 (got {q.data_plane_per_s:g})")
+        if q.active_sessions < 1:
+            found.append(f"active_session_quota must be >= 1 (got {q.active_sessions})")
         if not 0.0 <= self.reserve <= MAX_RESERVE:
             found.append(f"capacity_reserve must be within 0..{MAX_RESERVE:g} (got {self.reserve:g})")
         return found

@@ -15,7 +15,7 @@ from rollout_pipeline.config import is_warmup_payload
 
 logger = logging.getLogger(__name__)
 
-#: A body larger than this is a rollout: passed through without being parsed.
+#: A body larger than this is a rollout: passed through (replayed) without being parsed.
 MAX_WARMUP_BYTES: Final = 4096
 #: AgentCore's session header (as ASGI presents it: lower case).
 SESSION_HEADER: Final = b"x-amzn-bedrock-agentcore-runtime-session-id"
@@ -39,9 +39,6 @@ class WarmupGate:
         if scope.get("type") != "http" or scope.get("method") != "POST" or scope.get("path") != "/invocations":
             await self.app(scope, receive, send)
             return
-        if int(_header(scope, b"content-length") or 0) > MAX_WARMUP_BYTES:
-            await _as_a_rollout(self.app, scope, receive, send)
-            return
         body, more, messages = await _read_body(receive, MAX_WARMUP_BYTES)
         if not more and _is_warmup(body):
             self.warmups += 1
@@ -61,10 +58,10 @@ async def _as_a_rollout(app: App, scope: AsgiScope, receive: Receive, send: Send
 
 
 def _header(scope: AsgiScope, wanted: bytes) -> bytes:
-    """A request header's value (b"" when absent; a content length that is not a number reads as absent)."""
+    """A request header's value (b"" when absent)."""
     for name, value in scope.get("headers") or ():
         if name == wanted:
-            return bytes(value) if wanted != b"content-length" or bytes(value).isdigit() else b""
+            return bytes(value)
     return b""
 
 
@@ -104,11 +101,6 @@ def _replay(messages: list[Message], receive: Receive) -> Receive:
 
 async def _answer_warm(send: Send, session_id: str) -> None:
     body = json.dumps({"status": "warm", "session_id": session_id}).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 200,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-        }
-    )
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
     await send({"type": "http.response.body", "body": body})

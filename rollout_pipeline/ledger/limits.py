@@ -72,24 +72,17 @@ class LimitLedger:
 
     def slot_counts(self) -> list[int]:
         """Every session-slot counter's value, by shard (one strongly consistent Query)."""
-        counts = [0] * keys.SESSION_SHARDS
-        for raw in self.table.query(prefix_query(keys.SESSIONS_SHARD_PREFIX), max_pages=2):
-            count_slot(counts, raw)
-        return counts
+        return self.limits_view().counts
 
-    def slots_and_board(self) -> tuple[list[int], list[tuple[str, int, list[str]]]]:
-        """The session-slot counters AND the admission board in ONE strongly consistent Query (neighbouring keys)."""
-        view = self.limits_view(with_paces=False)
-        return view.counts, view.board
-
-    def limits_view(self, *, with_paces: bool = True) -> LimitsView:
-        """`slots_and_board`, with `with_paces` the schedules and the policy version too, in the same Query."""
+    def limits_view(self) -> LimitsView:
+        """The session-slot counters, the admission board, the schedules and the policy version in ONE strongly
+        consistent Query (neighbouring keys)."""
         request: dict[str, Any] = {
             "KeyConditionExpression": "pk = :pk AND sk BETWEEN :from AND :to",
             "ExpressionAttributeValues": plain_values(
                 {
                     ":pk": keys.LIMIT_PK,
-                    ":from": keys.PACE_PREFIX if with_paces else keys.SESSIONS_SHARD_PREFIX,
+                    ":from": keys.PACE_PREFIX,
                     ":to": keys.WAIT_PREFIX[:-1] + chr(ord(keys.WAIT_PREFIX[-1]) + 1),  # past every WAIT#...
                 }
             ),
@@ -145,8 +138,8 @@ class LimitLedger:
         self.table.ddb.delete_item(TableName=self.table.name, Key=keys.waiting_key(process))
 
     def waiting_board(self) -> list[tuple[str, int, list[str]]]:
-        """The admission board: (process, heartbeat_us, waiting keys) per process (strongly consistent)."""
-        return [_board_entry(raw) for raw in self.table.query(prefix_query(keys.WAIT_PREFIX), max_pages=10)]
+        """The admission board: (process, heartbeat_us, waiting keys) per process (one strongly consistent Query)."""
+        return self.limits_view().board
 
 
 def count_slot(counts: list[int], raw: Mapping[str, Any]) -> None:

@@ -137,12 +137,6 @@ def _write(
     return Reserved(item, first(item)), {}
 
 
-def read(table: LedgerTable, key: Mapping[str, Any]) -> ScheduleItem:
-    """A schedule item (strongly consistent; empty when there is none)."""
-    raw = table.get(key)
-    return ScheduleItem(item_values(raw) if raw else {})
-
-
 def set_spacing(
     table: LedgerTable,
     key: Mapping[str, Any],
@@ -177,4 +171,5 @@ class PaceSchedule:
 
     def read(self) -> ScheduleItem:
         """The item, strongly consistent (empty when there is none)."""
-        return read(self.table, self.key)
+        raw = self.table.get(self.key)
+        return ScheduleItem(item_values(raw) if raw else {})

@@ -16,7 +16,7 @@ from rollout_pipeline.ledger.keys import PK, SK
 from rollout_pipeline.ledger.pool_schema import POOL_PK, POOL_SK, member_key, pool_key, settings_update
 from rollout_pipeline.ledger.table import LedgerTable
 from rollout_pipeline.ports import Clock
-from rollout_pipeline.quotas import AccountQuotas, PoolSettings
+from rollout_pipeline.quotas import RESERVE_KEY, PoolSettings, pool_settings
 
 #: A demand of "all it can get" (`math.inf`) is stored as this (DynamoDB numbers are finite).
 ALL: Final = -1
@@ -45,14 +45,7 @@ class AccountView:
     @classmethod
     def of(cls, item: Mapping[str, Any] | None, *, region: str | None = None) -> AccountView:
         item = item or {}
-        defaults = AccountQuotas.defaults(region)
-        quotas = AccountQuotas(
-            new_sessions_per_s=float(item.get("new_session_quota", defaults.new_sessions_per_s)),
-            data_plane_per_s=float(item.get("data_plane_quota", defaults.data_plane_per_s)),
-            active_sessions=int(item.get("active_session_quota", defaults.active_sessions)),
-            source=str(item.get("quota_source", defaults.source)),
-        )
-        settings = PoolSettings(quotas, reserve=float(item.get("reserve", PoolSettings().reserve)))
+        settings = pool_settings({**item, RESERVE_KEY: item.get("reserve")}, region)  # as `settings_update` wrote it
         configured = "new_session_quota" in item
         return view_of(cls, item, settings=settings, pace=pace.PaceView.of(item), configured=configured)
 
@@ -111,7 +104,7 @@ class PoolLedger:
         """The account's schedule item (`item`: as a write just answered it, else read). Raises `PoolMissing`."""
         if item is None:
             try:
-                item = pace.read(self.table, pool_key()).values
+                item = self.schedule().read().values
             except self.table.ddb.exceptions.ResourceNotFoundException as exc:
                 raise PoolMissing(f"no account pool table {self.table.name!r}: run `rollouts bootstrap`") from exc
         return AccountView.of(item, region=self.region)
@@ -142,15 +135,10 @@ class PoolLedger:
 
     def learn_active_cap(self, cap: int, ceiling: int, *, at: float, after_at: float) -> bool:
         """Record the learned active-session cap (and its `ceiling`), if its `active_cap_at` is still `after_at`."""
-        return (
-            self.table.update(
-                pool_key(),
-                "SET active_cap = :cap, active_ceiling = :ceiling, active_cap_at = :at",
-                "attribute_not_exists(active_cap_at) OR active_cap_at = :after",
-                {":cap": max(1, cap), ":ceiling": max(1, ceiling), ":at": at, ":after": after_at},
-            )
-            is not None
-        )
+        update = "SET active_cap = :cap, active_ceiling = :ceiling, active_cap_at = :at"
+        values = {":cap": max(1, cap), ":ceiling": max(1, ceiling), ":at": at, ":after": after_at}
+        condition = "attribute_not_exists(active_cap_at) OR active_cap_at = :after"
+        return self.table.update(pool_key(), update, condition, values) is not None
 
     def put_member(self, entry: MemberEntry, *, now: float) -> None:
         """Write an experiment's entry (its renewal), unless a renewal stamped later wrote it first."""

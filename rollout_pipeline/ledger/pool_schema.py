@@ -7,6 +7,7 @@ from typing import Any, Final
 
 from rollout_pipeline.ledger.attributes import plain_values
 from rollout_pipeline.ledger.keys import PK, SK
+from rollout_pipeline.ledger.schema import create_table_kwargs
 from rollout_pipeline.quotas import PoolSettings
 
 POOL_PK: Final = "POOL"
@@ -47,13 +48,8 @@ def settings_update(table_name: str, settings: PoolSettings) -> dict[str, Any]:
 
 
 def create_pool_table_kwargs(table_name: str) -> dict[str, Any]:
-    """Arguments of DynamoDB CreateTable for the pool table (local mode and tests; the pool stack mirrors it)."""
-    return {
-        "TableName": table_name,
-        "BillingMode": "PAY_PER_REQUEST",
-        "KeySchema": [{"AttributeName": PK, "KeyType": "HASH"}, {"AttributeName": SK, "KeyType": "RANGE"}],
-        "AttributeDefinitions": [
-            {"AttributeName": PK, "AttributeType": "S"},
-            {"AttributeName": SK, "AttributeType": "S"},
-        ],
-    }
+    """Arguments of DynamoDB CreateTable for the pool table: the ledger's keys, no index (local mode and tests; the
+    pool stack mirrors it)."""
+    ledger = create_table_kwargs(table_name)
+    keys = [{"AttributeName": name, "AttributeType": "S"} for name in (PK, SK)]
+    return {**{k: ledger[k] for k in ("TableName", "BillingMode", "KeySchema")}, "AttributeDefinitions": keys}

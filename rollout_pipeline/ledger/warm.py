@@ -158,13 +158,10 @@ class WarmLedger:
 
     def take_lease(self, owner: str, *, now: float, lease_s: float) -> bool:
         """Run the pool until `now + lease_s` (one manager at a time); False when another does."""
+        condition = "attribute_not_exists(lease_until) OR lease_until < :now OR lease_owner = :owner"
+        values = {":owner": owner, ":until": now + lease_s, ":now": now}
         return (
-            self.table.update(
-                pool_key(),
-                "SET lease_owner = :owner, lease_until = :until",
-                "attribute_not_exists(lease_until) OR lease_until < :now OR lease_owner = :owner",
-                {":owner": owner, ":until": now + lease_s, ":now": now},
-            )
+            self.table.update(pool_key(), "SET lease_owner = :owner, lease_until = :until", condition, values)
             is not None
         )
 

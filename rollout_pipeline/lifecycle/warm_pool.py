@@ -24,7 +24,7 @@ from rollout_pipeline.ledger.warm_items import WarmPoolState, WarmSession, WarmS
 from rollout_pipeline.lifecycle import budget, stops
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.warm import WarmOffer, offer_until
-from rollout_pipeline.limits.pacing import SESSION_PACE, InvokeBlock
+from rollout_pipeline.limits.pacing import InvokeBlock
 from rollout_pipeline.metric_names import WARM_KEEPALIVES, WARM_POOL_SIZE, WARM_STOPPED_UNUSED, WARMED
 
 log = logging.getLogger(__name__)
@@ -64,7 +64,7 @@ class WarmCapacity:
         state = self.deps.ledger.warm.pool()
         if self.deps.clock.now().timestamp() - max(state.demand_at, state.took_at) < DEMAND_QUIET_S:
             return 0
-        _counts, board = self.deps.ledger.limits.slots_and_board()
+        board = self.deps.ledger.limits.limits_view().board
         if any(keys for _process, _heartbeat, keys in board) or budget.paused(self.deps):
             return 0
         return max(1, int(self.deps.limits.new_session_rate()))
@@ -103,11 +103,6 @@ class WarmPool:
     def wall(self) -> float:
         return self.deps.clock.now().timestamp()
 
-    @property
-    def keepalive_lead_s(self) -> float:
-        """How long before its offer would go stale a session is kept alive: halfway, at most SQS's longest delay."""
-        return min(self.config.warm_stale_after_s / 2, MAX_OFFER_DELAY_S)
-
     def until(self, session: WarmSession) -> float:
         return offer_until(self.config, session.warmed_at, session.kept_at)
 
@@ -125,7 +120,8 @@ class WarmPool:
 
     def _tick(self, wait_until: float) -> TickResult:
         ledger, now = self.deps.ledger, self.wall()
-        counts, board = ledger.limits.slots_and_board()
+        view = ledger.limits.limits_view()
+        counts, board = view.counts, view.board
         state, sessions, window = ledger.warm.pool(), ledger.warm.sessions(), ledger.release.read_window()
         in_flight, newest = sum(counts), _newest_batch(window)
         # The experiment has work: rollouts holding slots (beyond the pool's own), waiting for one, or a batch.
@@ -228,7 +224,8 @@ class WarmPool:
     def _keep_alive(self, idle: Sequence[WarmSession], now: float, wait_until: float) -> tuple[int, list[WarmSession]]:
         """Keep alive the idle sessions whose offer goes stale soon. Returns how many answered, and the dead ones."""
         stale_after = self.config.warm_stale_after_s
-        due = [s for s in idle if now >= s.kept_at + stale_after - self.keepalive_lead_s]
+        lead_s = min(stale_after / 2, MAX_OFFER_DELAY_S)  # halfway to stale, at most SQS's longest delay
+        due = [s for s in idle if now >= s.kept_at + stale_after - lead_s]
         due = [s for s in due if s.kept_at + stale_after < s.warmed_at + self.config.warm_shelf_life_s]
         if not due:
             return 0, []
@@ -303,7 +300,7 @@ class WarmPool:
 
     def _warm_chunk(self, chunk: list[str], wait_until: float) -> tuple[int, int]:
         """A recorded chunk's warm-ups; the answered ones offered, the others stopped. Returns (warmed, failed)."""
-        block, started = InvokeBlock({SESSION_PACE: len(chunk)}), self.wall()
+        block, started = InvokeBlock(len(chunk)), self.wall()
         answered = _concurrently(lambda sid: self._warm_up(sid, wait_until, block), chunk)
         ready = [sid for sid, ok in zip(chunk, answered, strict=True) if ok]
         kept_at = self.wall()

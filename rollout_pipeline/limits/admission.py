@@ -24,8 +24,6 @@ BoardEntry = tuple[str, int, list[str]]
 ADMIT_AHEAD_S: Final = 2.0
 #: While the room binds, the gate lets waiters through this many seconds of starts at a time (`SlotGate._room_batch`).
 ROOM_BATCH_S: Final = 0.5
-
-
 #: A process's entry on the admission board older than this is ignored (its process crashed or stalled).
 BOARD_STALE_S: Final = 5.0
 #: A process re-publishes its waiters (its heartbeat) at least, and reads the board for a rollout at most, this often.
@@ -104,23 +102,21 @@ class AdmissionBoard:
 class SlotGate:
     """Dispatcher threads of one process waiting for a session slot: ONE polls, and lets the waiters first in group
     order (`priority`) try the dispatch transaction, as many as the `session` budget has room for within
-    `ADMIT_AHEAD_S`; with a `board`, in order across processes (each poll reads `in_flight_and_board`, else
-    `in_flight`)."""
+    `ADMIT_AHEAD_S`; with a `board`, in order across processes. Each poll is one `read`: the sessions in flight, the
+    board and the schedules."""
 
     def __init__(
         self,
-        in_flight: Callable[[], int],
-        max_sessions: int | Callable[[], int],
+        read: Callable[[], tuple[int, list[BoardEntry], Mapping[str, Mapping[str, Any]]]],
+        max_sessions: Callable[[], int],
         session: Pacer,
         *,
-        in_flight_and_board: Callable[[], tuple[int, list[BoardEntry], Mapping[str, Mapping[str, Any]]]],
         board: AdmissionBoard | None = None,
         monotonic: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        self._in_flight = in_flight
-        self._in_flight_and_board = in_flight_and_board
-        self._max_sessions = max_sessions
+        self._read_all = read
+        self.max_sessions = max_sessions
         self.session = session
         self.board = board
         self._monotonic = monotonic
@@ -146,10 +142,6 @@ class SlotGate:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
-
-    def max_sessions(self) -> int:
-        value = self._max_sessions
-        return value if isinstance(value, int) else value()
 
     def hold(self, keys: Sequence[str]) -> list[Held]:
         """Rollouts just received go on the board at once (one write), each until its `Held` leaves."""
@@ -271,12 +263,11 @@ class SlotGate:
             return random.uniform(*LEAD_POLL_S), True
         return jitter_poll_s(), False
 
-    def _read(self) -> tuple[int, float, Mapping[str, Mapping[str, Any]] | None]:
-        if self.board is None:
-            return self._in_flight(), 0.0, None
-        in_flight, board, paces = self._in_flight_and_board()
-        self.board.absorb(board)
-        return in_flight, BOARD_READ_S, paces
+    def _read(self) -> tuple[int, Mapping[str, Mapping[str, Any]]]:
+        in_flight, board, paces = self._read_all()
+        if self.board is not None:
+            self.board.absorb(board)
+        return in_flight, paces
 
     def _poll(self, wait_until: float) -> int:
         """Poll until some slots look free for this process's waiters (their number) or `wait_until` passes."""
@@ -292,12 +283,12 @@ class SlotGate:
             self.polls += 1
             self.lead_polls += lead
             self._publish()  # this process's waiters as they are now (changed, or the heartbeat)
-            in_flight, board_age_s, paces = self._read()
+            in_flight, paces = self._read()
             pause, lead = self._pace()
             free = self.max_sessions() - in_flight
             if free > 0:
                 batch = min(free, self._room_batch())
-                schedule = None if paces is None else paces.get(self.session.budget, {})
+                schedule = paces.get(self.session.budget, {})
                 room = self.session.read_room(ADMIT_AHEAD_S, schedule, wanted=batch)
                 free = min(free, room) if room >= batch else 0  # the rate binds: wait for a batch's room
                 if free <= 0 and self._may_chase():
@@ -308,7 +299,7 @@ class SlotGate:
                 return free
             mine = self.queued()
             try:
-                others = self.board.others(board_age_s)
+                others = self.board.others(BOARD_READ_S)
             except Exception:  # no board view: fall back to this process's own order
                 return free
             ranked = heapq.nsmallest(free, [(k, 0) for k in mine] + [(k, 1) for k in others])

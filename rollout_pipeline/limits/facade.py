@@ -59,8 +59,7 @@ class Limits:
                 ledger,
                 self.account,
                 config,
-                in_flight=self.shards.last_read,
-                read_in_flight=self.shards.in_flight,
+                shards=self.shards,
                 waiting=lambda: bool(self.gate.queued()),
                 clocks=pacing,
             )
@@ -87,10 +86,9 @@ class Limits:
         self.runtime = LimitedRuntime(runtime, tps, session, metrics, account=self.account, stops=stops)
         board = AdmissionBoard(ledger, wall=clocks.wall) if group_admission else None
         self.gate = SlotGate(
-            self.shards.in_flight,
+            self.shards.in_flight_and_board,
             self.shards.max_sessions,
             session,
-            in_flight_and_board=self.shards.in_flight_and_board,
             board=board,
             monotonic=clocks.monotonic,
             sleep=clocks.sleep,

@@ -31,7 +31,6 @@ DEFAULT_STOP_WAIT_S: Final = 15.0
 TOGETHER_S: Final = 0.03
 #: An `InvokeBlock` that finds the schedule full within its horizon waits and books again at most this many times.
 BLOCK_TRIES: Final = 4
-TAKES: Final = "takes"
 #: The schedules of an experiment's own budgets.
 SESSION_PACE: Final = "session"
 CALLS_PACE: Final = "tps"
@@ -105,6 +104,7 @@ class Pacer:
         on_backlog: Callable[[], None] = lambda: None,
     ) -> None:
         self.schedule = schedule
+        self.item_spacing = schedule.item_spacing
         self.budget = budget
         self._base_interval_s = (1.0 + LATENESS_S) / limit if limit > 0 else 1.0
         self._wall, self._monotonic, self._sleep = clocks or Clocks()
@@ -123,10 +123,6 @@ class Pacer:
         self._together_lock = threading.Lock()
         self._room_lock = threading.RLock()
         self._item_interval_us = 0
-
-    @property
-    def item_spacing(self) -> bool:
-        return self.schedule.item_spacing
 
     @property
     def interval_s(self) -> float:
@@ -323,14 +319,13 @@ class Pacer:
 
 
 class InvokeBlock:
-    """The starts of a batch of invokes known to come together, booked per budget in ONE write by the first to need
-    one: `expected` an int (`tps` starts: warm takes) or by budget (warm-ups). Thread-safe."""
+    """The starts of `expected` invokes known to come together, booked in ONE write by the first to need one: `tps`
+    starts for warm takes, `session` starts for warm-ups. Thread-safe."""
 
-    def __init__(self, expected: int | Mapping[str, int]) -> None:
-        self.expected = {TAKES: expected} if isinstance(expected, int) else dict(expected)
-        self.starts: dict[str, list[float]] = {}
-        self.booked: set[str] = set()
-        self.writes = 0
+    def __init__(self, expected: int) -> None:
+        self.expected = expected
+        self.starts: list[float] = []
+        self.booked = False
         self.lock = threading.Lock()
 
 
@@ -413,7 +408,7 @@ class LimitedRuntime:
         booked = on_booked or (lambda _start: None)
         if not new_session:
             ahead_s = INVOKE_AHEAD_S if self.stops is None else BLOCK_AHEAD_S  # stops wait behind it
-            start = None if block is None else self._block_start(block, self.tps, until, ahead_s, key=TAKES)
+            start = None if block is None else self._block_start(block, self.tps, until, ahead_s)
             on_block = start is not None and self.tps.sleep_until(start)
             if not on_block and not self.tps.acquire(until, ahead_s):
                 raise self._throttled("InvokeAgentRuntime")
@@ -441,26 +436,21 @@ class LimitedRuntime:
             start = self.account.pacer.reserve_together(until, not_before=start)
         return start
 
-    def _block_start(
-        self, block: InvokeBlock, pacer: Pacer, until: float, ahead_s: float, *, key: str | None = None
-    ) -> float | None:
+    def _block_start(self, block: InvokeBlock, pacer: Pacer, until: float, ahead_s: float) -> float | None:
         """This invoke's start from its batch's block (the first of the batch books it); None: it reserves its own."""
-        budget = key or pacer.budget
         with block.lock:
-            expected = block.expected[budget] = max(0, block.expected.get(budget, 0) - 1)
-            start = first_fresh(block.starts.get(budget, []), pacer._wall())
+            block.expected = expected = max(0, block.expected - 1)
+            start = first_fresh(block.starts, pacer._wall())
             if start is not None:
                 return start
-            if budget in block.booked or expected < 1:  # booked once (its starts are gone), or this is the last
+            if block.booked or expected < 1:  # booked once (its starts are gone), or this is the last
                 return None
-            block.booked.add(budget)
-            booked = self._book_block(block, pacer, expected + 1, until, ahead_s)
-            if not booked:
-                return None
-            block.starts[budget] = booked[1:]
-            return booked[0]
+            block.booked = True
+            booked = self._book_block(pacer, expected + 1, until, ahead_s)
+            block.starts = booked[1:]
+            return booked[0] if booked else None
 
-    def _book_block(self, block: InvokeBlock, pacer: Pacer, count: int, until: float, ahead_s: float) -> list[float]:
+    def _book_block(self, pacer: Pacer, count: int, until: float, ahead_s: float) -> list[float]:
         for _ in range(BLOCK_TRIES):
             try:
                 pacer.know_spacing()
@@ -468,7 +458,6 @@ class LimitedRuntime:
                 log.warning("could not read %s before booking a block", pacer.budget, exc_info=True)
                 return []
             try:
-                block.writes += 1
                 starts = pacer.book(count, ahead_s)
             except Exception:  # booking together only saves writes: the invokes reserve one at a time
                 log.warning("could not book %d invokes together", count, exc_info=True)

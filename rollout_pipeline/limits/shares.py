@@ -18,6 +18,7 @@ from rollout_pipeline.ledger.pace import PaceView
 from rollout_pipeline.ledger.pool import AccountView, MemberEntry, PoolLedger
 from rollout_pipeline.limits.account import RENEW_S, AccountSchedule, active_cap, start_rate
 from rollout_pipeline.limits.pacing import LATENESS_S, Clocks
+from rollout_pipeline.limits.slots import SlotShards
 
 log = logging.getLogger(__name__)
 
@@ -77,8 +78,7 @@ class Membership:
         account: AccountSchedule,
         config: ExperimentConfig,
         *,
-        in_flight: Callable[[], tuple[int, float]],
-        read_in_flight: Callable[[], int],
+        shards: SlotShards,
         waiting: Callable[[], bool],
         clocks: Clocks | None = None,
     ) -> None:
@@ -86,8 +86,7 @@ class Membership:
         self.limits = limits
         self.account = account
         self.config = config
-        self._in_flight = in_flight
-        self._read_in_flight = read_in_flight
+        self.shards = shards
         self._waiting = waiting
         self._wall, _monotonic, self._sleep = clocks or Clocks()
         self._lock = threading.Lock()
@@ -195,9 +194,9 @@ class Membership:
 
     def _entry(self, last: MemberEntry | None, now: float, demand: float) -> MemberEntry:
         config = self.config
-        count, read_at = self._in_flight()
+        count, read_at = self.shards.last_read()
         if now - read_at > 2 * RENEW_S:  # never a figure this process did not just read
-            count = self._read_in_flight()
+            count = self.shards.in_flight()
         throttles, self._throttles = self._throttles, 0
         return MemberEntry(
             name=config.name,

@@ -333,9 +333,9 @@ def test_a_block_of_takes_books_far_ahead_only_while_no_stop_waits_behind_it(
     horizons: list[float] = []
     book_block = limited._book_block
 
-    def spied(block: InvokeBlock, pacer: Pacer, count: int, until: float, ahead_s: float) -> list[float]:
+    def spied(pacer: Pacer, count: int, until: float, ahead_s: float) -> list[float]:
         horizons.append(ahead_s)
-        return book_block(block, pacer, count, until, ahead_s)
+        return book_block(pacer, count, until, ahead_s)
 
     limited._book_block = spied  # type: ignore[method-assign]
     block = InvokeBlock(2)

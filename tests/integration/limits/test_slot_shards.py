@@ -64,13 +64,15 @@ def test_one_query_reads_the_counters_and_the_admission_board(resources: Experim
         assert _take(limits, 200, shard)
     limits.put_waiting("proc-a", ["k1#0", "k1#1"], now_us=1_000)
     limits.put_waiting("proc-b", ["k2#0"], now_us=2_000)
-    limits.schedule("session#0").reserve(not_before_us=0, latest_us=10, interval_us=5)  # PACE#: outside the range
-    ExperimentLedger(limits.table).set_current_policy_version("v1", "2026-01-01T00:00:00Z")  # POLICY: outside the range
+    limits.schedule("session#0").reserve(not_before_us=0, latest_us=10, interval_us=5)
+    ExperimentLedger(limits.table).set_current_policy_version("v1", "2026-01-01T00:00:00Z")
     queries = []
     query = limits.table.query
     limits.table.query = lambda request, **kw: queries.append(request) or query(request, **kw)  # type: ignore[method-assign]
-    counts, board = limits.slots_and_board()
+    view = limits.limits_view()
+    counts, board = view.counts, view.board
     assert len(queries) == 1
+    assert (list(view.paces), view.policy_version) == (["session#0"], "v1")
     assert counts == limits.slot_counts()
     assert (sum(counts), counts[5]) == (4, 2)
     expected = [("proc-a", 1_000, ["k1#0", "k1#1"]), ("proc-b", 2_000, ["k2#0"])]

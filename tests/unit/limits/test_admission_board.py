@@ -27,17 +27,12 @@ def _gate(
 ) -> SlotGate:
     """Process `name`'s gate: each poll reads the counters (`in_flight`) and the board together, as in production."""
     return SlotGate(
-        _unused_read,
-        max_sessions,
+        lambda: (in_flight["n"], ledger.waiting_board(), {}),
+        lambda: max_sessions,
         RoomySession(),  # type: ignore[arg-type]
-        in_flight_and_board=lambda: (in_flight["n"], ledger.waiting_board(), {}),
         board=AdmissionBoard(ledger, name, wall=wall),
         **({"sleep": lambda _s: time.sleep(0.02)} | clocks),
     )
-
-
-def _unused_read() -> int:
-    raise AssertionError("a gate with a board reads the counters with the board")
 
 
 def test_free_slots_go_to_the_lowest_keys_of_every_process() -> None:

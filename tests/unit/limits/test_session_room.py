@@ -23,8 +23,11 @@ def _room(schedules: FakeSchedules, rate: float, now: list[float]) -> Pacer:
 
 
 def _gate(session: Pacer, in_flight: int, **clocks: Any) -> SlotGate:
-    """A gate of one process (no admission board) with `in_flight` of 100 slots taken."""
-    return SlotGate(lambda: in_flight, 100, session, in_flight_and_board=lambda: (in_flight, [], {}), **clocks)
+    """A gate of one process (no admission board) with `in_flight` of 100 slots taken; each poll reads the session
+    schedule with the counters, as `SlotShards.in_flight_and_board` does."""
+    return SlotGate(
+        lambda: (in_flight, [], {session.budget: session.schedule.read().values}), lambda: 100, session, **clocks
+    )
 
 
 def test_room_is_what_the_schedule_can_start_within_the_horizon() -> None:

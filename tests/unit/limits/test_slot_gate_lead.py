@@ -28,10 +28,6 @@ class CountingBoardLedger(FakeBoardLedger):
         return super().waiting_board()
 
 
-def _no_separate_read() -> int:
-    raise AssertionError("the gate reads the counters with the board")
-
-
 def _gate(
     ledger: CountingBoardLedger, clock: ManualClock, in_flight: Callable[[int], int]
 ) -> tuple[SlotGate, list[int]]:
@@ -44,10 +40,9 @@ def _gate(
 
     board = AdmissionBoard(ledger, "a", wall=lambda: clock.t)
     gate = SlotGate(
-        _no_separate_read,
-        MAX_SESSIONS,
+        in_flight_and_board,
+        lambda: MAX_SESSIONS,
         RoomySession(),  # type: ignore[arg-type]
-        in_flight_and_board=in_flight_and_board,
         board=board,
         monotonic=lambda: clock.t,
         sleep=clock.sleep,

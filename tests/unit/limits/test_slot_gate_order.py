@@ -18,10 +18,9 @@ pytestmark = pytest.mark.timing
 def _gate(in_flight: Callable[[], int]) -> SlotGate:
     """A gate of one process (no admission board) whose session budget always has room."""
     return SlotGate(
-        in_flight,
-        3,
+        lambda: (in_flight(), [], {}),
+        lambda: 3,
         RoomySession(),  # type: ignore[arg-type]
-        in_flight_and_board=lambda: (in_flight(), [], {}),
         sleep=lambda _s: time.sleep(0.05),
     )
 
