@@ -96,9 +96,8 @@ def complete_records(
     workers = max(1, min(deps.dispatch_threads, len(records)))
     run_partial_batch(records, one, result, workers=workers, what="complete", logger=log)
     if to_stop:  # results are recorded and published; a failed stop stays in the outbox (sweeper)
-        deps.limits.runtime.book_stops(
-            sum(len(rec.stop_sessions) for rec in to_stop)
-        )  # one schedule write, not one each
+        stops_now = sum(len(rec.stop_sessions) for rec in to_stop)
+        deps.limits.runtime.stop_pacer.expect(stops_now)  # one schedule write, not one each
         with ThreadPoolExecutor(max_workers=min(workers, len(to_stop)), thread_name_prefix="stop") as pool:
             list(pool.map(lambda rec: _stop_after(rec, deps, until), to_stop))
     return result

@@ -19,7 +19,7 @@ With the warm pool on, an SQS batch first receives an offer of an idle warm sess
 warm queue, `lifecycle.warm`), and a message takes one: no slot wait and no new-session budget (the session holds its
 slot, and exists), the same payload and result key form; a dead one is dropped and the attempt goes on with a new
 session as above (`_drop_warm`). An SQS batch with an offer for each message books its takes' `tps` starts in one
-write (`limits.pacing.InvokeBlock`), not one each.
+write (`limits.pacing.Pacer.expect`), not one each.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.failures import end_attempt, fail_rollout
 from rollout_pipeline.lifecycle.warm import WarmOffer, WarmOffers
 from rollout_pipeline.limits.admission import Held
-from rollout_pipeline.limits.pacing import InvokeBlock, NoCallBudget, retry_pause
+from rollout_pipeline.limits.pacing import NoCallBudget, retry_pause
 from rollout_pipeline.metric_names import (
     COLD_START_RETRIED,
     IN_FLIGHT,
@@ -117,7 +117,8 @@ def dispatch_records(
         if warm_first
         else dict(zip([m for m, _k in parsed], deps.limits.gate.hold([k for _m, k in parsed]), strict=True))
     )
-    block = InvokeBlock(len(parsed)) if warm_first else None  # the takes' `tps` starts, booked in one write
+    if warm_first:  # the takes' `tps` starts, booked in one write
+        deps.limits.runtime.tps.expect(len(parsed))
     budgets.experiment()  # read once here, before the threads: none of them waits on it ahead of the gate
 
     def handle(record: Mapping[str, Any]) -> Dispatch:
@@ -131,7 +132,6 @@ def dispatch_records(
                 held=held,
                 budgets=budgets,
                 hold_if_new=warm_first,
-                block=block,
                 offers=offers,
             )
         finally:
@@ -213,7 +213,6 @@ def dispatch_body(
     held: Held | None = None,
     budgets: budget.Budgets | None = None,
     hold_if_new: bool = False,
-    block: InvokeBlock | None = None,
     offers: WarmOffers | None = None,
 ) -> Dispatch:
     """Dispatch one rollout-queue message body (see the module doc). Raises to have the message redelivered.
@@ -225,7 +224,6 @@ def dispatch_body(
     `budgets`: the SQS batch's budget reads (`lifecycle.budget`): a rollout whose budget is spent is held, not run.
     `hold_if_new`: the message was received without a place on the board (its SQS batch held a warm offer for each
     message): if it takes a new session after all, it goes on the board then, for as long as it would have been.
-    `block`: the SQS batch's warm takes' `tps` starts, booked together by the first take (`InvokeBlock`).
     `offers`: the SQS batch's warm offers (`lifecycle.warm`); None: this message receives its own."""
     message = parse_message(body)
     bind_log_ids(batch_id=message.batch_id, rollout_id=message.rollout_id, session_id=message.session_id)
@@ -249,9 +247,7 @@ def dispatch_body(
     own = offers is None
     offers = deps.warm.offers(1) if offers is None else offers
     try:
-        warm = _dispatch_warm(
-            message, deps, options, row_payload, batches, offers=offers, wait_until=wait_until, block=block
-        )
+        warm = _dispatch_warm(message, deps, options, row_payload, batches, offers=offers, wait_until=wait_until)
     finally:
         if own:
             offers.close()
@@ -390,11 +386,9 @@ def _dispatch_warm(
     *,
     offers: WarmOffers,
     wait_until: float,
-    block: InvokeBlock | None = None,
 ) -> Dispatch | None:
     """Start this attempt in a warm session on offer (`lifecycle.warm`). None: no offer (or the session taken was
-    dead and dropped, the attempt queued again): the caller dispatches a new session. `block`: where its `tps` start
-    comes from (`InvokeBlock`)."""
+    dead and dropped, the attempt queued again): the caller dispatches a new session."""
     if deps.clock.monotonic() >= deps.invoke_start_by(wait_until):
         return None
     while (offer := offers.next()) is not None:
@@ -418,7 +412,6 @@ def _dispatch_warm(
             session_id=offer.session_id,
             attempt_token=token,
             wait_until=wait_until,
-            block=block,
         )
     return None
 
@@ -436,14 +429,13 @@ def _invoke_warm(
     session_id: str,
     attempt_token: str | None,
     wait_until: float,
-    block: InvokeBlock | None = None,
 ) -> Dispatch | None:
     """InvokeAgentRuntime of a dispatched attempt in the warm session it took (an existing session: the `tps`
-    budget only, its start from `block` when it has one). None when the session was dead and dropped
-    (`_drop_warm`): the attempt is queued again."""
+    budget only, its start booked with its SQS batch's when they were `expect`ed). None when the session was dead and
+    dropped (`_drop_warm`): the attempt is queued again."""
     payload = _agent_payload(message, deps, options, row_payload, session_id=session_id, attempt_token=attempt_token)
     try:
-        _call_warm(session_id, payload, deps, deps.invoke_start_by(wait_until), block)
+        _call_warm(session_id, payload, deps, deps.invoke_start_by(wait_until))
     except RuntimeStartFailed as exc:
         return _start_failed(message, deps, str(exc), wait_until)
     except _WarmDead as dead:
@@ -455,16 +447,14 @@ def _invoke_warm(
     return Dispatch.WARM
 
 
-def _call_warm(
-    session_id: str, payload: Mapping[str, Any], deps: LifecycleDeps, start_by: float, block: InvokeBlock | None = None
-) -> None:
+def _call_warm(session_id: str, payload: Mapping[str, Any], deps: LifecycleDeps, start_by: float) -> None:
     """Invoke the rollout in warm session `session_id`, throttles retried as for any invoke. Raises `_WarmDead`
     when it cannot run there: NotFound or rejected (stopped, idled out, lost), 424 (it is starting again: not the
     session that was warmed), throttled past the retries, or no budget in time (no call was made);
     RuntimeStartFailed as it is. An outcome unknown returns (it may be running: the deadline decides)."""
     for attempt in range(deps.invoke_retries + 1):
         try:
-            deps.limits.runtime.invoke(session_id, payload, wait_until=start_by, new_session=False, block=block)
+            deps.limits.runtime.invoke(session_id, payload, wait_until=start_by, new_session=False)
             return
         except RuntimeOutcomeUnknown as exc:
             log.warning("invoke of warm session %s: outcome unknown (%s); the deadline decides", session_id, exc)

@@ -24,7 +24,6 @@ from rollout_pipeline.ledger.warm_items import WarmPoolState, WarmSession, WarmS
 from rollout_pipeline.lifecycle import budget, stops
 from rollout_pipeline.lifecycle.deps import LifecycleDeps
 from rollout_pipeline.lifecycle.warm import WarmOffer, offer_until
-from rollout_pipeline.limits.pacing import InvokeBlock
 from rollout_pipeline.metric_names import WARM_KEEPALIVES, WARM_POOL_SIZE, WARM_STOPPED_UNUSED, WARMED
 
 log = logging.getLogger(__name__)
@@ -263,13 +262,9 @@ class WarmPool:
             except Exception:
                 log.warning("%d warm session(s) could not be put on offer", len(bodies), exc_info=True)
 
-    def _invoke(
-        self, session_id: str, wait_until: float, *, new_session: bool, block: InvokeBlock | None = None
-    ) -> None:
+    def _invoke(self, session_id: str, wait_until: float, *, new_session: bool) -> None:
         payload = warmup_payload(self.config.name, session_id)
-        self.deps.limits.runtime.invoke(
-            session_id, payload, wait_until=wait_until, new_session=new_session, block=block
-        )
+        self.deps.limits.runtime.invoke(session_id, payload, wait_until=wait_until, new_session=new_session)
 
     def _fill(self, wanted: int, wait_until: float) -> tuple[int, int]:
         """Start up to `wanted` warm sessions while the capacity allows. Returns (warmed, warm-ups failed)."""
@@ -300,8 +295,9 @@ class WarmPool:
 
     def _warm_chunk(self, chunk: list[str], wait_until: float) -> tuple[int, int]:
         """A recorded chunk's warm-ups; the answered ones offered, the others stopped. Returns (warmed, failed)."""
-        block, started = InvokeBlock(len(chunk)), self.wall()
-        answered = _concurrently(lambda sid: self._warm_up(sid, wait_until, block), chunk)
+        started = self.wall()
+        self.deps.limits.runtime.session.expect(len(chunk))  # their starts, booked in one write
+        answered = _concurrently(lambda sid: self._warm_up(sid, wait_until), chunk)
         ready = [sid for sid, ok in zip(chunk, answered, strict=True) if ok]
         kept_at = self.wall()
         marked = set(self.deps.ledger.warm.mark(ready, kept_at=kept_at, from_states=(WarmState.WARMING,)))
@@ -327,12 +323,12 @@ class WarmPool:
             counts[shard] += count
         return sessions
 
-    def _warm_up(self, session_id: str, wait_until: float, block: InvokeBlock) -> bool:
+    def _warm_up(self, session_id: str, wait_until: float) -> bool:
         """A new session's warm-up, paced as any new session; a 424 retried as a dispatch retries it. True: answered."""
         deps = self.deps
         for attempt in range(deps.cold_start_retries + 1):
             try:
-                self._invoke(session_id, wait_until, new_session=attempt == 0, block=block if attempt == 0 else None)
+                self._invoke(session_id, wait_until, new_session=attempt == 0)
                 return True
             except ports.RuntimeColdStart:
                 if deps.clock.monotonic() + deps.cold_start_wait_s >= wait_until:

@@ -23,13 +23,13 @@ log = logging.getLogger(__name__)
 LATENESS_S: Final = 0.05
 #: How far ahead an invoke may reserve a `tps` start while stops share it (stops reserve as far as they wait).
 INVOKE_AHEAD_S: Final = 0.25
-#: ... and while stops have their own; calls booked together (`InvokeBlock`, `book_stops`) start within this long.
+#: ... and while stops have their own; calls booked together (`Pacer.expect`) start within this long.
 BLOCK_AHEAD_S: Final = 1.0
 #: How long a stop waits for its start when the caller gives no deadline.
 DEFAULT_STOP_WAIT_S: Final = 15.0
 #: Reservations of one process within this long of each other are booked in one write (`Pacer.reserve_together`).
 TOGETHER_S: Final = 0.03
-#: An `InvokeBlock` that finds the schedule full within its horizon waits and books again at most this many times.
+#: Calls `expect`ed that find the schedule full within their horizon wait and book again at most this many times.
 BLOCK_TRIES: Final = 4
 #: The schedules of an experiment's own budgets.
 SESSION_PACE: Final = "session"
@@ -122,6 +122,10 @@ class Pacer:
         self._together: _Together | None = None
         self._together_lock = threading.Lock()
         self._room_lock = threading.RLock()
+        #: Calls announced to come together (`expect`) and the starts booked for them in one write.
+        self._expected = 0
+        self._booked: list[float] = []
+        self._booked_lock = threading.Lock()
         self._item_interval_us = 0
 
     @property
@@ -222,6 +226,43 @@ class Pacer:
             return round_.slots[index]
         return self.reserve(wait_until, lead_s=lead_s, not_before=not_before)
 
+    def expect(self, calls: int) -> None:
+        """The next `calls` calls of this budget come together (a batch's warm takes, warm-ups or stops): the first
+        of them books a start for each in ONE write (`booked_start`)."""
+        with self._booked_lock:
+            self._expected = max(0, calls)
+
+    def booked_start(self, until: float, ahead_s: float) -> float | None:
+        """A start booked for this call among the calls `expect`ed (the first of them books all, within `ahead_s`);
+        None: none is left, the call reserves its own."""
+        if not (self._expected or self._booked or self._booked_lock.locked()):  # none expected, none booking
+            return None
+        with self._booked_lock:
+            expected, self._expected = max(0, self._expected - 1), 0
+            start = first_fresh(self._booked, self._wall())
+            if start is not None or expected < 1:
+                self._expected = expected
+                return start
+            booked = self._book_block(expected + 1, until, ahead_s)  # the others wait for it on the lock
+            self._booked = booked[1:]
+            return booked[0] if booked else None
+
+    def _book_block(self, count: int, until: float, ahead_s: float) -> list[float]:
+        for _ in range(BLOCK_TRIES):
+            try:
+                self.know_spacing()
+                starts = self.book(count, ahead_s)
+            except Exception:  # booking together only saves writes: the calls reserve one at a time
+                log.warning("could not book %d starts of %s together", count, self.budget, exc_info=True)
+                return []
+            if starts:
+                return starts
+            pause = self.next_room_s(ahead_s) + random.uniform(0.0, self.interval_s)
+            if self._monotonic() + pause >= until:
+                return []
+            self._sleep(max(pause, 0.001))
+        return []
+
     def reserve_at(self, not_before: float, latest: float, *, count: int = 1) -> tuple[float | None, float]:
         """One reservation of `count` consecutive starts in [not_before, latest] (wall clock, s): (first, tat)."""
         for _ in range(2):
@@ -318,17 +359,6 @@ class Pacer:
                 return True
 
 
-class InvokeBlock:
-    """The starts of `expected` invokes known to come together, booked in ONE write by the first to need one: `tps`
-    starts for warm takes, `session` starts for warm-ups. Thread-safe."""
-
-    def __init__(self, expected: int) -> None:
-        self.expected = expected
-        self.starts: list[float] = []
-        self.booked = False
-        self.lock = threading.Lock()
-
-
 class NoCallBudget(RuntimeThrottled):
     """No start of a call budget could be had before the caller's wait ended (the call was not made)."""
 
@@ -363,8 +393,6 @@ class LimitedRuntime:
         self.account = account
         self.stops = stops
         self.metrics = metrics
-        self._booked_stops: list[float] = []
-        self._booked_lock = threading.Lock()
 
     @property
     def stop_pacer(self) -> Pacer:
@@ -399,7 +427,6 @@ class LimitedRuntime:
         *,
         new_session: bool = True,
         on_booked: Callable[[float], None] | None = None,
-        block: InvokeBlock | None = None,
     ) -> None:
         """InvokeAgentRuntime once its budgets allow; raises NoCallBudget (no start in time) and whatever the
         runtime raises. `new_session=False`: a call into an existing session. `on_booked(start)`: once a new
@@ -408,15 +435,14 @@ class LimitedRuntime:
         booked = on_booked or (lambda _start: None)
         if not new_session:
             ahead_s = INVOKE_AHEAD_S if self.stops is None else BLOCK_AHEAD_S  # stops wait behind it
-            start = None if block is None else self._block_start(block, self.tps, until, ahead_s)
+            start = self.tps.booked_start(until, ahead_s)
             on_block = start is not None and self.tps.sleep_until(start)
             if not on_block and not self.tps.acquire(until, ahead_s):
                 raise self._throttled("InvokeAgentRuntime")
             booked(self.tps._wall())
             self._call(lambda: self.runtime.invoke(session_id, payload), new_session=False)
             return
-        left_s = until - self.session._monotonic()
-        share = None if block is None else self._block_start(block, self.session, until, left_s)
+        share = self.session.booked_start(until, until - self.session._monotonic())
         while True:
             start = self._session_start(until, share)
             share = None
@@ -436,61 +462,12 @@ class LimitedRuntime:
             start = self.account.pacer.reserve_together(until, not_before=start)
         return start
 
-    def _block_start(self, block: InvokeBlock, pacer: Pacer, until: float, ahead_s: float) -> float | None:
-        """This invoke's start from its batch's block (the first of the batch books it); None: it reserves its own."""
-        with block.lock:
-            block.expected = expected = max(0, block.expected - 1)
-            start = first_fresh(block.starts, pacer._wall())
-            if start is not None:
-                return start
-            if block.booked or expected < 1:  # booked once (its starts are gone), or this is the last
-                return None
-            block.booked = True
-            booked = self._book_block(pacer, expected + 1, until, ahead_s)
-            block.starts = booked[1:]
-            return booked[0] if booked else None
-
-    def _book_block(self, pacer: Pacer, count: int, until: float, ahead_s: float) -> list[float]:
-        for _ in range(BLOCK_TRIES):
-            try:
-                pacer.know_spacing()
-            except Exception:  # its own reservations read it
-                log.warning("could not read %s before booking a block", pacer.budget, exc_info=True)
-                return []
-            try:
-                starts = pacer.book(count, ahead_s)
-            except Exception:  # booking together only saves writes: the invokes reserve one at a time
-                log.warning("could not book %d invokes together", count, exc_info=True)
-                return []
-            if starts:
-                return starts
-            pause = pacer.next_room_s(ahead_s) + random.uniform(0.0, pacer.interval_s)
-            if pacer._monotonic() + pause >= until:
-                return []
-            pacer._sleep(max(pause, 0.001))
-        return []
-
-    def book_stops(self, count: int) -> int:
-        """Book `count` starts in one write for the next `stop` calls; returns how many were booked."""
-        try:
-            slots = self.stop_pacer.book(count, BLOCK_AHEAD_S)
-        except Exception:  # booking ahead only saves writes: the stops reserve one at a time
-            log.warning("could not book %d stops ahead", count, exc_info=True)
-            return 0
-        with self._booked_lock:
-            self._booked_stops = sorted(self._booked_stops + slots)
-        return len(slots)
-
-    def _booked_stop(self) -> float | None:
-        now = self.stop_pacer._wall()
-        with self._booked_lock:
-            return first_fresh(self._booked_stops, now)
-
     def stop(self, session_id: str, wait_until: float | None = None) -> None:
-        """StopRuntimeSession once its budget allows: at a start booked ahead (`book_stops`), else one reserved now."""
+        """StopRuntimeSession once its budget allows: at a start booked with the stops `expect`ed, else one reserved
+        now."""
         pacer = self.stop_pacer
         until = wait_until if wait_until is not None else pacer._monotonic() + DEFAULT_STOP_WAIT_S
-        slot = self._booked_stop()
+        slot = pacer.booked_start(until, BLOCK_AHEAD_S)
         on_booked = slot is not None and pacer.sleep_until(slot)
         if not on_booked and not pacer.acquire(until):
             raise self._throttled("StopRuntimeSession")

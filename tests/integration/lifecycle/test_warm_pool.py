@@ -800,7 +800,7 @@ def booked(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
 def test_a_batch_the_pool_covers_books_its_takes_starts_in_one_write(
     resources: ExperimentResources, fake: FakeAgentRuntime, booked: list[tuple[str, int]]
 ) -> None:
-    """The SQS batch's warm takes reserve their `tps` starts together (`InvokeBlock`): one conditional write for the
+    """The SQS batch's warm takes reserve their `tps` starts together (`Pacer.expect`): one conditional write for the
     batch, not one per take; each take then starts at one of them."""
     deps = warm_deps(resources, fake, warm=4)
     WarmPool(deps).tick(budget_s=10)
@@ -816,7 +816,7 @@ def test_a_batch_the_pool_covers_books_its_takes_starts_in_one_write(
 def test_a_fill_chunk_books_its_warm_ups_session_starts_in_one_write(
     resources: ExperimentResources, fake: FakeAgentRuntime, booked: list[tuple[str, int]]
 ) -> None:
-    """A fill chunk's warm-ups reserve their new-session starts together (`InvokeBlock` by session budget): one
+    """A fill chunk's warm-ups reserve their new-session starts together (`Pacer.expect` on the session budget): one
     conditional write for the chunk's sessions on the experiment's session budget, not one per warm-up."""
     deps = warm_deps(resources, fake, warm=4)
     pool = WarmPool(deps, CountedCapacity(deps))  # 25 new sessions a second: one chunk of four

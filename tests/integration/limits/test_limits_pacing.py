@@ -24,7 +24,6 @@ from rollout_pipeline.limits.pacing import (
     BLOCK_AHEAD_S,
     INVOKE_AHEAD_S,
     Clocks,
-    InvokeBlock,
     LimitedRuntime,
     Pacer,
     call_budgets,
@@ -247,9 +246,10 @@ def test_new_sessions_in_a_share_of_their_own_take_no_tps_slot(
 def test_stops_booked_together_take_one_write_and_keep_the_spacing(
     table: tuple[str, dict[str, str]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A completion batch's stops book their `tps` starts in one write of the schedule (`book_stops`); each stop
-    then takes the earliest, so they start `interval` apart as if each had reserved its own. A stop with none left
-    reserves its own; starts too late to use are dropped, never used late. On a virtual clock (`ThreadClocks`)."""
+    """A completion batch's stops (`Pacer.expect`): the first books their `tps` starts in one write of the schedule;
+    each stop then takes the earliest, so they start `interval` apart as if each had reserved its own. A stop with
+    none left reserves its own; stops expected much later book when they come, never at a start gone by. On a virtual
+    clock (`ThreadClocks`)."""
     name, _env = table
     ledger = Ledger.open(name).limits
     reserved = Reservations(monkeypatch)
@@ -257,28 +257,29 @@ def test_stops_booked_together_take_one_write_and_keep_the_spacing(
     tps = pacer(ledger, "tps", 10, clocks=clocks)
     runtime = RecordingRuntime(clocks.wall)
     limited = LimitedRuntime(runtime, tps, pacer(ledger, "session#0", 4))
-    assert limited.book_stops(4) == 4
-    assert reserved.counts == [4]
+    tps.expect(4)
+    assert reserved.counts == []
     for j in range(5):
         limited.stop(f"x-{j}", time.monotonic() + 60)
-    assert reserved.counts == [4, 1]  # the fifth found none booked
+    assert reserved.counts == [4, 1]  # the first booked four; the fifth found none booked
     starts = [at for at, _op, _sid in runtime.calls]
     gaps = [later - earlier for earlier, later in itertools.pairwise(starts)]
     assert min(gaps) >= tps.interval_s - 1e-6
     assert busiest_sliding_window(starts) <= 10
-    assert limited.book_stops(2) == 2
-    clocks.sleep(5.0)  # the stops came much later: their booked starts are past
+    tps.expect(2)
+    clocks.sleep(5.0)  # the stops came much later: they book when they come
     limited.stop("late", time.monotonic() + 60)
-    assert reserved.counts == [4, 1, 2, 1]
-    assert runtime.calls[-1][0] >= clocks.start + 5.0
+    limited.stop("later", time.monotonic() + 60)
+    assert reserved.counts == [4, 1, 2]
+    assert runtime.calls[-2][0] >= clocks.start + 5.0
 
 
 def test_invokes_booked_as_a_block_take_one_write_and_keep_the_spacing(
     table: tuple[str, dict[str, str]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A dispatcher's batch of warm takes (`InvokeBlock`): the first take books every expected start in one write of
-    the `tps` schedule, the others take the earliest left, so they start `interval` apart as if each had reserved its
-    own; once the block is used up, a further take reserves its own. On a virtual clock (`ThreadClocks`)."""
+    """A dispatcher's batch of warm takes (`Pacer.expect`): the first take books every expected start in one write
+    of the `tps` schedule, the others take the earliest left, so they start `interval` apart as if each had reserved
+    its own; once they are used up, a further take reserves its own. On a virtual clock (`ThreadClocks`)."""
     name, _env = table
     ledger = Ledger.open(name).limits
     reserved = Reservations(monkeypatch)
@@ -286,15 +287,12 @@ def test_invokes_booked_as_a_block_take_one_write_and_keep_the_spacing(
     tps = pacer(ledger, "tps-block", 10, clocks=clocks)  # a schedule no other test booked
     runtime = RecordingRuntime(clocks.wall)
     limited = LimitedRuntime(runtime, tps, pacer(ledger, "session#0", 4))
-    block = InvokeBlock(4)
-    takers = [
-        threading.Thread(
-            target=limited.invoke,
-            args=(f"w-{i}", {}, time.monotonic() + 60),
-            kwargs={"block": block, "new_session": False},
-        )
-        for i in range(4)
-    ]
+    tps.expect(4)
+
+    def take(session_id: str) -> None:
+        limited.invoke(session_id, {}, time.monotonic() + 60, new_session=False)
+
+    takers = [threading.Thread(target=take, args=(f"w-{i}",)) for i in range(4)]
     for t in takers:
         t.start()
     for t in takers:
@@ -303,7 +301,7 @@ def test_invokes_booked_as_a_block_take_one_write_and_keep_the_spacing(
     starts = sorted(at for at, _op, _sid in runtime.calls)
     assert len(starts) == 4
     assert min(later - earlier for earlier, later in itertools.pairwise(starts)) >= tps.interval_s - 1e-6
-    limited.invoke("w-late", {}, time.monotonic() + 60, new_session=False, block=block)
+    limited.invoke("w-late", {}, time.monotonic() + 60, new_session=False)
     assert reserved.counts[0] == 4
     assert reserved.counts[1:]
     assert set(reserved.counts[1:]) == {1}
@@ -331,16 +329,16 @@ def test_a_block_of_takes_books_far_ahead_only_while_no_stop_waits_behind_it(
     tps, stops, limited = takes_runtime(table, "ahead", apart=apart)
     assert limited.stop_pacer is (stops if apart else tps)
     horizons: list[float] = []
-    book_block = limited._book_block
+    book_block = tps._book_block
 
-    def spied(pacer: Pacer, count: int, until: float, ahead_s: float) -> list[float]:
+    def spied(count: int, until: float, ahead_s: float) -> list[float]:
         horizons.append(ahead_s)
-        return book_block(pacer, count, until, ahead_s)
+        return book_block(count, until, ahead_s)
 
-    limited._book_block = spied  # type: ignore[method-assign]
-    block = InvokeBlock(2)
+    tps._book_block = spied  # type: ignore[method-assign]
+    tps.expect(2)
     for i in range(2):
-        limited.invoke(f"w-{i}", {}, time.monotonic() + 60, new_session=False, block=block)
+        limited.invoke(f"w-{i}", {}, time.monotonic() + 60, new_session=False)
     assert horizons == [BLOCK_AHEAD_S if apart else INVOKE_AHEAD_S]
 
 
