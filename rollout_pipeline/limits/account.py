@@ -60,9 +60,8 @@ class AccountSchedule:
         self._climb_checked = -math.inf
         self.pacer = Pacer(pool.schedule(), ACCOUNT, clocks=clocks, guess_busy=True, on_item=self._seen)
         self.pacer.on_unspaced = lambda: self._respace(self._read(), self._wall())  # an item with no spacing yet
-        self.on_throttled: Callable[[], None] = lambda: None
         self.on_view: Callable[[AccountView], None] = lambda _view: None
-        self.decreases = self.climbs = self.caps_learned = 0
+        self.throttles = self.decreases = self.climbs = self.caps_learned = 0
 
     def current(self) -> AccountView:
         """The latest view of the item (read when this process has none yet)."""
@@ -93,7 +92,7 @@ class AccountSchedule:
 
     def throttled(self) -> None:
         """AgentCore answered a new session "rate exceeded": the schedule's rate x `BACKOFF`, once per overshoot."""
-        self.on_throttled()
+        self.throttles += 1
         view = self.current()
         now = self._wall()
         lower = decreased(view.factor, view.factor_at, now)

@@ -64,7 +64,6 @@ class Limits:
                 clocks=pacing,
             )
             self.shards.follow(membership.max_sessions)
-            self.account.on_throttled = membership.throttled
             self.account.on_view = membership.account_seen
             session = Pacer(
                 ledger.schedule(SESSION_PACE, item_spacing=True),

@@ -239,7 +239,9 @@ class Pacer:
             return None
         with self._booked_lock:
             expected, self._expected = max(0, self._expected - 1), 0
-            start = first_fresh(self._booked, self._wall())
+            while self._booked and self._booked[0] < self._wall() - START_LATENESS_S:  # too late to use
+                self._booked.pop(0)
+            start = self._booked.pop(0) if self._booked else None
             if start is not None or expected < 1:
                 self._expected = expected
                 return start
@@ -392,11 +394,8 @@ class LimitedRuntime:
         self.session = session
         self.account = account
         self.stops = stops
+        self.stop_pacer = stops or tps  #: what a stop paces on
         self.metrics = metrics
-
-    @property
-    def stop_pacer(self) -> Pacer:
-        return self.stops or self.tps
 
     def _throttled(self, what: str) -> NoCallBudget:
         if self.metrics is not None:
@@ -472,15 +471,6 @@ class LimitedRuntime:
         if not on_booked and not pacer.acquire(until):
             raise self._throttled("StopRuntimeSession")
         self._call(lambda: self.runtime.stop(session_id), new_session=False)
-
-
-def first_fresh(starts: list[float], now: float) -> float | None:
-    """Pop the earliest of `starts` not more than `START_LATENESS_S` before `now` (the stale ones are dropped)."""
-    while starts:
-        start = starts.pop(0)
-        if start >= now - START_LATENESS_S:
-            return start
-    return None
 
 
 def dedicated_stop_share(data_plane: float, invoke_rate: float) -> bool:

@@ -96,7 +96,7 @@ class Membership:
         self.session = PaceView()
         self.entry: MemberEntry | None = None
         self.members: list[MemberEntry] = []
-        self._throttles = 0
+        self._throttles_counted = 0
         self.renewals = self.lost = 0
 
     def seen(self, item: Mapping[str, Any]) -> None:
@@ -111,9 +111,6 @@ class Membership:
         self._backlog_until = now + BACKLOG_HOLD_S
         if surge:
             self.renew_behind(force=True)
-
-    def throttled(self) -> None:
-        self._throttles += 1
 
     def max_sessions(self) -> int:
         """Sessions this experiment may hold: `max_sessions`, or its share of the account's active sessions."""
@@ -197,7 +194,7 @@ class Membership:
         count, read_at = self.shards.last_read()
         if now - read_at > 2 * RENEW_S:  # never a figure this process did not just read
             count = self.shards.in_flight()
-        throttles, self._throttles = self._throttles, 0
+        throttles, self._throttles_counted = self.account.throttles - self._throttles_counted, self.account.throttles
         return MemberEntry(
             name=config.name,
             weight=config.capacity_weight,

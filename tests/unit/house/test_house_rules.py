@@ -174,3 +174,27 @@ def test_capacity_and_release_mean_one_thing() -> None:
     assert found == []
     assert OTHER_MEANINGS.search("the slot is released once the stop is confirmed")
     assert not OTHER_MEANINGS.search("the release window released 8 rollouts")
+
+
+#: Who may start a session, when and at what cost (docs/lifecycle.md, "Limits" and "The warm pool"): the limits area,
+#: the ledger's limit, pool and warm modules, the quotas and the measured ceilings, the warm pool and the agent's
+#: warm-up. A feature that needs more lines here takes them out somewhere else in it first.
+ADMISSION_CODE = (
+    "rollout_pipeline/limits/*.py",
+    "rollout_pipeline/ledger/limits.py",
+    "rollout_pipeline/ledger/pool*.py",
+    "rollout_pipeline/ledger/pace.py",
+    "rollout_pipeline/ledger/warm*.py",
+    "rollout_pipeline/quotas.py",
+    "rollout_pipeline/ceilings.py",
+    "rollout_pipeline/lifecycle/warm*.py",
+    "rollout_pipeline/agent/warmup.py",
+)
+MAX_ADMISSION_LINES = 3_200
+
+
+def test_the_admission_code_stays_small() -> None:
+    files = sorted({path for pattern in ADMISSION_CODE for path in REPO.glob(pattern)})
+    assert len(files) >= 18, "a module of the admission code moved: update ADMISSION_CODE"
+    lines = sum(len(path.read_text(encoding="utf-8").splitlines()) for path in files)
+    assert lines <= MAX_ADMISSION_LINES, f"the admission code is {lines} lines (at most {MAX_ADMISSION_LINES})"
