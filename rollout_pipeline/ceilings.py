@@ -16,8 +16,7 @@ def ceiling_warnings(config: ExperimentConfig) -> list[str]:
     """Warnings for a config that promises more new sessions/s than `LEDGER_CEILING_SESSIONS_S`, or a `tps_limit`
     above the calls such a rate needs."""
     found: list[str] = []
-    limit = config.session_rate_limit
-    promised = limit if limit is not None else PoolSettings().budget("sessions")
+    promised = config.session_rate_limit if config.session_rate_limit is not None else PoolSettings().budget("sessions")
     if promised > LEDGER_CEILING_SESSIONS_S:
         found.append(
             f"session_rate_limit = {promised:g} new sessions/s is above the ledger's measured ceiling "

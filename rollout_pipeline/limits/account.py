@@ -86,6 +86,10 @@ class AccountSchedule:
         interval = start_interval_us(view, now)
         return self.pool.set_spacing(interval, factor=view.factor, factor_at=view.factor_at, after_at=view.factor_at)
 
+    def backed_off_at(self) -> float:
+        """When the schedule last backed off (wall clock s; 0: never), by this process's latest view of it."""
+        return self.view.factor_at if self.view is not None else 0.0
+
     def rate(self) -> float:
         """New sessions per second the account starts at most now."""
         return start_rate(self.current(), self._wall())

@@ -92,8 +92,7 @@ class Limits:
             monotonic=clocks.monotonic,
             sleep=clocks.sleep,
         )
-        if self.membership is not None and board is not None:
-            member = self.membership
+        if (member := self.membership) is not None and board is not None:
             self.gate.on_clear = lambda: member.idle(lambda: bool(self.gate.queued() or board.others()))
 
     def for_another_process(self) -> Limits:

@@ -143,15 +143,12 @@ class Pacer:
 
     def know_spacing(self) -> None:
         """Learn an item-spaced schedule's spacing before booking a block at it (giving it one when it has none)."""
-        if not self.spacing_unknown():
+        if not self.item_spacing or self._item_interval_us:
             return
         self.read_tat()
-        if self.spacing_unknown() and self.on_unspaced is not None:
+        if not self._item_interval_us and self.on_unspaced is not None:
             self.on_unspaced()
             self.read_tat()
-
-    def spacing_unknown(self) -> bool:
-        return self.item_spacing and not self._item_interval_us
 
     @property
     def limit(self) -> float:
@@ -287,7 +284,7 @@ class Pacer:
 
     def book(self, count: int, ahead_s: float, *, lead_s: float = 0.0, not_before: float = 0.0) -> list[float]:
         """Reserve `count` consecutive starts (wall clock s) in ONE write, the first within `ahead_s`; [] when none."""
-        if count < 2 or self.spacing_unknown():
+        if count < 2 or (self.item_spacing and not self._item_interval_us):
             return []
         first = max(self._wall() + (lead_s or self.lead_s), not_before)
         interval_s = self.interval_s
@@ -374,6 +371,8 @@ class AccountBudget(Protocol):
 
     def quota_exceeded(self) -> None: ...
 
+    def backed_off_at(self) -> float: ...
+
 
 class LimitedRuntime:
     """An `AgentRuntime` whose calls first take their budgets: a new session its `session` start (then the
@@ -443,12 +442,14 @@ class LimitedRuntime:
             return
         share = self.session.booked_start(until, until - self.session._monotonic())
         while True:
-            start = self._session_start(until, share)
+            reserved_at, start = self.session._wall(), self._session_start(until, share)
             share = None
             if start is None:
                 raise self._throttled("a new session")
             booked(start)
-            if self.session.sleep_until(start):
+            on_time = self.session.sleep_until(start)
+            old_spacing = self.account is not None and self.account.backed_off_at() >= reserved_at  # booked before
+            if on_time and not old_spacing:  # a start booked before the account's backoff is left unused
                 self._call(lambda: self.runtime.invoke(session_id, payload), new_session=True)
                 return
 

@@ -63,11 +63,6 @@ def fair_shares(
     return share, int(water_fill(active_budget, active_wants).get(name, 0.0) + 1e-9)
 
 
-def interval_us(rate: float) -> int:
-    """The spacing of a share of `rate` new sessions per second (`MIN_SHARE_PER_S` at least), as an own budget's."""
-    return math.ceil((1.0 + LATENESS_S) / max(rate, MIN_SHARE_PER_S) * 1e6)
-
-
 class Membership:
     """This experiment's entry in the account pool and its renewals, as one process holds them (thread-safe)."""
 
@@ -166,7 +161,8 @@ class Membership:
             if (me.demand > 0) != (last is not None and last.demand > 0 and now - last.renewed_at <= LIVE_S):
                 self.pool.shares_moved(self.config.name, int(now * 1e6))  # it starts or stops asking
             idle = demand == 0.0 and self.session.interval_us > 0  # keeps the spacing, due again at once
-            spacing = self.session.interval_us if idle else interval_us(rate)
+            share_us = math.ceil((1.0 + LATENESS_S) / max(rate, MIN_SHARE_PER_S) * 1e6)  # as an own budget's
+            spacing = self.session.interval_us if idle else share_us
             stamp_us = int((now - (2 * RENEW_S if idle else 0.0)) * 1e6)
             after_us = int((now - (0.0 if force else RENEW_S * 0.5)) * 1e6)
             won = self.limits.set_share("session", spacing, active=active, renewed_us=stamp_us, after_us=after_us)

@@ -99,6 +99,32 @@ def test_a_new_sessions_throttle_backs_off_every_experiment_at_its_next_start(
     assert b.pacer.interval_us == pool.account().settings.start_interval_us(BACKOFF) > before
 
 
+def test_a_start_booked_before_the_accounts_backoff_is_left_unused(
+    resources: ExperimentResources, pool: PoolLedger
+) -> None:
+    """A new session whose start was booked at the old spacing does not start there once the account backs off
+    meanwhile (an outsider's surge met up to `ADMIT_AHEAD_S` of such starts, throttled too): it books again, at the
+    new spacing. On a virtual clock: the backoff comes while the invoke waits for its start."""
+    clocks = ThreadClocks(time.time())
+    backed_off: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        if not backed_off:  # another rollout's new session was throttled meanwhile
+            backed_off.append(clocks.wall())
+            limits.account.throttled()  # type: ignore[union-attr]
+        clocks.sleep(seconds)
+
+    runtime = RecordingRuntime(clocks.wall)
+    limits = experiment(resources, "exp-a", runtime, pacing=Clocks(clocks.wall, time.monotonic, sleep))
+    booked: list[float] = []
+    limits.runtime.invoke("s-1", {}, time.monotonic() + 30, on_booked=booked.append)
+    assert limits.account is not None
+    assert limits.account.decreases == 1
+    assert len(booked) == 2, booked  # main: one start, used at the old spacing after the backoff
+    (invoked,) = [at for at, op, _sid in runtime.calls if op == "invoke"]
+    assert invoked >= booked[1] > backed_off[0]
+
+
 def test_a_throttle_of_a_call_into_a_session_backs_off_only_that_experiments_invokes(
     resources: ExperimentResources, pool: PoolLedger
 ) -> None:
