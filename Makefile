@@ -19,7 +19,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 # Bare `make` lists the targets (CI runs `make test`, `make art-test` and `make rft-test` by name, see .ci/run).
 .DEFAULT_GOAL := help
 
-.PHONY: help setup setup-model setup-rft demo demo-rft test test-stress art-test art-bench rft-test rft-bench unit integration infra e2e lint format synth diff preflight deploy destroy bench schemas clean
+.PHONY: help setup setup-model setup-rft side-venvs demo demo-rft test test-stress art-test art-bench rft-test rft-bench unit integration infra e2e lint format synth diff preflight deploy destroy bench schemas clean
 
 # Exact versions: constraints.txt pins every package of the dev/test environment (pyproject.toml has ranges for the
 # library, so it installs beside trainers); `make lock` regenerates it and the shipped locks (stacks/locks.py).
@@ -103,7 +103,7 @@ $(ART_STAMP): pyproject.toml
 	touch $(ART_STAMP)
 
 art-test: $(ART_STAMP) ## The ART rollout-session backend's tests, installed next to ART's rollout extra
-	$(ART_VENV)/bin/python -m pytest tests/art tests/unit/sdk/test_art_backend.py
+	$(ART_VENV)/bin/python -m pytest -n 2 --dist loadfile tests/art tests/unit/sdk/test_art_backend.py
 
 art-bench: $(ART_STAMP) ## ART's S3 polling vs the pipeline's backend, same groups, same local S3 (about a minute)
 	$(ART_VENV)/bin/python bench/bench_art.py
@@ -138,7 +138,10 @@ demo-rft: $(RFT_MODEL_STAMP) ## Run the example SageMaker RFT agent unchanged th
 	$(RFT_VENV)/bin/rollouts local demo --agent-module $(RFT_AGENT)
 
 rft-test: $(RFT_STAMP) ## The RFT host's tests with the real SageMaker RFT SDK, in its own venv (.venv-rft)
-	$(RFT_VENV)/bin/python -m pytest tests/rft tests/unit/agent/test_rft_host.py tests/unit/agent/test_rft_door.py
+	$(RFT_VENV)/bin/python -m pytest -n 2 --dist loadfile tests/rft tests/unit/agent/test_rft_host.py tests/unit/agent/test_rft_door.py
+
+# ART's and the RFT SDK's venvs, without running their tests (.ci/run installs them beside `make test`).
+side-venvs: $(ART_STAMP) $(RFT_STAMP)
 
 rft-bench: $(RFT_STAMP) ## The RFT host's overhead vs the plain ART app (latency per rollout and model call, cold start)
 	$(RFT_VENV)/bin/python bench/bench_rft_host.py
