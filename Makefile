@@ -19,7 +19,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 # Bare `make` lists the targets (CI runs `make test`, `make art-test` and `make rft-test` by name, see .ci/run).
 .DEFAULT_GOAL := help
 
-.PHONY: help setup setup-model setup-rft side-venvs demo demo-rft test test-stress art-test art-bench rft-test rft-bench unit integration infra e2e lint format synth diff preflight deploy destroy bench schemas clean
+.PHONY: help setup setup-model setup-rft demo demo-rft test test-stress art-test art-bench rft-test rft-bench unit integration infra e2e lint format synth diff preflight deploy destroy bench schemas clean
 
 # Exact versions: constraints.txt pins every package of the dev/test environment (pyproject.toml has ranges for the
 # library, so it installs beside trainers); `make lock` regenerates it and the shipped locks (stacks/locks.py).
@@ -139,9 +139,6 @@ demo-rft: $(RFT_MODEL_STAMP) ## Run the example SageMaker RFT agent unchanged th
 
 rft-test: $(RFT_STAMP) ## The RFT host's tests with the real SageMaker RFT SDK, in its own venv (.venv-rft)
 	$(RFT_VENV)/bin/python -m pytest -n 2 --dist loadfile tests/rft tests/unit/agent/test_rft_host.py tests/unit/agent/test_rft_door.py
-
-# ART's and the RFT SDK's venvs, without running their tests (.ci/run installs them beside `make test`).
-side-venvs: $(ART_STAMP) $(RFT_STAMP)
 
 rft-bench: $(RFT_STAMP) ## The RFT host's overhead vs the plain ART app (latency per rollout and model call, cold start)
 	$(RFT_VENV)/bin/python bench/bench_rft_host.py
