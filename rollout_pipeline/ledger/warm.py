@@ -158,12 +158,10 @@ class WarmLedger:
 
     def take_lease(self, owner: str, *, now: float, lease_s: float) -> bool:
         """Run the pool until `now + lease_s` (one manager at a time); False when another does."""
+        update = "SET lease_owner = :owner, lease_until = :until"
         condition = "attribute_not_exists(lease_until) OR lease_until < :now OR lease_owner = :owner"
         values = {":owner": owner, ":until": now + lease_s, ":now": now}
-        return (
-            self.table.update(pool_key(), "SET lease_owner = :owner, lease_until = :until", condition, values)
-            is not None
-        )
+        return self.table.update(pool_key(), update, condition, values) is not None
 
     def end_lease(self, owner: str) -> None:
         """Give the lease back (the next manager need not wait for it to expire)."""

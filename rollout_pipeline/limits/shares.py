@@ -190,7 +190,8 @@ class Membership:
         count, read_at = self.shards.last_read()
         if now - read_at > 2 * RENEW_S:  # never a figure this process did not just read
             count = self.shards.in_flight()
-        throttles, self._throttles_counted = self.account.throttles - self._throttles_counted, self.account.throttles
+        total = self.account.throttles  # read once: a throttle counted meanwhile goes to the next renewal
+        throttles, self._throttles_counted = total - self._throttles_counted, total
         return MemberEntry(
             name=config.name,
             weight=config.capacity_weight,

@@ -4,7 +4,7 @@ surplus rollout to the trainer: no member, reward, failure or valid-size count o
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,18 +23,30 @@ GROUP_SIZE = 3
 OVERSAMPLE = 2
 
 
-def _behaviour(invocation: FakeInvocation) -> AgentBehaviour:
-    """Group `mixed`: index 1 fails (excluded), 0/2/3 succeed at once, 4 never answers (it is still running when
-    the group fills). Group `fast`: every rollout succeeds at once (surplus successes may race the cancel)."""
-    rollout = invocation.payload.get("_rollout") or {}
-    index, input_id = int(rollout.get("index", 0)), str(rollout.get("input_id"))
-    if input_id == "fast":
-        return AgentBehaviour(rewards=float(index))
-    if index == 1:
-        return AgentBehaviour(kind="agent_error")
-    if index == 4:
-        return AgentBehaviour(kind="hang")
-    return AgentBehaviour(rewards=float(index % 2))
+def behaviour(held: dict[int, str]) -> Callable[[FakeInvocation], AgentBehaviour]:
+    """Group `mixed`: index 1 fails at once (excluded), 0/2/3 succeed when the test finishes them (their sessions in
+    `held`, by index: after index 1's failure is recorded, whatever the machine's load), 4 never answers (it is still
+    running when the group fills). Group `fast`: every rollout succeeds at once (surplus successes may race the
+    cancel)."""
+
+    def decide(invocation: FakeInvocation) -> AgentBehaviour:
+        rollout = invocation.payload.get("_rollout") or {}
+        index, input_id = int(rollout.get("index", 0)), str(rollout.get("input_id"))
+        if input_id == "fast":
+            return AgentBehaviour(rewards=float(index))
+        if index == 1:
+            return AgentBehaviour(kind="agent_error")
+        if index == 4:
+            return AgentBehaviour(kind="hang")
+        held[index] = invocation.session_id
+        return AgentBehaviour(kind="manual", rewards=float(index % 2))
+
+    return decide
+
+
+@pytest.fixture
+def held() -> dict[int, str]:
+    return {}
 
 
 @pytest.fixture
@@ -44,7 +56,7 @@ def sink() -> Iterator[HttpEndpoint]:
 
 
 @pytest.fixture
-def pipeline(tmp_path: Path, sink: HttpEndpoint) -> Iterator[LocalPipeline]:
+def pipeline(tmp_path: Path, sink: HttpEndpoint, held: dict[int, str]) -> Iterator[LocalPipeline]:
     runtime: dict[str, FakeAgentRuntime] = {}
     sinks = [
         {
@@ -55,7 +67,7 @@ def pipeline(tmp_path: Path, sink: HttpEndpoint) -> Iterator[LocalPipeline]:
     ]
 
     def factory(_resources: Any) -> FakeAgentRuntime:
-        runtime["acr"] = FakeAgentRuntime(store=S3ObjectStore(), behaviour=_behaviour)
+        runtime["acr"] = FakeAgentRuntime(store=S3ObjectStore(), behaviour=behaviour(held))
         return runtime["acr"]
 
     settings = LocalSettings(
@@ -74,11 +86,18 @@ def pipeline(tmp_path: Path, sink: HttpEndpoint) -> Iterator[LocalPipeline]:
 
 
 def test_an_oversampled_batch_charges_no_surplus_rollout_to_the_trainer(
-    pipeline: LocalPipeline, sink: HttpEndpoint
+    pipeline: LocalPipeline, sink: HttpEndpoint, held: dict[int, str]
 ) -> None:
     experiment = pipeline.experiment
     batch = experiment.submit([{"id": "mixed", "q": 1}, {"id": "fast", "q": 2}])
     assert experiment.status(batch).rollouts_total == 2 * (GROUP_SIZE + OVERSAMPLE)
+    # `mixed`'s failure is recorded before its successes end (else, on a loaded machine, its three successes could
+    # fill the group first and the failure be cut as surplus: a correct run, but not the one this test pins).
+    failed = FailureReason.AGENT_ERROR.value  # the only agent error of the batch; `fast`'s surplus fail as surplus
+    wait_for(lambda: experiment.status(batch).failed_by_reason.get(failed), timeout_s=60, what="mixed's 1 to fail")
+    wait_for(lambda: len(held) == 3, timeout_s=60, what="mixed's three successes to start")
+    for session_id in held.values():
+        assert pipeline.runtime.finish(session_id) is not None
 
     rollout_events: dict[tuple[str, int], RolloutCompleted | RolloutFailed] = {}
     groups = {group.input_id: group for group in experiment.groups(batch, timeout=60)}

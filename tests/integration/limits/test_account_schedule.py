@@ -231,6 +231,22 @@ def test_limits_use_the_clocks_they_are_given(resources: ExperimentResources, po
     assert start >= clocks.start
 
 
+def two_sharing_halves(
+    resources: ExperimentResources, names: tuple[str, str], clock: ManualClock
+) -> tuple[Limits, Limits, float]:
+    """Two experiments on `clock`, each renewed once (a first renewal asks for all it can get), so each holds half the
+    account's rate; and that rate."""
+    first, second = (experiment(resources, name, pacing=Clocks(clock, time.monotonic, clock.sleep)) for name in names)
+    for limits in (first, second):
+        assert limits.membership is not None
+        limits.membership.renew(force=True)
+    assert second.account is not None
+    assert second.membership is not None
+    rate = second.account.rate()
+    assert second.membership.share() == pytest.approx(rate / 2, rel=0.01)
+    return first, second, rate
+
+
 def test_an_experiment_with_nothing_left_to_book_gives_its_share_to_the_others_at_their_next_renewal(
     resources: ExperimentResources, pool: PoolLedger
 ) -> None:
@@ -238,16 +254,7 @@ def test_an_experiment_with_nothing_left_to_book_gives_its_share_to_the_others_a
     feed stopped): its entry asks for nothing at once, and `busy`'s next renewal, a round later, takes the whole rate
     while `paused`'s entry is still live (the share went only once the entry aged past `LIVE_S`: 3-5 s)."""
     clock = ManualClock(time.time())
-    paused, busy = (
-        experiment(resources, name, pacing=Clocks(clock, time.monotonic, clock.sleep)) for name in ("paused", "busy")
-    )
-    assert paused.membership is not None
-    assert busy.membership is not None
-    assert busy.account is not None
-    for limits in (paused, busy):
-        limits.membership.renew(force=True)  # first renewals: each asks for all it can get
-    rate = busy.account.rate()
-    assert busy.membership.share() == pytest.approx(rate / 2, rel=0.01)
+    paused, busy, rate = two_sharing_halves(resources, ("paused", "busy"), clock)
     paused.gate.hold(["batch-0001"])[0].leave()  # its start booked: nothing in hand, none waiting on its board
     wait_for(lambda: entry_of(pool, "paused").demand == 0.0, what="the paused experiment to ask for nothing")
     clock.advance(RENEW_S * 1.3 + 0.01)
@@ -264,16 +271,7 @@ def test_the_others_renew_at_their_next_start_when_an_experiment_stops_or_starts
     experiment's next start, which reads the item anyway, renews its share at once, not a round later (the clock
     moves a tenth of a second at a time: no renewal is due)."""
     clock = ManualClock(time.time())
-    pausing, other = (
-        experiment(resources, name, pacing=Clocks(clock, time.monotonic, clock.sleep)) for name in ("pausing", "other")
-    )
-    assert pausing.membership is not None
-    assert other.membership is not None
-    assert other.account is not None
-    for limits in (pausing, other):
-        limits.membership.renew(force=True)
-    rate = other.account.rate()
-    assert other.membership.share() == pytest.approx(rate / 2, rel=0.01)
+    pausing, other, rate = two_sharing_halves(resources, ("pausing", "other"), clock)
     clock.advance(0.1)
     pausing.membership.renew(force=True, demand=0.0)  # its last rollout in hand booked its start
     assert other.account.pacer.reserve(time.monotonic() + 5) is not None
