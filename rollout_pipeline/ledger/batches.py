@@ -144,17 +144,17 @@ class BatchLedger:
             is not None
         )
 
-    def claim_budget_event(self, batch_id: str, kind: str, budget_usd: float) -> bool:
-        """Claim the announcement of `kind` ("warned" or "exhausted") of the batch's budget `budget_usd`: True for
-        the one caller that records it first (once per batch and budget value; the batch item is in no
-        per-rollout transaction)."""
+    def claim_budget_event(self, batch_id: str, kind: str, budget_usd: float, event_json: str) -> bool:
+        """Claim the announcement of `kind` ("warned" or "exhausted") of the batch's budget `budget_usd`, with the
+        event to publish: True for the one caller that records it first (once per batch and budget value; the
+        batch item is in no per-rollout transaction)."""
         attribute = f"budget_{kind}_for"
         return (
             self.table.update(
                 keys.batch_key(batch_id),
-                f"SET {attribute} = :b",
+                f"SET {attribute} = :b, budget_{kind}_event = :e",
                 f"attribute_exists(pk) AND (attribute_not_exists({attribute}) OR {attribute} <> :b)",
-                {":b": budget_usd},
+                {":b": budget_usd, ":e": event_json},
             )
             is not None
         )
@@ -162,7 +162,8 @@ class BatchLedger:
     def unclaim_budget_event(self, batch_id: str, kind: str, budget_usd: float) -> None:
         """Give a claim back after its event could not be published."""
         attribute = f"budget_{kind}_for"
-        self.table.update(keys.batch_key(batch_id), f"REMOVE {attribute}", f"{attribute} = :b", {":b": budget_usd})
+        update = f"REMOVE {attribute}, budget_{kind}_event"
+        self.table.update(keys.batch_key(batch_id), update, f"{attribute} = :b", {":b": budget_usd})
 
     def recent_batch_ids(self, limit: int = 20) -> list[str]:
         """The ids of the experiment's newest batches (newest first, at most `limit`): one Query page of the batch

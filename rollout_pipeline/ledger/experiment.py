@@ -4,12 +4,13 @@ layout stamp (docs/ARCHITECTURE.md, "Ledger"). Admission's items are `ledger.lim
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
 from rollout_pipeline.ledger import keys
 from rollout_pipeline.ledger.attributes import from_attribute_value, item_values, plain_values
+from rollout_pipeline.ledger.items import announced_budget_events
 from rollout_pipeline.ledger.limits import count_slot, prefix_query
 from rollout_pipeline.ledger.retry import LedgerError
 from rollout_pipeline.ledger.table import LedgerTable
@@ -36,6 +37,9 @@ class BudgetState:
     budget_usd: float | None = None
     warned_for: float | None = None
     exhausted_for: float | None = None
+    #: The announced events as published (JSON), by kind ("warned", "exhausted"): what a stream made after them
+    #: rebuilds (`sdk.replay`).
+    events: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
     def of(cls, item: Mapping[str, Any]) -> BudgetState:
@@ -43,7 +47,7 @@ class BudgetState:
             value = item.get(name)
             return None if value is None else float(value)
 
-        return cls(number("budget_usd"), number("warned_for"), number("exhausted_for"))
+        return cls(number("budget_usd"), number("warned_for"), number("exhausted_for"), announced_budget_events(item))
 
 
 class ExperimentLedger:
@@ -80,17 +84,20 @@ class ExperimentLedger:
             ExpressionAttributeValues=plain_values({":b": budget_usd, ":now": now_iso}),
         )
 
-    def claim_budget_event(self, kind: str, budget_usd: float) -> bool:
-        """Claim the announcement of `kind` ("warned" or "exhausted") for budget `budget_usd`: True for the one
-        caller that records it first (a conditional write), so each is announced once per budget value."""
+    def claim_budget_event(self, kind: str, budget_usd: float, event_json: str) -> bool:
+        """Claim the announcement of `kind` ("warned" or "exhausted") for budget `budget_usd`, with the event to
+        publish: True for the one caller that records it first (a conditional write), so each is announced once
+        per budget value."""
         attribute = f"{kind}_for"
         condition = f"attribute_not_exists({attribute}) OR {attribute} <> :b"
-        return self.table.update(keys.budget_key(), f"SET {attribute} = :b", condition, {":b": budget_usd}) is not None
+        update = f"SET {attribute} = :b, {kind}_event = :e"
+        return self.table.update(keys.budget_key(), update, condition, {":b": budget_usd, ":e": event_json}) is not None
 
     def unclaim_budget_event(self, kind: str, budget_usd: float) -> None:
         """Give a claim back after its event could not be published (the next check claims it again)."""
         attribute = f"{kind}_for"
-        self.table.update(keys.budget_key(), f"REMOVE {attribute}", f"{attribute} = :b", {":b": budget_usd})
+        update = f"REMOVE {attribute}, {kind}_event"
+        self.table.update(keys.budget_key(), update, f"{attribute} = :b", {":b": budget_usd})
 
     def layout_version(self) -> int | None:
         """The layout the ledger is stamped with (`keys.LAYOUT_VERSION`), None without a stamp (strongly consistent)."""

@@ -43,6 +43,15 @@ class RolloutState(StrEnum):
 
 
 TERMINAL_STATES: Final = frozenset({RolloutState.SUCCEEDED, RolloutState.FAILED})
+#: A budget's announcements (`Budget Warning`, `Budget Exhausted`), as the ledger names their claims.
+BUDGET_EVENT_KINDS: Final = ("warned", "exhausted")
+
+
+def announced_budget_events(item: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    """A budget's announced events as published (JSON) by kind, from the item that claims them (`{prefix}{kind}_event`:
+    the experiment's budget item, or a batch item with prefix "budget_")."""
+    return {kind: text for kind in BUDGET_EVENT_KINDS if (text := text_at(item, f"{prefix}{kind}_event"))}
+
 
 #: Attempts whose session facts a rollout item can hold (`config.ExperimentConfig.max_attempts` is at most 10).
 MAX_SPAN_ATTEMPTS: Final = 10
@@ -196,6 +205,8 @@ class BatchView:
     #: The batch budget values whose warning and exhaustion were announced.
     budget_warned_for: float | None = None
     budget_exhausted_for: float | None = None
+    #: Those events as published (JSON), by kind ("warned", "exhausted"; `sdk.replay` rebuilds them).
+    budget_events: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def budget_usd(self) -> float | None:
@@ -259,6 +270,7 @@ class BatchView:
             budget_set_usd=optional_float_at(item, "budget_usd"),
             budget_warned_for=optional_float_at(item, "budget_warned_for"),
             budget_exhausted_for=optional_float_at(item, "budget_exhausted_for"),
+            budget_events=announced_budget_events(item, "budget_"),
         )
 
 

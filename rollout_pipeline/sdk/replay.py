@@ -1,7 +1,8 @@
 """A batch's events as the ledger accounts for them, and a stream that hands them over before the live ones.
 
 The pipeline publishes an event only once the ledger holds the state it reports (a rollout's terminal state, a
-complete group, a complete batch whose `Batch Completed` was claimed; `Batch Accepted` once ingestion has ended),
+complete group, a complete batch whose `Batch Completed` was claimed; `Batch Accepted` once ingestion has ended; a
+budget announcement, stored with its claim; a success of an oversampled group once it was let in or out),
 and every event has a stable `event_id` (`ids.event_id`). So the events a batch has published so far can be rebuilt
 from the ledger with the same ids and contents (`details`, the module the publishers build them with): what a
 stream made after them never received (a trainer that starts late, a second consumer, a subscription whose rule
@@ -23,6 +24,8 @@ from typing import Any, Final
 from rollout_pipeline.contracts import (
     EVENT_SOURCE,
     INLINE_RESULT_BYTES,
+    BudgetExhausted,
+    BudgetWarning,
     DetailType,
     GroupCompleted,
     RolloutCompleted,
@@ -38,7 +41,7 @@ from rollout_pipeline.details import (
     rollout_event,
     with_members,
 )
-from rollout_pipeline.ledger.items import BatchState, GroupItem, RolloutRecord
+from rollout_pipeline.ledger.items import BatchState, BatchView, GroupItem, RolloutRecord, RolloutState
 from rollout_pipeline.ledger.ledger import Ledger
 from rollout_pipeline.sdk.dataset import FetchResult, join_groups
 from rollout_pipeline.sdk.delivery import EventStream, SeenIds
@@ -49,6 +52,9 @@ REPLAYED: Final = "replayed"
 #: `replay(skip)`: the events rebuilt from the ledger, leaving out those whose id `skip` accepts.
 Replay = Callable[[Callable[[str], bool]], Iterable[Event]]
 _ROLLOUT_TYPES: Final = frozenset({DetailType.ROLLOUT_COMPLETED, DetailType.ROLLOUT_FAILED})
+#: The budget announcements, as the ledger names their claims.
+_BUDGET_EVENTS: Final = (("warned", BudgetWarning), ("exhausted", BudgetExhausted))
+_BUDGET_TYPES: Final = frozenset({DetailType.BUDGET_WARNING, DetailType.BUDGET_EXHAUSTED})
 
 
 def group_events(
@@ -66,7 +72,10 @@ def group_events(
     once the group is complete (else None). A kept successful rollout's result object is inlined (`fetch_result`,
     secret fields redacted as the publisher does) when its size is at most `inline_limit` (None: whatever its
     size); a rollout's `cost` priced with `prices`, as published."""
-    terminal = sorted((rec for rec in records if rec.terminal), key=lambda rec: rec.index)
+    ended = [rec for rec in records if rec.terminal]
+    succeeded = {rec.index for rec in ended if rec.state is RolloutState.SUCCEEDED} | set(group.rewards)
+    pending = {index for index in succeeded if _unclaimed(group, index)}
+    terminal = sorted((rec for rec in ended if rec.index not in pending), key=lambda rec: rec.index)
     rollouts: list[RolloutCompleted | RolloutFailed] = []
     for rec in terminal:
         detail = rollout_event(rec, notified_at=None, prices=prices, group=group)
@@ -79,7 +88,13 @@ def group_events(
                 detail = detail.model_copy(update={"result": redact_secrets(dict(result))})
         rollouts.append(detail)
     completed = group_completion_detail(group, policy_version)
-    return rollouts, with_members(completed, terminal) if completed is not None else None
+    return rollouts, with_members(completed, terminal) if completed is not None and not pending else None
+
+
+def _unclaimed(group: GroupItem, index: int) -> bool:
+    """A success of an oversampled group that is not full, not let in yet (`lifecycle.oversample`): whether it is
+    surplus is not known, so neither its event nor its group's is rebuilt until it is (the live ones come)."""
+    return group.target is not None and not group.full and index not in group.kept
 
 
 def ledger_event(detail: AnyDetail) -> Event:
@@ -88,7 +103,7 @@ def ledger_event(detail: AnyDetail) -> Event:
     envelope = {
         "source": EVENT_SOURCE,
         "detail-type": detail_type.value,
-        "detail": detail.model_dump(mode="json", exclude_none=True),
+        "detail": detail.model_dump(mode="json"),
         REPLAYED: "ledger",
     }
     return Event(detail_type=detail_type, detail=detail, envelope=envelope)
@@ -104,7 +119,7 @@ def batch_events(
     prices: PriceBook | None = None,
 ) -> Iterator[Event]:
     """Every event the batch has published so far, rebuilt from the ledger, in the order the pipeline publishes them
-    (`Batch Accepted`; group by group, in input-id order, its rollouts' terminal events then `Group Completed`;
+    (`Batch Accepted`; the budget announcements in force (`budget_details`); group by group, in input-id order, its rollouts' terminal events then `Group Completed`;
     `Batch Completed`), leaving out the types not in `detail_types` and the ids `skip` accepts (whose results are
     not read); a rollout's `cost` priced with `prices`, as published. Streamed: the group and rollout items are
     read as two sorted Queries joined group by group (`dataset.join_groups`), so memory holds one group. Nothing for
@@ -119,6 +134,8 @@ def batch_events(
         return
     if batch.status is not BatchState.INGESTING and due(accepted := batch_accepted_detail(batch)):
         yield ledger_event(accepted)
+    if wanted & _BUDGET_TYPES:
+        yield from (ledger_event(detail) for detail in budget_details(ledger, batch) if due(detail))
     if wanted & {*_ROLLOUT_TYPES, DetailType.GROUP_COMPLETED}:
         policy_version = batch.options.policy_version if batch.options else None
         for group, members in join_groups(
@@ -141,6 +158,20 @@ def batch_events(
     # after it was complete too, so a rebuilt `Batch Completed` never comes before one of its batch's events.
     if done is not None and (batch.completed_at is not None or not batch.rollouts_total) and due(done):
         yield ledger_event(done)
+
+
+def budget_details(ledger: Ledger, batch: BatchView) -> list[BudgetWarning | BudgetExhausted]:
+    """The budget events in force for a stream of `batch`, as published: the experiment's and the batch's
+    announcements for the budget that holds now (one raised since has had none yet)."""
+    state = ledger.experiment.budget()
+    details: list[BudgetWarning | BudgetExhausted] = []
+    for kind, model in _BUDGET_EVENTS:
+        for events, current in ((state.events, state.budget_usd), (batch.budget_events, batch.budget_usd)):
+            if kind in events:
+                detail = model.model_validate_json(events[kind])
+                if current is None or detail.budget_usd == current:
+                    details.append(detail)
+    return details
 
 
 class CatchUpStream(EventStream):

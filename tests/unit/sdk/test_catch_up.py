@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
-from rollout_pipeline.contracts import EVENT_SOURCE, detail_type_of
+from rollout_pipeline.contracts import EVENT_SOURCE, GroupMember, detail_type_of
+from rollout_pipeline.ledger.items import GroupItem, RolloutRecord, RolloutState
 from rollout_pipeline.sdk.delivery import EventFilter, SeenIds
-from rollout_pipeline.sdk.replay import CatchUpStream, ledger_event
+from rollout_pipeline.sdk.replay import CatchUpStream, group_events, ledger_event
 from rollout_pipeline.sdk.transport import Delivery, Event
 from tests.doubles import ManualClock, MemoryEventQueue
 from tests.sdk_events import B1, B2, accepted, batch_done, completed, group_done
@@ -116,3 +118,35 @@ def test_what_its_seen_ids_hold_is_not_rebuilt_and_the_ledger_is_read_again_when
     assert len(skips) == 2, "read at the first read, and once more when due"
     assert skips[0](handed_elsewhere.event_id)
     assert skips[1](first[1].event_id), "what it rebuilt before is not read again"
+
+
+def test_a_rebuilt_event_has_every_field_of_its_published_copy_also_those_that_are_none() -> None:
+    rollout = completed(B1, "q0", 0, 1.0)
+    group = group_done(B1, "q0", [1.0])
+    member = GroupMember(index=0, status="succeeded", reward=1.0)
+    for detail in (rollout, group.model_copy(update={"members": [member]})):
+        published = json.loads(envelope(detail))["detail"]
+        assert ledger_event(detail).envelope["detail"] == published  # a trainer reads detail["warning"] either way
+
+
+def test_an_oversampled_group_is_rebuilt_only_once_each_success_is_let_in_or_out() -> None:
+    """Five successes of a group of 3 + 2 ended together: while two are not yet claimed (their drains run), whether
+    they are surplus is not known, so their events and the group's wait for the live ones."""
+
+    def success(index: int) -> RolloutRecord:
+        return RolloutRecord(
+            batch_id=B1, input_id="fast", index=index, state=RolloutState.SUCCEEDED, attempt=1, exp_id="e", reward=1.0
+        )
+
+    records = [success(i) for i in range(5)]
+    rewards = dict.fromkeys(range(5), 1.0)
+    base = GroupItem(exp_id="e", batch_id=B1, input_id="fast", line=1, group_size=5, target=3, terminal=5)
+    claiming = replace(base, rewards=rewards, kept=frozenset({0, 3}))
+    rollouts, group = group_events(claiming, records, policy_version=None)
+    assert ([r.index for r in rollouts], group) == ([0, 3], None)
+
+    settled = replace(base, rewards=rewards, kept=frozenset({0, 3, 1}))
+    rollouts, group = group_events(settled, records, policy_version=None)
+    assert [(r.index, r.surplus) for r in rollouts] == [(0, False), (1, False), (2, True), (3, False), (4, True)]
+    assert group is not None
+    assert (group.valid_size, group.surplus, [m.index for m in group.members]) == (3, [2, 4], [0, 1, 3])
