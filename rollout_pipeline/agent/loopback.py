@@ -34,12 +34,16 @@ class JsonRequestHandler(BaseHTTPRequestHandler):
         return self.rfile.read(length) if length else b""
 
     def send_json(self, status: int, payload: dict[str, Any]) -> None:
+        """Answer `payload` as JSON; a client that went away before the answer is not an error of the server."""
         data = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
 
 
 class LoopbackServer:
