@@ -28,10 +28,20 @@ CONSTRAINTS := constraints.txt
 help: ## List the targets (this text)
 	@awk 'BEGIN {FS = ":[^#]*## "} /^[a-zA-Z0-9_-]+:[^#]*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-$(STAMP): pyproject.toml $(CONSTRAINTS)
+# The test environments (.venv's dev set, ART's and the RFT SDK's) install with uv (pinned in constraints.txt, in a
+# venv of its own): resolved and unpacked in parallel, it installs the RFT environment in 14 s where pip took 145 s.
+# The demo's and the local model's installs stay with pip (pip's cache keeps the model's source build).
+UV_VENV := .venv-uv
+UV := $(UV_VENV)/bin/uv
+
+$(UV): $(CONSTRAINTS)
+	test -x $(UV_VENV)/bin/python || $(PYTHON) -m venv $(UV_VENV)
+	$(UV_VENV)/bin/pip install -q -c $(CONSTRAINTS) uv
+	touch $(UV)
+
+$(STAMP): pyproject.toml $(CONSTRAINTS) | $(UV)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q -c $(CONSTRAINTS) --upgrade pip
-	$(BIN)/pip install -q -c $(CONSTRAINTS) -e ".[cdk,agent,local,dev,report,data,readers]"
+	$(UV) pip install -q --python $(BIN)/python -c $(CONSTRAINTS) pip -e ".[cdk,agent,local,dev,report,data,readers]"
 	touch $(STAMP)
 
 $(NODE_STAMP): package.json package-lock.json
@@ -95,11 +105,10 @@ test-stress: $(STAMP) ## The timing-sensitive tests ROUNDS times (10) under CPU 
 ART_VENV ?= .venv-art
 ART_STAMP := $(ART_VENV)/.installed
 
-$(ART_STAMP): pyproject.toml
+$(ART_STAMP): pyproject.toml | $(UV)
 	test -x $(ART_VENV)/bin/python || $(PYTHON) -m venv $(ART_VENV)
-	$(ART_VENV)/bin/pip install -q --upgrade pip
-	$(ART_VENV)/bin/pip install -q "agentcore-rl-toolkit[rollout]==0.2.0" -e ".[dev,local]"
-	$(ART_VENV)/bin/pip check
+	$(UV) pip install -q --python $(ART_VENV)/bin/python "agentcore-rl-toolkit[rollout]==0.2.0" -e ".[dev,local]"
+	$(UV) pip check -q --python $(ART_VENV)/bin/python
 	touch $(ART_STAMP)
 
 art-test: $(ART_STAMP) ## The ART rollout-session backend's tests, installed next to ART's rollout extra
@@ -114,11 +123,10 @@ RFT_VENV ?= .venv-rft
 RFT_STAMP := $(RFT_VENV)/.installed
 RFT_CONSTRAINTS := rft-constraints.txt
 
-$(RFT_STAMP): pyproject.toml $(RFT_CONSTRAINTS)
+$(RFT_STAMP): pyproject.toml $(RFT_CONSTRAINTS) | $(UV)
 	test -x $(RFT_VENV)/bin/python || $(PYTHON) -m venv $(RFT_VENV)
-	$(RFT_VENV)/bin/pip install -q -c $(RFT_CONSTRAINTS) --upgrade pip
-	$(RFT_VENV)/bin/pip install -q -c $(RFT_CONSTRAINTS) -e ".[agent,local,dev,rft]"
-	$(RFT_VENV)/bin/pip check
+	$(UV) pip install -q --python $(RFT_VENV)/bin/python -c $(RFT_CONSTRAINTS) -e ".[agent,local,dev,rft]"
+	$(UV) pip check -q --python $(RFT_VENV)/bin/python
 	touch $(RFT_STAMP)
 
 # The RFT environment with the local model, and the demo of the example SageMaker RFT agent in it, unchanged: the
@@ -128,6 +136,7 @@ RFT_AGENT := rollout_pipeline.agent.examples.rft_math_agent
 
 $(RFT_MODEL_STAMP): $(RFT_STAMP)
 	@echo "Installing the local model server into $(RFT_VENV) (llama-cpp-python builds from source: ~7 min on 2 cores, once)..."
+	$(RFT_VENV)/bin/pip install -q --upgrade pip
 	$(RFT_VENV)/bin/pip install -q -c $(RFT_CONSTRAINTS) -e ".[model,report]"
 	$(RFT_VENV)/bin/pip check
 	touch $(RFT_MODEL_STAMP)

@@ -100,10 +100,11 @@ def test_each_on_its_own_limits_they_ask_for_more_than_the_account_has(tmp_path:
 
 WEIGHTS = {"exp-a": 1.0, "exp-b": 1.0, "exp-c": 2.0}
 RESERVE = 0.1
-#: Each experiment's share of the starts while all are backlogged, within this of its weight's: a run of 72 starts,
-#: on a machine that may be loaded (a start a thread wakes too late for is dropped, at random); the 15% of a longer
-#: run on a quiet machine is measured by bench/bench_local_account.py.
-SHARE_TOLERANCE = 0.25
+#: Each experiment's share of the starts while all are backlogged, within this of its weight's: about 45 starts, 11 of
+#: them a weight-1 experiment's, on a machine that may be loaded (a start a thread wakes too late for goes to another
+#: experiment), so one start is 9% of its share; the leases' .45/.00/.55 fails it by far. The 15% of a longer run on a
+#: quiet machine is measured by bench/bench_local_account.py.
+SHARE_TOLERANCE = 1 / 3
 #: At most this many new sessions of the others between two of a backlogged experiment's own (its fair share: 3):
 #: the issue's 5 s at the quota (its dispatcher's local poll, slower on a loaded machine, is counted in; the account
 #: pool with leases let one wait 40-90).
@@ -115,8 +116,8 @@ OUTSIDE_EVERY_S = 3.0
 def test_three_weighted_experiments_and_an_outside_consumer_share_one_small_account(tmp_path: Path) -> None:
     """Three experiments of weights 1, 1, 2 on one local account of 4 new sessions/s with a 10% reserve, and a
     consumer outside the pipeline inside the reserve: every sliding second holds at most 4 new sessions, the outside
-    consumer is never throttled, no backlogged experiment waits behind the others, and from submission on each gets
-    its weighted share (the leases starved one for 13-30 s: shares .45/.00/.55)."""
+    consumer is never throttled, no backlogged experiment waits behind the others, and while all three are
+    backlogged each gets its weighted share (the leases starved one for 13-30 s: shares .45/.00/.55)."""
     fakes: list[FakeAgentRuntime] = []
 
     def account(_resources: Any) -> FakeAgentRuntime:
@@ -188,9 +189,11 @@ def test_three_weighted_experiments_and_an_outside_consumer_share_one_small_acco
             elif _t < last:
                 between += 1
         assert worst <= STARVED_AFTER, (name, worst, "".join(w[-1] for _t, w in ours))
-    # Shares while all three are backlogged: from submission until the first of them has started its last rollout.
-    until = min(max(times) for times in starts.values())
-    counts = {name: sum(1 for t in times if t <= until) for name, times in starts.items()}
+    # Shares while all three are backlogged: from the first start of the last one to start (the test submits the
+    # three batches one after another: on a loaded machine seconds apart) until the first of them has started its
+    # last rollout.
+    since, until = max(min(times) for times in starts.values()), min(max(times) for times in starts.values())
+    counts = {name: sum(1 for t in times if since <= t <= until) for name, times in starts.items()}
     total_weight = sum(WEIGHTS.values())
     for name, weight in WEIGHTS.items():
         share, fair = counts[name] / sum(counts.values()), weight / total_weight
