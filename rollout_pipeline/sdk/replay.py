@@ -119,11 +119,11 @@ def batch_events(
     prices: PriceBook | None = None,
 ) -> Iterator[Event]:
     """Every event the batch has published so far, rebuilt from the ledger, in the order the pipeline publishes them
-    (`Batch Accepted`; the budget announcements in force (`budget_details`); group by group, in input-id order, its rollouts' terminal events then `Group Completed`;
-    `Batch Completed`), leaving out the types not in `detail_types` and the ids `skip` accepts (whose results are
-    not read); a rollout's `cost` priced with `prices`, as published. Streamed: the group and rollout items are
-    read as two sorted Queries joined group by group (`dataset.join_groups`), so memory holds one group. Nothing for
-    a batch not in the ledger (yet)."""
+    (`Batch Accepted`; the budget announcements in force, `budget_details`; group by group, in input-id order, its
+    rollouts' terminal events then `Group Completed`; `Batch Completed`), leaving out the types not in
+    `detail_types` and the ids `skip` accepts (whose results are not read); a rollout's `cost` priced with `prices`,
+    as published. Streamed: the group and rollout items are read as two sorted Queries joined group by group
+    (`dataset.join_groups`), so memory holds one group. Nothing for a batch not in the ledger (yet)."""
     wanted = frozenset(DetailType) if detail_types is None else frozenset(detail_types)
 
     def due(detail: AnyDetail) -> bool:
