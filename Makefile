@@ -29,7 +29,8 @@ help: ## List the targets (this text)
 	@awk 'BEGIN {FS = ":[^#]*## "} /^[a-zA-Z0-9_-]+:[^#]*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 # The test environments (.venv's dev set, ART's and the RFT SDK's) install with uv (pinned in constraints.txt, in a
-# venv of its own): resolved and unpacked in parallel, it installs the RFT environment in 14 s where pip took 145 s.
+# venv of its own): resolved, unpacked and compiled in parallel, it installs the dev environment in 36 s where pip took
+# 66-99 s, and the RFT environment in 14 s (without compiling) where pip took 145 s.
 # The demo's and the local model's installs stay with pip (pip's cache keeps the model's source build).
 UV_VENV := .venv-uv
 UV := $(UV_VENV)/bin/uv
@@ -41,7 +42,7 @@ $(UV): $(CONSTRAINTS)
 
 $(STAMP): pyproject.toml $(CONSTRAINTS) | $(UV)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(UV) pip install -q --python $(BIN)/python -c $(CONSTRAINTS) pip -e ".[cdk,agent,local,dev,report,data,readers]"
+	$(UV) pip install -q --compile-bytecode --python $(BIN)/python -c $(CONSTRAINTS) pip -e ".[cdk,agent,local,dev,report,data,readers]"
 	touch $(STAMP)
 
 $(NODE_STAMP): package.json package-lock.json
@@ -107,7 +108,7 @@ ART_STAMP := $(ART_VENV)/.installed
 
 $(ART_STAMP): pyproject.toml | $(UV)
 	test -x $(ART_VENV)/bin/python || $(PYTHON) -m venv $(ART_VENV)
-	$(UV) pip install -q --python $(ART_VENV)/bin/python "agentcore-rl-toolkit[rollout]==0.2.0" -e ".[dev,local]"
+	$(UV) pip install -q --compile-bytecode --python $(ART_VENV)/bin/python "agentcore-rl-toolkit[rollout]==0.2.0" -e ".[dev,local]"
 	$(UV) pip check -q --python $(ART_VENV)/bin/python
 	touch $(ART_STAMP)
 
@@ -125,7 +126,7 @@ RFT_CONSTRAINTS := rft-constraints.txt
 
 $(RFT_STAMP): pyproject.toml $(RFT_CONSTRAINTS) | $(UV)
 	test -x $(RFT_VENV)/bin/python || $(PYTHON) -m venv $(RFT_VENV)
-	$(UV) pip install -q --python $(RFT_VENV)/bin/python -c $(RFT_CONSTRAINTS) -e ".[agent,local,dev,rft]"
+	$(UV) pip install -q --compile-bytecode --python $(RFT_VENV)/bin/python -c $(RFT_CONSTRAINTS) -e ".[agent,local,dev,rft]"
 	$(UV) pip check -q --python $(RFT_VENV)/bin/python
 	touch $(RFT_STAMP)
 

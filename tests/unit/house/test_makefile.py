@@ -63,7 +63,7 @@ def test_make_demo_rft_sets_up_the_rft_environment_with_its_model_and_runs_the_e
         ["make", "-n", "-B", "-C", str(REPO), "demo-rft"], capture_output=True, text=True, check=True, timeout=30
     )
     lines = [line for line in dry.stdout.splitlines() if not line.startswith("make")]
-    installs = [line for line in lines if ".venv-rft/bin/pip install" in line and '-e ".[' in line]
+    installs = [line for line in lines if "pip install" in line and ".venv-rft/bin/" in line and '-e ".[' in line]
     extras = {name for line in installs for name in re.findall(r'-e "\.\[([^\]]+)\]"', line)[0].split(",")}
     assert {"rft", "model", "report"} <= extras
     assert all("-c rft-constraints.txt" in line for line in installs)
