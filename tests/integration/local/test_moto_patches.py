@@ -85,6 +85,9 @@ def test_moto_is_the_release_the_patches_were_written_for() -> None:
     import jsonpath_ng.ext
 
     assert getattr(jsonpath_ng.ext.parse, "rollouts_patched", False)
+    from moto.core.serialize import BaseJSONSerializer
+
+    assert getattr(BaseJSONSerializer.get_value, "rollouts_patched", False)
 
 
 def test_another_moto_release_is_left_unpatched_with_a_warning(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -247,6 +250,68 @@ def test_the_server_finds_a_hosts_backend_as_moto_does_once_per_host(monkeypatch
     listed = next(listings)
     assert [ours.get_backend_for_host(host) for host in hosts * 3] == expected * 3
     assert next(listings) == listed + 1, "no listing of moto's folders for a host already seen"
+
+
+# --------------------------------------------------------------------- DynamoDB answers, serialized as moto's
+
+
+SCALAR = st.one_of(
+    st.builds(lambda t: {"S": t}, st.text(max_size=5)),
+    st.builds(lambda n: {"N": str(n)}, st.integers()),
+    st.builds(lambda b: {"B": b}, st.binary(max_size=4)),
+    st.builds(lambda b: {"BOOL": b}, st.booleans()),
+    st.just({"NULL": True}),
+    st.builds(lambda t: {"SS": t}, st.lists(st.text(max_size=3), max_size=3, unique=True)),
+    st.builds(lambda n: {"NS": [str(i) for i in n]}, st.lists(st.integers(), max_size=3, unique=True)),
+    st.builds(lambda b: {"BS": b}, st.lists(st.binary(max_size=3), max_size=2, unique=True)),
+)
+ATTRIBUTE_VALUES = st.recursive(
+    SCALAR,
+    lambda inner: st.one_of(
+        st.builds(lambda m: {"M": m}, st.dictionaries(st.text(max_size=3), inner, max_size=3)),
+        st.builds(lambda items: {"L": items}, st.lists(inner, max_size=3)),
+    ),
+    max_leaves=8,
+)
+AN_ITEM = st.dictionaries(st.text(min_size=1, max_size=4), ATTRIBUTE_VALUES, max_size=4)
+
+
+def _serialized(operation: str, result: dict[str, Any], *, moto_s_own: bool) -> Any:
+    from moto.core.serialize import JSONSerializer, ResponseSerializer, XFormedAttributePicker
+    from moto.core.utils import get_service_model
+
+    class MotoSOwn(JSONSerializer):
+        get_value = ResponseSerializer.get_value
+
+    cls = MotoSOwn if moto_s_own else JSONSerializer
+    model = get_service_model("dynamodb").operation_model(operation)
+    return cls(operation_model=model, pretty_print=False, value_picker=XFormedAttributePicker()).serialize(result)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(items=st.lists(AN_ITEM, max_size=3), one=AN_ITEM)
+def test_dynamodb_answers_are_moto_s_own_bytes(items: list[dict[str, Any]], one: dict[str, Any]) -> None:
+    """`cheap_moto_attribute_values` reads an attribute value's members with `dict.get` instead of moto's lookup by
+    alias: every answer that carries items (Query/Scan, GetItem, UpdateItem's Attributes, BatchGetItem) is the same
+    response, byte for byte, as moto's own serializer gives."""
+    patch_moto()
+    results = {
+        "Query": {"Items": items, "Count": len(items), "ScannedCount": len(items), "LastEvaluatedKey": one or None},
+        "GetItem": {"Item": one},
+        "UpdateItem": {"Attributes": one},
+        "BatchGetItem": {"Responses": {"ledger": items}, "UnprocessedKeys": {}},
+        "TransactGetItems": {"Responses": [{"Item": item} for item in items]},
+    }
+    for operation, result in results.items():
+        assert _serialized(operation, result, moto_s_own=False) == _serialized(operation, result, moto_s_own=True)
+
+
+def test_an_attribute_value_moto_stores_otherwise_is_serialized_by_moto_s_lookup() -> None:
+    """A value with a key that is not a member of `AttributeValue` (or not a dict) goes moto's generic way."""
+    patch_moto()
+    for odd in ({"S": "x", "extra": 1}, {"s": "lower"}):
+        result = {"Item": {"a": odd}}
+        assert _serialized("GetItem", result, moto_s_own=False) == _serialized("GetItem", result, moto_s_own=True)
 
 
 # ------------------------------------------------------------------------------------------ query = moto's
