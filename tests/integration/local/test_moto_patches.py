@@ -295,7 +295,7 @@ def test_dynamodb_answers_are_moto_s_own_bytes(items: list[dict[str, Any]], one:
     alias: every answer that carries items (Query/Scan, GetItem, UpdateItem's Attributes, BatchGetItem) is the same
     response, byte for byte, as moto's own serializer gives."""
     patch_moto()
-    results = {
+    results: dict[str, dict[str, Any]] = {
         "Query": {"Items": items, "Count": len(items), "ScannedCount": len(items), "LastEvaluatedKey": one or None},
         "GetItem": {"Item": one},
         "UpdateItem": {"Attributes": one},
