@@ -211,8 +211,31 @@ def _announce(
     conditional write; a stream made later rebuilds it from there); a failed publication gives the claim back (the
     next check tries again) and is only logged."""
     limits, batches = deps.ledger.experiment, deps.ledger.batches
-    figures = {"budget_usd": budget_usd, "spent_usd": spent_usd, "in_flight": in_flight}
-    detail = _budget_detail(deps, scope, batch_id, kind, **figures)
+    exp_id = deps.config.name
+    detail: BudgetWarning | BudgetExhausted
+    if kind == "warned":
+        detail = BudgetWarning(
+            event_id=budget_event_id(DetailType.BUDGET_WARNING, exp_id, batch_id, budget_usd),
+            exp_id=exp_id,
+            batch_id=batch_id,
+            scope=scope,
+            budget_usd=budget_usd,
+            spent_usd=spent_usd,
+            threshold=WARNING_SHARE,
+        )
+    else:
+        waiting = _waiting(deps, batch_id)
+        detail = BudgetExhausted(
+            event_id=budget_event_id(DetailType.BUDGET_EXHAUSTED, exp_id, batch_id, budget_usd),
+            exp_id=exp_id,
+            batch_id=batch_id,
+            scope=scope,
+            budget_usd=budget_usd,
+            spent_usd=spent_usd,
+            rollouts_in_flight=int(in_flight),
+            rollouts_waiting=max(0, sum(waiting.values()) - int(in_flight)),
+            waiting_by_batch=waiting,
+        )
     event_json = detail.model_dump_json()
     claimed = (
         limits.claim_budget_event(kind, budget_usd, event_json)
@@ -223,48 +246,13 @@ def _announce(
         return
     try:
         deps.publisher.publish([detail])
-        log.info("%s budget of %s %s: $%.6f of $%.6f", scope, batch_id or detail.exp_id, kind, spent_usd, budget_usd)
+        log.info("%s budget of %s %s: $%.6f of $%.6f", scope, batch_id or exp_id, kind, spent_usd, budget_usd)
     except Exception:
         log.exception("budget event (%s, %s) not published; it is announced again on the next check", scope, kind)
         if scope == "experiment":
             limits.unclaim_budget_event(kind, budget_usd)
         else:
             batches.unclaim_budget_event(batch_id, kind, budget_usd)
-
-
-def _budget_detail(
-    deps: LifecycleDeps,
-    scope: Scope,
-    batch_id: str,
-    kind: Literal["warned", "exhausted"],
-    *,
-    budget_usd: float,
-    spent_usd: float,
-    in_flight: float,
-) -> BudgetWarning | BudgetExhausted:
-    exp_id = deps.config.name
-    if kind == "warned":
-        return BudgetWarning(
-            event_id=budget_event_id(DetailType.BUDGET_WARNING, exp_id, batch_id, budget_usd),
-            exp_id=exp_id,
-            batch_id=batch_id,
-            scope=scope,
-            budget_usd=budget_usd,
-            spent_usd=spent_usd,
-            threshold=WARNING_SHARE,
-        )
-    waiting = _waiting(deps, batch_id)
-    return BudgetExhausted(
-        event_id=budget_event_id(DetailType.BUDGET_EXHAUSTED, exp_id, batch_id, budget_usd),
-        exp_id=exp_id,
-        batch_id=batch_id,
-        scope=scope,
-        budget_usd=budget_usd,
-        spent_usd=spent_usd,
-        rollouts_in_flight=int(in_flight),
-        rollouts_waiting=max(0, sum(waiting.values()) - int(in_flight)),
-        waiting_by_batch=waiting,
-    )
 
 
 def budget_event_id(detail_type: DetailType, exp_id: str, batch_id: str, budget_usd: float) -> str:

@@ -220,17 +220,19 @@ class Events:
         skip: Callable[[str], bool] | None = None,
     ) -> Iterator[Event]:
         """The events `batch_ids` have published so far, rebuilt from the ledger (`sdk.replay.batch_events`: same
-        `event_id`s, `timings.notified_at` None, small results inlined), batch by batch and group by group as
-        they are read; those whose id `skip` accepts are left out (and their results not read). What a stream of
-        those batches made after them is given first."""
+        `event_id`s, `timings.notified_at` None, small results inlined), after the experiment-wide ones still in
+        force (`sdk.replay.experiment_events`), batch by batch and group by group as they are read; those whose id
+        `skip` accepts are left out (and their results not read). What a stream of those batches made after them
+        is given first."""
         from rollout_pipeline.sdk.export import quiet_fetch
-        from rollout_pipeline.sdk.replay import batch_events
+        from rollout_pipeline.sdk.replay import batch_events, experiment_events
 
         types = None if detail_types is None else {DetailType(t) for t in detail_types}
         ledger = self._exp.ledger()
         fetch = quiet_fetch(self._exp)
         prices = self._exp.price_book()
         with aws_errors("read the batch's events from the ledger"):
+            yield from experiment_events(ledger, detail_types=types, skip=skip)
             for batch in batch_ids:
                 yield from batch_events(ledger, batch, detail_types=types, skip=skip, fetch_result=fetch, prices=prices)
 

@@ -18,7 +18,7 @@ a batch (`CatchUpStream`, under `subscription.SubscribedStream`) and, through `g
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Final
 
 from rollout_pipeline.contracts import (
@@ -41,7 +41,7 @@ from rollout_pipeline.details import (
     rollout_event,
     with_members,
 )
-from rollout_pipeline.ledger.items import BatchState, BatchView, GroupItem, RolloutRecord, RolloutState
+from rollout_pipeline.ledger.items import BUDGET_EVENT_KINDS, BatchState, GroupItem, RolloutRecord, RolloutState
 from rollout_pipeline.ledger.ledger import Ledger
 from rollout_pipeline.sdk.dataset import FetchResult, join_groups
 from rollout_pipeline.sdk.delivery import EventStream, SeenIds
@@ -52,8 +52,10 @@ REPLAYED: Final = "replayed"
 #: `replay(skip)`: the events rebuilt from the ledger, leaving out those whose id `skip` accepts.
 Replay = Callable[[Callable[[str], bool]], Iterable[Event]]
 _ROLLOUT_TYPES: Final = frozenset({DetailType.ROLLOUT_COMPLETED, DetailType.ROLLOUT_FAILED})
-#: The budget announcements, as the ledger names their claims.
-_BUDGET_EVENTS: Final = (("warned", BudgetWarning), ("exhausted", BudgetExhausted))
+#: The budget announcements' details, by the kinds the ledger names their claims with.
+_BUDGET_MODELS: Final[dict[str, type[BudgetWarning] | type[BudgetExhausted]]] = dict(
+    zip(BUDGET_EVENT_KINDS, (BudgetWarning, BudgetExhausted), strict=True)
+)
 _BUDGET_TYPES: Final = frozenset({DetailType.BUDGET_WARNING, DetailType.BUDGET_EXHAUSTED})
 
 
@@ -119,11 +121,12 @@ def batch_events(
     prices: PriceBook | None = None,
 ) -> Iterator[Event]:
     """Every event the batch has published so far, rebuilt from the ledger, in the order the pipeline publishes them
-    (`Batch Accepted`; the budget announcements in force, `budget_details`; group by group, in input-id order, its
-    rollouts' terminal events then `Group Completed`; `Batch Completed`), leaving out the types not in
+    (`Batch Accepted`; the announcements of its own budget in force, `budget_details`; group by group, in input-id
+    order, its rollouts' terminal events then `Group Completed`; `Batch Completed`), leaving out the types not in
     `detail_types` and the ids `skip` accepts (whose results are not read); a rollout's `cost` priced with `prices`,
     as published. Streamed: the group and rollout items are read as two sorted Queries joined group by group
-    (`dataset.join_groups`), so memory holds one group. Nothing for a batch not in the ledger (yet)."""
+    (`dataset.join_groups`), so memory holds one group. Nothing for a batch not in the ledger (yet). The
+    experiment-wide events are `experiment_events`."""
     wanted = frozenset(DetailType) if detail_types is None else frozenset(detail_types)
 
     def due(detail: AnyDetail) -> bool:
@@ -135,7 +138,8 @@ def batch_events(
     if batch.status is not BatchState.INGESTING and due(accepted := batch_accepted_detail(batch)):
         yield ledger_event(accepted)
     if wanted & _BUDGET_TYPES:
-        yield from (ledger_event(detail) for detail in budget_details(ledger, batch) if due(detail))
+        own = budget_details(batch.budget_events, batch.budget_usd)
+        yield from (ledger_event(detail) for detail in own if due(detail))
     if wanted & {*_ROLLOUT_TYPES, DetailType.GROUP_COMPLETED}:
         policy_version = batch.options.policy_version if batch.options else None
         for group, members in join_groups(
@@ -160,18 +164,27 @@ def batch_events(
         yield ledger_event(done)
 
 
-def budget_details(ledger: Ledger, batch: BatchView) -> list[BudgetWarning | BudgetExhausted]:
-    """The budget events in force for a stream of `batch`, as published: the experiment's and the batch's
-    announcements for the budget that holds now (one raised since has had none yet)."""
+def experiment_events(
+    ledger: Ledger, *, detail_types: Collection[DetailType] | None = None, skip: Callable[[str], bool] | None = None
+) -> Iterator[Event]:
+    """The experiment-wide events in force (`batch_id` "": its budget's announcements, as published; every stream of
+    a batch gets them), rebuilt from the ledger with one read, leaving out the types not in `detail_types` and the
+    ids `skip` accepts."""
+    wanted = _BUDGET_TYPES if detail_types is None else _BUDGET_TYPES & frozenset(detail_types)
+    if not wanted:
+        return
     state = ledger.experiment.budget()
-    details: list[BudgetWarning | BudgetExhausted] = []
-    for kind, model in _BUDGET_EVENTS:
-        for events, current in ((state.events, state.budget_usd), (batch.budget_events, batch.budget_usd)):
-            if kind in events:
-                detail = model.model_validate_json(events[kind])
-                if current is None or detail.budget_usd == current:
-                    details.append(detail)
-    return details
+    for detail in budget_details(state.events, state.budget_usd):
+        if detail_type_of(detail) in wanted and (skip is None or not skip(detail.event_id)):
+            yield ledger_event(detail)
+
+
+def budget_details(events: Mapping[str, str], current: float | None) -> list[BudgetWarning | BudgetExhausted]:
+    """The announcements a budget item holds (`events`, JSON by kind) that are still in force: those of the budget
+    that holds now, `current` (None: the deployed one, which the ledger does not hold); one raised since has had
+    none yet."""
+    details = [_BUDGET_MODELS[kind].model_validate_json(text) for kind, text in events.items()]
+    return [detail for detail in details if current is None or detail.budget_usd == current]
 
 
 class CatchUpStream(EventStream):

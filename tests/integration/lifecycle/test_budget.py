@@ -20,7 +20,7 @@ from rollout_pipeline.lifecycle.dispatch import Dispatch
 from rollout_pipeline.lifecycle.sweeper import sweep
 from rollout_pipeline.local.resources import ExperimentResources
 from rollout_pipeline.metric_names import BUDGET_HELD, BUDGET_USED_PERCENT
-from rollout_pipeline.sdk.replay import batch_events
+from rollout_pipeline.sdk.replay import batch_events, experiment_events
 from tests.conftest import REGION
 from tests.doubles import ShiftedClock
 from tests.integration.conftest import queue_depth
@@ -128,7 +128,8 @@ def test_a_spent_budget_pauses_dispatch_and_raising_it_completes_the_batch_exact
     completed = by_type(events, "Rollout Completed")
     # a stream of the batch made now (a trainer started after the pause) gets both, as published, from the ledger
     budget_types = [DetailType.BUDGET_WARNING, DetailType.BUDGET_EXHAUSTED]
-    assert [e.detail for e in batch_events(ledger, "budget-1", detail_types=budget_types)] == [warning, exhausted]
+    assert [e.detail for e in experiment_events(ledger, detail_types=budget_types)] == [warning, exhausted]
+    assert list(batch_events(ledger, "budget-1", detail_types=budget_types)) == []  # the experiment's, not the batch's
 
     # `rollouts budget set` raises it: dispatch resumes where it stopped, until every rollout ended exactly once
     experiment_args = ["-e", "test-exp", "--region", REGION, "--outputs-file", str(outputs_file(resources))]
@@ -149,7 +150,7 @@ def test_a_spent_budget_pauses_dispatch_and_raising_it_completes_the_batch_exact
     assert fake.invocations("reinvoked") == []
     assert queue_depth(resources.dlq_urls["rollout"]) == 0
     assert by_type(trainer_events(resources), "Budget Exhausted") == []  # no new announcement under 1 USD
-    assert list(batch_events(ledger, "budget-1", detail_types=budget_types)) == []  # raised: none in force
+    assert list(experiment_events(ledger, detail_types=budget_types)) == []  # raised: none in force
     assert deps.metrics.drain()[1][BUDGET_USED_PERCENT]
 
 
