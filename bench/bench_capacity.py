@@ -692,6 +692,7 @@ def _backoff(
         "climb_back_s": climb_s,
         "last_throttle_after_outside_start_s": max((t - begin for t in throttled_at if t >= begin), default=0.0),
         "throttles_after_outside_start_s": [round(t - begin, 2) for t in sorted(throttled_at) if t >= begin][:60],
+        "outsider_throttled_at_s": sorted(round(at - t0 - begin, 2) for at, throttled in outside.calls if throttled),
     }
 
 

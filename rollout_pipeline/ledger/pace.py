@@ -145,12 +145,13 @@ def set_spacing(
     condition: str | None = None,
     values: Mapping[str, Any] | None = None,
     also: Mapping[str, Any] | None = None,
+    pause_us: int = 0,
 ) -> ScheduleItem | None:
     """Give a schedule item its own spacing (and `also`) if `condition` holds, its next start at its last one plus the
-    new spacing (a start booked at a wider one holds none back); the item as written, else None."""
+    new spacing (a start booked at a wider one holds none back) plus `pause_us`; the item as written, else None."""
     extra = {"interval_us": max(1, interval_us), **(also or {})}
-    sets = ["tat = if_not_exists(last_start, :zero) + :set_interval_us", *(f"{name} = :set_{name}" for name in extra)]
-    merged = {":zero": 0, **{f":set_{name}": value for name, value in extra.items()}}
+    sets = ["tat = if_not_exists(last_start, :zero) + :gap", *(f"{name} = :set_{name}" for name in extra)]
+    merged = {":zero": 0, ":gap": extra["interval_us"] + pause_us, **{f":set_{name}": v for name, v in extra.items()}}
     written = table.update(
         key, "SET " + ", ".join(sets), condition, {**merged, **(values or {})}, return_values="ALL_NEW"
     )

@@ -117,8 +117,11 @@ class PoolLedger:
         """The account's new-session schedule (spaced by the item)."""
         return pace.PaceSchedule(self.table, pool_key(), item_spacing=True)
 
-    def set_spacing(self, interval_us: int, *, factor: float, factor_at: float, after_at: float) -> AccountView | None:
-        """Space the account's schedule at `interval_us` with the backoff, if its `factor_at` is still `after_at`."""
+    def set_spacing(
+        self, interval_us: int, *, factor: float, factor_at: float, after_at: float, pause_us: int = 0
+    ) -> AccountView | None:
+        """Space the account's schedule at `interval_us` with the backoff (its next start `pause_us` later), if its
+        `factor_at` is still `after_at`."""
         written = pace.set_spacing(
             self.table,
             pool_key(),
@@ -126,6 +129,7 @@ class PoolLedger:
             condition="attribute_not_exists(factor_at) OR factor_at = :after",
             values={":after": after_at},
             also={"factor": factor, "factor_at": factor_at},
+            pause_us=pause_us,
         )
         return None if written is None else self.account(written.values)
 

@@ -28,6 +28,8 @@ CEILING_MARGIN: Final = 0.95
 #: ... for this long; then to the quota again (should the account's cap have been raised).
 CEILING_KEEP_S: Final = 3600.0
 ACCOUNT: Final = "account"
+#: A throttle of a new session pauses the account's schedule this long (AgentCore's quota is per sliding second).
+THROTTLE_PAUSE_S: Final = 0.5
 
 
 def active_cap(view: AccountView, now: float) -> int:
@@ -95,7 +97,8 @@ class AccountSchedule:
         return start_rate(self.current(), self._wall())
 
     def throttled(self) -> None:
-        """AgentCore answered a new session "rate exceeded": the schedule's rate x `BACKOFF`, once per overshoot."""
+        """AgentCore answered a new session "rate exceeded": the schedule's rate x `BACKOFF`, once per overshoot, after
+        a pause of `THROTTLE_PAUSE_S` (AgentCore's sliding second drains: whoever else uses the account finds room)."""
         self.throttles += 1
         view = self.current()
         now = self._wall()
@@ -103,8 +106,9 @@ class AccountSchedule:
         if lower is None:
             return
         try:
+            interval, pause = view.settings.start_interval_us(lower), int(THROTTLE_PAUSE_S * 1e6)
             written = self.pool.set_spacing(
-                view.settings.start_interval_us(lower), factor=lower, factor_at=now, after_at=view.factor_at
+                interval, factor=lower, factor_at=now, after_at=view.factor_at, pause_us=pause
             )
         except Exception:  # the backoff is best effort: the throttled call is retried through the budgets anyway
             log.warning("could not back the account's schedule off", exc_info=True)

@@ -103,14 +103,10 @@ class Pacer:
         on_unspaced: Callable[[], object] | None = None,
         on_backlog: Callable[[], None] = lambda: None,
     ) -> None:
-        self.schedule = schedule
-        self.item_spacing = schedule.item_spacing
-        self.budget = budget
+        self.schedule, self.item_spacing, self.budget = schedule, schedule.item_spacing, budget
         self._base_interval_s = (1.0 + LATENESS_S) / limit if limit > 0 else 1.0
         self._wall, self._monotonic, self._sleep = clocks or Clocks()
-        self.on_item = on_item
-        self.on_unspaced = on_unspaced
-        self.on_backlog = on_backlog
+        self.on_item, self.on_unspaced, self.on_backlog = on_item, on_unspaced, on_backlog
         self._backoff = (1.0, 0.0)
         #: The latest `tat` (wall clock s) this process has seen or promised: it only moves forward.
         self.tat = 0.0
@@ -167,12 +163,7 @@ class Pacer:
             self._backoff = (lower, self._wall())
 
     def reserve(
-        self,
-        wait_until: float,
-        max_ahead_s: float | None = None,
-        *,
-        lead_s: float = 0.0,
-        not_before: float = 0.0,
+        self, wait_until: float, max_ahead_s: float | None = None, *, lead_s: float = 0.0, not_before: float = 0.0
     ) -> float | None:
         """Reserve a start (wall clock s) in [`not_before`, `max_ahead_s` from now] before `wait_until`, or None."""
         while True:

@@ -1,5 +1,4 @@
-"""Which of the `keys.SESSION_SHARDS` session-slot counters a dispatch takes its slot on (docs/lifecycle.md,
-"Limits")."""
+"""Which session-slot counter (`keys.SESSION_SHARDS`) a dispatch takes its slot on (docs/lifecycle.md, "Limits")."""
 
 from __future__ import annotations
 
@@ -35,8 +34,7 @@ class SlotShards:
         self._room = list(self._caps)  # until the first read: every counter empty
         self._cursor = (rng or random).randrange(keys.SESSION_SHARDS)
         self._lock = threading.Lock()
-        self._wall = wall
-        self._monotonic = monotonic
+        self._wall, self._monotonic = wall, monotonic
         #: The policy version by the latest read, and when that read began (monotonic s).
         self.policy: tuple[float, str | None] | None = None
         #: The sessions in flight by the latest read, and when (wall s).

@@ -19,7 +19,7 @@ from rollout_pipeline.config import ExperimentConfig
 from rollout_pipeline.ledger.ledger import Ledger
 from rollout_pipeline.ledger.pool import MemberEntry, PoolLedger
 from rollout_pipeline.ledger.pool_schema import pool_key
-from rollout_pipeline.limits.account import CEILING_MARGIN, RENEW_S, AccountSchedule
+from rollout_pipeline.limits.account import CEILING_MARGIN, RENEW_S, THROTTLE_PAUSE_S, AccountSchedule
 from rollout_pipeline.limits.facade import Limits
 from rollout_pipeline.limits.pacing import BACKOFF, Clocks
 from rollout_pipeline.limits.shares import LIVE_S, MIN_SHARE_PER_S
@@ -97,6 +97,21 @@ def test_a_new_sessions_throttle_backs_off_every_experiment_at_its_next_start(
     assert a.decreases == 1
     b.pacer.reserve(time.monotonic() + 5)  # its next start, no read of its own
     assert b.pacer.interval_us == pool.account().settings.start_interval_us(BACKOFF) > before
+
+
+def test_a_new_sessions_throttle_pauses_the_accounts_schedule_for_a_moment(
+    resources: ExperimentResources, pool: PoolLedger
+) -> None:
+    """AgentCore counts new sessions over any sliding second: after a throttle the account's schedule starts nothing
+    for `THROTTLE_PAUSE_S`, so that second drains and whoever else uses the account finds room at once (without the
+    pause, an outsider above the reserve had 2 of its 116 calls refused in `bench_capacity.py --outside`)."""
+    a, b = AccountSchedule(pool), AccountSchedule(pool)
+    before = b.pacer.reserve(time.monotonic() + 5)
+    a.throttled()
+    after = b.pacer.reserve(time.monotonic() + 5)
+    assert before is not None
+    assert after is not None
+    assert after - before >= THROTTLE_PAUSE_S + b.pacer.interval_s * 0.99
 
 
 def test_a_start_booked_before_the_accounts_backoff_is_left_unused(
