@@ -28,7 +28,7 @@ import math
 import threading
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 from rollout_pipeline import ids
 from rollout_pipeline.contracts import BudgetExhausted, BudgetWarning, DetailType, RolloutMessage
@@ -212,29 +212,25 @@ def _announce(
     next check tries again) and is only logged."""
     limits, batches = deps.ledger.experiment, deps.ledger.batches
     exp_id = deps.config.name
+    common: dict[str, Any] = {
+        "exp_id": exp_id,
+        "batch_id": batch_id,
+        "scope": scope,
+        "budget_usd": budget_usd,
+        "spent_usd": spent_usd,
+    }
     detail: BudgetWarning | BudgetExhausted
     if kind == "warned":
-        detail = BudgetWarning(
-            event_id=budget_event_id(DetailType.BUDGET_WARNING, exp_id, batch_id, budget_usd),
-            exp_id=exp_id,
-            batch_id=batch_id,
-            scope=scope,
-            budget_usd=budget_usd,
-            spent_usd=spent_usd,
-            threshold=WARNING_SHARE,
-        )
+        event_id = budget_event_id(DetailType.BUDGET_WARNING, exp_id, batch_id, budget_usd)
+        detail = BudgetWarning(event_id=event_id, threshold=WARNING_SHARE, **common)
     else:
         waiting = _waiting(deps, batch_id)
         detail = BudgetExhausted(
             event_id=budget_event_id(DetailType.BUDGET_EXHAUSTED, exp_id, batch_id, budget_usd),
-            exp_id=exp_id,
-            batch_id=batch_id,
-            scope=scope,
-            budget_usd=budget_usd,
-            spent_usd=spent_usd,
             rollouts_in_flight=int(in_flight),
             rollouts_waiting=max(0, sum(waiting.values()) - int(in_flight)),
             waiting_by_batch=waiting,
+            **common,
         )
     event_json = detail.model_dump_json()
     claimed = (

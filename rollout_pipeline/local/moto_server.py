@@ -647,16 +647,7 @@ def backend_dispatcher() -> Any:
     from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
 
     app = DomainDispatcherApplication(create_backend_app)
-    find = app.get_backend_for_host
-    found: dict[str | None, Any] = {}
-
-    def backend_for_host(host: str | None) -> Any:  # called under `app.lock`
-        if host not in found:
-            found[host] = find(host)
-        return found[host]
-
-    backend_for_host.rollouts_patched = True  # type: ignore[attr-defined]
-    app.get_backend_for_host = backend_for_host  # type: ignore[method-assign]
+    app.get_backend_for_host = functools.cache(app.get_backend_for_host)  # type: ignore[method-assign]
     return app
 
 
