@@ -21,6 +21,9 @@ if TYPE_CHECKING:
 #: How long `rollouts watch --batch ID` waits for a batch the ledger does not hold (an upload that ingestion has not
 #: read yet takes seconds) before it says there is no such batch. `submit --watch` waits for its own upload.
 MISSING_BATCH_GRACE_S = 20.0
+#: How long `rollouts watch --batch ID --events FILE` waits, after the batch's end, for rollouts' events that come
+#: after `Batch Completed` (two last rollouts ending together publish in either order; usually well under a second).
+EVENTS_GRACE_S = 10.0
 
 
 class Progress:
@@ -144,6 +147,11 @@ class EventLog:
         self._handle = handle
         self._seen: set[str] = set()
 
+    @property
+    def active(self) -> bool:
+        """True when the events are written to a file."""
+        return self._handle is not None
+
     def write(self, event: Any) -> None:
         """Append `event` (an SDK `Event`) once: a redelivered copy of an event already written is skipped."""
         if self._handle is None or event is None or event.event_id in self._seen:
@@ -221,7 +229,7 @@ def _watch(experiment: Experiment, args: argparse.Namespace, out: TextIO, log: E
                 if stream.expired():
                     break
             if progress.done:
-                _drain(stream, log)
+                _drain(stream, log, progress)
         finally:
             render(True)
     print(progress.summary or f"batch {args.batch}: {progress.line()}", file=out)
@@ -264,15 +272,24 @@ def no_such_batch(experiment: Experiment, batch_id: str, waited_s: float) -> str
     return f"{head}: {hint}{listed}"
 
 
-def _drain(stream: Any, log: EventLog) -> None:
-    """Log the events already delivered after the batch's end (a queue keeps no order: a rollout's event can
-    arrive after the batch's), without waiting for more."""
+def _drain(stream: Any, log: EventLog, progress: Progress) -> None:
+    """Log the events delivered after the batch's end: a queue keeps no order, and the batch's last two rollouts can
+    end together, one publishing `Batch Completed` before the other's own event. With `--events`, wait (at most
+    `EVENTS_GRACE_S`, within the watch's timeout) for each rollout whose end the watch has not seen yet; else take
+    only what is already there."""
+    deadline = time.monotonic() + EVENTS_GRACE_S
     for _ in range(1000):
-        delivery = stream.next_delivery(0.0)
+        unseen = 0 if progress.total is None else progress.total - len(progress.counted)
+        wait = max(0.0, deadline - time.monotonic()) if log.active and unseen > 0 else 0.0
+        remaining = stream.remaining()
+        delivery = stream.next_delivery(wait if remaining is None else min(wait, remaining))
         if delivery is None:
             return
         if delivery.event is not None:
             log.write(delivery.event)
+            detail = delivery.event.detail
+            if isinstance(detail, RolloutCompleted | RolloutFailed):  # counted by `Batch Completed` already
+                progress.counted.add((detail.input_id, detail.index))
         stream.ack(delivery)
 
 
@@ -346,6 +363,8 @@ def _watch_from_start(stream: Any, batch_id: str, out: TextIO, log: EventLog) ->
             print(f"{event.detail_type.value:<17} {text}{origin}", file=out, flush=True)
         progress.apply(event.detail)
         stream.ack(delivery)
+    if progress.done:
+        _drain(stream, log, progress)
     print(progress.summary or f"batch {batch_id}: {progress.line()}", file=out)
     return EXIT_OK if progress.done else EXIT_ERROR
 
