@@ -14,7 +14,6 @@ import contextlib
 import logging
 import os
 import secrets
-import shutil
 import signal
 import tempfile
 import threading
@@ -38,6 +37,7 @@ from rollout_pipeline.config import (
     validate_config,
 )
 from rollout_pipeline.fakes import faithful
+from rollout_pipeline.local import lifeline
 from rollout_pipeline.local.lambda_runtime import LambdaContext, QueueConsumer, Schedule
 from rollout_pipeline.local.model_server import DEFAULT_MAX_TOKENS, MODEL_ID, LocalModelServer
 from rollout_pipeline.local.moto_server import local_aws_environ, moto_server, patched_environ
@@ -208,9 +208,14 @@ class LocalPipeline:
 
     def __init__(self, settings: LocalSettings | None = None) -> None:
         self.settings = settings or LocalSettings()
-        #: A work directory of our own (not the settings') is removed again when the run fails to start.
-        self._own_work_dir = self.settings.work_dir is None
-        self.work_dir = self.settings.work_dir or Path(tempfile.mkdtemp(prefix="rollouts-local-"))
+        #: A work directory of our own (never the settings'): kept by a stop (its logs), removed by a failed start,
+        #: and removed when this process ends without a stop (killed with SIGKILL: `lifeline.OwnedPath`).
+        self._own_work_dir: lifeline.OwnedPath | None = None
+        work_dir = self.settings.work_dir
+        if work_dir is None:
+            self._own_work_dir = lifeline.OwnedPath(Path(tempfile.mkdtemp(prefix="rollouts-local-")))
+            work_dir = self._own_work_dir.path
+        self.work_dir = work_dir
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.endpoint_url = ""
         self.model_url = ""
@@ -249,8 +254,8 @@ class LocalPipeline:
             self._start()
         except BaseException:
             self.stop()
-            if self._own_work_dir:
-                shutil.rmtree(self.work_dir, ignore_errors=True)
+            if self._own_work_dir is not None:
+                self._own_work_dir.remove()
             raise
         return self
 
@@ -482,10 +487,12 @@ class LocalPipeline:
 
     def stop(self) -> None:
         """Stop everything that was started, in reverse order (idempotent). The consumers and the sweeper get
-        `STOP_GRACE_S` in all to finish what they are doing (`begin_stop` first)."""
+        `STOP_GRACE_S` in all to finish what they are doing (`begin_stop` first). The work directory is kept."""
         self.begin_stop()
         self._stop_by = time.monotonic() + STOP_GRACE_S
         self._stack.close()
+        if self._own_work_dir is not None:
+            self._own_work_dir.keep()
 
     def _stop_within_grace(self, stop: Callable[[float], None]) -> None:
         stop(max(0.0, self._stop_by - time.monotonic()))
