@@ -109,12 +109,6 @@ class AgentStartError(RuntimeError):
         return last if last.startswith(CANNOT_SERVE) else f"{self.what}: {last}"
 
 
-def _library_root() -> str:
-    import rollout_pipeline
-
-    return str(Path(rollout_pipeline.__file__).resolve().parents[1])
-
-
 def agent_command(
     module: str = DEFAULT_AGENT_MODULE,
     port: int = 8080,
@@ -148,11 +142,7 @@ def agent_command(
 
 def agent_environ(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """This process's environment plus `extra`, with the library importable (PYTHONPATH) and unbuffered output."""
-    env = {**os.environ, **(extra or {})}
-    paths = [_library_root(), *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]]
-    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
+    return lifeline.environ({**(extra or {}), "PYTHONUNBUFFERED": "1"})
 
 
 def _http_json(
@@ -174,7 +164,8 @@ class AgentProcess:
     """One agent server process on 127.0.0.1: start it, wait for `/ping`, invoke it, stop it.
 
     `kind` ("auto", "art", "rft") is the agent host's `--agent-kind`; `hosted=False` runs `python -m MODULE` as it
-    is (see `agent_command`)."""
+    is (see `agent_command`). Its output goes to `log_path`; without one, to a temporary file of its own, removed
+    when the process is stopped (or, if this process is killed first, when the agent process ends with it)."""
 
     def __init__(
         self,
@@ -192,7 +183,13 @@ class AgentProcess:
         self.kind = kind
         self.hosted = hosted
         self.port = port or free_port()
-        self.log_path = log_path or Path(tempfile.mkstemp(prefix="agent-", suffix=".log")[1])
+        #: A log of its own (no `log_path` given) goes with the process; a caller's stays.
+        self._owns_log = log_path is None
+        if log_path is None:
+            descriptor, name = tempfile.mkstemp(prefix="agent-", suffix=".log")
+            os.close(descriptor)
+            log_path = Path(name)
+        self.log_path = log_path
         self._env = agent_environ(env)
         self._python = python
         self._cwd = cwd
@@ -216,6 +213,7 @@ class AgentProcess:
         with self.log_path.open("ab") as log:
             self._process = lifeline.popen(  # ends with this process, even killed with SIGKILL
                 agent_command(self.module, self.port, LOOPBACK, self._python, kind=self.kind, hosted=self.hosted),
+                remove=[self.log_path] if self._owns_log else [],
                 env=self._env,
                 cwd=self._cwd,
                 stdin=subprocess.DEVNULL,
@@ -262,7 +260,13 @@ class AgentProcess:
         return _http_json("POST", f"{self.base_url}/invocations", body, headers, timeout)
 
     def stop(self, grace_s: float = 0.0) -> None:
-        """End the process: SIGTERM with `grace_s` to exit, else SIGKILL (immediately when `grace_s` is 0)."""
+        """End the process: SIGTERM with `grace_s` to exit, else SIGKILL (immediately when `grace_s` is 0); then
+        remove its log if it is its own (no `log_path` given)."""
+        self._end(grace_s)
+        if self._owns_log:
+            self.log_path.unlink(missing_ok=True)
+
+    def _end(self, grace_s: float) -> None:
         process = self._process
         if process is None or process.poll() is not None:
             return
@@ -322,7 +326,8 @@ class LocalAgentRuntime:
         idle_timeout_s: when full, sessions idle (`Healthy`) longer than this are stopped.
         startup_timeout_s / invoke_timeout_s: bounds on waiting for `/ping` (a process not ready by then fails its
             session's rollout: `RuntimeStartFailed`) and for `/invocations`.
-        log_dir: where agent logs go (a temporary directory by default).
+        log_dir: where agent logs go (by default a temporary directory of its own, removed at `close`, or when this
+            process is killed before).
         new_sessions_per_s: the local account's new-session quota (AgentCore's is one per account, every
             experiment's sessions on this runtime together: local mode runs several experiments on one); over it
             in any sliding second an invoke that opens a session is refused as AgentCore refuses it
@@ -362,7 +367,12 @@ class LocalAgentRuntime:
         self.idle_timeout_s = idle_timeout_s
         self.startup_timeout_s = startup_timeout_s
         self.invoke_timeout_s = invoke_timeout_s
-        self.log_dir = log_dir or Path(tempfile.mkdtemp(prefix="local-acr-"))
+        #: A log directory of its own (no `log_dir` given) goes at `close`; a caller's stays.
+        self._own_log_dir: lifeline.OwnedPath | None = None
+        if log_dir is None:
+            self._own_log_dir = lifeline.OwnedPath(Path(tempfile.mkdtemp(prefix="local-acr-")))
+            log_dir = self._own_log_dir.path
+        self.log_dir = log_dir
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self._env = dict(env or {})
         self._python = python
@@ -430,6 +440,8 @@ class LocalAgentRuntime:
             self._shared = None
         for process in processes:
             process.stop()
+        if self._own_log_dir is not None:
+            self._own_log_dir.remove()
 
     def __enter__(self) -> LocalAgentRuntime:
         return self.start()
