@@ -1,7 +1,7 @@
 """Nothing left behind (docs/lifecycle.md, "Nothing left behind"): `rollouts local up` with real agent processes, a
 trainer streaming its batch (a stream and a tap of its own) and `rollouts watch`, all killed with SIGKILL mid-batch
-(no cleanup runs): no subscription survives the next sweep, and no process survives `up` (every agent process ends
-with it). What it measures is printed: how long each took.
+(no cleanup runs): no subscription survives the next sweep, and no process nor temporary file survives `up` (every
+agent process ends with it, and the work directory it made goes). What it measures is printed: how long each took.
 
 Substituted as in the newcomer's walk: a fake OpenAI-compatible model (`--model-url`), which holds its replies so the
 batch is mid-flight when the processes are killed, and a free port."""
@@ -123,7 +123,10 @@ def test_sigkill_of_everything_a_user_started_leaves_nothing_running(model: Fake
                    _env())  # fmt: skip
         endpoint = _line(logs["up"], r"ROLLOUTS_ENDPOINT_URL=(\S+)", up, UP_TIMEOUT_S).group(1)
         name = _line(logs["up"], r"ROLLOUTS_EXPERIMENT=(\S+)", up, UP_TIMEOUT_S).group(1)
+        work_dir = Path(_line(logs["up"], r"logs in (\S+)$", up, UP_TIMEOUT_S).group(1))
         _line(logs["up"], r"^Ctrl-C stops the pipeline", up, UP_TIMEOUT_S)
+        assert work_dir.name.startswith("rollouts-local-"), "a work directory of its own"
+        assert (work_dir / "agents").is_dir(), "with the agents' logs"
         experiment = Experiment.local(endpoint, name=name)
         shell = {**_env(), "ROLLOUTS_ENDPOINT_URL": endpoint, "ROLLOUTS_EXPERIMENT": name}
 
@@ -147,6 +150,8 @@ def test_sigkill_of_everything_a_user_started_leaves_nothing_running(model: Fake
         _kill(up)
         wait_for(lambda: not _processes_of(port), timeout_s=PROCESS_BOUND_S, what="every agent process to end")
         print(f"processes: 0 of {len(agents)} agent processes left {time.monotonic() - killed_at:.1f} s after it")
+        wait_for(lambda: not work_dir.exists(), timeout_s=PROCESS_BOUND_S, what="its work directory to go")
+        print(f"files: its work directory gone {time.monotonic() - killed_at:.1f} s after it")
     finally:
         for process in started:
             if process.poll() is None:
