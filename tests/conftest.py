@@ -52,6 +52,25 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return SuiteOrderScheduling(config, log)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def temporary_directory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The suite's temporary files (`tempfile`'s, this process's and its children's: `TMPDIR`) in pytest's own
+    temporary directory, which pytest prunes: what a test leaves (a stopped local pipeline's work directory, kept
+    for its logs) does not pile up in the machine's."""
+    import tempfile
+
+    folder = tmp_path_factory.mktemp("tmp", numbered=False)
+    before = (tempfile.tempdir, os.environ.get("TMPDIR"))
+    tempfile.tempdir = str(folder)
+    os.environ["TMPDIR"] = str(folder)
+    yield folder
+    tempfile.tempdir = before[0]
+    if before[1] is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = before[1]
+
+
 TESTS = Path(__file__).resolve().parent
 #: Suites that run under the faithful AWS profile by default (ROLLOUTS_AWS_PROFILE=moto switches it off).
 FAITHFUL_SUITES = ("integration", "e2e")
