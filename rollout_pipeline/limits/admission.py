@@ -149,7 +149,7 @@ class SlotGate:
             return []
         with self._cond:
             now = self._monotonic()
-            if not self._in_hand() and (self._empty_since is None or now - self._empty_since > BOARD_STALE_S):
+            if not self.in_hand() and (self._empty_since is None or now - self._empty_since > BOARD_STALE_S):
                 self._burst_since = now
             self._held.update(keys)
         self._publish()
@@ -161,16 +161,16 @@ class SlotGate:
             if self._held[key] <= 0:
                 del self._held[key]
             self._note_empty()
-            cleared = not self._in_hand()
+            cleared = not self.in_hand()
         if cleared:
             self._publish()  # the last rollout in hand takes the process off the board
             self.on_clear()
 
-    def _in_hand(self) -> bool:
+    def in_hand(self) -> bool:
         return bool(self._queue or self._held)
 
     def _note_empty(self) -> None:
-        if not self._in_hand():
+        if not self.in_hand():
             self._empty_since = self._monotonic()
 
     def settle_s(self) -> float:

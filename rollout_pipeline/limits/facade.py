@@ -60,7 +60,7 @@ class Limits:
                 self.account,
                 config,
                 shards=self.shards,
-                waiting=lambda: bool(self.gate.queued()),
+                waiting=lambda: self.gate.in_hand(),  # noqa: PLW0108 - the gate is built below
                 clocks=pacing,
             )
             self.shards.follow(membership.max_sessions)
