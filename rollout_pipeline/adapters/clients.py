@@ -120,7 +120,10 @@ class ClientFactory:
             if is_loopback(self.endpoint_url) and self.session.get_credentials() is None:
                 # Local mode's moto server accepts any credentials; a machine without AWS needs none.
                 kwargs["aws_access_key_id"] = kwargs["aws_secret_access_key"] = "local"
-        return self.session.client(service, **kwargs)
+        made = self.session.client(service, **kwargs)
+        made.exceptions  # noqa: B018 - loaded now, under the lock: botocore loads them lazily without one, and two
+        # threads' first errors could each load a set of classes, one's `except` then missing the other's raise
+        return made
 
     def register_hook(self, event_name: str, handler: Any) -> None:
         """Register a botocore event handler (e.g. "before-call") on every client made so far and later.
