@@ -42,6 +42,15 @@ def wait_for(condition: Callable[[], object], timeout_s: float = 30.0, what: str
         time.sleep(0.01)
 
 
+def alive(pid: int) -> bool:
+    """Whether process `pid` still runs (a zombie waiting for its new parent to reap it does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
 @pytest.hookimpl(optionalhook=True, tryfirst=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """`--dist loadfile` (`make test`): longest suites first, tests/infra on one worker (tests/schedule.py)."""
@@ -60,15 +69,10 @@ def temporary_directory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pa
     import tempfile
 
     folder = tmp_path_factory.mktemp("tmp", numbered=False)
-    before = (tempfile.tempdir, os.environ.get("TMPDIR"))
-    tempfile.tempdir = str(folder)
-    os.environ["TMPDIR"] = str(folder)
-    yield folder
-    tempfile.tempdir = before[0]
-    if before[1] is None:
-        os.environ.pop("TMPDIR", None)
-    else:
-        os.environ["TMPDIR"] = before[1]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(tempfile, "tempdir", str(folder))
+        patch.setenv("TMPDIR", str(folder))
+        yield folder
 
 
 TESTS = Path(__file__).resolve().parent

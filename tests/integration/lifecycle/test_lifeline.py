@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from rollout_pipeline.local import lifeline
-from tests.conftest import wait_for
+from tests.conftest import alive, wait_for
 
 pytestmark = pytest.mark.timing
 
@@ -32,15 +32,6 @@ PARENT = textwrap.dedent(
     time.sleep(3600)
     """
 )
-
-
-def alive(pid: int) -> bool:
-    """Whether process `pid` still runs (a zombie waiting for its new parent to reap it does not)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
 
 
 def test_children_started_through_the_lifeline_die_with_a_parent_killed_with_sigkill() -> None:

@@ -302,7 +302,9 @@ def test_an_idle_experiment_keeps_its_spacing_and_renews_its_share_at_its_next_s
 ) -> None:
     """An experiment whose rollouts all booked their starts asks for nothing, but its schedule keeps the spacing its
     next rollouts book at, and the next start renews its share at once, not a round later (a dip in its work cost it
-    its share for a round, at a start every 2 s)."""
+    its share for a round, at a start every 2 s). That renewal asks for all it can get: its rollouts, received and
+    not yet at the gate, count (it asked for nothing again, and a dispatcher's rounds of 10 rollouts started 4.4 a
+    second where the account had room for 20)."""
     clock = ManualClock(time.time())
     limits = experiment(resources, "dipped", pacing=Clocks(clock, time.monotonic, clock.sleep))
     assert limits.membership is not None
@@ -311,7 +313,12 @@ def test_an_idle_experiment_keeps_its_spacing_and_renews_its_share_at_its_next_s
     limits.membership.renew(force=True, demand=0.0)  # its last rollout in hand booked its start
     assert entry_of(pool, "dipped").demand == 0.0
     assert limits.membership.share() == pytest.approx(share)
+    held = limits.gate.hold(["batch-0002"])  # the next rollouts, just received
     assert limits.membership.renew()  # as its next start's answer of the schedule renews it (the clock stands still)
+    assert math.isinf(entry_of(pool, "dipped").demand)
+    assert limits.membership.share() == pytest.approx(share)
+    for rollout in held:
+        rollout.leave()
 
 
 def test_a_start_booked_at_the_idle_spacing_holds_back_none_after_it(
@@ -357,27 +364,6 @@ def test_rollouts_waiting_at_the_gate_ask_for_all_the_experiment_can_get(
     limits.gate.close()
     waiter.join(timeout=30)
     assert math.isinf(entry_of(pool, "waiting").demand)
-
-
-def test_rollouts_just_received_ask_for_all_the_experiment_can_get(
-    resources: ExperimentResources, pool: PoolLedger
-) -> None:
-    """The next burst of an experiment whose last rollout in hand booked its start (it asked for nothing): its
-    rollouts, received and not yet at the gate, make the renewal that their first read of the schedule starts ask
-    for all it can get (it asked for nothing again, and its next starts went 2 s apart: a dispatcher's rounds of 10
-    rollouts started 4.4 a second where the account had room for 20)."""
-    clock = ManualClock(time.time())
-    limits = experiment(resources, "bursty", pacing=Clocks(clock, time.monotonic, clock.sleep))
-    assert limits.membership is not None
-    limits.membership.renew(force=True)
-    share = limits.membership.share()
-    limits.membership.renew(force=True, demand=0.0)  # its last rollout in hand booked its start
-    held = limits.gate.hold(["batch-0002"])  # the next rollouts, just received
-    assert limits.membership.renew()  # as their first read of the schedule renews it (the clock stands still)
-    assert math.isinf(entry_of(pool, "bursty").demand)
-    assert limits.membership.share() == pytest.approx(share)
-    for rollout in held:
-        rollout.leave()
 
 
 def test_the_sweepers_renewal_keeps_the_demand_of_a_live_entry(

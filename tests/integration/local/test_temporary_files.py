@@ -19,7 +19,7 @@ import pytest
 
 from rollout_pipeline.local import lifeline
 from rollout_pipeline.local.acr import AgentProcess, LocalAgentRuntime
-from tests.conftest import wait_for
+from tests.conftest import alive, wait_for
 
 pytestmark = pytest.mark.timing
 
@@ -54,15 +54,6 @@ AGENT_OWNER = textwrap.dedent(
     time.sleep(3600)
     """
 )
-
-
-def alive(pid: int) -> bool:
-    """Whether process `pid` still runs (a zombie waiting for its new parent to reap it does not)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
 
 
 def children(pid: int) -> list[int]:
