@@ -179,6 +179,23 @@ def _module_source(module: str, search_path: Sequence[str]) -> Path | None:
     return Path(spec.origin)
 
 
+def top_level_imports(module: str, search_path: Sequence[str] | None = None) -> list[str]:
+    """The modules `module`'s source imports in its own body (absolute imports, in order, without duplicates; read,
+    not imported): what importing it will import first. Empty when its source cannot be read."""
+    source = _module_source(module.partition(":")[0], search_path if search_path is not None else sys.path)
+    try:
+        tree = ast.parse(source.read_text(encoding="utf-8")) if source is not None else None
+    except (OSError, SyntaxError, ValueError):
+        tree = None
+    names: list[str] = []
+    for node in tree.body if tree is not None else []:
+        if isinstance(node, ast.Import):
+            names.extend(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.append(node.module)
+    return list(dict.fromkeys(names))
+
+
 def agent_kind_of(module: str, search_path: Sequence[str] | None = None) -> AgentKind:
     """`rft` when the module's source (read, not imported) uses the SageMaker RFT SDK, ART's `AgentCoreRuntimeApp`
     or a plain `@app.entrypoint` and no ART `rollout_entrypoint`; else `art`."""

@@ -62,7 +62,7 @@ from typing import Any, Final, Literal
 
 from rollout_pipeline.agent.host import CANNOT_SERVE
 from rollout_pipeline.config import is_warmup_payload
-from rollout_pipeline.local import lifeline
+from rollout_pipeline.local import forks, lifeline
 from rollout_pipeline.local.moto_server import LOOPBACK, free_port
 from rollout_pipeline.ports import (
     RuntimeQuotaExceeded,
@@ -165,7 +165,8 @@ class AgentProcess:
 
     `kind` ("auto", "art", "rft") is the agent host's `--agent-kind`; `hosted=False` runs `python -m MODULE` as it
     is (see `agent_command`). Its output goes to `log_path`; without one, to a temporary file of its own, removed
-    when the process is stopped (or, if this process is killed first, when the agent process ends with it)."""
+    when the process is stopped (or, if this process is killed first, when the agent process ends with it). Given a
+    `parent` (`forks.ForkServer`, started for the same command), it is forked from it instead of started afresh."""
 
     def __init__(
         self,
@@ -178,6 +179,7 @@ class AgentProcess:
         log_path: Path | None = None,
         python: str = sys.executable,
         cwd: str | None = None,
+        parent: forks.ForkServer | None = None,
     ) -> None:
         self.module = module
         self.kind = kind
@@ -193,7 +195,8 @@ class AgentProcess:
         self._env = agent_environ(env)
         self._python = python
         self._cwd = cwd
-        self._process: subprocess.Popen[bytes] | None = None
+        self._parent = parent
+        self._process: subprocess.Popen[bytes] | forks.ForkedProcess | None = None
 
     @property
     def base_url(self) -> str:
@@ -207,13 +210,22 @@ class AgentProcess:
         return self._process is not None and self._process.poll() is None
 
     def start(self) -> AgentProcess:
-        """Start the process (does not wait: see `wait_ready`)."""
+        """Start the process (does not wait: see `wait_ready`): forked from `parent` when given one (afresh when
+        the parent cannot fork it)."""
         if self._process is not None:
             return self
+        command = agent_command(self.module, self.port, LOOPBACK, self._python, kind=self.kind, hosted=self.hosted)
+        remove = [self.log_path] if self._owns_log else []
+        if self._parent is not None:
+            try:
+                self._process = self._parent.spawn(command, self.log_path, remove=remove)
+                return self
+            except OSError as exc:
+                logger.warning("agent %s could not be forked (%s): started afresh", self.module, exc)
         with self.log_path.open("ab") as log:
             self._process = lifeline.popen(  # ends with this process, even killed with SIGKILL
-                agent_command(self.module, self.port, LOOPBACK, self._python, kind=self.kind, hosted=self.hosted),
-                remove=[self.log_path] if self._owns_log else [],
+                command,
+                remove=remove,
                 env=self._env,
                 cwd=self._cwd,
                 stdin=subprocess.DEVNULL,
@@ -334,6 +346,9 @@ class LocalAgentRuntime:
             (`RuntimeRateExceeded`) and counted in `throttles`. None: no rate quota.
         max_lifetime_s: every session ends this long after it started, busy or idle (AgentCore's `maxLifetime`);
             None: never.
+        forked: in "process" isolation, fork each agent process from one warm parent that imported the agent's
+            libraries once (`local.forks`: a session's process is ready in a fraction of the CPU), where that is
+            safe (Linux, and nothing the parent imports starts a thread); else start each afresh.
     """
 
     def __init__(
@@ -353,6 +368,7 @@ class LocalAgentRuntime:
         cwd: str | None = None,
         new_sessions_per_s: float | None = None,
         max_lifetime_s: float | None = None,
+        forked: bool = True,
     ) -> None:
         if max_sessions < 1:
             raise ValueError("max_sessions must be >= 1")
@@ -384,6 +400,10 @@ class LocalAgentRuntime:
         self._launching: set[AgentProcess] = set()
         self._starting_spares = 0
         self._shared: AgentProcess | None = None
+        self.forked = forked and isolation == "process" and forks.supported()
+        #: The warm parent of the agent processes (`forked`), started with the first of them.
+        self._forks: forks.ForkServer | None = None
+        self._forks_lock = threading.Lock()
         self._counter = 0
         self._closed = False
         #: The last start failure of a warm spare: raised by `start`, logged (once) after it.
@@ -440,6 +460,10 @@ class LocalAgentRuntime:
             self._shared = None
         for process in processes:
             process.stop()
+        with self._forks_lock:
+            parent, self._forks = self._forks, None
+        if parent is not None:
+            parent.close()
         if self._own_log_dir is not None:
             self._own_log_dir.remove()
 
@@ -614,6 +638,7 @@ class LocalAgentRuntime:
     def _new_process(self, wait: bool) -> AgentProcess:
         if self.isolation == "shared":
             return self._shared_process()
+        parent = self._fork_parent()
         with self._lock:
             self._counter += 1
             number = self._counter
@@ -624,13 +649,14 @@ class LocalAgentRuntime:
             log_path=self.log_dir / f"agent-{number}.log",
             python=self._python,
             cwd=self._cwd,
+            parent=parent,
         )
-        with self._lock:
-            if self._closed:
-                raise AgentStartError("local runtime is closed")
-            self._launching.add(process)  # so close() also stops processes still starting
-            process.start()
         try:
+            with self._lock:
+                if self._closed:
+                    raise AgentStartError("local runtime is closed")
+                self._launching.add(process)  # so close() also stops processes still starting
+                process.start()
             if wait:
                 process.wait_ready(self.startup_timeout_s)
         except AgentStartError:
@@ -640,6 +666,32 @@ class LocalAgentRuntime:
             with self._lock:
                 self._launching.discard(process)
         return process
+
+    def _fork_parent(self) -> forks.ForkServer | None:
+        """The warm parent to fork agent processes from (started by the first caller), or None: start them afresh."""
+        with self._forks_lock:
+            if self._forks is not None and not self._forks.running():
+                logger.warning("the agent processes' parent ended (%s): starting another", self._forks.why_not)
+                self._forks.close()
+                self._forks = None
+            if self._forks is None and self.forked:
+                parent = forks.ForkServer(
+                    [self._python, "-m", HOST_MODULE, "--agent-module", self.module, "--agent-kind", self.kind],
+                    env=agent_environ(self._env),
+                    cwd=self._cwd,
+                    log=self.log_dir / "agent-parent.log",
+                )
+                if parent.start(self.startup_timeout_s):
+                    self._forks = parent
+                else:
+                    self.forked = False
+                    logger.info("agent processes start afresh, not forked: %s", parent.why_not)
+            with self._lock:
+                closed = self._closed
+            if closed and self._forks is not None:
+                self._forks.close()
+                self._forks = None
+            return self._forks
 
     def _shared_process(self) -> AgentProcess:
         with self._lock:
