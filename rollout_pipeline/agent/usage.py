@@ -5,7 +5,8 @@ the session's (AgentCore bills CPU actually consumed). `install()` makes every A
 so `RolloutApp` and the RFT host too) add `{RESULT_USAGE_KEY: {...}}` to each result object it saves:
 
 - `cpu_s`: the process's CPU seconds so far (user + system, with its finished child processes), start-up included
-  (AgentCore bills the session from the microVM's start);
+  (AgentCore bills the session from the microVM's start; a process forked from a warm parent, as local mode's are,
+  counts the parent's start-up as its own: `inherit_cpu`);
 - `peak_rss_mb`: its peak resident memory (and its children's), for information: AgentCore bills the session's peak
   memory, which also holds the microVM's own overhead, so the cost model prices the configured size instead;
 - `rollouts`: rollouts this process has started. Completion uses `cpu_s` only when it is 1 (the process is the
@@ -32,6 +33,8 @@ from rollout_pipeline.config import RESULT_USAGE_KEY
 _lock = threading.Lock()
 #: Rollouts started in this process (a one-element list: shared by every thread, no `global` statement).
 _started = [0]
+#: CPU seconds spent for this process before it began (`inherit_cpu`).
+_inherited_cpu_s = [0.0]
 
 
 def _rss_mb(who: int) -> float:
@@ -46,6 +49,12 @@ def note_rollout_started() -> None:
         _started[0] += 1
 
 
+def inherit_cpu(seconds: float) -> None:
+    """Count `seconds` of CPU spent before this process began in its `cpu_s`: the start-up its warm parent did for
+    it (`local.forks`), which a process started afresh would have spent itself."""
+    _inherited_cpu_s[0] = seconds
+
+
 def current_usage() -> dict[str, Any]:
     """The process's usage so far, and the current rollout's model calls (see the module doc)."""
     from rollout_pipeline.agent import replies
@@ -54,7 +63,9 @@ def current_usage() -> dict[str, Any]:
     with _lock:
         started = _started[0]
     return {
-        "cpu_s": round(times.user + times.system + times.children_user + times.children_system, 3),
+        "cpu_s": round(
+            _inherited_cpu_s[0] + times.user + times.system + times.children_user + times.children_system, 3
+        ),
         "peak_rss_mb": round(max(_rss_mb(resource.RUSAGE_SELF), _rss_mb(resource.RUSAGE_CHILDREN)), 1),
         "rollouts": started,
         "model_calls": replies.current_tally().as_dict(),

@@ -47,6 +47,7 @@ MODULE: Final = "rollout_pipeline.local.forks"
 #: The agent host's own imports, ahead of the agent module's (not the host: each child runs it as `__main__`).
 HOST_IMPORTS: Final = (
     "rollout_pipeline.agent.modules",
+    "rollout_pipeline.agent.usage",
     "rollout_pipeline.agent.app",
     "rollout_pipeline.agent.rft_host",
     "rollout_pipeline.agent.warmup",
@@ -113,10 +114,14 @@ def _reap() -> None:
         _write({"exit": pid, "code": _exit_code(status)})
 
 
-def _child(request: Mapping[str, Any], parent: int, wakeup: Sequence[int]) -> None:
-    """Become `python -m MODULE ARGS` (`request["argv"]`) in a session of its own; never returns."""
+def _child(request: Mapping[str, Any], parent: int, wakeup: Sequence[int], startup_cpu_s: float) -> None:
+    """Become `python -m MODULE ARGS` (`request["argv"]`) in a session of its own, its CPU counting the parent's
+    start-up (`startup_cpu_s`) as a fresh process's would; never returns."""
+    from rollout_pipeline.agent import usage
+
     code = 1
     try:
+        usage.inherit_cpu(startup_cpu_s)
         os.setsid()
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -150,6 +155,8 @@ def _child(request: Mapping[str, Any], parent: int, wakeup: Sequence[int]) -> No
 def serve(names: Sequence[str]) -> None:
     """The parent: import `names`, say whether it can fork, then fork a child per request until stdin closes."""
     unsafe = preload(names)
+    times = os.times()
+    startup_cpu_s = times.user + times.system
     _write({"ready": unsafe is None, **({"why": unsafe} if unsafe else {})})
     if unsafe:
         return
@@ -175,7 +182,7 @@ def serve(names: Sequence[str]) -> None:
             request = json.loads(line)
             pid = os.fork()
             if pid == 0:
-                _child(request, me, (wake_read, wake_write))
+                _child(request, me, (wake_read, wake_write), startup_cpu_s)
             _write({"pid": pid})
 
 

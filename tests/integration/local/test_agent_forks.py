@@ -30,11 +30,18 @@ ROOT = Path(__file__).resolve().parents[3]
 GONE_BOUND_S = 30
 SESSION = "forked-session-0123456789abcdef0123456789"
 
-#: An agent written the ART way that answers at once (no model).
+#: An agent written the ART way that answers at once (no model); when imported, it writes the CPU its process
+#: reports (`cpu_s` of its usage) to `$USAGE_DIR/PID`.
 QUICK_AGENT = textwrap.dedent(
     """
     {imports}
+    import os
+    from pathlib import Path
     from rollout_pipeline.agent.app import RolloutApp
+    from rollout_pipeline.agent.usage import current_usage
+
+    if os.environ.get("USAGE_DIR"):
+        Path(os.environ["USAGE_DIR"], str(os.getpid())).write_text(str(current_usage()["cpu_s"]))
 
     app = RolloutApp()
 
@@ -81,8 +88,12 @@ def agents(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def env(agents: Path) -> dict[str, str]:
-    return {"PYTHONPATH": os.pathsep.join([str(agents), str(agents.parent / "site-packages")])}
+def env(agents: Path, tmp_path: Path) -> dict[str, str]:
+    (tmp_path / "usage").mkdir()
+    return {
+        "PYTHONPATH": os.pathsep.join([str(agents), str(agents.parent / "site-packages")]),
+        "USAGE_DIR": str(tmp_path / "usage"),
+    }
 
 
 @pytest.fixture
@@ -109,7 +120,14 @@ def test_the_parent_imports_the_libraries_the_agent_imports_never_the_agent_or_i
     assert "helpers" not in mine, "a module of the agent's own folder is imported by each process, not the parent"
 
 
-def test_each_sessions_process_is_forked_from_the_runtimes_one_parent(runtime: LocalAgentRuntime) -> None:
+def cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_each_sessions_process_is_forked_from_the_runtimes_one_parent_and_counts_its_start_up(
+    runtime: LocalAgentRuntime, tmp_path: Path
+) -> None:
     assert runtime.forked
     runtime.invoke(SESSION, warmup_payload("exp", SESSION))
     process = runtime.process_of(SESSION)
@@ -119,6 +137,10 @@ def test_each_sessions_process_is_forked_from_the_runtimes_one_parent(runtime: L
     assert parent is not None
     assert parent._process is not None
     assert parent_of(process.pid) == parent._process.pid
+    # Its CPU counts the start-up its parent did for it (as a process started afresh would have spent it): at least
+    # the parent's CPU now, less what forking and reaping two children cost the parent since (a few ms each).
+    reported = float((tmp_path / "usage" / str(process.pid)).read_text())
+    assert reported >= cpu_s(parent._process.pid) - 0.1 > 0.1
     runtime.stop(SESSION)
     assert process.exit_code() == -signal.SIGKILL, "a stopped session's process is killed, its end reported"
 
