@@ -36,10 +36,9 @@ import signal
 import subprocess
 import sys
 import threading
-import traceback
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any, Final
+from typing import IO, Any, Final, NoReturn
 
 from rollout_pipeline.local import lifeline
 
@@ -99,10 +98,6 @@ def _write(message: Mapping[str, Any]) -> None:
     os.write(1, (json.dumps(message) + "\n").encode())
 
 
-def _exit_code(status: int) -> int:
-    return os.waitstatus_to_exitcode(status)
-
-
 def _reap() -> None:
     while True:
         try:
@@ -111,45 +106,31 @@ def _reap() -> None:
             return
         if pid == 0:
             return
-        _write({"exit": pid, "code": _exit_code(status)})
+        _write({"exit": pid, "code": os.waitstatus_to_exitcode(status)})
 
 
-def _child(request: Mapping[str, Any], parent: int, wakeup: Sequence[int], startup_cpu_s: float) -> None:
+def _child(request: Mapping[str, Any], parent: int, wakeup: Sequence[int], startup_cpu_s: float) -> NoReturn:
     """Become `python -m MODULE ARGS` (`request["argv"]`) in a session of its own, its CPU counting the parent's
-    start-up (`startup_cpu_s`) as a fresh process's would; never returns."""
+    start-up (`startup_cpu_s`) as a fresh process's would. Never returns to the parent's loop: the process ends as
+    Python ends one (`SystemExit`, or an exception: its traceback in its log), its exit handlers run."""
     from rollout_pipeline.agent import usage
 
-    code = 1
-    try:
-        usage.inherit_cpu(startup_cpu_s)
-        os.setsid()
-        signal.set_wakeup_fd(-1)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        for descriptor in wakeup:
-            os.close(descriptor)
-        log = os.open(str(request["log"]), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        nothing = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(nothing, 0)
-        os.dup2(log, 1)
-        os.dup2(log, 2)
-        os.close(log)
-        os.close(nothing)
-        lifeline.follow(parent, remove=[Path(path) for path in request.get("remove", [])])
-        argv = [str(part) for part in request["argv"]]
-        sys.argv = list(argv)
-        runpy.run_module(argv[0], run_name="__main__", alter_sys=True)
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        if not isinstance(exc.code, int | None):
-            print(exc.code, file=sys.stderr)
-    except BaseException:  # the process's own end: its traceback goes to its log
-        traceback.print_exc()
-    finally:
-        with contextlib.suppress(Exception):
-            sys.stdout.flush()
-            sys.stderr.flush()
-        os._exit(code)
+    usage.inherit_cpu(startup_cpu_s)
+    os.setsid()
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    for descriptor in wakeup:
+        os.close(descriptor)
+    log = os.open(str(request["log"]), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    nothing = os.open(os.devnull, os.O_RDONLY)
+    for target, source in ((0, nothing), (1, log), (2, log)):
+        os.dup2(source, target)
+    os.close(log)
+    os.close(nothing)
+    lifeline.follow(parent, remove=[Path(path) for path in request.get("remove", [])])
+    sys.argv = [str(part) for part in request["argv"]]
+    runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+    sys.exit(0)
 
 
 def serve(names: Sequence[str]) -> None:
