@@ -61,7 +61,7 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 from rollout_pipeline.agent.host import CANNOT_SERVE
-from rollout_pipeline.config import is_warmup_payload
+from rollout_pipeline.config import DEFAULT_AGENT_MODULES, is_warmup_payload
 from rollout_pipeline.local import forks, lifeline
 from rollout_pipeline.local.moto_server import LOOPBACK, free_port
 from rollout_pipeline.ports import (
@@ -75,7 +75,8 @@ from rollout_pipeline.ports import (
 logger = logging.getLogger(__name__)
 
 SESSION_HEADER: Final = "X-Amzn-Bedrock-AgentCore-Runtime-Session-Id"
-DEFAULT_AGENT_MODULE: Final = "rollout_pipeline.agent.examples.math_agent"
+#: The agent a runtime serves when given none: the example math agent (ART).
+DEFAULT_AGENT_MODULE: Final = DEFAULT_AGENT_MODULES["art"]
 #: The process every agent session runs (as the agent image's start command does).
 HOST_MODULE: Final = "rollout_pipeline.agent.host"
 #: How long a new agent process may take to answer `/ping` (AgentCore's own limit is 30 s: docs/aws-facts.md).

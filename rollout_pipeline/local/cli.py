@@ -12,7 +12,7 @@ from typing import Any, TextIO
 
 from rollout_pipeline import topology
 from rollout_pipeline.cli.base import EXIT_INTERRUPTED, CliError, hidden_alias
-from rollout_pipeline.config import ConfigError
+from rollout_pipeline.config import DEFAULT_AGENT_MODULES, ConfigError
 from rollout_pipeline.local.model_server import DEFAULT_MAX_TOKENS, MODEL_ID
 
 EXIT_OK = 0
@@ -162,7 +162,7 @@ def _add_agent_options(parser: argparse.ArgumentParser) -> None:
     """The agent's module, kind and isolation."""
     parser.add_argument(
         "--agent-module",
-        default="rollout_pipeline.agent.examples.math_agent",
+        default=DEFAULT_AGENT_MODULES["art"],
         help="agent module (on PYTHONPATH), served by the agent host as the image serves it: an ART module runs as "
         "written (ending in app.run() is fine); SageMaker RFT SDK agents through the RFT adapter (see --agent-kind)",
     )

@@ -30,6 +30,7 @@ from rollout_pipeline.adapters.clients import ClientFactory
 from rollout_pipeline.adapters.runtime import register_local_runtime
 from rollout_pipeline.agent.credentials import API_KEY_ENV
 from rollout_pipeline.config import (
+    DEFAULT_AGENT_MODULES,
     MTRL_RUNTIME_ENV,
     ConfigError,
     ExperimentConfig,
@@ -57,7 +58,6 @@ log = logging.getLogger(__name__)
 REGION = "us-east-1"
 #: How long `stop` waits, in all, for the consumers' work in progress (begun before `begin_stop`) to end.
 STOP_GRACE_S = 10.0
-DEFAULT_AGENT_MODULE = "rollout_pipeline.agent.examples.math_agent"
 
 
 @dataclass
@@ -76,7 +76,7 @@ class LocalSettings:
     sampling_params: dict[str, Any] = field(
         default_factory=lambda: {"temperature": 0.7, "max_tokens": DEFAULT_MAX_TOKENS}
     )
-    agent_module: str = DEFAULT_AGENT_MODULE
+    agent_module: str = DEFAULT_AGENT_MODULES["art"]
     #: Every agent process runs the agent host (`rollout_pipeline.agent.host`, as the image does), which imports the
     #: module and serves its app. Kind: "auto" (read the module's source: SageMaker RFT SDK / `@app.entrypoint`
     #: agents -> "rft"), "art" or "rft" (the RFT adapter's front door starts before the module is imported).
