@@ -364,14 +364,14 @@ def cheap_moto_update_expressions() -> None:
     moto parses the expression twice a call (the request's check and the model's), deep-copies the parsed tree for
     each validation (two for a new item), has each of its 10 validation steps rebuild its map of node classes to
     handlers at every node, and counts the tree's SET/REMOVE/ADD clauses again at every node under it: 2.7 ms of CPU
-    in moto's model for an UpdateItem of 10 attributes; tests/integration/lifecycle took 110 s of CPU in one process,
-    89 s patched. Here a parsed tree is kept (1,024 expressions; moto only reads it, every validation works on
-    a copy); a tree of moto's plain nodes (checked once: only moto's attributes, each linked to its parent, immutable
-    leaves) is copied node by node, as `copy.deepcopy` copies it; its clause counts are checked once, on a copy (a
-    tree that fails them keeps moto's own validation every time); and a validation step builds its map once. 1 / 5 /
-    10 / 20 attributes set: 0.30 / 1.2 / 2.7 / 6.2 ms of CPU in moto's model became 0.14 / 0.47 / 0.93 / 1.9 ms. The
-    answers stay moto's (every error and its message too: tests/integration/local/test_moto_patches.py compares them
-    with an unpatched moto's).
+    in moto's model for an UpdateItem of 10 attributes; moto's UpdateItem and TransactWriteItems took 23-25 s of the
+    75-84 s of CPU of tests/integration/lifecycle (one process), 10.5 s patched. Here a parsed tree is kept (1,024
+    expressions; moto only reads it, every validation works on a copy); a tree of moto's plain nodes (checked once:
+    only moto's attributes, each linked to its parent, immutable leaves) is copied node by node, as `copy.deepcopy`
+    copies it; its clause counts are checked once, on a copy (a tree that fails them keeps moto's own validation
+    every time); and a validation step builds its map once. 1 / 5 / 10 / 20 attributes set: 0.30 / 1.2 / 2.7 / 6.2
+    ms of CPU in moto's model became 0.14 / 0.47 / 0.93 / 1.9 ms. The answers stay moto's (every error and its
+    message too: tests/integration/local/test_moto_patches.py compares them with an unpatched moto's).
     Idempotent; a no-op (with a warning) on another moto version than `PATCHED_MOTO_VERSION`.
     """
     validators: Any = importlib.import_module("moto.dynamodb.parsing.validators")  # moto's modules, untyped
