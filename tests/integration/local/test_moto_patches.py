@@ -7,9 +7,12 @@ the pages must be identical: items and their order, Count, ScannedCount, LastEva
 
 from __future__ import annotations
 
+import copy
 import itertools
 import json
 import re
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -88,6 +91,11 @@ def test_moto_is_the_release_the_patches_were_written_for() -> None:
     from moto.core.serialize import BaseJSONSerializer
 
     assert getattr(BaseJSONSerializer.get_value, "rollouts_patched", False)
+    from moto.dynamodb.parsing import expressions, validators
+
+    for patched in (validators.DepthFirstTraverser.process, expressions.UpdateExpressionParser.make):
+        assert getattr(patched, "rollouts_patched", False), patched
+    assert getattr(validators.deepcopy, "rollouts_patched", False)
 
 
 def test_another_moto_release_is_left_unpatched_with_a_warning(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -312,6 +320,208 @@ def test_an_attribute_value_moto_stores_otherwise_is_serialized_by_moto_s_lookup
     for odd in ({"S": "x", "extra": 1}, {"s": "lower"}):
         result = {"Item": {"a": odd}}
         assert _serialized("GetItem", result, moto_s_own=False) == _serialized("GetItem", result, moto_s_own=True)
+
+
+# ------------------------------------------------------------------------------ update expressions, parsed once
+
+#: (UpdateExpression, ExpressionAttributeNames): valid updates of every kind, then each of moto's validation errors
+#: (syntax, clauses, duplicate and overlapping paths, key attributes, undefined names and values, reserved words,
+#: operand types, a missing attribute, a bad document path, an index key's type).
+EXPRESSION_CASES: tuple[tuple[str, dict[str, str]], ...] = (
+    ("SET a = :s", {}),
+    ("SET #n = :n, b = :s", {"#n": "n"}),
+    ("SET n = n + :one, m.kid = :s, l[0] = :s", {}),
+    ("SET n = n - :one REMOVE a ADD c :one", {}),
+    ("SET l = list_append(l, :list), x = if_not_exists(x, :s)", {}),
+    ("SET l = list_append(:list, l), y = if_not_exists(n, :one) + :one", {}),
+    ("REMOVE l[1], m.kid", {}),
+    ("ADD ss :ss DELETE ss2 :ss", {}),
+    ("SET " + ", ".join(f"a{i} = :s" for i in range(20)), {}),
+    ("  SET   a=:s ,b  =  :n  ", {}),
+    ("SET a = ", {}),
+    ("SET = :s", {}),
+    ("FOO a = :s", {}),
+    ("SET a = :s SET b = :s", {}),
+    ("REMOVE a REMOVE b", {}),
+    ("ADD a :one ADD b :one", {}),
+    ("SET a = :s, a = :n", {}),
+    ("SET m.kid = :s, m = :n", {}),
+    ("SET m.inner = :s", {}),
+    ("SET #a = :s, #b = :n", {"#a": "same", "#b": "same"}),
+    ("SET pk = :s", {}),
+    ("SET #k = :s", {"#k": "sk"}),
+    ("SET a = :undefined", {}),
+    ("SET #undefined = :s", {}),
+    ("SET name = :s", {}),
+    ("SET n = n + :s", {}),
+    ("SET l = list_append(l, :s)", {}),
+    ("SET a = nothing + :one", {}),
+    ("SET nothing.deeper = :s", {}),
+    ("SET g = :one", {}),
+)
+#: The expression attribute values the cases use (each request carries those its expression names).
+EXPRESSION_VALUES = {
+    ":s": {"S": "v"},
+    ":n": {"N": "7"},
+    ":one": {"N": "1"},
+    ":list": {"L": [{"S": "z"}]},
+    ":ss": {"SS": ["v"]},
+}
+EXPRESSION_ITEM = {
+    "n": {"N": "1"},
+    "m": {"M": {"kid": {"S": "i"}}},
+    "l": {"L": [{"S": "x"}, {"S": "y"}]},
+    "ss2": {"SS": ["v", "w"]},
+    "a": {"S": "old"},
+}
+
+
+def _answer(call: Any, **request: Any) -> Any:
+    """moto's answer to a request: the response without its metadata, the error's code, message and reasons, or
+    the exception moto raised (an `AssertionError` of its validator, for instance)."""
+    try:
+        return {name: value for name, value in call(**request).items() if name != "ResponseMetadata"}
+    except ClientError as error:
+        reasons = [reason.get("Message") for reason in error.response.get("CancellationReasons", [])]
+        return [error.response["Error"]["Code"], error.response["Error"]["Message"], reasons]
+    except Exception as error:  # moto's own crash is an answer to compare too
+        return [type(error).__name__, str(error)]
+
+
+def _update_table(ddb: Any) -> None:
+    """Table `t` (pk, sk) with an index on the string attribute `g`."""
+    key_schema = [{"AttributeName": "pk", "KeyType": "HASH"}, {"AttributeName": "sk", "KeyType": "RANGE"}]
+    ddb.create_table(
+        TableName="t",
+        KeySchema=key_schema,
+        AttributeDefinitions=[{"AttributeName": name, "AttributeType": "S"} for name in ("pk", "sk", "g")],
+        GlobalSecondaryIndexes=[
+            {
+                "IndexName": "by-g",
+                "KeySchema": [{"AttributeName": "g", "KeyType": "HASH"}],
+                "Projection": {"ProjectionType": "ALL"},
+            }
+        ],
+        BillingMode="PAY_PER_REQUEST",
+    )
+
+
+def update_answers() -> list[Any]:
+    """What moto answers to each of `EXPRESSION_CASES`, twice over (the second time from the parser's cache, when
+    patched), on an existing item and on a new one, alone and in a transaction, and the items it then holds."""
+    from moto import mock_aws
+
+    answers = []
+    with mock_aws():
+        ddb = boto3.client("dynamodb", region_name="us-east-1")
+        _update_table(ddb)
+        for round_, (case, (expression, names)) in itertools.product(range(2), enumerate(EXPRESSION_CASES)):
+            old, new, in_transaction = ({"pk": {"S": f"{round_}#{case}"}, "sk": {"S": sk}} for sk in ("o", "n", "t"))
+            ddb.put_item(TableName="t", Item=old | EXPRESSION_ITEM)
+            values = {
+                name: EXPRESSION_VALUES[name] for name in re.findall(r":\w+", expression) if name in EXPRESSION_VALUES
+            }
+            request = {"TableName": "t", "UpdateExpression": expression}
+            request |= ({"ExpressionAttributeNames": names} if names else {}) | (
+                {"ExpressionAttributeValues": values} if values else {}
+            )
+            for key in (old, new):
+                answers.append(_answer(ddb.update_item, **request, Key=key, ReturnValues="ALL_NEW"))
+            updates = [{"Update": request | {"Key": old}}, {"Update": request | {"Key": in_transaction}}]
+            answers.append(_answer(ddb.transact_write_items, TransactItems=updates))
+            answers.append([ddb.get_item(TableName="t", Key=key).get("Item") for key in (old, new, in_transaction)])
+    return answers
+
+
+def test_updates_give_moto_s_own_answers_with_each_expression_parsed_once(
+    aws_env: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`cheap_moto_update_expressions` keeps moto's parse of an update expression, copies it for a validation node by
+    node, counts its clauses once, and builds each validation step's map once: every answer (the items, each
+    ValidationException's message) is what an unpatched moto gives in a fresh process; and an expression UpdateItem
+    sees again is not tokenized again (moto tokenized it twice per call: in the request and in the model), nor a
+    processing map built for each node of its tree."""
+    from moto import mock_aws
+    from moto.dynamodb.parsing import expressions, validators
+
+    script = "import json; from tests.integration.local.test_moto_patches import update_answers; "
+    moto_s_own = subprocess.run(
+        [sys.executable, "-c", script + "print(json.dumps(update_answers()))"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    )
+    patch_moto()
+    assert json.loads(json.dumps(update_answers())) == json.loads(moto_s_own.stdout)
+
+    tokenized, maps = itertools.count(), itertools.count()
+    tokenize = expressions.ExpressionTokenizer.make_list
+    values_map = validators.ExpressionAttributeValueProcessor._processing_map
+    monkeypatch.setattr(expressions.ExpressionTokenizer, "make_list", lambda text: (next(tokenized), tokenize(text))[1])
+    monkeypatch.setattr(
+        validators.ExpressionAttributeValueProcessor, "_processing_map", lambda self: (next(maps), values_map(self))[1]
+    )
+    with mock_aws():
+        ddb = boto3.client("dynamodb", region_name="us-east-1")
+        _update_table(ddb)
+        key = {"pk": {"S": "once"}, "sk": {"S": "once"}}
+        ddb.put_item(TableName="t", Item=key)
+        for i in range(5):
+            ddb.update_item(
+                TableName="t",
+                Key=key,
+                UpdateExpression="SET once_a = :v, once_b = list_append(:l, :l)",
+                ExpressionAttributeValues={":v": {"N": str(i)}, ":l": {"L": [{"N": str(i)}]}},
+            )
+        assert ddb.get_item(TableName="t", Key=key)["Item"]["once_b"] == {"L": [{"N": "4"}, {"N": "4"}]}
+    assert next(tokenized) == 1, "the expression is tokenized once"
+    assert next(maps) == 5, "one processing map per validation, not one per node"
+
+
+def test_a_parsed_expression_is_copied_as_deepcopy_copies_it_and_any_other_tree_left_to_deepcopy() -> None:
+    """`_copy_tree` stands in for `copy.deepcopy` only on a tree `_is_plain_tree` accepts: on each case's parse it
+    gives the same classes, attributes (in their order), leaves and parent links, and shares no node; a node with
+    another attribute, a broken parent link, a shared node or a mutable leaf keep moto's `deepcopy`."""
+    from moto.dynamodb.exceptions import InvalidUpdateExpression
+    from moto.dynamodb.parsing.ast_nodes import Node
+    from moto.dynamodb.parsing.expressions import UpdateExpressionParser
+    from moto.dynamodb.parsing.tokens import ExpressionTokenizer
+
+    def shape(node: Any, parent: Any) -> Any:
+        if not isinstance(node, Node):
+            return node
+        assert node.parent is parent
+        return type(node), list(vars(node)), node.type, [shape(child, node) for child in node.children or []]
+
+    def parse(expression: str) -> Any:
+        return UpdateExpressionParser(ExpressionTokenizer.make_list(expression)).parse()
+
+    parsed = 0
+    for expression, _ in EXPRESSION_CASES:
+        try:
+            tree = parse(expression)
+        except InvalidUpdateExpression:  # the syntax errors among the cases
+            continue
+        parsed += 1
+        assert moto_server._is_plain_tree(tree, None, set(), Node), expression
+        copied = moto_server._copy_tree(tree, None, Node)
+        assert shape(copied, None) == shape(copy.deepcopy(tree), None) == shape(tree, None), expression
+        assert not {id(node) for node in _nodes(copied)} & {id(node) for node in _nodes(tree)}, expression
+    assert parsed == len(EXPRESSION_CASES) - 3
+    odd = [parse("SET a = :s, b = :s") for _ in range(4)]
+    odd[0].children[0].extra = 1
+    odd[1].children[0].parent = None
+    odd[2].children.append(odd[2].children[0])
+    next(node for node in _nodes(odd[3]) if node.children and not isinstance(node.children[0], Node)).children = [[]]
+    assert not any(moto_server._is_plain_tree(tree, None, set(), Node) for tree in odd)
+
+
+def _nodes(tree: Any) -> list[Any]:
+    from moto.dynamodb.parsing.ast_nodes import Node
+
+    return [tree] + [node for child in tree.children or [] if isinstance(child, Node) for node in _nodes(child)]
 
 
 # ------------------------------------------------------------------------------------------ query = moto's
