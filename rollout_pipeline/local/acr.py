@@ -548,6 +548,12 @@ class LocalAgentRuntime:
 
     # ------------------------------------------------------------------------------------------------ inspection
 
+    @property
+    def parent_pid(self) -> int | None:
+        """The process id of the warm parent the agent processes are forked from (`forked`) while it runs."""
+        parent = self._forks
+        return None if parent is None else parent.pid
+
     def sessions(self) -> list[str]:
         """Ids of the sessions alive now."""
         with self._lock:

@@ -286,6 +286,13 @@ class ForkServer:
                     raise OSError("the agent processes' parent is gone")
                 return ForkedProcess(self, self._replies.pop(0))
 
+    @property
+    def pid(self) -> int | None:
+        """The parent's process id while it runs (None before it started, once it ended or was closed)."""
+        with self._changed:
+            process = self._process
+            return None if process is None or self._ended else process.pid
+
     def running(self) -> bool:
         """Whether the parent is up (started, ready, not ended)."""
         with self._changed:

@@ -60,7 +60,7 @@ OWNER = textwrap.dedent(
     from rollout_pipeline.local.acr import LocalAgentRuntime
 
     runtime = LocalAgentRuntime("quick_agent", warm_processes=2, max_sessions=2).start()
-    print(runtime._forks._process.pid, *(p.pid for p in runtime._spares), runtime.log_dir, flush=True)
+    print(runtime.parent_pid, *(p.pid for p in runtime._spares), runtime.log_dir, flush=True)
     time.sleep(3600)
     """
 )
@@ -133,29 +133,27 @@ def test_each_sessions_process_is_forked_from_the_runtimes_one_parent_and_counts
     process = runtime.process_of(SESSION)
     assert process is not None
     assert process.pid is not None
-    parent = runtime._forks
+    parent = runtime.parent_pid
     assert parent is not None
-    assert parent._process is not None
-    assert parent_of(process.pid) == parent._process.pid
+    assert parent_of(process.pid) == parent
     # Its CPU counts the start-up its parent did for it (as a process started afresh would have spent it): at least
     # the parent's CPU now, less what forking and reaping two children cost the parent since (a few ms each).
     reported = float((tmp_path / "usage" / str(process.pid)).read_text())
-    assert reported >= cpu_s(parent._process.pid) - 0.1 > 0.1
+    assert reported >= cpu_s(parent) - 0.1 > 0.1
     runtime.stop(SESSION)
     assert process.exit_code() == -signal.SIGKILL, "a stopped session's process is killed, its end reported"
 
 
 def test_a_parent_that_died_is_replaced_and_sessions_go_on(runtime: LocalAgentRuntime) -> None:
-    first = runtime._forks
+    first = runtime.parent_pid
     assert first is not None
-    assert first._process is not None
-    os.killpg(first._process.pid, signal.SIGKILL)
-    wait_for(lambda: not first.running(), timeout_s=GONE_BOUND_S, what="the runtime to see its parent end")
+    os.killpg(first, signal.SIGKILL)
+    wait_for(lambda: runtime.parent_pid is None, timeout_s=GONE_BOUND_S, what="the runtime to see its parent end")
     runtime.invoke(SESSION, warmup_payload("exp", SESSION))
-    second = runtime._forks
+    second = runtime.parent_pid
     assert second is not None
-    assert second is not first
-    assert second.running()
+    assert second != first
+    assert alive(second)
     process = runtime.process_of(SESSION)
     assert process is not None
     assert process.ping() is not None
