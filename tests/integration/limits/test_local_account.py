@@ -160,7 +160,11 @@ def test_three_weighted_experiments_and_an_outside_consumer_share_one_small_acco
 
         consumer = threading.Thread(target=outside_consumer, daemon=True)
         consumer.start()
-        batches = {name: local.sdk.submit(rows) for name, local in pipeline.experiments.items()}
+        batches: dict[str, str] = {}
+        backlogged_at: dict[str, float] = {}  # its rollouts are in its queue: `submit` returned
+        for name, local in pipeline.experiments.items():
+            batches[name] = local.sdk.submit(rows)
+            backlogged_at[name] = time.time()
         for name, batch in batches.items():
             for event in pipeline.experiments[name].sdk.events(batch_id=batch, timeout=WAIT_S):
                 if event.detail_type is DetailType.BATCH_COMPLETED:
@@ -176,10 +180,11 @@ def test_three_weighted_experiments_and_an_outside_consumer_share_one_small_acco
     assert max(sum(1 for t in every[i:] if t < start + 1.0) for i, start in enumerate(every)) <= QUOTA
     assert outside, "the outside consumer ran"
     assert all(ok for _t, ok in outside), "the outside consumer, inside the reserve, was throttled"
-    # No backlogged experiment waits behind the others: between two of its starts (and before its first), the
-    # account starts at most `STARVED_AFTER` other sessions. Counted in starts, not seconds, so a loaded machine's
-    # slower pipeline changes nothing (in seconds: bench/bench_local_account.py; the leases let one wait 13-30 s,
-    # ~40-90 starts of the others).
+    # No backlogged experiment waits behind the others: between two of its starts (and before its first, from its
+    # submission's return: the three are submitted one after another, seconds apart on a loaded machine), the account
+    # starts at most `STARVED_AFTER` other sessions. Counted in starts, not seconds, so a loaded machine's slower
+    # pipeline changes nothing (in seconds: bench/bench_local_account.py; the leases let one wait 13-30 s, ~40-90
+    # starts of the others).
     ours = sorted((t, name) for name, times in starts.items() for t in times)
     for name in WEIGHTS:
         last = max(starts[name])
@@ -187,7 +192,7 @@ def test_three_weighted_experiments_and_an_outside_consumer_share_one_small_acco
         for _t, whose in ours:
             if whose == name:
                 worst, between = max(worst, between), 0
-            elif _t < last:
+            elif backlogged_at[name] <= _t < last:
                 between += 1
         assert worst <= STARVED_AFTER, (name, worst, "".join(w[-1] for _t, w in ours))
     # Shares while all three are backlogged: from the first start of the last one to start (the test submits the
