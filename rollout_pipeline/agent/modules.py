@@ -179,14 +179,22 @@ def _module_source(module: str, search_path: Sequence[str]) -> Path | None:
     return Path(spec.origin)
 
 
+def _parsed_source(module: str, search_path: Sequence[str] | None) -> ast.Module | None:
+    """The syntax tree of `module`'s source (`package.module`, or `module:attribute`), read without importing it;
+    None when it cannot be found, read or parsed."""
+    source = _module_source(module.partition(":")[0], search_path if search_path is not None else sys.path)
+    if source is None:
+        return None
+    try:
+        return ast.parse(source.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError):
+        return None
+
+
 def top_level_imports(module: str, search_path: Sequence[str] | None = None) -> list[str]:
     """The modules `module`'s source imports in its own body (absolute imports, in order, without duplicates; read,
     not imported): what importing it will import first. Empty when its source cannot be read."""
-    source = _module_source(module.partition(":")[0], search_path if search_path is not None else sys.path)
-    try:
-        tree = ast.parse(source.read_text(encoding="utf-8")) if source is not None else None
-    except (OSError, SyntaxError, ValueError):
-        tree = None
+    tree = _parsed_source(module, search_path)
     names: list[str] = []
     for node in tree.body if tree is not None else []:
         if isinstance(node, ast.Import):
@@ -199,12 +207,8 @@ def top_level_imports(module: str, search_path: Sequence[str] | None = None) -> 
 def agent_kind_of(module: str, search_path: Sequence[str] | None = None) -> AgentKind:
     """`rft` when the module's source (read, not imported) uses the SageMaker RFT SDK, ART's `AgentCoreRuntimeApp`
     or a plain `@app.entrypoint` and no ART `rollout_entrypoint`; else `art`."""
-    source = _module_source(module.partition(":")[0], search_path if search_path is not None else sys.path)
-    if source is None:
-        return "art"
-    try:
-        tree = ast.parse(source.read_text(encoding="utf-8"))
-    except (OSError, SyntaxError, ValueError):
+    tree = _parsed_source(module, search_path)
+    if tree is None:
         return "art"
     imported: set[str] = set()
     attributes: set[str] = set()

@@ -677,7 +677,7 @@ class LocalAgentRuntime:
     def _fork_parent(self) -> forks.ForkServer | None:
         """The warm parent to fork agent processes from (started by the first caller), or None: start them afresh."""
         with self._forks_lock:
-            if self._forks is not None and not self._forks.running():
+            if self._forks is not None and self._forks.pid is None:
                 logger.warning("the agent processes' parent ended (%s): starting another", self._forks.why_not)
                 self._forks.close()
                 self._forks = None

@@ -221,11 +221,10 @@ class ForkServer:
     def start(self, timeout_s: float) -> bool:
         """Start the parent and wait (bounded) until it has imported everything; False (and `why_not`) when it
         cannot fork: then nothing of it runs."""
-        python, _, rest = self._argv[0], self._argv[1], self._argv[2:]
         with contextlib.ExitStack() as stack:
             log: IO[bytes] | int = stack.enter_context(self._log.open("ab")) if self._log else subprocess.DEVNULL
             self._process = lifeline.popen(
-                [python, "-m", MODULE, *rest],
+                [self._argv[0], "-m", MODULE, *self._argv[2:]],
                 env=self._env,
                 cwd=self._cwd,
                 stdin=subprocess.PIPE,
@@ -243,7 +242,7 @@ class ForkServer:
         hello = first[0] if first else {}
         if hello.get("ready") is True:
             return True
-        self.why_not = str(hello.get("why") or ("it ended" if self._ended else f"not ready within {timeout_s:g} s"))
+        self.why_not = str(hello.get("why") or self.why_not or f"not ready within {timeout_s:g} s")
         self.close()
         return False
 
@@ -292,11 +291,6 @@ class ForkServer:
         with self._changed:
             process = self._process
             return None if process is None or self._ended else process.pid
-
-    def running(self) -> bool:
-        """Whether the parent is up (started, ready, not ended)."""
-        with self._changed:
-            return self._process is not None and not self._ended
 
     def exit_code(self, pid: int) -> int | None:
         """The exit code of child `pid` once it has ended; -SIGKILL once the parent is gone (its children end with
