@@ -42,10 +42,16 @@ def wait_for(condition: Callable[[], object], timeout_s: float = 30.0, what: str
         time.sleep(0.01)
 
 
+def proc_stat(pid: int) -> list[str]:
+    """The fields of `/proc/PID/stat` after the command's name (proc(5): state, ppid, ...; utime and stime at 11 and
+    12, in clock ticks). OSError when the process is gone."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
 def alive(pid: int) -> bool:
     """Whether process `pid` still runs (a zombie waiting for its new parent to reap it does not)."""
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        state = proc_stat(pid)[0]
     except (OSError, IndexError):
         return False
     return state not in ("Z", "X")

@@ -18,7 +18,7 @@ import pytest
 from rollout_pipeline.config import warmup_payload
 from rollout_pipeline.local import forks
 from rollout_pipeline.local.acr import DEFAULT_AGENT_MODULE, LocalAgentRuntime
-from tests.conftest import alive, wait_for
+from tests.conftest import alive, proc_stat, wait_for
 
 pytestmark = [
     pytest.mark.timing,
@@ -67,7 +67,7 @@ OWNER = textwrap.dedent(
 
 
 def parent_of(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    return int(proc_stat(pid)[1])
 
 
 @pytest.fixture
@@ -121,7 +121,7 @@ def test_the_parent_imports_the_libraries_the_agent_imports_never_the_agent_or_i
 
 
 def cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    fields = proc_stat(pid)
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
